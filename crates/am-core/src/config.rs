@@ -1,0 +1,143 @@
+//! Per-job configuration of a node, from code or from the environment.
+
+use std::time::Duration;
+
+/// How a rank waits when a blocking call has nothing to do.
+///
+/// Ranks often outnumber cores (8 ranks on a 2-core laptop); spinning ranks then steal the CPU
+/// from the rank that would make progress. Choose per job: `AM_WAIT=spin|yield|block`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Busy-poll: lowest latency, one core per rank.
+    Spin,
+    /// Spin a little, then yield the CPU between polls.
+    SpinThenYield,
+    /// Spin a little, then block in the transport until something arrives (or a short timeout).
+    Block,
+}
+
+impl std::str::FromStr for WaitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spin" => Ok(WaitMode::Spin),
+            "yield" | "spin-then-yield" => Ok(WaitMode::SpinThenYield),
+            "block" => Ok(WaitMode::Block),
+            other => Err(format!(
+                "unknown wait mode {other:?}: expected spin, yield or block"
+            )),
+        }
+    }
+}
+
+/// Configuration of a [`crate::Node`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Requests a rank may have outstanding to each peer (`AM_CREDITS`, default 8, at most 255
+    /// and at most the transport's `max_credits`).
+    pub credits_per_peer: u32,
+    /// How blocking calls wait (`AM_WAIT`, default `yield`).
+    pub wait_mode: WaitMode,
+    /// Polls spent spinning before yielding or blocking.
+    pub spin_polls: u32,
+    /// Longest single block in [`WaitMode::Block`] before polling again.
+    pub block_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            credits_per_peer: 8,
+            wait_mode: WaitMode::SpinThenYield,
+            spin_polls: 64,
+            block_timeout: Duration::from_millis(10),
+        }
+    }
+}
+
+/// A malformed configuration variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable {var}={value:?}: {why}")]
+pub struct ConfigError {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+impl Config {
+    /// The defaults, overridden by `AM_CREDITS` and `AM_WAIT` where set.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let mut c = Config::default();
+        if let Ok(v) = std::env::var("AM_CREDITS") {
+            c.credits_per_peer = match v.parse::<u32>() {
+                Ok(n) if (1..=255).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError {
+                        var: "AM_CREDITS",
+                        value: v,
+                        why: "expected an integer in 1..=255".into(),
+                    })
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("AM_WAIT") {
+            c.wait_mode = v.parse().map_err(|why| ConfigError {
+                var: "AM_WAIT",
+                value: v.clone(),
+                why,
+            })?;
+        }
+        Ok(c)
+    }
+}
+
+/// Parses a byte size such as `4096`, `64K`, `16M` or `1G` (binary multiples), as accepted by
+/// `AM_SEGMENT_SIZE`.
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+/// The segment size asked for by `AM_SEGMENT_SIZE`, or `default`.
+pub fn segment_size_from_env(default: usize) -> Result<usize, ConfigError> {
+    match std::env::var("AM_SEGMENT_SIZE") {
+        Ok(v) => parse_size(&v).ok_or(ConfigError {
+            var: "AM_SEGMENT_SIZE",
+            value: v,
+            why: "expected a size such as 1048576, 64K, 16M or 1G".into(),
+        }),
+        Err(_) => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("16m"), Some(16 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+
+    #[test]
+    fn wait_modes_parse() {
+        assert_eq!("spin".parse::<WaitMode>(), Ok(WaitMode::Spin));
+        assert_eq!("block".parse::<WaitMode>(), Ok(WaitMode::Block));
+        assert!("fast".parse::<WaitMode>().is_err());
+    }
+}

@@ -1,0 +1,556 @@
+//! The conformance suite every transport runs.
+//!
+//! Each check takes a factory that makes the transports of a job (`ranks`, segment size) whose
+//! endpoints can each be driven from its own thread, runs a small job on them and panics on any
+//! deviation. A transport crate instantiates the whole suite with one macro:
+//!
+//! ```ignore
+//! fn cluster(ranks: u32, segment_size: usize) -> Vec<MyTransport> { ... }
+//! am_core::conformance_tests!(cluster);
+//! ```
+//!
+//! What it covers: per-pair ordering, back-pressure through `try_` requests, size limits and
+//! argument errors, every AM kind at boundary sizes (0, 1, max-1, max), request floods in both
+//! directions with one credit (no deadlock), requests whose handler does not reply, put/get,
+//! barriers, messages to self, many ranks all-to-all, and the start-up table check.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::{
+    run_ranks, AmError, AmKind, Config, HandlerId, Handlers, Node, StartError, Transport,
+    TryRequestError, WaitMode,
+};
+
+/// Segment size the suite asks for unless a check needs another.
+pub const SEGMENT: usize = 1 << 20;
+
+fn config(credits: u32) -> Config {
+    Config {
+        credits_per_peer: credits,
+        wait_mode: WaitMode::Block,
+        ..Config::default()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+const REQ_SHORT: HandlerId = HandlerId(10);
+const REQ_MEDIUM: HandlerId = HandlerId(11);
+const REQ_LONG: HandlerId = HandlerId(12);
+const REP_SHORT: HandlerId = HandlerId(20);
+const REP_MEDIUM: HandlerId = HandlerId(21);
+const REP_LONG: HandlerId = HandlerId(22);
+const REQ_NOREPLY: HandlerId = HandlerId(30);
+
+/// Offset where echoed Long replies land, clear of where requests land.
+const REPLY_AREA: usize = SEGMENT / 2;
+
+/// What the echo handlers saw.
+#[derive(Default)]
+struct Seen {
+    requests: Cell<u64>,
+    replies: Cell<u64>,
+    noreply: Cell<u64>,
+    last_args: RefCell<Vec<u32>>,
+    last_payload: RefCell<Vec<u8>>,
+    order: RefCell<Vec<(u32, u32)>>,
+}
+
+/// Echo handlers: each request kind replies with the same kind, arguments and payload.
+fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
+    let mut h = Handlers::new();
+    let s = seen.clone();
+    h.request(REQ_SHORT, "req_short", AmKind::Short, move |msg, token| {
+        s.requests.set(s.requests.get() + 1);
+        if let Some(&seq) = msg.args().first() {
+            s.order.borrow_mut().push((msg.src(), seq));
+        }
+        token
+            .reply_short(REP_SHORT, msg.args())
+            .expect("reply_short");
+    })
+    .expect("register");
+    let s = seen.clone();
+    h.request(
+        REQ_MEDIUM,
+        "req_medium",
+        AmKind::Medium,
+        move |msg, token| {
+            s.requests.set(s.requests.get() + 1);
+            if let Some(&seq) = msg.args().first() {
+                s.order.borrow_mut().push((msg.src(), seq));
+            }
+            token
+                .reply_medium(REP_MEDIUM, msg.args(), msg.payload())
+                .expect("reply_medium");
+        },
+    )
+    .expect("register");
+    let s = seen.clone();
+    h.request(REQ_LONG, "req_long", AmKind::Long, move |msg, token| {
+        s.requests.set(s.requests.get() + 1);
+        assert_eq!(
+            msg.long_offset(),
+            Some(msg.args()[0] as usize),
+            "Long payload at the offset the sender chose"
+        );
+        let payload = msg.payload().to_vec();
+        token
+            .reply_long(REP_LONG, msg.args(), &payload, REPLY_AREA)
+            .expect("reply_long");
+    })
+    .expect("register");
+    for (id, kind, name) in [
+        (REP_SHORT, AmKind::Short, "rep_short"),
+        (REP_MEDIUM, AmKind::Medium, "rep_medium"),
+        (REP_LONG, AmKind::Long, "rep_long"),
+    ] {
+        let s = seen.clone();
+        h.reply(id, name, kind, move |msg| {
+            s.replies.set(s.replies.get() + 1);
+            *s.last_args.borrow_mut() = msg.args().to_vec();
+            *s.last_payload.borrow_mut() = msg.payload().to_vec();
+        })
+        .expect("register");
+    }
+    let s = seen.clone();
+    h.request(
+        REQ_NOREPLY,
+        "req_noreply",
+        AmKind::Short,
+        move |_msg, _token| {
+            s.noreply.set(s.noreply.get() + 1);
+        },
+    )
+    .expect("register");
+    h
+}
+
+fn start<T: Transport>(t: T, credits: u32) -> (Node<T>, Rc<Seen>) {
+    let seen = Rc::new(Seen::default());
+    let node = Node::new(t, echo_handlers(&seen), config(credits)).expect("node start");
+    (node, seen)
+}
+
+fn wait_replies<T: Transport>(node: &mut Node<T>, seen: &Seen, n: u64) {
+    node.wait_until(|| seen.replies.get() >= n)
+        .expect("replies");
+}
+
+/// Every argument count 0..=16 round-trips intact, including to self.
+pub fn short_all_arg_counts<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 4);
+        let peer = 1 - node.rank();
+        let mut expected = 0;
+        for dest in [peer, node.rank()] {
+            for n in 0..=node.max_args() {
+                let args: Vec<u32> = (0..n as u32).map(|i| i * 0x0101_0101 + dest).collect();
+                node.request_short(dest, REQ_SHORT, &args).expect("request");
+                expected += 1;
+                wait_replies(&mut node, &seen, expected);
+                assert_eq!(*seen.last_args.borrow(), args);
+            }
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Medium payloads of 0, 1, max-1 and max bytes arrive intact both ways.
+pub fn medium_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 4);
+        let peer = 1 - node.rank();
+        let max = node.max_medium();
+        let mut expected = 0;
+        for len in [0, 1, max - 1, max] {
+            let data = pattern(len, node.rank() as u8);
+            node.request_medium(peer, REQ_MEDIUM, &[len as u32], &data)
+                .expect("request");
+            expected += 1;
+            wait_replies(&mut node, &seen, expected);
+            assert_eq!(*seen.last_args.borrow(), [len as u32]);
+            assert!(*seen.last_payload.borrow() == data, "medium of {len} bytes");
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Long payloads of 0, 1, max-1 and max bytes land in the target segment before its handler
+/// runs, and a Long reply lands in the requester's segment.
+pub fn long_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 4);
+        let peer = 1 - node.rank();
+        let max = node.max_long().min(REPLY_AREA - 64);
+        let mut expected = 0;
+        for len in [0, 1, max - 1, max] {
+            let data = pattern(len, 7 + node.rank() as u8);
+            let offset = 8 * node.rank() as usize;
+            node.request_long(peer, REQ_LONG, &[offset as u32], &data, offset)
+                .expect("request");
+            expected += 1;
+            wait_replies(&mut node, &seen, expected);
+            assert!(*seen.last_payload.borrow() == data, "long of {len} bytes");
+            assert!(
+                node.segment()[REPLY_AREA..REPLY_AREA + len] == data[..],
+                "Long reply in the requester's segment"
+            );
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Wrong arguments are typed errors that send nothing.
+pub fn size_limits_and_bad_arguments<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 4);
+        let peer = 1 - node.rank();
+        let too_many = vec![0u32; node.max_args() + 1];
+        assert!(matches!(
+            node.request_short(peer, REQ_SHORT, &too_many),
+            Err(AmError::TooManyArgs(17))
+        ));
+        let big = vec![0u8; node.max_medium() + 1];
+        assert!(matches!(
+            node.request_medium(peer, REQ_MEDIUM, &[], &big),
+            Err(AmError::PayloadTooLarge { .. })
+        ));
+        let seg = node.segment().len();
+        assert!(matches!(
+            node.request_long(peer, REQ_LONG, &[0], &[1, 2, 3], seg - 2),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            node.request_long(peer, REQ_LONG, &[0], &[], usize::MAX),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            node.request_short(peer, HandlerId(200), &[]),
+            Err(AmError::NotRegistered { .. })
+        ));
+        assert!(matches!(
+            node.request_short(peer, REP_SHORT, &[]),
+            Err(AmError::NotRegistered { .. })
+        ));
+        assert!(matches!(
+            node.request_medium(peer, REQ_SHORT, &[], &[]),
+            Err(AmError::NotRegistered { .. })
+        ));
+        assert!(matches!(
+            node.request_short(node.size(), REQ_SHORT, &[]),
+            Err(AmError::InvalidRank { .. })
+        ));
+        assert!(matches!(
+            node.put(peer, seg - 1, &[1, 2]),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            node.get(peer, seg, 1),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        node.barrier().expect("barrier");
+        assert_eq!(seen.requests.get(), 0, "nothing was sent");
+    });
+}
+
+/// Requests from one rank to another run in the order they were sent, whatever their kind.
+pub fn per_pair_ordering<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const N: u32 = 2000;
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 8);
+        let peer = 1 - node.rank();
+        for seq in 0..N {
+            if seq % 3 == 0 {
+                node.request_medium(peer, REQ_MEDIUM, &[seq], &pattern(seq as usize % 300, 1))
+                    .expect("request");
+            } else {
+                node.request_short(peer, REQ_SHORT, &[seq])
+                    .expect("request");
+            }
+        }
+        wait_replies(&mut node, &seen, N as u64);
+        node.wait_until(|| seen.requests.get() == N as u64)
+            .expect("requests");
+        let order = seen.order.borrow();
+        assert!(order.iter().all(|&(src, _)| src == peer));
+        let seqs: Vec<u32> = order.iter().map(|&(_, s)| s).collect();
+        assert_eq!(seqs, (0..N).collect::<Vec<_>>(), "per-pair FIFO");
+        drop(order);
+        node.barrier().expect("barrier");
+    });
+}
+
+/// A one-way signal between rank threads that fails loudly instead of hanging if the signalling
+/// rank panicked first.
+#[derive(Default)]
+struct Gate(AtomicUsize);
+
+const GATE_OPEN: usize = 1;
+const GATE_POISONED: usize = 2;
+
+impl Gate {
+    fn open(&self) {
+        self.0.store(GATE_OPEN, Ordering::SeqCst);
+    }
+    fn is_open(&self) -> bool {
+        match self.0.load(Ordering::SeqCst) {
+            GATE_OPEN => true,
+            GATE_POISONED => panic!("the other rank panicked"),
+            _ => false,
+        }
+    }
+    /// Waits without polling the node (the point is to keep a rank from receiving).
+    fn wait(&self) {
+        while !self.is_open() {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Poisons the gates when the rank holding it panics.
+struct PoisonOnPanic<'a>(&'a [&'a Gate]);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for g in self.0 {
+                g.0.store(GATE_POISONED, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// With the target not polling, `try_` requests report `WouldBlock` once credits (or device
+/// space) run out, and nothing is dropped; once the target polls, every request runs exactly
+/// once and the credits come back.
+pub fn back_pressure<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const CREDITS: u32 = 3;
+    let quiet = [Gate::default(), Gate::default()];
+    let go = Gate::default();
+    let sent = AtomicUsize::new(0);
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, CREDITS);
+        let me = node.rank() as usize;
+        let _poison = PoisonOnPanic(&[&quiet[0], &quiet[1], &go]);
+        // Drain start-up traffic on both sides: each rank has all its replies, and keeps
+        // polling until the other has all of its own.
+        node.quiesce().expect("quiesce");
+        quiet[me].open();
+        node.wait_until(|| quiet[1 - me].is_open()).expect("poll");
+        if me == 0 {
+            let mut n = 0;
+            let data = pattern(100, 3);
+            loop {
+                match node.try_request_medium(1, REQ_MEDIUM, &[n], &data) {
+                    Ok(()) => n += 1,
+                    Err(TryRequestError::WouldBlock) => break,
+                    Err(e) => panic!("try_request: {e}"),
+                }
+                assert!(n <= CREDITS, "more requests accepted than credits");
+            }
+            assert!(n >= 1, "the first request fits an idle device");
+            sent.store(n as usize, Ordering::SeqCst);
+            go.open();
+            wait_replies(&mut node, &seen, n as u64);
+            assert_eq!(node.credits_available(1), CREDITS);
+            node.try_request_medium(1, REQ_MEDIUM, &[n], &data)
+                .expect("credit is back");
+            wait_replies(&mut node, &seen, n as u64 + 1);
+        } else {
+            go.wait();
+            let n = sent.load(Ordering::SeqCst) as u64;
+            node.wait_until(|| seen.requests.get() == n + 1)
+                .expect("requests");
+            let seqs: Vec<u32> = seen.order.borrow().iter().map(|&(_, s)| s).collect();
+            assert_eq!(
+                seqs,
+                (0..=n as u32).collect::<Vec<_>>(),
+                "each exactly once"
+            );
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Both ranks flood each other with one credit each: no deadlock, nothing lost.
+pub fn flood_both_ways_one_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const N: u64 = 3000;
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 1);
+        let peer = 1 - node.rank();
+        let data = pattern(64, 9);
+        for i in 0..N {
+            if i % 2 == 0 {
+                node.request_short(peer, REQ_SHORT, &[i as u32])
+                    .expect("request");
+            } else {
+                node.request_medium(peer, REQ_MEDIUM, &[i as u32], &data)
+                    .expect("request");
+            }
+        }
+        wait_replies(&mut node, &seen, N);
+        node.wait_until(|| seen.requests.get() == N)
+            .expect("requests");
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Handlers that do not reply still give the credit back (implicit empty reply).
+pub fn no_reply_returns_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const N: u64 = 500;
+    run_ranks(make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 1);
+        let peer = 1 - node.rank();
+        for i in 0..N {
+            node.request_short(peer, REQ_NOREPLY, &[i as u32])
+                .expect("request");
+        }
+        node.quiesce().expect("quiesce");
+        assert_eq!(node.credits_available(peer), 1);
+        node.wait_until(|| seen.noreply.get() == N)
+            .expect("requests");
+        assert_eq!(seen.replies.get(), 0, "no reply handler ran");
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Put and get, blocking and not, to peers and to self, across chunk boundaries.
+pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_ranks(make(3, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        let n = node.size();
+        let len = (node.max_medium() + node.max_long()).min(SEGMENT / 8) + 3;
+        // Each rank writes its block into every rank's segment (self included).
+        for dest in 0..n {
+            let data = pattern(len, me as u8);
+            node.put(dest, me as usize * len, &data).expect("put");
+        }
+        let handles: Vec<_> = (0..n)
+            .map(|dest| {
+                node.put_nb(dest, (n + me) as usize * len, &pattern(len, 100 + me as u8))
+                    .expect("put_nb")
+            })
+            .collect();
+        for h in handles {
+            node.wait_put(h).expect("wait_put");
+        }
+        node.barrier().expect("barrier");
+        for src in 0..n {
+            for writer in 0..n {
+                let got = node.get(src, writer as usize * len, len).expect("get");
+                assert!(got == pattern(len, writer as u8), "get {src}/{writer}");
+            }
+            let h = node
+                .get_nb(src, (n + me) as usize * len, len)
+                .expect("get_nb");
+            assert!(node.wait_get(h).expect("wait_get") == pattern(len, 100 + me as u8));
+        }
+        assert!(node.get(me, 0, 0).expect("empty get").is_empty());
+        node.barrier().expect("barrier");
+    });
+}
+
+/// No rank leaves barrier k before every rank has entered it.
+pub fn barriers<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const RANKS: u32 = 5;
+    const ROUNDS: usize = 50;
+    let entered = AtomicUsize::new(0);
+    run_ranks(make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 2);
+        for k in 0..ROUNDS {
+            entered.fetch_add(1, Ordering::SeqCst);
+            node.barrier().expect("barrier");
+            assert!(
+                entered.load(Ordering::SeqCst) >= (k + 1) * RANKS as usize,
+                "left barrier {k} early"
+            );
+        }
+    });
+}
+
+/// 8 ranks, each sending requests to every rank (itself included) at once.
+pub fn many_ranks_all_to_all<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const RANKS: u32 = 8;
+    const PER_PEER: u64 = 100;
+    run_ranks(make(RANKS, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 2);
+        let me = node.rank();
+        let data = pattern(40, me as u8);
+        for i in 0..PER_PEER {
+            for k in 0..RANKS {
+                let dest = (me + k) % RANKS;
+                if i % 2 == 0 {
+                    node.request_short(dest, REQ_SHORT, &[i as u32])
+                        .expect("request");
+                } else {
+                    node.request_medium(dest, REQ_MEDIUM, &[i as u32], &data)
+                        .expect("request");
+                }
+            }
+        }
+        let total = PER_PEER * RANKS as u64;
+        wait_replies(&mut node, &seen, total);
+        node.wait_until(|| seen.requests.get() == total)
+            .expect("requests");
+        for src in 0..RANKS {
+            let from: Vec<u32> = seen
+                .order
+                .borrow()
+                .iter()
+                .filter(|&&(s, _)| s == src)
+                .map(|&(_, q)| q)
+                .collect();
+            assert_eq!(from, (0..PER_PEER as u32).collect::<Vec<_>>(), "from {src}");
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
+/// A rank with a different handler table makes every rank's start fail with a clear error.
+pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    let results = run_ranks(make(3, SEGMENT), |t| {
+        let seen = Rc::new(Seen::default());
+        let mut handlers = echo_handlers(&seen);
+        if t.rank() == 2 {
+            handlers
+                .request(HandlerId(99), "extra", AmKind::Short, |_, _| {})
+                .expect("register");
+        }
+        Node::new(t, handlers, config(2)).map(|_| ())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Err(StartError::HandlerTableMismatch { rank: 2, .. }) => {}
+            other => panic!("rank {rank}: expected a table mismatch naming rank 2, got {other:?}"),
+        }
+    }
+}
+
+/// Instantiates the whole conformance suite as `#[test]` functions for a transport, given a
+/// factory `fn(ranks: u32, segment_size: usize) -> Vec<T>`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@ $make;
+            short_all_arg_counts, medium_boundary_sizes, long_boundary_sizes,
+            size_limits_and_bad_arguments, per_pair_ordering, back_pressure,
+            flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
+            many_ranks_all_to_all, handler_table_mismatch);
+    };
+    (@ $make:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$name(&$make);
+            }
+        )*
+    };
+}

@@ -1,0 +1,627 @@
+//! The protocol state of one rank, without I/O: decoding, dispatch to handlers, tokens, credits,
+//! replies the device refused, and the state of barriers, put/get and start-up.
+//!
+//! [`crate::Node`] drives it with a transport; tests can drive it with any [`Tx`].
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use crate::credit::CreditPolicy;
+use crate::error::{AmError, Misbehavior};
+use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
+use crate::transport::{Delivery, Limits, Outgoing, SendError, TransportError, Tx};
+use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
+use crate::Rank;
+
+/// Opcodes of core-internal (system) messages.
+pub(crate) mod sys {
+    /// Implicit empty reply: returns the credit of a request whose handler did not reply.
+    pub const ACK: u8 = 0;
+    /// Start-up: a rank's handler-table digest and segment size, to rank 0.
+    pub const HELLO: u8 = 1;
+    /// Start-up: rank 0's verdict, to every rank.
+    pub const HELLO_RESULT: u8 = 2;
+    /// Dissemination barrier: (epoch, round).
+    pub const BARRIER: u8 = 3;
+    /// Put: a Long request into the target's segment.
+    pub const PUT: u8 = 4;
+    /// Put completion.
+    pub const PUT_DONE: u8 = 5;
+    /// Get: read a range of the target's segment.
+    pub const GET: u8 = 6;
+    /// Get data: a Medium reply.
+    pub const GET_DATA: u8 = 7;
+    /// End the job with a code.
+    pub const EXIT: u8 = 8;
+}
+
+/// A reply the device refused; sent again by the next poll, in order.
+pub(crate) struct PendingReply {
+    dest: Rank,
+    head_len: usize,
+    long_offset: Option<usize>,
+    bytes: Vec<u8>,
+}
+
+/// A put or get in flight.
+#[derive(Default)]
+pub(crate) struct OpSlot {
+    pub gen: u32,
+    pub live: bool,
+    pub outstanding: u32,
+    pub error: Option<AmError>,
+    pub data: Vec<u8>,
+}
+
+/// Start-up handshake state.
+#[derive(Default)]
+pub(crate) struct Hello {
+    /// Rank 0: how many HELLOs arrived.
+    pub received: u32,
+    /// Rank 0: the first mismatch seen, as (status, rank, theirs).
+    pub mismatch: Option<(u32, Rank, u64)>,
+    /// Other ranks: the verdict, as (status, rank, ours, theirs).
+    pub result: Option<[u32; 6]>,
+}
+
+pub(crate) struct Endpoint {
+    pub rank: Rank,
+    pub size: u32,
+    pub limits: Limits,
+    pub seg_len: usize,
+    pub handlers: Handlers,
+    pub credits: Box<dyn CreditPolicy>,
+    pub pending: VecDeque<PendingReply>,
+    pub ops: Vec<OpSlot>,
+    pub free_ops: Vec<u32>,
+    pub barrier_epoch: u64,
+    pub barrier_arrivals: HashMap<(u64, u8), u32>,
+    pub hello: Hello,
+    pub hello_digest: u64,
+    pub exit_requested: Option<i32>,
+}
+
+fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
+    AmError::PeerMisbehaved { peer, what }
+}
+
+pub(crate) fn split_u64(v: u64) -> [u32; 2] {
+    [v as u32, (v >> 32) as u32]
+}
+
+pub(crate) fn join_u64(lo: u32, hi: u32) -> u64 {
+    lo as u64 | (hi as u64) << 32
+}
+
+fn send_err(e: SendError) -> AmError {
+    AmError::from(TransportError::from(e))
+}
+
+/// Checks that `[offset, offset + len)` lies in a segment of `size` bytes.
+pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<usize>> {
+    let end = offset.checked_add(len)?;
+    if end > size as u64 {
+        return None;
+    }
+    Some(offset as usize..end as usize)
+}
+
+/// The reply path lent to a request handler: at most one reply, to the requester only.
+struct ReplySink<'a> {
+    src: Rank,
+    grant: u8,
+    tx: &'a mut dyn Tx,
+    pending: &'a mut VecDeque<PendingReply>,
+    meta: &'a [Option<(Category, AmKind)>; 256],
+    limits: Limits,
+    replied: bool,
+    error: Option<AmError>,
+}
+
+impl ReplySink<'_> {
+    fn send(
+        &mut self,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        let header = Header {
+            category: Category::Reply,
+            kind,
+            system,
+            handler,
+            nargs: args.len() as u8,
+            credit: self.grant,
+            payload_len: payload.len() as u32,
+            long_offset: long_offset.unwrap_or(0) as u64,
+        };
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let n = header.encode(args, &mut head);
+        self.replied = true;
+        // Replies to one peer leave in order: once one waits, the later ones queue behind it.
+        if self.pending.is_empty() {
+            let out = Outgoing {
+                head: &head[..n],
+                payload,
+                long_offset,
+            };
+            match self.tx.try_send(self.src, &out) {
+                Ok(()) => return Ok(()),
+                Err(SendError::Busy) => {}
+                Err(e) => {
+                    let e = send_err(e);
+                    self.error = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        let mut bytes = Vec::with_capacity(n + payload.len());
+        bytes.extend_from_slice(&head[..n]);
+        bytes.extend_from_slice(payload);
+        self.pending.push_back(PendingReply {
+            dest: self.src,
+            head_len: n,
+            long_offset,
+            bytes,
+        });
+        Ok(())
+    }
+
+    fn system(&mut self, kind: AmKind, op: u8, args: &[u32], payload: &[u8]) {
+        // Errors are recorded in `self.error` and reported by the poll that ran the handler.
+        let _ = self.send(true, kind, op, args, payload, None);
+    }
+}
+
+impl ReplyPath for ReplySink<'_> {
+    fn reply(
+        &mut self,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        check_message(&self.limits, kind, args, payload)?;
+        if self.meta[handler.0 as usize] != Some((Category::Reply, kind)) {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: Category::Reply,
+                kind,
+            });
+        }
+        self.send(false, kind, handler.0, args, payload, long_offset)
+    }
+}
+
+/// Checks arguments and payload size against the transport's limits.
+pub(crate) fn check_message(
+    limits: &Limits,
+    kind: AmKind,
+    args: &[u32],
+    payload: &[u8],
+) -> Result<(), AmError> {
+    if args.len() > MAX_ARGS.min(limits.max_args) {
+        return Err(AmError::TooManyArgs(args.len()));
+    }
+    let max = match kind {
+        AmKind::Short => 0,
+        AmKind::Medium => limits.max_medium,
+        AmKind::Long => limits.max_long,
+    };
+    if payload.len() > max {
+        return Err(AmError::PayloadTooLarge {
+            kind,
+            len: payload.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl Endpoint {
+    /// Sends the replies the device refused earlier, in order, until it refuses again.
+    pub fn flush_pending(&mut self, tx: &mut dyn Tx) -> Result<(), AmError> {
+        while let Some(p) = self.pending.front() {
+            let out = Outgoing {
+                head: &p.bytes[..p.head_len],
+                payload: &p.bytes[p.head_len..],
+                long_offset: p.long_offset,
+            };
+            match tx.try_send(p.dest, &out) {
+                Ok(()) => {
+                    self.pending.pop_front();
+                }
+                Err(SendError::Busy) => return Ok(()),
+                Err(e) => {
+                    self.pending.pop_front();
+                    return Err(send_err(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles one delivered message: runs its handler, sends the reply or the implicit one.
+    pub fn dispatch(
+        &mut self,
+        d: Delivery<'_>,
+        segment: &mut [u8],
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
+        let src = d.src;
+        if src >= self.size {
+            return Err(AmError::InvalidRank {
+                rank: src,
+                size: self.size,
+            });
+        }
+        let hdr = Header::decode(d.bytes, !d.payload_placed)
+            .map_err(|e| misbehaved(src, Misbehavior::Malformed(e)))?;
+        let mut argbuf = [0u32; MAX_ARGS];
+        let args = hdr.read_args(d.bytes, &mut argbuf);
+        let body = &d.bytes[hdr.head_len()..];
+        let long = if hdr.kind == AmKind::Long {
+            match segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len()) {
+                Some(r) => {
+                    if !d.payload_placed {
+                        segment[r.clone()].copy_from_slice(body);
+                    }
+                    Some(r)
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        let out_of_segment = hdr.kind == AmKind::Long && long.is_none();
+        let medium: &[u8] = if hdr.kind == AmKind::Medium {
+            body
+        } else {
+            &[]
+        };
+
+        match hdr.category {
+            Category::Reply => {
+                if !self.credits.on_reply(src, hdr.credit) {
+                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
+                }
+                if out_of_segment {
+                    return Err(misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment {
+                            offset: hdr.long_offset,
+                            len: hdr.payload_len as u64,
+                        },
+                    ));
+                }
+                if hdr.system {
+                    return self.system_reply(src, &hdr, args, medium);
+                }
+                let id = hdr.handler as usize;
+                match &mut self.handlers.fns[id] {
+                    Some(HandlerFn::Reply(f))
+                        if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
+                    {
+                        f(Msg {
+                            src,
+                            handler: HandlerId(hdr.handler),
+                            args,
+                            medium,
+                            long,
+                            segment,
+                        });
+                        Ok(())
+                    }
+                    _ => Err(misbehaved(
+                        src,
+                        Misbehavior::UnknownHandler {
+                            handler: HandlerId(hdr.handler),
+                            category: Category::Reply,
+                            kind: hdr.kind,
+                        },
+                    )),
+                }
+            }
+            Category::Request => {
+                let grant = self.credits.reply_grant(src, hdr.credit);
+                let Endpoint {
+                    handlers,
+                    pending,
+                    limits,
+                    ..
+                } = self;
+                let Handlers { fns, meta, .. } = handlers;
+                let mut sink = ReplySink {
+                    src,
+                    grant,
+                    tx,
+                    pending,
+                    meta,
+                    limits: *limits,
+                    replied: false,
+                    error: None,
+                };
+                let mut result = Ok(());
+                if out_of_segment {
+                    result = Err(misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment {
+                            offset: hdr.long_offset,
+                            len: hdr.payload_len as u64,
+                        },
+                    ));
+                    if hdr.system && hdr.handler == sys::PUT {
+                        // The initiator waits for this put: tell it, don't leave it hanging.
+                        let op = args.first().copied().unwrap_or(u32::MAX);
+                        sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
+                    }
+                } else if hdr.system {
+                    // Split borrows: the system state is disjoint from the sink's fields.
+                    result = system_request(
+                        &mut SystemState {
+                            rank: self.rank,
+                            size: self.size,
+                            seg_len: self.seg_len,
+                            hello: &mut self.hello,
+                            hello_digest: self.hello_digest,
+                            barrier_arrivals: &mut self.barrier_arrivals,
+                            exit_requested: &mut self.exit_requested,
+                        },
+                        &mut sink,
+                        &hdr,
+                        args,
+                        segment,
+                    );
+                } else {
+                    let id = hdr.handler as usize;
+                    match &mut fns[id] {
+                        Some(HandlerFn::Request(f))
+                            if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
+                        {
+                            f(
+                                Msg {
+                                    src,
+                                    handler: HandlerId(hdr.handler),
+                                    args,
+                                    medium,
+                                    long,
+                                    segment,
+                                },
+                                Token {
+                                    src,
+                                    path: &mut sink,
+                                },
+                            );
+                        }
+                        _ => {
+                            result = Err(misbehaved(
+                                src,
+                                Misbehavior::UnknownHandler {
+                                    handler: HandlerId(hdr.handler),
+                                    category: Category::Request,
+                                    kind: hdr.kind,
+                                },
+                            ))
+                        }
+                    }
+                }
+                if !sink.replied {
+                    sink.system(AmKind::Short, sys::ACK, &[], &[]);
+                }
+                if let Some(e) = sink.error {
+                    return Err(e);
+                }
+                result
+            }
+        }
+    }
+
+    fn system_reply(
+        &mut self,
+        src: Rank,
+        hdr: &Header,
+        args: &[u32],
+        medium: &[u8],
+    ) -> Result<(), AmError> {
+        let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
+        match hdr.handler {
+            sys::ACK => Ok(()),
+            sys::PUT_DONE => {
+                let &[op, status] = args else {
+                    return Err(bad());
+                };
+                let slot = self.live_op(op).ok_or_else(bad)?;
+                if status != 0 && slot.error.is_none() {
+                    slot.error = Some(misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment { offset: 0, len: 0 },
+                    ));
+                }
+                slot.outstanding = slot.outstanding.saturating_sub(1);
+                Ok(())
+            }
+            sys::GET_DATA => {
+                let &[op, dst_lo, dst_hi, status] = args else {
+                    return Err(bad());
+                };
+                let slot = self.live_op(op).ok_or_else(bad)?;
+                slot.outstanding = slot.outstanding.saturating_sub(1);
+                if status != 0 {
+                    if slot.error.is_none() {
+                        slot.error = Some(misbehaved(
+                            src,
+                            Misbehavior::OutOfSegment { offset: 0, len: 0 },
+                        ));
+                    }
+                    return Ok(());
+                }
+                let dst = join_u64(dst_lo, dst_hi);
+                match segment_range(dst, medium.len() as u64, slot.data.len()) {
+                    Some(r) => {
+                        slot.data[r].copy_from_slice(medium);
+                        Ok(())
+                    }
+                    None => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    fn live_op(&mut self, index: u32) -> Option<&mut OpSlot> {
+        self.ops.get_mut(index as usize).filter(|s| s.live)
+    }
+
+    /// Allocates a put/get slot.
+    pub fn alloc_op(&mut self, data: Vec<u8>) -> (u32, u32) {
+        let index = match self.free_ops.pop() {
+            Some(i) => i,
+            None => {
+                self.ops.push(OpSlot::default());
+                (self.ops.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.ops[index as usize];
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.live = true;
+        slot.outstanding = 0;
+        slot.error = None;
+        slot.data = data;
+        (index, slot.gen)
+    }
+
+    /// The slot of a handle, if it is still the same operation.
+    pub fn op(&mut self, index: u32, gen: u32) -> Option<&mut OpSlot> {
+        self.ops
+            .get_mut(index as usize)
+            .filter(|s| s.live && s.gen == gen)
+    }
+
+    /// Frees a completed slot and returns its result.
+    pub fn finish_op(&mut self, index: u32) -> Result<Vec<u8>, AmError> {
+        let slot = &mut self.ops[index as usize];
+        slot.live = false;
+        let data = std::mem::take(&mut slot.data);
+        let err = slot.error.take();
+        self.free_ops.push(index);
+        match err {
+            Some(e) => Err(e),
+            None => Ok(data),
+        }
+    }
+}
+
+struct SystemState<'a> {
+    rank: Rank,
+    size: u32,
+    seg_len: usize,
+    hello: &'a mut Hello,
+    hello_digest: u64,
+    barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
+    exit_requested: &'a mut Option<i32>,
+}
+
+/// Status codes of HELLO_RESULT.
+pub(crate) const HELLO_OK: u32 = 0;
+pub(crate) const HELLO_TABLE_MISMATCH: u32 = 1;
+pub(crate) const HELLO_SEGMENT_MISMATCH: u32 = 2;
+
+fn system_request(
+    st: &mut SystemState<'_>,
+    sink: &mut ReplySink<'_>,
+    hdr: &Header,
+    args: &[u32],
+    segment: &mut [u8],
+) -> Result<(), AmError> {
+    let src = sink.src;
+    let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
+    match (hdr.handler, hdr.kind) {
+        (sys::HELLO, AmKind::Short) => {
+            let &[d_lo, d_hi, s_lo, s_hi] = args else {
+                return Err(bad());
+            };
+            if st.rank != 0 {
+                return Err(bad());
+            }
+            st.hello.received += 1;
+            let theirs = join_u64(d_lo, d_hi);
+            let seg = join_u64(s_lo, s_hi);
+            if st.hello.mismatch.is_none() {
+                if theirs != st.hello_digest {
+                    st.hello.mismatch = Some((HELLO_TABLE_MISMATCH, src, theirs));
+                } else if seg != st.seg_len as u64 {
+                    st.hello.mismatch = Some((HELLO_SEGMENT_MISMATCH, src, seg));
+                }
+            }
+            Ok(())
+        }
+        (sys::HELLO_RESULT, AmKind::Short) => {
+            let Ok(result) = <[u32; 6]>::try_from(args) else {
+                return Err(bad());
+            };
+            st.hello.result = Some(result);
+            Ok(())
+        }
+        (sys::BARRIER, AmKind::Short) => {
+            let &[e_lo, e_hi, round] = args else {
+                return Err(bad());
+            };
+            if round >= 32 {
+                return Err(bad());
+            }
+            *st.barrier_arrivals
+                .entry((join_u64(e_lo, e_hi), round as u8))
+                .or_insert(0) += 1;
+            Ok(())
+        }
+        (sys::PUT, AmKind::Long) => {
+            let &[op] = args else {
+                return Err(bad());
+            };
+            sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], &[]);
+            Ok(())
+        }
+        (sys::GET, AmKind::Short) => {
+            let &[op, o_lo, o_hi, len, d_lo, d_hi] = args else {
+                return Err(bad());
+            };
+            let offset = join_u64(o_lo, o_hi);
+            match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
+                Some(r) if r.len() <= sink.limits.max_medium => {
+                    sink.system(
+                        AmKind::Medium,
+                        sys::GET_DATA,
+                        &[op, d_lo, d_hi, 0],
+                        &segment[r],
+                    );
+                    Ok(())
+                }
+                _ => {
+                    sink.system(AmKind::Medium, sys::GET_DATA, &[op, d_lo, d_hi, 1], &[]);
+                    Err(misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment {
+                            offset,
+                            len: len as u64,
+                        },
+                    ))
+                }
+            }
+        }
+        (sys::EXIT, AmKind::Short) => {
+            let &[code] = args else {
+                return Err(bad());
+            };
+            *st.exit_requested = Some(code as i32);
+            Ok(())
+        }
+        _ => {
+            let _ = st.size;
+            Err(bad())
+        }
+    }
+}

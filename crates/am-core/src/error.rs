@@ -1,0 +1,164 @@
+//! Errors of the AM core. Each says who is at fault: the caller (a wrong argument), a peer
+//! (it broke the protocol), or the job (a peer died, the transport failed).
+
+use crate::handler::{AmKind, Category, HandlerId};
+use crate::transport::TransportError;
+use crate::wire::WireError;
+use crate::Rank;
+
+/// An error from an AM operation (request, reply, poll, put/get, barrier).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AmError {
+    /// The rank is not part of the job.
+    #[error("rank {rank} is outside the job (size {size})")]
+    InvalidRank {
+        /// The rank asked for.
+        rank: Rank,
+        /// The job size.
+        size: u32,
+    },
+    /// More than 16 arguments.
+    #[error("{0} arguments given, at most 16 allowed")]
+    TooManyArgs(usize),
+    /// A payload larger than the transport's limit for this kind.
+    #[error("{kind:?} payload of {len} bytes exceeds the transport's limit of {max}")]
+    PayloadTooLarge {
+        /// Medium or Long.
+        kind: AmKind,
+        /// Bytes given.
+        len: usize,
+        /// The limit (`max_medium` or `max_long`).
+        max: usize,
+    },
+    /// An access outside the registered segment.
+    #[error("segment access [{offset}, {offset}+{len}) is outside the {size}-byte segment")]
+    SegmentOutOfBounds {
+        /// Offset asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The segment's size.
+        size: usize,
+    },
+    /// The handler id is not registered with this category and kind.
+    #[error("handler {handler:?} is not registered as a {category:?} {kind:?} handler")]
+    NotRegistered {
+        /// The id used.
+        handler: HandlerId,
+        /// What the call needed.
+        category: Category,
+        /// What the call needed.
+        kind: AmKind,
+    },
+    /// A peer broke the protocol. The offending message was dropped; the job can go on.
+    #[error("rank {peer} misbehaved: {what}")]
+    PeerMisbehaved {
+        /// The sender.
+        peer: Rank,
+        /// What it did.
+        what: Misbehavior,
+    },
+    /// A peer is gone (died or left); operations involving it fail.
+    #[error("rank {0} was lost")]
+    PeerLost(Rank),
+    /// The job is being torn down (a rank panicked or aborted).
+    #[error("the job was aborted")]
+    JobAborted,
+    /// The operation handle does not belong to a pending operation.
+    #[error("unknown or already completed operation handle")]
+    StaleHandle,
+    /// Another transport failure.
+    #[error("transport: {0}")]
+    Transport(TransportError),
+}
+
+/// What a misbehaving peer did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misbehavior {
+    /// Its message did not decode.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] WireError),
+    /// It named a handler that is not registered, or registered with another category or kind.
+    #[error("no {category:?} {kind:?} handler {handler:?}")]
+    UnknownHandler {
+        /// The id it named.
+        handler: HandlerId,
+        /// The category of its message.
+        category: Category,
+        /// The kind of its message.
+        kind: AmKind,
+    },
+    /// It sent a reply although no request to it was outstanding.
+    #[error("reply without a request")]
+    ReplyWithoutRequest,
+    /// Its Long payload or put/get falls outside this rank's segment.
+    #[error("segment access [{offset}, {offset}+{len}) outside the segment")]
+    OutOfSegment {
+        /// Offset it named.
+        offset: u64,
+        /// Length it named.
+        len: u64,
+    },
+    /// A core-internal message with an unknown opcode or wrong arguments.
+    #[error("bad system message (opcode {0})")]
+    BadSystemMessage(u8),
+}
+
+impl From<TransportError> for AmError {
+    fn from(e: TransportError) -> Self {
+        match e {
+            TransportError::PeerLost(r) => AmError::PeerLost(r),
+            TransportError::JobAborted => AmError::JobAborted,
+            other => AmError::Transport(other),
+        }
+    }
+}
+
+/// Why a `try_` request did not go out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TryRequestError {
+    /// No credit for that peer, or the device is full: nothing was sent, the payload (borrowed)
+    /// is still the caller's. Poll and try again (GASNet's IMMEDIATE flag).
+    #[error("would block: no credit or device full")]
+    WouldBlock,
+    /// Any other failure.
+    #[error(transparent)]
+    Failed(#[from] AmError),
+}
+
+/// Why a node could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A rank registered a different handler table than rank 0.
+    #[error("rank {rank} registered a different handler table (digest {theirs:#018x}, rank 0 has {ours:#018x}): every rank must register the same handlers")]
+    HandlerTableMismatch {
+        /// The first rank found to differ.
+        rank: Rank,
+        /// Rank 0's digest.
+        ours: u64,
+        /// That rank's digest.
+        theirs: u64,
+    },
+    /// A rank's segment size differs from rank 0's.
+    #[error(
+        "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"
+    )]
+    SegmentSizeMismatch {
+        /// The rank that differs.
+        rank: Rank,
+        /// Rank 0's size.
+        ours: u64,
+        /// That rank's size.
+        theirs: u64,
+    },
+    /// The configuration asks for something the transport cannot do.
+    #[error("bad configuration: {0}")]
+    Config(String),
+    /// Communication failed during start-up.
+    #[error(transparent)]
+    Am(#[from] AmError),
+}

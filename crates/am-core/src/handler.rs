@@ -1,0 +1,425 @@
+//! The handler table, the message a handler sees, and the one-shot reply [`Token`].
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::error::AmError;
+use crate::Rank;
+
+/// Index into the handler table (GASNet's handler index): 256 handlers per job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HandlerId(pub u8);
+
+/// Whether a handler runs for requests or for replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Category {
+    /// Runs at the target of a request; gets a [`Token`] that may reply once.
+    Request = 0,
+    /// Runs at the requester when the reply arrives; cannot send anything.
+    Reply = 1,
+}
+
+/// The three GASNet AM kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AmKind {
+    /// Arguments only.
+    Short = 0,
+    /// Arguments and a payload delivered in a transport buffer (up to `max_medium`).
+    Medium = 1,
+    /// Arguments and a payload written into the target's segment before the handler runs.
+    Long = 2,
+}
+
+/// What a handler is told about the message that made it run.
+///
+/// The payload of a Medium is borrowed from the transport's receive buffer for the duration of
+/// the call (no copy where the transport allows it); the payload of a Long is already in the
+/// local segment at [`Msg::long_offset`].
+pub struct Msg<'a> {
+    pub(crate) src: Rank,
+    pub(crate) handler: HandlerId,
+    pub(crate) args: &'a [u32],
+    pub(crate) medium: &'a [u8],
+    pub(crate) long: Option<Range<usize>>,
+    pub(crate) segment: &'a mut [u8],
+}
+
+impl<'a> Msg<'a> {
+    /// The rank that sent this message.
+    #[inline]
+    pub fn src(&self) -> Rank {
+        self.src
+    }
+
+    /// The handler that is running.
+    #[inline]
+    pub fn handler(&self) -> HandlerId {
+        self.handler
+    }
+
+    /// The message's arguments (0..=16 words).
+    #[inline]
+    pub fn args(&self) -> &[u32] {
+        self.args
+    }
+
+    /// The payload: a Medium's bytes, a Long's bytes in the local segment, empty for a Short.
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        match &self.long {
+            Some(r) => &self.segment[r.clone()],
+            None => self.medium,
+        }
+    }
+
+    /// Where a Long payload landed in the local segment; `None` for Short and Medium.
+    #[inline]
+    pub fn long_offset(&self) -> Option<usize> {
+        self.long.as_ref().map(|r| r.start)
+    }
+
+    /// The local segment (what put, get and Long target on this rank).
+    #[inline]
+    pub fn segment(&self) -> &[u8] {
+        self.segment
+    }
+
+    /// The local segment, writable.
+    #[inline]
+    pub fn segment_mut(&mut self) -> &mut [u8] {
+        self.segment
+    }
+
+    /// A Medium's payload together with the writable local segment, both at once (e.g. to apply
+    /// a batch of updates without copying it). `None` for a Long, whose payload is inside the
+    /// segment, and for a Short.
+    #[inline]
+    pub fn medium_and_segment_mut(&mut self) -> Option<(&[u8], &mut [u8])> {
+        if self.long.is_some() {
+            None
+        } else {
+            Some((self.medium, self.segment))
+        }
+    }
+}
+
+impl fmt::Debug for Msg<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Msg")
+            .field("src", &self.src)
+            .field("handler", &self.handler)
+            .field("args", &self.args)
+            .field("payload_len", &self.payload().len())
+            .field("long_offset", &self.long_offset())
+            .finish()
+    }
+}
+
+/// The core's side of a reply: implemented by the endpoint while a request handler runs.
+pub(crate) trait ReplyPath {
+    fn reply(
+        &mut self,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError>;
+}
+
+/// The right to send one reply to the requester: GASNet's token.
+///
+/// Each `reply_*` method consumes the token, so a second reply does not compile:
+///
+/// ```compile_fail
+/// # use am_core::{Token, HandlerId};
+/// fn handler(token: Token<'_>) {
+///     token.reply_short(HandlerId(1), &[]).unwrap();
+///     token.reply_short(HandlerId(1), &[]).unwrap(); // use of moved value
+/// }
+/// ```
+///
+/// A request handler that drops its token without replying is fine: the core sends an implicit
+/// empty reply so the requester gets its credit back.
+pub struct Token<'a> {
+    pub(crate) src: Rank,
+    pub(crate) path: &'a mut dyn ReplyPath,
+}
+
+impl Token<'_> {
+    /// The requester: the only rank this token can reply to.
+    #[inline]
+    pub fn src(&self) -> Rank {
+        self.src
+    }
+
+    /// Replies with an AM Short to the requester's reply handler `handler`.
+    pub fn reply_short(self, handler: HandlerId, args: &[u32]) -> Result<(), AmError> {
+        self.path.reply(AmKind::Short, handler, args, &[], None)
+    }
+
+    /// Replies with an AM Medium (payload up to `max_medium`).
+    pub fn reply_medium(
+        self,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<(), AmError> {
+        self.path
+            .reply(AmKind::Medium, handler, args, payload, None)
+    }
+
+    /// Replies with an AM Long whose payload lands at `offset` in the requester's segment.
+    pub fn reply_long(
+        self,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        offset: usize,
+    ) -> Result<(), AmError> {
+        self.path
+            .reply(AmKind::Long, handler, args, payload, Some(offset))
+    }
+}
+
+impl fmt::Debug for Token<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token").field("src", &self.src).finish()
+    }
+}
+
+/// A request handler: runs at the target, may reply once through its token.
+pub type RequestFn = dyn FnMut(Msg<'_>, Token<'_>);
+/// A reply handler: runs at the requester; it has no way to send.
+pub type ReplyFn = dyn FnMut(Msg<'_>);
+
+pub(crate) enum HandlerFn {
+    Request(Box<RequestFn>),
+    Reply(Box<ReplyFn>),
+}
+
+/// What the table knows of a handler, identical on every rank (checked at start-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerInfo {
+    /// A name for diagnostics and the start-up digest.
+    pub name: String,
+    /// Request or reply.
+    pub category: Category,
+    /// Short, Medium or Long.
+    pub kind: AmKind,
+}
+
+/// The handler table a node is built with: up to 256 handlers, each registered as request or
+/// reply and as Short, Medium or Long.
+///
+/// Every rank of a job must register the same table (same ids, names, categories and kinds);
+/// [`crate::Node::new`] exchanges a digest of it and fails with
+/// [`crate::StartError::HandlerTableMismatch`] otherwise.
+///
+/// ```
+/// use am_core::{AmKind, HandlerId, Handlers};
+/// const PING: HandlerId = HandlerId(1);
+/// const PONG: HandlerId = HandlerId(2);
+/// let mut handlers = Handlers::new();
+/// handlers.request(PING, "ping", AmKind::Short, |msg, token| {
+///     let _ = token.reply_short(PONG, msg.args());
+/// }).unwrap();
+/// handlers.reply(PONG, "pong", AmKind::Short, |_msg| {}).unwrap();
+/// assert_eq!(handlers.len(), 2);
+/// ```
+pub struct Handlers {
+    pub(crate) info: Vec<Option<HandlerInfo>>,
+    pub(crate) fns: Vec<Option<HandlerFn>>,
+    pub(crate) meta: [Option<(Category, AmKind)>; 256],
+}
+
+/// Why a handler could not be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The id is already taken.
+    #[error("handler {id:?} is already registered as {existing:?}")]
+    Taken {
+        /// The id asked for.
+        id: HandlerId,
+        /// Its current registration's name.
+        existing: String,
+    },
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Handlers {
+    /// An empty table.
+    pub fn new() -> Self {
+        Handlers {
+            info: (0..256).map(|_| None).collect(),
+            fns: (0..256).map(|_| None).collect(),
+            meta: [None; 256],
+        }
+    }
+
+    fn insert(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        category: Category,
+        kind: AmKind,
+        f: HandlerFn,
+    ) -> Result<(), RegisterError> {
+        let i = id.0 as usize;
+        if let Some(existing) = &self.info[i] {
+            return Err(RegisterError::Taken {
+                id,
+                existing: existing.name.clone(),
+            });
+        }
+        self.info[i] = Some(HandlerInfo {
+            name: name.to_owned(),
+            category,
+            kind,
+        });
+        self.fns[i] = Some(f);
+        self.meta[i] = Some((category, kind));
+        Ok(())
+    }
+
+    /// Registers a request handler of the given kind.
+    pub fn request(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>, Token<'_>) + 'static,
+    ) -> Result<(), RegisterError> {
+        self.insert(
+            id,
+            name,
+            Category::Request,
+            kind,
+            HandlerFn::Request(Box::new(f)),
+        )
+    }
+
+    /// Registers a reply handler of the given kind.
+    pub fn reply(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>) + 'static,
+    ) -> Result<(), RegisterError> {
+        self.insert(
+            id,
+            name,
+            Category::Reply,
+            kind,
+            HandlerFn::Reply(Box::new(f)),
+        )
+    }
+
+    /// Number of registered handlers.
+    pub fn len(&self) -> usize {
+        self.info.iter().filter(|i| i.is_some()).count()
+    }
+
+    /// True if no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What is registered at `id`.
+    pub fn info(&self, id: HandlerId) -> Option<&HandlerInfo> {
+        self.info[id.0 as usize].as_ref()
+    }
+
+    /// A 64-bit digest of the table (ids, names, categories, kinds), the same on every rank that
+    /// registered the same table. FNV-1a: stable across builds and machines.
+    pub fn digest(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |b: u8| {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        };
+        for (i, info) in self.info.iter().enumerate() {
+            if let Some(info) = info {
+                eat(i as u8);
+                eat(info.category as u8);
+                eat(info.kind as u8);
+                for b in (info.name.len() as u32).to_le_bytes() {
+                    eat(b);
+                }
+                for &b in info.name.as_bytes() {
+                    eat(b);
+                }
+            }
+        }
+        h
+    }
+}
+
+impl fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.info
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, x)| x.as_ref().map(|x| (i, x))),
+            )
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_depends_on_every_field() {
+        let base = || {
+            let mut h = Handlers::new();
+            h.request(HandlerId(1), "a", AmKind::Short, |_, _| {})
+                .unwrap();
+            h
+        };
+        let d = base().digest();
+        assert_eq!(d, base().digest());
+        let mut other = Handlers::new();
+        other
+            .request(HandlerId(2), "a", AmKind::Short, |_, _| {})
+            .unwrap();
+        assert_ne!(d, other.digest());
+        let mut other = Handlers::new();
+        other
+            .request(HandlerId(1), "a", AmKind::Medium, |_, _| {})
+            .unwrap();
+        assert_ne!(d, other.digest());
+        let mut other = Handlers::new();
+        other
+            .reply(HandlerId(1), "a", AmKind::Short, |_| {})
+            .unwrap();
+        assert_ne!(d, other.digest());
+        let mut other = Handlers::new();
+        other
+            .request(HandlerId(1), "b", AmKind::Short, |_, _| {})
+            .unwrap();
+        assert_ne!(d, other.digest());
+    }
+
+    #[test]
+    fn double_registration_is_an_error() {
+        let mut h = Handlers::new();
+        h.reply(HandlerId(9), "x", AmKind::Short, |_| {}).unwrap();
+        assert!(matches!(
+            h.reply(HandlerId(9), "y", AmKind::Short, |_| {}),
+            Err(RegisterError::Taken { .. })
+        ));
+    }
+}

@@ -1,0 +1,100 @@
+//! The active-message core of amnet: GASNet's Core API in safe Rust.
+//!
+//! A job is a set of ranks; each runs a [`Node`] over a [`Transport`] (a NIC). Nodes exchange
+//! active messages: a request names a handler registered in the [`Handlers`] table of every
+//! rank, and that handler runs at the target, inside its [`Node::poll`]. A request handler gets
+//! a [`Token`] that may send one reply to the requester; a reply handler cannot send at all.
+//!
+//! - **AM Short / Medium / Long**, 0..=16 arguments of 32 bits; Medium payloads are lent to the
+//!   handler from the transport's buffer, Long payloads land in the target's segment before the
+//!   handler runs.
+//! - **Credits** per peer bound the requests in flight, so receive space always exists and no
+//!   message is ever dropped; the policy is pluggable ([`CreditPolicy`]).
+//! - **Progress** by explicit polling, with a per-job [`WaitMode`] for blocking calls.
+//! - **PGAS minimum**: [`Node::barrier`], blocking and non-blocking put/get into the peers'
+//!   segments, [`Node::exit`] ending the whole job.
+//! - Beside the trait: [`Loopback`] (ranks as threads), [`FaultInjector`], and the
+//!   [`conformance`] suite every transport runs.
+//!
+//! What this crate does **not** do: it has no shared memory, sockets or processes of its own
+//! (the transports and `am-launch` do), it never copies a message it can lend, and it never
+//! hides a lost message: a dead peer is an error, not a hang.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod conformance;
+pub mod credit;
+mod endpoint;
+pub mod error;
+pub mod fault;
+pub mod handler;
+pub mod loopback;
+mod node;
+pub mod transport;
+pub mod wire;
+
+pub use config::{Config, WaitMode};
+pub use credit::{CreditPolicy, StaticCredits};
+pub use error::{AmError, Misbehavior, StartError, TryRequestError};
+pub use fault::{FaultConfig, FaultInjector, FaultStats};
+pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
+pub use loopback::{Loopback, LoopbackConfig};
+pub use node::{GetHandle, Node, PutHandle};
+pub use transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
+
+/// A rank: 0..size within a job (GASNet's `gasnet_node_t`).
+pub type Rank = u32;
+
+/// Runs one closure per transport, each on its own thread, and returns their results in rank
+/// order: the way to run a job whose ranks are threads ([`Loopback`], or any transport whose
+/// endpoints can live in one process).
+///
+/// If a rank panics, the panic that happened first is re-raised here after every thread has
+/// ended (the others see the job aborted rather than hanging).
+pub fn run_ranks<T, R, F>(transports: Vec<T>, f: F) -> Vec<R>
+where
+    T: Send,
+    R: Send,
+    F: Fn(T) -> R + Sync,
+{
+    use std::sync::Mutex;
+    let first_panic: Mutex<Option<Box<dyn std::any::Any + Send>>> = Mutex::new(None);
+    let results: Vec<Option<R>> = std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let f = &f;
+                let first_panic = &first_panic;
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(s, move || {
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))) {
+                            Ok(r) => Some(r),
+                            Err(p) => {
+                                let mut slot =
+                                    first_panic.lock().unwrap_or_else(|e| e.into_inner());
+                                if slot.is_none() {
+                                    *slot = Some(p);
+                                }
+                                None
+                            }
+                        }
+                    })
+                    .expect("spawning a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(None))
+            .collect()
+    });
+    if let Some(p) = first_panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        std::panic::resume_unwind(p);
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("rank result"))
+        .collect()
+}

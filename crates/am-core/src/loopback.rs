@@ -1,0 +1,221 @@
+//! [`Loopback`]: ranks as threads of one process, for tests and for measuring the core alone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
+
+use crate::transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
+use crate::Rank;
+
+/// Settings of a [`Loopback`] cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopbackConfig {
+    /// Messages each rank's receive queue holds, shared by all senders (like a NIC mailbox);
+    /// a full queue is device back-pressure ([`SendError::Busy`]).
+    pub capacity: usize,
+    /// Bytes of each rank's segment.
+    pub segment_size: usize,
+    /// Largest AM Medium payload.
+    pub max_medium: usize,
+    /// Largest AM Long payload per message.
+    pub max_long: usize,
+}
+
+impl Default for LoopbackConfig {
+    fn default() -> Self {
+        LoopbackConfig {
+            capacity: 1024,
+            segment_size: 1 << 20,
+            max_medium: 64 << 10,
+            max_long: 1 << 20,
+        }
+    }
+}
+
+struct Shared {
+    /// Set when a rank's transport is dropped by a panic: the job is over.
+    aborted: AtomicBool,
+}
+
+struct Packet {
+    src: Rank,
+    bytes: Vec<u8>,
+}
+
+/// The sending half: one bounded channel per destination rank.
+struct LoopbackTx {
+    rank: Rank,
+    peers: Vec<Sender<Packet>>,
+    shared: Arc<Shared>,
+}
+
+impl Tx for LoopbackTx {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let Some(peer) = self.peers.get(dest as usize) else {
+            return Err(SendError::PeerLost(dest));
+        };
+        if peer.is_full() {
+            return Err(SendError::Busy);
+        }
+        let mut bytes = Vec::with_capacity(msg.len());
+        bytes.extend_from_slice(msg.head);
+        bytes.extend_from_slice(msg.payload);
+        match peer.try_send(Packet {
+            src: self.rank,
+            bytes,
+        }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(SendError::Busy),
+            Err(TrySendError::Disconnected(_)) => {
+                if self.shared.aborted.load(Ordering::Relaxed) {
+                    Err(SendError::JobAborted)
+                } else {
+                    Err(SendError::PeerLost(dest))
+                }
+            }
+        }
+    }
+}
+
+/// An in-process transport: each rank is a thread, messages move through bounded channels,
+/// the segment is ordinary memory. Long payloads travel inline and the core copies them into
+/// the target's segment. A rank whose thread panics aborts the job: the others get
+/// [`TransportError::JobAborted`] from their next poll instead of waiting forever.
+pub struct Loopback {
+    tx: LoopbackTx,
+    size: u32,
+    rx: Receiver<Packet>,
+    held: Option<Packet>,
+    segment: Vec<u8>,
+    config: LoopbackConfig,
+}
+
+impl Loopback {
+    /// Creates the transports of a job of `ranks` ranks; move each to its own thread.
+    ///
+    /// # Panics
+    /// If `ranks` is 0 or `config.capacity` is 0.
+    pub fn cluster(ranks: u32, config: LoopbackConfig) -> Vec<Loopback> {
+        assert!(ranks > 0, "a job has at least one rank");
+        assert!(
+            config.capacity > 0,
+            "a receive queue holds at least one message"
+        );
+        let shared = Arc::new(Shared {
+            aborted: AtomicBool::new(false),
+        });
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..ranks).map(|_| bounded(config.capacity)).unzip();
+        receivers
+            .into_iter()
+            .enumerate()
+            .map(|(rank, rx)| Loopback {
+                tx: LoopbackTx {
+                    rank: rank as Rank,
+                    peers: senders.clone(),
+                    shared: shared.clone(),
+                },
+                size: ranks,
+                rx,
+                held: None,
+                segment: vec![0; config.segment_size],
+                config,
+            })
+            .collect()
+    }
+}
+
+impl Tx for Loopback {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.tx.try_send(dest, msg)
+    }
+}
+
+impl Transport for Loopback {
+    fn name(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn rank(&self) -> Rank {
+        self.tx.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.size
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_args: crate::wire::MAX_ARGS,
+            max_medium: self.config.max_medium,
+            max_long: self.config.max_long,
+            max_credits: u32::MAX,
+        }
+    }
+
+    fn segment(&self) -> &[u8] {
+        &self.segment
+    }
+
+    fn segment_mut(&mut self) -> &mut [u8] {
+        &mut self.segment
+    }
+
+    #[inline]
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        let packet = match self.held.take() {
+            Some(p) => p,
+            None => match self.rx.try_recv() {
+                Ok(p) => p,
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {
+                    if self.tx.shared.aborted.load(Ordering::Relaxed) {
+                        return Err(TransportError::JobAborted);
+                    }
+                    return Ok(None);
+                }
+            },
+        };
+        let delivery = Delivery {
+            src: packet.src,
+            bytes: &packet.bytes,
+            payload_placed: false,
+        };
+        Ok(Some(f(delivery, &mut self.segment, &mut self.tx)))
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        if self.held.is_some() {
+            return Ok(());
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(p) => self.held = Some(p),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.tx.shared.aborted.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loopback")
+            .field("rank", &self.tx.rank)
+            .field("size", &self.size)
+            .field("config", &self.config)
+            .finish()
+    }
+}

@@ -1,0 +1,776 @@
+//! [`Node`]: one rank of a job, driving the protocol [`Endpoint`] with a [`Transport`].
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, WaitMode};
+use crate::credit::{CreditPolicy, StaticCredits};
+use crate::endpoint::{
+    check_message, join_u64, segment_range, split_u64, sys, Endpoint, Hello, HELLO_OK,
+    HELLO_SEGMENT_MISMATCH,
+};
+use crate::error::{AmError, StartError, TryRequestError};
+use crate::handler::{AmKind, Category, HandlerId, Handlers};
+use crate::transport::{Limits, Outgoing, SendError, Transport, TransportError};
+use crate::wire::{Header, MAX_HEAD_LEN};
+use crate::Rank;
+
+/// One rank of a job: the handler table, credits and progress engine over a transport.
+///
+/// Handlers run only inside [`Node::poll`] and inside the blocking calls, which poll while they
+/// wait. A rank that never polls never runs handlers, so replies to its peers stall.
+///
+/// ```
+/// use std::{cell::Cell, rc::Rc};
+/// use am_core::{AmKind, Config, HandlerId, Handlers, Loopback, Node};
+///
+/// const PING: HandlerId = HandlerId(1);
+/// const PONG: HandlerId = HandlerId(2);
+/// let transports = Loopback::cluster(2, Default::default());
+/// am_core::run_ranks(transports, |transport| {
+///     let pongs = Rc::new(Cell::new(0u32));
+///     let seen = pongs.clone();
+///     let mut handlers = Handlers::new();
+///     handlers.request(PING, "ping", AmKind::Short, |msg, token| {
+///         let _ = token.reply_short(PONG, &[msg.args()[0] + 1]);
+///     }).unwrap();
+///     handlers.reply(PONG, "pong", AmKind::Short, move |msg| seen.set(msg.args()[0])).unwrap();
+///     let mut node = Node::new(transport, handlers, Config::default()).unwrap();
+///     if node.rank() == 0 {
+///         node.request_short(1, PING, &[41]).unwrap();
+///         node.wait_until(|| pongs.get() == 42).unwrap();
+///     }
+///     node.barrier().unwrap();
+/// });
+/// ```
+pub struct Node<T: Transport> {
+    transport: T,
+    ep: Endpoint,
+    config: Config,
+}
+
+/// A non-blocking put in flight. Complete it with [`Node::wait_put`].
+#[derive(Debug)]
+#[must_use = "a put is complete only once waited for"]
+pub struct PutHandle {
+    index: u32,
+    gen: u32,
+}
+
+/// A non-blocking get in flight. Complete it with [`Node::wait_get`].
+#[derive(Debug)]
+#[must_use = "a get's data arrives only once waited for"]
+pub struct GetHandle {
+    index: u32,
+    gen: u32,
+}
+
+/// How long a dropping node waits for the replies to its last requests.
+const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
+
+impl<T: Transport> Node<T> {
+    /// Starts a node with the static credit policy of `config`.
+    ///
+    /// This is collective: every rank must call it. It checks that every rank registered the
+    /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
+    pub fn new(transport: T, handlers: Handlers, config: Config) -> Result<Self, StartError> {
+        let limits = transport.limits();
+        if config.credits_per_peer == 0
+            || config.credits_per_peer > 255
+            || config.credits_per_peer > limits.max_credits
+        {
+            return Err(StartError::Config(format!(
+                "credits_per_peer = {} but the {} transport allows 1..={}",
+                config.credits_per_peer,
+                transport.name(),
+                limits.max_credits.min(255)
+            )));
+        }
+        let policy = StaticCredits::new(transport.size(), config.credits_per_peer);
+        Self::with_credit_policy(transport, handlers, config, Box::new(policy))
+    }
+
+    /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
+    pub fn with_credit_policy(
+        transport: T,
+        handlers: Handlers,
+        config: Config,
+        credits: Box<dyn CreditPolicy>,
+    ) -> Result<Self, StartError> {
+        let hello_digest = handlers.digest();
+        let ep = Endpoint {
+            rank: transport.rank(),
+            size: transport.size(),
+            limits: transport.limits(),
+            seg_len: transport.segment().len(),
+            handlers,
+            credits,
+            pending: VecDeque::new(),
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            barrier_epoch: 0,
+            barrier_arrivals: HashMap::new(),
+            hello: Hello::default(),
+            hello_digest,
+            exit_requested: None,
+        };
+        let mut node = Node {
+            transport,
+            ep,
+            config,
+        };
+        node.hello()?;
+        Ok(node)
+    }
+
+    /// Exchanges table digests: everyone tells rank 0, rank 0 tells everyone the verdict. No rank
+    /// sends a user message before it has heard that all tables agree.
+    fn hello(&mut self) -> Result<(), StartError> {
+        let size = self.ep.size;
+        if size == 1 {
+            return Ok(());
+        }
+        let digest = split_u64(self.ep.hello_digest);
+        let seg = split_u64(self.ep.seg_len as u64);
+        let verdict = if self.rank() == 0 {
+            self.wait_until_ep(|ep| ep.hello.received == size - 1)?;
+            let v = match self.ep.hello.mismatch {
+                None => [HELLO_OK, 0, 0, 0, 0, 0],
+                Some((status, rank, theirs)) => {
+                    let ours = if status == HELLO_SEGMENT_MISMATCH {
+                        self.ep.seg_len as u64
+                    } else {
+                        self.ep.hello_digest
+                    };
+                    let [o_lo, o_hi] = split_u64(ours);
+                    let [t_lo, t_hi] = split_u64(theirs);
+                    [status, rank, o_lo, o_hi, t_lo, t_hi]
+                }
+            };
+            for r in 1..size {
+                self.send_system(r, AmKind::Short, sys::HELLO_RESULT, &v, &[], None)?;
+            }
+            v
+        } else {
+            self.send_system(
+                0,
+                AmKind::Short,
+                sys::HELLO,
+                &[digest[0], digest[1], seg[0], seg[1]],
+                &[],
+                None,
+            )?;
+            self.wait_until_ep(|ep| ep.hello.result.is_some())?;
+            self.ep.hello.result.unwrap_or_default()
+        };
+        let [status, rank, o_lo, o_hi, t_lo, t_hi] = verdict;
+        match status {
+            HELLO_OK => Ok(()),
+            HELLO_SEGMENT_MISMATCH => Err(StartError::SegmentSizeMismatch {
+                rank,
+                ours: join_u64(o_lo, o_hi),
+                theirs: join_u64(t_lo, t_hi),
+            }),
+            _ => Err(StartError::HandlerTableMismatch {
+                rank,
+                ours: join_u64(o_lo, o_hi),
+                theirs: join_u64(t_lo, t_hi),
+            }),
+        }
+    }
+
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> Rank {
+        self.ep.rank
+    }
+
+    /// Number of ranks.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        self.ep.size
+    }
+
+    /// The transport's size limits (`max_args`, `max_medium`, `max_long`).
+    #[inline]
+    pub fn limits(&self) -> Limits {
+        self.ep.limits
+    }
+
+    /// The most arguments per AM.
+    pub fn max_args(&self) -> usize {
+        self.ep.limits.max_args
+    }
+
+    /// The largest AM Medium payload.
+    pub fn max_medium(&self) -> usize {
+        self.ep.limits.max_medium
+    }
+
+    /// The largest AM Long payload.
+    pub fn max_long(&self) -> usize {
+        self.ep.limits.max_long
+    }
+
+    /// The configuration the node runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The local segment.
+    pub fn segment(&self) -> &[u8] {
+        self.transport.segment()
+    }
+
+    /// The local segment, writable.
+    pub fn segment_mut(&mut self) -> &mut [u8] {
+        self.transport.segment_mut()
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// Credits available now for requests to `peer`.
+    pub fn credits_available(&self, peer: Rank) -> u32 {
+        self.ep.credits.available(peer)
+    }
+
+    /// Runs handlers for the messages that have arrived and resends replies the device refused.
+    /// Returns how many messages were handled.
+    ///
+    /// An error names its cause; the message that caused it is dropped and polling can go on
+    /// (for example after [`AmError::PeerMisbehaved`]).
+    pub fn poll(&mut self) -> Result<usize, AmError> {
+        if !self.ep.pending.is_empty() {
+            self.ep.flush_pending(&mut self.transport)?;
+        }
+        let mut handled = 0;
+        // Bounded, so a flood from one peer cannot starve the caller.
+        while handled < 64 {
+            let ep = &mut self.ep;
+            match self
+                .transport
+                .poll_recv(|d, segment, tx| ep.dispatch(d, segment, tx))?
+            {
+                None => break,
+                Some(result) => {
+                    handled += 1;
+                    if let Some(code) = self.ep.exit_requested {
+                        self.terminate(code);
+                    }
+                    result?;
+                }
+            }
+        }
+        Ok(handled)
+    }
+
+    /// Polls until `done()` is true, waiting between polls as the wait mode says.
+    pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
+        let mut idle = 0;
+        while !done() {
+            if self.poll()? == 0 {
+                self.idle(&mut idle)?;
+            } else {
+                idle = 0;
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_until_ep(&mut self, mut done: impl FnMut(&Endpoint) -> bool) -> Result<(), AmError> {
+        let mut idle = 0;
+        while !done(&self.ep) {
+            if self.poll()? == 0 {
+                self.idle(&mut idle)?;
+            } else {
+                idle = 0;
+            }
+        }
+        Ok(())
+    }
+
+    fn idle(&mut self, idle: &mut u32) -> Result<(), AmError> {
+        *idle = idle.saturating_add(1);
+        if *idle < self.config.spin_polls || self.config.wait_mode == WaitMode::Spin {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        match self.config.wait_mode {
+            WaitMode::Spin => {}
+            WaitMode::SpinThenYield => std::thread::yield_now(),
+            WaitMode::Block => self.transport.wait(self.config.block_timeout)?,
+        }
+        Ok(())
+    }
+
+    fn check_request(
+        &self,
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        if dest >= self.ep.size {
+            return Err(AmError::InvalidRank {
+                rank: dest,
+                size: self.ep.size,
+            });
+        }
+        check_message(&self.ep.limits, kind, args, payload)?;
+        if self.ep.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: Category::Request,
+                kind,
+            });
+        }
+        if let Some(offset) = long_offset {
+            self.check_segment(offset as u64, payload.len() as u64)?;
+        }
+        Ok(())
+    }
+
+    fn check_segment(&self, offset: u64, len: u64) -> Result<(), AmError> {
+        // Segment sizes agree across ranks (checked at start-up), so the local size bounds
+        // every target's segment.
+        match segment_range(offset, len, self.ep.seg_len) {
+            Some(_) => Ok(()),
+            None => Err(AmError::SegmentOutOfBounds {
+                offset,
+                len,
+                size: self.ep.seg_len,
+            }),
+        }
+    }
+
+    /// One attempt: `Ok(false)` if out of credit or the device is busy.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn try_send_request(
+        &mut self,
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
+        if !self.ep.credits.try_acquire(dest) {
+            return Ok(false);
+        }
+        let header = Header {
+            category: Category::Request,
+            kind,
+            system,
+            handler,
+            nargs: args.len() as u8,
+            credit: self.ep.credits.request_hint(dest),
+            payload_len: payload.len() as u32,
+            long_offset: long_offset.unwrap_or(0) as u64,
+        };
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let n = header.encode(args, &mut head);
+        let out = Outgoing {
+            head: &head[..n],
+            payload,
+            long_offset,
+        };
+        match self.transport.try_send(dest, &out) {
+            Ok(()) => Ok(true),
+            Err(SendError::Busy) => {
+                self.ep.credits.cancel(dest);
+                Ok(false)
+            }
+            Err(e) => {
+                self.ep.credits.cancel(dest);
+                Err(AmError::from(TransportError::from(e)))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_blocking(
+        &mut self,
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        let mut idle = 0;
+        loop {
+            if self.try_send_request(dest, system, kind, handler, args, payload, long_offset)? {
+                return Ok(());
+            }
+            if self.poll()? == 0 {
+                self.idle(&mut idle)?;
+            } else {
+                idle = 0;
+            }
+        }
+    }
+
+    fn send_system(
+        &mut self,
+        dest: Rank,
+        kind: AmKind,
+        op: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        self.send_blocking(dest, true, kind, op, args, payload, long_offset)
+    }
+
+    /// Sends an AM Short request; polls while out of credit or the device is busy.
+    #[inline]
+    pub fn request_short(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+    ) -> Result<(), AmError> {
+        self.check_request(dest, AmKind::Short, handler, args, &[], None)?;
+        self.send_blocking(dest, false, AmKind::Short, handler.0, args, &[], None)
+    }
+
+    /// Sends an AM Medium request (payload up to [`Node::max_medium`]).
+    pub fn request_medium(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<(), AmError> {
+        self.check_request(dest, AmKind::Medium, handler, args, payload, None)?;
+        self.send_blocking(dest, false, AmKind::Medium, handler.0, args, payload, None)
+    }
+
+    /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment, then the
+    /// handler runs there.
+    pub fn request_long(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        offset: usize,
+    ) -> Result<(), AmError> {
+        self.check_request(dest, AmKind::Long, handler, args, payload, Some(offset))?;
+        self.send_blocking(
+            dest,
+            false,
+            AmKind::Long,
+            handler.0,
+            args,
+            payload,
+            Some(offset),
+        )
+    }
+
+    fn try_request(
+        &mut self,
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), TryRequestError> {
+        self.check_request(dest, kind, handler, args, payload, long_offset)?;
+        if self.try_send_request(dest, false, kind, handler.0, args, payload, long_offset)? {
+            Ok(())
+        } else {
+            Err(TryRequestError::WouldBlock)
+        }
+    }
+
+    /// Sends an AM Short request if a credit and device space are available now; otherwise
+    /// [`TryRequestError::WouldBlock`] and nothing was sent. Does not poll.
+    pub fn try_request_short(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+    ) -> Result<(), TryRequestError> {
+        self.try_request(dest, AmKind::Short, handler, args, &[], None)
+    }
+
+    /// Non-blocking AM Medium request, as [`Node::try_request_short`].
+    pub fn try_request_medium(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<(), TryRequestError> {
+        self.try_request(dest, AmKind::Medium, handler, args, payload, None)
+    }
+
+    /// Non-blocking AM Long request, as [`Node::try_request_short`].
+    pub fn try_request_long(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        offset: usize,
+    ) -> Result<(), TryRequestError> {
+        self.try_request(dest, AmKind::Long, handler, args, payload, Some(offset))
+    }
+
+    /// Waits until every rank has called `barrier` as often as this one (a dissemination
+    /// barrier over AMs: ⌈log2 N⌉ rounds of one request each).
+    pub fn barrier(&mut self) -> Result<(), AmError> {
+        let epoch = self.ep.barrier_epoch;
+        self.ep.barrier_epoch += 1;
+        let size = self.ep.size;
+        let [e_lo, e_hi] = split_u64(epoch);
+        let mut distance = 1u32;
+        let mut round = 0u32;
+        while distance < size {
+            let to = (self.ep.rank + distance) % size;
+            self.send_system(
+                to,
+                AmKind::Short,
+                sys::BARRIER,
+                &[e_lo, e_hi, round],
+                &[],
+                None,
+            )?;
+            let key = (epoch, round as u8);
+            self.wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key))?;
+            if let Some(n) = self.ep.barrier_arrivals.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.ep.barrier_arrivals.remove(&key);
+                }
+            }
+            distance = distance.saturating_mul(2);
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// Starts writing `data` into `dest`'s segment at `offset`; returns at once (after polling
+    /// for credit if needed). Local puts complete immediately.
+    pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
+        if dest >= self.ep.size {
+            return Err(AmError::InvalidRank {
+                rank: dest,
+                size: self.ep.size,
+            });
+        }
+        self.check_segment(offset as u64, data.len() as u64)?;
+        let (index, gen) = self.ep.alloc_op(Vec::new());
+        if dest == self.ep.rank {
+            self.transport.segment_mut()[offset..offset + data.len()].copy_from_slice(data);
+            return Ok(PutHandle { index, gen });
+        }
+        let chunk = self.ep.limits.max_long.max(1);
+        for (i, part) in data.chunks(chunk).enumerate() {
+            if let Some(slot) = self.ep.op(index, gen) {
+                slot.outstanding += 1;
+            }
+            let at = offset + i * chunk;
+            if let Err(e) = self.send_system(dest, AmKind::Long, sys::PUT, &[index], part, Some(at))
+            {
+                if let Some(slot) = self.ep.op(index, gen) {
+                    slot.outstanding -= 1;
+                }
+                self.abandon(index, gen);
+                return Err(e);
+            }
+        }
+        Ok(PutHandle { index, gen })
+    }
+
+    /// Starts reading `len` bytes at `offset` of `src`'s segment.
+    pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
+        if src >= self.ep.size {
+            return Err(AmError::InvalidRank {
+                rank: src,
+                size: self.ep.size,
+            });
+        }
+        self.check_segment(offset as u64, len as u64)?;
+        if src == self.ep.rank {
+            let data = self.transport.segment()[offset..offset + len].to_vec();
+            let (index, gen) = self.ep.alloc_op(data);
+            return Ok(GetHandle { index, gen });
+        }
+        let (index, gen) = self.ep.alloc_op(vec![0; len]);
+        let chunk = self.ep.limits.max_medium.max(1);
+        let mut at = 0;
+        while at < len {
+            let n = chunk.min(len - at);
+            if let Some(slot) = self.ep.op(index, gen) {
+                slot.outstanding += 1;
+            }
+            let [o_lo, o_hi] = split_u64((offset + at) as u64);
+            let [d_lo, d_hi] = split_u64(at as u64);
+            if let Err(e) = self.send_system(
+                src,
+                AmKind::Short,
+                sys::GET,
+                &[index, o_lo, o_hi, n as u32, d_lo, d_hi],
+                &[],
+                None,
+            ) {
+                if let Some(slot) = self.ep.op(index, gen) {
+                    slot.outstanding -= 1;
+                }
+                self.abandon(index, gen);
+                return Err(e);
+            }
+            at += n;
+        }
+        Ok(GetHandle { index, gen })
+    }
+
+    /// Completes an operation that failed part-way: waits for the chunks already sent, so no
+    /// late reply lands in a reused slot.
+    fn abandon(&mut self, index: u32, gen: u32) {
+        let _ = self.wait_op(index, gen);
+    }
+
+    fn wait_op(&mut self, index: u32, gen: u32) -> Result<Vec<u8>, AmError> {
+        let mut idle = 0;
+        loop {
+            match self.ep.op(index, gen) {
+                None => return Err(AmError::StaleHandle),
+                Some(slot) if slot.outstanding == 0 => return self.ep.finish_op(index),
+                Some(_) => {}
+            }
+            if self.poll()? == 0 {
+                self.idle(&mut idle)?;
+            } else {
+                idle = 0;
+            }
+        }
+    }
+
+    /// True once a put has completed remotely (polls once).
+    pub fn test_put(&mut self, handle: &PutHandle) -> Result<bool, AmError> {
+        self.poll()?;
+        Ok(self
+            .ep
+            .op(handle.index, handle.gen)
+            .is_none_or(|s| s.outstanding == 0))
+    }
+
+    /// Waits until a put has landed in the target's segment.
+    pub fn wait_put(&mut self, handle: PutHandle) -> Result<(), AmError> {
+        self.wait_op(handle.index, handle.gen).map(|_| ())
+    }
+
+    /// Waits for a get and returns its data.
+    pub fn wait_get(&mut self, handle: GetHandle) -> Result<Vec<u8>, AmError> {
+        self.wait_op(handle.index, handle.gen)
+    }
+
+    /// Writes `data` into `dest`'s segment at `offset` and waits until it is there.
+    pub fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
+        let h = self.put_nb(dest, offset, data)?;
+        self.wait_put(h)
+    }
+
+    /// Reads `len` bytes at `offset` of `src`'s segment.
+    pub fn get(&mut self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
+        let h = self.get_nb(src, offset, len)?;
+        self.wait_get(h)
+    }
+
+    /// Waits until every request this rank sent has been answered and every refused reply has
+    /// gone out. Run before dropping a node so that peers are not left without their replies.
+    pub fn quiesce(&mut self) -> Result<(), AmError> {
+        let size = self.ep.size;
+        self.wait_until_ep(|ep| {
+            ep.pending.is_empty() && (0..size).all(|p| ep.credits.outstanding(p) == 0)
+        })
+    }
+
+    /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which
+    /// exits with the same code at its next poll, then exits this process.
+    ///
+    /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
+    pub fn exit(mut self, code: i32) -> ! {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        for r in 0..self.ep.size {
+            if r == self.ep.rank {
+                continue;
+            }
+            // Best effort and bounded: a dead or stuck peer must not keep this rank alive.
+            while Instant::now() < deadline {
+                match self.try_send_request(
+                    r,
+                    true,
+                    AmKind::Short,
+                    sys::EXIT,
+                    &[code as u32],
+                    &[],
+                    None,
+                ) {
+                    Ok(true) | Err(_) => break,
+                    Ok(false) => {
+                        let _ = self.ep.flush_pending(&mut self.transport);
+                        let ep = &mut self.ep;
+                        let _ = self
+                            .transport
+                            .poll_recv(|d, segment, tx| ep.dispatch(d, segment, tx));
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        let _ = self.ep.flush_pending(&mut self.transport);
+        std::process::exit(code)
+    }
+
+    fn terminate(&mut self, code: i32) -> ! {
+        let _ = self.ep.flush_pending(&mut self.transport);
+        std::process::exit(code)
+    }
+}
+
+impl<T: Transport> Drop for Node<T> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        // Let peers get the replies they are owed and ours arrive, but never hang forever.
+        let deadline = Instant::now() + QUIESCE_LIMIT;
+        let size = self.ep.size;
+        while Instant::now() < deadline {
+            let done = self.ep.pending.is_empty()
+                && (0..size).all(|p| self.ep.credits.outstanding(p) == 0);
+            if done {
+                return;
+            }
+            match self.poll() {
+                Ok(0) => std::thread::yield_now(),
+                Ok(_) => {}
+                Err(AmError::PeerMisbehaved { .. }) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for Node<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("transport", &self.transport.name())
+            .field("rank", &self.ep.rank)
+            .field("size", &self.ep.size)
+            .finish()
+    }
+}

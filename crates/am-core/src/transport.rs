@@ -1,0 +1,161 @@
+//! The Transport trait: what the core needs from a NIC.
+//!
+//! The trait is deliberately small. A transport moves whole AM messages (the core's encoded head
+//! plus a payload) between ranks, reports device back-pressure as [`SendError::Busy`], and owns
+//! the rank's registered segment, because on shared-memory and RDMA NICs peers write into it
+//! directly. Flow control (credits) is *not* the transport's business: it lives in the core.
+//!
+//! How each kind of NIC maps onto it:
+//! - message NICs (EXTOLL VELO packets, UDP datagrams) send `head ++ payload`, fragmenting and
+//!   reassembling as they must, and deliver it with `payload_placed = false`; the core copies a
+//!   Long payload into the segment;
+//! - NICs with remote writes (SCI PIO/DMA, EXTOLL RMA, Portals put) write a Long payload straight
+//!   into the target's segment at `long_offset`, then deliver the head alone with
+//!   `payload_placed = true`, only once the data is in place;
+//! - receive is zero-copy: [`Transport::poll_recv`] lends the message in the transport's own
+//!   buffer (ring slot, command segment, datagram buffer) to the core for the duration of the
+//!   handler, together with the local segment and a sender for the reply (smoltcp's RxToken/TxToken).
+//!
+//! Every transport must deliver messages to self (`dest == rank()`), and deliver the messages
+//! of one sender to one receiver in the order they were sent.
+
+use std::time::Duration;
+
+use crate::Rank;
+
+/// Size limits of a transport, queryable through [`crate::Node::limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The most 32-bit arguments per AM (16 on every transport of this workspace).
+    pub max_args: usize,
+    /// The largest AM Medium payload.
+    pub max_medium: usize,
+    /// The largest AM Long payload in one message.
+    pub max_long: usize,
+    /// The most credits (outstanding requests) per peer the transport's receive space allows.
+    pub max_credits: u32,
+}
+
+/// A message to send: the core's encoded head (header + arguments) and the payload.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// Header and arguments, as encoded by [`crate::wire::Header::encode`].
+    pub head: &'a [u8],
+    /// The payload (Medium, Long), possibly empty.
+    pub payload: &'a [u8],
+    /// For Long: where the payload goes in the target's segment. Transports with remote writes
+    /// place it there before delivering `head`.
+    pub long_offset: Option<usize>,
+}
+
+impl Outgoing<'_> {
+    /// Length of head plus payload: the size of the message on a message NIC.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
+    }
+
+    /// True if there is neither head nor payload (never the case for core messages).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A received message, lent by the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// The sender.
+    pub src: Rank,
+    /// Head, followed by the payload unless `payload_placed`.
+    pub bytes: &'a [u8],
+    /// The Long payload was already written into the segment by the transport.
+    pub payload_placed: bool,
+}
+
+/// Why a send did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The device has no room now (ring full, no free slot). Nothing was sent; try again later.
+    #[error("device busy")]
+    Busy,
+    /// The destination is gone.
+    #[error("rank {0} was lost")]
+    PeerLost(Rank),
+    /// The message is larger than the transport can carry.
+    #[error("message of {0} bytes too large for the transport")]
+    TooLarge(usize),
+    /// The job is being torn down.
+    #[error("the job was aborted")]
+    JobAborted,
+    /// Another failure.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A transport failure outside a send.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// A peer is gone.
+    #[error("rank {0} was lost")]
+    PeerLost(Rank),
+    /// The job is being torn down (a rank panicked or the launcher aborted it).
+    #[error("the job was aborted")]
+    JobAborted,
+    /// The message is larger than the transport can carry.
+    #[error("message of {0} bytes too large for the transport")]
+    TooLarge(usize),
+    /// An I/O or device failure.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl From<SendError> for TransportError {
+    fn from(e: SendError) -> Self {
+        match e {
+            SendError::PeerLost(r) => TransportError::PeerLost(r),
+            SendError::JobAborted => TransportError::JobAborted,
+            SendError::TooLarge(n) => TransportError::TooLarge(n),
+            SendError::Busy => TransportError::Io("device busy".into()),
+            SendError::Other(s) => TransportError::Io(s),
+        }
+    }
+}
+
+/// The sending half of a transport. Also lent to handlers, so a reply can go out while the
+/// request is still borrowed from the receive buffer.
+pub trait Tx {
+    /// Sends one message, or reports [`SendError::Busy`] if the device has no room now.
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError>;
+}
+
+/// A NIC as the core sees it. See the [module docs](self) for how NICs map onto it.
+pub trait Transport: Tx {
+    /// The transport's name as used by `--transport` (`loopback`, `sci`, ...).
+    fn name(&self) -> &'static str;
+    /// This rank.
+    fn rank(&self) -> Rank;
+    /// Number of ranks in the job.
+    fn size(&self) -> u32;
+    /// Size limits.
+    fn limits(&self) -> Limits;
+    /// The local registered segment.
+    fn segment(&self) -> &[u8];
+    /// The local registered segment, writable.
+    fn segment_mut(&mut self) -> &mut [u8];
+    /// Takes at most one incoming message and calls `f` with it, the local segment and a sender;
+    /// returns `Ok(None)` when nothing is there.
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError>;
+    /// Blocks until a message may have arrived or `timeout` passed (the `Block` wait mode).
+    /// The default yields the CPU once.
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let _ = timeout;
+        std::thread::yield_now();
+        Ok(())
+    }
+}

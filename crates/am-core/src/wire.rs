@@ -1,0 +1,324 @@
+//! The AM wire format, shared by every transport.
+//!
+//! A message is a header, its arguments, then (for Medium, and for Long when the transport carries
+//! the payload inline) the payload. All integers are little-endian.
+//!
+//! ```text
+//! byte 0   flags: bit 0 reply, bit 1 system, bits 2-3 kind (0 Short, 1 Medium, 2 Long), bits 4-7 zero
+//! byte 1   handler id (user messages) or system opcode
+//! byte 2   number of 32-bit arguments, 0..=16
+//! byte 3   credit byte: the policy's hint on requests, credits returned on replies
+//! 4..8     payload length (u32)
+//! 8..16    Long only: destination offset in the target's segment (u64)
+//! then     arguments, 4 bytes each, then the payload
+//! ```
+//!
+//! This is the seed's 8-byte GASNet header (request/reply, nargs, handler, length) plus the flag
+//! bits the core needs. Bytes from a peer are untrusted: [`Header::decode`] checks every field and
+//! the total length before anything is used.
+
+use crate::handler::{AmKind, Category};
+
+/// The most arguments an AM can carry (GASNet's 16).
+pub const MAX_ARGS: usize = 16;
+/// Size of the fixed part of the header.
+pub const BASE_HEADER_LEN: usize = 8;
+/// Size of the header of a Long message (the fixed part plus the destination offset).
+pub const LONG_HEADER_LEN: usize = 16;
+/// The largest header plus arguments: what a transport must accept as the head of a message.
+pub const MAX_HEAD_LEN: usize = LONG_HEADER_LEN + 4 * MAX_ARGS;
+
+const FLAG_REPLY: u8 = 0b0001;
+const FLAG_SYSTEM: u8 = 0b0010;
+const KIND_SHIFT: u8 = 2;
+const KIND_MASK: u8 = 0b1100;
+const RESERVED_MASK: u8 = 0xF0;
+
+/// A decoded AM header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Request or reply.
+    pub category: Category,
+    /// Short, Medium or Long.
+    pub kind: AmKind,
+    /// A core-internal message (barrier, put/get, exit, ...) rather than a user handler.
+    pub system: bool,
+    /// User handler id, or the system opcode when `system` is set.
+    pub handler: u8,
+    /// Number of arguments (0..=16).
+    pub nargs: u8,
+    /// Credit byte: flow-control hint on requests, credits returned on replies.
+    pub credit: u8,
+    /// Payload length in bytes.
+    pub payload_len: u32,
+    /// Destination offset of a Long payload in the target's segment; 0 otherwise.
+    pub long_offset: u64,
+}
+
+/// Why bytes could not be decoded as an AM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the header and arguments need.
+    #[error("message truncated: {have} bytes, header and arguments need {need}")]
+    Truncated {
+        /// Bytes present.
+        have: usize,
+        /// Bytes the header announces.
+        need: usize,
+    },
+    /// Reserved flag bits set or an undefined kind.
+    #[error("invalid header flags {0:#04x}")]
+    BadFlags(u8),
+    /// More than [`MAX_ARGS`] arguments.
+    #[error("{0} arguments announced, at most 16 allowed")]
+    TooManyArgs(u8),
+    /// A payload on a Short message.
+    #[error("Short message announces a {0}-byte payload")]
+    ShortWithPayload(u32),
+    /// The message length does not match the announced payload length.
+    #[error("payload length mismatch: header says {announced} bytes, {present} present")]
+    LengthMismatch {
+        /// Payload bytes the header announces.
+        announced: u32,
+        /// Payload bytes actually present after the arguments.
+        present: usize,
+    },
+}
+
+impl Header {
+    /// Length of the header plus arguments on the wire.
+    #[inline]
+    pub fn head_len(&self) -> usize {
+        let base = if self.kind == AmKind::Long {
+            LONG_HEADER_LEN
+        } else {
+            BASE_HEADER_LEN
+        };
+        base + 4 * self.nargs as usize
+    }
+
+    /// Encodes the header and `args` into `out`, returning the number of bytes written.
+    ///
+    /// # Panics
+    /// If `args.len() > MAX_ARGS` or `out` is shorter than [`MAX_HEAD_LEN`]; callers validate
+    /// arguments first (the public API returns an error instead).
+    #[inline]
+    pub fn encode(&self, args: &[u32], out: &mut [u8; MAX_HEAD_LEN]) -> usize {
+        assert!(args.len() <= MAX_ARGS, "at most 16 AM arguments");
+        let mut flags = (self.kind as u8) << KIND_SHIFT;
+        if self.category == Category::Reply {
+            flags |= FLAG_REPLY;
+        }
+        if self.system {
+            flags |= FLAG_SYSTEM;
+        }
+        out[0] = flags;
+        out[1] = self.handler;
+        out[2] = args.len() as u8;
+        out[3] = self.credit;
+        out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        let mut at = BASE_HEADER_LEN;
+        if self.kind == AmKind::Long {
+            out[8..16].copy_from_slice(&self.long_offset.to_le_bytes());
+            at = LONG_HEADER_LEN;
+        }
+        for a in args {
+            out[at..at + 4].copy_from_slice(&a.to_le_bytes());
+            at += 4;
+        }
+        at
+    }
+
+    /// Decodes the header at the start of `bytes` and checks that the rest of `bytes` holds
+    /// exactly the arguments and, if `payload_inline`, exactly the announced payload.
+    ///
+    /// Never panics, whatever the bytes.
+    pub fn decode(bytes: &[u8], payload_inline: bool) -> Result<Header, WireError> {
+        if bytes.len() < BASE_HEADER_LEN {
+            return Err(WireError::Truncated {
+                have: bytes.len(),
+                need: BASE_HEADER_LEN,
+            });
+        }
+        let flags = bytes[0];
+        let kind = match (flags & KIND_MASK) >> KIND_SHIFT {
+            0 => AmKind::Short,
+            1 => AmKind::Medium,
+            2 => AmKind::Long,
+            _ => return Err(WireError::BadFlags(flags)),
+        };
+        if flags & RESERVED_MASK != 0 {
+            return Err(WireError::BadFlags(flags));
+        }
+        let nargs = bytes[2];
+        if nargs as usize > MAX_ARGS {
+            return Err(WireError::TooManyArgs(nargs));
+        }
+        let payload_len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        if kind == AmKind::Short && payload_len != 0 {
+            return Err(WireError::ShortWithPayload(payload_len));
+        }
+        let mut header = Header {
+            category: if flags & FLAG_REPLY != 0 {
+                Category::Reply
+            } else {
+                Category::Request
+            },
+            kind,
+            system: flags & FLAG_SYSTEM != 0,
+            handler: bytes[1],
+            nargs,
+            credit: bytes[3],
+            payload_len,
+            long_offset: 0,
+        };
+        let head_len = header.head_len();
+        if bytes.len() < head_len {
+            return Err(WireError::Truncated {
+                have: bytes.len(),
+                need: head_len,
+            });
+        }
+        if kind == AmKind::Long {
+            let mut off = [0u8; 8];
+            off.copy_from_slice(&bytes[8..16]);
+            header.long_offset = u64::from_le_bytes(off);
+        }
+        let present = bytes.len() - head_len;
+        let expected = if payload_inline || kind == AmKind::Medium {
+            payload_len as usize
+        } else {
+            0
+        };
+        if present != expected {
+            return Err(WireError::LengthMismatch {
+                announced: payload_len,
+                present,
+            });
+        }
+        Ok(header)
+    }
+
+    /// Reads the arguments that follow a decoded header into `out`; returns them as a slice.
+    ///
+    /// `bytes` must be the same bytes [`Header::decode`] accepted.
+    #[inline]
+    pub fn read_args<'o>(&self, bytes: &[u8], out: &'o mut [u32; MAX_ARGS]) -> &'o [u32] {
+        let start = self.head_len() - 4 * self.nargs as usize;
+        let n = self.nargs as usize;
+        for (i, chunk) in bytes[start..start + 4 * n].chunks_exact(4).enumerate() {
+            out[i] = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        }
+        &out[..n]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kind_strategy() -> impl Strategy<Value = AmKind> {
+        prop_oneof![
+            Just(AmKind::Short),
+            Just(AmKind::Medium),
+            Just(AmKind::Long)
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(
+            reply in any::<bool>(),
+            system in any::<bool>(),
+            kind in kind_strategy(),
+            handler in any::<u8>(),
+            credit in any::<u8>(),
+            args in proptest::collection::vec(any::<u32>(), 0..=MAX_ARGS),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            long_offset in any::<u64>(),
+            inline in any::<bool>(),
+        ) {
+            let payload = if kind == AmKind::Short { Vec::new() } else { payload };
+            let header = Header {
+                category: if reply { Category::Reply } else { Category::Request },
+                kind,
+                system,
+                handler,
+                nargs: args.len() as u8,
+                credit,
+                payload_len: payload.len() as u32,
+                long_offset: if kind == AmKind::Long { long_offset } else { 0 },
+            };
+            let mut head = [0u8; MAX_HEAD_LEN];
+            let n = header.encode(&args, &mut head);
+            prop_assert_eq!(n, header.head_len());
+            let mut bytes = head[..n].to_vec();
+            let carries_payload = kind == AmKind::Medium || (kind == AmKind::Long && inline);
+            if carries_payload {
+                bytes.extend_from_slice(&payload);
+            }
+            let decoded = Header::decode(&bytes, inline).unwrap();
+            prop_assert_eq!(decoded, header);
+            let mut out = [0u32; MAX_ARGS];
+            prop_assert_eq!(decoded.read_args(&bytes, &mut out), &args[..]);
+        }
+
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200),
+            inline in any::<bool>(),
+        ) {
+            if let Ok(h) = Header::decode(&bytes, inline) {
+                // Whatever was accepted is internally consistent.
+                prop_assert!(h.nargs as usize <= MAX_ARGS);
+                prop_assert!(bytes.len() >= h.head_len());
+                let mut out = [0u32; MAX_ARGS];
+                prop_assert_eq!(h.read_args(&bytes, &mut out).len(), h.nargs as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_fields() {
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let h = Header {
+            category: Category::Request,
+            kind: AmKind::Medium,
+            system: false,
+            handler: 7,
+            nargs: 2,
+            credit: 0,
+            payload_len: 4,
+            long_offset: 0,
+        };
+        let n = h.encode(&[1, 2], &mut head);
+        let mut ok = head[..n].to_vec();
+        ok.extend_from_slice(&[9, 9, 9, 9]);
+        assert!(Header::decode(&ok, true).is_ok());
+        assert!(matches!(
+            Header::decode(&ok[..ok.len() - 1], true),
+            Err(WireError::LengthMismatch { .. })
+        ));
+        let mut bad = ok.clone();
+        bad[2] = 17;
+        assert_eq!(Header::decode(&bad, true), Err(WireError::TooManyArgs(17)));
+        let mut bad = ok.clone();
+        bad[0] |= 0x80;
+        assert!(matches!(
+            Header::decode(&bad, true),
+            Err(WireError::BadFlags(_))
+        ));
+        let mut bad = ok;
+        bad[0] = 0b1100;
+        assert!(matches!(
+            Header::decode(&bad, true),
+            Err(WireError::BadFlags(_))
+        ));
+        assert!(matches!(
+            Header::decode(&[0u8; 3], true),
+            Err(WireError::Truncated { .. })
+        ));
+    }
+}
