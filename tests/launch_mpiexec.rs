@@ -1,0 +1,171 @@
+//! Bootstrap under MPICH's `mpiexec` (hydra), with `amprobe` as the rank program.
+//!
+//! These tests need MPICH: they fail, saying so, when `mpiexec` is missing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+/// Safety net only: no test should come close to it.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
+
+/// MPICH's `mpiexec`, or a failure telling how to get it.
+fn mpiexec() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|dir| dir.join("mpiexec"))
+        .find(|p| p.is_file());
+    let Some(mpiexec) = found else {
+        panic!("mpiexec is not on PATH: install MPICH (e.g. `apt-get install mpich`) to run these tests");
+    };
+    let version = Command::new(&mpiexec)
+        .arg("--version")
+        .output()
+        .expect("cannot run mpiexec --version");
+    let text = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        text.contains("HYDRA"),
+        "{} is not MPICH's hydra mpiexec (install MPICH, e.g. `apt-get install mpich`): {text}",
+        mpiexec.display()
+    );
+    mpiexec
+}
+
+struct Job {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `mpiexec <args>` with extra environment, bounded by the watchdog.
+fn run(env: &[(&str, &str)], args: &[&str]) -> Job {
+    let mut child = Command::new(mpiexec())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start mpiexec");
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let stdout = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = match rx.recv_timeout(WATCHDOG) {
+        Ok(status) => status.expect("wait for mpiexec"),
+        Err(_) => {
+            // Hydra's SIGINT handling cleans up its ranks.
+            let _ = Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+            panic!("mpiexec did not finish");
+        }
+    };
+    Job {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+fn banners(out: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines()
+        .filter(|l| l.starts_with("rank="))
+        .map(|l| {
+            l.split(' ')
+                .filter_map(|t| t.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// `n` ranks 0..n, one job id, all-gather done on every rank, launcher=Mpiexec.
+fn assert_good_job(job: &Job, n: u32) {
+    assert_eq!(
+        job.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        job.stdout, job.stderr
+    );
+    let b = banners(&job.stdout);
+    let ranks: BTreeSet<u32> = b.iter().map(|f| f["rank"].parse().unwrap()).collect();
+    assert_eq!(ranks, (0..n).collect(), "{}", job.stdout);
+    let jobs: BTreeSet<&str> = b.iter().map(|f| f["job"].as_str()).collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert!(b
+        .iter()
+        .all(|f| f["launcher"] == "Mpiexec" && f["size"] == n.to_string()));
+    let ok = job.stdout.lines().filter(|l| *l == "kvs=ok").count();
+    assert_eq!(ok, n as usize, "{}\n{}", job.stdout, job.stderr);
+}
+
+#[test]
+fn pmi1_over_pmi_fd() {
+    assert_good_job(&run(&[], &["-n", "4", AMPROBE]), 4);
+}
+
+#[test]
+fn pmi1_over_pmi_port() {
+    assert_good_job(&run(&[], &["-pmi-port", "-n", "3", AMPROBE]), 3);
+}
+
+#[test]
+fn pmi2_over_pmi_fd() {
+    assert_good_job(&run(&[("AM_PMI_VERSION", "2")], &["-n", "4", AMPROBE]), 4);
+}
+
+#[test]
+fn pmi2_over_pmi_port() {
+    assert_good_job(
+        &run(
+            &[("AM_PMI_VERSION", "2")],
+            &["-pmi-port", "-n", "2", AMPROBE],
+        ),
+        2,
+    );
+}
+
+#[test]
+fn transport_passes_through() {
+    let job = run(&[("AM_TRANSPORT", "udp")], &["-n", "2", AMPROBE]);
+    assert_good_job(&job, 2);
+    assert!(banners(&job.stdout).iter().all(|f| f["transport"] == "udp"));
+}
+
+#[test]
+fn exit_code_propagates() {
+    let job = run(
+        &[],
+        &["-n", "3", AMPROBE, "--exit-rank", "1", "--exit-code", "3"],
+    );
+    assert_eq!(job.code, 3, "{}\n{}", job.stdout, job.stderr);
+}
+
+#[test]
+fn pmi1_abort_ends_the_job_with_its_code() {
+    // The aborting rank then sleeps, so only hydra acting on the abort ends the job.
+    let job = run(
+        &[],
+        &["-n", "3", AMPROBE, "--abort-rank", "1", "--exit-code", "7"],
+    );
+    assert_eq!(job.code, 7, "{}\n{}", job.stdout, job.stderr);
+}
