@@ -47,6 +47,8 @@ pub(crate) struct PendingReply {
 #[derive(Default)]
 pub(crate) struct OpSlot {
     pub gen: u32,
+    /// The rank the put or get targets: its replies are the only ones accepted.
+    pub peer: Rank,
     pub live: bool,
     pub outstanding: u32,
     pub error: Option<AmError>,
@@ -104,6 +106,14 @@ pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<
         return None;
     }
     Some(offset as usize..end as usize)
+}
+
+/// Copies an accepted Long payload carried inline into its place in the segment.
+#[inline]
+fn place(segment: &mut [u8], long: &Option<Range<usize>>, inline: Option<&[u8]>) {
+    if let (Some(r), Some(data)) = (long, inline) {
+        segment[r.clone()].copy_from_slice(data);
+    }
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
@@ -265,17 +275,15 @@ impl Endpoint {
         let args = hdr.read_args(d.bytes, &mut argbuf);
         let body = &d.bytes[hdr.head_len()..];
         let long = if hdr.kind == AmKind::Long {
-            match segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len()) {
-                Some(r) => {
-                    if !d.payload_placed {
-                        segment[r.clone()].copy_from_slice(body);
-                    }
-                    Some(r)
-                }
-                None => None,
-            }
+            segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len())
         } else {
             None
+        };
+        // A Long payload carried inline is copied into the segment only once the message is
+        // accepted, so a rejected message leaves the segment as it was.
+        let inline_long: Option<&[u8]> = match (&long, d.payload_placed) {
+            (Some(_), false) => Some(body),
+            _ => None,
         };
         let out_of_segment = hdr.kind == AmKind::Long && long.is_none();
         let medium: &[u8] = if hdr.kind == AmKind::Medium {
@@ -306,6 +314,7 @@ impl Endpoint {
                     Some(HandlerFn::Reply(f))
                         if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
                     {
+                        place(segment, &long, inline_long);
                         f(Msg {
                             src,
                             handler: HandlerId(hdr.handler),
@@ -375,6 +384,7 @@ impl Endpoint {
                         &hdr,
                         args,
                         segment,
+                        (&long, inline_long),
                     );
                 } else {
                     let id = hdr.handler as usize;
@@ -382,6 +392,7 @@ impl Endpoint {
                         Some(HandlerFn::Request(f))
                             if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
                         {
+                            place(segment, &long, inline_long);
                             f(
                                 Msg {
                                     src,
@@ -434,7 +445,7 @@ impl Endpoint {
                 let &[op, status] = args else {
                     return Err(bad());
                 };
-                let slot = self.live_op(op).ok_or_else(bad)?;
+                let slot = self.live_op(op, src).ok_or_else(bad)?;
                 if status != 0 && slot.error.is_none() {
                     slot.error = Some(misbehaved(
                         src,
@@ -448,7 +459,7 @@ impl Endpoint {
                 let &[op, dst_lo, dst_hi, status] = args else {
                     return Err(bad());
                 };
-                let slot = self.live_op(op).ok_or_else(bad)?;
+                let slot = self.live_op(op, src).ok_or_else(bad)?;
                 slot.outstanding = slot.outstanding.saturating_sub(1);
                 if status != 0 {
                     if slot.error.is_none() {
@@ -472,12 +483,14 @@ impl Endpoint {
         }
     }
 
-    fn live_op(&mut self, index: u32) -> Option<&mut OpSlot> {
-        self.ops.get_mut(index as usize).filter(|s| s.live)
+    fn live_op(&mut self, index: u32, peer: Rank) -> Option<&mut OpSlot> {
+        self.ops
+            .get_mut(index as usize)
+            .filter(|s| s.live && s.peer == peer && s.outstanding > 0)
     }
 
     /// Allocates a put/get slot.
-    pub fn alloc_op(&mut self, data: Vec<u8>) -> (u32, u32) {
+    pub fn alloc_op(&mut self, peer: Rank, data: Vec<u8>) -> (u32, u32) {
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -488,6 +501,7 @@ impl Endpoint {
         let slot = &mut self.ops[index as usize];
         slot.gen = slot.gen.wrapping_add(1);
         slot.live = true;
+        slot.peer = peer;
         slot.outstanding = 0;
         slot.error = None;
         slot.data = data;
@@ -536,6 +550,7 @@ fn system_request(
     hdr: &Header,
     args: &[u32],
     segment: &mut [u8],
+    (long, inline_long): (&Option<Range<usize>>, Option<&[u8]>),
 ) -> Result<(), AmError> {
     let src = sink.src;
     let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
@@ -582,6 +597,7 @@ fn system_request(
             let &[op] = args else {
                 return Err(bad());
             };
+            place(segment, long, inline_long);
             sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], &[]);
             Ok(())
         }
@@ -600,15 +616,19 @@ fn system_request(
                     );
                     Ok(())
                 }
-                _ => {
+                in_segment => {
                     sink.system(AmKind::Medium, sys::GET_DATA, &[op, d_lo, d_hi, 1], &[]);
-                    Err(misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment {
-                            offset,
-                            len: len as u64,
-                        },
-                    ))
+                    Err(match in_segment {
+                        // In the segment but more than one reply can carry: not our protocol.
+                        Some(_) => bad(),
+                        None => misbehaved(
+                            src,
+                            Misbehavior::OutOfSegment {
+                                offset,
+                                len: len as u64,
+                            },
+                        ),
+                    })
                 }
             }
         }

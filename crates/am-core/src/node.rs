@@ -570,7 +570,7 @@ impl<T: Transport> Node<T> {
             });
         }
         self.check_segment(offset as u64, data.len() as u64)?;
-        let (index, gen) = self.ep.alloc_op(Vec::new());
+        let (index, gen) = self.ep.alloc_op(dest, Vec::new());
         if dest == self.ep.rank {
             self.transport.segment_mut()[offset..offset + data.len()].copy_from_slice(data);
             return Ok(PutHandle { index, gen });
@@ -604,10 +604,10 @@ impl<T: Transport> Node<T> {
         self.check_segment(offset as u64, len as u64)?;
         if src == self.ep.rank {
             let data = self.transport.segment()[offset..offset + len].to_vec();
-            let (index, gen) = self.ep.alloc_op(data);
+            let (index, gen) = self.ep.alloc_op(src, data);
             return Ok(GetHandle { index, gen });
         }
-        let (index, gen) = self.ep.alloc_op(vec![0; len]);
+        let (index, gen) = self.ep.alloc_op(src, vec![0; len]);
         let chunk = self.ep.limits.max_medium.max(1);
         let mut at = 0;
         while at < len {
