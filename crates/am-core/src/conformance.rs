@@ -4,7 +4,7 @@
 //! endpoints can each be driven from its own thread, runs a small job on them and panics on any
 //! deviation. A transport crate instantiates the whole suite with one macro:
 //!
-//! ```ignore
+//! ```text
 //! fn cluster(ranks: u32, segment_size: usize) -> Vec<MyTransport> { ... }
 //! am_core::conformance_tests!(cluster);
 //! ```

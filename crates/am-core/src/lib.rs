@@ -39,7 +39,7 @@ pub use credit::{CreditPolicy, StaticCredits};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
-pub use loopback::{Loopback, LoopbackConfig};
+pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetHandle, Node, PutHandle};
 pub use transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
 

@@ -93,7 +93,32 @@ pub struct Loopback {
     config: LoopbackConfig,
 }
 
+/// Ends a [`Loopback`] job from outside: every rank's next poll fails with
+/// [`TransportError::JobAborted`]. What a launcher does to a job whose rank failed.
+#[derive(Clone)]
+pub struct AbortHandle(Arc<Shared>);
+
+impl AbortHandle {
+    /// Aborts the job.
+    pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle")
+            .field("aborted", &self.0.aborted.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
 impl Loopback {
+    /// A handle that aborts this rank's whole job.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.tx.shared.clone())
+    }
+
     /// Creates the transports of a job of `ranks` ranks; move each to its own thread.
     ///
     /// # Panics

@@ -1,0 +1,327 @@
+//! **amnet**: active messages over pluggable NICs, the communication layer that PGAS languages
+//! and runtimes compile down to (GASNet's Core API, in safe Rust).
+//!
+//! This crate is the facade: it re-exports the AM core ([`am_core`]) and job launch
+//! ([`am_launch`]), names the transports ([`TransportKind`]), lets a program pick one at run time
+//! ([`AnyTransport`]), and starts a whole job in one call ([`run_job`]), however the program was
+//! started: as threads of this process, as one rank under `amrun` / `mpiexec` / `srun`, or by
+//! launching its own ranks (`--ranks N`).
+//!
+//! ```no_run
+//! use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
+//!
+//! const HELLO: HandlerId = HandlerId(1);
+//! let code = amnet::run_job(&JobOptions::default(), |transport| {
+//!     let mut handlers = Handlers::new();
+//!     handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
+//!         println!("rank {} says hello", msg.src());
+//!     })?;
+//!     let mut node = Node::new(transport, handlers, Config::from_env()?)?;
+//!     node.request_short((node.rank() + 1) % node.size(), HELLO, &[])?;
+//!     node.barrier()?;
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })
+//! .expect("job");
+//! std::process::exit(code);
+//! ```
+//!
+//! What this crate does **not** do: it adds no protocol of its own; everything that moves
+//! messages is in `am-core` and the transport crates.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use am_core::*;
+pub use am_launch;
+
+/// The transports, by the names used everywhere (`--transport`, `amrun --transport`,
+/// `AM_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Ranks as threads of one process ([`Loopback`]).
+    Loopback,
+    /// SCI-style shared-segment NIC over shared memory (not built yet).
+    Sci,
+    /// EXTOLL VELO/RMA NIC over shared memory (not built yet).
+    Extoll,
+    /// Portals NI over shared memory (not built yet).
+    Portals,
+    /// Reliable UDP across hosts (not built yet).
+    Udp,
+}
+
+impl TransportKind {
+    /// Every transport, in the order of the README's table.
+    pub const ALL: [TransportKind; 5] = [
+        TransportKind::Loopback,
+        TransportKind::Sci,
+        TransportKind::Extoll,
+        TransportKind::Portals,
+        TransportKind::Udp,
+    ];
+
+    /// The transport's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Loopback => "loopback",
+            TransportKind::Sci => "sci",
+            TransportKind::Extoll => "extoll",
+            TransportKind::Portals => "portals",
+            TransportKind::Udp => "udp",
+        }
+    }
+
+    /// Whether this build can run it.
+    pub fn is_available(self) -> bool {
+        matches!(self, TransportKind::Loopback)
+    }
+
+    /// Whether its ranks are threads of one process (rather than processes).
+    pub fn ranks_are_threads(self) -> bool {
+        matches!(self, TransportKind::Loopback)
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = JobError;
+    fn from_str(s: &str) -> Result<Self, JobError> {
+        TransportKind::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| JobError::UnknownTransport(s.to_owned()))
+    }
+}
+
+/// A transport chosen at run time. The core stays generic over [`Transport`]; this enum is the
+/// one place that dispatches by name (crossbeam-channel's flavors).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyTransport {
+    /// Ranks as threads.
+    Loopback(Loopback),
+}
+
+macro_rules! dispatch {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            AnyTransport::Loopback($t) => $e,
+        }
+    };
+}
+
+impl Tx for AnyTransport {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        dispatch!(self, t => t.try_send(dest, msg))
+    }
+}
+
+impl Transport for AnyTransport {
+    fn name(&self) -> &'static str {
+        dispatch!(self, t => t.name())
+    }
+    fn rank(&self) -> Rank {
+        dispatch!(self, t => t.rank())
+    }
+    fn size(&self) -> u32 {
+        dispatch!(self, t => t.size())
+    }
+    fn limits(&self) -> Limits {
+        dispatch!(self, t => t.limits())
+    }
+    fn segment(&self) -> &[u8] {
+        dispatch!(self, t => t.segment())
+    }
+    fn segment_mut(&mut self) -> &mut [u8] {
+        dispatch!(self, t => t.segment_mut())
+    }
+    #[inline]
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        dispatch!(self, t => t.poll_recv(f))
+    }
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        dispatch!(self, t => t.wait(timeout))
+    }
+}
+
+/// What a job needs to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOptions {
+    /// The transport. Under a launcher, `AM_TRANSPORT` (set by `amrun --transport`) wins.
+    pub transport: TransportKind,
+    /// Ranks to start when the program starts its own job (ignored under a launcher).
+    pub ranks: u32,
+    /// Bytes of each rank's segment (`AM_SEGMENT_SIZE` overrides).
+    pub segment_size: usize,
+}
+
+impl Default for JobOptions {
+    fn default() -> Self {
+        JobOptions {
+            transport: TransportKind::Loopback,
+            ranks: 2,
+            segment_size: 1 << 20,
+        }
+    }
+}
+
+/// Why a job could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// A transport name that does not exist.
+    #[error("unknown transport {0:?}: expected one of loopback, sci, extoll, portals, udp")]
+    UnknownTransport(String),
+    /// A transport that exists in name but is not built yet.
+    #[error("the {0} transport is not built yet; use --transport loopback")]
+    NotBuilt(TransportKind),
+    /// Loopback ranks are threads; they cannot be separate processes.
+    #[error("the loopback transport runs ranks as threads of one process: start the program directly with --ranks N instead of under a launcher, or choose another transport")]
+    LoopbackUnderLauncher,
+    /// A bad configuration variable.
+    #[error(transparent)]
+    Config(#[from] am_core::config::ConfigError),
+    /// The rank could not learn its place in the job.
+    #[error(transparent)]
+    Bootstrap(#[from] am_launch::BootstrapError),
+    /// The ranks could not be started.
+    #[error(transparent)]
+    Launch(#[from] am_launch::LaunchError),
+    /// A rank's main function returned an error.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed {
+        /// The rank.
+        rank: Rank,
+        /// Its error.
+        message: String,
+    },
+}
+
+/// Runs `main` as every rank of a job and returns the job's exit code.
+///
+/// - Under a launcher (`amrun`, `mpiexec`, `srun`): this process is one rank; `main` runs once.
+/// - Otherwise, with a transport whose ranks are threads: `main` runs on `opts.ranks` threads.
+/// - Otherwise: the program starts `opts.ranks` copies of itself (same arguments) under the
+///   built-in launcher and returns the job's exit code.
+///
+/// A rank whose `main` returns an error makes the job fail with [`JobError::RankFailed`]; a
+/// panicking rank aborts the job (threads: the panic is re-raised; processes: the launcher
+/// kills the others and returns the rank's exit code).
+pub fn run_job<F, E>(opts: &JobOptions, main: F) -> Result<i32, JobError>
+where
+    F: Fn(AnyTransport) -> Result<(), E> + Sync,
+    E: fmt::Display,
+{
+    let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?;
+    if am_launch::JobInfo::is_launched() {
+        let info = am_launch::JobInfo::from_env()?;
+        let transport = match &info.transport {
+            Some(name) => name.parse()?,
+            None => opts.transport,
+        };
+        if !transport.is_available() {
+            return Err(JobError::NotBuilt(transport));
+        }
+        if transport.ranks_are_threads() && info.size > 1 {
+            return Err(JobError::LoopbackUnderLauncher);
+        }
+        let t = connect_threads(transport, 1, segment_size)
+            .pop()
+            .expect("one transport");
+        return match main(t) {
+            Ok(()) => Ok(0),
+            Err(e) => Err(JobError::RankFailed {
+                rank: info.rank,
+                message: e.to_string(),
+            }),
+        };
+    }
+    if !opts.transport.is_available() {
+        return Err(JobError::NotBuilt(opts.transport));
+    }
+    if opts.transport.ranks_are_threads() {
+        let transports = connect_threads(opts.transport, opts.ranks, segment_size);
+        // A rank that fails ends the job, as a launcher would, so no rank waits for it forever;
+        // the job reports the first failure in time (the cause, not the aborts it caused).
+        let abort = transports
+            .first()
+            .map(|AnyTransport::Loopback(t)| t.abort_handle());
+        let first_failure = std::sync::Mutex::new(None);
+        run_ranks(transports, |t| {
+            let rank = t.rank();
+            if let Err(e) = main(t) {
+                // Recorded before aborting, so the ranks it aborts cannot be recorded first.
+                first_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert((rank, e.to_string()));
+                if let Some(abort) = &abort {
+                    abort.abort();
+                }
+            }
+        });
+        if let Some((rank, message)) = first_failure
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+        {
+            return Err(JobError::RankFailed { rank, message });
+        }
+        return Ok(0);
+    }
+    Ok(am_launch::self_launch(
+        opts.ranks,
+        Some(opts.transport.name()),
+    )?)
+}
+
+/// The transports of a job whose ranks are threads of this process.
+fn connect_threads(kind: TransportKind, ranks: u32, segment_size: usize) -> Vec<AnyTransport> {
+    match kind {
+        TransportKind::Loopback => Loopback::cluster(
+            ranks,
+            LoopbackConfig {
+                segment_size,
+                ..LoopbackConfig::default()
+            },
+        )
+        .into_iter()
+        .map(AnyTransport::Loopback)
+        .collect(),
+        other => unreachable!("{other} has no in-process cluster"),
+    }
+}
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_names_round_trip() {
+        for t in TransportKind::ALL {
+            assert_eq!(t.name().parse::<TransportKind>().unwrap(), t);
+        }
+        assert!(matches!(
+            "infiniband".parse::<TransportKind>(),
+            Err(JobError::UnknownTransport(_))
+        ));
+        let names: Vec<_> = TransportKind::ALL.iter().map(|t| t.name()).collect();
+        assert_eq!(names, am_launch::TRANSPORTS, "one list of names everywhere");
+    }
+}
