@@ -1,6 +1,7 @@
 //! Bootstrap under MPICH's `mpiexec` (hydra), with `amprobe` as the rank program.
 //!
-//! These tests need MPICH: they fail, saying so, when `mpiexec` is missing.
+//! These tests need MPICH. Without `mpiexec` on PATH they print a notice and skip, unless
+//! `AM_REQUIRE_MPIEXEC=1` (CI sets it after installing MPICH), in which case they fail.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -15,13 +16,30 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
 
+fn find_mpiexec() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("mpiexec"))
+        .find(|p| p.is_file())
+}
+
+/// False (after a notice) when MPICH is missing and not required: the test then returns early.
+fn have_mpiexec() -> bool {
+    if find_mpiexec().is_some() {
+        return true;
+    }
+    let required = std::env::var("AM_REQUIRE_MPIEXEC").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "mpiexec is not on PATH and AM_REQUIRE_MPIEXEC=1: install MPICH (e.g. `apt-get install mpich`)"
+    );
+    eprintln!("SKIPPED: mpiexec is not on PATH; install MPICH (e.g. `apt-get install mpich`) to run the mpiexec launch tests");
+    false
+}
+
 /// MPICH's `mpiexec`, or a failure telling how to get it.
 fn mpiexec() -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .map(|dir| dir.join("mpiexec"))
-        .find(|p| p.is_file());
-    let Some(mpiexec) = found else {
+    let Some(mpiexec) = find_mpiexec() else {
         panic!("mpiexec is not on PATH: install MPICH (e.g. `apt-get install mpich`) to run these tests");
     };
     let version = Command::new(&mpiexec)
@@ -120,21 +138,33 @@ fn assert_good_job(job: &Job, n: u32) {
 
 #[test]
 fn pmi1_over_pmi_fd() {
+    if !have_mpiexec() {
+        return;
+    }
     assert_good_job(&run(&[], &["-n", "4", AMPROBE]), 4);
 }
 
 #[test]
 fn pmi1_over_pmi_port() {
+    if !have_mpiexec() {
+        return;
+    }
     assert_good_job(&run(&[], &["-pmi-port", "-n", "3", AMPROBE]), 3);
 }
 
 #[test]
 fn pmi2_over_pmi_fd() {
+    if !have_mpiexec() {
+        return;
+    }
     assert_good_job(&run(&[("AM_PMI_VERSION", "2")], &["-n", "4", AMPROBE]), 4);
 }
 
 #[test]
 fn pmi2_over_pmi_port() {
+    if !have_mpiexec() {
+        return;
+    }
     assert_good_job(
         &run(
             &[("AM_PMI_VERSION", "2")],
@@ -146,6 +176,9 @@ fn pmi2_over_pmi_port() {
 
 #[test]
 fn transport_passes_through() {
+    if !have_mpiexec() {
+        return;
+    }
     let job = run(&[("AM_TRANSPORT", "udp")], &["-n", "2", AMPROBE]);
     assert_good_job(&job, 2);
     assert!(banners(&job.stdout).iter().all(|f| f["transport"] == "udp"));
@@ -153,6 +186,9 @@ fn transport_passes_through() {
 
 #[test]
 fn exit_code_propagates() {
+    if !have_mpiexec() {
+        return;
+    }
     let job = run(
         &[],
         &["-n", "3", AMPROBE, "--exit-rank", "1", "--exit-code", "3"],
@@ -162,6 +198,9 @@ fn exit_code_propagates() {
 
 #[test]
 fn pmi1_abort_ends_the_job_with_its_code() {
+    if !have_mpiexec() {
+        return;
+    }
     // The aborting rank then sleeps, so only hydra acting on the abort ends the job.
     let job = run(
         &[],

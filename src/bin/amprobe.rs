@@ -32,8 +32,10 @@ struct Args {
     /// This rank asks the launcher to abort the job with --exit-code, then sleeps
     #[arg(long, value_name = "R")]
     abort_rank: Option<u32>,
-    /// Create /dev/shm/am-<job>-probe-<rank> (left for the launcher to remove)
-    #[arg(long)]
+    #[arg(
+        long,
+        help = "Create /dev/shm/am-<job>-probe-<rank> (left for the launcher to remove)"
+    )]
     touch_shm: bool,
 }
 

@@ -36,8 +36,10 @@ struct Args {
     #[arg(long, value_name = "T", value_parser = PossibleValuesParser::new(TRANSPORTS))]
     transport: Option<String>,
 
-    /// Do not prefix output lines with "[rank] "; ranks write straight to stdout/stderr
-    #[arg(long)]
+    #[arg(
+        long,
+        help = "Do not prefix output lines with \"[rank] \"; ranks write straight to stdout/stderr"
+    )]
     no_prefix: bool,
 
     /// Report the job id and shared-memory cleanup on stderr (also AM_LAUNCH_VERBOSE=1)
