@@ -348,3 +348,28 @@ fn shared_memory_files_are_removed() {
         assert_all_gone(&job, 2);
     }
 }
+
+#[test]
+fn self_launch_starts_the_job_itself() {
+    // The same launcher code as amrun, entered from the program: ranks, job id, KVS, exit code.
+    let mut cmd = Command::new(AMPROBE);
+    cmd.args(["--self-launch", "3"]).env_remove("AM_RANK");
+    let job = start(cmd).finish();
+    assert_eq!(job.code, 0, "{}", job.stderr);
+    let b = banners(&job.stdout);
+    let ranks: BTreeSet<u32> = b.iter().map(|f| f["rank"].parse().unwrap()).collect();
+    assert_eq!(ranks, (0..3).collect(), "{:#?}", job.stdout);
+    let jobs: BTreeSet<&str> = b.iter().map(|f| f["job"].as_str()).collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(
+        job.stdout.iter().filter(|l| l.ends_with("] kvs=ok")).count(),
+        3
+    );
+    assert_all_gone(&job, 3);
+
+    let mut cmd = Command::new(AMPROBE);
+    cmd.args(["--self-launch", "3", "--exit-rank", "2", "--exit-code", "6"])
+        .env_remove("AM_RANK");
+    let job = start(cmd).finish();
+    assert_eq!(job.code, 6, "{}", job.stderr);
+}

@@ -32,6 +32,9 @@ struct Args {
     /// This rank asks the launcher to abort the job with --exit-code, then sleeps
     #[arg(long, value_name = "R")]
     abort_rank: Option<u32>,
+    /// Not under a launcher: start N copies of this program as a job (am_launch::self_launch)
+    #[arg(long, value_name = "N")]
+    self_launch: Option<u32>,
     #[arg(
         long,
         help = "Create /dev/shm/am-<job>-probe-<rank> (left for the launcher to remove)"
@@ -63,6 +66,17 @@ fn all_gather(kvs: &mut dyn KeyValueStore, rank: u32, size: u32, job: &str) -> R
 
 fn main() {
     let args = Args::parse();
+    if let Some(ranks) = args.self_launch {
+        if !JobInfo::is_launched() {
+            match am_launch::self_launch(ranks, None) {
+                Ok(code) => std::process::exit(code),
+                Err(e) => {
+                    eprintln!("amprobe: self-launch failed: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
+    }
     let mut info = match JobInfo::from_env() {
         Ok(info) => info,
         Err(e) => {
