@@ -36,6 +36,7 @@ use std::time::Duration;
 
 pub use am_core::*;
 pub use am_launch;
+pub use sci_sim;
 
 /// The transports, by the names used everywhere (`--transport`, `amrun --transport`,
 /// `AM_TRANSPORT`).
@@ -43,7 +44,7 @@ pub use am_launch;
 pub enum TransportKind {
     /// Ranks as threads of one process ([`Loopback`]).
     Loopback,
-    /// SCI-style shared-segment NIC over shared memory (not built yet).
+    /// SCI-style shared-segment NIC over shared memory between processes ([`sci_sim::Sci`]).
     Sci,
     /// EXTOLL VELO/RMA NIC over shared memory (not built yet).
     Extoll,
@@ -76,7 +77,7 @@ impl TransportKind {
 
     /// Whether this build can run it.
     pub fn is_available(self) -> bool {
-        matches!(self, TransportKind::Loopback)
+        matches!(self, TransportKind::Loopback | TransportKind::Sci)
     }
 
     /// Whether its ranks are threads of one process (rather than processes).
@@ -105,15 +106,20 @@ impl FromStr for TransportKind {
 /// one place that dispatches by name (crossbeam-channel's flavors).
 #[derive(Debug)]
 #[non_exhaustive]
+// One per rank: boxing the big variants would only add a pointer chase to every send and poll.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyTransport {
     /// Ranks as threads.
     Loopback(Loopback),
+    /// SCI shared segments.
+    Sci(sci_sim::Sci),
 }
 
 macro_rules! dispatch {
     ($self:expr, $t:ident => $e:expr) => {
         match $self {
             AnyTransport::Loopback($t) => $e,
+            AnyTransport::Sci($t) => $e,
         }
     };
 }
@@ -199,6 +205,14 @@ pub enum JobError {
     /// The ranks could not be started.
     #[error(transparent)]
     Launch(#[from] am_launch::LaunchError),
+    /// The transport could not start.
+    #[error("{transport} transport: {message}")]
+    Transport {
+        /// Which transport.
+        transport: TransportKind,
+        /// What went wrong.
+        message: String,
+    },
     /// A rank's main function returned an error.
     #[error("rank {rank} failed: {message}")]
     RankFailed {
@@ -226,7 +240,7 @@ where
 {
     let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?;
     if am_launch::JobInfo::is_launched() {
-        let info = am_launch::JobInfo::from_env()?;
+        let mut info = am_launch::JobInfo::from_env()?;
         let transport = match &info.transport {
             Some(name) => name.parse()?,
             None => opts.transport,
@@ -237,9 +251,7 @@ where
         if transport.ranks_are_threads() && info.size > 1 {
             return Err(JobError::LoopbackUnderLauncher);
         }
-        let t = connect_threads(transport, 1, segment_size)
-            .pop()
-            .expect("one transport");
+        let t = connect(transport, &mut info, segment_size)?;
         return match main(t) {
             Ok(()) => Ok(0),
             Err(e) => Err(JobError::RankFailed {
@@ -252,12 +264,13 @@ where
         return Err(JobError::NotBuilt(opts.transport));
     }
     if opts.transport.ranks_are_threads() {
-        let transports = connect_threads(opts.transport, opts.ranks, segment_size);
+        let transports = cluster(opts.transport, opts.ranks, segment_size)?;
         // A rank that fails ends the job, as a launcher would, so no rank waits for it forever;
         // the job reports the first failure in time (the cause, not the aborts it caused).
-        let abort = transports
-            .first()
-            .map(|AnyTransport::Loopback(t)| t.abort_handle());
+        let abort = match transports.first() {
+            Some(AnyTransport::Loopback(t)) => Some(t.abort_handle()),
+            _ => None,
+        };
         let first_failure = std::sync::Mutex::new(None);
         run_ranks(transports, |t| {
             let rank = t.rank();
@@ -286,10 +299,49 @@ where
     )?)
 }
 
-/// The transports of a job whose ranks are threads of this process.
-fn connect_threads(kind: TransportKind, ranks: u32, segment_size: usize) -> Vec<AnyTransport> {
+fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> JobError {
+    move |e| JobError::Transport {
+        transport,
+        message: e.to_string(),
+    }
+}
+
+/// Connects this process's rank of a multi-process job (under `amrun`, `mpiexec`, `srun` or
+/// self-launch) to the transport `kind`, configured from the environment.
+pub fn connect(
+    kind: TransportKind,
+    info: &mut am_launch::JobInfo,
+    segment_size: usize,
+) -> Result<AnyTransport, JobError> {
+    let err = transport_error(kind);
     match kind {
-        TransportKind::Loopback => Loopback::cluster(
+        TransportKind::Loopback => {
+            if info.size > 1 {
+                return Err(JobError::LoopbackUnderLauncher);
+            }
+            Ok(cluster(kind, 1, segment_size)?.remove(0))
+        }
+        TransportKind::Sci => {
+            let config = sci_sim::SciConfig::from_env().map_err(|e| err(&e))?;
+            sci_sim::Sci::connect(info, segment_size, config)
+                .map(AnyTransport::Sci)
+                .map_err(|e| err(&e))
+        }
+        other => Err(JobError::NotBuilt(other)),
+    }
+}
+
+/// The transports of an in-process job of `ranks` ranks on `kind`, one per rank; run each on
+/// its own thread (see [`run_ranks`]). For tests and benchmarks: the shared-memory and UDP
+/// transports use their real segments and sockets, only the processes are threads.
+pub fn cluster(
+    kind: TransportKind,
+    ranks: u32,
+    segment_size: usize,
+) -> Result<Vec<AnyTransport>, JobError> {
+    let err = transport_error(kind);
+    match kind {
+        TransportKind::Loopback => Ok(Loopback::cluster(
             ranks,
             LoopbackConfig {
                 segment_size,
@@ -298,8 +350,16 @@ fn connect_threads(kind: TransportKind, ranks: u32, segment_size: usize) -> Vec<
         )
         .into_iter()
         .map(AnyTransport::Loopback)
-        .collect(),
-        other => unreachable!("{other} has no in-process cluster"),
+        .collect()),
+        TransportKind::Sci => {
+            let config = sci_sim::SciConfig::from_env().map_err(|e| err(&e))?;
+            Ok(sci_sim::Sci::cluster(ranks, segment_size, config)
+                .map_err(|e| err(&e))?
+                .into_iter()
+                .map(AnyTransport::Sci)
+                .collect())
+        }
+        other => Err(JobError::NotBuilt(other)),
     }
 }
 

@@ -1,3 +1,195 @@
-//! SCI shared-segment NIC model over shared memory — **not built yet** (its own issue builds it).
+//! `sci`: an SCI shared-segment NIC (Su, Gordon, Oral, George, "GASNet Core API on Scalable
+//! Coherent Interface") over real shared memory between processes.
 //!
-//! This crate is a placeholder so the workspace has its final shape; it exports nothing.
+//! The seed's mechanisms, in its own terms:
+//! - each rank **exports** one segment (`/dev/shm/am-<job>-sci-<rank>`, see [`layout`]) and
+//!   **imports** every peer's; an imported segment ([`am_shm::Imported`]) has write methods
+//!   only, so a rank only ever *writes* into another rank's memory and *reads* its own;
+//! - the exported segment holds one **command segment** per sender: `slots` request slots and
+//!   as many reply slots (request-reply pairs, the seed's "message number < 2 times the number
+//!   of Request-Reply pairs"), each `slot_size` bytes (AM header plus Medium payload);
+//! - per sender and slot a **message-ready flag** (a 64-bit stamp, the channel's sequence
+//!   number) and one **message-exist flag** per receiver (a futex doorbell), written in that
+//!   order after the data; the receiver moves ready slots to its **work queue**, so an idle poll
+//!   reads one flag whatever the number of peers, and delivers them in send order (the
+//!   message-exist flag also carries a tag bit per sender, so on arrival only the senders that
+//!   rang are scanned);
+//! - **message location status** at the sender: a request slot stays busy until the reply
+//!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
+//!   number of request slots per peer. A reply goes to the reply slot paired with the request
+//!   it answers: the core answers the requests of one peer in order, so the receiver keeps a
+//!   FIFO of the slots it owes replies for;
+//! - **PIO** (CPU stores) for Short and Medium, with both Medium strategies of the seed
+//!   ([`MediumStrategy`]); a **DMA engine** (a thread per rank, started on first use) for
+//!   Long payloads of at least [`SciConfig::dma_threshold`] bytes: the payload is copied into
+//!   the engine's local DMA queue (the seed's "copying the source data into the DMA queue"),
+//!   the engine copies it into the target's segment while the rank goes on, and the header is
+//!   published by PIO once the engine signals completion;
+//! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (its pid,
+//!   exchanged at start, is probed with `kill(pid, 0)` and `/proc`); a rank that ends cleanly
+//!   marks itself departed in every peer's segment first.
+//!
+//! ```
+//! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+//! let ranks = sci_sim::Sci::cluster(2, 1 << 16, sci_sim::SciConfig::default()).unwrap();
+//! let out = am_core::run_ranks(ranks, |t| {
+//!     let mut h = Handlers::new();
+//!     h.request(HandlerId(1), "ping", AmKind::Short, |_m, tok| {
+//!         tok.reply_short(HandlerId(2), &[7]).unwrap();
+//!     }).unwrap();
+//!     let got = std::rc::Rc::new(std::cell::Cell::new(0));
+//!     let g = got.clone();
+//!     h.reply(HandlerId(2), "pong", AmKind::Short, move |m| g.set(m.args()[0])).unwrap();
+//!     let cfg = Config { wait_mode: WaitMode::Block, ..Config::default() };
+//!     let mut node = Node::new(t, h, cfg).unwrap();
+//!     if node.rank() == 0 {
+//!         node.request_short(1, HandlerId(1), &[]).unwrap();
+//!         node.wait_until(|| got.get() == 7).unwrap();
+//!     }
+//!     node.barrier().unwrap();
+//!     got.get()
+//! });
+//! assert_eq!(out, vec![7, 0]);
+//! ```
+//!
+//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`), it
+//! does not import the long-payload region lazily as the seed does (every segment is mapped
+//! at start), it has no remote reads at all (so no `get` by remote read: the core's get is a
+//! request answered by a Long reply), and it does not survive a peer that deliberately
+//! corrupts its segment beyond what the checks catch (lengths, slot indices and offsets are
+//! checked; a corrupt message is an error for that message).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod dma;
+pub mod layout;
+mod transport;
+
+pub use layout::Layout;
+pub use transport::Sci;
+
+/// How an AM Medium gets into the command slot (the seed's section 5.2.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediumStrategy {
+    /// "0 copy, 2 transfers": header, then payload straight from the caller's buffer.
+    TwoTransfers,
+    /// "1 copy, 1 transfer": header and payload copied into one local buffer first, then one
+    /// transfer.
+    OneCopy,
+}
+
+/// Settings of the SCI NIC. All ranks of a job must use the same geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SciConfig {
+    /// Request slots per sender (and as many reply slots); also the most credits per peer.
+    /// 1..=64. The seed uses 2; the default is 8, the core's default credits.
+    pub slots: usize,
+    /// Bytes per slot, including the 8-byte slot header and the AM header (the seed's 1 KiB,
+    /// which gives a Medium payload of up to 944 bytes).
+    pub slot_size: usize,
+    /// Long payloads of at least this many bytes go through the DMA engine; smaller ones by PIO.
+    /// Default: `usize::MAX` (PIO always). Measured on this 2-core machine, the engine's extra
+    /// staging copy and its thread competing with two polling ranks make DMA several times
+    /// slower than PIO at 1 MiB (the seed's PCI trade-off does not exist in shared memory);
+    /// set it (e.g. `SCI_DMA_THRESHOLD=65536`) to overlap copies with computation on a machine
+    /// with a spare core.
+    pub dma_threshold: usize,
+    /// Largest Long payload per message (also the size of each DMA queue buffer).
+    pub max_long: usize,
+    /// Medium strategy. Default [`MediumStrategy::TwoTransfers`]: one copy fewer, and not
+    /// slower in our measurements (the seed found the same on SCI).
+    pub medium: MediumStrategy,
+}
+
+impl Default for SciConfig {
+    fn default() -> Self {
+        SciConfig {
+            slots: 8,
+            slot_size: 1024,
+            dma_threshold: usize::MAX,
+            max_long: 1 << 20,
+            medium: MediumStrategy::TwoTransfers,
+        }
+    }
+}
+
+impl SciConfig {
+    /// Reads `SCI_SLOTS`, `SCI_SLOT_SIZE`, `SCI_DMA_THRESHOLD` (bytes, or `off`),
+    /// `SCI_MAX_LONG` and `SCI_MEDIUM` (`two-transfers` or `one-copy`) over the defaults.
+    pub fn from_env() -> Result<SciConfig, SciError> {
+        let mut c = SciConfig::default();
+        let num = |k: &str| -> Result<Option<usize>, SciError> {
+            match std::env::var(k) {
+                Ok(v) if v == "off" => Ok(Some(usize::MAX)),
+                Ok(v) => v
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| SciError::Config(format!("{k}={v:?} is not a number"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(v) = num("SCI_SLOTS")? {
+            c.slots = v;
+        }
+        if let Some(v) = num("SCI_SLOT_SIZE")? {
+            c.slot_size = v;
+        }
+        if let Some(v) = num("SCI_DMA_THRESHOLD")? {
+            c.dma_threshold = v;
+        }
+        if let Some(v) = num("SCI_MAX_LONG")? {
+            c.max_long = v;
+        }
+        match std::env::var("SCI_MEDIUM").as_deref() {
+            Ok("two-transfers") => c.medium = MediumStrategy::TwoTransfers,
+            Ok("one-copy") => c.medium = MediumStrategy::OneCopy,
+            Ok(v) => return Err(SciError::Config(format!("SCI_MEDIUM={v:?}"))),
+            Err(_) => {}
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the ranges documented on the fields.
+    pub fn validate(&self) -> Result<(), SciError> {
+        if !(1..=64).contains(&self.slots) {
+            return Err(SciError::Config(format!("slots = {} (1..=64)", self.slots)));
+        }
+        if !(128..=1 << 20).contains(&self.slot_size) || self.slot_size % 8 != 0 {
+            return Err(SciError::Config(format!(
+                "slot_size = {} (128..=1 MiB, a multiple of 8)",
+                self.slot_size
+            )));
+        }
+        if self.max_long > u32::MAX as usize {
+            return Err(SciError::Config("max_long must fit 32 bits".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Why an SCI NIC could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SciError {
+    /// A shared-memory failure (creating, opening or mapping a segment).
+    #[error("shared memory: {0}")]
+    Shm(#[from] am_shm::ShmError),
+    /// The launcher's key-value store failed or is missing.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// An invalid setting.
+    #[error("invalid SCI configuration: {0}")]
+    Config(String),
+    /// A rank announced a different geometry (slots, slot size, segment size).
+    #[error("rank {rank} uses a different SCI geometry: {theirs} (ours: {ours})")]
+    Mismatch {
+        /// The rank.
+        rank: u32,
+        /// Its geometry.
+        theirs: String,
+        /// Ours.
+        ours: String,
+    },
+}

@@ -1,0 +1,133 @@
+//! The doorbell: a 32-bit flag word that senders ring and one receiver sleeps on (SCI's
+//! **message-exist flag**, with a futex so a waiting rank does not burn a core).
+//!
+//! Bit 0 (`EXIST`) says "something arrived"; bit 1 (`SLEEPING`) says "the receiver announced
+//! it is going to sleep". A sender sets `EXIST` with one atomic `fetch_or` and makes a system
+//! call only if `SLEEPING` was set, so the fast path costs no syscall. The receiver sets
+//! `SLEEPING` with `fetch_or` and sleeps only while the word is exactly `SLEEPING`: a ring
+//! between its announcement and its sleep changes the word and the kernel returns at once,
+//! so no wake-up is lost.
+//!
+//! ```
+//! use am_shm::Segment;
+//! let seg = Segment::heap(64, 0);
+//! let bell = seg.doorbell(0).unwrap();
+//! assert!(!bell.is_rung());
+//! seg.import().ring(0).unwrap();
+//! assert!(bell.take());
+//! assert!(!bell.take());
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::futex::{futex_wait, futex_wake};
+
+const EXIST: u32 = 1;
+const SLEEPING: u32 = 2;
+
+/// Number of distinct ringer tags (bits 2..32 of the word).
+pub const TAGS: usize = 30;
+
+/// The tag bit of ringer `i` (ringers `i` and `i + TAGS` share one): lets the receiver look
+/// only at the senders that rang, at no extra cost to the sender.
+#[inline]
+pub fn tag(i: usize) -> u32 {
+    1 << (2 + i % TAGS)
+}
+
+/// A doorbell word in shared memory; see the [module docs](self).
+#[derive(Clone, Copy)]
+pub struct Doorbell<'a> {
+    word: &'a AtomicU32,
+}
+
+impl<'a> Doorbell<'a> {
+    /// Wraps a word (any 32-bit atomic, e.g. in a test).
+    pub fn new(word: &'a AtomicU32) -> Self {
+        Doorbell { word }
+    }
+
+    /// Rings: sets `EXIST` (after the caller's Release stores of data and ready flags) and
+    /// wakes the receiver if it announced sleep.
+    #[inline]
+    pub fn ring(&self) {
+        self.ring_tagged(0);
+    }
+
+    /// Rings and leaves `tag` (from [`tag`]) for [`take_tags`](Self::take_tags).
+    #[inline]
+    pub fn ring_tagged(&self, tag: u32) {
+        let bits = EXIST | (tag & !(EXIST | SLEEPING));
+        if self.word.fetch_or(bits, Ordering::AcqRel) & SLEEPING != 0 {
+            futex_wake(self.word, i32::MAX);
+        }
+    }
+
+    /// Like [`take`](Self::take), and returns the tags left by the rings since the last
+    /// take (0 if not rung). Untagged rings return just the `EXIST` bit (1): scan everyone.
+    #[inline]
+    pub fn take_tags(&self) -> u32 {
+        self.word.fetch_and(SLEEPING, Ordering::AcqRel) & !SLEEPING
+    }
+
+    /// One relaxed load: has anything arrived? (The idle poll.)
+    #[inline]
+    pub fn is_rung(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & EXIST != 0
+    }
+
+    /// Clears `EXIST` and says whether it was set; Acquire, so the ready flags set before the
+    /// ring are visible. Clear *before* scanning: a ring after this is seen by the next poll.
+    #[inline]
+    pub fn take(&self) -> bool {
+        self.word.fetch_and(!EXIST, Ordering::AcqRel) & EXIST != 0
+    }
+
+    /// Sleeps until rung (or `timeout`, or spuriously). Returns at once if already rung.
+    /// Does not clear `EXIST`: follow with [`take`](Self::take) and a scan.
+    pub fn sleep(&self, timeout: Duration) {
+        let before = self.word.fetch_or(SLEEPING, Ordering::AcqRel);
+        if before & EXIST == 0 {
+            futex_wait(self.word, SLEEPING, Some(timeout));
+        }
+        self.word.fetch_and(!SLEEPING, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Doorbell<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Doorbell({:#x})", self.word.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn ring_wakes_a_sleeper_without_loss() {
+        let word = AtomicU32::new(0);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let bell = Doorbell::new(&word);
+                let mut n = 0;
+                while n < 50 {
+                    // The timeout is only a safety net: a lost wake-up would show as slowness.
+                    bell.sleep(Duration::from_secs(5));
+                    if bell.take() {
+                        n += 1;
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
+            });
+            let bell = Doorbell::new(&word);
+            while !done.load(Ordering::SeqCst) {
+                bell.ring();
+                std::thread::yield_now();
+            }
+        });
+    }
+}

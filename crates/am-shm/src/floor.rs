@@ -1,0 +1,193 @@
+//! The raw floors the benchmarks compare against: what two processes (or threads) sharing a
+//! segment can do with no protocol at all.
+//!
+//! - [`cacheline_pingpong`]: one 64-bit word on one cache line, written alternately by two
+//!   ranks; one round trip per iteration.
+//! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
+//!   the other acknowledges on a second line. Bytes per second at the copying rank.
+//!
+//! Both spin (they are floors); a peer that makes no progress for 10 s is an error, not a hang.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::Segment;
+
+const STALL: Duration = Duration::from_secs(10);
+
+fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
+    let mut n = 0u32;
+    let mut since: Option<Instant> = None;
+    while word.load(Ordering::Acquire) != value {
+        std::hint::spin_loop();
+        n = n.wrapping_add(1);
+        if n % (1 << 16) == 0 {
+            let start = *since.get_or_insert_with(Instant::now);
+            if start.elapsed() > STALL {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "floor: peer stalled",
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+/// Rank 0 creates, `fence`, rank 1 maps, `fence`, rank 0 unlinks (nothing left behind).
+fn rendezvous(
+    job_id: &str,
+    rank: u32,
+    name: &str,
+    words: usize,
+    bytes: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<Segment> {
+    let mut seg = if rank == 0 {
+        Some(Segment::create(job_id, name, words, bytes)?)
+    } else {
+        None
+    };
+    fence()?;
+    let mut seg = match seg.take() {
+        Some(s) => s,
+        None => Segment::attach(job_id, name, words, bytes)?,
+    };
+    fence()?;
+    seg.unlink()?;
+    Ok(seg)
+}
+
+fn bad_rank(rank: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("floor: rank {rank} is not 0 or 1"),
+    )
+}
+
+/// Two-process ping-pong on one cache line. Ranks 0 and 1 of job `job_id` call it at the same
+/// time; `fence` is a job-wide barrier. Rank 0 returns one round-trip time per iteration,
+/// rank 1 an empty `Vec`.
+pub fn cacheline_pingpong(
+    job_id: &str,
+    rank: u32,
+    iters: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<Vec<Duration>> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
+    let seg = rendezvous(job_id, rank, "floor-pingpong", 64, 0, fence)?;
+    pingpong_on(&seg, rank, iters)
+}
+
+fn pingpong_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
+    let line = seg.word(0).map_err(io::Error::from)?;
+    let mut times = Vec::with_capacity(if rank == 0 { iters } else { 0 });
+    for i in 0..iters as u64 {
+        if rank == 0 {
+            let t = Instant::now();
+            line.store(2 * i + 1, Ordering::Release);
+            spin_until(line, 2 * i + 2)?;
+            times.push(t.elapsed());
+        } else {
+            spin_until(line, 2 * i + 1)?;
+            line.store(2 * i + 2, Ordering::Release);
+        }
+    }
+    Ok(times)
+}
+
+/// Raw cross-process copy bandwidth: rank 0 copies `bytes` into a segment shared with rank 1
+/// and publishes a stamp, rank 1 acknowledges, `iters` times. Returns bytes per second at
+/// rank 0 (0.0 at rank 1).
+pub fn copy_bandwidth(
+    job_id: &str,
+    rank: u32,
+    bytes: usize,
+    iters: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<f64> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
+    let seg = rendezvous(job_id, rank, "floor-copy", 128, bytes, fence)?;
+    copy_on(&seg, rank, bytes, iters)
+}
+
+fn copy_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f64> {
+    let stamp = seg.word(0).map_err(io::Error::from)?;
+    let ack = seg.word(64).map_err(io::Error::from)?;
+    if rank == 0 {
+        let src: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+        let writer = seg.import();
+        let mut start = Instant::now();
+        // Iteration 0 warms up (page faults) and is not timed.
+        for i in 0..=iters as u64 {
+            if i == 1 {
+                start = Instant::now();
+            }
+            writer.write(0, &src).map_err(io::Error::from)?;
+            stamp.store(i + 1, Ordering::Release);
+            spin_until(ack, i + 1)?;
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-12);
+        Ok(bytes as f64 * iters as f64 / secs)
+    } else {
+        for i in 0..=iters as u64 {
+            spin_until(stamp, i + 1)?;
+            ack.store(i + 1, Ordering::Release);
+        }
+        Ok(0.0)
+    }
+}
+
+fn unique_job() -> String {
+    use std::sync::atomic::AtomicUsize;
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "floor{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn threads<R: Send>(
+    f: impl Fn(&Segment, u32) -> io::Result<R> + Sync,
+    words: usize,
+    bytes: usize,
+) -> io::Result<R> {
+    let mut seg = Segment::create(&unique_job(), "floor", words, bytes)?;
+    seg.unlink().map_err(io::Error::from)?;
+    let (a, b) = std::thread::scope(|s| {
+        let peer = s.spawn(|| f(&seg, 1));
+        let mine = f(&seg, 0);
+        (mine, peer.join())
+    });
+    b.map_err(|_| io::Error::other("floor thread panicked"))??;
+    a
+}
+
+/// [`cacheline_pingpong`] between two threads of this process, over a `/dev/shm` segment.
+pub fn cacheline_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
+    threads(|seg, rank| pingpong_on(seg, rank, iters), 64, 0)
+}
+
+/// [`copy_bandwidth`] between two threads of this process, over a `/dev/shm` segment.
+pub fn copy_bandwidth_threads(bytes: usize, iters: usize) -> io::Result<f64> {
+    threads(|seg, rank| copy_on(seg, rank, bytes, iters), 128, bytes)
+}
+
+#[cfg(all(test, not(miri), not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_floors_run() {
+        let t = cacheline_pingpong_threads(1000).unwrap();
+        assert_eq!(t.len(), 1000);
+        assert!(copy_bandwidth_threads(1 << 16, 20).unwrap() > 0.0);
+    }
+}

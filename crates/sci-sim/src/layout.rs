@@ -1,0 +1,78 @@
+//! The exported segment of one rank.
+//!
+//! ```text
+//! word area (atomics only)
+//!   line 0            message-exist flag (doorbell, u32)
+//!   line 1            abort word: a rank that panicked sets it
+//!   per sender c      departed word (own line), then 2*slots message-ready flags (stamps)
+//! byte area
+//!   per sender c      command segment: slots request slots, then slots reply slots
+//!   then              the AM segment (GASNet segment; Long payloads land here)
+//! ```
+
+use am_shm::stamp::Slots;
+use am_shm::CACHE_LINE;
+
+/// Offset of the message-exist flag.
+pub const MEF: usize = 0;
+/// Offset of the abort word.
+pub const ABORT: usize = CACHE_LINE;
+/// Slot flag: the Long payload is already in the AM segment.
+pub const PLACED: u32 = 1;
+
+/// The geometry of every rank's exported segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks (senders per receiver, self included).
+    pub ranks: usize,
+    /// Request slots (= reply slots) per sender.
+    pub slots: usize,
+    /// Bytes per slot.
+    pub slot_size: usize,
+    /// Bytes of the AM segment.
+    pub segment: usize,
+}
+
+impl Layout {
+    fn stamps_len(&self) -> usize {
+        (2 * self.slots * 8).div_ceil(CACHE_LINE) * CACHE_LINE
+    }
+
+    fn channel_words(&self) -> usize {
+        CACHE_LINE + self.stamps_len()
+    }
+
+    fn channel_bytes(&self) -> usize {
+        2 * self.slots * self.slot_size
+    }
+
+    /// Bytes of the word area.
+    pub fn words_len(&self) -> usize {
+        2 * CACHE_LINE + self.ranks * self.channel_words()
+    }
+
+    /// Bytes of the byte area.
+    pub fn bytes_len(&self) -> usize {
+        self.ranks * self.channel_bytes() + self.segment
+    }
+
+    /// Offset of sender `c`'s departed word.
+    pub fn departed(&self, c: usize) -> usize {
+        2 * CACHE_LINE + c * self.channel_words()
+    }
+
+    /// Sender `c`'s command segment: request slots `0..slots`, reply slots `slots..2*slots`.
+    pub fn channel(&self, c: usize) -> Slots {
+        Slots {
+            stamps: self.departed(c) + CACHE_LINE,
+            data: c * self.channel_bytes(),
+            count: 2 * self.slots,
+            size: self.slot_size,
+        }
+    }
+
+    /// Offset of the AM segment in the byte area.
+    pub fn segment_base(&self) -> usize {
+        self.ranks * self.channel_bytes()
+    }
+}

@@ -1,0 +1,20 @@
+//! The am-core conformance suite over the in-process SCI cluster (real /dev/shm segments).
+
+fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
+    sci_sim::Sci::cluster(ranks, segment_size, sci_sim::SciConfig::default()).expect("sci cluster")
+}
+
+am_core::conformance_tests!(cluster);
+
+mod dma {
+    //! The same suite with every Long through the DMA engine and one-copy Mediums.
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
+        let config = sci_sim::SciConfig {
+            dma_threshold: 1,
+            medium: sci_sim::MediumStrategy::OneCopy,
+            ..sci_sim::SciConfig::default()
+        };
+        sci_sim::Sci::cluster(ranks, segment_size, config).expect("sci cluster")
+    }
+    am_core::conformance_tests!(cluster);
+}
