@@ -1,3 +1,74 @@
-//! Reliable, authenticated UDP transport — **not built yet** (its own issue builds it).
+//! Reliable, authenticated UDP transport for amnet: jobs across hosts.
 //!
-//! This crate is a placeholder so the workspace has its final shape; it exports nothing.
+//! [`Udp`] implements [`am_core::Transport`] over one UDP socket per rank. Every AM is
+//! delivered to its handler exactly once and in order per pair of ranks, whatever the network
+//! does (loss, duplication, reordering, delay), and every datagram is authenticated.
+//!
+//! - **Protocol** ([`proto::Engine`], a pure state machine with time passed in): per-peer
+//!   64-bit sequence numbers, cumulative + 64-bit selective acks piggybacked on data (a
+//!   standalone ack after 1 ms, at once on a gap), retransmission on a timeout from the
+//!   measured round trip (RFC 6298, Karn's rule, exponential backoff to 500 ms) and early when
+//!   a later transmission was acknowledged, duplicate suppression, fragmentation of messages
+//!   larger than one datagram (1472 bytes by default, safe for a 1500-byte MTU; `AM_UDP_MTU`
+//!   up to 65507 on loopback or jumbo frames), at most 64 fragments in flight per peer.
+//! - **Flow control** stays in the core (credits). The transport never drops a message it
+//!   accepted: its queues are bounded by what was accepted, and a full send queue is
+//!   [`am_core::SendError::Busy`].
+//! - **Lost peers**: a peer from which nothing authentic arrived for `AM_PEER_TIMEOUT_MS`
+//!   (default 30 s) of this rank's polled time is lost, never after a retry count; quiet links
+//!   are kept alive by pings. The next poll returns `PeerLost(r)` once per lost peer; sends to
+//!   it fail at once. A rank that drops its transport says goodbye (in order, after its data)
+//!   so a finished rank is never mistaken for a dead one. A rank must poll at least once per
+//!   timeout, or its peers will declare it lost.
+//! - **Rendezvous** ([`Udp::connect`]): through the launcher's key-value store (`amrun`,
+//!   `mpiexec`, `srun --mpi=pmi2`), otherwise through a coordinator served by rank 0 at
+//!   `AM_COORD=host:port`. Ports are ephemeral unless `AM_UDP_PORT_BASE=P` (rank r binds
+//!   P+r); `AM_UDP_BIND=ip` picks the interface (default 127.0.0.1); with a wildcard bind,
+//!   `AM_UDP_ADVERTISE=ip` (or the host name's address) is what peers are told.
+//!
+//! # Threat model
+//!
+//! **Protected.** Every datagram carries a MAC: a blake3 keyed hash, truncated to 16 bytes,
+//! of its whole header and payload, under a key derived from the job key and the job id. It
+//! is verified before anything else is looked at beyond the length and the job tag; a
+//! datagram that fails (random bytes, truncated, another job's, forged, misaddressed, from an
+//! earlier run of a rank, replayed) is dropped and counted ([`proto::Stats`]), causes no
+//! handler call, no segment write, no change to ack, retransmission or credit state, and is
+//! never answered. Replays are caught by a 128-wide window of per-transmission packet numbers
+//! (a retransmission is a new transmission with a new packet number); each transport start
+//! draws a random epoch that both ends put in every datagram, so datagrams of an earlier run
+//! are never taken for current ones. Two jobs on the same hosts and ports never see each
+//! other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is authenticated
+//! with the same key (and refuses to run without one).
+//!
+//! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
+//! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
+//! service, which ends as `PeerLost`), and a flood of junk costs CPU (one hash per datagram).
+//! The key is only as secret as the way it reaches the ranks: `amrun` should hand it over in
+//! `AM_UDP_KEY` or a 0600 file named by `AM_UDP_KEY_FILE`. When none is given, rank 0 makes
+//! one and shares it through the launcher's key-value store (the fallback under `mpiexec` and
+//! `srun`): then anyone who can query that store (same user on the same host, or whoever can
+//! reach hydra's PMI port) can learn it. A compromised rank or user account of the job is
+//! trusted. Traffic analysis (who talks to whom, sizes, timing) is not hidden.
+//!
+//! What this crate does **not** do: it does not encrypt; it does not do congestion control
+//! beyond the 64-fragment window and backoff (it is meant for cluster networks, not the
+//! Internet); it does not let a lost or departed rank rejoin a job; it has no background
+//! thread: progress (acks, retransmissions, keepalives) happens inside the owner's polls,
+//! sends and [`am_core::Transport::wait`]; it does not place Long payloads itself (the core
+//! copies them from the reassembled message).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod proto;
+mod rendezvous;
+mod udp;
+pub mod wire;
+
+pub use config::UdpConfig;
+pub use error::UdpError;
+pub use proto::Stats;
+pub use udp::{PeerAddr, Udp};
+pub use wire::{JobKey, KeyError};

@@ -1,0 +1,160 @@
+//! [`UdpConfig`]: settings of the UDP transport, from code or from the environment.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use crate::error::UdpError;
+use crate::proto::EngineConfig;
+use crate::wire::{JobKey, OVERHEAD};
+
+/// Largest UDP payload over IPv4.
+pub const MAX_MTU: usize = 65507;
+/// Smallest datagram size accepted (the IPv4 minimum reassembly size).
+pub const MIN_MTU: usize = 576;
+
+/// Settings of the UDP transport.
+#[derive(Debug, Clone)]
+pub struct UdpConfig {
+    /// Protocol tunables: datagram size (`AM_UDP_MTU`), peer timeout (`AM_PEER_TIMEOUT_MS`),
+    /// retransmission timers, queue size. `max_message` is derived from the limits below.
+    pub engine: EngineConfig,
+    /// Largest AM Medium payload (default 64 KiB).
+    pub max_medium: usize,
+    /// Largest AM Long payload per message (default 256 KiB; larger puts are split by the core).
+    pub max_long: usize,
+    /// Interface to bind (`AM_UDP_BIND`, default 127.0.0.1).
+    pub bind: IpAddr,
+    /// Address announced to the peers when `bind` is unspecified (`AM_UDP_ADVERTISE`; default:
+    /// this host name's first address).
+    pub advertise: Option<IpAddr>,
+    /// Rank r binds port `port_base + r` (`AM_UDP_PORT_BASE`); default: an ephemeral port.
+    pub port_base: Option<u16>,
+    /// Coordinator for jobs without a key-value store (`AM_COORD=host:port`; rank 0 serves it).
+    pub coord: Option<String>,
+    /// The job key (`AM_UDP_KEY`: 64 hex digits, or `AM_UDP_KEY_FILE`: a file of mode 0600
+    /// holding them). Without one, rank 0 makes one and shares it through the launcher's
+    /// key-value store (see the threat model in the crate docs).
+    pub key: Option<JobKey>,
+    /// Socket send and receive buffer sizes asked of the kernel (capped by `net.core.*mem_max`).
+    pub socket_buffer: usize,
+    /// How long a closing rank keeps retransmitting until its last data and goodbye are
+    /// acknowledged (also capped by the peer timeout).
+    pub linger: Duration,
+    /// Test hook: drop, duplicate and delay outgoing datagrams with these seeded probabilities
+    /// (the delay reorders). The protocol must hide all of it.
+    pub faults: Option<am_core::FaultConfig>,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            engine: EngineConfig::default(),
+            max_medium: 64 << 10,
+            max_long: 256 << 10,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            advertise: None,
+            port_base: None,
+            coord: None,
+            key: None,
+            socket_buffer: 4 << 20,
+            linger: Duration::from_secs(5),
+            faults: None,
+        }
+    }
+}
+
+fn var(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn bad(var: &'static str, value: &str, why: &str) -> UdpError {
+    UdpError::Config {
+        var,
+        value: value.to_owned(),
+        why: why.to_owned(),
+    }
+}
+
+impl UdpConfig {
+    /// The defaults, overridden by the environment: `AM_UDP_MTU` (576..=65507),
+    /// `AM_PEER_TIMEOUT_MS`, `AM_UDP_BIND`, `AM_UDP_ADVERTISE`, `AM_UDP_PORT_BASE`, `AM_COORD`,
+    /// `AM_UDP_KEY` or `AM_UDP_KEY_FILE`.
+    pub fn from_env() -> Result<UdpConfig, UdpError> {
+        let mut c = UdpConfig::default();
+        if let Some(v) = var("AM_UDP_MTU") {
+            c.engine.mtu = match v.parse::<usize>() {
+                Ok(n) if (MIN_MTU..=MAX_MTU).contains(&n) => n,
+                _ => {
+                    return Err(bad(
+                        "AM_UDP_MTU",
+                        &v,
+                        "expected a datagram size in 576..=65507",
+                    ))
+                }
+            };
+        }
+        if let Some(v) = var("AM_PEER_TIMEOUT_MS") {
+            c.engine.peer_timeout = match v.parse::<u64>() {
+                Ok(n) if n >= 10 => Duration::from_millis(n),
+                _ => {
+                    return Err(bad(
+                        "AM_PEER_TIMEOUT_MS",
+                        &v,
+                        "expected milliseconds, at least 10",
+                    ))
+                }
+            };
+        }
+        if let Some(v) = var("AM_UDP_BIND") {
+            c.bind = v
+                .parse()
+                .map_err(|_| bad("AM_UDP_BIND", &v, "expected an IP address"))?;
+        }
+        if let Some(v) = var("AM_UDP_ADVERTISE") {
+            c.advertise = Some(
+                v.parse()
+                    .map_err(|_| bad("AM_UDP_ADVERTISE", &v, "expected an IP address"))?,
+            );
+        }
+        if let Some(v) = var("AM_UDP_PORT_BASE") {
+            c.port_base = Some(
+                v.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| bad("AM_UDP_PORT_BASE", &v, "expected a port in 1..=65535"))?,
+            );
+        }
+        c.coord = var("AM_COORD");
+        match (var("AM_UDP_KEY"), var("AM_UDP_KEY_FILE")) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "AM_UDP_KEY_FILE",
+                    "",
+                    "set AM_UDP_KEY or AM_UDP_KEY_FILE, not both",
+                ))
+            }
+            (Some(k), None) => c.key = Some(JobKey::from_hex(&k).map_err(UdpError::Key)?),
+            (None, Some(path)) => c.key = Some(JobKey::from_file(&path).map_err(UdpError::Key)?),
+            (None, None) => {}
+        }
+        Ok(c)
+    }
+
+    /// Checks the settings; fills in the engine's `max_message`.
+    pub(crate) fn validated(&self) -> Result<UdpConfig, UdpError> {
+        let mut c = self.clone();
+        if !(MIN_MTU..=MAX_MTU).contains(&c.engine.mtu) || c.engine.mtu <= OVERHEAD {
+            return Err(bad(
+                "AM_UDP_MTU",
+                &c.engine.mtu.to_string(),
+                "expected a datagram size in 576..=65507",
+            ));
+        }
+        c.engine.max_message = am_core::wire::MAX_HEAD_LEN + c.max_medium.max(c.max_long);
+        if c.engine.max_message > u32::MAX as usize {
+            return Err(bad("max_long", "", "messages are limited to 4 GiB"));
+        }
+        c.linger = c.linger.min(c.engine.peer_timeout);
+        Ok(c)
+    }
+}

@@ -1,0 +1,50 @@
+//! [`UdpError`]: why a UDP transport could not start.
+
+use std::io;
+
+use crate::wire::KeyError;
+
+/// Why a UDP transport could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UdpError {
+    /// A malformed configuration variable or setting.
+    #[error("{var}={value:?}: {why}")]
+    Config {
+        /// The variable or setting.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The job key could not be read.
+    #[error("job key: {0}")]
+    Key(#[source] KeyError),
+    /// A socket or file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The launcher's key-value store failed.
+    #[error("key-value store: {0}")]
+    Bootstrap(#[from] am_launch::BootstrapError),
+    /// A job of several ranks with neither a key-value store nor `AM_COORD`.
+    #[error("the ranks cannot find each other: start the job under amrun, mpiexec or srun --mpi=pmi2, or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank")]
+    NoRendezvous,
+    /// `AM_COORD` without a job key: the coordinator will not hand out a key in the clear.
+    #[error("AM_COORD needs a job key shared by the ranks: set AM_UDP_KEY (64 hex digits) or AM_UDP_KEY_FILE for every rank")]
+    KeyRequired,
+    /// Address exchange failed or a peer sent something invalid.
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+}
+
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> UdpError {
+    let what = what.into();
+    move |source| UdpError::Io { what, source }
+}

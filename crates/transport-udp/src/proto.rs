@@ -1,0 +1,1074 @@
+//! The reliability protocol as a pure state machine: no sockets, no clock of its own (time is
+//! passed in, as in quinn-proto), so it runs the same over a real socket and over a simulated
+//! lossy network in tests.
+//!
+//! One [`Engine`] is one rank's view of its links to every other rank. Per directed pair:
+//! - messages are cut into fragments, each with a 64-bit sequence number (never wraps in a job);
+//! - every transmission gets a fresh 64-bit packet number, so a retransmission is told apart from
+//!   a replay: a packet number seen before (window of 128) is dropped unseen;
+//! - the receiver acknowledges cumulatively plus 64 selective bits, piggybacked on its data or in
+//!   a standalone ack after [`EngineConfig::ack_delay`] (at once on a gap or a duplicate);
+//! - the sender keeps at most [`WINDOW`] fragments in flight, retransmits on a timeout derived
+//!   from the measured round trip (RFC 6298: srtt/rttvar, Karn's rule, exponential backoff) and
+//!   early when a later transmission was acknowledged first;
+//! - the receiver buffers at most [`WINDOW`] fragments out of order and delivers whole messages
+//!   in order;
+//! - a peer is declared lost when nothing authenticated arrived from it for
+//!   [`EngineConfig::peer_timeout`] of this engine's own polled time (keepalive pings keep quiet
+//!   links alive), never by a retry count.
+//!
+//! Every datagram is authenticated ([`crate::wire`]) and checked before any state changes.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use am_core::{Rank, SendError};
+
+use crate::wire::{
+    Authenticator, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN, OVERHEAD,
+};
+
+/// Fragments in flight per peer, the receiver's reordering window, and the selective-ack width.
+pub const WINDOW: u64 = 64;
+/// Packet numbers remembered below the highest seen, for replay detection.
+const PN_WINDOW: u64 = 128;
+/// Received fragments that make the receiver acknowledge at once rather than after a delay.
+const ACK_EVERY: u32 = 16;
+/// Recycled datagram buffers kept.
+const POOL_MAX: usize = 1024;
+
+/// Tunables of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Largest datagram (UDP payload) in bytes, header and MAC included.
+    pub mtu: usize,
+    /// Largest message (AM head plus payload) accepted for sending or reassembly.
+    pub max_message: usize,
+    /// Fragments that may wait per peer (unacknowledged or not yet sent); beyond that a send
+    /// reports [`SendError::Busy`]. A message larger than this is still accepted onto an empty
+    /// queue.
+    pub send_queue: usize,
+    /// A peer silent this long (counted while this engine is polled) is declared lost.
+    pub peer_timeout: Duration,
+    /// Retransmission timeout before any round trip was measured.
+    pub initial_rto: Duration,
+    /// Floor of the retransmission timeout.
+    pub min_rto: Duration,
+    /// Ceiling of the retransmission timeout, backoff included.
+    pub max_rto: Duration,
+    /// Longest delay of a standalone acknowledgement.
+    pub ack_delay: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            mtu: 1472,
+            max_message: am_core::wire::MAX_HEAD_LEN + (256 << 10),
+            send_queue: 1024,
+            peer_timeout: Duration::from_secs(30),
+            initial_rto: Duration::from_millis(20),
+            min_rto: Duration::from_millis(5),
+            max_rto: Duration::from_millis(500),
+            ack_delay: Duration::from_millis(1),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Payload bytes per datagram.
+    pub fn fragment_payload(&self) -> usize {
+        self.mtu.saturating_sub(OVERHEAD).max(1)
+    }
+
+    /// How long a peer may be silent before it is pinged.
+    pub fn keepalive(&self) -> Duration {
+        (self.peer_timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1))
+    }
+}
+
+/// Counters of what the engine did and what it refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams handed to the network (first transmissions, retransmissions, acks, pings).
+    pub datagrams_sent: u64,
+    /// Datagrams accepted (authenticated and fresh).
+    pub datagrams_accepted: u64,
+    /// Data fragments retransmitted.
+    pub retransmits: u64,
+    /// Of those, retransmitted early because a later transmission was acknowledged.
+    pub fast_retransmits: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// Standalone acks sent.
+    pub acks_sent: u64,
+    /// Keepalive pings sent.
+    pub pings_sent: u64,
+    /// Authentic retransmitted fragments that had already arrived (acknowledged again, dropped).
+    pub duplicates: u64,
+    /// Messages delivered in order.
+    pub delivered: u64,
+    /// Dropped: shorter than a header plus MAC, or longer than the MTU.
+    pub dropped_truncated: u64,
+    /// Dropped: not our version or impossible header fields.
+    pub dropped_malformed: u64,
+    /// Dropped: another job's tag.
+    pub dropped_wrong_job: u64,
+    /// Dropped: the MAC did not verify (forged, corrupted, or another job's key).
+    pub dropped_bad_mac: u64,
+    /// Dropped: authentic but not for this rank or this epoch (misdirected, or from an earlier
+    /// run of a rank).
+    pub dropped_misaddressed: u64,
+    /// Dropped: a packet number already seen or too old (replay).
+    pub dropped_replayed: u64,
+    /// Dropped: from a peer declared lost.
+    pub dropped_from_lost: u64,
+    /// Dropped: an authentic peer broke the protocol (sequence beyond the window, acks for
+    /// unsent data, bad fragment chain). Never happens between correct peers.
+    pub protocol_violations: u64,
+}
+
+impl Stats {
+    /// Every datagram dropped before it could change anything.
+    pub fn rejected(&self) -> u64 {
+        self.dropped_truncated
+            + self.dropped_malformed
+            + self.dropped_wrong_job
+            + self.dropped_bad_mac
+            + self.dropped_misaddressed
+            + self.dropped_replayed
+            + self.dropped_from_lost
+    }
+}
+
+/// What an incoming datagram led to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A whole message from `src` is `bytes[range]` of the datagram just given: deliver it from
+    /// there (zero copy) before giving the engine anything else.
+    Deliver {
+        /// The sender.
+        src: Rank,
+        /// Where the message lies in the datagram.
+        range: std::ops::Range<usize>,
+    },
+    /// Accepted; any completed messages wait in [`Engine::pop_message`].
+    Accepted,
+    /// Dropped and counted; nothing changed.
+    Rejected,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerState {
+    Live,
+    /// Declared lost: sends fail, its datagrams are dropped.
+    Lost,
+    /// Said goodbye: sends fail, but its datagrams are still acknowledged so it can leave.
+    Departed,
+}
+
+/// A fragment kept until acknowledged.
+struct Sent {
+    /// The whole datagram: header space, payload, MAC space.
+    buf: Vec<u8>,
+    flags: u8,
+    msg_len: u32,
+    transmissions: u32,
+    sent_at: Option<Instant>,
+    last_pn: u64,
+    acked: bool,
+    queued: bool,
+}
+
+/// A fragment received out of order.
+struct Held {
+    flags: u8,
+    msg_len: u32,
+    data: Vec<u8>,
+}
+
+struct Peer {
+    epoch: u64,
+    state: PeerState,
+    // Send side.
+    next_seq: u64,
+    /// Lowest unacknowledged sequence number; `sent[i]` is `base + i`.
+    base: u64,
+    sent: VecDeque<Sent>,
+    next_pn: u64,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    rto: Duration,
+    backoff: u32,
+    rto_deadline: Option<Instant>,
+    // Receive side.
+    /// Every sequence number below it was received.
+    recv_next: u64,
+    /// Bit i: `recv_next + i` is held out of order.
+    recv_mask: u64,
+    held: Vec<Option<Held>>,
+    reasm: Option<(Vec<u8>, usize)>,
+    ready_count: usize,
+    pn_max: u64,
+    pn_seen: u128,
+    unacked_recv: u32,
+    ack_owed: bool,
+    ack_deadline: Option<Instant>,
+    // Liveness.
+    /// When something authentic last came from it (`None`: not since the engine started).
+    heard_at: Option<Instant>,
+    /// The engine's [`Engine::absence`] at `heard_at`.
+    heard_absence: Duration,
+    last_ping: Option<Instant>,
+}
+
+impl Peer {
+    fn new(epoch: u64, rto: Duration) -> Peer {
+        Peer {
+            epoch,
+            state: PeerState::Live,
+            next_seq: 0,
+            base: 0,
+            sent: VecDeque::new(),
+            next_pn: 1,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rto,
+            backoff: 0,
+            rto_deadline: None,
+            recv_next: 0,
+            recv_mask: 0,
+            held: (0..WINDOW).map(|_| None).collect(),
+            reasm: None,
+            ready_count: 0,
+            pn_max: 0,
+            pn_seen: 0,
+            unacked_recv: 0,
+            ack_owed: false,
+            ack_deadline: None,
+            heard_at: None,
+            heard_absence: Duration::ZERO,
+            last_ping: None,
+        }
+    }
+
+    fn sack(&self) -> u64 {
+        self.recv_mask >> 1
+    }
+
+    fn fresh_pn(&self, pn: u64) -> bool {
+        if pn == 0 {
+            return false;
+        }
+        if pn > self.pn_max {
+            return true;
+        }
+        let back = self.pn_max - pn;
+        back < PN_WINDOW && self.pn_seen & (1u128 << back) == 0
+    }
+
+    fn record_pn(&mut self, pn: u64) {
+        if pn > self.pn_max {
+            let shift = pn - self.pn_max;
+            self.pn_seen = if shift >= 128 {
+                0
+            } else {
+                self.pn_seen << shift
+            };
+            self.pn_seen |= 1;
+            self.pn_max = pn;
+        } else {
+            self.pn_seen |= 1u128 << (self.pn_max - pn);
+        }
+    }
+
+    fn current_rto(&self, cfg: &EngineConfig) -> Duration {
+        let backed = self
+            .rto
+            .checked_mul(1u32 << self.backoff.min(16))
+            .unwrap_or(cfg.max_rto);
+        backed.min(cfg.max_rto)
+    }
+
+    fn has_unacked(&self) -> bool {
+        // Only the first WINDOW fragments can have been transmitted.
+        self.sent
+            .iter()
+            .take(WINDOW as usize)
+            .any(|s| !s.acked && s.transmissions > 0)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    Data(Rank, u64),
+    Ack(Rank),
+    Ping(Rank),
+}
+
+/// One rank's reliability state toward every other rank. See the [module docs](self).
+pub struct Engine {
+    cfg: EngineConfig,
+    me: Rank,
+    epoch: u64,
+    auth: Authenticator,
+    peers: Vec<Peer>,
+    outbox: VecDeque<Out>,
+    ready: VecDeque<(Rank, Vec<u8>)>,
+    lost: VecDeque<Rank>,
+    pool: Vec<Vec<u8>>,
+    scratch: Vec<u8>,
+    stats: Stats,
+    wake_at: Option<Instant>,
+    last_tick: Option<Instant>,
+    /// Time this engine was not polled (beyond one keepalive per gap): not counted as silence.
+    absence: Duration,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("me", &self.me)
+            .field("size", &self.peers.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// The engine of rank `me`, whose epoch is `epochs[me]`; `epochs[r]` is rank r's epoch as
+    /// learned at rendezvous.
+    ///
+    /// # Panics
+    /// If `me` is not below `epochs.len()`.
+    pub fn new(cfg: EngineConfig, me: Rank, epochs: &[u64], auth: Authenticator) -> Engine {
+        assert!((me as usize) < epochs.len(), "rank {me} out of range");
+        let rto = cfg.initial_rto;
+        Engine {
+            me,
+            epoch: epochs[me as usize],
+            auth,
+            peers: epochs.iter().map(|&e| Peer::new(e, rto)).collect(),
+            outbox: VecDeque::new(),
+            ready: VecDeque::new(),
+            lost: VecDeque::new(),
+            pool: Vec::new(),
+            scratch: vec![0; OVERHEAD],
+            stats: Stats::default(),
+            wake_at: None,
+            last_tick: None,
+            absence: Duration::ZERO,
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.me
+    }
+
+    /// When [`Engine::handle_timeout`] must run next, if anything is scheduled.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.wake_at
+    }
+
+    fn wake(&mut self, at: Instant) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Gives a buffer back for reuse (messages from [`Engine::pop_message`]).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if buf.capacity() > 0
+            && self.pool.len() < POOL_MAX
+            && buf.capacity() <= 2 * self.cfg.mtu.max(4096)
+        {
+            self.pool.push(buf);
+        }
+    }
+
+    /// Whether sends to `peer` fail because it was lost or left.
+    pub fn is_gone(&self, peer: Rank) -> bool {
+        self.peers
+            .get(peer as usize)
+            .is_none_or(|p| p.state != PeerState::Live)
+    }
+
+    /// Queues a message (`head` then `payload`) to `dest`; [`Engine::transmit`] sends it.
+    ///
+    /// Fails at once with [`SendError::PeerLost`] if `dest` was lost or left, with
+    /// [`SendError::TooLarge`] beyond [`EngineConfig::max_message`], and with
+    /// [`SendError::Busy`] when the queue to `dest` is full (nothing was queued).
+    pub fn send(
+        &mut self,
+        now: Instant,
+        dest: Rank,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<(), SendError> {
+        self.send_flags(now, dest, head, payload, 0)
+    }
+
+    fn send_flags(
+        &mut self,
+        now: Instant,
+        dest: Rank,
+        head: &[u8],
+        payload: &[u8],
+        extra: u8,
+    ) -> Result<(), SendError> {
+        if dest == self.me || dest as usize >= self.peers.len() {
+            return Err(SendError::Other(format!(
+                "rank {dest} is not a remote peer of rank {}",
+                self.me
+            )));
+        }
+        if self.peers[dest as usize].state != PeerState::Live {
+            return Err(SendError::PeerLost(dest));
+        }
+        let total = head.len() + payload.len();
+        if total > self.cfg.max_message {
+            return Err(SendError::TooLarge(total));
+        }
+        let frag = self.cfg.fragment_payload();
+        let nfrags = total.div_ceil(frag).max(1);
+        let queued = self.peers[dest as usize].sent.len();
+        // A goodbye always fits: it must not be lost to back-pressure.
+        if extra & FLAG_BYE == 0 && queued > 0 && queued + nfrags > self.cfg.send_queue {
+            return Err(SendError::Busy);
+        }
+        let mut at = 0usize;
+        for i in 0..nfrags {
+            let len = frag.min(total - at);
+            let mut buf = self.buffer(HEADER_LEN + len + MAC_LEN);
+            // Copy [at, at+len) of head ++ payload.
+            let body = &mut buf[HEADER_LEN..HEADER_LEN + len];
+            let mut done = 0;
+            if at < head.len() {
+                let n = (head.len() - at).min(len);
+                body[..n].copy_from_slice(&head[at..at + n]);
+                done = n;
+            }
+            if done < len {
+                let p = at + done - head.len();
+                body[done..].copy_from_slice(&payload[p..p + len - done]);
+            }
+            let mut flags = extra;
+            if i == 0 {
+                flags |= FLAG_FIRST;
+            }
+            if i == nfrags - 1 {
+                flags |= FLAG_LAST;
+            }
+            let peer = &mut self.peers[dest as usize];
+            let seq = peer.next_seq;
+            peer.next_seq += 1;
+            let in_window = seq < peer.base + WINDOW;
+            peer.sent.push_back(Sent {
+                buf,
+                flags,
+                msg_len: if i == 0 { total as u32 } else { 0 },
+                transmissions: 0,
+                sent_at: None,
+                last_pn: 0,
+                acked: false,
+                queued: in_window,
+            });
+            if in_window {
+                self.outbox.push_back(Out::Data(dest, seq));
+            }
+            at += len;
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    /// Says goodbye to every live peer: an empty message after everything already queued.
+    /// Afterwards, [`Engine::is_flushed`] tells when the goodbyes (and all data) were
+    /// acknowledged.
+    pub fn close(&mut self, now: Instant) {
+        for r in 0..self.peers.len() as Rank {
+            if r != self.me && self.peers[r as usize].state == PeerState::Live {
+                let _ = self.send_flags(now, r, &[], &[], FLAG_BYE);
+            }
+        }
+    }
+
+    /// Queues every acknowledgement still owed, delayed or not (before a socket closes).
+    pub fn ack_all(&mut self) {
+        for r in 0..self.peers.len() {
+            let p = &mut self.peers[r];
+            if p.ack_owed && p.state != PeerState::Lost {
+                p.ack_deadline = None;
+                self.outbox.push_back(Out::Ack(r as Rank));
+            }
+        }
+    }
+
+    /// True when nothing sent to a live peer waits for an acknowledgement.
+    pub fn is_flushed(&self) -> bool {
+        self.peers
+            .iter()
+            .all(|p| p.state != PeerState::Live || p.sent.is_empty())
+    }
+
+    /// True when at most goodbyes wait for acknowledgement: all data was acknowledged.
+    pub fn only_goodbyes_pending(&self) -> bool {
+        self.peers.iter().all(|p| {
+            p.state != PeerState::Live || p.sent.iter().all(|s| s.acked || s.flags & FLAG_BYE != 0)
+        })
+    }
+
+    /// True once `peer` said goodbye.
+    pub fn has_departed(&self, peer: Rank) -> bool {
+        self.peers
+            .get(peer as usize)
+            .is_some_and(|p| p.state == PeerState::Departed)
+    }
+
+    /// The next peer declared lost (each peer at most once).
+    pub fn poll_lost(&mut self) -> Option<Rank> {
+        self.lost.pop_front()
+    }
+
+    /// True if a whole message waits in [`Engine::pop_message`].
+    pub fn has_message(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// The next reassembled message, in order per sender. Give the buffer back with
+    /// [`Engine::recycle`] when done.
+    pub fn pop_message(&mut self) -> Option<(Rank, Vec<u8>)> {
+        let (src, m) = self.ready.pop_front()?;
+        self.peers[src as usize].ready_count -= 1;
+        self.stats.delivered += 1;
+        Some((src, m))
+    }
+
+    /// Hands every datagram due to `sink(dest, bytes)`: first transmissions, retransmissions,
+    /// acks and pings. A datagram the sink fails to send counts as lost on the network.
+    pub fn transmit(&mut self, now: Instant, sink: &mut dyn FnMut(Rank, &[u8])) {
+        while let Some(out) = self.outbox.pop_front() {
+            match out {
+                Out::Data(dest, seq) => self.transmit_data(now, dest, seq, sink),
+                Out::Ack(dest) => {
+                    if self.peers[dest as usize].ack_owed {
+                        self.transmit_control(dest, Kind::Ack, sink);
+                        self.stats.acks_sent += 1;
+                    }
+                }
+                Out::Ping(dest) => {
+                    if self.peers[dest as usize].state == PeerState::Live {
+                        self.transmit_control(dest, Kind::Ping, sink);
+                        self.stats.pings_sent += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn header(&mut self, dest: Rank, kind: Kind) -> Header {
+        let job_tag = self.auth.job_tag();
+        let (me, epoch) = (self.me, self.epoch);
+        let p = &mut self.peers[dest as usize];
+        let pn = p.next_pn;
+        p.next_pn += 1;
+        // Piggybacked: whatever ack was owed is sent now.
+        p.ack_owed = false;
+        p.unacked_recv = 0;
+        p.ack_deadline = None;
+        Header {
+            kind,
+            flags: 0,
+            job_tag,
+            src: me,
+            dst: dest,
+            src_epoch: epoch,
+            dst_epoch: p.epoch,
+            pn,
+            ack: p.recv_next,
+            sack: p.sack(),
+            seq: 0,
+            msg_len: 0,
+        }
+    }
+
+    fn transmit_control(&mut self, dest: Rank, kind: Kind, sink: &mut dyn FnMut(Rank, &[u8])) {
+        let h = self.header(dest, kind);
+        let mut buf = std::mem::take(&mut self.scratch);
+        h.write(&mut buf);
+        self.auth.seal(&mut buf);
+        sink(dest, &buf);
+        self.scratch = buf;
+        self.stats.datagrams_sent += 1;
+    }
+
+    fn transmit_data(
+        &mut self,
+        now: Instant,
+        dest: Rank,
+        seq: u64,
+        sink: &mut dyn FnMut(Rank, &[u8]),
+    ) {
+        let p = &self.peers[dest as usize];
+        if p.state == PeerState::Lost || seq < p.base {
+            return;
+        }
+        let idx = (seq - p.base) as usize;
+        match p.sent.get(idx) {
+            Some(s) if !s.acked => {}
+            _ => return,
+        }
+        let mut h = self.header(dest, Kind::Data);
+        let rto = self.peers[dest as usize].current_rto(&self.cfg);
+        let p = &mut self.peers[dest as usize];
+        let s = &mut p.sent[idx];
+        h.flags = s.flags;
+        h.seq = seq;
+        h.msg_len = s.msg_len;
+        h.write(&mut s.buf);
+        self.auth.seal(&mut s.buf);
+        sink(dest, &s.buf);
+        if s.transmissions > 0 {
+            self.stats.retransmits += 1;
+        }
+        s.transmissions += 1;
+        s.sent_at = Some(now);
+        s.last_pn = h.pn;
+        s.queued = false;
+        self.stats.datagrams_sent += 1;
+        if p.rto_deadline.is_none() {
+            let at = now + rto;
+            p.rto_deadline = Some(at);
+            self.wake(at);
+        }
+    }
+
+    /// Takes one datagram from the network. Everything is checked before anything changes: a
+    /// datagram that is truncated, malformed, from another job, forged, misaddressed, replayed
+    /// or from a lost peer is counted and dropped, and nothing else happens.
+    pub fn on_datagram(&mut self, now: Instant, d: &[u8]) -> Input {
+        if d.len() < OVERHEAD || d.len() > self.cfg.mtu.max(OVERHEAD) {
+            self.stats.dropped_truncated += 1;
+            return Input::Rejected;
+        }
+        let Some(h) = Header::read(d) else {
+            self.stats.dropped_malformed += 1;
+            return Input::Rejected;
+        };
+        if h.job_tag != self.auth.job_tag() {
+            self.stats.dropped_wrong_job += 1;
+            return Input::Rejected;
+        }
+        if !self.auth.verify(d) {
+            self.stats.dropped_bad_mac += 1;
+            return Input::Rejected;
+        }
+        let src = h.src;
+        if h.dst != self.me
+            || src == self.me
+            || src as usize >= self.peers.len()
+            || h.dst_epoch != self.epoch
+            || h.src_epoch != self.peers[src as usize].epoch
+        {
+            self.stats.dropped_misaddressed += 1;
+            return Input::Rejected;
+        }
+        let p = &self.peers[src as usize];
+        if !p.fresh_pn(h.pn) {
+            self.stats.dropped_replayed += 1;
+            return Input::Rejected;
+        }
+        if p.state == PeerState::Lost {
+            self.stats.dropped_from_lost += 1;
+            return Input::Rejected;
+        }
+        // Authentic and fresh: from here on the datagram counts.
+        let p = &mut self.peers[src as usize];
+        p.record_pn(h.pn);
+        p.heard_at = Some(now);
+        p.heard_absence = self.absence;
+        self.stats.datagrams_accepted += 1;
+        self.on_ack(now, src, h.ack, h.sack);
+        match h.kind {
+            Kind::Ack => Input::Accepted,
+            Kind::Ping => {
+                self.owe_ack(now, src, true);
+                Input::Accepted
+            }
+            Kind::Data => self.on_data(now, src, &h, d),
+        }
+    }
+
+    fn owe_ack(&mut self, now: Instant, src: Rank, immediately: bool) {
+        let delay = self.cfg.ack_delay;
+        let p = &mut self.peers[src as usize];
+        p.unacked_recv += 1;
+        if immediately || p.unacked_recv >= ACK_EVERY {
+            if !p.ack_owed || p.ack_deadline.is_some() {
+                self.outbox.push_back(Out::Ack(src));
+            }
+            p.ack_owed = true;
+            p.ack_deadline = None;
+        } else if !p.ack_owed {
+            p.ack_owed = true;
+            let at = now + delay;
+            p.ack_deadline = Some(at);
+            self.wake(at);
+        }
+    }
+
+    fn on_ack(&mut self, now: Instant, src: Rank, ack: u64, sack: u64) {
+        let cfg_min = self.cfg.min_rto;
+        let cfg_max = self.cfg.max_rto;
+        let p = &mut self.peers[src as usize];
+        if ack > p.next_seq {
+            self.stats.protocol_violations += 1;
+            return;
+        }
+        let mut newest: Option<(u64, u64)> = None; // (last_pn, seq) of the newest acked transmission
+        let mut sample: Option<Duration> = None;
+        let mut note = |s: &Sent, seq: u64, newest: &mut Option<(u64, u64)>| {
+            if newest.is_none_or(|(pn, _)| s.last_pn > pn) {
+                *newest = Some((s.last_pn, seq));
+                // Karn: only fragments sent once give a round-trip sample.
+                sample = match (s.transmissions, s.sent_at) {
+                    (1, Some(t)) => Some(now.saturating_duration_since(t)),
+                    _ => None,
+                };
+            }
+        };
+        let mut freed = Vec::new();
+        while p.base < ack {
+            let Some(s) = p.sent.pop_front() else { break };
+            if !s.acked {
+                note(&s, p.base, &mut newest);
+            }
+            freed.push(s.buf);
+            p.base += 1;
+        }
+        let mut bits = sack;
+        while bits != 0 {
+            let i = bits.trailing_zeros() as u64;
+            bits &= bits - 1;
+            let seq = ack + 1 + i;
+            if seq < p.base || seq >= p.next_seq {
+                continue;
+            }
+            let s = &mut p.sent[(seq - p.base) as usize];
+            if !s.acked && s.transmissions > 0 {
+                s.acked = true;
+                note(s, seq, &mut newest);
+                freed.push(std::mem::take(&mut s.buf));
+            }
+        }
+        // Fully acknowledged fragments at the front go.
+        while p.sent.front().is_some_and(|s| s.acked) {
+            p.sent.pop_front();
+            p.base += 1;
+        }
+        if let Some(r) = sample {
+            match p.srtt {
+                None => {
+                    p.srtt = Some(r);
+                    p.rttvar = r / 2;
+                }
+                Some(srtt) => {
+                    let diff = srtt.abs_diff(r);
+                    p.rttvar = p.rttvar * 3 / 4 + diff / 4;
+                    p.srtt = Some(srtt * 7 / 8 + r / 8);
+                }
+            }
+            let srtt = p.srtt.unwrap_or(r);
+            p.rto = (srtt + (p.rttvar * 4).max(Duration::from_micros(100))).clamp(cfg_min, cfg_max);
+        }
+        if newest.is_some() {
+            p.backoff = 0;
+        }
+        // Queue what the window now allows, and retransmit early a fragment whose last
+        // transmission is older than one already acknowledged: it was most likely lost.
+        let newest_pn = newest.map_or(0, |(pn, _)| pn);
+        let base = p.base;
+        let limit = (p.base + WINDOW).min(p.next_seq);
+        let mut fast = 0;
+        for seq in base..limit {
+            let s = &mut p.sent[(seq - base) as usize];
+            if s.acked || s.queued {
+                continue;
+            }
+            if s.transmissions == 0 || s.last_pn < newest_pn {
+                if s.transmissions > 0 {
+                    fast += 1;
+                }
+                s.queued = true;
+                self.outbox.push_back(Out::Data(src, seq));
+            }
+        }
+        self.stats.fast_retransmits += fast;
+        if newest.is_none() {
+            for b in freed {
+                self.recycle(b);
+            }
+            return;
+        }
+        p.rto_deadline = None;
+        if p.has_unacked() {
+            let at = now + p.current_rto(&self.cfg);
+            p.rto_deadline = Some(at);
+            self.wake(at);
+        }
+        for b in freed {
+            self.recycle(b);
+        }
+    }
+
+    fn on_data(&mut self, now: Instant, src: Rank, h: &Header, d: &[u8]) -> Input {
+        let body = HEADER_LEN..d.len() - MAC_LEN;
+        let p = &mut self.peers[src as usize];
+        if h.seq < p.recv_next {
+            self.stats.duplicates += 1;
+            self.owe_ack(now, src, true);
+            return Input::Accepted;
+        }
+        let off = h.seq - p.recv_next;
+        if off >= WINDOW {
+            self.stats.protocol_violations += 1;
+            return Input::Accepted;
+        }
+        if off > 0 {
+            if p.recv_mask & (1 << off) != 0 {
+                self.stats.duplicates += 1;
+            } else {
+                let mut data = self.pool.pop().unwrap_or_default();
+                data.clear();
+                data.extend_from_slice(&d[body]);
+                let p = &mut self.peers[src as usize];
+                p.recv_mask |= 1 << off;
+                p.held[(h.seq % WINDOW) as usize] = Some(Held {
+                    flags: h.flags,
+                    msg_len: h.msg_len,
+                    data,
+                });
+            }
+            // A gap: tell the sender at once.
+            self.owe_ack(now, src, true);
+            return Input::Accepted;
+        }
+        // In order.
+        let p = &mut self.peers[src as usize];
+        p.recv_next += 1;
+        p.recv_mask >>= 1;
+        let fast = h.flags & (FLAG_FIRST | FLAG_LAST | FLAG_BYE) == FLAG_FIRST | FLAG_LAST
+            && p.reasm.is_none()
+            && p.ready_count == 0
+            && h.msg_len as usize == body.len()
+            && body.len() <= self.cfg.max_message;
+        let result = if fast {
+            self.stats.delivered += 1;
+            Input::Deliver { src, range: body }
+        } else {
+            let data = d[body].to_vec();
+            self.accept_fragment(src, h.flags, h.msg_len, data);
+            Input::Accepted
+        };
+        self.drain(src);
+        // A gap still open, or a goodbye (its sender waits for nothing else): ack at once.
+        let now_please = self.peers[src as usize].recv_mask != 0 || h.flags & FLAG_BYE != 0;
+        self.owe_ack(now, src, now_please);
+        result
+    }
+
+    /// Moves fragments that became in order into reassembly.
+    fn drain(&mut self, src: Rank) {
+        loop {
+            let p = &mut self.peers[src as usize];
+            if p.recv_mask & 1 == 0 {
+                return;
+            }
+            let Some(held) = p.held[(p.recv_next % WINDOW) as usize].take() else {
+                return;
+            };
+            p.recv_next += 1;
+            p.recv_mask >>= 1;
+            self.accept_fragment(src, held.flags, held.msg_len, held.data);
+        }
+    }
+
+    /// Appends an in-order fragment to the message being reassembled.
+    fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Vec<u8>) {
+        let max = self.cfg.max_message;
+        let p = &mut self.peers[src as usize];
+        if flags & FLAG_BYE != 0 {
+            if flags & (FLAG_FIRST | FLAG_LAST) == FLAG_FIRST | FLAG_LAST && data.is_empty() {
+                p.state = PeerState::Departed;
+                // It has left: nothing we still hold for it will be acknowledged.
+                let drop: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
+                p.base = p.next_seq;
+                p.rto_deadline = None;
+                for b in drop {
+                    self.recycle(b);
+                }
+            } else {
+                self.stats.protocol_violations += 1;
+            }
+            return;
+        }
+        if flags & FLAG_FIRST != 0 {
+            if p.reasm.is_some() {
+                self.stats.protocol_violations += 1;
+                p.reasm = None;
+            }
+            let len = msg_len as usize;
+            if len > max || data.len() > len {
+                self.stats.protocol_violations += 1;
+                return;
+            }
+            if flags & FLAG_LAST != 0 {
+                if data.len() != len {
+                    self.stats.protocol_violations += 1;
+                    return;
+                }
+                p.ready_count += 1;
+                self.ready.push_back((src, data));
+                return;
+            }
+            let mut buf = Vec::with_capacity(len);
+            buf.extend_from_slice(&data);
+            p.reasm = Some((buf, len));
+            self.recycle(data);
+            return;
+        }
+        let Some((mut buf, len)) = p.reasm.take() else {
+            self.stats.protocol_violations += 1;
+            return;
+        };
+        if buf.len() + data.len() > len {
+            self.stats.protocol_violations += 1;
+            return;
+        }
+        buf.extend_from_slice(&data);
+        self.recycle(data);
+        let p = &mut self.peers[src as usize];
+        if flags & FLAG_LAST != 0 {
+            if buf.len() != len {
+                self.stats.protocol_violations += 1;
+                return;
+            }
+            p.ready_count += 1;
+            self.ready.push_back((src, buf));
+        } else {
+            p.reasm = Some((buf, len));
+        }
+    }
+
+    /// Runs the timers due at `now`: delayed acks, retransmissions, keepalives and the peer
+    /// timeout. Call it when [`Engine::next_timeout`] has passed (calling more often is fine).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let keepalive = self.cfg.keepalive();
+        // Silence counts only time this engine was polled: a rank back from a long pause first
+        // hears its peers again before judging them.
+        if let Some(t) = self.last_tick {
+            self.absence += now.saturating_duration_since(t).saturating_sub(keepalive);
+        }
+        self.last_tick = Some(now);
+        let absence = self.absence;
+        let mut wake = now + keepalive / 2;
+        for r in 0..self.peers.len() {
+            if r == self.me as usize {
+                continue;
+            }
+            let rank = r as Rank;
+            let p = &mut self.peers[r];
+            if p.state == PeerState::Lost {
+                continue;
+            }
+            if let Some(at) = p.ack_deadline {
+                if at <= now {
+                    p.ack_deadline = None;
+                    if p.ack_owed {
+                        self.outbox.push_back(Out::Ack(rank));
+                    }
+                } else {
+                    wake = wake.min(at);
+                }
+            }
+            if p.state == PeerState::Departed {
+                continue;
+            }
+            let heard = *p.heard_at.get_or_insert(now);
+            let silence = now
+                .saturating_duration_since(heard)
+                .saturating_sub(absence - p.heard_absence);
+            if silence >= self.cfg.peer_timeout {
+                self.declare_lost(rank);
+                continue;
+            }
+            if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
+                p.last_ping = Some(now);
+                self.outbox.push_back(Out::Ping(rank));
+            }
+            let p = &mut self.peers[r];
+            if let Some(at) = p.rto_deadline {
+                if at <= now {
+                    self.stats.timeouts += 1;
+                    p.backoff = (p.backoff + 1).min(16);
+                    // RFC 6298 5.4: retransmit the earliest unacknowledged fragment.
+                    let base = p.base;
+                    if let Some(i) = p.sent.iter().position(|s| !s.acked && s.transmissions > 0) {
+                        let s = &mut p.sent[i];
+                        if !s.queued {
+                            s.queued = true;
+                            self.outbox.push_back(Out::Data(rank, base + i as u64));
+                        }
+                        let at = now + p.current_rto(&self.cfg);
+                        p.rto_deadline = Some(at);
+                        wake = wake.min(at);
+                    } else {
+                        p.rto_deadline = None;
+                    }
+                } else {
+                    wake = wake.min(at);
+                }
+            }
+        }
+        self.wake_at = Some(wake);
+    }
+
+    fn declare_lost(&mut self, rank: Rank) {
+        let p = &mut self.peers[rank as usize];
+        p.state = PeerState::Lost;
+        let bufs: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
+        p.base = p.next_seq;
+        p.rto_deadline = None;
+        p.ack_owed = false;
+        p.ack_deadline = None;
+        p.reasm = None;
+        for h in p.held.iter_mut() {
+            *h = None;
+        }
+        p.recv_mask = 0;
+        for b in bufs {
+            self.recycle(b);
+        }
+        self.lost.push_back(rank);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,577 @@
+//! The engine over a simulated, seeded, lossy network with a virtual clock (smoltcp's
+//! netsim, quinn-proto's `Pair::drive`): drop, duplicate, reorder, delay, pause and kill.
+
+use super::*;
+use crate::wire::JobKey;
+use proptest::prelude::*;
+
+/// SplitMix64, as am_core's FaultInjector.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    drop: f64,
+    duplicate: f64,
+    /// Probability of an extra delay of up to `max_delay` (which reorders).
+    delay: f64,
+    max_delay: Duration,
+}
+
+const LATENCY: Duration = Duration::from_micros(50);
+
+struct Net {
+    engines: Vec<Engine>,
+    t0: Instant,
+    now: Instant,
+    rng: Rng,
+    faults: Faults,
+    /// (arrival, dest, bytes)
+    wire: Vec<(Instant, Rank, Vec<u8>)>,
+    /// Ranks whose process is gone (drop all to and from), or paused until an instant.
+    dead: Vec<bool>,
+    paused_until: Vec<Option<Instant>>,
+    /// Per receiver: (src, message) in delivery order.
+    got: Vec<Vec<(Rank, Vec<u8>)>>,
+    lost: Vec<Vec<(Rank, Duration)>>,
+    /// Every datagram ever put on the wire (for replay tests).
+    tape: Vec<(Rank, Vec<u8>)>,
+    record: bool,
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        mtu: 200,
+        max_message: 4000,
+        send_queue: 128,
+        peer_timeout: Duration::from_secs(2),
+        ..EngineConfig::default()
+    }
+}
+
+impl Net {
+    fn new(n: u32, seed: u64, faults: Faults, cfg: EngineConfig) -> Net {
+        let epochs: Vec<u64> = (0..n as u64).map(|r| 1000 + r * 7 + seed).collect();
+        let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+        let t0 = Instant::now();
+        Net {
+            engines: (0..n)
+                .map(|r| Engine::new(cfg.clone(), r, &epochs, auth.clone()))
+                .collect(),
+            t0,
+            now: t0,
+            rng: Rng(seed),
+            faults,
+            wire: Vec::new(),
+            dead: vec![false; n as usize],
+            paused_until: vec![None; n as usize],
+            got: vec![Vec::new(); n as usize],
+            lost: vec![Vec::new(); n as usize],
+            tape: Vec::new(),
+            record: false,
+        }
+    }
+
+    fn active(&self, r: usize) -> bool {
+        !self.dead[r] && self.paused_until[r].is_none_or(|t| self.now >= t)
+    }
+
+    fn flush(&mut self, r: usize) {
+        let now = self.now;
+        let mut out = Vec::new();
+        self.engines[r].transmit(now, &mut |dest, bytes| out.push((dest, bytes.to_vec())));
+        for (dest, bytes) in out {
+            if self.record {
+                self.tape.push((dest, bytes.clone()));
+            }
+            if self.rng.chance(self.faults.drop) {
+                continue;
+            }
+            let copies = if self.rng.chance(self.faults.duplicate) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let mut at = now + LATENCY;
+                if self.rng.chance(self.faults.delay) {
+                    let us = self.faults.max_delay.as_micros() as u64;
+                    at += Duration::from_micros(self.rng.below(us));
+                }
+                self.wire.push((at, dest, bytes.clone()));
+            }
+        }
+    }
+
+    /// One step: timers, arrivals due, transmissions. Returns the next instant worth waking at.
+    fn step(&mut self) {
+        let n = self.engines.len();
+        for r in 0..n {
+            if !self.active(r) {
+                continue;
+            }
+            if self.engines[r].next_timeout().is_none_or(|t| self.now >= t) {
+                self.engines[r].handle_timeout(self.now);
+            }
+            while let Some(l) = self.engines[r].poll_lost() {
+                self.lost[r].push((l, self.now - self.t0));
+            }
+            self.flush(r);
+        }
+        // Arrivals due, in arrival order (datagrams for paused ranks wait, as in a socket).
+        let now = self.now;
+        let mut due: Vec<(Instant, Rank, Vec<u8>)> = Vec::new();
+        let mut i = 0;
+        while i < self.wire.len() {
+            let d = self.wire[i].1 as usize;
+            if self.wire[i].0 <= now && (self.dead[d] || self.active(d)) {
+                due.push(self.wire.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|x| x.0);
+        for (_, dest, bytes) in due {
+            let d = dest as usize;
+            if self.dead[d] {
+                continue;
+            }
+            self.deliver(d, &bytes);
+        }
+        for r in 0..n {
+            if self.active(r) {
+                self.flush(r);
+            }
+        }
+    }
+
+    fn deliver(&mut self, d: usize, bytes: &[u8]) {
+        let now = self.now;
+        if let Input::Deliver { src, range } = self.engines[d].on_datagram(now, bytes) {
+            self.got[d].push((src, bytes[range].to_vec()));
+        }
+        while let Some((src, m)) = self.engines[d].pop_message() {
+            self.got[d].push((src, m));
+        }
+    }
+
+    /// Advances the clock to the next event (or by at most `max`).
+    fn advance(&mut self, max: Duration) {
+        let mut next = self.now + max;
+        for (t, d, _) in &self.wire {
+            // Datagrams for a paused rank wait for it, not the clock.
+            if self.paused_until[*d as usize].is_none_or(|p| p <= self.now) {
+                next = next.min(*t);
+            }
+        }
+        for (r, e) in self.engines.iter().enumerate() {
+            if self.dead[r] {
+                continue;
+            }
+            if let Some(t) = e.next_timeout().filter(|_| self.active(r)) {
+                next = next.min(t);
+            }
+            if let Some(t) = self.paused_until[r] {
+                if t > self.now {
+                    next = next.min(t);
+                }
+            }
+        }
+        self.now = next.max(self.now + Duration::from_micros(1));
+    }
+}
+
+fn message(src: Rank, dst: Rank, i: u32, len: usize) -> Vec<u8> {
+    let mut m = Vec::with_capacity(12 + len);
+    m.extend_from_slice(&src.to_le_bytes());
+    m.extend_from_slice(&dst.to_le_bytes());
+    m.extend_from_slice(&i.to_le_bytes());
+    m.extend((0..len).map(|k| (k as u32).wrapping_mul(7).wrapping_add(i) as u8));
+    m
+}
+
+/// Every rank sends `per_pair` messages to every other rank; returns the net once all arrived.
+fn run_all_to_all(
+    n: u32,
+    per_pair: u32,
+    seed: u64,
+    faults: Faults,
+    max_len: usize,
+    limit: Duration,
+) -> Net {
+    let mut net = Net::new(n, seed, faults, cfg());
+    let mut next = vec![vec![0u32; n as usize]; n as usize];
+    let mut lens = Rng(seed ^ 0xABCD);
+    let total = (n * (n - 1) * per_pair) as usize;
+    let delivered = |net: &Net| net.got.iter().map(|g| g.len()).sum::<usize>();
+    while delivered(&net) < total {
+        assert!(
+            net.now - net.t0 < limit,
+            "not done after {limit:?} of virtual time: {} of {total} delivered",
+            delivered(&net)
+        );
+        for s in 0..n {
+            for d in 0..n {
+                if s == d {
+                    continue;
+                }
+                while next[s as usize][d as usize] < per_pair {
+                    let i = next[s as usize][d as usize];
+                    let len = lens.below(max_len as u64 + 1) as usize;
+                    let m = message(s, d, i, len);
+                    let now = net.now;
+                    match net.engines[s as usize].send(now, d, &m[..8], &m[8..]) {
+                        Ok(()) => next[s as usize][d as usize] += 1,
+                        Err(SendError::Busy) => break,
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+            }
+        }
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    // Let the last acks land: no retransmission queue may stay behind.
+    let end = net.now + Duration::from_millis(500);
+    while net.now < end && !net.engines.iter().all(|e| e.is_flushed()) {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    net
+}
+
+fn check_exactly_once_in_order(net: &Net, n: u32, per_pair: u32) {
+    for d in 0..n {
+        for s in 0..n {
+            if s == d {
+                continue;
+            }
+            let from: Vec<&Vec<u8>> = net.got[d as usize]
+                .iter()
+                .filter(|(src, _)| *src == s)
+                .map(|(_, m)| m)
+                .collect();
+            assert_eq!(from.len(), per_pair as usize, "{s}->{d}: count");
+            for (i, m) in from.iter().enumerate() {
+                assert_eq!(&m[..4], &s.to_le_bytes());
+                assert_eq!(&m[4..8], &d.to_le_bytes());
+                let idx = u32::from_le_bytes(m[8..12].try_into().unwrap());
+                assert_eq!(idx, i as u32, "{s}->{d}: order");
+                assert!(**m == message(s, d, idx, m.len() - 12), "{s}->{d}: content");
+            }
+        }
+    }
+    for (r, e) in net.engines.iter().enumerate() {
+        assert!(e.is_flushed(), "rank {r} still has unacknowledged data");
+        // Network duplicates are exact copies: they count as replays, and nothing else may.
+        let s = e.stats();
+        assert_eq!(
+            s.rejected(),
+            s.dropped_replayed,
+            "rank {r}: nothing hostile was sent"
+        );
+        assert!(net.lost[r].is_empty(), "rank {r}: nobody is lost");
+    }
+}
+
+const CLEAN: Faults = Faults {
+    drop: 0.0,
+    duplicate: 0.0,
+    delay: 0.0,
+    max_delay: Duration::ZERO,
+};
+
+#[test]
+fn clean_network_delivers_everything_without_retransmitting() {
+    let net = run_all_to_all(3, 300, 1, CLEAN, 700, Duration::from_secs(30));
+    check_exactly_once_in_order(&net, 3, 300);
+    for e in &net.engines {
+        assert_eq!(e.stats().retransmits, 0);
+    }
+}
+
+#[test]
+fn lossy_network_delivers_exactly_once_in_order() {
+    let faults = Faults {
+        drop: 0.1,
+        duplicate: 0.05,
+        delay: 0.1,
+        max_delay: Duration::from_millis(3),
+    };
+    let net = run_all_to_all(3, 400, 7, faults, 700, Duration::from_secs(120));
+    check_exactly_once_in_order(&net, 3, 400);
+    let s = net.engines[0].stats();
+    assert!(s.retransmits > 0 && s.duplicates > 0, "{s:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn any_faults_exactly_once_in_order(
+        seed in any::<u64>(),
+        drop in 0.0f64..0.3,
+        duplicate in 0.0f64..0.2,
+        delay in 0.0f64..0.3,
+        max_len in 0usize..1500,
+    ) {
+        let faults = Faults { drop, duplicate, delay, max_delay: Duration::from_millis(5) };
+        let net = run_all_to_all(3, 60, seed, faults, max_len, Duration::from_secs(600));
+        check_exactly_once_in_order(&net, 3, 60);
+    }
+}
+
+#[test]
+fn silent_peer_is_lost_after_the_timeout_and_only_then() {
+    let timeout = cfg().peer_timeout;
+    let mut net = Net::new(3, 5, CLEAN, cfg());
+    // Everyone hears from everyone, then rank 2 dies.
+    for s in 0..3 {
+        for d in 0..3 {
+            if s != d {
+                let now = net.now;
+                net.engines[s as usize].send(now, d, b"hi", &[]).unwrap();
+            }
+        }
+    }
+    for _ in 0..50 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[2].len(), 2);
+    // Its last words arrive just before it dies.
+    for d in [0, 1] {
+        let now = net.now;
+        net.engines[2].send(now, d, b"last", &[]).unwrap();
+    }
+    while net.got[0].len() < 3 || net.got[1].len() < 3 {
+        net.step();
+        net.advance(Duration::from_micros(10));
+    }
+    let died = net.now - net.t0;
+    net.dead[2] = true;
+    // Queued data to the dead rank must not make a difference.
+    let now = net.now;
+    net.engines[0].send(now, 2, b"lost", &[]).unwrap();
+    while net.now - net.t0 < died + timeout * 2 {
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    for r in [0usize, 1] {
+        assert_eq!(
+            net.lost[r].len(),
+            1,
+            "rank {r}: exactly one loss: {:?}",
+            net.lost[r]
+        );
+        let (who, at) = net.lost[r][0];
+        assert_eq!(who, 2);
+        assert!(
+            at >= died + timeout,
+            "rank {r} declared rank 2 lost too early ({at:?})"
+        );
+        assert!(
+            at <= died + timeout + Duration::from_millis(600),
+            "rank {r}: late ({at:?})"
+        );
+        assert_eq!(
+            net.engines[r].send(net.now, 2, b"x", &[]),
+            Err(SendError::PeerLost(2))
+        );
+    }
+    assert!(net.lost[0].iter().chain(&net.lost[1]).all(|(w, _)| *w == 2));
+}
+
+#[test]
+fn paused_peer_under_the_timeout_is_never_lost() {
+    let timeout = cfg().peer_timeout;
+    let mut net = Net::new(2, 9, CLEAN, cfg());
+    let mut sent = 0u32;
+    for round in 0..4 {
+        // Rank 1 pauses for 90% of the timeout while rank 0 keeps sending to it.
+        let now = net.now;
+        net.paused_until[1] = Some(now + timeout * 9 / 10);
+        let end = now + timeout * 2;
+        let mut last_send = net.t0;
+        while net.now < end {
+            let now = net.now;
+            if now >= last_send + Duration::from_millis(2)
+                && net.engines[0]
+                    .send(now, 1, &sent.to_le_bytes(), &[])
+                    .is_ok()
+            {
+                sent += 1;
+                last_send = now;
+            }
+            net.step();
+            net.advance(Duration::from_millis(5));
+        }
+        assert!(
+            net.lost[0].is_empty() && net.lost[1].is_empty(),
+            "round {round}"
+        );
+    }
+    while !net.engines[0].is_flushed() {
+        net.step();
+        net.advance(Duration::from_millis(5));
+    }
+    let seqs: Vec<u32> = net.got[1]
+        .iter()
+        .map(|(_, m)| u32::from_le_bytes(m[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(seqs, (0..sent).collect::<Vec<_>>());
+}
+
+#[test]
+fn own_long_pause_does_not_condemn_peers() {
+    // Rank 0 is not polled for 3 timeouts; when it comes back its peers are alive.
+    let timeout = cfg().peer_timeout;
+    let mut net = Net::new(2, 3, CLEAN, cfg());
+    net.step();
+    net.paused_until[0] = Some(net.now + timeout * 3);
+    net.paused_until[1] = Some(net.now + timeout * 3);
+    net.now += timeout * 3;
+    for _ in 0..200 {
+        net.step();
+        net.advance(Duration::from_millis(5));
+    }
+    assert!(net.lost[0].is_empty() && net.lost[1].is_empty());
+}
+
+#[test]
+fn goodbye_departs_without_loss() {
+    let mut net = Net::new(2, 4, CLEAN, cfg());
+    let now = net.now;
+    net.engines[0].send(now, 1, b"last words", &[]).unwrap();
+    net.engines[0].close(now);
+    while !net.engines[0].is_flushed() {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[1].len(), 1);
+    assert!(net.engines[1].has_departed(0));
+    assert_eq!(
+        net.engines[1].send(net.now, 0, b"x", &[]),
+        Err(SendError::PeerLost(0))
+    );
+    net.dead[0] = true;
+    let end = net.now + cfg().peer_timeout * 3;
+    while net.now < end {
+        net.step();
+        net.advance(Duration::from_millis(20));
+    }
+    assert!(
+        net.lost[1].is_empty(),
+        "a departed peer is not reported lost"
+    );
+}
+
+/// Feeds `d` to `e` and checks that nothing at all changed.
+fn assert_no_effect(e: &mut Engine, now: Instant, d: &[u8]) {
+    let before = e.stats();
+    let wake = e.next_timeout();
+    assert_eq!(e.on_datagram(now, d), Input::Rejected);
+    let mut out = 0;
+    e.transmit(now, &mut |_, _| out += 1);
+    assert_eq!(out, 0, "never answered");
+    assert!(!e.has_message());
+    assert_eq!(e.next_timeout(), wake);
+    let after = e.stats();
+    assert_eq!(after.rejected(), before.rejected() + 1);
+    assert_eq!(after.datagrams_accepted, before.datagrams_accepted);
+}
+
+#[test]
+fn hostile_datagrams_change_nothing() {
+    let mut net = Net::new(2, 11, CLEAN, cfg());
+    net.record = true;
+    for i in 0..20u32 {
+        let now = net.now;
+        net.engines[0]
+            .send(now, 1, &i.to_le_bytes(), &[0; 500])
+            .unwrap();
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    for _ in 0..20 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[1].len(), 20);
+    let tape: Vec<Vec<u8>> = net
+        .tape
+        .iter()
+        .filter(|(d, _)| *d == 1)
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert!(tape.len() >= 20);
+    let now = net.now;
+    let e = &mut net.engines[1];
+    // Replays of every datagram ever sent to it.
+    for d in &tape {
+        assert_no_effect(e, now, d);
+    }
+    assert_eq!(e.stats().dropped_replayed, tape.len() as u64);
+    // Truncated, random, forged (flipped bits), wrong job, other key, misaddressed.
+    let sample = tape[5].clone();
+    for cut in [0, 1, 40, OVERHEAD - 1] {
+        assert_no_effect(e, now, &sample[..cut]);
+    }
+    let mut rng = Rng(77);
+    for len in [88, 100, 200] {
+        let junk: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        assert_no_effect(e, now, &junk);
+    }
+    for bit in [8 * 40, 8 * 60 + 3, 8 * (sample.len() - 1)] {
+        let mut forged = sample.clone();
+        forged[bit / 8] ^= 1 << (bit % 8);
+        // A fresh packet number too, so only the MAC stands in the way.
+        forged[36..44].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_no_effect(e, now, &forged);
+    }
+    let epochs = [1000 + 11, 1000 + 7 + 11];
+    for (key, job) in [([9u8; 32], "other-job"), ([8u8; 32], "sim-job")] {
+        let auth = Authenticator::new(&JobKey::from_bytes(key), job);
+        let mut stranger = Engine::new(cfg(), 0, &epochs, auth);
+        stranger.send(now, 1, b"evil", &[]).unwrap();
+        let mut out = Vec::new();
+        stranger.transmit(now, &mut |_, b| out.push(b.to_vec()));
+        assert_no_effect(e, now, &out[0]);
+    }
+    // Authentic but for another epoch (a restarted rank 0, or a previous run).
+    let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+    let mut old = Engine::new(cfg(), 0, &[42, epochs[1]], auth);
+    old.send(now, 1, b"from the past", &[]).unwrap();
+    let mut out = Vec::new();
+    old.transmit(now, &mut |_, b| out.push(b.to_vec()));
+    assert_no_effect(e, now, &out[0]);
+    let s = e.stats();
+    assert!(s.dropped_truncated >= 4 && s.dropped_bad_mac >= 4 && s.dropped_wrong_job >= 1);
+    assert_eq!(s.dropped_misaddressed, 1);
+    assert_eq!(net.got[1].len(), 20, "no extra deliveries");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #[test]
+    fn arbitrary_bytes_are_rejected_without_effect(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+        let mut e = Engine::new(cfg(), 1, &[1, 2], auth);
+        let now = Instant::now();
+        e.handle_timeout(now);
+        assert_no_effect(&mut e, now, &bytes);
+    }
+}

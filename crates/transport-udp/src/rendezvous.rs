@@ -1,0 +1,350 @@
+//! Address exchange: through the launcher's key-value store, or through a small TCP
+//! coordinator served by rank 0 (`AM_COORD=host:port`). Control plane only, off the data path.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use am_launch::{JobInfo, KeyValueStore};
+
+use crate::config::UdpConfig;
+use crate::error::{io_err, UdpError};
+use crate::udp::PeerAddr;
+use crate::wire::{Authenticator, JobKey};
+
+/// How long ranks wait for each other at start-up.
+const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest coordinator line accepted.
+const MAX_LINE: u64 = 512;
+const KEY_ENTRY: &str = "am-udp-key";
+
+/// The address peers should send to: the bound one, or for a wildcard bind the configured or
+/// host-name address.
+pub(crate) fn advertised(socket: &UdpSocket, config: &UdpConfig) -> Result<SocketAddr, UdpError> {
+    let local = socket
+        .local_addr()
+        .map_err(io_err("reading the socket address"))?;
+    if !local.ip().is_unspecified() {
+        return Ok(local);
+    }
+    let ip = match config.advertise {
+        Some(ip) => ip,
+        None => host_ip()?,
+    };
+    Ok(SocketAddr::new(ip, local.port()))
+}
+
+fn host_ip() -> Result<IpAddr, UdpError> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_err(io_err("reading the host name"))?;
+    let addrs: Vec<IpAddr> = (name.trim(), 0)
+        .to_socket_addrs()
+        .map_err(io_err(format!("resolving the host name {:?}", name.trim())))?
+        .map(|a| a.ip())
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| !ip.is_loopback())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| {
+            UdpError::Rendezvous("the host name has no address: set AM_UDP_ADVERTISE".into())
+        })
+}
+
+fn entry(addr: SocketAddr, epoch: u64) -> String {
+    format!("{epoch:016x}@{addr}")
+}
+
+fn parse_entry(s: &str) -> Option<PeerAddr> {
+    let (epoch, addr) = s.trim().split_once('@')?;
+    let epoch = u64::from_str_radix(epoch, 16).ok().filter(|&e| e != 0)?;
+    Some(PeerAddr {
+        addr: addr.parse().ok()?,
+        epoch,
+    })
+}
+
+/// Exchanges addresses, epochs and (if needed) the key with the other ranks.
+pub(crate) fn exchange(
+    job: &mut JobInfo,
+    config: &UdpConfig,
+    me: SocketAddr,
+    epoch: u64,
+) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
+    let mine = PeerAddr { addr: me, epoch };
+    if job.size == 1 {
+        let key = match &config.key {
+            Some(k) => k.clone(),
+            None => JobKey::generate().map_err(io_err("reading /dev/urandom"))?,
+        };
+        return Ok((vec![mine], key));
+    }
+    if let Some(kvs) = job.kvs.as_deref_mut() {
+        return via_kvs(kvs, job.rank, job.size, config.key.clone(), mine);
+    }
+    if let Some(coord) = &config.coord {
+        let key = config.key.clone().ok_or(UdpError::KeyRequired)?;
+        let auth = Authenticator::new(&key, &job.job_id);
+        let peers = via_coordinator(coord, job.rank, job.size, &auth, mine)?;
+        return Ok((peers, key));
+    }
+    Err(UdpError::NoRendezvous)
+}
+
+fn via_kvs(
+    kvs: &mut (dyn KeyValueStore + Send),
+    rank: u32,
+    size: u32,
+    key: Option<JobKey>,
+    mine: PeerAddr,
+) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
+    kvs.put(
+        &format!("am-udp-addr-{rank}"),
+        &entry(mine.addr, mine.epoch),
+    )?;
+    // Fallback when the launcher gave no key: rank 0 makes one and shares it through the store
+    // (readable by whoever can read the store; see the threat model).
+    let mut key = key;
+    if rank == 0 && key.is_none() {
+        let k = JobKey::generate().map_err(io_err("reading /dev/urandom"))?;
+        kvs.put(KEY_ENTRY, &k.to_hex())?;
+        key = Some(k);
+    }
+    kvs.fence()?;
+    let key = match key {
+        Some(k) => k,
+        None => JobKey::from_hex(&kvs.get(KEY_ENTRY)?).map_err(UdpError::Key)?,
+    };
+    let mut peers = Vec::with_capacity(size as usize);
+    for r in 0..size {
+        if r == rank {
+            peers.push(mine);
+            continue;
+        }
+        let v = kvs.get(&format!("am-udp-addr-{r}"))?;
+        peers.push(parse_entry(&v).ok_or_else(|| {
+            UdpError::Rendezvous(format!("rank {r} published an invalid address {v:?}"))
+        })?);
+    }
+    Ok((peers, key))
+}
+
+/// Registration line: `AMUDP1 <job tag> <rank> <size> <epoch>@<addr> <mac>`.
+fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr) -> String {
+    let body = format!(
+        "AMUDP1 {:016x} {rank} {size} {}",
+        auth.job_tag(),
+        entry(mine.addr, mine.epoch)
+    );
+    let mac = auth.tag_text(&body);
+    format!("{body} {mac}\n")
+}
+
+/// Checks a registration line; returns the rank and its address.
+fn parse_registration(auth: &Authenticator, size: u32, line: &str) -> Option<(u32, PeerAddr)> {
+    let line = line.trim_end();
+    let (body, mac) = line.rsplit_once(' ')?;
+    if auth.tag_text(body) != mac {
+        return None;
+    }
+    let mut f = body.split(' ');
+    if f.next()? != "AMUDP1" || f.next()? != format!("{:016x}", auth.job_tag()) {
+        return None;
+    }
+    let rank: u32 = f.next()?.parse().ok()?;
+    let their_size: u32 = f.next()?.parse().ok()?;
+    let peer = parse_entry(f.next()?)?;
+    if f.next().is_some() || their_size != size || rank >= size {
+        return None;
+    }
+    Some((rank, peer))
+}
+
+fn table_text(peers: &[PeerAddr]) -> String {
+    let mut t = String::new();
+    for (r, p) in peers.iter().enumerate() {
+        t.push_str(&format!("{r} {}\n", entry(p.addr, p.epoch)));
+    }
+    t
+}
+
+/// Rank 0's coordinator: collects every rank's authenticated registration, then sends each
+/// the whole table (authenticated). Strangers' connections are dropped and do not count.
+fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
+    let mut slots: Vec<Option<(PeerAddr, TcpStream)>> = (0..size).map(|_| None).collect();
+    let _ = listener.set_nonblocking(true);
+    while slots.iter().any(|s| s.is_none()) {
+        if Instant::now() >= deadline {
+            return;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut line = String::new();
+                let Ok(reader) = stream.try_clone() else {
+                    continue;
+                };
+                if BufReader::new(reader.take(MAX_LINE))
+                    .read_line(&mut line)
+                    .is_err()
+                {
+                    continue;
+                }
+                if let Some((rank, peer)) = parse_registration(&auth, size, &line) {
+                    slots[rank as usize] = Some((peer, stream));
+                }
+            }
+            Err(_) => {
+                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(100u16));
+            }
+        }
+    }
+    let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _)| *p).collect();
+    let table = table_text(&peers);
+    let reply = format!("{table}END {}\n", auth.tag_text(&table));
+    for (_, mut stream) in slots.into_iter().flatten() {
+        let _ = stream.write_all(reply.as_bytes());
+    }
+}
+
+use std::io::Read;
+
+fn via_coordinator(
+    coord: &str,
+    rank: u32,
+    size: u32,
+    auth: &Authenticator,
+    mine: PeerAddr,
+) -> Result<Vec<PeerAddr>, UdpError> {
+    let bad = |why: String| UdpError::Rendezvous(format!("coordinator AM_COORD={coord}: {why}"));
+    let target = coord
+        .to_socket_addrs()
+        .map_err(io_err(format!("resolving AM_COORD={coord}")))?
+        .next()
+        .ok_or_else(|| bad("no address".into()))?;
+    if rank == 0 {
+        let listener = TcpListener::bind(target).map_err(io_err(format!(
+            "serving the coordinator at AM_COORD={coord}"
+        )))?;
+        let auth = auth.clone();
+        std::thread::Builder::new()
+            .name("am-udp-coordinator".into())
+            .spawn(move || serve(listener, auth, size))
+            .map_err(io_err("starting the coordinator thread"))?;
+    }
+    let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(bad(format!("cannot connect: {e}")));
+            }
+            // Rank 0 may not be up yet: retry (a start-up backoff, not a synchronisation).
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    stream
+        .write_all(registration(auth, rank, size, mine).as_bytes())
+        .map_err(io_err("registering with the coordinator"))?;
+    let _ = stream.set_read_timeout(Some(RENDEZVOUS_TIMEOUT));
+    let mut reader = BufReader::new(stream.take(MAX_LINE * (size as u64 + 2)));
+    let mut table = String::new();
+    let mut peers = Vec::with_capacity(size as usize);
+    loop {
+        let mut line = String::new();
+        let n = reader
+            .read_line(&mut line)
+            .map_err(io_err("reading the coordinator's answer"))?;
+        if n == 0 {
+            return Err(bad(
+                "closed before answering (wrong key or job, or timed out)".into(),
+            ));
+        }
+        if let Some(mac) = line.trim_end().strip_prefix("END ") {
+            if auth.tag_text(&table) != mac || peers.len() != size as usize {
+                return Err(bad("the address table is not authentic".into()));
+            }
+            break;
+        }
+        table.push_str(&line);
+        let (r, e) = line
+            .trim_end()
+            .split_once(' ')
+            .ok_or_else(|| bad("malformed answer".into()))?;
+        if r.parse::<usize>().ok() != Some(peers.len()) {
+            return Err(bad("malformed answer".into()));
+        }
+        peers.push(parse_entry(e).ok_or_else(|| bad("malformed address".into()))?);
+    }
+    if peers[rank as usize] != mine {
+        return Err(bad("the table does not list this rank as registered".into()));
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registrations_are_authenticated() {
+        let auth = Authenticator::new(&JobKey::from_bytes([1; 32]), "job");
+        let other = Authenticator::new(&JobKey::from_bytes([2; 32]), "job");
+        let mine = PeerAddr {
+            addr: "127.0.0.1:4000".parse().unwrap(),
+            epoch: 0x1234,
+        };
+        let line = registration(&auth, 2, 4, mine);
+        assert_eq!(parse_registration(&auth, 4, &line), Some((2, mine)));
+        assert_eq!(parse_registration(&auth, 5, &line), None, "size differs");
+        assert_eq!(parse_registration(&other, 4, &line), None, "other key");
+        let forged = line.replace("4000", "4001");
+        assert_eq!(parse_registration(&auth, 4, &forged), None);
+        assert_eq!(parse_registration(&auth, 4, "garbage"), None);
+        assert_eq!(parse_registration(&auth, 4, ""), None);
+    }
+
+    #[test]
+    fn coordinator_gives_everyone_the_table() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let coord = format!("127.0.0.1:{port}");
+        let auth = Authenticator::new(&JobKey::from_bytes([5; 32]), "job-c");
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u32)
+                .map(|r| {
+                    let (coord, auth) = (coord.clone(), auth.clone());
+                    s.spawn(move || {
+                        let mine = PeerAddr {
+                            addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
+                            epoch: 100 + r as u64,
+                        };
+                        // A stranger's junk before the ranks must not matter.
+                        if r == 1 {
+                            if let Ok(mut s) = TcpStream::connect(&coord) {
+                                let _ = s.write_all(b"AMUDP1 hello\n");
+                            }
+                        }
+                        via_coordinator(&coord, r, 3, &auth, mine)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            let peers = r.unwrap();
+            assert_eq!(peers.len(), 3);
+            for (i, p) in peers.iter().enumerate() {
+                assert_eq!(p.epoch, 100 + i as u64);
+            }
+        }
+    }
+}

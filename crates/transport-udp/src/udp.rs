@@ -1,0 +1,587 @@
+//! [`Udp`]: the socket glue that runs the [`Engine`] over one UDP socket per rank.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use am_core::{
+    Delivery, FaultConfig, Limits, Outgoing, Rank, SendError, Transport, TransportError, Tx,
+};
+use am_launch::JobInfo;
+
+use crate::config::UdpConfig;
+use crate::error::{io_err, UdpError};
+use crate::proto::{Engine, Input, Stats};
+use crate::rendezvous;
+use crate::wire::{random_u64, Authenticator, JobKey};
+
+/// Messages to self waiting for delivery; beyond that a send to self is `Busy` (credits keep
+/// it far below this).
+const SELF_QUEUE_MAX: usize = 1 << 16;
+/// Datagrams read per poll before returning to the caller, so a flood cannot starve it.
+const RECV_BATCH: usize = 64;
+/// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
+const GOODBYE_GRACE: Duration = Duration::from_millis(250);
+
+/// A rank's address and epoch, as learned at rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// Where its socket is.
+    pub addr: SocketAddr,
+    /// Its random epoch (non-zero, fresh each time a transport is created).
+    pub epoch: u64,
+}
+
+/// The test hook: seeded drop, duplicate and delay of outgoing datagrams.
+struct Faults {
+    config: FaultConfig,
+    state: u64,
+    held: Vec<(SocketAddr, Vec<u8>, u32)>,
+    dropped: u64,
+}
+
+impl Faults {
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+    /// Sends held datagrams whose time has come.
+    fn release(&mut self, socket: &UdpSocket) {
+        let mut i = 0;
+        while i < self.held.len() {
+            self.held[i].2 = self.held[i].2.saturating_sub(1);
+            if self.held[i].2 == 0 {
+                let (addr, bytes, _) = self.held.swap_remove(i);
+                let _ = socket.send_to(&bytes, addr);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The sending half, also lent to handlers for replies.
+struct Io {
+    rank: Rank,
+    size: u32,
+    socket: UdpSocket,
+    addrs: Vec<SocketAddr>,
+    engine: Engine,
+    self_queue: VecDeque<Vec<u8>>,
+    faults: Option<Faults>,
+    send_errors: u64,
+}
+
+fn send_datagram(
+    socket: &UdpSocket,
+    faults: &mut Option<Faults>,
+    send_errors: &mut u64,
+    addr: SocketAddr,
+    bytes: &[u8],
+) {
+    if let Some(f) = faults {
+        f.release(socket);
+        if f.chance(f.config.drop) {
+            f.dropped += 1;
+            return;
+        }
+        if f.chance(f.config.delay) {
+            let after = 1 + (f.next() % f.config.max_delay.max(1) as u64) as u32;
+            f.held.push((addr, bytes.to_vec(), after));
+            return;
+        }
+        if f.chance(f.config.duplicate) {
+            let _ = socket.send_to(bytes, addr);
+        }
+    }
+    // A full socket buffer or a transient error is loss on the network: retransmission
+    // recovers it.
+    if socket.send_to(bytes, addr).is_err() {
+        *send_errors += 1;
+    }
+}
+
+impl Io {
+    /// Sends whatever the engine has due.
+    #[inline]
+    fn flush(&mut self, now: Instant) {
+        let Io {
+            engine,
+            socket,
+            addrs,
+            faults,
+            send_errors,
+            ..
+        } = self;
+        engine.transmit(now, &mut |dest, bytes| {
+            send_datagram(socket, faults, send_errors, addrs[dest as usize], bytes)
+        });
+    }
+
+    /// Runs the timers if due, then sends.
+    #[inline]
+    fn tick(&mut self, now: Instant) {
+        if self.engine.next_timeout().is_none_or(|t| now >= t) {
+            self.engine.handle_timeout(now);
+        }
+        if let Some(f) = &mut self.faults {
+            f.release(&self.socket);
+        }
+        self.flush(now);
+    }
+}
+
+impl Tx for Io {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if dest == self.rank {
+            if self.self_queue.len() >= SELF_QUEUE_MAX {
+                return Err(SendError::Busy);
+            }
+            let mut m = Vec::with_capacity(msg.len());
+            m.extend_from_slice(msg.head);
+            m.extend_from_slice(msg.payload);
+            self.self_queue.push_back(m);
+            return Ok(());
+        }
+        if dest >= self.size {
+            return Err(SendError::Other(format!(
+                "rank {dest} is outside the job of {} ranks",
+                self.size
+            )));
+        }
+        let now = Instant::now();
+        self.engine.send(now, dest, msg.head, msg.payload)?;
+        self.flush(now);
+        Ok(())
+    }
+}
+
+/// The UDP transport of one rank: reliable, in-order, authenticated AM delivery over one UDP
+/// socket. See the [crate docs](crate) for the protocol and the threat model.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use am_core::{AmKind, Config, HandlerId, Handlers, Node};
+/// use transport_udp::{Udp, UdpConfig};
+///
+/// let mut job = am_launch::JobInfo::from_env()?;
+/// let udp = Udp::connect(&mut job, 1 << 20, UdpConfig::from_env()?)?;
+/// let mut handlers = Handlers::new();
+/// handlers.request(HandlerId(1), "hello", AmKind::Short, |msg, _token| {
+///     println!("hello from {}", msg.src());
+/// })?;
+/// let mut node = Node::new(udp, handlers, Config::from_env()?)?;
+/// node.request_short((node.rank() + 1) % node.size(), HandlerId(1), &[])?;
+/// node.barrier()?;
+/// # Ok(()) }
+/// ```
+pub struct Udp {
+    io: Io,
+    rx: Vec<u8>,
+    segment: Vec<u8>,
+    limits: Limits,
+    linger: Duration,
+    local: SocketAddr,
+    /// Set once the rank has said goodbye (`close` or drop): it lingers only once.
+    closed: bool,
+}
+
+impl std::fmt::Debug for Udp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Udp")
+            .field("rank", &self.io.rank)
+            .field("size", &self.io.size)
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Binds the rank's socket as the configuration says.
+pub(crate) fn bind_socket(config: &UdpConfig, rank: Rank) -> Result<UdpSocket, UdpError> {
+    let port = match config.port_base {
+        Some(base) => u16::try_from(base as u32 + rank).map_err(|_| UdpError::Config {
+            var: "AM_UDP_PORT_BASE",
+            value: base.to_string(),
+            why: format!("rank {rank} would need a port above 65535"),
+        })?,
+        None => 0,
+    };
+    let addr = SocketAddr::new(config.bind, port);
+    let socket = UdpSocket::bind(addr).map_err(io_err(format!("binding UDP {addr}")))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(io_err("making the UDP socket non-blocking"))?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let n = config.socket_buffer;
+    let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &n);
+    let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBuf, &n);
+    Ok(socket)
+}
+
+fn random_job_name() -> Result<String, UdpError> {
+    let v = random_u64().map_err(io_err("reading /dev/urandom"))?;
+    Ok(format!("udp-cluster-{v:016x}"))
+}
+
+impl Udp {
+    /// Connects this rank of a multi-process job: binds its socket, exchanges addresses,
+    /// epochs and (if none is configured) the job key through `job.kvs`, or through the
+    /// coordinator at `config.coord` when the launcher has no key-value store.
+    ///
+    /// Collective: every rank of the job must call it.
+    pub fn connect(
+        job: &mut JobInfo,
+        segment_size: usize,
+        config: UdpConfig,
+    ) -> Result<Udp, UdpError> {
+        let config = config.validated()?;
+        let socket = bind_socket(&config, job.rank)?;
+        let epoch = random_u64().map_err(io_err("reading /dev/urandom"))?;
+        let me = rendezvous::advertised(&socket, &config)?;
+        let (peers, key) = rendezvous::exchange(job, &config, me, epoch)?;
+        Udp::with_peers(
+            job.rank,
+            socket,
+            &peers,
+            &key,
+            &job.job_id,
+            segment_size,
+            config,
+        )
+    }
+
+    /// The transports of an in-process job of `ranks` ranks, on sockets bound to
+    /// `config.bind` (127.0.0.1 by default), with a fresh random key and job id. Move each to
+    /// its own thread.
+    pub fn cluster(
+        ranks: u32,
+        segment_size: usize,
+        config: UdpConfig,
+    ) -> Result<Vec<Udp>, UdpError> {
+        let config = config.validated()?;
+        let key = match &config.key {
+            Some(k) => k.clone(),
+            None => JobKey::generate().map_err(io_err("reading /dev/urandom"))?,
+        };
+        let job_id = random_job_name()?;
+        let mut sockets = Vec::new();
+        let mut peers = Vec::new();
+        for r in 0..ranks {
+            let s = bind_socket(&config, r)?;
+            let addr = s
+                .local_addr()
+                .map_err(io_err("reading the socket address"))?;
+            let epoch = random_u64().map_err(io_err("reading /dev/urandom"))?;
+            peers.push(PeerAddr { addr, epoch });
+            sockets.push(s);
+        }
+        sockets
+            .into_iter()
+            .enumerate()
+            .map(|(r, s)| {
+                Udp::with_peers(
+                    r as Rank,
+                    s,
+                    &peers,
+                    &key,
+                    &job_id,
+                    segment_size,
+                    config.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Builds a rank from an already bound socket and a rendezvous done elsewhere: `peers[r]`
+    /// is rank r's address and epoch (`peers[rank]` is this rank's own, whose epoch must be
+    /// unique to this transport), `key` and `job_id` are the job's.
+    pub fn with_peers(
+        rank: Rank,
+        socket: UdpSocket,
+        peers: &[PeerAddr],
+        key: &JobKey,
+        job_id: &str,
+        segment_size: usize,
+        config: UdpConfig,
+    ) -> Result<Udp, UdpError> {
+        let config = config.validated()?;
+        if rank as usize >= peers.len() {
+            return Err(UdpError::Rendezvous(format!(
+                "rank {rank} is not below the job size {}",
+                peers.len()
+            )));
+        }
+        socket
+            .set_nonblocking(true)
+            .map_err(io_err("making the UDP socket non-blocking"))?;
+        let local = socket
+            .local_addr()
+            .map_err(io_err("reading the socket address"))?;
+        let epochs: Vec<u64> = peers.iter().map(|p| p.epoch).collect();
+        let auth = Authenticator::new(key, job_id);
+        let engine = Engine::new(config.engine.clone(), rank, &epochs, auth);
+        let limits = Limits {
+            max_args: am_core::wire::MAX_ARGS,
+            max_medium: config.max_medium,
+            max_long: config.max_long,
+            max_credits: 255,
+        };
+        Ok(Udp {
+            io: Io {
+                rank,
+                size: peers.len() as u32,
+                socket,
+                addrs: peers.iter().map(|p| p.addr).collect(),
+                engine,
+                self_queue: VecDeque::new(),
+                faults: config.faults.map(|c| Faults {
+                    config: c,
+                    state: c.seed,
+                    held: Vec::new(),
+                    dropped: 0,
+                }),
+                send_errors: 0,
+            },
+            rx: vec![0; config.engine.mtu.max(crate::wire::OVERHEAD) + 1],
+            segment: vec![0; segment_size],
+            limits,
+            linger: config.linger,
+            local,
+            closed: false,
+        })
+    }
+
+    /// The address this rank's socket is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// What the protocol did and what it refused (hostile datagrams are counted here).
+    pub fn stats(&self) -> Stats {
+        self.io.engine.stats()
+    }
+
+    /// Datagrams the kernel refused to send (counted as network loss).
+    pub fn send_errors(&self) -> u64 {
+        self.io.send_errors
+    }
+
+    /// Datagrams the test hook ([`UdpConfig::faults`]) dropped.
+    pub fn injected_drops(&self) -> u64 {
+        self.io.faults.as_ref().map_or(0, |f| f.dropped)
+    }
+
+    /// Reads datagrams until one yields something to deliver or the socket is empty.
+    fn receive(&mut self, now: Instant) -> Option<Input> {
+        for _ in 0..RECV_BATCH {
+            match self.io.socket.recv_from(&mut self.rx) {
+                Ok((n, _from)) => match self.io.engine.on_datagram(now, &self.rx[..n]) {
+                    Input::Rejected => {}
+                    input @ Input::Deliver { .. } => return Some(input),
+                    Input::Accepted => {
+                        if self.io.engine.has_message() {
+                            return Some(Input::Accepted);
+                        }
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // WouldBlock: nothing more. Anything else (an ICMP error reported on the
+                // socket) says nothing the protocol must act on.
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Blocks in poll(2) on the socket for at most `timeout`.
+    fn block(&self, timeout: Duration) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let ms = timeout.as_micros().div_ceil(1000).min(u16::MAX as u128) as u16;
+        let mut fds = [PollFd::new(self.io.socket.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+}
+
+impl Tx for Udp {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.io.try_send(dest, msg)
+    }
+}
+
+impl Transport for Udp {
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    fn rank(&self) -> Rank {
+        self.io.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.io.size
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn segment(&self) -> &[u8] {
+        &self.segment
+    }
+
+    fn segment_mut(&mut self) -> &mut [u8] {
+        &mut self.segment
+    }
+
+    #[inline]
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        if let Some(r) = self.io.engine.poll_lost() {
+            return Err(TransportError::PeerLost(r));
+        }
+        if let Some(m) = self.io.self_queue.pop_front() {
+            let d = Delivery {
+                src: self.io.rank,
+                bytes: &m,
+                payload_placed: false,
+            };
+            return Ok(Some(f(d, &mut self.segment, &mut self.io)));
+        }
+        let now = Instant::now();
+        if !self.io.engine.has_message() {
+            self.io.tick(now);
+            match self.receive(now) {
+                Some(Input::Deliver { src, range }) => {
+                    let d = Delivery {
+                        src,
+                        bytes: &self.rx[range],
+                        payload_placed: false,
+                    };
+                    let r = f(d, &mut self.segment, &mut self.io);
+                    self.io.flush(now);
+                    return Ok(Some(r));
+                }
+                Some(_) => {}
+                None => {
+                    self.io.flush(now);
+                    if let Some(r) = self.io.engine.poll_lost() {
+                        return Err(TransportError::PeerLost(r));
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let Some((src, m)) = self.io.engine.pop_message() else {
+            return Ok(None);
+        };
+        let d = Delivery {
+            src,
+            bytes: &m,
+            payload_placed: false,
+        };
+        let r = f(d, &mut self.segment, &mut self.io);
+        self.io.engine.recycle(m);
+        self.io.flush(now);
+        Ok(Some(r))
+    }
+
+    fn close(&mut self) {
+        self.linger_and_close();
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        if !self.io.self_queue.is_empty() || self.io.engine.has_message() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        self.io.tick(now);
+        let until = self
+            .io
+            .engine
+            .next_timeout()
+            .map_or(timeout, |t| t.saturating_duration_since(now))
+            .min(timeout);
+        // Held test-hook datagrams go out on the next poll: do not sleep on them.
+        let until = if self.io.faults.as_ref().is_some_and(|f| !f.held.is_empty()) {
+            Duration::ZERO
+        } else {
+            until
+        };
+        if !until.is_zero() {
+            self.block(until);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Udp {
+    /// Lingers until what was sent is acknowledged (bounded), unless `close` already did.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        self.linger_and_close();
+    }
+}
+
+impl Udp {
+    /// Lingers until everything sent was acknowledged and every live peer acknowledged our
+    /// goodbye (bounded by [`UdpConfig::linger`]), so the last replies of a job are not lost
+    /// with the process, and peers do not mistake a finished rank for a dead one.
+    fn linger_and_close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        let start = Instant::now();
+        self.io.engine.close(start);
+        loop {
+            let now = Instant::now();
+            self.io.tick(now);
+            while let Some(input) = self.receive(now) {
+                if let Input::Deliver { .. } = input {
+                    continue;
+                }
+                while let Some((_, m)) = self.io.engine.pop_message() {
+                    self.io.engine.recycle(m);
+                }
+            }
+            while self.io.engine.poll_lost().is_some() {}
+            self.io.flush(now);
+            // A lost final ack must not hold a finished rank for the whole linger: once all
+            // data is acknowledged, goodbyes get a short grace only.
+            let bye_grace = now >= start + GOODBYE_GRACE && self.io.engine.only_goodbyes_pending();
+            if self.io.engine.is_flushed() || bye_grace || now >= start + self.linger {
+                break;
+            }
+            let wait = self
+                .io
+                .engine
+                .next_timeout()
+                .map_or(Duration::from_millis(10), |t| {
+                    t.saturating_duration_since(now)
+                })
+                .clamp(Duration::from_micros(100), Duration::from_millis(10));
+            self.block(wait);
+        }
+        // Acks still owed go out now rather than after a delay nobody will wait for.
+        self.io.engine.ack_all();
+        self.io.flush(Instant::now());
+        if let Some(f) = &mut self.io.faults {
+            for (addr, bytes, _) in f.held.drain(..) {
+                let _ = self.io.socket.send_to(&bytes, addr);
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Multi-process jobs of `am-udp-check`: under am_launch's Launcher (key-value-store
+//! rendezvous), with datagram loss, under MPICH's mpiexec, and with a rank killed by SIGKILL
+//! (processes started directly, rendezvous through AM_COORD, so no launcher ends the job
+//! before the survivors notice).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_am-udp-check");
+
+#[test]
+fn four_ranks_all_to_all_under_launcher() {
+    let code = am_launch::Launcher::new(4, BIN)
+        .args(["alltoall", "300"])
+        .transport("udp")
+        .env("AM_WAIT", "block")
+        .run()
+        .expect("launch");
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn four_ranks_all_to_all_with_loss_under_launcher() {
+    // 10% of datagrams dropped, 1% duplicated, 5% delayed, on every rank.
+    let code = am_launch::Launcher::new(4, BIN)
+        .args(["alltoall", "300"])
+        .transport("udp")
+        .env("AM_WAIT", "block")
+        .env("AM_UDP_CHECK_FAULTS", "0.1")
+        .run()
+        .expect("launch");
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn four_ranks_under_mpiexec() {
+    let Ok(out) = Command::new("mpiexec").arg("--version").output() else {
+        if std::env::var_os("AM_REQUIRE_MPIEXEC").is_some_and(|v| v == "1") {
+            panic!("mpiexec is required (AM_REQUIRE_MPIEXEC=1) but not installed");
+        }
+        println!("SKIPPED: mpiexec not found (apt-get install mpich)");
+        return;
+    };
+    assert!(out.status.success());
+    let status = Command::new("mpiexec")
+        .args(["-n", "4", BIN, "alltoall", "200"])
+        .env("AM_WAIT", "block")
+        .stdin(Stdio::null())
+        .status()
+        .expect("mpiexec");
+    assert!(status.success(), "mpiexec job failed: {status}");
+}
+
+/// Kills every child still running when dropped (a failing test leaves no processes).
+struct Job(Vec<Child>);
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn killed_rank_is_lost_once_by_every_survivor() {
+    const RANKS: u32 = 4;
+    const VICTIM: u32 = 2;
+    const TIMEOUT_MS: u64 = 1000;
+    let key = transport_udp::JobKey::generate().unwrap();
+    let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let (tx, rx) = mpsc::channel::<(u32, String, Instant)>();
+    let mut job = Job(Vec::new());
+    for r in 0..RANKS {
+        let mut child = Command::new(BIN)
+            .arg("survive")
+            .env("AM_RANK", r.to_string())
+            .env("AM_SIZE", RANKS.to_string())
+            .env("AM_JOB_ID", format!("killtest{}", std::process::id()))
+            .env("AM_COORD", &coord)
+            .env("AM_UDP_KEY", key.to_hex())
+            .env("AM_PEER_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("AM_WAIT", "block")
+            .env("AM_CREDITS", "16")
+            .env_remove("AM_PMI_FD")
+            .env_remove("PMI_FD")
+            .env_remove("PMI_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send((r, line, Instant::now()));
+            }
+        });
+        job.0.push(child);
+    }
+    drop(tx);
+    let safety = Instant::now() + Duration::from_secs(60);
+    let mut lines = Vec::new();
+    let mut ready = 0;
+    while ready < RANKS {
+        let left = safety.saturating_duration_since(Instant::now());
+        let (r, line, at) = rx.recv_timeout(left).expect("all ranks READY");
+        if line.starts_with("READY") {
+            ready += 1;
+        }
+        lines.push((r, line, at));
+    }
+    let killed_at = Instant::now();
+    job.0[VICTIM as usize].kill().expect("SIGKILL");
+    let survivors: Vec<u32> = (0..RANKS).filter(|&r| r != VICTIM).collect();
+    let mut codes = vec![None; RANKS as usize];
+    while survivors.iter().any(|&r| codes[r as usize].is_none()) {
+        assert!(Instant::now() < safety, "survivors did not end: {lines:?}");
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(20)) {
+            lines.push(l);
+        }
+        for &r in &survivors {
+            if codes[r as usize].is_none() {
+                if let Some(status) = job.0[r as usize].try_wait().expect("try_wait") {
+                    codes[r as usize] = Some(status.code());
+                }
+            }
+        }
+    }
+    // Output written just before exiting.
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+        lines.push(l);
+    }
+    for &r in &survivors {
+        assert_eq!(
+            codes[r as usize],
+            Some(Some(3)),
+            "rank {r} ends the job with an error"
+        );
+        let lost: Vec<_> = lines
+            .iter()
+            .filter(|(who, l, _)| *who == r && l.starts_with("LOST"))
+            .collect();
+        assert_eq!(lost.len(), 1, "rank {r}: exactly one PeerLost: {lines:?}");
+        assert_eq!(lost[0].1, format!("LOST {VICTIM}"));
+        let after = lost[0].2 - killed_at;
+        assert!(
+            after <= Duration::from_millis(TIMEOUT_MS + 2000),
+            "rank {r} noticed after {after:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|(who, l, _)| *who == r && *l == format!("SEND_FAILS {VICTIM}")),
+            "rank {r}: sends to the lost rank fail at once"
+        );
+    }
+}

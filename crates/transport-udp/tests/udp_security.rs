@@ -1,0 +1,236 @@
+//! Hostile datagrams during a run: a stranger socket sends 100 000 datagrams (random bytes,
+//! truncated, forged, replayed, another job's, another key's) to a rank while it works. The run
+//! still verifies, no handler runs for them, the counters account for them, nobody answers.
+
+use std::cell::RefCell;
+use std::net::{SocketAddr, UdpSocket};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+use transport_udp::proto::{Engine, EngineConfig};
+use transport_udp::wire::Authenticator;
+use transport_udp::{JobKey, PeerAddr, Udp, UdpConfig};
+
+const SEQ: HandlerId = HandlerId(1);
+const HOSTILE: u64 = 100_000;
+const EPOCHS: [u64; 2] = [0x1111_2222, 0x3333_4444];
+
+fn bind() -> UdpSocket {
+    UdpSocket::bind("127.0.0.1:0").unwrap()
+}
+
+/// Datagrams the kernel dropped on the socket bound to `port` (/proc/net/udp), if readable.
+fn kernel_drops(port: u16) -> u64 {
+    let Ok(t) = std::fs::read_to_string("/proc/net/udp") else {
+        return 0;
+    };
+    let want = format!(":{port:04X}");
+    t.lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(&want))
+        })
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// A datagram another job (or a holder of another key) would send to rank 1.
+fn foreign(key: [u8; 32], job: &str, now: Instant) -> Vec<u8> {
+    let auth = Authenticator::new(&JobKey::from_bytes(key), job);
+    let mut e = Engine::new(EngineConfig::default(), 0, &EPOCHS, auth);
+    e.send(now, 1, b"\x00\x01\x00\x00\x00\x00\x00\x00", &[])
+        .unwrap();
+    let mut out = Vec::new();
+    e.transmit(now, &mut |_, b| out.push(b.to_vec()));
+    out.remove(0)
+}
+
+#[test]
+fn hostile_datagrams_change_nothing_during_a_run() {
+    let key = JobKey::generate().unwrap();
+    let (s0, s1, relay) = (bind(), bind(), bind());
+    let (a0, a1, ar) = (
+        s0.local_addr().unwrap(),
+        s1.local_addr().unwrap(),
+        relay.local_addr().unwrap(),
+    );
+    let peer = |addr: SocketAddr, i: usize| PeerAddr {
+        addr,
+        epoch: EPOCHS[i],
+    };
+    // Rank 0 reaches rank 1 through a relay that keeps copies for the attacker to replay.
+    let config = UdpConfig::default;
+    let r0 = Udp::with_peers(
+        0,
+        s0,
+        &[peer(a0, 0), peer(ar, 1)],
+        &key,
+        "sec-job",
+        1 << 16,
+        config(),
+    )
+    .unwrap();
+    let r1 = Udp::with_peers(
+        1,
+        s1,
+        &[peer(a0, 0), peer(a1, 1)],
+        &key,
+        "sec-job",
+        1 << 16,
+        config(),
+    )
+    .unwrap();
+    let port1 = a1.port();
+    let drops_before = kernel_drops(port1);
+
+    let tape: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    let attack_done = AtomicBool::new(false);
+    let (recorded_tx, recorded_rx) = mpsc::channel::<()>();
+    let stranger = bind();
+    stranger.set_nonblocking(true).unwrap();
+    let mut sent_hostile = 0u64;
+
+    std::thread::scope(|s| {
+        // The relay.
+        s.spawn(|| {
+            relay
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            let mut buf = [0u8; 65536];
+            let mut signalled = false;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok((n, _)) = relay.recv_from(&mut buf) {
+                    let _ = relay.send_to(&buf[..n], a1);
+                    let mut t = tape.lock().unwrap();
+                    if t.len() < 1000 {
+                        t.push(buf[..n].to_vec());
+                    }
+                    if t.len() >= 200 && !signalled {
+                        signalled = true;
+                        let _ = recorded_tx.send(());
+                    }
+                }
+            }
+        });
+        // The stranger.
+        let (tape, attack_done, stranger, sent_hostile) =
+            (&tape, &attack_done, &stranger, &mut sent_hostile);
+        s.spawn(move || {
+            recorded_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("legit traffic recorded");
+            let tape = tape.lock().unwrap().clone();
+            let now = Instant::now();
+            let wrong_job = foreign(*b"0123456789abcdef0123456789abcdef", "other-job", now);
+            let mut rng = Rng(42);
+            for i in 0..HOSTILE {
+                let pick = &tape[(rng.next() % tape.len() as u64) as usize];
+                let d: Vec<u8> = match i % 6 {
+                    0 => (0..rng.next() % 300).map(|_| rng.next() as u8).collect(),
+                    1 => pick[..(rng.next() as usize % pick.len())].to_vec(),
+                    2 => {
+                        let mut f = pick.clone();
+                        let bit = rng.next() as usize % (f.len() * 8);
+                        f[bit / 8] ^= 1 << (bit % 8);
+                        f[36..44].copy_from_slice(&(u64::MAX - i).to_le_bytes());
+                        f
+                    }
+                    3 => pick.clone(),
+                    4 => wrong_job.clone(),
+                    _ => {
+                        // Right job id, wrong key.
+                        let mut f = wrong_job.clone();
+                        f[4..12].copy_from_slice(&pick[4..12]);
+                        f
+                    }
+                };
+                let _ = stranger.send_to(&d, a1);
+                *sent_hostile += 1;
+                if i % 200 == 199 {
+                    // Pacing, so the kernel's socket buffer does not overflow.
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            }
+            attack_done.store(true, Ordering::SeqCst);
+        });
+        // The job.
+        let results = am_core::run_ranks(vec![r0, r1], |t| {
+            let seen = Rc::new(RefCell::new(Vec::new()));
+            let s2 = seen.clone();
+            let mut h = Handlers::new();
+            h.request(SEQ, "seq", AmKind::Short, move |msg, _| {
+                s2.borrow_mut().push(msg.args()[0])
+            })
+            .unwrap();
+            let config = Config {
+                wait_mode: WaitMode::Block,
+                ..Config::default()
+            };
+            let mut node = Node::new(t, h, config).unwrap();
+            let mut sent = 0u32;
+            if node.rank() == 0 {
+                while sent < 2000 || !attack_done.load(Ordering::SeqCst) {
+                    node.request_short(1, SEQ, &[sent]).unwrap();
+                    sent += 1;
+                }
+                node.request_short(1, SEQ, &[u32::MAX]).unwrap();
+            } else {
+                node.wait_until(|| seen.borrow().last() == Some(&u32::MAX))
+                    .unwrap();
+                // Read everything the stranger sent that the kernel kept.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while Instant::now() < deadline
+                    && node.transport().stats().rejected() + kernel_drops(port1) - drops_before
+                        < HOSTILE
+                {
+                    node.poll().unwrap();
+                }
+            }
+            // Read while the socket is open (its /proc entry goes with it).
+            let kernel = kernel_drops(port1) - drops_before;
+            node.barrier().unwrap();
+            let seqs = seen.borrow().clone();
+            (seqs, node.transport().stats(), kernel)
+        });
+        stop.store(true, Ordering::SeqCst);
+        let (seqs, stats, dropped_by_kernel) = &results[1];
+        let n = seqs.len() - 1;
+        assert!(n >= 2000);
+        assert_eq!(
+            seqs[..n],
+            (0..n as u32).collect::<Vec<_>>()[..],
+            "exactly once, in order"
+        );
+        assert!(
+            stats.rejected() <= HOSTILE && stats.rejected() + dropped_by_kernel >= HOSTILE,
+            "every hostile datagram that arrived was rejected: {stats:?}, kernel drops {dropped_by_kernel}"
+        );
+        assert!(stats.dropped_replayed > 0, "{stats:?}");
+        assert!(stats.dropped_bad_mac > 0 && stats.dropped_wrong_job > 0);
+        assert!(stats.dropped_truncated + stats.dropped_malformed > 0);
+        assert_eq!(results[0].1.rejected(), 0);
+    });
+    assert_eq!(sent_hostile, HOSTILE);
+    let mut buf = [0u8; 2048];
+    assert!(
+        stranger.recv_from(&mut buf).is_err(),
+        "the stranger never gets an answer"
+    );
+}
