@@ -81,6 +81,9 @@ pub(crate) struct Endpoint {
     pub hello: Hello,
     pub hello_digest: u64,
     pub exit_requested: Option<i32>,
+    /// Peers the transport reported lost: requests to them fail at once, their operations
+    /// fail, and nobody waits for their replies any more.
+    pub lost: Vec<bool>,
 }
 
 fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
@@ -233,6 +236,37 @@ pub(crate) fn check_message(
 }
 
 impl Endpoint {
+    /// Records that `peer` is gone: fails its operations in flight and drops the replies still
+    /// queued for it. Returns false if it was already known.
+    pub fn mark_lost(&mut self, peer: Rank) -> bool {
+        let Some(flag) = self.lost.get_mut(peer as usize) else {
+            return false;
+        };
+        if std::mem::replace(flag, true) {
+            return false;
+        }
+        for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
+            if slot.outstanding > 0 {
+                slot.outstanding = 0;
+                slot.error.get_or_insert(AmError::PeerLost(peer));
+            }
+        }
+        self.pending.retain(|p| p.dest != peer);
+        true
+    }
+
+    /// True if `peer` was reported lost.
+    #[inline]
+    pub fn is_lost(&self, peer: Rank) -> bool {
+        self.lost.get(peer as usize).copied().unwrap_or(false)
+    }
+
+    /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
+    pub fn is_quiet(&self) -> bool {
+        self.pending.is_empty()
+            && (0..self.size).all(|p| self.is_lost(p) || self.credits.outstanding(p) == 0)
+    }
+
     /// Sends the replies the device refused earlier, in order, until it refuses again.
     pub fn flush_pending(&mut self, tx: &mut dyn Tx) -> Result<(), AmError> {
         while let Some(p) = self.pending.front() {
@@ -246,6 +280,10 @@ impl Endpoint {
                     self.pending.pop_front();
                 }
                 Err(SendError::Busy) => return Ok(()),
+                Err(SendError::PeerLost(peer)) => {
+                    self.mark_lost(peer);
+                    return Err(AmError::PeerLost(peer));
+                }
                 Err(e) => {
                     self.pending.pop_front();
                     return Err(send_err(e));

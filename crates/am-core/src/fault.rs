@@ -221,6 +221,9 @@ impl<T: Transport> Transport for FaultInjector<T> {
             f(d, segment, &mut tx)
         })
     }
+    fn close(&mut self) {
+        self.inner.close()
+    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)

@@ -113,6 +113,7 @@ impl<T: Transport> Node<T> {
             hello: Hello::default(),
             hello_digest,
             exit_requested: None,
+            lost: vec![false; transport.size() as usize],
         };
         let mut node = Node {
             transport,
@@ -243,6 +244,14 @@ impl<T: Transport> Node<T> {
     /// An error names its cause; the message that caused it is dropped and polling can go on
     /// (for example after [`AmError::PeerMisbehaved`]).
     pub fn poll(&mut self) -> Result<usize, AmError> {
+        self.poll_inner().inspect_err(|e| {
+            if let AmError::PeerLost(peer) = e {
+                self.ep.mark_lost(*peer);
+            }
+        })
+    }
+
+    fn poll_inner(&mut self) -> Result<usize, AmError> {
         if !self.ep.pending.is_empty() {
             self.ep.flush_pending(&mut self.transport)?;
         }
@@ -321,6 +330,9 @@ impl<T: Transport> Node<T> {
                 size: self.ep.size,
             });
         }
+        if self.ep.is_lost(dest) {
+            return Err(AmError::PeerLost(dest));
+        }
         check_message(&self.ep.limits, kind, args, payload)?;
         if self.ep.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
             return Err(AmError::NotRegistered {
@@ -389,6 +401,9 @@ impl<T: Transport> Node<T> {
             }
             Err(e) => {
                 self.ep.credits.cancel(dest);
+                if let SendError::PeerLost(peer) = e {
+                    self.ep.mark_lost(peer);
+                }
                 Err(AmError::from(TransportError::from(e)))
             }
         }
@@ -407,6 +422,9 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), AmError> {
         let mut idle = 0;
         loop {
+            if self.ep.is_lost(dest) {
+                return Err(AmError::PeerLost(dest));
+            }
             if self.try_send_request(dest, system, kind, handler, args, payload, long_offset)? {
                 return Ok(());
             }
@@ -570,6 +588,9 @@ impl<T: Transport> Node<T> {
             });
         }
         self.check_segment(offset as u64, data.len() as u64)?;
+        if self.ep.is_lost(dest) {
+            return Err(AmError::PeerLost(dest));
+        }
         let (index, gen) = self.ep.alloc_op(dest, Vec::new());
         if dest == self.ep.rank {
             self.transport.segment_mut()[offset..offset + data.len()].copy_from_slice(data);
@@ -602,6 +623,9 @@ impl<T: Transport> Node<T> {
             });
         }
         self.check_segment(offset as u64, len as u64)?;
+        if self.ep.is_lost(src) {
+            return Err(AmError::PeerLost(src));
+        }
         if src == self.ep.rank {
             let data = self.transport.segment()[offset..offset + len].to_vec();
             let (index, gen) = self.ep.alloc_op(src, data);
@@ -692,10 +716,7 @@ impl<T: Transport> Node<T> {
     /// Waits until every request this rank sent has been answered and every refused reply has
     /// gone out. Run before dropping a node so that peers are not left without their replies.
     pub fn quiesce(&mut self) -> Result<(), AmError> {
-        let size = self.ep.size;
-        self.wait_until_ep(|ep| {
-            ep.pending.is_empty() && (0..size).all(|p| ep.credits.outstanding(p) == 0)
-        })
+        self.wait_until_ep(|ep| ep.is_quiet())
     }
 
     /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which
@@ -731,12 +752,12 @@ impl<T: Transport> Node<T> {
                 }
             }
         }
-        let _ = self.ep.flush_pending(&mut self.transport);
-        std::process::exit(code)
+        self.terminate(code)
     }
 
     fn terminate(&mut self, code: i32) -> ! {
         let _ = self.ep.flush_pending(&mut self.transport);
+        self.transport.close();
         std::process::exit(code)
     }
 }
@@ -748,17 +769,12 @@ impl<T: Transport> Drop for Node<T> {
         }
         // Let peers get the replies they are owed and ours arrive, but never hang forever.
         let deadline = Instant::now() + QUIESCE_LIMIT;
-        let size = self.ep.size;
-        while Instant::now() < deadline {
-            let done = self.ep.pending.is_empty()
-                && (0..size).all(|p| self.ep.credits.outstanding(p) == 0);
-            if done {
-                return;
-            }
+        while Instant::now() < deadline && !self.ep.is_quiet() {
             match self.poll() {
                 Ok(0) => std::thread::yield_now(),
                 Ok(_) => {}
-                Err(AmError::PeerMisbehaved { .. }) => {}
+                // A misbehaving or lost peer does not stop the others' replies from mattering.
+                Err(AmError::PeerMisbehaved { .. }) | Err(AmError::PeerLost(_)) => {}
                 Err(_) => return,
             }
         }

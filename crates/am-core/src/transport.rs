@@ -158,4 +158,8 @@ pub trait Transport: Tx {
         std::thread::yield_now();
         Ok(())
     }
+    /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
+    /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
+    /// The default does nothing: transports whose sends complete at once need no lingering.
+    fn close(&mut self) {}
 }

@@ -1,0 +1,158 @@
+//! After the transport reports a peer lost (once), the core remembers it: requests to it fail
+//! at once, put/get in flight to it fail, quiesce and drop stop waiting for its replies, and
+//! the other peers work as before.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use am_core::*;
+
+/// Loopback that reports `PeerLost(victim)` from one poll once `trigger` is set: what a real
+/// transport does when it notices a dead peer.
+struct Losing<'a> {
+    inner: Loopback,
+    trigger: &'a AtomicUsize,
+    reported: bool,
+}
+
+const VICTIM: Rank = 2;
+
+impl Tx for Losing<'_> {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.inner.try_send(dest, msg)
+    }
+}
+
+impl Transport for Losing<'_> {
+    fn name(&self) -> &'static str {
+        "losing"
+    }
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn segment(&self) -> &[u8] {
+        self.inner.segment()
+    }
+    fn segment_mut(&mut self) -> &mut [u8] {
+        self.inner.segment_mut()
+    }
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        if !self.reported && self.trigger.load(Ordering::SeqCst) == 1 {
+            self.reported = true;
+            return Err(TransportError::PeerLost(VICTIM));
+        }
+        self.inner.poll_recv(f)
+    }
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        self.inner.wait(timeout.min(Duration::from_millis(1)))
+    }
+}
+
+const REQ: HandlerId = HandlerId(1);
+const REP: HandlerId = HandlerId(2);
+
+#[test]
+fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
+    // 0: victim stays silent; 1: trigger set; 2: victim may go.
+    let state = AtomicUsize::new(0);
+    // Set by the victim once it has stopped polling for good.
+    let silent = AtomicUsize::new(0);
+    let transports = Loopback::cluster(3, LoopbackConfig::default());
+    run_ranks(transports, |t| {
+        let mut handlers = Handlers::new();
+        handlers
+            .request(REQ, "req", AmKind::Short, |_, token| {
+                let _ = token.reply_short(REP, &[]);
+            })
+            .unwrap();
+        handlers.reply(REP, "rep", AmKind::Short, |_| {}).unwrap();
+        let config = Config {
+            credits_per_peer: 2,
+            wait_mode: WaitMode::Block,
+            ..Config::default()
+        };
+        let rank = t.rank();
+        let t = Losing {
+            inner: t,
+            trigger: &state,
+            reported: rank == VICTIM,
+        };
+        let mut node = Node::new(t, handlers, config).unwrap();
+        node.barrier().unwrap();
+        /// Releases the silent rank even if rank 0 panics, so a failure cannot hang the test.
+        struct Release<'a>(&'a AtomicUsize);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(2, Ordering::SeqCst);
+            }
+        }
+        match rank {
+            0 => {
+                let _release = Release(&state);
+                node.wait_until(|| silent.load(Ordering::SeqCst) == 1)
+                    .unwrap();
+                // The victim acked the barrier before falling silent: all credits are back.
+                node.quiesce().unwrap();
+                assert_eq!(node.credits_available(VICTIM), 2);
+                // Requests and a get to the victim, which never answers.
+                node.try_request_short(VICTIM, REQ, &[]).unwrap();
+                let get = node.get_nb(VICTIM, 0, 16).unwrap();
+                assert!(matches!(
+                    node.try_request_short(VICTIM, REQ, &[]),
+                    Err(TryRequestError::WouldBlock)
+                ));
+                state.store(1, Ordering::SeqCst);
+                // Exactly one PeerLost from polling.
+                assert_eq!(node.poll(), Err(AmError::PeerLost(VICTIM)));
+                assert_eq!(
+                    node.request_short(VICTIM, REQ, &[]),
+                    Err(AmError::PeerLost(VICTIM))
+                );
+                assert!(matches!(
+                    node.try_request_short(VICTIM, REQ, &[]),
+                    Err(TryRequestError::Failed(AmError::PeerLost(VICTIM)))
+                ));
+                assert_eq!(node.wait_get(get), Err(AmError::PeerLost(VICTIM)));
+                assert_eq!(node.put(VICTIM, 0, &[1]), Err(AmError::PeerLost(VICTIM)));
+                // The living peer still answers, and quiesce does not wait for the victim.
+                node.request_short(1, REQ, &[]).unwrap();
+                node.quiesce().unwrap();
+                assert_eq!(node.get(1, 0, 4).unwrap(), vec![0; 4]);
+                for _ in 0..10 {
+                    assert_eq!(node.poll().map(|_| ()), Ok(()), "reported once only");
+                }
+                state.store(2, Ordering::SeqCst);
+            }
+            1 => {
+                // Serve rank 0 until it is done with us; this survivor too hears of the loss once.
+                let mut heard = 0;
+                loop {
+                    match node.wait_until(|| state.load(Ordering::SeqCst) == 2) {
+                        Ok(()) => break,
+                        Err(AmError::PeerLost(VICTIM)) => heard += 1,
+                        Err(e) => panic!("rank 1: {e}"),
+                    }
+                }
+                assert!(heard <= 1, "PeerLost reported {heard} times");
+            }
+            _ => {
+                // The "dead" rank: silent until the others are done, then gone without polling.
+                node.quiesce().unwrap();
+                silent.store(1, Ordering::SeqCst);
+                while state.load(Ordering::SeqCst) != 2 {
+                    std::thread::yield_now();
+                }
+                std::mem::forget(node);
+            }
+        }
+    });
+}
