@@ -19,7 +19,7 @@ use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook::SigId;
 
 use crate::server::{Action, KvsServer};
-use crate::util::{random_job_id, remove_job_shm};
+use crate::util::{random_job_id, random_job_key, remove_job_shm};
 use crate::wire::MAX_MESSAGE;
 
 /// Transport names `amrun --transport` accepts (passed to ranks as `AM_TRANSPORT`).
@@ -80,7 +80,8 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
 /// Starts a job of local processes, like `amrun`.
 ///
 /// Each rank gets `AM_RANK`, `AM_SIZE`, `AM_JOB_ID` (16 random hex digits,
-/// fresh per job), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
+/// fresh per job), `AM_UDP_KEY` (64 random hex digits, the UDP transport's
+/// per-job MAC key), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
 /// speaking PMI-1, so [`crate::JobInfo::from_env`] finds a key-value store)
 /// and, if set, `AM_TRANSPORT`. Ranks share a process group of their own and
 /// read stdin from `/dev/null`.
@@ -178,6 +179,8 @@ impl Launcher {
             }
         }
         let job_id = random_job_id().map_err(io_err("reading /dev/urandom for a job id"))?;
+        // The UDP transport's per-job MAC key: fresh for every job, seen only by its ranks.
+        let job_key = random_job_key().map_err(io_err("reading /dev/urandom for a job key"))?;
         if self.verbose {
             eprintln!(
                 "amrun: job {job_id}: starting {} rank(s) of {}",
@@ -185,7 +188,7 @@ impl Launcher {
                 self.program.display()
             );
         }
-        let result = self.run_job(&job_id);
+        let result = self.run_job(&job_id, &job_key);
         match remove_job_shm(&job_id) {
             Ok(n) if self.verbose => {
                 eprintln!("amrun: job {job_id}: removed {n} shared-memory file(s)")
@@ -196,10 +199,10 @@ impl Launcher {
         result
     }
 
-    fn run_job(&self, job_id: &str) -> Result<i32, LaunchError> {
+    fn run_job(&self, job_id: &str, job_key: &str) -> Result<i32, LaunchError> {
         // Before spawning, so no SIGCHLD is missed.
         let signals = SignalPipes::install()?;
-        let mut job = Job::new(self, job_id);
+        let mut job = Job::new(self, job_id, job_key);
         let result = (0..self.ranks)
             .try_for_each(|r| job.spawn(self, r))
             .and_then(|()| job.event_loop(&signals));
@@ -388,6 +391,7 @@ enum Source {
 
 struct Job {
     job_id: String,
+    job_key: String,
     size: u32,
     ranks: Vec<Rank>,
     kvs: KvsServer,
@@ -414,9 +418,10 @@ fn describe(code: i32) -> String {
 }
 
 impl Job {
-    fn new(cfg: &Launcher, job_id: &str) -> Self {
+    fn new(cfg: &Launcher, job_id: &str, job_key: &str) -> Self {
         Self {
             job_id: job_id.to_owned(),
+            job_key: job_key.to_owned(),
             size: cfg.ranks,
             ranks: Vec::with_capacity(cfg.ranks as usize),
             kvs: KvsServer::new(cfg.ranks, job_id),
@@ -447,6 +452,7 @@ impl Job {
         cmd.env("AM_RANK", rank.to_string())
             .env("AM_SIZE", self.size.to_string())
             .env("AM_JOB_ID", &self.job_id)
+            .env("AM_UDP_KEY", &self.job_key)
             .env("AM_LAUNCHER", "amrun")
             .env("AM_PMI_FD", theirs.as_raw_fd().to_string());
         if let Some(t) = &cfg.transport {
@@ -859,6 +865,8 @@ fence() { req 'cmd=barrier_in'; }
             r#"
 case "$AM_JOB_ID" in *[!0-9a-f]*|'') exit 10;; esac
 [ ${#AM_JOB_ID} = 16 ] || exit 11
+case "$AM_UDP_KEY" in *[!0-9a-f]*|'') exit 13;; esac
+[ ${#AM_UDP_KEY} = 64 ] || exit 14
 [ "$AM_SIZE" = 3 ] && [ "$AM_LAUNCHER" = amrun ] || exit 12
 [ "$AM_TRANSPORT" = udp ] && [ "$EXTRA" = yes ] || exit 13
 [ "$AM_RANK" -ge 0 ] && [ "$AM_RANK" -lt 3 ] || exit 14

@@ -22,6 +22,11 @@ pub(crate) fn random_job_id() -> io::Result<String> {
     Ok(hex(&random_bytes::<8>()?))
 }
 
+/// A fresh 256-bit key as 64 lowercase hex digits (the UDP transport's `AM_UDP_KEY`).
+pub(crate) fn random_job_key() -> io::Result<String> {
+    Ok(hex(&random_bytes::<32>()?))
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut s, b| {
