@@ -37,6 +37,7 @@ use std::time::Duration;
 pub use am_core::*;
 pub use am_launch;
 pub use sci_sim;
+pub use transport_udp;
 
 /// The transports, by the names used everywhere (`--transport`, `amrun --transport`,
 /// `AM_TRANSPORT`).
@@ -50,7 +51,7 @@ pub enum TransportKind {
     Extoll,
     /// Portals NI over shared memory (not built yet).
     Portals,
-    /// Reliable UDP across hosts (not built yet).
+    /// Reliable, authenticated UDP across hosts ([`transport_udp::Udp`]).
     Udp,
 }
 
@@ -77,7 +78,10 @@ impl TransportKind {
 
     /// Whether this build can run it.
     pub fn is_available(self) -> bool {
-        matches!(self, TransportKind::Loopback | TransportKind::Sci)
+        matches!(
+            self,
+            TransportKind::Loopback | TransportKind::Sci | TransportKind::Udp
+        )
     }
 
     /// Whether its ranks are threads of one process (rather than processes).
@@ -113,6 +117,8 @@ pub enum AnyTransport {
     Loopback(Loopback),
     /// SCI shared segments.
     Sci(sci_sim::Sci),
+    /// Reliable UDP.
+    Udp(transport_udp::Udp),
 }
 
 macro_rules! dispatch {
@@ -120,6 +126,7 @@ macro_rules! dispatch {
         match $self {
             AnyTransport::Loopback($t) => $e,
             AnyTransport::Sci($t) => $e,
+            AnyTransport::Udp($t) => $e,
         }
     };
 }
@@ -159,6 +166,9 @@ impl Transport for AnyTransport {
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         dispatch!(self, t => t.wait(timeout))
+    }
+    fn close(&mut self) {
+        dispatch!(self, t => t.close())
     }
 }
 
@@ -327,6 +337,12 @@ pub fn connect(
                 .map(AnyTransport::Sci)
                 .map_err(|e| err(&e))
         }
+        TransportKind::Udp => {
+            let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
+            transport_udp::Udp::connect(info, segment_size, config)
+                .map(AnyTransport::Udp)
+                .map_err(|e| err(&e))
+        }
         other => Err(JobError::NotBuilt(other)),
     }
 }
@@ -357,6 +373,14 @@ pub fn cluster(
                 .map_err(|e| err(&e))?
                 .into_iter()
                 .map(AnyTransport::Sci)
+                .collect())
+        }
+        TransportKind::Udp => {
+            let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
+            Ok(transport_udp::Udp::cluster(ranks, segment_size, config)
+                .map_err(|e| err(&e))?
+                .into_iter()
+                .map(AnyTransport::Udp)
                 .collect())
         }
         other => Err(JobError::NotBuilt(other)),
