@@ -2,20 +2,36 @@
 //!
 //! ```text
 //! cargo run --release --example pingpong -- [--transport T] [--ranks N] [--kind short|medium|long|all]
-//!     [--sizes 0,8,64,512,4096,65536] [--iters N] [--json]
+//!     [--sizes 0,8,64,512,4096,65536] [--iters N] [--json] [--baseline]
 //! ```
 //!
 //! Rank 0 sends a request to rank 1, whose handler replies with the same kind and size; the
 //! round trip is timed per iteration after a warm-up, and the median and 99th percentile are
 //! reported. The flood rate is one-way requests per second with many in flight (handlers that
-//! do not reply; the credits come back through the core's implicit replies). Other ranks idle.
+//! do not reply; the credits come back through the core's implicit replies). Other ranks wait
+//! in barriers.
+//!
+//! AM Short carries no payload, so it is measured once (0 bytes); `--sizes` applies to Medium
+//! and Long. A size above the transport's limit (AM Medium, or AM Long per message) is skipped
+//! with a note on stderr.
+//!
+//! `--baseline` also measures, in the same job and between the same two ranks, the raw floor
+//! of the transport: the same round trip with no library in between (on `loopback`, whose
+//! ranks are threads, an atomic ping-pong on one cache line). Every row then carries the floor
+//! and `ratio` = AM round trip / floor (medians). Transports without a floor yet say so on
+//! stderr and leave those fields `null`.
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node, Transport, TransportKind};
+use amnet::{
+    AmKind, AnyTransport, Config, HandlerId, Handlers, JobOptions, Node, Rank, Transport,
+    TransportKind, WaitMode,
+};
 use clap::Parser;
+use crossbeam_utils::CachePadded;
 
 #[derive(Parser, Debug)]
 #[command(about = "AM round-trip latency and message rate between rank 0 and rank 1")]
@@ -44,6 +60,9 @@ struct Args {
     /// One JSON object per line instead of a table
     #[arg(long)]
     json: bool,
+    /// Also measure the transport's raw floor and print the ratio to it
+    #[arg(long)]
+    baseline: bool,
 }
 
 const PING: [HandlerId; 3] = [HandlerId(1), HandlerId(2), HandlerId(3)];
@@ -79,6 +98,114 @@ fn handlers(pongs: &Rc<Cell<u64>>) -> anyhow::Result<Handlers> {
         h.request(SINK[i], "sink", kind, |_, _| {})?;
     }
     Ok(h)
+}
+
+/// A round trip with no library in between, between ranks 0 and 1.
+struct Floor {
+    /// What was measured.
+    what: &'static str,
+    /// Rank 0: round trips in µs, sorted. Empty on rank 1.
+    rtt_us: Vec<f64>,
+}
+
+/// The raw floor of `kind`, measured between ranks 0 and 1: both call this (right after a
+/// barrier), the other ranks do not. `None`: no floor for this transport yet.
+///
+/// This is the one place a transport's floor plugs in: shared-memory NICs (sci, extoll,
+/// portals) will call `am_shm::floor::cacheline_pingpong(job_id, rank, iters, fence)`, UDP a
+/// plain UDP ping-pong; `node` gives access to the transport and to barriers.
+fn floor(
+    kind: TransportKind,
+    node: &mut Node<AnyTransport>,
+    warmup: usize,
+    iters: usize,
+) -> anyhow::Result<Option<Floor>> {
+    Ok(match kind {
+        TransportKind::Loopback => Some(Floor {
+            what: "atomic ping-pong on one cache line between the two rank threads",
+            rtt_us: thread_floor(node.rank(), warmup, iters),
+        }),
+        TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
+            shm_floor(node, warmup, iters)?
+        }
+        // No floor yet: plug it in here.
+        TransportKind::Udp => None,
+    })
+}
+
+/// The shared-memory NICs' floor: a plain one-cache-line ping-pong between the two rank
+/// processes over a segment of this job (`am_shm::floor`).
+fn shm_floor(
+    node: &mut Node<AnyTransport>,
+    warmup: usize,
+    iters: usize,
+) -> anyhow::Result<Option<Floor>> {
+    // The fence is the AM barrier, which every rank joins: only a 2-rank job can use it here.
+    let job = std::env::var("AM_JOB_ID").ok();
+    let (Some(job), 2) = (job, node.size()) else {
+        eprintln!("pingpong: no shared-memory floor: it needs 2 ranks started by amrun or --ranks");
+        return Ok(None);
+    };
+    let rank = node.rank();
+    let mut fence = || node.barrier().map_err(std::io::Error::other);
+    let times = am_shm::floor::cacheline_pingpong(&job, rank, warmup + iters, &mut fence)?;
+    let mut rtt_us: Vec<f64> = times
+        .iter()
+        .skip(warmup)
+        .map(|d| d.as_secs_f64() * 1e6)
+        .collect();
+    rtt_us.sort_by(f64::total_cmp);
+    Ok(Some(Floor {
+        what: "one-cache-line ping-pong between the two rank processes over shared memory",
+        rtt_us,
+    }))
+}
+
+/// The one cache line the loopback floor bounces between rank threads: rank 0 makes it odd,
+/// rank 1 makes it even again. Even at rest, so a second run starts from where the first ended.
+static LINE: CachePadded<AtomicU64> = CachePadded::new(AtomicU64::new(0));
+
+/// Spins until `ok(value)`; yields now and then so a descheduled partner can run.
+#[inline]
+fn spin_until(ok: impl Fn(u64) -> bool) -> u64 {
+    let mut spins = 0u32;
+    loop {
+        let v = LINE.load(Ordering::Acquire);
+        if ok(v) {
+            return v;
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn thread_floor(rank: Rank, warmup: usize, iters: usize) -> Vec<f64> {
+    let mut rtt = Vec::with_capacity(if rank == 0 { iters } else { 0 });
+    for i in 0..warmup + iters {
+        if rank == 0 {
+            let v = LINE.load(Ordering::Acquire);
+            let t0 = Instant::now();
+            LINE.store(v + 1, Ordering::Release);
+            spin_until(|x| x == v + 2);
+            if i >= warmup {
+                rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        } else {
+            let v = spin_until(|x| x % 2 == 1);
+            LINE.store(v + 1, Ordering::Release);
+        }
+    }
+    rtt.sort_by(f64::total_cmp);
+    rtt
+}
+
+/// The `p`-quantile of sorted samples.
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 struct Row {
@@ -123,7 +250,7 @@ fn measure<T: Transport>(
         }
     }
     rtt.sort_by(f64::total_cmp);
-    let pct = |p: f64| rtt[((rtt.len() - 1) as f64 * p).round() as usize];
+    let pct = |p: f64| quantile(&rtt, p);
     let t0 = Instant::now();
     for _ in 0..args.flood {
         send(node, kind, SINK[i], &payload)?;
@@ -139,11 +266,25 @@ fn measure<T: Transport>(
     })
 }
 
-fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
+/// The node's configuration: `AM_CREDITS` / `AM_WAIT` when set; otherwise ranks that outnumber
+/// the cores block rather than spin.
+fn config(ranks: u32) -> anyhow::Result<Config> {
+    let mut config = Config::from_env()?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if std::env::var_os("AM_WAIT").is_none() && ranks as usize > cores {
+        config.wait_mode = WaitMode::Block;
+    }
+    Ok(config)
+}
+
+fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "pingpong needs at least 2 ranks");
     let name = transport.name();
+    let kind_of_transport: TransportKind = name.parse()?;
     let pongs = Rc::new(Cell::new(0u64));
-    let mut node = Node::new(transport, handlers(&pongs)?, Config::from_env()?)?;
+    let size = transport.size();
+    let mut node = Node::new(transport, handlers(&pongs)?, config(size)?)?;
+    let me = node.rank();
     let limits = node.limits();
     let seg = node.segment().len();
     let mut plan = Vec::new();
@@ -151,21 +292,52 @@ fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> 
         if args.kind != "all" && args.kind != kind_name(kind) {
             continue;
         }
-        let max = match kind {
+        let (max, what) = match kind {
             AmKind::Short => {
                 plan.push((kind, 0));
                 continue;
             }
-            AmKind::Medium => limits.max_medium,
-            AmKind::Long => limits.max_long.min(seg),
+            AmKind::Medium => (limits.max_medium, "AM Medium"),
+            AmKind::Long if limits.max_long <= seg => (limits.max_long, "AM Long per message"),
+            AmKind::Long => (seg, "the segment"),
         };
         for &s in &args.sizes {
             if s <= max {
                 plan.push((kind, s));
+            } else if me == 0 {
+                eprintln!(
+                    "pingpong: skipping {} of {s} bytes: {name} allows at most {max} bytes ({what})",
+                    kind_name(kind)
+                );
             }
         }
     }
-    if node.rank() == 0 && !args.json {
+
+    let mut base: Option<Floor> = None;
+    if args.baseline {
+        node.barrier()?;
+        if me < 2 {
+            base = floor(kind_of_transport, &mut node, args.warmup, args.iters)?;
+        }
+        node.barrier()?;
+        if me == 0 {
+            match &base {
+                Some(f) if !args.json => println!(
+                    "# floor: {}: p50 {:.3} us, p99 {:.3} us",
+                    f.what,
+                    quantile(&f.rtt_us, 0.5),
+                    quantile(&f.rtt_us, 0.99)
+                ),
+                Some(_) => {}
+                None => eprintln!("pingpong: no raw floor for {name} yet; --baseline ignored"),
+            }
+        }
+    }
+    let base = base
+        .filter(|f| !f.rtt_us.is_empty())
+        .map(|f| (f.what, quantile(&f.rtt_us, 0.5), quantile(&f.rtt_us, 0.99)));
+
+    if me == 0 && !args.json {
         println!(
             "# {name}, {} ranks, {} iterations after {} warm-up, flood of {}",
             node.size(),
@@ -173,15 +345,20 @@ fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> 
             args.warmup,
             args.flood
         );
-        println!(
+        print!(
             "{:<10} {:<7} {:>9} {:>12} {:>12} {:>14}",
             "transport", "kind", "bytes", "rtt_p50_us", "rtt_p99_us", "msgs_per_s"
         );
+        if base.is_some() {
+            print!(" {:>12} {:>8}", "floor_p50_us", "ratio");
+        }
+        println!();
     }
     for (kind, bytes) in plan {
         node.barrier()?;
-        if node.rank() == 0 {
+        if me == 0 {
             let row = measure(&mut node, &pongs, kind, bytes, args)?;
+            let ratio = base.map(|(_, p50, _)| row.p50 / p50);
             if args.json {
                 println!(
                     "{}",
@@ -189,10 +366,14 @@ fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> 
                         "transport": name, "kind": kind_name(row.kind), "bytes": row.bytes,
                         "iters": args.iters, "rtt_us_p50": row.p50, "rtt_us_p99": row.p99,
                         "msgs_per_s": row.msgs_per_s, "ranks": node.size(),
+                        "baseline": base.map(|b| b.0),
+                        "baseline_rtt_us_p50": base.map(|b| b.1),
+                        "baseline_rtt_us_p99": base.map(|b| b.2),
+                        "ratio": ratio,
                     })
                 );
             } else {
-                println!(
+                print!(
                     "{:<10} {:<7} {:>9} {:>12.3} {:>12.3} {:>14.0}",
                     name,
                     kind_name(row.kind),
@@ -201,6 +382,10 @@ fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> 
                     row.p99,
                     row.msgs_per_s
                 );
+                if let (Some((_, p50, _)), Some(r)) = (base, ratio) {
+                    print!(" {p50:>12.3} {r:>8.1}");
+                }
+                println!();
             }
         }
         node.barrier()?;
@@ -211,10 +396,12 @@ fn rank_main(transport: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
+    let largest = args.sizes.iter().copied().max().unwrap_or(0);
     let opts = JobOptions {
         transport: args.transport,
         ranks: args.ranks,
-        ..JobOptions::default()
+        // Room for the largest Long asked for (the transport's own limit still applies).
+        segment_size: largest.max(JobOptions::default().segment_size),
     };
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);

@@ -55,3 +55,79 @@ fn pingpong_json_parses() {
         assert!(row["msgs_per_s"].as_f64().expect("number") > 0.0);
     }
 }
+
+fn run_json(args: &[&str]) -> (Vec<serde_json::Value>, String) {
+    let out = Command::new(example("pingpong"))
+        .args(args)
+        .output()
+        .expect("run pingpong (built by cargo test)");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let rows = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    (rows, stderr)
+}
+
+#[test]
+fn baseline_gives_the_floor_and_the_ratio() {
+    let (rows, _) = run_json(&[
+        "--iters",
+        "200",
+        "--warmup",
+        "20",
+        "--flood",
+        "200",
+        "--kind",
+        "medium",
+        "--sizes",
+        "8,64",
+        "--json",
+        "--baseline",
+    ]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["kind"], "medium");
+        let floor = row["baseline_rtt_us_p50"]
+            .as_f64()
+            .expect("a floor on loopback");
+        let ratio = row["ratio"].as_f64().expect("a ratio");
+        let p50 = row["rtt_us_p50"].as_f64().expect("number");
+        assert!(floor > 0.0, "{row}");
+        assert!((ratio - p50 / floor).abs() < 1e-9 * ratio.max(1.0), "{row}");
+        assert!(row["baseline"].is_string(), "{row}");
+    }
+}
+
+#[test]
+fn more_ranks_kind_filter_and_oversized_payloads() {
+    // Ranks 2 and 3 wait in barriers; a Medium above the transport's limit is skipped, with a
+    // note on stderr, and Long is not measured at all.
+    let (rows, stderr) = run_json(&[
+        "--ranks",
+        "4",
+        "--iters",
+        "100",
+        "--warmup",
+        "10",
+        "--flood",
+        "100",
+        "--kind",
+        "medium",
+        "--sizes",
+        "8,1000000",
+        "--json",
+        "--baseline",
+    ]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["kind"], "medium");
+    assert_eq!(rows[0]["bytes"], 8);
+    assert_eq!(rows[0]["ranks"], 4);
+    assert_eq!(rows[0]["iters"], 100);
+    assert!(
+        stderr.contains("skipping medium of 1000000 bytes"),
+        "{stderr}"
+    );
+}

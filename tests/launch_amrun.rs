@@ -362,7 +362,10 @@ fn self_launch_starts_the_job_itself() {
     let jobs: BTreeSet<&str> = b.iter().map(|f| f["job"].as_str()).collect();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert_eq!(
-        job.stdout.iter().filter(|l| l.ends_with("] kvs=ok")).count(),
+        job.stdout
+            .iter()
+            .filter(|l| l.ends_with("] kvs=ok"))
+            .count(),
         3
     );
     assert_all_gone(&job, 3);

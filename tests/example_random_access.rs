@@ -1,0 +1,139 @@
+//! The RandomAccess example verifies on loopback in every mode, prints the JSON the README
+//! promises, and fails (exit status 1) when more than 1% of the table is wrong.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Examples are built next to the test binaries' directory by `cargo test`.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} not built: `cargo test` builds examples unless filtered with --test; run `cargo build --example {name}` first",
+        path.display()
+    );
+    path
+}
+
+fn run(args: &[&str]) -> (Output, serde_json::Value) {
+    let out = Command::new(example("random_access"))
+        .args(args)
+        .env_remove("AM_SEGMENT_SIZE")
+        .output()
+        .expect("run random_access (built by cargo test)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Ranks that are processes print through the launcher, which prefixes `[rank] `.
+    let object = text.find('{').map_or("", |at| text[at..].trim());
+    let json = serde_json::from_str(object).unwrap_or_else(|e| {
+        panic!(
+            "one JSON object expected ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, json)
+}
+
+fn check_keys(row: &serde_json::Value) {
+    for key in [
+        "transport",
+        "ranks",
+        "mode",
+        "table_words",
+        "updates",
+        "seconds",
+        "gups",
+        "errors",
+        "error_fraction",
+        "verified",
+    ] {
+        assert!(row.get(key).is_some(), "{key} missing in {row}");
+    }
+}
+
+#[test]
+fn every_mode_verifies_on_every_transport() {
+    let available = amnet::TransportKind::ALL
+        .into_iter()
+        .filter(|t| t.is_available());
+    for transport in available.map(|t| t.name()) {
+        for mode in ["bucketed", "fine", "local"] {
+            let (out, row) = run(&[
+                "--transport",
+                transport,
+                "--log2-table",
+                "14",
+                "--mode",
+                mode,
+                "--json",
+            ]);
+            assert!(
+                out.status.success(),
+                "{transport} {mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            check_row(&row, transport, mode);
+        }
+    }
+}
+
+fn check_row(row: &serde_json::Value, transport: &str, mode: &str) {
+    check_keys(row);
+    assert_eq!(row["transport"], transport);
+    assert_eq!(row["mode"], mode);
+    assert_eq!(row["ranks"], 2);
+    assert_eq!(row["table_words"], 1 << 14);
+    assert_eq!(row["updates"], 4 << 14);
+    assert_eq!(row["errors"], 0, "{row}");
+    assert_eq!(row["verified"], true, "{row}");
+    assert!(row["gups"].as_f64().expect("number") > 0.0);
+}
+
+#[test]
+fn uneven_blocks_verify() {
+    // 3 ranks: blocks of 2^13 / 3 words, owners found by division rather than a shift.
+    let (out, row) = run(&["--log2-table", "13", "--ranks", "3", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(row["ranks"], 3);
+    assert_eq!(row["errors"], 0, "{row}");
+    assert_eq!(row["verified"], true, "{row}");
+}
+
+#[test]
+fn wrong_words_are_counted_and_over_one_percent_fails() {
+    // 1024 words: 5 wrong (0.5%) passes, 20 wrong (2%) fails with exit status 1.
+    let (out, row) = run(&["--log2-table", "10", "--corrupt", "5", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(row["errors"], 5, "{row}");
+    assert_eq!(row["verified"], true, "{row}");
+    let (out, row) = run(&["--log2-table", "10", "--corrupt", "20", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{row}");
+    assert_eq!(row["errors"], 20, "{row}");
+    assert_eq!(row["verified"], false, "{row}");
+}
+
+#[test]
+fn readable_report_names_the_numbers() {
+    let out = Command::new(example("random_access"))
+        .args(["--log2-table", "12"])
+        .output()
+        .expect("run random_access");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["table:", "updates:", "time:", "GUPS:", "errors:", "PASSED"] {
+        assert!(text.contains(word), "{word} missing in {text}");
+    }
+}
