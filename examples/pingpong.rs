@@ -128,9 +128,67 @@ fn floor(
         TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
             shm_floor(node, warmup, iters)?
         }
-        // No floor yet: plug it in here.
-        TransportKind::Udp => None,
+        TransportKind::Udp => udp_floor(node, warmup, iters)?,
     })
+}
+
+/// UDP's floor: a plain busy-polled UDP ping-pong of 100-byte datagrams (an AM Short's size on
+/// the wire) between the two rank processes, on the interface the transport binds.
+fn udp_floor(
+    node: &mut Node<AnyTransport>,
+    warmup: usize,
+    iters: usize,
+) -> anyhow::Result<Option<Floor>> {
+    use std::net::{IpAddr, SocketAddr, UdpSocket};
+    if node.size() != 2 {
+        eprintln!("pingpong: no UDP floor: it needs exactly 2 ranks");
+        return Ok(None);
+    }
+    let ip: IpAddr = std::env::var("AM_UDP_BIND")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let socket = UdpSocket::bind(SocketAddr::new(ip, 0))?;
+    socket.set_nonblocking(true)?;
+    // Rank 1 tells rank 0 its port through the segment; rank 0 learns rank 1's from the ping.
+    if node.rank() == 1 {
+        let port = socket.local_addr()?.port();
+        node.put(0, 0, &port.to_le_bytes())?;
+    }
+    node.barrier()?;
+    let mut buf = [0u8; 100];
+    let recv = |buf: &mut [u8]| -> std::io::Result<SocketAddr> {
+        loop {
+            match socket.recv_from(buf) {
+                Ok((_, from)) => return Ok(from),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let mut rtt_us = Vec::with_capacity(iters);
+    if node.rank() == 0 {
+        let port = u16::from_le_bytes([node.segment()[0], node.segment()[1]]);
+        let peer = SocketAddr::new(ip, port);
+        for i in 0..warmup + iters {
+            let t0 = Instant::now();
+            socket.send_to(&buf, peer)?;
+            recv(&mut buf)?;
+            if i >= warmup {
+                rtt_us.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    } else {
+        for _ in 0..warmup + iters {
+            let from = recv(&mut buf)?;
+            socket.send_to(&buf, from)?;
+        }
+    }
+    rtt_us.sort_by(f64::total_cmp);
+    Ok(Some(Floor {
+        what: "plain UDP ping-pong of 100-byte datagrams, busy-polled",
+        rtt_us,
+    }))
 }
 
 /// The shared-memory NICs' floor: a plain one-cache-line ping-pong between the two rank

@@ -131,3 +131,45 @@ fn more_ranks_kind_filter_and_oversized_payloads() {
         "{stderr}"
     );
 }
+
+/// The multi-process transports' floors: shared-memory cache-line ping-pong for sci, plain UDP
+/// ping-pong for udp, each measured in the same job as the AMs.
+#[test]
+fn process_transports_have_a_floor() {
+    for transport in ["sci", "udp"] {
+        let out = Command::new(example("pingpong"))
+            .args([
+                "--transport",
+                transport,
+                "--baseline",
+                "--json",
+                "--kind",
+                "short",
+                "--iters",
+                "300",
+                "--warmup",
+                "30",
+                "--flood",
+                "100",
+            ])
+            .output()
+            .expect("run pingpong");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{transport}: {stderr}");
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        // Self-launched ranks are processes: the launcher prefixes their lines with "[rank] ".
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{transport}: {text}");
+        let floor = rows[0]["baseline_rtt_us_p50"].as_f64();
+        let ratio = rows[0]["ratio"].as_f64();
+        assert!(
+            floor.is_some_and(|f| f > 0.0) && ratio.is_some_and(|r| r > 0.0),
+            "{transport}: no floor in {}",
+            rows[0]
+        );
+    }
+}
