@@ -64,11 +64,47 @@ impl<'a> Doorbell<'a> {
         }
     }
 
+    /// Rings with `tag` only if the word does not already say so: read before write. A
+    /// receiver that leaves the flag set while it keeps scanning (see
+    /// [`peek_tags`](Self::peek_tags)) then costs its sender no atomic read-modify-write and
+    /// no cache-line steal. The caller's data and ready flag are stored before; the `SeqCst`
+    /// fence orders them before the read, against the receiver's
+    /// [`take_tags`](Self::take_tags), which fences likewise before it scans: either this
+    /// read sees the take (and rings), or that scan sees the ready flag.
+    #[inline]
+    pub fn ring_tagged_lazy(&self, tag: u32) {
+        let bits = EXIST | (tag & !(EXIST | SLEEPING));
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let w = self.word.load(Ordering::Relaxed);
+        if w & bits == bits && w & SLEEPING == 0 {
+            return;
+        }
+        self.ring_tagged(tag);
+    }
+
     /// Like [`take`](Self::take), and returns the tags left by the rings since the last
     /// take (0 if not rung). Untagged rings return just the `EXIST` bit (1): scan everyone.
+    /// Ends with a `SeqCst` fence: scan the senders after it (see
+    /// [`ring_tagged_lazy`](Self::ring_tagged_lazy)).
     #[inline]
     pub fn take_tags(&self) -> u32 {
-        self.word.fetch_and(SLEEPING, Ordering::AcqRel) & !SLEEPING
+        let t = self.word.fetch_and(SLEEPING, Ordering::AcqRel) & !SLEEPING;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        t
+    }
+
+    /// One relaxed load: the tags left since the last take, as [`take_tags`](Self::take_tags)
+    /// would return them, without clearing (0 if not rung). Lets a receiver scan the senders
+    /// that rang first and clear later, off the delivery path; it must still
+    /// [`take_tags`](Self::take_tags) and scan again before it waits.
+    #[inline]
+    pub fn peek_tags(&self) -> u32 {
+        let w = self.word.load(Ordering::Relaxed);
+        if w & EXIST == 0 {
+            0
+        } else {
+            w & !SLEEPING
+        }
     }
 
     /// One relaxed load: has anything arrived? (The idle poll.)
@@ -105,6 +141,30 @@ impl std::fmt::Debug for Doorbell<'_> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    /// Read before write: a ring the word already carries is skipped; after a take, or with
+    /// a sleeper announced, the ring happens.
+    #[test]
+    fn lazy_ring_skips_only_what_the_word_carries() {
+        let word = AtomicU32::new(0);
+        let bell = Doorbell::new(&word);
+        bell.ring_tagged_lazy(tag(3));
+        assert_eq!(bell.peek_tags(), EXIST | tag(3));
+        bell.ring_tagged_lazy(tag(3));
+        assert_eq!(word.load(Ordering::Relaxed), EXIST | tag(3), "skipped");
+        bell.ring_tagged_lazy(tag(4));
+        assert_eq!(bell.take_tags(), EXIST | tag(3) | tag(4));
+        assert_eq!(bell.peek_tags(), 0);
+        bell.ring_tagged_lazy(tag(3));
+        assert_eq!(
+            bell.take_tags(),
+            EXIST | tag(3),
+            "rang again after the take"
+        );
+        word.store(SLEEPING | EXIST | tag(3), Ordering::Relaxed);
+        bell.ring_tagged_lazy(tag(3));
+        assert_eq!(bell.peek_tags(), EXIST | tag(3));
+    }
 
     #[test]
     fn ring_wakes_a_sleeper_without_loss() {

@@ -4,14 +4,19 @@
 //!   removed by job, or backed by heap memory (so Miri and loom can run the same logic). A
 //!   region has a **word area** (8-byte words, touched only as atomics) and a **byte area**
 //!   (payloads, touched only by bounds-checked copies); the two never overlap, so no location
-//!   is ever accessed both atomically and non-atomically.
+//!   is ever accessed both atomically and non-atomically. The one exception is by design: a
+//!   slot's message-ready flag (see [`stamp`]) is a word at the start of the slot in the byte
+//!   area, so that it shares a cache line with the message; it is only ever accessed
+//!   atomically, and slot copies start after it.
 //! - [`Imported`]: a peer's view of a segment, with writes only (SCI's "remote writes, local
-//!   reads"): stores to words and copies into bytes; no read method exists.
+//!   reads"): stores to words and copies into bytes; it neither has nor makes any read.
 //! - [`stamp`]: the slot hand-over, in crossbeam's `ArrayQueue` order: claim (by the caller's
 //!   own bookkeeping), write the bytes, publish with a `Release` store of a stamp; the reader
 //!   loads the stamp with `Acquire` before it reads the bytes.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
 //!   it, across processes, with no lost wake-up and no system call on the sender's fast path.
+//!   `Doorbell::ring_tagged_lazy` (read before write) is for rings of a word the caller may
+//!   read; a remote (imported) doorbell is always rung with a write.
 //! - [`floor`]: the raw floors the benchmarks compare against (cache-line ping-pong, copy
 //!   bandwidth), between two processes or two threads.
 //!

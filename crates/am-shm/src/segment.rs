@@ -160,6 +160,27 @@ impl View {
         Ok(unsafe { AtomicU32::from_ptr(self.map.ptr.as_ptr().add(off).cast::<u32>()) })
     }
 
+    /// The atomic at byte `off` of the *byte* area: a slot's message-ready flag, which shares
+    /// the slot's first cache line with its header (see [`crate::stamp`]). Checked for bounds
+    /// and 8-alignment.
+    #[inline]
+    fn slot_word(&self, off: usize) -> Result<&AtomicU64, ShmError> {
+        if off % 8 != 0 || off.checked_add(8).is_none_or(|end| end > self.bytes) {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len: 8,
+                area: self.bytes,
+            });
+        }
+        // SAFETY: `words + off + 8 <= words + bytes <= len`: inside the live mapping (kept
+        // alive by `self.map`); 8-aligned (mapping and heap are 8-aligned, `words` is a
+        // multiple of 64, `off % 8 == 0`). The stamp protocol accesses a slot's flag word only
+        // through this function (atomically); byte copies start after it (`stamp::Slots`).
+        Ok(unsafe {
+            AtomicU64::from_ptr(self.map.ptr.as_ptr().add(self.words + off).cast::<u64>())
+        })
+    }
+
     /// Pointer to `[off, off + len)` of the byte area, checked.
     #[inline]
     fn range(&self, off: usize, len: usize) -> Result<*mut u8, ShmError> {
@@ -313,6 +334,13 @@ impl Segment {
         Ok(self.view.word64(off)?.load(Ordering::Acquire))
     }
 
+    /// `Acquire` load of the slot flag word at byte offset `off` of the *byte* area (a
+    /// message-ready flag in its slot's first cache line, see [`crate::stamp`]).
+    #[inline]
+    pub fn load_slot_word(&self, off: usize) -> Result<u64, ShmError> {
+        Ok(self.view.slot_word(off)?.load(Ordering::Acquire))
+    }
+
     /// The doorbell (32-bit futex word) at byte offset `off` of the word area.
     #[inline]
     pub fn doorbell(&self, off: usize) -> Result<Doorbell<'_>, ShmError> {
@@ -455,6 +483,14 @@ impl Imported {
     #[inline]
     pub fn store_word(&self, off: usize, value: u64) -> Result<(), ShmError> {
         self.view.word64(off)?.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    /// `Release` store to the slot flag word at byte offset `off` of the *byte* area: publishes
+    /// the slot bytes written before it (see [`crate::stamp`]).
+    #[inline]
+    pub fn store_slot_word(&self, off: usize, value: u64) -> Result<(), ShmError> {
+        self.view.slot_word(off)?.store(value, Ordering::Release);
         Ok(())
     }
 

@@ -2,15 +2,19 @@
 //! its own bookkeeping that the slot is free), **write** the bytes, **publish** with a
 //! `Release` store of a stamp; the reader loads the stamp with `Acquire` and only then reads.
 //!
-//! [`Slots`] describes `count` slots of `size` bytes in a segment's byte area and their stamp
-//! words (one 8-byte word each, packed on their own cache lines) in its word area. A slot holds
-//! `[len: u32][flags: u32][len bytes]`. Stamps are 64-bit sequence numbers that never wrap, so
-//! an old stamp is never mistaken for a new one.
+//! [`Slots`] describes `count` slots of `size` bytes in a segment's byte area. A slot holds
+//! `[stamp: u64][len: u32][flags: u32][len bytes]`: the stamp (the message-ready flag) sits in
+//! the slot's first cache line, beside the header and the first bytes of the body, so a small
+//! message and its flag travel as one cache line (with `size` a multiple of 64 and the slots
+//! line-aligned). The stamp word is only ever accessed atomically
+//! ([`Imported::store_slot_word`], [`Segment::load_slot_word`]); byte copies start after it.
+//! Stamps are 64-bit sequence numbers that never wrap, so an old stamp is never mistaken for a
+//! new one.
 //!
 //! ```
 //! use am_shm::{stamp::Slots, Segment};
-//! let slots = Slots { stamps: 0, data: 0, count: 4, size: 64 };
-//! let seg = Segment::heap(slots.stamp_bytes(), slots.data_bytes());
+//! let slots = Slots { data: 0, count: 4, size: 64 };
+//! let seg = Segment::heap(0, slots.data_bytes());
 //! let writer = seg.import();
 //! slots.write(&writer, 2, 7, &[b"head", b"payload"]).unwrap(); // write
 //! slots.publish(&writer, 2, 1).unwrap();                        // publish stamp 1
@@ -19,30 +23,26 @@
 //! assert_eq!((flags, bytes), (7, &b"headpayload"[..]));
 //! ```
 
-use crate::{Imported, Segment, ShmError, CACHE_LINE};
+use crate::{Imported, Segment, ShmError};
 
-/// Bytes of a slot's own header (`len`, `flags`).
-pub const SLOT_HEADER: usize = 8;
+/// Bytes of a slot's own header: the stamp, then `len` and `flags`.
+pub const SLOT_HEADER: usize = 16;
+/// Offset of `len` and `flags` in a slot (after the stamp).
+const LEN_AT: usize = 8;
 
 /// Where a set of slots lives in a segment; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slots {
-    /// Byte offset of the first stamp word in the word area (8-aligned).
-    pub stamps: usize,
-    /// Byte offset of the first slot in the byte area.
+    /// Byte offset of the first slot in the byte area (8-aligned; 64 keeps each slot's flag
+    /// and header in one cache line).
     pub data: usize,
     /// Number of slots.
     pub count: usize,
-    /// Bytes per slot, header included.
+    /// Bytes per slot, header included (a multiple of 8).
     pub size: usize,
 }
 
 impl Slots {
-    /// Bytes of word area the stamps take (whole cache lines).
-    pub fn stamp_bytes(&self) -> usize {
-        (self.count * 8).div_ceil(CACHE_LINE) * CACHE_LINE
-    }
-
     /// Bytes of byte area the slots take.
     pub fn data_bytes(&self) -> usize {
         self.count * self.size
@@ -53,7 +53,9 @@ impl Slots {
         self.size.saturating_sub(SLOT_HEADER)
     }
 
-    fn check(&self, slot: usize) -> Result<(), ShmError> {
+    /// Byte offset of `slot` (its stamp word), checked.
+    #[inline]
+    pub fn base(&self, slot: usize) -> Result<usize, ShmError> {
         if slot >= self.count {
             return Err(ShmError::OutOfBounds {
                 offset: slot,
@@ -61,7 +63,7 @@ impl Slots {
                 area: self.count,
             });
         }
-        Ok(())
+        Ok(self.data + slot * self.size)
     }
 
     /// Writes `flags` and the concatenation of `parts` into `slot` (the "write" step; the
@@ -73,7 +75,7 @@ impl Slots {
         flags: u32,
         parts: &[&[u8]],
     ) -> Result<(), ShmError> {
-        self.check(slot)?;
+        let base = self.base(slot)?;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > self.capacity() {
             return Err(ShmError::OutOfBounds {
@@ -82,11 +84,10 @@ impl Slots {
                 area: self.capacity(),
             });
         }
-        let base = self.data + slot * self.size;
-        let mut hdr = [0u8; SLOT_HEADER];
+        let mut hdr = [0u8; SLOT_HEADER - LEN_AT];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&flags.to_le_bytes());
-        to.write(base, &hdr)?;
+        to.write(base + LEN_AT, &hdr)?;
         let mut at = base + SLOT_HEADER;
         for p in parts {
             to.write(at, p)?;
@@ -95,57 +96,70 @@ impl Slots {
         Ok(())
     }
 
-    /// Publishes `slot` with `stamp` (a `Release` store after the data).
+    /// Publishes `slot` with `stamp` (a `Release` store after the data, in the same line).
     #[inline]
     pub fn publish(&self, to: &Imported, slot: usize, stamp: u64) -> Result<(), ShmError> {
-        self.check(slot)?;
-        to.store_word(self.stamps + slot * 8, stamp)
+        to.store_slot_word(self.base(slot)?, stamp)
+    }
+
+    /// The stamp `slot` carries (`Acquire`).
+    #[inline]
+    pub fn stamp(&self, seg: &Segment, slot: usize) -> Result<u64, ShmError> {
+        seg.load_slot_word(self.base(slot)?)
     }
 
     /// Whether `slot` carries `stamp` (`Acquire`).
     #[inline]
     pub fn is_published(&self, seg: &Segment, slot: usize, stamp: u64) -> Result<bool, ShmError> {
-        self.check(slot)?;
-        Ok(seg.load_word(self.stamps + slot * 8)? == stamp)
+        Ok(self.stamp(seg, slot)? == stamp)
     }
 
     /// The slot carrying `stamp`, if any (`Acquire` loads).
     #[inline]
     pub fn find(&self, seg: &Segment, stamp: u64) -> Result<Option<usize>, ShmError> {
         for slot in 0..self.count {
-            if seg.load_word(self.stamps + slot * 8)? == stamp {
+            if self.stamp(seg, slot)? == stamp {
                 return Ok(Some(slot));
             }
         }
         Ok(None)
     }
 
-    /// Loads every stamp (`Acquire`) into `out` (one pass over the flag lines); returns how
-    /// many were loaded (`min(count, out.len())`).
+    /// Loads every stamp (`Acquire`) into `out`; returns how many were loaded
+    /// (`min(count, out.len())`). Lines the writer did not touch since the last pass are
+    /// still in the reader's cache: only new messages cost a transfer.
     #[inline]
     pub fn load_stamps(&self, seg: &Segment, out: &mut [u64]) -> Result<usize, ShmError> {
         let n = self.count.min(out.len());
         for (slot, o) in out[..n].iter_mut().enumerate() {
-            *o = seg.load_word(self.stamps + slot * 8)?;
+            *o = self.stamp(seg, slot)?;
         }
         Ok(n)
+    }
+
+    /// The flags and body length of a published `slot`, read from its header and checked
+    /// (`len <= capacity`), and the offset of its body.
+    #[inline]
+    pub fn header(&self, seg: &Segment, slot: usize) -> Result<(u32, usize, usize), ShmError> {
+        let base = self.base(slot)?;
+        let mut hdr = [0u8; SLOT_HEADER - LEN_AT];
+        seg.read(base + LEN_AT, &mut hdr)?;
+        let (len, flags) = decode_header(hdr, self.capacity())?;
+        Ok((flags, len, base + SLOT_HEADER))
     }
 
     /// Lends the flags and body of a published `slot`. The length comes from shared memory and
     /// is checked: a corrupt one is an error.
     #[inline]
     pub fn lend<'a>(&self, seg: &'a Segment, slot: usize) -> Result<(u32, &'a [u8]), ShmError> {
-        self.check(slot)?;
-        let base = self.data + slot * self.size;
-        let mut hdr = [0u8; SLOT_HEADER];
-        seg.read(base, &mut hdr)?;
-        let (len, flags) = decode_header(hdr, self.capacity())?;
-        Ok((flags, seg.bytes(base + SLOT_HEADER, len)?))
+        let (flags, len, at) = self.header(seg, slot)?;
+        Ok((flags, seg.bytes(at, len)?))
     }
 }
 
-/// Decodes a slot header read from shared memory: `(len, flags)`, with `len <= capacity`.
-pub fn decode_header(hdr: [u8; SLOT_HEADER], capacity: usize) -> Result<(usize, u32), ShmError> {
+/// Decodes a slot's `[len: u32][flags: u32]` read from shared memory: `(len, flags)`, with
+/// `len <= capacity`.
+pub fn decode_header(hdr: [u8; 8], capacity: usize) -> Result<(usize, u32), ShmError> {
     let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
     let flags = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
     if len > capacity {
@@ -166,17 +180,16 @@ mod tests {
 
     fn layout() -> Slots {
         Slots {
-            stamps: 64,
-            data: 100,
+            data: 104,
             count: 3,
-            size: 40,
+            size: 48,
         }
     }
 
     #[test]
     fn write_publish_find_lend() {
         let s = layout();
-        let seg = Segment::heap(64 + s.stamp_bytes(), 100 + s.data_bytes());
+        let seg = Segment::heap(0, 104 + s.data_bytes());
         let w = seg.import();
         assert_eq!(s.find(&seg, 1).unwrap(), None);
         s.write(&w, 1, 5, &[b"abc", b"", b"de"]).unwrap();
@@ -194,9 +207,9 @@ mod tests {
     #[test]
     fn corrupt_length_is_an_error() {
         let s = layout();
-        let seg = Segment::heap(64 + s.stamp_bytes(), 100 + s.data_bytes());
+        let seg = Segment::heap(0, 104 + s.data_bytes());
         seg.import()
-            .write(100 + 40, &u32::MAX.to_le_bytes())
+            .write(104 + 48 + 8, &u32::MAX.to_le_bytes())
             .unwrap();
         assert!(s.lend(&seg, 1).is_err());
     }
@@ -205,12 +218,11 @@ mod tests {
     #[test]
     fn two_thread_hand_over() {
         let s = Slots {
-            stamps: 0,
             data: 0,
             count: 2,
             size: 32,
         };
-        let seg = Segment::heap(s.stamp_bytes() + 64, s.data_bytes());
+        let seg = Segment::heap(64, s.data_bytes());
         let w = seg.import();
         let back = std::sync::atomic::AtomicU64::new(0);
         let n: u64 = if cfg!(miri) { 20 } else { 2000 };
@@ -257,8 +269,8 @@ mod tests {
         #[test]
         fn lending_after_arbitrary_bytes_is_checked(junk in proptest::collection::vec(any::<u8>(), 0..160), slot in 0usize..5) {
             let s = layout();
-            let seg = Segment::heap(64 + s.stamp_bytes(), 100 + s.data_bytes());
-            seg.import().write(100, &junk[..junk.len().min(s.data_bytes())]).unwrap();
+            let seg = Segment::heap(0, 104 + s.data_bytes());
+            seg.import().write(104 + 8, &junk[..junk.len().min(s.data_bytes() - 8)]).unwrap();
             if let Ok((_, body)) = s.lend(&seg, slot) {
                 prop_assert!(body.len() <= s.capacity());
             }

@@ -101,3 +101,45 @@ fn loom_doorbell_no_lost_wakeup() {
         sender.join().unwrap();
     });
 }
+
+/// Read before write: the receiver left the flag set (a message it already consumed), the
+/// sender skips the ring when it sees it set; the receiver's take-then-scan still finds the
+/// message, or the sender sees the take and rings (waking it). A lost message would leave
+/// the receiver asleep, which loom reports as a deadlock.
+#[test]
+fn loom_doorbell_lazy_ring_never_loses_a_message() {
+    loom::model(|| {
+        let f = Arc::new(Futex {
+            word: AtomicU32::new(EXIST),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        });
+        let data = Arc::new(AtomicU64::new(0));
+        let (f2, d2) = (f.clone(), data.clone());
+        let sender = thread::spawn(move || {
+            d2.store(7, Ordering::Release); // the ready flag
+            loom::sync::atomic::fence(Ordering::SeqCst);
+            let w = f2.word.load(Ordering::Relaxed);
+            if w & EXIST != 0 && w & SLEEPING == 0 {
+                return; // already rung: the receiver scans us after its take
+            }
+            if f2.word.fetch_or(EXIST, Ordering::AcqRel) & SLEEPING != 0 {
+                f2.wake();
+            }
+        });
+        // Receiver: take, fence, scan; sleep only on a cleared flag.
+        loop {
+            f.word.fetch_and(SLEEPING, Ordering::AcqRel);
+            loom::sync::atomic::fence(Ordering::SeqCst);
+            if data.load(Ordering::Acquire) == 7 {
+                break;
+            }
+            let before = f.word.fetch_or(SLEEPING, Ordering::AcqRel);
+            if before & EXIST == 0 {
+                f.wait(SLEEPING);
+            }
+            f.word.fetch_and(!SLEEPING, Ordering::AcqRel);
+        }
+        sender.join().unwrap();
+    });
+}

@@ -4,9 +4,11 @@
 //! word area (atomics only)
 //!   line 0            message-exist flag (doorbell, u32)
 //!   line 1            abort word: a rank that panicked sets it
-//!   per sender c      departed word (own line), then 2*slots message-ready flags (stamps)
+//!   per sender c      departed word (own line)
 //! byte area
-//!   per sender c      command segment: slots request slots, then slots reply slots
+//!   per sender c      command segment: slots request slots, then slots reply slots; each
+//!                     slot starts with its message-ready flag (stamp), in the same cache
+//!                     line as the slot header and the first 48 bytes of the message
 //!   then              the AM segment (GASNet segment; Long payloads land here)
 //! ```
 
@@ -34,12 +36,8 @@ pub struct Layout {
 }
 
 impl Layout {
-    fn stamps_len(&self) -> usize {
-        (2 * self.slots * 8).div_ceil(CACHE_LINE) * CACHE_LINE
-    }
-
     fn channel_words(&self) -> usize {
-        CACHE_LINE + self.stamps_len()
+        CACHE_LINE
     }
 
     fn channel_bytes(&self) -> usize {
@@ -64,7 +62,6 @@ impl Layout {
     /// Sender `c`'s command segment: request slots `0..slots`, reply slots `slots..2*slots`.
     pub fn channel(&self, c: usize) -> Slots {
         Slots {
-            stamps: self.departed(c) + CACHE_LINE,
             data: c * self.channel_bytes(),
             count: 2 * self.slots,
             size: self.slot_size,

@@ -9,11 +9,16 @@
 //!   as many reply slots (request-reply pairs, the seed's "message number < 2 times the number
 //!   of Request-Reply pairs"), each `slot_size` bytes (AM header plus Medium payload);
 //! - per sender and slot a **message-ready flag** (a 64-bit stamp, the channel's sequence
-//!   number) and one **message-exist flag** per receiver (a futex doorbell), written in that
-//!   order after the data; the receiver moves ready slots to its **work queue**, so an idle poll
-//!   reads one flag whatever the number of peers, and delivers them in send order (the
-//!   message-exist flag also carries a tag bit per sender, so on arrival only the senders that
-//!   rang are scanned);
+//!   number, at the start of the slot so that it shares one cache line with the slot header
+//!   and the first 48 bytes of the message) and one **message-exist flag** per receiver (a
+//!   futex doorbell), written in that order after the data; the receiver moves ready slots to
+//!   its **work queue**, so an idle poll reads one flag whatever the number of peers, and
+//!   delivers them in send order (the message-exist flag also carries a tag bit per sender,
+//!   so on arrival only the senders that rang are scanned);
+//! - the receiver clears its message-exist flag only once its work queue has drained and a
+//!   few microseconds of re-scans found nothing new (or before it sleeps); while the flag
+//!   stays set, a sender whose tag it carries does not ring again (read before write), so a
+//!   small message in a steady exchange moves one cache line, the slot's;
 //! - **message location status** at the sender: a request slot stays busy until the reply
 //!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
 //!   number of request slots per peer. A reply goes to the reply slot paired with the request

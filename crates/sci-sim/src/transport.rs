@@ -14,6 +14,10 @@ use crate::{MediumStrategy, SciConfig, SciError};
 const LIVENESS_AFTER: Duration = Duration::from_millis(100);
 /// Empty polls between two looks at the clock (keeps the idle poll one flag read).
 const IDLE_POLLS_PER_TICK: u32 = 1024;
+/// Message-ready flags a receiver may re-scan while it leaves its message-exist flag set
+/// after the work queue drained (a few µs), before it clears the flag: clearing it on every
+/// message would bounce its cache line between sender and receiver each time.
+const STALE_SCAN_BUDGET: u32 = 16384;
 /// Bit 0 of the AM header's flag byte: reply (`am_core::wire`).
 const WIRE_REPLY: u8 = 1;
 
@@ -56,8 +60,12 @@ pub struct Sci {
     /// Work queue: (sender, slot) of messages found ready, in per-sender order.
     work: VecDeque<(usize, usize)>,
     recv_seq: Vec<u64>,
+    /// Scratch for one sender's message-ready flags during a scan.
+    stamps: Vec<u64>,
     pids: Vec<Option<nix::unistd::Pid>>,
     idle_polls: u32,
+    /// Flags left to scan before the message-exist flag, set but with nothing new, is taken.
+    stale_budget: u32,
     idle_since: Option<Instant>,
     last_check: Option<Instant>,
 }
@@ -77,6 +85,7 @@ impl TxState {
             .channel(me)
             .publish(peer, slot, stamp)
             .map_err(sci_err)?;
+        // Always a write: the sender never reads a peer's memory (SCI's remote writes only).
         peer.ring_tagged(MEF, am_shm::doorbell::tag(me))
             .map_err(sci_err)
     }
@@ -263,8 +272,10 @@ impl Sci {
             },
             work: VecDeque::with_capacity(n * 2 * config.slots),
             recv_seq: vec![1; n],
+            stamps: vec![0; 2 * config.slots],
             pids,
             idle_polls: 0,
+            stale_budget: STALE_SCAN_BUDGET,
             idle_since: None,
             last_check: None,
         }
@@ -402,27 +413,50 @@ impl Sci {
         &self.tx.layout
     }
 
+    /// Clears the message-exist flag and scans the senders that rang since it was last
+    /// cleared.
+    fn take_and_scan(&mut self) -> Result<(), TransportError> {
+        self.stale_budget = STALE_SCAN_BUDGET;
+        let tags = self
+            .seg
+            .doorbell(MEF)
+            .map_err(|e| TransportError::Io(e.to_string()))?
+            .take_tags();
+        if tags != 0 {
+            self.scan(tags)?;
+        }
+        Ok(())
+    }
+
     /// Moves every ready slot of the senders that rang (`tags`, see [`am_shm::doorbell::tag`])
-    /// to the work queue, per sender in stamp order.
-    fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
+    /// to the work queue, per sender in stamp order. Returns how many flags it read.
+    fn scan(&mut self, tags: u32) -> Result<u32, TransportError> {
         let layout = self.tx.layout;
         let all = tags & !1 == 0;
-        let mut stamps = [0u64; 128];
+        // Reused buffer: a fresh array per scan would cost a memset per poll.
+        let mut stamps = std::mem::take(&mut self.stamps);
+        let mut read = 0;
         for c in 0..layout.ranks {
             if !all && tags & am_shm::doorbell::tag(c) == 0 {
                 continue;
             }
             let chan = layout.channel(c);
             // One pass over the ready flags, then find the stamps in order locally.
-            let n = chan
-                .load_stamps(&self.seg, &mut stamps)
-                .map_err(|e| TransportError::Io(e.to_string()))?;
+            let n = match chan.load_stamps(&self.seg, &mut stamps) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.stamps = stamps;
+                    return Err(TransportError::Io(e.to_string()));
+                }
+            };
+            read += n as u32;
             while let Some(slot) = stamps[..n].iter().position(|&s| s == self.recv_seq[c]) {
                 self.recv_seq[c] += 1;
                 self.work.push_back((c, slot));
             }
         }
-        Ok(())
+        self.stamps = stamps;
+        Ok(read)
     }
 
     /// After a while without progress: is every peer that has not departed still alive?
@@ -517,18 +551,32 @@ impl Transport for Sci {
                 .doorbell(MEF)
                 .map_err(|e| TransportError::Io(e.to_string()))?;
             // The idle poll: one flag read.
-            if !bell.is_rung() {
+            let tags = bell.peek_tags();
+            if tags == 0 {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls % IDLE_POLLS_PER_TICK == 0 {
                     self.liveness_tick()?;
                 }
                 return Ok(None);
             }
-            let tags = bell.take_tags();
             if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
                 return Err(TransportError::JobAborted);
             }
-            self.scan(tags)?;
+            // Scan the senders that rang without clearing the flag: while it stays set, they
+            // send without ringing again, and the clear (a write the next ringer would pay
+            // for) stays off the delivery path. After a bounded number of fruitless scans
+            // the flag is taken, and the senders that rang since are scanned.
+            let scanned = self.scan(tags)?;
+            if self.work.is_empty() {
+                self.stale_budget = self.stale_budget.saturating_sub(scanned);
+                if self.stale_budget == 0 {
+                    self.take_and_scan()?;
+                }
+            }
+            if self.work.is_empty() {
+                return Ok(None);
+            }
+            self.stale_budget = STALE_SCAN_BUDGET;
         }
         let Some((src, slot)) = self.work.pop_front() else {
             return Ok(None);
@@ -538,25 +586,17 @@ impl Transport for Sci {
         let layout = self.tx.layout;
         let chan = layout.channel(src);
         let p = self.tx.config.slots;
-        let base = chan.data + slot * chan.size;
-        let mut hdr = [0u8; am_shm::stamp::SLOT_HEADER];
         let corrupt = |e: am_shm::ShmError| {
             TransportError::Io(format!("sci: rank {src} wrote a bad slot: {e}"))
         };
-        self.seg.read(base, &mut hdr).map_err(corrupt)?;
-        let (len, flags) = am_shm::stamp::decode_header(hdr, chan.capacity()).map_err(corrupt)?;
+        let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
         if slot < p {
             // A request: its reply goes to the paired reply slot.
             self.tx.owed[src].push_back(slot as u8);
         }
         let (bytes, segment) = self
             .seg
-            .split_lend(
-                base + am_shm::stamp::SLOT_HEADER,
-                len,
-                layout.segment_base(),
-                layout.segment,
-            )
+            .split_lend(body, len, layout.segment_base(), layout.segment)
             .map_err(corrupt)?;
         let delivery = Delivery {
             src: src as Rank,
@@ -580,6 +620,11 @@ impl Transport for Sci {
         if !self.tx.dma.queue.is_empty() {
             self.tx.progress_dma()?;
         }
+        if !self.work.is_empty() {
+            return Ok(());
+        }
+        // Never sleep on a flag left set: take it (and scan) first.
+        self.take_and_scan()?;
         if !self.work.is_empty() {
             return Ok(());
         }
@@ -732,7 +777,7 @@ mod tests {
             let mut hdr = [0u8; 8];
             hdr[..4].copy_from_slice(&len.to_le_bytes());
             hdr[4..].copy_from_slice(&flags.to_le_bytes());
-            peer.write(chan.data, &hdr).unwrap();
+            peer.write(chan.data + 8, &hdr).unwrap();
             chan.publish(peer, 0, 1).unwrap();
             peer.ring(MEF).unwrap();
             let r = b.poll_recv(|d, _, _| d.bytes.len());

@@ -3,7 +3,8 @@
 //! - `sci-rank-test alltoall ROUNDS`: every rank sends ROUNDS Medium requests (and one Long
 //!   put) to every rank, checks the echoes and the data, then meets the others at a barrier.
 //! - `sci-rank-test perf [ITERS]` (2 ranks; `--ranks 2` outside a launcher self-launches):
-//!   the raw two-process floors (am_shm::floor) and, in the same run, AM Short and Medium
+//!   the raw two-process floors (am_shm::floor) and, in the same run, the NIC alone (a Short
+//!   round trip through `Transport` without the AM core), AM Short and Medium
 //!   1 KiB round trips and Long 1 MiB bandwidth; rank 0 prints medians. Set
 //!   `SCI_SLOT_SIZE=1152` so a 1 KiB Medium fits a slot.
 //! - `sci-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death, µs
@@ -122,6 +123,57 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The NIC alone between the two processes, without the AM core: rank 0 sends a Short
+/// request head and polls for the reply; rank 1 replies from inside its receive closure.
+/// Rank 0 returns the median round trip in µs.
+fn nic_only(sci: &mut Sci, rank: u32, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
+    use am_core::wire::{Header, MAX_HEAD_LEN};
+    use am_core::{Category, Outgoing, Transport, Tx};
+    let head = |category| {
+        let mut h = [0u8; MAX_HEAD_LEN];
+        let n = Header {
+            category,
+            kind: AmKind::Short,
+            system: false,
+            handler: 1,
+            nargs: 0,
+            credit: 0,
+            payload_len: 0,
+            long_offset: 0,
+        }
+        .encode(&[], &mut h);
+        (h, n)
+    };
+    fn out(head: &[u8]) -> Outgoing<'_> {
+        Outgoing {
+            head,
+            payload: &[],
+            long_offset: None,
+        }
+    }
+    let mut v = Vec::with_capacity(iters);
+    if rank == 0 {
+        let (req, n) = head(Category::Request);
+        for _ in 0..iters {
+            let t = std::time::Instant::now();
+            sci.try_send(1, &out(&req[..n]))?;
+            while sci.poll_recv(|_, _, _| ())?.is_none() {}
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    } else {
+        let (rep, n) = head(Category::Reply);
+        let mut got = 0;
+        while got < iters {
+            let r = sci.poll_recv(|_, _, tx| tx.try_send(0, &out(&rep[..n])))?;
+            if let Some(r) = r {
+                r?;
+                got += 1;
+            }
+        }
+    }
+    Ok(median(v))
+}
+
 /// Two-process floors and AM numbers in one run (rank 0 prints).
 fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     use std::time::Instant;
@@ -139,7 +191,8 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     };
     let floor_rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut fence)?;
     let floor_bw = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut fence)?;
-    let sci = Sci::connect(&mut job, 2 << 20, SciConfig::from_env()?)?;
+    let mut sci = Sci::connect(&mut job, 2 << 20, SciConfig::from_env()?)?;
+    let nic_rtt = nic_only(&mut sci, rank, iters)?;
     let count = Rc::new(Cell::new(0u64));
     let mut h = Handlers::new();
     h.request(HandlerId(1), "s", AmKind::Short, |_m, t| {
@@ -191,6 +244,10 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
         let long = median(bws);
         let floor = median(floor_rtt.iter().map(|d| d.as_secs_f64() * 1e6).collect());
         println!("floor cache-line ping-pong (2 processes): {floor:.3} us");
+        println!(
+            "NIC only Short round trip (no AM core):   {nic_rtt:.3} us ({:.2}x floor)",
+            nic_rtt / floor
+        );
         println!(
             "AM Short round trip (sci, 2 processes):   {short:.3} us ({:.2}x floor)",
             short / floor
