@@ -40,8 +40,10 @@ pub struct UdpConfig {
     /// How long a closing rank keeps retransmitting until its last data and goodbye are
     /// acknowledged (also capped by the peer timeout).
     pub linger: Duration,
-    /// Test hook: drop, duplicate and delay outgoing datagrams with these seeded probabilities
-    /// (the delay reorders). The protocol must hide all of it.
+    /// Testing aid (`AM_UDP_FAULTS`, see [`parse_faults`]): drop, duplicate and delay outgoing
+    /// datagrams with these seeded probabilities (the delay reorders). The protocol must hide
+    /// all of it. Each rank mixes its rank into the seed, so ranks of one job fault
+    /// independently.
     pub faults: Option<am_core::FaultConfig>,
 }
 
@@ -75,10 +77,61 @@ fn bad(var: &'static str, value: &str, why: &str) -> UdpError {
     }
 }
 
+/// Parses the testing aid `AM_UDP_FAULTS`: comma-separated `key=value` settings of datagram
+/// faults injected on every rank's outgoing datagrams, e.g.
+/// `drop=0.1,dup=0.01,delay=0.05,seed=7`.
+///
+/// - `drop=p`: a datagram is discarded with probability p;
+/// - `dup=p` (or `duplicate=p`): sent twice;
+/// - `delay=p`: held back and sent after 1..=`max_delay` later sends, so it arrives late and
+///   out of order (`max_delay=n`, 1..=1000, default 4);
+/// - `seed=n`: the seed of the fault generator (default 1; each rank mixes in its rank).
+///
+/// Probabilities are in 0..=1; keys left out are 0. This is for testing the protocol (a job run
+/// with it must still verify, only slower), never for production. The error says what is wrong.
+pub fn parse_faults(spec: &str) -> Result<am_core::FaultConfig, String> {
+    let mut f = am_core::FaultConfig::default();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(format!(
+                "{item:?} is not key=value (keys: drop, dup, delay, max_delay, seed)"
+            ));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let prob = || match value.parse::<f64>() {
+            Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+            _ => Err(format!("{key}={value:?}: expected a probability in 0..=1")),
+        };
+        match key {
+            "drop" => f.drop = prob()?,
+            "dup" | "duplicate" => f.duplicate = prob()?,
+            "delay" => f.delay = prob()?,
+            "max_delay" => {
+                f.max_delay = match value.parse::<u32>() {
+                    Ok(n) if (1..=1000).contains(&n) => n,
+                    _ => return Err(format!("max_delay={value:?}: expected 1..=1000 sends")),
+                }
+            }
+            "seed" => {
+                f.seed = value
+                    .parse::<u64>()
+                    .map_err(|_| format!("seed={value:?}: expected an unsigned integer"))?
+            }
+            _ => {
+                return Err(format!(
+                    "unknown key {key:?} (keys: drop, dup, delay, max_delay, seed)"
+                ))
+            }
+        }
+    }
+    Ok(f)
+}
+
 impl UdpConfig {
     /// The defaults, overridden by the environment: `AM_UDP_MTU` (576..=65507),
     /// `AM_PEER_TIMEOUT_MS`, `AM_UDP_BIND`, `AM_UDP_ADVERTISE`, `AM_UDP_PORT_BASE`, `AM_COORD`,
-    /// `AM_UDP_KEY` or `AM_UDP_KEY_FILE`.
+    /// `AM_UDP_KEY` or `AM_UDP_KEY_FILE`, and the testing aid `AM_UDP_FAULTS` (see
+    /// [`parse_faults`]).
     pub fn from_env() -> Result<UdpConfig, UdpError> {
         let mut c = UdpConfig::default();
         if let Some(v) = var("AM_UDP_MTU") {
@@ -125,6 +178,9 @@ impl UdpConfig {
             );
         }
         c.coord = var("AM_COORD");
+        if let Some(v) = var("AM_UDP_FAULTS") {
+            c.faults = Some(parse_faults(&v).map_err(|why| bad("AM_UDP_FAULTS", &v, &why))?);
+        }
         match (var("AM_UDP_KEY"), var("AM_UDP_KEY_FILE")) {
             (Some(_), Some(_)) => {
                 return Err(bad(
@@ -156,5 +212,39 @@ impl UdpConfig {
         }
         c.linger = c.linger.min(c.engine.peer_timeout);
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_spec_parses() {
+        let f = parse_faults("drop=0.1,dup=0.01,delay=0.05,seed=7").unwrap();
+        assert_eq!(
+            (f.drop, f.duplicate, f.delay, f.seed, f.max_delay),
+            (0.1, 0.01, 0.05, 7, 4)
+        );
+        let f = parse_faults(" duplicate = 1 , max_delay=9 ,").unwrap();
+        assert_eq!((f.drop, f.duplicate, f.max_delay), (0.0, 1.0, 9));
+        assert_eq!(parse_faults("").unwrap(), am_core::FaultConfig::default());
+    }
+
+    #[test]
+    fn malformed_faults_spec_says_why() {
+        for (spec, says) in [
+            ("drop", "not key=value"),
+            ("drop=1.5", "probability in 0..=1"),
+            ("drop=-0.1", "probability in 0..=1"),
+            ("drop=NaN", "probability in 0..=1"),
+            ("dup=x", "probability"),
+            ("loss=0.1", "unknown key \"loss\""),
+            ("seed=-1", "unsigned integer"),
+            ("max_delay=0", "1..=1000"),
+        ] {
+            let e = parse_faults(spec).unwrap_err();
+            assert!(e.contains(says), "{spec}: {e}");
+        }
     }
 }

@@ -25,6 +25,9 @@
 //!   `AM_COORD=host:port`. Ports are ephemeral unless `AM_UDP_PORT_BASE=P` (rank r binds
 //!   P+r); `AM_UDP_BIND=ip` picks the interface (default 127.0.0.1); with a wildcard bind,
 //!   `AM_UDP_ADVERTISE=ip` (or the host name's address) is what peers are told.
+//! - **Testing aid**: `AM_UDP_FAULTS=drop=0.1,dup=0.01,delay=0.05,seed=7` makes every rank of a
+//!   job drop, duplicate and reorder its outgoing datagrams (see [`config::parse_faults`]); a
+//!   job must still verify under it, only slower. Not for production.
 //!
 //! # Threat model
 //!

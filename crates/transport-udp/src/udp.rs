@@ -34,7 +34,7 @@ pub struct PeerAddr {
     pub epoch: u64,
 }
 
-/// The test hook: seeded drop, duplicate and delay of outgoing datagrams.
+/// The testing aid ([`UdpConfig::faults`], `AM_UDP_FAULTS`): seeded drop, duplicate and delay of outgoing datagrams.
 struct Faults {
     config: FaultConfig,
     state: u64,
@@ -345,7 +345,10 @@ impl Udp {
                 self_queue: VecDeque::new(),
                 faults: config.faults.map(|c| Faults {
                     config: c,
-                    state: c.seed,
+                    // Ranks of one job (one AM_UDP_FAULTS) fault independently.
+                    state: c
+                        .seed
+                        .wrapping_add((rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)),
                     held: Vec::new(),
                     dropped: 0,
                 }),

@@ -23,15 +23,35 @@ fn four_ranks_all_to_all_under_launcher() {
 
 #[test]
 fn four_ranks_all_to_all_with_loss_under_launcher() {
-    // 10% of datagrams dropped, 1% duplicated, 5% delayed, on every rank.
+    // 10% of datagrams dropped, 1% duplicated, 5% delayed, on every rank: the testing aid
+    // for whole jobs.
     let code = am_launch::Launcher::new(4, BIN)
         .args(["alltoall", "300"])
         .transport("udp")
         .env("AM_WAIT", "block")
-        .env("AM_UDP_CHECK_FAULTS", "0.1")
+        .env("AM_UDP_FAULTS", "drop=0.1,dup=0.01,delay=0.05,seed=7")
         .run()
         .expect("launch");
     assert_eq!(code, 0);
+}
+
+#[test]
+fn malformed_fault_spec_is_a_clear_error() {
+    let out = Command::new(BIN)
+        .args(["alltoall", "1"])
+        .env("AM_UDP_FAULTS", "drop=0.1,loss=0.2")
+        .env_remove("AM_PMI_FD")
+        .env_remove("PMI_FD")
+        .env_remove("PMI_PORT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("AM_UDP_FAULTS=\"drop=0.1,loss=0.2\": unknown key \"loss\""),
+        "{err}"
+    );
 }
 
 #[test]
@@ -164,6 +184,63 @@ fn killed_rank_is_lost_once_by_every_survivor() {
                 .iter()
                 .any(|(who, l, _)| *who == r && *l == format!("SEND_FAILS {VICTIM}")),
             "rank {r}: sends to the lost rank fail at once"
+        );
+    }
+}
+
+#[test]
+fn four_credits_receiver_process_stopped_half_the_timeout_then_everything_delivered() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use nix::unistd::Pid;
+    const TIMEOUT_MS: u64 = 1000;
+    const N: u32 = 2000;
+    let key = transport_udp::JobKey::generate().unwrap();
+    let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let mut job = Job(Vec::new());
+    for r in 0..2u32 {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["stream", &N.to_string()])
+            .env("AM_RANK", r.to_string())
+            .env("AM_SIZE", "2")
+            .env("AM_JOB_ID", format!("pausetest{}", std::process::id()))
+            .env("AM_COORD", &coord)
+            .env("AM_UDP_KEY", key.to_hex())
+            .env("AM_PEER_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("AM_CREDITS", "4")
+            .env("AM_WAIT", "block")
+            .env_remove("AM_PMI_FD")
+            .env_remove("PMI_FD")
+            .env_remove("PMI_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if r == 1 {
+            // Mid-stream, with the sender blocked on its 4 credits.
+            cmd.env("AM_UDP_CHECK_STOP_AFTER", "100");
+        }
+        job.0.push(cmd.spawn().expect("spawn"));
+    }
+    let receiver = Pid::from_raw(job.0[1].id() as i32);
+    match waitpid(receiver, Some(WaitPidFlag::WUNTRACED)).expect("waitpid") {
+        WaitStatus::Stopped(_, Signal::SIGSTOP) => {}
+        other => panic!("the receiver should have stopped itself: {other:?}"),
+    }
+    // The pause itself: the whole receiver process, sockets and all, for half the timeout.
+    std::thread::sleep(Duration::from_millis(TIMEOUT_MS / 2));
+    kill(receiver, Signal::SIGCONT).expect("SIGCONT");
+    let mut outs = Vec::new();
+    for c in job.0.iter_mut() {
+        let mut out = String::new();
+        std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut out).unwrap();
+        let status = c.wait().expect("wait");
+        outs.push((status, out));
+    }
+    for (r, (status, out)) in outs.iter().enumerate() {
+        println!("{out}");
+        assert!(status.success(), "rank {r}: {status}: {out}");
+        assert!(
+            out.contains(&format!("rank {r}: ok, {N} messages")),
+            "rank {r}: {out}"
         );
     }
 }

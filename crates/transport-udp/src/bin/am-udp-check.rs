@@ -2,20 +2,24 @@
 //!
 //! ```text
 //! am-udp-check alltoall N    every rank sends N requests to every rank, checks order; exit 0
+//! am-udp-check stream N      2 ranks: rank 0 sends N requests to rank 1, which checks order;
+//!                            with AM_UDP_CHECK_STOP_AFTER=k rank 1 stops itself (SIGSTOP)
+//!                            after k, for the test to resume (SIGCONT)
 //! am-udp-check survive       traffic until a peer is lost; report it; exit 3
-//! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip
+//! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, then
+//!                            Node::put bandwidth of 1, 4 and 16 MiB
 //! ```
 //!
 //! Ranks learn their place from the launcher (`amrun`, `mpiexec`, or `AM_RANK`/`AM_SIZE`/
-//! `AM_JOB_ID` plus `AM_COORD`). `AM_UDP_CHECK_FAULTS=p` makes each rank drop a fraction p of
-//! its outgoing datagrams (and duplicate and reorder some): the run must still verify.
+//! `AM_JOB_ID` plus `AM_COORD`). `AM_UDP_FAULTS=drop=0.1,dup=0.01,delay=0.05` makes each rank
+//! drop, duplicate and reorder its outgoing datagrams: the run must still verify.
 
 use std::cell::RefCell;
 use std::net::UdpSocket;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use am_core::{AmError, AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+use am_core::{AmError, AmKind, Config, HandlerId, Handlers, Node, Transport, WaitMode};
 use transport_udp::{Udp, UdpConfig};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -33,10 +37,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("alltoall") => alltoall(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
+        Some("stream") => stream(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
         Some("survive") => survive(),
         Some("bench") => bench(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000)),
         _ => {
-            eprintln!("usage: am-udp-check alltoall N | survive | bench [N]");
+            eprintln!("usage: am-udp-check alltoall N | stream N | survive | bench [N]");
             std::process::exit(2)
         }
     };
@@ -48,19 +53,7 @@ fn main() {
 
 fn connect() -> Res<(am_launch::JobInfo, Udp)> {
     let mut job = am_launch::JobInfo::from_env()?;
-    let mut config = UdpConfig::from_env()?;
-    if let Ok(p) = std::env::var("AM_UDP_CHECK_FAULTS") {
-        let p: f64 = p
-            .parse()
-            .map_err(|_| "AM_UDP_CHECK_FAULTS: expected a probability")?;
-        config.faults = Some(am_core::FaultConfig {
-            seed: 1 + job.rank as u64,
-            drop: p,
-            duplicate: p / 10.0,
-            delay: p / 2.0,
-            max_delay: 4,
-        });
-    }
+    let config = UdpConfig::from_env()?;
     let udp = Udp::connect(&mut job, 1 << 20, config)?;
     Ok((job, udp))
 }
@@ -112,7 +105,8 @@ fn alltoall(n: u32) -> Res<()> {
     }
     let s = node.transport().stats();
     println!(
-        "rank {me}: ok, {} messages from each of {size} ranks; retransmits {}, duplicates {}, rejected {}",
+        "rank {me} at {}: ok, {} messages from each of {size} ranks; retransmits {}, duplicates {}, rejected {}",
+        node.transport().local_addr(),
         n,
         s.retransmits,
         s.duplicates,
@@ -120,6 +114,65 @@ fn alltoall(n: u32) -> Res<()> {
     );
     drop(node);
     drop(job);
+    Ok(())
+}
+
+/// Rank 0 streams `n` numbered requests to rank 1, which checks they arrive exactly once in
+/// order. `AM_UDP_CHECK_STOP_AFTER=k`: rank 1 stops itself with SIGSTOP after k messages, so
+/// a test can hold it paused mid-stream (the sender blocked on credits) and resume it.
+fn stream(n: u32) -> Res<()> {
+    let (job, udp) = connect()?;
+    if job.size != 2 {
+        bail!("stream needs exactly 2 ranks");
+    }
+    let stop_after: Option<u32> = match std::env::var("AM_UDP_CHECK_STOP_AFTER") {
+        Ok(v) => Some(
+            v.parse()
+                .map_err(|_| "AM_UDP_CHECK_STOP_AFTER: expected a count")?,
+        ),
+        Err(_) => None,
+    };
+    let next = Rc::new(std::cell::Cell::new(0u32));
+    let bad = Rc::new(std::cell::Cell::new(0u32));
+    let mut h = Handlers::new();
+    let (nx, bd) = (next.clone(), bad.clone());
+    h.request(SEQ, "seq", AmKind::Short, move |msg, _token| {
+        if msg.args()[0] == nx.get() {
+            nx.set(nx.get() + 1);
+        } else {
+            bd.set(bd.get() + 1);
+        }
+    })?;
+    let mut node = Node::new(udp, h, node_config()?)?;
+    let start = Instant::now();
+    if node.rank() == 0 {
+        for i in 0..n {
+            node.request_short(1, SEQ, &[i])?;
+        }
+    } else {
+        if let Some(k) = stop_after {
+            node.wait_until(|| next.get() >= k.min(n))?;
+            println!("STOPPING after {}", next.get());
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)?;
+        }
+        node.wait_until(|| next.get() + bad.get() >= n)?;
+    }
+    node.barrier()?;
+    let s = node.transport().stats();
+    if node.rank() == 1 && (next.get(), bad.get()) != (n, 0) {
+        bail!(
+            "rank 1: {} in order, {} out of order or twice, of {n}",
+            next.get(),
+            bad.get()
+        );
+    }
+    println!(
+        "rank {}: ok, {n} messages in {:?}; retransmits {}, timeouts {}",
+        node.rank(),
+        start.elapsed(),
+        s.retransmits,
+        s.timeouts
+    );
     Ok(())
 }
 
@@ -192,7 +245,9 @@ fn survive() -> Res<()> {
 }
 
 /// Raw UDP busy-poll ping-pong next to an AM Short round trip over `Udp`, both on 127.0.0.1,
-/// both between two threads of this process, medians of `n` round trips.
+/// both between two threads of this process, medians of `n` round trips; then `Node::put`
+/// bandwidth of 1, 4 and 16 MiB (`AM_UDP_MTU` sets the datagram size, `AM_WAIT` the wait mode
+/// of the puts, `AM_UDP_CHECK_STATS=1` prints the protocol counters).
 fn bench(n: usize) -> Res<()> {
     // The datagram of an AM Short with one argument: 88 bytes of UDP header+MAC, 12 of AM head.
     let size = transport_udp::wire::OVERHEAD + 12;
@@ -207,12 +262,100 @@ fn bench(n: usize) -> Res<()> {
         am,
         am / raw
     );
+    let mtu = UdpConfig::from_env()?.engine.mtu;
+    let wait = std::env::var("AM_WAIT").unwrap_or_else(|_| "block".into());
+    println!(
+        "raw UDP send+receive of 16 MiB in {mtu}-byte datagrams, one thread:  median {:.0} MiB/s (the kernel's ceiling)",
+        raw_stream(16 << 20, mtu, 3)?
+    );
+    for (size, mib_s) in put_bandwidth(&[1 << 20, 4 << 20, 16 << 20], 5)? {
+        println!(
+            "Node::put of {:>2} MiB over transport-udp ({mtu}-byte datagrams, {wait}): median {:.0} MiB/s",
+            size >> 20,
+            mib_s
+        );
+    }
     Ok(())
+}
+
+/// Blocking `Node::put`s of each size from rank 0 to rank 1 (two threads), `reps`
+/// times each after one warm-up: the median bandwidth per size in MiB/s. The configuration
+/// comes from the environment (`AM_UDP_MTU=65507` for loopback-sized datagrams).
+fn put_bandwidth(sizes: &[usize], reps: usize) -> Res<Vec<(usize, f64)>> {
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let transports = Udp::cluster(2, largest, UdpConfig::from_env()?)?;
+    let results = am_core::run_ranks(transports, |t| -> Result<Vec<(usize, f64)>, String> {
+        let r = (|| -> Res<Vec<(usize, f64)>> {
+            // Blocking by default: spinning ranks starve each other on a busy 2-core machine,
+            // and a starved receiver turns into retransmission timeouts (`AM_WAIT` overrides).
+            let mut config = Config::from_env()?;
+            if std::env::var_os("AM_WAIT").is_none() {
+                config.wait_mode = WaitMode::Block;
+            }
+            let mut node = Node::new(t, Handlers::new(), config)?;
+            let data: Vec<u8> = (0..largest).map(|i| (i * 7 + 1) as u8).collect();
+            let mut out = Vec::new();
+            for &size in sizes {
+                let mut rates = Vec::new();
+                if node.rank() == 0 {
+                    for rep in 0..=reps {
+                        let t = Instant::now();
+                        node.put(1, 0, &data[..size])?;
+                        if rep > 0 {
+                            rates.push(size as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64());
+                        }
+                    }
+                    out.push((size, median(rates)));
+                    if std::env::var_os("AM_UDP_CHECK_STATS").is_some() {
+                        eprintln!("after {size}: {:?}", node.transport().stats());
+                    }
+                }
+                node.barrier()?;
+                if node.rank() == 1 && node.transport().segment()[..size] != data[..size] {
+                    bail!("put of {size} bytes: the target segment does not match");
+                }
+            }
+            Ok(out)
+        })();
+        r.map_err(|e| e.to_string())
+    });
+    let mut it = results.into_iter();
+    Ok(it.next().ok_or("no rank 0")??)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// The kernel's cost of moving `bytes` through loopback UDP in `mtu`-byte datagrams: one
+/// thread sends a batch (well within the socket buffer, and loopback delivers during the send)
+/// and drains it from the receiving socket, so nothing is lost and nothing waits for the
+/// scheduler; `reps` times. The median rate of bytes received, in MiB/s.
+fn raw_stream(bytes: usize, mtu: usize, reps: usize) -> Res<f64> {
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.1:0")?;
+    b.set_nonblocking(true)?;
+    let _ = nix::sys::socket::setsockopt(&b, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
+    let to = b.local_addr()?;
+    let batch = ((128 << 10) / mtu).clamp(1, 32);
+    let msg = vec![7u8; mtu];
+    let mut buf = vec![0u8; mtu + 1];
+    let mut rates = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let (mut sent, mut got) = (0, 0);
+        while sent < bytes {
+            for _ in 0..batch {
+                sent += a.send_to(&msg, to)?;
+            }
+            while let Ok((n, _)) = b.recv_from(&mut buf) {
+                got += n;
+            }
+        }
+        rates.push(got as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median(rates))
 }
 
 fn raw_pingpong(n: usize, size: usize) -> Res<f64> {
