@@ -1,20 +1,9 @@
 //! The ping-pong example runs and its `--json` output is what the README promises.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// Examples are built next to the test binaries' directory by `cargo test`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} not built: `cargo test` builds examples unless filtered with --test; run `cargo build --example {name}` first",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::example;
 
 #[test]
 fn pingpong_json_parses() {

@@ -1,21 +1,10 @@
 //! The RandomAccess example verifies on loopback in every mode, prints the JSON the README
 //! promises, and fails (exit status 1) when more than 1% of the table is wrong.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// Examples are built next to the test binaries' directory by `cargo test`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} not built: `cargo test` builds examples unless filtered with --test; run `cargo build --example {name}` first",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::example;
 
 fn run(args: &[&str]) -> (Output, serde_json::Value) {
     let out = Command::new(example("random_access"))

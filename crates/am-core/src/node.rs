@@ -280,11 +280,7 @@ impl<T: Transport> Node<T> {
     pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
         let mut idle = 0;
         while !done() {
-            if self.poll()? == 0 {
-                self.idle(&mut idle)?;
-            } else {
-                idle = 0;
-            }
+            self.progress(&mut idle)?;
         }
         Ok(())
     }
@@ -292,13 +288,20 @@ impl<T: Transport> Node<T> {
     fn wait_until_ep(&mut self, mut done: impl FnMut(&Endpoint) -> bool) -> Result<(), AmError> {
         let mut idle = 0;
         while !done(&self.ep) {
-            if self.poll()? == 0 {
-                self.idle(&mut idle)?;
-            } else {
-                idle = 0;
-            }
+            self.progress(&mut idle)?;
         }
         Ok(())
+    }
+
+    /// One step of every blocking loop: poll, and wait as the wait mode says if nothing came.
+    #[inline]
+    fn progress(&mut self, idle: &mut u32) -> Result<(), AmError> {
+        if self.poll()? == 0 {
+            self.idle(idle)
+        } else {
+            *idle = 0;
+            Ok(())
+        }
     }
 
     fn idle(&mut self, idle: &mut u32) -> Result<(), AmError> {
@@ -428,11 +431,7 @@ impl<T: Transport> Node<T> {
             if self.try_send_request(dest, system, kind, handler, args, payload, long_offset)? {
                 return Ok(());
             }
-            if self.poll()? == 0 {
-                self.idle(&mut idle)?;
-            } else {
-                idle = 0;
-            }
+            self.progress(&mut idle)?;
         }
     }
 
@@ -674,11 +673,7 @@ impl<T: Transport> Node<T> {
                 Some(slot) if slot.outstanding == 0 => return self.ep.finish_op(index),
                 Some(_) => {}
             }
-            if self.poll()? == 0 {
-                self.idle(&mut idle)?;
-            } else {
-                idle = 0;
-            }
+            self.progress(&mut idle)?;
         }
     }
 
