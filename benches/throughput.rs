@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use amnet::AmKind;
 use common::{kind_name, transports, Pair, KINDS, SINK};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 
 const FLOOD_SIZES: [usize; 2] = [8, 4096];
 const LONG_SIZES: [usize; 4] = [4096, 65536, 1 << 20, 16 << 20];
@@ -67,9 +69,12 @@ fn flood(c: &mut Criterion) {
 
 fn bandwidth(c: &mut Criterion) {
     let mut long = c.benchmark_group("bandwidth/long");
+    // Flat sampling: a 16 MiB put over UDP takes tens of ms, so linear sampling's growing
+    // iteration counts would stretch one benchmark to minutes.
     long.warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
-        .sample_size(10);
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat);
     for transport in transports() {
         let Some(mut pair) = Pair::start(transport, SEGMENT) else {
             continue;
@@ -88,7 +93,8 @@ fn bandwidth(c: &mut Criterion) {
     let mut put = c.benchmark_group("bandwidth/put");
     put.warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
-        .sample_size(10);
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat);
     for transport in transports() {
         let Some(mut pair) = Pair::start(transport, SEGMENT) else {
             continue;
