@@ -60,25 +60,47 @@ struct Held {
     after: u32,
 }
 
-struct Faults {
-    config: FaultConfig,
-    state: u64,
-    held: Vec<Held>,
-    stats: FaultStats,
-}
+/// The seeded generator behind the fault decisions (SplitMix64: tiny, good enough to pick
+/// faults). Public so that transports injecting faults below the AM level (datagrams) make
+/// their decisions the same way from the same seed.
+#[derive(Debug, Clone)]
+pub struct FaultRng(u64);
 
-impl Faults {
-    /// SplitMix64: tiny, seeded, good enough to pick faults.
-    fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
+impl FaultRng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        FaultRng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
 
+    /// True with probability `p` (never for `p <= 0`).
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+struct Faults {
+    config: FaultConfig,
+    rng: FaultRng,
+    held: Vec<Held>,
+    stats: FaultStats,
+}
+
+impl Faults {
+    fn next(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
     fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.rng.chance(p)
     }
 
     /// Sends the held messages whose time has come (one step per send or poll).
@@ -162,7 +184,7 @@ impl<T: Transport> FaultInjector<T> {
             inner,
             faults: Faults {
                 config,
-                state: config.seed,
+                rng: FaultRng::new(config.seed),
                 held: Vec::new(),
                 stats: FaultStats::default(),
             },

@@ -37,7 +37,7 @@ pub mod wire;
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, StaticCredits};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
-pub use fault::{FaultConfig, FaultInjector, FaultStats};
+pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetHandle, Node, PutHandle};

@@ -37,21 +37,17 @@ pub struct PeerAddr {
 /// The testing aid ([`UdpConfig::faults`], `AM_UDP_FAULTS`): seeded drop, duplicate and delay of outgoing datagrams.
 struct Faults {
     config: FaultConfig,
-    state: u64,
+    rng: am_core::FaultRng,
     held: Vec<(SocketAddr, Vec<u8>, u32)>,
     dropped: u64,
 }
 
 impl Faults {
     fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.rng.next_u64()
     }
     fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.rng.chance(p)
     }
     /// Sends held datagrams whose time has come.
     fn release(&mut self, socket: &UdpSocket) {
@@ -346,9 +342,10 @@ impl Udp {
                 faults: config.faults.map(|c| Faults {
                     config: c,
                     // Ranks of one job (one AM_UDP_FAULTS) fault independently.
-                    state: c
-                        .seed
-                        .wrapping_add((rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)),
+                    rng: am_core::FaultRng::new(
+                        c.seed
+                            .wrapping_add((rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)),
+                    ),
                     held: Vec::new(),
                     dropped: 0,
                 }),
