@@ -411,7 +411,6 @@ impl Endpoint {
                     result = system_request(
                         &mut SystemState {
                             rank: self.rank,
-                            size: self.size,
                             seg_len: self.seg_len,
                             hello: &mut self.hello,
                             hello_digest: self.hello_digest,
@@ -569,7 +568,6 @@ impl Endpoint {
 
 struct SystemState<'a> {
     rank: Rank,
-    size: u32,
     seg_len: usize,
     hello: &'a mut Hello,
     hello_digest: u64,
@@ -677,9 +675,6 @@ fn system_request(
             *st.exit_requested = Some(code as i32);
             Ok(())
         }
-        _ => {
-            let _ = st.size;
-            Err(bad())
-        }
+        _ => Err(bad()),
     }
 }
