@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::credit::Credits;
+
 /// How a rank waits when a blocking call has nothing to do.
 ///
 /// Ranks often outnumber cores (8 ranks on a 2-core laptop); spinning ranks then steal the CPU
@@ -33,9 +35,9 @@ impl std::str::FromStr for WaitMode {
 /// Configuration of a [`crate::Node`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Requests a rank may have outstanding to each peer (`AM_CREDITS`, default 8, at most 255
-    /// and at most the transport's `max_credits`).
-    pub credits_per_peer: u32,
+    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static, 8
+    /// per peer by default (at most 255 and at most the transport's `max_credits`), or dynamic.
+    pub credits: Credits,
     /// How blocking calls wait (`AM_WAIT`, default `yield`).
     pub wait_mode: WaitMode,
     /// Polls spent spinning before yielding or blocking.
@@ -47,7 +49,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            credits_per_peer: 8,
+            credits: Credits::default(),
             wait_mode: WaitMode::SpinThenYield,
             spin_polls: 64,
             block_timeout: Duration::from_millis(10),
@@ -72,16 +74,11 @@ impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
         if let Ok(v) = std::env::var("AM_CREDITS") {
-            c.credits_per_peer = match v.parse::<u32>() {
-                Ok(n) if (1..=255).contains(&n) => n,
-                _ => {
-                    return Err(ConfigError {
-                        var: "AM_CREDITS",
-                        value: v,
-                        why: "expected an integer in 1..=255".into(),
-                    })
-                }
-            };
+            c.credits = v.parse().map_err(|why| ConfigError {
+                var: "AM_CREDITS",
+                value: v.clone(),
+                why,
+            })?;
         }
         if let Ok(v) = std::env::var("AM_WAIT") {
             c.wait_mode = v.parse().map_err(|why| ConfigError {

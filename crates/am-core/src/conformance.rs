@@ -28,7 +28,7 @@ pub const SEGMENT: usize = 1 << 20;
 
 fn config(credits: u32) -> Config {
     Config {
-        credits_per_peer: credits,
+        credits: crate::Credits::Static(credits),
         wait_mode: WaitMode::Block,
         ..Config::default()
     }

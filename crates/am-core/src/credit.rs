@@ -35,6 +35,19 @@ pub trait CreditPolicy {
     fn available(&self, peer: Rank) -> u32;
     /// Requests to `peer` whose reply has not arrived.
     fn outstanding(&self, peer: Rank) -> u32;
+    /// Credits held toward `peer`: available plus outstanding.
+    fn held(&self, peer: Rank) -> u32 {
+        self.available(peer) + self.outstanding(peer)
+    }
+    /// Target side: credits `peer` holds toward this rank, for policies that track it.
+    fn lent_to(&self, peer: Rank) -> Option<u32> {
+        let _ = peer;
+        None
+    }
+    /// Target side: credits banked here to lend, for policies that bank.
+    fn banked(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// The same fixed number of credits for every peer (GASNet's static partitioning).
@@ -99,6 +112,317 @@ impl CreditPolicy for StaticCredits {
     }
 }
 
+/// Default of [`DynamicCredits`]: credits each peer starts with.
+pub const DYNAMIC_INITIAL: u32 = 2;
+/// Default of [`DynamicCredits`]: credits each target keeps banked to lend.
+pub const DYNAMIC_BANK: u32 = 32;
+
+/// Requests received by a target between two halvings of its usage counters.
+const EPOCH: u32 = 256;
+
+/// Dynamic credit redistribution (the GASNet Portals conduit's final design).
+///
+/// Every peer starts with `initial` credits toward each target; the rest of the target's receive
+/// space stays **banked** there. A sender that stalls for want of credit sets the credit byte of
+/// its next request (its hint). The target then **lends** from its bank on the reply, doubling
+/// that peer's holding up to `max_per_peer`. While some peer waits for an empty bank, the target
+/// **takes back** one credit (a reply granting 0) from each request of any other peer that holds
+/// a loan and did not ask; whatever the demand, it also takes loans back from peers whose usage
+/// has decayed to little: usage counters are halved every epoch of 256 requests received.
+///
+/// The target never has more requests in flight than `ranks * initial + bank`, which is what its
+/// receive buffers must hold (see [`Credits::receive_budget`]), against `ranks * per_peer` under
+/// [`StaticCredits`]. Requests never fail for lack of credit: the blocking API polls until a
+/// reply returns one. A peer that goes completely silent keeps its loan until its next request
+/// to that target; the loan is bounded by `max_per_peer - initial`.
+#[derive(Debug, Clone)]
+pub struct DynamicCredits {
+    initial: u32,
+    max_per_peer: u32,
+    // Sender side, per target.
+    available: Vec<u32>,
+    outstanding: Vec<u32>,
+    stalled: Vec<bool>,
+    // Target side, per sender.
+    lent: Vec<u32>,
+    usage: Vec<u32>,
+    bank: u32,
+    received: u32,
+    // Peers that asked for more while the bank was empty, and how many there are.
+    wanting: Vec<bool>,
+    wanting_count: u32,
+}
+
+impl DynamicCredits {
+    /// `initial` credits per peer, `bank` to lend, at most `max_per_peer` held by one peer.
+    ///
+    /// # Panics
+    /// If `initial` is 0 or `max_per_peer < initial`.
+    pub fn new(ranks: u32, initial: u32, bank: u32, max_per_peer: u32) -> Self {
+        assert!(
+            initial >= 1,
+            "dynamic credits need at least 1 initial credit per peer"
+        );
+        assert!(
+            max_per_peer >= initial,
+            "max_per_peer ({max_per_peer}) below initial ({initial})"
+        );
+        let n = ranks as usize;
+        DynamicCredits {
+            initial,
+            max_per_peer,
+            available: vec![initial; n],
+            outstanding: vec![0; n],
+            stalled: vec![false; n],
+            lent: vec![initial; n],
+            usage: vec![0; n],
+            bank,
+            received: 0,
+            wanting: vec![false; n],
+            wanting_count: 0,
+        }
+    }
+
+    /// Credits this rank holds toward `peer` (available plus outstanding).
+    pub fn held(&self, peer: Rank) -> u32 {
+        self.available[peer as usize] + self.outstanding[peer as usize]
+    }
+
+    /// Target side: credits `peer` holds toward this rank, as this rank accounts them.
+    pub fn lent_to(&self, peer: Rank) -> u32 {
+        self.lent[peer as usize]
+    }
+
+    fn set_wanting(&mut self, p: usize, wanting: bool) {
+        if self.wanting[p] != wanting {
+            self.wanting[p] = wanting;
+            if wanting {
+                self.wanting_count += 1;
+            } else {
+                self.wanting_count -= 1;
+            }
+        }
+    }
+
+    fn tick_epoch(&mut self) {
+        self.received += 1;
+        if self.received >= EPOCH {
+            self.received = 0;
+            for u in &mut self.usage {
+                *u /= 2;
+            }
+            // A peer that asked and then went quiet must not keep draining the others.
+            self.wanting.fill(false);
+            self.wanting_count = 0;
+        }
+    }
+}
+
+impl CreditPolicy for DynamicCredits {
+    #[inline]
+    fn try_acquire(&mut self, peer: Rank) -> bool {
+        let p = peer as usize;
+        if self.available[p] == 0 {
+            self.stalled[p] = true;
+            return false;
+        }
+        self.available[p] -= 1;
+        self.outstanding[p] += 1;
+        true
+    }
+
+    #[inline]
+    fn cancel(&mut self, peer: Rank) {
+        self.available[peer as usize] += 1;
+        self.outstanding[peer as usize] -= 1;
+    }
+
+    #[inline]
+    fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
+        let p = peer as usize;
+        if self.outstanding[p] == 0 {
+            return false;
+        }
+        self.outstanding[p] -= 1;
+        self.available[p] += granted as u32;
+        true
+    }
+
+    #[inline]
+    fn request_hint(&mut self, peer: Rank) -> u8 {
+        let p = peer as usize;
+        // Out of credit now, or stalled since the last request: ask for more.
+        let want = self.stalled[p] || self.available[p] == 0;
+        self.stalled[p] = false;
+        want as u8
+    }
+
+    fn reply_grant(&mut self, peer: Rank, hint: u8) -> u8 {
+        let p = peer as usize;
+        self.tick_epoch();
+        self.usage[p] = self.usage[p].saturating_add(1);
+        let lent = self.lent[p];
+        if hint != 0 {
+            if lent < self.max_per_peer && self.bank > 0 {
+                let more = lent.min(self.bank).min(self.max_per_peer - lent).min(254);
+                self.bank -= more;
+                self.lent[p] += more;
+                self.set_wanting(p, false);
+                return 1 + more as u8;
+            }
+            if lent < self.max_per_peer {
+                self.set_wanting(p, true);
+            }
+            return 1;
+        }
+        // A peer with a loan that did not ask: take one back if another peer is waiting for
+        // the bank, or if this one has gone quiet.
+        let others_wait = self.wanting_count > self.wanting[p] as u32;
+        if lent > self.initial && !self.wanting[p] && (others_wait || self.usage[p] < 2) {
+            self.lent[p] -= 1;
+            self.bank += 1;
+            return 0;
+        }
+        1
+    }
+
+    fn available(&self, peer: Rank) -> u32 {
+        self.available[peer as usize]
+    }
+
+    fn outstanding(&self, peer: Rank) -> u32 {
+        self.outstanding[peer as usize]
+    }
+
+    fn held(&self, peer: Rank) -> u32 {
+        DynamicCredits::held(self, peer)
+    }
+
+    fn lent_to(&self, peer: Rank) -> Option<u32> {
+        Some(DynamicCredits::lent_to(self, peer))
+    }
+
+    fn banked(&self) -> Option<u32> {
+        Some(self.bank)
+    }
+}
+
+/// How credits are shared out between peers (`AM_CREDITS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credits {
+    /// Every peer gets the same number toward every target (`AM_CREDITS=8`): [`StaticCredits`].
+    Static(u32),
+    /// Each peer starts with `initial`; each target banks `bank` more and lends them to peers
+    /// that stall (`AM_CREDITS=dynamic` or `dynamic:INITIAL:BANK`): [`DynamicCredits`].
+    Dynamic {
+        /// Credits every peer starts with.
+        initial: u32,
+        /// Credits each target keeps to lend.
+        bank: u32,
+    },
+}
+
+impl Default for Credits {
+    fn default() -> Self {
+        Credits::Static(8)
+    }
+}
+
+impl Credits {
+    /// The dynamic policy with its defaults.
+    pub const DYNAMIC: Credits = Credits::Dynamic {
+        initial: DYNAMIC_INITIAL,
+        bank: DYNAMIC_BANK,
+    };
+
+    /// The most requests one target can have in flight from all `ranks` ranks (itself included)
+    /// at once: the receive space a transport must reserve so that no request is ever dropped.
+    pub fn receive_budget(&self, ranks: u32) -> u64 {
+        match *self {
+            Credits::Static(per_peer) => ranks as u64 * per_peer as u64,
+            Credits::Dynamic { initial, bank } => ranks as u64 * initial as u64 + bank as u64,
+        }
+    }
+
+    /// The most credits one peer may hold toward one target.
+    pub fn max_per_peer(&self) -> u32 {
+        match *self {
+            Credits::Static(per_peer) => per_peer,
+            Credits::Dynamic { initial, bank } => initial.saturating_add(bank),
+        }
+    }
+
+    /// The credits a peer starts with.
+    pub fn initial(&self) -> u32 {
+        match *self {
+            Credits::Static(per_peer) => per_peer,
+            Credits::Dynamic { initial, .. } => initial,
+        }
+    }
+
+    /// Builds the policy for `ranks` ranks, lending no peer more than `transport_max` (the
+    /// transport's [`crate::Limits::max_credits`]). Errors name what is out of range.
+    pub fn policy(&self, ranks: u32, transport_max: u32) -> Result<Box<dyn CreditPolicy>, String> {
+        match *self {
+            Credits::Static(per_peer) => {
+                if per_peer == 0 || per_peer > 255 || per_peer > transport_max {
+                    return Err(format!(
+                        "{per_peer} static credits per peer, but this transport allows 1..={}",
+                        transport_max.min(255)
+                    ));
+                }
+                Ok(Box::new(StaticCredits::new(ranks, per_peer)))
+            }
+            Credits::Dynamic { initial, bank } => {
+                if initial == 0 || initial > 255 || initial > transport_max {
+                    return Err(format!(
+                        "{initial} initial dynamic credits per peer, but this transport allows 1..={}",
+                        transport_max.min(255)
+                    ));
+                }
+                let max = self.max_per_peer().min(transport_max);
+                Ok(Box::new(DynamicCredits::new(ranks, initial, bank, max)))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Credits {
+    /// The `AM_CREDITS` spelling: `8` or `dynamic:2:32`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credits::Static(n) => write!(f, "{n}"),
+            Credits::Dynamic { initial, bank } => write!(f, "dynamic:{initial}:{bank}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Credits {
+    type Err = String;
+    /// `8` (static), `dynamic`, or `dynamic:INITIAL:BANK`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("expected a number of static credits in 1..=255, `dynamic` or `dynamic:INITIAL:BANK`, got {s:?}")
+        };
+        if s == "dynamic" {
+            return Ok(Credits::DYNAMIC);
+        }
+        if let Some(rest) = s.strip_prefix("dynamic:") {
+            let (i, b) = rest.split_once(':').ok_or_else(bad)?;
+            let initial: u32 = i.parse().map_err(|_| bad())?;
+            let bank: u32 = b.parse().map_err(|_| bad())?;
+            if !(1..=255).contains(&initial) || bank > 1 << 20 {
+                return Err(bad());
+            }
+            return Ok(Credits::Dynamic { initial, bank });
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=255).contains(&n) => Ok(Credits::Static(n)),
+            _ => Err(bad()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +475,136 @@ mod tests {
                 }
             }
         }
+
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Sender `p` sends a request to the target if it has a credit.
+        Send(usize),
+        /// The target handles the oldest request in flight from `p`.
+        Handle(usize),
+        /// Sender `p` receives the oldest reply in flight to it.
+        Reply(usize),
+    }
+
+    fn step(senders: usize) -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => (0..senders).prop_map(Step::Send),
+            2 => (0..senders).prop_map(Step::Handle),
+            2 => (0..senders).prop_map(Step::Reply),
+        ]
+    }
+
+    proptest! {
+        // Senders and one target, each with its own policy, messages in flight in between:
+        // credits are never created or lost, no sender holds more than the cap, and the target
+        // never has more requests in flight than its receive budget.
+        #[test]
+        fn dynamic_credits_conserve(
+            initial in 1u32..4,
+            bank in 0u32..20,
+            cap_extra in 0u32..24,
+            steps in proptest::collection::vec(step(4), 0..600),
+        ) {
+            const SENDERS: usize = 4;
+            let ranks = SENDERS as u32 + 1;
+            let target = SENDERS as Rank;
+            let max = initial + cap_extra;
+            let mut tgt = DynamicCredits::new(ranks, initial, bank, max);
+            let mut snd: Vec<DynamicCredits> =
+                (0..SENDERS).map(|_| DynamicCredits::new(ranks, initial, bank, max)).collect();
+            let mut requests: Vec<std::collections::VecDeque<u8>> = vec![Default::default(); SENDERS];
+            let mut replies: Vec<std::collections::VecDeque<u8>> = vec![Default::default(); SENDERS];
+            let budget = Credits::Dynamic { initial, bank }.receive_budget(ranks);
+            for s in steps {
+                match s {
+                    Step::Send(p) => {
+                        if snd[p].try_acquire(target) {
+                            requests[p].push_back(snd[p].request_hint(target));
+                        }
+                    }
+                    Step::Handle(p) => {
+                        if let Some(hint) = requests[p].pop_front() {
+                            replies[p].push_back(tgt.reply_grant(p as Rank, hint));
+                        }
+                    }
+                    Step::Reply(p) => {
+                        if let Some(g) = replies[p].pop_front() {
+                            prop_assert!(snd[p].on_reply(target, g));
+                        }
+                    }
+                }
+                let mut loans = 0;
+                let mut in_flight = 0u64;
+                for p in 0..SENDERS {
+                    let granted: u32 = replies[p].iter().map(|&g| g as u32).sum();
+                    let returning = replies[p].len() as u32;
+                    // The target's books: what the sender holds, plus grants still on the wire.
+                    prop_assert_eq!(
+                        tgt.lent_to(p as Rank),
+                        snd[p].held(target) - returning + granted
+                    );
+                    prop_assert!(snd[p].held(target) <= max.max(initial));
+                    prop_assert!(tgt.lent_to(p as Rank) >= initial);
+                    loans += tgt.lent_to(p as Rank) - initial;
+                    in_flight += requests[p].len() as u64;
+                }
+                prop_assert_eq!(loans + tgt.banked().unwrap(), bank);
+                prop_assert!(in_flight <= budget);
+            }
+        }
+    }
+
+    #[test]
+    fn a_stalling_sender_gets_a_loan_and_a_quiet_one_gives_it_back() {
+        let mut tgt = DynamicCredits::new(3, 2, 8, 10);
+        // Peer 1 asks: its holding doubles.
+        assert_eq!(tgt.reply_grant(1, 1), 3);
+        assert_eq!(tgt.lent_to(1), 4);
+        assert_eq!(tgt.reply_grant(1, 1), 5);
+        assert_eq!(tgt.lent_to(1), 8);
+        assert_eq!(tgt.banked(), Some(2));
+        // It keeps its loan while nobody else waits and it stays busy.
+        for _ in 0..10 {
+            assert_eq!(tgt.reply_grant(1, 0), 1);
+        }
+        // Peer 2 drains the rest of the bank, then waits: peer 1 gives back one per request.
+        assert_eq!(tgt.reply_grant(2, 1), 3);
+        assert_eq!(tgt.banked(), Some(0));
+        assert_eq!(tgt.reply_grant(2, 1), 1);
+        assert_eq!(tgt.reply_grant(1, 0), 0);
+        assert_eq!(tgt.lent_to(1), 7);
+        assert_eq!(tgt.reply_grant(2, 1), 2);
+        assert_eq!(tgt.lent_to(2), 5);
+    }
+
+    #[test]
+    fn credits_parse_and_print() {
+        assert_eq!("8".parse::<Credits>(), Ok(Credits::Static(8)));
+        assert_eq!("dynamic".parse::<Credits>(), Ok(Credits::DYNAMIC));
+        assert_eq!(
+            "dynamic:1:64".parse::<Credits>(),
+            Ok(Credits::Dynamic {
+                initial: 1,
+                bank: 64
+            })
+        );
+        for bad in [
+            "0",
+            "256",
+            "dyn",
+            "dynamic:0:4",
+            "dynamic:1",
+            "dynamic:a:b",
+            "",
+        ] {
+            assert!(bad.parse::<Credits>().is_err(), "{bad}");
+        }
+        for c in [Credits::Static(3), Credits::DYNAMIC] {
+            assert_eq!(c.to_string().parse::<Credits>(), Ok(c));
+        }
+        assert_eq!(Credits::Static(8).receive_budget(1024), 8192);
+        assert_eq!(Credits::DYNAMIC.receive_budget(1024), 2048 + 32);
     }
 }

@@ -35,7 +35,7 @@ pub mod transport;
 pub mod wire;
 
 pub use config::{Config, WaitMode};
-pub use credit::{CreditPolicy, StaticCredits};
+pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, WaitMode};
-use crate::credit::{CreditPolicy, StaticCredits};
+use crate::credit::CreditPolicy;
 use crate::endpoint::{
     check_message, join_u64, segment_range, split_u64, sys, Endpoint, Hello, HELLO_OK,
     HELLO_SEGMENT_MISMATCH,
@@ -69,25 +69,17 @@ pub struct GetHandle {
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
 
 impl<T: Transport> Node<T> {
-    /// Starts a node with the static credit policy of `config`.
+    /// Starts a node with the credit policy of `config` ([`crate::Credits`]).
     ///
     /// This is collective: every rank must call it. It checks that every rank registered the
     /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
     pub fn new(transport: T, handlers: Handlers, config: Config) -> Result<Self, StartError> {
         let limits = transport.limits();
-        if config.credits_per_peer == 0
-            || config.credits_per_peer > 255
-            || config.credits_per_peer > limits.max_credits
-        {
-            return Err(StartError::Config(format!(
-                "credits_per_peer = {} but the {} transport allows 1..={}",
-                config.credits_per_peer,
-                transport.name(),
-                limits.max_credits.min(255)
-            )));
-        }
-        let policy = StaticCredits::new(transport.size(), config.credits_per_peer);
-        Self::with_credit_policy(transport, handlers, config, Box::new(policy))
+        let policy = config
+            .credits
+            .policy(transport.size(), limits.max_credits)
+            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))?;
+        Self::with_credit_policy(transport, handlers, config, policy)
     }
 
     /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
@@ -236,6 +228,12 @@ impl<T: Transport> Node<T> {
     /// Credits available now for requests to `peer`.
     pub fn credits_available(&self, peer: Rank) -> u32 {
         self.ep.credits.available(peer)
+    }
+
+    /// The credit policy, to inspect (for example [`CreditPolicy::held`] and
+    /// [`CreditPolicy::banked`]).
+    pub fn credit_policy(&self) -> &dyn CreditPolicy {
+        &*self.ep.credits
     }
 
     /// Runs handlers for the messages that have arrived and resends replies the device refused.

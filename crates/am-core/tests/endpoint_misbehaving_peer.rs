@@ -119,7 +119,7 @@ fn cluster() -> Vec<Loopback> {
 fn start(t: Loopback) -> (Node<Loopback>, Rc<Seen>) {
     let seen = Rc::new(Seen::default());
     let config = Config {
-        credits_per_peer: CREDITS,
+        credits: am_core::Credits::Static(CREDITS),
         wait_mode: WaitMode::Block,
         ..Config::default()
     };

@@ -45,7 +45,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 fn config(credits: u32) -> Config {
     Config {
-        credits_per_peer: credits,
+        credits: am_core::Credits::Static(credits),
         wait_mode: WaitMode::Block,
         ..Config::default()
     }

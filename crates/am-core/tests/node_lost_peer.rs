@@ -76,7 +76,7 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
             .unwrap();
         handlers.reply(REP, "rep", AmKind::Short, |_| {}).unwrap();
         let config = Config {
-            credits_per_peer: 2,
+            credits: am_core::Credits::Static(2),
             wait_mode: WaitMode::Block,
             ..Config::default()
         };

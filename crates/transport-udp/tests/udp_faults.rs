@@ -52,7 +52,7 @@ fn exchange(
     am_core::run_ranks(transports, |t| {
         let seen = Rc::new(Seen::default());
         let config = Config {
-            credits_per_peer: credits,
+            credits: am_core::Credits::Static(credits),
             ..Config::default()
         };
         let mut node = Node::new(t, handlers(&seen), config).unwrap();
@@ -123,7 +123,7 @@ fn four_credits_receiver_paused_half_the_timeout_then_everything_delivered() {
     let results = am_core::run_ranks(transports, |t| {
         let seen = Rc::new(Seen::default());
         let config = Config {
-            credits_per_peer: 4,
+            credits: am_core::Credits::Static(4),
             wait_mode: WaitMode::Block,
             ..Config::default()
         };

@@ -216,7 +216,7 @@ fn survive() -> Res<()> {
         let dest = (me + 1 + i % (size - 1)) % size;
         // Leave credits toward every peer: the core does not yet fail requests to a lost
         // peer, so a request that must wait for a credit from the dead rank would wait forever.
-        let r = if node.credits_available(dest) > node.config().credits_per_peer / 2 {
+        let r = if node.credits_available(dest) > node.config().credits.initial() / 2 {
             node.request_short(dest, PING, &[i])
         } else {
             Ok(())
