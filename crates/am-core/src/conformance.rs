@@ -514,6 +514,62 @@ pub fn many_ranks_all_to_all<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
     });
 }
 
+/// Dynamic credits over the transport: every rank floods rank 0 with 1 initial credit and a bank
+/// of 6 there; requests arrive in order, and rank 0's books balance when all is done.
+pub fn dynamic_credits_flood<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const RANKS: u32 = 4;
+    const PER_RANK: u32 = 300;
+    const BANK: u32 = 6;
+    run_ranks(make(RANKS, SEGMENT), |t| {
+        let seen = Rc::new(Seen::default());
+        let config = Config {
+            credits: crate::Credits::Dynamic {
+                initial: 1,
+                bank: BANK,
+            },
+            ..config(1)
+        };
+        let mut node = Node::new(t, echo_handlers(&seen), config).expect("node start");
+        let me = node.rank();
+        if me != 0 {
+            let data = pattern(24, me as u8);
+            for i in 0..PER_RANK {
+                if i % 3 == 0 {
+                    node.request_medium(0, REQ_MEDIUM, &[i], &data)
+                        .expect("request");
+                } else {
+                    node.request_short(0, REQ_SHORT, &[i]).expect("request");
+                }
+            }
+            wait_replies(&mut node, &seen, PER_RANK as u64);
+            let held = node.credit_policy().held(0);
+            assert!(held >= 1, "held {held}");
+        } else {
+            let total = PER_RANK as u64 * (RANKS as u64 - 1);
+            node.wait_until(|| seen.requests.get() == total)
+                .expect("requests");
+            for src in 1..RANKS {
+                let from: Vec<u32> = seen
+                    .order
+                    .borrow()
+                    .iter()
+                    .filter(|&&(s, _)| s == src)
+                    .map(|&(_, q)| q)
+                    .collect();
+                assert_eq!(from, (0..PER_RANK).collect::<Vec<_>>(), "from {src}");
+            }
+        }
+        node.quiesce().expect("quiesce");
+        node.barrier().expect("barrier");
+        if me == 0 {
+            let p = node.credit_policy();
+            let loans: u32 = (0..RANKS).map(|r| p.lent_to(r).expect("lent") - 1).sum();
+            assert_eq!(loans + p.banked().expect("banked"), BANK);
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// A rank with a different handler table makes every rank's start fail with a clear error.
 pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let results = run_ranks(make(3, SEGMENT), |t| {
@@ -543,7 +599,7 @@ macro_rules! conformance_tests {
             short_all_arg_counts, medium_boundary_sizes, long_boundary_sizes,
             size_limits_and_bad_arguments, per_pair_ordering, back_pressure,
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
-            many_ranks_all_to_all, handler_table_mismatch);
+            many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(
