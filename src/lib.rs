@@ -36,6 +36,7 @@ use std::time::Duration;
 
 pub use am_core::*;
 pub use am_launch;
+pub use extoll_sim;
 pub use sci_sim;
 pub use transport_udp;
 
@@ -47,7 +48,7 @@ pub enum TransportKind {
     Loopback,
     /// SCI-style shared-segment NIC over shared memory between processes ([`sci_sim::Sci`]).
     Sci,
-    /// EXTOLL VELO/RMA NIC over shared memory (not built yet).
+    /// EXTOLL VELO mailbox and RMA engine over shared memory ([`extoll_sim::Extoll`]).
     Extoll,
     /// Portals NI over shared memory (not built yet).
     Portals,
@@ -80,7 +81,10 @@ impl TransportKind {
     pub fn is_available(self) -> bool {
         matches!(
             self,
-            TransportKind::Loopback | TransportKind::Sci | TransportKind::Udp
+            TransportKind::Loopback
+                | TransportKind::Sci
+                | TransportKind::Extoll
+                | TransportKind::Udp
         )
     }
 
@@ -117,6 +121,8 @@ pub enum AnyTransport {
     Loopback(Loopback),
     /// SCI shared segments.
     Sci(sci_sim::Sci),
+    /// EXTOLL VELO/RMA.
+    Extoll(extoll_sim::Extoll),
     /// Reliable UDP.
     Udp(transport_udp::Udp),
 }
@@ -126,6 +132,7 @@ macro_rules! dispatch {
         match $self {
             AnyTransport::Loopback($t) => $e,
             AnyTransport::Sci($t) => $e,
+            AnyTransport::Extoll($t) => $e,
             AnyTransport::Udp($t) => $e,
         }
     };
@@ -337,6 +344,12 @@ pub fn connect(
                 .map(AnyTransport::Sci)
                 .map_err(|e| err(&e))
         }
+        TransportKind::Extoll => {
+            let config = extoll_sim::ExtollConfig::from_env().map_err(|e| err(&e))?;
+            extoll_sim::Extoll::connect(info, segment_size, config)
+                .map(AnyTransport::Extoll)
+                .map_err(|e| err(&e))
+        }
         TransportKind::Udp => {
             let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
             transport_udp::Udp::connect(info, segment_size, config)
@@ -373,6 +386,14 @@ pub fn cluster(
                 .map_err(|e| err(&e))?
                 .into_iter()
                 .map(AnyTransport::Sci)
+                .collect())
+        }
+        TransportKind::Extoll => {
+            let config = extoll_sim::ExtollConfig::from_env().map_err(|e| err(&e))?;
+            Ok(extoll_sim::Extoll::cluster(ranks, segment_size, config)
+                .map_err(|e| err(&e))?
+                .into_iter()
+                .map(AnyTransport::Extoll)
                 .collect())
         }
         TransportKind::Udp => {

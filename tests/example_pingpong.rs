@@ -121,11 +121,14 @@ fn more_ranks_kind_filter_and_oversized_payloads() {
     );
 }
 
-/// The multi-process transports' floors: shared-memory cache-line ping-pong for sci, plain UDP
-/// ping-pong for udp, each measured in the same job as the AMs.
+/// The multi-process transports' floors: shared-memory cache-line ping-pong for the simulated
+/// NICs, plain UDP ping-pong for udp, each measured in the same job as the AMs.
 #[test]
 fn process_transports_have_a_floor() {
-    for transport in ["sci", "udp"] {
+    let process_transports = amnet::TransportKind::ALL
+        .into_iter()
+        .filter(|t| t.is_available() && !t.ranks_are_threads());
+    for transport in process_transports.map(|t| t.name()) {
         let out = Command::new(example("pingpong"))
             .args([
                 "--transport",

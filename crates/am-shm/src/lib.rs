@@ -40,6 +40,7 @@
 pub mod doorbell;
 pub mod floor;
 mod futex;
+pub mod mailbox;
 pub mod segment;
 pub mod stamp;
 

@@ -1,3 +1,277 @@
-//! EXTOLL VELO/RMA NIC model over shared memory — **not built yet** (its own issue builds it).
+//! `extoll`: EXTOLL's two engines, **VELO** (small messages) and **RMA** (bulk data between
+//! registered memory regions), over real shared memory between processes, after the seed's
+//! GASNet conduit for EXTOLL and ParaStation's pscom plugins for it.
 //!
-//! This crate is a placeholder so the workspace has its final shape; it exports nothing.
+//! The seed's mechanisms, in its own terms, and where they are:
+//! - each rank owns one segment, `/dev/shm/am-<job>-extoll-<rank>` ([`layout`]), unlinked as
+//!   soon as every rank has mapped it;
+//! - **VELO mailbox**: one ring per rank, shared by all senders, of packets of
+//!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes
+//!   of packet data, then an 8-byte **status** word written last, which the receiver polls.
+//!   Senders of any process claim slots with one compare-and-swap on the mailbox's tail
+//!   ([`am_shm::mailbox`]); a full mailbox is back-pressure ([`am_core::SendError::Busy`]),
+//!   never an overwrite. The status carries the packet's **source**, and the receiver
+//!   reassembles per source ([`velo`]);
+//! - **AM framing** as in the seed: the 8-byte AM header (request/reply, number of
+//!   arguments, handler, payload length) and the arguments, then the payload; spare room in
+//!   the last header packet carries the first payload bytes, the rest goes in data-only
+//!   packets. AM Short and Medium (up to 8192 bytes) go over VELO;
+//! - **RMA engine**: a thread per rank (started on first use) that does every put and get
+//!   between registered regions (the AM segment, the Long staging slots, the Medium send and
+//!   receive buffers) and writes **completion notifications** into the **notification
+//!   queues** of the requester and of the completer, which their owners poll
+//!   ([`Extoll::rma_put`], [`Extoll::rma_get`]);
+//! - **AM Long**: the header over VELO (flagged "wait for RMA"), the payload copied into a
+//!   staging slot and put by the engine into the target's segment; the target runs the
+//!   handler only once both the header and the completer notification have arrived;
+//! - **RMA-buffered Medium** (pscom's RMA plugin): per connection, [`ExtollConfig::rma_buffers`]
+//!   send and receive buffers; the message goes into the next send buffer and one RMA put
+//!   carries it to the receive buffer of the same index, message at the end of the buffer and
+//!   a 64-bit **tail** last (marker, length, piggybacked acks); a connection out of buffers
+//!   is back-pressure. [`MediumPath`] chooses VELO or RMA per size;
+//! - messages of one source are delivered in send order across both paths (each VELO message
+//!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
+//! - thread safety as in the seed: one lock around the NIC is how several threads would share
+//!   a rank (the `Transport` takes `&mut self`; wrap it in a `Mutex`);
+//! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
+//!   exchanged at start), a rank that ends cleanly marks itself departed first.
+//!
+//! ```
+//! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+//! let ranks = extoll_sim::Extoll::cluster(2, 1 << 16, extoll_sim::ExtollConfig::default()).unwrap();
+//! let out = am_core::run_ranks(ranks, |t| {
+//!     let mut h = Handlers::new();
+//!     h.request(HandlerId(1), "ping", AmKind::Short, |_m, tok| {
+//!         tok.reply_short(HandlerId(2), &[7]).unwrap();
+//!     }).unwrap();
+//!     let got = std::rc::Rc::new(std::cell::Cell::new(0));
+//!     let g = got.clone();
+//!     h.reply(HandlerId(2), "pong", AmKind::Short, move |m| g.set(m.args()[0])).unwrap();
+//!     let cfg = Config { wait_mode: WaitMode::Block, ..Config::default() };
+//!     let mut node = Node::new(t, h, cfg).unwrap();
+//!     if node.rank() == 0 {
+//!         node.request_short(1, HandlerId(1), &[]).unwrap();
+//!         node.wait_until(|| got.get() == 7).unwrap();
+//!     }
+//!     node.barrier().unwrap();
+//!     got.get()
+//! });
+//! assert_eq!(out, vec![7, 0]);
+//! ```
+//!
+//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`); it
+//! does not model VELO's own per-connection flow control (the shared mailbox is simply
+//! bounded, and the core's credits bound requests); it does not cut RMA Mediums into 4 KiB
+//! chunks as pscom does (a buffer holds a whole 8 KiB Medium); registered regions are fixed
+//! at start (no dynamic registration); and a sender that dies between claiming mailbox slots
+//! and publishing them stalls that mailbox (the survivors still get `PeerLost`).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod layout;
+mod rma;
+mod transport;
+pub mod velo;
+
+pub use layout::Layout;
+pub use transport::{Extoll, RmaOp};
+
+/// The largest AM Medium payload (the seed's 8192 bytes).
+pub const MAX_MEDIUM: usize = 8192;
+
+/// Which engine carries an AM Medium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediumPath {
+    /// Always VELO packets through the mailbox.
+    Velo,
+    /// Always an RMA-buffered put (pscom's RMA plugin).
+    Rma,
+    /// VELO below `rma_from` payload bytes, RMA from there on.
+    Auto {
+        /// Smallest payload that goes by RMA.
+        rma_from: usize,
+    },
+}
+
+/// The `Auto` crossover measured on this machine (`extoll-rank-test perf`, 2 processes):
+/// RMA buffers beat VELO from 8192 bytes in every run (from 4096 in the quieter ones), since
+/// an RMA Medium pays the engine thread's wake-up (~4-6 µs) and VELO grows ~0.8 µs per KiB.
+pub const DEFAULT_RMA_FROM: usize = 8192;
+
+/// Settings of the EXTOLL NIC. All ranks of a job must use the same geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtollConfig {
+    /// Bytes per VELO packet, status word included: 64 (the seed's FPGA) or 128.
+    pub packet_size: usize,
+    /// Mailbox slots per rank; must hold the largest message (148 packets of 64 bytes).
+    pub mailbox_slots: usize,
+    /// How AM Mediums travel.
+    pub medium: MediumPath,
+    /// RMA Medium buffers per connection, 1..=16 (pscom's 16).
+    pub rma_buffers: usize,
+    /// Largest Long payload per message (also the size of a staging slot).
+    pub max_long: usize,
+    /// Long staging slots (Longs whose put is in flight at once).
+    pub staging_slots: usize,
+    /// Notification queue slots per rank.
+    pub notify_slots: usize,
+}
+
+impl Default for ExtollConfig {
+    fn default() -> Self {
+        ExtollConfig {
+            packet_size: 64,
+            mailbox_slots: 1024,
+            medium: MediumPath::Auto {
+                rma_from: DEFAULT_RMA_FROM,
+            },
+            rma_buffers: 16,
+            max_long: 1 << 20,
+            staging_slots: 2,
+            notify_slots: 1024,
+        }
+    }
+}
+
+impl ExtollConfig {
+    /// Reads `EXTOLL_PACKET_SIZE` (64|128), `EXTOLL_MAILBOX_SLOTS`, `EXTOLL_MEDIUM`
+    /// (`velo`, `rma` or `auto`), `EXTOLL_RMA_FROM` (the `auto` crossover in payload bytes),
+    /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_MAX_LONG`, `EXTOLL_STAGING_SLOTS` and
+    /// `EXTOLL_NOTIFY_SLOTS` over the defaults.
+    pub fn from_env() -> Result<ExtollConfig, ExtollError> {
+        let mut c = ExtollConfig::default();
+        let num = |k: &str| -> Result<Option<usize>, ExtollError> {
+            match std::env::var(k) {
+                Ok(v) => v
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| ExtollError::Config(format!("{k}={v:?} is not a number"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(v) = num("EXTOLL_PACKET_SIZE")? {
+            c.packet_size = v;
+        }
+        if let Some(v) = num("EXTOLL_MAILBOX_SLOTS")? {
+            c.mailbox_slots = v;
+        }
+        if let Some(v) = num("EXTOLL_RMA_BUFFERS")? {
+            c.rma_buffers = v;
+        }
+        if let Some(v) = num("EXTOLL_MAX_LONG")? {
+            c.max_long = v;
+        }
+        if let Some(v) = num("EXTOLL_STAGING_SLOTS")? {
+            c.staging_slots = v;
+        }
+        if let Some(v) = num("EXTOLL_NOTIFY_SLOTS")? {
+            c.notify_slots = v;
+        }
+        let rma_from = num("EXTOLL_RMA_FROM")?.unwrap_or(DEFAULT_RMA_FROM);
+        c.medium = match std::env::var("EXTOLL_MEDIUM").as_deref() {
+            Ok("velo") => MediumPath::Velo,
+            Ok("rma") => MediumPath::Rma,
+            Ok("auto") | Err(_) => MediumPath::Auto { rma_from },
+            Ok(v) => return Err(ExtollError::Config(format!("EXTOLL_MEDIUM={v:?}"))),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the ranges documented on the fields.
+    pub fn validate(&self) -> Result<(), ExtollError> {
+        let bad = |s: String| Err(ExtollError::Config(s));
+        if self.packet_size != 64 && self.packet_size != 128 {
+            return bad(format!("packet_size = {} (64 or 128)", self.packet_size));
+        }
+        let need = velo::packets(
+            am_core::wire::MAX_HEAD_LEN + MAX_MEDIUM,
+            self.packet_size - am_shm::mailbox::STATUS_LEN,
+        );
+        if self.mailbox_slots < need || self.mailbox_slots > 1 << 20 {
+            return bad(format!(
+                "mailbox_slots = {} (the largest message needs {need}; at most 2^20)",
+                self.mailbox_slots
+            ));
+        }
+        if !(1..=16).contains(&self.rma_buffers) {
+            return bad(format!("rma_buffers = {} (1..=16)", self.rma_buffers));
+        }
+        if self.max_long > u32::MAX as usize || self.max_long == 0 {
+            return bad(format!("max_long = {} (1..2^32)", self.max_long));
+        }
+        if !(1..=64).contains(&self.staging_slots) {
+            return bad(format!("staging_slots = {} (1..=64)", self.staging_slots));
+        }
+        if !(16..=1 << 20).contains(&self.notify_slots) {
+            return bad(format!("notify_slots = {} (16..=2^20)", self.notify_slots));
+        }
+        Ok(())
+    }
+
+    /// Whether a Medium of `payload` bytes goes by RMA.
+    #[inline]
+    pub fn medium_by_rma(&self, payload: usize) -> bool {
+        self.medium.by_rma(payload)
+    }
+}
+
+impl MediumPath {
+    /// Whether a Medium of `payload` bytes goes by RMA on this path.
+    #[inline]
+    pub fn by_rma(&self, payload: usize) -> bool {
+        match *self {
+            MediumPath::Velo => false,
+            MediumPath::Rma => true,
+            MediumPath::Auto { rma_from } => payload >= rma_from,
+        }
+    }
+}
+
+/// Why an EXTOLL NIC could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtollError {
+    /// A shared-memory failure (creating, opening or mapping a segment).
+    #[error("shared memory: {0}")]
+    Shm(#[from] am_shm::ShmError),
+    /// The launcher's key-value store failed or is missing.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// An invalid setting.
+    #[error("invalid EXTOLL configuration: {0}")]
+    Config(String),
+    /// A rank announced a different geometry.
+    #[error("rank {rank} uses a different EXTOLL geometry: {theirs} (ours: {ours})")]
+    Mismatch {
+        /// The rank.
+        rank: u32,
+        /// Its geometry.
+        theirs: String,
+        /// Ours.
+        ours: String,
+    },
+}
+
+/// Why an RMA operation of [`Extoll::rma_put`] / [`Extoll::rma_get`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RmaError {
+    /// The rank is not in the job, or was lost.
+    #[error("rank {0} is not reachable")]
+    BadRank(u32),
+    /// A range outside a registered region.
+    #[error("range of {len} bytes at {offset} outside the registered region of {region} bytes")]
+    OutOfBounds {
+        /// Offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Region size.
+        region: usize,
+    },
+    /// The engine could not start or stopped.
+    #[error("RMA engine: {0}")]
+    Engine(String),
+}

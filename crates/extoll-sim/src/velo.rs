@@ -1,0 +1,322 @@
+//! VELO packet framing: how a message (the core's head, then the payload) is cut into mailbox
+//! packets and put back together per source.
+//!
+//! A packet is one mailbox slot: `packet_size - 8` bytes of data, then the 8-byte status word
+//! the sender writes last. The status word's high 32 bits are the packet's [`Meta`]: its
+//! source, its data length and flags. The first packet of a message starts with the seed's
+//! 8-byte AM header and the arguments; spare room in it carries the first payload bytes, and
+//! the rest goes in data-only packets (the seed's "header section" and "data section").
+//!
+//! ```text
+//! meta bits  0..16  source rank
+//!           16..23  data bytes in this packet (0..=120)
+//!           23      FIRST: starts a message
+//!           24      LAST: ends a message
+//!           25      PLACED: a Long whose payload goes by RMA (the head only travels here)
+//!           26      RMA_WAIT: deliver only after the RMA completer notification of its put
+//!           27..32  RMA-buffered Mediums the source sent to us before this message (mod 32)
+//! ```
+
+/// Flag: the packet starts a message.
+pub const FIRST: u32 = 1 << 23;
+/// Flag: the packet ends a message.
+pub const LAST: u32 = 1 << 24;
+/// Flag (first packet): the Long payload is placed in the segment by RMA.
+pub const PLACED: u32 = 1 << 25;
+/// Flag (first packet): wait for the RMA completer notification of the payload's put.
+pub const RMA_WAIT: u32 = 1 << 26;
+const LEN_SHIFT: u32 = 16;
+const LEN_MASK: u32 = 0x7f;
+const RMA_SHIFT: u32 = 27;
+/// Modulus of the RMA-before count (5 bits).
+pub const RMA_BEFORE_MOD: u64 = 32;
+
+/// The meta data of one packet (the status word's high half), decoded but not yet checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    /// Source rank.
+    pub src: u32,
+    /// Data bytes in the packet.
+    pub len: usize,
+    /// [`FIRST`], [`LAST`], [`PLACED`], [`RMA_WAIT`] bits.
+    pub flags: u32,
+    /// RMA-buffered Mediums sent before this message, mod [`RMA_BEFORE_MOD`].
+    pub rma_before: u32,
+}
+
+impl Meta {
+    /// Packs the fields (`src < 65536`, `len <= 127`, `rma_before < 32`; higher bits are
+    /// dropped, which the receiver's checks then catch).
+    #[inline]
+    pub fn encode(&self) -> u32 {
+        (self.src & 0xffff)
+            | (self.len as u32 & LEN_MASK) << LEN_SHIFT
+            | self.flags & (FIRST | LAST | PLACED | RMA_WAIT)
+            | (self.rma_before & 0x1f) << RMA_SHIFT
+    }
+
+    /// Unpacks any 32-bit value (every bit pattern decodes; [`Reassembler::push`] checks it).
+    #[inline]
+    pub fn decode(v: u32) -> Meta {
+        Meta {
+            src: v & 0xffff,
+            len: ((v >> LEN_SHIFT) & LEN_MASK) as usize,
+            flags: v & (FIRST | LAST | PLACED | RMA_WAIT),
+            rma_before: v >> RMA_SHIFT,
+        }
+    }
+}
+
+/// Why a packet was refused. The packet is dropped, and so is the message it belonged to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The source is not a rank of the job.
+    #[error("packet from rank {0}, not in the job")]
+    BadSource(u32),
+    /// More data bytes than a packet holds.
+    #[error("packet announces {len} data bytes, a packet holds {cap}")]
+    BadLength {
+        /// Announced.
+        len: usize,
+        /// Packet capacity.
+        cap: usize,
+    },
+    /// A data-only packet with no message in progress from its source.
+    #[error("data packet from rank {0} with no message in progress")]
+    DataWithoutHeader(u32),
+    /// A first packet while a message from the same source was still incomplete.
+    #[error("rank {0} started a message before finishing the previous one")]
+    Interleaved(u32),
+    /// The message grew beyond the largest a rank can send.
+    #[error("message from rank {src} exceeds {max} bytes")]
+    TooLong {
+        /// Source.
+        src: u32,
+        /// Largest message.
+        max: usize,
+    },
+}
+
+/// Number of packets of `cap` data bytes a message of `total` bytes takes (at least one).
+#[inline]
+pub fn packets(total: usize, cap: usize) -> usize {
+    total.div_ceil(cap.max(1)).max(1)
+}
+
+/// Cuts `head ++ payload` into packets of `cap` bytes and calls `f(index, parts)` for each,
+/// where `parts` are the (one or two) slices that make up that packet's data, in order.
+pub fn fragment<E>(
+    head: &[u8],
+    payload: &[u8],
+    cap: usize,
+    mut f: impl FnMut(usize, &[&[u8]]) -> Result<(), E>,
+) -> Result<(), E> {
+    let total = head.len() + payload.len();
+    let n = packets(total, cap);
+    for i in 0..n {
+        let (start, end) = (i * cap, ((i + 1) * cap).min(total));
+        let h = &head[start.min(head.len())..end.min(head.len())];
+        let p = &payload[start.saturating_sub(head.len())..end.saturating_sub(head.len())];
+        match (h.is_empty(), p.is_empty()) {
+            (false, false) => f(i, &[h, p])?,
+            (true, false) => f(i, &[p])?,
+            _ => f(i, &[h])?,
+        }
+    }
+    Ok(())
+}
+
+/// Per-source reassembly of multi-packet messages (the mailbox is shared: packets of several
+/// sources interleave, but one source's packets arrive in its order).
+#[derive(Debug)]
+pub struct Reassembler {
+    cap: usize,
+    max: usize,
+    /// Per source: (flags of the first packet, bytes so far) of a message in progress.
+    partial: Vec<Option<(u32, Vec<u8>)>>,
+    /// Buffers of finished messages, reused.
+    spare: Vec<Vec<u8>>,
+}
+
+impl Reassembler {
+    /// For `ranks` sources, packets of `cap` data bytes and messages of at most `max` bytes.
+    pub fn new(ranks: usize, cap: usize, max: usize) -> Reassembler {
+        Reassembler {
+            cap,
+            max,
+            partial: vec![None; ranks],
+            spare: Vec::new(),
+        }
+    }
+
+    /// Checks a packet's meta against the job and packet size, before anything is used.
+    #[inline]
+    pub fn check(&self, m: &Meta) -> Result<(), FrameError> {
+        if m.src as usize >= self.partial.len() {
+            return Err(FrameError::BadSource(m.src));
+        }
+        if m.len > self.cap {
+            return Err(FrameError::BadLength {
+                len: m.len,
+                cap: self.cap,
+            });
+        }
+        Ok(())
+    }
+
+    /// True if a message from `src` is in progress.
+    #[inline]
+    pub fn in_progress(&self, src: u32) -> bool {
+        self.partial.get(src as usize).is_some_and(|p| p.is_some())
+    }
+
+    /// Takes one packet: `Ok(Some((flags, message)))` when it completes a message (give the
+    /// buffer back with [`recycle`](Self::recycle)). On error the source's partial message is
+    /// dropped.
+    pub fn push(&mut self, m: &Meta, data: &[u8]) -> Result<Option<(u32, Vec<u8>)>, FrameError> {
+        self.check(m)?;
+        let data = &data[..m.len.min(data.len())];
+        let src = m.src as usize;
+        let slot = &mut self.partial[src];
+        if m.flags & FIRST != 0 {
+            if slot.is_some() {
+                *slot = None;
+                return Err(FrameError::Interleaved(m.src));
+            }
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(data);
+            *slot = Some((m.flags, buf));
+        } else {
+            let Some((_, buf)) = slot.as_mut() else {
+                return Err(FrameError::DataWithoutHeader(m.src));
+            };
+            if buf.len() + data.len() > self.max {
+                *slot = None;
+                return Err(FrameError::TooLong {
+                    src: m.src,
+                    max: self.max,
+                });
+            }
+            buf.extend_from_slice(data);
+        }
+        if m.flags & LAST != 0 {
+            Ok(slot.take())
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Gives a finished message's buffer back for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < 4 {
+            self.spare.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn packetize(src: u32, head: &[u8], payload: &[u8], cap: usize) -> Vec<(Meta, Vec<u8>)> {
+        let n = packets(head.len() + payload.len(), cap);
+        let mut out = Vec::new();
+        fragment::<()>(head, payload, cap, |i, parts| {
+            let data: Vec<u8> = parts.concat();
+            let mut flags = 0;
+            if i == 0 {
+                flags |= FIRST;
+            }
+            if i + 1 == n {
+                flags |= LAST;
+            }
+            out.push((
+                Meta {
+                    src,
+                    len: data.len(),
+                    flags,
+                    rma_before: 0,
+                },
+                data,
+            ));
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn spare_room_in_the_header_packet_carries_payload() {
+        let head = [1u8; 12];
+        let payload: Vec<u8> = (0..100).collect();
+        let p = packetize(3, &head, &payload, 56);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].1.len(), 56);
+        assert_eq!(&p[0].1[12..], &payload[..44]);
+        assert_eq!(p[1].1, &payload[44..]);
+        assert_eq!(packets(8, 56), 1);
+        assert_eq!(packets(0, 56), 1);
+        assert_eq!(packets(8 + 64 + 8192, 56), 148);
+        let m = Meta {
+            src: 65535,
+            len: 120,
+            flags: FIRST | RMA_WAIT,
+            rma_before: 31,
+        };
+        assert_eq!(Meta::decode(m.encode()), m);
+    }
+
+    proptest! {
+        /// Messages from several sources, cut into packets and interleaved (each source's
+        /// packets in order), come back intact.
+        #[test]
+        fn interleaved_sources_reassemble(
+            msgs in proptest::collection::vec((0u32..4, 0usize..40, 0usize..400), 1..20),
+            cap in prop_oneof![Just(56usize), Just(120usize)],
+            pick in proptest::collection::vec(0usize..4, 0..2000),
+        ) {
+            let mut queues: Vec<std::collections::VecDeque<(Meta, Vec<u8>)>> = vec![Default::default(); 4];
+            let mut want: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 4];
+            for (k, &(src, h, p)) in msgs.iter().enumerate() {
+                let head: Vec<u8> = (0..h).map(|i| (i + k) as u8).collect();
+                let payload: Vec<u8> = (0..p).map(|i| (i * 7 + k) as u8).collect();
+                queues[src as usize].extend(packetize(src, &head, &payload, cap));
+                want[src as usize].push([head, payload].concat());
+            }
+            let mut r = Reassembler::new(4, cap, 1 << 16);
+            let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 4];
+            let mut picks = pick.into_iter();
+            while queues.iter().any(|q| !q.is_empty()) {
+                let mut s = picks.next().unwrap_or(0);
+                while queues[s].is_empty() { s = (s + 1) % 4; }
+                let (m, d) = queues[s].pop_front().unwrap();
+                if let Some((_, msg)) = r.push(&m, &d).unwrap() {
+                    got[s].push(msg);
+                }
+            }
+            prop_assert_eq!(got, want);
+        }
+
+        /// Any meta word and bytes: a typed error or a message no longer than the maximum,
+        /// never a panic.
+        #[test]
+        fn corrupt_packets_are_typed_errors(
+            packets in proptest::collection::vec((any::<u32>(), proptest::collection::vec(any::<u8>(), 0..130)), 0..200),
+        ) {
+            let mut r = Reassembler::new(3, 56, 300);
+            for (meta, data) in packets {
+                let m = Meta::decode(meta);
+                match r.push(&m, &data) {
+                    Ok(Some((_, msg))) => prop_assert!(msg.len() <= 300 + 56),
+                    Ok(None) => {}
+                    Err(FrameError::BadSource(s)) => prop_assert!(s >= 3),
+                    Err(FrameError::BadLength { len, .. }) => prop_assert!(len > 56),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The am-core conformance suite over the in-process EXTOLL cluster (real /dev/shm segments),
+//! with both packet sizes and both Medium paths.
+
+use extoll_sim::{Extoll, ExtollConfig, MediumPath};
+
+fn with(config: ExtollConfig) -> impl Fn(u32, usize) -> Vec<Extoll> {
+    move |ranks, segment_size| Extoll::cluster(ranks, segment_size, config).expect("extoll cluster")
+}
+
+/// The default: 64-byte packets, the measured Medium crossover.
+fn cluster(ranks: u32, segment_size: usize) -> Vec<Extoll> {
+    with(ExtollConfig::default())(ranks, segment_size)
+}
+
+am_core::conformance_tests!(cluster);
+
+mod velo_128 {
+    //! Every Medium over VELO, in 128-byte packets.
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {
+        super::with(super::ExtollConfig {
+            packet_size: 128,
+            medium: super::MediumPath::Velo,
+            ..super::ExtollConfig::default()
+        })(ranks, segment_size)
+    }
+    am_core::conformance_tests!(cluster);
+}
+
+mod rma_64 {
+    //! Every Medium RMA-buffered (pscom's plugin), with the seed geometry's 64-byte packets
+    //! and few buffers so back-pressure and acks are exercised.
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {
+        super::with(super::ExtollConfig {
+            medium: super::MediumPath::Rma,
+            rma_buffers: 2,
+            staging_slots: 1,
+            ..super::ExtollConfig::default()
+        })(ranks, segment_size)
+    }
+    am_core::conformance_tests!(cluster);
+}
