@@ -37,6 +37,7 @@ use std::time::Duration;
 pub use am_core::*;
 pub use am_launch;
 pub use extoll_sim;
+pub use portals_sim;
 pub use sci_sim;
 pub use transport_udp;
 
@@ -50,7 +51,8 @@ pub enum TransportKind {
     Sci,
     /// EXTOLL VELO mailbox and RMA engine over shared memory ([`extoll_sim::Extoll`]).
     Extoll,
-    /// Portals NI over shared memory (not built yet).
+    /// Portals NI (portal table, match lists, event queues) over shared memory
+    /// ([`portals_sim::Portals`]).
     Portals,
     /// Reliable, authenticated UDP across hosts ([`transport_udp::Udp`]).
     Udp,
@@ -84,6 +86,7 @@ impl TransportKind {
             TransportKind::Loopback
                 | TransportKind::Sci
                 | TransportKind::Extoll
+                | TransportKind::Portals
                 | TransportKind::Udp
         )
     }
@@ -123,6 +126,8 @@ pub enum AnyTransport {
     Sci(sci_sim::Sci),
     /// EXTOLL VELO/RMA.
     Extoll(extoll_sim::Extoll),
+    /// Portals NI.
+    Portals(portals_sim::Portals),
     /// Reliable UDP.
     Udp(transport_udp::Udp),
 }
@@ -133,6 +138,7 @@ macro_rules! dispatch {
             AnyTransport::Loopback($t) => $e,
             AnyTransport::Sci($t) => $e,
             AnyTransport::Extoll($t) => $e,
+            AnyTransport::Portals($t) => $e,
             AnyTransport::Udp($t) => $e,
         }
     };
@@ -350,13 +356,18 @@ pub fn connect(
                 .map(AnyTransport::Extoll)
                 .map_err(|e| err(&e))
         }
+        TransportKind::Portals => {
+            let config = portals_sim::PortalsConfig::from_env().map_err(|e| err(&e))?;
+            portals_sim::Portals::connect(info, segment_size, config)
+                .map(AnyTransport::Portals)
+                .map_err(|e| err(&e))
+        }
         TransportKind::Udp => {
             let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
             transport_udp::Udp::connect(info, segment_size, config)
                 .map(AnyTransport::Udp)
                 .map_err(|e| err(&e))
         }
-        other => Err(JobError::NotBuilt(other)),
     }
 }
 
@@ -396,6 +407,14 @@ pub fn cluster(
                 .map(AnyTransport::Extoll)
                 .collect())
         }
+        TransportKind::Portals => {
+            let config = portals_sim::PortalsConfig::from_env().map_err(|e| err(&e))?;
+            Ok(portals_sim::Portals::cluster(ranks, segment_size, config)
+                .map_err(|e| err(&e))?
+                .into_iter()
+                .map(AnyTransport::Portals)
+                .collect())
+        }
         TransportKind::Udp => {
             let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
             Ok(transport_udp::Udp::cluster(ranks, segment_size, config)
@@ -404,7 +423,6 @@ pub fn cluster(
                 .map(AnyTransport::Udp)
                 .collect())
         }
-        other => Err(JobError::NotBuilt(other)),
     }
 }
 

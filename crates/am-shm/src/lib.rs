@@ -41,6 +41,7 @@ pub mod doorbell;
 pub mod floor;
 mod futex;
 pub mod mailbox;
+pub mod portal;
 pub mod segment;
 pub mod stamp;
 

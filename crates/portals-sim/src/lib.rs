@@ -1,3 +1,332 @@
-//! Portals NI model over shared memory — **not built yet** (its own issue builds it).
+//! `portals`: a Portals NIC (the seed "Porting GASNet to Portals", Cray XT/SeaStar) over real
+//! shared memory between processes, and the GASNet Portals conduit's AM mapping onto it.
 //!
-//! This crate is a placeholder so the workspace has its final shape; it exports nothing.
+//! The seed's mechanisms, in its own terms, and where they are:
+//! - a **network interface** per rank ([`ni`]) with a **portal table** ([`ni::NPT`] entries);
+//!   each entry has a **match list** of **match entries** ([`ni::MeSpec`]: 64 match bits and
+//!   64 ignore bits, persistent or **use-once**, optionally with a **locally managed offset**
+//!   that packs incoming puts back to back); the initiator's data is its **memory
+//!   descriptor** ([`ni::PutArgs::data`]); **event queues** are rings in the rank's shared
+//!   memory with typed events ([`ni::EventKind`]: put, get, send, ack, reply, unlink and
+//!   "portal entry disabled");
+//! - **put** (with 64 bits of header data and an optional ack) and **get** are processed at
+//!   the target by the NIC through matching, never by handler code. The NIC is modelled with
+//!   **the initiator's process as the wire**: it walks the target's match list (in the
+//!   target's exported memory), claims space with atomics (`fetch_add` on a locally managed
+//!   offset, a CAS to take a use-once entry, a CAS on the event queue's tail), deposits the
+//!   data and posts the target's event. No thread per rank, no copy through a staging queue:
+//!   this is what the SeaStar's embedded processor does, run by the only CPU that is awake
+//!   for the message anyway, and it keeps an AM round trip to one cache line per direction;
+//! - **flow control**: the request portal entry has flow control. A put that finds no entry
+//!   with room unlinks the entries it exhausted (`Unlink` event, with the bytes used) and
+//!   disables the portal entry (`PtDisabled` event); the initiator learns it from the put's
+//!   outcome ([`ni::NiFail::PtDisabled`], or an `Ack` event with that failure when it asked
+//!   for one) and the transport reports `SendError::Busy`, so the core sends the message
+//!   again. The target re-links its buffers once every message in them was consumed and then
+//!   re-enables the entry. While the entry is disabled every put to it is refused, so no
+//!   later message overtakes a refused one: nothing is lost and per-pair order holds;
+//! - **AMs** as the seed's conduit maps them ([`transport`]): the AM header's first four
+//!   bytes (flags, handler, argument count, credit byte) and the request's send-slot index
+//!   travel in the **match bits**; a Short with at most two arguments carries them in the
+//!   **header data** and moves no payload at all (the whole message is the event); other
+//!   messages deposit head and payload into the **request receive buffers**: at least three
+//!   chained locally managed entries (triple buffering), sized from the credit policy's
+//!   receive budget ([`PortalsConfig::receive_buffer_bytes`]);
+//! - the **reply is written back into the request's send buffer**: every request holds one
+//!   of the initiator's send slots (exposed through the reply portal entry) until its reply
+//!   lands there; a rank with no free slot reports `Busy` (the seed's send tokens);
+//! - the **segment** is exposed through one entry (put and get, remote offsets): Long
+//!   payloads are put there before the header message, which is delivered with
+//!   `payload_placed`;
+//! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
+//!   exchanged at start, as in `sci-sim`); a rank that ends cleanly marks itself departed.
+//!
+//! ```
+//! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+//! let ranks = portals_sim::Portals::cluster(2, 1 << 16, portals_sim::PortalsConfig::default()).unwrap();
+//! let out = am_core::run_ranks(ranks, |t| {
+//!     let mut h = Handlers::new();
+//!     h.request(HandlerId(1), "ping", AmKind::Short, |_m, tok| {
+//!         tok.reply_short(HandlerId(2), &[7]).unwrap();
+//!     }).unwrap();
+//!     let got = std::rc::Rc::new(std::cell::Cell::new(0));
+//!     let g = got.clone();
+//!     h.reply(HandlerId(2), "pong", AmKind::Short, move |m| g.set(m.args()[0])).unwrap();
+//!     let cfg = Config { wait_mode: WaitMode::Block, ..Config::default() };
+//!     let mut node = Node::new(t, h, cfg).unwrap();
+//!     if node.rank() == 0 {
+//!         node.request_short(1, HandlerId(1), &[]).unwrap();
+//!         node.wait_until(|| got.get() == 7).unwrap();
+//!     }
+//!     node.barrier().unwrap();
+//!     got.get()
+//! });
+//! assert_eq!(out, vec![7, 0]);
+//! ```
+//!
+//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`); it
+//! has no overflow list and no unexpected-message handling (the AM mapping never needs them);
+//! puts are not truncated (a put that does not fit an entry does not match it); locally
+//! managed offsets are claimed in 8-byte units; event queues never drop events the AM path
+//! depends on (a full queue refuses the put instead), but the courtesy events
+//! (`Send`/`Ack`/`Reply` at the initiator, `Unlink`) are skipped when their queue is full,
+//! since the state they announce is also kept in the entries; a rank that deliberately
+//! corrupts another's memory can stall it (every field read is bounds-checked, so it cannot
+//! make it fault or write out of bounds).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod ni;
+pub mod transport;
+
+use am_core::Credits;
+
+pub use transport::{Layout, Portals, Stats};
+
+/// Settings of the Portals NIC and of the AM mapping. All ranks of a job must use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortalsConfig {
+    /// The credit policy the receive buffers are sized for (`AM_CREDITS`): they hold
+    /// [`Credits::receive_budget`] requests of [`max_message`](Self::max_message) bytes.
+    pub credits: Credits,
+    /// Chained request receive buffers (locally managed entries), at least 3.
+    pub request_buffers: usize,
+    /// Largest AM message, head and Medium payload together (a Medium payload of up to this
+    /// minus 80 bytes). A multiple of 8 in 128..=65536. Also the size of a send slot.
+    pub max_message: usize,
+    /// Send slots per rank: requests this rank may have in flight to all peers together.
+    pub send_slots: usize,
+    /// Largest Long payload per message.
+    pub max_long: usize,
+    /// Forces the bytes of each request buffer (for tests of flow control: with buffers
+    /// smaller than the budget, requests are refused and sent again). `None`: from the budget.
+    pub request_buffer_bytes: Option<usize>,
+}
+
+impl Default for PortalsConfig {
+    fn default() -> Self {
+        PortalsConfig {
+            credits: Credits::default(),
+            request_buffers: 3,
+            max_message: 1024,
+            send_slots: 128,
+            max_long: 1 << 20,
+            request_buffer_bytes: None,
+        }
+    }
+}
+
+/// Receive-side and send-side memory of one rank, in bytes (see
+/// [`PortalsConfig::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// Request receive buffers (all chained entries).
+    pub receive_buffers: u64,
+    /// The event queue.
+    pub event_queue: u64,
+    /// Send slots (where replies land).
+    pub send_slots: u64,
+}
+
+impl PortalsConfig {
+    /// The defaults, with `AM_CREDITS` (read through [`am_core::Config::from_env`]) and
+    /// `PORTALS_REQUEST_BUFFERS`, `PORTALS_MAX_MESSAGE`, `PORTALS_SEND_SLOTS`,
+    /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
+    pub fn from_env() -> Result<PortalsConfig, PortalsError> {
+        let mut c = PortalsConfig {
+            credits: am_core::Config::from_env()
+                .map_err(|e| PortalsError::Config(e.to_string()))?
+                .credits,
+            ..PortalsConfig::default()
+        };
+        let num = |k: &str| -> Result<Option<usize>, PortalsError> {
+            match std::env::var(k) {
+                Ok(v) => am_core::config::parse_size(&v)
+                    .map(Some)
+                    .ok_or_else(|| PortalsError::Config(format!("{k}={v:?} is not a size"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(v) = num("PORTALS_REQUEST_BUFFERS")? {
+            c.request_buffers = v;
+        }
+        if let Some(v) = num("PORTALS_MAX_MESSAGE")? {
+            c.max_message = v;
+        }
+        if let Some(v) = num("PORTALS_SEND_SLOTS")? {
+            c.send_slots = v;
+        }
+        if let Some(v) = num("PORTALS_MAX_LONG")? {
+            c.max_long = v;
+        }
+        if let Some(v) = num("PORTALS_REQUEST_BUFFER_BYTES")? {
+            c.request_buffer_bytes = Some(v);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the ranges documented on the fields.
+    pub fn validate(&self) -> Result<(), PortalsError> {
+        let bad = |s: String| Err(PortalsError::Config(s));
+        if !(3..=64).contains(&self.request_buffers) {
+            return bad(format!(
+                "request_buffers = {} (3..=64)",
+                self.request_buffers
+            ));
+        }
+        if !(128..=65536).contains(&self.max_message) || self.max_message % 8 != 0 {
+            return bad(format!(
+                "max_message = {} (128..=65536, a multiple of 8)",
+                self.max_message
+            ));
+        }
+        if !(1..=65535).contains(&self.send_slots) {
+            return bad(format!("send_slots = {} (1..=65535)", self.send_slots));
+        }
+        if self.max_long > u32::MAX as usize {
+            return bad("max_long must fit 32 bits".into());
+        }
+        if let Some(b) = self.request_buffer_bytes {
+            if b < self.max_message || b > 1 << 32 {
+                return bad(format!(
+                    "request_buffer_bytes = {b} (at least max_message, {})",
+                    self.max_message
+                ));
+            }
+        }
+        if self.credits.max_per_peer() == 0 {
+            return bad("credits must allow at least one request per peer".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of one request receive buffer in a job of `ranks` ranks: with `n` buffers,
+    /// `ceil(budget * max_message / (n - 1)) + max_message`, rounded up to a cache line, so
+    /// that the receive budget fits in `n - 1` of them even when each wastes up to one
+    /// message at its end, while the oldest drains (the seed's triple buffering).
+    pub fn request_buffer_bytes(&self, ranks: u32) -> u64 {
+        if let Some(b) = self.request_buffer_bytes {
+            return b as u64;
+        }
+        let need = self
+            .credits
+            .receive_budget(ranks)
+            .saturating_mul(self.max_message as u64);
+        let per = need.div_ceil(self.request_buffers as u64 - 1) + self.max_message as u64;
+        per.div_ceil(64) * 64
+    }
+
+    /// Bytes of all request receive buffers of one rank in a job of `ranks` ranks: computed
+    /// by the code that sizes the real buffers.
+    pub fn receive_buffer_bytes(&self, ranks: u32) -> u64 {
+        self.request_buffers as u64 * self.request_buffer_bytes(ranks)
+    }
+
+    /// Event-queue slots: room for every request of the budget, a reply per send slot and
+    /// the unlink and flow-control events, as a power of two.
+    pub fn eq_capacity(&self, ranks: u32) -> u32 {
+        let want = self
+            .credits
+            .receive_budget(ranks)
+            .saturating_add(self.send_slots as u64)
+            .saturating_add(4 * self.request_buffers as u64 + ranks as u64 + 16);
+        want.clamp(64, 1 << 22).next_power_of_two() as u32
+    }
+
+    /// The memory one rank reserves for messaging in a job of `ranks` ranks.
+    pub fn memory(&self, ranks: u32) -> Memory {
+        Memory {
+            receive_buffers: self.receive_buffer_bytes(ranks),
+            event_queue: self.eq_capacity(ranks) as u64 * am_shm::CACHE_LINE as u64,
+            send_slots: self.send_slots as u64 * self.max_message.div_ceil(64) as u64 * 64,
+        }
+    }
+}
+
+/// Why a Portals NIC could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PortalsError {
+    /// A shared-memory failure (creating, opening or mapping a segment).
+    #[error("shared memory: {0}")]
+    Shm(#[from] am_shm::ShmError),
+    /// Setting up the NI failed.
+    #[error("network interface: {0}")]
+    Ni(#[from] ni::NiError),
+    /// The launcher's key-value store failed or is missing.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// An invalid setting.
+    #[error("invalid Portals configuration: {0}")]
+    Config(String),
+    /// A rank announced a different geometry.
+    #[error("rank {rank} uses a different Portals geometry: {theirs} (ours: {ours})")]
+    Mismatch {
+        /// The rank.
+        rank: u32,
+        /// Its geometry.
+        theirs: String,
+        /// Ours.
+        ours: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Static partitioning grows with the peers; dynamic credits mostly do not.
+    #[test]
+    fn receive_memory_follows_the_credit_budget() {
+        let st = PortalsConfig::default();
+        let dy = PortalsConfig {
+            credits: Credits::DYNAMIC,
+            ..st
+        };
+        for ranks in [16, 256, 1024] {
+            let (s, d) = (
+                st.receive_buffer_bytes(ranks),
+                dy.receive_buffer_bytes(ranks),
+            );
+            assert!(
+                s >= st.credits.receive_budget(ranks) * 1024,
+                "static holds its budget"
+            );
+            assert!(
+                d >= dy.credits.receive_budget(ranks) * 1024,
+                "dynamic holds its budget"
+            );
+            assert!(d < s);
+        }
+        assert!(dy.receive_buffer_bytes(1024) * 3 < st.receive_buffer_bytes(1024));
+        assert!(st.eq_capacity(1024).is_power_of_two());
+    }
+
+    #[test]
+    fn config_ranges_are_checked() {
+        let ok = PortalsConfig::default();
+        assert!(ok.validate().is_ok());
+        for bad in [
+            PortalsConfig {
+                request_buffers: 2,
+                ..ok
+            },
+            PortalsConfig {
+                max_message: 1001,
+                ..ok
+            },
+            PortalsConfig {
+                send_slots: 0,
+                ..ok
+            },
+            PortalsConfig {
+                request_buffer_bytes: Some(64),
+                ..ok
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}
