@@ -180,6 +180,9 @@ impl Transport for AnyTransport {
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         dispatch!(self, t => t.wait(timeout))
     }
+    fn long_placed_on_send(&self, len: usize) -> bool {
+        dispatch!(self, t => t.long_placed_on_send(len))
+    }
     fn close(&mut self) {
         dispatch!(self, t => t.close())
     }

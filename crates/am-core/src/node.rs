@@ -225,6 +225,12 @@ impl<T: Transport> Node<T> {
         &self.transport
     }
 
+    /// Whether a Long of `len` bytes has landed in the target's segment once a request for it
+    /// was sent ([`Transport::long_placed_on_send`]).
+    pub fn long_placed_on_send(&self, len: usize) -> bool {
+        self.transport.long_placed_on_send(len)
+    }
+
     /// Credits available now for requests to `peer`.
     pub fn credits_available(&self, peer: Rank) -> u32 {
         self.ep.credits.available(peer)

@@ -158,6 +158,15 @@ pub trait Transport: Tx {
         std::thread::yield_now();
         Ok(())
     }
+    /// Whether the payload of a Long of `len` bytes is already in the target's segment when
+    /// [`Tx::try_send`] returns `Ok` for it: remote-write NICs whose write is complete by then
+    /// (PIO stores, a put the engine finished synchronously). Layers above use it for
+    /// write-based completion: the sender knows its data has landed without a message from the
+    /// target. The default, `false`, means only a message from the target can tell.
+    fn long_placed_on_send(&self, len: usize) -> bool {
+        let _ = len;
+        false
+    }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.

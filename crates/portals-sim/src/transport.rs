@@ -828,6 +828,12 @@ impl Transport for Portals {
         Ok(Some(r))
     }
 
+    /// The initiator's process performs the segment entry's deposit before the header goes:
+    /// a Long has landed once `try_send` returned.
+    fn long_placed_on_send(&self, _len: usize) -> bool {
+        true
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.owner.eq_ready(&self.own).map_err(io)? {
             return Ok(());
