@@ -4,7 +4,8 @@
 //! word area (atomics only)
 //!   line 0            message-exist flag (doorbell, u32)
 //!   line 1            abort word: a rank that panicked sets it
-//!   per sender c      departed word (own line)
+//!   per rank c        departed word, then c's message-exist-flag take count (own line;
+//!                     both written only by rank c)
 //! byte area
 //!   per sender c      command segment: slots request slots, then slots reply slots; each
 //!                     slot starts with its message-ready flag (stamp), in the same cache
@@ -57,6 +58,14 @@ impl Layout {
     /// Offset of sender `c`'s departed word.
     pub fn departed(&self, c: usize) -> usize {
         2 * CACHE_LINE + c * self.channel_words()
+    }
+
+    /// Offset of the word where rank `c` counts the takes of *its* message-exist flag that
+    /// cleared this rank's tag: written by `c` (a remote write into this segment), read here
+    /// before ringing `c`. While it has not moved since this rank last rang `c`, `c`'s flag
+    /// still carries this rank's tag and need not be rung again.
+    pub fn taken(&self, c: usize) -> usize {
+        self.departed(c) + 8
     }
 
     /// Sender `c`'s command segment: request slots `0..slots`, reply slots `slots..2*slots`.

@@ -12,13 +12,20 @@
 //!   number, at the start of the slot so that it shares one cache line with the slot header
 //!   and the first 48 bytes of the message) and one **message-exist flag** per receiver (a
 //!   futex doorbell), written in that order after the data; the receiver moves ready slots to
-//!   its **work queue**, so an idle poll reads one flag whatever the number of peers, and
-//!   delivers them in send order (the message-exist flag also carries a tag bit per sender,
-//!   so on arrival only the senders that rang are scanned);
-//! - the receiver clears its message-exist flag only once its work queue has drained and a
-//!   few microseconds of re-scans found nothing new (or before it sleeps); while the flag
-//!   stays set, a sender whose tag it carries does not ring again (read before write), so a
-//!   small message in a steady exchange moves one cache line, the slot's;
+//!   its **work queue** and delivers them in send order (the message-exist flag also carries
+//!   a tag bit per sender, so only the senders that rang are looked at);
+//! - both sides take slots in turn (request slots, and the reply slot paired with the request
+//!   answered), so the receiver knows the two slots a sender's next message can be in; an
+//!   idle poll reads the message-exist flag and, beside it, the ready flag where the last
+//!   sender's next message of the same kind goes (two words of its own memory, whatever the
+//!   number of peers), and takes a message found there at once;
+//! - the receiver clears its message-exist flag only once nothing new came for a while (or
+//!   before it sleeps), and then writes a take count into the segment of each sender whose
+//!   tag it cleared; a sender rings only if that count (in its *own* memory) moved since it
+//!   last rang, so a small message in a steady exchange moves one cache line, the slot's, and
+//!   the sender still never reads a peer's memory (a fence pair makes sure that either the
+//!   sender sees the new count and rings, or the receiver's scan after the take sees the
+//!   message);
 //! - **message location status** at the sender: a request slot stays busy until the reply
 //!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
 //!   number of request slots per peer. A reply goes to the reply slot paired with the request
