@@ -10,13 +10,13 @@
 //!   NOTIFY_HEAD       notification tickets the owner consumed
 //!   departed(c)       rank c ended cleanly
 //!   ack(c)            RMA Medium buffers of ours that rank c has consumed (c writes it)
+//!   claims(c)         rank c's last claims here (c writes them): mailbox tickets, then
+//!                     notification tickets by c's sends, then by c's engine thread
 //! byte area
 //!   mailbox           slots × packet_size (56 or 120 data bytes + 8-byte status, status last)
 //!   notifications     notify_slots × 16 (8-byte notification + 8-byte status)
 //!   rx(c)             RMA Medium receive buffers from rank c: buffers × BUF bytes, each with
 //!                     the message at its end, just before the 8-byte tail (marker last)
-//!   tx(c)             RMA Medium send buffers to rank c (registered source of the puts)
-//!   staging           staging slots × max_long: registered source of Long payload puts
 //!   segment           the AM segment (registered region 0: Long payloads, RMA put/get)
 //! ```
 
@@ -36,6 +36,24 @@ pub const MAILBOX_HEAD: usize = 4 * CACHE_LINE;
 /// Offset of the notification queue's head word.
 pub const NOTIFY_HEAD: usize = 5 * CACHE_LINE;
 const PER_RANK_WORDS: usize = 6 * CACHE_LINE;
+/// [`Layout::claims`]: mailbox slots claimed by a rank's sends.
+pub const CLAIM_MAILBOX: usize = 0;
+/// [`Layout::claims`]: notification slots reserved by a rank's immediate puts.
+pub const CLAIM_NOTES: usize = 1;
+/// [`Layout::claims`]: notification slots claimed by a rank's engine thread.
+pub const CLAIM_ENGINE: usize = 2;
+
+/// A claim record: `n` tickets from `first` (`first < 2^48`, `n < 2^16`).
+pub fn claim_word(first: u64, n: usize) -> u64 {
+    first << 16 | (n as u64 & 0xffff)
+}
+
+/// The tickets `[first, first + n)` of a claim record.
+pub fn claim_range(word: u64) -> std::ops::Range<u64> {
+    let first = word >> 16;
+    first..first + (word & 0xffff)
+}
+
 /// Bytes of one notification slot.
 pub const NOTIFY_SLOT: usize = 16;
 
@@ -60,10 +78,6 @@ pub struct Layout {
     pub notify_slots: usize,
     /// RMA Medium buffers per connection.
     pub rma_buffers: usize,
-    /// Long staging slots.
-    pub staging_slots: usize,
-    /// Bytes per staging slot (the largest Long).
-    pub max_long: usize,
     /// Bytes of the AM segment.
     pub segment: usize,
 }
@@ -71,17 +85,24 @@ pub struct Layout {
 impl Layout {
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
-        PER_RANK_WORDS + 2 * self.ranks * CACHE_LINE
+        PER_RANK_WORDS + 3 * self.ranks * CACHE_LINE
     }
 
     /// Offset of rank `c`'s departed word.
     pub fn departed(&self, c: usize) -> usize {
-        PER_RANK_WORDS + 2 * c * CACHE_LINE
+        PER_RANK_WORDS + 3 * c * CACHE_LINE
     }
 
     /// Offset of the word where rank `c` acknowledges our RMA Medium buffers.
     pub fn ack(&self, c: usize) -> usize {
-        PER_RANK_WORDS + (2 * c + 1) * CACHE_LINE
+        PER_RANK_WORDS + (3 * c + 1) * CACHE_LINE
+    }
+
+    /// Offset of the word where rank `c` records its last claim in queue `q` of ours
+    /// ([`CLAIM_MAILBOX`], [`CLAIM_NOTES`], [`CLAIM_ENGINE`]) as [`claim_word`]: only `c`
+    /// writes it, so recording costs `c` no transfer, and we read it only once `c` is dead.
+    pub fn claims(&self, c: usize, q: usize) -> usize {
+        PER_RANK_WORDS + (3 * c + 2) * CACHE_LINE + 8 * q
     }
 
     /// The VELO mailbox.
@@ -120,19 +141,9 @@ impl Layout {
         self.rx_base() + c * self.conn_bytes() + idx * RMA_BUF
     }
 
-    /// Offset of send buffer `idx` for messages to rank `c`.
-    pub fn tx(&self, c: usize, idx: usize) -> usize {
-        self.rx_base() + (self.ranks + c) * self.conn_bytes() + idx * RMA_BUF
-    }
-
-    /// Offset of staging slot `k`.
-    pub fn staging(&self, k: usize) -> usize {
-        self.rx_base() + 2 * self.ranks * self.conn_bytes() + k * line(self.max_long)
-    }
-
     /// Offset of the AM segment in the byte area.
     pub fn segment_base(&self) -> usize {
-        self.staging(self.staging_slots)
+        self.rx_base() + self.ranks * self.conn_bytes()
     }
 
     /// Bytes of the byte area.

@@ -11,30 +11,45 @@
 //!   Senders of any process claim slots with one compare-and-swap on the mailbox's tail
 //!   ([`am_shm::mailbox`]); a full mailbox is back-pressure ([`am_core::SendError::Busy`]),
 //!   never an overwrite. The status carries the packet's **source**, and the receiver
-//!   reassembles per source ([`velo`]);
+//!   reassembles per source ([`velo`]). A sender records each claim (tickets) in a word of
+//!   the receiver's segment that only it writes, so a receiver can skip the slots of a sender
+//!   that died between claiming and publishing (so does the engine for notification slots);
 //! - **AM framing** as in the seed: the 8-byte AM header (request/reply, number of
 //!   arguments, handler, payload length) and the arguments, then the payload; spare room in
 //!   the last header packet carries the first payload bytes, the rest goes in data-only
 //!   packets. AM Short and Medium (up to 8192 bytes) go over VELO;
-//! - **RMA engine**: a thread per rank (started on first use) that does every put and get
-//!   between registered regions (the AM segment, the Long staging slots, the Medium send and
-//!   receive buffers) and writes **completion notifications** into the **notification
-//!   queues** of the requester and of the completer, which their owners poll
-//!   ([`Extoll::rma_put`], [`Extoll::rma_get`]);
-//! - **AM Long**: the header over VELO (flagged "wait for RMA"), the payload copied into a
-//!   staging slot and put by the engine into the target's segment; the target runs the
-//!   handler only once both the header and the completer notification have arrived;
+//! - **RMA engine**: one put routine and one get routine (`rma.rs`) that move bytes into
+//!   registered regions (the AM segment, the RMA Medium receive buffers) and write
+//!   **completion notifications** into the **notification queues** of the requester and of
+//!   the completer, which their owners poll. User puts and gets between registered regions
+//!   ([`Extoll::rma_put`], [`Extoll::rma_get`]) are queued to the engine's thread (started on
+//!   first use), which overlaps them with the rank's work;
+//! - **immediate puts**: an AM Long payload or an RMA Medium is a put whose source is the
+//!   caller's own, unregistered buffer, handed over with the doorbell write (as a NIC's PIO
+//!   window takes it). The engine processes such a descriptor as the doorbell is rung, on the
+//!   requester's thread: the same put routine, the same notifications on both sides (their
+//!   slots reserved first, so it never waits), and the payload copied once, straight into the
+//!   target's registered region. It is still the engine's work, not handler code: the AM
+//!   layer only builds the descriptor, the handler never copies, and the target learns of the
+//!   data only from the engine's completer notification. The thread would only move the same
+//!   copy to another core; on this 2-core machine its wake-up (~4 µs) and the second copy out
+//!   of a staging area cost two thirds of the bandwidth;
+//! - **AM Long**: the payload put into the target's segment, then the header over VELO
+//!   (flagged "wait for RMA"); the target runs the handler only once both the header and the
+//!   completer notification have arrived;
 //! - **RMA-buffered Medium** (pscom's RMA plugin): per connection, [`ExtollConfig::rma_buffers`]
-//!   send and receive buffers; the message goes into the next send buffer and one RMA put
-//!   carries it to the receive buffer of the same index, message at the end of the buffer and
-//!   a 64-bit **tail** last (marker, length, piggybacked acks); a connection out of buffers
-//!   is back-pressure. [`MediumPath`] chooses VELO or RMA per size;
+//!   receive buffers; one put carries the message into the receive buffer of the next index,
+//!   message at the end of the buffer and a 64-bit **tail** last (marker, length,
+//!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
+//!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes, as measured);
 //! - messages of one source are delivered in send order across both paths (each VELO message
 //!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
 //! - thread safety as in the seed: one lock around the NIC is how several threads would share
 //!   a rank (the `Transport` takes `&mut self`; wrap it in a `Mutex`);
 //! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
-//!   exchanged at start), a rank that ends cleanly marks itself departed first.
+//!   exchanged at start), a rank that ends cleanly marks itself departed first. The slots a
+//!   dead sender claimed (by its records) but never published, in the mailbox and the
+//!   notification queue, are then skipped, so the other senders' messages keep flowing.
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -63,8 +78,10 @@
 //! does not model VELO's own per-connection flow control (the shared mailbox is simply
 //! bounded, and the core's credits bound requests); it does not cut RMA Mediums into 4 KiB
 //! chunks as pscom does (a buffer holds a whole 8 KiB Medium); registered regions are fixed
-//! at start (no dynamic registration); and a sender that dies between claiming mailbox slots
-//! and publishing them stalls that mailbox (the survivors still get `PeerLost`).
+//! at start (no dynamic registration). A sender that dies between its compare-and-swap on a
+//! queue's tail and the store of its claim record (a few instructions) cannot be told from a
+//! slow one: that slot then blocks the queue for good, and the receiver reports `PeerLost` at
+//! every liveness check (every 0.1 s of waiting) instead of waiting in silence.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -94,10 +111,11 @@ pub enum MediumPath {
     },
 }
 
-/// The `Auto` crossover measured on this machine (`extoll-rank-test perf`, 2 processes):
-/// RMA buffers beat VELO from 8192 bytes in every run (from 4096 in the quieter ones), since
-/// an RMA Medium pays the engine thread's wake-up (~4-6 µs) and VELO grows ~0.8 µs per KiB.
-pub const DEFAULT_RMA_FROM: usize = 8192;
+/// The `Auto` crossover measured on this machine (`extoll-rank-test perf`, 2 processes, 3
+/// runs): RMA buffers beat VELO from 512 bytes in every run. An RMA Medium costs two
+/// cache-line transfers on its critical path (the completer notification, then the buffer's
+/// tail) however small, and a VELO Medium one per 56 bytes, serialized per packet.
+pub const DEFAULT_RMA_FROM: usize = 512;
 
 /// Settings of the EXTOLL NIC. All ranks of a job must use the same geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,10 +128,8 @@ pub struct ExtollConfig {
     pub medium: MediumPath,
     /// RMA Medium buffers per connection, 1..=16 (pscom's 16).
     pub rma_buffers: usize,
-    /// Largest Long payload per message (also the size of a staging slot).
+    /// Largest Long payload per message.
     pub max_long: usize,
-    /// Long staging slots (Longs whose put is in flight at once).
-    pub staging_slots: usize,
     /// Notification queue slots per rank.
     pub notify_slots: usize,
 }
@@ -128,7 +144,6 @@ impl Default for ExtollConfig {
             },
             rma_buffers: 16,
             max_long: 1 << 20,
-            staging_slots: 2,
             notify_slots: 1024,
         }
     }
@@ -137,8 +152,8 @@ impl Default for ExtollConfig {
 impl ExtollConfig {
     /// Reads `EXTOLL_PACKET_SIZE` (64|128), `EXTOLL_MAILBOX_SLOTS`, `EXTOLL_MEDIUM`
     /// (`velo`, `rma` or `auto`), `EXTOLL_RMA_FROM` (the `auto` crossover in payload bytes),
-    /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_MAX_LONG`, `EXTOLL_STAGING_SLOTS` and
-    /// `EXTOLL_NOTIFY_SLOTS` over the defaults.
+    /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_MAX_LONG` and `EXTOLL_NOTIFY_SLOTS` over the
+    /// defaults.
     pub fn from_env() -> Result<ExtollConfig, ExtollError> {
         let mut c = ExtollConfig::default();
         let num = |k: &str| -> Result<Option<usize>, ExtollError> {
@@ -161,9 +176,6 @@ impl ExtollConfig {
         }
         if let Some(v) = num("EXTOLL_MAX_LONG")? {
             c.max_long = v;
-        }
-        if let Some(v) = num("EXTOLL_STAGING_SLOTS")? {
-            c.staging_slots = v;
         }
         if let Some(v) = num("EXTOLL_NOTIFY_SLOTS")? {
             c.notify_slots = v;
@@ -200,9 +212,6 @@ impl ExtollConfig {
         }
         if self.max_long > u32::MAX as usize || self.max_long == 0 {
             return bad(format!("max_long = {} (1..2^32)", self.max_long));
-        }
-        if !(1..=64).contains(&self.staging_slots) {
-            return bad(format!("staging_slots = {} (1..=64)", self.staging_slots));
         }
         if !(16..=1 << 20).contains(&self.notify_slots) {
             return bad(format!("notify_slots = {} (16..=2^20)", self.notify_slots));

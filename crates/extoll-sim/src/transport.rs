@@ -9,8 +9,11 @@ use am_core::{Delivery, Limits, Outgoing, Rank, SendError, Transport, TransportE
 use am_shm::mailbox::STATUS_LEN;
 use am_shm::{Imported, Segment};
 
-use crate::layout::{Layout, ABORT, DOORBELL, RMA_BUF};
-use crate::rma::{kind, Engine, Job, Note, PeerMap};
+use crate::layout::{
+    claim_range, claim_word, Layout, ABORT, CLAIM_ENGINE, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
+    RMA_BUF,
+};
+use crate::rma::{self, kind, Engine, Job, Note, PeerMap, Reserved, Slots};
 use crate::velo::{self, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT};
 use crate::{ExtollConfig, ExtollError, MediumPath, RmaError, MAX_MEDIUM};
 
@@ -60,9 +63,11 @@ struct TxState {
     /// RMA Mediums consumed per source, and the count last acknowledged to it.
     rma_consumed: Vec<u64>,
     rma_ack_sent: Vec<u64>,
-    staging_free: Vec<usize>,
+    /// Each notification queue's head as last read (ours included), for immediate puts.
+    note_heads: Vec<u64>,
     engine: Option<Engine>,
-    /// Jobs submitted, and requester notifications seen (all jobs done when equal).
+    /// Jobs queued to the engine's thread, and their requester notifications seen (all done
+    /// when equal).
     jobs: u64,
     jobs_done: u64,
     next_op: u64,
@@ -121,12 +126,24 @@ impl TxState {
     }
 
     /// Claims `n` mailbox slots at `d`, or reports back-pressure.
+    /// Recorded in `d`'s claim word for us, so that `d` can skip them if we die before
+    /// publishing them.
+    #[inline]
     fn claim(&mut self, d: usize, n: usize) -> Result<u64, SendError> {
-        self.layout
+        let peer = &self.peers[d];
+        let t = self
+            .layout
             .mailbox()
-            .try_claim(&self.peers[d].seg, n, &mut self.mailbox_head[d])
+            .try_claim(&peer.seg, n, &mut self.mailbox_head[d])
             .map_err(shm)?
-            .ok_or(SendError::Busy)
+            .ok_or(SendError::Busy)?;
+        peer.imp
+            .store_word(
+                self.layout.claims(self.rank, CLAIM_MAILBOX),
+                claim_word(t, n),
+            )
+            .map_err(shm)?;
+        Ok(t)
     }
 
     /// Writes and publishes `head ++ payload` into the claimed slots from ticket `t`.
@@ -178,13 +195,64 @@ impl TxState {
         payload: &[u8],
         flags: u32,
     ) -> Result<(), SendError> {
-        let n = velo::packets(head.len() + payload.len(), self.cap());
+        let total = head.len() + payload.len();
+        if total <= self.cap() {
+            return self.send_packet(d, head, payload, flags);
+        }
+        let n = velo::packets(total, self.cap());
         let t = self.claim(d, n)?;
         self.emit(d, t, head, payload, flags)
     }
 
-    /// pscom's RMA plugin: the next send buffer, one put to the receive buffer of the same
-    /// index, the tail last.
+    /// The one-packet case of [`send_velo`](Self::send_velo) (every Short, small Mediums):
+    /// claim, write, publish, all in the slot's one cache line.
+    #[inline]
+    fn send_packet(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: &[u8],
+        flags: u32,
+    ) -> Result<(), SendError> {
+        let t = self.claim(d, 1)?;
+        let ring = self.layout.mailbox();
+        let peer = &self.peers[d];
+        let me = self.rank as u32;
+        ring.write(&peer.imp, t, 0, head).map_err(shm)?;
+        if !payload.is_empty() {
+            ring.write(&peer.imp, t, head.len(), payload).map_err(shm)?;
+        }
+        let meta = Meta {
+            src: me,
+            len: head.len() + payload.len(),
+            flags: FIRST | LAST | flags,
+            rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
+        };
+        ring.publish(&peer.imp, t, meta.encode()).map_err(shm)?;
+        self.velo_sent[d] += 1;
+        peer.seg
+            .doorbell(DOORBELL)
+            .map_err(shm)?
+            .ring_tagged_lazy(0);
+        Ok(())
+    }
+
+    /// Reserves the notification slots of an immediate put to `dest` (ours and `dest`'s), or
+    /// reports back-pressure.
+    fn reserve(&mut self, dest: usize) -> Result<Reserved, SendError> {
+        Reserved::try_new(
+            &self.layout,
+            &self.peers,
+            self.rank,
+            Some(dest),
+            &mut self.note_heads,
+        )
+        .map_err(shm)?
+        .ok_or(SendError::Busy)
+    }
+
+    /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
+    /// (message at the end, the tail last), by the engine as the doorbell is rung.
     fn send_rma_medium(&mut self, d: usize, head: &[u8], payload: &[u8]) -> Result<(), SendError> {
         let b = self.config.rma_buffers as u64;
         let word = self.peers[self.rank]
@@ -197,41 +265,42 @@ impl TxState {
         if self.rma_sent[d] - self.rma_acked[d] >= b {
             return Err(SendError::Busy);
         }
+        let slots = self.reserve(d)?;
         let k = self.rma_sent[d];
         let idx = (k % b) as usize;
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
-        let src = self.layout.tx(d, idx) + start;
-        let own = &self.peers[self.rank].imp;
-        own.write(src, head).map_err(shm)?;
-        own.write(src + head.len(), payload).map_err(shm)?;
         let rx = self.layout.rx(self.rank, idx);
         let tail = marker(k, self.config.rma_buffers)
             | (total as u64) << 16
             | (self.velo_sent[d] & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
-        self.submit(Job::Put {
-            dest: d,
-            src,
-            dst: rx + start,
-            len: RMA_BUF - TAIL - start,
-            tail: Some((rx + RMA_BUF - TAIL, tail)),
-            completer: Some(Note {
+        rma::put(
+            &self.layout,
+            &self.peers,
+            self.rank,
+            d,
+            rx + start,
+            &[head, payload],
+            Some((rx + RMA_BUF - TAIL, tail)),
+            Some(Note {
                 kind: kind::MEDIUM_LANDED,
                 value: k,
             }),
-            requester: Note {
+            Note {
                 kind: kind::MEDIUM_SENT,
                 value: d as u64,
             },
-        })?;
+            Slots::Reserved(slots),
+        );
         self.rma_sent[d] += 1;
         // The tail carried our acknowledgement of d's buffers.
         self.rma_ack_sent[d] = self.rma_consumed[d];
         Ok(())
     }
 
-    /// AM Long: header over VELO, payload staged and put by the engine.
+    /// AM Long: the payload put by the engine straight into `d`'s segment as the doorbell is
+    /// rung, then the header over VELO (flagged "wait for the completer notification").
     fn send_long(&mut self, d: usize, msg: &Outgoing<'_>, off: usize) -> Result<(), SendError> {
         if msg.payload.len() > self.config.max_long {
             return Err(SendError::TooLarge(msg.payload.len()));
@@ -246,37 +315,33 @@ impl TxState {
             // Nothing to move (or out of the target's segment, which the target rejects).
             return self.send_velo(d, msg.head, &[], PLACED);
         }
-        let Some(k) = self.staging_free.pop() else {
-            return Err(SendError::Busy);
-        };
-        // The header's slots first: once the put is queued, the header must follow.
+        let slots = self.reserve(d)?;
+        // The header's slots before the put: once the payload is sent, the header must follow.
         let t = match self.claim(d, velo::packets(msg.head.len(), self.cap())) {
             Ok(t) => t,
             Err(e) => {
-                self.staging_free.push(k);
+                slots.cancel(&self.layout, &self.peers, self.rank);
                 return Err(e);
             }
         };
-        let src = self.layout.staging(k);
-        self.peers[self.rank]
-            .imp
-            .write(src, msg.payload)
-            .map_err(shm)?;
-        self.submit(Job::Put {
-            dest: d,
-            src,
-            dst: self.layout.segment_base() + off,
-            len: msg.payload.len(),
-            tail: None,
-            completer: Some(Note {
+        rma::put(
+            &self.layout,
+            &self.peers,
+            self.rank,
+            d,
+            self.layout.segment_base() + off,
+            &[msg.payload],
+            None,
+            Some(Note {
                 kind: kind::LONG_LANDED,
                 value: msg.payload.len() as u64,
             }),
-            requester: Note {
-                kind: kind::STAGING_FREE,
-                value: k as u64,
+            Note {
+                kind: kind::LONG_SENT,
+                value: msg.payload.len() as u64,
             },
-        })?;
+            Slots::Reserved(slots),
+        );
         self.emit(d, t, msg.head, &[], PLACED | RMA_WAIT)
     }
 
@@ -344,7 +409,7 @@ impl Extoll {
                 rma_acked: vec![0; n],
                 rma_consumed: vec![0; n],
                 rma_ack_sent: vec![0; n],
-                staging_free: (0..config.staging_slots).rev().collect(),
+                note_heads: vec![0; n],
                 engine: None,
                 jobs: 0,
                 jobs_done: 0,
@@ -379,8 +444,6 @@ impl Extoll {
             mailbox_slots: c.mailbox_slots,
             notify_slots: c.notify_slots,
             rma_buffers: c.rma_buffers,
-            staging_slots: c.staging_slots,
-            max_long: c.max_long,
             segment: segment_size,
         }
     }
@@ -469,12 +532,11 @@ impl Extoll {
             layout.bytes_len(),
         )?;
         let ours = format!(
-            "{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{}",
             config.packet_size,
             config.mailbox_slots,
             config.notify_slots,
             config.rma_buffers,
-            config.staging_slots,
             config.max_long,
             segment_size
         );
@@ -585,11 +647,10 @@ impl Extoll {
             src,
             dst,
             len,
-            tail: None,
-            completer: Some(Note {
+            completer: Note {
                 kind: kind::PUT_LANDED,
                 value: len as u64,
-            }),
+            },
             requester,
         })
     }
@@ -645,14 +706,12 @@ impl Extoll {
                     self.rma_pending += 1;
                 }
                 kind::PUT_LANDED => self.put_landed[src] += 1,
+                kind::NONE => {}
                 k if src != self.tx.rank => {
                     return Err(io(format!("requester notification {k} from rank {src}")))
                 }
-                kind::STAGING_FREE if (value as usize) < self.tx.config.staging_slots => {
-                    self.tx.jobs_done += 1;
-                    self.tx.staging_free.push(value as usize);
-                }
-                kind::MEDIUM_SENT => self.tx.jobs_done += 1,
+                // Immediate puts: done before the send returned; nothing to free.
+                kind::LONG_SENT | kind::MEDIUM_SENT => {}
                 kind::USER_DONE => {
                     self.tx.jobs_done += 1;
                     self.user_done.insert(value);
@@ -766,6 +825,9 @@ impl Extoll {
     fn idle(&mut self) -> Result<(), TransportError> {
         self.idle_polls = self.idle_polls.wrapping_add(1);
         if self.idle_polls % IDLE_POLLS_PER_TICK == 0 {
+            // Even a spinning rank gives the CPU away now and then (tens of µs without a
+            // message): on an oversubscribed machine the peer it waits for may need it.
+            std::thread::yield_now();
             self.liveness_tick()?;
         }
         Ok(())
@@ -786,6 +848,7 @@ impl Extoll {
         if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
             return Err(TransportError::JobAborted);
         }
+        let mut newly = None;
         for (r, pid) in self.pids.iter().enumerate() {
             let Some(pid) = *pid else { continue };
             if self.tx.lost[r] || self.seg.load_word(self.tx.layout.departed(r)).unwrap_or(0) != 0 {
@@ -793,10 +856,76 @@ impl Extoll {
             }
             if !alive(pid) {
                 self.tx.lost[r] = true;
-                return Err(TransportError::PeerLost(r as Rank));
+                newly.get_or_insert(r);
             }
         }
+        let Some(lost) = newly.or_else(|| self.tx.lost.iter().position(|&l| l)) else {
+            return Ok(());
+        };
+        self.skip_dead_claims()?;
+        if newly.is_some() || self.blocked()? {
+            // Behind a slot claimed by a sender that died before marking it, nothing passes
+            // any more: say so at every check rather than wait in silence.
+            return Err(TransportError::PeerLost(lost as Rank));
+        }
         Ok(())
+    }
+
+    /// Skips the mailbox and notification slots that lost ranks claimed but never published
+    /// (their claim records say which): no live sender writes them, and everything behind
+    /// them flows again.
+    fn skip_dead_claims(&mut self) -> Result<(), TransportError> {
+        let l = self.tx.layout;
+        let ring = l.mailbox();
+        while ring.peek(&self.seg, self.head).map_err(io)?.is_none() {
+            match self.dead_claimer(&[CLAIM_MAILBOX], self.head)? {
+                Some(r) => {
+                    self.reasm.abandon(r as u32);
+                    self.head += 1;
+                }
+                None => break,
+            }
+        }
+        self.tell_head(true)?;
+        let notes = l.notifications();
+        while notes.peek(&self.seg, self.note_head).map_err(io)?.is_none()
+            && self
+                .dead_claimer(&[CLAIM_NOTES, CLAIM_ENGINE], self.note_head)?
+                .is_some()
+        {
+            self.note_head += 1;
+        }
+        if self.note_told != self.note_head {
+            self.note_told = self.note_head;
+            notes.consumed(&self.own, self.note_head).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// The lost rank whose last claim in one of queues `qs` holds `ticket`, if any.
+    fn dead_claimer(&self, qs: &[usize], ticket: u64) -> Result<Option<usize>, TransportError> {
+        for (r, _) in self.tx.lost.iter().enumerate().filter(|(_, &l)| l) {
+            for &q in qs {
+                let word = self
+                    .seg
+                    .load_word(self.tx.layout.claims(r, q))
+                    .map_err(io)?;
+                if claim_range(word).contains(&ticket) {
+                    return Ok(Some(r));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the mailbox or the notification queue waits on a claimed, unpublished slot.
+    fn blocked(&self) -> Result<bool, TransportError> {
+        let l = &self.tx.layout;
+        let waits = |ring: am_shm::mailbox::Ring, head: u64| -> Result<bool, TransportError> {
+            Ok(self.seg.load_word(ring.tail).map_err(io)? > head
+                && ring.peek(&self.seg, head).map_err(io)?.is_none())
+        };
+        Ok(waits(l.mailbox(), self.head)? || waits(l.notifications(), self.note_head)?)
     }
 
     /// Whether a poll could make progress now (used before sleeping).
@@ -1001,6 +1130,12 @@ impl Transport for Extoll {
                 Ok(None)
             }
         }
+    }
+
+    /// A Long's payload is an immediate put the engine runs when the doorbell is rung, before
+    /// `try_send` returns (its requester notification is written by then).
+    fn long_placed_on_send(&self, _len: usize) -> bool {
+        true
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
@@ -1222,7 +1357,7 @@ mod tests {
     fn corrupt_notifications_and_packets_are_errors() {
         let (a, mut b) = pair(ExtollConfig::default());
         // A requester notification claiming to come from another rank.
-        assert!(post_note(&a, 1, 0, kind::STAGING_FREE, 0));
+        assert!(post_note(&a, 1, 0, kind::LONG_SENT, 0));
         assert!(b.poll_recv(|_, _, _| ()).is_err());
         // An RMA Medium notified with no buffer written: the marker check catches it.
         assert!(post_note(&a, 1, 0, kind::MEDIUM_LANDED, 0));
@@ -1245,5 +1380,120 @@ mod tests {
             b.poll_recv(|_, _, _| ()).unwrap().is_none(),
             "dropped, not stuck"
         );
+    }
+}
+
+#[cfg(test)]
+mod dead_claimer {
+    use super::*;
+    use am_core::wire::{Header, MAX_HEAD_LEN};
+    use am_core::{AmKind, Category};
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> nix::unistd::Pid {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        nix::unistd::Pid::from_raw(pid)
+    }
+
+    fn short(buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
+        Header {
+            category: Category::Request,
+            kind: AmKind::Short,
+            system: false,
+            handler: 1,
+            nargs: 1,
+            credit: 0,
+            payload_len: 0,
+            long_offset: 0,
+        }
+        .encode(&[7], buf)
+    }
+
+    /// Polls `x` until it delivers (the message's source), collecting the errors on the way;
+    /// `None` after 5 s.
+    fn poll_until_delivery(x: &mut Extoll, errors: &mut Vec<TransportError>) -> Option<u32> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            match x.poll_recv(|d, _, _| d.src) {
+                Ok(Some(src)) => return Some(src),
+                Ok(None) => std::thread::yield_now(),
+                Err(e) => errors.push(e),
+            }
+        }
+        None
+    }
+
+    /// Rank 1 claims (and marks) slots in rank 0's mailbox and notification queue, then dies
+    /// without publishing: once rank 0 notices, it skips them, and rank 2's message flows.
+    #[test]
+    fn slots_of_a_dead_claimer_are_skipped() {
+        let mut v = Extoll::cluster(3, 1 << 16, ExtollConfig::default()).unwrap();
+        let mut c = v.pop().unwrap();
+        let mut b = v.pop().unwrap();
+        let mut a = v.pop().unwrap();
+        a.pids[1] = Some(dead_pid());
+        // A 3-packet message: the first packet published, then death.
+        let t = b.tx.claim(0, 3).unwrap();
+        let ring = b.tx.layout.mailbox();
+        let first = Meta {
+            src: 1,
+            len: 8,
+            flags: FIRST,
+            rma_before: 0,
+        };
+        ring.publish(&b.tx.peers[0].imp, t, first.encode()).unwrap();
+        Reserved::try_new(&b.tx.layout, &b.tx.peers, 1, Some(0), &mut [0; 3])
+            .unwrap()
+            .unwrap();
+        let mut h = [0u8; MAX_HEAD_LEN];
+        let n = short(&mut h);
+        c.try_send(0, &out(&h[..n])).unwrap();
+        let mut errors = Vec::new();
+        assert_eq!(poll_until_delivery(&mut a, &mut errors), Some(2));
+        assert_eq!(errors, vec![TransportError::PeerLost(1)]);
+        assert!(
+            a.note_head >= 1,
+            "the dead rank's notification slot skipped"
+        );
+        // Later traffic from rank 2 needs no more checks.
+        c.try_send(0, &out(&h[..n])).unwrap();
+        assert_eq!(poll_until_delivery(&mut a, &mut errors), Some(2));
+        assert_eq!(errors.len(), 1);
+    }
+
+    /// A slot claimed but never recorded (the sender died right after its claim) cannot be
+    /// attributed: every liveness check then reports the loss again, never silence.
+    #[test]
+    fn an_unmarked_claim_keeps_reporting_peer_lost() {
+        let (mut a, b) = {
+            let mut v = Extoll::cluster(2, 1 << 16, ExtollConfig::default()).unwrap();
+            let b = v.pop().unwrap();
+            (v.pop().unwrap(), b)
+        };
+        a.pids[1] = Some(dead_pid());
+        let ring = b.tx.layout.mailbox();
+        ring.try_claim(&b.tx.peers[0].seg, 1, &mut 0)
+            .unwrap()
+            .unwrap();
+        let mut errors = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while errors.len() < 3 && Instant::now() < deadline {
+            match a.poll_recv(|_, _, _| ()) {
+                Ok(Some(())) => panic!("nothing was published"),
+                Ok(None) => std::thread::yield_now(),
+                Err(e) => errors.push(e),
+            }
+        }
+        assert_eq!(errors, vec![TransportError::PeerLost(1); 3]);
+    }
+
+    fn out(head: &[u8]) -> Outgoing<'_> {
+        Outgoing {
+            head,
+            payload: &[],
+            long_offset: None,
+        }
     }
 }

@@ -208,6 +208,13 @@ impl Reassembler {
         }
     }
 
+    /// Drops the message in progress from `src` (its sender died mid-message).
+    pub fn abandon(&mut self, src: u32) {
+        if let Some(p) = self.partial.get_mut(src as usize) {
+            *p = None;
+        }
+    }
+
     /// Gives a finished message's buffer back for reuse.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.spare.len() < 4 {

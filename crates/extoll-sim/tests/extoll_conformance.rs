@@ -33,7 +33,6 @@ mod rma_64 {
         super::with(super::ExtollConfig {
             medium: super::MediumPath::Rma,
             rma_buffers: 2,
-            staging_slots: 1,
             ..super::ExtollConfig::default()
         })(ranks, segment_size)
     }

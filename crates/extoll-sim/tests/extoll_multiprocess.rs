@@ -5,14 +5,14 @@ use am_launch::Launcher;
 
 const BIN: &str = env!("CARGO_BIN_EXE_extoll-rank-test");
 
-fn our_files() -> Vec<String> {
+/// The `/dev/shm` files of job `id` (only its own: other tests' jobs run meanwhile).
+fn files_of(id: &str) -> Vec<String> {
+    let prefix = format!("am-{id}-");
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| {
-                    n.starts_with("am-") && n.contains("-extoll-") && !n.contains("extollproc")
-                })
+                .filter(|n| n.starts_with(&prefix))
                 .collect()
         })
         .unwrap_or_default()
@@ -91,7 +91,17 @@ fn killed_rank_is_noticed_within_a_second() {
         let after = at.parse::<u128>().unwrap().saturating_sub(death);
         assert!(after < 1_000_000, "rank {r} noticed after {after} µs");
     }
+    let id = std::fs::read_to_string(dir.join("job")).expect("rank 0 wrote the job id");
     let _ = std::fs::remove_dir_all(&dir);
-    let left = our_files();
+    assert!(!id.is_empty());
+    let left = files_of(&id);
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// The measurement program runs to its end: floors, the NIC alone (with a second thread of
+/// rank 0 polling under the NIC's lock, whose end once raced with rank 1's first AM message
+/// and left both ranks waiting for each other), AM Short, Mediums over both paths, Long.
+#[test]
+fn perf_program_completes() {
+    assert_eq!(job(2, &["perf", "300"], &[("AM_WAIT", "yield")]), 0);
 }

@@ -9,6 +9,10 @@
 //! - `extoll-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death,
 //!   µs since the epoch) and kills itself with SIGKILL; the others ignore SIGTERM, wait at a
 //!   barrier, and on `PeerLost` write `DIR/lost-<rank>` (`<lost rank> <µs>`) and exit with 3.
+//!   Rank 0 writes the job id to `DIR/job`.
+//! - `extoll-rank-test inproc [ITERS]`: two ranks in one thread, taking turns: ITERS NIC-only
+//!   Short round trips (a deterministic workload for `valgrind --tool=callgrind`; no
+//!   launcher, no AM core, whose start needs both ranks running).
 //! - `extoll-rank-test perf [ITERS]` (2 ranks; `--ranks 2` outside a launcher self-launches):
 //!   in one run, the raw two-process floors (am_shm::floor), the NIC alone (a Short round trip
 //!   without the AM core), AM Short, AM Medium round trips by size over VELO and over RMA
@@ -44,6 +48,9 @@ fn main() -> Res {
             signal_hook::consts::SIGTERM,
             std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         )?;
+    }
+    if mode == "inproc" {
+        return inproc(&args);
     }
     if !am_launch::JobInfo::is_launched() {
         if let Some(i) = args.iter().position(|a| a == "--ranks") {
@@ -159,6 +166,9 @@ fn main() -> Res {
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
+            if me == 0 {
+                std::fs::write(dir.join("job"), &job.job_id)?;
+            }
             node.barrier()?;
             if me == 1 {
                 std::fs::write(dir.join("victim"), now_us().to_string())?;
@@ -301,19 +311,23 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
         .filter(|a| !a.starts_with('-'))
         .map_or(Ok(20000), |s| s.parse())?;
     let (rank, id) = (job.rank, job.job_id.clone());
-    let mut fence = || -> std::io::Result<()> {
+    fn fence(job: &mut am_launch::JobInfo) -> std::io::Result<()> {
         job.kvs
             .as_mut()
             .ok_or_else(|| std::io::Error::other("no kvs"))?
             .fence()
             .map_err(std::io::Error::other)
-    };
-    let floor_rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut fence)?;
-    let floor_bw = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut fence)?;
+    }
+    let floor_rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut || fence(&mut job))?;
+    let floor_bw = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut || fence(&mut job))?;
     let nic = Extoll::connect(&mut job, 2 << 20, ExtollConfig::from_env()?)?;
     let (nic_rtt, nic) = nic_only(nic, rank, iters, false, false)?;
     let (lock_rtt, nic) = nic_only(nic, rank, iters, true, false)?;
     let (contend_rtt, nic) = nic_only(nic, rank, iters / 4, true, true)?;
+    // Rank 1 must not send its first AM message (the core's hello) before rank 0's second
+    // thread has stopped: that thread takes and drops whatever arrives, and a dropped hello
+    // left both ranks waiting for each other for ever.
+    fence(&mut job)?;
     let count = Rc::new(Cell::new(0u64));
     let mut h = Handlers::new();
     h.request(HandlerId(1), "s", AmKind::Short, |_m, t| {
@@ -442,5 +456,51 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     node.barrier()?;
     drop(node);
     drop(job);
+    Ok(())
+}
+
+/// Two ranks in one thread, taking turns (see the module docs).
+fn inproc(args: &[String]) -> Res {
+    use am_core::wire::{Header, MAX_HEAD_LEN};
+    use am_core::{Category, Outgoing, Transport, Tx};
+    let iters: usize = args.get(1).map_or(Ok(100_000), |s| s.parse())?;
+    let mut ranks = Extoll::cluster(2, 1 << 16, ExtollConfig::from_env()?)?;
+    let mut b = ranks.pop().ok_or("rank 1")?;
+    let mut a = ranks.pop().ok_or("rank 0")?;
+    let head = |category| {
+        let mut h = [0u8; MAX_HEAD_LEN];
+        let n = Header {
+            category,
+            kind: AmKind::Short,
+            system: false,
+            handler: 1,
+            nargs: 0,
+            credit: 0,
+            payload_len: 0,
+            long_offset: 0,
+        }
+        .encode(&[], &mut h);
+        (h, n)
+    };
+    let ((req, rn), (rep, pn)) = (head(Category::Request), head(Category::Reply));
+    fn out(head: &[u8]) -> Outgoing<'_> {
+        Outgoing {
+            head,
+            payload: &[],
+            long_offset: None,
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        a.try_send(1, &out(&req[..rn]))?;
+        while b
+            .poll_recv(|_, _, tx| tx.try_send(0, &out(&rep[..pn])))?
+            .transpose()?
+            .is_none()
+        {}
+        while a.poll_recv(|_, _, _| ())?.is_none() {}
+    }
+    let nic = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    println!("in one thread: NIC-only Short round trip {nic:.3} us");
     Ok(())
 }
