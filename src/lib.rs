@@ -36,6 +36,7 @@ use std::time::Duration;
 
 pub use am_core::*;
 pub use am_launch;
+pub use am_msg;
 pub use extoll_sim;
 pub use portals_sim;
 pub use sci_sim;
