@@ -5,7 +5,7 @@
 //! and use-once entries with atomic read-modify-writes, and serves gets by reading the
 //! target's memory. In this model the initiator's process plays the wire and the target's
 //! NIC logic, so it needs the target's segment with the owner's access: word atomics
-//! ([`Segment::word`]), copies out ([`Segment::read`]) and, through [`Segment::import`],
+//! ([`Segment::word`], or [`Segment::words`] for a whole record), copies out ([`Segment::read`]) and, through [`Segment::import`],
 //! copies in. This module adds no `unsafe` code: it exposes the mapping the floors already
 //! use, under a name that says what it is for.
 //!

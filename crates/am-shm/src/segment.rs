@@ -144,6 +144,29 @@ impl View {
         Ok(unsafe { AtomicU64::from_ptr(self.map.ptr.as_ptr().add(off).cast::<u64>()) })
     }
 
+    /// `n` consecutive atomics from byte `off` of the word area, checked for bounds and
+    /// alignment once for the whole run (a record of several words).
+    #[inline]
+    fn words64(&self, off: usize, n: usize) -> Result<&[AtomicU64], ShmError> {
+        let end = n.checked_mul(8).and_then(|len| off.checked_add(len));
+        if off % 8 != 0 || end.is_none_or(|end| end > self.words) {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len: n.saturating_mul(8),
+                area: self.words,
+            });
+        }
+        // SAFETY: `off + 8n <= words <= len`, so the run is inside the live mapping (kept
+        // alive by `self.map` for the borrow's lifetime, and at most `len <= isize::MAX`
+        // bytes); the pointer is non-null and 8-aligned (mapping and heap are 8-aligned,
+        // `off % 8 == 0`), as `AtomicU64` needs. `AtomicU64` is an `UnsafeCell`, so a shared
+        // slice of them asserts nothing about other processes' writes, and the word area is
+        // only ever accessed atomically (as `word64` does), so no non-atomic access can race.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.map.ptr.as_ptr().add(off).cast::<AtomicU64>(), n)
+        })
+    }
+
     /// The 32-bit atomic at byte `off` of the word area (futex words).
     #[inline]
     fn word32(&self, off: usize) -> Result<&AtomicU32, ShmError> {
@@ -325,6 +348,15 @@ impl Segment {
     #[inline]
     pub fn word(&self, off: usize) -> Result<&AtomicU64, ShmError> {
         self.view.word64(off)
+    }
+
+    /// The `n` 64-bit words from byte offset `off` of the word area (a record of several
+    /// words, e.g. one cache line), checked once for the whole run rather than per word.
+    /// `off` must be 8-aligned. Do not cover a word used as a [`doorbell`](Self::doorbell)
+    /// (a location is accessed either as a 64-bit or as a 32-bit atomic, never both).
+    #[inline]
+    pub fn words(&self, off: usize, n: usize) -> Result<&[AtomicU64], ShmError> {
+        self.view.words64(off, n)
     }
 
     /// `Acquire` load of the word at `off`: what a reader does before reading the data it
@@ -554,6 +586,59 @@ mod tests {
         let mut b = [0u8; 1];
         seg.read(99, &mut b).unwrap();
         assert_eq!(b, [1]);
+    }
+
+    #[test]
+    fn word_runs_are_checked_once_and_alias_single_words() {
+        let seg = Segment::heap(128, 0);
+        let run = seg.words(64, 8).unwrap();
+        assert_eq!(run.len(), 8);
+        run[7].store(9, Ordering::Relaxed);
+        assert_eq!(
+            seg.load_word(120).unwrap(),
+            9,
+            "the run's last word is word 120"
+        );
+        assert!(seg.words(0, 16).is_ok());
+        assert!(seg.words(0, 0).unwrap().is_empty());
+        assert!(seg.words(128, 0).is_ok());
+        assert!(seg.words(8, 16).is_err(), "past the word area");
+        assert!(seg.words(4, 1).is_err(), "misaligned");
+        assert!(seg.words(0, usize::MAX / 4).is_err(), "length overflow");
+        assert!(seg.words(usize::MAX - 7, 1).is_err(), "offset overflow");
+    }
+
+    /// A record published through a run: the reader's `Acquire` load of the stamp makes the
+    /// writer's earlier `Relaxed` stores to the other words visible (Miri checks the races).
+    #[test]
+    fn word_run_record_hand_over_between_threads() {
+        let seg = Segment::heap(64, 0);
+        let rounds = if cfg!(miri) { 3 } else { 200 };
+        std::thread::scope(|s| {
+            let seg = &seg;
+            s.spawn(move || {
+                let rec = seg.words(0, 8).unwrap();
+                for r in 1..=rounds {
+                    while rec[0].load(Ordering::Acquire) != 2 * r - 2 {
+                        std::thread::yield_now();
+                    }
+                    for (i, w) in rec[1..].iter().enumerate() {
+                        w.store(r * 10 + i as u64, Ordering::Relaxed);
+                    }
+                    rec[0].store(2 * r - 1, Ordering::Release);
+                }
+            });
+            let rec = seg.words(0, 8).unwrap();
+            for r in 1..=rounds {
+                while rec[0].load(Ordering::Acquire) != 2 * r - 1 {
+                    std::thread::yield_now();
+                }
+                for (i, w) in rec[1..].iter().enumerate() {
+                    assert_eq!(w.load(Ordering::Relaxed), r * 10 + i as u64);
+                }
+                rec[0].store(2 * r, Ordering::Release);
+            }
+        });
     }
 
     #[test]

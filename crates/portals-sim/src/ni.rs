@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! word area (atomics only)
-//!   line 0            EQ doorbell (futex word): rung after an event is posted
+//!   line 0            EQ doorbell (futex word), then the waiting word (the owner may sleep)
 //!   line 1            abort word (a rank that panicked sets it)
 //!   line 2            EQ head, published by the owner (lazily: every quarter ring, and idle)
 //!   line 3            EQ tail, claimed by producers (CAS)
@@ -21,7 +21,9 @@
 //!
 //! Concurrency. Producers (any rank's wire) claim an event slot with a CAS on the tail,
 //! write the event words, and publish with a `Release` store of the slot's sequence word;
-//! the owner reads slots in order. Match entries are read under a seqlock (state word
+//! the owner reads slots in order. A producer rings the doorbell only if the owner announced
+//! that it may sleep (see [`NiOwner::announce_wait`]): a spinning owner costs its producers
+//! no atomic on its lines and no fence beyond the tail CAS. Match entries are read under a seqlock (state word
 //! before and after), so a walker never acts on a torn entry; use-once entries are taken
 //! with a CAS of their state, locally managed space with a `fetch_add` of the entry's
 //! offset. Only the owner changes the list structure; a walker that races a re-link may
@@ -44,6 +46,8 @@ pub const PT_SEGMENT: u8 = 2;
 pub const PT_USER: u8 = 3;
 
 const DOORBELL: usize = 0;
+/// Nonzero while the owner may sleep on the doorbell (beside it: read with the ring's line).
+const WAITING: usize = 8;
 /// Offset of the abort word.
 pub const ABORT: usize = CACHE_LINE;
 const EQ_HEAD: usize = 2 * CACHE_LINE;
@@ -53,6 +57,17 @@ const ME_BYTES: usize = 2 * CACHE_LINE;
 /// Offset of an entry's `next` link (word 6 of its first line).
 const ME_NEXT: usize = 48;
 const EVENT_BYTES: usize = CACHE_LINE;
+/// Words per cache line: a match entry's first line, an event slot, a portal entry.
+const LINE_WORDS: usize = CACHE_LINE / 8;
+type Line = [AtomicU64; LINE_WORDS];
+
+/// The cache line at byte `off` of `seg`'s word area, bounds-checked once for all its words.
+#[inline]
+fn line(seg: &Segment, off: usize) -> Result<&Line, NiError> {
+    seg.words(off, LINE_WORDS)?
+        .try_into()
+        .map_err(|_| NiError::Invalid(format!("a line at {off}")))
+}
 
 const PT_ENABLED: u64 = 1;
 const PT_DISABLED: u64 = 2;
@@ -474,6 +489,13 @@ pub struct Nic<'a> {
     geo: &'a NiGeometry,
 }
 
+/// A claimed event slot, and whether its owner must be woken once it is published.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    seq: u64,
+    ring: bool,
+}
+
 /// A match entry read consistently.
 struct MeRecord {
     state: u64,
@@ -496,18 +518,29 @@ impl<'a> Nic<'a> {
         Ok(self.seg.word(off)?)
     }
 
-    /// Rings the NI's doorbell if its owner may not be looking (read before write).
+    /// Rings the NI's doorbell if its owner announced that it may sleep. (Posting an event
+    /// does this by itself.)
     #[inline]
     pub fn ring(&self) -> Result<(), NiError> {
-        self.seg.doorbell(DOORBELL)?.ring_tagged_lazy(0);
+        if self.word(WAITING)?.load(Ordering::SeqCst) != 0 {
+            self.seg.doorbell(DOORBELL)?.ring();
+        }
         Ok(())
     }
 
     /// Claims an event slot; `None` if the queue is full.
+    ///
+    /// The successful CAS is `SeqCst` and is followed by a `SeqCst` load of the waiting
+    /// word: the store-buffering pair of [`NiOwner::announce_wait`] (waiting word stored,
+    /// then the tail loaded, both `SeqCst`). In the single order of `SeqCst` operations
+    /// either our load follows the owner's store (we see it and ring after publishing; the
+    /// owner cleared the doorbell's flag before its store, so the ring is not lost), or the
+    /// owner's tail load follows our CAS (it sees the claim and does not sleep). On x86 the
+    /// CAS is a locked instruction anyway and the load a plain one: no fence of its own.
     #[inline]
-    fn eq_reserve(&self) -> Result<Option<u64>, NiError> {
-        let tail_w = self.word(EQ_TAIL)?;
-        let head_w = self.word(EQ_HEAD)?;
+    fn eq_reserve(&self) -> Result<Option<Claim>, NiError> {
+        let q = self.seg.words(EQ_HEAD, 2 * LINE_WORDS)?;
+        let (head_w, tail_w) = (&q[0], &q[LINE_WORDS]);
         let cap = self.geo.eq_capacity as u64;
         let mut tail = tail_w.load(Ordering::Relaxed);
         loop {
@@ -519,32 +552,37 @@ impl<'a> Nic<'a> {
             match tail_w.compare_exchange_weak(
                 tail,
                 tail.wrapping_add(1),
-                Ordering::Relaxed,
+                Ordering::SeqCst,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(Some(tail)),
+                Ok(_) => break,
                 Err(t) => tail = t,
             }
         }
+        let ring = self.word(WAITING)?.load(Ordering::SeqCst) != 0;
+        Ok(Some(Claim { seq: tail, ring }))
     }
 
-    /// Writes `ev` into the claimed slot `seq` and publishes it.
+    /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
     #[inline]
-    fn eq_publish(&self, seq: u64, ev: &Event) -> Result<(), NiError> {
-        let off = self.geo.eq_slot(seq);
-        for (i, w) in ev.words().iter().enumerate() {
-            self.word(off + 8 * (i + 1))?.store(*w, Ordering::Relaxed);
+    fn eq_publish(&self, claim: Claim, ev: &Event) -> Result<(), NiError> {
+        let slot = line(self.seg, self.geo.eq_slot(claim.seq))?;
+        for (w, v) in slot[1..].iter().zip(ev.words()) {
+            w.store(v, Ordering::Relaxed);
         }
-        self.word(off)?
-            .store(seq.wrapping_add(1), Ordering::Release);
-        self.ring()
+        slot[0].store(claim.seq.wrapping_add(1), Ordering::Release);
+        if claim.ring {
+            // After the publication (Release inside): a woken owner finds the event.
+            self.seg.doorbell(DOORBELL)?.ring();
+        }
+        Ok(())
     }
 
     /// Posts `ev` if the queue has room; `false` if it had none (the event is lost, which
     /// only events whose information is also kept elsewhere may tolerate).
     pub fn try_post(&self, ev: &Event) -> Result<bool, NiError> {
         match self.eq_reserve()? {
-            Some(seq) => self.eq_publish(seq, ev).map(|()| true),
+            Some(c) => self.eq_publish(c, ev).map(|()| true),
             None => Ok(false),
         }
     }
@@ -553,15 +591,11 @@ impl<'a> Nic<'a> {
     /// meanwhile. Also returns its `next` link.
     #[inline]
     fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord>, u64), NiError> {
-        let base = self.geo.me(idx)?;
-        let state_w = self.word(base)?;
-        let s1 = state_w.load(Ordering::Acquire);
-        let mut w = [0u64; 6];
-        for (i, x) in w.iter_mut().enumerate() {
-            *x = self.word(base + 8 * (i + 1))?.load(Ordering::Relaxed);
-        }
+        let l = line(self.seg, self.geo.me(idx)?)?;
+        let s1 = l[0].load(Ordering::Acquire);
+        let w: [u64; 6] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
         fence(Ordering::Acquire);
-        let s2 = state_w.load(Ordering::Relaxed);
+        let s2 = l[0].load(Ordering::Relaxed);
         let next = w[5];
         if next > self.geo.max_me as u64 {
             return Err(NiError::Corrupt {
@@ -597,10 +631,11 @@ impl<'a> Nic<'a> {
         ))
     }
 
+    #[inline]
     fn pt_state(&self, pt: u8) -> Result<(u64, u64), NiError> {
-        let base = self.geo.pt(pt)?;
-        let state = self.word(base)?.load(Ordering::Acquire);
-        let head = self.word(base + 8)?.load(Ordering::Acquire);
+        let l = line(self.seg, self.geo.pt(pt)?)?;
+        let state = l[0].load(Ordering::Acquire);
+        let head = l[1].load(Ordering::Acquire);
         if head > self.geo.max_me as u64 {
             return Err(NiError::Corrupt {
                 what: "portal list head",
@@ -623,7 +658,7 @@ impl<'a> Nic<'a> {
         len: usize,
         remote_offset: u64,
         is_get: bool,
-        slot: &mut Option<u64>,
+        slot: &mut Option<Claim>,
     ) -> Result<Result<(MeIndex, MeRecord, usize), NiFail>, NiError> {
         let (state, mut cur) = self.pt_state(pt)?;
         if state != PT_ENABLED {
@@ -1083,14 +1118,11 @@ impl NiOwner {
     /// Takes the next event, if published.
     #[inline]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
-        let off = self.geo.eq_slot(self.head);
-        if seg.word(off)?.load(Ordering::Acquire) != self.head.wrapping_add(1) {
+        let slot = line(seg, self.geo.eq_slot(self.head))?;
+        if slot[0].load(Ordering::Acquire) != self.head.wrapping_add(1) {
             return Ok(None);
         }
-        let mut w = [0u64; 7];
-        for (i, x) in w.iter_mut().enumerate() {
-            *x = seg.word(off + 8 * (i + 1))?.load(Ordering::Relaxed);
-        }
+        let w: [u64; 7] = std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed));
         self.head = self.head.wrapping_add(1);
         if self.head.wrapping_sub(self.published) >= (self.geo.eq_capacity / 4) as u64 {
             self.eq_publish_head(seg)?;
@@ -1109,9 +1141,31 @@ impl NiOwner {
         Ok(())
     }
 
-    /// The doorbell producers ring after posting.
+    /// The doorbell producers ring after posting while the owner is announced waiting.
     pub fn doorbell<'s>(&self, seg: &'s Segment) -> Result<am_shm::Doorbell<'s>, NiError> {
         Ok(seg.doorbell(DOORBELL)?)
+    }
+
+    /// On the way to sleep: clears the doorbell, announces that producers must ring it, and
+    /// says whether sleeping is safe (`false`: an event is claimed and not yet read, so
+    /// poll instead). Follow with [`end_wait`](Self::end_wait) whatever the answer.
+    ///
+    /// The doorbell is cleared before the announcement: a producer that sees the
+    /// announcement rings after it (its `SeqCst` load synchronizes with our `SeqCst` store),
+    /// so its ring is not undone by our clear. The announcement is `SeqCst` and so is the
+    /// tail load after it; against the producer's `SeqCst` claim and load of the waiting
+    /// word (see `Nic::eq_reserve`) no claim can go unnoticed by both sides.
+    pub fn announce_wait(&self, seg: &Segment) -> Result<bool, NiError> {
+        seg.doorbell(DOORBELL)?.take();
+        seg.word(WAITING)?.store(1, Ordering::SeqCst);
+        let tail = seg.word(EQ_TAIL)?.load(Ordering::SeqCst);
+        Ok(tail == self.head)
+    }
+
+    /// After a wait: producers stop ringing (a ring still in flight only wakes us early).
+    pub fn end_wait(&self, seg: &Segment) -> Result<(), NiError> {
+        seg.word(WAITING)?.store(0, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -1399,6 +1453,36 @@ mod tests {
             ni.nic().put(0, None, &put_args(PT_USER, 0, 0, d)).unwrap(),
             Outcome::Done { .. }
         ));
+    }
+
+    /// Producers ring only an owner announced waiting, and a claimed slot, published or
+    /// not, keeps the owner from sleeping.
+    #[test]
+    fn producers_ring_only_an_announced_waiter() {
+        let mut ni = Ni::new(64);
+        ni.owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 0, 64, PUT))
+            .unwrap();
+        let d: &[&[u8]] = &[b"z"];
+        ni.nic().put(0, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+        let bell = ni.owner.doorbell(&ni.seg).unwrap();
+        assert!(!bell.is_rung(), "a spinning owner is not rung");
+        assert!(!ni.owner.announce_wait(&ni.seg).unwrap(), "an event unread");
+        ni.owner.end_wait(&ni.seg).unwrap();
+        assert_eq!(ni.events().len(), 1);
+        assert!(ni.owner.announce_wait(&ni.seg).unwrap(), "nothing pending");
+        ni.nic().put(0, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+        let bell = ni.owner.doorbell(&ni.seg).unwrap();
+        assert!(bell.is_rung(), "an announced waiter is rung");
+        ni.owner.end_wait(&ni.seg).unwrap();
+        assert_eq!(ni.events().len(), 1);
+        let claim = ni.nic().eq_reserve().unwrap().unwrap();
+        assert!(!claim.ring, "not announced");
+        assert!(
+            !ni.owner.announce_wait(&ni.seg).unwrap(),
+            "a claim not yet published"
+        );
+        ni.owner.end_wait(&ni.seg).unwrap();
     }
 
     /// Several initiators claim one locally managed entry at once: disjoint, packed ranges.

@@ -269,7 +269,10 @@ impl TxState {
         let mut hdr = [0u8; 8];
         let parts: [&[u8]; 2] = [head, msg.payload];
         let data: &[&[u8]] = if inline {
-            hdr[..head.len() - 8].copy_from_slice(&head[8..]);
+            // At most two argument words: a short byte loop, not a `memcpy` call.
+            for (d, s) in hdr.iter_mut().zip(&head[8..]) {
+                *d = *s;
+            }
             &[]
         } else if msg.long_offset.is_some() {
             &parts[..1]
@@ -839,16 +842,16 @@ impl Transport for Portals {
             return Ok(());
         }
         self.owner.eq_publish_head(&self.own).map_err(io)?;
-        let bell = self.owner.doorbell(&self.own).map_err(io)?;
-        // Take the flag (SeqCst fence inside) before the last look, then sleep on it.
-        bell.take_tags();
-        if self.owner.eq_ready(&self.own).map_err(io)? {
-            return Ok(());
+        // Producers ring only while we are announced; a claim the announcement raced with
+        // (a producer mid-post) is a reason to poll on rather than sleep.
+        let quiet = self.owner.announce_wait(&self.own).map_err(io)?;
+        let r = if quiet { self.liveness_tick() } else { Ok(()) };
+        if quiet && r.is_ok() {
+            let bell = self.owner.doorbell(&self.own).map_err(io)?;
+            bell.sleep(timeout.min(LIVENESS_AFTER));
         }
-        self.liveness_tick()?;
-        let bell = self.owner.doorbell(&self.own).map_err(io)?;
-        bell.sleep(timeout.min(LIVENESS_AFTER));
-        Ok(())
+        self.owner.end_wait(&self.own).map_err(io)?;
+        r
     }
 }
 
