@@ -49,4 +49,4 @@ mod wire;
 
 pub use bootstrap::{BootstrapError, JobInfo, KeyValueStore, LauncherKind};
 pub use launcher::{self_launch, LaunchError, Launcher, TRANSPORTS};
-pub use util::{is_valid_job_id, remove_job_shm};
+pub use util::{is_valid_job_id, process_alive, remove_job_shm};

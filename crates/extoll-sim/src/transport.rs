@@ -854,7 +854,7 @@ impl Extoll {
             if self.tx.lost[r] || self.seg.load_word(self.tx.layout.departed(r)).unwrap_or(0) != 0 {
                 continue;
             }
-            if !alive(pid) {
+            if !am_launch::process_alive(pid) {
                 self.tx.lost[r] = true;
                 newly.get_or_insert(r);
             }
@@ -1041,19 +1041,6 @@ impl Extoll {
             self.reasm.recycle(buf);
             return Ok(Some(r));
         }
-    }
-}
-
-/// `kill(pid, 0)`, and not a zombie.
-fn alive(pid: nix::unistd::Pid) -> bool {
-    if nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
     }
 }
 

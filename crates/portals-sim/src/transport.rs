@@ -648,25 +648,12 @@ impl Portals {
             if self.tx.lost[r] || departed != 0 {
                 continue;
             }
-            if !alive(pid) {
+            if !am_launch::process_alive(pid) {
                 self.tx.forget(r);
                 return Err(TransportError::PeerLost(r as Rank));
             }
         }
         Ok(())
-    }
-}
-
-/// `kill(pid, 0)`, and not a zombie.
-fn alive(pid: nix::unistd::Pid) -> bool {
-    if nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
     }
 }
 

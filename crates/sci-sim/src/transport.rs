@@ -780,7 +780,7 @@ impl Sci {
             if lost || self.seg.load_word(self.tx.layout.departed(r)).unwrap_or(0) != 0 {
                 continue;
             }
-            if !alive(pid) {
+            if !am_launch::process_alive(pid) {
                 if let Some(to) = self.tx.dests.get_mut(r) {
                     to.lost = true;
                 }
@@ -788,19 +788,6 @@ impl Sci {
             }
         }
         Ok(())
-    }
-}
-
-/// `kill(pid, 0)`, and not a zombie.
-fn alive(pid: nix::unistd::Pid) -> bool {
-    if nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
     }
 }
 
