@@ -1,39 +1,18 @@
 //! Multi-process jobs: real rank processes started by `am_launch::Launcher` (amrun's code).
 #![cfg(not(miri))]
 
-use am_launch::Launcher;
+use std::time::Duration;
+
+use am_perf::launch::{assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job};
 
 const BIN: &str = env!("CARGO_BIN_EXE_extoll-rank-test");
 
-/// The `/dev/shm` files of job `id` (only its own: other tests' jobs run meanwhile).
-fn files_of(id: &str) -> Vec<String> {
-    let prefix = format!("am-{id}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn job(ranks: u32, args: &[&str], env: &[(&str, &str)]) -> i32 {
-    let mut l = Launcher::new(ranks, BIN)
-        .args(args.iter().copied())
-        .transport("extoll")
-        .env("AM_WAIT", "block");
-    for (k, v) in env {
-        l = l.env(k, v);
-    }
-    l.run().expect("launch")
+    run_job(BIN, "extoll", ranks, args, env)
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("extoll-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    fresh_dir(&format!("extoll-{name}"))
 }
 
 /// Mediums of 0..8192 bytes over both paths (the default crossover) and a Long put each.
@@ -79,23 +58,9 @@ fn killed_rank_is_noticed_within_a_second() {
     let dir = tempdir("kill");
     let code = job(4, &["kill", dir.to_str().unwrap()], &[]);
     assert_ne!(code, 0, "the job fails");
-    let death: u128 = std::fs::read_to_string(dir.join("victim"))
-        .expect("the victim ran")
-        .parse()
-        .unwrap();
-    for r in [0, 2, 3] {
-        let s = std::fs::read_to_string(dir.join(format!("lost-{r}")))
-            .unwrap_or_else(|_| panic!("rank {r} did not report PeerLost"));
-        let (lost, at) = s.split_once(' ').unwrap();
-        assert_eq!(lost, "1", "rank {r} names the dead rank");
-        let after = at.parse::<u128>().unwrap().saturating_sub(death);
-        assert!(after < 1_000_000, "rank {r} noticed after {after} µs");
-    }
-    let id = std::fs::read_to_string(dir.join("job")).expect("rank 0 wrote the job id");
+    assert_loss_noticed(&dir, &[0, 2, 3], Duration::from_secs(1));
+    assert_job_left_nothing(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(!id.is_empty());
-    let left = files_of(&id);
-    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// The measurement program runs to its end: floors, the NIC alone (with a second thread of

@@ -1,76 +1,44 @@
 //! Multi-process jobs: real rank processes started by `am_launch::Launcher` (amrun's code).
 #![cfg(not(miri))]
 
-use am_launch::Launcher;
+use std::time::Duration;
+
+use am_perf::launch::{assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sci-rank-test");
 
-fn our_files() -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("am-") && n.contains("-sci-") && !n.contains("sciproc"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn job(ranks: u32, args: &[&str]) -> i32 {
-    Launcher::new(ranks, BIN)
-        .args(args.iter().copied())
-        .transport("sci")
-        .env("AM_WAIT", "block")
-        .run()
-        .expect("launch")
+fn job(ranks: u32, args: &[&str], env: &[(&str, &str)]) -> i32 {
+    run_job(BIN, "sci", ranks, args, env)
 }
 
 #[test]
 fn four_ranks_all_to_all() {
-    assert_eq!(job(4, &["alltoall", "30"]), 0);
+    assert_eq!(job(4, &["alltoall", "30"], &[]), 0);
 }
 
 /// Eight ranks on two cores: only workable because waiting ranks sleep on the futex.
 #[test]
 fn eight_ranks_blocking() {
-    assert_eq!(job(8, &["alltoall", "10"]), 0);
+    assert_eq!(job(8, &["alltoall", "10"], &[]), 0);
 }
 
 #[test]
 fn seed_geometry_two_slots_dma_and_one_copy() {
-    let code = Launcher::new(3, BIN)
-        .args(["alltoall", "10"])
-        .transport("sci")
-        .env("AM_WAIT", "block")
-        .env("AM_CREDITS", "2")
-        .env("SCI_SLOTS", "2")
-        .env("SCI_DMA_THRESHOLD", "4096")
-        .env("SCI_MEDIUM", "one-copy")
-        .run()
-        .expect("launch");
-    assert_eq!(code, 0);
+    let env = [
+        ("AM_CREDITS", "2"),
+        ("SCI_SLOTS", "2"),
+        ("SCI_DMA_THRESHOLD", "4096"),
+        ("SCI_MEDIUM", "one-copy"),
+    ];
+    assert_eq!(job(3, &["alltoall", "10"], &env), 0);
 }
 
 #[test]
 fn killed_rank_is_noticed_within_a_second() {
-    let dir = std::env::temp_dir().join(format!("sci-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let code = job(4, &["kill", dir.to_str().unwrap()]);
+    let dir = fresh_dir("sci-kill");
+    let code = job(4, &["kill", dir.to_str().unwrap()], &[]);
     assert_ne!(code, 0, "the job fails");
-    let death: u128 = std::fs::read_to_string(dir.join("victim"))
-        .expect("the victim ran")
-        .parse()
-        .unwrap();
-    for r in [0, 2, 3] {
-        let s = std::fs::read_to_string(dir.join(format!("lost-{r}")))
-            .unwrap_or_else(|_| panic!("rank {r} did not report PeerLost"));
-        let (lost, at) = s.split_once(' ').unwrap();
-        assert_eq!(lost, "1", "rank {r} names the dead rank");
-        let after = at.parse::<u128>().unwrap().saturating_sub(death);
-        assert!(after < 1_000_000, "rank {r} noticed after {after} µs");
-    }
+    assert_loss_noticed(&dir, &[0, 2, 3], Duration::from_secs(1));
+    assert_job_left_nothing(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let left = our_files();
-    assert!(left.is_empty(), "left behind: {left:?}");
 }

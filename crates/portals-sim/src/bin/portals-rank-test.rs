@@ -21,28 +21,17 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use am_core::{AmError, AmKind, Config, Credits, HandlerId, Handlers, Node};
+use am_core::{AmKind, Config, Credits, HandlerId, Node};
+use am_perf::rank::{self, pattern, ECHO};
+use am_perf::{am, median, median_us};
 use portals_sim::{Portals, PortalsConfig};
 
-const ECHO: HandlerId = HandlerId(1);
-const ECHO_REPLY: HandlerId = HandlerId(2);
 const LONG: HandlerId = HandlerId(3);
 const LONG_REPLY: HandlerId = HandlerId(4);
 
 type Res = Result<(), Box<dyn std::error::Error>>;
-
-fn now_us() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros())
-        .unwrap_or(0)
-}
-
-fn pattern(len: usize, key: u32) -> Vec<u8> {
-    (0..len).map(|i| (i as u32 ^ key) as u8).collect()
-}
 
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -55,45 +44,25 @@ fn main() -> Res {
     }
     if mode == "kill" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
-        signal_hook::flag::register(
-            signal_hook::consts::SIGTERM,
-            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        )?;
+        rank::ignore_sigterm()?;
     }
-    if !am_launch::JobInfo::is_launched() {
-        if let Some(i) = args.iter().position(|a| a == "--ranks") {
-            let n: u32 = args.get(i + 1).ok_or("--ranks N")?.parse()?;
-            std::process::exit(am_launch::self_launch(n, Some("portals"))?);
-        }
-    }
+    rank::self_launch_if_asked(&args, "portals")?;
     let mut job = am_launch::JobInfo::from_env()?;
     match mode {
         "perf" => perf(job, &args),
         "hot" => hot(job, &args),
         _ => {
             let portals = Portals::connect(&mut job, 1 << 20, PortalsConfig::from_env()?)?;
-            let r = echo_job(portals, mode, &args);
+            let r = echo_job(portals, &job.job_id, mode, &args);
             drop(job);
             r
         }
     }
 }
 
-fn echo_job(portals: Portals, mode: &str, args: &[String]) -> Res {
+fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res {
     let echoes = Rc::new(Cell::new(0u64));
-    let mut h = Handlers::new();
-    h.request(ECHO, "echo", AmKind::Medium, |m, tok| {
-        let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload());
-    })?;
-    let e = echoes.clone();
-    h.reply(ECHO_REPLY, "echo_reply", AmKind::Medium, move |m| {
-        assert_eq!(
-            m.payload(),
-            &pattern(m.payload().len(), m.args()[0])[..],
-            "echoed payload"
-        );
-        e.set(e.get() + 1);
-    })?;
+    let mut h = rank::echo_handlers(&echoes)?;
     h.request(LONG, "long", AmKind::Long, |m, tok| {
         let ok = m.payload() == &pattern(m.payload().len(), m.args()[0])[..];
         let _ = tok.reply_short(LONG_REPLY, &[ok as u32]);
@@ -127,20 +96,12 @@ fn echo_job(portals: Portals, mode: &str, args: &[String]) -> Res {
             let want = rounds as u64 * n as u64;
             node.wait_until(|| echoes.get() == want)?;
             node.barrier()?;
-            let next = (me + 1) % n;
             let base = 512 * 1024;
-            node.put(
-                next,
-                base + me as usize * 65536 % (512 * 1024),
-                &pattern(65536, me),
+            rank::put_ring(
+                &mut node,
+                |r| base + r as usize * 65536 % (512 * 1024),
+                |r| pattern(65536, r),
             )?;
-            node.barrier()?;
-            let prev = (me + n - 1) % n;
-            let at = base + prev as usize * 65536 % (512 * 1024);
-            if node.segment()[at..at + 65536] != pattern(65536, prev)[..] {
-                return Err(format!("rank {me}: the put from rank {prev} did not land").into());
-            }
-            node.barrier()?;
             let st = node.transport().stats();
             println!(
                 "rank {me}/{n}: ok, {} echoes, {} Longs; flow control: {} puts refused and sent again, {} entry-disabled events, {} buffers re-linked",
@@ -156,19 +117,9 @@ fn echo_job(portals: Portals, mode: &str, args: &[String]) -> Res {
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
-            node.barrier()?;
-            if me == 1 {
-                std::fs::write(dir.join("victim"), now_us().to_string())?;
-                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL)?;
-            }
-            match node.barrier() {
-                Err(AmError::PeerLost(r)) => {
-                    std::fs::write(dir.join(format!("lost-{me}")), format!("{r} {}", now_us()))?;
-                    drop(node);
-                    std::process::exit(3);
-                }
-                other => return Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
-            }
+            rank::kill_scenario(&mut node, job_id, &dir)?;
+            drop(node);
+            std::process::exit(3);
         }
         other => return Err(format!("unknown mode {other:?}").into()),
     }
@@ -208,153 +159,27 @@ fn memory() -> Res {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// The NIC alone between the two processes, without the AM core: rank 0 sends a Short
-/// request head and polls for the reply; rank 1 replies from inside its receive closure.
-fn nic_only(p: &mut Portals, rank: u32, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
-    use am_core::wire::{Header, MAX_HEAD_LEN};
-    use am_core::{Category, Outgoing, Transport, Tx};
-    let head = |category| {
-        let mut h = [0u8; MAX_HEAD_LEN];
-        let n = Header {
-            category,
-            kind: AmKind::Short,
-            system: false,
-            handler: 1,
-            nargs: 0,
-            credit: 0,
-            payload_len: 0,
-            long_offset: 0,
-        }
-        .encode(&[], &mut h);
-        (h, n)
-    };
-    fn out(head: &[u8]) -> Outgoing<'_> {
-        Outgoing {
-            head,
-            payload: &[],
-            long_offset: None,
-        }
-    }
-    let mut v = Vec::with_capacity(iters);
-    if rank == 0 {
-        let (req, n) = head(Category::Request);
-        for _ in 0..iters {
-            let t = Instant::now();
-            p.try_send(1, &out(&req[..n]))?;
-            while p.poll_recv(|_, _, _| ())?.is_none() {}
-            v.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-    } else {
-        let (rep, n) = head(Category::Reply);
-        let mut got = 0;
-        while got < iters {
-            if let Some(r) = p.poll_recv(|_, _, tx| tx.try_send(0, &out(&rep[..n])))? {
-                r?;
-                got += 1;
-            }
-        }
-    }
-    Ok(median(v))
-}
-
-fn perf_handlers(count: &Rc<Cell<u64>>) -> Result<Handlers, am_core::RegisterError> {
-    let mut h = Handlers::new();
-    h.request(HandlerId(1), "s", AmKind::Short, |_m, t| {
-        let _ = t.reply_short(HandlerId(2), &[]);
-    })?;
-    let c = count.clone();
-    h.reply(HandlerId(2), "rs", AmKind::Short, move |_m| {
-        c.set(c.get() + 1)
-    })?;
-    h.request(HandlerId(3), "m", AmKind::Medium, |m, t| {
-        let _ = t.reply_medium(HandlerId(4), &[], m.payload());
-    })?;
-    let c = count.clone();
-    h.reply(HandlerId(4), "rm", AmKind::Medium, move |_m| {
-        c.set(c.get() + 1)
-    })?;
-    h.request(HandlerId(5), "l", AmKind::Long, |_m, _t| {})?;
-    h.request(HandlerId(6), "hot_s", AmKind::Short, |_m, _t| {})?;
-    h.request(HandlerId(7), "hot_m", AmKind::Medium, |_m, _t| {})?;
-    Ok(h)
-}
-
 /// Two-process floors and AM numbers in one run (rank 0 prints).
 fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
-    let iters: usize = args
-        .get(1)
-        .filter(|a| !a.starts_with('-'))
-        .map_or(Ok(20000), |s| s.parse())?;
-    let (rank, id) = (job.rank, job.job_id.clone());
-    let mut fence = || -> std::io::Result<()> {
-        job.kvs
-            .as_mut()
-            .ok_or_else(|| std::io::Error::other("no kvs"))?
-            .fence()
-            .map_err(std::io::Error::other)
-    };
-    let floor_rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut fence)?;
-    let floor_bw = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut fence)?;
+    let iters = rank::iters_arg(args, 20000)?;
+    let rank = job.rank;
+    let floors = rank::Floors::measure(&mut job, iters)?;
     let mut portals = Portals::connect(&mut job, 2 << 20, PortalsConfig::from_env()?)?;
-    let nic_rtt = nic_only(&mut portals, rank, iters)?;
+    let nic_rtt = am_perf::nic::rtt_us(&mut portals, rank, iters)?;
     let count = Rc::new(Cell::new(0u64));
-    let mut node = Node::new(portals, perf_handlers(&count)?, Config::from_env()?)?;
+    let mut node = Node::new(portals, am::handlers(&count)?, Config::from_env()?)?;
     if rank == 0 {
         let medium = node.limits().max_medium;
         let data = vec![5u8; medium];
-        let rtt = |node: &mut Node<Portals>, kind: u8| -> Result<f64, AmError> {
-            let mut v = Vec::with_capacity(iters);
-            for _ in 0..iters {
-                let want = count.get() + 1;
-                let t = Instant::now();
-                if kind == 0 {
-                    node.request_short(1, HandlerId(1), &[])?;
-                } else {
-                    node.request_medium(1, HandlerId(3), &[], &data)?;
-                }
-                node.wait_until(|| count.get() == want)?;
-                v.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            Ok(median(v))
-        };
-        let short = rtt(&mut node, 0)?;
-        let med = rtt(&mut node, 1)?;
-        let big = vec![9u8; 1 << 20];
-        let mut bws = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            for _ in 0..40 {
-                node.request_long(1, HandlerId(5), &[], &big, 0)?;
-            }
-            node.quiesce()?;
-            bws.push(40.0 * (1u64 << 20) as f64 / t.elapsed().as_secs_f64());
-        }
-        let long = median(bws);
-        let floor = median(floor_rtt.iter().map(|d| d.as_secs_f64() * 1e6).collect());
-        println!("floor cache-line ping-pong (2 processes): {floor:.3} us");
-        println!(
-            "NIC only Short round trip (no AM core):   {nic_rtt:.3} us ({:.2}x floor)",
-            nic_rtt / floor
-        );
-        println!(
-            "AM Short round trip (portals):            {short:.3} us ({:.2}x floor)",
-            short / floor
-        );
+        let short = median_us(iters, || am::short_round_trip(&mut node, &count))?;
+        let med = median_us(iters, || am::medium_round_trip(&mut node, &count, &data))?;
+        let long = am::long_bandwidth(&mut node)?;
+        floors.print_rtt();
+        floors.print_rtt_vs("NIC only Short round trip (no AM core):", nic_rtt);
+        floors.print_rtt_vs("AM Short round trip (portals):", short);
         println!("AM Medium {medium} B round trip:             {med:.3} us");
-        println!(
-            "floor copy 1 MiB (2 processes):           {:.2} GB/s",
-            floor_bw / 1e9
-        );
-        println!(
-            "AM Long 1 MiB bandwidth:                  {:.2} GB/s ({:.0}% of floor)",
-            long / 1e9,
-            100.0 * long / floor_bw
-        );
+        floors.print_copy();
+        floors.print_bw_vs("AM Long 1 MiB bandwidth:", long);
     }
     node.barrier()?;
     drop(node);
@@ -371,21 +196,19 @@ fn hot(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     let portals = Portals::connect(&mut job, 1 << 20, config)?;
     let receive = portals.receive_buffer_bytes();
     let count = Rc::new(Cell::new(0u64));
-    let mut node = Node::new(portals, perf_handlers(&count)?, Config::from_env()?)?;
+    let mut node = Node::new(portals, am::handlers(&count)?, Config::from_env()?)?;
     if node.rank() == 0 {
         let data = vec![3u8; size];
         let mut rates = Vec::new();
         for _ in 0..5 {
-            let t = Instant::now();
-            for _ in 0..count_arg {
+            let t = am::stream(&mut node, count_arg, |n| {
                 if size == 0 {
-                    node.request_short(1, HandlerId(6), &[])?;
+                    n.request_short(1, am::FLOOD_SHORT, &[])
                 } else {
-                    node.request_medium(1, HandlerId(7), &[], &data)?;
+                    n.request_medium(1, am::FLOOD_MEDIUM, &[], &data)
                 }
-            }
-            node.quiesce()?;
-            rates.push(count_arg as f64 / t.elapsed().as_secs_f64());
+            })?;
+            rates.push(count_arg as f64 / t.as_secs_f64());
         }
         println!(
             "hot pair: {} {} requests, credits {}, held toward rank 1 at the end {}, receive buffers {} KiB/rank: {:.3} M requests/s (median of 5)",
@@ -406,59 +229,17 @@ fn hot(mut job: am_launch::JobInfo, args: &[String]) -> Res {
 /// One rank, one thread: the NIC's software cost with every line in the cache (a Short
 /// request and its reply through `Transport`, to self), in ns per round trip.
 fn local(args: &[String]) -> Res {
-    use am_core::wire::{Header, MAX_HEAD_LEN};
-    use am_core::{Category, Outgoing, Transport, Tx};
+    use am_core::{Transport, Tx};
     let iters: usize = args.get(1).map_or(Ok(2_000_000), |s| s.parse())?;
     let mut p = Portals::cluster(1, 4096, PortalsConfig::from_env()?)?
         .pop()
         .ok_or("no rank")?;
-    let head = |category| {
-        let mut h = [0u8; MAX_HEAD_LEN];
-        let n = Header {
-            category,
-            kind: AmKind::Short,
-            system: false,
-            handler: 1,
-            nargs: 0,
-            credit: 0,
-            payload_len: 0,
-            long_offset: 0,
-        }
-        .encode(&[], &mut h);
-        (h, n)
-    };
-    let (req, n) = head(Category::Request);
-    let (rep, rn) = head(Category::Reply);
-    let out = |h: &[u8]| {
-        Outgoing {
-            head: h,
-            payload: &[],
-            long_offset: None,
-        }
-        .len()
-    };
-    let _ = out;
+    let heads = am_perf::nic::ShortHeads::new();
     let t = Instant::now();
     for _ in 0..iters {
-        p.try_send(
-            0,
-            &Outgoing {
-                head: &req[..n],
-                payload: &[],
-                long_offset: None,
-            },
-        )?;
-        p.poll_recv(|_, _, tx| {
-            tx.try_send(
-                0,
-                &Outgoing {
-                    head: &rep[..rn],
-                    payload: &[],
-                    long_offset: None,
-                },
-            )
-        })?
-        .ok_or("no request")??;
+        p.try_send(0, &heads.request())?;
+        p.poll_recv(|_, _, tx| tx.try_send(0, &heads.reply()))?
+            .ok_or("no request")??;
         p.poll_recv(|_, _, _| ())?.ok_or("no reply")?;
     }
     println!(

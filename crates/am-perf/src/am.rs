@@ -1,0 +1,105 @@
+//! The AM side of the measurements: one handler table for every transport, and timed round
+//! trips and streams from rank 0 to [`PEER`].
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use am_core::{AmError, AmKind, HandlerId, Handlers, Node, RegisterError, Transport};
+
+use crate::{median, PEER};
+
+/// Short request; its handler replies with [`SHORT_REPLY`].
+pub const SHORT: HandlerId = HandlerId(1);
+/// Short reply; counts one reply.
+pub const SHORT_REPLY: HandlerId = HandlerId(2);
+/// Medium request; its handler echoes the payload with [`MEDIUM_REPLY`].
+pub const MEDIUM: HandlerId = HandlerId(3);
+/// Medium reply; counts one reply.
+pub const MEDIUM_REPLY: HandlerId = HandlerId(4);
+/// Long request; its handler does nothing (bandwidth).
+pub const LONG: HandlerId = HandlerId(5);
+/// Short request without a reply (floods: the hot pair).
+pub const FLOOD_SHORT: HandlerId = HandlerId(6);
+/// Medium request without a reply (floods: the hot pair).
+pub const FLOOD_MEDIUM: HandlerId = HandlerId(7);
+
+/// The measurements' handler table; the reply handlers add one to `replies`.
+pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
+    let mut h = Handlers::new();
+    h.request(SHORT, "s", AmKind::Short, |_m, t| {
+        let _ = t.reply_short(SHORT_REPLY, &[]);
+    })?;
+    let c = replies.clone();
+    h.reply(SHORT_REPLY, "rs", AmKind::Short, move |_m| {
+        c.set(c.get() + 1)
+    })?;
+    h.request(MEDIUM, "m", AmKind::Medium, |m, t| {
+        let _ = t.reply_medium(MEDIUM_REPLY, &[], m.payload());
+    })?;
+    let c = replies.clone();
+    h.reply(MEDIUM_REPLY, "rm", AmKind::Medium, move |_m| {
+        c.set(c.get() + 1)
+    })?;
+    h.request(LONG, "l", AmKind::Long, |_m, _t| {})?;
+    h.request(FLOOD_SHORT, "hot_s", AmKind::Short, |_m, _t| {})?;
+    h.request(FLOOD_MEDIUM, "hot_m", AmKind::Medium, |_m, _t| {})?;
+    Ok(h)
+}
+
+/// One round trip: `send` issues a request whose reply adds one to `replies` (a table from
+/// [`handlers`]); returns when that reply has run.
+pub fn round_trip<T: Transport>(
+    node: &mut Node<T>,
+    replies: &Cell<u64>,
+    send: impl FnOnce(&mut Node<T>) -> Result<(), AmError>,
+) -> Result<(), AmError> {
+    let want = replies.get() + 1;
+    send(node)?;
+    node.wait_until(|| replies.get() == want)
+}
+
+/// One AM Short round trip to [`PEER`].
+pub fn short_round_trip<T: Transport>(
+    node: &mut Node<T>,
+    replies: &Cell<u64>,
+) -> Result<(), AmError> {
+    round_trip(node, replies, |n| n.request_short(PEER, SHORT, &[]))
+}
+
+/// One AM Medium round trip of `data` to [`PEER`] (echoed back).
+pub fn medium_round_trip<T: Transport>(
+    node: &mut Node<T>,
+    replies: &Cell<u64>,
+    data: &[u8],
+) -> Result<(), AmError> {
+    round_trip(node, replies, |n| n.request_medium(PEER, MEDIUM, &[], data))
+}
+
+/// Calls `send` `count` times, then waits until everything sent is done
+/// ([`Node::quiesce`]); returns the time from the first send to the end.
+pub fn stream<T: Transport>(
+    node: &mut Node<T>,
+    count: u64,
+    mut send: impl FnMut(&mut Node<T>) -> Result<(), AmError>,
+) -> Result<Duration, AmError> {
+    let start = Instant::now();
+    for _ in 0..count {
+        send(node)?;
+    }
+    node.quiesce()?;
+    Ok(start.elapsed())
+}
+
+/// AM Long bandwidth to [`PEER`] in bytes per second: the median of 5 runs of 40 Longs of
+/// 1 MiB, each run until quiescence.
+pub fn long_bandwidth<T: Transport>(node: &mut Node<T>) -> Result<f64, AmError> {
+    const MIB: usize = 1 << 20;
+    let big = vec![9u8; MIB];
+    let mut bws = Vec::new();
+    for _ in 0..5 {
+        let t = stream(node, 40, |n| n.request_long(PEER, LONG, &[], &big, 0))?;
+        bws.push(40.0 * MIB as f64 / t.as_secs_f64());
+    }
+    Ok(median(bws))
+}

@@ -1,0 +1,236 @@
+//! Pieces of the transports' rank-test programs (`*-rank-test`): self-launch, the two-process
+//! floors, the echo table and its payload pattern, the put ring and the killed-rank scenario.
+
+use std::cell::Cell;
+use std::error::Error;
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use am_core::{AmError, AmKind, HandlerId, Handlers, Node, RegisterError, Transport};
+use am_launch::JobInfo;
+
+use crate::median;
+
+/// Medium request of the echo table: its handler echoes arguments and payload back.
+pub const ECHO: HandlerId = HandlerId(1);
+/// Medium reply of the echo table: checks the payload against [`pattern`] keyed by the
+/// first argument and counts one echo.
+pub const ECHO_REPLY: HandlerId = HandlerId(2);
+
+/// Microseconds since the Unix epoch (0 if the clock is before it): a time other processes
+/// can compare with.
+pub fn now_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// `len` bytes that depend on `key`: byte `i` is `i ^ key`, truncated.
+pub fn pattern(len: usize, key: u32) -> Vec<u8> {
+    (0..len).map(|i| (i as u32 ^ key) as u8).collect()
+}
+
+/// Outside a launcher, with `--ranks N` among `args`: starts this program as an `N`-rank job
+/// on `transport` and exits with the job's code. Otherwise returns.
+pub fn self_launch_if_asked(args: &[String], transport: &str) -> Result<(), Box<dyn Error>> {
+    if !JobInfo::is_launched() {
+        if let Some(i) = args.iter().position(|a| a == "--ranks") {
+            let n: u32 = args.get(i + 1).ok_or("--ranks N")?.parse()?;
+            std::process::exit(am_launch::self_launch(n, Some(transport))?);
+        }
+    }
+    Ok(())
+}
+
+/// Lets SIGTERM do nothing, so the launcher's SIGTERM after a rank's death cannot end this
+/// rank before it notices the loss itself.
+pub fn ignore_sigterm() -> io::Result<()> {
+    signal_hook::flag::register(
+        signal_hook::consts::SIGTERM,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .map(drop)
+}
+
+/// The iteration count of a measurement mode: `args[1]` unless it is absent or an option.
+pub fn iters_arg(args: &[String], default: usize) -> Result<usize, std::num::ParseIntError> {
+    args.get(1)
+        .filter(|a| !a.starts_with('-'))
+        .map_or(Ok(default), |s| s.parse())
+}
+
+/// A job-wide barrier through the launcher's key-value store.
+pub fn fence(job: &mut JobInfo) -> io::Result<()> {
+    job.kvs
+        .as_mut()
+        .ok_or_else(|| io::Error::other("no kvs"))?
+        .fence()
+        .map_err(io::Error::other)
+}
+
+/// Width of the label column in the programs' reports.
+const LABEL: usize = 42;
+
+/// The raw two-process floors ([`am_shm::floor`]) measured at the start of a run, so the AM
+/// numbers of the same run can be compared with them.
+#[derive(Debug, Clone, Copy)]
+pub struct Floors {
+    /// Median cache-line ping-pong round trip in µs (0 on rank 1).
+    pub rtt_us: f64,
+    /// 1 MiB copy bandwidth in bytes per second (at rank 0).
+    pub copy_bps: f64,
+}
+
+impl Floors {
+    /// Ranks 0 and 1 of `job` call this at the same time: `iters` ping-pongs, then 200 copies
+    /// of 1 MiB.
+    pub fn measure(job: &mut JobInfo, iters: usize) -> io::Result<Floors> {
+        let (rank, id) = (job.rank, job.job_id.clone());
+        let mut fence = || fence(job);
+        let rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut fence)?;
+        let copy_bps = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut fence)?;
+        Ok(Floors {
+            rtt_us: median(rtt.iter().map(|d| d.as_secs_f64() * 1e6).collect()),
+            copy_bps,
+        })
+    }
+
+    /// Prints the ping-pong floor in µs.
+    pub fn print_rtt(&self) {
+        let label = "floor cache-line ping-pong (2 processes):";
+        println!("{label:<LABEL$}{:.3} us", self.rtt_us);
+    }
+
+    /// Prints `label`, a round trip of `us` µs and its ratio to the ping-pong floor.
+    pub fn print_rtt_vs(&self, label: &str, us: f64) {
+        println!("{label:<LABEL$}{us:.3} us ({:.2}x floor)", us / self.rtt_us);
+    }
+
+    /// Prints the copy floor in GB/s.
+    pub fn print_copy(&self) {
+        let label = "floor copy 1 MiB (2 processes):";
+        println!("{label:<LABEL$}{:.2} GB/s", self.copy_bps / 1e9);
+    }
+
+    /// Prints `label`, a bandwidth of `bps` bytes per second in GB/s and its share of the
+    /// copy floor.
+    pub fn print_bw_vs(&self, label: &str, bps: f64) {
+        let share = 100.0 * bps / self.copy_bps;
+        println!(
+            "{label:<LABEL$}{:.2} GB/s ({share:.0}% of floor)",
+            bps / 1e9
+        );
+    }
+}
+
+/// The echo table: [`ECHO`] and [`ECHO_REPLY`]; every checked echo adds one to `echoes`.
+/// Programs add their own handlers from id 3 on.
+pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
+    let mut h = Handlers::new();
+    h.request(ECHO, "echo", AmKind::Medium, |m, tok| {
+        let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload());
+    })?;
+    let e = echoes.clone();
+    h.reply(ECHO_REPLY, "echo_reply", AmKind::Medium, move |m| {
+        assert_eq!(
+            m.payload(),
+            &pattern(m.payload().len(), m.args()[0])[..],
+            "echoed payload"
+        );
+        e.set(e.get() + 1);
+    })?;
+    Ok(h)
+}
+
+/// In each of `rounds` rounds every rank sends one [`ECHO`] request to every rank (itself
+/// too), keyed `round * 1000 + peer`, with `len(round, peer)` bytes of [`pattern`]; then
+/// waits until the echo table has counted all echoes in `echoes`.
+pub fn echo_rounds<T: Transport>(
+    node: &mut Node<T>,
+    echoes: &Cell<u64>,
+    rounds: u32,
+    len: impl Fn(u32, u32) -> usize,
+) -> Result<(), AmError> {
+    let n = node.size();
+    // Counted before sending: replies already run while the requests go out.
+    let want = echoes.get() + rounds as u64 * n as u64;
+    for round in 0..rounds {
+        for peer in 0..n {
+            let key = round * 1000 + peer;
+            node.request_medium(peer, ECHO, &[key], &pattern(len(round, peer), key))?;
+        }
+    }
+    node.wait_until(|| echoes.get() == want)
+}
+
+/// Every rank puts `data(me)` at `offset(me)` into the next rank's segment; after a barrier
+/// each checks what the previous rank put, then all meet at a second barrier.
+pub fn put_ring<T: Transport>(
+    node: &mut Node<T>,
+    offset: impl Fn(u32) -> usize,
+    data: impl Fn(u32) -> Vec<u8>,
+) -> Result<(), Box<dyn Error>> {
+    let (me, n) = (node.rank(), node.size());
+    node.put((me + 1) % n, offset(me), &data(me))?;
+    node.barrier()?;
+    let prev = (me + n - 1) % n;
+    let (at, want) = (offset(prev), data(prev));
+    if node.segment().get(at..at + want.len()) != Some(&want[..]) {
+        return Err(format!("rank {me}: the put from rank {prev} did not land").into());
+    }
+    node.barrier()?;
+    Ok(())
+}
+
+/// The killed-rank scenario: rank 0 writes the job id into `dir/job` (so the test can look for
+/// this job's leftovers only); after a barrier rank 1 writes `dir/victim` (its time of death,
+/// [`now_us`]) and kills itself with SIGKILL; the others wait at a barrier, and on
+/// `PeerLost` write `dir/lost-<rank>` (`<lost rank> <now_us>`) and return `Ok`. The caller
+/// then ends the process with exit code 3 (after dropping the node and the job). Call
+/// [`ignore_sigterm`] first thing in the program.
+pub fn kill_scenario<T: Transport>(
+    node: &mut Node<T>,
+    job_id: &str,
+    dir: &Path,
+) -> Result<(), Box<dyn Error>> {
+    let me = node.rank();
+    if me == 0 {
+        std::fs::write(dir.join("job"), job_id)?;
+    }
+    node.barrier()?;
+    if me == 1 {
+        std::fs::write(dir.join("victim"), now_us().to_string())?;
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL)?;
+    }
+    match node.barrier() {
+        Err(AmError::PeerLost(r)) => {
+            std::fs::write(dir.join(format!("lost-{me}")), format!("{r} {}", now_us()))?;
+            Ok(())
+        }
+        other => Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_depends_on_key_and_index() {
+        assert_eq!(pattern(4, 0), [0, 1, 2, 3]);
+        assert_eq!(pattern(3, 0x101), [1, 0, 3]);
+        assert!(pattern(0, 9).is_empty());
+    }
+
+    #[test]
+    fn iters_arg_skips_options() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(iters_arg(&args(&["perf"]), 7), Ok(7));
+        assert_eq!(iters_arg(&args(&["perf", "--ranks", "2"]), 7), Ok(7));
+        assert_eq!(iters_arg(&args(&["perf", "300"]), 7), Ok(300));
+        assert!(iters_arg(&args(&["perf", "x"]), 7).is_err());
+    }
+}
