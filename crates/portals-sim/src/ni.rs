@@ -62,12 +62,30 @@ const LINE_WORDS: usize = CACHE_LINE / 8;
 type Line = [AtomicU64; LINE_WORDS];
 
 /// The cache line at byte `off` of `seg`'s word area, bounds-checked once for all its words.
-#[inline]
+#[inline(always)]
 fn line(seg: &Segment, off: usize) -> Result<&Line, NiError> {
-    seg.words(off, LINE_WORDS)?
-        .try_into()
-        .map_err(|_| NiError::Invalid(format!("a line at {off}")))
+    words(seg, off)
 }
+
+/// `N` words from byte `off` of `seg`'s word area as an array: one bounds check, and none
+/// at each index.
+#[inline(always)]
+fn words<const N: usize>(seg: &Segment, off: usize) -> Result<&[AtomicU64; N], NiError> {
+    match seg.words(off, N)?.try_into() {
+        Ok(a) => Ok(a),
+        Err(_) => Err(short_run(off)),
+    }
+}
+
+#[cold]
+fn short_run(off: usize) -> NiError {
+    NiError::Invalid(format!("a run of words at {off}"))
+}
+
+/// Word offsets in the run from `WAITING` that `Nic::eq_reserve` reads.
+const Q_HEAD: usize = (EQ_HEAD - WAITING) / 8;
+const Q_TAIL: usize = (EQ_TAIL - WAITING) / 8;
+const Q_WORDS: usize = Q_TAIL + 1;
 
 const PT_ENABLED: u64 = 1;
 const PT_DISABLED: u64 = 2;
@@ -243,34 +261,22 @@ pub struct MeOptions {
     pub event_disable: bool,
 }
 
+/// Bits of an entry's options word (see [`MeOptions::encode`]).
+const OPT_PUT: u64 = 1;
+const OPT_GET: u64 = 2;
+const OPT_USE_ONCE: u64 = 4;
+const OPT_MANAGE_LOCAL: u64 = 8;
+const OPT_EVENT_DISABLE: u64 = 16;
+
 impl MeOptions {
     fn encode(&self, pt: u8) -> u64 {
-        (self.put as u64)
-            | (self.get as u64) << 1
-            | (self.use_once as u64) << 2
-            | (self.manage_local as u64) << 3
-            | (self.event_disable as u64) << 4
+        let bit = |on: bool, b: u64| if on { b } else { 0 };
+        bit(self.put, OPT_PUT)
+            | bit(self.get, OPT_GET)
+            | bit(self.use_once, OPT_USE_ONCE)
+            | bit(self.manage_local, OPT_MANAGE_LOCAL)
+            | bit(self.event_disable, OPT_EVENT_DISABLE)
             | (pt as u64) << 8
-    }
-
-    fn decode(w: u64) -> Result<(MeOptions, u8), NiError> {
-        let pt = (w >> 8) as u8;
-        if w & !0xFF1F != 0 || pt as usize >= NPT {
-            return Err(NiError::Corrupt {
-                what: "match entry options",
-                value: w,
-            });
-        }
-        Ok((
-            MeOptions {
-                put: w & 1 != 0,
-                get: w & 2 != 0,
-                use_once: w & 4 != 0,
-                manage_local: w & 8 != 0,
-                event_disable: w & 16 != 0,
-            },
-            pt,
-        ))
     }
 }
 
@@ -496,15 +502,28 @@ struct Claim {
     ring: bool,
 }
 
-/// A match entry read consistently.
-struct MeRecord {
+/// A match entry read consistently (its options word raw: the walk tests bits).
+struct MeRecord<'a> {
+    /// Both lines of the record.
+    words: &'a [AtomicU64; 2 * LINE_WORDS],
     state: u64,
     match_bits: u64,
     ignore_bits: u64,
-    options: MeOptions,
-    pt: u8,
+    options: u64,
     start: usize,
     length: usize,
+}
+
+/// What a match-list walk found.
+enum Walked {
+    /// Entry `idx` matched; the data goes to (or comes from) `at` in the byte area.
+    Found {
+        idx: MeIndex,
+        at: usize,
+        /// The entry was use-once (the walk took it: an `Unlink` event is due).
+        use_once: bool,
+    },
+    Refused(NiFail),
 }
 
 impl<'a> Nic<'a> {
@@ -539,8 +558,9 @@ impl<'a> Nic<'a> {
     /// CAS is a locked instruction anyway and the load a plain one: no fence of its own.
     #[inline]
     fn eq_reserve(&self) -> Result<Option<Claim>, NiError> {
-        let q = self.seg.words(EQ_HEAD, 2 * LINE_WORDS)?;
-        let (head_w, tail_w) = (&q[0], &q[LINE_WORDS]);
+        // The waiting word, head and tail in one checked run (the doorbell is before it).
+        let q: &[AtomicU64; Q_WORDS] = words(self.seg, WAITING)?;
+        let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
         let cap = self.geo.eq_capacity as u64;
         let mut tail = tail_w.load(Ordering::Relaxed);
         loop {
@@ -559,22 +579,35 @@ impl<'a> Nic<'a> {
                 Err(t) => tail = t,
             }
         }
-        let ring = self.word(WAITING)?.load(Ordering::SeqCst) != 0;
+        let ring = q[0].load(Ordering::SeqCst) != 0;
         Ok(Some(Claim { seq: tail, ring }))
     }
 
     /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
-    #[inline]
     fn eq_publish(&self, claim: Claim, ev: &Event) -> Result<(), NiError> {
+        self.eq_publish_words(claim, ev.words())
+    }
+
+    /// [`eq_publish`](Self::eq_publish) of an event's words: the hot path builds them in
+    /// registers, stores the line's seven words and publishes with one more.
+    #[inline(always)]
+    fn eq_publish_words(&self, claim: Claim, words: [u64; 7]) -> Result<(), NiError> {
         let slot = line(self.seg, self.geo.eq_slot(claim.seq))?;
-        for (w, v) in slot[1..].iter().zip(ev.words()) {
+        for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
         slot[0].store(claim.seq.wrapping_add(1), Ordering::Release);
         if claim.ring {
-            // After the publication (Release inside): a woken owner finds the event.
-            self.seg.doorbell(DOORBELL)?.ring();
+            self.ring_claimed()?;
         }
+        Ok(())
+    }
+
+    /// After the publication (Release inside): a woken owner finds the event.
+    #[cold]
+    #[inline(never)]
+    fn ring_claimed(&self) -> Result<(), NiError> {
+        self.seg.doorbell(DOORBELL)?.ring();
         Ok(())
     }
 
@@ -587,11 +620,11 @@ impl<'a> Nic<'a> {
         }
     }
 
-    /// Reads match entry `idx` under its seqlock; `Ok(None)` if it is not linked or changed
-    /// meanwhile. Also returns its `next` link.
-    #[inline]
-    fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord>, u64), NiError> {
-        let l = line(self.seg, self.geo.me(idx)?)?;
+    /// Reads match entry `idx` (both its lines, one bounds check) under its seqlock;
+    /// `Ok(None)` if it is not linked or changed meanwhile. Also returns its `next` link.
+    #[inline(always)]
+    fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord<'a>>, u64), NiError> {
+        let l: &'a [AtomicU64; 2 * LINE_WORDS] = words(self.seg, self.geo.me(idx)?)?;
         let s1 = l[0].load(Ordering::Acquire);
         let w: [u64; 6] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
         fence(Ordering::Acquire);
@@ -606,7 +639,13 @@ impl<'a> Nic<'a> {
         if s1 != s2 || s1 & 0xFF != ME_LINKED {
             return Ok((None, next));
         }
-        let (options, pt) = MeOptions::decode(w[2])?;
+        let options = w[2];
+        if options & !0xFF1F != 0 || (options >> 8) as usize >= NPT {
+            return Err(NiError::Corrupt {
+                what: "match entry options",
+                value: options,
+            });
+        }
         let (start, length) = (w[3], w[4]);
         if start
             .checked_add(length)
@@ -619,11 +658,11 @@ impl<'a> Nic<'a> {
         }
         Ok((
             Some(MeRecord {
+                words: l,
                 state: s1,
                 match_bits: w[0],
                 ignore_bits: w[1],
                 options,
-                pt,
                 start: start as usize,
                 length: length as usize,
             }),
@@ -631,7 +670,7 @@ impl<'a> Nic<'a> {
         ))
     }
 
-    #[inline]
+    #[inline(always)]
     fn pt_state(&self, pt: u8) -> Result<(u64, u64), NiError> {
         let l = line(self.seg, self.geo.pt(pt)?)?;
         let state = l[0].load(Ordering::Acquire);
@@ -647,9 +686,9 @@ impl<'a> Nic<'a> {
 
     /// Walks portal `pt`'s match list for an operation of `len` bytes at `remote_offset`,
     /// claims the matching entry's space, and reserves an event slot if the entry wants an
-    /// event. Returns the entry, the byte-area offset, the reserved slot, or the failure.
+    /// event. Returns the entry and the byte-area offset, or the failure.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn walk(
         &self,
         initiator: u32,
@@ -659,52 +698,54 @@ impl<'a> Nic<'a> {
         remote_offset: u64,
         is_get: bool,
         slot: &mut Option<Claim>,
-    ) -> Result<Result<(MeIndex, MeRecord, usize), NiFail>, NiError> {
+    ) -> Result<Walked, NiError> {
         let (state, mut cur) = self.pt_state(pt)?;
         if state != PT_ENABLED {
-            return Ok(Err(NiFail::PtDisabled));
+            return Ok(Walked::Refused(NiFail::PtDisabled));
         }
+        // The option bits this operation needs, and the entry's portal in the same word.
+        let wants = if is_get { OPT_GET } else { OPT_PUT };
+        let limit = walk_limit(self.geo.max_me);
         let mut steps = 0;
-        while cur != 0 && steps < walk_limit(self.geo.max_me) {
+        while cur != 0 && steps < limit {
             steps += 1;
             let idx = (cur - 1) as MeIndex;
             let (rec, next) = self.read_me(idx)?;
             cur = next;
             let Some(me) = rec else { continue };
-            let wants = if is_get {
-                me.options.get
-            } else {
-                me.options.put
-            };
-            if me.pt != pt || !wants || (match_bits ^ me.match_bits) & !me.ignore_bits != 0 {
+            let opts = me.options;
+            if (opts >> 8) as u8 != pt
+                || opts & wants == 0
+                || (match_bits ^ me.match_bits) & !me.ignore_bits != 0
+            {
                 continue;
             }
-            if !me.options.manage_local
+            let local = opts & OPT_MANAGE_LOCAL != 0;
+            if !local
                 && remote_offset
                     .checked_add(len as u64)
                     .is_none_or(|end| end > me.length as u64)
             {
                 continue;
             }
-            if !me.options.event_disable && slot.is_none() {
+            if opts & OPT_EVENT_DISABLE == 0 && slot.is_none() {
                 *slot = self.eq_reserve()?;
                 if slot.is_none() {
-                    return Ok(Err(NiFail::EqFull));
+                    return Ok(Walked::Refused(NiFail::EqFull));
                 }
             }
-            let base = self.geo.me(idx)?;
-            if me.options.use_once {
+            let use_once = opts & OPT_USE_ONCE != 0;
+            if use_once {
                 let taken = (me.state & !0xFF) | ME_UNLINKED;
-                if self
-                    .word(base)?
+                if me.words[0]
                     .compare_exchange(me.state, taken, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
                 {
                     continue;
                 }
             }
-            let offset = if me.options.manage_local && !is_get {
-                let counter = self.word(base + CACHE_LINE)?;
+            let offset = if local && !is_get {
+                let counter = &me.words[LINE_WORDS];
                 let claim = lm_len(len) as u64;
                 let length = me.length as u64;
                 if claim == 0 {
@@ -718,8 +759,7 @@ impl<'a> Nic<'a> {
                         if off <= length {
                             // The first claim that does not fit unlinks the entry: it records
                             // how much was claimed, then tells the owner.
-                            self.word(base + CACHE_LINE + 8)?
-                                .store(off, Ordering::Release);
+                            me.words[LINE_WORDS + 1].store(off, Ordering::Release);
                             let mut ev = Event::new(EventKind::Unlink, initiator, pt);
                             ev.me = idx;
                             ev.used = off;
@@ -732,9 +772,24 @@ impl<'a> Nic<'a> {
             } else {
                 remote_offset as usize
             };
-            let at = me.start + offset;
-            return Ok(Ok((idx, me, at)));
+            return Ok(Walked::Found {
+                idx,
+                at: me.start + offset,
+                use_once,
+            });
         }
+        self.no_match(initiator, pt, slot)
+    }
+
+    /// The walk found no entry: flow control disables the portal entry, if it has it.
+    #[cold]
+    #[inline(never)]
+    fn no_match(
+        &self,
+        initiator: u32,
+        pt: u8,
+        slot: &mut Option<Claim>,
+    ) -> Result<Walked, NiError> {
         let base = self.geo.pt(pt)?;
         if self.word(base + 16)?.load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
             let won = self
@@ -751,9 +806,9 @@ impl<'a> Nic<'a> {
                     }
                 }
             }
-            return Ok(Err(NiFail::PtDisabled));
+            return Ok(Walked::Refused(NiFail::PtDisabled));
         }
-        Ok(Err(NiFail::NoMatch))
+        Ok(Walked::Refused(NiFail::NoMatch))
     }
 
     /// The wire for a put from `initiator` (whose own NI is `own`, for `Send`/`Ack` events)
@@ -781,23 +836,26 @@ impl<'a> Nic<'a> {
             &mut slot,
         )?;
         let outcome = match found {
-            Ok((idx, me, at)) => {
+            Walked::Found { idx, at, use_once } => {
                 let mut o = at;
                 for d in a.data {
                     self.imp.write(o, d)?;
                     o += d.len();
                 }
                 if let Some(s) = slot.take() {
-                    let mut ev = Event::new(EventKind::Put, initiator, a.pt);
-                    ev.match_bits = a.match_bits;
-                    ev.hdr_data = a.hdr_data;
-                    ev.start = at as u64;
-                    ev.mlength = len as u32;
-                    ev.me = idx;
-                    ev.remote_offset = a.remote_offset;
-                    self.eq_publish(s, &ev)?;
+                    // The `Put` event's words, built in place (see `Event::words`).
+                    let words = [
+                        EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
+                        a.match_bits,
+                        a.hdr_data,
+                        at as u64,
+                        len as u64 | (idx as u64) << 32,
+                        a.remote_offset,
+                        0,
+                    ];
+                    self.eq_publish_words(s, words)?;
                 }
-                if me.options.use_once {
+                if use_once {
                     let mut ev = Event::new(EventKind::Unlink, initiator, a.pt);
                     ev.me = idx;
                     self.try_post(&ev)?;
@@ -807,7 +865,7 @@ impl<'a> Nic<'a> {
                     start: at as u64,
                 }
             }
-            Err(fail) => {
+            Walked::Refused(fail) => {
                 if let Some(s) = slot.take() {
                     self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, a.pt))?;
                 }
@@ -862,7 +920,7 @@ impl<'a> Nic<'a> {
             &mut slot,
         )?;
         let outcome = match found {
-            Ok((idx, me, at)) => {
+            Walked::Found { idx, at, use_once } => {
                 self.seg.read(at, dst)?;
                 let mut ev = Event::new(EventKind::Get, initiator, pt);
                 ev.match_bits = match_bits;
@@ -873,7 +931,7 @@ impl<'a> Nic<'a> {
                 if let Some(s) = slot.take() {
                     self.eq_publish(s, &ev)?;
                 }
-                if me.options.use_once {
+                if use_once {
                     let mut u = Event::new(EventKind::Unlink, initiator, pt);
                     u.me = idx;
                     self.try_post(&u)?;
@@ -888,7 +946,7 @@ impl<'a> Nic<'a> {
                     start: at as u64,
                 }
             }
-            Err(fail) => {
+            Walked::Refused(fail) => {
                 if let Some(s) = slot.take() {
                     self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt))?;
                 }
@@ -1116,7 +1174,7 @@ impl NiOwner {
     }
 
     /// Takes the next event, if published.
-    #[inline]
+    #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
         if slot[0].load(Ordering::Acquire) != self.head.wrapping_add(1) {

@@ -16,7 +16,6 @@
 //! Header data: the first two arguments of an inline Short (a Short or empty Medium whose head
 //! is at most 16 bytes); other messages carry their whole head (and Medium payload) as data.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use am_core::{Delivery, Limits, Outgoing, Rank, SendError, Transport, TransportError, Tx};
@@ -148,6 +147,8 @@ pub struct Stats {
 struct TxState {
     rank: u32,
     layout: Layout,
+    /// `layout.segment_base()`, computed once.
+    seg_base: usize,
     config: PortalsConfig,
     peers: Vec<Peer>,
     /// Free send slots (a stack: the slot just freed is warm in the cache).
@@ -156,9 +157,63 @@ struct TxState {
     slot_dest: Vec<u32>,
     /// Per peer: the send slots of its requests we still owe a reply, in arrival order (the
     /// core answers one peer's requests in order).
-    owed: Vec<VecDeque<u16>>,
+    owed: Vec<Owed>,
     lost: Vec<bool>,
     stats: Stats,
+}
+
+/// A peer's send slots we owe a reply, oldest first: a ring as large as a rank's send slots
+/// (each request in flight holds one of its sender's), so it never grows on the hot path.
+#[derive(Debug)]
+struct Owed {
+    slots: Box<[u16]>,
+    head: usize,
+    len: usize,
+}
+
+impl Owed {
+    fn new(send_slots: usize) -> Owed {
+        Owed {
+            slots: vec![0; send_slots.next_power_of_two()].into_boxed_slice(),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn front(&self) -> Option<u16> {
+        if self.len == 0 {
+            return None;
+        }
+        self.slots.get(self.head & (self.slots.len() - 1)).copied()
+    }
+
+    #[inline]
+    fn pop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.head.wrapping_add(1);
+            self.len -= 1;
+        }
+    }
+
+    /// `false` if the ring is full: the peer has more requests in flight than it has send
+    /// slots (it broke the protocol).
+    #[inline]
+    fn push_back(&mut self, slot: u16) -> bool {
+        let mask = self.slots.len() - 1;
+        if self.len > mask {
+            return false;
+        }
+        if let Some(s) = self.slots.get_mut(self.head.wrapping_add(self.len) & mask) {
+            *s = slot;
+        }
+        self.len += 1;
+        true
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
 }
 
 /// One request receive buffer as its owner tracks it.
@@ -223,7 +278,7 @@ impl TxState {
         }
         let is_reply = head[0] & WIRE_REPLY != 0;
         let slot = if is_reply {
-            *self.owed[d].front().ok_or_else(|| {
+            self.owed[d].front().ok_or_else(|| {
                 SendError::Other("portals: a reply with no request to answer".into())
             })?
         } else {
@@ -418,11 +473,12 @@ impl Portals {
             tx: TxState {
                 rank,
                 layout,
+                seg_base: layout.segment_base(),
                 config,
                 peers,
                 free_slots: (0..layout.send_slots as u16).rev().collect(),
                 slot_dest: vec![FREE; layout.send_slots],
-                owed: (0..n).map(|_| VecDeque::new()).collect(),
+                owed: (0..n).map(|_| Owed::new(layout.send_slots)).collect(),
                 lost: vec![false; n],
                 stats: Stats::default(),
             },
@@ -728,7 +784,7 @@ impl Transport for Portals {
         self.idle_since = None;
         let (ranks, seg_base, seg_len) = {
             let l = &self.tx.layout;
-            (l.ranks as usize, l.segment_base(), l.segment)
+            (l.ranks as usize, self.tx.seg_base, l.segment)
         };
         let src = ev.initiator as usize;
         let is_request = ev.pt == PT_REQUEST;
@@ -786,7 +842,9 @@ impl Transport for Portals {
             (Some(start), ev.mlength as usize)
         };
         if is_request {
-            self.tx.owed[src].push_back(slot);
+            if !self.tx.owed[src].push_back(slot) {
+                return Err(corrupt("request (more in flight than send slots)"));
+            }
         } else if self.tx.slot_dest.get(slot as usize) != Some(&(src as u32)) {
             return Err(corrupt("reply (to a send slot it does not hold)"));
         }
