@@ -248,20 +248,24 @@ impl<T: Transport> Node<T> {
     /// An error names its cause; the message that caused it is dropped and polling can go on
     /// (for example after [`AmError::PeerMisbehaved`]).
     pub fn poll(&mut self) -> Result<usize, AmError> {
-        self.poll_inner().inspect_err(|e| {
+        // Bounded, so a flood from one peer cannot starve the caller.
+        self.poll_up_to(64)
+    }
+
+    fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
+        self.poll_inner(max).inspect_err(|e| {
             if let AmError::PeerLost(peer) = e {
                 self.ep.mark_lost(*peer);
             }
         })
     }
 
-    fn poll_inner(&mut self) -> Result<usize, AmError> {
+    fn poll_inner(&mut self, max: usize) -> Result<usize, AmError> {
         if !self.ep.pending.is_empty() {
             self.ep.flush_pending(&mut self.transport)?;
         }
         let mut handled = 0;
-        // Bounded, so a flood from one peer cannot starve the caller.
-        while handled < 64 {
+        while handled < max {
             let ep = &mut self.ep;
             match self
                 .transport
@@ -299,8 +303,11 @@ impl<T: Transport> Node<T> {
 
     /// One step of every blocking loop: poll, and wait as the wait mode says if nothing came.
     #[inline]
+    /// One step of a blocking loop: handles at most one message, so the caller re-checks its
+    /// condition (a reply arrived, a credit came back) as soon as it may hold, without a
+    /// further empty poll on the critical path.
     fn progress(&mut self, idle: &mut u32) -> Result<(), AmError> {
-        if self.poll()? == 0 {
+        if self.poll_up_to(1)? == 0 {
             self.idle(idle)
         } else {
             *idle = 0;
