@@ -183,11 +183,6 @@ impl DynamicCredits {
         }
     }
 
-    /// Credits this rank holds toward `peer` (available plus outstanding).
-    pub fn held(&self, peer: Rank) -> u32 {
-        self.available[peer as usize] + self.outstanding[peer as usize]
-    }
-
     /// Target side: credits `peer` holds toward this rank, as this rank accounts them.
     pub fn lent_to(&self, peer: Rank) -> u32 {
         self.lent[peer as usize]
@@ -292,10 +287,6 @@ impl CreditPolicy for DynamicCredits {
 
     fn outstanding(&self, peer: Rank) -> u32 {
         self.outstanding[peer as usize]
-    }
-
-    fn held(&self, peer: Rank) -> u32 {
-        DynamicCredits::held(self, peer)
     }
 
     fn lent_to(&self, peer: Rank) -> Option<u32> {
