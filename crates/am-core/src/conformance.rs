@@ -19,7 +19,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{
-    run_ranks, AmError, AmKind, Config, HandlerId, Handlers, Node, StartError, Transport,
+    run_ranks, AmError, AmKind, Config, HandlerId, Handlers, Node, Rank, StartError, Transport,
     TryRequestError, WaitMode,
 };
 
@@ -60,6 +60,18 @@ struct Seen {
     last_args: RefCell<Vec<u32>>,
     last_payload: RefCell<Vec<u8>>,
     order: RefCell<Vec<(u32, u32)>>,
+}
+
+impl Seen {
+    /// The first argument of every request from `src`, in arrival order.
+    fn order_from(&self, src: Rank) -> Vec<u32> {
+        self.order
+            .borrow()
+            .iter()
+            .filter(|&&(s, _)| s == src)
+            .map(|&(_, q)| q)
+            .collect()
+    }
 }
 
 /// Echo handlers: each request kind replies with the same kind, arguments and payload.
@@ -501,13 +513,7 @@ pub fn many_ranks_all_to_all<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
         node.wait_until(|| seen.requests.get() == total)
             .expect("requests");
         for src in 0..RANKS {
-            let from: Vec<u32> = seen
-                .order
-                .borrow()
-                .iter()
-                .filter(|&&(s, _)| s == src)
-                .map(|&(_, q)| q)
-                .collect();
+            let from = seen.order_from(src);
             assert_eq!(from, (0..PER_PEER as u32).collect::<Vec<_>>(), "from {src}");
         }
         node.barrier().expect("barrier");
@@ -549,13 +555,7 @@ pub fn dynamic_credits_flood<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
             node.wait_until(|| seen.requests.get() == total)
                 .expect("requests");
             for src in 1..RANKS {
-                let from: Vec<u32> = seen
-                    .order
-                    .borrow()
-                    .iter()
-                    .filter(|&&(s, _)| s == src)
-                    .map(|&(_, q)| q)
-                    .collect();
+                let from = seen.order_from(src);
                 assert_eq!(from, (0..PER_RANK).collect::<Vec<_>>(), "from {src}");
             }
         }
