@@ -59,11 +59,37 @@ fn encode(category: Category) -> ([u8; MAX_HEAD_LEN], usize) {
 }
 
 fn outgoing(head: &[u8]) -> Outgoing<'_> {
+    message(head, &[])
+}
+
+/// A message of `head` and `payload` that is not a Long.
+pub fn message<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
     Outgoing {
         head,
-        payload: &[],
+        payload,
         long_offset: None,
     }
+}
+
+/// Encodes into `buf` the head of a `kind` message to handler 1 with the one argument 42 and
+/// a payload of `payload` bytes; returns its length. For transports' unit tests.
+pub fn head_into(
+    category: Category,
+    kind: AmKind,
+    payload: usize,
+    buf: &mut [u8; MAX_HEAD_LEN],
+) -> usize {
+    Header {
+        category,
+        kind,
+        system: false,
+        handler: 1,
+        nargs: 1,
+        credit: 0,
+        payload_len: payload as u32,
+        long_offset: 0,
+    }
+    .encode(&[42], buf)
 }
 
 /// One round trip from rank 0: sends the request to [`PEER`] and polls until a message

@@ -1201,40 +1201,14 @@ pub(crate) fn post_note(x: &Extoll, target: usize, src: usize, kind: u32, value:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use am_core::wire::{Header, MAX_HEAD_LEN};
+    use am_core::wire::MAX_HEAD_LEN;
     use am_core::{AmKind, Category};
-
-    fn head(
-        category: Category,
-        kind: AmKind,
-        payload: usize,
-        buf: &mut [u8; MAX_HEAD_LEN],
-    ) -> usize {
-        Header {
-            category,
-            kind,
-            system: false,
-            handler: 1,
-            nargs: 1,
-            credit: 0,
-            payload_len: payload as u32,
-            long_offset: 0,
-        }
-        .encode(&[42], buf)
-    }
+    use am_perf::nic::{head_into as head, message as out};
 
     fn pair(config: ExtollConfig) -> (Extoll, Extoll) {
         let mut v = Extoll::cluster(2, 1 << 16, config).unwrap();
         let b = v.pop().unwrap();
         (v.pop().unwrap(), b)
-    }
-
-    fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
-        Outgoing {
-            head,
-            payload,
-            long_offset: None,
-        }
     }
 
     fn recv(x: &mut Extoll) -> Option<(u32, Vec<u8>)> {

@@ -939,6 +939,7 @@ mod tests {
     use super::*;
     use am_core::wire::{Header, MAX_HEAD_LEN};
     use am_core::{AmKind, Category};
+    use am_perf::nic::message as out;
 
     fn head(
         category: Category,
@@ -960,14 +961,6 @@ mod tests {
         }
         .encode(&args, &mut buf);
         (buf, n)
-    }
-
-    fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
-        Outgoing {
-            head,
-            payload,
-            long_offset: None,
-        }
     }
 
     fn pair(config: PortalsConfig) -> (Portals, Portals) {

@@ -943,28 +943,10 @@ impl std::fmt::Debug for Sci {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use am_core::wire::{Header, MAX_HEAD_LEN};
+    use am_core::wire::MAX_HEAD_LEN;
     use am_core::{AmKind, Category};
+    use am_perf::nic::{head_into as head, message as out};
     use proptest::prelude::*;
-
-    fn head(
-        category: Category,
-        kind: AmKind,
-        payload: usize,
-        buf: &mut [u8; MAX_HEAD_LEN],
-    ) -> usize {
-        Header {
-            category,
-            kind,
-            system: false,
-            handler: 1,
-            nargs: 1,
-            credit: 0,
-            payload_len: payload as u32,
-            long_offset: 0,
-        }
-        .encode(&[42], buf)
-    }
 
     fn pair(slots: usize) -> (Sci, Sci) {
         let config = SciConfig {
@@ -974,14 +956,6 @@ mod tests {
         let mut v = Sci::cluster(2, 4096, config).unwrap();
         let b = v.pop().unwrap();
         (v.pop().unwrap(), b)
-    }
-
-    fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
-        Outgoing {
-            head,
-            payload,
-            long_offset: None,
-        }
     }
 
     #[test]
