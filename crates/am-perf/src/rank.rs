@@ -80,33 +80,48 @@ const LABEL: usize = 42;
 pub struct Floors {
     /// Median cache-line ping-pong round trip in µs (0 on rank 1).
     pub rtt_us: f64,
+    /// Median two-line ping-pong round trip in µs (0 on rank 1): the least a design pays
+    /// whose request and reply land on different lines, as every remote-write-only NIC's do.
+    pub two_line_us: f64,
     /// 1 MiB copy bandwidth in bytes per second (at rank 0).
     pub copy_bps: f64,
 }
 
 impl Floors {
-    /// Ranks 0 and 1 of `job` call this at the same time: `iters` ping-pongs, then 200 copies
-    /// of 1 MiB.
+    /// Ranks 0 and 1 of `job` call this at the same time: `iters` ping-pongs on one line,
+    /// `iters` on two lines, then 200 copies of 1 MiB.
     pub fn measure(job: &mut JobInfo, iters: usize) -> io::Result<Floors> {
         let (rank, id) = (job.rank, job.job_id.clone());
         let mut fence = || fence(job);
         let rtt = am_shm::floor::cacheline_pingpong(&id, rank, iters, &mut fence)?;
+        let two = am_shm::floor::two_line_pingpong(&id, rank, iters, &mut fence)?;
         let copy_bps = am_shm::floor::copy_bandwidth(&id, rank, 1 << 20, 200, &mut fence)?;
         Ok(Floors {
             rtt_us: median(rtt.iter().map(|d| d.as_secs_f64() * 1e6).collect()),
+            two_line_us: median(two.iter().map(|d| d.as_secs_f64() * 1e6).collect()),
             copy_bps,
         })
     }
 
-    /// Prints the ping-pong floor in µs.
+    /// Prints the two ping-pong floors in µs.
     pub fn print_rtt(&self) {
         let label = "floor cache-line ping-pong (2 processes):";
         println!("{label:<LABEL$}{:.3} us", self.rtt_us);
+        let label = "floor two-line ping-pong (2 processes):";
+        println!(
+            "{label:<LABEL$}{:.3} us ({:.2}x floor)",
+            self.two_line_us,
+            self.two_line_us / self.rtt_us
+        );
     }
 
-    /// Prints `label`, a round trip of `us` µs and its ratio to the ping-pong floor.
+    /// Prints `label`, a round trip of `us` µs and its ratios to both ping-pong floors.
     pub fn print_rtt_vs(&self, label: &str, us: f64) {
-        println!("{label:<LABEL$}{us:.3} us ({:.2}x floor)", us / self.rtt_us);
+        println!(
+            "{label:<LABEL$}{us:.3} us ({:.2}x floor, {:.2}x two-line)",
+            us / self.rtt_us,
+            us / self.two_line_us
+        );
     }
 
     /// Prints the copy floor in GB/s.

@@ -3,6 +3,9 @@
 //!
 //! - [`cacheline_pingpong`]: one 64-bit word on one cache line, written alternately by two
 //!   ranks; one round trip per iteration.
+//! - [`two_line_pingpong`]: each rank writes a word on a line the *other* polls and polls
+//!   a line of its own, as every remote-write-only design must (the request and the reply
+//!   travel on different lines). The least any of the simulated NICs can do per round trip.
 //! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
 //!   the other acknowledges on a second line. Bytes per second at the copying rank.
 //!
@@ -81,6 +84,40 @@ pub fn cacheline_pingpong(
     }
     let seg = rendezvous(job_id, rank, "floor-pingpong", 64, 0, fence)?;
     pingpong_on(&seg, rank, iters)
+}
+
+/// Two-process ping-pong over two cache lines: rank 0 writes line 1 and polls line 0, rank 1
+/// the other way round. Called like [`cacheline_pingpong`]; rank 0 returns one round-trip time
+/// per iteration.
+pub fn two_line_pingpong(
+    job_id: &str,
+    rank: u32,
+    iters: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<Vec<Duration>> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
+    let seg = rendezvous(job_id, rank, "floor-two-line", 128, 0, fence)?;
+    two_line_on(&seg, rank, iters)
+}
+
+fn two_line_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
+    let polled = seg.word(64 * rank as usize).map_err(io::Error::from)?;
+    let written = seg.word(64 * (1 - rank as usize)).map_err(io::Error::from)?;
+    let mut times = Vec::with_capacity(if rank == 0 { iters } else { 0 });
+    for i in 1..=iters as u64 {
+        if rank == 0 {
+            let t = Instant::now();
+            written.store(i, Ordering::Release);
+            spin_until(polled, i)?;
+            times.push(t.elapsed());
+        } else {
+            spin_until(polled, i)?;
+            written.store(i, Ordering::Release);
+        }
+    }
+    Ok(times)
 }
 
 fn pingpong_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
@@ -175,6 +212,11 @@ pub fn cacheline_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
     threads(|seg, rank| pingpong_on(seg, rank, iters), 64, 0)
 }
 
+/// [`two_line_pingpong`] between two threads of this process, over a `/dev/shm` segment.
+pub fn two_line_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
+    threads(|seg, rank| two_line_on(seg, rank, iters), 128, 0)
+}
+
 /// [`copy_bandwidth`] between two threads of this process, over a `/dev/shm` segment.
 pub fn copy_bandwidth_threads(bytes: usize, iters: usize) -> io::Result<f64> {
     threads(|seg, rank| copy_on(seg, rank, bytes, iters), 128, bytes)
@@ -188,6 +230,7 @@ mod tests {
     fn thread_floors_run() {
         let t = cacheline_pingpong_threads(1000).unwrap();
         assert_eq!(t.len(), 1000);
+        assert_eq!(two_line_pingpong_threads(1000).unwrap().len(), 1000);
         assert!(copy_bandwidth_threads(1 << 16, 20).unwrap() > 0.0);
     }
 }
