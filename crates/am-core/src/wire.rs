@@ -134,6 +134,7 @@ impl Header {
     /// exactly the arguments and, if `payload_inline`, exactly the announced payload.
     ///
     /// Never panics, whatever the bytes.
+    #[inline]
     pub fn decode(bytes: &[u8], payload_inline: bool) -> Result<Header, WireError> {
         if bytes.len() < BASE_HEADER_LEN {
             return Err(WireError::Truncated {
