@@ -106,6 +106,9 @@ struct Floor {
     what: &'static str,
     /// Rank 0: round trips in µs, sorted. Empty on rank 1.
     rtt_us: Vec<f64>,
+    /// Shared-memory NICs, rank 0: the two-line ping-pong's round trips in µs, sorted; the
+    /// least a design pays whose request and reply land on different lines, as theirs do.
+    two_line_us: Vec<f64>,
 }
 
 /// The raw floor of `kind`, measured between ranks 0 and 1: both call this (right after a
@@ -124,6 +127,7 @@ fn floor(
         TransportKind::Loopback => Some(Floor {
             what: "atomic ping-pong on one cache line between the two rank threads",
             rtt_us: thread_floor(node.rank(), warmup, iters),
+            two_line_us: Vec::new(),
         }),
         TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
             shm_floor(node, warmup, iters)?
@@ -188,6 +192,7 @@ fn udp_floor(
     Ok(Some(Floor {
         what: "plain UDP ping-pong of 100-byte datagrams, busy-polled",
         rtt_us,
+        two_line_us: Vec::new(),
     }))
 }
 
@@ -206,16 +211,21 @@ fn shm_floor(
     };
     let rank = node.rank();
     let mut fence = || node.barrier().map_err(std::io::Error::other);
-    let times = am_shm::floor::cacheline_pingpong(&job, rank, warmup + iters, &mut fence)?;
-    let mut rtt_us: Vec<f64> = times
-        .iter()
-        .skip(warmup)
-        .map(|d| d.as_secs_f64() * 1e6)
-        .collect();
-    rtt_us.sort_by(f64::total_cmp);
+    let sorted_us = |times: Vec<std::time::Duration>| {
+        let mut us: Vec<f64> = times
+            .iter()
+            .skip(warmup)
+            .map(|d| d.as_secs_f64() * 1e6)
+            .collect();
+        us.sort_by(f64::total_cmp);
+        us
+    };
+    let one = am_shm::floor::cacheline_pingpong(&job, rank, warmup + iters, &mut fence)?;
+    let two = am_shm::floor::two_line_pingpong(&job, rank, warmup + iters, &mut fence)?;
     Ok(Some(Floor {
         what: "one-cache-line ping-pong between the two rank processes over shared memory",
-        rtt_us,
+        rtt_us: sorted_us(one),
+        two_line_us: sorted_us(two),
     }))
 }
 
@@ -380,17 +390,31 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         node.barrier()?;
         if me == 0 {
             match &base {
-                Some(f) if !args.json => println!(
-                    "# floor: {}: p50 {:.3} us, p99 {:.3} us",
-                    f.what,
-                    quantile(&f.rtt_us, 0.5),
-                    quantile(&f.rtt_us, 0.99)
-                ),
+                Some(f) if !args.json => {
+                    println!(
+                        "# floor: {}: p50 {:.3} us, p99 {:.3} us",
+                        f.what,
+                        quantile(&f.rtt_us, 0.5),
+                        quantile(&f.rtt_us, 0.99)
+                    );
+                    if !f.two_line_us.is_empty() {
+                        println!(
+                            "# two-line floor: each rank writes a line the other polls, as \
+                             the NICs must: p50 {:.3} us, p99 {:.3} us",
+                            quantile(&f.two_line_us, 0.5),
+                            quantile(&f.two_line_us, 0.99)
+                        );
+                    }
+                }
                 Some(_) => {}
                 None => eprintln!("pingpong: no raw floor for {name} yet; --baseline ignored"),
             }
         }
     }
+    let two_line = base
+        .as_ref()
+        .filter(|f| !f.two_line_us.is_empty())
+        .map(|f| quantile(&f.two_line_us, 0.5));
     let base = base
         .filter(|f| !f.rtt_us.is_empty())
         .map(|f| (f.what, quantile(&f.rtt_us, 0.5), quantile(&f.rtt_us, 0.99)));
@@ -410,6 +434,9 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         if base.is_some() {
             print!(" {:>12} {:>8}", "floor_p50_us", "ratio");
         }
+        if two_line.is_some() {
+            print!(" {:>12} {:>8}", "2line_p50_us", "ratio_2l");
+        }
         println!();
     }
     for (kind, bytes) in plan {
@@ -428,6 +455,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                         "baseline_rtt_us_p50": base.map(|b| b.1),
                         "baseline_rtt_us_p99": base.map(|b| b.2),
                         "ratio": ratio,
+                        "two_line_rtt_us_p50": two_line,
+                        "ratio_two_line": two_line.map(|t| row.p50 / t),
                     })
                 );
             } else {
@@ -441,7 +470,10 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     row.msgs_per_s
                 );
                 if let (Some((_, p50, _)), Some(r)) = (base, ratio) {
-                    print!(" {p50:>12.3} {r:>8.1}");
+                    print!(" {p50:>12.3} {r:>8.2}");
+                }
+                if let Some(t) = two_line {
+                    print!(" {t:>12.3} {:>8.2}", row.p50 / t);
                 }
                 println!();
             }

@@ -163,5 +163,17 @@ fn process_transports_have_a_floor() {
             "{transport}: no floor in {}",
             rows[0]
         );
+        // The shared-memory NICs also get the two-line floor; udp has no such thing.
+        let two_line = rows[0]["two_line_rtt_us_p50"].as_f64();
+        let ratio_two_line = rows[0]["ratio_two_line"].as_f64();
+        if transport == "udp" {
+            assert!(two_line.is_none(), "{transport}: {}", rows[0]);
+        } else {
+            assert!(
+                two_line.is_some_and(|f| f > 0.0) && ratio_two_line.is_some_and(|r| r > 0.0),
+                "{transport}: no two-line floor in {}",
+                rows[0]
+            );
+        }
     }
 }
