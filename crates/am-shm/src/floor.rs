@@ -104,7 +104,9 @@ pub fn two_line_pingpong(
 
 fn two_line_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
     let polled = seg.word(64 * rank as usize).map_err(io::Error::from)?;
-    let written = seg.word(64 * (1 - rank as usize)).map_err(io::Error::from)?;
+    let written = seg
+        .word(64 * (1 - rank as usize))
+        .map_err(io::Error::from)?;
     let mut times = Vec::with_capacity(if rank == 0 { iters } else { 0 });
     for i in 1..=iters as u64 {
         if rank == 0 {
