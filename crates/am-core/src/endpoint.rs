@@ -90,6 +90,18 @@ fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
     AmError::PeerMisbehaved { peer, what }
 }
 
+#[cold]
+fn unknown_handler(src: Rank, hdr: &Header) -> AmError {
+    misbehaved(
+        src,
+        Misbehavior::UnknownHandler {
+            handler: HandlerId(hdr.handler),
+            category: hdr.category,
+            kind: hdr.kind,
+        },
+    )
+}
+
 pub(crate) fn split_u64(v: u64) -> [u32; 2] {
     [v as u32, (v >> 32) as u32]
 }
@@ -126,7 +138,7 @@ struct ReplySink<'a> {
     tx: &'a mut dyn Tx,
     pending: &'a mut VecDeque<PendingReply>,
     meta: &'a [Option<(Category, AmKind)>; 256],
-    limits: Limits,
+    limits: &'a Limits,
     replied: bool,
     error: Option<AmError>,
 }
@@ -183,6 +195,19 @@ impl ReplySink<'_> {
         Ok(())
     }
 
+    /// After the handler: the implicit empty reply if it sent none (it returns the request's
+    /// credit), and the first send error.
+    #[inline]
+    fn finish(mut self) -> Result<(), AmError> {
+        if !self.replied {
+            self.system(AmKind::Short, sys::ACK, &[], &[]);
+        }
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn system(&mut self, kind: AmKind, op: u8, args: &[u32], payload: &[u8]) {
         // Errors are recorded in `self.error` and reported by the poll that ran the handler.
         let _ = self.send(true, kind, op, args, payload, None);
@@ -198,7 +223,7 @@ impl ReplyPath for ReplySink<'_> {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        check_message(&self.limits, kind, args, payload)?;
+        check_message(self.limits, kind, args, payload)?;
         if self.meta[handler.0 as usize] != Some((Category::Reply, kind)) {
             return Err(AmError::NotRegistered {
                 handler,
@@ -294,6 +319,7 @@ impl Endpoint {
     }
 
     /// Handles one delivered message: runs its handler, sends the reply or the implicit one.
+    #[inline]
     pub fn dispatch(
         &mut self,
         d: Delivery<'_>,
@@ -312,42 +338,27 @@ impl Endpoint {
         let mut argbuf = [0u32; MAX_ARGS];
         let args = hdr.read_args(d.bytes, &mut argbuf);
         let body = &d.bytes[hdr.head_len()..];
-        let long = if hdr.kind == AmKind::Long {
-            segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len())
-        } else {
-            None
-        };
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
-        let inline_long: Option<&[u8]> = match (&long, d.payload_placed) {
-            (Some(_), false) => Some(body),
-            _ => None,
+        let (medium, long, inline_long): (&[u8], _, _) = match hdr.kind {
+            AmKind::Short => (&[], None, None),
+            AmKind::Medium => (body, None, None),
+            AmKind::Long => {
+                match segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len()) {
+                    Some(r) => (&[], Some(r), (!d.payload_placed).then_some(body)),
+                    None => return self.out_of_segment(src, &hdr, args, tx),
+                }
+            }
         };
-        let out_of_segment = hdr.kind == AmKind::Long && long.is_none();
-        let medium: &[u8] = if hdr.kind == AmKind::Medium {
-            body
-        } else {
-            &[]
-        };
-
+        if hdr.system {
+            return self.dispatch_system(src, &hdr, args, medium, segment, long, inline_long, tx);
+        }
+        let id = hdr.handler as usize;
         match hdr.category {
             Category::Reply => {
                 if !self.credits.on_reply(src, hdr.credit) {
                     return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
                 }
-                if out_of_segment {
-                    return Err(misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment {
-                            offset: hdr.long_offset,
-                            len: hdr.payload_len as u64,
-                        },
-                    ));
-                }
-                if hdr.system {
-                    return self.system_reply(src, &hdr, args, medium);
-                }
-                let id = hdr.handler as usize;
                 match &mut self.handlers.fns[id] {
                     Some(HandlerFn::Reply(f))
                         if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
@@ -363,106 +374,148 @@ impl Endpoint {
                         });
                         Ok(())
                     }
-                    _ => Err(misbehaved(
-                        src,
-                        Misbehavior::UnknownHandler {
-                            handler: HandlerId(hdr.handler),
-                            category: Category::Reply,
-                            kind: hdr.kind,
-                        },
-                    )),
+                    _ => Err(unknown_handler(src, &hdr)),
                 }
             }
             Category::Request => {
                 let grant = self.credits.reply_grant(src, hdr.credit);
-                let Endpoint {
-                    handlers,
-                    pending,
-                    limits,
-                    ..
-                } = self;
-                let Handlers { fns, meta, .. } = handlers;
+                let Handlers { fns, meta, .. } = &mut self.handlers;
                 let mut sink = ReplySink {
                     src,
                     grant,
                     tx,
-                    pending,
+                    pending: &mut self.pending,
                     meta,
-                    limits: *limits,
+                    limits: &self.limits,
                     replied: false,
                     error: None,
                 };
-                let mut result = Ok(());
-                if out_of_segment {
-                    result = Err(misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment {
-                            offset: hdr.long_offset,
-                            len: hdr.payload_len as u64,
-                        },
-                    ));
-                    if hdr.system && hdr.handler == sys::PUT {
-                        // The initiator waits for this put: tell it, don't leave it hanging.
-                        let op = args.first().copied().unwrap_or(u32::MAX);
-                        sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
-                    }
-                } else if hdr.system {
-                    // Split borrows: the system state is disjoint from the sink's fields.
-                    result = system_request(
-                        &mut SystemState {
-                            rank: self.rank,
-                            seg_len: self.seg_len,
-                            hello: &mut self.hello,
-                            hello_digest: self.hello_digest,
-                            barrier_arrivals: &mut self.barrier_arrivals,
-                            exit_requested: &mut self.exit_requested,
-                        },
-                        &mut sink,
-                        &hdr,
-                        args,
-                        segment,
-                        (&long, inline_long),
-                    );
-                } else {
-                    let id = hdr.handler as usize;
-                    match &mut fns[id] {
-                        Some(HandlerFn::Request(f))
-                            if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
-                        {
-                            place(segment, &long, inline_long);
-                            f(
-                                Msg {
-                                    src,
-                                    handler: HandlerId(hdr.handler),
-                                    args,
-                                    medium,
-                                    long,
-                                    segment,
-                                },
-                                Token {
-                                    src,
-                                    path: &mut sink,
-                                },
-                            );
-                        }
-                        _ => {
-                            result = Err(misbehaved(
+                let result = match &mut fns[id] {
+                    Some(HandlerFn::Request(f))
+                        if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
+                    {
+                        place(segment, &long, inline_long);
+                        f(
+                            Msg {
                                 src,
-                                Misbehavior::UnknownHandler {
-                                    handler: HandlerId(hdr.handler),
-                                    category: Category::Request,
-                                    kind: hdr.kind,
-                                },
-                            ))
-                        }
+                                handler: HandlerId(hdr.handler),
+                                args,
+                                medium,
+                                long,
+                                segment,
+                            },
+                            Token {
+                                src,
+                                path: &mut sink,
+                            },
+                        );
+                        Ok(())
                     }
+                    _ => Err(unknown_handler(src, &hdr)),
+                };
+                sink.finish()?;
+                result
+            }
+        }
+    }
+
+    /// A Long whose range lies outside this rank's segment: rejected, and a request is still
+    /// answered (a put's initiator is told, so it does not hang).
+    #[cold]
+    #[inline(never)]
+    fn out_of_segment(
+        &mut self,
+        src: Rank,
+        hdr: &Header,
+        args: &[u32],
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
+        let rejected = misbehaved(
+            src,
+            Misbehavior::OutOfSegment {
+                offset: hdr.long_offset,
+                len: hdr.payload_len as u64,
+            },
+        );
+        match hdr.category {
+            Category::Reply => {
+                if !self.credits.on_reply(src, hdr.credit) {
+                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
                 }
-                if !sink.replied {
-                    sink.system(AmKind::Short, sys::ACK, &[], &[]);
+            }
+            Category::Request => {
+                let grant = self.credits.reply_grant(src, hdr.credit);
+                let mut sink = ReplySink {
+                    src,
+                    grant,
+                    tx,
+                    pending: &mut self.pending,
+                    meta: &self.handlers.meta,
+                    limits: &self.limits,
+                    replied: false,
+                    error: None,
+                };
+                if hdr.system && hdr.handler == sys::PUT {
+                    // The initiator waits for this put: tell it, don't leave it hanging.
+                    let op = args.first().copied().unwrap_or(u32::MAX);
+                    sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
                 }
-                if let Some(e) = sink.error {
-                    return Err(e);
+                sink.finish()?;
+            }
+        }
+        Err(rejected)
+    }
+
+    /// A core-internal message (start-up, barrier, put/get, exit).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn dispatch_system(
+        &mut self,
+        src: Rank,
+        hdr: &Header,
+        args: &[u32],
+        medium: &[u8],
+        segment: &mut [u8],
+        long: Option<Range<usize>>,
+        inline_long: Option<&[u8]>,
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
+        match hdr.category {
+            Category::Reply => {
+                if !self.credits.on_reply(src, hdr.credit) {
+                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
                 }
+                self.system_reply(src, hdr, args, medium)
+            }
+            Category::Request => {
+                let grant = self.credits.reply_grant(src, hdr.credit);
+                let mut sink = ReplySink {
+                    src,
+                    grant,
+                    tx,
+                    pending: &mut self.pending,
+                    meta: &self.handlers.meta,
+                    limits: &self.limits,
+                    replied: false,
+                    error: None,
+                };
+                // Split borrows: the system state is disjoint from the sink's fields.
+                let result = system_request(
+                    &mut SystemState {
+                        rank: self.rank,
+                        seg_len: self.seg_len,
+                        hello: &mut self.hello,
+                        hello_digest: self.hello_digest,
+                        barrier_arrivals: &mut self.barrier_arrivals,
+                        exit_requested: &mut self.exit_requested,
+                    },
+                    &mut sink,
+                    hdr,
+                    args,
+                    segment,
+                    (&long, inline_long),
+                );
+                sink.finish()?;
                 result
             }
         }
