@@ -10,6 +10,11 @@
 //!   the other acknowledges on a second line. Bytes per second at the copying rank.
 //!
 //! Both spin (they are floors); a peer that makes no progress for 10 s is an error, not a hang.
+//!
+//! The ping-pongs take their round trips on [`LINES`] different lines in turn, a page apart:
+//! on a mesh the time depends on which L3 slice a line's address hashes to (here from 0.17 to
+//! 0.26 µs, the same line always alike), so one line is a lottery, while an AM's traffic, like
+//! these, spans many lines.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +23,16 @@ use std::time::{Duration, Instant};
 use crate::Segment;
 
 const STALL: Duration = Duration::from_secs(10);
+
+/// How many lines (or pairs of lines) a ping-pong floor spreads its round trips over.
+pub const LINES: usize = 16;
+/// Bytes between two of those lines: a page and a line, so each is on its own page.
+const LINE_STRIDE: usize = 4096 + 64;
+
+/// Round trips of block `b` of [`LINES`] when `iters` are split between them.
+fn block_iters(iters: usize, b: usize) -> usize {
+    iters / LINES + usize::from(b < iters % LINES)
+}
 
 fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
     let mut n = 0u32;
@@ -82,7 +97,14 @@ pub fn cacheline_pingpong(
     if rank > 1 {
         return Err(bad_rank(rank));
     }
-    let seg = rendezvous(job_id, rank, "floor-pingpong", 64, 0, fence)?;
+    let seg = rendezvous(
+        job_id,
+        rank,
+        "floor-pingpong",
+        LINES * LINE_STRIDE,
+        0,
+        fence,
+    )?;
     pingpong_on(&seg, rank, iters)
 }
 
@@ -98,42 +120,53 @@ pub fn two_line_pingpong(
     if rank > 1 {
         return Err(bad_rank(rank));
     }
-    let seg = rendezvous(job_id, rank, "floor-two-line", 128, 0, fence)?;
+    let seg = rendezvous(
+        job_id,
+        rank,
+        "floor-two-line",
+        2 * LINES * LINE_STRIDE,
+        0,
+        fence,
+    )?;
     two_line_on(&seg, rank, iters)
 }
 
 fn two_line_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
-    let polled = seg.word(64 * rank as usize).map_err(io::Error::from)?;
-    let written = seg
-        .word(64 * (1 - rank as usize))
-        .map_err(io::Error::from)?;
     let mut times = Vec::with_capacity(if rank == 0 { iters } else { 0 });
-    for i in 1..=iters as u64 {
-        if rank == 0 {
-            let t = Instant::now();
-            written.store(i, Ordering::Release);
-            spin_until(polled, i)?;
-            times.push(t.elapsed());
-        } else {
-            spin_until(polled, i)?;
-            written.store(i, Ordering::Release);
+    for b in 0..LINES {
+        // Pair b: rank 0 polls line b of the first half, rank 1 line b of the second.
+        let line = |r: usize| seg.word((r * LINES + b) * LINE_STRIDE);
+        let polled = line(rank as usize).map_err(io::Error::from)?;
+        let written = line(1 - rank as usize).map_err(io::Error::from)?;
+        for i in 1..=block_iters(iters, b) as u64 {
+            if rank == 0 {
+                let t = Instant::now();
+                written.store(i, Ordering::Release);
+                spin_until(polled, i)?;
+                times.push(t.elapsed());
+            } else {
+                spin_until(polled, i)?;
+                written.store(i, Ordering::Release);
+            }
         }
     }
     Ok(times)
 }
 
 fn pingpong_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duration>> {
-    let line = seg.word(0).map_err(io::Error::from)?;
     let mut times = Vec::with_capacity(if rank == 0 { iters } else { 0 });
-    for i in 0..iters as u64 {
-        if rank == 0 {
-            let t = Instant::now();
-            line.store(2 * i + 1, Ordering::Release);
-            spin_until(line, 2 * i + 2)?;
-            times.push(t.elapsed());
-        } else {
-            spin_until(line, 2 * i + 1)?;
-            line.store(2 * i + 2, Ordering::Release);
+    for b in 0..LINES {
+        let line = seg.word(b * LINE_STRIDE).map_err(io::Error::from)?;
+        for i in 0..block_iters(iters, b) as u64 {
+            if rank == 0 {
+                let t = Instant::now();
+                line.store(2 * i + 1, Ordering::Release);
+                spin_until(line, 2 * i + 2)?;
+                times.push(t.elapsed());
+            } else {
+                spin_until(line, 2 * i + 1)?;
+                line.store(2 * i + 2, Ordering::Release);
+            }
         }
     }
     Ok(times)
@@ -211,12 +244,20 @@ fn threads<R: Send>(
 
 /// [`cacheline_pingpong`] between two threads of this process, over a `/dev/shm` segment.
 pub fn cacheline_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
-    threads(|seg, rank| pingpong_on(seg, rank, iters), 64, 0)
+    threads(
+        |seg, rank| pingpong_on(seg, rank, iters),
+        LINES * LINE_STRIDE,
+        0,
+    )
 }
 
 /// [`two_line_pingpong`] between two threads of this process, over a `/dev/shm` segment.
 pub fn two_line_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
-    threads(|seg, rank| two_line_on(seg, rank, iters), 128, 0)
+    threads(
+        |seg, rank| two_line_on(seg, rank, iters),
+        2 * LINES * LINE_STRIDE,
+        0,
+    )
 }
 
 /// [`copy_bandwidth`] between two threads of this process, over a `/dev/shm` segment.
@@ -233,6 +274,12 @@ mod tests {
         let t = cacheline_pingpong_threads(1000).unwrap();
         assert_eq!(t.len(), 1000);
         assert_eq!(two_line_pingpong_threads(1000).unwrap().len(), 1000);
+        // Fewer round trips than lines: the first blocks take one each.
+        assert_eq!(cacheline_pingpong_threads(5).unwrap().len(), 5);
+        assert_eq!(
+            (0..LINES).map(|b| block_iters(1003, b)).sum::<usize>(),
+            1003
+        );
         assert!(copy_bandwidth_threads(1 << 16, 20).unwrap() > 0.0);
     }
 }
