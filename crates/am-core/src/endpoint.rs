@@ -124,7 +124,7 @@ pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<
 }
 
 /// Copies an accepted Long payload carried inline into its place in the segment.
-#[inline]
+#[inline(always)]
 fn place(segment: &mut [u8], long: &Option<Range<usize>>, inline: Option<&[u8]>) {
     if let (Some(r), Some(data)) = (long, inline) {
         segment[r.clone()].copy_from_slice(data);
