@@ -124,6 +124,7 @@ impl Ring {
     /// segment, mapped by the sender with [`attach`] or shared in-process): returns the first
     /// ticket, or `None` if the ring has no room for `n` now. `head` is the sender's cached
     /// copy of the owner's head word (start with 0). Lock-free: a lost race retries.
+    #[inline]
     pub fn try_claim(
         &self,
         seg: &Segment,

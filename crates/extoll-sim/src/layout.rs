@@ -142,6 +142,7 @@ impl Layout {
     }
 
     /// Offset of the AM segment in the byte area.
+    #[inline]
     pub fn segment_base(&self) -> usize {
         self.rx_base() + self.ranks * self.conn_bytes()
     }

@@ -128,7 +128,7 @@ impl TxState {
     /// Claims `n` mailbox slots at `d`, or reports back-pressure.
     /// Recorded in `d`'s claim word for us, so that `d` can skip them if we die before
     /// publishing them.
-    #[inline]
+    #[inline(always)]
     fn claim(&mut self, d: usize, n: usize) -> Result<u64, SendError> {
         let peer = &self.peers[d];
         let t = self

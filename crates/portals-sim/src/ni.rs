@@ -556,7 +556,7 @@ impl<'a> Nic<'a> {
     /// owner cleared the doorbell's flag before its store, so the ring is not lost), or the
     /// owner's tail load follows our CAS (it sees the claim and does not sleep). On x86 the
     /// CAS is a locked instruction anyway and the load a plain one: no fence of its own.
-    #[inline]
+    #[inline(always)]
     fn eq_reserve(&self) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
         let q: &[AtomicU64; Q_WORDS] = words(self.seg, WAITING)?;
@@ -814,7 +814,7 @@ impl<'a> Nic<'a> {
     /// The wire for a put from `initiator` (whose own NI is `own`, for `Send`/`Ack` events)
     /// into this NI: matching, claiming, depositing and the `Put` event, all done here as the
     /// target's NIC would.
-    #[inline]
+    #[inline(always)]
     pub fn put(
         &self,
         initiator: u32,
