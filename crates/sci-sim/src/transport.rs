@@ -648,9 +648,10 @@ impl Sci {
         let p = self.tx.config.slots;
         let chan = self.tx.layout.channel(c);
         while let Some(e) = self.recv.get_mut(c) {
-            let slot = if chan.stamp(&self.seg, e.req).map_err(io)? == e.seq {
+            // `req_at` and `rep_at` are `chan.base` of the two slots, kept by `advance`.
+            let slot = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
                 e.req
-            } else if chan.stamp(&self.seg, e.rep).map_err(io)? == e.seq {
+            } else if self.seg.load_slot_word(e.rep_at).map_err(io)? == e.seq {
                 e.rep
             } else {
                 break;
