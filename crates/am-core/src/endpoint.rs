@@ -143,7 +143,27 @@ struct ReplySink<'a> {
     error: Option<AmError>,
 }
 
-impl ReplySink<'_> {
+impl<'a> ReplySink<'a> {
+    fn new(
+        src: Rank,
+        grant: u8,
+        tx: &'a mut dyn Tx,
+        pending: &'a mut VecDeque<PendingReply>,
+        meta: &'a [Option<(Category, AmKind)>; 256],
+        limits: &'a Limits,
+    ) -> Self {
+        ReplySink {
+            src,
+            grant,
+            tx,
+            pending,
+            meta,
+            limits,
+            replied: false,
+            error: None,
+        }
+    }
+
     fn send(
         &mut self,
         system: bool,
@@ -338,6 +358,17 @@ impl Endpoint {
         let mut argbuf = [0u32; MAX_ARGS];
         let args = hdr.read_args(d.bytes, &mut argbuf);
         let body = &d.bytes[hdr.head_len()..];
+        // Credits first, whatever becomes of the message: a reply returns what its request
+        // took; a request learns what its reply (explicit or implicit) will grant.
+        let grant = match hdr.category {
+            Category::Reply => {
+                if !self.credits.on_reply(src, hdr.credit) {
+                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
+                }
+                0
+            }
+            Category::Request => self.credits.reply_grant(src, hdr.credit),
+        };
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
         let (medium, long, inline_long): (&[u8], _, _) = match hdr.kind {
@@ -346,50 +377,46 @@ impl Endpoint {
             AmKind::Long => {
                 match segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len()) {
                     Some(r) => (&[], Some(r), (!d.payload_placed).then_some(body)),
-                    None => return self.out_of_segment(src, &hdr, args, tx),
+                    None => return self.out_of_segment(src, &hdr, args, grant, tx),
                 }
             }
         };
         if hdr.system {
-            return self.dispatch_system(src, &hdr, args, medium, segment, long, inline_long, tx);
+            return self.dispatch_system(
+                src,
+                &hdr,
+                args,
+                medium,
+                segment,
+                long,
+                inline_long,
+                grant,
+                tx,
+            );
         }
         let id = hdr.handler as usize;
         match hdr.category {
-            Category::Reply => {
-                if !self.credits.on_reply(src, hdr.credit) {
-                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
+            Category::Reply => match &mut self.handlers.fns[id] {
+                Some(HandlerFn::Reply(f))
+                    if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
+                {
+                    place(segment, &long, inline_long);
+                    f(Msg {
+                        src,
+                        handler: HandlerId(hdr.handler),
+                        args,
+                        medium,
+                        long,
+                        segment,
+                    });
+                    Ok(())
                 }
-                match &mut self.handlers.fns[id] {
-                    Some(HandlerFn::Reply(f))
-                        if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
-                    {
-                        place(segment, &long, inline_long);
-                        f(Msg {
-                            src,
-                            handler: HandlerId(hdr.handler),
-                            args,
-                            medium,
-                            long,
-                            segment,
-                        });
-                        Ok(())
-                    }
-                    _ => Err(unknown_handler(src, &hdr)),
-                }
-            }
+                _ => Err(unknown_handler(src, &hdr)),
+            },
             Category::Request => {
-                let grant = self.credits.reply_grant(src, hdr.credit);
                 let Handlers { fns, meta, .. } = &mut self.handlers;
-                let mut sink = ReplySink {
-                    src,
-                    grant,
-                    tx,
-                    pending: &mut self.pending,
-                    meta,
-                    limits: &self.limits,
-                    replied: false,
-                    error: None,
-                };
+                let mut sink =
+                    ReplySink::new(src, grant, tx, &mut self.pending, meta, &self.limits);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -428,6 +455,7 @@ impl Endpoint {
         src: Rank,
         hdr: &Header,
         args: &[u32],
+        grant: u8,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         let rejected = misbehaved(
@@ -437,31 +465,21 @@ impl Endpoint {
                 len: hdr.payload_len as u64,
             },
         );
-        match hdr.category {
-            Category::Reply => {
-                if !self.credits.on_reply(src, hdr.credit) {
-                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
-                }
+        if hdr.category == Category::Request {
+            let mut sink = ReplySink::new(
+                src,
+                grant,
+                tx,
+                &mut self.pending,
+                &self.handlers.meta,
+                &self.limits,
+            );
+            if hdr.system && hdr.handler == sys::PUT {
+                // The initiator waits for this put: tell it, don't leave it hanging.
+                let op = args.first().copied().unwrap_or(u32::MAX);
+                sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
             }
-            Category::Request => {
-                let grant = self.credits.reply_grant(src, hdr.credit);
-                let mut sink = ReplySink {
-                    src,
-                    grant,
-                    tx,
-                    pending: &mut self.pending,
-                    meta: &self.handlers.meta,
-                    limits: &self.limits,
-                    replied: false,
-                    error: None,
-                };
-                if hdr.system && hdr.handler == sys::PUT {
-                    // The initiator waits for this put: tell it, don't leave it hanging.
-                    let op = args.first().copied().unwrap_or(u32::MAX);
-                    sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
-                }
-                sink.finish()?;
-            }
+            sink.finish()?;
         }
         Err(rejected)
     }
@@ -478,27 +496,20 @@ impl Endpoint {
         segment: &mut [u8],
         long: Option<Range<usize>>,
         inline_long: Option<&[u8]>,
+        grant: u8,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         match hdr.category {
-            Category::Reply => {
-                if !self.credits.on_reply(src, hdr.credit) {
-                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
-                }
-                self.system_reply(src, hdr, args, medium)
-            }
+            Category::Reply => self.system_reply(src, hdr, args, medium),
             Category::Request => {
-                let grant = self.credits.reply_grant(src, hdr.credit);
-                let mut sink = ReplySink {
+                let mut sink = ReplySink::new(
                     src,
                     grant,
                     tx,
-                    pending: &mut self.pending,
-                    meta: &self.handlers.meta,
-                    limits: &self.limits,
-                    replied: false,
-                    error: None,
-                };
+                    &mut self.pending,
+                    &self.handlers.meta,
+                    &self.limits,
+                );
                 // Split borrows: the system state is disjoint from the sink's fields.
                 let result = system_request(
                     &mut SystemState {
