@@ -79,6 +79,9 @@ fn credits_follow_the_hot_pair() {
         }
         node.barrier().unwrap();
         if me != TARGET {
+            // The barrier's own requests hold credits too, and their replies may still be on
+            // the way with a grant other than 1: read the books once they have landed.
+            node.quiesce().unwrap();
             seen.held_after_phase1.push(held(&node));
         }
         node.barrier().unwrap();
@@ -117,6 +120,7 @@ fn credits_follow_the_hot_pair() {
         node.quiesce().unwrap();
         node.barrier().unwrap();
         if me != TARGET {
+            node.quiesce().unwrap();
             seen.held_after_phase2.push(held(&node));
         } else {
             let p = node.credit_policy();
