@@ -141,6 +141,33 @@ impl Floors {
     }
 }
 
+/// Rank 0 of a `perf` run, after the floors and the NIC alone (`nic_rtt`, µs): times AM
+/// Short and Medium (`medium` bytes) round trips to [`crate::PEER`] and Long 1 MiB bandwidth
+/// over `node` (a table from [`crate::am::handlers`] counting into `replies`), and prints
+/// them beside `floors`. `short_label` names the AM Short line.
+pub fn print_am_figures<T: Transport>(
+    node: &mut Node<T>,
+    replies: &Cell<u64>,
+    iters: usize,
+    medium: usize,
+    floors: &Floors,
+    nic_rtt: f64,
+    short_label: &str,
+) -> Result<(), AmError> {
+    use crate::{am, median_us};
+    let data = vec![5u8; medium];
+    let short = median_us(iters, || am::short_round_trip(node, replies))?;
+    let med = median_us(iters, || am::medium_round_trip(node, replies, &data))?;
+    let long = am::long_bandwidth(node)?;
+    floors.print_rtt();
+    floors.print_rtt_vs("NIC only Short round trip (no AM core):", nic_rtt);
+    floors.print_rtt_vs(short_label, short);
+    println!("AM Medium {medium} B round trip:             {med:.3} us");
+    floors.print_copy();
+    floors.print_bw_vs("AM Long 1 MiB bandwidth:", long);
+    Ok(())
+}
+
 /// The echo table: [`ECHO`] and [`ECHO_REPLY`]; every checked echo adds one to `echoes`.
 /// Programs add their own handlers from id 3 on.
 pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use am_core::{AmKind, Config, Credits, HandlerId, Node};
 use am_perf::rank::{self, pattern, ECHO};
-use am_perf::{am, median, median_us};
+use am_perf::{am, median};
 use portals_sim::{Portals, PortalsConfig};
 
 const LONG: HandlerId = HandlerId(3);
@@ -170,16 +170,8 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     let mut node = Node::new(portals, am::handlers(&count)?, Config::from_env()?)?;
     if rank == 0 {
         let medium = node.limits().max_medium;
-        let data = vec![5u8; medium];
-        let short = median_us(iters, || am::short_round_trip(&mut node, &count))?;
-        let med = median_us(iters, || am::medium_round_trip(&mut node, &count, &data))?;
-        let long = am::long_bandwidth(&mut node)?;
-        floors.print_rtt();
-        floors.print_rtt_vs("NIC only Short round trip (no AM core):", nic_rtt);
-        floors.print_rtt_vs("AM Short round trip (portals):", short);
-        println!("AM Medium {medium} B round trip:             {med:.3} us");
-        floors.print_copy();
-        floors.print_bw_vs("AM Long 1 MiB bandwidth:", long);
+        let label = "AM Short round trip (portals):";
+        rank::print_am_figures(&mut node, &count, iters, medium, &floors, nic_rtt, label)?;
     }
     node.barrier()?;
     drop(node);

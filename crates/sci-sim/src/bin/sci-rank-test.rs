@@ -76,18 +76,9 @@ fn perf(mut job: am_launch::JobInfo, args: &[String]) -> Res {
     let count = Rc::new(Cell::new(0u64));
     let mut node = Node::new(sci, am_perf::am::handlers(&count)?, Config::from_env()?)?;
     if rank == 0 {
-        use am_perf::{am, median_us};
         let medium = node.limits().max_medium.min(1024);
-        let data = vec![5u8; medium];
-        let short = median_us(iters, || am::short_round_trip(&mut node, &count))?;
-        let med = median_us(iters, || am::medium_round_trip(&mut node, &count, &data))?;
-        let long = am::long_bandwidth(&mut node)?;
-        floors.print_rtt();
-        floors.print_rtt_vs("NIC only Short round trip (no AM core):", nic_rtt);
-        floors.print_rtt_vs("AM Short round trip (sci, 2 processes):", short);
-        println!("AM Medium {medium} B round trip:             {med:.3} us");
-        floors.print_copy();
-        floors.print_bw_vs("AM Long 1 MiB bandwidth:", long);
+        let label = "AM Short round trip (sci, 2 processes):";
+        rank::print_am_figures(&mut node, &count, iters, medium, &floors, nic_rtt, label)?;
     }
     node.barrier()?;
     drop(node);
