@@ -300,6 +300,17 @@ impl Evil {
         g.args
     }
 
+    /// Receives the node's REQ_SHORT and answers it as the node's own handler would: the
+    /// first argument plus one.
+    fn answer_req_short(&mut self) {
+        let args = self.expect_req_short();
+        self.send(&wire(
+            reply(false, AmKind::Short, REP_SHORT.0),
+            &[args[0] + 1],
+            &[],
+        ));
+    }
+
     /// The start-up handshake, by hand: HELLO to rank 0 with the same table digest and
     /// segment size, take the ACK of it, take HELLO_RESULT and ACK it.
     fn handshake(&mut self) {
@@ -463,12 +474,7 @@ fn malformed_messages_are_reported_and_dropped() {
             // Nothing comes back for an undecodable message: the first thing the evil rank
             // receives is the reply to its valid request.
             evil.check_node_still_works();
-            let args = evil.expect_req_short();
-            evil.send(&wire(
-                reply(false, AmKind::Short, REP_SHORT.0),
-                &[args[0] + 1],
-                &[],
-            ));
+            evil.answer_req_short();
         },
     );
 }
@@ -610,12 +616,7 @@ fn reply_without_request_leaves_credits_unchanged() {
                 evil.send(&s);
             }
             evil.check_node_still_works();
-            let args = evil.expect_req_short();
-            evil.send(&wire(
-                reply(false, AmKind::Short, REP_SHORT.0),
-                &[args[0] + 1],
-                &[],
-            ));
+            evil.answer_req_short();
         },
     );
 }
@@ -872,12 +873,7 @@ fn bad_system_messages_are_reported() {
                 assert_eq!(evil.expect_req_short(), [seq as u32]);
                 evil.send(&b);
             }
-            let args = evil.expect_req_short();
-            evil.send(&wire(
-                reply(false, AmKind::Short, REP_SHORT.0),
-                &[args[0] + 1],
-                &[],
-            ));
+            evil.answer_req_short();
         },
     );
 }
