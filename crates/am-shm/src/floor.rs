@@ -55,6 +55,7 @@ fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
 }
 
 /// Rank 0 creates, `fence`, rank 1 maps, `fence`, rank 0 unlinks (nothing left behind).
+/// Only ranks 0 and 1 take part.
 fn rendezvous(
     job_id: &str,
     rank: u32,
@@ -63,6 +64,9 @@ fn rendezvous(
     bytes: usize,
     fence: &mut dyn FnMut() -> io::Result<()>,
 ) -> io::Result<Segment> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
     let mut seg = if rank == 0 {
         Some(Segment::create(job_id, name, words, bytes)?)
     } else {
@@ -94,9 +98,6 @@ pub fn cacheline_pingpong(
     iters: usize,
     fence: &mut dyn FnMut() -> io::Result<()>,
 ) -> io::Result<Vec<Duration>> {
-    if rank > 1 {
-        return Err(bad_rank(rank));
-    }
     let seg = rendezvous(
         job_id,
         rank,
@@ -117,9 +118,6 @@ pub fn two_line_pingpong(
     iters: usize,
     fence: &mut dyn FnMut() -> io::Result<()>,
 ) -> io::Result<Vec<Duration>> {
-    if rank > 1 {
-        return Err(bad_rank(rank));
-    }
     let seg = rendezvous(
         job_id,
         rank,
@@ -182,9 +180,6 @@ pub fn copy_bandwidth(
     iters: usize,
     fence: &mut dyn FnMut() -> io::Result<()>,
 ) -> io::Result<f64> {
-    if rank > 1 {
-        return Err(bad_rank(rank));
-    }
     let seg = rendezvous(job_id, rank, "floor-copy", 128, bytes, fence)?;
     copy_on(&seg, rank, bytes, iters)
 }
