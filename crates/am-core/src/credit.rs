@@ -50,31 +50,22 @@ pub trait CreditPolicy {
     }
 }
 
-/// The same fixed number of credits for every peer (GASNet's static partitioning).
+/// A sender's credits toward each target: available, and taken by requests whose reply has
+/// not arrived. Both policies keep their sender side in one.
 #[derive(Debug, Clone)]
-pub struct StaticCredits {
+struct Ledger {
     available: Vec<u32>,
     outstanding: Vec<u32>,
 }
 
-impl StaticCredits {
-    /// `per_peer` credits toward each of `ranks` ranks (self included).
-    ///
-    /// # Panics
-    /// If `per_peer` is 0 or above 255 (the reply's credit byte must be able to return them).
-    pub fn new(ranks: u32, per_peer: u32) -> Self {
-        assert!(
-            (1..=255).contains(&per_peer),
-            "credits per peer must be in 1..=255, got {per_peer}"
-        );
-        StaticCredits {
-            available: vec![per_peer; ranks as usize],
+impl Ledger {
+    fn new(ranks: u32, initial: u32) -> Self {
+        Ledger {
+            available: vec![initial; ranks as usize],
             outstanding: vec![0; ranks as usize],
         }
     }
-}
 
-impl CreditPolicy for StaticCredits {
     #[inline]
     fn try_acquire(&mut self, peer: Rank) -> bool {
         let a = &mut self.available[peer as usize];
@@ -102,13 +93,52 @@ impl CreditPolicy for StaticCredits {
         self.available[peer as usize] += granted as u32;
         true
     }
+}
+
+/// The same fixed number of credits for every peer (GASNet's static partitioning).
+#[derive(Debug, Clone)]
+pub struct StaticCredits {
+    ledger: Ledger,
+}
+
+impl StaticCredits {
+    /// `per_peer` credits toward each of `ranks` ranks (self included).
+    ///
+    /// # Panics
+    /// If `per_peer` is 0 or above 255 (the reply's credit byte must be able to return them).
+    pub fn new(ranks: u32, per_peer: u32) -> Self {
+        assert!(
+            (1..=255).contains(&per_peer),
+            "credits per peer must be in 1..=255, got {per_peer}"
+        );
+        StaticCredits {
+            ledger: Ledger::new(ranks, per_peer),
+        }
+    }
+}
+
+impl CreditPolicy for StaticCredits {
+    #[inline]
+    fn try_acquire(&mut self, peer: Rank) -> bool {
+        self.ledger.try_acquire(peer)
+    }
+
+    #[inline]
+    fn cancel(&mut self, peer: Rank) {
+        self.ledger.cancel(peer)
+    }
+
+    #[inline]
+    fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
+        self.ledger.on_reply(peer, granted)
+    }
 
     fn available(&self, peer: Rank) -> u32 {
-        self.available[peer as usize]
+        self.ledger.available[peer as usize]
     }
 
     fn outstanding(&self, peer: Rank) -> u32 {
-        self.outstanding[peer as usize]
+        self.ledger.outstanding[peer as usize]
     }
 }
 
@@ -140,8 +170,7 @@ pub struct DynamicCredits {
     initial: u32,
     max_per_peer: u32,
     // Sender side, per target.
-    available: Vec<u32>,
-    outstanding: Vec<u32>,
+    ledger: Ledger,
     stalled: Vec<bool>,
     // Target side, per sender.
     lent: Vec<u32>,
@@ -171,8 +200,7 @@ impl DynamicCredits {
         DynamicCredits {
             initial,
             max_per_peer,
-            available: vec![initial; n],
-            outstanding: vec![0; n],
+            ledger: Ledger::new(ranks, initial),
             stalled: vec![false; n],
             lent: vec![initial; n],
             usage: vec![0; n],
@@ -216,38 +244,28 @@ impl DynamicCredits {
 impl CreditPolicy for DynamicCredits {
     #[inline]
     fn try_acquire(&mut self, peer: Rank) -> bool {
-        let p = peer as usize;
-        if self.available[p] == 0 {
-            self.stalled[p] = true;
+        if !self.ledger.try_acquire(peer) {
+            self.stalled[peer as usize] = true;
             return false;
         }
-        self.available[p] -= 1;
-        self.outstanding[p] += 1;
         true
     }
 
     #[inline]
     fn cancel(&mut self, peer: Rank) {
-        self.available[peer as usize] += 1;
-        self.outstanding[peer as usize] -= 1;
+        self.ledger.cancel(peer)
     }
 
     #[inline]
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
-        let p = peer as usize;
-        if self.outstanding[p] == 0 {
-            return false;
-        }
-        self.outstanding[p] -= 1;
-        self.available[p] += granted as u32;
-        true
+        self.ledger.on_reply(peer, granted)
     }
 
     #[inline]
     fn request_hint(&mut self, peer: Rank) -> u8 {
         let p = peer as usize;
         // Out of credit now, or stalled since the last request: ask for more.
-        let want = self.stalled[p] || self.available[p] == 0;
+        let want = self.stalled[p] || self.ledger.available[p] == 0;
         self.stalled[p] = false;
         want as u8
     }
@@ -282,11 +300,11 @@ impl CreditPolicy for DynamicCredits {
     }
 
     fn available(&self, peer: Rank) -> u32 {
-        self.available[peer as usize]
+        self.ledger.available[peer as usize]
     }
 
     fn outstanding(&self, peer: Rank) -> u32 {
-        self.outstanding[peer as usize]
+        self.ledger.outstanding[peer as usize]
     }
 
     fn lent_to(&self, peer: Rank) -> Option<u32> {
