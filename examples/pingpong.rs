@@ -82,14 +82,16 @@ fn handlers(pongs: &Rc<Cell<u64>>) -> anyhow::Result<Handlers> {
     let mut h = Handlers::new();
     for (i, kind) in KINDS.into_iter().enumerate() {
         let pong = PONG[i];
+        // A Long is answered with as many bytes of this rank's own (private) data: the segment
+        // is peers' to write, so it is not lent out as a slice.
+        let mut data = Vec::new();
         h.request(PING[i], "ping", kind, move |msg, token| {
             let _ = match kind {
                 AmKind::Short => token.reply_short(pong, msg.args()),
                 AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload()),
                 AmKind::Long => {
-                    let len = msg.payload().len();
-                    let data = &msg.segment()[..len];
-                    token.reply_long(pong, msg.args(), data, 0)
+                    data.resize(msg.payload_len(), 0);
+                    token.reply_long(pong, msg.args(), &data, 0)
                 }
             };
         })?;
@@ -172,7 +174,9 @@ fn udp_floor(
     };
     let mut rtt_us = Vec::with_capacity(iters);
     if node.rank() == 0 {
-        let port = u16::from_le_bytes([node.segment()[0], node.segment()[1]]);
+        let mut port = [0u8; 2];
+        node.segment().read(0, &mut port)?;
+        let port = u16::from_le_bytes(port);
         let peer = SocketAddr::new(ip, port);
         for i in 0..warmup + iters {
             let t0 = Instant::now();

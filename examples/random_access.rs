@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use amnet::{
-    AmKind, AnyTransport, Config, HandlerId, Handlers, JobOptions, Node, Transport, TransportKind,
-    WaitMode,
+    AmKind, AnyTransport, Config, HandlerId, Handlers, JobOptions, Node, SharedBytes, Transport,
+    TransportKind, WaitMode,
 };
 use clap::{Parser, ValueEnum};
 
@@ -210,21 +210,21 @@ impl Layout {
 
 /// XORs `v` into word `off` of the table at the start of `seg`; false if out of range.
 #[inline(always)]
-fn xor_word(seg: &mut [u8], off: u64, v: u64) -> bool {
-    let at = off as usize * 8;
-    match seg.get_mut(at..).and_then(|s| s.first_chunk_mut::<8>()) {
-        Some(w) => {
-            *w = (u64::from_le_bytes(*w) ^ v).to_le_bytes();
-            true
-        }
-        None => false,
+fn xor_word(seg: SharedBytes<'_>, off: u64, v: u64) -> bool {
+    // The segment is a view (peers write it too): word loads and stores, little-endian.
+    let Some(at) = usize::try_from(off).ok().and_then(|o| o.checked_mul(8)) else {
+        return false;
+    };
+    match seg.load_u64(at) {
+        Ok(w) => seg.store_u64(at, w ^ v.to_le()).is_ok(),
+        Err(_) => false,
     }
 }
 
 /// Applies a bucket of little-endian updates to this rank's block at the start of `seg`;
 /// returns how many did not belong there (a bucket comes from a peer: never trusted).
 #[inline]
-fn apply_bucket(seg: &mut [u8], bucket: &[u8], mask: u64, start: u64, block: u64) -> u64 {
+fn apply_bucket(seg: SharedBytes<'_>, bucket: &[u8], mask: u64, start: u64, block: u64) -> u64 {
     let mut bad = (bucket.len() % 8) as u64;
     for w in bucket.chunks_exact(8) {
         let a = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
@@ -291,27 +291,19 @@ fn handlers(lay: Layout, me: u32, c: &Rc<Counters>) -> anyhow::Result<Handlers> 
     let (start, block) = (lay.start(me), lay.block(me));
     let mut h = Handlers::new();
     let cc = c.clone();
-    h.request(
-        BUCKET,
-        "ra-bucket",
-        AmKind::Medium,
-        move |mut msg, _token| {
-            let Some((payload, seg)) = msg.medium_and_segment_mut() else {
-                return;
-            };
-            let bad = apply_bucket(seg, payload, lay.mask, start, block);
-            if bad > 0 {
-                cc.misrouted.set(cc.misrouted.get() + bad);
-            }
-        },
-    )?;
+    h.request(BUCKET, "ra-bucket", AmKind::Medium, move |msg, _token| {
+        let bad = apply_bucket(msg.segment(), msg.payload(), lay.mask, start, block);
+        if bad > 0 {
+            cc.misrouted.set(cc.misrouted.get() + bad);
+        }
+    })?;
     let cc = c.clone();
-    h.request(FINE, "ra-fine", AmKind::Short, move |mut msg, _token| {
+    h.request(FINE, "ra-fine", AmKind::Short, move |msg, _token| {
         let ok = match *msg.args() {
             [lo, hi] => {
                 let a = u64::from(lo) | u64::from(hi) << 32;
                 let off = (a & lay.mask).wrapping_sub(start);
-                off < block && xor_word(msg.segment_mut(), off, a)
+                off < block && xor_word(msg.segment(), off, a)
             }
             _ => false,
         };
@@ -357,7 +349,7 @@ fn run_updates(
             let (log2, block128) = (lay.log2, u128::from(block));
             while left > 0 {
                 let n = left.min(POLL_EVERY * 64);
-                let seg = node.segment_mut();
+                let seg = node.segment();
                 for _ in 0..n {
                     ran = next(ran);
                     let off = ((u128::from(ran & mask) * block128) >> log2) as u64;
@@ -375,7 +367,7 @@ fn run_updates(
                     let g = ran & mask;
                     let owner = lay.owner(g);
                     if owner == me {
-                        xor_word(node.segment_mut(), g - start, ran);
+                        xor_word(node.segment(), g - start, ran);
                     } else {
                         node.request_short(owner, FINE, &[ran as u32, (ran >> 32) as u32])?;
                     }
@@ -427,7 +419,7 @@ fn run_updates(
                 if let Some(d) = full {
                     let bucket = &store[d * cap..d * cap + fill[d]];
                     if d == me {
-                        apply_bucket(node.segment_mut(), bucket, mask, start, block);
+                        apply_bucket(node.segment(), bucket, mask, start, block);
                     } else {
                         node.request_medium(d as u32, BUCKET, &[], bucket)?;
                     }
@@ -440,7 +432,7 @@ fn run_updates(
             for d in 0..size {
                 let bucket = &store[d * cap..d * cap + fill[d]];
                 if d == me {
-                    apply_bucket(node.segment_mut(), bucket, mask, start, block);
+                    apply_bucket(node.segment(), bucket, mask, start, block);
                 } else if !bucket.is_empty() {
                     node.request_medium(d as u32, BUCKET, &[], bucket)?;
                 }
@@ -458,9 +450,9 @@ fn run_updates(
 fn init_table(node: &mut Node<AnyTransport>, lay: &Layout) {
     let me = node.rank();
     let (start, block) = (lay.start(me), lay.block(me));
-    let seg = node.segment_mut();
-    for (i, w) in seg[..block as usize * 8].chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&(start + i as u64).to_le_bytes());
+    let seg = node.segment();
+    for i in 0..block {
+        let _ = seg.store_u64(i as usize * 8, (start + i).to_le());
     }
 }
 
@@ -468,12 +460,11 @@ fn init_table(node: &mut Node<AnyTransport>, lay: &Layout) {
 fn count_errors(node: &Node<AnyTransport>, lay: &Layout) -> u64 {
     let me = node.rank();
     let (start, block) = (lay.start(me), lay.block(me));
-    node.segment()[..block as usize * 8]
-        .chunks_exact(8)
-        .enumerate()
-        .filter(|(i, w)| {
-            u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])
-                != start + *i as u64
+    let seg = node.segment();
+    (0..block)
+        .filter(|&i| {
+            seg.load_u64(i as usize * 8)
+                .map_or(true, |w| u64::from_le(w) != start + i)
         })
         .count() as u64
 }
@@ -526,7 +517,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     run_updates(&mut node, &lay, args.mode, &mut progress)?;
     let seconds = t0.elapsed().as_secs_f64();
     if me == 0 && args.corrupt > 0 {
-        let seg = node.segment_mut();
+        let seg = node.segment();
         for off in 0..args.corrupt.min(lay.block(0)) {
             xor_word(seg, off, 1 << 63);
         }

@@ -165,16 +165,13 @@ impl Transport for AnyTransport {
     fn limits(&self) -> Limits {
         dispatch!(self, t => t.limits())
     }
-    fn segment(&self) -> &[u8] {
+    fn segment(&self) -> am_core::SharedBytes<'_> {
         dispatch!(self, t => t.segment())
-    }
-    fn segment_mut(&mut self) -> &mut [u8] {
-        dispatch!(self, t => t.segment_mut())
     }
     #[inline]
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         dispatch!(self, t => t.poll_recv(f))
     }

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -16,44 +15,7 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
 
-fn find_mpiexec() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("mpiexec"))
-        .find(|p| p.is_file())
-}
-
-/// False (after a notice) when MPICH is missing and not required: the test then returns early.
-fn have_mpiexec() -> bool {
-    if find_mpiexec().is_some() {
-        return true;
-    }
-    let required = std::env::var("AM_REQUIRE_MPIEXEC").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "mpiexec is not on PATH and AM_REQUIRE_MPIEXEC=1: install MPICH (e.g. `apt-get install mpich`)"
-    );
-    eprintln!("SKIPPED: mpiexec is not on PATH; install MPICH (e.g. `apt-get install mpich`) to run the mpiexec launch tests");
-    false
-}
-
-/// MPICH's `mpiexec`, or a failure telling how to get it.
-fn mpiexec() -> PathBuf {
-    let Some(mpiexec) = find_mpiexec() else {
-        panic!("mpiexec is not on PATH: install MPICH (e.g. `apt-get install mpich`) to run these tests");
-    };
-    let version = Command::new(&mpiexec)
-        .arg("--version")
-        .output()
-        .expect("cannot run mpiexec --version");
-    let text = String::from_utf8_lossy(&version.stdout);
-    assert!(
-        text.contains("HYDRA"),
-        "{} is not MPICH's hydra mpiexec (install MPICH, e.g. `apt-get install mpich`): {text}",
-        mpiexec.display()
-    );
-    mpiexec
-}
+use am_perf::launch::{have_mpiexec, mpiexec};
 
 struct Job {
     code: i32,

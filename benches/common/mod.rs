@@ -50,13 +50,15 @@ pub fn handlers(pongs: &Rc<Cell<u64>>) -> Handlers {
     let mut h = Handlers::new();
     for (i, kind) in KINDS.into_iter().enumerate() {
         let pong = PONG[i];
+        // A Long is answered with as many bytes of private data (the segment is not lent out).
+        let mut data = Vec::new();
         h.request(PING[i], "ping", kind, move |msg, token| {
             let _ = match kind {
                 AmKind::Short => token.reply_short(pong, msg.args()),
                 AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload()),
                 AmKind::Long => {
-                    let len = msg.payload().len();
-                    token.reply_long(pong, msg.args(), &msg.segment()[..len], 0)
+                    data.resize(msg.payload_len(), 0);
+                    token.reply_long(pong, msg.args(), &data, 0)
                 }
             };
         })

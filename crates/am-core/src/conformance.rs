@@ -211,7 +211,7 @@ pub fn long_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
             wait_replies(&mut node, &seen, expected);
             assert!(*seen.last_payload.borrow() == data, "long of {len} bytes");
             assert!(
-                node.segment()[REPLY_AREA..REPLY_AREA + len] == data[..],
+                node.segment().slice(REPLY_AREA, len).unwrap().to_vec() == data[..],
                 "Long reply in the requester's segment"
             );
         }
@@ -570,6 +570,50 @@ pub fn dynamic_credits_flood<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
     });
 }
 
+/// Peers write a rank's segment while its handlers and its `Node` read and write the same
+/// bytes: rank 0 puts into `[0, 64)` of rank 1's segment and sends it requests; rank 1's
+/// handler reads that range and writes `[32, 96)`, and rank 1's own loop writes and reads
+/// `[16, 48)` between polls. Every access goes through `SharedBytes`, so this is sound
+/// (under Miri: no data race, no retag error), and every byte read is one somebody wrote.
+pub fn segment_races_are_sound<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const RACE: HandlerId = HandlerId(40);
+    let rounds: u32 = if cfg!(miri) { 3 } else { 200 };
+    let allowed = move |b: u8| b == 0 || b == 0xA1 || b == 0xB2 || (1..=rounds as u8).contains(&b);
+    run_ranks(make(2, 4096), move |t| {
+        let handled = Rc::new(Cell::new(0u32));
+        let mut h = Handlers::new();
+        let count = handled.clone();
+        h.request(RACE, "race", AmKind::Medium, move |msg, _token| {
+            let seg = msg.segment();
+            let mut seen = [0u8; 64];
+            seg.read(0, &mut seen).expect("read");
+            assert!(seen.iter().all(|&b| allowed(b)), "handler read {seen:?}");
+            seg.write(32, &[0xA1; 64]).expect("write");
+            assert!(msg.payload().iter().all(|&b| b == 7));
+            count.set(count.get() + 1);
+        })
+        .expect("register");
+        let mut node = Node::new(t, h, config(4)).expect("node");
+        if node.rank() == 0 {
+            for k in 1..=rounds {
+                node.put(1, 0, &[k as u8; 64]).expect("put");
+                node.request_medium(1, RACE, &[], &[7; 24])
+                    .expect("request");
+            }
+            node.quiesce().expect("quiesce");
+        } else {
+            while handled.get() < rounds {
+                node.segment().write(16, &[0xB2; 32]).expect("write");
+                let mut seen = [0u8; 96];
+                node.segment().read(0, &mut seen).expect("read");
+                assert!(seen.iter().all(|&b| allowed(b)), "node read {seen:?}");
+                node.poll().expect("poll");
+            }
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// A rank with a different handler table makes every rank's start fail with a clear error.
 pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let results = run_ranks(make(3, SEGMENT), |t| {
@@ -599,7 +643,8 @@ macro_rules! conformance_tests {
             short_all_arg_counts, medium_boundary_sizes, long_boundary_sizes,
             size_limits_and_bad_arguments, per_pair_ordering, back_pressure,
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
-            many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch);
+            many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
+            segment_races_are_sound);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

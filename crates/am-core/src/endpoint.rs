@@ -8,8 +8,14 @@ use std::ops::Range;
 
 use crate::credit::CreditPolicy;
 use crate::error::{AmError, Misbehavior};
-use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
-use crate::transport::{Delivery, Limits, Outgoing, SendError, TransportError, Tx};
+use std::cell::{Cell, OnceCell};
+
+use crate::handler::{
+    AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, Payload, ReplyPath, Token,
+};
+use crate::transport::{
+    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, TransportError, Tx,
+};
 use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
 
@@ -84,6 +90,8 @@ pub(crate) struct Endpoint {
     /// Peers the transport reported lost: requests to them fail at once, their operations
     /// fail, and nobody waits for their replies any more.
     pub lost: Vec<bool>,
+    /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
+    pub scratch: Vec<u8>,
 }
 
 fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
@@ -125,10 +133,25 @@ pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<
 
 /// Copies an accepted Long payload carried inline into its place in the segment.
 #[inline(always)]
-fn place(segment: &mut [u8], long: &Option<Range<usize>>, inline: Option<&[u8]>) {
+fn place(
+    segment: SharedBytes<'_>,
+    long: &Option<Range<usize>>,
+    inline: Option<Payload<'_>>,
+) -> Result<(), AmError> {
     if let (Some(r), Some(data)) = (long, inline) {
-        segment[r.clone()].copy_from_slice(data);
+        match data {
+            Payload::Private(b) => segment.write(r.start, b),
+            Payload::Shared(s) => segment.copy_from(r.start, s),
+        }
+        .map_err(shm_err)?;
     }
+    Ok(())
+}
+
+/// A failed copy of bytes the checks above already bounded: a transport's own fault.
+#[cold]
+fn shm_err(e: am_shm::ShmError) -> AmError {
+    AmError::Transport(TransportError::Io(e.to_string()))
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
@@ -343,7 +366,7 @@ impl Endpoint {
     pub fn dispatch(
         &mut self,
         d: Delivery<'_>,
-        segment: &mut [u8],
+        segment: SharedBytes<'_>,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         let src = d.src;
@@ -353,11 +376,26 @@ impl Endpoint {
                 size: self.size,
             });
         }
-        let hdr = Header::decode(d.bytes, !d.payload_placed)
+        // The head is parsed from private memory: a copy of it when the transport lends
+        // shared memory, so what was checked is what is used (no double fetch).
+        let total = d.bytes.len();
+        let mut copy = [0u8; MAX_HEAD_LEN];
+        let head: &[u8] = match d.bytes {
+            Received::Private(b) => b,
+            Received::Shared(s) => {
+                let n = total.min(MAX_HEAD_LEN);
+                s.read(0, &mut copy[..n]).map_err(shm_err)?;
+                &copy[..n]
+            }
+        };
+        let hdr = Header::decode_prefix(head, total, !d.payload_placed)
             .map_err(|e| misbehaved(src, Misbehavior::Malformed(e)))?;
         let mut argbuf = [0u32; MAX_ARGS];
-        let args = hdr.read_args(d.bytes, &mut argbuf);
-        let body = &d.bytes[hdr.head_len()..];
+        let args = hdr.read_args(head, &mut argbuf);
+        let body = match d.bytes {
+            Received::Private(b) => Payload::Private(b.get(hdr.head_len()..).unwrap_or(&[])),
+            Received::Shared(s) => Payload::Shared(s.slice_from(hdr.head_len()).map_err(shm_err)?),
+        };
         // Credits first, whatever becomes of the message: a reply returns what its request
         // took; a request learns what its reply (explicit or implicit) will grant.
         let grant = match hdr.category {
@@ -371,12 +409,16 @@ impl Endpoint {
         };
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
-        let (medium, long, inline_long): (&[u8], _, _) = match hdr.kind {
-            AmKind::Short => (&[], None, None),
+        let (payload, long, inline_long) = match hdr.kind {
+            AmKind::Short => (Payload::Private(&[]), None, None),
             AmKind::Medium => (body, None, None),
             AmKind::Long => {
                 match segment_range(hdr.long_offset, hdr.payload_len as u64, segment.len()) {
-                    Some(r) => (&[], Some(r), (!d.payload_placed).then_some(body)),
+                    Some(r) => (
+                        Payload::Shared(segment.slice(r.start, r.len()).map_err(shm_err)?),
+                        Some(r),
+                        (!d.payload_placed).then_some(body),
+                    ),
                     None => return self.out_of_segment(src, &hdr, args, grant, tx),
                 }
             }
@@ -386,7 +428,7 @@ impl Endpoint {
                 src,
                 &hdr,
                 args,
-                medium,
+                payload,
                 segment,
                 long,
                 inline_long,
@@ -395,48 +437,55 @@ impl Endpoint {
             );
         }
         let id = hdr.handler as usize;
+        let long_offset = long.as_ref().map(|r| r.start);
+        let Endpoint {
+            handlers,
+            pending,
+            limits,
+            scratch,
+            ..
+        } = self;
+        let msg = |scratch| Msg {
+            src,
+            handler: HandlerId(hdr.handler),
+            args,
+            payload,
+            long: long_offset,
+            segment,
+            scratch: Cell::new(Some(scratch)),
+            copied: OnceCell::new(),
+        };
         match hdr.category {
-            Category::Reply => match &mut self.handlers.fns[id] {
+            Category::Reply => match &mut handlers.fns[id] {
                 Some(HandlerFn::Reply(f))
-                    if self.handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
+                    if handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
                 {
-                    place(segment, &long, inline_long);
-                    f(Msg {
-                        src,
-                        handler: HandlerId(hdr.handler),
-                        args,
-                        medium,
-                        long,
-                        segment,
-                    });
+                    place(segment, &long, inline_long)?;
+                    f(msg(scratch));
                     Ok(())
                 }
                 _ => Err(unknown_handler(src, &hdr)),
             },
             Category::Request => {
-                let Handlers { fns, meta, .. } = &mut self.handlers;
-                let mut sink =
-                    ReplySink::new(src, grant, tx, &mut self.pending, meta, &self.limits);
+                let Handlers { fns, meta, .. } = handlers;
+                let mut sink = ReplySink::new(src, grant, tx, pending, meta, limits);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
                     {
-                        place(segment, &long, inline_long);
-                        f(
-                            Msg {
-                                src,
-                                handler: HandlerId(hdr.handler),
-                                args,
-                                medium,
-                                long,
-                                segment,
-                            },
-                            Token {
-                                src,
-                                path: &mut sink,
-                            },
-                        );
-                        Ok(())
+                        match place(segment, &long, inline_long) {
+                            Ok(()) => {
+                                f(
+                                    msg(scratch),
+                                    Token {
+                                        src,
+                                        path: &mut sink,
+                                    },
+                                );
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
                     }
                     _ => Err(unknown_handler(src, &hdr)),
                 };
@@ -492,15 +541,15 @@ impl Endpoint {
         src: Rank,
         hdr: &Header,
         args: &[u32],
-        medium: &[u8],
-        segment: &mut [u8],
+        payload: Payload<'_>,
+        segment: SharedBytes<'_>,
         long: Option<Range<usize>>,
-        inline_long: Option<&[u8]>,
+        inline_long: Option<Payload<'_>>,
         grant: u8,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         match hdr.category {
-            Category::Reply => self.system_reply(src, hdr, args, medium),
+            Category::Reply => self.system_reply(src, hdr, args, payload),
             Category::Request => {
                 let mut sink = ReplySink::new(
                     src,
@@ -519,6 +568,7 @@ impl Endpoint {
                         hello_digest: self.hello_digest,
                         barrier_arrivals: &mut self.barrier_arrivals,
                         exit_requested: &mut self.exit_requested,
+                        scratch: &mut self.scratch,
                     },
                     &mut sink,
                     hdr,
@@ -537,7 +587,7 @@ impl Endpoint {
         src: Rank,
         hdr: &Header,
         args: &[u32],
-        medium: &[u8],
+        medium: Payload<'_>,
     ) -> Result<(), AmError> {
         let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
         match hdr.handler {
@@ -573,10 +623,13 @@ impl Endpoint {
                 }
                 let dst = join_u64(dst_lo, dst_hi);
                 match segment_range(dst, medium.len() as u64, slot.data.len()) {
-                    Some(r) => {
-                        slot.data[r].copy_from_slice(medium);
-                        Ok(())
-                    }
+                    Some(r) => match medium {
+                        Payload::Private(b) => {
+                            slot.data[r].copy_from_slice(b);
+                            Ok(())
+                        }
+                        Payload::Shared(s) => s.read(0, &mut slot.data[r]).map_err(shm_err),
+                    },
                     None => Err(bad()),
                 }
             }
@@ -637,6 +690,7 @@ struct SystemState<'a> {
     hello_digest: u64,
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
     exit_requested: &'a mut Option<i32>,
+    scratch: &'a mut Vec<u8>,
 }
 
 /// Status codes of HELLO_RESULT.
@@ -649,8 +703,8 @@ fn system_request(
     sink: &mut ReplySink<'_>,
     hdr: &Header,
     args: &[u32],
-    segment: &mut [u8],
-    (long, inline_long): (&Option<Range<usize>>, Option<&[u8]>),
+    segment: SharedBytes<'_>,
+    (long, inline_long): (&Option<Range<usize>>, Option<Payload<'_>>),
 ) -> Result<(), AmError> {
     let src = sink.src;
     let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
@@ -697,7 +751,7 @@ fn system_request(
             let &[op] = args else {
                 return Err(bad());
             };
-            place(segment, long, inline_long);
+            place(segment, long, inline_long)?;
             sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], &[]);
             Ok(())
         }
@@ -708,11 +762,14 @@ fn system_request(
             let offset = join_u64(o_lo, o_hi);
             match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
                 Some(r) if r.len() <= sink.limits.max_medium => {
+                    // A private copy: the reply must not be read out of memory peers write.
+                    st.scratch.resize(r.len(), 0);
+                    segment.read(r.start, st.scratch).map_err(shm_err)?;
                     sink.system(
                         AmKind::Medium,
                         sys::GET_DATA,
                         &[op, d_lo, d_hi, 0],
-                        &segment[r],
+                        st.scratch,
                     );
                     Ok(())
                 }

@@ -104,6 +104,10 @@ pub enum Misbehavior {
     /// A core-internal message with an unknown opcode or wrong arguments.
     #[error("bad system message (opcode {0})")]
     BadSystemMessage(u8),
+    /// It corrupted what its NIC hands over (a length, stamp or count in shared memory, a
+    /// datagram), as the transport found.
+    #[error("{0}")]
+    Nic(String),
 }
 
 impl From<TransportError> for AmError {
@@ -111,6 +115,13 @@ impl From<TransportError> for AmError {
         match e {
             TransportError::PeerLost(r) => AmError::PeerLost(r),
             TransportError::JobAborted => AmError::JobAborted,
+            TransportError::PeerMisbehaved {
+                peer: Some(peer),
+                what,
+            } => AmError::PeerMisbehaved {
+                peer,
+                what: Misbehavior::Nic(what),
+            },
             other => AmError::Transport(other),
         }
     }

@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use crate::transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
+use crate::transport::{
+    Delivery, Limits, Outgoing, SendError, SharedBytes, Transport, TransportError, Tx,
+};
 use crate::Rank;
 
 /// Probabilities (0.0..=1.0) of each fault, per message sent.
@@ -226,15 +228,12 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn limits(&self) -> Limits {
         self.inner.limits()
     }
-    fn segment(&self) -> &[u8] {
+    fn segment(&self) -> SharedBytes<'_> {
         self.inner.segment()
-    }
-    fn segment_mut(&mut self) -> &mut [u8] {
-        self.inner.segment_mut()
     }
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         self.faults.release(&mut self.inner);
         let faults = &mut self.faults;

@@ -1,9 +1,10 @@
 //! The handler table, the message a handler sees, and the one-shot reply [`Token`].
 
+use std::cell::{Cell, OnceCell};
 use std::fmt;
-use std::ops::Range;
 
 use crate::error::AmError;
+use crate::transport::SharedBytes;
 use crate::Rank;
 
 /// Index into the handler table (GASNet's handler index): 256 handlers per job.
@@ -34,16 +35,37 @@ pub enum AmKind {
 
 /// What a handler is told about the message that made it run.
 ///
-/// The payload of a Medium is borrowed from the transport's receive buffer for the duration of
-/// the call (no copy where the transport allows it); the payload of a Long is already in the
-/// local segment at [`Msg::long_offset`].
+/// The payload of a Medium is lent from the transport's receive buffer for the duration of
+/// the call; the payload of a Long is already in the local segment at [`Msg::long_offset`].
+/// Where that memory may be written by peers (a shared ring slot, the segment), it is a
+/// [`SharedBytes`] view: [`Msg::payload`] copies it into private memory the first time it is
+/// called (and only then), [`Msg::payload_view`] lends the view itself.
 pub struct Msg<'a> {
     pub(crate) src: Rank,
     pub(crate) handler: HandlerId,
     pub(crate) args: &'a [u32],
-    pub(crate) medium: &'a [u8],
-    pub(crate) long: Option<Range<usize>>,
-    pub(crate) segment: &'a mut [u8],
+    pub(crate) payload: Payload<'a>,
+    pub(crate) long: Option<usize>,
+    pub(crate) segment: SharedBytes<'a>,
+    /// Private memory for the copy of a shared payload, taken by the first `payload()`.
+    pub(crate) scratch: Cell<Option<&'a mut Vec<u8>>>,
+    pub(crate) copied: OnceCell<&'a [u8]>,
+}
+
+/// Where a message's payload is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Payload<'a> {
+    Private(&'a [u8]),
+    Shared(SharedBytes<'a>),
+}
+
+impl<'a> Payload<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Private(b) => b.len(),
+            Payload::Shared(s) => s.len(),
+        }
+    }
 }
 
 impl<'a> Msg<'a> {
@@ -65,43 +87,53 @@ impl<'a> Msg<'a> {
         self.args
     }
 
+    /// The payload's length (a Medium's, or a Long's in the segment; 0 for a Short).
+    #[inline]
+    pub fn payload_len(&self) -> usize {
+        self.payload.len()
+    }
+
     /// The payload: a Medium's bytes, a Long's bytes in the local segment, empty for a Short.
+    /// Bytes that peers may write (a shared receive slot, the segment) are copied into private
+    /// memory on the first call, so what is returned cannot change under the caller; a
+    /// handler that does not read the payload pays nothing. For a large Long, prefer
+    /// [`payload_view`](Self::payload_view), which copies nothing.
     #[inline]
     pub fn payload(&self) -> &[u8] {
-        match &self.long {
-            Some(r) => &self.segment[r.clone()],
-            None => self.medium,
+        match self.payload {
+            Payload::Private(b) => b,
+            Payload::Shared(view) => self.copied.get_or_init(|| match self.scratch.take() {
+                Some(buf) => {
+                    view.read_into(buf);
+                    buf
+                }
+                None => &[],
+            }),
+        }
+    }
+
+    /// The payload as a view, without a copy: a Long's bytes in the segment, or a Medium's in
+    /// a shared receive buffer. `None` for a payload in private memory (use
+    /// [`payload`](Self::payload), which then costs no copy either).
+    #[inline]
+    pub fn payload_view(&self) -> Option<SharedBytes<'a>> {
+        match self.payload {
+            Payload::Shared(view) => Some(view),
+            Payload::Private(_) => None,
         }
     }
 
     /// Where a Long payload landed in the local segment; `None` for Short and Medium.
     #[inline]
     pub fn long_offset(&self) -> Option<usize> {
-        self.long.as_ref().map(|r| r.start)
+        self.long
     }
 
-    /// The local segment (what put, get and Long target on this rank).
+    /// The local segment (what put, get and Long target on this rank): a view, since peers may
+    /// write it at any time.
     #[inline]
-    pub fn segment(&self) -> &[u8] {
+    pub fn segment(&self) -> SharedBytes<'a> {
         self.segment
-    }
-
-    /// The local segment, writable.
-    #[inline]
-    pub fn segment_mut(&mut self) -> &mut [u8] {
-        self.segment
-    }
-
-    /// A Medium's payload together with the writable local segment, both at once (e.g. to apply
-    /// a batch of updates without copying it). `None` for a Long, whose payload is inside the
-    /// segment, and for a Short.
-    #[inline]
-    pub fn medium_and_segment_mut(&mut self) -> Option<(&[u8], &mut [u8])> {
-        if self.long.is_some() {
-            None
-        } else {
-            Some((self.medium, self.segment))
-        }
     }
 }
 
@@ -111,7 +143,7 @@ impl fmt::Debug for Msg<'_> {
             .field("src", &self.src)
             .field("handler", &self.handler)
             .field("args", &self.args)
-            .field("payload_len", &self.payload().len())
+            .field("payload_len", &self.payload_len())
             .field("long_offset", &self.long_offset())
             .finish()
     }

@@ -7,7 +7,8 @@
 //!
 //! - **AM Short / Medium / Long**, 0..=16 arguments of 32 bits; Medium payloads are lent to the
 //!   handler from the transport's buffer, Long payloads land in the target's segment before the
-//!   handler runs.
+//!   handler runs. The segment, and any buffer peers may write, is a [`SharedBytes`] view
+//!   (copies and atomics only), never a `&[u8]`: no peer can cause undefined behaviour here.
 //! - **Credits** per peer bound the requests in flight, so receive space always exists and no
 //!   message is ever dropped; the policy is pluggable ([`CreditPolicy`]).
 //! - **Progress** by explicit polling, with a per-job [`WaitMode`] for blocking calls.
@@ -17,8 +18,9 @@
 //!   [`conformance`] suite every transport runs.
 //!
 //! What this crate does **not** do: it has no shared memory, sockets or processes of its own
-//! (the transports and `am-launch` do), it never copies a message it can lend, and it never
-//! hides a lost message: a dead peer is an error, not a hang.
+//! (the transports and `am-launch` do; `am-shm` provides the views), it copies a lent payload
+//! only when a handler reads it, and it never hides a lost message: a dead peer is an error,
+//! not a hang.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -41,7 +43,9 @@ pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetHandle, Node, PutHandle};
-pub use transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
+pub use transport::{
+    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, Transport, TransportError, Tx,
+};
 
 /// A rank: 0..size within a job (GASNet's `gasnet_node_t`).
 pub type Rank = u32;

@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 
-use crate::transport::{Delivery, Limits, Outgoing, SendError, Transport, TransportError, Tx};
+use am_shm::Segment;
+
+use crate::transport::{
+    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, Transport, TransportError, Tx,
+};
 use crate::Rank;
 
 /// Settings of a [`Loopback`] cluster.
@@ -89,7 +93,8 @@ pub struct Loopback {
     size: u32,
     rx: Receiver<Packet>,
     held: Option<Packet>,
-    segment: Vec<u8>,
+    /// Heap memory reached through the same views as the shared-memory NICs' segments.
+    segment: Segment,
     config: LoopbackConfig,
 }
 
@@ -122,7 +127,8 @@ impl Loopback {
     /// Creates the transports of a job of `ranks` ranks; move each to its own thread.
     ///
     /// # Panics
-    /// If `ranks` is 0 or `config.capacity` is 0.
+    /// If `ranks` is 0, `config.capacity` is 0, or a segment of `config.segment_size` bytes
+    /// cannot be allocated.
     pub fn cluster(ranks: u32, config: LoopbackConfig) -> Vec<Loopback> {
         assert!(ranks > 0, "a job has at least one rank");
         assert!(
@@ -146,7 +152,8 @@ impl Loopback {
                 size: ranks,
                 rx,
                 held: None,
-                segment: vec![0; config.segment_size],
+                segment: Segment::heap(0, config.segment_size)
+                    .expect("a segment of config.segment_size bytes"),
                 config,
             })
             .collect()
@@ -182,18 +189,14 @@ impl Transport for Loopback {
         }
     }
 
-    fn segment(&self) -> &[u8] {
-        &self.segment
-    }
-
-    fn segment_mut(&mut self) -> &mut [u8] {
-        &mut self.segment
+    fn segment(&self) -> SharedBytes<'_> {
+        self.segment.byte_area()
     }
 
     #[inline]
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         let packet = match self.held.take() {
             Some(p) => p,
@@ -209,10 +212,10 @@ impl Transport for Loopback {
         };
         let delivery = Delivery {
             src: packet.src,
-            bytes: &packet.bytes,
+            bytes: Received::Private(&packet.bytes),
             payload_placed: false,
         };
-        Ok(Some(f(delivery, &mut self.segment, &mut self.tx)))
+        Ok(Some(f(delivery, self.segment.byte_area(), &mut self.tx)))
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

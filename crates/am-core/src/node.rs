@@ -106,6 +106,7 @@ impl<T: Transport> Node<T> {
             hello_digest,
             exit_requested: None,
             lost: vec![false; transport.size() as usize],
+            scratch: Vec::new(),
         };
         let mut node = Node {
             transport,
@@ -210,14 +211,22 @@ impl<T: Transport> Node<T> {
         &self.config
     }
 
-    /// The local segment.
-    pub fn segment(&self) -> &[u8] {
+    /// The local segment: what put, get and Long target on this rank. Peers write it at any
+    /// time, so it is a view that reads and writes by copies and atomics
+    /// ([`SharedBytes`](crate::transport::SharedBytes)), never a `&[u8]`.
+    ///
+    /// ```
+    /// # let t = am_core::Loopback::cluster(1, am_core::LoopbackConfig::default()).remove(0);
+    /// # let node = am_core::Node::new(t, am_core::Handlers::new(), am_core::Config::default()).unwrap();
+    /// let seg = node.segment();
+    /// seg.write(0, b"hello").unwrap();
+    /// seg.store_u64(8, 42).unwrap();
+    /// let mut back = [0u8; 5];
+    /// seg.read(0, &mut back).unwrap();
+    /// assert_eq!((&back, seg.load_u64(8).unwrap()), (b"hello", 42));
+    /// ```
+    pub fn segment(&self) -> crate::transport::SharedBytes<'_> {
         self.transport.segment()
-    }
-
-    /// The local segment, writable.
-    pub fn segment_mut(&mut self) -> &mut [u8] {
-        self.transport.segment_mut()
     }
 
     /// The transport.
@@ -324,7 +333,12 @@ impl<T: Transport> Node<T> {
         match self.config.wait_mode {
             WaitMode::Spin => {}
             WaitMode::SpinThenYield => std::thread::yield_now(),
-            WaitMode::Block => self.transport.wait(self.config.block_timeout)?,
+            WaitMode::Block => {
+                if let Err(e) = self.transport.wait(self.config.block_timeout) {
+                    // A loss the transport found while waiting counts as one found by a poll.
+                    return Err(e.into());
+                }
+            }
         }
         Ok(())
     }
@@ -359,6 +373,14 @@ impl<T: Transport> Node<T> {
             self.check_segment(offset as u64, payload.len() as u64)?;
         }
         Ok(())
+    }
+
+    fn out_of_bounds(&self, offset: usize, len: usize) -> AmError {
+        AmError::SegmentOutOfBounds {
+            offset: offset as u64,
+            len: len as u64,
+            size: self.transport.segment().len(),
+        }
     }
 
     fn check_segment(&self, offset: u64, len: u64) -> Result<(), AmError> {
@@ -603,7 +625,10 @@ impl<T: Transport> Node<T> {
         }
         let (index, gen) = self.ep.alloc_op(dest, Vec::new());
         if dest == self.ep.rank {
-            self.transport.segment_mut()[offset..offset + data.len()].copy_from_slice(data);
+            self.transport
+                .segment()
+                .write(offset, data)
+                .map_err(|_| self.out_of_bounds(offset, data.len()))?;
             return Ok(PutHandle { index, gen });
         }
         let chunk = self.ep.limits.max_long.max(1);
@@ -637,7 +662,11 @@ impl<T: Transport> Node<T> {
             return Err(AmError::PeerLost(src));
         }
         if src == self.ep.rank {
-            let data = self.transport.segment()[offset..offset + len].to_vec();
+            let mut data = vec![0; len];
+            self.transport
+                .segment()
+                .read(offset, &mut data)
+                .map_err(|_| self.out_of_bounds(offset, len))?;
             let (index, gen) = self.ep.alloc_op(src, data);
             return Ok(GetHandle { index, gen });
         }

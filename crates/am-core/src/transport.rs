@@ -12,14 +12,23 @@
 //! - NICs with remote writes (SCI PIO/DMA, EXTOLL RMA, Portals put) write a Long payload straight
 //!   into the target's segment at `long_offset`, then deliver the head alone with
 //!   `payload_placed = true`, only once the data is in place;
-//! - receive is zero-copy: [`Transport::poll_recv`] lends the message in the transport's own
-//!   buffer (ring slot, command segment, datagram buffer) to the core for the duration of the
-//!   handler, together with the local segment and a sender for the reply (smoltcp's RxToken/TxToken).
+//! - receive lends the message where it is: [`Transport::poll_recv`] hands the core the
+//!   message in the transport's own buffer for the duration of the handler, together with the
+//!   local segment and a sender for the reply (smoltcp's RxToken/TxToken). A buffer in memory
+//!   that peers may write (a ring slot, a command segment) is lent as [`SharedBytes`]
+//!   ([`Received::Shared`]), never as `&[u8]`: the core copies the head out and checks the
+//!   copy, and a handler copies the payload out only if it reads it. Private memory (a
+//!   reassembly buffer, a datagram) is lent as `&[u8]` ([`Received::Private`]).
+//!
+//! The segment is [`SharedBytes`] too: peers write it at any time (puts, Long payloads), so
+//! it is reached only by copies and atomics, by the core, by handlers and by users alike.
 //!
 //! Every transport must deliver messages to self (`dest == rank()`), and deliver the messages
 //! of one sender to one receiver in the order they were sent.
 
 use std::time::Duration;
+
+pub use am_shm::SharedBytes;
 
 use crate::Rank;
 
@@ -48,7 +57,17 @@ pub struct Outgoing<'a> {
     pub long_offset: Option<usize>,
 }
 
-impl Outgoing<'_> {
+impl<'a> Outgoing<'a> {
+    /// A Short or Medium message: `head` then `payload`, no Long offset.
+    #[inline]
+    pub fn new(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
+        Outgoing {
+            head,
+            payload,
+            long_offset: None,
+        }
+    }
+
     /// Length of head plus payload: the size of the message on a message NIC.
     #[inline]
     pub fn len(&self) -> usize {
@@ -68,9 +87,43 @@ pub struct Delivery<'a> {
     /// The sender.
     pub src: Rank,
     /// Head, followed by the payload unless `payload_placed`.
-    pub bytes: &'a [u8],
+    pub bytes: Received<'a>,
     /// The Long payload was already written into the segment by the transport.
     pub payload_placed: bool,
+}
+
+/// Where a received message's bytes are.
+#[derive(Debug, Clone, Copy)]
+pub enum Received<'a> {
+    /// In the transport's private memory, which no peer can write.
+    Private(&'a [u8]),
+    /// In memory that peers may write (a slot of a shared ring): read only by copies.
+    Shared(SharedBytes<'a>),
+}
+
+impl Received<'_> {
+    /// Number of bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self {
+            Received::Private(b) => b.len(),
+            Received::Shared(s) => s.len(),
+        }
+    }
+
+    /// True if there are none.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A private copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        match self {
+            Received::Private(b) => b.to_vec(),
+            Received::Shared(s) => s.to_vec(),
+        }
+    }
 }
 
 /// Why a send did not happen.
@@ -107,6 +160,17 @@ pub enum TransportError {
     /// The message is larger than the transport can carry.
     #[error("message of {0} bytes too large for the transport")]
     TooLarge(usize),
+    /// A peer wrote something into memory or onto the wire that its protocol never produces
+    /// (a corrupt length, stamp, head, tail, count or event). What it wrote was dropped or
+    /// refused and the transport keeps working; `peer` is `None` where the word does not say
+    /// who wrote it (a word every peer may write).
+    #[error("{}: {what}", match peer { Some(r) => format!("rank {r} misbehaved"), None => "a peer misbehaved".to_owned() })]
+    PeerMisbehaved {
+        /// The rank at fault, where it can be known.
+        peer: Option<Rank>,
+        /// What was wrong.
+        what: String,
+    },
     /// An I/O or device failure.
     #[error("{0}")]
     Io(String),
@@ -141,15 +205,14 @@ pub trait Transport: Tx {
     fn size(&self) -> u32;
     /// Size limits.
     fn limits(&self) -> Limits;
-    /// The local registered segment.
-    fn segment(&self) -> &[u8];
-    /// The local registered segment, writable.
-    fn segment_mut(&mut self) -> &mut [u8];
+    /// The local registered segment (peers may write it at any time: a view, never a slice).
+    fn segment(&self) -> SharedBytes<'_>;
     /// Takes at most one incoming message and calls `f` with it, the local segment and a sender;
-    /// returns `Ok(None)` when nothing is there.
+    /// returns `Ok(None)` when nothing is there. A transport that finds a corrupt message
+    /// drops it and returns [`TransportError::PeerMisbehaved`]; the next call goes on.
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError>;
     /// Blocks until a message may have arrived or `timeout` passed (the `Block` wait mode).
     /// The default yields the CPU once.

@@ -136,6 +136,19 @@ impl Header {
     /// Never panics, whatever the bytes.
     #[inline]
     pub fn decode(bytes: &[u8], payload_inline: bool) -> Result<Header, WireError> {
+        Header::decode_prefix(bytes, bytes.len(), payload_inline)
+    }
+
+    /// [`decode`](Self::decode) of a message of `total` bytes from a private copy of its first
+    /// bytes (`bytes`, at least `min(total, MAX_HEAD_LEN)` of them): how a message lent in
+    /// shared memory is parsed, from the copy, never from the original.
+    #[inline]
+    pub fn decode_prefix(
+        bytes: &[u8],
+        total: usize,
+        payload_inline: bool,
+    ) -> Result<Header, WireError> {
+        let bytes = &bytes[..bytes.len().min(total)];
         if bytes.len() < BASE_HEADER_LEN {
             return Err(WireError::Truncated {
                 have: bytes.len(),
@@ -186,7 +199,7 @@ impl Header {
             off.copy_from_slice(&bytes[8..16]);
             header.long_offset = u64::from_le_bytes(off);
         }
-        let present = bytes.len() - head_len;
+        let present = total - head_len;
         let expected = if payload_inline || kind == AmKind::Medium {
             payload_len as usize
         } else {
@@ -213,6 +226,33 @@ impl Header {
         }
         &out[..n]
     }
+}
+
+/// Encodes into `buf` the head of a user (non-system) `kind` message to `handler` with `args`
+/// and a payload of `payload_len` bytes announced; returns its length. What a transport's own
+/// tests send through [`crate::Tx::try_send`] without a node.
+///
+/// # Panics
+/// If `args.len() > MAX_ARGS`.
+pub fn encode_head(
+    category: Category,
+    kind: AmKind,
+    handler: u8,
+    args: &[u32],
+    payload_len: usize,
+    buf: &mut [u8; MAX_HEAD_LEN],
+) -> usize {
+    Header {
+        category,
+        kind,
+        system: false,
+        handler,
+        nargs: args.len() as u8,
+        credit: 0,
+        payload_len: payload_len as u32,
+        long_offset: 0,
+    }
+    .encode(args, buf)
 }
 
 #[cfg(test)]

@@ -649,7 +649,7 @@ fn long_outside_the_segment_is_refused_and_acked() {
     duel(
         |t| {
             let (mut node, seen) = start(t);
-            node.segment_mut().copy_from_slice(&segment_pattern());
+            node.segment().write(0, &segment_pattern()).unwrap();
             let caught = poll_until(&mut node, |_| seen.requests() == 1);
             let mut want: Vec<Misbehavior> = out_of_segment()
                 .into_iter()
@@ -672,7 +672,10 @@ fn long_outside_the_segment_is_refused_and_acked() {
             assert_eq!(seen.requests(), 1);
             let mut expected = segment_pattern();
             expected[GOOD_LONG_AT..GOOD_LONG_AT + 4].copy_from_slice(&GOOD_LONG);
-            assert!(node.segment() == expected, "only the valid Long wrote");
+            assert!(
+                node.segment().to_vec() == expected,
+                "only the valid Long wrote"
+            );
             // A Long reply outside the segment: refused, its credit counted, nothing written.
             assert_eq!(
                 request_and_settle(&mut node, 0),
@@ -682,7 +685,10 @@ fn long_outside_the_segment_is_refused_and_acked() {
                 }]
             );
             assert_eq!(seen.replies.get(), 0);
-            assert!(node.segment() == expected, "the bad reply wrote nothing");
+            assert!(
+                node.segment().to_vec() == expected,
+                "the bad reply wrote nothing"
+            );
         },
         |evil| {
             for (i, (offset, len)) in out_of_segment().into_iter().enumerate() {
@@ -886,7 +892,7 @@ fn rejected_long_messages_leave_the_segment_alone() {
     duel(
         |t| {
             let (mut node, seen) = start(t);
-            node.segment_mut().copy_from_slice(&segment_pattern());
+            node.segment().write(0, &segment_pattern()).unwrap();
             let caught = poll_until(&mut node, |_| seen.requests() == 1);
             assert_eq!(
                 caught,
@@ -900,10 +906,13 @@ fn rejected_long_messages_leave_the_segment_alone() {
             // Each rejected message aimed 8 bytes at 0, 16, 32 and 48 respectively.
             let written: Vec<usize> = [0, 16, 32, 48]
                 .into_iter()
-                .filter(|&at| node.segment()[at..at + 8] != segment_pattern()[at..at + 8])
+                .filter(|&at| {
+                    node.segment().slice(at, 8).unwrap().to_vec()[..]
+                        != segment_pattern()[at..at + 8]
+                })
                 .collect();
             assert!(
-                written.is_empty() && node.segment() == segment_pattern(),
+                written.is_empty() && node.segment().to_vec() == segment_pattern(),
                 "messages reported as misbehaviour and dropped wrote into the segment at \
                  offsets {written:?} (of the unknown-handler Long, wrong-kind Long, bad system \
                  Long and stray Long reply at 0, 16, 32, 48)"

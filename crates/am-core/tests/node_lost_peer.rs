@@ -13,6 +13,8 @@ struct Losing<'a> {
     inner: Loopback,
     trigger: &'a AtomicUsize,
     reported: bool,
+    /// Report the loss from `wait` (a blocking wait's liveness check) instead of a poll.
+    from_wait: bool,
 }
 
 const VICTIM: Rank = 2;
@@ -36,23 +38,24 @@ impl Transport for Losing<'_> {
     fn limits(&self) -> Limits {
         self.inner.limits()
     }
-    fn segment(&self) -> &[u8] {
+    fn segment(&self) -> am_core::SharedBytes<'_> {
         self.inner.segment()
-    }
-    fn segment_mut(&mut self) -> &mut [u8] {
-        self.inner.segment_mut()
     }
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
-        if !self.reported && self.trigger.load(Ordering::SeqCst) == 1 {
+        if !self.from_wait && !self.reported && self.trigger.load(Ordering::SeqCst) == 1 {
             self.reported = true;
             return Err(TransportError::PeerLost(VICTIM));
         }
         self.inner.poll_recv(f)
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        if self.from_wait && !self.reported && self.trigger.load(Ordering::SeqCst) == 1 {
+            self.reported = true;
+            return Err(TransportError::PeerLost(VICTIM));
+        }
         self.inner.wait(timeout.min(Duration::from_millis(1)))
     }
 }
@@ -85,6 +88,7 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
             inner: t,
             trigger: &state,
             reported: rank == VICTIM,
+            from_wait: false,
         };
         let mut node = Node::new(t, handlers, config).unwrap();
         node.barrier().unwrap();
@@ -153,6 +157,53 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
                 }
                 std::mem::forget(node);
             }
+        }
+    });
+}
+
+/// A loss the transport reports from a blocking wait (where the NICs' liveness checks run)
+/// counts as one reported by a poll: the core remembers it, so requests to the dead rank fail
+/// at once and quiesce (and drop) stop waiting for its replies.
+#[test]
+fn a_loss_found_while_waiting_counts_too() {
+    let state = AtomicUsize::new(0);
+    let transports = Loopback::cluster(3, LoopbackConfig::default());
+    run_ranks(transports, |t| {
+        let mut handlers = Handlers::new();
+        handlers
+            .request(REQ, "req", AmKind::Short, |_, _| {})
+            .unwrap();
+        let config = Config {
+            credits: am_core::Credits::Static(1),
+            wait_mode: WaitMode::Block,
+            spin_polls: 0,
+            ..Config::default()
+        };
+        let rank = t.rank();
+        let t = Losing {
+            inner: t,
+            trigger: &state,
+            reported: rank != 0,
+            from_wait: true,
+        };
+        let mut node = Node::new(t, handlers, config).unwrap();
+        node.barrier().unwrap();
+        if rank == 0 {
+            // A request the silent victim never answers, then the loss, found while waiting.
+            node.try_request_short(VICTIM, REQ, &[]).unwrap();
+            state.store(1, Ordering::SeqCst);
+            assert_eq!(node.quiesce(), Err(AmError::PeerLost(VICTIM)));
+            assert!(matches!(
+                node.try_request_short(VICTIM, REQ, &[]),
+                Err(TryRequestError::Failed(AmError::PeerLost(VICTIM)))
+            ));
+            assert_eq!(node.quiesce(), Ok(()), "no wait for the lost rank's reply");
+            state.store(2, Ordering::SeqCst);
+        } else {
+            while state.load(Ordering::SeqCst) != 2 {
+                std::thread::yield_now();
+            }
+            std::mem::forget(node);
         }
     });
 }

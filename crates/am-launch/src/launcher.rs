@@ -28,7 +28,7 @@ pub const TRANSPORTS: &[&str] = &["loopback", "sci", "extoll", "portals", "udp"]
 /// Serialises spawning across launchers (see [`Job::spawn`]).
 static SPAWN_LOCK: Mutex<()> = Mutex::new(());
 
-/// How long ranks get between SIGTERM and SIGKILL.
+/// How long ranks get between SIGTERM and SIGKILL, unless [`Launcher::grace`] says otherwise.
 const GRACE: Duration = Duration::from_secs(1);
 /// Poll wake-up when nothing else is due; SIGCHLD normally wakes us first.
 const SAFETY_TICK: Duration = Duration::from_secs(1);
@@ -103,6 +103,7 @@ pub struct Launcher {
     env: Vec<(OsString, OsString)>,
     prefix_output: bool,
     verbose: bool,
+    grace: Duration,
 }
 
 impl Launcher {
@@ -120,7 +121,16 @@ impl Launcher {
             env: Vec::new(),
             prefix_output: true,
             verbose,
+            grace: GRACE,
         }
+    }
+
+    /// How long the other ranks get, after SIGTERM, before SIGKILL when a rank fails
+    /// (default 1 s): ranks that outlive a peer's death on purpose (tests of what survivors
+    /// do) ignore SIGTERM and need the time.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
     }
 
     /// Appends arguments for every rank.
@@ -401,6 +411,8 @@ struct Job {
     /// When SIGKILL follows the SIGTERM already sent.
     kill_deadline: Option<Instant>,
     killed_hard: bool,
+    /// Between SIGTERM and SIGKILL.
+    grace: Duration,
 }
 
 fn status_code(status: std::process::ExitStatus) -> i32 {
@@ -429,6 +441,7 @@ impl Job {
             outcome: None,
             kill_deadline: None,
             killed_hard: false,
+            grace: cfg.grace,
         }
     }
 
@@ -515,7 +528,7 @@ impl Job {
     fn fail(&mut self, code: i32) {
         self.outcome.get_or_insert(code);
         if self.kill_deadline.is_none() {
-            self.kill_deadline = Some(Instant::now() + GRACE);
+            self.kill_deadline = Some(Instant::now() + self.grace);
             self.signal_all(Signal::SIGTERM);
         }
     }

@@ -58,7 +58,8 @@
 //!         let h = msg.post_recv(&mut node, Some(0), 42, 4096, 500_000).unwrap();
 //!         let info = msg.wait_recv(&mut node, h).unwrap();
 //!         assert_eq!((info.src, info.tag, info.len), (0, 42, 300_000));
-//!         assert!(node.segment()[4096..4096 + 300_000].iter().all(|&b| b == 7));
+//!         let landed = node.segment().slice(4096, 300_000).unwrap().to_vec();
+//!         assert!(landed.iter().all(|&b| b == 7));
 //!     }
 //!     node.barrier().unwrap();
 //! });
@@ -516,7 +517,7 @@ fn decode(op: u8, a: &[u32]) -> Option<Wire> {
 }
 
 /// Runs one of the messenger's handlers: decode, hand to the engine, copy, reply.
-fn handle(eng: &RefCell<Engine>, first: u8, op: u8, mut msg: Msg<'_>, token: Option<Token<'_>>) {
+fn handle(eng: &RefCell<Engine>, first: u8, op: u8, msg: Msg<'_>, token: Option<Token<'_>>) {
     let src = msg.src();
     let args: Vec<u32> = msg.args().to_vec();
     let mut e = eng.borrow_mut();
@@ -528,20 +529,20 @@ fn handle(eng: &RefCell<Engine>, first: u8, op: u8, mut msg: Msg<'_>, token: Opt
         ));
         return;
     };
-    let long = msg.long_offset().map(|o| (o, msg.payload().len()));
-    let re = match msg.medium_and_segment_mut() {
-        Some((payload, segment)) if long.is_none() => {
+    let long = msg.long_offset().map(|o| (o, msg.payload_len()));
+    let re = match long {
+        None => {
+            let payload = msg.payload();
             let re = e.on_wire(src, wire, payload, None);
             if let Some(at) = re.copy_to {
                 // The engine only copies into receives whose range was checked at post time.
-                match segment.get_mut(at..at + payload.len()) {
-                    Some(dst) => dst.copy_from_slice(payload),
-                    None => e.violations.push((src, "copy outside the segment".into())),
+                if msg.segment().write(at, payload).is_err() {
+                    e.violations.push((src, "copy outside the segment".into()));
                 }
             }
             re
         }
-        _ => e.on_wire(src, wire, &[], long),
+        Some(_) => e.on_wire(src, wire, &[], long),
     };
     drop(e);
     if let (Some(w), Some(token)) = (re.reply, token) {
@@ -700,7 +701,13 @@ impl Messenger {
                 .post_recv(src, tag, offset as u64, capacity as u64, advertise);
         if let Some(data) = copy {
             // len <= capacity and the range is in the segment (checked above).
-            node.segment_mut()[offset..offset + data.len()].copy_from_slice(&data);
+            node.segment()
+                .write(offset, &data)
+                .map_err(|_| MsgError::OutOfSegment {
+                    offset,
+                    capacity,
+                    segment,
+                })?;
         }
         self.flush(node)?;
         Ok(RecvHandle(id))

@@ -34,7 +34,10 @@ where
             ..Config::default()
         };
         let mut node = Node::new(t, handlers, config).expect("node");
-        node.segment_mut().fill(SENTINEL);
+        {
+            let seg = node.segment();
+            seg.fill(0, seg.len(), SENTINEL).unwrap();
+        }
         node.barrier().expect("barrier");
         f(&msg, &mut node);
         node.barrier().expect("barrier");
@@ -71,7 +74,7 @@ fn check_send<T: Transport>(msg: &Messenger, node: &Node<T>, info: &am_msg::Send
 }
 
 fn check_data<T: Transport>(node: &Node<T>, at: usize, len: usize, cap: usize, seed: u64) {
-    let seg = node.segment();
+    let seg = node.segment().to_vec();
     assert!(seg[at..at + len] == pattern(len, seed)[..], "data at {at}");
     assert!(
         seg[at + len..at + cap].iter().all(|&b| b == SENTINEL),
@@ -116,7 +119,7 @@ fn sizes<T: Transport + Send>(transports: Vec<T>, rndv: Rendezvous) {
                         "len {len} receiver first {receiver_first}"
                     );
                     check_data(node, at, len, cap, seed);
-                    node.segment_mut()[at..at + cap].fill(SENTINEL);
+                    node.segment().fill(at, cap, SENTINEL).unwrap();
                 } else {
                     if receiver_first {
                         node.barrier().unwrap();
@@ -172,7 +175,7 @@ fn simultaneous<T: Transport + Send>(transports: Vec<T>, len: usize, rounds: usi
             check_data(node, at, len, cap, round as u64 + peer as u64);
             seen.lock().unwrap().insert(ri.protocol);
             node.barrier().unwrap();
-            node.segment_mut()[at..at + cap].fill(SENTINEL);
+            node.segment().fill(at, cap, SENTINEL).unwrap();
         }
     });
     let seen = seen.into_inner().unwrap();
@@ -207,7 +210,7 @@ fn many_to_one<T: Transport + Send>(transports: Vec<T>) {
             let mut got = HashSet::new();
             for (h, at) in hs {
                 let info = msg.wait_recv(node, h).unwrap();
-                let seq = node.segment()[at..at + info.len].to_vec();
+                let seq = node.segment().slice(at, info.len).unwrap().to_vec();
                 // Which message is it? The i of its sender, from its length and content.
                 let i = (0..PER)
                     .find(|&i| {
@@ -269,7 +272,10 @@ fn too_small<T: Transport + Send>(transports: Vec<T>) {
                     }
                 );
                 assert!(
-                    node.segment()[at - 64..at + len + 64]
+                    node.segment()
+                        .slice(at - 64, len + 128)
+                        .unwrap()
+                        .to_vec()
                         .iter()
                         .all(|&b| b == SENTINEL),
                     "case {k}: nothing written"
@@ -405,7 +411,7 @@ fn portals_48_mib() {
             let h = msg.post_recv(node, Some(0), 1, 4096, LEN).unwrap();
             let info = msg.wait_recv(node, h).unwrap();
             assert_eq!(info.len, LEN);
-            assert!(node.segment()[4096..] == pattern(LEN, 3)[..]);
+            assert!(node.segment().slice_from(4096).unwrap().to_vec() == pattern(LEN, 3)[..]);
         }
     });
 }

@@ -4,7 +4,8 @@
 //! These are test helpers: they panic, with a message, where a test should fail.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use am_launch::Launcher;
 
@@ -14,7 +15,12 @@ use am_launch::Launcher;
 /// # Panics
 /// If the job cannot be started.
 pub fn run_job(bin: &str, transport: &str, ranks: u32, args: &[&str], env: &[(&str, &str)]) -> i32 {
-    let mut l = Launcher::new(ranks, bin)
+    run_job_with(Launcher::new(ranks, bin), transport, args, env)
+}
+
+/// [`run_job`] with a launcher the caller set up (e.g. its grace period).
+pub fn run_job_with(l: Launcher, transport: &str, args: &[&str], env: &[(&str, &str)]) -> i32 {
+    let mut l = l
         .args(args.iter().copied())
         .transport(transport)
         .env("AM_WAIT", "block");
@@ -78,6 +84,123 @@ pub fn assert_loss_noticed(dir: &Path, survivors: &[u32], within: Duration) {
             "rank {r} noticed after {after} µs"
         );
     }
+}
+
+/// Kills the last of 3 ranks of `bin` (on `transport`) at `kills` points spread over a flood
+/// ([`crate::rank::kill_anywhere`], the program's `kill-anywhere DIR DELAY_US` mode) and
+/// checks each time that both survivors then completed their full exchange and that the job
+/// left nothing in `/dev/shm`. The delays come from `seed` and cover `0..max_delay_us`.
+///
+/// # Panics
+/// On the first job whose survivors did not finish (with its delay, to reproduce it).
+pub fn kill_anywhere_jobs(bin: &str, transport: &str, kills: u32, max_delay_us: u64, seed: u64) {
+    // One job at a time, whatever the test threads: 3 ranks on 2 cores is load enough, and the
+    // survivors have the launcher's grace period (a second) to finish.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut x = seed | 1;
+    for k in 0..kills {
+        // xorshift: reproducible delays, spread over the flood.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let delay = x % max_delay_us.max(1);
+        let dir = fresh_dir(&format!("am-kill-anywhere-{transport}-{k}"));
+        let before = shm_files(|n| n.starts_with("am-"));
+        let arg_dir = dir.display().to_string();
+        let arg_delay = delay.to_string();
+        // The survivors ignore the launcher's SIGTERM after the death, and get the time to
+        // notice it and finish (their own deadlines are 20 s).
+        let launcher = Launcher::new(3, bin).grace(Duration::from_secs(30));
+        let started = Instant::now();
+        let code = run_job_with(
+            launcher,
+            transport,
+            &["kill-anywhere", &arg_dir, &arg_delay],
+            &[],
+        );
+        eprintln!(
+            "{transport}: kill {k} at {delay} µs: job of {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+        for r in 0..2 {
+            let ok = std::fs::read_to_string(dir.join(format!("ok-{r}")));
+            assert!(
+                ok.is_ok(),
+                "{transport}: kill {k} at {delay} µs: rank {r} did not finish its exchange (job code {code})"
+            );
+        }
+        let after = shm_files(|n| n.starts_with("am-") && !before.iter().any(|b| b == n));
+        assert!(after.is_empty(), "{transport}: left behind {after:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `mpiexec` on `PATH`, if any.
+pub fn find_mpiexec() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("mpiexec"))
+        .find(|p| p.is_file())
+}
+
+/// False (after a notice) when MPICH is missing and not required: the test then returns
+/// early. With `AM_REQUIRE_MPIEXEC=1` (CI, after installing MPICH) a missing one fails.
+pub fn have_mpiexec() -> bool {
+    if find_mpiexec().is_some() {
+        return true;
+    }
+    let required = std::env::var("AM_REQUIRE_MPIEXEC").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "mpiexec is not on PATH and AM_REQUIRE_MPIEXEC=1: install MPICH (e.g. `apt-get install mpich`)"
+    );
+    eprintln!("SKIPPED: mpiexec is not on PATH; install MPICH (e.g. `apt-get install mpich`) to run the mpiexec launch tests");
+    false
+}
+
+/// MPICH's `mpiexec`, or a failure telling how to get it.
+pub fn mpiexec() -> PathBuf {
+    let Some(mpiexec) = find_mpiexec() else {
+        panic!("mpiexec is not on PATH: install MPICH (e.g. `apt-get install mpich`) to run these tests");
+    };
+    let version = Command::new(&mpiexec)
+        .arg("--version")
+        .output()
+        .expect("cannot run mpiexec --version");
+    let text = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        text.contains("HYDRA"),
+        "{} is not MPICH's hydra mpiexec (install MPICH, e.g. `apt-get install mpich`): {text}",
+        mpiexec.display()
+    );
+    mpiexec
+}
+
+/// Waits until `done` holds, checking every 10 ms; false after `within`.
+pub fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+/// Whether process `pid` holds open a shared-memory segment: a memfd or a `/dev/shm` file.
+pub fn holds_a_segment(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                std::fs::read_link(e.path()).is_ok_and(|t| {
+                    let t = t.to_string_lossy();
+                    t.starts_with("/memfd:am-") || t.starts_with("/dev/shm/am-")
+                })
+            })
+        })
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

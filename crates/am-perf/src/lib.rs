@@ -8,17 +8,19 @@
 //! - [`rank`]: pieces of the rank-test programs: self-launch, floors, the echo table, the
 //!   put ring and the killed-rank scenario;
 //! - [`launch`]: the multi-process tests' side: start a job, check what the ranks wrote;
-//! - `bench` (feature `criterion`): the criterion groups every transport's bench shares.
+//! - [`mod@bench`]: the criterion groups every transport's bench shares.
 //!
-//! Not part of amnet's API (`publish = false`): what a transport genuinely does differently
-//! (its own configurations, Medium paths, flow-control modes) stays in its crate.
+//! The crate also holds the tooling itself: the `sci-rank-test`, `extoll-rank-test` and
+//! `portals-rank-test` programs (`src/bin`), the NICs' criterion benches (`benches/`, run with
+//! `cargo bench -p am-perf --bench sci`) and their multi-process tests (`tests/`).
+//!
+//! Not part of amnet's API (`publish = false`), and no library crate depends on it.
 
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
 
 pub mod am;
-#[cfg(feature = "criterion")]
 pub mod bench;
 pub mod launch;
 pub mod nic;

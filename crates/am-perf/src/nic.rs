@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use am_core::wire::{Header, MAX_HEAD_LEN};
+use am_core::wire::{encode_head, MAX_HEAD_LEN};
 use am_core::{AmKind, Category, Outgoing, Transport, TransportError};
 
 use crate::{median_us, PEER};
@@ -27,12 +27,12 @@ impl ShortHeads {
 
     /// The request, ready for [`am_core::Tx::try_send`].
     pub fn request(&self) -> Outgoing<'_> {
-        outgoing(&self.request.0[..self.request.1])
+        Outgoing::new(&self.request.0[..self.request.1], &[])
     }
 
     /// The reply, ready for [`am_core::Tx::try_send`].
     pub fn reply(&self) -> Outgoing<'_> {
-        outgoing(&self.reply.0[..self.reply.1])
+        Outgoing::new(&self.reply.0[..self.reply.1], &[])
     }
 }
 
@@ -44,52 +44,8 @@ impl Default for ShortHeads {
 
 fn encode(category: Category) -> ([u8; MAX_HEAD_LEN], usize) {
     let mut h = [0u8; MAX_HEAD_LEN];
-    let n = Header {
-        category,
-        kind: AmKind::Short,
-        system: false,
-        handler: 1,
-        nargs: 0,
-        credit: 0,
-        payload_len: 0,
-        long_offset: 0,
-    }
-    .encode(&[], &mut h);
+    let n = encode_head(category, AmKind::Short, 1, &[], 0, &mut h);
     (h, n)
-}
-
-fn outgoing(head: &[u8]) -> Outgoing<'_> {
-    message(head, &[])
-}
-
-/// A message of `head` and `payload` that is not a Long.
-pub fn message<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
-    Outgoing {
-        head,
-        payload,
-        long_offset: None,
-    }
-}
-
-/// Encodes into `buf` the head of a `kind` message to handler 1 with the one argument 42 and
-/// a payload of `payload` bytes; returns its length. For transports' unit tests.
-pub fn head_into(
-    category: Category,
-    kind: AmKind,
-    payload: usize,
-    buf: &mut [u8; MAX_HEAD_LEN],
-) -> usize {
-    Header {
-        category,
-        kind,
-        system: false,
-        handler: 1,
-        nargs: 1,
-        credit: 0,
-        payload_len: payload as u32,
-        long_offset: 0,
-    }
-    .encode(&[42], buf)
 }
 
 /// One round trip from rank 0: sends the request to [`PEER`] and polls until a message
@@ -155,6 +111,7 @@ pub fn rtt_threads<T: Transport + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use am_core::wire::Header;
     use am_core::{Loopback, LoopbackConfig};
 
     #[test]

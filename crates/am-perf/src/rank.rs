@@ -220,7 +220,13 @@ pub fn put_ring<T: Transport>(
     node.barrier()?;
     let prev = (me + n - 1) % n;
     let (at, want) = (offset(prev), data(prev));
-    if node.segment().get(at..at + want.len()) != Some(&want[..]) {
+    if node
+        .segment()
+        .slice(at, want.len())
+        .map(|v| v.to_vec())
+        .ok()
+        != Some(want)
+    {
         return Err(format!("rank {me}: the put from rank {prev} did not land").into());
     }
     node.barrier()?;
@@ -254,6 +260,140 @@ pub fn kill_scenario<T: Transport>(
         }
         other => Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
     }
+}
+
+/// The start of the `stall` mode: writes `dir/pid-<rank>`; rank 0 then waits (at most 30 s)
+/// for `dir/go` to exist.
+pub fn stall_before_start(job: &JobInfo, dir: &Path) -> Result<(), Box<dyn Error>> {
+    std::fs::write(
+        dir.join(format!("pid-{}", job.rank)),
+        std::process::id().to_string(),
+    )?;
+    if job.rank == 0 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !dir.join("go").exists() {
+            if std::time::Instant::now() > deadline {
+                return Err("stall: no go".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    Ok(())
+}
+
+/// Short request of the kill-anywhere exchange: answered by [`EXCHANGE_REPLY`].
+pub const EXCHANGE: HandlerId = HandlerId(200);
+/// Short reply of the kill-anywhere exchange: counts one round trip.
+pub const EXCHANGE_REPLY: HandlerId = HandlerId(201);
+/// Payload sizes the kill-anywhere flood cycles through (capped at the transport's largest
+/// Medium): empty, one packet or slot, several VELO packets, an RMA-buffered Medium.
+const FLOOD_SIZES: [usize; 5] = [0, 24, 200, 900, 3000];
+/// Round trips each survivor makes with each other survivor after the loss.
+const EXCHANGE_ROUNDS: u64 = 100;
+
+/// Adds the exchange handlers of [`kill_anywhere`] to a table with the echo handlers;
+/// `exchanged.0` counts the exchange replies this rank got, `exchanged.1` the exchange
+/// requests it answered.
+pub fn add_exchange_handlers(
+    h: &mut Handlers,
+    exchanged: &Rc<(Cell<u64>, Cell<u64>)>,
+) -> Result<(), RegisterError> {
+    let served = exchanged.clone();
+    h.request(EXCHANGE, "exchange", AmKind::Short, move |m, tok| {
+        served.1.set(served.1.get() + 1);
+        let _ = tok.reply_short(EXCHANGE_REPLY, m.args());
+    })?;
+    let e = exchanged.clone();
+    h.reply(EXCHANGE_REPLY, "exchange_reply", AmKind::Short, move |_| {
+        e.0.set(e.0.get() + 1)
+    })?;
+    Ok(())
+}
+
+/// The kill-anywhere scenario (3 ranks or more, the echo table and [`add_exchange_handlers`]):
+/// after a barrier every rank floods every other with echo requests of mixed sizes. The last
+/// rank is the victim: a timer thread kills it with SIGKILL `delay_us` µs into the flood, at
+/// whatever point of a send, a claim or a poll its main thread is. The survivors flood on until
+/// they see it lost, then make a full exchange (a fixed number of round trips with every
+/// other survivor), write `dir/ok-<rank>` (the round trips made) and return; the caller ends
+/// the process (code 3). Errors other than the victim's loss are returned. Call
+/// [`ignore_sigterm`] first thing in the program: the launcher's SIGTERM after the death must
+/// not end the survivors before they are done.
+pub fn kill_anywhere<T: Transport>(
+    node: &mut Node<T>,
+    exchanged: &(Cell<u64>, Cell<u64>),
+    delay_us: u64,
+    dir: &Path,
+) -> Result<(), Box<dyn Error>> {
+    let (me, n) = (node.rank(), node.size());
+    if n < 3 {
+        return Err("kill-anywhere needs 3 ranks or more".into());
+    }
+    let victim = n - 1;
+    node.barrier()?;
+    if me == victim {
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        });
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let max = node.max_medium();
+    let mut lost = false;
+    let mut key = 0u32;
+    let is_victims_loss = |e: &AmError| matches!(e, AmError::PeerLost(r) if *r == victim);
+    while !lost {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("rank {me}: rank {victim} was never reported lost").into());
+        }
+        for p in (0..n).filter(|&p| p != me) {
+            key = key.wrapping_add(1);
+            let len = FLOOD_SIZES[key as usize % FLOOD_SIZES.len()].min(max);
+            match node.request_medium(p, ECHO, &[key], &pattern(len, key)) {
+                Ok(()) => {}
+                Err(e) if me != victim && is_victims_loss(&e) => lost = true,
+                Err(e) => return Err(format!("rank {me}: flood to {p}: {e}").into()),
+            }
+        }
+    }
+    // The survivors: a full exchange, whatever the victim left half done.
+    let survivors = (0..n).filter(|&p| p != me && p != victim);
+    let want = EXCHANGE_ROUNDS * (n as u64 - 2);
+    let (got, served) = (&exchanged.0, &exchanged.1);
+    let before = got.get();
+    for p in survivors {
+        for k in 0..EXCHANGE_ROUNDS as u32 {
+            loop {
+                match node.request_short(p, EXCHANGE, &[k]) {
+                    Ok(()) => break,
+                    Err(e) if is_victims_loss(&e) => {}
+                    Err(e) => return Err(format!("rank {me}: exchange with {p}: {e}").into()),
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("rank {me}: exchange with {p} stuck").into());
+                }
+            }
+        }
+    }
+    // Done when our round trips are back and we answered all of the others' (so they, and
+    // everything they sent us before, need nothing more from us once we leave).
+    while got.get() - before < want || served.get() < want {
+        match node.poll() {
+            Ok(_) => {}
+            Err(e) if is_victims_loss(&e) => {}
+            Err(e) => return Err(format!("rank {me}: exchange: {e}").into()),
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "rank {me}: {} of {want} exchange replies, {} requests answered",
+                got.get() - before,
+                served.get()
+            )
+            .into());
+        }
+    }
+    std::fs::write(dir.join(format!("ok-{me}")), want.to_string())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use am_shm::Segment;
-//! let seg = Segment::heap(64, 0);
+//! let seg = Segment::heap(64, 0).unwrap();
 //! let bell = seg.doorbell(0).unwrap();
 //! assert!(!bell.is_rung());
 //! seg.import().ring(0).unwrap();
@@ -18,7 +18,7 @@
 //! assert!(!bell.take());
 //! ```
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::futex::{futex_wait, futex_wake};
@@ -74,7 +74,7 @@ impl<'a> Doorbell<'a> {
     #[inline]
     pub fn ring_tagged_lazy(&self, tag: u32) {
         let bits = EXIST | (tag & !(EXIST | SLEEPING));
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let w = self.word.load(Ordering::Relaxed);
         if w & bits == bits && w & SLEEPING == 0 {
             return;
@@ -89,7 +89,7 @@ impl<'a> Doorbell<'a> {
     #[inline]
     pub fn take_tags(&self) -> u32 {
         let t = self.word.fetch_and(SLEEPING, Ordering::AcqRel) & !SLEEPING;
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         t
     }
 

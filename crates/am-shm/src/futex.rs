@@ -1,7 +1,7 @@
 //! futex(2) on a 32-bit word, without `FUTEX_PRIVATE_FLAG`, so it works across processes
 //! that map the same file.
 
-use std::sync::atomic::AtomicU32;
+use crate::sync::AtomicU32;
 use std::time::Duration;
 
 /// Sleeps while `*word == expected`, at most `timeout`. Returns at once if the word differs;
@@ -41,12 +41,43 @@ pub fn futex_wake(word: &AtomicU32, n: i32) {
     }
 }
 
-/// Without a futex (loom models, other systems): yield instead of sleeping.
-#[cfg(any(not(target_os = "linux"), loom))]
+/// The kernel's futex under loom: compare-and-sleep is atomic with respect to wake (one lock
+/// and one condition variable for every word; a wake-up wakes all, and callers re-check).
+/// The timeout is not modelled: a sleeper wakes only when rung, so a lost wake-up is a
+/// deadlock that loom reports.
+#[cfg(loom)]
+mod model {
+    use loom::sync::{Condvar, Mutex};
+
+    loom::lazy_static! {
+        pub(super) static ref KERNEL: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+    }
+}
+
+/// Sleeps while `*word == expected` (loom's model of the kernel futex).
+#[cfg(loom)]
+pub fn futex_wait(word: &AtomicU32, expected: u32, _timeout: Option<Duration>) {
+    let (lock, cv) = &*model::KERNEL;
+    let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+    if word.load(crate::sync::Ordering::SeqCst) == expected {
+        drop(cv.wait(g));
+    }
+}
+
+/// Wakes the sleepers (loom's model of the kernel futex).
+#[cfg(loom)]
+pub fn futex_wake(_word: &AtomicU32, _n: i32) {
+    let (lock, cv) = &*model::KERNEL;
+    let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+    cv.notify_all();
+}
+
+/// Without a futex (other systems): yield instead of sleeping.
+#[cfg(all(not(target_os = "linux"), not(loom)))]
 pub fn futex_wait(_word: &AtomicU32, _expected: u32, _timeout: Option<Duration>) {
     std::thread::yield_now();
 }
 
 /// Without a futex: nothing to wake.
-#[cfg(any(not(target_os = "linux"), loom))]
+#[cfg(all(not(target_os = "linux"), not(loom)))]
 pub fn futex_wake(_word: &AtomicU32, _n: i32) {}

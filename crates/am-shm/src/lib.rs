@@ -1,53 +1,59 @@
 //! Shared memory for amnet's simulated NICs: the workspace's only `unsafe` code.
 //!
 //! - [`Segment`]: a region named by job id (`/dev/shm/am-<job_id>-<name>`), created, opened and
-//!   removed by job, or backed by heap memory (so Miri and loom can run the same logic). A
-//!   region has a **word area** (8-byte words, touched only as atomics) and a **byte area**
-//!   (payloads, touched only by bounds-checked copies); the two never overlap, so no location
-//!   is ever accessed both atomically and non-atomically. The one exception is by design: a
-//!   slot's message-ready flag (see [`stamp`]) is a word at the start of the slot in the byte
-//!   area, so that it shares a cache line with the message; it is only ever accessed
-//!   atomically, and slot copies start after it.
+//!   removed by job, or backed by heap memory (so Miri and loom run the same code). A region
+//!   has a **word area** (64-bit atomics, and 32-bit futex words on lines of their own) and a
+//!   **byte area** (payloads). Sizes are computed with checked arithmetic in every build.
+//! - [`SharedBytes`]: the only way to the byte area. Memory a peer can write is never lent as
+//!   `&[u8]`/`&mut [u8]`; a `SharedBytes` reads and writes it by copies made of 8-byte relaxed
+//!   atomics on the aligned words that hold it (a partial word is read whole, or merged with a
+//!   compare-and-swap), so no byte is ever accessed non-atomically or at two sizes, whatever a
+//!   peer does meanwhile. Parse a private copy, never the shared original.
 //! - [`Imported`]: a peer's view of a segment, with writes only (SCI's "remote writes, local
-//!   reads"): stores to words and copies into bytes; it neither has nor makes any read.
+//!   reads"): stores to words, copies into bytes; it has no read.
 //! - [`stamp`]: the slot hand-over, in crossbeam's `ArrayQueue` order: claim (by the caller's
 //!   own bookkeeping), write the bytes, publish with a `Release` store of a stamp; the reader
-//!   loads the stamp with `Acquire` before it reads the bytes.
+//!   loads the stamp with `Acquire` before it copies the bytes out.
+//! - [`mailbox`]: a ring that senders of several processes claim slot by slot, each claim a
+//!   compare-and-swap that names its claimer, so a dead claimer's slot can be told and skipped.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
 //!   it, across processes, with no lost wake-up and no system call on the sender's fast path.
-//!   `Doorbell::ring_tagged_lazy` (read before write) is for rings of a word the caller may
-//!   read; a remote (imported) doorbell is always rung with a write.
 //! - [`floor`]: the raw floors the benchmarks compare against (cache-line ping-pong, copy
 //!   bandwidth), between two processes or two threads.
+//! - [`sync`]: the atomics all of the above use, loom's under `cfg(loom)`, so the loom models
+//!   run this crate's code and the NIC code built on it, not copies of it.
 //!
 //! # What the crate trusts
-//! Everything *read* from shared memory (lengths, offsets, stamps) is checked before use: a
-//! corrupt value is an error, never a panic or an out-of-bounds access. What it cannot check
-//! is *when* other processes write: bytes lent out as `&[u8]` (a received slot, the AM
-//! segment) stay unchanged only because the processes of a job follow the hand-over protocol
-//! of the NIC model on top (a slot is rewritten only after its reader handed it back). This
-//! is the trust memmap2 places in a mapped file; here the file is created with `O_EXCL`, mode
-//! 0600, under a name only the job knows, and only ranks of that job map it.
+//! Nothing it reads from shared memory: lengths, offsets, stamps, heads and tails are checked
+//! before use and a corrupt value is an error ([`ShmError`]), never a panic or an
+//! out-of-bounds access; bytes are only ever copied, so a peer that rewrites them while they
+//! are read yields garbage bytes at worst, never undefined behaviour. Files are created with
+//! `O_EXCL`, mode 0600, under a name only the job knows.
 //!
 //! What this crate does **not** do: it has no message format, no NIC model and no knowledge
-//! of ranks; it does not clean up after a killed process (the launcher removes
-//! `/dev/shm/am-<job_id>-*`); it runs only on Linux (futex); it does not protect a job from a
-//! rank that deliberately scribbles over a segment.
+//! of ranks; it does not clean up after a killed process (the NIC crates sweep dead jobs'
+//! files); it runs only on Linux (futex).
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod doorbell;
+#[cfg(not(loom))]
 pub mod floor;
 mod futex;
 pub mod mailbox;
+mod mapping;
+#[cfg(not(loom))]
 pub mod portal;
 pub mod segment;
+mod shared;
 pub mod stamp;
+pub mod sync;
 
 pub use doorbell::Doorbell;
 pub use futex::{futex_wait, futex_wake};
 pub use segment::{Imported, Segment, CACHE_LINE};
+pub use shared::SharedBytes;
 
 /// Why a shared-memory operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +87,27 @@ pub enum ShmError {
     /// The file is smaller than its header says, or its header is not one of ours.
     #[error("segment {0} is not a valid amnet segment")]
     BadSegment(String),
+    /// A layout whose size overflows or cannot be allocated.
+    #[error("a segment of {len} bytes is too large")]
+    TooLarge {
+        /// The requested size (saturated).
+        len: usize,
+    },
+    /// An atomic word at an offset that is not 8-aligned in memory.
+    #[error("offset {offset} is not 8-aligned")]
+    Misaligned {
+        /// The offset.
+        offset: usize,
+    },
+    /// A word read from shared memory holds a value its protocol never writes: a peer (or a
+    /// stray write) corrupted it.
+    #[error("corrupt {what}: {value:#x}")]
+    Corrupt {
+        /// Which word.
+        what: &'static str,
+        /// The value found.
+        value: u64,
+    },
 }
 
 impl From<ShmError> for std::io::Error {

@@ -1,62 +1,109 @@
-//! A multi-producer mailbox ring (EXTOLL VELO's receive queue): fixed-size slots whose
-//! **status word is last**, claimed by senders of several processes with one compare-and-swap
-//! on a tail word in the receiver's segment, and read by its one owner in ticket order.
+//! A multi-producer mailbox ring (EXTOLL VELO's receive queue, and its RMA notification
+//! queue): fixed-size slots whose **status word is last**, claimed slot by slot by senders of
+//! several processes, and read by its one owner in ticket order.
 //!
-//! - ticket `t` uses slot `t % slots` in lap `t / slots`. The status word holds a stamp in its
-//!   low [`STAMP_BITS`] bits, `lap + 1` once published, and 32 bits of the caller's meta data
-//!   in the high bits (VELO: source, length, flags). A status from an earlier lap (or zeroed
-//!   memory) is never taken for a published one;
-//! - the owner publishes how many tickets it has **consumed** in a head word, in batches
-//!   ([`Ring::consumed`]); it never writes the slots, so a packet costs one cache-line transfer
-//!   to the sender (its write) and one back to the owner (its poll), as on the raw floor;
-//! - **claim**: a sender reads the tail `t`, and if `t + n <= head + slots` (with a cached
-//!   head, reloaded with `Acquire` only when it says "full") moves the tail to `t + n` with a
-//!   compare-and-swap. No room: [`Ring::try_claim`] says so without waiting (back-pressure,
-//!   never an overwrite);
+//! Ticket `t` uses slot `t % slots` in lap `t / slots`. A slot's status word holds:
+//!
+//! ```text
+//! bits  0..30   stamp: (lap + 1) mod 2^30 of the lap that last wrote it (0 in zeroed memory)
+//! bits 30..32   state: CLAIMED, PUBLISHED or SKIPPED
+//! bits 32..64   PUBLISHED: the caller's meta data (VELO: source, length, flags)
+//!               CLAIMED, SKIPPED: the claimer
+//! ```
+//!
+//! - **claim**: a sender takes ticket `t` with one compare-and-swap of its slot's status, from
+//!   the previous lap's status (whatever its state) to `CLAIMED(lap, claimer)`: the claim and
+//!   its owner are one atomic step, so a receiver can always tell whose a claimed slot is, and
+//!   skip it once that claimer is dead. The slot must also be consumed: `t < head + slots`,
+//!   with `head` the owner's published head (cached, reloaded with `Acquire` when it says
+//!   "full"). The tail word is only a hint of where to start (advanced with a
+//!   compare-and-swap after each claim): a corrupt tail costs a walk, never an overwrite,
+//!   since a slot whose status is this lap's is never claimed again;
+//! - a claim of `n` slots (a multi-packet message) takes them one by one (they need not be
+//!   consecutive: the owner reassembles per source) and is all or nothing: a sender that
+//!   cannot get all of them marks the ones it got `SKIPPED` and reports "no room";
 //! - **write** the payload bytes, then **publish** with a `Release` store of the status; the
-//!   owner loads the status of its next ticket with `Acquire` before it reads, and stores the
-//!   head with `Release` after, so a sender's `Acquire` of the head orders its overwrite after
-//!   the owner's reads.
+//!   owner loads the status of its next ticket with `Acquire`, copies the payload out, and
+//!   stores the head with `Release` (in batches, [`Ring::consumed`]), so a sender's `Acquire`
+//!   of the head orders its overwrite after the owner's reads. The owner never writes a slot,
+//!   except to repair a status that no lap could have written;
+//! - each claimer has a **record** word in the owner's segment that only it writes: `ACTIVE`
+//!   and the lowest ticket it may claim, stored before its first claim, cleared once its
+//!   claims are published. A status that says `CLAIMED` by a claimer whose record disagrees
+//!   was not written by that claimer ([`Ring::claim_is_genuine`]).
 //!
 //! Zeroed memory is a valid empty ring. Senders need the receiver's segment mapped with
 //! atomic access ([`attach`]), as an EXTOLL NIC claims slots in the receiver's queue.
 //!
 //! ```
-//! use am_shm::{mailbox::Ring, Segment};
+//! use am_shm::mailbox::{Ring, Seen};
+//! use am_shm::Segment;
 //! let ring = Ring { tail: 0, head: 64, data: 0, slots: 4, slot_size: 64 };
-//! let seg = Segment::heap(128, ring.data_bytes());
+//! let seg = Segment::heap(192, ring.data_bytes()).unwrap();
 //! let w = seg.import();
-//! let mut cached = 0;
-//! let t = ring.try_claim(&seg, 2, &mut cached).unwrap().expect("room"); // two slots
-//! ring.write(&w, t, 0, b"first").unwrap();
-//! ring.publish(&w, t, 7).unwrap();                              // meta 7
-//! assert_eq!(ring.peek(&seg, 0).unwrap(), Some(7));            // owner: next ticket 0
-//! assert_eq!(ring.payload(&seg, 0, 5).unwrap(), b"first");
-//! ring.consumed(&w, 1).unwrap();                               // owner: ticket 0 done
-//! assert_eq!(ring.peek(&seg, 1).unwrap(), None, "claimed, not yet published");
+//! let (mut head, mut got) = (0, [0u64; 2]);
+//! assert!(ring.try_claim(&seg, 2, 9, 128, &mut head, &mut got).unwrap()); // claimer 9
+//! assert_eq!(got, [0, 1]);
+//! assert_eq!(ring.look(&seg, 0).unwrap(), Seen::Claimed(9));
+//! ring.write(&w, 0, 0, b"first").unwrap();
+//! ring.publish(&w, 0, 7).unwrap();                               // meta 7
+//! ring.skip(&w, 1, 9).unwrap();                                  // not needed after all
+//! ring.release(&w, 128).unwrap();                                // claims done
+//! assert_eq!(ring.look(&seg, 0).unwrap(), Seen::Published(7)); // owner: next ticket 0
+//! let mut bytes = [0u8; 5];
+//! ring.read_payload(&seg, 0, &mut bytes).unwrap();
+//! assert_eq!(&bytes, b"first");
+//! assert_eq!(ring.look(&seg, 1).unwrap(), Seen::Skipped(9));
+//! ring.consumed(&w, 2).unwrap();                                 // owner: tickets 0, 1 done
+//! assert_eq!(ring.look(&seg, 2).unwrap(), Seen::Empty);
 //! ```
 
-use std::sync::atomic::Ordering;
+use crate::sync::{AtomicU64, Ordering};
+use crate::{Imported, Segment, SharedBytes, ShmError};
 
-use crate::{Imported, Segment, ShmError};
-
-/// Bits of the status word that hold the stamp; the high 32 bits are the caller's meta data.
-pub const STAMP_BITS: u32 = 32;
+/// Bits of the status word that hold the stamp.
+pub const STAMP_BITS: u32 = 30;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
+const STATE_MASK: u64 = 3 << STAMP_BITS;
+const CLAIMED: u64 = 1 << STAMP_BITS;
+const PUBLISHED: u64 = 2 << STAMP_BITS;
+const SKIPPED: u64 = 3 << STAMP_BITS;
 /// Bytes of a slot's status word (at the end of the slot).
 pub const STATUS_LEN: usize = 8;
+/// A claimer's record while it holds (or is taking) claims.
+const ACTIVE: u64 = 1 << 63;
+/// The claimer id the owner writes into a status it repairs.
+pub const OWNER: u32 = u32::MAX;
+/// Failed compare-and-swaps on one ticket before a claim reports "no room" (another claimer
+/// keeps changing that status: a sane one would have taken the slot long before).
+const CAS_RETRIES: u32 = 1 << 10;
 
 /// Maps segment `name` of job `job_id` with atomic access to its word area and slot words, as
 /// a sender of a [`Ring`] in it needs (and reads, as an RMA engine's get needs). The file must
 /// have exactly this layout; it is not removed when the mapping is dropped.
+#[cfg(not(loom))]
 pub fn attach(job_id: &str, name: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
     Segment::attach(job_id, name, words, bytes)
+}
+
+/// What the owner finds at a ticket ([`Ring::look`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Nobody has claimed it yet.
+    Empty,
+    /// Claimed by this claimer, not yet published.
+    Claimed(u32),
+    /// Published with this meta data.
+    Published(u32),
+    /// Given up by this claimer: nothing to deliver, consume it.
+    Skipped(u32),
 }
 
 /// Where a ring lives in a segment; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {
-    /// Byte offset of the tail word (the next ticket to claim) in the word area, 8-aligned.
+    /// Byte offset of the tail word (a hint: at or below the next ticket to claim) in the
+    /// word area, 8-aligned.
     pub tail: usize,
     /// Byte offset of the head word (tickets the owner consumed) in the word area, 8-aligned,
     /// on another cache line than the tail.
@@ -69,10 +116,16 @@ pub struct Ring {
     pub slot_size: usize,
 }
 
+/// The stamp of lap `lap`.
+#[inline]
+fn stamp(lap: u64) -> u64 {
+    lap.wrapping_add(1) & STAMP_MASK
+}
+
 impl Ring {
     /// Bytes of byte area the slots take.
     pub fn data_bytes(&self) -> usize {
-        self.slots * self.slot_size
+        self.slots.saturating_mul(self.slot_size)
     }
 
     /// Payload bytes per slot (the slot without its status word).
@@ -105,8 +158,8 @@ impl Ring {
     }
 
     #[inline]
-    fn stamp(&self, ticket: u64) -> u64 {
-        (self.split(ticket).0 + 1) & STAMP_MASK
+    fn status<'s>(&self, seg: &'s Segment, ticket: u64) -> Result<&'s AtomicU64, ShmError> {
+        seg.slot_word(self.status_off(ticket))
     }
 
     fn check(&self, n: usize) -> Result<(), ShmError> {
@@ -120,49 +173,202 @@ impl Ring {
         Ok(())
     }
 
-    /// Claims `n` consecutive slots (`1..=slots`) of the ring in `seg` (the receiver's
-    /// segment, mapped by the sender with [`attach`] or shared in-process): returns the first
-    /// ticket, or `None` if the ring has no room for `n` now. `head` is the sender's cached
-    /// copy of the owner's head word (start with 0). Lock-free: a lost race retries.
+    /// Claims `n` slots (`1..=slots`, `out.len() >= n`) of the ring in `seg` (the receiver's
+    /// segment, mapped by the sender with [`attach`] or shared in-process) for `claimer`, whose
+    /// record word is at `record` in the word area: their tickets go to `out[..n]`, in
+    /// increasing order. `Ok(false)` if the ring has no room for all `n` now (nothing stays
+    /// claimed). `head` is the sender's cached copy of the owner's head (start with 0).
+    /// After publishing (or skipping) every claimed slot, call [`release`](Self::release);
+    /// several claims may be open before one release (the record keeps vouching for the
+    /// lowest). An error (a corrupt ring) resets `head`.
     #[inline]
     pub fn try_claim(
         &self,
         seg: &Segment,
         n: usize,
+        claimer: u32,
+        record: usize,
         head: &mut u64,
-    ) -> Result<Option<u64>, ShmError> {
+        out: &mut [u64],
+    ) -> Result<bool, ShmError> {
         self.check(n)?;
+        if out.len() < n {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len: n,
+                area: out.len(),
+            });
+        }
         let tail = seg.word(self.tail)?;
-        let mut t = tail.load(Ordering::Relaxed);
+        let record = seg.word(record)?;
+        // Only this claimer writes its record: a claim still open (not yet released) keeps
+        // vouching for its tickets, so the record only ever goes down while claims are open.
+        let before = record.load(Ordering::Relaxed);
+        let mut c = Claimer {
+            t: tail.load(Ordering::Relaxed),
+            recorded: (before & ACTIVE != 0).then_some(before & !ACTIVE),
+            claimer,
+        };
+        if !self.room_for(seg, n, head, c.t)? {
+            return Ok(false);
+        }
+        for k in 0..n {
+            match self.claim_one(seg, tail, record, head, &mut c) {
+                Ok(Some(t)) => out[k] = t,
+                other => {
+                    // Give back what was taken: those slots are ours, the owner skips them.
+                    for &t in &out[..k] {
+                        self.status(seg, t)?
+                            .store(self.skipped(t, claimer), Ordering::Release);
+                    }
+                    record.store(before, Ordering::Release);
+                    if other.is_err() {
+                        // The head cache may hold a corrupt value: start over next time.
+                        *head = 0;
+                    }
+                    return other.map(|_| false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `n` slots from the tail hint `t` may be free: false only if the (reloaded)
+    /// head says they are not and the hint is one a claim produced (the slot before it is
+    /// this lap's), so a corrupt hint never refuses for ever. Keeps a claim that cannot be
+    /// whole from taking (and wasting) the slots that are free.
+    #[inline(always)]
+    fn room_for(&self, seg: &Segment, n: usize, head: &mut u64, t: u64) -> Result<bool, ShmError> {
+        let slots = self.slots as u64;
+        let fits = |h: u64| t < h || t - h <= slots - n as u64;
+        if fits(*head) {
+            return Ok(true);
+        }
+        *head = (*head).max(seg.word(self.head)?.load(Ordering::Acquire));
+        if fits(*head) || t - *head > slots {
+            return Ok(true);
+        }
+        let before = t - 1;
+        let st = self.status(seg, before)?.load(Ordering::Acquire);
+        Ok(before < *head || st & STAMP_MASK != stamp(self.split(before).0))
+    }
+
+    fn skipped(&self, ticket: u64, claimer: u32) -> u64 {
+        (claimer as u64) << 32 | SKIPPED | stamp(self.split(ticket).0)
+    }
+
+    /// One slot for `c`: see the module docs.
+    #[inline(always)]
+    fn claim_one(
+        &self,
+        seg: &Segment,
+        tail: &AtomicU64,
+        record: &AtomicU64,
+        head: &mut u64,
+        c: &mut Claimer,
+    ) -> Result<Option<u64>, ShmError> {
+        let slots = self.slots as u64;
+        let mut retries = 0;
         loop {
-            let end = t + n as u64;
-            if end > *head + self.slots as u64 {
-                *head = seg.word(self.head)?.load(Ordering::Acquire);
-                if *head > t {
-                    // Our tail was stale (the owner consumed tickets claimed since), or the
-                    // head is corrupt: the owner cannot consume what was never claimed.
-                    t = tail.load(Ordering::Relaxed);
-                    if *head > t {
-                        return Err(ShmError::OutOfBounds {
-                            offset: self.head,
-                            len: 8,
-                            area: 8,
-                        });
+            if c.t < *head {
+                c.t = *head;
+            }
+            if c.t - *head >= slots {
+                let h = seg.word(self.head)?.load(Ordering::Acquire);
+                // The owner's head only grows: a smaller value is stale or corrupt.
+                *head = (*head).max(h);
+                if c.t < *head {
+                    continue;
+                }
+                if c.t - *head >= slots {
+                    // Full, or a tail hint ahead of the claims: then the last slot before
+                    // the hint is not this lap's, and the walk restarts at the head.
+                    let before = c.t.checked_sub(1).filter(|&b| b >= *head);
+                    let claimed = match before {
+                        Some(b) if c.t - *head == slots => {
+                            let st = self.status(seg, b)?.load(Ordering::Acquire);
+                            st & STAMP_MASK == stamp(self.split(b).0)
+                        }
+                        _ => false,
+                    };
+                    if claimed {
+                        return Ok(None);
+                    }
+                    // A hint no claim produced: put the tail back at the head, unless someone
+                    // moved it meanwhile.
+                    let _ = tail.compare_exchange(c.t, *head, Ordering::Relaxed, Ordering::Relaxed);
+                    c.t = *head;
+                    retries += 1;
+                    if retries > CAS_RETRIES {
+                        return Ok(None);
                     }
                     continue;
                 }
-                if end > *head + self.slots as u64 {
-                    return Ok(None);
-                }
             }
-            match tail.compare_exchange_weak(t, end, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Ok(Some(t)),
-                Err(now) => t = now,
+            let t = c.t;
+            let lap = self.split(t).0;
+            let word = self.status(seg, t)?;
+            let st = word.load(Ordering::Acquire);
+            let s = st & STAMP_MASK;
+            if s == stamp(lap) {
+                // Taken this lap by someone: the next one.
+                c.t += 1;
+                continue;
+            }
+            if s != lap & STAMP_MASK {
+                // Neither this lap's nor the previous one's: we fell behind (the ring moved
+                // on while we looked: the head tells), or a status no claimer wrote, or a
+                // corrupt head that sent us laps ahead. Never claimed over.
+                let h = seg.word(self.head)?.load(Ordering::Acquire);
+                if h > *head {
+                    *head = h;
+                    c.t = c.t.max(tail.load(Ordering::Relaxed));
+                    retries += 1;
+                    if retries <= CAS_RETRIES {
+                        continue;
+                    }
+                }
+                return Err(ShmError::Corrupt {
+                    what: "mailbox slot status",
+                    value: st,
+                });
+            }
+            // Free: consumed (t < head + slots) and last written in the previous lap. The
+            // record first, so the owner never sees our claim without it.
+            if c.recorded.is_none_or(|r| t < r) {
+                record.store(ACTIVE | t, Ordering::Relaxed);
+                c.recorded = Some(t);
+            }
+            let claimed = (c.claimer as u64) << 32 | CLAIMED | stamp(lap);
+            if word
+                .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                // Advance the hint past `t` (only ever forward).
+                let mut cur = tail.load(Ordering::Relaxed);
+                while cur <= t {
+                    match tail.compare_exchange_weak(
+                        cur,
+                        t + 1,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => break,
+                        Err(now) => cur = now,
+                    }
+                }
+                c.t = t + 1;
+                return Ok(Some(t));
+            }
+            retries += 1;
+            if retries > CAS_RETRIES {
+                return Ok(None);
             }
         }
     }
 
-    /// Writes `bytes` at `at` of the payload of the slot of `ticket` (claimed by the caller).
+    /// Writes `bytes` at `at` of the payload of the slot of `ticket` (claimed by the caller),
+    /// as whole words from `at` (8-aligned): the last one padded with zeros.
     #[inline]
     pub fn write(
         &self,
@@ -171,40 +377,133 @@ impl Ring {
         at: usize,
         bytes: &[u8],
     ) -> Result<(), ShmError> {
-        if at
-            .checked_add(bytes.len())
-            .is_none_or(|end| end > self.capacity())
-        {
+        self.write_parts(to, ticket, at, &[bytes])
+    }
+
+    /// [`write`](Self::write) of the concatenation of `parts`.
+    #[inline]
+    pub fn write_parts(
+        &self,
+        to: &Imported,
+        ticket: u64,
+        at: usize,
+        parts: &[&[u8]],
+    ) -> Result<(), ShmError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if at % 8 != 0 || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
             return Err(ShmError::OutOfBounds {
                 offset: at,
-                len: bytes.len(),
+                len,
                 area: self.capacity(),
             });
         }
-        to.write(self.slot_base(ticket) + at, bytes)
+        // The padding stays inside the payload: `capacity` is a multiple of 8.
+        to.write_padded(self.slot_base(ticket) + at, parts)
+            .map(|_| ())
     }
 
-    /// Publishes the slot of `ticket` with `meta` in the status word's high bits (a `Release`
-    /// store after the payload, in the same line).
+    /// Publishes the slot of `ticket` with `meta` (a `Release` store after the payload, in the
+    /// same line).
     #[inline]
     pub fn publish(&self, to: &Imported, ticket: u64, meta: u32) -> Result<(), ShmError> {
-        let status = (meta as u64) << STAMP_BITS | self.stamp(ticket);
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0);
         to.store_slot_word(self.status_off(ticket), status)
     }
 
-    /// The owner's look at its next ticket `head`: the meta data if it is published
-    /// (`Acquire`), else `None`.
+    /// Gives up the claimed slot of `ticket` unused: the owner consumes it without delivering
+    /// anything.
     #[inline]
-    pub fn peek(&self, seg: &Segment, head: u64) -> Result<Option<u32>, ShmError> {
-        let status = seg.load_slot_word(self.status_off(head))?;
-        if status & STAMP_MASK == self.stamp(head) {
-            Ok(Some((status >> STAMP_BITS) as u32))
+    pub fn skip(&self, to: &Imported, ticket: u64, claimer: u32) -> Result<(), ShmError> {
+        to.store_slot_word(self.status_off(ticket), self.skipped(ticket, claimer))
+    }
+
+    /// Ends a claimer's open claims (all published or skipped): clears its record.
+    #[inline]
+    pub fn release(&self, to: &Imported, record: usize) -> Result<(), ShmError> {
+        to.store_word(record, 0)
+    }
+
+    /// What the owner finds at `ticket` (`Acquire`): an error for a status no claimer could
+    /// have written there (see [`repair`](Self::repair)).
+    #[inline]
+    pub fn look(&self, seg: &Segment, ticket: u64) -> Result<Seen, ShmError> {
+        let st = seg.load_slot_word(self.status_off(ticket))?;
+        let lap = self.split(ticket).0;
+        let s = st & STAMP_MASK;
+        let who = (st >> 32) as u32;
+        if s == stamp(lap) {
+            match st & STATE_MASK {
+                PUBLISHED => Ok(Seen::Published(who)),
+                CLAIMED => Ok(Seen::Claimed(who)),
+                SKIPPED => Ok(Seen::Skipped(who)),
+                _ => Err(ShmError::Corrupt {
+                    what: "mailbox slot status",
+                    value: st,
+                }),
+            }
+        } else if s == lap & STAMP_MASK {
+            Ok(Seen::Empty)
         } else {
-            Ok(None)
+            Err(ShmError::Corrupt {
+                what: "mailbox slot status",
+                value: st,
+            })
         }
     }
 
-    /// Lends the first `len` payload bytes of the published slot of `head` (`len` is
+    /// Whether `claimer`'s record (the word at `record`) vouches for its claim of `ticket`:
+    /// `ACTIVE`, from a ticket at or below it. A `CLAIMED` status its claimer does not vouch
+    /// for was written by someone else; skip it ([`repair`](Self::repair)).
+    pub fn claim_is_genuine(&self, seg: &Segment, ticket: u64, record: usize) -> bool {
+        seg.load_word(record)
+            .is_ok_and(|r| r & ACTIVE != 0 && r & !ACTIVE <= ticket)
+    }
+
+    /// The owner takes over the slot of `ticket`, whose status `look` reported corrupt, or
+    /// claimed by a dead claimer or by one that does not vouch for it: it marks it skipped
+    /// (with a compare-and-swap, so a status that changed meanwhile is kept), so the next
+    /// lap's claimer finds it free. The caller then consumes the ticket.
+    pub fn repair(&self, seg: &Segment, ticket: u64) -> Result<(), ShmError> {
+        let word = self.status(seg, ticket)?;
+        let st = word.load(Ordering::Acquire);
+        let skipped = self.skipped(ticket, OWNER);
+        if st & STATE_MASK != PUBLISHED || st & STAMP_MASK != stamp(self.split(ticket).0) {
+            let _ = word.compare_exchange(st, skipped, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The owner's look past an `Empty` ticket `head` (when idle): if a later ticket of the
+    /// ring is this lap's, `head` is a hole no claimer will fill (a corrupt tail hint sent
+    /// the claims past it), so the owner marks it skipped with a compare-and-swap (a claimer
+    /// that takes it first keeps it) and returns true; the caller then consumes it.
+    pub fn fill_hole(&self, seg: &Segment, head: u64) -> Result<bool, ShmError> {
+        if self.look(seg, head)? != Seen::Empty {
+            return Ok(false);
+        }
+        for t in head + 1..head + self.slots as u64 {
+            let st = self.status(seg, t)?.load(Ordering::Acquire);
+            if st & STAMP_MASK == stamp(self.split(t).0) {
+                let word = self.status(seg, head)?;
+                let prev = word.load(Ordering::Acquire);
+                let lap = self.split(head).0;
+                if prev & STAMP_MASK != lap & STAMP_MASK {
+                    return Ok(false);
+                }
+                return Ok(word
+                    .compare_exchange(
+                        prev,
+                        self.skipped(head, OWNER),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok());
+            }
+        }
+        Ok(false)
+    }
+
+    /// A view of the first `len` payload bytes of the published slot of `head` (`len` is
     /// checked against the slot's capacity: it may come from the untrusted meta data).
     #[inline]
     pub fn payload<'a>(
@@ -212,7 +511,7 @@ impl Ring {
         seg: &'a Segment,
         head: u64,
         len: usize,
-    ) -> Result<&'a [u8], ShmError> {
+    ) -> Result<SharedBytes<'a>, ShmError> {
         if len > self.capacity() {
             return Err(ShmError::OutOfBounds {
                 offset: 0,
@@ -220,7 +519,13 @@ impl Ring {
                 area: self.capacity(),
             });
         }
-        seg.bytes(self.slot_base(head), len)
+        seg.view(self.slot_base(head), len)
+    }
+
+    /// Copies the first `dst.len()` payload bytes of the published slot of `head` out.
+    #[inline]
+    pub fn read_payload(&self, seg: &Segment, head: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        self.payload(seg, head, dst.len())?.read(0, dst)
     }
 
     /// The owner has consumed every ticket below `head` (`Release`: after its reads); their
@@ -231,65 +536,82 @@ impl Ring {
     }
 }
 
+/// A claim in progress: where to look next and what the record says.
+struct Claimer {
+    t: u64,
+    recorded: Option<u64>,
+    claimer: u32,
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    const REC: usize = 128;
+
     fn ring(slots: usize) -> Ring {
         Ring {
             tail: 64,
-            head: 128,
+            head: 192,
             data: 64,
             slots,
             slot_size: 32,
         }
     }
 
+    fn seg_for(r: &Ring) -> Segment {
+        Segment::heap(256 + 64, 64 + r.data_bytes()).unwrap()
+    }
+
+    fn claim(r: &Ring, seg: &Segment, n: usize, h: &mut u64) -> Option<Vec<u64>> {
+        let mut out = vec![0; n];
+        r.try_claim(seg, n, 1, REC, h, &mut out)
+            .unwrap()
+            .then_some(out)
+    }
+
     #[test]
     fn claim_until_full_then_consumed_frees_in_order() {
         let r = ring(4);
-        let seg = Segment::heap(192, 64 + r.data_bytes());
+        let seg = seg_for(&r);
         let w = seg.import();
         let mut h = 0;
-        assert_eq!(r.try_claim(&seg, 3, &mut h).unwrap(), Some(0));
-        assert_eq!(r.try_claim(&seg, 2, &mut h).unwrap(), None, "only one left");
-        assert_eq!(r.try_claim(&seg, 1, &mut h).unwrap(), Some(3));
+        assert_eq!(claim(&r, &seg, 3, &mut h), Some(vec![0, 1, 2]));
+        assert_eq!(claim(&r, &seg, 2, &mut h), None, "only one left");
         assert_eq!(
-            r.try_claim(&seg, 1, &mut h).unwrap(),
-            None,
-            "full: no overwrite"
+            r.look(&seg, 3).unwrap(),
+            Seen::Empty,
+            "nothing stays claimed"
         );
-        assert!(r.try_claim(&seg, 5, &mut h).is_err(), "more than the ring");
-        assert!(r.try_claim(&seg, 0, &mut h).is_err());
+        assert_eq!(claim(&r, &seg, 1, &mut h), Some(vec![3]));
+        assert_eq!(claim(&r, &seg, 1, &mut h), None, "full: no overwrite");
+        assert!(r.try_claim(&seg, 5, 1, REC, &mut h, &mut [0; 5]).is_err());
+        assert!(r.try_claim(&seg, 0, 1, REC, &mut h, &mut []).is_err());
+        assert!(r.try_claim(&seg, 2, 1, REC, &mut h, &mut [0; 1]).is_err());
         for t in 0..4 {
             r.write(&w, t, 0, &[t as u8; 24]).unwrap();
             r.publish(&w, t, 100 + t as u32).unwrap();
         }
-        assert!(r.write(&w, 0, 20, &[0; 5]).is_err(), "past the payload");
-        assert_eq!(
-            r.try_claim(&seg, 1, &mut h).unwrap(),
-            None,
-            "published, not consumed"
-        );
+        r.release(&w, REC).unwrap();
+        assert!(r.write(&w, 0, 16, &[0; 9]).is_err(), "past the payload");
+        assert!(r.write(&w, 0, 4, &[0; 1]).is_err(), "misaligned");
+        assert_eq!(claim(&r, &seg, 1, &mut h), None, "published, not consumed");
         for t in 0..2 {
-            assert_eq!(r.peek(&seg, t).unwrap(), Some(100 + t as u32));
-            assert_eq!(r.payload(&seg, t, 24).unwrap(), &[t as u8; 24]);
+            assert_eq!(r.look(&seg, t).unwrap(), Seen::Published(100 + t as u32));
+            assert_eq!(r.payload(&seg, t, 24).unwrap().to_vec(), [t as u8; 24]);
         }
         assert!(r.payload(&seg, 2, 25).is_err());
-        assert_eq!(r.try_claim(&seg, 1, &mut h).unwrap(), None, "not yet told");
+        assert_eq!(claim(&r, &seg, 1, &mut h), None, "not yet told");
         r.consumed(&w, 2).unwrap();
+        assert_eq!(claim(&r, &seg, 2, &mut h), Some(vec![4, 5]), "lap 1");
+        assert_eq!(r.look(&seg, 4).unwrap(), Seen::Claimed(1));
+        assert_eq!(r.look(&seg, 2).unwrap(), Seen::Published(102));
         assert_eq!(
-            r.try_claim(&seg, 2, &mut h).unwrap(),
-            Some(4),
-            "two slots freed, lap 1"
+            r.look(&seg, 6).unwrap(),
+            Seen::Empty,
+            "lap 0's status is lap 1's past"
         );
-        assert_eq!(
-            r.peek(&seg, 4).unwrap(),
-            None,
-            "lap 0's status is not lap 1's"
-        );
-        assert_eq!(r.peek(&seg, 2).unwrap(), Some(102));
     }
 
     /// Three senders race for slots of one ring, with multi-slot claims; the owner sees every
@@ -297,7 +619,7 @@ mod tests {
     #[test]
     fn many_senders_one_owner() {
         let r = ring(8);
-        let seg = Segment::heap(192, 64 + r.data_bytes());
+        let seg = seg_for(&r);
         let per: u32 = if cfg!(miri) { 12 } else { 3000 };
         let senders = 3u32;
         std::thread::scope(|s| {
@@ -306,50 +628,66 @@ mod tests {
                 s.spawn(move || {
                     let w = seg.import();
                     let mut cached = 0;
+                    let rec = 8 * id as usize;
+                    let mut got = [0u64; 2];
+                    let start = std::time::Instant::now();
                     for seq in 0..per {
                         // Messages of 1 or 2 slots: (sender, seq, part) in each.
                         let n = 1 + (seq % 2) as usize;
-                        let t = loop {
-                            match r.try_claim(seg, n, &mut cached).unwrap() {
-                                Some(t) => break t,
-                                None => std::thread::yield_now(),
-                            }
-                        };
-                        for part in 0..n as u64 {
+                        while !r.try_claim(seg, n, id, rec, &mut cached, &mut got).unwrap() {
+                            assert!(start.elapsed().as_secs() < 60, "sender {id} starved");
+                            std::thread::yield_now();
+                        }
+                        for (part, &t) in got[..n].iter().enumerate() {
                             let mut body = [0u8; 24];
                             body[..4].copy_from_slice(&id.to_le_bytes());
                             body[4..8].copy_from_slice(&seq.to_le_bytes());
                             body[8] = part as u8;
-                            r.write(&w, t + part, 0, &body).unwrap();
-                            r.publish(&w, t + part, id << 8 | n as u32).unwrap();
+                            r.write(&w, t, 0, &body).unwrap();
+                            r.publish(&w, t, id << 8 | n as u32).unwrap();
                         }
+                        r.release(&w, rec).unwrap();
                     }
                 });
             }
             let own = seg.import();
             let mut next: HashMap<u32, u32> = HashMap::new();
+            let mut parts: HashMap<u32, u8> = HashMap::new();
             let total: u32 = (0..per).map(|q| 1 + q % 2).sum::<u32>() * senders;
+            let mut skipped = 0u32;
             let mut head = 0u64;
-            let mut part_expected = 0u8;
-            while head < total as u64 {
-                let Some(meta) = r.peek(&seg, head).unwrap() else {
-                    // Batched: tell the senders only when idle.
-                    r.consumed(&own, head).unwrap();
-                    std::thread::yield_now();
-                    continue;
+            let start = std::time::Instant::now();
+            while head < (total + skipped) as u64 {
+                assert!(start.elapsed().as_secs() < 60, "owner stuck at {head}");
+                let meta = match r.look(&seg, head).unwrap() {
+                    Seen::Published(m) => m,
+                    Seen::Skipped(_) => {
+                        // A two-slot claim that could not be whole.
+                        head += 1;
+                        skipped += 1;
+                        continue;
+                    }
+                    Seen::Empty | Seen::Claimed(_) => {
+                        // Batched: tell the senders only when idle.
+                        r.consumed(&own, head).unwrap();
+                        std::thread::yield_now();
+                        continue;
+                    }
                 };
-                let body = r.payload(&seg, head, 24).unwrap();
+                let mut body = [0u8; 24];
+                r.read_payload(&seg, head, &mut body).unwrap();
                 let id = u32::from_le_bytes(body[..4].try_into().unwrap());
                 let seq = u32::from_le_bytes(body[4..8].try_into().unwrap());
                 assert_eq!(meta, id << 8 | (1 + seq % 2));
-                assert_eq!(body[8], part_expected, "parts of a claim are consecutive");
+                let part = parts.entry(id).or_insert(0);
+                assert_eq!(body[8], *part, "one sender's parts arrive in order");
                 if body[8] as u32 + 1 == meta & 0xff {
                     let e = next.entry(id).or_insert(0);
                     assert_eq!(seq, *e, "per-sender order");
                     *e += 1;
-                    part_expected = 0;
+                    *part = 0;
                 } else {
-                    part_expected += 1;
+                    *part += 1;
                 }
                 head += 1;
                 if head % 4 == 0 {
@@ -365,32 +703,141 @@ mod tests {
     #[test]
     fn odd_sized_ring_laps() {
         let r = ring(3);
-        let seg = Segment::heap(192, 64 + r.data_bytes());
+        let seg = seg_for(&r);
         let w = seg.import();
         let mut h = 0;
         for t in 0..10u64 {
-            assert_eq!(r.try_claim(&seg, 1, &mut h).unwrap(), Some(t));
+            assert_eq!(claim(&r, &seg, 1, &mut h), Some(vec![t]));
             assert_eq!(r.slot_base(t), 64 + (t % 3) as usize * 32);
             r.write(&w, t, 0, &[t as u8]).unwrap();
             r.publish(&w, t, t as u32).unwrap();
-            assert_eq!(r.peek(&seg, t).unwrap(), Some(t as u32));
-            assert_eq!(r.peek(&seg, t + 3).unwrap(), None, "next lap");
+            assert_eq!(r.look(&seg, t).unwrap(), Seen::Published(t as u32));
+            assert_eq!(r.look(&seg, t + 3).unwrap(), Seen::Empty, "next lap");
             r.consumed(&w, t + 1).unwrap();
         }
     }
 
+    /// The owner can always tell a claimed slot's claimer, and whether the claimer vouches
+    /// for it.
+    #[test]
+    fn claims_name_their_claimer() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let w = seg.import();
+        let mut h = 0;
+        let mut got = [0; 1];
+        assert!(r.try_claim(&seg, 1, 5, 8, &mut h, &mut got).unwrap());
+        assert_eq!(r.look(&seg, 0).unwrap(), Seen::Claimed(5));
+        assert!(r.claim_is_genuine(&seg, 0, 8));
+        assert!(!r.claim_is_genuine(&seg, 0, 16), "another claimer's record");
+        r.publish(&w, 0, 1).unwrap();
+        r.release(&w, 8).unwrap();
+        // A forged CLAIMED status in the name of claimer 5, which holds no claims.
+        w.store_slot_word(64 + 32 + 24, 5 << 32 | CLAIMED | 1)
+            .unwrap();
+        assert_eq!(r.look(&seg, 1).unwrap(), Seen::Claimed(5));
+        assert!(!r.claim_is_genuine(&seg, 1, 8));
+        r.repair(&seg, 1).unwrap();
+        assert_eq!(r.look(&seg, 1).unwrap(), Seen::Skipped(OWNER));
+        // Two claims open before one release: the record vouches for both, and a claim that
+        // fails (no room) leaves it as it was.
+        let mut got = [0; 1];
+        assert!(r.try_claim(&seg, 1, 5, 8, &mut h, &mut got).unwrap());
+        assert!(r.try_claim(&seg, 1, 5, 8, &mut h, &mut got).unwrap());
+        assert!(r.claim_is_genuine(&seg, 2, 8) && r.claim_is_genuine(&seg, 3, 8));
+        let record = seg.load_word(8).unwrap();
+        assert!(
+            !r.try_claim(&seg, 1, 5, 8, &mut h, &mut got).unwrap(),
+            "full"
+        );
+        assert_eq!(seg.load_word(8).unwrap(), record);
+        r.release(&w, 8).unwrap();
+        assert!(!r.claim_is_genuine(&seg, 2, 8));
+    }
+
+    /// Every word a peer can write: a corrupt tail (any value) costs a walk, never an
+    /// overwrite; a rewound or huge head never gives room that is not there; a corrupt
+    /// status is an error, never claimed over, and the owner's repair frees it.
     #[test]
     fn corrupt_words_are_never_taken_for_room_or_data() {
-        let r = ring(2);
-        let seg = Segment::heap(192, 64 + r.data_bytes());
+        let r = ring(4);
+        // Two published, unconsumed messages; then any tail value.
+        let published = |tail: u64| {
+            let seg = seg_for(&r);
+            let w = seg.import();
+            let mut h = 0;
+            assert_eq!(claim(&r, &seg, 2, &mut h), Some(vec![0, 1]));
+            for t in 0..2 {
+                r.write(&w, t, 0, &[7; 8]).unwrap();
+                r.publish(&w, t, 7).unwrap();
+            }
+            w.store_word(64, tail).unwrap();
+            seg
+        };
+        for tail in [0, 1, 2, 3, 4, 5, 8, 1 << 40, u64::MAX / 2, u64::MAX] {
+            let seg = published(tail);
+            let w = seg.import();
+            let mut fresh = 0;
+            // Whatever the hint, only the free slots 2 and 3 are ever claimed.
+            for _ in 0..3 {
+                if let Some(got) = claim(&r, &seg, 1, &mut fresh) {
+                    assert!(got[0] == 2 || got[0] == 3, "tail {tail}: got {got:?}");
+                }
+            }
+            for t in 0..2 {
+                assert_eq!(r.look(&seg, t).unwrap(), Seen::Published(7), "tail {tail}");
+            }
+            // The owner consumes what was claimed, and fills a hole a far hint left behind.
+            for t in 2..4 {
+                match r.look(&seg, t).unwrap() {
+                    Seen::Claimed(1) => r.skip(&w, t, 1).unwrap(),
+                    Seen::Empty => assert!(r.fill_hole(&seg, t).unwrap(), "tail {tail}: hole {t}"),
+                    other => panic!("tail {tail}: {other:?} at {t}"),
+                }
+            }
+            r.consumed(&w, 4).unwrap();
+            assert_eq!(
+                claim(&r, &seg, 2, &mut fresh),
+                Some(vec![4, 5]),
+                "tail {tail}"
+            );
+        }
+        let seg = published(4);
         let w = seg.import();
-        // Junk in slot 0's status: not lap 0's stamp (1).
-        w.store_slot_word(64 + 24, 0xdead_0000_0007).unwrap();
-        assert_eq!(r.peek(&seg, 0).unwrap(), None);
-        // A head beyond the tail: an error, not room to overwrite.
-        let mut h = 0;
-        assert_eq!(r.try_claim(&seg, 2, &mut h).unwrap(), Some(0));
-        w.store_word(128, 99).unwrap();
-        assert!(r.try_claim(&seg, 1, &mut h).is_err());
+        assert_eq!(
+            r.look(&seg, 0).unwrap(),
+            Seen::Published(7),
+            "never overwritten"
+        );
+        assert_eq!(r.look(&seg, 1).unwrap(), Seen::Published(7));
+        // A rewound head word: the cached head stays; a fresh sender finds no room (it may
+        // take and give back the free slots, never the published ones).
+        w.store_word(192, 0).unwrap();
+        let mut fresh = 0;
+        assert_eq!(claim(&r, &seg, 3, &mut fresh), None);
+        // A huge head word: the slot's status is then laps behind, an error, not room. (A
+        // head a multiple of 2^30 laps ahead would look like this lap: then no room, still
+        // no overwrite.)
+        w.store_word(192, (1 << 20) + 5).unwrap();
+        let mut fresh = 0;
+        let mut out = [0; 1];
+        assert!(matches!(
+            r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out),
+            Err(ShmError::Corrupt { .. })
+        ));
+        // A status no lap writes, at the owner's next ticket: an error for the owner, and for a
+        // sender that reaches it; the repair makes it free for the next lap.
+        let seg = published(2);
+        let w = seg.import();
+        w.store_slot_word(64 + 2 * 32 + 24, 0xdead_0000_0007)
+            .unwrap();
+        assert!(r.look(&seg, 2).is_err());
+        let mut fresh = 0;
+        assert!(r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out).is_err());
+        r.repair(&seg, 2).unwrap();
+        assert_eq!(r.look(&seg, 2).unwrap(), Seen::Skipped(OWNER));
+        // A corrupt status in the owner's view with an unknown state bit pattern.
+        w.store_slot_word(64 + 3 * 32 + 24, 1).unwrap();
+        assert!(r.look(&seg, 3).is_err());
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::atomic::Ordering;
-//! let seg = am_shm::Segment::heap(64, 64);
+//! let seg = am_shm::Segment::heap(64, 64).unwrap();
 //! // In one process the owner's own handle serves as the NIC view (tests, Miri).
 //! let nic: &am_shm::Segment = &seg;
 //! assert_eq!(nic.word(8).unwrap().fetch_add(16, Ordering::AcqRel), 0);
@@ -50,8 +50,8 @@ mod tests {
         assert_eq!(owner.word(16).unwrap().fetch_add(8, Ordering::AcqRel), 40);
         assert_eq!(nic.load_word(16).unwrap(), 48);
         nic.import().write(100, b"deposit").unwrap();
-        assert_eq!(owner.bytes(100, 7).unwrap(), b"deposit");
-        owner.bytes_mut(0, 3).unwrap().copy_from_slice(b"get");
+        assert_eq!(owner.view(100, 7).unwrap().to_vec(), b"deposit");
+        owner.byte_area().write(0, b"get").unwrap();
         let mut out = [0u8; 3];
         nic.read(0, &mut out).unwrap();
         assert_eq!(&out, b"get");
@@ -75,7 +75,7 @@ mod heap_tests {
     /// read back intact after the claimant publishes it.
     #[test]
     fn concurrent_offset_claims_are_disjoint() {
-        let seg = Segment::heap(64 * 3, 256);
+        let seg = Segment::heap(64 * 3, 256).unwrap();
         let per = if cfg!(miri) { 4 } else { 8 };
         std::thread::scope(|s| {
             for t in 0..2u8 {
@@ -95,7 +95,7 @@ mod heap_tests {
         assert_eq!(seg.load_word(0).unwrap(), 2 * 8 * per as u64);
         let mut seen = Vec::new();
         for k in 0..2 * per {
-            let b = seg.bytes(k * 8, 8).unwrap();
+            let b = seg.view(k * 8, 8).unwrap().to_vec();
             assert!(b.iter().all(|&x| x == b[0]), "a deposit was torn");
             seen.push(b[0]);
         }

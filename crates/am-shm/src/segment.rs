@@ -1,23 +1,29 @@
-//! Segments: a word area (atomics only) followed by a byte area (bounds-checked copies).
+//! Segments: a word area (64-bit atomics, and 32-bit futex words on lines of their own)
+//! followed by a byte area (reached only through [`SharedBytes`] views and copies).
 //!
 //! ```
 //! use am_shm::Segment;
-//! let seg = Segment::heap(64, 256);
+//! let seg = Segment::heap(64, 256).unwrap();
 //! let peer = seg.import();
 //! peer.write(10, b"hello").unwrap();
 //! peer.store_word(0, 1).unwrap(); // publish after the data
 //! assert_eq!(seg.load_word(0).unwrap(), 1);
-//! assert_eq!(seg.bytes(10, 5).unwrap(), b"hello");
+//! let mut got = [0u8; 5];
+//! seg.read(10, &mut got).unwrap();
+//! assert_eq!(&got, b"hello");
 //! ```
 
+#[cfg(not(loom))]
 use std::fs::OpenOptions;
+#[cfg(not(loom))]
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::doorbell::Doorbell;
+use crate::mapping::{round_to_words, Mapping, WORD};
+use crate::shared::SharedBytes;
+use crate::sync::{AtomicU64, Ordering};
 use crate::ShmError;
 
 /// Size of a cache line: flag words that different writers touch sit on separate lines.
@@ -25,70 +31,6 @@ pub const CACHE_LINE: usize = 64;
 
 /// Where POSIX shared memory lives on Linux.
 const SHM_DIR: &str = "/dev/shm";
-
-/// The memory behind a segment: a shared file mapping or (for Miri, loom, tests) the heap.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-    backing: Backing,
-}
-
-enum Backing {
-    /// From `Box::<[u64]>::into_raw`; freed in `Drop`.
-    Heap(*mut [u64]),
-    /// Held only to unmap on drop.
-    #[allow(dead_code)]
-    Mmap(memmap2::MmapRaw),
-}
-
-// SAFETY: the mapping is plain memory owned by this value; all accesses go through raw
-// pointers, as atomics (word area) or as copies ordered by the callers' stamp protocol
-// (byte area), never through references that could alias a `&mut`.
-unsafe impl Send for Mapping {}
-// SAFETY: as for `Send`: shared access is through atomics or raw copies only.
-unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if let Backing::Heap(p) = self.backing {
-            // SAFETY: `p` came from `Box::into_raw` in `Mapping::heap` and is freed only here,
-            // once, when the last `Arc` holder (owner or importer) is gone.
-            drop(unsafe { Box::from_raw(p) });
-        }
-    }
-}
-
-impl Mapping {
-    fn heap(len: usize) -> Mapping {
-        let words = len.div_ceil(8).max(1);
-        let raw: *mut [u64] = Box::into_raw(vec![0u64; words].into_boxed_slice());
-        let ptr = NonNull::new(raw.cast::<u8>()).expect("Box::into_raw is never null");
-        Mapping {
-            ptr,
-            len,
-            backing: Backing::Heap(raw),
-        }
-    }
-
-    #[cfg_attr(miri, allow(dead_code))]
-    fn map(file: &std::fs::File, len: usize, path: &str) -> Result<Mapping, ShmError> {
-        let raw = memmap2::MmapOptions::new()
-            .len(len)
-            .map_raw(file)
-            .map_err(|source| ShmError::Io {
-                what: "mapping",
-                path: path.to_owned(),
-                source,
-            })?;
-        let ptr =
-            NonNull::new(raw.as_mut_ptr()).ok_or_else(|| ShmError::BadSegment(path.into()))?;
-        Ok(Mapping {
-            ptr,
-            len,
-            backing: Backing::Mmap(raw),
-        })
-    }
-}
 
 fn check_name(s: &str) -> Result<(), ShmError> {
     let ok = !s.is_empty()
@@ -109,6 +51,31 @@ pub fn segment_path(job_id: &str, name: &str) -> Result<PathBuf, ShmError> {
     Ok(PathBuf::from(format!("{SHM_DIR}/am-{job_id}-{name}")))
 }
 
+/// The sizes of a segment: `words` bytes of word area (whole cache lines) and `bytes` bytes of
+/// byte area, in a mapping of `len` bytes (the byte area rounded up to whole words). Computed
+/// with checked arithmetic, in release builds too: a layout that overflows is an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sizes {
+    words: usize,
+    bytes: usize,
+    len: usize,
+}
+
+impl Sizes {
+    fn new(words: usize, bytes: usize) -> Result<Sizes, ShmError> {
+        let too_large = || ShmError::TooLarge {
+            len: words.saturating_add(bytes),
+        };
+        let lines = words.checked_add(CACHE_LINE - 1).ok_or_else(too_large)? / CACHE_LINE;
+        let words = lines.checked_mul(CACHE_LINE).ok_or_else(too_large)?;
+        let len = round_to_words(bytes)
+            .and_then(|b| b.checked_add(words))
+            .filter(|&len| len <= isize::MAX as usize)
+            .ok_or_else(too_large)?;
+        Ok(Sizes { words, bytes, len })
+    }
+}
+
 /// The layout both sides agree on: `words` bytes of atomics, then `bytes` bytes of payload.
 #[derive(Clone)]
 struct View {
@@ -118,58 +85,48 @@ struct View {
 }
 
 impl View {
-    fn new(map: Mapping, words: usize, bytes: usize) -> View {
-        debug_assert!(words % CACHE_LINE == 0 && words + bytes <= map.len);
+    fn new(map: Mapping, sizes: Sizes) -> View {
+        debug_assert!(sizes.len <= map.len());
         View {
             map: Arc::new(map),
-            words,
-            bytes,
+            words: sizes.words,
+            bytes: sizes.bytes,
         }
     }
 
     /// The atomic at byte `off` of the word area, checked for bounds and alignment.
     #[inline]
     fn word64(&self, off: usize) -> Result<&AtomicU64, ShmError> {
-        if off % 8 != 0 || off.checked_add(8).is_none_or(|end| end > self.words) {
+        if off % WORD != 0 || off.checked_add(WORD).is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
-                len: 8,
+                len: WORD,
                 area: self.words,
             });
         }
-        // SAFETY: `off + 8 <= words <= len`, so the pointer is inside the live mapping (kept
-        // alive by `self.map` for the borrow's lifetime), 8-aligned (mapping and heap are
-        // 8-aligned, `off % 8 == 0`), and the word area is only ever accessed atomically
-        // (byte copies are confined to the byte area), so no non-atomic access can race.
-        Ok(unsafe { AtomicU64::from_ptr(self.map.ptr.as_ptr().add(off).cast::<u64>()) })
+        // SAFETY: `off + 8 <= words <= map.len()` and `off % 8 == 0`, as `word64` requires.
+        Ok(unsafe { self.map.word64(off) })
     }
 
     /// `n` consecutive atomics from byte `off` of the word area, checked for bounds and
     /// alignment once for the whole run (a record of several words).
     #[inline]
     fn words64(&self, off: usize, n: usize) -> Result<&[AtomicU64], ShmError> {
-        let end = n.checked_mul(8).and_then(|len| off.checked_add(len));
-        if off % 8 != 0 || end.is_none_or(|end| end > self.words) {
+        let end = n.checked_mul(WORD).and_then(|len| off.checked_add(len));
+        if off % WORD != 0 || end.is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
-                len: n.saturating_mul(8),
+                len: n.saturating_mul(WORD),
                 area: self.words,
             });
         }
-        // SAFETY: `off + 8n <= words <= len`, so the run is inside the live mapping (kept
-        // alive by `self.map` for the borrow's lifetime, and at most `len <= isize::MAX`
-        // bytes); the pointer is non-null and 8-aligned (mapping and heap are 8-aligned,
-        // `off % 8 == 0`), as `AtomicU64` needs. `AtomicU64` is an `UnsafeCell`, so a shared
-        // slice of them asserts nothing about other processes' writes, and the word area is
-        // only ever accessed atomically (as `word64` does), so no non-atomic access can race.
-        Ok(unsafe {
-            std::slice::from_raw_parts(self.map.ptr.as_ptr().add(off).cast::<AtomicU64>(), n)
-        })
+        // SAFETY: `off + 8n <= words <= map.len()` and `off % 8 == 0`.
+        Ok(unsafe { self.map.words64(off, n) })
     }
 
     /// The 32-bit atomic at byte `off` of the word area (futex words).
     #[inline]
-    fn word32(&self, off: usize) -> Result<&AtomicU32, ShmError> {
+    fn word32(&self, off: usize) -> Result<&crate::sync::AtomicU32, ShmError> {
         if off % 4 != 0 || off.checked_add(4).is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
@@ -177,36 +134,32 @@ impl View {
                 area: self.words,
             });
         }
-        // SAFETY: in bounds and 4-aligned as checked; the word area is accessed only
-        // atomically. A location is used either as a u64 or as a u32 word, never both: the
-        // NIC models give each flag its own cache line.
-        Ok(unsafe { AtomicU32::from_ptr(self.map.ptr.as_ptr().add(off).cast::<u32>()) })
+        // SAFETY: in bounds and 4-aligned as checked. A location is used either as a u64 or
+        // as a u32 word, never both: the NIC models give each doorbell its own cache line and
+        // do not cover it with `word`/`words` (documented on `Segment::words`).
+        Ok(unsafe { self.map.word32(off) })
     }
 
-    /// The atomic at byte `off` of the *byte* area: a slot's message-ready flag, which shares
-    /// the slot's first cache line with its header (see [`crate::stamp`]). Checked for bounds
+    /// The atomic at byte `off` of the *byte* area (a slot's flag word), checked for bounds
     /// and 8-alignment.
     #[inline]
     fn slot_word(&self, off: usize) -> Result<&AtomicU64, ShmError> {
-        if off % 8 != 0 || off.checked_add(8).is_none_or(|end| end > self.bytes) {
+        if off % WORD != 0 || off.checked_add(WORD).is_none_or(|end| end > self.bytes) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
-                len: 8,
+                len: WORD,
                 area: self.bytes,
             });
         }
-        // SAFETY: `words + off + 8 <= words + bytes <= len`: inside the live mapping (kept
-        // alive by `self.map`); 8-aligned (mapping and heap are 8-aligned, `words` is a
-        // multiple of 64, `off % 8 == 0`). The stamp protocol accesses a slot's flag word only
-        // through this function (atomically); byte copies start after it (`stamp::Slots`).
-        Ok(unsafe {
-            AtomicU64::from_ptr(self.map.ptr.as_ptr().add(self.words + off).cast::<u64>())
-        })
+        // SAFETY: `words + off + 8 <= words + bytes <= map.len()`; 8-aligned (`words` is a
+        // multiple of 64, `off % 8 == 0`). The byte area is accessed only through 64-bit
+        // atomics on this same grid (`mapping` module docs).
+        Ok(unsafe { self.map.word64(self.words + off) })
     }
 
-    /// Pointer to `[off, off + len)` of the byte area, checked.
+    /// The view of `[off, off + len)` of the byte area, checked.
     #[inline]
-    fn range(&self, off: usize, len: usize) -> Result<*mut u8, ShmError> {
+    fn bytes(&self, off: usize, len: usize) -> Result<SharedBytes<'_>, ShmError> {
         if off.checked_add(len).is_none_or(|end| end > self.bytes) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
@@ -214,26 +167,58 @@ impl View {
                 area: self.bytes,
             });
         }
-        // SAFETY: `words + off + len <= words + bytes <= map.len`: inside the mapping.
-        Ok(unsafe { self.map.ptr.as_ptr().add(self.words + off) })
+        Ok(SharedBytes::new(&self.map, self.words + off, len))
+    }
+
+    /// The whole byte area.
+    #[inline]
+    fn byte_area(&self) -> SharedBytes<'_> {
+        SharedBytes::new(&self.map, self.words, self.bytes)
+    }
+
+    /// Stores the concatenation of `parts` at 8-aligned byte `off` of the byte area as whole
+    /// words, zero-padded (see [`Imported::write_padded`]).
+    #[inline]
+    fn write_padded(&self, off: usize, parts: &[&[u8]]) -> Result<usize, ShmError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let padded = round_to_words(total);
+        let fits = padded
+            .and_then(|p| off.checked_add(p))
+            .is_some_and(|end| end <= round_to_words(self.bytes).unwrap_or(0));
+        if off % WORD != 0 || !fits {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len: total,
+                area: self.bytes,
+            });
+        }
+        // SAFETY: `self.words + off` is 8-aligned and the padded run ends within the byte
+        // area rounded up to words, which the mapping covers (`Sizes`).
+        Ok(unsafe { self.map.store_padded(self.words + off, parts) })
     }
 }
 
-/// A segment this process created (the SCI **exported** segment): it may read its own memory,
-/// lend it out, and hand [`Imported`] views to writers.
+/// A segment this process created (the SCI **exported** segment), or a full-access mapping
+/// of a peer's ([`Segment::share`], [`crate::mailbox::attach`]): word atomics, copies in and
+/// out, views of the byte area, and [`Imported`] write-only views for writers.
 ///
 /// Created under `/dev/shm` by job id ([`Segment::create`]) or on the heap
-/// ([`Segment::heap`]). The file is removed on drop, or earlier with [`Segment::unlink`]
-/// once every peer has opened it (the mapping stays valid).
+/// ([`Segment::heap`]). The creator removes the file on drop, or earlier with
+/// [`Segment::unlink`] once every peer has opened it (the mapping stays valid).
 pub struct Segment {
     view: View,
     path: Option<PathBuf>,
+    /// An anonymous segment's file (memfd), kept open so peers can open it through
+    /// [`Segment::handle`] while this process lives.
+    #[cfg(not(loom))]
+    fd: Option<std::fs::File>,
 }
 
 impl Segment {
     /// Creates `/dev/shm/am-<job_id>-<name>` with a word area of `words` bytes (rounded up to
     /// whole cache lines) and a byte area of `bytes` bytes, all zero. A stale file of the same
     /// job and name is replaced.
+    #[cfg(not(loom))]
     pub fn create(
         job_id: &str,
         name: &str,
@@ -242,8 +227,7 @@ impl Segment {
     ) -> Result<Segment, ShmError> {
         let path = segment_path(job_id, name)?;
         let shown = path.display().to_string();
-        let words = words.div_ceil(CACHE_LINE) * CACHE_LINE;
-        let len = words + bytes;
+        let sizes = Sizes::new(words, bytes)?;
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -271,28 +255,26 @@ impl Segment {
             .open(&path)
             .map_err(io("creating"))?;
         // Remove the file again if anything below fails.
-        let seg_path = Some(path);
         let result = file
-            .set_len(len.max(1) as u64)
+            .set_len(file_len(&sizes))
             .map_err(io("sizing"))
-            .and_then(|()| Mapping::map(&file, len.max(1), &shown));
+            .and_then(|()| Mapping::map(&file, sizes.len, &shown));
         match result {
             Ok(map) => Ok(Segment {
-                view: View::new(map, words, bytes),
-                path: seg_path,
+                view: View::new(map, sizes),
+                path: Some(path),
+                fd: None,
             }),
             Err(e) => {
-                if let Some(p) = seg_path {
-                    let _ = std::fs::remove_file(p);
-                }
+                let _ = std::fs::remove_file(&path);
                 Err(e)
             }
         }
     }
 
-    /// Maps an existing segment with full access (for the raw floors only, where both sides
-    /// read and write one line).
-    #[cfg_attr(miri, allow(dead_code))]
+    /// Maps an existing segment with full access (a NIC's view of a peer, or the raw floors).
+    /// It does not own the file: dropping it does not remove it.
+    #[cfg(not(loom))]
     pub(crate) fn attach(
         job_id: &str,
         name: &str,
@@ -302,16 +284,105 @@ impl Segment {
         Ok(Segment {
             view: Imported::open(job_id, name, words, bytes)?.view,
             path: None,
+            fd: None,
         })
     }
 
-    /// A segment on the heap with the same layout, for in-process use, Miri and loom.
-    pub fn heap(words: usize, bytes: usize) -> Segment {
-        let words = words.div_ceil(CACHE_LINE) * CACHE_LINE;
-        Segment {
-            view: View::new(Mapping::heap(words + bytes), words, bytes),
+    /// A segment on the heap with the same layout, for in-process use, Miri and loom. An error
+    /// if the sizes overflow or cannot be allocated.
+    pub fn heap(words: usize, bytes: usize) -> Result<Segment, ShmError> {
+        let sizes = Sizes::new(words, bytes)?;
+        Ok(Segment {
+            view: View::new(Mapping::heap(sizes.len)?, sizes),
             path: None,
+            #[cfg(not(loom))]
+            fd: None,
+        })
+    }
+
+    /// Another full-access handle to this segment's memory (what a peer's NIC maps), which
+    /// does not own the file.
+    pub fn share(&self) -> Segment {
+        Segment {
+            view: self.view.clone(),
+            path: None,
+            #[cfg(not(loom))]
+            fd: None,
         }
+    }
+
+    /// Creates an anonymous segment (a `memfd`, named `name` for diagnostics only), all zero:
+    /// no file in `/dev/shm` or anywhere, so nothing can outlive the processes that map it,
+    /// whatever kills them. Peers map it through [`handle`](Self::handle) while this process
+    /// is alive (as a job's ranks do during start-up).
+    #[cfg(not(loom))]
+    pub fn create_anonymous(name: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
+        use std::os::fd::FromRawFd;
+        check_name(name)?;
+        let sizes = Sizes::new(words, bytes)?;
+        let io = |what| {
+            move |source| ShmError::Io {
+                what,
+                path: format!("memfd {name}"),
+                source,
+            }
+        };
+        let cname = std::ffi::CString::new(name).map_err(|_| ShmError::BadName(name.into()))?;
+        // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call;
+        // memfd_create reads only it.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io("creating")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just returned by memfd_create, is open, and is owned by nobody else.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.set_len(file_len(&sizes)).map_err(io("sizing"))?;
+        let map = Mapping::map(&file, sizes.len, &format!("memfd {name}"))?;
+        Ok(Segment {
+            view: View::new(map, sizes),
+            path: None,
+            fd: Some(file),
+        })
+    }
+
+    /// Under loom there are no files: a heap segment, which has no handle.
+    #[cfg(loom)]
+    pub fn create_anonymous(name: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
+        check_name(name)?;
+        Segment::heap(words, bytes)
+    }
+
+    /// Under loom there are no files: no handle.
+    #[cfg(loom)]
+    pub fn handle(&self) -> Option<String> {
+        None
+    }
+
+    /// Under loom there are no files: always an error.
+    #[cfg(loom)]
+    pub fn open_handle(handle: &str, _words: usize, _bytes: usize) -> Result<Segment, ShmError> {
+        Err(ShmError::BadName(handle.into()))
+    }
+
+    /// Where peers of this process open an anonymous segment: `/proc/<pid>/fd/<fd>`. `None`
+    /// for other segments.
+    #[cfg(not(loom))]
+    pub fn handle(&self) -> Option<String> {
+        use std::os::fd::AsRawFd;
+        let fd = self.fd.as_ref()?.as_raw_fd();
+        Some(format!("/proc/{}/fd/{fd}", std::process::id()))
+    }
+
+    /// Maps a peer's anonymous segment by its [`handle`](Self::handle) with full access (a
+    /// NIC's view of its peer); it must have exactly this layout. The handle comes from a
+    /// peer, so only `/proc/<pid>/fd/<fd>` is accepted.
+    #[cfg(not(loom))]
+    pub fn open_handle(handle: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
+        Ok(Segment {
+            view: Imported::open_handle(handle, words, bytes)?.view,
+            path: None,
+            fd: None,
+        })
     }
 
     /// Removes the file now; the mapping (and peers' mappings) stay valid. After this, a
@@ -366,6 +437,13 @@ impl Segment {
         Ok(self.view.word64(off)?.load(Ordering::Acquire))
     }
 
+    /// The 64-bit word at 8-aligned byte offset `off` of the *byte* area (a slot's flag word,
+    /// see [`crate::stamp`]).
+    #[inline]
+    pub fn slot_word(&self, off: usize) -> Result<&AtomicU64, ShmError> {
+        self.view.slot_word(off)
+    }
+
     /// `Acquire` load of the slot flag word at byte offset `off` of the *byte* area (a
     /// message-ready flag in its slot's first cache line, see [`crate::stamp`]).
     #[inline]
@@ -382,68 +460,38 @@ impl Segment {
     /// Copies `[off, off + dst.len())` of the byte area into `dst`.
     #[inline]
     pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), ShmError> {
-        let src = self.view.range(off, dst.len())?;
-        // SAFETY: `src..src+len` is inside the byte area (checked by `range`); `dst` is a
-        // distinct local buffer. The bytes were published to us by a stamp the caller loaded
-        // with Acquire (hand-over step "read after Acquire").
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        self.view.bytes(off, dst.len())?.read(0, dst)
+    }
+
+    /// The view of `[off, off + len)` of the byte area. Peers may write those bytes at any
+    /// time: the view copies, it never lends references.
+    #[inline]
+    pub fn view(&self, off: usize, len: usize) -> Result<SharedBytes<'_>, ShmError> {
+        self.view.bytes(off, len)
+    }
+
+    /// The view of the whole byte area.
+    #[inline]
+    pub fn byte_area(&self) -> SharedBytes<'_> {
+        self.view.byte_area()
+    }
+
+    /// Plain copy into the byte area for the raw copy floor, whose byte area is written by one
+    /// thread and read by no one.
+    #[cfg(not(loom))]
+    pub(crate) fn raw_write_unshared(&self, off: usize, src: &[u8]) -> Result<(), ShmError> {
+        self.view.bytes(off, src.len())?;
+        // SAFETY: in bounds (checked just above); the floor's caller is the only accessor of
+        // these bytes (only the stamp and ack words are shared in `floor::copy_on`).
+        unsafe { self.view.map.raw_copy_in(self.view.words + off, src) };
         Ok(())
-    }
-
-    /// Lends `[off, off + len)` of the byte area. Only bytes that the hand-over protocol
-    /// guarantees no one rewrites while lent should be borrowed (see the crate docs).
-    #[inline]
-    pub fn bytes(&self, off: usize, len: usize) -> Result<&[u8], ShmError> {
-        let p = self.view.range(off, len)?;
-        // SAFETY: in bounds of the live mapping (kept alive by `&self`); no `&mut` to these
-        // bytes exists while `&self` is borrowed (`bytes_mut` takes `&mut self`); writers in
-        // other threads/processes stay off published bytes until the reader hands them back
-        // (the protocol step this crate trusts, see the crate docs).
-        Ok(unsafe { std::slice::from_raw_parts(p, len) })
-    }
-
-    /// Lends `[off, off + len)` of the byte area mutably (the owner's own data, e.g. the AM
-    /// segment).
-    #[inline]
-    pub fn bytes_mut(&mut self, off: usize, len: usize) -> Result<&mut [u8], ShmError> {
-        let p = self.view.range(off, len)?;
-        // SAFETY: in bounds; `&mut self` excludes other borrows through this owner; remote
-        // writers touch only ranges the program designated (the trust in the crate docs).
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
     }
 }
 
-impl Segment {
-    /// Lends `[shared_off, +shared_len)` shared and `[excl_off, +excl_len)` mutably at once;
-    /// the ranges must not overlap (a received message and the AM segment beside it).
-    #[inline]
-    pub fn split_lend(
-        &mut self,
-        shared_off: usize,
-        shared_len: usize,
-        excl_off: usize,
-        excl_len: usize,
-    ) -> Result<(&[u8], &mut [u8]), ShmError> {
-        let a = self.view.range(shared_off, shared_len)?;
-        let b = self.view.range(excl_off, excl_len)?;
-        let disjoint = shared_off + shared_len <= excl_off || excl_off + excl_len <= shared_off;
-        if !disjoint {
-            return Err(ShmError::OutOfBounds {
-                offset: excl_off,
-                len: excl_len,
-                area: self.view.bytes,
-            });
-        }
-        // SAFETY: both ranges are in bounds (checked by `range`) and disjoint (checked above),
-        // so the `&[u8]` and the `&mut [u8]` do not alias; `&mut self` excludes other borrows
-        // through this owner; remote writers follow the hand-over protocol (crate docs).
-        unsafe {
-            Ok((
-                std::slice::from_raw_parts(a, shared_len),
-                std::slice::from_raw_parts_mut(b, excl_len),
-            ))
-        }
-    }
+/// The file length of a segment of these sizes (at least one word, as mmap needs).
+#[cfg(not(loom))]
+fn file_len(sizes: &Sizes) -> u64 {
+    sizes.len.max(WORD) as u64
 }
 
 impl Drop for Segment {
@@ -474,6 +522,7 @@ pub struct Imported {
 impl Imported {
     /// Opens segment `name` of job `job_id`, which must have exactly this layout (`words` is
     /// rounded up to whole cache lines, as at creation).
+    #[cfg(not(loom))]
     pub fn open(
         job_id: &str,
         name: &str,
@@ -482,8 +531,7 @@ impl Imported {
     ) -> Result<Imported, ShmError> {
         let path = segment_path(job_id, name)?;
         let shown = path.display().to_string();
-        let words = words.div_ceil(CACHE_LINE) * CACHE_LINE;
-        let len = words + bytes;
+        let sizes = Sizes::new(words, bytes)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -498,11 +546,49 @@ impl Imported {
             path: shown.clone(),
             source,
         })?;
-        if meta.len() != len.max(1) as u64 {
+        if meta.len() != file_len(&sizes) {
             return Err(ShmError::BadSegment(shown));
         }
         Ok(Imported {
-            view: View::new(Mapping::map(&file, len.max(1), &shown)?, words, bytes),
+            view: View::new(Mapping::map(&file, sizes.len, &shown)?, sizes),
+        })
+    }
+
+    /// Opens a peer's anonymous segment by its handle (see [`Segment::open_handle`]), for
+    /// writing only.
+    #[cfg(not(loom))]
+    pub fn open_handle(handle: &str, words: usize, bytes: usize) -> Result<Imported, ShmError> {
+        let valid = handle
+            .strip_prefix("/proc/")
+            .and_then(|r| r.split_once("/fd/"))
+            .is_some_and(|(pid, fd)| {
+                [pid, fd].iter().all(|n| {
+                    !n.is_empty() && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit())
+                })
+            });
+        if !valid {
+            return Err(ShmError::BadName(handle.into()));
+        }
+        let sizes = Sizes::new(words, bytes)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(handle)
+            .map_err(|source| ShmError::Io {
+                what: "opening",
+                path: handle.into(),
+                source,
+            })?;
+        let meta = file.metadata().map_err(|source| ShmError::Io {
+            what: "stat",
+            path: handle.into(),
+            source,
+        })?;
+        if meta.len() != file_len(&sizes) {
+            return Err(ShmError::BadSegment(handle.into()));
+        }
+        Ok(Imported {
+            view: View::new(Mapping::map(&file, sizes.len, handle)?, sizes),
         })
     }
 
@@ -540,17 +626,26 @@ impl Imported {
         Ok(())
     }
 
-    /// Copies `src` to `[off, off + src.len())` of the byte area.
+    /// Copies `src` to `[off, off + src.len())` of the byte area (word-wise atomic stores; a
+    /// partial word at either end is merged, keeping its other bytes).
     #[inline]
     pub fn write(&self, off: usize, src: &[u8]) -> Result<(), ShmError> {
-        let dst = self.view.range(off, src.len())?;
-        // SAFETY: in bounds (checked); `src` is local memory, distinct from the mapping's
-        // byte area unless the caller lends it from there, which the borrow rules forbid for
-        // the owner's `bytes_mut` and which copies within a byte area never do. The caller
-        // owns this range by its protocol ("claim" step) and publishes it afterwards with a
-        // Release store ("publish" step).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(())
+        self.view.bytes(off, src.len())?.write(0, src)
+    }
+
+    /// Copies the concatenation of `parts` to 8-aligned byte `off` of the byte area as whole
+    /// words, padding the last one with zeros; returns the bytes written (the total rounded up
+    /// to 8). For a writer that owns the words it pads (a slot it claimed): no read-modify-write
+    /// at all. The padded length must fit in the byte area (rounded up to a word).
+    #[inline]
+    pub fn write_padded(&self, off: usize, parts: &[&[u8]]) -> Result<usize, ShmError> {
+        self.view.write_padded(off, parts)
+    }
+
+    /// Copies the view `src` (typically of this rank's own segment) to `[off, off +
+    /// src.len())` of the byte area: an engine's put between registered regions.
+    pub fn write_from(&self, off: usize, src: SharedBytes<'_>) -> Result<(), ShmError> {
+        self.view.bytes(off, src.len())?.copy_from(0, src)
     }
 }
 
@@ -563,13 +658,13 @@ impl std::fmt::Debug for Imported {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
     #[test]
     fn bounds_and_alignment_are_errors() {
-        let seg = Segment::heap(64, 100);
+        let seg = Segment::heap(64, 100).unwrap();
         let imp = seg.import();
         assert!(seg.word(0).is_ok());
         assert!(seg.word(56).is_ok());
@@ -581,16 +676,61 @@ mod tests {
         assert!(imp.write(99, &[1]).is_ok());
         assert!(imp.write(99, &[1, 2]).is_err());
         assert!(imp.write(usize::MAX, &[1]).is_err());
-        assert!(seg.bytes(0, 101).is_err());
-        assert!(seg.bytes(usize::MAX, 2).is_err());
+        assert!(seg.view(0, 101).is_err());
+        assert!(seg.view(usize::MAX, 2).is_err());
+        assert!(seg.slot_word(88).is_ok());
+        assert!(
+            seg.slot_word(96).is_err(),
+            "the word holds bytes past the area"
+        );
+        assert!(seg.slot_word(4).is_err());
         let mut b = [0u8; 1];
         seg.read(99, &mut b).unwrap();
         assert_eq!(b, [1]);
     }
 
+    /// Sizes are checked in release builds too: a layout that overflows is an error, never a
+    /// small mapping with a huge byte area.
+    #[test]
+    fn overflowing_layouts_are_errors() {
+        assert!(matches!(
+            Segment::heap(64, usize::MAX - 10),
+            Err(ShmError::TooLarge { .. })
+        ));
+        assert!(Segment::heap(usize::MAX - 10, 64).is_err());
+        assert!(Segment::heap(usize::MAX / 2, usize::MAX / 2).is_err());
+        assert!(Sizes::new(0, isize::MAX as usize).is_err());
+        let s = Sizes::new(65, 9).unwrap();
+        assert_eq!((s.words, s.bytes, s.len), (128, 9, 144));
+    }
+
+    #[test]
+    fn padded_writes_fill_whole_words() {
+        let seg = Segment::heap(0, 40).unwrap();
+        let imp = seg.import();
+        seg.byte_area().fill(0, 40, 0xEE).unwrap();
+        assert_eq!(
+            imp.write_padded(8, &[b"abc", b"", b"defgh", b"ij"])
+                .unwrap(),
+            16
+        );
+        let all = seg.byte_area().to_vec();
+        assert_eq!(&all[8..18], b"abcdefghij");
+        assert_eq!(&all[18..24], &[0; 6], "the last word is padded with zeros");
+        assert!(all[..8].iter().chain(&all[24..]).all(|&b| b == 0xEE));
+        assert_eq!(imp.write_padded(32, &[&[1; 8]]).unwrap(), 8);
+        assert!(imp.write_padded(4, &[b"x"]).is_err(), "misaligned");
+        assert!(imp.write_padded(40, &[b"x"]).is_err(), "past the end");
+        assert_eq!(imp.write_padded(40, &[]).unwrap(), 0);
+        // A byte area that is not whole words: its last word is still the segment's own.
+        let odd = Segment::heap(0, 13).unwrap();
+        assert_eq!(odd.import().write_padded(8, &[b"12345"]).unwrap(), 8);
+        assert!(odd.import().write_padded(8, &[b"123456789"]).is_err());
+    }
+
     #[test]
     fn word_runs_are_checked_once_and_alias_single_words() {
-        let seg = Segment::heap(128, 0);
+        let seg = Segment::heap(128, 0).unwrap();
         let run = seg.words(64, 8).unwrap();
         assert_eq!(run.len(), 8);
         run[7].store(9, Ordering::Relaxed);
@@ -612,7 +752,7 @@ mod tests {
     /// writer's earlier `Relaxed` stores to the other words visible (Miri checks the races).
     #[test]
     fn word_run_record_hand_over_between_threads() {
-        let seg = Segment::heap(64, 0);
+        let seg = Segment::heap(64, 0).unwrap();
         let rounds = if cfg!(miri) { 3 } else { 200 };
         std::thread::scope(|s| {
             let seg = &seg;
@@ -652,6 +792,44 @@ mod tests {
         );
     }
 
+    /// An anonymous segment leaves no file anywhere, and a peer maps it by its handle
+    /// (here the same process stands in for the peer).
+    #[cfg(not(miri))]
+    #[test]
+    fn anonymous_segments_are_shared_by_handle() {
+        let seg = Segment::create_anonymous("amshmanon", 64, 100).unwrap();
+        let handle = seg.handle().unwrap();
+        assert!(handle.starts_with("/proc/"), "{handle}");
+        let peer = Segment::open_handle(&handle, 64, 100).unwrap();
+        peer.import().write(90, b"from the peer").unwrap_err();
+        peer.import().write(80, b"from the peer").unwrap();
+        assert_eq!(seg.view(80, 13).unwrap().to_vec(), b"from the peer");
+        assert!(
+            Segment::open_handle(&handle, 64, 200).is_err(),
+            "layout mismatch"
+        );
+        for bad in [
+            "/etc/passwd",
+            "/proc/1/fd/",
+            "/proc/x/fd/3",
+            "/proc/1/fd/3/../../x",
+        ] {
+            assert!(
+                matches!(
+                    Segment::open_handle(bad, 64, 100),
+                    Err(ShmError::BadName(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(Segment::heap(64, 8).unwrap().handle().is_none());
+        let leftover = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().contains("amshmanon"));
+        assert!(!leftover);
+    }
+
     #[cfg(not(miri))]
     #[test]
     fn create_open_unlink_and_stale_replace() {
@@ -662,7 +840,7 @@ mod tests {
         assert_eq!(seg.words_len(), 64);
         let peer = Imported::open(&job, "s", 8, 4096).unwrap();
         assert!(
-            Imported::open(&job, "s", 8, 4095).is_err(),
+            Imported::open(&job, "s", 8, 4088).is_err(),
             "layout mismatch"
         );
         assert!(Imported::open("otherjob", "s", 8, 4096).is_err());
@@ -671,7 +849,7 @@ mod tests {
         peer.write(4000, b"xyz").unwrap();
         peer.store_word(8, 7).unwrap();
         assert_eq!(seg.load_word(8).unwrap(), 7);
-        assert_eq!(seg.bytes(4000, 3).unwrap(), b"xyz");
+        assert_eq!(seg.view(4000, 3).unwrap().to_vec(), b"xyz");
         let seg2 = Segment::create(&job, "t", 64, 10).unwrap();
         let p2 = segment_path(&job, "t").unwrap();
         assert!(p2.exists());

@@ -6,24 +6,24 @@
 //! `[stamp: u64][len: u32][flags: u32][len bytes]`: the stamp (the message-ready flag) sits in
 //! the slot's first cache line, beside the header and the first bytes of the body, so a small
 //! message and its flag travel as one cache line (with `size` a multiple of 64 and the slots
-//! line-aligned). The stamp word is only ever accessed atomically
-//! ([`Imported::store_slot_word`], [`Segment::load_slot_word`]); byte copies start after it.
-//! Stamps are 64-bit sequence numbers that never wrap, so an old stamp is never mistaken for a
-//! new one.
+//! line-aligned). The writer writes `[len][flags][body]` as whole words ([`Imported::write_padded`])
+//! and then the stamp; the reader copies the header out, checks the copy, and reads the body
+//! through a [`SharedBytes`] view of the checked length. Stamps are 64-bit sequence numbers
+//! that never wrap, so an old stamp is never mistaken for a new one.
 //!
 //! ```
 //! use am_shm::{stamp::Slots, Segment};
 //! let slots = Slots { data: 0, count: 4, size: 64 };
-//! let seg = Segment::heap(0, slots.data_bytes());
+//! let seg = Segment::heap(0, slots.data_bytes()).unwrap();
 //! let writer = seg.import();
 //! slots.write(&writer, 2, 7, &[b"head", b"payload"]).unwrap(); // write
 //! slots.publish(&writer, 2, 1).unwrap();                        // publish stamp 1
 //! assert_eq!(slots.find(&seg, 1).unwrap(), Some(2));            // reader: Acquire
-//! let (flags, bytes) = slots.lend(&seg, 2).unwrap();
-//! assert_eq!((flags, bytes), (7, &b"headpayload"[..]));
+//! let (flags, body) = slots.body(&seg, 2).unwrap();
+//! assert_eq!((flags, body.to_vec()), (7, b"headpayload".to_vec()));
 //! ```
 
-use crate::{Imported, Segment, ShmError};
+use crate::{Imported, Segment, SharedBytes, ShmError};
 
 /// Bytes of a slot's own header: the stamp, then `len` and `flags`.
 pub const SLOT_HEADER: usize = 16;
@@ -67,7 +67,9 @@ impl Slots {
     }
 
     /// Writes `flags` and the concatenation of `parts` into `slot` (the "write" step; the
-    /// caller has claimed the slot). Nothing is visible to the reader until [`publish`](Self::publish).
+    /// caller has claimed the slot), as whole words from the slot's `len` word on. Nothing is
+    /// visible to the reader until [`publish`](Self::publish).
+    #[inline]
     pub fn write(
         &self,
         to: &Imported,
@@ -87,13 +89,18 @@ impl Slots {
         let mut hdr = [0u8; SLOT_HEADER - LEN_AT];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&flags.to_le_bytes());
-        to.write(base + LEN_AT, &hdr)?;
-        let mut at = base + SLOT_HEADER;
-        for p in parts {
-            to.write(at, p)?;
-            at += p.len();
+        match *parts {
+            [] => to.write_padded(base + LEN_AT, &[&hdr]),
+            [a] => to.write_padded(base + LEN_AT, &[&hdr, a]),
+            [a, b] => to.write_padded(base + LEN_AT, &[&hdr, a, b]),
+            _ => {
+                let mut all = Vec::with_capacity(parts.len() + 1);
+                all.push(&hdr[..]);
+                all.extend_from_slice(parts);
+                to.write_padded(base + LEN_AT, &all)
+            }
         }
-        Ok(())
+        .map(|_| ())
     }
 
     /// Publishes `slot` with `stamp` (a `Release` store after the data, in the same line).
@@ -137,7 +144,7 @@ impl Slots {
         Ok(n)
     }
 
-    /// The flags and body length of a published `slot`, read from its header and checked
+    /// The flags and body length of a published `slot`, copied out of its header and checked
     /// (`len <= capacity`), and the offset of its body.
     #[inline]
     pub fn header(&self, seg: &Segment, slot: usize) -> Result<(u32, usize, usize), ShmError> {
@@ -148,12 +155,16 @@ impl Slots {
         Ok((flags, len, base + SLOT_HEADER))
     }
 
-    /// Lends the flags and body of a published `slot`. The length comes from shared memory and
-    /// is checked: a corrupt one is an error.
+    /// The flags of a published `slot` and a view of its body. The length comes from shared
+    /// memory and is checked on the copy: a corrupt one is an error.
     #[inline]
-    pub fn lend<'a>(&self, seg: &'a Segment, slot: usize) -> Result<(u32, &'a [u8]), ShmError> {
+    pub fn body<'a>(
+        &self,
+        seg: &'a Segment,
+        slot: usize,
+    ) -> Result<(u32, SharedBytes<'a>), ShmError> {
         let (flags, len, at) = self.header(seg, slot)?;
-        Ok((flags, seg.bytes(at, len)?))
+        Ok((flags, seg.view(at, len)?))
     }
 }
 
@@ -189,29 +200,30 @@ mod tests {
     #[test]
     fn write_publish_find_lend() {
         let s = layout();
-        let seg = Segment::heap(0, 104 + s.data_bytes());
+        let seg = Segment::heap(0, 104 + s.data_bytes()).unwrap();
         let w = seg.import();
         assert_eq!(s.find(&seg, 1).unwrap(), None);
         s.write(&w, 1, 5, &[b"abc", b"", b"de"]).unwrap();
         assert_eq!(s.find(&seg, 1).unwrap(), None, "unpublished");
         s.publish(&w, 1, 1).unwrap();
         assert_eq!(s.find(&seg, 1).unwrap(), Some(1));
-        assert_eq!(s.lend(&seg, 1).unwrap(), (5, &b"abcde"[..]));
+        let (flags, body) = s.body(&seg, 1).unwrap();
+        assert_eq!((flags, body.to_vec()), (5, b"abcde".to_vec()));
         assert!(s.write(&w, 3, 0, &[]).is_err(), "no slot 3");
         assert!(s.write(&w, 0, 0, &[&[0; 33]]).is_err(), "body too large");
         s.write(&w, 0, 0, &[&[9; 32]]).unwrap();
         s.publish(&w, 0, 2).unwrap();
-        assert_eq!(s.lend(&seg, 0).unwrap().1, &[9; 32]);
+        assert_eq!(s.body(&seg, 0).unwrap().1.to_vec(), [9; 32]);
     }
 
     #[test]
     fn corrupt_length_is_an_error() {
         let s = layout();
-        let seg = Segment::heap(0, 104 + s.data_bytes());
+        let seg = Segment::heap(0, 104 + s.data_bytes()).unwrap();
         seg.import()
             .write(104 + 48 + 8, &u32::MAX.to_le_bytes())
             .unwrap();
-        assert!(s.lend(&seg, 1).is_err());
+        assert!(s.body(&seg, 1).is_err());
     }
 
     /// Hand-over between two threads: every body arrives intact, in stamp order.
@@ -222,7 +234,7 @@ mod tests {
             count: 2,
             size: 32,
         };
-        let seg = Segment::heap(64, s.data_bytes());
+        let seg = Segment::heap(64, s.data_bytes()).unwrap();
         let w = seg.import();
         let back = std::sync::atomic::AtomicU64::new(0);
         let n: u64 = if cfg!(miri) { 20 } else { 2000 };
@@ -247,7 +259,7 @@ mod tests {
                     }
                     std::thread::yield_now();
                 };
-                let (_, body) = s.lend(&seg, slot).unwrap();
+                let body = s.body(&seg, slot).unwrap().1.to_vec();
                 assert_eq!(&body[..8], &seq.to_le_bytes());
                 assert_eq!(&body[8..], &[seq as u8; 8]);
                 back.store(seq, std::sync::atomic::Ordering::Release);
@@ -269,9 +281,9 @@ mod tests {
         #[test]
         fn lending_after_arbitrary_bytes_is_checked(junk in proptest::collection::vec(any::<u8>(), 0..160), slot in 0usize..5) {
             let s = layout();
-            let seg = Segment::heap(0, 104 + s.data_bytes());
+            let seg = Segment::heap(0, 104 + s.data_bytes()).unwrap();
             seg.import().write(104 + 8, &junk[..junk.len().min(s.data_bytes() - 8)]).unwrap();
-            if let Ok((_, body)) = s.lend(&seg, slot) {
+            if let Ok((_, body)) = s.body(&seg, slot) {
                 prop_assert!(body.len() <= s.capacity());
             }
         }

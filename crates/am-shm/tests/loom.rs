@@ -1,145 +1,247 @@
-//! loom models of the two protocols this crate's users rely on, written against loom's
-//! atomics (the crate's own code uses `AtomicU64::from_ptr` on shared memory, which loom cannot
-//! instrument, so these are faithful replicas of `stamp` and `doorbell`, step for step).
+//! loom models of am-shm's own code: under `cfg(loom)` a heap segment is an array of loom
+//! atomics (`am_shm::sync`), so these models run the real `Slots`, `Ring` and `Doorbell`,
+//! copies included, and loom explores their interleavings. A lost wake-up shows as a
+//! deadlock (the futex is modelled without timeouts), a torn or stale payload as a failed
+//! assertion.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p am-shm --release --test loom`
 #![cfg(loom)]
 
-use loom::cell::UnsafeCell;
-use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use loom::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use am_shm::doorbell::tag;
+use am_shm::mailbox::{Ring, Seen};
+use am_shm::stamp::Slots;
+use am_shm::sync::{AtomicU64, Ordering};
+use am_shm::Segment;
+use loom::sync::Arc;
 use loom::thread;
 
-/// Stamp hand-over: write the slot, publish with Release; the reader sees the whole body once
-/// it sees the stamp (Acquire), and the writer reuses the slot only after the hand-back.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+/// Stamp hand-over through `Slots`: the reader sees the whole body once it sees the stamp,
+/// and the writer reuses the slot only after the hand-back.
 #[test]
 fn loom_stamp_hand_over() {
-    loom::model(|| {
-        let stamp = Arc::new(AtomicU64::new(0));
-        let back = Arc::new(AtomicU64::new(0));
-        let slot = Arc::new(UnsafeCell::new([0u64; 2]));
-        let (s2, b2, sl2) = (stamp.clone(), back.clone(), slot.clone());
+    model(|| {
+        let slots = Slots {
+            data: 0,
+            count: 1,
+            size: 32,
+        };
+        let seg = Arc::new(Segment::heap(64, slots.data_bytes()).unwrap());
+        let w = seg.clone();
         let writer = thread::spawn(move || {
+            let to = w.import();
+            let back = w.word(0).unwrap();
             for seq in 1..=2u64 {
-                // Claim: wait for the reader's hand-back of the previous message.
-                while b2.load(Ordering::Acquire) + 1 < seq {
-                    thread::yield_now();
+                // Claim: the reader handed back the previous message.
+                while back.load(Ordering::Acquire) + 1 < seq {
+                    loom::thread::yield_now();
                 }
-                // SAFETY: claim step: the reader handed back the previous message, so it no
-                // longer reads the slot; loom checks exactly this.
-                sl2.with_mut(|p| unsafe { *p = [seq, seq * 10] });
-                s2.store(seq, Ordering::Release);
+                let body = [seq as u8; 12];
+                slots.write(&to, 0, seq as u32, &[&body]).unwrap();
+                slots.publish(&to, 0, seq).unwrap();
             }
         });
+        let back = seg.word(0).unwrap();
         for seq in 1..=2u64 {
-            while stamp.load(Ordering::Acquire) != seq {
-                thread::yield_now();
+            while !slots.is_published(&seg, 0, seq).unwrap() {
+                loom::thread::yield_now();
             }
-            // SAFETY: read after the Acquire load of the stamp; the writer does not touch the
-            // slot again before our hand-back (loom checks it).
-            let body = slot.with(|p| unsafe { *p });
-            assert_eq!(body, [seq, seq * 10]);
+            let (flags, body) = slots.body(&seg, 0).unwrap();
+            assert_eq!(flags, seq as u32);
+            assert_eq!(body.to_vec(), [seq as u8; 12]);
             back.store(seq, Ordering::Release);
         }
         writer.join().unwrap();
     });
 }
 
-const EXIST: u32 = 1;
-const SLEEPING: u32 = 2;
-
-/// The kernel's futex, modelled: compare-and-sleep is atomic with respect to wake.
-struct Futex {
-    word: AtomicU32,
-    lock: Mutex<()>,
-    cv: Condvar,
-}
-
-impl Futex {
-    fn wait(&self, expected: u32) {
-        let g = self.lock.lock().unwrap();
-        if self.word.load(Ordering::SeqCst) == expected {
-            drop(self.cv.wait(g).unwrap());
-        }
-    }
-    fn wake(&self) {
-        let _g = self.lock.lock().unwrap();
-        self.cv.notify_all();
-    }
-}
-
-/// Doorbell: a ring is never lost, whichever way ring and sleep interleave (a lost wake-up
-/// would deadlock the model, which loom reports).
+/// Doorbell: a ring after a ready flag is never lost, whichever way ring and sleep
+/// interleave.
 #[test]
 fn loom_doorbell_no_lost_wakeup() {
-    loom::model(|| {
-        let f = Arc::new(Futex {
-            word: AtomicU32::new(0),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-        });
-        let data = Arc::new(AtomicU64::new(0));
-        let (f2, d2) = (f.clone(), data.clone());
+    model(|| {
+        let seg = Arc::new(Segment::heap(128, 0).unwrap());
+        let s = seg.clone();
         let sender = thread::spawn(move || {
-            d2.store(7, Ordering::Release); // the ready flag
-            if f2.word.fetch_or(EXIST, Ordering::AcqRel) & SLEEPING != 0 {
-                f2.wake();
-            }
+            s.word(64).unwrap().store(7, Ordering::Release); // the ready flag
+            s.import().ring(0).unwrap();
         });
-        // Receiver: sleep until rung, then take and see the data.
+        let bell = seg.doorbell(0).unwrap();
         loop {
-            if f.word.fetch_and(!EXIST, Ordering::AcqRel) & EXIST != 0 {
+            if bell.take() {
                 break;
             }
-            let before = f.word.fetch_or(SLEEPING, Ordering::AcqRel);
-            if before & EXIST == 0 {
-                f.wait(SLEEPING);
-            }
-            f.word.fetch_and(!SLEEPING, Ordering::AcqRel);
+            bell.sleep(Duration::from_secs(1));
         }
-        assert_eq!(data.load(Ordering::Acquire), 7);
+        assert_eq!(seg.load_word(64).unwrap(), 7);
         sender.join().unwrap();
     });
 }
 
-/// Read before write: the receiver left the flag set (a message it already consumed), the
-/// sender skips the ring when it sees it set; the receiver's take-then-scan still finds the
-/// message, or the sender sees the take and rings (waking it). A lost message would leave
-/// the receiver asleep, which loom reports as a deadlock.
+/// Read before write: a sender that finds the flag already carrying its tag does not ring; the
+/// receiver's take-then-scan still finds the message, or the sender sees the take and rings.
 #[test]
 fn loom_doorbell_lazy_ring_never_loses_a_message() {
-    loom::model(|| {
-        let f = Arc::new(Futex {
-            word: AtomicU32::new(EXIST),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-        });
-        let data = Arc::new(AtomicU64::new(0));
-        let (f2, d2) = (f.clone(), data.clone());
+    model(|| {
+        let seg = Arc::new(Segment::heap(128, 0).unwrap());
+        // The receiver left the flag set with the sender's tag (a message already taken).
+        seg.import().ring_tagged(0, tag(1)).unwrap();
+        let s = seg.clone();
         let sender = thread::spawn(move || {
-            d2.store(7, Ordering::Release); // the ready flag
-            loom::sync::atomic::fence(Ordering::SeqCst);
-            let w = f2.word.load(Ordering::Relaxed);
-            if w & EXIST != 0 && w & SLEEPING == 0 {
-                return; // already rung: the receiver scans us after its take
-            }
-            if f2.word.fetch_or(EXIST, Ordering::AcqRel) & SLEEPING != 0 {
-                f2.wake();
-            }
+            s.word(64).unwrap().store(7, Ordering::Release);
+            s.doorbell(0).unwrap().ring_tagged_lazy(tag(1));
         });
-        // Receiver: take, fence, scan; sleep only on a cleared flag.
+        let bell = seg.doorbell(0).unwrap();
         loop {
-            f.word.fetch_and(SLEEPING, Ordering::AcqRel);
-            loom::sync::atomic::fence(Ordering::SeqCst);
-            if data.load(Ordering::Acquire) == 7 {
+            bell.take_tags();
+            if seg.load_word(64).unwrap() == 7 {
                 break;
             }
-            let before = f.word.fetch_or(SLEEPING, Ordering::AcqRel);
-            if before & EXIST == 0 {
-                f.wait(SLEEPING);
-            }
-            f.word.fetch_and(!SLEEPING, Ordering::AcqRel);
+            bell.sleep(Duration::from_secs(1));
         }
         sender.join().unwrap();
+    });
+}
+
+fn ring(slots: usize) -> Ring {
+    Ring {
+        tail: 0,
+        head: 64,
+        data: 0,
+        slots,
+        slot_size: 16,
+    }
+}
+
+/// Two senders each try once to claim the slot of a one-slot mailbox while its owner reads
+/// and consumes: a sender gets the second lap only after the owner consumed the first
+/// message, so every message the owner reads is intact, and every claim is published once.
+#[test]
+fn loom_mailbox_claims_never_overwrite() {
+    model(|| {
+        let r = ring(1);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let senders: Vec<_> = (1..=2u32)
+            .map(|id| {
+                let s = seg.clone();
+                thread::spawn(move || {
+                    let w = s.import();
+                    let mut head = 0;
+                    let mut got = [0u64; 1];
+                    let record = 128 + 8 * id as usize;
+                    if !r.try_claim(&s, 1, id, record, &mut head, &mut got).unwrap() {
+                        return None;
+                    }
+                    r.write(&w, got[0], 0, &[id as u8; 8]).unwrap();
+                    r.publish(&w, got[0], id).unwrap();
+                    r.release(&w, record).unwrap();
+                    Some(got[0])
+                })
+            })
+            .collect();
+        let own = seg.import();
+        let mut head = 0u64;
+        for _ in 0..2 {
+            if let Seen::Published(id) = r.look(&seg, head).unwrap() {
+                let mut b = [0u8; 8];
+                r.read_payload(&seg, head, &mut b).unwrap();
+                assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
+                head += 1;
+                r.consumed(&own, head).unwrap();
+            }
+        }
+        let mut tickets: Vec<u64> = senders
+            .into_iter()
+            .filter_map(|s| s.join().unwrap())
+            .collect();
+        tickets.sort_unstable();
+        assert!(
+            !tickets.is_empty(),
+            "the first claim always finds the slot free"
+        );
+        assert_eq!(tickets[0], 0);
+        if tickets.len() == 2 {
+            assert_eq!(
+                tickets[1], 1,
+                "the second lap, after the owner consumed ticket 0"
+            );
+            assert!(head >= 1);
+        }
+    });
+}
+
+/// A two-slot claim races a one-slot claim for a two-slot mailbox: exactly one fits; the big
+/// one gets both slots or gives back what it took; nothing is delivered twice or lost.
+#[test]
+fn loom_mailbox_multi_slot_claims_are_all_or_nothing() {
+    model(|| {
+        let r = ring(2);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let s = seg.clone();
+        let big = thread::spawn(move || {
+            let w = s.import();
+            let mut head = 0;
+            let mut got = [0u64; 2];
+            if r.try_claim(&s, 2, 2, 144, &mut head, &mut got).unwrap() {
+                for &t in &got {
+                    r.publish(&w, t, 2).unwrap();
+                }
+                r.release(&w, 144).unwrap();
+                true
+            } else {
+                false
+            }
+        });
+        let w = seg.import();
+        let mut head = 0;
+        let mut got = [0u64; 1];
+        let small = r.try_claim(&seg, 1, 1, 136, &mut head, &mut got).unwrap();
+        if small {
+            r.publish(&w, got[0], 1).unwrap();
+            r.release(&w, 136).unwrap();
+        }
+        let big = big.join().unwrap();
+        assert!(
+            small != big,
+            "exactly one of them fits: small {small}, big {big}"
+        );
+        let mut published = [0; 3];
+        for t in 0..2 {
+            match r.look(&seg, t).unwrap() {
+                Seen::Published(id) => published[id as usize] += 1,
+                Seen::Skipped(2) | Seen::Empty => assert!(!big),
+                other => panic!("ticket {t}: {other:?}"),
+            }
+        }
+        assert_eq!(published[1], usize::from(small));
+        assert_eq!(published[2], if big { 2 } else { 0 });
+    });
+}
+
+/// The record a claimer stores before its compare-and-swap is visible to an owner that sees
+/// the claim: a live claim is never taken for a forged one.
+#[test]
+fn loom_mailbox_claims_are_vouched_for() {
+    model(|| {
+        let r = ring(2);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let s = seg.clone();
+        let sender = thread::spawn(move || {
+            let mut head = 0;
+            let mut got = [0u64; 1];
+            assert!(r.try_claim(&s, 1, 3, 152, &mut head, &mut got).unwrap());
+        });
+        if let Seen::Claimed(3) = r.look(&seg, 0).unwrap() {
+            assert!(r.claim_is_genuine(&seg, 0, 152));
+        }
+        sender.join().unwrap();
+        let _: &AtomicU64 = seg.word(152).unwrap();
     });
 }

@@ -10,8 +10,9 @@
 //!   NOTIFY_HEAD       notification tickets the owner consumed
 //!   departed(c)       rank c ended cleanly
 //!   ack(c)            RMA Medium buffers of ours that rank c has consumed (c writes it)
-//!   claims(c)         rank c's last claims here (c writes them): mailbox tickets, then
-//!                     notification tickets by c's sends, then by c's engine thread
+//!   claims(c)         rank c's claim records in our queues (c writes them, `am_shm::mailbox`):
+//!                     its sends into the VELO mailbox, its main thread's and its engine
+//!                     thread's notification slots
 //! byte area
 //!   mailbox           slots × packet_size (56 or 120 data bytes + 8-byte status, status last)
 //!   notifications     notify_slots × 16 (8-byte notification + 8-byte status)
@@ -23,10 +24,12 @@
 use am_shm::mailbox::Ring;
 use am_shm::CACHE_LINE;
 
-/// Offset of the doorbell.
-pub const DOORBELL: usize = 0;
-/// Offset of the abort word.
-pub const ABORT: usize = CACHE_LINE;
+use crate::ExtollConfig;
+
+/// Offset of the doorbell (the control block's).
+pub const DOORBELL: usize = am_nic::control::DOORBELL;
+/// Offset of the abort word (the control block's).
+pub const ABORT: usize = am_nic::control::ABORT;
 /// Offset of the mailbox tail word.
 pub const MAILBOX_TAIL: usize = 2 * CACHE_LINE;
 /// Offset of the notification queue's tail word.
@@ -36,22 +39,36 @@ pub const MAILBOX_HEAD: usize = 4 * CACHE_LINE;
 /// Offset of the notification queue's head word.
 pub const NOTIFY_HEAD: usize = 5 * CACHE_LINE;
 const PER_RANK_WORDS: usize = 6 * CACHE_LINE;
-/// [`Layout::claims`]: mailbox slots claimed by a rank's sends.
+/// [`Layout::claims`]: the record of a rank's sends into the VELO mailbox.
 pub const CLAIM_MAILBOX: usize = 0;
-/// [`Layout::claims`]: notification slots reserved by a rank's immediate puts.
+/// [`Layout::claims`]: the record of the notification slots a rank's main thread reserves
+/// (immediate puts).
 pub const CLAIM_NOTES: usize = 1;
-/// [`Layout::claims`]: notification slots claimed by a rank's engine thread.
+/// [`Layout::claims`]: the record of the notification slots a rank's engine thread claims.
 pub const CLAIM_ENGINE: usize = 2;
 
-/// A claim record: `n` tickets from `first` (`first < 2^48`, `n < 2^16`).
-pub fn claim_word(first: u64, n: usize) -> u64 {
-    first << 16 | (n as u64 & 0xffff)
+/// The claimer id of rank `r`'s sends in a VELO mailbox (the status of a claimed slot names it).
+#[inline]
+pub fn mailbox_claimer(r: usize) -> u32 {
+    r as u32
 }
 
-/// The tickets `[first, first + n)` of a claim record.
-pub fn claim_range(word: u64) -> std::ops::Range<u64> {
-    let first = word >> 16;
-    first..first + (word & 0xffff)
+/// The claimer id of rank `r`'s main thread (`engine == false`) or engine thread in a
+/// notification queue: two claimers per rank, so each has a record of its own.
+#[inline]
+pub fn notes_claimer(r: usize, engine: bool) -> u32 {
+    2 * r as u32 + engine as u32
+}
+
+/// The rank and record ([`CLAIM_NOTES`] or [`CLAIM_ENGINE`]) of notification claimer `who`.
+#[inline]
+pub fn notes_claimer_of(who: u32) -> (usize, usize) {
+    let q = if who % 2 == 0 {
+        CLAIM_NOTES
+    } else {
+        CLAIM_ENGINE
+    };
+    ((who / 2) as usize, q)
 }
 
 /// Bytes of one notification slot.
@@ -61,11 +78,15 @@ pub const NOTIFY_SLOT: usize = 16;
 /// plus the 8-byte tail, rounded up to whole cache lines.
 pub const RMA_BUF: usize = 8320;
 
+/// `n` rounded up to whole cache lines (saturating: a saturated offset fails the segment's
+/// bounds checks instead of wrapping).
 fn line(n: usize) -> usize {
-    n.div_ceil(CACHE_LINE) * CACHE_LINE
+    n.div_ceil(CACHE_LINE).saturating_mul(CACHE_LINE)
 }
 
-/// The geometry of every rank's segment.
+/// The geometry of every rank's segment. Make it with [`Layout::new`], which checks that
+/// its sizes do not overflow; the offsets below saturate rather than wrap, so a layout made
+/// by hand with absurd fields yields offsets the segment's bounds checks refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Ranks in the job.
@@ -83,29 +104,75 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of a job of `ranks` ranks with `config`'s geometry and an AM segment of
+    /// `segment` bytes; `None` if a size overflows (computed with checked arithmetic, in
+    /// release builds too).
+    pub fn new(ranks: usize, config: &ExtollConfig, segment: usize) -> Option<Layout> {
+        let l = Layout {
+            ranks,
+            packet_size: config.packet_size,
+            mailbox_slots: config.mailbox_slots,
+            notify_slots: config.notify_slots,
+            rma_buffers: config.rma_buffers,
+            segment,
+        };
+        let lines = |n: usize| {
+            n.checked_add(CACHE_LINE - 1)
+                .map(|n| n / CACHE_LINE * CACHE_LINE)
+        };
+        let mailbox = lines(l.mailbox_slots.checked_mul(l.packet_size)?)?;
+        let notes = l.notify_slots.checked_mul(NOTIFY_SLOT)?;
+        let rx = lines(mailbox.checked_add(notes)?)?;
+        let conns = ranks.checked_mul(l.rma_buffers.checked_mul(RMA_BUF)?)?;
+        let bytes = rx.checked_add(conns)?.checked_add(segment)?;
+        let words = ranks
+            .checked_mul(3 * CACHE_LINE)?
+            .checked_add(PER_RANK_WORDS)?;
+        // Room for the segment's own rounding (whole words, whole lines).
+        bytes.checked_add(words)?.checked_add(2 * CACHE_LINE)?;
+        (bytes <= isize::MAX as usize).then_some(l)
+    }
+
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
-        PER_RANK_WORDS + 3 * self.ranks * CACHE_LINE
+        PER_RANK_WORDS.saturating_add(self.ranks.saturating_mul(3 * CACHE_LINE))
+    }
+
+    fn rank_words(&self, c: usize) -> usize {
+        PER_RANK_WORDS.saturating_add(c.saturating_mul(3 * CACHE_LINE))
     }
 
     /// Offset of rank `c`'s departed word.
     pub fn departed(&self, c: usize) -> usize {
-        PER_RANK_WORDS + 3 * c * CACHE_LINE
+        self.rank_words(c)
+    }
+
+    /// Where each rank's departed word is (for `am_nic`'s liveness and departure).
+    pub fn departed_words(&self) -> am_nic::control::Departed {
+        am_nic::control::Departed {
+            base: self.rank_words(0),
+            stride: self.rank_words(1).saturating_sub(self.rank_words(0)),
+        }
     }
 
     /// Offset of the word where rank `c` acknowledges our RMA Medium buffers.
     pub fn ack(&self, c: usize) -> usize {
-        PER_RANK_WORDS + (3 * c + 1) * CACHE_LINE
+        self.rank_words(c).saturating_add(CACHE_LINE)
     }
 
-    /// Offset of the word where rank `c` records its last claim in queue `q` of ours
-    /// ([`CLAIM_MAILBOX`], [`CLAIM_NOTES`], [`CLAIM_ENGINE`]) as [`claim_word`]: only `c`
-    /// writes it, so recording costs `c` no transfer, and we read it only once `c` is dead.
+    /// Offset of rank `c`'s claim record for queue `q` of ours ([`CLAIM_MAILBOX`],
+    /// [`CLAIM_NOTES`], [`CLAIM_ENGINE`]): `am_shm::mailbox`'s record, which only `c` writes
+    /// (on its own line, so recording costs `c` no transfer), and which we read only to tell
+    /// a claim that names `c` but that `c` does not vouch for.
+    #[inline]
     pub fn claims(&self, c: usize, q: usize) -> usize {
-        PER_RANK_WORDS + (3 * c + 2) * CACHE_LINE + 8 * q
+        self.rank_words(c)
+            .saturating_add(2 * CACHE_LINE)
+            .saturating_add(8 * q)
     }
 
     /// The VELO mailbox.
+    #[inline]
     pub fn mailbox(&self) -> Ring {
         Ring {
             tail: MAILBOX_TAIL,
@@ -117,6 +184,7 @@ impl Layout {
     }
 
     /// The notification queue.
+    #[inline]
     pub fn notifications(&self) -> Ring {
         Ring {
             tail: NOTIFY_TAIL,
@@ -129,26 +197,73 @@ impl Layout {
 
     fn rx_base(&self) -> usize {
         let n = self.notifications();
-        line(n.data + n.data_bytes())
+        line(n.data.saturating_add(n.data_bytes()))
     }
 
     fn conn_bytes(&self) -> usize {
-        self.rma_buffers * RMA_BUF
+        self.rma_buffers.saturating_mul(RMA_BUF)
     }
 
     /// Offset of receive buffer `idx` for messages from rank `c`.
+    #[inline]
     pub fn rx(&self, c: usize, idx: usize) -> usize {
-        self.rx_base() + c * self.conn_bytes() + idx * RMA_BUF
+        self.rx_base()
+            .saturating_add(c.saturating_mul(self.conn_bytes()))
+            .saturating_add(idx.saturating_mul(RMA_BUF))
     }
 
     /// Offset of the AM segment in the byte area.
     #[inline]
     pub fn segment_base(&self) -> usize {
-        self.rx_base() + self.ranks * self.conn_bytes()
+        self.rx_base()
+            .saturating_add(self.ranks.saturating_mul(self.conn_bytes()))
     }
 
     /// Bytes of the byte area.
     pub fn bytes_len(&self) -> usize {
-        self.segment_base() + self.segment
+        self.segment_base().saturating_add(self.segment)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sizes that overflow are refused by `new`, never wrapped, in every build.
+    #[test]
+    fn overflowing_sizes_are_refused() {
+        let c = ExtollConfig::default();
+        let l = Layout::new(4, &c, 1 << 16).unwrap();
+        assert_eq!(l.bytes_len(), l.segment_base() + (1 << 16));
+        assert_eq!(l.rx(1, 0), l.rx(0, 0) + 16 * RMA_BUF);
+        assert!(l.claims(3, CLAIM_ENGINE) + 8 <= l.words_len());
+        assert!(l.notifications().data >= l.mailbox().data_bytes());
+        assert!(Layout::new(4, &c, usize::MAX - 100).is_none());
+        assert!(Layout::new(usize::MAX / 1000, &c, 0).is_none());
+        assert!(Layout::new(1, &c, isize::MAX as usize).is_none());
+        let huge = ExtollConfig {
+            mailbox_slots: usize::MAX / 2,
+            ..c
+        };
+        assert!(Layout::new(1, &huge, 0).is_none());
+        let notes = ExtollConfig {
+            notify_slots: usize::MAX / 8,
+            ..c
+        };
+        assert!(Layout::new(1, &notes, 0).is_none());
+        // A layout made by hand saturates instead of wrapping.
+        let bad = Layout {
+            segment: usize::MAX,
+            ..l
+        };
+        assert_eq!(bad.bytes_len(), usize::MAX);
+    }
+
+    #[test]
+    fn claimer_ids_are_distinct_per_thread() {
+        assert_eq!(notes_claimer_of(notes_claimer(7, false)), (7, CLAIM_NOTES));
+        assert_eq!(notes_claimer_of(notes_claimer(7, true)), (7, CLAIM_ENGINE));
+        assert_ne!(notes_claimer(3, true), notes_claimer(4, false));
+        assert_eq!(notes_claimer(65535, true), 131071);
     }
 }

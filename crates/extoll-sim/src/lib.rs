@@ -4,16 +4,20 @@
 //!
 //! The seed's mechanisms, in its own terms, and where they are:
 //! - each rank owns one segment, `/dev/shm/am-<job>-extoll-<rank>` ([`layout`]), unlinked as
-//!   soon as every rank has mapped it;
+//!   soon as every rank has mapped it (heap memory for the threads of an in-process
+//!   [`Extoll::cluster`], with the same atomics and views, so Miri runs it);
 //! - **VELO mailbox**: one ring per rank, shared by all senders, of packets of
 //!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes
 //!   of packet data, then an 8-byte **status** word written last, which the receiver polls.
-//!   Senders of any process claim slots with one compare-and-swap on the mailbox's tail
-//!   ([`am_shm::mailbox`]); a full mailbox is back-pressure ([`am_core::SendError::Busy`]),
-//!   never an overwrite. The status carries the packet's **source**, and the receiver
-//!   reassembles per source ([`velo`]). A sender records each claim (tickets) in a word of
-//!   the receiver's segment that only it writes, so a receiver can skip the slots of a sender
-//!   that died between claiming and publishing (so does the engine for notification slots);
+//!   Senders of any process claim slots with a compare-and-swap of the slot's status that
+//!   names the claimer in the same step ([`am_shm::mailbox`]); a message of several packets
+//!   claims all its slots or none, and a full mailbox is back-pressure
+//!   ([`am_core::SendError::Busy`]), never an overwrite. The published status carries the
+//!   packet's **source**, and the receiver reassembles per source ([`velo`]). Each sender
+//!   has a claim record in the receiver's segment that only it writes and that vouches for
+//!   its claims until they are published, so a receiver tells a dead sender's claim, or one
+//!   nobody vouches for, from a slow one, and skips it (so it does in the notification
+//!   queue, where a rank's main thread and its engine thread are two claimers);
 //! - **AM framing** as in the seed: the 8-byte AM header (request/reply, number of
 //!   arguments, handler, payload length) and the arguments, then the payload; spare room in
 //!   the last header packet carries the first payload bytes, the rest goes in data-only
@@ -48,8 +52,17 @@
 //!   a rank (the `Transport` takes `&mut self`; wrap it in a `Mutex`);
 //! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
 //!   exchanged at start), a rank that ends cleanly marks itself departed first. The slots a
-//!   dead sender claimed (by its records) but never published, in the mailbox and the
-//!   notification queue, are then skipped, so the other senders' messages keep flowing.
+//!   dead sender claimed but never published, in the mailbox and the notification queue, are
+//!   skipped as the heads reach them, so the other senders' messages keep flowing, and
+//!   polling goes on after the `PeerLost`;
+//! - a peer can write any word of a rank's segment. Every length, count, offset and status
+//!   read from it is copied once and checked in the copy; what the protocol never produces is
+//!   dropped and reported as `TransportError::PeerMisbehaved` (naming the peer where the
+//!   word says who), and a wait that can no longer end (a claim nobody vouches for, a packet
+//!   waiting for an RMA Medium or a Long payload that was never notified, a hole left by a
+//!   corrupt tail) is ended by the checks a queue gets once its head has not moved for
+//!   0.1 s. The RMA engine's thread never waits for ever either: it gives up a notification
+//!   when its target is lost or departed, or after 10 s without room.
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -78,10 +91,11 @@
 //! does not model VELO's own per-connection flow control (the shared mailbox is simply
 //! bounded, and the core's credits bound requests); it does not cut RMA Mediums into 4 KiB
 //! chunks as pscom does (a buffer holds a whole 8 KiB Medium); registered regions are fixed
-//! at start (no dynamic registration). A sender that dies between its compare-and-swap on a
-//! queue's tail and the store of its claim record (a few instructions) cannot be told from a
-//! slow one: that slot then blocks the queue for good, and the receiver reports `PeerLost` at
-//! every liveness check (every 0.1 s of waiting) instead of waiting in silence.
+//! at start (no dynamic registration). A live rank that holds a claim it vouches for and
+//! never publishes stalls that queue (the receiver cannot tell it from a slow one, and
+//! skipping it would let its late writes land in the next lap's slot), as a stalled NIC
+//! would. A peer can forge well-formed messages in another rank's name: shared memory
+//! cannot say who wrote a word.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -238,30 +252,8 @@ impl MediumPath {
     }
 }
 
-/// Why an EXTOLL NIC could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ExtollError {
-    /// A shared-memory failure (creating, opening or mapping a segment).
-    #[error("shared memory: {0}")]
-    Shm(#[from] am_shm::ShmError),
-    /// The launcher's key-value store failed or is missing.
-    #[error("bootstrap: {0}")]
-    Bootstrap(String),
-    /// An invalid setting.
-    #[error("invalid EXTOLL configuration: {0}")]
-    Config(String),
-    /// A rank announced a different geometry.
-    #[error("rank {rank} uses a different EXTOLL geometry: {theirs} (ours: {ours})")]
-    Mismatch {
-        /// The rank.
-        rank: u32,
-        /// Its geometry.
-        theirs: String,
-        /// Ours.
-        ours: String,
-    },
-}
+/// Why an EXTOLL NIC could not start: the set-up errors every simulated NIC shares.
+pub type ExtollError = am_nic::SetupError;
 
 /// Why an RMA operation of [`Extoll::rma_put`] / [`Extoll::rma_get`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! writes completion notifications into the notification queues of the requester and of the
 //! completer, which their owners poll.
 //!
-//! One put routine, [`put`], used two ways:
+//! One put, used two ways:
 //! - **immediate** (the doorbell write carries the source): AM Long payloads and RMA-buffered
 //!   Mediums come from the caller's own (unregistered) buffer, so the engine processes that
 //!   descriptor while the requester rings, on the requester's thread: the payload goes
@@ -10,7 +10,15 @@
 //!   notification slots are reserved first ([`Reserved`]), so finishing never waits;
 //! - **queued**: user puts and gets between registered regions ([`Job`]) go to the engine's
 //!   thread (started on first use), which overlaps them with the rank's own work and waits
-//!   for room in a full notification queue. When idle it sleeps in a channel receive.
+//!   for room in a full notification queue ([`notify`]), but not for ever: it gives up when
+//!   the target is lost or departed, when the engine stops, or after [`NOTIFY_PATIENCE`],
+//!   and the requester then learns that the put was not notified. When idle it sleeps in a
+//!   channel receive.
+//!
+//! Every slot is claimed through `am_shm::mailbox`, whose claims name their claimer: a rank's
+//! main thread and its engine thread are two claimers ([`notes_claimer`]), each with its own
+//! record in the target's segment ([`CLAIM_NOTES`], [`CLAIM_ENGINE`]), released once its
+//! notifications are posted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,10 +28,16 @@ use std::time::{Duration, Instant};
 use am_shm::{Imported, Segment, ShmError};
 use crossbeam_channel::{unbounded, Sender};
 
-use crate::layout::{claim_word, Layout, CLAIM_ENGINE, CLAIM_NOTES, DOORBELL};
+use crate::layout::{notes_claimer, Layout, CLAIM_ENGINE, CLAIM_NOTES, DOORBELL};
 
-/// A peer's segment as this process maps it: atomic access for mailbox and notification
-/// claims, reads for gets, writes for everything else.
+/// How long the engine's thread waits for room in a live peer's full notification queue
+/// before it gives up on that notification.
+pub(crate) const NOTIFY_PATIENCE: Duration = Duration::from_secs(10);
+/// How often a waiting engine looks whether its target is still alive.
+const LOOK_EVERY: Duration = Duration::from_millis(20);
+
+/// A peer's segment as this process maps it: full access for claims and gets, a writer for
+/// everything else.
 pub(crate) struct PeerMap {
     pub seg: Segment,
     pub imp: Imported,
@@ -31,21 +45,24 @@ pub(crate) struct PeerMap {
 
 /// Notification kinds (the high half of the notification's meta word).
 pub(crate) mod kind {
-    /// Completer: a Long payload from `src` landed in our segment.
+    /// Completer: a Long payload of `value` bytes from `src` landed in our segment.
     pub const LONG_LANDED: u32 = 1;
-    /// Completer: an RMA Medium from `src` landed in our receive buffer.
+    /// Completer: RMA Medium number `value` from `src` landed in our receive buffer.
     pub const MEDIUM_LANDED: u32 = 2;
-    /// Completer: a user put from `src` landed.
+    /// Completer: a user put of `value` bytes from `src` landed.
     pub const PUT_LANDED: u32 = 3;
-    /// Either side: a reserved slot given back unused (the put was refused for back-pressure
-    /// after its slots were reserved).
-    pub const NONE: u32 = 4;
     /// Requester: the put of a Long payload of `value` bytes is done.
     pub const LONG_SENT: u32 = 8;
-    /// Requester: an RMA Medium put is done.
+    /// Requester: the put of RMA Medium number `value` is done.
     pub const MEDIUM_SENT: u32 = 9;
     /// Requester: user operation `value` is done.
     pub const USER_DONE: u32 = 10;
+    /// Requester: user put `value` landed, but its target was lost or departed before its
+    /// completer notification could be posted.
+    pub const USER_LOST: u32 = 11;
+    /// Requester: user put `value` landed, but its target's notification queue stayed full
+    /// (or corrupt) for [`super::NOTIFY_PATIENCE`]: the target was not notified.
+    pub const USER_UNNOTIFIED: u32 = 12;
 }
 
 /// One notification: its kind and value.
@@ -58,15 +75,14 @@ pub(crate) struct Note {
 /// Queued work for the engine's thread. Offsets are in the byte areas, checked by the
 /// submitter.
 pub(crate) enum Job {
-    /// Copy `len` bytes from our `src` to `dest`'s `dst`, then notify the completer and the
-    /// requester.
+    /// Copy `len` bytes from our `src` to `dest`'s `dst`, then notify the completer (a
+    /// [`kind::PUT_LANDED`]) and the requester (user operation `op`).
     Put {
         dest: usize,
         src: usize,
         dst: usize,
         len: usize,
-        completer: Note,
-        requester: Note,
+        op: u64,
     },
     /// Copy `len` bytes from `from`'s `src` to our `dst`, then notify the requester.
     Get {
@@ -74,7 +90,7 @@ pub(crate) enum Job {
         src: usize,
         dst: usize,
         len: usize,
-        requester: Note,
+        op: u64,
     },
 }
 
@@ -84,205 +100,307 @@ pub(crate) struct Engine {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Fills the claimed notification slot `ticket` of `target`'s queue with `note` from `src`,
-/// and rings its doorbell if it sleeps.
-pub(crate) fn post(layout: &Layout, target: &PeerMap, ticket: u64, src: usize, note: Note) -> bool {
-    let ring = layout.notifications();
-    let ok = ring
-        .write(&target.imp, ticket, 0, &note.value.to_le_bytes())
-        .is_ok()
-        && ring
-            .publish(&target.imp, ticket, (src as u32 & 0xffff) | note.kind << 16)
-            .is_ok();
-    if let Ok(bell) = target.seg.doorbell(DOORBELL) {
-        bell.ring_tagged_lazy(0);
-    }
-    ok
-}
-
-/// Writes a notification from `src` into `target`'s queue, waiting for room while the owner
-/// drains it. False if stopped or the queue is corrupt.
-pub(crate) fn notify(
+/// Fills the claimed notification slot `ticket` of `target`'s queue with `note` from `src`
+/// and rings its doorbell if it sleeps. The caller releases its claim record afterwards.
+pub(crate) fn post(
     layout: &Layout,
     target: &PeerMap,
+    ticket: u64,
     src: usize,
     note: Note,
-    stop: &AtomicBool,
-) -> bool {
+) -> Result<(), ShmError> {
     let ring = layout.notifications();
+    ring.write(&target.imp, ticket, 0, &note.value.to_le_bytes())?;
+    ring.publish(&target.imp, ticket, (src as u32 & 0xffff) | note.kind << 16)?;
+    target.seg.doorbell(DOORBELL)?.ring_tagged_lazy(0);
+    Ok(())
+}
+
+/// Why the engine gave up a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GaveUp {
+    /// The engine is stopping.
+    Stopped,
+    /// The target was lost or departed.
+    Lost,
+    /// The target's queue stayed full for the engine's patience, or is corrupt.
+    Stalled,
+}
+
+/// What the engine's thread needs to wait for room without waiting for ever.
+pub(crate) struct Waiter<'a> {
+    pub layout: &'a Layout,
+    pub peers: &'a [PeerMap],
+    pub rank: usize,
+    pub pids: &'a [Option<nix::unistd::Pid>],
+    pub stop: &'a AtomicBool,
+    pub patience: Duration,
+}
+
+impl Waiter<'_> {
+    /// Whether `target` has left: its departed word (in our segment) is set, or its process
+    /// is gone.
+    fn gone(&self, target: usize) -> bool {
+        let departed = self.peers[self.rank]
+            .seg
+            .load_word(self.layout.departed(target))
+            .unwrap_or(0)
+            != 0;
+        departed
+            || self
+                .pids
+                .get(target)
+                .copied()
+                .flatten()
+                .is_some_and(|p| !am_launch::process_alive(p))
+    }
+}
+
+/// Writes a notification from the engine's thread (claimer [`notes_claimer`]`(rank, true)`)
+/// into `target`'s queue, waiting for room while the owner drains it. Every wait is bounded:
+/// the engine stops, the target (a peer) is lost or departed, or `patience` runs out.
+pub(crate) fn notify(w: &Waiter<'_>, target: usize, note: Note) -> Result<(), GaveUp> {
+    let ring = w.layout.notifications();
+    let peer = &w.peers[target];
+    let record = w.layout.claims(w.rank, CLAIM_ENGINE);
+    let me = notes_claimer(w.rank, true);
     // The owner's head only grows: 0 is a safe (pessimistic) start.
     let mut head = 0;
+    let mut t = [0u64; 1];
+    let start = Instant::now();
+    let mut looked = start;
     loop {
-        match ring.try_claim(&target.seg, 1, &mut head) {
-            Ok(Some(t)) => {
-                let _ = target
-                    .imp
-                    .store_word(layout.claims(src, CLAIM_ENGINE), claim_word(t, 1));
-                return post(layout, target, t, src, note);
+        match ring.try_claim(&peer.seg, 1, me, record, &mut head, &mut t) {
+            Ok(true) => {
+                let posted = post(w.layout, peer, t[0], w.rank, note);
+                if posted.is_err() {
+                    let _ = ring.skip(&peer.imp, t[0], me);
+                }
+                let _ = ring.release(&peer.imp, record);
+                return posted.map_err(|_| GaveUp::Stalled);
             }
-            Ok(None) if !stop.load(Ordering::Relaxed) => std::thread::yield_now(),
-            _ => return false,
+            Ok(false) => {}
+            // A corrupt queue: waiting would not mend it.
+            Err(_) => return Err(GaveUp::Stalled),
         }
+        if w.stop.load(Ordering::Relaxed) {
+            return Err(GaveUp::Stopped);
+        }
+        let now = Instant::now();
+        if target != w.rank && now.duration_since(looked) >= LOOK_EVERY {
+            looked = now;
+            if w.gone(target) {
+                return Err(GaveUp::Lost);
+            }
+            if now.duration_since(start) >= w.patience {
+                return Err(GaveUp::Stalled);
+            }
+        }
+        std::thread::yield_now();
     }
 }
 
 /// Notification slots claimed before an immediate put: one in the requester's queue, and
-/// one in the completer's. Each must be posted exactly once ([`put`] or [`Reserved::cancel`]).
+/// one in the completer's. Each must be used once ([`finish`](Self::finish) or
+/// [`cancel`](Self::cancel)).
 pub(crate) struct Reserved {
-    completer: Option<(usize, u64)>,
+    dest: usize,
     requester: u64,
+    completer: u64,
 }
 
 impl Reserved {
-    /// Claims a slot in our own queue (`rank`) and, with `dest`, one in `dest`'s. `None` if a
-    /// queue is full (back-pressure; nothing stays claimed). `heads` caches each queue's
-    /// head for the claims. `dest`'s slot is recorded in its claim word for us, so that
-    /// `dest` can skip it if we die during the put.
+    /// Claims a slot in our own queue (`rank`) and one in `dest`'s, as claimer
+    /// [`notes_claimer`]`(rank, false)`. `None` if a queue is full (back-pressure; nothing
+    /// stays claimed). `heads` caches each queue's head for the claims (reset after an error).
     pub fn try_new(
         layout: &Layout,
         peers: &[PeerMap],
         rank: usize,
-        dest: Option<usize>,
+        dest: usize,
         heads: &mut [u64],
     ) -> Result<Option<Reserved>, ShmError> {
         let ring = layout.notifications();
-        let Some(requester) = ring.try_claim(&peers[rank].seg, 1, &mut heads[rank])? else {
+        let me = notes_claimer(rank, false);
+        let record = layout.claims(rank, CLAIM_NOTES);
+        let mut claim = |q: usize, out: &mut [u64]| {
+            let r = ring.try_claim(&peers[q].seg, out.len(), me, record, &mut heads[q], out);
+            if r.is_err() {
+                heads[q] = 0;
+            }
+            r
+        };
+        if dest == rank {
+            // Both in our own queue: one claim, so that one record covers both.
+            let mut t = [0u64; 2];
+            return Ok(claim(rank, &mut t)?.then_some(Reserved {
+                dest,
+                requester: t[0],
+                completer: t[1],
+            }));
+        }
+        let mut own = [0u64; 1];
+        if !claim(rank, &mut own)? {
             return Ok(None);
-        };
-        let mut r = Reserved {
-            completer: None,
-            requester,
-        };
-        if let Some(d) = dest {
-            match ring.try_claim(&peers[d].seg, 1, &mut heads[d]) {
-                Ok(Some(t)) => {
-                    let _ = peers[d]
-                        .imp
-                        .store_word(layout.claims(rank, CLAIM_NOTES), claim_word(t, 1));
-                    r.completer = Some((d, t));
-                }
-                other => {
-                    r.cancel(layout, peers, rank);
-                    return other.map(|_| None);
-                }
+        }
+        let mut theirs = [0u64; 1];
+        match claim(dest, &mut theirs) {
+            Ok(true) => Ok(Some(Reserved {
+                dest,
+                requester: own[0],
+                completer: theirs[0],
+            })),
+            other => {
+                let _ = ring.skip(&peers[rank].imp, own[0], me);
+                let _ = ring.release(&peers[rank].imp, record);
+                other.map(|_| None)
             }
         }
-        Ok(Some(r))
     }
 
-    /// Gives the slots back unused (as [`kind::NONE`] notifications).
-    pub fn cancel(self, layout: &Layout, peers: &[PeerMap], rank: usize) {
-        let none = Note {
-            kind: kind::NONE,
-            value: 0,
-        };
-        if let Some((d, t)) = self.completer {
-            post(layout, &peers[d], t, rank, none);
+    /// Posts `completer` into the completer's slot and `requester` into ours, then releases
+    /// the claims. A slot that cannot be posted is skipped, so that no claim stays open.
+    pub fn finish(
+        self,
+        layout: &Layout,
+        peers: &[PeerMap],
+        rank: usize,
+        completer: Note,
+        requester: Note,
+    ) {
+        let ring = layout.notifications();
+        let me = notes_claimer(rank, false);
+        let record = layout.claims(rank, CLAIM_NOTES);
+        let (theirs, ours) = (&peers[self.dest], &peers[rank]);
+        if post(layout, theirs, self.completer, rank, completer).is_err() {
+            let _ = ring.skip(&theirs.imp, self.completer, me);
         }
-        post(layout, &peers[rank], self.requester, rank, none);
+        if self.dest != rank {
+            let _ = ring.release(&theirs.imp, record);
+        }
+        if post(layout, ours, self.requester, rank, requester).is_err() {
+            let _ = ring.skip(&ours.imp, self.requester, me);
+        }
+        let _ = ring.release(&ours.imp, record);
+    }
+
+    /// Gives the slots back unused (skipped: their owners consume them and deliver nothing).
+    pub fn cancel(self, layout: &Layout, peers: &[PeerMap], rank: usize) {
+        let ring = layout.notifications();
+        let me = notes_claimer(rank, false);
+        let record = layout.claims(rank, CLAIM_NOTES);
+        let _ = ring.skip(&peers[self.dest].imp, self.completer, me);
+        let _ = ring.skip(&peers[rank].imp, self.requester, me);
+        let _ = ring.release(&peers[self.dest].imp, record);
+        if self.dest != rank {
+            let _ = ring.release(&peers[rank].imp, record);
+        }
     }
 }
 
-/// How a put's notifications get their slots.
-pub(crate) enum Slots<'a> {
-    /// Reserved before the put started (immediate puts).
-    Reserved(Reserved),
-    /// Claimed after the copy, waiting for room unless `stop` (the engine's thread).
-    Wait(&'a AtomicBool),
+/// The bytes of an immediate put.
+pub(crate) enum Data<'a> {
+    /// `parts`, concatenated, at 8-aligned `off` of a receive buffer the requester owns: whole
+    /// words, zero-padded (no read-modify-write).
+    Padded(usize, &'a [&'a [u8]]),
+    /// `bytes` at any `off` of the AM segment, whose neighbouring bytes are others'.
+    Exact(usize, &'a [u8]),
 }
 
-/// The engine's put: copies `src` into `dest`'s byte area at `dst`, stores `tail` (an RMA
-/// Medium's tail word) with `Release`, then notifies the completer (if any) and the requester
-/// (`rank`). Bounds are the submitter's to check; a failed write leaves the bytes unwritten,
-/// and the completer's own checks (RMA Medium markers) see it.
+/// The engine's immediate put into `dest`: the data, then `tail` (an RMA Medium's tail word,
+/// stored with `Release`), then the completer's and the requester's notifications into the
+/// reserved slots. Bounds are the submitter's to check; a failed write leaves the bytes
+/// unwritten, and the completer's own checks (RMA Medium markers) see it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn put(
+pub(crate) fn put_immediate(
     layout: &Layout,
     peers: &[PeerMap],
     rank: usize,
     dest: usize,
-    dst: usize,
-    src: &[&[u8]],
+    data: Data<'_>,
     tail: Option<(usize, u64)>,
-    completer: Option<Note>,
+    slots: Reserved,
+    completer: Note,
     requester: Note,
-    slots: Slots<'_>,
-) -> bool {
+) {
     let target = &peers[dest];
-    let mut at = dst;
-    for s in src {
-        let _ = target.imp.write(at, s);
-        at += s.len();
-    }
+    let _ = match data {
+        Data::Padded(off, parts) => target.imp.write_padded(off, parts).map(|_| ()),
+        Data::Exact(off, bytes) => target.imp.write(off, bytes),
+    };
     if let Some((off, value)) = tail {
         let _ = target.imp.store_slot_word(off, value);
     }
-    match slots {
-        Slots::Reserved(r) => {
-            if let Some((d, t)) = r.completer {
-                let none = Note {
-                    kind: kind::NONE,
-                    value: 0,
-                };
-                post(layout, &peers[d], t, rank, completer.unwrap_or(none));
-            }
-            post(layout, &peers[rank], r.requester, rank, requester)
-        }
-        Slots::Wait(stop) => {
-            if let Some(note) = completer {
-                notify(layout, target, rank, note, stop);
-            }
-            notify(layout, &peers[rank], rank, requester, stop)
-        }
-    }
+    slots.finish(layout, peers, rank, completer, requester);
 }
 
 impl Engine {
-    pub fn start(rank: usize, layout: Layout, peers: Arc<Vec<PeerMap>>) -> std::io::Result<Engine> {
+    pub fn start(
+        rank: usize,
+        layout: Layout,
+        peers: Arc<Vec<PeerMap>>,
+        pids: Vec<Option<nix::unistd::Pid>>,
+        patience: Duration,
+    ) -> std::io::Result<Engine> {
         let (jobs, rx) = unbounded::<Job>();
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("extoll-rma-{rank}"))
             .spawn(move || {
+                let w = Waiter {
+                    layout: &layout,
+                    peers: &peers,
+                    rank,
+                    pids: &pids,
+                    stop: &halt,
+                    patience,
+                };
                 let me = &peers[rank];
                 for job in rx {
-                    match job {
+                    let (op, done) = match job {
                         Job::Put {
                             dest,
                             src,
                             dst,
                             len,
-                            completer,
-                            requester,
+                            op,
                         } => {
-                            let bytes = me.seg.bytes(src, len).unwrap_or(&[]);
-                            put(
-                                &layout,
-                                &peers,
-                                rank,
-                                dest,
-                                dst,
-                                &[bytes],
-                                None,
-                                Some(completer),
-                                requester,
-                                Slots::Wait(&halt),
-                            );
+                            if let Ok(bytes) = me.seg.view(src, len) {
+                                let _ = peers[dest].imp.write_from(dst, bytes);
+                            }
+                            let landed = Note {
+                                kind: kind::PUT_LANDED,
+                                value: len as u64,
+                            };
+                            let done = match notify(&w, dest, landed) {
+                                Ok(()) => kind::USER_DONE,
+                                Err(GaveUp::Lost) => kind::USER_LOST,
+                                Err(GaveUp::Stalled | GaveUp::Stopped) => kind::USER_UNNOTIFIED,
+                            };
+                            (op, done)
                         }
                         Job::Get {
                             from,
                             src,
                             dst,
                             len,
-                            requester,
+                            op,
                         } => {
-                            if let Ok(bytes) = peers[from].seg.bytes(src, len) {
-                                let _ = me.imp.write(dst, bytes);
+                            if let Ok(bytes) = peers[from].seg.view(src, len) {
+                                let _ = me.imp.write_from(dst, bytes);
                             }
-                            notify(&layout, me, rank, requester, &halt);
+                            (op, kind::USER_DONE)
                         }
-                    }
+                    };
+                    let _ = notify(
+                        &w,
+                        rank,
+                        Note {
+                            kind: done,
+                            value: op,
+                        },
+                    );
                 }
             })?;
         Ok(Engine {
@@ -300,7 +418,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // Finish the queued jobs (bounded: a dead target's full queue must not hang us).
+        // Finish the queued jobs (bounded: every wait of the engine is bounded, and after a
+        // second it is told to stop).
         self.jobs = None;
         let deadline = Instant::now() + Duration::from_secs(1);
         while let Some(t) = &self.thread {

@@ -1,34 +1,56 @@
 //! [`Extoll`]: the NIC of one rank, as an `am_core::Transport`.
+//!
+//! Everything a peer can write into this rank's segment is read once into a local and checked
+//! there (status words, packet meta, RMA Medium tails, notifications, acks, claim records,
+//! head, departed and abort words). What breaks the protocol is dropped and reported as
+//! [`TransportError::PeerMisbehaved`], naming the peer where the word says who wrote it;
+//! nothing a peer writes can make a receiver wait in silence: a wait that can no longer end
+//! (a claim nobody vouches for, a packet waiting for an RMA Medium that was never sent, a hole
+//! left by a corrupt tail) is found by the checks of a stalled queue, every
+//! [`LIVENESS_AFTER`] at most, and ended.
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use am_core::{Delivery, Limits, Outgoing, Rank, SendError, Transport, TransportError, Tx};
-use am_shm::mailbox::STATUS_LEN;
-use am_shm::{Imported, Segment};
-
-use crate::layout::{
-    claim_range, claim_word, Layout, ABORT, CLAIM_ENGINE, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
-    RMA_BUF,
+use am_core::{
+    Delivery, Limits, Outgoing, Rank, Received, SendError, SharedBytes, Transport, TransportError,
+    Tx,
 };
-use crate::rma::{self, kind, Engine, Job, Note, PeerMap, Reserved, Slots};
-use crate::velo::{self, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT};
+use am_shm::mailbox::{Ring, Seen, STATUS_LEN};
+use am_shm::{Imported, Segment, ShmError};
+
+use crate::layout::{mailbox_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, DOORBELL, RMA_BUF};
+use crate::rma::{self, kind, Data, Engine, Job, Note, PeerMap, Reserved, NOTIFY_PATIENCE};
+use crate::velo::{
+    self, FrameError, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT,
+};
 use crate::{ExtollConfig, ExtollError, MediumPath, RmaError, MAX_MEDIUM};
 
-/// A wait with no progress this long makes the rank check that its peers are alive.
+/// A queue whose head has not moved for this long is checked for waits that cannot end, and
+/// the peers for liveness.
 const LIVENESS_AFTER: Duration = Duration::from_millis(100);
-/// Empty polls between two looks at the clock.
+/// Polls between two looks at the clock.
 const IDLE_POLLS_PER_TICK: u32 = 1024;
 /// The largest message over VELO or in an RMA buffer: head plus Medium payload.
 const MAX_MSG: usize = am_core::wire::MAX_HEAD_LEN + MAX_MEDIUM;
+/// The most VELO packets of one message (64-byte packets).
+const MAX_PACKETS: usize = MAX_MSG.div_ceil(64 - STATUS_LEN);
 /// Bytes of an RMA buffer's tail.
 const TAIL: usize = 8;
+/// Errors kept for the next polls (found off the delivery path, or while sending).
+const MAX_FAULTS: usize = 64;
+/// A piggybacked acknowledgement this far behind ours (mod 2^16) or more is an old one, not
+/// one ahead of what we sent.
+const STALE_ACK: u64 = 1 << 15;
 
 /// A user RMA operation in flight ([`Extoll::rma_put`], [`Extoll::rma_get`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RmaOp(u64);
+pub struct RmaOp {
+    id: u64,
+    peer: Rank,
+}
 
 /// The marker of the `k`-th RMA Medium of a connection (never 0 in its first lap, so a zeroed
 /// buffer is never taken for a message).
@@ -40,8 +62,28 @@ fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-fn shm(e: am_shm::ShmError) -> SendError {
+fn shm(e: ShmError) -> SendError {
     SendError::Other(format!("extoll: {e}"))
+}
+
+fn io(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Io(format!("extoll: {e}"))
+}
+
+/// A peer broke the protocol: `peer` where the word says who.
+fn misbehaved(peer: Option<usize>, what: impl std::fmt::Display) -> TransportError {
+    TransportError::PeerMisbehaved {
+        peer: peer.map(|p| p as Rank),
+        what: format!("extoll: {what}"),
+    }
+}
+
+/// The AM segment: a view of the byte area after the queues and receive buffers.
+fn am_segment<'a>(seg: &'a Segment, l: &Layout) -> SharedBytes<'a> {
+    seg.view(l.segment_base(), l.segment).unwrap_or_else(|_| {
+        let all = seg.byte_area();
+        all.slice(0, 0).unwrap_or(all)
+    })
 }
 
 /// The sending half, lent to handlers during `poll_recv`.
@@ -52,6 +94,7 @@ struct TxState {
     /// The Medium path in use (switchable at run time, for measurements).
     medium: Cell<MediumPath>,
     peers: Arc<Vec<PeerMap>>,
+    pids: Vec<Option<nix::unistd::Pid>>,
     lost: Vec<bool>,
     /// Each destination's mailbox head as last read.
     mailbox_head: Vec<u64>,
@@ -66,11 +109,65 @@ struct TxState {
     /// Each notification queue's head as last read (ours included), for immediate puts.
     note_heads: Vec<u64>,
     engine: Option<Engine>,
+    /// How long the engine's thread waits for room in a live peer's notification queue.
+    engine_patience: Duration,
     /// Jobs queued to the engine's thread, and their requester notifications seen (all done
     /// when equal).
     jobs: u64,
     jobs_done: u64,
     next_op: u64,
+    /// Errors found outside `poll_recv`'s delivery path, returned by the next polls.
+    faults: VecDeque<TransportError>,
+}
+
+/// How far the first packet of a message may go now: per-source order across both paths,
+/// and a Long after its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Ready,
+    /// An RMA Medium sent before it is still to be delivered.
+    WaitRma,
+    /// Its Long payload's completer notification has not arrived.
+    WaitLong,
+    /// It says `ahead` RMA Mediums were sent before it, more than may be in flight.
+    RmaAhead(u64),
+    /// `RMA_WAIT` on a message that is not a placed Long.
+    WaitUnplaced,
+}
+
+/// What an RMA Medium's tail says, read once ([`Extoll::rma_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RmaState {
+    /// No Medium from that source is waiting.
+    None,
+    /// The next one is deliverable; its tail.
+    Ready(u64),
+    /// The next one waits for VELO messages sent before it.
+    WaitsVelo,
+    /// Its tail's marker does not match the notification.
+    BadMarker(u64),
+    /// Its tail's length is out of range.
+    BadLength(usize),
+}
+
+/// What a taken-over slot turned into ([`Extoll::take_over`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// Skipped: consume it.
+    Skipped,
+    /// Its claimer published it meanwhile: deliver it.
+    Published,
+    /// It keeps changing (someone keeps writing it): try later.
+    Neither,
+}
+
+/// When each queue's head last moved, and when the stalled-queue checks last ran.
+struct Watch {
+    mailbox: u64,
+    mailbox_since: Instant,
+    notes: u64,
+    notes_since: Instant,
+    last_check: Option<Instant>,
 }
 
 /// One rank's EXTOLL NIC. See the [crate docs](crate).
@@ -91,14 +188,17 @@ pub struct Extoll {
     long_landed: Vec<u64>,
     long_used: Vec<u64>,
     put_landed: Vec<u64>,
+    /// User operations in flight, done, and failed (with the requester notification's kind).
+    user_pending: HashSet<u64>,
     user_done: HashSet<u64>,
+    user_failed: HashMap<u64, u32>,
     rr: usize,
     /// The last poll found the mailbox head waiting for an RMA landing.
     rma_stall: bool,
-    pids: Vec<Option<nix::unistd::Pid>>,
-    idle_polls: u32,
-    idle_since: Option<Instant>,
-    last_check: Option<Instant>,
+    polls: u32,
+    /// Peers' lives (pids, departed words): `am_nic`'s check, run by the stalled-queue checks.
+    liveness: am_nic::Liveness,
+    watch: Watch,
 }
 
 impl TxState {
@@ -106,10 +206,24 @@ impl TxState {
         self.layout.packet_size - STATUS_LEN
     }
 
+    /// Keeps an error for the next poll (bounded: a peer that keeps misbehaving costs no
+    /// memory).
+    fn fault(&mut self, e: TransportError) {
+        if self.faults.len() < MAX_FAULTS {
+            self.faults.push_back(e);
+        }
+    }
+
     fn engine(&mut self) -> Result<&Engine, SendError> {
         if self.engine.is_none() {
-            let e = Engine::start(self.rank, self.layout, self.peers.clone())
-                .map_err(|e| SendError::Other(format!("extoll: starting the RMA engine: {e}")))?;
+            let e = Engine::start(
+                self.rank,
+                self.layout,
+                self.peers.clone(),
+                self.pids.clone(),
+                self.engine_patience,
+            )
+            .map_err(|e| SendError::Other(format!("extoll: starting the RMA engine: {e}")))?;
             self.engine = Some(e);
         }
         self.engine
@@ -125,67 +239,94 @@ impl TxState {
         Ok(())
     }
 
-    /// Claims `n` mailbox slots at `d`, or reports back-pressure.
-    /// Recorded in `d`'s claim word for us, so that `d` can skip them if we die before
-    /// publishing them.
+    /// Claims `out.len()` mailbox slots at `d`, all or none, or reports back-pressure. The
+    /// claims name us, and our record in `d`'s segment vouches for them until
+    /// [`finish_claim`](Self::finish_claim) releases it.
     #[inline(always)]
-    fn claim(&mut self, d: usize, n: usize) -> Result<u64, SendError> {
+    fn claim(&mut self, d: usize, out: &mut [u64]) -> Result<(), SendError> {
         let peer = &self.peers[d];
-        let t = self
-            .layout
-            .mailbox()
-            .try_claim(&peer.seg, n, &mut self.mailbox_head[d])
-            .map_err(shm)?
-            .ok_or(SendError::Busy)?;
-        peer.imp
-            .store_word(
-                self.layout.claims(self.rank, CLAIM_MAILBOX),
-                claim_word(t, n),
-            )
-            .map_err(shm)?;
-        Ok(t)
+        match self.layout.mailbox().try_claim(
+            &peer.seg,
+            out.len(),
+            mailbox_claimer(self.rank),
+            self.layout.claims(self.rank, CLAIM_MAILBOX),
+            &mut self.mailbox_head[d],
+            out,
+        ) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(SendError::Busy),
+            Err(e) => {
+                // The cached head only grows: a corrupt head word must not poison it.
+                self.mailbox_head[d] = 0;
+                Err(shm(e))
+            }
+        }
     }
 
-    /// Writes and publishes `head ++ payload` into the claimed slots from ticket `t`.
-    fn emit(
+    /// Ends a claim at `d` whose slots are published (`r` is `Ok`) or not (then `unpublished`
+    /// are skipped, so that no claim stays open): releases the record and rings the doorbell.
+    #[inline(always)]
+    fn finish_claim(
         &mut self,
         d: usize,
-        t: u64,
-        head: &[u8],
-        payload: &[u8],
-        flags: u32,
+        unpublished: &[u64],
+        r: Result<(), ShmError>,
     ) -> Result<(), SendError> {
         let ring = self.layout.mailbox();
         let peer = &self.peers[d];
-        let cap = self.cap();
-        let n = velo::packets(head.len() + payload.len(), cap);
-        let rma_before = (self.rma_sent[d] % RMA_BEFORE_MOD) as u32;
-        let me = self.rank as u32;
-        velo::fragment(head, payload, cap, |i, parts| {
-            let mut at = 0;
-            for p in parts {
-                ring.write(&peer.imp, t + i as u64, at, p)?;
-                at += p.len();
+        if r.is_err() {
+            for &t in unpublished {
+                let _ = ring.skip(&peer.imp, t, mailbox_claimer(self.rank));
             }
-            let mut f = if i == 0 { FIRST | flags } else { 0 };
-            if i + 1 == n {
-                f |= LAST;
-            }
-            let meta = Meta {
-                src: me,
-                len: at,
-                flags: f,
-                rma_before,
-            };
-            ring.publish(&peer.imp, t + i as u64, meta.encode())
-        })
-        .map_err(shm)?;
+        }
+        ring.release(&peer.imp, self.layout.claims(self.rank, CLAIM_MAILBOX))
+            .map_err(shm)?;
+        r.map_err(shm)?;
         self.velo_sent[d] += 1;
         peer.seg
             .doorbell(DOORBELL)
             .map_err(shm)?
             .ring_tagged_lazy(0);
         Ok(())
+    }
+
+    /// Writes and publishes `head ++ payload` into the claimed `tickets` (one per packet).
+    fn emit(
+        &mut self,
+        d: usize,
+        tickets: &[u64],
+        head: &[u8],
+        payload: &[u8],
+        flags: u32,
+    ) -> Result<(), SendError> {
+        let ring = self.layout.mailbox();
+        let peer = &self.peers[d];
+        let n = tickets.len();
+        let rma_before = (self.rma_sent[d] % RMA_BEFORE_MOD) as u32;
+        let me = self.rank as u32;
+        let mut published = 0;
+        let r = velo::fragment(head, payload, self.cap(), |i, parts| {
+            let t = *tickets.get(i).ok_or(ShmError::OutOfBounds {
+                offset: i,
+                len: 1,
+                area: n,
+            })?;
+            ring.write_parts(&peer.imp, t, 0, parts)?;
+            let mut f = if i == 0 { FIRST | flags } else { 0 };
+            if i + 1 == n {
+                f |= LAST;
+            }
+            let meta = Meta {
+                src: me,
+                len: parts.iter().map(|p| p.len()).sum(),
+                flags: f,
+                rma_before,
+            };
+            ring.publish(&peer.imp, t, meta.encode())?;
+            published = i + 1;
+            Ok(())
+        });
+        self.finish_claim(d, &tickets[published..], r)
     }
 
     fn send_velo(
@@ -200,12 +341,16 @@ impl TxState {
             return self.send_packet(d, head, payload, flags);
         }
         let n = velo::packets(total, self.cap());
-        let t = self.claim(d, n)?;
-        self.emit(d, t, head, payload, flags)
+        if n > MAX_PACKETS {
+            return Err(SendError::TooLarge(total));
+        }
+        let mut t = [0u64; MAX_PACKETS];
+        self.claim(d, &mut t[..n])?;
+        self.emit(d, &t[..n], head, payload, flags)
     }
 
     /// The one-packet case of [`send_velo`](Self::send_velo) (every Short, small Mediums):
-    /// claim, write, publish, all in the slot's one cache line.
+    /// claim, write, publish, all in the slot's one cache line, then release the claim.
     #[inline]
     fn send_packet(
         &mut self,
@@ -214,27 +359,20 @@ impl TxState {
         payload: &[u8],
         flags: u32,
     ) -> Result<(), SendError> {
-        let t = self.claim(d, 1)?;
+        let mut t = [0u64; 1];
+        self.claim(d, &mut t)?;
         let ring = self.layout.mailbox();
-        let peer = &self.peers[d];
-        let me = self.rank as u32;
-        ring.write(&peer.imp, t, 0, head).map_err(shm)?;
-        if !payload.is_empty() {
-            ring.write(&peer.imp, t, head.len(), payload).map_err(shm)?;
-        }
+        let imp = &self.peers[d].imp;
         let meta = Meta {
-            src: me,
+            src: self.rank as u32,
             len: head.len() + payload.len(),
             flags: FIRST | LAST | flags,
             rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
         };
-        ring.publish(&peer.imp, t, meta.encode()).map_err(shm)?;
-        self.velo_sent[d] += 1;
-        peer.seg
-            .doorbell(DOORBELL)
-            .map_err(shm)?
-            .ring_tagged_lazy(0);
-        Ok(())
+        let r = ring
+            .write_parts(imp, t[0], 0, &[head, payload])
+            .and_then(|()| ring.publish(imp, t[0], meta.encode()));
+        self.finish_claim(d, &t, r)
     }
 
     /// Reserves the notification slots of an immediate put to `dest` (ours and `dest`'s), or
@@ -244,7 +382,7 @@ impl TxState {
             &self.layout,
             &self.peers,
             self.rank,
-            Some(dest),
+            dest,
             &mut self.note_heads,
         )
         .map_err(shm)?
@@ -255,11 +393,20 @@ impl TxState {
     /// (message at the end, the tail last), by the engine as the doorbell is rung.
     fn send_rma_medium(&mut self, d: usize, head: &[u8], payload: &[u8]) -> Result<(), SendError> {
         let b = self.config.rma_buffers as u64;
-        let word = self.peers[self.rank]
-            .seg
-            .load_word(self.layout.ack(d))
-            .map_err(shm)?;
-        if word > self.rma_acked[d] && word <= self.rma_sent[d] {
+        let at = self.layout.ack(d);
+        // One load: checked in this copy.
+        let word = self.peers[self.rank].seg.load_word(at).map_err(shm)?;
+        if word > self.rma_sent[d] {
+            // More acknowledged than sent: ignored, and put back to what we know.
+            let _ = self.peers[self.rank].imp.store_word(at, self.rma_acked[d]);
+            self.fault(misbehaved(
+                Some(d),
+                format!(
+                    "acknowledged {word} RMA Mediums, {} were sent",
+                    self.rma_sent[d]
+                ),
+            ));
+        } else if word > self.rma_acked[d] {
             self.rma_acked[d] = word;
         }
         if self.rma_sent[d] - self.rma_acked[d] >= b {
@@ -275,23 +422,22 @@ impl TxState {
             | (total as u64) << 16
             | (self.velo_sent[d] & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
-        rma::put(
+        rma::put_immediate(
             &self.layout,
             &self.peers,
             self.rank,
             d,
-            rx + start,
-            &[head, payload],
+            Data::Padded(rx + start, &[head, payload]),
             Some((rx + RMA_BUF - TAIL, tail)),
-            Some(Note {
+            slots,
+            Note {
                 kind: kind::MEDIUM_LANDED,
                 value: k,
-            }),
+            },
             Note {
                 kind: kind::MEDIUM_SENT,
-                value: d as u64,
+                value: k,
             },
-            Slots::Reserved(slots),
         );
         self.rma_sent[d] += 1;
         // The tail carried our acknowledgement of d's buffers.
@@ -317,32 +463,30 @@ impl TxState {
         }
         let slots = self.reserve(d)?;
         // The header's slots before the put: once the payload is sent, the header must follow.
-        let t = match self.claim(d, velo::packets(msg.head.len(), self.cap())) {
-            Ok(t) => t,
-            Err(e) => {
-                slots.cancel(&self.layout, &self.peers, self.rank);
-                return Err(e);
-            }
-        };
-        rma::put(
+        let n = velo::packets(msg.head.len(), self.cap());
+        let mut t = [0u64; MAX_PACKETS];
+        if let Err(e) = self.claim(d, &mut t[..n]) {
+            slots.cancel(&self.layout, &self.peers, self.rank);
+            return Err(e);
+        }
+        rma::put_immediate(
             &self.layout,
             &self.peers,
             self.rank,
             d,
-            self.layout.segment_base() + off,
-            &[msg.payload],
+            Data::Exact(self.layout.segment_base() + off, msg.payload),
             None,
-            Some(Note {
+            slots,
+            Note {
                 kind: kind::LONG_LANDED,
                 value: msg.payload.len() as u64,
-            }),
+            },
             Note {
                 kind: kind::LONG_SENT,
                 value: msg.payload.len() as u64,
             },
-            Slots::Reserved(slots),
         );
-        self.emit(d, t, msg.head, &[], PLACED | RMA_WAIT)
+        self.emit(d, &t[..n], msg.head, &[], PLACED | RMA_WAIT)
     }
 
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
@@ -378,10 +522,6 @@ impl Tx for Extoll {
     }
 }
 
-fn io(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Io(format!("extoll: {e}"))
-}
-
 impl Extoll {
     fn new(
         rank: usize,
@@ -393,6 +533,7 @@ impl Extoll {
     ) -> Extoll {
         let n = layout.ranks;
         let own = seg.import();
+        let now = Instant::now();
         Extoll {
             seg,
             own,
@@ -402,6 +543,7 @@ impl Extoll {
                 config,
                 medium: Cell::new(config.medium),
                 peers,
+                pids: pids.clone(),
                 lost: vec![false; n],
                 mailbox_head: vec![0; n],
                 velo_sent: vec![0; n],
@@ -411,9 +553,11 @@ impl Extoll {
                 rma_ack_sent: vec![0; n],
                 note_heads: vec![0; n],
                 engine: None,
+                engine_patience: NOTIFY_PATIENCE,
                 jobs: 0,
                 jobs_done: 0,
                 next_op: 0,
+                faults: VecDeque::new(),
             },
             head: 0,
             note_head: 0,
@@ -427,74 +571,60 @@ impl Extoll {
             long_landed: vec![0; n],
             long_used: vec![0; n],
             put_landed: vec![0; n],
+            user_pending: HashSet::new(),
             user_done: HashSet::new(),
+            user_failed: HashMap::new(),
             rr: 0,
             rma_stall: false,
-            pids,
-            idle_polls: 0,
-            idle_since: None,
-            last_check: None,
+            polls: 0,
+            liveness: am_nic::Liveness::new(pids),
+            watch: Watch {
+                mailbox: 0,
+                mailbox_since: now,
+                notes: 0,
+                notes_since: now,
+                last_check: None,
+            },
         }
     }
 
-    fn layout_for(ranks: u32, segment_size: usize, c: &ExtollConfig) -> Layout {
-        Layout {
-            ranks: ranks as usize,
-            packet_size: c.packet_size,
-            mailbox_slots: c.mailbox_slots,
-            notify_slots: c.notify_slots,
-            rma_buffers: c.rma_buffers,
-            segment: segment_size,
+    fn layout_for(
+        ranks: u32,
+        segment_size: usize,
+        c: &ExtollConfig,
+    ) -> Result<Layout, ExtollError> {
+        if ranks == 0 || ranks > 1 << 16 {
+            return Err(ExtollError::Config("a job has 1..=65536 ranks".into()));
         }
+        Layout::new(ranks as usize, c, segment_size).ok_or_else(|| {
+            ExtollError::Config(format!(
+                "{ranks} ranks with a segment of {segment_size} bytes overflow a segment's size"
+            ))
+        })
     }
 
-    fn map(job: &str, r: usize, layout: &Layout) -> Result<PeerMap, ExtollError> {
-        let seg = am_shm::mailbox::attach(
-            job,
-            &format!("extoll-{r}"),
-            layout.words_len(),
-            layout.bytes_len(),
-        )?;
-        let imp = seg.import();
-        Ok(PeerMap { seg, imp })
-    }
-
-    /// The transports of an in-process job of `ranks` ranks (one per thread), over real
-    /// `/dev/shm` segments that are unlinked as soon as all are mapped.
+    /// The transports of an in-process job of `ranks` ranks (one per thread), over heap
+    /// memory that the threads share exactly as processes share a mapping (the same atomics,
+    /// the same views), so Miri checks this code too.
     pub fn cluster(
         ranks: u32,
         segment_size: usize,
         config: ExtollConfig,
     ) -> Result<Vec<Extoll>, ExtollError> {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static JOBS: AtomicUsize = AtomicUsize::new(0);
         config.validate()?;
-        if ranks == 0 || ranks > 1 << 16 {
-            return Err(ExtollError::Config("a job has 1..=65536 ranks".into()));
-        }
-        let job = format!(
-            "extollproc{}x{}",
-            std::process::id(),
-            JOBS.fetch_add(1, Ordering::Relaxed)
-        );
-        let layout = Self::layout_for(ranks, segment_size, &config);
-        let mut segs = (0..ranks)
-            .map(|r| {
-                Segment::create(
-                    &job,
-                    &format!("extoll-{r}"),
-                    layout.words_len(),
-                    layout.bytes_len(),
-                )
-            })
+        let layout = Self::layout_for(ranks, segment_size, &config)?;
+        let segs = (0..ranks)
+            .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
-        let peers = (0..ranks as usize)
-            .map(|r| Self::map(&job, r, &layout))
-            .collect::<Result<Vec<_>, _>>();
-        for s in &mut segs {
-            s.unlink()?;
-        }
-        let peers = Arc::new(peers?);
+        // What a peer's NIC maps: full access for claims and gets, a writer for the rest.
+        let peers: Arc<Vec<PeerMap>> = Arc::new(
+            segs.iter()
+                .map(|s| PeerMap {
+                    seg: s.share(),
+                    imp: s.import(),
+                })
+                .collect(),
+        );
         Ok(segs
             .into_iter()
             .enumerate()
@@ -511,27 +641,17 @@ impl Extoll {
             .collect())
     }
 
-    /// Starts this rank's NIC in a multi-process job: creates its segment, exchanges pids and
-    /// geometry through the launcher's key-value store, maps every peer's segment, then
-    /// unlinks its file (so a killed job leaves nothing behind).
+    /// Starts this rank's NIC in a multi-process job: creates its segment (anonymous: no file
+    /// is ever left behind), exchanges pids, geometry and segment handles through the
+    /// launcher's key-value store, and maps every peer's segment (`am_nic::connect`).
     pub fn connect(
         job: &mut am_launch::JobInfo,
         segment_size: usize,
         config: ExtollConfig,
     ) -> Result<Extoll, ExtollError> {
         config.validate()?;
-        if job.size == 0 || job.size > 1 << 16 {
-            return Err(ExtollError::Config("a job has 1..=65536 ranks".into()));
-        }
-        let layout = Self::layout_for(job.size, segment_size, &config);
-        let rank = job.rank as usize;
-        let mut seg = Segment::create(
-            &job.job_id,
-            &format!("extoll-{rank}"),
-            layout.words_len(),
-            layout.bytes_len(),
-        )?;
-        let ours = format!(
+        let layout = Self::layout_for(job.size, segment_size, &config)?;
+        let geometry = format!(
             "{},{},{},{},{},{}",
             config.packet_size,
             config.mailbox_slots,
@@ -540,49 +660,30 @@ impl Extoll {
             config.max_long,
             segment_size
         );
-        let boot = |e: am_launch::BootstrapError| ExtollError::Bootstrap(e.to_string());
-        let mut pids = vec![None; job.size as usize];
-        let mut peers = Vec::with_capacity(job.size as usize);
-        if job.size == 1 {
-            peers.push(Self::map(&job.job_id, rank, &layout)?);
-        } else {
-            let kvs = job.kvs.as_mut().ok_or_else(|| {
-                ExtollError::Bootstrap("no key-value store (launch with amrun or mpiexec)".into())
-            })?;
-            kvs.put(
-                &format!("extoll-{rank}"),
-                &format!("{}:{ours}", std::process::id()),
-            )
-            .map_err(boot)?;
-            kvs.fence().map_err(boot)?;
-            for r in 0..job.size {
-                let v = kvs.get(&format!("extoll-{r}")).map_err(boot)?;
-                let (p, theirs) = v.split_once(':').unwrap_or(("", ""));
-                if theirs != ours {
-                    return Err(ExtollError::Mismatch {
-                        rank: r,
-                        theirs: theirs.to_owned(),
-                        ours,
-                    });
-                }
-                let p: i32 = p
-                    .parse()
-                    .map_err(|_| ExtollError::Bootstrap(format!("rank {r} sent pid {p:?}")))?;
-                if r as usize != rank {
-                    pids[r as usize] = Some(nix::unistd::Pid::from_raw(p));
-                }
-                peers.push(Self::map(&job.job_id, r as usize, &layout)?);
-            }
-            kvs.fence().map_err(boot)?;
-        }
-        seg.unlink()?;
+        let joined = am_nic::connect(
+            job,
+            "extoll",
+            layout.words_len(),
+            layout.bytes_len(),
+            &geometry,
+            |_| Ok(()),
+        )?;
+        // A peer's NIC maps it with full access (claims, gets) and writes through a writer.
+        let peers = joined
+            .peers
+            .into_iter()
+            .map(|seg| PeerMap {
+                imp: seg.import(),
+                seg,
+            })
+            .collect();
         Ok(Extoll::new(
-            rank,
+            job.rank as usize,
             layout,
             config,
-            seg,
+            joined.own,
             Arc::new(peers),
-            pids,
+            joined.pids,
         ))
     }
 
@@ -614,20 +715,20 @@ impl Extoll {
         Ok(self.tx.layout.segment_base() + offset)
     }
 
-    fn user_op(&mut self, dest: Rank, job: impl FnOnce(Note) -> Job) -> Result<RmaOp, RmaError> {
-        if dest as usize >= self.tx.peers.len() || self.tx.lost[dest as usize] {
+    fn user_op(&mut self, dest: Rank, job: impl FnOnce(u64) -> Job) -> Result<RmaOp, RmaError> {
+        let d = dest as usize;
+        let departed =
+            d != self.tx.rank && self.seg.load_word(self.tx.layout.departed(d)).unwrap_or(0) != 0;
+        if d >= self.tx.peers.len() || self.tx.lost[d] || departed {
             return Err(RmaError::BadRank(dest));
         }
         let id = self.tx.next_op;
         self.tx.next_op += 1;
-        let note = Note {
-            kind: kind::USER_DONE,
-            value: id,
-        };
         self.tx
-            .submit(job(note))
+            .submit(job(id))
             .map_err(|e| RmaError::Engine(e.to_string()))?;
-        Ok(RmaOp(id))
+        self.user_pending.insert(id);
+        Ok(RmaOp { id, peer: dest })
     }
 
     /// RMA put by the engine: `len` bytes of our AM segment at `src_offset` into `dest`'s AM
@@ -642,16 +743,12 @@ impl Extoll {
     ) -> Result<RmaOp, RmaError> {
         let dst = self.check_region(dst_offset, len)?;
         let src = self.check_region(src_offset, len)?;
-        self.user_op(dest, |requester| Job::Put {
+        self.user_op(dest, |op| Job::Put {
             dest: dest as usize,
             src,
             dst,
             len,
-            completer: Note {
-                kind: kind::PUT_LANDED,
-                value: len as u64,
-            },
-            requester,
+            op,
         })
     }
 
@@ -666,19 +763,32 @@ impl Extoll {
     ) -> Result<RmaOp, RmaError> {
         let src = self.check_region(src_offset, len)?;
         let dst = self.check_region(dst_offset, len)?;
-        self.user_op(from, |requester| Job::Get {
+        self.user_op(from, |op| Job::Get {
             from: from as usize,
             src,
             dst,
             len,
-            requester,
+            op,
         })
     }
 
-    /// Polls the notification queue; true once `op`'s requester notification arrived.
+    /// Polls the notification queue; true once `op`'s requester notification arrived. A put
+    /// whose target was lost before it could be notified is [`TransportError::PeerLost`]; one
+    /// whose target never made room for the notification is [`TransportError::Io`] (the data
+    /// landed in both cases, unannounced).
     pub fn rma_test(&mut self, op: RmaOp) -> Result<bool, TransportError> {
         self.drain_notes()?;
-        Ok(self.user_done.remove(&op.0))
+        if self.user_done.remove(&op.id) {
+            return Ok(true);
+        }
+        match self.user_failed.remove(&op.id) {
+            None => Ok(false),
+            Some(kind::USER_LOST) => Err(TransportError::PeerLost(op.peer)),
+            Some(_) => Err(io(format!(
+                "rank {}'s notification queue stayed full: RMA put {} landed unannounced",
+                op.peer, op.id
+            ))),
+        }
     }
 
     /// How many user RMA puts from `src` landed in our segment (completer notifications).
@@ -686,42 +796,129 @@ impl Extoll {
         self.put_landed.get(src as usize).copied().unwrap_or(0)
     }
 
-    /// Moves every notification to the counters it feeds.
+    /// Repairs the slot of `ticket` in `ring` (a claim nobody will publish, or a corrupt
+    /// status) and says what it is now: the owner consumes it only once it is skipped, so
+    /// its head never passes a ticket nobody published or skipped.
+    fn take_over(&self, ring: &Ring, ticket: u64) -> Result<Taken, TransportError> {
+        ring.repair(&self.seg, ticket).map_err(io)?;
+        Ok(match ring.look(&self.seg, ticket) {
+            Ok(Seen::Skipped(_)) => Taken::Skipped,
+            Ok(Seen::Published(_)) => Taken::Published,
+            _ => Taken::Neither,
+        })
+    }
+
+    /// Whether notification claimer `who` is a rank we lost.
+    fn notes_claimer_lost(&self, who: u32) -> bool {
+        let (r, _) = notes_claimer_of(who);
+        self.tx.lost.get(r).copied().unwrap_or(false)
+    }
+
+    /// Moves every notification to the counters it feeds. A corrupt one is consumed, and
+    /// reported.
     fn drain_notes(&mut self) -> Result<(), TransportError> {
         let ring = self.tx.layout.notifications();
-        let n = self.tx.layout.ranks;
-        while let Some(meta) = ring.peek(&self.seg, self.note_head).map_err(io)? {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(ring.payload(&self.seg, self.note_head, 8).map_err(io)?);
-            let value = u64::from_le_bytes(v);
-            self.note_head += 1;
-            let src = (meta & 0xffff) as usize;
-            if src >= n {
-                return Err(io(format!("a notification from rank {src}")));
-            }
-            match meta >> 16 {
-                kind::LONG_LANDED => self.long_landed[src] += 1,
-                kind::MEDIUM_LANDED => {
-                    self.rma_landed[src] += 1;
-                    self.rma_pending += 1;
+        let mut result = Ok(());
+        loop {
+            let t = self.note_head;
+            match ring.look(&self.seg, t) {
+                Ok(Seen::Published(meta)) => {
+                    let mut v = [0u8; 8];
+                    let read = ring.read_payload(&self.seg, t, &mut v);
+                    self.note_head += 1;
+                    let taken = read
+                        .map_err(io)
+                        .and_then(|()| self.take_note(meta, u64::from_le_bytes(v)));
+                    if let Err(e) = taken {
+                        result = Err(e);
+                        break;
+                    }
                 }
-                kind::PUT_LANDED => self.put_landed[src] += 1,
-                kind::NONE => {}
-                k if src != self.tx.rank => {
-                    return Err(io(format!("requester notification {k} from rank {src}")))
+                Ok(Seen::Skipped(_)) => self.note_head += 1,
+                Ok(Seen::Claimed(who)) if self.notes_claimer_lost(who) => {
+                    // A dead rank's claim: nobody will publish it.
+                    match self.take_over(&ring, t)? {
+                        Taken::Skipped => self.note_head += 1,
+                        Taken::Published => {}
+                        Taken::Neither => break,
+                    }
                 }
-                // Immediate puts: done before the send returned; nothing to free.
-                kind::LONG_SENT | kind::MEDIUM_SENT => {}
-                kind::USER_DONE => {
-                    self.tx.jobs_done += 1;
-                    self.user_done.insert(value);
+                Ok(Seen::Claimed(_) | Seen::Empty) => break,
+                Err(e) => {
+                    // A status no claimer writes: skipped, so the next lap finds it free.
+                    if self.take_over(&ring, t)? == Taken::Skipped {
+                        self.note_head += 1;
+                    }
+                    result = Err(misbehaved(None, format!("notification ticket {t}: {e}")));
+                    break;
                 }
-                k => return Err(io(format!("unknown notification {k:#x} (value {value})"))),
             }
         }
         if self.note_told != self.note_head {
             self.note_told = self.note_head;
             ring.consumed(&self.own, self.note_head).map_err(io)?;
+        }
+        result
+    }
+
+    /// One notification (already consumed): `meta` and `value` as read, checked here.
+    fn take_note(&mut self, meta: u32, value: u64) -> Result<(), TransportError> {
+        let l = &self.tx.layout;
+        let src = (meta & 0xffff) as usize;
+        let k = meta >> 16;
+        if src >= l.ranks {
+            return Err(misbehaved(None, format!("a notification from rank {src}")));
+        }
+        match k {
+            kind::LONG_LANDED if value <= self.tx.config.max_long as u64 => {
+                self.long_landed[src] += 1
+            }
+            kind::MEDIUM_LANDED
+                if value == self.rma_landed[src]
+                    && self.rma_landed[src] - self.rma_delivered[src] < l.rma_buffers as u64 =>
+            {
+                self.rma_landed[src] += 1;
+                self.rma_pending += 1;
+            }
+            kind::PUT_LANDED if value <= l.segment as u64 => self.put_landed[src] += 1,
+            kind::LONG_LANDED | kind::MEDIUM_LANDED | kind::PUT_LANDED => {
+                return Err(misbehaved(
+                    Some(src),
+                    format!(
+                        "notification {k} with value {value} (RMA Mediums landed {}, delivered {})",
+                        self.rma_landed[src], self.rma_delivered[src]
+                    ),
+                ))
+            }
+            k if src != self.tx.rank => {
+                return Err(misbehaved(
+                    Some(src),
+                    format!("requester notification {k} from rank {src}"),
+                ))
+            }
+            // Immediate puts: done before the send returned; nothing to free.
+            kind::LONG_SENT | kind::MEDIUM_SENT => {}
+            kind::USER_DONE | kind::USER_LOST | kind::USER_UNNOTIFIED => {
+                if !self.user_pending.remove(&value) {
+                    // Written in our name: by whom, the word cannot say.
+                    return Err(misbehaved(
+                        None,
+                        format!("completion of RMA operation {value}, which is not in flight"),
+                    ));
+                }
+                self.tx.jobs_done += 1;
+                if k == kind::USER_DONE {
+                    self.user_done.insert(value);
+                } else {
+                    self.user_failed.insert(value, k);
+                }
+            }
+            k => {
+                return Err(misbehaved(
+                    Some(src),
+                    format!("unknown notification {k:#x} (value {value})"),
+                ))
+            }
         }
         Ok(())
     }
@@ -742,70 +939,113 @@ impl Extoll {
         Ok(())
     }
 
-    /// The tail of the next RMA Medium from `s`, if it landed and every VELO message sent
-    /// before it was delivered.
-    fn rma_next(&mut self, s: usize) -> Result<Option<u64>, TransportError> {
-        if self.rma_landed[s] <= self.rma_delivered[s] {
-            return Ok(None);
+    /// Consumes the mailbox ticket at the head (published, or skipped).
+    #[inline]
+    fn consume(&mut self) -> Result<(), TransportError> {
+        self.head += 1;
+        self.tell_head(false)
+    }
+
+    /// Drops the message the packet at the mailbox head belongs to, and consumes the packet.
+    /// A message from a source of the job counts as delivered for that source's order: what
+    /// it sends next does not wait for it.
+    fn refuse(&mut self, m: &Meta) -> Result<(), TransportError> {
+        let s = m.src as usize;
+        if s < self.tx.layout.ranks {
+            self.reasm.refuse(m);
+            if m.flags & FIRST != 0 {
+                self.velo_delivered[s] += 1;
+            }
+        }
+        self.consume()
+    }
+
+    /// Whether the first packet `m` of a message from `s` may be delivered now.
+    #[inline]
+    fn order(&self, s: usize, m: &Meta) -> Order {
+        // Those RMA Mediums sent before it that are not delivered yet: at most as many as
+        // `s` may have in flight (the buffers), whatever the delays.
+        let ahead = (m.rma_before as u64).wrapping_sub(self.rma_delivered[s]) % RMA_BEFORE_MOD;
+        if ahead > self.tx.layout.rma_buffers as u64 {
+            return Order::RmaAhead(ahead);
+        }
+        let long = m.flags & RMA_WAIT != 0;
+        if long && m.flags & PLACED == 0 {
+            return Order::WaitUnplaced;
+        }
+        if ahead != 0 {
+            return Order::WaitRma;
+        }
+        if long && self.long_landed[s] <= self.long_used[s] {
+            return Order::WaitLong;
+        }
+        Order::Ready
+    }
+
+    /// The next RMA Medium from `s` as its tail says (one load; checked in the copy).
+    fn rma_state(&self, s: usize) -> Result<RmaState, TransportError> {
+        let k = self.rma_delivered[s];
+        if self.rma_landed[s] <= k {
+            return Ok(RmaState::None);
         }
         let l = &self.tx.layout;
-        let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
+        let idx = (k % l.rma_buffers as u64) as usize;
         let tail = self
             .seg
             .load_slot_word(l.rx(s, idx) + RMA_BUF - TAIL)
             .map_err(io)?;
-        if tail & 0xffff != marker(self.rma_delivered[s], l.rma_buffers) {
-            // Drop the notification: a corrupt one must not wedge every later poll.
-            self.rma_landed[s] -= 1;
-            self.rma_pending -= 1;
-            return Err(io(format!(
-                "rank {s}: RMA Medium notified but its tail marker is {:#x}",
-                tail & 0xffff
-            )));
+        if tail & 0xffff != marker(k, l.rma_buffers) {
+            return Ok(RmaState::BadMarker(tail & 0xffff));
         }
-        if (tail >> 32) & 0xffff != self.velo_delivered[s] & 0xffff {
-            return Ok(None);
-        }
-        Ok(Some(tail))
-    }
-
-    /// Delivers the next RMA Medium from `s` (its tail is `tail`), lent from the receive
-    /// buffer, then frees the buffer (acknowledging lazily).
-    fn deliver_rma<R>(
-        &mut self,
-        s: usize,
-        tail: u64,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
-    ) -> Result<R, TransportError> {
-        let l = self.tx.layout;
         let len = ((tail >> 16) & 0xffff) as usize;
         if len > MAX_MSG {
-            return Err(io(format!("rank {s}: RMA Medium of {len} bytes")));
+            return Ok(RmaState::BadLength(len));
         }
-        let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
-        let at = l.rx(s, idx) + RMA_BUF - TAIL - align8(len);
-        // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
-        let acked = self.tx.rma_acked[s];
-        let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
-        if delta <= self.tx.rma_sent[s] - acked {
-            self.tx.rma_acked[s] += delta;
+        if (tail >> 32) & 0xffff != self.velo_delivered[s] & 0xffff {
+            return Ok(RmaState::WaitsVelo);
         }
+        Ok(RmaState::Ready(tail))
+    }
+
+    /// The tail of the next RMA Medium from `s`, if it landed and every VELO message sent
+    /// before it was delivered. A corrupt tail is dropped and reported.
+    fn rma_next(&mut self, s: usize) -> Result<Option<u64>, TransportError> {
+        match self.rma_state(s)? {
+            RmaState::Ready(tail) => Ok(Some(tail)),
+            RmaState::None | RmaState::WaitsVelo => Ok(None),
+            RmaState::BadMarker(m) => {
+                // No Medium behind the notification: drop the notification.
+                self.rma_landed[s] -= 1;
+                self.rma_pending -= 1;
+                Err(misbehaved(
+                    Some(s),
+                    format!(
+                        "RMA Medium {} notified but its tail marker is {m:#x}",
+                        self.rma_delivered[s]
+                    ),
+                ))
+            }
+            RmaState::BadLength(len) => {
+                let k = self.rma_delivered[s];
+                self.drop_rma(s);
+                Err(misbehaved(
+                    Some(s),
+                    format!("RMA Medium {k} of {len} bytes"),
+                ))
+            }
+        }
+    }
+
+    /// Drops the next RMA Medium from `s` undelivered, freeing its buffer.
+    fn drop_rma(&mut self, s: usize) {
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
-        self.mark_progress();
-        let (bytes, segment) = self
-            .seg
-            .split_lend(at, len, l.segment_base(), l.segment)
-            .map_err(io)?;
-        let r = f(
-            Delivery {
-                src: s as Rank,
-                bytes,
-                payload_placed: false,
-            },
-            segment,
-            &mut self.tx,
-        );
+        self.rma_consumed(s);
+    }
+
+    /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (acknowledging lazily).
+    fn rma_consumed(&mut self, s: usize) {
+        let l = self.tx.layout;
         let tx = &mut self.tx;
         tx.rma_consumed[s] += 1;
         if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (l.rma_buffers as u64).div_ceil(2) {
@@ -814,198 +1054,485 @@ impl Extoll {
                 .imp
                 .store_word(l.ack(tx.rank), tx.rma_consumed[s]);
         }
+    }
+
+    /// Delivers the next RMA Medium from `s` (its tail, checked, is `tail`), lent from the
+    /// receive buffer, then frees the buffer.
+    fn deliver_rma<R>(
+        &mut self,
+        s: usize,
+        tail: u64,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<R, TransportError> {
+        let l = self.tx.layout;
+        let len = ((tail >> 16) & 0xffff) as usize;
+        let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
+        let at = l.rx(s, idx) + RMA_BUF - TAIL - align8(len);
+        // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
+        let acked = self.tx.rma_acked[s];
+        let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
+        if delta <= self.tx.rma_sent[s] - acked {
+            self.tx.rma_acked[s] += delta;
+        } else if delta < STALE_ACK {
+            // Ahead of what we sent (an older ack is legitimate, and ignored).
+            self.tx.fault(misbehaved(
+                Some(s),
+                format!(
+                    "acknowledges {} RMA Mediums, {} were sent",
+                    acked + delta,
+                    self.tx.rma_sent[s]
+                ),
+            ));
+        }
+        self.rma_delivered[s] += 1;
+        self.rma_pending -= 1;
+        let bytes = self.seg.view(at, len).map_err(io)?;
+        let r = f(
+            Delivery {
+                src: s as Rank,
+                bytes: Received::Shared(bytes),
+                payload_placed: false,
+            },
+            am_segment(&self.seg, &l),
+            &mut self.tx,
+        );
+        self.rma_consumed(s);
         Ok(r)
     }
 
-    fn mark_progress(&mut self) {
-        self.idle_polls = 0;
-        self.idle_since = None;
-    }
-
-    fn idle(&mut self) -> Result<(), TransportError> {
-        self.idle_polls = self.idle_polls.wrapping_add(1);
-        if self.idle_polls % IDLE_POLLS_PER_TICK == 0 {
-            // Even a spinning rank gives the CPU away now and then (tens of µs without a
-            // message): on an oversubscribed machine the peer it waits for may need it.
-            std::thread::yield_now();
-            self.liveness_tick()?;
+    /// Counts a poll; every [`IDLE_POLLS_PER_TICK`]th looks at the clock.
+    #[inline]
+    fn count_poll(&mut self) {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % IDLE_POLLS_PER_TICK == 0 {
+            self.tick(Instant::now());
         }
-        Ok(())
     }
 
-    /// After a while without progress: is every peer that has not departed still alive?
-    fn liveness_tick(&mut self) -> Result<(), TransportError> {
-        let now = Instant::now();
-        let since = *self.idle_since.get_or_insert(now);
-        if now.duration_since(since) < LIVENESS_AFTER
-            || self
-                .last_check
-                .is_some_and(|t| now.duration_since(t) < LIVENESS_AFTER)
+    /// Runs the stalled-queue checks ([`check`](Self::check)) if a queue's head has not moved
+    /// for [`LIVENESS_AFTER`], at most once per [`LIVENESS_AFTER`].
+    fn tick(&mut self, now: Instant) {
+        let w = &mut self.watch;
+        if w.mailbox != self.head {
+            w.mailbox = self.head;
+            w.mailbox_since = now;
+        }
+        if w.notes != self.note_head {
+            w.notes = self.note_head;
+            w.notes_since = now;
+        }
+        let stalled = |since: Instant| now.duration_since(since) >= LIVENESS_AFTER;
+        let mailbox = stalled(w.mailbox_since);
+        let due = w
+            .last_check
+            .is_none_or(|c| now.duration_since(c) >= LIVENESS_AFTER);
+        if (mailbox || stalled(w.notes_since)) && due {
+            w.last_check = Some(now);
+            self.check(mailbox);
+        }
+    }
+
+    /// The checks of a stalled queue: our head words, and every wait at the queues' heads
+    /// that can no longer end; with the mailbox stalled (`peers`), the abort word and the
+    /// peers' liveness too (a look at each peer's process: not while VELO traffic flows).
+    /// What they find becomes errors for the next polls.
+    fn check(&mut self, peers: bool) {
+        if peers {
+            self.check_peers();
+        }
+        self.check_heads();
+        self.unblock_notes();
+        self.unblock_mailbox();
+        if let Err(e) = self.tell_head(true) {
+            self.tx.fault(e);
+        }
+    }
+
+    /// Declares rank `r` lost: its partial message is dropped, its claims are skipped as the
+    /// heads reach them, and the next poll reports it (once).
+    fn declare_lost(&mut self, r: usize) {
+        if !self.tx.lost[r] {
+            self.tx.lost[r] = true;
+            self.reasm.abandon(r as u32);
+            self.tx.fault(TransportError::PeerLost(r as Rank));
+        }
+    }
+
+    /// The abort word, and every peer that has not departed: still alive? (`am_nic`'s check;
+    /// what it finds becomes errors for the next polls.)
+    fn check_peers(&mut self) {
+        match self
+            .liveness
+            .check_now(&self.seg, self.tx.layout.departed_words())
         {
-            return Ok(());
+            Err(e) => self.tx.fault(e),
+            Ok(found) => {
+                for e in found {
+                    match e {
+                        TransportError::PeerLost(r) => self.declare_lost(r as usize),
+                        other => self.tx.fault(other),
+                    }
+                }
+            }
         }
-        self.last_check = Some(now);
-        if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
-            return Err(TransportError::JobAborted);
+    }
+
+    /// Our head words say what we told: a peer that rewrote one would keep senders from
+    /// room (or send them laps ahead). Put back, reported.
+    fn check_heads(&mut self) {
+        let l = self.tx.layout;
+        for (ring, told, what) in [
+            (l.mailbox(), self.head_told, "VELO mailbox"),
+            (l.notifications(), self.note_told, "notification queue"),
+        ] {
+            let word = self.seg.load_word(ring.head).unwrap_or(told);
+            if word != told {
+                let _ = ring.consumed(&self.own, told);
+                self.tx.fault(misbehaved(
+                    None,
+                    format!("{what} head word {word}, {told} was consumed"),
+                ));
+            }
         }
-        let mut newly = None;
-        for (r, pid) in self.pids.iter().enumerate() {
-            let Some(pid) = *pid else { continue };
-            if self.tx.lost[r] || self.seg.load_word(self.tx.layout.departed(r)).unwrap_or(0) != 0 {
+    }
+
+    /// Ends the waits at the notification queue's head that cannot end: a claim by a lost
+    /// rank, or by one whose record does not vouch for it, and holes. True if the queue is
+    /// then empty (every notification published so far has been taken).
+    fn unblock_notes(&mut self) -> bool {
+        let l = self.tx.layout;
+        let ring = l.notifications();
+        for _ in 0..=l.notify_slots {
+            if let Err(e) = self.drain_notes() {
+                self.tx.fault(e);
                 continue;
             }
-            if !am_launch::process_alive(pid) {
-                self.tx.lost[r] = true;
-                newly.get_or_insert(r);
+            let t = self.note_head;
+            match ring.look(&self.seg, t) {
+                Ok(Seen::Claimed(who)) => {
+                    let (r, q) = notes_claimer_of(who);
+                    let known = r < l.ranks;
+                    if known
+                        && !self.tx.lost[r]
+                        && ring.claim_is_genuine(&self.seg, t, l.claims(r, q))
+                    {
+                        // A live claimer at work.
+                        return false;
+                    }
+                    if self.take_over(&ring, t).ok() != Some(Taken::Skipped) {
+                        return false;
+                    }
+                    if !(known && self.tx.lost[r]) {
+                        self.tx.fault(misbehaved(
+                            None,
+                            format!(
+                                "notification ticket {t} claimed in the name of claimer {who}, \
+                                 who does not vouch for it"
+                            ),
+                        ));
+                    }
+                }
+                Ok(Seen::Empty) => match ring.fill_hole(&self.seg, t) {
+                    Ok(true) => self.tx.fault(misbehaved(
+                        None,
+                        format!("a hole at notification ticket {t} (a corrupt tail or head)"),
+                    )),
+                    _ => return true,
+                },
+                // Published, skipped or corrupt: the next drain takes it.
+                _ => {}
             }
         }
-        let Some(lost) = newly.or_else(|| self.tx.lost.iter().position(|&l| l)) else {
-            return Ok(());
-        };
-        self.skip_dead_claims()?;
-        if newly.is_some() || self.blocked()? {
-            // Behind a slot claimed by a sender that died before marking it, nothing passes
-            // any more: say so at every check rather than wait in silence.
-            return Err(TransportError::PeerLost(lost as Rank));
-        }
-        Ok(())
+        false
     }
 
-    /// Skips the mailbox and notification slots that lost ranks claimed but never published
-    /// (their claim records say which): no live sender writes them, and everything behind
-    /// them flows again.
-    fn skip_dead_claims(&mut self) -> Result<(), TransportError> {
+    /// Ends the waits at the mailbox's head that cannot end: a claim by a lost rank, or by
+    /// one whose record does not vouch for it; a hole; a message waiting for an RMA Medium
+    /// or a Long payload that was never sent; and RMA Mediums waiting for VELO messages that
+    /// are not in the empty mailbox.
+    fn unblock_mailbox(&mut self) {
         let l = self.tx.layout;
         let ring = l.mailbox();
-        while ring.peek(&self.seg, self.head).map_err(io)?.is_none() {
-            match self.dead_claimer(&[CLAIM_MAILBOX], self.head)? {
-                Some(r) => {
-                    self.reasm.abandon(r as u32);
-                    self.head += 1;
+        for _ in 0..=l.mailbox_slots {
+            let t = self.head;
+            let step = match ring.look(&self.seg, t) {
+                Ok(Seen::Claimed(who)) => {
+                    let r = who as usize;
+                    let known = r < l.ranks;
+                    if known
+                        && !self.tx.lost[r]
+                        && ring.claim_is_genuine(&self.seg, t, l.claims(r, CLAIM_MAILBOX))
+                    {
+                        return;
+                    }
+                    let lost = known && self.tx.lost[r];
+                    if lost {
+                        self.reasm.abandon(who);
+                    }
+                    match self.take_over(&ring, t) {
+                        Ok(Taken::Skipped) => {
+                            if !lost {
+                                self.tx.fault(misbehaved(
+                                    None,
+                                    format!(
+                                        "VELO mailbox ticket {t} claimed in the name of rank \
+                                         {who}, who does not vouch for it"
+                                    ),
+                                ));
+                            }
+                            self.consume()
+                        }
+                        Ok(Taken::Published) => Ok(()),
+                        _ => return,
+                    }
                 }
-                None => break,
+                Ok(Seen::Empty) => match ring.fill_hole(&self.seg, t) {
+                    Ok(true) => {
+                        self.tx.fault(misbehaved(
+                            None,
+                            format!("a hole at VELO mailbox ticket {t} (a corrupt tail or head)"),
+                        ));
+                        Ok(())
+                    }
+                    _ => {
+                        self.drop_stranded_rma();
+                        return;
+                    }
+                },
+                Ok(Seen::Skipped(_)) => self.consume(),
+                Ok(Seen::Published(meta)) => {
+                    let m = Meta::decode(meta);
+                    let s = m.src as usize;
+                    if self.reasm.check(&m).is_err()
+                        || m.flags & FIRST == 0
+                        || self.reasm.in_progress(m.src)
+                    {
+                        // The poll path takes it.
+                        return;
+                    }
+                    if !matches!(self.order(s, &m), Order::WaitRma | Order::WaitLong) {
+                        // The poll path takes it.
+                        return;
+                    }
+                    // The completer notification it waits for was published before this
+                    // packet, which we have seen: drained now (not before the look at the
+                    // packet), a queue with nothing left in it has counted it, or it was
+                    // never sent.
+                    let clear = self.unblock_notes();
+                    let never = match self.order(s, &m) {
+                        // The Medium it waits for waits for VELO messages itself (a Medium
+                        // sent before it waits for none sent after it), or was never notified.
+                        Order::WaitRma => {
+                            matches!(self.rma_state(s), Ok(RmaState::WaitsVelo))
+                                || (clear && self.rma_landed[s] == self.rma_delivered[s])
+                        }
+                        Order::WaitLong => clear,
+                        _ => return,
+                    };
+                    if !never {
+                        return;
+                    }
+                    self.tx.fault(misbehaved(
+                        Some(s),
+                        format!(
+                            "VELO message at ticket {t} waits for an RMA landing that was never \
+                             notified (RMA Mediums before it: {} mod 32; delivered {}, landed {})",
+                            m.rma_before, self.rma_delivered[s], self.rma_landed[s]
+                        ),
+                    ));
+                    self.refuse(&m)
+                }
+                // A corrupt status: the poll path repairs it.
+                Err(_) => return,
+            };
+            if let Err(e) = step {
+                self.tx.fault(e);
+                return;
             }
         }
-        self.tell_head(true)?;
-        let notes = l.notifications();
-        while notes.peek(&self.seg, self.note_head).map_err(io)?.is_none()
-            && self
-                .dead_claimer(&[CLAIM_NOTES, CLAIM_ENGINE], self.note_head)?
-                .is_some()
-        {
-            self.note_head += 1;
-        }
-        if self.note_told != self.note_head {
-            self.note_told = self.note_head;
-            notes.consumed(&self.own, self.note_head).map_err(io)?;
-        }
-        Ok(())
     }
 
-    /// The lost rank whose last claim in one of queues `qs` holds `ticket`, if any.
-    fn dead_claimer(&self, qs: &[usize], ticket: u64) -> Result<Option<usize>, TransportError> {
-        for (r, _) in self.tx.lost.iter().enumerate().filter(|(_, &l)| l) {
-            for &q in qs {
-                let word = self
-                    .seg
-                    .load_word(self.tx.layout.claims(r, q))
-                    .map_err(io)?;
-                if claim_range(word).contains(&ticket) {
-                    return Ok(Some(r));
-                }
+    /// With the mailbox empty: an RMA Medium that waits for VELO messages sent before it
+    /// waits for nothing (they were published before its notification, so they would be
+    /// there). Dropped, reported.
+    fn drop_stranded_rma(&mut self) {
+        if self.rma_pending == 0 {
+            return;
+        }
+        for s in 0..self.tx.layout.ranks {
+            if let Ok(RmaState::WaitsVelo) = self.rma_state(s) {
+                let k = self.rma_delivered[s];
+                self.drop_rma(s);
+                self.tx.fault(misbehaved(
+                    Some(s),
+                    format!(
+                        "RMA Medium {k} waits for VELO messages that were never sent ({} \
+                         delivered)",
+                        self.velo_delivered[s]
+                    ),
+                ));
             }
         }
-        Ok(None)
-    }
-
-    /// Whether the mailbox or the notification queue waits on a claimed, unpublished slot.
-    fn blocked(&self) -> Result<bool, TransportError> {
-        let l = &self.tx.layout;
-        let waits = |ring: am_shm::mailbox::Ring, head: u64| -> Result<bool, TransportError> {
-            Ok(self.seg.load_word(ring.tail).map_err(io)? > head
-                && ring.peek(&self.seg, head).map_err(io)?.is_none())
-        };
-        Ok(waits(l.mailbox(), self.head)? || waits(l.notifications(), self.note_head)?)
     }
 
     /// Whether a poll could make progress now (used before sleeping).
     fn has_work(&self) -> Result<bool, TransportError> {
+        if !self.tx.faults.is_empty() {
+            return Ok(true);
+        }
         let l = &self.tx.layout;
-        if l.notifications()
-            .peek(&self.seg, self.note_head)
-            .map_err(io)?
-            .is_some()
-        {
-            return Ok(true);
+        match l.notifications().look(&self.seg, self.note_head) {
+            Ok(Seen::Empty) => {}
+            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
+            _ => return Ok(true),
         }
-        let Some(meta) = l.mailbox().peek(&self.seg, self.head).map_err(io)? else {
-            return Ok(self.rma_pending > 0);
-        };
-        let m = Meta::decode(meta);
-        let s = m.src as usize;
-        if m.flags & FIRST == 0 || s >= l.ranks {
-            return Ok(true);
+        match l.mailbox().look(&self.seg, self.head) {
+            Ok(Seen::Empty) => {}
+            Ok(Seen::Claimed(who)) => {
+                if self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                    return Ok(true);
+                }
+            }
+            Ok(Seen::Published(meta)) => {
+                let m = Meta::decode(meta);
+                if self.reasm.check(&m).is_err()
+                    || m.flags & FIRST == 0
+                    || self.reasm.in_progress(m.src)
+                {
+                    return Ok(true);
+                }
+                match self.order(m.src as usize, &m) {
+                    Order::WaitRma => {
+                        if !matches!(
+                            self.rma_state(m.src as usize)?,
+                            RmaState::None | RmaState::WaitsVelo
+                        ) {
+                            return Ok(true);
+                        }
+                    }
+                    Order::WaitLong => {}
+                    _ => return Ok(true),
+                }
+            }
+            _ => return Ok(true),
         }
-        let waits_rma = m.rma_before as u64 != self.rma_delivered[s] % RMA_BEFORE_MOD;
-        let waits_long = m.flags & RMA_WAIT != 0 && self.long_landed[s] <= self.long_used[s];
-        Ok(!(waits_rma || waits_long) || self.rma_pending > 0)
+        if self.rma_pending > 0 {
+            for s in 0..l.ranks {
+                if !matches!(self.rma_state(s)?, RmaState::None | RmaState::WaitsVelo) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// A message from the mailbox, if one is complete and may be delivered in order.
     fn poll_mailbox<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         let l = self.tx.layout;
         let ring = l.mailbox();
         loop {
-            let Some(meta) = ring.peek(&self.seg, self.head).map_err(io)? else {
-                return Ok(None);
+            let t = self.head;
+            let meta = match ring.look(&self.seg, t) {
+                Ok(Seen::Published(meta)) => meta,
+                Ok(Seen::Skipped(_)) => {
+                    self.consume()?;
+                    continue;
+                }
+                Ok(Seen::Claimed(who)) => {
+                    if !self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                        return Ok(None);
+                    }
+                    // A dead sender's claim: nobody will publish it, and its message in
+                    // progress will never end.
+                    self.reasm.abandon(who);
+                    match self.take_over(&ring, t)? {
+                        Taken::Skipped => self.consume()?,
+                        Taken::Published => {}
+                        Taken::Neither => return Ok(None),
+                    }
+                    continue;
+                }
+                Ok(Seen::Empty) => return Ok(None),
+                Err(e) => {
+                    // A status no claimer writes: skipped, so the next lap's claimer finds
+                    // the slot free.
+                    if self.take_over(&ring, t)? == Taken::Skipped {
+                        self.consume()?;
+                    }
+                    return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
+                }
             };
             let m = Meta::decode(meta);
             if let Err(e) = self.reasm.check(&m) {
-                self.head += 1;
-                return Err(io(e));
+                // A source outside the job, or more data bytes than a packet holds (lending
+                // them would lend the neighbouring slots).
+                let peer = ((m.src as usize) < l.ranks).then_some(m.src as usize);
+                self.refuse(&m)?;
+                return Err(misbehaved(peer, e));
             }
             let s = m.src as usize;
-            if m.flags & FIRST != 0 && !self.reasm.in_progress(m.src) {
-                // Per-source order across both paths, and a Long waits for its payload.
-                if m.rma_before as u64 != self.rma_delivered[s] % RMA_BEFORE_MOD {
-                    return match self.rma_next(s)? {
-                        Some(tail) => self.deliver_rma(s, tail, f).map(Some),
-                        None => {
-                            self.rma_stall = true;
-                            Ok(None)
-                        }
-                    };
+            if m.flags & FIRST != 0 {
+                if self.reasm.in_progress(m.src) {
+                    // The unfinished message is dropped; this packet starts the next one, on
+                    // the next poll.
+                    self.reasm.abandon(m.src);
+                    self.velo_delivered[s] += 1;
+                    return Err(misbehaved(Some(s), FrameError::Interleaved(m.src)));
                 }
-                if m.flags & RMA_WAIT != 0 && self.long_landed[s] <= self.long_used[s] {
-                    self.rma_stall = true;
-                    return Ok(None);
+                match self.order(s, &m) {
+                    Order::Ready => {}
+                    Order::WaitRma => {
+                        return match self.rma_next(s)? {
+                            Some(tail) => self.deliver_rma(s, tail, f).map(Some),
+                            None => {
+                                self.rma_stall = true;
+                                Ok(None)
+                            }
+                        };
+                    }
+                    Order::WaitLong => {
+                        self.rma_stall = true;
+                        return Ok(None);
+                    }
+                    refused => {
+                        self.refuse(&m)?;
+                        let why = match refused {
+                            Order::RmaAhead(n) => format!(
+                                "says {n} RMA Mediums sent before it are undelivered, more than \
+                                 its {} buffers",
+                                l.rma_buffers
+                            ),
+                            _ => "waits for an RMA put, but is no placed Long".to_owned(),
+                        };
+                        return Err(misbehaved(
+                            Some(s),
+                            format!("VELO message at ticket {t} {why}"),
+                        ));
+                    }
                 }
                 if m.flags & LAST != 0 {
-                    // One packet: lent straight from the mailbox slot.
-                    self.mark_progress();
-                    let (bytes, segment) = self
-                        .seg
-                        .split_lend(
-                            ring.slot_base(self.head),
-                            m.len,
-                            l.segment_base(),
-                            l.segment,
-                        )
-                        .map_err(io)?;
+                    // One packet: lent straight from the mailbox slot (its length checked
+                    // against the packet's above, and again by the ring).
+                    let bytes = match ring.payload(&self.seg, t, m.len) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            self.refuse(&m)?;
+                            return Err(misbehaved(Some(s), e));
+                        }
+                    };
                     let r = f(
                         Delivery {
                             src: s as Rank,
-                            bytes,
+                            bytes: Received::Shared(bytes),
                             payload_placed: m.flags & PLACED != 0,
                         },
-                        segment,
+                        am_segment(&self.seg, &l),
                         &mut self.tx,
                     );
-                    self.head += 1;
-                    self.tell_head(false)?;
+                    self.consume()?;
                     self.velo_delivered[s] += 1;
                     if m.flags & RMA_WAIT != 0 {
                         self.long_used[s] += 1;
@@ -1013,29 +1540,41 @@ impl Extoll {
                     return Ok(Some(r));
                 }
             }
-            let data = ring.payload(&self.seg, self.head, m.len).map_err(io)?;
-            let pushed = self.reasm.push(&m, data);
-            self.head += 1;
-            self.tell_head(false)?;
-            self.mark_progress();
-            let Some((flags, buf)) = pushed.map_err(io)? else {
-                continue;
+            // Part of a message of several packets: copied into the source's reassembly
+            // buffer.
+            let pushed = match ring.payload(&self.seg, t, m.len) {
+                Ok(view) => self.reasm.push_with(&m, m.len, |dst| {
+                    // Same length as the view: cannot fail.
+                    let _ = view.read(0, dst);
+                }),
+                Err(e) => {
+                    self.refuse(&m)?;
+                    return Err(misbehaved(Some(s), e));
+                }
+            };
+            self.consume()?;
+            let (flags, buf) = match pushed {
+                Ok(Some(done)) => done,
+                Ok(None) => continue,
+                Err(e) => {
+                    if matches!(e, FrameError::TooLong { .. }) {
+                        // A message that was started: it counts for the order.
+                        self.velo_delivered[s] += 1;
+                    }
+                    return Err(misbehaved(Some(s), e));
+                }
             };
             self.velo_delivered[s] += 1;
             if flags & RMA_WAIT != 0 {
                 self.long_used[s] += 1;
             }
-            let segment = {
-                let base = l.segment_base();
-                self.seg.bytes_mut(base, l.segment).map_err(io)?
-            };
             let r = f(
                 Delivery {
                     src: s as Rank,
-                    bytes: &buf,
+                    bytes: Received::Private(&buf),
                     payload_placed: flags & PLACED != 0,
                 },
-                segment,
+                am_segment(&self.seg, &l),
                 &mut self.tx,
             );
             self.reasm.recycle(buf);
@@ -1067,30 +1606,24 @@ impl Transport for Extoll {
         }
     }
 
-    fn segment(&self) -> &[u8] {
-        let l = &self.tx.layout;
-        self.seg.bytes(l.segment_base(), l.segment).unwrap_or(&[])
-    }
-
-    fn segment_mut(&mut self) -> &mut [u8] {
-        let l = self.tx.layout;
-        self.seg
-            .bytes_mut(l.segment_base(), l.segment)
-            .unwrap_or(&mut [])
+    fn segment(&self) -> SharedBytes<'_> {
+        am_segment(&self.seg, &self.tx.layout)
     }
 
     #[inline]
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
+        self.count_poll();
+        if let Some(e) = self.tx.faults.pop_front() {
+            return Err(e);
+        }
         let l = self.tx.layout;
-        if l.notifications()
-            .peek(&self.seg, self.note_head)
-            .map_err(io)?
-            .is_some()
-        {
-            self.drain_notes()?;
+        match l.notifications().look(&self.seg, self.note_head) {
+            Ok(Seen::Empty) => {}
+            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
+            _ => self.drain_notes()?,
         }
         if self.rma_pending > 0 {
             // Round robin over the sources with a landed RMA Medium.
@@ -1112,8 +1645,12 @@ impl Transport for Extoll {
                     // On a machine with no spare core, a spinning rank would otherwise keep
                     // the engine thread off the CPU for a whole scheduler slice.
                     std::thread::yield_now();
+                } else if self.polls % IDLE_POLLS_PER_TICK == 0 {
+                    // Even a spinning rank gives the CPU away now and then (tens of µs
+                    // without a message): on an oversubscribed machine the peer it waits for
+                    // may need it.
+                    std::thread::yield_now();
                 }
-                self.idle()?;
                 Ok(None)
             }
         }
@@ -1136,7 +1673,13 @@ impl Transport for Extoll {
         if self.has_work()? {
             return Ok(());
         }
-        self.liveness_tick()?;
+        self.tick(Instant::now());
+        if let Some(e) = self.tx.faults.pop_front() {
+            return Err(e);
+        }
+        if self.has_work()? {
+            return Ok(());
+        }
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
         bell.sleep(timeout.min(LIVENESS_AFTER));
         Ok(())
@@ -1146,9 +1689,8 @@ impl Transport for Extoll {
         // Let the engine finish what was sent (bounded).
         let deadline = Instant::now() + Duration::from_secs(1);
         while self.tx.jobs_done < self.tx.jobs && Instant::now() < deadline {
-            if self.drain_notes().is_err() {
-                break;
-            }
+            // A corrupt notification was consumed and reported; go on draining.
+            let _ = self.drain_notes();
             std::thread::yield_now();
         }
     }
@@ -1159,18 +1701,11 @@ impl Drop for Extoll {
         self.close();
         // Stop the engine before saying goodbye.
         self.tx.engine = None;
-        let me = self.tx.rank;
-        let panicking = std::thread::panicking();
-        for (r, peer) in self.tx.peers.iter().enumerate() {
-            if r == me {
-                continue;
-            }
-            let _ = peer.imp.store_word(self.tx.layout.departed(me), 1);
-            if panicking {
-                let _ = peer.imp.store_word(ABORT, 1);
-            }
-            let _ = peer.imp.ring(DOORBELL);
-        }
+        am_nic::control::depart(
+            self.tx.peers.iter().map(|p| &p.imp),
+            self.tx.rank,
+            self.tx.layout.departed_words(),
+        );
     }
 }
 
@@ -1184,277 +1719,8 @@ impl std::fmt::Debug for Extoll {
     }
 }
 
-/// Posts a notification as a peer's engine would (tests of the receive checks).
 #[cfg(test)]
-pub(crate) fn post_note(x: &Extoll, target: usize, src: usize, kind: u32, value: u64) -> bool {
-    use crate::rma::notify;
-    let stop = std::sync::atomic::AtomicBool::new(true);
-    notify(
-        &x.tx.layout,
-        &x.tx.peers[target],
-        src,
-        Note { kind, value },
-        &stop,
-    )
-}
+mod tests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use am_core::wire::MAX_HEAD_LEN;
-    use am_core::{AmKind, Category};
-    use am_perf::nic::{head_into as head, message as out};
-
-    fn pair(config: ExtollConfig) -> (Extoll, Extoll) {
-        let mut v = Extoll::cluster(2, 1 << 16, config).unwrap();
-        let b = v.pop().unwrap();
-        (v.pop().unwrap(), b)
-    }
-
-    fn recv(x: &mut Extoll) -> Option<(u32, Vec<u8>)> {
-        for _ in 0..100_000 {
-            if let Some(v) = x.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())).unwrap() {
-                return Some(v);
-            }
-            std::thread::yield_now();
-        }
-        None
-    }
-
-    /// A full mailbox is back-pressure: nothing is overwritten, and everything arrives once
-    /// the receiver drains.
-    #[test]
-    fn full_mailbox_is_busy_and_loses_nothing() {
-        let config = ExtollConfig {
-            mailbox_slots: 148,
-            medium: crate::MediumPath::Velo,
-            ..ExtollConfig::default()
-        };
-        let (mut a, mut b) = pair(config);
-        let mut h = [0u8; MAX_HEAD_LEN];
-        let n = head(Category::Request, AmKind::Medium, 100, &mut h);
-        let mut sent = 0u8;
-        loop {
-            let payload = [sent; 100];
-            match a.try_send(1, &out(&h[..n], &payload)) {
-                Ok(()) => sent += 1,
-                Err(SendError::Busy) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        // 112-byte messages take 2 packets each: 74 of them fill 148 slots.
-        assert_eq!(sent, 74);
-        for k in 0..sent {
-            let (src, bytes) = recv(&mut b).expect("delivered");
-            assert_eq!(src, 0);
-            assert_eq!(&bytes[n..], &[k; 100]);
-        }
-        assert!(b.poll_recv(|_, _, _| ()).unwrap().is_none());
-        a.try_send(1, &out(&h[..n], &[1; 100])).unwrap();
-    }
-
-    /// VELO and RMA Mediums of one source arrive in send order.
-    #[test]
-    fn both_paths_keep_per_source_order() {
-        let config = ExtollConfig {
-            medium: crate::MediumPath::Auto { rma_from: 64 },
-            rma_buffers: 2,
-            ..ExtollConfig::default()
-        };
-        let (mut a, mut b) = pair(config);
-        let mut h = [0u8; MAX_HEAD_LEN];
-        let sizes = [10usize, 100, 20, 200, 300, 5, 400, 8192, 1];
-        let mut got = Vec::new();
-        for (k, &len) in sizes.iter().enumerate() {
-            let n = head(Category::Request, AmKind::Medium, len, &mut h);
-            let payload = vec![k as u8; len];
-            while let Err(e) = a.try_send(1, &out(&h[..n], &payload)) {
-                assert_eq!(e, SendError::Busy, "RMA buffers run out");
-                if let Some(m) = b.poll_recv(|d, _, _| d.bytes.to_vec()).unwrap() {
-                    got.push(m);
-                }
-                a.drain_notes().unwrap();
-            }
-        }
-        while got.len() < sizes.len() {
-            got.push(recv(&mut b).expect("delivered").1);
-        }
-        for (k, &len) in sizes.iter().enumerate() {
-            assert_eq!(got[k].len(), len + 12);
-            assert!(
-                got[k][12..].iter().all(|&x| x == k as u8),
-                "message {k} in order"
-            );
-        }
-    }
-
-    #[test]
-    fn rma_put_and_get_by_the_engine_with_notifications() {
-        let (mut a, mut b) = pair(ExtollConfig::default());
-        a.segment_mut()[100..110].copy_from_slice(b"0123456789");
-        let op = a.rma_put(1, 5000, 100, 10).unwrap();
-        while !a.rma_test(op).unwrap() {
-            std::thread::yield_now();
-        }
-        while b.puts_landed(0) == 0 {
-            b.drain_notes().unwrap();
-            std::thread::yield_now();
-        }
-        assert_eq!(&b.segment()[5000..5010], b"0123456789");
-        b.segment_mut()[7..9].copy_from_slice(b"xy");
-        let op = a.rma_get(1, 7, 0, 2).unwrap();
-        while !a.rma_test(op).unwrap() {
-            std::thread::yield_now();
-        }
-        assert_eq!(&a.segment()[..2], b"xy");
-        assert!(matches!(
-            a.rma_put(1, 1 << 16, 0, 1),
-            Err(RmaError::OutOfBounds { .. })
-        ));
-        assert!(matches!(a.rma_get(5, 0, 0, 1), Err(RmaError::BadRank(5))));
-    }
-
-    #[test]
-    fn corrupt_notifications_and_packets_are_errors() {
-        let (a, mut b) = pair(ExtollConfig::default());
-        // A requester notification claiming to come from another rank.
-        assert!(post_note(&a, 1, 0, kind::LONG_SENT, 0));
-        assert!(b.poll_recv(|_, _, _| ()).is_err());
-        // An RMA Medium notified with no buffer written: the marker check catches it.
-        assert!(post_note(&a, 1, 0, kind::MEDIUM_LANDED, 0));
-        assert!(b.poll_recv(|_, _, _| ()).is_err());
-        // A packet from rank 9 of a 2-rank job.
-        let ring = a.tx.layout.mailbox();
-        let t = ring
-            .try_claim(&a.tx.peers[1].seg, 1, &mut 0)
-            .unwrap()
-            .unwrap();
-        let m = Meta {
-            src: 9,
-            len: 3,
-            flags: FIRST | LAST,
-            rma_before: 0,
-        };
-        ring.publish(&a.tx.peers[1].imp, t, m.encode()).unwrap();
-        assert!(b.poll_recv(|_, _, _| ()).is_err());
-        assert!(
-            b.poll_recv(|_, _, _| ()).unwrap().is_none(),
-            "dropped, not stuck"
-        );
-    }
-}
-
-#[cfg(test)]
-mod dead_claimer {
-    use super::*;
-    use am_core::wire::{Header, MAX_HEAD_LEN};
-    use am_core::{AmKind, Category};
-
-    /// The pid of a process that has exited and been reaped.
-    fn dead_pid() -> nix::unistd::Pid {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
-        child.wait().unwrap();
-        nix::unistd::Pid::from_raw(pid)
-    }
-
-    fn short(buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
-        Header {
-            category: Category::Request,
-            kind: AmKind::Short,
-            system: false,
-            handler: 1,
-            nargs: 1,
-            credit: 0,
-            payload_len: 0,
-            long_offset: 0,
-        }
-        .encode(&[7], buf)
-    }
-
-    /// Polls `x` until it delivers (the message's source), collecting the errors on the way;
-    /// `None` after 5 s.
-    fn poll_until_delivery(x: &mut Extoll, errors: &mut Vec<TransportError>) -> Option<u32> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            match x.poll_recv(|d, _, _| d.src) {
-                Ok(Some(src)) => return Some(src),
-                Ok(None) => std::thread::yield_now(),
-                Err(e) => errors.push(e),
-            }
-        }
-        None
-    }
-
-    /// Rank 1 claims (and marks) slots in rank 0's mailbox and notification queue, then dies
-    /// without publishing: once rank 0 notices, it skips them, and rank 2's message flows.
-    #[test]
-    fn slots_of_a_dead_claimer_are_skipped() {
-        let mut v = Extoll::cluster(3, 1 << 16, ExtollConfig::default()).unwrap();
-        let mut c = v.pop().unwrap();
-        let mut b = v.pop().unwrap();
-        let mut a = v.pop().unwrap();
-        a.pids[1] = Some(dead_pid());
-        // A 3-packet message: the first packet published, then death.
-        let t = b.tx.claim(0, 3).unwrap();
-        let ring = b.tx.layout.mailbox();
-        let first = Meta {
-            src: 1,
-            len: 8,
-            flags: FIRST,
-            rma_before: 0,
-        };
-        ring.publish(&b.tx.peers[0].imp, t, first.encode()).unwrap();
-        Reserved::try_new(&b.tx.layout, &b.tx.peers, 1, Some(0), &mut [0; 3])
-            .unwrap()
-            .unwrap();
-        let mut h = [0u8; MAX_HEAD_LEN];
-        let n = short(&mut h);
-        c.try_send(0, &out(&h[..n])).unwrap();
-        let mut errors = Vec::new();
-        assert_eq!(poll_until_delivery(&mut a, &mut errors), Some(2));
-        assert_eq!(errors, vec![TransportError::PeerLost(1)]);
-        assert!(
-            a.note_head >= 1,
-            "the dead rank's notification slot skipped"
-        );
-        // Later traffic from rank 2 needs no more checks.
-        c.try_send(0, &out(&h[..n])).unwrap();
-        assert_eq!(poll_until_delivery(&mut a, &mut errors), Some(2));
-        assert_eq!(errors.len(), 1);
-    }
-
-    /// A slot claimed but never recorded (the sender died right after its claim) cannot be
-    /// attributed: every liveness check then reports the loss again, never silence.
-    #[test]
-    fn an_unmarked_claim_keeps_reporting_peer_lost() {
-        let (mut a, b) = {
-            let mut v = Extoll::cluster(2, 1 << 16, ExtollConfig::default()).unwrap();
-            let b = v.pop().unwrap();
-            (v.pop().unwrap(), b)
-        };
-        a.pids[1] = Some(dead_pid());
-        let ring = b.tx.layout.mailbox();
-        ring.try_claim(&b.tx.peers[0].seg, 1, &mut 0)
-            .unwrap()
-            .unwrap();
-        let mut errors = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while errors.len() < 3 && Instant::now() < deadline {
-            match a.poll_recv(|_, _, _| ()) {
-                Ok(Some(())) => panic!("nothing was published"),
-                Ok(None) => std::thread::yield_now(),
-                Err(e) => errors.push(e),
-            }
-        }
-        assert_eq!(errors, vec![TransportError::PeerLost(1); 3]);
-    }
-
-    fn out(head: &[u8]) -> Outgoing<'_> {
-        Outgoing {
-            head,
-            payload: &[],
-            long_offset: None,
-        }
-    }
-}
+mod hostile;

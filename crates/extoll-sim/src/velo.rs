@@ -129,12 +129,18 @@ pub fn fragment<E>(
 
 /// Per-source reassembly of multi-packet messages (the mailbox is shared: packets of several
 /// sources interleave, but one source's packets arrive in its order).
+///
+/// A message refused part-way (a packet that breaks the framing, or one the transport
+/// refuses) is dropped whole: the source's later packets of it are consumed in silence up to
+/// its last packet, so one bad message is one error.
 #[derive(Debug)]
 pub struct Reassembler {
     cap: usize,
     max: usize,
     /// Per source: (flags of the first packet, bytes so far) of a message in progress.
     partial: Vec<Option<(u32, Vec<u8>)>>,
+    /// Per source: the rest of a refused message is being dropped.
+    discarding: Vec<bool>,
     /// Buffers of finished messages, reused.
     spare: Vec<Vec<u8>>,
 }
@@ -146,6 +152,7 @@ impl Reassembler {
             cap,
             max,
             partial: vec![None; ranks],
+            discarding: vec![false; ranks],
             spare: Vec::new(),
         }
     }
@@ -171,40 +178,75 @@ impl Reassembler {
         self.partial.get(src as usize).is_some_and(|p| p.is_some())
     }
 
-    /// Takes one packet: `Ok(Some((flags, message)))` when it completes a message (give the
-    /// buffer back with [`recycle`](Self::recycle)). On error the source's partial message is
-    /// dropped.
+    /// Takes one packet whose data are the first `m.len` bytes of `data` (fewer if `data` is
+    /// shorter): `Ok(Some((flags, message)))` when it completes a message (give the buffer
+    /// back with [`recycle`](Self::recycle)). On error the message is dropped whole.
     pub fn push(&mut self, m: &Meta, data: &[u8]) -> Result<Option<(u32, Vec<u8>)>, FrameError> {
+        let len = m.len.min(data.len());
+        self.push_with(m, len, |dst| dst.copy_from_slice(&data[..len]))
+    }
+
+    /// [`push`](Self::push) of a packet of `len <= m.len` data bytes, which `fill` copies into
+    /// the slice it is given (exactly `len` bytes, in the message buffer): one copy from a
+    /// shared slot, no staging.
+    pub fn push_with(
+        &mut self,
+        m: &Meta,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Option<(u32, Vec<u8>)>, FrameError> {
         self.check(m)?;
-        let data = &data[..m.len.min(data.len())];
+        let len = len.min(m.len);
         let src = m.src as usize;
+        let last = m.flags & LAST != 0;
+        if m.flags & FIRST == 0 && self.discarding[src] {
+            // The rest of a refused message.
+            self.discarding[src] = !last;
+            return Ok(None);
+        }
+        self.discarding[src] = false;
         let slot = &mut self.partial[src];
         if m.flags & FIRST != 0 {
-            if slot.is_some() {
-                *slot = None;
+            if let Some((_, old)) = slot.take() {
+                self.refuse(m);
+                self.recycle(old);
                 return Err(FrameError::Interleaved(m.src));
             }
             let mut buf = self.spare.pop().unwrap_or_default();
             buf.clear();
-            buf.extend_from_slice(data);
+            buf.resize(len, 0);
+            fill(&mut buf);
             *slot = Some((m.flags, buf));
         } else {
             let Some((_, buf)) = slot.as_mut() else {
+                self.refuse(m);
                 return Err(FrameError::DataWithoutHeader(m.src));
             };
-            if buf.len() + data.len() > self.max {
-                *slot = None;
+            let at = buf.len();
+            if at + len > self.max {
+                self.refuse(m);
                 return Err(FrameError::TooLong {
                     src: m.src,
                     max: self.max,
                 });
             }
-            buf.extend_from_slice(data);
+            buf.resize(at + len, 0);
+            fill(&mut buf[at..]);
         }
-        if m.flags & LAST != 0 {
+        if last {
             Ok(slot.take())
         } else {
             Ok(None)
+        }
+    }
+
+    /// Drops the message packet `m` belongs to (the transport refused it): the source's
+    /// partial message, and, unless `m` is its last packet, the rest of it as it comes.
+    pub fn refuse(&mut self, m: &Meta) {
+        let src = m.src as usize;
+        if let Some(p) = self.partial.get_mut(src) {
+            *p = None;
+            self.discarding[src] = m.flags & LAST == 0;
         }
     }
 
@@ -212,6 +254,7 @@ impl Reassembler {
     pub fn abandon(&mut self, src: u32) {
         if let Some(p) = self.partial.get_mut(src as usize) {
             *p = None;
+            self.discarding[src as usize] = false;
         }
     }
 
@@ -276,7 +319,70 @@ mod tests {
         assert_eq!(Meta::decode(m.encode()), m);
     }
 
+    /// A refused message is dropped whole: one error, the rest of it consumed in silence, and
+    /// the source's next message whole.
+    #[test]
+    fn a_refused_message_is_dropped_whole() {
+        let mut r = Reassembler::new(2, 56, 300);
+        let m = |flags, len| Meta {
+            src: 1,
+            len,
+            flags,
+            rma_before: 0,
+        };
+        // The transport refuses a first packet: the rest of its message goes quietly.
+        r.refuse(&m(FIRST, 56));
+        assert_eq!(r.push(&m(0, 56), &[1; 56]), Ok(None));
+        assert_eq!(r.push(&m(LAST, 3), &[1; 3]), Ok(None));
+        assert_eq!(
+            r.push(&m(FIRST | LAST, 2), &[7; 2]),
+            Ok(Some((FIRST | LAST, vec![7; 2])))
+        );
+        // Too long: one error, then silence up to the last packet.
+        assert_eq!(r.push(&m(FIRST, 56), &[2; 56]), Ok(None));
+        for _ in 0..4 {
+            assert_eq!(r.push(&m(0, 56), &[2; 56]), Ok(None));
+        }
+        assert!(matches!(
+            r.push(&m(0, 56), &[2; 56]),
+            Err(FrameError::TooLong { src: 1, .. })
+        ));
+        assert!(!r.in_progress(1));
+        assert_eq!(r.push(&m(0, 56), &[2; 56]), Ok(None));
+        assert_eq!(r.push(&m(LAST, 5), &[2; 5]), Ok(None));
+        // A data packet with no message: one error; a refused one-packet message leaves
+        // nothing to discard.
+        assert_eq!(
+            r.push(&m(LAST, 5), &[3; 5]),
+            Err(FrameError::DataWithoutHeader(1))
+        );
+        r.refuse(&m(FIRST | LAST, 5));
+        assert_eq!(
+            r.push_with(&m(FIRST | LAST, 4), 4, |d| d.copy_from_slice(b"abcd")),
+            Ok(Some((FIRST | LAST, b"abcd".to_vec())))
+        );
+        // A first packet from a dead source's half message: abandoned, nothing discarded.
+        assert_eq!(r.push(&m(FIRST, 56), &[4; 56]), Ok(None));
+        r.abandon(1);
+        assert!(!r.in_progress(1));
+        assert_eq!(
+            r.push(&m(LAST, 5), &[3; 5]),
+            Err(FrameError::DataWithoutHeader(1))
+        );
+    }
+
     proptest! {
+        // Under Miri: no failure file (isolation has no working directory), and few cases.
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { ProptestConfig::default().cases },
+            failure_persistence: if cfg!(miri) {
+                None
+            } else {
+                ProptestConfig::default().failure_persistence
+            },
+            ..ProptestConfig::default()
+        })]
+
         /// Messages from several sources, cut into packets and interleaved (each source's
         /// packets in order), come back intact.
         #[test]

@@ -1,5 +1,8 @@
 //! `portals`: a Portals NIC (the seed "Porting GASNet to Portals", Cray XT/SeaStar) over real
 //! shared memory between processes, and the GASNet Portals conduit's AM mapping onto it.
+//! Each rank's NI memory is an anonymous segment (no file is ever left behind), mapped by
+//! every peer with full access (its NIC's view); in-process clusters use heap segments, so
+//! Miri and loom run the same code.
 //!
 //! The seed's mechanisms, in its own terms, and where they are:
 //! - a **network interface** per rank ([`ni`]) with a **portal table** ([`ni::NPT`] entries);
@@ -13,8 +16,8 @@
 //!   the target by the NIC through matching, never by handler code. The NIC is modelled with
 //!   **the initiator's process as the wire**: it walks the target's match list (in the
 //!   target's exported memory), claims space with atomics (`fetch_add` on a locally managed
-//!   offset, a CAS to take a use-once entry, a CAS on the event queue's tail), deposits the
-//!   data and posts the target's event. No thread per rank, no copy through a staging queue:
+//!   offset, a CAS to take a use-once entry, a CAS of an event slot's sequence word that
+//!   names the claimer), deposits the data and posts the target's event. No thread per rank, no copy through a staging queue:
 //!   this is what the SeaStar's embedded processor does, run by the only CPU that is awake
 //!   for the message anyway, and it keeps an AM round trip to one cache line per direction;
 //! - **flow control**: the request portal entry has flow control. A put that finds no entry
@@ -22,8 +25,8 @@
 //!   disables the portal entry (`PtDisabled` event); the initiator learns it from the put's
 //!   outcome ([`ni::NiFail::PtDisabled`], or an `Ack` event with that failure when it asked
 //!   for one) and the transport reports `SendError::Busy`, so the core sends the message
-//!   again. The target re-links its buffers once every message in them was consumed and then
-//!   re-enables the entry. While the entry is disabled every put to it is refused, so no
+//!   again. The target re-links a buffer once every message claimed in it was read, or was
+//!   claimed by a rank that died, and then re-enables the entry. While the entry is disabled every put to it is refused, so no
 //!   later message overtakes a refused one: nothing is lost and per-pair order holds;
 //! - **AMs** as the seed's conduit maps them ([`transport`]): the AM header's first four
 //!   bytes (flags, handler, argument count, credit byte) and the request's send-slot index
@@ -39,7 +42,23 @@
 //!   payloads are put there before the header message, which is delivered with
 //!   `payload_placed`;
 //! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
-//!   exchanged at start, as in `sci-sim`); a rank that ends cleanly marks itself departed.
+//!   exchanged at start, as in `sci-sim`); a rank that ends cleanly marks itself departed;
+//! - **a dead claimer never wedges a receiver**: every claim that could strand the owner
+//!   names its claimer in one atomic step (the event slot's compare-and-swap to
+//!   `CLAIMED(ticket, rank)`), and each initiator keeps a **sender record** in the target's
+//!   memory, stored before its claims (the lowest ticket it may claim, and the locally
+//!   managed entry it may be claiming space in) and cleared after its event is published.
+//!   The owner skips a slot at its queue's head claimed by a lost rank (or in the name of a
+//!   rank whose record does not vouch for it), and re-links a buffer once no live rank's
+//!   record names it while that rank holds a claimed slot and no event about it is unread:
+//!   a dead rank's claimed bytes are written off, with certainty and no timeout
+//!   ([`ni::NiOwner::eq_unblock`], [`ni::NiOwner::lm_drained`]);
+//! - **hostile peers**: everything read from shared memory is copied and checked before use
+//!   (events, entries, offsets, counts, head and tail); a peer's word no protocol step
+//!   writes is reported as `PeerMisbehaved` (naming the peer where the word says who wrote
+//!   it), repaired or skipped by the owner (which keeps its own copy of its portal table and
+//!   match lists, and checks the shared one when idle and after refusals), and the other
+//!   ranks' messages flow on.
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -70,9 +89,13 @@
 //! managed offsets are claimed in 8-byte units; event queues never drop events the AM path
 //! depends on (a full queue refuses the put instead), but the courtesy events
 //! (`Send`/`Ack`/`Reply` at the initiator, `Unlink`) are skipped when their queue is full,
-//! since the state they announce is also kept in the entries; a rank that deliberately
-//! corrupts another's memory can stall it (every field read is bounds-checked, so it cannot
-//! make it fault or write out of bounds).
+//! since the state they announce is also kept in the entries. A peer that corrupts a rank's
+//! NI memory cannot make it fault, lend bytes outside a message's buffer or write outside
+//! the byte area, and is reported; but what is in flight while the corruption lasts may be
+//! lost or garbled (every peer can write the byte area, so no transport can keep a hostile
+//! peer from rewriting a message before it is read), and a peer that forges a consistent
+//! claim in a live rank's name (that rank's record and a claimed slot, together) holds the
+//! rank's event queue until that rank ends.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -99,8 +122,9 @@ pub struct PortalsConfig {
     pub send_slots: usize,
     /// Largest Long payload per message.
     pub max_long: usize,
-    /// Forces the bytes of each request buffer (for tests of flow control: with buffers
-    /// smaller than the budget, requests are refused and sent again). `None`: from the budget.
+    /// Forces the bytes of each request buffer, rounded up to a cache line (for tests of flow
+    /// control: with buffers smaller than the budget, requests are refused and sent again).
+    /// `None`: from the budget.
     pub request_buffer_bytes: Option<usize>,
 }
 
@@ -208,7 +232,7 @@ impl PortalsConfig {
     /// message at its end, while the oldest drains (the seed's triple buffering).
     pub fn request_buffer_bytes(&self, ranks: u32) -> u64 {
         if let Some(b) = self.request_buffer_bytes {
-            return b as u64;
+            return (b as u64).div_ceil(64) * 64;
         }
         let need = self
             .credits

@@ -9,9 +9,13 @@
 //!   line 0            EQ doorbell (futex word), then the waiting word (the owner may sleep)
 //!   line 1            abort word (a rank that panicked sets it)
 //!   line 2            EQ head, published by the owner (lazily: every quarter ring, and idle)
-//!   line 3            EQ tail, claimed by producers (CAS)
+//!   line 3            EQ tail: a hint of the next free ticket, stored by producers
 //!   NPT lines         portal table: state (enabled/disabled), list head, options
 //!   departed words    one per rank, set by a rank that ends cleanly
+//!   ranks lines       sender records, one line per rank, written only by that rank as an
+//!                     initiator: word 0 its event-queue claim (ACTIVE | the lowest ticket it
+//!                     may claim), word 1 the locally managed entry it may be claiming space
+//!                     in (ACTIVE | index + 1)
 //!   max_me × 2 lines  match entries: line 0 = state+generation, match bits, ignore bits,
 //!                     options, start, length, next; line 1 = locally managed offset, used
 //!   eq_capacity lines event queue slots: sequence word, then the event's seven words
@@ -19,18 +23,56 @@
 //!   whatever the owner describes with match entries (receive buffers, segment, ...)
 //! ```
 //!
-//! Concurrency. Producers (any rank's wire) claim an event slot with a CAS on the tail,
-//! write the event words, and publish with a `Release` store of the slot's sequence word;
-//! the owner reads slots in order. A producer rings the doorbell only if the owner announced
-//! that it may sleep (see [`NiOwner::announce_wait`]): a spinning owner costs its producers
-//! no atomic on its lines and no fence beyond the tail CAS. Match entries are read under a seqlock (state word
-//! before and after), so a walker never acts on a torn entry; use-once entries are taken
-//! with a CAS of their state, locally managed space with a `fetch_add` of the entry's
-//! offset. Only the owner changes the list structure; a walker that races a re-link may
-//! end its walk early, which at worst disables the portal entry spuriously (the initiator
-//! then sends again after the owner re-enables it: nothing is lost).
+//! # Event queue
+//! Ticket `t` uses slot `t % eq_capacity`. A slot's sequence word holds, for ticket `t`:
+//!
+//! ```text
+//! free       t + 1 - eq_capacity  (what the previous lap left; 0 in zeroed memory, lap 0)
+//! CLAIMED    bit 63 | claimer << 31 | (t + 1) mod 2^31
+//! published  t + 1
+//! ```
+//!
+//! A producer (any rank's wire) **claims** ticket `t` with one compare-and-swap of the
+//! slot's sequence word from its free value, which it computes without a load, to
+//! `CLAIMED(t, claimer)`: the claim and its claimer are one atomic step. It first checks
+//! `t < head + eq_capacity` against the owner's published head (so the slot's previous
+//! event was read), and before its first claim it stores `ACTIVE | t` into its sender
+//! record, so that the owner can tell a claim that rank really holds from a sequence word
+//! forged in its name. It then stores the event's words and **publishes** with a `Release`
+//! store of `t + 1`; the owner reads slots in ticket order. The tail word is only a hint of
+//! where to start (a producer that finds a slot taken moves on to the next), so a stale or
+//! corrupt tail costs a walk, never an overwrite.
+//!
+//! The owner never waits for ever at its head ([`NiOwner::eq_unblock`]): a slot `CLAIMED`
+//! by a rank that was lost, by a rank that is not in the job, or by one whose record does
+//! not vouch for the claim is taken over (a compare-and-swap to its published value, so
+//! the next lap finds it free) and skipped; a sequence word no producer writes is repaired
+//! the same way and reported; a free slot below claimed ones (a hole, left by a corrupt
+//! tail) is skipped.
+//!
+//! A producer rings the doorbell only if the owner announced that it may sleep (see
+//! [`NiOwner::announce_wait`]): a spinning owner costs its producers no atomic on its lines
+//! and no fence beyond the claim.
+//!
+//! # Match lists and locally managed offsets
+//! Match entries are read under a seqlock (state word before and after), so a walker never
+//! acts on a torn entry; use-once entries are taken with a CAS of their state, locally
+//! managed space with a `fetch_add` of the entry's offset. Only the owner changes the list
+//! structure; a walker that races a re-link may end its walk early, which at worst disables
+//! the portal entry spuriously (the initiator then sends again after the owner re-enables
+//! it: nothing is lost).
+//!
+//! A walker that wants an event reserves its event slot **before** it takes any space
+//! (reserve-first), so that a full event queue refuses the put with no side effect at the
+//! target (no space claimed, no use-once entry taken); and before it claims locally managed
+//! space it stores the entry into its sender record (released after its event is
+//! published). That makes every claim attributable: the owner re-links an exhausted buffer
+//! ([`NiOwner::lm_drained`]) once no live rank's record names it while that rank holds a
+//! claimed slot, and no event about it is waiting in the queue. Bytes a dead rank claimed
+//! are then simply never read; no count of bytes written by peers (`used`, an event's
+//! length) decides a re-link.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use am_shm::sync::{fence, AtomicU64, Ordering};
 
 use am_shm::{Imported, Segment, ShmError, CACHE_LINE};
 
@@ -45,13 +87,13 @@ pub const PT_SEGMENT: u8 = 2;
 /// Portal index left to raw users of the NI.
 pub const PT_USER: u8 = 3;
 
-const DOORBELL: usize = 0;
+pub(crate) const DOORBELL: usize = 0;
 /// Nonzero while the owner may sleep on the doorbell (beside it: read with the ring's line).
-const WAITING: usize = 8;
+pub(crate) const WAITING: usize = 8;
 /// Offset of the abort word.
 pub const ABORT: usize = CACHE_LINE;
-const EQ_HEAD: usize = 2 * CACHE_LINE;
-const EQ_TAIL: usize = 3 * CACHE_LINE;
+pub(crate) const EQ_HEAD: usize = 2 * CACHE_LINE;
+pub(crate) const EQ_TAIL: usize = 3 * CACHE_LINE;
 const PT_BASE: usize = 4 * CACHE_LINE;
 const ME_BYTES: usize = 2 * CACHE_LINE;
 /// Offset of an entry's `next` link (word 6 of its first line).
@@ -60,6 +102,74 @@ const EVENT_BYTES: usize = CACHE_LINE;
 /// Words per cache line: a match entry's first line, an event slot, a portal entry.
 const LINE_WORDS: usize = CACHE_LINE / 8;
 type Line = [AtomicU64; LINE_WORDS];
+
+/// A sender record (or a slot sequence word) in use.
+pub(crate) const ACTIVE: u64 = 1 << 63;
+/// Word of a sender record: the event-queue claim.
+const REC_EQ: usize = 0;
+/// Word of a sender record: the locally managed entry.
+const REC_LM: usize = 1;
+
+/// Bit 63 of a slot's sequence word: claimed, not yet published.
+const SEQ_CLAIMED: u64 = 1 << 63;
+/// Bits of the ticket kept in a `CLAIMED` sequence word (below the claimer).
+const SEQ_TICKET_BITS: u32 = 31;
+const SEQ_TICKET_MASK: u64 = (1 << SEQ_TICKET_BITS) - 1;
+
+/// The sequence word of published ticket `t` (also the free value of ticket `t + capacity`).
+#[inline(always)]
+pub(crate) fn seq_published(t: u64) -> u64 {
+    t.wrapping_add(1) & !SEQ_CLAIMED
+}
+
+/// The sequence word of ticket `t`'s slot while it is free for `t`.
+#[inline(always)]
+pub(crate) fn seq_free(t: u64, cap: u64) -> u64 {
+    if t < cap {
+        0
+    } else {
+        seq_published(t - cap)
+    }
+}
+
+/// The sequence word of ticket `t` claimed by `claimer`.
+#[inline(always)]
+pub(crate) fn seq_claimed(t: u64, claimer: u32) -> u64 {
+    SEQ_CLAIMED | (claimer as u64) << SEQ_TICKET_BITS | (t.wrapping_add(1) & SEQ_TICKET_MASK)
+}
+
+/// Whether `v` is ticket `t`'s `CLAIMED` value (by anyone).
+#[inline(always)]
+fn seq_is_claimed(v: u64, t: u64) -> bool {
+    v & SEQ_CLAIMED != 0 && (v ^ t.wrapping_add(1)) & SEQ_TICKET_MASK == 0
+}
+
+/// What a slot's sequence word says about ticket `t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SlotState {
+    /// Free: nobody claimed ticket `t` yet.
+    Empty,
+    /// Claimed by this rank, not yet published.
+    Claimed(u32),
+    /// Published: the event can be read.
+    Published,
+    /// A value no producer writes for ticket `t` (a corrupt word).
+    Corrupt(u64),
+}
+
+#[inline(always)]
+fn seq_state(v: u64, t: u64, cap: u64) -> SlotState {
+    if v == seq_published(t) {
+        SlotState::Published
+    } else if v == seq_free(t, cap) {
+        SlotState::Empty
+    } else if seq_is_claimed(v, t) {
+        SlotState::Claimed(((v & !SEQ_CLAIMED) >> SEQ_TICKET_BITS) as u32)
+    } else {
+        SlotState::Corrupt(v)
+    }
+}
 
 /// The cache line at byte `off` of `seg`'s word area, bounds-checked once for all its words.
 #[inline(always)]
@@ -87,8 +197,8 @@ const Q_HEAD: usize = (EQ_HEAD - WAITING) / 8;
 const Q_TAIL: usize = (EQ_TAIL - WAITING) / 8;
 const Q_WORDS: usize = Q_TAIL + 1;
 
-const PT_ENABLED: u64 = 1;
-const PT_DISABLED: u64 = 2;
+pub(crate) const PT_ENABLED: u64 = 1;
+pub(crate) const PT_DISABLED: u64 = 2;
 /// Portal-entry option: flow control (an entry with no room disables the portal entry).
 const PT_FLOWCTRL: u64 = 1;
 
@@ -143,6 +253,11 @@ impl From<ShmError> for NiError {
     }
 }
 
+#[cold]
+fn corrupt(what: &'static str, value: u64) -> NiError {
+    NiError::Corrupt { what, value }
+}
+
 /// The geometry of one rank's NI memory; every rank of a job uses the same. Made by
 /// [`NiGeometry::new`], which checks it and computes the offsets once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,22 +266,24 @@ pub struct NiGeometry {
     max_me: u32,
     eq_capacity: u32,
     bytes: usize,
+    rec_base: usize,
     me_base: usize,
     eq_base: usize,
 }
 
 impl NiGeometry {
-    /// `ranks` ranks (one departed word each), `max_me` match-entry records (1..=65536),
-    /// `eq_capacity` event-queue slots (a power of two, at least 8) and a byte area of `bytes`.
+    /// `ranks` ranks (a departed word and a sender record each), `max_me` match-entry
+    /// records (1..=65536), `eq_capacity` event-queue slots (a power of two, 8..=2^22) and a
+    /// byte area of `bytes`.
     pub fn new(
         ranks: u32,
         max_me: u32,
         eq_capacity: u32,
         bytes: usize,
     ) -> Result<NiGeometry, NiError> {
-        if !eq_capacity.is_power_of_two() || eq_capacity < 8 {
+        if !eq_capacity.is_power_of_two() || !(8..=1 << 22).contains(&eq_capacity) {
             return Err(NiError::Invalid(format!(
-                "event queue of {eq_capacity} slots (a power of two, at least 8)"
+                "event queue of {eq_capacity} slots (a power of two, 8..=2^22)"
             )));
         }
         if max_me == 0 || max_me > 1 << 16 {
@@ -174,14 +291,19 @@ impl NiGeometry {
                 "{max_me} match entries (1..=65536)"
             )));
         }
+        if ranks == 0 || ranks > 1 << 24 {
+            return Err(NiError::Invalid(format!("{ranks} ranks (1..=2^24)")));
+        }
         let departed_base = PT_BASE + NPT * CACHE_LINE;
-        let me_base = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
+        let rec_base = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
+        let me_base = rec_base + ranks as usize * CACHE_LINE;
         let eq_base = me_base + max_me as usize * ME_BYTES;
         Ok(NiGeometry {
             ranks,
             max_me,
             eq_capacity,
             bytes,
+            rec_base,
             me_base,
             eq_base,
         })
@@ -222,24 +344,33 @@ impl NiGeometry {
         PT_BASE + NPT * CACHE_LINE + 8 * r
     }
 
-    fn pt(&self, pt: u8) -> Result<usize, NiError> {
+    /// Offset of rank `r`'s sender record (a cache line only `r` writes).
+    pub fn record(&self, r: u32) -> Result<usize, NiError> {
+        if r >= self.ranks {
+            return Err(NiError::Invalid(format!(
+                "rank {r} of a job of {}",
+                self.ranks
+            )));
+        }
+        Ok(self.rec_base + r as usize * CACHE_LINE)
+    }
+
+    pub(crate) fn pt(&self, pt: u8) -> Result<usize, NiError> {
         if pt as usize >= NPT {
             return Err(NiError::Invalid(format!("portal index {pt} (0..{NPT})")));
         }
         Ok(PT_BASE + pt as usize * CACHE_LINE)
     }
 
-    fn me(&self, idx: u32) -> Result<usize, NiError> {
+    pub(crate) fn me(&self, idx: u32) -> Result<usize, NiError> {
         if idx >= self.max_me {
-            return Err(NiError::Corrupt {
-                what: "match entry index",
-                value: idx as u64,
-            });
+            return Err(corrupt("match entry index", idx as u64));
         }
         Ok(self.me_base + idx as usize * ME_BYTES)
     }
 
-    fn eq_slot(&self, seq: u64) -> usize {
+    /// Offset of the slot of ticket `seq`.
+    pub fn eq_slot(&self, seq: u64) -> usize {
         self.eq_base + (seq & (self.eq_capacity as u64 - 1)) as usize * EVENT_BYTES
     }
 }
@@ -255,7 +386,9 @@ pub struct MeOptions {
     pub use_once: bool,
     /// Locally managed offset: incoming puts are packed back to back (in [`LM_ALIGN`] units)
     /// and the initiator's offset is ignored; a put that does not fit unlinks the entry
-    /// (`Unlink` event with the bytes used) and goes on to the next entry.
+    /// (`Unlink` event with the bytes used) and goes on to the next entry. Such an entry
+    /// posts events (it cannot be combined with `event_disable`): its owner re-links it by
+    /// them.
     pub manage_local: bool,
     /// No `Put`/`Get` event on success (the AM segment: the header message notifies).
     pub event_disable: bool,
@@ -293,6 +426,19 @@ pub struct MeSpec {
     pub length: usize,
     /// Options.
     pub options: MeOptions,
+}
+
+impl MeSpec {
+    /// The five words of the entry's first line after its state, as walkers read them.
+    fn words(&self, pt: u8) -> [u64; 5] {
+        [
+            self.match_bits,
+            self.ignore_bits,
+            self.options.encode(pt),
+            self.start as u64,
+            self.length as u64,
+        ]
+    }
 }
 
 /// Type of an event.
@@ -393,7 +539,7 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(kind: EventKind, initiator: u32, pt: u8) -> Event {
+    pub(crate) fn new(kind: EventKind, initiator: u32, pt: u8) -> Event {
         Event {
             kind,
             fail: NiFail::Ok,
@@ -409,7 +555,7 @@ impl Event {
         }
     }
 
-    fn words(&self) -> [u64; 7] {
+    pub(crate) fn words(&self) -> [u64; 7] {
         [
             self.kind as u64
                 | (self.fail as u64) << 8
@@ -424,18 +570,18 @@ impl Event {
         ]
     }
 
+    /// Decodes a private copy of an event's words (never the shared original).
     #[inline]
     fn from_words(w: [u64; 7]) -> Result<Event, NiError> {
-        let corrupt = |what| NiError::Corrupt { what, value: w[0] };
         let Some(kind) = EventKind::from_u8(w[0] as u8) else {
-            return Err(corrupt("event kind"));
+            return Err(corrupt("event kind", w[0]));
         };
         let Some(fail) = NiFail::from_u8((w[0] >> 8) as u8) else {
-            return Err(corrupt("event failure"));
+            return Err(corrupt("event failure", w[0]));
         };
         let pt = (w[0] >> 16) as u8;
         if pt as usize >= NPT || (w[0] >> 24) as u8 != 0 {
-            return Err(corrupt("event portal index"));
+            return Err(corrupt("event portal index", w[0]));
         }
         Ok(Event {
             kind,
@@ -470,6 +616,13 @@ pub struct PutArgs<'a> {
     pub ack: bool,
     /// Ask for a `Send` event at the initiator.
     pub send_event: bool,
+    /// The initiator owns the target's bytes from its offset up to the next 8-byte boundary
+    /// past its data (a slot reserved for it, such as a send slot its reply goes to): the
+    /// deposit is then made of whole-word stores, zero-padded, with no read-modify-write of
+    /// a shared word. Used only where the padded run is 8-aligned and stays inside the
+    /// matched entry. (Space claimed in a locally managed entry is always the initiator's,
+    /// whole units of [`LM_ALIGN`] bytes.)
+    pub pad: bool,
 }
 
 /// What became of an operation.
@@ -487,7 +640,8 @@ pub enum Outcome {
 }
 
 /// One rank's NI memory as a NIC sees it: the owner's own view, or a peer's mapped with full
-/// access ([`am_shm::portal::attach_nic`]). `imp` must be a writer's view of `seg`.
+/// access ([`Segment::share`], or its owner's handle mapped by `am_nic::connect`). `imp`
+/// must be a writer's view of `seg`.
 #[derive(Clone, Copy)]
 pub struct Nic<'a> {
     seg: &'a Segment,
@@ -500,6 +654,143 @@ pub struct Nic<'a> {
 struct Claim {
     seq: u64,
     ring: bool,
+}
+
+/// The claims of one initiator in one NI during one operation, and its sender record
+/// there: written before each claim, cleared (after every claimed slot was published) when
+/// the operation ends, also on an error path (`Drop`).
+struct Claimer<'n, 'a> {
+    nic: &'n Nic<'a>,
+    rank: u32,
+    rec: &'a [AtomicU64; 2],
+    /// The lowest ticket recorded as claimable, if recorded.
+    eq_from: Option<u64>,
+    /// The value stored in the record's locally managed word (0: none).
+    lm: u64,
+    /// The operation's own event slot, until published.
+    slot: Option<Claim>,
+    /// Test hook: the rank "died" here, nothing more is written.
+    #[cfg(test)]
+    dead: bool,
+}
+
+impl<'n, 'a> Claimer<'n, 'a> {
+    #[inline(always)]
+    fn new(nic: &'n Nic<'a>, rank: u32) -> Result<Claimer<'n, 'a>, NiError> {
+        let rec = words(nic.seg, nic.geo.record(rank)?)?;
+        Ok(Claimer {
+            nic,
+            rank,
+            rec,
+            eq_from: None,
+            lm: 0,
+            slot: None,
+            #[cfg(test)]
+            dead: false,
+        })
+    }
+
+    /// Records that ticket `t` and later ones may be claimed (before claiming `t`).
+    #[inline(always)]
+    fn record_eq(&mut self, t: u64) {
+        if self.eq_from.is_none_or(|from| t < from) {
+            // Relaxed: the claim's compare-and-swap (SeqCst) orders it before the claim.
+            self.rec[REC_EQ].store(ACTIVE | (t & !ACTIVE), Ordering::Relaxed);
+            self.eq_from = Some(t);
+        }
+    }
+
+    /// Records that space of locally managed entry `idx` may be claimed (before the claim;
+    /// the claim is a `Release` read-modify-write, so an owner that sees its effect sees
+    /// this too).
+    #[inline(always)]
+    fn record_lm(&mut self, idx: MeIndex) {
+        let v = ACTIVE | (idx as u64 + 1);
+        if self.lm != v {
+            self.rec[REC_LM].store(v, Ordering::Release);
+            self.lm = v;
+        }
+    }
+
+    /// Test hook: dies at `step` if the test says so (nothing more is written).
+    #[cfg(test)]
+    fn dies_at(&mut self, step: die::Step) -> Result<(), NiError> {
+        if die::here(step) {
+            self.dead = true;
+            return Err(NiError::Invalid(format!("died at {step:?} (test)")));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Claimer<'_, '_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        #[cfg(test)]
+        if self.dead {
+            return;
+        }
+        if let Some(s) = self.slot.take() {
+            // An error path after the claim: the slot must not stay claimed.
+            let _ = self
+                .nic
+                .eq_publish(s, &Event::new(EventKind::Dropped, self.rank, 0));
+        }
+        // Release: after the publications, which an owner that reads the cleared record
+        // then sees.
+        if self.eq_from.is_some() {
+            self.rec[REC_EQ].store(0, Ordering::Release);
+        }
+        if self.lm != 0 {
+            self.rec[REC_LM].store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Test hooks: a rank that dies at a chosen step of a put (it stops writing there).
+#[cfg(test)]
+pub(crate) mod die {
+    use std::cell::Cell;
+
+    /// Where an operation stops.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Step {
+        /// Its event-queue record written, no slot claimed.
+        Recorded,
+        /// An event slot claimed.
+        SlotClaimed,
+        /// Its record names a locally managed entry, no space claimed.
+        LmRecorded,
+        /// Space claimed, nothing deposited.
+        LmClaimed,
+        /// Deposited, the event not published.
+        Deposited,
+        /// Published, the records not cleared.
+        Published,
+    }
+
+    /// Every step, in order.
+    pub(crate) const STEPS: [Step; 6] = [
+        Step::Recorded,
+        Step::SlotClaimed,
+        Step::LmRecorded,
+        Step::LmClaimed,
+        Step::Deposited,
+        Step::Published,
+    ];
+
+    thread_local! {
+        static AT: Cell<Option<Step>> = const { Cell::new(None) };
+    }
+
+    pub(crate) fn here(s: Step) -> bool {
+        AT.with(|a| a.get() == Some(s))
+    }
+
+    /// Makes this thread's operations die at `s` (`None`: live).
+    pub(crate) fn at(s: Option<Step>) {
+        AT.with(|a| a.set(s));
+    }
 }
 
 /// A match entry read consistently (its options word raw: the walk tests bits).
@@ -522,6 +813,9 @@ enum Walked {
         at: usize,
         /// The entry was use-once (the walk took it: an `Unlink` event is due).
         use_once: bool,
+        /// Bytes from `at` the initiator owns (its locally managed claim, or the padded
+        /// run it asked for), if whole words from an aligned `at`.
+        owned: bool,
     },
     Refused(NiFail),
 }
@@ -541,46 +835,91 @@ impl<'a> Nic<'a> {
     /// does this by itself.)
     #[inline]
     pub fn ring(&self) -> Result<(), NiError> {
+        // Against the owner's announcement and fence (see `NiOwner::announce_wait`): what
+        // the caller published before is ordered before this load.
+        fence(Ordering::SeqCst);
         if self.word(WAITING)?.load(Ordering::SeqCst) != 0 {
             self.seg.doorbell(DOORBELL)?.ring();
         }
         Ok(())
     }
 
-    /// Claims an event slot; `None` if the queue is full.
+    /// Claims an event slot for `cl`; `None` if the queue is full. See the module docs.
     ///
     /// The successful CAS is `SeqCst` and is followed by a `SeqCst` load of the waiting
     /// word: the store-buffering pair of [`NiOwner::announce_wait`] (waiting word stored,
-    /// then the tail loaded, both `SeqCst`). In the single order of `SeqCst` operations
-    /// either our load follows the owner's store (we see it and ring after publishing; the
-    /// owner cleared the doorbell's flag before its store, so the ring is not lost), or the
-    /// owner's tail load follows our CAS (it sees the claim and does not sleep). On x86 the
-    /// CAS is a locked instruction anyway and the load a plain one: no fence of its own.
+    /// a `SeqCst` fence, then the head slot's sequence word loaded). In the single order `S`
+    /// of `SeqCst` operations and fences (C++20 [atomics.order]): if the owner's load missed
+    /// our claim, its fence precedes our CAS in `S` (rule 4.3), so precedes our load, which
+    /// then cannot miss the waiting word stored before that fence (rule 4.2): we see it and
+    /// ring after publishing (the owner cleared the doorbell's flag before its store, which
+    /// our load synchronizes with, so the ring is not lost). Otherwise the owner sees the
+    /// claim and does not sleep. On x86 the CAS is a locked instruction anyway and the load
+    /// a plain one: no fence on this, the hot side. loom treats `SeqCst` accesses as
+    /// `AcqRel` (it models only `SeqCst` fences), so under `cfg(loom)` the same order is
+    /// written with a fence between the two.
+    ///
+    /// Cost against a claim by a compare-and-swap of the tail (the design before claims
+    /// named their claimer): the compare-and-swap moved to the slot's line, which the
+    /// producer writes next anyway (it takes that line a little earlier); the tail became a
+    /// plain store; the record is one plain store to a line only this rank writes.
     #[inline(always)]
-    fn eq_reserve(&self) -> Result<Option<Claim>, NiError> {
+    fn eq_reserve(&self, cl: &mut Claimer<'_, 'a>) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
         let q: &[AtomicU64; Q_WORDS] = words(self.seg, WAITING)?;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
         let cap = self.geo.eq_capacity as u64;
-        let mut tail = tail_w.load(Ordering::Relaxed);
-        loop {
-            // Acquire: the owner read the slot we are about to reuse before publishing head.
-            let head = head_w.load(Ordering::Acquire);
-            if tail.wrapping_sub(head) >= cap {
-                return Ok(None);
-            }
-            match tail_w.compare_exchange_weak(
-                tail,
-                tail.wrapping_add(1),
-                Ordering::SeqCst,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(t) => tail = t,
-            }
+        let mut t = tail_w.load(Ordering::Relaxed);
+        // Acquire: the owner read the slot we are about to reuse before publishing head.
+        let head = head_w.load(Ordering::Acquire);
+        if t < head {
+            // A hint behind what was consumed (stale or corrupt).
+            t = head;
         }
-        let ring = q[0].load(Ordering::SeqCst) != 0;
-        Ok(Some(Claim { seq: tail, ring }))
+        // Each step moves past a taken slot (a queue has `cap` of them), or goes back to the
+        // head once. Wrapping arithmetic: `head` and `tail` are peers' words.
+        for _ in 0..cap + 2 {
+            let ahead = t.wrapping_sub(head);
+            if ahead >= cap {
+                // Full if the last ticket of the window is taken (a tail hint is the ticket
+                // after a claim); otherwise the hint is past every claim a producer could
+                // have made: corrupt, so from the head again.
+                let last = head.wrapping_add(cap - 1);
+                if ahead == cap {
+                    let v = line(self.seg, self.geo.eq_slot(last))?[0].load(Ordering::Acquire);
+                    if v != seq_free(last, cap) {
+                        return Ok(None);
+                    }
+                }
+                t = head;
+                continue;
+            }
+            cl.record_eq(t);
+            #[cfg(test)]
+            cl.dies_at(die::Step::Recorded)?;
+            let slot = line(self.seg, self.geo.eq_slot(t))?;
+            if slot[0]
+                .compare_exchange(
+                    seq_free(t, cap),
+                    seq_claimed(t, cl.rank),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                // Release: an owner that sees the hint past `t` sees the claim.
+                tail_w.store(t.wrapping_add(1), Ordering::Release);
+                #[cfg(loom)]
+                fence(Ordering::SeqCst);
+                let ring = q[0].load(Ordering::SeqCst) != 0;
+                #[cfg(test)]
+                cl.dies_at(die::Step::SlotClaimed)?;
+                return Ok(Some(Claim { seq: t, ring }));
+            }
+            // Taken this lap (or a word no producer writes: never claimed over).
+            t = t.wrapping_add(1);
+        }
+        Ok(None)
     }
 
     /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
@@ -596,7 +935,7 @@ impl<'a> Nic<'a> {
         for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
-        slot[0].store(claim.seq.wrapping_add(1), Ordering::Release);
+        slot[0].store(seq_published(claim.seq), Ordering::Release);
         if claim.ring {
             self.ring_claimed()?;
         }
@@ -611,10 +950,17 @@ impl<'a> Nic<'a> {
         Ok(())
     }
 
-    /// Posts `ev` if the queue has room; `false` if it had none (the event is lost, which
-    /// only events whose information is also kept elsewhere may tolerate).
+    /// Posts `ev` (claimed in the name of `ev.initiator`, which must be a rank of the job) if
+    /// the queue has room; `false` if it had none (the event is lost, which only events
+    /// whose information is also kept elsewhere may tolerate).
     pub fn try_post(&self, ev: &Event) -> Result<bool, NiError> {
-        match self.eq_reserve()? {
+        let mut cl = Claimer::new(self, ev.initiator)?;
+        self.post_with(&mut cl, ev)
+    }
+
+    /// [`try_post`](Self::try_post) by `cl` during one of its operations.
+    fn post_with(&self, cl: &mut Claimer<'_, 'a>, ev: &Event) -> Result<bool, NiError> {
+        match self.eq_reserve(cl)? {
             Some(c) => self.eq_publish(c, ev).map(|()| true),
             None => Ok(false),
         }
@@ -622,6 +968,7 @@ impl<'a> Nic<'a> {
 
     /// Reads match entry `idx` (both its lines, one bounds check) under its seqlock;
     /// `Ok(None)` if it is not linked or changed meanwhile. Also returns its `next` link.
+    /// Every field is a private copy, checked before use.
     #[inline(always)]
     fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord<'a>>, u64), NiError> {
         let l: &'a [AtomicU64; 2 * LINE_WORDS] = words(self.seg, self.geo.me(idx)?)?;
@@ -631,30 +978,25 @@ impl<'a> Nic<'a> {
         let s2 = l[0].load(Ordering::Relaxed);
         let next = w[5];
         if next > self.geo.max_me as u64 {
-            return Err(NiError::Corrupt {
-                what: "match entry link",
-                value: next,
-            });
+            return Err(corrupt("match entry link", next));
         }
         if s1 != s2 || s1 & 0xFF != ME_LINKED {
             return Ok((None, next));
         }
         let options = w[2];
-        if options & !0xFF1F != 0 || (options >> 8) as usize >= NPT {
-            return Err(NiError::Corrupt {
-                what: "match entry options",
-                value: options,
-            });
+        if options & !0xFF1F != 0
+            || (options >> 8) as usize >= NPT
+            || options & (OPT_MANAGE_LOCAL | OPT_EVENT_DISABLE)
+                == OPT_MANAGE_LOCAL | OPT_EVENT_DISABLE
+        {
+            return Err(corrupt("match entry options", options));
         }
         let (start, length) = (w[3], w[4]);
         if start
             .checked_add(length)
             .is_none_or(|end| end > self.geo.bytes as u64)
         {
-            return Err(NiError::Corrupt {
-                what: "match entry range",
-                value: start,
-            });
+            return Err(corrupt("match entry range", start));
         }
         Ok((
             Some(MeRecord {
@@ -676,28 +1018,25 @@ impl<'a> Nic<'a> {
         let state = l[0].load(Ordering::Acquire);
         let head = l[1].load(Ordering::Acquire);
         if head > self.geo.max_me as u64 {
-            return Err(NiError::Corrupt {
-                what: "portal list head",
-                value: head,
-            });
+            return Err(corrupt("portal list head", head));
         }
         Ok((state, head))
     }
 
     /// Walks portal `pt`'s match list for an operation of `len` bytes at `remote_offset`,
-    /// claims the matching entry's space, and reserves an event slot if the entry wants an
-    /// event. Returns the entry and the byte-area offset, or the failure.
+    /// reserves an event slot (into `cl.slot`) if the entry wants an event, and claims the
+    /// matching entry's space. Returns the entry and the byte-area offset, or the failure.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn walk(
         &self,
-        initiator: u32,
+        cl: &mut Claimer<'_, 'a>,
         pt: u8,
         match_bits: u64,
         len: usize,
         remote_offset: u64,
         is_get: bool,
-        slot: &mut Option<Claim>,
+        pad: bool,
     ) -> Result<Walked, NiError> {
         let (state, mut cur) = self.pt_state(pt)?;
         if state != PT_ENABLED {
@@ -728,9 +1067,10 @@ impl<'a> Nic<'a> {
             {
                 continue;
             }
-            if opts & OPT_EVENT_DISABLE == 0 && slot.is_none() {
-                *slot = self.eq_reserve()?;
-                if slot.is_none() {
+            // Reserve-first: a full queue refuses before any space is taken.
+            if opts & OPT_EVENT_DISABLE == 0 && cl.slot.is_none() {
+                cl.slot = self.eq_reserve(cl)?;
+                if cl.slot.is_none() {
                     return Ok(Walked::Refused(NiFail::EqFull));
                 }
             }
@@ -744,52 +1084,58 @@ impl<'a> Nic<'a> {
                     continue;
                 }
             }
-            let offset = if local && !is_get {
+            let claim = lm_len(len) as u64;
+            let (offset, owned) = if local && !is_get {
                 let counter = &me.words[LINE_WORDS];
-                let claim = lm_len(len) as u64;
                 let length = me.length as u64;
                 if claim == 0 {
                     if counter.load(Ordering::Acquire) > length {
                         continue;
                     }
-                    0
+                    (0, false)
                 } else {
+                    cl.record_lm(idx);
+                    #[cfg(test)]
+                    cl.dies_at(die::Step::LmRecorded)?;
                     let off = counter.fetch_add(claim, Ordering::AcqRel);
                     if off.checked_add(claim).is_none_or(|end| end > length) {
                         if off <= length {
                             // The first claim that does not fit unlinks the entry: it records
                             // how much was claimed, then tells the owner.
                             me.words[LINE_WORDS + 1].store(off, Ordering::Release);
-                            let mut ev = Event::new(EventKind::Unlink, initiator, pt);
+                            let mut ev = Event::new(EventKind::Unlink, cl.rank, pt);
                             ev.me = idx;
                             ev.used = off;
-                            self.try_post(&ev)?;
+                            self.post_with(cl, &ev)?;
                         }
                         continue;
                     }
-                    off as usize
+                    #[cfg(test)]
+                    cl.dies_at(die::Step::LmClaimed)?;
+                    (off, true)
                 }
             } else {
-                remote_offset as usize
+                // The padded run stays inside the entry (its end is checked above).
+                let padded_fits = remote_offset
+                    .checked_add(claim)
+                    .is_some_and(|end| end <= me.length as u64);
+                (remote_offset, pad && padded_fits)
             };
+            let at = me.start + offset as usize;
             return Ok(Walked::Found {
                 idx,
-                at: me.start + offset,
+                at,
                 use_once,
+                owned: owned && at % LM_ALIGN == 0,
             });
         }
-        self.no_match(initiator, pt, slot)
+        self.no_match(cl, pt)
     }
 
     /// The walk found no entry: flow control disables the portal entry, if it has it.
     #[cold]
     #[inline(never)]
-    fn no_match(
-        &self,
-        initiator: u32,
-        pt: u8,
-        slot: &mut Option<Claim>,
-    ) -> Result<Walked, NiError> {
+    fn no_match(&self, cl: &mut Claimer<'_, 'a>, pt: u8) -> Result<Walked, NiError> {
         let base = self.geo.pt(pt)?;
         if self.word(base + 16)?.load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
             let won = self
@@ -797,12 +1143,12 @@ impl<'a> Nic<'a> {
                 .compare_exchange(PT_ENABLED, PT_DISABLED, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok();
             if won {
-                let ev = Event::new(EventKind::PtDisabled, initiator, pt);
-                match slot.take() {
+                let ev = Event::new(EventKind::PtDisabled, cl.rank, pt);
+                match cl.slot.take() {
                     Some(s) => self.eq_publish(s, &ev)?,
                     // The portal entry's state word says it too; the event is a courtesy.
                     None => {
-                        self.try_post(&ev)?;
+                        self.post_with(cl, &ev)?;
                     }
                 }
             }
@@ -811,9 +1157,11 @@ impl<'a> Nic<'a> {
         Ok(Walked::Refused(NiFail::NoMatch))
     }
 
-    /// The wire for a put from `initiator` (whose own NI is `own`, for `Send`/`Ack` events)
-    /// into this NI: matching, claiming, depositing and the `Put` event, all done here as the
-    /// target's NIC would.
+    /// The wire for a put from `initiator` (a rank of the job, whose own NI is `own`, for
+    /// `Send`/`Ack` events) into this NI: matching, claiming, depositing and the `Put`
+    /// event, all done here as the target's NIC would. An initiator has one sender record
+    /// per target: it runs one operation at a time into a given NI (as a rank's single
+    /// thread does).
     #[inline(always)]
     pub fn put(
         &self,
@@ -825,24 +1173,36 @@ impl<'a> Nic<'a> {
         if len > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a put of {len} bytes")));
         }
-        let mut slot = None;
+        let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
-            initiator,
+            &mut cl,
             a.pt,
             a.match_bits,
             len,
             a.remote_offset,
             false,
-            &mut slot,
+            a.pad,
         )?;
         let outcome = match found {
-            Walked::Found { idx, at, use_once } => {
-                let mut o = at;
-                for d in a.data {
-                    self.imp.write(o, d)?;
-                    o += d.len();
+            Walked::Found {
+                idx,
+                at,
+                use_once,
+                owned,
+            } => {
+                if owned {
+                    // Whole words of space that is ours: no read-modify-write.
+                    self.imp.write_padded(at, a.data)?;
+                } else {
+                    let mut o = at;
+                    for d in a.data {
+                        self.imp.write(o, d)?;
+                        o += d.len();
+                    }
                 }
-                if let Some(s) = slot.take() {
+                #[cfg(test)]
+                cl.dies_at(die::Step::Deposited)?;
+                if let Some(s) = cl.slot.take() {
                     // The `Put` event's words, built in place (see `Event::words`).
                     let words = [
                         EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
@@ -858,20 +1218,23 @@ impl<'a> Nic<'a> {
                 if use_once {
                     let mut ev = Event::new(EventKind::Unlink, initiator, a.pt);
                     ev.me = idx;
-                    self.try_post(&ev)?;
+                    self.post_with(&mut cl, &ev)?;
                 }
+                #[cfg(test)]
+                cl.dies_at(die::Step::Published)?;
                 Outcome::Done {
                     me: idx,
                     start: at as u64,
                 }
             }
             Walked::Refused(fail) => {
-                if let Some(s) = slot.take() {
+                if let Some(s) = cl.slot.take() {
                     self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, a.pt))?;
                 }
                 Outcome::Refused(fail)
             }
         };
+        drop(cl);
         if let Some(own) = own {
             let mut ev = Event::new(EventKind::Send, initiator, a.pt);
             ev.match_bits = a.match_bits;
@@ -895,8 +1258,8 @@ impl<'a> Nic<'a> {
         Ok(outcome)
     }
 
-    /// The wire for a get from `initiator` out of this NI into `dst`: matching, the read, the
-    /// `Get` event here and the `Reply` event at `own`.
+    /// The wire for a get from `initiator` out of this NI into `dst` (by copies): matching,
+    /// the read, the `Get` event here and the `Reply` event at `own`.
     pub fn get(
         &self,
         initiator: u32,
@@ -909,18 +1272,20 @@ impl<'a> Nic<'a> {
         if dst.len() > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a get of {} bytes", dst.len())));
         }
-        let mut slot = None;
+        let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
-            initiator,
+            &mut cl,
             pt,
             match_bits,
             dst.len(),
             remote_offset,
             true,
-            &mut slot,
+            false,
         )?;
         let outcome = match found {
-            Walked::Found { idx, at, use_once } => {
+            Walked::Found {
+                idx, at, use_once, ..
+            } => {
                 self.seg.read(at, dst)?;
                 let mut ev = Event::new(EventKind::Get, initiator, pt);
                 ev.match_bits = match_bits;
@@ -928,14 +1293,15 @@ impl<'a> Nic<'a> {
                 ev.mlength = dst.len() as u32;
                 ev.me = idx;
                 ev.remote_offset = remote_offset;
-                if let Some(s) = slot.take() {
+                if let Some(s) = cl.slot.take() {
                     self.eq_publish(s, &ev)?;
                 }
                 if use_once {
                     let mut u = Event::new(EventKind::Unlink, initiator, pt);
                     u.me = idx;
-                    self.try_post(&u)?;
+                    self.post_with(&mut cl, &u)?;
                 }
+                drop(cl);
                 if let Some(own) = own {
                     ev.kind = EventKind::Reply;
                     ev.start = 0;
@@ -947,9 +1313,10 @@ impl<'a> Nic<'a> {
                 }
             }
             Walked::Refused(fail) => {
-                if let Some(s) = slot.take() {
+                if let Some(s) = cl.slot.take() {
                     self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt))?;
                 }
+                drop(cl);
                 if let Some(own) = own {
                     let mut ev = Event::new(EventKind::Reply, initiator, pt);
                     ev.fail = fail;
@@ -968,18 +1335,46 @@ impl<'a> Nic<'a> {
     }
 }
 
+/// What [`NiOwner::eq_unblock`] found at the head of the event queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unblocked {
+    /// Nothing that blocks: the head is free (nothing claimed) or published.
+    Clear,
+    /// A claim in flight by a live rank of the job that vouches for it: it will publish.
+    InFlight(u32),
+    /// A claim by a lost rank, taken over and skipped (nobody will publish it).
+    SkippedLost(u32),
+}
+
+/// Whether an exhausted locally managed entry can be re-linked ([`NiOwner::lm_drained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Drained {
+    /// Its offset still leaves room: claims can still land in it.
+    NotExhausted,
+    /// A live rank may still be depositing in it, or an event about it is not read yet.
+    Busy,
+    /// Every byte claimed in it was read or belongs to a lost rank: re-link it.
+    Yes,
+}
+
 /// The owner's side of its NI: appends and unlinks match entries, enables portal entries and
 /// reads its event queue. Its local mirror of each match list is what it trusts; the shared
-/// copy is what walkers read.
+/// copy is what walkers read (and what [`verify`](Self::verify) repairs).
 #[derive(Debug)]
 pub struct NiOwner {
     geo: NiGeometry,
+    flowctl: [bool; NPT],
     lists: [Vec<MeIndex>; NPT],
     specs: Vec<Option<(u8, MeSpec)>>,
     generation: Vec<u64>,
     free: Vec<MeIndex>,
     head: u64,
     published: u64,
+    /// A value found in the head word that the owner had not published (reported by
+    /// [`verify`](Self::verify)).
+    head_fault: Option<u64>,
 }
 
 impl NiOwner {
@@ -1000,12 +1395,14 @@ impl NiOwner {
         }
         Ok(NiOwner {
             geo,
+            flowctl,
             lists: Default::default(),
             specs: vec![None; geo.max_me as usize],
             generation: vec![0; geo.max_me as usize],
             free: (0..geo.max_me).rev().collect(),
             head: 0,
             published: 0,
+            head_fault: None,
         })
     }
 
@@ -1046,6 +1443,27 @@ impl NiOwner {
         Ok(true)
     }
 
+    /// Writes entry `idx`'s first line (from `spec`) under its seqlock, ending in `state`.
+    fn write_me(
+        &self,
+        seg: &Segment,
+        idx: MeIndex,
+        pt: u8,
+        spec: &MeSpec,
+        state: u64,
+    ) -> Result<(), NiError> {
+        let l = line(seg, self.geo.me(idx)?)?;
+        let g = self.generation[idx as usize];
+        // Seqlock write: walkers that see WRITING, or a state that changed, skip the entry.
+        l[0].store(g << 8 | ME_WRITING, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (w, v) in l[1..6].iter().zip(spec.words(pt)) {
+            w.store(v, Ordering::Relaxed);
+        }
+        l[0].store(state, Ordering::Release);
+        Ok(())
+    }
+
     /// Appends a match entry to the end of portal `pt`'s match list.
     pub fn me_append(&mut self, seg: &Segment, pt: u8, spec: MeSpec) -> Result<MeIndex, NiError> {
         self.geo.pt(pt)?;
@@ -1059,6 +1477,11 @@ impl NiOwner {
                 spec.start, spec.length, self.geo.bytes
             )));
         }
+        if spec.options.manage_local && spec.options.event_disable {
+            return Err(NiError::Invalid(
+                "a locally managed entry posts events (its owner re-links it by them)".into(),
+            ));
+        }
         let idx = self
             .free
             .pop()
@@ -1066,24 +1489,10 @@ impl NiOwner {
         let base = self.geo.me(idx)?;
         let g = self.generation[idx as usize] + 1;
         self.generation[idx as usize] = g;
-        let state = seg.word(base)?;
-        // Seqlock write: walkers that see WRITING, or a state that changed, skip the entry.
-        state.store(g << 8 | ME_WRITING, Ordering::Relaxed);
-        fence(Ordering::Release);
-        let words = [
-            spec.match_bits,
-            spec.ignore_bits,
-            spec.options.encode(pt),
-            spec.start as u64,
-            spec.length as u64,
-        ];
-        for (i, w) in words.iter().enumerate() {
-            seg.word(base + 8 * (i + 1))?.store(*w, Ordering::Relaxed);
-        }
         seg.word(base + CACHE_LINE)?.store(0, Ordering::Relaxed);
         seg.word(base + CACHE_LINE + 8)?
             .store(NOT_USED, Ordering::Relaxed);
-        state.store(g << 8 | ME_LINKED, Ordering::Release);
+        self.write_me(seg, idx, pt, &spec, g << 8 | ME_LINKED)?;
         self.specs[idx as usize] = Some((pt, spec));
         self.link_at_tail(seg, pt, idx)?;
         Ok(idx)
@@ -1115,8 +1524,9 @@ impl NiOwner {
             .is_some_and(|(pt, _)| self.lists[pt as usize].contains(&idx))
     }
 
-    /// A locally managed entry that ran out of space: the bytes claimed in it, or `None` while
-    /// it still has room.
+    /// A locally managed entry that ran out of space: the `used` word (bytes claimed in it,
+    /// as the walker whose claim did not fit wrote it: a peer's word, for the caller to
+    /// check), or `None` while it still has room.
     pub fn lm_used(&self, seg: &Segment, idx: MeIndex) -> Result<Option<u64>, NiError> {
         let used = seg
             .word(self.geo.me(idx)? + CACHE_LINE + 8)?
@@ -1124,7 +1534,8 @@ impl NiOwner {
         Ok((used != NOT_USED).then_some(used))
     }
 
-    /// Bytes claimed so far in a locally managed entry (may exceed its length once full).
+    /// Bytes claimed so far in a locally managed entry (may exceed its length once full; a
+    /// peer's word).
     pub fn lm_claimed(&self, seg: &Segment, idx: MeIndex) -> Result<u64, NiError> {
         Ok(seg
             .word(self.geo.me(idx)? + CACHE_LINE)?
@@ -1140,8 +1551,80 @@ impl NiOwner {
         Ok(())
     }
 
-    /// Re-links a locally managed entry whose every message was consumed: offset back to 0,
-    /// appended at the end of its match list (the seed's chained receive buffers).
+    /// Whether exhausted locally managed entry `idx` can be re-linked: its offset is past
+    /// its end (no claim can land in it any more); no live rank (`lost[r]` false) holds a
+    /// claimed event slot while its sender record names the entry (a walker between its
+    /// claim of space and its event); and no published event in the queue that the owner
+    /// has not read concerns it. Then every byte claimed in it was read, or belongs to a
+    /// lost rank. Decided from the claims themselves, never from a count of bytes a peer
+    /// wrote (`used`, an event's length), so a corrupt count cannot make it re-link early.
+    ///
+    /// Costs a look at every rank's record and at the unread part of the queue: once per
+    /// re-link, off the per-message path.
+    pub fn lm_drained(
+        &self,
+        seg: &Segment,
+        idx: MeIndex,
+        lost: &[bool],
+    ) -> Result<Drained, NiError> {
+        let (pt, spec) = self
+            .spec(idx)
+            .filter(|(_, s)| s.options.manage_local)
+            .ok_or_else(|| NiError::Invalid(format!("entry {idx} is not locally managed")))?;
+        // Acquire: an owner that sees a claim's effect on the offset sees the claimer's
+        // record, stored before it.
+        if self.lm_claimed(seg, idx)? < spec.length as u64 {
+            return Ok(Drained::NotExhausted);
+        }
+        let names_it = ACTIVE | (idx as u64 + 1);
+        let mut walkers: Vec<u32> = Vec::new();
+        for r in 0..self.geo.ranks {
+            if lost.get(r as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let rec: &[AtomicU64; 2] = words(seg, self.geo.record(r)?)?;
+            if rec[REC_LM].load(Ordering::Acquire) == names_it
+                && rec[REC_EQ].load(Ordering::Acquire) & ACTIVE != 0
+            {
+                walkers.push(r);
+            }
+        }
+        let cap = self.geo.eq_capacity as u64;
+        for k in 0..cap {
+            let t = self.head.wrapping_add(k);
+            let slot = line(seg, self.geo.eq_slot(t))?;
+            let v = slot[0].load(Ordering::Acquire);
+            match seq_state(v, t, cap) {
+                // The frontier: no claim beyond it (holes come only from a corrupt tail).
+                SlotState::Empty => break,
+                SlotState::Claimed(r) => {
+                    if walkers.contains(&r) {
+                        return Ok(Drained::Busy);
+                    }
+                }
+                SlotState::Published => {
+                    let w0 = slot[1].load(Ordering::Relaxed);
+                    let me = (slot[5].load(Ordering::Relaxed) >> 32) as u32;
+                    let kind = w0 as u8;
+                    let about_it = (kind == EventKind::Put as u8
+                        || kind == EventKind::Unlink as u8)
+                        && (w0 >> 16) as u8 == pt
+                        && me == idx;
+                    if about_it {
+                        return Ok(Drained::Busy);
+                    }
+                }
+                SlotState::Corrupt(_) => {}
+            }
+        }
+        // A live rank whose record names the entry but holds no claimed slot has published
+        // (its event was read) or its record is stale: not depositing.
+        Ok(Drained::Yes)
+    }
+
+    /// Re-links a locally managed entry whose every message was consumed (see
+    /// [`lm_drained`](Self::lm_drained)): offset back to 0, appended at the end of its match
+    /// list (the seed's chained receive buffers).
     pub fn lm_relink(&mut self, seg: &Segment, idx: MeIndex) -> Result<(), NiError> {
         let (pt, _) = self
             .spec(idx)
@@ -1154,6 +1637,17 @@ impl NiOwner {
         self.link_at_tail(seg, pt, idx)
     }
 
+    /// Pushes retired locally managed entry `idx`'s offset back past its end (it was seen
+    /// there, and a store that is no claim moved it back): no claim can land in it any more.
+    pub fn lm_exhaust(&self, seg: &Segment, idx: MeIndex) -> Result<(), NiError> {
+        let (_, spec) = self
+            .spec(idx)
+            .ok_or_else(|| NiError::Invalid(format!("entry {idx}")))?;
+        seg.word(self.geo.me(idx)? + CACHE_LINE)?
+            .fetch_max(spec.length as u64, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Re-enables portal entry `pt` after flow control disabled it.
     pub fn pt_enable(&self, seg: &Segment, pt: u8) -> Result<(), NiError> {
         seg.word(self.geo.pt(pt)?)?
@@ -1161,31 +1655,278 @@ impl NiOwner {
         Ok(())
     }
 
+    /// The state word of portal entry `pt` (a peer's word: walkers disable it).
+    pub fn pt_state(&self, seg: &Segment, pt: u8) -> Result<u64, NiError> {
+        Ok(seg.word(self.geo.pt(pt)?)?.load(Ordering::Acquire))
+    }
+
     /// Is portal entry `pt` disabled?
     pub fn pt_disabled(&self, seg: &Segment, pt: u8) -> Result<bool, NiError> {
         Ok(seg.word(self.geo.pt(pt)?)?.load(Ordering::Acquire) != PT_ENABLED)
+    }
+
+    /// Checks every word peers read to walk this NI (the event queue's head word, the
+    /// portal table, the match entries in use) against the owner's own copy, and rewrites
+    /// the ones that differ; the first difference found is returned as `Corrupt` (after all
+    /// were repaired). Words walkers legitimately change (a portal entry's state between
+    /// enabled and disabled, a use-once entry taken, locally managed offsets) are only
+    /// checked for values no walker writes. Off the message path: when idle, or after a
+    /// refusal.
+    pub fn verify(&mut self, seg: &Segment) -> Result<(), NiError> {
+        let mut first: Option<NiError> = None;
+        let mut note = |what: &'static str, value: u64| {
+            if first.is_none() {
+                first = Some(corrupt(what, value));
+            }
+        };
+        let head = seg.word(EQ_HEAD)?;
+        let h = head.load(Ordering::Relaxed);
+        if h != self.published {
+            head.store(self.published, Ordering::Release);
+            note("event queue head", h);
+        }
+        if let Some(h) = self.head_fault.take() {
+            note("event queue head", h);
+        }
+        for pt in 0..NPT {
+            let l = line(seg, self.geo.pt(pt as u8)?)?;
+            let state = l[0].load(Ordering::Acquire);
+            if state != PT_ENABLED && state != PT_DISABLED {
+                // Flow control disables it again if there is no room.
+                let _ =
+                    l[0].compare_exchange(state, PT_ENABLED, Ordering::AcqRel, Ordering::Relaxed);
+                note("portal entry state", state);
+            }
+            let want = self.lists[pt].first().map_or(0, |&i| i as u64 + 1);
+            let got = l[1].load(Ordering::Relaxed);
+            if got != want {
+                l[1].store(want, Ordering::Release);
+                note("portal list head", got);
+            }
+            let want = if self.flowctl[pt] { PT_FLOWCTRL } else { 0 };
+            let got = l[2].load(Ordering::Relaxed);
+            if got != want {
+                l[2].store(want, Ordering::Release);
+                note("portal entry options", got);
+            }
+        }
+        for idx in 0..self.geo.max_me {
+            let Some((pt, spec)) = self.spec(idx) else {
+                continue;
+            };
+            let l: &[AtomicU64; 2 * LINE_WORDS] = words(seg, self.geo.me(idx)?)?;
+            let g = self.generation[idx as usize];
+            let state = l[0].load(Ordering::Acquire);
+            let linked = g << 8 | ME_LINKED;
+            let state_ok =
+                state == linked || (spec.options.use_once && state == g << 8 | ME_UNLINKED);
+            let list = &self.lists[pt as usize];
+            let pos = list.iter().position(|&i| i == idx);
+            let fields: [u64; 5] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
+            let fields_ok = fields == spec.words(pt);
+            if !state_ok || !fields_ok {
+                let bad = if state_ok {
+                    fields
+                        .iter()
+                        .zip(spec.words(pt))
+                        .find(|(a, b)| **a != *b)
+                        .map_or(0, |(a, _)| *a)
+                } else {
+                    state
+                };
+                let keep = if state_ok { state } else { linked };
+                self.write_me(seg, idx, pt, &spec, keep)?;
+                note("match entry", bad);
+            }
+            if let Some(p) = pos {
+                let want = list.get(p + 1).map_or(0, |&s| s as u64 + 1);
+                let got = l[6].load(Ordering::Relaxed);
+                if got != want {
+                    l[6].store(want, Ordering::Release);
+                    note("match entry link", got);
+                }
+            }
+            if spec.options.manage_local {
+                let used = l[LINE_WORDS + 1].load(Ordering::Relaxed);
+                if used != NOT_USED && used > spec.length as u64 {
+                    // Nothing decides by it (see `lm_drained`): back to "unknown".
+                    let _ = l[LINE_WORDS + 1].compare_exchange(
+                        used,
+                        NOT_USED,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                    note("match entry used", used);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Is the next event published? (The idle poll: one load.)
     #[inline]
     pub fn eq_ready(&self, seg: &Segment) -> Result<bool, NiError> {
         let off = self.geo.eq_slot(self.head);
-        Ok(seg.word(off)?.load(Ordering::Acquire) == self.head.wrapping_add(1))
+        Ok(seg.word(off)?.load(Ordering::Acquire) == seq_published(self.head))
     }
 
-    /// Takes the next event, if published.
+    /// What the sequence word of the next ticket says (for tests and diagnostics).
+    pub fn eq_head_state(&self, seg: &Segment) -> Result<SlotState, NiError> {
+        let v = seg
+            .word(self.geo.eq_slot(self.head))?
+            .load(Ordering::Acquire);
+        Ok(seq_state(v, self.head, self.geo.eq_capacity as u64))
+    }
+
+    /// The next ticket the owner reads.
+    pub fn eq_head(&self) -> u64 {
+        self.head
+    }
+
+    /// Takes the next event, if published. A sequence word no producer writes at the head
+    /// is repaired, skipped and returned as `Corrupt` (the queue goes on); a corrupt event
+    /// is consumed and returned as `Corrupt`.
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
-        if slot[0].load(Ordering::Acquire) != self.head.wrapping_add(1) {
-            return Ok(None);
+        let v = slot[0].load(Ordering::Acquire);
+        if v != seq_published(self.head) {
+            if v == seq_free(self.head, self.geo.eq_capacity as u64) || seq_is_claimed(v, self.head)
+            {
+                return Ok(None);
+            }
+            return self.eq_repair(seg, v).map(|()| None);
         }
+        // A private copy: the words are checked, never re-read.
         let w: [u64; 7] = std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed));
+        self.consumed(seg)?;
+        Event::from_words(w).map(Some)
+    }
+
+    /// Ticket `head` is done (read or skipped): the next one; publishes the head every
+    /// quarter ring.
+    #[inline(always)]
+    fn consumed(&mut self, seg: &Segment) -> Result<(), NiError> {
         self.head = self.head.wrapping_add(1);
         if self.head.wrapping_sub(self.published) >= (self.geo.eq_capacity / 4) as u64 {
             self.eq_publish_head(seg)?;
         }
-        Event::from_words(w).map(Some)
+        Ok(())
+    }
+
+    /// The head slot holds `v`, a value no producer writes for this ticket: mark it as
+    /// published (a compare-and-swap, so a value that changed meanwhile is kept), so the
+    /// next lap finds it free, and skip it.
+    #[cold]
+    #[inline(never)]
+    fn eq_repair(&mut self, seg: &Segment, v: u64) -> Result<(), NiError> {
+        let t = self.head;
+        let word = seg.word(self.geo.eq_slot(t))?;
+        if word
+            .compare_exchange(v, seq_published(t), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Changed meanwhile: look again next time.
+            return Ok(());
+        }
+        self.consumed(seg)?;
+        Err(corrupt("event queue sequence word", v))
+    }
+
+    /// Takes over the slot of the head ticket, claimed (as `v`) by a claimer that will never
+    /// publish it: it is marked published (the next lap finds it free) and skipped. False
+    /// if it changed meanwhile (its claimer published after all).
+    fn eq_take_over(&mut self, seg: &Segment, v: u64) -> Result<bool, NiError> {
+        let t = self.head;
+        let word = seg.word(self.geo.eq_slot(t))?;
+        if word
+            .compare_exchange(v, seq_published(t), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(false);
+        }
+        self.consumed(seg)?;
+        Ok(true)
+    }
+
+    /// Whether rank `r`'s sender record vouches for a claim of ticket `t`: `ACTIVE`, from a
+    /// ticket at or below it.
+    fn vouches(&self, seg: &Segment, r: u32, t: u64) -> Result<bool, NiError> {
+        let rec = seg.word(self.geo.record(r)? + 8 * REC_EQ)?;
+        let v = rec.load(Ordering::Acquire);
+        Ok(v & ACTIVE != 0 && v & !ACTIVE <= t)
+    }
+
+    /// Ends a wait at the head of the queue that cannot end by itself (see the module docs):
+    /// a claim by a lost rank (`lost[r]`) is taken over and skipped
+    /// ([`Unblocked::SkippedLost`]); a claim in the name of a rank outside the job or of one
+    /// whose record does not vouch for it, a sequence word no producer writes, or a hole
+    /// below later claims (a corrupt tail) is skipped too and returned as `Corrupt`; a
+    /// genuine claim by a live rank is [`Unblocked::InFlight`]. A few loads; call it when
+    /// idle, not per poll.
+    pub fn eq_unblock(&mut self, seg: &Segment, lost: &[bool]) -> Result<Unblocked, NiError> {
+        let cap = self.geo.eq_capacity as u64;
+        let t = self.head;
+        // The tail first (Acquire, against the producers' Release store after their claim):
+        // a tail past `t` then means `t` was claimed, and a free `t` is a hole.
+        let tail = seg.word(EQ_TAIL)?.load(Ordering::Acquire);
+        let v = seg.word(self.geo.eq_slot(t))?.load(Ordering::Acquire);
+        match seq_state(v, t, cap) {
+            SlotState::Published => Ok(Unblocked::Clear),
+            SlotState::Corrupt(v) => self.eq_repair(seg, v).map(|()| Unblocked::Clear),
+            SlotState::Claimed(r) => {
+                let live = (r as usize) < lost.len() && r < self.geo.ranks && !lost[r as usize];
+                if live && self.vouches(seg, r, t)? {
+                    return Ok(Unblocked::InFlight(r));
+                }
+                if !self.eq_take_over(seg, v)? {
+                    return Ok(Unblocked::Clear);
+                }
+                if r < self.geo.ranks && lost.get(r as usize).copied().unwrap_or(false) {
+                    Ok(Unblocked::SkippedLost(r))
+                } else {
+                    Err(corrupt(
+                        "event queue claim its claimer does not vouch for",
+                        v,
+                    ))
+                }
+            }
+            SlotState::Empty => {
+                if tail <= t {
+                    return Ok(Unblocked::Clear);
+                }
+                // Claims past a free head: a hole, if a later slot of this lap is taken. The
+                // free tickets up to it are skipped at once (reported once).
+                let end = tail.min(t.saturating_add(cap));
+                let mut taken = None;
+                for u in t + 1..end {
+                    let w = seg.word(self.geo.eq_slot(u))?.load(Ordering::Acquire);
+                    if seq_state(w, u, cap) != SlotState::Empty {
+                        taken = Some(u);
+                        break;
+                    }
+                }
+                if let Some(u) = taken {
+                    let mut skipped = false;
+                    while self.head < u {
+                        let h = self.head;
+                        let w = seg.word(self.geo.eq_slot(h))?.load(Ordering::Acquire);
+                        if seq_state(w, h, cap) != SlotState::Empty || !self.eq_take_over(seg, w)? {
+                            break;
+                        }
+                        skipped = true;
+                    }
+                    if skipped {
+                        return Err(corrupt("event queue tail (a hole below claims)", tail));
+                    }
+                    return Ok(Unblocked::Clear);
+                }
+                // A tail past every claim: put it back (it is only a hint).
+                let tw = seg.word(EQ_TAIL)?;
+                let _ = tw.compare_exchange(tail, t, Ordering::AcqRel, Ordering::Relaxed);
+                Err(corrupt("event queue tail", tail))
+            }
+        }
     }
 
     /// Publishes how far the queue was read, so producers may reuse those slots. Done every
@@ -1193,7 +1934,14 @@ impl NiOwner {
     #[inline]
     pub fn eq_publish_head(&mut self, seg: &Segment) -> Result<(), NiError> {
         if self.published != self.head {
-            seg.word(EQ_HEAD)?.store(self.head, Ordering::Release);
+            let w = seg.word(EQ_HEAD)?;
+            // Only the owner writes it: a value it did not publish is a peer's (reported by
+            // `verify`; one load, on a line this owner wrote last).
+            let found = w.load(Ordering::Relaxed);
+            if found != self.published && self.head_fault.is_none() {
+                self.head_fault = Some(found);
+            }
+            w.store(self.head, Ordering::Release);
             self.published = self.head;
         }
         Ok(())
@@ -1205,19 +1953,24 @@ impl NiOwner {
     }
 
     /// On the way to sleep: clears the doorbell, announces that producers must ring it, and
-    /// says whether sleeping is safe (`false`: an event is claimed and not yet read, so
-    /// poll instead). Follow with [`end_wait`](Self::end_wait) whatever the answer.
+    /// says whether sleeping is safe (`false`: the next ticket is claimed, published or
+    /// corrupt, so poll instead). Follow with [`end_wait`](Self::end_wait) whatever the
+    /// answer.
     ///
     /// The doorbell is cleared before the announcement: a producer that sees the
-    /// announcement rings after it (its `SeqCst` load synchronizes with our `SeqCst` store),
-    /// so its ring is not undone by our clear. The announcement is `SeqCst` and so is the
-    /// tail load after it; against the producer's `SeqCst` claim and load of the waiting
-    /// word (see `Nic::eq_reserve`) no claim can go unnoticed by both sides.
+    /// announcement rings after it (its load synchronizes with our `Release` store), so its
+    /// ring is not undone by our clear. A `SeqCst` fence separates the announcement from the
+    /// load of the head slot's sequence word; against the producer's `SeqCst` claim and
+    /// load of the waiting word (see `Nic::eq_reserve`) no claim can go unnoticed by both
+    /// sides. The fence is on this side, the one about to sleep.
     pub fn announce_wait(&self, seg: &Segment) -> Result<bool, NiError> {
         seg.doorbell(DOORBELL)?.take();
-        seg.word(WAITING)?.store(1, Ordering::SeqCst);
-        let tail = seg.word(EQ_TAIL)?.load(Ordering::SeqCst);
-        Ok(tail == self.head)
+        seg.word(WAITING)?.store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let v = seg
+            .word(self.geo.eq_slot(self.head))?
+            .load(Ordering::SeqCst);
+        Ok(v == seq_free(self.head, self.geo.eq_capacity as u64))
     }
 
     /// After a wait: producers stop ringing (a ring still in flight only wakes us early).
@@ -1246,7 +1999,7 @@ mod tests {
     impl Ni {
         fn new(bytes: usize) -> Ni {
             let geo = geo(bytes);
-            let seg = Segment::heap(geo.words_len(), bytes);
+            let seg = Segment::heap(geo.words_len(), bytes).unwrap();
             let imp = seg.import();
             let owner = NiOwner::new(geo, &seg, [true, false, false, false]).unwrap();
             Ni {
@@ -1277,6 +2030,7 @@ mod tests {
             data,
             ack: false,
             send_event: false,
+            pad: false,
         }
     }
 
@@ -1338,7 +2092,7 @@ mod tests {
             (ev[1].initiator, ev[1].match_bits, ev[1].hdr_data),
             (1, 0x2B, 0xABCD)
         );
-        assert_eq!(ni.seg.bytes(107, 2).unwrap(), b"xy");
+        assert_eq!(ni.seg.view(107, 2).unwrap().to_vec(), b"xy");
     }
 
     #[test]
@@ -1534,8 +2288,11 @@ mod tests {
         assert!(bell.is_rung(), "an announced waiter is rung");
         ni.owner.end_wait(&ni.seg).unwrap();
         assert_eq!(ni.events().len(), 1);
-        let claim = ni.nic().eq_reserve().unwrap().unwrap();
+        let nic = ni.nic();
+        let mut cl = Claimer::new(&nic, 0).unwrap();
+        let claim = nic.eq_reserve(&mut cl).unwrap().unwrap();
         assert!(!claim.ring, "not announced");
+        drop(cl);
         assert!(
             !ni.owner.announce_wait(&ni.seg).unwrap(),
             "a claim not yet published"
@@ -1578,13 +2335,24 @@ mod tests {
         let mut end = 0;
         for (start, len) in ranges {
             assert_eq!(start, end, "back to back");
-            let b = ni.seg.bytes(start as usize, len as usize).unwrap();
+            let b = ni.seg.view(start as usize, len as usize).unwrap().to_vec();
             assert!(b.iter().all(|&x| x == b[0]), "deposit intact");
             end = start + len as u64;
         }
     }
 
     proptest! {
+        // Under Miri: no failure file (isolation has no working directory), and few cases.
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { ProptestConfig::default().cases },
+            failure_persistence: if cfg!(miri) {
+                None
+            } else {
+                ProptestConfig::default().failure_persistence
+            },
+            ..ProptestConfig::default()
+        })]
+
         /// Matching follows (incoming ^ match) & !ignore == 0, whatever the bits.
         #[test]
         fn matching_rule(mb in any::<u64>(), ib in any::<u64>(), incoming in any::<u64>()) {
@@ -1636,5 +2404,442 @@ mod tests {
             }
             prop_assert_eq!(ni.owner.eq_poll(&ni.seg).unwrap(), None);
         }
+    }
+
+    /// The raw sequence word of ticket `t`'s slot.
+    fn seq_word(ni: &Ni, t: u64) -> &AtomicU64 {
+        ni.seg.word(ni.geo.eq_slot(t)).unwrap()
+    }
+
+    /// Claims the next ticket in the name of `rank` and leaves it unpublished (a rank that
+    /// dies there, or is slow).
+    fn claim_only(ni: &Ni, rank: u32) -> u64 {
+        let nic = ni.nic();
+        let mut cl = Claimer::new(&nic, rank).unwrap();
+        let c = nic.eq_reserve(&mut cl).unwrap().unwrap();
+        cl.dead = true; // keep the record as a live claimer's
+        c.seq
+    }
+
+    fn user_entry(ni: &mut Ni) {
+        ni.owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 0, 64, PUT))
+            .unwrap();
+    }
+
+    /// A claim names its claimer in the sequence word, and the claimer's record vouches for
+    /// it; publication clears the record.
+    #[test]
+    fn claims_name_their_claimer() {
+        let mut ni = Ni::new(64);
+        user_entry(&mut ni);
+        let t = claim_only(&ni, 2);
+        assert_eq!(t, 0);
+        assert_eq!(seq_word(&ni, 0).load(Ordering::Relaxed), seq_claimed(0, 2));
+        assert_eq!(
+            ni.owner.eq_head_state(&ni.seg).unwrap(),
+            SlotState::Claimed(2)
+        );
+        assert!(ni.owner.vouches(&ni.seg, 2, 0).unwrap());
+        assert!(
+            !ni.owner.vouches(&ni.seg, 1, 0).unwrap(),
+            "another rank's record"
+        );
+        assert_eq!(
+            ni.owner.eq_unblock(&ni.seg, &[false; 4]).unwrap(),
+            Unblocked::InFlight(2)
+        );
+        // A put by rank 1 lands behind it; its record is cleared once it published.
+        let d: &[&[u8]] = &[b"q"];
+        ni.nic().put(1, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+        let rec = ni.seg.word(ni.geo.record(1).unwrap()).unwrap();
+        assert_eq!(rec.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            ni.owner.eq_poll(&ni.seg).unwrap(),
+            None,
+            "held by the claim"
+        );
+    }
+
+    /// A claim by a rank that was lost is taken over and skipped; events behind it flow,
+    /// and the slot is free again for the next lap.
+    #[test]
+    fn a_lost_claimers_slot_is_skipped() {
+        let mut ni = Ni::new(64);
+        user_entry(&mut ni);
+        claim_only(&ni, 2);
+        let d: &[&[u8]] = &[b"q"];
+        ni.nic().put(1, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+        assert_eq!(ni.owner.eq_poll(&ni.seg).unwrap(), None);
+        assert!(
+            !ni.owner.announce_wait(&ni.seg).unwrap(),
+            "a claim: do not sleep"
+        );
+        ni.owner.end_wait(&ni.seg).unwrap();
+        let lost = [false, false, true, false];
+        assert_eq!(
+            ni.owner.eq_unblock(&ni.seg, &lost).unwrap(),
+            Unblocked::SkippedLost(2)
+        );
+        let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+        assert_eq!((ev.kind, ev.initiator), (EventKind::Put, 1));
+        // Laps over the skipped slot: every event once, in order.
+        for lap in 0..3u64 {
+            for i in 0..64u64 {
+                let mut a = put_args(PT_USER, 0, 0, d);
+                a.hdr_data = lap << 32 | i;
+                assert!(matches!(
+                    ni.nic().put(1, None, &a).unwrap(),
+                    Outcome::Done { .. }
+                ));
+                let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+                assert_eq!(ev.hdr_data, lap << 32 | i);
+                ni.owner.eq_publish_head(&ni.seg).unwrap();
+            }
+        }
+    }
+
+    /// A `CLAIMED` sequence word in the name of a rank whose record does not vouch for it,
+    /// or of a rank outside the job, is skipped and reported; one whose record vouches is
+    /// waited for until the record is cleared.
+    #[test]
+    fn a_forged_claim_is_skipped_and_reported() {
+        for (claimer, record) in [(3u32, 0u64), (3, ACTIVE | 1), (99, 0), (u32::MAX >> 1, 0)] {
+            let mut ni = Ni::new(64);
+            user_entry(&mut ni);
+            seq_word(&ni, 0).store(seq_claimed(0, claimer), Ordering::Release);
+            if claimer < 4 {
+                let rec = ni.seg.word(ni.geo.record(claimer).unwrap()).unwrap();
+                rec.store(record, Ordering::Release);
+            }
+            let d: &[&[u8]] = &[b"q"];
+            ni.nic().put(1, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+            assert_eq!(ni.owner.eq_poll(&ni.seg).unwrap(), None);
+            let r = ni.owner.eq_unblock(&ni.seg, &[false; 4]);
+            assert!(
+                matches!(r, Err(NiError::Corrupt { .. })),
+                "{claimer} {record:#x}: {r:?}"
+            );
+            let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+            assert_eq!(ev.initiator, 1);
+        }
+        // A record that vouches (ACTIVE from ticket 0): a live claimer at work.
+        let mut ni = Ni::new(64);
+        user_entry(&mut ni);
+        seq_word(&ni, 0).store(seq_claimed(0, 3), Ordering::Release);
+        let rec = ni.seg.word(ni.geo.record(3).unwrap()).unwrap();
+        rec.store(ACTIVE, Ordering::Release);
+        assert_eq!(
+            ni.owner.eq_unblock(&ni.seg, &[false; 4]).unwrap(),
+            Unblocked::InFlight(3)
+        );
+        rec.store(0, Ordering::Release);
+        assert!(ni.owner.eq_unblock(&ni.seg, &[false; 4]).is_err());
+        assert_eq!(ni.owner.eq_head(), 1);
+    }
+
+    /// A sequence word no producer writes at the head is a typed error once, repaired (the
+    /// slot is free for the next lap) and skipped; nothing published after it is lost.
+    #[test]
+    fn corrupt_sequence_words_are_repaired() {
+        let cap = 64u64;
+        for bad in [
+            0xdead_beef,
+            u64::MAX,
+            seq_published(cap),
+            seq_published(5),
+            seq_claimed(cap, 1),
+            SEQ_CLAIMED | 7,
+        ] {
+            let mut ni = Ni::new(64);
+            user_entry(&mut ni);
+            seq_word(&ni, 0).store(bad, Ordering::Release);
+            let d: &[&[u8]] = &[b"q"];
+            // The producer never claims over it: it takes ticket 1.
+            ni.nic().put(1, None, &put_args(PT_USER, 0, 0, d)).unwrap();
+            let r = ni.owner.eq_poll(&ni.seg);
+            assert!(matches!(r, Err(NiError::Corrupt { .. })), "{bad:#x}: {r:?}");
+            let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+            assert_eq!(ev.initiator, 1, "{bad:#x}");
+            ni.owner.eq_publish_head(&ni.seg).unwrap();
+            // Two laps: the repaired slot is claimed again, every event read once.
+            for i in 0..2 * cap {
+                let mut a = put_args(PT_USER, 0, 0, d);
+                a.hdr_data = i;
+                ni.nic().put(1, None, &a).unwrap();
+                let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+                assert_eq!(ev.hdr_data, i, "{bad:#x}");
+                ni.owner.eq_publish_head(&ni.seg).unwrap();
+            }
+        }
+    }
+
+    /// The tail word is a hint: any value costs producers a walk, never an overwrite of an
+    /// unread event; a hint past a free head leaves a hole the owner skips (and reports),
+    /// and a hint past every claim is put back.
+    #[test]
+    fn any_tail_costs_a_walk_never_an_overwrite() {
+        let cap = 64u64;
+        for tail in [0, 1, 2, 3, 5, 40, cap, cap + 1, cap + 3, 1 << 40, u64::MAX] {
+            let mut ni = Ni::new(64);
+            user_entry(&mut ni);
+            let d: &[&[u8]] = &[b"q"];
+            // Three unread events.
+            for i in 0..3 {
+                let mut a = put_args(PT_USER, 0, 0, d);
+                a.hdr_data = 100 + i;
+                ni.nic().put(1, None, &a).unwrap();
+            }
+            ni.seg.word(EQ_TAIL).unwrap().store(tail, Ordering::Relaxed);
+            let mut a = put_args(PT_USER, 0, 0, d);
+            a.hdr_data = 200;
+            assert!(matches!(
+                ni.nic().put(2, None, &a).unwrap(),
+                Outcome::Done { .. }
+            ));
+            let mut seen = Vec::new();
+            let mut errors = 0;
+            for _ in 0..3 * cap {
+                match ni.owner.eq_poll(&ni.seg) {
+                    Ok(Some(ev)) => seen.push(ev.hdr_data),
+                    Ok(None) => match ni.owner.eq_unblock(&ni.seg, &[false; 4]) {
+                        Ok(Unblocked::Clear) if seen.len() == 4 => break,
+                        Ok(_) => {}
+                        Err(_) => errors += 1,
+                    },
+                    Err(e) => panic!("tail {tail}: {e}"),
+                }
+            }
+            assert_eq!(seen, [100, 101, 102, 200], "tail {tail}");
+            assert!(errors <= cap, "tail {tail}");
+            // And the queue works on.
+            ni.owner.eq_publish_head(&ni.seg).unwrap();
+            for i in 0..cap {
+                let mut a = put_args(PT_USER, 0, 0, d);
+                a.hdr_data = i;
+                ni.nic().put(1, None, &a).unwrap();
+                let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+                assert_eq!(ev.hdr_data, i, "tail {tail}");
+                ni.owner.eq_publish_head(&ni.seg).unwrap();
+            }
+        }
+    }
+
+    /// A head word a peer rewrote: producers never overwrite an unread event (they refuse,
+    /// or find the free tickets), and the owner's check repairs it.
+    #[test]
+    fn a_corrupt_head_word_is_repaired() {
+        for head in [u64::MAX, 1 << 40, 200, 63] {
+            let mut ni = Ni::new(64);
+            user_entry(&mut ni);
+            let d: &[&[u8]] = &[b"q"];
+            let mut a = put_args(PT_USER, 0, 0, d);
+            a.hdr_data = 1;
+            ni.nic().put(1, None, &a).unwrap();
+            ni.seg.word(EQ_HEAD).unwrap().store(head, Ordering::Release);
+            a.hdr_data = 2;
+            let early = ni.nic().put(1, None, &a).unwrap();
+            assert!(matches!(
+                ni.owner.verify(&ni.seg),
+                Err(NiError::Corrupt { .. })
+            ));
+            assert!(ni.owner.verify(&ni.seg).is_ok(), "repaired");
+            // The owner reads what is there (skipping, and reporting once, the hole a claim
+            // beyond a forged head left).
+            let mut got = Vec::new();
+            let mut errors = 0;
+            for _ in 0..200 {
+                match ni.owner.eq_poll(&ni.seg).unwrap() {
+                    Some(e) => got.push(e.hdr_data),
+                    None => match ni.owner.eq_unblock(&ni.seg, &[false; 4]) {
+                        Ok(Unblocked::Clear) => break,
+                        Ok(other) => panic!("head {head}: {other:?}"),
+                        Err(_) => errors += 1,
+                    },
+                }
+            }
+            assert!(errors <= 1, "head {head}: {errors} errors");
+            ni.owner.eq_publish_head(&ni.seg).unwrap();
+            a.hdr_data = 3;
+            assert!(matches!(
+                ni.nic().put(1, None, &a).unwrap(),
+                Outcome::Done { .. }
+            ));
+            got.extend(ni.events().iter().map(|e| e.hdr_data));
+            match early {
+                Outcome::Done { .. } => assert_eq!(got, [1, 2, 3], "head {head}"),
+                Outcome::Refused(f) => {
+                    assert_eq!(f, NiFail::EqFull);
+                    assert_eq!(got, [1, 3], "head {head}");
+                }
+            }
+        }
+    }
+
+    /// `lm_drained`: an exhausted entry is re-linked only when no live walker that names it
+    /// holds a claimed slot and no event about it is unread, whatever `used` says; a lost
+    /// walker's bytes are written off.
+    #[test]
+    fn lm_drained_follows_the_claims_not_the_counts() {
+        let lm = MeOptions {
+            manage_local: true,
+            ..PUT
+        };
+        for walker_lost in [false, true] {
+            let mut ni = Ni::new(256);
+            let a = ni
+                .owner
+                .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 0, 32, lm))
+                .unwrap();
+            ni.owner
+                .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 32, 64, lm))
+                .unwrap();
+            // Rank 3 claims 16 bytes of entry `a` and stops before its event.
+            let nic = ni.nic();
+            let mut cl = Claimer::new(&nic, 3).unwrap();
+            cl.slot = nic.eq_reserve(&mut cl).unwrap();
+            cl.record_lm(a);
+            let counter = ni.seg.word(ni.geo.me(a).unwrap() + CACHE_LINE).unwrap();
+            assert_eq!(counter.fetch_add(16, Ordering::AcqRel), 0);
+            cl.dead = true;
+            drop(cl);
+            // Rank 1 takes the other 16, and a third put does not fit (unlink, used 32).
+            let v = [5u8; 16];
+            let d: &[&[u8]] = &[&v];
+            for _ in 0..2 {
+                ni.nic()
+                    .put(1, None, &put_args(PT_REQUEST, 0, 0, d))
+                    .unwrap();
+            }
+            // A forged `used` of 0 changes nothing.
+            ni.seg
+                .word(ni.geo.me(a).unwrap() + CACHE_LINE + 8)
+                .unwrap()
+                .store(0, Ordering::Relaxed);
+            let mut lost = [false; 4];
+            assert_eq!(
+                ni.owner.lm_drained(&ni.seg, a, &lost).unwrap(),
+                Drained::Busy
+            );
+            lost[3] = walker_lost;
+            assert_eq!(
+                ni.owner.lm_drained(&ni.seg, a, &lost).unwrap(),
+                Drained::Busy,
+                "rank 1's event is unread"
+            );
+            if walker_lost {
+                assert_eq!(
+                    ni.owner.eq_unblock(&ni.seg, &lost).unwrap(),
+                    Unblocked::SkippedLost(3)
+                );
+            } else {
+                // It was only slow: it publishes after all.
+                let nic = ni.nic();
+                let mut cl = Claimer::new(&nic, 3).unwrap();
+                cl.eq_from = Some(0);
+                cl.lm = ACTIVE | (a as u64 + 1);
+                let mut ev = Event::new(EventKind::Put, 3, PT_REQUEST);
+                ev.me = a;
+                ev.mlength = 16;
+                nic.eq_publish(
+                    Claim {
+                        seq: 0,
+                        ring: false,
+                    },
+                    &ev,
+                )
+                .unwrap();
+            }
+            let mut kinds = Vec::new();
+            while let Some(e) = ni.owner.eq_poll(&ni.seg).unwrap() {
+                kinds.push((e.kind, e.initiator));
+            }
+            // Rank 1's second put reserved its slot before its unlink's.
+            let mut want = vec![
+                (EventKind::Put, 1),
+                (EventKind::Put, 1),
+                (EventKind::Unlink, 1),
+            ];
+            if !walker_lost {
+                want.insert(0, (EventKind::Put, 3));
+            }
+            assert_eq!(kinds, want);
+            assert_eq!(
+                ni.owner.lm_drained(&ni.seg, a, &lost).unwrap(),
+                Drained::Yes
+            );
+            ni.owner.lm_relink(&ni.seg, a).unwrap();
+            assert_eq!(
+                ni.owner.lm_drained(&ni.seg, a, &lost).unwrap(),
+                Drained::NotExhausted
+            );
+        }
+    }
+
+    /// Every word walkers read that differs from the owner's copy is repaired by `verify`
+    /// (and reported); puts then match again.
+    #[test]
+    fn verify_repairs_the_portal_table_and_entries() {
+        let lm = MeOptions {
+            manage_local: true,
+            ..PUT
+        };
+        type At = fn(&Ni) -> usize;
+        let words: Vec<(&str, At, u64)> = vec![
+            ("pt state", |ni| ni.geo.pt(PT_REQUEST).unwrap(), 77),
+            ("pt head", |ni| ni.geo.pt(PT_REQUEST).unwrap() + 8, 5),
+            ("pt head past", |ni| ni.geo.pt(PT_REQUEST).unwrap() + 8, 999),
+            ("pt options", |ni| ni.geo.pt(PT_REQUEST).unwrap() + 16, 0),
+            ("me state", |ni| ni.geo.me(0).unwrap(), 0x1234),
+            ("me match", |ni| ni.geo.me(0).unwrap() + 8, 7),
+            ("me ignore", |ni| ni.geo.me(0).unwrap() + 16, 0xF0),
+            ("me options", |ni| ni.geo.me(0).unwrap() + 24, 0xFFFF),
+            ("me start", |ni| ni.geo.me(0).unwrap() + 32, 1 << 40),
+            ("me length", |ni| ni.geo.me(0).unwrap() + 40, 0),
+            ("me next", |ni| ni.geo.me(0).unwrap() + 48, 9),
+            ("me used", |ni| ni.geo.me(0).unwrap() + 72, 1 << 50),
+        ];
+        for (what, at, value) in words {
+            let mut ni = Ni::new(256);
+            ni.owner
+                .me_append(&ni.seg, PT_REQUEST, spec(1, 0, 0, 64, lm))
+                .unwrap();
+            ni.owner
+                .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 64, 64, lm))
+                .unwrap();
+            ni.seg
+                .word(at(&ni))
+                .unwrap()
+                .store(value, Ordering::Release);
+            let v = [1u8; 8];
+            let d: &[&[u8]] = &[&v];
+            // Whatever the walk does with it: a typed error or a refusal, never a panic.
+            let _ = ni.nic().put(0, None, &put_args(PT_REQUEST, 1, 0, d));
+            let r = ni.owner.verify(&ni.seg);
+            assert!(matches!(r, Err(NiError::Corrupt { .. })), "{what}: {r:?}");
+            assert!(ni.owner.verify(&ni.seg).is_ok(), "{what}: repaired");
+            // (Flow control may have disabled the portal entry meanwhile.)
+            ni.owner.pt_enable(&ni.seg, PT_REQUEST).unwrap();
+            let got = ni
+                .nic()
+                .put(0, None, &put_args(PT_REQUEST, 1, 0, d))
+                .unwrap();
+            assert!(matches!(got, Outcome::Done { .. }), "{what}: {got:?}");
+        }
+    }
+
+    /// A locally managed entry must post events (its owner re-links it by them).
+    #[test]
+    fn locally_managed_entries_post_events() {
+        let mut ni = Ni::new(64);
+        let bad = MeOptions {
+            manage_local: true,
+            event_disable: true,
+            ..PUT
+        };
+        assert!(ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(0, 0, 0, 64, bad))
+            .is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! The am-core conformance suite over the in-process Portals cluster (real /dev/shm segments).
+//! The am-core conformance suite over the in-process Portals cluster (heap segments, shared
+//! between the ranks' threads as processes share a mapping).
 
 fn cluster(ranks: u32, segment_size: usize) -> Vec<portals_sim::Portals> {
     portals_sim::Portals::cluster(ranks, segment_size, portals_sim::PortalsConfig::default())

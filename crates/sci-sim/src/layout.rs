@@ -13,13 +13,18 @@
 //!   then              the AM segment (GASNet segment; Long payloads land here)
 //! ```
 
+use am_nic::control::Departed;
 use am_shm::stamp::Slots;
 use am_shm::CACHE_LINE;
 
-/// Offset of the message-exist flag.
-pub const MEF: usize = 0;
+/// The seed's **command segment**: one sender's request and reply slots in a receiver's
+/// exported segment, each slot starting with its **message-ready flag** (a stamp).
+pub type CommandSegment = Slots;
+
+/// Offset of the **message-exist flag** (the control block's doorbell).
+pub const MEF: usize = am_nic::control::DOORBELL;
 /// Offset of the abort word.
-pub const ABORT: usize = CACHE_LINE;
+pub const ABORT: usize = am_nic::control::ABORT;
 /// Slot flag: the Long payload is already in the AM segment.
 pub const PLACED: u32 = 1;
 
@@ -37,6 +42,21 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of `ranks` ranks, each sender with `slots` request slots of `slot_size` bytes,
+    /// and an AM segment of `segment` bytes; `None` if its sizes overflow.
+    pub fn new(ranks: usize, slots: usize, slot_size: usize, segment: usize) -> Option<Layout> {
+        let l = Layout {
+            ranks,
+            slots,
+            slot_size,
+            segment,
+        };
+        let channels = ranks.checked_mul(slots.checked_mul(2)?.checked_mul(slot_size)?)?;
+        channels.checked_add(segment)?;
+        ranks.checked_mul(CACHE_LINE)?.checked_add(2 * CACHE_LINE)?;
+        Some(l)
+    }
+
     fn channel_words(&self) -> usize {
         CACHE_LINE
     }
@@ -55,9 +75,17 @@ impl Layout {
         self.ranks * self.channel_bytes() + self.segment
     }
 
+    /// Where each rank's departed word is.
+    pub fn departed_words(&self) -> Departed {
+        Departed {
+            base: 2 * CACHE_LINE,
+            stride: self.channel_words(),
+        }
+    }
+
     /// Offset of sender `c`'s departed word.
     pub fn departed(&self, c: usize) -> usize {
-        2 * CACHE_LINE + c * self.channel_words()
+        self.departed_words().of(c)
     }
 
     /// Offset of the word where rank `c` counts the takes of *its* message-exist flag that
@@ -69,7 +97,7 @@ impl Layout {
     }
 
     /// Sender `c`'s command segment: request slots `0..slots`, reply slots `slots..2*slots`.
-    pub fn channel(&self, c: usize) -> Slots {
+    pub fn command_segment(&self, c: usize) -> CommandSegment {
         Slots {
             data: c * self.channel_bytes(),
             count: 2 * self.slots,

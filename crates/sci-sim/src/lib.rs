@@ -181,27 +181,5 @@ impl SciConfig {
     }
 }
 
-/// Why an SCI NIC could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SciError {
-    /// A shared-memory failure (creating, opening or mapping a segment).
-    #[error("shared memory: {0}")]
-    Shm(#[from] am_shm::ShmError),
-    /// The launcher's key-value store failed or is missing.
-    #[error("bootstrap: {0}")]
-    Bootstrap(String),
-    /// An invalid setting.
-    #[error("invalid SCI configuration: {0}")]
-    Config(String),
-    /// A rank announced a different geometry (slots, slot size, segment size).
-    #[error("rank {rank} uses a different SCI geometry: {theirs} (ours: {ours})")]
-    Mismatch {
-        /// The rank.
-        rank: u32,
-        /// Its geometry.
-        theirs: String,
-        /// Ours.
-        ours: String,
-    },
-}
+/// Why an SCI NIC could not start: the set-up errors every simulated NIC shares.
+pub type SciError = am_nic::SetupError;

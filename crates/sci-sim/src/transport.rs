@@ -1,20 +1,20 @@
 //! [`Sci`]: the NIC of one rank, as an `am_core::Transport`.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use am_core::{Delivery, Limits, Outgoing, Rank, SendError, Transport, TransportError, Tx};
+use am_core::{
+    Delivery, Limits, Outgoing, Rank, Received, SendError, Transport, TransportError, Tx,
+};
+use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::stamp::{Slots, SLOT_HEADER};
-use am_shm::{Imported, Segment};
+use am_shm::sync::{fence, Ordering};
+use am_shm::{Imported, Segment, SharedBytes};
 
 use crate::dma::{Engine, Job, QUEUE_DEPTH};
 use crate::layout::{Layout, ABORT, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
-/// A wait with no progress this long makes the rank check that its peers are alive.
-const LIVENESS_AFTER: Duration = Duration::from_millis(100);
-/// Empty polls between two looks at the clock (keeps the idle poll one flag read).
-const IDLE_POLLS_PER_TICK: u32 = 1024;
 /// Polls a receiver may make while it leaves its message-exist flag set after the work queue
 /// drained (some µs), before it clears the flag: clearing it on every message would make
 /// the next sender ring it again, an atomic on a line the receiver polls.
@@ -95,8 +95,8 @@ fn next_slot(slot: usize, p: usize) -> usize {
 
 /// What a sender keeps per destination (one cache line's worth, read together).
 struct Dest {
-    /// Message location status: bit k set = request slot k at that peer is busy.
-    mls: u64,
+    /// Which of our request slots at that peer are busy.
+    mls: MessageLocationStatus,
     /// The request slot the next request takes. Slots are taken in turn and freed in the
     /// same order (replies come in request order), so this one is free whenever any is, and
     /// the receiver knows where to look.
@@ -111,6 +111,31 @@ struct Dest {
     lost: bool,
     /// Request slots it used for requests we still owe a reply, in arrival order.
     owed: Owed,
+}
+
+/// The seed's **message location status** of one destination, at the sender: bit `k` set
+/// while request slot `k` at that peer holds a request whose reply (or implicit ACK) has not
+/// come back, so the slot may not be written.
+#[derive(Debug, Default, Clone, Copy)]
+struct MessageLocationStatus(u64);
+
+impl MessageLocationStatus {
+    #[inline]
+    fn is_busy(&self, slot: usize) -> bool {
+        self.0 & (1 << slot) != 0
+    }
+
+    #[inline]
+    fn take(&mut self, slot: usize) {
+        self.0 |= 1 << slot;
+    }
+
+    /// The reply to the request in `slot` arrived (a slot number from a peer: out of range
+    /// frees nothing).
+    #[inline]
+    fn free(&mut self, slot: usize) {
+        self.0 &= !(1u64.checked_shl(slot as u32).unwrap_or(0));
+    }
 }
 
 /// A FIFO of at most 64 request slot numbers, without allocation.
@@ -163,14 +188,16 @@ struct Dma {
 pub struct Sci {
     seg: Segment,
     tx: TxState,
-    /// Work queue: (sender, slot) of messages found ready, in per-sender order.
+    /// The seed's **work queue**: (sender, slot) of messages found ready, in per-sender
+    /// order, so a poll takes the next one in constant time whatever the number of peers.
     work: VecDeque<(usize, usize)>,
     /// Per sender: the next stamp and the two slots it can be in.
     recv: Vec<Expect>,
     /// Scratch for one sender's message-ready flags during a scan.
     stamps: Vec<u64>,
-    pids: Vec<Option<nix::unistd::Pid>>,
-    idle_polls: u32,
+    liveness: Liveness,
+    /// Errors found by a liveness check beyond the one it returned, for the next polls.
+    faults: VecDeque<TransportError>,
     /// The sender of the last message and whether it was a reply: a poll looks first where
     /// that sender's next message of the same kind goes.
     hint: (usize, bool),
@@ -178,8 +205,6 @@ pub struct Sci {
     takes: u64,
     /// Polls since the work queue drained with the message-exist flag left set.
     stale_polls: u32,
-    idle_since: Option<Instant>,
-    last_check: Option<Instant>,
 }
 
 fn sci_err(e: am_shm::ShmError) -> SendError {
@@ -187,9 +212,10 @@ fn sci_err(e: am_shm::ShmError) -> SendError {
 }
 
 /// Writes the body of the slot at `base` as [`Slots::write`] lays it out (`[stamp][len]
-/// [flags][head][payload]`, see [`am_shm::stamp`]), without its slice of parts: two or three
-/// bounds-checked copies on every send's path. The caller has checked the length against
-/// the slot's capacity; publishing (the stamp) is a separate step.
+/// [flags][head][payload]`, see [`am_shm::stamp`]), without its slice of parts: one run of
+/// whole-word stores on every send's path (the slot is ours until the reply frees it, so
+/// the padding of its last word is too). The caller has checked the length against the
+/// slot's capacity; publishing (the stamp) is a separate step.
 #[inline(always)]
 fn write_slot(
     to: &Imported,
@@ -202,11 +228,7 @@ fn write_slot(
     let mut hdr = [0u8; 8];
     hdr[..4].copy_from_slice(&len.to_le_bytes());
     hdr[4..].copy_from_slice(&flags.to_le_bytes());
-    to.write(base + SLOT_HEADER - hdr.len(), &hdr)?;
-    to.write(base + SLOT_HEADER, head)?;
-    if !payload.is_empty() {
-        to.write(base + SLOT_HEADER + head.len(), payload)?;
-    }
+    to.write_padded(base + SLOT_HEADER - hdr.len(), &[&hdr, head, payload])?;
     Ok(())
 }
 
@@ -232,7 +254,7 @@ impl TxState {
             // write and fence before it scans: either we see the new count and ring, or its
             // scan sees our flag. An unchanged count means our tag is still set there, so the
             // write (a line `dest` polls, pulled away by an atomic) is skipped.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            fence(Ordering::SeqCst);
             // Our own memory: the sender never reads a peer's (SCI's remote writes only).
             let taken = own.load_word(self.layout.taken(dest)).map_err(sci_err)?;
             if taken == to.rung {
@@ -302,7 +324,7 @@ impl TxState {
             }
         } else {
             let k = to.next_req;
-            if to.mls & (1 << k) != 0 {
+            if to.mls.is_busy(k) {
                 return Err(SendError::Busy);
             }
             k
@@ -374,7 +396,7 @@ impl TxState {
         if is_reply {
             to.owed.pop();
         } else {
-            to.mls |= 1 << slot;
+            to.mls.take(slot);
             to.next_req = next_slot(slot, p);
         }
         if via_dma {
@@ -420,11 +442,11 @@ impl Sci {
                 rank,
                 layout,
                 config,
-                chan: layout.channel(rank),
+                chan: layout.command_segment(rank),
                 peers,
                 dests: (0..n)
                     .map(|_| Dest {
-                        mls: 0,
+                        mls: MessageLocationStatus::default(),
                         next_req: 0,
                         send_seq: 1,
                         rung: u64::MAX,
@@ -444,61 +466,42 @@ impl Sci {
             },
             work: VecDeque::with_capacity(n * 2 * config.slots),
             recv: (0..n)
-                .map(|c| Expect::new(&layout.channel(c), config.slots))
+                .map(|c| Expect::new(&layout.command_segment(c), config.slots))
                 .collect(),
             stamps: vec![0; 2 * config.slots],
-            pids,
-            idle_polls: 0,
+            liveness: Liveness::new(pids),
+            faults: VecDeque::new(),
             takes: 0,
             hint: (0, false),
             stale_polls: 0,
-            idle_since: None,
-            last_check: None,
         }
     }
 
-    fn layout_for(ranks: u32, segment_size: usize, config: &SciConfig) -> Layout {
-        Layout {
-            ranks: ranks as usize,
-            slots: config.slots,
-            slot_size: config.slot_size,
-            segment: segment_size,
-        }
+    fn layout_for(ranks: u32, segment_size: usize, config: &SciConfig) -> Result<Layout, SciError> {
+        Layout::new(ranks as usize, config.slots, config.slot_size, segment_size).ok_or_else(|| {
+            SciError::Config(format!(
+                "{ranks} ranks with a segment of {segment_size} bytes overflow a segment's size"
+            ))
+        })
     }
 
-    /// The transports of an in-process job of `ranks` ranks (one per thread), over real
-    /// `/dev/shm` segments that are unlinked as soon as all are mapped.
+    /// The transports of an in-process job of `ranks` ranks (one per thread), over heap
+    /// memory that the threads share exactly as processes share a mapping (the same atomics,
+    /// the same views), so Miri and loom check this code too.
     pub fn cluster(
         ranks: u32,
         segment_size: usize,
         config: SciConfig,
     ) -> Result<Vec<Sci>, SciError> {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static JOBS: AtomicUsize = AtomicUsize::new(0);
         config.validate()?;
         if ranks == 0 {
             return Err(SciError::Config("a job has at least one rank".into()));
         }
-        let job = format!(
-            "sciproc{}x{}",
-            std::process::id(),
-            JOBS.fetch_add(1, Ordering::Relaxed)
-        );
-        let layout = Self::layout_for(ranks, segment_size, &config);
-        let mut segs = (0..ranks)
-            .map(|r| {
-                Segment::create(
-                    &job,
-                    &format!("sci-{r}"),
-                    layout.words_len(),
-                    layout.bytes_len(),
-                )
-            })
+        let layout = Self::layout_for(ranks, segment_size, &config)?;
+        let segs = (0..ranks)
+            .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
         let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
-        for s in &mut segs {
-            s.unlink()?;
-        }
         Ok(segs
             .into_iter()
             .enumerate()
@@ -515,68 +518,44 @@ impl Sci {
             .collect())
     }
 
-    /// Starts this rank's NIC in a multi-process job: exports its segment, exchanges pids and
-    /// geometry through the launcher's key-value store, imports every peer's segment, then
-    /// unlinks its file (so a killed job leaves nothing behind).
+    /// Starts this rank's NIC in a multi-process job: exports its segment (anonymous: no file
+    /// is ever left behind), exchanges pids, geometry and segment handles through the
+    /// launcher's key-value store, and imports every peer's segment (`am_nic::connect`).
     pub fn connect(
         job: &mut am_launch::JobInfo,
         segment_size: usize,
         config: SciConfig,
     ) -> Result<Sci, SciError> {
         config.validate()?;
-        let layout = Self::layout_for(job.size, segment_size, &config);
-        let rank = job.rank as usize;
-        let mut seg = Segment::create(
-            &job.job_id,
-            &format!("sci-{rank}"),
+        let layout = Self::layout_for(job.size, segment_size, &config)?;
+        let geometry = format!("{},{},{}", config.slots, config.slot_size, segment_size);
+        let joined = am_nic::connect(
+            job,
+            "sci",
             layout.words_len(),
             layout.bytes_len(),
+            &geometry,
+            |_| Ok(()),
         )?;
-        let ours = format!("{},{},{}", config.slots, config.slot_size, segment_size);
-        let pid = std::process::id();
-        let boot = |e: am_launch::BootstrapError| SciError::Bootstrap(e.to_string());
-        let mut pids = vec![None; job.size as usize];
-        let mut peers = Vec::with_capacity(job.size as usize);
-        if job.size == 1 {
-            peers.push(seg.import());
-        } else {
-            let kvs = job.kvs.as_mut().ok_or_else(|| {
-                SciError::Bootstrap("no key-value store (launch with amrun or mpiexec)".into())
-            })?;
-            kvs.put(&format!("sci-{rank}"), &format!("{pid}:{ours}"))
-                .map_err(boot)?;
-            kvs.fence().map_err(boot)?;
-            for r in 0..job.size {
-                let v = kvs.get(&format!("sci-{r}")).map_err(boot)?;
-                let (p, theirs) = v.split_once(':').unwrap_or(("", ""));
-                if theirs != ours {
-                    return Err(SciError::Mismatch {
-                        rank: r,
-                        theirs: theirs.to_owned(),
-                        ours,
-                    });
-                }
-                let p: i32 = p
-                    .parse()
-                    .map_err(|_| SciError::Bootstrap(format!("rank {r} sent pid {p:?}")))?;
-                if r as usize != rank {
-                    pids[r as usize] = Some(nix::unistd::Pid::from_raw(p));
-                }
-                peers.push(if r as usize == rank {
-                    seg.import()
-                } else {
-                    Imported::open(
-                        &job.job_id,
-                        &format!("sci-{r}"),
-                        layout.words_len(),
-                        layout.bytes_len(),
-                    )?
-                });
-            }
-            kvs.fence().map_err(boot)?;
-        }
-        seg.unlink()?;
-        Ok(Sci::new(rank, layout, config, seg, peers, pids))
+        // An imported segment is written, never read (SCI's remote writes, local reads).
+        let peers = joined.peers.iter().map(Segment::import).collect();
+        Ok(Sci::new(
+            job.rank as usize,
+            layout,
+            config,
+            joined.own,
+            peers,
+            joined.pids,
+        ))
+    }
+
+    /// The AM segment: a view of this rank's exported memory after the command segments
+    /// (in range by construction: the segment was made with this layout).
+    fn am_segment(&self) -> SharedBytes<'_> {
+        let l = &self.tx.layout;
+        self.seg
+            .byte_area()
+            .slice_or_empty(l.segment_base(), l.segment)
     }
 
     /// The configuration in use.
@@ -612,7 +591,7 @@ impl Sci {
             }
             // The count before the scan, against the sender's ready flag before its read of
             // the count (see `TxState::publish`).
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            fence(Ordering::SeqCst);
         }
         self.scan(tags)?;
         Ok(())
@@ -646,7 +625,7 @@ impl Sci {
     fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
-        let chan = self.tx.layout.channel(c);
+        let chan = self.tx.layout.command_segment(c);
         while let Some(e) = self.recv.get_mut(c) {
             // `req_at` and `rep_at` are `chan.base` of the two slots, kept by `advance`.
             let slot = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
@@ -673,7 +652,7 @@ impl Sci {
             if !all && tags & am_shm::doorbell::tag(c) == 0 {
                 continue;
             }
-            let chan = self.tx.layout.channel(c);
+            let chan = self.tx.layout.command_segment(c);
             // One pass over the ready flags, then find the stamps in order locally.
             let n = match chan.load_stamps(&self.seg, &mut stamps) {
                 Ok(n) => n,
@@ -718,15 +697,18 @@ impl Sci {
         };
         if self.seg.load_slot_word(at).map_err(io)? != e.seq {
             if tags == 0 {
-                self.idle_polls = self.idle_polls.wrapping_add(1);
-                if self.idle_polls % IDLE_POLLS_PER_TICK == 0 {
+                if self.liveness.idle_poll() {
                     self.liveness_tick()?;
                 }
                 return Ok(None);
             }
             return self.look_around(tags);
         }
-        e.advance(&self.tx.layout.channel(c), slot, self.tx.config.slots);
+        e.advance(
+            &self.tx.layout.command_segment(c),
+            slot,
+            self.tx.config.slots,
+        );
         Ok(Some((c, slot)))
     }
 
@@ -760,35 +742,32 @@ impl Sci {
         Ok(self.work.pop_front())
     }
 
-    /// After a while without progress: is every peer that has not departed still alive?
+    /// After a while without progress: is every peer that has not departed still alive? And a
+    /// look at every sender's slots: a peer that corrupted its take count (so it never rings)
+    /// or our message-exist flag can delay a message by this much, never strand it.
     fn liveness_tick(&mut self) -> Result<(), TransportError> {
-        let now = Instant::now();
-        let since = *self.idle_since.get_or_insert(now);
-        if now.duration_since(since) < LIVENESS_AFTER
-            || self
-                .last_check
-                .is_some_and(|t| now.duration_since(t) < LIVENESS_AFTER)
-        {
+        if !self.liveness.due() {
             return Ok(());
         }
-        self.last_check = Some(now);
-        if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
-            return Err(TransportError::JobAborted);
-        }
-        for (r, pid) in self.pids.iter().enumerate() {
-            let Some(pid) = *pid else { continue };
-            let lost = self.tx.dests.get(r).is_none_or(|to| to.lost);
-            if lost || self.seg.load_word(self.tx.layout.departed(r)).unwrap_or(0) != 0 {
-                continue;
-            }
-            if !am_launch::process_alive(pid) {
-                if let Some(to) = self.tx.dests.get_mut(r) {
+        self.scan(1)?;
+        let found = self
+            .liveness
+            .check_now(&self.seg, self.tx.layout.departed_words())?;
+        for e in &found {
+            if let TransportError::PeerLost(r) = e {
+                if let Some(to) = self.tx.dests.get_mut(*r as usize) {
                     to.lost = true;
                 }
-                return Err(TransportError::PeerLost(r as Rank));
             }
         }
-        Ok(())
+        // One error per call; the others wait for the next polls.
+        let mut found = found.into_iter();
+        let first = found.next();
+        self.faults.extend(found);
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -816,39 +795,37 @@ impl Transport for Sci {
         }
     }
 
-    fn segment(&self) -> &[u8] {
-        let l = &self.tx.layout;
-        self.seg.bytes(l.segment_base(), l.segment).unwrap_or(&[])
-    }
-
-    fn segment_mut(&mut self) -> &mut [u8] {
-        let l = self.tx.layout;
-        self.seg
-            .bytes_mut(l.segment_base(), l.segment)
-            .unwrap_or(&mut [])
+    fn segment(&self) -> SharedBytes<'_> {
+        self.am_segment()
     }
 
     #[inline]
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         if !self.tx.dma.queue.is_empty() {
             self.tx.progress_dma(&self.seg)?;
         }
+        if let Some(e) = self.faults.pop_front() {
+            return Err(e);
+        }
         let Some((src, slot)) = self.next_message()? else {
             return Ok(None);
         };
-        self.idle_polls = 0;
-        self.idle_since = None;
+        self.liveness.progress();
         self.stale_polls = 0;
         let layout = self.tx.layout;
-        let chan = layout.channel(src);
+        let chan = layout.command_segment(src);
         let p = self.tx.config.slots;
         self.hint = (src, slot >= p);
-        let corrupt = |e: am_shm::ShmError| {
-            TransportError::Io(format!("sci: rank {src} wrote a bad slot: {e}"))
+        let corrupt = |e: am_shm::ShmError| TransportError::PeerMisbehaved {
+            peer: Some(src as Rank),
+            what: format!("sci: a bad slot {slot}: {e}"),
         };
+        // The header is copied out and checked; the body is lent as a view of the slot, which
+        // its sender rewrites only after our reply frees it (and a peer that does not follow
+        // that protocol can only make the handler read garbage bytes, by copies).
         let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
         if slot < p {
             // A request: its reply goes to the paired reply slot.
@@ -856,20 +833,22 @@ impl Transport for Sci {
                 .tx
                 .dests
                 .get_mut(src)
-                .is_some_and(|to| to.owed.push(slot as u8));
+                .is_some_and(|to| (to.owed.len as usize) < p && to.owed.push(slot as u8));
             if !pushed {
-                return Err(TransportError::Io(format!(
-                    "sci: rank {src} has more requests in flight than slots"
-                )));
+                return Err(TransportError::PeerMisbehaved {
+                    peer: Some(src as Rank),
+                    what: "sci: more requests in flight than slots".into(),
+                });
             }
         }
-        let (bytes, segment) = self
+        let bytes = self.seg.view(body, len).map_err(corrupt)?;
+        let segment = self
             .seg
-            .split_lend(body, len, layout.segment_base(), layout.segment)
-            .map_err(corrupt)?;
+            .byte_area()
+            .slice_or_empty(layout.segment_base(), layout.segment);
         let delivery = Delivery {
             src: src as Rank,
-            bytes,
+            bytes: Received::Shared(bytes),
             payload_placed: flags & PLACED != 0,
         };
         self.tx.deferring = true;
@@ -878,7 +857,7 @@ impl Transport for Sci {
         if slot >= p {
             // The reply frees its request slot (message location status).
             if let Some(to) = self.tx.dests.get_mut(src) {
-                to.mls &= !(1u64 << (slot - p));
+                to.mls.free(slot - p);
             }
         }
         while let Some((d, s)) = self.tx.deferred.pop() {
@@ -905,6 +884,9 @@ impl Transport for Sci {
             return Ok(());
         }
         self.liveness_tick()?;
+        if !self.work.is_empty() {
+            return Ok(());
+        }
         let bell = self
             .seg
             .doorbell(MEF)
@@ -916,18 +898,11 @@ impl Transport for Sci {
 
 impl Drop for Sci {
     fn drop(&mut self) {
-        let me = self.tx.rank;
-        let panicking = std::thread::panicking();
-        for (r, peer) in self.tx.peers.iter().enumerate() {
-            if r == me {
-                continue;
-            }
-            let _ = peer.store_word(self.tx.layout.departed(me), 1);
-            if panicking {
-                let _ = peer.store_word(ABORT, 1);
-            }
-            let _ = peer.ring(MEF);
-        }
+        am_nic::control::depart(
+            &self.tx.peers,
+            self.tx.rank,
+            self.tx.layout.departed_words(),
+        );
     }
 }
 
@@ -944,9 +919,18 @@ impl std::fmt::Debug for Sci {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use am_core::wire::encode_head;
     use am_core::wire::MAX_HEAD_LEN;
     use am_core::{AmKind, Category};
-    use am_perf::nic::{head_into as head, message as out};
+
+    /// The head of a `kind` message to handler 1 with the argument 42.
+    fn head(c: Category, k: AmKind, payload: usize, buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
+        encode_head(c, k, 1, &[42], payload, buf)
+    }
+
+    fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
+        Outgoing::new(head, payload)
+    }
     use proptest::prelude::*;
 
     fn pair(slots: usize) -> (Sci, Sci) {
@@ -980,7 +964,7 @@ mod tests {
             let got = b
                 .poll_recv(|d, _seg, tx| {
                     assert_eq!(d.src, 0);
-                    assert_eq!(&d.bytes[n..], want);
+                    assert_eq!(&d.bytes.to_vec()[n..], want);
                     tx.try_send(0, &out(&r[..rn], &[])).unwrap();
                     // One unpublished reply per peer while the request is still lent.
                     assert_eq!(tx.try_send(0, &out(&r[..rn], &[])), Err(SendError::Busy));
@@ -1021,13 +1005,14 @@ mod tests {
     #[test]
     fn write_slot_matches_the_stamp_format() {
         let (a, b) = pair(2);
-        let chan = a.tx.layout.channel(0);
+        let chan = a.tx.layout.command_segment(0);
         let peer = &a.tx.peers[1];
         let base = chan.base(3).unwrap();
         write_slot(peer, base, 7, b"head", b"payload").unwrap();
         chan.publish(peer, 3, 9).unwrap();
         assert_eq!(chan.find(&b.seg, 9).unwrap(), Some(3));
-        assert_eq!(chan.lend(&b.seg, 3).unwrap(), (7, &b"headpayload"[..]));
+        let (flags, body) = chan.body(&b.seg, 3).unwrap();
+        assert_eq!((flags, body.to_vec()), (7, b"headpayload".to_vec()));
     }
 
     /// A sender rings only while the receiver's flag may lack its tag: after the first
@@ -1130,9 +1115,10 @@ mod tests {
                         let rn = head(Category::Reply, AmKind::Medium, 4, &mut rh);
                         let got = ranks[r]
                             .poll_recv(|d, _, tx| {
-                                let at = d.bytes.len() - 4;
-                                let seq = u32::from_le_bytes(d.bytes[at..].try_into().unwrap());
-                                let reply = d.bytes[0] & WIRE_REPLY != 0;
+                                let bytes = d.bytes.to_vec();
+                                let at = bytes.len() - 4;
+                                let seq = u32::from_le_bytes(bytes[at..].try_into().unwrap());
+                                let reply = bytes[0] & WIRE_REPLY != 0;
                                 if !reply {
                                     tx.try_send(d.src, &out(&rh[..rn], &seq.to_le_bytes()))
                                         .unwrap();
@@ -1174,7 +1160,7 @@ mod tests {
         #[test]
         fn corrupt_slot_header_is_checked(len in any::<u32>(), flags in any::<u32>()) {
             let (a, mut b) = pair(2);
-            let chan = a.tx.layout.channel(0);
+            let chan = a.tx.layout.command_segment(0);
             let peer = &a.tx.peers[1];
             let mut hdr = [0u8; 8];
             hdr[..4].copy_from_slice(&len.to_le_bytes());
@@ -1186,8 +1172,151 @@ mod tests {
             if len as usize <= chan.capacity() {
                 prop_assert_eq!(r.unwrap(), Some(len as usize));
             } else {
-                prop_assert!(r.is_err());
+                let named = matches!(r, Err(TransportError::PeerMisbehaved { peer: Some(0), .. }));
+                prop_assert!(named, "{:?}", r);
             }
+        }
+    }
+
+    /// Hostile peers: for each word rank 0 can write in rank 1's segment, a corrupt value is
+    /// a typed error naming rank 0 (or is harmless), nothing is delivered from it, and rank
+    /// 2's messages still arrive.
+    mod hostile {
+        use super::*;
+
+        fn trio() -> (Sci, Sci, Sci) {
+            let config = SciConfig {
+                slots: 2,
+                ..SciConfig::default()
+            };
+            let mut v = Sci::cluster(3, 4096, config).unwrap();
+            let c = v.pop().unwrap();
+            let b = v.pop().unwrap();
+            (v.pop().unwrap(), b, c)
+        }
+
+        /// Rank 2 sends a Medium "good" to rank 1; rank 1 must get it (within a few bounded
+        /// polls and waits), whatever rank 0 did before.
+        fn good_still_arrives(b: &mut Sci, c: &mut Sci) {
+            let mut h = [0u8; MAX_HEAD_LEN];
+            let n = head(Category::Request, AmKind::Medium, 4, &mut h);
+            c.try_send(1, &out(&h[..n], b"good")).unwrap();
+            for _ in 0..50 {
+                match b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())) {
+                    Ok(Some((2, bytes))) => {
+                        assert_eq!(&bytes[n..], b"good");
+                        return;
+                    }
+                    Ok(Some((src, _))) => panic!("a message from rank {src} was delivered"),
+                    Ok(None) | Err(_) => b.wait(Duration::from_millis(20)).unwrap(),
+                }
+            }
+            panic!("rank 2's message did not arrive");
+        }
+
+        #[test]
+        fn a_length_past_the_slot_is_an_error_naming_the_sender() {
+            let (a, mut b, mut c) = trio();
+            let chan = a.tx.layout.command_segment(0);
+            let peer = &a.tx.peers[1];
+            peer.write(chan.data + 8, &(chan.capacity() as u32 + 1).to_le_bytes())
+                .unwrap();
+            chan.publish(peer, 0, 1).unwrap();
+            peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+            let mut delivered = false;
+            let r = b.poll_recv(|_, _, _| delivered = true);
+            assert!(
+                matches!(r, Err(TransportError::PeerMisbehaved { peer: Some(0), .. })),
+                "{r:?}"
+            );
+            assert!(!delivered);
+            good_still_arrives(&mut b, &mut c);
+        }
+
+        /// A stamp that is not the next one, in any slot of the sender's command segment, is
+        /// never delivered.
+        #[test]
+        fn a_forged_stamp_is_never_delivered() {
+            let (a, mut b, mut c) = trio();
+            let chan = a.tx.layout.command_segment(0);
+            let peer = &a.tx.peers[1];
+            for slot in 0..4 {
+                chan.write(peer, slot, 0, &[&[0xEE; 12]]).unwrap();
+                chan.publish(peer, slot, 7 + slot as u64).unwrap();
+            }
+            peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+            for _ in 0..3 {
+                assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
+                b.take_and_scan().unwrap();
+            }
+            good_still_arrives(&mut b, &mut c);
+        }
+
+        /// A sender that reuses a request slot before its reply (more requests in flight than
+        /// it has slots) is an error naming it.
+        #[test]
+        fn more_requests_than_slots_is_an_error() {
+            let (a, mut b, mut c) = trio();
+            let chan = a.tx.layout.command_segment(0);
+            let peer = &a.tx.peers[1];
+            let mut h = [0u8; MAX_HEAD_LEN];
+            let n = head(Category::Request, AmKind::Short, 0, &mut h);
+            // Stamps 1, 2 in request slots 0, 1, then 3 in slot 0 again, no reply between.
+            let mut errors = Vec::new();
+            for (seq, slot) in [(1u64, 0usize), (2, 1), (3, 0)] {
+                write_slot(peer, chan.base(slot).unwrap(), 0, &h[..n], &[]).unwrap();
+                chan.publish(peer, slot, seq).unwrap();
+                peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+                match b.poll_recv(|d, _, _| d.src) {
+                    Ok(_) => {}
+                    Err(e) => errors.push(e),
+                }
+            }
+            assert!(
+                matches!(
+                    errors[..],
+                    [TransportError::PeerMisbehaved { peer: Some(0), .. }]
+                ),
+                "{errors:?}"
+            );
+            good_still_arrives(&mut b, &mut c);
+        }
+
+        /// A take count forged to look unchanged makes rank 2 skip its ring: rank 1 still
+        /// finds the message (its idle look at every sender's slots).
+        #[test]
+        fn a_forged_take_count_delays_but_never_strands() {
+            let (_a, mut b, mut c) = trio();
+            // Rank 2 rang rank 1 once already: its `rung` holds the count it saw.
+            let at = c.tx.layout.taken(1);
+            c.tx.dests[1].rung = 5;
+            c.seg.import().store_word(at, 5).unwrap();
+            good_still_arrives(&mut b, &mut c);
+        }
+
+        /// Garbage on the message-exist flag (any tags) costs a scan, nothing else.
+        #[test]
+        fn garbage_on_the_message_exist_flag_is_harmless() {
+            let (a, mut b, mut c) = trio();
+            a.tx.peers[1].ring_tagged(MEF, u32::MAX).unwrap();
+            assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
+            good_still_arrives(&mut b, &mut c);
+        }
+
+        /// Any AM head and flags in a published slot reach the core as bytes to check (its
+        /// own hostile-peer tests cover the decoding); the transport only lends the checked
+        /// length, as a view.
+        #[test]
+        fn garbage_heads_are_lent_within_the_slot() {
+            let (a, mut b, mut c) = trio();
+            let chan = a.tx.layout.command_segment(0);
+            let peer = &a.tx.peers[1];
+            chan.write(peer, 0, u32::MAX, &[&[0xFF; 40]]).unwrap();
+            chan.publish(peer, 0, 1).unwrap();
+            peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+            let got = b.poll_recv(|d, _, _| (d.src, d.bytes.len())).unwrap();
+            assert_eq!(got, Some((0, 40)));
+            good_still_arrives(&mut b, &mut c);
         }
     }
 }

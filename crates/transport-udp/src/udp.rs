@@ -7,7 +7,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Delivery, FaultConfig, Limits, Outgoing, Rank, SendError, Transport, TransportError, Tx,
+    Delivery, FaultConfig, Limits, Outgoing, Rank, Received, SendError, Transport, TransportError,
+    Tx,
 };
 use am_launch::JobInfo;
 
@@ -183,7 +184,8 @@ impl Tx for Io {
 pub struct Udp {
     io: Io,
     rx: Vec<u8>,
-    segment: Vec<u8>,
+    /// Private heap memory, reached through the same views as the shared-memory NICs'.
+    segment: am_shm::Segment,
     limits: Limits,
     linger: Duration,
     local: SocketAddr,
@@ -352,7 +354,11 @@ impl Udp {
                 send_errors: 0,
             },
             rx: vec![0; config.engine.mtu.max(crate::wire::OVERHEAD) + 1],
-            segment: vec![0; segment_size],
+            segment: am_shm::Segment::heap(0, segment_size).map_err(|e| UdpError::Config {
+                var: "segment size",
+                value: segment_size.to_string(),
+                why: e.to_string(),
+            })?,
             limits,
             linger: config.linger,
             local,
@@ -435,18 +441,14 @@ impl Transport for Udp {
         self.limits
     }
 
-    fn segment(&self) -> &[u8] {
-        &self.segment
-    }
-
-    fn segment_mut(&mut self) -> &mut [u8] {
-        &mut self.segment
+    fn segment(&self) -> am_core::SharedBytes<'_> {
+        self.segment.byte_area()
     }
 
     #[inline]
     fn poll_recv<R>(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, &mut [u8], &mut dyn Tx) -> R,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         if let Some(r) = self.io.engine.poll_lost() {
             return Err(TransportError::PeerLost(r));
@@ -454,10 +456,10 @@ impl Transport for Udp {
         if let Some(m) = self.io.self_queue.pop_front() {
             let d = Delivery {
                 src: self.io.rank,
-                bytes: &m,
+                bytes: Received::Private(&m),
                 payload_placed: false,
             };
-            return Ok(Some(f(d, &mut self.segment, &mut self.io)));
+            return Ok(Some(f(d, self.segment.byte_area(), &mut self.io)));
         }
         let now = Instant::now();
         if !self.io.engine.has_message() {
@@ -466,10 +468,10 @@ impl Transport for Udp {
                 Some(Input::Deliver { src, range }) => {
                     let d = Delivery {
                         src,
-                        bytes: &self.rx[range],
+                        bytes: Received::Private(&self.rx[range]),
                         payload_placed: false,
                     };
-                    let r = f(d, &mut self.segment, &mut self.io);
+                    let r = f(d, self.segment.byte_area(), &mut self.io);
                     self.io.flush(now);
                     return Ok(Some(r));
                 }
@@ -488,10 +490,10 @@ impl Transport for Udp {
         };
         let d = Delivery {
             src,
-            bytes: &m,
+            bytes: Received::Private(&m),
             payload_placed: false,
         };
-        let r = f(d, &mut self.segment, &mut self.io);
+        let r = f(d, self.segment.byte_area(), &mut self.io);
         self.io.engine.recycle(m);
         self.io.flush(now);
         Ok(Some(r))

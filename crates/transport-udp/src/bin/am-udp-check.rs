@@ -311,7 +311,9 @@ fn put_bandwidth(sizes: &[usize], reps: usize) -> Res<Vec<(usize, f64)>> {
                     }
                 }
                 node.barrier()?;
-                if node.rank() == 1 && node.transport().segment()[..size] != data[..size] {
+                if node.rank() == 1
+                    && node.transport().segment().slice(0, size)?.to_vec()[..] != data[..size]
+                {
                     bail!("put of {size} bytes: the target segment does not match");
                 }
             }

@@ -9,7 +9,7 @@
 //!
 //! The groups' common parts are am-perf's (`am_perf::bench`); the credit modes are here.
 //!
-//! Run: `cargo bench -p portals-sim --bench portals`.
+//! Run: `cargo bench -p am-perf --bench portals`.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 

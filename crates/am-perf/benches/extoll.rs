@@ -8,7 +8,7 @@
 //!
 //! The groups' common parts are am-perf's (`am_perf::bench`); the Medium paths are here.
 //!
-//! Run: `cargo bench -p extoll-sim --bench extoll`.
+//! Run: `cargo bench -p am-perf --bench extoll`.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 

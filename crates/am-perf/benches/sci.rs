@@ -7,7 +7,7 @@
 //!
 //! The groups' common parts are am-perf's (`am_perf::bench`); the SCI configurations are here.
 //!
-//! Run: `cargo bench -p sci-sim --bench sci`.
+//! Run: `cargo bench -p am-perf --bench sci`.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 

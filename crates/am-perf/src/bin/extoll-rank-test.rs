@@ -36,7 +36,7 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
-    if mode == "kill" {
+    if mode == "kill" || mode == "kill-anywhere" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -45,6 +45,12 @@ fn main() -> Res {
     }
     rank::self_launch_if_asked(&args, "extoll")?;
     let mut job = am_launch::JobInfo::from_env()?;
+    if mode == "stall" {
+        // Rank 0 holds start-up back until the test says go, so the others sit in the NIC's
+        // start-up with their segments created (the test kills one there).
+        let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
+        rank::stall_before_start(&job, &dir)?;
+    }
     if mode == "perf" {
         return perf(job, &args);
     }
@@ -57,6 +63,10 @@ fn main() -> Res {
         assert!(m.payload().iter().all(|&b| b == m.args()[1] as u8));
         s.borrow_mut().push((m.src(), m.args()[0]));
     })?;
+    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
+    if mode == "kill-anywhere" {
+        rank::add_exchange_handlers(&mut h, &exchanged)?;
+    }
     let mut node = Node::new(nic, h, Config::from_env()?)?;
     let (me, n) = (node.rank(), node.size());
     match mode {
@@ -125,6 +135,15 @@ fn main() -> Res {
                 node.quiesce()?;
             }
             node.barrier()?;
+        }
+        "stall" => {}
+        "kill-anywhere" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
+            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
+            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
+            drop(node);
+            drop(job);
+            std::process::exit(3);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);

@@ -42,12 +42,18 @@ fn main() -> Res {
     if mode == "local" {
         return local(&args);
     }
-    if mode == "kill" {
+    if mode == "kill" || mode == "kill-anywhere" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
     rank::self_launch_if_asked(&args, "portals")?;
     let mut job = am_launch::JobInfo::from_env()?;
+    if mode == "stall" {
+        // Rank 0 holds start-up back until the test says go, so the others sit in the NIC's
+        // start-up with their segments created (the test kills one there).
+        let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
+        rank::stall_before_start(&job, &dir)?;
+    }
     match mode {
         "perf" => perf(job, &args),
         "hot" => hot(job, &args),
@@ -73,6 +79,10 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
         assert_eq!(m.args()[0], 1, "the Long payload arrived intact");
         l.set(l.get() + 1);
     })?;
+    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
+    if mode == "kill-anywhere" {
+        rank::add_exchange_handlers(&mut h, &exchanged)?;
+    }
     let mut node = Node::new(portals, h, Config::from_env()?)?;
     let (me, n) = (node.rank(), node.size());
     match mode {
@@ -114,6 +124,14 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
             if args.iter().any(|a| a == "--expect-flow-control") && st.refused + st.disabled == 0 {
                 return Err(format!("rank {me}: flow control was never exercised").into());
             }
+        }
+        "stall" => {}
+        "kill-anywhere" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
+            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
+            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
+            drop(node);
+            std::process::exit(3);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);

@@ -11,6 +11,11 @@
 //!   since the epoch) and kills itself with SIGKILL; the others ignore SIGTERM (so the
 //!   launcher does not end them before they notice), wait at a barrier, and on `PeerLost`
 //!   write `DIR/lost-<rank>` (`<lost rank> <µs since the epoch>`) and exit with code 3.
+//! - `sci-rank-test stall DIR`: each rank writes `DIR/pid-<rank>`; rank 0 then waits for
+//!   `DIR/go` before starting its NIC, so the others wait in their NIC's start-up.
+//! - `sci-rank-test kill-anywhere DIR DELAY_US` (3 ranks): the last rank is killed DELAY_US
+//!   into a flood of mixed-size echoes; the survivors notice, make a full exchange, write
+//!   `DIR/ok-<rank>` and exit with code 3 (`am_perf::rank::kill_anywhere`).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -24,18 +29,28 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
-    if mode == "kill" {
+    if mode == "kill" || mode == "kill-anywhere" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
     rank::self_launch_if_asked(&args, "sci")?;
     let mut job = am_launch::JobInfo::from_env()?;
+    if mode == "stall" {
+        // Rank 0 holds start-up back until the test says go, so the others sit in the NIC's
+        // start-up with their segments created (the test kills one there).
+        let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
+        rank::stall_before_start(&job, &dir)?;
+    }
     if mode == "perf" {
         return perf(job, &args);
     }
     let sci = Sci::connect(&mut job, 1 << 20, SciConfig::from_env()?)?;
     let echoes = Rc::new(Cell::new(0u64));
-    let h = rank::echo_handlers(&echoes)?;
+    let mut h = rank::echo_handlers(&echoes)?;
+    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
+    if mode == "kill-anywhere" {
+        rank::add_exchange_handlers(&mut h, &exchanged)?;
+    }
     let mut node = Node::new(sci, h, Config::from_env()?)?;
     let (me, n) = (node.rank(), node.size());
     match mode {
@@ -51,6 +66,15 @@ fn main() -> Res {
                 |r| (0..65536).map(|i| (i as u32 * 7 + r) as u8).collect(),
             )?;
             println!("rank {me}/{n}: ok");
+        }
+        "stall" => {}
+        "kill-anywhere" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
+            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
+            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
+            drop(node);
+            drop(job);
+            std::process::exit(3);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);

@@ -1,0 +1,360 @@
+//! The memory behind a segment, and the only code that turns its addresses into atomics.
+//!
+//! Every byte of a mapping is accessed through 8-byte atomics on the aligned words that hold
+//! it ("the word grid"), except the 32-bit futex words of a segment's word area, which are
+//! never accessed at any other size. Bulk copies load or store whole words with `Relaxed`
+//! atomics (C++ P1478's byte-wise atomic memcpy, done a word at a time); a copy that starts or
+//! ends inside a word reads that whole word, or merges its bytes into it with a
+//! compare-and-swap, so no location is ever accessed non-atomically or at two sizes, whatever
+//! a peer writes at the same time. Ordering comes from the protocols' own `Release` stores
+//! and `Acquire` loads of their flag words.
+//!
+//! Under `cfg(loom)` a mapping is an array of loom atomics (one per 8-byte word, and one per
+//! 4-byte futex word), so the loom models run the same copy code.
+
+#[cfg(not(loom))]
+use std::ptr::NonNull;
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::ShmError;
+
+/// Bytes of a word of the grid.
+pub(crate) const WORD: usize = 8;
+
+/// Rounds `n` up to whole words, `None` on overflow.
+pub(crate) fn round_to_words(n: usize) -> Option<usize> {
+    n.checked_add(WORD - 1).map(|n| n / WORD * WORD)
+}
+
+/// A shared file mapping or heap memory, 8-aligned, a whole number of words long.
+#[cfg(not(loom))]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    backing: Backing,
+}
+
+#[cfg(not(loom))]
+enum Backing {
+    /// From `Box::<[u64]>::into_raw`; freed in `Drop`.
+    Heap(*mut [u64]),
+    /// Held only to unmap on drop.
+    #[allow(dead_code)]
+    Mmap(memmap2::MmapRaw),
+}
+
+// SAFETY: the mapping is plain memory owned by this value; every access goes through raw
+// pointers turned into atomics (`word64`, `word32`, `words64`), never through references to
+// plain bytes, so sharing it between threads cannot create a data race.
+#[cfg(not(loom))]
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: shared access is through atomics only.
+#[cfg(not(loom))]
+unsafe impl Sync for Mapping {}
+
+#[cfg(not(loom))]
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Backing::Heap(p) = self.backing {
+            // SAFETY: `p` came from `Box::into_raw` in `Mapping::heap` and is freed only here,
+            // once, when the last `Arc` holder (owner or importer) is gone.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl Mapping {
+    /// `len` bytes (a multiple of 8) of zeroed heap memory; an error if they cannot be
+    /// allocated.
+    pub(crate) fn heap(len: usize) -> Result<Mapping, ShmError> {
+        debug_assert!(len % WORD == 0);
+        let words = (len / WORD).max(1);
+        let mut v: Vec<u64> = Vec::new();
+        if len > isize::MAX as usize || v.try_reserve_exact(words).is_err() {
+            return Err(ShmError::TooLarge { len });
+        }
+        v.resize(words, 0);
+        let raw: *mut [u64] = Box::into_raw(v.into_boxed_slice());
+        let ptr = NonNull::new(raw.cast::<u8>()).ok_or(ShmError::TooLarge { len })?;
+        Ok(Mapping {
+            ptr,
+            len,
+            backing: Backing::Heap(raw),
+        })
+    }
+
+    /// Maps `len` bytes (a multiple of 8) of `file`, shared.
+    #[cfg_attr(miri, allow(dead_code))]
+    pub(crate) fn map(file: &std::fs::File, len: usize, path: &str) -> Result<Mapping, ShmError> {
+        debug_assert!(len % WORD == 0);
+        let raw = memmap2::MmapOptions::new()
+            .len(len.max(WORD))
+            .map_raw(file)
+            .map_err(|source| ShmError::Io {
+                what: "mapping",
+                path: path.to_owned(),
+                source,
+            })?;
+        let ptr =
+            NonNull::new(raw.as_mut_ptr()).ok_or_else(|| ShmError::BadSegment(path.into()))?;
+        Ok(Mapping {
+            ptr,
+            len,
+            backing: Backing::Mmap(raw),
+        })
+    }
+
+    /// The 64-bit atomic at byte `off`.
+    ///
+    /// # Safety
+    /// `off % 8 == 0` and `off + 8 <= self.len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn word64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % WORD == 0 && off + WORD <= self.len);
+        // SAFETY: by the caller's contract the 8 bytes are inside the live mapping (alive as
+        // long as `&self`) and 8-aligned (the base is 8-aligned: a page, or a `u64` array);
+        // every access to them is atomic and 8 bytes wide (module docs), so `from_ptr`'s
+        // requirement that no non-atomic or differently sized access races holds.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast::<u64>()) }
+    }
+
+    /// `n` consecutive 64-bit atomics from byte `off`.
+    ///
+    /// # Safety
+    /// `off % 8 == 0` and `off + 8 * n <= self.len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn words64(&self, off: usize, n: usize) -> &[AtomicU64] {
+        debug_assert!(off % WORD == 0 && off + WORD * n <= self.len);
+        // SAFETY: by the caller's contract the run is inside the live mapping and 8-aligned;
+        // `AtomicU64` is an `UnsafeCell`, so a shared slice of them asserts nothing about
+        // other processes' writes, and every access to these bytes is a 64-bit atomic.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off).cast::<AtomicU64>(), n) }
+    }
+
+    /// The 32-bit atomic at byte `off` (futex words).
+    ///
+    /// # Safety
+    /// `off % 4 == 0`, `off + 4 <= self.len()`, and the location is never accessed at another
+    /// size (the callers keep futex words on lines of their own).
+    #[inline(always)]
+    pub(crate) unsafe fn word32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        // SAFETY: in bounds and 4-aligned by the caller's contract; only ever accessed as a
+        // 32-bit atomic.
+        unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast::<u32>()) }
+    }
+
+    /// Plain copy of `src` to byte `at`, for the raw copy floor only, where the byte area is
+    /// touched by one thread of one process and read by no one.
+    ///
+    /// # Safety
+    /// `at + src.len() <= self.len()`, and no other thread or process accesses those bytes
+    /// during the copy.
+    #[cfg_attr(miri, allow(dead_code))]
+    pub(crate) unsafe fn raw_copy_in(&self, at: usize, src: &[u8]) {
+        debug_assert!(at + src.len() <= self.len);
+        // SAFETY: in bounds by contract; exclusive by contract, so not a data race; `src` is
+        // private memory, distinct from the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(at), src.len()) }
+    }
+}
+
+/// Under loom: one loom atomic per 8-byte word and one per 4-byte futex word (a location is
+/// used at one size only, so the two arrays never alias a real access).
+#[cfg(loom)]
+pub(crate) struct Mapping {
+    w64: Box<[AtomicU64]>,
+    w32: Box<[AtomicU32]>,
+    len: usize,
+}
+
+#[cfg(loom)]
+impl Mapping {
+    pub(crate) fn heap(len: usize) -> Result<Mapping, ShmError> {
+        Ok(Mapping {
+            w64: (0..(len / WORD).max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            w32: (0..(len / 4).max(1)).map(|_| AtomicU32::new(0)).collect(),
+            len,
+        })
+    }
+
+    /// # Safety
+    /// As the non-loom version (here it is checked by indexing).
+    #[inline(always)]
+    pub(crate) unsafe fn word64(&self, off: usize) -> &AtomicU64 {
+        &self.w64[off / WORD]
+    }
+
+    /// # Safety
+    /// As the non-loom version (here it is checked by indexing).
+    #[inline(always)]
+    pub(crate) unsafe fn words64(&self, off: usize, n: usize) -> &[AtomicU64] {
+        &self.w64[off / WORD..off / WORD + n]
+    }
+
+    /// # Safety
+    /// As the non-loom version (here it is checked by indexing).
+    #[inline(always)]
+    pub(crate) unsafe fn word32(&self, off: usize) -> &AtomicU32 {
+        &self.w32[off / 4]
+    }
+}
+
+impl Mapping {
+    /// Length in bytes (a multiple of 8).
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies bytes `[at, at + dst.len())` into private `dst`: relaxed atomic loads of the
+    /// words that cover them (a partial word at either end is loaded whole).
+    ///
+    /// # Safety
+    /// `at + dst.len() <= self.len()`.
+    #[inline]
+    pub(crate) unsafe fn load(&self, at: usize, dst: &mut [u8]) {
+        let n = dst.len();
+        if n == 0 {
+            return;
+        }
+        let mut i = 0;
+        let mut a = at;
+        let lead = a % WORD;
+        if lead != 0 {
+            // SAFETY: the word holding byte `at` starts at `at - lead >= 0`, 8-aligned, and
+            // ends at or before `len` (a multiple of 8 covering byte `at`).
+            let w = unsafe { self.word64(a - lead) }.load(Ordering::Relaxed);
+            let take = (WORD - lead).min(n);
+            dst[..take].copy_from_slice(&w.to_ne_bytes()[lead..lead + take]);
+            i = take;
+            a += take;
+        }
+        let mut whole = dst[i..].chunks_exact_mut(WORD);
+        for chunk in &mut whole {
+            // SAFETY: `a` is 8-aligned here and `a + 8 <= at + n <= len`.
+            let w = unsafe { self.word64(a) }.load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
+            a += WORD;
+        }
+        let rest = whole.into_remainder();
+        if !rest.is_empty() {
+            // SAFETY: `a` is 8-aligned and holds byte `at + n - 1 < len`; `len` is a multiple
+            // of 8, so the whole word is inside the mapping.
+            let w = unsafe { self.word64(a) }.load(Ordering::Relaxed);
+            let k = rest.len();
+            rest.copy_from_slice(&w.to_ne_bytes()[..k]);
+        }
+    }
+
+    /// Copies private `src` to bytes `[at, at + src.len())`: relaxed atomic stores of whole
+    /// words, and a compare-and-swap that merges the bytes of a partial word at either end (so
+    /// the other bytes of that word, someone else's, are kept).
+    ///
+    /// # Safety
+    /// `at + src.len() <= self.len()`.
+    #[inline]
+    pub(crate) unsafe fn store(&self, at: usize, src: &[u8]) {
+        let n = src.len();
+        if n == 0 {
+            return;
+        }
+        let mut i = 0;
+        let mut a = at;
+        let lead = a % WORD;
+        if lead != 0 {
+            let take = (WORD - lead).min(n);
+            // SAFETY: as in `load`: the word holding byte `at` is inside the mapping.
+            merge(unsafe { self.word64(a - lead) }, lead, &src[..take]);
+            i = take;
+            a += take;
+        }
+        let mut whole = src[i..].chunks_exact(WORD);
+        for chunk in &mut whole {
+            let v = u64::from_ne_bytes(chunk.try_into().unwrap_or([0; WORD]));
+            // SAFETY: `a` is 8-aligned and `a + 8 <= at + n <= len`.
+            unsafe { self.word64(a) }.store(v, Ordering::Relaxed);
+            a += WORD;
+        }
+        let rest = whole.remainder();
+        if !rest.is_empty() {
+            // SAFETY: as in `load`'s tail: the word holding the last byte is in the mapping.
+            merge(unsafe { self.word64(a) }, 0, rest);
+        }
+    }
+
+    /// Stores the concatenation of `parts` from 8-aligned byte `at`, as whole words: the last
+    /// word is padded with zeros. Returns the bytes stored (the total rounded up to words).
+    /// For a writer that owns whole words (a slot): no compare-and-swap at all.
+    ///
+    /// # Safety
+    /// `at % 8 == 0` and `at + round_to_words(total) <= self.len()`.
+    #[inline]
+    pub(crate) unsafe fn store_padded(&self, at: usize, parts: &[&[u8]]) -> usize {
+        let mut acc = [0u8; WORD];
+        let mut fill = 0;
+        let mut a = at;
+        for part in parts {
+            let mut s = *part;
+            if fill > 0 {
+                let take = (WORD - fill).min(s.len());
+                acc[fill..fill + take].copy_from_slice(&s[..take]);
+                fill += take;
+                s = &s[take..];
+                if fill < WORD {
+                    continue;
+                }
+                // SAFETY: `a` is 8-aligned and the word is within the padded length.
+                unsafe { self.word64(a) }.store(u64::from_ne_bytes(acc), Ordering::Relaxed);
+                a += WORD;
+            }
+            let mut whole = s.chunks_exact(WORD);
+            for chunk in &mut whole {
+                let v = u64::from_ne_bytes(chunk.try_into().unwrap_or([0; WORD]));
+                // SAFETY: as above.
+                unsafe { self.word64(a) }.store(v, Ordering::Relaxed);
+                a += WORD;
+            }
+            let rest = whole.remainder();
+            acc[..rest.len()].copy_from_slice(rest);
+            fill = rest.len();
+        }
+        if fill > 0 {
+            acc[fill..].fill(0);
+            // SAFETY: the padded last word is within the padded length.
+            unsafe { self.word64(a) }.store(u64::from_ne_bytes(acc), Ordering::Relaxed);
+            a += WORD;
+        }
+        a - at
+    }
+}
+
+/// Compare-and-swaps a partial-word store tries before it stores its merge plainly: only a
+/// peer rewriting that very word without pause gets there, and it then loses its bytes of it.
+const MERGE_TRIES: u32 = 64;
+
+/// Writes `bytes` at byte `lead` of `word`, keeping its other bytes: a compare-and-swap loop
+/// (the other bytes may belong to someone writing them now), bounded by [`MERGE_TRIES`].
+#[inline]
+fn merge(word: &AtomicU64, lead: usize, bytes: &[u8]) {
+    let mut cur = word.load(Ordering::Relaxed);
+    for _ in 0..MERGE_TRIES {
+        let mut b = cur.to_ne_bytes();
+        b[lead..lead + bytes.len()].copy_from_slice(bytes);
+        match word.compare_exchange_weak(
+            cur,
+            u64::from_ne_bytes(b),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return,
+            Err(now) => cur = now,
+        }
+    }
+    let mut b = cur.to_ne_bytes();
+    b[lead..lead + bytes.len()].copy_from_slice(bytes);
+    word.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+}

@@ -1,0 +1,300 @@
+//! [`SharedBytes`]: the only way to reach bytes another process or thread may write.
+
+use crate::mapping::{Mapping, WORD};
+use crate::sync::{AtomicU64, Ordering};
+use crate::ShmError;
+
+/// A view of bytes that another process or thread may write at any time.
+///
+/// Memory a peer can write is never lent as `&[u8]` or `&mut [u8]`: the compiler may assume
+/// such bytes do not change, and a racing write is undefined behaviour. A `SharedBytes` is
+/// what `&[u8]` would be for such memory (after rust-vmm's `VolatileSlice`): it is `Copy`, can
+/// be narrowed, and reads and writes only by copies and single-word atomics, which cost the
+/// same as plain moves on x86. Copy out what you must parse, and check the copy, never the
+/// shared original (no double fetch).
+///
+/// ```
+/// use am_shm::Segment;
+/// let seg = Segment::heap(0, 64).unwrap();
+/// let bytes = seg.byte_area();
+/// bytes.write(3, b"hello").unwrap();
+/// let mut out = [0u8; 5];
+/// bytes.read(3, &mut out).unwrap();
+/// assert_eq!(&out, b"hello");
+/// bytes.store_u64(8, 7).unwrap();
+/// assert_eq!(bytes.load_u64(8).unwrap(), 7);
+/// assert!(bytes.slice(60, 5).is_err(), "out of bounds is an error");
+/// ```
+#[derive(Clone, Copy)]
+pub struct SharedBytes<'a> {
+    map: &'a Mapping,
+    /// Byte offset of the view in the mapping.
+    start: usize,
+    len: usize,
+}
+
+impl<'a> SharedBytes<'a> {
+    /// The view `[start, start + len)` of `map`, which the caller has checked is in bounds.
+    #[inline]
+    pub(crate) fn new(map: &'a Mapping, start: usize, len: usize) -> SharedBytes<'a> {
+        debug_assert!(start + len <= map.len());
+        SharedBytes { map, start, len }
+    }
+
+    /// Number of bytes in the view.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the view has no bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Offset check: `[off, off + len)` inside the view, returned as an absolute offset.
+    #[inline]
+    fn at(&self, off: usize, len: usize) -> Result<usize, ShmError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.start + off),
+            _ => Err(ShmError::OutOfBounds {
+                offset: off,
+                len,
+                area: self.len,
+            }),
+        }
+    }
+
+    /// The narrower view `[off, off + len)`.
+    #[inline]
+    pub fn slice(&self, off: usize, len: usize) -> Result<SharedBytes<'a>, ShmError> {
+        let start = self.at(off, len)?;
+        Ok(SharedBytes {
+            map: self.map,
+            start,
+            len,
+        })
+    }
+
+    /// The narrower view `[off, off + len)`, or an empty view if that is out of range: for
+    /// ranges a layout checked when the segment was made.
+    #[inline]
+    pub fn slice_or_empty(&self, off: usize, len: usize) -> SharedBytes<'a> {
+        self.slice(off, len).unwrap_or(SharedBytes {
+            map: self.map,
+            start: self.start + self.len,
+            len: 0,
+        })
+    }
+
+    /// The view from `off` to its end.
+    #[inline]
+    pub fn slice_from(&self, off: usize) -> Result<SharedBytes<'a>, ShmError> {
+        self.slice(off, self.len.checked_sub(off).unwrap_or(usize::MAX))
+    }
+
+    /// Copies `[off, off + dst.len())` into `dst`.
+    #[inline]
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), ShmError> {
+        let at = self.at(off, dst.len())?;
+        // SAFETY: `at + dst.len() <= start + len <= map.len()` (checked by `at`).
+        unsafe { self.map.load(at, dst) };
+        Ok(())
+    }
+
+    /// Copies the whole view into `dst` (cleared first).
+    pub fn read_into(&self, dst: &mut Vec<u8>) {
+        dst.clear();
+        dst.resize(self.len, 0);
+        // SAFETY: the view is in bounds of its mapping (an invariant of `SharedBytes`).
+        unsafe { self.map.load(self.start, dst) };
+    }
+
+    /// A private copy of the whole view.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.read_into(&mut v);
+        v
+    }
+
+    /// Copies `src` to `[off, off + src.len())`.
+    #[inline]
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<(), ShmError> {
+        let at = self.at(off, src.len())?;
+        // SAFETY: in bounds (checked by `at`).
+        unsafe { self.map.store(at, src) };
+        Ok(())
+    }
+
+    /// Copies the view `src` (of this or another mapping) to `[off, off + src.len())`,
+    /// through a private buffer a page at a time.
+    pub fn copy_from(&self, off: usize, src: SharedBytes<'_>) -> Result<(), ShmError> {
+        self.at(off, src.len)?;
+        let mut buf = [0u8; 4096];
+        let mut done = 0;
+        while done < src.len {
+            let n = (src.len - done).min(buf.len());
+            src.read(done, &mut buf[..n])?;
+            self.write(off + done, &buf[..n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Sets `[off, off + len)` to `byte`.
+    pub fn fill(&self, off: usize, len: usize, byte: u8) -> Result<(), ShmError> {
+        self.at(off, len)?;
+        let buf = [byte; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len());
+            self.write(off + done, &buf[..n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The 64-bit atomic at `off`, which must be 8-aligned in memory: for words the program
+    /// updates atomically (counters, locks, remote atomics).
+    #[inline]
+    pub fn atomic_u64(&self, off: usize) -> Result<&'a AtomicU64, ShmError> {
+        let at = self.at(off, WORD)?;
+        if at % WORD != 0 {
+            return Err(ShmError::Misaligned { offset: off });
+        }
+        // SAFETY: 8-aligned (checked) and in bounds (checked by `at`).
+        Ok(unsafe { self.map.word64(at) })
+    }
+
+    /// Loads the 8 bytes at `off` as a native-endian `u64` (a relaxed atomic load where they
+    /// are aligned: the bytes [`read`](Self::read) would give).
+    #[inline]
+    pub fn load_u64(&self, off: usize) -> Result<u64, ShmError> {
+        let at = self.at(off, WORD)?;
+        if at % WORD == 0 {
+            // SAFETY: aligned and in bounds (checked).
+            return Ok(unsafe { self.map.word64(at) }.load(Ordering::Relaxed));
+        }
+        let mut b = [0u8; WORD];
+        // SAFETY: in bounds (checked by `at`).
+        unsafe { self.map.load(at, &mut b) };
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    /// Stores `value` native-endian at `off` (a relaxed atomic store where aligned).
+    #[inline]
+    pub fn store_u64(&self, off: usize, value: u64) -> Result<(), ShmError> {
+        let at = self.at(off, WORD)?;
+        if at % WORD == 0 {
+            // SAFETY: aligned and in bounds (checked).
+            unsafe { self.map.word64(at) }.store(value, Ordering::Relaxed);
+            return Ok(());
+        }
+        // SAFETY: in bounds (checked by `at`).
+        unsafe { self.map.store(at, &value.to_ne_bytes()) };
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for SharedBytes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBytes")
+            .field("start", &self.start)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::Segment;
+
+    #[test]
+    fn copies_at_every_alignment_keep_the_neighbours() {
+        let seg = Segment::heap(0, 64).unwrap();
+        let b = seg.byte_area();
+        for start in 0..16 {
+            for len in 0..24 {
+                b.fill(0, 64, 0xEE).unwrap();
+                let src: Vec<u8> = (0..len as u8).map(|i| i + 1).collect();
+                b.write(start, &src).unwrap();
+                let all = b.to_vec();
+                assert_eq!(&all[start..start + len], &src[..]);
+                assert!(
+                    all[..start].iter().all(|&x| x == 0xEE),
+                    "before {start}+{len}"
+                );
+                assert!(all[start + len..].iter().all(|&x| x == 0xEE), "after");
+                let mut back = vec![0u8; len];
+                b.read(start, &mut back).unwrap();
+                assert_eq!(back, src);
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_overflow_and_alignment_are_errors() {
+        let seg = Segment::heap(0, 20).unwrap();
+        let b = seg.byte_area();
+        assert_eq!(b.len(), 20);
+        assert!(b.write(19, &[1]).is_ok());
+        assert!(b.write(19, &[1, 2]).is_err());
+        assert!(b.write(usize::MAX, &[1]).is_err());
+        assert!(b.slice(usize::MAX, 2).is_err());
+        assert!(b.slice(21, 0).is_err());
+        assert!(b.slice_from(21).is_err());
+        assert_eq!(b.slice_from(20).unwrap().len(), 0);
+        let s = b.slice(4, 10).unwrap();
+        assert!(s.read(8, &mut [0; 3]).is_err(), "past the narrower view");
+        assert!(s.atomic_u64(0).is_err(), "misaligned");
+        assert!(b.atomic_u64(8).is_ok());
+        assert!(b.atomic_u64(16).is_err(), "past the end");
+        s.store_u64(1, 0x0102030405060708).unwrap();
+        assert_eq!(b.load_u64(5).unwrap(), 0x0102030405060708);
+    }
+
+    #[test]
+    fn shared_to_shared_copy() {
+        let a = Segment::heap(0, 10_000).unwrap();
+        let b = Segment::heap(0, 10_000).unwrap();
+        let src: Vec<u8> = (0..9_000).map(|i| (i * 7) as u8).collect();
+        a.byte_area().write(3, &src).unwrap();
+        b.byte_area()
+            .copy_from(5, a.byte_area().slice(3, 9_000).unwrap())
+            .unwrap();
+        assert_eq!(b.byte_area().slice(5, 9_000).unwrap().to_vec(), src);
+        assert!(b
+            .byte_area()
+            .copy_from(2_000, a.byte_area().slice(0, 9_000).unwrap())
+            .is_err());
+    }
+
+    /// A writer rewrites bytes while a reader copies them and a third thread merges bytes
+    /// into the same words: every access is atomic, so Miri finds no race (and no mixed-size
+    /// access), and every byte read is one that was written.
+    #[test]
+    fn concurrent_writers_and_readers_race_soundly() {
+        let seg = Segment::heap(0, 64).unwrap();
+        let rounds = if cfg!(miri) { 20 } else { 2000 };
+        std::thread::scope(|s| {
+            let b = seg.byte_area();
+            s.spawn(move || {
+                for i in 0..rounds {
+                    b.write(1, &[(i % 2) as u8 * 0x11; 30]).unwrap();
+                }
+            });
+            s.spawn(move || {
+                for _ in 0..rounds {
+                    b.write(40, &[0x22; 3]).unwrap();
+                }
+            });
+            for _ in 0..rounds {
+                let mut out = [0u8; 64];
+                b.read(0, &mut out).unwrap();
+                assert!(out[1..31].iter().all(|&x| x == 0 || x == 0x11));
+                assert!(out[40..43].iter().all(|&x| x == 0 || x == 0x22));
+            }
+        });
+    }
+}
