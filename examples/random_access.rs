@@ -33,7 +33,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use amnet::{
@@ -208,28 +208,36 @@ impl Layout {
     }
 }
 
-/// XORs `v` into word `off` of the table at the start of `seg`; false if out of range.
+/// XORs `v` into word `off` of the table; false if out of range.
 #[inline(always)]
-fn xor_word(seg: SharedBytes<'_>, off: u64, v: u64) -> bool {
-    // The segment is a view (peers write it too): word loads and stores, little-endian.
-    let Some(at) = usize::try_from(off).ok().and_then(|o| o.checked_mul(8)) else {
-        return false;
-    };
-    match seg.load_u64(at) {
-        Ok(w) => seg.store_u64(at, w ^ v.to_le()).is_ok(),
-        Err(_) => false,
+fn xor_word(table: &[AtomicU64], off: u64, v: u64) -> bool {
+    // Relaxed loads and stores are plain moves: a loop of them keeps many cache misses in
+    // flight. Only this rank's handlers and loop write its block, so load-then-store is not
+    // a lost update; the words are little-endian in memory, as the verification reads them.
+    match usize::try_from(off).ok().and_then(|o| table.get(o)) {
+        Some(w) => {
+            w.store(w.load(Ordering::Relaxed) ^ v.to_le(), Ordering::Relaxed);
+            true
+        }
+        None => false,
     }
 }
 
-/// Applies a bucket of little-endian updates to this rank's block at the start of `seg`;
-/// returns how many did not belong there (a bucket comes from a peer: never trusted).
+/// The table: this rank's segment as 64-bit words (the segment starts page-aligned).
 #[inline]
-fn apply_bucket(seg: SharedBytes<'_>, bucket: &[u8], mask: u64, start: u64, block: u64) -> u64 {
+fn table(seg: SharedBytes<'_>) -> &[AtomicU64] {
+    seg.words().unwrap_or(&[])
+}
+
+/// Applies a bucket of little-endian updates to this rank's block of `table`; returns how
+/// many did not belong there (a bucket comes from a peer: never trusted).
+#[inline]
+fn apply_bucket(table: &[AtomicU64], bucket: &[u8], mask: u64, start: u64, block: u64) -> u64 {
     let mut bad = (bucket.len() % 8) as u64;
     for w in bucket.chunks_exact(8) {
         let a = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
         let off = (a & mask).wrapping_sub(start);
-        if off >= block || !xor_word(seg, off, a) {
+        if off >= block || !xor_word(table, off, a) {
             bad += 1;
         }
     }
@@ -292,7 +300,7 @@ fn handlers(lay: Layout, me: u32, c: &Rc<Counters>) -> anyhow::Result<Handlers> 
     let mut h = Handlers::new();
     let cc = c.clone();
     h.request(BUCKET, "ra-bucket", AmKind::Medium, move |msg, _token| {
-        let bad = apply_bucket(msg.segment(), msg.payload(), lay.mask, start, block);
+        let bad = apply_bucket(table(msg.segment()), msg.payload(), lay.mask, start, block);
         if bad > 0 {
             cc.misrouted.set(cc.misrouted.get() + bad);
         }
@@ -303,7 +311,7 @@ fn handlers(lay: Layout, me: u32, c: &Rc<Counters>) -> anyhow::Result<Handlers> 
             [lo, hi] => {
                 let a = u64::from(lo) | u64::from(hi) << 32;
                 let off = (a & lay.mask).wrapping_sub(start);
-                off < block && xor_word(msg.segment(), off, a)
+                off < block && xor_word(table(msg.segment()), off, a)
             }
             _ => false,
         };
@@ -349,11 +357,11 @@ fn run_updates(
             let (log2, block128) = (lay.log2, u128::from(block));
             while left > 0 {
                 let n = left.min(POLL_EVERY * 64);
-                let seg = node.segment();
+                let table = table(node.segment());
                 for _ in 0..n {
                     ran = next(ran);
                     let off = ((u128::from(ran & mask) * block128) >> log2) as u64;
-                    xor_word(seg, off, ran);
+                    xor_word(table, off, ran);
                 }
                 left -= n;
                 progress.tick(total - left, total);
@@ -367,7 +375,7 @@ fn run_updates(
                     let g = ran & mask;
                     let owner = lay.owner(g);
                     if owner == me {
-                        xor_word(node.segment(), g - start, ran);
+                        xor_word(table(node.segment()), g - start, ran);
                     } else {
                         node.request_short(owner, FINE, &[ran as u32, (ran >> 32) as u32])?;
                     }
@@ -419,7 +427,7 @@ fn run_updates(
                 if let Some(d) = full {
                     let bucket = &store[d * cap..d * cap + fill[d]];
                     if d == me {
-                        apply_bucket(node.segment(), bucket, mask, start, block);
+                        apply_bucket(table(node.segment()), bucket, mask, start, block);
                     } else {
                         node.request_medium(d as u32, BUCKET, &[], bucket)?;
                     }
@@ -432,7 +440,7 @@ fn run_updates(
             for d in 0..size {
                 let bucket = &store[d * cap..d * cap + fill[d]];
                 if d == me {
-                    apply_bucket(node.segment(), bucket, mask, start, block);
+                    apply_bucket(table(node.segment()), bucket, mask, start, block);
                 } else if !bucket.is_empty() {
                     node.request_medium(d as u32, BUCKET, &[], bucket)?;
                 }
@@ -519,7 +527,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     if me == 0 && args.corrupt > 0 {
         let seg = node.segment();
         for off in 0..args.corrupt.min(lay.block(0)) {
-            xor_word(seg, off, 1 << 63);
+            xor_word(table(seg), off, 1 << 63);
         }
     }
 

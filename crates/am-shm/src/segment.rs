@@ -728,6 +728,39 @@ mod tests {
         assert!(odd.import().write_padded(8, &[b"123456789"]).is_err());
     }
 
+    /// Every split of a message into parts, short or longer than a line or the gather
+    /// chunk, lands as the concatenation and a zero pad, and nothing past it is touched.
+    #[test]
+    fn padded_writes_of_any_split_and_size() {
+        let seg = Segment::heap(0, 8192).unwrap();
+        let imp = seg.import();
+        for total in [0usize, 1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1000, 5000] {
+            let msg: Vec<u8> = (0..total).map(|i| (i * 31 + 7) as u8).collect();
+            for cut in [0, 1, 5, 8, 13, 300].map(|c: usize| c.min(total)) {
+                let cut2 = (cut + 259).min(total);
+                seg.byte_area().fill(0, 8192, 0xEE).unwrap();
+                let parts: [&[u8]; 3] = [&msg[..cut], &msg[cut..cut2], &msg[cut2..]];
+                let padded = imp.write_padded(64, &parts).unwrap();
+                assert_eq!(
+                    padded,
+                    total.div_ceil(8) * 8,
+                    "{total} split at {cut}/{cut2}"
+                );
+                let all = seg.byte_area().to_vec();
+                assert_eq!(
+                    &all[64..64 + total],
+                    &msg[..],
+                    "{total} split at {cut}/{cut2}"
+                );
+                assert!(all[64 + total..64 + padded].iter().all(|&b| b == 0));
+                assert!(all[..64]
+                    .iter()
+                    .chain(&all[64 + padded..])
+                    .all(|&b| b == 0xEE));
+            }
+        }
+    }
+
     #[test]
     fn word_runs_are_checked_once_and_alias_single_words() {
         let seg = Segment::heap(128, 0).unwrap();
