@@ -16,7 +16,7 @@ use crate::handler::{
 use crate::transport::{
     Delivery, Limits, Outgoing, Received, SendError, SharedBytes, TransportError, Tx,
 };
-use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
+use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
 
 /// Opcodes of core-internal (system) messages.
@@ -383,9 +383,15 @@ impl Endpoint {
         let head: &[u8] = match d.bytes {
             Received::Private(b) => b,
             Received::Shared(s) => {
-                let n = total.min(MAX_HEAD_LEN);
+                // The base header first (one word), then only as many bytes as it says the
+                // head has; decode_prefix checks the copy either way.
+                let n = total.min(BASE_HEADER_LEN);
                 s.read(0, &mut copy[..n]).map_err(shm_err)?;
-                &copy[..n]
+                let want = wire::head_len_hint(&copy[..n]).min(total);
+                if want > n {
+                    s.read(n, &mut copy[n..want]).map_err(shm_err)?;
+                }
+                &copy[..want.max(n)]
             }
         };
         let hdr = Header::decode_prefix(head, total, !d.payload_placed)

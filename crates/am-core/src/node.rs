@@ -336,6 +336,9 @@ impl<T: Transport> Node<T> {
             WaitMode::Block => {
                 if let Err(e) = self.transport.wait(self.config.block_timeout) {
                     // A loss the transport found while waiting counts as one found by a poll.
+                    if let TransportError::PeerLost(peer) = e {
+                        self.ep.mark_lost(peer);
+                    }
                     return Err(e.into());
                 }
             }

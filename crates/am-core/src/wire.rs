@@ -86,6 +86,22 @@ pub enum WireError {
     },
 }
 
+/// The head length the base header in `first` announces (its kind and argument count),
+/// capped at [`MAX_HEAD_LEN`]: how many bytes to copy out of shared memory before decoding.
+/// Nothing is checked here; [`Header::decode_prefix`] checks the copy.
+#[inline]
+pub fn head_len_hint(first: &[u8]) -> usize {
+    let [flags, _, nargs, ..] = *first else {
+        return first.len();
+    };
+    let base = if (flags & KIND_MASK) >> KIND_SHIFT == 2 {
+        LONG_HEADER_LEN
+    } else {
+        BASE_HEADER_LEN
+    };
+    (base + 4 * nargs as usize).min(MAX_HEAD_LEN)
+}
+
 impl Header {
     /// Length of the header plus arguments on the wire.
     #[inline]

@@ -60,11 +60,25 @@ impl Transport for Losing<'_> {
     }
 }
 
+/// Ends the test process if a test runs past `limit`: a wait that never ends (a loss that
+/// is not marked, so a quiesce waits for the lost rank's reply) fails instead of hanging.
+fn watchdog(name: &'static str, limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("{name}: still running after {limit:?}: a wait on a lost peer never ended");
+        std::process::exit(101);
+    });
+}
+
 const REQ: HandlerId = HandlerId(1);
 const REP: HandlerId = HandlerId(2);
 
 #[test]
 fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
+    watchdog(
+        "a_lost_peer_fails_fast_and_the_rest_goes_on",
+        Duration::from_secs(60),
+    );
     // 0: victim stays silent; 1: trigger set; 2: victim may go.
     let state = AtomicUsize::new(0);
     // Set by the victim once it has stopped polling for good.
@@ -166,7 +180,13 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
 /// at once and quiesce (and drop) stop waiting for its replies.
 #[test]
 fn a_loss_found_while_waiting_counts_too() {
+    watchdog(
+        "a_loss_found_while_waiting_counts_too",
+        Duration::from_secs(60),
+    );
+    const SILENT: usize = 3;
     let state = AtomicUsize::new(0);
+    let stopped = AtomicUsize::new(0);
     let transports = Loopback::cluster(3, LoopbackConfig::default());
     run_ranks(transports, |t| {
         let mut handlers = Handlers::new();
@@ -189,6 +209,13 @@ fn a_loss_found_while_waiting_counts_too() {
         let mut node = Node::new(t, handlers, config).unwrap();
         node.barrier().unwrap();
         if rank == 0 {
+            // Every credit back first (the barrier's messages are acknowledged only while the
+            // others poll), then the others stop polling: the victim goes silent.
+            node.quiesce().unwrap();
+            state.store(SILENT, Ordering::SeqCst);
+            while stopped.load(Ordering::SeqCst) != 2 {
+                std::thread::yield_now();
+            }
             // A request the silent victim never answers, then the loss, found while waiting.
             node.try_request_short(VICTIM, REQ, &[]).unwrap();
             state.store(1, Ordering::SeqCst);
@@ -200,6 +227,11 @@ fn a_loss_found_while_waiting_counts_too() {
             assert_eq!(node.quiesce(), Ok(()), "no wait for the lost rank's reply");
             state.store(2, Ordering::SeqCst);
         } else {
+            while state.load(Ordering::SeqCst) != SILENT {
+                node.poll().unwrap();
+                std::thread::yield_now();
+            }
+            stopped.fetch_add(1, Ordering::SeqCst);
             while state.load(Ordering::SeqCst) != 2 {
                 std::thread::yield_now();
             }

@@ -371,6 +371,12 @@ impl Mapping {
     pub(crate) unsafe fn load(&self, at: usize, dst: &mut [u8]) {
         let n = dst.len();
         let lead = at % WORD;
+        if lead == 0 && n == WORD {
+            // SAFETY: 8-aligned and `at + 8 <= len`.
+            let w = unsafe { self.word64(at) }.load(Ordering::Relaxed);
+            dst.copy_from_slice(&w.to_ne_bytes());
+            return;
+        }
         if lead == 0 && n <= 2 * WORD && n > 0 {
             // Headers and flags: one or two word loads, no loop (the common small read).
             let mut b = [0u8; 2 * WORD];
@@ -456,67 +462,51 @@ impl Mapping {
     /// word is padded with zeros. Returns the bytes stored (the total rounded up to words).
     /// For a writer that owns whole words (a slot): no compare-and-swap at all.
     ///
-    /// The parts are gathered a chunk at a time in a private buffer (plain copies, which the
-    /// compiler may merge and widen) and each chunk is stored whole: a message of a header
-    /// and a payload costs a few dozen instructions, not a loop of partial words.
+    /// Whole words go straight from the parts; only the bytes that straddle a part boundary
+    /// and the last few are assembled in a register, so a message of a header and a payload
+    /// costs a few instructions per word and no call.
     ///
     /// # Safety
     /// `at % 8 == 0` and `at + round_to_words(total) <= self.len()`.
     #[inline]
     pub(crate) unsafe fn store_padded(&self, at: usize, parts: &[&[u8]]) -> usize {
-        const LINE: usize = 64;
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        if total <= LINE {
-            // A message that fits a cache line (every Short): gathered in one line-sized
-            // buffer and stored as its words, the fast path of every round trip.
-            let mut line = [0u8; LINE];
-            let mut fill = 0;
-            for part in parts {
-                line[fill..fill + part.len()].copy_from_slice(part);
-                fill += part.len();
-            }
-            let padded = fill.div_ceil(WORD) * WORD;
-            for (k, w) in line[..padded].chunks_exact(WORD).enumerate() {
-                let v = u64::from_ne_bytes(w.try_into().unwrap_or([0; WORD]));
-                // SAFETY: 8-aligned, within the padded length (contract).
-                unsafe { self.word64(at + k * WORD) }.store(v, Ordering::Relaxed);
-            }
-            return padded;
-        }
-        const CHUNK: usize = 256;
-        let mut buf = [0u8; CHUNK];
+        // Bytes assembled little-endian in `acc` (byte k at bits 8k), `fill` of them.
+        let mut acc = 0u64;
         let mut fill = 0;
         let mut a = at;
         for part in parts {
             let mut s = *part;
             while !s.is_empty() {
-                if fill == 0 && s.len() >= CHUNK {
-                    // Whole words straight from the part: no gathering needed.
+                if fill == 0 && s.len() >= WORD {
                     let whole = s.len() / WORD * WORD;
-                    // SAFETY: `a` is 8-aligned and the words are within the padded length.
-                    unsafe { self.store_words(a, &s[..whole]) };
+                    if whole >= 2 * WORD {
+                        // SAFETY: `a` is 8-aligned and the words are within the padded length.
+                        unsafe { self.store_words(a, &s[..whole]) };
+                    } else {
+                        let v = u64::from_ne_bytes(s[..WORD].try_into().unwrap_or([0; WORD]));
+                        // SAFETY: as above.
+                        unsafe { self.word64(a) }.store(v, Ordering::Relaxed);
+                    }
                     a += whole;
                     s = &s[whole..];
                     continue;
                 }
-                let take = (CHUNK - fill).min(s.len());
-                buf[fill..fill + take].copy_from_slice(&s[..take]);
-                fill += take;
-                s = &s[take..];
-                if fill == CHUNK {
+                acc |= u64::from(s[0]) << (8 * fill);
+                fill += 1;
+                s = &s[1..];
+                if fill == WORD {
                     // SAFETY: as above.
-                    unsafe { self.store_words(a, &buf) };
-                    a += CHUNK;
+                    unsafe { self.word64(a) }.store(u64::from_le(acc), Ordering::Relaxed);
+                    a += WORD;
+                    acc = 0;
                     fill = 0;
                 }
             }
         }
         if fill > 0 {
-            let padded = fill.div_ceil(WORD) * WORD;
-            buf[fill..padded].fill(0);
-            // SAFETY: the padded tail is within the padded length.
-            unsafe { self.store_words(a, &buf[..padded]) };
-            a += padded;
+            // SAFETY: the padded last word is within the padded length.
+            unsafe { self.word64(a) }.store(u64::from_le(acc), Ordering::Relaxed);
+            a += WORD;
         }
         a - at
     }

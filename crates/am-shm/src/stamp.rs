@@ -149,9 +149,9 @@ impl Slots {
     #[inline]
     pub fn header(&self, seg: &Segment, slot: usize) -> Result<(u32, usize, usize), ShmError> {
         let base = self.base(slot)?;
-        let mut hdr = [0u8; SLOT_HEADER - LEN_AT];
-        seg.read(base + LEN_AT, &mut hdr)?;
-        let (len, flags) = decode_header(hdr, self.capacity())?;
+        // One word: `len` and `flags`, in memory order.
+        let hdr = seg.view(base + LEN_AT, SLOT_HEADER - LEN_AT)?.load_u64(0)?;
+        let (len, flags) = decode_header(hdr.to_ne_bytes(), self.capacity())?;
         Ok((flags, len, base + SLOT_HEADER))
     }
 
