@@ -85,12 +85,23 @@ impl Drop for Job {
     }
 }
 
+/// A TCP port for a job's coordinator. Not one the kernel hands out itself (a port bound and
+/// closed at "127.0.0.1:0" is soon the local port of some test's outgoing connection, and
+/// the coordinator then fails with "Address already in use"): a port below the ephemeral
+/// range (32768-60999), each handed out once per test process, and checked free by binding.
 fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(97) % COUNT;
+    for _ in 0..COUNT {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % COUNT;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free TCP port in {FIRST}..{}", FIRST + COUNT);
 }
 
 #[test]
