@@ -236,7 +236,8 @@ pub fn put_ring<T: Transport>(
 /// The killed-rank scenario: rank 0 writes the job id into `dir/job` (so the test can look for
 /// this job's leftovers only); after a barrier rank 1 writes `dir/victim` (its time of death,
 /// [`now_us`]) and kills itself with SIGKILL; the others wait at a barrier, and on
-/// `PeerLost` write `dir/lost-<rank>` (`<lost rank> <now_us>`) and return `Ok`. The caller
+/// `PeerLost` write `dir/lost-<rank>` (`<lost rank> <now_us>`), wait (at most 10 s) until
+/// every survivor has, and return `Ok`. The caller
 /// then ends the process with exit code 3 (after dropping the node and the job). Call
 /// [`ignore_sigterm`] first thing in the program.
 pub fn kill_scenario<T: Transport>(
@@ -256,6 +257,18 @@ pub fn kill_scenario<T: Transport>(
     match node.barrier() {
         Err(AmError::PeerLost(r)) => {
             std::fs::write(dir.join(format!("lost-{me}")), format!("{r} {}", now_us()))?;
+            // Stay until every survivor has reported: a survivor that ended first would be a
+            // second lost rank, and a slower one could report it instead of the victim.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let survivors = (0..node.size()).filter(|&r| r != 1);
+            for r in survivors {
+                while !dir.join(format!("lost-{r}")).exists() {
+                    if std::time::Instant::now() > deadline {
+                        return Err(format!("rank {me}: rank {r} never reported").into());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
             Ok(())
         }
         other => Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
