@@ -10,8 +10,17 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_am-udp-check");
 
+/// The jobs of this file's tests, one at a time: each is 2 to 4 processes with peer timeouts
+/// of a second, and several at once on a 2-vCPU machine starved ranks past their timeouts
+/// (a receiver failed its bootstrap, or never reached its stop, in about 1 run in 20).
+fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn four_ranks_all_to_all_under_launcher() {
+    let _turn = one_job_at_a_time();
     let code = am_launch::Launcher::new(4, BIN)
         .args(["alltoall", "300"])
         .transport("udp")
@@ -23,6 +32,7 @@ fn four_ranks_all_to_all_under_launcher() {
 
 #[test]
 fn four_ranks_all_to_all_with_loss_under_launcher() {
+    let _turn = one_job_at_a_time();
     // 10% of datagrams dropped, 1% duplicated, 5% delayed, on every rank: the testing aid
     // for whole jobs.
     let code = am_launch::Launcher::new(4, BIN)
@@ -56,6 +66,7 @@ fn malformed_fault_spec_is_a_clear_error() {
 
 #[test]
 fn four_ranks_under_mpiexec() {
+    let _turn = one_job_at_a_time();
     let Ok(out) = Command::new("mpiexec").arg("--version").output() else {
         if std::env::var_os("AM_REQUIRE_MPIEXEC").is_some_and(|v| v == "1") {
             panic!("mpiexec is required (AM_REQUIRE_MPIEXEC=1) but not installed");
@@ -106,6 +117,7 @@ fn free_tcp_port() -> u16 {
 
 #[test]
 fn killed_rank_is_lost_once_by_every_survivor() {
+    let _turn = one_job_at_a_time();
     const RANKS: u32 = 4;
     const VICTIM: u32 = 2;
     const TIMEOUT_MS: u64 = 1000;
@@ -201,6 +213,7 @@ fn killed_rank_is_lost_once_by_every_survivor() {
 
 #[test]
 fn four_credits_receiver_process_stopped_half_the_timeout_then_everything_delivered() {
+    let _turn = one_job_at_a_time();
     use nix::sys::signal::{kill, Signal};
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     use nix::unistd::Pid;
