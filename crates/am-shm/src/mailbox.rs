@@ -344,18 +344,11 @@ impl Ring {
                 .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                // Advance the hint past `t` (only ever forward).
-                let mut cur = tail.load(Ordering::Relaxed);
-                while cur <= t {
-                    match tail.compare_exchange_weak(
-                        cur,
-                        t + 1,
-                        Ordering::Release,
-                        Ordering::Relaxed,
-                    ) {
-                        Ok(_) => break,
-                        Err(now) => cur = now,
-                    }
+                // Advance the hint past `t`: a plain store, not a read-modify-write. Racing
+                // claimers may leave it a few slots behind the newest claim, which costs the
+                // next claimer a walk over taken slots, never a claim (the status decides).
+                if tail.load(Ordering::Relaxed) <= t {
+                    tail.store(t + 1, Ordering::Release);
                 }
                 c.t = t + 1;
                 return Ok(Some(t));
