@@ -196,6 +196,43 @@ impl View {
         // area rounded up to words, which the mapping covers (`Sizes`).
         Ok(unsafe { self.map.store_padded(self.words + off, parts) })
     }
+
+    /// [`write_padded`](Self::write_padded) of `parts` followed by the shared bytes `tail`,
+    /// which move straight from their mapping (see [`Imported::write_padded_then`]).
+    fn write_padded_then(
+        &self,
+        off: usize,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+    ) -> Result<usize, ShmError> {
+        let head: usize = parts.iter().map(|p| p.len()).sum();
+        let total = head.checked_add(tail.len());
+        let padded = total.and_then(round_to_words);
+        let fits = padded
+            .and_then(|p| off.checked_add(p))
+            .is_some_and(|end| end <= round_to_words(self.bytes).unwrap_or(0));
+        if off % WORD != 0 || !fits {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len: total.unwrap_or(usize::MAX),
+                area: self.bytes,
+            });
+        }
+        let (src, from, n) = tail.raw();
+        let at = self.words + off;
+        let end = at + padded.unwrap_or(0);
+        if std::ptr::eq(src, &*self.map) && at < from + n && from < end {
+            // The tail lies where it is to be written: through a private copy.
+            let copy = tail.to_vec();
+            let mut all: Vec<&[u8]> = parts.to_vec();
+            all.push(&copy);
+            return self.write_padded(off, &all);
+        }
+        // SAFETY: `at` is 8-aligned, the padded run ends within the byte area rounded up to
+        // words (checked above), the tail is inside its mapping (an invariant of
+        // `SharedBytes`), and the two do not overlap (checked above).
+        Ok(unsafe { self.map.store_padded_then(at, parts, src, from, n) })
+    }
 }
 
 /// A segment this process created (the SCI **exported** segment), or a full-access mapping
@@ -642,6 +679,19 @@ impl Imported {
         self.view.write_padded(off, parts)
     }
 
+    /// [`write_padded`](Self::write_padded) of `parts` followed by the shared bytes `tail`
+    /// (a received payload being echoed or forwarded): the tail moves straight from its
+    /// mapping into this one, with no private copy in between.
+    #[inline]
+    pub fn write_padded_then(
+        &self,
+        off: usize,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+    ) -> Result<usize, ShmError> {
+        self.view.write_padded_then(off, parts, tail)
+    }
+
     /// Copies the view `src` (typically of this rank's own segment) to `[off, off +
     /// src.len())` of the byte area: an engine's put between registered regions.
     pub fn write_from(&self, off: usize, src: SharedBytes<'_>) -> Result<(), ShmError> {
@@ -759,6 +809,69 @@ mod tests {
                     .all(|&b| b == 0xEE));
             }
         }
+    }
+
+    /// A head and a shared tail (from another segment at any alignment, short or past the
+    /// bulk-copy threshold) land as the concatenation and a zero pad, as `write_padded` of
+    /// the same bytes would put them; a tail that lies where it is written goes through a
+    /// copy; a run that does not fit is refused.
+    #[test]
+    fn padded_writes_with_a_shared_tail() {
+        let (size, heads, tails, aligns): (usize, &[usize], &[usize], &[usize]) = if cfg!(miri) {
+            (192, &[0, 3, 8], &[0, 5, 17, 40], &[0, 3])
+        } else {
+            (
+                4096,
+                &[0, 1, 3, 8, 12, 16],
+                &[0, 1, 5, 8, 17, 255, 256, 300, 1500],
+                &[0, 1, 3, 7],
+            )
+        };
+        let seg = Segment::heap(0, size).unwrap();
+        let src = Segment::heap(0, size).unwrap();
+        let imp = seg.import();
+        let data: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
+        src.byte_area().write(0, &data).unwrap();
+        for &h in heads {
+            let head: Vec<u8> = (0..h).map(|i| 0xA0 ^ i as u8).collect();
+            for &n in tails {
+                for &from in aligns {
+                    seg.byte_area().fill(0, size, 0xEE).unwrap();
+                    let tail = src.byte_area().slice(from, n).unwrap();
+                    let padded = imp
+                        .write_padded_then(64, &[&head[..h / 2], &head[h / 2..]], tail)
+                        .unwrap();
+                    let total = h + n;
+                    assert_eq!(padded, total.div_ceil(8) * 8, "head {h} tail {n} at {from}");
+                    let all = seg.byte_area().to_vec();
+                    let mut want = head.clone();
+                    want.extend_from_slice(&data[from..from + n]);
+                    assert_eq!(
+                        &all[64..64 + total],
+                        &want[..],
+                        "head {h} tail {n} at {from}"
+                    );
+                    assert!(all[64 + total..64 + padded].iter().all(|&b| b == 0));
+                    assert!(all[..64]
+                        .iter()
+                        .chain(&all[64 + padded..])
+                        .all(|&b| b == 0xEE));
+                }
+            }
+        }
+        // The tail inside the run it is written to: the bytes as they were before.
+        seg.byte_area().write(0, &data).unwrap();
+        let tail = seg.byte_area().slice(70, 33).unwrap();
+        assert_eq!(imp.write_padded_then(64, &[b"abc"], tail).unwrap(), 40);
+        let all = seg.byte_area().to_vec();
+        assert_eq!(&all[64..67], b"abc");
+        assert_eq!(&all[67..100], &data[70..103]);
+        assert!(imp
+            .write_padded_then(size - 8, &[b"abc"], src.byte_area().slice(0, 6).unwrap())
+            .is_err());
+        assert!(imp
+            .write_padded_then(4, &[], src.byte_area().slice(0, 6).unwrap())
+            .is_err());
     }
 
     #[test]

@@ -41,6 +41,13 @@ impl<'a> SharedBytes<'a> {
         SharedBytes { map, start, len }
     }
 
+    /// The mapping, offset and length of the view (for copies that go straight between
+    /// mappings).
+    #[inline]
+    pub(crate) fn raw(&self) -> (&'a Mapping, usize, usize) {
+        (self.map, self.start, self.len)
+    }
+
     /// Number of bytes in the view.
     #[inline]
     pub fn len(&self) -> usize {
@@ -127,18 +134,13 @@ impl<'a> SharedBytes<'a> {
         Ok(())
     }
 
-    /// Copies the view `src` (of this or another mapping) to `[off, off + src.len())`,
-    /// through a private buffer a page at a time.
+    /// Copies the view `src` (of this or another mapping) to `[off, off + src.len())`, in one
+    /// pass (no private buffer in between) unless the two overlap.
     pub fn copy_from(&self, off: usize, src: SharedBytes<'_>) -> Result<(), ShmError> {
-        self.at(off, src.len)?;
-        let mut buf = [0u8; 4096];
-        let mut done = 0;
-        while done < src.len {
-            let n = (src.len - done).min(buf.len());
-            src.read(done, &mut buf[..n])?;
-            self.write(off + done, &buf[..n])?;
-            done += n;
-        }
+        let at = self.at(off, src.len)?;
+        // SAFETY: `at + src.len` is inside this view's mapping (checked by `at`) and `src`
+        // is inside its own (an invariant of `SharedBytes`).
+        unsafe { self.map.copy_from_map(at, src.map, src.start, src.len) };
         Ok(())
     }
 
@@ -306,6 +308,57 @@ mod tests {
             .byte_area()
             .copy_from(2_000, a.byte_area().slice(0, 9_000).unwrap())
             .is_err());
+    }
+
+    /// Shared-to-shared copies at every pair of alignments, short and past the `rep movsb`
+    /// threshold, between mappings and overlapping within one (both directions): the bytes
+    /// land as `memmove` would put them, and the neighbours are kept.
+    #[test]
+    fn shared_to_shared_copy_any_alignment_and_overlap() {
+        let lens: &[usize] = if cfg!(miri) {
+            &[1, 9, 41]
+        } else {
+            &[0, 1, 7, 8, 9, 16, 24, 41, 255, 256, 300, 1000]
+        };
+        let (size, aligns): (usize, &[usize]) = if cfg!(miri) {
+            (160, &[0, 1, 7])
+        } else {
+            (2048, &[0, 1, 2, 3, 4, 5, 6, 7])
+        };
+        let pattern: Vec<u8> = (0..size).map(|i| (i * 13 + 1) as u8).collect();
+        for &n in lens {
+            for &src_at in aligns {
+                for &dst_at in aligns {
+                    let a = Segment::heap(0, size).unwrap();
+                    let b = Segment::heap(0, size).unwrap();
+                    a.byte_area().write(0, &pattern).unwrap();
+                    b.byte_area().fill(0, size, 0xEE).unwrap();
+                    let from = a.byte_area().slice(16 + src_at, n).unwrap();
+                    b.byte_area().copy_from(16 + dst_at, from).unwrap();
+                    let got = b.byte_area().to_vec();
+                    let mut want = vec![0xEE; size];
+                    want[16 + dst_at..16 + dst_at + n]
+                        .copy_from_slice(&pattern[16 + src_at..16 + src_at + n]);
+                    assert_eq!(got, want, "n {n} from {src_at} to {dst_at}");
+                    // Within one mapping, overlapping forwards and backwards.
+                    for shift in [3usize, 8, 64] {
+                        a.byte_area().write(0, &pattern).unwrap();
+                        let v = a.byte_area();
+                        v.copy_from(16 + dst_at + shift, v.slice(16 + src_at, n).unwrap())
+                            .unwrap();
+                        let mut want = pattern.clone();
+                        want.copy_within(16 + src_at..16 + src_at + n, 16 + dst_at + shift);
+                        assert_eq!(v.to_vec(), want, "overlap n {n} shift {shift}");
+                        a.byte_area().write(0, &pattern).unwrap();
+                        v.copy_from(16 + dst_at, v.slice(16 + src_at + shift, n).unwrap())
+                            .unwrap();
+                        let mut want = pattern.clone();
+                        want.copy_within(16 + src_at + shift..16 + src_at + shift + n, 16 + dst_at);
+                        assert_eq!(v.to_vec(), want, "overlap back n {n} shift {shift}");
+                    }
+                }
+            }
+        }
     }
 
     /// A writer rewrites bytes while a reader copies them and a third thread merges bytes
