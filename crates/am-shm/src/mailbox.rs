@@ -16,8 +16,8 @@
 //!   its owner are one atomic step, so a receiver can always tell whose a claimed slot is, and
 //!   skip it once that claimer is dead. The slot must also be consumed: `t < head + slots`,
 //!   with `head` the owner's published head (cached, reloaded with `Acquire` when it says
-//!   "full"). The tail word is only a hint of where to start (advanced with a
-//!   compare-and-swap after each claim): a corrupt tail costs a walk, never an overwrite,
+//!   "full"). The tail word is only a hint of where to start (moved past each claim
+//!   by a plain store): a corrupt tail costs a walk, never an overwrite,
 //!   since a slot whose status is this lap's is never claimed again;
 //! - a claim of `n` slots (a multi-packet message) takes them one by one (they need not be
 //!   consecutive: the owner reassembles per source) and is all or nothing: a sender that
@@ -38,7 +38,7 @@
 //! ```
 //! use am_shm::mailbox::{Ring, Seen};
 //! use am_shm::Segment;
-//! let ring = Ring { tail: 0, head: 64, data: 0, slots: 4, slot_size: 64 };
+//! let ring = Ring::new(0, 64, 0, 4, 64).unwrap(); // tail, head, data, slots, slot size
 //! let seg = Segment::heap(192, ring.data_bytes()).unwrap();
 //! let w = seg.import();
 //! let (mut head, mut got) = (0, [0u64; 2]);
@@ -99,22 +99,21 @@ pub enum Seen {
     Skipped(u32),
 }
 
-/// Where a ring lives in a segment; see the [module docs](self).
+/// Where a ring lives in a segment; see the [module docs](self). Made by [`Ring::new`], which
+/// checks the geometry once, so the hot paths do not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {
-    /// Byte offset of the tail word (a hint: at or below the next ticket to claim) in the
-    /// word area, 8-aligned.
-    pub tail: usize,
-    /// Byte offset of the head word (tickets the owner consumed) in the word area, 8-aligned,
-    /// on another cache line than the tail.
-    pub head: usize,
-    /// Byte offset of the first slot in the byte area (8-aligned; 64 keeps slots in lines).
-    pub data: usize,
-    /// Number of slots (at least 1).
-    pub slots: usize,
-    /// Bytes per slot, status word included (a multiple of 8, at least 16).
-    pub slot_size: usize,
+    tail: usize,
+    head: usize,
+    data: usize,
+    slots: usize,
+    slot_size: usize,
+    /// `log2(slots)` for a power-of-two ring, [`NOT_POW2`] otherwise.
+    lap_shift: u32,
 }
+
+/// [`Ring::lap_shift`] of a ring whose slot count is not a power of two.
+const NOT_POW2: u32 = u32::MAX;
 
 /// The stamp of lap `lap`.
 #[inline]
@@ -123,6 +122,73 @@ fn stamp(lap: u64) -> u64 {
 }
 
 impl Ring {
+    /// A ring with its tail word at `tail` and head word at `head` in the word area (8-aligned,
+    /// on different cache lines), and `slots` slots (at least 1; a power of two is cheapest)
+    /// of `slot_size` bytes each (a multiple of 8, at least 16, status word included) from
+    /// byte `data` of the byte area (8-aligned; 64 keeps slots in lines). An error for a
+    /// geometry no ring can have; whether it fits a segment is checked at each access.
+    pub fn new(
+        tail: usize,
+        head: usize,
+        data: usize,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<Ring, ShmError> {
+        let bad = slots == 0
+            || slot_size < 2 * STATUS_LEN
+            || slot_size % 8 != 0
+            || slots.checked_mul(slot_size).is_none()
+            || tail % 8 != 0
+            || head % 8 != 0
+            || data % 8 != 0;
+        if bad {
+            return Err(ShmError::OutOfBounds {
+                offset: data,
+                len: slot_size,
+                area: slots,
+            });
+        }
+        let lap_shift = if slots.is_power_of_two() {
+            slots.trailing_zeros()
+        } else {
+            NOT_POW2
+        };
+        Ok(Ring {
+            tail,
+            head,
+            data,
+            slots,
+            slot_size,
+            lap_shift,
+        })
+    }
+
+    /// Byte offset of the tail word (a hint: at or below the next ticket to claim) in the
+    /// word area.
+    pub fn tail(&self) -> usize {
+        self.tail
+    }
+
+    /// Byte offset of the head word (tickets the owner consumed) in the word area.
+    pub fn head(&self) -> usize {
+        self.head
+    }
+
+    /// Byte offset of the first slot in the byte area.
+    pub fn data(&self) -> usize {
+        self.data
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes per slot, status word included.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
     /// Bytes of byte area the slots take.
     pub fn data_bytes(&self) -> usize {
         self.slots.saturating_mul(self.slot_size)
@@ -141,13 +207,16 @@ impl Ring {
 
     /// `(lap, slot)` of `ticket`: a shift and a mask for the usual power-of-two rings (a
     /// division costs more than the rest of a one-packet send).
-    #[inline]
+    #[inline(always)]
     fn split(&self, ticket: u64) -> (u64, usize) {
-        // `slots >= 1` by contract; a zero ring is rejected by `check` instead of a panic.
-        let n = self.slots.max(1) as u64;
-        if n.is_power_of_two() {
-            (ticket >> n.trailing_zeros(), (ticket & (n - 1)) as usize)
+        if self.lap_shift != NOT_POW2 {
+            (
+                ticket >> self.lap_shift,
+                (ticket & (self.slots as u64 - 1)) as usize,
+            )
         } else {
+            // `slots >= 1` (checked by `new`).
+            let n = self.slots.max(1) as u64;
             (ticket / n, (ticket % n) as usize)
         }
     }
@@ -163,7 +232,7 @@ impl Ring {
     }
 
     fn check(&self, n: usize) -> Result<(), ShmError> {
-        if self.slots == 0 || self.slot_size < 2 * STATUS_LEN || n == 0 || n > self.slots {
+        if n == 0 || n > self.slots {
             return Err(ShmError::OutOfBounds {
                 offset: 0,
                 len: n,
@@ -204,6 +273,30 @@ impl Ring {
         // Only this claimer writes its record: a claim still open (not yet released) keeps
         // vouching for its tickets, so the record only ever goes down while claims are open.
         let before = record.load(Ordering::Relaxed);
+        if n == 1 && before == 0 {
+            // The common case, one packet and no claim open: the slot at the tail hint,
+            // free by the cached head and last written in the previous lap. Anything else
+            // takes the general path below.
+            let t = tail.load(Ordering::Relaxed);
+            if t >= *head && t - *head < self.slots as u64 {
+                let (lap, _) = self.split(t);
+                let word = self.status(seg, t)?;
+                let st = word.load(Ordering::Acquire);
+                if st & STAMP_MASK == lap & STAMP_MASK {
+                    record.store(ACTIVE | t, Ordering::Relaxed);
+                    let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
+                    if word
+                        .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        tail.store(t + 1, Ordering::Release);
+                        out[0] = t;
+                        return Ok(true);
+                    }
+                    record.store(0, Ordering::Relaxed);
+                }
+            }
+        }
         let mut c = Claimer {
             t: tail.load(Ordering::Relaxed),
             recorded: (before & ACTIVE != 0).then_some(before & !ACTIVE),
@@ -395,6 +488,33 @@ impl Ring {
             .map(|_| ())
     }
 
+    /// [`write_parts`](Self::write_parts) of `parts` followed by the shared bytes `tail` (a
+    /// received payload being echoed or forwarded), which move straight into the slot.
+    #[inline]
+    pub fn write_parts_then(
+        &self,
+        to: &Imported,
+        ticket: u64,
+        at: usize,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+    ) -> Result<(), ShmError> {
+        let len = parts
+            .iter()
+            .map(|p| p.len())
+            .sum::<usize>()
+            .saturating_add(tail.len());
+        if at % 8 != 0 || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
+            return Err(ShmError::OutOfBounds {
+                offset: at,
+                len,
+                area: self.capacity(),
+            });
+        }
+        to.write_padded_then(self.slot_base(ticket) + at, parts, tail)
+            .map(|_| ())
+    }
+
     /// Publishes the slot of `ticket` with `meta` (a `Release` store after the payload, in the
     /// same line).
     #[inline]
@@ -544,13 +664,7 @@ mod tests {
     const REC: usize = 128;
 
     fn ring(slots: usize) -> Ring {
-        Ring {
-            tail: 64,
-            head: 192,
-            data: 64,
-            slots,
-            slot_size: 32,
-        }
+        Ring::new(64, 192, 64, slots, 32).unwrap()
     }
 
     fn seg_for(r: &Ring) -> Segment {
@@ -708,6 +822,29 @@ mod tests {
             assert_eq!(r.look(&seg, t + 3).unwrap(), Seen::Empty, "next lap");
             r.consumed(&w, t + 1).unwrap();
         }
+    }
+
+    /// A geometry no ring can have is refused when the ring is made, not at each claim.
+    #[test]
+    fn impossible_geometries_are_refused() {
+        assert!(Ring::new(0, 64, 0, 0, 32).is_err(), "no slots");
+        assert!(
+            Ring::new(0, 64, 0, 4, 8).is_err(),
+            "no room beside the status"
+        );
+        assert!(Ring::new(0, 64, 0, 4, 20).is_err(), "not whole words");
+        assert!(Ring::new(4, 64, 0, 4, 32).is_err(), "misaligned tail");
+        assert!(Ring::new(0, 64, 4, 4, 32).is_err(), "misaligned slots");
+        assert!(
+            Ring::new(0, 64, 0, usize::MAX / 8, 64).is_err(),
+            "overflowing size"
+        );
+        let r = Ring::new(0, 64, 128, 6, 48).unwrap();
+        assert_eq!(
+            (r.slots(), r.slot_size(), r.data(), r.data_bytes()),
+            (6, 48, 128, 288)
+        );
+        assert_eq!(r.slot_base(13), 128 + 48);
     }
 
     /// The owner can always tell a claimed slot's claimer, and whether the claimer vouches

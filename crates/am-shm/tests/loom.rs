@@ -111,13 +111,7 @@ fn loom_doorbell_lazy_ring_never_loses_a_message() {
 }
 
 fn ring(slots: usize) -> Ring {
-    Ring {
-        tail: 0,
-        head: 64,
-        data: 0,
-        slots,
-        slot_size: 16,
-    }
+    Ring::new(0, 64, 0, slots, 16).unwrap()
 }
 
 /// Two senders each try once to claim the slot of a one-slot mailbox while its owner reads

@@ -84,9 +84,10 @@ fn line(n: usize) -> usize {
     n.div_ceil(CACHE_LINE).saturating_mul(CACHE_LINE)
 }
 
-/// The geometry of every rank's segment. Make it with [`Layout::new`], which checks that
-/// its sizes do not overflow; the offsets below saturate rather than wrap, so a layout made
-/// by hand with absurd fields yields offsets the segment's bounds checks refuse.
+/// The geometry of every rank's segment. Make it with [`Layout::new`], which checks that its
+/// sizes do not overflow and makes its rings once; the offsets below saturate rather than
+/// wrap, so fields changed by hand to absurd values yield offsets the segment's bounds
+/// checks refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Ranks in the job.
@@ -101,6 +102,9 @@ pub struct Layout {
     pub rma_buffers: usize,
     /// Bytes of the AM segment.
     pub segment: usize,
+    /// The VELO mailbox and the notification queue, made once by `new` from the fields above.
+    mailbox: Ring,
+    notifications: Ring,
 }
 
 impl Layout {
@@ -108,6 +112,22 @@ impl Layout {
     /// `segment` bytes; `None` if a size overflows (computed with checked arithmetic, in
     /// release builds too).
     pub fn new(ranks: usize, config: &ExtollConfig, segment: usize) -> Option<Layout> {
+        let mailbox = Ring::new(
+            MAILBOX_TAIL,
+            MAILBOX_HEAD,
+            0,
+            config.mailbox_slots,
+            config.packet_size,
+        )
+        .ok()?;
+        let notifications = Ring::new(
+            NOTIFY_TAIL,
+            NOTIFY_HEAD,
+            line(mailbox.data_bytes()),
+            config.notify_slots,
+            NOTIFY_SLOT,
+        )
+        .ok()?;
         let l = Layout {
             ranks,
             packet_size: config.packet_size,
@@ -115,6 +135,8 @@ impl Layout {
             notify_slots: config.notify_slots,
             rma_buffers: config.rma_buffers,
             segment,
+            mailbox,
+            notifications,
         };
         let lines = |n: usize| {
             n.checked_add(CACHE_LINE - 1)
@@ -174,30 +196,18 @@ impl Layout {
     /// The VELO mailbox.
     #[inline]
     pub fn mailbox(&self) -> Ring {
-        Ring {
-            tail: MAILBOX_TAIL,
-            head: MAILBOX_HEAD,
-            data: 0,
-            slots: self.mailbox_slots,
-            slot_size: self.packet_size,
-        }
+        self.mailbox
     }
 
     /// The notification queue.
     #[inline]
     pub fn notifications(&self) -> Ring {
-        Ring {
-            tail: NOTIFY_TAIL,
-            head: NOTIFY_HEAD,
-            data: line(self.mailbox().data_bytes()),
-            slots: self.notify_slots,
-            slot_size: NOTIFY_SLOT,
-        }
+        self.notifications
     }
 
     fn rx_base(&self) -> usize {
         let n = self.notifications();
-        line(n.data.saturating_add(n.data_bytes()))
+        line(n.data().saturating_add(n.data_bytes()))
     }
 
     fn conn_bytes(&self) -> usize {
@@ -237,7 +247,7 @@ mod tests {
         assert_eq!(l.bytes_len(), l.segment_base() + (1 << 16));
         assert_eq!(l.rx(1, 0), l.rx(0, 0) + 16 * RMA_BUF);
         assert!(l.claims(3, CLAIM_ENGINE) + 8 <= l.words_len());
-        assert!(l.notifications().data >= l.mailbox().data_bytes());
+        assert!(l.notifications().data() >= l.mailbox().data_bytes());
         assert!(Layout::new(4, &c, usize::MAX - 100).is_none());
         assert!(Layout::new(usize::MAX / 1000, &c, 0).is_none());
         assert!(Layout::new(1, &c, isize::MAX as usize).is_none());

@@ -1185,7 +1185,7 @@ impl Extoll {
             (l.mailbox(), self.head_told, "VELO mailbox"),
             (l.notifications(), self.note_told, "notification queue"),
         ] {
-            let word = self.seg.load_word(ring.head).unwrap_or(told);
+            let word = self.seg.load_word(ring.head()).unwrap_or(told);
             if word != told {
                 let _ = ring.consumed(&self.own, told);
                 self.tx.fault(misbehaved(
