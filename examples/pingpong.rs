@@ -82,17 +82,13 @@ fn handlers(pongs: &Rc<Cell<u64>>) -> anyhow::Result<Handlers> {
     let mut h = Handlers::new();
     for (i, kind) in KINDS.into_iter().enumerate() {
         let pong = PONG[i];
-        // A Long is answered with as many bytes of this rank's own (private) data: the segment
-        // is peers' to write, so it is not lent out as a slice.
-        let mut data = Vec::new();
+        // Echoes reply with the payload where it was received (the receive buffer, or for a
+        // Long the segment): the transport copies it once, straight into the reply.
         h.request(PING[i], "ping", kind, move |msg, token| {
             let _ = match kind {
                 AmKind::Short => token.reply_short(pong, msg.args()),
-                AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload()),
-                AmKind::Long => {
-                    data.resize(msg.payload_len(), 0);
-                    token.reply_long(pong, msg.args(), &data, 0)
-                }
+                AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload_ref()),
+                AmKind::Long => token.reply_long(pong, msg.args(), msg.payload_ref(), 0),
             };
         })?;
         let p = pongs.clone();

@@ -55,7 +55,7 @@ pub fn handlers(pongs: &Rc<Cell<u64>>) -> Handlers {
         h.request(PING[i], "ping", kind, move |msg, token| {
             let _ = match kind {
                 AmKind::Short => token.reply_short(pong, msg.args()),
-                AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload()),
+                AmKind::Medium => token.reply_medium(pong, msg.args(), msg.payload_ref()),
                 AmKind::Long => {
                     data.resize(msg.payload_len(), 0);
                     token.reply_long(pong, msg.args(), &data, 0)

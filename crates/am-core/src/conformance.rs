@@ -43,6 +43,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 const REQ_SHORT: HandlerId = HandlerId(10);
 const REQ_MEDIUM: HandlerId = HandlerId(11);
 const REQ_LONG: HandlerId = HandlerId(12);
+/// Echo the payload where it was received ([`crate::Msg::payload_ref`]): the transport copies
+/// it straight from its receive buffer (Medium) or the segment (Long) into the reply.
+const REQ_MEDIUM_REF: HandlerId = HandlerId(13);
+const REQ_LONG_REF: HandlerId = HandlerId(14);
 const REP_SHORT: HandlerId = HandlerId(20);
 const REP_MEDIUM: HandlerId = HandlerId(21);
 const REP_LONG: HandlerId = HandlerId(22);
@@ -101,6 +105,32 @@ fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
             token
                 .reply_medium(REP_MEDIUM, msg.args(), msg.payload())
                 .expect("reply_medium");
+        },
+    )
+    .expect("register");
+    let s = seen.clone();
+    h.request(
+        REQ_MEDIUM_REF,
+        "req_medium_ref",
+        AmKind::Medium,
+        move |msg, token| {
+            s.requests.set(s.requests.get() + 1);
+            token
+                .reply_medium(REP_MEDIUM, msg.args(), msg.payload_ref())
+                .expect("reply_medium from the received payload");
+        },
+    )
+    .expect("register");
+    let s = seen.clone();
+    h.request(
+        REQ_LONG_REF,
+        "req_long_ref",
+        AmKind::Long,
+        move |msg, token| {
+            s.requests.set(s.requests.get() + 1);
+            token
+                .reply_long(REP_LONG, msg.args(), msg.payload_ref(), REPLY_AREA)
+                .expect("reply_long from the segment");
         },
     )
     .expect("register");
@@ -174,46 +204,58 @@ pub fn short_all_arg_counts<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
     });
 }
 
-/// Medium payloads of 0, 1, max-1 and max bytes arrive intact both ways.
+/// Medium payloads of 0, 1, 9, max-1 and max bytes arrive intact both ways, to the peer and
+/// to self, echoed from a private copy and straight from the receive buffer.
 pub fn medium_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     run_ranks(make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         let max = node.max_medium();
         let mut expected = 0;
-        for len in [0, 1, max - 1, max] {
-            let data = pattern(len, node.rank() as u8);
-            node.request_medium(peer, REQ_MEDIUM, &[len as u32], &data)
-                .expect("request");
-            expected += 1;
-            wait_replies(&mut node, &seen, expected);
-            assert_eq!(*seen.last_args.borrow(), [len as u32]);
-            assert!(*seen.last_payload.borrow() == data, "medium of {len} bytes");
+        for dest in [peer, node.rank()] {
+            for handler in [REQ_MEDIUM, REQ_MEDIUM_REF] {
+                for len in [0, 1, 9, max - 1, max] {
+                    let data = pattern(len, node.rank() as u8 ^ handler.0);
+                    node.request_medium(dest, handler, &[len as u32], &data)
+                        .expect("request");
+                    expected += 1;
+                    wait_replies(&mut node, &seen, expected);
+                    assert_eq!(*seen.last_args.borrow(), [len as u32]);
+                    assert!(
+                        *seen.last_payload.borrow() == data,
+                        "medium of {len} bytes to {dest} by {handler:?}"
+                    );
+                }
+            }
         }
         node.barrier().expect("barrier");
     });
 }
 
 /// Long payloads of 0, 1, max-1 and max bytes land in the target segment before its handler
-/// runs, and a Long reply lands in the requester's segment.
+/// runs, and a Long reply lands in the requester's segment, sent from a private copy or
+/// straight from the target's segment.
 pub fn long_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     run_ranks(make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         let max = node.max_long().min(REPLY_AREA - 64);
         let mut expected = 0;
-        for len in [0, 1, max - 1, max] {
-            let data = pattern(len, 7 + node.rank() as u8);
-            let offset = 8 * node.rank() as usize;
-            node.request_long(peer, REQ_LONG, &[offset as u32], &data, offset)
-                .expect("request");
-            expected += 1;
-            wait_replies(&mut node, &seen, expected);
-            assert!(*seen.last_payload.borrow() == data, "long of {len} bytes");
-            assert!(
-                node.segment().slice(REPLY_AREA, len).unwrap().to_vec() == data[..],
-                "Long reply in the requester's segment"
-            );
+        for handler in [REQ_LONG, REQ_LONG_REF] {
+            for len in [0, 1, max - 1, max] {
+                let data = pattern(len, (7 + node.rank() as u8) ^ handler.0);
+                // Odd offsets for the echo from the segment: an unaligned source.
+                let offset = 8 * node.rank() as usize + (handler == REQ_LONG_REF) as usize * 3;
+                node.request_long(peer, handler, &[offset as u32], &data, offset)
+                    .expect("request");
+                expected += 1;
+                wait_replies(&mut node, &seen, expected);
+                assert!(*seen.last_payload.borrow() == data, "long of {len} bytes");
+                assert!(
+                    node.segment().slice(REPLY_AREA, len).unwrap().to_vec() == data[..],
+                    "Long reply in the requester's segment ({handler:?})"
+                );
+            }
         }
         node.barrier().expect("barrier");
     });

@@ -10,11 +10,9 @@ use crate::credit::CreditPolicy;
 use crate::error::{AmError, Misbehavior};
 use std::cell::{Cell, OnceCell};
 
-use crate::handler::{
-    AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, Payload, ReplyPath, Token,
-};
+use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
 use crate::transport::{
-    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Received, SendError, SharedBytes, TransportError, Tx,
 };
 use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
@@ -193,7 +191,7 @@ impl<'a> ReplySink<'a> {
         kind: AmKind,
         handler: u8,
         args: &[u32],
-        payload: &[u8],
+        payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
         let header = Header {
@@ -228,7 +226,7 @@ impl<'a> ReplySink<'a> {
         }
         let mut bytes = Vec::with_capacity(n + payload.len());
         bytes.extend_from_slice(&head[..n]);
-        bytes.extend_from_slice(payload);
+        payload.append_to(&mut bytes);
         self.pending.push_back(PendingReply {
             dest: self.src,
             head_len: n,
@@ -243,7 +241,7 @@ impl<'a> ReplySink<'a> {
     #[inline]
     fn finish(mut self) -> Result<(), AmError> {
         if !self.replied {
-            self.system(AmKind::Short, sys::ACK, &[], &[]);
+            self.system(AmKind::Short, sys::ACK, &[], Payload::EMPTY);
         }
         match self.error {
             Some(e) => Err(e),
@@ -251,7 +249,7 @@ impl<'a> ReplySink<'a> {
         }
     }
 
-    fn system(&mut self, kind: AmKind, op: u8, args: &[u32], payload: &[u8]) {
+    fn system(&mut self, kind: AmKind, op: u8, args: &[u32], payload: Payload<'_>) {
         // Errors are recorded in `self.error` and reported by the poll that ran the handler.
         let _ = self.send(true, kind, op, args, payload, None);
     }
@@ -263,10 +261,10 @@ impl ReplyPath for ReplySink<'_> {
         kind: AmKind,
         handler: HandlerId,
         args: &[u32],
-        payload: &[u8],
+        payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        check_message(self.limits, kind, args, payload)?;
+        check_message(self.limits, kind, args, payload.len())?;
         if self.meta[handler.0 as usize] != Some((Category::Reply, kind)) {
             return Err(AmError::NotRegistered {
                 handler,
@@ -283,7 +281,7 @@ pub(crate) fn check_message(
     limits: &Limits,
     kind: AmKind,
     args: &[u32],
-    payload: &[u8],
+    payload_len: usize,
 ) -> Result<(), AmError> {
     if args.len() > MAX_ARGS.min(limits.max_args) {
         return Err(AmError::TooManyArgs(args.len()));
@@ -293,10 +291,10 @@ pub(crate) fn check_message(
         AmKind::Medium => limits.max_medium,
         AmKind::Long => limits.max_long,
     };
-    if payload.len() > max {
+    if payload_len > max {
         return Err(AmError::PayloadTooLarge {
             kind,
-            len: payload.len(),
+            len: payload_len,
             max,
         });
     }
@@ -340,7 +338,7 @@ impl Endpoint {
         while let Some(p) = self.pending.front() {
             let out = Outgoing {
                 head: &p.bytes[..p.head_len],
-                payload: &p.bytes[p.head_len..],
+                payload: Payload::Private(&p.bytes[p.head_len..]),
                 long_offset: p.long_offset,
             };
             match tx.try_send(p.dest, &out) {
@@ -532,7 +530,7 @@ impl Endpoint {
             if hdr.system && hdr.handler == sys::PUT {
                 // The initiator waits for this put: tell it, don't leave it hanging.
                 let op = args.first().copied().unwrap_or(u32::MAX);
-                sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], &[]);
+                sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], Payload::EMPTY);
             }
             sink.finish()?;
         }
@@ -574,7 +572,6 @@ impl Endpoint {
                         hello_digest: self.hello_digest,
                         barrier_arrivals: &mut self.barrier_arrivals,
                         exit_requested: &mut self.exit_requested,
-                        scratch: &mut self.scratch,
                     },
                     &mut sink,
                     hdr,
@@ -696,7 +693,6 @@ struct SystemState<'a> {
     hello_digest: u64,
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
     exit_requested: &'a mut Option<i32>,
-    scratch: &'a mut Vec<u8>,
 }
 
 /// Status codes of HELLO_RESULT.
@@ -758,7 +754,7 @@ fn system_request(
                 return Err(bad());
             };
             place(segment, long, inline_long)?;
-            sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], &[]);
+            sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], Payload::EMPTY);
             Ok(())
         }
         (sys::GET, AmKind::Short) => {
@@ -768,19 +764,23 @@ fn system_request(
             let offset = join_u64(o_lo, o_hi);
             match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
                 Some(r) if r.len() <= sink.limits.max_medium => {
-                    // A private copy: the reply must not be read out of memory peers write.
-                    st.scratch.resize(r.len(), 0);
-                    segment.read(r.start, st.scratch).map_err(shm_err)?;
+                    // Straight from the segment: the transport copies the view once.
+                    let data = segment.slice(r.start, r.len()).map_err(shm_err)?;
                     sink.system(
                         AmKind::Medium,
                         sys::GET_DATA,
                         &[op, d_lo, d_hi, 0],
-                        st.scratch,
+                        Payload::Shared(data),
                     );
                     Ok(())
                 }
                 in_segment => {
-                    sink.system(AmKind::Medium, sys::GET_DATA, &[op, d_lo, d_hi, 1], &[]);
+                    sink.system(
+                        AmKind::Medium,
+                        sys::GET_DATA,
+                        &[op, d_lo, d_hi, 1],
+                        Payload::EMPTY,
+                    );
                     Err(match in_segment {
                         // In the segment but more than one reply can carry: not our protocol.
                         Some(_) => bad(),

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::transport::{
-    Delivery, Limits, Outgoing, SendError, SharedBytes, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, SendError, SharedBytes, Transport, TransportError, Tx,
 };
 use crate::Rank;
 
@@ -114,7 +114,7 @@ impl Faults {
             if h.after == 0 {
                 let out = Outgoing {
                     head: &h.bytes[..h.head_len],
-                    payload: &h.bytes[h.head_len..],
+                    payload: Payload::Private(&h.bytes[h.head_len..]),
                     long_offset: h.long_offset,
                 };
                 match tx.try_send(h.dest, &out) {
@@ -141,7 +141,7 @@ impl Faults {
         if self.chance(self.config.delay) {
             let mut bytes = Vec::with_capacity(msg.len());
             bytes.extend_from_slice(msg.head);
-            bytes.extend_from_slice(msg.payload);
+            msg.payload.append_to(&mut bytes);
             let after = 1 + (self.next() % self.config.max_delay.max(1) as u64) as u32;
             self.held.push(Held {
                 dest,
@@ -277,7 +277,7 @@ mod tests {
                 1,
                 &Outgoing {
                     head: &head,
-                    payload: &[],
+                    payload: Payload::EMPTY,
                     long_offset: None,
                 },
             )

@@ -4,7 +4,7 @@ use std::cell::{Cell, OnceCell};
 use std::fmt;
 
 use crate::error::AmError;
-use crate::transport::SharedBytes;
+use crate::transport::{Payload, SharedBytes};
 use crate::Rank;
 
 /// Index into the handler table (GASNet's handler index): 256 handlers per job.
@@ -50,22 +50,6 @@ pub struct Msg<'a> {
     /// Private memory for the copy of a shared payload, taken by the first `payload()`.
     pub(crate) scratch: Cell<Option<&'a mut Vec<u8>>>,
     pub(crate) copied: OnceCell<&'a [u8]>,
-}
-
-/// Where a message's payload is.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Payload<'a> {
-    Private(&'a [u8]),
-    Shared(SharedBytes<'a>),
-}
-
-impl<'a> Payload<'a> {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Payload::Private(b) => b.len(),
-            Payload::Shared(s) => s.len(),
-        }
-    }
 }
 
 impl<'a> Msg<'a> {
@@ -123,6 +107,15 @@ impl<'a> Msg<'a> {
         }
     }
 
+    /// The payload where it lies, without a copy: to echo or forward it with
+    /// [`Token::reply_medium`] or [`Token::reply_long`], which then copy it once, straight
+    /// from the receive buffer (or segment) to where the reply goes. ([`payload`](Self::payload)
+    /// first copies a shared payload into private memory, so replying with it copies twice.)
+    #[inline]
+    pub fn payload_ref(&self) -> Payload<'a> {
+        self.payload
+    }
+
     /// Where a Long payload landed in the local segment; `None` for Short and Medium.
     #[inline]
     pub fn long_offset(&self) -> Option<usize> {
@@ -156,7 +149,7 @@ pub(crate) trait ReplyPath {
         kind: AmKind,
         handler: HandlerId,
         args: &[u32],
-        payload: &[u8],
+        payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError>;
 }
@@ -189,30 +182,32 @@ impl Token<'_> {
 
     /// Replies with an AM Short to the requester's reply handler `handler`.
     pub fn reply_short(self, handler: HandlerId, args: &[u32]) -> Result<(), AmError> {
-        self.path.reply(AmKind::Short, handler, args, &[], None)
+        self.path
+            .reply(AmKind::Short, handler, args, Payload::EMPTY, None)
     }
 
-    /// Replies with an AM Medium (payload up to `max_medium`).
-    pub fn reply_medium(
+    /// Replies with an AM Medium (payload up to `max_medium`): private bytes, or
+    /// [`Msg::payload_ref`] to echo the request's payload with a single copy.
+    pub fn reply_medium<'p>(
         self,
         handler: HandlerId,
         args: &[u32],
-        payload: &[u8],
+        payload: impl Into<Payload<'p>>,
     ) -> Result<(), AmError> {
         self.path
-            .reply(AmKind::Medium, handler, args, payload, None)
+            .reply(AmKind::Medium, handler, args, payload.into(), None)
     }
 
     /// Replies with an AM Long whose payload lands at `offset` in the requester's segment.
-    pub fn reply_long(
+    pub fn reply_long<'p>(
         self,
         handler: HandlerId,
         args: &[u32],
-        payload: &[u8],
+        payload: impl Into<Payload<'p>>,
         offset: usize,
     ) -> Result<(), AmError> {
         self.path
-            .reply(AmKind::Long, handler, args, payload, Some(offset))
+            .reply(AmKind::Long, handler, args, payload.into(), Some(offset))
     }
 }
 

@@ -44,7 +44,8 @@ pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, Regis
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetHandle, Node, PutHandle};
 pub use transport::{
-    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Received, SendError, SharedBytes, Transport,
+    TransportError, Tx,
 };
 
 /// A rank: 0..size within a job (GASNet's `gasnet_node_t`).

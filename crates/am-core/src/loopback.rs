@@ -66,7 +66,7 @@ impl Tx for LoopbackTx {
         }
         let mut bytes = Vec::with_capacity(msg.len());
         bytes.extend_from_slice(msg.head);
-        bytes.extend_from_slice(msg.payload);
+        msg.payload.append_to(&mut bytes);
         match peer.try_send(Packet {
             src: self.rank,
             bytes,

@@ -11,7 +11,7 @@ use crate::endpoint::{
 };
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{AmKind, Category, HandlerId, Handlers};
-use crate::transport::{Limits, Outgoing, SendError, Transport, TransportError};
+use crate::transport::{Limits, Outgoing, Payload, SendError, Transport, TransportError};
 use crate::wire::{Header, MAX_HEAD_LEN};
 use crate::Rank;
 
@@ -364,7 +364,7 @@ impl<T: Transport> Node<T> {
         if self.ep.is_lost(dest) {
             return Err(AmError::PeerLost(dest));
         }
-        check_message(&self.ep.limits, kind, args, payload)?;
+        check_message(&self.ep.limits, kind, args, payload.len())?;
         if self.ep.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
             return Err(AmError::NotRegistered {
                 handler,
@@ -429,7 +429,7 @@ impl<T: Transport> Node<T> {
         let n = header.encode(args, &mut head);
         let out = Outgoing {
             head: &head[..n],
-            payload,
+            payload: Payload::Private(payload),
             long_offset,
         };
         match self.transport.try_send(dest, &out) {

@@ -45,13 +45,106 @@ pub struct Limits {
     pub max_credits: u32,
 }
 
+/// A payload to send: bytes in private memory, or a view of memory peers may write (a
+/// received payload that a handler echoes or forwards, a range of the local segment), which
+/// the transport copies once, straight to where it goes.
+///
+/// Converts from `&[u8]`, `&Vec<u8>`, `&[u8; N]` and [`SharedBytes`]; a handler passes
+/// [`crate::Msg::payload_ref`] to reply with the payload it received without copying it twice.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// Private bytes.
+    Private(&'a [u8]),
+    /// Bytes peers may write: copied by the transport, never lent as `&[u8]`.
+    Shared(SharedBytes<'a>),
+}
+
+impl<'a> Payload<'a> {
+    /// No payload.
+    pub const EMPTY: Payload<'static> = Payload::Private(&[]);
+
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Private(b) => b.len(),
+            Payload::Shared(s) => s.len(),
+        }
+    }
+
+    /// True if there are no bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the bytes to `out`.
+    #[inline]
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Payload::Private(b) => out.extend_from_slice(b),
+            Payload::Shared(s) => {
+                let at = out.len();
+                out.resize(at + s.len(), 0);
+                // In bounds: `out[at..]` is exactly `s.len()` long.
+                let _ = s.read(0, &mut out[at..]);
+            }
+        }
+    }
+
+    /// The bytes as a private slice: borrowed if they are private, else copied into
+    /// `scratch` (cleared first). For transports that need the bytes in one piece.
+    #[inline]
+    pub fn to_private<'s>(&self, scratch: &'s mut Vec<u8>) -> &'s [u8]
+    where
+        'a: 's,
+    {
+        match *self {
+            Payload::Private(b) => b,
+            Payload::Shared(s) => {
+                s.read_into(scratch);
+                scratch
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for Payload<'a> {
+    #[inline]
+    fn from(b: &'a [u8]) -> Payload<'a> {
+        Payload::Private(b)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Payload<'a> {
+    #[inline]
+    fn from(b: &'a Vec<u8>) -> Payload<'a> {
+        Payload::Private(b)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u8; N]> for Payload<'a> {
+    #[inline]
+    fn from(b: &'a [u8; N]) -> Payload<'a> {
+        Payload::Private(b)
+    }
+}
+
+impl<'a> From<SharedBytes<'a>> for Payload<'a> {
+    #[inline]
+    fn from(s: SharedBytes<'a>) -> Payload<'a> {
+        Payload::Shared(s)
+    }
+}
+
 /// A message to send: the core's encoded head (header + arguments) and the payload.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
     /// Header and arguments, as encoded by [`crate::wire::Header::encode`].
     pub head: &'a [u8],
-    /// The payload (Medium, Long), possibly empty.
-    pub payload: &'a [u8],
+    /// The payload (Medium, Long), possibly empty; possibly in shared memory (a reply that
+    /// echoes what it received), which a transport copies straight to its destination.
+    pub payload: Payload<'a>,
     /// For Long: where the payload goes in the target's segment. Transports with remote writes
     /// place it there before delivering `head`.
     pub long_offset: Option<usize>,
@@ -63,7 +156,7 @@ impl<'a> Outgoing<'a> {
     pub fn new(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
         Outgoing {
             head,
-            payload,
+            payload: Payload::Private(payload),
             long_offset: None,
         }
     }

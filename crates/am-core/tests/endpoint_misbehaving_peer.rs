@@ -229,7 +229,7 @@ impl Evil {
     fn send(&mut self, bytes: &[u8]) {
         let out = Outgoing {
             head: bytes,
-            payload: &[],
+            payload: am_core::Payload::EMPTY,
             long_offset: None,
         };
         let deadline = Instant::now() + LIMIT;

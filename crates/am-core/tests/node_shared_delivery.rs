@@ -36,9 +36,9 @@ impl SlotLoop {
 impl Tx for SlotLoop {
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         assert_eq!(dest, 0);
-        self.inbox
-            .borrow_mut()
-            .push([msg.head, msg.payload].concat());
+        let mut m = msg.head.to_vec();
+        msg.payload.append_to(&mut m);
+        self.inbox.borrow_mut().push(m);
         Ok(())
     }
 }
@@ -86,12 +86,22 @@ impl Transport for SlotLoop {
     }
 }
 
+thread_local! {
+    /// Replies this thread's node sent with a payload still in shared memory.
+    static SHARED_REPLIES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 /// The sending half lent to handlers: replies join the inbox.
 struct Inboxed(Inbox);
 
 impl Tx for Inboxed {
     fn try_send(&mut self, _dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        self.0.borrow_mut().push([msg.head, msg.payload].concat());
+        if let am_core::Payload::Shared(_) = msg.payload {
+            SHARED_REPLIES.with(|c| c.set(c.get() + 1));
+        }
+        let mut m = msg.head.to_vec();
+        msg.payload.append_to(&mut m);
+        self.0.borrow_mut().push(m);
         Ok(())
     }
 }
@@ -100,6 +110,7 @@ impl Tx for Inboxed {
 struct Seen {
     medium: Vec<u8>,
     medium_view: Option<usize>,
+    echoed: Vec<u8>,
     long: Vec<u8>,
     long_at: Option<usize>,
 }
@@ -126,7 +137,31 @@ fn node(seen: &Rc<RefCell<Seen>>, inbox: &Inbox) -> Node<SlotLoop> {
         assert_eq!(m.segment().len(), 4096);
     })
     .unwrap();
+    h.request(HandlerId(3), "echo", AmKind::Medium, |m, t| {
+        t.reply_medium(HandlerId(4), m.args(), m.payload_ref())
+            .unwrap();
+    })
+    .unwrap();
+    let s = seen.clone();
+    h.reply(HandlerId(4), "echoed", AmKind::Medium, move |m| {
+        s.borrow_mut().echoed = m.payload().to_vec();
+    })
+    .unwrap();
     Node::new(SlotLoop::new(inbox.clone()), h, Config::default()).unwrap()
+}
+
+/// A handler replies with the payload where it was received: the transport is handed the
+/// shared view (to copy once, straight to where the reply goes), and the bytes arrive.
+#[test]
+fn a_reply_echoes_a_shared_payload_without_a_private_copy() {
+    let seen = Rc::new(RefCell::new(Seen::default()));
+    let inbox = Inbox::default();
+    let mut node = node(&seen, &inbox);
+    let data: Vec<u8> = (0..777).map(|i| (i * 3) as u8).collect();
+    node.request_medium(0, HandlerId(3), &[7], &data).unwrap();
+    node.quiesce().unwrap();
+    assert_eq!(seen.borrow().echoed, data);
+    assert_eq!(SHARED_REPLIES.with(|c| c.get()), 1);
 }
 
 #[test]

@@ -35,7 +35,7 @@ pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
         c.set(c.get() + 1)
     })?;
     h.request(MEDIUM, "m", AmKind::Medium, |m, t| {
-        let _ = t.reply_medium(MEDIUM_REPLY, &[], m.payload());
+        let _ = t.reply_medium(MEDIUM_REPLY, &[], m.payload_ref());
     })?;
     let c = replies.clone();
     h.reply(MEDIUM_REPLY, "rm", AmKind::Medium, move |_m| {

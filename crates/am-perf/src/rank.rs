@@ -173,7 +173,7 @@ pub fn print_am_figures<T: Transport>(
 pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
     let mut h = Handlers::new();
     h.request(ECHO, "echo", AmKind::Medium, |m, tok| {
-        let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload());
+        let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload_ref());
     })?;
     let e = echoes.clone();
     h.reply(ECHO_REPLY, "echo_reply", AmKind::Medium, move |m| {

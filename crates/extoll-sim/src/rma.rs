@@ -300,11 +300,12 @@ impl Reserved {
 
 /// The bytes of an immediate put.
 pub(crate) enum Data<'a> {
-    /// `parts`, concatenated, at 8-aligned `off` of a receive buffer the requester owns: whole
-    /// words, zero-padded (no read-modify-write).
-    Padded(usize, &'a [&'a [u8]]),
+    /// `parts`, concatenated, then the shared bytes of the last field if any (an echoed
+    /// payload, moved straight from where it was received), at 8-aligned `off` of a receive
+    /// buffer the requester owns: whole words, zero-padded (no read-modify-write).
+    Padded(usize, &'a [&'a [u8]], Option<am_shm::SharedBytes<'a>>),
     /// `bytes` at any `off` of the AM segment, whose neighbouring bytes are others'.
-    Exact(usize, &'a [u8]),
+    Exact(usize, am_core::Payload<'a>),
 }
 
 /// The engine's immediate put into `dest`: the data, then `tail` (an RMA Medium's tail word,
@@ -325,8 +326,12 @@ pub(crate) fn put_immediate(
 ) {
     let target = &peers[dest];
     let _ = match data {
-        Data::Padded(off, parts) => target.imp.write_padded(off, parts).map(|_| ()),
-        Data::Exact(off, bytes) => target.imp.write(off, bytes),
+        Data::Padded(off, parts, None) => target.imp.write_padded(off, parts).map(|_| ()),
+        Data::Padded(off, parts, Some(tail)) => {
+            target.imp.write_padded_then(off, parts, tail).map(|_| ())
+        }
+        Data::Exact(off, am_core::Payload::Private(bytes)) => target.imp.write(off, bytes),
+        Data::Exact(off, am_core::Payload::Shared(bytes)) => target.imp.write_from(off, bytes),
     };
     if let Some((off, value)) = tail {
         let _ = target.imp.store_slot_word(off, value);

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Delivery, Limits, Outgoing, Rank, Received, SendError, SharedBytes, Transport, TransportError,
-    Tx,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, SharedBytes, Transport,
+    TransportError, Tx,
 };
 use am_shm::mailbox::{Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
@@ -118,6 +118,8 @@ struct TxState {
     next_op: u64,
     /// Errors found outside `poll_recv`'s delivery path, returned by the next polls.
     faults: VecDeque<TransportError>,
+    /// A private copy of a shared payload that VELO must cut into several packets.
+    echo: Vec<u8>,
 }
 
 /// How far the first packet of a message may go now: per-source order across both paths,
@@ -333,7 +335,7 @@ impl TxState {
         &mut self,
         d: usize,
         head: &[u8],
-        payload: &[u8],
+        payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
         let total = head.len() + payload.len();
@@ -346,7 +348,11 @@ impl TxState {
         }
         let mut t = [0u64; MAX_PACKETS];
         self.claim(d, &mut t[..n])?;
-        self.emit(d, &t[..n], head, payload, flags)
+        // Fragments are cut from private bytes: a shared payload is copied out first.
+        let mut echo = std::mem::take(&mut self.echo);
+        let r = self.emit(d, &t[..n], head, payload.to_private(&mut echo), flags);
+        self.echo = echo;
+        r
     }
 
     /// The one-packet case of [`send_velo`](Self::send_velo) (every Short, small Mediums):
@@ -356,7 +362,7 @@ impl TxState {
         &mut self,
         d: usize,
         head: &[u8],
-        payload: &[u8],
+        payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
         let mut t = [0u64; 1];
@@ -369,9 +375,12 @@ impl TxState {
             flags: FIRST | LAST | flags,
             rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
         };
-        let r = ring
-            .write_parts(imp, t[0], 0, &[head, payload])
-            .and_then(|()| ring.publish(imp, t[0], meta.encode()));
+        let r = match payload {
+            Payload::Private(p) => ring.write_parts(imp, t[0], 0, &[head, p]),
+            // An echo: straight from where it was received into the peer's slot.
+            Payload::Shared(s) => ring.write_parts_then(imp, t[0], 0, &[head], s),
+        }
+        .and_then(|()| ring.publish(imp, t[0], meta.encode()));
         self.finish_claim(d, &t, r)
     }
 
@@ -391,7 +400,12 @@ impl TxState {
 
     /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
     /// (message at the end, the tail last), by the engine as the doorbell is rung.
-    fn send_rma_medium(&mut self, d: usize, head: &[u8], payload: &[u8]) -> Result<(), SendError> {
+    fn send_rma_medium(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: Payload<'_>,
+    ) -> Result<(), SendError> {
         let b = self.config.rma_buffers as u64;
         let at = self.layout.ack(d);
         // One load: checked in this copy.
@@ -422,12 +436,21 @@ impl TxState {
             | (total as u64) << 16
             | (self.velo_sent[d] & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
+        let private_parts: [&[u8]; 2];
+        let data = match payload {
+            Payload::Private(p) => {
+                private_parts = [head, p];
+                Data::Padded(rx + start, &private_parts, None)
+            }
+            // An echo: straight from where it was received into the peer's buffer.
+            Payload::Shared(s) => Data::Padded(rx + start, std::slice::from_ref(&head), Some(s)),
+        };
         rma::put_immediate(
             &self.layout,
             &self.peers,
             self.rank,
             d,
-            Data::Padded(rx + start, &[head, payload]),
+            data,
             Some((rx + RMA_BUF - TAIL, tail)),
             slots,
             Note {
@@ -459,7 +482,7 @@ impl TxState {
             .is_some_and(|end| end <= self.layout.segment);
         if msg.payload.is_empty() || !fits {
             // Nothing to move (or out of the target's segment, which the target rejects).
-            return self.send_velo(d, msg.head, &[], PLACED);
+            return self.send_velo(d, msg.head, Payload::EMPTY, PLACED);
         }
         let slots = self.reserve(d)?;
         // The header's slots before the put: once the payload is sent, the header must follow.
@@ -558,6 +581,7 @@ impl Extoll {
                 jobs_done: 0,
                 next_op: 0,
                 faults: VecDeque::new(),
+                echo: Vec::new(),
             },
             head: 0,
             note_head: 0,

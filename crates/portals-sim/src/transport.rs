@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Rank, Received, SendError, SharedBytes, Transport, TransportError,
-    Tx,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, SharedBytes, Transport,
+    TransportError, Tx,
 };
 use am_nic::control::Departed;
 use am_nic::{Liveness, LIVENESS_AFTER};
@@ -191,6 +191,9 @@ struct TxState {
     /// rank's NI is initialized alike).
     buffer_mes: Vec<MeIndex>,
     reply_me: MeIndex,
+    /// A private copy of a payload sent from shared memory (an echo): the NI's put takes
+    /// private parts.
+    echo: Vec<u8>,
 }
 
 /// A peer's send slots we owe a reply, oldest first: a ring as large as a rank's send slots
@@ -325,6 +328,27 @@ impl TxState {
     }
 
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let Payload::Shared(shared) = msg.payload else {
+            return self.send_private(dest, msg);
+        };
+        // The NI's put gathers private parts: copy the shared payload out first.
+        let mut echo = std::mem::take(&mut self.echo);
+        shared.read_into(&mut echo);
+        let private = Outgoing {
+            payload: Payload::Private(&echo),
+            ..*msg
+        };
+        let r = self.send_private(dest, &private);
+        self.echo = echo;
+        r
+    }
+
+    fn send_private(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let Payload::Private(payload) = msg.payload else {
+            return Err(SendError::Other(
+                "portals: a shared payload not copied out".into(),
+            ));
+        };
         let d = dest as usize;
         if d >= self.peers.len() || self.lost[d] {
             return Err(SendError::PeerLost(dest));
@@ -367,7 +391,7 @@ impl TxState {
                 .checked_add(msg.payload.len())
                 .is_some_and(|end| end <= self.layout.segment);
             if fits && !msg.payload.is_empty() {
-                let data: &[&[u8]] = &[msg.payload];
+                let data: &[&[u8]] = &[payload];
                 let args = PutArgs {
                     pt: PT_SEGMENT,
                     match_bits: 0,
@@ -394,7 +418,7 @@ impl TxState {
             && head.len() <= 16
             && head[4..8] == [0; 4];
         let mut hdr = [0u8; 8];
-        let parts: [&[u8]; 2] = [head, msg.payload];
+        let parts: [&[u8]; 2] = [head, payload];
         let data: &[&[u8]] = if inline {
             // At most two argument words: a short byte loop, not a `memcpy` call.
             for (d, s) in hdr.iter_mut().zip(&head[8..]) {
@@ -615,6 +639,7 @@ impl Portals {
                 stats: Stats::default(),
                 buffer_mes: buffers.iter().map(|b| b.me).collect(),
                 reply_me,
+                echo: Vec::new(),
             },
             buffers,
             reply_me,

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Rank, Received, SendError, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, Transport, TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::stamp::{Slots, SLOT_HEADER};
@@ -222,13 +222,18 @@ fn write_slot(
     base: usize,
     flags: u32,
     head: &[u8],
-    payload: &[u8],
+    payload: Payload<'_>,
 ) -> Result<(), am_shm::ShmError> {
     let len = (head.len() + payload.len()) as u32;
     let mut hdr = [0u8; 8];
     hdr[..4].copy_from_slice(&len.to_le_bytes());
     hdr[4..].copy_from_slice(&flags.to_le_bytes());
-    to.write_padded(base + SLOT_HEADER - hdr.len(), &[&hdr, head, payload])?;
+    let at = base + SLOT_HEADER - hdr.len();
+    match payload {
+        Payload::Private(p) => to.write_padded(at, &[&hdr, head, p])?,
+        // An echoed payload: straight from the receive slot into the peer's (one pass).
+        Payload::Shared(s) => to.write_padded_then(at, &[&hdr, head], s)?,
+    };
     Ok(())
 }
 
@@ -361,7 +366,7 @@ impl TxState {
                         return Err(SendError::Busy);
                     };
                     buf.clear();
-                    buf.extend_from_slice(msg.payload);
+                    msg.payload.append_to(&mut buf);
                     let job = Job {
                         target: peer.clone(),
                         offset: at,
@@ -373,10 +378,14 @@ impl TxState {
                     }
                     via_dma = true;
                 } else {
-                    peer.write(at, msg.payload).map_err(sci_err)?;
+                    match msg.payload {
+                        Payload::Private(p) => peer.write(at, p),
+                        Payload::Shared(s) => peer.write_from(at, s),
+                    }
+                    .map_err(sci_err)?;
                 }
             }
-            write_slot(peer, base, PLACED, msg.head, &[]).map_err(sci_err)?;
+            write_slot(peer, base, PLACED, msg.head, Payload::EMPTY).map_err(sci_err)?;
         } else {
             if msg.len() > cap {
                 return Err(SendError::TooLarge(msg.len()));
@@ -386,8 +395,8 @@ impl TxState {
                 MediumStrategy::OneCopy => {
                     self.staging.clear();
                     self.staging.extend_from_slice(msg.head);
-                    self.staging.extend_from_slice(msg.payload);
-                    write_slot(peer, base, 0, &self.staging, &[])
+                    msg.payload.append_to(&mut self.staging);
+                    write_slot(peer, base, 0, &self.staging, Payload::EMPTY)
                 }
             }
             .map_err(sci_err)?;
@@ -1008,7 +1017,7 @@ mod tests {
         let chan = a.tx.layout.command_segment(0);
         let peer = &a.tx.peers[1];
         let base = chan.base(3).unwrap();
-        write_slot(peer, base, 7, b"head", b"payload").unwrap();
+        write_slot(peer, base, 7, b"head", b"payload".into()).unwrap();
         chan.publish(peer, 3, 9).unwrap();
         assert_eq!(chan.find(&b.seg, 9).unwrap(), Some(3));
         let (flags, body) = chan.body(&b.seg, 3).unwrap();
@@ -1264,7 +1273,7 @@ mod tests {
             // Stamps 1, 2 in request slots 0, 1, then 3 in slot 0 again, no reply between.
             let mut errors = Vec::new();
             for (seq, slot) in [(1u64, 0usize), (2, 1), (3, 0)] {
-                write_slot(peer, chan.base(slot).unwrap(), 0, &h[..n], &[]).unwrap();
+                write_slot(peer, chan.base(slot).unwrap(), 0, &h[..n], Payload::EMPTY).unwrap();
                 chan.publish(peer, slot, seq).unwrap();
                 peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
                 match b.poll_recv(|d, _, _| d.src) {

@@ -75,6 +75,8 @@ struct Io {
     self_queue: VecDeque<Vec<u8>>,
     faults: Option<Faults>,
     send_errors: u64,
+    /// A private copy of a payload sent from shared memory (a get served from the segment).
+    echo: Vec<u8>,
 }
 
 fn send_datagram(
@@ -145,7 +147,7 @@ impl Tx for Io {
             }
             let mut m = Vec::with_capacity(msg.len());
             m.extend_from_slice(msg.head);
-            m.extend_from_slice(msg.payload);
+            msg.payload.append_to(&mut m);
             self.self_queue.push_back(m);
             return Ok(());
         }
@@ -156,7 +158,8 @@ impl Tx for Io {
             )));
         }
         let now = Instant::now();
-        self.engine.send(now, dest, msg.head, msg.payload)?;
+        let payload = msg.payload.to_private(&mut self.echo);
+        self.engine.send(now, dest, msg.head, payload)?;
         self.flush(now);
         Ok(())
     }
@@ -341,6 +344,7 @@ impl Udp {
                 addrs: peers.iter().map(|p| p.addr).collect(),
                 engine,
                 self_queue: VecDeque::new(),
+                echo: Vec::new(),
                 faults: config.faults.map(|c| Faults {
                     config: c,
                     // Ranks of one job (one AM_UDP_FAULTS) fault independently.

@@ -301,7 +301,7 @@ fn long_payload_is_placed_before_the_header() {
         1,
         &Outgoing {
             head: &buf[..n],
-            payload: b"placed",
+            payload: b"placed".into(),
             long_offset: Some(100),
         },
     )
