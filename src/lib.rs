@@ -295,24 +295,31 @@ where
             Some(AnyTransport::Loopback(t)) => Some(t.abort_handle()),
             _ => None,
         };
-        let first_failure = std::sync::Mutex::new(None);
+        let failures = std::sync::Mutex::new(Vec::new());
         run_ranks(transports, |t| {
             let rank = t.rank();
             if let Err(e) = main(t) {
-                // Recorded before aborting, so the ranks it aborts cannot be recorded first.
-                first_failure
+                failures
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .get_or_insert((rank, e.to_string()));
+                    .push((rank, e.to_string()));
                 if let Some(abort) = &abort {
                     abort.abort();
                 }
             }
         });
-        if let Some((rank, message)) = first_failure
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-        {
+        let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+        // The cause is the rank that left first: `main` drops its transport as it returns
+        // the error, before the peers that then fail can tell (a peer's send to it fails at
+        // once); without departure times, the first one recorded.
+        let cause = failures
+            .into_iter()
+            .enumerate()
+            .min_by_key(|(k, (rank, _))| {
+                let left = abort.as_ref().and_then(|a| a.departure(*rank));
+                (left.unwrap_or(u64::MAX), *k)
+            });
+        if let Some((_, (rank, message))) = cause {
             return Err(JobError::RankFailed { rank, message });
         }
         return Ok(0);

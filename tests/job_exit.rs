@@ -114,3 +114,40 @@ fn loopback_refuses_to_span_processes() {
         "clear error expected, got: {stderr}"
     );
 }
+
+/// The rank that fails first is the one reported, even when a peer notices it has gone and
+/// fails before it has reported itself: rank 3 leaves (drops its node) and takes its time
+/// before returning its error; rank 2, once it is gone, fails on its first send to it (the
+/// others are then aborted). Runs in this process: a failing job ends no process.
+#[test]
+fn the_cause_is_reported_not_the_peers_it_failed() {
+    let left = std::sync::atomic::AtomicBool::new(false);
+    let result = amnet::run_job(&opts(4), |t| {
+        use std::sync::atomic::Ordering;
+        let mut node = Node::new(t, Handlers::new(), config()).map_err(|e| e.to_string())?;
+        match node.rank() {
+            3 => {
+                drop(node);
+                left.store(true, Ordering::Release);
+                std::thread::sleep(Duration::from_millis(300));
+                return Err("rank 3 fails".to_string());
+            }
+            2 => {
+                let t0 = Instant::now();
+                while !left.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
+                    std::thread::yield_now();
+                }
+            }
+            _ => {}
+        }
+        // Rank 2's first round sends to rank 3.
+        node.barrier()
+            .map_err(|e| format!("rank {}: {e}", node.rank()))
+    });
+    match result {
+        Err(JobError::RankFailed { rank, message }) => {
+            assert_eq!((rank, message.as_str()), (3, "rank 3 fails"));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,6 +1,6 @@
 //! [`Loopback`]: ranks as threads of one process, for tests and for measuring the core alone.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,10 @@ impl Default for LoopbackConfig {
 struct Shared {
     /// Set when a rank's transport is dropped by a panic: the job is over.
     aborted: AtomicBool,
+    /// Transports dropped so far, and when each rank's was (1 for the first, 0 while alive):
+    /// a rank that fails drops its transport before its peers can notice it is gone.
+    departures: AtomicU64,
+    departed: Box<[AtomicU64]>,
 }
 
 struct Packet {
@@ -108,6 +112,14 @@ impl AbortHandle {
     pub fn abort(&self) {
         self.0.aborted.store(true, Ordering::Relaxed);
     }
+
+    /// When `rank`'s transport was dropped, in the order of the job's drops (1 for the
+    /// first); `None` while it lives. Of several ranks that failed, the one that left first
+    /// is the cause: the others failed because it was gone.
+    pub fn departure(&self, rank: Rank) -> Option<u64> {
+        let seq = self.0.departed.get(rank as usize)?.load(Ordering::Acquire);
+        (seq != 0).then_some(seq)
+    }
 }
 
 impl std::fmt::Debug for AbortHandle {
@@ -137,6 +149,8 @@ impl Loopback {
         );
         let shared = Arc::new(Shared {
             aborted: AtomicBool::new(false),
+            departures: AtomicU64::new(0),
+            departed: (0..ranks).map(|_| AtomicU64::new(0)).collect(),
         });
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..ranks).map(|_| bounded(config.capacity)).unzip();
@@ -234,6 +248,11 @@ impl Drop for Loopback {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.tx.shared.aborted.store(true, Ordering::Relaxed);
+        }
+        let shared = &self.tx.shared;
+        let seq = shared.departures.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(d) = shared.departed.get(self.tx.rank as usize) {
+            d.store(seq, Ordering::Release);
         }
     }
 }
