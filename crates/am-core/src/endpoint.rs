@@ -11,6 +11,7 @@ use crate::error::{AmError, Misbehavior};
 use std::cell::{Cell, OnceCell};
 
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
+use crate::protocol::{HelloVerdict, SystemMsg};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Received, SendError, SharedBytes, TransportError, Tx,
 };
@@ -18,27 +19,6 @@ use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
 
 /// Opcodes of core-internal (system) messages.
-pub(crate) mod sys {
-    /// Implicit empty reply: returns the credit of a request whose handler did not reply.
-    pub const ACK: u8 = 0;
-    /// Start-up: a rank's handler-table digest and segment size, to rank 0.
-    pub const HELLO: u8 = 1;
-    /// Start-up: rank 0's verdict, to every rank.
-    pub const HELLO_RESULT: u8 = 2;
-    /// Dissemination barrier: (epoch, round).
-    pub const BARRIER: u8 = 3;
-    /// Put: a Long request into the target's segment.
-    pub const PUT: u8 = 4;
-    /// Put completion.
-    pub const PUT_DONE: u8 = 5;
-    /// Get: read a range of the target's segment.
-    pub const GET: u8 = 6;
-    /// Get data: a Medium reply.
-    pub const GET_DATA: u8 = 7;
-    /// End the job with a code.
-    pub const EXIT: u8 = 8;
-}
-
 /// A reply the device refused; sent again by the next poll, in order.
 pub(crate) struct PendingReply {
     dest: Rank,
@@ -64,10 +44,10 @@ pub(crate) struct OpSlot {
 pub(crate) struct Hello {
     /// Rank 0: how many HELLOs arrived.
     pub received: u32,
-    /// Rank 0: the first mismatch seen, as (status, rank, theirs).
-    pub mismatch: Option<(u32, Rank, u64)>,
-    /// Other ranks: the verdict, as (status, rank, ours, theirs).
-    pub result: Option<[u32; 6]>,
+    /// Rank 0: the first mismatch seen.
+    pub mismatch: Option<HelloVerdict>,
+    /// Other ranks: rank 0's verdict.
+    pub result: Option<HelloVerdict>,
 }
 
 pub(crate) struct Endpoint {
@@ -106,14 +86,6 @@ fn unknown_handler(src: Rank, hdr: &Header) -> AmError {
             kind: hdr.kind,
         },
     )
-}
-
-pub(crate) fn split_u64(v: u64) -> [u32; 2] {
-    [v as u32, (v >> 32) as u32]
-}
-
-pub(crate) fn join_u64(lo: u32, hi: u32) -> u64 {
-    lo as u64 | (hi as u64) << 32
 }
 
 fn send_err(e: SendError) -> AmError {
@@ -241,7 +213,7 @@ impl<'a> ReplySink<'a> {
     #[inline]
     fn finish(mut self) -> Result<(), AmError> {
         if !self.replied {
-            self.system(AmKind::Short, sys::ACK, &[], Payload::EMPTY);
+            self.system(SystemMsg::Ack, Payload::EMPTY);
         }
         match self.error {
             Some(e) => Err(e),
@@ -249,9 +221,12 @@ impl<'a> ReplySink<'a> {
         }
     }
 
-    fn system(&mut self, kind: AmKind, op: u8, args: &[u32], payload: Payload<'_>) {
-        // Errors are recorded in `self.error` and reported by the poll that ran the handler.
-        let _ = self.send(true, kind, op, args, payload, None);
+    /// Sends a system reply. Errors are recorded in `self.error` and reported by the poll
+    /// that ran the handler.
+    fn system(&mut self, msg: SystemMsg, payload: Payload<'_>) {
+        let w = msg.encode();
+        debug_assert_eq!(w.category, Category::Reply);
+        let _ = self.send(true, w.kind, w.opcode, w.args(), payload, None);
     }
 }
 
@@ -527,10 +502,13 @@ impl Endpoint {
                 &self.handlers.meta,
                 &self.limits,
             );
-            if hdr.system && hdr.handler == sys::PUT {
-                // The initiator waits for this put: tell it, don't leave it hanging.
-                let op = args.first().copied().unwrap_or(u32::MAX);
-                sink.system(AmKind::Short, sys::PUT_DONE, &[op, 1], Payload::EMPTY);
+            if hdr.system {
+                if let Ok(SystemMsg::Put { op }) =
+                    SystemMsg::decode(hdr.category, hdr.kind, hdr.handler, args)
+                {
+                    // The initiator waits for this put: tell it, don't leave it hanging.
+                    sink.system(SystemMsg::PutDone { op, ok: false }, Payload::EMPTY);
+                }
             }
             sink.finish()?;
         }
@@ -593,14 +571,13 @@ impl Endpoint {
         medium: Payload<'_>,
     ) -> Result<(), AmError> {
         let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
-        match hdr.handler {
-            sys::ACK => Ok(()),
-            sys::PUT_DONE => {
-                let &[op, status] = args else {
-                    return Err(bad());
-                };
+        let msg = SystemMsg::decode(hdr.category, hdr.kind, hdr.handler, args)
+            .map_err(|m| misbehaved(src, m))?;
+        match msg {
+            SystemMsg::Ack => Ok(()),
+            SystemMsg::PutDone { op, ok } => {
                 let slot = self.live_op(op, src).ok_or_else(bad)?;
-                if status != 0 && slot.error.is_none() {
+                if !ok && slot.error.is_none() {
                     slot.error = Some(misbehaved(
                         src,
                         Misbehavior::OutOfSegment { offset: 0, len: 0 },
@@ -609,13 +586,10 @@ impl Endpoint {
                 slot.outstanding = slot.outstanding.saturating_sub(1);
                 Ok(())
             }
-            sys::GET_DATA => {
-                let &[op, dst_lo, dst_hi, status] = args else {
-                    return Err(bad());
-                };
+            SystemMsg::GetData { op, at, ok } => {
                 let slot = self.live_op(op, src).ok_or_else(bad)?;
                 slot.outstanding = slot.outstanding.saturating_sub(1);
-                if status != 0 {
+                if !ok {
                     if slot.error.is_none() {
                         slot.error = Some(misbehaved(
                             src,
@@ -624,8 +598,7 @@ impl Endpoint {
                     }
                     return Ok(());
                 }
-                let dst = join_u64(dst_lo, dst_hi);
-                match segment_range(dst, medium.len() as u64, slot.data.len()) {
+                match segment_range(at, medium.len() as u64, slot.data.len()) {
                     Some(r) => match medium {
                         Payload::Private(b) => {
                             slot.data[r].copy_from_slice(b);
@@ -695,11 +668,6 @@ struct SystemState<'a> {
     exit_requested: &'a mut Option<i32>,
 }
 
-/// Status codes of HELLO_RESULT.
-pub(crate) const HELLO_OK: u32 = 0;
-pub(crate) const HELLO_TABLE_MISMATCH: u32 = 1;
-pub(crate) const HELLO_SEGMENT_MISMATCH: u32 = 2;
-
 fn system_request(
     st: &mut SystemState<'_>,
     sink: &mut ReplySink<'_>,
@@ -710,98 +678,81 @@ fn system_request(
 ) -> Result<(), AmError> {
     let src = sink.src;
     let bad = || misbehaved(src, Misbehavior::BadSystemMessage(hdr.handler));
-    match (hdr.handler, hdr.kind) {
-        (sys::HELLO, AmKind::Short) => {
-            let &[d_lo, d_hi, s_lo, s_hi] = args else {
-                return Err(bad());
-            };
+    let msg = SystemMsg::decode(hdr.category, hdr.kind, hdr.handler, args)
+        .map_err(|m| misbehaved(src, m))?;
+    match msg {
+        SystemMsg::Hello {
+            digest,
+            segment_len,
+        } => {
             if st.rank != 0 {
                 return Err(bad());
             }
             st.hello.received += 1;
-            let theirs = join_u64(d_lo, d_hi);
-            let seg = join_u64(s_lo, s_hi);
             if st.hello.mismatch.is_none() {
-                if theirs != st.hello_digest {
-                    st.hello.mismatch = Some((HELLO_TABLE_MISMATCH, src, theirs));
-                } else if seg != st.seg_len as u64 {
-                    st.hello.mismatch = Some((HELLO_SEGMENT_MISMATCH, src, seg));
+                if digest != st.hello_digest {
+                    st.hello.mismatch = Some(HelloVerdict::TableMismatch {
+                        rank: src,
+                        ours: st.hello_digest,
+                        theirs: digest,
+                    });
+                } else if segment_len != st.seg_len as u64 {
+                    st.hello.mismatch = Some(HelloVerdict::SegmentMismatch {
+                        rank: src,
+                        ours: st.seg_len as u64,
+                        theirs: segment_len,
+                    });
                 }
             }
             Ok(())
         }
-        (sys::HELLO_RESULT, AmKind::Short) => {
-            let Ok(result) = <[u32; 6]>::try_from(args) else {
-                return Err(bad());
-            };
-            st.hello.result = Some(result);
+        SystemMsg::HelloVerdict(v) => {
+            st.hello.result = Some(v);
             Ok(())
         }
-        (sys::BARRIER, AmKind::Short) => {
-            let &[e_lo, e_hi, round] = args else {
-                return Err(bad());
-            };
-            if round >= 32 {
-                return Err(bad());
-            }
-            *st.barrier_arrivals
-                .entry((join_u64(e_lo, e_hi), round as u8))
-                .or_insert(0) += 1;
+        SystemMsg::Barrier { epoch, round } => {
+            *st.barrier_arrivals.entry((epoch, round)).or_insert(0) += 1;
             Ok(())
         }
-        (sys::PUT, AmKind::Long) => {
-            let &[op] = args else {
-                return Err(bad());
-            };
+        SystemMsg::Put { op } => {
             place(segment, long, inline_long)?;
-            sink.system(AmKind::Short, sys::PUT_DONE, &[op, 0], Payload::EMPTY);
+            sink.system(SystemMsg::PutDone { op, ok: true }, Payload::EMPTY);
             Ok(())
         }
-        (sys::GET, AmKind::Short) => {
-            let &[op, o_lo, o_hi, len, d_lo, d_hi] = args else {
-                return Err(bad());
-            };
-            let offset = join_u64(o_lo, o_hi);
-            match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
-                Some(r) if r.len() <= sink.limits.max_medium => {
-                    // Straight from the segment: the transport copies the view once.
-                    let data = segment.slice(r.start, r.len()).map_err(shm_err)?;
-                    sink.system(
-                        AmKind::Medium,
-                        sys::GET_DATA,
-                        &[op, d_lo, d_hi, 0],
-                        Payload::Shared(data),
-                    );
-                    Ok(())
-                }
-                in_segment => {
-                    sink.system(
-                        AmKind::Medium,
-                        sys::GET_DATA,
-                        &[op, d_lo, d_hi, 1],
-                        Payload::EMPTY,
-                    );
-                    Err(match in_segment {
-                        // In the segment but more than one reply can carry: not our protocol.
-                        Some(_) => bad(),
-                        None => misbehaved(
-                            src,
-                            Misbehavior::OutOfSegment {
-                                offset,
-                                len: len as u64,
-                            },
-                        ),
-                    })
-                }
+        SystemMsg::Get {
+            op,
+            offset,
+            len,
+            at,
+        } => match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
+            Some(r) if r.len() <= sink.limits.max_medium => {
+                // Straight from the segment: the transport copies the view once.
+                let data = segment.slice(r.start, r.len()).map_err(shm_err)?;
+                sink.system(
+                    SystemMsg::GetData { op, at, ok: true },
+                    Payload::Shared(data),
+                );
+                Ok(())
             }
-        }
-        (sys::EXIT, AmKind::Short) => {
-            let &[code] = args else {
-                return Err(bad());
-            };
-            *st.exit_requested = Some(code as i32);
+            in_segment => {
+                sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY);
+                Err(match in_segment {
+                    // In the segment but more than one reply can carry: not our protocol.
+                    Some(_) => bad(),
+                    None => misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment {
+                            offset,
+                            len: len as u64,
+                        },
+                    ),
+                })
+            }
+        },
+        SystemMsg::Exit { code } => {
+            *st.exit_requested = Some(code);
             Ok(())
         }
-        _ => Err(bad()),
+        SystemMsg::Ack | SystemMsg::PutDone { .. } | SystemMsg::GetData { .. } => Err(bad()),
     }
 }

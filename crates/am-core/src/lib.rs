@@ -33,6 +33,7 @@ pub mod fault;
 pub mod handler;
 pub mod loopback;
 mod node;
+pub mod protocol;
 pub mod transport;
 pub mod wire;
 

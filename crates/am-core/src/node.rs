@@ -5,12 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, WaitMode};
 use crate::credit::CreditPolicy;
-use crate::endpoint::{
-    check_message, join_u64, segment_range, split_u64, sys, Endpoint, Hello, HELLO_OK,
-    HELLO_SEGMENT_MISMATCH,
-};
+use crate::endpoint::{check_message, segment_range, Endpoint, Hello};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{AmKind, Category, HandlerId, Handlers};
+use crate::protocol::{HelloVerdict, SystemMsg};
 use crate::transport::{Limits, Outgoing, Payload, SendError, Transport, TransportError};
 use crate::wire::{Header, MAX_HEAD_LEN};
 use crate::Rank;
@@ -124,52 +122,30 @@ impl<T: Transport> Node<T> {
         if size == 1 {
             return Ok(());
         }
-        let digest = split_u64(self.ep.hello_digest);
-        let seg = split_u64(self.ep.seg_len as u64);
         let verdict = if self.rank() == 0 {
             self.wait_until_ep(|ep| ep.hello.received == size - 1)?;
-            let v = match self.ep.hello.mismatch {
-                None => [HELLO_OK, 0, 0, 0, 0, 0],
-                Some((status, rank, theirs)) => {
-                    let ours = if status == HELLO_SEGMENT_MISMATCH {
-                        self.ep.seg_len as u64
-                    } else {
-                        self.ep.hello_digest
-                    };
-                    let [o_lo, o_hi] = split_u64(ours);
-                    let [t_lo, t_hi] = split_u64(theirs);
-                    [status, rank, o_lo, o_hi, t_lo, t_hi]
-                }
-            };
+            let v = self.ep.hello.mismatch.unwrap_or(HelloVerdict::Ok);
             for r in 1..size {
-                self.send_system(r, AmKind::Short, sys::HELLO_RESULT, &v, &[], None)?;
+                self.send_system(r, SystemMsg::HelloVerdict(v), &[], None)?;
             }
             v
         } else {
-            self.send_system(
-                0,
-                AmKind::Short,
-                sys::HELLO,
-                &[digest[0], digest[1], seg[0], seg[1]],
-                &[],
-                None,
-            )?;
+            let hello = SystemMsg::Hello {
+                digest: self.ep.hello_digest,
+                segment_len: self.ep.seg_len as u64,
+            };
+            self.send_system(0, hello, &[], None)?;
             self.wait_until_ep(|ep| ep.hello.result.is_some())?;
-            self.ep.hello.result.unwrap_or_default()
+            self.ep.hello.result.unwrap_or(HelloVerdict::Ok)
         };
-        let [status, rank, o_lo, o_hi, t_lo, t_hi] = verdict;
-        match status {
-            HELLO_OK => Ok(()),
-            HELLO_SEGMENT_MISMATCH => Err(StartError::SegmentSizeMismatch {
-                rank,
-                ours: join_u64(o_lo, o_hi),
-                theirs: join_u64(t_lo, t_hi),
-            }),
-            _ => Err(StartError::HandlerTableMismatch {
-                rank,
-                ours: join_u64(o_lo, o_hi),
-                theirs: join_u64(t_lo, t_hi),
-            }),
+        match verdict {
+            HelloVerdict::Ok => Ok(()),
+            HelloVerdict::SegmentMismatch { rank, ours, theirs } => {
+                Err(StartError::SegmentSizeMismatch { rank, ours, theirs })
+            }
+            HelloVerdict::TableMismatch { rank, ours, theirs } => {
+                Err(StartError::HandlerTableMismatch { rank, ours, theirs })
+            }
         }
     }
 
@@ -474,13 +450,13 @@ impl<T: Transport> Node<T> {
     fn send_system(
         &mut self,
         dest: Rank,
-        kind: AmKind,
-        op: u8,
-        args: &[u32],
+        msg: SystemMsg,
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        self.send_blocking(dest, true, kind, op, args, payload, long_offset)
+        let w = msg.encode();
+        debug_assert_eq!(w.category, Category::Request);
+        self.send_blocking(dest, true, w.kind, w.opcode, w.args(), payload, long_offset)
     }
 
     /// Sends an AM Short request; polls while out of credit or the device is busy.
@@ -586,20 +562,12 @@ impl<T: Transport> Node<T> {
         let epoch = self.ep.barrier_epoch;
         self.ep.barrier_epoch += 1;
         let size = self.ep.size;
-        let [e_lo, e_hi] = split_u64(epoch);
         let mut distance = 1u32;
-        let mut round = 0u32;
+        let mut round = 0u8;
         while distance < size {
             let to = (self.ep.rank + distance) % size;
-            self.send_system(
-                to,
-                AmKind::Short,
-                sys::BARRIER,
-                &[e_lo, e_hi, round],
-                &[],
-                None,
-            )?;
-            let key = (epoch, round as u8);
+            self.send_system(to, SystemMsg::Barrier { epoch, round }, &[], None)?;
+            let key = (epoch, round);
             self.wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key))?;
             if let Some(n) = self.ep.barrier_arrivals.get_mut(&key) {
                 *n -= 1;
@@ -640,8 +608,7 @@ impl<T: Transport> Node<T> {
                 slot.outstanding += 1;
             }
             let at = offset + i * chunk;
-            if let Err(e) = self.send_system(dest, AmKind::Long, sys::PUT, &[index], part, Some(at))
-            {
+            if let Err(e) = self.send_system(dest, SystemMsg::Put { op: index }, part, Some(at)) {
                 if let Some(slot) = self.ep.op(index, gen) {
                     slot.outstanding -= 1;
                 }
@@ -681,16 +648,13 @@ impl<T: Transport> Node<T> {
             if let Some(slot) = self.ep.op(index, gen) {
                 slot.outstanding += 1;
             }
-            let [o_lo, o_hi] = split_u64((offset + at) as u64);
-            let [d_lo, d_hi] = split_u64(at as u64);
-            if let Err(e) = self.send_system(
-                src,
-                AmKind::Short,
-                sys::GET,
-                &[index, o_lo, o_hi, n as u32, d_lo, d_hi],
-                &[],
-                None,
-            ) {
+            let get = SystemMsg::Get {
+                op: index,
+                offset: (offset + at) as u64,
+                len: n as u32,
+                at: at as u64,
+            };
+            if let Err(e) = self.send_system(src, get, &[], None) {
                 if let Some(slot) = self.ep.op(index, gen) {
                     slot.outstanding -= 1;
                 }
@@ -768,16 +732,10 @@ impl<T: Transport> Node<T> {
                 continue;
             }
             // Best effort and bounded: a dead or stuck peer must not keep this rank alive.
+            let exit = SystemMsg::Exit { code }.encode();
             while Instant::now() < deadline {
-                match self.try_send_request(
-                    r,
-                    true,
-                    AmKind::Short,
-                    sys::EXIT,
-                    &[code as u32],
-                    &[],
-                    None,
-                ) {
+                match self.try_send_request(r, true, exit.kind, exit.opcode, exit.args(), &[], None)
+                {
                     Ok(true) | Err(_) => break,
                     Ok(false) => {
                         let _ = self.ep.flush_pending(&mut self.transport);

@@ -30,16 +30,12 @@ const REP_LONG: HandlerId = HandlerId(12);
 /// Registered nowhere.
 const UNKNOWN: u8 = 99;
 
-/// System opcodes (crate-private in am-core, fixed by the wire protocol).
-const SYS_ACK: u8 = 0;
-const SYS_HELLO: u8 = 1;
-const SYS_HELLO_RESULT: u8 = 2;
-const SYS_BARRIER: u8 = 3;
-const SYS_PUT: u8 = 4;
-const SYS_PUT_DONE: u8 = 5;
-const SYS_GET: u8 = 6;
-const SYS_GET_DATA: u8 = 7;
-const SYS_EXIT: u8 = 8;
+// System opcodes, to forge raw system messages.
+use am_core::protocol::opcode::{
+    ACK as SYS_ACK, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
+    GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
+    PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE,
+};
 
 // ---------------------------------------------------------------------------------------------
 // The node's side.
