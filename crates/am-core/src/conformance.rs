@@ -47,6 +47,8 @@ const REQ_LONG: HandlerId = HandlerId(12);
 /// it straight from its receive buffer (Medium) or the segment (Long) into the reply.
 const REQ_MEDIUM_REF: HandlerId = HandlerId(13);
 const REQ_LONG_REF: HandlerId = HandlerId(14);
+/// Tries a Long reply past the end of the requester's segment, and keeps what it got.
+const REQ_LONG_OOB: HandlerId = HandlerId(15);
 const REP_SHORT: HandlerId = HandlerId(20);
 const REP_MEDIUM: HandlerId = HandlerId(21);
 const REP_LONG: HandlerId = HandlerId(22);
@@ -64,6 +66,8 @@ struct Seen {
     last_args: RefCell<Vec<u32>>,
     last_payload: RefCell<Vec<u8>>,
     order: RefCell<Vec<(u32, u32)>>,
+    /// What [`REQ_LONG_OOB`]'s `reply_long` returned.
+    bad_reply: RefCell<Option<Result<(), AmError>>>,
 }
 
 impl Seen {
@@ -135,6 +139,18 @@ fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
     )
     .expect("register");
     let s = seen.clone();
+    h.request(
+        REQ_LONG_OOB,
+        "req_long_oob",
+        AmKind::Short,
+        move |msg, token| {
+            let past_the_end = msg.segment().len() - 2;
+            let r = token.reply_long(REP_LONG, &[], &[1, 2, 3], past_the_end);
+            *s.bad_reply.borrow_mut() = Some(r);
+        },
+    )
+    .expect("register");
+    let s = seen.clone();
     h.request(REQ_LONG, "req_long", AmKind::Long, move |msg, token| {
         s.requests.set(s.requests.get() + 1);
         assert_eq!(
@@ -185,11 +201,17 @@ fn wait_replies<T: Transport>(node: &mut Node<T>, seen: &Seen, n: u64) {
         .expect("replies");
 }
 
-/// Every argument count 0..=16 round-trips intact, including to self.
+/// Start-up ends with every credit home; every argument count 0..=16 round-trips intact,
+/// including to self.
 pub fn short_all_arg_counts<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     run_ranks(make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
+        assert_eq!(
+            node.credits_available(peer),
+            4,
+            "credits home after start-up"
+        );
         let mut expected = 0;
         for dest in [peer, node.rank()] {
             for n in 0..=node.max_args() {
@@ -311,6 +333,22 @@ pub fn size_limits_and_bad_arguments<T: Transport + Send>(make: &dyn Fn(u32, usi
         ));
         node.barrier().expect("barrier");
         assert_eq!(seen.requests.get(), 0, "nothing was sent");
+        // A Long reply out of the requester's segment is refused at the replier, and the
+        // requester gets its credit back (the implicit reply) and no error.
+        node.request_short(peer, REQ_LONG_OOB, &[])
+            .expect("request");
+        node.quiesce().expect("the credit comes back");
+        node.barrier().expect("barrier");
+        assert!(
+            matches!(
+                *seen.bad_reply.borrow(),
+                Some(Err(AmError::SegmentOutOfBounds { .. }))
+            ),
+            "{:?}",
+            seen.bad_reply.borrow()
+        );
+        assert_eq!(seen.replies.get(), 0, "no reply handler ran");
+        node.barrier().expect("barrier");
     });
 }
 

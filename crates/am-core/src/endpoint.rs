@@ -132,6 +132,9 @@ struct ReplySink<'a> {
     pending: &'a mut VecDeque<PendingReply>,
     meta: &'a [Option<(Category, AmKind)>; 256],
     limits: &'a Limits,
+    /// Bytes of every rank's segment (equal on all ranks, checked at start-up): a Long
+    /// reply's range is checked here, before it leaves.
+    seg_len: usize,
     replied: bool,
     error: Option<AmError>,
 }
@@ -144,6 +147,7 @@ impl<'a> ReplySink<'a> {
         pending: &'a mut VecDeque<PendingReply>,
         meta: &'a [Option<(Category, AmKind)>; 256],
         limits: &'a Limits,
+        seg_len: usize,
     ) -> Self {
         ReplySink {
             src,
@@ -152,6 +156,7 @@ impl<'a> ReplySink<'a> {
             pending,
             meta,
             limits,
+            seg_len,
             replied: false,
             error: None,
         }
@@ -246,6 +251,18 @@ impl ReplyPath for ReplySink<'_> {
                 category: Category::Reply,
                 kind,
             });
+        }
+        if let Some(offset) = long_offset {
+            // As `request_long` checks: the requester's segment is as long as ours, and it
+            // would take a reply outside it for misbehaviour.
+            let len = payload.len() as u64;
+            if segment_range(offset as u64, len, self.seg_len).is_none() {
+                return Err(AmError::SegmentOutOfBounds {
+                    offset: offset as u64,
+                    len,
+                    size: self.seg_len,
+                });
+            }
         }
         self.send(false, kind, handler.0, args, payload, long_offset)
     }
@@ -422,6 +439,7 @@ impl Endpoint {
             pending,
             limits,
             scratch,
+            seg_len,
             ..
         } = self;
         let msg = |scratch| Msg {
@@ -447,7 +465,7 @@ impl Endpoint {
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
-                let mut sink = ReplySink::new(src, grant, tx, pending, meta, limits);
+                let mut sink = ReplySink::new(src, grant, tx, pending, meta, limits, *seg_len);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -501,6 +519,7 @@ impl Endpoint {
                 &mut self.pending,
                 &self.handlers.meta,
                 &self.limits,
+                self.seg_len,
             );
             if hdr.system {
                 if let Ok(SystemMsg::Put { op }) =
@@ -540,6 +559,7 @@ impl Endpoint {
                     &mut self.pending,
                     &self.handlers.meta,
                     &self.limits,
+                    self.seg_len,
                 );
                 // Split borrows: the system state is disjoint from the sink's fields.
                 let result = system_request(

@@ -128,6 +128,10 @@ impl<T: Transport> Node<T> {
             for r in 1..size {
                 self.send_system(r, SystemMsg::HelloVerdict(v), &[], None)?;
             }
+            if v == HelloVerdict::Ok {
+                // Start-up ends with every credit home: the verdicts' implicit replies.
+                self.wait_until_ep(|ep| ep.is_quiet())?;
+            }
             v
         } else {
             let hello = SystemMsg::Hello {

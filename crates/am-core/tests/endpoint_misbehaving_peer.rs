@@ -578,8 +578,8 @@ fn reply_without_request_leaves_credits_unchanged() {
     duel(
         |t| {
             let (mut node, seen) = start(t);
-            // HELLO_RESULT is outstanding until the evil rank ACKs it (its first message).
-            assert_eq!(node.credits_available(1), CREDITS - 1);
+            // Start-up ended with every credit home (the evil rank ACKed HELLO_RESULT).
+            assert_eq!(node.credits_available(1), CREDITS);
             let caught = poll_until(&mut node, |_| seen.requests() == 1);
             assert_eq!(caught, vec![Misbehavior::ReplyWithoutRequest; 4]);
             assert_eq!(
