@@ -13,7 +13,8 @@ use std::cell::{Cell, OnceCell};
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
 use crate::protocol::{HelloVerdict, SystemMsg};
 use crate::transport::{
-    Delivery, Limits, Outgoing, Payload, Received, SendError, SharedBytes, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, TransportError,
+    Tx,
 };
 use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
@@ -22,6 +23,8 @@ use crate::Rank;
 /// A reply the device refused; sent again by the next poll, in order.
 pub(crate) struct PendingReply {
     dest: Rank,
+    /// The route of the request it answers.
+    route: Route,
     head_len: usize,
     long_offset: Option<usize>,
     bytes: Vec<u8>,
@@ -127,6 +130,8 @@ fn shm_err(e: am_shm::ShmError) -> AmError {
 /// The reply path lent to a request handler: at most one reply, to the requester only.
 struct ReplySink<'a> {
     src: Rank,
+    /// The route of the request being answered: every reply carries it back.
+    route: Route,
     grant: u8,
     tx: &'a mut dyn Tx,
     pending: &'a mut VecDeque<PendingReply>,
@@ -140,8 +145,10 @@ struct ReplySink<'a> {
 }
 
 impl<'a> ReplySink<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         src: Rank,
+        route: Route,
         grant: u8,
         tx: &'a mut dyn Tx,
         pending: &'a mut VecDeque<PendingReply>,
@@ -151,6 +158,7 @@ impl<'a> ReplySink<'a> {
     ) -> Self {
         ReplySink {
             src,
+            route,
             grant,
             tx,
             pending,
@@ -190,6 +198,7 @@ impl<'a> ReplySink<'a> {
                 head: &head[..n],
                 payload,
                 long_offset,
+                reply_to: Some(self.route),
             };
             match self.tx.try_send(self.src, &out) {
                 Ok(()) => return Ok(()),
@@ -206,6 +215,7 @@ impl<'a> ReplySink<'a> {
         payload.append_to(&mut bytes);
         self.pending.push_back(PendingReply {
             dest: self.src,
+            route: self.route,
             head_len: n,
             long_offset,
             bytes,
@@ -332,6 +342,7 @@ impl Endpoint {
                 head: &p.bytes[..p.head_len],
                 payload: Payload::Private(&p.bytes[p.head_len..]),
                 long_offset: p.long_offset,
+                reply_to: Some(p.route),
             };
             match tx.try_send(p.dest, &out) {
                 Ok(()) => {
@@ -360,6 +371,7 @@ impl Endpoint {
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         let src = d.src;
+        let route = d.route;
         if src >= self.size {
             return Err(AmError::InvalidRank {
                 rank: src,
@@ -415,13 +427,14 @@ impl Endpoint {
                         Some(r),
                         (!d.payload_placed).then_some(body),
                     ),
-                    None => return self.out_of_segment(src, &hdr, args, grant, tx),
+                    None => return self.out_of_segment(src, route, &hdr, args, grant, tx),
                 }
             }
         };
         if hdr.system {
             return self.dispatch_system(
                 src,
+                route,
                 &hdr,
                 args,
                 payload,
@@ -465,7 +478,8 @@ impl Endpoint {
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
-                let mut sink = ReplySink::new(src, grant, tx, pending, meta, limits, *seg_len);
+                let mut sink =
+                    ReplySink::new(src, route, grant, tx, pending, meta, limits, *seg_len);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -499,6 +513,7 @@ impl Endpoint {
     fn out_of_segment(
         &mut self,
         src: Rank,
+        route: Route,
         hdr: &Header,
         args: &[u32],
         grant: u8,
@@ -514,6 +529,7 @@ impl Endpoint {
         if hdr.category == Category::Request {
             let mut sink = ReplySink::new(
                 src,
+                route,
                 grant,
                 tx,
                 &mut self.pending,
@@ -540,6 +556,7 @@ impl Endpoint {
     fn dispatch_system(
         &mut self,
         src: Rank,
+        route: Route,
         hdr: &Header,
         args: &[u32],
         payload: Payload<'_>,
@@ -554,6 +571,7 @@ impl Endpoint {
             Category::Request => {
                 let mut sink = ReplySink::new(
                     src,
+                    route,
                     grant,
                     tx,
                     &mut self.pending,

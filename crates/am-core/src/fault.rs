@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use crate::transport::{
-    Delivery, Limits, Outgoing, Payload, SendError, SharedBytes, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Route, SendError, SharedBytes, Transport, TransportError,
+    Tx,
 };
 use crate::Rank;
 
@@ -58,6 +59,7 @@ struct Held {
     dest: Rank,
     head_len: usize,
     long_offset: Option<usize>,
+    reply_to: Option<Route>,
     bytes: Vec<u8>,
     after: u32,
 }
@@ -116,6 +118,7 @@ impl Faults {
                     head: &h.bytes[..h.head_len],
                     payload: Payload::Private(&h.bytes[h.head_len..]),
                     long_offset: h.long_offset,
+                    reply_to: h.reply_to,
                 };
                 match tx.try_send(h.dest, &out) {
                     Err(SendError::Busy) => {
@@ -147,6 +150,7 @@ impl Faults {
                 dest,
                 head_len: msg.head.len(),
                 long_offset: msg.long_offset,
+                reply_to: msg.reply_to,
                 bytes,
                 after,
             });
@@ -279,6 +283,7 @@ mod tests {
                     head: &head,
                     payload: Payload::EMPTY,
                     long_offset: None,
+                    reply_to: None,
                 },
             )
             .unwrap();

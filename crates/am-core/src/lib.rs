@@ -45,7 +45,7 @@ pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, Regis
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetHandle, Node, PutHandle};
 pub use transport::{
-    Delivery, Limits, Outgoing, Payload, Received, SendError, SharedBytes, Transport,
+    Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
 

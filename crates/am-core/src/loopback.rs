@@ -9,7 +9,8 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvErro
 use am_shm::Segment;
 
 use crate::transport::{
-    Delivery, Limits, Outgoing, Received, SendError, SharedBytes, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Received, Route, SendError, SharedBytes, Transport, TransportError,
+    Tx,
 };
 use crate::Rank;
 
@@ -228,6 +229,7 @@ impl Transport for Loopback {
             src: packet.src,
             bytes: Received::Private(&packet.bytes),
             payload_placed: false,
+            route: Route::NONE,
         };
         Ok(Some(f(delivery, self.segment.byte_area(), &mut self.tx)))
     }

@@ -411,6 +411,7 @@ impl<T: Transport> Node<T> {
             head: &head[..n],
             payload: Payload::Private(payload),
             long_offset,
+            reply_to: None,
         };
         match self.transport.try_send(dest, &out) {
             Ok(()) => Ok(true),

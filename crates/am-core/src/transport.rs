@@ -18,7 +18,11 @@
 //!   that peers may write (a ring slot, a command segment) is lent as [`SharedBytes`]
 //!   ([`Received::Shared`]), never as `&[u8]`: the core copies the head out and checks the
 //!   copy, and a handler copies the payload out only if it reads it. Private memory (a
-//!   reassembly buffer, a datagram) is lent as `&[u8]` ([`Received::Private`]).
+//!   reassembly buffer, a datagram) is lent as `&[u8]` ([`Received::Private`]);
+//! - replies are routed by the transport: a request arrives with a [`Route`] of the
+//!   transport's choosing ([`Delivery::route`]: sci's request slot, portals' send slot), and
+//!   its one reply leaves with it ([`Outgoing::reply_to`]), so no transport reads the core's
+//!   header to pair them.
 //!
 //! The segment is [`SharedBytes`] too: peers write it at any time (puts, Long payloads), so
 //! it is reached only by copies and atomics, by the core, by handlers and by users alike.
@@ -137,6 +141,31 @@ impl<'a> From<SharedBytes<'a>> for Payload<'a> {
     }
 }
 
+/// Where a request came from, as its transport knows it (the slot its reply goes to, the
+/// requester's send slot, ...): handed to the core with the request ([`Delivery::route`])
+/// and back to the transport with its reply ([`Outgoing::reply_to`]), so the transport
+/// pairs them without reading the core's header. Opaque to the core; a transport that
+/// needs no pairing uses [`Route::NONE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Route(u64);
+
+impl Route {
+    /// No route: for transports whose replies need none.
+    pub const NONE: Route = Route(0);
+
+    /// A route the transport will recognise.
+    #[inline]
+    pub const fn new(value: u64) -> Route {
+        Route(value)
+    }
+
+    /// The transport's value.
+    #[inline]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// A message to send: the core's encoded head (header + arguments) and the payload.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
@@ -148,6 +177,9 @@ pub struct Outgoing<'a> {
     /// For Long: where the payload goes in the target's segment. Transports with remote writes
     /// place it there before delivering `head`.
     pub long_offset: Option<usize>,
+    /// `None` for a request; for a reply, the [`Delivery::route`] of the request it answers
+    /// (each request is answered exactly once, explicitly or by the core's implicit reply).
+    pub reply_to: Option<Route>,
 }
 
 impl<'a> Outgoing<'a> {
@@ -158,7 +190,14 @@ impl<'a> Outgoing<'a> {
             head,
             payload: Payload::Private(payload),
             long_offset: None,
+            reply_to: None,
         }
+    }
+
+    /// True for a reply (it carries the route of the request it answers).
+    #[inline]
+    pub fn is_reply(&self) -> bool {
+        self.reply_to.is_some()
     }
 
     /// Length of head plus payload: the size of the message on a message NIC.
@@ -183,6 +222,9 @@ pub struct Delivery<'a> {
     pub bytes: Received<'a>,
     /// The Long payload was already written into the segment by the transport.
     pub payload_placed: bool,
+    /// For a request, what its reply must carry back ([`Outgoing::reply_to`]); ignored for
+    /// a reply.
+    pub route: Route,
 }
 
 /// Where a received message's bytes are.

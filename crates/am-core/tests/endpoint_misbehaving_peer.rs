@@ -227,6 +227,8 @@ impl Evil {
             head: bytes,
             payload: am_core::Payload::EMPTY,
             long_offset: None,
+            // Loopback pairs nothing: requests and replies alike go as they are.
+            reply_to: None,
         };
         let deadline = Instant::now() + LIMIT;
         loop {

@@ -80,6 +80,7 @@ impl Transport for SlotLoop {
             src: 0,
             bytes: Received::Shared(self.slot.view(0, bytes.len()).unwrap()),
             payload_placed: false,
+            route: am_core::Route::NONE,
         };
         let mut replies = Inboxed(self.inbox.clone());
         Ok(Some(f(d, self.segment.byte_area(), &mut replies)))

@@ -30,9 +30,12 @@ impl ShortHeads {
         Outgoing::new(&self.request.0[..self.request.1], &[])
     }
 
-    /// The reply, ready for [`am_core::Tx::try_send`].
-    pub fn reply(&self) -> Outgoing<'_> {
-        Outgoing::new(&self.reply.0[..self.reply.1], &[])
+    /// The reply to the request that came with `route`, ready for [`am_core::Tx::try_send`].
+    pub fn reply(&self, route: am_core::Route) -> Outgoing<'_> {
+        Outgoing {
+            reply_to: Some(route),
+            ..Outgoing::new(&self.reply.0[..self.reply.1], &[])
+        }
     }
 }
 
@@ -64,7 +67,7 @@ pub fn reply_to<T: Transport>(
 ) -> Result<(), TransportError> {
     let mut got = 0;
     while got < count {
-        if let Some(r) = t.poll_recv(|_, _, tx| tx.try_send(0, &heads.reply()))? {
+        if let Some(r) = t.poll_recv(|d, _, tx| tx.try_send(0, &heads.reply(d.route)))? {
             r?;
             got += 1;
         }
@@ -119,7 +122,7 @@ mod tests {
         let h = ShortHeads::new();
         for (out, category) in [
             (h.request(), Category::Request),
-            (h.reply(), Category::Reply),
+            (h.reply(am_core::Route::NONE), Category::Reply),
         ] {
             let head = Header::decode(out.head, true).expect("decodes");
             assert_eq!(head.category, category);

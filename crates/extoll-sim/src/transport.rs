@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, SharedBytes, Transport,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
 use am_shm::mailbox::{Ring, Seen, STATUS_LEN};
@@ -1116,6 +1116,7 @@ impl Extoll {
                 src: s as Rank,
                 bytes: Received::Shared(bytes),
                 payload_placed: false,
+                route: Route::NONE,
             },
             am_segment(&self.seg, &l),
             &mut self.tx,
@@ -1552,6 +1553,7 @@ impl Extoll {
                             src: s as Rank,
                             bytes: Received::Shared(bytes),
                             payload_placed: m.flags & PLACED != 0,
+                            route: Route::NONE,
                         },
                         am_segment(&self.seg, &l),
                         &mut self.tx,
@@ -1597,6 +1599,7 @@ impl Extoll {
                     src: s as Rank,
                     bytes: Received::Private(&buf),
                     payload_placed: flags & PLACED != 0,
+                    route: Route::NONE,
                 },
                 am_segment(&self.seg, &l),
                 &mut self.tx,

@@ -26,7 +26,7 @@
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, SharedBytes, Transport,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
 use am_nic::control::Departed;
@@ -41,8 +41,6 @@ use crate::{PortalsConfig, PortalsError};
 
 /// Tag in the top 16 match bits of every AM.
 const AM_TAG: u64 = 0xA3A3;
-/// Bit 0 of the AM header's flag byte: reply (`am_core::wire`).
-const WIRE_REPLY: u8 = 1;
 /// Kind bits of the flag byte, and the Long kind.
 const KIND_SHIFT: u8 = 2;
 const KIND_LONG: u8 = 2;
@@ -196,57 +194,51 @@ struct TxState {
     echo: Vec<u8>,
 }
 
-/// A peer's send slots we owe a reply, oldest first: a ring as large as a rank's send slots
-/// (each request in flight holds one of its sender's), so it never grows on the hot path.
+/// A peer's send slots whose request we have not answered yet: one bit per slot (a rank's
+/// send slots), so it never grows on the hot path. A request's send slot is its route.
 #[derive(Debug)]
 struct Owed {
-    slots: Box<[u16]>,
-    head: usize,
-    len: usize,
+    bits: Box<[u64]>,
 }
 
 impl Owed {
     fn new(send_slots: usize) -> Owed {
         Owed {
-            slots: vec![0; send_slots.next_power_of_two()].into_boxed_slice(),
-            head: 0,
-            len: 0,
+            bits: vec![0; send_slots.div_ceil(64)].into_boxed_slice(),
         }
     }
 
+    /// Records a request in `slot`; `false` if the slot is not a send slot or its last
+    /// request is still unanswered (the peer broke the protocol).
     #[inline]
-    fn front(&self) -> Option<u16> {
-        if self.len == 0 {
-            return None;
+    fn insert(&mut self, slot: u16) -> bool {
+        let (w, b) = (slot as usize / 64, slot % 64);
+        match self.bits.get_mut(w) {
+            Some(word) if *word & 1 << b == 0 => {
+                *word |= 1 << b;
+                true
+            }
+            _ => false,
         }
-        self.slots.get(self.head & (self.slots.len() - 1)).copied()
+    }
+
+    /// Whether a request in `slot` awaits our reply.
+    #[inline]
+    fn contains(&self, slot: u16) -> bool {
+        self.bits
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & 1 << (slot % 64) != 0)
     }
 
     #[inline]
-    fn pop_front(&mut self) {
-        if self.len > 0 {
-            self.head = self.head.wrapping_add(1);
-            self.len -= 1;
+    fn remove(&mut self, slot: u16) {
+        if let Some(w) = self.bits.get_mut(slot as usize / 64) {
+            *w &= !(1 << (slot % 64));
         }
-    }
-
-    /// `false` if the ring is full: the peer has more requests in flight than it has send
-    /// slots (it broke the protocol).
-    #[inline]
-    fn push_back(&mut self, slot: u16) -> bool {
-        let mask = self.slots.len() - 1;
-        if self.len > mask {
-            return false;
-        }
-        if let Some(s) = self.slots.get_mut(self.head.wrapping_add(self.len) & mask) {
-            *s = slot;
-        }
-        self.len += 1;
-        true
     }
 
     fn clear(&mut self) {
-        self.len = 0;
+        self.bits.iter_mut().for_each(|w| *w = 0);
     }
 }
 
@@ -370,11 +362,21 @@ impl TxState {
         } else if msg.len() > max {
             return Err(SendError::TooLarge(msg.len()));
         }
-        let is_reply = head[0] & WIRE_REPLY != 0;
-        let slot = if is_reply {
-            self.owed[d].front().ok_or_else(|| {
-                SendError::Other("portals: a reply with no request to answer".into())
-            })?
+        let is_reply = msg.is_reply();
+        // A reply goes to the requester's send slot, which its request's route names.
+        let slot = if let Some(route) = msg.reply_to {
+            match route
+                .get()
+                .checked_sub(1)
+                .and_then(|k| u16::try_from(k).ok())
+            {
+                Some(k) if self.owed[d].contains(k) => k,
+                _ => {
+                    return Err(SendError::Other(format!(
+                        "portals: a reply routed to {route:?}, which names no request to answer"
+                    )))
+                }
+            }
         } else {
             *self.free_slots.last().ok_or(SendError::Busy)?
         };
@@ -463,7 +465,7 @@ impl TxState {
             }
             Outcome::Done { .. } => {
                 if is_reply {
-                    self.owed[d].pop_front();
+                    self.owed[d].remove(slot);
                 } else {
                     self.free_slots.pop();
                     self.slot_dest[slot as usize] = dest;
@@ -1205,14 +1207,21 @@ impl Transport for Portals {
         };
         let is_request = ev.pt == PT_REQUEST;
         let slot = (ev.match_bits >> 32) as u16;
-        if is_request {
-            if !self.tx.owed[src].push_back(slot) {
+        let route = if is_request {
+            if !self.tx.owed[src].insert(slot) {
                 return Err(misbehaved(
                     Some(src),
-                    "a request beyond its send slots (more in flight than it has)",
+                    format_args!(
+                        "a request in send slot {slot}, not a send slot or not yet answered"
+                    ),
                 ));
             }
-        } else if self.tx.slot_dest.get(slot as usize) != Some(&(src as u32)) {
+            // Its reply goes back to that send slot (slot + 1: no request has `NONE`).
+            Route::new(u64::from(slot) + 1)
+        } else {
+            Route::NONE
+        };
+        if !is_request && self.tx.slot_dest.get(slot as usize) != Some(&(src as u32)) {
             return Err(misbehaved(
                 Some(src),
                 format_args!("a reply into send slot {slot}, which holds no request to it"),
@@ -1230,6 +1239,7 @@ impl Transport for Portals {
             src: src as Rank,
             bytes,
             payload_placed: placed,
+            route,
         };
         let r = f(delivery, segment, &mut self.tx);
         if let (Some(b), Some(start)) = (buffer, at) {

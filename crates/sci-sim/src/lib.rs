@@ -29,8 +29,9 @@
 //! - **message location status** at the sender: a request slot stays busy until the reply
 //!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
 //!   number of request slots per peer. A reply goes to the reply slot paired with the request
-//!   it answers: the core answers the requests of one peer in order, so the receiver keeps a
-//!   FIFO of the slots it owes replies for;
+//!   it answers: the request's slot is its `am_core::Route`, which the core hands back with
+//!   the reply (the receiver keeps a bit per slot it owes a reply for, and refuses a request
+//!   in a slot still owed);
 //! - **PIO** (CPU stores) for Short and Medium, with both Medium strategies of the seed
 //!   ([`MediumStrategy`]); a **DMA engine** (a thread per rank, started on first use) for
 //!   Long payloads of at least [`SciConfig::dma_threshold`] bytes: the payload is copied into

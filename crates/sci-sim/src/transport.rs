@@ -4,7 +4,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, SendError, Transport, TransportError, Tx,
+    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, Transport,
+    TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::stamp::{Slots, SLOT_HEADER};
@@ -19,8 +20,6 @@ use crate::{MediumStrategy, SciConfig, SciError};
 /// drained (some µs), before it clears the flag: clearing it on every message would make
 /// the next sender ring it again, an atomic on a line the receiver polls.
 const STALE_POLLS: u32 = 1024;
-/// Bit 0 of the AM header's flag byte: reply (`am_core::wire`).
-const WIRE_REPLY: u8 = 1;
 
 /// The sending half: message location status, sequence numbers, the DMA queue. Lent to
 /// handlers during `poll_recv` (with publication deferred until the handler returns, so the
@@ -109,8 +108,9 @@ struct Dest {
     /// Longs to it that the DMA engine has not finished.
     dma_pending: u32,
     lost: bool,
-    /// Request slots it used for requests we still owe a reply, in arrival order.
-    owed: Owed,
+    /// Its request slots whose request we have not answered yet (bit `k`: slot `k`): a reply
+    /// must answer one of them, and a new request in one of them is a peer's misbehaviour.
+    awaiting_reply: u64,
 }
 
 /// The seed's **message location status** of one destination, at the sender: bit `k` set
@@ -135,45 +135,6 @@ impl MessageLocationStatus {
     #[inline]
     fn free(&mut self, slot: usize) {
         self.0 &= !(1u64.checked_shl(slot as u32).unwrap_or(0));
-    }
-}
-
-/// A FIFO of at most 64 request slot numbers, without allocation.
-struct Owed {
-    slots: [u8; 64],
-    head: u8,
-    len: u8,
-}
-
-impl Owed {
-    const EMPTY: Owed = Owed {
-        slots: [0; 64],
-        head: 0,
-        len: 0,
-    };
-
-    /// `false` if full: the sender has more requests in flight than it has slots.
-    #[inline]
-    fn push(&mut self, slot: u8) -> bool {
-        if self.len as usize >= self.slots.len() {
-            return false;
-        }
-        self.slots[(self.head as usize + self.len as usize) % 64] = slot;
-        self.len += 1;
-        true
-    }
-
-    #[inline]
-    fn front(&self) -> Option<u8> {
-        (self.len > 0).then(|| self.slots[self.head as usize % 64])
-    }
-
-    #[inline]
-    fn pop(&mut self) {
-        if self.len > 0 {
-            self.head = (self.head + 1) % 64;
-            self.len -= 1;
-        }
     }
 }
 
@@ -309,7 +270,6 @@ impl TxState {
         let (Some(to), Some(peer)) = (self.dests.get_mut(d), self.peers.get(d)) else {
             return Err(SendError::PeerLost(dest));
         };
-        let is_reply = msg.head.first().is_some_and(|b| b & WIRE_REPLY != 0);
         let use_dma = msg.long_offset.is_some() && msg.payload.len() >= self.config.dma_threshold;
         // Per-pair order: nothing overtakes a message not yet published.
         if (to.dma_pending > 0 && !use_dma)
@@ -318,13 +278,14 @@ impl TxState {
             return Err(SendError::Busy);
         }
         let p = self.config.slots;
-        let slot = if is_reply {
-            match to.owed.front() {
-                Some(k) => p + k as usize,
-                None => {
-                    return Err(SendError::Other(
-                        "sci: a reply with no request to answer".into(),
-                    ))
+        // A reply goes to the reply slot paired with its request's slot (the route).
+        let slot = if let Some(route) = msg.reply_to {
+            match route.get().checked_sub(1).map(usize::try_from) {
+                Some(Ok(k)) if k < p && to.awaiting_reply & 1 << k != 0 => p + k,
+                _ => {
+                    return Err(SendError::Other(format!(
+                        "sci: a reply routed to {route:?}, which names no request to answer"
+                    )))
                 }
             }
         } else {
@@ -401,9 +362,9 @@ impl TxState {
             }
             .map_err(sci_err)?;
         }
-        // Claimed: message location status / owed reply consumed.
-        if is_reply {
-            to.owed.pop();
+        // Claimed: message location status, or the request answered.
+        if slot >= p {
+            to.awaiting_reply &= !(1 << (slot - p));
         } else {
             to.mls.take(slot);
             to.next_req = next_slot(slot, p);
@@ -461,7 +422,7 @@ impl Sci {
                         rung: u64::MAX,
                         dma_pending: 0,
                         lost: false,
-                        owed: Owed::EMPTY,
+                        awaiting_reply: 0,
                     })
                     .collect(),
                 deferring: false,
@@ -836,20 +797,24 @@ impl Transport for Sci {
         // its sender rewrites only after our reply frees it (and a peer that does not follow
         // that protocol can only make the handler read garbage bytes, by copies).
         let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
-        if slot < p {
-            // A request: its reply goes to the paired reply slot.
-            let pushed = self
-                .tx
-                .dests
-                .get_mut(src)
-                .is_some_and(|to| (to.owed.len as usize) < p && to.owed.push(slot as u8));
-            if !pushed {
+        // A request's reply goes to the reply slot paired with its slot: that is its route
+        // (slot + 1, so that no request has `Route::NONE`).
+        let route = if slot < p {
+            let fresh = self.tx.dests.get_mut(src).is_some_and(|to| {
+                let was = to.awaiting_reply & 1 << slot != 0;
+                to.awaiting_reply |= 1 << slot;
+                !was
+            });
+            if !fresh {
                 return Err(TransportError::PeerMisbehaved {
                     peer: Some(src as Rank),
-                    what: "sci: more requests in flight than slots".into(),
+                    what: format!("sci: a request in slot {slot}, whose last is not answered"),
                 });
             }
-        }
+            Route::new(slot as u64 + 1)
+        } else {
+            Route::NONE
+        };
         let bytes = self.seg.view(body, len).map_err(corrupt)?;
         let segment = self
             .seg
@@ -859,6 +824,7 @@ impl Transport for Sci {
             src: src as Rank,
             bytes: Received::Shared(bytes),
             payload_placed: flags & PLACED != 0,
+            route,
         };
         self.tx.deferring = true;
         let r = f(delivery, segment, &mut self.tx);
@@ -940,6 +906,14 @@ mod tests {
     fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
         Outgoing::new(head, payload)
     }
+
+    /// A reply to the request that came with `route`.
+    fn reply<'a>(head: &'a [u8], payload: &'a [u8], route: Route) -> Outgoing<'a> {
+        Outgoing {
+            reply_to: Some(route),
+            ..Outgoing::new(head, payload)
+        }
+    }
     use proptest::prelude::*;
 
     fn pair(slots: usize) -> (Sci, Sci) {
@@ -974,9 +948,12 @@ mod tests {
                 .poll_recv(|d, _seg, tx| {
                     assert_eq!(d.src, 0);
                     assert_eq!(&d.bytes.to_vec()[n..], want);
-                    tx.try_send(0, &out(&r[..rn], &[])).unwrap();
+                    tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap();
                     // One unpublished reply per peer while the request is still lent.
-                    assert_eq!(tx.try_send(0, &out(&r[..rn], &[])), Err(SendError::Busy));
+                    assert_eq!(
+                        tx.try_send(0, &reply(&r[..rn], &[], d.route)),
+                        Err(SendError::Busy)
+                    );
                 })
                 .unwrap();
             assert!(got.is_some());
@@ -993,10 +970,15 @@ mod tests {
         let (mut a, _b) = pair(2);
         let mut r = [0u8; MAX_HEAD_LEN];
         let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
-        assert!(matches!(
-            a.try_send(1, &out(&r[..rn], &[])),
-            Err(SendError::Other(_))
-        ));
+        for route in [Route::NONE, Route::new(3), Route::new(u64::MAX)] {
+            assert!(
+                matches!(
+                    a.try_send(1, &reply(&r[..rn], &[], route)),
+                    Err(SendError::Other(_))
+                ),
+                "{route:?}"
+            );
+        }
         let big = vec![0u8; 2000];
         let mut h = [0u8; MAX_HEAD_LEN];
         let n = head(Category::Request, AmKind::Medium, big.len(), &mut h);
@@ -1066,7 +1048,7 @@ mod tests {
         for _ in 0..6 {
             slots.push(a.tx.dests[1].next_req);
             a.try_send(1, &out(&h[..n], &[])).unwrap();
-            b.poll_recv(|_, _, tx| tx.try_send(0, &out(&r[..rn], &[])).unwrap())
+            b.poll_recv(|d, _, tx| tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap())
                 .unwrap()
                 .unwrap();
             a.poll_recv(|_, _, _| ()).unwrap().unwrap();
@@ -1127,12 +1109,13 @@ mod tests {
                                 let bytes = d.bytes.to_vec();
                                 let at = bytes.len() - 4;
                                 let seq = u32::from_le_bytes(bytes[at..].try_into().unwrap());
-                                let reply = bytes[0] & WIRE_REPLY != 0;
-                                if !reply {
-                                    tx.try_send(d.src, &out(&rh[..rn], &seq.to_le_bytes()))
+                                let is_reply = d.route == Route::NONE;
+                                if !is_reply {
+                                    let seq = seq.to_le_bytes();
+                                    tx.try_send(d.src, &reply(&rh[..rn], &seq, d.route))
                                         .unwrap();
                                 }
-                                (d.src as usize, reply, seq)
+                                (d.src as usize, is_reply, seq)
                             })
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
                         if let Some((src, reply, seq)) = got {

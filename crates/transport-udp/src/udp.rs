@@ -7,8 +7,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Delivery, FaultConfig, Limits, Outgoing, Rank, Received, SendError, Transport, TransportError,
-    Tx,
+    Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError, Transport,
+    TransportError, Tx,
 };
 use am_launch::JobInfo;
 
@@ -462,6 +462,7 @@ impl Transport for Udp {
                 src: self.io.rank,
                 bytes: Received::Private(&m),
                 payload_placed: false,
+                route: Route::NONE,
             };
             return Ok(Some(f(d, self.segment.byte_area(), &mut self.io)));
         }
@@ -474,6 +475,7 @@ impl Transport for Udp {
                         src,
                         bytes: Received::Private(&self.rx[range]),
                         payload_placed: false,
+                        route: Route::NONE,
                     };
                     let r = f(d, self.segment.byte_area(), &mut self.io);
                     self.io.flush(now);
@@ -496,6 +498,7 @@ impl Transport for Udp {
             src,
             bytes: Received::Private(&m),
             payload_placed: false,
+            route: Route::NONE,
         };
         let r = f(d, self.segment.byte_area(), &mut self.io);
         self.io.engine.recycle(m);

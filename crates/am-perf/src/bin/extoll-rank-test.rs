@@ -339,7 +339,7 @@ fn inproc(args: &[String]) -> Res {
     for _ in 0..iters {
         a.try_send(1, &heads.request())?;
         while b
-            .poll_recv(|_, _, tx| tx.try_send(0, &heads.reply()))?
+            .poll_recv(|d, _, tx| tx.try_send(0, &heads.reply(d.route)))?
             .transpose()?
             .is_none()
         {}

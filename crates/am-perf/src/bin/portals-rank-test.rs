@@ -248,7 +248,7 @@ fn local(args: &[String]) -> Res {
     let t = Instant::now();
     for _ in 0..iters {
         p.try_send(0, &heads.request())?;
-        p.poll_recv(|_, _, tx| tx.try_send(0, &heads.reply()))?
+        p.poll_recv(|d, _, tx| tx.try_send(0, &heads.reply(d.route)))?
             .ok_or("no request")??;
         p.poll_recv(|_, _, _| ())?.ok_or("no reply")?;
     }

@@ -24,6 +24,14 @@ pub(super) fn out<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
     Outgoing::new(head, payload)
 }
 
+/// A reply to the request that came with `route`.
+pub(super) fn reply<'a>(head: &'a [u8], payload: &'a [u8], route: Route) -> Outgoing<'a> {
+    Outgoing {
+        reply_to: Some(route),
+        ..Outgoing::new(head, payload)
+    }
+}
+
 /// A small geometry (Miri-sized): 256-byte messages and buffers, 16 send slots.
 pub(super) fn small() -> PortalsConfig {
     PortalsConfig {
@@ -62,8 +70,8 @@ pub(super) fn poll_until(
     while Instant::now() < deadline {
         let got = x.poll_recv(|d, _, tx| {
             let bytes = d.bytes.to_vec();
-            if bytes[0] & WIRE_REPLY == 0 {
-                match tx.try_send(d.src, &out(&r[..rn], &[])) {
+            if d.route != Route::NONE {
+                match tx.try_send(d.src, &reply(&r[..rn], &[], d.route)) {
                     Ok(()) | Err(SendError::PeerLost(_)) => {}
                     Err(e) => panic!("reply: {e}"),
                 }
@@ -192,7 +200,7 @@ fn inline_and_deposited_messages_and_replies() {
             .poll_recv(|d, _, tx| {
                 assert_eq!(matches!(d.bytes, Received::Private(_)), private);
                 assert_eq!(d.bytes.to_vec(), want);
-                tx.try_send(0, &out(&r[..rn], b"abc")).unwrap();
+                tx.try_send(0, &reply(&r[..rn], b"abc", d.route)).unwrap();
             })
             .unwrap();
         assert!(got.is_some());
@@ -218,10 +226,15 @@ fn reply_without_request_oversize_and_bad_rank_are_errors() {
     let (mut a, _b) = pair(small());
     let mut r = [0u8; MAX_HEAD_LEN];
     let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
-    assert!(matches!(
-        a.try_send(1, &out(&r[..rn], &[])),
-        Err(SendError::Other(_))
-    ));
+    for route in [Route::NONE, Route::new(3), Route::new(1 << 40)] {
+        assert!(
+            matches!(
+                a.try_send(1, &reply(&r[..rn], &[], route)),
+                Err(SendError::Other(_))
+            ),
+            "{route:?}"
+        );
+    }
     let big = vec![0u8; 300];
     let mut m = [0u8; MAX_HEAD_LEN];
     let mn = head(Category::Request, AmKind::Medium, big.len(), &mut m);
@@ -262,7 +275,7 @@ fn entry_disabled_then_recovered() {
         assert!(Instant::now() < deadline, "stuck at {got}");
         match b.poll_recv(|d, _, tx| {
             assert_eq!(&d.bytes.to_vec()[mn..], &payload[..]);
-            tx.try_send(0, &out(&r[..rn], &[])).unwrap();
+            tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap();
         }) {
             Ok(Some(())) => got += 1,
             Ok(None) => {}
@@ -303,6 +316,7 @@ fn long_payload_is_placed_before_the_header() {
             head: &buf[..n],
             payload: b"placed".into(),
             long_offset: Some(100),
+            reply_to: None,
         },
     )
     .unwrap();
