@@ -190,6 +190,44 @@ fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
     h
 }
 
+/// How long a conformance case may take before its watchdog ends the process: far more than
+/// any case needs natively (seconds); Miri runs are slower. `AM_TEST_WATCHDOG_SECS` overrides.
+fn watchdog_limit() -> std::time::Duration {
+    let secs = std::env::var("AM_TEST_WATCHDOG_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(miri) { 3600 } else { 120 });
+    std::time::Duration::from_secs(secs)
+}
+
+/// [`run_ranks`] under a watchdog: a case whose ranks have not all returned within
+/// [`watchdog_limit`] ends the process with a message naming it, so a bug that makes a rank
+/// wait for ever fails the suite instead of hanging it.
+fn run_watched<T: Send, R: Send>(
+    case: &str,
+    transports: Vec<T>,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let limit = watchdog_limit();
+    let case = case.to_owned();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(limit) {
+            // Straight to stderr: the test harness's capture would die with the process.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "conformance: {case} did not finish in {limit:?}: a rank waits for ever"
+            );
+            std::process::abort();
+        }
+    });
+    let results = run_ranks(transports, f);
+    // Ends the watchdog (also on a panic, which drops `done` while unwinding).
+    drop(done);
+    results
+}
+
 fn start<T: Transport>(t: T, credits: u32) -> (Node<T>, Rc<Seen>) {
     let seen = Rc::new(Seen::default());
     let node = Node::new(t, echo_handlers(&seen), config(credits)).expect("node start");
@@ -204,7 +242,7 @@ fn wait_replies<T: Transport>(node: &mut Node<T>, seen: &Seen, n: u64) {
 /// Start-up ends with every credit home; every argument count 0..=16 round-trips intact,
 /// including to self.
 pub fn short_all_arg_counts<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("short_all_arg_counts", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         assert_eq!(
@@ -229,7 +267,7 @@ pub fn short_all_arg_counts<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
 /// Medium payloads of 0, 1, 9, max-1 and max bytes arrive intact both ways, to the peer and
 /// to self, echoed from a private copy and straight from the receive buffer.
 pub fn medium_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("medium_boundary_sizes", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         let max = node.max_medium();
@@ -258,7 +296,7 @@ pub fn medium_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
 /// runs, and a Long reply lands in the requester's segment, sent from a private copy or
 /// straight from the target's segment.
 pub fn long_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("long_boundary_sizes", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         let max = node.max_long().min(REPLY_AREA - 64);
@@ -285,7 +323,7 @@ pub fn long_boundary_sizes<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
 
 /// Wrong arguments are typed errors that send nothing.
 pub fn size_limits_and_bad_arguments<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("size_limits_and_bad_arguments", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         let peer = 1 - node.rank();
         let too_many = vec![0u32; node.max_args() + 1];
@@ -355,7 +393,7 @@ pub fn size_limits_and_bad_arguments<T: Transport + Send>(make: &dyn Fn(u32, usi
 /// Requests from one rank to another run in the order they were sent, whatever their kind.
 pub fn per_pair_ordering<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const N: u32 = 2000;
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("per_pair_ordering", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 8);
         let peer = 1 - node.rank();
         for seq in 0..N {
@@ -427,7 +465,7 @@ pub fn back_pressure<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let quiet = [Gate::default(), Gate::default()];
     let go = Gate::default();
     let sent = AtomicUsize::new(0);
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("back_pressure", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, CREDITS);
         let me = node.rank() as usize;
         let _poison = PoisonOnPanic(&[&quiet[0], &quiet[1], &go]);
@@ -474,7 +512,7 @@ pub fn back_pressure<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
 /// Both ranks flood each other with one credit each: no deadlock, nothing lost.
 pub fn flood_both_ways_one_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const N: u64 = 3000;
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("flood_both_ways_one_credit", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 1);
         let peer = 1 - node.rank();
         let data = pattern(64, 9);
@@ -497,7 +535,7 @@ pub fn flood_both_ways_one_credit<T: Transport + Send>(make: &dyn Fn(u32, usize)
 /// Handlers that do not reply still give the credit back (implicit empty reply).
 pub fn no_reply_returns_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const N: u64 = 500;
-    run_ranks(make(2, SEGMENT), |t| {
+    run_watched("no_reply_returns_credit", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 1);
         let peer = 1 - node.rank();
         for i in 0..N {
@@ -515,7 +553,7 @@ pub fn no_reply_returns_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
 
 /// Put and get, blocking and not, to peers and to self, across chunk boundaries.
 pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    run_ranks(make(3, SEGMENT), |t| {
+    run_watched("put_get", make(3, SEGMENT), |t| {
         let (mut node, _seen) = start(t, 4);
         let me = node.rank();
         let n = node.size();
@@ -555,7 +593,7 @@ pub fn barriers<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const RANKS: u32 = 5;
     const ROUNDS: usize = 50;
     let entered = AtomicUsize::new(0);
-    run_ranks(make(RANKS, SEGMENT), |t| {
+    run_watched("barriers", make(RANKS, SEGMENT), |t| {
         let (mut node, _seen) = start(t, 2);
         for k in 0..ROUNDS {
             entered.fetch_add(1, Ordering::SeqCst);
@@ -572,7 +610,7 @@ pub fn barriers<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
 pub fn many_ranks_all_to_all<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const RANKS: u32 = 8;
     const PER_PEER: u64 = 100;
-    run_ranks(make(RANKS, SEGMENT), |t| {
+    run_watched("many_ranks_all_to_all", make(RANKS, SEGMENT), |t| {
         let (mut node, seen) = start(t, 2);
         let me = node.rank();
         let data = pattern(40, me as u8);
@@ -606,7 +644,7 @@ pub fn dynamic_credits_flood<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
     const RANKS: u32 = 4;
     const PER_RANK: u32 = 300;
     const BANK: u32 = 6;
-    run_ranks(make(RANKS, SEGMENT), |t| {
+    run_watched("dynamic_credits_flood", make(RANKS, SEGMENT), |t| {
         let seen = Rc::new(Seen::default());
         let config = Config {
             credits: crate::Credits::Dynamic {
@@ -659,7 +697,7 @@ pub fn segment_races_are_sound<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
     const RACE: HandlerId = HandlerId(40);
     let rounds: u32 = if cfg!(miri) { 3 } else { 200 };
     let allowed = move |b: u8| b == 0 || b == 0xA1 || b == 0xB2 || (1..=rounds as u8).contains(&b);
-    run_ranks(make(2, 4096), move |t| {
+    run_watched("segment_races_are_sound", make(2, 4096), move |t| {
         let handled = Rc::new(Cell::new(0u32));
         let mut h = Handlers::new();
         let count = handled.clone();
@@ -696,7 +734,7 @@ pub fn segment_races_are_sound<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
 
 /// A rank with a different handler table makes every rank's start fail with a clear error.
 pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    let results = run_ranks(make(3, SEGMENT), |t| {
+    let results = run_watched("handler_table_mismatch", make(3, SEGMENT), |t| {
         let seen = Rc::new(Seen::default());
         let mut handlers = echo_handlers(&seen);
         if t.rank() == 2 {
