@@ -30,6 +30,40 @@ pub fn run_job_with(l: Launcher, transport: &str, args: &[&str], env: &[(&str, &
     l.run().expect("launch")
 }
 
+/// Runs the `exit` scenario ([`crate::rank::exit_scenario`]) of `bin` on `transport` with 4
+/// ranks and checks that every rank's process ended with the exiting rank's code, promptly:
+/// the job's code is that code, no rank was still polling 2 s after it (`late-<rank>`), and
+/// the job ended well before the launcher would have killed a rank that kept running (its
+/// grace period is 30 s here, so a rank that ignored the EXIT shows as a 30 s job).
+///
+/// # Panics
+/// If any of that does not hold.
+pub fn assert_exit_ends_every_rank(bin: &str, transport: &str) {
+    let dir = fresh_dir(&format!("{transport}-exit"));
+    let t0 = Instant::now();
+    let launcher = Launcher::new(4, bin).grace(Duration::from_secs(30));
+    let code = run_job_with(
+        launcher,
+        transport,
+        &["exit", dir.to_str().unwrap_or("")],
+        &[],
+    );
+    let took = t0.elapsed();
+    let late: Vec<_> = (0..4)
+        .filter(|r| dir.join(format!("late-{r}")).exists())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, crate::rank::EXIT_CODE, "the job's code ({transport})");
+    assert!(
+        late.is_empty(),
+        "ranks {late:?} still polled 2 s after the exit"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "{transport}: the job took {took:?}: a rank ignored the EXIT until it was killed"
+    );
+}
+
 /// An empty directory `<temp>/<name>-<pid>`, emptied first if it exists.
 ///
 /// # Panics

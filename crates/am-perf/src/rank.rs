@@ -6,9 +6,9 @@ use std::error::Error;
 use std::io;
 use std::path::Path;
 use std::rc::Rc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use am_core::{AmError, AmKind, HandlerId, Handlers, Node, RegisterError, Transport};
+use am_core::{AmError, AmKind, HandlerId, Handlers, Node, Rank, RegisterError, Transport};
 use am_launch::JobInfo;
 
 use crate::median;
@@ -231,6 +231,33 @@ pub fn put_ring<T: Transport>(
     }
     node.barrier()?;
     Ok(())
+}
+
+/// The rank that calls `exit(EXIT_CODE)` in [`exit_scenario`].
+pub const EXITING_RANK: Rank = 2;
+/// The code [`exit_scenario`] ends the job with.
+pub const EXIT_CODE: i32 = 7;
+
+/// `Node::exit` across processes: after a barrier, rank [`EXITING_RANK`] calls
+/// `exit(EXIT_CODE)`; every other rank writes `dir/waiting-<rank>` and polls until the EXIT
+/// arrives, which ends its process with the same code. A rank still polling 2 s later writes
+/// `dir/late-<rank>` and ends with 1. Call [`ignore_sigterm`] first thing in the program, so
+/// that the launcher's SIGTERM (sent when the exiting rank ends) cannot end the others first.
+pub fn exit_scenario<T: Transport>(mut node: Node<T>, dir: &Path) -> Result<(), Box<dyn Error>> {
+    let me = node.rank();
+    node.barrier()?;
+    if me == EXITING_RANK {
+        node.exit(EXIT_CODE);
+    }
+    std::fs::write(dir.join(format!("waiting-{me}")), "")?;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        // The exiting rank is gone by the time its EXIT is read: errors about it are expected.
+        let _ = node.poll();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    std::fs::write(dir.join(format!("late-{me}")), "")?;
+    std::process::exit(1);
 }
 
 /// The killed-rank scenario: rank 0 writes the job id into `dir/job` (so the test can look for

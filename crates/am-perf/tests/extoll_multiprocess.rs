@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use am_perf::launch::{assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job};
+use am_perf::launch::{
+    assert_exit_ends_every_rank, assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_extoll-rank-test");
 
@@ -69,4 +71,10 @@ fn killed_rank_is_noticed_within_a_second() {
 #[test]
 fn perf_program_completes() {
     assert_eq!(job(2, &["perf", "300"], &[("AM_WAIT", "yield")]), 0);
+}
+
+/// `exit(7)` from rank 2 of 4 ends every rank's process with 7, promptly.
+#[test]
+fn exit_from_one_rank_ends_every_rank_with_its_code() {
+    assert_exit_ends_every_rank(BIN, "extoll");
 }

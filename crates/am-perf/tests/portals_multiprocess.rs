@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use am_perf::launch::{assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job};
+use am_perf::launch::{
+    assert_exit_ends_every_rank, assert_job_left_nothing, assert_loss_noticed, fresh_dir, run_job,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_portals-rank-test");
 
@@ -52,4 +54,10 @@ fn killed_rank_is_noticed_within_a_second() {
     assert_loss_noticed(&dir, &[0, 2, 3], Duration::from_secs(1));
     assert_job_left_nothing(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `exit(7)` from rank 2 of 4 ends every rank's process with 7, promptly.
+#[test]
+fn exit_from_one_rank_ends_every_rank_with_its_code() {
+    assert_exit_ends_every_rank(BIN, "portals");
 }

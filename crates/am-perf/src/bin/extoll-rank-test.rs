@@ -6,6 +6,8 @@
 //! - `extoll-rank-test flood N`: ranks 1.. each fire N Medium requests of 1 KiB at rank 0,
 //!   which does not poll until every sender has seen its mailbox full (back-pressure); rank 0
 //!   then checks that every request ran exactly once, in order per sender.
+//! - `extoll-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
+//!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `extoll-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death,
 //!   µs since the epoch) and kills itself with SIGKILL; the others ignore SIGTERM, wait at a
 //!   barrier, and on `PeerLost` write `DIR/lost-<rank>` (`<lost rank> <µs>`) and exit with 3.
@@ -36,7 +38,7 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
-    if mode == "kill" || mode == "kill-anywhere" {
+    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -144,6 +146,10 @@ fn main() -> Res {
             drop(node);
             drop(job);
             std::process::exit(3);
+        }
+        "exit" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
+            return rank::exit_scenario(node, &dir);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);

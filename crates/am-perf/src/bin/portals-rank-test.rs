@@ -7,6 +7,8 @@
 //!   `PORTALS_REQUEST_BUFFER_BYTES` small, this is the "entry disabled, resend" test: it
 //!   prints the flow-control counters, and with `--expect-flow-control` fails if this rank
 //!   saw no refusal and no disabled entry.
+//! - `portals-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
+//!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `portals-rank-test kill DIR`: rank 1 dies by SIGKILL after a barrier; the others write
 //!   `DIR/lost-<rank>` (`<lost rank> <µs since the epoch>`) on `PeerLost` and exit with 3.
 //! - `portals-rank-test perf [ITERS]` (2 ranks): the raw two-process floors (am_shm::floor)
@@ -42,7 +44,7 @@ fn main() -> Res {
     if mode == "local" {
         return local(&args);
     }
-    if mode == "kill" || mode == "kill-anywhere" {
+    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -132,6 +134,10 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
             rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
             drop(node);
             std::process::exit(3);
+        }
+        "exit" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
+            return rank::exit_scenario(node, &dir);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);

@@ -7,6 +7,8 @@
 //!   round trip through `Transport` without the AM core), AM Short and Medium
 //!   1 KiB round trips and Long 1 MiB bandwidth; rank 0 prints medians. Set
 //!   `SCI_SLOT_SIZE=1152` so a 1 KiB Medium fits a slot.
+//! - `sci-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
+//!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `sci-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death, µs
 //!   since the epoch) and kills itself with SIGKILL; the others ignore SIGTERM (so the
 //!   launcher does not end them before they notice), wait at a barrier, and on `PeerLost`
@@ -29,7 +31,7 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
-    if mode == "kill" || mode == "kill-anywhere" {
+    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -75,6 +77,10 @@ fn main() -> Res {
             drop(node);
             drop(job);
             std::process::exit(3);
+        }
+        "exit" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
+            return rank::exit_scenario(node, &dir);
         }
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
