@@ -53,6 +53,15 @@ pub(crate) struct Hello {
     pub result: Option<HelloVerdict>,
 }
 
+/// Where an interrupted barrier stopped: its epoch, its round, and whether that round's
+/// message went out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BarrierAt {
+    pub epoch: u64,
+    pub round: u8,
+    pub sent: bool,
+}
+
 pub(crate) struct Endpoint {
     pub rank: Rank,
     pub size: u32,
@@ -64,6 +73,8 @@ pub(crate) struct Endpoint {
     pub ops: Vec<OpSlot>,
     pub free_ops: Vec<u32>,
     pub barrier_epoch: u64,
+    /// A barrier that returned an error, to resume.
+    pub barrier_resume: Option<BarrierAt>,
     pub barrier_arrivals: HashMap<(u64, u8), u32>,
     pub hello: Hello,
     pub hello_digest: u64,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, WaitMode};
 use crate::credit::CreditPolicy;
-use crate::endpoint::{check_message, segment_range, Endpoint, Hello};
+use crate::endpoint::{check_message, segment_range, BarrierAt, Endpoint, Hello};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{AmKind, Category, HandlerId, Handlers};
 use crate::protocol::{HelloVerdict, SystemMsg};
@@ -99,6 +99,7 @@ impl<T: Transport> Node<T> {
             ops: Vec::new(),
             free_ops: Vec::new(),
             barrier_epoch: 0,
+            barrier_resume: None,
             barrier_arrivals: HashMap::new(),
             hello: Hello::default(),
             hello_digest,
@@ -563,25 +564,48 @@ impl<T: Transport> Node<T> {
 
     /// Waits until every rank has called `barrier` as often as this one (a dissemination
     /// barrier over AMs: ⌈log2 N⌉ rounds of one request each).
+    ///
+    /// A barrier that returned an error can be called again: it resumes where it stopped
+    /// (the other ranks are still in it), sending nothing twice. After an error that lasts
+    /// (a lost peer, an aborted job) the retry fails the same way.
     pub fn barrier(&mut self) -> Result<(), AmError> {
-        let epoch = self.ep.barrier_epoch;
-        self.ep.barrier_epoch += 1;
+        let mut at = match self.ep.barrier_resume.take() {
+            Some(at) => at,
+            None => {
+                let epoch = self.ep.barrier_epoch;
+                self.ep.barrier_epoch += 1;
+                BarrierAt {
+                    epoch,
+                    round: 0,
+                    sent: false,
+                }
+            }
+        };
         let size = self.ep.size;
-        let mut distance = 1u32;
-        let mut round = 0u8;
-        while distance < size {
+        while let Some(distance) = 1u32.checked_shl(u32::from(at.round)).filter(|&d| d < size) {
             let to = (self.ep.rank + distance) % size;
-            self.send_system(to, SystemMsg::Barrier { epoch, round }, &[], None)?;
+            let (epoch, round) = (at.epoch, at.round);
+            if !at.sent {
+                if let Err(e) = self.send_system(to, SystemMsg::Barrier { epoch, round }, &[], None)
+                {
+                    self.ep.barrier_resume = Some(at);
+                    return Err(e);
+                }
+                at.sent = true;
+            }
             let key = (epoch, round);
-            self.wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key))?;
+            if let Err(e) = self.wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key)) {
+                self.ep.barrier_resume = Some(at);
+                return Err(e);
+            }
             if let Some(n) = self.ep.barrier_arrivals.get_mut(&key) {
                 *n -= 1;
                 if *n == 0 {
                     self.ep.barrier_arrivals.remove(&key);
                 }
             }
-            distance = distance.saturating_mul(2);
-            round += 1;
+            at.round += 1;
+            at.sent = false;
         }
         Ok(())
     }

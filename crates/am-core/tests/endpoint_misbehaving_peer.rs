@@ -942,3 +942,53 @@ fn rejected_long_messages_leave_the_segment_alone() {
         },
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 6. A blocking call that failed can be called again.
+
+/// A barrier interrupted by a peer's bad message can be called again: it resumes its epoch
+/// and round, sends nothing twice, and the next barrier is the next epoch (no drift).
+#[test]
+fn a_failed_barrier_resumes_where_it_stopped() {
+    duel(
+        |t| {
+            let (mut node, seen) = start(t);
+            let err = node.barrier().expect_err("a bad message while waiting");
+            assert!(
+                matches!(
+                    err,
+                    AmError::PeerMisbehaved {
+                        peer: 1,
+                        what: Misbehavior::ReplyWithoutRequest
+                    }
+                ),
+                "{err:?}"
+            );
+            node.barrier().expect("the retry completes");
+            node.barrier().expect("and the next barrier");
+            assert!(poll_until(&mut node, |_| seen.requests() == 1).is_empty());
+        },
+        |evil| {
+            for epoch in [0u32, 1] {
+                let g = evil.recv();
+                assert_eq!(
+                    (g.hdr.category, g.hdr.system, g.hdr.handler, &g.args[..]),
+                    (Category::Request, true, SYS_BARRIER, &[epoch, 0, 0][..]),
+                    "barrier {epoch}, round 0, once: {g:?}"
+                );
+                evil.send(&wire(reply(true, AmKind::Short, SYS_ACK), &[], &[]));
+                if epoch == 0 {
+                    // A reply to nothing: the node's first barrier call fails on it.
+                    evil.send(&wire(reply(false, AmKind::Short, REP_SHORT.0), &[1], &[]));
+                }
+                evil.send(&wire(
+                    request(true, AmKind::Short, SYS_BARRIER),
+                    &[epoch, 0, 0],
+                    &[],
+                ));
+                evil.expect_ack("BARRIER");
+            }
+            evil.check_node_still_works();
+        },
+    );
+}
