@@ -229,6 +229,11 @@ pub enum JobError {
     /// The ranks could not be started.
     #[error(transparent)]
     Launch(#[from] am_launch::LaunchError),
+    /// The ranks do not agree on the job's set-up: their segment sizes differ (found by
+    /// the shared-memory NICs as they start; the other transports report it from
+    /// `Node::new`, as the same `StartError`).
+    #[error(transparent)]
+    Start(#[from] am_core::StartError),
     /// The transport could not start.
     #[error("{transport} transport: {message}")]
     Transport {
@@ -337,6 +342,11 @@ fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> Jo
     }
 }
 
+/// A NIC's start-up found ranks with different segment sizes: the core's typed error.
+fn segment_mismatch(rank: u32, ours: u64, theirs: u64) -> JobError {
+    JobError::Start(am_core::StartError::SegmentSizeMismatch { rank, ours, theirs })
+}
+
 /// Connects this process's rank of a multi-process job (under `amrun`, `mpiexec`, `srun` or
 /// self-launch) to the transport `kind`, configured from the environment.
 pub fn connect(
@@ -356,19 +366,34 @@ pub fn connect(
             let config = sci_sim::SciConfig::from_env().map_err(|e| err(&e))?;
             sci_sim::Sci::connect(info, segment_size, config)
                 .map(AnyTransport::Sci)
-                .map_err(|e| err(&e))
+                .map_err(|e| match e {
+                    sci_sim::SciError::SegmentSizeMismatch { rank, ours, theirs } => {
+                        segment_mismatch(rank, ours, theirs)
+                    }
+                    e => err(&e),
+                })
         }
         TransportKind::Extoll => {
             let config = extoll_sim::ExtollConfig::from_env().map_err(|e| err(&e))?;
             extoll_sim::Extoll::connect(info, segment_size, config)
                 .map(AnyTransport::Extoll)
-                .map_err(|e| err(&e))
+                .map_err(|e| match e {
+                    extoll_sim::ExtollError::SegmentSizeMismatch { rank, ours, theirs } => {
+                        segment_mismatch(rank, ours, theirs)
+                    }
+                    e => err(&e),
+                })
         }
         TransportKind::Portals => {
             let config = portals_sim::PortalsConfig::from_env().map_err(|e| err(&e))?;
             portals_sim::Portals::connect(info, segment_size, config)
                 .map(AnyTransport::Portals)
-                .map_err(|e| err(&e))
+                .map_err(|e| match e {
+                    portals_sim::PortalsError::SegmentSizeMismatch { rank, ours, theirs } => {
+                        segment_mismatch(rank, ours, theirs)
+                    }
+                    e => err(&e),
+                })
         }
         TransportKind::Udp => {
             let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;

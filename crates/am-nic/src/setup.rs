@@ -17,6 +17,19 @@ pub enum SetupError {
     /// An invalid setting.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A rank's AM segment differs in size from rank 0's (every rank finds the same one:
+    /// the first that differs).
+    #[error(
+        "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"
+    )]
+    SegmentSizeMismatch {
+        /// The first rank whose segment differs.
+        rank: u32,
+        /// Rank 0's segment size.
+        ours: u64,
+        /// That rank's segment size.
+        theirs: u64,
+    },
     /// A rank announced a different geometry.
     #[error("rank {rank} uses a different geometry: {theirs} (ours: {ours})")]
     Mismatch {
@@ -48,14 +61,17 @@ pub struct Joined {
 
 /// Starts rank `job.rank` of a NIC called `nic`: creates its anonymous segment of `words` and
 /// `bytes` (see [`Segment::create_anonymous`]), lets `init` set it up, publishes its pid, the
-/// segment's handle and `geometry` through the launcher's key-value store, checks that every
-/// rank announced the same geometry, and maps every rank's segment. Collective: every rank of
+/// segment's handle, the size of its AM segment (`am_segment`) and `geometry` through the
+/// launcher's key-value store, checks that every rank announced rank 0's AM segment size
+/// ([`SetupError::SegmentSizeMismatch`]) and this rank's geometry, and maps every rank's
+/// segment. Collective: every rank of
 /// the job calls it. No file is created, so a rank killed at any point leaves nothing behind.
 pub fn connect(
     job: &mut JobInfo,
     nic: &str,
     words: usize,
     bytes: usize,
+    am_segment: usize,
     geometry: &str,
     init: impl FnOnce(&Segment) -> Result<(), SetupError>,
 ) -> Result<Joined, SetupError> {
@@ -79,25 +95,56 @@ pub fn connect(
     // Key-value stores take no spaces in values (PMI): `|` separates the fields.
     kvs.put(
         &key(rank),
-        &format!("{}|{handle}|{geometry}", std::process::id()),
+        &format!("{}|{handle}|{am_segment}|{geometry}", std::process::id()),
     )?;
     kvs.fence()?;
-    let mut peers = Vec::with_capacity(job.size as usize);
+    let mut published = Vec::with_capacity(job.size as usize);
     for r in 0..job.size {
         if r == rank {
-            peers.push(own.share());
+            published.push(None);
             continue;
         }
         let v = kvs.get(&key(r))?;
-        let mut parts = v.splitn(3, '|');
-        let (pid, theirs_handle, theirs) = (parts.next(), parts.next(), parts.next());
-        let (Some(pid), Some(theirs_handle), Some(theirs)) = (pid, theirs_handle, theirs) else {
+        let mut parts = v.splitn(4, '|');
+        let (Some(pid), Some(handle), Some(segment), Some(theirs)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return Err(SetupError::Bootstrap(format!("rank {r} published {v:?}")));
+        };
+        let segment: u64 = segment
+            .parse()
+            .map_err(|_| SetupError::Bootstrap(format!("rank {r} published {v:?}")))?;
+        published.push(Some((
+            pid.to_owned(),
+            handle.to_owned(),
+            segment,
+            theirs.to_owned(),
+        )));
+    }
+    // Segment sizes against rank 0's, in rank order: every rank reports the same rank.
+    let size_of = |r: usize| match &published[r] {
+        Some((_, _, segment, _)) => *segment,
+        None => am_segment as u64,
+    };
+    let first = size_of(0);
+    if let Some(r) = (1..published.len()).find(|&r| size_of(r) != first) {
+        return Err(SetupError::SegmentSizeMismatch {
+            rank: r as u32,
+            ours: first,
+            theirs: size_of(r),
+        });
+    }
+    let mut peers = Vec::with_capacity(job.size as usize);
+    for (r, p) in published.into_iter().enumerate() {
+        let r = r as u32;
+        let Some((pid, theirs_handle, _, theirs)) = p else {
+            peers.push(own.share());
+            continue;
         };
         if theirs != geometry {
             return Err(SetupError::Mismatch {
                 rank: r,
-                theirs: theirs.to_owned(),
+                theirs,
                 ours: geometry.to_owned(),
             });
         }
@@ -105,7 +152,7 @@ pub fn connect(
             .parse()
             .map_err(|_| SetupError::Bootstrap(format!("rank {r} sent pid {pid:?}")))?;
         pids[r as usize] = Some(Pid::from_raw(pid));
-        peers.push(Segment::open_handle(theirs_handle, words, bytes)?);
+        peers.push(Segment::open_handle(&theirs_handle, words, bytes)?);
     }
     // Nobody leaves start-up (and perhaps ends) before every rank has mapped every segment.
     kvs.fence()?;

@@ -233,6 +233,27 @@ pub fn put_ring<T: Transport>(
     Ok(())
 }
 
+/// The AM segment rank `rank` asks for in the `mismatch` scenario: rank 1's is a page
+/// larger than everyone else's.
+pub fn mismatched_segment(rank: Rank) -> usize {
+    (1 << 20) + if rank == 1 { 4096 } else { 0 }
+}
+
+/// The `mismatch` scenario's check, on every rank: start-up failed with a segment-size
+/// mismatch naming rank 1, rank 0's size and rank 1's (`got`: the error's rank, ours,
+/// theirs; `None` if start-up succeeded).
+pub fn expect_segment_mismatch(got: Option<(Rank, u64, u64)>) -> Result<(), Box<dyn Error>> {
+    let want = (
+        1,
+        mismatched_segment(0) as u64,
+        mismatched_segment(1) as u64,
+    );
+    match got {
+        Some(got) if got == want => Ok(()),
+        other => Err(format!("start-up gave {other:?}, not the mismatch {want:?}").into()),
+    }
+}
+
 /// The rank that calls `exit(EXIT_CODE)` in [`exit_scenario`].
 pub const EXITING_RANK: Rank = 2;
 /// The code [`exit_scenario`] ends the job with.

@@ -61,3 +61,10 @@ fn killed_rank_is_noticed_within_a_second() {
 fn exit_from_one_rank_ends_every_rank_with_its_code() {
     assert_exit_ends_every_rank(BIN, "portals");
 }
+
+/// Ranks with different segment sizes: start-up fails on every rank with the typed
+/// mismatch naming rank 1 and both sizes (each rank checks it and ends with 0).
+#[test]
+fn a_segment_size_mismatch_is_typed_on_every_rank() {
+    assert_eq!(job(3, &["mismatch"], &[]), 0);
+}

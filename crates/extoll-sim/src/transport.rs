@@ -689,6 +689,7 @@ impl Extoll {
             "extoll",
             layout.words_len(),
             layout.bytes_len(),
+            segment_size,
             &geometry,
             |_| Ok(()),
         )?;

@@ -285,6 +285,18 @@ pub enum PortalsError {
     /// An invalid setting.
     #[error("invalid Portals configuration: {0}")]
     Config(String),
+    /// A rank's AM segment differs in size from rank 0's (every rank finds the same one).
+    #[error(
+        "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"
+    )]
+    SegmentSizeMismatch {
+        /// The first rank whose segment differs.
+        rank: u32,
+        /// Rank 0's segment size.
+        ours: u64,
+        /// That rank's segment size.
+        theirs: u64,
+    },
     /// A rank announced a different geometry.
     #[error("rank {rank} uses a different Portals geometry: {theirs} (ours: {ours})")]
     Mismatch {

@@ -609,6 +609,9 @@ fn setup_error(e: am_nic::SetupError) -> PortalsError {
         am_nic::SetupError::Mismatch { rank, theirs, ours } => {
             PortalsError::Mismatch { rank, theirs, ours }
         }
+        am_nic::SetupError::SegmentSizeMismatch { rank, ours, theirs } => {
+            PortalsError::SegmentSizeMismatch { rank, ours, theirs }
+        }
         other => PortalsError::Bootstrap(other.to_string()),
     }
 }
@@ -710,6 +713,7 @@ impl Portals {
             "portals",
             layout.ni.words_len(),
             layout.ni.bytes(),
+            segment_size,
             &geometry,
             |seg| match init_ni(seg, &layout) {
                 Ok(init) => {

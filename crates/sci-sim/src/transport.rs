@@ -504,6 +504,7 @@ impl Sci {
             "sci",
             layout.words_len(),
             layout.bytes_len(),
+            segment_size,
             &geometry,
             |_| Ok(()),
         )?;

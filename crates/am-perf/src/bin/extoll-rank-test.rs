@@ -6,6 +6,8 @@
 //! - `extoll-rank-test flood N`: ranks 1.. each fire N Medium requests of 1 KiB at rank 0,
 //!   which does not poll until every sender has seen its mailbox full (back-pressure); rank 0
 //!   then checks that every request ran exactly once, in order per sender.
+//! - `extoll-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
+//!   fail start-up with the typed segment-size mismatch.
 //! - `extoll-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `extoll-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death,
@@ -52,6 +54,17 @@ fn main() -> Res {
         // start-up with their segments created (the test kills one there).
         let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
         rank::stall_before_start(&job, &dir)?;
+    }
+    if mode == "mismatch" {
+        let segment = rank::mismatched_segment(job.rank);
+        let got = match Extoll::connect(&mut job, segment, ExtollConfig::from_env()?) {
+            Err(extoll_sim::ExtollError::SegmentSizeMismatch { rank, ours, theirs }) => {
+                Some((rank, ours, theirs))
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => None,
+        };
+        return rank::expect_segment_mismatch(got);
     }
     if mode == "perf" {
         return perf(job, &args);

@@ -7,6 +7,8 @@
 //!   `PORTALS_REQUEST_BUFFER_BYTES` small, this is the "entry disabled, resend" test: it
 //!   prints the flow-control counters, and with `--expect-flow-control` fails if this rank
 //!   saw no refusal and no disabled entry.
+//! - `portals-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
+//!   fail start-up with the typed segment-size mismatch.
 //! - `portals-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `portals-rank-test kill DIR`: rank 1 dies by SIGKILL after a barrier; the others write
@@ -55,6 +57,17 @@ fn main() -> Res {
         // start-up with their segments created (the test kills one there).
         let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
         rank::stall_before_start(&job, &dir)?;
+    }
+    if mode == "mismatch" {
+        let segment = rank::mismatched_segment(job.rank);
+        let got = match Portals::connect(&mut job, segment, PortalsConfig::from_env()?) {
+            Err(portals_sim::PortalsError::SegmentSizeMismatch { rank, ours, theirs }) => {
+                Some((rank, ours, theirs))
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => None,
+        };
+        return rank::expect_segment_mismatch(got);
     }
     match mode {
         "perf" => perf(job, &args),

@@ -7,6 +7,8 @@
 //!   round trip through `Transport` without the AM core), AM Short and Medium
 //!   1 KiB round trips and Long 1 MiB bandwidth; rank 0 prints medians. Set
 //!   `SCI_SLOT_SIZE=1152` so a 1 KiB Medium fits a slot.
+//! - `sci-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
+//!   fail start-up with the typed segment-size mismatch.
 //! - `sci-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `sci-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death, µs
@@ -42,6 +44,17 @@ fn main() -> Res {
         // start-up with their segments created (the test kills one there).
         let dir = std::path::PathBuf::from(args.get(1).ok_or("stall DIR")?);
         rank::stall_before_start(&job, &dir)?;
+    }
+    if mode == "mismatch" {
+        let segment = rank::mismatched_segment(job.rank);
+        let got = match Sci::connect(&mut job, segment, SciConfig::from_env()?) {
+            Err(sci_sim::SciError::SegmentSizeMismatch { rank, ours, theirs }) => {
+                Some((rank, ours, theirs))
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => None,
+        };
+        return rank::expect_segment_mismatch(got);
     }
     if mode == "perf" {
         return perf(job, &args);
