@@ -746,8 +746,14 @@ pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> 
     });
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Err(StartError::HandlerTableMismatch { rank: 2, .. }) => {}
-            other => panic!("rank {rank}: expected a table mismatch naming rank 2, got {other:?}"),
+            Err(StartError::HandlerTableMismatch {
+                rank: 2,
+                handler: Some(HandlerId(99)),
+                ..
+            }) => {}
+            other => panic!(
+                "rank {rank}: expected a table mismatch naming rank 2 and handler 99, got {other:?}"
+            ),
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{AmError, Misbehavior};
 use std::cell::{Cell, OnceCell};
 
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
-use crate::protocol::{HelloVerdict, SystemMsg};
+use crate::protocol::{HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, TransportError,
     Tx,
@@ -78,6 +78,8 @@ pub(crate) struct Endpoint {
     pub barrier_arrivals: HashMap<(u64, u8), u32>,
     pub hello: Hello,
     pub hello_digest: u64,
+    /// Our handler table's signature ([`Handlers::signature`]), which rank 0 compares.
+    pub hello_signature: [u16; 256],
     pub exit_requested: Option<i32>,
     /// Peers the transport reported lost: requests to them fail at once, their operations
     /// fail, and nobody waits for their replies any more.
@@ -597,13 +599,14 @@ impl Endpoint {
                         seg_len: self.seg_len,
                         hello: &mut self.hello,
                         hello_digest: self.hello_digest,
+                        hello_signature: &self.hello_signature,
                         barrier_arrivals: &mut self.barrier_arrivals,
                         exit_requested: &mut self.exit_requested,
                     },
                     &mut sink,
                     hdr,
                     args,
-                    segment,
+                    (segment, payload),
                     (&long, inline_long),
                 );
                 sink.finish()?;
@@ -713,6 +716,7 @@ struct SystemState<'a> {
     seg_len: usize,
     hello: &'a mut Hello,
     hello_digest: u64,
+    hello_signature: &'a [u16; 256],
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
     exit_requested: &'a mut Option<i32>,
 }
@@ -722,7 +726,7 @@ fn system_request(
     sink: &mut ReplySink<'_>,
     hdr: &Header,
     args: &[u32],
-    segment: SharedBytes<'_>,
+    (segment, payload): (SharedBytes<'_>, Payload<'_>),
     (long, inline_long): (&Option<Range<usize>>, Option<Payload<'_>>),
 ) -> Result<(), AmError> {
     let src = sink.src;
@@ -737,13 +741,35 @@ fn system_request(
             if st.rank != 0 {
                 return Err(bad());
             }
+            // Their signature up to their highest registered id (0 beyond), or fewer
+            // entries if a Medium could not carry them all (then a difference beyond them
+            // goes unnamed).
+            let mut sig = [0u8; HELLO_SIGNATURE_LEN];
+            let n = payload.len();
+            if n > sig.len() || n % 2 != 0 {
+                return Err(bad());
+            }
+            match payload {
+                Payload::Private(b) => sig[..n].copy_from_slice(b),
+                Payload::Shared(s) => s.read(0, &mut sig[..n]).map_err(shm_err)?,
+            }
+            let truncated = n / 2 >= (sink.limits.max_medium / 2).min(256);
             st.hello.received += 1;
             if st.hello.mismatch.is_none() {
                 if digest != st.hello_digest {
+                    // The lowest id whose signature entries differ (the copy is checked).
+                    let entries = if truncated { n / 2 } else { 256 };
+                    let handler = (0..entries)
+                        .find(|&id| {
+                            let theirs = u16::from_le_bytes([sig[2 * id], sig[2 * id + 1]]);
+                            theirs != st.hello_signature[id]
+                        })
+                        .map(|id| id as u8);
                     st.hello.mismatch = Some(HelloVerdict::TableMismatch {
                         rank: src,
                         ours: st.hello_digest,
                         theirs: digest,
+                        handler,
                     });
                 } else if segment_len != st.seg_len as u64 {
                     st.hello.mismatch = Some(HelloVerdict::SegmentMismatch {

@@ -145,7 +145,7 @@ pub enum TryRequestError {
 #[non_exhaustive]
 pub enum StartError {
     /// A rank registered a different handler table than rank 0.
-    #[error("rank {rank} registered a different handler table (digest {theirs:#018x}, rank 0 has {ours:#018x}): every rank must register the same handlers")]
+    #[error("rank {rank} registered a different handler table than rank 0{}: every rank must register the same handlers (digests {theirs:#018x} and {ours:#018x})", match handler { Some(h) => format!(" (first difference: handler {})", h.0), None => String::new() })]
     HandlerTableMismatch {
         /// The first rank found to differ.
         rank: Rank,
@@ -153,6 +153,9 @@ pub enum StartError {
         ours: u64,
         /// That rank's digest.
         theirs: u64,
+        /// The lowest handler id registered differently (or only on one of the two), when
+        /// the table signatures tell.
+        handler: Option<crate::HandlerId>,
     },
     /// A rank's segment size differs from rank 0's.
     #[error(

@@ -389,6 +389,26 @@ impl Handlers {
         }
         h
     }
+
+    /// The table's signature: for each of the 256 ids, a 16-bit hash of its name, category
+    /// and kind (0 where nothing is registered). Start-up compares signatures to name the
+    /// first handler that differs between two ranks' tables; two different registrations
+    /// of one id have the same hash once in 65535.
+    pub fn signature(&self) -> [u16; 256] {
+        let mut sig = [0u16; 256];
+        for (slot, info) in sig.iter_mut().zip(self.info.iter()) {
+            if let Some(info) = info {
+                let mut h: u32 = 0x811c_9dc5;
+                let bytes = [info.category as u8, info.kind as u8];
+                for &b in bytes.iter().chain(info.name.as_bytes()) {
+                    h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+                }
+                // Folded to 16 bits, never 0 (0 is "not registered").
+                *slot = ((h >> 16) as u16 ^ h as u16).max(1);
+            }
+        }
+        sig
+    }
 }
 
 impl fmt::Debug for Handlers {
@@ -438,6 +458,29 @@ mod tests {
             .request(HandlerId(1), "b", AmKind::Short, |_, _| {})
             .unwrap();
         assert_ne!(d, other.digest());
+    }
+
+    /// Signatures agree where the tables do, and differ at an id registered differently
+    /// (name, category or kind) or on one side only; unregistered ids are 0.
+    #[test]
+    fn signatures_point_at_the_differing_handler() {
+        let table = |name: &str, kind: AmKind, extra: bool| {
+            let mut h = Handlers::new();
+            h.request(HandlerId(1), "a", AmKind::Short, |_, _| {})
+                .unwrap();
+            h.request(HandlerId(7), name, kind, |_, _| {}).unwrap();
+            if extra {
+                h.reply(HandlerId(200), "z", AmKind::Short, |_| {}).unwrap();
+            }
+            h.signature()
+        };
+        let base = table("b", AmKind::Medium, false);
+        assert_eq!(base, table("b", AmKind::Medium, false));
+        assert!(base[1] != 0 && base[7] != 0 && base[0] == 0 && base[200] == 0);
+        let first_diff = |other: [u16; 256]| base.iter().zip(other).position(|(a, b)| *a != b);
+        assert_eq!(first_diff(table("c", AmKind::Medium, false)), Some(7));
+        assert_eq!(first_diff(table("b", AmKind::Long, false)), Some(7));
+        assert_eq!(first_diff(table("b", AmKind::Medium, true)), Some(200));
     }
 
     #[test]

@@ -88,6 +88,7 @@ impl<T: Transport> Node<T> {
         credits: Box<dyn CreditPolicy>,
     ) -> Result<Self, StartError> {
         let hello_digest = handlers.digest();
+        let hello_signature = handlers.signature();
         let ep = Endpoint {
             rank: transport.rank(),
             size: transport.size(),
@@ -103,6 +104,7 @@ impl<T: Transport> Node<T> {
             barrier_arrivals: HashMap::new(),
             hello: Hello::default(),
             hello_digest,
+            hello_signature,
             exit_requested: None,
             lost: vec![false; transport.size() as usize],
             scratch: Vec::new(),
@@ -139,7 +141,14 @@ impl<T: Transport> Node<T> {
                 digest: self.ep.hello_digest,
                 segment_len: self.ep.seg_len as u64,
             };
-            self.send_system(0, hello, &[], None)?;
+            // The entries up to the highest registered id, as many as a Medium carries.
+            let sig = &self.ep.hello_signature;
+            let used = sig.iter().rposition(|&h| h != 0).map_or(0, |i| i + 1);
+            let signature: Vec<u8> = sig[..used.min(self.ep.limits.max_medium / 2)]
+                .iter()
+                .flat_map(|h| h.to_le_bytes())
+                .collect();
+            self.send_system(0, hello, &signature, None)?;
             self.wait_until_ep(|ep| ep.hello.result.is_some())?;
             self.ep.hello.result.unwrap_or(HelloVerdict::Ok)
         };
@@ -148,9 +157,17 @@ impl<T: Transport> Node<T> {
             HelloVerdict::SegmentMismatch { rank, ours, theirs } => {
                 Err(StartError::SegmentSizeMismatch { rank, ours, theirs })
             }
-            HelloVerdict::TableMismatch { rank, ours, theirs } => {
-                Err(StartError::HandlerTableMismatch { rank, ours, theirs })
-            }
+            HelloVerdict::TableMismatch {
+                rank,
+                ours,
+                theirs,
+                handler,
+            } => Err(StartError::HandlerTableMismatch {
+                rank,
+                ours,
+                theirs,
+                handler: handler.map(HandlerId),
+            }),
         }
     }
 

@@ -51,7 +51,11 @@ use opcode as op;
 pub const MAX_BARRIER_ROUNDS: u8 = 32;
 
 /// The most argument words a system message has.
-pub const MAX_SYSTEM_ARGS: usize = 6;
+pub const MAX_SYSTEM_ARGS: usize = 7;
+
+/// Bytes of a [`SystemMsg::Hello`]'s payload: the table signature
+/// ([`crate::Handlers::signature`], 256 little-endian 16-bit hashes).
+pub const HELLO_SIGNATURE_LEN: usize = 512;
 
 /// A system message; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +63,9 @@ pub enum SystemMsg {
     /// The implicit empty reply (Short reply): returns the credit of a request whose handler
     /// did not reply.
     Ack,
-    /// Start-up, every rank to rank 0 (Short request): its handler-table digest and the
-    /// length of its segment.
+    /// Start-up, every rank to rank 0 (Medium request): its handler-table digest and the
+    /// length of its segment; the payload is its table signature
+    /// ([`HELLO_SIGNATURE_LEN`] bytes).
     Hello {
         /// Digest of the handler table (ids, names, categories, kinds).
         digest: u64,
@@ -131,6 +136,8 @@ pub enum HelloVerdict {
         ours: u64,
         /// That rank's digest.
         theirs: u64,
+        /// The lowest handler id whose registration differs, if the signatures tell.
+        handler: Option<u8>,
     },
     /// `rank`'s segment length (`theirs`) differs from rank 0's (`ours`).
     SegmentMismatch {
@@ -197,20 +204,27 @@ impl SystemMsg {
                 segment_len,
             } => (
                 op::HELLO,
-                Short,
+                Medium,
                 Request,
                 &[lo(digest), hi(digest), lo(segment_len), hi(segment_len)],
             ),
             SystemMsg::HelloVerdict(v) => {
+                let none = u32::MAX;
                 let w = match v {
-                    HelloVerdict::Ok => [VERDICT_OK, 0, 0, 0, 0, 0],
-                    HelloVerdict::TableMismatch { rank, ours, theirs } => [
+                    HelloVerdict::Ok => [VERDICT_OK, 0, 0, 0, 0, 0, none],
+                    HelloVerdict::TableMismatch {
+                        rank,
+                        ours,
+                        theirs,
+                        handler,
+                    } => [
                         VERDICT_TABLE,
                         rank,
                         lo(ours),
                         hi(ours),
                         lo(theirs),
                         hi(theirs),
+                        handler.map_or(none, u32::from),
                     ],
                     HelloVerdict::SegmentMismatch { rank, ours, theirs } => [
                         VERDICT_SEGMENT,
@@ -219,6 +233,7 @@ impl SystemMsg {
                         hi(ours),
                         lo(theirs),
                         hi(theirs),
+                        none,
                     ],
                 };
                 words = w;
@@ -227,7 +242,7 @@ impl SystemMsg {
                     kind: Short,
                     category: Request,
                     words,
-                    len: 6,
+                    len: 7,
                 };
             }
             SystemMsg::Barrier { epoch, round } => (
@@ -287,16 +302,25 @@ impl SystemMsg {
         };
         let msg = match (opcode, category, kind, args) {
             (op::ACK, Reply, Short, []) => SystemMsg::Ack,
-            (op::HELLO, Request, Short, &[d0, d1, s0, s1]) => SystemMsg::Hello {
+            (op::HELLO, Request, Medium, &[d0, d1, s0, s1]) => SystemMsg::Hello {
                 digest: join(d0, d1),
                 segment_len: join(s0, s1),
             },
-            (op::HELLO_VERDICT, Request, Short, &[status, rank, o0, o1, t0, t1]) => {
+            (op::HELLO_VERDICT, Request, Short, &[status, rank, o0, o1, t0, t1, id]) => {
                 let (ours, theirs) = (join(o0, o1), join(t0, t1));
-                SystemMsg::HelloVerdict(match status {
-                    VERDICT_OK if rank == 0 && ours == 0 && theirs == 0 => HelloVerdict::Ok,
-                    VERDICT_TABLE => HelloVerdict::TableMismatch { rank, ours, theirs },
-                    VERDICT_SEGMENT => HelloVerdict::SegmentMismatch { rank, ours, theirs },
+                let handler = match id {
+                    u32::MAX => None,
+                    id => Some(u8::try_from(id).map_err(|_| bad.clone())?),
+                };
+                SystemMsg::HelloVerdict(match (status, handler) {
+                    (VERDICT_OK, None) if rank == 0 && ours == 0 && theirs == 0 => HelloVerdict::Ok,
+                    (VERDICT_TABLE, _) => HelloVerdict::TableMismatch {
+                        rank,
+                        ours,
+                        theirs,
+                        handler,
+                    },
+                    (VERDICT_SEGMENT, None) => HelloVerdict::SegmentMismatch { rank, ours, theirs },
                     _ => return Err(bad),
                 })
             }
@@ -339,9 +363,20 @@ mod tests {
     fn any_msg() -> impl Strategy<Value = SystemMsg> {
         let verdict = prop_oneof![
             Just(HelloVerdict::Ok),
-            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(rank, ours, theirs)| {
-                HelloVerdict::TableMismatch { rank, ours, theirs }
-            }),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<Option<u8>>()
+            )
+                .prop_map(|(rank, ours, theirs, handler)| {
+                    HelloVerdict::TableMismatch {
+                        rank,
+                        ours,
+                        theirs,
+                        handler,
+                    }
+                }),
             (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(rank, ours, theirs)| {
                 HelloVerdict::SegmentMismatch { rank, ours, theirs }
             }),

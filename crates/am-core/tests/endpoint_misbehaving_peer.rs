@@ -312,12 +312,18 @@ impl Evil {
     /// The start-up handshake, by hand: HELLO to rank 0 with the same table digest and
     /// segment size, take the ACK of it, take HELLO_RESULT and ACK it.
     fn handshake(&mut self) {
-        let digest = handlers(&Rc::default()).digest();
+        let table = handlers(&Rc::default());
+        let digest = table.digest();
+        let signature: Vec<u8> = table
+            .signature()
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect();
         let seg = self.t.segment().len() as u64;
         self.send(&wire(
-            request(true, AmKind::Short, SYS_HELLO),
+            request(true, AmKind::Medium, SYS_HELLO),
             &[lo(digest), hi(digest), lo(seg), hi(seg)],
-            &[],
+            &signature,
         ));
         self.expect_ack("HELLO");
         let g = self.recv();
@@ -326,7 +332,7 @@ impl Evil {
             (Category::Request, true, SYS_HELLO_RESULT),
             "{g:?}"
         );
-        assert_eq!(g.args.len(), 6);
+        assert_eq!(g.args.len(), 7);
         assert_eq!(g.args[0], 0, "rank 0 accepted our table: {g:?}");
         self.send(&wire(reply(true, AmKind::Short, SYS_ACK), &[], &[]));
     }
