@@ -758,6 +758,27 @@ pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> 
     }
 }
 
+/// A rank that calls `barrier` once more than the others, after they left the job (their
+/// transports closed), gets `PeerDeparted` naming one of them instead of waiting for ever;
+/// so does a request to that rank.
+pub fn barrier_after_the_others_left<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_watched("barrier_after_the_others_left", make(3, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        node.barrier().expect("barrier");
+        if node.rank() != 0 {
+            return;
+        }
+        let gone = match node.barrier() {
+            Err(AmError::PeerDeparted(r)) if r != 0 => r,
+            other => panic!("a barrier with everyone gone: {other:?}"),
+        };
+        match node.request_short(gone, REQ_SHORT, &[]) {
+            Err(AmError::PeerDeparted(r)) if r == gone => {}
+            other => panic!("a request to rank {gone}, gone: {other:?}"),
+        }
+    });
+}
+
 /// Instantiates the whole conformance suite as `#[test]` functions for a transport, given a
 /// factory `fn(ranks: u32, segment_size: usize) -> Vec<T>`.
 #[macro_export]
@@ -768,7 +789,7 @@ macro_rules! conformance_tests {
             size_limits_and_bad_arguments, per_pair_ordering, back_pressure,
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
-            segment_races_are_sound);
+            barrier_after_the_others_left, segment_races_are_sound);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

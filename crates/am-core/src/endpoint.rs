@@ -84,6 +84,8 @@ pub(crate) struct Endpoint {
     /// Peers the transport reported lost: requests to them fail at once, their operations
     /// fail, and nobody waits for their replies any more.
     pub lost: Vec<bool>,
+    /// Peers that left the job cleanly (their transport said so).
+    pub departed: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     pub scratch: Vec<u8>,
 }
@@ -342,10 +344,35 @@ impl Endpoint {
         self.lost.get(peer as usize).copied().unwrap_or(false)
     }
 
+    /// Records that `peer` left the job cleanly: its puts and gets still waiting for replies
+    /// fail (nothing more will come from it). Returns false if it was already known.
+    pub fn mark_departed(&mut self, peer: Rank) -> bool {
+        let Some(flag) = self.departed.get_mut(peer as usize) else {
+            return false;
+        };
+        if std::mem::replace(flag, true) {
+            return false;
+        }
+        for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
+            if slot.outstanding > 0 {
+                slot.outstanding = 0;
+                slot.error.get_or_insert(AmError::PeerDeparted(peer));
+            }
+        }
+        true
+    }
+
+    /// True if `peer` left the job cleanly.
+    #[inline]
+    pub fn is_departed(&self, peer: Rank) -> bool {
+        self.departed.get(peer as usize).copied().unwrap_or(false)
+    }
+
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
     pub fn is_quiet(&self) -> bool {
         self.pending.is_empty()
-            && (0..self.size).all(|p| self.is_lost(p) || self.credits.outstanding(p) == 0)
+            && (0..self.size)
+                .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
     }
 
     /// Sends the replies the device refused earlier, in order, until it refuses again.

@@ -62,6 +62,10 @@ pub enum AmError {
     /// A peer is gone (died or left); operations involving it fail.
     #[error("rank {0} was lost")]
     PeerLost(Rank),
+    /// A peer left the job cleanly (its program ended), and this call waited for something
+    /// only it could send (a barrier arrival, a credit, a put's or get's reply).
+    #[error("rank {0} has left the job, and this call waited for it")]
+    PeerDeparted(Rank),
     /// The job is being torn down (a rank panicked or aborted).
     #[error("the job was aborted")]
     JobAborted,
@@ -114,6 +118,7 @@ impl From<TransportError> for AmError {
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::PeerLost(r) => AmError::PeerLost(r),
+            TransportError::PeerDeparted(r) => AmError::PeerDeparted(r),
             TransportError::JobAborted => AmError::JobAborted,
             TransportError::PeerMisbehaved {
                 peer: Some(peer),

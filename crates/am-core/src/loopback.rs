@@ -98,6 +98,9 @@ pub struct Loopback {
     size: u32,
     rx: Receiver<Packet>,
     held: Option<Packet>,
+    /// Peers whose departure this rank has reported, and how many.
+    departures_reported: Vec<bool>,
+    departures_count: u64,
     /// Heap memory reached through the same views as the shared-memory NICs' segments.
     segment: Segment,
     config: LoopbackConfig,
@@ -167,6 +170,8 @@ impl Loopback {
                 size: ranks,
                 rx,
                 held: None,
+                departures_reported: vec![false; ranks as usize],
+                departures_count: 0,
                 segment: Segment::heap(0, config.segment_size)
                     .expect("a segment of config.segment_size bytes"),
                 config,
@@ -215,15 +220,25 @@ impl Transport for Loopback {
     ) -> Result<Option<R>, TransportError> {
         let packet = match self.held.take() {
             Some(p) => p,
-            None => match self.rx.try_recv() {
-                Ok(p) => p,
-                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {
-                    if self.tx.shared.aborted.load(Ordering::Relaxed) {
-                        return Err(TransportError::JobAborted);
+            None => {
+                // Loaded before the queue is tried: a departure counted here came after all
+                // of that rank's sends, which the queue then holds.
+                let departures = self.tx.shared.departures.load(Ordering::Acquire);
+                match self.rx.try_recv() {
+                    Ok(p) => p,
+                    Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {
+                        if self.tx.shared.aborted.load(Ordering::Relaxed) {
+                            return Err(TransportError::JobAborted);
+                        }
+                        if departures != self.departures_count {
+                            if let Some(r) = self.departed_since(departures) {
+                                return Err(TransportError::PeerDeparted(r));
+                            }
+                        }
+                        return Ok(None);
                     }
-                    return Ok(None);
                 }
-            },
+            }
         };
         let delivery = Delivery {
             src: packet.src,
@@ -243,6 +258,22 @@ impl Transport for Loopback {
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
         }
         Ok(())
+    }
+}
+
+impl Loopback {
+    /// A peer that departed among the first `departures` drops and was not reported yet
+    /// (now marked reported).
+    fn departed_since(&mut self, departures: u64) -> Option<Rank> {
+        let me = self.tx.rank as usize;
+        let shared = &self.tx.shared;
+        let r = (0..self.departures_reported.len()).find(|&r| {
+            let seq = shared.departed[r].load(Ordering::Acquire);
+            r != me && !self.departures_reported[r] && seq != 0 && seq <= departures
+        })?;
+        self.departures_reported[r] = true;
+        self.departures_count += 1;
+        Some(r as Rank)
     }
 }
 

@@ -107,6 +107,7 @@ impl<T: Transport> Node<T> {
             hello_signature,
             exit_requested: None,
             lost: vec![false; transport.size() as usize],
+            departed: vec![false; transport.size() as usize],
             scratch: Vec::new(),
         };
         let mut node = Node {
@@ -260,11 +261,19 @@ impl<T: Transport> Node<T> {
     }
 
     fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
-        self.poll_inner(max).inspect_err(|e| {
-            if let AmError::PeerLost(peer) = e {
-                self.ep.mark_lost(*peer);
+        match self.poll_inner(max) {
+            // A clean departure is not an error of this poll: only the calls that wait for
+            // that peer fail (they check `Endpoint::is_departed`).
+            Err(AmError::PeerDeparted(peer)) => {
+                self.ep.mark_departed(peer);
+                Ok(0)
             }
-        })
+            r => r.inspect_err(|e| {
+                if let AmError::PeerLost(peer) = e {
+                    self.ep.mark_lost(*peer);
+                }
+            }),
+        }
     }
 
     fn poll_inner(&mut self, max: usize) -> Result<usize, AmError> {
@@ -333,9 +342,16 @@ impl<T: Transport> Node<T> {
             WaitMode::SpinThenYield => std::thread::yield_now(),
             WaitMode::Block => {
                 if let Err(e) = self.transport.wait(self.config.block_timeout) {
-                    // A loss the transport found while waiting counts as one found by a poll.
-                    if let TransportError::PeerLost(peer) = e {
-                        self.ep.mark_lost(peer);
+                    // What the transport found while waiting counts as found by a poll.
+                    match e {
+                        TransportError::PeerDeparted(peer) => {
+                            self.ep.mark_departed(peer);
+                            return Ok(());
+                        }
+                        TransportError::PeerLost(peer) => {
+                            self.ep.mark_lost(peer);
+                        }
+                        _ => {}
                     }
                     return Err(e.into());
                 }
@@ -462,6 +478,9 @@ impl<T: Transport> Node<T> {
         loop {
             if self.ep.is_lost(dest) {
                 return Err(AmError::PeerLost(dest));
+            }
+            if self.ep.is_departed(dest) {
+                return Err(AmError::PeerDeparted(dest));
             }
             if self.try_send_request(dest, system, kind, handler, args, payload, long_offset)? {
                 return Ok(());
@@ -611,7 +630,18 @@ impl<T: Transport> Node<T> {
                 at.sent = true;
             }
             let key = (epoch, round);
-            if let Err(e) = self.wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key)) {
+            // This round's arrival comes from the rank `distance` before us.
+            let from = (self.ep.rank + size - distance % size) % size;
+            let waited = self
+                .wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key) || ep.is_departed(from));
+            let waited = waited.and_then(|()| {
+                if self.ep.barrier_arrivals.contains_key(&key) {
+                    Ok(())
+                } else {
+                    Err(AmError::PeerDeparted(from))
+                }
+            });
+            if let Err(e) = waited {
                 self.ep.barrier_resume = Some(at);
                 return Err(e);
             }

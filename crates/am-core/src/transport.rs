@@ -289,6 +289,10 @@ pub enum TransportError {
     /// A peer is gone.
     #[error("rank {0} was lost")]
     PeerLost(Rank),
+    /// A peer ended its part of the job cleanly (closed its transport): reported once per
+    /// peer. Not a failure of the job, but nothing will come from it any more.
+    #[error("rank {0} has left the job")]
+    PeerDeparted(Rank),
     /// The job is being torn down (a rank panicked or the launcher aborted it).
     #[error("the job was aborted")]
     JobAborted,

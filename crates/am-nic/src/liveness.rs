@@ -22,6 +22,8 @@ pub struct Liveness {
     pids: Vec<Option<Pid>>,
     /// Peers known lost.
     lost: Vec<bool>,
+    /// Peers whose departure was reported.
+    departed: Vec<bool>,
     idle_polls: u32,
     idle_since: Option<Instant>,
     last_check: Option<Instant>,
@@ -32,6 +34,7 @@ impl Liveness {
     pub fn new(pids: Vec<Option<Pid>>) -> Liveness {
         Liveness {
             lost: vec![false; pids.len()],
+            departed: vec![false; pids.len()],
             pids,
             idle_polls: 0,
             idle_since: None,
@@ -112,8 +115,9 @@ impl Liveness {
 
     /// Fails with `JobAborted` if `own`'s abort word is set (1); otherwise marks lost every
     /// peer that neither departed (its word in `own` at `departed` is 1) nor is alive. Returns
-    /// what it found: `PeerLost` for each newly lost peer, and `PeerMisbehaved` for an abort
-    /// or departed word holding a value no rank writes, which it puts back to 0.
+    /// what it found: `PeerDeparted` once for each peer that departed, `PeerLost` for each
+    /// newly lost peer, and `PeerMisbehaved` for an abort or departed word holding a value no
+    /// rank writes, which it puts back to 0.
     pub fn check_now(
         &mut self,
         own: &Segment,
@@ -131,7 +135,12 @@ impl Liveness {
             }
             match own.load_word(departed.of(r)).unwrap_or(0) {
                 0 => {}
-                1 => continue,
+                1 => {
+                    if !std::mem::replace(&mut self.departed[r], true) {
+                        found.push(TransportError::PeerDeparted(r as Rank));
+                    }
+                    continue;
+                }
                 v => found.push(put_back(
                     own,
                     departed.of(r),

@@ -278,6 +278,8 @@ pub struct Portals {
     in_flight_waits: u32,
     /// Some request buffer is exhausted and not re-linked yet.
     stuck: bool,
+    /// Peers found departed by a liveness check, reported one per poll.
+    departures: std::collections::VecDeque<Rank>,
 }
 
 fn io(e: impl std::fmt::Display) -> TransportError {
@@ -653,6 +655,7 @@ impl Portals {
             refusals: 0,
             in_flight_waits: 0,
             stuck: false,
+            departures: std::collections::VecDeque::new(),
         }
     }
 
@@ -990,6 +993,8 @@ impl Portals {
                         if let TransportError::PeerLost(r) = e {
                             note(self.forget(r as usize));
                             lost = lost.or(Some(e));
+                        } else if let TransportError::PeerDeparted(r) = e {
+                            self.departures.push_back(r);
                         } else {
                             // A corrupt abort or departed word, put back.
                             note(Err(e));
@@ -1165,6 +1170,10 @@ impl Transport for Portals {
             let Some(ev) = self.owner.eq_poll(&self.own).map_err(ni_fault)? else {
                 if self.liveness.idle_poll() {
                     self.idle_tick()?;
+                }
+                // Found with the queue empty: everything the peer sent was delivered.
+                if let Some(r) = self.departures.pop_front() {
+                    return Err(TransportError::PeerDeparted(r));
                 }
                 return Ok(None);
             };

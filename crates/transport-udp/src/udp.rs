@@ -194,6 +194,8 @@ pub struct Udp {
     local: SocketAddr,
     /// Set once the rank has said goodbye (`close` or drop): it lingers only once.
     closed: bool,
+    /// Peers whose goodbye was reported (`TransportError::PeerDeparted`, once each).
+    departures_reported: Vec<bool>,
 }
 
 impl std::fmt::Debug for Udp {
@@ -358,6 +360,7 @@ impl Udp {
                 send_errors: 0,
             },
             rx: vec![0; config.engine.mtu.max(crate::wire::OVERHEAD) + 1],
+            departures_reported: vec![false; peers.len()],
             segment: am_shm::Segment::heap(0, segment_size).map_err(|e| UdpError::Config {
                 var: "segment size",
                 value: segment_size.to_string(),
@@ -486,6 +489,15 @@ impl Transport for Udp {
                     self.io.flush(now);
                     if let Some(r) = self.io.engine.poll_lost() {
                         return Err(TransportError::PeerLost(r));
+                    }
+                    // A goodbye comes after all of its sender's data: with nothing left to
+                    // deliver, its departure is news.
+                    let engine = &self.io.engine;
+                    let left = (0..self.departures_reported.len())
+                        .find(|&r| !self.departures_reported[r] && engine.has_departed(r as Rank));
+                    if let Some(r) = left {
+                        self.departures_reported[r] = true;
+                        return Err(TransportError::PeerDeparted(r as Rank));
                     }
                     return Ok(None);
                 }
