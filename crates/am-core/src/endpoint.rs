@@ -393,6 +393,12 @@ impl Endpoint {
                     self.mark_lost(peer);
                     return Err(AmError::PeerLost(peer));
                 }
+                Err(SendError::PeerDeparted(peer)) => {
+                    // Nobody is left to read the reply.
+                    self.pending.pop_front();
+                    self.mark_departed(peer);
+                    return Err(AmError::PeerDeparted(peer));
+                }
                 Err(e) => {
                     self.pending.pop_front();
                     return Err(send_err(e));

@@ -79,8 +79,15 @@ impl Tx for LoopbackTx {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(SendError::Busy),
             Err(TrySendError::Disconnected(_)) => {
+                let departed = self
+                    .shared
+                    .departed
+                    .get(dest as usize)
+                    .is_some_and(|d| d.load(Ordering::Acquire) != 0);
                 if self.shared.aborted.load(Ordering::Relaxed) {
                     Err(SendError::JobAborted)
+                } else if departed {
+                    Err(SendError::PeerDeparted(dest))
                 } else {
                     Err(SendError::PeerLost(dest))
                 }

@@ -455,8 +455,14 @@ impl<T: Transport> Node<T> {
             }
             Err(e) => {
                 self.ep.credits.cancel(dest);
-                if let SendError::PeerLost(peer) = e {
-                    self.ep.mark_lost(peer);
+                match e {
+                    SendError::PeerLost(peer) => {
+                        self.ep.mark_lost(peer);
+                    }
+                    SendError::PeerDeparted(peer) => {
+                        self.ep.mark_departed(peer);
+                    }
+                    _ => {}
                 }
                 Err(AmError::from(TransportError::from(e)))
             }
@@ -670,6 +676,9 @@ impl<T: Transport> Node<T> {
         if self.ep.is_lost(dest) {
             return Err(AmError::PeerLost(dest));
         }
+        if self.ep.is_departed(dest) {
+            return Err(AmError::PeerDeparted(dest));
+        }
         let (index, gen) = self.ep.alloc_op(dest, Vec::new());
         if dest == self.ep.rank {
             self.transport
@@ -706,6 +715,9 @@ impl<T: Transport> Node<T> {
         self.check_segment(offset as u64, len as u64)?;
         if self.ep.is_lost(src) {
             return Err(AmError::PeerLost(src));
+        }
+        if self.ep.is_departed(src) {
+            return Err(AmError::PeerDeparted(src));
         }
         if src == self.ep.rank {
             let mut data = vec![0; len];
@@ -846,7 +858,9 @@ impl<T: Transport> Drop for Node<T> {
                 Ok(0) => std::thread::yield_now(),
                 Ok(_) => {}
                 // A misbehaving or lost peer does not stop the others' replies from mattering.
-                Err(AmError::PeerMisbehaved { .. }) | Err(AmError::PeerLost(_)) => {}
+                Err(AmError::PeerMisbehaved { .. })
+                | Err(AmError::PeerLost(_))
+                | Err(AmError::PeerDeparted(_)) => {}
                 Err(_) => return,
             }
         }

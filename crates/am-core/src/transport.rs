@@ -271,6 +271,9 @@ pub enum SendError {
     /// The destination is gone.
     #[error("rank {0} was lost")]
     PeerLost(Rank),
+    /// The destination left the job cleanly: nothing it receives will be handled.
+    #[error("rank {0} has left the job")]
+    PeerDeparted(Rank),
     /// The message is larger than the transport can carry.
     #[error("message of {0} bytes too large for the transport")]
     TooLarge(usize),
@@ -319,6 +322,7 @@ impl From<SendError> for TransportError {
     fn from(e: SendError) -> Self {
         match e {
             SendError::PeerLost(r) => TransportError::PeerLost(r),
+            SendError::PeerDeparted(r) => TransportError::PeerDeparted(r),
             SendError::JobAborted => TransportError::JobAborted,
             SendError::TooLarge(n) => TransportError::TooLarge(n),
             SendError::Busy => TransportError::Io("device busy".into()),

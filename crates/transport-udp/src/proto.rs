@@ -412,8 +412,8 @@ impl Engine {
 
     /// Queues a message (`head` then `payload`) to `dest`; [`Engine::transmit`] sends it.
     ///
-    /// Fails at once with [`SendError::PeerLost`] if `dest` was lost or left, with
-    /// [`SendError::TooLarge`] beyond [`EngineConfig::max_message`], and with
+    /// Fails at once with [`SendError::PeerLost`] if `dest` was lost, [`SendError::PeerDeparted`]
+    /// if it said goodbye, with [`SendError::TooLarge`] beyond [`EngineConfig::max_message`], and with
     /// [`SendError::Busy`] when the queue to `dest` is full (nothing was queued).
     pub fn send(
         &mut self,
@@ -439,8 +439,10 @@ impl Engine {
                 self.me
             )));
         }
-        if self.peers[dest as usize].state != PeerState::Live {
-            return Err(SendError::PeerLost(dest));
+        match self.peers[dest as usize].state {
+            PeerState::Live => {}
+            PeerState::Departed => return Err(SendError::PeerDeparted(dest)),
+            _ => return Err(SendError::PeerLost(dest)),
         }
         let total = head.len() + payload.len();
         if total > self.cfg.max_message {

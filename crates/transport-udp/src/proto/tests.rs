@@ -465,7 +465,7 @@ fn goodbye_departs_without_loss() {
     assert!(net.engines[1].has_departed(0));
     assert_eq!(
         net.engines[1].send(net.now, 0, b"x", &[]),
-        Err(SendError::PeerLost(0))
+        Err(SendError::PeerDeparted(0))
     );
     net.dead[0] = true;
     let end = net.now + cfg().peer_timeout * 3;
