@@ -296,6 +296,10 @@ pub enum TransportError {
     /// peer. Not a failure of the job, but nothing will come from it any more.
     #[error("rank {0} has left the job")]
     PeerDeparted(Rank),
+    /// The device had no room, where the caller could not wait for it (a send from a path
+    /// that cannot retry). Nothing was sent.
+    #[error("device busy")]
+    Busy,
     /// The job is being torn down (a rank panicked or the launcher aborted it).
     #[error("the job was aborted")]
     JobAborted,
@@ -325,7 +329,7 @@ impl From<SendError> for TransportError {
             SendError::PeerDeparted(r) => TransportError::PeerDeparted(r),
             SendError::JobAborted => TransportError::JobAborted,
             SendError::TooLarge(n) => TransportError::TooLarge(n),
-            SendError::Busy => TransportError::Io("device busy".into()),
+            SendError::Busy => TransportError::Busy,
             SendError::Other(s) => TransportError::Io(s),
         }
     }
@@ -377,4 +381,35 @@ pub trait Transport: Tx {
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.
     fn close(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AmError;
+
+    /// Every send failure keeps its meaning as a transport error and as a core error:
+    /// nothing a caller can act on becomes an untyped string.
+    #[test]
+    fn send_errors_stay_typed() {
+        let cases = [
+            (SendError::Busy, TransportError::Busy),
+            (SendError::PeerLost(3), TransportError::PeerLost(3)),
+            (SendError::PeerDeparted(4), TransportError::PeerDeparted(4)),
+            (SendError::JobAborted, TransportError::JobAborted),
+            (SendError::TooLarge(9), TransportError::TooLarge(9)),
+            (SendError::Other("x".into()), TransportError::Io("x".into())),
+        ];
+        for (send, transport) in cases {
+            assert_eq!(TransportError::from(send.clone()), transport, "{send:?}");
+        }
+        assert_eq!(
+            AmError::from(TransportError::from(SendError::PeerDeparted(4))),
+            AmError::PeerDeparted(4)
+        );
+        assert_eq!(
+            AmError::from(TransportError::from(SendError::Busy)),
+            AmError::Transport(TransportError::Busy)
+        );
+    }
 }
