@@ -328,14 +328,19 @@ impl Endpoint {
         if std::mem::replace(flag, true) {
             return false;
         }
+        self.fail_ops_with(peer, AmError::PeerLost(peer));
+        self.pending.retain(|p| p.dest != peer);
+        true
+    }
+
+    /// Ends the puts and gets in flight with `peer` with `error` (nothing more comes).
+    fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
         for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
             if slot.outstanding > 0 {
                 slot.outstanding = 0;
-                slot.error.get_or_insert(AmError::PeerLost(peer));
+                slot.error.get_or_insert_with(|| error.clone());
             }
         }
-        self.pending.retain(|p| p.dest != peer);
-        true
     }
 
     /// True if `peer` was reported lost.
@@ -353,12 +358,7 @@ impl Endpoint {
         if std::mem::replace(flag, true) {
             return false;
         }
-        for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
-            if slot.outstanding > 0 {
-                slot.outstanding = 0;
-                slot.error.get_or_insert(AmError::PeerDeparted(peer));
-            }
-        }
+        self.fail_ops_with(peer, AmError::PeerDeparted(peer));
         true
     }
 

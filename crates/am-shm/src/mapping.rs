@@ -536,6 +536,30 @@ impl Mapping {
         }
     }
 
+    /// Copies `n` bytes (a multiple of 8) from byte `from` of `src` (any alignment) to whole
+    /// words from `a`: [`copy_words_fast`](Self::copy_words_fast) where it is available,
+    /// else word by word through `src`'s loads.
+    ///
+    /// # Safety
+    /// As [`copy_words_fast`](Self::copy_words_fast).
+    #[inline(always)]
+    unsafe fn copy_words(&self, a: usize, src: &Mapping, from: usize, n: usize) {
+        // SAFETY: the caller's contract is `copy_words_fast`'s.
+        if unsafe { self.copy_words_fast(a, src, from, n) }.is_some() {
+            return;
+        }
+        let mut w = [0u8; WORD];
+        for k in (0..n).step_by(WORD) {
+            // SAFETY: `[from + k, from + k + 8)` of `src` and the 8-aligned word `a + k` are
+            // in bounds (contract).
+            unsafe {
+                src.load(from + k, &mut w);
+                self.word64(a + k)
+                    .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Copies `n` bytes from byte `from` of `src` (this mapping or another) to bytes `[at, at
     /// + n)`, in one pass where the ranges are disjoint: the destination's partial words at
     /// either end are merged as [`store`](Self::store) does, its whole words are moved straight
@@ -573,17 +597,7 @@ impl Mapping {
             let a = at + i;
             // SAFETY: `a` is 8-aligned (the lead was taken, or there was none), both ranges
             // are in bounds by contract and disjoint (checked above).
-            let fast = unsafe { self.copy_words_fast(a, src, from + i, whole) };
-            if fast.is_none() {
-                for k in (0..whole).step_by(WORD) {
-                    // SAFETY: in bounds by contract; `a + k` is 8-aligned.
-                    unsafe {
-                        src.load(from + i + k, &mut edge);
-                        self.word64(a + k)
-                            .store(u64::from_ne_bytes(edge), Ordering::Relaxed);
-                    }
-                }
-            }
+            unsafe { self.copy_words(a, src, from + i, whole) };
             i += whole;
         }
         if i < n {
@@ -646,13 +660,7 @@ impl Mapping {
             let whole = (n - done) / WORD * WORD;
             if whole > 0 {
                 // `fill == 0` here: the straddling word was completed above.
-                if self.copy_words_fast(a, src, from + done, whole).is_none() {
-                    for k in (0..whole).step_by(WORD) {
-                        src.load(from + done + k, &mut edge);
-                        self.word64(a + k)
-                            .store(u64::from_ne_bytes(edge), Ordering::Relaxed);
-                    }
-                }
+                self.copy_words(a, src, from + done, whole);
                 a += whole;
                 done += whole;
             }
