@@ -103,3 +103,44 @@ pub fn long_bandwidth<T: Transport>(node: &mut Node<T>) -> Result<f64, AmError> 
     }
     Ok(median(bws))
 }
+
+/// What one rank's round trips to itself cost, in one thread with every line in the cache:
+/// `what` is `"nic"` (a Short request and its reply through [`Transport`] alone) or `"am"`
+/// (an AM Short round trip through [`Node`]). Returns ns per round trip.
+///
+/// Run under `valgrind --tool=callgrind` with two counts and subtract to get instructions
+/// per round trip; `am` minus `nic` is the core's share.
+pub fn self_round_trips<T: Transport>(
+    transport: T,
+    what: &str,
+    iters: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    match what {
+        "nic" => {
+            let mut t = transport;
+            let heads = crate::nic::ShortHeads::new();
+            let me = t.rank();
+            for _ in 0..iters {
+                t.try_send(me, &heads.request())?;
+                t.poll_recv(|d, _, tx| tx.try_send(me, &heads.reply(d.route)))?
+                    .ok_or("no request")??;
+                t.poll_recv(|_, _, _| ())?.ok_or("no reply")?;
+            }
+        }
+        "am" => {
+            let replies = Rc::new(Cell::new(0u64));
+            let config = am_core::Config {
+                wait_mode: am_core::WaitMode::Spin,
+                ..Default::default()
+            };
+            let mut node = Node::new(transport, handlers(&replies)?, config)?;
+            let me = node.rank();
+            for _ in 0..iters {
+                round_trip(&mut node, &replies, |n| n.request_short(me, SHORT, &[]))?;
+            }
+        }
+        _ => return Err(format!("selfrt: `{what}` is neither nic nor am").into()),
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64)
+}
