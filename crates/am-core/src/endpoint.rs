@@ -1,15 +1,49 @@
-//! The protocol state of one rank, without I/O: decoding, dispatch to handlers, tokens, credits,
-//! replies the device refused, and the state of barriers, put/get and start-up.
+//! The AM protocol of one rank, without I/O: [`Endpoint`].
 //!
-//! [`crate::Node`] drives it with a transport; tests can drive it with any [`Tx`].
+//! An endpoint holds everything a rank knows about the protocol (handlers, credits, replies
+//! the device refused, start-up, barriers, puts and gets) and does no I/O of its own: every
+//! method that sends takes the sender ([`Tx`]) as an argument, and every method that would
+//! wait instead returns [`Poll::Pending`], so the caller decides how to wait. Messages that
+//! arrive are given to [`Endpoint::handle`]. There is no clock in here either.
+//!
+//! [`crate::Node`] is the driver this workspace uses: it polls a [`crate::Transport`], feeds
+//! each delivery to `handle`, and between polls calls the step methods until they are ready,
+//! waiting as its [`crate::WaitMode`] says. Anyone writing a driver of their own (an event
+//! loop, a test harness that delivers messages in a chosen order) does the same:
+//!
+//! ```
+//! use std::task::Poll;
+//! use am_core::endpoint::Endpoint;
+//! use am_core::{Handlers, Limits, StaticCredits, Outgoing, SendError, Tx};
+//!
+//! /// A sender that keeps what it is given (a real driver hands it to a NIC).
+//! struct Outbox(Vec<(u32, Vec<u8>)>);
+//! impl Tx for Outbox {
+//!     fn try_send(&mut self, dest: u32, m: &Outgoing<'_>) -> Result<(), SendError> {
+//!         let mut bytes = m.head.to_vec();
+//!         m.payload.append_to(&mut bytes);
+//!         self.0.push((dest, bytes));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let limits = Limits { max_args: 16, max_medium: 1024, max_long: 4096, max_credits: 8 };
+//! let credits = Box::new(StaticCredits::new(2, 8));
+//! let mut ep = Endpoint::new(1, 2, limits, 4096, Handlers::new(), credits);
+//! let mut out = Outbox(Vec::new());
+//! // Rank 1 starts by telling rank 0 its handler table, then waits for the verdict.
+//! assert!(ep.start_step(&mut out).is_pending());
+//! assert_eq!(out.0.len(), 1);
+//! assert_eq!(out.0[0].0, 0);
+//! ```
 
+use std::cell::{Cell, OnceCell};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::task::Poll;
 
 use crate::credit::CreditPolicy;
-use crate::error::{AmError, Misbehavior};
-use std::cell::{Cell, OnceCell};
-
+use crate::error::{AmError, Misbehavior, StartError};
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
 use crate::protocol::{HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::transport::{
@@ -19,9 +53,8 @@ use crate::transport::{
 use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
 
-/// Opcodes of core-internal (system) messages.
-/// A reply the device refused; sent again by the next poll, in order.
-pub(crate) struct PendingReply {
+/// A reply the device refused; sent again by the next [`Endpoint::flush`], in order.
+struct PendingReply {
     dest: Rank,
     /// The route of the request it answers.
     route: Route,
@@ -32,62 +65,117 @@ pub(crate) struct PendingReply {
 
 /// A put or get in flight.
 #[derive(Default)]
-pub(crate) struct OpSlot {
-    pub gen: u32,
+struct OpSlot {
+    gen: u32,
     /// The rank the put or get targets: its replies are the only ones accepted.
-    pub peer: Rank,
-    pub live: bool,
-    pub outstanding: u32,
-    pub error: Option<AmError>,
-    pub data: Vec<u8>,
+    peer: Rank,
+    live: bool,
+    /// Where in the peer's segment the operation starts.
+    offset: usize,
+    /// Bytes the operation moves, and how many of them have been asked for so far.
+    len: usize,
+    sent: usize,
+    /// Chunks sent and not yet answered.
+    outstanding: u32,
+    error: Option<AmError>,
+    data: Vec<u8>,
 }
 
-/// Start-up handshake state.
-#[derive(Default)]
-pub(crate) struct Hello {
-    /// Rank 0: how many HELLOs arrived.
-    pub received: u32,
-    /// Rank 0: the first mismatch seen.
-    pub mismatch: Option<HelloVerdict>,
-    /// Other ranks: rank 0's verdict.
-    pub result: Option<HelloVerdict>,
+/// A non-blocking put in flight: complete it with [`crate::Node::wait_put`] (or, driving an
+/// [`Endpoint`] yourself, [`Endpoint::put_step`] then [`Endpoint::poll_put`]).
+#[derive(Debug)]
+#[must_use = "a put is complete only once waited for"]
+pub struct PutHandle {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
 }
 
-/// Where an interrupted barrier stopped: its epoch, its round, and whether that round's
-/// message went out.
+/// A non-blocking get in flight: complete it with [`crate::Node::wait_get`] (or
+/// [`Endpoint::get_step`] then [`Endpoint::poll_get`]).
+#[derive(Debug)]
+#[must_use = "a get's data arrives only once waited for"]
+pub struct GetHandle {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+}
+
+/// Start-up handshake: everyone tells rank 0 its table digest and segment size, rank 0
+/// tells everyone the verdict.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BarrierAt {
-    pub epoch: u64,
-    pub round: u8,
-    pub sent: bool,
+enum Startup {
+    /// Not a rank 0: its HELLO has not gone out yet.
+    SendHello,
+    /// Not a rank 0: waits for rank 0's verdict.
+    AwaitVerdict,
+    /// Rank 0: waits for every other rank's HELLO.
+    Collect,
+    /// Rank 0: sends the verdict to ranks `next..size`.
+    Verdicts { next: Rank, verdict: HelloVerdict },
+    /// Rank 0, all agree: waits until the verdicts' implicit replies have brought every
+    /// credit home.
+    CreditsHome,
+    /// Over, with this verdict.
+    Done(HelloVerdict),
 }
 
-pub(crate) struct Endpoint {
-    pub rank: Rank,
-    pub size: u32,
-    pub limits: Limits,
-    pub seg_len: usize,
-    pub handlers: Handlers,
-    pub credits: Box<dyn CreditPolicy>,
-    pub pending: VecDeque<PendingReply>,
-    pub ops: Vec<OpSlot>,
-    pub free_ops: Vec<u32>,
-    pub barrier_epoch: u64,
-    /// A barrier that returned an error, to resume.
-    pub barrier_resume: Option<BarrierAt>,
-    pub barrier_arrivals: HashMap<(u64, u8), u32>,
-    pub hello: Hello,
-    pub hello_digest: u64,
+/// What start-up has heard.
+#[derive(Default)]
+struct Hello {
+    /// Rank 0: how many HELLOs arrived.
+    received: u32,
+    /// Rank 0: the first mismatch seen.
+    mismatch: Option<HelloVerdict>,
+    /// Other ranks: rank 0's verdict.
+    result: Option<HelloVerdict>,
+}
+
+/// Where a barrier stands: its epoch, its round, and whether that round's message went out.
+#[derive(Debug, Clone, Copy)]
+struct BarrierAt {
+    epoch: u64,
+    round: u8,
+    sent: bool,
+}
+
+/// The AM protocol state of one rank (see the [module docs](self)).
+pub struct Endpoint {
+    rank: Rank,
+    size: u32,
+    limits: Limits,
+    seg_len: usize,
+    handlers: Handlers,
+    credits: Box<dyn CreditPolicy>,
+    pending: VecDeque<PendingReply>,
+    ops: Vec<OpSlot>,
+    free_ops: Vec<u32>,
+    startup: Startup,
+    barrier_epoch: u64,
+    /// The barrier in progress (also one that returned an error, to resume).
+    barrier: Option<BarrierAt>,
+    barrier_arrivals: HashMap<(u64, u8), u32>,
+    hello: Hello,
+    hello_digest: u64,
     /// Our handler table's signature ([`Handlers::signature`]), which rank 0 compares.
-    pub hello_signature: [u16; 256],
-    pub exit_requested: Option<i32>,
+    hello_signature: [u16; 256],
+    exit_requested: Option<i32>,
     /// Peers the transport reported lost: requests to them fail at once, their operations
     /// fail, and nobody waits for their replies any more.
-    pub lost: Vec<bool>,
+    lost: Vec<bool>,
     /// Peers that left the job cleanly (their transport said so).
-    pub departed: Vec<bool>,
+    departed: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
-    pub scratch: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("startup", &self.startup)
+            .field("quiet", &self.is_quiet())
+            .finish_non_exhaustive()
+    }
 }
 
 fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
@@ -111,7 +199,7 @@ fn send_err(e: SendError) -> AmError {
 }
 
 /// Checks that `[offset, offset + len)` lies in a segment of `size` bytes.
-pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<usize>> {
+fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<usize>> {
     let end = offset.checked_add(len)?;
     if end > size as u64 {
         return None;
@@ -294,7 +382,7 @@ impl ReplyPath for ReplySink<'_> {
 }
 
 /// Checks arguments and payload size against the transport's limits.
-pub(crate) fn check_message(
+fn check_message(
     limits: &Limits,
     kind: AmKind,
     args: &[u32],
@@ -319,6 +407,653 @@ pub(crate) fn check_message(
 }
 
 impl Endpoint {
+    /// The protocol state of rank `rank` of `size`, over a transport with `limits` and a
+    /// segment of `segment_len` bytes. Start it with [`Endpoint::start_step`] before any
+    /// other send.
+    pub fn new(
+        rank: Rank,
+        size: u32,
+        limits: Limits,
+        segment_len: usize,
+        handlers: Handlers,
+        credits: Box<dyn CreditPolicy>,
+    ) -> Endpoint {
+        let hello_digest = handlers.digest();
+        let hello_signature = handlers.signature();
+        Endpoint {
+            rank,
+            size,
+            limits,
+            seg_len: segment_len,
+            handlers,
+            credits,
+            pending: VecDeque::new(),
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            startup: if size <= 1 {
+                Startup::Done(HelloVerdict::Ok)
+            } else if rank == 0 {
+                Startup::Collect
+            } else {
+                Startup::SendHello
+            },
+            barrier_epoch: 0,
+            barrier: None,
+            barrier_arrivals: HashMap::new(),
+            hello: Hello::default(),
+            hello_digest,
+            hello_signature,
+            exit_requested: None,
+            lost: vec![false; size as usize],
+            departed: vec![false; size as usize],
+            scratch: Vec::new(),
+        }
+    }
+
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The transport's size limits.
+    #[inline]
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Bytes of this rank's segment (and, once start-up agreed, of every rank's).
+    #[inline]
+    pub fn segment_len(&self) -> usize {
+        self.seg_len
+    }
+
+    /// The credit policy.
+    #[inline]
+    pub fn credits(&self) -> &dyn CreditPolicy {
+        &*self.credits
+    }
+
+    /// The exit code a peer asked the whole job to end with ([`SystemMsg::Exit`]): once set,
+    /// the driver ends this rank's process with it.
+    #[inline]
+    pub fn exit_requested(&self) -> Option<i32> {
+        self.exit_requested
+    }
+
+    /// Records what a poll's error says about a peer: a lost peer is marked lost (its
+    /// operations fail), a departed one departed. Returns the error back, except for a
+    /// departure, which is not an error of the poll that found it: only the calls that wait
+    /// for that peer fail.
+    pub fn absorb(&mut self, e: AmError) -> Option<AmError> {
+        match e {
+            AmError::PeerDeparted(peer) => {
+                self.mark_departed(peer);
+                None
+            }
+            AmError::PeerLost(peer) => {
+                self.mark_lost(peer);
+                Some(e)
+            }
+            e => Some(e),
+        }
+    }
+
+    /// Checks a request before it is sent: a valid rank that is not lost, the transport's
+    /// limits, a handler registered as a request of this kind, and a Long's range within
+    /// the segment.
+    pub fn check_request(
+        &self,
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload_len: usize,
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        self.check_rank(dest)?;
+        if self.is_lost(dest) {
+            return Err(AmError::PeerLost(dest));
+        }
+        check_message(&self.limits, kind, args, payload_len)?;
+        if self.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: Category::Request,
+                kind,
+            });
+        }
+        if let Some(offset) = long_offset {
+            self.check_segment(offset as u64, payload_len as u64)?;
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, rank: Rank) -> Result<(), AmError> {
+        if rank >= self.size {
+            return Err(AmError::InvalidRank {
+                rank,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_segment(&self, offset: u64, len: u64) -> Result<(), AmError> {
+        // Segment sizes agree across ranks (checked at start-up), so the local size bounds
+        // every target's segment.
+        match segment_range(offset, len, self.seg_len) {
+            Some(_) => Ok(()),
+            None => Err(AmError::SegmentOutOfBounds {
+                offset,
+                len,
+                size: self.seg_len,
+            }),
+        }
+    }
+
+    /// One attempt to send a user request already checked by [`Endpoint::check_request`]:
+    /// `Ok(false)` if out of credit or the device is busy (nothing was sent).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn try_request(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
+        self.try_send(tx, dest, false, kind, handler.0, args, payload, long_offset)
+    }
+
+    /// A step of a blocking send of a checked user request: fails at once if `dest` was
+    /// lost or has left, `Pending` while out of credit or the device is busy.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn request_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        self.send_step(tx, dest, false, kind, handler.0, args, payload, long_offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn send_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        if self.is_lost(dest) {
+            return Poll::Ready(Err(AmError::PeerLost(dest)));
+        }
+        if self.is_departed(dest) {
+            return Poll::Ready(Err(AmError::PeerDeparted(dest)));
+        }
+        match self.try_send(tx, dest, system, kind, handler, args, payload, long_offset) {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn system_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        msg: SystemMsg,
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        let w = msg.encode();
+        debug_assert_eq!(w.category, Category::Request);
+        self.send_step(
+            tx,
+            dest,
+            true,
+            w.kind,
+            w.opcode,
+            w.args(),
+            payload,
+            long_offset,
+        )
+    }
+
+    /// One attempt: takes a credit, encodes the head and offers it to the device.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn try_send(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
+        if !self.credits.try_acquire(dest) {
+            return Ok(false);
+        }
+        let header = Header {
+            category: Category::Request,
+            kind,
+            system,
+            handler,
+            nargs: args.len() as u8,
+            credit: self.credits.request_hint(dest),
+            payload_len: payload.len() as u32,
+            long_offset: long_offset.unwrap_or(0) as u64,
+        };
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let n = header.encode(args, &mut head);
+        let out = Outgoing {
+            head: &head[..n],
+            payload: Payload::Private(payload),
+            long_offset,
+            reply_to: None,
+        };
+        match tx.try_send(dest, &out) {
+            Ok(()) => Ok(true),
+            Err(SendError::Busy) => {
+                self.credits.cancel(dest);
+                Ok(false)
+            }
+            Err(e) => {
+                self.credits.cancel(dest);
+                self.send_failed(e)
+            }
+        }
+    }
+
+    #[cold]
+    fn send_failed(&mut self, e: SendError) -> Result<bool, AmError> {
+        match e {
+            SendError::PeerLost(peer) => {
+                self.mark_lost(peer);
+            }
+            SendError::PeerDeparted(peer) => {
+                self.mark_departed(peer);
+            }
+            _ => {}
+        }
+        Err(send_err(e))
+    }
+
+    /// One attempt to tell `dest` that the job ends with `code` ([`crate::Node::exit`]):
+    /// `Ok(false)` if out of credit or the device is busy.
+    pub fn try_exit(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        code: i32,
+    ) -> Result<bool, AmError> {
+        let w = SystemMsg::Exit { code }.encode();
+        self.try_send(tx, dest, true, w.kind, w.opcode, w.args(), &[], None)
+    }
+
+    /// A step of start-up (collective; [`crate::Node::new`]): every rank tells rank 0 its
+    /// handler table and segment size, rank 0 tells everyone whether they agree. Ready with
+    /// the verdict; a mismatch is reported on every rank. No user request may be sent
+    /// before it is ready with `Ok`.
+    pub fn start_step(&mut self, tx: &mut (impl Tx + ?Sized)) -> Poll<Result<(), StartError>> {
+        loop {
+            match self.startup {
+                Startup::SendHello => {
+                    let hello = SystemMsg::Hello {
+                        digest: self.hello_digest,
+                        segment_len: self.seg_len as u64,
+                    };
+                    // The entries up to the highest registered id, as many as a Medium
+                    // carries.
+                    let sig = &self.hello_signature;
+                    let used = sig.iter().rposition(|&h| h != 0).map_or(0, |i| i + 1);
+                    let signature: Vec<u8> = sig[..used.min(self.limits.max_medium / 2)]
+                        .iter()
+                        .flat_map(|h| h.to_le_bytes())
+                        .collect();
+                    match self.system_step(tx, 0, hello, &signature, None) {
+                        Poll::Ready(Ok(())) => self.startup = Startup::AwaitVerdict,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Startup::AwaitVerdict => match self.hello.result {
+                    Some(v) => self.startup = Startup::Done(v),
+                    None => return self.waiting_for(0).map(|e| Err(e.into())),
+                },
+                Startup::Collect => {
+                    if self.hello.received < self.size - 1 {
+                        // A rank that has not said hello and is gone will never say it.
+                        return match (1..self.size).find(|&r| self.is_gone(r)) {
+                            Some(r) => self.waiting_for(r).map(|e| Err(e.into())),
+                            None => Poll::Pending,
+                        };
+                    }
+                    let verdict = self.hello.mismatch.unwrap_or(HelloVerdict::Ok);
+                    self.startup = Startup::Verdicts { next: 1, verdict };
+                }
+                Startup::Verdicts { next, verdict } => {
+                    if next == self.size {
+                        self.startup = match verdict {
+                            HelloVerdict::Ok => Startup::CreditsHome,
+                            v => Startup::Done(v),
+                        };
+                        continue;
+                    }
+                    match self.system_step(tx, next, SystemMsg::HelloVerdict(verdict), &[], None) {
+                        Poll::Ready(Ok(())) => {
+                            self.startup = Startup::Verdicts {
+                                next: next + 1,
+                                verdict,
+                            }
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Startup::CreditsHome => {
+                    // Start-up ends with every credit home: the verdicts' implicit replies.
+                    if !self.is_quiet() {
+                        return Poll::Pending;
+                    }
+                    self.startup = Startup::Done(HelloVerdict::Ok);
+                }
+                Startup::Done(verdict) => {
+                    return Poll::Ready(match verdict {
+                        HelloVerdict::Ok => Ok(()),
+                        HelloVerdict::SegmentMismatch { rank, ours, theirs } => {
+                            Err(StartError::SegmentSizeMismatch { rank, ours, theirs })
+                        }
+                        HelloVerdict::TableMismatch {
+                            rank,
+                            ours,
+                            theirs,
+                            handler,
+                        } => Err(StartError::HandlerTableMismatch {
+                            rank,
+                            ours,
+                            theirs,
+                            handler: handler.map(HandlerId),
+                        }),
+                    })
+                }
+            }
+        }
+    }
+
+    fn is_gone(&self, peer: Rank) -> bool {
+        self.is_lost(peer) || self.is_departed(peer)
+    }
+
+    /// `Pending` while `peer` may still answer; otherwise the error that says why it won't.
+    fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
+        if self.is_lost(peer) {
+            Poll::Ready(AmError::PeerLost(peer))
+        } else if self.is_departed(peer) {
+            Poll::Ready(AmError::PeerDeparted(peer))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// A step of a barrier ([`crate::Node::barrier`]): a dissemination barrier, ⌈log2 N⌉
+    /// rounds of one request each. The first step of a barrier starts it; steps after an
+    /// error resume it where it stopped (the other ranks are still in it), sending nothing
+    /// twice. Ready once every rank has entered this barrier.
+    pub fn barrier_step(&mut self, tx: &mut (impl Tx + ?Sized)) -> Poll<Result<(), AmError>> {
+        let mut at = match self.barrier {
+            Some(at) => at,
+            None => {
+                let epoch = self.barrier_epoch;
+                self.barrier_epoch += 1;
+                BarrierAt {
+                    epoch,
+                    round: 0,
+                    sent: false,
+                }
+            }
+        };
+        let size = self.size;
+        let result = loop {
+            let Some(distance) = 1u32.checked_shl(u32::from(at.round)).filter(|&d| d < size) else {
+                self.barrier = None;
+                return Poll::Ready(Ok(()));
+            };
+            let key = (at.epoch, at.round);
+            if !at.sent {
+                let to = (self.rank + distance) % size;
+                let msg = SystemMsg::Barrier {
+                    epoch: at.epoch,
+                    round: at.round,
+                };
+                match self.system_step(tx, to, msg, &[], None) {
+                    Poll::Ready(Ok(())) => at.sent = true,
+                    other => break other,
+                }
+            }
+            match self.barrier_arrivals.get_mut(&key) {
+                Some(n) => {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.barrier_arrivals.remove(&key);
+                    }
+                    at.round += 1;
+                    at.sent = false;
+                }
+                // This round's arrival comes from the rank `distance` before us.
+                None => {
+                    let from = (self.rank + size - distance % size) % size;
+                    break self.waiting_for(from).map(Err);
+                }
+            }
+        };
+        self.barrier = Some(at);
+        result
+    }
+
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]);
+    /// a put to this rank is done at once, into `segment`. Send it with
+    /// [`Endpoint::put_step`].
+    pub fn put_start(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<PutHandle, AmError> {
+        self.start_op(dest, offset, data.len())?;
+        let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
+        if dest == self.rank {
+            self.ops[index as usize].sent = data.len();
+            if segment.write(offset, data).is_err() {
+                let _ = self.finish_op(index);
+                return Err(self.out_of_bounds(offset as u64, data.len() as u64));
+            }
+        }
+        Ok(PutHandle { index, gen })
+    }
+
+    /// A step of sending a put: sends the chunks that credits allow; ready once all are
+    /// sent. `data` must be what [`Endpoint::put_start`] was given. After an error nothing
+    /// more is sent: wait for the chunks already out with [`Endpoint::poll_put`].
+    pub fn put_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &PutHandle,
+        data: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        self.op_step(tx, handle.index, handle.gen, Some(data))
+    }
+
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::Node::get_nb`]);
+    /// a get from this rank is done at once, from `segment`. Send it with
+    /// [`Endpoint::get_step`].
+    pub fn get_start(
+        &mut self,
+        segment: SharedBytes<'_>,
+        src: Rank,
+        offset: usize,
+        len: usize,
+    ) -> Result<GetHandle, AmError> {
+        self.start_op(src, offset, len)?;
+        let mut data = vec![0; len];
+        if src == self.rank {
+            segment
+                .read(offset, &mut data)
+                .map_err(|_| self.out_of_bounds(offset as u64, len as u64))?;
+        }
+        let (index, gen) = self.alloc_op(src, offset, len, data);
+        if src == self.rank {
+            self.ops[index as usize].sent = len;
+        }
+        Ok(GetHandle { index, gen })
+    }
+
+    /// A step of sending a get's requests, as [`Endpoint::put_step`].
+    pub fn get_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &GetHandle,
+    ) -> Poll<Result<(), AmError>> {
+        self.op_step(tx, handle.index, handle.gen, None)
+    }
+
+    fn start_op(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
+        self.check_rank(peer)?;
+        self.check_segment(offset as u64, len as u64)?;
+        match self.waiting_for(peer) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(()),
+        }
+    }
+
+    fn out_of_bounds(&self, offset: u64, len: u64) -> AmError {
+        AmError::SegmentOutOfBounds {
+            offset,
+            len,
+            size: self.seg_len,
+        }
+    }
+
+    /// Sends a put's (`data`) or a get's chunks until all are out or one is refused.
+    fn op_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        index: u32,
+        gen: u32,
+        data: Option<&[u8]>,
+    ) -> Poll<Result<(), AmError>> {
+        let Some(slot) = self.op(index, gen) else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let (peer, offset, len) = (slot.peer, slot.offset, slot.len);
+        if data.is_some_and(|d| d.len() != len) {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        }
+        let chunk = match data {
+            Some(_) => self.limits.max_long,
+            None => self.limits.max_medium,
+        }
+        .max(1);
+        loop {
+            let slot = &self.ops[index as usize];
+            let at = slot.sent;
+            if at >= slot.len {
+                // All sent, or cut short by a peer's loss or departure.
+                return Poll::Ready(match &slot.error {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(()),
+                });
+            }
+            let n = chunk.min(slot.len - at);
+            let step = match data {
+                Some(d) => {
+                    let put = SystemMsg::Put { op: index };
+                    self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at))
+                }
+                None => {
+                    let get = SystemMsg::Get {
+                        op: index,
+                        offset: (offset + at) as u64,
+                        len: n as u32,
+                        at: at as u64,
+                    };
+                    self.system_step(tx, peer, get, &[], None)
+                }
+            };
+            let slot = &mut self.ops[index as usize];
+            match step {
+                Poll::Ready(Ok(())) => {
+                    slot.outstanding += 1;
+                    slot.sent = at + n;
+                }
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    // Nothing more goes out; what is out is still waited for.
+                    slot.len = at;
+                    slot.error.get_or_insert_with(|| e.clone());
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+    }
+
+    /// True once a put has completed (or its handle is stale): every chunk was sent and
+    /// has landed.
+    pub fn put_done(&self, handle: &PutHandle) -> bool {
+        self.op_done(handle.index, handle.gen)
+    }
+
+    /// Completes a put once every chunk was sent and has landed in the target's segment.
+    pub fn poll_put(&mut self, handle: &PutHandle) -> Poll<Result<(), AmError>> {
+        self.poll_op(handle.index, handle.gen).map(|r| r.map(drop))
+    }
+
+    /// Completes a get once every chunk was sent and answered: its data.
+    pub fn poll_get(&mut self, handle: &GetHandle) -> Poll<Result<Vec<u8>, AmError>> {
+        self.poll_op(handle.index, handle.gen)
+    }
+
+    fn op_done(&self, index: u32, gen: u32) -> bool {
+        self.ops
+            .get(index as usize)
+            .filter(|s| s.live && s.gen == gen)
+            .is_none_or(|s| s.outstanding == 0 && s.sent >= s.len)
+    }
+
+    /// Completes an operation: a get's data (empty for a put) or the operation's error. A
+    /// stale handle is [`AmError::StaleHandle`].
+    pub(crate) fn poll_op(&mut self, index: u32, gen: u32) -> Poll<Result<Vec<u8>, AmError>> {
+        match self.op(index, gen) {
+            None => Poll::Ready(Err(AmError::StaleHandle)),
+            Some(s) if s.outstanding == 0 && s.sent >= s.len => Poll::Ready(self.finish_op(index)),
+            Some(_) => Poll::Pending,
+        }
+    }
+
     /// Records that `peer` is gone: fails its operations in flight and drops the replies still
     /// queued for it. Returns false if it was already known.
     pub fn mark_lost(&mut self, peer: Rank) -> bool {
@@ -336,8 +1071,9 @@ impl Endpoint {
     /// Ends the puts and gets in flight with `peer` with `error` (nothing more comes).
     fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
         for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
-            if slot.outstanding > 0 {
+            if slot.outstanding > 0 || slot.sent < slot.len {
                 slot.outstanding = 0;
+                slot.len = slot.sent;
                 slot.error.get_or_insert_with(|| error.clone());
             }
         }
@@ -375,8 +1111,9 @@ impl Endpoint {
                 .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
     }
 
-    /// Sends the replies the device refused earlier, in order, until it refuses again.
-    pub fn flush_pending(&mut self, tx: &mut dyn Tx) -> Result<(), AmError> {
+    /// Sends the replies the device refused earlier, in order, until it refuses again. A
+    /// driver calls it before each poll.
+    pub fn flush(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
         while let Some(p) = self.pending.front() {
             let out = Outgoing {
                 head: &p.bytes[..p.head_len],
@@ -408,9 +1145,11 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Handles one delivered message: runs its handler, sends the reply or the implicit one.
+    /// Handles one delivered message: runs its handler, sends the reply or the implicit one
+    /// through `tx` (the transport's sender for this delivery). An error names the peer
+    /// and what it did; the message is dropped and the endpoint goes on.
     #[inline]
-    pub fn dispatch(
+    pub fn handle(
         &mut self,
         d: Delivery<'_>,
         segment: SharedBytes<'_>,
@@ -705,7 +1444,7 @@ impl Endpoint {
     }
 
     /// Allocates a put/get slot.
-    pub fn alloc_op(&mut self, peer: Rank, data: Vec<u8>) -> (u32, u32) {
+    fn alloc_op(&mut self, peer: Rank, offset: usize, len: usize, data: Vec<u8>) -> (u32, u32) {
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -717,6 +1456,9 @@ impl Endpoint {
         slot.gen = slot.gen.wrapping_add(1);
         slot.live = true;
         slot.peer = peer;
+        slot.offset = offset;
+        slot.len = len;
+        slot.sent = 0;
         slot.outstanding = 0;
         slot.error = None;
         slot.data = data;
@@ -724,14 +1466,14 @@ impl Endpoint {
     }
 
     /// The slot of a handle, if it is still the same operation.
-    pub fn op(&mut self, index: u32, gen: u32) -> Option<&mut OpSlot> {
+    fn op(&mut self, index: u32, gen: u32) -> Option<&mut OpSlot> {
         self.ops
             .get_mut(index as usize)
             .filter(|s| s.live && s.gen == gen)
     }
 
     /// Frees a completed slot and returns its result.
-    pub fn finish_op(&mut self, index: u32) -> Result<Vec<u8>, AmError> {
+    fn finish_op(&mut self, index: u32) -> Result<Vec<u8>, AmError> {
         let slot = &mut self.ops[index as usize];
         slot.live = false;
         let data = std::mem::take(&mut slot.data);

@@ -27,7 +27,7 @@
 pub mod config;
 pub mod conformance;
 pub mod credit;
-mod endpoint;
+pub mod endpoint;
 pub mod error;
 pub mod fault;
 pub mod handler;
@@ -39,11 +39,12 @@ pub mod wire;
 
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
+pub use endpoint::{Endpoint, GetHandle, PutHandle};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
-pub use node::{GetHandle, Node, PutHandle};
+pub use node::Node;
 pub use transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,

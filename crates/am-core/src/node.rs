@@ -1,16 +1,14 @@
 //! [`Node`]: one rank of a job, driving the protocol [`Endpoint`] with a [`Transport`].
 
-use std::collections::{HashMap, VecDeque};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, WaitMode};
 use crate::credit::CreditPolicy;
-use crate::endpoint::{check_message, segment_range, BarrierAt, Endpoint, Hello};
+use crate::endpoint::{Endpoint, GetHandle, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
-use crate::handler::{AmKind, Category, HandlerId, Handlers};
-use crate::protocol::{HelloVerdict, SystemMsg};
-use crate::transport::{Limits, Outgoing, Payload, SendError, Transport, TransportError};
-use crate::wire::{Header, MAX_HEAD_LEN};
+use crate::handler::{AmKind, HandlerId, Handlers};
+use crate::transport::{Limits, Transport};
 use crate::Rank;
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
@@ -47,22 +45,6 @@ pub struct Node<T: Transport> {
     config: Config,
 }
 
-/// A non-blocking put in flight. Complete it with [`Node::wait_put`].
-#[derive(Debug)]
-#[must_use = "a put is complete only once waited for"]
-pub struct PutHandle {
-    index: u32,
-    gen: u32,
-}
-
-/// A non-blocking get in flight. Complete it with [`Node::wait_get`].
-#[derive(Debug)]
-#[must_use = "a get's data arrives only once waited for"]
-pub struct GetHandle {
-    index: u32,
-    gen: u32,
-}
-
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
 
@@ -87,122 +69,61 @@ impl<T: Transport> Node<T> {
         config: Config,
         credits: Box<dyn CreditPolicy>,
     ) -> Result<Self, StartError> {
-        let hello_digest = handlers.digest();
-        let hello_signature = handlers.signature();
-        let ep = Endpoint {
-            rank: transport.rank(),
-            size: transport.size(),
-            limits: transport.limits(),
-            seg_len: transport.segment().len(),
+        let ep = Endpoint::new(
+            transport.rank(),
+            transport.size(),
+            transport.limits(),
+            transport.segment().len(),
             handlers,
             credits,
-            pending: VecDeque::new(),
-            ops: Vec::new(),
-            free_ops: Vec::new(),
-            barrier_epoch: 0,
-            barrier_resume: None,
-            barrier_arrivals: HashMap::new(),
-            hello: Hello::default(),
-            hello_digest,
-            hello_signature,
-            exit_requested: None,
-            lost: vec![false; transport.size() as usize],
-            departed: vec![false; transport.size() as usize],
-            scratch: Vec::new(),
-        };
+        );
         let mut node = Node {
             transport,
             ep,
             config,
         };
-        node.hello()?;
-        Ok(node)
-    }
-
-    /// Exchanges table digests: everyone tells rank 0, rank 0 tells everyone the verdict. No rank
-    /// sends a user message before it has heard that all tables agree.
-    fn hello(&mut self) -> Result<(), StartError> {
-        let size = self.ep.size;
-        if size == 1 {
-            return Ok(());
-        }
-        let verdict = if self.rank() == 0 {
-            self.wait_until_ep(|ep| ep.hello.received == size - 1)?;
-            let v = self.ep.hello.mismatch.unwrap_or(HelloVerdict::Ok);
-            for r in 1..size {
-                self.send_system(r, SystemMsg::HelloVerdict(v), &[], None)?;
+        // Start-up: no rank sends a user message before it has heard that all agree.
+        let mut idle = 0;
+        loop {
+            if let Poll::Ready(r) = node.ep.start_step(&mut node.transport) {
+                r?;
+                return Ok(node);
             }
-            if v == HelloVerdict::Ok {
-                // Start-up ends with every credit home: the verdicts' implicit replies.
-                self.wait_until_ep(|ep| ep.is_quiet())?;
-            }
-            v
-        } else {
-            let hello = SystemMsg::Hello {
-                digest: self.ep.hello_digest,
-                segment_len: self.ep.seg_len as u64,
-            };
-            // The entries up to the highest registered id, as many as a Medium carries.
-            let sig = &self.ep.hello_signature;
-            let used = sig.iter().rposition(|&h| h != 0).map_or(0, |i| i + 1);
-            let signature: Vec<u8> = sig[..used.min(self.ep.limits.max_medium / 2)]
-                .iter()
-                .flat_map(|h| h.to_le_bytes())
-                .collect();
-            self.send_system(0, hello, &signature, None)?;
-            self.wait_until_ep(|ep| ep.hello.result.is_some())?;
-            self.ep.hello.result.unwrap_or(HelloVerdict::Ok)
-        };
-        match verdict {
-            HelloVerdict::Ok => Ok(()),
-            HelloVerdict::SegmentMismatch { rank, ours, theirs } => {
-                Err(StartError::SegmentSizeMismatch { rank, ours, theirs })
-            }
-            HelloVerdict::TableMismatch {
-                rank,
-                ours,
-                theirs,
-                handler,
-            } => Err(StartError::HandlerTableMismatch {
-                rank,
-                ours,
-                theirs,
-                handler: handler.map(HandlerId),
-            }),
+            node.progress(&mut idle)?;
         }
     }
 
     /// This rank.
     #[inline]
     pub fn rank(&self) -> Rank {
-        self.ep.rank
+        self.ep.rank()
     }
 
     /// Number of ranks.
     #[inline]
     pub fn size(&self) -> u32 {
-        self.ep.size
+        self.ep.size()
     }
 
     /// The transport's size limits (`max_args`, `max_medium`, `max_long`).
     #[inline]
     pub fn limits(&self) -> Limits {
-        self.ep.limits
+        self.ep.limits()
     }
 
     /// The most arguments per AM.
     pub fn max_args(&self) -> usize {
-        self.ep.limits.max_args
+        self.ep.limits().max_args
     }
 
     /// The largest AM Medium payload.
     pub fn max_medium(&self) -> usize {
-        self.ep.limits.max_medium
+        self.ep.limits().max_medium
     }
 
     /// The largest AM Long payload.
     pub fn max_long(&self) -> usize {
-        self.ep.limits.max_long
+        self.ep.limits().max_long
     }
 
     /// The configuration the node runs with.
@@ -233,6 +154,11 @@ impl<T: Transport> Node<T> {
         &self.transport
     }
 
+    /// The protocol state this node drives (see [`crate::endpoint`]).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
     /// Whether a Long of `len` bytes has landed in the target's segment once a request for it
     /// was sent ([`Transport::long_placed_on_send`]).
     pub fn long_placed_on_send(&self, len: usize) -> bool {
@@ -241,13 +167,13 @@ impl<T: Transport> Node<T> {
 
     /// Credits available now for requests to `peer`.
     pub fn credits_available(&self, peer: Rank) -> u32 {
-        self.ep.credits.available(peer)
+        self.ep.credits().available(peer)
     }
 
     /// The credit policy, to inspect (for example [`CreditPolicy::held`] and
     /// [`CreditPolicy::banked`]).
     pub fn credit_policy(&self) -> &dyn CreditPolicy {
-        &*self.ep.credits
+        self.ep.credits()
     }
 
     /// Runs handlers for the messages that have arrived and resends replies the device refused.
@@ -261,36 +187,23 @@ impl<T: Transport> Node<T> {
     }
 
     fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
-        match self.poll_inner(max) {
-            // A clean departure is not an error of this poll: only the calls that wait for
-            // that peer fail (they check `Endpoint::is_departed`).
-            Err(AmError::PeerDeparted(peer)) => {
-                self.ep.mark_departed(peer);
-                Ok(0)
-            }
-            r => r.inspect_err(|e| {
-                if let AmError::PeerLost(peer) = e {
-                    self.ep.mark_lost(*peer);
-                }
-            }),
-        }
+        self.poll_inner(max)
+            .or_else(|e| self.ep.absorb(e).map_or(Ok(0), Err))
     }
 
     fn poll_inner(&mut self, max: usize) -> Result<usize, AmError> {
-        if !self.ep.pending.is_empty() {
-            self.ep.flush_pending(&mut self.transport)?;
-        }
+        self.ep.flush(&mut self.transport)?;
         let mut handled = 0;
         while handled < max {
             let ep = &mut self.ep;
             match self
                 .transport
-                .poll_recv(|d, segment, tx| ep.dispatch(d, segment, tx))?
+                .poll_recv(|d, segment, tx| ep.handle(d, segment, tx))?
             {
                 None => break,
                 Some(result) => {
                     handled += 1;
-                    if let Some(code) = self.ep.exit_requested {
+                    if let Some(code) = self.ep.exit_requested() {
                         self.terminate(code);
                     }
                     result?;
@@ -309,19 +222,25 @@ impl<T: Transport> Node<T> {
         Ok(())
     }
 
-    fn wait_until_ep(&mut self, mut done: impl FnMut(&Endpoint) -> bool) -> Result<(), AmError> {
+    /// Runs a step of the endpoint until it is ready, making progress in between.
+    #[inline]
+    fn drive<R>(
+        &mut self,
+        mut step: impl FnMut(&mut Endpoint, &mut T) -> Poll<Result<R, AmError>>,
+    ) -> Result<R, AmError> {
         let mut idle = 0;
-        while !done(&self.ep) {
+        loop {
+            if let Poll::Ready(r) = step(&mut self.ep, &mut self.transport) {
+                return r;
+            }
             self.progress(&mut idle)?;
         }
-        Ok(())
     }
 
-    /// One step of every blocking loop: poll, and wait as the wait mode says if nothing came.
-    #[inline]
     /// One step of a blocking loop: handles at most one message, so the caller re-checks its
     /// condition (a reply arrived, a credit came back) as soon as it may hold, without a
-    /// further empty poll on the critical path.
+    /// further empty poll on the critical path; waits as the wait mode says if nothing came.
+    #[inline]
     fn progress(&mut self, idle: &mut u32) -> Result<(), AmError> {
         if self.poll_up_to(1)? == 0 {
             self.idle(idle)
@@ -343,25 +262,19 @@ impl<T: Transport> Node<T> {
             WaitMode::Block => {
                 if let Err(e) = self.transport.wait(self.config.block_timeout) {
                     // What the transport found while waiting counts as found by a poll.
-                    match e {
-                        TransportError::PeerDeparted(peer) => {
-                            self.ep.mark_departed(peer);
-                            return Ok(());
-                        }
-                        TransportError::PeerLost(peer) => {
-                            self.ep.mark_lost(peer);
-                        }
-                        _ => {}
+                    if let Some(e) = self.ep.absorb(e.into()) {
+                        return Err(e);
                     }
-                    return Err(e.into());
                 }
             }
         }
         Ok(())
     }
 
-    fn check_request(
-        &self,
+    /// Sends a checked request, polling while out of credit or the device is busy.
+    #[inline]
+    fn send_blocking(
+        &mut self,
         dest: Rank,
         kind: AmKind,
         handler: HandlerId,
@@ -369,142 +282,9 @@ impl<T: Transport> Node<T> {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        if dest >= self.ep.size {
-            return Err(AmError::InvalidRank {
-                rank: dest,
-                size: self.ep.size,
-            });
-        }
-        if self.ep.is_lost(dest) {
-            return Err(AmError::PeerLost(dest));
-        }
-        check_message(&self.ep.limits, kind, args, payload.len())?;
-        if self.ep.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
-            return Err(AmError::NotRegistered {
-                handler,
-                category: Category::Request,
-                kind,
-            });
-        }
-        if let Some(offset) = long_offset {
-            self.check_segment(offset as u64, payload.len() as u64)?;
-        }
-        Ok(())
-    }
-
-    fn out_of_bounds(&self, offset: usize, len: usize) -> AmError {
-        AmError::SegmentOutOfBounds {
-            offset: offset as u64,
-            len: len as u64,
-            size: self.transport.segment().len(),
-        }
-    }
-
-    fn check_segment(&self, offset: u64, len: u64) -> Result<(), AmError> {
-        // Segment sizes agree across ranks (checked at start-up), so the local size bounds
-        // every target's segment.
-        match segment_range(offset, len, self.ep.seg_len) {
-            Some(_) => Ok(()),
-            None => Err(AmError::SegmentOutOfBounds {
-                offset,
-                len,
-                size: self.ep.seg_len,
-            }),
-        }
-    }
-
-    /// One attempt: `Ok(false)` if out of credit or the device is busy.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    fn try_send_request(
-        &mut self,
-        dest: Rank,
-        system: bool,
-        kind: AmKind,
-        handler: u8,
-        args: &[u32],
-        payload: &[u8],
-        long_offset: Option<usize>,
-    ) -> Result<bool, AmError> {
-        if !self.ep.credits.try_acquire(dest) {
-            return Ok(false);
-        }
-        let header = Header {
-            category: Category::Request,
-            kind,
-            system,
-            handler,
-            nargs: args.len() as u8,
-            credit: self.ep.credits.request_hint(dest),
-            payload_len: payload.len() as u32,
-            long_offset: long_offset.unwrap_or(0) as u64,
-        };
-        let mut head = [0u8; MAX_HEAD_LEN];
-        let n = header.encode(args, &mut head);
-        let out = Outgoing {
-            head: &head[..n],
-            payload: Payload::Private(payload),
-            long_offset,
-            reply_to: None,
-        };
-        match self.transport.try_send(dest, &out) {
-            Ok(()) => Ok(true),
-            Err(SendError::Busy) => {
-                self.ep.credits.cancel(dest);
-                Ok(false)
-            }
-            Err(e) => {
-                self.ep.credits.cancel(dest);
-                match e {
-                    SendError::PeerLost(peer) => {
-                        self.ep.mark_lost(peer);
-                    }
-                    SendError::PeerDeparted(peer) => {
-                        self.ep.mark_departed(peer);
-                    }
-                    _ => {}
-                }
-                Err(AmError::from(TransportError::from(e)))
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn send_blocking(
-        &mut self,
-        dest: Rank,
-        system: bool,
-        kind: AmKind,
-        handler: u8,
-        args: &[u32],
-        payload: &[u8],
-        long_offset: Option<usize>,
-    ) -> Result<(), AmError> {
-        let mut idle = 0;
-        loop {
-            if self.ep.is_lost(dest) {
-                return Err(AmError::PeerLost(dest));
-            }
-            if self.ep.is_departed(dest) {
-                return Err(AmError::PeerDeparted(dest));
-            }
-            if self.try_send_request(dest, system, kind, handler, args, payload, long_offset)? {
-                return Ok(());
-            }
-            self.progress(&mut idle)?;
-        }
-    }
-
-    fn send_system(
-        &mut self,
-        dest: Rank,
-        msg: SystemMsg,
-        payload: &[u8],
-        long_offset: Option<usize>,
-    ) -> Result<(), AmError> {
-        let w = msg.encode();
-        debug_assert_eq!(w.category, Category::Request);
-        self.send_blocking(dest, true, w.kind, w.opcode, w.args(), payload, long_offset)
+        self.ep
+            .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        self.drive(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
     }
 
     /// Sends an AM Short request; polls while out of credit or the device is busy.
@@ -515,8 +295,7 @@ impl<T: Transport> Node<T> {
         handler: HandlerId,
         args: &[u32],
     ) -> Result<(), AmError> {
-        self.check_request(dest, AmKind::Short, handler, args, &[], None)?;
-        self.send_blocking(dest, false, AmKind::Short, handler.0, args, &[], None)
+        self.send_blocking(dest, AmKind::Short, handler, args, &[], None)
     }
 
     /// Sends an AM Medium request (payload up to [`Node::max_medium`]).
@@ -527,8 +306,7 @@ impl<T: Transport> Node<T> {
         args: &[u32],
         payload: &[u8],
     ) -> Result<(), AmError> {
-        self.check_request(dest, AmKind::Medium, handler, args, payload, None)?;
-        self.send_blocking(dest, false, AmKind::Medium, handler.0, args, payload, None)
+        self.send_blocking(dest, AmKind::Medium, handler, args, payload, None)
     }
 
     /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment, then the
@@ -541,16 +319,7 @@ impl<T: Transport> Node<T> {
         payload: &[u8],
         offset: usize,
     ) -> Result<(), AmError> {
-        self.check_request(dest, AmKind::Long, handler, args, payload, Some(offset))?;
-        self.send_blocking(
-            dest,
-            false,
-            AmKind::Long,
-            handler.0,
-            args,
-            payload,
-            Some(offset),
-        )
+        self.send_blocking(dest, AmKind::Long, handler, args, payload, Some(offset))
     }
 
     fn try_request(
@@ -562,8 +331,18 @@ impl<T: Transport> Node<T> {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), TryRequestError> {
-        self.check_request(dest, kind, handler, args, payload, long_offset)?;
-        if self.try_send_request(dest, false, kind, handler.0, args, payload, long_offset)? {
+        self.ep
+            .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        let sent = self.ep.try_request(
+            &mut self.transport,
+            dest,
+            kind,
+            handler,
+            args,
+            payload,
+            long_offset,
+        )?;
+        if sent {
             Ok(())
         } else {
             Err(TryRequestError::WouldBlock)
@@ -611,147 +390,36 @@ impl<T: Transport> Node<T> {
     /// (the other ranks are still in it), sending nothing twice. After an error that lasts
     /// (a lost peer, an aborted job) the retry fails the same way.
     pub fn barrier(&mut self) -> Result<(), AmError> {
-        let mut at = match self.ep.barrier_resume.take() {
-            Some(at) => at,
-            None => {
-                let epoch = self.ep.barrier_epoch;
-                self.ep.barrier_epoch += 1;
-                BarrierAt {
-                    epoch,
-                    round: 0,
-                    sent: false,
-                }
-            }
-        };
-        let size = self.ep.size;
-        while let Some(distance) = 1u32.checked_shl(u32::from(at.round)).filter(|&d| d < size) {
-            let to = (self.ep.rank + distance) % size;
-            let (epoch, round) = (at.epoch, at.round);
-            if !at.sent {
-                if let Err(e) = self.send_system(to, SystemMsg::Barrier { epoch, round }, &[], None)
-                {
-                    self.ep.barrier_resume = Some(at);
-                    return Err(e);
-                }
-                at.sent = true;
-            }
-            let key = (epoch, round);
-            // This round's arrival comes from the rank `distance` before us.
-            let from = (self.ep.rank + size - distance % size) % size;
-            let waited = self
-                .wait_until_ep(|ep| ep.barrier_arrivals.contains_key(&key) || ep.is_departed(from));
-            let waited = waited.and_then(|()| {
-                if self.ep.barrier_arrivals.contains_key(&key) {
-                    Ok(())
-                } else {
-                    Err(AmError::PeerDeparted(from))
-                }
-            });
-            if let Err(e) = waited {
-                self.ep.barrier_resume = Some(at);
-                return Err(e);
-            }
-            if let Some(n) = self.ep.barrier_arrivals.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    self.ep.barrier_arrivals.remove(&key);
-                }
-            }
-            at.round += 1;
-            at.sent = false;
-        }
-        Ok(())
+        self.drive(|ep, t| ep.barrier_step(t))
     }
 
     /// Starts writing `data` into `dest`'s segment at `offset`; returns at once (after polling
     /// for credit if needed). Local puts complete immediately.
     pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
-        if dest >= self.ep.size {
-            return Err(AmError::InvalidRank {
-                rank: dest,
-                size: self.ep.size,
-            });
-        }
-        self.check_segment(offset as u64, data.len() as u64)?;
-        if self.ep.is_lost(dest) {
-            return Err(AmError::PeerLost(dest));
-        }
-        if self.ep.is_departed(dest) {
-            return Err(AmError::PeerDeparted(dest));
-        }
-        let (index, gen) = self.ep.alloc_op(dest, Vec::new());
-        if dest == self.ep.rank {
-            self.transport
-                .segment()
-                .write(offset, data)
-                .map_err(|_| self.out_of_bounds(offset, data.len()))?;
-            return Ok(PutHandle { index, gen });
-        }
-        let chunk = self.ep.limits.max_long.max(1);
-        for (i, part) in data.chunks(chunk).enumerate() {
-            if let Some(slot) = self.ep.op(index, gen) {
-                slot.outstanding += 1;
-            }
-            let at = offset + i * chunk;
-            if let Err(e) = self.send_system(dest, SystemMsg::Put { op: index }, part, Some(at)) {
-                if let Some(slot) = self.ep.op(index, gen) {
-                    slot.outstanding -= 1;
-                }
-                self.abandon(index, gen);
-                return Err(e);
+        let h = self
+            .ep
+            .put_start(self.transport.segment(), dest, offset, data)?;
+        match self.drive(|ep, t| ep.put_step(t, &h, data)) {
+            Ok(()) => Ok(h),
+            Err(e) => {
+                self.abandon(h.index, h.gen);
+                Err(e)
             }
         }
-        Ok(PutHandle { index, gen })
     }
 
     /// Starts reading `len` bytes at `offset` of `src`'s segment.
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
-        if src >= self.ep.size {
-            return Err(AmError::InvalidRank {
-                rank: src,
-                size: self.ep.size,
-            });
-        }
-        self.check_segment(offset as u64, len as u64)?;
-        if self.ep.is_lost(src) {
-            return Err(AmError::PeerLost(src));
-        }
-        if self.ep.is_departed(src) {
-            return Err(AmError::PeerDeparted(src));
-        }
-        if src == self.ep.rank {
-            let mut data = vec![0; len];
-            self.transport
-                .segment()
-                .read(offset, &mut data)
-                .map_err(|_| self.out_of_bounds(offset, len))?;
-            let (index, gen) = self.ep.alloc_op(src, data);
-            return Ok(GetHandle { index, gen });
-        }
-        let (index, gen) = self.ep.alloc_op(src, vec![0; len]);
-        let chunk = self.ep.limits.max_medium.max(1);
-        let mut at = 0;
-        while at < len {
-            let n = chunk.min(len - at);
-            if let Some(slot) = self.ep.op(index, gen) {
-                slot.outstanding += 1;
+        let h = self
+            .ep
+            .get_start(self.transport.segment(), src, offset, len)?;
+        match self.drive(|ep, t| ep.get_step(t, &h)) {
+            Ok(()) => Ok(h),
+            Err(e) => {
+                self.abandon(h.index, h.gen);
+                Err(e)
             }
-            let get = SystemMsg::Get {
-                op: index,
-                offset: (offset + at) as u64,
-                len: n as u32,
-                at: at as u64,
-            };
-            if let Err(e) = self.send_system(src, get, &[], None) {
-                if let Some(slot) = self.ep.op(index, gen) {
-                    slot.outstanding -= 1;
-                }
-                self.abandon(index, gen);
-                return Err(e);
-            }
-            at += n;
         }
-        Ok(GetHandle { index, gen })
     }
 
     /// Completes an operation that failed part-way: waits for the chunks already sent, so no
@@ -761,24 +429,13 @@ impl<T: Transport> Node<T> {
     }
 
     fn wait_op(&mut self, index: u32, gen: u32) -> Result<Vec<u8>, AmError> {
-        let mut idle = 0;
-        loop {
-            match self.ep.op(index, gen) {
-                None => return Err(AmError::StaleHandle),
-                Some(slot) if slot.outstanding == 0 => return self.ep.finish_op(index),
-                Some(_) => {}
-            }
-            self.progress(&mut idle)?;
-        }
+        self.drive(|ep, _| ep.poll_op(index, gen))
     }
 
     /// True once a put has completed remotely (polls once).
     pub fn test_put(&mut self, handle: &PutHandle) -> Result<bool, AmError> {
         self.poll()?;
-        Ok(self
-            .ep
-            .op(handle.index, handle.gen)
-            .is_none_or(|s| s.outstanding == 0))
+        Ok(self.ep.put_done(handle))
     }
 
     /// Waits until a put has landed in the target's segment.
@@ -806,7 +463,13 @@ impl<T: Transport> Node<T> {
     /// Waits until every request this rank sent has been answered and every refused reply has
     /// gone out. Run before dropping a node so that peers are not left without their replies.
     pub fn quiesce(&mut self) -> Result<(), AmError> {
-        self.wait_until_ep(|ep| ep.is_quiet())
+        self.drive(|ep, _| {
+            if ep.is_quiet() {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
     }
 
     /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which
@@ -815,22 +478,20 @@ impl<T: Transport> Node<T> {
     /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
     pub fn exit(mut self, code: i32) -> ! {
         let deadline = Instant::now() + Duration::from_secs(1);
-        for r in 0..self.ep.size {
-            if r == self.ep.rank {
+        for r in 0..self.ep.size() {
+            if r == self.ep.rank() {
                 continue;
             }
             // Best effort and bounded: a dead or stuck peer must not keep this rank alive.
-            let exit = SystemMsg::Exit { code }.encode();
             while Instant::now() < deadline {
-                match self.try_send_request(r, true, exit.kind, exit.opcode, exit.args(), &[], None)
-                {
+                match self.ep.try_exit(&mut self.transport, r, code) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => {
-                        let _ = self.ep.flush_pending(&mut self.transport);
+                        let _ = self.ep.flush(&mut self.transport);
                         let ep = &mut self.ep;
                         let _ = self
                             .transport
-                            .poll_recv(|d, segment, tx| ep.dispatch(d, segment, tx));
+                            .poll_recv(|d, segment, tx| ep.handle(d, segment, tx));
                         std::thread::yield_now();
                     }
                 }
@@ -840,7 +501,7 @@ impl<T: Transport> Node<T> {
     }
 
     fn terminate(&mut self, code: i32) -> ! {
-        let _ = self.ep.flush_pending(&mut self.transport);
+        let _ = self.ep.flush(&mut self.transport);
         self.transport.close();
         std::process::exit(code)
     }
@@ -871,8 +532,8 @@ impl<T: Transport> std::fmt::Debug for Node<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("transport", &self.transport.name())
-            .field("rank", &self.ep.rank)
-            .field("size", &self.ep.size)
+            .field("rank", &self.ep.rank())
+            .field("size", &self.ep.size())
             .finish()
     }
 }
