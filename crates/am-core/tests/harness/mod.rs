@@ -1,0 +1,430 @@
+//! A deterministic cluster: N [`Endpoint`]s joined by in-memory queues, driven step by step
+//! with no threads and no clock (quinn-proto's `Pair::drive`, for N ranks).
+//!
+//! - Messages between one pair stay in order; which pair delivers next is chosen by a seeded
+//!   generator, so every seed is one reproducible interleaving of the pairs.
+//! - The device can refuse sends (`busy`), a queue can fill (`capacity`), a rank can leave
+//!   (its queues are dropped and the others are told, as a transport's poll would), be lost,
+//!   or the job be aborted.
+//! - A wait that can never end fails the test at once ("nothing to deliver"), and every
+//!   drive is bounded in steps, so no scenario can hang.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::task::Poll;
+
+use am_core::endpoint::Endpoint;
+use am_core::{
+    AmError, CreditPolicy, Delivery, Handlers, Limits, Outgoing, Rank, Received, Route, SendError,
+    StaticCredits, Tx,
+};
+use am_shm::Segment;
+
+/// The most steps one drive may take before the test fails.
+pub const MAX_STEPS: usize = 200_000;
+
+/// One message on a queue.
+pub struct Packet {
+    pub src: Rank,
+    /// Head and payload, as a message transport carries them (Long payloads inline).
+    pub bytes: Vec<u8>,
+    pub reply: bool,
+}
+
+/// The in-memory network: `queues[dest][src]`.
+pub struct Net {
+    pub queues: Vec<Vec<VecDeque<Packet>>>,
+    /// Per sender: how many of its next sends the device refuses with `Busy`.
+    pub busy: Vec<u32>,
+    /// Messages a queue holds before the device refuses more (`Busy`).
+    pub capacity: usize,
+    pub departed: Vec<bool>,
+    pub lost: Vec<bool>,
+    pub aborted: bool,
+    /// Every message that went out: (src, dest, reply).
+    pub sent: Vec<(Rank, Rank, bool)>,
+}
+
+/// A rank's sender: what [`Endpoint`] calls to send.
+pub struct Wire<'a> {
+    net: &'a mut Net,
+    from: Rank,
+}
+
+impl Tx for Wire<'_> {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let net = &mut *self.net;
+        if net.aborted {
+            return Err(SendError::JobAborted);
+        }
+        let Some(queue) = net.queues.get_mut(dest as usize) else {
+            return Err(SendError::PeerLost(dest));
+        };
+        if net.lost[dest as usize] {
+            return Err(SendError::PeerLost(dest));
+        }
+        if net.departed[dest as usize] {
+            return Err(SendError::PeerDeparted(dest));
+        }
+        let busy = &mut net.busy[self.from as usize];
+        if *busy > 0 {
+            *busy -= 1;
+            return Err(SendError::Busy);
+        }
+        let queue = &mut queue[self.from as usize];
+        if queue.len() >= net.capacity {
+            return Err(SendError::Busy);
+        }
+        let mut bytes = msg.head.to_vec();
+        msg.payload.append_to(&mut bytes);
+        queue.push_back(Packet {
+            src: self.from,
+            bytes,
+            reply: msg.is_reply(),
+        });
+        net.sent.push((self.from, dest, msg.is_reply()));
+        Ok(())
+    }
+}
+
+/// One rank: its endpoint, its segment and the errors its deliveries reported.
+pub struct Node {
+    pub ep: Endpoint,
+    pub segment: Segment,
+    pub errors: Vec<AmError>,
+}
+
+/// xorshift64*: the seeded choice of which pair delivers next.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+    }
+}
+
+/// What a cluster is built with.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    pub ranks: u32,
+    pub credits: u32,
+    pub segment: usize,
+    pub limits: Limits,
+    pub capacity: usize,
+}
+
+impl Shape {
+    pub fn new(ranks: u32) -> Shape {
+        Shape {
+            ranks,
+            credits: 4,
+            segment: 4096,
+            limits: Limits {
+                max_args: 16,
+                max_medium: 256,
+                max_long: 1024,
+                max_credits: 64,
+            },
+            capacity: 64,
+        }
+    }
+}
+
+/// N endpoints on one in-memory network.
+pub struct Cluster {
+    pub net: Net,
+    pub nodes: Vec<Node>,
+    pub rng: Rng,
+}
+
+impl Cluster {
+    /// A cluster whose rank `r` has the handlers `handlers(r)` and a segment of
+    /// `segment(r)` bytes, not started.
+    pub fn build(
+        shape: Shape,
+        seed: u64,
+        mut handlers: impl FnMut(Rank) -> Handlers,
+        mut segment: impl FnMut(Rank) -> usize,
+        mut credits: impl FnMut(Rank) -> Box<dyn CreditPolicy>,
+    ) -> Cluster {
+        let n = shape.ranks as usize;
+        let nodes = (0..shape.ranks)
+            .map(|r| {
+                let len = segment(r);
+                Node {
+                    ep: Endpoint::new(r, shape.ranks, shape.limits, len, handlers(r), credits(r)),
+                    segment: Segment::heap(0, len).expect("a heap segment"),
+                    errors: Vec::new(),
+                }
+            })
+            .collect();
+        Cluster {
+            net: Net {
+                queues: (0..n)
+                    .map(|_| (0..n).map(|_| VecDeque::new()).collect())
+                    .collect(),
+                busy: vec![0; n],
+                capacity: shape.capacity,
+                departed: vec![false; n],
+                lost: vec![false; n],
+                aborted: false,
+                sent: Vec::new(),
+            },
+            nodes,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// A cluster of equal ranks with static credits, not started.
+    pub fn new(shape: Shape, seed: u64, handlers: impl FnMut(Rank) -> Handlers) -> Cluster {
+        Cluster::build(
+            shape,
+            seed,
+            handlers,
+            |_| shape.segment,
+            |_| Box::new(StaticCredits::new(shape.ranks, shape.credits)),
+        )
+    }
+
+    /// A cluster of equal ranks, started (start-up checked to succeed everywhere).
+    pub fn started(shape: Shape, seed: u64, handlers: impl FnMut(Rank) -> Handlers) -> Cluster {
+        let mut c = Cluster::new(shape, seed, handlers);
+        for r in c.start() {
+            r.expect("start-up");
+        }
+        c
+    }
+
+    pub fn size(&self) -> u32 {
+        self.nodes.len() as u32
+    }
+
+    /// Runs start-up on every rank.
+    pub fn start(&mut self) -> Vec<Result<(), am_core::StartError>> {
+        self.drive_all(|_, ep, tx| ep.start_step(tx))
+    }
+
+    /// A rank's sender.
+    pub fn wire(&mut self, rank: Rank) -> (&mut Endpoint, Wire<'_>) {
+        let node = &mut self.nodes[rank as usize];
+        (
+            &mut node.ep,
+            Wire {
+                net: &mut self.net,
+                from: rank,
+            },
+        )
+    }
+
+    /// A rank's endpoint and segment, to start a put or get.
+    pub fn with_segment(&mut self, rank: Rank) -> (&mut Endpoint, am_core::SharedBytes<'_>) {
+        let node = &mut self.nodes[rank as usize];
+        (&mut node.ep, node.segment.byte_area())
+    }
+
+    /// Ranks with a message waiting.
+    fn ready(&self) -> Vec<Rank> {
+        (0..self.size())
+            .filter(|&d| self.net.queues[d as usize].iter().any(|q| !q.is_empty()))
+            .collect()
+    }
+
+    /// True if a message waits anywhere.
+    pub fn in_flight(&self) -> bool {
+        !self.ready().is_empty()
+    }
+
+    /// Delivers one message to `dest` (from a pair chosen by the seed), after `dest` sent
+    /// the replies its device refused. Returns false if none waits.
+    pub fn deliver_to(&mut self, dest: Rank) -> bool {
+        let d = dest as usize;
+        let sources: Vec<usize> = (0..self.nodes.len())
+            .filter(|&s| !self.net.queues[d][s].is_empty())
+            .collect();
+        if sources.is_empty() {
+            return false;
+        }
+        let src = sources[self.rng.below(sources.len())];
+        let packet = self.net.queues[d][src].pop_front().expect("a packet");
+        let node = &mut self.nodes[d];
+        let mut wire = Wire {
+            net: &mut self.net,
+            from: dest,
+        };
+        if let Err(e) = node.ep.flush(&mut wire) {
+            if let Some(e) = node.ep.absorb(e) {
+                node.errors.push(e);
+            }
+        }
+        let delivery = Delivery {
+            src: packet.src,
+            bytes: Received::Private(&packet.bytes),
+            payload_placed: false,
+            route: Route::NONE,
+        };
+        if let Err(e) = node
+            .ep
+            .handle(delivery, node.segment.byte_area(), &mut wire)
+        {
+            if let Some(e) = node.ep.absorb(e) {
+                node.errors.push(e);
+            }
+        }
+        true
+    }
+
+    /// Delivers one message somewhere (rank chosen by the seed). False if none waits.
+    pub fn deliver_one(&mut self) -> bool {
+        let ready = self.ready();
+        if ready.is_empty() {
+            return false;
+        }
+        let dest = ready[self.rng.below(ready.len())];
+        self.deliver_to(dest)
+    }
+
+    /// Every rank sends the replies its device refused (as a driver does before each poll).
+    pub fn flush_all(&mut self) {
+        for (r, node) in self.nodes.iter_mut().enumerate() {
+            let mut wire = Wire {
+                net: &mut self.net,
+                from: r as Rank,
+            };
+            if let Err(e) = node.ep.flush(&mut wire) {
+                if let Some(e) = node.ep.absorb(e) {
+                    node.errors.push(e);
+                }
+            }
+        }
+    }
+
+    /// Delivers until nothing is in flight and no reply waits (bounded).
+    pub fn settle(&mut self) {
+        for _ in 0..MAX_STEPS {
+            self.flush_all();
+            if !self.deliver_one() && self.net.busy.iter().all(|&b| b == 0) {
+                self.flush_all();
+                if !self.in_flight() {
+                    return;
+                }
+            }
+        }
+        panic!("messages still in flight after {MAX_STEPS} deliveries");
+    }
+
+    /// Drives one step function per rank until every rank is ready, delivering messages
+    /// between steps in the seed's order. Fails (never hangs) if ranks wait with nothing
+    /// left to deliver.
+    pub fn drive_all<R>(
+        &mut self,
+        mut step: impl FnMut(Rank, &mut Endpoint, &mut Wire<'_>) -> Poll<R>,
+    ) -> Vec<R> {
+        let ranks: Vec<Rank> = (0..self.size()).collect();
+        self.drive(&ranks, &mut step)
+            .into_iter()
+            .map(|r| r.expect("every rank"))
+            .collect()
+    }
+
+    /// As [`Cluster::drive_all`], for some ranks (the others only receive). Results in the
+    /// order of `ranks`.
+    pub fn drive<R>(
+        &mut self,
+        ranks: &[Rank],
+        mut step: impl FnMut(Rank, &mut Endpoint, &mut Wire<'_>) -> Poll<R>,
+    ) -> Vec<Option<R>> {
+        let mut done: Vec<Option<R>> = ranks.iter().map(|_| None).collect();
+        for _ in 0..MAX_STEPS {
+            let sent_before = self.net.sent.len();
+            let busy_before: u32 = self.net.busy.iter().sum();
+            self.flush_all();
+            for (i, &r) in ranks.iter().enumerate() {
+                if done[i].is_none() {
+                    let node = &mut self.nodes[r as usize];
+                    let mut wire = Wire {
+                        net: &mut self.net,
+                        from: r,
+                    };
+                    if let Poll::Ready(v) = step(r, &mut node.ep, &mut wire) {
+                        done[i] = Some(v);
+                    }
+                }
+            }
+            if done.iter().all(Option::is_some) {
+                return done;
+            }
+            if !self.deliver_one() {
+                // A refused send this round may succeed the next: only a round in which
+                // nothing was refused, sent or delivered is stuck.
+                if busy_before > 0 || self.net.sent.len() != sent_before {
+                    continue;
+                }
+                let waiting: Vec<Rank> = ranks
+                    .iter()
+                    .zip(&done)
+                    .filter(|(_, d)| d.is_none())
+                    .map(|(&r, _)| r)
+                    .collect();
+                let states: Vec<String> =
+                    self.nodes.iter().map(|n| format!("{:?}", n.ep)).collect();
+                panic!("ranks {waiting:?} wait and nothing is left to deliver: {states:?}");
+            }
+        }
+        panic!("not done after {MAX_STEPS} steps");
+    }
+
+    /// `rank` leaves the job cleanly: what was queued for it is dropped and every other rank
+    /// is told (as its transport's poll would tell it).
+    pub fn depart(&mut self, rank: Rank) {
+        self.net.departed[rank as usize] = true;
+        for q in &mut self.net.queues[rank as usize] {
+            q.clear();
+        }
+        for (r, node) in self.nodes.iter_mut().enumerate() {
+            if r != rank as usize {
+                node.ep.mark_departed(rank);
+            }
+        }
+    }
+
+    /// `rank` dies: as [`Cluster::depart`], reported as a loss.
+    pub fn lose(&mut self, rank: Rank) {
+        self.net.lost[rank as usize] = true;
+        for q in &mut self.net.queues[rank as usize] {
+            q.clear();
+        }
+        for (r, node) in self.nodes.iter_mut().enumerate() {
+            if r != rank as usize {
+                node.ep.mark_lost(rank);
+            }
+        }
+    }
+
+    /// Puts raw bytes on the queue from `src` to `dest`, as a misbehaving peer would.
+    pub fn inject(&mut self, src: Rank, dest: Rank, bytes: Vec<u8>) {
+        self.net.queues[dest as usize][src as usize].push_back(Packet {
+            src,
+            bytes,
+            reply: false,
+        });
+    }
+
+    /// Takes the messages queued from `src` to `dest` (what a hand-driven peer reads).
+    pub fn take(&mut self, src: Rank, dest: Rank) -> Vec<Packet> {
+        self.net.queues[dest as usize][src as usize]
+            .drain(..)
+            .collect()
+    }
+
+    /// The errors rank `r`'s deliveries reported since the last call.
+    pub fn errors(&mut self, r: Rank) -> Vec<AmError> {
+        std::mem::take(&mut self.nodes[r as usize].errors)
+    }
+}
