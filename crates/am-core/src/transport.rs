@@ -280,7 +280,15 @@ pub enum SendError {
     /// The job is being torn down.
     #[error("the job was aborted")]
     JobAborted,
-    /// Another failure.
+    /// The destination is not a rank this transport can send to (outside the job).
+    #[error("rank {0} is not a rank of this job")]
+    InvalidRank(Rank),
+    /// A reply's route ([`Outgoing::reply_to`]) names no request this rank still owes an
+    /// answer to: a driver bug (a second reply, or a route from another delivery).
+    #[error("a reply routed to {0:?}, which names no request to answer")]
+    NoRequestToAnswer(Route),
+    /// The device failed (its engine stopped, its memory could not be reached): nothing the
+    /// caller can retry.
     #[error("{0}")]
     Other(String),
 }
@@ -317,6 +325,12 @@ pub enum TransportError {
         /// What was wrong.
         what: String,
     },
+    /// See [`SendError::InvalidRank`].
+    #[error("rank {0} is not a rank of this job")]
+    InvalidRank(Rank),
+    /// See [`SendError::NoRequestToAnswer`].
+    #[error("a reply routed to {0:?}, which names no request to answer")]
+    NoRequestToAnswer(Route),
     /// An I/O or device failure.
     #[error("{0}")]
     Io(String),
@@ -330,6 +344,8 @@ impl From<SendError> for TransportError {
             SendError::JobAborted => TransportError::JobAborted,
             SendError::TooLarge(n) => TransportError::TooLarge(n),
             SendError::Busy => TransportError::Busy,
+            SendError::InvalidRank(r) => TransportError::InvalidRank(r),
+            SendError::NoRequestToAnswer(r) => TransportError::NoRequestToAnswer(r),
             SendError::Other(s) => TransportError::Io(s),
         }
     }
@@ -398,6 +414,11 @@ mod tests {
             (SendError::PeerDeparted(4), TransportError::PeerDeparted(4)),
             (SendError::JobAborted, TransportError::JobAborted),
             (SendError::TooLarge(9), TransportError::TooLarge(9)),
+            (SendError::InvalidRank(5), TransportError::InvalidRank(5)),
+            (
+                SendError::NoRequestToAnswer(Route::new(3)),
+                TransportError::NoRequestToAnswer(Route::new(3)),
+            ),
             (SendError::Other("x".into()), TransportError::Io("x".into())),
         ];
         for (send, transport) in cases {

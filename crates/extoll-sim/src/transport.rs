@@ -514,7 +514,10 @@ impl TxState {
 
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         let d = dest as usize;
-        if d >= self.peers.len() || self.lost[d] {
+        if d >= self.peers.len() {
+            return Err(SendError::InvalidRank(dest));
+        }
+        if self.lost[d] {
             return Err(SendError::PeerLost(dest));
         }
         if let Some(off) = msg.long_offset {

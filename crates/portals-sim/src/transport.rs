@@ -344,7 +344,10 @@ impl TxState {
             ));
         };
         let d = dest as usize;
-        if d >= self.peers.len() || self.lost[d] {
+        if d >= self.peers.len() {
+            return Err(SendError::InvalidRank(dest));
+        }
+        if self.lost[d] {
             return Err(SendError::PeerLost(dest));
         }
         let head = msg.head;
@@ -373,11 +376,7 @@ impl TxState {
                 .and_then(|k| u16::try_from(k).ok())
             {
                 Some(k) if self.owed[d].contains(k) => k,
-                _ => {
-                    return Err(SendError::Other(format!(
-                        "portals: a reply routed to {route:?}, which names no request to answer"
-                    )))
-                }
+                _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
             *self.free_slots.last().ok_or(SendError::Busy)?

@@ -261,8 +261,10 @@ impl TxState {
         msg: &Outgoing<'_>,
     ) -> Result<(), SendError> {
         let d = dest as usize;
-        if self.dests.get(d).is_none_or(|to| to.lost) {
-            return Err(SendError::PeerLost(dest));
+        match self.dests.get(d) {
+            None => return Err(SendError::InvalidRank(dest)),
+            Some(to) if to.lost => return Err(SendError::PeerLost(dest)),
+            Some(_) => {}
         }
         if let Some(own) = own.filter(|_| !self.deferring && !self.dma.queue.is_empty()) {
             self.progress_dma(own)?;
@@ -282,11 +284,7 @@ impl TxState {
         let slot = if let Some(route) = msg.reply_to {
             match route.get().checked_sub(1).map(usize::try_from) {
                 Some(Ok(k)) if k < p && to.awaiting_reply & 1 << k != 0 => p + k,
-                _ => {
-                    return Err(SendError::Other(format!(
-                        "sci: a reply routed to {route:?}, which names no request to answer"
-                    )))
-                }
+                _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
             let k = to.next_req;
@@ -975,7 +973,7 @@ mod tests {
             assert!(
                 matches!(
                     a.try_send(1, &reply(&r[..rn], &[], route)),
-                    Err(SendError::Other(_))
+                    Err(SendError::NoRequestToAnswer(r)) if r == route
                 ),
                 "{route:?}"
             );
@@ -989,7 +987,7 @@ mod tests {
         );
         assert_eq!(
             a.try_send(7, &out(&h[..n], &[])),
-            Err(SendError::PeerLost(7))
+            Err(SendError::InvalidRank(7))
         );
     }
 

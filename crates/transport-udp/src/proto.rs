@@ -434,10 +434,7 @@ impl Engine {
         extra: u8,
     ) -> Result<(), SendError> {
         if dest == self.me || dest as usize >= self.peers.len() {
-            return Err(SendError::Other(format!(
-                "rank {dest} is not a remote peer of rank {}",
-                self.me
-            )));
+            return Err(SendError::InvalidRank(dest));
         }
         match self.peers[dest as usize].state {
             PeerState::Live => {}

@@ -152,10 +152,7 @@ impl Tx for Io {
             return Ok(());
         }
         if dest >= self.size {
-            return Err(SendError::Other(format!(
-                "rank {dest} is outside the job of {} ranks",
-                self.size
-            )));
+            return Err(SendError::InvalidRank(dest));
         }
         let now = Instant::now();
         let payload = msg.payload.to_private(&mut self.echo);

@@ -230,7 +230,7 @@ fn reply_without_request_oversize_and_bad_rank_are_errors() {
         assert!(
             matches!(
                 a.try_send(1, &reply(&r[..rn], &[], route)),
-                Err(SendError::Other(_))
+                Err(SendError::NoRequestToAnswer(r)) if r == route
             ),
             "{route:?}"
         );
@@ -244,7 +244,7 @@ fn reply_without_request_oversize_and_bad_rank_are_errors() {
     );
     assert_eq!(
         a.try_send(5, &out(&m[..mn], &[])),
-        Err(SendError::PeerLost(5))
+        Err(SendError::InvalidRank(5))
     );
 }
 
