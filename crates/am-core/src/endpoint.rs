@@ -1113,7 +1113,17 @@ impl Endpoint {
 
     /// Sends the replies the device refused earlier, in order, until it refuses again. A
     /// driver calls it before each poll.
+    #[inline]
     pub fn flush(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.flush_pending(tx)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn flush_pending(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
         while let Some(p) = self.pending.front() {
             let out = Outgoing {
                 head: &p.bytes[..p.head_len],

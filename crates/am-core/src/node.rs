@@ -187,30 +187,42 @@ impl<T: Transport> Node<T> {
     }
 
     fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
-        self.poll_inner(max)
-            .or_else(|e| self.ep.absorb(e).map_or(Ok(0), Err))
-    }
-
-    fn poll_inner(&mut self, max: usize) -> Result<usize, AmError> {
-        self.ep.flush(&mut self.transport)?;
         let mut handled = 0;
         while handled < max {
-            let ep = &mut self.ep;
-            match self
-                .transport
-                .poll_recv(|d, segment, tx| ep.handle(d, segment, tx))?
-            {
-                None => break,
-                Some(result) => {
-                    handled += 1;
-                    if let Some(code) = self.ep.exit_requested() {
-                        self.terminate(code);
-                    }
-                    result?;
-                }
+            match self.poll_once() {
+                Ok(true) => handled += 1,
+                Ok(false) => break,
+                Err(e) => return self.poll_failed(e),
             }
         }
         Ok(handled)
+    }
+
+    /// Handles at most one message (after the replies the device refused): whether one was.
+    #[inline]
+    fn poll_once(&mut self) -> Result<bool, AmError> {
+        self.ep.flush(&mut self.transport)?;
+        let ep = &mut self.ep;
+        match self
+            .transport
+            .poll_recv(|d, segment, tx| ep.handle(d, segment, tx))?
+        {
+            None => Ok(false),
+            Some(result) => {
+                if let Some(code) = self.ep.exit_requested() {
+                    self.terminate(code);
+                }
+                result.map(|()| true)
+            }
+        }
+    }
+
+    /// What a poll's error says about a peer is recorded; a departure is not an error of the
+    /// poll that found it (only the calls that wait for that peer fail).
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: AmError) -> Result<usize, AmError> {
+        self.ep.absorb(e).map_or(Ok(0), Err)
     }
 
     /// Polls until `done()` is true, waiting between polls as the wait mode says.
@@ -242,11 +254,13 @@ impl<T: Transport> Node<T> {
     /// further empty poll on the critical path; waits as the wait mode says if nothing came.
     #[inline]
     fn progress(&mut self, idle: &mut u32) -> Result<(), AmError> {
-        if self.poll_up_to(1)? == 0 {
-            self.idle(idle)
-        } else {
-            *idle = 0;
-            Ok(())
+        match self.poll_once() {
+            Ok(true) => {
+                *idle = 0;
+                Ok(())
+            }
+            Ok(false) => self.idle(idle),
+            Err(e) => self.poll_failed(e).map(drop),
         }
     }
 
