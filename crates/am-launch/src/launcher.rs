@@ -96,6 +96,8 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Launcher {
+    /// How the launcher names itself in its messages.
+    name: String,
     ranks: u32,
     program: PathBuf,
     args: Vec<OsString>,
@@ -114,6 +116,7 @@ impl Launcher {
         let verbose =
             std::env::var_os("AM_LAUNCH_VERBOSE").is_some_and(|v| !v.is_empty() && v != "0");
         Self {
+            name: "amrun".to_owned(),
             ranks,
             program: program.into(),
             args: Vec::new(),
@@ -130,6 +133,14 @@ impl Launcher {
     /// do) ignore SIGTERM and need the time.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// How the launcher names itself in what it prints (default `amrun`): a program that
+    /// starts its own job uses its own name, so messages do not mention a command the user
+    /// never ran.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
         self
     }
 
@@ -193,7 +204,8 @@ impl Launcher {
         let job_key = random_job_key().map_err(io_err("reading /dev/urandom for a job key"))?;
         if self.verbose {
             eprintln!(
-                "amrun: job {job_id}: starting {} rank(s) of {}",
+                "{}: job {job_id}: starting {} rank(s) of {}",
+                self.name,
                 self.ranks,
                 self.program.display()
             );
@@ -201,10 +213,16 @@ impl Launcher {
         let result = self.run_job(&job_id, &job_key);
         match remove_job_shm(&job_id) {
             Ok(n) if self.verbose => {
-                eprintln!("amrun: job {job_id}: removed {n} shared-memory file(s)")
+                eprintln!(
+                    "{}: job {job_id}: removed {n} shared-memory file(s)",
+                    self.name
+                )
             }
             Ok(_) => {}
-            Err(e) => eprintln!("amrun: job {job_id}: cannot clean up /dev/shm/am-{job_id}-*: {e}"),
+            Err(e) => eprintln!(
+                "{}: job {job_id}: cannot clean up /dev/shm/am-{job_id}-*: {e}",
+                self.name
+            ),
         }
         result
     }
@@ -236,7 +254,13 @@ pub fn self_launch(ranks: u32, transport: Option<&str>) -> Result<i32, LaunchErr
         return Err(LaunchError::Nested);
     }
     let exe = std::env::current_exe().map_err(io_err("finding the current executable"))?;
-    let mut launcher = Launcher::new(ranks, exe).args(std::env::args_os().skip(1));
+    let name = exe.file_name().map_or_else(
+        || "self-launch".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut launcher = Launcher::new(ranks, exe)
+        .name(name)
+        .args(std::env::args_os().skip(1));
     if let Some(t) = transport {
         launcher = launcher.transport(t);
     }
@@ -400,6 +424,8 @@ enum Source {
 }
 
 struct Job {
+    /// The launcher's name in messages.
+    name: String,
     job_id: String,
     job_key: String,
     size: u32,
@@ -432,6 +458,7 @@ fn describe(code: i32) -> String {
 impl Job {
     fn new(cfg: &Launcher, job_id: &str, job_key: &str) -> Self {
         Self {
+            name: cfg.name.clone(),
             job_id: job_id.to_owned(),
             job_key: job_key.to_owned(),
             size: cfg.ranks,
@@ -547,14 +574,14 @@ impl Job {
                 Ok(Some(status)) => status_code(status),
                 Err(e) => {
                     // Someone else reaped it (e.g. SIGCHLD ignored): the status is lost.
-                    eprintln!("amrun: lost the exit status of rank {i}: {e}");
+                    eprintln!("{}: lost the exit status of rank {i}: {e}", self.name);
                     1
                 }
             };
             self.ranks[i].exit = Some(code);
             if code != 0 {
                 if !self.ending() && self.running() {
-                    eprintln!("amrun: rank {i} {}; ending the job", describe(code));
+                    eprintln!("{}: rank {i} {}; ending the job", self.name, describe(code));
                 }
                 self.fail(code);
             }
@@ -576,7 +603,10 @@ impl Job {
         let ranks = &self.ranks;
         let stuck = self.kvs.stuck_barrier(|r| ranks[r as usize].exit.is_some());
         if let Some(r) = stuck {
-            eprintln!("amrun: rank {r} exited while other ranks wait in a key-value fence; ending the job");
+            eprintln!(
+                "{}: rank {r} exited while other ranks wait in a key-value fence; ending the job",
+                self.name
+            );
             self.fail(1);
         }
     }
@@ -602,7 +632,10 @@ impl Job {
             lines.push(String::from_utf8_lossy(&line[..pos]).into_owned());
         }
         if conn.pending.len() > MAX_MESSAGE {
-            eprintln!("amrun: rank {i} sent an overlong PMI message; closing its connection");
+            eprintln!(
+                "{}: rank {i} sent an overlong PMI message; closing its connection",
+                self.name
+            );
             self.ranks[i].pmi = None;
         }
         for line in lines {
@@ -624,7 +657,10 @@ impl Job {
             }
             Action::Abort { rank, code } => {
                 if !self.ending() {
-                    eprintln!("amrun: rank {rank} aborted the job with exit code {code}");
+                    eprintln!(
+                        "{}: rank {rank} aborted the job with exit code {code}",
+                        self.name
+                    );
                 }
                 self.fail(code);
             }
@@ -666,7 +702,7 @@ impl Job {
                             self.signal_all(Signal::SIGKILL);
                         } else {
                             let name = Signal::try_from(sig).map_or("a signal", Signal::as_str);
-                            eprintln!("amrun: got {name}; ending the job");
+                            eprintln!("{}: got {name}; ending the job", self.name);
                         }
                         self.fail(128 + sig);
                     }
