@@ -189,7 +189,10 @@ impl Transport for AnyTransport {
 /// What a job needs to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobOptions {
-    /// The transport. Under a launcher, `AM_TRANSPORT` (set by `amrun --transport`) wins.
+    /// The transport. `AM_TRANSPORT` (which `amrun --transport` sets) wins, with or without
+    /// a launcher; an unknown name is an error. A transport whose ranks are threads
+    /// (loopback) means "threads when the program starts its own job": under a launcher,
+    /// where ranks are processes, the job runs on [`launcher_default`] instead.
     pub transport: TransportKind,
     /// Ranks to start when the program starts its own job (ignored under a launcher).
     pub ranks: u32,
@@ -218,7 +221,7 @@ pub enum JobError {
     #[error("the {0} transport is not built yet; use --transport loopback")]
     NotBuilt(TransportKind),
     /// Loopback ranks are threads; they cannot be separate processes.
-    #[error("the loopback transport runs ranks as threads of one process: start the program directly with --ranks N instead of under a launcher, or choose another transport")]
+    #[error("AM_TRANSPORT=loopback runs ranks as threads of one process, which a launcher cannot start: unset AM_TRANSPORT for the launcher's default (sci on one host, udp across hosts), choose sci, extoll, portals or udp, or start the program directly with --ranks N")]
     LoopbackUnderLauncher,
     /// A bad configuration variable.
     #[error(transparent)]
@@ -252,16 +255,58 @@ pub enum JobError {
     },
 }
 
+/// The transport `AM_TRANSPORT` names, if it is set; an unknown name is an error.
+pub fn requested_transport() -> Result<Option<TransportKind>, JobError> {
+    match std::env::var("AM_TRANSPORT") {
+        Ok(name) if !name.is_empty() => name.parse().map(Some),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(name)) => Err(JobError::UnknownTransport(
+            name.to_string_lossy().into_owned(),
+        )),
+    }
+}
+
+/// The transport of a launched job whose program asked for threads (loopback) and named no
+/// other with `AM_TRANSPORT`: sci when every rank is on this host (amrun and self-launch
+/// always; `mpiexec`, Open MPI's `mpirun` and `srun` when their variables say all ranks are
+/// local), udp otherwise (it crosses hosts).
+pub fn launcher_default(info: &am_launch::JobInfo) -> TransportKind {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let size = u64::from(info.size);
+    let one_host = match info.launcher {
+        am_launch::LauncherKind::Amrun | am_launch::LauncherKind::Singleton => true,
+        am_launch::LauncherKind::Mpiexec => var("MPI_LOCALNRANKS") == Some(size),
+        am_launch::LauncherKind::OpenMpi => var("OMPI_COMM_WORLD_LOCAL_SIZE") == Some(size),
+        am_launch::LauncherKind::Slurm => {
+            var("SLURM_JOB_NUM_NODES").or_else(|| var("SLURM_NNODES")) == Some(1)
+        }
+        _ => false,
+    };
+    if one_host {
+        TransportKind::Sci
+    } else {
+        TransportKind::Udp
+    }
+}
+
 /// Runs `main` as every rank of a job and returns the job's exit code.
 ///
-/// - Under a launcher (`amrun`, `mpiexec`, `srun`): this process is one rank; `main` runs once.
+/// The transport is `AM_TRANSPORT` when set (an unknown name is
+/// [`JobError::UnknownTransport`]), else `opts.transport`.
+///
+/// - Under a launcher (`amrun`, `mpiexec`, `srun`): this process is one rank; `main` runs
+///   once. A program that asked for loopback runs on [`launcher_default`] here.
 /// - Otherwise, with a transport whose ranks are threads: `main` runs on `opts.ranks` threads.
 /// - Otherwise: the program starts `opts.ranks` copies of itself (same arguments) under the
 ///   built-in launcher and returns the job's exit code.
 ///
-/// A rank whose `main` returns an error makes the job fail with [`JobError::RankFailed`]; a
-/// panicking rank aborts the job (threads: the panic is re-raised; processes: the launcher
-/// kills the others and returns the rank's exit code).
+/// What a failing rank gives:
+/// - ranks as threads: [`JobError::RankFailed`] naming the rank that failed first, with its
+///   error; a panicking rank's panic is re-raised after the others ended;
+/// - this process is one rank under a launcher: [`JobError::RankFailed`] for this rank;
+/// - the program started its own job of processes: `Ok` with the job's exit code (the first
+///   non-zero code of a rank, 128+S for a rank killed by signal S), after the failing rank
+///   printed its error; the others were ended.
 pub fn run_job<F, E>(opts: &JobOptions, main: F) -> Result<i32, JobError>
 where
     F: Fn(AnyTransport) -> Result<(), E> + Sync,
@@ -272,6 +317,7 @@ where
         let mut info = am_launch::JobInfo::from_env()?;
         let transport = match &info.transport {
             Some(name) => name.parse()?,
+            None if opts.transport.ranks_are_threads() && info.size > 1 => launcher_default(&info),
             None => opts.transport,
         };
         if !transport.is_available() {
@@ -289,11 +335,12 @@ where
             }),
         };
     }
-    if !opts.transport.is_available() {
-        return Err(JobError::NotBuilt(opts.transport));
+    let kind = requested_transport()?.unwrap_or(opts.transport);
+    if !kind.is_available() {
+        return Err(JobError::NotBuilt(kind));
     }
-    if opts.transport.ranks_are_threads() {
-        let transports = cluster(opts.transport, opts.ranks, segment_size)?;
+    if kind.ranks_are_threads() {
+        let transports = cluster(kind, opts.ranks, segment_size)?;
         // A rank that fails ends the job, as a launcher would, so no rank waits for it forever;
         // the job reports the first failure in time (the cause, not the aborts it caused).
         let abort = match transports.first() {
@@ -329,10 +376,7 @@ where
         }
         return Ok(0);
     }
-    Ok(am_launch::self_launch(
-        opts.ranks,
-        Some(opts.transport.name()),
-    )?)
+    Ok(am_launch::self_launch(opts.ranks, Some(kind.name()))?)
 }
 
 fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> JobError {

@@ -1,0 +1,161 @@
+//! Which transport a program runs on: `AM_TRANSPORT` with or without a launcher (an unknown
+//! name is an error), and a program that asked for loopback (the default) started by a
+//! launcher runs on a process transport instead of failing.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+mod common;
+use common::example;
+
+use am_perf::launch::{have_mpiexec, mpiexec};
+
+/// Safety net only: no run comes close to it.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+const AMRUN: &str = env!("CARGO_BIN_EXE_amrun");
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` to the end, bounded by the watchdog (the process group is killed past it).
+fn run(mut cmd: Command) -> Run {
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let stdout = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(WATCHDOG) {
+        Ok(status) => status.expect("wait for the program"),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("the program did not finish within {WATCHDOG:?}");
+        }
+    };
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+/// A short ping-pong, one JSON object per row (each line may carry a `[rank] ` prefix).
+fn pingpong() -> Command {
+    let mut cmd = Command::new(example("pingpong"));
+    cmd.args([
+        "--kind", "short", "--iters", "50", "--warmup", "5", "--flood", "10", "--json",
+    ])
+    .env_remove("AM_TRANSPORT");
+    cmd
+}
+
+/// The transport named by the job's JSON rows (all the same).
+fn transport_of(run: &Run) -> String {
+    assert_eq!(
+        run.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout, run.stderr
+    );
+    let names: Vec<String> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.find('{').map(|at| &l[at..]))
+        .map(|json| {
+            let row: serde_json::Value = serde_json::from_str(json).expect("a JSON row");
+            row["transport"].as_str().expect("transport").to_owned()
+        })
+        .collect();
+    assert!(!names.is_empty(), "no rows: {}", run.stdout);
+    assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
+    names[0].clone()
+}
+
+#[test]
+fn am_transport_is_honoured_without_a_launcher() {
+    let mut cmd = pingpong();
+    cmd.env("AM_TRANSPORT", "sci");
+    assert_eq!(transport_of(&run(cmd)), "sci");
+}
+
+#[test]
+fn an_unknown_am_transport_is_an_error() {
+    let mut cmd = pingpong();
+    cmd.env("AM_TRANSPORT", "infiniband");
+    let r = run(cmd);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("unknown transport \"infiniband\""),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_loopback_program_under_amrun_runs_on_shared_memory() {
+    let mut cmd = Command::new(AMRUN);
+    cmd.args(["-n", "2", "--"])
+        .arg(example("pingpong"))
+        .args([
+            "--kind", "short", "--iters", "50", "--warmup", "5", "--flood", "10", "--json",
+        ])
+        .env_remove("AM_TRANSPORT");
+    assert_eq!(transport_of(&run(cmd)), "sci");
+}
+
+#[test]
+fn self_launch_messages_name_the_program_not_amrun() {
+    // A rank that fails makes the job's launcher report it; the user never ran amrun.
+    let mut cmd = Command::new(example("pingpong"));
+    cmd.args(["--transport", "sci", "--kind", "short", "--iters", "50"])
+        .env_remove("AM_TRANSPORT")
+        // The ranks reject this configuration as they start (after the launch).
+        .env("AM_CREDITS", "0");
+    let r = run(cmd);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("pingpong: rank "), "{}", r.stderr);
+    assert!(!r.stderr.contains("amrun"), "{}", r.stderr);
+}
+
+#[test]
+fn a_loopback_program_under_mpiexec_runs_on_shared_memory() {
+    if !have_mpiexec() {
+        return;
+    }
+    let mut cmd = Command::new(mpiexec());
+    cmd.args(["-n", "2"])
+        .arg(example("pingpong"))
+        .args([
+            "--kind", "short", "--iters", "50", "--warmup", "5", "--flood", "10", "--json",
+        ])
+        .env_remove("AM_TRANSPORT");
+    assert_eq!(transport_of(&run(cmd)), "sci");
+}
