@@ -35,11 +35,20 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use am_core::*;
+// Inlined, so `cargo doc -p amnet` documents them under this crate (with `--no-deps` too).
+#[doc(inline)]
+pub use am_core;
+#[doc(inline)]
 pub use am_launch;
+#[doc(inline)]
 pub use am_msg;
+#[doc(inline)]
 pub use extoll_sim;
+#[doc(inline)]
 pub use portals_sim;
+#[doc(inline)]
 pub use sci_sim;
+#[doc(inline)]
 pub use transport_udp;
 
 /// The transports, by the names used everywhere (`--transport`, `amrun --transport`,
