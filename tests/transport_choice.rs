@@ -159,3 +159,36 @@ fn a_loopback_program_under_mpiexec_runs_on_shared_memory() {
         .env_remove("AM_TRANSPORT");
     assert_eq!(transport_of(&run(cmd)), "sci");
 }
+
+#[test]
+fn a_launcher_without_a_key_value_store_is_named_with_what_was_seen() {
+    // What Open MPI's mpirun gives a rank: its place in the job and PMIx, which the
+    // bootstrap does not speak yet.
+    for transport in ["sci", "extoll", "portals", "udp"] {
+        let mut cmd = Command::new(example("pingpong"));
+        cmd.args(["--transport", transport, "--kind", "short", "--iters", "10"])
+            .env_remove("AM_TRANSPORT")
+            .env_remove("AM_COORD")
+            .envs([
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                ("AM_JOB_ID", "choice-test"),
+                ("PMIX_NAMESPACE", "prterun-test-1"),
+                ("PMIX_RANK", "0"),
+            ]);
+        let r = run(cmd);
+        assert_ne!(r.code, 0, "{transport}");
+        for needle in [
+            "openmpi",
+            "OMPI_COMM_WORLD_RANK, PMIX_NAMESPACE, PMIX_RANK",
+            "amrun",
+        ] {
+            assert!(
+                r.stderr.contains(needle),
+                "{transport}: {needle}: {}",
+                r.stderr
+            );
+        }
+    }
+}

@@ -205,6 +205,41 @@ const LAUNCH_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_RANK",
 ];
 
+/// Launcher variables worth naming when a rank cannot use what its launcher gave it.
+const EVIDENCE_VARS: &[&str] = &[
+    "AM_RANK",
+    "PMI_FD",
+    "PMI_PORT",
+    "PMI_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMIX_NAMESPACE",
+    "PMIX_RANK",
+    "PMIX_SERVER_URI41",
+    "PMIX_SERVER_URI4",
+    "PMIX_SERVER_URI3",
+    "PMIX_SERVER_URI21",
+    "PMIX_SERVER_URI2",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+    "SLURM_MPI_TYPE",
+];
+
+/// The launcher variables set in this process's environment (names only), for error
+/// messages that say what was found: `"OMPI_COMM_WORLD_RANK, PMIX_NAMESPACE, PMIX_RANK"`, or
+/// `"none"`.
+pub fn launcher_variables_seen() -> String {
+    let seen: Vec<&str> = EVIDENCE_VARS
+        .iter()
+        .copied()
+        .filter(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()))
+        .collect();
+    if seen.is_empty() {
+        "none".to_owned()
+    } else {
+        seen.join(", ")
+    }
+}
+
 impl JobInfo {
     /// Bootstraps from the environment.
     ///

@@ -47,6 +47,8 @@ mod server;
 mod util;
 mod wire;
 
-pub use bootstrap::{BootstrapError, JobInfo, KeyValueStore, LauncherKind};
+pub use bootstrap::{
+    launcher_variables_seen, BootstrapError, JobInfo, KeyValueStore, LauncherKind,
+};
 pub use launcher::{self_launch, LaunchError, Launcher, TRANSPORTS};
 pub use util::{is_valid_job_id, process_alive, remove_job_shm};

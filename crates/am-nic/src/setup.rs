@@ -83,9 +83,14 @@ pub fn connect(
         let peers = vec![own.share()];
         return Ok(Joined { own, peers, pids });
     }
+    let launcher = job.launcher;
     let kvs = job.kvs.as_mut().ok_or_else(|| {
         SetupError::Bootstrap(format!(
-            "{nic}: no key-value store: start the job under amrun, mpiexec or srun --mpi=pmi2"
+            "the launcher ({launcher}; launcher variables seen: {}) gives the ranks no \
+             key-value store this transport can use to find its peers: start the job under \
+             amrun, MPICH's mpiexec or srun --mpi=pmi2 (PMIx, which Open MPI's mpirun and \
+             srun --mpi=pmix provide, is not supported yet)",
+            am_launch::launcher_variables_seen()
         ))
     })?;
     let handle = own

@@ -34,8 +34,13 @@ pub enum UdpError {
     #[error("key-value store: {0}")]
     Bootstrap(#[from] am_launch::BootstrapError),
     /// A job of several ranks with neither a key-value store nor `AM_COORD`.
-    #[error("the ranks cannot find each other: start the job under amrun, mpiexec or srun --mpi=pmi2, or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank")]
-    NoRendezvous,
+    #[error("the ranks cannot find each other: the launcher ({launcher}; launcher variables seen: {seen}) gives them no key-value store: start the job under amrun, MPICH's mpiexec or srun --mpi=pmi2, or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank (PMIx, which Open MPI's mpirun and srun --mpi=pmix provide, is not supported yet)")]
+    NoRendezvous {
+        /// The launcher that started the job.
+        launcher: am_launch::LauncherKind,
+        /// The launcher variables set ([`am_launch::launcher_variables_seen`]).
+        seen: String,
+    },
     /// `AM_COORD` without a job key: the coordinator will not hand out a key in the clear.
     #[error("AM_COORD needs a job key shared by the ranks: set AM_UDP_KEY (64 hex digits) or AM_UDP_KEY_FILE for every rank")]
     KeyRequired,

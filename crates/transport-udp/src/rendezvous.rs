@@ -90,7 +90,10 @@ pub(crate) fn exchange(
         let peers = via_coordinator(coord, job.rank, job.size, &auth, mine)?;
         return Ok((peers, key));
     }
-    Err(UdpError::NoRendezvous)
+    Err(UdpError::NoRendezvous {
+        launcher: job.launcher,
+        seen: am_launch::launcher_variables_seen(),
+    })
 }
 
 fn via_kvs(
