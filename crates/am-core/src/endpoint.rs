@@ -1183,7 +1183,13 @@ impl Endpoint {
                 // The base header first (one word), then only as many bytes as it says the
                 // head has; decode_prefix checks the copy either way.
                 let n = total.min(BASE_HEADER_LEN);
-                s.read(0, &mut copy[..n]).map_err(shm_err)?;
+                if n == BASE_HEADER_LEN {
+                    // One word load (the common case: a slot starts word-aligned).
+                    let word = s.load_u64(0).map_err(shm_err)?;
+                    copy[..n].copy_from_slice(&word.to_ne_bytes());
+                } else {
+                    s.read(0, &mut copy[..n]).map_err(shm_err)?;
+                }
                 let want = wire::head_len_hint(&copy[..n]).min(total);
                 if want > n {
                     s.read(n, &mut copy[n..want]).map_err(shm_err)?;
