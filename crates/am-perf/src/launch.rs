@@ -170,12 +170,18 @@ pub fn kill_anywhere_jobs(bin: &str, transport: &str, kills: u32, max_delay_us: 
     }
 }
 
-/// `mpiexec` on `PATH`, if any.
+/// MPICH's `mpiexec` on `PATH`, named explicitly (`mpiexec.mpich`, `mpiexec.hydra`) so
+/// that an Open MPI installed as the default `mpiexec` does not stand in for it; else plain
+/// `mpiexec`, if any.
 pub fn find_mpiexec() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("mpiexec"))
-        .find(|p| p.is_file())
+    ["mpiexec.mpich", "mpiexec.hydra", "mpiexec"]
+        .iter()
+        .find_map(|name| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
 }
 
 /// False (after a notice) when MPICH is missing and not required: the test then returns

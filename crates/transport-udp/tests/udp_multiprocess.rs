@@ -67,7 +67,12 @@ fn malformed_fault_spec_is_a_clear_error() {
 #[test]
 fn four_ranks_under_mpiexec() {
     let _turn = one_job_at_a_time();
-    let Ok(out) = Command::new("mpiexec").arg("--version").output() else {
+    // MPICH's, by its own name: the default `mpiexec` may be Open MPI's.
+    let mpiexec = ["mpiexec.mpich", "mpiexec"]
+        .into_iter()
+        .find(|m| Command::new(m).arg("--version").output().is_ok())
+        .unwrap_or("mpiexec");
+    let Ok(out) = Command::new(mpiexec).arg("--version").output() else {
         if std::env::var_os("AM_REQUIRE_MPIEXEC").is_some_and(|v| v == "1") {
             panic!("mpiexec is required (AM_REQUIRE_MPIEXEC=1) but not installed");
         }
@@ -75,7 +80,7 @@ fn four_ranks_under_mpiexec() {
         return;
     };
     assert!(out.status.success());
-    let status = Command::new("mpiexec")
+    let status = Command::new(mpiexec)
         .args(["-n", "4", BIN, "alltoall", "200"])
         .env("AM_WAIT", "block")
         .stdin(Stdio::null())
