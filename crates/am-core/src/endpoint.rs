@@ -163,6 +163,10 @@ pub struct Endpoint {
     lost: Vec<bool>,
     /// Peers that left the job cleanly (their transport said so).
     departed: Vec<bool>,
+    /// How many peers were marked lost or departed so far.
+    gone: u32,
+    /// Gone peers whose unanswered requests a wait has already been failed for.
+    unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     scratch: Vec<u8>,
 }
@@ -446,6 +450,8 @@ impl Endpoint {
             exit_requested: None,
             lost: vec![false; size as usize],
             departed: vec![false; size as usize],
+            gone: 0,
+            unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
         }
     }
@@ -1063,6 +1069,7 @@ impl Endpoint {
         if std::mem::replace(flag, true) {
             return false;
         }
+        self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerLost(peer));
         self.pending.retain(|p| p.dest != peer);
         true
@@ -1094,6 +1101,7 @@ impl Endpoint {
         if std::mem::replace(flag, true) {
             return false;
         }
+        self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerDeparted(peer));
         true
     }
@@ -1102,6 +1110,29 @@ impl Endpoint {
     #[inline]
     pub fn is_departed(&self, peer: Rank) -> bool {
         self.departed.get(peer as usize).copied().unwrap_or(false)
+    }
+
+    /// How many peers have been marked lost or departed: a driver that waits re-checks
+    /// [`Endpoint::unanswerable`] when it changes.
+    #[inline]
+    pub fn gone_count(&self) -> u32 {
+        self.gone
+    }
+
+    /// The first peer that is lost or has left while requests to it still await their
+    /// replies, as the error a wait fails with: those replies will never come. Each such
+    /// peer is reported once (later waits, which may wait for other peers, go on).
+    pub fn take_unanswerable(&mut self) -> Option<AmError> {
+        let peer = (0..self.size).find(|&p| {
+            !self.unanswered_reported[p as usize]
+                && self.credits.outstanding(p) > 0
+                && self.is_gone(p)
+        })?;
+        self.unanswered_reported[peer as usize] = true;
+        match self.waiting_for(peer) {
+            Poll::Ready(e) => Some(e),
+            Poll::Pending => None,
+        }
     }
 
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.

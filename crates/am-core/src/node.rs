@@ -226,9 +226,23 @@ impl<T: Transport> Node<T> {
     }
 
     /// Polls until `done()` is true, waiting between polls as the wait mode says.
+    ///
+    /// Fails with [`AmError::PeerDeparted`] or [`AmError::PeerLost`] if a peer this rank
+    /// still awaits replies from has left the job or died (those replies will never come),
+    /// rather than waiting for ever; once per such peer, so a later wait for other peers
+    /// goes on.
     pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
         let mut idle = 0;
+        // Peers gone so far that this wait has checked for (none gone: nothing to check).
+        let mut checked = 0;
         while !done() {
+            let gone = self.ep.gone_count();
+            if gone != checked {
+                checked = gone;
+                if let Some(e) = self.ep.take_unanswerable() {
+                    return Err(e);
+                }
+            }
             self.progress(&mut idle)?;
         }
         Ok(())

@@ -768,3 +768,42 @@ fn system_messages_a_correct_peer_never_sends_are_reported() {
     c.settle();
     assert!(c.nodes.iter().all(|n| n.ep.is_quiet()));
 }
+
+#[test]
+fn a_reply_owed_by_a_rank_that_left_is_reported_once() {
+    for seed in 0..SEEDS {
+        let (mut c, _) = cluster(Shape::new(3), seed);
+        // Rank 0 asks rank 1 and rank 2; rank 1 leaves before its request is handled.
+        for dest in [1, 2] {
+            let (ep, mut tx) = c.wire(0);
+            assert!(ep
+                .try_request(&mut tx, dest, AmKind::Short, PING, &[dest], &[], None)
+                .unwrap());
+        }
+        assert_eq!(c.nodes[0].ep.take_unanswerable(), None, "nobody left yet");
+        c.depart(1);
+        c.settle();
+        let ep = &mut c.nodes[0].ep;
+        assert_eq!(ep.credits().outstanding(2), 0, "rank 2 answered");
+        assert_eq!(
+            ep.take_unanswerable(),
+            Some(AmError::PeerDeparted(1)),
+            "seed {seed}"
+        );
+        assert_eq!(ep.take_unanswerable(), None, "reported once");
+    }
+}
+
+#[test]
+fn a_reply_owed_by_a_rank_that_died_is_reported_as_lost() {
+    let (mut c, _) = cluster(Shape::new(2), 0);
+    let (ep, mut tx) = c.wire(0);
+    assert!(ep
+        .try_request(&mut tx, 1, AmKind::Short, PING, &[1], &[], None)
+        .unwrap());
+    c.lose(1);
+    assert_eq!(
+        c.nodes[0].ep.take_unanswerable(),
+        Some(AmError::PeerLost(1))
+    );
+}
