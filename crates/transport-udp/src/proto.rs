@@ -220,6 +220,10 @@ struct Peer {
     /// The engine's [`Engine::absence`] at `heard_at`.
     heard_absence: Duration,
     last_ping: Option<Instant>,
+    /// Since when data to it has waited for an acknowledgement with none arriving (and the
+    /// engine's absence then): pings and acks of nothing new do not reset it, so a peer that
+    /// answers pings but never acknowledges data (datagrams it cannot receive) is lost.
+    stalled_since: Option<(Instant, Duration)>,
 }
 
 impl Peer {
@@ -249,6 +253,7 @@ impl Peer {
             heard_at: None,
             heard_absence: Duration::ZERO,
             last_ping: None,
+            stalled_since: None,
         }
     }
 
@@ -476,6 +481,9 @@ impl Engine {
                 flags |= FLAG_LAST;
             }
             let peer = &mut self.peers[dest as usize];
+            if peer.sent.is_empty() {
+                peer.stalled_since = Some((now, self.absence));
+            }
             let seq = peer.next_seq;
             peer.next_seq += 1;
             let in_window = seq < peer.base + WINDOW;
@@ -494,7 +502,6 @@ impl Engine {
             }
             at += len;
         }
-        let _ = now;
         Ok(())
     }
 
@@ -799,6 +806,8 @@ impl Engine {
         }
         if newest.is_some() {
             p.backoff = 0;
+            // Progress: what is still unacknowledged waits from now on.
+            p.stalled_since = (!p.sent.is_empty()).then_some((now, self.absence));
         }
         // Queue what the window now allows, and retransmit early a fragment whose last
         // transmission is older than one already acknowledged: it was most likely lost.
@@ -919,6 +928,7 @@ impl Engine {
                 // It has left: nothing we still hold for it will be acknowledged.
                 let drop: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
                 p.base = p.next_seq;
+                p.stalled_since = None;
                 p.rto_deadline = None;
                 for b in drop {
                     self.recycle(b);
@@ -1014,7 +1024,13 @@ impl Engine {
             let silence = now
                 .saturating_duration_since(heard)
                 .saturating_sub(absence - p.heard_absence);
-            if silence >= self.cfg.peer_timeout {
+            // Data unacknowledged for the timeout: lost, however many pings it answers.
+            let stalled = p.stalled_since.is_some_and(|(t, at_absence)| {
+                now.saturating_duration_since(t)
+                    .saturating_sub(absence - at_absence)
+                    >= self.cfg.peer_timeout
+            });
+            if silence >= self.cfg.peer_timeout || stalled {
                 self.declare_lost(rank);
                 continue;
             }
@@ -1054,6 +1070,7 @@ impl Engine {
         p.state = PeerState::Lost;
         let bufs: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
         p.base = p.next_seq;
+        p.stalled_since = None;
         p.rto_deadline = None;
         p.ack_owed = false;
         p.ack_deadline = None;

@@ -51,6 +51,9 @@ struct Net {
     /// Every datagram ever put on the wire (for replay tests).
     tape: Vec<(Rank, Vec<u8>)>,
     record: bool,
+    /// A path that drops every datagram longer than this (a path-MTU black hole, filtered
+    /// fragments, or a receiver whose buffer is smaller), while small ones pass.
+    black_hole_above: Option<usize>,
 }
 
 fn cfg() -> EngineConfig {
@@ -83,6 +86,7 @@ impl Net {
             lost: vec![Vec::new(); n as usize],
             tape: Vec::new(),
             record: false,
+            black_hole_above: None,
         }
     }
 
@@ -98,7 +102,9 @@ impl Net {
             if self.record {
                 self.tape.push((dest, bytes.clone()));
             }
-            if self.rng.chance(self.faults.drop) {
+            if self.rng.chance(self.faults.drop)
+                || self.black_hole_above.is_some_and(|max| bytes.len() > max)
+            {
                 continue;
             }
             let copies = if self.rng.chance(self.faults.duplicate) {
@@ -393,6 +399,36 @@ fn silent_peer_is_lost_after_the_timeout_and_only_then() {
         );
     }
     assert!(net.lost[0].iter().chain(&net.lost[1]).all(|(w, _)| *w == 2));
+}
+
+#[test]
+fn a_peer_that_answers_pings_but_never_acknowledges_data_is_lost() {
+    // Small datagrams (pings, acks) pass, data fragments do not: every datagram resets the
+    // silence timer, so only the age of unacknowledged data can tell.
+    let timeout = cfg().peer_timeout;
+    let mut net = Net::new(2, 11, CLEAN, cfg());
+    for _ in 0..20 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    net.black_hole_above = Some(100);
+    let sent = net.now - net.t0;
+    let now = net.now;
+    net.engines[0].send(now, 1, &[7; 150], &[]).unwrap();
+    while net.now - net.t0 < sent + timeout * 3 && net.lost[0].is_empty() {
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    assert_eq!(net.got[1].len(), 0, "nothing got through");
+    let (who, at) = *net.lost[0]
+        .first()
+        .expect("rank 0 never declared rank 1 lost");
+    assert_eq!(who, 1);
+    assert!(at >= sent + timeout, "too early: {at:?}");
+    assert!(
+        at <= sent + timeout + Duration::from_millis(600),
+        "late: {at:?}"
+    );
 }
 
 #[test]
