@@ -492,6 +492,8 @@ fn main() -> anyhow::Result<()> {
         ranks: args.ranks,
         // Room for the largest Long asked for (the transport's own limit still applies).
         segment_size: largest.max(JobOptions::default().segment_size),
+        // One JSON object per line, unprefixed, even when the ranks are processes.
+        prefix_output: !args.json,
     };
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);

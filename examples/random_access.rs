@@ -644,6 +644,8 @@ fn main() -> anyhow::Result<()> {
         transport: args.transport,
         ranks: args.ranks,
         segment_size: (lay.block(0) as usize * 8).max(4096),
+        // One JSON object per line, unprefixed, even when the ranks are processes.
+        prefix_output: !args.json,
     };
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     if FAILED.load(Ordering::Relaxed) {

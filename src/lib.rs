@@ -207,6 +207,10 @@ pub struct JobOptions {
     pub ranks: u32,
     /// Bytes of each rank's segment (`AM_SEGMENT_SIZE` overrides).
     pub segment_size: usize,
+    /// When the program starts its own job of processes: whether each output line of rank
+    /// r is prefixed with `[r] ` (default true). Turn it off for machine-readable output
+    /// (one JSON object per line) that only one rank prints.
+    pub prefix_output: bool,
 }
 
 impl Default for JobOptions {
@@ -215,6 +219,7 @@ impl Default for JobOptions {
             transport: TransportKind::Loopback,
             ranks: 2,
             segment_size: 1 << 20,
+            prefix_output: true,
         }
     }
 }
@@ -385,7 +390,10 @@ where
         }
         return Ok(0);
     }
-    Ok(am_launch::self_launch(opts.ranks, Some(kind.name()))?)
+    Ok(am_launch::self_launcher(opts.ranks)?
+        .transport(kind.name())
+        .prefix_output(opts.prefix_output)
+        .run()?)
 }
 
 fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> JobError {

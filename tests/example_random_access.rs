@@ -13,9 +13,9 @@ fn run(args: &[&str]) -> (Output, serde_json::Value) {
         .output()
         .expect("run random_access (built by cargo test)");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    // Ranks that are processes print through the launcher, which prefixes `[rank] `.
-    let object = text.find('{').map_or("", |at| text[at..].trim());
-    let json = serde_json::from_str(object).unwrap_or_else(|e| {
+    // The whole of stdout is the JSON object, also when the ranks are processes (the
+    // launcher's `[rank] ` prefixes are off under --json), so `| jq` works.
+    let json = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
         panic!(
             "one JSON object expected ({e}): {text}\nstderr: {}",
             String::from_utf8_lossy(&out.stderr)

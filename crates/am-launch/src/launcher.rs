@@ -250,6 +250,17 @@ impl Launcher {
 /// [`crate::JobInfo::is_launched`] before calling this; calling it from a rank
 /// returns [`LaunchError::Nested`] instead of starting a job per rank.
 pub fn self_launch(ranks: u32, transport: Option<&str>) -> Result<i32, LaunchError> {
+    let mut launcher = self_launcher(ranks)?;
+    if let Some(t) = transport {
+        launcher = launcher.transport(t);
+    }
+    launcher.run()
+}
+
+/// The [`Launcher`] [`self_launch`] runs, to adjust before [`Launcher::run`] (for example
+/// [`Launcher::prefix_output`]): `ranks` copies of the current executable with the same
+/// arguments, named after it in messages.
+pub fn self_launcher(ranks: u32) -> Result<Launcher, LaunchError> {
     if std::env::var_os("AM_RANK").is_some() {
         return Err(LaunchError::Nested);
     }
@@ -258,13 +269,9 @@ pub fn self_launch(ranks: u32, transport: Option<&str>) -> Result<i32, LaunchErr
         || "self-launch".into(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let mut launcher = Launcher::new(ranks, exe)
+    Ok(Launcher::new(ranks, exe)
         .name(name)
-        .args(std::env::args_os().skip(1));
-    if let Some(t) = transport {
-        launcher = launcher.transport(t);
-    }
-    launcher.run()
+        .args(std::env::args_os().skip(1)))
 }
 
 /// Self-pipes written by signal handlers, so one `poll` sees signals, output and PMI.

@@ -50,5 +50,5 @@ mod wire;
 pub use bootstrap::{
     launcher_variables_seen, BootstrapError, JobInfo, KeyValueStore, LauncherKind,
 };
-pub use launcher::{self_launch, LaunchError, Launcher, TRANSPORTS};
+pub use launcher::{self_launch, self_launcher, LaunchError, Launcher, TRANSPORTS};
 pub use util::{is_valid_job_id, process_alive, remove_job_shm};
