@@ -135,6 +135,10 @@ pub enum BootstrapError {
     /// The key-value store was used after `finalize` or `abort`.
     #[error("the key-value store was already finalized or aborted")]
     Closed,
+    /// The launcher's PMIx server (Open MPI's mpirun, PRRTE, srun --mpi=pmix) could not be
+    /// used.
+    #[error("PMIx: {0}")]
+    Pmix(#[from] am_pmix::PmixError),
 }
 
 /// The key-value store a launcher offers to the ranks of a job (PMI).
@@ -633,6 +637,7 @@ fn from_ompi(env: &dyn Env, forced_id: Option<String>) -> Result<JobInfo, Bootst
         }
         Ok(None)
     };
+    let kvs = crate::pmix::store_if_served(env, rank, size)?;
     let job_id = match forced_id {
         Some(id) => id,
         None => match from_ompi()? {
@@ -651,7 +656,7 @@ fn from_ompi(env: &dyn Env, forced_id: Option<String>) -> Result<JobInfo, Bootst
         job_id,
         transport: None,
         launcher: LauncherKind::OpenMpi,
-        kvs: None,
+        kvs,
     })
 }
 
@@ -676,7 +681,8 @@ fn from_slurm(
         merge(Some(size), s.size, "SLURM_NTASKS")?;
         Some(s.kvs)
     } else {
-        None
+        // srun --mpi=pmix
+        crate::pmix::store_if_served(env, rank, size)?
     };
     let job = match env.var("SLURM_JOB_ID")? {
         Some(j) => Some(j),

@@ -43,6 +43,7 @@
 pub mod bootstrap;
 mod client;
 pub mod launcher;
+mod pmix;
 mod server;
 mod util;
 mod wire;

@@ -88,8 +88,8 @@ pub fn connect(
         SetupError::Bootstrap(format!(
             "the launcher ({launcher}; launcher variables seen: {}) gives the ranks no \
              key-value store this transport can use to find its peers: start the job under \
-             amrun, MPICH's mpiexec or srun --mpi=pmi2 (PMIx, which Open MPI's mpirun and \
-             srun --mpi=pmix provide, is not supported yet)",
+             amrun, MPICH's mpiexec, srun --mpi=pmi2, or a PMIx launcher (Open MPI's mpirun, \
+             srun --mpi=pmix), which must set PMIX_SERVER_URI* and PMIX_NAMESPACE",
             am_launch::launcher_variables_seen()
         ))
     })?;

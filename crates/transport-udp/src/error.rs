@@ -34,7 +34,7 @@ pub enum UdpError {
     #[error("key-value store: {0}")]
     Bootstrap(#[from] am_launch::BootstrapError),
     /// A job of several ranks with neither a key-value store nor `AM_COORD`.
-    #[error("the ranks cannot find each other: the launcher ({launcher}; launcher variables seen: {seen}) gives them no key-value store: start the job under amrun, MPICH's mpiexec or srun --mpi=pmi2, or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank (PMIx, which Open MPI's mpirun and srun --mpi=pmix provide, is not supported yet)")]
+    #[error("the ranks cannot find each other: the launcher ({launcher}; launcher variables seen: {seen}) gives them no key-value store: start the job under amrun, MPICH's mpiexec, srun --mpi=pmi2 or a PMIx launcher (Open MPI's mpirun, srun --mpi=pmix), or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank")]
     NoRendezvous {
         /// The launcher that started the job.
         launcher: am_launch::LauncherKind,

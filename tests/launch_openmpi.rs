@@ -1,0 +1,151 @@
+//! Start-up under Open MPI's `mpirun`, whose ranks get a PMIx server as their key-value
+//! store: the probe's all-gather, and RandomAccess on every process transport and on the
+//! default one, with no extra settings.
+//!
+//! These tests need Debian's Open MPI (`mpirun.openmpi`, with libpmix). Without it they
+//! print a notice and skip, unless `AM_REQUIRE_OPENMPI=1` (CI sets it after installing
+//! Open MPI), in which case they fail.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+mod common;
+use common::example;
+
+/// Safety net only: no job comes close to it.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
+
+fn mpirun() -> Option<&'static str> {
+    let found = Command::new("mpirun.openmpi")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return Some("mpirun.openmpi");
+    }
+    let required = std::env::var("AM_REQUIRE_OPENMPI").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "mpirun.openmpi is not installed and AM_REQUIRE_OPENMPI=1: apt-get install openmpi-bin"
+    );
+    eprintln!("SKIPPED: mpirun.openmpi is not installed (apt-get install openmpi-bin)");
+    None
+}
+
+struct Job {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// `mpirun.openmpi -n N <program> <args>`, bounded by the watchdog.
+fn run(mpirun: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Job {
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(mpirun)
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(program)
+        .args(args)
+        // Open MPI refuses root unless told; CI runs as root.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("AM_TRANSPORT")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start mpirun.openmpi");
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let stdout = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(WATCHDOG) {
+        Ok(status) => status.expect("wait for mpirun"),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("mpirun.openmpi did not finish within {WATCHDOG:?}");
+        }
+    };
+    Job {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+#[test]
+fn ranks_share_a_job_id_and_a_key_value_store() {
+    let Some(mpirun) = mpirun() else { return };
+    let job = run(mpirun, 3, std::path::Path::new(AMPROBE), &[]);
+    assert_eq!(job.code, 0, "{}\n{}", job.stdout, job.stderr);
+    let banners: Vec<&str> = job
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("rank="))
+        .collect();
+    assert_eq!(banners.len(), 3, "{}", job.stdout);
+    assert!(
+        banners.iter().all(|b| b.contains("launcher=OpenMpi")),
+        "{banners:?}"
+    );
+    let jobs: BTreeSet<&str> = banners
+        .iter()
+        .filter_map(|b| b.split(' ').find_map(|t| t.strip_prefix("job=")))
+        .collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let ok = job.stdout.lines().filter(|l| *l == "kvs=ok").count();
+    assert_eq!(ok, 3, "{}\n{}", job.stdout, job.stderr);
+}
+
+#[test]
+fn random_access_runs_on_every_process_transport() {
+    let Some(mpirun) = mpirun() else { return };
+    // None: the program's default (loopback), which a launcher turns into sci on one host.
+    for (transport, expect) in [
+        (Some("sci"), "sci"),
+        (Some("extoll"), "extoll"),
+        (Some("portals"), "portals"),
+        (Some("udp"), "udp"),
+        (None, "sci"),
+    ] {
+        let mut args = vec!["--log2-table", "14", "--json"];
+        if let Some(t) = transport {
+            args.extend(["--transport", t]);
+        }
+        let job = run(mpirun, 4, &example("random_access"), &args);
+        assert_eq!(
+            job.code, 0,
+            "{transport:?}:\n{}\n{}",
+            job.stdout, job.stderr
+        );
+        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
+            .unwrap_or_else(|e| panic!("{transport:?}: {e}: {}", job.stdout));
+        assert_eq!(row["transport"], expect, "{row}");
+        assert_eq!(row["ranks"], 4, "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+    }
+}
