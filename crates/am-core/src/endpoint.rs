@@ -1113,7 +1113,7 @@ impl Endpoint {
     }
 
     /// How many peers have been marked lost or departed: a driver that waits re-checks
-    /// [`Endpoint::unanswerable`] when it changes.
+    /// [`Endpoint::take_unanswerable`] when it changes.
     #[inline]
     pub fn gone_count(&self) -> u32 {
         self.gone

@@ -484,7 +484,9 @@ fn pmi_connect(env: &dyn Env, default_version: u32) -> Result<PmiSession, Bootst
                 })
             }
         };
-        let (r, s) = c.init(id)?;
+        // Slurm's pmi2 plugin also wants the job (PMI_JOBID), as MPICH's client sends it.
+        let jobid = env.var("PMI_JOBID")?;
+        let (r, s) = c.init(id, jobid.as_deref())?;
         Ok(PmiSession {
             rank: Some(r),
             size: Some(s),

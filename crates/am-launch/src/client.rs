@@ -412,10 +412,53 @@ impl<S: Read + Write> Pmi2Client<S> {
         }
     }
 
-    /// `fullinit` then `job-getid`. `id` is the identifying field, e.g.
-    /// `("pmirank", "3")`. Returns `(rank, size)` as the server sees them.
-    pub(crate) fn init(&mut self, id: (&str, &str)) -> Result<(u32, u32), BootstrapError> {
-        let m = self.request_ok("fullinit", &[id, ("threaded", "FALSE")])?;
+    /// The PMI-1 line that opens a PMI-2 connection (`cmd=init pmi_version=2
+    /// pmi_subversion=0`), as MPICH's own PMI-2 client sends it; Slurm's pmi2 plugin
+    /// refuses a connection that starts with `fullinit` (hydra takes both).
+    fn open_v2(&mut self) -> Result<(), BootstrapError> {
+        let line = wire::format_v1("init", &[("pmi_version", "2"), ("pmi_subversion", "0")]);
+        self.io
+            .write_all(line.as_bytes())
+            .map_err(|e| io_err("init", e))?;
+        // The reply is one PMI-1 line, byte by byte so nothing after it is consumed.
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        while byte[0] != b'\n' {
+            if reply.len() > 1024 {
+                return Err(protocol("PMI-2 `response_to_init` longer than 1024 bytes"));
+            }
+            self.read_exact(&mut byte, "init")?;
+            reply.push(byte[0]);
+        }
+        let text = String::from_utf8(reply)
+            .map_err(|_| protocol("PMI-2 `response_to_init` is not UTF-8"))?;
+        let m = wire::parse_v1(text.trim_end()).map_err(protocol)?;
+        let m = expect_cmd(m, "response_to_init", "init")?;
+        match m.failed() {
+            Some(rc) => Err(pmi_failed("init", rc, &m)),
+            None => Ok(()),
+        }
+    }
+
+    /// The PMI-2 opening (`init` as a PMI-1 line), `fullinit` then `job-getid`. `id` is the
+    /// identifying field, e.g. `("pmirank", "3")`. Returns `(rank, size)` as the server sees
+    /// them.
+    /// `jobid` (`PMI_JOBID`, set by Slurm) is sent as `pmijobid` first when present.
+    pub(crate) fn init(
+        &mut self,
+        id: (&str, &str),
+        jobid: Option<&str>,
+    ) -> Result<(u32, u32), BootstrapError> {
+        if self.state != State::Open {
+            return Err(BootstrapError::Closed);
+        }
+        self.open_v2()?;
+        let mut fields: Vec<(&str, &str)> = Vec::with_capacity(3);
+        if let Some(j) = jobid {
+            fields.push(("pmijobid", j));
+        }
+        fields.extend([id, ("threaded", "FALSE")]);
+        let m = self.request_ok("fullinit", &fields)?;
         let rank = parse_u32_field(&m, "rank")?
             .ok_or_else(|| protocol("`fullinit-response` without rank"))?;
         let size = parse_u32_field(&m, "size")?
@@ -659,10 +702,23 @@ mod tests {
 
     /// A scripted PMI-2 server.
     fn v2_server(
+        opens: bool,
         script: Vec<(&'static str, Option<&'static str>)>,
     ) -> (Conn, thread::JoinHandle<()>) {
         let (a, mut b) = UnixStream::pair().unwrap();
         let h = thread::spawn(move || {
+            // The PMI-1 line that opens a PMI-2 connection (`init`), and its answer.
+            if opens {
+                let mut line = Vec::new();
+                let mut byte = [0u8; 1];
+                while byte[0] != b'\n' {
+                    b.read_exact(&mut byte).unwrap();
+                    line.push(byte[0]);
+                }
+                assert_eq!(line, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+                b.write_all(b"cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n")
+                    .unwrap();
+            }
             for (expect, reply) in script {
                 let mut header = [0u8; 6];
                 b.read_exact(&mut header).unwrap();
@@ -680,7 +736,7 @@ mod tests {
 
     #[test]
     fn pmi2_talks_like_hydra() {
-        let (conn, server) = v2_server(vec![
+        let (conn, server) = v2_server(true, vec![
             (
                 "cmd=fullinit;pmirank=1;threaded=FALSE;",
                 Some("cmd=fullinit-response;pmi-version=2;pmi-subversion=0;rank=1;size=2;appnum=0;debugged=FALSE;pmiverbose=FALSE;rc=0;"),
@@ -700,7 +756,7 @@ mod tests {
             ("cmd=finalize;", Some("cmd=finalize-response;rc=0;")),
         ]);
         let mut c = Pmi2Client::new(conn);
-        assert_eq!(c.init(("pmirank", "1")).unwrap(), (1, 2));
+        assert_eq!(c.init(("pmirank", "1"), None).unwrap(), (1, 2));
         assert_eq!(c.jobid(), "kvs_5286_0");
         c.put("k1", "v=1").unwrap();
         c.fence().unwrap();
@@ -720,7 +776,10 @@ mod tests {
 
     #[test]
     fn pmi2_abort_keeps_framing() {
-        let (conn, server) = v2_server(vec![("cmd=abort;isworld=TRUE;msg=bad  thing;", None)]);
+        let (conn, server) = v2_server(
+            false,
+            vec![("cmd=abort;isworld=TRUE;msg=bad  thing;", None)],
+        );
         let mut c = Pmi2Client::new(conn);
         c.abort(3, "bad; thing").unwrap();
         drop(c);
