@@ -1,0 +1,161 @@
+//! Start-up under Slurm's `srun`, with `--mpi=pmi2` (PMI-2) and `--mpi=pmix` (PMIx): the
+//! probe's all-gather, and RandomAccess on every process transport and on the default one,
+//! with no extra settings.
+//!
+//! These tests need a Slurm cluster `srun` can reach (`SLURM_CONF`; CI starts a single node
+//! on localhost with `.ci/slurm up`). Without one they print a notice and skip, unless
+//! `AM_REQUIRE_SLURM=1`, in which case they fail.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+mod common;
+use common::example;
+
+/// Safety net only: no job comes close to it.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
+
+/// True if a Slurm partition is up for `srun`.
+fn slurm() -> bool {
+    let up = Command::new("sinfo")
+        .args(["-h", "-o", "%a"])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("up"));
+    if up {
+        return true;
+    }
+    let required = std::env::var("AM_REQUIRE_SLURM").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "no Slurm partition is up and AM_REQUIRE_SLURM=1: start one (.ci/slurm up DIR) and export SLURM_CONF"
+    );
+    eprintln!("SKIPPED: no Slurm cluster (sinfo shows no partition up)");
+    false
+}
+
+struct Job {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// `srun --mpi=MPI -n N <program> <args>`, bounded by the watchdog.
+fn run(mpi: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Job {
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new("srun")
+        .args([
+            &format!("--mpi={mpi}"),
+            "--overcommit",
+            "-n",
+            &n.to_string(),
+        ])
+        .arg(program)
+        .args(args)
+        .env_remove("AM_TRANSPORT")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start srun");
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let stdout = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(WATCHDOG) {
+        Ok(status) => status.expect("wait for srun"),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("srun did not finish within {WATCHDOG:?}");
+        }
+    };
+    Job {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+#[test]
+fn ranks_share_a_job_id_and_a_key_value_store() {
+    if !slurm() {
+        return;
+    }
+    for mpi in ["pmi2", "pmix"] {
+        let job = run(mpi, 3, std::path::Path::new(AMPROBE), &[]);
+        assert_eq!(job.code, 0, "{mpi}: {}\n{}", job.stdout, job.stderr);
+        let banners: Vec<&str> = job
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("rank="))
+            .collect();
+        assert_eq!(banners.len(), 3, "{mpi}: {}", job.stdout);
+        assert!(
+            banners.iter().all(|b| b.contains("launcher=Slurm")),
+            "{mpi}: {banners:?}"
+        );
+        let jobs: BTreeSet<&str> = banners
+            .iter()
+            .filter_map(|b| b.split(' ').find_map(|t| t.strip_prefix("job=")))
+            .collect();
+        assert_eq!(jobs.len(), 1, "{mpi}: {jobs:?}");
+        let ok = job.stdout.lines().filter(|l| *l == "kvs=ok").count();
+        assert_eq!(ok, 3, "{mpi}: {}\n{}", job.stdout, job.stderr);
+    }
+}
+
+#[test]
+fn random_access_runs_on_every_process_transport() {
+    if !slurm() {
+        return;
+    }
+    for mpi in ["pmi2", "pmix"] {
+        // None: the program's default (loopback), which a launcher turns into sci on one host.
+        for (transport, expect) in [
+            (Some("sci"), "sci"),
+            (Some("extoll"), "extoll"),
+            (Some("portals"), "portals"),
+            (Some("udp"), "udp"),
+            (None, "sci"),
+        ] {
+            let mut args = vec!["--log2-table", "14", "--json"];
+            if let Some(t) = transport {
+                args.extend(["--transport", t]);
+            }
+            let job = run(mpi, 4, &example("random_access"), &args);
+            assert_eq!(
+                job.code, 0,
+                "{mpi} {transport:?}:\n{}\n{}",
+                job.stdout, job.stderr
+            );
+            let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
+                .unwrap_or_else(|e| panic!("{mpi} {transport:?}: {e}: {}", job.stdout));
+            assert_eq!(row["transport"], expect, "{mpi}: {row}");
+            assert_eq!(row["ranks"], 4, "{mpi}: {row}");
+            assert_eq!(row["verified"], true, "{mpi}: {row}");
+        }
+    }
+}
