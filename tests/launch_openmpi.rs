@@ -7,14 +7,11 @@
 //! Open MPI), in which case they fail.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
 use std::time::Duration;
 
 mod common;
-use common::example;
+use common::{example, run_bounded, Run};
 
 /// Safety net only: no job comes close to it.
 const WATCHDOG: Duration = Duration::from_secs(120);
@@ -40,61 +37,17 @@ fn mpirun() -> Option<&'static str> {
     None
 }
 
-struct Job {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// `mpirun.openmpi -n N <program> <args>`, bounded by the watchdog.
-fn run(mpirun: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Job {
-    use std::os::unix::process::CommandExt;
-    let mut child = Command::new(mpirun)
-        .args(["--oversubscribe", "-n", &n.to_string()])
+fn run(mpirun: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Run {
+    let mut cmd = Command::new(mpirun);
+    cmd.args(["--oversubscribe", "-n", &n.to_string()])
         .arg(program)
         .args(args)
         // Open MPI refuses root unless told; CI runs as root.
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env_remove("AM_TRANSPORT")
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot start mpirun.openmpi");
-    let pid = child.id() as i32;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let stdout = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let stderr = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let status = match rx.recv_timeout(WATCHDOG) {
-        Ok(status) => status.expect("wait for mpirun"),
-        Err(_) => {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            panic!("mpirun.openmpi did not finish within {WATCHDOG:?}");
-        }
-    };
-    Job {
-        code: status.code().unwrap_or(-1),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    }
+        .env_remove("AM_TRANSPORT");
+    run_bounded(cmd, WATCHDOG)
 }
 
 #[test]

@@ -7,14 +7,11 @@
 //! `AM_REQUIRE_SLURM=1`, in which case they fail.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
 use std::time::Duration;
 
 mod common;
-use common::example;
+use common::{example, run_bounded, Run};
 
 /// Safety net only: no job comes close to it.
 const WATCHDOG: Duration = Duration::from_secs(120);
@@ -40,63 +37,19 @@ fn slurm() -> bool {
     false
 }
 
-struct Job {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// `srun --mpi=MPI -n N <program> <args>`, bounded by the watchdog.
-fn run(mpi: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Job {
-    use std::os::unix::process::CommandExt;
-    let mut child = Command::new("srun")
-        .args([
-            &format!("--mpi={mpi}"),
-            "--overcommit",
-            "-n",
-            &n.to_string(),
-        ])
-        .arg(program)
-        .args(args)
-        .env_remove("AM_TRANSPORT")
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot start srun");
-    let pid = child.id() as i32;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let stdout = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let stderr = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let status = match rx.recv_timeout(WATCHDOG) {
-        Ok(status) => status.expect("wait for srun"),
-        Err(_) => {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            panic!("srun did not finish within {WATCHDOG:?}");
-        }
-    };
-    Job {
-        code: status.code().unwrap_or(-1),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    }
+fn run(mpi: &str, n: u32, program: &std::path::Path, args: &[&str]) -> Run {
+    let mut cmd = Command::new("srun");
+    cmd.args([
+        &format!("--mpi={mpi}"),
+        "--overcommit",
+        "-n",
+        &n.to_string(),
+    ])
+    .arg(program)
+    .args(args)
+    .env_remove("AM_TRANSPORT");
+    run_bounded(cmd, WATCHDOG)
 }
 
 #[test]

@@ -2,14 +2,11 @@
 //! name is an error), and a program that asked for loopback (the default) started by a
 //! launcher runs on a process transport instead of failing.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
-use common::example;
+use common::{example, run_bounded, Run};
 
 use am_perf::launch::{have_mpiexec, mpiexec};
 
@@ -18,54 +15,8 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 const AMRUN: &str = env!("CARGO_BIN_EXE_amrun");
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `cmd` to the end, bounded by the watchdog (the process group is killed past it).
-fn run(mut cmd: Command) -> Run {
-    use std::os::unix::process::CommandExt;
-    let mut child = cmd
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the program");
-    let pid = child.id() as i32;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let stdout = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let stderr = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let status = match rx.recv_timeout(WATCHDOG) {
-        Ok(status) => status.expect("wait for the program"),
-        Err(_) => {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            panic!("the program did not finish within {WATCHDOG:?}");
-        }
-    };
-    Run {
-        code: status.code().unwrap_or(-1),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    }
+fn run(cmd: Command) -> Run {
+    run_bounded(cmd, WATCHDOG)
 }
 
 /// A short ping-pong, one JSON object per row (each line may carry a `[rank] ` prefix).

@@ -14,3 +14,59 @@ pub fn example(name: &str) -> PathBuf {
     );
     path
 }
+
+/// What a finished program printed and its exit code.
+#[allow(dead_code)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `cmd` (in its own process group) to the end, bounded by `watchdog`: past it the
+/// whole group is killed and the test fails, so a hung job cannot hang the suite.
+#[allow(dead_code)]
+pub fn run_bounded(mut cmd: std::process::Command, watchdog: std::time::Duration) -> Run {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(watchdog) {
+        Ok(status) => status.expect("wait for the program"),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{cmd:?} did not finish within {watchdog:?}");
+        }
+    };
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
