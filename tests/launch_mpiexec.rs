@@ -17,6 +17,8 @@ const AMPROBE: &str = env!("CARGO_BIN_EXE_amprobe");
 
 use am_perf::launch::{have_mpiexec, mpiexec};
 
+mod common;
+
 struct Job {
     code: i32,
     stdout: String,
@@ -169,4 +171,37 @@ fn pmi1_abort_ends_the_job_with_its_code() {
         &["-n", "3", AMPROBE, "--abort-rank", "1", "--exit-code", "7"],
     );
     assert_eq!(job.code, 7, "{}\n{}", job.stdout, job.stderr);
+}
+
+#[test]
+fn random_access_runs_on_every_process_transport() {
+    if !have_mpiexec() {
+        return;
+    }
+    let program = common::example("random_access");
+    let program = program.to_str().expect("a UTF-8 path");
+    // None: the program's default (loopback), which a launcher turns into sci on one host.
+    for (transport, expect) in [
+        (Some("sci"), "sci"),
+        (Some("extoll"), "extoll"),
+        (Some("portals"), "portals"),
+        (Some("udp"), "udp"),
+        (None, "sci"),
+    ] {
+        let mut args = vec!["-n", "4", program, "--log2-table", "14", "--json"];
+        if let Some(t) = transport {
+            args.extend(["--transport", t]);
+        }
+        let job = run(&[], &args);
+        assert_eq!(
+            job.code, 0,
+            "{transport:?}:\n{}\n{}",
+            job.stdout, job.stderr
+        );
+        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
+            .unwrap_or_else(|e| panic!("{transport:?}: {e}: {}", job.stdout));
+        assert_eq!(row["transport"], expect, "{row}");
+        assert_eq!(row["ranks"], 4, "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+    }
 }
