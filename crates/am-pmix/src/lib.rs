@@ -54,6 +54,8 @@ struct Value {
 }
 
 /// `pmix_info_t` (552 bytes in PMIx 4): filled by `PMIx_Info_load`, given room to spare.
+/// Only ever passed singly (`ninfo == 1`): the library steps through an array by its own
+/// size, so an array of these would be read wrongly.
 #[repr(C, align(8))]
 struct Info {
     bytes: [u8; 2048],
@@ -408,7 +410,9 @@ impl Pmix {
         // SAFETY: a valid pmix_proc_t, a NUL-terminated key, `ninfo` loaded pmix_info_t (or
         // none), and a place for the library to store a pointer to a value it allocates.
         let status = unsafe { (self.lib.get)(&proc, k.as_ptr(), info, ninfo, &mut out) };
-        // PMIX_ERR_NOT_FOUND (-46) and PMIX_ERR_NOT_FOUND in older numbering (-24).
+        // PMIX_ERR_NOT_FOUND (-46): an optional get of a key the rank did not put;
+        // PMIX_ERR_TIMEOUT (-24): what a get without PMIX_OPTIONAL returns for it (after
+        // the server's 2 s wait in PMIx 4.2).
         if status == -46 || status == -24 {
             return Ok(None);
         }
