@@ -173,46 +173,120 @@ fn table_text(peers: &[PeerAddr]) -> String {
     t
 }
 
+/// How long one connection may take to send its registration line.
+const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection whose registration line has not fully arrived.
+struct Pending {
+    stream: TcpStream,
+    line: Vec<u8>,
+    since: Instant,
+}
+
 /// Rank 0's coordinator: collects every rank's authenticated registration, then sends each
 /// the whole table (authenticated). Strangers' connections are dropped and do not count.
+///
+/// Connections are served together, never one at a time: each is non-blocking and read as
+/// its bytes come, gets [`REGISTRATION_TIMEOUT`] to send one line of at most [`MAX_LINE`]
+/// bytes, and at most `4 * size + 16` wait at once (the oldest goes), so idle or slow
+/// connections cannot delay or stop a job's start-up.
 fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
+    let max_pending = 4 * size as usize + 16;
     let mut slots: Vec<Option<(PeerAddr, TcpStream)>> = (0..size).map(|_| None).collect();
+    let mut pending: Vec<Pending> = Vec::new();
     let _ = listener.set_nonblocking(true);
     while slots.iter().any(|s| s.is_none()) {
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return;
         }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut line = String::new();
-                let Ok(reader) = stream.try_clone() else {
-                    continue;
-                };
-                if BufReader::new(reader.take(MAX_LINE))
-                    .read_line(&mut line)
-                    .is_err()
-                {
-                    continue;
-                }
-                if let Some((rank, peer)) = parse_registration(&auth, size, &line) {
-                    slots[rank as usize] = Some((peer, stream));
-                }
+        // Everything waiting to be accepted.
+        while let Ok((stream, _)) = listener.accept() {
+            if stream.set_nonblocking(true).is_err() {
+                continue;
             }
-            Err(_) => {
-                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-                let _ = poll(&mut fds, PollTimeout::from(100u16));
+            if pending.len() >= max_pending {
+                pending.remove(0);
+            }
+            pending.push(Pending {
+                stream,
+                line: Vec::new(),
+                since: now,
+            });
+        }
+        // Whatever each connection has sent; a full line is judged at once.
+        let mut i = 0;
+        while i < pending.len() {
+            match read_some(&mut pending[i]) {
+                Progress::Waiting if now < pending[i].since + REGISTRATION_TIMEOUT => i += 1,
+                Progress::Line => {
+                    let p = pending.swap_remove(i);
+                    let line = String::from_utf8_lossy(&p.line).into_owned();
+                    if let Some((rank, peer)) = parse_registration(&auth, size, &line) {
+                        // A blocking stream again for the answer.
+                        let _ = p.stream.set_nonblocking(false);
+                        slots[rank as usize] = Some((peer, p.stream));
+                    }
+                }
+                // Closed, too long, or too slow: dropped.
+                Progress::Waiting | Progress::Done => {
+                    pending.swap_remove(i);
+                }
             }
         }
+        let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        fds.extend(
+            pending
+                .iter()
+                .map(|p| PollFd::new(p.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        let _ = poll(&mut fds, PollTimeout::from(100u16));
     }
     let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _)| *p).collect();
     let table = table_text(&peers);
     let reply = format!("{table}END {}\n", auth.tag_text(&table));
     for (_, mut stream) in slots.into_iter().flatten() {
+        let _ = stream.set_write_timeout(Some(REGISTRATION_TIMEOUT));
         let _ = stream.write_all(reply.as_bytes());
+    }
+}
+
+enum Progress {
+    /// No full line yet.
+    Waiting,
+    /// A full line (newline included) is in `line`.
+    Line,
+    /// Closed, failed or longer than [`MAX_LINE`]: drop it.
+    Done,
+}
+
+/// Reads what a non-blocking connection has, up to one line.
+fn read_some(p: &mut Pending) -> Progress {
+    let mut buf = [0u8; 256];
+    loop {
+        match p.stream.read(&mut buf) {
+            Ok(0) => return Progress::Done,
+            Ok(n) => {
+                let chunk = &buf[..n];
+                if let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+                    p.line.extend_from_slice(&chunk[..=end]);
+                    return if p.line.len() as u64 <= MAX_LINE {
+                        Progress::Line
+                    } else {
+                        Progress::Done
+                    };
+                }
+                p.line.extend_from_slice(chunk);
+                if p.line.len() as u64 > MAX_LINE {
+                    return Progress::Done;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Progress::Waiting,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Progress::Done,
+        }
     }
 }
 
@@ -311,6 +385,74 @@ mod tests {
         assert_eq!(parse_registration(&auth, 4, &forged), None);
         assert_eq!(parse_registration(&auth, 4, "garbage"), None);
         assert_eq!(parse_registration(&auth, 4, ""), None);
+    }
+
+    #[test]
+    fn idle_and_slow_connections_do_not_hold_the_coordinator() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let coord = format!("127.0.0.1:{port}");
+        let auth = Authenticator::new(&JobKey::from_bytes([6; 32]), "job-i");
+        // Rank 0 serves; before the others register, ten strangers connect and say nothing
+        // and one sends a byte every 100 ms. Served one at a time with a 5 s read timeout
+        // each, they held start-up back by 50 s; served together, not at all.
+        let started = Instant::now();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u32)
+                .map(|r| {
+                    let (coord, auth) = (coord.clone(), auth.clone());
+                    s.spawn(move || {
+                        let mine = PeerAddr {
+                            addr: format!("127.0.0.1:{}", 6000 + r).parse().unwrap(),
+                            epoch: 200 + r as u64,
+                        };
+                        let mut strangers = Vec::new();
+                        if r != 0 {
+                            // Wait for rank 0's listener, then crowd it.
+                            let deadline = Instant::now() + Duration::from_secs(10);
+                            while strangers.is_empty() && Instant::now() < deadline {
+                                if let Ok(s) = TcpStream::connect(&coord) {
+                                    strangers.push(s);
+                                } else {
+                                    std::thread::sleep(Duration::from_millis(5));
+                                }
+                            }
+                            for _ in 0..9 {
+                                strangers.extend(TcpStream::connect(&coord).ok());
+                            }
+                        }
+                        let dribble = (r == 1).then(|| {
+                            let coord = coord.clone();
+                            std::thread::spawn(move || {
+                                if let Ok(mut s) = TcpStream::connect(&coord) {
+                                    for _ in 0..50 {
+                                        if s.write_all(b"A").is_err() {
+                                            break;
+                                        }
+                                        std::thread::sleep(Duration::from_millis(100));
+                                    }
+                                }
+                            })
+                        });
+                        let got = via_coordinator(&coord, r, 3, &auth, mine);
+                        drop(strangers);
+                        drop(dribble);
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            assert_eq!(r.unwrap().len(), 3);
+        }
+        let took = started.elapsed();
+        assert!(
+            took < REGISTRATION_TIMEOUT - Duration::from_secs(1),
+            "start-up took {took:?}: a stranger's connection held the coordinator"
+        );
     }
 
     #[test]
