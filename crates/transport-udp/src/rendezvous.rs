@@ -134,10 +134,28 @@ fn via_kvs(
     Ok((peers, key))
 }
 
-/// Registration line: `AMUDP1 <job tag> <rank> <size> <epoch>@<addr> <mac>`.
-fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr) -> String {
+/// The coordinator's first line on every connection: `AMUDP1 CHALLENGE <32 hex digits>`, a
+/// fresh random nonce the registration must answer, so a registration captured in one job
+/// cannot be replayed in another (even one with the same key and job id).
+fn challenge_line(nonce: &str) -> String {
+    format!("AMUDP1 CHALLENGE {nonce}\n")
+}
+
+fn parse_challenge(line: &str) -> Option<String> {
+    let nonce = line.trim_end().strip_prefix("AMUDP1 CHALLENGE ")?;
+    (nonce.len() == 32 && nonce.bytes().all(|b| b.is_ascii_hexdigit())).then(|| nonce.to_owned())
+}
+
+fn fresh_nonce() -> std::io::Result<String> {
+    let mut n = [0u8; 16];
+    crate::wire::random_bytes(&mut n)?;
+    Ok(crate::wire::hex(&n))
+}
+
+/// Registration line: `AMUDP1 <job tag> <rank> <size> <epoch>@<addr> <nonce> <mac>`.
+fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr, nonce: &str) -> String {
     let body = format!(
-        "AMUDP1 {:016x} {rank} {size} {}",
+        "AMUDP1 {:016x} {rank} {size} {} {nonce}",
         auth.job_tag(),
         entry(mine.addr, mine.epoch)
     );
@@ -145,8 +163,13 @@ fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr) -> S
     format!("{body} {mac}\n")
 }
 
-/// Checks a registration line; returns the rank and its address.
-fn parse_registration(auth: &Authenticator, size: u32, line: &str) -> Option<(u32, PeerAddr)> {
+/// Checks a registration line answering `nonce`; returns the rank and its address.
+fn parse_registration(
+    auth: &Authenticator,
+    size: u32,
+    nonce: &str,
+    line: &str,
+) -> Option<(u32, PeerAddr)> {
     let line = line.trim_end();
     let (body, mac) = line.rsplit_once(' ')?;
     if auth.tag_text(body) != mac {
@@ -159,10 +182,16 @@ fn parse_registration(auth: &Authenticator, size: u32, line: &str) -> Option<(u3
     let rank: u32 = f.next()?.parse().ok()?;
     let their_size: u32 = f.next()?.parse().ok()?;
     let peer = parse_entry(f.next()?)?;
-    if f.next().is_some() || their_size != size || rank >= size {
+    if f.next()? != nonce || f.next().is_some() || their_size != size || rank >= size {
         return None;
     }
     Some((rank, peer))
+}
+
+/// The MAC that ends the table sent to the connection that answered `nonce`: a table
+/// captured by one connection is not accepted by another.
+fn table_mac(auth: &Authenticator, table: &str, nonce: &str) -> String {
+    auth.tag_text(&format!("{table}{nonce}"))
 }
 
 fn table_text(peers: &[PeerAddr]) -> String {
@@ -179,6 +208,7 @@ const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection whose registration line has not fully arrived.
 struct Pending {
     stream: TcpStream,
+    nonce: String,
     line: Vec<u8>,
     since: Instant,
 }
@@ -194,7 +224,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
     let max_pending = 4 * size as usize + 16;
-    let mut slots: Vec<Option<(PeerAddr, TcpStream)>> = (0..size).map(|_| None).collect();
+    let mut slots: Vec<Option<(PeerAddr, TcpStream, String)>> = (0..size).map(|_| None).collect();
     let mut pending: Vec<Pending> = Vec::new();
     let _ = listener.set_nonblocking(true);
     while slots.iter().any(|s| s.is_none()) {
@@ -203,8 +233,14 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
             return;
         }
         // Everything waiting to be accepted.
-        while let Ok((stream, _)) = listener.accept() {
-            if stream.set_nonblocking(true).is_err() {
+        while let Ok((mut stream, _)) = listener.accept() {
+            let Ok(nonce) = fresh_nonce() else {
+                continue;
+            };
+            // The challenge is one short line: it fits the new socket's send buffer.
+            if stream.write_all(challenge_line(&nonce).as_bytes()).is_err()
+                || stream.set_nonblocking(true).is_err()
+            {
                 continue;
             }
             if pending.len() >= max_pending {
@@ -212,6 +248,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
             }
             pending.push(Pending {
                 stream,
+                nonce,
                 line: Vec::new(),
                 since: now,
             });
@@ -224,10 +261,10 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
                 Progress::Line => {
                     let p = pending.swap_remove(i);
                     let line = String::from_utf8_lossy(&p.line).into_owned();
-                    if let Some((rank, peer)) = parse_registration(&auth, size, &line) {
+                    if let Some((rank, peer)) = parse_registration(&auth, size, &p.nonce, &line) {
                         // A blocking stream again for the answer.
                         let _ = p.stream.set_nonblocking(false);
-                        slots[rank as usize] = Some((peer, p.stream));
+                        slots[rank as usize] = Some((peer, p.stream, p.nonce));
                     }
                 }
                 // Closed, too long, or too slow: dropped.
@@ -244,10 +281,10 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
         );
         let _ = poll(&mut fds, PollTimeout::from(100u16));
     }
-    let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _)| *p).collect();
+    let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
     let table = table_text(&peers);
-    let reply = format!("{table}END {}\n", auth.tag_text(&table));
-    for (_, mut stream) in slots.into_iter().flatten() {
+    for (_, mut stream, nonce) in slots.into_iter().flatten() {
+        let reply = format!("{table}END {}\n", table_mac(&auth, &table, &nonce));
         let _ = stream.set_write_timeout(Some(REGISTRATION_TIMEOUT));
         let _ = stream.write_all(reply.as_bytes());
     }
@@ -326,11 +363,21 @@ fn via_coordinator(
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    stream
-        .write_all(registration(auth, rank, size, mine).as_bytes())
-        .map_err(io_err("registering with the coordinator"))?;
     let _ = stream.set_read_timeout(Some(RENDEZVOUS_TIMEOUT));
-    let mut reader = BufReader::new(stream.take(MAX_LINE * (size as u64 + 2)));
+    let mut reader = BufReader::new(
+        stream
+            .try_clone()
+            .map_err(io_err("reading from the coordinator"))?
+            .take(MAX_LINE * (size as u64 + 3)),
+    );
+    let mut first = String::new();
+    reader
+        .read_line(&mut first)
+        .map_err(io_err("reading the coordinator's challenge"))?;
+    let nonce = parse_challenge(&first).ok_or_else(|| bad("no challenge".into()))?;
+    stream
+        .write_all(registration(auth, rank, size, mine, &nonce).as_bytes())
+        .map_err(io_err("registering with the coordinator"))?;
     let mut table = String::new();
     let mut peers = Vec::with_capacity(size as usize);
     loop {
@@ -344,7 +391,7 @@ fn via_coordinator(
             ));
         }
         if let Some(mac) = line.trim_end().strip_prefix("END ") {
-            if auth.tag_text(&table) != mac || peers.len() != size as usize {
+            if table_mac(auth, &table, &nonce) != mac || peers.len() != size as usize {
                 return Err(bad("the address table is not authentic".into()));
             }
             break;
@@ -377,14 +424,34 @@ mod tests {
             addr: "127.0.0.1:4000".parse().unwrap(),
             epoch: 0x1234,
         };
-        let line = registration(&auth, 2, 4, mine);
-        assert_eq!(parse_registration(&auth, 4, &line), Some((2, mine)));
-        assert_eq!(parse_registration(&auth, 5, &line), None, "size differs");
-        assert_eq!(parse_registration(&other, 4, &line), None, "other key");
+        let nonce = fresh_nonce().unwrap();
+        let line = registration(&auth, 2, 4, mine, &nonce);
+        assert_eq!(parse_registration(&auth, 4, &nonce, &line), Some((2, mine)));
+        assert_eq!(
+            parse_registration(&auth, 5, &nonce, &line),
+            None,
+            "size differs"
+        );
+        assert_eq!(
+            parse_registration(&other, 4, &nonce, &line),
+            None,
+            "other key"
+        );
         let forged = line.replace("4000", "4001");
-        assert_eq!(parse_registration(&auth, 4, &forged), None);
-        assert_eq!(parse_registration(&auth, 4, "garbage"), None);
-        assert_eq!(parse_registration(&auth, 4, ""), None);
+        assert_eq!(parse_registration(&auth, 4, &nonce, &forged), None);
+        assert_eq!(parse_registration(&auth, 4, &nonce, "garbage"), None);
+        assert_eq!(parse_registration(&auth, 4, &nonce, ""), None);
+        // The same line answering another connection's challenge: a replay, refused.
+        let other_nonce = fresh_nonce().unwrap();
+        assert_ne!(nonce, other_nonce);
+        assert_eq!(
+            parse_registration(&auth, 4, &other_nonce, &line),
+            None,
+            "replayed"
+        );
+        // Challenges are 128-bit hex.
+        assert_eq!(parse_challenge(&challenge_line(&nonce)), Some(nonce));
+        assert_eq!(parse_challenge("AMUDP1 CHALLENGE xyz\n"), None);
     }
 
     #[test]
