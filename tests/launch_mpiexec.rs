@@ -180,28 +180,12 @@ fn random_access_runs_on_every_process_transport() {
     }
     let program = common::example("random_access");
     let program = program.to_str().expect("a UTF-8 path");
-    // None: the program's default (loopback), which a launcher turns into sci on one host.
-    for (transport, expect) in [
-        (Some("sci"), "sci"),
-        (Some("extoll"), "extoll"),
-        (Some("portals"), "portals"),
-        (Some("udp"), "udp"),
-        (None, "sci"),
-    ] {
-        let mut args = vec!["-n", "4", program, "--log2-table", "14", "--json"];
-        if let Some(t) = transport {
-            args.extend(["--transport", t]);
+    common::random_access_on_every_process_transport("mpiexec.mpich", |args| {
+        let job = run(&[], &[&["-n", "4", program], args].concat());
+        common::Run {
+            code: job.code,
+            stdout: job.stdout,
+            stderr: job.stderr,
         }
-        let job = run(&[], &args);
-        assert_eq!(
-            job.code, 0,
-            "{transport:?}:\n{}\n{}",
-            job.stdout, job.stderr
-        );
-        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
-            .unwrap_or_else(|e| panic!("{transport:?}: {e}: {}", job.stdout));
-        assert_eq!(row["transport"], expect, "{row}");
-        assert_eq!(row["ranks"], 4, "{row}");
-        assert_eq!(row["verified"], true, "{row}");
-    }
+    });
 }

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{example, run_bounded, Run};
+use common::{example, random_access_on_every_process_transport, run_bounded, Run};
 
 /// Safety net only: no job comes close to it.
 const WATCHDOG: Duration = Duration::from_secs(120);
@@ -77,28 +77,7 @@ fn ranks_share_a_job_id_and_a_key_value_store() {
 #[test]
 fn random_access_runs_on_every_process_transport() {
     let Some(mpirun) = mpirun() else { return };
-    // None: the program's default (loopback), which a launcher turns into sci on one host.
-    for (transport, expect) in [
-        (Some("sci"), "sci"),
-        (Some("extoll"), "extoll"),
-        (Some("portals"), "portals"),
-        (Some("udp"), "udp"),
-        (None, "sci"),
-    ] {
-        let mut args = vec!["--log2-table", "14", "--json"];
-        if let Some(t) = transport {
-            args.extend(["--transport", t]);
-        }
-        let job = run(mpirun, 4, &example("random_access"), &args);
-        assert_eq!(
-            job.code, 0,
-            "{transport:?}:\n{}\n{}",
-            job.stdout, job.stderr
-        );
-        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
-            .unwrap_or_else(|e| panic!("{transport:?}: {e}: {}", job.stdout));
-        assert_eq!(row["transport"], expect, "{row}");
-        assert_eq!(row["ranks"], 4, "{row}");
-        assert_eq!(row["verified"], true, "{row}");
-    }
+    random_access_on_every_process_transport("mpirun.openmpi", |args| {
+        run(mpirun, 4, &example("random_access"), args)
+    });
 }

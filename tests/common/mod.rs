@@ -70,3 +70,36 @@ pub fn run_bounded(mut cmd: std::process::Command, watchdog: std::time::Duration
         stderr: stderr.join().unwrap_or_default(),
     }
 }
+
+/// Under a launcher, `random_access --json` on 4 ranks verifies on sci, extoll, portals and
+/// udp, and with no transport named runs on sci (the launcher default on one host).
+/// `launch(args)` starts `random_access args` on 4 ranks; `label` names the launcher.
+#[allow(dead_code)]
+pub fn random_access_on_every_process_transport(
+    label: &str,
+    mut launch: impl FnMut(&[&str]) -> Run,
+) {
+    for (transport, expect) in [
+        (Some("sci"), "sci"),
+        (Some("extoll"), "extoll"),
+        (Some("portals"), "portals"),
+        (Some("udp"), "udp"),
+        (None, "sci"),
+    ] {
+        let mut args = vec!["--log2-table", "14", "--json"];
+        if let Some(t) = transport {
+            args.extend(["--transport", t]);
+        }
+        let job = launch(&args);
+        assert_eq!(
+            job.code, 0,
+            "{label} {transport:?}:\n{}\n{}",
+            job.stdout, job.stderr
+        );
+        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
+            .unwrap_or_else(|e| panic!("{label} {transport:?}: {e}: {}", job.stdout));
+        assert_eq!(row["transport"], expect, "{label}: {row}");
+        assert_eq!(row["ranks"], 4, "{label}: {row}");
+        assert_eq!(row["verified"], true, "{label}: {row}");
+    }
+}

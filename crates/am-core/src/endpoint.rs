@@ -611,11 +611,8 @@ impl Endpoint {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Poll<Result<(), AmError>> {
-        if self.is_lost(dest) {
-            return Poll::Ready(Err(AmError::PeerLost(dest)));
-        }
-        if self.is_departed(dest) {
-            return Poll::Ready(Err(AmError::PeerDeparted(dest)));
+        if let Poll::Ready(gone) = self.waiting_for(dest) {
+            return Poll::Ready(Err(gone));
         }
         match self.try_send(tx, dest, system, kind, handler, args, payload, long_offset) {
             Ok(true) => Poll::Ready(Ok(())),
@@ -815,6 +812,7 @@ impl Endpoint {
     }
 
     /// `Pending` while `peer` may still answer; otherwise the error that says why it won't.
+    #[inline]
     fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
         if self.is_lost(peer) {
             Poll::Ready(AmError::PeerLost(peer))
