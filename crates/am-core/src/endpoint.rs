@@ -1202,9 +1202,48 @@ impl Endpoint {
                 size: self.size,
             });
         }
+        let total = d.bytes.len();
+        // The common case, a user Short: its header is one word read once (from shared
+        // memory, so what is checked is what is used), its arguments copied out after it,
+        // and there is no payload to lend or place.
+        let word = match d.bytes {
+            Received::Shared(s) => s
+                .load_u64(0)
+                .ok()
+                .map(|w| u64::from_le_bytes(w.to_ne_bytes())),
+            Received::Private(b) => b.first_chunk().map(|w| u64::from_le_bytes(*w)),
+        };
+        if let Some(hdr) = word.and_then(|w| Header::user_short(w, total)) {
+            let n = hdr.nargs as usize;
+            let mut argbuf = [0u32; MAX_ARGS];
+            if n > 0 {
+                let mut raw = [0u8; 4 * MAX_ARGS];
+                let raw = &mut raw[..4 * n];
+                match d.bytes {
+                    Received::Shared(s) => s.read(BASE_HEADER_LEN, raw).map_err(shm_err)?,
+                    // `total` is the header and exactly these arguments (checked).
+                    Received::Private(b) => raw.copy_from_slice(&b[BASE_HEADER_LEN..total]),
+                }
+                for (a, b) in argbuf.iter_mut().zip(raw.chunks_exact(4)) {
+                    *a = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            let grant = self.take_credits(src, &hdr)?;
+            return self.dispatch_user(
+                src,
+                route,
+                &hdr,
+                &argbuf[..n],
+                Payload::EMPTY,
+                None,
+                None,
+                grant,
+                segment,
+                tx,
+            );
+        }
         // The head is parsed from private memory: a copy of it when the transport lends
         // shared memory, so what was checked is what is used (no double fetch).
-        let total = d.bytes.len();
         let mut copy = [0u8; MAX_HEAD_LEN];
         let head: &[u8] = match d.bytes {
             Received::Private(b) => b,
@@ -1234,17 +1273,7 @@ impl Endpoint {
             Received::Private(b) => Payload::Private(b.get(hdr.head_len()..).unwrap_or(&[])),
             Received::Shared(s) => Payload::Shared(s.slice_from(hdr.head_len()).map_err(shm_err)?),
         };
-        // Credits first, whatever becomes of the message: a reply returns what its request
-        // took; a request learns what its reply (explicit or implicit) will grant.
-        let grant = match hdr.category {
-            Category::Reply => {
-                if !self.credits.on_reply(src, hdr.credit) {
-                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
-                }
-                0
-            }
-            Category::Request => self.credits.reply_grant(src, hdr.credit),
-        };
+        let grant = self.take_credits(src, &hdr)?;
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
         let (payload, long, inline_long) = match hdr.kind {
@@ -1275,6 +1304,52 @@ impl Endpoint {
                 tx,
             );
         }
+        self.dispatch_user(
+            src,
+            route,
+            &hdr,
+            args,
+            payload,
+            long,
+            inline_long,
+            grant,
+            segment,
+            tx,
+        )
+    }
+
+    /// Credits first, whatever becomes of the message: a reply returns what its request
+    /// took; a request learns what its reply (explicit or implicit) will grant.
+    #[inline(always)]
+    fn take_credits(&mut self, src: Rank, hdr: &Header) -> Result<u8, AmError> {
+        match hdr.category {
+            Category::Reply => {
+                if !self.credits.on_reply(src, hdr.credit) {
+                    return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
+                }
+                Ok(0)
+            }
+            Category::Request => Ok(self.credits.reply_grant(src, hdr.credit)),
+        }
+    }
+
+    /// Runs the user handler of an accepted message (its credits taken), placing an inline
+    /// Long payload first; a request's handler gets the reply path.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn dispatch_user(
+        &mut self,
+        src: Rank,
+        route: Route,
+        hdr: &Header,
+        args: &[u32],
+        payload: Payload<'_>,
+        long: Option<Range<usize>>,
+        inline_long: Option<Payload<'_>>,
+        grant: u8,
+        segment: SharedBytes<'_>,
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
         let id = hdr.handler as usize;
         let long_offset = long.as_ref().map(|r| r.start);
         let Endpoint {

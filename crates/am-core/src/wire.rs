@@ -230,6 +230,33 @@ impl Header {
         Ok(header)
     }
 
+    /// The header of a user AM Short of `total` bytes from its first 8 bytes, read as one
+    /// little-endian word: `Some` only if [`decode`](Self::decode) would accept it (no
+    /// reserved or system bits, at most 16 arguments, no payload, exactly the arguments
+    /// present). Anything else, malformed or not, is `None`: decode it the general way.
+    #[inline(always)]
+    pub fn user_short(word: u64, total: usize) -> Option<Header> {
+        let [flags, handler, nargs, credit, l0, l1, l2, l3] = word.to_le_bytes();
+        let ok = flags & !FLAG_REPLY == 0
+            && nargs as usize <= MAX_ARGS
+            && u32::from_le_bytes([l0, l1, l2, l3]) == 0
+            && total == BASE_HEADER_LEN + 4 * nargs as usize;
+        ok.then_some(Header {
+            category: if flags & FLAG_REPLY != 0 {
+                Category::Reply
+            } else {
+                Category::Request
+            },
+            kind: AmKind::Short,
+            system: false,
+            handler,
+            nargs,
+            credit,
+            payload_len: 0,
+            long_offset: 0,
+        })
+    }
+
     /// Reads the arguments that follow a decoded header into `out`; returns them as a slice.
     ///
     /// `bytes` must be the same bytes [`Header::decode`] accepted.
@@ -334,6 +361,67 @@ mod tests {
                 let mut out = [0u32; MAX_ARGS];
                 prop_assert_eq!(h.read_args(&bytes, &mut out).len(), h.nargs as usize);
             }
+        }
+    }
+
+    proptest! {
+        /// The one-word fast path accepts exactly the user Shorts `decode` accepts, with the
+        /// same header: a word it lets through is one the general decoder would refuse only
+        /// if this test fails.
+        #[test]
+        fn user_short_agrees_with_decode(
+            random in any::<u64>(),
+            // Mostly near-valid user Shorts, so both answers are exercised.
+            shaped in any::<bool>(),
+            (flags, handler, nargs, credit) in (
+                prop_oneof![0u8..=1, 0u8..=0x1f],
+                any::<u8>(),
+                prop_oneof![0u8..=16, 17u8..=20],
+                any::<u8>(),
+            ),
+            len in prop_oneof![Just(0u8), any::<u8>()],
+            matching in any::<bool>(),
+            extra in 0usize..=80,
+            inline in any::<bool>(),
+        ) {
+            let word = if shaped {
+                u64::from_le_bytes([flags, handler, nargs, credit, len, 0, 0, 0])
+            } else {
+                random
+            };
+            let extra = if matching { 4 * (word >> 16 & 0xff) as usize } else { extra };
+            let mut bytes = word.to_le_bytes().to_vec();
+            bytes.resize(8 + extra, 0xA5);
+            let fast = Header::user_short(word, bytes.len());
+            let general = Header::decode(&bytes, inline)
+                .ok()
+                .filter(|h| h.kind == AmKind::Short && !h.system);
+            prop_assert_eq!(fast, general);
+        }
+    }
+
+    #[test]
+    fn user_short_takes_only_well_formed_user_shorts() {
+        let w =
+            |flags: u8, nargs: u8, len: u8| u64::from_le_bytes([flags, 9, nargs, 3, len, 0, 0, 0]);
+        let short = Header::user_short(w(0, 2, 0), 16).unwrap();
+        assert_eq!((short.handler, short.nargs, short.credit), (9, 2, 3));
+        assert_eq!(short.category, Category::Request);
+        assert_eq!(
+            Header::user_short(w(FLAG_REPLY, 0, 0), 8).unwrap().category,
+            Category::Reply
+        );
+        for (word, total, why) in [
+            (w(FLAG_SYSTEM, 0, 0), 8, "system"),
+            (w(1 << KIND_SHIFT, 0, 0), 8, "Medium"),
+            (w(2 << KIND_SHIFT, 0, 0), 16, "Long"),
+            (w(0x10, 0, 0), 8, "reserved bit"),
+            (w(0, 17, 0), 8 + 68, "17 arguments"),
+            (w(0, 0, 1), 9, "a payload"),
+            (w(0, 1, 0), 8, "an argument missing"),
+            (w(0, 1, 0), 16, "bytes after the arguments"),
+        ] {
+            assert_eq!(Header::user_short(word, total), None, "{why}");
         }
     }
 
