@@ -1379,7 +1379,7 @@ impl Endpoint {
                     f(msg(scratch));
                     Ok(())
                 }
-                _ => Err(unknown_handler(src, &hdr)),
+                _ => Err(unknown_handler(src, hdr)),
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
@@ -1403,7 +1403,7 @@ impl Endpoint {
                             Err(e) => Err(e),
                         }
                     }
-                    _ => Err(unknown_handler(src, &hdr)),
+                    _ => Err(unknown_handler(src, hdr)),
                 };
                 sink.finish()?;
                 result
