@@ -105,6 +105,8 @@ pub struct Layout {
     /// The VELO mailbox and the notification queue, made once by `new` from the fields above.
     mailbox: Ring,
     notifications: Ring,
+    /// Where the AM segment starts in the byte area (computed once: every delivery needs it).
+    segment_base: usize,
 }
 
 impl Layout {
@@ -137,6 +139,7 @@ impl Layout {
             segment,
             mailbox,
             notifications,
+            segment_base: 0,
         };
         let lines = |n: usize| {
             n.checked_add(CACHE_LINE - 1)
@@ -152,6 +155,11 @@ impl Layout {
             .checked_add(PER_RANK_WORDS)?;
         // Room for the segment's own rounding (whole words, whole lines).
         bytes.checked_add(words)?.checked_add(2 * CACHE_LINE)?;
+        let l = Layout {
+            segment_base: rx.checked_add(conns)?,
+            ..l
+        };
+        debug_assert_eq!(l.segment_base, l.rx_base() + ranks * l.conn_bytes());
         (bytes <= isize::MAX as usize).then_some(l)
     }
 
@@ -225,8 +233,7 @@ impl Layout {
     /// Offset of the AM segment in the byte area.
     #[inline]
     pub fn segment_base(&self) -> usize {
-        self.rx_base()
-            .saturating_add(self.ranks.saturating_mul(self.conn_bytes()))
+        self.segment_base
     }
 
     /// Bytes of the byte area.

@@ -1460,8 +1460,8 @@ impl Extoll {
         &mut self,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
-        let l = self.tx.layout;
-        let ring = l.mailbox();
+        // The ring by value (a few words), not the whole layout: this is every poll's path.
+        let ring = self.tx.layout.mailbox();
         loop {
             let t = self.head;
             let meta = match ring.look(&self.seg, t) {
@@ -1498,7 +1498,7 @@ impl Extoll {
             if let Err(e) = self.reasm.check(&m) {
                 // A source outside the job, or more data bytes than a packet holds (lending
                 // them would lend the neighbouring slots).
-                let peer = ((m.src as usize) < l.ranks).then_some(m.src as usize);
+                let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
                 self.refuse(&m)?;
                 return Err(misbehaved(peer, e));
             }
@@ -1532,7 +1532,7 @@ impl Extoll {
                             Order::RmaAhead(n) => format!(
                                 "says {n} RMA Mediums sent before it are undelivered, more than \
                                  its {} buffers",
-                                l.rma_buffers
+                                self.tx.layout.rma_buffers
                             ),
                             _ => "waits for an RMA put, but is no placed Long".to_owned(),
                         };
@@ -1559,7 +1559,7 @@ impl Extoll {
                             payload_placed: m.flags & PLACED != 0,
                             route: Route::NONE,
                         },
-                        am_segment(&self.seg, &l),
+                        am_segment(&self.seg, &self.tx.layout),
                         &mut self.tx,
                     );
                     self.consume()?;
@@ -1605,7 +1605,7 @@ impl Extoll {
                     payload_placed: flags & PLACED != 0,
                     route: Route::NONE,
                 },
-                am_segment(&self.seg, &l),
+                am_segment(&self.seg, &self.tx.layout),
                 &mut self.tx,
             );
             self.reasm.recycle(buf);
@@ -1650,16 +1650,16 @@ impl Transport for Extoll {
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }
-        let l = self.tx.layout;
-        match l.notifications().look(&self.seg, self.note_head) {
+        match self.tx.layout.notifications().look(&self.seg, self.note_head) {
             Ok(Seen::Empty) => {}
             Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
             _ => self.drain_notes()?,
         }
         if self.rma_pending > 0 {
             // Round robin over the sources with a landed RMA Medium.
-            for i in 0..l.ranks {
-                let s = (self.rr + i) % l.ranks;
+            let ranks = self.tx.layout.ranks;
+            for i in 0..ranks {
+                let s = (self.rr + i) % ranks;
                 if let Some(tail) = self.rma_next(s)? {
                     self.rr = s + 1;
                     return self.deliver_rma(s, tail, f).map(Some);
