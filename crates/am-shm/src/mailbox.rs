@@ -59,7 +59,7 @@
 //! ```
 
 use crate::sync::{AtomicU64, Ordering};
-use crate::{Imported, Segment, SharedBytes, ShmError};
+use crate::{Imported, Segment, SharedBytes, ShmError, Slot};
 
 /// Bits of the status word that hold the stamp.
 pub const STAMP_BITS: u32 = 30;
@@ -274,27 +274,9 @@ impl Ring {
         // vouching for its tickets, so the record only ever goes down while claims are open.
         let before = record.load(Ordering::Relaxed);
         if n == 1 && before == 0 {
-            // The common case, one packet and no claim open: the slot at the tail hint,
-            // free by the cached head and last written in the previous lap. Anything else
-            // takes the general path below.
-            let t = tail.load(Ordering::Relaxed);
-            if t >= *head && t - *head < self.slots as u64 {
-                let (lap, _) = self.split(t);
-                let word = self.status(seg, t)?;
-                let st = word.load(Ordering::Acquire);
-                if st & STAMP_MASK == lap & STAMP_MASK {
-                    record.store(ACTIVE | t, Ordering::Relaxed);
-                    let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
-                    if word
-                        .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        tail.store(t + 1, Ordering::Release);
-                        out[0] = t;
-                        return Ok(true);
-                    }
-                    record.store(0, Ordering::Relaxed);
-                }
+            if let Some((t, _)) = self.claim_at_tail(seg, tail, record, *head, claimer)? {
+                out[0] = t;
+                return Ok(true);
             }
         }
         let mut c = Claimer {
@@ -324,6 +306,94 @@ impl Ring {
             }
         }
         Ok(true)
+    }
+
+    /// The common claim, one packet and no claim open: the slot at the tail hint, free by
+    /// the cached `head` and last written in the previous lap, claimed with one CAS; returns
+    /// its ticket and the slot (checked once). `None`: take the general path.
+    #[inline(always)]
+    fn claim_at_tail<'s>(
+        &self,
+        seg: &'s Segment,
+        tail: &AtomicU64,
+        record: &AtomicU64,
+        head: u64,
+        claimer: u32,
+    ) -> Result<Option<(u64, Slot<'s>)>, ShmError> {
+        let t = tail.load(Ordering::Relaxed);
+        if t < head || t - head >= self.slots as u64 {
+            return Ok(None);
+        }
+        let (lap, _) = self.split(t);
+        let slot = seg.slot(self.slot_base(t), self.slot_size)?;
+        let word = slot.last_word();
+        let st = word.load(Ordering::Acquire);
+        if st & STAMP_MASK != lap & STAMP_MASK {
+            return Ok(None);
+        }
+        record.store(ACTIVE | t, Ordering::Relaxed);
+        let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
+        if word
+            .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            record.store(0, Ordering::Relaxed);
+            return Ok(None);
+        }
+        tail.store(t + 1, Ordering::Release);
+        Ok(Some((t, slot)))
+    }
+
+    /// A one-packet message in one step, as the VELO send does it: claims one slot for
+    /// `claimer` (as [`try_claim`](Self::try_claim) with `n == 1`), stores the concatenation
+    /// of `parts` (at most [`capacity`](Self::capacity) bytes) as its payload, publishes it
+    /// with `meta` and releases the claim. The slot is checked against `seg` once for all of
+    /// that. `Ok(false)`: no room now (nothing claimed or written). On an error nothing stays
+    /// claimed.
+    #[inline]
+    pub fn send_one(
+        &self,
+        seg: &Segment,
+        claimer: u32,
+        record: usize,
+        head: &mut u64,
+        parts: &[&[u8]],
+        meta: u32,
+    ) -> Result<bool, ShmError> {
+        let tail = seg.word(self.tail)?;
+        let record_word = seg.word(record)?;
+        let fast = if record_word.load(Ordering::Relaxed) == 0 {
+            self.claim_at_tail(seg, tail, record_word, *head, claimer)?
+        } else {
+            None
+        };
+        let (t, slot) = match fast {
+            Some((t, slot)) => (t, Ok(slot)),
+            None => {
+                let mut t = [0u64; 1];
+                if !self.try_claim(seg, 1, claimer, record, head, &mut t)? {
+                    return Ok(false);
+                }
+                (t[0], seg.slot(self.slot_base(t[0]), self.slot_size))
+            }
+        };
+        let (lap, _) = self.split(t);
+        let written = slot.and_then(|slot| slot.store_padded(self.capacity(), parts).map(|_| slot));
+        match written {
+            Ok(slot) => {
+                let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+                slot.last_word().store(status, Ordering::Release);
+                record_word.store(0, Ordering::Release);
+                Ok(true)
+            }
+            Err(e) => {
+                // Not written: given up, so the owner skips it and no claim stays open.
+                self.status(seg, t)?
+                    .store(self.skipped(t, claimer), Ordering::Release);
+                record_word.store(0, Ordering::Release);
+                Err(e)
+            }
+        }
     }
 
     /// Whether `n` slots from the tail hint `t` may be free: false only if the (reloaded)
@@ -721,6 +791,42 @@ mod tests {
         );
     }
 
+    /// The one-step send: claimed, written, published, released; refused when full; a
+    /// payload past the slot is an error that leaves the slot skipped and no claim open; and
+    /// it takes the general claim when another claim is open or the tail hint is stale.
+    #[test]
+    fn send_one_publishes_and_leaves_no_claim_open() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let w = seg.import();
+        let mut h = 0;
+        assert!(r
+            .send_one(&seg, 1, REC, &mut h, &[b"abc", b"defgh"], 7)
+            .unwrap());
+        assert_eq!(r.look(&seg, 0).unwrap(), Seen::Published(7));
+        assert_eq!(r.payload(&seg, 0, 8).unwrap().to_vec(), b"abcdefgh");
+        assert_eq!(seg.load_word(REC).unwrap(), 0, "released");
+        // Past the payload (24 bytes): refused, the slot given up, nothing left claimed.
+        assert!(r
+            .send_one(&seg, 1, REC, &mut h, &[&[1; 20], &[2; 5]], 8)
+            .is_err());
+        assert_eq!(r.look(&seg, 1).unwrap(), Seen::Skipped(1));
+        assert_eq!(seg.load_word(REC).unwrap(), 0);
+        // A claim open (record set): the general path, which keeps tickets in order.
+        assert_eq!(claim(&r, &seg, 1, &mut h), Some(vec![2]));
+        assert!(r.send_one(&seg, 1, REC, &mut h, &[&[3; 24]], 9).unwrap());
+        assert_eq!(r.look(&seg, 3).unwrap(), Seen::Published(9));
+        r.publish(&w, 2, 10).unwrap();
+        // Full until the owner says so; then lap 1, from a tail hint put back.
+        assert!(!r.send_one(&seg, 1, REC, &mut h, &[b"x"], 11).unwrap());
+        r.consumed(&w, 4).unwrap();
+        w.store_word(r.tail(), 1).unwrap();
+        assert!(r.send_one(&seg, 1, REC, &mut h, &[b"y"], 12).unwrap());
+        assert_eq!(r.look(&seg, 4).unwrap(), Seen::Published(12));
+        assert_eq!(r.payload(&seg, 4, 1).unwrap().to_vec(), b"y");
+        assert_eq!(seg.load_word(REC).unwrap(), 0);
+    }
+
     /// Three senders race for slots of one ring, with multi-slot claims; the owner sees every
     /// message exactly once, intact, and each sender's in its order.
     #[test]
@@ -741,6 +847,21 @@ mod tests {
                     for seq in 0..per {
                         // Messages of 1 or 2 slots: (sender, seq, part) in each.
                         let n = 1 + (seq % 2) as usize;
+                        if n == 1 {
+                            // One slot: the one-step send, racing the others' claims.
+                            let mut body = [0u8; 24];
+                            body[..4].copy_from_slice(&id.to_le_bytes());
+                            body[4..8].copy_from_slice(&seq.to_le_bytes());
+                            let meta = id << 8 | 1;
+                            while !r
+                                .send_one(seg, id, rec, &mut cached, &[&body], meta)
+                                .unwrap()
+                            {
+                                assert!(start.elapsed().as_secs() < 60, "sender {id} starved");
+                                std::thread::yield_now();
+                            }
+                            continue;
+                        }
                         while !r.try_claim(seg, n, id, rec, &mut cached, &mut got).unwrap() {
                             assert!(start.elapsed().as_secs() < 60, "sender {id} starved");
                             std::thread::yield_now();

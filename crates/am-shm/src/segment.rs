@@ -157,6 +157,27 @@ impl View {
         Ok(unsafe { self.map.word64(self.words + off) })
     }
 
+    /// `[off, off + len)` of the byte area as a [`Slot`]: 8-aligned whole words, checked.
+    #[inline]
+    fn slot(&self, off: usize, len: usize) -> Result<Slot<'_>, ShmError> {
+        if off % WORD != 0
+            || len % WORD != 0
+            || len == 0
+            || off.checked_add(len).is_none_or(|end| end > self.bytes)
+        {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len,
+                area: self.bytes,
+            });
+        }
+        Ok(Slot {
+            map: &self.map,
+            at: self.words + off,
+            len,
+        })
+    }
+
     /// The view of `[off, off + len)` of the byte area, checked.
     #[inline]
     fn bytes(&self, off: usize, len: usize) -> Result<SharedBytes<'_>, ShmError> {
@@ -232,6 +253,69 @@ impl View {
         // words (checked above), the tail is inside its mapping (an invariant of
         // `SharedBytes`), and the two do not overlap (checked above).
         Ok(unsafe { self.map.store_padded_then(at, parts, src, from, n) })
+    }
+}
+
+/// A run of whole words of a segment's byte area (a ring's or a channel's slot), checked
+/// against the segment once when made ([`Segment::slot`], [`Imported::slot`]), so that its
+/// words and stores need no further bounds check. Like every view it hands out atomics and
+/// copies, never references to the bytes.
+#[derive(Clone, Copy)]
+pub struct Slot<'a> {
+    map: &'a Mapping,
+    /// Offset of its first byte in the mapping (8-aligned).
+    at: usize,
+    /// Its length in bytes (a positive multiple of 8).
+    len: usize,
+}
+
+impl<'a> Slot<'a> {
+    /// Its length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: a slot has at least one word.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Its last word (a ring slot's status word).
+    #[inline]
+    pub fn last_word(&self) -> &'a AtomicU64 {
+        // SAFETY: `at + len <= words + bytes <= map.len()` (checked by `View::slot`), `len >= 8`
+        // and both 8-aligned, so the last word lies inside the mapping on the 8-byte grid the
+        // byte area is accessed on (`mapping` module docs).
+        unsafe { self.map.word64(self.at + self.len - WORD) }
+    }
+
+    /// Stores the concatenation of `parts` from its start as whole words, zero-padded (see
+    /// [`Imported::write_padded`]), if their padded length is at most `limit` (capped at the
+    /// slot's length); returns the bytes stored.
+    #[inline]
+    pub fn store_padded(&self, limit: usize, parts: &[&[u8]]) -> Result<usize, ShmError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if round_to_words(total).is_none_or(|p| p > limit.min(self.len)) {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len: total,
+                area: limit.min(self.len),
+            });
+        }
+        // SAFETY: `at` is 8-aligned and the padded run ends within the slot (checked just
+        // above), which lies inside the mapping (checked by `View::slot`).
+        Ok(unsafe { self.map.store_padded(self.at, parts) })
+    }
+}
+
+impl std::fmt::Debug for Slot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -474,6 +558,13 @@ impl Segment {
         Ok(self.view.word64(off)?.load(Ordering::Acquire))
     }
 
+    /// `[off, off + len)` of the byte area (8-aligned, whole words) as a [`Slot`], checked
+    /// once here: a ring slot whose status word and payload a hot path reaches several times.
+    #[inline]
+    pub fn slot(&self, off: usize, len: usize) -> Result<Slot<'_>, ShmError> {
+        self.view.slot(off, len)
+    }
+
     /// The 64-bit word at 8-aligned byte offset `off` of the *byte* area (a slot's flag word,
     /// see [`crate::stamp`]).
     #[inline]
@@ -639,6 +730,12 @@ impl Imported {
     pub fn store_word(&self, off: usize, value: u64) -> Result<(), ShmError> {
         self.view.word64(off)?.store(value, Ordering::Release);
         Ok(())
+    }
+
+    /// `[off, off + len)` of the byte area as a [`Slot`] (see [`Segment::slot`]).
+    #[inline]
+    pub fn slot(&self, off: usize, len: usize) -> Result<Slot<'_>, ShmError> {
+        self.view.slot(off, len)
     }
 
     /// `Release` store to the slot flag word at byte offset `off` of the *byte* area: publishes

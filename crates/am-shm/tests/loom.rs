@@ -171,6 +171,58 @@ fn loom_mailbox_claims_never_overwrite() {
     });
 }
 
+/// The same race through the one-step send (`Ring::send_one`: claim, write, publish and
+/// release in one call, the slot checked once): the owner never reads an overwritten payload,
+/// and a second message is sent only into a lap the owner freed.
+#[test]
+fn loom_mailbox_send_one_never_overwrites() {
+    model(|| {
+        let r = ring(1);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let senders: Vec<_> = (1..=2u32)
+            .map(|id| {
+                let s = seg.clone();
+                thread::spawn(move || {
+                    let mut head = 0;
+                    let record = 128 + 8 * id as usize;
+                    r.send_one(&s, id, record, &mut head, &[&[id as u8; 8]], id)
+                        .unwrap()
+                })
+            })
+            .collect();
+        let own = seg.import();
+        let mut head = 0u64;
+        for _ in 0..2 {
+            if let Seen::Published(id) = r.look(&seg, head).unwrap() {
+                let mut b = [0u8; 8];
+                r.read_payload(&seg, head, &mut b).unwrap();
+                assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
+                head += 1;
+                r.consumed(&own, head).unwrap();
+            }
+        }
+        let sent = senders
+            .into_iter()
+            .map(|s| s.join().unwrap())
+            .filter(|&ok| ok)
+            .count();
+        assert!(sent >= 1, "the first send always finds the slot free");
+        if sent == 2 {
+            assert!(
+                head >= 1,
+                "the second lap only after the owner consumed the first"
+            );
+        }
+        for id in 1..=2u64 {
+            assert_eq!(
+                seg.load_word(128 + 8 * id as usize).unwrap(),
+                0,
+                "a claim left open"
+            );
+        }
+    });
+}
+
 /// A two-slot claim races a one-slot claim for a two-slot mailbox: exactly one fits; the big
 /// one gets both slots or gives back what it took; nothing is delivered twice or lost.
 #[test]

@@ -365,22 +365,50 @@ impl TxState {
         payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
-        let mut t = [0u64; 1];
-        self.claim(d, &mut t)?;
-        let ring = self.layout.mailbox();
-        let imp = &self.peers[d].imp;
         let meta = Meta {
             src: self.rank as u32,
             len: head.len() + payload.len(),
             flags: FIRST | LAST | flags,
             rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
         };
-        let r = match payload {
-            Payload::Private(p) => ring.write_parts(imp, t[0], 0, &[head, p]),
-            // An echo: straight from where it was received into the peer's slot.
-            Payload::Shared(s) => ring.write_parts_then(imp, t[0], 0, &[head], s),
-        }
-        .and_then(|()| ring.publish(imp, t[0], meta.encode()));
+        let ring = self.layout.mailbox();
+        let s = match payload {
+            Payload::Private(p) => {
+                // Claim, write, publish and release in one step, the slot checked once.
+                let peer = &self.peers[d];
+                let sent = ring.send_one(
+                    &peer.seg,
+                    mailbox_claimer(self.rank),
+                    self.layout.claims(self.rank, CLAIM_MAILBOX),
+                    &mut self.mailbox_head[d],
+                    &[head, p],
+                    meta.encode(),
+                );
+                match sent {
+                    Ok(true) => {}
+                    Ok(false) => return Err(SendError::Busy),
+                    Err(e) => {
+                        // The cached head only grows: a corrupt head word must not poison it.
+                        self.mailbox_head[d] = 0;
+                        return Err(shm(e));
+                    }
+                }
+                self.velo_sent[d] += 1;
+                peer.seg
+                    .doorbell(DOORBELL)
+                    .map_err(shm)?
+                    .ring_tagged_lazy(0);
+                return Ok(());
+            }
+            Payload::Shared(s) => s,
+        };
+        let mut t = [0u64; 1];
+        self.claim(d, &mut t)?;
+        let imp = &self.peers[d].imp;
+        // An echo: straight from where it was received into the peer's slot.
+        let r = ring
+            .write_parts_then(imp, t[0], 0, &[head], s)
+            .and_then(|()| ring.publish(imp, t[0], meta.encode()));
         self.finish_claim(d, &t, r)
     }
 
@@ -1650,7 +1678,12 @@ impl Transport for Extoll {
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }
-        match self.tx.layout.notifications().look(&self.seg, self.note_head) {
+        match self
+            .tx
+            .layout
+            .notifications()
+            .look(&self.seg, self.note_head)
+        {
             Ok(Seen::Empty) => {}
             Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
             _ => self.drain_notes()?,
