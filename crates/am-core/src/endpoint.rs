@@ -228,6 +228,47 @@ fn place(
     Ok(())
 }
 
+/// The `nargs` arguments after a message's first word (a decoded user Short or Medium, so
+/// they are present), copied out into `out`.
+#[inline(always)]
+fn args_after_word<'o>(
+    bytes: Received<'_>,
+    nargs: u8,
+    out: &'o mut [u32; MAX_ARGS],
+) -> Result<&'o [u32], AmError> {
+    let n = (nargs as usize).min(MAX_ARGS);
+    if n > 0 {
+        let mut raw = [0u8; 4 * MAX_ARGS];
+        let raw = &mut raw[..4 * n];
+        match bytes {
+            Received::Shared(s) => s.read(BASE_HEADER_LEN, raw).map_err(shm_err)?,
+            Received::Private(b) => raw.copy_from_slice(
+                b.get(BASE_HEADER_LEN..BASE_HEADER_LEN + 4 * n)
+                    .ok_or_else(|| {
+                        shm_err(am_shm::ShmError::OutOfBounds {
+                            offset: BASE_HEADER_LEN,
+                            len: 4 * n,
+                            area: b.len(),
+                        })
+                    })?,
+            ),
+        }
+        for (a, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
+            *a = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+    Ok(&out[..n])
+}
+
+/// The payload of a message after its `head_len` bytes of head, where it lies.
+#[inline(always)]
+fn body_after(bytes: Received<'_>, head_len: usize) -> Result<Payload<'_>, AmError> {
+    Ok(match bytes {
+        Received::Shared(s) => Payload::Shared(s.slice_from(head_len).map_err(shm_err)?),
+        Received::Private(b) => Payload::Private(b.get(head_len..).unwrap_or(&[])),
+    })
+}
+
 /// A failed copy of bytes the checks above already bounded: a transport's own fault.
 #[cold]
 fn shm_err(e: am_shm::ShmError) -> AmError {
@@ -1203,9 +1244,9 @@ impl Endpoint {
             });
         }
         let total = d.bytes.len();
-        // The common case, a user Short: its header is one word read once (from shared
-        // memory, so what is checked is what is used), its arguments copied out after it,
-        // and there is no payload to lend or place.
+        // The common case, a user Short or Medium: its header is one word read once (from
+        // shared memory, so what is checked is what is used), its arguments copied out after
+        // it, its payload lent where it lies; nothing to place.
         let word = match d.bytes {
             Received::Shared(s) => s
                 .load_u64(0)
@@ -1241,6 +1282,9 @@ impl Endpoint {
                 segment,
                 tx,
             );
+        }
+        if let Some(hdr) = word.and_then(|w| Header::user_medium(w, total)) {
+            return self.handle_medium(src, route, &hdr, d.bytes, segment, tx);
         }
         // The head is parsed from private memory: a copy of it when the transport lends
         // shared memory, so what was checked is what is used (no double fetch).
@@ -1409,6 +1453,28 @@ impl Endpoint {
                 result
             }
         }
+    }
+
+    /// [`handle`](Self::handle) of a user Medium whose head `hdr` was decoded from its first
+    /// word: arguments copied out, the payload lent where it lies. Out of line, so that the
+    /// Short's path stays short.
+    #[inline(never)]
+    fn handle_medium(
+        &mut self,
+        src: Rank,
+        route: Route,
+        hdr: &Header,
+        bytes: Received<'_>,
+        segment: SharedBytes<'_>,
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
+        let mut argbuf = [0u32; MAX_ARGS];
+        let args = args_after_word(bytes, hdr.nargs, &mut argbuf)?;
+        let payload = body_after(bytes, hdr.head_len())?;
+        let grant = self.take_credits(src, hdr)?;
+        self.dispatch_user(
+            src, route, hdr, args, payload, None, None, grant, segment, tx,
+        )
     }
 
     /// A Long whose range lies outside this rank's segment: rejected, and a request is still

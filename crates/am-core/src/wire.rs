@@ -233,7 +233,8 @@ impl Header {
     /// The header of a user AM Short of `total` bytes from its first 8 bytes, read as one
     /// little-endian word: `Some` only if [`decode`](Self::decode) would accept it (no
     /// reserved or system bits, at most 16 arguments, no payload, exactly the arguments
-    /// present). Anything else, malformed or not, is `None`: decode it the general way.
+    /// present). Anything else, malformed or not, is `None`: try
+    /// [`user_medium`](Self::user_medium), then decode it the general way.
     #[inline(always)]
     pub fn user_short(word: u64, total: usize) -> Option<Header> {
         let [flags, handler, nargs, credit, l0, l1, l2, l3] = word.to_le_bytes();
@@ -253,6 +254,32 @@ impl Header {
             nargs,
             credit,
             payload_len: 0,
+            long_offset: 0,
+        })
+    }
+
+    /// As [`user_short`](Self::user_short), for a user AM Medium: `Some` only if
+    /// [`decode`](Self::decode) would accept it (exactly its arguments and payload present).
+    #[inline(always)]
+    pub fn user_medium(word: u64, total: usize) -> Option<Header> {
+        const MEDIUM: u8 = (AmKind::Medium as u8) << KIND_SHIFT;
+        let [flags, handler, nargs, credit, l0, l1, l2, l3] = word.to_le_bytes();
+        let payload_len = u32::from_le_bytes([l0, l1, l2, l3]);
+        let ok = flags & !FLAG_REPLY == MEDIUM
+            && nargs as usize <= MAX_ARGS
+            && total == BASE_HEADER_LEN + 4 * nargs as usize + payload_len as usize;
+        ok.then_some(Header {
+            category: if flags & FLAG_REPLY != 0 {
+                Category::Reply
+            } else {
+                Category::Request
+            },
+            kind: AmKind::Medium,
+            system: false,
+            handler,
+            nargs,
+            credit,
+            payload_len,
             long_offset: 0,
         })
     }
@@ -365,11 +392,11 @@ mod tests {
     }
 
     proptest! {
-        /// The one-word fast path accepts exactly the user Shorts `decode` accepts, with the
+        /// The one-word fast path accepts exactly the user Shorts and Mediums `decode` accepts, with the
         /// same header: a word it lets through is one the general decoder would refuse only
         /// if this test fails.
         #[test]
-        fn user_short_agrees_with_decode(
+        fn user_short_and_medium_agree_with_decode(
             random in any::<u64>(),
             // Mostly near-valid user Shorts, so both answers are exercised.
             shaped in any::<bool>(),
@@ -389,39 +416,55 @@ mod tests {
             } else {
                 random
             };
-            let extra = if matching { 4 * (word >> 16 & 0xff) as usize } else { extra };
+            // The length the word announces, where it is small enough to build.
+            let announced = 4 * (word >> 16 & 0xff) as usize + (word >> 32) as usize;
+            let extra = if matching && announced <= 200 { announced } else { extra };
             let mut bytes = word.to_le_bytes().to_vec();
             bytes.resize(8 + extra, 0xA5);
-            let fast = Header::user_short(word, bytes.len());
+            let fast = Header::user_short(word, bytes.len())
+                .or_else(|| Header::user_medium(word, bytes.len()));
             let general = Header::decode(&bytes, inline)
                 .ok()
-                .filter(|h| h.kind == AmKind::Short && !h.system);
+                .filter(|h| h.kind != AmKind::Long && !h.system);
             prop_assert_eq!(fast, general);
         }
     }
 
     #[test]
-    fn user_short_takes_only_well_formed_user_shorts() {
+    fn user_short_and_user_medium_take_only_well_formed_ones() {
+        let fast =
+            |w, total| Header::user_short(w, total).or_else(|| Header::user_medium(w, total));
         let w =
             |flags: u8, nargs: u8, len: u8| u64::from_le_bytes([flags, 9, nargs, 3, len, 0, 0, 0]);
-        let short = Header::user_short(w(0, 2, 0), 16).unwrap();
+        let short = fast(w(0, 2, 0), 16).unwrap();
         assert_eq!((short.handler, short.nargs, short.credit), (9, 2, 3));
-        assert_eq!(short.category, Category::Request);
         assert_eq!(
-            Header::user_short(w(FLAG_REPLY, 0, 0), 8).unwrap().category,
+            (short.category, short.kind),
+            (Category::Request, AmKind::Short)
+        );
+        assert_eq!(
+            fast(w(FLAG_REPLY, 0, 0), 8).unwrap().category,
             Category::Reply
+        );
+        let medium = fast(w(1 << KIND_SHIFT, 1, 5), 8 + 4 + 5).unwrap();
+        assert_eq!(
+            (medium.kind, medium.nargs, medium.payload_len),
+            (AmKind::Medium, 1, 5)
         );
         for (word, total, why) in [
             (w(FLAG_SYSTEM, 0, 0), 8, "system"),
-            (w(1 << KIND_SHIFT, 0, 0), 8, "Medium"),
+            (w(FLAG_SYSTEM | 1 << KIND_SHIFT, 0, 0), 8, "system Medium"),
+            (w(1 << KIND_SHIFT, 0, 5), 8, "Medium payload missing"),
+            (w(1 << KIND_SHIFT, 0, 5), 14, "Medium payload too long"),
             (w(2 << KIND_SHIFT, 0, 0), 16, "Long"),
+            (w(3 << KIND_SHIFT, 0, 0), 8, "no kind"),
             (w(0x10, 0, 0), 8, "reserved bit"),
             (w(0, 17, 0), 8 + 68, "17 arguments"),
-            (w(0, 0, 1), 9, "a payload"),
+            (w(0, 0, 1), 9, "a Short with payload"),
             (w(0, 1, 0), 8, "an argument missing"),
             (w(0, 1, 0), 16, "bytes after the arguments"),
         ] {
-            assert_eq!(Header::user_short(word, total), None, "{why}");
+            assert_eq!(fast(word, total), None, "{why}");
         }
     }
 

@@ -105,8 +105,8 @@ pub fn long_bandwidth<T: Transport>(node: &mut Node<T>) -> Result<f64, AmError> 
 }
 
 /// What one rank's round trips to itself cost, in one thread with every line in the cache:
-/// `what` is `"nic"` (a Short request and its reply through [`Transport`] alone) or `"am"`
-/// (an AM Short round trip through [`Node`]). Returns ns per round trip.
+/// `what` is `"nic"` (a Short request and its reply through [`Transport`] alone), `"am"`
+/// (an AM Short round trip through [`Node`]) or `"medium"` (a 512-byte AM Medium echoed). Returns ns per round trip.
 ///
 /// Run under `valgrind --tool=callgrind` with two counts and subtract to get instructions
 /// per round trip; `am` minus `nic` is the core's share.
@@ -128,7 +128,7 @@ pub fn self_round_trips<T: Transport>(
                 t.poll_recv(|_, _, _| ())?.ok_or("no reply")?;
             }
         }
-        "am" => {
+        "am" | "medium" => {
             let replies = Rc::new(Cell::new(0u64));
             let config = am_core::Config {
                 wait_mode: am_core::WaitMode::Spin,
@@ -136,11 +136,26 @@ pub fn self_round_trips<T: Transport>(
             };
             let mut node = Node::new(transport, handlers(&replies)?, config)?;
             let me = node.rank();
+            // `medium`: a Medium of SELFRT_BYTES (512) echoed back (copied both ways).
+            let medium = what == "medium";
+            let data = vec![
+                7u8;
+                std::env::var("SELFRT_BYTES")
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or(512)
+            ];
             for _ in 0..iters {
-                round_trip(&mut node, &replies, |n| n.request_short(me, SHORT, &[]))?;
+                if !medium {
+                    round_trip(&mut node, &replies, |n| n.request_short(me, SHORT, &[]))?;
+                } else {
+                    round_trip(&mut node, &replies, |n| {
+                        n.request_medium(me, MEDIUM, &[], &data)
+                    })?;
+                }
             }
         }
-        _ => return Err(format!("selfrt: `{what}` is neither nic nor am").into()),
+        _ => return Err(format!("selfrt: `{what}` is not nic, am or medium").into()),
     }
     Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64)
 }
