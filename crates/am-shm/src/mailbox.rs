@@ -593,6 +593,24 @@ impl Ring {
         to.store_slot_word(self.status_off(ticket), status)
     }
 
+    /// [`write_parts`](Self::write_parts) of `parts` from the start of the claimed slot of
+    /// `ticket`, then [`publish`](Self::publish) with `meta`, the slot checked once for both:
+    /// one packet of a multi-packet message.
+    #[inline]
+    pub fn write_and_publish(
+        &self,
+        to: &Imported,
+        ticket: u64,
+        parts: &[&[u8]],
+        meta: u32,
+    ) -> Result<(), ShmError> {
+        let slot = to.slot(self.slot_base(ticket), self.slot_size)?;
+        slot.store_padded(self.capacity(), parts)?;
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0);
+        slot.last_word().store(status, Ordering::Release);
+        Ok(())
+    }
+
     /// Gives up the claimed slot of `ticket` unused: the owner consumes it without delivering
     /// anything.
     #[inline]
@@ -825,6 +843,15 @@ mod tests {
         assert_eq!(r.look(&seg, 4).unwrap(), Seen::Published(12));
         assert_eq!(r.payload(&seg, 4, 1).unwrap().to_vec(), b"y");
         assert_eq!(seg.load_word(REC).unwrap(), 0);
+        // The packets of a claim of two, each written and published in one step.
+        assert_eq!(claim(&r, &seg, 2, &mut h), Some(vec![5, 6]));
+        r.write_and_publish(&w, 5, &[b"ab", b"c"], 13).unwrap();
+        assert!(r.write_and_publish(&w, 6, &[&[0; 25]], 14).is_err(), "past the payload");
+        assert_eq!(r.look(&seg, 6).unwrap(), Seen::Claimed(1), "nothing published");
+        r.write_and_publish(&w, 6, &[&[4; 24]], 14).unwrap();
+        assert_eq!(r.look(&seg, 5).unwrap(), Seen::Published(13));
+        assert_eq!(r.payload(&seg, 5, 3).unwrap().to_vec(), b"abc");
+        assert_eq!(r.payload(&seg, 6, 24).unwrap().to_vec(), [4; 24]);
     }
 
     /// Three senders race for slots of one ring, with multi-slot claims; the owner sees every

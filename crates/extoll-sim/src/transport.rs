@@ -120,6 +120,8 @@ struct TxState {
     faults: VecDeque<TransportError>,
     /// A private copy of a shared payload that VELO must cut into several packets.
     echo: Vec<u8>,
+    /// The tickets of a message's packets (reused).
+    tickets: Vec<u64>,
 }
 
 /// How far the first packet of a message may go now: per-source order across both paths,
@@ -313,7 +315,6 @@ impl TxState {
                 len: 1,
                 area: n,
             })?;
-            ring.write_parts(&peer.imp, t, 0, parts)?;
             let mut f = if i == 0 { FIRST | flags } else { 0 };
             if i + 1 == n {
                 f |= LAST;
@@ -324,7 +325,7 @@ impl TxState {
                 flags: f,
                 rma_before,
             };
-            ring.publish(&peer.imp, t, meta.encode())?;
+            ring.write_and_publish(&peer.imp, t, parts, meta.encode())?;
             published = i + 1;
             Ok(())
         });
@@ -346,12 +347,19 @@ impl TxState {
         if n > MAX_PACKETS {
             return Err(SendError::TooLarge(total));
         }
-        let mut t = [0u64; MAX_PACKETS];
-        self.claim(d, &mut t[..n])?;
-        // Fragments are cut from private bytes: a shared payload is copied out first.
-        let mut echo = std::mem::take(&mut self.echo);
-        let r = self.emit(d, &t[..n], head, payload.to_private(&mut echo), flags);
-        self.echo = echo;
+        // A reused buffer: an array for the largest message would be kilobytes of stack to
+        // zero on every send.
+        let mut t = std::mem::take(&mut self.tickets);
+        t.clear();
+        t.resize(n, 0);
+        let r = self.claim(d, &mut t).and_then(|()| {
+            // Fragments are cut from private bytes: a shared payload is copied out first.
+            let mut echo = std::mem::take(&mut self.echo);
+            let r = self.emit(d, &t, head, payload.to_private(&mut echo), flags);
+            self.echo = echo;
+            r
+        });
+        self.tickets = t;
         r
     }
 
@@ -515,8 +523,11 @@ impl TxState {
         let slots = self.reserve(d)?;
         // The header's slots before the put: once the payload is sent, the header must follow.
         let n = velo::packets(msg.head.len(), self.cap());
-        let mut t = [0u64; MAX_PACKETS];
-        if let Err(e) = self.claim(d, &mut t[..n]) {
+        let mut t = std::mem::take(&mut self.tickets);
+        t.clear();
+        t.resize(n, 0);
+        if let Err(e) = self.claim(d, &mut t) {
+            self.tickets = t;
             slots.cancel(&self.layout, &self.peers, self.rank);
             return Err(e);
         }
@@ -537,7 +548,9 @@ impl TxState {
                 value: msg.payload.len() as u64,
             },
         );
-        self.emit(d, &t[..n], msg.head, &[], PLACED | RMA_WAIT)
+        let r = self.emit(d, &t, msg.head, &[], PLACED | RMA_WAIT);
+        self.tickets = t;
+        r
     }
 
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
@@ -613,6 +626,7 @@ impl Extoll {
                 next_op: 0,
                 faults: VecDeque::new(),
                 echo: Vec::new(),
+                tickets: Vec::with_capacity(MAX_PACKETS),
             },
             head: 0,
             note_head: 0,
