@@ -846,8 +846,15 @@ mod tests {
         // The packets of a claim of two, each written and published in one step.
         assert_eq!(claim(&r, &seg, 2, &mut h), Some(vec![5, 6]));
         r.write_and_publish(&w, 5, &[b"ab", b"c"], 13).unwrap();
-        assert!(r.write_and_publish(&w, 6, &[&[0; 25]], 14).is_err(), "past the payload");
-        assert_eq!(r.look(&seg, 6).unwrap(), Seen::Claimed(1), "nothing published");
+        assert!(
+            r.write_and_publish(&w, 6, &[&[0; 25]], 14).is_err(),
+            "past the payload"
+        );
+        assert_eq!(
+            r.look(&seg, 6).unwrap(),
+            Seen::Claimed(1),
+            "nothing published"
+        );
         r.write_and_publish(&w, 6, &[&[4; 24]], 14).unwrap();
         assert_eq!(r.look(&seg, 5).unwrap(), Seen::Published(13));
         assert_eq!(r.payload(&seg, 5, 3).unwrap().to_vec(), b"abc");
