@@ -254,6 +254,11 @@ impl From<ShmError> for NiError {
 }
 
 #[cold]
+fn bad_rank(r: u32, ranks: u32) -> NiError {
+    NiError::Invalid(format!("rank {r} of a job of {ranks}"))
+}
+
+#[cold]
 fn corrupt(what: &'static str, value: u64) -> NiError {
     NiError::Corrupt { what, value }
 }
@@ -345,12 +350,10 @@ impl NiGeometry {
     }
 
     /// Offset of rank `r`'s sender record (a cache line only `r` writes).
+    #[inline]
     pub fn record(&self, r: u32) -> Result<usize, NiError> {
         if r >= self.ranks {
-            return Err(NiError::Invalid(format!(
-                "rank {r} of a job of {}",
-                self.ranks
-            )));
+            return Err(bad_rank(r, self.ranks));
         }
         Ok(self.rec_base + r as usize * CACHE_LINE)
     }
@@ -723,6 +726,17 @@ impl<'n, 'a> Claimer<'n, 'a> {
     }
 }
 
+impl Claimer<'_, '_> {
+    /// An error path after the claim of event slot `s`: the slot must not stay claimed.
+    #[cold]
+    #[inline(never)]
+    fn give_back(&self, s: Claim) {
+        let _ = self
+            .nic
+            .eq_publish(s, &Event::new(EventKind::Dropped, self.rank, 0));
+    }
+}
+
 impl Drop for Claimer<'_, '_> {
     #[inline(always)]
     fn drop(&mut self) {
@@ -731,10 +745,7 @@ impl Drop for Claimer<'_, '_> {
             return;
         }
         if let Some(s) = self.slot.take() {
-            // An error path after the claim: the slot must not stay claimed.
-            let _ = self
-                .nic
-                .eq_publish(s, &Event::new(EventKind::Dropped, self.rank, 0));
+            self.give_back(s);
         }
         // Release: after the publications, which an owner that reads the cleared record
         // then sees.
