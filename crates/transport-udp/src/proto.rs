@@ -54,7 +54,10 @@ pub struct EngineConfig {
     pub initial_rto: Duration,
     /// Floor of the retransmission timeout.
     pub min_rto: Duration,
-    /// Ceiling of the retransmission timeout, backoff included.
+    /// Ceiling of the retransmission timeout, backoff included. The ceiling in force is lowered
+    /// further to a sixteenth of [`EngineConfig::peer_timeout`] (see
+    /// [`EngineConfig::rto_ceiling`]), so that at least sixteen retransmissions fit in the time
+    /// after which unacknowledged data condemns a peer.
     pub max_rto: Duration,
     /// Longest delay of a standalone acknowledgement.
     pub ack_delay: Duration,
@@ -79,6 +82,15 @@ impl EngineConfig {
     /// Payload bytes per datagram.
     pub fn fragment_payload(&self) -> usize {
         self.mtu.saturating_sub(OVERHEAD).max(1)
+    }
+
+    /// The ceiling of the backed-off retransmission timeout: [`EngineConfig::max_rto`], but at
+    /// most a sixteenth of [`EngineConfig::peer_timeout`], and never below
+    /// [`EngineConfig::min_rto`]. With a ceiling near the peer timeout only a few retransmissions
+    /// fit before a stalled fragment condemns its peer: at 30% loss each way a round trip fails
+    /// half the time, and nine rounds (a 2 s timeout, 500 ms ceiling) all fail one time in 400.
+    pub fn rto_ceiling(&self) -> Duration {
+        self.max_rto.min(self.peer_timeout / 16).max(self.min_rto)
     }
 
     /// How long a peer may be silent before it is pinged.
@@ -288,11 +300,12 @@ impl Peer {
     }
 
     fn current_rto(&self, cfg: &EngineConfig) -> Duration {
+        let ceiling = cfg.rto_ceiling();
         let backed = self
             .rto
             .checked_mul(1u32 << self.backoff.min(16))
-            .unwrap_or(cfg.max_rto);
-        backed.min(cfg.max_rto)
+            .unwrap_or(ceiling);
+        backed.min(ceiling)
     }
 
     fn has_unacked(&self) -> bool {
@@ -742,7 +755,7 @@ impl Engine {
 
     fn on_ack(&mut self, now: Instant, src: Rank, ack: u64, sack: u64) {
         let cfg_min = self.cfg.min_rto;
-        let cfg_max = self.cfg.max_rto;
+        let cfg_max = self.cfg.rto_ceiling();
         let p = &mut self.peers[src as usize];
         if ack > p.next_seq {
             self.stats.protocol_violations += 1;

@@ -611,3 +611,27 @@ proptest! {
         assert_no_effect(&mut e, now, &bytes);
     }
 }
+
+/// Found by `any_faults_exactly_once_in_order`: 30% loss each way fails half the round trips,
+/// and the last fragment of rank 1 to rank 0 (seq 344) lost eight in a row (five data, three
+/// acks). With the backed-off RTO capped at 500 ms only that many rounds fit in the drain, and
+/// at most nine in a 2 s peer timeout, so the tail stalled (and in a longer run would have
+/// condemned a live peer). The ceiling is now a sixteenth of the peer timeout.
+#[test]
+fn regression_heavy_loss_tail_fragment_is_retransmitted_often_enough() {
+    let faults = Faults {
+        drop: 0.298,
+        duplicate: 0.096,
+        delay: 0.084,
+        max_delay: Duration::from_millis(5),
+    };
+    let net = run_all_to_all(
+        3,
+        60,
+        6113562039767868233,
+        faults,
+        1332,
+        Duration::from_secs(600),
+    );
+    check_exactly_once_in_order(&net, 3, 60);
+}
