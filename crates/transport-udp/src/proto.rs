@@ -763,8 +763,15 @@ impl Engine {
         }
         let mut newest: Option<(u64, u64)> = None; // (last_pn, seq) of the newest acked transmission
         let mut sample: Option<Duration> = None;
+        let mut progress = false;
         let mut note = |s: &Sent, seq: u64, newest: &mut Option<(u64, u64)>| {
-            if newest.is_none_or(|(pn, _)| s.last_pn > pn) {
+            progress = true;
+            // Karn again: the ack of a fragment sent more than once may be for an earlier
+            // transmission, so only a fragment sent once proves which packet number arrived.
+            // Crediting the latest transmission instead made every fragment sent between a
+            // spurious retransmission's first and last transmission look lost (a cascade of
+            // "fast" retransmissions whenever a timeout fired early).
+            if s.transmissions == 1 && newest.is_none_or(|(pn, _)| s.last_pn > pn) {
                 *newest = Some((s.last_pn, seq));
                 // Karn: only fragments sent once give a round-trip sample.
                 sample = match (s.transmissions, s.sent_at) {
@@ -817,7 +824,7 @@ impl Engine {
             let srtt = p.srtt.unwrap_or(r);
             p.rto = (srtt + (p.rttvar * 4).max(Duration::from_micros(100))).clamp(cfg_min, cfg_max);
         }
-        if newest.is_some() {
+        if progress {
             p.backoff = 0;
             // Progress: what is still unacknowledged waits from now on.
             p.stalled_since = (!p.sent.is_empty()).then_some((now, self.absence));
@@ -842,7 +849,7 @@ impl Engine {
             }
         }
         self.stats.fast_retransmits += fast;
-        if newest.is_none() {
+        if !progress {
             for b in freed {
                 self.recycle(b);
             }

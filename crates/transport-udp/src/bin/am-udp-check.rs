@@ -105,12 +105,15 @@ fn alltoall(n: u32) -> Res<()> {
     }
     let s = node.transport().stats();
     println!(
-        "rank {me} at {}: ok, {} messages from each of {size} ranks; retransmits {}, duplicates {}, rejected {}",
+        "rank {me} at {}: ok, {} messages from each of {size} ranks; retransmits {} (fast {}, timeouts {}), duplicates {}, rejected {}, send errors {}",
         node.transport().local_addr(),
         n,
         s.retransmits,
+        s.fast_retransmits,
+        s.timeouts,
         s.duplicates,
-        s.rejected()
+        s.rejected(),
+        node.transport().send_errors()
     );
     drop(node);
     drop(job);

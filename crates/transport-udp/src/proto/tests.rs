@@ -635,3 +635,82 @@ fn regression_heavy_loss_tail_fragment_is_retransmitted_often_enough() {
     );
     check_exactly_once_in_order(&net, 3, 60);
 }
+
+#[test]
+fn ack_of_a_fragment_sent_twice_is_no_evidence_of_later_loss() {
+    // A timeout fires early (the receiver was slow, nothing was lost) and retransmits
+    // fragment 0. The ack that then arrives is for fragment 0's first transmission; it says
+    // nothing about fragments 1 and 2, sent before the retransmission and still on their way.
+    // Crediting it to the retransmission's packet number made them look lost: a cascade of
+    // spurious "fast" retransmissions after every early timeout (4 ranks on 2 cores, lossless:
+    // thousands per rank).
+    let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+    let epochs = [5, 6];
+    let mut a = Engine::new(cfg(), 0, &epochs, auth.clone());
+    let mut b = Engine::new(cfg(), 1, &epochs, auth);
+    let t0 = Instant::now();
+    a.handle_timeout(t0);
+    b.handle_timeout(t0);
+    let out = |e: &mut Engine, now: Instant| {
+        let mut v = Vec::new();
+        e.transmit(now, &mut |_, d| v.push(d.to_vec()));
+        v
+    };
+    for i in 0..3u8 {
+        a.send(t0, 1, &[i], &[]).unwrap();
+    }
+    let first = out(&mut a, t0);
+    assert_eq!(first.len(), 3);
+    let t1 = a.next_timeout().unwrap();
+    a.handle_timeout(t1);
+    let again = out(&mut a, t1);
+    assert_eq!(
+        (again.len(), a.stats().timeouts),
+        (1, 1),
+        "fragment 0 again"
+    );
+    // Only the first transmission of fragment 0 has reached b so far.
+    assert!(matches!(
+        b.on_datagram(t1, &first[0]),
+        Input::Deliver { .. }
+    ));
+    b.ack_all();
+    let acks = out(&mut b, t1);
+    assert_eq!(acks.len(), 1);
+    assert_eq!(a.on_datagram(t1, &acks[0]), Input::Accepted);
+    let after = out(&mut a, t1);
+    assert!(
+        after.is_empty(),
+        "nothing is due: {} datagrams",
+        after.len()
+    );
+    assert_eq!(a.stats().fast_retransmits, 0);
+}
+
+#[test]
+fn receiver_paused_past_the_rto_costs_only_the_timed_out_retransmissions() {
+    // Rank 1 stops reading for 100 ms (well past the RTO, far below the peer timeout) with a
+    // full window in flight. The sender's timer retransmits the first fragment, backing off;
+    // everything else was only delayed. The ack of a fragment sent several times must not
+    // count as evidence that the fragments sent between its transmissions were lost.
+    let mut net = Net::new(2, 21, CLEAN, cfg());
+    for _ in 0..5 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    net.paused_until[1] = Some(net.now + Duration::from_millis(100));
+    for i in 0..WINDOW as u32 {
+        let now = net.now;
+        net.engines[0].send(now, 1, &i.to_le_bytes(), &[]).unwrap();
+    }
+    let end = net.now + Duration::from_secs(1);
+    while net.now < end && !(net.got[1].len() == WINDOW as usize && net.engines[0].is_flushed()) {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[1].len(), WINDOW as usize);
+    let s = net.engines[0].stats();
+    assert!(s.timeouts > 0, "the pause outlasted the RTO: {s:?}");
+    assert_eq!(s.fast_retransmits, 0, "{s:?}");
+    assert_eq!(s.retransmits, s.timeouts, "{s:?}");
+}
