@@ -1,6 +1,6 @@
 //! The datagram format and its authentication.
 //!
-//! Every datagram is a fixed 72-byte header, a payload (data datagrams only) and a 16-byte MAC.
+//! Every datagram is a fixed 84-byte header, a payload (data datagrams only) and a 16-byte MAC.
 //! All integers are little-endian.
 //!
 //! ```text
@@ -16,7 +16,11 @@
 //! 52..60  selective ack: bit i set = sequence number ack+1+i was received
 //! 60..68  sequence number (data only)
 //! 68..72  message length (first fragment only)
-//! 72..    payload, then the MAC: blake3 keyed hash of everything before it, truncated to 16 bytes
+//! 72..80  newest data packet number: the highest packet number of a data datagram received
+//!         from the destination (0: none yet)
+//! 80..84  ack delay: microseconds between that datagram's arrival and this datagram (RFC
+//!         9002's ack delay, saturating)
+//! 84..    payload, then the MAC: blake3 keyed hash of everything before it, truncated to 16 bytes
 //! ```
 
 use std::fmt;
@@ -25,7 +29,7 @@ use std::io;
 /// First byte of every datagram.
 pub const VERSION: u8 = 0xA1;
 /// Bytes of the fixed header.
-pub const HEADER_LEN: usize = 72;
+pub const HEADER_LEN: usize = 84;
 /// Bytes of the MAC trailer.
 pub const MAC_LEN: usize = 16;
 /// Header plus MAC: what a datagram carries besides its payload.
@@ -76,6 +80,12 @@ pub struct Header {
     pub seq: u64,
     /// Message length (first fragment only).
     pub msg_len: u32,
+    /// The highest packet number of a data datagram the sender received from the receiver: a
+    /// round-trip sample is taken only from that transmission (as QUIC's largest acknowledged).
+    pub newest_pn: u64,
+    /// Microseconds the sender held the datagram numbered `newest_pn` before this datagram
+    /// carried the acknowledgement (subtracted from the round-trip sample).
+    pub ack_delay_us: u32,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -111,6 +121,8 @@ impl Header {
         b[52..60].copy_from_slice(&self.sack.to_le_bytes());
         b[60..68].copy_from_slice(&self.seq.to_le_bytes());
         b[68..72].copy_from_slice(&self.msg_len.to_le_bytes());
+        b[72..80].copy_from_slice(&self.newest_pn.to_le_bytes());
+        b[80..84].copy_from_slice(&self.ack_delay_us.to_le_bytes());
     }
 
     /// Decodes a header from untrusted bytes; `None` if they are not a well-formed header.
@@ -142,6 +154,8 @@ impl Header {
             sack: u64_at(b, 52),
             seq: u64_at(b, 60),
             msg_len: u32_at(b, 68),
+            newest_pn: u64_at(b, 72),
+            ack_delay_us: u32_at(b, 80),
         })
     }
 }
@@ -351,6 +365,7 @@ mod tests {
             0u8..8,
             any::<(u64, u32, u32, u64, u64)>(),
             any::<(u64, u64, u64, u64, u32)>(),
+            any::<(u64, u32)>(),
         )
             .prop_map(
                 |(
@@ -358,6 +373,7 @@ mod tests {
                     flags,
                     (job_tag, src, dst, src_epoch, dst_epoch),
                     (pn, ack, sack, seq, msg_len),
+                    (newest_pn, ack_delay_us),
                 )| Header {
                     kind,
                     flags: if kind == Kind::Data { flags } else { 0 },
@@ -371,6 +387,8 @@ mod tests {
                     sack,
                     seq,
                     msg_len,
+                    newest_pn,
+                    ack_delay_us,
                 },
             )
     }

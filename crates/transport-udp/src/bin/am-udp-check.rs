@@ -252,7 +252,7 @@ fn survive() -> Res<()> {
 /// bandwidth of 1, 4 and 16 MiB (`AM_UDP_MTU` sets the datagram size, `AM_WAIT` the wait mode
 /// of the puts, `AM_UDP_CHECK_STATS=1` prints the protocol counters).
 fn bench(n: usize) -> Res<()> {
-    // The datagram of an AM Short with one argument: 88 bytes of UDP header+MAC, 12 of AM head.
+    // The datagram of an AM Short with one argument: 92 bytes of UDP header+MAC, 12 of AM head.
     let size = transport_udp::wire::OVERHEAD + 12;
     let raw = raw_pingpong(n, size)?;
     let am = am_pingpong(n)?;
