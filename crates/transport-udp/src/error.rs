@@ -44,6 +44,16 @@ pub enum UdpError {
     /// `AM_COORD` without a job key: the coordinator will not hand out a key in the clear.
     #[error("AM_COORD needs a job key shared by the ranks: set AM_UDP_KEY (64 hex digits) or AM_UDP_KEY_FILE for every rank")]
     KeyRequired,
+    /// A peer announced at start-up a datagram size (its `AM_UDP_MTU`) this transport does
+    /// not support. (Different supported sizes are no error: the ranks agree on the
+    /// smallest.)
+    #[error("rank {peer} announced a datagram size of {mtu} bytes (its AM_UDP_MTU), outside 576..=65507")]
+    PeerMtu {
+        /// The rank.
+        peer: u32,
+        /// The size it announced.
+        mtu: usize,
+    },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]
     Rendezvous(String),

@@ -53,17 +53,48 @@ fn host_ip() -> Result<IpAddr, UdpError> {
         })
 }
 
-fn entry(addr: SocketAddr, epoch: u64) -> String {
-    format!("{epoch:016x}@{addr}")
+/// What a rank tells the others at start-up: where it is, its epoch, and the largest
+/// datagram it sends and can receive (`AM_UDP_MTU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) peer: PeerAddr,
+    pub(crate) mtu: usize,
 }
 
-fn parse_entry(s: &str) -> Option<PeerAddr> {
-    let (epoch, addr) = s.trim().split_once('@')?;
+/// `<epoch>@<addr>/<mtu>`.
+fn entry(e: Entry) -> String {
+    format!("{:016x}@{}/{}", e.peer.epoch, e.peer.addr, e.mtu)
+}
+
+fn parse_entry(s: &str) -> Option<Entry> {
+    let (epoch, rest) = s.trim().split_once('@')?;
+    let (addr, mtu) = rest.rsplit_once('/')?;
     let epoch = u64::from_str_radix(epoch, 16).ok().filter(|&e| e != 0)?;
-    Some(PeerAddr {
-        addr: addr.parse().ok()?,
-        epoch,
+    Some(Entry {
+        peer: PeerAddr {
+            addr: addr.parse().ok()?,
+            epoch,
+        },
+        mtu: mtu.parse().ok()?,
     })
+}
+
+/// The datagram size every rank of the job uses: the smallest any rank was configured with
+/// (`AM_UDP_MTU`), so that nobody sends a datagram a peer's receive buffer would cut short
+/// (which looks like loss that no retransmission repairs). A size outside what this
+/// transport supports, announced by a peer, is an error naming that rank.
+pub(crate) fn agreed_mtu(entries: &[Entry]) -> Result<usize, UdpError> {
+    let mut mtu = usize::MAX;
+    for (r, e) in entries.iter().enumerate() {
+        if !(crate::config::MIN_MTU..=crate::config::MAX_MTU).contains(&e.mtu) {
+            return Err(UdpError::PeerMtu {
+                peer: r as u32,
+                mtu: e.mtu,
+            });
+        }
+        mtu = mtu.min(e.mtu);
+    }
+    Ok(mtu)
 }
 
 /// Exchanges addresses, epochs and (if needed) the key with the other ranks.
@@ -72,8 +103,11 @@ pub(crate) fn exchange(
     config: &UdpConfig,
     me: SocketAddr,
     epoch: u64,
-) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
-    let mine = PeerAddr { addr: me, epoch };
+) -> Result<(Vec<Entry>, JobKey), UdpError> {
+    let mine = Entry {
+        peer: PeerAddr { addr: me, epoch },
+        mtu: config.engine.mtu,
+    };
     if job.size == 1 {
         let key = match &config.key {
             Some(k) => k.clone(),
@@ -101,12 +135,9 @@ fn via_kvs(
     rank: u32,
     size: u32,
     key: Option<JobKey>,
-    mine: PeerAddr,
-) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
-    kvs.put(
-        &format!("am-udp-addr-{rank}"),
-        &entry(mine.addr, mine.epoch),
-    )?;
+    mine: Entry,
+) -> Result<(Vec<Entry>, JobKey), UdpError> {
+    kvs.put(&format!("am-udp-addr-{rank}"), &entry(mine))?;
     // Fallback when the launcher gave no key: rank 0 makes one and shares it through the store
     // (readable by whoever can read the store; see the threat model).
     let mut key = key;
@@ -153,11 +184,11 @@ fn fresh_nonce() -> std::io::Result<String> {
 }
 
 /// Registration line: `AMUDP1 <job tag> <rank> <size> <epoch>@<addr> <nonce> <mac>`.
-fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr, nonce: &str) -> String {
+fn registration(auth: &Authenticator, rank: u32, size: u32, mine: Entry, nonce: &str) -> String {
     let body = format!(
         "AMUDP1 {:016x} {rank} {size} {} {nonce}",
         auth.job_tag(),
-        entry(mine.addr, mine.epoch)
+        entry(mine)
     );
     let mac = auth.tag_text(&body);
     format!("{body} {mac}\n")
@@ -169,7 +200,7 @@ fn parse_registration(
     size: u32,
     nonce: &str,
     line: &str,
-) -> Option<(u32, PeerAddr)> {
+) -> Option<(u32, Entry)> {
     let line = line.trim_end();
     let (body, mac) = line.rsplit_once(' ')?;
     if auth.tag_text(body) != mac {
@@ -194,10 +225,10 @@ fn table_mac(auth: &Authenticator, table: &str, nonce: &str) -> String {
     auth.tag_text(&format!("{table}{nonce}"))
 }
 
-fn table_text(peers: &[PeerAddr]) -> String {
+fn table_text(peers: &[Entry]) -> String {
     let mut t = String::new();
     for (r, p) in peers.iter().enumerate() {
-        t.push_str(&format!("{r} {}\n", entry(p.addr, p.epoch)));
+        t.push_str(&format!("{r} {}\n", entry(*p)));
     }
     t
 }
@@ -224,7 +255,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
     let max_pending = 4 * size as usize + 16;
-    let mut slots: Vec<Option<(PeerAddr, TcpStream, String)>> = (0..size).map(|_| None).collect();
+    let mut slots: Vec<Option<(Entry, TcpStream, String)>> = (0..size).map(|_| None).collect();
     let mut pending: Vec<Pending> = Vec::new();
     let _ = listener.set_nonblocking(true);
     while slots.iter().any(|s| s.is_none()) {
@@ -281,7 +312,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
         );
         let _ = poll(&mut fds, PollTimeout::from(100u16));
     }
-    let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
+    let peers: Vec<Entry> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
     let table = table_text(&peers);
     for (_, mut stream, nonce) in slots.into_iter().flatten() {
         let reply = format!("{table}END {}\n", table_mac(&auth, &table, &nonce));
@@ -334,8 +365,8 @@ fn via_coordinator(
     rank: u32,
     size: u32,
     auth: &Authenticator,
-    mine: PeerAddr,
-) -> Result<Vec<PeerAddr>, UdpError> {
+    mine: Entry,
+) -> Result<Vec<Entry>, UdpError> {
     let bad = |why: String| UdpError::Rendezvous(format!("coordinator AM_COORD={coord}: {why}"));
     let target = coord
         .to_socket_addrs()
@@ -420,9 +451,12 @@ mod tests {
     fn registrations_are_authenticated() {
         let auth = Authenticator::new(&JobKey::from_bytes([1; 32]), "job");
         let other = Authenticator::new(&JobKey::from_bytes([2; 32]), "job");
-        let mine = PeerAddr {
-            addr: "127.0.0.1:4000".parse().unwrap(),
-            epoch: 0x1234,
+        let mine = Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 0x1234,
+            },
+            mtu: 1472,
         };
         let nonce = fresh_nonce().unwrap();
         let line = registration(&auth, 2, 4, mine, &nonce);
@@ -449,9 +483,34 @@ mod tests {
             None,
             "replayed"
         );
+        // The datagram size is part of what is authenticated.
+        let forged = line.replace("/1472 ", "/9000 ");
+        assert_ne!(forged, line);
+        assert_eq!(parse_registration(&auth, 4, &nonce, &forged), None);
         // Challenges are 128-bit hex.
         assert_eq!(parse_challenge(&challenge_line(&nonce)), Some(nonce));
         assert_eq!(parse_challenge("AMUDP1 CHALLENGE xyz\n"), None);
+    }
+
+    #[test]
+    fn ranks_agree_on_the_smallest_datagram_size() {
+        let e = |mtu| Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 1,
+            },
+            mtu,
+        };
+        assert_eq!(parse_entry(&entry(e(9000))), Some(e(9000)));
+        assert_eq!(parse_entry("0000000000000001@127.0.0.1:4000"), None);
+        assert_eq!(agreed_mtu(&[e(9000), e(1472), e(4000)]).unwrap(), 1472);
+        match agreed_mtu(&[e(1472), e(100_000)]) {
+            Err(UdpError::PeerMtu {
+                peer: 1,
+                mtu: 100_000,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -471,9 +530,12 @@ mod tests {
                 .map(|r| {
                     let (coord, auth) = (coord.clone(), auth.clone());
                     s.spawn(move || {
-                        let mine = PeerAddr {
-                            addr: format!("127.0.0.1:{}", 6000 + r).parse().unwrap(),
-                            epoch: 200 + r as u64,
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 6000 + r).parse().unwrap(),
+                                epoch: 200 + r as u64,
+                            },
+                            mtu: 1472 + r as usize,
                         };
                         let mut strangers = Vec::new();
                         if r != 0 {
@@ -535,9 +597,12 @@ mod tests {
                 .map(|r| {
                     let (coord, auth) = (coord.clone(), auth.clone());
                     s.spawn(move || {
-                        let mine = PeerAddr {
-                            addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
-                            epoch: 100 + r as u64,
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
+                                epoch: 100 + r as u64,
+                            },
+                            mtu: 1472 + r as usize,
                         };
                         // A stranger's junk before the ranks must not matter.
                         if r == 1 {
@@ -555,7 +620,8 @@ mod tests {
             let peers = r.unwrap();
             assert_eq!(peers.len(), 3);
             for (i, p) in peers.iter().enumerate() {
-                assert_eq!(p.epoch, 100 + i as u64);
+                assert_eq!(p.peer.epoch, 100 + i as u64);
+                assert_eq!(p.mtu, 1472 + i);
             }
         }
     }

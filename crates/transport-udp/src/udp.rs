@@ -247,7 +247,12 @@ impl Udp {
         let socket = bind_socket(&config, job.rank)?;
         let epoch = random_u64().map_err(io_err("reading /dev/urandom"))?;
         let me = rendezvous::advertised(&socket, &config)?;
-        let (peers, key) = rendezvous::exchange(job, &config, me, epoch)?;
+        let (entries, key) = rendezvous::exchange(job, &config, me, epoch)?;
+        // Every rank sends datagrams of at most the agreed size, which every rank's receive
+        // buffer fits.
+        let mut config = config;
+        config.engine.mtu = rendezvous::agreed_mtu(&entries)?;
+        let peers: Vec<PeerAddr> = entries.iter().map(|e| e.peer).collect();
         Udp::with_peers(
             job.rank,
             socket,

@@ -337,3 +337,84 @@ fn four_spinning_ranks_lossless_all_to_all_retransmit_under_one_percent() {
         );
     }
 }
+
+/// Runs `am-udp-check ARGS` as a job of `extra_env.len()` ranks through `AM_COORD`, rank r
+/// with `extra_env[r]` added, and returns each rank's exit status and output (stdout then
+/// stderr). A watchdog kills the job after `limit`.
+fn coord_job(
+    args: &[&str],
+    key_hex: &[String],
+    extra_env: &[Vec<(&str, &str)>],
+    limit: Duration,
+) -> Vec<(std::process::ExitStatus, String)> {
+    let ranks = extra_env.len();
+    let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let mut job = Job(Vec::new());
+    for (r, extra) in extra_env.iter().enumerate() {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("AM_RANK", r.to_string())
+            .env("AM_SIZE", ranks.to_string())
+            .env("AM_JOB_ID", format!("coordjob{}", std::process::id()))
+            .env("AM_COORD", &coord)
+            .env("AM_UDP_KEY", &key_hex[r])
+            .env("AM_WAIT", "block")
+            .env_remove("AM_UDP_MTU")
+            .env_remove("AM_UDP_FAULTS")
+            .env_remove("AM_PMI_FD")
+            .env_remove("PMI_FD")
+            .env_remove("PMI_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        job.0.push(cmd.spawn().expect("spawn"));
+    }
+    let deadline = Instant::now() + limit;
+    let mut done = vec![None; ranks];
+    while done.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "the job did not end in {limit:?}"
+        );
+        for (r, c) in job.0.iter_mut().enumerate() {
+            if done[r].is_none() {
+                done[r] = c.try_wait().expect("try_wait");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job.0
+        .iter_mut()
+        .zip(done)
+        .map(|(c, status)| {
+            let mut out = String::new();
+            std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut out).unwrap();
+            std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut out).unwrap();
+            (status.unwrap(), out)
+        })
+        .collect()
+}
+
+/// Issue 16: rank 0 with `AM_UDP_MTU=9000`, rank 1 with the default 1472. Each used its own
+/// size: rank 1 read rank 0's larger datagrams cut short and dropped them, for ever. Now the
+/// sizes are exchanged at start-up and both use the smaller, so the job just works (Medium
+/// messages up to 3000 bytes: larger than one small datagram, smaller than one large one).
+#[test]
+fn ranks_with_different_mtus_agree_on_the_smaller() {
+    let _turn = one_job_at_a_time();
+    let key = transport_udp::JobKey::generate().unwrap().to_hex();
+    let timeout = ("AM_PEER_TIMEOUT_MS", "2000");
+    let results = coord_job(
+        &["alltoall", "200"],
+        &[key.clone(), key],
+        &[vec![("AM_UDP_MTU", "9000"), timeout], vec![timeout]],
+        Duration::from_secs(60),
+    );
+    for (r, (status, out)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {r}: {status}: {out}");
+        assert!(out.contains("ok, 200 messages"), "rank {r}: {out}");
+    }
+}
