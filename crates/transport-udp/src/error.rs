@@ -54,6 +54,17 @@ pub enum UdpError {
         /// The size it announced.
         mtu: usize,
     },
+    /// The ranks were started with different job keys (`AM_UDP_KEY` or `AM_UDP_KEY_FILE`):
+    /// found at start-up by key confirmation, instead of as lost peers once every datagram
+    /// fails its MAC.
+    #[error("job key mismatch: rank {rank} was started with a different AM_UDP_KEY/AM_UDP_KEY_FILE than rank(s) {peers:?}; every rank of a job needs the same key")]
+    KeyMismatch {
+        /// This rank.
+        rank: u32,
+        /// The ranks whose key differs from this rank's (rank 0 for the `AM_COORD`
+        /// coordinator, whose key decides).
+        peers: Vec<u32>,
+    },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]
     Rendezvous(String),

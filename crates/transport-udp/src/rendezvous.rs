@@ -116,7 +116,14 @@ pub(crate) fn exchange(
         return Ok((vec![mine], key));
     }
     if let Some(kvs) = job.kvs.as_deref_mut() {
-        return via_kvs(kvs, job.rank, job.size, config.key.clone(), mine);
+        return via_kvs(
+            kvs,
+            &job.job_id,
+            job.rank,
+            job.size,
+            config.key.clone(),
+            mine,
+        );
     }
     if let Some(coord) = &config.coord {
         let key = config.key.clone().ok_or(UdpError::KeyRequired)?;
@@ -130,14 +137,21 @@ pub(crate) fn exchange(
     })
 }
 
+/// Key confirmation: a MAC under the job key over a rank's published entry. Every rank
+/// checks every other rank's, so ranks started with different keys fail at start-up with
+/// [`UdpError::KeyMismatch`] rather than losing each other once every datagram fails.
+fn key_confirmation(rank: u32, entry_text: &str) -> String {
+    format!("key confirmation {rank} {entry_text}")
+}
+
 fn via_kvs(
     kvs: &mut (dyn KeyValueStore + Send),
+    job_id: &str,
     rank: u32,
     size: u32,
     key: Option<JobKey>,
     mine: Entry,
 ) -> Result<(Vec<Entry>, JobKey), UdpError> {
-    kvs.put(&format!("am-udp-addr-{rank}"), &entry(mine))?;
     // Fallback when the launcher gave no key: rank 0 makes one and shares it through the store
     // (readable by whoever can read the store; see the threat model).
     let mut key = key;
@@ -146,11 +160,24 @@ fn via_kvs(
         kvs.put(KEY_ENTRY, &k.to_hex())?;
         key = Some(k);
     }
+    // `<entry>#<key confirmation>` (store values hold no spaces), or `<entry>#-` from a rank
+    // that takes rank 0's key from the store (it has no key of its own to confirm).
+    let text = entry(mine);
+    let confirmation = key.as_ref().map_or_else(
+        || "-".to_owned(),
+        |k| Authenticator::new(k, job_id).tag_text(&key_confirmation(rank, &text)),
+    );
+    kvs.put(
+        &format!("am-udp-addr-{rank}"),
+        &format!("{text}#{confirmation}"),
+    )?;
     kvs.fence()?;
     let key = match key {
         Some(k) => k,
         None => JobKey::from_hex(&kvs.get(KEY_ENTRY)?).map_err(UdpError::Key)?,
     };
+    let auth = Authenticator::new(&key, job_id);
+    let mut mismatched = Vec::new();
     let mut peers = Vec::with_capacity(size as usize);
     for r in 0..size {
         if r == rank {
@@ -158,9 +185,19 @@ fn via_kvs(
             continue;
         }
         let v = kvs.get(&format!("am-udp-addr-{r}"))?;
-        peers.push(parse_entry(&v).ok_or_else(|| {
-            UdpError::Rendezvous(format!("rank {r} published an invalid address {v:?}"))
-        })?);
+        let invalid =
+            || UdpError::Rendezvous(format!("rank {r} published an invalid address {v:?}"));
+        let (text, confirmation) = v.trim().rsplit_once('#').ok_or_else(invalid)?;
+        peers.push(parse_entry(text).ok_or_else(invalid)?);
+        if confirmation != "-" && !auth.verify_text(&key_confirmation(r, text), confirmation) {
+            mismatched.push(r);
+        }
+    }
+    if !mismatched.is_empty() {
+        return Err(UdpError::KeyMismatch {
+            rank,
+            peers: mismatched,
+        });
     }
     Ok((peers, key))
 }
@@ -203,7 +240,7 @@ fn parse_registration(
 ) -> Option<(u32, Entry)> {
     let line = line.trim_end();
     let (body, mac) = line.rsplit_once(' ')?;
-    if auth.tag_text(body) != mac {
+    if !auth.verify_text(body, mac) {
         return None;
     }
     let mut f = body.split(' ');
@@ -218,6 +255,18 @@ fn parse_registration(
     }
     Some((rank, peer))
 }
+
+/// Whether a registration that failed [`parse_registration`] is of this job and answers
+/// `nonce`, so only its MAC is wrong: the rank was started with another key. (Anyone can
+/// write such a line; it only earns its own connection the [`KEY_MISMATCH`] answer.)
+fn is_key_mismatch(auth: &Authenticator, nonce: &str, line: &str) -> bool {
+    let f: Vec<&str> = line.trim_end().split(' ').collect();
+    f.len() == 7 && f[0] == "AMUDP1" && f[1] == format!("{:016x}", auth.job_tag()) && f[5] == nonce
+}
+
+/// The coordinator's answer to a registration whose MAC is wrong but which is otherwise of
+/// this job: the rank's key differs from rank 0's.
+const KEY_MISMATCH: &str = "AMUDP1 KEY-MISMATCH";
 
 /// The MAC that ends the table sent to the connection that answered `nonce`: a table
 /// captured by one connection is not accepted by another.
@@ -296,6 +345,10 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
                         // A blocking stream again for the answer.
                         let _ = p.stream.set_nonblocking(false);
                         slots[rank as usize] = Some((peer, p.stream, p.nonce));
+                    } else if is_key_mismatch(&auth, &p.nonce, &line) {
+                        // One short line: it fits the socket's send buffer.
+                        let mut stream = p.stream;
+                        let _ = stream.write_all(format!("{KEY_MISMATCH}\n").as_bytes());
                     }
                 }
                 // Closed, too long, or too slow: dropped.
@@ -421,8 +474,14 @@ fn via_coordinator(
                 "closed before answering (wrong key or job, or timed out)".into(),
             ));
         }
+        if line.trim_end() == KEY_MISMATCH {
+            return Err(UdpError::KeyMismatch {
+                rank,
+                peers: vec![0],
+            });
+        }
         if let Some(mac) = line.trim_end().strip_prefix("END ") {
-            if table_mac(auth, &table, &nonce) != mac || peers.len() != size as usize {
+            if !auth.verify_text(&format!("{table}{nonce}"), mac) || peers.len() != size as usize {
                 return Err(bad("the address table is not authentic".into()));
             }
             break;
@@ -490,6 +549,99 @@ mod tests {
         // Challenges are 128-bit hex.
         assert_eq!(parse_challenge(&challenge_line(&nonce)), Some(nonce));
         assert_eq!(parse_challenge("AMUDP1 CHALLENGE xyz\n"), None);
+    }
+
+    /// A launcher's key-value store in memory, for threads: puts are visible after a fence.
+    struct MemStore {
+        map: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+        fence: std::sync::Arc<std::sync::Barrier>,
+    }
+
+    impl KeyValueStore for MemStore {
+        fn put(&mut self, key: &str, value: &str) -> Result<(), am_launch::BootstrapError> {
+            // As PMI's: printable ASCII without space, ';' or backslash.
+            assert!(
+                value
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b';' && b != b'\\'),
+                "{value:?}"
+            );
+            self.map.lock().unwrap().insert(key.into(), value.into());
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<(), am_launch::BootstrapError> {
+            self.fence.wait();
+            Ok(())
+        }
+        fn get(&mut self, key: &str) -> Result<String, am_launch::BootstrapError> {
+            Ok(self.map.lock().unwrap()[key].clone())
+        }
+        fn abort(&mut self, _: i32, _: &str) -> Result<(), am_launch::BootstrapError> {
+            Ok(())
+        }
+    }
+
+    /// Rank r of 3 runs `via_kvs` with `keys[r]` (`None`: take rank 0's from the store).
+    fn kvs_job(keys: [Option<[u8; 32]>; 3]) -> Vec<Result<(Vec<Entry>, JobKey), UdpError>> {
+        let map = std::sync::Arc::default();
+        let fence = std::sync::Arc::new(std::sync::Barrier::new(3));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u32)
+                .map(|r| {
+                    let mut store = MemStore {
+                        map: std::sync::Arc::clone(&map),
+                        fence: std::sync::Arc::clone(&fence),
+                    };
+                    let key = keys[r as usize].map(JobKey::from_bytes);
+                    s.spawn(move || {
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 7000 + r).parse().unwrap(),
+                                epoch: 300 + r as u64,
+                            },
+                            mtu: 1472,
+                        };
+                        via_kvs(&mut store, "job-k", r, 3, key, mine)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_rank_with_another_key_fails_start_up_with_key_mismatch() {
+        let (a, b) = (Some([1u8; 32]), Some([2u8; 32]));
+        for r in kvs_job([a, a, a]) {
+            assert_eq!(r.unwrap().0.len(), 3);
+        }
+        // No key from the launcher: rank 0 makes one and the others take it from the store.
+        for r in kvs_job([None, None, None]) {
+            assert_eq!(r.unwrap().0.len(), 3);
+        }
+        let results = kvs_job([a, b, a]);
+        for (rank, r) in results.into_iter().enumerate() {
+            let want = if rank == 1 { vec![0, 2] } else { vec![1] };
+            match r {
+                Err(UdpError::KeyMismatch { rank: me, peers }) => {
+                    assert_eq!((me, peers), (rank as u32, want));
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn text_macs_verify_only_exactly() {
+        let auth = Authenticator::new(&JobKey::from_bytes([1; 32]), "job");
+        let mac = auth.tag_text("hello");
+        assert!(auth.verify_text("hello", &mac));
+        assert!(!auth.verify_text("hellp", &mac));
+        assert!(!auth.verify_text("hello", &mac[..mac.len() - 1]));
+        assert!(!auth.verify_text("hello", ""));
+        let mut flipped = mac.clone().into_bytes();
+        flipped[0] ^= 1;
+        assert!(!auth.verify_text("hello", &String::from_utf8(flipped).unwrap()));
     }
 
     #[test]

@@ -346,6 +346,14 @@ impl Authenticator {
     }
 
     /// A MAC of arbitrary control-plane bytes (rendezvous messages), as 32 hex digits.
+    /// Whether `mac` is [`Authenticator::tag_text`] of `text`, compared in constant time (no
+    /// early exit at the first differing byte, so timing tells a forger nothing).
+    pub(crate) fn verify_text(&self, text: &str, mac: &str) -> bool {
+        let expected = self.tag_text(text);
+        let (a, b) = (expected.as_bytes(), mac.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    }
+
     pub(crate) fn tag_text(&self, text: &str) -> String {
         let mut h = blake3::Hasher::new_keyed(&self.mac_key);
         h.update(b"rendezvous:");

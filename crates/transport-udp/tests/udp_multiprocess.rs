@@ -418,3 +418,51 @@ fn ranks_with_different_mtus_agree_on_the_smaller() {
         assert!(out.contains("ok, 200 messages"), "rank {r}: {out}");
     }
 }
+
+/// Issue 16: a rank started with another key than rank 0's was a `PeerLost` 30 s into the
+/// job (every datagram failed its MAC). Through `AM_COORD` the coordinator now tells such a
+/// registration that its key differs, and the rank fails start-up at once with a clear error.
+/// (Rank 0 keeps waiting for a rank with the right key; the test's job guard kills it.)
+#[test]
+fn a_rank_with_another_key_fails_start_up_with_key_mismatch() {
+    let _turn = one_job_at_a_time();
+    let keys = [
+        transport_udp::JobKey::generate().unwrap().to_hex(),
+        transport_udp::JobKey::generate().unwrap().to_hex(),
+    ];
+    let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let mut job = Job(Vec::new());
+    for (r, key) in keys.iter().enumerate() {
+        let child = Command::new(BIN)
+            .args(["alltoall", "10"])
+            .env("AM_RANK", r.to_string())
+            .env("AM_SIZE", "2")
+            .env("AM_JOB_ID", format!("keytest{}", std::process::id()))
+            .env("AM_COORD", &coord)
+            .env("AM_UDP_KEY", key)
+            .env_remove("AM_PMI_FD")
+            .env_remove("PMI_FD")
+            .env_remove("PMI_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        job.0.push(child);
+    }
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = job.0[1].try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "rank 1 still running after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(job.0[1].stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("job key mismatch: rank 1"), "{err}");
+}
