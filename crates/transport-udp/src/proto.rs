@@ -156,6 +156,14 @@ pub struct Stats {
     pub dropped_replayed: u64,
     /// Dropped: from a peer declared lost.
     pub dropped_from_lost: u64,
+    /// Fragments to a peer that said goodbye which it never acknowledged within the peer
+    /// timeout (it closed before receiving them): dropped, and reported here rather than
+    /// silently.
+    pub undelivered: u64,
+    /// Data fragments refused (not acknowledged, not delivered) because this engine was
+    /// closing: their senders see them unacknowledged, count them in
+    /// [`Stats::undelivered`], and fail requests waiting on this rank as departed.
+    pub refused_closing: u64,
     /// Dropped: an authentic peer broke the protocol (sequence beyond the window, acks for
     /// unsent data, bad fragment chain). Never happens between correct peers.
     pub protocol_violations: u64,
@@ -409,6 +417,8 @@ pub struct Engine {
     last_tick: Option<Instant>,
     /// Time this engine was not polled (beyond one keepalive per gap): not counted as silence.
     absence: Duration,
+    /// [`Engine::close`] was called: data that arrives now cannot be delivered, and is refused.
+    closing: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -444,6 +454,7 @@ impl Engine {
             wake_at: None,
             last_tick: None,
             absence: Duration::ZERO,
+            closing: false,
             cfg,
         }
     }
@@ -594,7 +605,12 @@ impl Engine {
     /// Says goodbye to every live peer: an empty message after everything already queued.
     /// Afterwards, [`Engine::is_flushed`] tells when the goodbyes (and all data) were
     /// acknowledged.
+    ///
+    /// From then on, data fragments that arrive (other than goodbyes) are refused: neither
+    /// acknowledged nor delivered, so their senders learn they were not received rather
+    /// than believing them delivered.
     pub fn close(&mut self, now: Instant) {
+        self.closing = true;
         for r in 0..self.peers.len() as Rank {
             if r != self.me && self.peers[r as usize].state == PeerState::Live {
                 let _ = self.send_flags(now, r, &[], &[], FLAG_BYE);
@@ -1029,6 +1045,11 @@ impl Engine {
             self.stats.protocol_violations += 1;
             return Input::Accepted;
         }
+        if self.closing && h.flags & FLAG_BYE == 0 {
+            // Nobody will deliver it: not acknowledging it lets its sender know.
+            self.stats.refused_closing += 1;
+            return Input::Accepted;
+        }
         if off > 0 {
             if p.recv_mask & (1 << off) != 0 {
                 self.stats.duplicates += 1;
@@ -1094,16 +1115,10 @@ impl Engine {
         let p = &mut self.peers[src as usize];
         if flags & FLAG_BYE != 0 {
             if flags & (FLAG_FIRST | FLAG_LAST) == FLAG_FIRST | FLAG_LAST && data.is_empty() {
+                // It is leaving: what it has not acknowledged yet is still retransmitted while
+                // it lingers, and reported as undelivered if it stays unacknowledged for the
+                // peer timeout (see handle_timeout), never dropped silently.
                 p.state = PeerState::Departed;
-                // It has left: nothing we still hold for it will be acknowledged.
-                let drop: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
-                p.base = p.next_seq;
-                p.flight = 0;
-                p.stalled_since = None;
-                p.rto_deadline = None;
-                for b in drop {
-                    self.recycle(b);
-                }
             } else {
                 self.stats.protocol_violations += 1;
             }
@@ -1188,26 +1203,43 @@ impl Engine {
                     wake = wake.min(at);
                 }
             }
-            if p.state == PeerState::Departed {
-                continue;
-            }
-            let heard = *p.heard_at.get_or_insert(now);
-            let silence = now
-                .saturating_duration_since(heard)
-                .saturating_sub(absence - p.heard_absence);
             // Data unacknowledged for the timeout: lost, however many pings it answers.
             let stalled = p.stalled_since.is_some_and(|(t, at_absence)| {
                 now.saturating_duration_since(t)
                     .saturating_sub(absence - at_absence)
                     >= self.cfg.peer_timeout
             });
-            if silence >= self.cfg.peer_timeout || stalled {
-                self.declare_lost(rank);
-                continue;
-            }
-            if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
-                p.last_ping = Some(now);
-                self.outbox.push_back(Out::Ping(rank));
+            if p.state == PeerState::Departed {
+                if p.sent.is_empty() {
+                    continue;
+                }
+                if stalled {
+                    // It left without acknowledging these: report them, do not wait on.
+                    let n = p.sent.iter().filter(|s| !s.acked).count() as u64;
+                    self.stats.undelivered += n;
+                    let bufs: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
+                    p.base = p.next_seq;
+                    p.flight = 0;
+                    p.stalled_since = None;
+                    p.rto_deadline = None;
+                    for b in bufs {
+                        self.recycle(b);
+                    }
+                    continue;
+                }
+            } else {
+                let heard = *p.heard_at.get_or_insert(now);
+                let silence = now
+                    .saturating_duration_since(heard)
+                    .saturating_sub(absence - p.heard_absence);
+                if silence >= self.cfg.peer_timeout || stalled {
+                    self.declare_lost(rank);
+                    continue;
+                }
+                if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
+                    p.last_ping = Some(now);
+                    self.outbox.push_back(Out::Ping(rank));
+                }
             }
             let p = &mut self.peers[r];
             if let Some(at) = p.rto_deadline {

@@ -799,3 +799,59 @@ fn loss_shrinks_the_window() {
         "{s:?}"
     );
 }
+
+#[test]
+fn goodbye_with_outstanding_data_reports_it_and_is_not_acknowledged_by_the_closing_rank() {
+    // Rank 1 sends a message to rank 0 just as rank 0 closes: the message and the goodbye
+    // cross. Rank 0 (closing) can deliver nothing any more and must not acknowledge it;
+    // rank 1 must not drop it silently when the goodbye arrives, but keep it until rank 0
+    // leaves and then report it as undelivered.
+    let mut net = Net::new(2, 8, CLEAN, cfg());
+    for _ in 0..5 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    let now = net.now;
+    net.engines[0].send(now, 1, b"last words", &[]).unwrap();
+    net.engines[0].close(now);
+    net.engines[1].send(now, 0, b"too late", &[]).unwrap();
+    while !(net.engines[0].is_flushed() && net.engines[1].has_departed(0)) {
+        assert!(
+            net.now < now + Duration::from_secs(1),
+            "goodbye not through"
+        );
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[1].len(), 1, "rank 0's last words arrived");
+    assert!(
+        net.got[0].is_empty(),
+        "nothing delivered to the closing rank"
+    );
+    assert!(net.engines[0].stats().refused_closing >= 1);
+    assert_eq!(
+        net.engines[1].send(net.now, 0, b"x", &[]),
+        Err(SendError::PeerDeparted(0))
+    );
+    assert_eq!(
+        net.engines[1].stats().undelivered,
+        0,
+        "not before rank 0 has left"
+    );
+    // Rank 0 lingers a while, then its process ends.
+    let left = net.now + Duration::from_millis(100);
+    while net.now < left {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    net.dead[0] = true;
+    let end = net.now + cfg().peer_timeout * 2;
+    while net.now < end {
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    let s = net.engines[1].stats();
+    assert_eq!(s.undelivered, 1, "{s:?}");
+    assert!(net.engines[1].is_flushed());
+    assert!(net.lost[1].is_empty(), "departed, not lost");
+}
