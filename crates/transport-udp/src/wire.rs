@@ -182,6 +182,22 @@ pub enum KeyError {
         #[source]
         source: io::Error,
     },
+    /// The key file is not a regular file (a directory, a device, a FIFO).
+    #[error("the key file {path} is not a regular file")]
+    NotAFile {
+        /// The file.
+        path: String,
+    },
+    /// The key file belongs to another user, who can read it or give it another key.
+    #[error("the key file {path} belongs to user {owner}, not to this user ({me})")]
+    Owner {
+        /// The file.
+        path: String,
+        /// Its owner's user id.
+        owner: u32,
+        /// This process's effective user id.
+        me: u32,
+    },
     /// The key file can be read or written by other users.
     #[error(
         "the key file {path} has mode {mode:o}: it must be readable by its owner only (chmod 600)"
@@ -222,22 +238,48 @@ impl JobKey {
         Ok(JobKey(k))
     }
 
-    /// Reads a key file: 64 hexadecimal digits, mode 0600 or stricter.
+    /// Reads a key file: 64 hexadecimal digits in a regular file owned by this user, of mode
+    /// 0600 or stricter.
+    ///
+    /// The file is opened once, without following a symbolic link as its last component
+    /// (`O_NOFOLLOW`), and the checks are made on the open file (`fstat`), so the file read
+    /// is the file checked: no swapping it between the check and the read.
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let io_err = |source| KeyError::Io {
             path: path.to_owned(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(io_err)?;
-        let mode = meta.permissions().mode() & 0o777;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.file_type().is_file() {
+            return Err(KeyError::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != me {
+            return Err(KeyError::Owner {
+                path: path.to_owned(),
+                owner: meta.uid(),
+                me,
+            });
+        }
+        let mode = meta.mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(KeyError::Permissions {
                 path: path.to_owned(),
                 mode,
             });
         }
-        let text = std::fs::read_to_string(path).map_err(io_err)?;
+        // A key is 64 digits and maybe a newline; a larger file is not a key.
+        let mut text = String::new();
+        file.take(256).read_to_string(&mut text).map_err(io_err)?;
         JobKey::from_hex(&text)
     }
 
@@ -468,6 +510,23 @@ mod tests {
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobKey::from_file(path).unwrap(), k);
+        // A symbolic link to it, even to a good file, is not followed.
+        let link = std::env::temp_dir().join(format!("am-udp-key-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let linked = JobKey::from_file(link.to_str().unwrap());
+        std::fs::remove_file(&link).unwrap();
+        match linked {
+            Err(KeyError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(nix::libc::ELOOP))
+            }
+            other => panic!("a symbolic link was followed: {other:?}"),
+        }
+        // A directory is no key file.
+        assert!(matches!(
+            JobKey::from_file(std::env::temp_dir().to_str().unwrap()),
+            Err(KeyError::NotAFile { .. } | KeyError::Permissions { .. } | KeyError::Owner { .. })
+        ));
         std::fs::remove_file(&dir).unwrap();
     }
 }
