@@ -44,7 +44,9 @@ pub const MIN_WINDOW: u64 = 2;
 /// New fragments sent toward one peer between two acknowledgements that make progress, at
 /// most: a window opened wide at once (by a large send, or the end of a pause) goes out in
 /// bursts clocked by the acknowledgements, not all at once into the peer's socket buffer.
-pub const MAX_BURST: u32 = 16;
+/// Twice the receiver's ack interval, so that a stream is never held waiting for an ack
+/// the receiver only sends after the whole burst arrived.
+pub const MAX_BURST: u32 = 2 * ACK_EVERY;
 /// How long a round-trip sample counts toward the largest recent one (two such periods).
 const RTT_MAX_PERIOD: Duration = Duration::from_secs(1);
 /// Timer granularity: the least variance allowed for in the retransmission timeout.
