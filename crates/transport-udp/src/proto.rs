@@ -1058,7 +1058,7 @@ impl Engine {
             } else {
                 let mut data = self.pool.pop().unwrap_or_default();
                 data.clear();
-                data.extend_from_slice(&d[body]);
+                data.extend_from_slice(&d[body.clone()]);
                 let p = &mut self.peers[src as usize];
                 p.recv_mask |= 1 << off;
                 p.held[(h.seq % WINDOW) as usize] = Some(Held {
@@ -1066,6 +1066,18 @@ impl Engine {
                     msg_len: h.msg_len,
                     data,
                 });
+            }
+            // Two ranks closing at once refuse each other's last data, so each one's goodbye
+            // waits behind a gap that will never fill. A closing rank delivers nothing more
+            // anyway: it takes the goodbye as soon as it comes (and acknowledges it
+            // selectively), or both would linger to their bound.
+            let p = &mut self.peers[src as usize];
+            if self.closing
+                && h.flags == FLAG_BYE | FLAG_FIRST | FLAG_LAST
+                && body.is_empty()
+                && p.state == PeerState::Live
+            {
+                p.state = PeerState::Departed;
             }
             // A gap: tell the sender at once.
             self.owe_ack(now, src, true);

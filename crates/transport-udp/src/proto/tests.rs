@@ -894,3 +894,34 @@ fn a_wide_open_window_goes_out_one_burst_at_a_time() {
     a.transmit(now, &mut |_, _| n += 1);
     assert_eq!(n, MAX_BURST as usize, "one burst, not the whole window");
 }
+
+#[test]
+fn two_ranks_closing_at_once_with_data_crossing_both_finish() {
+    // Each sends the other a message and closes at the same instant: each refuses the
+    // other's message (it is closing), so each goodbye arrives behind a gap that never
+    // fills. Each must still take the other's goodbye, and be done well within a linger.
+    let mut net = Net::new(2, 12, CLEAN, cfg());
+    for _ in 0..5 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    let now = net.now;
+    for (a, b) in [(0, 1), (1, 0)] {
+        net.engines[a].send(now, b, b"crossing", &[]).unwrap();
+        net.engines[a].close(now);
+    }
+    while !(0..2).all(|r| net.engines[r].is_flushed() && net.engines[r].has_departed(1 - r as u32))
+    {
+        assert!(
+            net.now < now + Duration::from_millis(300),
+            "still lingering: {:?}",
+            net.engines.iter().map(|e| e.stats()).collect::<Vec<_>>()
+        );
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    for r in 0..2 {
+        assert!(net.got[r].is_empty());
+        assert!(net.engines[r].stats().refused_closing >= 1);
+    }
+}
