@@ -925,3 +925,26 @@ fn two_ranks_closing_at_once_with_data_crossing_both_finish() {
         assert!(net.engines[r].stats().refused_closing >= 1);
     }
 }
+
+#[test]
+fn at_least_sixteen_retransmissions_fit_in_the_peer_timeout() {
+    // Every data datagram to rank 1 is lost. Before the peer timeout condemns it, the
+    // backed-off timer must have tried at least sixteen times: with a ceiling near the
+    // timeout (500 ms of 2 s) only a handful fit, and under heavy but survivable loss a
+    // live peer was declared lost (or, in the proptest, its tail was still unacknowledged).
+    let mut net = Net::new(2, 13, CLEAN, cfg());
+    for _ in 0..20 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    net.black_hole_above = Some(100);
+    let now = net.now;
+    net.engines[0].send(now, 1, &[7; 150], &[]).unwrap();
+    while net.lost[0].is_empty() {
+        assert!(net.now < now + cfg().peer_timeout * 3, "never lost");
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    let s = net.engines[0].stats();
+    assert!(s.timeouts >= 16, "{s:?}");
+}
