@@ -80,8 +80,10 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
 /// Starts a job of local processes, like `amrun`.
 ///
 /// Each rank gets `AM_RANK`, `AM_SIZE`, `AM_JOB_ID` (16 random hex digits,
-/// fresh per job), `AM_UDP_KEY` (64 random hex digits, the UDP transport's
-/// per-job MAC key), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
+/// fresh per job), in a job of transport `udp` only `AM_UDP_KEY` (64 random hex
+/// digits, the UDP transport's per-job MAC key; ranks of other jobs get none,
+/// not even one inherited, and a udp rank without one takes rank 0's from the
+/// key-value store), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
 /// speaking PMI-1, so [`crate::JobInfo::from_env`] finds a key-value store)
 /// and, if set, `AM_TRANSPORT`. Ranks share a process group of their own and
 /// read stdin from `/dev/null`.
@@ -496,10 +498,16 @@ impl Job {
         for (k, v) in &cfg.env {
             cmd.env(k, v);
         }
+        // The key goes only where it is needed: a secret in the environment of ranks (and
+        // their descendants) that will never use it is only a secret spread further.
+        if cfg.transport.as_deref() == Some("udp") {
+            cmd.env("AM_UDP_KEY", &self.job_key);
+        } else if !cfg.env.iter().any(|(k, _)| k == "AM_UDP_KEY") {
+            cmd.env_remove("AM_UDP_KEY");
+        }
         cmd.env("AM_RANK", rank.to_string())
             .env("AM_SIZE", self.size.to_string())
             .env("AM_JOB_ID", &self.job_id)
-            .env("AM_UDP_KEY", &self.job_key)
             .env("AM_LAUNCHER", "amrun")
             .env("AM_PMI_FD", theirs.as_raw_fd().to_string());
         if let Some(t) = &cfg.transport {
@@ -933,6 +941,17 @@ case "$AM_UDP_KEY" in *[!0-9a-f]*|'') exit 13;; esac
         .run()
         .unwrap();
         assert_eq!(code, 0);
+    }
+
+    #[test]
+    fn only_ranks_of_a_udp_job_get_the_udp_key() {
+        for transport in [None, Some("loopback"), Some("sci")] {
+            let mut l = sh(2, r#"[ -z "${AM_UDP_KEY+set}" ] || exit 30"#);
+            if let Some(t) = transport {
+                l = l.transport(t);
+            }
+            assert_eq!(l.run().unwrap(), 0, "{transport:?}");
+        }
     }
 
     #[test]

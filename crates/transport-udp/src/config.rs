@@ -31,8 +31,8 @@ pub struct UdpConfig {
     pub port_base: Option<u16>,
     /// Coordinator for jobs without a key-value store (`AM_COORD=host:port`; rank 0 serves it).
     pub coord: Option<String>,
-    /// The job key (`AM_UDP_KEY`: 64 hex digits, or `AM_UDP_KEY_FILE`: a file of mode 0600
-    /// holding them). Without one, rank 0 makes one and shares it through the launcher's
+    /// The job key (`AM_UDP_KEY`: 64 hex digits, or `AM_UDP_KEY_FILE`: a regular file of
+    /// this user's, mode 0600, not a symbolic link, holding them). Without one, rank 0 makes one and shares it through the launcher's
     /// key-value store (see the threat model in the crate docs).
     pub key: Option<JobKey>,
     /// Socket send and receive buffer sizes asked of the kernel (capped by `net.core.*mem_max`).

@@ -44,6 +44,27 @@ pub enum UdpError {
     /// `AM_COORD` without a job key: the coordinator will not hand out a key in the clear.
     #[error("AM_COORD needs a job key shared by the ranks: set AM_UDP_KEY (64 hex digits) or AM_UDP_KEY_FILE for every rank")]
     KeyRequired,
+    /// A peer announced at start-up a datagram size (its `AM_UDP_MTU`) this transport does
+    /// not support. (Different supported sizes are no error: the ranks agree on the
+    /// smallest.)
+    #[error("rank {peer} announced a datagram size of {mtu} bytes (its AM_UDP_MTU), outside 576..=65507")]
+    PeerMtu {
+        /// The rank.
+        peer: u32,
+        /// The size it announced.
+        mtu: usize,
+    },
+    /// The ranks were started with different job keys (`AM_UDP_KEY` or `AM_UDP_KEY_FILE`):
+    /// found at start-up by key confirmation, instead of as lost peers once every datagram
+    /// fails its MAC.
+    #[error("job key mismatch: rank {rank} was started with a different AM_UDP_KEY/AM_UDP_KEY_FILE than rank(s) {peers:?}; every rank of a job needs the same key")]
+    KeyMismatch {
+        /// This rank.
+        rank: u32,
+        /// The ranks whose key differs from this rank's (rank 0 for the `AM_COORD`
+        /// coordinator, whose key decides).
+        peers: Vec<u32>,
+    },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]
     Rendezvous(String),

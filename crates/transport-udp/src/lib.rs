@@ -7,19 +7,26 @@
 //! - **Protocol** ([`proto::Engine`], a pure state machine with time passed in): per-peer
 //!   64-bit sequence numbers, cumulative + 64-bit selective acks piggybacked on data (a
 //!   standalone ack after 1 ms, at once on a gap), retransmission on a timeout from the
-//!   measured round trip (RFC 6298, Karn's rule, exponential backoff to 500 ms) and early when
-//!   a later transmission was acknowledged, duplicate suppression, fragmentation of messages
-//!   larger than one datagram (1472 bytes by default, safe for a 1500-byte MTU; `AM_UDP_MTU`
-//!   up to 65507 on loopback or jumbo frames), at most 64 fragments in flight per peer.
+//!   measured round trip (RFC 9002: samples less the peer's reported ack delay, Karn's rule,
+//!   never below 1.25 times the largest recent round trip, exponential backoff to 500 ms or a
+//!   sixteenth of the peer timeout) and early when a later transmission of a fragment sent once
+//!   was acknowledged, duplicate suppression, fragmentation of messages larger than one
+//!   datagram (1472 bytes by default, safe for a 1500-byte MTU; `AM_UDP_MTU` up to 65507 on
+//!   loopback or jumbo frames; the ranks agree on the smallest at start-up), a NewReno
+//!   congestion window of at most 64 fragments in flight per peer, sent in bursts of at most
+//!   32 between acknowledgements.
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].
-//! - **Lost peers**: a peer from which nothing authentic arrived for `AM_PEER_TIMEOUT_MS`
-//!   (default 30 s) of this rank's polled time is lost, never after a retry count; quiet links
+//! - **Lost peers**: a peer from which nothing authentic arrived, or which acknowledged none of
+//!   the data waiting for it, for `AM_PEER_TIMEOUT_MS` (default 30 s) of this rank's polled
+//!   time is lost, never after a retry count; quiet links
 //!   are kept alive by pings. The next poll returns `PeerLost(r)` once per lost peer; sends to
 //!   it fail at once. A rank that drops its transport says goodbye (in order, after its data)
-//!   so a finished rank is never mistaken for a dead one. A rank must poll at least once per
-//!   timeout, or its peers will declare it lost.
+//!   so a finished rank is never mistaken for a dead one; after its goodbye it acknowledges no
+//!   more data (it could not deliver it), and its peers count what it never acknowledged in
+//!   [`proto::Stats::undelivered`] rather than dropping it silently. A rank must poll at least
+//!   once per timeout, or its peers will declare it lost.
 //! - **Rendezvous** ([`Udp::connect`]): through the launcher's key-value store (`amrun`,
 //!   `mpiexec`, `srun --mpi=pmi2`), otherwise through a coordinator served by rank 0 at
 //!   `AM_COORD=host:port`. Ports are ephemeral unless `AM_UDP_PORT_BASE=P` (rank r binds
@@ -42,21 +49,23 @@
 //! draws a random epoch that both ends put in every datagram, so datagrams of an earlier run
 //! are never taken for current ones. Two jobs on the same hosts and ports never see each
 //! other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is authenticated
-//! with the same key (and refuses to run without one).
+//! with the same key (and refuses to run without one), and the key is confirmed at start-up:
+//! a rank with another key fails with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
 //! service, which ends as `PeerLost`), and a flood of junk costs CPU (one hash per datagram).
-//! The key is only as secret as the way it reaches the ranks: `amrun` should hand it over in
-//! `AM_UDP_KEY` or a 0600 file named by `AM_UDP_KEY_FILE`. When none is given, rank 0 makes
+//! The key is only as secret as the way it reaches the ranks: `amrun` hands it over in
+//! `AM_UDP_KEY` to the ranks of a udp job only; or a file of the user's own, mode 0600, not a
+//! symbolic link, named by `AM_UDP_KEY_FILE`. When none is given, rank 0 makes
 //! one and shares it through the launcher's key-value store (the fallback under `mpiexec` and
 //! `srun`): then anyone who can query that store (same user on the same host, or whoever can
 //! reach hydra's PMI port) can learn it. A compromised rank or user account of the job is
 //! trusted. Traffic analysis (who talks to whom, sizes, timing) is not hidden.
 //!
-//! What this crate does **not** do: it does not encrypt; it does not do congestion control
-//! beyond the 64-fragment window and backoff (it is meant for cluster networks, not the
-//! Internet); it does not let a lost or departed rank rejoin a job; it has no background
+//! What this crate does **not** do: it does not encrypt; its congestion control is NewReno
+//! counted in fragments with a burst limit, no pacing by time (it is meant for cluster
+//! networks, not the Internet); it does not let a lost or departed rank rejoin a job; it has no background
 //! thread: progress (acks, retransmissions, keepalives) happens inside the owner's polls,
 //! sends and [`am_core::Transport::wait`]; it does not place Long payloads itself (the core
 //! copies them from the reassembled message).

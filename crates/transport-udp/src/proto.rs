@@ -8,9 +8,15 @@
 //!   a replay: a packet number seen before (window of 128) is dropped unseen;
 //! - the receiver acknowledges cumulatively plus 64 selective bits, piggybacked on its data or in
 //!   a standalone ack after [`EngineConfig::ack_delay`] (at once on a gap or a duplicate);
-//! - the sender keeps at most [`WINDOW`] fragments in flight, retransmits on a timeout derived
-//!   from the measured round trip (RFC 6298: srtt/rttvar, Karn's rule, exponential backoff) and
-//!   early when a later transmission was acknowledged first;
+//! - the sender keeps at most a congestion window of fragments in flight (NewReno as in
+//!   RFC 9002 section 7, counted in fragments: slow start from [`INITIAL_WINDOW`], halved once
+//!   per recovery period on loss, [`MIN_WINDOW`] after persistent timeouts, never above
+//!   [`WINDOW`]) and sends at most [`MAX_BURST`] new fragments between two acknowledgements;
+//! - it retransmits on a timeout derived from the measured round trip as in RFC 9002 section 5
+//!   (each sample less the delay the peer reports having held the acknowledgement, min_rtt,
+//!   srtt/rttvar; the timeout is srtt + max(4 rttvar, 1 ms) + the peer's ack delay; Karn's
+//!   rule; exponential backoff), and early when a later transmission, of a fragment sent only
+//!   once, was acknowledged first;
 //! - the receiver buffers at most [`WINDOW`] fragments out of order and delivers whole messages
 //!   in order;
 //! - a peer is declared lost when nothing authenticated arrived from it for
@@ -28,8 +34,23 @@ use crate::wire::{
     Authenticator, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN, OVERHEAD,
 };
 
-/// Fragments in flight per peer, the receiver's reordering window, and the selective-ack width.
+/// Fragments in flight per peer at most (the largest congestion window), the receiver's
+/// reordering window, and the selective-ack width.
 pub const WINDOW: u64 = 64;
+/// Congestion window of a fresh link, in fragments (RFC 9002's ten datagrams).
+pub const INITIAL_WINDOW: u64 = 10;
+/// Smallest congestion window, in fragments (after persistent timeouts).
+pub const MIN_WINDOW: u64 = 2;
+/// New fragments sent toward one peer between two acknowledgements that make progress, at
+/// most: a window opened wide at once (by a large send, or the end of a pause) goes out in
+/// bursts clocked by the acknowledgements, not all at once into the peer's socket buffer.
+/// Twice the receiver's ack interval, so that a stream is never held waiting for an ack
+/// the receiver only sends after the whole burst arrived.
+pub const MAX_BURST: u32 = 2 * ACK_EVERY;
+/// How long a round-trip sample counts toward the largest recent one (two such periods).
+const RTT_MAX_PERIOD: Duration = Duration::from_secs(1);
+/// Timer granularity: the least variance allowed for in the retransmission timeout.
+const GRANULARITY: Duration = Duration::from_millis(1);
 /// Packet numbers remembered below the highest seen, for replay detection.
 const PN_WINDOW: u64 = 128;
 /// Received fragments that make the receiver acknowledge at once rather than after a delay.
@@ -54,7 +75,10 @@ pub struct EngineConfig {
     pub initial_rto: Duration,
     /// Floor of the retransmission timeout.
     pub min_rto: Duration,
-    /// Ceiling of the retransmission timeout, backoff included.
+    /// Ceiling of the retransmission timeout, backoff included. The ceiling in force is lowered
+    /// further to a sixteenth of [`EngineConfig::peer_timeout`] (see
+    /// [`EngineConfig::rto_ceiling`]), so that at least sixteen retransmissions fit in the time
+    /// after which unacknowledged data condemns a peer.
     pub max_rto: Duration,
     /// Longest delay of a standalone acknowledgement.
     pub ack_delay: Duration,
@@ -81,6 +105,15 @@ impl EngineConfig {
         self.mtu.saturating_sub(OVERHEAD).max(1)
     }
 
+    /// The ceiling of the backed-off retransmission timeout: [`EngineConfig::max_rto`], but at
+    /// most a sixteenth of [`EngineConfig::peer_timeout`], and never below
+    /// [`EngineConfig::min_rto`]. With a ceiling near the peer timeout only a few retransmissions
+    /// fit before a stalled fragment condemns its peer: at 30% loss each way a round trip fails
+    /// half the time, and nine rounds (a 2 s timeout, 500 ms ceiling) all fail one time in 400.
+    pub fn rto_ceiling(&self) -> Duration {
+        self.max_rto.min(self.peer_timeout / 16).max(self.min_rto)
+    }
+
     /// How long a peer may be silent before it is pinged.
     pub fn keepalive(&self) -> Duration {
         (self.peer_timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1))
@@ -96,6 +129,8 @@ pub struct Stats {
     pub datagrams_accepted: u64,
     /// Data fragments retransmitted.
     pub retransmits: u64,
+    /// Congestion window reductions (a loss in a new recovery period, or persistent timeouts).
+    pub congestion_events: u64,
     /// Of those, retransmitted early because a later transmission was acknowledged.
     pub fast_retransmits: u64,
     /// Retransmission timeouts that fired.
@@ -123,6 +158,14 @@ pub struct Stats {
     pub dropped_replayed: u64,
     /// Dropped: from a peer declared lost.
     pub dropped_from_lost: u64,
+    /// Fragments to a peer that said goodbye which it never acknowledged within the peer
+    /// timeout (it closed before receiving them): dropped, and reported here rather than
+    /// silently.
+    pub undelivered: u64,
+    /// Data fragments refused (not acknowledged, not delivered) because this engine was
+    /// closing: their senders see them unacknowledged, count them in
+    /// [`Stats::undelivered`], and fail requests waiting on this rank as departed.
+    pub refused_closing: u64,
     /// Dropped: an authentic peer broke the protocol (sequence beyond the window, acks for
     /// unsent data, bad fragment chain). Never happens between correct peers.
     pub protocol_violations: u64,
@@ -198,7 +241,25 @@ struct Peer {
     next_pn: u64,
     srtt: Option<Duration>,
     rttvar: Duration,
+    min_rtt: Option<Duration>,
+    /// The largest round-trip sample of the current and the previous [`RTT_MAX_PERIOD`],
+    /// and when the current period began: a peer that is sometimes descheduled (more ranks
+    /// than cores) answers late now and then, and the timeout must not fire on that.
+    rtt_max: (Duration, Duration, Option<Instant>),
     rto: Duration,
+    /// Congestion window and slow-start threshold, in fragments.
+    cwnd: u64,
+    ssthresh: u64,
+    /// Fragments acknowledged toward the next window increase (congestion avoidance).
+    ca_acked: u64,
+    /// Losses of transmissions with a packet number below it belong to the current recovery
+    /// period: they do not shrink the window again, and their acks do not grow it.
+    recovery_pn: u64,
+    /// Fragments queued for sending since the last acknowledgement that made progress.
+    burst: u32,
+    /// Fragments queued or transmitted and not acknowledged: what the congestion window
+    /// limits (fragments acknowledged selectively beyond a hole do not count).
+    flight: u64,
     backoff: u32,
     rto_deadline: Option<Instant>,
     // Receive side.
@@ -211,6 +272,9 @@ struct Peer {
     ready_count: usize,
     pn_max: u64,
     pn_seen: u128,
+    /// The highest packet number of a data datagram received, and when it arrived (for the
+    /// ack delay).
+    newest_data: Option<(u64, Instant)>,
     unacked_recv: u32,
     ack_owed: bool,
     ack_deadline: Option<Instant>,
@@ -237,7 +301,15 @@ impl Peer {
             next_pn: 1,
             srtt: None,
             rttvar: Duration::ZERO,
+            min_rtt: None,
+            rtt_max: (Duration::ZERO, Duration::ZERO, None),
             rto,
+            cwnd: INITIAL_WINDOW,
+            ssthresh: u64::MAX,
+            ca_acked: 0,
+            recovery_pn: 0,
+            burst: 0,
+            flight: 0,
             backoff: 0,
             rto_deadline: None,
             recv_next: 0,
@@ -247,6 +319,7 @@ impl Peer {
             ready_count: 0,
             pn_max: 0,
             pn_seen: 0,
+            newest_data: None,
             unacked_recv: 0,
             ack_owed: false,
             ack_deadline: None,
@@ -288,11 +361,29 @@ impl Peer {
     }
 
     fn current_rto(&self, cfg: &EngineConfig) -> Duration {
+        let ceiling = cfg.rto_ceiling();
         let backed = self
             .rto
             .checked_mul(1u32 << self.backoff.min(16))
-            .unwrap_or(cfg.max_rto);
-        backed.min(cfg.max_rto)
+            .unwrap_or(ceiling);
+        backed.min(ceiling)
+    }
+
+    /// Fragments that may be in flight: the congestion window, within the receiver's.
+    fn window(&self) -> u64 {
+        self.cwnd.clamp(MIN_WINDOW, WINDOW)
+    }
+
+    /// A loss of a transmission numbered `pn`: the window halves, once per recovery period.
+    fn on_congestion(&mut self, pn: u64, stats: &mut Stats) {
+        if pn < self.recovery_pn {
+            return;
+        }
+        self.ssthresh = (self.cwnd / 2).max(MIN_WINDOW);
+        self.cwnd = self.ssthresh;
+        self.ca_acked = 0;
+        self.recovery_pn = self.next_pn;
+        stats.congestion_events += 1;
     }
 
     fn has_unacked(&self) -> bool {
@@ -328,6 +419,8 @@ pub struct Engine {
     last_tick: Option<Instant>,
     /// Time this engine was not polled (beyond one keepalive per gap): not counted as silence.
     absence: Duration,
+    /// [`Engine::close`] was called: data that arrives now cannot be delivered, and is refused.
+    closing: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -363,6 +456,7 @@ impl Engine {
             wake_at: None,
             last_tick: None,
             absence: Duration::ZERO,
+            closing: false,
             cfg,
         }
     }
@@ -486,7 +580,12 @@ impl Engine {
             }
             let seq = peer.next_seq;
             peer.next_seq += 1;
-            let in_window = seq < peer.base + WINDOW;
+            let in_window =
+                seq < peer.base + WINDOW && peer.flight < peer.window() && peer.burst < MAX_BURST;
+            if in_window {
+                peer.burst += 1;
+                peer.flight += 1;
+            }
             peer.sent.push_back(Sent {
                 buf,
                 flags,
@@ -508,7 +607,12 @@ impl Engine {
     /// Says goodbye to every live peer: an empty message after everything already queued.
     /// Afterwards, [`Engine::is_flushed`] tells when the goodbyes (and all data) were
     /// acknowledged.
+    ///
+    /// From then on, data fragments that arrive (other than goodbyes) are refused: neither
+    /// acknowledged nor delivered, so their senders learn they were not received rather
+    /// than believing them delivered.
     pub fn close(&mut self, now: Instant) {
+        self.closing = true;
         for r in 0..self.peers.len() as Rank {
             if r != self.me && self.peers[r as usize].state == PeerState::Live {
                 let _ = self.send_flags(now, r, &[], &[], FLAG_BYE);
@@ -575,13 +679,13 @@ impl Engine {
                 Out::Data(dest, seq) => self.transmit_data(now, dest, seq, sink),
                 Out::Ack(dest) => {
                     if self.peers[dest as usize].ack_owed {
-                        self.transmit_control(dest, Kind::Ack, sink);
+                        self.transmit_control(now, dest, Kind::Ack, sink);
                         self.stats.acks_sent += 1;
                     }
                 }
                 Out::Ping(dest) => {
                     if self.peers[dest as usize].state == PeerState::Live {
-                        self.transmit_control(dest, Kind::Ping, sink);
+                        self.transmit_control(now, dest, Kind::Ping, sink);
                         self.stats.pings_sent += 1;
                     }
                 }
@@ -589,7 +693,7 @@ impl Engine {
         }
     }
 
-    fn header(&mut self, dest: Rank, kind: Kind) -> Header {
+    fn header(&mut self, now: Instant, dest: Rank, kind: Kind) -> Header {
         let job_tag = self.auth.job_tag();
         let (me, epoch) = (self.me, self.epoch);
         let p = &mut self.peers[dest as usize];
@@ -599,6 +703,10 @@ impl Engine {
         p.ack_owed = false;
         p.unacked_recv = 0;
         p.ack_deadline = None;
+        let (newest_pn, ack_delay_us) = p.newest_data.map_or((0, 0), |(pn, t)| {
+            let us = now.saturating_duration_since(t).as_micros();
+            (pn, u32::try_from(us).unwrap_or(u32::MAX))
+        });
         Header {
             kind,
             flags: 0,
@@ -612,11 +720,19 @@ impl Engine {
             sack: p.sack(),
             seq: 0,
             msg_len: 0,
+            newest_pn,
+            ack_delay_us,
         }
     }
 
-    fn transmit_control(&mut self, dest: Rank, kind: Kind, sink: &mut dyn FnMut(Rank, &[u8])) {
-        let h = self.header(dest, kind);
+    fn transmit_control(
+        &mut self,
+        now: Instant,
+        dest: Rank,
+        kind: Kind,
+        sink: &mut dyn FnMut(Rank, &[u8]),
+    ) {
+        let h = self.header(now, dest, kind);
         let mut buf = std::mem::take(&mut self.scratch);
         h.write(&mut buf);
         self.auth.seal(&mut buf);
@@ -641,7 +757,7 @@ impl Engine {
             Some(s) if !s.acked => {}
             _ => return,
         }
-        let mut h = self.header(dest, Kind::Data);
+        let mut h = self.header(now, dest, Kind::Data);
         let rto = self.peers[dest as usize].current_rto(&self.cfg);
         let p = &mut self.peers[dest as usize];
         let s = &mut p.sent[idx];
@@ -707,11 +823,15 @@ impl Engine {
         }
         // Authentic and fresh: from here on the datagram counts.
         let p = &mut self.peers[src as usize];
+        if h.kind == Kind::Data && h.pn > p.pn_max {
+            p.newest_data = Some((h.pn, now));
+        }
         p.record_pn(h.pn);
         p.heard_at = Some(now);
         p.heard_absence = self.absence;
         self.stats.datagrams_accepted += 1;
-        self.on_ack(now, src, h.ack, h.sack);
+        let ack_delay = Duration::from_micros(h.ack_delay_us.into());
+        self.on_ack(now, src, h.ack, h.sack, (h.newest_pn, ack_delay));
         match h.kind {
             Kind::Ack => Input::Accepted,
             Kind::Ping => {
@@ -740,9 +860,14 @@ impl Engine {
         }
     }
 
-    fn on_ack(&mut self, now: Instant, src: Rank, ack: u64, sack: u64) {
+    /// `timed`: the peer's newest data packet number and how long it held it (the only
+    /// transmission a round-trip sample may come from: the ack of any other may have been
+    /// held, or lost and repeated, for any time).
+    fn on_ack(&mut self, now: Instant, src: Rank, ack: u64, sack: u64, timed: (u64, Duration)) {
+        let (timed_pn, ack_delay) = timed;
         let cfg_min = self.cfg.min_rto;
-        let cfg_max = self.cfg.max_rto;
+        let cfg_max = self.cfg.rto_ceiling();
+        let max_ack_delay = self.cfg.ack_delay;
         let p = &mut self.peers[src as usize];
         if ack > p.next_seq {
             self.stats.protocol_violations += 1;
@@ -750,14 +875,29 @@ impl Engine {
         }
         let mut newest: Option<(u64, u64)> = None; // (last_pn, seq) of the newest acked transmission
         let mut sample: Option<Duration> = None;
+        let mut progress = false;
+        // Newly acknowledged fragments sent after the current recovery period began.
+        let mut grow = 0u64;
+        let recovery_pn = p.recovery_pn;
+        let mut acked = 0u64;
         let mut note = |s: &Sent, seq: u64, newest: &mut Option<(u64, u64)>| {
-            if newest.is_none_or(|(pn, _)| s.last_pn > pn) {
+            progress = true;
+            acked += 1;
+            if s.last_pn >= recovery_pn {
+                grow += 1;
+            }
+            // Karn again: the ack of a fragment sent more than once may be for an earlier
+            // transmission, so only a fragment sent once proves which packet number arrived.
+            // Crediting the latest transmission instead made every fragment sent between a
+            // spurious retransmission's first and last transmission look lost (a cascade of
+            // "fast" retransmissions whenever a timeout fired early).
+            if s.transmissions == 1 && newest.is_none_or(|(pn, _)| s.last_pn > pn) {
                 *newest = Some((s.last_pn, seq));
-                // Karn: only fragments sent once give a round-trip sample.
-                sample = match (s.transmissions, s.sent_at) {
-                    (1, Some(t)) => Some(now.saturating_duration_since(t)),
-                    _ => None,
-                };
+                // Karn: only fragments sent once give a round-trip sample, and only the one
+                // whose arrival the peer timed.
+                if s.last_pn == timed_pn {
+                    sample = s.sent_at.map(|t| now.saturating_duration_since(t));
+                }
             }
         };
         let mut freed = Vec::new();
@@ -789,7 +929,16 @@ impl Engine {
             p.sent.pop_front();
             p.base += 1;
         }
-        if let Some(r) = sample {
+        if let Some(latest) = sample {
+            // RFC 9002 5.3: the time the peer held the ack is not path delay, unless that
+            // would make the sample smaller than the smallest seen.
+            let min_rtt = p.min_rtt.map_or(latest, |m| m.min(latest));
+            p.min_rtt = Some(min_rtt);
+            let r = if latest >= min_rtt + ack_delay {
+                latest - ack_delay
+            } else {
+                latest
+            };
             match p.srtt {
                 None => {
                     p.srtt = Some(r);
@@ -801,35 +950,74 @@ impl Engine {
                     p.srtt = Some(srtt * 7 / 8 + r / 8);
                 }
             }
+            let (cur, prev, since) = &mut p.rtt_max;
+            if since.is_none_or(|t| now >= t + RTT_MAX_PERIOD) {
+                *prev = *cur;
+                *cur = Duration::ZERO;
+                *since = Some(now);
+            }
+            *cur = (*cur).max(r);
+            let recent_max = (*cur).max(*prev);
             let srtt = p.srtt.unwrap_or(r);
-            p.rto = (srtt + (p.rttvar * 4).max(Duration::from_micros(100))).clamp(cfg_min, cfg_max);
+            // RFC 9002 6.2.1: the probe timeout allows for the peer's largest ack delay; and
+            // for the largest recent round trip, which smoothing forgets within a few samples.
+            let pto = srtt + (p.rttvar * 4).max(GRANULARITY) + max_ack_delay;
+            p.rto = pto.max(recent_max + recent_max / 4).clamp(cfg_min, cfg_max);
         }
-        if newest.is_some() {
+        p.flight = p.flight.saturating_sub(acked);
+        if progress {
             p.backoff = 0;
+            p.burst = 0;
             // Progress: what is still unacknowledged waits from now on.
             p.stalled_since = (!p.sent.is_empty()).then_some((now, self.absence));
         }
-        // Queue what the window now allows, and retransmit early a fragment whose last
-        // transmission is older than one already acknowledged: it was most likely lost.
+        // NewReno: slow start below the threshold, one fragment per window of acks above it.
+        if grow > 0 {
+            if p.cwnd < p.ssthresh {
+                p.cwnd += grow;
+            } else {
+                p.ca_acked += grow;
+                if p.ca_acked >= p.cwnd {
+                    p.ca_acked -= p.cwnd;
+                    p.cwnd += 1;
+                }
+            }
+            // Beyond the receiver's window a larger one only delays the reaction to loss.
+            p.cwnd = p.cwnd.min(WINDOW);
+        }
+        // Retransmit early a fragment whose last transmission is older than one already
+        // acknowledged (it was most likely lost: a congestion signal), and queue what the
+        // window and the burst limit now allow.
         let newest_pn = newest.map_or(0, |(pn, _)| pn);
-        let base = p.base;
-        let limit = (p.base + WINDOW).min(p.next_seq);
         let mut fast = 0;
-        for seq in base..limit {
-            let s = &mut p.sent[(seq - base) as usize];
-            if s.acked || s.queued {
+        let base = p.base;
+        for seq in base..(base + WINDOW).min(p.next_seq) {
+            let s = &p.sent[(seq - base) as usize];
+            if s.transmissions == 0 || s.acked || s.queued || s.last_pn >= newest_pn {
                 continue;
             }
-            if s.transmissions == 0 || s.last_pn < newest_pn {
-                if s.transmissions > 0 {
-                    fast += 1;
-                }
+            let pn = s.last_pn;
+            p.on_congestion(pn, &mut self.stats);
+            p.sent[(seq - base) as usize].queued = true;
+            p.burst += 1;
+            fast += 1;
+            self.outbox.push_back(Out::Data(src, seq));
+        }
+        let limit = (base + WINDOW).min(p.next_seq);
+        for seq in base..limit {
+            if p.burst >= MAX_BURST || p.flight >= p.window() {
+                break;
+            }
+            let s = &mut p.sent[(seq - base) as usize];
+            if s.transmissions == 0 && !s.queued {
                 s.queued = true;
+                p.burst += 1;
+                p.flight += 1;
                 self.outbox.push_back(Out::Data(src, seq));
             }
         }
         self.stats.fast_retransmits += fast;
-        if newest.is_none() {
+        if !progress {
             for b in freed {
                 self.recycle(b);
             }
@@ -859,13 +1047,18 @@ impl Engine {
             self.stats.protocol_violations += 1;
             return Input::Accepted;
         }
+        if self.closing && h.flags & FLAG_BYE == 0 {
+            // Nobody will deliver it: not acknowledging it lets its sender know.
+            self.stats.refused_closing += 1;
+            return Input::Accepted;
+        }
         if off > 0 {
             if p.recv_mask & (1 << off) != 0 {
                 self.stats.duplicates += 1;
             } else {
                 let mut data = self.pool.pop().unwrap_or_default();
                 data.clear();
-                data.extend_from_slice(&d[body]);
+                data.extend_from_slice(&d[body.clone()]);
                 let p = &mut self.peers[src as usize];
                 p.recv_mask |= 1 << off;
                 p.held[(h.seq % WINDOW) as usize] = Some(Held {
@@ -873,6 +1066,18 @@ impl Engine {
                     msg_len: h.msg_len,
                     data,
                 });
+            }
+            // Two ranks closing at once refuse each other's last data, so each one's goodbye
+            // waits behind a gap that will never fill. A closing rank delivers nothing more
+            // anyway: it takes the goodbye as soon as it comes (and acknowledges it
+            // selectively), or both would linger to their bound.
+            let p = &mut self.peers[src as usize];
+            if self.closing
+                && h.flags == FLAG_BYE | FLAG_FIRST | FLAG_LAST
+                && body.is_empty()
+                && p.state == PeerState::Live
+            {
+                p.state = PeerState::Departed;
             }
             // A gap: tell the sender at once.
             self.owe_ack(now, src, true);
@@ -924,15 +1129,10 @@ impl Engine {
         let p = &mut self.peers[src as usize];
         if flags & FLAG_BYE != 0 {
             if flags & (FLAG_FIRST | FLAG_LAST) == FLAG_FIRST | FLAG_LAST && data.is_empty() {
+                // It is leaving: what it has not acknowledged yet is still retransmitted while
+                // it lingers, and reported as undelivered if it stays unacknowledged for the
+                // peer timeout (see handle_timeout), never dropped silently.
                 p.state = PeerState::Departed;
-                // It has left: nothing we still hold for it will be acknowledged.
-                let drop: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
-                p.base = p.next_seq;
-                p.stalled_since = None;
-                p.rto_deadline = None;
-                for b in drop {
-                    self.recycle(b);
-                }
             } else {
                 self.stats.protocol_violations += 1;
             }
@@ -1017,32 +1217,58 @@ impl Engine {
                     wake = wake.min(at);
                 }
             }
-            if p.state == PeerState::Departed {
-                continue;
-            }
-            let heard = *p.heard_at.get_or_insert(now);
-            let silence = now
-                .saturating_duration_since(heard)
-                .saturating_sub(absence - p.heard_absence);
             // Data unacknowledged for the timeout: lost, however many pings it answers.
             let stalled = p.stalled_since.is_some_and(|(t, at_absence)| {
                 now.saturating_duration_since(t)
                     .saturating_sub(absence - at_absence)
                     >= self.cfg.peer_timeout
             });
-            if silence >= self.cfg.peer_timeout || stalled {
-                self.declare_lost(rank);
-                continue;
-            }
-            if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
-                p.last_ping = Some(now);
-                self.outbox.push_back(Out::Ping(rank));
+            if p.state == PeerState::Departed {
+                if p.sent.is_empty() {
+                    continue;
+                }
+                if stalled {
+                    // It left without acknowledging these: report them, do not wait on.
+                    let n = p.sent.iter().filter(|s| !s.acked).count() as u64;
+                    self.stats.undelivered += n;
+                    let bufs: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
+                    p.base = p.next_seq;
+                    p.flight = 0;
+                    p.stalled_since = None;
+                    p.rto_deadline = None;
+                    for b in bufs {
+                        self.recycle(b);
+                    }
+                    continue;
+                }
+            } else {
+                let heard = *p.heard_at.get_or_insert(now);
+                let silence = now
+                    .saturating_duration_since(heard)
+                    .saturating_sub(absence - p.heard_absence);
+                if silence >= self.cfg.peer_timeout || stalled {
+                    self.declare_lost(rank);
+                    continue;
+                }
+                if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
+                    p.last_ping = Some(now);
+                    self.outbox.push_back(Out::Ping(rank));
+                }
             }
             let p = &mut self.peers[r];
             if let Some(at) = p.rto_deadline {
                 if at <= now {
                     self.stats.timeouts += 1;
                     p.backoff = (p.backoff + 1).min(16);
+                    if p.backoff == 2 {
+                        // Two timeouts in a row with no progress: persistent congestion
+                        // (RFC 9002 7.6), the window restarts from its minimum.
+                        p.ssthresh = (p.cwnd / 2).max(MIN_WINDOW);
+                        p.cwnd = MIN_WINDOW;
+                        p.ca_acked = 0;
+                        p.recovery_pn = p.next_pn;
+                        self.stats.congestion_events += 1;
+                    }
                     // RFC 6298 5.4: retransmit the earliest unacknowledged fragment.
                     let base = p.base;
                     if let Some(i) = p.sent.iter().position(|s| !s.acked && s.transmissions > 0) {
@@ -1070,6 +1296,7 @@ impl Engine {
         p.state = PeerState::Lost;
         let bufs: Vec<_> = p.sent.drain(..).map(|s| s.buf).collect();
         p.base = p.next_seq;
+        p.flight = 0;
         p.stalled_since = None;
         p.rto_deadline = None;
         p.ack_owed = false;

@@ -53,17 +53,48 @@ fn host_ip() -> Result<IpAddr, UdpError> {
         })
 }
 
-fn entry(addr: SocketAddr, epoch: u64) -> String {
-    format!("{epoch:016x}@{addr}")
+/// What a rank tells the others at start-up: where it is, its epoch, and the largest
+/// datagram it sends and can receive (`AM_UDP_MTU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) peer: PeerAddr,
+    pub(crate) mtu: usize,
 }
 
-fn parse_entry(s: &str) -> Option<PeerAddr> {
-    let (epoch, addr) = s.trim().split_once('@')?;
+/// `<epoch>@<addr>/<mtu>`.
+fn entry(e: Entry) -> String {
+    format!("{:016x}@{}/{}", e.peer.epoch, e.peer.addr, e.mtu)
+}
+
+fn parse_entry(s: &str) -> Option<Entry> {
+    let (epoch, rest) = s.trim().split_once('@')?;
+    let (addr, mtu) = rest.rsplit_once('/')?;
     let epoch = u64::from_str_radix(epoch, 16).ok().filter(|&e| e != 0)?;
-    Some(PeerAddr {
-        addr: addr.parse().ok()?,
-        epoch,
+    Some(Entry {
+        peer: PeerAddr {
+            addr: addr.parse().ok()?,
+            epoch,
+        },
+        mtu: mtu.parse().ok()?,
     })
+}
+
+/// The datagram size every rank of the job uses: the smallest any rank was configured with
+/// (`AM_UDP_MTU`), so that nobody sends a datagram a peer's receive buffer would cut short
+/// (which looks like loss that no retransmission repairs). A size outside what this
+/// transport supports, announced by a peer, is an error naming that rank.
+pub(crate) fn agreed_mtu(entries: &[Entry]) -> Result<usize, UdpError> {
+    let mut mtu = usize::MAX;
+    for (r, e) in entries.iter().enumerate() {
+        if !(crate::config::MIN_MTU..=crate::config::MAX_MTU).contains(&e.mtu) {
+            return Err(UdpError::PeerMtu {
+                peer: r as u32,
+                mtu: e.mtu,
+            });
+        }
+        mtu = mtu.min(e.mtu);
+    }
+    Ok(mtu)
 }
 
 /// Exchanges addresses, epochs and (if needed) the key with the other ranks.
@@ -72,8 +103,11 @@ pub(crate) fn exchange(
     config: &UdpConfig,
     me: SocketAddr,
     epoch: u64,
-) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
-    let mine = PeerAddr { addr: me, epoch };
+) -> Result<(Vec<Entry>, JobKey), UdpError> {
+    let mine = Entry {
+        peer: PeerAddr { addr: me, epoch },
+        mtu: config.engine.mtu,
+    };
     if job.size == 1 {
         let key = match &config.key {
             Some(k) => k.clone(),
@@ -82,7 +116,14 @@ pub(crate) fn exchange(
         return Ok((vec![mine], key));
     }
     if let Some(kvs) = job.kvs.as_deref_mut() {
-        return via_kvs(kvs, job.rank, job.size, config.key.clone(), mine);
+        return via_kvs(
+            kvs,
+            &job.job_id,
+            job.rank,
+            job.size,
+            config.key.clone(),
+            mine,
+        );
     }
     if let Some(coord) = &config.coord {
         let key = config.key.clone().ok_or(UdpError::KeyRequired)?;
@@ -96,17 +137,21 @@ pub(crate) fn exchange(
     })
 }
 
+/// Key confirmation: a MAC under the job key over a rank's published entry. Every rank
+/// checks every other rank's, so ranks started with different keys fail at start-up with
+/// [`UdpError::KeyMismatch`] rather than losing each other once every datagram fails.
+fn key_confirmation(rank: u32, entry_text: &str) -> String {
+    format!("key confirmation {rank} {entry_text}")
+}
+
 fn via_kvs(
     kvs: &mut (dyn KeyValueStore + Send),
+    job_id: &str,
     rank: u32,
     size: u32,
     key: Option<JobKey>,
-    mine: PeerAddr,
-) -> Result<(Vec<PeerAddr>, JobKey), UdpError> {
-    kvs.put(
-        &format!("am-udp-addr-{rank}"),
-        &entry(mine.addr, mine.epoch),
-    )?;
+    mine: Entry,
+) -> Result<(Vec<Entry>, JobKey), UdpError> {
     // Fallback when the launcher gave no key: rank 0 makes one and shares it through the store
     // (readable by whoever can read the store; see the threat model).
     let mut key = key;
@@ -115,11 +160,24 @@ fn via_kvs(
         kvs.put(KEY_ENTRY, &k.to_hex())?;
         key = Some(k);
     }
+    // `<entry>#<key confirmation>` (store values hold no spaces), or `<entry>#-` from a rank
+    // that takes rank 0's key from the store (it has no key of its own to confirm).
+    let text = entry(mine);
+    let confirmation = key.as_ref().map_or_else(
+        || "-".to_owned(),
+        |k| Authenticator::new(k, job_id).tag_text(&key_confirmation(rank, &text)),
+    );
+    kvs.put(
+        &format!("am-udp-addr-{rank}"),
+        &format!("{text}#{confirmation}"),
+    )?;
     kvs.fence()?;
     let key = match key {
         Some(k) => k,
         None => JobKey::from_hex(&kvs.get(KEY_ENTRY)?).map_err(UdpError::Key)?,
     };
+    let auth = Authenticator::new(&key, job_id);
+    let mut mismatched = Vec::new();
     let mut peers = Vec::with_capacity(size as usize);
     for r in 0..size {
         if r == rank {
@@ -127,9 +185,19 @@ fn via_kvs(
             continue;
         }
         let v = kvs.get(&format!("am-udp-addr-{r}"))?;
-        peers.push(parse_entry(&v).ok_or_else(|| {
-            UdpError::Rendezvous(format!("rank {r} published an invalid address {v:?}"))
-        })?);
+        let invalid =
+            || UdpError::Rendezvous(format!("rank {r} published an invalid address {v:?}"));
+        let (text, confirmation) = v.trim().rsplit_once('#').ok_or_else(invalid)?;
+        peers.push(parse_entry(text).ok_or_else(invalid)?);
+        if confirmation != "-" && !auth.verify_text(&key_confirmation(r, text), confirmation) {
+            mismatched.push(r);
+        }
+    }
+    if !mismatched.is_empty() {
+        return Err(UdpError::KeyMismatch {
+            rank,
+            peers: mismatched,
+        });
     }
     Ok((peers, key))
 }
@@ -153,11 +221,11 @@ fn fresh_nonce() -> std::io::Result<String> {
 }
 
 /// Registration line: `AMUDP1 <job tag> <rank> <size> <epoch>@<addr> <nonce> <mac>`.
-fn registration(auth: &Authenticator, rank: u32, size: u32, mine: PeerAddr, nonce: &str) -> String {
+fn registration(auth: &Authenticator, rank: u32, size: u32, mine: Entry, nonce: &str) -> String {
     let body = format!(
         "AMUDP1 {:016x} {rank} {size} {} {nonce}",
         auth.job_tag(),
-        entry(mine.addr, mine.epoch)
+        entry(mine)
     );
     let mac = auth.tag_text(&body);
     format!("{body} {mac}\n")
@@ -169,10 +237,10 @@ fn parse_registration(
     size: u32,
     nonce: &str,
     line: &str,
-) -> Option<(u32, PeerAddr)> {
+) -> Option<(u32, Entry)> {
     let line = line.trim_end();
     let (body, mac) = line.rsplit_once(' ')?;
-    if auth.tag_text(body) != mac {
+    if !auth.verify_text(body, mac) {
         return None;
     }
     let mut f = body.split(' ');
@@ -188,16 +256,28 @@ fn parse_registration(
     Some((rank, peer))
 }
 
+/// Whether a registration that failed [`parse_registration`] is of this job and answers
+/// `nonce`, so only its MAC is wrong: the rank was started with another key. (Anyone can
+/// write such a line; it only earns its own connection the [`KEY_MISMATCH`] answer.)
+fn is_key_mismatch(auth: &Authenticator, nonce: &str, line: &str) -> bool {
+    let f: Vec<&str> = line.trim_end().split(' ').collect();
+    f.len() == 7 && f[0] == "AMUDP1" && f[1] == format!("{:016x}", auth.job_tag()) && f[5] == nonce
+}
+
+/// The coordinator's answer to a registration whose MAC is wrong but which is otherwise of
+/// this job: the rank's key differs from rank 0's.
+const KEY_MISMATCH: &str = "AMUDP1 KEY-MISMATCH";
+
 /// The MAC that ends the table sent to the connection that answered `nonce`: a table
 /// captured by one connection is not accepted by another.
 fn table_mac(auth: &Authenticator, table: &str, nonce: &str) -> String {
     auth.tag_text(&format!("{table}{nonce}"))
 }
 
-fn table_text(peers: &[PeerAddr]) -> String {
+fn table_text(peers: &[Entry]) -> String {
     let mut t = String::new();
     for (r, p) in peers.iter().enumerate() {
-        t.push_str(&format!("{r} {}\n", entry(p.addr, p.epoch)));
+        t.push_str(&format!("{r} {}\n", entry(*p)));
     }
     t
 }
@@ -224,7 +304,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
     let max_pending = 4 * size as usize + 16;
-    let mut slots: Vec<Option<(PeerAddr, TcpStream, String)>> = (0..size).map(|_| None).collect();
+    let mut slots: Vec<Option<(Entry, TcpStream, String)>> = (0..size).map(|_| None).collect();
     let mut pending: Vec<Pending> = Vec::new();
     let _ = listener.set_nonblocking(true);
     while slots.iter().any(|s| s.is_none()) {
@@ -265,6 +345,10 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
                         // A blocking stream again for the answer.
                         let _ = p.stream.set_nonblocking(false);
                         slots[rank as usize] = Some((peer, p.stream, p.nonce));
+                    } else if is_key_mismatch(&auth, &p.nonce, &line) {
+                        // One short line: it fits the socket's send buffer.
+                        let mut stream = p.stream;
+                        let _ = stream.write_all(format!("{KEY_MISMATCH}\n").as_bytes());
                     }
                 }
                 // Closed, too long, or too slow: dropped.
@@ -281,7 +365,7 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
         );
         let _ = poll(&mut fds, PollTimeout::from(100u16));
     }
-    let peers: Vec<PeerAddr> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
+    let peers: Vec<Entry> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
     let table = table_text(&peers);
     for (_, mut stream, nonce) in slots.into_iter().flatten() {
         let reply = format!("{table}END {}\n", table_mac(&auth, &table, &nonce));
@@ -334,8 +418,8 @@ fn via_coordinator(
     rank: u32,
     size: u32,
     auth: &Authenticator,
-    mine: PeerAddr,
-) -> Result<Vec<PeerAddr>, UdpError> {
+    mine: Entry,
+) -> Result<Vec<Entry>, UdpError> {
     let bad = |why: String| UdpError::Rendezvous(format!("coordinator AM_COORD={coord}: {why}"));
     let target = coord
         .to_socket_addrs()
@@ -390,8 +474,14 @@ fn via_coordinator(
                 "closed before answering (wrong key or job, or timed out)".into(),
             ));
         }
+        if line.trim_end() == KEY_MISMATCH {
+            return Err(UdpError::KeyMismatch {
+                rank,
+                peers: vec![0],
+            });
+        }
         if let Some(mac) = line.trim_end().strip_prefix("END ") {
-            if table_mac(auth, &table, &nonce) != mac || peers.len() != size as usize {
+            if !auth.verify_text(&format!("{table}{nonce}"), mac) || peers.len() != size as usize {
                 return Err(bad("the address table is not authentic".into()));
             }
             break;
@@ -420,9 +510,12 @@ mod tests {
     fn registrations_are_authenticated() {
         let auth = Authenticator::new(&JobKey::from_bytes([1; 32]), "job");
         let other = Authenticator::new(&JobKey::from_bytes([2; 32]), "job");
-        let mine = PeerAddr {
-            addr: "127.0.0.1:4000".parse().unwrap(),
-            epoch: 0x1234,
+        let mine = Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 0x1234,
+            },
+            mtu: 1472,
         };
         let nonce = fresh_nonce().unwrap();
         let line = registration(&auth, 2, 4, mine, &nonce);
@@ -449,9 +542,127 @@ mod tests {
             None,
             "replayed"
         );
+        // The datagram size is part of what is authenticated.
+        let forged = line.replace("/1472 ", "/9000 ");
+        assert_ne!(forged, line);
+        assert_eq!(parse_registration(&auth, 4, &nonce, &forged), None);
         // Challenges are 128-bit hex.
         assert_eq!(parse_challenge(&challenge_line(&nonce)), Some(nonce));
         assert_eq!(parse_challenge("AMUDP1 CHALLENGE xyz\n"), None);
+    }
+
+    /// A launcher's key-value store in memory, for threads: puts are visible after a fence.
+    struct MemStore {
+        map: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+        fence: std::sync::Arc<std::sync::Barrier>,
+    }
+
+    impl KeyValueStore for MemStore {
+        fn put(&mut self, key: &str, value: &str) -> Result<(), am_launch::BootstrapError> {
+            // As PMI's: printable ASCII without space, ';' or backslash.
+            assert!(
+                value
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b';' && b != b'\\'),
+                "{value:?}"
+            );
+            self.map.lock().unwrap().insert(key.into(), value.into());
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<(), am_launch::BootstrapError> {
+            self.fence.wait();
+            Ok(())
+        }
+        fn get(&mut self, key: &str) -> Result<String, am_launch::BootstrapError> {
+            Ok(self.map.lock().unwrap()[key].clone())
+        }
+        fn abort(&mut self, _: i32, _: &str) -> Result<(), am_launch::BootstrapError> {
+            Ok(())
+        }
+    }
+
+    /// Rank r of 3 runs `via_kvs` with `keys[r]` (`None`: take rank 0's from the store).
+    fn kvs_job(keys: [Option<[u8; 32]>; 3]) -> Vec<Result<(Vec<Entry>, JobKey), UdpError>> {
+        let map = std::sync::Arc::default();
+        let fence = std::sync::Arc::new(std::sync::Barrier::new(3));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u32)
+                .map(|r| {
+                    let mut store = MemStore {
+                        map: std::sync::Arc::clone(&map),
+                        fence: std::sync::Arc::clone(&fence),
+                    };
+                    let key = keys[r as usize].map(JobKey::from_bytes);
+                    s.spawn(move || {
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 7000 + r).parse().unwrap(),
+                                epoch: 300 + r as u64,
+                            },
+                            mtu: 1472,
+                        };
+                        via_kvs(&mut store, "job-k", r, 3, key, mine)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_rank_with_another_key_fails_start_up_with_key_mismatch() {
+        let (a, b) = (Some([1u8; 32]), Some([2u8; 32]));
+        for r in kvs_job([a, a, a]) {
+            assert_eq!(r.unwrap().0.len(), 3);
+        }
+        // No key from the launcher: rank 0 makes one and the others take it from the store.
+        for r in kvs_job([None, None, None]) {
+            assert_eq!(r.unwrap().0.len(), 3);
+        }
+        let results = kvs_job([a, b, a]);
+        for (rank, r) in results.into_iter().enumerate() {
+            let want = if rank == 1 { vec![0, 2] } else { vec![1] };
+            match r {
+                Err(UdpError::KeyMismatch { rank: me, peers }) => {
+                    assert_eq!((me, peers), (rank as u32, want));
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn text_macs_verify_only_exactly() {
+        let auth = Authenticator::new(&JobKey::from_bytes([1; 32]), "job");
+        let mac = auth.tag_text("hello");
+        assert!(auth.verify_text("hello", &mac));
+        assert!(!auth.verify_text("hellp", &mac));
+        assert!(!auth.verify_text("hello", &mac[..mac.len() - 1]));
+        assert!(!auth.verify_text("hello", ""));
+        let mut flipped = mac.clone().into_bytes();
+        flipped[0] ^= 1;
+        assert!(!auth.verify_text("hello", &String::from_utf8(flipped).unwrap()));
+    }
+
+    #[test]
+    fn ranks_agree_on_the_smallest_datagram_size() {
+        let e = |mtu| Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 1,
+            },
+            mtu,
+        };
+        assert_eq!(parse_entry(&entry(e(9000))), Some(e(9000)));
+        assert_eq!(parse_entry("0000000000000001@127.0.0.1:4000"), None);
+        assert_eq!(agreed_mtu(&[e(9000), e(1472), e(4000)]).unwrap(), 1472);
+        match agreed_mtu(&[e(1472), e(100_000)]) {
+            Err(UdpError::PeerMtu {
+                peer: 1,
+                mtu: 100_000,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -471,9 +682,12 @@ mod tests {
                 .map(|r| {
                     let (coord, auth) = (coord.clone(), auth.clone());
                     s.spawn(move || {
-                        let mine = PeerAddr {
-                            addr: format!("127.0.0.1:{}", 6000 + r).parse().unwrap(),
-                            epoch: 200 + r as u64,
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 6000 + r).parse().unwrap(),
+                                epoch: 200 + r as u64,
+                            },
+                            mtu: 1472 + r as usize,
                         };
                         let mut strangers = Vec::new();
                         if r != 0 {
@@ -535,9 +749,12 @@ mod tests {
                 .map(|r| {
                     let (coord, auth) = (coord.clone(), auth.clone());
                     s.spawn(move || {
-                        let mine = PeerAddr {
-                            addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
-                            epoch: 100 + r as u64,
+                        let mine = Entry {
+                            peer: PeerAddr {
+                                addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
+                                epoch: 100 + r as u64,
+                            },
+                            mtu: 1472 + r as usize,
                         };
                         // A stranger's junk before the ranks must not matter.
                         if r == 1 {
@@ -555,7 +772,8 @@ mod tests {
             let peers = r.unwrap();
             assert_eq!(peers.len(), 3);
             for (i, p) in peers.iter().enumerate() {
-                assert_eq!(p.epoch, 100 + i as u64);
+                assert_eq!(p.peer.epoch, 100 + i as u64);
+                assert_eq!(p.mtu, 1472 + i);
             }
         }
     }

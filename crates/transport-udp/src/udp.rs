@@ -247,7 +247,12 @@ impl Udp {
         let socket = bind_socket(&config, job.rank)?;
         let epoch = random_u64().map_err(io_err("reading /dev/urandom"))?;
         let me = rendezvous::advertised(&socket, &config)?;
-        let (peers, key) = rendezvous::exchange(job, &config, me, epoch)?;
+        let (entries, key) = rendezvous::exchange(job, &config, me, epoch)?;
+        // Every rank sends datagrams of at most the agreed size, which every rank's receive
+        // buffer fits.
+        let mut config = config;
+        config.engine.mtu = rendezvous::agreed_mtu(&entries)?;
+        let peers: Vec<PeerAddr> = entries.iter().map(|e| e.peer).collect();
         Udp::with_peers(
             job.rank,
             socket,
@@ -468,7 +473,9 @@ impl Transport for Udp {
         }
         let now = Instant::now();
         if !self.io.engine.has_message() {
-            self.io.tick(now);
+            // Datagrams first, timers after: a rank back from a gap in its polling (descheduled,
+            // or busy in a handler) finds the acknowledgements that came meanwhile waiting in
+            // its socket, and must not retransmit what they acknowledge.
             match self.receive(now) {
                 Some(Input::Deliver { src, range }) => {
                     let d = Delivery {
@@ -478,12 +485,12 @@ impl Transport for Udp {
                         route: Route::NONE,
                     };
                     let r = f(d, self.segment.byte_area(), &mut self.io);
-                    self.io.flush(now);
+                    self.io.tick(now);
                     return Ok(Some(r));
                 }
                 Some(_) => {}
                 None => {
-                    self.io.flush(now);
+                    self.io.tick(now);
                     if let Some(r) = self.io.engine.poll_lost() {
                         return Err(TransportError::PeerLost(r));
                     }
@@ -511,7 +518,7 @@ impl Transport for Udp {
         };
         let r = f(d, self.segment.byte_area(), &mut self.io);
         self.io.engine.recycle(m);
-        self.io.flush(now);
+        self.io.tick(now);
         Ok(Some(r))
     }
 

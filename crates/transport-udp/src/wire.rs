@@ -1,6 +1,6 @@
 //! The datagram format and its authentication.
 //!
-//! Every datagram is a fixed 72-byte header, a payload (data datagrams only) and a 16-byte MAC.
+//! Every datagram is a fixed 84-byte header, a payload (data datagrams only) and a 16-byte MAC.
 //! All integers are little-endian.
 //!
 //! ```text
@@ -16,7 +16,11 @@
 //! 52..60  selective ack: bit i set = sequence number ack+1+i was received
 //! 60..68  sequence number (data only)
 //! 68..72  message length (first fragment only)
-//! 72..    payload, then the MAC: blake3 keyed hash of everything before it, truncated to 16 bytes
+//! 72..80  newest data packet number: the highest packet number of a data datagram received
+//!         from the destination (0: none yet)
+//! 80..84  ack delay: microseconds between that datagram's arrival and this datagram (RFC
+//!         9002's ack delay, saturating)
+//! 84..    payload, then the MAC: blake3 keyed hash of everything before it, truncated to 16 bytes
 //! ```
 
 use std::fmt;
@@ -25,7 +29,7 @@ use std::io;
 /// First byte of every datagram.
 pub const VERSION: u8 = 0xA1;
 /// Bytes of the fixed header.
-pub const HEADER_LEN: usize = 72;
+pub const HEADER_LEN: usize = 84;
 /// Bytes of the MAC trailer.
 pub const MAC_LEN: usize = 16;
 /// Header plus MAC: what a datagram carries besides its payload.
@@ -76,6 +80,12 @@ pub struct Header {
     pub seq: u64,
     /// Message length (first fragment only).
     pub msg_len: u32,
+    /// The highest packet number of a data datagram the sender received from the receiver: a
+    /// round-trip sample is taken only from that transmission (as QUIC's largest acknowledged).
+    pub newest_pn: u64,
+    /// Microseconds the sender held the datagram numbered `newest_pn` before this datagram
+    /// carried the acknowledgement (subtracted from the round-trip sample).
+    pub ack_delay_us: u32,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -111,6 +121,8 @@ impl Header {
         b[52..60].copy_from_slice(&self.sack.to_le_bytes());
         b[60..68].copy_from_slice(&self.seq.to_le_bytes());
         b[68..72].copy_from_slice(&self.msg_len.to_le_bytes());
+        b[72..80].copy_from_slice(&self.newest_pn.to_le_bytes());
+        b[80..84].copy_from_slice(&self.ack_delay_us.to_le_bytes());
     }
 
     /// Decodes a header from untrusted bytes; `None` if they are not a well-formed header.
@@ -142,6 +154,8 @@ impl Header {
             sack: u64_at(b, 52),
             seq: u64_at(b, 60),
             msg_len: u32_at(b, 68),
+            newest_pn: u64_at(b, 72),
+            ack_delay_us: u32_at(b, 80),
         })
     }
 }
@@ -167,6 +181,22 @@ pub enum KeyError {
         /// Why.
         #[source]
         source: io::Error,
+    },
+    /// The key file is not a regular file (a directory, a device, a FIFO).
+    #[error("the key file {path} is not a regular file")]
+    NotAFile {
+        /// The file.
+        path: String,
+    },
+    /// The key file belongs to another user, who can read it or give it another key.
+    #[error("the key file {path} belongs to user {owner}, not to this user ({me})")]
+    Owner {
+        /// The file.
+        path: String,
+        /// Its owner's user id.
+        owner: u32,
+        /// This process's effective user id.
+        me: u32,
     },
     /// The key file can be read or written by other users.
     #[error(
@@ -208,22 +238,48 @@ impl JobKey {
         Ok(JobKey(k))
     }
 
-    /// Reads a key file: 64 hexadecimal digits, mode 0600 or stricter.
+    /// Reads a key file: 64 hexadecimal digits in a regular file owned by this user, of mode
+    /// 0600 or stricter.
+    ///
+    /// The file is opened once, without following a symbolic link as its last component
+    /// (`O_NOFOLLOW`), and the checks are made on the open file (`fstat`), so the file read
+    /// is the file checked: no swapping it between the check and the read.
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let io_err = |source| KeyError::Io {
             path: path.to_owned(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(io_err)?;
-        let mode = meta.permissions().mode() & 0o777;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.file_type().is_file() {
+            return Err(KeyError::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != me {
+            return Err(KeyError::Owner {
+                path: path.to_owned(),
+                owner: meta.uid(),
+                me,
+            });
+        }
+        let mode = meta.mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(KeyError::Permissions {
                 path: path.to_owned(),
                 mode,
             });
         }
-        let text = std::fs::read_to_string(path).map_err(io_err)?;
+        // A key is 64 digits and maybe a newline; a larger file is not a key.
+        let mut text = String::new();
+        file.take(256).read_to_string(&mut text).map_err(io_err)?;
         JobKey::from_hex(&text)
     }
 
@@ -332,6 +388,14 @@ impl Authenticator {
     }
 
     /// A MAC of arbitrary control-plane bytes (rendezvous messages), as 32 hex digits.
+    /// Whether `mac` is [`Authenticator::tag_text`] of `text`, compared in constant time (no
+    /// early exit at the first differing byte, so timing tells a forger nothing).
+    pub(crate) fn verify_text(&self, text: &str, mac: &str) -> bool {
+        let expected = self.tag_text(text);
+        let (a, b) = (expected.as_bytes(), mac.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    }
+
     pub(crate) fn tag_text(&self, text: &str) -> String {
         let mut h = blake3::Hasher::new_keyed(&self.mac_key);
         h.update(b"rendezvous:");
@@ -351,6 +415,7 @@ mod tests {
             0u8..8,
             any::<(u64, u32, u32, u64, u64)>(),
             any::<(u64, u64, u64, u64, u32)>(),
+            any::<(u64, u32)>(),
         )
             .prop_map(
                 |(
@@ -358,6 +423,7 @@ mod tests {
                     flags,
                     (job_tag, src, dst, src_epoch, dst_epoch),
                     (pn, ack, sack, seq, msg_len),
+                    (newest_pn, ack_delay_us),
                 )| Header {
                     kind,
                     flags: if kind == Kind::Data { flags } else { 0 },
@@ -371,6 +437,8 @@ mod tests {
                     sack,
                     seq,
                     msg_len,
+                    newest_pn,
+                    ack_delay_us,
                 },
             )
     }
@@ -442,6 +510,23 @@ mod tests {
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobKey::from_file(path).unwrap(), k);
+        // A symbolic link to it, even to a good file, is not followed.
+        let link = std::env::temp_dir().join(format!("am-udp-key-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let linked = JobKey::from_file(link.to_str().unwrap());
+        std::fs::remove_file(&link).unwrap();
+        match linked {
+            Err(KeyError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(nix::libc::ELOOP))
+            }
+            other => panic!("a symbolic link was followed: {other:?}"),
+        }
+        // A directory is no key file.
+        assert!(matches!(
+            JobKey::from_file(std::env::temp_dir().to_str().unwrap()),
+            Err(KeyError::NotAFile { .. } | KeyError::Permissions { .. } | KeyError::Owner { .. })
+        ));
         std::fs::remove_file(&dir).unwrap();
     }
 }

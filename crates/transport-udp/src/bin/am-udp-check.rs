@@ -105,12 +105,15 @@ fn alltoall(n: u32) -> Res<()> {
     }
     let s = node.transport().stats();
     println!(
-        "rank {me} at {}: ok, {} messages from each of {size} ranks; retransmits {}, duplicates {}, rejected {}",
+        "rank {me} at {}: ok, {} messages from each of {size} ranks; retransmits {} (fast {}, timeouts {}), duplicates {}, rejected {}, send errors {}",
         node.transport().local_addr(),
         n,
         s.retransmits,
+        s.fast_retransmits,
+        s.timeouts,
         s.duplicates,
-        s.rejected()
+        s.rejected(),
+        node.transport().send_errors()
     );
     drop(node);
     drop(job);
@@ -249,7 +252,7 @@ fn survive() -> Res<()> {
 /// bandwidth of 1, 4 and 16 MiB (`AM_UDP_MTU` sets the datagram size, `AM_WAIT` the wait mode
 /// of the puts, `AM_UDP_CHECK_STATS=1` prints the protocol counters).
 fn bench(n: usize) -> Res<()> {
-    // The datagram of an AM Short with one argument: 88 bytes of UDP header+MAC, 12 of AM head.
+    // The datagram of an AM Short with one argument: 92 bytes of UDP header+MAC, 12 of AM head.
     let size = transport_udp::wire::OVERHEAD + 12;
     let raw = raw_pingpong(n, size)?;
     let am = am_pingpong(n)?;
