@@ -102,6 +102,16 @@ pub fn head_len_hint(first: &[u8]) -> usize {
     (base + 4 * nargs as usize).min(MAX_HEAD_LEN)
 }
 
+/// Request or reply, from the flags byte.
+#[inline(always)]
+fn category_of(flags: u8) -> Category {
+    if flags & FLAG_REPLY != 0 {
+        Category::Reply
+    } else {
+        Category::Request
+    }
+}
+
 impl Header {
     /// Length of the header plus arguments on the wire.
     #[inline]
@@ -190,11 +200,7 @@ impl Header {
             return Err(WireError::ShortWithPayload(payload_len));
         }
         let mut header = Header {
-            category: if flags & FLAG_REPLY != 0 {
-                Category::Reply
-            } else {
-                Category::Request
-            },
+            category: category_of(flags),
             kind,
             system: flags & FLAG_SYSTEM != 0,
             handler: bytes[1],
@@ -243,11 +249,7 @@ impl Header {
             && u32::from_le_bytes([l0, l1, l2, l3]) == 0
             && total == BASE_HEADER_LEN + 4 * nargs as usize;
         ok.then_some(Header {
-            category: if flags & FLAG_REPLY != 0 {
-                Category::Reply
-            } else {
-                Category::Request
-            },
+            category: category_of(flags),
             kind: AmKind::Short,
             system: false,
             handler,
@@ -269,11 +271,7 @@ impl Header {
             && nargs as usize <= MAX_ARGS
             && total == BASE_HEADER_LEN + 4 * nargs as usize + payload_len as usize;
         ok.then_some(Header {
-            category: if flags & FLAG_REPLY != 0 {
-                Category::Reply
-            } else {
-                Category::Request
-            },
+            category: category_of(flags),
             kind: AmKind::Medium,
             system: false,
             handler,
