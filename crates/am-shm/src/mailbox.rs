@@ -377,12 +377,11 @@ impl Ring {
                 (t[0], seg.slot(self.slot_base(t[0]), self.slot_size))
             }
         };
-        let (lap, _) = self.split(t);
         let written = slot.and_then(|slot| slot.store_padded(self.capacity(), parts).map(|_| slot));
         match written {
             Ok(slot) => {
-                let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
-                slot.last_word().store(status, Ordering::Release);
+                slot.last_word()
+                    .store(self.published(t, meta), Ordering::Release);
                 record_word.store(0, Ordering::Release);
                 Ok(true)
             }
@@ -414,6 +413,12 @@ impl Ring {
         let before = t - 1;
         let st = self.status(seg, before)?.load(Ordering::Acquire);
         Ok(before < *head || st & STAMP_MASK != stamp(self.split(before).0))
+    }
+
+    /// The status of `ticket`'s slot published with `meta`.
+    #[inline(always)]
+    fn published(&self, ticket: u64, meta: u32) -> u64 {
+        (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0)
     }
 
     fn skipped(&self, ticket: u64, claimer: u32) -> u64 {
@@ -589,8 +594,7 @@ impl Ring {
     /// same line).
     #[inline]
     pub fn publish(&self, to: &Imported, ticket: u64, meta: u32) -> Result<(), ShmError> {
-        let status = (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0);
-        to.store_slot_word(self.status_off(ticket), status)
+        to.store_slot_word(self.status_off(ticket), self.published(ticket, meta))
     }
 
     /// [`write_parts`](Self::write_parts) of `parts` from the start of the claimed slot of
@@ -606,8 +610,8 @@ impl Ring {
     ) -> Result<(), ShmError> {
         let slot = to.slot(self.slot_base(ticket), self.slot_size)?;
         slot.store_padded(self.capacity(), parts)?;
-        let status = (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0);
-        slot.last_word().store(status, Ordering::Release);
+        slot.last_word()
+            .store(self.published(ticket, meta), Ordering::Release);
         Ok(())
     }
 

@@ -86,6 +86,16 @@ fn am_segment<'a>(seg: &'a Segment, l: &Layout) -> SharedBytes<'a> {
     })
 }
 
+/// Rings `peer`'s doorbell, leaving no tag (the VELO mailbox is shared by every sender).
+#[inline(always)]
+fn ring_doorbell(peer: &PeerMap) -> Result<(), SendError> {
+    peer.seg
+        .doorbell(DOORBELL)
+        .map_err(shm)?
+        .ring_tagged_lazy(0);
+    Ok(())
+}
+
 /// The sending half, lent to handlers during `poll_recv`.
 struct TxState {
     rank: usize,
@@ -259,12 +269,32 @@ impl TxState {
         ) {
             Ok(true) => Ok(()),
             Ok(false) => Err(SendError::Busy),
-            Err(e) => {
-                // The cached head only grows: a corrupt head word must not poison it.
-                self.mailbox_head[d] = 0;
-                Err(shm(e))
-            }
+            Err(e) => Err(self.corrupt_mailbox(d, e)),
         }
+    }
+
+    /// A claim at `d` failed on a corrupt ring: the cached head only grows, so a corrupt head
+    /// word must not poison it.
+    #[cold]
+    fn corrupt_mailbox(&mut self, d: usize, e: ShmError) -> SendError {
+        self.mailbox_head[d] = 0;
+        shm(e)
+    }
+
+    /// A message's packets at `d` are all published: counted, and `d`'s doorbell rung.
+    #[inline(always)]
+    fn announce(&mut self, d: usize) -> Result<(), SendError> {
+        self.velo_sent[d] += 1;
+        ring_doorbell(&self.peers[d])
+    }
+
+    /// The reused ticket buffer, holding `n` zeros (give it back to `self.tickets`): an array
+    /// for the largest message would be kilobytes of stack to zero on every send.
+    fn take_tickets(&mut self, n: usize) -> Vec<u64> {
+        let mut t = std::mem::take(&mut self.tickets);
+        t.clear();
+        t.resize(n, 0);
+        t
     }
 
     /// Ends a claim at `d` whose slots are published (`r` is `Ok`) or not (then `unpublished`
@@ -286,12 +316,7 @@ impl TxState {
         ring.release(&peer.imp, self.layout.claims(self.rank, CLAIM_MAILBOX))
             .map_err(shm)?;
         r.map_err(shm)?;
-        self.velo_sent[d] += 1;
-        peer.seg
-            .doorbell(DOORBELL)
-            .map_err(shm)?
-            .ring_tagged_lazy(0);
-        Ok(())
+        self.announce(d)
     }
 
     /// Writes and publishes `head ++ payload` into the claimed `tickets` (one per packet).
@@ -347,11 +372,7 @@ impl TxState {
         if n > MAX_PACKETS {
             return Err(SendError::TooLarge(total));
         }
-        // A reused buffer: an array for the largest message would be kilobytes of stack to
-        // zero on every send.
-        let mut t = std::mem::take(&mut self.tickets);
-        t.clear();
-        t.resize(n, 0);
+        let mut t = self.take_tickets(n);
         let r = self.claim(d, &mut t).and_then(|()| {
             // Fragments are cut from private bytes: a shared payload is copied out first.
             let mut echo = std::mem::take(&mut self.echo);
@@ -392,21 +413,14 @@ impl TxState {
                     &[head, p],
                     meta.encode(),
                 );
-                match sent {
-                    Ok(true) => {}
-                    Ok(false) => return Err(SendError::Busy),
-                    Err(e) => {
-                        // The cached head only grows: a corrupt head word must not poison it.
-                        self.mailbox_head[d] = 0;
-                        return Err(shm(e));
+                return match sent {
+                    Ok(true) => {
+                        self.velo_sent[d] += 1;
+                        ring_doorbell(peer)
                     }
-                }
-                self.velo_sent[d] += 1;
-                peer.seg
-                    .doorbell(DOORBELL)
-                    .map_err(shm)?
-                    .ring_tagged_lazy(0);
-                return Ok(());
+                    Ok(false) => Err(SendError::Busy),
+                    Err(e) => Err(self.corrupt_mailbox(d, e)),
+                };
             }
             Payload::Shared(s) => s,
         };
@@ -523,9 +537,7 @@ impl TxState {
         let slots = self.reserve(d)?;
         // The header's slots before the put: once the payload is sent, the header must follow.
         let n = velo::packets(msg.head.len(), self.cap());
-        let mut t = std::mem::take(&mut self.tickets);
-        t.clear();
-        t.resize(n, 0);
+        let mut t = self.take_tickets(n);
         if let Err(e) = self.claim(d, &mut t) {
             self.tickets = t;
             slots.cancel(&self.layout, &self.peers, self.rank);
