@@ -114,6 +114,23 @@ fn ring(slots: usize) -> Ring {
     Ring::new(0, 64, 0, slots, 16).unwrap()
 }
 
+/// The owner of a one-slot mailbox whose senders each send `[id; 8]` with meta `id`: looks
+/// twice, and checks and consumes what is published. Returns its head.
+fn owner_reads_twice(r: Ring, seg: &Segment) -> u64 {
+    let own = seg.import();
+    let mut head = 0u64;
+    for _ in 0..2 {
+        if let Seen::Published(id) = r.look(seg, head).unwrap() {
+            let mut b = [0u8; 8];
+            r.read_payload(seg, head, &mut b).unwrap();
+            assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
+            head += 1;
+            r.consumed(&own, head).unwrap();
+        }
+    }
+    head
+}
+
 /// Two senders each try once to claim the slot of a one-slot mailbox while its owner reads
 /// and consumes: a sender gets the second lap only after the owner consumed the first
 /// message, so every message the owner reads is intact, and every claim is published once.
@@ -140,17 +157,7 @@ fn loom_mailbox_claims_never_overwrite() {
                 })
             })
             .collect();
-        let own = seg.import();
-        let mut head = 0u64;
-        for _ in 0..2 {
-            if let Seen::Published(id) = r.look(&seg, head).unwrap() {
-                let mut b = [0u8; 8];
-                r.read_payload(&seg, head, &mut b).unwrap();
-                assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
-                head += 1;
-                r.consumed(&own, head).unwrap();
-            }
-        }
+        let head = owner_reads_twice(r, &seg);
         let mut tickets: Vec<u64> = senders
             .into_iter()
             .filter_map(|s| s.join().unwrap())
@@ -190,17 +197,7 @@ fn loom_mailbox_send_one_never_overwrites() {
                 })
             })
             .collect();
-        let own = seg.import();
-        let mut head = 0u64;
-        for _ in 0..2 {
-            if let Seen::Published(id) = r.look(&seg, head).unwrap() {
-                let mut b = [0u8; 8];
-                r.read_payload(&seg, head, &mut b).unwrap();
-                assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
-                head += 1;
-                r.consumed(&own, head).unwrap();
-            }
-        }
+        let head = owner_reads_twice(r, &seg);
         let sent = senders
             .into_iter()
             .map(|s| s.join().unwrap())

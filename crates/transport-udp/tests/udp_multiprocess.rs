@@ -285,44 +285,15 @@ fn four_spinning_ranks_lossless_all_to_all_retransmit_under_one_percent() {
     let _turn = one_job_at_a_time();
     const RANKS: u32 = 4;
     const N: u32 = 2000;
-    let key = transport_udp::JobKey::generate().unwrap();
-    let coord = format!("127.0.0.1:{}", free_tcp_port());
-    let mut job = Job(Vec::new());
-    for r in 0..RANKS {
-        let child = Command::new(BIN)
-            .args(["alltoall", &N.to_string()])
-            .env("AM_RANK", r.to_string())
-            .env("AM_SIZE", RANKS.to_string())
-            .env("AM_JOB_ID", format!("rtxtest{}", std::process::id()))
-            .env("AM_COORD", &coord)
-            .env("AM_UDP_KEY", key.to_hex())
-            .env("AM_WAIT", "spin")
-            .env_remove("AM_UDP_FAULTS")
-            .env_remove("AM_PMI_FD")
-            .env_remove("PMI_FD")
-            .env_remove("PMI_PORT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        job.0.push(child);
-    }
-    // Watchdog: the job is killed (Job's drop) if it has not ended in time.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut done = vec![None; RANKS as usize];
-    while done.iter().any(Option::is_none) {
-        assert!(Instant::now() < deadline, "the job did not end in 120 s");
-        for (r, c) in job.0.iter_mut().enumerate() {
-            if done[r].is_none() {
-                done[r] = c.try_wait().expect("try_wait");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for (r, c) in job.0.iter_mut().enumerate() {
-        let mut out = String::new();
-        std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut out).unwrap();
-        assert!(done[r].unwrap().success(), "rank {r}: {out}");
+    let key = transport_udp::JobKey::generate().unwrap().to_hex();
+    let results = coord_job(
+        &["alltoall", &N.to_string()],
+        &vec![key; RANKS as usize],
+        &vec![vec![("AM_WAIT", "spin")]; RANKS as usize],
+        Duration::from_secs(120),
+    );
+    for (r, (status, out)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {r}: {out}");
         let retransmits: u64 = out
             .split("retransmits ")
             .nth(1)
