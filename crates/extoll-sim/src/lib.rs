@@ -31,9 +31,10 @@
 //! - **immediate puts**: an AM Long payload or an RMA Medium is a put whose source is the
 //!   caller's own, unregistered buffer, handed over with the doorbell write (as a NIC's PIO
 //!   window takes it). The engine processes such a descriptor as the doorbell is rung, on the
-//!   requester's thread: the same put routine, the same notifications on both sides (their
-//!   slots reserved first, so it never waits), and the payload copied once, straight into the
-//!   target's registered region. It is still the engine's work, not handler code: the AM
+//!   requester's thread: the same put routine, the completer's notification (its slot
+//!   reserved first, so it never waits; no requester notification is asked for, since the
+//!   requester knows the put is done when the doorbell write returns), and the payload copied
+//!   once, straight into the target's registered region. It is still the engine's work, not handler code: the AM
 //!   layer only builds the descriptor, the handler never copies, and the target learns of the
 //!   data only from the engine's completer notification. The thread would only move the same
 //!   copy to another core; on this 2-core machine its wake-up (~4 µs) and the second copy out

@@ -7,7 +7,8 @@
 //!   Mediums come from the caller's own (unregistered) buffer, so the engine processes that
 //!   descriptor while the requester rings, on the requester's thread: the payload goes
 //!   straight into the target's registered region, one copy, with no thread hand-off. The
-//!   notification slots are reserved first ([`Reserved`]), so finishing never waits;
+//!   completer's notification slot is reserved first ([`Reserved`]), so finishing never
+//!   waits, and no requester notification is asked for;
 //! - **queued**: user puts and gets between registered regions ([`Job`]) go to the engine's
 //!   thread (started on first use), which overlaps them with the rank's own work and waits
 //!   for room in a full notification queue ([`notify`]), but not for ever: it gives up when
@@ -51,10 +52,7 @@ pub(crate) mod kind {
     pub const MEDIUM_LANDED: u32 = 2;
     /// Completer: a user put of `value` bytes from `src` landed.
     pub const PUT_LANDED: u32 = 3;
-    /// Requester: the put of a Long payload of `value` bytes is done.
-    pub const LONG_SENT: u32 = 8;
-    /// Requester: the put of RMA Medium number `value` is done.
-    pub const MEDIUM_SENT: u32 = 9;
+    // 8 and 9 were requester notifications of immediate puts, which now ask for none.
     /// Requester: user operation `value` is done.
     pub const USER_DONE: u32 = 10;
     /// Requester: user put `value` landed, but its target was lost or departed before its
@@ -200,19 +198,22 @@ pub(crate) fn notify(w: &Waiter<'_>, target: usize, note: Note) -> Result<(), Ga
     }
 }
 
-/// Notification slots claimed before an immediate put: one in the requester's queue, and
-/// one in the completer's. Each must be used once ([`finish`](Self::finish) or
-/// [`cancel`](Self::cancel)).
+/// The completer's notification slot, claimed before an immediate put. It must be used once
+/// ([`finish`](Self::finish) or [`cancel`](Self::cancel)).
+///
+/// An EXTOLL RMA command selects which notifications the engine writes. An immediate put asks
+/// for the completer's only: its requester knows the put is done when the doorbell write
+/// returns, so a requester notification would cost a claim and a post in its own queue and
+/// tell it nothing.
 pub(crate) struct Reserved {
     dest: usize,
-    requester: u64,
     completer: u64,
 }
 
 impl Reserved {
-    /// Claims a slot in our own queue (`rank`) and one in `dest`'s, as claimer
-    /// [`notes_claimer`]`(rank, false)`. `None` if a queue is full (back-pressure; nothing
-    /// stays claimed). `heads` caches each queue's head for the claims (reset after an error).
+    /// Claims a slot in `dest`'s queue as claimer [`notes_claimer`]`(rank, false)`. `None` if
+    /// the queue is full (back-pressure; nothing stays claimed). `heads` caches each queue's
+    /// head for the claims (reset after an error).
     pub fn try_new(
         layout: &Layout,
         peers: &[PeerMap],
@@ -223,78 +224,36 @@ impl Reserved {
         let ring = layout.notifications();
         let me = notes_claimer(rank, false);
         let record = layout.claims(rank, CLAIM_NOTES);
-        let mut claim = |q: usize, out: &mut [u64]| {
-            let r = ring.try_claim(&peers[q].seg, out.len(), me, record, &mut heads[q], out);
-            if r.is_err() {
-                heads[q] = 0;
-            }
-            r
-        };
-        if dest == rank {
-            // Both in our own queue: one claim, so that one record covers both.
-            let mut t = [0u64; 2];
-            return Ok(claim(rank, &mut t)?.then_some(Reserved {
-                dest,
-                requester: t[0],
-                completer: t[1],
-            }));
+        let mut t = [0u64; 1];
+        let r = ring.try_claim(&peers[dest].seg, 1, me, record, &mut heads[dest], &mut t);
+        if r.is_err() {
+            heads[dest] = 0;
         }
-        let mut own = [0u64; 1];
-        if !claim(rank, &mut own)? {
-            return Ok(None);
-        }
-        let mut theirs = [0u64; 1];
-        match claim(dest, &mut theirs) {
-            Ok(true) => Ok(Some(Reserved {
-                dest,
-                requester: own[0],
-                completer: theirs[0],
-            })),
-            other => {
-                let _ = ring.skip(&peers[rank].imp, own[0], me);
-                let _ = ring.release(&peers[rank].imp, record);
-                other.map(|_| None)
-            }
-        }
+        Ok(r?.then_some(Reserved {
+            dest,
+            completer: t[0],
+        }))
     }
 
-    /// Posts `completer` into the completer's slot and `requester` into ours, then releases
-    /// the claims. A slot that cannot be posted is skipped, so that no claim stays open.
-    pub fn finish(
-        self,
-        layout: &Layout,
-        peers: &[PeerMap],
-        rank: usize,
-        completer: Note,
-        requester: Note,
-    ) {
+    /// Posts `completer` into the completer's slot, then releases the claim. A slot that
+    /// cannot be posted is skipped, so that no claim stays open.
+    pub fn finish(self, layout: &Layout, peers: &[PeerMap], rank: usize, completer: Note) {
         let ring = layout.notifications();
-        let me = notes_claimer(rank, false);
         let record = layout.claims(rank, CLAIM_NOTES);
-        let (theirs, ours) = (&peers[self.dest], &peers[rank]);
+        let theirs = &peers[self.dest];
         if post(layout, theirs, self.completer, rank, completer).is_err() {
-            let _ = ring.skip(&theirs.imp, self.completer, me);
+            let _ = ring.skip(&theirs.imp, self.completer, notes_claimer(rank, false));
         }
-        if self.dest != rank {
-            let _ = ring.release(&theirs.imp, record);
-        }
-        if post(layout, ours, self.requester, rank, requester).is_err() {
-            let _ = ring.skip(&ours.imp, self.requester, me);
-        }
-        let _ = ring.release(&ours.imp, record);
+        let _ = ring.release(&theirs.imp, record);
     }
 
-    /// Gives the slots back unused (skipped: their owners consume them and deliver nothing).
+    /// Gives the slot back unused (skipped: its owner consumes it and delivers nothing).
     pub fn cancel(self, layout: &Layout, peers: &[PeerMap], rank: usize) {
         let ring = layout.notifications();
-        let me = notes_claimer(rank, false);
         let record = layout.claims(rank, CLAIM_NOTES);
-        let _ = ring.skip(&peers[self.dest].imp, self.completer, me);
-        let _ = ring.skip(&peers[rank].imp, self.requester, me);
-        let _ = ring.release(&peers[self.dest].imp, record);
-        if self.dest != rank {
-            let _ = ring.release(&peers[rank].imp, record);
-        }
+        let theirs = &peers[self.dest];
+        let _ = ring.skip(&theirs.imp, self.completer, notes_claimer(rank, false));
+        let _ = ring.release(&theirs.imp, record);
     }
 }
 
@@ -309,8 +268,7 @@ pub(crate) enum Data<'a> {
 }
 
 /// The engine's immediate put into `dest`: the data, then `tail` (an RMA Medium's tail word,
-/// stored with `Release`), then the completer's and the requester's notifications into the
-/// reserved slots. Bounds are the submitter's to check; a failed write leaves the bytes
+/// stored with `Release`), then the completer's notification into the reserved slot. Bounds are the submitter's to check; a failed write leaves the bytes
 /// unwritten, and the completer's own checks (RMA Medium markers) see it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn put_immediate(
@@ -322,7 +280,6 @@ pub(crate) fn put_immediate(
     tail: Option<(usize, u64)>,
     slots: Reserved,
     completer: Note,
-    requester: Note,
 ) {
     let target = &peers[dest];
     let _ = match data {
@@ -336,7 +293,7 @@ pub(crate) fn put_immediate(
     if let Some((off, value)) = tail {
         let _ = target.imp.store_slot_word(off, value);
     }
-    slots.finish(layout, peers, rank, completer, requester);
+    slots.finish(layout, peers, rank, completer);
 }
 
 impl Engine {

@@ -434,8 +434,8 @@ impl TxState {
         self.finish_claim(d, &t, r)
     }
 
-    /// Reserves the notification slots of an immediate put to `dest` (ours and `dest`'s), or
-    /// reports back-pressure.
+    /// Reserves the completer's notification slot of an immediate put to `dest`, or reports
+    /// back-pressure.
     fn reserve(&mut self, dest: usize) -> Result<Reserved, SendError> {
         Reserved::try_new(
             &self.layout,
@@ -507,10 +507,6 @@ impl TxState {
                 kind: kind::MEDIUM_LANDED,
                 value: k,
             },
-            Note {
-                kind: kind::MEDIUM_SENT,
-                value: k,
-            },
         );
         self.rma_sent[d] += 1;
         // The tail carried our acknowledgement of d's buffers.
@@ -553,10 +549,6 @@ impl TxState {
             slots,
             Note {
                 kind: kind::LONG_LANDED,
-                value: msg.payload.len() as u64,
-            },
-            Note {
-                kind: kind::LONG_SENT,
                 value: msg.payload.len() as u64,
             },
         );
@@ -978,8 +970,6 @@ impl Extoll {
                     format!("requester notification {k} from rank {src}"),
                 ))
             }
-            // Immediate puts: done before the send returned; nothing to free.
-            kind::LONG_SENT | kind::MEDIUM_SENT => {}
             kind::USER_DONE | kind::USER_LOST | kind::USER_UNNOTIFIED => {
                 if !self.user_pending.remove(&value) {
                     // Written in our name: by whom, the word cannot say.
@@ -1747,7 +1737,7 @@ impl Transport for Extoll {
     }
 
     /// A Long's payload is an immediate put the engine runs when the doorbell is rung, before
-    /// `try_send` returns (its requester notification is written by then).
+    /// `try_send` returns.
     fn long_placed_on_send(&self, _len: usize) -> bool {
         true
     }

@@ -388,7 +388,7 @@ fn corrupt_notifications_are_dropped_and_reported() {
         (0, kind::MEDIUM_LANDED, 5, Some(0)),     // not the next RMA Medium
         (0, kind::LONG_LANDED, 1 << 40, Some(0)), // longer than any Long
         (0, kind::PUT_LANDED, 1 << 40, Some(0)),  // larger than the segment
-        (0, kind::LONG_SENT, 0, Some(0)),         // a requester notification from another rank
+        (0, kind::USER_DONE, 0, Some(0)),         // a requester notification from another rank
         (1, kind::USER_DONE, 3, None),            // completion of an operation not in flight
     ];
     for (src, k, value, peer) in cases {

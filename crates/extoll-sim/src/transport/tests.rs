@@ -251,7 +251,7 @@ pub(super) fn post_note(x: &Extoll, target: usize, src: usize, kind: u32, value:
 fn corrupt_notifications_and_packets_are_errors() {
     let (a, mut b) = pair(ExtollConfig::default());
     // A requester notification claiming to come from another rank.
-    post_note(&a, 1, 0, kind::LONG_SENT, 0);
+    post_note(&a, 1, 0, kind::USER_DONE, 0);
     assert!(matches!(
         b.poll_recv(|_, _, _| ()),
         Err(TransportError::PeerMisbehaved { peer: Some(0), .. })
