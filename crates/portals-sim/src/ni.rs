@@ -74,7 +74,7 @@
 
 use am_shm::sync::{fence, AtomicU64, Ordering};
 
-use am_shm::{Imported, Segment, ShmError, CACHE_LINE};
+use am_shm::{Imported, Segment, SharedBytes, ShmError, CACHE_LINE};
 
 /// Portal table entries per NI.
 pub const NPT: usize = 4;
@@ -615,6 +615,9 @@ pub struct PutArgs<'a> {
     pub remote_offset: u64,
     /// The data, in pieces sent back to back.
     pub data: &'a [&'a [u8]],
+    /// Bytes in shared memory sent after `data` (a received payload echoed or forwarded):
+    /// they move straight from where they lie, with no private copy in between.
+    pub shared: Option<SharedBytes<'a>>,
     /// Ask for an `Ack` event at the initiator.
     pub ack: bool,
     /// Ask for a `Send` event at the initiator.
@@ -1180,7 +1183,8 @@ impl<'a> Nic<'a> {
         own: Option<&Nic<'_>>,
         a: &PutArgs<'_>,
     ) -> Result<Outcome, NiError> {
-        let len: usize = a.data.iter().map(|d| d.len()).sum();
+        let len: usize =
+            a.data.iter().map(|d| d.len()).sum::<usize>() + a.shared.map_or(0, |s| s.len());
         if len > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a put of {len} bytes")));
         }
@@ -1201,14 +1205,23 @@ impl<'a> Nic<'a> {
                 use_once,
                 owned,
             } => {
-                if owned {
+                match (owned, a.shared) {
                     // Whole words of space that is ours: no read-modify-write.
-                    self.imp.write_padded(at, a.data)?;
-                } else {
-                    let mut o = at;
-                    for d in a.data {
-                        self.imp.write(o, d)?;
-                        o += d.len();
+                    (true, None) => {
+                        self.imp.write_padded(at, a.data)?;
+                    }
+                    (true, Some(shared)) => {
+                        self.imp.write_padded_then(at, a.data, shared)?;
+                    }
+                    (false, shared) => {
+                        let mut o = at;
+                        for d in a.data {
+                            self.imp.write(o, d)?;
+                            o += d.len();
+                        }
+                        if let Some(shared) = shared {
+                            self.imp.write_from(o, shared)?;
+                        }
                     }
                 }
                 #[cfg(test)]
@@ -2039,6 +2052,7 @@ mod tests {
             hdr_data: 0xABCD,
             remote_offset: off,
             data,
+            shared: None,
             ack: false,
             send_event: false,
             pad: false,
@@ -2104,6 +2118,54 @@ mod tests {
             (1, 0x2B, 0xABCD)
         );
         assert_eq!(ni.seg.view(107, 2).unwrap().to_vec(), b"xy");
+    }
+
+    /// A shared tail (an echoed payload) lands right after the private parts, padded or
+    /// not, and counts in the event's length; the neighbours of an unpadded deposit keep
+    /// their bytes.
+    #[test]
+    fn shared_bytes_follow_the_private_parts() {
+        let mut ni = Ni::new(1024);
+        let src = Ni::new(256);
+        src.seg
+            .view(0, 256)
+            .unwrap()
+            .write(0, &[0x5A; 256])
+            .unwrap();
+        src.seg
+            .view(40, 11)
+            .unwrap()
+            .write(0, b"echoed-tail")
+            .unwrap();
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(1, 0, 0, 512, PUT))
+            .unwrap();
+        ni.seg.view(0, 512).unwrap().fill(0, 512, 0xEE).unwrap();
+        let nic = ni.nic();
+        let d: &[&[u8]] = &[b"head"];
+        for (off, pad) in [(16u64, true), (203, false)] {
+            let args = PutArgs {
+                shared: Some(src.seg.view(40, 11).unwrap()),
+                pad,
+                ..put_args(PT_USER, 1, off, d)
+            };
+            assert_eq!(
+                nic.put(0, None, &args).unwrap(),
+                Outcome::Done { me: a, start: off }
+            );
+            let at = off as usize;
+            assert_eq!(ni.seg.view(at, 15).unwrap().to_vec(), b"headechoed-tail");
+            let after = ni.seg.view(at + 15, 1).unwrap().to_vec()[0];
+            // Padded: the rest of the last word is zeroed; unpadded: left as it was.
+            assert_eq!(after, if pad { 0 } else { 0xEE }, "offset {off}");
+            assert_eq!(ni.seg.view(at - 1, 1).unwrap().to_vec()[0], 0xEE);
+        }
+        let ev = ni.events();
+        assert_eq!(
+            ev.iter().map(|e| (e.start, e.mlength)).collect::<Vec<_>>(),
+            [(16, 15), (203, 15)]
+        );
     }
 
     #[test]

@@ -189,9 +189,6 @@ struct TxState {
     /// rank's NI is initialized alike).
     buffer_mes: Vec<MeIndex>,
     reply_me: MeIndex,
-    /// A private copy of a payload sent from shared memory (an echo): the NI's put takes
-    /// private parts.
-    echo: Vec<u8>,
 }
 
 /// A peer's send slots whose request we have not answered yet: one bit per slot (a rank's
@@ -322,26 +319,11 @@ impl TxState {
     }
 
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        let Payload::Shared(shared) = msg.payload else {
-            return self.send_private(dest, msg);
-        };
-        // The NI's put gathers private parts: copy the shared payload out first.
-        let mut echo = std::mem::take(&mut self.echo);
-        shared.read_into(&mut echo);
-        let private = Outgoing {
-            payload: Payload::Private(&echo),
-            ..*msg
-        };
-        let r = self.send_private(dest, &private);
-        self.echo = echo;
-        r
-    }
-
-    fn send_private(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        let Payload::Private(payload) = msg.payload else {
-            return Err(SendError::Other(
-                "portals: a shared payload not copied out".into(),
-            ));
+        // A shared payload (an echo) goes to the NI as such: the deposit moves it straight
+        // from where it was received.
+        let (payload, shared): (&[u8], _) = match msg.payload {
+            Payload::Private(p) => (p, None),
+            Payload::Shared(s) => (&[], Some(s)),
         };
         let d = dest as usize;
         if d >= self.peers.len() {
@@ -401,6 +383,7 @@ impl TxState {
                     hdr_data: 0,
                     remote_offset: off as u64,
                     data,
+                    shared,
                     ack: false,
                     send_event: false,
                     pad: false,
@@ -443,6 +426,7 @@ impl TxState {
                 0
             },
             data,
+            shared: if data.len() == 2 { shared } else { None },
             ack: false,
             send_event: false,
             // The send slot is the request's, reserved for this reply.
@@ -645,7 +629,6 @@ impl Portals {
                 stats: Stats::default(),
                 buffer_mes: buffers.iter().map(|b| b.me).collect(),
                 reply_me,
-                echo: Vec::new(),
             },
             buffers,
             reply_me,
