@@ -4,7 +4,7 @@
 //! delivered from it or written outside its range, and that rank 2's messages (over VELO and
 //! by RMA buffer) still arrive. Heap clusters, bounded waits: Miri runs them.
 
-use super::tests::{head, out, poll_until};
+use super::tests::{head, out, patience, poll_until};
 use super::*;
 use crate::layout::ABORT;
 use crate::layout::{
@@ -63,7 +63,7 @@ fn good_still_arrives(b: &mut Extoll, c: &mut Extoll) -> Vec<TransportError> {
     c.set_medium(c.config().medium);
     let mut errors = Vec::new();
     for want in [b"good", b"rma!"] {
-        let (got, e) = poll_until(b, Duration::from_secs(5));
+        let (got, e) = poll_until(b, patience(5));
         errors.extend(e);
         let (src, bytes) = got.expect("rank 2's message did not arrive");
         assert_eq!(src, 2, "a message from rank {src} was delivered");
@@ -205,7 +205,7 @@ fn a_packet_length_past_the_packet_is_refused_not_lent() {
                 "{packet_size}/{len}: {r:?}"
             );
             assert_eq!(delivered, None, "{packet_size}/{len}: lent");
-            let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+            let (got, errors) = poll_until(&mut b, patience(5));
             assert_eq!(errors, vec![]);
             assert_eq!(got.map(|(s, m)| (s, m.len())), Some((2, n + 4)));
             // The first packet of a longer message lies: it and the rest of its message go,
@@ -370,7 +370,7 @@ fn rewritten_head_words_are_put_back() {
     ));
     assert_eq!(c.tx.mailbox_head[1], 0);
     c.try_send(1, &out(&h[..n], &[])).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!((got.map(|g| g.0), errors), (Some(2), vec![]));
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
 }
@@ -555,7 +555,7 @@ fn a_corrupt_ack_word_is_ignored_and_reported() {
         "two buffers, none acknowledged"
     );
     for k in [1u8, 2] {
-        let (got, errors) = poll_until(&mut a, Duration::from_secs(5));
+        let (got, errors) = poll_until(&mut a, patience(5));
         assert_eq!(errors, vec![]);
         let (src, m) = got.unwrap();
         assert_eq!((src, m.len()), (1, n + 600));
@@ -625,7 +625,7 @@ fn a_live_claim_is_waited_for_not_skipped() {
     };
     ring.publish(&c.tx.peers[1].imp, t[0], m.encode()).unwrap();
     c.tx.finish_claim(1, &[], Ok(())).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!((got, errors), (Some((2, h)), vec![]));
 }
 
@@ -681,7 +681,7 @@ fn put_into_a_full_queue(a: &mut Extoll, c: &Extoll) -> RmaOp {
 }
 
 fn rma_result(a: &mut Extoll, op: RmaOp) -> Result<bool, TransportError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience(10);
     loop {
         match a.rma_test(op) {
             Ok(false) if Instant::now() < deadline => std::thread::yield_now(),

@@ -22,6 +22,14 @@ pub(super) fn pair(config: ExtollConfig) -> (Extoll, Extoll) {
     (v.pop().unwrap(), b)
 }
 
+/// A limit that a wait must meet, stretched under Miri: there the interpreter runs both ranks
+/// and the engine thread hundreds of times slower, and a loaded CI machine slower still
+/// (10 s of wall clock once ran out there). Checks that nothing arrives keep their short
+/// limits: a longer one would only slow them.
+pub(super) fn patience(secs: u64) -> Duration {
+    Duration::from_secs(if cfg!(miri) { secs * 30 } else { secs })
+}
+
 /// Polls `x` until it delivers or `limit` passes, waiting between empty polls: the delivered
 /// source and bytes, and every error met on the way.
 pub(super) fn poll_until(
@@ -45,7 +53,7 @@ pub(super) fn poll_until(
 }
 
 fn recv(x: &mut Extoll) -> Option<(u32, Vec<u8>)> {
-    let (got, errors) = poll_until(x, Duration::from_secs(10));
+    let (got, errors) = poll_until(x, patience(10));
     assert_eq!(errors, vec![]);
     got
 }
@@ -96,7 +104,7 @@ fn messages_are_lent_where_they_are() {
         let n = head(AmKind::Medium, len, &mut h);
         let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
         a.try_send(1, &out(&h[..n], &payload)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + patience(10);
         let got = loop {
             assert!(
                 Instant::now() < deadline,
@@ -130,7 +138,7 @@ fn both_paths_keep_per_source_order() {
     let mut h = [0u8; MAX_HEAD_LEN];
     let sizes = [10usize, 100, 20, 200, 300, 5, 400, 8192, 1];
     let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience(10);
     for (k, &len) in sizes.iter().enumerate() {
         let n = head(AmKind::Medium, len, &mut h);
         let payload = vec![k as u8; len];
@@ -194,10 +202,10 @@ fn a_message_waits_for_an_rma_medium_behind_a_live_claim() {
     // The claimer gives its slot up: everything flows, in rank 0's order.
     ring.skip(&c.tx.peers[1].imp, t[0], me).unwrap();
     ring.release(&c.tx.peers[1].imp, record).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!(errors, vec![]);
     assert_eq!(got.map(|(s, m)| (s, m.len())), Some((0, n + 600)));
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!(errors, vec![]);
     assert_eq!(got.map(|(s, m)| (s, m.len())), Some((0, s)));
 }
@@ -206,7 +214,7 @@ fn a_message_waits_for_an_rma_medium_behind_a_live_claim() {
 fn rma_put_and_get_by_the_engine_with_notifications() {
     let (mut a, mut b) = pair(ExtollConfig::default());
     a.segment().write(100, b"0123456789").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience(10);
     let op = a.rma_put(1, 5000, 100, 10).unwrap();
     while !a.rma_test(op).unwrap() {
         assert!(Instant::now() < deadline);
@@ -339,7 +347,7 @@ mod dead_claimer {
         let mut h = [0u8; MAX_HEAD_LEN];
         let n = head(AmKind::Short, 0, &mut h);
         c.try_send(0, &out(&h[..n], &[])).unwrap();
-        let (got, e) = poll_until(a, Duration::from_secs(5));
+        let (got, e) = poll_until(a, patience(5));
         errors.extend(e);
         assert_eq!(got.map(|g| g.0), Some(2));
         assert_eq!(errors, vec![TransportError::PeerLost(1)]);
@@ -348,7 +356,7 @@ mod dead_claimer {
         c.try_send(0, &out(&h[..m], &[7; 700])).unwrap();
         c.try_send(0, &out(&h[..n], &[])).unwrap();
         for want in [m + 700, n] {
-            let (got, e) = poll_until(a, Duration::from_secs(5));
+            let (got, e) = poll_until(a, patience(5));
             assert_eq!(e, vec![], "PeerLost is reported once");
             assert_eq!(got.map(|(s, b)| (s, b.len())), Some((2, want)));
         }

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use super::tests::{drain, head, out, poll_until, small, take_replies, trio};
+use super::tests::{drain, head, out, patience, poll_until, small, take_replies, trio};
 use super::*;
 use crate::ni::{seq_claimed, seq_published, Event, ACTIVE, EQ_HEAD, EQ_TAIL, WAITING};
 use am_core::wire::MAX_HEAD_LEN;
@@ -45,7 +45,7 @@ fn good_still_arrives(b: &mut Portals, c: &mut Portals) -> Vec<TransportError> {
     let mut s = [0u8; MAX_HEAD_LEN];
     let sn = head(Category::Request, AmKind::Short, 0, &mut s);
     let want: [Vec<u8>; 2] = [[&m[..mn], b"good"].concat(), s[..sn].to_vec()];
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience(10);
     let mut errors = Vec::new();
     let mut sent = 0;
     for w in &want {
@@ -91,7 +91,7 @@ fn arrives_and_reported(b: &mut Portals, c: &mut Portals, peer: Option<Rank>) {
 /// Rank 1 idles until its idle check reports something (at most 5 s): what it reported.
 fn idle_errors(b: &mut Portals) -> Vec<TransportError> {
     let mut errors = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + patience(5);
     while errors.is_empty() && Instant::now() < deadline {
         match b.poll_recv(|d, _, _| d.src) {
             Ok(Some(src)) => panic!("a message from rank {src} was delivered"),
@@ -421,7 +421,7 @@ fn a_reply_into_the_wrong_slot_is_refused() {
     assert!(!delivered);
     // Rank 2 answers for real: the slot is free again.
     drain(&mut c);
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!(errors, vec![]);
     assert_eq!(got.map(|g| g.0), Some(2));
 }
@@ -608,7 +608,7 @@ fn corrupt_departed_and_abort_words_are_reported() {
     }
     let (a, mut b, _c) = trio(small());
     victim(&a).imp.store_word(ni::ABORT, 1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + patience(5);
     let aborted = loop {
         assert!(Instant::now() < deadline, "never aborted");
         if let Err(e) = b.wait(Duration::from_millis(5)) {

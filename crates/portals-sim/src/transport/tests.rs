@@ -56,6 +56,13 @@ pub(super) fn trio(config: PortalsConfig) -> (Portals, Portals, Portals) {
     (v.pop().unwrap(), b, c)
 }
 
+/// A limit that a wait must meet, stretched under Miri: there the interpreter runs the ranks
+/// hundreds of times slower, and a loaded CI machine slower still. Checks that nothing
+/// arrives keep their short limits: a longer one would only slow them.
+pub(super) fn patience(secs: u64) -> Duration {
+    Duration::from_secs(if cfg!(miri) { secs * 30 } else { secs })
+}
+
 /// Polls `x` until it delivers or `limit` passes, waiting between empty polls; a request is
 /// answered with an empty Short reply (a lost requester is skipped). The delivered source
 /// and bytes, and every error met on the way.
@@ -113,7 +120,7 @@ pub(super) fn exchange(
     let mut h = [0u8; MAX_HEAD_LEN];
     let hn = head(Category::Request, AmKind::Medium, 4 + pad, &mut h);
     let dest = to.rank();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + patience(20);
     let (mut sent, mut got) = (0u32, 0u32);
     let mut errors = Vec::new();
     while got < n {
@@ -270,7 +277,7 @@ fn entry_disabled_then_recovered() {
     let mut got = 0;
     let mut refused = 0;
     let total = if cfg!(miri) { 12 } else { 40 };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + patience(20);
     while got < total {
         assert!(Instant::now() < deadline, "stuck at {got}");
         match b.poll_recv(|d, _, tx| {
@@ -361,7 +368,7 @@ fn a_dead_claimer_never_wedges_the_event_queue() {
     assert!(waits < 200, "{waits} waits in 50 ms: a busy loop");
     // Liveness finds rank 0 dead: its claim is skipped, rank 2's message arrives.
     b.declare_lost(0).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_secs(5));
+    let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!(errors, vec![]);
     let (src, bytes) = got.expect("rank 2's message");
     assert_eq!((src, &bytes[hn..]), (2, &b"behind.."[..]));
