@@ -29,3 +29,38 @@ pub fn yield_now() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+#[cfg(loom)]
+std::thread_local! {
+    static YIELD_AFTER_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// For loom models: `loom::thread::spawn`, and in the second pass of [`model`] a yield in
+/// the spawning thread right after it.
+#[cfg(loom)]
+pub fn spawn<T: 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thread::JoinHandle<T> {
+    let handle = loom::thread::spawn(f);
+    if YIELD_AFTER_SPAWN.with(|y| y.get()) {
+        loom::thread::yield_now();
+    }
+    handle
+}
+
+/// For loom models: checks `f` twice with `preemption_bound`, threads started by [`spawn`].
+/// The first pass spawns plainly. loom 0.7 explores a single execution when a new thread's
+/// first operation is an atomic load (tokio-rs/loom#392): the spawner always runs first, so
+/// the owner in a mailbox model never saw a message published. The second pass yields in the
+/// spawner after each spawn, which lets the new threads go first; it explores fewer
+/// executions where the spawner goes first, which the first pass covers.
+#[cfg(loom)]
+pub fn model(preemption_bound: usize, f: impl Fn() + Sync + Send + 'static) {
+    let f = std::sync::Arc::new(f);
+    for yield_after_spawn in [false, true] {
+        YIELD_AFTER_SPAWN.with(|y| y.set(yield_after_spawn));
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(preemption_bound);
+        let f = f.clone();
+        b.check(move || f());
+    }
+    YIELD_AFTER_SPAWN.with(|y| y.set(false));
+}

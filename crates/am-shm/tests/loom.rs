@@ -12,15 +12,12 @@ use std::time::Duration;
 use am_shm::doorbell::tag;
 use am_shm::mailbox::{Ring, Seen};
 use am_shm::stamp::Slots;
-use am_shm::sync::{AtomicU64, Ordering};
+use am_shm::sync::{spawn, AtomicU64, Ordering};
 use am_shm::Segment;
 use loom::sync::Arc;
-use loom::thread;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
+    am_shm::sync::model(3, f);
 }
 
 /// Stamp hand-over through `Slots`: the reader sees the whole body once it sees the stamp,
@@ -35,7 +32,7 @@ fn loom_stamp_hand_over() {
         };
         let seg = Arc::new(Segment::heap(64, slots.data_bytes()).unwrap());
         let w = seg.clone();
-        let writer = thread::spawn(move || {
+        let writer = spawn(move || {
             let to = w.import();
             let back = w.word(0).unwrap();
             for seq in 1..=2u64 {
@@ -69,7 +66,7 @@ fn loom_doorbell_no_lost_wakeup() {
     model(|| {
         let seg = Arc::new(Segment::heap(128, 0).unwrap());
         let s = seg.clone();
-        let sender = thread::spawn(move || {
+        let sender = spawn(move || {
             s.word(64).unwrap().store(7, Ordering::Release); // the ready flag
             s.import().ring(0).unwrap();
         });
@@ -94,7 +91,7 @@ fn loom_doorbell_lazy_ring_never_loses_a_message() {
         // The receiver left the flag set with the sender's tag (a message already taken).
         seg.import().ring_tagged(0, tag(1)).unwrap();
         let s = seg.clone();
-        let sender = thread::spawn(move || {
+        let sender = spawn(move || {
             s.word(64).unwrap().store(7, Ordering::Release);
             s.doorbell(0).unwrap().ring_tagged_lazy(tag(1));
         });
@@ -142,7 +139,7 @@ fn loom_mailbox_claims_never_overwrite() {
         let senders: Vec<_> = (1..=2u32)
             .map(|id| {
                 let s = seg.clone();
-                thread::spawn(move || {
+                spawn(move || {
                     let w = s.import();
                     let mut head = 0;
                     let mut got = [0u64; 1];
@@ -189,7 +186,7 @@ fn loom_mailbox_send_one_never_overwrites() {
         let senders: Vec<_> = (1..=2u32)
             .map(|id| {
                 let s = seg.clone();
-                thread::spawn(move || {
+                spawn(move || {
                     let mut head = 0;
                     let record = 128 + 8 * id as usize;
                     r.send_one(&s, id, record, &mut head, &[&[id as u8; 8]], id)
@@ -228,7 +225,7 @@ fn loom_mailbox_multi_slot_claims_are_all_or_nothing() {
         let r = ring(2);
         let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
         let s = seg.clone();
-        let big = thread::spawn(move || {
+        let big = spawn(move || {
             let w = s.import();
             let mut head = 0;
             let mut got = [0u64; 2];
@@ -276,7 +273,7 @@ fn loom_mailbox_claims_are_vouched_for() {
         let r = ring(2);
         let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
         let s = seg.clone();
-        let sender = thread::spawn(move || {
+        let sender = spawn(move || {
             let mut head = 0;
             let mut got = [0u64; 1];
             assert!(r.try_claim(&s, 1, 3, 152, &mut head, &mut got).unwrap());

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use am_shm::sync::{model, spawn};
 use am_shm::Segment;
 use loom::sync::Arc;
 use loom::thread;
@@ -20,12 +21,6 @@ use portals_sim::ni::{
     Drained, Event, EventKind, MeOptions, MeSpec, NiGeometry, NiOwner, Nic, Outcome, PutArgs,
     PT_REQUEST, PT_USER,
 };
-
-fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(bound);
-    b.check(f);
-}
 
 /// The smallest NI: `ranks` ranks, one match entry taking any put into 64 bytes, an event
 /// queue of 8 slots.
@@ -113,7 +108,7 @@ fn loom_put_against_a_sleeping_owner() {
     model(3, || {
         let (seg, geo, mut owner) = ni(1);
         let s = seg.clone();
-        let producer = thread::spawn(move || put(&s, &geo, 0));
+        let producer = spawn(move || put(&s, &geo, 0));
         let got = owner_reads(&mut owner, &seg, 1);
         producer.join().unwrap();
         check(&seg, got, 1);
@@ -130,7 +125,7 @@ fn loom_two_producers_claim_distinct_slots() {
         let producers: Vec<_> = (0..2)
             .map(|r| {
                 let s = seg.clone();
-                thread::spawn(move || put(&s, &geo, r))
+                spawn(move || put(&s, &geo, r))
             })
             .collect();
         let got = owner_reads(&mut owner, &seg, 2);
@@ -165,7 +160,7 @@ fn loom_no_relink_before_the_deposit_is_read() {
         };
         let me = owner.me_append(&seg, PT_REQUEST, spec).unwrap();
         let s = seg.clone();
-        let walker = thread::spawn(move || {
+        let walker = spawn(move || {
             let imp = s.import();
             let nic = Nic::new(&s, &imp, &geo);
             let data = [7u8; 8];

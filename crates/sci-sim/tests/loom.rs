@@ -22,9 +22,7 @@ fn short(buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
 
 #[test]
 fn loom_take_count_suppression_never_loses_a_message() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(2);
-    b.check(|| {
+    am_shm::sync::model(2, || {
         let config = SciConfig {
             slots: 2,
             slot_size: 128,
@@ -38,7 +36,7 @@ fn loom_take_count_suppression_never_loses_a_message() {
         // The first message rings; the receiver takes it and leaves its flag set.
         tx.try_send(1, &Outgoing::new(&h[..n], &[])).unwrap();
         assert!(rx.poll_recv(|d, _, _| d.src).unwrap().is_some());
-        let sender = loom::thread::spawn(move || {
+        let sender = am_shm::sync::spawn(move || {
             let mut h = [0u8; MAX_HEAD_LEN];
             let n = short(&mut h);
             // The count has not moved since it rang: this send may skip the ring.
