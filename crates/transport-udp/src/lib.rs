@@ -22,7 +22,11 @@
 //!   the data waiting for it, for `AM_PEER_TIMEOUT_MS` (default 30 s) of this rank's polled
 //!   time is lost, never after a retry count; quiet links
 //!   are kept alive by pings. The next poll returns `PeerLost(r)` once per lost peer; sends to
-//!   it fail at once. A rank that drops its transport says goodbye (in order, after its data)
+//!   it fail at once. Loss is final (fencing): datagrams from a lost peer are refused and
+//!   answered by a fence (at most one per 20 ms), so a rank that comes back after being
+//!   declared lost (stopped, descheduled or cut off for longer than the timeout) is refused
+//!   rather than half-accepted, and reports its peers lost at once instead of after a
+//!   timeout of its own. A rank that drops its transport says goodbye (in order, after its data)
 //!   so a finished rank is never mistaken for a dead one; after its goodbye it acknowledges no
 //!   more data (it could not deliver it), and its peers count what it never acknowledged in
 //!   [`proto::Stats::undelivered`] rather than dropping it silently. A rank must poll at least

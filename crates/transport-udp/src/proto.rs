@@ -57,6 +57,9 @@ const PN_WINDOW: u64 = 128;
 const ACK_EVERY: u32 = 16;
 /// Recycled datagram buffers kept.
 const POOL_MAX: usize = 1024;
+/// Fences sent to one lost peer at most this often: one answers its first datagram, and a
+/// lost fence is repeated for its next retransmission, without answering a flood one for one.
+const FENCE_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Tunables of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,8 +159,16 @@ pub struct Stats {
     pub dropped_misaddressed: u64,
     /// Dropped: a packet number already seen or too old (replay).
     pub dropped_replayed: u64,
-    /// Dropped: from a peer declared lost.
+    /// Dropped: from a peer declared lost (each may be answered by a fence, see
+    /// [`Stats::fences_sent`]).
     pub dropped_from_lost: u64,
+    /// Fences sent: answers to datagrams from a peer declared lost, telling it that this rank
+    /// refuses it, so that it gives this rank up at once instead of after a peer timeout.
+    pub fences_sent: u64,
+    /// Peers that fenced this rank (it had been declared lost by them, e.g. after it was
+    /// stopped or descheduled for longer than the peer timeout): each was declared lost here
+    /// at once.
+    pub fenced: u64,
     /// Fragments to a peer that said goodbye which it never acknowledged within the peer
     /// timeout (it closed before receiving them): dropped, and reported here rather than
     /// silently.
@@ -204,7 +215,7 @@ pub enum Input {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PeerState {
     Live,
-    /// Declared lost: sends fail, its datagrams are dropped.
+    /// Declared lost: sends fail, its datagrams are dropped (and answered by a fence).
     Lost,
     /// Said goodbye: sends fail, but its datagrams are still acknowledged so it can leave.
     Departed,
@@ -284,6 +295,8 @@ struct Peer {
     /// The engine's [`Engine::absence`] at `heard_at`.
     heard_absence: Duration,
     last_ping: Option<Instant>,
+    /// When a fence was last sent to it (it is lost and still sending).
+    last_fence: Option<Instant>,
     /// Since when data to it has waited for an acknowledgement with none arriving (and the
     /// engine's absence then): pings and acks of nothing new do not reset it, so a peer that
     /// answers pings but never acknowledges data (datagrams it cannot receive) is lost.
@@ -326,6 +339,7 @@ impl Peer {
             heard_at: None,
             heard_absence: Duration::ZERO,
             last_ping: None,
+            last_fence: None,
             stalled_since: None,
         }
     }
@@ -400,6 +414,7 @@ enum Out {
     Data(Rank, u64),
     Ack(Rank),
     Ping(Rank),
+    Fence(Rank),
 }
 
 /// One rank's reliability state toward every other rank. See the [module docs](self).
@@ -689,6 +704,12 @@ impl Engine {
                         self.stats.pings_sent += 1;
                     }
                 }
+                Out::Fence(dest) => {
+                    if self.peers[dest as usize].state == PeerState::Lost {
+                        self.transmit_control(now, dest, Kind::Fence, sink);
+                        self.stats.fences_sent += 1;
+                    }
+                }
             }
         }
     }
@@ -818,8 +839,29 @@ impl Engine {
             return Input::Rejected;
         }
         if p.state == PeerState::Lost {
+            // Fencing: a rank declared lost that comes back (stopped, descheduled, cut off
+            // for longer than the timeout) is refused, never half-accepted, and told so, so
+            // that it fails at once rather than after a whole timeout of its own. Only an
+            // authentic, fresh datagram of the lost peer earns the answer, at most once per
+            // FENCE_INTERVAL: a stranger cannot make this rank send anything. A fence is never
+            // answered (two ranks that lost each other would fence each other for ever).
             self.stats.dropped_from_lost += 1;
+            let p = &mut self.peers[src as usize];
+            if h.kind != Kind::Fence && p.last_fence.is_none_or(|t| now >= t + FENCE_INTERVAL) {
+                p.last_fence = Some(now);
+                self.outbox.push_back(Out::Fence(src));
+            }
             return Input::Rejected;
+        }
+        if h.kind == Kind::Fence {
+            // The peer declared this rank lost and refuses it: nothing more can pass between
+            // the two, so give it up now (its acks, if any, are moot).
+            let p = &mut self.peers[src as usize];
+            p.record_pn(h.pn);
+            self.stats.datagrams_accepted += 1;
+            self.stats.fenced += 1;
+            self.declare_lost(src);
+            return Input::Accepted;
         }
         // Authentic and fresh: from here on the datagram counts.
         let p = &mut self.peers[src as usize];
@@ -839,6 +881,8 @@ impl Engine {
                 Input::Accepted
             }
             Kind::Data => self.on_data(now, src, &h, d),
+            // Handled above.
+            Kind::Fence => Input::Accepted,
         }
     }
 

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! 0       version (0xA1)
-//! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack)
+//! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack), 4 fence ("you were
+//!         declared lost here": the answer to a datagram from a peer declared lost)
 //! 2       flags (data only): bit 0 first fragment, bit 1 last fragment, bit 2 goodbye
 //! 3       zero
 //! 4..12   job tag: names the job (not secret; the MAC is what authenticates)
@@ -51,6 +52,9 @@ pub enum Kind {
     Ack = 2,
     /// Acknowledgements, and a request to be acknowledged (keepalive).
     Ping = 3,
+    /// The sender declared the receiver lost and refuses its datagrams: the receiver must
+    /// give the sender up at once too (fencing), rather than after a whole peer timeout.
+    Fence = 4,
 }
 
 /// A decoded header.
@@ -135,6 +139,7 @@ impl Header {
             1 => Kind::Data,
             2 => Kind::Ack,
             3 => Kind::Ping,
+            4 => Kind::Fence,
             _ => return None,
         };
         let flags = b[2];
@@ -411,7 +416,12 @@ mod tests {
 
     fn header() -> impl Strategy<Value = Header> {
         (
-            prop_oneof![Just(Kind::Data), Just(Kind::Ack), Just(Kind::Ping)],
+            prop_oneof![
+                Just(Kind::Data),
+                Just(Kind::Ack),
+                Just(Kind::Ping),
+                Just(Kind::Fence)
+            ],
             0u8..8,
             any::<(u64, u32, u32, u64, u64)>(),
             any::<(u64, u64, u64, u64, u32)>(),
