@@ -250,41 +250,19 @@ impl JobKey {
     /// (`O_NOFOLLOW`), and the checks are made on the open file (`fstat`), so the file read
     /// is the file checked: no swapping it between the check and the read.
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
-        use std::io::Read;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let io_err = |source| KeyError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        if !meta.file_type().is_file() {
-            return Err(KeyError::NotAFile {
+        use am_launch::KeyFileError as E;
+        // A key is 64 digits and maybe a newline; a larger file is not a key. The checks are
+        // the launcher's own, so `amrun` refuses what a rank would.
+        let text = am_launch::read_key_file(path, 256).map_err(|e| match e {
+            E::Io { path, source } => KeyError::Io { path, source },
+            E::NotAFile { path } => KeyError::NotAFile { path },
+            E::Owner { path, owner, me } => KeyError::Owner { path, owner, me },
+            E::Permissions { path, mode } => KeyError::Permissions { path, mode },
+            e => KeyError::Io {
                 path: path.to_owned(),
-            });
-        }
-        let me = nix::unistd::geteuid().as_raw();
-        if meta.uid() != me {
-            return Err(KeyError::Owner {
-                path: path.to_owned(),
-                owner: meta.uid(),
-                me,
-            });
-        }
-        let mode = meta.mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Permissions {
-                path: path.to_owned(),
-                mode,
-            });
-        }
-        // A key is 64 digits and maybe a newline; a larger file is not a key.
-        let mut text = String::new();
-        file.take(256).read_to_string(&mut text).map_err(io_err)?;
+                source: io::Error::other(e),
+            },
+        })?;
         JobKey::from_hex(&text)
     }
 

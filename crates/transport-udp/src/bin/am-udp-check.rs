@@ -6,6 +6,8 @@
 //!                            with AM_UDP_CHECK_STOP_AFTER=k rank 1 stops itself (SIGSTOP)
 //!                            after k, for the test to resume (SIGCONT)
 //! am-udp-check survive       traffic until a peer is lost; report it; exit 3
+//! am-udp-check child         every rank starts a shell once its transport is up; fails if
+//!                            the shell finds the job key (in its environment or the pipe)
 //! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, then
 //!                            Node::put bandwidth of 1, 4 and 16 MiB
 //! ```
@@ -39,9 +41,10 @@ fn main() {
         Some("alltoall") => alltoall(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
         Some("stream") => stream(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
         Some("survive") => survive(),
+        Some("child") => child(),
         Some("bench") => bench(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000)),
         _ => {
-            eprintln!("usage: am-udp-check alltoall N | stream N | survive | bench [N]");
+            eprintln!("usage: am-udp-check alltoall N | stream N | survive | child | bench [N]");
             std::process::exit(2)
         }
     };
@@ -176,6 +179,31 @@ fn stream(n: u32) -> Res<()> {
         s.retransmits,
         s.timeouts
     );
+    Ok(())
+}
+
+/// Starts a shell once the transport is up, as a program would start a helper: it must find
+/// no job key, neither in `AM_UDP_KEY` nor in the pipe `AM_UDP_KEY_FD` names.
+fn child() -> Res<()> {
+    let (_job, udp) = connect()?;
+    let mut node = Node::new(udp, Handlers::new(), node_config()?)?;
+    let out = std::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            r#"printf '%s' "${AM_UDP_KEY-}"; [ -n "${AM_UDP_KEY_FD-}" ] && cat <&"$AM_UDP_KEY_FD" 2>/dev/null; true"#,
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let found = String::from_utf8_lossy(&out.stdout);
+    if !found.trim().is_empty() {
+        bail!(
+            "rank {}: a process it started found the job key: {:?}",
+            node.rank(),
+            found.trim()
+        );
+    }
+    node.barrier()?;
+    println!("rank {}: ok, its child found no key", node.rank());
     Ok(())
 }
 

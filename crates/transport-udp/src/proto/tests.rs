@@ -537,7 +537,9 @@ fn a_rank_back_after_being_declared_lost_is_fenced_at_once() {
     }
     assert_eq!(net.got[0].len(), 5);
     let now = net.now;
-    net.engines[0].send(now, 1, b"to the stopped rank", &[]).unwrap();
+    net.engines[0]
+        .send(now, 1, b"to the stopped rank", &[])
+        .unwrap();
     // Queued by the stopped rank just before it stopped: it goes out when it resumes.
     net.engines[1].send(now, 0, b"after the stop", &[]).unwrap();
     let resume = now + timeout * 3;
@@ -563,7 +565,11 @@ fn a_rank_back_after_being_declared_lost_is_fenced_at_once() {
     let (s0, s1) = (net.engines[0].stats(), net.engines[1].stats());
     assert!(s0.fences_sent >= 1 && s0.dropped_from_lost >= 1, "{s0:?}");
     assert_eq!(s1.fenced, 1, "{s1:?}");
-    assert_eq!(net.got[0].len(), 5, "nothing from the lost rank is delivered");
+    assert_eq!(
+        net.got[0].len(),
+        5,
+        "nothing from the lost rank is delivered"
+    );
     assert_eq!(s0.acks_sent, acks_before, "nor acknowledged");
     assert_eq!(
         net.engines[1].send(net.now, 0, b"x", &[]),
