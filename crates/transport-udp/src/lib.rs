@@ -53,8 +53,12 @@
 //! draws a random epoch that both ends put in every datagram, so datagrams of an earlier run
 //! are never taken for current ones. Two jobs on the same hosts and ports never see each
 //! other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is authenticated
-//! with the same key (and refuses to run without one), and the key is confirmed at start-up:
-//! a rank with another key fails with [`UdpError::KeyMismatch`].
+//! with the same key (and refuses to run without one), both ways: the coordinator challenges
+//! each registration, and answers it at once with a MAC over it (its challenge and the rank's
+//! fresh epoch), so a rank that reached some other process holding the port fails within
+//! seconds with [`UdpError::CoordinatorNotAuthentic`], and a rank 0 that cannot bind it with
+//! [`UdpError::CoordinatorPortTaken`]. The key is confirmed at start-up: a rank with another
+//! key fails with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
