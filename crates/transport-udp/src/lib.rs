@@ -13,8 +13,13 @@
 //!   was acknowledged, duplicate suppression, fragmentation of messages larger than one
 //!   datagram (1472 bytes by default, safe for a 1500-byte MTU; `AM_UDP_MTU` up to 65507 on
 //!   loopback or jumbo frames; the ranks agree on the smallest at start-up), a NewReno
-//!   congestion window of at most 64 fragments in flight per peer, sent in bursts of at most
-//!   32 between acknowledgements.
+//!   congestion window of at most 128 fragments in flight per peer, sent in bursts of at most
+//!   64 between acknowledgements (the receiver acknowledges every 16 at once).
+//! - **Batching**: consecutive datagrams to one peer (a window's worth of fragments) go to the
+//!   kernel in one `sendmsg` with UDP GSO (`UDP_SEGMENT`), and the receiving socket asks for
+//!   UDP GRO, so one read returns a sender's batch; each datagram in it is still
+//!   authenticated on its own. Where the kernel refuses GSO the datagrams go one by one;
+//!   without GRO each read returns one. Socket buffers of 4 MiB are asked for.
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].

@@ -6,7 +6,8 @@
 //! - messages are cut into fragments, each with a 64-bit sequence number (never wraps in a job);
 //! - every transmission gets a fresh 64-bit packet number, so a retransmission is told apart from
 //!   a replay: a packet number seen before (window of 128) is dropped unseen;
-//! - the receiver acknowledges cumulatively plus 64 selective bits, piggybacked on its data or in
+//! - the receiver acknowledges cumulatively plus 64 selective bits (the first 64 of its
+//!   [`WINDOW`] beyond the cumulative ack), piggybacked on its data or in
 //!   a standalone ack after [`EngineConfig::ack_delay`] (at once on a gap or a duplicate);
 //! - the sender keeps at most a congestion window of fragments in flight (NewReno as in
 //!   RFC 9002 section 7, counted in fragments: slow start from [`INITIAL_WINDOW`], halved once
@@ -34,9 +35,10 @@ use crate::wire::{
     Authenticator, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN, OVERHEAD,
 };
 
-/// Fragments in flight per peer at most (the largest congestion window), the receiver's
-/// reordering window, and the selective-ack width.
-pub const WINDOW: u64 = 64;
+/// Fragments in flight per peer at most (the largest congestion window), and the receiver's
+/// reordering window. Selective acks report the first 64 of it beyond the cumulative ack
+/// (what lies further is acknowledged cumulatively once the holes before it fill).
+pub const WINDOW: u64 = 128;
 /// Congestion window of a fresh link, in fragments (RFC 9002's ten datagrams).
 pub const INITIAL_WINDOW: u64 = 10;
 /// Smallest congestion window, in fragments (after persistent timeouts).
@@ -44,9 +46,10 @@ pub const MIN_WINDOW: u64 = 2;
 /// New fragments sent toward one peer between two acknowledgements that make progress, at
 /// most: a window opened wide at once (by a large send, or the end of a pause) goes out in
 /// bursts clocked by the acknowledgements, not all at once into the peer's socket buffer.
-/// Twice the receiver's ack interval, so that a stream is never held waiting for an ack
-/// the receiver only sends after the whole burst arrived.
-pub const MAX_BURST: u32 = 2 * ACK_EVERY;
+/// Four times the receiver's ack interval: the acks of a burst's first fragments come back
+/// while its last are still on the way, so the sender keeps sending while the receiver
+/// works, instead of the two taking turns.
+pub const MAX_BURST: u32 = 4 * ACK_EVERY;
 /// How long a round-trip sample counts toward the largest recent one (two such periods).
 const RTT_MAX_PERIOD: Duration = Duration::from_secs(1);
 /// Timer granularity: the least variance allowed for in the retransmission timeout.
@@ -277,7 +280,7 @@ struct Peer {
     /// Every sequence number below it was received.
     recv_next: u64,
     /// Bit i: `recv_next + i` is held out of order.
-    recv_mask: u64,
+    recv_mask: u128,
     held: Vec<Option<Held>>,
     reasm: Option<(Vec<u8>, usize)>,
     ready_count: usize,
@@ -345,7 +348,7 @@ impl Peer {
     }
 
     fn sack(&self) -> u64 {
-        self.recv_mask >> 1
+        (self.recv_mask >> 1) as u64
     }
 
     fn fresh_pn(&self, pn: u64) -> bool {
@@ -670,6 +673,12 @@ impl Engine {
     /// The next peer declared lost (each peer at most once).
     pub fn poll_lost(&mut self) -> Option<Rank> {
         self.lost.pop_front()
+    }
+
+    /// True if datagrams are due to be sent ([`Engine::transmit`]): an acknowledgement owed
+    /// at once, fragments an acknowledgement let go. Worth sending before reading on.
+    pub fn has_output(&self) -> bool {
+        !self.outbox.is_empty()
     }
 
     /// True if a whole message waits in [`Engine::pop_message`].
@@ -1097,14 +1106,14 @@ impl Engine {
             return Input::Accepted;
         }
         if off > 0 {
-            if p.recv_mask & (1 << off) != 0 {
+            if p.recv_mask & (1u128 << off) != 0 {
                 self.stats.duplicates += 1;
             } else {
                 let mut data = self.pool.pop().unwrap_or_default();
                 data.clear();
                 data.extend_from_slice(&d[body.clone()]);
                 let p = &mut self.peers[src as usize];
-                p.recv_mask |= 1 << off;
+                p.recv_mask |= 1u128 << off;
                 p.held[(h.seq % WINDOW) as usize] = Some(Held {
                     flags: h.flags,
                     msg_len: h.msg_len,

@@ -28,3 +28,27 @@ mod clean_network {
 mod lossy_network {
     am_core::conformance_tests!(super::lossy);
 }
+
+/// Large transfers on a clean network go through the batched paths (several datagrams per
+/// system call each way, where the kernel does UDP GSO and GRO): every datagram must arrive
+/// whole and authentic, so nothing is refused, and the bytes land intact.
+#[test]
+fn batched_transfers_refuse_nothing() {
+    use am_core::{Config, Handlers, Node};
+    const SIZE: usize = 4 << 20;
+    let results = am_core::run_ranks(clean(2, SIZE), |t| {
+        let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+        let data: Vec<u8> = (0..SIZE).map(|i| (i * 13 + 5) as u8).collect();
+        if node.rank() == 0 {
+            node.put(1, 0, &data).unwrap();
+        }
+        node.barrier().unwrap();
+        let landed = node.rank() == 0 || node.segment().to_vec() == data;
+        (landed, node.transport().stats())
+    });
+    for (rank, (landed, stats)) in results.iter().enumerate() {
+        assert!(landed, "rank {rank}: the put did not land intact");
+        assert_eq!(stats.rejected(), 0, "rank {rank}: {stats:?}");
+        assert_eq!(stats.protocol_violations, 0, "rank {rank}: {stats:?}");
+    }
+}
