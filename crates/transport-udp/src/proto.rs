@@ -237,6 +237,32 @@ struct Sent {
     queued: bool,
 }
 
+/// A fragment's payload: in the datagram just received (copied once, into the message being
+/// reassembled), or held since it came out of order.
+enum Frag<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Frag<'_> {
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Frag::Borrowed(b) => b.to_vec(),
+            Frag::Owned(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for Frag<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Frag::Borrowed(b) => b,
+            Frag::Owned(v) => v,
+        }
+    }
+}
+
 /// A fragment received out of order.
 struct Held {
     flags: u8,
@@ -1149,8 +1175,7 @@ impl Engine {
             self.stats.delivered += 1;
             Input::Deliver { src, range: body }
         } else {
-            let data = d[body].to_vec();
-            self.accept_fragment(src, h.flags, h.msg_len, data);
+            self.accept_fragment(src, h.flags, h.msg_len, Frag::Borrowed(&d[body]));
             Input::Accepted
         };
         self.drain(src);
@@ -1172,12 +1197,12 @@ impl Engine {
             };
             p.recv_next += 1;
             p.recv_mask >>= 1;
-            self.accept_fragment(src, held.flags, held.msg_len, held.data);
+            self.accept_fragment(src, held.flags, held.msg_len, Frag::Owned(held.data));
         }
     }
 
     /// Appends an in-order fragment to the message being reassembled.
-    fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Vec<u8>) {
+    fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Frag<'_>) {
         let max = self.cfg.max_message;
         let p = &mut self.peers[src as usize];
         if flags & FLAG_BYE != 0 {
@@ -1207,13 +1232,15 @@ impl Engine {
                     return;
                 }
                 p.ready_count += 1;
-                self.ready.push_back((src, data));
+                self.ready.push_back((src, data.into_vec()));
                 return;
             }
             let mut buf = Vec::with_capacity(len);
             buf.extend_from_slice(&data);
             p.reasm = Some((buf, len));
-            self.recycle(data);
+            if let Frag::Owned(v) = data {
+                self.recycle(v);
+            }
             return;
         }
         let Some((mut buf, len)) = p.reasm.take() else {
@@ -1225,7 +1252,9 @@ impl Engine {
             return;
         }
         buf.extend_from_slice(&data);
-        self.recycle(data);
+        if let Frag::Owned(v) = data {
+            self.recycle(v);
+        }
         let p = &mut self.peers[src as usize];
         if flags & FLAG_LAST != 0 {
             if buf.len() != len {
