@@ -107,7 +107,7 @@ impl Batch {
     }
 
     /// Hands the batch to the kernel: one `sendmsg` with a `UDP_SEGMENT` control message for
-    /// several datagrams, else one `sendto` each.
+    /// several datagrams, else one `sendmmsg` for them all.
     fn send(&mut self, socket: &UdpSocket, addr: &SocketAddr, send_errors: &mut u64) {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
         use std::os::fd::AsRawFd;
@@ -141,12 +141,32 @@ impl Batch {
                 }
             }
         }
-        if !sent {
-            for d in self.buf.chunks(self.seg.max(1)) {
-                if socket.send_to(d, addr).is_err() {
-                    *send_errors += 1;
-                }
+        if !sent && self.count == 1 {
+            if socket.send_to(&self.buf, addr).is_err() {
+                *send_errors += 1;
             }
+        } else if !sent {
+            use nix::sys::socket::{sendmmsg, MultiHeaders};
+            let to = SockaddrStorage::from(*addr);
+            let slices: Vec<[io::IoSlice<'_>; 1]> = self
+                .buf
+                .chunks(self.seg.max(1))
+                .map(|d| [io::IoSlice::new(d)])
+                .collect();
+            let addrs = vec![Some(to); slices.len()];
+            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
+            let no_cmsgs: [ControlMessage<'_>; 0] = [];
+            // What the kernel did not take (a full socket buffer) is loss on the network.
+            let taken = sendmmsg(
+                socket.as_raw_fd(),
+                &mut headers,
+                &slices,
+                &addrs,
+                no_cmsgs,
+                MsgFlags::empty(),
+            )
+            .map_or(0, |r| r.count());
+            *send_errors += (slices.len() - taken.min(slices.len())) as u64;
         }
         self.buf.clear();
         self.count = 0;
