@@ -18,8 +18,10 @@
 //! - **Batching**: consecutive datagrams to one peer (a window's worth of fragments) go to the
 //!   kernel in one `sendmsg` with UDP GSO (`UDP_SEGMENT`), and the receiving socket asks for
 //!   UDP GRO, so one read returns a sender's batch; each datagram in it is still
-//!   authenticated on its own. Where the kernel refuses GSO the datagrams go one by one;
-//!   without GRO each read returns one. Socket buffers of 4 MiB are asked for.
+//!   authenticated on its own. While datagrams keep coming, one `recvmmsg` takes up to 8
+//!   reads; after an empty read, the next is a plain `recvmsg` (cheaper when idle). Where the
+//!   kernel refuses GSO a batch goes out in one `sendmmsg`; without GRO each read returns one
+//!   datagram. Socket buffers of 4 MiB are asked for.
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].
@@ -68,9 +70,11 @@
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
 //! service, which ends as `PeerLost`), and a flood of junk costs CPU (one hash per datagram).
-//! The key is only as secret as the way it reaches the ranks: `amrun` hands it over in
-//! `AM_UDP_KEY` to the ranks of a udp job only; or a file of the user's own, mode 0600, not a
-//! symbolic link, named by `AM_UDP_KEY_FILE`. When none is given, rank 0 makes
+//! The key is only as secret as the way it reaches the ranks: `amrun` hands it to the ranks
+//! of a udp job only, through a pipe each reads once and closes (`AM_UDP_KEY_FD`), so what a
+//! rank starts later finds no key; or a file of the user's own, mode 0600, not a symbolic
+//! link, named by `AM_UDP_KEY_FILE`; or `AM_UDP_KEY` set by hand (inherited by whatever the
+//! rank starts). When none is given, rank 0 makes
 //! one and shares it through the launcher's key-value store (the fallback under `mpiexec` and
 //! `srun`): then anyone who can query that store (same user on the same host, or whoever can
 //! reach hydra's PMI port) can learn it. A compromised rank or user account of the job is

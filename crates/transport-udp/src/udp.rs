@@ -28,6 +28,8 @@ const RECV_BATCH: usize = 64;
 const BATCH_BYTES: usize = 65507;
 /// Datagrams in one GSO send at most (the kernel's UDP_MAX_SEGMENTS is 64 or more).
 const BATCH_SEGMENTS: usize = 64;
+/// Reads (datagrams, or GRO batches of them) taken from the socket in one `recvmmsg`.
+const RECV_SLOTS: usize = 8;
 /// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
 const GOODBYE_GRACE: Duration = Duration::from_millis(250);
 
@@ -309,13 +311,16 @@ impl Tx for Io {
 /// ```
 pub struct Udp {
     io: Io,
-    /// Received bytes: one datagram, or with UDP GRO several of `rx_seg` bytes each (the
-    /// last may be shorter), of which `rx_at..rx_end` are still to be read.
+    /// Received bytes: [`RECV_SLOTS`] slots of `rx_slot` bytes, each holding one datagram,
+    /// or with UDP GRO several of one size (the last may be shorter).
     rx: Vec<u8>,
-    rx_at: usize,
-    rx_end: usize,
-    rx_seg: usize,
-    /// Control-message space for the GRO segment size.
+    rx_slot: usize,
+    /// What the last read filled, not yet handed on: (start in `rx`, length, segment size).
+    rx_reads: VecDeque<(usize, usize, usize)>,
+    /// The last read found datagrams: the next uses `recvmmsg` (more are likely waiting);
+    /// after an empty one, a plain `recvmsg` (an idle poll costs less, a round trip too).
+    rx_busy: bool,
+    /// Control-message space for the GRO segment size of a `recvmsg`.
     rx_cmsg: Vec<u8>,
     /// Private heap memory, reached through the same views as the shared-memory NICs'.
     segment: am_shm::Segment,
@@ -505,12 +510,12 @@ impl Udp {
                 }),
                 send_errors: 0,
             },
-            // Room for a GRO batch (and one byte more than the largest datagram, so a longer
-            // one shows as too long rather than fitting exactly when cut).
-            rx: vec![0; BATCH_BYTES.max(config.engine.mtu) + 1],
-            rx_at: 0,
-            rx_end: 0,
-            rx_seg: 0,
+            // Each slot has room for a GRO batch (and one byte more than the largest datagram,
+            // so a longer one shows as too long rather than fitting exactly when cut).
+            rx: vec![0; RECV_SLOTS * (BATCH_BYTES.max(config.engine.mtu) + 1)],
+            rx_slot: BATCH_BYTES.max(config.engine.mtu) + 1,
+            rx_reads: VecDeque::with_capacity(RECV_SLOTS),
+            rx_busy: false,
             rx_cmsg: nix::cmsg_space!(i32),
             departures_reported: vec![false; peers.len()],
             segment: am_shm::Segment::heap(0, segment_size).map_err(|e| UdpError::Config {
@@ -545,51 +550,86 @@ impl Udp {
         self.io.faults.as_ref().map_or(0, |f| f.dropped)
     }
 
-    /// The next received datagram, as a range of `rx`: the rest of the last GRO batch, else
-    /// a fresh read. `None` when the socket is empty.
+    /// The next received datagram, as a range of `rx`: the rest of the last reads, else
+    /// fresh ones (up to [`RECV_SLOTS`] in one `recvmmsg`). `None` when the socket is empty.
     fn next_datagram(&mut self) -> Option<std::ops::Range<usize>> {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrStorage};
-        use std::os::fd::AsRawFd;
-        if self.rx_at < self.rx_end {
-            let start = self.rx_at;
-            self.rx_at = (start + self.rx_seg).min(self.rx_end);
-            return Some(start..self.rx_at);
+        if self.rx_reads.is_empty() {
+            self.read_socket();
         }
-        loop {
-            let mut iov = [io::IoSliceMut::new(&mut self.rx)];
-            let got = recvmsg::<SockaddrStorage>(
+        let (start, len, seg) = self.rx_reads.front_mut()?;
+        let take = (*seg).min(*len);
+        let d = *start..*start + take;
+        *start += take;
+        *len -= take;
+        if *len == 0 {
+            self.rx_reads.pop_front();
+        }
+        Some(d)
+    }
+
+    /// Reads the socket into the slots of `rx`, noting in `rx_reads` what it filled: one
+    /// `recvmsg` when the last read found nothing, else one `recvmmsg`.
+    fn read_socket(&mut self) {
+        use nix::sys::socket::SockaddrStorage;
+        use nix::sys::socket::{recvmmsg, recvmsg, ControlMessageOwned, MsgFlags, MultiHeaders};
+        use std::os::fd::AsRawFd;
+        // The kernel's word on how it joined datagrams (GRO); each is still checked on its
+        // own, and a longer one than agreed is refused as such.
+        fn segment(cmsgs: Option<nix::sys::socket::CmsgIterator<'_>>, n: usize) -> usize {
+            cmsgs
+                .and_then(|mut c| {
+                    c.find_map(|m| match m {
+                        ControlMessageOwned::UdpGroSegments(s) => usize::try_from(s).ok(),
+                        _ => None,
+                    })
+                })
+                .filter(|&s| s > 0)
+                .unwrap_or(n)
+                .max(1)
+        }
+        let slot = self.rx_slot;
+        if !self.rx_busy {
+            let mut iov = [io::IoSliceMut::new(&mut self.rx[..slot])];
+            // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP
+            // error reported on the socket) says nothing the protocol must act on.
+            if let Ok(msg) = recvmsg::<SockaddrStorage>(
                 self.io.socket.as_raw_fd(),
                 &mut iov,
                 Some(&mut self.rx_cmsg),
                 MsgFlags::MSG_DONTWAIT,
-            );
-            match got {
-                Ok(msg) => {
-                    let n = msg.bytes;
-                    // The kernel's word on how it joined the datagrams; each is still checked
-                    // on its own, and a longer one than agreed is refused as such.
-                    let seg = msg
-                        .cmsgs()
-                        .ok()
-                        .and_then(|mut c| {
-                            c.find_map(|m| match m {
-                                ControlMessageOwned::UdpGroSegments(s) => usize::try_from(s).ok(),
-                                _ => None,
-                            })
-                        })
-                        .filter(|&s| s > 0)
-                        .unwrap_or(n);
-                    self.rx_seg = seg.max(1);
-                    self.rx_end = n;
-                    self.rx_at = self.rx_seg.min(n);
-                    return Some(0..self.rx_at);
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                // EAGAIN: nothing more. Anything else (an ICMP error reported on the socket)
-                // says nothing the protocol must act on.
-                Err(_) => return None,
+            ) {
+                let n = msg.bytes;
+                self.rx_reads
+                    .push_back((0, n, segment(msg.cmsgs().ok(), n)));
+                self.rx_busy = true;
             }
+            return;
         }
+        let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
+            .rx
+            .chunks_mut(slot)
+            .map(|c| [io::IoSliceMut::new(c)])
+            .collect();
+        let mut headers =
+            MultiHeaders::<SockaddrStorage>::preallocate(slots.len(), Some(nix::cmsg_space!(i32)));
+        // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP error
+        // reported on the socket) says nothing the protocol must act on.
+        let Ok(reads) = recvmmsg(
+            self.io.socket.as_raw_fd(),
+            &mut headers,
+            slots.iter_mut(),
+            MsgFlags::MSG_DONTWAIT,
+            None,
+        ) else {
+            self.rx_busy = false;
+            return;
+        };
+        for (i, msg) in reads.enumerate() {
+            let n = msg.bytes;
+            self.rx_reads
+                .push_back((i * slot, n, segment(msg.cmsgs().ok(), n)));
+        }
+        self.rx_busy = !self.rx_reads.is_empty();
     }
 
     /// Reads datagrams until one yields something to deliver or the socket is empty.
