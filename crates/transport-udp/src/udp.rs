@@ -662,6 +662,10 @@ impl Udp {
     /// Blocks in poll(2) on the socket for at most `timeout`.
     fn block(&self, timeout: Duration) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        // Datagrams already read from the socket wait in `rx`, not in the socket.
+        if !self.rx_reads.is_empty() {
+            return;
+        }
         let ms = timeout.as_micros().div_ceil(1000).min(u16::MAX as u128) as u16;
         let mut fds = [PollFd::new(self.io.socket.as_fd(), PollFlags::POLLIN)];
         let _ = poll(&mut fds, PollTimeout::from(ms));
@@ -769,7 +773,10 @@ impl Transport for Udp {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        if !self.io.self_queue.is_empty() || self.io.engine.has_message() {
+        if !self.io.self_queue.is_empty()
+            || self.io.engine.has_message()
+            || !self.rx_reads.is_empty()
+        {
             return Ok(());
         }
         let now = Instant::now();
@@ -889,6 +896,59 @@ mod tests {
             b.push(1, &[0; 1472]);
         }
         assert!(b.buf.len() <= BATCH_BYTES && b.buf.len() + 1472 > BATCH_BYTES);
+    }
+
+    /// Datagrams read ahead (one `recvmmsg` takes several) are not in the socket any more:
+    /// `wait` must not sleep on the socket while they wait in the buffer.
+    #[test]
+    fn wait_returns_at_once_while_read_datagrams_wait() {
+        let config = UdpConfig {
+            linger: Duration::from_millis(100),
+            ..UdpConfig::default()
+        };
+        let mut ranks = Udp::cluster(2, 4096, config).unwrap();
+        let mut b = ranks.pop().unwrap();
+        let mut a = ranks.pop().unwrap();
+        for i in 0..9u8 {
+            a.try_send(1, &Outgoing::new(&[i; 12], &[])).unwrap();
+        }
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The first read takes one datagram, the next (recvmmsg) the other eight.
+        while got.len() < 2 && Instant::now() < deadline {
+            if let Some(x) = b
+                .poll_recv(|d, _, _| match d.bytes {
+                    Received::Private(m) => m[0],
+                    _ => u8::MAX,
+                })
+                .unwrap()
+            {
+                got.push(x);
+            }
+        }
+        assert_eq!(got, [0, 1]);
+        assert!(!b.rx_reads.is_empty(), "the other seven wait in the buffer");
+        // (wait also sleeps no longer than the engine's next timer, a millisecond here; the
+        // sleep itself is what must not happen.)
+        let t = Instant::now();
+        b.wait(Duration::from_secs(20)).unwrap();
+        b.block(Duration::from_secs(5));
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "slept on an empty socket while datagrams waited in the buffer"
+        );
+        while got.len() < 9 && Instant::now() < deadline + Duration::from_secs(10) {
+            if let Some(x) = b
+                .poll_recv(|d, _, _| match d.bytes {
+                    Received::Private(m) => m[0],
+                    _ => u8::MAX,
+                })
+                .unwrap()
+            {
+                got.push(x);
+            }
+        }
+        assert_eq!(got, (0..9).collect::<Vec<u8>>());
     }
 
     /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
