@@ -245,6 +245,13 @@ impl Io {
                 let to = addrs[batch.dest as usize];
                 batch.send(socket, &to, send_errors);
             }
+            if bytes.len() > BATCH_BYTES / 2 {
+                // No second one of its size would fit: straight out, without the copy.
+                if socket.send_to(bytes, addrs[dest as usize]).is_err() {
+                    *send_errors += 1;
+                }
+                return;
+            }
             batch.push(dest, bytes);
         });
         if batch.count > 0 {
