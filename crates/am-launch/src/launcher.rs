@@ -68,6 +68,15 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
+    /// The job key given for a udp job (`AM_UDP_KEY`, or `AM_UDP_KEY_FILE` and the file it
+    /// names) is unusable: found before any rank starts.
+    #[error("{var}: {why}")]
+    UdpKey {
+        /// The variable.
+        var: &'static str,
+        /// What is wrong.
+        why: String,
+    },
     /// [`self_launch`] was called from a process that already is a rank.
     #[error("this process is already a rank of a job (AM_RANK is set); check JobInfo::is_launched() before self_launch")]
     Nested,
@@ -80,13 +89,21 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> LaunchError {
 /// Starts a job of local processes, like `amrun`.
 ///
 /// Each rank gets `AM_RANK`, `AM_SIZE`, `AM_JOB_ID` (16 random hex digits,
-/// fresh per job), in a job of transport `udp` only `AM_UDP_KEY` (64 random hex
-/// digits, the UDP transport's per-job MAC key; ranks of other jobs get none,
-/// not even one inherited, and a udp rank without one takes rank 0's from the
-/// key-value store), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
+/// fresh per job), in a job of transport `udp` only the UDP transport's MAC
+/// key (see below), `AM_LAUNCHER=amrun`, `AM_PMI_FD` (its end of a socket pair
 /// speaking PMI-1, so [`crate::JobInfo::from_env`] finds a key-value store)
 /// and, if set, `AM_TRANSPORT`. Ranks share a process group of their own and
 /// read stdin from `/dev/null`.
+///
+/// **The udp key.** Ranks of a `udp` job get the key through a pipe, never the
+/// environment: `AM_UDP_KEY_FD` names the read end, which holds 64 hex digits;
+/// the rank reads it once and closes it, so what it starts later finds neither
+/// the key in its environment nor an open pipe. The key is the user's own when
+/// the launcher's environment (or [`Launcher::env`]) has `AM_UDP_KEY`, else a
+/// fresh random one per job. With `AM_UDP_KEY_FILE` instead, the launcher checks
+/// the file as the ranks will (see [`crate::read_key_file`]) and passes the path
+/// through, and there is no pipe. Ranks of other transports get neither, not even
+/// one inherited.
 ///
 /// ```no_run
 /// let code = am_launch::Launcher::new(4, "./my_program")
@@ -202,8 +219,7 @@ impl Launcher {
             }
         }
         let job_id = random_job_id().map_err(io_err("reading /dev/urandom for a job id"))?;
-        // The UDP transport's per-job MAC key: fresh for every job, seen only by its ranks.
-        let job_key = random_job_key().map_err(io_err("reading /dev/urandom for a job key"))?;
+        let job_key = self.udp_key()?;
         if self.verbose {
             eprintln!(
                 "{}: job {job_id}: starting {} rank(s) of {}",
@@ -212,7 +228,7 @@ impl Launcher {
                 self.program.display()
             );
         }
-        let result = self.run_job(&job_id, &job_key);
+        let result = self.run_job(&job_id, job_key);
         match remove_job_shm(&job_id) {
             Ok(n) if self.verbose => {
                 eprintln!(
@@ -229,7 +245,61 @@ impl Launcher {
         result
     }
 
-    fn run_job(&self, job_id: &str, job_key: &str) -> Result<i32, LaunchError> {
+    /// The value of `name` the ranks would see: set by [`Launcher::env`] (the last one),
+    /// else inherited; empty is unset.
+    fn env_value(&self, name: &str) -> Option<OsString> {
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var_os(name))
+            .filter(|v| !v.is_empty())
+    }
+
+    /// How the ranks of a udp job get their key (nothing for other transports).
+    fn udp_key(&self) -> Result<UdpKey, LaunchError> {
+        if self.transport.as_deref() != Some("udp") {
+            return Ok(UdpKey::None);
+        }
+        let bad = |var, why: String| LaunchError::UdpKey { var, why };
+        match (
+            self.env_value("AM_UDP_KEY"),
+            self.env_value("AM_UDP_KEY_FILE"),
+        ) {
+            (Some(_), Some(_)) => Err(bad(
+                "AM_UDP_KEY_FILE",
+                "set AM_UDP_KEY or AM_UDP_KEY_FILE, not both".into(),
+            )),
+            (Some(k), None) => match k.to_str() {
+                Some(k) if crate::keyfile::is_udp_key(k) => Ok(UdpKey::Pipe(k.trim().to_owned())),
+                _ => Err(bad(
+                    "AM_UDP_KEY",
+                    "a job key is 64 hexadecimal digits".into(),
+                )),
+            },
+            (None, Some(path)) => {
+                // Checked here as every rank will check it, so a bad file fails the launch
+                // once, clearly, instead of every rank.
+                let path = path.to_string_lossy().into_owned();
+                let text = crate::keyfile::read_key_file(&path, 256)
+                    .map_err(|e| bad("AM_UDP_KEY_FILE", e.to_string()))?;
+                if !crate::keyfile::is_udp_key(&text) {
+                    return Err(bad(
+                        "AM_UDP_KEY_FILE",
+                        format!("{path} does not hold a job key (64 hexadecimal digits)"),
+                    ));
+                }
+                Ok(UdpKey::File)
+            }
+            // Fresh for every job, seen only by its ranks.
+            (None, None) => Ok(UdpKey::Pipe(
+                random_job_key().map_err(io_err("reading /dev/urandom for a job key"))?,
+            )),
+        }
+    }
+
+    fn run_job(&self, job_id: &str, job_key: UdpKey) -> Result<i32, LaunchError> {
         // Before spawning, so no SIGCHLD is missed.
         let signals = SignalPipes::install()?;
         let mut job = Job::new(self, job_id, job_key);
@@ -436,7 +506,7 @@ struct Job {
     /// The launcher's name in messages.
     name: String,
     job_id: String,
-    job_key: String,
+    udp_key: UdpKey,
     size: u32,
     ranks: Vec<Rank>,
     kvs: KvsServer,
@@ -448,6 +518,33 @@ struct Job {
     killed_hard: bool,
     /// Between SIGTERM and SIGKILL.
     grace: Duration,
+}
+
+/// How the ranks of a job get the UDP transport's key.
+#[derive(Debug)]
+enum UdpKey {
+    /// Not a udp job: no key.
+    None,
+    /// Through a pipe (`AM_UDP_KEY_FD`) holding this key.
+    Pipe(String),
+    /// From the user's `AM_UDP_KEY_FILE`, passed through (already checked).
+    File,
+}
+
+/// The read end of a pipe that holds `key` and a newline, its write end closed, inheritable
+/// (spawn under [`SPAWN_LOCK`], as the PMI socket).
+fn key_pipe_for(key: &str) -> Result<std::os::fd::OwnedFd, LaunchError> {
+    let err = |e: nix::Error| LaunchError::Io {
+        what: "passing the udp key to a rank",
+        source: e.into(),
+    };
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(err)?;
+    // 65 bytes fit any pipe's buffer: the write never blocks.
+    std::fs::File::from(write)
+        .write_all(format!("{key}\n").as_bytes())
+        .map_err(io_err("passing the udp key to a rank"))?;
+    fcntl(read.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(err)?;
+    Ok(read)
 }
 
 fn status_code(status: std::process::ExitStatus) -> i32 {
@@ -465,11 +562,11 @@ fn describe(code: i32) -> String {
 }
 
 impl Job {
-    fn new(cfg: &Launcher, job_id: &str, job_key: &str) -> Self {
+    fn new(cfg: &Launcher, job_id: &str, udp_key: UdpKey) -> Self {
         Self {
             name: cfg.name.clone(),
             job_id: job_id.to_owned(),
-            job_key: job_key.to_owned(),
+            udp_key,
             size: cfg.ranks,
             ranks: Vec::with_capacity(cfg.ranks as usize),
             kvs: KvsServer::new(cfg.ranks, job_id),
@@ -498,12 +595,26 @@ impl Job {
         for (k, v) in &cfg.env {
             cmd.env(k, v);
         }
-        // The key goes only where it is needed: a secret in the environment of ranks (and
-        // their descendants) that will never use it is only a secret spread further.
-        if cfg.transport.as_deref() == Some("udp") {
-            cmd.env("AM_UDP_KEY", &self.job_key);
-        } else if !cfg.env.iter().any(|(k, _)| k == "AM_UDP_KEY") {
-            cmd.env_remove("AM_UDP_KEY");
+        // The key goes only where it is needed, and never into an environment: a secret in
+        // the environment of ranks that never use it, or of whatever a rank starts, is only
+        // a secret spread further. A pipe is read once and closed by the rank.
+        let mut key_pipe = None;
+        match &self.udp_key {
+            UdpKey::None => {
+                if !cfg.env.iter().any(|(k, _)| k == "AM_UDP_KEY") {
+                    cmd.env_remove("AM_UDP_KEY");
+                }
+                cmd.env_remove("AM_UDP_KEY_FD");
+            }
+            UdpKey::File => {
+                cmd.env_remove("AM_UDP_KEY").env_remove("AM_UDP_KEY_FD");
+            }
+            UdpKey::Pipe(key) => {
+                let pipe = key_pipe_for(key)?;
+                cmd.env_remove("AM_UDP_KEY")
+                    .env("AM_UDP_KEY_FD", pipe.as_raw_fd().to_string());
+                key_pipe = Some(pipe);
+            }
         }
         cmd.env("AM_RANK", rank.to_string())
             .env("AM_SIZE", self.size.to_string())
@@ -524,6 +635,7 @@ impl Job {
             source,
         })?;
         drop(theirs);
+        drop(key_pipe);
         if self.pgid.is_none() {
             self.pgid = Some(Pid::from_raw(child.id() as i32));
         }
@@ -929,8 +1041,10 @@ fence() { req 'cmd=barrier_in'; }
             r#"
 case "$AM_JOB_ID" in *[!0-9a-f]*|'') exit 10;; esac
 [ ${#AM_JOB_ID} = 16 ] || exit 11
-case "$AM_UDP_KEY" in *[!0-9a-f]*|'') exit 13;; esac
-[ ${#AM_UDP_KEY} = 64 ] || exit 14
+[ -z "${AM_UDP_KEY+set}" ] || exit 15
+read -r key <&$AM_UDP_KEY_FD || exit 16
+case "$key" in *[!0-9a-f]*|'') exit 13;; esac
+[ ${#key} = 64 ] || exit 14
 [ "$AM_SIZE" = 3 ] && [ "$AM_LAUNCHER" = amrun ] || exit 12
 [ "$AM_TRANSPORT" = udp ] && [ "$EXTRA" = yes ] || exit 13
 [ "$AM_RANK" -ge 0 ] && [ "$AM_RANK" -lt 3 ] || exit 14
@@ -946,12 +1060,97 @@ case "$AM_UDP_KEY" in *[!0-9a-f]*|'') exit 13;; esac
     #[test]
     fn only_ranks_of_a_udp_job_get_the_udp_key() {
         for transport in [None, Some("loopback"), Some("sci")] {
-            let mut l = sh(2, r#"[ -z "${AM_UDP_KEY+set}" ] || exit 30"#);
+            let mut l = sh(
+                2,
+                r#"[ -z "${AM_UDP_KEY+set}${AM_UDP_KEY_FD+set}" ] || exit 30"#,
+            );
             if let Some(t) = transport {
                 l = l.transport(t);
             }
             assert_eq!(l.run().unwrap(), 0, "{transport:?}");
         }
+    }
+
+    #[test]
+    fn a_users_udp_key_reaches_the_ranks_through_the_pipe_only() {
+        let key = "0123456789abcdef".repeat(4);
+        let l = sh(
+            2,
+            &format!(
+                r#"[ -z "${{AM_UDP_KEY+set}}" ] || exit 30
+read -r key <&$AM_UDP_KEY_FD || exit 31
+[ "$key" = {key} ] || exit 32
+# Read once: the pipe is empty now, as for whatever the rank starts after reading.
+if read -r again <&$AM_UDP_KEY_FD; then exit 33; fi"#
+            ),
+        )
+        .transport("udp")
+        .env("AM_UDP_KEY", &key);
+        assert_eq!(l.run().unwrap(), 0);
+        let e = sh(1, "true")
+            .transport("udp")
+            .env("AM_UDP_KEY", "12")
+            .run()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LaunchError::UdpKey {
+                    var: "AM_UDP_KEY",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn udp_key_file_is_checked_then_passed_through() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir();
+        let path = dir.join("key");
+        std::fs::write(&path, format!("{}\n", "ab".repeat(32))).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let run = |script: &str| {
+            sh(2, script)
+                .transport("udp")
+                .env("AM_UDP_KEY_FILE", &path)
+                .run()
+        };
+        // The ranks get the path, and neither a key nor a pipe of the launcher's.
+        let code = run(&format!(
+            r#"[ "$AM_UDP_KEY_FILE" = {} ] || exit 30
+[ -z "${{AM_UDP_KEY+set}}${{AM_UDP_KEY_FD+set}}" ] || exit 31"#,
+            path.display()
+        ));
+        assert_eq!(code.unwrap(), 0);
+        // What a rank would refuse, the launcher refuses before starting any rank: a file
+        // others can read, a symbolic link, a file that holds no key, a key given twice.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = run("exit 40").unwrap_err();
+        assert!(
+            matches!(&e, LaunchError::UdpKey { var: "AM_UDP_KEY_FILE", why } if why.contains("chmod 600")),
+            "{e}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let e = sh(1, "exit 40")
+            .transport("udp")
+            .env("AM_UDP_KEY_FILE", &link)
+            .run()
+            .unwrap_err();
+        assert!(matches!(e, LaunchError::UdpKey { .. }), "{e}");
+        std::fs::write(&path, "not a key").unwrap();
+        assert!(matches!(run("exit 40"), Err(LaunchError::UdpKey { .. })));
+        let e = sh(1, "exit 40")
+            .transport("udp")
+            .env("AM_UDP_KEY_FILE", &path)
+            .env("AM_UDP_KEY", "ab".repeat(32))
+            .run()
+            .unwrap_err();
+        assert!(e.to_string().contains("not both"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -34,14 +34,17 @@
 //! `PMI_JOBID`, `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
 //! `PMIX_NAMESPACE`, `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_JOB_ID`,
 //! `SLURM_STEP_ID`. Set for ranks by the launcher: `AM_RANK`, `AM_SIZE`,
-//! `AM_JOB_ID`, `AM_LAUNCHER=amrun`, `AM_PMI_FD`, `AM_TRANSPORT`. Read by the
-//! launcher: `AM_LAUNCH_VERBOSE`.
+//! `AM_JOB_ID`, `AM_LAUNCHER=amrun`, `AM_PMI_FD`, `AM_TRANSPORT`, and for a udp
+//! job `AM_UDP_KEY_FD` (or `AM_UDP_KEY_FILE` passed through). Read by the
+//! launcher: `AM_LAUNCH_VERBOSE`, and for a udp job `AM_UDP_KEY` or
+//! `AM_UDP_KEY_FILE` (the user's own key, used instead of a fresh one).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bootstrap;
 mod client;
+pub mod keyfile;
 pub mod launcher;
 mod pmix;
 mod server;
@@ -51,5 +54,6 @@ mod wire;
 pub use bootstrap::{
     launcher_variables_seen, BootstrapError, JobInfo, KeyValueStore, LauncherKind,
 };
+pub use keyfile::{read_key_file, KeyFileError};
 pub use launcher::{self_launch, self_launcher, LaunchError, Launcher, TRANSPORTS};
 pub use util::{is_valid_job_id, process_alive, remove_job_shm};

@@ -127,10 +127,68 @@ pub fn parse_faults(spec: &str) -> Result<am_core::FaultConfig, String> {
     Ok(f)
 }
 
+/// The key `amrun` passed through a pipe (`AM_UDP_KEY_FD`), once read: the pipe is read
+/// once and closed, and later calls of [`UdpConfig::from_env`] in this process get the same
+/// key from here.
+static KEY_FROM_FD: std::sync::Mutex<Option<(i32, JobKey)>> = std::sync::Mutex::new(None);
+
+/// Reads the job key from the inherited pipe `AM_UDP_KEY_FD` names, and closes it.
+///
+/// Why a pipe and not `AM_UDP_KEY`: the environment is inherited by everything a rank
+/// starts, and a rank cannot take a variable out of its own environment soundly once other
+/// threads may read it (`remove_var` races with C code calling `getenv`, as a PMIx client's
+/// or the resolver's threads do). The pipe holds the key until the rank reads it; what the
+/// rank starts afterwards finds the pipe closed and no key in its environment.
+fn key_from_fd(value: &str) -> Result<JobKey, UdpError> {
+    use nix::sys::stat::{fstat, SFlag};
+    let fd = value
+        .parse::<i32>()
+        .ok()
+        .filter(|&fd| fd > 2)
+        .ok_or_else(|| {
+            bad(
+                "AM_UDP_KEY_FD",
+                value,
+                "expected a descriptor number above 2",
+            )
+        })?;
+    let mut cached = KEY_FROM_FD.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((f, key)) = &*cached {
+        if *f == fd {
+            return Ok(key.clone());
+        }
+    }
+    let failed = |why: String| bad("AM_UDP_KEY_FD", value, &why);
+    let stat = fstat(fd).map_err(|e| failed(format!("not an open descriptor: {e}")))?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
+        return Err(failed("not a pipe (amrun passes the key in one)".into()));
+    }
+    // The launcher wrote 65 bytes and closed its end: read to the end, at most 256 bytes.
+    let mut text = Vec::new();
+    let mut buf = [0u8; 128];
+    let read = loop {
+        match nix::unistd::read(fd, &mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) if text.len() + n <= 256 => text.extend_from_slice(&buf[..n]),
+            Ok(_) => break Err(failed("more than a key in the pipe".into())),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => break Err(failed(format!("reading the key: {e}"))),
+        }
+    };
+    let _ = nix::unistd::close(fd);
+    read?;
+    let key = std::str::from_utf8(&text)
+        .map_err(|_| UdpError::Key(crate::wire::KeyError::BadFormat))
+        .and_then(|t| JobKey::from_hex(t).map_err(UdpError::Key))?;
+    *cached = Some((fd, key.clone()));
+    Ok(key)
+}
+
 impl UdpConfig {
     /// The defaults, overridden by the environment: `AM_UDP_MTU` (576..=65507),
     /// `AM_PEER_TIMEOUT_MS`, `AM_UDP_BIND`, `AM_UDP_ADVERTISE`, `AM_UDP_PORT_BASE`, `AM_COORD`,
-    /// `AM_UDP_KEY` or `AM_UDP_KEY_FILE`, and the testing aid `AM_UDP_FAULTS` (see
+    /// `AM_UDP_KEY`, `AM_UDP_KEY_FILE` or `AM_UDP_KEY_FD` (a pipe from `amrun`, read once per
+    /// process and closed), and the testing aid `AM_UDP_FAULTS` (see
     /// [`parse_faults`]).
     pub fn from_env() -> Result<UdpConfig, UdpError> {
         let mut c = UdpConfig::default();
@@ -181,17 +239,24 @@ impl UdpConfig {
         if let Some(v) = var("AM_UDP_FAULTS") {
             c.faults = Some(parse_faults(&v).map_err(|why| bad("AM_UDP_FAULTS", &v, &why))?);
         }
-        match (var("AM_UDP_KEY"), var("AM_UDP_KEY_FILE")) {
-            (Some(_), Some(_)) => {
+        match (
+            var("AM_UDP_KEY"),
+            var("AM_UDP_KEY_FILE"),
+            var("AM_UDP_KEY_FD"),
+        ) {
+            (Some(k), None, None) => c.key = Some(JobKey::from_hex(&k).map_err(UdpError::Key)?),
+            (None, Some(path), None) => {
+                c.key = Some(JobKey::from_file(&path).map_err(UdpError::Key)?)
+            }
+            (None, None, Some(fd)) => c.key = Some(key_from_fd(&fd)?),
+            (None, None, None) => {}
+            _ => {
                 return Err(bad(
                     "AM_UDP_KEY_FILE",
                     "",
-                    "set AM_UDP_KEY or AM_UDP_KEY_FILE, not both",
+                    "set one of AM_UDP_KEY, AM_UDP_KEY_FILE and AM_UDP_KEY_FD, not several",
                 ))
             }
-            (Some(k), None) => c.key = Some(JobKey::from_hex(&k).map_err(UdpError::Key)?),
-            (None, Some(path)) => c.key = Some(JobKey::from_file(&path).map_err(UdpError::Key)?),
-            (None, None) => {}
         }
         Ok(c)
     }

@@ -65,6 +65,22 @@ pub enum UdpError {
         /// coordinator, whose key decides).
         peers: Vec<u32>,
     },
+    /// Rank 0 cannot serve the `AM_COORD` coordinator: another process holds that port (a
+    /// squatter, or a job still running with the same `AM_COORD`).
+    #[error("AM_COORD={coord}: the port is taken by another process, so rank 0 cannot serve the coordinator there (another job, or someone squatting it): pick another port")]
+    CoordinatorPortTaken {
+        /// `AM_COORD`.
+        coord: String,
+    },
+    /// What answers at `AM_COORD` did not prove it holds this job's key: it is not rank 0 of
+    /// this job (another process holds the port), or it never answered in time.
+    #[error("AM_COORD={coord}: what answers there is not this job's rank 0 ({why}); another process may hold the port")]
+    CoordinatorNotAuthentic {
+        /// `AM_COORD`.
+        coord: String,
+        /// What it failed to do.
+        why: String,
+    },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]
     Rendezvous(String),

@@ -13,8 +13,15 @@
 //!   was acknowledged, duplicate suppression, fragmentation of messages larger than one
 //!   datagram (1472 bytes by default, safe for a 1500-byte MTU; `AM_UDP_MTU` up to 65507 on
 //!   loopback or jumbo frames; the ranks agree on the smallest at start-up), a NewReno
-//!   congestion window of at most 64 fragments in flight per peer, sent in bursts of at most
-//!   32 between acknowledgements.
+//!   congestion window of at most 128 fragments in flight per peer, sent in bursts of at most
+//!   64 between acknowledgements (the receiver acknowledges every 16 at once).
+//! - **Batching**: consecutive datagrams to one peer (a window's worth of fragments) go to the
+//!   kernel in one `sendmsg` with UDP GSO (`UDP_SEGMENT`), and the receiving socket asks for
+//!   UDP GRO, so one read returns a sender's batch; each datagram in it is still
+//!   authenticated on its own. While datagrams keep coming, one `recvmmsg` takes up to 8
+//!   reads; after an empty read, the next is a plain `recvmsg` (cheaper when idle). Where the
+//!   kernel refuses GSO a batch goes out in one `sendmmsg`; without GRO each read returns one
+//!   datagram. Socket buffers of 4 MiB are asked for.
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].
@@ -22,7 +29,11 @@
 //!   the data waiting for it, for `AM_PEER_TIMEOUT_MS` (default 30 s) of this rank's polled
 //!   time is lost, never after a retry count; quiet links
 //!   are kept alive by pings. The next poll returns `PeerLost(r)` once per lost peer; sends to
-//!   it fail at once. A rank that drops its transport says goodbye (in order, after its data)
+//!   it fail at once. Loss is final (fencing): datagrams from a lost peer are refused and
+//!   answered by a fence (at most one per 20 ms), so a rank that comes back after being
+//!   declared lost (stopped, descheduled or cut off for longer than the timeout) is refused
+//!   rather than half-accepted, and reports its peers lost at once instead of after a
+//!   timeout of its own. A rank that drops its transport says goodbye (in order, after its data)
 //!   so a finished rank is never mistaken for a dead one; after its goodbye it acknowledges no
 //!   more data (it could not deliver it), and its peers count what it never acknowledged in
 //!   [`proto::Stats::undelivered`] rather than dropping it silently. A rank must poll at least
@@ -49,15 +60,21 @@
 //! draws a random epoch that both ends put in every datagram, so datagrams of an earlier run
 //! are never taken for current ones. Two jobs on the same hosts and ports never see each
 //! other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is authenticated
-//! with the same key (and refuses to run without one), and the key is confirmed at start-up:
-//! a rank with another key fails with [`UdpError::KeyMismatch`].
+//! with the same key (and refuses to run without one), both ways: the coordinator challenges
+//! each registration, and answers it at once with a MAC over it (its challenge and the rank's
+//! fresh epoch), so a rank that reached some other process holding the port fails within
+//! seconds with [`UdpError::CoordinatorNotAuthentic`], and a rank 0 that cannot bind it with
+//! [`UdpError::CoordinatorPortTaken`]. The key is confirmed at start-up: a rank with another
+//! key fails with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
 //! service, which ends as `PeerLost`), and a flood of junk costs CPU (one hash per datagram).
-//! The key is only as secret as the way it reaches the ranks: `amrun` hands it over in
-//! `AM_UDP_KEY` to the ranks of a udp job only; or a file of the user's own, mode 0600, not a
-//! symbolic link, named by `AM_UDP_KEY_FILE`. When none is given, rank 0 makes
+//! The key is only as secret as the way it reaches the ranks: `amrun` hands it to the ranks
+//! of a udp job only, through a pipe each reads once and closes (`AM_UDP_KEY_FD`), so what a
+//! rank starts later finds no key; or a file of the user's own, mode 0600, not a symbolic
+//! link, named by `AM_UDP_KEY_FILE`; or `AM_UDP_KEY` set by hand (inherited by whatever the
+//! rank starts). When none is given, rank 0 makes
 //! one and shares it through the launcher's key-value store (the fallback under `mpiexec` and
 //! `srun`): then anyone who can query that store (same user on the same host, or whoever can
 //! reach hydra's PMI port) can learn it. A compromised rank or user account of the job is

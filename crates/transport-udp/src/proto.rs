@@ -6,7 +6,8 @@
 //! - messages are cut into fragments, each with a 64-bit sequence number (never wraps in a job);
 //! - every transmission gets a fresh 64-bit packet number, so a retransmission is told apart from
 //!   a replay: a packet number seen before (window of 128) is dropped unseen;
-//! - the receiver acknowledges cumulatively plus 64 selective bits, piggybacked on its data or in
+//! - the receiver acknowledges cumulatively plus 64 selective bits (the first 64 of its
+//!   [`WINDOW`] beyond the cumulative ack), piggybacked on its data or in
 //!   a standalone ack after [`EngineConfig::ack_delay`] (at once on a gap or a duplicate);
 //! - the sender keeps at most a congestion window of fragments in flight (NewReno as in
 //!   RFC 9002 section 7, counted in fragments: slow start from [`INITIAL_WINDOW`], halved once
@@ -34,9 +35,10 @@ use crate::wire::{
     Authenticator, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN, OVERHEAD,
 };
 
-/// Fragments in flight per peer at most (the largest congestion window), the receiver's
-/// reordering window, and the selective-ack width.
-pub const WINDOW: u64 = 64;
+/// Fragments in flight per peer at most (the largest congestion window), and the receiver's
+/// reordering window. Selective acks report the first 64 of it beyond the cumulative ack
+/// (what lies further is acknowledged cumulatively once the holes before it fill).
+pub const WINDOW: u64 = 128;
 /// Congestion window of a fresh link, in fragments (RFC 9002's ten datagrams).
 pub const INITIAL_WINDOW: u64 = 10;
 /// Smallest congestion window, in fragments (after persistent timeouts).
@@ -44,9 +46,10 @@ pub const MIN_WINDOW: u64 = 2;
 /// New fragments sent toward one peer between two acknowledgements that make progress, at
 /// most: a window opened wide at once (by a large send, or the end of a pause) goes out in
 /// bursts clocked by the acknowledgements, not all at once into the peer's socket buffer.
-/// Twice the receiver's ack interval, so that a stream is never held waiting for an ack
-/// the receiver only sends after the whole burst arrived.
-pub const MAX_BURST: u32 = 2 * ACK_EVERY;
+/// Four times the receiver's ack interval: the acks of a burst's first fragments come back
+/// while its last are still on the way, so the sender keeps sending while the receiver
+/// works, instead of the two taking turns.
+pub const MAX_BURST: u32 = 4 * ACK_EVERY;
 /// How long a round-trip sample counts toward the largest recent one (two such periods).
 const RTT_MAX_PERIOD: Duration = Duration::from_secs(1);
 /// Timer granularity: the least variance allowed for in the retransmission timeout.
@@ -57,6 +60,9 @@ const PN_WINDOW: u64 = 128;
 const ACK_EVERY: u32 = 16;
 /// Recycled datagram buffers kept.
 const POOL_MAX: usize = 1024;
+/// Fences sent to one lost peer at most this often: one answers its first datagram, and a
+/// lost fence is repeated for its next retransmission, without answering a flood one for one.
+const FENCE_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Tunables of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,8 +162,16 @@ pub struct Stats {
     pub dropped_misaddressed: u64,
     /// Dropped: a packet number already seen or too old (replay).
     pub dropped_replayed: u64,
-    /// Dropped: from a peer declared lost.
+    /// Dropped: from a peer declared lost (each may be answered by a fence, see
+    /// [`Stats::fences_sent`]).
     pub dropped_from_lost: u64,
+    /// Fences sent: answers to datagrams from a peer declared lost, telling it that this rank
+    /// refuses it, so that it gives this rank up at once instead of after a peer timeout.
+    pub fences_sent: u64,
+    /// Peers that fenced this rank (it had been declared lost by them, e.g. after it was
+    /// stopped or descheduled for longer than the peer timeout): each was declared lost here
+    /// at once.
+    pub fenced: u64,
     /// Fragments to a peer that said goodbye which it never acknowledged within the peer
     /// timeout (it closed before receiving them): dropped, and reported here rather than
     /// silently.
@@ -204,7 +218,7 @@ pub enum Input {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PeerState {
     Live,
-    /// Declared lost: sends fail, its datagrams are dropped.
+    /// Declared lost: sends fail, its datagrams are dropped (and answered by a fence).
     Lost,
     /// Said goodbye: sends fail, but its datagrams are still acknowledged so it can leave.
     Departed,
@@ -221,6 +235,32 @@ struct Sent {
     last_pn: u64,
     acked: bool,
     queued: bool,
+}
+
+/// A fragment's payload: in the datagram just received (copied once, into the message being
+/// reassembled), or held since it came out of order.
+enum Frag<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Frag<'_> {
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Frag::Borrowed(b) => b.to_vec(),
+            Frag::Owned(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for Frag<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Frag::Borrowed(b) => b,
+            Frag::Owned(v) => v,
+        }
+    }
 }
 
 /// A fragment received out of order.
@@ -266,7 +306,7 @@ struct Peer {
     /// Every sequence number below it was received.
     recv_next: u64,
     /// Bit i: `recv_next + i` is held out of order.
-    recv_mask: u64,
+    recv_mask: u128,
     held: Vec<Option<Held>>,
     reasm: Option<(Vec<u8>, usize)>,
     ready_count: usize,
@@ -284,6 +324,8 @@ struct Peer {
     /// The engine's [`Engine::absence`] at `heard_at`.
     heard_absence: Duration,
     last_ping: Option<Instant>,
+    /// When a fence was last sent to it (it is lost and still sending).
+    last_fence: Option<Instant>,
     /// Since when data to it has waited for an acknowledgement with none arriving (and the
     /// engine's absence then): pings and acks of nothing new do not reset it, so a peer that
     /// answers pings but never acknowledges data (datagrams it cannot receive) is lost.
@@ -326,12 +368,13 @@ impl Peer {
             heard_at: None,
             heard_absence: Duration::ZERO,
             last_ping: None,
+            last_fence: None,
             stalled_since: None,
         }
     }
 
     fn sack(&self) -> u64 {
-        self.recv_mask >> 1
+        (self.recv_mask >> 1) as u64
     }
 
     fn fresh_pn(&self, pn: u64) -> bool {
@@ -400,6 +443,7 @@ enum Out {
     Data(Rank, u64),
     Ack(Rank),
     Ping(Rank),
+    Fence(Rank),
 }
 
 /// One rank's reliability state toward every other rank. See the [module docs](self).
@@ -657,6 +701,12 @@ impl Engine {
         self.lost.pop_front()
     }
 
+    /// True if datagrams are due to be sent ([`Engine::transmit`]): an acknowledgement owed
+    /// at once, fragments an acknowledgement let go. Worth sending before reading on.
+    pub fn has_output(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     /// True if a whole message waits in [`Engine::pop_message`].
     pub fn has_message(&self) -> bool {
         !self.ready.is_empty()
@@ -687,6 +737,12 @@ impl Engine {
                     if self.peers[dest as usize].state == PeerState::Live {
                         self.transmit_control(now, dest, Kind::Ping, sink);
                         self.stats.pings_sent += 1;
+                    }
+                }
+                Out::Fence(dest) => {
+                    if self.peers[dest as usize].state == PeerState::Lost {
+                        self.transmit_control(now, dest, Kind::Fence, sink);
+                        self.stats.fences_sent += 1;
                     }
                 }
             }
@@ -818,8 +874,29 @@ impl Engine {
             return Input::Rejected;
         }
         if p.state == PeerState::Lost {
+            // Fencing: a rank declared lost that comes back (stopped, descheduled, cut off
+            // for longer than the timeout) is refused, never half-accepted, and told so, so
+            // that it fails at once rather than after a whole timeout of its own. Only an
+            // authentic, fresh datagram of the lost peer earns the answer, at most once per
+            // FENCE_INTERVAL: a stranger cannot make this rank send anything. A fence is never
+            // answered (two ranks that lost each other would fence each other for ever).
             self.stats.dropped_from_lost += 1;
+            let p = &mut self.peers[src as usize];
+            if h.kind != Kind::Fence && p.last_fence.is_none_or(|t| now >= t + FENCE_INTERVAL) {
+                p.last_fence = Some(now);
+                self.outbox.push_back(Out::Fence(src));
+            }
             return Input::Rejected;
+        }
+        if h.kind == Kind::Fence {
+            // The peer declared this rank lost and refuses it: nothing more can pass between
+            // the two, so give it up now (its acks, if any, are moot).
+            let p = &mut self.peers[src as usize];
+            p.record_pn(h.pn);
+            self.stats.datagrams_accepted += 1;
+            self.stats.fenced += 1;
+            self.declare_lost(src);
+            return Input::Accepted;
         }
         // Authentic and fresh: from here on the datagram counts.
         let p = &mut self.peers[src as usize];
@@ -839,6 +916,8 @@ impl Engine {
                 Input::Accepted
             }
             Kind::Data => self.on_data(now, src, &h, d),
+            // Handled above.
+            Kind::Fence => Input::Accepted,
         }
     }
 
@@ -1053,14 +1132,14 @@ impl Engine {
             return Input::Accepted;
         }
         if off > 0 {
-            if p.recv_mask & (1 << off) != 0 {
+            if p.recv_mask & (1u128 << off) != 0 {
                 self.stats.duplicates += 1;
             } else {
                 let mut data = self.pool.pop().unwrap_or_default();
                 data.clear();
                 data.extend_from_slice(&d[body.clone()]);
                 let p = &mut self.peers[src as usize];
-                p.recv_mask |= 1 << off;
+                p.recv_mask |= 1u128 << off;
                 p.held[(h.seq % WINDOW) as usize] = Some(Held {
                     flags: h.flags,
                     msg_len: h.msg_len,
@@ -1096,8 +1175,7 @@ impl Engine {
             self.stats.delivered += 1;
             Input::Deliver { src, range: body }
         } else {
-            let data = d[body].to_vec();
-            self.accept_fragment(src, h.flags, h.msg_len, data);
+            self.accept_fragment(src, h.flags, h.msg_len, Frag::Borrowed(&d[body]));
             Input::Accepted
         };
         self.drain(src);
@@ -1119,12 +1197,12 @@ impl Engine {
             };
             p.recv_next += 1;
             p.recv_mask >>= 1;
-            self.accept_fragment(src, held.flags, held.msg_len, held.data);
+            self.accept_fragment(src, held.flags, held.msg_len, Frag::Owned(held.data));
         }
     }
 
     /// Appends an in-order fragment to the message being reassembled.
-    fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Vec<u8>) {
+    fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Frag<'_>) {
         let max = self.cfg.max_message;
         let p = &mut self.peers[src as usize];
         if flags & FLAG_BYE != 0 {
@@ -1154,13 +1232,15 @@ impl Engine {
                     return;
                 }
                 p.ready_count += 1;
-                self.ready.push_back((src, data));
+                self.ready.push_back((src, data.into_vec()));
                 return;
             }
             let mut buf = Vec::with_capacity(len);
             buf.extend_from_slice(&data);
             p.reasm = Some((buf, len));
-            self.recycle(data);
+            if let Frag::Owned(v) = data {
+                self.recycle(v);
+            }
             return;
         }
         let Some((mut buf, len)) = p.reasm.take() else {
@@ -1172,7 +1252,9 @@ impl Engine {
             return;
         }
         buf.extend_from_slice(&data);
-        self.recycle(data);
+        if let Frag::Owned(v) = data {
+            self.recycle(v);
+        }
         let p = &mut self.peers[src as usize];
         if flags & FLAG_LAST != 0 {
             if buf.len() != len {

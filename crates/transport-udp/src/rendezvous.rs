@@ -264,6 +264,24 @@ fn is_key_mismatch(auth: &Authenticator, nonce: &str, line: &str) -> bool {
     f.len() == 7 && f[0] == "AMUDP1" && f[1] == format!("{:016x}", auth.job_tag()) && f[5] == nonce
 }
 
+/// The coordinator's answer to a valid registration, at once: `AMUDP1 REGISTERED <mac>`, the
+/// MAC (under the job key) of the registration it answers. The registration holds the
+/// coordinator's fresh challenge and the rank's fresh epoch, so the answer cannot be replayed
+/// from another connection or run, and the rank knows within [`ANSWER_TIMEOUT`] whether it
+/// talks to its own rank 0 or to whatever else holds the port, instead of waiting out the
+/// whole start-up for a table that will never verify.
+fn registered_line(auth: &Authenticator, registration: &str) -> String {
+    let mac = auth.tag_text(&format!("registered {}", registration.trim_end()));
+    format!("{REGISTERED} {mac}\n")
+}
+
+const REGISTERED: &str = "AMUDP1 REGISTERED";
+
+/// How long a rank waits for the coordinator's challenge, and for its answer to the
+/// registration: the coordinator sends both at once (it polls every 100 ms), so only a
+/// coordinator that is not this job's, or a machine stalled for seconds, takes longer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The coordinator's answer to a registration whose MAC is wrong but which is otherwise of
 /// this job: the rank's key differs from rank 0's.
 const KEY_MISMATCH: &str = "AMUDP1 KEY-MISMATCH";
@@ -342,9 +360,12 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
                     let p = pending.swap_remove(i);
                     let line = String::from_utf8_lossy(&p.line).into_owned();
                     if let Some((rank, peer)) = parse_registration(&auth, size, &p.nonce, &line) {
-                        // A blocking stream again for the answer.
-                        let _ = p.stream.set_nonblocking(false);
-                        slots[rank as usize] = Some((peer, p.stream, p.nonce));
+                        // A blocking stream again for the answers; the first is one short
+                        // line, which fits the socket's send buffer.
+                        let mut stream = p.stream;
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.write_all(registered_line(&auth, &line).as_bytes());
+                        slots[rank as usize] = Some((peer, stream, p.nonce));
                     } else if is_key_mismatch(&auth, &p.nonce, &line) {
                         // One short line: it fits the socket's send buffer.
                         let mut stream = p.stream;
@@ -426,10 +447,20 @@ fn via_coordinator(
         .map_err(io_err(format!("resolving AM_COORD={coord}")))?
         .next()
         .ok_or_else(|| bad("no address".into()))?;
+    let not_authentic = |why: &str| UdpError::CoordinatorNotAuthentic {
+        coord: coord.to_owned(),
+        why: why.to_owned(),
+    };
     if rank == 0 {
-        let listener = TcpListener::bind(target).map_err(io_err(format!(
-            "serving the coordinator at AM_COORD={coord}"
-        )))?;
+        let listener = TcpListener::bind(target).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                UdpError::CoordinatorPortTaken {
+                    coord: coord.to_owned(),
+                }
+            } else {
+                io_err(format!("serving the coordinator at AM_COORD={coord}"))(e)
+            }
+        })?;
         let auth = auth.clone();
         std::thread::Builder::new()
             .name("am-udp-coordinator".into())
@@ -447,21 +478,47 @@ fn via_coordinator(
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let _ = stream.set_read_timeout(Some(RENDEZVOUS_TIMEOUT));
+    // The challenge and the answer to the registration come at once from a real coordinator.
+    let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
     let mut reader = BufReader::new(
         stream
             .try_clone()
             .map_err(io_err("reading from the coordinator"))?
-            .take(MAX_LINE * (size as u64 + 3)),
+            .take(MAX_LINE * (size as u64 + 4)),
     );
     let mut first = String::new();
     reader
         .read_line(&mut first)
-        .map_err(io_err("reading the coordinator's challenge"))?;
-    let nonce = parse_challenge(&first).ok_or_else(|| bad("no challenge".into()))?;
+        .map_err(|e| not_authentic(&format!("no challenge: {e}")))?;
+    let nonce = parse_challenge(&first).ok_or_else(|| not_authentic("no challenge"))?;
+    let reg = registration(auth, rank, size, mine, &nonce);
     stream
-        .write_all(registration(auth, rank, size, mine, &nonce).as_bytes())
+        .write_all(reg.as_bytes())
         .map_err(io_err("registering with the coordinator"))?;
+    let mut answer = String::new();
+    reader
+        .read_line(&mut answer)
+        .map_err(|e| not_authentic(&format!("no answer to the registration: {e}")))?;
+    if answer.trim_end() == KEY_MISMATCH {
+        // Not authenticated (a rank with another key could not check it): a squatter can
+        // say it too, which only fails a start-up it could stop anyway.
+        return Err(UdpError::KeyMismatch {
+            rank,
+            peers: vec![0],
+        });
+    }
+    let proof = answer
+        .trim_end()
+        .strip_prefix(REGISTERED)
+        .and_then(|m| m.strip_prefix(' '))
+        .ok_or_else(|| not_authentic("no answer to the registration"))?;
+    if !auth.verify_text(&format!("registered {}", reg.trim_end()), proof) {
+        return Err(not_authentic(
+            "its answer to the registration is not authenticated with this job's key",
+        ));
+    }
+    // Now the table, once every rank registered.
+    let _ = stream.set_read_timeout(Some(RENDEZVOUS_TIMEOUT));
     let mut table = String::new();
     let mut peers = Vec::with_capacity(size as usize);
     loop {
@@ -473,12 +530,6 @@ fn via_coordinator(
             return Err(bad(
                 "closed before answering (wrong key or job, or timed out)".into(),
             ));
-        }
-        if line.trim_end() == KEY_MISMATCH {
-            return Err(UdpError::KeyMismatch {
-                rank,
-                peers: vec![0],
-            });
         }
         if let Some(mac) = line.trim_end().strip_prefix("END ") {
             if !auth.verify_text(&format!("{table}{nonce}"), mac) || peers.len() != size as usize {
@@ -734,6 +785,61 @@ mod tests {
             took < REGISTRATION_TIMEOUT - Duration::from_secs(1),
             "start-up took {took:?}: a stranger's connection held the coordinator"
         );
+    }
+
+    #[test]
+    fn a_squatted_coordinator_port_is_a_clear_error_on_every_rank() {
+        // Someone else holds AM_COORD's port before rank 0 and plays coordinator: it sends a
+        // challenge, takes the registration, and answers what it can without the key.
+        let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+        let coord = squatter.local_addr().unwrap().to_string();
+        let auth = Authenticator::new(&JobKey::from_bytes([7; 32]), "job-s");
+        let mine = Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 0x77,
+            },
+            mtu: 1472,
+        };
+        // Rank 0 cannot serve there, and says why.
+        match via_coordinator(&coord, 0, 2, &auth, mine) {
+            Err(UdpError::CoordinatorPortTaken { coord: c }) => assert_eq!(c, coord),
+            other => panic!("rank 0: {other:?}"),
+        }
+        let answers = [
+            "AMUDP1 REGISTERED 00000000000000000000000000000000\n".to_owned(),
+            format!("{REGISTERED}\n"),
+            "0 0000000000000001@127.0.0.1:1/1472\n".to_owned(),
+            String::new(), // closes without a word
+        ];
+        for answer in answers {
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let (coord2, auth2) = (coord.clone(), auth.clone());
+            // Bounded: a rank that waited for the table here would wait two minutes.
+            let rank = std::thread::spawn(move || {
+                let _ = done_tx.send(via_coordinator(&coord2, 1, 2, &auth2, mine));
+            });
+            let (mut s, _) = squatter.accept().unwrap();
+            s.write_all(challenge_line(&fresh_nonce().unwrap()).as_bytes())
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(s.try_clone().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert!(line.starts_with("AMUDP1 "), "{line:?}");
+            let _ = s.write_all(answer.as_bytes());
+            if answer.is_empty() {
+                drop(s);
+            }
+            let got = done_rx
+                .recv_timeout(ANSWER_TIMEOUT + Duration::from_secs(20))
+                .expect("the rank kept waiting on a coordinator that is not its rank 0");
+            rank.join().unwrap();
+            match got {
+                Err(UdpError::CoordinatorNotAuthentic { coord: c, .. }) => assert_eq!(c, coord),
+                other => panic!("answer {answer:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -23,6 +23,13 @@ use crate::wire::{random_u64, Authenticator, JobKey};
 const SELF_QUEUE_MAX: usize = 1 << 16;
 /// Datagrams read per poll before returning to the caller, so a flood cannot starve it.
 const RECV_BATCH: usize = 64;
+/// Bytes of one batch handed to the kernel at once with UDP GSO: what one UDP datagram may
+/// carry (the kernel's limit for a GSO send), and the receive buffer of a GRO batch.
+const BATCH_BYTES: usize = 65507;
+/// Datagrams in one GSO send at most (the kernel's UDP_MAX_SEGMENTS is 64 or more).
+const BATCH_SEGMENTS: usize = 64;
+/// Reads (datagrams, or GRO batches of them) taken from the socket in one `recvmmsg`.
+const RECV_SLOTS: usize = 8;
 /// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
 const GOODBYE_GRACE: Duration = Duration::from_millis(250);
 
@@ -65,12 +72,116 @@ impl Faults {
     }
 }
 
+/// Datagrams to one destination waiting to go out together: all of one size but the last,
+/// which may be shorter (what UDP GSO cuts one buffer into).
+struct Batch {
+    buf: Vec<u8>,
+    dest: Rank,
+    /// The size of every datagram in it but the last.
+    seg: usize,
+    count: usize,
+    /// The last datagram was shorter than `seg`: nothing more may follow it.
+    closed: bool,
+    /// Whether the kernel does UDP GSO (cleared at the first refusal; then one send per
+    /// datagram).
+    gso: bool,
+}
+
+impl Batch {
+    fn fits(&self, dest: Rank, len: usize) -> bool {
+        self.count == 0
+            || (dest == self.dest
+                && !self.closed
+                && len <= self.seg
+                && self.count < BATCH_SEGMENTS
+                && self.buf.len() + len <= BATCH_BYTES)
+    }
+
+    fn push(&mut self, dest: Rank, bytes: &[u8]) {
+        if self.count == 0 {
+            self.dest = dest;
+            self.seg = bytes.len();
+            self.closed = false;
+        }
+        self.buf.extend_from_slice(bytes);
+        self.count += 1;
+        self.closed = bytes.len() < self.seg;
+    }
+
+    /// Hands the batch to the kernel: one `sendmsg` with a `UDP_SEGMENT` control message for
+    /// several datagrams, else one `sendmmsg` for them all.
+    fn send(&mut self, socket: &UdpSocket, addr: &SocketAddr, send_errors: &mut u64) {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        use std::os::fd::AsRawFd;
+        if self.count == 0 {
+            return;
+        }
+        let mut sent = false;
+        if self.count > 1 && self.gso {
+            let seg = self.seg as u16;
+            let to = SockaddrStorage::from(*addr);
+            let iov = [io::IoSlice::new(&self.buf)];
+            match sendmsg(
+                socket.as_raw_fd(),
+                &iov,
+                &[ControlMessage::UdpGsoSegments(&seg)],
+                MsgFlags::empty(),
+                Some(&to),
+            ) {
+                Ok(_) => sent = true,
+                // No GSO here (an old kernel, or a device without checksum offload): one by
+                // one from now on.
+                Err(nix::errno::Errno::EIO)
+                | Err(nix::errno::Errno::EINVAL)
+                | Err(nix::errno::Errno::ENOPROTOOPT)
+                | Err(nix::errno::Errno::EOPNOTSUPP) => self.gso = false,
+                // A full socket buffer or a transient error is loss on the network:
+                // retransmission recovers it.
+                Err(_) => {
+                    *send_errors += self.count as u64;
+                    sent = true;
+                }
+            }
+        }
+        if !sent && self.count == 1 {
+            if socket.send_to(&self.buf, addr).is_err() {
+                *send_errors += 1;
+            }
+        } else if !sent {
+            use nix::sys::socket::{sendmmsg, MultiHeaders};
+            let to = SockaddrStorage::from(*addr);
+            let slices: Vec<[io::IoSlice<'_>; 1]> = self
+                .buf
+                .chunks(self.seg.max(1))
+                .map(|d| [io::IoSlice::new(d)])
+                .collect();
+            let addrs = vec![Some(to); slices.len()];
+            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
+            let no_cmsgs: [ControlMessage<'_>; 0] = [];
+            // What the kernel did not take (a full socket buffer) is loss on the network.
+            let taken = sendmmsg(
+                socket.as_raw_fd(),
+                &mut headers,
+                &slices,
+                &addrs,
+                no_cmsgs,
+                MsgFlags::empty(),
+            )
+            .map_or(0, |r| r.count());
+            *send_errors += (slices.len() - taken.min(slices.len())) as u64;
+        }
+        self.buf.clear();
+        self.count = 0;
+    }
+}
+
 /// The sending half, also lent to handlers for replies.
 struct Io {
     rank: Rank,
     size: u32,
     socket: UdpSocket,
     addrs: Vec<SocketAddr>,
+    batch: Batch,
     engine: Engine,
     self_queue: VecDeque<Vec<u8>>,
     faults: Option<Faults>,
@@ -109,7 +220,8 @@ fn send_datagram(
 }
 
 impl Io {
-    /// Sends whatever the engine has due.
+    /// Sends whatever the engine has due: consecutive datagrams to one peer in one system
+    /// call where the kernel allows (UDP GSO), the others one by one.
     #[inline]
     fn flush(&mut self, now: Instant) {
         let Io {
@@ -118,11 +230,34 @@ impl Io {
             addrs,
             faults,
             send_errors,
+            batch,
             ..
         } = self;
+        if faults.is_some() {
+            // The testing aid judges every datagram on its own.
+            engine.transmit(now, &mut |dest, bytes| {
+                send_datagram(socket, faults, send_errors, addrs[dest as usize], bytes)
+            });
+            return;
+        }
         engine.transmit(now, &mut |dest, bytes| {
-            send_datagram(socket, faults, send_errors, addrs[dest as usize], bytes)
+            if !batch.fits(dest, bytes.len()) {
+                let to = addrs[batch.dest as usize];
+                batch.send(socket, &to, send_errors);
+            }
+            if bytes.len() > BATCH_BYTES / 2 {
+                // No second one of its size would fit: straight out, without the copy.
+                if socket.send_to(bytes, addrs[dest as usize]).is_err() {
+                    *send_errors += 1;
+                }
+                return;
+            }
+            batch.push(dest, bytes);
         });
+        if batch.count > 0 {
+            let to = addrs[batch.dest as usize];
+            batch.send(socket, &to, send_errors);
+        }
     }
 
     /// Runs the timers if due, then sends.
@@ -183,7 +318,17 @@ impl Tx for Io {
 /// ```
 pub struct Udp {
     io: Io,
+    /// Received bytes: [`RECV_SLOTS`] slots of `rx_slot` bytes, each holding one datagram,
+    /// or with UDP GRO several of one size (the last may be shorter).
     rx: Vec<u8>,
+    rx_slot: usize,
+    /// What the last read filled, not yet handed on: (start in `rx`, length, segment size).
+    rx_reads: VecDeque<(usize, usize, usize)>,
+    /// The last read found datagrams: the next uses `recvmmsg` (more are likely waiting);
+    /// after an empty one, a plain `recvmsg` (an idle poll costs less, a round trip too).
+    rx_busy: bool,
+    /// Control-message space for the GRO segment size of a `recvmsg`.
+    rx_cmsg: Vec<u8>,
     /// Private heap memory, reached through the same views as the shared-memory NICs'.
     segment: am_shm::Segment,
     limits: Limits,
@@ -224,6 +369,9 @@ pub(crate) fn bind_socket(config: &UdpConfig, rank: Rank) -> Result<UdpSocket, U
     let n = config.socket_buffer;
     let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &n);
     let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBuf, &n);
+    // Best effort too: with GRO the kernel hands over a batch of datagrams from one sender
+    // in one read (each still authenticated on its own); without, one read per datagram.
+    let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::UdpGroSegment, &true);
     Ok(socket)
 }
 
@@ -346,6 +494,14 @@ impl Udp {
                 size: peers.len() as u32,
                 socket,
                 addrs: peers.iter().map(|p| p.addr).collect(),
+                batch: Batch {
+                    buf: Vec::with_capacity(BATCH_BYTES),
+                    dest: 0,
+                    seg: 0,
+                    count: 0,
+                    closed: false,
+                    gso: true,
+                },
                 engine,
                 self_queue: VecDeque::new(),
                 echo: Vec::new(),
@@ -361,7 +517,13 @@ impl Udp {
                 }),
                 send_errors: 0,
             },
-            rx: vec![0; config.engine.mtu.max(crate::wire::OVERHEAD) + 1],
+            // Each slot has room for a GRO batch (and one byte more than the largest datagram,
+            // so a longer one shows as too long rather than fitting exactly when cut).
+            rx: vec![0; RECV_SLOTS * (BATCH_BYTES.max(config.engine.mtu) + 1)],
+            rx_slot: BATCH_BYTES.max(config.engine.mtu) + 1,
+            rx_reads: VecDeque::with_capacity(RECV_SLOTS),
+            rx_busy: false,
+            rx_cmsg: nix::cmsg_space!(i32),
             departures_reported: vec![false; peers.len()],
             segment: am_shm::Segment::heap(0, segment_size).map_err(|e| UdpError::Config {
                 var: "segment size",
@@ -395,23 +557,110 @@ impl Udp {
         self.io.faults.as_ref().map_or(0, |f| f.dropped)
     }
 
+    /// The next received datagram, as a range of `rx`: the rest of the last reads, else
+    /// fresh ones (up to [`RECV_SLOTS`] in one `recvmmsg`). `None` when the socket is empty.
+    fn next_datagram(&mut self) -> Option<std::ops::Range<usize>> {
+        if self.rx_reads.is_empty() {
+            self.read_socket();
+        }
+        let (start, len, seg) = self.rx_reads.front_mut()?;
+        let take = (*seg).min(*len);
+        let d = *start..*start + take;
+        *start += take;
+        *len -= take;
+        if *len == 0 {
+            self.rx_reads.pop_front();
+        }
+        Some(d)
+    }
+
+    /// Reads the socket into the slots of `rx`, noting in `rx_reads` what it filled: one
+    /// `recvmsg` when the last read found nothing, else one `recvmmsg`.
+    fn read_socket(&mut self) {
+        use nix::sys::socket::SockaddrStorage;
+        use nix::sys::socket::{recvmmsg, recvmsg, ControlMessageOwned, MsgFlags, MultiHeaders};
+        use std::os::fd::AsRawFd;
+        // The kernel's word on how it joined datagrams (GRO); each is still checked on its
+        // own, and a longer one than agreed is refused as such.
+        fn segment(cmsgs: Option<nix::sys::socket::CmsgIterator<'_>>, n: usize) -> usize {
+            cmsgs
+                .and_then(|mut c| {
+                    c.find_map(|m| match m {
+                        ControlMessageOwned::UdpGroSegments(s) => usize::try_from(s).ok(),
+                        _ => None,
+                    })
+                })
+                .filter(|&s| s > 0)
+                .unwrap_or(n)
+                .max(1)
+        }
+        let slot = self.rx_slot;
+        if !self.rx_busy {
+            let mut iov = [io::IoSliceMut::new(&mut self.rx[..slot])];
+            // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP
+            // error reported on the socket) says nothing the protocol must act on.
+            if let Ok(msg) = recvmsg::<SockaddrStorage>(
+                self.io.socket.as_raw_fd(),
+                &mut iov,
+                Some(&mut self.rx_cmsg),
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                let n = msg.bytes;
+                self.rx_reads
+                    .push_back((0, n, segment(msg.cmsgs().ok(), n)));
+                self.rx_busy = true;
+            }
+            return;
+        }
+        let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
+            .rx
+            .chunks_mut(slot)
+            .map(|c| [io::IoSliceMut::new(c)])
+            .collect();
+        let mut headers =
+            MultiHeaders::<SockaddrStorage>::preallocate(slots.len(), Some(nix::cmsg_space!(i32)));
+        // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP error
+        // reported on the socket) says nothing the protocol must act on.
+        let Ok(reads) = recvmmsg(
+            self.io.socket.as_raw_fd(),
+            &mut headers,
+            slots.iter_mut(),
+            MsgFlags::MSG_DONTWAIT,
+            None,
+        ) else {
+            self.rx_busy = false;
+            return;
+        };
+        for (i, msg) in reads.enumerate() {
+            let n = msg.bytes;
+            self.rx_reads
+                .push_back((i * slot, n, segment(msg.cmsgs().ok(), n)));
+        }
+        self.rx_busy = !self.rx_reads.is_empty();
+    }
+
     /// Reads datagrams until one yields something to deliver or the socket is empty.
     fn receive(&mut self, now: Instant) -> Option<Input> {
         for _ in 0..RECV_BATCH {
-            match self.io.socket.recv_from(&mut self.rx) {
-                Ok((n, _from)) => match self.io.engine.on_datagram(now, &self.rx[..n]) {
-                    Input::Rejected => {}
-                    input @ Input::Deliver { .. } => return Some(input),
-                    Input::Accepted => {
-                        if self.io.engine.has_message() {
-                            return Some(Input::Accepted);
-                        }
+            let d = self.next_datagram()?;
+            match self.io.engine.on_datagram(now, &self.rx[d.clone()]) {
+                Input::Rejected => {}
+                Input::Deliver { src, range } => {
+                    return Some(Input::Deliver {
+                        src,
+                        range: d.start + range.start..d.start + range.end,
+                    })
+                }
+                Input::Accepted => {
+                    if self.io.engine.has_message() {
+                        return Some(Input::Accepted);
                     }
-                },
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // WouldBlock: nothing more. Anything else (an ICMP error reported on the
-                // socket) says nothing the protocol must act on.
-                Err(_) => return None,
+                }
+            }
+            // An ack owed, or fragments an ack let go: out now, not after the whole batch,
+            // so both ends work at once.
+            if self.io.engine.has_output() {
+                self.io.flush(now);
             }
         }
         None
@@ -420,6 +669,10 @@ impl Udp {
     /// Blocks in poll(2) on the socket for at most `timeout`.
     fn block(&self, timeout: Duration) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        // Datagrams already read from the socket wait in `rx`, not in the socket.
+        if !self.rx_reads.is_empty() {
+            return;
+        }
         let ms = timeout.as_micros().div_ceil(1000).min(u16::MAX as u128) as u16;
         let mut fds = [PollFd::new(self.io.socket.as_fd(), PollFlags::POLLIN)];
         let _ = poll(&mut fds, PollTimeout::from(ms));
@@ -527,7 +780,10 @@ impl Transport for Udp {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        if !self.io.self_queue.is_empty() || self.io.engine.has_message() {
+        if !self.io.self_queue.is_empty()
+            || self.io.engine.has_message()
+            || !self.rx_reads.is_empty()
+        {
             return Ok(());
         }
         let now = Instant::now();
@@ -606,6 +862,126 @@ impl Udp {
         if let Some(f) = &mut self.io.faults {
             for (addr, bytes, _) in f.held.drain(..) {
                 let _ = self.io.socket.send_to(&bytes, addr);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(gso: bool) -> Batch {
+        Batch {
+            buf: Vec::new(),
+            dest: 0,
+            seg: 0,
+            count: 0,
+            closed: false,
+            gso,
+        }
+    }
+
+    #[test]
+    fn a_batch_holds_one_destination_and_equal_datagrams_but_the_last() {
+        let mut b = batch(true);
+        assert!(b.fits(3, 1000));
+        b.push(3, &[1; 1000]);
+        assert!(b.fits(3, 1000) && b.fits(3, 10));
+        assert!(!b.fits(2, 1000), "another destination");
+        assert!(!b.fits(3, 1001), "longer than the first");
+        b.push(3, &[2; 10]);
+        assert!(!b.fits(3, 10), "nothing after a shorter one");
+        let mut b = batch(true);
+        for _ in 0..BATCH_SEGMENTS {
+            assert!(b.fits(1, 100));
+            b.push(1, &[0; 100]);
+        }
+        assert!(!b.fits(1, 100), "at most BATCH_SEGMENTS");
+        let mut b = batch(true);
+        while b.fits(1, 1472) {
+            b.push(1, &[0; 1472]);
+        }
+        assert!(b.buf.len() <= BATCH_BYTES && b.buf.len() + 1472 > BATCH_BYTES);
+    }
+
+    /// Datagrams read ahead (one `recvmmsg` takes several) are not in the socket any more:
+    /// `wait` must not sleep on the socket while they wait in the buffer.
+    #[test]
+    fn wait_returns_at_once_while_read_datagrams_wait() {
+        let config = UdpConfig {
+            linger: Duration::from_millis(100),
+            ..UdpConfig::default()
+        };
+        let mut ranks = Udp::cluster(2, 4096, config).unwrap();
+        let mut b = ranks.pop().unwrap();
+        let mut a = ranks.pop().unwrap();
+        for i in 0..9u8 {
+            a.try_send(1, &Outgoing::new(&[i; 12], &[])).unwrap();
+        }
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The first read takes one datagram, the next (recvmmsg) the other eight.
+        while got.len() < 2 && Instant::now() < deadline {
+            if let Some(x) = b
+                .poll_recv(|d, _, _| match d.bytes {
+                    Received::Private(m) => m[0],
+                    _ => u8::MAX,
+                })
+                .unwrap()
+            {
+                got.push(x);
+            }
+        }
+        assert_eq!(got, [0, 1]);
+        assert!(!b.rx_reads.is_empty(), "the other seven wait in the buffer");
+        // (wait also sleeps no longer than the engine's next timer, a millisecond here; the
+        // sleep itself is what must not happen.)
+        let t = Instant::now();
+        b.wait(Duration::from_secs(20)).unwrap();
+        b.block(Duration::from_secs(5));
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "slept on an empty socket while datagrams waited in the buffer"
+        );
+        while got.len() < 9 && Instant::now() < deadline + Duration::from_secs(10) {
+            if let Some(x) = b
+                .poll_recv(|d, _, _| match d.bytes {
+                    Received::Private(m) => m[0],
+                    _ => u8::MAX,
+                })
+                .unwrap()
+            {
+                got.push(x);
+            }
+        }
+        assert_eq!(got, (0..9).collect::<Vec<u8>>());
+    }
+
+    /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
+    /// the receiver the same datagrams, in order, whole.
+    #[test]
+    fn a_batch_arrives_as_its_datagrams_with_and_without_gso() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        for gso in [true, false] {
+            let mut b = batch(gso);
+            let datagrams: Vec<Vec<u8>> = (0..5u8)
+                .map(|i| vec![i; if i == 4 { 300 } else { 1200 }])
+                .collect();
+            for d in &datagrams {
+                assert!(b.fits(7, d.len()));
+                b.push(7, d);
+            }
+            let mut errors = 0;
+            b.send(&tx, &to, &mut errors);
+            assert_eq!((errors, b.count, b.buf.len()), (0, 0, 0));
+            let mut buf = [0u8; 4096];
+            for d in &datagrams {
+                let (n, _) = rx.recv_from(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &d[..], "gso {gso}");
             }
         }
     }

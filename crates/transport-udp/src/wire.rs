@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! 0       version (0xA1)
-//! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack)
+//! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack), 4 fence ("you were
+//!         declared lost here": the answer to a datagram from a peer declared lost)
 //! 2       flags (data only): bit 0 first fragment, bit 1 last fragment, bit 2 goodbye
 //! 3       zero
 //! 4..12   job tag: names the job (not secret; the MAC is what authenticates)
@@ -51,6 +52,9 @@ pub enum Kind {
     Ack = 2,
     /// Acknowledgements, and a request to be acknowledged (keepalive).
     Ping = 3,
+    /// The sender declared the receiver lost and refuses its datagrams: the receiver must
+    /// give the sender up at once too (fencing), rather than after a whole peer timeout.
+    Fence = 4,
 }
 
 /// A decoded header.
@@ -135,6 +139,7 @@ impl Header {
             1 => Kind::Data,
             2 => Kind::Ack,
             3 => Kind::Ping,
+            4 => Kind::Fence,
             _ => return None,
         };
         let flags = b[2];
@@ -245,41 +250,19 @@ impl JobKey {
     /// (`O_NOFOLLOW`), and the checks are made on the open file (`fstat`), so the file read
     /// is the file checked: no swapping it between the check and the read.
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
-        use std::io::Read;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let io_err = |source| KeyError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        if !meta.file_type().is_file() {
-            return Err(KeyError::NotAFile {
+        use am_launch::KeyFileError as E;
+        // A key is 64 digits and maybe a newline; a larger file is not a key. The checks are
+        // the launcher's own, so `amrun` refuses what a rank would.
+        let text = am_launch::read_key_file(path, 256).map_err(|e| match e {
+            E::Io { path, source } => KeyError::Io { path, source },
+            E::NotAFile { path } => KeyError::NotAFile { path },
+            E::Owner { path, owner, me } => KeyError::Owner { path, owner, me },
+            E::Permissions { path, mode } => KeyError::Permissions { path, mode },
+            e => KeyError::Io {
                 path: path.to_owned(),
-            });
-        }
-        let me = nix::unistd::geteuid().as_raw();
-        if meta.uid() != me {
-            return Err(KeyError::Owner {
-                path: path.to_owned(),
-                owner: meta.uid(),
-                me,
-            });
-        }
-        let mode = meta.mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Permissions {
-                path: path.to_owned(),
-                mode,
-            });
-        }
-        // A key is 64 digits and maybe a newline; a larger file is not a key.
-        let mut text = String::new();
-        file.take(256).read_to_string(&mut text).map_err(io_err)?;
+                source: io::Error::other(e),
+            },
+        })?;
         JobKey::from_hex(&text)
     }
 
@@ -411,7 +394,12 @@ mod tests {
 
     fn header() -> impl Strategy<Value = Header> {
         (
-            prop_oneof![Just(Kind::Data), Just(Kind::Ack), Just(Kind::Ping)],
+            prop_oneof![
+                Just(Kind::Data),
+                Just(Kind::Ack),
+                Just(Kind::Ping),
+                Just(Kind::Fence)
+            ],
             0u8..8,
             any::<(u64, u32, u32, u64, u64)>(),
             any::<(u64, u64, u64, u64, u32)>(),

@@ -28,3 +28,43 @@ mod clean_network {
 mod lossy_network {
     am_core::conformance_tests!(super::lossy);
 }
+
+/// Large transfers on a clean network go through the batched paths (several datagrams per
+/// system call each way, where the kernel does UDP GSO and GRO; with the largest datagrams,
+/// one each): every datagram must arrive whole and authentic, so nothing is refused, and the
+/// bytes land intact.
+#[test]
+fn batched_transfers_refuse_nothing() {
+    for mtu in [1472, transport_udp::config::MAX_MTU] {
+        batched_transfer(mtu);
+    }
+}
+
+fn batched_transfer(mtu: usize) {
+    use am_core::{Config, Handlers, Node};
+    const SIZE: usize = 4 << 20;
+    let mut config = UdpConfig::default();
+    config.engine.mtu = mtu;
+    let ranks = Udp::cluster(2, SIZE, config).expect("UDP cluster");
+    let results = am_core::run_ranks(ranks, |t| {
+        let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+        let data: Vec<u8> = (0..SIZE).map(|i| (i * 13 + 5) as u8).collect();
+        if node.rank() == 0 {
+            node.put(1, 0, &data).unwrap();
+        }
+        node.barrier().unwrap();
+        let landed = node.rank() == 0 || node.segment().to_vec() == data;
+        (landed, node.transport().stats())
+    });
+    for (rank, (landed, stats)) in results.iter().enumerate() {
+        assert!(
+            landed,
+            "mtu {mtu}, rank {rank}: the put did not land intact"
+        );
+        assert_eq!(stats.rejected(), 0, "mtu {mtu}, rank {rank}: {stats:?}");
+        assert_eq!(
+            stats.protocol_violations, 0,
+            "mtu {mtu}, rank {rank}: {stats:?}"
+        );
+    }
+}

@@ -46,6 +46,54 @@ fn four_ranks_all_to_all_with_loss_under_launcher() {
 }
 
 #[test]
+fn processes_a_rank_starts_do_not_inherit_the_key() {
+    let _turn = one_job_at_a_time();
+    // amrun's own key (through a pipe), and the user's AM_UDP_KEY (through the pipe too).
+    for key in [
+        None,
+        Some(transport_udp::JobKey::generate().unwrap().to_hex()),
+    ] {
+        let mut l = am_launch::Launcher::new(2, BIN)
+            .args(["child"])
+            .transport("udp")
+            .env("AM_WAIT", "block");
+        if let Some(k) = &key {
+            l = l.env("AM_UDP_KEY", k);
+        }
+        assert_eq!(l.run().expect("launch"), 0, "user key: {}", key.is_some());
+    }
+}
+
+#[test]
+fn key_file_job_under_launcher() {
+    use std::os::unix::fs::PermissionsExt;
+    let _turn = one_job_at_a_time();
+    let path = std::env::temp_dir().join(format!("am-udp-keyfile-{}", std::process::id()));
+    let key = transport_udp::JobKey::generate().unwrap();
+    std::fs::write(&path, key.to_hex()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let code = am_launch::Launcher::new(3, BIN)
+        .args(["alltoall", "50"])
+        .transport("udp")
+        .env("AM_WAIT", "block")
+        .env("AM_UDP_KEY_FILE", &path)
+        .run();
+    // A file others may read is refused before any rank starts.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let refused = am_launch::Launcher::new(2, BIN)
+        .args(["alltoall", "1"])
+        .transport("udp")
+        .env("AM_UDP_KEY_FILE", &path)
+        .run();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(code.expect("launch"), 0);
+    assert!(
+        matches!(refused, Err(am_launch::LaunchError::UdpKey { .. })),
+        "{refused:?}"
+    );
+}
+
+#[test]
 fn malformed_fault_spec_is_a_clear_error() {
     let out = Command::new(BIN)
         .args(["alltoall", "1"])

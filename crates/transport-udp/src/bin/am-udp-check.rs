@@ -6,8 +6,13 @@
 //!                            with AM_UDP_CHECK_STOP_AFTER=k rank 1 stops itself (SIGSTOP)
 //!                            after k, for the test to resume (SIGCONT)
 //! am-udp-check survive       traffic until a peer is lost; report it; exit 3
-//! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, then
-//!                            Node::put bandwidth of 1, 4 and 16 MiB
+//! am-udp-check child         every rank starts a shell once its transport is up; fails if
+//!                            the shell finds the job key (in its environment or the pipe)
+//! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, the
+//!                            one-way AM Short flood, then Node::put bandwidth of 1, 4 and
+//!                            16 MiB
+//! am-udp-check flood [N]     only the flood (N AM Shorts, default 200 000)
+//! am-udp-check put           only the put bandwidth
 //! ```
 //!
 //! Ranks learn their place from the launcher (`amrun`, `mpiexec`, or `AM_RANK`/`AM_SIZE`/
@@ -39,9 +44,15 @@ fn main() {
         Some("alltoall") => alltoall(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
         Some("stream") => stream(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000)),
         Some("survive") => survive(),
+        Some("child") => child(),
         Some("bench") => bench(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000)),
+        Some("flood") => flood(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(200_000))
+            .map(|r| println!("{}", flood_line(r))),
+        Some("put") => put(),
         _ => {
-            eprintln!("usage: am-udp-check alltoall N | stream N | survive | bench [N]");
+            eprintln!(
+                "usage: am-udp-check alltoall N | stream N | survive | child | bench [N] | flood [N] | put"
+            );
             std::process::exit(2)
         }
     };
@@ -179,6 +190,31 @@ fn stream(n: u32) -> Res<()> {
     Ok(())
 }
 
+/// Starts a shell once the transport is up, as a program would start a helper: it must find
+/// no job key, neither in `AM_UDP_KEY` nor in the pipe `AM_UDP_KEY_FD` names.
+fn child() -> Res<()> {
+    let (_job, udp) = connect()?;
+    let mut node = Node::new(udp, Handlers::new(), node_config()?)?;
+    let out = std::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            r#"printf '%s' "${AM_UDP_KEY-}"; [ -n "${AM_UDP_KEY_FD-}" ] && cat <&"$AM_UDP_KEY_FD" 2>/dev/null; true"#,
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let found = String::from_utf8_lossy(&out.stdout);
+    if !found.trim().is_empty() {
+        bail!(
+            "rank {}: a process it started found the job key: {:?}",
+            node.rank(),
+            found.trim()
+        );
+    }
+    node.barrier()?;
+    println!("rank {}: ok, its child found no key", node.rank());
+    Ok(())
+}
+
 /// Ping everyone until a peer is lost, then report each loss once, check that sends to the lost
 /// rank fail at once, and end with exit code 3.
 fn survive() -> Res<()> {
@@ -265,6 +301,66 @@ fn bench(n: usize) -> Res<()> {
         am,
         am / raw
     );
+    println!("{}", flood_line(flood(10 * n as u32)?));
+    put()
+}
+
+fn flood_line((rate, credits): (f64, u32)) -> String {
+    format!(
+        "one-way AM Short flood over transport-udp (spin, {credits} credits):  median {:.3} M/s",
+        rate / 1e6
+    )
+}
+
+/// The one-way AM Short flood: rank 0 sends `n` AM Shorts (one argument) to rank 1 as fast as
+/// credits allow, then one more whose reply says rank 1 ran every handler (per-pair order);
+/// five runs after a warm-up, the median rate in messages per second. Credits from
+/// `AM_CREDITS` (the core's default otherwise).
+fn flood(n: u32) -> Res<(f64, u32)> {
+    let transports = Udp::cluster(2, 1 << 16, UdpConfig::from_env()?)?;
+    let results = am_core::run_ranks(transports, |t| -> Result<(f64, u32), String> {
+        let r = (|| -> Res<(f64, u32)> {
+            let got = Rc::new(std::cell::Cell::new(0u32));
+            let done = Rc::new(std::cell::Cell::new(0u32));
+            let (g, d) = (got.clone(), done.clone());
+            let mut h = Handlers::new();
+            h.request(SEQ, "seq", AmKind::Short, move |_, _| g.set(g.get() + 1))?;
+            h.request(PING, "ping", AmKind::Short, |msg, token| {
+                let _ = token.reply_short(PONG, msg.args());
+            })?;
+            h.reply(PONG, "pong", AmKind::Short, move |msg| d.set(msg.args()[0]))?;
+            let mut config = Config::from_env()?;
+            config.wait_mode = WaitMode::Spin;
+            let credits = config.credits.initial();
+            let mut node = Node::new(t, h, config)?;
+            let mut rates = Vec::new();
+            if node.rank() == 0 {
+                for run in 0..=5u32 {
+                    let t = Instant::now();
+                    for i in 0..n {
+                        node.request_short(1, SEQ, &[i])?;
+                    }
+                    node.request_short(1, PING, &[run + 1])?;
+                    node.wait_until(|| done.get() == run + 1)?;
+                    if run > 0 {
+                        rates.push(n as f64 / t.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            node.barrier()?;
+            if node.rank() == 1 && got.get() != 6 * n {
+                bail!("flood: rank 1 ran {} of {} handlers", got.get(), 6 * n);
+            }
+            Ok((if rates.is_empty() { 0.0 } else { median(rates) }, credits))
+        })();
+        r.map_err(|e| e.to_string())
+    });
+    let mut it = results.into_iter();
+    Ok(it.next().ok_or("no rank 0")??)
+}
+
+/// The raw UDP stream and `Node::put` bandwidth of 1, 4 and 16 MiB.
+fn put() -> Res<()> {
     let mtu = UdpConfig::from_env()?.engine.mtu;
     let wait = std::env::var("AM_WAIT").unwrap_or_else(|_| "block".into());
     println!(

@@ -517,6 +517,75 @@ fn goodbye_departs_without_loss() {
     );
 }
 
+#[test]
+fn a_rank_back_after_being_declared_lost_is_fenced_at_once() {
+    // Rank 1 stops (SIGSTOP) for three timeouts with data owed to rank 0, which declares it
+    // lost. When it resumes, its first datagram is refused and answered by a fence, so it
+    // gives rank 0 up at once, not a whole timeout of its own later, and nothing it sent
+    // after the loss is delivered or acknowledged.
+    let timeout = cfg().peer_timeout;
+    let mut net = Net::new(2, 21, CLEAN, cfg());
+    for i in 0..5u32 {
+        let now = net.now;
+        net.engines[1].send(now, 0, &i.to_le_bytes(), &[]).unwrap();
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    for _ in 0..20 {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    assert_eq!(net.got[0].len(), 5);
+    let now = net.now;
+    net.engines[0]
+        .send(now, 1, b"to the stopped rank", &[])
+        .unwrap();
+    // Queued by the stopped rank just before it stopped: it goes out when it resumes.
+    net.engines[1].send(now, 0, b"after the stop", &[]).unwrap();
+    let resume = now + timeout * 3;
+    net.paused_until[1] = Some(resume);
+    while net.now < resume {
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    assert_eq!(net.lost[0].len(), 1, "rank 0 declared rank 1 lost");
+    let acks_before = net.engines[0].stats().acks_sent;
+    while net.now < resume + timeout * 2 && net.lost[1].is_empty() {
+        net.step();
+        net.advance(Duration::from_millis(1));
+    }
+    let (who, at) = *net.lost[1].first().expect("rank 1 never gave rank 0 up");
+    assert_eq!(who, 0);
+    let after_resume = at - (resume - net.t0);
+    assert!(
+        after_resume < timeout / 4,
+        "rank 1 learned of its loss {after_resume:?} after resuming: fenced, it must not wait \
+         for its own timeout ({timeout:?})"
+    );
+    let (s0, s1) = (net.engines[0].stats(), net.engines[1].stats());
+    assert!(s0.fences_sent >= 1 && s0.dropped_from_lost >= 1, "{s0:?}");
+    assert_eq!(s1.fenced, 1, "{s1:?}");
+    assert_eq!(
+        net.got[0].len(),
+        5,
+        "nothing from the lost rank is delivered"
+    );
+    assert_eq!(s0.acks_sent, acks_before, "nor acknowledged");
+    assert_eq!(
+        net.engines[1].send(net.now, 0, b"x", &[]),
+        Err(SendError::PeerLost(0))
+    );
+    // Two ranks that lost each other fall silent: fences are not answered.
+    let sent = (s0.datagrams_sent, s1.datagrams_sent);
+    let end = net.now + timeout;
+    while net.now < end {
+        net.step();
+        net.advance(Duration::from_millis(10));
+    }
+    let (s0, s1) = (net.engines[0].stats(), net.engines[1].stats());
+    assert_eq!((s0.datagrams_sent, s1.datagrams_sent), sent);
+}
+
 /// Feeds `d` to `e` and checks that nothing at all changed.
 fn assert_no_effect(e: &mut Engine, now: Instant, d: &[u8]) {
     let before = e.stats();
