@@ -178,41 +178,9 @@ pub enum KeyError {
     /// The text is not 64 hexadecimal digits.
     #[error("a job key is 64 hexadecimal digits (32 bytes)")]
     BadFormat,
-    /// The key file could not be read.
-    #[error("cannot read the key file {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The key file is not a regular file (a directory, a device, a FIFO).
-    #[error("the key file {path} is not a regular file")]
-    NotAFile {
-        /// The file.
-        path: String,
-    },
-    /// The key file belongs to another user, who can read it or give it another key.
-    #[error("the key file {path} belongs to user {owner}, not to this user ({me})")]
-    Owner {
-        /// The file.
-        path: String,
-        /// Its owner's user id.
-        owner: u32,
-        /// This process's effective user id.
-        me: u32,
-    },
-    /// The key file can be read or written by other users.
-    #[error(
-        "the key file {path} has mode {mode:o}: it must be readable by its owner only (chmod 600)"
-    )]
-    Permissions {
-        /// The file.
-        path: String,
-        /// Its mode bits.
-        mode: u32,
-    },
+    /// The key file was refused or could not be read (the checks are `amrun`'s own).
+    #[error(transparent)]
+    File(#[from] am_launch::KeyFileError),
 }
 
 impl JobKey {
@@ -250,19 +218,9 @@ impl JobKey {
     /// (`O_NOFOLLOW`), and the checks are made on the open file (`fstat`), so the file read
     /// is the file checked: no swapping it between the check and the read.
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
-        use am_launch::KeyFileError as E;
         // A key is 64 digits and maybe a newline; a larger file is not a key. The checks are
         // the launcher's own, so `amrun` refuses what a rank would.
-        let text = am_launch::read_key_file(path, 256).map_err(|e| match e {
-            E::Io { path, source } => KeyError::Io { path, source },
-            E::NotAFile { path } => KeyError::NotAFile { path },
-            E::Owner { path, owner, me } => KeyError::Owner { path, owner, me },
-            E::Permissions { path, mode } => KeyError::Permissions { path, mode },
-            e => KeyError::Io {
-                path: path.to_owned(),
-                source: io::Error::other(e),
-            },
-        })?;
+        let text = am_launch::read_key_file(path, 256)?;
         JobKey::from_hex(&text)
     }
 
@@ -494,7 +452,7 @@ mod tests {
         let path = dir.to_str().unwrap();
         assert!(matches!(
             JobKey::from_file(path),
-            Err(KeyError::Permissions { .. })
+            Err(KeyError::File(am_launch::KeyFileError::Permissions { .. }))
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobKey::from_file(path).unwrap(), k);
@@ -505,7 +463,7 @@ mod tests {
         let linked = JobKey::from_file(link.to_str().unwrap());
         std::fs::remove_file(&link).unwrap();
         match linked {
-            Err(KeyError::Io { source, .. }) => {
+            Err(KeyError::File(am_launch::KeyFileError::Io { source, .. })) => {
                 assert_eq!(source.raw_os_error(), Some(nix::libc::ELOOP))
             }
             other => panic!("a symbolic link was followed: {other:?}"),
@@ -513,7 +471,11 @@ mod tests {
         // A directory is no key file.
         assert!(matches!(
             JobKey::from_file(std::env::temp_dir().to_str().unwrap()),
-            Err(KeyError::NotAFile { .. } | KeyError::Permissions { .. } | KeyError::Owner { .. })
+            Err(KeyError::File(
+                am_launch::KeyFileError::NotAFile { .. }
+                    | am_launch::KeyFileError::Permissions { .. }
+                    | am_launch::KeyFileError::Owner { .. }
+            ))
         ));
         std::fs::remove_file(&dir).unwrap();
     }
