@@ -268,8 +268,9 @@ pub(crate) enum Data<'a> {
 }
 
 /// The engine's immediate put into `dest`: the data, then `tail` (an RMA Medium's tail word,
-/// stored with `Release`), then the completer's notification into the reserved slot. Bounds are the submitter's to check; a failed write leaves the bytes
-/// unwritten, and the completer's own checks (RMA Medium markers) see it.
+/// stored with `Release`), then the completer's notification into the reserved slot. Bounds
+/// are the submitter's to check; a failed write leaves the bytes unwritten, and the
+/// completer's own checks (RMA Medium markers) see it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn put_immediate(
     layout: &Layout,

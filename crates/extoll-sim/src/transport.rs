@@ -414,6 +414,8 @@ impl TxState {
                     meta.encode(),
                 );
                 return match sent {
+                    // Not `announce(d)`: through `self` again it measured 28 instructions
+                    // more per round trip (callgrind, selfrt am).
                     Ok(true) => {
                         self.velo_sent[d] += 1;
                         ring_doorbell(peer)

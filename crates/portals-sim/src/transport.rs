@@ -405,16 +405,18 @@ impl TxState {
             && head[4..8] == [0; 4];
         let mut hdr = [0u8; 8];
         let parts: [&[u8]; 2] = [head, payload];
-        let data: &[&[u8]] = if inline {
+        // The message's data, and its shared tail: none for an inline header or for a Long
+        // (whose payload went to the segment above).
+        let (data, tail): (&[&[u8]], _) = if inline {
             // At most two argument words: a short byte loop, not a `memcpy` call.
             for (d, s) in hdr.iter_mut().zip(&head[8..]) {
                 *d = *s;
             }
-            &[]
+            (&[], None)
         } else if msg.long_offset.is_some() {
-            &parts[..1]
+            (&parts[..1], None)
         } else {
-            &parts
+            (&parts, shared)
         };
         let args = PutArgs {
             pt: if is_reply { PT_REPLY } else { PT_REQUEST },
@@ -426,7 +428,7 @@ impl TxState {
                 0
             },
             data,
-            shared: if data.len() == 2 { shared } else { None },
+            shared: tail,
             ack: false,
             send_event: false,
             // The send slot is the request's, reserved for this reply.
