@@ -88,6 +88,18 @@ struct Batch {
 }
 
 impl Batch {
+    /// An empty batch; `gso`: whether to try UDP GSO.
+    fn new(gso: bool) -> Batch {
+        Batch {
+            buf: Vec::with_capacity(BATCH_BYTES),
+            dest: 0,
+            seg: 0,
+            count: 0,
+            closed: false,
+            gso,
+        }
+    }
+
     fn fits(&self, dest: Rank, len: usize) -> bool {
         self.count == 0
             || (dest == self.dest
@@ -494,14 +506,7 @@ impl Udp {
                 size: peers.len() as u32,
                 socket,
                 addrs: peers.iter().map(|p| p.addr).collect(),
-                batch: Batch {
-                    buf: Vec::with_capacity(BATCH_BYTES),
-                    dest: 0,
-                    seg: 0,
-                    count: 0,
-                    closed: false,
-                    gso: true,
-                },
+                batch: Batch::new(true),
                 engine,
                 self_queue: VecDeque::new(),
                 echo: Vec::new(),
@@ -871,20 +876,9 @@ impl Udp {
 mod tests {
     use super::*;
 
-    fn batch(gso: bool) -> Batch {
-        Batch {
-            buf: Vec::new(),
-            dest: 0,
-            seg: 0,
-            count: 0,
-            closed: false,
-            gso,
-        }
-    }
-
     #[test]
     fn a_batch_holds_one_destination_and_equal_datagrams_but_the_last() {
-        let mut b = batch(true);
+        let mut b = Batch::new(true);
         assert!(b.fits(3, 1000));
         b.push(3, &[1; 1000]);
         assert!(b.fits(3, 1000) && b.fits(3, 10));
@@ -892,13 +886,13 @@ mod tests {
         assert!(!b.fits(3, 1001), "longer than the first");
         b.push(3, &[2; 10]);
         assert!(!b.fits(3, 10), "nothing after a shorter one");
-        let mut b = batch(true);
+        let mut b = Batch::new(true);
         for _ in 0..BATCH_SEGMENTS {
             assert!(b.fits(1, 100));
             b.push(1, &[0; 100]);
         }
         assert!(!b.fits(1, 100), "at most BATCH_SEGMENTS");
-        let mut b = batch(true);
+        let mut b = Batch::new(true);
         while b.fits(1, 1472) {
             b.push(1, &[0; 1472]);
         }
@@ -919,19 +913,19 @@ mod tests {
         for i in 0..9u8 {
             a.try_send(1, &Outgoing::new(&[i; 12], &[])).unwrap();
         }
+        // One poll: the first byte of what it delivered, if anything.
+        let poll_one = |b: &mut Udp| {
+            b.poll_recv(|d, _, _| match d.bytes {
+                Received::Private(m) => m[0],
+                _ => u8::MAX,
+            })
+            .unwrap()
+        };
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         // The first read takes one datagram, the next (recvmmsg) the other eight.
         while got.len() < 2 && Instant::now() < deadline {
-            if let Some(x) = b
-                .poll_recv(|d, _, _| match d.bytes {
-                    Received::Private(m) => m[0],
-                    _ => u8::MAX,
-                })
-                .unwrap()
-            {
-                got.push(x);
-            }
+            got.extend(poll_one(&mut b));
         }
         assert_eq!(got, [0, 1]);
         assert!(!b.rx_reads.is_empty(), "the other seven wait in the buffer");
@@ -945,15 +939,7 @@ mod tests {
             "slept on an empty socket while datagrams waited in the buffer"
         );
         while got.len() < 9 && Instant::now() < deadline + Duration::from_secs(10) {
-            if let Some(x) = b
-                .poll_recv(|d, _, _| match d.bytes {
-                    Received::Private(m) => m[0],
-                    _ => u8::MAX,
-                })
-                .unwrap()
-            {
-                got.push(x);
-            }
+            got.extend(poll_one(&mut b));
         }
         assert_eq!(got, (0..9).collect::<Vec<u8>>());
     }
@@ -967,7 +953,7 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
         for gso in [true, false] {
-            let mut b = batch(gso);
+            let mut b = Batch::new(gso);
             let datagrams: Vec<Vec<u8>> = (0..5u8)
                 .map(|i| vec![i; if i == 4 { 300 } else { 1200 }])
                 .collect();
