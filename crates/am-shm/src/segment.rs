@@ -542,6 +542,13 @@ impl Segment {
         self.view.word64(off)
     }
 
+    /// The 32-bit word at byte offset `off` of the word area, for a futex (a location is
+    /// accessed either as a 64-bit or as a 32-bit atomic, never both: give it its own line).
+    #[inline]
+    pub fn word32(&self, off: usize) -> Result<&crate::sync::AtomicU32, ShmError> {
+        self.view.word32(off)
+    }
+
     /// The `n` 64-bit words from byte offset `off` of the word area (a record of several
     /// words, e.g. one cache line), checked once for the whole run rather than per word.
     /// `off` must be 8-aligned. Do not cover a word used as a [`doorbell`](Self::doorbell)
