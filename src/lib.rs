@@ -193,6 +193,9 @@ impl Transport for AnyTransport {
     fn close(&mut self) {
         dispatch!(self, t => t.close())
     }
+    fn acks_coalesce(&self) -> bool {
+        dispatch!(self, t => t.acks_coalesce())
+    }
 }
 
 /// What a job needs to start.

@@ -20,6 +20,25 @@ pub trait CreditPolicy {
     /// A reply from `peer` arrived carrying credit byte `granted`. Returns `false` if no request
     /// to `peer` was outstanding (the peer misbehaved); the state is then unchanged.
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool;
+    /// Replies from `peer` to `count` requests at once ([`crate::protocol::SystemMsg::Acks`])
+    /// returned `granted` credits together. Returns `false`, the state unchanged, if fewer
+    /// than `count` requests to `peer` were outstanding or `granted` is more than `count`
+    /// replies can carry (255 each). The default calls [`CreditPolicy::on_reply`] per reply.
+    fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+        if count == 0
+            || self.outstanding(peer) < count
+            || u64::from(granted) > 255 * u64::from(count)
+        {
+            return false;
+        }
+        let mut left = granted;
+        for _ in 0..count {
+            let g = left.min(255);
+            left -= g;
+            self.on_reply(peer, g as u8);
+        }
+        true
+    }
     /// The credit byte for a request to `peer`.
     fn request_hint(&mut self, peer: Rank) -> u8 {
         let _ = peer;
@@ -93,6 +112,16 @@ impl Ledger {
         self.available[peer as usize] += granted as u32;
         true
     }
+
+    fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+        let o = &mut self.outstanding[peer as usize];
+        if count == 0 || *o < count || u64::from(granted) > 255 * u64::from(count) {
+            return false;
+        }
+        *o -= count;
+        self.available[peer as usize] += granted;
+        true
+    }
 }
 
 /// The same fixed number of credits for every peer (GASNet's static partitioning).
@@ -131,6 +160,10 @@ impl CreditPolicy for StaticCredits {
     #[inline]
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
         self.ledger.on_reply(peer, granted)
+    }
+
+    fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+        self.ledger.on_replies(peer, count, granted)
     }
 
     fn available(&self, peer: Rank) -> u32 {
@@ -259,6 +292,10 @@ impl CreditPolicy for DynamicCredits {
     #[inline]
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
         self.ledger.on_reply(peer, granted)
+    }
+
+    fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+        self.ledger.on_replies(peer, count, granted)
     }
 
     #[inline]
@@ -436,6 +473,51 @@ impl std::str::FromStr for Credits {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A policy with only the required methods: the trait's default `on_replies`.
+    struct Plain(StaticCredits);
+
+    impl CreditPolicy for Plain {
+        fn try_acquire(&mut self, peer: Rank) -> bool {
+            self.0.try_acquire(peer)
+        }
+        fn cancel(&mut self, peer: Rank) {
+            self.0.cancel(peer)
+        }
+        fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
+            self.0.on_reply(peer, granted)
+        }
+        fn available(&self, peer: Rank) -> u32 {
+            self.0.available(peer)
+        }
+        fn outstanding(&self, peer: Rank) -> u32 {
+            self.0.outstanding(peer)
+        }
+    }
+
+    /// Coalesced replies settle exactly what as many single replies would, and a count or a
+    /// grant no outstanding requests explain changes nothing, whichever implementation.
+    #[test]
+    fn replies_together_settle_as_replies_one_by_one() {
+        let policies: [Box<dyn CreditPolicy>; 3] = [
+            Box::new(StaticCredits::new(2, 8)),
+            Box::new(DynamicCredits::new(2, 8, 16, 24)),
+            Box::new(Plain(StaticCredits::new(2, 8))),
+        ];
+        for mut p in policies {
+            for _ in 0..5 {
+                assert!(p.try_acquire(1));
+            }
+            for (count, granted) in [(6, 6), (0, 0), (2, 511)] {
+                assert!(!p.on_replies(1, count, granted), "{count} {granted}");
+                assert_eq!((p.available(1), p.outstanding(1)), (3, 5));
+            }
+            assert!(p.on_replies(1, 2, 5));
+            assert_eq!((p.available(1), p.outstanding(1)), (8, 3));
+            assert!(p.on_replies(1, 3, 0));
+            assert_eq!((p.available(1), p.outstanding(1)), (8, 0));
+        }
+    }
 
     #[derive(Debug, Clone)]
     enum Op {

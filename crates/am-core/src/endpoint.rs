@@ -45,7 +45,7 @@ use std::task::Poll;
 use crate::credit::CreditPolicy;
 use crate::error::{AmError, Misbehavior, StartError};
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
-use crate::protocol::{HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
+use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, TransportError,
     Tx,
@@ -169,6 +169,8 @@ pub struct Endpoint {
     unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     scratch: Vec<u8>,
+    /// Implicit replies owed, where the transport coalesces them.
+    acks: Option<OwedAcks>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -275,6 +277,48 @@ fn shm_err(e: am_shm::ShmError) -> AmError {
     AmError::Transport(TransportError::Io(e.to_string()))
 }
 
+/// Implicit replies owed and not yet sent, where the transport lets one empty reply answer
+/// several requests ([`crate::Transport::acks_coalesce`]): per peer, the requests whose
+/// handlers sent no reply, and the credits their replies grant.
+#[derive(Debug)]
+struct OwedAcks {
+    per_peer: Vec<(u32, u32)>,
+    /// Peers owed something.
+    owed: u32,
+    /// A peer owed this many is answered at once (half the credits a peer starts with), so
+    /// a sender keeps requests in flight while this rank is busy; the rest go when a poll
+    /// finds nothing more to do.
+    batch: u32,
+}
+
+impl OwedAcks {
+    /// Owes `src` the reply to one more request, granting `grant`: what to send now, if its
+    /// batch is full.
+    #[inline]
+    fn owe(&mut self, src: Rank, grant: u8) -> Option<(u32, u32)> {
+        let e = &mut self.per_peer[src as usize];
+        if e.0 == 0 {
+            self.owed += 1;
+        }
+        e.0 += 1;
+        e.1 += u32::from(grant);
+        if e.0 < self.batch {
+            return None;
+        }
+        self.owed -= 1;
+        Some(std::mem::take(e))
+    }
+
+    /// Forgets what is owed to `peer` (it is gone).
+    fn forget(&mut self, peer: Rank) {
+        if let Some(e) = self.per_peer.get_mut(peer as usize) {
+            if std::mem::take(e).0 > 0 {
+                self.owed -= 1;
+            }
+        }
+    }
+}
+
 /// The reply path lent to a request handler: at most one reply, to the requester only.
 struct ReplySink<'a> {
     src: Rank,
@@ -290,6 +334,8 @@ struct ReplySink<'a> {
     seg_len: usize,
     replied: bool,
     error: Option<AmError>,
+    /// Where the implicit reply is owed instead of sent, if the transport coalesces them.
+    acks: Option<&'a mut OwedAcks>,
 }
 
 impl<'a> ReplySink<'a> {
@@ -315,6 +361,7 @@ impl<'a> ReplySink<'a> {
             seg_len,
             replied: false,
             error: None,
+            acks: None,
         }
     }
 
@@ -376,7 +423,15 @@ impl<'a> ReplySink<'a> {
     #[inline]
     fn finish(mut self) -> Result<(), AmError> {
         if !self.replied {
-            self.system(SystemMsg::Ack, Payload::EMPTY);
+            match self.acks.as_deref_mut() {
+                None => self.system(SystemMsg::Ack, Payload::EMPTY),
+                Some(acks) => {
+                    if let Some((count, granted)) = acks.owe(self.src, self.grant) {
+                        self.grant = 0;
+                        self.system(SystemMsg::Acks { count, granted }, Payload::EMPTY);
+                    }
+                }
+            }
         }
         match self.error {
             Some(e) => Err(e),
@@ -494,7 +549,74 @@ impl Endpoint {
             gone: 0,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
+            acks: None,
         }
+    }
+
+    /// Whether one empty reply may answer several requests of a peer
+    /// ([`crate::Transport::acks_coalesce`]; off by default). On, the requests whose handlers
+    /// sent no reply are answered by one [`SystemMsg::Acks`] per peer when half the credits
+    /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
+    /// driver calls when a poll finds nothing.
+    pub fn set_acks_coalesce(&mut self, on: bool) {
+        self.acks = on.then(|| OwedAcks {
+            per_peer: vec![(0, 0); self.size as usize],
+            owed: 0,
+            batch: (self.credits.held(self.rank) / 2).max(1),
+        });
+    }
+
+    /// Whether implicit replies are owed and not yet sent (see [`Endpoint::flush_acks`]).
+    #[inline]
+    pub fn acks_owed(&self) -> bool {
+        self.acks.as_ref().is_some_and(|a| a.owed > 0)
+    }
+
+    /// Sends the implicit replies owed (one [`SystemMsg::Acks`] per peer), after the queued
+    /// replies and only once none is left; stops at the first the device refuses.
+    #[cold]
+    #[inline(never)]
+    pub fn flush_acks(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
+        if !self.pending.is_empty() {
+            return self.flush(tx);
+        }
+        let Some(acks) = self.acks.as_mut() else {
+            return Ok(());
+        };
+        for peer in 0..self.size {
+            let (count, granted) = acks.per_peer[peer as usize];
+            if count == 0 {
+                continue;
+            }
+            let w = SystemMsg::Acks { count, granted }.encode();
+            let header = Header {
+                category: Category::Reply,
+                kind: w.kind,
+                system: true,
+                handler: w.opcode,
+                nargs: w.args().len() as u8,
+                credit: 0,
+                payload_len: 0,
+                long_offset: 0,
+            };
+            let mut head = [0u8; MAX_HEAD_LEN];
+            let n = header.encode(w.args(), &mut head);
+            let out = Outgoing {
+                head: &head[..n],
+                payload: Payload::EMPTY,
+                long_offset: None,
+                reply_to: Some(Route::NONE),
+            };
+            match tx.try_send(peer, &out) {
+                Ok(()) => acks.forget(peer),
+                Err(SendError::Busy) => return Ok(()),
+                Err(e) => {
+                    acks.forget(peer);
+                    return self.send_failed(e).map(drop);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// This rank.
@@ -1111,6 +1233,9 @@ impl Endpoint {
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerLost(peer));
         self.pending.retain(|p| p.dest != peer);
+        if let Some(acks) = self.acks.as_mut() {
+            acks.forget(peer);
+        }
         true
     }
 
@@ -1142,6 +1267,9 @@ impl Endpoint {
         }
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerDeparted(peer));
+        if let Some(acks) = self.acks.as_mut() {
+            acks.forget(peer);
+        }
         true
     }
 
@@ -1177,6 +1305,7 @@ impl Endpoint {
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
     pub fn is_quiet(&self) -> bool {
         self.pending.is_empty()
+            && !self.acks_owed()
             && (0..self.size)
                 .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
     }
@@ -1271,7 +1400,7 @@ impl Endpoint {
                     *a = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
             }
-            let grant = self.take_credits(src, &hdr)?;
+            let grant = self.take_credits(src, &hdr, &[])?;
             return self.dispatch_user(
                 src,
                 route,
@@ -1316,7 +1445,7 @@ impl Endpoint {
         let mut argbuf = [0u32; MAX_ARGS];
         let args = hdr.read_args(head, &mut argbuf);
         let body = body_after(d.bytes, hdr.head_len())?;
-        let grant = self.take_credits(src, &hdr)?;
+        let grant = self.take_credits(src, &hdr, args)?;
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
         let (payload, long, inline_long) = match hdr.kind {
@@ -1364,10 +1493,16 @@ impl Endpoint {
     /// Credits first, whatever becomes of the message: a reply returns what its request
     /// took; a request learns what its reply (explicit or implicit) will grant.
     #[inline(always)]
-    fn take_credits(&mut self, src: Rank, hdr: &Header) -> Result<u8, AmError> {
+    fn take_credits(&mut self, src: Rank, hdr: &Header, args: &[u32]) -> Result<u8, AmError> {
         match hdr.category {
             Category::Reply => {
-                if !self.credits.on_reply(src, hdr.credit) {
+                // ACKS answers as many requests as it says; malformed, it counts as one
+                // reply, like any other, and its decoding reports it.
+                let answered = match (hdr.system && hdr.handler == opcode::ACKS, args) {
+                    (true, &[count, granted]) => self.credits.on_replies(src, count, granted),
+                    _ => self.credits.on_reply(src, hdr.credit),
+                };
+                if !answered {
                     return Err(misbehaved(src, Misbehavior::ReplyWithoutRequest));
                 }
                 Ok(0)
@@ -1401,6 +1536,7 @@ impl Endpoint {
             limits,
             scratch,
             seg_len,
+            acks,
             ..
         } = self;
         let msg = |scratch| Msg {
@@ -1428,6 +1564,7 @@ impl Endpoint {
                 let Handlers { fns, meta, .. } = handlers;
                 let mut sink =
                     ReplySink::new(src, route, grant, tx, pending, meta, limits, *seg_len);
+                sink.acks = acks.as_mut();
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -1470,7 +1607,7 @@ impl Endpoint {
         let mut argbuf = [0u32; MAX_ARGS];
         let args = args_after_word(bytes, hdr.nargs, &mut argbuf)?;
         let payload = body_after(bytes, hdr.head_len())?;
-        let grant = self.take_credits(src, hdr)?;
+        let grant = self.take_credits(src, hdr, args)?;
         self.dispatch_user(
             src, route, hdr, args, payload, None, None, grant, segment, tx,
         )
@@ -1583,7 +1720,7 @@ impl Endpoint {
         let msg = SystemMsg::decode(hdr.category, hdr.kind, hdr.handler, args)
             .map_err(|m| misbehaved(src, m))?;
         match msg {
-            SystemMsg::Ack => Ok(()),
+            SystemMsg::Ack | SystemMsg::Acks { .. } => Ok(()),
             SystemMsg::PutDone { op, ok } => {
                 let slot = self.live_op(op, src).ok_or_else(bad)?;
                 if !ok && slot.error.is_none() {
@@ -1788,6 +1925,9 @@ fn system_request(
             *st.exit_requested = Some(code);
             Ok(())
         }
-        SystemMsg::Ack | SystemMsg::PutDone { .. } | SystemMsg::GetData { .. } => Err(bad()),
+        SystemMsg::Ack
+        | SystemMsg::Acks { .. }
+        | SystemMsg::PutDone { .. }
+        | SystemMsg::GetData { .. } => Err(bad()),
     }
 }

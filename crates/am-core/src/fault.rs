@@ -249,6 +249,9 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn close(&mut self) {
         self.inner.close()
     }
+    fn acks_coalesce(&self) -> bool {
+        self.inner.acks_coalesce()
+    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)

@@ -87,6 +87,9 @@ impl<T: Transport> Node<T> {
         loop {
             if let Poll::Ready(r) = node.ep.start_step(&mut node.transport) {
                 r?;
+                // After start-up, which ends with every credit home.
+                let coalesce = node.transport.acks_coalesce();
+                node.ep.set_acks_coalesce(coalesce);
                 return Ok(node);
             }
             node.progress(&mut idle)?;
@@ -207,7 +210,13 @@ impl<T: Transport> Node<T> {
             .transport
             .poll_recv(|d, segment, tx| ep.handle(d, segment, tx))?
         {
-            None => Ok(false),
+            None => {
+                // Nothing more to handle: answer the requests still owed an implicit reply.
+                if self.ep.acks_owed() {
+                    self.ep.flush_acks(&mut self.transport)?;
+                }
+                Ok(false)
+            }
             Some(result) => {
                 if let Some(code) = self.ep.exit_requested() {
                     self.terminate(code);

@@ -44,6 +44,8 @@ pub mod opcode {
     pub const GET_DATA: u8 = 7;
     /// [`SystemMsg::Exit`](super::SystemMsg::Exit).
     pub const EXIT: u8 = 8;
+    /// [`SystemMsg::Acks`](super::SystemMsg::Acks).
+    pub const ACKS: u8 = 9;
 }
 use opcode as op;
 
@@ -63,6 +65,15 @@ pub enum SystemMsg {
     /// The implicit empty reply (Short reply): returns the credit of a request whose handler
     /// did not reply.
     Ack,
+    /// Implicit empty replies to `count` requests at once (Short reply), returning `granted`
+    /// credits in all: sent instead of [`SystemMsg::Ack`] where the transport allows it
+    /// ([`crate::Transport::acks_coalesce`]).
+    Acks {
+        /// Requests answered (at least 1).
+        count: u32,
+        /// Credits returned for them together (what each one's reply would have granted).
+        granted: u32,
+    },
     /// Start-up, every rank to rank 0 (Medium request): its handler-table digest and the
     /// length of its segment; the payload is its table signature
     /// ([`HELLO_SIGNATURE_LEN`] bytes).
@@ -199,6 +210,7 @@ impl SystemMsg {
         let mut words = [0u32; MAX_SYSTEM_ARGS];
         let (opcode, kind, category, args): (u8, AmKind, Category, &[u32]) = match *self {
             SystemMsg::Ack => (op::ACK, Short, Reply, &[]),
+            SystemMsg::Acks { count, granted } => (op::ACKS, Short, Reply, &[count, granted]),
             SystemMsg::Hello {
                 digest,
                 segment_len,
@@ -302,6 +314,9 @@ impl SystemMsg {
         };
         let msg = match (opcode, category, kind, args) {
             (op::ACK, Reply, Short, []) => SystemMsg::Ack,
+            (op::ACKS, Reply, Short, &[count, granted]) if count > 0 => {
+                SystemMsg::Acks { count, granted }
+            }
             (op::HELLO, Request, Medium, &[d0, d1, s0, s1]) => SystemMsg::Hello {
                 digest: join(d0, d1),
                 segment_len: join(s0, s1),
@@ -383,6 +398,8 @@ mod tests {
         ];
         prop_oneof![
             Just(SystemMsg::Ack),
+            (1..=u32::MAX, any::<u32>())
+                .prop_map(|(count, granted)| SystemMsg::Acks { count, granted }),
             (any::<u64>(), any::<u64>()).prop_map(|(digest, segment_len)| SystemMsg::Hello {
                 digest,
                 segment_len

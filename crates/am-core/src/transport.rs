@@ -393,6 +393,15 @@ pub trait Transport: Tx {
         let _ = len;
         false
     }
+    /// Whether one empty reply may return the credits of several requests from one peer
+    /// ([`crate::protocol::SystemMsg::Acks`]): true where a request holds no transport
+    /// resource that only its own reply frees (no reply slot, no routed send slot; the
+    /// delivery's route is always [`Route::NONE`]). The core then answers the requests whose
+    /// handlers sent no reply with one message per peer and batch instead of one each. The
+    /// default, `false`, keeps one reply per request.
+    fn acks_coalesce(&self) -> bool {
+        false
+    }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.

@@ -221,6 +221,63 @@ fn out_of_credit_a_request_waits_and_nothing_is_dropped() {
     }
 }
 
+/// Where the transport allows it, the requests a handler answers with no reply are answered
+/// together: fewer messages, the same credits home, nothing dropped or reordered, also when
+/// the device refuses some of the coalesced replies.
+#[test]
+fn implicit_replies_coalesce_and_every_credit_comes_home() {
+    for seed in 0..SEEDS {
+        let shape = Shape {
+            credits: 8,
+            ..Shape::new(3)
+        };
+        let (mut c, seen) = cluster(shape, seed);
+        for n in &mut c.nodes {
+            n.ep.set_acks_coalesce(true);
+        }
+        c.net.sent.clear();
+        let mut next = [0u32; 3];
+        let mut busy_once = true;
+        c.drive(&[1, 2], |r, ep, tx| {
+            while next[r as usize] < 50 {
+                match ep.request_step(tx, 0, AmKind::Short, SINK, &[next[r as usize]], &[], None) {
+                    Poll::Ready(Ok(())) => next[r as usize] += 1,
+                    Poll::Ready(Err(e)) => panic!("{e}"),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(())
+        });
+        if std::mem::take(&mut busy_once) {
+            c.net.busy[0] = 3;
+        }
+        c.settle();
+        let sunk = seen[0].sunk.borrow();
+        for src in [1, 2] {
+            let got: Vec<u32> = sunk.iter().filter(|s| s.0 == src).map(|s| s.1).collect();
+            assert_eq!(got, (0..50).collect::<Vec<_>>(), "seed {seed}: from {src}");
+            assert_eq!(
+                c.nodes[src as usize].ep.credits().available(0),
+                8,
+                "seed {seed}"
+            );
+        }
+        let replies = c
+            .net
+            .sent
+            .iter()
+            .filter(|&&(s, _, reply)| s == 0 && reply)
+            .count();
+        // At least one per batch of 4 (half of 8 credits), far fewer than one per request.
+        assert!(
+            (26..100).contains(&replies),
+            "seed {seed}: {replies} replies for 100"
+        );
+        assert!(c.nodes.iter().all(|n| n.ep.is_quiet()), "seed {seed}");
+        assert!(c.nodes.iter().all(|n| n.errors.is_empty()), "seed {seed}");
+    }
+}
+
 #[test]
 fn a_refused_reply_is_sent_again_in_order() {
     let (mut c, seen) = cluster(Shape::new(2), 1);

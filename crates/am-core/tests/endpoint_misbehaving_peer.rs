@@ -32,7 +32,7 @@ const UNKNOWN: u8 = 99;
 
 // System opcodes, to forge raw system messages.
 use am_core::protocol::opcode::{
-    ACK as SYS_ACK, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
+    ACK as SYS_ACK, ACKS as SYS_ACKS, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
     GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
     PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE,
 };
@@ -263,16 +263,27 @@ impl Evil {
         }
     }
 
-    /// Receives the implicit empty reply that returns the credit of a request.
+    /// Receives the implicit empty reply that returns the credit of a request: an ACK, or
+    /// (on Loopback, which coalesces them) ACKS for this one request, sent when the node's
+    /// next poll found nothing.
     fn expect_ack(&mut self, what: &str) {
         let g = self.recv();
         assert_eq!(
-            (g.hdr.category, g.hdr.system, g.hdr.kind, g.hdr.handler),
-            (Category::Reply, true, AmKind::Short, SYS_ACK),
+            (g.hdr.category, g.hdr.system, g.hdr.kind),
+            (Category::Reply, true, AmKind::Short),
             "evil: expected the ACK of {what}, got {g:?}"
         );
-        assert_eq!(g.hdr.credit, 1, "the ACK of {what} returns the credit");
-        assert!(g.args.is_empty() && g.payload.is_empty(), "{g:?}");
+        match g.hdr.handler {
+            SYS_ACK => {
+                assert_eq!(g.hdr.credit, 1, "the ACK of {what} returns the credit");
+                assert!(g.args.is_empty(), "{g:?}");
+            }
+            am_core::protocol::opcode::ACKS => {
+                assert_eq!(g.args, [1, 1], "the ACKS of {what} returns its one credit");
+            }
+            _ => panic!("evil: expected the ACK of {what}, got {g:?}"),
+        }
+        assert!(g.payload.is_empty(), "{g:?}");
     }
 
     /// Receives a user Short reply to `REP_SHORT`; returns its arguments.
@@ -589,7 +600,7 @@ fn reply_without_request_leaves_credits_unchanged() {
             // Start-up ended with every credit home (the evil rank ACKed HELLO_RESULT).
             assert_eq!(node.credits_available(1), CREDITS);
             let caught = poll_until(&mut node, |_| seen.requests() == 1);
-            assert_eq!(caught, vec![Misbehavior::ReplyWithoutRequest; 4]);
+            assert_eq!(caught, vec![Misbehavior::ReplyWithoutRequest; 7]);
             assert_eq!(
                 node.credits_available(1),
                 CREDITS,
@@ -615,6 +626,11 @@ fn reply_without_request_leaves_credits_unchanged() {
                     &[],
                 ),
                 wire(reply(false, AmKind::Medium, REP_MEDIUM.0), &[3], &[1, 2, 3]),
+                // Coalesced ACKs: for one request, for none, and more credit than their
+                // count of replies can carry.
+                wire(reply(true, AmKind::Short, SYS_ACKS), &[1, 1], &[]),
+                wire(reply(true, AmKind::Short, SYS_ACKS), &[0, 0], &[]),
+                wire(reply(true, AmKind::Short, SYS_ACKS), &[1, 256], &[]),
             ];
             for s in stray {
                 evil.send(&s);
@@ -775,6 +791,7 @@ fn bad_system_requests() -> Vec<(Vec<u8>, u8)> {
         (wire(r(AmKind::Medium, 200), &[], &[1, 2]), 200),
         // Opcodes that exist only as replies.
         (wire(r(AmKind::Short, SYS_ACK), &[], &[]), SYS_ACK),
+        (wire(r(AmKind::Short, SYS_ACKS), &[1, 1], &[]), SYS_ACKS),
         (
             wire(r(AmKind::Short, SYS_PUT_DONE), &[0, 0], &[]),
             SYS_PUT_DONE,
@@ -824,6 +841,9 @@ fn bad_system_replies() -> Vec<(Vec<u8>, u8)> {
     let r = |kind, op| reply(true, kind, op);
     vec![
         (wire(r(AmKind::Short, 77), &[], &[]), 77),
+        // ACKS carries a count and the credits granted: never one word or three.
+        (wire(r(AmKind::Short, SYS_ACKS), &[1], &[]), SYS_ACKS),
+        (wire(r(AmKind::Short, SYS_ACKS), &[1, 1, 1], &[]), SYS_ACKS),
         (wire(r(AmKind::Short, SYS_HELLO), &[0; 4], &[]), SYS_HELLO),
         (
             wire(r(AmKind::Short, SYS_BARRIER), &[0; 3], &[]),

@@ -277,7 +277,28 @@ impl Cluster {
                 node.errors.push(e);
             }
         }
+        // As a driver's poll that finds nothing more: the implicit replies still owed go.
+        if self.net.queues[d].iter().all(|q| q.is_empty()) {
+            self.flush_acks(dest);
+        }
         true
+    }
+
+    /// Sends what `rank` owes as coalesced implicit replies (see `Endpoint::flush_acks`).
+    pub fn flush_acks(&mut self, rank: Rank) {
+        let node = &mut self.nodes[rank as usize];
+        if !node.ep.acks_owed() {
+            return;
+        }
+        let mut wire = Wire {
+            net: &mut self.net,
+            from: rank,
+        };
+        if let Err(e) = node.ep.flush_acks(&mut wire) {
+            if let Some(e) = node.ep.absorb(e) {
+                node.errors.push(e);
+            }
+        }
     }
 
     /// Delivers one message somewhere (rank chosen by the seed). False if none waits.
@@ -290,8 +311,14 @@ impl Cluster {
         self.deliver_to(dest)
     }
 
-    /// Every rank sends the replies its device refused (as a driver does before each poll).
+    /// Every rank sends the replies its device refused (as a driver does before each poll),
+    /// and one with nothing to receive the implicit replies it owes.
     pub fn flush_all(&mut self) {
+        for r in 0..self.size() {
+            if self.net.queues[r as usize].iter().all(|q| q.is_empty()) {
+                self.flush_acks(r);
+            }
+        }
         for (r, node) in self.nodes.iter_mut().enumerate() {
             let mut wire = Wire {
                 net: &mut self.net,
