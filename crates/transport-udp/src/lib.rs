@@ -67,8 +67,11 @@
 //! coordinator challenges each registration, and answers it at once with a MAC over it (its
 //! challenge and the rank's fresh epoch), so a rank that reached some other process holding
 //! the port fails within seconds with [`UdpError::CoordinatorNotAuthentic`], and a rank 0 that
-//! cannot bind it with [`UdpError::CoordinatorPortTaken`]. The key is confirmed at start-up: a
-//! rank with another key fails with [`UdpError::KeyMismatch`].
+//! cannot bind it with [`UdpError::CoordinatorPortTaken`]. A rank is registered once: a second
+//! registration of it with another address or epoch (two processes given the same `AM_RANK`)
+//! fails every rank's start-up with [`UdpError::ConflictingRegistration`] instead of
+//! redirecting its traffic. The key is confirmed at start-up: a rank with another key fails
+//! with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
