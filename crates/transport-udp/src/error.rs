@@ -81,6 +81,18 @@ pub enum UdpError {
         /// What it failed to do.
         why: String,
     },
+    /// Two processes registered as the same rank with the `AM_COORD` coordinator, with
+    /// different addresses or epochs (the same `AM_RANK` given twice, or a rank started again
+    /// while the first is still registered). The coordinator does not pick one: it refuses the
+    /// second and fails the start-up of every rank it can reach, rather than send one rank's
+    /// traffic to the other.
+    #[error("AM_COORD={coord}: two processes registered as rank {rank} (from different addresses or epochs), so the coordinator refused the job: start each rank once, with its own AM_RANK")]
+    ConflictingRegistration {
+        /// `AM_COORD`.
+        coord: String,
+        /// The rank registered twice.
+        rank: u32,
+    },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]
     Rendezvous(String),

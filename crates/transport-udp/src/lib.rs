@@ -49,36 +49,43 @@
 //!
 //! # Threat model
 //!
-//! **Protected.** Every datagram carries a MAC: a blake3 keyed hash, truncated to 16 bytes,
-//! of its whole header and payload, under a key derived from the job key and the job id. It
-//! is verified before anything else is looked at beyond the length and the job tag; a
-//! datagram that fails (random bytes, truncated, another job's, forged, misaddressed, from an
+//! **Protected.** Every datagram carries a 16-byte MAC of its whole header and payload:
+//! AES-128-GCM's tag over an empty plaintext with the datagram as associated data (GMAC),
+//! under a key of its own direction (derived from the job key, the job id, both ranks and both
+//! ranks' epochs) and with its packet number as nonce, so no nonce is ever used twice under
+//! one key ([`wire::DatagramKey`] gives the argument). Before the MAC only the length, the
+//! format, the job tag and the addresses (which pick the key) are compared; a datagram that
+//! fails any check (random bytes, truncated, another job's, forged, misaddressed, from an
 //! earlier run of a rank, replayed) is dropped and counted ([`proto::Stats`]), causes no
 //! handler call, no segment write, no change to ack, retransmission or credit state, and is
 //! never answered. Replays are caught by a 128-wide window of per-transmission packet numbers
 //! (a retransmission is a new transmission with a new packet number); each transport start
-//! draws a random epoch that both ends put in every datagram, so datagrams of an earlier run
-//! are never taken for current ones. Two jobs on the same hosts and ports never see each
-//! other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is authenticated
-//! with the same key (and refuses to run without one), both ways: the coordinator challenges
-//! each registration, and answers it at once with a MAC over it (its challenge and the rank's
-//! fresh epoch), so a rank that reached some other process holding the port fails within
-//! seconds with [`UdpError::CoordinatorNotAuthentic`], and a rank 0 that cannot bind it with
-//! [`UdpError::CoordinatorPortTaken`]. The key is confirmed at start-up: a rank with another
-//! key fails with [`UdpError::KeyMismatch`].
+//! draws a random epoch that both ends put in every datagram and in its key, so datagrams of
+//! an earlier run are never taken for current ones. Two jobs on the same hosts and ports never
+//! see each other's traffic: their keys and job ids differ. The `AM_COORD` rendezvous is
+//! authenticated with the same key (and refuses to run without one), both ways: the
+//! coordinator challenges each registration, and answers it at once with a MAC over it (its
+//! challenge and the rank's fresh epoch), so a rank that reached some other process holding
+//! the port fails within seconds with [`UdpError::CoordinatorNotAuthentic`], and a rank 0 that
+//! cannot bind it with [`UdpError::CoordinatorPortTaken`]. A rank is registered once: a second
+//! registration of it with another address or epoch (two processes given the same `AM_RANK`)
+//! fails every rank's start-up with [`UdpError::ConflictingRegistration`] instead of
+//! redirecting its traffic. The key is confirmed at start-up: a rank with another key fails
+//! with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
 //! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
-//! service, which ends as `PeerLost`), and a flood of junk costs CPU (one hash per datagram).
-//! The key is only as secret as the way it reaches the ranks: `amrun` hands it to the ranks
-//! of a udp job only, through a pipe each reads once and closes (`AM_UDP_KEY_FD`), so what a
-//! rank starts later finds no key; or a file of the user's own, mode 0600, not a symbolic
-//! link, named by `AM_UDP_KEY_FILE`; or `AM_UDP_KEY` set by hand (inherited by whatever the
-//! rank starts). When none is given, rank 0 makes
-//! one and shares it through the launcher's key-value store (the fallback under `mpiexec` and
-//! `srun`): then anyone who can query that store (same user on the same host, or whoever can
-//! reach hydra's PMI port) can learn it. A compromised rank or user account of the job is
-//! trusted. Traffic analysis (who talks to whom, sizes, timing) is not hidden.
+//! service, which ends as `PeerLost`), and a flood of junk costs CPU (at most one MAC check
+//! per datagram, none for a datagram that names no current pair of ranks). The key is only as
+//! secret as the way it reaches the ranks: `amrun` hands it to the ranks of a udp job only,
+//! through a pipe each reads once and closes (`AM_UDP_KEY_FD`), so what a rank starts later
+//! finds no key; or a file of the user's own, mode 0600, not a symbolic link, named by
+//! `AM_UDP_KEY_FILE`; or `AM_UDP_KEY` set by hand (inherited by whatever the rank starts).
+//! When none is given, rank 0 makes one and shares it through the launcher's key-value store
+//! (the fallback under `mpiexec` and `srun`): then anyone who can query that store (same user
+//! on the same host, or whoever can reach hydra's PMI port) can learn it. A compromised rank
+//! or user account of the job is trusted. Traffic analysis (who talks to whom, sizes, timing)
+//! is not hidden.
 //!
 //! What this crate does **not** do: it does not encrypt; its congestion control is NewReno
 //! counted in fragments with a burst limit, no pacing by time (it is meant for cluster

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use am_core::{Rank, SendError};
 
 use crate::wire::{
-    Authenticator, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN, OVERHEAD,
+    Authenticator, DatagramKey, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN,
+    OVERHEAD,
 };
 
 /// Fragments in flight per peer at most (the largest congestion window), and the receiver's
@@ -157,8 +158,9 @@ pub struct Stats {
     pub dropped_wrong_job: u64,
     /// Dropped: the MAC did not verify (forged, corrupted, or another job's key).
     pub dropped_bad_mac: u64,
-    /// Dropped: authentic but not for this rank or this epoch (misdirected, or from an earlier
-    /// run of a rank).
+    /// Dropped: not addressed from a rank of this job in its current epoch to this rank in
+    /// its own (misdirected, from an earlier run of a rank, or forged). Checked before the
+    /// MAC, whose key is chosen by these fields.
     pub dropped_misaddressed: u64,
     /// Dropped: a packet number already seen or too old (replay).
     pub dropped_replayed: u64,
@@ -273,6 +275,10 @@ struct Held {
 struct Peer {
     epoch: u64,
     state: PeerState,
+    /// The MAC keys of the two directions, this rank to the peer and back (derived from both
+    /// epochs: see [`DatagramKey`] for why no nonce repeats under one).
+    send_key: DatagramKey,
+    recv_key: DatagramKey,
     // Send side.
     next_seq: u64,
     /// Lowest unacknowledged sequence number; `sent[i]` is `base + i`.
@@ -333,10 +339,12 @@ struct Peer {
 }
 
 impl Peer {
-    fn new(epoch: u64, rto: Duration) -> Peer {
+    fn new(epoch: u64, keys: (DatagramKey, DatagramKey), rto: Duration) -> Peer {
         Peer {
             epoch,
             state: PeerState::Live,
+            send_key: keys.0,
+            recv_key: keys.1,
             next_seq: 0,
             base: 0,
             sent: VecDeque::new(),
@@ -451,7 +459,7 @@ pub struct Engine {
     cfg: EngineConfig,
     me: Rank,
     epoch: u64,
-    auth: Authenticator,
+    job_tag: u64,
     peers: Vec<Peer>,
     outbox: VecDeque<Out>,
     ready: VecDeque<(Rank, Vec<u8>)>,
@@ -479,18 +487,34 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// The engine of rank `me`, whose epoch is `epochs[me]`; `epochs[r]` is rank r's epoch as
-    /// learned at rendezvous.
+    /// learned at rendezvous. This rank's epoch must be fresh (random, drawn for this engine):
+    /// with the ranks, it keys the MAC of every datagram, whose nonces are this engine's packet
+    /// numbers ([`DatagramKey`]).
     ///
     /// # Panics
     /// If `me` is not below `epochs.len()`.
     pub fn new(cfg: EngineConfig, me: Rank, epochs: &[u64], auth: Authenticator) -> Engine {
         assert!((me as usize) < epochs.len(), "rank {me} out of range");
         let rto = cfg.initial_rto;
+        let mine = epochs[me as usize];
+        // Each direction's key once per peer, not per datagram. (The pair for `me` itself is
+        // never used: nothing is sent to it through the engine, and datagrams claiming to come
+        // from it are refused before their MAC is checked.)
+        let keys = |r: Rank, theirs: u64| {
+            (
+                auth.datagram_key(me, r, mine, theirs),
+                auth.datagram_key(r, me, theirs, mine),
+            )
+        };
         Engine {
             me,
-            epoch: epochs[me as usize],
-            auth,
-            peers: epochs.iter().map(|&e| Peer::new(e, rto)).collect(),
+            epoch: mine,
+            job_tag: auth.job_tag(),
+            peers: epochs
+                .iter()
+                .enumerate()
+                .map(|(r, &e)| Peer::new(e, keys(r as Rank, e), rto))
+                .collect(),
             outbox: VecDeque::new(),
             ready: VecDeque::new(),
             lost: VecDeque::new(),
@@ -750,7 +774,7 @@ impl Engine {
     }
 
     fn header(&mut self, now: Instant, dest: Rank, kind: Kind) -> Header {
-        let job_tag = self.auth.job_tag();
+        let job_tag = self.job_tag;
         let (me, epoch) = (self.me, self.epoch);
         let p = &mut self.peers[dest as usize];
         let pn = p.next_pn;
@@ -791,7 +815,7 @@ impl Engine {
         let h = self.header(now, dest, kind);
         let mut buf = std::mem::take(&mut self.scratch);
         h.write(&mut buf);
-        self.auth.seal(&mut buf);
+        self.peers[dest as usize].send_key.seal(&mut buf);
         sink(dest, &buf);
         self.scratch = buf;
         self.stats.datagrams_sent += 1;
@@ -821,7 +845,7 @@ impl Engine {
         h.seq = seq;
         h.msg_len = s.msg_len;
         h.write(&mut s.buf);
-        self.auth.seal(&mut s.buf);
+        p.send_key.seal(&mut s.buf);
         sink(dest, &s.buf);
         if s.transmissions > 0 {
             self.stats.retransmits += 1;
@@ -850,14 +874,13 @@ impl Engine {
             self.stats.dropped_malformed += 1;
             return Input::Rejected;
         };
-        if h.job_tag != self.auth.job_tag() {
+        if h.job_tag != self.job_tag {
             self.stats.dropped_wrong_job += 1;
             return Input::Rejected;
         }
-        if !self.auth.verify(d) {
-            self.stats.dropped_bad_mac += 1;
-            return Input::Rejected;
-        }
+        // The addresses pick the key (each direction between two epochs has its own), so
+        // they are checked first: a datagram not from a known rank and epoch to this one
+        // could not be verified anyway. Nothing is believed before the MAC, only compared.
         let src = h.src;
         if h.dst != self.me
             || src == self.me
@@ -866,6 +889,10 @@ impl Engine {
             || h.src_epoch != self.peers[src as usize].epoch
         {
             self.stats.dropped_misaddressed += 1;
+            return Input::Rejected;
+        }
+        if !self.peers[src as usize].recv_key.verify(d) {
+            self.stats.dropped_bad_mac += 1;
             return Input::Rejected;
         }
         let p = &self.peers[src as usize];

@@ -286,6 +286,34 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// this job: the rank's key differs from rank 0's.
 const KEY_MISMATCH: &str = "AMUDP1 KEY-MISMATCH";
 
+/// The coordinator's notice that two processes registered as one rank:
+/// `AMUDP1 CONFLICT <rank> <mac>`, sent instead of the answer to a registration or instead of
+/// the table. The MAC covers the rank and the registration the notice goes to (its
+/// connection's challenge, its rank's fresh epoch), so it cannot be replayed to another.
+const CONFLICT: &str = "AMUDP1 CONFLICT";
+
+fn conflict_text(rank: u32, registration: &str) -> String {
+    format!("conflict {rank} {}", registration.trim_end())
+}
+
+fn conflict_line(auth: &Authenticator, rank: u32, registration: &str) -> String {
+    let mac = auth.tag_text(&conflict_text(rank, registration));
+    format!("{CONFLICT} {rank} {mac}\n")
+}
+
+/// What a conflict notice in answer to `registration` says: `None` if `line` is none,
+/// `Some(Ok(rank))` if it is authentic, `Some(Err(()))` if it is not.
+fn parse_conflict(auth: &Authenticator, registration: &str, line: &str) -> Option<Result<u32, ()>> {
+    let rest = line.trim_end().strip_prefix(CONFLICT)?.strip_prefix(' ');
+    let authentic = rest.and_then(|r| {
+        let (rank, mac) = r.split_once(' ')?;
+        let rank: u32 = rank.parse().ok()?;
+        auth.verify_text(&conflict_text(rank, registration), mac)
+            .then_some(rank)
+    });
+    Some(authentic.ok_or(()))
+}
+
 /// The MAC that ends the table sent to the connection that answered `nonce`: a table
 /// captured by one connection is not accepted by another.
 fn table_mac(auth: &Authenticator, table: &str, nonce: &str) -> String {
@@ -311,6 +339,15 @@ struct Pending {
     since: Instant,
 }
 
+/// A connection whose registration was accepted: it waits for the table.
+struct Registered {
+    stream: TcpStream,
+    /// Its registration line (what a conflict notice to it is bound to).
+    line: String,
+    /// The challenge it answered (what its table is bound to).
+    nonce: String,
+}
+
 /// Rank 0's coordinator: collects every rank's authenticated registration, then sends each
 /// the whole table (authenticated). Strangers' connections are dropped and do not count.
 ///
@@ -318,14 +355,31 @@ struct Pending {
 /// its bytes come, gets [`REGISTRATION_TIMEOUT`] to send one line of at most [`MAX_LINE`]
 /// bytes, and at most `4 * size + 16` wait at once (the oldest goes), so idle or slow
 /// connections cannot delay or stop a job's start-up.
+///
+/// A rank registered again with the same entry (address, epoch, datagram size: the same
+/// process) is answered again, and its new connection gets the table too. A rank registered
+/// again with another entry is a conflict: two processes claim it, and the coordinator cannot
+/// tell which is the job's. It then answers every registration it holds and every one that
+/// comes later with an authenticated [`CONFLICT`] notice naming the rank, instead of the
+/// table, so each rank fails with [`UdpError::ConflictingRegistration`]; it stops once every
+/// rank was told (or at the start-up deadline).
 fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
     let max_pending = 4 * size as usize + 16;
-    let mut slots: Vec<Option<(Entry, TcpStream, String)>> = (0..size).map(|_| None).collect();
+    // Per rank: its entry and the connections that registered it.
+    let mut slots: Vec<Option<(Entry, Vec<Registered>)>> = (0..size).map(|_| None).collect();
+    // The rank registered twice with different entries, and which ranks were told.
+    let mut conflict: Option<u32> = None;
+    let mut told = vec![false; size as usize];
     let mut pending: Vec<Pending> = Vec::new();
     let _ = listener.set_nonblocking(true);
-    while slots.iter().any(|s| s.is_none()) {
+    loop {
+        match conflict {
+            None if slots.iter().all(Option::is_some) => break,
+            Some(_) if told.iter().all(|&t| t) => return,
+            _ => {}
+        }
         let now = Instant::now();
         if now >= deadline {
             return;
@@ -360,12 +414,38 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
                     let p = pending.swap_remove(i);
                     let line = String::from_utf8_lossy(&p.line).into_owned();
                     if let Some((rank, peer)) = parse_registration(&auth, size, &p.nonce, &line) {
-                        // A blocking stream again for the answers; the first is one short
-                        // line, which fits the socket's send buffer.
+                        // A blocking stream again for the answers; each is one short line
+                        // (which fits the socket's send buffer) or the table.
                         let mut stream = p.stream;
                         let _ = stream.set_nonblocking(false);
-                        let _ = stream.write_all(registered_line(&auth, &line).as_bytes());
-                        slots[rank as usize] = Some((peer, stream, p.nonce));
+                        let _ = stream.set_write_timeout(Some(REGISTRATION_TIMEOUT));
+                        let clashes = slots[rank as usize]
+                            .as_ref()
+                            .is_some_and(|(e, _)| *e != peer);
+                        if conflict.is_none() && clashes {
+                            // The newcomer first, then everyone registered so far.
+                            conflict = Some(rank);
+                            let _ = stream.write_all(conflict_line(&auth, rank, &line).as_bytes());
+                            told[rank as usize] = true;
+                            for (r, slot) in slots.iter_mut().enumerate() {
+                                for mut c in slot.take().map_or_else(Vec::new, |(_, c)| c) {
+                                    let notice = conflict_line(&auth, rank, &c.line);
+                                    let _ = c.stream.write_all(notice.as_bytes());
+                                    told[r] = true;
+                                }
+                            }
+                        } else if let Some(c) = conflict {
+                            let _ = stream.write_all(conflict_line(&auth, c, &line).as_bytes());
+                            told[rank as usize] = true;
+                        } else {
+                            let _ = stream.write_all(registered_line(&auth, &line).as_bytes());
+                            let (_, conns) = slots[rank as usize].get_or_insert((peer, Vec::new()));
+                            conns.push(Registered {
+                                stream,
+                                line,
+                                nonce: p.nonce,
+                            });
+                        }
                     } else if is_key_mismatch(&auth, &p.nonce, &line) {
                         // One short line: it fits the socket's send buffer.
                         let mut stream = p.stream;
@@ -386,12 +466,13 @@ fn serve(listener: TcpListener, auth: Authenticator, size: u32) {
         );
         let _ = poll(&mut fds, PollTimeout::from(100u16));
     }
-    let peers: Vec<Entry> = slots.iter().flatten().map(|(p, _, _)| *p).collect();
+    let peers: Vec<Entry> = slots.iter().flatten().map(|(p, _)| *p).collect();
     let table = table_text(&peers);
-    for (_, mut stream, nonce) in slots.into_iter().flatten() {
-        let reply = format!("{table}END {}\n", table_mac(&auth, &table, &nonce));
-        let _ = stream.set_write_timeout(Some(REGISTRATION_TIMEOUT));
-        let _ = stream.write_all(reply.as_bytes());
+    for (_, conns) in slots.into_iter().flatten() {
+        for mut c in conns {
+            let reply = format!("{table}END {}\n", table_mac(&auth, &table, &c.nonce));
+            let _ = c.stream.write_all(reply.as_bytes());
+        }
     }
 }
 
@@ -451,6 +532,7 @@ fn via_coordinator(
         coord: coord.to_owned(),
         why: why.to_owned(),
     };
+    let mut server = None;
     if rank == 0 {
         let listener = TcpListener::bind(target).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -462,10 +544,12 @@ fn via_coordinator(
             }
         })?;
         let auth = auth.clone();
-        std::thread::Builder::new()
-            .name("am-udp-coordinator".into())
-            .spawn(move || serve(listener, auth, size))
-            .map_err(io_err("starting the coordinator thread"))?;
+        server = Some(
+            std::thread::Builder::new()
+                .name("am-udp-coordinator".into())
+                .spawn(move || serve(listener, auth, size))
+                .map_err(io_err("starting the coordinator thread"))?,
+        );
     }
     let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
     let mut stream = loop {
@@ -499,6 +583,27 @@ fn via_coordinator(
     reader
         .read_line(&mut answer)
         .map_err(|e| not_authentic(&format!("no answer to the registration: {e}")))?;
+    // On a conflict, rank 0 returns only once its coordinator has told every rank (or gave
+    // up at the start-up deadline): the coordinator ends with rank 0's process, and a rank
+    // still to register would then wait for the deadline instead of learning of the conflict.
+    let conflict = |rank, server: Option<std::thread::JoinHandle<()>>| {
+        if let Some(s) = server {
+            let _ = s.join();
+        }
+        UdpError::ConflictingRegistration {
+            coord: coord.to_owned(),
+            rank,
+        }
+    };
+    match parse_conflict(auth, &reg, &answer) {
+        Some(Ok(rank)) => return Err(conflict(rank, server.take())),
+        Some(Err(())) => {
+            return Err(not_authentic(
+                "its conflict notice is not authenticated with this job's key",
+            ))
+        }
+        None => {}
+    }
     if answer.trim_end() == KEY_MISMATCH {
         // Not authenticated (a rank with another key could not check it): a squatter can
         // say it too, which only fails a start-up it could stop anyway.
@@ -530,6 +635,11 @@ fn via_coordinator(
             return Err(bad(
                 "closed before answering (wrong key or job, or timed out)".into(),
             ));
+        }
+        match parse_conflict(auth, &reg, &line) {
+            Some(Ok(rank)) => return Err(conflict(rank, server.take())),
+            Some(Err(())) => return Err(bad("a conflict notice that is not authentic".into())),
+            None => {}
         }
         if let Some(mac) = line.trim_end().strip_prefix("END ") {
             if !auth.verify_text(&format!("{table}{nonce}"), mac) || peers.len() != size as usize {
@@ -840,6 +950,151 @@ mod tests {
                 other => panic!("answer {answer:?}: {other:?}"),
             }
         }
+    }
+
+    /// A free port for a coordinator on 127.0.0.1.
+    fn coord_addr() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    }
+
+    /// A client of the coordinator at `coord`, as a hostile holder of the key would write
+    /// one: connects (rank 0 may not be listening yet), answers the challenge with a
+    /// registration of `rank` at `entry`, and returns the connection, the registration line
+    /// and the coordinator's answer. Every read is bounded by [`ANSWER_TIMEOUT`].
+    fn register(
+        coord: &str,
+        auth: &Authenticator,
+        rank: u32,
+        size: u32,
+        entry: Entry,
+    ) -> (BufReader<TcpStream>, String, String) {
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        let stream = loop {
+            match TcpStream::connect(coord) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no coordinator at {coord}: {e}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
+        stream.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut challenge = String::new();
+        reader.read_line(&mut challenge).unwrap();
+        let nonce = parse_challenge(&challenge).expect("a challenge");
+        let reg = registration(auth, rank, size, entry, &nonce);
+        reader.get_mut().write_all(reg.as_bytes()).unwrap();
+        let mut answer = String::new();
+        reader.read_line(&mut answer).unwrap();
+        (reader, reg, answer)
+    }
+
+    fn entry_at(port: u16, epoch: u64) -> Entry {
+        Entry {
+            peer: PeerAddr {
+                addr: format!("127.0.0.1:{port}").parse().unwrap(),
+                epoch,
+            },
+            mtu: 1472,
+        }
+    }
+
+    /// Rank `rank` of a job of 3 through `coord`, on its own thread; its result comes on the
+    /// returned channel.
+    fn rank_thread(
+        coord: &str,
+        auth: &Authenticator,
+        rank: u32,
+    ) -> (
+        std::thread::JoinHandle<()>,
+        std::sync::mpsc::Receiver<Result<Vec<Entry>, UdpError>>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (coord, auth) = (coord.to_owned(), auth.clone());
+        let h = std::thread::spawn(move || {
+            let mine = entry_at(8000 + rank as u16, 0x500 + rank as u64);
+            let _ = tx.send(via_coordinator(&coord, rank, 3, &auth, mine));
+        });
+        (h, rx)
+    }
+
+    /// Issue 16: a registration for a rank already registered overwrote its slot, so whoever
+    /// held the key (or a second process started with the same `AM_RANK`) redirected that
+    /// rank's traffic. Now a second registration of rank 1 from another address, or with
+    /// another epoch, fails the start-up of every rank, each with an error naming rank 1:
+    /// the two registrants, rank 0 and a rank that comes later.
+    #[test]
+    fn a_conflicting_duplicate_registration_fails_every_rank_naming_it() {
+        let wait = ANSWER_TIMEOUT + Duration::from_secs(10);
+        let auth = Authenticator::new(&JobKey::from_bytes([8; 32]), "job-d");
+        let first = entry_at(9001, 0x501);
+        for (what, second) in [
+            ("another epoch", entry_at(9001, 0xBAD)),
+            ("another address", entry_at(9999, 0x501)),
+        ] {
+            let coord = coord_addr();
+            let (rank0, rank0_result) = rank_thread(&coord, &auth, 0);
+            let (mut a, reg_a, answer) = register(&coord, &auth, 1, 3, first);
+            assert!(answer.starts_with(REGISTERED), "{what}: {answer:?}");
+            let (_b, reg_b, answer) = register(&coord, &auth, 1, 3, second);
+            assert_eq!(
+                parse_conflict(&auth, &reg_b, &answer),
+                Some(Ok(1)),
+                "{what}: the second registrant is refused: {answer:?}"
+            );
+            // The first registrant gets the notice in place of the table.
+            let mut notice = String::new();
+            a.read_line(&mut notice).unwrap();
+            assert_eq!(
+                parse_conflict(&auth, &reg_a, &notice),
+                Some(Ok(1)),
+                "{what}: {notice:?}"
+            );
+            // A notice is bound to its registration: another's does not verify.
+            assert_eq!(parse_conflict(&auth, &reg_b, &notice), Some(Err(())));
+            let (rank2, rank2_result) = rank_thread(&coord, &auth, 2);
+            for (r, result) in [(0, rank0_result), (2, rank2_result)] {
+                match result.recv_timeout(wait) {
+                    Ok(Err(UdpError::ConflictingRegistration { coord: c, rank: 1 })) => {
+                        assert_eq!(c, coord)
+                    }
+                    other => panic!("{what}: rank {r}: {other:?}"),
+                }
+            }
+            rank0.join().unwrap();
+            rank2.join().unwrap();
+        }
+    }
+
+    /// The same registration again (the same process: same address and epoch) on a new
+    /// connection is no conflict: both connections get the table.
+    #[test]
+    fn an_identical_registration_again_is_answered_again() {
+        let wait = RENDEZVOUS_TIMEOUT;
+        let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "job-e");
+        let coord = coord_addr();
+        let (rank0, rank0_result) = rank_thread(&coord, &auth, 0);
+        let mine = entry_at(8001, 0x501);
+        let (mut a, _, answer_a) = register(&coord, &auth, 1, 3, mine);
+        let (mut b, _, answer_b) = register(&coord, &auth, 1, 3, mine);
+        assert!(answer_a.starts_with(REGISTERED) && answer_b.starts_with(REGISTERED));
+        let (rank2, rank2_result) = rank_thread(&coord, &auth, 2);
+        for (r, result) in [(0, rank0_result), (2, rank2_result)] {
+            let peers = result
+                .recv_timeout(wait)
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"))
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            assert_eq!(peers[1], mine);
+        }
+        for conn in [&mut a, &mut b] {
+            let mut first = String::new();
+            conn.read_line(&mut first).unwrap();
+            assert!(first.starts_with("0 "), "{first:?}");
+        }
+        rank0.join().unwrap();
+        rank2.join().unwrap();
     }
 
     #[test]

@@ -468,7 +468,9 @@ impl Udp {
 
     /// Builds a rank from an already bound socket and a rendezvous done elsewhere: `peers[r]`
     /// is rank r's address and epoch (`peers[rank]` is this rank's own, whose epoch must be
-    /// unique to this transport), `key` and `job_id` are the job's.
+    /// unique to this transport: drawn at random for it, as it keys the MAC of every datagram
+    /// this transport sends, whose nonces start again with each transport; see
+    /// [`crate::wire::DatagramKey`]), `key` and `job_id` are the job's.
     pub fn with_peers(
         rank: Rank,
         socket: UdpSocket,

@@ -485,3 +485,61 @@ fn a_rank_with_another_key_fails_start_up_with_key_mismatch() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("job key mismatch: rank 1"), "{err}");
 }
+
+/// Issue 16: two processes started as the same rank (a careless `AM_RANK`) both registered
+/// with the coordinator, and the second overwrote the first: rank 1's traffic went to
+/// whichever came last. Now the coordinator refuses the job, and every process fails start-up
+/// with an error naming the rank: the two rank 1s, rank 0, and rank 2, started only once one
+/// rank 1 has failed (so the conflict is found before the table could be complete, whichever
+/// rank 1 registers first).
+#[test]
+fn two_processes_started_as_one_rank_fail_start_up_naming_it() {
+    let _turn = one_job_at_a_time();
+    let key = transport_udp::JobKey::generate().unwrap().to_hex();
+    let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let spawn = |rank: u32| {
+        Command::new(BIN)
+            .args(["alltoall", "10"])
+            .env("AM_RANK", rank.to_string())
+            .env("AM_SIZE", "3")
+            .env("AM_JOB_ID", format!("duptest{}", std::process::id()))
+            .env("AM_COORD", &coord)
+            .env("AM_UDP_KEY", &key)
+            .env_remove("AM_PMI_FD")
+            .env_remove("PMI_FD")
+            .env_remove("PMI_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let mut job = Job(vec![spawn(0), spawn(1), spawn(1)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut done: Vec<Option<std::process::ExitStatus>> = vec![None; 4];
+    while done.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "the job did not end in 60 s: {done:?}"
+        );
+        if job.0.len() == 3 && (done[1].is_some() || done[2].is_some()) {
+            job.0.push(spawn(2));
+        }
+        for (p, c) in job.0.iter_mut().enumerate() {
+            if done[p].is_none() {
+                done[p] = c.try_wait().expect("try_wait");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (p, (c, status)) in job.0.iter_mut().zip(done).enumerate() {
+        let mut err = String::new();
+        std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let status = status.unwrap();
+        assert_eq!(status.code(), Some(1), "process {p}: {status}: {err}");
+        assert!(
+            err.contains("two processes registered as rank 1"),
+            "process {p}: {err}"
+        );
+    }
+}

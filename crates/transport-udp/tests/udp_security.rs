@@ -1,6 +1,8 @@
 //! Hostile datagrams during a run: a stranger socket sends 100 000 datagrams (random bytes,
-//! truncated, forged, replayed, another job's, another key's) to a rank while it works. The run
-//! still verifies, no handler runs for them, the counters account for them, nobody answers.
+//! truncated, forged, replayed, replayed under a new packet number, another job's, another
+//! key's, an earlier run's, sealed with the job's key for the other direction) to a rank while
+//! it works. The run still verifies, no handler runs for them, the counters account for them,
+//! nobody answers.
 
 use std::cell::RefCell;
 use std::net::{SocketAddr, UdpSocket};
@@ -50,10 +52,11 @@ impl Rng {
     }
 }
 
-/// A datagram another job (or a holder of another key) would send to rank 1.
-fn foreign(key: [u8; 32], job: &str, now: Instant) -> Vec<u8> {
+/// A datagram another job (or a holder of another key, or rank 0 started with other epochs)
+/// would send to rank 1.
+fn foreign(key: [u8; 32], job: &str, epochs: &[u64], now: Instant) -> Vec<u8> {
     let auth = Authenticator::new(&JobKey::from_bytes(key), job);
-    let mut e = Engine::new(EngineConfig::default(), 0, &EPOCHS, auth);
+    let mut e = Engine::new(EngineConfig::default(), 0, epochs, auth);
     e.send(now, 1, b"\x00\x01\x00\x00\x00\x00\x00\x00", &[])
         .unwrap();
     let mut out = Vec::new();
@@ -64,6 +67,9 @@ fn foreign(key: [u8; 32], job: &str, now: Instant) -> Vec<u8> {
 #[test]
 fn hostile_datagrams_change_nothing_during_a_run() {
     let key = JobKey::generate().unwrap();
+    let hex = key.to_hex();
+    let key_bytes: [u8; 32] =
+        std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap());
     let (s0, s1, relay) = (bind(), bind(), bind());
     let (a0, a1, ar) = (
         s0.local_addr().unwrap(),
@@ -138,26 +144,53 @@ fn hostile_datagrams_change_nothing_during_a_run() {
                 .expect("legit traffic recorded");
             let tape = tape.lock().unwrap().clone();
             let now = Instant::now();
-            let wrong_job = foreign(*b"0123456789abcdef0123456789abcdef", "other-job", now);
+            let wrong_job = foreign(
+                *b"0123456789abcdef0123456789abcdef",
+                "other-job",
+                &EPOCHS,
+                now,
+            );
+            // The right key and job, but an earlier run of rank 0 (another epoch).
+            let earlier_run = foreign(key_bytes, "sec-job", &[0x5555, EPOCHS[1]], now);
+            // The job's own key, but the subkey of the other direction (rank 1 to rank 0).
+            let reverse = Authenticator::new(&JobKey::from_bytes(key_bytes), "sec-job")
+                .datagram_key(1, 0, EPOCHS[1], EPOCHS[0]);
             let mut rng = Rng(42);
             for i in 0..HOSTILE {
                 let pick = &tape[(rng.next() % tape.len() as u64) as usize];
-                let d: Vec<u8> = match i % 6 {
+                let fresh_pn = (u64::MAX - i).to_le_bytes();
+                let d: Vec<u8> = match i % 9 {
                     0 => (0..rng.next() % 300).map(|_| rng.next() as u8).collect(),
                     1 => pick[..(rng.next() as usize % pick.len())].to_vec(),
                     2 => {
                         let mut f = pick.clone();
                         let bit = rng.next() as usize % (f.len() * 8);
                         f[bit / 8] ^= 1 << (bit % 8);
-                        f[36..44].copy_from_slice(&(u64::MAX - i).to_le_bytes());
+                        f[36..44].copy_from_slice(&fresh_pn);
                         f
                     }
                     3 => pick.clone(),
                     4 => wrong_job.clone(),
-                    _ => {
+                    5 => {
                         // Right job id, wrong key.
                         let mut f = wrong_job.clone();
                         f[4..12].copy_from_slice(&pick[4..12]);
+                        f
+                    }
+                    6 => {
+                        // A replay renumbered past the replay window: the packet number is
+                        // the MAC's nonce, so only the MAC stands in the way.
+                        let mut f = pick.clone();
+                        f[36..44].copy_from_slice(&fresh_pn);
+                        f
+                    }
+                    7 => earlier_run.clone(),
+                    _ => {
+                        // Renumbered and sealed again under a key of this job, but the
+                        // reverse direction's.
+                        let mut f = pick.clone();
+                        f[36..44].copy_from_slice(&fresh_pn);
+                        reverse.seal(&mut f);
                         f
                     }
                 };
@@ -224,6 +257,7 @@ fn hostile_datagrams_change_nothing_during_a_run() {
         );
         assert!(stats.dropped_replayed > 0, "{stats:?}");
         assert!(stats.dropped_bad_mac > 0 && stats.dropped_wrong_job > 0);
+        assert!(stats.dropped_misaddressed > 0, "{stats:?}");
         assert!(stats.dropped_truncated + stats.dropped_malformed > 0);
         assert_eq!(results[0].1.rejected(), 0);
     });
