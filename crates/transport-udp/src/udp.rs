@@ -782,6 +782,12 @@ impl Transport for Udp {
         Ok(Some(r))
     }
 
+    /// A reply travels on the reliable stream like any message: nothing is held per request,
+    /// so one empty reply may answer several (one datagram instead of one per request).
+    fn acks_coalesce(&self) -> bool {
+        true
+    }
+
     fn close(&mut self) {
         self.linger_and_close();
     }
