@@ -365,6 +365,7 @@ impl<'a> ReplySink<'a> {
         }
     }
 
+    #[inline]
     fn send(
         &mut self,
         system: bool,
@@ -398,30 +399,41 @@ impl<'a> ReplySink<'a> {
             match self.tx.try_send(self.src, &out) {
                 Ok(()) => return Ok(()),
                 Err(SendError::Busy) => {}
-                Err(e) => {
-                    let e = send_err(e);
-                    self.error = Some(e.clone());
-                    return Err(e);
-                }
+                Err(e) => return Err(self.failed(e)),
             }
         }
-        let mut bytes = Vec::with_capacity(n + payload.len());
-        bytes.extend_from_slice(&head[..n]);
+        self.queue(&head[..n], payload, long_offset);
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, e: SendError) -> AmError {
+        let e = send_err(e);
+        self.error = Some(e.clone());
+        e
+    }
+
+    /// The device refused the reply (or an earlier one waits): it waits in order.
+    #[cold]
+    #[inline(never)]
+    fn queue(&mut self, head: &[u8], payload: Payload<'_>, long_offset: Option<usize>) {
+        let mut bytes = Vec::with_capacity(head.len() + payload.len());
+        bytes.extend_from_slice(head);
         payload.append_to(&mut bytes);
         self.pending.push_back(PendingReply {
             dest: self.src,
             route: self.route,
-            head_len: n,
+            head_len: head.len(),
             long_offset,
             bytes,
         });
-        Ok(())
     }
 
     /// After the handler: the implicit empty reply if it sent none (it returns the request's
     /// credit), and the first send error.
     #[inline]
-    fn finish(mut self) -> Result<(), AmError> {
+    fn finish(&mut self) -> Result<(), AmError> {
         if !self.replied {
             match self.acks.as_deref_mut() {
                 None => self.system(SystemMsg::Ack, Payload::EMPTY),
@@ -433,7 +445,7 @@ impl<'a> ReplySink<'a> {
                 }
             }
         }
-        match self.error {
+        match self.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
