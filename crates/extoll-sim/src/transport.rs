@@ -1744,6 +1744,12 @@ impl Transport for Extoll {
         true
     }
 
+    /// A reply is a VELO packet like any other: a request holds nothing that only its own
+    /// reply frees, so one empty reply may answer several.
+    fn acks_coalesce(&self) -> bool {
+        true
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.has_work()? {
             return Ok(());
