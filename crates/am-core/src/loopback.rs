@@ -162,9 +162,9 @@ impl Tx for LoopbackTx {
             off.checked_add(msg.payload.len())
                 .is_some_and(|end| end <= to.segment.bytes_len())
         });
-        let body = match (msg.long_offset, place) {
-            (None, _) => msg.len(),
-            (Some(_), _) => msg.head.len(),
+        let body = match msg.long_offset {
+            None => msg.len(),
+            Some(_) => msg.head.len(),
         };
         let need = RECORD_HEADER + pad(body);
         if need > self.ring_bytes / 2 {
@@ -176,12 +176,11 @@ impl Tx for LoopbackTx {
         } else {
             0
         };
-        let records = 1 + (skip > 0) as u64;
-        // The record, and the word after it that is zeroed (see the ring's docs).
+        // The record, and the word after it that is zeroed (see the ring's docs). A wrap
+        // record does not count against the capacity.
         let span = (skip + need + RECORD_HEADER) as u64;
         let full = |to: &DestRing| {
-            to.sent + records - to.consumed > self.capacity + (skip > 0) as u64
-                || to.tail + span - to.head > r
+            to.sent + 1 - to.consumed > self.capacity || to.tail + span - to.head > r
         };
         if full(to) {
             let line = to.inbox.words(head_at(me), 2).map_err(io)?;
