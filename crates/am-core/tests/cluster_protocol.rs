@@ -196,17 +196,7 @@ fn out_of_credit_a_request_waits_and_nothing_is_dropped() {
         };
         let (mut c, seen) = cluster(shape, seed);
         // Ranks 1 and 2 each send 50 requests to rank 0 that it answers implicitly.
-        let mut next = [0u32; 3];
-        c.drive(&[1, 2], |r, ep, tx| {
-            while next[r as usize] < 50 {
-                match ep.request_step(tx, 0, AmKind::Short, SINK, &[next[r as usize]], &[], None) {
-                    Poll::Ready(Ok(())) => next[r as usize] += 1,
-                    Poll::Ready(Err(e)) => panic!("{e}"),
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
-            Poll::Ready(())
-        });
+        sink_from_1_and_2(&mut c, 50);
         c.settle();
         let sunk = seen[0].sunk.borrow();
         for src in [1, 2] {
@@ -219,6 +209,21 @@ fn out_of_credit_a_request_waits_and_nothing_is_dropped() {
         }
         assert!(c.nodes.iter().all(|n| n.ep.is_quiet()));
     }
+}
+
+/// Ranks 1 and 2 each send `n` SINK requests to rank 0, numbered from 0, as credits allow.
+fn sink_from_1_and_2(c: &mut Cluster, n: u32) {
+    let mut next = [0u32; 3];
+    c.drive(&[1, 2], |r, ep, tx| {
+        while next[r as usize] < n {
+            match ep.request_step(tx, 0, AmKind::Short, SINK, &[next[r as usize]], &[], None) {
+                Poll::Ready(Ok(())) => next[r as usize] += 1,
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(())
+    });
 }
 
 /// Where the transport allows it, the requests a handler answers with no reply are answered
@@ -236,21 +241,8 @@ fn implicit_replies_coalesce_and_every_credit_comes_home() {
             n.ep.set_acks_coalesce(true);
         }
         c.net.sent.clear();
-        let mut next = [0u32; 3];
-        let mut busy_once = true;
-        c.drive(&[1, 2], |r, ep, tx| {
-            while next[r as usize] < 50 {
-                match ep.request_step(tx, 0, AmKind::Short, SINK, &[next[r as usize]], &[], None) {
-                    Poll::Ready(Ok(())) => next[r as usize] += 1,
-                    Poll::Ready(Err(e)) => panic!("{e}"),
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
-            Poll::Ready(())
-        });
-        if std::mem::take(&mut busy_once) {
-            c.net.busy[0] = 3;
-        }
+        sink_from_1_and_2(&mut c, 50);
+        c.net.busy[0] = 3;
         c.settle();
         let sunk = seen[0].sunk.borrow();
         for src in [1, 2] {
