@@ -279,10 +279,10 @@ fn shm_err(e: am_shm::ShmError) -> AmError {
 
 /// Implicit replies owed and not yet sent, where the transport lets one empty reply answer
 /// several requests ([`crate::Transport::acks_coalesce`]): per peer, the requests whose
-/// handlers sent no reply, and the credits their replies grant.
+/// handlers sent no reply, the credits their replies grant, and the route of the latest.
 #[derive(Debug)]
 struct OwedAcks {
-    per_peer: Vec<(u32, u32)>,
+    per_peer: Vec<Owed>,
     /// Peers owed something.
     owed: u32,
     /// A peer owed this many is answered at once (half the credits a peer starts with), so
@@ -291,18 +291,39 @@ struct OwedAcks {
     batch: u32,
 }
 
+/// What one peer is owed: one [`SystemMsg::Acks`] answers it, routed as its latest request
+/// (a transport that pairs replies with requests answers the earlier ones with it).
+#[derive(Debug, Clone, Copy, Default)]
+struct Owed {
+    count: u32,
+    granted: u32,
+    route: Route,
+}
+
 impl OwedAcks {
-    /// Owes `src` the reply to one more request, granting `grant`: what to send now, if its
-    /// batch is full.
+    /// Owes `src` the reply to one more request, which came with `route`, granting `grant`:
+    /// what to send now, if its batch is full.
     #[inline]
-    fn owe(&mut self, src: Rank, grant: u8) -> Option<(u32, u32)> {
+    fn owe(&mut self, src: Rank, grant: u8, route: Route) -> Option<Owed> {
         let e = &mut self.per_peer[src as usize];
-        if e.0 == 0 {
+        if e.count == 0 {
             self.owed += 1;
         }
-        e.0 += 1;
-        e.1 += u32::from(grant);
-        if e.0 < self.batch {
+        e.count += 1;
+        e.granted += u32::from(grant);
+        e.route = route;
+        if e.count < self.batch {
+            return None;
+        }
+        self.owed -= 1;
+        Some(std::mem::take(e))
+    }
+
+    /// Takes what is owed to `peer`, if anything (it is answered now).
+    #[inline]
+    fn take(&mut self, peer: Rank) -> Option<Owed> {
+        let e = self.per_peer.get_mut(peer as usize)?;
+        if e.count == 0 {
             return None;
         }
         self.owed -= 1;
@@ -311,12 +332,43 @@ impl OwedAcks {
 
     /// Forgets what is owed to `peer` (it is gone).
     fn forget(&mut self, peer: Rank) {
-        if let Some(e) = self.per_peer.get_mut(peer as usize) {
-            if std::mem::take(e).0 > 0 {
-                self.owed -= 1;
-            }
-        }
+        let _ = self.take(peer);
     }
+}
+
+/// The header of a reply (or of an implicit one) to a request.
+#[inline(always)]
+fn reply_header(
+    system: bool,
+    kind: AmKind,
+    handler: u8,
+    args: &[u32],
+    credit: u8,
+    payload_len: usize,
+    long_offset: Option<usize>,
+) -> Header {
+    Header {
+        category: Category::Reply,
+        kind,
+        system,
+        handler,
+        nargs: args.len() as u8,
+        credit,
+        payload_len: payload_len as u32,
+        long_offset: long_offset.unwrap_or(0) as u64,
+    }
+}
+
+/// Encodes the [`SystemMsg::Acks`] that answers what `owed` counts into `head`; returns its
+/// length. Its header grants nothing: the grants travel in its arguments.
+fn encode_acks(owed: &Owed, head: &mut [u8; MAX_HEAD_LEN]) -> usize {
+    let w = SystemMsg::Acks {
+        count: owed.count,
+        granted: owed.granted,
+    }
+    .encode();
+    debug_assert_eq!(w.category, Category::Reply);
+    reply_header(true, w.kind, w.opcode, w.args(), 0, 0, None).encode(w.args(), head)
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
@@ -334,8 +386,12 @@ struct ReplySink<'a> {
     seg_len: usize,
     replied: bool,
     error: Option<AmError>,
-    /// Where the implicit reply is owed instead of sent, if the transport coalesces them.
+    /// The implicit replies owed to peers, if the transport coalesces them: what is owed to
+    /// the requester leaves before any reply to it, so replies leave in request order.
     acks: Option<&'a mut OwedAcks>,
+    /// Whether this request's own implicit reply may be owed (a user request) rather than
+    /// sent at once (a system request, which the start-up and the barrier wait on).
+    may_owe: bool,
 }
 
 impl<'a> ReplySink<'a> {
@@ -349,6 +405,7 @@ impl<'a> ReplySink<'a> {
         meta: &'a [Option<(Category, AmKind)>; 256],
         limits: &'a Limits,
         seg_len: usize,
+        acks: Option<&'a mut OwedAcks>,
     ) -> Self {
         ReplySink {
             src,
@@ -361,10 +418,12 @@ impl<'a> ReplySink<'a> {
             seg_len,
             replied: false,
             error: None,
-            acks: None,
+            acks,
+            may_owe: false,
         }
     }
 
+    /// Sends this request's reply, after what earlier requests of the requester are owed.
     #[inline]
     fn send(
         &mut self,
@@ -375,26 +434,48 @@ impl<'a> ReplySink<'a> {
         payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        let header = Header {
-            category: Category::Reply,
-            kind,
+        if let Some(owed) = self.acks.as_deref_mut().and_then(|a| a.take(self.src)) {
+            self.send_acks(&owed);
+        }
+        self.replied = true;
+        let header = reply_header(
             system,
+            kind,
             handler,
-            nargs: args.len() as u8,
-            credit: self.grant,
-            payload_len: payload.len() as u32,
-            long_offset: long_offset.unwrap_or(0) as u64,
-        };
+            args,
+            self.grant,
+            payload.len(),
+            long_offset,
+        );
         let mut head = [0u8; MAX_HEAD_LEN];
         let n = header.encode(args, &mut head);
-        self.replied = true;
+        self.send_head(&head[..n], payload, long_offset, self.route)
+    }
+
+    /// Answers the requests `owed` counts with one [`SystemMsg::Acks`], routed as the latest.
+    #[cold]
+    #[inline(never)]
+    fn send_acks(&mut self, owed: &Owed) {
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let n = encode_acks(owed, &mut head);
+        let _ = self.send_head(&head[..n], Payload::EMPTY, None, owed.route);
+    }
+
+    #[inline(always)]
+    fn send_head(
+        &mut self,
+        head: &[u8],
+        payload: Payload<'_>,
+        long_offset: Option<usize>,
+        route: Route,
+    ) -> Result<(), AmError> {
         // Replies to one peer leave in order: once one waits, the later ones queue behind it.
         if self.pending.is_empty() {
             let out = Outgoing {
-                head: &head[..n],
+                head,
                 payload,
                 long_offset,
-                reply_to: Some(self.route),
+                reply_to: Some(route),
             };
             match self.tx.try_send(self.src, &out) {
                 Ok(()) => return Ok(()),
@@ -402,7 +483,7 @@ impl<'a> ReplySink<'a> {
                 Err(e) => return Err(self.failed(e)),
             }
         }
-        self.queue(&head[..n], payload, long_offset);
+        self.queue(head, payload, long_offset, route);
         Ok(())
     }
 
@@ -417,13 +498,19 @@ impl<'a> ReplySink<'a> {
     /// The device refused the reply (or an earlier one waits): it waits in order.
     #[cold]
     #[inline(never)]
-    fn queue(&mut self, head: &[u8], payload: Payload<'_>, long_offset: Option<usize>) {
+    fn queue(
+        &mut self,
+        head: &[u8],
+        payload: Payload<'_>,
+        long_offset: Option<usize>,
+        route: Route,
+    ) {
         let mut bytes = Vec::with_capacity(head.len() + payload.len());
         bytes.extend_from_slice(head);
         payload.append_to(&mut bytes);
         self.pending.push_back(PendingReply {
             dest: self.src,
-            route: self.route,
+            route,
             head_len: head.len(),
             long_offset,
             bytes,
@@ -436,13 +523,12 @@ impl<'a> ReplySink<'a> {
     fn finish(&mut self) -> Result<(), AmError> {
         if !self.replied {
             match self.acks.as_deref_mut() {
-                None => self.system(SystemMsg::Ack, Payload::EMPTY),
-                Some(acks) => {
-                    if let Some((count, granted)) = acks.owe(self.src, self.grant) {
-                        self.grant = 0;
-                        self.system(SystemMsg::Acks { count, granted }, Payload::EMPTY);
+                Some(acks) if self.may_owe => {
+                    if let Some(owed) = acks.owe(self.src, self.grant, self.route) {
+                        self.send_acks(&owed);
                     }
                 }
+                _ => self.system(SystemMsg::Ack, Payload::EMPTY),
             }
         }
         match self.error.take() {
@@ -572,7 +658,7 @@ impl Endpoint {
     /// driver calls when a poll finds nothing.
     pub fn set_acks_coalesce(&mut self, on: bool) {
         self.acks = on.then(|| OwedAcks {
-            per_peer: vec![(0, 0); self.size as usize],
+            per_peer: vec![Owed::default(); self.size as usize],
             owed: 0,
             batch: (self.credits.held(self.rank) / 2).max(1),
         });
@@ -596,28 +682,17 @@ impl Endpoint {
             return Ok(());
         };
         for peer in 0..self.size {
-            let (count, granted) = acks.per_peer[peer as usize];
-            if count == 0 {
+            let owed = acks.per_peer[peer as usize];
+            if owed.count == 0 {
                 continue;
             }
-            let w = SystemMsg::Acks { count, granted }.encode();
-            let header = Header {
-                category: Category::Reply,
-                kind: w.kind,
-                system: true,
-                handler: w.opcode,
-                nargs: w.args().len() as u8,
-                credit: 0,
-                payload_len: 0,
-                long_offset: 0,
-            };
             let mut head = [0u8; MAX_HEAD_LEN];
-            let n = header.encode(w.args(), &mut head);
+            let n = encode_acks(&owed, &mut head);
             let out = Outgoing {
                 head: &head[..n],
                 payload: Payload::EMPTY,
                 long_offset: None,
-                reply_to: Some(Route::NONE),
+                reply_to: Some(owed.route),
             };
             match tx.try_send(peer, &out) {
                 Ok(()) => acks.forget(peer),
@@ -1574,9 +1649,18 @@ impl Endpoint {
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
-                let mut sink =
-                    ReplySink::new(src, route, grant, tx, pending, meta, limits, *seg_len);
-                sink.acks = acks.as_mut();
+                let mut sink = ReplySink::new(
+                    src,
+                    route,
+                    grant,
+                    tx,
+                    pending,
+                    meta,
+                    limits,
+                    *seg_len,
+                    acks.as_mut(),
+                );
+                sink.may_owe = true;
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -1655,6 +1739,7 @@ impl Endpoint {
                 &self.handlers.meta,
                 &self.limits,
                 self.seg_len,
+                self.acks.as_mut(),
             );
             if hdr.system {
                 if let Ok(SystemMsg::Put { op }) =
@@ -1697,6 +1782,7 @@ impl Endpoint {
                     &self.handlers.meta,
                     &self.limits,
                     self.seg_len,
+                    self.acks.as_mut(),
                 );
                 // Split borrows: the system state is disjoint from the sink's fields.
                 let result = system_request(

@@ -394,11 +394,13 @@ pub trait Transport: Tx {
         false
     }
     /// Whether one empty reply may return the credits of several requests from one peer
-    /// ([`crate::protocol::SystemMsg::Acks`]): true where a request holds no transport
-    /// resource that only its own reply frees (no reply slot, no routed send slot; the
-    /// delivery's route is always [`Route::NONE`]). The core then answers the requests whose
-    /// handlers sent no reply with one message per peer and batch instead of one each. The
-    /// default, `false`, keeps one reply per request.
+    /// ([`crate::protocol::SystemMsg::Acks`]). The core then answers the requests whose
+    /// handlers sent no reply with one message per peer and batch instead of one each. Such
+    /// a reply carries the [`Route`] of the latest request it answers, and the core keeps
+    /// replies to a peer in the order of its requests (what earlier requests are owed leaves
+    /// before a reply to a later one), so a transport that pairs replies with requests
+    /// (sci's reply slots) takes it as the answer to that request and every earlier one still
+    /// unanswered. The default, `false`, keeps one reply per request.
     fn acks_coalesce(&self) -> bool {
         false
     }

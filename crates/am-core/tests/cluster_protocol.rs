@@ -270,6 +270,55 @@ fn implicit_replies_coalesce_and_every_credit_comes_home() {
     }
 }
 
+/// Coalesced implicit replies and explicit ones to the same requester leave in the order of
+/// its requests: what earlier requests are owed goes before a reply to a later one, routed as
+/// the latest it answers. The harness's network pairs replies with requests as sci's reply
+/// slots do, so a reply routed to a request already answered fails the test (`settle`).
+#[test]
+fn coalesced_and_explicit_replies_keep_request_order() {
+    for seed in 0..SEEDS {
+        let shape = Shape {
+            credits: 8,
+            ..Shape::new(2)
+        };
+        let (mut c, seen) = cluster(shape, seed);
+        for n in &mut c.nodes {
+            n.ep.set_acks_coalesce(true);
+        }
+        c.net.sent.clear();
+        // Three requests answered by nobody, then one answered: 20 times.
+        let mut next = 0u32;
+        c.drive(&[1], |_, ep, tx| {
+            while next < 80 {
+                let (handler, arg) = if next % 4 == 3 {
+                    (PING, 1000 + next)
+                } else {
+                    (SINK, next)
+                };
+                match ep.request_step(tx, 0, AmKind::Short, handler, &[arg], &[], None) {
+                    Poll::Ready(Ok(())) => next += 1,
+                    Poll::Ready(Err(e)) => panic!("{e}"),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(())
+        });
+        c.settle();
+        let sunk: Vec<u32> = seen[0].sunk.borrow().iter().map(|s| s.1).collect();
+        let want: Vec<u32> = (0..80).filter(|i| i % 4 != 3).collect();
+        assert_eq!(sunk, want, "seed {seed}");
+        assert_eq!(seen[1].pongs.get(), 20, "seed {seed}");
+        assert_eq!(c.nodes[1].ep.credits().available(0), 8, "seed {seed}");
+        let replies = c.net.sent.iter().filter(|&&(s, _, r)| s == 0 && r).count();
+        assert!(
+            replies < 80,
+            "seed {seed}: {replies} replies for 80 requests"
+        );
+        assert!(c.nodes.iter().all(|n| n.ep.is_quiet()), "seed {seed}");
+        assert!(c.nodes.iter().all(|n| n.errors.is_empty()), "seed {seed}");
+    }
+}
+
 #[test]
 fn a_refused_reply_is_sent_again_in_order() {
     let (mut c, seen) = cluster(Shape::new(2), 1);

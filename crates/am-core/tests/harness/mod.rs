@@ -30,6 +30,8 @@ pub struct Packet {
     /// Head and payload, as a message transport carries them (Long payloads inline).
     pub bytes: Vec<u8>,
     pub reply: bool,
+    /// A request's route: its number among the requests of its pair, from 1.
+    pub route: Route,
 }
 
 /// The in-memory network: `queues[dest][src]`.
@@ -44,6 +46,15 @@ pub struct Net {
     pub aborted: bool,
     /// Every message that went out: (src, dest, reply).
     pub sent: Vec<(Rank, Rank, bool)>,
+    /// `requests[src][dest]`: requests sent on the pair (the last one's route).
+    pub requests: Vec<Vec<u64>>,
+    /// `answered[replier][requester]`: the route of the latest request answered. The network
+    /// pairs replies with requests as sci's reply slots do: a reply answers the request its
+    /// route names and every earlier one still unanswered, so a reply routed to a request
+    /// already answered is refused.
+    pub answered: Vec<Vec<u64>>,
+    /// Replies refused for their route: (replier, requester, route).
+    pub misrouted: Vec<(Rank, Rank, u64)>,
 }
 
 /// A rank's sender: what [`Endpoint`] calls to send.
@@ -76,12 +87,29 @@ impl Tx for Wire<'_> {
         if queue.len() >= net.capacity {
             return Err(SendError::Busy);
         }
+        let (from, to) = (self.from as usize, dest as usize);
+        let route = match msg.reply_to {
+            Some(route) => {
+                let r = route.get();
+                if r <= net.answered[from][to] || r > net.requests[to][from] {
+                    net.misrouted.push((self.from, dest, r));
+                    return Err(SendError::NoRequestToAnswer(route));
+                }
+                net.answered[from][to] = r;
+                Route::NONE
+            }
+            None => {
+                net.requests[from][to] += 1;
+                Route::new(net.requests[from][to])
+            }
+        };
         let mut bytes = msg.head.to_vec();
         msg.payload.append_to(&mut bytes);
         queue.push_back(Packet {
             src: self.from,
             bytes,
             reply: msg.is_reply(),
+            route,
         });
         net.sent.push((self.from, dest, msg.is_reply()));
         Ok(())
@@ -176,6 +204,9 @@ impl Cluster {
                 lost: vec![false; n],
                 aborted: false,
                 sent: Vec::new(),
+                requests: vec![vec![0; n]; n],
+                answered: vec![vec![0; n]; n],
+                misrouted: Vec::new(),
             },
             nodes,
             rng: Rng::new(seed),
@@ -267,7 +298,7 @@ impl Cluster {
             src: packet.src,
             bytes: Received::Private(&packet.bytes),
             payload_placed: false,
-            route: Route::NONE,
+            route: packet.route,
         };
         if let Err(e) = node
             .ep
@@ -339,6 +370,11 @@ impl Cluster {
             if !self.deliver_one() && self.net.busy.iter().all(|&b| b == 0) {
                 self.flush_all();
                 if !self.in_flight() {
+                    assert!(
+                        self.net.misrouted.is_empty(),
+                        "replies routed to requests already answered: {:?}",
+                        self.net.misrouted
+                    );
                     return;
                 }
             }
@@ -436,10 +472,14 @@ impl Cluster {
 
     /// Puts raw bytes on the queue from `src` to `dest`, as a misbehaving peer would.
     pub fn inject(&mut self, src: Rank, dest: Rank, bytes: Vec<u8>) {
+        // Numbered as a request: if the bytes say it is one, its reply finds it.
+        self.net.requests[src as usize][dest as usize] += 1;
+        let route = Route::new(self.net.requests[src as usize][dest as usize]);
         self.net.queues[dest as usize][src as usize].push_back(Packet {
             src,
             bytes,
             reply: false,
+            route,
         });
     }
 
