@@ -27,6 +27,24 @@ pub const MEF: usize = am_nic::control::DOORBELL;
 pub const ABORT: usize = am_nic::control::ABORT;
 /// Slot flag: the Long payload is already in the AM segment.
 pub const PLACED: u32 = 1;
+/// Slot flags of a reply: bits 8..16 hold how many requests it answers, minus one (see
+/// [`answers`]).
+const ANSWERS_SHIFT: u32 = 8;
+
+/// The slot flags of a reply that answers `n` requests (1 ..= 256).
+#[inline]
+pub fn answers_flag(n: usize) -> u32 {
+    debug_assert!((1..=256).contains(&n));
+    ((n as u32 - 1) & 0xff) << ANSWERS_SHIFT
+}
+
+/// How many requests a reply with slot flags `flags` answers: its request's and the ones
+/// before it still unanswered (a coalesced implicit reply answers several). At least 1; a
+/// peer can write any value, which the receiver checks against its own requests.
+#[inline]
+pub fn answers(flags: u32) -> usize {
+    ((flags >> ANSWERS_SHIFT) & 0xff) as usize + 1
+}
 
 /// The geometry of every rank's exported segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use am_shm::sync::{fence, Ordering};
 use am_shm::{Imported, Segment, SharedBytes};
 
 use crate::dma::{Engine, Job, QUEUE_DEPTH};
-use crate::layout::{Layout, ABORT, MEF, PLACED};
+use crate::layout::{answers, answers_flag, Layout, ABORT, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
 /// Polls a receiver may make while it leaves its message-exist flag set after the work queue
@@ -66,19 +66,46 @@ impl Expect {
         }
     }
 
-    /// After the message in `slot` of `chan` (with `p` request slots) was taken.
+    /// After the message in `slot` of `chan` (with `p` request slots) was taken. A reply
+    /// answers `answers` requests (1 ..= p, see [`answers`]): the next one goes to the reply
+    /// slot of the request after them.
     #[inline]
-    fn advance(&mut self, chan: &Slots, slot: usize, p: usize) {
+    fn advance(&mut self, chan: &Slots, slot: usize, p: usize, answers: usize) {
         self.seq += 1;
-        let next = next_slot(slot, p);
         if slot < p {
+            let next = next_slot(slot, p);
             self.req = next;
             self.req_at = chan.data + next * chan.size;
         } else {
+            let next = if answers == 1 {
+                next_slot(slot, p)
+            } else {
+                p + (slot - p + answers) % p
+            };
             self.rep = next;
             self.rep_at = chan.data + next * chan.size;
         }
     }
+}
+
+/// How many requests the message in `slot` of `chan` answers, from its header: 1 for a
+/// request or an unreadable header (the delivery reports it), at most `p`.
+#[inline(always)]
+fn answered_by(seg: &Segment, chan: &Slots, slot: usize, p: usize) -> usize {
+    if slot < p {
+        return 1;
+    }
+    chan.header(seg, slot)
+        .map_or(1, |(flags, _, _)| answers(flags).clamp(1, p))
+}
+
+/// Bits `start .. start + n` of a slot mask, counted modulo `p` (request slots in turn):
+/// the requests a reply answers.
+#[inline]
+fn cyclic_mask(start: usize, n: usize, p: usize) -> u64 {
+    let ones = |k: usize| 1u64.checked_shl(k as u32).map_or(u64::MAX, |b| b - 1);
+    let first = n.min(p - start);
+    (ones(first) << start) | ones(n - first)
 }
 
 /// The slot after `slot` among its kind (request slots `0..p`, reply slots `p..2p`), in turn.
@@ -111,6 +138,9 @@ struct Dest {
     /// Its request slots whose request we have not answered yet (bit `k`: slot `k`): a reply
     /// must answer one of them, and a new request in one of them is a peer's misbehaviour.
     awaiting_reply: u64,
+    /// Its oldest request we have not answered (the slot): our next reply to it goes to
+    /// the paired reply slot, and answers that request and the later ones up to its route.
+    answer_next: usize,
 }
 
 /// The seed's **message location status** of one destination, at the sender: bit `k` set
@@ -130,11 +160,16 @@ impl MessageLocationStatus {
         self.0 |= 1 << slot;
     }
 
-    /// The reply to the request in `slot` arrived (a slot number from a peer: out of range
-    /// frees nothing).
+    /// The reply to the requests in the slots of `mask` arrived.
     #[inline]
-    fn free(&mut self, slot: usize) {
-        self.0 &= !(1u64.checked_shl(slot as u32).unwrap_or(0));
+    fn free(&mut self, mask: u64) {
+        self.0 &= !mask;
+    }
+
+    /// Whether every slot of `mask` is busy.
+    #[inline]
+    fn all_busy(&self, mask: u64) -> bool {
+        self.0 & mask == mask
     }
 }
 
@@ -280,10 +315,20 @@ impl TxState {
             return Err(SendError::Busy);
         }
         let p = self.config.slots;
-        // A reply goes to the reply slot paired with its request's slot (the route).
-        let slot = if let Some(route) = msg.reply_to {
+        // A reply goes to the reply slot paired with the oldest request it answers: the one
+        // its route names (the request's slot) and, for a coalesced implicit reply, the
+        // earlier ones still unanswered, which it answers too (the slot flags say how many).
+        let (slot, answering, answered) = if let Some(route) = msg.reply_to {
             match route.get().checked_sub(1).map(usize::try_from) {
-                Some(Ok(k)) if k < p && to.awaiting_reply & 1 << k != 0 => p + k,
+                Some(Ok(k)) if k < p => {
+                    let first = to.answer_next;
+                    let n = (k + p - first) % p + 1;
+                    let mask = cyclic_mask(first, n, p);
+                    if to.awaiting_reply & mask != mask {
+                        return Err(SendError::NoRequestToAnswer(route));
+                    }
+                    (p + first, answers_flag(n), mask)
+                }
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
@@ -291,7 +336,7 @@ impl TxState {
             if to.mls.is_busy(k) {
                 return Err(SendError::Busy);
             }
-            k
+            (k, 0, 0)
         };
         let cap = self.chan.capacity();
         let base = self.chan.base(slot).map_err(sci_err)?;
@@ -344,25 +389,29 @@ impl TxState {
                     .map_err(sci_err)?;
                 }
             }
-            write_slot(peer, base, PLACED, msg.head, Payload::EMPTY).map_err(sci_err)?;
+            write_slot(peer, base, PLACED | answering, msg.head, Payload::EMPTY)
+                .map_err(sci_err)?;
         } else {
             if msg.len() > cap {
                 return Err(SendError::TooLarge(msg.len()));
             }
             match self.config.medium {
-                MediumStrategy::TwoTransfers => write_slot(peer, base, 0, msg.head, msg.payload),
+                MediumStrategy::TwoTransfers => {
+                    write_slot(peer, base, answering, msg.head, msg.payload)
+                }
                 MediumStrategy::OneCopy => {
                     self.staging.clear();
                     self.staging.extend_from_slice(msg.head);
                     msg.payload.append_to(&mut self.staging);
-                    write_slot(peer, base, 0, &self.staging, Payload::EMPTY)
+                    write_slot(peer, base, answering, &self.staging, Payload::EMPTY)
                 }
             }
             .map_err(sci_err)?;
         }
-        // Claimed: message location status, or the request answered.
+        // Claimed: message location status, or the requests answered.
         if slot >= p {
-            to.awaiting_reply &= !(1 << (slot - p));
+            to.awaiting_reply &= !answered;
+            to.answer_next = (slot - p + answers(answering)) % p;
         } else {
             to.mls.take(slot);
             to.next_req = next_slot(slot, p);
@@ -421,6 +470,7 @@ impl Sci {
                         dma_pending: 0,
                         lost: false,
                         awaiting_reply: 0,
+                        answer_next: 0,
                     })
                     .collect(),
                 deferring: false,
@@ -604,7 +654,7 @@ impl Sci {
             } else {
                 break;
             };
-            e.advance(&chan, slot, p);
+            e.advance(&chan, slot, p, answered_by(&self.seg, &chan, slot, p));
             self.work.push_back((c, slot));
         }
         Ok(())
@@ -631,7 +681,8 @@ impl Sci {
                 }
             };
             while let Some(slot) = stamps[..n].iter().position(|&s| s == self.recv[c].seq) {
-                self.recv[c].advance(&chan, slot, p);
+                let answers = answered_by(&self.seg, &chan, slot, p);
+                self.recv[c].advance(&chan, slot, p, answers);
                 self.work.push_back((c, slot));
             }
         }
@@ -673,11 +724,9 @@ impl Sci {
             }
             return self.look_around(tags);
         }
-        e.advance(
-            &self.tx.layout.command_segment(c),
-            slot,
-            self.tx.config.slots,
-        );
+        let chan = self.tx.layout.command_segment(c);
+        let p = self.tx.config.slots;
+        e.advance(&chan, slot, p, answered_by(&self.seg, &chan, slot, p));
         Ok(Some((c, slot)))
     }
 
@@ -796,6 +845,7 @@ impl Transport for Sci {
         // its sender rewrites only after our reply frees it (and a peer that does not follow
         // that protocol can only make the handler read garbage bytes, by copies).
         let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
+        let mut answered = 0u64;
         // A request's reply goes to the reply slot paired with its slot: that is its route
         // (slot + 1, so that no request has `Route::NONE`).
         let route = if slot < p {
@@ -812,6 +862,25 @@ impl Transport for Sci {
             }
             Route::new(slot as u64 + 1)
         } else {
+            // A reply answers its request and, if it is a coalesced implicit reply, the ones
+            // after it up to the count in its flags: all must be ours and unanswered.
+            let n = answers(flags);
+            let mask = cyclic_mask(slot - p, n.min(p), p);
+            if n > p
+                || !self
+                    .tx
+                    .dests
+                    .get(src)
+                    .is_some_and(|to| to.mls.all_busy(mask))
+            {
+                return Err(TransportError::PeerMisbehaved {
+                    peer: Some(src as Rank),
+                    what: format!(
+                        "sci: a reply in slot {slot} answers {n} requests, not all outstanding"
+                    ),
+                });
+            }
+            answered = mask;
             Route::NONE
         };
         let bytes = self.seg.view(body, len).map_err(corrupt)?;
@@ -829,15 +898,22 @@ impl Transport for Sci {
         let r = f(delivery, segment, &mut self.tx);
         self.tx.deferring = false;
         if slot >= p {
-            // The reply frees its request slot (message location status).
+            // The reply frees the slots of the requests it answers (message location status).
             if let Some(to) = self.tx.dests.get_mut(src) {
-                to.mls.free(slot - p);
+                to.mls.free(answered);
             }
         }
         while let Some((d, s)) = self.tx.deferred.pop() {
             self.tx.publish(Some(&self.seg), d, s)?;
         }
         Ok(Some(r))
+    }
+
+    /// A reply may answer several requests of its peer: it lands in the reply slot paired
+    /// with the oldest, and its slot flags say how many it answers, so the requester frees
+    /// all their slots (message location status) and looks for the next reply after them.
+    fn acks_coalesce(&self) -> bool {
+        true
     }
 
     /// PIO stores are complete when `try_send` returns; a DMA transfer completes later.
@@ -962,6 +1038,55 @@ mod tests {
         // One reply back: one slot free again.
         a.try_send(1, &out(&h[..n], b"3")).unwrap();
         assert_eq!(a.try_send(1, &out(&h[..n], b"4")), Err(SendError::Busy));
+    }
+
+    /// A coalesced implicit reply: one reply, routed as the latest of three requests, lands
+    /// in the reply slot of the oldest and frees all three request slots; the next reply is
+    /// found where the requester expects it (by the look at the two expected slots, without a
+    /// scan), and a reply routed to a request already answered is refused.
+    #[test]
+    fn one_reply_answers_the_earlier_unanswered_requests() {
+        let (mut a, mut b) = pair(4);
+        let mut h = [0u8; MAX_HEAD_LEN];
+        let n = head(Category::Request, AmKind::Short, 0, &mut h);
+        let mut r = [0u8; MAX_HEAD_LEN];
+        let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+        for _ in 0..3 {
+            a.try_send(1, &out(&h[..n], &[])).unwrap();
+        }
+        let routes: Vec<Route> = (0..3)
+            .map(|_| b.poll_recv(|d, _, _| d.route).unwrap().unwrap())
+            .collect();
+        assert_eq!(routes, [1, 2, 3].map(Route::new));
+        b.try_send(0, &reply(&r[..rn], &[], routes[2])).unwrap();
+        for route in &routes {
+            assert_eq!(
+                b.try_send(0, &reply(&r[..rn], &[], *route)),
+                Err(SendError::NoRequestToAnswer(*route))
+            );
+        }
+        // The reply is in the slot paired with the first request, saying it answers three.
+        let chan = a.tx.layout.command_segment(1);
+        let (flags, _, _) = chan.header(&a.seg, 4).unwrap();
+        assert_eq!(answers(flags), 3);
+        assert!(a.poll_recv(|d, _, _| d.src).unwrap().is_some());
+        // All four request slots free: slot 3 was never taken, slots 0-2 were freed.
+        for _ in 0..4 {
+            a.try_send(1, &out(&h[..n], &[])).unwrap();
+        }
+        assert_eq!(a.try_send(1, &out(&h[..n], &[])), Err(SendError::Busy));
+        // Request 4 went to slot 3; its reply goes to reply slot 3, where `a` looks next.
+        let route = b.poll_recv(|d, _, _| d.route).unwrap().unwrap();
+        assert_eq!(route, Route::new(4));
+        b.try_send(0, &reply(&r[..rn], &[], route)).unwrap();
+        assert_eq!(a.recv[1].rep, 4 + 3);
+        assert!(a.work.is_empty());
+        let mut kinds = Vec::new();
+        a.look_at(1).unwrap();
+        while let Some((src, slot)) = a.work.pop_front() {
+            kinds.push((src, slot));
+        }
+        assert_eq!(kinds, [(1, 7)]);
     }
 
     #[test]
@@ -1241,6 +1366,52 @@ mod tests {
                 b.take_and_scan().unwrap();
             }
             good_still_arrives(&mut b, &mut c);
+        }
+
+        /// A reply that says it answers more requests than were sent, or more than there are
+        /// slots, is an error naming its sender, delivers nothing and frees no slot.
+        #[test]
+        fn a_reply_answering_requests_never_sent_is_an_error() {
+            for claimed in [2usize, 3, 200] {
+                let (mut a, mut b, mut c) = trio();
+                let mut h = [0u8; MAX_HEAD_LEN];
+                let n = head(Category::Request, AmKind::Short, 0, &mut h);
+                // Rank 1 sends one request to rank 0; rank 0 answers "claimed" of them.
+                b.try_send(0, &out(&h[..n], &[])).unwrap();
+                let chan = a.tx.layout.command_segment(0);
+                let peer = &a.tx.peers[1];
+                let mut r = [0u8; MAX_HEAD_LEN];
+                let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+                write_slot(
+                    peer,
+                    chan.base(2).unwrap(),
+                    answers_flag(claimed),
+                    &r[..rn],
+                    Payload::EMPTY,
+                )
+                .unwrap();
+                chan.publish(peer, 2, 1).unwrap();
+                peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+                let mut delivered = false;
+                let got = b.poll_recv(|_, _, _| delivered = true);
+                assert!(
+                    matches!(
+                        got,
+                        Err(TransportError::PeerMisbehaved { peer: Some(0), .. })
+                    ),
+                    "{claimed}: {got:?}"
+                );
+                assert!(!delivered, "{claimed}");
+                // The one request slot toward rank 0 is still busy (two slots: one free).
+                b.try_send(0, &out(&h[..n], &[])).unwrap();
+                assert_eq!(
+                    b.try_send(0, &out(&h[..n], &[])),
+                    Err(SendError::Busy),
+                    "{claimed}"
+                );
+                good_still_arrives(&mut b, &mut c);
+                let _ = &mut a;
+            }
         }
 
         /// A sender that reuses a request slot before its reply (more requests in flight than
