@@ -23,6 +23,7 @@
 //! they landed, as a view (`Received::Shared`); an inline Short is rebuilt in private
 //! memory (`Received::Private`).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use am_core::{
@@ -180,6 +181,10 @@ struct TxState {
     free_slots: Vec<u16>,
     /// Destination of the request holding each send slot, or `FREE`.
     slot_dest: Vec<u32>,
+    /// Per destination: the send slots of our requests to it, in the order they went. A
+    /// reply answers the request whose slot it lands in and every earlier one still here
+    /// (a coalesced implicit reply answers several: replies come in request order).
+    in_flight: Vec<VecDeque<u16>>,
     /// Per peer: the send slots of its requests we still owe a reply, in arrival order (the
     /// core answers one peer's requests in order).
     owed: Vec<Owed>,
@@ -192,16 +197,31 @@ struct TxState {
 }
 
 /// A peer's send slots whose request we have not answered yet: one bit per slot (a rank's
-/// send slots), so it never grows on the hot path. A request's send slot is its route.
+/// send slots), so a lookup never searches, and the same slots in arrival order, so a reply
+/// answers its request and the earlier ones still owed. A request's send slot is its route.
 #[derive(Debug)]
 struct Owed {
     bits: Box<[u64]>,
+    order: VecDeque<u16>,
 }
 
 impl Owed {
     fn new(send_slots: usize) -> Owed {
         Owed {
             bits: vec![0; send_slots.div_ceil(64)].into_boxed_slice(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// The reply routed to the request in `slot` went: it answered that request and the
+    /// ones before it still owed.
+    #[inline]
+    fn answer_through(&mut self, slot: u16) {
+        while let Some(s) = self.order.pop_front() {
+            self.remove(s);
+            if s == slot {
+                break;
+            }
         }
     }
 
@@ -213,6 +233,7 @@ impl Owed {
         match self.bits.get_mut(w) {
             Some(word) if *word & 1 << b == 0 => {
                 *word |= 1 << b;
+                self.order.push_back(slot);
                 true
             }
             _ => false,
@@ -236,6 +257,7 @@ impl Owed {
 
     fn clear(&mut self) {
         self.bits.iter_mut().for_each(|w| *w = 0);
+        self.order.clear();
     }
 }
 
@@ -452,10 +474,11 @@ impl TxState {
             }
             Outcome::Done { .. } => {
                 if is_reply {
-                    self.owed[d].remove(slot);
+                    self.owed[d].answer_through(slot);
                 } else {
                     self.free_slots.pop();
                     self.slot_dest[slot as usize] = dest;
+                    self.in_flight[d].push_back(slot);
                 }
                 Ok(())
             }
@@ -499,6 +522,9 @@ impl TxState {
         }
         if let Some(o) = self.owed.get_mut(peer) {
             o.clear();
+        }
+        if let Some(f) = self.in_flight.get_mut(peer) {
+            f.clear();
         }
         for (s, d) in self.slot_dest.iter_mut().enumerate() {
             if *d == peer as u32 {
@@ -626,6 +652,7 @@ impl Portals {
                 peers,
                 free_slots: (0..layout.send_slots as u16).rev().collect(),
                 slot_dest: vec![FREE; layout.send_slots],
+                in_flight: (0..n).map(|_| VecDeque::new()).collect(),
                 owed: (0..n).map(|_| Owed::new(layout.send_slots)).collect(),
                 lost: vec![false; n],
                 stats: Stats::default(),
@@ -1249,11 +1276,27 @@ impl Transport for Portals {
                 self.try_relink(b)?;
             }
         } else if !is_request {
-            // The reply landed in the request's send slot: the slot is free again.
-            self.tx.slot_dest[slot as usize] = FREE;
-            self.tx.free_slots.push(slot);
+            // The reply landed in its request's send slot: that slot and those of the
+            // earlier requests it answered are free again.
+            let tx = &mut self.tx;
+            if let Some(f) = tx.in_flight.get_mut(src) {
+                while let Some(s) = f.pop_front() {
+                    tx.slot_dest[s as usize] = FREE;
+                    tx.free_slots.push(s);
+                    if s == slot {
+                        break;
+                    }
+                }
+            }
         }
         Ok(Some(r))
+    }
+
+    /// A reply may answer several requests of its peer: it lands in the send slot of the
+    /// latest, and the requester frees that slot and those of its earlier requests to the
+    /// replier (replies come in request order).
+    fn acks_coalesce(&self) -> bool {
+        true
     }
 
     /// The initiator's process performs the segment entry's deposit before the header goes:

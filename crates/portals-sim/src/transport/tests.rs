@@ -228,6 +228,43 @@ fn inline_and_deposited_messages_and_replies() {
     a.try_send(1, &out(&s[..sn], &[])).unwrap();
 }
 
+/// A coalesced implicit reply: one reply routed to the latest of three requests lands in its
+/// send slot and frees the send slots of all three at the requester; a reply routed to a
+/// request it already answered is refused at the replier.
+#[test]
+fn one_reply_answers_the_earlier_unanswered_requests() {
+    let config = PortalsConfig {
+        send_slots: 3,
+        ..small()
+    };
+    let (mut a, mut b) = pair(config);
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Short, 0, &mut h);
+    let mut r = [0u8; MAX_HEAD_LEN];
+    let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+    for _ in 0..3 {
+        a.try_send(1, &out(&h[..n], &[])).unwrap();
+    }
+    assert_eq!(a.try_send(1, &out(&h[..n], &[])), Err(SendError::Busy));
+    let routes: Vec<Route> = (0..3)
+        .map(|_| b.poll_recv(|d, _, _| d.route).unwrap().expect("a request"))
+        .collect();
+    b.try_send(0, &reply(&r[..rn], &[], routes[2])).unwrap();
+    for route in &routes {
+        assert_eq!(
+            b.try_send(0, &reply(&r[..rn], &[], *route)),
+            Err(SendError::NoRequestToAnswer(*route))
+        );
+    }
+    assert!(a.poll_recv(|d, _, _| d.src).unwrap().is_some());
+    assert!(a.poll_recv(|d, _, _| d.src).unwrap().is_none());
+    // All three send slots are free again.
+    for _ in 0..3 {
+        a.try_send(1, &out(&h[..n], &[])).unwrap();
+    }
+    assert_eq!(a.try_send(1, &out(&h[..n], &[])), Err(SendError::Busy));
+}
+
 #[test]
 fn reply_without_request_oversize_and_bad_rank_are_errors() {
     let (mut a, _b) = pair(small());
