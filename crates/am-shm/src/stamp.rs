@@ -168,6 +168,16 @@ impl Slots {
     }
 }
 
+/// The flags of the published slot whose stamp is at byte offset `at` of `seg`'s byte area
+/// (one load of its header word, in the stamp's line).
+#[inline]
+pub fn flags_at(seg: &Segment, at: usize) -> Result<u32, ShmError> {
+    // `len` then `flags`, little-endian: the flags are the high half.
+    // Saturating: an offset past the area fails the load's bounds check.
+    let word = seg.load_slot_word(at.saturating_add(LEN_AT))?;
+    Ok((word >> 32) as u32)
+}
+
 /// Decodes a slot's `[len: u32][flags: u32]` read from shared memory: `(len, flags)`, with
 /// `len <= capacity`.
 pub fn decode_header(hdr: [u8; 8], capacity: usize) -> Result<(usize, u32), ShmError> {
@@ -214,6 +224,10 @@ mod tests {
         s.write(&w, 0, 0, &[&[9; 32]]).unwrap();
         s.publish(&w, 0, 2).unwrap();
         assert_eq!(s.body(&seg, 0).unwrap().1.to_vec(), [9; 32]);
+        // The flags alone, from the stamp's offset; an offset past the area is an error.
+        assert_eq!(flags_at(&seg, s.base(1).unwrap()).unwrap(), 5);
+        assert!(flags_at(&seg, s.base(2).unwrap() + 48).is_err());
+        assert!(flags_at(&seg, usize::MAX - 3).is_err());
     }
 
     #[test]

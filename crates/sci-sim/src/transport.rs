@@ -88,15 +88,15 @@ impl Expect {
     }
 }
 
-/// How many requests the message in `slot` of `chan` answers, from its header: 1 for a
-/// request or an unreadable header (the delivery reports it), at most `p`.
+/// How many requests a reply whose slot's stamp is at byte offset `at` answers, from its
+/// header: 1 for a request (`reply` false) or an unreadable header (the delivery reports
+/// it), at most `p`.
 #[inline(always)]
-fn answered_by(seg: &Segment, chan: &Slots, slot: usize, p: usize) -> usize {
-    if slot < p {
+fn answered_by(seg: &Segment, at: usize, reply: bool, p: usize) -> usize {
+    if !reply {
         return 1;
     }
-    chan.header(seg, slot)
-        .map_or(1, |(flags, _, _)| answers(flags).clamp(1, p))
+    am_shm::stamp::flags_at(seg, at).map_or(1, |flags| answers(flags).clamp(1, p))
 }
 
 /// Bits `start .. start + n` of a slot mask, counted modulo `p` (request slots in turn):
@@ -322,12 +322,17 @@ impl TxState {
             match route.get().checked_sub(1).map(usize::try_from) {
                 Some(Ok(k)) if k < p => {
                     let first = to.answer_next;
-                    let n = (k + p - first) % p + 1;
-                    let mask = cyclic_mask(first, n, p);
+                    let (answering, mask) = if k == first {
+                        (0, 1 << k)
+                    } else {
+                        // A coalesced implicit reply (off the round trip's path).
+                        let n = if k > first { k - first } else { k + p - first } + 1;
+                        (answers_flag(n), cyclic_mask(first, n, p))
+                    };
                     if to.awaiting_reply & mask != mask {
                         return Err(SendError::NoRequestToAnswer(route));
                     }
-                    (p + first, answers_flag(n), mask)
+                    (p + first, answering, mask)
                 }
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
@@ -411,7 +416,9 @@ impl TxState {
         // Claimed: message location status, or the requests answered.
         if slot >= p {
             to.awaiting_reply &= !answered;
-            to.answer_next = (slot - p + answers(answering)) % p;
+            // The request after the last one answered: the route's.
+            let k = msg.reply_to.map_or(0, |r| r.get() as usize - 1);
+            to.answer_next = next_slot(k, p);
         } else {
             to.mls.take(slot);
             to.next_req = next_slot(slot, p);
@@ -647,14 +654,14 @@ impl Sci {
         let chan = self.tx.layout.command_segment(c);
         while let Some(e) = self.recv.get_mut(c) {
             // `req_at` and `rep_at` are `chan.base` of the two slots, kept by `advance`.
-            let slot = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
-                e.req
+            let (slot, answers) = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
+                (e.req, 1)
             } else if self.seg.load_slot_word(e.rep_at).map_err(io)? == e.seq {
-                e.rep
+                (e.rep, answered_by(&self.seg, e.rep_at, true, p))
             } else {
                 break;
             };
-            e.advance(&chan, slot, p, answered_by(&self.seg, &chan, slot, p));
+            e.advance(&chan, slot, p, answers);
             self.work.push_back((c, slot));
         }
         Ok(())
@@ -681,7 +688,10 @@ impl Sci {
                 }
             };
             while let Some(slot) = stamps[..n].iter().position(|&s| s == self.recv[c].seq) {
-                let answers = answered_by(&self.seg, &chan, slot, p);
+                let at = chan
+                    .base(slot)
+                    .map_err(|e| TransportError::Io(e.to_string()))?;
+                let answers = answered_by(&self.seg, at, slot >= p, p);
                 self.recv[c].advance(&chan, slot, p, answers);
                 self.work.push_back((c, slot));
             }
@@ -726,7 +736,7 @@ impl Sci {
         }
         let chan = self.tx.layout.command_segment(c);
         let p = self.tx.config.slots;
-        e.advance(&chan, slot, p, answered_by(&self.seg, &chan, slot, p));
+        e.advance(&chan, slot, p, answered_by(&self.seg, at, rep, p));
         Ok(Some((c, slot)))
     }
 
@@ -865,7 +875,11 @@ impl Transport for Sci {
             // A reply answers its request and, if it is a coalesced implicit reply, the ones
             // after it up to the count in its flags: all must be ours and unanswered.
             let n = answers(flags);
-            let mask = cyclic_mask(slot - p, n.min(p), p);
+            let mask = if n == 1 {
+                1 << (slot - p)
+            } else {
+                cyclic_mask(slot - p, n.min(p), p)
+            };
             if n > p
                 || !self
                     .tx
