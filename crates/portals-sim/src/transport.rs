@@ -23,7 +23,6 @@
 //! they landed, as a view (`Received::Shared`); an inline Short is rebuilt in private
 //! memory (`Received::Private`).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use am_core::{
@@ -184,7 +183,7 @@ struct TxState {
     /// Per destination: the send slots of our requests to it, in the order they went. A
     /// reply answers the request whose slot it lands in and every earlier one still here
     /// (a coalesced implicit reply answers several: replies come in request order).
-    in_flight: Vec<VecDeque<u16>>,
+    in_flight: Vec<SlotFifo>,
     /// Per peer: the send slots of its requests we still owe a reply, in arrival order (the
     /// core answers one peer's requests in order).
     owed: Vec<Owed>,
@@ -196,44 +195,86 @@ struct TxState {
     reply_me: MeIndex,
 }
 
+/// Send slots in the order their requests went or came, taken from the front: a vector and
+/// the index of its first live entry, emptied whenever it drains (in a round trip, at every
+/// reply) and compacted when half of it is dead, so a push and a pop cost a few instructions
+/// and the memory stays bounded by the slots in flight.
+#[derive(Debug, Default)]
+struct SlotFifo {
+    slots: Vec<u16>,
+    head: usize,
+}
+
+impl SlotFifo {
+    #[inline(always)]
+    fn push(&mut self, slot: u16) {
+        if self.head > 0 && self.head * 2 >= self.slots.len() {
+            self.slots.drain(..self.head);
+            self.head = 0;
+        }
+        self.slots.push(slot);
+    }
+
+    /// Takes the slots up to and including `slot` from the front, calling `each` on them; if
+    /// `slot` is not there, all of them.
+    #[inline(always)]
+    fn pop_through(&mut self, slot: u16, mut each: impl FnMut(u16)) {
+        while let Some(&s) = self.slots.get(self.head) {
+            self.head += 1;
+            each(s);
+            if s == slot {
+                break;
+            }
+        }
+        if self.head == self.slots.len() {
+            self.clear();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.head = 0;
+    }
+}
+
 /// A peer's send slots whose request we have not answered yet: one bit per slot (a rank's
 /// send slots), so a lookup never searches, and the same slots in arrival order, so a reply
 /// answers its request and the earlier ones still owed. A request's send slot is its route.
 #[derive(Debug)]
 struct Owed {
     bits: Box<[u64]>,
-    order: VecDeque<u16>,
+    order: SlotFifo,
 }
 
 impl Owed {
     fn new(send_slots: usize) -> Owed {
         Owed {
             bits: vec![0; send_slots.div_ceil(64)].into_boxed_slice(),
-            order: VecDeque::new(),
+            order: SlotFifo::default(),
         }
     }
 
     /// The reply routed to the request in `slot` went: it answered that request and the
     /// ones before it still owed.
-    #[inline]
+    #[inline(always)]
     fn answer_through(&mut self, slot: u16) {
-        while let Some(s) = self.order.pop_front() {
-            self.remove(s);
-            if s == slot {
-                break;
+        let bits = &mut self.bits;
+        self.order.pop_through(slot, |s| {
+            if let Some(w) = bits.get_mut(s as usize / 64) {
+                *w &= !(1 << (s % 64));
             }
-        }
+        });
     }
 
     /// Records a request in `slot`; `false` if the slot is not a send slot or its last
     /// request is still unanswered (the peer broke the protocol).
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, slot: u16) -> bool {
         let (w, b) = (slot as usize / 64, slot % 64);
         match self.bits.get_mut(w) {
             Some(word) if *word & 1 << b == 0 => {
                 *word |= 1 << b;
-                self.order.push_back(slot);
+                self.order.push(slot);
                 true
             }
             _ => false,
@@ -246,13 +287,6 @@ impl Owed {
         self.bits
             .get(slot as usize / 64)
             .is_some_and(|w| w & 1 << (slot % 64) != 0)
-    }
-
-    #[inline]
-    fn remove(&mut self, slot: u16) {
-        if let Some(w) = self.bits.get_mut(slot as usize / 64) {
-            *w &= !(1 << (slot % 64));
-        }
     }
 
     fn clear(&mut self) {
@@ -478,7 +512,7 @@ impl TxState {
                 } else {
                     self.free_slots.pop();
                     self.slot_dest[slot as usize] = dest;
-                    self.in_flight[d].push_back(slot);
+                    self.in_flight[d].push(slot);
                 }
                 Ok(())
             }
@@ -652,7 +686,7 @@ impl Portals {
                 peers,
                 free_slots: (0..layout.send_slots as u16).rev().collect(),
                 slot_dest: vec![FREE; layout.send_slots],
-                in_flight: (0..n).map(|_| VecDeque::new()).collect(),
+                in_flight: (0..n).map(|_| SlotFifo::default()).collect(),
                 owed: (0..n).map(|_| Owed::new(layout.send_slots)).collect(),
                 lost: vec![false; n],
                 stats: Stats::default(),
@@ -1278,15 +1312,19 @@ impl Transport for Portals {
         } else if !is_request {
             // The reply landed in its request's send slot: that slot and those of the
             // earlier requests it answered are free again.
-            let tx = &mut self.tx;
-            if let Some(f) = tx.in_flight.get_mut(src) {
-                while let Some(s) = f.pop_front() {
-                    tx.slot_dest[s as usize] = FREE;
-                    tx.free_slots.push(s);
-                    if s == slot {
-                        break;
+            let TxState {
+                in_flight,
+                slot_dest,
+                free_slots,
+                ..
+            } = &mut self.tx;
+            if let Some(f) = in_flight.get_mut(src) {
+                f.pop_through(slot, |s| {
+                    if let Some(d) = slot_dest.get_mut(s as usize) {
+                        *d = FREE;
                     }
-                }
+                    free_slots.push(s);
+                });
             }
         }
         Ok(Some(r))
