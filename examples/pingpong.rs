@@ -7,9 +7,11 @@
 //!
 //! Rank 0 sends a request to rank 1, whose handler replies with the same kind and size; the
 //! round trip is timed per iteration after a warm-up, and the median and 99th percentile are
-//! reported. The flood rate is one-way requests per second with many in flight (handlers that
-//! do not reply; the credits come back through the core's implicit replies). Other ranks wait
-//! in barriers.
+//! reported. Two flood rates, with many requests in flight: `msgs_per_s`, one-way requests
+//! per second (handlers that do not reply; the credits come back through the core's implicit
+//! replies, GASNet testam's "flood one-way Req"), and `replied_per_s`, requests per second
+//! whose handlers reply as in the round trip (each counted once its reply arrived). Other
+//! ranks wait in barriers.
 //!
 //! AM Short carries no payload, so it is measured once (0 bytes); `--sizes` applies to Medium
 //! and Long. A size above the transport's limit (AM Medium, or AM Long per message) is skipped
@@ -54,7 +56,7 @@ struct Args {
     /// Untimed round trips first
     #[arg(long, default_value_t = 1_000)]
     warmup: usize,
-    /// One-way messages for the flood rate
+    /// Requests per flood (one-way, then replied)
     #[arg(long, default_value_t = 50_000)]
     flood: usize,
     /// One JSON object per line instead of a table
@@ -282,6 +284,7 @@ struct Row {
     p50: f64,
     p99: f64,
     msgs_per_s: f64,
+    replied_per_s: f64,
 }
 
 fn send<T: Transport>(
@@ -325,12 +328,20 @@ fn measure<T: Transport>(
     }
     node.quiesce()?;
     let msgs_per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
+    let want = pongs.get() + args.flood as u64;
+    let t0 = Instant::now();
+    for _ in 0..args.flood {
+        send(node, kind, PING[i], &payload)?;
+    }
+    node.wait_until(|| pongs.get() == want)?;
+    let replied_per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
     Ok(Row {
         kind,
         bytes,
         p50: pct(0.5),
         p99: pct(0.99),
         msgs_per_s,
+        replied_per_s,
     })
 }
 
@@ -428,8 +439,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             args.flood
         );
         print!(
-            "{:<10} {:<7} {:>9} {:>12} {:>12} {:>14}",
-            "transport", "kind", "bytes", "rtt_p50_us", "rtt_p99_us", "msgs_per_s"
+            "{:<10} {:<7} {:>9} {:>12} {:>12} {:>14} {:>14}",
+            "transport", "kind", "bytes", "rtt_p50_us", "rtt_p99_us", "msgs_per_s", "replied_per_s"
         );
         if base.is_some() {
             print!(" {:>12} {:>8}", "floor_p50_us", "ratio");
@@ -450,7 +461,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     serde_json::json!({
                         "transport": name, "kind": kind_name(row.kind), "bytes": row.bytes,
                         "iters": args.iters, "rtt_us_p50": row.p50, "rtt_us_p99": row.p99,
-                        "msgs_per_s": row.msgs_per_s, "ranks": node.size(),
+                        "msgs_per_s": row.msgs_per_s, "replied_per_s": row.replied_per_s,
+                        "ranks": node.size(),
                         "baseline": base.map(|b| b.0),
                         "baseline_rtt_us_p50": base.map(|b| b.1),
                         "baseline_rtt_us_p99": base.map(|b| b.2),
@@ -461,13 +473,14 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 );
             } else {
                 print!(
-                    "{:<10} {:<7} {:>9} {:>12.3} {:>12.3} {:>14.0}",
+                    "{:<10} {:<7} {:>9} {:>12.3} {:>12.3} {:>14.0} {:>14.0}",
                     name,
                     kind_name(row.kind),
                     row.bytes,
                     row.p50,
                     row.p99,
-                    row.msgs_per_s
+                    row.msgs_per_s,
+                    row.replied_per_s
                 );
                 if let (Some((_, p50, _)), Some(r)) = (base, ratio) {
                     print!(" {p50:>12.3} {r:>8.2}");

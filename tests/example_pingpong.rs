@@ -34,6 +34,7 @@ fn pingpong_json_parses() {
             "rtt_us_p50",
             "rtt_us_p99",
             "msgs_per_s",
+            "replied_per_s",
         ] {
             assert!(row.get(key).is_some(), "{key} missing in {row}");
         }
@@ -42,6 +43,7 @@ fn pingpong_json_parses() {
         let p99 = row["rtt_us_p99"].as_f64().expect("number");
         assert!(p50 > 0.0 && p99 >= p50, "{row}");
         assert!(row["msgs_per_s"].as_f64().expect("number") > 0.0);
+        assert!(row["replied_per_s"].as_f64().expect("number") > 0.0);
     }
 }
 

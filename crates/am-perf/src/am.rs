@@ -106,7 +106,10 @@ pub fn long_bandwidth<T: Transport>(node: &mut Node<T>) -> Result<f64, AmError> 
 
 /// What one rank's round trips to itself cost, in one thread with every line in the cache:
 /// `what` is `"nic"` (a Short request and its reply through [`Transport`] alone), `"am"`
-/// (an AM Short round trip through [`Node`]) or `"medium"` (a 512-byte AM Medium echoed). Returns ns per round trip.
+/// (an AM Short round trip through [`Node`]), `"medium"` (a 512-byte AM Medium echoed) or
+/// `"flood"` (one-way AM Shorts whose handler does not reply, as many in flight as the credits
+/// allow, with the core's implicit replies: per message, the sender's, the receiver's and
+/// the credit return's share). Returns ns per round trip (per message for `flood`).
 ///
 /// Run under `valgrind --tool=callgrind` with two counts and subtract to get instructions
 /// per round trip; `am` minus `nic` is the core's share.
@@ -128,7 +131,7 @@ pub fn self_round_trips<T: Transport>(
                 t.poll_recv(|_, _, _| ())?.ok_or("no reply")?;
             }
         }
-        "am" | "medium" => {
+        "am" | "medium" | "flood" => {
             let replies = Rc::new(Cell::new(0u64));
             let config = am_core::Config {
                 wait_mode: am_core::WaitMode::Spin,
@@ -145,6 +148,13 @@ pub fn self_round_trips<T: Transport>(
                     .and_then(|b| b.parse().ok())
                     .unwrap_or(512)
             ];
+            if what == "flood" {
+                for _ in 0..iters {
+                    node.request_short(me, FLOOD_SHORT, &[])?;
+                }
+                node.quiesce()?;
+                return Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64);
+            }
             for _ in 0..iters {
                 if !medium {
                     round_trip(&mut node, &replies, |n| n.request_short(me, SHORT, &[]))?;
@@ -155,7 +165,7 @@ pub fn self_round_trips<T: Transport>(
                 }
             }
         }
-        _ => return Err(format!("selfrt: `{what}` is not nic, am or medium").into()),
+        _ => return Err(format!("selfrt: `{what}` is not nic, am, medium or flood").into()),
     }
     Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64)
 }

@@ -17,7 +17,7 @@
 //! - `extoll-rank-test inproc [ITERS]`: two ranks in one thread, taking turns: ITERS NIC-only
 //!   Short round trips (a deterministic workload for `valgrind --tool=callgrind`; no
 //!   launcher, no AM core, whose start needs both ranks running).
-//! - `extoll-rank-test selfrt nic|am|medium N`: one rank's round trips to itself through the NIC
+//! - `extoll-rank-test selfrt nic|am|medium|flood N`: one rank's round trips to itself through the NIC
 //!   alone or through the AM core (for callgrind; `am_perf::am::self_round_trips`).
 //! - `extoll-rank-test perf [ITERS]` (2 ranks; `--ranks 2` outside a launcher self-launches):
 //!   in one run, the raw two-process floors (am_shm::floor), the NIC alone (a Short round trip
@@ -43,7 +43,7 @@ fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
     if mode == "selfrt" {
-        // One rank, round trips to itself (`selfrt nic|am|medium N`): see am_perf::am::self_round_trips.
+        // One rank, round trips to itself (`selfrt nic|am|medium|flood N`): see am_perf::am::self_round_trips.
         let what = args.get(1).map_or("am", String::as_str);
         let iters: usize = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
         let nic = Extoll::cluster(1, 1 << 16, ExtollConfig::from_env()?)?

@@ -1,6 +1,6 @@
 //! Loopback's measurement program (threads, so only what one rank can do alone):
 //!
-//! - `loopback-rank-test selfrt nic|am|medium N`: one rank's round trips to itself through
+//! - `loopback-rank-test selfrt nic|am|medium|flood N`: one rank's round trips to itself through
 //!   the transport alone or through the AM core (for callgrind;
 //!   `am_perf::am::self_round_trips`). On loopback the transport is a ring and little else,
 //!   so `am` minus `nic` is the AM core's share of a round trip.
@@ -20,6 +20,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("selfrt {what}: {ns:.1} ns per round trip");
             Ok(())
         }
-        _ => Err("usage: loopback-rank-test selfrt nic|am|medium N".into()),
+        _ => Err("usage: loopback-rank-test selfrt nic|am|medium|flood N".into()),
     }
 }

@@ -13,7 +13,7 @@
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `portals-rank-test kill DIR`: rank 1 dies by SIGKILL after a barrier; the others write
 //!   `DIR/lost-<rank>` (`<lost rank> <µs since the epoch>`) on `PeerLost` and exit with 3.
-//! - `portals-rank-test selfrt nic|am|medium N`: one rank's round trips to itself through the NIC
+//! - `portals-rank-test selfrt nic|am|medium|flood N`: one rank's round trips to itself through the NIC
 //!   alone or through the AM core (for callgrind; `am_perf::am::self_round_trips`).
 //! - `portals-rank-test perf [ITERS]` (2 ranks): the raw two-process floors (am_shm::floor)
 //!   and, in the same run, the NIC alone (Short round trip through `Transport`), AM Short and
@@ -43,7 +43,7 @@ fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
     if mode == "selfrt" {
-        // One rank, round trips to itself (`selfrt nic|am|medium N`): see am_perf::am::self_round_trips.
+        // One rank, round trips to itself (`selfrt nic|am|medium|flood N`): see am_perf::am::self_round_trips.
         let what = args.get(1).map_or("am", String::as_str);
         let iters: usize = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
         let nic = Portals::cluster(1, 1 << 16, PortalsConfig::from_env()?)?

@@ -2,7 +2,7 @@
 //!
 //! - `sci-rank-test alltoall ROUNDS`: every rank sends ROUNDS Medium requests (and one Long
 //!   put) to every rank, checks the echoes and the data, then meets the others at a barrier.
-//! - `sci-rank-test selfrt nic|am|medium N`: one rank's round trips to itself through the NIC
+//! - `sci-rank-test selfrt nic|am|medium|flood N`: one rank's round trips to itself through the NIC
 //!   alone or through the AM core (for callgrind; `am_perf::am::self_round_trips`).
 //! - `sci-rank-test perf [ITERS]` (2 ranks; `--ranks 2` outside a launcher self-launches):
 //!   the raw two-process floors (am_shm::floor) and, in the same run, the NIC alone (a Short
@@ -36,7 +36,7 @@ fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
     if mode == "selfrt" {
-        // One rank, round trips to itself (`selfrt nic|am|medium N`): see am_perf::am::self_round_trips.
+        // One rank, round trips to itself (`selfrt nic|am|medium|flood N`): see am_perf::am::self_round_trips.
         let what = args.get(1).map_or("am", String::as_str);
         let iters: usize = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
         let nic = Sci::cluster(1, 1 << 16, SciConfig::from_env()?)?
