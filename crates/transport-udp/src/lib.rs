@@ -106,5 +106,5 @@ pub mod wire;
 pub use config::UdpConfig;
 pub use error::UdpError;
 pub use proto::Stats;
-pub use udp::{PeerAddr, Udp};
+pub use udp::{PeerAddr, SocketStats, Udp};
 pub use wire::{JobKey, KeyError};

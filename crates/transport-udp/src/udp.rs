@@ -33,6 +33,24 @@ const RECV_SLOTS: usize = 8;
 /// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
 const GOODBYE_GRACE: Duration = Duration::from_millis(250);
 
+/// What the socket glue asked of the kernel: the system calls a message costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SocketStats {
+    /// System calls that sent datagrams (`sendto`, `sendmsg` with UDP GSO, `sendmmsg`).
+    pub send_calls: u64,
+    /// Datagrams handed to the kernel (several per call when batched).
+    pub datagrams_out: u64,
+    /// Datagrams the kernel refused to send (counted as network loss).
+    pub send_errors: u64,
+    /// Reads (`recvmsg`, `recvmmsg`) that returned something.
+    pub reads: u64,
+    /// Reads that found the socket empty.
+    pub empty_reads: u64,
+    /// Datagrams read (several per read with `recvmmsg` or UDP GRO).
+    pub datagrams_in: u64,
+}
+
 /// A rank's address and epoch, as learned at rendezvous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr {
@@ -122,17 +140,19 @@ impl Batch {
 
     /// Hands the batch to the kernel: one `sendmsg` with a `UDP_SEGMENT` control message for
     /// several datagrams, else one `sendmmsg` for them all.
-    fn send(&mut self, socket: &UdpSocket, addr: &SocketAddr, send_errors: &mut u64) {
+    fn send(&mut self, socket: &UdpSocket, addr: &SocketAddr, stats: &mut SocketStats) {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
         use std::os::fd::AsRawFd;
         if self.count == 0 {
             return;
         }
         let mut sent = false;
+        stats.datagrams_out += self.count as u64;
         if self.count > 1 && self.gso {
             let seg = self.seg as u16;
             let to = SockaddrStorage::from(*addr);
             let iov = [io::IoSlice::new(&self.buf)];
+            stats.send_calls += 1;
             match sendmsg(
                 socket.as_raw_fd(),
                 &iov,
@@ -150,14 +170,15 @@ impl Batch {
                 // A full socket buffer or a transient error is loss on the network:
                 // retransmission recovers it.
                 Err(_) => {
-                    *send_errors += self.count as u64;
+                    stats.send_errors += self.count as u64;
                     sent = true;
                 }
             }
         }
         if !sent && self.count == 1 {
+            stats.send_calls += 1;
             if socket.send_to(&self.buf, addr).is_err() {
-                *send_errors += 1;
+                stats.send_errors += 1;
             }
         } else if !sent {
             use nix::sys::socket::{sendmmsg, MultiHeaders};
@@ -171,6 +192,7 @@ impl Batch {
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
             let no_cmsgs: [ControlMessage<'_>; 0] = [];
             // What the kernel did not take (a full socket buffer) is loss on the network.
+            stats.send_calls += 1;
             let taken = sendmmsg(
                 socket.as_raw_fd(),
                 &mut headers,
@@ -180,7 +202,7 @@ impl Batch {
                 MsgFlags::empty(),
             )
             .map_or(0, |r| r.count());
-            *send_errors += (slices.len() - taken.min(slices.len())) as u64;
+            stats.send_errors += (slices.len() - taken.min(slices.len())) as u64;
         }
         self.buf.clear();
         self.count = 0;
@@ -197,7 +219,7 @@ struct Io {
     engine: Engine,
     self_queue: VecDeque<Vec<u8>>,
     faults: Option<Faults>,
-    send_errors: u64,
+    sys: SocketStats,
     /// A private copy of a payload sent from shared memory (a get served from the segment).
     echo: Vec<u8>,
 }
@@ -205,7 +227,7 @@ struct Io {
 fn send_datagram(
     socket: &UdpSocket,
     faults: &mut Option<Faults>,
-    send_errors: &mut u64,
+    stats: &mut SocketStats,
     addr: SocketAddr,
     bytes: &[u8],
 ) {
@@ -226,8 +248,10 @@ fn send_datagram(
     }
     // A full socket buffer or a transient error is loss on the network: retransmission
     // recovers it.
+    stats.send_calls += 1;
+    stats.datagrams_out += 1;
     if socket.send_to(bytes, addr).is_err() {
-        *send_errors += 1;
+        stats.send_errors += 1;
     }
 }
 
@@ -241,26 +265,28 @@ impl Io {
             socket,
             addrs,
             faults,
-            send_errors,
+            sys,
             batch,
             ..
         } = self;
         if faults.is_some() {
             // The testing aid judges every datagram on its own.
             engine.transmit(now, &mut |dest, bytes| {
-                send_datagram(socket, faults, send_errors, addrs[dest as usize], bytes)
+                send_datagram(socket, faults, sys, addrs[dest as usize], bytes)
             });
             return;
         }
         engine.transmit(now, &mut |dest, bytes| {
             if !batch.fits(dest, bytes.len()) {
                 let to = addrs[batch.dest as usize];
-                batch.send(socket, &to, send_errors);
+                batch.send(socket, &to, sys);
             }
             if bytes.len() > BATCH_BYTES / 2 {
                 // No second one of its size would fit: straight out, without the copy.
+                sys.send_calls += 1;
+                sys.datagrams_out += 1;
                 if socket.send_to(bytes, addrs[dest as usize]).is_err() {
-                    *send_errors += 1;
+                    sys.send_errors += 1;
                 }
                 return;
             }
@@ -268,7 +294,7 @@ impl Io {
         });
         if batch.count > 0 {
             let to = addrs[batch.dest as usize];
-            batch.send(socket, &to, send_errors);
+            batch.send(socket, &to, sys);
         }
     }
 
@@ -522,7 +548,7 @@ impl Udp {
                     held: Vec::new(),
                     dropped: 0,
                 }),
-                send_errors: 0,
+                sys: SocketStats::default(),
             },
             // Each slot has room for a GRO batch (and one byte more than the largest datagram,
             // so a longer one shows as too long rather than fitting exactly when cut).
@@ -556,7 +582,12 @@ impl Udp {
 
     /// Datagrams the kernel refused to send (counted as network loss).
     pub fn send_errors(&self) -> u64 {
-        self.io.send_errors
+        self.io.sys.send_errors
+    }
+
+    /// What the socket glue asked of the kernel (system calls and datagrams each way).
+    pub fn socket_stats(&self) -> SocketStats {
+        self.io.sys
     }
 
     /// Datagrams the test hook ([`UdpConfig::faults`]) dropped.
@@ -613,9 +644,13 @@ impl Udp {
                 MsgFlags::MSG_DONTWAIT,
             ) {
                 let n = msg.bytes;
-                self.rx_reads
-                    .push_back((0, n, segment(msg.cmsgs().ok(), n)));
+                let seg = segment(msg.cmsgs().ok(), n);
+                self.rx_reads.push_back((0, n, seg));
                 self.rx_busy = true;
+                self.io.sys.reads += 1;
+                self.io.sys.datagrams_in += n.div_ceil(seg) as u64;
+            } else {
+                self.io.sys.empty_reads += 1;
             }
             return;
         }
@@ -636,14 +671,21 @@ impl Udp {
             None,
         ) else {
             self.rx_busy = false;
+            self.io.sys.empty_reads += 1;
             return;
         };
         for (i, msg) in reads.enumerate() {
             let n = msg.bytes;
-            self.rx_reads
-                .push_back((i * slot, n, segment(msg.cmsgs().ok(), n)));
+            let seg = segment(msg.cmsgs().ok(), n);
+            self.rx_reads.push_back((i * slot, n, seg));
+            self.io.sys.datagrams_in += n.div_ceil(seg) as u64;
         }
         self.rx_busy = !self.rx_reads.is_empty();
+        if self.rx_busy {
+            self.io.sys.reads += 1;
+        } else {
+            self.io.sys.empty_reads += 1;
+        }
     }
 
     /// Reads datagrams until one yields something to deliver or the socket is empty.
@@ -950,6 +992,15 @@ mod tests {
             got.extend(poll_one(&mut b));
         }
         assert_eq!(got, (0..9).collect::<Vec<u8>>());
+        // Nine datagrams each way at least (acks may add some), and the reads that took them:
+        // the first alone, the others together.
+        let (sa, sb) = (a.socket_stats(), b.socket_stats());
+        assert!(sa.datagrams_out >= 9 && sa.send_calls >= 1, "{sa:?}");
+        assert!(sb.datagrams_in >= 9 && sb.reads >= 2, "{sb:?}");
+        assert!(
+            sb.reads < sb.datagrams_in,
+            "one recvmmsg took several: {sb:?}"
+        );
     }
 
     /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
@@ -969,9 +1020,11 @@ mod tests {
                 assert!(b.fits(7, d.len()));
                 b.push(7, d);
             }
-            let mut errors = 0;
-            b.send(&tx, &to, &mut errors);
-            assert_eq!((errors, b.count, b.buf.len()), (0, 0, 0));
+            let mut stats = SocketStats::default();
+            b.send(&tx, &to, &mut stats);
+            assert_eq!((stats.send_errors, b.count, b.buf.len()), (0, 0, 0));
+            // One system call either way: `sendmsg` with GSO, or `sendmmsg`.
+            assert_eq!((stats.datagrams_out, stats.send_calls), (5, 1));
             let mut buf = [0u8; 4096];
             for d in &datagrams {
                 let (n, _) = rx.recv_from(&mut buf).unwrap();

@@ -351,6 +351,9 @@ fn flood(n: u32) -> Res<(f64, u32)> {
             if node.rank() == 1 && got.get() != 6 * n {
                 bail!("flood: rank 1 ran {} of {} handlers", got.get(), 6 * n);
             }
+            if std::env::var_os("AM_UDP_CHECK_STATS").is_some() {
+                print_per_message(node.rank(), 6 * n as u64, node.transport());
+            }
             Ok((if rates.is_empty() { 0.0 } else { median(rates) }, credits))
         })();
         r.map_err(|e| e.to_string())
@@ -422,6 +425,25 @@ fn put_bandwidth(sizes: &[usize], reps: usize) -> Res<Vec<(usize, f64)>> {
     });
     let mut it = results.into_iter();
     Ok(it.next().ok_or("no rank 0")??)
+}
+
+/// The protocol's and the socket's counters of one rank, per message of a run of `msgs`.
+fn print_per_message(rank: u32, msgs: u64, t: &Udp) {
+    let s = t.stats();
+    let k = t.socket_stats();
+    let per = |x: u64| x as f64 / msgs.max(1) as f64;
+    eprintln!(
+        "rank {rank}, per message: datagrams out {:.3} (acks {:.3}, pings {:.3}, retransmits {:.3}), \
+         send calls {:.3}; datagrams in {:.3}, reads {:.3}, empty reads {:.3}",
+        per(k.datagrams_out),
+        per(s.acks_sent),
+        per(s.pings_sent),
+        per(s.retransmits),
+        per(k.send_calls),
+        per(k.datagrams_in),
+        per(k.reads),
+        per(k.empty_reads),
+    );
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
