@@ -9,8 +9,8 @@
 //! am-udp-check child         every rank starts a shell once its transport is up; fails if
 //!                            the shell finds the job key (in its environment or the pipe)
 //! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, the
-//!                            one-way AM Short flood, then Node::put bandwidth of 1, 4 and
-//!                            16 MiB
+//!                            raw UDP one-way flood vs the one-way AM Short flood, then
+//!                            Node::put bandwidth of 1, 4 and 16 MiB
 //! am-udp-check flood [N]     only the flood (N AM Shorts, default 200 000)
 //! am-udp-check put           only the put bandwidth
 //! ```
@@ -301,8 +301,73 @@ fn bench(n: usize) -> Res<()> {
         am,
         am / raw
     );
+    println!(
+        "raw UDP one-way flood, {size}-byte datagrams, one send each:     median {:.3} M/s",
+        raw_flood(10 * n, size)? / 1e6
+    );
     println!("{}", flood_line(flood(10 * n as u32)?));
     put()
+}
+
+/// The floor of a one-way flood of one datagram per message: one thread sends `n` datagrams
+/// of `size` bytes with one `send` each on a connected socket (the cheapest way to send one
+/// datagram, as transport-udp sends an AM Short), another busy-polls them out of its socket; the sender stays at most 64 ahead, well within the socket buffer. Five
+/// runs after a warm-up, the median rate in datagrams per second.
+fn raw_flood(n: usize, size: usize) -> Res<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.1:0")?;
+    b.set_nonblocking(true)?;
+    let _ = nix::sys::socket::setsockopt(&b, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
+    a.connect(b.local_addr()?)?;
+    let runs = 6;
+    let got = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (got, stop) = (&got, &stop);
+        s.spawn(move || {
+            let mut buf = [0u8; 2048];
+            let mut count = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if b.recv_from(&mut buf).is_ok() {
+                    count += 1;
+                    got.store(count, Ordering::Release);
+                }
+            }
+        });
+        let result = (|| -> Res<f64> {
+            let msg = vec![7u8; size];
+            let mut rates = Vec::new();
+            let mut sent = 0;
+            // A datagram lost (it should not be on loopback) must not hang the benchmark.
+            let stalled = |since: Instant| since.elapsed() > Duration::from_secs(10);
+            for run in 0..runs {
+                let t = Instant::now();
+                for _ in 0..n {
+                    while sent >= got.load(Ordering::Acquire) + 64 {
+                        if stalled(t) {
+                            bail!("raw flood: datagrams lost on loopback");
+                        }
+                        std::hint::spin_loop();
+                    }
+                    a.send(&msg)?;
+                    sent += 1;
+                }
+                while got.load(Ordering::Acquire) < sent {
+                    if stalled(t) {
+                        bail!("raw flood: datagrams lost on loopback");
+                    }
+                    std::hint::spin_loop();
+                }
+                if run > 0 {
+                    rates.push(n as f64 / t.elapsed().as_secs_f64());
+                }
+            }
+            Ok(median(rates))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
 }
 
 fn flood_line((rate, credits): (f64, u32)) -> String {
