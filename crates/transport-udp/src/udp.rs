@@ -766,11 +766,9 @@ impl Udp {
             }
             return;
         }
-        let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
-            .rx
-            .chunks_mut(slot)
-            .map(|c| [io::IoSliceMut::new(c)])
-            .collect();
+        let mut chunks = self.rx.chunks_mut(slot);
+        let mut slots: [[io::IoSliceMut<'_>; 1]; RECV_SLOTS] =
+            std::array::from_fn(|_| [io::IoSliceMut::new(chunks.next().unwrap_or_default())]);
         let mut headers =
             MultiHeaders::<SockaddrStorage>::preallocate(slots.len(), Some(nix::cmsg_space!(i32)));
         // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP error
