@@ -21,7 +21,13 @@
 //!   authenticated on its own. While datagrams keep coming, one `recvmmsg` takes up to 8
 //!   reads; after an empty read, the next is a plain `recvmsg` (cheaper when idle). Where the
 //!   kernel refuses GSO a batch goes out in one `sendmmsg`; without GRO each read returns one
-//!   datagram. Socket buffers of 4 MiB are asked for.
+//!   datagram. Socket buffers of 4 MiB are asked for. Datagrams to a peer leave from a socket
+//!   connected to it (for up to 64 peers; the others share the rank's socket), which spares
+//!   each send the kernel's route lookup; peers still send to the rank's own socket, and a
+//!   datagram's source address means nothing to its receiver. A message that is one datagram
+//!   is sent at once, alone: the core hands over one message per call and nothing waits, so
+//!   a one-way flood of AM Shorts costs one system call per message ([`Udp::socket_stats`]
+//!   counts them).
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].
