@@ -246,7 +246,13 @@ enum PeerSocket {
 /// address copy of every `sendto`: a tenth of the cost of a small datagram on loopback. Made
 /// at the first send to a peer, for at most [`CONNECTED_MAX`] peers; the others share the
 /// rank's own socket.
+///
+/// The peers' addresses live here and only here, fixed for the job (learned at rendezvous;
+/// a rank that restarts is a new transport with a new epoch, which its old peers fence), so
+/// a connected socket cannot be left pointing at an address the rank no longer sends to.
 struct PeerSockets {
+    /// Each rank's address, indexed by rank.
+    addrs: Vec<SocketAddr>,
     /// Indexed by rank.
     peers: Vec<PeerSocket>,
     made: usize,
@@ -257,18 +263,26 @@ struct PeerSockets {
 }
 
 impl PeerSockets {
-    fn new(size: usize, bind: std::net::IpAddr, send_buffer: usize) -> PeerSockets {
+    fn new(addrs: Vec<SocketAddr>, bind: std::net::IpAddr, send_buffer: usize) -> PeerSockets {
         PeerSockets {
-            peers: (0..size).map(|_| PeerSocket::Untried).collect(),
+            peers: addrs.iter().map(|_| PeerSocket::Untried).collect(),
+            addrs,
             made: 0,
             bind,
             send_buffer,
         }
     }
 
-    /// How to send to `dest`, whose address is `addr`; `own` is the rank's socket.
+    /// Rank `dest`'s address.
     #[inline]
-    fn outlet<'a>(&'a mut self, own: &'a UdpSocket, dest: Rank, addr: SocketAddr) -> Outlet<'a> {
+    fn addr(&self, dest: Rank) -> SocketAddr {
+        self.addrs[dest as usize]
+    }
+
+    /// How to send to `dest`; `own` is the rank's socket.
+    #[inline]
+    fn outlet<'a>(&'a mut self, own: &'a UdpSocket, dest: Rank) -> Outlet<'a> {
+        let addr = self.addrs[dest as usize];
         let slot = &mut self.peers[dest as usize];
         if let PeerSocket::Untried = slot {
             *slot = if self.made < CONNECTED_MAX {
@@ -321,8 +335,7 @@ struct Io {
     rank: Rank,
     size: u32,
     socket: UdpSocket,
-    addrs: Vec<SocketAddr>,
-    /// Sockets connected to peers, for sending.
+    /// The peers' addresses, and sockets connected to them for sending.
     outlets: PeerSockets,
     batch: Batch,
     engine: Engine,
@@ -372,7 +385,6 @@ impl Io {
         let Io {
             engine,
             socket,
-            addrs,
             faults,
             sys,
             batch,
@@ -382,20 +394,19 @@ impl Io {
         if faults.is_some() {
             // The testing aid judges every datagram on its own.
             engine.transmit(now, &mut |dest, bytes| {
-                send_datagram(socket, faults, sys, addrs[dest as usize], bytes)
+                send_datagram(socket, faults, sys, outlets.addr(dest), bytes)
             });
             return;
         }
         engine.transmit(now, &mut |dest, bytes| {
             if !batch.fits(dest, bytes.len()) {
-                let d = batch.dest;
-                batch.send(outlets.outlet(socket, d, addrs[d as usize]), sys);
+                batch.send(outlets.outlet(socket, batch.dest), sys);
             }
             if bytes.len() > BATCH_BYTES / 2 {
                 // No second one of its size would fit: straight out, without the copy.
                 sys.send_calls += 1;
                 sys.datagrams_out += 1;
-                let out = outlets.outlet(socket, dest, addrs[dest as usize]);
+                let out = outlets.outlet(socket, dest);
                 if out.send(bytes).is_err() {
                     sys.send_errors += 1;
                 }
@@ -404,8 +415,7 @@ impl Io {
             batch.push(dest, bytes);
         });
         if batch.count > 0 {
-            let d = batch.dest;
-            batch.send(outlets.outlet(socket, d, addrs[d as usize]), sys);
+            batch.send(outlets.outlet(socket, batch.dest), sys);
         }
     }
 
@@ -644,8 +654,11 @@ impl Udp {
                 rank,
                 size: peers.len() as u32,
                 socket,
-                addrs: peers.iter().map(|p| p.addr).collect(),
-                outlets: PeerSockets::new(peers.len(), local.ip(), config.socket_buffer),
+                outlets: PeerSockets::new(
+                    peers.iter().map(|p| p.addr).collect(),
+                    local.ip(),
+                    config.socket_buffer,
+                ),
                 batch: Batch::new(true),
                 engine,
                 self_queue: VecDeque::new(),
@@ -1120,22 +1133,28 @@ mod tests {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let own_addr = own.local_addr().unwrap();
         let to = rx.local_addr().unwrap();
         let peers = CONNECTED_MAX + 2;
-        let mut sockets = PeerSockets::new(peers, own.local_addr().unwrap().ip(), 1 << 16);
+        let mut sockets = PeerSockets::new(vec![to; peers], own_addr.ip(), 1 << 16);
         let mut connected = 0;
         for r in 0..peers as Rank {
-            let out = sockets.outlet(&own, r, to);
+            let out = sockets.outlet(&own, r);
+            let from = out.socket.local_addr().unwrap();
             if out.to.is_none() {
                 connected += 1;
                 assert!(r < CONNECTED_MAX as Rank, "rank {r} beyond the cap got one");
+                assert_ne!(
+                    from, own_addr,
+                    "rank {r}: connected, yet the rank's own socket"
+                );
+            } else {
+                assert_eq!(from, own_addr);
             }
             out.send(&r.to_le_bytes()).unwrap();
             // The same socket again, not a new one.
-            assert_eq!(
-                sockets.outlet(&own, r, to).to.is_none(),
-                out_is_connected(&sockets, r)
-            );
+            let again = sockets.outlet(&own, r).socket.local_addr().unwrap();
+            assert_eq!(from, again, "rank {r}: a second outlet, another socket");
         }
         assert_eq!((connected, sockets.made), (CONNECTED_MAX, CONNECTED_MAX));
         let mut buf = [0u8; 16];
@@ -1143,25 +1162,37 @@ mod tests {
             let (n, from) = rx.recv_from(&mut buf).unwrap();
             assert_eq!(&buf[..n], &r.to_le_bytes());
             // From a port of its own while connected, from the rank's socket beyond the cap.
-            assert_eq!(from == own.local_addr().unwrap(), r >= CONNECTED_MAX as u32);
+            assert_eq!(from == own_addr, r >= CONNECTED_MAX as u32);
         }
     }
 
-    fn out_is_connected(sockets: &PeerSockets, r: Rank) -> bool {
-        matches!(sockets.peers[r as usize], PeerSocket::Connected(_))
-    }
-
-    /// A connected socket that cannot be made (here: an address that is not this host's)
-    /// leaves the peer on the rank's own socket, for good.
+    /// A connected socket that cannot be made leaves the peer on the rank's own socket, for
+    /// good: here a rank bound to loopback told of a peer elsewhere (the kernel will not
+    /// route from 127.0.0.1 to it, or has no route at all), and a rank whose address is not
+    /// this host's (where the kernel refuses non-local binds, its default).
     #[test]
     fn a_peer_socket_that_cannot_be_made_falls_back_to_the_ranks_own() {
         let own = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let not_ours: std::net::IpAddr = "192.0.2.1".parse().unwrap();
-        let mut sockets = PeerSockets::new(2, not_ours, 1 << 16);
-        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        assert_eq!(sockets.outlet(&own, 1, to).to, Some(to));
+        let elsewhere: SocketAddr = "203.0.113.1:9".parse().unwrap();
+        let mut sockets =
+            PeerSockets::new(vec![elsewhere; 2], "127.0.0.1".parse().unwrap(), 1 << 16);
+        assert_eq!(sockets.outlet(&own, 1).to, Some(elsewhere));
         assert!(matches!(sockets.peers[1], PeerSocket::Shared));
+        assert_eq!(
+            sockets.outlet(&own, 1).to,
+            Some(elsewhere),
+            "tried once only"
+        );
         assert_eq!(sockets.made, 0);
+
+        let not_ours: std::net::IpAddr = "203.0.113.2".parse().unwrap();
+        if UdpSocket::bind((not_ours, 0)).is_err() {
+            let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            let mut sockets = PeerSockets::new(vec![to; 2], not_ours, 1 << 16);
+            assert_eq!(sockets.outlet(&own, 1).to, Some(to));
+            assert!(matches!(sockets.peers[1], PeerSocket::Shared));
+            assert_eq!(sockets.made, 0);
+        }
     }
 
     /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
