@@ -40,15 +40,23 @@ const GOODBYE_GRACE: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SocketStats {
-    /// System calls that sent datagrams (`sendto`, `sendmsg` with UDP GSO, `sendmmsg`).
+    /// System calls made to send datagrams (`send`, `sendto`, `sendmsg` with UDP GSO,
+    /// `sendmmsg`), failed ones included: a GSO send the kernel refused before the same
+    /// datagrams went out by `sendmmsg`, or a send made again after an `ECONNREFUSED`.
     pub send_calls: u64,
     /// Datagrams handed to the kernel (several per call when batched).
     pub datagrams_out: u64,
     /// Datagrams the kernel refused to send (counted as network loss).
     pub send_errors: u64,
+    /// Sends through a socket connected to a peer that failed with `ECONNREFUSED`: the
+    /// peer's host had answered an earlier datagram with an ICMP "port unreachable" (its
+    /// process is gone). Each such send was made again at once, so it is not in
+    /// `send_errors`; whether the peer is lost is the protocol's to decide (its timeout).
+    pub refused: u64,
     /// Reads (`recvmsg`, `recvmmsg`) that returned something.
     pub reads: u64,
-    /// Reads that found the socket empty.
+    /// Reads that returned nothing: the socket was empty (or the call was interrupted, or
+    /// reported an error, which the protocol need not act on).
     pub empty_reads: u64,
     /// Datagrams read (several per read with `recvmmsg` or UDP GRO).
     pub datagrams_in: u64,
@@ -156,14 +164,15 @@ impl Batch {
         if self.count > 1 && self.gso {
             let seg = self.seg as u16;
             let iov = [io::IoSlice::new(&self.buf)];
-            stats.send_calls += 1;
-            match sendmsg(
-                out.socket.as_raw_fd(),
-                &iov,
-                &[ControlMessage::UdpGsoSegments(&seg)],
-                MsgFlags::empty(),
-                to.as_ref(),
-            ) {
+            match send_call(stats, || {
+                sendmsg(
+                    out.socket.as_raw_fd(),
+                    &iov,
+                    &[ControlMessage::UdpGsoSegments(&seg)],
+                    MsgFlags::empty(),
+                    to.as_ref(),
+                )
+            }) {
                 Ok(_) => sent = true,
                 // No GSO here (an old kernel, or a device without checksum offload): one by
                 // one from now on.
@@ -180,10 +189,7 @@ impl Batch {
             }
         }
         if !sent && self.count == 1 {
-            stats.send_calls += 1;
-            if out.send(&self.buf).is_err() {
-                stats.send_errors += 1;
-            }
+            out.send(&self.buf, stats);
         } else if !sent {
             use nix::sys::socket::{sendmmsg, MultiHeaders};
             let slices: Vec<[io::IoSlice<'_>; 1]> = self
@@ -195,16 +201,18 @@ impl Batch {
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
             let no_cmsgs: [ControlMessage<'_>; 0] = [];
             // What the kernel did not take (a full socket buffer) is loss on the network.
-            stats.send_calls += 1;
-            let taken = sendmmsg(
-                out.socket.as_raw_fd(),
-                &mut headers,
-                &slices,
-                &addrs,
-                no_cmsgs,
-                MsgFlags::empty(),
-            )
-            .map_or(0, |r| r.count());
+            let taken = send_call(stats, || {
+                sendmmsg(
+                    out.socket.as_raw_fd(),
+                    &mut headers,
+                    &slices,
+                    &addrs,
+                    no_cmsgs,
+                    MsgFlags::empty(),
+                )
+                .map(|r| r.count())
+            })
+            .unwrap_or(0);
             stats.send_errors += (slices.len() - taken.min(slices.len())) as u64;
         }
         self.buf.clear();
@@ -222,11 +230,60 @@ struct Outlet<'a> {
 }
 
 impl Outlet<'_> {
-    fn send(&self, bytes: &[u8]) -> io::Result<usize> {
-        match self.to {
+    /// Sends one datagram (a system call of its own); whether the kernel took it. One it did
+    /// not is counted in `send_errors`: loss on the network, which retransmission recovers.
+    fn send(&self, bytes: &[u8], stats: &mut SocketStats) -> bool {
+        let sent = send_call(stats, || match self.to {
             Some(addr) => self.socket.send_to(bytes, addr),
             None => self.socket.send(bytes),
+        })
+        .is_ok();
+        if !sent {
+            stats.send_errors += 1;
         }
+        sent
+    }
+}
+
+/// An error a send may fail with, as std or nix report it.
+trait SendFailure {
+    /// `ECONNREFUSED`.
+    fn is_refused(&self) -> bool;
+}
+
+impl SendFailure for io::Error {
+    fn is_refused(&self) -> bool {
+        self.kind() == io::ErrorKind::ConnectionRefused
+    }
+}
+
+impl SendFailure for nix::errno::Errno {
+    fn is_refused(&self) -> bool {
+        *self == nix::errno::Errno::ECONNREFUSED
+    }
+}
+
+/// Makes one system call that sends (`call`), counted in `stats`, and makes it again once if
+/// it failed with `ECONNREFUSED`.
+///
+/// A socket connected to a peer keeps the ICMP "port unreachable" the peer's host sent back
+/// for an earlier datagram (its port is closed: the process is gone, or going), and the next
+/// send on it fails with `ECONNREFUSED` having sent nothing. The error is about the earlier
+/// datagram, not this one, and reading it cleared it: the send is made again, so the
+/// datagram fares as it would through an unconnected socket (which never sees the report),
+/// and the refusal is counted ([`SocketStats::refused`]), not taken for a failed send.
+fn send_call<T, E: SendFailure>(
+    stats: &mut SocketStats,
+    mut call: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    stats.send_calls += 1;
+    match call() {
+        Err(e) if e.is_refused() => {
+            stats.refused += 1;
+            stats.send_calls += 1;
+            call()
+        }
+        r => r,
     }
 }
 
@@ -370,11 +427,12 @@ fn send_datagram(
     }
     // A full socket buffer or a transient error is loss on the network: retransmission
     // recovers it.
-    stats.send_calls += 1;
     stats.datagrams_out += 1;
-    if socket.send_to(bytes, addr).is_err() {
-        stats.send_errors += 1;
+    Outlet {
+        socket,
+        to: Some(addr),
     }
+    .send(bytes, stats);
 }
 
 impl Io {
@@ -404,12 +462,8 @@ impl Io {
             }
             if bytes.len() > BATCH_BYTES / 2 {
                 // No second one of its size would fit: straight out, without the copy.
-                sys.send_calls += 1;
                 sys.datagrams_out += 1;
-                let out = outlets.outlet(socket, dest);
-                if out.send(bytes).is_err() {
-                    sys.send_errors += 1;
-                }
+                outlets.outlet(socket, dest).send(bytes, sys);
                 return;
             }
             batch.push(dest, bytes);
@@ -1151,7 +1205,11 @@ mod tests {
             } else {
                 assert_eq!(from, own_addr);
             }
-            out.send(&r.to_le_bytes()).unwrap();
+            let mut stats = SocketStats::default();
+            assert!(
+                out.send(&r.to_le_bytes(), &mut stats),
+                "rank {r}: {stats:?}"
+            );
             // The same socket again, not a new one.
             let again = sockets.outlet(&own, r).socket.local_addr().unwrap();
             assert_eq!(from, again, "rank {r}: a second outlet, another socket");
@@ -1195,15 +1253,32 @@ mod tests {
         }
     }
 
-    /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
+    /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO), from
+    /// the rank's own socket with the peer's address or from one connected to the peer, hand
     /// the receiver the same datagrams, in order, whole.
     #[test]
     fn a_batch_arrives_as_its_datagrams_with_and_without_gso() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
-        for gso in [true, false] {
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx_connected = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx_connected.connect(to).unwrap();
+        let outlets = [
+            Outlet {
+                socket: &tx,
+                to: Some(to),
+            },
+            Outlet {
+                socket: &tx_connected,
+                to: None,
+            },
+        ];
+        for (gso, out) in [true, false]
+            .into_iter()
+            .flat_map(|g| outlets.map(|o| (g, o)))
+        {
+            let how = format!("gso {gso}, connected {}", out.to.is_none());
             let mut b = Batch::new(gso);
             let datagrams: Vec<Vec<u8>> = (0..5u8)
                 .map(|i| vec![i; if i == 4 { 300 } else { 1200 }])
@@ -1213,21 +1288,66 @@ mod tests {
                 b.push(7, d);
             }
             let mut stats = SocketStats::default();
-            b.send(
-                Outlet {
-                    socket: &tx,
-                    to: Some(to),
-                },
-                &mut stats,
+            b.send(out, &mut stats);
+            assert_eq!(
+                (stats.send_errors, b.count, b.buf.len()),
+                (0, 0, 0),
+                "{how}"
             );
-            assert_eq!((stats.send_errors, b.count, b.buf.len()), (0, 0, 0));
-            // One system call either way: `sendmsg` with GSO, or `sendmmsg`.
-            assert_eq!((stats.datagrams_out, stats.send_calls), (5, 1));
+            // One system call: `sendmsg` with GSO, or `sendmmsg`; two where the kernel
+            // refused GSO (and the batch stopped asking for it).
+            let calls = if gso && !b.gso { 2 } else { 1 };
+            assert_eq!((stats.datagrams_out, stats.send_calls), (5, calls), "{how}");
             let mut buf = [0u8; 4096];
             for d in &datagrams {
-                let (n, _) = rx.recv_from(&mut buf).unwrap();
-                assert_eq!(&buf[..n], &d[..], "gso {gso}");
+                let (n, from) = rx.recv_from(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &d[..], "{how}");
+                assert_eq!(from, out.socket.local_addr().unwrap(), "{how}");
             }
         }
+    }
+
+    /// A peer whose port closed (its process gone): the kernel keeps the ICMP "port
+    /// unreachable" for a socket connected to it, and the next send there fails with
+    /// ECONNREFUSED having sent nothing. That is counted as a refusal, not a failed send,
+    /// and the datagram goes out anyway: here a new socket on the peer's port receives the
+    /// one sent right after the refusals.
+    #[test]
+    fn a_refusal_on_a_connected_socket_is_counted_and_the_datagram_still_sent() {
+        let gone = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = gone.local_addr().unwrap();
+        drop(gone);
+        let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut sockets = PeerSockets::new(vec![to; 2], "127.0.0.1".parse().unwrap(), 1 << 16);
+        let mut stats = SocketStats::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sends = 0;
+        // On loopback the port unreachable is back before the send returns; allow for a
+        // slower path all the same.
+        while stats.refused == 0 {
+            assert!(Instant::now() < deadline, "no refusal reported: {stats:?}");
+            let out = sockets.outlet(&own, 1);
+            assert!(out.to.is_none(), "a socket connected to the peer");
+            assert!(out.send(b"nobody", &mut stats), "{stats:?}");
+            sends += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(stats.send_errors, 0, "{stats:?}");
+        assert_eq!(stats.send_calls, sends + stats.refused, "{stats:?}");
+        // The peer is back on its port. (The last send left a refusal pending, at least
+        // on loopback: the next one meets it.)
+        let back = UdpSocket::bind(to).expect("the port was free a moment ago");
+        back.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            sockets.outlet(&own, 1).send(b"again", &mut stats),
+            "{stats:?}"
+        );
+        let mut buf = [0u8; 16];
+        let (n, _) = back
+            .recv_from(&mut buf)
+            .expect("the datagram after a refusal");
+        assert_eq!(&buf[..n], b"again");
+        assert_eq!(stats.send_errors, 0, "{stats:?}");
     }
 }
