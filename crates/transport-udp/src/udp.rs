@@ -33,6 +33,14 @@ const RECV_SLOTS: usize = 8;
 /// Peers that get a socket of their own for sending ([`PeerSockets`]) at most: the rest
 /// share the rank's socket, so a large job costs no more than this many descriptors.
 const CONNECTED_MAX: usize = 64;
+/// Sockets connected to peers that all the transports of one process hold at most: an
+/// in-process job of many ranks ([`Udp::cluster`]: n ranks, n - 1 peers each) must not run
+/// the process out of file descriptors (the soft limit is often 1024), which would fail
+/// whatever else it opens. Beyond it, peers share the rank's socket.
+const CONNECTED_PROCESS_MAX: usize = 256;
+/// Sockets connected to peers that this process's transports hold now.
+static CONNECTED_IN_PROCESS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 /// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
 const GOODBYE_GRACE: Duration = Duration::from_millis(250);
 
@@ -301,8 +309,8 @@ enum PeerSocket {
 /// read: peers send to the rank's own socket, and the source of a datagram means nothing,
 /// only its MAC). A send through a connected UDP socket skips the route lookup and the
 /// address copy of every `sendto`: a tenth of the cost of a small datagram on loopback. Made
-/// at the first send to a peer, for at most [`CONNECTED_MAX`] peers; the others share the
-/// rank's own socket.
+/// at the first send to a peer, for at most [`CONNECTED_MAX`] peers (and while the process
+/// holds fewer than [`CONNECTED_PROCESS_MAX`]); the others share the rank's own socket.
 ///
 /// The peers' addresses live here and only here, fixed for the job (learned at rendezvous;
 /// a rank that restarts is a new transport with a new epoch, which its old peers fence), so
@@ -342,13 +350,16 @@ impl PeerSockets {
         let addr = self.addrs[dest as usize];
         let slot = &mut self.peers[dest as usize];
         if let PeerSocket::Untried = slot {
-            *slot = if self.made < CONNECTED_MAX {
+            *slot = if self.made < CONNECTED_MAX && reserve_connected() {
                 match connected(self.bind, addr, self.send_buffer) {
                     Ok(s) => {
                         self.made += 1;
                         PeerSocket::Connected(s)
                     }
-                    Err(_) => PeerSocket::Shared,
+                    Err(_) => {
+                        release_connected(1);
+                        PeerSocket::Shared
+                    }
                 }
             } else {
                 PeerSocket::Shared
@@ -365,6 +376,28 @@ impl PeerSockets {
             },
         }
     }
+}
+
+impl Drop for PeerSockets {
+    fn drop(&mut self) {
+        release_connected(self.made);
+    }
+}
+
+/// Counts one more connected socket in the process, unless it holds
+/// [`CONNECTED_PROCESS_MAX`] already.
+fn reserve_connected() -> bool {
+    use std::sync::atomic::Ordering;
+    CONNECTED_IN_PROCESS
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < CONNECTED_PROCESS_MAX).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+/// Counts `n` connected sockets fewer in the process.
+fn release_connected(n: usize) {
+    CONNECTED_IN_PROCESS.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A non-blocking UDP socket on an ephemeral port of `bind`, connected to `peer`.
