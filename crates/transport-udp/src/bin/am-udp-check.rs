@@ -311,8 +311,10 @@ fn bench(n: usize) -> Res<()> {
 
 /// The floor of a one-way flood of one datagram per message: one thread sends `n` datagrams
 /// of `size` bytes with one `send` each on a connected socket (the cheapest way to send one
-/// datagram, as transport-udp sends an AM Short), another busy-polls them out of its socket; the sender stays at most 64 ahead, well within the socket buffer. Five
-/// runs after a warm-up, the median rate in datagrams per second.
+/// datagram, as transport-udp sends an AM Short), another busy-polls them out of its socket;
+/// the sender stays at most 64 ahead, well within the socket buffer. Five runs after a
+/// warm-up, the median rate in datagrams per second. Fails if the receiver makes no progress
+/// for 10 s (a datagram lost, which it should not be on loopback), however long a run is.
 fn raw_flood(n: usize, size: usize) -> Res<f64> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let a = UdpSocket::bind("127.0.0.1:0")?;
@@ -339,26 +341,31 @@ fn raw_flood(n: usize, size: usize) -> Res<f64> {
             let msg = vec![7u8; size];
             let mut rates = Vec::new();
             let mut sent = 0;
-            // A datagram lost (it should not be on loopback) must not hang the benchmark.
-            let stalled = |since: Instant| since.elapsed() > Duration::from_secs(10);
+            // Spins until the receiver has `until` datagrams. A datagram lost (it should not
+            // be on loopback) must not hang the benchmark: 10 s without one arriving fails it.
+            let wait_for = |until: usize| -> Res<()> {
+                let (mut seen, mut since) = (got.load(Ordering::Acquire), Instant::now());
+                while seen < until {
+                    std::hint::spin_loop();
+                    let now = got.load(Ordering::Acquire);
+                    if now != seen {
+                        (seen, since) = (now, Instant::now());
+                    } else if since.elapsed() > Duration::from_secs(10) {
+                        bail!("raw flood: datagrams lost on loopback ({seen} of {until} arrived)");
+                    }
+                }
+                Ok(())
+            };
             for run in 0..runs {
                 let t = Instant::now();
                 for _ in 0..n {
-                    while sent >= got.load(Ordering::Acquire) + 64 {
-                        if stalled(t) {
-                            bail!("raw flood: datagrams lost on loopback");
-                        }
-                        std::hint::spin_loop();
+                    if sent >= got.load(Ordering::Acquire) + 64 {
+                        wait_for(sent - 63)?;
                     }
                     a.send(&msg)?;
                     sent += 1;
                 }
-                while got.load(Ordering::Acquire) < sent {
-                    if stalled(t) {
-                        bail!("raw flood: datagrams lost on loopback");
-                    }
-                    std::hint::spin_loop();
-                }
+                wait_for(sent)?;
                 if run > 0 {
                     rates.push(n as f64 / t.elapsed().as_secs_f64());
                 }
@@ -499,12 +506,13 @@ fn print_per_message(rank: u32, msgs: u64, t: &Udp) {
     let per = |x: u64| x as f64 / msgs.max(1) as f64;
     eprintln!(
         "rank {rank}, per message: datagrams out {:.3} (acks {:.3}, pings {:.3}, retransmits {:.3}), \
-         send calls {:.3}; datagrams in {:.3}, reads {:.3}, empty reads {:.3}",
+         send calls {:.3} (refused {:.3}); datagrams in {:.3}, reads {:.3}, empty reads {:.3}",
         per(k.datagrams_out),
         per(s.acks_sent),
         per(s.pings_sent),
         per(s.retransmits),
         per(k.send_calls),
+        per(k.refused),
         per(k.datagrams_in),
         per(k.reads),
         per(k.empty_reads),
