@@ -1,4 +1,5 @@
-//! [`Udp`]: the socket glue that runs the [`Engine`] over one UDP socket per rank.
+//! [`Udp`]: the socket glue that runs the [`Engine`] over UDP: one socket per rank that
+//! receives, and sockets connected to its peers that send ([`PeerSockets`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -415,8 +416,12 @@ fn connected(
     let s = UdpSocket::bind(SocketAddr::new(bind, 0))?;
     s.connect(peer)?;
     s.set_nonblocking(true)?;
-    // Best effort, as for the rank's own socket; nothing is read from it.
+    // Best effort, as for the rank's own socket.
     let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::SndBuf, &send_buffer);
+    // Nothing is read from it, and no peer sends to it, but the kernel queues what arrives
+    // from the peer's address (anyone can forge that) until the receive buffer is full: the
+    // smallest the kernel allows (it rounds 0 up to its minimum) bounds what that can hold.
+    let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &0);
     Ok(s)
 }
 
@@ -543,8 +548,9 @@ impl Tx for Io {
     }
 }
 
-/// The UDP transport of one rank: reliable, in-order, authenticated AM delivery over one UDP
-/// socket. See the [crate docs](crate) for the protocol and the threat model.
+/// The UDP transport of one rank: reliable, in-order, authenticated AM delivery over UDP (one
+/// socket to receive on, others connected to its peers to send from). See the
+/// [crate docs](crate) for the protocol and the threat model.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
