@@ -28,6 +28,8 @@ pub struct UdpConfig {
     /// this host name's first address).
     pub advertise: Option<IpAddr>,
     /// Rank r binds port `port_base + r` (`AM_UDP_PORT_BASE`); default: an ephemeral port.
+    /// Peers send to that port; a rank's own datagrams leave from ephemeral ports (sockets
+    /// connected to its peers), whatever this says.
     pub port_base: Option<u16>,
     /// Coordinator for jobs without a key-value store (`AM_COORD=host:port`; rank 0 serves it).
     pub coord: Option<String>,

@@ -1,6 +1,7 @@
 //! Reliable, authenticated UDP transport for amnet: jobs across hosts.
 //!
-//! [`Udp`] implements [`am_core::Transport`] over one UDP socket per rank. Every AM is
+//! [`Udp`] implements [`am_core::Transport`] over UDP: each rank receives on one socket (and
+//! sends through sockets connected to its peers, see **Batching** below). Every AM is
 //! delivered to its handler exactly once and in order per pair of ranks, whatever the network
 //! does (loss, duplication, reordering, delay), and every datagram is authenticated.
 //!
@@ -21,7 +22,16 @@
 //!   authenticated on its own. While datagrams keep coming, one `recvmmsg` takes up to 8
 //!   reads; after an empty read, the next is a plain `recvmsg` (cheaper when idle). Where the
 //!   kernel refuses GSO a batch goes out in one `sendmmsg`; without GRO each read returns one
-//!   datagram. Socket buffers of 4 MiB are asked for.
+//!   datagram. Socket buffers of 4 MiB are asked for. Datagrams to a peer leave from a socket
+//!   connected to it (for up to 64 peers per rank and 256 per process; the others share the
+//!   rank's socket), which spares each send the kernel's route lookup; peers still send to the
+//!   rank's own socket, and a datagram's source address (an ephemeral port, even with
+//!   `AM_UDP_PORT_BASE`) means nothing to its receiver. A peer's closed port, reported as
+//!   `ECONNREFUSED` on the socket connected to it, costs a send made again and is counted
+//!   ([`SocketStats::refused`]); it never fails the job. A message that is one datagram
+//!   is sent at once, alone: the core hands over one message per call and nothing waits, so
+//!   a one-way flood of AM Shorts costs one system call per message ([`Udp::socket_stats`]
+//!   counts them).
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
 //!   [`am_core::SendError::Busy`].
@@ -106,5 +116,5 @@ pub mod wire;
 pub use config::UdpConfig;
 pub use error::UdpError;
 pub use proto::Stats;
-pub use udp::{PeerAddr, Udp};
+pub use udp::{PeerAddr, SocketStats, Udp};
 pub use wire::{JobKey, KeyError};

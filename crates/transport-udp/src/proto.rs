@@ -465,6 +465,8 @@ pub struct Engine {
     ready: VecDeque<(Rank, Vec<u8>)>,
     lost: VecDeque<Rank>,
     pool: Vec<Vec<u8>>,
+    /// Buffers freed by an acknowledgement, on their way to the pool.
+    freed: Vec<Vec<u8>>,
     scratch: Vec<u8>,
     stats: Stats,
     wake_at: Option<Instant>,
@@ -519,6 +521,7 @@ impl Engine {
             ready: VecDeque::new(),
             lost: VecDeque::new(),
             pool: Vec::new(),
+            freed: Vec::new(),
             scratch: vec![0; OVERHEAD],
             stats: Stats::default(),
             wake_at: None,
@@ -1006,7 +1009,9 @@ impl Engine {
                 }
             }
         };
-        let mut freed = Vec::new();
+        // Buffers of acknowledged fragments, for the pool (a vector kept for it, not one
+        // allocated per acknowledgement).
+        let mut freed = std::mem::take(&mut self.freed);
         while p.base < ack {
             let Some(s) = p.sent.pop_front() else { break };
             if !s.acked {
@@ -1123,21 +1128,18 @@ impl Engine {
             }
         }
         self.stats.fast_retransmits += fast;
-        if !progress {
-            for b in freed {
-                self.recycle(b);
+        if progress {
+            p.rto_deadline = None;
+            if p.has_unacked() {
+                let at = now + p.current_rto(&self.cfg);
+                p.rto_deadline = Some(at);
+                self.wake(at);
             }
-            return;
         }
-        p.rto_deadline = None;
-        if p.has_unacked() {
-            let at = now + p.current_rto(&self.cfg);
-            p.rto_deadline = Some(at);
-            self.wake(at);
-        }
-        for b in freed {
+        for b in freed.drain(..) {
             self.recycle(b);
         }
+        self.freed = freed;
     }
 
     fn on_data(&mut self, now: Instant, src: Rank, h: &Header, d: &[u8]) -> Input {

@@ -1,4 +1,5 @@
-//! [`Udp`]: the socket glue that runs the [`Engine`] over one UDP socket per rank.
+//! [`Udp`]: the socket glue that runs the [`Engine`] over UDP: one socket per rank that
+//! receives, and sockets connected to its peers that send ([`PeerSockets`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -30,8 +31,45 @@ const BATCH_BYTES: usize = 65507;
 const BATCH_SEGMENTS: usize = 64;
 /// Reads (datagrams, or GRO batches of them) taken from the socket in one `recvmmsg`.
 const RECV_SLOTS: usize = 8;
+/// Peers that get a socket of their own for sending ([`PeerSockets`]) at most: the rest
+/// share the rank's socket, so a large job costs no more than this many descriptors.
+const CONNECTED_MAX: usize = 64;
+/// Sockets connected to peers that all the transports of one process hold at most: an
+/// in-process job of many ranks ([`Udp::cluster`]: n ranks, n - 1 peers each) must not run
+/// the process out of file descriptors (the soft limit is often 1024), which would fail
+/// whatever else it opens. Beyond it, peers share the rank's socket.
+const CONNECTED_PROCESS_MAX: usize = 256;
+/// Sockets connected to peers that this process's transports hold now.
+static CONNECTED_IN_PROCESS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 /// How long a closing rank whose data was all acknowledged waits for acks of its goodbyes.
 const GOODBYE_GRACE: Duration = Duration::from_millis(250);
+
+/// What the socket glue asked of the kernel: the system calls a message costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SocketStats {
+    /// System calls made to send datagrams (`send`, `sendto`, `sendmsg` with UDP GSO,
+    /// `sendmmsg`), failed ones included: a GSO send the kernel refused before the same
+    /// datagrams went out by `sendmmsg`, or a send made again after an `ECONNREFUSED`.
+    pub send_calls: u64,
+    /// Datagrams handed to the kernel (several per call when batched).
+    pub datagrams_out: u64,
+    /// Datagrams the kernel refused to send (counted as network loss).
+    pub send_errors: u64,
+    /// Sends through a socket connected to a peer that failed with `ECONNREFUSED`: the
+    /// peer's host had answered an earlier datagram with an ICMP "port unreachable" (its
+    /// process is gone). Each such send was made again at once, so it is not in
+    /// `send_errors`; whether the peer is lost is the protocol's to decide (its timeout).
+    pub refused: u64,
+    /// Reads (`recvmsg`, `recvmmsg`) that returned something.
+    pub reads: u64,
+    /// Reads that returned nothing: the socket was empty (or the call was interrupted, or
+    /// reported an error, which the protocol need not act on).
+    pub empty_reads: u64,
+    /// Datagrams read (several per read with `recvmmsg` or UDP GRO).
+    pub datagrams_in: u64,
+}
 
 /// A rank's address and epoch, as learned at rendezvous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,24 +160,28 @@ impl Batch {
 
     /// Hands the batch to the kernel: one `sendmsg` with a `UDP_SEGMENT` control message for
     /// several datagrams, else one `sendmmsg` for them all.
-    fn send(&mut self, socket: &UdpSocket, addr: &SocketAddr, send_errors: &mut u64) {
+    fn send(&mut self, out: Outlet<'_>, stats: &mut SocketStats) {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
         use std::os::fd::AsRawFd;
         if self.count == 0 {
             return;
         }
         let mut sent = false;
+        stats.datagrams_out += self.count as u64;
+        // Through a connected socket the kernel knows the destination and its route already.
+        let to = out.to.map(SockaddrStorage::from);
         if self.count > 1 && self.gso {
             let seg = self.seg as u16;
-            let to = SockaddrStorage::from(*addr);
             let iov = [io::IoSlice::new(&self.buf)];
-            match sendmsg(
-                socket.as_raw_fd(),
-                &iov,
-                &[ControlMessage::UdpGsoSegments(&seg)],
-                MsgFlags::empty(),
-                Some(&to),
-            ) {
+            match send_call(stats, || {
+                sendmsg(
+                    out.socket.as_raw_fd(),
+                    &iov,
+                    &[ControlMessage::UdpGsoSegments(&seg)],
+                    MsgFlags::empty(),
+                    to.as_ref(),
+                )
+            }) {
                 Ok(_) => sent = true,
                 // No GSO here (an old kernel, or a device without checksum offload): one by
                 // one from now on.
@@ -150,41 +192,237 @@ impl Batch {
                 // A full socket buffer or a transient error is loss on the network:
                 // retransmission recovers it.
                 Err(_) => {
-                    *send_errors += self.count as u64;
+                    stats.send_errors += self.count as u64;
                     sent = true;
                 }
             }
         }
         if !sent && self.count == 1 {
-            if socket.send_to(&self.buf, addr).is_err() {
-                *send_errors += 1;
-            }
+            out.send(&self.buf, stats);
         } else if !sent {
             use nix::sys::socket::{sendmmsg, MultiHeaders};
-            let to = SockaddrStorage::from(*addr);
             let slices: Vec<[io::IoSlice<'_>; 1]> = self
                 .buf
                 .chunks(self.seg.max(1))
                 .map(|d| [io::IoSlice::new(d)])
                 .collect();
-            let addrs = vec![Some(to); slices.len()];
+            let addrs = vec![to; slices.len()];
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
             let no_cmsgs: [ControlMessage<'_>; 0] = [];
             // What the kernel did not take (a full socket buffer) is loss on the network.
-            let taken = sendmmsg(
-                socket.as_raw_fd(),
-                &mut headers,
-                &slices,
-                &addrs,
-                no_cmsgs,
-                MsgFlags::empty(),
-            )
-            .map_or(0, |r| r.count());
-            *send_errors += (slices.len() - taken.min(slices.len())) as u64;
+            let taken = send_call(stats, || {
+                sendmmsg(
+                    out.socket.as_raw_fd(),
+                    &mut headers,
+                    &slices,
+                    &addrs,
+                    no_cmsgs,
+                    MsgFlags::empty(),
+                )
+                .map(|r| r.count())
+            })
+            .unwrap_or(0);
+            stats.send_errors += (slices.len() - taken.min(slices.len())) as u64;
         }
         self.buf.clear();
         self.count = 0;
     }
+}
+
+/// Where datagrams to one peer leave from: a socket connected to it, or the rank's own
+/// socket with the peer's address.
+#[derive(Clone, Copy)]
+struct Outlet<'a> {
+    socket: &'a UdpSocket,
+    /// `None`: `socket` is connected to the peer.
+    to: Option<SocketAddr>,
+}
+
+impl Outlet<'_> {
+    /// Sends one datagram (a system call of its own); whether the kernel took it. One it did
+    /// not is counted in `send_errors`: loss on the network, which retransmission recovers.
+    fn send(&self, bytes: &[u8], stats: &mut SocketStats) -> bool {
+        let sent = send_call(stats, || match self.to {
+            Some(addr) => self.socket.send_to(bytes, addr),
+            None => self.socket.send(bytes),
+        })
+        .is_ok();
+        if !sent {
+            stats.send_errors += 1;
+        }
+        sent
+    }
+}
+
+/// An error a send may fail with, as std or nix report it.
+trait SendFailure {
+    /// `ECONNREFUSED`.
+    fn is_refused(&self) -> bool;
+}
+
+impl SendFailure for io::Error {
+    fn is_refused(&self) -> bool {
+        self.kind() == io::ErrorKind::ConnectionRefused
+    }
+}
+
+impl SendFailure for nix::errno::Errno {
+    fn is_refused(&self) -> bool {
+        *self == nix::errno::Errno::ECONNREFUSED
+    }
+}
+
+/// Makes one system call that sends (`call`), counted in `stats`, and makes it again once if
+/// it failed with `ECONNREFUSED`.
+///
+/// A socket connected to a peer keeps the ICMP "port unreachable" the peer's host sent back
+/// for an earlier datagram (its port is closed: the process is gone, or going), and the next
+/// send on it fails with `ECONNREFUSED` having sent nothing. The error is about the earlier
+/// datagram, not this one, and reading it cleared it: the send is made again, so the
+/// datagram fares as it would through an unconnected socket (which never sees the report),
+/// and the refusal is counted ([`SocketStats::refused`]), not taken for a failed send.
+fn send_call<T, E: SendFailure>(
+    stats: &mut SocketStats,
+    mut call: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    stats.send_calls += 1;
+    match call() {
+        Err(e) if e.is_refused() => {
+            stats.refused += 1;
+            stats.send_calls += 1;
+            call()
+        }
+        r => r,
+    }
+}
+
+/// A peer's sending socket.
+enum PeerSocket {
+    /// Not needed yet.
+    Untried,
+    /// Bound to an ephemeral port of this rank's address and connected to the peer's.
+    Connected(UdpSocket),
+    /// None could be made (or the cap was reached): the rank's own socket serves.
+    Shared,
+}
+
+/// Sockets connected to one peer each, used for sending only (what arrives for them is never
+/// read: peers send to the rank's own socket, and the source of a datagram means nothing,
+/// only its MAC). A send through a connected UDP socket skips the route lookup and the
+/// address copy of every `sendto`: a tenth of the cost of a small datagram on loopback. Made
+/// at the first send to a peer, for at most [`CONNECTED_MAX`] peers (and while the process
+/// holds fewer than [`CONNECTED_PROCESS_MAX`]); the others share the rank's own socket.
+///
+/// The peers' addresses live here and only here, fixed for the job (learned at rendezvous;
+/// a rank that restarts is a new transport with a new epoch, which its old peers fence), so
+/// a connected socket cannot be left pointing at an address the rank no longer sends to.
+struct PeerSockets {
+    /// Each rank's address, indexed by rank.
+    addrs: Vec<SocketAddr>,
+    /// Indexed by rank.
+    peers: Vec<PeerSocket>,
+    made: usize,
+    /// The address the rank's own socket is bound to (port aside): where connected ones bind.
+    bind: std::net::IpAddr,
+    /// What `SO_SNDBUF` to ask for.
+    send_buffer: usize,
+}
+
+impl PeerSockets {
+    fn new(addrs: Vec<SocketAddr>, bind: std::net::IpAddr, send_buffer: usize) -> PeerSockets {
+        PeerSockets {
+            peers: addrs.iter().map(|_| PeerSocket::Untried).collect(),
+            addrs,
+            made: 0,
+            bind,
+            send_buffer,
+        }
+    }
+
+    /// Rank `dest`'s address.
+    #[inline]
+    fn addr(&self, dest: Rank) -> SocketAddr {
+        self.addrs[dest as usize]
+    }
+
+    /// How to send to `dest`; `own` is the rank's socket.
+    #[inline]
+    fn outlet<'a>(&'a mut self, own: &'a UdpSocket, dest: Rank) -> Outlet<'a> {
+        let addr = self.addrs[dest as usize];
+        let slot = &mut self.peers[dest as usize];
+        if let PeerSocket::Untried = slot {
+            *slot = if self.made < CONNECTED_MAX && reserve_connected() {
+                match connected(self.bind, addr, self.send_buffer) {
+                    Ok(s) => {
+                        self.made += 1;
+                        PeerSocket::Connected(s)
+                    }
+                    Err(_) => {
+                        release_connected(1);
+                        PeerSocket::Shared
+                    }
+                }
+            } else {
+                PeerSocket::Shared
+            };
+        }
+        match slot {
+            PeerSocket::Connected(s) => Outlet {
+                socket: s,
+                to: None,
+            },
+            _ => Outlet {
+                socket: own,
+                to: Some(addr),
+            },
+        }
+    }
+}
+
+impl Drop for PeerSockets {
+    fn drop(&mut self) {
+        release_connected(self.made);
+    }
+}
+
+/// Counts one more connected socket in the process, unless it holds
+/// [`CONNECTED_PROCESS_MAX`] already.
+fn reserve_connected() -> bool {
+    use std::sync::atomic::Ordering;
+    CONNECTED_IN_PROCESS
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < CONNECTED_PROCESS_MAX).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+/// Counts `n` connected sockets fewer in the process.
+fn release_connected(n: usize) {
+    CONNECTED_IN_PROCESS.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A non-blocking UDP socket on an ephemeral port of `bind`, connected to `peer`.
+fn connected(
+    bind: std::net::IpAddr,
+    peer: SocketAddr,
+    send_buffer: usize,
+) -> io::Result<UdpSocket> {
+    let bind = match (bind, peer) {
+        (std::net::IpAddr::V4(_), SocketAddr::V4(_))
+        | (std::net::IpAddr::V6(_), SocketAddr::V6(_)) => bind,
+        (_, SocketAddr::V4(_)) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        (_, SocketAddr::V6(_)) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let s = UdpSocket::bind(SocketAddr::new(bind, 0))?;
+    s.connect(peer)?;
+    s.set_nonblocking(true)?;
+    // Best effort, as for the rank's own socket.
+    let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::SndBuf, &send_buffer);
+    // Nothing is read from it, and no peer sends to it, but the kernel queues what arrives
+    // from the peer's address (anyone can forge that) until the receive buffer is full: the
+    // smallest the kernel allows (it rounds 0 up to its minimum) bounds what that can hold.
+    let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &0);
+    Ok(s)
 }
 
 /// The sending half, also lent to handlers for replies.
@@ -192,12 +430,13 @@ struct Io {
     rank: Rank,
     size: u32,
     socket: UdpSocket,
-    addrs: Vec<SocketAddr>,
+    /// The peers' addresses, and sockets connected to them for sending.
+    outlets: PeerSockets,
     batch: Batch,
     engine: Engine,
     self_queue: VecDeque<Vec<u8>>,
     faults: Option<Faults>,
-    send_errors: u64,
+    sys: SocketStats,
     /// A private copy of a payload sent from shared memory (a get served from the segment).
     echo: Vec<u8>,
 }
@@ -205,7 +444,7 @@ struct Io {
 fn send_datagram(
     socket: &UdpSocket,
     faults: &mut Option<Faults>,
-    send_errors: &mut u64,
+    stats: &mut SocketStats,
     addr: SocketAddr,
     bytes: &[u8],
 ) {
@@ -226,9 +465,12 @@ fn send_datagram(
     }
     // A full socket buffer or a transient error is loss on the network: retransmission
     // recovers it.
-    if socket.send_to(bytes, addr).is_err() {
-        *send_errors += 1;
+    stats.datagrams_out += 1;
+    Outlet {
+        socket,
+        to: Some(addr),
     }
+    .send(bytes, stats);
 }
 
 impl Io {
@@ -239,36 +481,33 @@ impl Io {
         let Io {
             engine,
             socket,
-            addrs,
             faults,
-            send_errors,
+            sys,
             batch,
+            outlets,
             ..
         } = self;
         if faults.is_some() {
             // The testing aid judges every datagram on its own.
             engine.transmit(now, &mut |dest, bytes| {
-                send_datagram(socket, faults, send_errors, addrs[dest as usize], bytes)
+                send_datagram(socket, faults, sys, outlets.addr(dest), bytes)
             });
             return;
         }
         engine.transmit(now, &mut |dest, bytes| {
             if !batch.fits(dest, bytes.len()) {
-                let to = addrs[batch.dest as usize];
-                batch.send(socket, &to, send_errors);
+                batch.send(outlets.outlet(socket, batch.dest), sys);
             }
             if bytes.len() > BATCH_BYTES / 2 {
                 // No second one of its size would fit: straight out, without the copy.
-                if socket.send_to(bytes, addrs[dest as usize]).is_err() {
-                    *send_errors += 1;
-                }
+                sys.datagrams_out += 1;
+                outlets.outlet(socket, dest).send(bytes, sys);
                 return;
             }
             batch.push(dest, bytes);
         });
         if batch.count > 0 {
-            let to = addrs[batch.dest as usize];
-            batch.send(socket, &to, send_errors);
+            batch.send(outlets.outlet(socket, batch.dest), sys);
         }
     }
 
@@ -309,8 +548,9 @@ impl Tx for Io {
     }
 }
 
-/// The UDP transport of one rank: reliable, in-order, authenticated AM delivery over one UDP
-/// socket. See the [crate docs](crate) for the protocol and the threat model.
+/// The UDP transport of one rank: reliable, in-order, authenticated AM delivery over UDP (one
+/// socket to receive on, others connected to its peers to send from). See the
+/// [crate docs](crate) for the protocol and the threat model.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -507,7 +747,11 @@ impl Udp {
                 rank,
                 size: peers.len() as u32,
                 socket,
-                addrs: peers.iter().map(|p| p.addr).collect(),
+                outlets: PeerSockets::new(
+                    peers.iter().map(|p| p.addr).collect(),
+                    local.ip(),
+                    config.socket_buffer,
+                ),
                 batch: Batch::new(true),
                 engine,
                 self_queue: VecDeque::new(),
@@ -522,7 +766,7 @@ impl Udp {
                     held: Vec::new(),
                     dropped: 0,
                 }),
-                send_errors: 0,
+                sys: SocketStats::default(),
             },
             // Each slot has room for a GRO batch (and one byte more than the largest datagram,
             // so a longer one shows as too long rather than fitting exactly when cut).
@@ -556,7 +800,12 @@ impl Udp {
 
     /// Datagrams the kernel refused to send (counted as network loss).
     pub fn send_errors(&self) -> u64 {
-        self.io.send_errors
+        self.io.sys.send_errors
+    }
+
+    /// What the socket glue asked of the kernel (system calls and datagrams each way).
+    pub fn socket_stats(&self) -> SocketStats {
+        self.io.sys
     }
 
     /// Datagrams the test hook ([`UdpConfig::faults`]) dropped.
@@ -613,17 +862,19 @@ impl Udp {
                 MsgFlags::MSG_DONTWAIT,
             ) {
                 let n = msg.bytes;
-                self.rx_reads
-                    .push_back((0, n, segment(msg.cmsgs().ok(), n)));
+                let seg = segment(msg.cmsgs().ok(), n);
+                self.rx_reads.push_back((0, n, seg));
                 self.rx_busy = true;
+                self.io.sys.reads += 1;
+                self.io.sys.datagrams_in += n.div_ceil(seg) as u64;
+            } else {
+                self.io.sys.empty_reads += 1;
             }
             return;
         }
-        let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
-            .rx
-            .chunks_mut(slot)
-            .map(|c| [io::IoSliceMut::new(c)])
-            .collect();
+        let mut chunks = self.rx.chunks_mut(slot);
+        let mut slots: [[io::IoSliceMut<'_>; 1]; RECV_SLOTS] =
+            std::array::from_fn(|_| [io::IoSliceMut::new(chunks.next().unwrap_or_default())]);
         let mut headers =
             MultiHeaders::<SockaddrStorage>::preallocate(slots.len(), Some(nix::cmsg_space!(i32)));
         // EAGAIN: nothing more. EINTR: read at the next poll. Anything else (an ICMP error
@@ -636,14 +887,21 @@ impl Udp {
             None,
         ) else {
             self.rx_busy = false;
+            self.io.sys.empty_reads += 1;
             return;
         };
         for (i, msg) in reads.enumerate() {
             let n = msg.bytes;
-            self.rx_reads
-                .push_back((i * slot, n, segment(msg.cmsgs().ok(), n)));
+            let seg = segment(msg.cmsgs().ok(), n);
+            self.rx_reads.push_back((i * slot, n, seg));
+            self.io.sys.datagrams_in += n.div_ceil(seg) as u64;
         }
         self.rx_busy = !self.rx_reads.is_empty();
+        if self.rx_busy {
+            self.io.sys.reads += 1;
+        } else {
+            self.io.sys.empty_reads += 1;
+        }
     }
 
     /// Reads datagrams until one yields something to deliver or the socket is empty.
@@ -950,17 +1208,116 @@ mod tests {
             got.extend(poll_one(&mut b));
         }
         assert_eq!(got, (0..9).collect::<Vec<u8>>());
+        // Nine datagrams each way at least (acks may add some), and the reads that took them:
+        // the first alone, the others together.
+        let (sa, sb) = (a.socket_stats(), b.socket_stats());
+        assert!(sa.datagrams_out >= 9 && sa.send_calls >= 1, "{sa:?}");
+        assert!(sb.datagrams_in >= 9 && sb.reads >= 2, "{sb:?}");
+        assert!(
+            sb.reads < sb.datagrams_in,
+            "one recvmmsg took several: {sb:?}"
+        );
     }
 
-    /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO) hand
+    /// The first sends to a peer make a socket connected to it, for at most CONNECTED_MAX
+    /// peers; the others go out through the rank's own socket. Every way delivers.
+    #[test]
+    fn peers_get_connected_sockets_up_to_the_cap_and_share_the_rest() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let own_addr = own.local_addr().unwrap();
+        let to = rx.local_addr().unwrap();
+        let peers = CONNECTED_MAX + 2;
+        let mut sockets = PeerSockets::new(vec![to; peers], own_addr.ip(), 1 << 16);
+        let mut connected = 0;
+        for r in 0..peers as Rank {
+            let out = sockets.outlet(&own, r);
+            let from = out.socket.local_addr().unwrap();
+            if out.to.is_none() {
+                connected += 1;
+                assert!(r < CONNECTED_MAX as Rank, "rank {r} beyond the cap got one");
+                assert_ne!(
+                    from, own_addr,
+                    "rank {r}: connected, yet the rank's own socket"
+                );
+            } else {
+                assert_eq!(from, own_addr);
+            }
+            let mut stats = SocketStats::default();
+            assert!(
+                out.send(&r.to_le_bytes(), &mut stats),
+                "rank {r}: {stats:?}"
+            );
+            // The same socket again, not a new one.
+            let again = sockets.outlet(&own, r).socket.local_addr().unwrap();
+            assert_eq!(from, again, "rank {r}: a second outlet, another socket");
+        }
+        assert_eq!((connected, sockets.made), (CONNECTED_MAX, CONNECTED_MAX));
+        let mut buf = [0u8; 16];
+        for r in 0..peers as u32 {
+            let (n, from) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], &r.to_le_bytes());
+            // From a port of its own while connected, from the rank's socket beyond the cap.
+            assert_eq!(from == own_addr, r >= CONNECTED_MAX as u32);
+        }
+    }
+
+    /// A connected socket that cannot be made leaves the peer on the rank's own socket, for
+    /// good: here a rank bound to loopback told of a peer elsewhere (the kernel will not
+    /// route from 127.0.0.1 to it, or has no route at all), and a rank whose address is not
+    /// this host's (where the kernel refuses non-local binds, its default).
+    #[test]
+    fn a_peer_socket_that_cannot_be_made_falls_back_to_the_ranks_own() {
+        let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let elsewhere: SocketAddr = "203.0.113.1:9".parse().unwrap();
+        let mut sockets =
+            PeerSockets::new(vec![elsewhere; 2], "127.0.0.1".parse().unwrap(), 1 << 16);
+        assert_eq!(sockets.outlet(&own, 1).to, Some(elsewhere));
+        assert!(matches!(sockets.peers[1], PeerSocket::Shared));
+        assert_eq!(
+            sockets.outlet(&own, 1).to,
+            Some(elsewhere),
+            "tried once only"
+        );
+        assert_eq!(sockets.made, 0);
+
+        let not_ours: std::net::IpAddr = "203.0.113.2".parse().unwrap();
+        if UdpSocket::bind((not_ours, 0)).is_err() {
+            let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            let mut sockets = PeerSockets::new(vec![to; 2], not_ours, 1 << 16);
+            assert_eq!(sockets.outlet(&own, 1).to, Some(to));
+            assert!(matches!(sockets.peers[1], PeerSocket::Shared));
+            assert_eq!(sockets.made, 0);
+        }
+    }
+
+    /// Both ways of sending a batch (GSO, and one by one after the kernel refused GSO), from
+    /// the rank's own socket with the peer's address or from one connected to the peer, hand
     /// the receiver the same datagrams, in order, whole.
     #[test]
     fn a_batch_arrives_as_its_datagrams_with_and_without_gso() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
-        for gso in [true, false] {
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx_connected = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx_connected.connect(to).unwrap();
+        let outlets = [
+            Outlet {
+                socket: &tx,
+                to: Some(to),
+            },
+            Outlet {
+                socket: &tx_connected,
+                to: None,
+            },
+        ];
+        for (gso, out) in [true, false]
+            .into_iter()
+            .flat_map(|g| outlets.map(|o| (g, o)))
+        {
+            let how = format!("gso {gso}, connected {}", out.to.is_none());
             let mut b = Batch::new(gso);
             let datagrams: Vec<Vec<u8>> = (0..5u8)
                 .map(|i| vec![i; if i == 4 { 300 } else { 1200 }])
@@ -969,14 +1326,67 @@ mod tests {
                 assert!(b.fits(7, d.len()));
                 b.push(7, d);
             }
-            let mut errors = 0;
-            b.send(&tx, &to, &mut errors);
-            assert_eq!((errors, b.count, b.buf.len()), (0, 0, 0));
+            let mut stats = SocketStats::default();
+            b.send(out, &mut stats);
+            assert_eq!(
+                (stats.send_errors, b.count, b.buf.len()),
+                (0, 0, 0),
+                "{how}"
+            );
+            // One system call: `sendmsg` with GSO, or `sendmmsg`; two where the kernel
+            // refused GSO (and the batch stopped asking for it).
+            let calls = if gso && !b.gso { 2 } else { 1 };
+            assert_eq!((stats.datagrams_out, stats.send_calls), (5, calls), "{how}");
             let mut buf = [0u8; 4096];
             for d in &datagrams {
-                let (n, _) = rx.recv_from(&mut buf).unwrap();
-                assert_eq!(&buf[..n], &d[..], "gso {gso}");
+                let (n, from) = rx.recv_from(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &d[..], "{how}");
+                assert_eq!(from, out.socket.local_addr().unwrap(), "{how}");
             }
         }
+    }
+
+    /// A peer whose port closed (its process gone): the kernel keeps the ICMP "port
+    /// unreachable" for a socket connected to it, and the next send there fails with
+    /// ECONNREFUSED having sent nothing. That is counted as a refusal, not a failed send,
+    /// and the datagram goes out anyway: here a new socket on the peer's port receives the
+    /// one sent right after the refusals.
+    #[test]
+    fn a_refusal_on_a_connected_socket_is_counted_and_the_datagram_still_sent() {
+        let gone = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = gone.local_addr().unwrap();
+        drop(gone);
+        let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut sockets = PeerSockets::new(vec![to; 2], "127.0.0.1".parse().unwrap(), 1 << 16);
+        let mut stats = SocketStats::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sends = 0;
+        // On loopback the port unreachable is back before the send returns; allow for a
+        // slower path all the same.
+        while stats.refused == 0 {
+            assert!(Instant::now() < deadline, "no refusal reported: {stats:?}");
+            let out = sockets.outlet(&own, 1);
+            assert!(out.to.is_none(), "a socket connected to the peer");
+            assert!(out.send(b"nobody", &mut stats), "{stats:?}");
+            sends += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(stats.send_errors, 0, "{stats:?}");
+        assert_eq!(stats.send_calls, sends + stats.refused, "{stats:?}");
+        // The peer is back on its port. (The last send left a refusal pending, at least
+        // on loopback: the next one meets it.)
+        let back = UdpSocket::bind(to).expect("the port was free a moment ago");
+        back.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            sockets.outlet(&own, 1).send(b"again", &mut stats),
+            "{stats:?}"
+        );
+        let mut buf = [0u8; 16];
+        let (n, _) = back
+            .recv_from(&mut buf)
+            .expect("the datagram after a refusal");
+        assert_eq!(&buf[..n], b"again");
+        assert_eq!(stats.send_errors, 0, "{stats:?}");
     }
 }

@@ -438,6 +438,27 @@ fn ranks_with_different_mtus_agree_on_the_smaller() {
     }
 }
 
+/// Rank `rank` of a `size`-rank job `job_id` that meets its peers through the coordinator at
+/// `coord` with job key `key` (hex), running `alltoall 10`; its stderr is piped, for the
+/// start-up errors these tests look for, its stdout discarded.
+fn coord_rank(rank: u32, size: u32, job_id: &str, coord: &str, key: &str) -> Child {
+    Command::new(BIN)
+        .args(["alltoall", "10"])
+        .env("AM_RANK", rank.to_string())
+        .env("AM_SIZE", size.to_string())
+        .env("AM_JOB_ID", job_id)
+        .env("AM_COORD", coord)
+        .env("AM_UDP_KEY", key)
+        .env_remove("AM_PMI_FD")
+        .env_remove("PMI_FD")
+        .env_remove("PMI_PORT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
 /// Issue 16: a rank started with another key than rank 0's was a `PeerLost` 30 s into the
 /// job (every datagram failed its MAC). Through `AM_COORD` the coordinator now tells such a
 /// registration that its key differs, and the rank fails start-up at once with a clear error.
@@ -450,24 +471,10 @@ fn a_rank_with_another_key_fails_start_up_with_key_mismatch() {
         transport_udp::JobKey::generate().unwrap().to_hex(),
     ];
     let coord = format!("127.0.0.1:{}", free_tcp_port());
+    let job_id = format!("keytest{}", std::process::id());
     let mut job = Job(Vec::new());
     for (r, key) in keys.iter().enumerate() {
-        let child = Command::new(BIN)
-            .args(["alltoall", "10"])
-            .env("AM_RANK", r.to_string())
-            .env("AM_SIZE", "2")
-            .env("AM_JOB_ID", format!("keytest{}", std::process::id()))
-            .env("AM_COORD", &coord)
-            .env("AM_UDP_KEY", key)
-            .env_remove("AM_PMI_FD")
-            .env_remove("PMI_FD")
-            .env_remove("PMI_PORT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        job.0.push(child);
+        job.0.push(coord_rank(r as u32, 2, &job_id, &coord, key));
     }
     let started = Instant::now();
     let status = loop {
@@ -497,23 +504,8 @@ fn two_processes_started_as_one_rank_fail_start_up_naming_it() {
     let _turn = one_job_at_a_time();
     let key = transport_udp::JobKey::generate().unwrap().to_hex();
     let coord = format!("127.0.0.1:{}", free_tcp_port());
-    let spawn = |rank: u32| {
-        Command::new(BIN)
-            .args(["alltoall", "10"])
-            .env("AM_RANK", rank.to_string())
-            .env("AM_SIZE", "3")
-            .env("AM_JOB_ID", format!("duptest{}", std::process::id()))
-            .env("AM_COORD", &coord)
-            .env("AM_UDP_KEY", &key)
-            .env_remove("AM_PMI_FD")
-            .env_remove("PMI_FD")
-            .env_remove("PMI_PORT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn")
-    };
+    let job_id = format!("duptest{}", std::process::id());
+    let spawn = |rank: u32| coord_rank(rank, 3, &job_id, &coord, &key);
     let mut job = Job(vec![spawn(0), spawn(1), spawn(1)]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut done: Vec<Option<std::process::ExitStatus>> = vec![None; 4];

@@ -9,8 +9,8 @@
 //! am-udp-check child         every rank starts a shell once its transport is up; fails if
 //!                            the shell finds the job key (in its environment or the pipe)
 //! am-udp-check bench [N]     in one process: raw UDP ping-pong vs AM Short round trip, the
-//!                            one-way AM Short flood, then Node::put bandwidth of 1, 4 and
-//!                            16 MiB
+//!                            raw UDP one-way flood vs the one-way AM Short flood, then
+//!                            Node::put bandwidth of 1, 4 and 16 MiB
 //! am-udp-check flood [N]     only the flood (N AM Shorts, default 200 000)
 //! am-udp-check put           only the put bandwidth
 //! ```
@@ -301,8 +301,80 @@ fn bench(n: usize) -> Res<()> {
         am,
         am / raw
     );
+    println!(
+        "raw UDP one-way flood, {size}-byte datagrams, one send each:     median {:.3} M/s",
+        raw_flood(10 * n, size)? / 1e6
+    );
     println!("{}", flood_line(flood(10 * n as u32)?));
     put()
+}
+
+/// The floor of a one-way flood of one datagram per message: one thread sends `n` datagrams
+/// of `size` bytes with one `send` each on a connected socket (the cheapest way to send one
+/// datagram, as transport-udp sends an AM Short), another busy-polls them out of its socket;
+/// the sender stays at most 64 ahead, well within the socket buffer. Five runs after a
+/// warm-up, the median rate in datagrams per second. Fails if the receiver makes no progress
+/// for 10 s (a datagram lost, which it should not be on loopback), however long a run is.
+fn raw_flood(n: usize, size: usize) -> Res<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.1:0")?;
+    b.set_nonblocking(true)?;
+    let _ = nix::sys::socket::setsockopt(&b, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
+    a.connect(b.local_addr()?)?;
+    let runs = 6;
+    let got = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (got, stop) = (&got, &stop);
+        s.spawn(move || {
+            let mut buf = [0u8; 2048];
+            let mut count = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if b.recv_from(&mut buf).is_ok() {
+                    count += 1;
+                    got.store(count, Ordering::Release);
+                }
+            }
+        });
+        let result = (|| -> Res<f64> {
+            let msg = vec![7u8; size];
+            let mut rates = Vec::new();
+            let mut sent = 0;
+            // Spins until the receiver has `until` datagrams. A datagram lost (it should not
+            // be on loopback) must not hang the benchmark: 10 s without one arriving fails it.
+            let wait_for = |until: usize| -> Res<()> {
+                let (mut seen, mut since) = (got.load(Ordering::Acquire), Instant::now());
+                while seen < until {
+                    std::hint::spin_loop();
+                    let now = got.load(Ordering::Acquire);
+                    if now != seen {
+                        (seen, since) = (now, Instant::now());
+                    } else if since.elapsed() > Duration::from_secs(10) {
+                        bail!("raw flood: datagrams lost on loopback ({seen} of {until} arrived)");
+                    }
+                }
+                Ok(())
+            };
+            for run in 0..runs {
+                let t = Instant::now();
+                for _ in 0..n {
+                    if sent >= got.load(Ordering::Acquire) + 64 {
+                        wait_for(sent - 63)?;
+                    }
+                    a.send(&msg)?;
+                    sent += 1;
+                }
+                wait_for(sent)?;
+                if run > 0 {
+                    rates.push(n as f64 / t.elapsed().as_secs_f64());
+                }
+            }
+            Ok(median(rates))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
 }
 
 fn flood_line((rate, credits): (f64, u32)) -> String {
@@ -350,6 +422,9 @@ fn flood(n: u32) -> Res<(f64, u32)> {
             node.barrier()?;
             if node.rank() == 1 && got.get() != 6 * n {
                 bail!("flood: rank 1 ran {} of {} handlers", got.get(), 6 * n);
+            }
+            if std::env::var_os("AM_UDP_CHECK_STATS").is_some() {
+                print_per_message(node.rank(), 6 * n as u64, node.transport());
             }
             Ok((if rates.is_empty() { 0.0 } else { median(rates) }, credits))
         })();
@@ -422,6 +497,26 @@ fn put_bandwidth(sizes: &[usize], reps: usize) -> Res<Vec<(usize, f64)>> {
     });
     let mut it = results.into_iter();
     Ok(it.next().ok_or("no rank 0")??)
+}
+
+/// The protocol's and the socket's counters of one rank, per message of a run of `msgs`.
+fn print_per_message(rank: u32, msgs: u64, t: &Udp) {
+    let s = t.stats();
+    let k = t.socket_stats();
+    let per = |x: u64| x as f64 / msgs.max(1) as f64;
+    eprintln!(
+        "rank {rank}, per message: datagrams out {:.3} (acks {:.3}, pings {:.3}, retransmits {:.3}), \
+         send calls {:.3} (refused {:.3}); datagrams in {:.3}, reads {:.3}, empty reads {:.3}",
+        per(k.datagrams_out),
+        per(s.acks_sent),
+        per(s.pings_sent),
+        per(s.retransmits),
+        per(k.send_calls),
+        per(k.refused),
+        per(k.datagrams_in),
+        per(k.reads),
+        per(k.empty_reads),
+    );
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

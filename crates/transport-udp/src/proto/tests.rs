@@ -175,6 +175,21 @@ impl Net {
         }
     }
 
+    /// Rank 0 sends rank 1 a message, rank 1 queues one for rank 0 (it goes out when rank 1
+    /// resumes), and rank 1 stops (SIGSTOP) for `stop`. Returns the instant it resumes.
+    fn stop_rank_1_owing_data_each_way(&mut self, stop: Duration) -> Instant {
+        let now = self.now;
+        self.engines[0]
+            .send(now, 1, b"to the stopped rank", &[])
+            .unwrap();
+        self.engines[1]
+            .send(now, 0, b"after the stop", &[])
+            .unwrap();
+        let resume = now + stop;
+        self.paused_until[1] = Some(resume);
+        resume
+    }
+
     /// Advances the clock to the next event (or by at most `max`).
     fn advance(&mut self, max: Duration) {
         let mut next = self.now + max;
@@ -553,14 +568,7 @@ fn a_rank_back_after_being_declared_lost_is_fenced_at_once() {
         net.advance(Duration::from_millis(1));
     }
     assert_eq!(net.got[0].len(), 5);
-    let now = net.now;
-    net.engines[0]
-        .send(now, 1, b"to the stopped rank", &[])
-        .unwrap();
-    // Queued by the stopped rank just before it stopped: it goes out when it resumes.
-    net.engines[1].send(now, 0, b"after the stop", &[]).unwrap();
-    let resume = now + timeout * 3;
-    net.paused_until[1] = Some(resume);
+    let resume = net.stop_rank_1_owing_data_each_way(timeout * 3);
     while net.now < resume {
         net.step();
         net.advance(Duration::from_millis(10));
@@ -627,13 +635,7 @@ fn every_datagram_of_a_direction_has_its_own_packet_number() {
         net.step();
         net.advance(Duration::from_millis(10));
     }
-    let now = net.now;
-    net.engines[0]
-        .send(now, 1, b"to the stopped rank", &[])
-        .unwrap();
-    net.engines[1].send(now, 0, b"after the stop", &[]).unwrap();
-    let resume = now + timeout * 3;
-    net.paused_until[1] = Some(resume);
+    let resume = net.stop_rank_1_owing_data_each_way(timeout * 3);
     while net.now < resume + timeout && net.lost[1].is_empty() {
         net.step();
         net.advance(Duration::from_millis(10));
