@@ -539,6 +539,8 @@ impl<T: Transport> Node<T> {
 
     fn terminate(&mut self, code: i32) -> ! {
         let _ = self.ep.flush(&mut self.transport);
+        // The implicit replies still owed too: a peer may wait on those credits to end.
+        let _ = self.ep.flush_acks(&mut self.transport);
         self.transport.close();
         std::process::exit(code)
     }
