@@ -611,7 +611,11 @@ fn slot_fifo_keeps_order_through_compaction() {
             }
         }
         assert_eq!(got, want, "round {round}");
-        assert!(f.slots.len() <= 2 * model.len() + 8, "round {round}: {}", f.slots.len());
+        assert!(
+            f.slots.len() <= 2 * model.len() + 8,
+            "round {round}: {}",
+            f.slots.len()
+        );
     }
     let mut rest = Vec::new();
     f.pop_through(u16::MAX, |s| rest.push(s));
