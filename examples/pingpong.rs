@@ -21,7 +21,10 @@
 //! of the transport: the same round trip with no library in between (on `loopback`, whose
 //! ranks are threads, an atomic ping-pong on one cache line). Every row then carries the floor
 //! and `ratio` = AM round trip / floor (medians). Transports without a floor yet say so on
-//! stderr and leave those fields `null`.
+//! stderr and leave those fields `null`. On the shared-memory transports it also measures the
+//! flood's floor, 8-byte messages through a raw single-producer ring between the same two
+//! ranks (`am_shm::floor::ring_flood`): `ring_floor_msgs_per_s`, and `flood_to_ring` =
+//! `msgs_per_s` / that.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -109,14 +112,22 @@ struct Floor {
     /// Shared-memory NICs, rank 0: the two-line ping-pong's round trips in µs, sorted; the
     /// least a design pays whose request and reply land on different lines, as theirs do.
     two_line_us: Vec<f64>,
+    /// Rank 0: one-way messages per second through a raw single-producer ring of 8-byte
+    /// messages between the two ranks (`am_shm::floor::ring_flood`), the floor of a flood;
+    /// `None` where there is none (udp).
+    ring_msgs_per_s: Option<f64>,
 }
+
+/// Messages the ring floor moves (at least): tens of milliseconds of a raw ring.
+const RING_FLOOR_MESSAGES: usize = 1 << 21;
 
 /// The raw floor of `kind`, measured between ranks 0 and 1: both call this (right after a
 /// barrier), the other ranks do not. `None`: no floor for this transport yet.
 ///
 /// This is the one place a transport's floor plugs in: shared-memory NICs (sci, extoll,
-/// portals) will call `am_shm::floor::cacheline_pingpong(job_id, rank, iters, fence)`, UDP a
-/// plain UDP ping-pong; `node` gives access to the transport and to barriers.
+/// portals) call `am_shm::floor::cacheline_pingpong`, `two_line_pingpong` and `ring_flood`
+/// between the rank processes, loopback the same between its rank threads, UDP a plain UDP
+/// ping-pong; `node` gives access to the transport and to barriers.
 fn floor(
     kind: TransportKind,
     node: &mut Node<AnyTransport>,
@@ -124,11 +135,25 @@ fn floor(
     iters: usize,
 ) -> anyhow::Result<Option<Floor>> {
     Ok(match kind {
-        TransportKind::Loopback => Some(Floor {
-            what: "atomic ping-pong on one cache line between the two rank threads",
-            rtt_us: thread_floor(node.rank(), warmup, iters),
-            two_line_us: Vec::new(),
-        }),
+        TransportKind::Loopback => {
+            let rtt_us = thread_floor(node.rank(), warmup, iters);
+            // The rank threads share one heap ring, made by whichever comes first.
+            static RING: std::sync::OnceLock<am_shm::Segment> = std::sync::OnceLock::new();
+            let seg = match RING.get() {
+                Some(seg) => seg,
+                None => {
+                    let fresh = am_shm::floor::ring_segment()?;
+                    RING.get_or_init(|| fresh)
+                }
+            };
+            let ring = am_shm::floor::ring_flood_on(seg, node.rank(), RING_FLOOR_MESSAGES)?;
+            Some(Floor {
+                what: "atomic ping-pong on one cache line between the two rank threads",
+                rtt_us,
+                two_line_us: Vec::new(),
+                ring_msgs_per_s: (node.rank() == 0).then_some(ring),
+            })
+        }
         TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
             shm_floor(node, warmup, iters)?
         }
@@ -195,6 +220,7 @@ fn udp_floor(
         what: "plain UDP ping-pong of 100-byte datagrams, busy-polled",
         rtt_us,
         two_line_us: Vec::new(),
+        ring_msgs_per_s: None,
     }))
 }
 
@@ -224,10 +250,12 @@ fn shm_floor(
     };
     let one = am_shm::floor::cacheline_pingpong(&job, rank, warmup + iters, &mut fence)?;
     let two = am_shm::floor::two_line_pingpong(&job, rank, warmup + iters, &mut fence)?;
+    let ring = am_shm::floor::ring_flood(&job, rank, RING_FLOOR_MESSAGES, &mut fence)?;
     Ok(Some(Floor {
         what: "one-cache-line ping-pong between the two rank processes over shared memory",
         rtt_us: sorted_us(one),
         two_line_us: sorted_us(two),
+        ring_msgs_per_s: (rank == 0).then_some(ring),
     }))
 }
 
@@ -416,6 +444,13 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                             quantile(&f.two_line_us, 0.99)
                         );
                     }
+                    if let Some(r) = f.ring_msgs_per_s {
+                        println!(
+                            "# ring floor: 8-byte messages through a raw single-producer \
+                             ring between the two ranks: {:.1} M/s",
+                            r / 1e6
+                        );
+                    }
                 }
                 Some(_) => {}
                 None => eprintln!("pingpong: no raw floor for {name} yet; --baseline ignored"),
@@ -426,6 +461,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         .as_ref()
         .filter(|f| !f.two_line_us.is_empty())
         .map(|f| quantile(&f.two_line_us, 0.5));
+    let ring = base.as_ref().and_then(|f| f.ring_msgs_per_s);
     let base = base
         .filter(|f| !f.rtt_us.is_empty())
         .map(|f| (f.what, quantile(&f.rtt_us, 0.5), quantile(&f.rtt_us, 0.99)));
@@ -469,6 +505,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                         "ratio": ratio,
                         "two_line_rtt_us_p50": two_line,
                         "ratio_two_line": two_line.map(|t| row.p50 / t),
+                        "ring_floor_msgs_per_s": ring,
+                        "flood_to_ring": ring.map(|r| row.msgs_per_s / r),
                     })
                 );
             } else {

@@ -89,6 +89,15 @@ fn baseline_gives_the_floor_and_the_ratio() {
         assert!(floor > 0.0, "{row}");
         assert!((ratio - p50 / floor).abs() < 1e-9 * ratio.max(1.0), "{row}");
         assert!(row["baseline"].is_string(), "{row}");
+        // The flood's floor: a raw ring between the two rank threads, and the ratio to it.
+        let ring = row["ring_floor_msgs_per_s"].as_f64().expect("a ring floor");
+        let to_ring = row["flood_to_ring"].as_f64().expect("a flood ratio");
+        let rate = row["msgs_per_s"].as_f64().expect("number");
+        assert!(ring > 0.0, "{row}");
+        assert!(
+            (to_ring - rate / ring).abs() < 1e-9 * to_ring.max(1.0),
+            "{row}"
+        );
     }
 }
 
@@ -168,12 +177,19 @@ fn process_transports_have_a_floor() {
         // The shared-memory NICs also get the two-line floor; udp has no such thing.
         let two_line = rows[0]["two_line_rtt_us_p50"].as_f64();
         let ratio_two_line = rows[0]["ratio_two_line"].as_f64();
+        let ring = rows[0]["ring_floor_msgs_per_s"].as_f64();
         if transport == "udp" {
             assert!(two_line.is_none(), "{transport}: {}", rows[0]);
+            assert!(ring.is_none(), "{transport}: {}", rows[0]);
         } else {
             assert!(
                 two_line.is_some_and(|f| f > 0.0) && ratio_two_line.is_some_and(|r| r > 0.0),
                 "{transport}: no two-line floor in {}",
+                rows[0]
+            );
+            assert!(
+                ring.is_some_and(|f| f > 0.0) && rows[0]["flood_to_ring"].as_f64().is_some(),
+                "{transport}: no ring floor in {}",
                 rows[0]
             );
         }

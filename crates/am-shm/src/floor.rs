@@ -8,6 +8,9 @@
 //!   travel on different lines). The least any of the simulated NICs can do per round trip.
 //! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
 //!   the other acknowledges on a second line. Bytes per second at the copying rank.
+//! - [`ring_flood`]: a single-producer ring of [`RING_SLOTS`] 8-byte messages (each a stamp:
+//!   the message is its own ready flag), the consumer publishing its head every quarter ring.
+//!   Messages per second: the floor of a one-way flood.
 //!
 //! Both spin (they are floors); a peer that makes no progress for 10 s is an error, not a hang.
 //!
@@ -211,6 +214,91 @@ fn copy_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f
     }
 }
 
+/// Slots of the [`ring_flood`] floor's ring (8 bytes each).
+pub const RING_SLOTS: usize = 256;
+/// Messages the ring floor moves untimed before it starts the clock.
+const RING_WARMUP: usize = 16 * RING_SLOTS;
+
+/// Word-area bytes of the ring floor: the ring, then the consumer's head on a line of its own.
+const RING_WORDS: usize = RING_SLOTS * 8 + 64;
+
+/// Two-process one-way flood through a raw single-producer ring: rank 0 sends `messages`
+/// 8-byte messages to rank 1, which publishes its head every quarter ring. Called like
+/// [`cacheline_pingpong`]; rank 0 returns messages per second (from its first timed send to
+/// the head covering its last), rank 1 `0.0`.
+pub fn ring_flood(
+    job_id: &str,
+    rank: u32,
+    messages: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<f64> {
+    let seg = rendezvous(job_id, rank, "floor-ring", RING_WORDS, 0, fence)?;
+    ring_flood_on(&seg, rank, messages)
+}
+
+/// [`ring_flood`] over `seg`, whose word area holds at least [`RING_WORDS`] zeroed bytes
+/// (a fresh segment): rank 0 (producer) and rank 1 (consumer) call it at the same time, in
+/// two processes or two threads.
+pub fn ring_flood_on(seg: &Segment, rank: u32, messages: usize) -> io::Result<f64> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
+    let slot = |i: u64| {
+        seg.word((i as usize % RING_SLOTS) * 8)
+            .map_err(io::Error::from)
+    };
+    let head = seg.word(RING_SLOTS * 8).map_err(io::Error::from)?;
+    let total = (RING_WARMUP + messages) as u64;
+    if rank == 0 {
+        let mut start = Instant::now();
+        let mut seen = 0u64;
+        for i in 0..total {
+            if i == RING_WARMUP as u64 {
+                start = Instant::now();
+            }
+            if i - seen >= RING_SLOTS as u64 {
+                // Full: wait for the consumer's head to move.
+                seen = spin_until_at_least(head, i + 1 - RING_SLOTS as u64)?;
+            }
+            slot(i)?.store(i + 1, Ordering::Release);
+        }
+        spin_until_at_least(head, total)?;
+        Ok(messages as f64 / start.elapsed().as_secs_f64().max(1e-12))
+    } else {
+        for i in 0..total {
+            spin_until(slot(i)?, i + 1)?;
+            if (i + 1) % (RING_SLOTS as u64 / 4) == 0 || i + 1 == total {
+                head.store(i + 1, Ordering::Release);
+            }
+        }
+        Ok(0.0)
+    }
+}
+
+/// Spins until `word` is at least `value` (a head that only grows); returns what it read.
+fn spin_until_at_least(word: &AtomicU64, value: u64) -> io::Result<u64> {
+    let mut n = 0u32;
+    let mut since: Option<Instant> = None;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if v >= value {
+            return Ok(v);
+        }
+        std::hint::spin_loop();
+        n = n.wrapping_add(1);
+        if n % (1 << 16) == 0 {
+            let start = *since.get_or_insert_with(Instant::now);
+            if start.elapsed() > STALL {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "floor: peer stalled",
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
 fn unique_job() -> String {
     use std::sync::atomic::AtomicUsize;
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -260,6 +348,21 @@ pub fn copy_bandwidth_threads(bytes: usize, iters: usize) -> io::Result<f64> {
     threads(|seg, rank| copy_on(seg, rank, bytes, iters), 128, bytes)
 }
 
+/// [`ring_flood`] between two threads of this process, over a `/dev/shm` segment.
+pub fn ring_flood_threads(messages: usize) -> io::Result<f64> {
+    threads(
+        |seg, rank| ring_flood_on(seg, rank, messages),
+        RING_WORDS,
+        0,
+    )
+}
+
+/// A fresh segment for [`ring_flood_on`] between threads that are ranks of one process
+/// (the loopback transport's): heap memory, nothing in `/dev/shm`.
+pub fn ring_segment() -> io::Result<Segment> {
+    Segment::heap(RING_WORDS, 0).map_err(io::Error::from)
+}
+
 #[cfg(all(test, not(miri), not(loom)))]
 mod tests {
     use super::*;
@@ -276,5 +379,8 @@ mod tests {
             1003
         );
         assert!(copy_bandwidth_threads(1 << 16, 20).unwrap() > 0.0);
+        // Many laps of the ring, and fewer messages than a ring.
+        assert!(ring_flood_threads(10 * RING_SLOTS + 3).unwrap() > 0.0);
+        assert!(ring_flood_threads(5).unwrap() > 0.0);
     }
 }
