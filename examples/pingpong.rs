@@ -22,7 +22,7 @@
 //! ranks are threads, an atomic ping-pong on one cache line). Every row then carries the floor
 //! and `ratio` = AM round trip / floor (medians). Transports without a floor yet say so on
 //! stderr and leave those fields `null`. On the shared-memory transports it also measures the
-//! flood's floor, 8-byte messages through a raw single-producer ring between the same two
+//! flood's floor, one-line messages through a raw single-producer ring between the same two
 //! ranks (`am_shm::floor::ring_flood`): `ring_floor_msgs_per_s`, and `flood_to_ring` =
 //! `msgs_per_s` / that.
 
@@ -112,7 +112,7 @@ struct Floor {
     /// Shared-memory NICs, rank 0: the two-line ping-pong's round trips in µs, sorted; the
     /// least a design pays whose request and reply land on different lines, as theirs do.
     two_line_us: Vec<f64>,
-    /// Rank 0: one-way messages per second through a raw single-producer ring of 8-byte
+    /// Rank 0: one-way messages per second through a raw single-producer ring of one-line
     /// messages between the two ranks (`am_shm::floor::ring_flood`), the floor of a flood;
     /// `None` where there is none (udp).
     ring_msgs_per_s: Option<f64>,
@@ -446,7 +446,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     }
                     if let Some(r) = f.ring_msgs_per_s {
                         println!(
-                            "# ring floor: 8-byte messages through a raw single-producer \
+                            "# ring floor: one-line messages through a raw single-producer \
                              ring between the two ranks: {:.1} M/s",
                             r / 1e6
                         );

@@ -8,9 +8,10 @@
 //!   travel on different lines). The least any of the simulated NICs can do per round trip.
 //! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
 //!   the other acknowledges on a second line. Bytes per second at the copying rank.
-//! - [`ring_flood`]: a single-producer ring of [`RING_SLOTS`] 8-byte messages (each a stamp:
-//!   the message is its own ready flag), the consumer publishing its head every quarter ring.
-//!   Messages per second: the floor of a one-way flood.
+//! - [`ring_flood`]: a single-producer ring of [`RING_SLOTS`] messages of one cache line each
+//!   (a payload word, then the stamp that publishes it, as an AM Short's slot travels), the
+//!   consumer publishing its head every quarter ring. Messages per second: the floor of a
+//!   one-way flood.
 //!
 //! Both spin (they are floors); a peer that makes no progress for 10 s is an error, not a hang.
 //!
@@ -23,7 +24,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::Segment;
+use crate::{Segment, CACHE_LINE};
 
 const STALL: Duration = Duration::from_secs(10);
 
@@ -214,16 +215,16 @@ fn copy_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f
     }
 }
 
-/// Slots of the [`ring_flood`] floor's ring (8 bytes each).
+/// Slots of the [`ring_flood`] floor's ring (a cache line each).
 pub const RING_SLOTS: usize = 256;
 /// Messages the ring floor moves untimed before it starts the clock.
 const RING_WARMUP: usize = 16 * RING_SLOTS;
 
 /// Word-area bytes of the ring floor: the ring, then the consumer's head on a line of its own.
-const RING_WORDS: usize = RING_SLOTS * 8 + 64;
+const RING_WORDS: usize = RING_SLOTS * CACHE_LINE + CACHE_LINE;
 
 /// Two-process one-way flood through a raw single-producer ring: rank 0 sends `messages`
-/// 8-byte messages to rank 1, which publishes its head every quarter ring. Called like
+/// one-line messages to rank 1, which publishes its head every quarter ring. Called like
 /// [`cacheline_pingpong`]; rank 0 returns messages per second (from its first timed send to
 /// the head covering its last), rank 1 `0.0`.
 pub fn ring_flood(
@@ -243,11 +244,12 @@ pub fn ring_flood_on(seg: &Segment, rank: u32, messages: usize) -> io::Result<f6
     if rank > 1 {
         return Err(bad_rank(rank));
     }
-    let slot = |i: u64| {
-        seg.word((i as usize % RING_SLOTS) * 8)
+    // Slot i: its payload word, then its stamp word, on a line of its own.
+    let word = |i: u64, k: usize| {
+        seg.word((i as usize % RING_SLOTS) * CACHE_LINE + 8 * k)
             .map_err(io::Error::from)
     };
-    let head = seg.word(RING_SLOTS * 8).map_err(io::Error::from)?;
+    let head = seg.word(RING_SLOTS * CACHE_LINE).map_err(io::Error::from)?;
     let total = (RING_WARMUP + messages) as u64;
     if rank == 0 {
         let mut start = Instant::now();
@@ -260,13 +262,19 @@ pub fn ring_flood_on(seg: &Segment, rank: u32, messages: usize) -> io::Result<f6
                 // Full: wait for the consumer's head to move.
                 seen = spin_until_at_least(head, i + 1 - RING_SLOTS as u64)?;
             }
-            slot(i)?.store(i + 1, Ordering::Release);
+            word(i, 0)?.store(!i, Ordering::Relaxed);
+            word(i, 1)?.store(i + 1, Ordering::Release);
         }
         spin_until_at_least(head, total)?;
         Ok(messages as f64 / start.elapsed().as_secs_f64().max(1e-12))
     } else {
         for i in 0..total {
-            spin_until(slot(i)?, i + 1)?;
+            spin_until(word(i, 1)?, i + 1)?;
+            if word(i, 0)?.load(Ordering::Relaxed) != !i {
+                return Err(io::Error::other(
+                    "floor: a ring message's payload is not its own",
+                ));
+            }
             if (i + 1) % (RING_SLOTS as u64 / 4) == 0 || i + 1 == total {
                 head.store(i + 1, Ordering::Release);
             }
