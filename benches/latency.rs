@@ -52,7 +52,7 @@ fn am_rtt(c: &mut Criterion) {
 /// Spins, yielding once in a while so a preempted partner gets the core back.
 #[inline]
 fn relax(idle: u32) {
-    if idle % 1024 == 0 {
+    if idle.is_multiple_of(1024) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();

@@ -273,7 +273,7 @@ fn spin_until(ok: impl Fn(u64) -> bool) -> u64 {
             return v;
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
+        if spins.is_multiple_of(1024) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();

@@ -53,7 +53,7 @@ impl Liveness {
     #[inline]
     pub fn idle_poll(&mut self) -> bool {
         self.idle_polls = self.idle_polls.wrapping_add(1);
-        self.idle_polls % IDLE_POLLS_PER_TICK == 0
+        self.idle_polls.is_multiple_of(IDLE_POLLS_PER_TICK)
     }
 
     /// Whether `peer` is known lost.

@@ -44,7 +44,7 @@ fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
     while word.load(Ordering::Acquire) != value {
         std::hint::spin_loop();
         n = n.wrapping_add(1);
-        if n % (1 << 16) == 0 {
+        if n.is_multiple_of(1 << 16) {
             let start = *since.get_or_insert_with(Instant::now);
             if start.elapsed() > STALL {
                 return Err(io::Error::new(
@@ -294,7 +294,7 @@ fn spin_until_at_least(word: &AtomicU64, value: u64) -> io::Result<u64> {
         }
         std::hint::spin_loop();
         n = n.wrapping_add(1);
-        if n % (1 << 16) == 0 {
+        if n.is_multiple_of(1 << 16) {
             let start = *since.get_or_insert_with(Instant::now);
             if start.elapsed() > STALL {
                 return Err(io::Error::new(

@@ -136,11 +136,11 @@ impl Ring {
     ) -> Result<Ring, ShmError> {
         let bad = slots == 0
             || slot_size < 2 * STATUS_LEN
-            || slot_size % 8 != 0
+            || !slot_size.is_multiple_of(8)
             || slots.checked_mul(slot_size).is_none()
-            || tail % 8 != 0
-            || head % 8 != 0
-            || data % 8 != 0;
+            || !tail.is_multiple_of(8)
+            || !head.is_multiple_of(8)
+            || !data.is_multiple_of(8);
         if bad {
             return Err(ShmError::OutOfBounds {
                 offset: data,
@@ -551,7 +551,7 @@ impl Ring {
         parts: &[&[u8]],
     ) -> Result<(), ShmError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if at % 8 != 0 || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
+        if !at.is_multiple_of(8) || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
             return Err(ShmError::OutOfBounds {
                 offset: at,
                 len,
@@ -579,7 +579,7 @@ impl Ring {
             .map(|p| p.len())
             .sum::<usize>()
             .saturating_add(tail.len());
-        if at % 8 != 0 || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
+        if !at.is_multiple_of(8) || at.checked_add(len).is_none_or(|end| end > self.capacity()) {
             return Err(ShmError::OutOfBounds {
                 offset: at,
                 len,
@@ -956,7 +956,7 @@ mod tests {
                     *part += 1;
                 }
                 head += 1;
-                if head % 4 == 0 {
+                if head.is_multiple_of(4) {
                     r.consumed(&own, head).unwrap();
                 }
             }

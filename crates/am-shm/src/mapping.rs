@@ -71,7 +71,7 @@ impl Mapping {
     /// `len` bytes (a multiple of 8) of zeroed heap memory; an error if they cannot be
     /// allocated.
     pub(crate) fn heap(len: usize) -> Result<Mapping, ShmError> {
-        debug_assert!(len % WORD == 0);
+        debug_assert!(len.is_multiple_of(WORD));
         let words = (len / WORD).max(1);
         let mut v: Vec<u64> = Vec::new();
         if len > isize::MAX as usize || v.try_reserve_exact(words).is_err() {
@@ -90,7 +90,7 @@ impl Mapping {
     /// Maps `len` bytes (a multiple of 8) of `file`, shared.
     #[cfg_attr(miri, allow(dead_code))]
     pub(crate) fn map(file: &std::fs::File, len: usize, path: &str) -> Result<Mapping, ShmError> {
-        debug_assert!(len % WORD == 0);
+        debug_assert!(len.is_multiple_of(WORD));
         let raw = memmap2::MmapOptions::new()
             .len(len.max(WORD))
             .map_raw(file)
@@ -114,7 +114,7 @@ impl Mapping {
     /// `off % 8 == 0` and `off + 8 <= self.len()`.
     #[inline(always)]
     pub(crate) unsafe fn word64(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % WORD == 0 && off + WORD <= self.len);
+        debug_assert!(off.is_multiple_of(WORD) && off + WORD <= self.len);
         // SAFETY: by the caller's contract the 8 bytes are inside the live mapping (alive as
         // long as `&self`) and 8-aligned (the base is 8-aligned: a page, or a `u64` array);
         // every access to them is atomic and 8 bytes wide (module docs), so `from_ptr`'s
@@ -128,7 +128,7 @@ impl Mapping {
     /// `off % 8 == 0` and `off + 8 * n <= self.len()`.
     #[inline(always)]
     pub(crate) unsafe fn words64(&self, off: usize, n: usize) -> &[AtomicU64] {
-        debug_assert!(off % WORD == 0 && off + WORD * n <= self.len);
+        debug_assert!(off.is_multiple_of(WORD) && off + WORD * n <= self.len);
         // SAFETY: by the caller's contract the run is inside the live mapping and 8-aligned;
         // `AtomicU64` is an `UnsafeCell`, so a shared slice of them asserts nothing about
         // other processes' writes, and every access to these bytes is a 64-bit atomic.
@@ -142,7 +142,7 @@ impl Mapping {
     /// size (the callers keep futex words on lines of their own).
     #[inline(always)]
     pub(crate) unsafe fn word32(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: in bounds and 4-aligned by the caller's contract; only ever accessed as a
         // 32-bit atomic.
         unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast::<u32>()) }
@@ -321,7 +321,9 @@ impl Mapping {
     /// `a % 8 == 0`, `dst.len() % 8 == 0` and `a + dst.len() <= self.len()`.
     #[inline(always)]
     unsafe fn load_words(&self, a: usize, dst: &mut [u8]) {
-        debug_assert!(a % WORD == 0 && dst.len() % WORD == 0 && a + dst.len() <= self.len);
+        debug_assert!(
+            a.is_multiple_of(WORD) && dst.len().is_multiple_of(WORD) && a + dst.len() <= self.len
+        );
         #[cfg(all(not(miri), target_arch = "x86_64"))]
         {
             let n = dst.len();
@@ -361,7 +363,9 @@ impl Mapping {
     /// `a % 8 == 0`, `src.len() % 8 == 0` and `a + src.len() <= self.len()`.
     #[inline(always)]
     unsafe fn store_words(&self, a: usize, src: &[u8]) {
-        debug_assert!(a % WORD == 0 && src.len() % WORD == 0 && a + src.len() <= self.len);
+        debug_assert!(
+            a.is_multiple_of(WORD) && src.len().is_multiple_of(WORD) && a + src.len() <= self.len
+        );
         #[cfg(all(not(miri), target_arch = "x86_64"))]
         {
             let n = src.len();

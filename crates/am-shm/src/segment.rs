@@ -97,7 +97,7 @@ impl View {
     /// The atomic at byte `off` of the word area, checked for bounds and alignment.
     #[inline]
     fn word64(&self, off: usize) -> Result<&AtomicU64, ShmError> {
-        if off % WORD != 0 || off.checked_add(WORD).is_none_or(|end| end > self.words) {
+        if !off.is_multiple_of(WORD) || off.checked_add(WORD).is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: WORD,
@@ -113,7 +113,7 @@ impl View {
     #[inline]
     fn words64(&self, off: usize, n: usize) -> Result<&[AtomicU64], ShmError> {
         let end = n.checked_mul(WORD).and_then(|len| off.checked_add(len));
-        if off % WORD != 0 || end.is_none_or(|end| end > self.words) {
+        if !off.is_multiple_of(WORD) || end.is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: n.saturating_mul(WORD),
@@ -127,7 +127,7 @@ impl View {
     /// The 32-bit atomic at byte `off` of the word area (futex words).
     #[inline]
     fn word32(&self, off: usize) -> Result<&crate::sync::AtomicU32, ShmError> {
-        if off % 4 != 0 || off.checked_add(4).is_none_or(|end| end > self.words) {
+        if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > self.words) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: 4,
@@ -144,7 +144,7 @@ impl View {
     /// and 8-alignment.
     #[inline]
     fn slot_word(&self, off: usize) -> Result<&AtomicU64, ShmError> {
-        if off % WORD != 0 || off.checked_add(WORD).is_none_or(|end| end > self.bytes) {
+        if !off.is_multiple_of(WORD) || off.checked_add(WORD).is_none_or(|end| end > self.bytes) {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: WORD,
@@ -160,8 +160,8 @@ impl View {
     /// `[off, off + len)` of the byte area as a [`Slot`]: 8-aligned whole words, checked.
     #[inline]
     fn slot(&self, off: usize, len: usize) -> Result<Slot<'_>, ShmError> {
-        if off % WORD != 0
-            || len % WORD != 0
+        if !off.is_multiple_of(WORD)
+            || !len.is_multiple_of(WORD)
             || len == 0
             || off.checked_add(len).is_none_or(|end| end > self.bytes)
         {
@@ -206,7 +206,7 @@ impl View {
         let fits = padded
             .and_then(|p| off.checked_add(p))
             .is_some_and(|end| end <= round_to_words(self.bytes).unwrap_or(0));
-        if off % WORD != 0 || !fits {
+        if !off.is_multiple_of(WORD) || !fits {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: total,
@@ -232,7 +232,7 @@ impl View {
         let fits = padded
             .and_then(|p| off.checked_add(p))
             .is_some_and(|end| end <= round_to_words(self.bytes).unwrap_or(0));
-        if off % WORD != 0 || !fits {
+        if !off.is_multiple_of(WORD) || !fits {
             return Err(ShmError::OutOfBounds {
                 offset: off,
                 len: total.unwrap_or(usize::MAX),

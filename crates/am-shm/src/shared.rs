@@ -176,7 +176,7 @@ impl<'a> SharedBytes<'a> {
     /// in flight as one over `&mut [u64]`.
     #[inline]
     pub fn words(&self) -> Result<&'a [AtomicU64], ShmError> {
-        if self.start % WORD != 0 {
+        if !self.start.is_multiple_of(WORD) {
             return Err(ShmError::Misaligned { offset: 0 });
         }
         // SAFETY: 8-aligned (checked) and `start + 8 * (len / 8) <= start + len <= map.len()`

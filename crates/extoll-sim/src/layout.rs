@@ -63,7 +63,7 @@ pub fn notes_claimer(r: usize, engine: bool) -> u32 {
 /// The rank and record ([`CLAIM_NOTES`] or [`CLAIM_ENGINE`]) of notification claimer `who`.
 #[inline]
 pub fn notes_claimer_of(who: u32) -> (usize, usize) {
-    let q = if who % 2 == 0 {
+    let q = if who.is_multiple_of(2) {
         CLAIM_NOTES
     } else {
         CLAIM_ENGINE

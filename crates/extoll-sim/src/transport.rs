@@ -1179,7 +1179,7 @@ impl Extoll {
     #[inline]
     fn count_poll(&mut self) {
         self.polls = self.polls.wrapping_add(1);
-        if self.polls % IDLE_POLLS_PER_TICK == 0 {
+        if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
             self.tick(Instant::now());
         }
     }
@@ -1727,7 +1727,7 @@ impl Transport for Extoll {
                     // On a machine with no spare core, a spinning rank would otherwise keep
                     // the engine thread off the CPU for a whole scheduler slice.
                     std::thread::yield_now();
-                } else if self.polls % IDLE_POLLS_PER_TICK == 0 {
+                } else if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
                     // Even a spinning rank gives the CPU away now and then (tens of µs
                     // without a message): on an oversubscribed machine the peer it waits for
                     // may need it.

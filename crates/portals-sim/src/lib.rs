@@ -200,7 +200,7 @@ impl PortalsConfig {
                 self.request_buffers
             ));
         }
-        if !(128..=65536).contains(&self.max_message) || self.max_message % 8 != 0 {
+        if !(128..=65536).contains(&self.max_message) || !self.max_message.is_multiple_of(8) {
             return bad(format!(
                 "max_message = {} (128..=65536, a multiple of 8)",
                 self.max_message

@@ -1140,7 +1140,7 @@ impl<'a> Nic<'a> {
                 idx,
                 at,
                 use_once,
-                owned: owned && at % LM_ALIGN == 0,
+                owned: owned && at.is_multiple_of(LM_ALIGN),
             });
         }
         self.no_match(cl, pt)

@@ -543,7 +543,7 @@ impl TxState {
         };
         let lo = l.request_buffer(i) as u64;
         start >= lo
-            && (start - lo) % ni::LM_ALIGN as u64 == 0
+            && (start - lo).is_multiple_of(ni::LM_ALIGN as u64)
             && start
                 .checked_add(len as u64)
                 .is_some_and(|end| end <= lo + l.request_buffer_bytes as u64)
@@ -1165,7 +1165,7 @@ impl Portals {
         // Inside the buffer (or the send slot), at a claim boundary, with checked ends.
         let start = ev.start;
         let in_range = start >= lo
-            && (start - lo) % ni::LM_ALIGN as u64 == 0
+            && (start - lo).is_multiple_of(ni::LM_ALIGN as u64)
             && start.checked_add(mlen as u64).is_some_and(|end| end <= hi);
         if !in_range || (!is_request && start != lo) {
             return Err(bad("message range"));

@@ -175,7 +175,7 @@ impl SciConfig {
         if !(1..=64).contains(&self.slots) {
             return Err(SciError::Config(format!("slots = {} (1..=64)", self.slots)));
         }
-        if !(128..=1 << 20).contains(&self.slot_size) || self.slot_size % 8 != 0 {
+        if !(128..=1 << 20).contains(&self.slot_size) || !self.slot_size.is_multiple_of(8) {
             return Err(SciError::Config(format!(
                 "slot_size = {} (128..=1 MiB, a multiple of 8)",
                 self.slot_size

@@ -888,7 +888,8 @@ fn a_peer_descheduled_now_and_then_is_not_retransmitted_to_after_the_first_time(
     let mut timeouts_after_warmup = None;
     while net.now < start + Duration::from_secs(2) {
         let since = net.now - start;
-        if since.as_millis() % 40 == 0 && net.paused_until[1].is_none_or(|t| t <= net.now) {
+        if since.as_millis().is_multiple_of(40) && net.paused_until[1].is_none_or(|t| t <= net.now)
+        {
             net.paused_until[1] = Some(net.now + Duration::from_millis(8));
         }
         if timeouts_after_warmup.is_none() && since >= Duration::from_millis(200) {
