@@ -221,7 +221,7 @@ pub const RING_SLOTS: usize = 256;
 const RING_WARMUP: usize = 16 * RING_SLOTS;
 
 /// Word-area bytes of the ring floor: the ring, then the consumer's head on a line of its own.
-const RING_WORDS: usize = RING_SLOTS * CACHE_LINE + CACHE_LINE;
+pub const RING_WORDS: usize = RING_SLOTS * CACHE_LINE + CACHE_LINE;
 
 /// Two-process one-way flood through a raw single-producer ring: rank 0 sends `messages`
 /// one-line messages to rank 1, which publishes its head every quarter ring. Called like
