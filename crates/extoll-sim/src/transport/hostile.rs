@@ -4,7 +4,7 @@
 //! delivered from it or written outside its range, and that rank 2's messages (over VELO and
 //! by RMA buffer) still arrive. Heap clusters, bounded waits: Miri runs them.
 
-use super::tests::{head, out, patience, poll_until};
+use super::tests::{head, out, patience, poll_for_errors, poll_until};
 use super::*;
 use crate::layout::ABORT;
 use crate::layout::{
@@ -354,7 +354,7 @@ fn rewritten_head_words_are_put_back() {
     assert_eq!((mail, notes), (b.head, b.note_head));
     a.tx.peers[1].imp.store_word(MAILBOX_HEAD, 1 << 40).unwrap();
     a.tx.peers[1].imp.store_word(NOTIFY_HEAD, 0).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_millis(400));
+    let (got, errors) = poll_for_errors(&mut b, |e| e.len() >= 2, patience(5));
     assert_eq!(got, None);
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(errors.iter().all(|e| named(e, None)), "{errors:?}");
@@ -487,7 +487,7 @@ fn an_rma_medium_longer_than_a_buffer_is_dropped() {
 fn an_rma_medium_waiting_for_velo_messages_never_sent_is_dropped() {
     let (a, mut b, mut c) = trio();
     land_tail(&a, 1 | 12 << 16 | 5 << 32);
-    let (got, errors) = poll_until(&mut b, Duration::from_millis(400));
+    let (got, errors) = poll_for_errors(&mut b, |e| !e.is_empty(), patience(5));
     assert_eq!(got, None);
     one_naming(&errors, Some(0));
     assert_eq!((b.rma_delivered[0], b.rma_pending), (1, 0));
@@ -505,7 +505,8 @@ fn a_mutual_wait_of_both_paths_is_broken() {
     let h = short_head();
     publish(&a, 1, 0, &h, meta(h.len(), FIRST | LAST, 1));
     let mut errors = good_still_arrives(&mut b, &mut c);
-    let (got, e) = poll_until(&mut b, Duration::from_millis(400));
+    let met = errors.len();
+    let (got, e) = poll_for_errors(&mut b, |e| met + e.len() >= 2, patience(5));
     assert_eq!(got, None);
     errors.extend(e);
     assert_eq!(errors.len(), 2, "{errors:?}");
@@ -636,7 +637,7 @@ fn corrupt_departed_and_abort_words_are_put_back_and_reported() {
     let (a, mut b, mut c) = trio();
     let at = b.tx.layout.departed(0);
     a.tx.peers[1].imp.store_word(at, 0xdead).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_millis(400));
+    let (got, errors) = poll_for_errors(&mut b, |e| !e.is_empty(), patience(5));
     assert_eq!(got, None);
     one_naming(&errors, Some(0));
     assert_eq!(b.seg.load_word(at).unwrap(), 0);
@@ -644,7 +645,7 @@ fn corrupt_departed_and_abort_words_are_put_back_and_reported() {
 
     let (a, mut b, mut c) = trio();
     a.tx.peers[1].imp.store_word(ABORT, 0xdead).unwrap();
-    let (got, errors) = poll_until(&mut b, Duration::from_millis(400));
+    let (got, errors) = poll_for_errors(&mut b, |e| !e.is_empty(), patience(5));
     assert_eq!(got, None);
     one_naming(&errors, None);
     assert_eq!(b.seg.load_word(ABORT).unwrap(), 0);
@@ -653,7 +654,8 @@ fn corrupt_departed_and_abort_words_are_put_back_and_reported() {
     // 1 is what a panicking rank writes: the job is over.
     let (a, mut b, _c) = trio();
     a.tx.peers[1].imp.store_word(ABORT, 1).unwrap();
-    let (_, errors) = poll_until(&mut b, Duration::from_millis(400));
+    let enough = |e: &[TransportError]| e.contains(&TransportError::JobAborted);
+    let (_, errors) = poll_for_errors(&mut b, enough, patience(5));
     assert!(errors.contains(&TransportError::JobAborted), "{errors:?}");
 }
 

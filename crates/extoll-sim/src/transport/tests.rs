@@ -52,6 +52,31 @@ pub(super) fn poll_until(
     (None, errors)
 }
 
+/// Polls `x` until the errors met satisfy `enough` and a poll then finds nothing more queued,
+/// until it delivers, or until `limit` passes. Errors found by one check come out one per
+/// poll, so a fixed window can end between them (it did under Miri).
+pub(super) fn poll_for_errors(
+    x: &mut Extoll,
+    enough: impl Fn(&[TransportError]) -> bool,
+    limit: Duration,
+) -> (Option<(u32, Vec<u8>)>, Vec<TransportError>) {
+    let deadline = Instant::now() + limit;
+    let mut errors = Vec::new();
+    while Instant::now() < deadline {
+        match x.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())) {
+            Ok(Some(got)) => return (Some(got), errors),
+            Ok(None) if enough(&errors) => break,
+            Ok(None) => {
+                if let Err(e) = x.wait(Duration::from_millis(5)) {
+                    errors.push(e);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    (None, errors)
+}
+
 fn recv(x: &mut Extoll) -> Option<(u32, Vec<u8>)> {
     let (got, errors) = poll_until(x, patience(10));
     assert_eq!(errors, vec![]);
