@@ -211,13 +211,21 @@ fn out_of_credit_a_request_waits_and_nothing_is_dropped() {
     }
 }
 
-/// Ranks 1 and 2 each send `n` SINK requests to rank 0, numbered from 0, as credits allow.
-fn sink_from_1_and_2(c: &mut Cluster, n: u32) {
-    let mut next = [0u32; 3];
-    c.drive(&[1, 2], |r, ep, tx| {
-        while next[r as usize] < n {
-            match ep.request_step(tx, 0, AmKind::Short, SINK, &[next[r as usize]], &[], None) {
-                Poll::Ready(Ok(())) => next[r as usize] += 1,
+/// Each of `senders` sends `n` Short requests to rank 0, as credits allow: its `i`-th to
+/// handler and argument `request(i)`.
+fn requests_to_0(
+    c: &mut Cluster,
+    senders: &[Rank],
+    n: u32,
+    request: impl Fn(u32) -> (HandlerId, u32),
+) {
+    let mut next = vec![0u32; c.size() as usize];
+    c.drive(senders, |r, ep, tx| {
+        let i = &mut next[r as usize];
+        while *i < n {
+            let (handler, arg) = request(*i);
+            match ep.request_step(tx, 0, AmKind::Short, handler, &[arg], &[], None) {
+                Poll::Ready(Ok(())) => *i += 1,
                 Poll::Ready(Err(e)) => panic!("{e}"),
                 Poll::Pending => return Poll::Pending,
             }
@@ -226,21 +234,33 @@ fn sink_from_1_and_2(c: &mut Cluster, n: u32) {
     });
 }
 
+/// Ranks 1 and 2 each send `n` SINK requests to rank 0, numbered from 0, as credits allow.
+fn sink_from_1_and_2(c: &mut Cluster, n: u32) {
+    requests_to_0(c, &[1, 2], n, |i| (SINK, i));
+}
+
+/// A started cluster of `ranks` ranks with 8 credits per peer whose implicit replies are
+/// coalesced, with nothing counted as sent yet.
+fn coalescing_cluster(ranks: u32, seed: u64) -> (Cluster, Vec<Rc<Seen>>) {
+    let shape = Shape {
+        credits: 8,
+        ..Shape::new(ranks)
+    };
+    let (mut c, seen) = cluster(shape, seed);
+    for n in &mut c.nodes {
+        n.ep.set_acks_coalesce(true);
+    }
+    c.net.sent.clear();
+    (c, seen)
+}
+
 /// Where the transport allows it, the requests a handler answers with no reply are answered
 /// together: fewer messages, the same credits home, nothing dropped or reordered, also when
 /// the device refuses some of the coalesced replies.
 #[test]
 fn implicit_replies_coalesce_and_every_credit_comes_home() {
     for seed in 0..SEEDS {
-        let shape = Shape {
-            credits: 8,
-            ..Shape::new(3)
-        };
-        let (mut c, seen) = cluster(shape, seed);
-        for n in &mut c.nodes {
-            n.ep.set_acks_coalesce(true);
-        }
-        c.net.sent.clear();
+        let (mut c, seen) = coalescing_cluster(3, seed);
         sink_from_1_and_2(&mut c, 50);
         c.net.busy[0] = 3;
         c.settle();
@@ -277,31 +297,14 @@ fn implicit_replies_coalesce_and_every_credit_comes_home() {
 #[test]
 fn coalesced_and_explicit_replies_keep_request_order() {
     for seed in 0..SEEDS {
-        let shape = Shape {
-            credits: 8,
-            ..Shape::new(2)
-        };
-        let (mut c, seen) = cluster(shape, seed);
-        for n in &mut c.nodes {
-            n.ep.set_acks_coalesce(true);
-        }
-        c.net.sent.clear();
+        let (mut c, seen) = coalescing_cluster(2, seed);
         // Three requests answered by nobody, then one answered: 20 times.
-        let mut next = 0u32;
-        c.drive(&[1], |_, ep, tx| {
-            while next < 80 {
-                let (handler, arg) = if next % 4 == 3 {
-                    (PING, 1000 + next)
-                } else {
-                    (SINK, next)
-                };
-                match ep.request_step(tx, 0, AmKind::Short, handler, &[arg], &[], None) {
-                    Poll::Ready(Ok(())) => next += 1,
-                    Poll::Ready(Err(e)) => panic!("{e}"),
-                    Poll::Pending => return Poll::Pending,
-                }
+        requests_to_0(&mut c, &[1], 80, |i| {
+            if i % 4 == 3 {
+                (PING, 1000 + i)
+            } else {
+                (SINK, i)
             }
-            Poll::Ready(())
         });
         c.settle();
         let sunk: Vec<u32> = seen[0].sunk.borrow().iter().map(|s| s.1).collect();

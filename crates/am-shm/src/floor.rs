@@ -39,9 +39,19 @@ fn block_iters(iters: usize, b: usize) -> usize {
 }
 
 fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
+    spin_while(word, |v| v != value).map(drop)
+}
+
+/// Spins while `waiting(word)`, yielding now and then; returns the value that ended the wait.
+/// A peer that makes no progress for [`STALL`] is an error.
+fn spin_while(word: &AtomicU64, waiting: impl Fn(u64) -> bool) -> io::Result<u64> {
     let mut n = 0u32;
     let mut since: Option<Instant> = None;
-    while word.load(Ordering::Acquire) != value {
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if !waiting(v) {
+            return Ok(v);
+        }
         std::hint::spin_loop();
         n = n.wrapping_add(1);
         if n.is_multiple_of(1 << 16) {
@@ -55,7 +65,6 @@ fn spin_until(word: &AtomicU64, value: u64) -> io::Result<()> {
             std::thread::yield_now();
         }
     }
-    Ok(())
 }
 
 /// Rank 0 creates, `fence`, rank 1 maps, `fence`, rank 0 unlinks (nothing left behind).
@@ -259,13 +268,13 @@ pub fn ring_flood_on(seg: &Segment, rank: u32, messages: usize) -> io::Result<f6
                 start = Instant::now();
             }
             if i - seen >= RING_SLOTS as u64 {
-                // Full: wait for the consumer's head to move.
-                seen = spin_until_at_least(head, i + 1 - RING_SLOTS as u64)?;
+                // Full: wait until the consumer's head (it only grows) frees the slot i reuses.
+                seen = spin_while(head, |h| h < i + 1 - RING_SLOTS as u64)?;
             }
             word(i, 0)?.store(!i, Ordering::Relaxed);
             word(i, 1)?.store(i + 1, Ordering::Release);
         }
-        spin_until_at_least(head, total)?;
+        spin_while(head, |h| h < total)?;
         Ok(messages as f64 / start.elapsed().as_secs_f64().max(1e-12))
     } else {
         for i in 0..total {
@@ -280,30 +289,6 @@ pub fn ring_flood_on(seg: &Segment, rank: u32, messages: usize) -> io::Result<f6
             }
         }
         Ok(0.0)
-    }
-}
-
-/// Spins until `word` is at least `value` (a head that only grows); returns what it read.
-fn spin_until_at_least(word: &AtomicU64, value: u64) -> io::Result<u64> {
-    let mut n = 0u32;
-    let mut since: Option<Instant> = None;
-    loop {
-        let v = word.load(Ordering::Acquire);
-        if v >= value {
-            return Ok(v);
-        }
-        std::hint::spin_loop();
-        n = n.wrapping_add(1);
-        if n.is_multiple_of(1 << 16) {
-            let start = *since.get_or_insert_with(Instant::now);
-            if start.elapsed() > STALL {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "floor: peer stalled",
-                ));
-            }
-            std::thread::yield_now();
-        }
     }
 }
 

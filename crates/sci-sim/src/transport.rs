@@ -318,7 +318,8 @@ impl TxState {
         // A reply goes to the reply slot paired with the oldest request it answers: the one
         // its route names (the request's slot) and, for a coalesced implicit reply, the
         // earlier ones still unanswered, which it answers too (the slot flags say how many).
-        let (slot, answering, answered) = if let Some(route) = msg.reply_to {
+        // For a reply, `answer_after` is the slot of the request after the last it answers.
+        let (slot, answering, answered, answer_after) = if let Some(route) = msg.reply_to {
             match route.get().checked_sub(1).map(usize::try_from) {
                 Some(Ok(k)) if k < p => {
                     let first = to.answer_next;
@@ -332,7 +333,7 @@ impl TxState {
                     if to.awaiting_reply & mask != mask {
                         return Err(SendError::NoRequestToAnswer(route));
                     }
-                    (p + first, answering, mask)
+                    (p + first, answering, mask, next_slot(k, p))
                 }
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
@@ -341,7 +342,7 @@ impl TxState {
             if to.mls.is_busy(k) {
                 return Err(SendError::Busy);
             }
-            (k, 0, 0)
+            (k, 0, 0, 0)
         };
         let cap = self.chan.capacity();
         let base = self.chan.base(slot).map_err(sci_err)?;
@@ -416,9 +417,7 @@ impl TxState {
         // Claimed: message location status, or the requests answered.
         if slot >= p {
             to.awaiting_reply &= !answered;
-            // The request after the last one answered: the route's.
-            let k = msg.reply_to.map_or(0, |r| r.get() as usize - 1);
-            to.answer_next = next_slot(k, p);
+            to.answer_next = answer_after;
         } else {
             to.mls.take(slot);
             to.next_req = next_slot(slot, p);
