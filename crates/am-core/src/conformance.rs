@@ -12,7 +12,9 @@
 //! What it covers: per-pair ordering, back-pressure through `try_` requests, size limits and
 //! argument errors, every AM kind at boundary sizes (0, 1, max-1, max), request floods in both
 //! directions with one credit (no deadlock), requests whose handler does not reply, put/get,
-//! barriers, messages to self, many ranks all-to-all, and the start-up table check.
+//! remote atomics, barriers, messages to self, many ranks all-to-all, and the start-up table
+//! check. [`atomics_need_no_target_progress`] is for the transports that apply atomics
+//! themselves; they call it beside the macro.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -732,6 +734,195 @@ pub fn segment_races_are_sound<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
     });
 }
 
+/// Every atomic operation at both widths, on every rank's segment (its own included), at the
+/// segment's first and last words: each returns the old value and leaves the model's value,
+/// and a 32-bit one leaves the other half of its 8 bytes alone. A misaligned or out-of-segment
+/// word, or a rank outside the job, is a typed error and changes nothing.
+pub fn atomics_every_op_and_width<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::AtomicOp::*;
+    run_watched("atomics_every_op_and_width", make(3, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let (me, n) = (node.rank(), node.size());
+        // Rank `me` works on 16 bytes of every segment: its block, and (rank 0) the last 16.
+        let mut blocks = vec![me as usize * 64];
+        if me == 0 {
+            blocks.push(SEGMENT - 16);
+        }
+        for dest in 0..n {
+            for &at in &blocks {
+                let base = 0x1111_2222_3333_4444u64.wrapping_mul(u64::from(me) + 1);
+                node.put(dest, at, &base.to_le_bytes()).expect("put");
+                node.put(dest, at + 8, &[0xEE; 8]).expect("put");
+                let a = |node: &mut Node<T>, op| node.atomic::<u64>(dest, at, op).expect("atomic");
+                assert_eq!(a(&mut node, Load), base);
+                assert_eq!(a(&mut node, FetchAdd(u64::MAX)), base);
+                assert_eq!(a(&mut node, Xor(0xff)), base - 1);
+                let v = (base - 1) ^ 0xff;
+                assert_eq!(a(&mut node, And(!0xf0)), v);
+                assert_eq!(a(&mut node, Or(1 << 63)), v & !0xf0);
+                let v = (v & !0xf0) | 1 << 63;
+                assert_eq!(
+                    a(
+                        &mut node,
+                        CompareSwap {
+                            current: v ^ 1,
+                            new: 5
+                        }
+                    ),
+                    v,
+                    "fails"
+                );
+                assert_eq!(
+                    a(&mut node, CompareSwap { current: v, new: 5 }),
+                    v,
+                    "succeeds"
+                );
+                assert_eq!(a(&mut node, Swap(6)), 5);
+                assert_eq!(a(&mut node, Store(7)), 6);
+                // Both halves of the next 8 bytes, by 32-bit atomics.
+                let h = |node: &mut Node<T>, off, op| {
+                    node.atomic::<u32>(dest, at + off, op).expect("atomic")
+                };
+                assert_eq!(h(&mut node, 8, FetchAdd(0x12)), 0xEEEE_EEEE);
+                assert_eq!(h(&mut node, 12, Swap(0xA5A5_0000)), 0xEEEE_EEEE);
+                assert_eq!(
+                    h(
+                        &mut node,
+                        8,
+                        CompareSwap {
+                            current: 0xEEEE_EF00,
+                            new: 1
+                        }
+                    ),
+                    0xEEEE_EF00
+                );
+                assert_eq!(h(&mut node, 12, And(0x0000_FFFF)), 0xA5A5_0000);
+                assert_eq!(h(&mut node, 12, Or(0x10)), 0);
+                assert_eq!(h(&mut node, 8, Xor(3)), 1);
+                assert_eq!(h(&mut node, 8, Load), 2);
+                let got = node.get(dest, at, 16).expect("get");
+                let mut want = 7u64.to_le_bytes().to_vec();
+                want.extend(2u32.to_le_bytes());
+                want.extend(0x10u32.to_le_bytes());
+                assert_eq!(got, want, "rank {me} on rank {dest} at {at}");
+            }
+            // Refused, typed, with nothing changed.
+            let at = blocks[0];
+            assert!(matches!(
+                node.atomic(dest, at + 4, Swap(9u64)),
+                Err(AmError::Misaligned { align: 8, .. })
+            ));
+            assert!(matches!(
+                node.atomic(dest, at + 2, Swap(9u32)),
+                Err(AmError::Misaligned { align: 4, .. })
+            ));
+            assert!(matches!(
+                node.atomic(dest, SEGMENT - 4, Swap(9u64)),
+                Err(AmError::SegmentOutOfBounds { .. })
+            ));
+            assert!(matches!(
+                node.atomic(dest, usize::MAX - 3, Swap(9u32)),
+                Err(AmError::SegmentOutOfBounds { .. })
+            ));
+            assert_eq!(node.get(dest, at, 8).expect("get"), 7u64.to_le_bytes());
+        }
+        assert!(matches!(
+            node.atomic(n, 0, Load::<u64>),
+            Err(AmError::InvalidRank { .. })
+        ));
+        node.barrier().expect("barrier");
+    });
+}
+
+/// Every rank adds to the same words of rank 0's segment at once (a 64-bit word and both
+/// halves of the next 8 bytes), blocking and non-blocking: the totals are the sequential
+/// sums, and the fetched old values are all different (each add saw the one before it).
+pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const RANKS: u32 = 4;
+    let per: u64 = if cfg!(miri) { 4 } else { 300 };
+    let olds = std::sync::Mutex::new(Vec::new());
+    run_watched("atomics_from_all_ranks_add_up", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = u64::from(node.rank());
+        let mut mine = Vec::new();
+        for k in 0..per {
+            mine.push(
+                node.atomic(0, 0, crate::AtomicOp::FetchAdd(1 << 40 | (me + 1)))
+                    .expect("fetch-add"),
+            );
+            // Several in flight at once, to both 32-bit halves.
+            let hs: Vec<_> = (0..2)
+                .map(|half| {
+                    node.atomic_nb(0, 8 + 4 * half, crate::AtomicOp::FetchAdd(k as u32 + 1))
+                        .expect("atomic_nb")
+                })
+                .collect();
+            for h in hs {
+                node.wait_atomic(h).expect("wait_atomic");
+            }
+        }
+        olds.lock().unwrap().extend(mine);
+        node.barrier().expect("barrier");
+        if me == 0 {
+            let sum: u64 = (1..=u64::from(RANKS)).sum();
+            let want = u64::from(RANKS) * per * (1 << 40) + per * sum;
+            assert_eq!(node.atomic(0, 0, crate::AtomicOp::Load::<u64>), Ok(want));
+            let halves = u64::from(RANKS) * per * (per + 1) / 2;
+            assert_eq!(node.get(0, 8, 8).expect("get"), {
+                let mut b = (halves as u32).to_le_bytes().to_vec();
+                b.extend((halves as u32).to_le_bytes());
+                b
+            });
+        }
+        node.barrier().expect("barrier");
+    });
+    let mut olds = olds.into_inner().unwrap();
+    olds.sort_unstable();
+    olds.dedup();
+    assert_eq!(
+        olds.len() as u64,
+        u64::from(RANKS) * per,
+        "two adds saw the same value"
+    );
+}
+
+/// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
+/// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
+/// blocking and non-blocking, and every one is complete when made.
+pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    run_watched("atomics_need_no_target_progress", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        node.barrier().expect("barrier");
+        if node.rank() == 1 {
+            // Not a poll until rank 0 is done (or gave up).
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(node.segment().load_u64(64).expect("load"), 1000);
+        } else {
+            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _done = Done(&done);
+            for k in 0..1000u64 {
+                let h = node
+                    .atomic_nb(1, 64, crate::AtomicOp::FetchAdd(1u64))
+                    .expect("atomic_nb");
+                assert!(
+                    h.is_applied(),
+                    "the transport did not apply the atomic itself"
+                );
+                assert_eq!(node.wait_atomic(h), Ok(k));
+            }
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// A rank with a different handler table makes every rank's start fail with a clear error.
 pub fn handler_table_mismatch<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let results = run_watched("handler_table_mismatch", make(3, SEGMENT), |t| {
@@ -789,7 +980,8 @@ macro_rules! conformance_tests {
             size_limits_and_bad_arguments, per_pair_ordering, back_pressure,
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
-            barrier_after_the_others_left, segment_races_are_sound);
+            barrier_after_the_others_left, segment_races_are_sound,
+            atomics_every_op_and_width, atomics_from_all_ranks_add_up);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -42,6 +42,9 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::task::Poll;
 
+use std::marker::PhantomData;
+
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
 use crate::credit::CreditPolicy;
 use crate::error::{AmError, Misbehavior, StartError};
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
@@ -79,6 +82,8 @@ struct OpSlot {
     outstanding: u32,
     error: Option<AmError>,
     data: Vec<u8>,
+    /// A remote atomic (one message; its old value lands in `data`) rather than a put or get.
+    atomic: Option<Atomic>,
 }
 
 /// A non-blocking put in flight: complete it with [`crate::Node::wait_put`] (or, driving an
@@ -97,6 +102,41 @@ pub struct PutHandle {
 pub struct GetHandle {
     pub(crate) index: u32,
     pub(crate) gen: u32,
+}
+
+/// A remote atomic in flight: complete it with [`crate::Node::wait_atomic`] (or
+/// [`Endpoint::atomic_step`] then [`Endpoint::poll_atomic`]). One the transport applied
+/// itself, or on this rank, is complete when made.
+#[derive(Debug)]
+#[must_use = "an atomic's old value arrives only once waited for"]
+pub struct AtomicHandle<W: AtomicWord> {
+    pub(crate) state: AtomicState,
+    width: PhantomData<W>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtomicState {
+    /// Applied: the word's old value.
+    Done(u64),
+    /// Sent as a system message: its operation slot.
+    Op { index: u32, gen: u32 },
+}
+
+impl<W: AtomicWord> AtomicHandle<W> {
+    /// Whether the atomic was applied when it was made (by the transport, on the target's
+    /// memory, or on this rank): waiting for it then needs no message.
+    pub fn is_applied(&self) -> bool {
+        matches!(self.state, AtomicState::Done(_))
+    }
+
+    /// An atomic already applied (by the transport, or to this rank's segment), whose word
+    /// held `old`.
+    pub fn applied(old: u64) -> AtomicHandle<W> {
+        AtomicHandle {
+            state: AtomicState::Done(old),
+            width: PhantomData,
+        }
+    }
 }
 
 /// Start-up handshake: everyone tells rank 0 its table digest and segment size, rank 0
@@ -1195,6 +1235,86 @@ impl Endpoint {
         self.op_step(tx, handle.index, handle.gen, None)
     }
 
+    /// Checks an atomic on the word at `offset` of `dest`'s segment before anything is done:
+    /// the rank, the word inside the segment and aligned to its width, and `dest` not gone.
+    pub fn check_atomic(&self, dest: Rank, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
+        self.check_rank(dest)?;
+        let width = atomic.width().bytes();
+        match atomic.check(offset, self.seg_len) {
+            Ok(()) => {}
+            Err(Refused::OutOfBounds) => {
+                return Err(self.out_of_bounds(offset as u64, width as u64))
+            }
+            Err(Refused::Misaligned) => {
+                return Err(AmError::Misaligned {
+                    offset: offset as u64,
+                    align: width,
+                })
+            }
+        }
+        match self.waiting_for(dest) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(()),
+        }
+    }
+
+    /// Starts an atomic that the transport does not apply itself ([`crate::Node::atomic_nb`]
+    /// asks it first): one on this rank is applied at once, to `segment`; for another rank,
+    /// send it with [`Endpoint::atomic_step`].
+    pub fn atomic_start<W: AtomicWord>(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<AtomicHandle<W>, AmError> {
+        let atomic = Atomic::from(op);
+        self.check_atomic(dest, offset, &atomic)?;
+        if dest == self.rank {
+            let ours = segment.slice_or_empty(0, self.seg_len.min(segment.len()));
+            let old = atomic
+                .apply(ours, offset)
+                .map_err(|_| self.out_of_bounds(offset as u64, atomic.width().bytes() as u64))?;
+            return Ok(AtomicHandle::applied(old));
+        }
+        let (index, gen) = self.alloc_op(dest, offset, 1, vec![0; 8]);
+        self.ops[index as usize].atomic = Some(atomic);
+        Ok(AtomicHandle {
+            state: AtomicState::Op { index, gen },
+            width: PhantomData,
+        })
+    }
+
+    /// A step of sending an atomic, as [`Endpoint::put_step`]: ready once it is sent (at
+    /// once if it was applied when started).
+    pub fn atomic_step<W: AtomicWord>(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &AtomicHandle<W>,
+    ) -> Poll<Result<(), AmError>> {
+        match handle.state {
+            AtomicState::Done(_) => Poll::Ready(Ok(())),
+            AtomicState::Op { index, gen } => self.op_step(tx, index, gen, None),
+        }
+    }
+
+    /// Completes an atomic once its result is back: the word's old value.
+    pub fn poll_atomic<W: AtomicWord>(
+        &mut self,
+        handle: &AtomicHandle<W>,
+    ) -> Poll<Result<W, AmError>> {
+        match handle.state {
+            AtomicState::Done(old) => Poll::Ready(Ok(W::narrow(old))),
+            AtomicState::Op { index, gen } => self.poll_op(index, gen).map(|r| {
+                r.map(|data| {
+                    let mut old = [0u8; 8];
+                    old.copy_from_slice(&data[..8]);
+                    W::narrow(u64::from_le_bytes(old))
+                })
+            }),
+        }
+    }
+
     fn start_op(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
         self.check_rank(peer)?;
         self.check_segment(offset as u64, len as u64)?;
@@ -1243,12 +1363,20 @@ impl Endpoint {
                 });
             }
             let n = chunk.min(slot.len - at);
-            let step = match data {
-                Some(d) => {
+            let step = match (data, slot.atomic) {
+                (None, Some(atomic)) => {
+                    let msg = SystemMsg::Atomic {
+                        op: index,
+                        offset: offset as u64,
+                        atomic,
+                    };
+                    self.system_step(tx, peer, msg, &[], None)
+                }
+                (Some(d), _) => {
                     let put = SystemMsg::Put { op: index };
                     self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at))
                 }
-                None => {
+                (None, None) => {
                     let get = SystemMsg::Get {
                         op: index,
                         offset: (offset + at) as u64,
@@ -1819,8 +1947,27 @@ impl Endpoint {
             .map_err(|m| misbehaved(src, m))?;
         match msg {
             SystemMsg::Ack | SystemMsg::Acks { .. } => Ok(()),
+            SystemMsg::AtomicDone { op, old, ok } => {
+                let slot = self
+                    .live_op(op, src)
+                    .filter(|s| s.atomic.is_some())
+                    .ok_or_else(bad)?;
+                slot.outstanding -= 1;
+                if ok {
+                    slot.data = old.to_le_bytes().to_vec();
+                } else {
+                    slot.error.get_or_insert(misbehaved(
+                        src,
+                        Misbehavior::OutOfSegment { offset: 0, len: 0 },
+                    ));
+                }
+                Ok(())
+            }
             SystemMsg::PutDone { op, ok } => {
-                let slot = self.live_op(op, src).ok_or_else(bad)?;
+                let slot = self
+                    .live_op(op, src)
+                    .filter(|s| s.atomic.is_none())
+                    .ok_or_else(bad)?;
                 if !ok && slot.error.is_none() {
                     slot.error = Some(misbehaved(
                         src,
@@ -1831,7 +1978,10 @@ impl Endpoint {
                 Ok(())
             }
             SystemMsg::GetData { op, at, ok } => {
-                let slot = self.live_op(op, src).ok_or_else(bad)?;
+                let slot = self
+                    .live_op(op, src)
+                    .filter(|s| s.atomic.is_none())
+                    .ok_or_else(bad)?;
                 slot.outstanding = slot.outstanding.saturating_sub(1);
                 if !ok {
                     if slot.error.is_none() {
@@ -1882,6 +2032,7 @@ impl Endpoint {
         slot.outstanding = 0;
         slot.error = None;
         slot.data = data;
+        slot.atomic = None;
         (index, slot.gen)
     }
 
@@ -2019,6 +2170,20 @@ fn system_request(
                 })
             }
         },
+        SystemMsg::Atomic { op, offset, atomic } => {
+            let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
+            let applied = usize::try_from(offset)
+                .map_err(|_| Refused::OutOfBounds)
+                .and_then(|o| atomic.apply(ours, o));
+            let (old, ok) = applied.map_or((0, false), |old| (old, true));
+            sink.system(SystemMsg::AtomicDone { op, old, ok }, Payload::EMPTY);
+            if ok {
+                Ok(())
+            } else {
+                let len = atomic.width().bytes() as u64;
+                Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
+            }
+        }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);
             Ok(())
@@ -2026,6 +2191,7 @@ fn system_request(
         SystemMsg::Ack
         | SystemMsg::Acks { .. }
         | SystemMsg::PutDone { .. }
-        | SystemMsg::GetData { .. } => Err(bad()),
+        | SystemMsg::GetData { .. }
+        | SystemMsg::AtomicDone { .. } => Err(bad()),
     }
 }

@@ -41,6 +41,14 @@ pub enum AmError {
         /// The segment's size.
         size: usize,
     },
+    /// A remote atomic's word is not aligned to its width.
+    #[error("atomic on offset {offset}: not aligned to its {align}-byte word")]
+    Misaligned {
+        /// Offset asked for.
+        offset: u64,
+        /// The word's width (its alignment).
+        align: usize,
+    },
     /// The handler id is not registered with this category and kind.
     #[error("handler {handler:?} is not registered as a {category:?} {kind:?} handler")]
     NotRegistered {

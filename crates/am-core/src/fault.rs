@@ -252,6 +252,15 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn acks_coalesce(&self) -> bool {
         self.inner.acks_coalesce()
     }
+    /// Atomics the NIC applies itself are not messages: nothing to delay or reorder.
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: crate::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        self.inner.atomic(dest, offset, atomic)
+    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod atomic;
 pub mod config;
 pub mod conformance;
 pub mod credit;
@@ -37,9 +38,10 @@ pub mod protocol;
 pub mod transport;
 pub mod wire;
 
+pub use atomic::{AtomicOp, AtomicWord};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
-pub use endpoint::{Endpoint, GetHandle, PutHandle};
+pub use endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};

@@ -482,6 +482,26 @@ impl Transport for Loopback {
         self.segment.byte_area()
     }
 
+    /// An atomic instruction on the target's word: every rank's segment is memory of this
+    /// process.
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: crate::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        let Some(to) = self.tx.dests.get(dest as usize) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if self.tx.shared.departed[dest as usize].load(Ordering::Relaxed) != 0 {
+            return Err(self.tx.gone(dest));
+        }
+        atomic
+            .apply(to.segment.byte_area(), offset)
+            .map(Some)
+            .map_err(|e| SendError::Other(format!("loopback: atomic at {offset}: {e:?}")))
+    }
+
     #[inline]
     fn poll_recv<R>(
         &mut self,

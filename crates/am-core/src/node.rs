@@ -3,12 +3,13 @@
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::atomic::{Atomic, AtomicOp, AtomicWord};
 use crate::config::{Config, WaitMode};
 use crate::credit::CreditPolicy;
-use crate::endpoint::{Endpoint, GetHandle, PutHandle};
+use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{AmKind, HandlerId, Handlers};
-use crate::transport::{Limits, Transport};
+use crate::transport::{Limits, Transport, TransportError};
 use crate::Rank;
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
@@ -495,6 +496,57 @@ impl<T: Transport> Node<T> {
     pub fn get(&mut self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
         let h = self.get_nb(src, offset, len)?;
         self.wait_get(h)
+    }
+
+    /// Starts a remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s
+    /// segment ([`AtomicOp`]; see [`crate::atomic`] for the ordering). Where the transport
+    /// reaches the target's memory (the shared-memory NICs and [`crate::Loopback`]) the atomic
+    /// is one atomic instruction on the target's word, done when this returns, whether or not
+    /// the target polls; elsewhere it travels as a system message that the target's progress
+    /// applies. A word outside the segment or misaligned is an error here, and nothing is
+    /// done.
+    pub fn atomic_nb<W: AtomicWord>(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<AtomicHandle<W>, AmError> {
+        let atomic = Atomic::from(op);
+        self.ep.check_atomic(dest, offset, &atomic)?;
+        if dest != self.ep.rank() {
+            match self.transport.atomic(dest, offset, atomic) {
+                Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
+                Ok(None) => {}
+                Err(e) => return Err(AmError::from(TransportError::from(e))),
+            }
+        }
+        let h = self
+            .ep
+            .atomic_start(self.transport.segment(), dest, offset, op)?;
+        match self.drive(|ep, t| ep.atomic_step(t, &h)) {
+            Ok(()) => Ok(h),
+            Err(e) => {
+                let _ = self.wait_atomic(h);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for an atomic: the word's old value.
+    pub fn wait_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) -> Result<W, AmError> {
+        self.drive(|ep, _| ep.poll_atomic(&handle))
+    }
+
+    /// Applies a remote atomic ([`Node::atomic_nb`]) and returns the word's old value:
+    /// `node.atomic(1, 64, AtomicOp::FetchAdd(1u64))?`.
+    pub fn atomic<W: AtomicWord>(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<W, AmError> {
+        let h = self.atomic_nb(dest, offset, op)?;
+        self.wait_atomic(h)
     }
 
     /// Waits until every request this rank sent has been answered and every refused reply has

@@ -19,6 +19,7 @@
 //! assert!(SystemMsg::decode(Category::Request, AmKind::Short, 3, &[7, 0, 99]).is_err());
 //! ```
 
+use crate::atomic::Atomic;
 use crate::error::Misbehavior;
 use crate::handler::{AmKind, Category};
 use crate::Rank;
@@ -46,6 +47,10 @@ pub mod opcode {
     pub const EXIT: u8 = 8;
     /// [`SystemMsg::Acks`](super::SystemMsg::Acks).
     pub const ACKS: u8 = 9;
+    /// [`SystemMsg::Atomic`](super::SystemMsg::Atomic).
+    pub const ATOMIC: u8 = 10;
+    /// [`SystemMsg::AtomicDone`](super::SystemMsg::AtomicDone).
+    pub const ATOMIC_DONE: u8 = 11;
 }
 use opcode as op;
 
@@ -53,7 +58,7 @@ use opcode as op;
 pub const MAX_BARRIER_ROUNDS: u8 = 32;
 
 /// The most argument words a system message has.
-pub const MAX_SYSTEM_ARGS: usize = 7;
+pub const MAX_SYSTEM_ARGS: usize = 8;
 
 /// Bytes of a [`SystemMsg::Hello`]'s payload: the table signature
 /// ([`crate::Handlers::signature`], 256 little-endian 16-bit hashes).
@@ -125,6 +130,26 @@ pub enum SystemMsg {
         /// Where the bytes go in the operation's buffer.
         at: u64,
         /// Whether the bytes were read.
+        ok: bool,
+    },
+    /// A remote atomic (Short request) on the word at `offset` of the target's segment, for
+    /// a transport that cannot apply it itself ([`crate::Transport::atomic`]).
+    Atomic {
+        /// The initiator's operation index.
+        op: u32,
+        /// Where the word is in the target's segment.
+        offset: u64,
+        /// What to do with it.
+        atomic: Atomic,
+    },
+    /// An atomic's result (Short reply): the word's old value; `ok` false if the word was
+    /// outside the target's segment or misaligned (nothing was read or written).
+    AtomicDone {
+        /// The operation index of the [`SystemMsg::Atomic`].
+        op: u32,
+        /// The word's value before the atomic.
+        old: u64,
+        /// Whether the atomic was applied.
         ok: bool,
     },
     /// End the job with `code` (Short request).
@@ -248,7 +273,7 @@ impl SystemMsg {
                         none,
                     ],
                 };
-                words = w;
+                words[..7].copy_from_slice(&w);
                 return Encoded {
                     opcode: op::HELLO_VERDICT,
                     kind: Short,
@@ -281,6 +306,32 @@ impl SystemMsg {
                 Medium,
                 Reply,
                 &[op, lo(at), hi(at), u32::from(!ok)],
+            ),
+            SystemMsg::Atomic { op, offset, atomic } => {
+                let (v, cur) = atomic.operands();
+                words = [
+                    op,
+                    lo(offset),
+                    hi(offset),
+                    atomic.wire_word(),
+                    lo(v),
+                    hi(v),
+                    lo(cur),
+                    hi(cur),
+                ];
+                return Encoded {
+                    opcode: op::ATOMIC,
+                    kind: Short,
+                    category: Request,
+                    words,
+                    len: 8,
+                };
+            }
+            SystemMsg::AtomicDone { op, old, ok } => (
+                op::ATOMIC_DONE,
+                Short,
+                Reply,
+                &[op, lo(old), hi(old), u32::from(!ok)],
             ),
             SystemMsg::Exit { code } => (op::EXIT, Short, Request, &[code as u32]),
         };
@@ -363,6 +414,19 @@ impl SystemMsg {
                 at: join(a0, a1),
                 ok: flag(status)?,
             },
+            (op::ATOMIC, Request, Short, &[op, o0, o1, what, v0, v1, c0, c1]) => {
+                SystemMsg::Atomic {
+                    op,
+                    offset: join(o0, o1),
+                    atomic: Atomic::from_wire(what, join(v0, v1), join(c0, c1))
+                        .ok_or_else(|| bad.clone())?,
+                }
+            }
+            (op::ATOMIC_DONE, Reply, Short, &[op, v0, v1, status]) => SystemMsg::AtomicDone {
+                op,
+                old: join(v0, v1),
+                ok: flag(status)?,
+            },
             (op::EXIT, Request, Short, &[code]) => SystemMsg::Exit { code: code as i32 },
             _ => return Err(bad),
         };
@@ -420,7 +484,23 @@ mod tests {
             (any::<u32>(), any::<u64>(), any::<bool>())
                 .prop_map(|(op, at, ok)| SystemMsg::GetData { op, at, ok }),
             any::<i32>().prop_map(|code| SystemMsg::Exit { code }),
+            (any::<u32>(), any::<u64>(), any_atomic())
+                .prop_map(|(op, offset, atomic)| SystemMsg::Atomic { op, offset, atomic }),
+            (any::<u32>(), any::<u64>(), any::<bool>())
+                .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
         ]
+    }
+
+    fn any_atomic() -> impl Strategy<Value = Atomic> {
+        (0..8u32, any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(code, wide, v, cur)| {
+            let (width, mask) = if wide {
+                (8, u64::MAX)
+            } else {
+                (4, 0xffff_ffff)
+            };
+            let cur = if code == 3 { cur & mask } else { 0 };
+            Atomic::from_wire(code | width << 8, v & mask, cur).expect("a valid atomic")
+        })
     }
 
     fn any_kind() -> impl Strategy<Value = AmKind> {
@@ -456,10 +536,10 @@ mod tests {
         fn decode_refuses_or_is_canonical(
             category in any_category(),
             kind in any_kind(),
-            opcode in 0u8..12,
+            opcode in 0u8..14,
             args in proptest::collection::vec(
-                prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), any::<u32>()],
-                0..8,
+                prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), Just(0x403), any::<u32>()],
+                0..10,
             ),
         ) {
             match SystemMsg::decode(category, kind, opcode, &args) {

@@ -404,6 +404,23 @@ pub trait Transport: Tx {
     fn acks_coalesce(&self) -> bool {
         false
     }
+    /// Applies `atomic` to the word at `offset` of `dest`'s segment without `dest`'s
+    /// attention, where this NIC can: `Ok(Some(old))`, the word's old value. Shared-memory
+    /// NICs do it with one atomic instruction on the target's mapped word
+    /// ([`crate::atomic::Atomic::apply`] on a view of it). `Ok(None)`, the default: the NIC
+    /// cannot, and the core sends the atomic as a system message that `dest`'s progress
+    /// applies. The core has checked the rank, the bounds and the alignment, and applies
+    /// atomics on its own rank itself; a word the NIC still cannot reach is
+    /// [`SendError::Other`], a lost target [`SendError::PeerLost`].
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: crate::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        let _ = (dest, offset, atomic);
+        Ok(None)
+    }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.

@@ -32,3 +32,78 @@ mod roomy_device {
 mod tiny_device {
     am_core::conformance_tests!(super::tiny);
 }
+
+#[test]
+fn atomics_need_no_target_progress() {
+    am_core::conformance::atomics_need_no_target_progress(&roomy);
+}
+
+/// Loopback without its own atomics: the suite's atomic cases then run the core's
+/// system-message path (the one UDP takes), against a target that applies them in its
+/// progress.
+mod atomics_by_message {
+    use std::time::Duration;
+
+    use am_core::{
+        Delivery, Limits, Loopback, Outgoing, Rank, SendError, SharedBytes, Transport,
+        TransportError, Tx,
+    };
+
+    pub struct NoDirectAtomics(Loopback);
+
+    impl Tx for NoDirectAtomics {
+        fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+            self.0.try_send(dest, msg)
+        }
+    }
+
+    impl Transport for NoDirectAtomics {
+        fn name(&self) -> &'static str {
+            "loopback-no-direct-atomics"
+        }
+        fn rank(&self) -> Rank {
+            self.0.rank()
+        }
+        fn size(&self) -> u32 {
+            self.0.size()
+        }
+        fn limits(&self) -> Limits {
+            self.0.limits()
+        }
+        fn segment(&self) -> SharedBytes<'_> {
+            self.0.segment()
+        }
+        fn poll_recv<R>(
+            &mut self,
+            f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
+        ) -> Result<Option<R>, TransportError> {
+            self.0.poll_recv(f)
+        }
+        fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+            self.0.wait(timeout)
+        }
+        fn acks_coalesce(&self) -> bool {
+            self.0.acks_coalesce()
+        }
+        fn close(&mut self) {
+            self.0.close()
+        }
+    }
+
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<NoDirectAtomics> {
+        super::tiny(ranks, segment_size)
+            .into_iter()
+            .map(NoDirectAtomics)
+            .collect()
+    }
+
+    #[test]
+    fn atomics_every_op_and_width() {
+        am_core::conformance::atomics_every_op_and_width(&cluster);
+    }
+
+    #[test]
+    fn atomics_from_all_ranks_add_up() {
+        am_core::conformance::atomics_from_all_ranks_add_up(&cluster);
+    }
+}

@@ -732,6 +732,12 @@ impl Imported {
         self.view.bytes
     }
 
+    /// The view of the whole byte area (a peer's segment: for remote atomics on its words).
+    #[inline]
+    pub fn byte_area(&self) -> SharedBytes<'_> {
+        self.view.byte_area()
+    }
+
     /// `Release` store to the word at `off`: publishes everything written before it.
     #[inline]
     pub fn store_word(&self, off: usize, value: u64) -> Result<(), ShmError> {

@@ -1,0 +1,460 @@
+//! Remote atomics: read-modify-write operations on one aligned 32- or 64-bit word of a
+//! rank's segment (GASNet-EX's `gex_AD_OpNB`, UCX's `ucp_atomic_op_nbx`, OpenSHMEM's
+//! `shmem_atomic_*`).
+//!
+//! A user names an operation as an [`AtomicOp`] on `u32` or `u64` ([`AtomicWord`]); the core,
+//! the transports and the wire see it as an [`Atomic`] (its code, width and operands widened
+//! to 64 bits). [`Atomic::apply`] performs one on a segment view with a real atomic
+//! instruction: shared-memory transports apply it to the target's mapped word at once
+//! ([`crate::Transport::atomic`]), the others send it as a system message that the target's
+//! progress applies to its own segment.
+//!
+//! Every byte of a segment is accessed on the grid of aligned 8-byte words (see `am_shm`),
+//! so a 32-bit operation is a compare-and-swap loop on the 64-bit word that holds it: its
+//! neighbour is never written, and no access of another size races with a copy.
+//!
+//! Atomics are sequentially consistent with each other, whoever applies them. A put that has
+//! completed ([`crate::Node::put`]) is visible to a later atomic on the same word, and an
+//! atomic that has returned is visible to a later get.
+//!
+//! ```
+//! use am_core::atomic::{Atomic, AtomicOp};
+//! use am_core::Loopback;
+//! # use am_core::LoopbackConfig;
+//! let rank = Loopback::cluster(1, LoopbackConfig::default()).pop().unwrap();
+//! # use am_core::Transport;
+//! let seg = rank.segment();
+//! let add = Atomic::from(AtomicOp::FetchAdd(5u64));
+//! assert_eq!(add.apply(seg, 8), Ok(0));
+//! assert_eq!(add.apply(seg, 8), Ok(5));
+//! let cas = Atomic::from(AtomicOp::CompareSwap { current: 7u32, new: 1 });
+//! assert_eq!(cas.apply(seg, 8), Ok(10), "fails: the low half holds 10, not 7");
+//! assert_eq!(seg.load_u64(8).unwrap(), 10);
+//! assert_eq!(cas.apply(seg, 3), Err(am_core::atomic::Refused::Misaligned));
+//! ```
+
+use am_shm::sync::{AtomicU64, Ordering};
+
+use crate::transport::SharedBytes;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+}
+
+/// The width of an atomic's word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Width {
+    /// A 4-byte word, 4-aligned in the segment.
+    U32,
+    /// An 8-byte word, 8-aligned in the segment.
+    U64,
+}
+
+impl Width {
+    /// Its bytes (and alignment).
+    pub const fn bytes(self) -> usize {
+        match self {
+            Width::U32 => 4,
+            Width::U64 => 8,
+        }
+    }
+}
+
+/// A word type remote atomics operate on: `u32` or `u64`.
+pub trait AtomicWord: sealed::Sealed + Copy + Eq + std::fmt::Debug {
+    /// Its width.
+    const WIDTH: Width;
+    /// Widened to 64 bits.
+    fn widen(self) -> u64;
+    /// The low bits of `v` (an old value read at this width).
+    fn narrow(v: u64) -> Self;
+}
+
+impl AtomicWord for u32 {
+    const WIDTH: Width = Width::U32;
+    fn widen(self) -> u64 {
+        u64::from(self)
+    }
+    fn narrow(v: u64) -> u32 {
+        v as u32
+    }
+}
+
+impl AtomicWord for u64 {
+    const WIDTH: Width = Width::U64;
+    fn widen(self) -> u64 {
+        self
+    }
+    fn narrow(v: u64) -> u64 {
+        v
+    }
+}
+
+/// What a remote atomic does with the word; every operation returns the word's old value
+/// (a caller that does not need it ignores it). Additions wrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp<W: AtomicWord> {
+    /// Reads the word.
+    Load,
+    /// Writes `v`.
+    Store(W),
+    /// Writes `v` (the same as [`AtomicOp::Store`]; named for the fetching form).
+    Swap(W),
+    /// Writes `new` if the word holds `current`.
+    CompareSwap {
+        /// The value expected.
+        current: W,
+        /// The value written if it was there.
+        new: W,
+    },
+    /// Adds `v`, wrapping.
+    FetchAdd(W),
+    /// Bitwise and with `v`.
+    And(W),
+    /// Bitwise or with `v`.
+    Or(W),
+    /// Bitwise exclusive or with `v`.
+    Xor(W),
+}
+
+/// The operation of an [`Atomic`], as its wire code says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Code {
+    /// [`AtomicOp::Load`].
+    Load = 0,
+    /// [`AtomicOp::Store`].
+    Store = 1,
+    /// [`AtomicOp::Swap`].
+    Swap = 2,
+    /// [`AtomicOp::CompareSwap`].
+    CompareSwap = 3,
+    /// [`AtomicOp::FetchAdd`].
+    FetchAdd = 4,
+    /// [`AtomicOp::And`].
+    And = 5,
+    /// [`AtomicOp::Or`].
+    Or = 6,
+    /// [`AtomicOp::Xor`].
+    Xor = 7,
+}
+
+const CODES: [Code; 8] = [
+    Code::Load,
+    Code::Store,
+    Code::Swap,
+    Code::CompareSwap,
+    Code::FetchAdd,
+    Code::And,
+    Code::Or,
+    Code::Xor,
+];
+
+/// One remote atomic as the core, a transport and the wire see it: the operation, the width
+/// of its word, its operand and (for compare-and-swap) the value expected, widened to 64
+/// bits. Made from an [`AtomicOp`]; a decoded one is checked ([`Atomic::from_wire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Atomic {
+    code: Code,
+    width: Width,
+    operand: u64,
+    current: u64,
+}
+
+impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
+    fn from(op: AtomicOp<W>) -> Atomic {
+        let (code, operand, current) = match op {
+            AtomicOp::Load => (Code::Load, 0, 0),
+            AtomicOp::Store(v) => (Code::Store, v.widen(), 0),
+            AtomicOp::Swap(v) => (Code::Swap, v.widen(), 0),
+            AtomicOp::CompareSwap { current, new } => {
+                (Code::CompareSwap, new.widen(), current.widen())
+            }
+            AtomicOp::FetchAdd(v) => (Code::FetchAdd, v.widen(), 0),
+            AtomicOp::And(v) => (Code::And, v.widen(), 0),
+            AtomicOp::Or(v) => (Code::Or, v.widen(), 0),
+            AtomicOp::Xor(v) => (Code::Xor, v.widen(), 0),
+        };
+        Atomic {
+            code,
+            width: W::WIDTH,
+            operand,
+            current,
+        }
+    }
+}
+
+/// Why an atomic was not applied: nothing was read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The word is not wholly inside the segment.
+    OutOfBounds,
+    /// The offset is not a multiple of the word's width.
+    Misaligned,
+}
+
+impl Atomic {
+    /// The operation.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The width of the word.
+    pub fn width(&self) -> Width {
+        self.width
+    }
+
+    /// The code and width as one wire word: the code in bits 0..8, the width's bytes in
+    /// bits 8..16.
+    pub fn wire_word(&self) -> u32 {
+        self.code as u32 | (self.width.bytes() as u32) << 8
+    }
+
+    /// The operand and the value expected (0 unless a compare-and-swap).
+    pub fn operands(&self) -> (u64, u64) {
+        (self.operand, self.current)
+    }
+
+    /// The atomic a peer sent: `None` for a code or width that does not exist, or an operand
+    /// wider than the word (a correct peer never sends one).
+    pub fn from_wire(word: u32, operand: u64, current: u64) -> Option<Atomic> {
+        let code = *CODES.get((word & 0xff) as usize)?;
+        let width = match word >> 8 {
+            4 => Width::U32,
+            8 => Width::U64,
+            _ => return None,
+        };
+        let fits = |v: u64| width == Width::U64 || v <= u64::from(u32::MAX);
+        (fits(operand) && fits(current)).then_some(Atomic {
+            code,
+            width,
+            operand,
+            current,
+        })
+    }
+
+    /// Where the word is, checked: `offset` inside `len` bytes and aligned to the width.
+    pub fn check(&self, offset: usize, len: usize) -> Result<(), Refused> {
+        let w = self.width.bytes();
+        if offset.checked_add(w).is_none_or(|end| end > len) {
+            Err(Refused::OutOfBounds)
+        } else if !offset.is_multiple_of(w) {
+            Err(Refused::Misaligned)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Applies the atomic to the word at `offset` of `segment` with one atomic instruction
+    /// (a compare-and-swap loop on the 8-byte word that holds a 32-bit one); the word's old
+    /// value. Refused, touching nothing, if the word is outside the segment or misaligned
+    /// (also in memory: the segment view must start 8-aligned, as every segment does).
+    pub fn apply(&self, segment: SharedBytes<'_>, offset: usize) -> Result<u64, Refused> {
+        self.check(offset, segment.len())?;
+        let base = offset & !7;
+        let word = match segment.atomic_u64(base) {
+            Ok(w) => w,
+            // A 32-bit word in the last half word of a segment whose length is not a multiple
+            // of 8: its 8-byte word is not all in the segment.
+            Err(am_shm::ShmError::OutOfBounds { .. }) => return Err(Refused::OutOfBounds),
+            Err(_) => return Err(Refused::Misaligned),
+        };
+        Ok(match self.width {
+            Width::U64 => self.apply_u64(word),
+            Width::U32 => {
+                // The 32-bit word's bits within the 8-byte word, as memory order says.
+                let low = (offset & 4 == 0) == cfg!(target_endian = "little");
+                self.apply_u32(word, if low { 0 } else { 32 })
+            }
+        })
+    }
+
+    fn apply_u64(&self, word: &AtomicU64) -> u64 {
+        const SC: Ordering = Ordering::SeqCst;
+        let v = self.operand;
+        match self.code {
+            Code::Load => word.load(SC),
+            // A store that reports the old value: the same instruction as a swap.
+            Code::Store | Code::Swap => word.swap(v, SC),
+            Code::CompareSwap => match word.compare_exchange(self.current, v, SC, SC) {
+                Ok(old) | Err(old) => old,
+            },
+            Code::FetchAdd => word.fetch_add(v, SC),
+            Code::And => word.fetch_and(v, SC),
+            Code::Or => word.fetch_or(v, SC),
+            Code::Xor => word.fetch_xor(v, SC),
+        }
+    }
+
+    /// The 32-bit word at bit `shift` of `word`. And, or, xor and load need no loop: the
+    /// other half is kept by the mask (all ones for and, zeros otherwise).
+    fn apply_u32(&self, word: &AtomicU64, shift: u32) -> u64 {
+        const SC: Ordering = Ordering::SeqCst;
+        let mask = 0xffff_ffffu64 << shift;
+        let v = (self.operand << shift) & mask;
+        let old = match self.code {
+            Code::Load => word.load(SC),
+            Code::And => word.fetch_and(v | !mask, SC),
+            Code::Or => word.fetch_or(v, SC),
+            Code::Xor => word.fetch_xor(v, SC),
+            Code::Store | Code::Swap | Code::CompareSwap | Code::FetchAdd => {
+                let mut seen = word.load(Ordering::Relaxed);
+                loop {
+                    let half = (seen & mask) >> shift;
+                    let new_half = match self.code {
+                        Code::CompareSwap if half != self.current => break seen,
+                        Code::FetchAdd => half.wrapping_add(self.operand) & 0xffff_ffff,
+                        _ => self.operand,
+                    };
+                    let new = (seen & !mask) | (new_half << shift);
+                    match word.compare_exchange_weak(seen, new, SC, Ordering::Relaxed) {
+                        Ok(old) => break old,
+                        Err(now) => seen = now,
+                    }
+                }
+            }
+        };
+        (old & mask) >> shift
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use am_shm::Segment;
+    use proptest::prelude::*;
+
+    /// The operation on a plain value: the model the instructions must match.
+    fn model(a: &Atomic, old: u64) -> u64 {
+        let (v, cur) = a.operands();
+        let mask = match a.width() {
+            Width::U32 => 0xffff_ffff,
+            Width::U64 => u64::MAX,
+        };
+        (match a.code() {
+            Code::Load => old,
+            Code::Store | Code::Swap => v,
+            Code::CompareSwap if old == cur => v,
+            Code::CompareSwap => old,
+            Code::FetchAdd => old.wrapping_add(v),
+            Code::And => old & v,
+            Code::Or => old | v,
+            Code::Xor => old ^ v,
+        }) & mask
+    }
+
+    fn any_atomic() -> impl Strategy<Value = Atomic> {
+        (0..8usize, any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(c, wide, v, cur)| {
+            let mut a = Atomic::from(AtomicOp::Load::<u64>);
+            a.code = CODES[c];
+            if !wide {
+                a.width = Width::U32;
+                a.operand = v & 0xffff_ffff;
+                a.current = cur & 0xffff_ffff;
+            } else {
+                a.operand = v;
+                a.current = cur;
+            }
+            // Often the value expected, so that compare-and-swap succeeds too.
+            if cur % 2 == 0 {
+                a.current = a.operand;
+            }
+            a
+        })
+    }
+
+    proptest! {
+        /// Each operation does to its word what the model says, returns the old value, and
+        /// leaves every other byte (the other half of a 32-bit word's 8 bytes) alone.
+        #[test]
+        fn ops_match_the_model(ops in proptest::collection::vec((any_atomic(), 0..4usize), 1..40),
+                               fill in any::<u64>()) {
+            let seg = Segment::heap(0, 32).unwrap();
+            let view = seg.byte_area();
+            let mut mem = [fill, !fill, fill.rotate_left(7), 0];
+            for (i, w) in mem.iter().enumerate() {
+                view.store_u64(i * 8, *w).unwrap();
+            }
+            for (a, slot) in ops {
+                let off = slot * a.width().bytes();
+                let (wi, shift) = (off / 8, (off % 8) * 8);
+                let mask = match a.width() { Width::U32 => 0xffff_ffffu64 << shift, Width::U64 => u64::MAX };
+                let old = (mem[wi] & mask) >> shift;
+                prop_assert_eq!(a.apply(view, off), Ok(old));
+                mem[wi] = (mem[wi] & !mask) | (model(&a, old) << shift);
+                for (i, w) in mem.iter().enumerate() {
+                    prop_assert_eq!(view.load_u64(i * 8).unwrap(), *w, "word {}", i);
+                }
+            }
+        }
+
+        /// What goes on the wire comes back the same.
+        #[test]
+        fn wire_round_trip(a in any_atomic()) {
+            let (v, cur) = a.operands();
+            prop_assert_eq!(Atomic::from_wire(a.wire_word(), v, cur), Some(a));
+        }
+    }
+
+    #[test]
+    fn a_peers_nonsense_is_refused() {
+        let add = Atomic::from(AtomicOp::FetchAdd(1u32));
+        let (v, cur) = add.operands();
+        assert_eq!(Atomic::from_wire(8 | 4 << 8, v, cur), None, "no code 8");
+        assert_eq!(
+            Atomic::from_wire(4 | 2 << 8, v, cur),
+            None,
+            "no 2-byte words"
+        );
+        assert_eq!(Atomic::from_wire(add.wire_word(), 1 << 32, 0), None);
+        assert_eq!(Atomic::from_wire(add.wire_word(), 1, 1 << 40), None);
+        assert!(Atomic::from_wire(add.wire_word() & 0xff | 8 << 8, 1 << 32, 0).is_some());
+    }
+
+    #[test]
+    fn outside_or_misaligned_words_are_refused_untouched() {
+        let seg = Segment::heap(0, 20).unwrap();
+        let view = seg.byte_area();
+        let set = Atomic::from(AtomicOp::Store(u64::MAX));
+        assert_eq!(set.apply(view, 16), Err(Refused::OutOfBounds));
+        assert_eq!(set.apply(view, usize::MAX - 3), Err(Refused::OutOfBounds));
+        assert_eq!(set.apply(view, 4), Err(Refused::Misaligned));
+        let set32 = Atomic::from(AtomicOp::Store(u32::MAX));
+        assert_eq!(set32.apply(view, 2), Err(Refused::Misaligned));
+        assert_eq!(set32.apply(view, 20), Err(Refused::OutOfBounds));
+        // Bytes 16..20 are in the segment, but their 8-byte word is not all in it.
+        assert_eq!(set32.apply(view, 16), Err(Refused::OutOfBounds));
+        assert!(view.to_vec().iter().all(|&b| b == 0));
+        // A view that starts off the word grid cannot be used for atomics.
+        let odd = view.slice(4, 8).unwrap();
+        assert_eq!(set32.apply(odd, 0), Err(Refused::Misaligned));
+    }
+
+    /// Threads adding to both halves of one word and to a 64-bit word: no update is lost.
+    #[test]
+    fn concurrent_adds_lose_nothing() {
+        let seg = Segment::heap(0, 16).unwrap();
+        let (n, per) = (4u64, if cfg!(miri) { 20 } else { 10_000 });
+        std::thread::scope(|s| {
+            for t in 0..n {
+                let seg = &seg;
+                s.spawn(move || {
+                    let view = seg.byte_area();
+                    let half = Atomic::from(AtomicOp::FetchAdd(1u32));
+                    let whole = Atomic::from(AtomicOp::FetchAdd(3u64));
+                    for _ in 0..per {
+                        half.apply(view, 4 * (t as usize % 2)).unwrap();
+                        whole.apply(view, 8).unwrap();
+                    }
+                });
+            }
+        });
+        let view = seg.byte_area();
+        let lo = Atomic::from(AtomicOp::Load::<u32>);
+        assert_eq!(lo.apply(view, 0), Ok(n / 2 * per));
+        assert_eq!(lo.apply(view, 4), Ok(n / 2 * per));
+        assert_eq!(view.load_u64(8).unwrap(), 3 * n * per);
+    }
+}
