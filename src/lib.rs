@@ -196,6 +196,15 @@ impl Transport for AnyTransport {
     fn acks_coalesce(&self) -> bool {
         dispatch!(self, t => t.acks_coalesce())
     }
+
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        dispatch!(self, t => t.atomic(dest, offset, atomic))
+    }
 }
 
 /// What a job needs to start.

@@ -1687,6 +1687,34 @@ impl Transport for Extoll {
         am_segment(&self.seg, &self.tx.layout)
     }
 
+    /// The NIC's read-modify-write on the target's memory, as its RMA unit writes a put
+    /// there: one atomic instruction on the target's mapped word, with no notification and
+    /// no help from the target.
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        let d = dest as usize;
+        let Some(peer) = self.tx.peers.get(d) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if self.tx.lost[d] {
+            return Err(SendError::PeerLost(dest));
+        }
+        let l = &self.tx.layout;
+        let segment = peer
+            .imp
+            .byte_area()
+            .slice(l.segment_base(), l.segment)
+            .map_err(|e| SendError::Other(format!("extoll: {e}")))?;
+        atomic
+            .apply(segment, offset)
+            .map(Some)
+            .map_err(|e| SendError::Other(format!("extoll: atomic at {offset}: {e:?}")))
+    }
+
     #[inline]
     fn poll_recv<R>(
         &mut self,

@@ -465,6 +465,8 @@ pub enum EventKind {
     PtDisabled = 7,
     /// Target: a reserved slot whose put was refused (nothing to do).
     Dropped = 8,
+    /// Target: an atomic read and wrote this NI's memory.
+    Atomic = 9,
 }
 
 impl EventKind {
@@ -478,6 +480,7 @@ impl EventKind {
             6 => EventKind::Unlink,
             7 => EventKind::PtDisabled,
             8 => EventKind::Dropped,
+            9 => EventKind::Atomic,
             _ => return None,
         })
     }
@@ -1351,6 +1354,58 @@ impl<'a> Nic<'a> {
             }
         };
         Ok(outcome)
+    }
+
+    /// The wire for an atomic from `initiator` on this NI's memory (Portals'
+    /// `PtlFetchAtomic`/`PtlSwap`): matching as a get (an entry that accepts gets, since
+    /// every atomic here returns the word's old value), the atomic instruction on the word
+    /// the entry maps `remote_offset` to, and an `Atomic` event unless the entry disables
+    /// events. The old value, with the outcome.
+    pub fn atomic(
+        &self,
+        initiator: u32,
+        pt: u8,
+        match_bits: u64,
+        remote_offset: u64,
+        atomic: &am_core::atomic::Atomic,
+    ) -> Result<(Outcome, u64), NiError> {
+        let mut cl = Claimer::new(self, initiator)?;
+        let width = atomic.width().bytes();
+        let found = self.walk(&mut cl, pt, match_bits, width, remote_offset, true, false)?;
+        match found {
+            Walked::Found {
+                idx, at, use_once, ..
+            } => {
+                let old = atomic
+                    .apply(self.imp.byte_area(), at)
+                    .map_err(|e| NiError::Invalid(format!("an atomic at {at}: {e:?}")))?;
+                let mut ev = Event::new(EventKind::Atomic, initiator, pt);
+                ev.match_bits = match_bits;
+                ev.start = at as u64;
+                ev.mlength = width as u32;
+                ev.me = idx;
+                ev.remote_offset = remote_offset;
+                if let Some(s) = cl.slot.take() {
+                    self.eq_publish(s, &ev)?;
+                }
+                if use_once {
+                    let mut u = Event::new(EventKind::Unlink, initiator, pt);
+                    u.me = idx;
+                    self.post_with(&mut cl, &u)?;
+                }
+                let done = Outcome::Done {
+                    me: idx,
+                    start: at as u64,
+                };
+                Ok((done, old))
+            }
+            Walked::Refused(fail) => {
+                if let Some(s) = cl.slot.take() {
+                    self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt))?;
+                }
+                Ok((Outcome::Refused(fail), 0))
+            }
+        }
     }
 
     /// Is portal entry `pt` enabled?

@@ -1196,6 +1196,36 @@ impl Transport for Portals {
         }
     }
 
+    /// Through the target's segment entry, as Portals' fetching atomics: the NIC performs
+    /// it on the target's memory ([`Nic::atomic`]) with no event there, so the target need
+    /// not poll.
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        let d = dest as usize;
+        if d >= self.tx.peers.len() {
+            return Err(SendError::InvalidRank(dest));
+        }
+        if self.tx.lost[d] {
+            return Err(SendError::PeerLost(dest));
+        }
+        let me = self.tx.rank;
+        match self
+            .tx
+            .nic(d)
+            .atomic(me, PT_SEGMENT, 0, offset as u64, &atomic)
+        {
+            Ok((Outcome::Done { .. }, old)) => Ok(Some(old)),
+            Ok((Outcome::Refused(f), _)) => Err(SendError::Other(format!(
+                "portals: rank {dest}'s segment entry refused an atomic at {offset}: {f:?}"
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+
     fn segment(&self) -> SharedBytes<'_> {
         self.am_segment().unwrap_or_else(|_| {
             self.own

@@ -8,6 +8,12 @@ fn cluster(ranks: u32, segment_size: usize) -> Vec<portals_sim::Portals> {
 
 am_core::conformance_tests!(cluster);
 
+/// Atomics are the NIC's: the target does not poll while they complete.
+#[test]
+fn atomics_need_no_target_progress() {
+    am_core::conformance::atomics_need_no_target_progress(&cluster);
+}
+
 mod dynamic {
     //! Receive buffers sized for dynamic credits (the suite's nodes use static ones, so the
     //! all-to-all may outrun the smaller budget: flow control then refuses and resends).

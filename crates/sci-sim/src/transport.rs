@@ -826,6 +826,33 @@ impl Transport for Sci {
         self.am_segment()
     }
 
+    /// SCI's lock transactions (IEEE 1596 fetch-and-add, compare-and-swap, swap), which the
+    /// responder's memory performs: one atomic instruction on the target's mapped word, no
+    /// message and no help from the target.
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        let d = dest as usize;
+        let (Some(to), Some(peer)) = (self.tx.dests.get(d), self.tx.peers.get(d)) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if to.lost {
+            return Err(SendError::PeerLost(dest));
+        }
+        let l = &self.tx.layout;
+        let segment = peer
+            .byte_area()
+            .slice(l.segment_base(), l.segment)
+            .map_err(sci_err)?;
+        atomic
+            .apply(segment, offset)
+            .map(Some)
+            .map_err(|e| SendError::Other(format!("sci: atomic at {offset}: {e:?}")))
+    }
+
     #[inline]
     fn poll_recv<R>(
         &mut self,

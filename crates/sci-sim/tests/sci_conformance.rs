@@ -6,6 +6,12 @@ fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
 
 am_core::conformance_tests!(cluster);
 
+/// Atomics are the NIC's: the target does not poll while they complete.
+#[test]
+fn atomics_need_no_target_progress() {
+    am_core::conformance::atomics_need_no_target_progress(&cluster);
+}
+
 mod dma {
     //! The same suite with every Long through the DMA engine and one-copy Mediums.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
