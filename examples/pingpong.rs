@@ -1,7 +1,8 @@
 //! Ping-pong: AM round-trip latency and flood message rate, per AM kind and payload size.
 //!
 //! ```text
-//! cargo run --release --example pingpong -- [--transport T] [--ranks N] [--kind short|medium|long|all]
+//! cargo run --release --example pingpong -- [--transport T] [--ranks N]
+//!     [--kind short|medium|long|atomic|all]
 //!     [--sizes 0,8,64,512,4096,65536] [--iters N] [--json] [--baseline]
 //! ```
 //!
@@ -12,6 +13,11 @@
 //! replies, GASNet testam's "flood one-way Req"), and `replied_per_s`, requests per second
 //! whose handlers reply as in the round trip (each counted once its reply arrived). Other
 //! ranks wait in barriers.
+//!
+//! The `atomic` row (kind `atomic`, 8 bytes) times a remote fetch-and-add on a `u64` of rank
+//! 1's segment instead: the median round trip of blocking ones, and the rate of non-blocking
+//! ones with up to 64 in flight (both rate columns). On the shared-memory NICs and loopback
+//! it is an atomic instruction on rank 1's word, which rank 1 does not handle at all.
 //!
 //! AM Short carries no payload, so it is measured once (0 bytes); `--sizes` applies to Medium
 //! and Long. A size above the transport's limit (AM Medium, or AM Long per message) is skipped
@@ -32,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use amnet::{
-    AmKind, AnyTransport, Config, HandlerId, Handlers, JobOptions, Node, Rank, Transport,
+    AmKind, AnyTransport, AtomicOp, Config, HandlerId, Handlers, JobOptions, Node, Rank, Transport,
     TransportKind, WaitMode,
 };
 use clap::Parser;
@@ -47,8 +53,8 @@ struct Args {
     /// Ranks to start when not under a launcher
     #[arg(long, default_value_t = 2)]
     ranks: u32,
-    /// AM kind to measure
-    #[arg(long, default_value = "all", value_parser = ["short", "medium", "long", "all"])]
+    /// AM kind to measure, or `atomic` (remote fetch-and-add on a u64 of rank 1's segment)
+    #[arg(long, default_value = "all", value_parser = ["short", "medium", "long", "atomic", "all"])]
     kind: String,
     /// Payload sizes in bytes for Medium and Long (capped at the transport's limits)
     #[arg(long, value_delimiter = ',', default_value = "0,8,64,512,4096,65536")]
@@ -307,7 +313,7 @@ fn quantile(sorted: &[f64], p: f64) -> f64 {
 }
 
 struct Row {
-    kind: AmKind,
+    kind: &'static str,
     bytes: usize,
     p50: f64,
     p99: f64,
@@ -327,6 +333,46 @@ fn send<T: Transport>(
         AmKind::Long => node.request_long(1, id, &[], payload, 0)?,
     }
     Ok(())
+}
+
+/// The `atomic` row: the median fetch-and-add round trip on a `u64` of rank 1's segment (rank
+/// 1 sits in a barrier meanwhile, polling), and the rate of `--flood` of them with as many in
+/// flight as the transport keeps (on shared memory each is done when issued).
+fn measure_atomic<T: Transport>(node: &mut Node<T>, args: &Args) -> anyhow::Result<Row> {
+    let mut rtt = Vec::with_capacity(args.iters);
+    let mut last = None;
+    for iter in 0..args.warmup + args.iters {
+        let t0 = Instant::now();
+        let old = node.atomic(1, 0, AtomicOp::FetchAdd(1u64))?;
+        if iter >= args.warmup {
+            rtt.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        anyhow::ensure!(last.is_none_or(|l| old == l + 1), "fetch-and-add skipped");
+        last = Some(old);
+    }
+    rtt.sort_by(f64::total_cmp);
+    let t0 = Instant::now();
+    let mut in_flight = std::collections::VecDeque::new();
+    for _ in 0..args.flood {
+        in_flight.push_back(node.atomic_nb(1, 8, AtomicOp::FetchAdd(1u64))?);
+        if in_flight.len() >= 64 {
+            if let Some(h) = in_flight.pop_front() {
+                node.wait_atomic(h)?;
+            }
+        }
+    }
+    for h in in_flight {
+        node.wait_atomic(h)?;
+    }
+    let per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
+    Ok(Row {
+        kind: "atomic",
+        bytes: 8,
+        p50: quantile(&rtt, 0.5),
+        p99: quantile(&rtt, 0.99),
+        msgs_per_s: per_s,
+        replied_per_s: per_s,
+    })
 }
 
 fn measure<T: Transport>(
@@ -364,7 +410,7 @@ fn measure<T: Transport>(
     node.wait_until(|| pongs.get() == want)?;
     let replied_per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
     Ok(Row {
-        kind,
+        kind: kind_name(kind),
         bytes,
         p50: pct(0.5),
         p99: pct(0.99),
@@ -486,16 +532,21 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         }
         println!();
     }
-    for (kind, bytes) in plan {
+    let plan = plan.into_iter().map(Some);
+    let atomics = (args.kind == "all" || args.kind == "atomic").then_some(None);
+    for step in plan.chain(atomics) {
         node.barrier()?;
         if me == 0 {
-            let row = measure(&mut node, &pongs, kind, bytes, args)?;
+            let row = match step {
+                Some((kind, bytes)) => measure(&mut node, &pongs, kind, bytes, args)?,
+                None => measure_atomic(&mut node, args)?,
+            };
             let ratio = base.map(|(_, p50, _)| row.p50 / p50);
             if args.json {
                 println!(
                     "{}",
                     serde_json::json!({
-                        "transport": name, "kind": kind_name(row.kind), "bytes": row.bytes,
+                        "transport": name, "kind": row.kind, "bytes": row.bytes,
                         "iters": args.iters, "rtt_us_p50": row.p50, "rtt_us_p99": row.p99,
                         "msgs_per_s": row.msgs_per_s, "replied_per_s": row.replied_per_s,
                         "ranks": node.size(),
@@ -512,13 +563,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             } else {
                 print!(
                     "{:<10} {:<7} {:>9} {:>12.3} {:>12.3} {:>14.0} {:>14.0}",
-                    name,
-                    kind_name(row.kind),
-                    row.bytes,
-                    row.p50,
-                    row.p99,
-                    row.msgs_per_s,
-                    row.replied_per_s
+                    name, row.kind, row.bytes, row.p50, row.p99, row.msgs_per_s, row.replied_per_s
                 );
                 if let (Some((_, p50, _)), Some(r)) = (base, ratio) {
                     print!(" {p50:>12.3} {r:>8.2}");

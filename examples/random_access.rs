@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example random_access -- [--transport T] [--ranks N] [--log2-table K]
-//!     [--mode bucketed|fine|local] [--json]
+//!     [--mode bucketed|fine|atomic|local] [--json]
 //! ```
 //!
 //! A table of 2^K 64-bit words is spread in blocks over the ranks and lives in each rank's
@@ -18,6 +18,11 @@
 //!   from the received payload into the segment.
 //! - `fine`: one AM Short per remote update, the value as two 32-bit arguments; updates to the
 //!   own block are applied at once.
+//! - `atomic`: one remote atomic XOR per update (`Node::atomic_nb` with `AtomicOp::Xor`), the
+//!   way OpenSHMEM's GUPS is written, with no handler: on the shared-memory NICs and loopback
+//!   it is one atomic instruction on the owner's word, elsewhere a system message applied by
+//!   the owner's progress (up to 64 in flight). Updates to the own block are atomic too,
+//!   since other ranks update it at the same time.
 //! - `local`: no communication; each rank applies its whole sub-stream to its own block
 //!   (word `(a & (2^K - 1)) * block / 2^K`), which is the memory-bound ceiling of the machine.
 //!
@@ -37,8 +42,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use amnet::{
-    AmKind, AnyTransport, Config, HandlerId, Handlers, JobOptions, Node, SharedBytes, Transport,
-    TransportKind, WaitMode,
+    AmKind, AnyTransport, AtomicOp, Config, HandlerId, Handlers, JobOptions, Node, SharedBytes,
+    Transport, TransportKind, WaitMode,
 };
 use clap::{Parser, ValueEnum};
 
@@ -71,6 +76,8 @@ enum Mode {
     Bucketed,
     /// One AM Short per remote update
     Fine,
+    /// One remote atomic XOR per update, no handler
+    Atomic,
     /// No communication: each rank updates its own block only (the memory-bound ceiling)
     Local,
 }
@@ -80,6 +87,7 @@ impl Mode {
         match self {
             Mode::Bucketed => "bucketed",
             Mode::Fine => "fine",
+            Mode::Atomic => "atomic",
             Mode::Local => "local",
         }
     }
@@ -94,6 +102,8 @@ const MAX_STORED: usize = 1024;
 const POLL_EVERY: u64 = 1024;
 /// Updates between two polls in `fine` mode, where every remote update is a message.
 const FINE_POLL_EVERY: u64 = 64;
+/// Atomics in flight at once in `atomic` mode, where the transport sends them as messages.
+const ATOMIC_WINDOW: usize = 64;
 
 const BUCKET: HandlerId = HandlerId(1);
 const FINE: HandlerId = HandlerId(2);
@@ -385,6 +395,45 @@ fn run_updates(
                 progress.tick(total - left, total);
             }
         }
+        Mode::Atomic => {
+            let mut in_flight = std::collections::VecDeque::new();
+            while left > 0 {
+                let n = left.min(POLL_EVERY);
+                for _ in 0..n {
+                    ran = next(ran);
+                    let g = ran & mask;
+                    let owner = lay.owner(g);
+                    let word = g - lay.start(owner);
+                    if owner == me {
+                        // Others update this block at the same time: atomically here too.
+                        if let Some(w) = usize::try_from(word)
+                            .ok()
+                            .and_then(|o| table(node.segment()).get(o))
+                        {
+                            w.fetch_xor(ran.to_le(), Ordering::Relaxed);
+                        }
+                        continue;
+                    }
+                    let h = node.atomic_nb(owner, word as usize * 8, AtomicOp::Xor(ran.to_le()))?;
+                    if h.is_applied() {
+                        node.wait_atomic(h)?;
+                    } else {
+                        in_flight.push_back(h);
+                        if in_flight.len() >= ATOMIC_WINDOW {
+                            if let Some(h) = in_flight.pop_front() {
+                                node.wait_atomic(h)?;
+                            }
+                        }
+                    }
+                }
+                left -= n;
+                node.poll()?;
+                progress.tick(total - left, total);
+            }
+            for h in in_flight {
+                node.wait_atomic(h)?;
+            }
+        }
         Mode::Bucketed => {
             let size = node.size() as usize;
             let per_msg = MAX_STORED.min(node.max_medium() / 8);
@@ -534,7 +583,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     // Verification: the same stream again undoes every update that was applied exactly once.
     let replay = match args.mode {
         Mode::Local => Mode::Local,
-        Mode::Bucketed | Mode::Fine => Mode::Bucketed,
+        Mode::Bucketed | Mode::Fine | Mode::Atomic => Mode::Bucketed,
     };
     let t1 = Instant::now();
     let mut progress = Progress::new(talk, "verification");

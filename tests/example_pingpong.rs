@@ -23,8 +23,9 @@ fn pingpong_json_parses() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
         .collect();
-    // short 0; medium 0, 8, 4096; long 0, 8, 4096
-    assert_eq!(rows.len(), 7, "{text}");
+    // short 0; medium 0, 8, 4096; long 0, 8, 4096; atomic
+    assert_eq!(rows.len(), 8, "{text}");
+    assert_eq!(rows[7]["kind"], "atomic");
     for row in &rows {
         for key in [
             "transport",
@@ -193,5 +194,34 @@ fn process_transports_have_a_floor() {
                 rows[0]
             );
         }
+    }
+}
+
+/// `--kind atomic` times remote fetch-and-adds (which check each other's old values) on every
+/// transport here: one row of kind `atomic`, with a latency and a rate.
+#[test]
+fn atomic_row_on_every_transport() {
+    let available = amnet::TransportKind::ALL
+        .into_iter()
+        .filter(|t| t.is_available());
+    for transport in available.map(|t| t.name()) {
+        let (rows, stderr) = run_json(&[
+            "--transport",
+            transport,
+            "--iters",
+            "200",
+            "--warmup",
+            "20",
+            "--flood",
+            "300",
+            "--kind",
+            "atomic",
+            "--json",
+        ]);
+        assert_eq!(rows.len(), 1, "{transport}: {rows:?} {stderr}");
+        let row = &rows[0];
+        assert_eq!((&row["kind"], &row["bytes"]), (&"atomic".into(), &8.into()));
+        assert!(row["rtt_us_p50"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+        assert!(row["msgs_per_s"].as_f64().is_some_and(|v| v > 0.0), "{row}");
     }
 }

@@ -47,7 +47,7 @@ fn every_mode_verifies_on_every_transport() {
         .into_iter()
         .filter(|t| t.is_available());
     for transport in available.map(|t| t.name()) {
-        for mode in ["bucketed", "fine", "local"] {
+        for mode in ["bucketed", "fine", "atomic", "local"] {
             let (out, row) = run(&[
                 "--transport",
                 transport,
@@ -128,10 +128,11 @@ fn readable_report_names_the_numbers() {
 }
 
 /// Over UDP with 10% loss, 1% duplication and reordering injected into every rank's datagrams,
-/// RandomAccess still verifies with 0 wrong words: a lost or doubled XOR update would show.
+/// RandomAccess still verifies with 0 wrong words in every mode that talks: a lost or doubled
+/// XOR update (a message, or a remote atomic sent as one) would show.
 #[test]
 fn udp_under_loss_and_duplication_verifies() {
-    for mode in ["bucketed", "fine"] {
+    for mode in ["bucketed", "fine", "atomic"] {
         let out = Command::new(example("random_access"))
             .args([
                 "--transport",
