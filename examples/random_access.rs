@@ -18,11 +18,12 @@
 //!   from the received payload into the segment.
 //! - `fine`: one AM Short per remote update, the value as two 32-bit arguments; updates to the
 //!   own block are applied at once.
-//! - `atomic`: one remote atomic XOR per update (`Node::atomic_nb` with `AtomicOp::Xor`), the
-//!   way OpenSHMEM's GUPS is written, with no handler: on the shared-memory NICs and loopback
-//!   it is one atomic instruction on the owner's word, elsewhere a system message applied by
-//!   the owner's progress (up to 64 in flight). Updates to the own block are atomic too,
-//!   since other ranks update it at the same time.
+//! - `atomic`: one non-fetching remote atomic XOR per update (`Node::atomic_post` with
+//!   `AtomicOp::Xor`), the way OpenSHMEM's GUPS is written, with no handler: on the
+//!   shared-memory NICs and loopback it is one atomic instruction on the owner's word (a few
+//!   queued while their words are prefetched), elsewhere a system message applied by the
+//!   owner's progress. Updates to the own block are posted atomics too, since other ranks
+//!   update it at the same time.
 //! - `local`: no communication; each rank applies its whole sub-stream to its own block
 //!   (word `(a & (2^K - 1)) * block / 2^K`), which is the memory-bound ceiling of the machine.
 //!
@@ -102,8 +103,6 @@ const MAX_STORED: usize = 1024;
 const POLL_EVERY: u64 = 1024;
 /// Updates between two polls in `fine` mode, where every remote update is a message.
 const FINE_POLL_EVERY: u64 = 64;
-/// Atomics in flight at once in `atomic` mode, where the transport sends them as messages.
-const ATOMIC_WINDOW: usize = 64;
 
 const BUCKET: HandlerId = HandlerId(1);
 const FINE: HandlerId = HandlerId(2);
@@ -396,7 +395,6 @@ fn run_updates(
             }
         }
         Mode::Atomic => {
-            let mut in_flight = std::collections::VecDeque::new();
             while left > 0 {
                 let n = left.min(POLL_EVERY);
                 for _ in 0..n {
@@ -404,34 +402,12 @@ fn run_updates(
                     let g = ran & mask;
                     let owner = lay.owner(g);
                     let word = g - lay.start(owner);
-                    if owner == me {
-                        // Others update this block at the same time: atomically here too.
-                        if let Some(w) = usize::try_from(word)
-                            .ok()
-                            .and_then(|o| table(node.segment()).get(o))
-                        {
-                            w.fetch_xor(ran.to_le(), Ordering::Relaxed);
-                        }
-                        continue;
-                    }
-                    let h = node.atomic_nb(owner, word as usize * 8, AtomicOp::Xor(ran.to_le()))?;
-                    if h.is_applied() {
-                        node.wait_atomic(h)?;
-                    } else {
-                        in_flight.push_back(h);
-                        if in_flight.len() >= ATOMIC_WINDOW {
-                            if let Some(h) = in_flight.pop_front() {
-                                node.wait_atomic(h)?;
-                            }
-                        }
-                    }
+                    // The own block too: others update it at the same time.
+                    node.atomic_post(owner, word as usize * 8, AtomicOp::Xor(ran.to_le()))?;
                 }
                 left -= n;
                 node.poll()?;
                 progress.tick(total - left, total);
-            }
-            for h in in_flight {
-                node.wait_atomic(h)?;
             }
         }
         Mode::Bucketed => {

@@ -205,6 +205,10 @@ impl Transport for AnyTransport {
     ) -> Result<Option<u64>, SendError> {
         dispatch!(self, t => t.atomic(dest, offset, atomic))
     }
+
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        dispatch!(self, t => t.atomic_prefetch(dest, offset))
+    }
 }
 
 /// What a job needs to start.

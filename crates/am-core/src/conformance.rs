@@ -835,8 +835,9 @@ pub fn atomics_every_op_and_width<T: Transport + Send>(make: &dyn Fn(u32, usize)
 }
 
 /// Every rank adds to the same words of rank 0's segment at once (a 64-bit word and both
-/// halves of the next 8 bytes), blocking and non-blocking: the totals are the sequential
-/// sums, and the fetched old values are all different (each add saw the one before it).
+/// halves of the next 8 bytes), blocking, non-blocking and posted (non-fetching): the totals
+/// are the sequential sums, and the fetched old values are all different (each add saw the
+/// one before it). A posted atomic is applied before a later get of the same rank.
 pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const RANKS: u32 = 4;
     let per: u64 = if cfg!(miri) { 4 } else { 300 };
@@ -860,13 +861,29 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
             for h in hs {
                 node.wait_atomic(h).expect("wait_atomic");
             }
+            // Non-fetching, applied by the barrier at the latest.
+            node.atomic_post(0, 16, crate::AtomicOp::FetchAdd(2u64))
+                .expect("atomic_post");
         }
+        // A posted one is applied before a later get of this rank.
+        node.atomic_post(node.rank(), 24, crate::AtomicOp::Store(me + 7))
+            .expect("atomic_post");
+        assert_eq!(
+            node.get(node.rank(), 24, 8).expect("get"),
+            (me + 7).to_le_bytes(),
+            "a posted atomic after a get"
+        );
         olds.lock().unwrap().extend(mine);
         node.barrier().expect("barrier");
         if me == 0 {
             let sum: u64 = (1..=u64::from(RANKS)).sum();
             let want = u64::from(RANKS) * per * (1 << 40) + per * sum;
             assert_eq!(node.atomic(0, 0, crate::AtomicOp::Load::<u64>), Ok(want));
+            assert_eq!(
+                node.atomic(0, 16, crate::AtomicOp::Load::<u64>),
+                Ok(2 * u64::from(RANKS) * per),
+                "posted adds"
+            );
             let halves = u64::from(RANKS) * per * (per + 1) / 2;
             assert_eq!(node.get(0, 8, 8).expect("get"), {
                 let mut b = (halves as u32).to_le_bytes().to_vec();

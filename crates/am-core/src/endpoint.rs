@@ -84,6 +84,8 @@ struct OpSlot {
     data: Vec<u8>,
     /// A remote atomic (one message; its old value lands in `data`) rather than a put or get.
     atomic: Option<Atomic>,
+    /// Nobody waits for it ([`Endpoint::detach_atomic`]): freed when its reply comes.
+    detached: bool,
 }
 
 /// A non-blocking put in flight: complete it with [`crate::Node::wait_put`] (or, driving an
@@ -1268,7 +1270,18 @@ impl Endpoint {
         offset: usize,
         op: AtomicOp<W>,
     ) -> Result<AtomicHandle<W>, AmError> {
-        let atomic = Atomic::from(op);
+        self.atomic_start_raw(segment, dest, offset, Atomic::from(op))
+    }
+
+    /// [`Endpoint::atomic_start`] of an [`Atomic`] as the transports see it; its handle
+    /// gives the old value widened to 64 bits.
+    pub fn atomic_start_raw<W: AtomicWord>(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<AtomicHandle<W>, AmError> {
         self.check_atomic(dest, offset, &atomic)?;
         if dest == self.rank {
             let ours = segment.slice_or_empty(0, self.seg_len.min(segment.len()));
@@ -1295,6 +1308,21 @@ impl Endpoint {
         match handle.state {
             AtomicState::Done(_) => Poll::Ready(Ok(())),
             AtomicState::Op { index, gen } => self.op_step(tx, index, gen, None),
+        }
+    }
+
+    /// Lets an atomic complete with nobody waiting for its result (a non-fetching atomic,
+    /// [`crate::Node::atomic_post`]): its operation slot is freed when the reply comes (or
+    /// now, if it came). [`Endpoint::is_quiet`] still waits for it, by its credit.
+    pub fn detach_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) {
+        if let AtomicState::Op { index, gen } = handle.state {
+            if self.op_done(index, gen) {
+                if self.op(index, gen).is_some() {
+                    let _ = self.finish_op(index);
+                }
+            } else if let Some(slot) = self.op(index, gen) {
+                slot.detached = true;
+            }
         }
     }
 
@@ -1454,14 +1482,24 @@ impl Endpoint {
         true
     }
 
-    /// Ends the puts and gets in flight with `peer` with `error` (nothing more comes).
+    /// Ends the puts, gets and atomics in flight with `peer` with `error` (nothing more
+    /// comes); detached ones are freed.
     fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
-        for slot in self.ops.iter_mut().filter(|s| s.live && s.peer == peer) {
-            if slot.outstanding > 0 || slot.sent < slot.len {
+        let mut freed = Vec::new();
+        for (i, slot) in self.ops.iter_mut().enumerate() {
+            if !slot.live || slot.peer != peer {
+                continue;
+            }
+            if slot.detached {
+                freed.push(i as u32);
+            } else if slot.outstanding > 0 || slot.sent < slot.len {
                 slot.outstanding = 0;
                 slot.len = slot.sent;
                 slot.error.get_or_insert_with(|| error.clone());
             }
+        }
+        for i in freed {
+            let _ = self.finish_op(i);
         }
     }
 
@@ -1953,6 +1991,12 @@ impl Endpoint {
                     .filter(|s| s.atomic.is_some())
                     .ok_or_else(bad)?;
                 slot.outstanding -= 1;
+                if slot.detached {
+                    // Its result is nobody's: the slot is free again (an error was checked
+                    // away at the initiator, or is a loss reported anyway).
+                    let _ = self.finish_op(op);
+                    return Ok(());
+                }
                 if ok {
                     slot.data = old.to_le_bytes().to_vec();
                 } else {
@@ -2033,6 +2077,7 @@ impl Endpoint {
         slot.error = None;
         slot.data = data;
         slot.atomic = None;
+        slot.detached = false;
         (index, slot.gen)
     }
 

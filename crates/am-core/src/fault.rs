@@ -261,6 +261,9 @@ impl<T: Transport> Transport for FaultInjector<T> {
     ) -> Result<Option<u64>, SendError> {
         self.inner.atomic(dest, offset, atomic)
     }
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        self.inner.atomic_prefetch(dest, offset)
+    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)

@@ -502,6 +502,16 @@ impl Transport for Loopback {
             .map_err(|e| SendError::Other(format!("loopback: atomic at {offset}: {e:?}")))
     }
 
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        match self.tx.dests.get(dest as usize) {
+            Some(to) => {
+                to.segment.byte_area().prefetch(offset);
+                true
+            }
+            None => false,
+        }
+    }
+
     #[inline]
     fn poll_recv<R>(
         &mut self,

@@ -1,5 +1,6 @@
 //! [`Node`]: one rank of a job, driving the protocol [`Endpoint`] with a [`Transport`].
 
+use std::collections::VecDeque;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,14 @@ pub struct Node<T: Transport> {
     transport: T,
     ep: Endpoint,
     config: Config,
+    /// Non-fetching atomics the transport applies itself, queued so that their words are
+    /// fetched ahead ([`Node::atomic_post`]); applied in order.
+    posted: VecDeque<(Rank, usize, Atomic)>,
 }
+
+/// How many posted atomics wait, their words being fetched, before the oldest is applied:
+/// enough to cover a memory miss with the instructions of the ones after it.
+const POSTED_ATOMICS: usize = 16;
 
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
@@ -82,6 +90,7 @@ impl<T: Transport> Node<T> {
             transport,
             ep,
             config,
+            posted: VecDeque::new(),
         };
         // Start-up: no rank sends a user message before it has heard that all agree.
         let mut idle = 0;
@@ -322,6 +331,7 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), AmError> {
         self.ep
             .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        self.apply_posted()?;
         self.drive(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
     }
 
@@ -371,6 +381,7 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), TryRequestError> {
         self.ep
             .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        self.apply_posted()?;
         let sent = self.ep.try_request(
             &mut self.transport,
             dest,
@@ -428,12 +439,14 @@ impl<T: Transport> Node<T> {
     /// (the other ranks are still in it), sending nothing twice. After an error that lasts
     /// (a lost peer, an aborted job) the retry fails the same way.
     pub fn barrier(&mut self) -> Result<(), AmError> {
+        self.apply_posted()?;
         self.drive(|ep, t| ep.barrier_step(t))
     }
 
     /// Starts writing `data` into `dest`'s segment at `offset`; returns at once (after polling
     /// for credit if needed). Local puts complete immediately.
     pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
+        self.apply_posted()?;
         let h = self
             .ep
             .put_start(self.transport.segment(), dest, offset, data)?;
@@ -448,6 +461,7 @@ impl<T: Transport> Node<T> {
 
     /// Starts reading `len` bytes at `offset` of `src`'s segment.
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
+        self.apply_posted()?;
         let h = self
             .ep
             .get_start(self.transport.segment(), src, offset, len)?;
@@ -513,6 +527,7 @@ impl<T: Transport> Node<T> {
     ) -> Result<AtomicHandle<W>, AmError> {
         let atomic = Atomic::from(op);
         self.ep.check_atomic(dest, offset, &atomic)?;
+        self.apply_posted()?;
         if dest != self.ep.rank() {
             match self.transport.atomic(dest, offset, atomic) {
                 Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
@@ -529,6 +544,89 @@ impl<T: Transport> Node<T> {
                 let _ = self.wait_atomic(h);
                 Err(e)
             }
+        }
+    }
+
+    /// Posts a non-fetching remote atomic (OpenSHMEM's `shmem_atomic_xor` and kin; see
+    /// [`Node::atomic_nb`] for the rest): it takes effect by the next [`Node::quiesce`] or
+    /// [`Node::barrier`] at the latest, and before any later request, put, get or atomic of
+    /// this rank, in the order posted. Where the transport applies atomics itself a few
+    /// posted ones wait while their words are fetched into the cache, so that a stream of
+    /// them to random words keeps several memory misses in flight (RandomAccess `--mode
+    /// atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
+    /// may come from the call that applies it.
+    pub fn atomic_post<W: AtomicWord>(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<(), AmError> {
+        let atomic = Atomic::from(op);
+        self.ep.check_atomic(dest, offset, &atomic)?;
+        let queued = if dest == self.ep.rank() {
+            self.transport.segment().prefetch(offset);
+            true
+        } else {
+            self.transport.atomic_prefetch(dest, offset)
+        };
+        if queued {
+            if self.posted.len() >= POSTED_ATOMICS {
+                self.apply_oldest_posted()?;
+            }
+            self.posted.push_back((dest, offset, atomic));
+            return Ok(());
+        }
+        let h = self.atomic_nb(dest, offset, op)?;
+        self.ep.detach_atomic(h);
+        Ok(())
+    }
+
+    /// Applies the posted atomics, oldest first; the first error, after trying them all.
+    #[inline]
+    fn apply_posted(&mut self) -> Result<(), AmError> {
+        if self.posted.is_empty() {
+            return Ok(());
+        }
+        let mut first = Ok(());
+        while !self.posted.is_empty() {
+            let r = self.apply_oldest_posted();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    fn apply_oldest_posted(&mut self) -> Result<(), AmError> {
+        let Some((dest, offset, atomic)) = self.posted.pop_front() else {
+            return Ok(());
+        };
+        if dest == self.ep.rank() {
+            let ours = self.transport.segment();
+            return atomic
+                .apply(ours, offset)
+                .map(drop)
+                .map_err(|_| AmError::SegmentOutOfBounds {
+                    offset: offset as u64,
+                    len: atomic.width().bytes() as u64,
+                    size: ours.len(),
+                });
+        }
+        match self.transport.atomic(dest, offset, atomic) {
+            Ok(Some(_)) => Ok(()),
+            // It said it applies atomics, and now cannot: as a message, then.
+            Ok(None) => {
+                let h = self.ep.atomic_start_raw::<u64>(
+                    self.transport.segment(),
+                    dest,
+                    offset,
+                    atomic,
+                )?;
+                let sent = self.drive(|ep, t| ep.atomic_step(t, &h));
+                self.ep.detach_atomic(h);
+                sent
+            }
+            Err(e) => Err(AmError::from(TransportError::from(e))),
         }
     }
 
@@ -552,6 +650,7 @@ impl<T: Transport> Node<T> {
     /// Waits until every request this rank sent has been answered and every refused reply has
     /// gone out. Run before dropping a node so that peers are not left without their replies.
     pub fn quiesce(&mut self) -> Result<(), AmError> {
+        self.apply_posted()?;
         self.drive(|ep, _| {
             if ep.is_quiet() {
                 Poll::Ready(Ok(()))
@@ -566,6 +665,7 @@ impl<T: Transport> Node<T> {
     ///
     /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
     pub fn exit(mut self, code: i32) -> ! {
+        let _ = self.apply_posted();
         let deadline = Instant::now() + Duration::from_secs(1);
         for r in 0..self.ep.size() {
             if r == self.ep.rank() {
@@ -603,6 +703,9 @@ impl<T: Transport> Drop for Node<T> {
         if std::thread::panicking() {
             return;
         }
+        // Posted atomics take effect before the rank leaves (a lost target is no reason to
+        // stop the others').
+        let _ = self.apply_posted();
         // Let peers get the replies they are owed and ours arrive, but never hang forever.
         let deadline = Instant::now() + QUIESCE_LIMIT;
         while Instant::now() < deadline && !self.ep.is_quiet() {

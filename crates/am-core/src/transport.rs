@@ -421,6 +421,15 @@ pub trait Transport: Tx {
         let _ = (dest, offset, atomic);
         Ok(None)
     }
+    /// Whether [`Transport::atomic`] applies atomics on `dest`'s segment itself; if it does,
+    /// it may also start fetching the cache line of the word at `offset` (a hint: an atomic
+    /// on it follows soon). The core then queues non-blocking, non-fetching atomics a few
+    /// deep ([`crate::Node::atomic_post`]), so that their cache misses overlap instead of
+    /// each atomic instruction waiting for its own. The default: `false`.
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        let _ = (dest, offset);
+        false
+    }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.

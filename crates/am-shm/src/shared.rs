@@ -157,6 +157,16 @@ impl<'a> SharedBytes<'a> {
         Ok(())
     }
 
+    /// Asks the CPU to fetch the cache line of byte `off` before it is used (a hint, for
+    /// code that knows its next accesses: a batch of remote atomics). Nothing if `off` is
+    /// outside the view.
+    #[inline]
+    pub fn prefetch(&self, off: usize) {
+        if let Ok(at) = self.at(off, 1) {
+            self.map.prefetch(at);
+        }
+    }
+
     /// The 64-bit atomic at `off`, which must be 8-aligned in memory: for words the program
     /// updates atomically (counters, locks, remote atomics).
     #[inline]

@@ -1660,6 +1660,24 @@ impl Extoll {
     }
 }
 
+impl Extoll {
+    /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
+    fn peer_segment(&self, dest: Rank) -> Result<SharedBytes<'_>, SendError> {
+        let d = dest as usize;
+        let Some(peer) = self.tx.peers.get(d) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if self.tx.lost[d] {
+            return Err(SendError::PeerLost(dest));
+        }
+        let l = &self.tx.layout;
+        peer.imp
+            .byte_area()
+            .slice(l.segment_base(), l.segment)
+            .map_err(|e| SendError::Other(format!("extoll: {e}")))
+    }
+}
+
 impl Transport for Extoll {
     fn name(&self) -> &'static str {
         "extoll"
@@ -1696,23 +1714,14 @@ impl Transport for Extoll {
         offset: usize,
         atomic: am_core::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
-        let d = dest as usize;
-        let Some(peer) = self.tx.peers.get(d) else {
-            return Err(SendError::InvalidRank(dest));
-        };
-        if self.tx.lost[d] {
-            return Err(SendError::PeerLost(dest));
-        }
-        let l = &self.tx.layout;
-        let segment = peer
-            .imp
-            .byte_area()
-            .slice(l.segment_base(), l.segment)
-            .map_err(|e| SendError::Other(format!("extoll: {e}")))?;
         atomic
-            .apply(segment, offset)
+            .apply(self.peer_segment(dest)?, offset)
             .map(Some)
             .map_err(|e| SendError::Other(format!("extoll: atomic at {offset}: {e:?}")))
+    }
+
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        self.peer_segment(dest).map(|s| s.prefetch(offset)).is_ok()
     }
 
     #[inline]

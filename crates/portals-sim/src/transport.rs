@@ -1226,6 +1226,21 @@ impl Transport for Portals {
         }
     }
 
+    /// A hint at where the segment entry maps the word (its start is the segment's, as
+    /// set up), without walking the match list: only the atomic itself matches.
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        let d = dest as usize;
+        match self.tx.peers.get(d) {
+            Some(p) if !self.tx.lost[d] => {
+                if let Some(at) = self.tx.seg_base.checked_add(offset) {
+                    p.imp.byte_area().prefetch(at);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn segment(&self) -> SharedBytes<'_> {
         self.am_segment().unwrap_or_else(|_| {
             self.own

@@ -576,6 +576,21 @@ impl Sci {
 
     /// The AM segment: a view of this rank's exported memory after the command segments
     /// (in range by construction: the segment was made with this layout).
+    /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
+    fn peer_segment(&self, dest: Rank) -> Result<SharedBytes<'_>, SendError> {
+        let d = dest as usize;
+        let (Some(to), Some(peer)) = (self.tx.dests.get(d), self.tx.peers.get(d)) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if to.lost {
+            return Err(SendError::PeerLost(dest));
+        }
+        let l = &self.tx.layout;
+        peer.byte_area()
+            .slice(l.segment_base(), l.segment)
+            .map_err(sci_err)
+    }
+
     fn am_segment(&self) -> SharedBytes<'_> {
         let l = &self.tx.layout;
         self.seg
@@ -835,22 +850,14 @@ impl Transport for Sci {
         offset: usize,
         atomic: am_core::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
-        let d = dest as usize;
-        let (Some(to), Some(peer)) = (self.tx.dests.get(d), self.tx.peers.get(d)) else {
-            return Err(SendError::InvalidRank(dest));
-        };
-        if to.lost {
-            return Err(SendError::PeerLost(dest));
-        }
-        let l = &self.tx.layout;
-        let segment = peer
-            .byte_area()
-            .slice(l.segment_base(), l.segment)
-            .map_err(sci_err)?;
         atomic
-            .apply(segment, offset)
+            .apply(self.peer_segment(dest)?, offset)
             .map(Some)
             .map_err(|e| SendError::Other(format!("sci: atomic at {offset}: {e:?}")))
+    }
+
+    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+        self.peer_segment(dest).map(|s| s.prefetch(offset)).is_ok()
     }
 
     #[inline]
