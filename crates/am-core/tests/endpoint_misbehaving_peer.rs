@@ -32,9 +32,10 @@ const UNKNOWN: u8 = 99;
 
 // System opcodes, to forge raw system messages.
 use am_core::protocol::opcode::{
-    ACK as SYS_ACK, ACKS as SYS_ACKS, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
-    GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
-    PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE,
+    ACK as SYS_ACK, ACKS as SYS_ACKS, ATOMIC as SYS_ATOMIC, ATOMIC_DONE as SYS_ATOMIC_DONE,
+    BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET, GET_DATA as SYS_GET_DATA,
+    HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT, PUT as SYS_PUT,
+    PUT_DONE as SYS_PUT_DONE,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -687,6 +688,10 @@ fn long_outside_the_segment_is_refused_and_acked() {
                 offset: u64::MAX - 1,
                 len: 4,
             });
+            // The atomics past the end and off their alignment.
+            for offset in [SEG as u64 - 4, 3, u64::MAX - 7] {
+                want.push(Misbehavior::OutOfSegment { offset, len: 8 });
+            }
             assert_eq!(caught, want);
             assert_eq!(seen.req_long.get(), 1, "only the valid Long ran");
             assert_eq!(seen.requests(), 1);
@@ -754,6 +759,23 @@ fn long_outside_the_segment_is_refused_and_acked() {
             );
             assert_eq!(g.args, [43, 0, 0, 1]);
             assert!(g.payload.is_empty());
+            // Atomics past the end, misaligned, or whose end overflows: ATOMIC_DONE status 1,
+            // nothing read or written.
+            for (op, off) in [(44u32, SEG as u64 - 4), (45, 3), (46, u64::MAX - 7)] {
+                let xor_u64 = 7 | 8 << 8;
+                evil.send(&wire(
+                    request(true, AmKind::Short, SYS_ATOMIC),
+                    &[op, lo(off), hi(off), xor_u64, u32::MAX, u32::MAX, 0, 0],
+                    &[],
+                ));
+                let g = evil.recv();
+                assert_eq!(
+                    (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
+                    (Category::Reply, true, SYS_ATOMIC_DONE, 1),
+                    "{g:?}"
+                );
+                assert_eq!(g.args, [op, 0, 0, 1]);
+            }
             // A valid Long still lands and runs its handler.
             evil.send(&wire(
                 Header {
@@ -821,6 +843,36 @@ fn bad_system_requests() -> Vec<(Vec<u8>, u8)> {
         (wire(r(AmKind::Long, SYS_PUT), &[1, 2], &[]), SYS_PUT),
         (wire(r(AmKind::Short, SYS_GET), &[0; 5], &[]), SYS_GET),
         (wire(r(AmKind::Short, SYS_EXIT), &[], &[]), SYS_EXIT),
+        // An atomic with an operation code, a width or an operand that does not exist.
+        (
+            wire(
+                r(AmKind::Short, SYS_ATOMIC),
+                &[0, 0, 0, 8 | 8 << 8, 0, 0, 0, 0],
+                &[],
+            ),
+            SYS_ATOMIC,
+        ),
+        (
+            wire(
+                r(AmKind::Short, SYS_ATOMIC),
+                &[0, 0, 0, 4 | 2 << 8, 0, 0, 0, 0],
+                &[],
+            ),
+            SYS_ATOMIC,
+        ),
+        (
+            wire(
+                r(AmKind::Short, SYS_ATOMIC),
+                &[0, 0, 0, 4 | 4 << 8, 0, 1, 0, 0],
+                &[],
+            ),
+            SYS_ATOMIC,
+        ),
+        (wire(r(AmKind::Short, SYS_ATOMIC), &[0; 7], &[]), SYS_ATOMIC),
+        (
+            wire(r(AmKind::Short, SYS_ATOMIC_DONE), &[0, 0, 0, 0], &[]),
+            SYS_ATOMIC_DONE,
+        ),
         (wire(r(AmKind::Short, SYS_EXIT), &[0, 0], &[]), SYS_EXIT),
         // Right arguments, wrong kind or value.
         (
