@@ -318,8 +318,9 @@ impl<T: Transport> Node<T> {
         Ok(())
     }
 
-    /// Sends a checked request, polling while out of credit or the device is busy.
-    #[inline]
+    /// Sends a checked request, polling while out of credit or the device is busy. Always
+    /// inlined: each request kind then keeps its constants, and the round trip its speed.
+    #[inline(always)]
     fn send_blocking(
         &mut self,
         dest: Rank,
@@ -582,11 +583,18 @@ impl<T: Transport> Node<T> {
     }
 
     /// Applies the posted atomics, oldest first; the first error, after trying them all.
-    #[inline]
+    /// On every request's path: one test when none are posted.
+    #[inline(always)]
     fn apply_posted(&mut self) -> Result<(), AmError> {
         if self.posted.is_empty() {
             return Ok(());
         }
+        self.apply_all_posted()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn apply_all_posted(&mut self) -> Result<(), AmError> {
         let mut first = Ok(());
         while !self.posted.is_empty() {
             let r = self.apply_oldest_posted();
