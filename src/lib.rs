@@ -206,8 +206,12 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.atomic(dest, offset, atomic))
     }
 
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
-        dispatch!(self, t => t.atomic_prefetch(dest, offset))
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        dispatch!(self, t => t.applies_atomics(dest))
+    }
+
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
+        dispatch!(self, t => t.atomics(batch))
     }
 }
 

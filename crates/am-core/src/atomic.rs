@@ -186,6 +186,46 @@ impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
     }
 }
 
+/// A non-fetching atomic waiting to be applied ([`crate::Node::atomic_post`]): where, and
+/// what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Posted {
+    /// The rank whose segment holds the word.
+    pub dest: crate::Rank,
+    /// The word's offset in that segment.
+    pub offset: usize,
+    /// What to do with it.
+    pub atomic: Atomic,
+}
+
+/// Applies `batch` in order for a transport that reaches the segments itself, `view(dest)`
+/// giving `dest`'s segment: every word's cache line is fetched first, so that the misses
+/// overlap instead of each atomic instruction waiting for its own (a locked instruction does
+/// not overlap its miss with the next one). Every atomic is tried; the first error is
+/// returned, a refused word being [`SendError::Other`](crate::SendError::Other).
+pub fn apply_batch<'a>(
+    batch: &[Posted],
+    view: impl Fn(crate::Rank) -> Result<SharedBytes<'a>, crate::SendError>,
+) -> Result<(), crate::SendError> {
+    for p in batch {
+        if let Ok(v) = view(p.dest) {
+            v.prefetch(p.offset);
+        }
+    }
+    let mut first = Ok(());
+    for p in batch {
+        let applied = view(p.dest).and_then(|v| {
+            p.atomic.apply(v, p.offset).map(drop).map_err(|e| {
+                crate::SendError::Other(format!("atomic at {} of rank {}: {e:?}", p.offset, p.dest))
+            })
+        });
+        if let (Err(e), true) = (applied, first.is_ok()) {
+            first = Err(e);
+        }
+    }
+    first
+}
+
 /// Why an atomic was not applied: nothing was read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {

@@ -261,8 +261,11 @@ impl<T: Transport> Transport for FaultInjector<T> {
     ) -> Result<Option<u64>, SendError> {
         self.inner.atomic(dest, offset, atomic)
     }
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
-        self.inner.atomic_prefetch(dest, offset)
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        self.inner.applies_atomics(dest)
+    }
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
+        self.inner.atomics(batch)
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {

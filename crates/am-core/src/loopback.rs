@@ -502,14 +502,19 @@ impl Transport for Loopback {
             .map_err(|e| SendError::Other(format!("loopback: atomic at {offset}: {e:?}")))
     }
 
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
-        match self.tx.dests.get(dest as usize) {
-            Some(to) => {
-                to.segment.byte_area().prefetch(offset);
-                true
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        (dest as usize) < self.tx.dests.len()
+    }
+
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
+        let tx = &self.tx;
+        crate::atomic::apply_batch(batch, |d| match tx.dests.get(d as usize) {
+            None => Err(SendError::InvalidRank(d)),
+            Some(_) if tx.shared.departed[d as usize].load(Ordering::Relaxed) != 0 => {
+                Err(tx.gone(d))
             }
-            None => false,
-        }
+            Some(to) => Ok(to.segment.byte_area()),
+        })
     }
 
     #[inline]

@@ -1,10 +1,9 @@
 //! [`Node`]: one rank of a job, driving the protocol [`Endpoint`] with a [`Transport`].
 
-use std::collections::VecDeque;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::atomic::{Atomic, AtomicOp, AtomicWord};
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
 use crate::config::{Config, WaitMode};
 use crate::credit::CreditPolicy;
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
@@ -45,13 +44,13 @@ pub struct Node<T: Transport> {
     transport: T,
     ep: Endpoint,
     config: Config,
-    /// Non-fetching atomics the transport applies itself, queued so that their words are
-    /// fetched ahead ([`Node::atomic_post`]); applied in order.
-    posted: VecDeque<(Rank, usize, Atomic)>,
+    /// Non-fetching atomics the transport applies itself, queued and handed over as one
+    /// batch ([`Node::atomic_post`], [`Transport::atomics`]); applied in order.
+    posted: Vec<Posted>,
 }
 
-/// How many posted atomics wait, their words being fetched, before the oldest is applied:
-/// enough to cover a memory miss with the instructions of the ones after it.
+/// How many posted atomics make a batch: enough misses in flight to fill the memory
+/// system's line-fill buffers.
 const POSTED_ATOMICS: usize = 16;
 
 /// How long a dropping node waits for the replies to its last requests.
@@ -90,7 +89,7 @@ impl<T: Transport> Node<T> {
             transport,
             ep,
             config,
-            posted: VecDeque::new(),
+            posted: Vec::with_capacity(POSTED_ATOMICS),
         };
         // Start-up: no rank sends a user message before it has heard that all agree.
         let mut idle = 0;
@@ -551,10 +550,10 @@ impl<T: Transport> Node<T> {
     /// Posts a non-fetching remote atomic (OpenSHMEM's `shmem_atomic_xor` and kin; see
     /// [`Node::atomic_nb`] for the rest): it takes effect by the next [`Node::quiesce`] or
     /// [`Node::barrier`] at the latest, and before any later request, put, get or atomic of
-    /// this rank, in the order posted. Where the transport applies atomics itself a few
-    /// posted ones wait while their words are fetched into the cache, so that a stream of
-    /// them to random words keeps several memory misses in flight (RandomAccess `--mode
-    /// atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
+    /// this rank, in the order posted. Where the transport applies atomics itself, posted ones
+    /// go to it in batches of 16 ([`Transport::atomics`]) whose words it fetches first, so
+    /// that a stream of them to random words keeps several memory misses in flight
+    /// (RandomAccess `--mode atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
     /// may come from the call that applies it.
     pub fn atomic_post<W: AtomicWord>(
         &mut self,
@@ -564,17 +563,15 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), AmError> {
         let atomic = Atomic::from(op);
         self.ep.check_atomic(dest, offset, &atomic)?;
-        let queued = if dest == self.ep.rank() {
-            self.transport.segment().prefetch(offset);
-            true
-        } else {
-            self.transport.atomic_prefetch(dest, offset)
-        };
-        if queued {
+        if self.transport.applies_atomics(dest) {
+            self.posted.push(Posted {
+                dest,
+                offset,
+                atomic,
+            });
             if self.posted.len() >= POSTED_ATOMICS {
-                self.apply_oldest_posted()?;
+                return self.apply_all_posted();
             }
-            self.posted.push_back((dest, offset, atomic));
             return Ok(());
         }
         let h = self.atomic_nb(dest, offset, op)?;
@@ -582,8 +579,8 @@ impl<T: Transport> Node<T> {
         Ok(())
     }
 
-    /// Applies the posted atomics, oldest first; the first error, after trying them all.
-    /// On every request's path: one test when none are posted.
+    /// Applies the posted atomics, in order; the first error, after trying them all. On
+    /// every request's path: one test when none are posted.
     #[inline(always)]
     fn apply_posted(&mut self) -> Result<(), AmError> {
         if self.posted.is_empty() {
@@ -595,47 +592,9 @@ impl<T: Transport> Node<T> {
     #[cold]
     #[inline(never)]
     fn apply_all_posted(&mut self) -> Result<(), AmError> {
-        let mut first = Ok(());
-        while !self.posted.is_empty() {
-            let r = self.apply_oldest_posted();
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
-    }
-
-    fn apply_oldest_posted(&mut self) -> Result<(), AmError> {
-        let Some((dest, offset, atomic)) = self.posted.pop_front() else {
-            return Ok(());
-        };
-        if dest == self.ep.rank() {
-            let ours = self.transport.segment();
-            return atomic
-                .apply(ours, offset)
-                .map(drop)
-                .map_err(|_| AmError::SegmentOutOfBounds {
-                    offset: offset as u64,
-                    len: atomic.width().bytes() as u64,
-                    size: ours.len(),
-                });
-        }
-        match self.transport.atomic(dest, offset, atomic) {
-            Ok(Some(_)) => Ok(()),
-            // It said it applies atomics, and now cannot: as a message, then.
-            Ok(None) => {
-                let h = self.ep.atomic_start_raw::<u64>(
-                    self.transport.segment(),
-                    dest,
-                    offset,
-                    atomic,
-                )?;
-                let sent = self.drive(|ep, t| ep.atomic_step(t, &h));
-                self.ep.detach_atomic(h);
-                sent
-            }
-            Err(e) => Err(AmError::from(TransportError::from(e))),
-        }
+        let applied = self.transport.atomics(&self.posted);
+        self.posted.clear();
+        applied.map_err(|e| AmError::from(TransportError::from(e)))
     }
 
     /// Waits for an atomic: the word's old value.

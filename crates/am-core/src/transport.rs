@@ -421,14 +421,34 @@ pub trait Transport: Tx {
         let _ = (dest, offset, atomic);
         Ok(None)
     }
-    /// Whether [`Transport::atomic`] applies atomics on `dest`'s segment itself; if it does,
-    /// it may also start fetching the cache line of the word at `offset` (a hint: an atomic
-    /// on it follows soon). The core then queues non-blocking, non-fetching atomics a few
-    /// deep ([`crate::Node::atomic_post`]), so that their cache misses overlap instead of
-    /// each atomic instruction waiting for its own. The default: `false`.
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
-        let _ = (dest, offset);
+    /// Whether [`Transport::atomic`] applies atomics on `dest`'s segment itself. The core
+    /// then queues non-fetching ones ([`crate::Node::atomic_post`]) and hands them over in
+    /// batches ([`Transport::atomics`]). The default: `false`.
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        let _ = dest;
         false
+    }
+    /// Applies the non-fetching atomics of `batch` in order, each as [`Transport::atomic`]
+    /// would (the default does just that). A NIC that reaches the words itself fetches them
+    /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). Every
+    /// one is tried; the first error is returned.
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
+        let mut first = Ok(());
+        for p in batch {
+            let applied = match self.atomic(p.dest, p.offset, p.atomic) {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => Err(SendError::Other(format!(
+                    "{}: rank {} cannot apply atomics itself",
+                    self.name(),
+                    self.rank()
+                ))),
+                Err(e) => Err(e),
+            };
+            if let (Err(e), true) = (applied, first.is_ok()) {
+                first = Err(e);
+            }
+        }
+        first
     }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.

@@ -1226,19 +1226,30 @@ impl Transport for Portals {
         }
     }
 
-    /// A hint at where the segment entry maps the word (its start is the segment's, as
-    /// set up), without walking the match list: only the atomic itself matches.
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
+    fn applies_atomics(&self, dest: Rank) -> bool {
         let d = dest as usize;
-        match self.tx.peers.get(d) {
-            Some(p) if !self.tx.lost[d] => {
-                if let Some(at) = self.tx.seg_base.checked_add(offset) {
-                    p.imp.byte_area().prefetch(at);
-                }
-                true
+        d < self.tx.peers.len() && !self.tx.lost[d]
+    }
+
+    /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of every word where
+    /// the entry maps it (its start is the segment's, as set up): a hint, without walking the
+    /// match list, which only the atomic itself does.
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
+        for p in batch {
+            if let (Some(peer), Some(at)) = (
+                self.tx.peers.get(p.dest as usize),
+                self.tx.seg_base.checked_add(p.offset),
+            ) {
+                peer.imp.byte_area().prefetch(at);
             }
-            _ => false,
         }
+        let mut first = Ok(());
+        for p in batch {
+            if let (Err(e), true) = (self.atomic(p.dest, p.offset, p.atomic), first.is_ok()) {
+                first = Err(e);
+            }
+        }
+        first
     }
 
     fn segment(&self) -> SharedBytes<'_> {

@@ -856,8 +856,12 @@ impl Transport for Sci {
             .map_err(|e| SendError::Other(format!("sci: atomic at {offset}: {e:?}")))
     }
 
-    fn atomic_prefetch(&self, dest: Rank, offset: usize) -> bool {
-        self.peer_segment(dest).map(|s| s.prefetch(offset)).is_ok()
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        self.peer_segment(dest).is_ok()
+    }
+
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
+        am_core::atomic::apply_batch(batch, |d| self.peer_segment(d))
     }
 
     #[inline]
