@@ -213,6 +213,8 @@ pub struct Endpoint {
     scratch: Vec<u8>,
     /// Implicit replies owed, where the transport coalesces them.
     acks: Option<OwedAcks>,
+    /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
+    detached_in_flight: u32,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -690,6 +692,7 @@ impl Endpoint {
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
             acks: None,
+            detached_in_flight: 0,
         }
     }
 
@@ -1322,8 +1325,16 @@ impl Endpoint {
                 }
             } else if let Some(slot) = self.op(index, gen) {
                 slot.detached = true;
+                self.detached_in_flight += 1;
             }
         }
+    }
+
+    /// Detached atomics ([`Endpoint::detach_atomic`]) still waiting for their reply: a
+    /// barrier waits for none to be left, so that what a rank posted is applied at its
+    /// target before anyone leaves the barrier.
+    pub fn posted_in_flight(&self) -> u32 {
+        self.detached_in_flight
     }
 
     /// Completes an atomic once its result is back: the word's old value.
@@ -1499,6 +1510,7 @@ impl Endpoint {
             }
         }
         for i in freed {
+            self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
             let _ = self.finish_op(i);
         }
     }
@@ -1994,6 +2006,7 @@ impl Endpoint {
                 if slot.detached {
                     // Its result is nobody's: the slot is free again (an error was checked
                     // away at the initiator, or is a loss reported anyway).
+                    self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
                     let _ = self.finish_op(op);
                     return Ok(());
                 }

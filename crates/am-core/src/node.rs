@@ -440,6 +440,15 @@ impl<T: Transport> Node<T> {
     /// (a lost peer, an aborted job) the retry fails the same way.
     pub fn barrier(&mut self) -> Result<(), AmError> {
         self.apply_posted()?;
+        // Posted atomics sent as messages are applied at their targets before this rank
+        // enters (a barrier message to a third rank may overtake one).
+        self.drive(|ep, _| {
+            if ep.posted_in_flight() == 0 {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })?;
         self.drive(|ep, t| ep.barrier_step(t))
     }
 
@@ -549,8 +558,9 @@ impl<T: Transport> Node<T> {
 
     /// Posts a non-fetching remote atomic (OpenSHMEM's `shmem_atomic_xor` and kin; see
     /// [`Node::atomic_nb`] for the rest): it takes effect by the next [`Node::quiesce`] or
-    /// [`Node::barrier`] at the latest, and before any later request, put, get or atomic of
-    /// this rank, in the order posted. Where the transport applies atomics itself, posted ones
+    /// [`Node::barrier`] at the latest (every rank leaving the barrier sees it), and before
+    /// any later request, put, get or atomic of this rank to the same target, in the order
+    /// posted. Where the transport applies atomics itself, posted ones
     /// go to it in batches of 16 ([`Transport::atomics`]) whose words it fetches first, so
     /// that a stream of them to random words keeps several memory misses in flight
     /// (RandomAccess `--mode atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
