@@ -63,6 +63,8 @@ fn every_mode_verifies_on_every_transport() {
                 String::from_utf8_lossy(&out.stderr)
             );
             check_row(&row, transport, mode);
+            // Not the 1% HPCC allows: a lost posted atomic or message would show here.
+            assert_eq!(row["errors"], 0, "{transport} {mode}: {row}");
         }
     }
 }

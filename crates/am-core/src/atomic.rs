@@ -278,7 +278,10 @@ impl Atomic {
     /// Where the word is, checked: `offset` inside `len` bytes and aligned to the width.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), Refused> {
         let w = self.width.bytes();
-        if offset.checked_add(w).is_none_or(|end| end > len) {
+        // The 8-byte word that holds it must be in the segment too (a 32-bit word in the
+        // last half word of a segment whose length is not a multiple of 8 is not reachable).
+        let grid_end = (offset & !7).checked_add(8);
+        if offset.checked_add(w).is_none_or(|end| end > len) || grid_end.is_none_or(|e| e > len) {
             Err(Refused::OutOfBounds)
         } else if !offset.is_multiple_of(w) {
             Err(Refused::Misaligned)
@@ -340,7 +343,7 @@ impl Atomic {
             Code::Or => word.fetch_or(v, SC),
             Code::Xor => word.fetch_xor(v, SC),
             Code::Store | Code::Swap | Code::CompareSwap | Code::FetchAdd => {
-                let mut seen = word.load(Ordering::Relaxed);
+                let mut seen = word.load(SC);
                 loop {
                     let half = (seen & mask) >> shift;
                     let new_half = match self.code {
@@ -349,7 +352,7 @@ impl Atomic {
                         _ => self.operand,
                     };
                     let new = (seen & !mask) | (new_half << shift);
-                    match word.compare_exchange_weak(seen, new, SC, Ordering::Relaxed) {
+                    match word.compare_exchange_weak(seen, new, SC, SC) {
                         Ok(old) => break old,
                         Err(now) => seen = now,
                     }

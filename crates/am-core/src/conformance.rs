@@ -865,14 +865,18 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
             node.atomic_post(0, 16, crate::AtomicOp::FetchAdd(2u64))
                 .expect("atomic_post");
         }
-        // A posted one is applied before a later get of this rank.
-        node.atomic_post(node.rank(), 24, crate::AtomicOp::Store(me + 7))
-            .expect("atomic_post");
-        assert_eq!(
-            node.get(node.rank(), 24, 8).expect("get"),
-            (me + 7).to_le_bytes(),
-            "a posted atomic after a get"
-        );
+        // A posted one is applied before a later get of this rank from the same rank, its
+        // own or another.
+        let next = (node.rank() + 1) % node.size();
+        for (dest, at) in [(node.rank(), 24), (next, 32 + 8 * me as usize)] {
+            node.atomic_post(dest, at, crate::AtomicOp::Store(me + 7))
+                .expect("atomic_post");
+            assert_eq!(
+                node.get(dest, at, 8).expect("get"),
+                (me + 7).to_le_bytes(),
+                "a get after a posted atomic to rank {dest}"
+            );
+        }
         olds.lock().unwrap().extend(mine);
         node.barrier().expect("barrier");
         if me == 0 {
@@ -905,11 +909,12 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
 
 /// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
 /// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
-/// blocking and non-blocking, and every one is complete when made.
+/// blocking and non-blocking, and every one is complete when made. Then a posted store from
+/// rank 0 reaches rank 1 while rank 0 only waits for what rank 1 does about it.
 pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let done = std::sync::atomic::AtomicBool::new(false);
     run_watched("atomics_need_no_target_progress", make(2, SEGMENT), |t| {
-        let (mut node, _seen) = start(t, 4);
+        let (mut node, seen) = start(t, 4);
         node.barrier().expect("barrier");
         if node.rank() == 1 {
             // Not a poll until rank 0 is done (or gave up).
@@ -917,6 +922,13 @@ pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, u
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             assert_eq!(node.segment().load_u64(64).expect("load"), 1000);
+            // Now polling: rank 0's posted store shows up while it only waits for our
+            // request (a posted atomic left queued would deadlock this).
+            while node.segment().load_u64(72).expect("load") != 1 {
+                node.poll().expect("poll");
+            }
+            node.request_short(0, REQ_SHORT, &[]).expect("request");
+            wait_replies(&mut node, &seen, 1);
         } else {
             struct Done<'a>(&'a std::sync::atomic::AtomicBool);
             impl Drop for Done<'_> {
@@ -935,6 +947,11 @@ pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, u
                 );
                 assert_eq!(node.wait_atomic(h), Ok(k));
             }
+            drop(_done);
+            node.atomic_post(1, 72, crate::AtomicOp::Store(1u64))
+                .expect("atomic_post");
+            node.wait_until(|| seen.requests.get() >= 1)
+                .expect("rank 1's request");
         }
         node.barrier().expect("barrier");
     });

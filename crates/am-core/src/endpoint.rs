@@ -1319,7 +1319,9 @@ impl Endpoint {
     /// now, if it came). [`Endpoint::is_quiet`] still waits for it, by its credit.
     pub fn detach_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) {
         if let AtomicState::Op { index, gen } = handle.state {
-            if self.op_done(index, gen) {
+            let unsent = self.op(index, gen).is_some_and(|s| s.sent < s.len);
+            if unsent || self.op_done(index, gen) {
+                // Nothing out (or its reply in): nothing to wait for.
                 if self.op(index, gen).is_some() {
                     let _ = self.finish_op(index);
                 }
@@ -1344,13 +1346,21 @@ impl Endpoint {
     ) -> Poll<Result<W, AmError>> {
         match handle.state {
             AtomicState::Done(old) => Poll::Ready(Ok(W::narrow(old))),
-            AtomicState::Op { index, gen } => self.poll_op(index, gen).map(|r| {
-                r.map(|data| {
-                    let mut old = [0u8; 8];
-                    old.copy_from_slice(&data[..8]);
-                    W::narrow(u64::from_le_bytes(old))
+            AtomicState::Op { index, gen } => {
+                // Only an atomic's slot (a handle from another endpoint could name a get's).
+                if self.op(index, gen).is_none_or(|s| s.atomic.is_none()) {
+                    return Poll::Ready(Err(AmError::StaleHandle));
+                }
+                self.poll_op(index, gen).map(|r| {
+                    r.and_then(|data| {
+                        let old: [u8; 8] = data
+                            .get(..8)
+                            .and_then(|b| b.try_into().ok())
+                            .ok_or(AmError::StaleHandle)?;
+                        Ok(W::narrow(u64::from_le_bytes(old)))
+                    })
                 })
-            }),
+            }
         }
     }
 

@@ -194,6 +194,8 @@ impl<T: Transport> Node<T> {
     /// An error names its cause; the message that caused it is dropped and polling can go on
     /// (for example after [`AmError::PeerMisbehaved`]).
     pub fn poll(&mut self) -> Result<usize, AmError> {
+        // A rank that only polls may wait on what its posted atomics cause.
+        self.apply_posted()?;
         // Bounded, so a flood from one peer cannot starve the caller.
         self.poll_up_to(64)
     }
@@ -250,6 +252,7 @@ impl<T: Transport> Node<T> {
     /// rather than waiting for ever; once per such peer, so a later wait for other peers
     /// goes on.
     pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
+        self.apply_posted()?;
         let mut idle = 0;
         // Peers gone so far that this wait has checked for (none gone: nothing to check).
         let mut checked = 0;
@@ -541,7 +544,7 @@ impl<T: Transport> Node<T> {
             match self.transport.atomic(dest, offset, atomic) {
                 Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
                 Ok(None) => {}
-                Err(e) => return Err(AmError::from(TransportError::from(e))),
+                Err(e) => return Err(self.transport_failed(e)),
             }
         }
         let h = self
@@ -604,7 +607,15 @@ impl<T: Transport> Node<T> {
     fn apply_all_posted(&mut self) -> Result<(), AmError> {
         let applied = self.transport.atomics(&self.posted);
         self.posted.clear();
-        applied.map_err(|e| AmError::from(TransportError::from(e)))
+        applied.map_err(|e| self.transport_failed(e))
+    }
+
+    /// A send-side error of an atomic the transport applies: recorded as a poll's would be
+    /// (a lost or departed target is marked so), and returned.
+    fn transport_failed(&mut self, e: crate::transport::SendError) -> AmError {
+        let e = AmError::from(TransportError::from(e));
+        let _ = self.ep.absorb(e.clone());
+        e
     }
 
     /// Waits for an atomic: the word's old value.

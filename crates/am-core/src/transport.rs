@@ -409,9 +409,11 @@ pub trait Transport: Tx {
     /// NICs do it with one atomic instruction on the target's mapped word
     /// ([`crate::atomic::Atomic::apply`] on a view of it). `Ok(None)`, the default: the NIC
     /// cannot, and the core sends the atomic as a system message that `dest`'s progress
-    /// applies. The core has checked the rank, the bounds and the alignment, and applies
-    /// atomics on its own rank itself; a word the NIC still cannot reach is
-    /// [`SendError::Other`], a lost target [`SendError::PeerLost`].
+    /// applies. The core has checked the rank, the bounds and the alignment. The core applies
+    /// a blocking or non-blocking atomic on its own rank itself, but hands posted ones on its
+    /// own rank to [`Transport::atomics`] with the rest when [`Transport::applies_atomics`]
+    /// says so for it, so a NIC that applies atomics reaches its own segment too. A word the
+    /// NIC still cannot reach is [`SendError::Other`], a lost target [`SendError::PeerLost`].
     fn atomic(
         &mut self,
         dest: Rank,

@@ -574,8 +574,6 @@ impl Sci {
         ))
     }
 
-    /// The AM segment: a view of this rank's exported memory after the command segments
-    /// (in range by construction: the segment was made with this layout).
     /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
     fn peer_segment(&self, dest: Rank) -> Result<SharedBytes<'_>, SendError> {
         let d = dest as usize;
@@ -591,6 +589,8 @@ impl Sci {
             .map_err(sci_err)
     }
 
+    /// The AM segment: a view of this rank's exported memory after the command segments
+    /// (in range by construction: the segment was made with this layout).
     fn am_segment(&self) -> SharedBytes<'_> {
         let l = &self.tx.layout;
         self.seg
