@@ -1243,9 +1243,7 @@ impl<'a> Nic<'a> {
                     self.eq_publish_words(s, words)?;
                 }
                 if use_once {
-                    let mut ev = Event::new(EventKind::Unlink, initiator, a.pt);
-                    ev.me = idx;
-                    self.post_with(&mut cl, &ev)?;
+                    self.unlinked_once(&mut cl, initiator, a.pt, idx)?;
                 }
                 #[cfg(test)]
                 cl.dies_at(die::Step::Published)?;
@@ -1255,9 +1253,7 @@ impl<'a> Nic<'a> {
                 }
             }
             Walked::Refused(fail) => {
-                if let Some(s) = cl.slot.take() {
-                    self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, a.pt))?;
-                }
+                self.drop_reserved(&mut cl, initiator, a.pt)?;
                 Outcome::Refused(fail)
             }
         };
@@ -1324,9 +1320,7 @@ impl<'a> Nic<'a> {
                     self.eq_publish(s, &ev)?;
                 }
                 if use_once {
-                    let mut u = Event::new(EventKind::Unlink, initiator, pt);
-                    u.me = idx;
-                    self.post_with(&mut cl, &u)?;
+                    self.unlinked_once(&mut cl, initiator, pt, idx)?;
                 }
                 drop(cl);
                 if let Some(own) = own {
@@ -1340,9 +1334,7 @@ impl<'a> Nic<'a> {
                 }
             }
             Walked::Refused(fail) => {
-                if let Some(s) = cl.slot.take() {
-                    self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt))?;
-                }
+                self.drop_reserved(&mut cl, initiator, pt)?;
                 drop(cl);
                 if let Some(own) = own {
                     let mut ev = Event::new(EventKind::Reply, initiator, pt);
@@ -1389,9 +1381,7 @@ impl<'a> Nic<'a> {
                     self.eq_publish(s, &ev)?;
                 }
                 if use_once {
-                    let mut u = Event::new(EventKind::Unlink, initiator, pt);
-                    u.me = idx;
-                    self.post_with(&mut cl, &u)?;
+                    self.unlinked_once(&mut cl, initiator, pt, idx)?;
                 }
                 let done = Outcome::Done {
                     me: idx,
@@ -1400,11 +1390,39 @@ impl<'a> Nic<'a> {
                 Ok((done, old))
             }
             Walked::Refused(fail) => {
-                if let Some(s) = cl.slot.take() {
-                    self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt))?;
-                }
+                self.drop_reserved(&mut cl, initiator, pt)?;
                 Ok((Outcome::Refused(fail), 0))
             }
+        }
+    }
+
+    /// Use-once entry `me` was consumed by `initiator`'s operation on portal `pt`: its
+    /// `Unlink` event, for the owner.
+    #[inline(always)]
+    fn unlinked_once(
+        &self,
+        cl: &mut Claimer<'_, 'a>,
+        initiator: u32,
+        pt: u8,
+        me: MeIndex,
+    ) -> Result<(), NiError> {
+        let mut ev = Event::new(EventKind::Unlink, initiator, pt);
+        ev.me = me;
+        self.post_with(cl, &ev).map(drop)
+    }
+
+    /// `initiator`'s operation on portal `pt` was refused: the event slot it reserved, if
+    /// any, is published as `Dropped` (the owner skips it).
+    #[inline(always)]
+    fn drop_reserved(
+        &self,
+        cl: &mut Claimer<'_, 'a>,
+        initiator: u32,
+        pt: u8,
+    ) -> Result<(), NiError> {
+        match cl.slot.take() {
+            Some(s) => self.eq_publish(s, &Event::new(EventKind::Dropped, initiator, pt)),
+            None => Ok(()),
         }
     }
 
