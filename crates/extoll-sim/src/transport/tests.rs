@@ -36,20 +36,7 @@ pub(super) fn poll_until(
     x: &mut Extoll,
     limit: Duration,
 ) -> (Option<(u32, Vec<u8>)>, Vec<TransportError>) {
-    let deadline = Instant::now() + limit;
-    let mut errors = Vec::new();
-    while Instant::now() < deadline {
-        match x.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())) {
-            Ok(Some(got)) => return (Some(got), errors),
-            Ok(None) => {
-                if let Err(e) = x.wait(Duration::from_millis(5)) {
-                    errors.push(e);
-                }
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    (None, errors)
+    poll_for_errors(x, |_| false, limit)
 }
 
 /// Polls `x` until the errors met satisfy `enough` and a poll then finds nothing more queued,
