@@ -212,14 +212,21 @@ pub fn apply_batch<'a>(
             v.prefetch(p.offset);
         }
     }
+    each_posted(batch, |p| {
+        p.atomic.apply_to(p.dest, view(p.dest)?, p.offset)?;
+        Ok(())
+    })
+}
+
+/// Runs `apply` on every atomic of `batch`, in order, and returns the first error after
+/// trying them all (one lost target does not stop the others' atomics).
+pub fn each_posted(
+    batch: &[Posted],
+    mut apply: impl FnMut(&Posted) -> Result<(), crate::SendError>,
+) -> Result<(), crate::SendError> {
     let mut first = Ok(());
     for p in batch {
-        let applied = view(p.dest).and_then(|v| {
-            p.atomic.apply(v, p.offset).map(drop).map_err(|e| {
-                crate::SendError::Other(format!("atomic at {} of rank {}: {e:?}", p.offset, p.dest))
-            })
-        });
-        if let (Err(e), true) = (applied, first.is_ok()) {
+        if let (Err(e), true) = (apply(p), first.is_ok()) {
             first = Err(e);
         }
     }
@@ -311,6 +318,19 @@ impl Atomic {
                 let low = (offset & 4 == 0) == cfg!(target_endian = "little");
                 self.apply_u32(word, if low { 0 } else { 32 })
             }
+        })
+    }
+
+    /// [`Atomic::apply`] as a transport does it on `dest`'s segment: a refused word is
+    /// [`SendError::Other`](crate::SendError::Other) naming the word and the rank.
+    pub fn apply_to(
+        &self,
+        dest: crate::Rank,
+        segment: SharedBytes<'_>,
+        offset: usize,
+    ) -> Result<u64, crate::SendError> {
+        self.apply(segment, offset).map_err(|e| {
+            crate::SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
         })
     }
 

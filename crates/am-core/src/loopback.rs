@@ -144,6 +144,19 @@ impl LoopbackTx {
     }
 }
 
+impl LoopbackTx {
+    /// `dest`'s segment, for remote atomics: an error once `dest` has left.
+    fn peer_segment(&self, dest: Rank) -> Result<SharedBytes<'_>, SendError> {
+        let Some(to) = self.dests.get(dest as usize) else {
+            return Err(SendError::InvalidRank(dest));
+        };
+        if self.shared.departed[dest as usize].load(Ordering::Relaxed) != 0 {
+            return Err(self.gone(dest));
+        }
+        Ok(to.segment.byte_area())
+    }
+}
+
 impl Tx for LoopbackTx {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
@@ -490,16 +503,9 @@ impl Transport for Loopback {
         offset: usize,
         atomic: crate::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
-        let Some(to) = self.tx.dests.get(dest as usize) else {
-            return Err(SendError::InvalidRank(dest));
-        };
-        if self.tx.shared.departed[dest as usize].load(Ordering::Relaxed) != 0 {
-            return Err(self.tx.gone(dest));
-        }
         atomic
-            .apply(to.segment.byte_area(), offset)
+            .apply_to(dest, self.tx.peer_segment(dest)?, offset)
             .map(Some)
-            .map_err(|e| SendError::Other(format!("loopback: atomic at {offset}: {e:?}")))
     }
 
     fn applies_atomics(&self, dest: Rank) -> bool {
@@ -507,14 +513,7 @@ impl Transport for Loopback {
     }
 
     fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
-        let tx = &self.tx;
-        crate::atomic::apply_batch(batch, |d| match tx.dests.get(d as usize) {
-            None => Err(SendError::InvalidRank(d)),
-            Some(_) if tx.shared.departed[d as usize].load(Ordering::Relaxed) != 0 => {
-                Err(tx.gone(d))
-            }
-            Some(to) => Ok(to.segment.byte_area()),
-        })
+        crate::atomic::apply_batch(batch, |d| self.tx.peer_segment(d))
     }
 
     #[inline]

@@ -435,22 +435,16 @@ pub trait Transport: Tx {
     /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). Every
     /// one is tried; the first error is returned.
     fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
-        let mut first = Ok(());
-        for p in batch {
-            let applied = match self.atomic(p.dest, p.offset, p.atomic) {
-                Ok(Some(_)) => Ok(()),
-                Ok(None) => Err(SendError::Other(format!(
+        crate::atomic::each_posted(batch, |p| {
+            match self.atomic(p.dest, p.offset, p.atomic)? {
+                Some(_) => Ok(()),
+                None => Err(SendError::Other(format!(
                     "{}: rank {} cannot apply atomics itself",
                     self.name(),
                     self.rank()
                 ))),
-                Err(e) => Err(e),
-            };
-            if let (Err(e), true) = (applied, first.is_ok()) {
-                first = Err(e);
             }
-        }
-        first
+        })
     }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.

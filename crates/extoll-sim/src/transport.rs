@@ -1715,9 +1715,8 @@ impl Transport for Extoll {
         atomic: am_core::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
         atomic
-            .apply(self.peer_segment(dest)?, offset)
+            .apply_to(dest, self.peer_segment(dest)?, offset)
             .map(Some)
-            .map_err(|e| SendError::Other(format!("extoll: atomic at {offset}: {e:?}")))
     }
 
     fn applies_atomics(&self, dest: Rank) -> bool {

@@ -1243,13 +1243,10 @@ impl Transport for Portals {
                 peer.imp.byte_area().prefetch(at);
             }
         }
-        let mut first = Ok(());
-        for p in batch {
-            if let (Err(e), true) = (self.atomic(p.dest, p.offset, p.atomic), first.is_ok()) {
-                first = Err(e);
-            }
-        }
-        first
+        am_core::atomic::each_posted(batch, |p| {
+            self.atomic(p.dest, p.offset, p.atomic)?;
+            Ok(())
+        })
     }
 
     fn segment(&self) -> SharedBytes<'_> {
