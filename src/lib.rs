@@ -206,6 +206,14 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.atomic(dest, offset, atomic))
     }
 
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        dispatch!(self, t => t.put(dest, offset, data))
+    }
+
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        dispatch!(self, t => t.get(src, offset, dst))
+    }
+
     fn applies_atomics(&self, dest: Rank) -> bool {
         dispatch!(self, t => t.applies_atomics(dest))
     }

@@ -590,6 +590,113 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     });
 }
 
+/// Put and get of 0 and 1 bytes, unaligned, and at both ends of the segment, to a peer and
+/// to self, checked with `get_into`, `get` and `get_nb`; a range past the end is an error at
+/// the initiator and writes nothing (nor fills the caller's buffer).
+pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_watched("rma_sizes_and_edges", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        if me == 0 {
+            let cases = [
+                (0, 0),
+                (5, 1),
+                (3, 13),
+                (8, 64),
+                (1, 4099),
+                (SEGMENT - 1, 1),
+                (SEGMENT - 77, 77),
+                (SEGMENT, 0),
+            ];
+            for dest in [1, 0] {
+                for (k, &(offset, len)) in cases.iter().enumerate() {
+                    let data = pattern(len, 7 * k as u8 + dest as u8);
+                    node.put(dest, offset, &data).expect("put");
+                    let mut back = vec![0u8; len];
+                    node.get_into(dest, offset, &mut back).expect("get_into");
+                    assert!(back == data, "{len} bytes at {offset} of rank {dest}");
+                    assert!(node.get(dest, offset, len).expect("get") == data);
+                    let h = node.put_nb(dest, offset, &data).expect("put_nb");
+                    node.wait_put(h).expect("wait_put");
+                    let h = node.get_nb(dest, offset, len).expect("get_nb");
+                    assert!(node.wait_get(h).expect("wait_get") == data);
+                }
+                let before = node.get(dest, SEGMENT - 3, 3).expect("get");
+                for (offset, len) in [(SEGMENT - 3, 4), (SEGMENT + 1, 0), (usize::MAX, 1)] {
+                    match node.put(dest, offset, &vec![0xff; len]) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a put of {len} at {offset} of rank {dest}: {other:?}"),
+                    }
+                    let mut buf = vec![0x99; len];
+                    match node.get_into(dest, offset, &mut buf) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a get of {len} at {offset} of rank {dest}: {other:?}"),
+                    }
+                    assert!(buf.iter().all(|&b| b == 0x99), "a refused get wrote");
+                }
+                assert_eq!(node.get(dest, SEGMENT - 3, 3).expect("get"), before);
+            }
+        }
+        node.barrier().expect("barrier");
+        // What rank 0 put last at the end of our segment is there for us too.
+        let mut end = vec![0u8; 77];
+        node.segment().read(SEGMENT - 77, &mut end).expect("read");
+        assert!(
+            end == pattern(77, 7 * 6 + me as u8),
+            "rank {me}: the last put"
+        );
+        node.barrier().expect("barrier");
+    });
+}
+
+/// For transports that put and get themselves ([`Transport::put`], [`Transport::get`]; the
+/// shared-memory NICs and loopback): rank 1 never polls while rank 0 puts into its segment
+/// and gets from it, blocking and not, and each put is remotely complete at its first test.
+pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    const HALF: usize = SEGMENT / 2;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    run_watched("rma_needs_no_target_progress", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        if node.rank() == 1 {
+            node.segment()
+                .write(HALF, &pattern(HALF, 9))
+                .expect("write");
+        }
+        node.barrier().expect("barrier");
+        if node.rank() == 1 {
+            // Not a poll until rank 0 is done (or gave up).
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut got = vec![0u8; HALF];
+            node.segment().read(0, &mut got).expect("read");
+            assert!(got == pattern(HALF, 3), "rank 0's puts");
+        } else {
+            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _done = Done(&done);
+            node.put(1, 0, &pattern(HALF, 2)).expect("put");
+            let h = node.put_nb(1, 0, &pattern(HALF, 3)).expect("put_nb");
+            assert_eq!(
+                node.test_put(&h),
+                Ok(true),
+                "the transport did not put by itself"
+            );
+            node.wait_put(h).expect("wait_put");
+            let mut got = vec![0u8; HALF];
+            node.get_into(1, HALF, &mut got).expect("get_into");
+            assert!(got == pattern(HALF, 9), "get_into");
+            let h = node.get_nb(1, HALF + 5, 1000).expect("get_nb");
+            assert!(node.wait_get(h).expect("wait_get")[..] == pattern(HALF, 9)[5..1005]);
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// No rank leaves barrier k before every rank has entered it.
 pub fn barriers<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const RANKS: u32 = 5;
@@ -1015,7 +1122,7 @@ macro_rules! conformance_tests {
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
             barrier_after_the_others_left, segment_races_are_sound,
-            atomics_every_op_and_width, atomics_from_all_ranks_add_up);
+            atomics_every_op_and_width, atomics_from_all_ranks_add_up, rma_sizes_and_edges);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -1240,6 +1240,29 @@ impl Endpoint {
         self.op_step(tx, handle.index, handle.gen, None)
     }
 
+    /// Checks a put or get of `len` bytes at `offset` of `peer`'s segment before anything is
+    /// done: the rank, the range inside the segment, and `peer` not gone.
+    pub fn check_rma(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
+        self.start_op(peer, offset, len)
+    }
+
+    /// The handle of a put the transport has already placed in `dest`'s segment
+    /// ([`crate::Transport::put`]): complete.
+    pub fn put_placed(&mut self, dest: Rank, offset: usize, len: usize) -> PutHandle {
+        let (index, gen) = self.alloc_op(dest, offset, len, Vec::new());
+        self.ops[index as usize].sent = len;
+        PutHandle { index, gen }
+    }
+
+    /// The handle of a get whose `data` the transport has already fetched from `src`'s
+    /// segment ([`crate::Transport::get`]): complete.
+    pub fn get_fetched(&mut self, src: Rank, offset: usize, data: Vec<u8>) -> GetHandle {
+        let len = data.len();
+        let (index, gen) = self.alloc_op(src, offset, len, data);
+        self.ops[index as usize].sent = len;
+        GetHandle { index, gen }
+    }
+
     /// Checks an atomic on the word at `offset` of `dest`'s segment before anything is done:
     /// the rank, the word inside the segment and aligned to its width, and `dest` not gone.
     pub fn check_atomic(&self, dest: Rank, offset: usize, atomic: &Atomic) -> Result<(), AmError> {

@@ -252,6 +252,13 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn acks_coalesce(&self) -> bool {
         self.inner.acks_coalesce()
     }
+    /// RMA the NIC does itself is not messages: nothing to delay or reorder.
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        self.inner.put(dest, offset, data)
+    }
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        self.inner.get(src, offset, dst)
+    }
     /// Atomics the NIC applies itself are not messages: nothing to delay or reorder.
     fn atomic(
         &mut self,

@@ -35,6 +35,7 @@ pub mod handler;
 pub mod loopback;
 mod node;
 pub mod protocol;
+pub mod rma;
 pub mod transport;
 pub mod wire;
 

@@ -495,6 +495,15 @@ impl Transport for Loopback {
         self.segment.byte_area()
     }
 
+    /// A copy into the target's segment: every rank's segment is memory of this process.
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        crate::rma::put_into(dest, self.tx.peer_segment(dest)?, offset, data)
+    }
+
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        crate::rma::get_from(src, self.tx.peer_segment(src)?, offset, dst)
+    }
+
     /// An atomic instruction on the target's word: every rank's segment is memory of this
     /// process.
     fn atomic(

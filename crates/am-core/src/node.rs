@@ -455,10 +455,24 @@ impl<T: Transport> Node<T> {
         self.drive(|ep, t| ep.barrier_step(t))
     }
 
-    /// Starts writing `data` into `dest`'s segment at `offset`; returns at once (after polling
-    /// for credit if needed). Local puts complete immediately.
+    /// Starts writing `data` into `dest`'s segment at `offset`. When this returns, `data` may
+    /// be reused (local completion); the handle says when the bytes are in the target's
+    /// segment (remote completion: [`Node::test_put`], [`Node::wait_put`]).
+    ///
+    /// Where the transport reaches the target's memory (the shared-memory NICs and
+    /// [`crate::Loopback`]: [`Transport::put`]) the put is one copy into it, remotely
+    /// complete when this returns, whether or not the target polls. Elsewhere it goes as AM
+    /// Longs (polling for credit if needed) that the target's progress acknowledges. A put
+    /// to this rank is a copy into its own segment. A range outside the segment is an error
+    /// here, and nothing is written.
+    ///
+    /// Puts are not ordered with this rank's AMs or with each other; a later request to the
+    /// target, a barrier or [`Node::quiesce`] after the completion publishes them.
     pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
         self.apply_posted()?;
+        if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
+            return Ok(self.ep.put_placed(dest, offset, data.len()));
+        }
         let h = self
             .ep
             .put_start(self.transport.segment(), dest, offset, data)?;
@@ -471,9 +485,47 @@ impl<T: Transport> Node<T> {
         }
     }
 
-    /// Starts reading `len` bytes at `offset` of `src`'s segment.
+    /// The transport's own put ([`Transport::put`]), checked first: true once it is done,
+    /// false if the transport does not do puts.
+    #[inline]
+    fn put_by_transport(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<bool, AmError> {
+        self.ep.check_rma(dest, offset, data.len())?;
+        self.transport
+            .put(dest, offset, data)
+            .map_err(|e| self.transport_failed(e))
+    }
+
+    /// The transport's own get ([`Transport::get`]), as [`Node::put_by_transport`].
+    #[inline]
+    fn get_by_transport(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<bool, AmError> {
+        self.ep.check_rma(src, offset, dst.len())?;
+        self.transport
+            .get(src, offset, dst)
+            .map_err(|e| self.transport_failed(e))
+    }
+
+    /// Starts reading `len` bytes at `offset` of `src`'s segment; [`Node::wait_get`] gives
+    /// them. Where the transport reaches the target's memory ([`Transport::get`]) the bytes
+    /// are read here, with no help from `src`; elsewhere `src`'s progress answers system
+    /// messages for them. [`Node::get_into`] reads into a buffer of the caller's.
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
         self.apply_posted()?;
+        if src != self.ep.rank() {
+            let mut data = vec![0; len];
+            if self.get_by_transport(src, offset, &mut data)? {
+                return Ok(self.ep.get_fetched(src, offset, data));
+            }
+        }
         let h = self
             .ep
             .get_start(self.transport.segment(), src, offset, len)?;
@@ -512,16 +564,48 @@ impl<T: Transport> Node<T> {
         self.wait_op(handle.index, handle.gen)
     }
 
-    /// Writes `data` into `dest`'s segment at `offset` and waits until it is there.
+    /// Writes `data` into `dest`'s segment at `offset` and waits until it is there
+    /// ([`Node::put_nb`]).
     pub fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
+        self.apply_posted()?;
+        if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
+            return Ok(());
+        }
         let h = self.put_nb(dest, offset, data)?;
         self.wait_put(h)
     }
 
-    /// Reads `len` bytes at `offset` of `src`'s segment.
+    /// Reads `dst.len()` bytes at `offset` of `src`'s segment into `dst` and waits for them
+    /// (see [`Node::get_nb`]): on the shared-memory NICs and loopback one copy from the
+    /// target's memory, which the target does not take part in. A range outside the segment
+    /// is an error, and `dst` is left as it was.
+    pub fn get_into(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), AmError> {
+        self.apply_posted()?;
+        if src == self.ep.rank() {
+            self.ep.check_rma(src, offset, dst.len())?;
+            let segment = self.transport.segment();
+            return segment
+                .read(offset, dst)
+                .map_err(|_| AmError::SegmentOutOfBounds {
+                    offset: offset as u64,
+                    len: dst.len() as u64,
+                    size: segment.len(),
+                });
+        }
+        if self.get_by_transport(src, offset, dst)? {
+            return Ok(());
+        }
+        let h = self.get_nb(src, offset, dst.len())?;
+        let data = self.wait_get(h)?;
+        dst.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec` ([`Node::get_into`]).
     pub fn get(&mut self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
-        let h = self.get_nb(src, offset, len)?;
-        self.wait_get(h)
+        let mut data = vec![0; len];
+        self.get_into(src, offset, &mut data)?;
+        Ok(data)
     }
 
     /// Starts a remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s

@@ -404,6 +404,24 @@ pub trait Transport: Tx {
     fn acks_coalesce(&self) -> bool {
         false
     }
+    /// Copies `data` into `dest`'s segment at `offset` without `dest`'s attention, where this
+    /// NIC can (one-sided RMA put): `Ok(true)` once the bytes are in the target's segment,
+    /// which is then both local completion (`data` may be reused) and remote completion.
+    /// `Ok(false)`, the default: the NIC cannot, and the core sends the put as AM Longs that
+    /// the target's progress acknowledges. The core has checked the rank and the bounds, and
+    /// does puts to its own rank itself. A lost target is [`SendError::PeerLost`].
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        let _ = (dest, offset, data);
+        Ok(false)
+    }
+    /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
+    /// attention, where this NIC can (one-sided RMA get): `Ok(true)` once `dst` holds them.
+    /// `Ok(false)`, the default: the core asks `src` for them with system messages that its
+    /// progress answers. Checked and lost as [`Transport::put`].
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        let _ = (src, offset, dst);
+        Ok(false)
+    }
     /// Applies `atomic` to the word at `offset` of `dest`'s segment without `dest`'s
     /// attention, where this NIC can: `Ok(Some(old))`, the word's old value. Shared-memory
     /// NICs do it with one atomic instruction on the target's mapped word

@@ -38,10 +38,16 @@ fn atomics_need_no_target_progress() {
     am_core::conformance::atomics_need_no_target_progress(&roomy);
 }
 
-/// Loopback without its own atomics: the suite's atomic cases then run the core's
-/// system-message path (the one UDP takes), against a target that applies them in its
-/// progress.
-mod atomics_by_message {
+/// Puts and gets are the NIC's: the target does not poll while they complete.
+#[test]
+fn rma_needs_no_target_progress() {
+    am_core::conformance::rma_needs_no_target_progress(&roomy);
+}
+
+/// Loopback without its own atomics, puts and gets: the suite's atomic and RMA cases then
+/// run the core's system-message path (the one UDP takes), against a target that serves
+/// them in its progress.
+mod rma_by_message {
     use std::time::Duration;
 
     use am_core::{
@@ -49,17 +55,17 @@ mod atomics_by_message {
         TransportError, Tx,
     };
 
-    pub struct NoDirectAtomics(Loopback);
+    pub struct NoDirectRma(Loopback);
 
-    impl Tx for NoDirectAtomics {
+    impl Tx for NoDirectRma {
         fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
             self.0.try_send(dest, msg)
         }
     }
 
-    impl Transport for NoDirectAtomics {
+    impl Transport for NoDirectRma {
         fn name(&self) -> &'static str {
-            "loopback-no-direct-atomics"
+            "loopback-no-direct-rma"
         }
         fn rank(&self) -> Rank {
             self.0.rank()
@@ -90,10 +96,10 @@ mod atomics_by_message {
         }
     }
 
-    fn cluster(ranks: u32, segment_size: usize) -> Vec<NoDirectAtomics> {
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<NoDirectRma> {
         super::tiny(ranks, segment_size)
             .into_iter()
-            .map(NoDirectAtomics)
+            .map(NoDirectRma)
             .collect()
     }
 
@@ -105,5 +111,15 @@ mod atomics_by_message {
     #[test]
     fn atomics_from_all_ranks_add_up() {
         am_core::conformance::atomics_from_all_ranks_add_up(&cluster);
+    }
+
+    #[test]
+    fn put_get() {
+        am_core::conformance::put_get(&cluster);
+    }
+
+    #[test]
+    fn rma_sizes_and_edges() {
+        am_core::conformance::rma_sizes_and_edges(&cluster);
     }
 }

@@ -9,6 +9,9 @@
 //!   straight into the target's registered region, one copy, with no thread hand-off. The
 //!   completer's notification slot is reserved first ([`Reserved`]), so finishing never
 //!   waits, and no requester notification is asked for;
+//!   The one-sided puts and gets of `Transport::put`/`get` (a `Node`'s put and get) are
+//!   immediate too, without the completer's notification, and go the other way for a get:
+//!   complete when the doorbell write returns;
 //! - **queued**: user puts and gets between registered regions ([`Job`]) go to the engine's
 //!   thread (started on first use), which overlaps them with the rank's own work and waits
 //!   for room in a full notification queue ([`notify`]), but not for ever: it gives up when

@@ -1705,6 +1705,22 @@ impl Transport for Extoll {
         am_segment(&self.seg, &self.tx.layout)
     }
 
+    /// An immediate RMA put (the doorbell carries the source, as an AM Long's payload goes;
+    /// see [`crate::rma`]): the engine writes the bytes into the target's registered segment
+    /// on this rank's thread, so the put is complete when this returns. No notification: the
+    /// requester's would say only that, and the target was not asked to hear of it.
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
+    }
+
+    /// An immediate RMA get: the engine reads the target's registered segment into the
+    /// caller's buffer on this rank's thread, complete when this returns, the target
+    /// notified of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this
+    /// rank's own registered segment instead and report through the notification queue.)
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        am_core::rma::get_from(src, self.peer_segment(src)?, offset, dst)
+    }
+
     /// The NIC's read-modify-write on the target's memory, as its RMA unit writes a put
     /// there: one atomic instruction on the target's mapped word, with no notification and
     /// no help from the target.

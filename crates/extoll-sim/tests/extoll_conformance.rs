@@ -20,6 +20,12 @@ fn atomics_need_no_target_progress() {
     am_core::conformance::atomics_need_no_target_progress(&cluster);
 }
 
+/// Puts and gets are the NIC's: the target does not poll while they complete.
+#[test]
+fn rma_needs_no_target_progress() {
+    am_core::conformance::rma_needs_no_target_progress(&cluster);
+}
+
 mod velo_128 {
     //! Every Medium over VELO, in 128-byte packets.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {

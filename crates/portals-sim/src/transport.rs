@@ -356,6 +356,19 @@ fn ni_fault(e: NiError) -> TransportError {
 }
 
 impl TxState {
+    /// `dest` as an index, if it names a rank not known lost (the NIC-side operations:
+    /// put, get, atomics).
+    fn usable(&self, dest: Rank) -> Result<usize, SendError> {
+        let d = dest as usize;
+        if d >= self.peers.len() {
+            return Err(SendError::InvalidRank(dest));
+        }
+        if self.lost[d] {
+            return Err(SendError::PeerLost(dest));
+        }
+        Ok(d)
+    }
+
     fn nic(&self, dest: usize) -> Nic<'_> {
         let p = &self.peers[dest];
         Nic::new(&p.seg, &p.imp, &self.layout.ni)
@@ -1196,6 +1209,51 @@ impl Transport for Portals {
         }
     }
 
+    /// `PtlPut` into the target's segment entry ([`Nic::put`]), with no event there (the
+    /// entry disables them): the deposit is done when this returns, which stands for the
+    /// `Ack` a real initiator would wait for.
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        let d = self.tx.usable(dest)?;
+        let args = PutArgs {
+            pt: PT_SEGMENT,
+            match_bits: 0,
+            hdr_data: 0,
+            remote_offset: offset as u64,
+            data: &[data],
+            shared: None,
+            ack: false,
+            send_event: false,
+            pad: false,
+        };
+        match self.tx.nic(d).put(self.tx.rank, None, &args) {
+            Ok(Outcome::Done { .. }) => Ok(true),
+            Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
+                "portals: rank {dest}'s segment entry refused a put of {} bytes at {offset}: {f:?}",
+                data.len()
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+
+    /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
+    /// seed's "get into a temporary MD" when the local side is outside the segment): done
+    /// when this returns, which stands for the `Reply` event.
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        let d = self.tx.usable(src)?;
+        let len = dst.len();
+        match self
+            .tx
+            .nic(d)
+            .get(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst)
+        {
+            Ok(Outcome::Done { .. }) => Ok(true),
+            Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
+                "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+
     /// Through the target's segment entry, as Portals' fetching atomics: the NIC performs
     /// it on the target's memory ([`Nic::atomic`]) with no event there, so the target need
     /// not poll.
@@ -1205,13 +1263,7 @@ impl Transport for Portals {
         offset: usize,
         atomic: am_core::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
-        let d = dest as usize;
-        if d >= self.tx.peers.len() {
-            return Err(SendError::InvalidRank(dest));
-        }
-        if self.tx.lost[d] {
-            return Err(SendError::PeerLost(dest));
-        }
+        let d = self.tx.usable(dest)?;
         let me = self.tx.rank;
         match self
             .tx
@@ -1227,8 +1279,7 @@ impl Transport for Portals {
     }
 
     fn applies_atomics(&self, dest: Rank) -> bool {
-        let d = dest as usize;
-        d < self.tx.peers.len() && !self.tx.lost[d]
+        self.tx.usable(dest).is_ok()
     }
 
     /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of every word where

@@ -14,6 +14,12 @@ fn atomics_need_no_target_progress() {
     am_core::conformance::atomics_need_no_target_progress(&cluster);
 }
 
+/// Puts and gets are the NIC's: the target does not poll while they complete.
+#[test]
+fn rma_needs_no_target_progress() {
+    am_core::conformance::rma_needs_no_target_progress(&cluster);
+}
+
 mod dynamic {
     //! Receive buffers sized for dynamic credits (the suite's nodes use static ones, so the
     //! all-to-all may outrun the smaller budget: flow control then refuses and resends).

@@ -841,6 +841,23 @@ impl Transport for Sci {
         self.am_segment()
     }
 
+    /// A remote write into the target's imported segment (PIO stores, as an AM Long's
+    /// payload goes): in the target's memory when this returns, with no message and no help
+    /// from the target.
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
+    }
+
+    /// A remote read of the target's imported segment. The AM protocol here keeps to remote
+    /// writes and local reads, because an SCI read stalls the CPU for a round trip per
+    /// transaction (about 10x a write in the seed's measurements); a get is the exception,
+    /// since its only write-based alternative is to ask the target's progress to write the
+    /// bytes back (AM Mediums, one round trip each), which a one-sided get must not need. One
+    /// read stream per get, the cost a real SCI card would pay once per transaction.
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        am_core::rma::get_from(src, self.peer_segment(src)?, offset, dst)
+    }
+
     /// SCI's lock transactions (IEEE 1596 fetch-and-add, compare-and-swap, swap), which the
     /// responder's memory performs: one atomic instruction on the target's mapped word, no
     /// message and no help from the target.

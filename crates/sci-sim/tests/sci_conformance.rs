@@ -12,6 +12,12 @@ fn atomics_need_no_target_progress() {
     am_core::conformance::atomics_need_no_target_progress(&cluster);
 }
 
+/// Puts and gets are the NIC's: the target does not poll while they complete.
+#[test]
+fn rma_needs_no_target_progress() {
+    am_core::conformance::rma_needs_no_target_progress(&cluster);
+}
+
 mod dma {
     //! The same suite with every Long through the DMA engine and one-copy Mediums.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
