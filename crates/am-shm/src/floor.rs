@@ -7,7 +7,8 @@
 //!   a line of its own, as every remote-write-only design must (the request and the reply
 //!   travel on different lines). The least any of the simulated NICs can do per round trip.
 //! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
-//!   the other acknowledges on a second line. Bytes per second at the copying rank.
+//!   the other acknowledges on a second line. Bytes per second at the copying rank: the
+//!   floor of RMA put and get bandwidth.
 //! - [`ring_flood`]: a single-producer ring of [`RING_SLOTS`] messages of one cache line each
 //!   (a payload word, then the stamp that publishes it, as an AM Short's slot travels), the
 //!   consumer publishing its head every quarter ring. Messages per second: the floor of a
@@ -195,6 +196,21 @@ pub fn copy_bandwidth(
 ) -> io::Result<f64> {
     let seg = rendezvous(job_id, rank, "floor-copy", 128, bytes, fence)?;
     copy_on(&seg, rank, bytes, iters)
+}
+
+/// [`copy_bandwidth`] over `seg`, made by [`copy_segment`], between two threads that are
+/// ranks 0 and 1 of one process (the loopback transport's): both call it at once.
+pub fn copy_bandwidth_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f64> {
+    if rank > 1 {
+        return Err(bad_rank(rank));
+    }
+    copy_on(seg, rank, bytes, iters)
+}
+
+/// A fresh segment for [`copy_bandwidth_on`] of up to `bytes` between threads of one
+/// process: heap memory, nothing in `/dev/shm`.
+pub fn copy_segment(bytes: usize) -> io::Result<Segment> {
+    Segment::heap(128, bytes).map_err(io::Error::from)
 }
 
 fn copy_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f64> {

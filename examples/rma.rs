@@ -1,0 +1,234 @@
+//! RMA bandwidth: blocking put into and get from rank 1's segment, per size, beside the raw
+//! copy floor measured in the same job.
+//!
+//! ```text
+//! cargo run --release --example rma -- [--transport T] [--ranks N]
+//!     [--sizes 4096,65536,1048576] [--bytes 16777216] [--reps 5] [--json] [--baseline]
+//! ```
+//!
+//! Rank 0 times `--bytes` worth of `Node::put` of one size into rank 1's segment, then as
+//! many `Node::get_into` from it, `--reps` times, and reports the median bytes per second of
+//! each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
+//! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
+//! loopback each put and get is one copy that rank 1 takes no part in.
+//!
+//! `--baseline` also measures, in each repetition and between the same two ranks, the raw
+//! floor: `am_shm::floor::copy_bandwidth`, rank 0 copying the same bytes into a segment it
+//! shares with rank 1 with nothing in between (between rank threads on loopback). Rows then
+//! carry `floor_bytes_per_s` and `ratio` = RMA / floor (medians). UDP has no copy floor.
+
+use std::time::Instant;
+
+use amnet::{AnyTransport, Config, Handlers, JobOptions, Node, Transport, TransportKind, WaitMode};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(about = "RMA put and get bandwidth from rank 0 to rank 1's segment")]
+struct Args {
+    /// Transport: loopback, sci, extoll, portals, udp
+    #[arg(long, default_value = "loopback")]
+    transport: TransportKind,
+    /// Ranks to start when not under a launcher
+    #[arg(long, default_value_t = 2)]
+    ranks: u32,
+    /// Bytes per put or get
+    #[arg(long, value_delimiter = ',', default_value = "4096,65536,1048576")]
+    sizes: Vec<usize>,
+    /// Bytes moved per timed repetition (at least one operation)
+    #[arg(long, default_value_t = 16 << 20)]
+    bytes: usize,
+    /// Timed repetitions per size; medians are reported
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// One JSON object per line instead of a table
+    #[arg(long)]
+    json: bool,
+    /// Also measure the raw copy floor in each repetition and print the ratio to it
+    #[arg(long)]
+    baseline: bool,
+}
+
+/// The median of samples (sorted here).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Rank 0's bytes per second over `ops` blocking puts (or gets) of `buf` at offset 0 of
+/// rank 1's segment; rank 1 and the others wait in the barrier that follows.
+fn timed(
+    node: &mut Node<AnyTransport>,
+    get: bool,
+    buf: &mut [u8],
+    ops: usize,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        if get {
+            node.get_into(1, 0, buf)?;
+        } else {
+            node.put(1, 0, buf)?;
+        }
+    }
+    Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+}
+
+/// The copy floor of `bytes`, `ops` times, between ranks 0 and 1 (both call it; the
+/// others do not): bytes per second at rank 0, `None` elsewhere or without a floor.
+fn floor(
+    kind: TransportKind,
+    node: &mut Node<AnyTransport>,
+    bytes: usize,
+    ops: usize,
+) -> anyhow::Result<Option<f64>> {
+    let rank = node.rank();
+    let bw = match kind {
+        TransportKind::Loopback => {
+            // The two rank threads need the same fresh segment (its stamps start at zero) for
+            // each call: the first of them to make its n-th call makes the n-th segment.
+            type Shared = (u64, Option<std::sync::Arc<am_shm::Segment>>);
+            static SEG: std::sync::Mutex<Shared> = std::sync::Mutex::new((0, None));
+            thread_local!(static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+            let call = CALLS.with(|c| {
+                c.set(c.get() + 1);
+                c.get()
+            });
+            let seg = {
+                let mut s = SEG.lock().map_err(|_| anyhow::anyhow!("floor lock"))?;
+                if s.0 != call || s.1.is_none() {
+                    *s = (
+                        call,
+                        Some(std::sync::Arc::new(am_shm::floor::copy_segment(bytes)?)),
+                    );
+                }
+                s.1.clone()
+            };
+            let seg = seg.ok_or_else(|| anyhow::anyhow!("floor segment"))?;
+            am_shm::floor::copy_bandwidth_on(&seg, rank, bytes, ops)?
+        }
+        TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
+            let Ok(job) = std::env::var("AM_JOB_ID") else {
+                return Ok(None);
+            };
+            let mut fence = || node.barrier().map_err(std::io::Error::other);
+            am_shm::floor::copy_bandwidth(&job, rank, bytes, ops, &mut fence)?
+        }
+        TransportKind::Udp => return Ok(None),
+    };
+    Ok((rank == 0).then_some(bw))
+}
+
+fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(transport.size() >= 2, "rma needs at least 2 ranks");
+    let name = transport.name();
+    let kind: TransportKind = name.parse()?;
+    let mut config = Config::from_env()?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if std::env::var_os("AM_WAIT").is_none() && transport.size() as usize > cores {
+        config.wait_mode = WaitMode::Block;
+    }
+    let mut node = Node::new(transport, Handlers::new(), config)?;
+    let me = node.rank();
+    let seg = node.segment().len();
+    // The floor's fence is the AM barrier, which every rank joins: 2-rank jobs only.
+    let with_floor = args.baseline && node.size() == 2 && kind != TransportKind::Udp;
+    if me == 0 && args.baseline && !with_floor {
+        eprintln!("rma: no copy floor for {name} with {} ranks", node.size());
+    }
+    if me == 0 && !args.json {
+        println!(
+            "# {name}, {} ranks, {} MiB per repetition, median of {}",
+            node.size(),
+            args.bytes >> 20,
+            args.reps
+        );
+        print!(
+            "{:<10} {:<4} {:>9} {:>8} {:>10}",
+            "transport", "op", "bytes", "ops", "GB/s"
+        );
+        if with_floor {
+            print!(" {:>10} {:>7}", "floor_GB/s", "ratio");
+        }
+        println!();
+    }
+    for &size in &args.sizes {
+        if size > seg {
+            if me == 0 {
+                eprintln!("rma: skipping {size} bytes: the segment has {seg}");
+            }
+            continue;
+        }
+        let ops = (args.bytes / size.max(1)).max(1);
+        let mut buf: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
+        // Warm-up (page faults, caches), then floor, put and get in turn in each repetition,
+        // so that all three see the same moments of a noisy machine.
+        for rep in 0..=args.reps {
+            node.barrier()?;
+            if with_floor && me < 2 {
+                if let Some(bw) = floor(kind, &mut node, size, ops)? {
+                    floors.push(bw);
+                }
+            }
+            node.barrier()?;
+            if me == 0 {
+                puts.push(timed(&mut node, false, &mut buf, ops)?);
+                gets.push(timed(&mut node, true, &mut buf, ops)?);
+                if rep == 0 {
+                    puts.clear();
+                    gets.clear();
+                    floors.clear();
+                }
+            }
+            node.barrier()?;
+        }
+        if me != 0 {
+            continue;
+        }
+        // What was measured moved the bytes: rank 1's segment holds what the puts wrote,
+        // and the gets read it back into `buf` unchanged.
+        let want: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        anyhow::ensure!(
+            buf == want && node.get(1, 0, size)? == want,
+            "{name}: {size}-byte puts and gets did not move the bytes"
+        );
+        let floor = (!floors.is_empty()).then(|| median(floors));
+        for (op, samples) in [("put", puts), ("get", gets)] {
+            let bw = median(samples);
+            let ratio = floor.filter(|&f| f > 0.0).map(|f| bw / f);
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "transport": name, "op": op, "bytes": size, "ops": ops,
+                        "reps": args.reps, "ranks": node.size(), "bytes_per_s": bw,
+                        "floor_bytes_per_s": floor, "ratio": ratio,
+                    })
+                );
+            } else {
+                print!("{name:<10} {op:<4} {size:>9} {ops:>8} {:>10.2}", bw / 1e9);
+                if let (Some(f), Some(r)) = (floor, ratio) {
+                    print!(" {:>10.2} {r:>7.2}", f / 1e9);
+                }
+                println!();
+            }
+        }
+    }
+    node.barrier()?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.reps > 0, "--reps must be at least 1");
+    anyhow::ensure!(!args.sizes.is_empty(), "--sizes needs at least one size");
+    let largest = args.sizes.iter().copied().max().unwrap_or(0);
+    let opts = JobOptions {
+        transport: args.transport,
+        ranks: args.ranks,
+        segment_size: largest.max(JobOptions::default().segment_size),
+        prefix_output: !args.json,
+    };
+    let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
+    std::process::exit(code);
+}
