@@ -721,6 +721,10 @@ impl<T: Transport> Node<T> {
 
     /// Waits until every request this rank sent has been answered and every refused reply has
     /// gone out. Run before dropping a node so that peers are not left without their replies.
+    ///
+    /// It is also the fence of one-sided operations (OpenSHMEM's `shmem_quiet`): posted atomics
+    /// are applied first, and the puts, gets and atomics that travel as messages are remotely
+    /// complete when it returns (those the transport does itself are complete when started).
     pub fn quiesce(&mut self) -> Result<(), AmError> {
         self.apply_posted()?;
         self.drive(|ep, _| {
