@@ -22,7 +22,8 @@
 //!   in order;
 //! - a peer is declared lost when nothing authenticated arrived from it for
 //!   [`EngineConfig::peer_timeout`] of this engine's own polled time (keepalive pings keep quiet
-//!   links alive), never by a retry count.
+//!   links alive, more often once half the timeout has passed unanswered), never by a retry
+//!   count.
 //!
 //! Every datagram is authenticated ([`crate::wire`]) and checked before any state changes.
 
@@ -1361,9 +1362,23 @@ impl Engine {
                     self.declare_lost(rank);
                     continue;
                 }
-                if silence >= keepalive && p.last_ping.is_none_or(|t| now >= t + keepalive) {
-                    p.last_ping = Some(now);
-                    self.outbox.push_back(Out::Ping(rank));
+                // Past half the timeout unanswered pings are sent again every RTO ceiling, not
+                // every keepalive: on a lossy path (a ping and its ack each lost 30% of the
+                // time) three tries in a 2 s timeout left a live, idle peer condemned about
+                // once in a thousand quiet spells; eight more make that negligible.
+                let every = if silence >= self.cfg.peer_timeout / 2 {
+                    self.cfg.rto_ceiling()
+                } else {
+                    keepalive
+                };
+                if silence >= keepalive {
+                    if p.last_ping.is_none_or(|t| now >= t + every) {
+                        p.last_ping = Some(now);
+                        self.outbox.push_back(Out::Ping(rank));
+                    }
+                    if let Some(t) = p.last_ping {
+                        wake = wake.min(t + every);
+                    }
                 }
             }
             let p = &mut self.peers[r];
