@@ -207,15 +207,36 @@ pub fn apply_batch<'a>(
     batch: &[Posted],
     view: impl Fn(crate::Rank) -> Result<SharedBytes<'a>, crate::SendError>,
 ) -> Result<(), crate::SendError> {
-    for p in batch {
-        if let Ok(v) = view(p.dest) {
-            v.prefetch(p.offset);
+    const CHUNK: usize = 16;
+    let mut first = Ok(());
+    for chunk in batch.chunks(CHUNK) {
+        // Each word is found and checked once, and its line fetched; then the atomics run.
+        let mut words: [Option<(&AtomicU64, u32)>; CHUNK] = [None; CHUNK];
+        for (slot, p) in words.iter_mut().zip(chunk) {
+            let found = view(p.dest).and_then(|v| {
+                v.prefetch(p.offset);
+                p.atomic
+                    .resolve(v, p.offset)
+                    .map_err(|e| refused(p.dest, p.offset, e))
+            });
+            match found {
+                Ok(w) => *slot = Some(w),
+                Err(e) if first.is_ok() => first = Err(e),
+                Err(_) => {}
+            }
+        }
+        for (slot, p) in words.iter().zip(chunk) {
+            if let Some((word, shift)) = slot {
+                p.atomic.apply_resolved(word, *shift);
+            }
         }
     }
-    each_posted(batch, |p| {
-        p.atomic.apply_to(p.dest, view(p.dest)?, p.offset)?;
-        Ok(())
-    })
+    first
+}
+
+#[cold]
+fn refused(dest: crate::Rank, offset: usize, e: Refused) -> crate::SendError {
+    crate::SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
 }
 
 /// Runs `apply` on every atomic of `batch`, in order, and returns the first error after
@@ -302,6 +323,18 @@ impl Atomic {
     /// value. Refused, touching nothing, if the word is outside the segment or misaligned
     /// (also in memory: the segment view must start 8-aligned, as every segment does).
     pub fn apply(&self, segment: SharedBytes<'_>, offset: usize) -> Result<u64, Refused> {
+        let (word, shift) = self.resolve(segment, offset)?;
+        Ok(self.apply_resolved(word, shift))
+    }
+
+    /// The checks of [`Atomic::apply`]: the 8-byte word that holds the target word, and the
+    /// shift of the target's bits in it.
+    #[inline]
+    fn resolve<'a>(
+        &self,
+        segment: SharedBytes<'a>,
+        offset: usize,
+    ) -> Result<(&'a AtomicU64, u32), Refused> {
         self.check(offset, segment.len())?;
         let base = offset & !7;
         let word = match segment.atomic_u64(base) {
@@ -311,14 +344,22 @@ impl Atomic {
             Err(am_shm::ShmError::OutOfBounds { .. }) => return Err(Refused::OutOfBounds),
             Err(_) => return Err(Refused::Misaligned),
         };
-        Ok(match self.width {
+        // A 32-bit word's bits within the 8-byte word, as memory order says.
+        let low = (offset & 4 == 0) == cfg!(target_endian = "little");
+        let shift = match self.width {
+            Width::U32 if !low => 32,
+            Width::U32 | Width::U64 => 0,
+        };
+        Ok((word, shift))
+    }
+
+    /// The atomic instruction on a word [`Atomic::resolve`] gave.
+    #[inline]
+    fn apply_resolved(&self, word: &AtomicU64, shift: u32) -> u64 {
+        match self.width {
             Width::U64 => self.apply_u64(word),
-            Width::U32 => {
-                // The 32-bit word's bits within the 8-byte word, as memory order says.
-                let low = (offset & 4 == 0) == cfg!(target_endian = "little");
-                self.apply_u32(word, if low { 0 } else { 32 })
-            }
-        })
+            Width::U32 => self.apply_u32(word, shift),
+        }
     }
 
     /// [`Atomic::apply`] as a transport does it on `dest`'s segment: a refused word is
@@ -329,9 +370,8 @@ impl Atomic {
         segment: SharedBytes<'_>,
         offset: usize,
     ) -> Result<u64, crate::SendError> {
-        self.apply(segment, offset).map_err(|e| {
-            crate::SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
-        })
+        self.apply(segment, offset)
+            .map_err(|e| refused(dest, offset, e))
     }
 
     fn apply_u64(&self, word: &AtomicU64) -> u64 {
@@ -388,6 +428,57 @@ mod tests {
     use super::*;
     use am_shm::Segment;
     use proptest::prelude::*;
+
+    /// A batch longer than one chunk, with a word out of bounds and a rank without a view
+    /// in it: the others are applied in order (the compare-and-swap sees the store before
+    /// it), 32-bit halves included, and the first error is the one returned.
+    #[test]
+    fn batch_applies_in_order_around_refusals_and_returns_the_first_error() {
+        let seg = Segment::heap(16, 64).unwrap();
+        let view = seg.byte_area();
+        let post = |dest, offset, atomic| Posted {
+            dest,
+            offset,
+            atomic,
+        };
+        let mut batch = vec![
+            post(0, 0, Atomic::from(AtomicOp::Store(5u64))),
+            post(0, 64, Atomic::from(AtomicOp::FetchAdd(1u64))),
+            post(
+                0,
+                0,
+                Atomic::from(AtomicOp::CompareSwap {
+                    current: 5u64,
+                    new: 7,
+                }),
+            ),
+            post(9, 8, Atomic::from(AtomicOp::Store(1u64))),
+        ];
+        for _ in 0..15 {
+            batch.push(post(0, 8, Atomic::from(AtomicOp::FetchAdd(3u64))));
+        }
+        batch.push(post(0, 20, Atomic::from(AtomicOp::Or(0xffu32))));
+        let e = apply_batch(&batch, |d| {
+            if d == 0 {
+                Ok(view)
+            } else {
+                Err(crate::SendError::PeerLost(d))
+            }
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, crate::SendError::Other(m) if m.contains("at 64 of rank 0")),
+            "{e:?}"
+        );
+        assert_eq!(view.load_u64(0).unwrap(), 7);
+        assert_eq!(view.load_u64(8).unwrap(), 45);
+        let high = if cfg!(target_endian = "little") {
+            0xff << 32
+        } else {
+            0xff
+        };
+        assert_eq!(view.load_u64(16).unwrap(), high);
+    }
 
     /// The operation on a plain value: the model the instructions must match.
     fn model(a: &Atomic, old: u64) -> u64 {
