@@ -13,9 +13,13 @@
 //! loopback each put and get is one copy that rank 1 takes no part in.
 //!
 //! `--baseline` also measures, in each repetition and between the same two ranks, the raw
-//! floor: `am_shm::floor::copy_bandwidth`, rank 0 copying the same bytes into a segment it
-//! shares with rank 1 with nothing in between (between rank threads on loopback). Rows then
-//! carry `floor_bytes_per_s` and `ratio` = RMA / floor (medians). UDP has no copy floor.
+//! floor: `am_shm::floor::copy_stream_bandwidth`, rank 0 copying the same bytes as many
+//! times into a segment it shares with rank 1, back to back, and announcing the end once
+//! (between rank threads on loopback). Rows then carry `floor_bytes_per_s` and `ratio` =
+//! RMA / floor (medians). As with the puts and gets, the same bytes are copied each time
+//! and rank 1 does not touch them meanwhile, so sizes that fit a cache measure it. UDP has
+//! no copy floor; without `AM_JOB_ID` (a launcher that does not set it) the shared-memory
+//! NICs have none either, which is said on stderr.
 
 use std::time::Instant;
 
@@ -104,14 +108,14 @@ fn floor(
                 s.1.clone()
             };
             let seg = seg.ok_or_else(|| anyhow::anyhow!("floor segment"))?;
-            am_shm::floor::copy_bandwidth_on(&seg, rank, bytes, ops)?
+            am_shm::floor::copy_stream_bandwidth_on(&seg, rank, bytes, ops)?
         }
         TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals => {
             let Ok(job) = std::env::var("AM_JOB_ID") else {
                 return Ok(None);
             };
             let mut fence = || node.barrier().map_err(std::io::Error::other);
-            am_shm::floor::copy_bandwidth(&job, rank, bytes, ops, &mut fence)?
+            am_shm::floor::copy_stream_bandwidth(&job, rank, bytes, ops, &mut fence)?
         }
         TransportKind::Udp => return Ok(None),
     };
@@ -131,9 +135,20 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     let me = node.rank();
     let seg = node.segment().len();
     // The floor's fence is the AM barrier, which every rank joins: 2-rank jobs only.
-    let with_floor = args.baseline && node.size() == 2 && kind != TransportKind::Udp;
+    let shm = matches!(
+        kind,
+        TransportKind::Sci | TransportKind::Extoll | TransportKind::Portals
+    );
+    let with_floor = args.baseline
+        && node.size() == 2
+        && kind != TransportKind::Udp
+        && (!shm || std::env::var_os("AM_JOB_ID").is_some());
     if me == 0 && args.baseline && !with_floor {
-        eprintln!("rma: no copy floor for {name} with {} ranks", node.size());
+        eprintln!(
+            "rma: no copy floor for {name} with {} ranks (udp has none; the shared-memory \
+             NICs need 2 ranks and AM_JOB_ID)",
+            node.size()
+        );
     }
     if me == 0 && !args.json {
         println!(

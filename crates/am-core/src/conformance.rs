@@ -635,6 +635,17 @@ pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
                     assert!(buf.iter().all(|&b| b == 0x99), "a refused get wrote");
                 }
                 assert_eq!(node.get(dest, SEGMENT - 3, 3).expect("get"), before);
+                // Checked before anything is allocated for the bytes.
+                for (offset, len) in [(0, usize::MAX), (SEGMENT - 3, 4), (1, SEGMENT)] {
+                    match node.get(dest, offset, len) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a get of {len} at {offset} of rank {dest}: {other:?}"),
+                    }
+                    match node.get_nb(dest, offset, len) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a get_nb of {len} at {offset} of {dest}: {other:?}"),
+                    }
+                }
             }
         }
         node.barrier().expect("barrier");
@@ -679,22 +690,63 @@ pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usiz
                 }
             }
             let _done = Done(&done);
-            node.put(1, 0, &pattern(HALF, 2)).expect("put");
-            let h = node.put_nb(1, 0, &pattern(HALF, 3)).expect("put_nb");
+            // Non-blocking first: a transport that did not do them itself fails here at once
+            // instead of waiting on a rank that does not poll.
+            let h = node.put_nb(1, 0, &pattern(HALF, 2)).expect("put_nb");
             assert_eq!(
                 node.test_put(&h),
                 Ok(true),
                 "the transport did not put by itself"
             );
             node.wait_put(h).expect("wait_put");
+            let h = node.get_nb(1, HALF + 5, 1000).expect("get_nb");
+            assert_eq!(
+                node.test_get(&h),
+                Ok(true),
+                "the transport did not get by itself"
+            );
+            assert!(node.wait_get(h).expect("wait_get")[..] == pattern(HALF, 9)[5..1005]);
+            node.put(1, 0, &pattern(HALF, 3)).expect("put");
             let mut got = vec![0u8; HALF];
             node.get_into(1, HALF, &mut got).expect("get_into");
             assert!(got == pattern(HALF, 9), "get_into");
-            let h = node.get_nb(1, HALF + 5, 1000).expect("get_nb");
-            assert!(node.wait_get(h).expect("wait_get")[..] == pattern(HALF, 9)[5..1005]);
         }
         node.barrier().expect("barrier");
     });
+}
+
+/// For transports that put, get and apply atomics themselves: once a rank has left the job
+/// (its transport closed), the NIC refuses all three toward it with `PeerDeparted`, before
+/// any poll of the core has heard of the departure.
+pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::transport::SendError;
+    let left = std::sync::Barrier::new(2);
+    run_watched(
+        "rma_to_a_departed_rank_is_refused",
+        make(2, SEGMENT),
+        |mut t| {
+            if t.rank() == 1 {
+                // Gone for good: closed, and dropped (loopback departs when dropped).
+                t.close();
+                drop(t);
+                left.wait();
+                return;
+            }
+            left.wait();
+            let gone = |r: Result<bool, SendError>| matches!(r, Err(SendError::PeerDeparted(1)));
+            assert!(gone(t.put(1, 0, &[1])), "put");
+            assert!(gone(t.get(1, 0, &mut [0])), "get");
+            let add = crate::atomic::Atomic::from(crate::AtomicOp::FetchAdd(1u64));
+            let r = t.atomic(1, 0, add);
+            assert!(
+                matches!(r, Err(SendError::PeerDeparted(1))),
+                "atomic: {r:?}"
+            );
+            assert!(!t.applies_atomics(1), "applies_atomics");
+            // This rank's own segment is still its own.
+            assert_eq!(t.put(0, 0, &[1]), Ok(true));
+        },
+    );
 }
 
 /// No rank leaves barrier k before every rank has entered it.

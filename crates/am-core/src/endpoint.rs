@@ -1481,6 +1481,11 @@ impl Endpoint {
         self.op_done(handle.index, handle.gen)
     }
 
+    /// True once every chunk of a get has arrived (or it failed): polling it is then ready.
+    pub fn get_done(&self, handle: &GetHandle) -> bool {
+        self.op_done(handle.index, handle.gen)
+    }
+
     /// Completes a put once every chunk was sent and has landed in the target's segment.
     pub fn poll_put(&mut self, handle: &PutHandle) -> Poll<Result<(), AmError>> {
         self.poll_op(handle.index, handle.gen).map(|r| r.map(drop))

@@ -518,7 +518,7 @@ impl Transport for Loopback {
     }
 
     fn applies_atomics(&self, dest: Rank) -> bool {
-        (dest as usize) < self.tx.dests.len()
+        self.tx.peer_segment(dest).is_ok()
     }
 
     fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {

@@ -473,6 +473,16 @@ impl<T: Transport> Node<T> {
         if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
             return Ok(self.ep.put_placed(dest, offset, data.len()));
         }
+        self.put_by_messages(dest, offset, data)
+    }
+
+    /// A put as AM Longs (or, to this rank, a copy): started, its chunks sent.
+    fn put_by_messages(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<PutHandle, AmError> {
         let h = self
             .ep
             .put_start(self.transport.segment(), dest, offset, data)?;
@@ -485,8 +495,28 @@ impl<T: Transport> Node<T> {
         }
     }
 
+    /// A get by system messages (or, from this rank, a copy): started, its requests sent.
+    fn get_by_messages(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        len: usize,
+    ) -> Result<GetHandle, AmError> {
+        let h = self
+            .ep
+            .get_start(self.transport.segment(), src, offset, len)?;
+        match self.drive(|ep, t| ep.get_step(t, &h)) {
+            Ok(()) => Ok(h),
+            Err(e) => {
+                self.abandon(h.index, h.gen);
+                Err(e)
+            }
+        }
+    }
+
     /// The transport's own put ([`Transport::put`]), checked first: true once it is done,
-    /// false if the transport does not do puts.
+    /// false if the transport does not do puts. A busy device (a word of the target's NIC
+    /// that another peer left corrupt, which its owner repairs) is waited out, polling.
     #[inline]
     fn put_by_transport(
         &mut self,
@@ -495,9 +525,14 @@ impl<T: Transport> Node<T> {
         data: &[u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(dest, offset, data.len())?;
-        self.transport
-            .put(dest, offset, data)
-            .map_err(|e| self.transport_failed(e))
+        loop {
+            match self.transport.put(dest, offset, data) {
+                Err(crate::transport::SendError::Busy) => {
+                    self.poll()?;
+                }
+                done => return done.map_err(|e| self.transport_failed(e)),
+            }
+        }
     }
 
     /// The transport's own get ([`Transport::get`]), as [`Node::put_by_transport`].
@@ -509,33 +544,31 @@ impl<T: Transport> Node<T> {
         dst: &mut [u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(src, offset, dst.len())?;
-        self.transport
-            .get(src, offset, dst)
-            .map_err(|e| self.transport_failed(e))
+        loop {
+            match self.transport.get(src, offset, dst) {
+                Err(crate::transport::SendError::Busy) => {
+                    self.poll()?;
+                }
+                done => return done.map_err(|e| self.transport_failed(e)),
+            }
+        }
     }
 
     /// Starts reading `len` bytes at `offset` of `src`'s segment; [`Node::wait_get`] gives
     /// them. Where the transport reaches the target's memory ([`Transport::get`]) the bytes
-    /// are read here, with no help from `src`; elsewhere `src`'s progress answers system
-    /// messages for them. [`Node::get_into`] reads into a buffer of the caller's.
+    /// are read here, with no help from `src`, and the handle is complete; elsewhere `src`'s
+    /// progress answers system messages for them. [`Node::get_into`] reads into a buffer of
+    /// the caller's.
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
         self.apply_posted()?;
         if src != self.ep.rank() {
+            self.ep.check_rma(src, offset, len)?;
             let mut data = vec![0; len];
             if self.get_by_transport(src, offset, &mut data)? {
                 return Ok(self.ep.get_fetched(src, offset, data));
             }
         }
-        let h = self
-            .ep
-            .get_start(self.transport.segment(), src, offset, len)?;
-        match self.drive(|ep, t| ep.get_step(t, &h)) {
-            Ok(()) => Ok(h),
-            Err(e) => {
-                self.abandon(h.index, h.gen);
-                Err(e)
-            }
-        }
+        self.get_by_messages(src, offset, len)
     }
 
     /// Completes an operation that failed part-way: waits for the chunks already sent, so no
@@ -552,6 +585,12 @@ impl<T: Transport> Node<T> {
     pub fn test_put(&mut self, handle: &PutHandle) -> Result<bool, AmError> {
         self.poll()?;
         Ok(self.ep.put_done(handle))
+    }
+
+    /// True once a get's data is here, for [`Node::wait_get`] to return at once (polls once).
+    pub fn test_get(&mut self, handle: &GetHandle) -> Result<bool, AmError> {
+        self.poll()?;
+        Ok(self.ep.get_done(handle))
     }
 
     /// Waits until a put has landed in the target's segment.
@@ -571,7 +610,7 @@ impl<T: Transport> Node<T> {
         if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
             return Ok(());
         }
-        let h = self.put_nb(dest, offset, data)?;
+        let h = self.put_by_messages(dest, offset, data)?;
         self.wait_put(h)
     }
 
@@ -595,7 +634,7 @@ impl<T: Transport> Node<T> {
         if self.get_by_transport(src, offset, dst)? {
             return Ok(());
         }
-        let h = self.get_nb(src, offset, dst.len())?;
+        let h = self.get_by_messages(src, offset, dst.len())?;
         let data = self.wait_get(h)?;
         dst.copy_from_slice(&data);
         Ok(())
@@ -603,9 +642,8 @@ impl<T: Transport> Node<T> {
 
     /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec` ([`Node::get_into`]).
     pub fn get(&mut self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
-        let mut data = vec![0; len];
-        self.get_into(src, offset, &mut data)?;
-        Ok(data)
+        let h = self.get_nb(src, offset, len)?;
+        self.wait_get(h)
     }
 
     /// Starts a remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s

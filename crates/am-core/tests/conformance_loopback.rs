@@ -44,6 +44,12 @@ fn rma_needs_no_target_progress() {
     am_core::conformance::rma_needs_no_target_progress(&roomy);
 }
 
+/// A departed rank's memory is refused by the NIC itself.
+#[test]
+fn rma_to_a_departed_rank_is_refused() {
+    am_core::conformance::rma_to_a_departed_rank_is_refused(&roomy);
+}
+
 /// Loopback without its own atomics, puts and gets: the suite's atomic and RMA cases then
 /// run the core's system-message path (the one UDP takes), against a target that serves
 /// them in its progress.

@@ -239,3 +239,91 @@ fn a_loss_found_while_waiting_counts_too() {
         }
     });
 }
+
+/// Loopback whose NIC-side put and get find `VICTIM` lost (as a shared-memory NIC does once
+/// its liveness check failed), before any poll reports it.
+struct NicLoses {
+    inner: Loopback,
+}
+
+impl Tx for NicLoses {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.inner.try_send(dest, msg)
+    }
+}
+
+impl Transport for NicLoses {
+    fn name(&self) -> &'static str {
+        "nic-loses"
+    }
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn segment(&self) -> am_core::SharedBytes<'_> {
+        self.inner.segment()
+    }
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        self.inner.poll_recv(f)
+    }
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        if dest == VICTIM {
+            return Err(SendError::PeerLost(VICTIM));
+        }
+        self.inner.put(dest, offset, data)
+    }
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        if src == VICTIM {
+            return Err(SendError::PeerLost(VICTIM));
+        }
+        self.inner.get(src, offset, dst)
+    }
+}
+
+/// A loss the NIC finds during a put is the core's too: the put fails with `PeerLost`, and
+/// so does every later call on that peer, at once, while the other peer works as before.
+#[test]
+fn a_loss_found_by_a_put_marks_the_peer_lost() {
+    watchdog(
+        "a_loss_found_by_a_put_marks_the_peer_lost",
+        Duration::from_secs(60),
+    );
+    let done = std::sync::Barrier::new(3);
+    run_ranks(Loopback::cluster(3, LoopbackConfig::default()), |t| {
+        let mut handlers = Handlers::new();
+        handlers
+            .request(REQ, "req", AmKind::Short, |_, token| {
+                let _ = token.reply_short(REP, &[]);
+            })
+            .unwrap();
+        handlers.reply(REP, "rep", AmKind::Short, |_| {}).unwrap();
+        let mut node = Node::new(NicLoses { inner: t }, handlers, Config::default()).unwrap();
+        if node.rank() == 0 {
+            assert_eq!(node.put(VICTIM, 0, &[1]), Err(AmError::PeerLost(VICTIM)));
+            assert_eq!(
+                node.request_short(VICTIM, REQ, &[]),
+                Err(AmError::PeerLost(VICTIM))
+            );
+            assert_eq!(node.get(VICTIM, 0, 8), Err(AmError::PeerLost(VICTIM)));
+            let mut buf = [7u8; 4];
+            assert_eq!(
+                node.get_into(VICTIM, 0, &mut buf),
+                Err(AmError::PeerLost(VICTIM))
+            );
+            assert_eq!(buf, [7; 4], "a failed get wrote");
+            node.put(1, 0, &[5]).unwrap();
+            assert_eq!(node.get(1, 0, 1).unwrap(), [5]);
+        }
+        // Nobody leaves before rank 0 is done (a departure would be reported first).
+        done.wait();
+        std::mem::forget(node);
+    });
+}

@@ -7,8 +7,9 @@
 //!   a line of its own, as every remote-write-only design must (the request and the reply
 //!   travel on different lines). The least any of the simulated NICs can do per round trip.
 //! - [`copy_bandwidth`]: one rank copies `bytes` into a shared segment and publishes a stamp;
-//!   the other acknowledges on a second line. Bytes per second at the copying rank: the
-//!   floor of RMA put and get bandwidth.
+//!   the other acknowledges on a second line. Bytes per second at the copying rank.
+//! - [`copy_stream_bandwidth`]: the same copies back to back, announced once at the end: the
+//!   floor of one-sided put and get bandwidth.
 //! - [`ring_flood`]: a single-producer ring of [`RING_SLOTS`] messages of one cache line each
 //!   (a payload word, then the stamp that publishes it, as an AM Short's slot travels), the
 //!   consumer publishing its head every quarter ring. Messages per second: the floor of a
@@ -186,7 +187,7 @@ fn pingpong_on(seg: &Segment, rank: u32, iters: usize) -> io::Result<Vec<Duratio
 
 /// Raw cross-process copy bandwidth: rank 0 copies `bytes` into a segment shared with rank 1
 /// and publishes a stamp, rank 1 acknowledges, `iters` times. Returns bytes per second at
-/// rank 0 (0.0 at rank 1).
+/// rank 0 (0.0 at rank 1). The floor of a message's bandwidth, whose every copy is announced.
 pub fn copy_bandwidth(
     job_id: &str,
     rank: u32,
@@ -195,44 +196,93 @@ pub fn copy_bandwidth(
     fence: &mut dyn FnMut() -> io::Result<()>,
 ) -> io::Result<f64> {
     let seg = rendezvous(job_id, rank, "floor-copy", 128, bytes, fence)?;
-    copy_on(&seg, rank, bytes, iters)
+    copy_on(&seg, rank, bytes, iters, Announce::EachCopy)
 }
 
-/// [`copy_bandwidth`] over `seg`, made by [`copy_segment`], between two threads that are
-/// ranks 0 and 1 of one process (the loopback transport's): both call it at once.
-pub fn copy_bandwidth_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f64> {
+/// Raw cross-process copy streaming: rank 0 copies `bytes` into a segment shared with rank
+/// 1 `iters` times back to back, then publishes one stamp that rank 1 acknowledges. Bytes
+/// per second at rank 0 (0.0 at rank 1): the floor of one-sided put and get bandwidth,
+/// whose copies need no announcement each.
+pub fn copy_stream_bandwidth(
+    job_id: &str,
+    rank: u32,
+    bytes: usize,
+    iters: usize,
+    fence: &mut dyn FnMut() -> io::Result<()>,
+) -> io::Result<f64> {
+    let seg = rendezvous(job_id, rank, "floor-stream", 128, bytes, fence)?;
+    copy_on(&seg, rank, bytes, iters, Announce::Once)
+}
+
+/// [`copy_stream_bandwidth`] over `seg`, made by [`copy_segment`], between two threads that
+/// are ranks 0 and 1 of one process (the loopback transport's): both call it at once, on a
+/// fresh segment each time.
+pub fn copy_stream_bandwidth_on(
+    seg: &Segment,
+    rank: u32,
+    bytes: usize,
+    iters: usize,
+) -> io::Result<f64> {
     if rank > 1 {
         return Err(bad_rank(rank));
     }
-    copy_on(seg, rank, bytes, iters)
+    copy_on(seg, rank, bytes, iters, Announce::Once)
 }
 
-/// A fresh segment for [`copy_bandwidth_on`] of up to `bytes` between threads of one
+/// A fresh segment for [`copy_stream_bandwidth_on`] of up to `bytes` between threads of one
 /// process: heap memory, nothing in `/dev/shm`.
 pub fn copy_segment(bytes: usize) -> io::Result<Segment> {
     Segment::heap(128, bytes).map_err(io::Error::from)
 }
 
-fn copy_on(seg: &Segment, rank: u32, bytes: usize, iters: usize) -> io::Result<f64> {
+/// When the copying rank publishes a stamp for the other to acknowledge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    EachCopy,
+    Once,
+}
+
+fn copy_on(
+    seg: &Segment,
+    rank: u32,
+    bytes: usize,
+    iters: usize,
+    announce: Announce,
+) -> io::Result<f64> {
     let stamp = seg.word(0).map_err(io::Error::from)?;
     let ack = seg.word(64).map_err(io::Error::from)?;
+    // Round 0 warms up (page faults) and is not timed; then one round per copy, or one for
+    // all of them.
+    let rounds = match announce {
+        Announce::EachCopy => iters as u64,
+        Announce::Once => 1,
+    };
     if rank == 0 {
         let src: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+        let copies = |n: usize| -> io::Result<()> {
+            for _ in 0..n {
+                // A plain copy: the floor is what the hardware does; rank 1 never reads it.
+                seg.raw_write_unshared(0, &src).map_err(io::Error::from)?;
+            }
+            Ok(())
+        };
         let mut start = Instant::now();
-        // Iteration 0 warms up (page faults) and is not timed.
-        for i in 0..=iters as u64 {
+        for i in 0..=rounds {
             if i == 1 {
                 start = Instant::now();
             }
-            // A plain copy: the floor is what the hardware does; rank 1 never reads the bytes.
-            seg.raw_write_unshared(0, &src).map_err(io::Error::from)?;
+            copies(if i == 0 || announce == Announce::EachCopy {
+                1
+            } else {
+                iters
+            })?;
             stamp.store(i + 1, Ordering::Release);
             spin_until(ack, i + 1)?;
         }
         let secs = start.elapsed().as_secs_f64().max(1e-12);
         Ok(bytes as f64 * iters as f64 / secs)
     } else {
-        for i in 0..=iters as u64 {
+        for i in 0..=rounds {
             spin_until(stamp, i + 1)?;
             ack.store(i + 1, Ordering::Release);
         }
@@ -354,7 +404,11 @@ pub fn two_line_pingpong_threads(iters: usize) -> io::Result<Vec<Duration>> {
 
 /// [`copy_bandwidth`] between two threads of this process, over a `/dev/shm` segment.
 pub fn copy_bandwidth_threads(bytes: usize, iters: usize) -> io::Result<f64> {
-    threads(|seg, rank| copy_on(seg, rank, bytes, iters), 128, bytes)
+    threads(
+        |seg, rank| copy_on(seg, rank, bytes, iters, Announce::EachCopy),
+        128,
+        bytes,
+    )
 }
 
 /// [`ring_flood`] between two threads of this process, over a `/dev/shm` segment.
@@ -388,6 +442,15 @@ mod tests {
             1003
         );
         assert!(copy_bandwidth_threads(1 << 16, 20).unwrap() > 0.0);
+        let seg = copy_segment(1 << 16).unwrap();
+        let (a, b) = std::thread::scope(|s| {
+            let peer = s.spawn(|| copy_stream_bandwidth_on(&seg, 1, 1 << 16, 20).unwrap());
+            (
+                copy_stream_bandwidth_on(&seg, 0, 1 << 16, 20).unwrap(),
+                peer.join().unwrap(),
+            )
+        });
+        assert!(a > 0.0 && b == 0.0, "{a} {b}");
         // Many laps of the ring, and fewer messages than a ring.
         assert!(ring_flood_threads(10 * RING_SLOTS + 3).unwrap() > 0.0);
         assert!(ring_flood_threads(5).unwrap() > 0.0);

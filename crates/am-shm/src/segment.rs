@@ -647,8 +647,9 @@ impl std::fmt::Debug for Segment {
     }
 }
 
-/// A peer's segment mapped here (the SCI **imported** segment): it exposes writes only —
-/// word stores, doorbell rings and byte copies — and no way to read.
+/// A peer's segment mapped here (the SCI **imported** segment): word stores, doorbell rings
+/// and byte copies, and, through [`Imported::byte_area`], the reads and atomics of one-sided
+/// gets and remote atomics (what a NIC reaches of a peer's memory without its help).
 #[derive(Clone)]
 pub struct Imported {
     view: View,
@@ -732,7 +733,8 @@ impl Imported {
         self.view.bytes
     }
 
-    /// The view of the whole byte area (a peer's segment: for remote atomics on its words).
+    /// The view of the whole byte area (a peer's segment: for one-sided gets and remote
+    /// atomics on its words).
     #[inline]
     pub fn byte_area(&self) -> SharedBytes<'_> {
         self.view.byte_area()

@@ -8,10 +8,10 @@
 //!   descriptor while the requester rings, on the requester's thread: the payload goes
 //!   straight into the target's registered region, one copy, with no thread hand-off. The
 //!   completer's notification slot is reserved first ([`Reserved`]), so finishing never
-//!   waits, and no requester notification is asked for;
-//!   The one-sided puts and gets of `Transport::put`/`get` (a `Node`'s put and get) are
-//!   immediate too, without the completer's notification, and go the other way for a get:
-//!   complete when the doorbell write returns;
+//!   waits, and no requester notification is asked for. The one-sided puts and gets of
+//!   `Transport::put`/`get` (a `Node`'s put and get) are immediate descriptors too, with no
+//!   notification at either end: in this model the engine's transfer is the copy made on the
+//!   requester's thread (a get's the other way), so they are complete when the call returns;
 //! - **queued**: user puts and gets between registered regions ([`Job`]) go to the engine's
 //!   thread (started on first use), which overlaps them with the rank's own work and waits
 //!   for room in a full notification queue ([`notify`]), but not for ever: it gives up when
@@ -40,8 +40,9 @@ pub(crate) const NOTIFY_PATIENCE: Duration = Duration::from_secs(10);
 /// How often a waiting engine looks whether its target is still alive.
 const LOOK_EVERY: Duration = Duration::from_millis(20);
 
-/// A peer's segment as this process maps it: full access for claims and gets, a writer for
-/// everything else.
+/// A peer's segment as this process maps it: full access for claims and the engine's queued
+/// gets; the imported view for everything else (writes, and the immediate gets of
+/// `Transport::get`).
 pub(crate) struct PeerMap {
     pub seg: Segment,
     pub imp: Imported,

@@ -1671,6 +1671,10 @@ impl Extoll {
             return Err(SendError::PeerLost(dest));
         }
         let l = &self.tx.layout;
+        // A rank that left wrote its departed word here: nothing it owns is to be touched.
+        if d != self.tx.rank && self.seg.load_word(l.departed(d)).unwrap_or(0) != 0 {
+            return Err(SendError::PeerDeparted(dest));
+        }
         peer.imp
             .byte_area()
             .slice(l.segment_base(), l.segment)
@@ -1706,16 +1710,17 @@ impl Transport for Extoll {
     }
 
     /// An immediate RMA put (the doorbell carries the source, as an AM Long's payload goes;
-    /// see [`crate::rma`]): the engine writes the bytes into the target's registered segment
-    /// on this rank's thread, so the put is complete when this returns. No notification: the
+    /// see [`crate::rma`]): in this model the engine's transfer is the copy into the target's
+    /// registered segment made on this rank's thread, so the put is complete when this
+    /// returns. No notification: the
     /// requester's would say only that, and the target was not asked to hear of it.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
         am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
     }
 
-    /// An immediate RMA get: the engine reads the target's registered segment into the
-    /// caller's buffer on this rank's thread, complete when this returns, the target
-    /// notified of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this
+    /// An immediate RMA get: the copy from the target's registered segment into the caller's
+    /// buffer, made on this rank's thread, complete when this returns, the target notified
+    /// of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this
     /// rank's own registered segment instead and report through the notification queue.)
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
         am_core::rma::get_from(src, self.peer_segment(src)?, offset, dst)

@@ -26,6 +26,12 @@ fn rma_needs_no_target_progress() {
     am_core::conformance::rma_needs_no_target_progress(&cluster);
 }
 
+/// A departed rank's memory is refused by the NIC itself.
+#[test]
+fn rma_to_a_departed_rank_is_refused() {
+    am_core::conformance::rma_to_a_departed_rank_is_refused(&cluster);
+}
+
 mod velo_128 {
     //! Every Medium over VELO, in 128-byte packets.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {

@@ -677,6 +677,18 @@ fn setup_error(e: am_nic::SetupError) -> PortalsError {
 }
 
 impl Portals {
+    /// `dest` as an index, for the operations the NIC does on its memory (put, get,
+    /// atomics): a rank of the job, not known lost, and not departed (its departed word in
+    /// our NI memory is set).
+    fn reachable(&self, dest: Rank) -> Result<usize, SendError> {
+        let d = self.tx.usable(dest)?;
+        let departed = self.tx.layout.ni.departed(d);
+        if d != self.tx.rank as usize && self.own.load_word(departed).unwrap_or(0) != 0 {
+            return Err(SendError::PeerDeparted(dest));
+        }
+        Ok(d)
+    }
+
     fn new(
         rank: u32,
         layout: Layout,
@@ -1213,7 +1225,7 @@ impl Transport for Portals {
     /// entry disables them): the deposit is done when this returns, which stands for the
     /// `Ack` a real initiator would wait for.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
-        let d = self.tx.usable(dest)?;
+        let d = self.reachable(dest)?;
         let args = PutArgs {
             pt: PT_SEGMENT,
             match_bits: 0,
@@ -1239,7 +1251,7 @@ impl Transport for Portals {
     /// seed's "get into a temporary MD" when the local side is outside the segment): done
     /// when this returns, which stands for the `Reply` event.
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
-        let d = self.tx.usable(src)?;
+        let d = self.reachable(src)?;
         let len = dst.len();
         match self
             .tx
@@ -1263,7 +1275,7 @@ impl Transport for Portals {
         offset: usize,
         atomic: am_core::atomic::Atomic,
     ) -> Result<Option<u64>, SendError> {
-        let d = self.tx.usable(dest)?;
+        let d = self.reachable(dest)?;
         let me = self.tx.rank;
         match self
             .tx
@@ -1279,7 +1291,7 @@ impl Transport for Portals {
     }
 
     fn applies_atomics(&self, dest: Rank) -> bool {
-        self.tx.usable(dest).is_ok()
+        self.reachable(dest).is_ok()
     }
 
     /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of every word where

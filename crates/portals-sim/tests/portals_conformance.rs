@@ -20,6 +20,12 @@ fn rma_needs_no_target_progress() {
     am_core::conformance::rma_needs_no_target_progress(&cluster);
 }
 
+/// A departed rank's memory is refused by the NIC itself.
+#[test]
+fn rma_to_a_departed_rank_is_refused() {
+    am_core::conformance::rma_to_a_departed_rank_is_refused(&cluster);
+}
+
 mod dynamic {
     //! Receive buffers sized for dynamic credits (the suite's nodes use static ones, so the
     //! all-to-all may outrun the smaller budget: flow control then refuses and resends).

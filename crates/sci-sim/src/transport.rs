@@ -584,6 +584,10 @@ impl Sci {
             return Err(SendError::PeerLost(dest));
         }
         let l = &self.tx.layout;
+        // A rank that left wrote its departed word here: nothing it owns is to be touched.
+        if d != self.tx.rank && self.seg.load_word(l.departed(d)).unwrap_or(0) != 0 {
+            return Err(SendError::PeerDeparted(dest));
+        }
         peer.byte_area()
             .slice(l.segment_base(), l.segment)
             .map_err(sci_err)

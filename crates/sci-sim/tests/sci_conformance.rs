@@ -18,6 +18,12 @@ fn rma_needs_no_target_progress() {
     am_core::conformance::rma_needs_no_target_progress(&cluster);
 }
 
+/// A departed rank's memory is refused by the NIC itself.
+#[test]
+fn rma_to_a_departed_rank_is_refused() {
+    am_core::conformance::rma_to_a_departed_rank_is_refused(&cluster);
+}
+
 mod dma {
     //! The same suite with every Long through the DMA engine and one-copy Mediums.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
