@@ -1710,7 +1710,7 @@ impl Transport for Extoll {
     }
 
     /// An immediate RMA put (the doorbell carries the source, as an AM Long's payload goes;
-    /// see [`crate::rma`]): in this model the engine's transfer is the copy into the target's
+    /// see the `rma` module): in this model the engine's transfer is the copy into the target's
     /// registered segment made on this rank's thread, so the put is complete when this
     /// returns. No notification: the
     /// requester's would say only that, and the target was not asked to hear of it.
