@@ -66,12 +66,20 @@ impl Drop for Mapping {
     }
 }
 
+/// Mappings of at least a huge page's size ask for transparent huge pages.
+#[cfg(not(loom))]
+const HUGE_PAGE: usize = 2 << 20;
+
 #[cfg(not(loom))]
 impl Mapping {
     /// `len` bytes (a multiple of 8) of zeroed heap memory; an error if they cannot be
     /// allocated.
     pub(crate) fn heap(len: usize) -> Result<Mapping, ShmError> {
         debug_assert!(len.is_multiple_of(WORD));
+        #[cfg(not(miri))]
+        if len >= HUGE_PAGE {
+            return Self::anonymous(len);
+        }
         let words = (len / WORD).max(1);
         let mut v: Vec<u64> = Vec::new();
         if len > isize::MAX as usize || v.try_reserve_exact(words).is_err() {
@@ -87,6 +95,26 @@ impl Mapping {
         })
     }
 
+    /// `len` bytes of anonymous memory from the kernel (zero pages until written), with
+    /// transparent huge pages asked for: a table spread over many pages (RandomAccess's)
+    /// otherwise costs a TLB miss per access. The advice is a hint, ignored where the kernel
+    /// has them off.
+    #[cfg(not(miri))]
+    fn anonymous(len: usize) -> Result<Mapping, ShmError> {
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_anon()
+            .map_err(|_| ShmError::TooLarge { len })?;
+        let raw = memmap2::MmapRaw::from(map);
+        let _ = raw.advise(memmap2::Advice::HugePage);
+        let ptr = NonNull::new(raw.as_mut_ptr()).ok_or(ShmError::TooLarge { len })?;
+        Ok(Mapping {
+            ptr,
+            len,
+            backing: Backing::Mmap(raw),
+        })
+    }
+
     /// Maps `len` bytes (a multiple of 8) of `file`, shared.
     #[cfg_attr(miri, allow(dead_code))]
     pub(crate) fn map(file: &std::fs::File, len: usize, path: &str) -> Result<Mapping, ShmError> {
@@ -99,6 +127,11 @@ impl Mapping {
                 path: path.to_owned(),
                 source,
             })?;
+        if len >= HUGE_PAGE {
+            // As for heap memory; shared memory gets them only where the kernel's shmem
+            // setting allows (`advise` or `always`).
+            let _ = raw.advise(memmap2::Advice::HugePage);
+        }
         let ptr =
             NonNull::new(raw.as_mut_ptr()).ok_or_else(|| ShmError::BadSegment(path.into()))?;
         Ok(Mapping {
