@@ -586,6 +586,22 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
             assert!(node.wait_get(h).expect("wait_get") == pattern(len, 100 + me as u8));
         }
         assert!(node.get(me, 0, 0).expect("empty get").is_empty());
+        // Gets into the caller's buffers, one per rank, all in flight at once.
+        let mut bufs = vec![vec![0u8; len]; n as usize];
+        let handles: Vec<_> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(src, buf)| {
+                node.get_into_nb(src as Rank, me as usize * len, buf)
+                    .expect("get_into_nb")
+            })
+            .collect();
+        for h in handles {
+            node.wait_get_into(h).expect("wait_get_into");
+        }
+        for buf in &bufs {
+            assert!(*buf == pattern(len, me as u8), "get_into_nb");
+        }
         node.barrier().expect("barrier");
     });
 }
@@ -706,6 +722,13 @@ pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usiz
                 "the transport did not get by itself"
             );
             assert!(node.wait_get(h).expect("wait_get")[..] == pattern(HALF, 9)[5..1005]);
+            let mut buf = [0u8; 100];
+            let h = node
+                .get_into_nb(1, HALF + 7, &mut buf)
+                .expect("get_into_nb");
+            assert_eq!(node.test_get_into(&h), Ok(true), "get_into_nb by itself");
+            node.wait_get_into(h).expect("wait_get_into");
+            assert!(buf[..] == pattern(HALF, 9)[7..107]);
             node.put(1, 0, &pattern(HALF, 3)).expect("put");
             let mut got = vec![0u8; HALF];
             node.get_into(1, HALF, &mut got).expect("get_into");

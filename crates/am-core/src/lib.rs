@@ -47,7 +47,7 @@ pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
-pub use node::Node;
+pub use node::{GetIntoHandle, Node};
 pub use transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,

@@ -56,6 +56,16 @@ const POSTED_ATOMICS: usize = 16;
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
 
+/// A get into a buffer of the caller's in flight ([`Node::get_into_nb`]): the buffer is
+/// borrowed until [`Node::wait_get_into`] fills it.
+#[derive(Debug)]
+#[must_use = "the buffer holds the get's bytes only once waited for"]
+pub struct GetIntoHandle<'b> {
+    dst: &'b mut [u8],
+    /// The get by messages still to complete; `None` once the bytes are in `dst`.
+    pending: Option<GetHandle>,
+}
+
 impl<T: Transport> Node<T> {
     /// Starts a node with the credit policy of `config` ([`crate::Credits`]).
     ///
@@ -637,6 +647,47 @@ impl<T: Transport> Node<T> {
         let h = self.get_by_messages(src, offset, dst.len())?;
         let data = self.wait_get(h)?;
         dst.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// Starts reading `dst.len()` bytes at `offset` of `src`'s segment into `dst`
+    /// (OpenSHMEM's `shmem_getmem_nbi`): `dst` stays borrowed by the handle until
+    /// [`Node::wait_get_into`], so several gets can be in flight into buffers of the caller's.
+    /// Where the transport reaches the target's memory the bytes are in `dst` when this
+    /// returns; elsewhere they are copied there by the wait. Errors as [`Node::get_into`].
+    pub fn get_into_nb<'b>(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: &'b mut [u8],
+    ) -> Result<GetIntoHandle<'b>, AmError> {
+        if src == self.ep.rank() {
+            self.get_into(src, offset, dst)?;
+            return Ok(GetIntoHandle { dst, pending: None });
+        }
+        self.apply_posted()?;
+        if self.get_by_transport(src, offset, dst)? {
+            return Ok(GetIntoHandle { dst, pending: None });
+        }
+        let pending = Some(self.get_by_messages(src, offset, dst.len())?);
+        Ok(GetIntoHandle { dst, pending })
+    }
+
+    /// True once a [`Node::get_into_nb`]'s bytes can be had without waiting (polls once).
+    pub fn test_get_into(&mut self, handle: &GetIntoHandle<'_>) -> Result<bool, AmError> {
+        match &handle.pending {
+            None => Ok(true),
+            Some(h) => self.test_get(h),
+        }
+    }
+
+    /// Waits for a [`Node::get_into_nb`]: its buffer then holds the bytes (and is the
+    /// caller's again).
+    pub fn wait_get_into(&mut self, handle: GetIntoHandle<'_>) -> Result<(), AmError> {
+        if let Some(h) = handle.pending {
+            let data = self.wait_get(h)?;
+            handle.dst.copy_from_slice(&data);
+        }
         Ok(())
     }
 
