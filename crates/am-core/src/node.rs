@@ -714,10 +714,16 @@ impl<T: Transport> Node<T> {
         self.ep.check_atomic(dest, offset, &atomic)?;
         self.apply_posted()?;
         if dest != self.ep.rank() {
-            match self.transport.atomic(dest, offset, atomic) {
-                Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
-                Ok(None) => {}
-                Err(e) => return Err(self.transport_failed(e)),
+            loop {
+                match self.transport.atomic(dest, offset, atomic) {
+                    Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
+                    Ok(None) => break,
+                    // Nothing was applied: waited out as a put's busy device is.
+                    Err(crate::transport::SendError::Busy) => {
+                        self.poll()?;
+                    }
+                    Err(e) => return Err(self.transport_failed(e)),
+                }
             }
         }
         let h = self

@@ -409,7 +409,10 @@ pub trait Transport: Tx {
     /// which is then both local completion (`data` may be reused) and remote completion.
     /// `Ok(false)`, the default: the NIC cannot, and the core sends the put as AM Longs that
     /// the target's progress acknowledges. The core has checked the rank and the bounds, and
-    /// does puts to its own rank itself. A lost target is [`SendError::PeerLost`].
+    /// does puts to its own rank itself. A lost target is [`SendError::PeerLost`], a departed
+    /// one [`SendError::PeerDeparted`]; [`SendError::Busy`] means nothing was done yet (the
+    /// core polls and asks again), as it does for [`Transport::get`] and a blocking or
+    /// non-blocking [`Transport::atomic`].
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
         let _ = (dest, offset, data);
         Ok(false)
