@@ -535,11 +535,10 @@ impl<T: Transport> Node<T> {
         data: &[u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(dest, offset, data.len())?;
+        let mut idle = 0;
         loop {
             match self.transport.put(dest, offset, data) {
-                Err(crate::transport::SendError::Busy) => {
-                    self.poll()?;
-                }
+                Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
                 done => return done.map_err(|e| self.transport_failed(e)),
             }
         }
@@ -554,11 +553,10 @@ impl<T: Transport> Node<T> {
         dst: &mut [u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(src, offset, dst.len())?;
+        let mut idle = 0;
         loop {
             match self.transport.get(src, offset, dst) {
-                Err(crate::transport::SendError::Busy) => {
-                    self.poll()?;
-                }
+                Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
                 done => return done.map_err(|e| self.transport_failed(e)),
             }
         }
@@ -714,14 +712,13 @@ impl<T: Transport> Node<T> {
         self.ep.check_atomic(dest, offset, &atomic)?;
         self.apply_posted()?;
         if dest != self.ep.rank() {
+            let mut idle = 0;
             loop {
                 match self.transport.atomic(dest, offset, atomic) {
                     Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
                     Ok(None) => break,
                     // Nothing was applied: waited out as a put's busy device is.
-                    Err(crate::transport::SendError::Busy) => {
-                        self.poll()?;
-                    }
+                    Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
                     Err(e) => return Err(self.transport_failed(e)),
                 }
             }

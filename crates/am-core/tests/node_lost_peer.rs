@@ -1,6 +1,7 @@
 //! After the transport reports a peer lost (once), the core remembers it: requests to it fail
 //! at once, put/get in flight to it fail, quiesce and drop stop waiting for its replies, and
-//! the other peers work as before.
+//! the other peers work as before. Also what the NIC's own put, get and atomics report: a
+//! loss, recorded as a poll's would be, and a busy device, waited out.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -323,6 +324,107 @@ fn a_loss_found_by_a_put_marks_the_peer_lost() {
             assert_eq!(node.get(1, 0, 1).unwrap(), [5]);
         }
         // Nobody leaves before rank 0 is done (a departure would be reported first).
+        done.wait();
+        std::mem::forget(node);
+    });
+}
+
+/// Loopback whose NIC-side put, get and atomics report a busy device while `busy` counts
+/// down (as portals does while a word of the target's NI is corrupt), doing nothing then.
+struct BusyAtFirst<'a> {
+    inner: Loopback,
+    busy: &'a AtomicUsize,
+}
+
+impl BusyAtFirst<'_> {
+    fn busy(&self) -> bool {
+        self.busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl Tx for BusyAtFirst<'_> {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.inner.try_send(dest, msg)
+    }
+}
+
+impl Transport for BusyAtFirst<'_> {
+    fn name(&self) -> &'static str {
+        "busy-at-first"
+    }
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn segment(&self) -> am_core::SharedBytes<'_> {
+        self.inner.segment()
+    }
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        self.inner.poll_recv(f)
+    }
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        if self.busy() {
+            return Err(SendError::Busy);
+        }
+        self.inner.put(dest, offset, data)
+    }
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        if self.busy() {
+            return Err(SendError::Busy);
+        }
+        self.inner.get(src, offset, dst)
+    }
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        if self.busy() {
+            return Err(SendError::Busy);
+        }
+        self.inner.atomic(dest, offset, atomic)
+    }
+}
+
+/// A busy NIC is waited out: the blocking put, get and atomic succeed once it is free, each
+/// done once.
+#[test]
+fn a_busy_nic_is_waited_out() {
+    watchdog("a_busy_nic_is_waited_out", Duration::from_secs(60));
+    let done = std::sync::Barrier::new(2);
+    let busy = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+        let rank = t.rank() as usize;
+        let t = BusyAtFirst {
+            inner: t,
+            busy: &busy[rank],
+        };
+        let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+        if rank == 0 {
+            busy[0].store(3, Ordering::SeqCst);
+            node.put(1, 8, &[1, 2, 3]).unwrap();
+            busy[0].store(3, Ordering::SeqCst);
+            assert_eq!(node.get(1, 8, 3).unwrap(), [1, 2, 3]);
+            busy[0].store(3, Ordering::SeqCst);
+            assert_eq!(node.atomic(1, 16, AtomicOp::FetchAdd(5u64)), Ok(0));
+            assert_eq!(node.atomic(1, 16, AtomicOp::Load::<u64>), Ok(5));
+            assert_eq!(
+                busy[0].load(Ordering::SeqCst),
+                0,
+                "every busy answer was asked again"
+            );
+        }
         done.wait();
         std::mem::forget(node);
     });
