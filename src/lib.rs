@@ -218,7 +218,7 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.applies_atomics(dest))
     }
 
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         dispatch!(self, t => t.atomics(batch))
     }
 }

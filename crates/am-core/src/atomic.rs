@@ -239,19 +239,48 @@ fn refused(dest: crate::Rank, offset: usize, e: Refused) -> crate::SendError {
     crate::SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
 }
 
-/// Runs `apply` on every atomic of `batch`, in order, and returns the first error after
-/// trying them all (one lost target does not stop the others' atomics).
+/// What became of a batch of posted atomics ([`crate::Transport::atomics`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "atomics past `done` were not applied"]
+pub struct Batch {
+    /// How many of the batch, from its start, were dealt with: applied, or refused for
+    /// good. All of them, unless the device was busy ([`crate::SendError::Busy`]) for the
+    /// next one: that one and those after it were not tried, and nothing of them was done.
+    pub done: usize,
+    /// The first refusal among those dealt with, if any.
+    pub error: Option<crate::SendError>,
+}
+
+impl Batch {
+    /// All `n` dealt with; `result` says whether one was refused.
+    pub fn all(n: usize, result: Result<(), crate::SendError>) -> Batch {
+        Batch {
+            done: n,
+            error: result.err(),
+        }
+    }
+}
+
+/// Runs `apply` on every atomic of `batch`, in order: one refused for good does not stop
+/// the others (one lost target does not stop the others' atomics), a busy device does.
 pub fn each_posted(
     batch: &[Posted],
     mut apply: impl FnMut(&Posted) -> Result<(), crate::SendError>,
-) -> Result<(), crate::SendError> {
-    let mut first = Ok(());
-    for p in batch {
-        if let (Err(e), true) = (apply(p), first.is_ok()) {
-            first = Err(e);
+) -> Batch {
+    let mut error = None;
+    for (i, p) in batch.iter().enumerate() {
+        match apply(p) {
+            Ok(()) => {}
+            Err(crate::SendError::Busy) => return Batch { done: i, error },
+            Err(e) => {
+                error.get_or_insert(e);
+            }
         }
     }
-    first
+    Batch {
+        done: batch.len(),
+        error,
+    }
 }
 
 /// Why an atomic was not applied: nothing was read or written.
@@ -428,6 +457,40 @@ mod tests {
     use super::*;
     use am_shm::Segment;
     use proptest::prelude::*;
+
+    /// `each_posted` goes past a refusal but stops at a busy device, saying how far it got.
+    #[test]
+    fn each_posted_stops_at_busy_only() {
+        let batch: Vec<Posted> = (0..5)
+            .map(|i| Posted {
+                dest: i,
+                offset: 0,
+                atomic: Atomic::from(AtomicOp::FetchAdd(1u64)),
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let out = each_posted(&batch, |p| {
+            seen.push(p.dest);
+            match p.dest {
+                1 => Err(crate::SendError::PeerLost(1)),
+                3 => Err(crate::SendError::Busy),
+                _ => Ok(()),
+            }
+        });
+        assert_eq!(seen, [0, 1, 2, 3]);
+        assert_eq!(
+            out,
+            Batch {
+                done: 3,
+                error: Some(crate::SendError::PeerLost(1))
+            }
+        );
+        let out = each_posted(&batch, |p| match p.dest {
+            4 => Err(crate::SendError::PeerDeparted(4)),
+            _ => Ok(()),
+        });
+        assert_eq!(out, Batch::all(5, Err(crate::SendError::PeerDeparted(4))));
+    }
 
     /// A batch longer than one chunk, with a word out of bounds and a rank without a view
     /// in it: the others are applied in order (the compare-and-swap sees the store before

@@ -271,7 +271,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn applies_atomics(&self, dest: Rank) -> bool {
         self.inner.applies_atomics(dest)
     }
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
         self.inner.atomics(batch)
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

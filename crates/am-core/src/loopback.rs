@@ -521,8 +521,9 @@ impl Transport for Loopback {
         self.tx.peer_segment(dest).is_ok()
     }
 
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
-        crate::atomic::apply_batch(batch, |d| self.tx.peer_segment(d))
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
+        let applied = crate::atomic::apply_batch(batch, |d| self.tx.peer_segment(d));
+        crate::atomic::Batch::all(batch.len(), applied)
     }
 
     #[inline]

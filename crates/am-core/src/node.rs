@@ -781,9 +781,30 @@ impl<T: Transport> Node<T> {
     #[cold]
     #[inline(never)]
     fn apply_all_posted(&mut self) -> Result<(), AmError> {
-        let applied = self.transport.atomics(&self.posted);
-        self.posted.clear();
-        applied.map_err(|e| self.transport_failed(e))
+        let mut refused = None;
+        let mut idle = 0;
+        loop {
+            let batch = self.transport.atomics(&self.posted);
+            let done = batch.done.min(self.posted.len());
+            self.posted.drain(..done);
+            refused = refused.or(batch.error);
+            if self.posted.is_empty() {
+                break;
+            }
+            // The device was busy for the next one, which was not applied: it and the
+            // rest go again once it is free. What a poll finds first is reported, and they
+            // stay posted.
+            if let Err(e) = self.progress(&mut idle) {
+                if let Some(r) = refused {
+                    let _ = self.transport_failed(r);
+                }
+                return Err(e);
+            }
+        }
+        match refused {
+            Some(e) => Err(self.transport_failed(e)),
+            None => Ok(()),
+        }
     }
 
     /// A send-side error of an atomic the transport applies: recorded as a poll's would be

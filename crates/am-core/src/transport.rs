@@ -453,9 +453,10 @@ pub trait Transport: Tx {
     }
     /// Applies the non-fetching atomics of `batch` in order, each as [`Transport::atomic`]
     /// would (the default does just that). A NIC that reaches the words itself fetches them
-    /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). Every
-    /// one is tried; the first error is returned.
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> Result<(), SendError> {
+    /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). One
+    /// refused for good does not stop the others; a busy device stops the batch, and the
+    /// core polls and hands over the rest again ([`crate::atomic::Batch`]).
+    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
         crate::atomic::each_posted(batch, |p| {
             match self.atomic(p.dest, p.offset, p.atomic)? {
                 Some(_) => Ok(()),

@@ -1297,7 +1297,7 @@ impl Transport for Portals {
     /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of every word where
     /// the entry maps it (its start is the segment's, as set up): a hint, without walking the
     /// match list, which only the atomic itself does.
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         for p in batch {
             if let (Some(peer), Some(at)) = (
                 self.tx.peers.get(p.dest as usize),

@@ -880,8 +880,9 @@ impl Transport for Sci {
         self.peer_segment(dest).is_ok()
     }
 
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> Result<(), SendError> {
-        am_core::atomic::apply_batch(batch, |d| self.peer_segment(d))
+    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
+        let applied = am_core::atomic::apply_batch(batch, |d| self.peer_segment(d));
+        am_core::atomic::Batch::all(batch.len(), applied)
     }
 
     #[inline]
