@@ -525,8 +525,7 @@ impl<T: Transport> Node<T> {
     }
 
     /// The transport's own put ([`Transport::put`]), checked first: true once it is done,
-    /// false if the transport does not do puts. A busy device (a word of the target's NIC
-    /// that another peer left corrupt, which its owner repairs) is waited out, polling.
+    /// false if the transport does not do puts.
     #[inline]
     fn put_by_transport(
         &mut self,
@@ -535,13 +534,7 @@ impl<T: Transport> Node<T> {
         data: &[u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(dest, offset, data.len())?;
-        let mut idle = 0;
-        loop {
-            match self.transport.put(dest, offset, data) {
-                Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
-                done => return done.map_err(|e| self.transport_failed(e)),
-            }
-        }
+        self.by_nic(|t| t.put(dest, offset, data))
     }
 
     /// The transport's own get ([`Transport::get`]), as [`Node::put_by_transport`].
@@ -553,9 +546,21 @@ impl<T: Transport> Node<T> {
         dst: &mut [u8],
     ) -> Result<bool, AmError> {
         self.ep.check_rma(src, offset, dst.len())?;
+        self.by_nic(|t| t.get(src, offset, dst))
+    }
+
+    /// Runs an operation the NIC does on a peer's memory (put, get, atomic). A busy device
+    /// (a word of the target's NIC that another peer left corrupt, which its owner repairs;
+    /// nothing was done) is waited out with the node's progress steps; any other error is
+    /// recorded as a poll's would be ([`Node::transport_failed`]).
+    #[inline]
+    fn by_nic<R>(
+        &mut self,
+        mut op: impl FnMut(&mut T) -> Result<R, crate::transport::SendError>,
+    ) -> Result<R, AmError> {
         let mut idle = 0;
         loop {
-            match self.transport.get(src, offset, dst) {
+            match op(&mut self.transport) {
                 Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
                 done => return done.map_err(|e| self.transport_failed(e)),
             }
@@ -712,15 +717,8 @@ impl<T: Transport> Node<T> {
         self.ep.check_atomic(dest, offset, &atomic)?;
         self.apply_posted()?;
         if dest != self.ep.rank() {
-            let mut idle = 0;
-            loop {
-                match self.transport.atomic(dest, offset, atomic) {
-                    Ok(Some(old)) => return Ok(AtomicHandle::applied(old)),
-                    Ok(None) => break,
-                    // Nothing was applied: waited out as a put's busy device is.
-                    Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
-                    Err(e) => return Err(self.transport_failed(e)),
-                }
+            if let Some(old) = self.by_nic(|t| t.atomic(dest, offset, atomic))? {
+                return Ok(AtomicHandle::applied(old));
             }
         }
         let h = self
