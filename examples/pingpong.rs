@@ -39,7 +39,7 @@ use std::time::Instant;
 
 use amnet::{
     AmKind, AnyTransport, AtomicOp, Config, HandlerId, Handlers, JobOptions, Node, Rank, Transport,
-    TransportKind, WaitMode,
+    TransportKind,
 };
 use clap::Parser;
 use crossbeam_utils::CachePadded;
@@ -419,24 +419,17 @@ fn measure<T: Transport>(
     })
 }
 
-/// The node's configuration: `AM_CREDITS` / `AM_WAIT` when set; otherwise ranks that outnumber
-/// the cores block rather than spin.
-fn config(ranks: u32) -> anyhow::Result<Config> {
-    let mut config = Config::from_env()?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if std::env::var_os("AM_WAIT").is_none() && ranks as usize > cores {
-        config.wait_mode = WaitMode::Block;
-    }
-    Ok(config)
-}
-
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "pingpong needs at least 2 ranks");
     let name = transport.name();
     let kind_of_transport: TransportKind = name.parse()?;
     let pongs = Rc::new(Cell::new(0u64));
     let size = transport.size();
-    let mut node = Node::new(transport, handlers(&pongs)?, config(size)?)?;
+    let mut node = Node::new(
+        transport,
+        handlers(&pongs)?,
+        Config::from_env_for_ranks(size)?,
+    )?;
     let me = node.rank();
     let limits = node.limits();
     let seg = node.segment().len();

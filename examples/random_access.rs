@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use amnet::{
     AmKind, AnyTransport, AtomicOp, Config, HandlerId, Handlers, JobOptions, Node, SharedBytes,
-    Transport, TransportKind, WaitMode,
+    Transport, TransportKind,
 };
 use clap::{Parser, ValueEnum};
 
@@ -502,17 +502,6 @@ fn count_errors(node: &Node<AnyTransport>, lay: &Layout) -> u64 {
         .count() as u64
 }
 
-/// The node's configuration: `AM_CREDITS` / `AM_WAIT` when set; otherwise ranks that outnumber
-/// the cores block rather than spin.
-fn config(ranks: u32) -> anyhow::Result<Config> {
-    let mut config = Config::from_env()?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if std::env::var_os("AM_WAIT").is_none() && ranks as usize > cores {
-        config.wait_mode = WaitMode::Block;
-    }
-    Ok(config)
-}
-
 /// Bytes in binary units.
 fn human(bytes: u64) -> String {
     match bytes {
@@ -540,7 +529,11 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         transport.segment().len()
     );
     let counters = Rc::new(Counters::default());
-    let mut node = Node::new(transport, handlers(lay, me, &counters)?, config(size)?)?;
+    let mut node = Node::new(
+        transport,
+        handlers(lay, me, &counters)?,
+        Config::from_env_for_ranks(size)?,
+    )?;
     let talk = me == 0;
 
     init_table(&mut node, &lay);

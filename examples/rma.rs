@@ -23,7 +23,7 @@
 
 use std::time::Instant;
 
-use amnet::{AnyTransport, Config, Handlers, JobOptions, Node, Transport, TransportKind, WaitMode};
+use amnet::{AnyTransport, Config, Handlers, JobOptions, Node, Transport, TransportKind};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -126,11 +126,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "rma needs at least 2 ranks");
     let name = transport.name();
     let kind: TransportKind = name.parse()?;
-    let mut config = Config::from_env()?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if std::env::var_os("AM_WAIT").is_none() && transport.size() as usize > cores {
-        config.wait_mode = WaitMode::Block;
-    }
+    let config = Config::from_env_for_ranks(transport.size())?;
     let mut node = Node::new(transport, Handlers::new(), config)?;
     let me = node.rank();
     let seg = node.segment().len();

@@ -89,6 +89,18 @@ impl Config {
         }
         Ok(c)
     }
+
+    /// [`Config::from_env`] for a job of `ranks` ranks on this machine: where `AM_WAIT` is not
+    /// set and the ranks outnumber the cores, they block rather than spin (a spinning rank
+    /// would keep a descheduled one from the core it waits for).
+    pub fn from_env_for_ranks(ranks: u32) -> Result<Config, ConfigError> {
+        let mut c = Config::from_env()?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if std::env::var_os("AM_WAIT").is_none() && ranks as usize > cores {
+            c.wait_mode = WaitMode::Block;
+        }
+        Ok(c)
+    }
 }
 
 /// Parses a byte size such as `4096`, `64K`, `16M` or `1G` (binary multiples), as accepted by
@@ -119,6 +131,19 @@ pub fn segment_size_from_env(default: usize) -> Result<usize, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More ranks than cores block; a job that fits keeps the default. (`AM_WAIT` set in the
+    /// environment decides instead, as it should: nothing to check then.)
+    #[test]
+    fn ranks_beyond_the_cores_block() {
+        if std::env::var_os("AM_WAIT").is_some() || std::env::var_os("AM_CREDITS").is_some() {
+            return;
+        }
+        let crowded = Config::from_env_for_ranks(u32::MAX).unwrap();
+        assert_eq!(crowded.wait_mode, WaitMode::Block);
+        let fits = Config::from_env_for_ranks(1).unwrap();
+        assert_eq!(fits.wait_mode, Config::default().wait_mode);
+    }
 
     #[test]
     fn sizes_parse() {
