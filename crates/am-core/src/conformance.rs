@@ -553,6 +553,29 @@ pub fn no_reply_returns_credit<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
     });
 }
 
+/// Set by a rank once it is done, or has panicked (when the guard of [`DoneFlag::guard`] is
+/// dropped), for a rank that must not poll meanwhile: it waits for the flag, not its node.
+#[derive(Default)]
+struct DoneFlag(std::sync::atomic::AtomicBool);
+
+impl DoneFlag {
+    fn guard(&self) -> impl Drop + '_ {
+        struct Guard<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        Guard(&self.0)
+    }
+
+    fn wait(&self) {
+        while !self.0.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// Put and get, blocking and not, to peers and to self, across chunk boundaries.
 pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     run_watched("put_get", make(3, SEGMENT), |t| {
@@ -681,7 +704,7 @@ pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
 /// and gets from it, blocking and not, and each put is remotely complete at its first test.
 pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const HALF: usize = SEGMENT / 2;
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = DoneFlag::default();
     run_watched("rma_needs_no_target_progress", make(2, SEGMENT), |t| {
         let (mut node, _seen) = start(t, 4);
         if node.rank() == 1 {
@@ -692,20 +715,12 @@ pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usiz
         node.barrier().expect("barrier");
         if node.rank() == 1 {
             // Not a poll until rank 0 is done (or gave up).
-            while !done.load(Ordering::Acquire) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            done.wait();
             let mut got = vec![0u8; HALF];
             node.segment().read(0, &mut got).expect("read");
             assert!(got == pattern(HALF, 3), "rank 0's puts");
         } else {
-            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
-            impl Drop for Done<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, Ordering::Release);
-                }
-            }
-            let _done = Done(&done);
+            let _done = done.guard();
             // Non-blocking first: a transport that did not do them itself fails here at once
             // instead of waiting on a rank that does not poll.
             let h = node.put_nb(1, 0, &pattern(HALF, 2)).expect("put_nb");
@@ -1094,15 +1109,13 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
 /// blocking and non-blocking, and every one is complete when made. Then a posted store from
 /// rank 0 reaches rank 1 while rank 0 only waits for what rank 1 does about it.
 pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = DoneFlag::default();
     run_watched("atomics_need_no_target_progress", make(2, SEGMENT), |t| {
         let (mut node, seen) = start(t, 4);
         node.barrier().expect("barrier");
         if node.rank() == 1 {
             // Not a poll until rank 0 is done (or gave up).
-            while !done.load(Ordering::Acquire) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            done.wait();
             assert_eq!(node.segment().load_u64(64).expect("load"), 1000);
             // Now polling: rank 0's posted store shows up while it only waits for our
             // request (a posted atomic left queued would deadlock this).
@@ -1112,13 +1125,7 @@ pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, u
             node.request_short(0, REQ_SHORT, &[]).expect("request");
             wait_replies(&mut node, &seen, 1);
         } else {
-            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
-            impl Drop for Done<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, Ordering::Release);
-                }
-            }
-            let _done = Done(&done);
+            let _done = done.guard();
             for k in 0..1000u64 {
                 let h = node
                     .atomic_nb(1, 64, crate::AtomicOp::FetchAdd(1u64))
@@ -1206,5 +1213,18 @@ macro_rules! conformance_tests {
                 $crate::conformance::$name(&$make);
             }
         )*
+    };
+}
+
+/// Instantiates, as [`conformance_tests!`] does, the cases for transports that put, get and
+/// apply atomics on the target's memory themselves ([`Transport::put`], [`Transport::get`],
+/// [`Transport::atomic`]: the shared-memory NICs and loopback): the target never polls while
+/// they complete, and a departed target is refused by the NIC.
+#[macro_export]
+macro_rules! nic_rma_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@ $make;
+            atomics_need_no_target_progress, rma_needs_no_target_progress,
+            rma_to_a_departed_rank_is_refused);
     };
 }

@@ -33,22 +33,9 @@ mod tiny_device {
     am_core::conformance_tests!(super::tiny);
 }
 
-#[test]
-fn atomics_need_no_target_progress() {
-    am_core::conformance::atomics_need_no_target_progress(&roomy);
-}
-
-/// Puts and gets are the NIC's: the target does not poll while they complete.
-#[test]
-fn rma_needs_no_target_progress() {
-    am_core::conformance::rma_needs_no_target_progress(&roomy);
-}
-
-/// A departed rank's memory is refused by the NIC itself.
-#[test]
-fn rma_to_a_departed_rank_is_refused() {
-    am_core::conformance::rma_to_a_departed_rank_is_refused(&roomy);
-}
+// Loopback's atomics, puts and gets are copies into the target's memory: the target does
+// not poll while they complete, and a departed one is refused.
+am_core::nic_rma_tests!(roomy);
 
 /// Loopback without its own atomics, puts and gets: the suite's atomic and RMA cases then
 /// run the core's system-message path (the one UDP takes), against a target that serves

@@ -14,23 +14,9 @@ fn cluster(ranks: u32, segment_size: usize) -> Vec<Extoll> {
 
 am_core::conformance_tests!(cluster);
 
-/// Atomics are the NIC's: the target does not poll while they complete.
-#[test]
-fn atomics_need_no_target_progress() {
-    am_core::conformance::atomics_need_no_target_progress(&cluster);
-}
-
-/// Puts and gets are the NIC's: the target does not poll while they complete.
-#[test]
-fn rma_needs_no_target_progress() {
-    am_core::conformance::rma_needs_no_target_progress(&cluster);
-}
-
-/// A departed rank's memory is refused by the NIC itself.
-#[test]
-fn rma_to_a_departed_rank_is_refused() {
-    am_core::conformance::rma_to_a_departed_rank_is_refused(&cluster);
-}
+// Atomics, puts and gets are the NIC's: the target does not poll while they complete, and
+// a departed one is refused.
+am_core::nic_rma_tests!(cluster);
 
 mod velo_128 {
     //! Every Medium over VELO, in 128-byte packets.

@@ -8,23 +8,9 @@ fn cluster(ranks: u32, segment_size: usize) -> Vec<portals_sim::Portals> {
 
 am_core::conformance_tests!(cluster);
 
-/// Atomics are the NIC's: the target does not poll while they complete.
-#[test]
-fn atomics_need_no_target_progress() {
-    am_core::conformance::atomics_need_no_target_progress(&cluster);
-}
-
-/// Puts and gets are the NIC's: the target does not poll while they complete.
-#[test]
-fn rma_needs_no_target_progress() {
-    am_core::conformance::rma_needs_no_target_progress(&cluster);
-}
-
-/// A departed rank's memory is refused by the NIC itself.
-#[test]
-fn rma_to_a_departed_rank_is_refused() {
-    am_core::conformance::rma_to_a_departed_rank_is_refused(&cluster);
-}
+// Atomics, puts and gets are the NIC's: the target does not poll while they complete, and
+// a departed one is refused.
+am_core::nic_rma_tests!(cluster);
 
 mod dynamic {
     //! Receive buffers sized for dynamic credits (the suite's nodes use static ones, so the
