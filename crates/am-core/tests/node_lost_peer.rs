@@ -241,21 +241,40 @@ fn a_loss_found_while_waiting_counts_too() {
     });
 }
 
-/// Loopback whose NIC-side put and get find `VICTIM` lost (as a shared-memory NIC does once
-/// its liveness check failed), before any poll reports it.
-struct NicLoses {
+/// Loopback whose NIC-side put, get and atomics first answer what a shared-memory NIC may:
+/// `PeerLost` toward `VICTIM` once its liveness check failed, before any poll reports it
+/// (`victim_lost`), and `Busy` while `busy` counts down, doing nothing then (as portals does
+/// while a word of the target's NI is corrupt).
+struct NicSays<'a> {
     inner: Loopback,
+    victim_lost: bool,
+    busy: &'a AtomicUsize,
 }
 
-impl Tx for NicLoses {
+impl NicSays<'_> {
+    fn first(&self, peer: Rank) -> Result<(), SendError> {
+        if self.victim_lost && peer == VICTIM {
+            return Err(SendError::PeerLost(VICTIM));
+        }
+        let busy = self
+            .busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1));
+        match busy {
+            Ok(_) => Err(SendError::Busy),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl Tx for NicSays<'_> {
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         self.inner.try_send(dest, msg)
     }
 }
 
-impl Transport for NicLoses {
+impl Transport for NicSays<'_> {
     fn name(&self) -> &'static str {
-        "nic-loses"
+        "nic-says"
     }
     fn rank(&self) -> Rank {
         self.inner.rank()
@@ -276,16 +295,25 @@ impl Transport for NicLoses {
         self.inner.poll_recv(f)
     }
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
-        if dest == VICTIM {
-            return Err(SendError::PeerLost(VICTIM));
-        }
+        self.first(dest)?;
         self.inner.put(dest, offset, data)
     }
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
-        if src == VICTIM {
-            return Err(SendError::PeerLost(VICTIM));
-        }
+        self.first(src)?;
         self.inner.get(src, offset, dst)
+    }
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        self.first(dest)?;
+        self.inner.atomic(dest, offset, atomic)
+    }
+    // Posted atomics go through the default batch, one `atomic` each.
+    fn applies_atomics(&self, dest: Rank) -> bool {
+        self.inner.applies_atomics(dest)
     }
 }
 
@@ -297,6 +325,7 @@ fn a_loss_found_by_a_put_marks_the_peer_lost() {
         "a_loss_found_by_a_put_marks_the_peer_lost",
         Duration::from_secs(60),
     );
+    let not_busy = AtomicUsize::new(0);
     let done = RankZeroDone::default();
     run_ranks(Loopback::cluster(3, LoopbackConfig::default()), |t| {
         let mut handlers = Handlers::new();
@@ -306,7 +335,12 @@ fn a_loss_found_by_a_put_marks_the_peer_lost() {
             })
             .unwrap();
         handlers.reply(REP, "rep", AmKind::Short, |_| {}).unwrap();
-        let mut node = Node::new(NicLoses { inner: t }, handlers, Config::default()).unwrap();
+        let t = NicSays {
+            inner: t,
+            victim_lost: true,
+            busy: &not_busy,
+        };
+        let mut node = Node::new(t, handlers, Config::default()).unwrap();
         if node.rank() == 0 {
             let _done = done.guard();
             assert_eq!(node.put(VICTIM, 0, &[1]), Err(AmError::PeerLost(VICTIM)));
@@ -330,78 +364,6 @@ fn a_loss_found_by_a_put_marks_the_peer_lost() {
     });
 }
 
-/// Loopback whose NIC-side put, get and atomics report a busy device while `busy` counts
-/// down (as portals does while a word of the target's NI is corrupt), doing nothing then.
-struct BusyAtFirst<'a> {
-    inner: Loopback,
-    busy: &'a AtomicUsize,
-}
-
-impl BusyAtFirst<'_> {
-    fn busy(&self) -> bool {
-        self.busy
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
-            .is_ok()
-    }
-}
-
-impl Tx for BusyAtFirst<'_> {
-    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        self.inner.try_send(dest, msg)
-    }
-}
-
-impl Transport for BusyAtFirst<'_> {
-    fn name(&self) -> &'static str {
-        "busy-at-first"
-    }
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn segment(&self) -> am_core::SharedBytes<'_> {
-        self.inner.segment()
-    }
-    fn poll_recv<R>(
-        &mut self,
-        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
-    ) -> Result<Option<R>, TransportError> {
-        self.inner.poll_recv(f)
-    }
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
-        if self.busy() {
-            return Err(SendError::Busy);
-        }
-        self.inner.put(dest, offset, data)
-    }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
-        if self.busy() {
-            return Err(SendError::Busy);
-        }
-        self.inner.get(src, offset, dst)
-    }
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
-        if self.busy() {
-            return Err(SendError::Busy);
-        }
-        self.inner.atomic(dest, offset, atomic)
-    }
-    // Posted atomics go through the default batch, one `atomic` each.
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.inner.applies_atomics(dest)
-    }
-}
-
 /// A busy NIC is waited out: the blocking put, get and atomic succeed once it is free, each
 /// done once.
 #[test]
@@ -411,8 +373,9 @@ fn a_busy_nic_is_waited_out() {
     let busy = [AtomicUsize::new(0), AtomicUsize::new(0)];
     run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
         let rank = t.rank() as usize;
-        let t = BusyAtFirst {
+        let t = NicSays {
             inner: t,
+            victim_lost: false,
             busy: &busy[rank],
         };
         let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
