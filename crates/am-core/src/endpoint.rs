@@ -1183,15 +1183,14 @@ impl Endpoint {
         offset: usize,
         data: &[u8],
     ) -> Result<PutHandle, AmError> {
-        self.start_op(dest, offset, data.len())?;
-        let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
+        self.check_rma(dest, offset, data.len())?;
         if dest == self.rank {
-            self.ops[index as usize].sent = data.len();
-            if segment.write(offset, data).is_err() {
-                let _ = self.finish_op(index);
-                return Err(self.out_of_bounds(offset as u64, data.len() as u64));
-            }
+            segment
+                .write(offset, data)
+                .map_err(|_| self.out_of_bounds(offset as u64, data.len() as u64))?;
+            return Ok(self.put_placed(dest, offset, data.len()));
         }
+        let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
         Ok(PutHandle { index, gen })
     }
 
@@ -1217,17 +1216,15 @@ impl Endpoint {
         offset: usize,
         len: usize,
     ) -> Result<GetHandle, AmError> {
-        self.start_op(src, offset, len)?;
+        self.check_rma(src, offset, len)?;
         let mut data = vec![0; len];
         if src == self.rank {
             segment
                 .read(offset, &mut data)
                 .map_err(|_| self.out_of_bounds(offset as u64, len as u64))?;
+            return Ok(self.get_fetched(src, offset, data));
         }
         let (index, gen) = self.alloc_op(src, offset, len, data);
-        if src == self.rank {
-            self.ops[index as usize].sent = len;
-        }
         Ok(GetHandle { index, gen })
     }
 
@@ -1243,7 +1240,12 @@ impl Endpoint {
     /// Checks a put or get of `len` bytes at `offset` of `peer`'s segment before anything is
     /// done: the rank, the range inside the segment, and `peer` not gone.
     pub fn check_rma(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
-        self.start_op(peer, offset, len)
+        self.check_rank(peer)?;
+        self.check_segment(offset as u64, len as u64)?;
+        match self.waiting_for(peer) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(()),
+        }
     }
 
     /// The handle of a put the transport has already placed in `dest`'s segment
@@ -1384,15 +1386,6 @@ impl Endpoint {
                     })
                 })
             }
-        }
-    }
-
-    fn start_op(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
-        self.check_rank(peer)?;
-        self.check_segment(offset as u64, len as u64)?;
-        match self.waiting_for(peer) {
-            Poll::Ready(e) => Err(e),
-            Poll::Pending => Ok(()),
         }
     }
 

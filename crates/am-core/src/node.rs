@@ -575,9 +575,10 @@ impl<T: Transport> Node<T> {
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
         self.apply_posted()?;
         if src != self.ep.rank() {
+            // Checked before the bytes are allocated.
             self.ep.check_rma(src, offset, len)?;
             let mut data = vec![0; len];
-            if self.get_by_transport(src, offset, &mut data)? {
+            if self.by_nic(|t| t.get(src, offset, &mut data))? {
                 return Ok(self.ep.get_fetched(src, offset, data));
             }
         }
