@@ -1712,8 +1712,8 @@ impl Transport for Extoll {
     /// An immediate RMA put (the doorbell carries the source, as an AM Long's payload goes;
     /// see the `rma` module): in this model the engine's transfer is the copy into the target's
     /// registered segment made on this rank's thread, so the put is complete when this
-    /// returns. No notification: the
-    /// requester's would say only that, and the target was not asked to hear of it.
+    /// returns. No notification: the requester's would say only that, and the target was
+    /// not asked to hear of it.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
         am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
     }

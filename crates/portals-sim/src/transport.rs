@@ -356,19 +356,6 @@ fn ni_fault(e: NiError) -> TransportError {
 }
 
 impl TxState {
-    /// `dest` as an index, if it names a rank not known lost (the NIC-side operations:
-    /// put, get, atomics).
-    fn usable(&self, dest: Rank) -> Result<usize, SendError> {
-        let d = dest as usize;
-        if d >= self.peers.len() {
-            return Err(SendError::InvalidRank(dest));
-        }
-        if self.lost[d] {
-            return Err(SendError::PeerLost(dest));
-        }
-        Ok(d)
-    }
-
     fn nic(&self, dest: usize) -> Nic<'_> {
         let p = &self.peers[dest];
         Nic::new(&p.seg, &p.imp, &self.layout.ni)
@@ -681,7 +668,13 @@ impl Portals {
     /// atomics): a rank of the job, not known lost, and not departed (its departed word in
     /// our NI memory is set).
     fn reachable(&self, dest: Rank) -> Result<usize, SendError> {
-        let d = self.tx.usable(dest)?;
+        let d = dest as usize;
+        if d >= self.tx.peers.len() {
+            return Err(SendError::InvalidRank(dest));
+        }
+        if self.tx.lost[d] {
+            return Err(SendError::PeerLost(dest));
+        }
         let departed = self.tx.layout.ni.departed(d);
         if d != self.tx.rank as usize && self.own.load_word(departed).unwrap_or(0) != 0 {
             return Err(SendError::PeerDeparted(dest));
