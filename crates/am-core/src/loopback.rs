@@ -227,7 +227,10 @@ impl Tx for LoopbackTx {
         }
         let data = at + RECORD_HEADER;
         match (msg.long_offset, msg.payload) {
-            (Some(_), _) => to.inbox_w.write_padded(data, &[msg.head]),
+            // A Short, or a Long's head: a few words, stored without gathering parts.
+            (Some(_), _) | (None, Payload::Private([])) => {
+                to.inbox_w.write_words_padded(data, &[], msg.head)
+            }
             (None, Payload::Private(p)) => to.inbox_w.write_padded(data, &[msg.head, p]),
             (None, Payload::Shared(s)) => to.inbox_w.write_padded_then(data, &[msg.head], s),
         }

@@ -782,11 +782,37 @@ impl Mapping {
     /// `at % 8 == 0` and `at + round_to_words(total) <= self.len()`.
     #[inline]
     pub(crate) unsafe fn store_padded(&self, at: usize, parts: &[&[u8]]) -> usize {
+        if let [one] | [one, []] = *parts {
+            // One part (a message head): its words go straight, with nothing to gather.
+            // SAFETY: the contract of this function.
+            return unsafe { self.store_one_padded(at, one) };
+        }
         // SAFETY: the contract of this function.
         let (a, acc, fill) = unsafe { self.gather(at, parts, 0, 0) };
         // SAFETY: as above.
         let end = unsafe { self.flush(a, acc, fill) };
         end - at
+    }
+
+    /// [`store_padded`](Self::store_padded) of one part: its whole words, then the rest
+    /// zero-padded.
+    ///
+    /// # Safety
+    /// As [`store_padded`](Self::store_padded).
+    #[inline(always)]
+    unsafe fn store_one_padded(&self, at: usize, bytes: &[u8]) -> usize {
+        let whole = bytes.len() / WORD * WORD;
+        // SAFETY: `[at, at + whole)` is within the padded length (contract).
+        unsafe { self.store_words(at, &bytes[..whole]) };
+        let rest = &bytes[whole..];
+        if rest.is_empty() {
+            return whole;
+        }
+        let mut last = [0u8; WORD];
+        last[..rest.len()].copy_from_slice(rest);
+        // SAFETY: the padded last word ends the padded length (contract).
+        unsafe { self.word64(at + whole) }.store(u64::from_ne_bytes(last), Ordering::Relaxed);
+        whole + WORD
     }
 
     /// [`store_padded`](Self::store_padded) of `parts` followed by bytes `[from, from + n)`

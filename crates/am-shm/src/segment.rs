@@ -218,6 +218,53 @@ impl View {
         Ok(unsafe { self.map.store_padded(self.words + off, parts) })
     }
 
+    /// Stores `words` at 8-aligned byte `off` of the byte area, then `bytes` as whole words
+    /// with the last one zero-padded (see [`Imported::write_words_padded`]).
+    #[inline]
+    fn write_words_padded(
+        &self,
+        off: usize,
+        words: &[u64],
+        bytes: &[u8],
+    ) -> Result<usize, ShmError> {
+        let padded = round_to_words(bytes.len())
+            .and_then(|b| words.len().checked_mul(WORD).and_then(|w| w.checked_add(b)));
+        let fits = padded
+            .and_then(|p| off.checked_add(p))
+            .is_some_and(|end| end <= round_to_words(self.bytes).unwrap_or(0));
+        if !off.is_multiple_of(WORD) || !fits {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len: padded.unwrap_or(usize::MAX),
+                area: self.bytes,
+            });
+        }
+        let mut a = self.words + off;
+        let mut store = |w: u64| {
+            // SAFETY: `a` is 8-aligned and below the end of the padded run, which lies within
+            // the byte area rounded up to words (checked above), which the mapping covers
+            // (`Sizes`); the byte area is accessed only through 64-bit atomics on this grid.
+            unsafe { self.map.word64(a) }.store(w, Ordering::Relaxed);
+            a += WORD;
+        };
+        for &w in words {
+            store(w);
+        }
+        let mut chunks = bytes.chunks_exact(WORD);
+        for c in chunks.by_ref() {
+            store(u64::from_ne_bytes([
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+            ]));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; WORD];
+            last[..rest.len()].copy_from_slice(rest);
+            store(u64::from_ne_bytes(last));
+        }
+        Ok(padded.unwrap_or(0))
+    }
+
     /// [`write_padded`](Self::write_padded) of `parts` followed by the shared bytes `tail`,
     /// which move straight from their mapping (see [`Imported::write_padded_then`]).
     fn write_padded_then(
@@ -791,6 +838,20 @@ impl Imported {
         self.view.write_padded(off, parts)
     }
 
+    /// [`write_padded`](Self::write_padded) of a few words: `words` (stored as they are, each
+    /// as one atomic store, so its bytes land in this machine's byte order) and then `bytes`,
+    /// the last word zero-padded; returns the bytes written. For a slot header and a message
+    /// head: no gathering of parts, one bounds check.
+    #[inline]
+    pub fn write_words_padded(
+        &self,
+        off: usize,
+        words: &[u64],
+        bytes: &[u8],
+    ) -> Result<usize, ShmError> {
+        self.view.write_words_padded(off, words, bytes)
+    }
+
     /// [`write_padded`](Self::write_padded) of `parts` followed by the shared bytes `tail`
     /// (a received payload being echoed or forwarded): the tail moves straight from its
     /// mapping into this one, with no private copy in between.
@@ -888,6 +949,65 @@ mod tests {
         let odd = Segment::heap(0, 13).unwrap();
         assert_eq!(odd.import().write_padded(8, &[b"12345"]).unwrap(), 8);
         assert!(odd.import().write_padded(8, &[b"123456789"]).is_err());
+    }
+
+    /// A message in one part (a head), or in one and an empty one, takes the path that stores
+    /// its words straight: every length lands whole, padded with zeros, nothing after it
+    /// touched; and words then bytes land in that order.
+    #[test]
+    fn one_part_and_word_writes_land_whole_and_padded() {
+        let seg = Segment::heap(0, 256).unwrap();
+        let imp = seg.import();
+        for total in 0..=80usize {
+            let msg: Vec<u8> = (0..total).map(|i| (i * 13 + 1) as u8).collect();
+            let padded = total.div_ceil(8) * 8;
+            let words = [0x0102_0304_0506_0708u64, u64::MAX - 5];
+            for how in 0..4 {
+                seg.byte_area().fill(0, 256, 0xEE).unwrap();
+                let (n, lead) = match how {
+                    0 => (imp.write_padded(16, &[&msg]).unwrap(), 0),
+                    1 => (imp.write_padded(16, &[&msg, &[]]).unwrap(), 0),
+                    2 => (imp.write_words_padded(16, &[], &msg).unwrap(), 0),
+                    _ => (imp.write_words_padded(16, &words, &msg).unwrap(), 16),
+                };
+                assert_eq!(n, lead + padded, "{total} bytes, way {how}");
+                let all = seg.byte_area().to_vec();
+                for (k, w) in words.iter().enumerate().take(lead / 8) {
+                    assert_eq!(all[16 + 8 * k..24 + 8 * k], w.to_ne_bytes(), "word {k}");
+                }
+                let at = 16 + lead;
+                assert_eq!(&all[at..at + total], &msg[..], "{total} bytes, way {how}");
+                assert!(all[at + total..at + padded].iter().all(|&b| b == 0), "pad");
+                assert!(
+                    all[..16]
+                        .iter()
+                        .chain(&all[at + padded..])
+                        .all(|&b| b == 0xEE),
+                    "{total} bytes, way {how}: nothing else touched"
+                );
+            }
+        }
+        assert!(imp.write_words_padded(4, &[1], &[]).is_err(), "misaligned");
+        assert!(
+            imp.write_words_padded(248, &[1], b"x").is_err(),
+            "past the end"
+        );
+        assert!(
+            imp.write_words_padded(256, &[], b"").is_ok(),
+            "nothing, at the end"
+        );
+        assert!(
+            imp.write_words_padded(0, &[0; 33], &[]).is_err(),
+            "too many words"
+        );
+        // A byte area that is not whole words: its last word is still the segment's own.
+        let odd = Segment::heap(0, 13).unwrap();
+        assert_eq!(
+            odd.import().write_words_padded(8, &[], b"12345").unwrap(),
+            8
+        );
+        assert!(odd.import().write_words_padded(8, &[7], b"").is_ok());
+        assert!(odd.import().write_words_padded(8, &[7], b"1").is_err());
     }
 
     /// Every split of a message into parts, short or longer than a line or the gather

@@ -89,9 +89,10 @@ impl Slots {
         let mut hdr = [0u8; SLOT_HEADER - LEN_AT];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&flags.to_le_bytes());
+        let hdr_word = u64::from_ne_bytes(hdr);
         match *parts {
-            [] => to.write_padded(base + LEN_AT, &[&hdr]),
-            [a] => to.write_padded(base + LEN_AT, &[&hdr, a]),
+            [] => to.write_words_padded(base + LEN_AT, &[hdr_word], &[]),
+            [a] => to.write_words_padded(base + LEN_AT, &[hdr_word], a),
             [a, b] => to.write_padded(base + LEN_AT, &[&hdr, a, b]),
             _ => {
                 let mut all = Vec::with_capacity(parts.len() + 1);

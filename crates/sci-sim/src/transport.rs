@@ -226,6 +226,8 @@ fn write_slot(
     hdr[4..].copy_from_slice(&flags.to_le_bytes());
     let at = base + SLOT_HEADER - hdr.len();
     match payload {
+        // A Short (or a Long's head): a few words, stored without gathering parts.
+        Payload::Private([]) => to.write_words_padded(at, &[u64::from_ne_bytes(hdr)], head)?,
         Payload::Private(p) => to.write_padded(at, &[&hdr, head, p])?,
         // An echoed payload: straight from the receive slot into the peer's (one pass).
         Payload::Shared(s) => to.write_padded_then(at, &[&hdr, head], s)?,
