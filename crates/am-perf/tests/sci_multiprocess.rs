@@ -35,6 +35,13 @@ fn seed_geometry_two_slots_dma_and_one_copy() {
     assert_eq!(job(3, &["alltoall", "10"], &env), 0);
 }
 
+/// Without `SCI_SLOTS` the slots follow `AM_CREDITS`: 64 credits per peer, which the
+/// default 32 slots would refuse at start-up, start and flow.
+#[test]
+fn slots_follow_the_credits_when_not_set() {
+    assert_eq!(job(3, &["alltoall", "10"], &[("AM_CREDITS", "64")]), 0);
+}
+
 #[test]
 fn killed_rank_is_noticed_within_a_second() {
     let dir = fresh_dir("sci-kill");

@@ -102,7 +102,8 @@ pub enum MediumStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SciConfig {
     /// Request slots per sender (and as many reply slots); also the most credits per peer.
-    /// 1..=64. The seed uses 2; the default is 8, the core's default credits.
+    /// 1..=64. The seed uses 2; the default is 32, the core's default credits
+    /// ([`SciConfig::from_env`] follows `AM_CREDITS` when `SCI_SLOTS` is not set).
     pub slots: usize,
     /// Bytes per slot, including the 8-byte slot header and the AM header (the seed's 1 KiB,
     /// which gives a Medium payload of up to 944 bytes).
@@ -124,7 +125,7 @@ pub struct SciConfig {
 impl Default for SciConfig {
     fn default() -> Self {
         SciConfig {
-            slots: 8,
+            slots: 32,
             slot_size: 1024,
             dma_threshold: usize::MAX,
             max_long: 1 << 20,
@@ -136,6 +137,8 @@ impl Default for SciConfig {
 impl SciConfig {
     /// Reads `SCI_SLOTS`, `SCI_SLOT_SIZE`, `SCI_DMA_THRESHOLD` (bytes, or `off`),
     /// `SCI_MAX_LONG` and `SCI_MEDIUM` (`two-transfers` or `one-copy`) over the defaults.
+    /// Without `SCI_SLOTS`, there is a slot for each credit the core may give a peer
+    /// (`AM_CREDITS`), at most 64, so that any credit setting the slots allow just works.
     pub fn from_env() -> Result<SciConfig, SciError> {
         let mut c = SciConfig::default();
         let num = |k: &str| -> Result<Option<usize>, SciError> {
@@ -148,8 +151,13 @@ impl SciConfig {
                 Err(_) => Ok(None),
             }
         };
-        if let Some(v) = num("SCI_SLOTS")? {
-            c.slots = v;
+        match num("SCI_SLOTS")? {
+            Some(v) => c.slots = v,
+            None => {
+                if let Ok(core) = am_core::Config::from_env() {
+                    c.slots = (core.credits.max_per_peer() as usize).clamp(1, 64);
+                }
+            }
         }
         if let Some(v) = num("SCI_SLOT_SIZE")? {
             c.slot_size = v;

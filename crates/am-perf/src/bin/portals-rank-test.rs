@@ -22,7 +22,7 @@
 //!   Short if SIZE is 0, else Medium of SIZE bytes) five times and prints the median rate;
 //!   run it under `AM_CREDITS=8` and `AM_CREDITS=dynamic` for the hot-pair comparison.
 //! - `portals-rank-test memory`: no job; prints the receive memory per rank for 16, 256 and
-//!   1024 ranks under static (`AM_CREDITS`, default 8) and dynamic credits, computed by the
+//!   1024 ranks under static (`AM_CREDITS`, default 32) and dynamic credits, computed by the
 //!   code that sizes the real buffers.
 
 use std::cell::Cell;
@@ -181,7 +181,7 @@ fn memory() -> Res {
     let base = PortalsConfig::from_env()?;
     let st = match base.credits {
         Credits::Static(_) => base.credits,
-        Credits::Dynamic { .. } => Credits::Static(8),
+        Credits::Dynamic { .. } => Credits::default(),
     };
     let dy = match base.credits {
         Credits::Dynamic { .. } => base.credits,
