@@ -29,6 +29,19 @@ pub(crate) fn round_to_words(n: usize) -> Option<usize> {
     n.checked_add(WORD - 1).map(|n| n / WORD * WORD)
 }
 
+/// Whether this CPU has `prefetchw` (the PRFCHW feature; AMD's 3DNow! prefetch bit says the
+/// same), asked once.
+#[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+static HAS_PREFETCHW: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    use std::arch::x86_64::__cpuid;
+    // SAFETY: every x86-64 CPU has `cpuid`, and leaf 0x8000_0000 (the highest extended
+    // leaf) exists on all of them; 0x8000_0001 is asked only if it says that one exists.
+    #[allow(unused_unsafe)]
+    unsafe {
+        __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    }
+});
+
 /// A shared file mapping or heap memory, 8-aligned, a whole number of words long.
 #[cfg(not(loom))]
 pub(crate) struct Mapping {
@@ -179,6 +192,31 @@ impl Mapping {
             // SAFETY: `off < len`, so the pointer is inside the live mapping (`add` stays in
             // the allocation); a prefetch accesses no memory in the language's sense.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(self.ptr.as_ptr().add(off).cast::<i8>()) }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        let _ = off;
+    }
+
+    /// Asks the CPU to bring the cache line of byte `off` into its cache in a state that it
+    /// may write without asking other cores again (`prefetchw`): a hint for a line this
+    /// process will store to soon and another core last read, so that the store does not
+    /// wait for that core when a fence follows it. Reads and writes nothing the program can
+    /// see and cannot fault; nothing for an `off` outside the mapping, off x86-64, under Miri,
+    /// or on a CPU without the instruction.
+    #[inline(always)]
+    pub(crate) fn prefetch_for_write(&self, off: usize) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if off < self.len && *HAS_PREFETCHW {
+            // SAFETY: `off < len`, so the pointer is inside the live mapping (`add` stays in
+            // the allocation); `prefetchw` (checked present above) accesses no memory in the
+            // language's sense, touches no flags and no stack.
+            unsafe {
+                std::arch::asm!(
+                    "prefetchw [{0}]",
+                    in(reg) self.ptr.as_ptr().add(off),
+                    options(nostack, preserves_flags, readonly)
+                )
+            }
         }
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
         let _ = off;
@@ -566,6 +604,10 @@ impl Mapping {
     /// A hint: nothing to do under loom.
     #[inline(always)]
     pub(crate) fn prefetch(&self, _off: usize) {}
+
+    /// Nothing under loom.
+    #[inline(always)]
+    pub(crate) fn prefetch_for_write(&self, _off: usize) {}
 }
 
 #[cfg(loom)]

@@ -976,6 +976,18 @@ impl Transport for Sci {
             if let Some(to) = self.tx.dests.get_mut(src) {
                 to.mls.free(answered);
             }
+            // Their lines, which `src` has read, are ours to write next: take them now, so
+            // that the fence after the next publication toward `src` waits for no line.
+            if let Some(peer) = self.tx.peers.get(src) {
+                let mut bits = answered;
+                while bits != 0 {
+                    let k = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if let Ok(base) = self.tx.chan.base(k) {
+                        peer.prefetch_for_write(base);
+                    }
+                }
+            }
         }
         while let Some((d, s)) = self.tx.deferred.pop() {
             self.tx.publish(Some(&self.seg), d, s)?;
