@@ -30,17 +30,34 @@ pub(crate) fn round_to_words(n: usize) -> Option<usize> {
 }
 
 /// Whether this CPU has `prefetchw` (the PRFCHW feature; AMD's 3DNow! prefetch bit says the
-/// same), asked once.
+/// same): 0 not asked yet, 1 no, 2 yes. A plain atomic rather than a `LazyLock`, so the hot
+/// path is one load and a compare.
 #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
-static HAS_PREFETCHW: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+static PREFETCHW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+#[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+#[inline(always)]
+fn has_prefetchw() -> bool {
+    match PREFETCHW.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => ask_prefetchw(),
+        known => known == 2,
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+#[cold]
+#[inline(never)]
+fn ask_prefetchw() -> bool {
     use std::arch::x86_64::__cpuid;
     // SAFETY: every x86-64 CPU has `cpuid`, and leaf 0x8000_0000 (the highest extended
     // leaf) exists on all of them; 0x8000_0001 is asked only if it says that one exists.
     #[allow(unused_unsafe)]
-    unsafe {
+    let has = unsafe {
         __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
-    }
-});
+    };
+    PREFETCHW.store(if has { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+    has
+}
 
 /// A shared file mapping or heap memory, 8-aligned, a whole number of words long.
 #[cfg(not(loom))]
@@ -206,7 +223,7 @@ impl Mapping {
     #[inline(always)]
     pub(crate) fn prefetch_for_write(&self, off: usize) {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        if off < self.len && *HAS_PREFETCHW {
+        if off < self.len && has_prefetchw() {
             // SAFETY: `off < len`, so the pointer is inside the live mapping (`add` stays in
             // the allocation); `prefetchw` (checked present above) accesses no memory in the
             // language's sense, touches no flags and no stack.

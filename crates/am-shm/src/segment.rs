@@ -804,7 +804,7 @@ impl Imported {
     /// writes it (`prefetchw`): for a slot the owner has finished reading and the writer will
     /// fill next, so that its stores, and a fence after them, do not wait for the owner's core.
     /// A hint: nothing is read or written, and nothing happens for an `off` outside the area.
-    #[inline]
+    #[inline(always)]
     pub fn prefetch_for_write(&self, off: usize) {
         if off < self.view.bytes {
             self.view.map.prefetch_for_write(self.view.words + off);

@@ -983,9 +983,8 @@ impl Transport for Sci {
                 while bits != 0 {
                     let k = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    if let Ok(base) = self.tx.chan.base(k) {
-                        peer.prefetch_for_write(base);
-                    }
+                    // `k < p`: a request slot of the channel (out of it, the hint is ignored).
+                    peer.prefetch_for_write(self.tx.chan.data + k * self.tx.chan.size);
                 }
             }
         }
