@@ -220,7 +220,7 @@ impl View {
 
     /// Stores `words` at 8-aligned byte `off` of the byte area, then `bytes` as whole words
     /// with the last one zero-padded (see [`Imported::write_words_padded`]).
-    #[inline]
+    #[inline(always)]
     fn write_words_padded(
         &self,
         off: usize,
@@ -853,7 +853,7 @@ impl Imported {
     /// as one atomic store, so its bytes land in this machine's byte order) and then `bytes`,
     /// the last word zero-padded; returns the bytes written. For a slot header and a message
     /// head: no gathering of parts, one bounds check.
-    #[inline]
+    #[inline(always)]
     pub fn write_words_padded(
         &self,
         off: usize,
