@@ -55,7 +55,10 @@ fn ask_prefetchw() -> bool {
     let has = unsafe {
         __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
     };
-    PREFETCHW.store(if has { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+    PREFETCHW.store(
+        if has { 2 } else { 1 },
+        std::sync::atomic::Ordering::Relaxed,
+    );
     has
 }
 

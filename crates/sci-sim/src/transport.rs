@@ -269,6 +269,40 @@ impl TxState {
             .map_err(sci_err)
     }
 
+    /// [`send`](Self::send) of a request that is all head (an AM Short), outside a handler,
+    /// with no DMA in flight: the same slot, written and published the same way, without the
+    /// branches for replies, Longs and Mediums. `None`: anything else, for `send`.
+    #[inline(always)]
+    fn send_short_request(
+        &mut self,
+        own: &Segment,
+        dest: Rank,
+        head: &[u8],
+    ) -> Option<Result<(), SendError>> {
+        if self.deferring || !self.dma.queue.is_empty() || head.len() > self.chan.capacity() {
+            return None;
+        }
+        let d = dest as usize;
+        let (Some(to), Some(peer)) = (self.dests.get_mut(d), self.peers.get(d)) else {
+            return None;
+        };
+        if to.lost || to.dma_pending > 0 {
+            return None;
+        }
+        let k = to.next_req;
+        if to.mls.is_busy(k) {
+            return Some(Err(SendError::Busy));
+        }
+        // `k < slots`: request slots are taken in turn (`next_slot`).
+        let base = self.chan.data + k * self.chan.size;
+        if let Err(e) = write_slot(peer, base, 0, head, Payload::EMPTY) {
+            return Some(Err(sci_err(e)));
+        }
+        to.mls.take(k);
+        to.next_req = next_slot(k, self.config.slots);
+        Some(self.publish(Some(own), d, k))
+    }
+
     /// Publishes the headers of Longs whose DMA finished.
     fn progress_dma(&mut self, own: &Segment) -> Result<(), SendError> {
         while !self.dma.queue.is_empty() {
@@ -447,6 +481,11 @@ impl Tx for TxState {
 impl Tx for Sci {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if msg.reply_to.is_none() && msg.long_offset.is_none() && msg.payload.is_empty() {
+            if let Some(sent) = self.tx.send_short_request(&self.seg, dest, msg.head) {
+                return sent;
+            }
+        }
         self.tx.send(Some(&self.seg), dest, msg)
     }
 }
