@@ -175,6 +175,65 @@ impl CreditPolicy for StaticCredits {
     }
 }
 
+/// The policy an endpoint runs: the built-in static one, called without dynamic dispatch on
+/// the path of every request and reply, or any other behind a `Box`.
+pub(crate) enum Policy {
+    Static(StaticCredits),
+    Custom(Box<dyn CreditPolicy>),
+}
+
+/// Forwards to the policy inside; the match lets the static policy's calls inline.
+macro_rules! forward {
+    ($self:ident, $p:ident => $call:expr) => {
+        match $self {
+            Policy::Static($p) => $call,
+            Policy::Custom($p) => $call,
+        }
+    };
+}
+
+impl CreditPolicy for Policy {
+    #[inline]
+    fn try_acquire(&mut self, peer: Rank) -> bool {
+        forward!(self, p => p.try_acquire(peer))
+    }
+    #[inline]
+    fn cancel(&mut self, peer: Rank) {
+        forward!(self, p => p.cancel(peer))
+    }
+    #[inline]
+    fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
+        forward!(self, p => p.on_reply(peer, granted))
+    }
+    #[inline]
+    fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+        forward!(self, p => p.on_replies(peer, count, granted))
+    }
+    #[inline]
+    fn request_hint(&mut self, peer: Rank) -> u8 {
+        forward!(self, p => p.request_hint(peer))
+    }
+    #[inline]
+    fn reply_grant(&mut self, peer: Rank, hint: u8) -> u8 {
+        forward!(self, p => p.reply_grant(peer, hint))
+    }
+    fn available(&self, peer: Rank) -> u32 {
+        forward!(self, p => p.available(peer))
+    }
+    fn outstanding(&self, peer: Rank) -> u32 {
+        forward!(self, p => p.outstanding(peer))
+    }
+    fn held(&self, peer: Rank) -> u32 {
+        forward!(self, p => p.held(peer))
+    }
+    fn lent_to(&self, peer: Rank) -> Option<u32> {
+        forward!(self, p => p.lent_to(peer))
+    }
+    fn banked(&self) -> Option<u32> {
+        forward!(self, p => p.banked())
+    }
+}
+
 /// Default of [`DynamicCredits`]: credits each peer starts with.
 pub const DYNAMIC_INITIAL: u32 = 2;
 /// Default of [`DynamicCredits`]: credits each target keeps banked to lend.
@@ -413,6 +472,14 @@ impl Credits {
     /// Builds the policy for `ranks` ranks, lending no peer more than `transport_max` (the
     /// transport's [`crate::Limits::max_credits`]). Errors name what is out of range.
     pub fn policy(&self, ranks: u32, transport_max: u32) -> Result<Box<dyn CreditPolicy>, String> {
+        Ok(match self.build(ranks, transport_max)? {
+            Policy::Static(s) => Box::new(s),
+            Policy::Custom(c) => c,
+        })
+    }
+
+    /// [`Credits::policy`], with the static policy unboxed.
+    pub(crate) fn build(&self, ranks: u32, transport_max: u32) -> Result<Policy, String> {
         match *self {
             Credits::Static(per_peer) => {
                 if per_peer == 0 || per_peer > 255 || per_peer > transport_max {
@@ -421,7 +488,7 @@ impl Credits {
                         transport_max.min(255)
                     ));
                 }
-                Ok(Box::new(StaticCredits::new(ranks, per_peer)))
+                Ok(Policy::Static(StaticCredits::new(ranks, per_peer)))
             }
             Credits::Dynamic { initial, bank } => {
                 if initial == 0 || initial > 255 || initial > transport_max {
@@ -431,7 +498,9 @@ impl Credits {
                     ));
                 }
                 let max = self.max_per_peer().min(transport_max);
-                Ok(Box::new(DynamicCredits::new(ranks, initial, bank, max)))
+                Ok(Policy::Custom(Box::new(DynamicCredits::new(
+                    ranks, initial, bank, max,
+                ))))
             }
         }
     }

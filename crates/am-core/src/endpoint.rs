@@ -45,7 +45,7 @@ use std::task::Poll;
 use std::marker::PhantomData;
 
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
-use crate::credit::CreditPolicy;
+use crate::credit::{CreditPolicy, Policy};
 use crate::error::{AmError, Misbehavior, StartError};
 use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
 use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
@@ -186,7 +186,7 @@ pub struct Endpoint {
     limits: Limits,
     seg_len: usize,
     handlers: Handlers,
-    credits: Box<dyn CreditPolicy>,
+    credits: Policy,
     pending: VecDeque<PendingReply>,
     ops: Vec<OpSlot>,
     free_ops: Vec<u32>,
@@ -660,6 +660,25 @@ impl Endpoint {
         handlers: Handlers,
         credits: Box<dyn CreditPolicy>,
     ) -> Endpoint {
+        Self::with_policy(
+            rank,
+            size,
+            limits,
+            segment_len,
+            handlers,
+            Policy::Custom(credits),
+        )
+    }
+
+    /// [`Endpoint::new`] with a policy built by [`crate::Credits`] (the static one unboxed).
+    pub(crate) fn with_policy(
+        rank: Rank,
+        size: u32,
+        limits: Limits,
+        segment_len: usize,
+        handlers: Handlers,
+        credits: Policy,
+    ) -> Endpoint {
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
         Endpoint {
@@ -778,7 +797,10 @@ impl Endpoint {
     /// The credit policy.
     #[inline]
     pub fn credits(&self) -> &dyn CreditPolicy {
-        &*self.credits
+        match &self.credits {
+            Policy::Static(s) => s,
+            Policy::Custom(c) => &**c,
+        }
     }
 
     /// The exit code a peer asked the whole job to end with ([`SystemMsg::Exit`]): once set,

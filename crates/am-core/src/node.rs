@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
 use crate::config::{Config, WaitMode};
-use crate::credit::CreditPolicy;
+use crate::credit::{CreditPolicy, Policy};
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{AmKind, HandlerId, Handlers};
@@ -75,9 +75,9 @@ impl<T: Transport> Node<T> {
         let limits = transport.limits();
         let policy = config
             .credits
-            .policy(transport.size(), limits.max_credits)
+            .build(transport.size(), limits.max_credits)
             .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))?;
-        Self::with_credit_policy(transport, handlers, config, policy)
+        Self::start(transport, handlers, config, policy)
     }
 
     /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
@@ -87,7 +87,16 @@ impl<T: Transport> Node<T> {
         config: Config,
         credits: Box<dyn CreditPolicy>,
     ) -> Result<Self, StartError> {
-        let ep = Endpoint::new(
+        Self::start(transport, handlers, config, Policy::Custom(credits))
+    }
+
+    fn start(
+        transport: T,
+        handlers: Handlers,
+        config: Config,
+        credits: Policy,
+    ) -> Result<Self, StartError> {
+        let ep = Endpoint::with_policy(
             transport.rank(),
             transport.size(),
             transport.limits(),
