@@ -1012,12 +1012,15 @@ impl Transport for Sci {
         self.tx.deferring = false;
         if slot >= p {
             // The reply frees the slots of the requests it answers (message location status).
-            if let Some(to) = self.tx.dests.get_mut(src) {
+            let streaming = self.tx.dests.get_mut(src).is_some_and(|to| {
                 to.mls.free(answered);
-            }
-            // Their lines, which `src` has read, are ours to write next: take them now, so
-            // that the fence after the next publication toward `src` waits for no line.
-            if let Some(peer) = self.tx.peers.get(src) {
+                to.mls.0 != 0 || answered.count_ones() > 1
+            });
+            // Their lines, which `src` has read, are ours to write next: while requests
+            // stream to `src`, take them now, so that the fence after a later publication
+            // waits for no line. Not for a lone round trip, where that transfer would share
+            // the path with the next request's.
+            if let Some(peer) = self.tx.peers.get(src).filter(|_| streaming) {
                 let mut bits = answered;
                 while bits != 0 {
                     let k = bits.trailing_zeros() as usize;
