@@ -138,25 +138,37 @@ impl SciConfig {
     /// Reads `SCI_SLOTS`, `SCI_SLOT_SIZE`, `SCI_DMA_THRESHOLD` (bytes, or `off`),
     /// `SCI_MAX_LONG` and `SCI_MEDIUM` (`two-transfers` or `one-copy`) over the defaults.
     /// Without `SCI_SLOTS`, there is a slot for each credit the core may give a peer
-    /// (`AM_CREDITS`), at most 64, so that any credit setting the slots allow just works.
+    /// (`AM_CREDITS`, or the core's default), at most 64, so that any credit setting the
+    /// slots allow just works; an `AM_CREDITS` the core would refuse is refused here too.
+    /// With `SCI_SLOTS` below the credits, start-up is refused: set `AM_CREDITS` to at most
+    /// `SCI_SLOTS` as well.
     pub fn from_env() -> Result<SciConfig, SciError> {
+        SciConfig::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set).
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<SciConfig, SciError> {
         let mut c = SciConfig::default();
         let num = |k: &str| -> Result<Option<usize>, SciError> {
-            match std::env::var(k) {
-                Ok(v) if v == "off" => Ok(Some(usize::MAX)),
-                Ok(v) => v
+            match var(k) {
+                Some(v) if v == "off" => Ok(Some(usize::MAX)),
+                Some(v) => v
                     .parse()
                     .map(Some)
                     .map_err(|_| SciError::Config(format!("{k}={v:?} is not a number"))),
-                Err(_) => Ok(None),
+                None => Ok(None),
             }
         };
         match num("SCI_SLOTS")? {
             Some(v) => c.slots = v,
             None => {
-                if let Ok(core) = am_core::Config::from_env() {
-                    c.slots = (core.credits.max_per_peer() as usize).clamp(1, 64);
-                }
+                let credits = match var("AM_CREDITS") {
+                    Some(v) => v
+                        .parse::<am_core::Credits>()
+                        .map_err(|e| SciError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
+                    None => am_core::Credits::default(),
+                };
+                c.slots = (credits.max_per_peer() as usize).clamp(1, 64);
             }
         }
         if let Some(v) = num("SCI_SLOT_SIZE")? {
@@ -168,11 +180,11 @@ impl SciConfig {
         if let Some(v) = num("SCI_MAX_LONG")? {
             c.max_long = v;
         }
-        match std::env::var("SCI_MEDIUM").as_deref() {
-            Ok("two-transfers") => c.medium = MediumStrategy::TwoTransfers,
-            Ok("one-copy") => c.medium = MediumStrategy::OneCopy,
-            Ok(v) => return Err(SciError::Config(format!("SCI_MEDIUM={v:?}"))),
-            Err(_) => {}
+        match var("SCI_MEDIUM").as_deref() {
+            Some("two-transfers") => c.medium = MediumStrategy::TwoTransfers,
+            Some("one-copy") => c.medium = MediumStrategy::OneCopy,
+            Some(v) => return Err(SciError::Config(format!("SCI_MEDIUM={v:?}"))),
+            None => {}
         }
         c.validate()?;
         Ok(c)
@@ -198,3 +210,48 @@ impl SciConfig {
 
 /// Why an SCI NIC could not start: the set-up errors every simulated NIC shares.
 pub type SciError = am_nic::SetupError;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Result<SciConfig, SciError> {
+        SciConfig::from_vars(|k| {
+            vars.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// Without `SCI_SLOTS` there is a slot per credit, whatever says how many credits: the
+    /// core's default, a number (at most 64 slots) or the dynamic policy's most per peer.
+    #[test]
+    fn slots_follow_the_credits() {
+        let default = am_core::Credits::default().max_per_peer() as usize;
+        assert_eq!(config(&[]).unwrap().slots, default);
+        assert_eq!(config(&[("AM_CREDITS", "4")]).unwrap().slots, 4);
+        assert_eq!(config(&[("AM_CREDITS", "64")]).unwrap().slots, 64);
+        assert_eq!(config(&[("AM_CREDITS", "200")]).unwrap().slots, 64);
+        let dynamic = am_core::Credits::DYNAMIC.max_per_peer() as usize;
+        assert_eq!(config(&[("AM_CREDITS", "dynamic")]).unwrap().slots, dynamic);
+        // Only AM_CREDITS counts: another core variable the core would refuse does not.
+        let other = config(&[("AM_CREDITS", "16"), ("AM_WAIT", "sometimes")]);
+        assert_eq!(other.unwrap().slots, 16);
+        let set = config(&[("AM_CREDITS", "64"), ("SCI_SLOTS", "8")]);
+        assert_eq!(set.unwrap().slots, 8, "SCI_SLOTS wins");
+    }
+
+    /// A credit setting the core refuses is refused here, naming the variable, rather than
+    /// silently giving the default slots.
+    #[test]
+    fn credits_the_core_refuses_are_refused() {
+        for bad in ["0", "lots", "256", "dynamic:0:1"] {
+            match config(&[("AM_CREDITS", bad)]) {
+                Err(SciError::Config(m)) => assert!(m.contains("AM_CREDITS"), "{m}"),
+                other => panic!("AM_CREDITS={bad}: {other:?}"),
+            }
+        }
+        assert!(config(&[("SCI_SLOTS", "65")]).is_err());
+        assert!(config(&[("SCI_SLOTS", "x")]).is_err());
+    }
+}
