@@ -86,6 +86,10 @@ fn am_segment<'a>(seg: &'a Segment, l: &Layout) -> SharedBytes<'a> {
     })
 }
 
+/// How many slots past the tail a streaming sender takes for writing: far enough that the
+/// owner has read that slot, near enough that the line is still ours when the claim comes.
+const PREFETCH_AHEAD: u64 = 8;
+
 /// Rings `peer`'s doorbell, leaving no tag (the VELO mailbox is shared by every sender).
 #[inline(always)]
 fn ring_doorbell(peer: &PeerMap) -> Result<(), SendError> {
@@ -110,6 +114,9 @@ struct TxState {
     mailbox_head: Vec<u64>,
     /// VELO messages sent, per destination.
     velo_sent: Vec<u64>,
+    /// A one-packet VELO message was sent since the last poll: a second one means requests
+    /// stream (a flood), not a lone round trip.
+    sent_since_poll: bool,
     /// RMA Mediums sent, and acknowledged (freed receive buffers), per destination.
     rma_sent: Vec<u64>,
     rma_acked: Vec<u64>,
@@ -418,6 +425,12 @@ impl TxState {
                     // more per round trip (callgrind, selfrt am).
                     Ok(true) => {
                         self.velo_sent[d] += 1;
+                        // Streaming: take a line we will write soon. Not for a lone round
+                        // trip, where that transfer would share the path with the message.
+                        if self.sent_since_poll {
+                            ring.prefetch_ahead(&peer.seg, &peer.imp, PREFETCH_AHEAD);
+                        }
+                        self.sent_since_poll = true;
                         ring_doorbell(peer)
                     }
                     Ok(false) => Err(SendError::Busy),
@@ -620,6 +633,7 @@ impl Extoll {
                 lost: vec![false; n],
                 mailbox_head: vec![0; n],
                 velo_sent: vec![0; n],
+                sent_since_poll: false,
                 rma_sent: vec![0; n],
                 rma_acked: vec![0; n],
                 rma_consumed: vec![0; n],
@@ -1755,6 +1769,7 @@ impl Transport for Extoll {
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         self.count_poll();
+        self.tx.sent_since_poll = false;
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }
