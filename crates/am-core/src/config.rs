@@ -35,7 +35,7 @@ impl std::str::FromStr for WaitMode {
 /// Configuration of a [`crate::Node`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static, 8
+    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static, 32
     /// per peer by default (at most 255 and at most the transport's `max_credits`), or dynamic.
     pub credits: Credits,
     /// How blocking calls wait (`AM_WAIT`, default `yield`).

@@ -177,6 +177,10 @@ impl CreditPolicy for StaticCredits {
 
 /// The policy an endpoint runs: the built-in static one, called without dynamic dispatch on
 /// the path of every request and reply, or any other behind a `Box`.
+/// Every method of [`CreditPolicy`], the defaulted ones included, is forwarded below: a
+/// method added to the trait must be added here too, or a custom policy's override of it
+/// would be skipped (`policy_forwards_every_method_to_a_custom_policy` checks the present
+/// ones).
 pub(crate) enum Policy {
     Static(StaticCredits),
     Custom(Box<dyn CreditPolicy>),
@@ -429,9 +433,11 @@ pub enum Credits {
 
 impl Default for Credits {
     /// 32 static credits per peer: a one-way flood is bounded by how many requests are in
-    /// flight while their credits travel back. Measured on two cores against 8, floods ran
-    /// 1.14x (portals) to 1.46x (loopback) faster and fine-grained RandomAccess 1.18x to
-    /// 1.36x, round trips unchanged (BENCHMARKS.md).
+    /// flight while their credits travel back. Measured on two cores against 8 (the same
+    /// binaries, `AM_CREDITS=8` against 32): floods 1.14x (portals) to 1.46x (loopback)
+    /// faster, fine-grained RandomAccess (2^20 words) 1.18x to 1.36x; round trips unchanged
+    /// except sci's, 5% slower on the slow placement of the cores, where its slot per credit
+    /// costs (BENCHMARKS.md). Receive space grows with it (`receive_budget`).
     fn default() -> Self {
         Credits::Static(32)
     }
@@ -546,6 +552,91 @@ impl std::str::FromStr for Credits {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Records each call, and answers what no built-in policy would.
+    struct Spy(std::rc::Rc<std::cell::RefCell<Vec<&'static str>>>);
+
+    impl CreditPolicy for Spy {
+        fn try_acquire(&mut self, _: Rank) -> bool {
+            self.0.borrow_mut().push("try_acquire");
+            true
+        }
+        fn cancel(&mut self, _: Rank) {
+            self.0.borrow_mut().push("cancel");
+        }
+        fn on_reply(&mut self, _: Rank, _: u8) -> bool {
+            self.0.borrow_mut().push("on_reply");
+            true
+        }
+        fn on_replies(&mut self, _: Rank, _: u32, _: u32) -> bool {
+            self.0.borrow_mut().push("on_replies");
+            true
+        }
+        fn request_hint(&mut self, _: Rank) -> u8 {
+            self.0.borrow_mut().push("request_hint");
+            201
+        }
+        fn reply_grant(&mut self, _: Rank, _: u8) -> u8 {
+            self.0.borrow_mut().push("reply_grant");
+            202
+        }
+        fn available(&self, _: Rank) -> u32 {
+            self.0.borrow_mut().push("available");
+            203
+        }
+        fn outstanding(&self, _: Rank) -> u32 {
+            self.0.borrow_mut().push("outstanding");
+            204
+        }
+        fn held(&self, _: Rank) -> u32 {
+            self.0.borrow_mut().push("held");
+            205
+        }
+        fn lent_to(&self, _: Rank) -> Option<u32> {
+            self.0.borrow_mut().push("lent_to");
+            Some(206)
+        }
+        fn banked(&self) -> Option<u32> {
+            self.0.borrow_mut().push("banked");
+            Some(207)
+        }
+    }
+
+    /// `Policy::Custom` reaches the custom policy for every method, the ones the trait
+    /// has a default for included (a missing forward would run the default instead).
+    #[test]
+    fn policy_forwards_every_method_to_a_custom_policy() {
+        let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut p = Policy::Custom(Box::new(Spy(calls.clone())));
+        assert!(p.try_acquire(1));
+        p.cancel(1);
+        assert!(p.on_reply(1, 0));
+        // The default would refuse 9 replies when none is outstanding.
+        assert!(p.on_replies(1, 9, 9));
+        assert_eq!(p.request_hint(1), 201);
+        assert_eq!(p.reply_grant(1, 0), 202);
+        assert_eq!(p.available(1), 203);
+        assert_eq!(p.outstanding(1), 204);
+        assert_eq!(p.held(1), 205);
+        assert_eq!(p.lent_to(1), Some(206));
+        assert_eq!(p.banked(), Some(207));
+        assert_eq!(
+            *calls.borrow(),
+            [
+                "try_acquire",
+                "cancel",
+                "on_reply",
+                "on_replies",
+                "request_hint",
+                "reply_grant",
+                "available",
+                "outstanding",
+                "held",
+                "lent_to",
+                "banked"
+            ]
+        );
+    }
 
     /// A policy with only the required methods: the trait's default `on_replies`.
     struct Plain(StaticCredits);

@@ -30,7 +30,7 @@ fn eight_ranks_blocking() {
     assert_eq!(job(8, &["alltoall", "10"], &[]), 0);
 }
 
-/// Request buffers of 1 KiB against a budget of 4 ranks × 8 requests of up to 1 KiB: the
+/// Request buffers of 1 KiB against a budget of 4 ranks × 32 requests of up to 1 KiB: the
 /// request portal entry is disabled again and again, every refused request is sent again
 /// after recovery, and every echo still arrives with the right payload (the bin checks each
 /// one and the count).

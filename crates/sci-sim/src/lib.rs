@@ -38,6 +38,10 @@
 //!   oldest, its slot flags say how many it answers ([`layout::answers`]), and the requester
 //!   frees all their request slots and looks for the next reply in the slot after them. A
 //!   one-way flood then pays one reply per batch of requests instead of one per request;
+//! - while requests stream to a peer, the sender asks its CPU for the cache lines of the
+//!   request slots a reply frees, for writing (`prefetchw`, [`am_shm::Imported::prefetch_for_write`]):
+//!   a cache hint of shared memory with no SCI counterpart, which reads and writes nothing a
+//!   peer sees, so the "writes only" model above holds;
 //! - **PIO** (CPU stores) for Short and Medium, with both Medium strategies of the seed
 //!   ([`MediumStrategy`]); a **DMA engine** (a thread per rank, started on first use) for
 //!   Long payloads of at least [`SciConfig::dma_threshold`] bytes: the payload is copied into
