@@ -1314,8 +1314,11 @@ mod tests {
     enum Op {
         /// Rank `.0` sends a Medium request to rank `.1`, carrying the pair's next number.
         Send(usize, usize),
-        /// Rank `.0` polls once; a request is answered from inside the handler.
-        Poll(usize),
+        /// The same as an AM Short, the number in its argument (`Sci::try_send`'s Short path).
+        Short(usize, usize),
+        /// Rank `.0` polls once; a request is answered from inside the handler, which also
+        /// sends a Short request on to the next rank (a deferred send) if `.1`.
+        Poll(usize, bool),
         /// Rank `.0` takes its message-exist flag (as before it sleeps).
         Take(usize),
     }
@@ -1323,18 +1326,23 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0..N, 0..N).prop_map(|(a, b)| Op::Send(a, b)),
-            (0..N).prop_map(Op::Poll),
+            (0..N, 0..N).prop_map(|(a, b)| Op::Short(a, b)),
+            (0..N, any::<bool>()).prop_map(|(a, f)| Op::Poll(a, f)),
             (0..N).prop_map(Op::Take),
         ]
     }
 
     proptest! {
-        /// Whatever the interleaving of sends, polls and takes, every request and reply is
-        /// delivered exactly once and in order: the hint, the two-slot look, the left-set
-        /// flag and the take count lose nothing and repeat nothing.
+        /// Whatever the interleaving of sends (Mediums, Shorts on their own path, and
+        /// Shorts sent from handlers), polls and takes, every request and reply is delivered
+        /// exactly once and in order: the hint, the two-slot look, the left-set flag and the
+        /// take count lose nothing and repeat nothing, and no path overtakes another.
         #[test]
-        fn no_message_is_lost_or_repeated(ops in proptest::collection::vec(op(), 1..300)) {
-            let config = SciConfig { slots: 3, ..SciConfig::default() };
+        fn no_message_is_lost_or_repeated(
+            ops in proptest::collection::vec(op(), 1..300),
+            slots in 1usize..=4,
+        ) {
+            let config = SciConfig { slots, ..SciConfig::default() };
             let mut ranks = Sci::cluster(N as u32, 4096, config).unwrap();
             // [from][to]
             let mut sent = [[0u32; N]; N];
@@ -1352,24 +1360,49 @@ mod tests {
                             Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
                         }
                     }
-                    Op::Poll(r) => {
+                    Op::Short(r, to) => {
+                        // The number is the last 4 bytes, as a Medium's payload is.
+                        let mut h = [0u8; MAX_HEAD_LEN];
+                        let n = encode_head(Category::Request, AmKind::Short, 1, &[sent[r][to]], 0, &mut h);
+                        match ranks[r].try_send(to as Rank, &out(&h[..n], &[])) {
+                            Ok(()) => sent[r][to] += 1,
+                            Err(SendError::Busy) => {}
+                            Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+                        }
+                    }
+                    Op::Poll(r, forward) => {
                         let mut rh = [0u8; MAX_HEAD_LEN];
                         let rn = head(Category::Reply, AmKind::Medium, 4, &mut rh);
+                        let next = (r + 1) % N;
+                        let mut fh = [0u8; MAX_HEAD_LEN];
+                        let fnum = sent[r][next];
+                        let fn_ = encode_head(Category::Request, AmKind::Short, 1, &[fnum], 0, &mut fh);
                         let got = ranks[r]
                             .poll_recv(|d, _, tx| {
                                 let bytes = d.bytes.to_vec();
                                 let at = bytes.len() - 4;
                                 let seq = u32::from_le_bytes(bytes[at..].try_into().unwrap());
                                 let is_reply = d.route == Route::NONE;
+                                let mut forwarded = false;
                                 if !is_reply {
                                     let seq = seq.to_le_bytes();
                                     tx.try_send(d.src, &reply(&rh[..rn], &seq, d.route))
                                         .unwrap();
+                                    if forward {
+                                        match tx.try_send(next as Rank, &out(&fh[..fn_], &[])) {
+                                            Ok(()) => forwarded = true,
+                                            Err(SendError::Busy) => {}
+                                            Err(e) => panic!("{e:?}"),
+                                        }
+                                    }
                                 }
-                                (d.src as usize, is_reply, seq)
+                                (d.src as usize, is_reply, seq, forwarded)
                             })
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
-                        if let Some((src, reply, seq)) = got {
+                        if let Some((src, reply, seq, forwarded)) = got {
+                            if forwarded {
+                                sent[r][next] += 1;
+                            }
                             // A reply to r's request to src; a request from src to r.
                             let want = if reply {
                                 &mut got_rep[r][src]
@@ -1392,7 +1425,7 @@ mod tests {
             // Drain: everything sent arrives, replies included.
             for _ in 0..64 {
                 for r in 0..N {
-                    step(&mut ranks, Op::Poll(r))?;
+                    step(&mut ranks, Op::Poll(r, false))?;
                 }
             }
             prop_assert_eq!(got_req, sent);
