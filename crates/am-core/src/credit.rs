@@ -553,86 +553,93 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Records each call, and answers what no built-in policy would.
-    struct Spy(std::rc::Rc<std::cell::RefCell<Vec<&'static str>>>);
+    /// Records each call with its arguments, and answers what no built-in policy would.
+    struct Spy(std::rc::Rc<std::cell::RefCell<Vec<String>>>);
+
+    impl Spy {
+        fn saw(&self, call: String) {
+            self.0.borrow_mut().push(call);
+        }
+    }
 
     impl CreditPolicy for Spy {
-        fn try_acquire(&mut self, _: Rank) -> bool {
-            self.0.borrow_mut().push("try_acquire");
+        fn try_acquire(&mut self, peer: Rank) -> bool {
+            self.saw(format!("try_acquire({peer})"));
             true
         }
-        fn cancel(&mut self, _: Rank) {
-            self.0.borrow_mut().push("cancel");
+        fn cancel(&mut self, peer: Rank) {
+            self.saw(format!("cancel({peer})"));
         }
-        fn on_reply(&mut self, _: Rank, _: u8) -> bool {
-            self.0.borrow_mut().push("on_reply");
+        fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
+            self.saw(format!("on_reply({peer}, {granted})"));
             true
         }
-        fn on_replies(&mut self, _: Rank, _: u32, _: u32) -> bool {
-            self.0.borrow_mut().push("on_replies");
+        fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
+            self.saw(format!("on_replies({peer}, {count}, {granted})"));
             true
         }
-        fn request_hint(&mut self, _: Rank) -> u8 {
-            self.0.borrow_mut().push("request_hint");
+        fn request_hint(&mut self, peer: Rank) -> u8 {
+            self.saw(format!("request_hint({peer})"));
             201
         }
-        fn reply_grant(&mut self, _: Rank, _: u8) -> u8 {
-            self.0.borrow_mut().push("reply_grant");
+        fn reply_grant(&mut self, peer: Rank, hint: u8) -> u8 {
+            self.saw(format!("reply_grant({peer}, {hint})"));
             202
         }
-        fn available(&self, _: Rank) -> u32 {
-            self.0.borrow_mut().push("available");
+        fn available(&self, peer: Rank) -> u32 {
+            self.saw(format!("available({peer})"));
             203
         }
-        fn outstanding(&self, _: Rank) -> u32 {
-            self.0.borrow_mut().push("outstanding");
+        fn outstanding(&self, peer: Rank) -> u32 {
+            self.saw(format!("outstanding({peer})"));
             204
         }
-        fn held(&self, _: Rank) -> u32 {
-            self.0.borrow_mut().push("held");
+        fn held(&self, peer: Rank) -> u32 {
+            self.saw(format!("held({peer})"));
             205
         }
-        fn lent_to(&self, _: Rank) -> Option<u32> {
-            self.0.borrow_mut().push("lent_to");
+        fn lent_to(&self, peer: Rank) -> Option<u32> {
+            self.saw(format!("lent_to({peer})"));
             Some(206)
         }
         fn banked(&self) -> Option<u32> {
-            self.0.borrow_mut().push("banked");
+            self.saw("banked".into());
             Some(207)
         }
     }
 
     /// `Policy::Custom` reaches the custom policy for every method, the ones the trait
-    /// has a default for included (a missing forward would run the default instead).
+    /// has a default for included (a missing forward would run the default instead), with
+    /// the arguments in their places.
     #[test]
     fn policy_forwards_every_method_to_a_custom_policy() {
         let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let mut p = Policy::Custom(Box::new(Spy(calls.clone())));
         assert!(p.try_acquire(1));
-        p.cancel(1);
-        assert!(p.on_reply(1, 0));
+        p.cancel(2);
+        assert!(p.on_reply(3, 4));
         // The default would refuse 9 replies when none is outstanding.
-        assert!(p.on_replies(1, 9, 9));
-        assert_eq!(p.request_hint(1), 201);
-        assert_eq!(p.reply_grant(1, 0), 202);
-        assert_eq!(p.available(1), 203);
-        assert_eq!(p.outstanding(1), 204);
-        assert_eq!(p.held(1), 205);
-        assert_eq!(p.lent_to(1), Some(206));
+        assert!(p.on_replies(5, 9, 6));
+        assert_eq!(p.request_hint(7), 201);
+        assert_eq!(p.reply_grant(8, 9), 202);
+        assert_eq!(p.available(10), 203);
+        assert_eq!(p.outstanding(11), 204);
+        assert_eq!(p.held(12), 205);
+        assert_eq!(p.lent_to(13), Some(206));
         assert_eq!(p.banked(), Some(207));
         assert_eq!(
             *calls.borrow(),
             [
-                "try_acquire",
-                "cancel",
-                "on_reply",
-                "on_replies",
-                "request_hint",
-                "reply_grant",
-                "available",
-                "outstanding",
-                "held",
-                "lent_to",
+                "try_acquire(1)",
+                "cancel(2)",
+                "on_reply(3, 4)",
+                "on_replies(5, 9, 6)",
+                "request_hint(7)",
+                "reply_grant(8, 9)",
+                "available(10)",
+                "outstanding(11)",
+                "held(12)",
+                "lent_to(13)",
                 "banked"
             ]
         );

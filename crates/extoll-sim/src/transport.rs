@@ -90,6 +90,9 @@ fn am_segment<'a>(seg: &'a Segment, l: &Layout) -> SharedBytes<'a> {
 /// owner has read that slot, near enough that the line is still ours when the claim comes.
 const PREFETCH_AHEAD: u64 = 8;
 
+/// [`TxState::last_sent_to`] when nothing was sent since the last poll.
+const NOT_STREAMING: usize = usize::MAX;
+
 /// Rings `peer`'s doorbell, leaving no tag (the VELO mailbox is shared by every sender).
 #[inline(always)]
 fn ring_doorbell(peer: &PeerMap) -> Result<(), SendError> {
@@ -114,9 +117,10 @@ struct TxState {
     mailbox_head: Vec<u64>,
     /// VELO messages sent, per destination.
     velo_sent: Vec<u64>,
-    /// A one-packet VELO message was sent since the last poll: a second one means requests
-    /// stream (a flood), not a lone round trip.
-    sent_since_poll: bool,
+    /// The destination of the last one-packet VELO message sent since the last poll
+    /// ([`NOT_STREAMING`]: none): a second one to the same rank means requests stream to it
+    /// (a flood), not a lone round trip or one message to each of several peers.
+    last_sent_to: usize,
     /// RMA Mediums sent, and acknowledged (freed receive buffers), per destination.
     rma_sent: Vec<u64>,
     rma_acked: Vec<u64>,
@@ -427,10 +431,10 @@ impl TxState {
                         self.velo_sent[d] += 1;
                         // Streaming: take a line we will write soon. Not for a lone round
                         // trip, where that transfer would share the path with the message.
-                        if self.sent_since_poll {
+                        if self.last_sent_to == d {
                             ring.prefetch_ahead(&peer.seg, &peer.imp, PREFETCH_AHEAD);
                         }
-                        self.sent_since_poll = true;
+                        self.last_sent_to = d;
                         ring_doorbell(peer)
                     }
                     Ok(false) => Err(SendError::Busy),
@@ -633,7 +637,7 @@ impl Extoll {
                 lost: vec![false; n],
                 mailbox_head: vec![0; n],
                 velo_sent: vec![0; n],
-                sent_since_poll: false,
+                last_sent_to: NOT_STREAMING,
                 rma_sent: vec![0; n],
                 rma_acked: vec![0; n],
                 rma_consumed: vec![0; n],
@@ -1769,7 +1773,7 @@ impl Transport for Extoll {
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         self.count_poll();
-        self.tx.sent_since_poll = false;
+        self.tx.last_sent_to = NOT_STREAMING;
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }

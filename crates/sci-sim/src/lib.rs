@@ -144,8 +144,8 @@ impl SciConfig {
     /// Without `SCI_SLOTS`, there is a slot for each credit the core may give a peer
     /// (`AM_CREDITS`, or the core's default), at most 64, so that any credit setting the
     /// slots allow just works; an `AM_CREDITS` the core would refuse is refused here too.
-    /// With `SCI_SLOTS` below the credits, start-up is refused: set `AM_CREDITS` to at most
-    /// `SCI_SLOTS` as well.
+    /// With `SCI_SLOTS` below static credits, start-up is refused: set `AM_CREDITS` to at
+    /// most `SCI_SLOTS` as well (dynamic credits are capped at the slots instead).
     pub fn from_env() -> Result<SciConfig, SciError> {
         SciConfig::from_vars(|k| std::env::var(k).ok())
     }
