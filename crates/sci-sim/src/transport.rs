@@ -1335,10 +1335,11 @@ mod tests {
     proptest! {
         /// Whatever the interleaving of sends (Mediums, Shorts on their own path, and
         /// Shorts sent from handlers), polls and takes, every request and reply is delivered
-        /// exactly once, the requests of a pair in the order sent whatever path each took,
-        /// and its replies in order: the hint, the two-slot look, the left-set flag and the
-        /// take count lose nothing and repeat nothing. (The order of requests against
-        /// replies is not checked here.)
+        /// exactly once and in the order sent: each message carries its number among the
+        /// pair's messages of its kind and among all the pair's messages, requests and
+        /// replies together, whatever path each took (a handler's reply and its forward to
+        /// the same rank included). The hint, the two-slot look, the left-set flag and the
+        /// take count lose nothing, repeat nothing and reorder nothing.
         #[test]
         fn no_message_is_lost_or_repeated(
             ops in proptest::collection::vec(op(), 1..300),
@@ -1346,62 +1347,94 @@ mod tests {
         ) {
             let config = SciConfig { slots, ..SciConfig::default() };
             let mut ranks = Sci::cluster(N as u32, 4096, config).unwrap();
-            // [from][to]
+            // [from][to]: requests sent, and messages of any kind sent.
             let mut sent = [[0u32; N]; N];
+            let mut any = [[0u32; N]; N];
             let mut got_req = [[0u32; N]; N];
             let mut got_rep = [[0u32; N]; N];
+            let mut got_any = [[0u32; N]; N];
+            // The two numbers, last in every message (a Medium's payload, a Short's arguments).
+            let numbers = |b: &[u8]| {
+                let at = b.len() - 8;
+                let n = |i: usize| u32::from_le_bytes(b[at + i..at + i + 4].try_into().unwrap());
+                (n(0), n(4))
+            };
+            let pair = |a: u32, b: u32| {
+                let mut p = [0u8; 8];
+                p[..4].copy_from_slice(&a.to_le_bytes());
+                p[4..].copy_from_slice(&b.to_le_bytes());
+                p
+            };
             let mut step = |ranks: &mut [Sci], op: Op| -> Result<(), TestCaseError> {
                 match op {
                     Op::Send(r, to) => {
                         let mut h = [0u8; MAX_HEAD_LEN];
-                        let n = head(Category::Request, AmKind::Medium, 4, &mut h);
-                        let seq = sent[r][to].to_le_bytes();
-                        match ranks[r].try_send(to as Rank, &out(&h[..n], &seq)) {
-                            Ok(()) => sent[r][to] += 1,
+                        let n = head(Category::Request, AmKind::Medium, 8, &mut h);
+                        let body = pair(sent[r][to], any[r][to]);
+                        match ranks[r].try_send(to as Rank, &out(&h[..n], &body)) {
+                            Ok(()) => {
+                                sent[r][to] += 1;
+                                any[r][to] += 1;
+                            }
                             Err(SendError::Busy) => {}
                             Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
                         }
                     }
                     Op::Short(r, to) => {
-                        // The number is the last 4 bytes, as a Medium's payload is.
                         let mut h = [0u8; MAX_HEAD_LEN];
-                        let n = encode_head(Category::Request, AmKind::Short, 1, &[sent[r][to]], 0, &mut h);
+                        let numbers = [sent[r][to], any[r][to]];
+                        let n = encode_head(Category::Request, AmKind::Short, 1, &numbers, 0, &mut h);
                         match ranks[r].try_send(to as Rank, &out(&h[..n], &[])) {
-                            Ok(()) => sent[r][to] += 1,
+                            Ok(()) => {
+                                sent[r][to] += 1;
+                                any[r][to] += 1;
+                            }
                             Err(SendError::Busy) => {}
                             Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
                         }
                     }
                     Op::Poll(r, forward) => {
                         let mut rh = [0u8; MAX_HEAD_LEN];
-                        let rn = head(Category::Reply, AmKind::Medium, 4, &mut rh);
+                        let rn = head(Category::Reply, AmKind::Medium, 8, &mut rh);
                         let next = (r + 1) % N;
-                        let mut fh = [0u8; MAX_HEAD_LEN];
                         let fnum = sent[r][next];
-                        let fn_ = encode_head(Category::Request, AmKind::Short, 1, &[fnum], 0, &mut fh);
+                        let row = any[r];
                         let got = ranks[r]
                             .poll_recv(|d, _, tx| {
-                                let bytes = d.bytes.to_vec();
-                                let at = bytes.len() - 4;
-                                let seq = u32::from_le_bytes(bytes[at..].try_into().unwrap());
+                                let (seq, seq_any) = numbers(&d.bytes.to_vec());
+                                let src = d.src as usize;
                                 let is_reply = d.route == Route::NONE;
+                                let mut row = row;
                                 let mut forwarded = false;
+                                let mut error = None;
                                 if !is_reply {
-                                    let seq = seq.to_le_bytes();
-                                    tx.try_send(d.src, &reply(&rh[..rn], &seq, d.route))
-                                        .unwrap();
-                                    if forward {
-                                        match tx.try_send(next as Rank, &out(&fh[..fn_], &[])) {
-                                            Ok(()) => forwarded = true,
+                                    let body = pair(seq, row[src]);
+                                    match tx.try_send(d.src, &reply(&rh[..rn], &body, d.route)) {
+                                        Ok(()) => row[src] += 1,
+                                        Err(e) => error = Some(e),
+                                    }
+                                    if forward && error.is_none() {
+                                        let mut fh = [0u8; MAX_HEAD_LEN];
+                                        let numbers = [fnum, row[next]];
+                                        let n = encode_head(Category::Request, AmKind::Short, 1, &numbers, 0, &mut fh);
+                                        match tx.try_send(next as Rank, &out(&fh[..n], &[])) {
+                                            Ok(()) => {
+                                                forwarded = true;
+                                                row[next] += 1;
+                                            }
                                             Err(SendError::Busy) => {}
-                                            Err(e) => panic!("{e:?}"),
+                                            Err(e) => error = Some(e),
                                         }
                                     }
                                 }
-                                (d.src as usize, is_reply, seq, forwarded)
+                                (src, is_reply, seq, seq_any, forwarded, row, error)
                             })
                             .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
-                        if let Some((src, reply, seq, forwarded)) = got {
+                        if let Some((src, reply, seq, seq_any, forwarded, row, error)) = got {
+                            if let Some(e) = error {
+                                return Err(TestCaseError::fail(format!("a handler's send: {e:?}")));
+                            }
+                            any[r] = row;
                             if forwarded {
                                 sent[r][next] += 1;
                             }
@@ -1413,6 +1446,8 @@ mod tests {
                             };
                             prop_assert_eq!(seq, *want);
                             *want += 1;
+                            prop_assert_eq!(seq_any, got_any[src][r], "order among all of {}->{}", src, r);
+                            got_any[src][r] += 1;
                         }
                     }
                     Op::Take(r) => ranks[r]
@@ -1432,6 +1467,7 @@ mod tests {
             }
             prop_assert_eq!(got_req, sent);
             prop_assert_eq!(got_rep, sent);
+            prop_assert_eq!(got_any, any);
         }
 
         /// Garbage in a published slot is an error for that message, never a panic.
