@@ -312,11 +312,18 @@ fn quantile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The mean of the samples: finer than a quantile where the clock's steps (about 10 ns on
+/// some machines) make every quantile fall on one of them, so a change of a few ns shows.
+fn mean(samples: &[f64]) -> f64 {
+    samples.iter().sum::<f64>() / samples.len().max(1) as f64
+}
+
 struct Row {
     kind: &'static str,
     bytes: usize,
     p50: f64,
     p99: f64,
+    mean: f64,
     msgs_per_s: f64,
     replied_per_s: f64,
 }
@@ -370,6 +377,7 @@ fn measure_atomic<T: Transport>(node: &mut Node<T>, args: &Args) -> anyhow::Resu
         bytes: 8,
         p50: quantile(&rtt, 0.5),
         p99: quantile(&rtt, 0.99),
+        mean: mean(&rtt),
         msgs_per_s: per_s,
         replied_per_s: per_s,
     })
@@ -414,6 +422,7 @@ fn measure<T: Transport>(
         bytes,
         p50: pct(0.5),
         p99: pct(0.99),
+        mean: mean(&rtt),
         msgs_per_s,
         replied_per_s,
     })
@@ -541,6 +550,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     serde_json::json!({
                         "transport": name, "kind": row.kind, "bytes": row.bytes,
                         "iters": args.iters, "rtt_us_p50": row.p50, "rtt_us_p99": row.p99,
+                        "rtt_us_mean": row.mean,
                         "msgs_per_s": row.msgs_per_s, "replied_per_s": row.replied_per_s,
                         "ranks": node.size(),
                         "baseline": base.map(|b| b.0),

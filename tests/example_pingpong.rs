@@ -34,6 +34,7 @@ fn pingpong_json_parses() {
             "iters",
             "rtt_us_p50",
             "rtt_us_p99",
+            "rtt_us_mean",
             "msgs_per_s",
             "replied_per_s",
         ] {
@@ -43,6 +44,7 @@ fn pingpong_json_parses() {
         let p50 = row["rtt_us_p50"].as_f64().expect("number");
         let p99 = row["rtt_us_p99"].as_f64().expect("number");
         assert!(p50 > 0.0 && p99 >= p50, "{row}");
+        assert!(row["rtt_us_mean"].as_f64().expect("number") > 0.0, "{row}");
         assert!(row["msgs_per_s"].as_f64().expect("number") > 0.0);
         assert!(row["replied_per_s"].as_f64().expect("number") > 0.0);
     }
