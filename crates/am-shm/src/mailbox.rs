@@ -788,9 +788,7 @@ mod tests {
     /// byte anywhere in the segment.
     #[test]
     fn a_prefetch_ahead_of_any_tail_changes_nothing() {
-        let words = |seg: &Segment| -> Vec<u64> {
-            let n = seg.words_len() / 8;
-            let all = seg.words(0, n).unwrap();
+        let values = |all: &[AtomicU64]| -> Vec<u64> {
             all.iter().map(|w| w.load(Ordering::Relaxed)).collect()
         };
         for slots in [1, 3, 4] {
@@ -798,21 +796,17 @@ mod tests {
             let seg = seg_for(&r);
             let w = seg.import();
             seg.byte_area().fill(0, 64 + r.data_bytes(), 0x5A).unwrap();
-            for (i, word) in seg
-                .words(0, seg.words_len() / 8)
-                .unwrap()
-                .iter()
-                .enumerate()
-            {
+            let all = seg.words(0, seg.words_len() / 8).unwrap();
+            for (i, word) in all.iter().enumerate() {
                 word.store(0x1111 * (i as u64 + 1), Ordering::Relaxed);
             }
             for tail in [0, 1, 7, u64::MAX - 3, u64::MAX] {
                 w.store_word(r.tail(), tail).unwrap();
-                let before = words(&seg);
+                let before = values(all);
                 for ahead in [0, 1, 8, u64::MAX] {
                     r.prefetch_ahead(&seg, &w, ahead);
                 }
-                assert_eq!(words(&seg), before, "tail {tail}");
+                assert_eq!(values(all), before, "tail {tail}");
             }
             assert!(seg.byte_area().to_vec().iter().all(|&b| b == 0x5A));
         }

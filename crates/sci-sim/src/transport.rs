@@ -1323,6 +1323,15 @@ mod tests {
         Take(usize),
     }
 
+    /// Whether the device took a send: `Busy` is no, any other error is the model's failure.
+    fn accepted(sent: Result<(), SendError>) -> Result<bool, SendError> {
+        match sent {
+            Ok(()) => Ok(true),
+            Err(SendError::Busy) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0..N, 0..N).prop_map(|(a, b)| Op::Send(a, b)),
@@ -1365,32 +1374,24 @@ mod tests {
                 p[4..].copy_from_slice(&b.to_le_bytes());
                 p
             };
+            let fail = |e: SendError| TestCaseError::fail(format!("{e:?}"));
             let mut step = |ranks: &mut [Sci], op: Op| -> Result<(), TestCaseError> {
                 match op {
-                    Op::Send(r, to) => {
+                    Op::Send(r, to) | Op::Short(r, to) => {
                         let mut h = [0u8; MAX_HEAD_LEN];
-                        let n = head(Category::Request, AmKind::Medium, 8, &mut h);
-                        let body = pair(sent[r][to], any[r][to]);
-                        match ranks[r].try_send(to as Rank, &out(&h[..n], &body)) {
-                            Ok(()) => {
-                                sent[r][to] += 1;
-                                any[r][to] += 1;
-                            }
-                            Err(SendError::Busy) => {}
-                            Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
-                        }
-                    }
-                    Op::Short(r, to) => {
-                        let mut h = [0u8; MAX_HEAD_LEN];
-                        let numbers = [sent[r][to], any[r][to]];
-                        let n = encode_head(Category::Request, AmKind::Short, 1, &numbers, 0, &mut h);
-                        match ranks[r].try_send(to as Rank, &out(&h[..n], &[])) {
-                            Ok(()) => {
-                                sent[r][to] += 1;
-                                any[r][to] += 1;
-                            }
-                            Err(SendError::Busy) => {}
-                            Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+                        let (sent_rt, any_rt) = (sent[r][to], any[r][to]);
+                        let taken = if let Op::Send(..) = op {
+                            let n = head(Category::Request, AmKind::Medium, 8, &mut h);
+                            let body = pair(sent_rt, any_rt);
+                            ranks[r].try_send(to as Rank, &out(&h[..n], &body))
+                        } else {
+                            let numbers = [sent_rt, any_rt];
+                            let n = encode_head(Category::Request, AmKind::Short, 1, &numbers, 0, &mut h);
+                            ranks[r].try_send(to as Rank, &out(&h[..n], &[]))
+                        };
+                        if accepted(taken).map_err(fail)? {
+                            sent[r][to] += 1;
+                            any[r][to] += 1;
                         }
                     }
                     Op::Poll(r, forward) => {
@@ -1417,12 +1418,12 @@ mod tests {
                                         let mut fh = [0u8; MAX_HEAD_LEN];
                                         let numbers = [fnum, row[next]];
                                         let n = encode_head(Category::Request, AmKind::Short, 1, &numbers, 0, &mut fh);
-                                        match tx.try_send(next as Rank, &out(&fh[..n], &[])) {
-                                            Ok(()) => {
+                                        match accepted(tx.try_send(next as Rank, &out(&fh[..n], &[]))) {
+                                            Ok(true) => {
                                                 forwarded = true;
                                                 row[next] += 1;
                                             }
-                                            Err(SendError::Busy) => {}
+                                            Ok(false) => {}
                                             Err(e) => error = Some(e),
                                         }
                                     }
