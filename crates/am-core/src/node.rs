@@ -236,23 +236,27 @@ impl<T: Transport> Node<T> {
     fn poll_once(&mut self) -> Result<bool, AmError> {
         self.ep.flush(&mut self.transport)?;
         let ep = &mut self.ep;
-        match self
-            .transport
-            .poll_recv(|d, segment, tx| ep.handle(d, segment, tx))?
-        {
-            None => {
-                // Nothing more to handle: answer the requests still owed an implicit reply.
-                if self.ep.acks_owed() {
-                    self.ep.flush_acks(&mut self.transport)?;
-                }
-                Ok(false)
+        // The handler's error is kept aside rather than carried out through the transport's
+        // result: the common, error-free message then moves nothing.
+        let mut failed = None;
+        let handled = self.transport.poll_recv(|d, segment, tx| {
+            if let Err(e) = ep.handle(d, segment, tx) {
+                failed = Some(e);
             }
-            Some(result) => {
-                if let Some(code) = self.ep.exit_requested() {
-                    self.terminate(code);
-                }
-                result.map(|()| true)
+        })?;
+        if handled.is_none() {
+            // Nothing more to handle: answer the requests still owed an implicit reply.
+            if self.ep.acks_owed() {
+                self.ep.flush_acks(&mut self.transport)?;
             }
+            return Ok(false);
+        }
+        if let Some(code) = self.ep.exit_requested() {
+            self.terminate(code);
+        }
+        match failed {
+            None => Ok(true),
+            Some(e) => Err(e),
         }
     }
 
