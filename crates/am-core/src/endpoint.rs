@@ -187,7 +187,9 @@ pub struct Endpoint {
     seg_len: usize,
     handlers: Handlers,
     credits: Policy,
-    pending: VecDeque<PendingReply>,
+    /// Replies waiting for the device, implicit replies owed, and what the running handler's
+    /// replies did.
+    replies: Replies,
     ops: Vec<OpSlot>,
     free_ops: Vec<u32>,
     startup: Startup,
@@ -211,8 +213,6 @@ pub struct Endpoint {
     unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     scratch: Vec<u8>,
-    /// Implicit replies owed, where the transport coalesces them.
-    acks: Option<OwedAcks>,
     /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
     detached_in_flight: u32,
 }
@@ -415,55 +415,63 @@ fn encode_acks(owed: &Owed, head: &mut [u8; MAX_HEAD_LEN]) -> usize {
     reply_header(true, w.kind, w.opcode, w.args(), 0, 0, None).encode(w.args(), head)
 }
 
+/// The endpoint's side of replies: those the device refused (sent again in order), the
+/// implicit replies owed where the transport coalesces them, and what the replies of the
+/// handler running now did (kept here, not in its [`ReplySink`], which then needs no drop).
+struct Replies {
+    pending: VecDeque<PendingReply>,
+    acks: Option<OwedAcks>,
+    /// The running request handler sent its reply.
+    replied: bool,
+    /// The first error of the running handler's replies.
+    error: Option<AmError>,
+}
+
 /// The reply path lent to a request handler: at most one reply, to the requester only.
 struct ReplySink<'a> {
     src: Rank,
     /// The route of the request being answered: every reply carries it back.
     route: Route,
     grant: u8,
+    /// Whether this request's own implicit reply may be owed (a user request) rather than
+    /// sent at once (a system request, which the start-up and the barrier wait on).
+    may_owe: bool,
     tx: &'a mut dyn Tx,
-    pending: &'a mut VecDeque<PendingReply>,
+    /// What earlier requests of the requester are owed leaves before any reply to it, so
+    /// replies leave in request order.
+    out: &'a mut Replies,
     meta: &'a [Option<(Category, AmKind)>; 256],
     limits: &'a Limits,
     /// Bytes of every rank's segment (equal on all ranks, checked at start-up): a Long
     /// reply's range is checked here, before it leaves.
     seg_len: usize,
-    replied: bool,
-    error: Option<AmError>,
-    /// The implicit replies owed to peers, if the transport coalesces them: what is owed to
-    /// the requester leaves before any reply to it, so replies leave in request order.
-    acks: Option<&'a mut OwedAcks>,
-    /// Whether this request's own implicit reply may be owed (a user request) rather than
-    /// sent at once (a system request, which the start-up and the barrier wait on).
-    may_owe: bool,
 }
 
 impl<'a> ReplySink<'a> {
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn new(
         src: Rank,
         route: Route,
         grant: u8,
+        may_owe: bool,
         tx: &'a mut dyn Tx,
-        pending: &'a mut VecDeque<PendingReply>,
+        out: &'a mut Replies,
         meta: &'a [Option<(Category, AmKind)>; 256],
         limits: &'a Limits,
         seg_len: usize,
-        acks: Option<&'a mut OwedAcks>,
     ) -> Self {
+        out.replied = false;
         ReplySink {
             src,
             route,
             grant,
+            may_owe,
             tx,
-            pending,
+            out,
             meta,
             limits,
             seg_len,
-            replied: false,
-            error: None,
-            acks,
-            may_owe: false,
         }
     }
 
@@ -478,10 +486,10 @@ impl<'a> ReplySink<'a> {
         payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        if let Some(owed) = self.acks.as_deref_mut().and_then(|a| a.take(self.src)) {
+        if let Some(owed) = self.out.acks.as_mut().and_then(|a| a.take(self.src)) {
             self.send_acks(&owed);
         }
-        self.replied = true;
+        self.out.replied = true;
         let header = reply_header(
             system,
             kind,
@@ -514,7 +522,7 @@ impl<'a> ReplySink<'a> {
         route: Route,
     ) -> Result<(), AmError> {
         // Replies to one peer leave in order: once one waits, the later ones queue behind it.
-        if self.pending.is_empty() {
+        if self.out.pending.is_empty() {
             let out = Outgoing {
                 head,
                 payload,
@@ -535,7 +543,7 @@ impl<'a> ReplySink<'a> {
     #[inline(never)]
     fn failed(&mut self, e: SendError) -> AmError {
         let e = send_err(e);
-        self.error = Some(e.clone());
+        self.out.error.get_or_insert_with(|| e.clone());
         e
     }
 
@@ -552,7 +560,7 @@ impl<'a> ReplySink<'a> {
         let mut bytes = Vec::with_capacity(head.len() + payload.len());
         bytes.extend_from_slice(head);
         payload.append_to(&mut bytes);
-        self.pending.push_back(PendingReply {
+        self.out.pending.push_back(PendingReply {
             dest: self.src,
             route,
             head_len: head.len(),
@@ -565,8 +573,8 @@ impl<'a> ReplySink<'a> {
     /// credit), and the first send error.
     #[inline]
     fn finish(&mut self) -> Result<(), AmError> {
-        if !self.replied {
-            match self.acks.as_deref_mut() {
+        if !self.out.replied {
+            match self.out.acks.as_mut() {
                 Some(acks) if self.may_owe => {
                     if let Some(owed) = acks.owe(self.src, self.grant, self.route) {
                         self.send_acks(&owed);
@@ -575,13 +583,13 @@ impl<'a> ReplySink<'a> {
                 _ => self.system(SystemMsg::Ack, Payload::EMPTY),
             }
         }
-        match self.error.take() {
+        match self.out.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// Sends a system reply. Errors are recorded in `self.error` and reported by the poll
+    /// Sends a system reply. Errors are recorded in `out.error` and reported by the poll
     /// that ran the handler.
     fn system(&mut self, msg: SystemMsg, payload: Payload<'_>) {
         let w = msg.encode();
@@ -688,7 +696,12 @@ impl Endpoint {
             seg_len: segment_len,
             handlers,
             credits,
-            pending: VecDeque::new(),
+            replies: Replies {
+                pending: VecDeque::new(),
+                acks: None,
+                replied: false,
+                error: None,
+            },
             ops: Vec::new(),
             free_ops: Vec::new(),
             startup: if size <= 1 {
@@ -710,7 +723,6 @@ impl Endpoint {
             gone: 0,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
-            acks: None,
             detached_in_flight: 0,
         }
     }
@@ -721,7 +733,7 @@ impl Endpoint {
     /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
     /// driver calls when a poll finds nothing.
     pub fn set_acks_coalesce(&mut self, on: bool) {
-        self.acks = on.then(|| OwedAcks {
+        self.replies.acks = on.then(|| OwedAcks {
             per_peer: vec![Owed::default(); self.size as usize],
             owed: 0,
             batch: (self.credits.held(self.rank) / 2).max(1),
@@ -731,7 +743,7 @@ impl Endpoint {
     /// Whether implicit replies are owed and not yet sent (see [`Endpoint::flush_acks`]).
     #[inline]
     pub fn acks_owed(&self) -> bool {
-        self.acks.as_ref().is_some_and(|a| a.owed > 0)
+        self.replies.acks.as_ref().is_some_and(|a| a.owed > 0)
     }
 
     /// Sends the implicit replies owed (one [`SystemMsg::Acks`] per peer), after the queued
@@ -739,10 +751,10 @@ impl Endpoint {
     #[cold]
     #[inline(never)]
     pub fn flush_acks(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
-        if !self.pending.is_empty() {
+        if !self.replies.pending.is_empty() {
             return self.flush(tx);
         }
-        let Some(acks) = self.acks.as_mut() else {
+        let Some(acks) = self.replies.acks.as_mut() else {
             return Ok(());
         };
         for peer in 0..self.size {
@@ -1539,8 +1551,8 @@ impl Endpoint {
         }
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerLost(peer));
-        self.pending.retain(|p| p.dest != peer);
-        if let Some(acks) = self.acks.as_mut() {
+        self.replies.pending.retain(|p| p.dest != peer);
+        if let Some(acks) = self.replies.acks.as_mut() {
             acks.forget(peer);
         }
         true
@@ -1585,7 +1597,7 @@ impl Endpoint {
         }
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerDeparted(peer));
-        if let Some(acks) = self.acks.as_mut() {
+        if let Some(acks) = self.replies.acks.as_mut() {
             acks.forget(peer);
         }
         true
@@ -1622,7 +1634,7 @@ impl Endpoint {
 
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
     pub fn is_quiet(&self) -> bool {
-        self.pending.is_empty()
+        self.replies.pending.is_empty()
             && !self.acks_owed()
             && (0..self.size)
                 .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
@@ -1632,7 +1644,7 @@ impl Endpoint {
     /// driver calls it before each poll.
     #[inline]
     pub fn flush(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
-        if self.pending.is_empty() {
+        if self.replies.pending.is_empty() {
             return Ok(());
         }
         self.flush_pending(tx)
@@ -1641,7 +1653,7 @@ impl Endpoint {
     #[cold]
     #[inline(never)]
     fn flush_pending(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
-        while let Some(p) = self.pending.front() {
+        while let Some(p) = self.replies.pending.front() {
             let out = Outgoing {
                 head: &p.bytes[..p.head_len],
                 payload: Payload::Private(&p.bytes[p.head_len..]),
@@ -1650,7 +1662,7 @@ impl Endpoint {
             };
             match tx.try_send(p.dest, &out) {
                 Ok(()) => {
-                    self.pending.pop_front();
+                    self.replies.pending.pop_front();
                 }
                 Err(SendError::Busy) => return Ok(()),
                 Err(SendError::PeerLost(peer)) => {
@@ -1659,12 +1671,12 @@ impl Endpoint {
                 }
                 Err(SendError::PeerDeparted(peer)) => {
                     // Nobody is left to read the reply.
-                    self.pending.pop_front();
+                    self.replies.pending.pop_front();
                     self.mark_departed(peer);
                     return Err(AmError::PeerDeparted(peer));
                 }
                 Err(e) => {
-                    self.pending.pop_front();
+                    self.replies.pending.pop_front();
                     return Err(send_err(e));
                 }
             }
@@ -1850,11 +1862,10 @@ impl Endpoint {
         let long_offset = long.as_ref().map(|r| r.start);
         let Endpoint {
             handlers,
-            pending,
+            replies,
             limits,
             scratch,
             seg_len,
-            acks,
             ..
         } = self;
         let msg = |scratch| Msg {
@@ -1880,18 +1891,8 @@ impl Endpoint {
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
-                let mut sink = ReplySink::new(
-                    src,
-                    route,
-                    grant,
-                    tx,
-                    pending,
-                    meta,
-                    limits,
-                    *seg_len,
-                    acks.as_mut(),
-                );
-                sink.may_owe = true;
+                let mut sink =
+                    ReplySink::new(src, route, grant, true, tx, replies, meta, limits, *seg_len);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
                         if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
@@ -1965,12 +1966,12 @@ impl Endpoint {
                 src,
                 route,
                 grant,
+                false,
                 tx,
-                &mut self.pending,
+                &mut self.replies,
                 &self.handlers.meta,
                 &self.limits,
                 self.seg_len,
-                self.acks.as_mut(),
             );
             if hdr.system {
                 if let Ok(SystemMsg::Put { op }) =
@@ -2008,12 +2009,12 @@ impl Endpoint {
                     src,
                     route,
                     grant,
+                    false,
                     tx,
-                    &mut self.pending,
+                    &mut self.replies,
                     &self.handlers.meta,
                     &self.limits,
                     self.seg_len,
-                    self.acks.as_mut(),
                 );
                 // Split borrows: the system state is disjoint from the sink's fields.
                 let result = system_request(
