@@ -47,7 +47,7 @@ use std::marker::PhantomData;
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
 use crate::credit::{CreditPolicy, Policy};
 use crate::error::{AmError, Misbehavior, StartError};
-use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, ReplyPath, Token};
+use crate::handler::{AmKind, Category, HandlerFn, HandlerId, Handlers, Msg, Token};
 use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, TransportError,
@@ -421,14 +421,14 @@ fn encode_acks(owed: &Owed, head: &mut [u8; MAX_HEAD_LEN]) -> usize {
 struct Replies {
     pending: VecDeque<PendingReply>,
     acks: Option<OwedAcks>,
-    /// The running request handler sent its reply.
+    /// The running request handler sent its reply (false between handlers).
     replied: bool,
     /// The first error of the running handler's replies.
     error: Option<AmError>,
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
-struct ReplySink<'a> {
+pub(crate) struct ReplySink<'a> {
     src: Rank,
     /// The route of the request being answered: every reply carries it back.
     route: Route,
@@ -461,7 +461,6 @@ impl<'a> ReplySink<'a> {
         limits: &'a Limits,
         seg_len: usize,
     ) -> Self {
-        out.replied = false;
         ReplySink {
             src,
             route,
@@ -583,6 +582,8 @@ impl<'a> ReplySink<'a> {
                 _ => self.system(SystemMsg::Ack, Payload::EMPTY),
             }
         }
+        // Ready for the next handler.
+        self.out.replied = false;
         match self.out.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -598,8 +599,10 @@ impl<'a> ReplySink<'a> {
     }
 }
 
-impl ReplyPath for ReplySink<'_> {
-    fn reply(
+impl ReplySink<'_> {
+    /// A request handler's reply ([`Token`]): checked here as a request is, then sent.
+    #[inline]
+    pub(crate) fn reply(
         &mut self,
         kind: AmKind,
         handler: HandlerId,
@@ -1891,19 +1894,21 @@ impl Endpoint {
             },
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
-                let mut sink =
-                    ReplySink::new(src, route, grant, true, tx, replies, meta, limits, *seg_len);
                 let result = match &mut fns[id] {
                     Some(HandlerFn::Request(f))
-                        if sink.meta[id] == Some((Category::Request, hdr.kind)) =>
+                        if meta[id] == Some((Category::Request, hdr.kind)) =>
                     {
                         match place(segment, &long, inline_long) {
                             Ok(()) => {
+                                let mut sink = ReplySink::new(
+                                    src, route, grant, true, &mut *tx, replies, meta, limits,
+                                    *seg_len,
+                                );
                                 f(
                                     msg(scratch),
                                     Token {
                                         src,
-                                        path: &mut sink,
+                                        sink: &mut sink,
                                     },
                                 );
                                 Ok(())
@@ -1913,7 +1918,26 @@ impl Endpoint {
                     }
                     _ => Err(unknown_handler(src, hdr)),
                 };
-                sink.finish()?;
+                match (replies.replied, &replies.error, replies.acks.as_mut()) {
+                    // Replied, and the reply went out or waits in order: nothing to finish.
+                    (true, None, _) => replies.replied = false,
+                    // No reply: one more owed to the requester, sent with others.
+                    (false, None, Some(acks)) => {
+                        if let Some(owed) = acks.owe(src, grant, route) {
+                            ReplySink::new(
+                                src, route, grant, true, tx, replies, meta, limits, *seg_len,
+                            )
+                            .send_acks(&owed);
+                            if let Some(e) = replies.error.take() {
+                                return Err(e);
+                            }
+                        }
+                    }
+                    _ => {
+                        ReplySink::new(src, route, grant, true, tx, replies, meta, limits, *seg_len)
+                            .finish()?
+                    }
+                }
                 result
             }
         }

@@ -3,6 +3,7 @@
 use std::cell::{Cell, OnceCell};
 use std::fmt;
 
+use crate::endpoint::ReplySink;
 use crate::error::AmError;
 use crate::transport::{Payload, SharedBytes};
 use crate::Rank;
@@ -142,18 +143,6 @@ impl fmt::Debug for Msg<'_> {
     }
 }
 
-/// The core's side of a reply: implemented by the endpoint while a request handler runs.
-pub(crate) trait ReplyPath {
-    fn reply(
-        &mut self,
-        kind: AmKind,
-        handler: HandlerId,
-        args: &[u32],
-        payload: Payload<'_>,
-        long_offset: Option<usize>,
-    ) -> Result<(), AmError>;
-}
-
 /// The right to send one reply to the requester: GASNet's token.
 ///
 /// Each `reply_*` method consumes the token, so a second reply does not compile:
@@ -170,7 +159,7 @@ pub(crate) trait ReplyPath {
 /// empty reply so the requester gets its credit back.
 pub struct Token<'a> {
     pub(crate) src: Rank,
-    pub(crate) path: &'a mut dyn ReplyPath,
+    pub(crate) sink: &'a mut ReplySink<'a>,
 }
 
 impl Token<'_> {
@@ -181,24 +170,27 @@ impl Token<'_> {
     }
 
     /// Replies with an AM Short to the requester's reply handler `handler`.
+    #[inline]
     pub fn reply_short(self, handler: HandlerId, args: &[u32]) -> Result<(), AmError> {
-        self.path
+        self.sink
             .reply(AmKind::Short, handler, args, Payload::EMPTY, None)
     }
 
     /// Replies with an AM Medium (payload up to `max_medium`): private bytes, or
     /// [`Msg::payload_ref`] to echo the request's payload with a single copy.
+    #[inline]
     pub fn reply_medium<'p>(
         self,
         handler: HandlerId,
         args: &[u32],
         payload: impl Into<Payload<'p>>,
     ) -> Result<(), AmError> {
-        self.path
+        self.sink
             .reply(AmKind::Medium, handler, args, payload.into(), None)
     }
 
     /// Replies with an AM Long whose payload lands at `offset` in the requester's segment.
+    #[inline]
     pub fn reply_long<'p>(
         self,
         handler: HandlerId,
@@ -206,7 +198,7 @@ impl Token<'_> {
         payload: impl Into<Payload<'p>>,
         offset: usize,
     ) -> Result<(), AmError> {
-        self.path
+        self.sink
             .reply(AmKind::Long, handler, args, payload.into(), Some(offset))
     }
 }
