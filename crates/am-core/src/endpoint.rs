@@ -931,7 +931,7 @@ impl Endpoint {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn send_step(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
