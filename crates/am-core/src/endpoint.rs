@@ -1718,8 +1718,12 @@ impl Endpoint {
         };
         if let Some(hdr) = word.and_then(|w| Header::user_short(w, total)) {
             let n = hdr.nargs as usize;
-            let mut argbuf = [0u32; MAX_ARGS];
-            if n > 0 {
+            // Filled only when there are arguments: no zeroing on the argument-less path.
+            let mut argbuf: [u32; MAX_ARGS];
+            let args: &[u32] = if n == 0 {
+                &[]
+            } else {
+                argbuf = [0u32; MAX_ARGS];
                 let mut raw = [0u8; 4 * MAX_ARGS];
                 let raw = &mut raw[..4 * n];
                 match d.bytes {
@@ -1732,13 +1736,14 @@ impl Endpoint {
                 for (a, b) in argbuf.iter_mut().zip(raw.chunks_exact(4)) {
                     *a = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
-            }
+                &argbuf[..n]
+            };
             let grant = self.take_credits(src, &hdr, &[])?;
             return self.dispatch_user(
                 src,
                 route,
                 &hdr,
-                &argbuf[..n],
+                args,
                 Payload::EMPTY,
                 None,
                 None,
@@ -1883,9 +1888,7 @@ impl Endpoint {
         };
         match hdr.category {
             Category::Reply => match &mut handlers.fns[id] {
-                Some(HandlerFn::Reply(f))
-                    if handlers.meta[id] == Some((Category::Reply, hdr.kind)) =>
-                {
+                Some(HandlerFn::Reply(kind, f)) if *kind == hdr.kind => {
                     place(segment, &long, inline_long)?;
                     f(msg(scratch));
                     Ok(())
@@ -1895,9 +1898,7 @@ impl Endpoint {
             Category::Request => {
                 let Handlers { fns, meta, .. } = handlers;
                 let result = match &mut fns[id] {
-                    Some(HandlerFn::Request(f))
-                        if meta[id] == Some((Category::Request, hdr.kind)) =>
-                    {
+                    Some(HandlerFn::Request(kind, f)) if *kind == hdr.kind => {
                         match place(segment, &long, inline_long) {
                             Ok(()) => {
                                 let mut sink = ReplySink::new(

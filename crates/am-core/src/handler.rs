@@ -214,9 +214,11 @@ pub type RequestFn = dyn FnMut(Msg<'_>, Token<'_>);
 /// A reply handler: runs at the requester; it has no way to send.
 pub type ReplyFn = dyn FnMut(Msg<'_>);
 
+/// A registered handler with its kind, so a dispatch checks category and kind in the one
+/// lookup that finds the function.
 pub(crate) enum HandlerFn {
-    Request(Box<RequestFn>),
-    Reply(Box<ReplyFn>),
+    Request(AmKind, Box<RequestFn>),
+    Reply(AmKind, Box<ReplyFn>),
 }
 
 /// What the table knows of a handler, identical on every rank (checked at start-up).
@@ -250,7 +252,8 @@ pub struct HandlerInfo {
 /// ```
 pub struct Handlers {
     pub(crate) info: Vec<Option<HandlerInfo>>,
-    pub(crate) fns: Vec<Option<HandlerFn>>,
+    /// Indexed by a `u8`, so no lookup needs a bounds check.
+    pub(crate) fns: Box<[Option<HandlerFn>; 256]>,
     pub(crate) meta: [Option<(Category, AmKind)>; 256],
 }
 
@@ -279,7 +282,7 @@ impl Handlers {
     pub fn new() -> Self {
         Handlers {
             info: (0..256).map(|_| None).collect(),
-            fns: (0..256).map(|_| None).collect(),
+            fns: Box::new(std::array::from_fn(|_| None)),
             meta: [None; 256],
         }
     }
@@ -322,7 +325,7 @@ impl Handlers {
             name,
             Category::Request,
             kind,
-            HandlerFn::Request(Box::new(f)),
+            HandlerFn::Request(kind, Box::new(f)),
         )
     }
 
@@ -339,7 +342,7 @@ impl Handlers {
             name,
             Category::Reply,
             kind,
-            HandlerFn::Reply(Box::new(f)),
+            HandlerFn::Reply(kind, Box::new(f)),
         )
     }
 
