@@ -56,6 +56,10 @@ use crate::transport::{
 use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 use crate::Rank;
 
+/// [`Endpoint`]'s per-peer gone flags: reported lost, and left the job cleanly.
+const LOST: u8 = 1;
+const DEPARTED: u8 = 2;
+
 /// A reply the device refused; sent again by the next [`Endpoint::flush`], in order.
 struct PendingReply {
     dest: Rank,
@@ -202,11 +206,10 @@ pub struct Endpoint {
     /// Our handler table's signature ([`Handlers::signature`]), which rank 0 compares.
     hello_signature: [u16; 256],
     exit_requested: Option<i32>,
-    /// Peers the transport reported lost: requests to them fail at once, their operations
-    /// fail, and nobody waits for their replies any more.
-    lost: Vec<bool>,
-    /// Peers that left the job cleanly (their transport said so).
-    departed: Vec<bool>,
+    /// Per peer, whether the transport reported it lost ([`LOST`]: requests to it fail at
+    /// once, its operations fail, and nobody waits for its replies any more) or gone from
+    /// the job cleanly ([`DEPARTED`]); one byte, so a send looks once.
+    gone_as: Vec<u8>,
     /// How many peers were marked lost or departed so far.
     gone: u32,
     /// Gone peers whose unanswered requests a wait has already been failed for.
@@ -721,8 +724,7 @@ impl Endpoint {
             hello_digest,
             hello_signature,
             exit_requested: None,
-            lost: vec![false; size as usize],
-            departed: vec![false; size as usize],
+            gone_as: vec![0; size as usize],
             gone: 0,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
@@ -855,12 +857,19 @@ impl Endpoint {
         payload_len: usize,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        self.check_rank(dest)?;
-        if self.is_lost(dest) {
-            return Err(AmError::PeerLost(dest));
+        match self.gone_as.get(dest as usize) {
+            None => {
+                return Err(AmError::InvalidRank {
+                    rank: dest,
+                    size: self.size,
+                })
+            }
+            Some(g) if g & LOST != 0 => return Err(AmError::PeerLost(dest)),
+            Some(_) => {}
         }
         check_message(&self.limits, kind, args, payload_len)?;
-        if self.handlers.meta[handler.0 as usize] != Some((Category::Request, kind)) {
+        if !matches!(self.handlers.fns[handler.0 as usize], Some(HandlerFn::Request(k, _)) if k == kind)
+        {
             return Err(AmError::NotRegistered {
                 handler,
                 category: Category::Request,
@@ -1146,12 +1155,10 @@ impl Endpoint {
     /// `Pending` while `peer` may still answer; otherwise the error that says why it won't.
     #[inline]
     fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
-        if self.is_lost(peer) {
-            Poll::Ready(AmError::PeerLost(peer))
-        } else if self.is_departed(peer) {
-            Poll::Ready(AmError::PeerDeparted(peer))
-        } else {
-            Poll::Pending
+        match self.gone_as.get(peer as usize).copied().unwrap_or(0) {
+            0 => Poll::Pending,
+            g if g & LOST != 0 => Poll::Ready(AmError::PeerLost(peer)),
+            _ => Poll::Ready(AmError::PeerDeparted(peer)),
         }
     }
 
@@ -1543,13 +1550,22 @@ impl Endpoint {
         }
     }
 
+    /// Sets `how` ([`LOST`] or [`DEPARTED`]) for `peer`: false if it was set already (or no
+    /// such peer).
+    fn mark_gone(&mut self, peer: Rank, how: u8) -> bool {
+        match self.gone_as.get_mut(peer as usize) {
+            Some(g) if *g & how == 0 => {
+                *g |= how;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Records that `peer` is gone: fails its operations in flight and drops the replies still
     /// queued for it. Returns false if it was already known.
     pub fn mark_lost(&mut self, peer: Rank) -> bool {
-        let Some(flag) = self.lost.get_mut(peer as usize) else {
-            return false;
-        };
-        if std::mem::replace(flag, true) {
+        if !self.mark_gone(peer, LOST) {
             return false;
         }
         self.gone += 1;
@@ -1586,16 +1602,15 @@ impl Endpoint {
     /// True if `peer` was reported lost.
     #[inline]
     pub fn is_lost(&self, peer: Rank) -> bool {
-        self.lost.get(peer as usize).copied().unwrap_or(false)
+        self.gone_as
+            .get(peer as usize)
+            .is_some_and(|g| g & LOST != 0)
     }
 
     /// Records that `peer` left the job cleanly: its puts and gets still waiting for replies
     /// fail (nothing more will come from it). Returns false if it was already known.
     pub fn mark_departed(&mut self, peer: Rank) -> bool {
-        let Some(flag) = self.departed.get_mut(peer as usize) else {
-            return false;
-        };
-        if std::mem::replace(flag, true) {
+        if !self.mark_gone(peer, DEPARTED) {
             return false;
         }
         self.gone += 1;
@@ -1609,7 +1624,9 @@ impl Endpoint {
     /// True if `peer` left the job cleanly.
     #[inline]
     pub fn is_departed(&self, peer: Rank) -> bool {
-        self.departed.get(peer as usize).copied().unwrap_or(false)
+        self.gone_as
+            .get(peer as usize)
+            .is_some_and(|g| g & DEPARTED != 0)
     }
 
     /// How many peers have been marked lost or departed: a driver that waits re-checks
