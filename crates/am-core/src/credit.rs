@@ -70,56 +70,78 @@ pub trait CreditPolicy {
 }
 
 /// A sender's credits toward each target: available, and taken by requests whose reply has
-/// not arrived. Both policies keep their sender side in one.
+/// not arrived. Both policies keep their sender side in one. One entry per peer, so each
+/// request and reply indexes (and bounds-checks) once.
 #[derive(Debug, Clone)]
 struct Ledger {
-    available: Vec<u32>,
-    outstanding: Vec<u32>,
+    peers: Vec<LedgerEntry>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LedgerEntry {
+    available: u32,
+    outstanding: u32,
 }
 
 impl Ledger {
     fn new(ranks: u32, initial: u32) -> Self {
         Ledger {
-            available: vec![initial; ranks as usize],
-            outstanding: vec![0; ranks as usize],
+            peers: vec![
+                LedgerEntry {
+                    available: initial,
+                    outstanding: 0,
+                };
+                ranks as usize
+            ],
         }
     }
 
     #[inline]
+    fn available(&self, peer: Rank) -> u32 {
+        self.peers[peer as usize].available
+    }
+
+    #[inline]
+    fn outstanding(&self, peer: Rank) -> u32 {
+        self.peers[peer as usize].outstanding
+    }
+
+    #[inline]
     fn try_acquire(&mut self, peer: Rank) -> bool {
-        let a = &mut self.available[peer as usize];
-        if *a == 0 {
+        let e = &mut self.peers[peer as usize];
+        if e.available == 0 {
             return false;
         }
-        *a -= 1;
-        self.outstanding[peer as usize] += 1;
+        e.available -= 1;
+        e.outstanding += 1;
         true
     }
 
     #[inline]
     fn cancel(&mut self, peer: Rank) {
-        self.available[peer as usize] += 1;
-        self.outstanding[peer as usize] -= 1;
+        let e = &mut self.peers[peer as usize];
+        e.available += 1;
+        e.outstanding -= 1;
     }
 
     #[inline]
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool {
-        let o = &mut self.outstanding[peer as usize];
-        if *o == 0 {
+        let e = &mut self.peers[peer as usize];
+        if e.outstanding == 0 {
             return false;
         }
-        *o -= 1;
-        self.available[peer as usize] += granted as u32;
+        e.outstanding -= 1;
+        e.available += granted as u32;
         true
     }
 
     fn on_replies(&mut self, peer: Rank, count: u32, granted: u32) -> bool {
-        let o = &mut self.outstanding[peer as usize];
-        if count == 0 || *o < count || u64::from(granted) > 255 * u64::from(count) {
+        let e = &mut self.peers[peer as usize];
+        if count == 0 || e.outstanding < count || u64::from(granted) > 255 * u64::from(count) {
             return false;
         }
-        *o -= count;
-        self.available[peer as usize] += granted;
+        e.outstanding -= count;
+        e.available += granted;
         true
     }
 }
@@ -167,11 +189,11 @@ impl CreditPolicy for StaticCredits {
     }
 
     fn available(&self, peer: Rank) -> u32 {
-        self.ledger.available[peer as usize]
+        self.ledger.available(peer)
     }
 
     fn outstanding(&self, peer: Rank) -> u32 {
-        self.ledger.outstanding[peer as usize]
+        self.ledger.outstanding(peer)
     }
 }
 
@@ -365,7 +387,7 @@ impl CreditPolicy for DynamicCredits {
     fn request_hint(&mut self, peer: Rank) -> u8 {
         let p = peer as usize;
         // Out of credit now, or stalled since the last request: ask for more.
-        let want = self.stalled[p] || self.ledger.available[p] == 0;
+        let want = self.stalled[p] || self.ledger.peers[p].available == 0;
         self.stalled[p] = false;
         want as u8
     }
@@ -400,11 +422,11 @@ impl CreditPolicy for DynamicCredits {
     }
 
     fn available(&self, peer: Rank) -> u32 {
-        self.ledger.available[peer as usize]
+        self.ledger.available(peer)
     }
 
     fn outstanding(&self, peer: Rank) -> u32 {
-        self.ledger.outstanding[peer as usize]
+        self.ledger.outstanding(peer)
     }
 
     fn lent_to(&self, peer: Rank) -> Option<u32> {
