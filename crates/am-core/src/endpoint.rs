@@ -350,7 +350,7 @@ struct Owed {
 impl OwedAcks {
     /// Owes `src` the reply to one more request, which came with `route`, granting `grant`:
     /// what to send now, if its batch is full.
-    #[inline]
+    #[inline(always)]
     fn owe(&mut self, src: Rank, grant: u8, route: Route) -> Option<Owed> {
         let e = &mut self.per_peer[src as usize];
         if e.count == 0 {
