@@ -139,18 +139,28 @@ impl Header {
         if self.system {
             flags |= FLAG_SYSTEM;
         }
-        out[0] = flags;
-        out[1] = self.handler;
-        out[2] = args.len() as u8;
-        out[3] = self.credit;
-        out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        // One store of the whole word: a transport reads it back as a word, and a word
+        // read of bytes stored one by one waits for them (no store-to-load forwarding).
+        let word = u64::from(flags)
+            | u64::from(self.handler) << 8
+            | (args.len() as u64) << 16
+            | u64::from(self.credit) << 24
+            | u64::from(self.payload_len) << 32;
+        out[..8].copy_from_slice(&word.to_le_bytes());
         let mut at = BASE_HEADER_LEN;
         if self.kind == AmKind::Long {
             out[8..16].copy_from_slice(&self.long_offset.to_le_bytes());
             at = LONG_HEADER_LEN;
         }
-        for a in args {
-            out[at..at + 4].copy_from_slice(&a.to_le_bytes());
+        // Arguments two to a word, for the same reason.
+        let mut pairs = args.chunks_exact(2);
+        for p in &mut pairs {
+            let w = u64::from(p[0]) | u64::from(p[1]) << 32;
+            out[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            at += 8;
+        }
+        if let [last] = pairs.remainder() {
+            out[at..at + 4].copy_from_slice(&last.to_le_bytes());
             at += 4;
         }
         at
