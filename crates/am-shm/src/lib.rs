@@ -52,7 +52,7 @@ pub mod sync;
 
 pub use doorbell::Doorbell;
 pub use futex::{futex_wait, futex_wake};
-pub use segment::{Imported, Segment, Slot, CACHE_LINE};
+pub use segment::{Imported, Segment, Slot, WordRun, CACHE_LINE};
 pub use shared::SharedBytes;
 
 /// Why a shared-memory operation failed.
