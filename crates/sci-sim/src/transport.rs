@@ -8,7 +8,7 @@ use am_core::{
     TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
-use am_shm::stamp::{Slots, SLOT_HEADER};
+use am_shm::stamp::{SlotReader, Slots, SLOT_HEADER};
 use am_shm::sync::{fence, Ordering};
 use am_shm::{Imported, Segment, SharedBytes};
 
@@ -50,53 +50,48 @@ struct Expect {
     seq: u64,
     req: usize,
     rep: usize,
-    /// Offsets of the ready flags of `req` and `rep` in the byte area.
-    req_at: usize,
-    rep_at: usize,
+    /// The sender's slot 0 in [`Sci::inbox`]: its slot `k` is `base + k` there.
+    base: usize,
 }
 
 impl Expect {
-    fn new(chan: &Slots, p: usize) -> Expect {
+    fn new(base: usize, p: usize) -> Expect {
         Expect {
             seq: 1,
             req: 0,
             rep: p,
-            req_at: chan.data,
-            rep_at: chan.data + p * chan.size,
+            base,
         }
     }
 
-    /// After the message in `slot` of `chan` (with `p` request slots) was taken. A reply
+    /// After the message in `slot` (of a channel with `p` request slots) was taken. A reply
     /// answers `answers` requests (1 ..= p, see [`answers`]): the next one goes to the reply
     /// slot of the request after them.
     #[inline]
-    fn advance(&mut self, chan: &Slots, slot: usize, p: usize, answers: usize) {
+    fn advance(&mut self, slot: usize, p: usize, answers: usize) {
         self.seq += 1;
+        // In turn among its kind, without `next_slot`'s compares for the other kind or a
+        // division: `slot - p + answers < 2 * p` (`answers <= p`).
         if slot < p {
-            let next = next_slot(slot, p);
-            self.req = next;
-            self.req_at = chan.data + next * chan.size;
+            self.req = if slot + 1 == p { 0 } else { slot + 1 };
         } else {
-            let next = if answers == 1 {
-                next_slot(slot, p)
-            } else {
-                p + (slot - p + answers) % p
-            };
-            self.rep = next;
-            self.rep_at = chan.data + next * chan.size;
+            let k = slot - p + answers;
+            self.rep = p + if k >= p { k - p } else { k };
         }
     }
 }
 
-/// How many requests a reply whose slot's stamp is at byte offset `at` answers, from its
-/// header: 1 for a request (`reply` false) or an unreadable header (the delivery reports
-/// it), at most `p`.
+/// How many requests the message in `slot` (of a channel with `p` request slots) answers,
+/// from its slot flags: 1 for a request, at most `p` (a peer can write any flags, which the
+/// delivery checks against our requests).
 #[inline(always)]
-fn answered_by(seg: &Segment, at: usize, reply: bool, p: usize) -> usize {
-    if !reply {
-        return 1;
+fn answered_by(flags: u32, slot: usize, p: usize) -> usize {
+    if slot < p {
+        1
+    } else {
+        // `answers` is at least 1; not `clamp`, which is not inlined here.
+        answers(flags).min(p)
     }
-    am_shm::stamp::flags_at(seg, at).map_or(1, |flags| answers(flags).clamp(1, p))
 }
 
 /// Bits `start .. start + n` of a slot mask, counted modulo `p` (request slots in turn):
@@ -183,6 +178,10 @@ struct Dma {
 /// One rank's SCI NIC. See the [crate docs](crate).
 pub struct Sci {
     seg: Segment,
+    /// Every sender's command segment in `seg`, one after another (sender `c`'s slot `k` is
+    /// slot `c * 2 * slots + k`), checked once: a ready flag, a header or a body is then one
+    /// compare from its index.
+    inbox: SlotReader,
     tx: TxState,
     /// The seed's **work queue**: (sender, slot) of messages found ready, in per-sender
     /// order, so a poll takes the next one in constant time whatever the number of peers.
@@ -195,12 +194,14 @@ pub struct Sci {
     /// Errors found by a liveness check beyond the one it returned, for the next polls.
     faults: VecDeque<TransportError>,
     /// The sender of the last message and whether it was a reply: a poll looks first where
-    /// that sender's next message of the same kind goes.
+    /// that sender's next message of the same kind goes, then at its other slot.
     hint: (usize, bool),
     /// Takes of our message-exist flag that cleared tags (see [`Layout::taken`]).
     takes: u64,
     /// Polls since the work queue drained with the message-exist flag left set.
     stale_polls: u32,
+    /// Offset of the AM segment in our byte area (`Layout::segment_base`, computed once).
+    am_base: usize,
 }
 
 fn sci_err(e: am_shm::ShmError) -> SendError {
@@ -498,10 +499,14 @@ impl Sci {
         seg: Segment,
         peers: Vec<Imported>,
         pids: Vec<Option<nix::unistd::Pid>>,
-    ) -> Sci {
+    ) -> Result<Sci, SciError> {
         let n = layout.ranks;
-        Sci {
+        // The geometry was checked by `Layout::new` and the segment made with it, so this
+        // check does not fail; made once, it spares every message its offset checks.
+        let inbox = layout.command_segments().reader(&seg)?;
+        Ok(Sci {
             seg,
+            inbox,
             tx: TxState {
                 rank,
                 layout,
@@ -531,7 +536,7 @@ impl Sci {
             },
             work: VecDeque::with_capacity(n * 2 * config.slots),
             recv: (0..n)
-                .map(|c| Expect::new(&layout.command_segment(c), config.slots))
+                .map(|c| Expect::new(c * 2 * config.slots, config.slots))
                 .collect(),
             stamps: vec![0; 2 * config.slots],
             liveness: Liveness::new(pids),
@@ -539,7 +544,8 @@ impl Sci {
             takes: 0,
             hint: (0, false),
             stale_polls: 0,
-        }
+            am_base: layout.segment_base(),
+        })
     }
 
     fn layout_for(ranks: u32, segment_size: usize, config: &SciConfig) -> Result<Layout, SciError> {
@@ -567,8 +573,7 @@ impl Sci {
             .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
         let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
-        Ok(segs
-            .into_iter()
+        segs.into_iter()
             .enumerate()
             .map(|(r, seg)| {
                 Sci::new(
@@ -580,7 +585,7 @@ impl Sci {
                     vec![None; ranks as usize],
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Starts this rank's NIC in a multi-process job: exports its segment (anonymous: no file
@@ -605,14 +610,14 @@ impl Sci {
         )?;
         // An imported segment is written, never read (SCI's remote writes, local reads).
         let peers = joined.peers.iter().map(Segment::import).collect();
-        Ok(Sci::new(
+        Sci::new(
             job.rank as usize,
             layout,
             config,
             joined.own,
             peers,
             joined.pids,
-        ))
+        )
     }
 
     /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
@@ -637,10 +642,9 @@ impl Sci {
     /// The AM segment: a view of this rank's exported memory after the command segments
     /// (in range by construction: the segment was made with this layout).
     fn am_segment(&self) -> SharedBytes<'_> {
-        let l = &self.tx.layout;
         self.seg
             .byte_area()
-            .slice_or_empty(l.segment_base(), l.segment)
+            .slice_or_empty(self.am_base, self.tx.layout.segment)
     }
 
     /// The configuration in use.
@@ -710,17 +714,21 @@ impl Sci {
     fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
-        let chan = self.tx.layout.command_segment(c);
         while let Some(e) = self.recv.get_mut(c) {
-            // `req_at` and `rep_at` are `chan.base` of the two slots, kept by `advance`.
-            let (slot, answers) = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
-                (e.req, 1)
-            } else if self.seg.load_slot_word(e.rep_at).map_err(io)? == e.seq {
-                (e.rep, answered_by(&self.seg, e.rep_at, true, p))
+            let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
+                e.req
+            } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
+                e.rep
             } else {
                 break;
             };
-            e.advance(&chan, slot, p, answers);
+            // A reply's flags say how many requests it answers (where the next reply goes).
+            let n = if slot < p {
+                1
+            } else {
+                answered_by(self.inbox.header(e.base + slot).map_err(io)?.1, slot, p)
+            };
+            e.advance(slot, p, n);
             self.work.push_back((c, slot));
         }
         Ok(())
@@ -729,74 +737,79 @@ impl Sci {
     /// Like [`look`](Self::look), but reads every ready flag of the senders in `tags`: after
     /// a take, so a message a sender put where the protocol does not is still found.
     fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
+        let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
         // Reused buffer: a fresh array per scan would cost a memset per poll.
         let mut stamps = std::mem::take(&mut self.stamps);
         let all = tags & !1 == 0;
+        let mut found = Ok(());
         for c in 0..self.tx.layout.ranks {
             if !all && tags & am_shm::doorbell::tag(c) == 0 {
                 continue;
             }
-            let chan = self.tx.layout.command_segment(c);
-            // One pass over the ready flags, then find the stamps in order locally.
-            let n = match chan.load_stamps(&self.seg, &mut stamps) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.stamps = stamps;
-                    return Err(TransportError::Io(e.to_string()));
-                }
-            };
-            while let Some(slot) = stamps[..n].iter().position(|&s| s == self.recv[c].seq) {
-                let at = chan
-                    .base(slot)
-                    .map_err(|e| TransportError::Io(e.to_string()))?;
-                let answers = answered_by(&self.seg, at, slot >= p, p);
-                self.recv[c].advance(&chan, slot, p, answers);
-                self.work.push_back((c, slot));
+            found = self.scan_one(c, p, &mut stamps);
+            if found.is_err() {
+                break;
             }
         }
         self.stamps = stamps;
+        found.map_err(io)
+    }
+
+    /// [`scan`](Self::scan) of sender `c`'s command segment, with `stamps` (`2 * p` words)
+    /// for its ready flags.
+    fn scan_one(&mut self, c: usize, p: usize, stamps: &mut [u64]) -> Result<(), am_shm::ShmError> {
+        let Some(e) = self.recv.get_mut(c) else {
+            return Ok(());
+        };
+        // One pass over the ready flags, then find the stamps in order locally.
+        for (k, s) in stamps.iter_mut().enumerate() {
+            *s = self.inbox.stamp(e.base + k)?;
+        }
+        while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
+            let (_, flags) = self.inbox.header(e.base + slot)?;
+            e.advance(slot, p, answered_by(flags, slot, p));
+            self.work.push_back((c, slot));
+        }
         Ok(())
     }
 
-    /// The next message to deliver, `(sender, slot)`: the work queue's head; else the last
-    /// sender's next message of the same kind, if its slot carries it; else what a look at
-    /// the senders that rang finds. An idle poll reads two words of our own memory, the
-    /// message-exist flag and that ready flag, whatever the number of peers; they are
-    /// independent loads, so when both lines were written the misses overlap.
+    /// The next message to deliver, `(sender, slot, fresh)`: the work queue's head; else the
+    /// last sender's next message, if the slot where its next message of the same kind goes
+    /// carries it (or, with the flag rung, the slot of the other kind: an exchange both ways
+    /// alternates them); else what a look at the senders that rang finds. An idle poll reads
+    /// two words of our own memory, the message-exist flag and that ready flag, whatever the
+    /// number of peers; they are independent loads, so when both lines were written the
+    /// misses overlap. `fresh`: taken here, its sender's [`Expect`] not advanced yet (the
+    /// delivery does it from the header it reads anyway).
     #[inline(always)]
-    fn next_message(&mut self) -> Result<Option<(usize, usize)>, TransportError> {
-        if !self.work.is_empty() {
-            return Ok(self.work.pop_front());
+    fn next_message(&mut self) -> Result<Option<(usize, usize, bool)>, TransportError> {
+        if let Some((c, slot)) = self.work.pop_front() {
+            return Ok(Some((c, slot, false)));
         }
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let tags = self.seg.doorbell(MEF).map_err(io)?.peek_tags();
-        // The slot where the last sender's next message of the same kind goes (see
-        // `Expect`), read beside the flag. Taking a message here keeps per-sender order (the
-        // queue is empty and the stamp is the next one) and leaves the flag as it is. A
-        // message elsewhere has its sender's tag on the flag.
+        // Taking a message here keeps per-sender order (the queue is empty and the stamp is
+        // the next one) and leaves the flag as it is. A message elsewhere has its sender's
+        // tag on the flag.
         let (c, rep) = self.hint;
-        let Some(e) = self.recv.get_mut(c) else {
+        let Some(e) = self.recv.get(c) else {
             return Err(TransportError::Io("sci: bad hint".into()));
         };
-        let (slot, at) = if rep {
-            (e.rep, e.rep_at)
-        } else {
-            (e.req, e.req_at)
-        };
-        if self.seg.load_slot_word(at).map_err(io)? != e.seq {
-            if tags == 0 {
-                if self.liveness.idle_poll() {
-                    self.liveness_tick()?;
-                }
-                return Ok(None);
-            }
-            return self.look_around(tags);
+        let (same, other) = if rep { (e.rep, e.req) } else { (e.req, e.rep) };
+        if self.inbox.stamp(e.base + same).map_err(io)? == e.seq {
+            return Ok(Some((c, same, true)));
         }
-        let chan = self.tx.layout.command_segment(c);
-        let p = self.tx.config.slots;
-        e.advance(&chan, slot, p, answered_by(&self.seg, at, rep, p));
-        Ok(Some((c, slot)))
+        if tags == 0 {
+            if self.liveness.idle_poll() {
+                self.liveness_tick()?;
+            }
+            return Ok(None);
+        }
+        if self.inbox.stamp(e.base + other).map_err(io)? == e.seq {
+            return Ok(Some((c, other, true)));
+        }
+        Ok(self.look_around(tags)?.map(|(c, slot)| (c, slot, false)))
     }
 
     /// A poll that found nothing with the message-exist flag left set: after a bounded
@@ -937,23 +950,29 @@ impl Transport for Sci {
         if let Some(e) = self.faults.pop_front() {
             return Err(e);
         }
-        let Some((src, slot)) = self.next_message()? else {
+        let Some((src, slot, fresh)) = self.next_message()? else {
             return Ok(None);
         };
         self.liveness.progress();
         self.stale_polls = 0;
-        let layout = self.tx.layout;
-        let chan = layout.command_segment(src);
         let p = self.tx.config.slots;
         self.hint = (src, slot >= p);
         let corrupt = |e: am_shm::ShmError| TransportError::PeerMisbehaved {
             peer: Some(src as Rank),
             what: format!("sci: a bad slot {slot}: {e}"),
         };
-        // The header is copied out and checked; the body is lent as a view of the slot, which
-        // its sender rewrites only after our reply frees it (and a peer that does not follow
-        // that protocol can only make the handler read garbage bytes, by copies).
-        let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
+        // The header is copied out (one word, read once) and checked; the body is lent as a
+        // view of the slot, which its sender rewrites only after our reply frees it (and a
+        // peer that does not follow that protocol can only make the handler read garbage
+        // bytes, by copies).
+        let at = src * 2 * p + slot;
+        let (len, flags) = self.inbox.header(at).map_err(corrupt)?;
+        if fresh {
+            if let Some(e) = self.recv.get_mut(src) {
+                e.advance(slot, p, answered_by(flags, slot, p));
+            }
+        }
+        let bytes = self.inbox.body(at, len as usize).map_err(corrupt)?;
         let mut answered = 0u64;
         // A request's reply goes to the reply slot paired with its slot: that is its route
         // (slot + 1, so that no request has `Route::NONE`).
@@ -996,11 +1015,10 @@ impl Transport for Sci {
             answered = mask;
             Route::NONE
         };
-        let bytes = self.seg.view(body, len).map_err(corrupt)?;
         let segment = self
             .seg
             .byte_area()
-            .slice_or_empty(layout.segment_base(), layout.segment);
+            .slice_or_empty(self.am_base, self.tx.layout.segment);
         let delivery = Delivery {
             src: src as Rank,
             bytes: Received::Shared(bytes),
