@@ -8,9 +8,9 @@ use am_core::{
     TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
-use am_shm::stamp::{SlotReader, Slots, SLOT_HEADER};
+use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::{fence, Ordering};
-use am_shm::{Imported, Segment, SharedBytes};
+use am_shm::{Imported, Segment, SharedBytes, WordRun};
 
 use crate::dma::{Engine, Job, QUEUE_DEPTH};
 use crate::layout::{answers, answers_flag, Layout, ABORT, MEF, PLACED};
@@ -30,6 +30,10 @@ struct TxState {
     config: SciConfig,
     /// Our command segment (at every peer).
     chan: Slots,
+    /// Every rank's departed word and take count in our word area (see
+    /// [`Layout::departed_words`]), checked once: the take count a send reads is one compare
+    /// from its index.
+    takes: WordRun,
     /// Imported segments, by rank (our own included, for messages to self).
     peers: Vec<Imported>,
     /// Per destination (the same index as `peers`).
@@ -116,6 +120,9 @@ fn next_slot(slot: usize, p: usize) -> usize {
 
 /// What a sender keeps per destination (one cache line's worth, read together).
 struct Dest {
+    /// Our command segment in that peer's segment, checked once (every slot we write there
+    /// is then one compare from its index).
+    out: SlotWriter,
     /// Which of our request slots at that peer are busy.
     mls: MessageLocationStatus,
     /// The request slot the next request takes. Slots are taken in turn and freed in the
@@ -127,6 +134,8 @@ struct Dest {
     /// The destination's take count (see [`Layout::taken`]) as read when we last rang it;
     /// `u64::MAX` before the first ring.
     rung: u64,
+    /// Where that count is in [`TxState::takes`] (from `Layout::taken`, computed once).
+    taken_ix: usize,
     /// Longs to it that the DMA engine has not finished.
     dma_pending: u32,
     lost: bool,
@@ -236,72 +245,191 @@ fn write_slot(
     Ok(())
 }
 
+/// [`TxState::publish`] for a caller that holds the destination's state `to` already; the
+/// destination's segment is looked up in `peers` only to ring it. `takes`: the take counts
+/// in our word area, or `None` to ring always.
+#[inline(always)]
+fn publish_to(
+    rank: usize,
+    peers: &[Imported],
+    takes: Option<&WordRun>,
+    dest: usize,
+    to: &mut Dest,
+    slot: usize,
+) -> Result<(), SendError> {
+    let stamp = to.send_seq;
+    to.send_seq += 1;
+    // Message-ready flag after the data, message-exist flag after the ready flag.
+    to.out.publish(slot, stamp).map_err(sci_err)?;
+    if let Some(takes) = takes {
+        // Our ready flag before our read of `dest`'s take count, against its take, count
+        // write and fence before it scans: either we see the new count and ring, or its
+        // scan sees our flag. An unchanged count means our tag is still set there, so the
+        // write (a line `dest` polls, pulled away by an atomic) is skipped.
+        fence(Ordering::SeqCst);
+        // Our own memory: the sender never reads a peer's (SCI's remote writes only).
+        // `taken_ix` is in the run by construction; were it not, we would ring.
+        let taken = takes.load(to.taken_ix);
+        if taken == Some(to.rung) {
+            return Ok(());
+        }
+        to.rung = taken.unwrap_or(u64::MAX);
+    }
+    ring(peers, dest, rank)
+}
+
+/// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange).
+#[inline(never)]
+fn ring(peers: &[Imported], dest: usize, rank: usize) -> Result<(), SendError> {
+    let Some(peer) = peers.get(dest) else {
+        return Err(SendError::PeerLost(dest as Rank));
+    };
+    peer.ring_tagged(MEF, am_shm::doorbell::tag(rank))
+        .map_err(sci_err)
+}
+
+/// Writes `msg` (no Long) into `slot` of `out` with `flags`, if it goes there by PIO without
+/// staging: `Some(false)` written, `Some(true)` refused though it fits (a slot past the count:
+/// not from our bookkeeping), `None` for `TxState::send` (too large for a slot, or "1 copy,
+/// 1 transfer"), with nothing written.
+#[inline(always)]
+fn write_small(
+    out: &SlotWriter,
+    medium: MediumStrategy,
+    slot: usize,
+    flags: u32,
+    msg: &Outgoing<'_>,
+) -> Option<bool> {
+    if msg.len() > out.capacity() {
+        return None;
+    }
+    let written = match msg.payload {
+        Payload::Private([]) => out.write(slot, flags, &[msg.head]),
+        payload => write_medium(out, medium, slot, flags, msg.head, payload)?,
+    };
+    // Not `is_err()`: dropping the whole result, `Ok` too, is an out-of-line call here.
+    match written {
+        Ok(()) => Some(false),
+        Err(e) => {
+            drop(e);
+            Some(true)
+        }
+    }
+}
+
+/// A Medium's slot by "0 copy, 2 transfers" (out of the Short's path): header and head,
+/// then the payload straight from where it is. `None` for "1 copy, 1 transfer", which
+/// `TxState::send` stages.
+#[inline(never)]
+fn write_medium(
+    out: &SlotWriter,
+    medium: MediumStrategy,
+    slot: usize,
+    flags: u32,
+    head: &[u8],
+    payload: Payload<'_>,
+) -> Option<Result<(), am_shm::ShmError>> {
+    match (payload, medium) {
+        (Payload::Private(p), MediumStrategy::TwoTransfers) => {
+            Some(out.write(slot, flags, &[head, p]))
+        }
+        (Payload::Shared(s), MediumStrategy::TwoTransfers) => {
+            Some(out.write_then(slot, flags, &[head], s))
+        }
+        (_, MediumStrategy::OneCopy) => None,
+    }
+}
+
 impl TxState {
-    #[inline]
     /// Publishes `slot` at `dest` and rings its message-exist flag unless the flag still
     /// carries our tag. `own` is this rank's segment (`None`: always ring).
+    #[inline]
     fn publish(
         &mut self,
         own: Option<&Segment>,
         dest: usize,
         slot: usize,
     ) -> Result<(), SendError> {
-        let (Some(peer), Some(to)) = (self.peers.get(dest), self.dests.get_mut(dest)) else {
+        let Some(to) = self.dests.get_mut(dest) else {
             return Err(SendError::PeerLost(dest as Rank));
         };
-        let stamp = to.send_seq;
-        to.send_seq += 1;
-        // Message-ready flag after the data, message-exist flag after the ready flag.
-        self.chan.publish(peer, slot, stamp).map_err(sci_err)?;
-        if let Some(own) = own {
-            // Our ready flag before our read of `dest`'s take count, against its take, count
-            // write and fence before it scans: either we see the new count and ring, or its
-            // scan sees our flag. An unchanged count means our tag is still set there, so the
-            // write (a line `dest` polls, pulled away by an atomic) is skipped.
-            fence(Ordering::SeqCst);
-            // Our own memory: the sender never reads a peer's (SCI's remote writes only).
-            let taken = own.load_word(self.layout.taken(dest)).map_err(sci_err)?;
-            if taken == to.rung {
-                return Ok(());
-            }
-            to.rung = taken;
-        }
-        peer.ring_tagged(MEF, am_shm::doorbell::tag(self.rank))
-            .map_err(sci_err)
+        let takes = own.map(|_| &self.takes);
+        publish_to(self.rank, &self.peers, takes, dest, to, slot)
     }
 
-    /// [`send`](Self::send) of a request that is all head (an AM Short), outside a handler,
-    /// with no DMA in flight: the same slot, written and published the same way, without the
-    /// branches for replies, Longs and Mediums. `None`: anything else, for `send`.
+    /// [`send`](Self::send) of an AM Short or Medium (no Long; a Medium's payload by "0 copy,
+    /// 2 transfers"), request or reply, to a peer not lost, with no DMA in flight (so none
+    /// pending to any peer): the same slot, written and published the same way, with one
+    /// look-up of the destination and without the branches for Longs and the DMA engine.
+    /// `own` is `None` exactly while deferring (from a handler), as for `send`. `None`:
+    /// anything else (or a message too large for a slot), for `send`.
     #[inline(always)]
-    fn send_short_request(
+    fn send_small(
         &mut self,
-        own: &Segment,
+        own: Option<&Segment>,
         dest: Rank,
-        head: &[u8],
+        msg: &Outgoing<'_>,
     ) -> Option<Result<(), SendError>> {
-        if self.deferring || !self.dma.queue.is_empty() || head.len() > self.chan.capacity() {
+        debug_assert_eq!(own.is_none(), self.deferring);
+        if msg.long_offset.is_some() || !self.dma.queue.is_empty() {
             return None;
         }
+        let p = self.config.slots;
         let d = dest as usize;
-        let (Some(to), Some(peer)) = (self.dests.get_mut(d), self.peers.get(d)) else {
-            return None;
-        };
-        if to.lost || to.dma_pending > 0 {
+        let to = self.dests.get_mut(d)?;
+        if to.lost {
             return None;
         }
-        let k = to.next_req;
-        if to.mls.is_busy(k) {
+        // Per-pair order: nothing overtakes a message not yet published.
+        if own.is_none() && self.deferred.iter().any(|&(x, _)| x == d) {
             return Some(Err(SendError::Busy));
         }
-        // `k < slots`: request slots are taken in turn (`next_slot`).
-        let base = self.chan.data + k * self.chan.size;
-        if let Err(e) = write_slot(peer, base, 0, head, Payload::EMPTY) {
-            return Some(Err(sci_err(e)));
+        // As in `send`: a request takes the next request slot; a reply goes to the reply slot
+        // paired with the oldest request it answers. Two paths, each with only its own state
+        // live across the write. A write refused for its length is `send`'s `TooLarge`.
+        let slot = match msg.reply_to {
+            None => {
+                let k = to.next_req;
+                if to.mls.is_busy(k) {
+                    return Some(Err(SendError::Busy));
+                }
+                if write_small(&to.out, self.config.medium, k, 0, msg)? {
+                    return Some(Err(SendError::Other("sci: a slot write failed".into())));
+                }
+                to.mls.take(k);
+                // `k < p`: request slots are taken in turn.
+                to.next_req = if k + 1 == p { 0 } else { k + 1 };
+                k
+            }
+            Some(route) => {
+                let k = match usize::try_from(route.get().wrapping_sub(1)) {
+                    Ok(k) if k < p => k,
+                    _ => return Some(Err(SendError::NoRequestToAnswer(route))),
+                };
+                let first = to.answer_next;
+                let (answering, mask) = if k == first {
+                    (0, 1 << k)
+                } else {
+                    let n = if k > first { k - first } else { k + p - first } + 1;
+                    (answers_flag(n), cyclic_mask(first, n, p))
+                };
+                if to.awaiting_reply & mask != mask {
+                    return Some(Err(SendError::NoRequestToAnswer(route)));
+                }
+                if write_small(&to.out, self.config.medium, p + first, answering, msg)? {
+                    return Some(Err(SendError::Other("sci: a slot write failed".into())));
+                }
+                to.awaiting_reply &= !mask;
+                to.answer_next = if k + 1 == p { 0 } else { k + 1 };
+                p + first
+            }
+        };
+        if own.is_none() {
+            self.deferred.push((d, slot));
+            return Some(Ok(()));
         }
-        to.mls.take(k);
-        to.next_req = next_slot(k, self.config.slots);
-        Some(self.publish(Some(own), d, k))
+        let takes = own.map(|_| &self.takes);
+        Some(publish_to(self.rank, &self.peers, takes, d, to, slot))
     }
 
     /// Publishes the headers of Longs whose DMA finished.
@@ -475,6 +603,9 @@ impl TxState {
 impl Tx for TxState {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if let Some(sent) = self.send_small(None, dest, msg) {
+            return sent;
+        }
         self.send(None, dest, msg)
     }
 }
@@ -482,10 +613,8 @@ impl Tx for TxState {
 impl Tx for Sci {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        if msg.reply_to.is_none() && msg.long_offset.is_none() && msg.payload.is_empty() {
-            if let Some(sent) = self.tx.send_short_request(&self.seg, dest, msg.head) {
-                return sent;
-            }
+        if let Some(sent) = self.tx.send_small(Some(&self.seg), dest, msg) {
+            return sent;
         }
         self.tx.send(Some(&self.seg), dest, msg)
     }
@@ -501,24 +630,37 @@ impl Sci {
         pids: Vec<Option<nix::unistd::Pid>>,
     ) -> Result<Sci, SciError> {
         let n = layout.ranks;
-        // The geometry was checked by `Layout::new` and the segment made with it, so this
-        // check does not fail; made once, it spares every message its offset checks.
+        let chan = layout.command_segment(rank);
+        // The geometry was checked by `Layout::new` and every segment made with it, so these
+        // checks do not fail; made once, they spare every message its offset checks.
         let inbox = layout.command_segments().reader(&seg)?;
+        let lines = layout.departed_words();
+        let takes_at = lines.base;
+        let takes = seg.word_run(takes_at, n * lines.stride / 8)?;
+        let outs = peers
+            .iter()
+            .map(|peer| chan.writer(peer))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Sci {
             seg,
             inbox,
             tx: TxState {
                 rank,
+                takes,
                 layout,
                 config,
-                chan: layout.command_segment(rank),
+                chan,
                 peers,
-                dests: (0..n)
-                    .map(|_| Dest {
+                dests: outs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(d, out)| Dest {
+                        out,
                         mls: MessageLocationStatus::default(),
                         next_req: 0,
                         send_seq: 1,
                         rung: u64::MAX,
+                        taken_ix: (layout.taken(d) - takes_at) / 8,
                         dma_pending: 0,
                         lost: false,
                         awaiting_reply: 0,
@@ -1038,13 +1180,18 @@ impl Transport for Sci {
             // stream to `src`, take them now, so that the fence after a later publication
             // waits for no line. Not for a lone round trip, where that transfer would share
             // the path with the next request's.
-            if let Some(peer) = self.tx.peers.get(src).filter(|_| streaming) {
+            if let Some(peer) = self
+                .tx
+                .dests
+                .get(src)
+                .map(|to| &to.out)
+                .filter(|_| streaming)
+            {
                 let mut bits = answered;
                 while bits != 0 {
                     let k = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    // `k < p`: a request slot of the channel (out of it, the hint is ignored).
-                    peer.prefetch_for_write(self.tx.chan.data + k * self.tx.chan.size);
+                    peer.prefetch_for_write(k);
                 }
             }
         }
