@@ -406,9 +406,15 @@ impl SlotWriter {
         };
         store(hdr);
         let mut rest = body;
-        while let Some((w, tail)) = rest.split_first_chunk::<WORD>() {
+        // The first word before the loop: a head without arguments is one word, and the
+        // loop's unrolled set-up is then skipped.
+        if let Some((w, tail)) = rest.split_first_chunk::<WORD>() {
             store(u64::from_ne_bytes(*w));
             rest = tail;
+            while let Some((w, tail)) = rest.split_first_chunk::<WORD>() {
+                store(u64::from_ne_bytes(*w));
+                rest = tail;
+            }
         }
         if !rest.is_empty() {
             let mut last = [0u8; WORD];

@@ -289,9 +289,8 @@ fn ring(peers: &[Imported], dest: usize, rank: usize) -> Result<(), SendError> {
 }
 
 /// Writes `msg` (no Long) into `slot` of `out` with `flags`, if it goes there by PIO without
-/// staging: `Some(false)` written, `Some(true)` refused though it fits (a slot past the count:
-/// not from our bookkeeping), `None` for `TxState::send` (too large for a slot, or "1 copy,
-/// 1 transfer"), with nothing written.
+/// staging; `false`, with nothing written, for `TxState::send` (a message too large for a
+/// slot, which the writer refuses, or "1 copy, 1 transfer").
 #[inline(always)]
 fn write_small(
     out: &SlotWriter,
@@ -299,20 +298,20 @@ fn write_small(
     slot: usize,
     flags: u32,
     msg: &Outgoing<'_>,
-) -> Option<bool> {
-    if msg.len() > out.capacity() {
-        return None;
-    }
+) -> bool {
     let written = match msg.payload {
         Payload::Private([]) => out.write(slot, flags, &[msg.head]),
-        payload => write_medium(out, medium, slot, flags, msg.head, payload)?,
+        payload => match write_medium(out, medium, slot, flags, msg.head, payload) {
+            Some(written) => written,
+            None => return false,
+        },
     };
-    // Not `is_err()`: dropping the whole result, `Ok` too, is an out-of-line call here.
+    // Not `is_ok()`: dropping the whole result, `Ok` too, is an out-of-line call here.
     match written {
-        Ok(()) => Some(false),
+        Ok(()) => true,
         Err(e) => {
             drop(e);
-            Some(true)
+            false
         }
     }
 }
@@ -386,15 +385,16 @@ impl TxState {
         }
         // As in `send`: a request takes the next request slot; a reply goes to the reply slot
         // paired with the oldest request it answers. Two paths, each with only its own state
-        // live across the write. A write refused for its length is `send`'s `TooLarge`.
+        // live across the write. A write refused (for its length) is left to `send`, which
+        // reports it (`TooLarge`).
         let slot = match msg.reply_to {
             None => {
                 let k = to.next_req;
                 if to.mls.is_busy(k) {
                     return Some(Err(SendError::Busy));
                 }
-                if write_small(&to.out, self.config.medium, k, 0, msg)? {
-                    return Some(Err(SendError::Other("sci: a slot write failed".into())));
+                if !write_small(&to.out, self.config.medium, k, 0, msg) {
+                    return None;
                 }
                 to.mls.take(k);
                 // `k < p`: request slots are taken in turn.
@@ -416,8 +416,8 @@ impl TxState {
                 if to.awaiting_reply & mask != mask {
                     return Some(Err(SendError::NoRequestToAnswer(route)));
                 }
-                if write_small(&to.out, self.config.medium, p + first, answering, msg)? {
-                    return Some(Err(SendError::Other("sci: a slot write failed".into())));
+                if !write_small(&to.out, self.config.medium, p + first, answering, msg) {
+                    return None;
                 }
                 to.awaiting_reply &= !mask;
                 to.answer_next = if k + 1 == p { 0 } else { k + 1 };
