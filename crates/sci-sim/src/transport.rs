@@ -830,12 +830,15 @@ impl Sci {
 
     /// Moves the ready messages of the senders in `tags` (all of them for an untagged ring)
     /// to the work queue, per sender in stamp order, looking only where each sender's next
-    /// message can be (see [`Expect`]): two flags per sender.
-    fn look(&mut self, tags: u32) -> Result<(), TransportError> {
+    /// message can be (see [`Expect`]): two flags per sender. The first one found is
+    /// returned instead (a poll looks only with the queue empty, and would take it next).
+    fn look(&mut self, tags: u32) -> Result<Option<(usize, usize)>, TransportError> {
+        debug_assert!(self.work.is_empty());
         let ranks = self.tx.layout.ranks;
+        let mut first = None;
         if tags & !1 == 0 {
             for c in 0..ranks {
-                self.look_at(c)?;
+                self.look_into(c, &mut first)?;
             }
         } else {
             // Tag bit b stands for senders b, b + TAGS, ...
@@ -844,36 +847,64 @@ impl Sci {
                 let mut c = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 while c < ranks {
-                    self.look_at(c)?;
+                    self.look_into(c, &mut first)?;
                     c += am_shm::doorbell::TAGS;
                 }
+            }
+        }
+        Ok(first)
+    }
+
+    /// Moves sender `c`'s ready messages to the work queue (see [`look`](Self::look)): the
+    /// tests' look at one sender.
+    #[cfg(test)]
+    fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
+        // A `first` already taken: every message goes to the queue.
+        self.look_into(c, &mut Some((c, 0)))
+    }
+
+    /// Moves sender `c`'s ready messages to the work queue, but the first one found goes to
+    /// `first` if that is still empty.
+    #[inline(always)]
+    fn look_into(
+        &mut self,
+        c: usize,
+        first: &mut Option<(usize, usize)>,
+    ) -> Result<(), TransportError> {
+        while let Some(slot) = self.take_next(c)? {
+            if first.is_none() {
+                *first = Some((c, slot));
+            } else {
+                self.work.push_back((c, slot));
             }
         }
         Ok(())
     }
 
+    /// Sender `c`'s next message, if one of its two slots carries it: taken (its [`Expect`]
+    /// advanced), to be delivered next among `c`'s.
     #[inline(always)]
-    fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
+    fn take_next(&mut self, c: usize) -> Result<Option<usize>, TransportError> {
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
-        while let Some(e) = self.recv.get_mut(c) {
-            let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
-                e.req
-            } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
-                e.rep
-            } else {
-                break;
-            };
-            // A reply's flags say how many requests it answers (where the next reply goes).
-            let n = if slot < p {
-                1
-            } else {
-                answered_by(self.inbox.header(e.base + slot).map_err(io)?.1, slot, p)
-            };
-            e.advance(slot, p, n);
-            self.work.push_back((c, slot));
-        }
-        Ok(())
+        let Some(e) = self.recv.get_mut(c) else {
+            return Ok(None);
+        };
+        let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
+            e.req
+        } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
+            e.rep
+        } else {
+            return Ok(None);
+        };
+        // A reply's flags say how many requests it answers (where the next reply goes).
+        let n = if slot < p {
+            1
+        } else {
+            answered_by(self.inbox.header(e.base + slot).map_err(io)?.1, slot, p)
+        };
+        e.advance(slot, p, n);
+        Ok(Some(slot))
     }
 
     /// Like [`look`](Self::look), but reads every ready flag of the senders in `tags`: after
@@ -977,11 +1008,10 @@ impl Sci {
         // (see `TxState::publish`), and the clear, which makes the next one ring, stays off
         // the delivery path. After a bounded number of fruitless polls it is taken, and the
         // senders that rang since are scanned.
-        self.look(tags)?;
-        if self.work.is_empty() {
-            return self.stale_poll();
+        match self.look(tags)? {
+            Some(found) => Ok(Some(found)),
+            None => self.stale_poll(),
         }
-        Ok(self.work.pop_front())
     }
 
     /// After a while without progress: is every peer that has not departed still alive? And a
