@@ -13,7 +13,10 @@
 //!   reads"): stores to words, copies into bytes; it has no read.
 //! - [`stamp`]: the slot hand-over, in crossbeam's `ArrayQueue` order: claim (by the caller's
 //!   own bookkeeping), write the bytes, publish with a `Release` store of a stamp; the reader
-//!   loads the stamp with `Acquire` before it copies the bytes out.
+//!   loads the stamp with `Acquire` before it copies the bytes out. For a hot path,
+//!   [`stamp::SlotReader`] and [`stamp::SlotWriter`] check a set of slots against a segment
+//!   once, so that each access compares only the slot index (and a peer-written length); a
+//!   [`WordRun`] does the same for words of the word area.
 //! - [`mailbox`]: a ring that senders of several processes claim slot by slot, each claim a
 //!   compare-and-swap that names its claimer, so a dead claimer's slot can be told and skipped.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
@@ -52,7 +55,7 @@ pub mod sync;
 
 pub use doorbell::Doorbell;
 pub use futex::{futex_wait, futex_wake};
-pub use segment::{Imported, Segment, Slot, CACHE_LINE};
+pub use segment::{Imported, Segment, Slot, WordRun, CACHE_LINE};
 pub use shared::SharedBytes;
 
 /// Why a shared-memory operation failed.

@@ -178,6 +178,20 @@ impl View {
         })
     }
 
+    /// `[off, off + len)` of the byte area (`off` 8-aligned), checked, as the mapping and the
+    /// run's offset in it: for a handle that keeps both and checks its accesses against the
+    /// run alone ([`crate::stamp::SlotReader`], [`crate::stamp::SlotWriter`]).
+    fn run(&self, off: usize, len: usize) -> Result<(Arc<Mapping>, usize), ShmError> {
+        if !off.is_multiple_of(WORD) || off.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(ShmError::OutOfBounds {
+                offset: off,
+                len,
+                area: self.bytes,
+            });
+        }
+        Ok((self.map.clone(), self.words + off))
+    }
+
     /// The view of `[off, off + len)` of the byte area, checked.
     #[inline]
     fn bytes(&self, off: usize, len: usize) -> Result<SharedBytes<'_>, ShmError> {
@@ -360,6 +374,62 @@ impl<'a> Slot<'a> {
 impl std::fmt::Debug for Slot<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slot")
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// A run of 64-bit words of a segment's word area, checked once when made
+/// ([`Segment::word_run`]), for a hot path that loads them by index: one compare per load
+/// instead of an offset's bounds and alignment checks. It keeps the segment's memory mapped.
+///
+/// ```
+/// use am_shm::Segment;
+/// let seg = Segment::heap(128, 0).unwrap();
+/// seg.import().store_word(72, 5).unwrap();
+/// let run = seg.word_run(64, 8).unwrap();
+/// assert_eq!((run.load(1), run.load(8)), (Some(5), None));
+/// ```
+#[derive(Clone)]
+pub struct WordRun {
+    map: Arc<Mapping>,
+    /// Offset of its first word in the mapping (8-aligned).
+    at: usize,
+    /// Its words.
+    len: usize,
+}
+
+impl WordRun {
+    /// Number of words.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no word.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `Acquire` load of word `i`; `None` past the run.
+    #[inline]
+    pub fn load(&self, i: usize) -> Option<u64> {
+        if i >= self.len {
+            return None;
+        }
+        // SAFETY: `at` is 8-aligned and the run's `len` words lie inside the word area
+        // (checked when made, as `View::words64` checks), so word `i < len` does too; the
+        // word area is accessed through 64-bit atomics there (the caller of `word_run` keeps
+        // doorbells out of the run, as for `Segment::words`).
+        Some(unsafe { self.map.word64(self.at + i * WORD) }.load(Ordering::Acquire))
+    }
+}
+
+impl std::fmt::Debug for WordRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WordRun")
             .field("at", &self.at)
             .field("len", &self.len)
             .finish()
@@ -605,11 +675,28 @@ impl Segment {
         self.view.words64(off, n)
     }
 
+    /// The `n` 64-bit words from byte offset `off` of the word area as a [`WordRun`], checked
+    /// once here (as [`words`](Self::words) checks): words a hot path loads by index. The
+    /// same rule as `words`: do not cover a doorbell.
+    pub fn word_run(&self, off: usize, n: usize) -> Result<WordRun, ShmError> {
+        self.view.words64(off, n)?;
+        Ok(WordRun {
+            map: self.view.map.clone(),
+            at: off,
+            len: n,
+        })
+    }
+
     /// `Acquire` load of the word at `off`: what a reader does before reading the data it
     /// publishes.
     #[inline]
     pub fn load_word(&self, off: usize) -> Result<u64, ShmError> {
         Ok(self.view.word64(off)?.load(Ordering::Acquire))
+    }
+
+    /// See `View::run`.
+    pub(crate) fn run(&self, off: usize, len: usize) -> Result<(Arc<Mapping>, usize), ShmError> {
+        self.view.run(off, len)
     }
 
     /// `[off, off + len)` of the byte area (8-aligned, whole words) as a [`Slot`], checked
@@ -792,6 +879,11 @@ impl Imported {
     pub fn store_word(&self, off: usize, value: u64) -> Result<(), ShmError> {
         self.view.word64(off)?.store(value, Ordering::Release);
         Ok(())
+    }
+
+    /// See `View::run`.
+    pub(crate) fn run(&self, off: usize, len: usize) -> Result<(Arc<Mapping>, usize), ShmError> {
+        self.view.run(off, len)
     }
 
     /// `[off, off + len)` of the byte area as a [`Slot`] (see [`Segment::slot`]).
@@ -1148,6 +1240,34 @@ mod tests {
         assert!(seg.words(4, 1).is_err(), "misaligned");
         assert!(seg.words(0, usize::MAX / 4).is_err(), "length overflow");
         assert!(seg.words(usize::MAX - 7, 1).is_err(), "offset overflow");
+    }
+
+    /// A word run is checked once when made; its loads are the words `load_word` reads, and
+    /// an index past it is `None`.
+    #[test]
+    fn word_runs_are_checked_once_and_load_by_index() {
+        let seg = Segment::heap(128, 0).unwrap();
+        let run = seg.word_run(64, 8).unwrap();
+        assert_eq!((run.len(), run.is_empty()), (8, false));
+        for i in 0..8 {
+            seg.import().store_word(64 + 8 * i, 100 + i as u64).unwrap();
+        }
+        for i in 0..8 {
+            assert_eq!(run.load(i), Some(100 + i as u64));
+            assert_eq!(run.load(i), Some(seg.load_word(64 + 8 * i).unwrap()));
+        }
+        for i in [8, 9, usize::MAX / 8 + 1, usize::MAX] {
+            assert_eq!(run.load(i), None);
+        }
+        assert!(seg.word_run(0, 0).unwrap().is_empty());
+        assert_eq!(seg.word_run(128, 0).unwrap().load(0), None);
+        assert!(seg.word_run(8, 16).is_err(), "past the word area");
+        assert!(seg.word_run(4, 1).is_err(), "misaligned");
+        assert!(seg.word_run(0, usize::MAX / 4).is_err(), "length overflow");
+        assert!(seg.word_run(usize::MAX - 7, 1).is_err(), "offset overflow");
+        // A run outlives the segment handle it came from: it keeps the memory mapped.
+        drop(seg);
+        assert_eq!(run.load(7), Some(107));
     }
 
     /// A record published through a run: the reader's `Acquire` load of the stamp makes the

@@ -123,6 +123,16 @@ impl Layout {
         }
     }
 
+    /// Every sender's command segment, one after another, as one run of slots: sender `c`'s
+    /// slot `k` is slot `c * 2 * slots + k` (the receiver's view of all of them at once).
+    pub fn command_segments(&self) -> Slots {
+        Slots {
+            data: 0,
+            count: self.ranks * 2 * self.slots,
+            size: self.slot_size,
+        }
+    }
+
     /// Offset of the AM segment in the byte area.
     pub fn segment_base(&self) -> usize {
         self.ranks * self.channel_bytes()

@@ -18,7 +18,8 @@
 //!   answered), so the receiver knows the two slots a sender's next message can be in; an
 //!   idle poll reads the message-exist flag and, beside it, the ready flag where the last
 //!   sender's next message of the same kind goes (two words of its own memory, whatever the
-//!   number of peers), and takes a message found there at once;
+//!   number of peers), and takes a message found there at once; with the flag set, it looks
+//!   at that sender's other slot next (an exchange both ways alternates the two kinds);
 //! - the receiver clears its message-exist flag only once nothing new came for a while (or
 //!   before it sleeps), and then writes a take count into the segment of each sender whose
 //!   tag it cleared; a sender rings only if that count (in its *own* memory) moved since it

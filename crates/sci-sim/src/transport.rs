@@ -8,9 +8,9 @@ use am_core::{
     TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
-use am_shm::stamp::{Slots, SLOT_HEADER};
+use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::{fence, Ordering};
-use am_shm::{Imported, Segment, SharedBytes};
+use am_shm::{Imported, Segment, SharedBytes, WordRun};
 
 use crate::dma::{Engine, Job, QUEUE_DEPTH};
 use crate::layout::{answers, answers_flag, Layout, ABORT, MEF, PLACED};
@@ -30,6 +30,10 @@ struct TxState {
     config: SciConfig,
     /// Our command segment (at every peer).
     chan: Slots,
+    /// Every rank's departed word and take count in our word area (see
+    /// [`Layout::departed_words`]), checked once: the take count a send reads is one compare
+    /// from its index.
+    takes: WordRun,
     /// Imported segments, by rank (our own included, for messages to self).
     peers: Vec<Imported>,
     /// Per destination (the same index as `peers`).
@@ -50,53 +54,48 @@ struct Expect {
     seq: u64,
     req: usize,
     rep: usize,
-    /// Offsets of the ready flags of `req` and `rep` in the byte area.
-    req_at: usize,
-    rep_at: usize,
+    /// The sender's slot 0 in [`Sci::inbox`]: its slot `k` is `base + k` there.
+    base: usize,
 }
 
 impl Expect {
-    fn new(chan: &Slots, p: usize) -> Expect {
+    fn new(base: usize, p: usize) -> Expect {
         Expect {
             seq: 1,
             req: 0,
             rep: p,
-            req_at: chan.data,
-            rep_at: chan.data + p * chan.size,
+            base,
         }
     }
 
-    /// After the message in `slot` of `chan` (with `p` request slots) was taken. A reply
+    /// After the message in `slot` (of a channel with `p` request slots) was taken. A reply
     /// answers `answers` requests (1 ..= p, see [`answers`]): the next one goes to the reply
     /// slot of the request after them.
     #[inline]
-    fn advance(&mut self, chan: &Slots, slot: usize, p: usize, answers: usize) {
+    fn advance(&mut self, slot: usize, p: usize, answers: usize) {
         self.seq += 1;
+        // In turn among its kind, without `next_slot`'s compares for the other kind or a
+        // division: `slot - p + answers < 2 * p` (`answers <= p`).
         if slot < p {
-            let next = next_slot(slot, p);
-            self.req = next;
-            self.req_at = chan.data + next * chan.size;
+            self.req = if slot + 1 == p { 0 } else { slot + 1 };
         } else {
-            let next = if answers == 1 {
-                next_slot(slot, p)
-            } else {
-                p + (slot - p + answers) % p
-            };
-            self.rep = next;
-            self.rep_at = chan.data + next * chan.size;
+            let k = slot - p + answers;
+            self.rep = p + if k >= p { k - p } else { k };
         }
     }
 }
 
-/// How many requests a reply whose slot's stamp is at byte offset `at` answers, from its
-/// header: 1 for a request (`reply` false) or an unreadable header (the delivery reports
-/// it), at most `p`.
+/// How many requests the message in `slot` (of a channel with `p` request slots) answers,
+/// from its slot flags: 1 for a request, at most `p` (a peer can write any flags, which the
+/// delivery checks against our requests).
 #[inline(always)]
-fn answered_by(seg: &Segment, at: usize, reply: bool, p: usize) -> usize {
-    if !reply {
-        return 1;
+fn answered_by(flags: u32, slot: usize, p: usize) -> usize {
+    if slot < p {
+        1
+    } else {
+        // `answers` is at least 1; not `clamp`, which is not inlined here.
+        answers(flags).min(p)
     }
-    am_shm::stamp::flags_at(seg, at).map_or(1, |flags| answers(flags).clamp(1, p))
 }
 
 /// Bits `start .. start + n` of a slot mask, counted modulo `p` (request slots in turn):
@@ -121,6 +120,9 @@ fn next_slot(slot: usize, p: usize) -> usize {
 
 /// What a sender keeps per destination (one cache line's worth, read together).
 struct Dest {
+    /// Our command segment in that peer's segment, checked once (every slot we write there
+    /// is then one compare from its index).
+    out: SlotWriter,
     /// Which of our request slots at that peer are busy.
     mls: MessageLocationStatus,
     /// The request slot the next request takes. Slots are taken in turn and freed in the
@@ -132,6 +134,8 @@ struct Dest {
     /// The destination's take count (see [`Layout::taken`]) as read when we last rang it;
     /// `u64::MAX` before the first ring.
     rung: u64,
+    /// Where that count is in [`TxState::takes`] (from `Layout::taken`, computed once).
+    taken_ix: usize,
     /// Longs to it that the DMA engine has not finished.
     dma_pending: u32,
     lost: bool,
@@ -183,6 +187,10 @@ struct Dma {
 /// One rank's SCI NIC. See the [crate docs](crate).
 pub struct Sci {
     seg: Segment,
+    /// Every sender's command segment in `seg`, one after another (sender `c`'s slot `k` is
+    /// slot `c * 2 * slots + k`), checked once: a ready flag, a header or a body is then one
+    /// compare from its index.
+    inbox: SlotReader,
     tx: TxState,
     /// The seed's **work queue**: (sender, slot) of messages found ready, in per-sender
     /// order, so a poll takes the next one in constant time whatever the number of peers.
@@ -195,12 +203,14 @@ pub struct Sci {
     /// Errors found by a liveness check beyond the one it returned, for the next polls.
     faults: VecDeque<TransportError>,
     /// The sender of the last message and whether it was a reply: a poll looks first where
-    /// that sender's next message of the same kind goes.
+    /// that sender's next message of the same kind goes, then at its other slot.
     hint: (usize, bool),
     /// Takes of our message-exist flag that cleared tags (see [`Layout::taken`]).
     takes: u64,
     /// Polls since the work queue drained with the message-exist flag left set.
     stale_polls: u32,
+    /// Offset of the AM segment in our byte area (`Layout::segment_base`, computed once).
+    am_base: usize,
 }
 
 fn sci_err(e: am_shm::ShmError) -> SendError {
@@ -235,72 +245,191 @@ fn write_slot(
     Ok(())
 }
 
+/// [`TxState::publish`] for a caller that holds the destination's state `to` already; the
+/// destination's segment is looked up in `peers` only to ring it. `takes`: the take counts
+/// in our word area, or `None` to ring always.
+#[inline(always)]
+fn publish_to(
+    rank: usize,
+    peers: &[Imported],
+    takes: Option<&WordRun>,
+    dest: usize,
+    to: &mut Dest,
+    slot: usize,
+) -> Result<(), SendError> {
+    let stamp = to.send_seq;
+    to.send_seq += 1;
+    // Message-ready flag after the data, message-exist flag after the ready flag.
+    to.out.publish(slot, stamp).map_err(sci_err)?;
+    if let Some(takes) = takes {
+        // Our ready flag before our read of `dest`'s take count, against its take, count
+        // write and fence before it scans: either we see the new count and ring, or its
+        // scan sees our flag. An unchanged count means our tag is still set there, so the
+        // write (a line `dest` polls, pulled away by an atomic) is skipped.
+        fence(Ordering::SeqCst);
+        // Our own memory: the sender never reads a peer's (SCI's remote writes only).
+        // `taken_ix` is in the run by construction; were it not, we would ring.
+        let taken = takes.load(to.taken_ix);
+        if taken == Some(to.rung) {
+            return Ok(());
+        }
+        to.rung = taken.unwrap_or(u64::MAX);
+    }
+    ring(peers, dest, rank)
+}
+
+/// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange).
+#[inline(never)]
+fn ring(peers: &[Imported], dest: usize, rank: usize) -> Result<(), SendError> {
+    let Some(peer) = peers.get(dest) else {
+        return Err(SendError::PeerLost(dest as Rank));
+    };
+    peer.ring_tagged(MEF, am_shm::doorbell::tag(rank))
+        .map_err(sci_err)
+}
+
+/// Writes `msg` (no Long) into `slot` of `out` with `flags`, if it goes there by PIO without
+/// staging; `false`, with nothing written, for `TxState::send` (a message too large for a
+/// slot, which the writer refuses, or "1 copy, 1 transfer").
+#[inline(always)]
+fn write_small(
+    out: &SlotWriter,
+    medium: MediumStrategy,
+    slot: usize,
+    flags: u32,
+    msg: &Outgoing<'_>,
+) -> bool {
+    let written = match msg.payload {
+        Payload::Private([]) => out.write(slot, flags, &[msg.head]),
+        payload => match write_medium(out, medium, slot, flags, msg.head, payload) {
+            Some(written) => written,
+            None => return false,
+        },
+    };
+    // Not `is_ok()`: dropping the whole result, `Ok` too, is an out-of-line call here.
+    match written {
+        Ok(()) => true,
+        Err(e) => {
+            drop(e);
+            false
+        }
+    }
+}
+
+/// A Medium's slot by "0 copy, 2 transfers" (out of the Short's path): header and head,
+/// then the payload straight from where it is. `None` for "1 copy, 1 transfer", which
+/// `TxState::send` stages.
+#[inline(never)]
+fn write_medium(
+    out: &SlotWriter,
+    medium: MediumStrategy,
+    slot: usize,
+    flags: u32,
+    head: &[u8],
+    payload: Payload<'_>,
+) -> Option<Result<(), am_shm::ShmError>> {
+    match (payload, medium) {
+        (Payload::Private(p), MediumStrategy::TwoTransfers) => {
+            Some(out.write(slot, flags, &[head, p]))
+        }
+        (Payload::Shared(s), MediumStrategy::TwoTransfers) => {
+            Some(out.write_then(slot, flags, &[head], s))
+        }
+        (_, MediumStrategy::OneCopy) => None,
+    }
+}
+
 impl TxState {
-    #[inline]
     /// Publishes `slot` at `dest` and rings its message-exist flag unless the flag still
     /// carries our tag. `own` is this rank's segment (`None`: always ring).
+    #[inline]
     fn publish(
         &mut self,
         own: Option<&Segment>,
         dest: usize,
         slot: usize,
     ) -> Result<(), SendError> {
-        let (Some(peer), Some(to)) = (self.peers.get(dest), self.dests.get_mut(dest)) else {
+        let Some(to) = self.dests.get_mut(dest) else {
             return Err(SendError::PeerLost(dest as Rank));
         };
-        let stamp = to.send_seq;
-        to.send_seq += 1;
-        // Message-ready flag after the data, message-exist flag after the ready flag.
-        self.chan.publish(peer, slot, stamp).map_err(sci_err)?;
-        if let Some(own) = own {
-            // Our ready flag before our read of `dest`'s take count, against its take, count
-            // write and fence before it scans: either we see the new count and ring, or its
-            // scan sees our flag. An unchanged count means our tag is still set there, so the
-            // write (a line `dest` polls, pulled away by an atomic) is skipped.
-            fence(Ordering::SeqCst);
-            // Our own memory: the sender never reads a peer's (SCI's remote writes only).
-            let taken = own.load_word(self.layout.taken(dest)).map_err(sci_err)?;
-            if taken == to.rung {
-                return Ok(());
-            }
-            to.rung = taken;
-        }
-        peer.ring_tagged(MEF, am_shm::doorbell::tag(self.rank))
-            .map_err(sci_err)
+        let takes = own.map(|_| &self.takes);
+        publish_to(self.rank, &self.peers, takes, dest, to, slot)
     }
 
-    /// [`send`](Self::send) of a request that is all head (an AM Short), outside a handler,
-    /// with no DMA in flight: the same slot, written and published the same way, without the
-    /// branches for replies, Longs and Mediums. `None`: anything else, for `send`.
+    /// [`send`](Self::send) of an AM Short or Medium (no Long; a Medium's payload by "0 copy,
+    /// 2 transfers"), request or reply, to a peer not lost, with no DMA in flight (so none
+    /// pending to any peer): the same slot, written and published the same way, with one
+    /// look-up of the destination and without the branches for Longs and the DMA engine.
+    /// `own` is `None` exactly while deferring (from a handler), as for `send`. `None`:
+    /// anything else (or a message too large for a slot), for `send`.
     #[inline(always)]
-    fn send_short_request(
+    fn send_small(
         &mut self,
-        own: &Segment,
+        own: Option<&Segment>,
         dest: Rank,
-        head: &[u8],
+        msg: &Outgoing<'_>,
     ) -> Option<Result<(), SendError>> {
-        if self.deferring || !self.dma.queue.is_empty() || head.len() > self.chan.capacity() {
+        debug_assert_eq!(own.is_none(), self.deferring);
+        if msg.long_offset.is_some() || !self.dma.queue.is_empty() {
             return None;
         }
+        let p = self.config.slots;
         let d = dest as usize;
-        let (Some(to), Some(peer)) = (self.dests.get_mut(d), self.peers.get(d)) else {
-            return None;
-        };
-        if to.lost || to.dma_pending > 0 {
+        let to = self.dests.get_mut(d)?;
+        if to.lost {
             return None;
         }
-        let k = to.next_req;
-        if to.mls.is_busy(k) {
+        // Per-pair order: nothing overtakes a message not yet published.
+        if own.is_none() && self.deferred.iter().any(|&(x, _)| x == d) {
             return Some(Err(SendError::Busy));
         }
-        // `k < slots`: request slots are taken in turn (`next_slot`).
-        let base = self.chan.data + k * self.chan.size;
-        if let Err(e) = write_slot(peer, base, 0, head, Payload::EMPTY) {
-            return Some(Err(sci_err(e)));
+        // As in `send`: a request takes the next request slot; a reply goes to the reply slot
+        // paired with the oldest request it answers. Two paths, each with only its own state
+        // live across the write. A write refused (for its length) is left to `send`, which
+        // reports it (`TooLarge`).
+        let slot = match msg.reply_to {
+            None => {
+                let k = to.next_req;
+                if to.mls.is_busy(k) {
+                    return Some(Err(SendError::Busy));
+                }
+                if !write_small(&to.out, self.config.medium, k, 0, msg) {
+                    return None;
+                }
+                to.mls.take(k);
+                // `k < p`: request slots are taken in turn.
+                to.next_req = if k + 1 == p { 0 } else { k + 1 };
+                k
+            }
+            Some(route) => {
+                let k = match usize::try_from(route.get().wrapping_sub(1)) {
+                    Ok(k) if k < p => k,
+                    _ => return Some(Err(SendError::NoRequestToAnswer(route))),
+                };
+                let first = to.answer_next;
+                let (answering, mask) = if k == first {
+                    (0, 1 << k)
+                } else {
+                    let n = if k > first { k - first } else { k + p - first } + 1;
+                    (answers_flag(n), cyclic_mask(first, n, p))
+                };
+                if to.awaiting_reply & mask != mask {
+                    return Some(Err(SendError::NoRequestToAnswer(route)));
+                }
+                if !write_small(&to.out, self.config.medium, p + first, answering, msg) {
+                    return None;
+                }
+                to.awaiting_reply &= !mask;
+                to.answer_next = if k + 1 == p { 0 } else { k + 1 };
+                p + first
+            }
+        };
+        if own.is_none() {
+            self.deferred.push((d, slot));
+            return Some(Ok(()));
         }
-        to.mls.take(k);
-        to.next_req = next_slot(k, self.config.slots);
-        Some(self.publish(Some(own), d, k))
+        let takes = own.map(|_| &self.takes);
+        Some(publish_to(self.rank, &self.peers, takes, d, to, slot))
     }
 
     /// Publishes the headers of Longs whose DMA finished.
@@ -474,6 +603,9 @@ impl TxState {
 impl Tx for TxState {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if let Some(sent) = self.send_small(None, dest, msg) {
+            return sent;
+        }
         self.send(None, dest, msg)
     }
 }
@@ -481,10 +613,8 @@ impl Tx for TxState {
 impl Tx for Sci {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        if msg.reply_to.is_none() && msg.long_offset.is_none() && msg.payload.is_empty() {
-            if let Some(sent) = self.tx.send_short_request(&self.seg, dest, msg.head) {
-                return sent;
-            }
+        if let Some(sent) = self.tx.send_small(Some(&self.seg), dest, msg) {
+            return sent;
         }
         self.tx.send(Some(&self.seg), dest, msg)
     }
@@ -498,22 +628,39 @@ impl Sci {
         seg: Segment,
         peers: Vec<Imported>,
         pids: Vec<Option<nix::unistd::Pid>>,
-    ) -> Sci {
+    ) -> Result<Sci, SciError> {
         let n = layout.ranks;
-        Sci {
+        let chan = layout.command_segment(rank);
+        // The geometry was checked by `Layout::new` and every segment made with it, so these
+        // checks do not fail; made once, they spare every message its offset checks.
+        let inbox = layout.command_segments().reader(&seg)?;
+        let lines = layout.departed_words();
+        let takes_at = lines.base;
+        let takes = seg.word_run(takes_at, n * lines.stride / 8)?;
+        let outs = peers
+            .iter()
+            .map(|peer| chan.writer(peer))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sci {
             seg,
+            inbox,
             tx: TxState {
                 rank,
+                takes,
                 layout,
                 config,
-                chan: layout.command_segment(rank),
+                chan,
                 peers,
-                dests: (0..n)
-                    .map(|_| Dest {
+                dests: outs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(d, out)| Dest {
+                        out,
                         mls: MessageLocationStatus::default(),
                         next_req: 0,
                         send_seq: 1,
                         rung: u64::MAX,
+                        taken_ix: (layout.taken(d) - takes_at) / 8,
                         dma_pending: 0,
                         lost: false,
                         awaiting_reply: 0,
@@ -531,7 +678,7 @@ impl Sci {
             },
             work: VecDeque::with_capacity(n * 2 * config.slots),
             recv: (0..n)
-                .map(|c| Expect::new(&layout.command_segment(c), config.slots))
+                .map(|c| Expect::new(c * 2 * config.slots, config.slots))
                 .collect(),
             stamps: vec![0; 2 * config.slots],
             liveness: Liveness::new(pids),
@@ -539,7 +686,8 @@ impl Sci {
             takes: 0,
             hint: (0, false),
             stale_polls: 0,
-        }
+            am_base: layout.segment_base(),
+        })
     }
 
     fn layout_for(ranks: u32, segment_size: usize, config: &SciConfig) -> Result<Layout, SciError> {
@@ -567,8 +715,7 @@ impl Sci {
             .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
         let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
-        Ok(segs
-            .into_iter()
+        segs.into_iter()
             .enumerate()
             .map(|(r, seg)| {
                 Sci::new(
@@ -580,7 +727,7 @@ impl Sci {
                     vec![None; ranks as usize],
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Starts this rank's NIC in a multi-process job: exports its segment (anonymous: no file
@@ -605,14 +752,14 @@ impl Sci {
         )?;
         // An imported segment is written, never read (SCI's remote writes, local reads).
         let peers = joined.peers.iter().map(Segment::import).collect();
-        Ok(Sci::new(
+        Sci::new(
             job.rank as usize,
             layout,
             config,
             joined.own,
             peers,
             joined.pids,
-        ))
+        )
     }
 
     /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
@@ -637,10 +784,9 @@ impl Sci {
     /// The AM segment: a view of this rank's exported memory after the command segments
     /// (in range by construction: the segment was made with this layout).
     fn am_segment(&self) -> SharedBytes<'_> {
-        let l = &self.tx.layout;
         self.seg
             .byte_area()
-            .slice_or_empty(l.segment_base(), l.segment)
+            .slice_or_empty(self.am_base, self.tx.layout.segment)
     }
 
     /// The configuration in use.
@@ -684,12 +830,15 @@ impl Sci {
 
     /// Moves the ready messages of the senders in `tags` (all of them for an untagged ring)
     /// to the work queue, per sender in stamp order, looking only where each sender's next
-    /// message can be (see [`Expect`]): two flags per sender.
-    fn look(&mut self, tags: u32) -> Result<(), TransportError> {
+    /// message can be (see [`Expect`]): two flags per sender. The first one found is
+    /// returned instead (a poll looks only with the queue empty, and would take it next).
+    fn look(&mut self, tags: u32) -> Result<Option<(usize, usize)>, TransportError> {
+        debug_assert!(self.work.is_empty());
         let ranks = self.tx.layout.ranks;
+        let mut first = None;
         if tags & !1 == 0 {
             for c in 0..ranks {
-                self.look_at(c)?;
+                self.look_into(c, &mut first)?;
             }
         } else {
             // Tag bit b stands for senders b, b + TAGS, ...
@@ -698,105 +847,142 @@ impl Sci {
                 let mut c = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 while c < ranks {
-                    self.look_at(c)?;
+                    self.look_into(c, &mut first)?;
                     c += am_shm::doorbell::TAGS;
                 }
+            }
+        }
+        Ok(first)
+    }
+
+    /// Moves sender `c`'s ready messages to the work queue (see [`look`](Self::look)): the
+    /// tests' look at one sender.
+    #[cfg(test)]
+    fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
+        // A `first` already taken: every message goes to the queue.
+        self.look_into(c, &mut Some((c, 0)))
+    }
+
+    /// Moves sender `c`'s ready messages to the work queue, but the first one found goes to
+    /// `first` if that is still empty.
+    #[inline(always)]
+    fn look_into(
+        &mut self,
+        c: usize,
+        first: &mut Option<(usize, usize)>,
+    ) -> Result<(), TransportError> {
+        while let Some(slot) = self.take_next(c)? {
+            if first.is_none() {
+                *first = Some((c, slot));
+            } else {
+                self.work.push_back((c, slot));
             }
         }
         Ok(())
     }
 
+    /// Sender `c`'s next message, if one of its two slots carries it: taken (its [`Expect`]
+    /// advanced), to be delivered next among `c`'s.
     #[inline(always)]
-    fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
+    fn take_next(&mut self, c: usize) -> Result<Option<usize>, TransportError> {
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
-        let chan = self.tx.layout.command_segment(c);
-        while let Some(e) = self.recv.get_mut(c) {
-            // `req_at` and `rep_at` are `chan.base` of the two slots, kept by `advance`.
-            let (slot, answers) = if self.seg.load_slot_word(e.req_at).map_err(io)? == e.seq {
-                (e.req, 1)
-            } else if self.seg.load_slot_word(e.rep_at).map_err(io)? == e.seq {
-                (e.rep, answered_by(&self.seg, e.rep_at, true, p))
-            } else {
-                break;
-            };
-            e.advance(&chan, slot, p, answers);
-            self.work.push_back((c, slot));
-        }
-        Ok(())
+        let Some(e) = self.recv.get_mut(c) else {
+            return Ok(None);
+        };
+        let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
+            e.req
+        } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
+            e.rep
+        } else {
+            return Ok(None);
+        };
+        // A reply's flags say how many requests it answers (where the next reply goes).
+        let n = if slot < p {
+            1
+        } else {
+            answered_by(self.inbox.header(e.base + slot).map_err(io)?.1, slot, p)
+        };
+        e.advance(slot, p, n);
+        Ok(Some(slot))
     }
 
     /// Like [`look`](Self::look), but reads every ready flag of the senders in `tags`: after
     /// a take, so a message a sender put where the protocol does not is still found.
     fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
+        let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let p = self.tx.config.slots;
         // Reused buffer: a fresh array per scan would cost a memset per poll.
         let mut stamps = std::mem::take(&mut self.stamps);
         let all = tags & !1 == 0;
+        let mut found = Ok(());
         for c in 0..self.tx.layout.ranks {
             if !all && tags & am_shm::doorbell::tag(c) == 0 {
                 continue;
             }
-            let chan = self.tx.layout.command_segment(c);
-            // One pass over the ready flags, then find the stamps in order locally.
-            let n = match chan.load_stamps(&self.seg, &mut stamps) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.stamps = stamps;
-                    return Err(TransportError::Io(e.to_string()));
-                }
-            };
-            while let Some(slot) = stamps[..n].iter().position(|&s| s == self.recv[c].seq) {
-                let at = chan
-                    .base(slot)
-                    .map_err(|e| TransportError::Io(e.to_string()))?;
-                let answers = answered_by(&self.seg, at, slot >= p, p);
-                self.recv[c].advance(&chan, slot, p, answers);
-                self.work.push_back((c, slot));
+            found = self.scan_one(c, p, &mut stamps);
+            if found.is_err() {
+                break;
             }
         }
         self.stamps = stamps;
+        found.map_err(io)
+    }
+
+    /// [`scan`](Self::scan) of sender `c`'s command segment, with `stamps` (`2 * p` words)
+    /// for its ready flags.
+    fn scan_one(&mut self, c: usize, p: usize, stamps: &mut [u64]) -> Result<(), am_shm::ShmError> {
+        let Some(e) = self.recv.get_mut(c) else {
+            return Ok(());
+        };
+        // One pass over the ready flags, then find the stamps in order locally.
+        for (k, s) in stamps.iter_mut().enumerate() {
+            *s = self.inbox.stamp(e.base + k)?;
+        }
+        while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
+            let (_, flags) = self.inbox.header(e.base + slot)?;
+            e.advance(slot, p, answered_by(flags, slot, p));
+            self.work.push_back((c, slot));
+        }
         Ok(())
     }
 
-    /// The next message to deliver, `(sender, slot)`: the work queue's head; else the last
-    /// sender's next message of the same kind, if its slot carries it; else what a look at
-    /// the senders that rang finds. An idle poll reads two words of our own memory, the
-    /// message-exist flag and that ready flag, whatever the number of peers; they are
-    /// independent loads, so when both lines were written the misses overlap.
+    /// The next message to deliver, `(sender, slot, fresh)`: the work queue's head; else the
+    /// last sender's next message, if the slot where its next message of the same kind goes
+    /// carries it (or, with the flag rung, the slot of the other kind: an exchange both ways
+    /// alternates them); else what a look at the senders that rang finds. An idle poll reads
+    /// two words of our own memory, the message-exist flag and that ready flag, whatever the
+    /// number of peers; they are independent loads, so when both lines were written the
+    /// misses overlap. `fresh`: taken here, its sender's [`Expect`] not advanced yet (the
+    /// delivery does it from the header it reads anyway).
     #[inline(always)]
-    fn next_message(&mut self) -> Result<Option<(usize, usize)>, TransportError> {
-        if !self.work.is_empty() {
-            return Ok(self.work.pop_front());
+    fn next_message(&mut self) -> Result<Option<(usize, usize, bool)>, TransportError> {
+        if let Some((c, slot)) = self.work.pop_front() {
+            return Ok(Some((c, slot, false)));
         }
         let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
         let tags = self.seg.doorbell(MEF).map_err(io)?.peek_tags();
-        // The slot where the last sender's next message of the same kind goes (see
-        // `Expect`), read beside the flag. Taking a message here keeps per-sender order (the
-        // queue is empty and the stamp is the next one) and leaves the flag as it is. A
-        // message elsewhere has its sender's tag on the flag.
+        // Taking a message here keeps per-sender order (the queue is empty and the stamp is
+        // the next one) and leaves the flag as it is. A message elsewhere has its sender's
+        // tag on the flag.
         let (c, rep) = self.hint;
-        let Some(e) = self.recv.get_mut(c) else {
+        let Some(e) = self.recv.get(c) else {
             return Err(TransportError::Io("sci: bad hint".into()));
         };
-        let (slot, at) = if rep {
-            (e.rep, e.rep_at)
-        } else {
-            (e.req, e.req_at)
-        };
-        if self.seg.load_slot_word(at).map_err(io)? != e.seq {
-            if tags == 0 {
-                if self.liveness.idle_poll() {
-                    self.liveness_tick()?;
-                }
-                return Ok(None);
-            }
-            return self.look_around(tags);
+        let (same, other) = if rep { (e.rep, e.req) } else { (e.req, e.rep) };
+        if self.inbox.stamp(e.base + same).map_err(io)? == e.seq {
+            return Ok(Some((c, same, true)));
         }
-        let chan = self.tx.layout.command_segment(c);
-        let p = self.tx.config.slots;
-        e.advance(&chan, slot, p, answered_by(&self.seg, at, rep, p));
-        Ok(Some((c, slot)))
+        if tags == 0 {
+            if self.liveness.idle_poll() {
+                self.liveness_tick()?;
+            }
+            return Ok(None);
+        }
+        if self.inbox.stamp(e.base + other).map_err(io)? == e.seq {
+            return Ok(Some((c, other, true)));
+        }
+        Ok(self.look_around(tags)?.map(|(c, slot)| (c, slot, false)))
     }
 
     /// A poll that found nothing with the message-exist flag left set: after a bounded
@@ -822,11 +1008,10 @@ impl Sci {
         // (see `TxState::publish`), and the clear, which makes the next one ring, stays off
         // the delivery path. After a bounded number of fruitless polls it is taken, and the
         // senders that rang since are scanned.
-        self.look(tags)?;
-        if self.work.is_empty() {
-            return self.stale_poll();
+        match self.look(tags)? {
+            Some(found) => Ok(Some(found)),
+            None => self.stale_poll(),
         }
-        Ok(self.work.pop_front())
     }
 
     /// After a while without progress: is every peer that has not departed still alive? And a
@@ -937,23 +1122,29 @@ impl Transport for Sci {
         if let Some(e) = self.faults.pop_front() {
             return Err(e);
         }
-        let Some((src, slot)) = self.next_message()? else {
+        let Some((src, slot, fresh)) = self.next_message()? else {
             return Ok(None);
         };
         self.liveness.progress();
         self.stale_polls = 0;
-        let layout = self.tx.layout;
-        let chan = layout.command_segment(src);
         let p = self.tx.config.slots;
         self.hint = (src, slot >= p);
         let corrupt = |e: am_shm::ShmError| TransportError::PeerMisbehaved {
             peer: Some(src as Rank),
             what: format!("sci: a bad slot {slot}: {e}"),
         };
-        // The header is copied out and checked; the body is lent as a view of the slot, which
-        // its sender rewrites only after our reply frees it (and a peer that does not follow
-        // that protocol can only make the handler read garbage bytes, by copies).
-        let (flags, len, body) = chan.header(&self.seg, slot).map_err(corrupt)?;
+        // The header is copied out (one word, read once) and checked; the body is lent as a
+        // view of the slot, which its sender rewrites only after our reply frees it (and a
+        // peer that does not follow that protocol can only make the handler read garbage
+        // bytes, by copies).
+        let at = src * 2 * p + slot;
+        let (len, flags) = self.inbox.header(at).map_err(corrupt)?;
+        if fresh {
+            if let Some(e) = self.recv.get_mut(src) {
+                e.advance(slot, p, answered_by(flags, slot, p));
+            }
+        }
+        let bytes = self.inbox.body(at, len as usize).map_err(corrupt)?;
         let mut answered = 0u64;
         // A request's reply goes to the reply slot paired with its slot: that is its route
         // (slot + 1, so that no request has `Route::NONE`).
@@ -996,11 +1187,10 @@ impl Transport for Sci {
             answered = mask;
             Route::NONE
         };
-        let bytes = self.seg.view(body, len).map_err(corrupt)?;
         let segment = self
             .seg
             .byte_area()
-            .slice_or_empty(layout.segment_base(), layout.segment);
+            .slice_or_empty(self.am_base, self.tx.layout.segment);
         let delivery = Delivery {
             src: src as Rank,
             bytes: Received::Shared(bytes),
@@ -1020,13 +1210,18 @@ impl Transport for Sci {
             // stream to `src`, take them now, so that the fence after a later publication
             // waits for no line. Not for a lone round trip, where that transfer would share
             // the path with the next request's.
-            if let Some(peer) = self.tx.peers.get(src).filter(|_| streaming) {
+            if let Some(peer) = self
+                .tx
+                .dests
+                .get(src)
+                .map(|to| &to.out)
+                .filter(|_| streaming)
+            {
                 let mut bits = answered;
                 while bits != 0 {
                     let k = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    // `k < p`: a request slot of the channel (out of it, the hint is ignored).
-                    peer.prefetch_for_write(self.tx.chan.data + k * self.tx.chan.size);
+                    peer.prefetch_for_write(k);
                 }
             }
         }
