@@ -428,6 +428,12 @@ struct Replies {
     replied: bool,
     /// The first error of the running handler's replies.
     error: Option<AmError>,
+    /// What a reply is checked against before it leaves: the registration of each handler
+    /// (a copy of the table's), the transport's limits, and the bytes of every rank's
+    /// segment (equal on all ranks, checked at start-up), which bound a Long reply's range.
+    meta: [Option<(Category, AmKind)>; 256],
+    limits: Limits,
+    seg_len: usize,
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
@@ -441,13 +447,8 @@ pub(crate) struct ReplySink<'a> {
     may_owe: bool,
     tx: &'a mut dyn Tx,
     /// What earlier requests of the requester are owed leaves before any reply to it, so
-    /// replies leave in request order.
+    /// replies leave in request order; and what replies are checked against.
     out: &'a mut Replies,
-    meta: &'a [Option<(Category, AmKind)>; 256],
-    limits: &'a Limits,
-    /// Bytes of every rank's segment (equal on all ranks, checked at start-up): a Long
-    /// reply's range is checked here, before it leaves.
-    seg_len: usize,
 }
 
 impl<'a> ReplySink<'a> {
@@ -460,9 +461,6 @@ impl<'a> ReplySink<'a> {
         may_owe: bool,
         tx: &'a mut dyn Tx,
         out: &'a mut Replies,
-        meta: &'a [Option<(Category, AmKind)>; 256],
-        limits: &'a Limits,
-        seg_len: usize,
     ) -> Self {
         ReplySink {
             src,
@@ -471,9 +469,6 @@ impl<'a> ReplySink<'a> {
             may_owe,
             tx,
             out,
-            meta,
-            limits,
-            seg_len,
         }
     }
 
@@ -613,8 +608,8 @@ impl ReplySink<'_> {
         payload: Payload<'_>,
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        check_message(self.limits, kind, args, payload.len())?;
-        if self.meta[handler.0 as usize] != Some((Category::Reply, kind)) {
+        check_message(&self.out.limits, kind, args, payload.len())?;
+        if self.out.meta[handler.0 as usize] != Some((Category::Reply, kind)) {
             return Err(AmError::NotRegistered {
                 handler,
                 category: Category::Reply,
@@ -625,16 +620,32 @@ impl ReplySink<'_> {
             // As `request_long` checks: the requester's segment is as long as ours, and it
             // would take a reply outside it for misbehaviour.
             let len = payload.len() as u64;
-            if segment_range(offset as u64, len, self.seg_len).is_none() {
+            if segment_range(offset as u64, len, self.out.seg_len).is_none() {
                 return Err(AmError::SegmentOutOfBounds {
                     offset: offset as u64,
                     len,
-                    size: self.seg_len,
+                    size: self.out.seg_len,
                 });
             }
         }
         self.send(false, kind, handler.0, args, payload, long_offset)
     }
+}
+
+/// A request whose handler cannot run (unknown, or its Long could not be placed): still
+/// answered, so the requester gets its credit back, and `e` reported.
+#[cold]
+#[inline(never)]
+fn refuse_request(
+    replies: &mut Replies,
+    tx: &mut dyn Tx,
+    src: Rank,
+    route: Route,
+    grant: u8,
+    e: AmError,
+) -> Result<(), AmError> {
+    ReplySink::new(src, route, grant, true, tx, replies).finish()?;
+    Err(e)
 }
 
 /// Checks arguments and payload size against the transport's limits.
@@ -695,6 +706,7 @@ impl Endpoint {
     ) -> Endpoint {
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
+        let meta = handlers.meta;
         Endpoint {
             rank,
             size,
@@ -707,6 +719,9 @@ impl Endpoint {
                 acks: None,
                 replied: false,
                 error: None,
+                meta,
+                limits,
+                seg_len: segment_len,
             },
             ops: Vec::new(),
             free_ops: Vec::new(),
@@ -1888,9 +1903,7 @@ impl Endpoint {
         let Endpoint {
             handlers,
             replies,
-            limits,
             scratch,
-            seg_len,
             ..
         } = self;
         let msg = |scratch| Msg {
@@ -1913,50 +1926,43 @@ impl Endpoint {
                 _ => Err(unknown_handler(src, hdr)),
             },
             Category::Request => {
-                let Handlers { fns, meta, .. } = handlers;
-                let result = match &mut fns[id] {
-                    Some(HandlerFn::Request(kind, f)) if *kind == hdr.kind => {
-                        match place(segment, &long, inline_long) {
-                            Ok(()) => {
-                                let mut sink = ReplySink::new(
-                                    src, route, grant, true, &mut *tx, replies, meta, limits,
-                                    *seg_len,
-                                );
-                                f(
-                                    msg(scratch),
-                                    Token {
-                                        src,
-                                        sink: &mut sink,
-                                    },
-                                );
-                                Ok(())
-                            }
-                            Err(e) => Err(e),
-                        }
+                let f = match &mut handlers.fns[id] {
+                    Some(HandlerFn::Request(kind, f)) if *kind == hdr.kind => f,
+                    _ => {
+                        let e = unknown_handler(src, hdr);
+                        return refuse_request(replies, tx, src, route, grant, e);
                     }
-                    _ => Err(unknown_handler(src, hdr)),
                 };
+                if let Err(e) = place(segment, &long, inline_long) {
+                    return refuse_request(replies, tx, src, route, grant, e);
+                }
+                let mut sink = ReplySink::new(src, route, grant, true, &mut *tx, replies);
+                f(
+                    msg(scratch),
+                    Token {
+                        src,
+                        sink: &mut sink,
+                    },
+                );
                 match (replies.replied, &replies.error, replies.acks.as_mut()) {
                     // Replied, and the reply went out or waits in order: nothing to finish.
-                    (true, None, _) => replies.replied = false,
+                    (true, None, _) => {
+                        replies.replied = false;
+                        Ok(())
+                    }
                     // No reply: one more owed to the requester, sent with others.
-                    (false, None, Some(acks)) => {
-                        if let Some(owed) = acks.owe(src, grant, route) {
-                            ReplySink::new(
-                                src, route, grant, true, tx, replies, meta, limits, *seg_len,
-                            )
-                            .send_acks(&owed);
-                            if let Some(e) = replies.error.take() {
-                                return Err(e);
+                    (false, None, Some(acks)) => match acks.owe(src, grant, route) {
+                        None => Ok(()),
+                        Some(owed) => {
+                            ReplySink::new(src, route, grant, true, tx, replies).send_acks(&owed);
+                            match replies.error.take() {
+                                None => Ok(()),
+                                Some(e) => Err(e),
                             }
                         }
-                    }
-                    _ => {
-                        ReplySink::new(src, route, grant, true, tx, replies, meta, limits, *seg_len)
-                            .finish()?
-                    }
+                    },
+                    _ => ReplySink::new(src, route, grant, true, tx, replies).finish(),
                 }
-                result
             }
         }
     }
@@ -2004,17 +2010,7 @@ impl Endpoint {
             },
         );
         if hdr.category == Category::Request {
-            let mut sink = ReplySink::new(
-                src,
-                route,
-                grant,
-                false,
-                tx,
-                &mut self.replies,
-                &self.handlers.meta,
-                &self.limits,
-                self.seg_len,
-            );
+            let mut sink = ReplySink::new(src, route, grant, false, tx, &mut self.replies);
             if hdr.system {
                 if let Ok(SystemMsg::Put { op }) =
                     SystemMsg::decode(hdr.category, hdr.kind, hdr.handler, args)
@@ -2047,17 +2043,7 @@ impl Endpoint {
         match hdr.category {
             Category::Reply => self.system_reply(src, hdr, args, payload),
             Category::Request => {
-                let mut sink = ReplySink::new(
-                    src,
-                    route,
-                    grant,
-                    false,
-                    tx,
-                    &mut self.replies,
-                    &self.handlers.meta,
-                    &self.limits,
-                    self.seg_len,
-                );
+                let mut sink = ReplySink::new(src, route, grant, false, tx, &mut self.replies);
                 // Split borrows: the system state is disjoint from the sink's fields.
                 let result = system_request(
                     &mut SystemState {
@@ -2253,7 +2239,7 @@ fn system_request(
                 Payload::Private(b) => sig[..n].copy_from_slice(b),
                 Payload::Shared(s) => s.read(0, &mut sig[..n]).map_err(shm_err)?,
             }
-            let truncated = n / 2 >= (sink.limits.max_medium / 2).min(256);
+            let truncated = n / 2 >= (sink.out.limits.max_medium / 2).min(256);
             st.hello.received += 1;
             if st.hello.mismatch.is_none() {
                 if digest != st.hello_digest {
@@ -2300,7 +2286,7 @@ fn system_request(
             len,
             at,
         } => match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
-            Some(r) if r.len() <= sink.limits.max_medium => {
+            Some(r) if r.len() <= sink.out.limits.max_medium => {
                 // Straight from the segment: the transport copies the view once.
                 let data = segment.slice(r.start, r.len()).map_err(shm_err)?;
                 sink.system(
