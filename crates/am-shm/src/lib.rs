@@ -14,6 +14,9 @@
 //! - [`stamp`]: the slot hand-over, in crossbeam's `ArrayQueue` order: claim (by the caller's
 //!   own bookkeeping), write the bytes, publish with a `Release` store of a stamp; the reader
 //!   loads the stamp with `Acquire` before it copies the bytes out.
+//! - [`SpscRing`]: a ring of variable-size records with one writer and one reader (its
+//!   bytes, its reader's head word and futex word), checked once when made, so that its hot
+//!   path needs no bounds checks.
 //! - [`mailbox`]: a ring that senders of several processes claim slot by slot, each claim a
 //!   compare-and-swap that names its claimer, so a dead claimer's slot can be told and skipped.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
@@ -47,6 +50,7 @@ mod mapping;
 pub mod portal;
 pub mod segment;
 mod shared;
+pub mod spsc;
 pub mod stamp;
 pub mod sync;
 
@@ -54,6 +58,7 @@ pub use doorbell::Doorbell;
 pub use futex::{futex_wait, futex_wake};
 pub use segment::{Imported, Segment, Slot, CACHE_LINE};
 pub use shared::SharedBytes;
+pub use spsc::SpscRing;
 
 /// Why a shared-memory operation failed.
 #[derive(Debug, thiserror::Error)]
