@@ -9,6 +9,12 @@
 //! model does the same with Shorts, the first of which takes the sender's fast path (the
 //! limits it last read let it through) and the second a wrap.
 //!
+//! The wake-up is a handshake: the receiver announces that it sleeps, fences and looks at its
+//! rings again; a sender publishes, fences and looks at the announcement. In a process the
+//! sender's fence is only a compiler fence and the receiver's a `membarrier`
+//! (`am_shm::sync::AsymmetricFence`); under loom both are `SeqCst` fences, the pair's
+//! guarantee, which is what these models check.
+//!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p am-core --release --test loom`
 #![cfg(loom)]
 

@@ -24,7 +24,9 @@
 //! - [`floor`]: the raw floors the benchmarks compare against (cache-line ping-pong, copy
 //!   bandwidth), between two processes or two threads.
 //! - [`sync`]: the atomics all of the above use, loom's under `cfg(loom)`, so the loom models
-//!   run this crate's code and the NIC code built on it, not copies of it.
+//!   run this crate's code and the NIC code built on it, not copies of it; and
+//!   [`sync::AsymmetricFence`], a fence pair for threads of one process whose frequent side
+//!   costs no instruction (`membarrier` on the other).
 //!
 //! # What the crate trusts
 //! Nothing it reads from shared memory: lengths, offsets, stamps, heads and tails are checked
