@@ -44,7 +44,7 @@ struct Shared {
     /// Transports dropped so far, and when each rank's was (1 for the first, 0 while alive):
     /// a rank that fails drops its transport before its peers can notice it is gone.
     departures: AtomicU64,
-    departed: Box<[AtomicU64]>,
+    departed: Box<[Arc<AtomicU64>]>,
     /// Each rank's receive rings (its inbox), shared by all ranks.
     inboxes: Box<[Segment]>,
 }
@@ -130,6 +130,8 @@ struct DestRing {
     base: usize,
     /// The destination's segment, for Long payloads placed by the sender.
     segment: Imported,
+    /// The destination's departure (`Shared::departed`), a load away.
+    departed: Arc<AtomicU64>,
     /// Where the next record goes, and its stamp.
     pos: usize,
     stamp: u64,
@@ -191,7 +193,7 @@ impl LoopbackTx {
         let Some(to) = self.dests.get(dest as usize) else {
             return Err(SendError::InvalidRank(dest));
         };
-        if self.shared.departed[dest as usize].load(Ordering::Relaxed) != 0 {
+        if to.departed.load(Ordering::Relaxed) != 0 {
             return Err(self.gone(dest));
         }
         Ok(to.segment.byte_area())
@@ -205,7 +207,7 @@ impl LoopbackTx {
         let Some(to) = self.dests.get_mut(dest as usize) else {
             return Err(SendError::InvalidRank(dest));
         };
-        if self.shared.departed[dest as usize].load(Ordering::Relaxed) != 0 {
+        if to.departed.load(Ordering::Relaxed) != 0 {
             return Err(self.gone(dest));
         }
         // A Long's payload goes straight into the target's segment: only the head travels.
@@ -332,16 +334,10 @@ impl Tx for LoopbackTx {
             if let Some(to) = self.dests.get_mut(dest as usize) {
                 let len = msg.head.len();
                 let end = to.pos + RECORD_HEADER + pad(len);
-                let departed = || {
-                    self.shared
-                        .departed
-                        .get(dest as usize)
-                        .is_none_or(|d| d.load(Ordering::Relaxed) != 0)
-                };
                 if end <= to.limit
                     && to.stamp != to.stamp_limit
                     && len <= crate::wire::MAX_HEAD_LEN
-                    && !departed()
+                    && to.departed.load(Ordering::Relaxed) == 0
                 {
                     let header = to.stamp | len as u64;
                     to.pos = to
@@ -483,7 +479,7 @@ impl Loopback {
         let shared = Arc::new(Shared {
             aborted: AtomicBool::new(false),
             departures: AtomicU64::new(0),
-            departed: (0..ranks).map(|_| AtomicU64::new(0)).collect(),
+            departed: (0..ranks).map(|_| Arc::new(AtomicU64::new(0))).collect(),
             inboxes,
         });
         let fence = AsymmetricFence::new();
@@ -499,6 +495,7 @@ impl Loopback {
                             inbox_w: shared.inboxes[d].import(),
                             base: rank * ring_bytes,
                             segment: segments[d].import(),
+                            departed: shared.departed[d].clone(),
                             pos: 0,
                             stamp: stamp(0),
                             limit: ring_bytes - RECORD_HEADER,
