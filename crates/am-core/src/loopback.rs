@@ -441,7 +441,8 @@ impl Loopback {
     /// (128 KiB each with the defaults).
     ///
     /// # Panics
-    /// If `ranks` is 0, `config.capacity` is 0, or the segments cannot be allocated.
+    /// If `ranks` is 0, `config.capacity` is 0, or the segments cannot be allocated (a ring
+    /// of 16 GiB or more is refused).
     pub fn cluster(ranks: u32, config: LoopbackConfig) -> Vec<Loopback> {
         assert!(ranks > 0, "a job has at least one rank");
         assert!(
