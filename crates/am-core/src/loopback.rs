@@ -329,7 +329,8 @@ impl Tx for LoopbackTx {
     #[inline(always)]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         // A Short (the common message: a head and nothing else) that the limits last read
-        // let through without a wrap; anything else takes `send`.
+        // let through without a wrap; anything else takes `send`. A head of at most
+        // MAX_HEAD_LEN bytes is never TooLarge (a ring holds two of the largest records).
         if let (None, Payload::Private([])) = (msg.long_offset, msg.payload) {
             if let Some(to) = self.dests.get_mut(dest as usize) {
                 let len = msg.head.len();
