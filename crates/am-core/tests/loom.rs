@@ -5,7 +5,15 @@
 //! A sender with room for one message in its ring sends two across the ring's end while the
 //! receiver polls and sleeps: every interleaving must deliver both, whole and in order (the
 //! header stored last with `Release`, the zeroed word after each record, the head published
-//! after the handler, the wrap record), and a receiver that sleeps must be woken.
+//! after the handler, the wrap record), and a receiver that sleeps must be woken. A second
+//! model does the same with Shorts, the first of which takes the sender's fast path (the
+//! limits it last read let it through) and the second a wrap.
+//!
+//! The wake-up is a handshake: the receiver announces that it sleeps, fences and looks at its
+//! rings again; a sender publishes, fences and looks at the announcement. In a process the
+//! sender's fence is only a compiler fence and the receiver's a `membarrier`
+//! (`am_shm::sync::AsymmetricFence`); under loom both are `SeqCst` fences, the pair's
+//! guarantee, which is what these models check.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p am-core --release --test loom`
 #![cfg(loom)]
@@ -66,6 +74,71 @@ fn loom_ring_hands_over_across_its_end_and_wakes_a_sleeper() {
             }
         }
         assert_eq!(got, [[5u8; BODY].to_vec(), [6u8; BODY].to_vec()]);
+        drop(sender.join().unwrap());
+    });
+}
+
+/// A Short to handler `h` with no arguments: a head of one word, a record of two.
+fn short(h: u8, buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
+    encode_head(Category::Request, AmKind::Short, h, &[], 0, buf)
+}
+
+#[test]
+fn loom_short_fast_path_and_wrap_wake_a_sleeper() {
+    am_shm::sync::model(2, || {
+        // A ring of 216 bytes (twice the largest record and a word); records end at most a
+        // word before its end, at 208.
+        let config = LoopbackConfig {
+            capacity: 3,
+            segment_size: 64,
+            max_medium: BODY,
+            max_long: 64,
+        };
+        let mut v = Loopback::cluster(2, config);
+        let mut rx = v.pop().unwrap();
+        let mut tx = v.pop().unwrap();
+        let mut h = [0u8; MAX_HEAD_LEN];
+        // One thread first: ten Shorts of 16 bytes and a Medium of 32 take the ring to 192,
+        // the limits last read leaving room for one more record without a wrap.
+        for i in 0..11u8 {
+            let n = if i < 10 {
+                short(i, &mut h)
+            } else {
+                medium(&mut h)
+            };
+            let payload: &[u8] = if i < 10 { &[] } else { &[i; BODY] };
+            tx.try_send(1, &Outgoing::new(&h[..n], payload)).unwrap();
+            let got = rx.poll_recv(|d, _, _| d.bytes.to_vec()).unwrap().unwrap();
+            assert_eq!(got, [&h[..n], payload].concat());
+        }
+        let sender = am_shm::sync::spawn(move || {
+            let mut h = [0u8; MAX_HEAD_LEN];
+            // The first ends at 208 (the fast path), the second wraps.
+            for i in 11..13u8 {
+                let n = short(i, &mut h);
+                loop {
+                    match tx.try_send(1, &Outgoing::new(&h[..n], &[])) {
+                        Ok(()) => break,
+                        Err(SendError::Busy) => am_shm::sync::yield_now(),
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+            }
+            tx
+        });
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match rx.poll_recv(|d, _, _| d.bytes.to_vec()).unwrap() {
+                Some(bytes) => got.push(bytes),
+                None => rx.wait(Duration::from_secs(1)).unwrap(),
+            }
+        }
+        let mut want = Vec::new();
+        for i in 11..13u8 {
+            let n = short(i, &mut h);
+            want.push(h[..n].to_vec());
+        }
+        assert_eq!(got, want);
         drop(sender.join().unwrap());
     });
 }

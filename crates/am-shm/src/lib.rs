@@ -17,6 +17,9 @@
 //!   [`stamp::SlotReader`] and [`stamp::SlotWriter`] check a set of slots against a segment
 //!   once, so that each access compares only the slot index (and a peer-written length); a
 //!   [`WordRun`] does the same for words of the word area.
+//! - [`SpscRing`]: a ring of variable-size records with one writer and one reader (its
+//!   bytes, its reader's head word and futex word), checked once when made, so that its hot
+//!   path needs no bounds checks.
 //! - [`mailbox`]: a ring that senders of several processes claim slot by slot, each claim a
 //!   compare-and-swap that names its claimer, so a dead claimer's slot can be told and skipped.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
@@ -24,7 +27,9 @@
 //! - [`floor`]: the raw floors the benchmarks compare against (cache-line ping-pong, copy
 //!   bandwidth), between two processes or two threads.
 //! - [`sync`]: the atomics all of the above use, loom's under `cfg(loom)`, so the loom models
-//!   run this crate's code and the NIC code built on it, not copies of it.
+//!   run this crate's code and the NIC code built on it, not copies of it; and
+//!   [`sync::AsymmetricFence`], a fence pair for threads of one process whose frequent side
+//!   costs no instruction (`membarrier` on the other).
 //!
 //! # What the crate trusts
 //! Nothing it reads from shared memory: lengths, offsets, stamps, heads and tails are checked
@@ -50,6 +55,7 @@ mod mapping;
 pub mod portal;
 pub mod segment;
 mod shared;
+pub mod spsc;
 pub mod stamp;
 pub mod sync;
 
@@ -57,6 +63,7 @@ pub use doorbell::Doorbell;
 pub use futex::{futex_wait, futex_wake};
 pub use segment::{Imported, Segment, Slot, WordRun, CACHE_LINE};
 pub use shared::SharedBytes;
+pub use spsc::SpscRing;
 
 /// Why a shared-memory operation failed.
 #[derive(Debug, thiserror::Error)]

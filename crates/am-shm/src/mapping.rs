@@ -656,6 +656,32 @@ impl Mapping {
 }
 
 impl Mapping {
+    /// Stores `bytes` as whole words from byte `at`, the last one zero-padded, each word by
+    /// one relaxed atomic store (for a few words: a message head, with nothing to gather).
+    ///
+    /// # Safety
+    /// `at % 8 == 0` and `at + round_to_words(bytes.len()) <= self.len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn store_words_padded(&self, at: usize, bytes: &[u8]) {
+        let mut a = at;
+        let mut chunks = bytes.chunks_exact(WORD);
+        for c in chunks.by_ref() {
+            let w = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            // SAFETY: `a` is 8-aligned and the word ends within the padded run, inside the
+            // mapping (contract); the mapping is accessed only through 64-bit atomics on
+            // this grid (module docs).
+            unsafe { self.word64(a) }.store(w, Ordering::Relaxed);
+            a += WORD;
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; WORD];
+            last[..rest.len()].copy_from_slice(rest);
+            // SAFETY: as above, for the padded last word.
+            unsafe { self.word64(a) }.store(u64::from_ne_bytes(last), Ordering::Relaxed);
+        }
+    }
+
     /// Length in bytes (a multiple of 8).
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {

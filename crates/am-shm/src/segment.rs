@@ -23,6 +23,7 @@ use std::sync::Arc;
 use crate::doorbell::Doorbell;
 use crate::mapping::{round_to_words, Mapping, WORD};
 use crate::shared::SharedBytes;
+use crate::spsc::SpscRing;
 use crate::sync::{AtomicU64, Ordering};
 use crate::ShmError;
 
@@ -704,6 +705,36 @@ impl Segment {
     #[inline]
     pub fn slot(&self, off: usize, len: usize) -> Result<Slot<'_>, ShmError> {
         self.view.slot(off, len)
+    }
+
+    /// The ring `[at, at + len)` of the byte area (`at` and `len` multiples of 8, `len` at
+    /// least two words) with its reader's head word at byte `head` and futex word at byte
+    /// `sleeper` of the word area, checked once here, as an [`SpscRing`]. The futex word must
+    /// not lie in the head word's 8 bytes, and is never to be accessed at another size.
+    pub fn spsc_ring(
+        &self,
+        at: usize,
+        len: usize,
+        head: usize,
+        sleeper: usize,
+    ) -> Result<SpscRing, ShmError> {
+        let bytes = self.view.slot(at, len)?;
+        self.view.word64(head)?;
+        self.view.word32(sleeper)?;
+        if len < 2 * WORD || sleeper / WORD == head / WORD {
+            return Err(ShmError::OutOfBounds {
+                offset: at,
+                len,
+                area: self.view.bytes,
+            });
+        }
+        Ok(SpscRing::new(
+            self.view.map.clone(),
+            bytes.at,
+            len,
+            head,
+            sleeper,
+        ))
     }
 
     /// The 64-bit word at 8-aligned byte offset `off` of the *byte* area (a slot's flag word,

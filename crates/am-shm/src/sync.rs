@@ -3,7 +3,8 @@
 //! that the loom models run this crate's own code and the NIC crates' code built on it.
 //!
 //! Code that touches shared memory uses these names, never `std::sync::atomic` directly:
-//! `am_shm::sync::{AtomicU64, AtomicU32, Ordering, fence}`.
+//! `am_shm::sync::{AtomicU64, AtomicU32, Ordering, fence}`. [`AsymmetricFence`] is a pair of
+//! fences for a handshake between threads of one process whose frequent side needs none.
 
 #[cfg(not(loom))]
 pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -63,4 +64,150 @@ pub fn model(preemption_bound: usize, f: impl Fn() + Sync + Send + 'static) {
         b.check(move || f());
     }
     YIELD_AFTER_SPAWN.with(|y| y.set(false));
+}
+
+/// A pair of fences for a handshake between threads of **this process** in which one side
+/// runs often and the other rarely: a ring's writer after each record, and its reader before
+/// it sleeps (each stores its flag, fences, then loads the other's). Together they order as
+/// two `SeqCst` fences would: either the load after [`light`](Self::light) sees the store
+/// before [`heavy`](Self::heavy), or the load after `heavy` sees the store before `light`.
+///
+/// `light` is only a compiler fence; `heavy` makes every running thread of the process
+/// execute a full barrier (Linux `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, the
+/// asymmetric fence of folly and liburcu), so whatever the light side stored before its
+/// fence is visible after `heavy`, or its load after its fence comes after `heavy` began.
+/// Where the kernel refuses the registration, and under Miri and loom, both are `SeqCst`
+/// fences. Threads of other processes are not covered: never pair it across processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsymmetricFence {
+    /// `membarrier` is registered: the light side needs no fence instruction.
+    expedited: bool,
+}
+
+impl AsymmetricFence {
+    /// Registers this process for expedited `membarrier` (once per process), or falls back
+    /// to a `SeqCst` fence on both sides where that is refused.
+    pub fn new() -> AsymmetricFence {
+        AsymmetricFence {
+            expedited: membarrier::registered(),
+        }
+    }
+
+    /// Both sides `SeqCst` fences, whatever the kernel offers (for tests and comparisons).
+    pub fn symmetric() -> AsymmetricFence {
+        AsymmetricFence { expedited: false }
+    }
+
+    /// Whether the light side is only a compiler fence.
+    pub fn is_asymmetric(&self) -> bool {
+        self.expedited
+    }
+
+    /// The frequent side's fence.
+    #[inline(always)]
+    pub fn light(&self) {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if !self.expedited {
+            seq_cst_fence();
+        }
+    }
+
+    /// The rare side's fence (a system call when asymmetric). False if the barrier could not
+    /// be made (the kernel failed it): the handshake does not hold, so do not sleep on it.
+    pub fn heavy(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let done = !self.expedited || membarrier::barrier();
+        fence(Ordering::SeqCst);
+        done
+    }
+}
+
+/// The light side's fence where there is no `membarrier`: out of line, so the light side's
+/// hot path is one test.
+#[cold]
+#[inline(never)]
+fn seq_cst_fence() {
+    fence(Ordering::SeqCst);
+}
+
+impl Default for AsymmetricFence {
+    fn default() -> Self {
+        AsymmetricFence::new()
+    }
+}
+
+#[cfg(all(target_os = "linux", not(loom), not(miri)))]
+mod membarrier {
+    use std::sync::OnceLock;
+
+    // The kernel's ABI (linux/membarrier.h).
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+    const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+    fn membarrier(cmd: libc::c_int) -> bool {
+        // SAFETY: membarrier takes two integers (command, flags; and a CPU id we leave 0) and
+        // touches no memory of this process; a refusal is an error return, not a fault.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                cmd,
+                0 as libc::c_uint,
+                0 as libc::c_int,
+            ) == 0
+        }
+    }
+
+    /// Registers this process once (the kernel requires it before the barrier).
+    pub(super) fn registered() -> bool {
+        static REGISTERED: OnceLock<bool> = OnceLock::new();
+        *REGISTERED.get_or_init(|| membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED))
+    }
+
+    /// A full barrier on every running thread of this process.
+    pub(super) fn barrier() -> bool {
+        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
+mod membarrier {
+    /// Not available: both sides fence.
+    pub(super) fn registered() -> bool {
+        false
+    }
+
+    /// Never called (nothing is registered).
+    pub(super) fn barrier() -> bool {
+        false
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{AsymmetricFence, AtomicU32, Ordering};
+
+    /// The handshake both ways round, many times, in each mode: a thread stores its flag,
+    /// fences and loads the other's; they can never both miss the other's store.
+    #[test]
+    fn no_side_misses_the_other() {
+        let rounds = if cfg!(miri) { 20 } else { 2000 };
+        for f in [AsymmetricFence::new(), AsymmetricFence::symmetric()] {
+            for _ in 0..rounds {
+                let (a, b) = (AtomicU32::new(0), AtomicU32::new(0));
+                let (seen_by_light, seen_by_heavy) = std::thread::scope(|s| {
+                    let light = s.spawn(|| {
+                        a.store(1, Ordering::Relaxed);
+                        f.light();
+                        b.load(Ordering::Relaxed)
+                    });
+                    b.store(1, Ordering::Relaxed);
+                    assert!(f.heavy());
+                    let seen = a.load(Ordering::Relaxed);
+                    (light.join().unwrap(), seen)
+                });
+                assert!(seen_by_light == 1 || seen_by_heavy == 1);
+            }
+        }
+        assert!(!AsymmetricFence::symmetric().is_asymmetric());
+    }
 }
