@@ -366,6 +366,52 @@ impl std::fmt::Debug for Slot<'_> {
     }
 }
 
+/// A run of 64-bit words of a segment's word area, checked for bounds and alignment once,
+/// when made ([`Segment::word_run`]), that keeps the mapping alive: a NIC cuts the runs of a
+/// peer's memory it reaches on every message once, at start-up, keeps them, and then reaches
+/// their words with no check beyond a slice index (and no offset arithmetic). Like every
+/// view it hands out atomics only.
+#[derive(Clone)]
+pub struct WordRun {
+    map: Arc<Mapping>,
+    /// Byte offset of its first word in the mapping (8-aligned).
+    at: usize,
+    /// Its words.
+    n: usize,
+}
+
+impl WordRun {
+    /// Its words.
+    #[inline(always)]
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `at % 8 == 0` and `at + 8 * n <= words <= map.len()`, checked by
+        // `View::words64` when the run was made (`Segment::word_run`), and the mapping stays
+        // alive as long as this `Arc` to it (so as long as `&self`).
+        unsafe { self.map.words64(self.at, self.n) }
+    }
+
+    /// Its length in words.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether it has no word.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+impl std::fmt::Debug for WordRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WordRun")
+            .field("at", &self.at)
+            .field("n", &self.n)
+            .finish()
+    }
+}
+
 /// A segment this process created (the SCI **exported** segment), or a full-access mapping
 /// of a peer's ([`Segment::share`], [`crate::mailbox::attach`]): word atomics, copies in and
 /// out, views of the byte area, and [`Imported`] write-only views for writers.
@@ -603,6 +649,18 @@ impl Segment {
     #[inline]
     pub fn words(&self, off: usize, n: usize) -> Result<&[AtomicU64], ShmError> {
         self.view.words64(off, n)
+    }
+
+    /// The `n` 64-bit words from byte offset `off` of the word area as a [`WordRun`]: checked
+    /// here, once (as [`words`](Self::words) checks), and kept by the caller, which then
+    /// reaches them with no further check. The same rule holds: do not cover a doorbell.
+    pub fn word_run(&self, off: usize, n: usize) -> Result<WordRun, ShmError> {
+        self.view.words64(off, n)?;
+        Ok(WordRun {
+            map: Arc::clone(&self.view.map),
+            at: off,
+            n,
+        })
     }
 
     /// `Acquire` load of the word at `off`: what a reader does before reading the data it
@@ -895,6 +953,27 @@ impl std::fmt::Debug for Imported {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A word run is checked when made, reaches the same words as the segment, and keeps the
+    /// memory alive after the segment is gone.
+    #[test]
+    fn word_runs_are_checked_once_and_outlive_the_segment() {
+        let seg = Segment::heap(128, 16).unwrap();
+        assert!(seg.word_run(0, 16).is_ok());
+        assert!(seg.word_run(8, 16).is_err(), "past the word area");
+        assert!(seg.word_run(4, 1).is_err(), "misaligned");
+        assert!(seg.word_run(usize::MAX - 7, 1).is_err());
+        assert!(seg.word_run(0, usize::MAX / 4).is_err(), "overflow");
+        let run = seg.word_run(64, 8).unwrap();
+        assert_eq!((run.len(), run.is_empty()), (8, false));
+        assert!(seg.word_run(128, 0).unwrap().is_empty());
+        run.words()[3].store(7, Ordering::Release);
+        assert_eq!(seg.load_word(64 + 24).unwrap(), 7);
+        seg.word(64 + 56).unwrap().store(9, Ordering::Release);
+        drop(seg);
+        assert_eq!(run.words()[7].load(Ordering::Acquire), 9);
+        assert_eq!(run.clone().words()[3].load(Ordering::Acquire), 7);
+    }
 
     #[test]
     fn bounds_and_alignment_are_errors() {

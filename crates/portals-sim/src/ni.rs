@@ -74,7 +74,7 @@
 
 use am_shm::sync::{fence, AtomicU64, Ordering};
 
-use am_shm::{Imported, Segment, SharedBytes, ShmError, CACHE_LINE};
+use am_shm::{Imported, Segment, SharedBytes, ShmError, WordRun, CACHE_LINE};
 
 /// Portal table entries per NI.
 pub const NPT: usize = 4;
@@ -656,6 +656,122 @@ pub struct Nic<'a> {
     seg: &'a Segment,
     imp: &'a Imported,
     geo: &'a NiGeometry,
+    /// The word area's parts, bounds-checked once here; `None` if the segment is smaller
+    /// than the geometry (every operation is then an error).
+    parts: Option<Parts<'a>>,
+}
+
+/// A match entry's two lines: the entry, then its locally managed offset and `used` word.
+type MeLines = [AtomicU64; 2 * LINE_WORDS];
+
+/// The runs of an NI's word area a walker reaches, cut once by [`Nic::new`] to the
+/// geometry's counts (one line per portal entry, rank and event slot, two per match entry),
+/// so that an access is one index into a run of known length, with no offset arithmetic
+/// or alignment check.
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    /// The waiting word, the head and the tail (the run from `WAITING`).
+    q: &'a [AtomicU64; Q_WORDS],
+    pts: &'a [Line; NPT],
+    recs: &'a [Line],
+    mes: &'a [MeLines],
+    /// `eq_capacity` slots, a power of two.
+    eq: &'a [Line],
+}
+
+impl<'a> Parts<'a> {
+    fn new(seg: &'a Segment, geo: &NiGeometry) -> Option<Parts<'a>> {
+        let q = words(seg, WAITING).ok()?;
+        // One check for the whole area from the portal table on, cut into lines.
+        let all = seg.words(PT_BASE, (geo.words_len() - PT_BASE) / 8).ok()?;
+        let (lines, _) = all.as_chunks::<LINE_WORDS>();
+        let run = |off: usize, n: usize| lines.get((off - PT_BASE) / CACHE_LINE..)?.get(..n);
+        let mes = run(geo.me_base, 2 * geo.max_me as usize)?;
+        Some(Parts {
+            q,
+            pts: lines.first_chunk::<NPT>()?,
+            recs: run(geo.rec_base, geo.ranks as usize)?,
+            mes: mes.as_flattened().as_chunks::<{ 2 * LINE_WORDS }>().0,
+            eq: run(geo.eq_base, geo.eq_capacity as usize)?,
+        })
+    }
+
+    /// The parts of runs cut at start-up: no bounds check but the two fixed lengths.
+    #[inline(always)]
+    fn of(runs: &'a NiRuns) -> Option<Parts<'a>> {
+        Some(Parts {
+            q: runs.q.words().first_chunk::<Q_WORDS>()?,
+            pts: runs
+                .pts
+                .words()
+                .as_chunks::<LINE_WORDS>()
+                .0
+                .first_chunk::<NPT>()?,
+            recs: runs.recs.words().as_chunks::<LINE_WORDS>().0,
+            mes: runs.mes.words().as_chunks::<{ 2 * LINE_WORDS }>().0,
+            eq: runs.eq.words().as_chunks::<LINE_WORDS>().0,
+        })
+    }
+
+    /// The slot of ticket `t` (masked: the queue's length is a power of two).
+    #[inline(always)]
+    fn slot(&self, t: u64) -> Result<&'a Line, NiError> {
+        let i = t as usize & self.eq.len().wrapping_sub(1);
+        self.eq.get(i).ok_or_else(|| short_run(i))
+    }
+
+    /// Portal entry `pt`'s line.
+    #[inline(always)]
+    fn pt(&self, pt: u8) -> Result<&'a Line, NiError> {
+        match self.pts.get(pt as usize) {
+            Some(l) => Ok(l),
+            None => Err(bad_pt(pt)),
+        }
+    }
+
+    /// Match entry `idx` (an index beyond the geometry is a corrupt one).
+    #[inline(always)]
+    fn me(&self, idx: MeIndex) -> Result<&'a MeLines, NiError> {
+        match self.mes.get(idx as usize) {
+            Some(l) => Ok(l),
+            None => Err(corrupt("match entry index", idx as u64)),
+        }
+    }
+}
+
+/// The runs of one NI's word area that a wire reaches on every operation (see [`Nic`]),
+/// checked and cut once, when a peer's memory is mapped: a [`Nic`] made
+/// [`with`](Nic::with_runs) them reaches every word with one index and no further check.
+#[derive(Debug, Clone)]
+pub struct NiRuns {
+    q: WordRun,
+    pts: WordRun,
+    recs: WordRun,
+    mes: WordRun,
+    eq: WordRun,
+}
+
+impl NiRuns {
+    /// The runs of the NI of geometry `geo` in `seg`.
+    pub fn new(seg: &Segment, geo: &NiGeometry) -> Result<NiRuns, NiError> {
+        Ok(NiRuns {
+            q: seg.word_run(WAITING, Q_WORDS)?,
+            pts: seg.word_run(PT_BASE, NPT * LINE_WORDS)?,
+            recs: seg.word_run(geo.rec_base, geo.ranks as usize * LINE_WORDS)?,
+            mes: seg.word_run(geo.me_base, geo.max_me as usize * 2 * LINE_WORDS)?,
+            eq: seg.word_run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)?,
+        })
+    }
+}
+
+#[cold]
+fn bad_pt(pt: u8) -> NiError {
+    NiError::Invalid(format!("portal index {pt} (0..{NPT})"))
+}
+
+#[cold]
+fn short_segment() -> NiError {
+    NiError::Invalid("segment smaller than the NI geometry".into())
 }
 
 /// A claimed event slot, and whether its owner must be woken once it is published.
@@ -686,7 +802,13 @@ struct Claimer<'n, 'a> {
 impl<'n, 'a> Claimer<'n, 'a> {
     #[inline(always)]
     fn new(nic: &'n Nic<'a>, rank: u32) -> Result<Claimer<'n, 'a>, NiError> {
-        let rec = words(nic.seg, nic.geo.record(rank)?)?;
+        // One line per rank of the job: the index is the rank check.
+        let Some(rec) = nic.parts()?.recs.get(rank as usize) else {
+            return Err(bad_rank(rank, nic.geo.ranks));
+        };
+        let Some(rec) = rec.first_chunk::<2>() else {
+            return Err(short_run(0));
+        };
         Ok(Claimer {
             nic,
             rank,
@@ -840,12 +962,38 @@ enum Walked {
 impl<'a> Nic<'a> {
     /// A view of the NI in `seg` (written through `imp`, a view of the same memory).
     pub fn new(seg: &'a Segment, imp: &'a Imported, geo: &'a NiGeometry) -> Nic<'a> {
-        Nic { seg, imp, geo }
+        Nic {
+            seg,
+            imp,
+            geo,
+            parts: Parts::new(seg, geo),
+        }
     }
 
-    #[inline]
-    fn word(&self, off: usize) -> Result<&'a AtomicU64, NiError> {
-        Ok(self.seg.word(off)?)
+    /// A view of the NI in `seg` (written through `imp`, a view of the same memory) through
+    /// `runs`, its runs cut at start-up ([`NiRuns::new`] of `seg` and `geo`): what a rank's
+    /// wire uses on every message.
+    #[inline(always)]
+    pub fn with_runs(
+        seg: &'a Segment,
+        imp: &'a Imported,
+        geo: &'a NiGeometry,
+        runs: &'a NiRuns,
+    ) -> Nic<'a> {
+        Nic {
+            seg,
+            imp,
+            geo,
+            parts: Parts::of(runs),
+        }
+    }
+
+    #[inline(always)]
+    fn parts(&self) -> Result<&Parts<'a>, NiError> {
+        match &self.parts {
+            Some(p) => Ok(p),
+            None => Err(short_segment()),
+        }
     }
 
     /// Rings the NI's doorbell if its owner announced that it may sleep. (Posting an event
@@ -855,7 +1003,7 @@ impl<'a> Nic<'a> {
         // Against the owner's announcement and fence (see `NiOwner::announce_wait`): what
         // the caller published before is ordered before this load.
         fence(Ordering::SeqCst);
-        if self.word(WAITING)?.load(Ordering::SeqCst) != 0 {
+        if self.parts()?.q[0].load(Ordering::SeqCst) != 0 {
             self.seg.doorbell(DOORBELL)?.ring();
         }
         Ok(())
@@ -883,7 +1031,8 @@ impl<'a> Nic<'a> {
     #[inline(always)]
     fn eq_reserve(&self, cl: &mut Claimer<'_, 'a>) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
-        let q: &[AtomicU64; Q_WORDS] = words(self.seg, WAITING)?;
+        let parts = self.parts()?;
+        let q = parts.q;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
         let cap = self.geo.eq_capacity as u64;
         let mut t = tail_w.load(Ordering::Relaxed);
@@ -903,7 +1052,7 @@ impl<'a> Nic<'a> {
                 // have made: corrupt, so from the head again.
                 let last = head.wrapping_add(cap - 1);
                 if ahead == cap {
-                    let v = line(self.seg, self.geo.eq_slot(last))?[0].load(Ordering::Acquire);
+                    let v = parts.slot(last)?[0].load(Ordering::Acquire);
                     if v != seq_free(last, cap) {
                         return Ok(None);
                     }
@@ -914,7 +1063,7 @@ impl<'a> Nic<'a> {
             cl.record_eq(t);
             #[cfg(test)]
             cl.dies_at(die::Step::Recorded)?;
-            let slot = line(self.seg, self.geo.eq_slot(t))?;
+            let slot = parts.slot(t)?;
             if slot[0]
                 .compare_exchange(
                     seq_free(t, cap),
@@ -948,7 +1097,7 @@ impl<'a> Nic<'a> {
     /// registers, stores the line's seven words and publishes with one more.
     #[inline(always)]
     fn eq_publish_words(&self, claim: Claim, words: [u64; 7]) -> Result<(), NiError> {
-        let slot = line(self.seg, self.geo.eq_slot(claim.seq))?;
+        let slot = self.parts()?.slot(claim.seq)?;
         for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
@@ -988,7 +1137,7 @@ impl<'a> Nic<'a> {
     /// Every field is a private copy, checked before use.
     #[inline(always)]
     fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord<'a>>, u64), NiError> {
-        let l: &'a [AtomicU64; 2 * LINE_WORDS] = words(self.seg, self.geo.me(idx)?)?;
+        let l = self.parts()?.me(idx)?;
         let s1 = l[0].load(Ordering::Acquire);
         let w: [u64; 6] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
         fence(Ordering::Acquire);
@@ -1031,7 +1180,7 @@ impl<'a> Nic<'a> {
 
     #[inline(always)]
     fn pt_state(&self, pt: u8) -> Result<(u64, u64), NiError> {
-        let l = line(self.seg, self.geo.pt(pt)?)?;
+        let l = self.parts()?.pt(pt)?;
         let state = l[0].load(Ordering::Acquire);
         let head = l[1].load(Ordering::Acquire);
         if head > self.geo.max_me as u64 {
@@ -1153,10 +1302,9 @@ impl<'a> Nic<'a> {
     #[cold]
     #[inline(never)]
     fn no_match(&self, cl: &mut Claimer<'_, 'a>, pt: u8) -> Result<Walked, NiError> {
-        let base = self.geo.pt(pt)?;
-        if self.word(base + 16)?.load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
-            let won = self
-                .word(base)?
+        let l = self.parts()?.pt(pt)?;
+        if l[2].load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
+            let won = l[0]
                 .compare_exchange(PT_ENABLED, PT_DISABLED, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok();
             if won {
@@ -1191,73 +1339,7 @@ impl<'a> Nic<'a> {
         if len > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a put of {len} bytes")));
         }
-        let mut cl = Claimer::new(self, initiator)?;
-        let found = self.walk(
-            &mut cl,
-            a.pt,
-            a.match_bits,
-            len,
-            a.remote_offset,
-            false,
-            a.pad,
-        )?;
-        let outcome = match found {
-            Walked::Found {
-                idx,
-                at,
-                use_once,
-                owned,
-            } => {
-                match (owned, a.shared) {
-                    // Whole words of space that is ours: no read-modify-write.
-                    (true, None) => {
-                        self.imp.write_padded(at, a.data)?;
-                    }
-                    (true, Some(shared)) => {
-                        self.imp.write_padded_then(at, a.data, shared)?;
-                    }
-                    (false, shared) => {
-                        let mut o = at;
-                        for d in a.data {
-                            self.imp.write(o, d)?;
-                            o += d.len();
-                        }
-                        if let Some(shared) = shared {
-                            self.imp.write_from(o, shared)?;
-                        }
-                    }
-                }
-                #[cfg(test)]
-                cl.dies_at(die::Step::Deposited)?;
-                if let Some(s) = cl.slot.take() {
-                    // The `Put` event's words, built in place (see `Event::words`).
-                    let words = [
-                        EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
-                        a.match_bits,
-                        a.hdr_data,
-                        at as u64,
-                        len as u64 | (idx as u64) << 32,
-                        a.remote_offset,
-                        0,
-                    ];
-                    self.eq_publish_words(s, words)?;
-                }
-                if use_once {
-                    self.unlinked_once(&mut cl, initiator, a.pt, idx)?;
-                }
-                #[cfg(test)]
-                cl.dies_at(die::Step::Published)?;
-                Outcome::Done {
-                    me: idx,
-                    start: at as u64,
-                }
-            }
-            Walked::Refused(fail) => {
-                self.drop_reserved(&mut cl, initiator, a.pt)?;
-                Outcome::Refused(fail)
-            }
-        };
-        drop(cl);
+        let outcome = self.put_here(initiator, a, len)?;
         if let Some(own) = own {
             let mut ev = Event::new(EventKind::Send, initiator, a.pt);
             ev.match_bits = a.match_bits;
@@ -1279,6 +1361,80 @@ impl<'a> Nic<'a> {
             }
         }
         Ok(outcome)
+    }
+
+    /// [`put`](Self::put)'s work in this NI, `len` bytes: its claimer's records are cleared
+    /// when it returns (before any event at the initiator, which may be this NI).
+    #[inline(always)]
+    fn put_here(&self, initiator: u32, a: &PutArgs<'_>, len: usize) -> Result<Outcome, NiError> {
+        let mut cl = Claimer::new(self, initiator)?;
+        let found = self.walk(
+            &mut cl,
+            a.pt,
+            a.match_bits,
+            len,
+            a.remote_offset,
+            false,
+            a.pad,
+        )?;
+        let (idx, at, use_once, owned) = match found {
+            Walked::Found {
+                idx,
+                at,
+                use_once,
+                owned,
+            } => (idx, at, use_once, owned),
+            Walked::Refused(fail) => {
+                self.drop_reserved(&mut cl, initiator, a.pt)?;
+                return Ok(Outcome::Refused(fail));
+            }
+        };
+        // An empty put (an inline AM: the event is the message) moves nothing.
+        if len != 0 {
+            match (owned, a.shared) {
+                // Whole words of space that is ours: no read-modify-write.
+                (true, None) => {
+                    self.imp.write_padded(at, a.data)?;
+                }
+                (true, Some(shared)) => {
+                    self.imp.write_padded_then(at, a.data, shared)?;
+                }
+                (false, shared) => {
+                    let mut o = at;
+                    for d in a.data {
+                        self.imp.write(o, d)?;
+                        o += d.len();
+                    }
+                    if let Some(shared) = shared {
+                        self.imp.write_from(o, shared)?;
+                    }
+                }
+            }
+        }
+        #[cfg(test)]
+        cl.dies_at(die::Step::Deposited)?;
+        if let Some(s) = cl.slot.take() {
+            // The `Put` event's words, built in place (see `Event::words`).
+            let words = [
+                EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
+                a.match_bits,
+                a.hdr_data,
+                at as u64,
+                len as u64 | (idx as u64) << 32,
+                a.remote_offset,
+                0,
+            ];
+            self.eq_publish_words(s, words)?;
+        }
+        if use_once {
+            self.unlinked_once(&mut cl, initiator, a.pt, idx)?;
+        }
+        #[cfg(test)]
+        cl.dies_at(die::Step::Published)?;
+        Ok(Outcome::Done {
+            me: idx,
+            start: at as u64,
+        })
     }
 
     /// The wire for a get from `initiator` out of this NI into `dst` (by copies): matching,

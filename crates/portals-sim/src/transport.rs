@@ -35,7 +35,7 @@ use am_shm::{Imported, Segment};
 
 use crate::ni::{
     self, Drained, EventKind, MeIndex, MeOptions, MeSpec, NiError, NiFail, NiGeometry, NiOwner,
-    Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
+    NiRuns, Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
 };
 use crate::{PortalsConfig, PortalsError};
 
@@ -154,6 +154,18 @@ impl Layout {
 struct Peer {
     seg: Segment,
     imp: Imported,
+    /// The runs of its NI this rank's wire reaches, cut once.
+    runs: NiRuns,
+}
+
+impl Peer {
+    fn new(seg: Segment, layout: &Layout) -> Result<Peer, PortalsError> {
+        Ok(Peer {
+            runs: NiRuns::new(&seg, &layout.ni)?,
+            imp: seg.import(),
+            seg,
+        })
+    }
 }
 
 /// Flow-control counters of one rank (see [`Portals::stats`]).
@@ -356,9 +368,10 @@ fn ni_fault(e: NiError) -> TransportError {
 }
 
 impl TxState {
+    #[inline(always)]
     fn nic(&self, dest: usize) -> Nic<'_> {
         let p = &self.peers[dest];
-        Nic::new(&p.seg, &p.imp, &self.layout.ni)
+        Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs)
     }
 
     /// A put's error: a corrupt word in the target's NI memory (another peer's doing, which
@@ -743,11 +756,8 @@ impl Portals {
             let init = init_ni(seg, &layout)?;
             let peers = segs
                 .iter()
-                .map(|s| Peer {
-                    seg: s.share(),
-                    imp: s.import(),
-                })
-                .collect();
+                .map(|s| Peer::new(s.share(), &layout))
+                .collect::<Result<_, _>>()?;
             out.push(Portals::new(
                 r as u32,
                 layout,
@@ -807,11 +817,8 @@ impl Portals {
         let peers = joined
             .peers
             .into_iter()
-            .map(|seg| Peer {
-                imp: seg.import(),
-                seg,
-            })
-            .collect();
+            .map(|seg| Peer::new(seg, &layout))
+            .collect::<Result<_, _>>()?;
         Ok(Portals::new(
             rank,
             layout,
