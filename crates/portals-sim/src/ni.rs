@@ -578,7 +578,7 @@ impl Event {
 
     /// Decodes a private copy of an event's words (never the shared original).
     #[inline]
-    fn from_words(w: [u64; 7]) -> Result<Event, NiError> {
+    pub(crate) fn from_words(w: [u64; 7]) -> Result<Event, NiError> {
         let Some(kind) = EventKind::from_u8(w[0] as u8) else {
             return Err(corrupt("event kind", w[0]));
         };
@@ -2041,6 +2041,16 @@ impl NiOwner {
     /// is consumed and returned as `Corrupt`.
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
+        match self.eq_poll_words(seg)? {
+            Some(w) => Event::from_words(w).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`eq_poll`](Self::eq_poll) without the decoding: the next event's words, a private
+    /// copy the caller checks (all of them, as [`Event::from_words`] does, before any use).
+    #[inline(always)]
+    pub(crate) fn eq_poll_words(&mut self, seg: &Segment) -> Result<Option<[u64; 7]>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
         let v = slot[0].load(Ordering::Acquire);
         if v != seq_published(self.head) {
@@ -2053,7 +2063,7 @@ impl NiOwner {
         // A private copy: the words are checked, never re-read.
         let w: [u64; 7] = std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed));
         self.consumed(seg)?;
-        Event::from_words(w).map(Some)
+        Ok(Some(w))
     }
 
     /// Ticket `head` is done (read or skipped): the next one; publishes the head every

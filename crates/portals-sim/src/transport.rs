@@ -1131,71 +1131,120 @@ impl Portals {
         self.forget(r)
     }
 
-    /// Checks the `Put` event `ev` of an AM against what the mapping writes, and where its
-    /// message is: `(Some(start), len, buffer)` deposited at `start` of the byte area (in
-    /// request buffer `buffer`), or `(None, len, None)` rebuilt into `scratch`.
+    /// An event other than an accepted AM `Put` (decoded and checked here): flow control's
+    /// events are handled; a `Put` on the request or reply portal is returned for
+    /// [`locate`](Self::locate) to refuse (it carries a failure); anything else is an error.
+    #[cold]
+    #[inline(never)]
+    fn other_event(&mut self, w: [u64; 7]) -> Result<Option<[u64; 7]>, TransportError> {
+        let ev = ni::Event::from_words(w).map_err(ni_fault)?;
+        match (ev.kind, ev.pt) {
+            (EventKind::Put, PT_REQUEST | PT_REPLY) => return Ok(Some(w)),
+            (EventKind::Unlink, PT_REQUEST) => match self.buffer_of(ev.me) {
+                Some(b) => self.note_exhausted(b, Some(ev.used))?,
+                None => {
+                    return Err(misbehaved(
+                        self.sender(ev.initiator),
+                        format_args!("an Unlink event for entry {}", ev.me),
+                    ))
+                }
+            },
+            (EventKind::PtDisabled, PT_REQUEST) => {
+                self.tx.stats.disabled += 1;
+                let checked = self.on_refusal();
+                self.maybe_enable().and(checked)?
+            }
+            (EventKind::Dropped, _) => self.on_refusal()?,
+            (k, pt) => {
+                return Err(misbehaved(
+                    self.sender(ev.initiator),
+                    format_args!("an unexpected {k:?} event on portal {pt}"),
+                ))
+            }
+        }
+        Ok(None)
+    }
+
+    /// Checks the words `w` of an AM's `Put` event (on the request portal if `is_request`,
+    /// else the reply portal) against what the mapping writes, and where its message is:
+    /// `(Some(start), len, buffer)` deposited at `start` of the byte area (in request buffer
+    /// `buffer`), or `(None, len, None)` rebuilt into `scratch`. The words are a private copy
+    /// (see `Event::words` for their layout); each is checked before use.
     #[inline(always)]
     fn locate(
         &mut self,
-        ev: &ni::Event,
+        w: &[u64; 7],
+        is_request: bool,
         src: usize,
     ) -> Result<(Option<usize>, usize, Option<usize>), TransportError> {
         let l = &self.tx.layout;
-        let bad = |what: &str| misbehaved(Some(src), format_args!("a bad {what} (event {ev:?})"));
-        if ev.match_bits >> 48 != AM_TAG || ev.fail != NiFail::Ok || ev.used != 0 {
-            return Err(bad("event"));
+        let [w0, match_bits, hdr_data, start, w4, remote_offset, used] = *w;
+        let (mlen, me) = (w4 as u32 as usize, (w4 >> 32) as MeIndex);
+        if match_bits >> 48 != AM_TAG || (w0 >> 8) as u8 != NiFail::Ok as u8 || used != 0 {
+            return Err(bad_event(w, src, "event"));
         }
-        let slot = (ev.match_bits >> 32) as u16 as usize;
+        let slot = (match_bits >> 32) as u16 as usize;
         if slot >= l.send_slots {
-            return Err(bad("send slot"));
+            return Err(bad_event(w, src, "send slot"));
         }
-        let is_request = ev.pt == PT_REQUEST;
         let want_offset = if is_request {
             0
         } else {
             slot as u64 * l.slot_bytes as u64
         };
-        if ev.remote_offset != want_offset {
-            return Err(bad("remote offset"));
+        if remote_offset != want_offset {
+            return Err(bad_event(w, src, "remote offset"));
         }
-        let mlen = ev.mlength as usize;
         if mlen == 0 {
             // Inline: the head's first four bytes, no payload length, two arguments at most
             // (and nothing in the header data beyond them).
-            let nargs = (ev.match_bits >> 16) as u8 as usize;
-            if nargs > 2 || (nargs < 2 && ev.hdr_data >> (32 * nargs) != 0) {
-                return Err(bad("inline message"));
+            let nargs = (match_bits >> 16) as u8 as usize;
+            if nargs > 2 || (nargs < 2 && hdr_data >> (32 * nargs) != 0) {
+                return Err(bad_event(w, src, "inline message"));
             }
-            self.scratch[..4].copy_from_slice(&(ev.match_bits as u32).to_le_bytes());
-            self.scratch[4..8].fill(0);
-            self.scratch[8..].copy_from_slice(&ev.hdr_data.to_le_bytes());
+            self.scratch[..8].copy_from_slice(&(match_bits as u32 as u64).to_le_bytes());
+            self.scratch[8..].copy_from_slice(&hdr_data.to_le_bytes());
             return Ok((None, 8 + 4 * nargs, None));
         }
-        if ev.hdr_data != 0 || mlen > self.tx.config.max_message {
-            return Err(bad("message"));
+        if hdr_data != 0 || mlen > self.tx.config.max_message {
+            return Err(bad_event(w, src, "message"));
         }
         let (lo, hi, buffer) = if is_request {
-            let Some(b) = self.buffer_of(ev.me) else {
-                return Err(bad("request buffer"));
+            let Some(b) = self.buffer_of(me) else {
+                return Err(bad_event(w, src, "request buffer"));
             };
             let rb = &self.buffers[b];
             (rb.start as u64, (rb.start + rb.len) as u64, Some(b))
         } else {
-            if ev.me != self.reply_me {
-                return Err(bad("reply entry"));
+            if me != self.reply_me {
+                return Err(bad_event(w, src, "reply entry"));
             }
             let s = (l.send_base() + slot * l.slot_bytes) as u64;
             (s, s + l.slot_bytes as u64, None)
         };
         // Inside the buffer (or the send slot), at a claim boundary, with checked ends.
-        let start = ev.start;
         let in_range = start >= lo
             && (start - lo).is_multiple_of(ni::LM_ALIGN as u64)
             && start.checked_add(mlen as u64).is_some_and(|end| end <= hi);
         if !in_range || (!is_request && start != lo) {
-            return Err(bad("message range"));
+            return Err(bad_event(w, src, "message range"));
         }
         Ok((Some(start as usize), mlen, buffer))
+    }
+}
+
+/// `Put` events of an AM, accepted, on the request and on the reply portal: the low half of
+/// the event's first word (kind, failure, portal, a zero byte; see `Event::words`).
+const PUT_REQUEST: u32 = EventKind::Put as u32 | (PT_REQUEST as u32) << 16;
+const PUT_REPLY: u32 = EventKind::Put as u32 | (PT_REPLY as u32) << 16;
+
+/// An AM event from `src` that the mapping never writes (`what` is wrong).
+#[cold]
+#[inline(never)]
+fn bad_event(w: &[u64; 7], src: usize, what: &str) -> TransportError {
+    match ni::Event::from_words(*w) {
+        Ok(ev) => misbehaved(Some(src), format_args!("a bad {what} (event {ev:?})")),
+        Err(_) => misbehaved(Some(src), format_args!("a bad {what} (event {w:x?})")),
     }
 }
 
@@ -1327,8 +1376,8 @@ impl Transport for Portals {
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         let mut silent = 0;
-        let ev = loop {
-            let Some(ev) = self.owner.eq_poll(&self.own).map_err(ni_fault)? else {
+        let w = loop {
+            let Some(w) = self.owner.eq_poll_words(&self.own).map_err(ni_fault)? else {
                 if self.liveness.idle_poll() {
                     self.idle_tick()?;
                 }
@@ -1338,29 +1387,13 @@ impl Transport for Portals {
                 }
                 return Ok(None);
             };
-            match (ev.kind, ev.pt) {
-                (EventKind::Put, PT_REQUEST | PT_REPLY) => break ev,
-                (EventKind::Unlink, PT_REQUEST) => match self.buffer_of(ev.me) {
-                    Some(b) => self.note_exhausted(b, Some(ev.used))?,
-                    None => {
-                        return Err(misbehaved(
-                            self.sender(ev.initiator),
-                            format_args!("an Unlink event for entry {}", ev.me),
-                        ))
-                    }
-                },
-                (EventKind::PtDisabled, PT_REQUEST) => {
-                    self.tx.stats.disabled += 1;
-                    let checked = self.on_refusal();
-                    self.maybe_enable().and(checked)?
-                }
-                (EventKind::Dropped, _) => self.on_refusal()?,
-                (k, pt) => {
-                    return Err(misbehaved(
-                        self.sender(ev.initiator),
-                        format_args!("an unexpected {k:?} event on portal {pt}"),
-                    ))
-                }
+            // An accepted AM: kind, failure, portal and the byte after it in one compare.
+            let low = w[0] as u32;
+            if low == PUT_REQUEST || low == PUT_REPLY {
+                break w;
+            }
+            if let Some(w) = self.other_event(w)? {
+                break w;
             }
             silent += 1;
             if silent >= MAX_SILENT_EVENTS {
@@ -1369,18 +1402,20 @@ impl Transport for Portals {
         };
         self.liveness.progress();
         self.in_flight_waits = 0;
-        let Some(src) = self.sender(ev.initiator) else {
+        let initiator = (w[0] >> 32) as u32;
+        let Some(src) = self.sender(initiator) else {
             return Err(misbehaved(
                 None,
-                format_args!("a Put event from rank {}, outside the job", ev.initiator),
+                format_args!("a Put event from rank {initiator}, outside the job"),
             ));
         };
-        let (at, len, buffer) = match self.locate(&ev, src) {
+        let is_request = (w[0] >> 16) as u8 == PT_REQUEST;
+        let (at, len, buffer) = match self.locate(&w, is_request, src) {
             Ok(found) => found,
             Err(e) => return Err(self.blame(e)),
         };
-        let is_request = ev.pt == PT_REQUEST;
-        let slot = (ev.match_bits >> 32) as u16;
+        let match_bits = w[1];
+        let slot = (match_bits >> 32) as u16;
         let route = if is_request {
             if !self.tx.owed[src].insert(slot) {
                 return Err(misbehaved(
@@ -1401,7 +1436,7 @@ impl Transport for Portals {
                 format_args!("a reply into send slot {slot}, which holds no request to it"),
             ));
         }
-        let placed = (ev.match_bits as u8 >> KIND_SHIFT) & 3 == KIND_LONG;
+        let placed = (match_bits as u8 >> KIND_SHIFT) & 3 == KIND_LONG;
         let (seg_base, seg_len) = (self.tx.seg_base, self.tx.layout.segment);
         let segment = self.own.view(seg_base, seg_len).map_err(io)?;
         let bytes = match at {
