@@ -434,36 +434,7 @@ impl TxState {
         };
         let me = self.rank;
         if let Some(off) = msg.long_offset {
-            // Do not move the payload for a header the target would refuse now.
-            let enabled = self.nic(d).pt_enabled(PT_REQUEST);
-            if !is_reply && !enabled.map_err(|e| self.put_err(e))? {
-                self.stats.refused += 1;
-                return Err(SendError::Busy);
-            }
-            // Out of the target's segment: the header goes alone and the target rejects it.
-            let fits = off
-                .checked_add(msg.payload.len())
-                .is_some_and(|end| end <= self.layout.segment);
-            if fits && !msg.payload.is_empty() {
-                let data: &[&[u8]] = &[payload];
-                let args = PutArgs {
-                    pt: PT_SEGMENT,
-                    match_bits: 0,
-                    hdr_data: 0,
-                    remote_offset: off as u64,
-                    data,
-                    shared,
-                    ack: false,
-                    send_event: false,
-                    pad: false,
-                };
-                let done = self.nic(d).put(me, None, &args);
-                if let Outcome::Refused(f) = done.map_err(|e| self.put_err(e))? {
-                    return Err(SendError::Other(format!(
-                        "portals: rank {dest}'s segment entry refused a Long payload: {f:?}"
-                    )));
-                }
-            }
+            self.place_long(dest, off, payload, shared, is_reply)?;
         }
         let mut first4 = [0u8; 4];
         first4.copy_from_slice(&head[..4]);
@@ -539,6 +510,52 @@ impl TxState {
                 if is_reply { "a reply" } else { "a request" }
             ))),
         }
+    }
+
+    /// A Long's payload, put into `dest`'s segment entry before its header goes (out of
+    /// line: the message path of Shorts and Mediums stays small).
+    #[inline(never)]
+    fn place_long(
+        &mut self,
+        dest: Rank,
+        off: usize,
+        payload: &[u8],
+        shared: Option<SharedBytes<'_>>,
+        is_reply: bool,
+    ) -> Result<(), SendError> {
+        let d = dest as usize;
+        // Do not move the payload for a header the target would refuse now.
+        let enabled = self.nic(d).pt_enabled(PT_REQUEST);
+        if !is_reply && !enabled.map_err(|e| self.put_err(e))? {
+            self.stats.refused += 1;
+            return Err(SendError::Busy);
+        }
+        let len = shared.map_or(payload.len(), |s| s.len());
+        // Out of the target's segment: the header goes alone and the target rejects it.
+        let fits = off
+            .checked_add(len)
+            .is_some_and(|end| end <= self.layout.segment);
+        if fits && len != 0 {
+            let data: &[&[u8]] = &[payload];
+            let args = PutArgs {
+                pt: PT_SEGMENT,
+                match_bits: 0,
+                hdr_data: 0,
+                remote_offset: off as u64,
+                data,
+                shared,
+                ack: false,
+                send_event: false,
+                pad: false,
+            };
+            let done = self.nic(d).put(self.rank, None, &args);
+            if let Outcome::Refused(f) = done.map_err(|e| self.put_err(e))? {
+                return Err(SendError::Other(format!(
+                    "portals: rank {dest}'s segment entry refused a Long payload: {f:?}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Whether a deposit in entry `me` at `start` is where the target takes it (every rank
@@ -1173,19 +1190,19 @@ impl Portals {
     #[inline(always)]
     fn locate(
         &mut self,
-        w: &[u64; 7],
+        w: [u64; 7],
         is_request: bool,
         src: usize,
     ) -> Result<(Option<usize>, usize, Option<usize>), TransportError> {
         let l = &self.tx.layout;
-        let [w0, match_bits, hdr_data, start, w4, remote_offset, used] = *w;
+        let [w0, match_bits, hdr_data, start, w4, remote_offset, used] = w;
         let (mlen, me) = (w4 as u32 as usize, (w4 >> 32) as MeIndex);
         if match_bits >> 48 != AM_TAG || (w0 >> 8) as u8 != NiFail::Ok as u8 || used != 0 {
-            return Err(bad_event(w, src, "event"));
+            return Err(bad_event(&w, src, "event"));
         }
         let slot = (match_bits >> 32) as u16 as usize;
         if slot >= l.send_slots {
-            return Err(bad_event(w, src, "send slot"));
+            return Err(bad_event(&w, src, "send slot"));
         }
         let want_offset = if is_request {
             0
@@ -1193,31 +1210,31 @@ impl Portals {
             slot as u64 * l.slot_bytes as u64
         };
         if remote_offset != want_offset {
-            return Err(bad_event(w, src, "remote offset"));
+            return Err(bad_event(&w, src, "remote offset"));
         }
         if mlen == 0 {
             // Inline: the head's first four bytes, no payload length, two arguments at most
             // (and nothing in the header data beyond them).
             let nargs = (match_bits >> 16) as u8 as usize;
             if nargs > 2 || (nargs < 2 && hdr_data >> (32 * nargs) != 0) {
-                return Err(bad_event(w, src, "inline message"));
+                return Err(bad_event(&w, src, "inline message"));
             }
             self.scratch[..8].copy_from_slice(&(match_bits as u32 as u64).to_le_bytes());
             self.scratch[8..].copy_from_slice(&hdr_data.to_le_bytes());
             return Ok((None, 8 + 4 * nargs, None));
         }
         if hdr_data != 0 || mlen > self.tx.config.max_message {
-            return Err(bad_event(w, src, "message"));
+            return Err(bad_event(&w, src, "message"));
         }
         let (lo, hi, buffer) = if is_request {
             let Some(b) = self.buffer_of(me) else {
-                return Err(bad_event(w, src, "request buffer"));
+                return Err(bad_event(&w, src, "request buffer"));
             };
             let rb = &self.buffers[b];
             (rb.start as u64, (rb.start + rb.len) as u64, Some(b))
         } else {
             if me != self.reply_me {
-                return Err(bad_event(w, src, "reply entry"));
+                return Err(bad_event(&w, src, "reply entry"));
             }
             let s = (l.send_base() + slot * l.slot_bytes) as u64;
             (s, s + l.slot_bytes as u64, None)
@@ -1227,7 +1244,7 @@ impl Portals {
             && (start - lo).is_multiple_of(ni::LM_ALIGN as u64)
             && start.checked_add(mlen as u64).is_some_and(|end| end <= hi);
         if !in_range || (!is_request && start != lo) {
-            return Err(bad_event(w, src, "message range"));
+            return Err(bad_event(&w, src, "message range"));
         }
         Ok((Some(start as usize), mlen, buffer))
     }
@@ -1410,11 +1427,11 @@ impl Transport for Portals {
             ));
         };
         let is_request = (w[0] >> 16) as u8 == PT_REQUEST;
-        let (at, len, buffer) = match self.locate(&w, is_request, src) {
+        let match_bits = w[1];
+        let (at, len, buffer) = match self.locate(w, is_request, src) {
             Ok(found) => found,
             Err(e) => return Err(self.blame(e)),
         };
-        let match_bits = w[1];
         let slot = (match_bits >> 32) as u16;
         let route = if is_request {
             if !self.tx.owed[src].insert(slot) {
