@@ -387,13 +387,8 @@ impl TxState {
         }
     }
 
+    #[inline(always)]
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        // A shared payload (an echo) goes to the NI as such: the deposit moves it straight
-        // from where it was received.
-        let (payload, shared): (&[u8], _) = match msg.payload {
-            Payload::Private(p) => (p, None),
-            Payload::Shared(s) => (&[], Some(s)),
-        };
         let d = dest as usize;
         if d >= self.peers.len() {
             return Err(SendError::InvalidRank(dest));
@@ -401,59 +396,132 @@ impl TxState {
         if self.lost[d] {
             return Err(SendError::PeerLost(dest));
         }
-        let head = msg.head;
-        if head.len() < am_core::wire::BASE_HEADER_LEN {
+        if msg.head.len() < am_core::wire::BASE_HEADER_LEN {
             return Err(SendError::Other(
                 "portals: a head shorter than the AM header".into(),
             ));
         }
-        let max = self.config.max_message;
         if msg.long_offset.is_some() {
-            if head.len() > max {
-                return Err(SendError::TooLarge(head.len()));
-            }
-            if msg.payload.len() > self.config.max_long {
-                return Err(SendError::TooLarge(msg.payload.len()));
-            }
-        } else if msg.len() > max {
+            return self.send_long(dest, msg);
+        }
+        if msg.len() > self.config.max_message {
             return Err(SendError::TooLarge(msg.len()));
         }
-        let is_reply = msg.is_reply();
-        // A reply goes to the requester's send slot, which its request's route names.
-        let slot = if let Some(route) = msg.reply_to {
-            match route
-                .get()
-                .checked_sub(1)
-                .and_then(|k| u16::try_from(k).ok())
-            {
-                Some(k) if self.owed[d].contains(k) => k,
-                _ => return Err(SendError::NoRequestToAnswer(route)),
-            }
-        } else {
-            *self.free_slots.last().ok_or(SendError::Busy)?
-        };
-        let me = self.rank;
-        if let Some(off) = msg.long_offset {
-            self.place_long(dest, off, payload, shared, is_reply)?;
+        match msg.reply_to {
+            None => self.send_request(dest, msg),
+            Some(route) => self.send_reply(dest, route, msg),
         }
+    }
+
+    /// A request (not a Long): it takes a free send slot, which its reply frees.
+    #[inline(always)]
+    fn send_request(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let slot = *self.free_slots.last().ok_or(SendError::Busy)?;
+        self.put_message(dest, slot, false, msg)?;
+        self.free_slots.pop();
+        self.slot_dest[slot as usize] = dest;
+        self.in_flight[dest as usize].push(slot);
+        Ok(())
+    }
+
+    /// A reply (not a Long): to the requester's send slot, which its request's route names.
+    #[inline(always)]
+    fn send_reply(
+        &mut self,
+        dest: Rank,
+        route: Route,
+        msg: &Outgoing<'_>,
+    ) -> Result<(), SendError> {
+        let slot = self.owed_slot(dest, route)?;
+        self.put_message(dest, slot, true, msg)?;
+        self.owed[dest as usize].answer_through(slot);
+        Ok(())
+    }
+
+    /// The send slot of the request `route` answers, if `dest` is owed a reply there.
+    #[inline(always)]
+    fn owed_slot(&self, dest: Rank, route: Route) -> Result<u16, SendError> {
+        match route
+            .get()
+            .checked_sub(1)
+            .and_then(|k| u16::try_from(k).ok())
+        {
+            Some(k) if self.owed[dest as usize].contains(k) => Ok(k),
+            _ => Err(SendError::NoRequestToAnswer(route)),
+        }
+    }
+
+    /// A Long: its payload into the target's segment first, then its header (out of line:
+    /// the path of Shorts and Mediums stays small).
+    #[inline(never)]
+    fn send_long(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let Some(off) = msg.long_offset else {
+            return Err(SendError::Other("portals: a Long without an offset".into()));
+        };
+        let head = msg.head;
+        if head.len() > self.config.max_message {
+            return Err(SendError::TooLarge(head.len()));
+        }
+        if msg.payload.len() > self.config.max_long {
+            return Err(SendError::TooLarge(msg.payload.len()));
+        }
+        let is_reply = msg.is_reply();
+        let slot = match msg.reply_to {
+            Some(route) => self.owed_slot(dest, route)?,
+            None => *self.free_slots.last().ok_or(SendError::Busy)?,
+        };
+        let (payload, shared): (&[u8], _) = match msg.payload {
+            Payload::Private(p) => (p, None),
+            Payload::Shared(s) => (&[], Some(s)),
+        };
+        self.place_long(dest, off, payload, shared, is_reply)?;
+        self.put_message(dest, slot, is_reply, msg)?;
+        let d = dest as usize;
+        if is_reply {
+            self.owed[d].answer_through(slot);
+        } else {
+            self.free_slots.pop();
+            self.slot_dest[slot as usize] = dest;
+            self.in_flight[d].push(slot);
+        }
+        Ok(())
+    }
+
+    /// Puts AM `msg` (its head, and its payload unless it is a Long, whose payload was
+    /// placed already) into `dest`'s request portal (`is_reply` false) or reply portal (into
+    /// send slot `slot`), with `slot` in its match bits. `Ok` once it was deposited where
+    /// its target takes it.
+    #[inline(always)]
+    fn put_message(
+        &mut self,
+        dest: Rank,
+        slot: u16,
+        is_reply: bool,
+        msg: &Outgoing<'_>,
+    ) -> Result<(), SendError> {
+        // A shared payload (an echo) goes to the NI as such: the deposit moves it straight
+        // from where it was received.
+        let (payload, shared): (&[u8], _) = match msg.payload {
+            Payload::Private(p) => (p, None),
+            Payload::Shared(s) => (&[], Some(s)),
+        };
+        let long = msg.long_offset.is_some();
+        let head = msg.head;
         let mut first4 = [0u8; 4];
         first4.copy_from_slice(&head[..4]);
         let match_bits = u32::from_le_bytes(first4) as u64 | (slot as u64) << 32 | AM_TAG << 48;
-        let inline = msg.long_offset.is_none()
-            && msg.payload.is_empty()
-            && head.len() <= 16
-            && head[4..8] == [0; 4];
+        let inline = !long && msg.payload.is_empty() && head.len() <= 16 && head[4..8] == [0; 4];
         let mut hdr = [0u8; 8];
         let parts: [&[u8]; 2] = [head, payload];
         // The message's data, and its shared tail: none for an inline header or for a Long
-        // (whose payload went to the segment above).
+        // (whose payload is in the segment already).
         let (data, tail): (&[&[u8]], _) = if inline {
             // At most two argument words: a short byte loop, not a `memcpy` call.
             for (d, s) in hdr.iter_mut().zip(&head[8..]) {
                 *d = *s;
             }
             (&[], None)
-        } else if msg.long_offset.is_some() {
+        } else if long {
             (&parts[..1], None)
         } else {
             (&parts, shared)
@@ -474,12 +542,8 @@ impl TxState {
             // The send slot is the request's, reserved for this reply.
             pad: is_reply,
         };
-        let msg_len = if msg.long_offset.is_some() {
-            head.len()
-        } else {
-            msg.len()
-        };
-        let done = self.nic(d).put(me, None, &args);
+        let msg_len = if long { head.len() } else { msg.len() };
+        let done = self.nic(dest as usize).put(self.rank, None, &args);
         match done.map_err(|e| self.put_err(e))? {
             Outcome::Done { me, start }
                 if !data.is_empty() && !self.landed(is_reply, slot, me, start, msg_len) =>
@@ -490,16 +554,7 @@ impl TxState {
                 self.stats.refused += 1;
                 Err(SendError::Busy)
             }
-            Outcome::Done { .. } => {
-                if is_reply {
-                    self.owed[d].answer_through(slot);
-                } else {
-                    self.free_slots.pop();
-                    self.slot_dest[slot as usize] = dest;
-                    self.in_flight[d].push(slot);
-                }
-                Ok(())
-            }
+            Outcome::Done { .. } => Ok(()),
             // The target's NIC refused it: nothing was deposited; the core sends it again.
             Outcome::Refused(NiFail::PtDisabled | NiFail::EqFull) => {
                 self.stats.refused += 1;
