@@ -57,7 +57,10 @@
 //! # Match lists and locally managed offsets
 //! Match entries are read under a seqlock (state word before and after), so a walker never
 //! acts on a torn entry; use-once entries are taken with a CAS of their state, locally
-//! managed space with a `fetch_add` of the entry's offset. Only the owner changes the list
+//! managed space with a `fetch_add` of the entry's offset. The owner rewrites an entry only
+//! under a new state word (a new generation), so a rank's wire keeps what it read and
+//! checked of each entry with the state word it was read under, and while that word is
+//! unchanged reads only it (see `MeSeen`). Only the owner changes the list
 //! structure; a walker that races a re-link may end its walk early, which at worst disables
 //! the portal entry spuriously (the initiator then sends again after the owner re-enables
 //! it: nothing is lost).
@@ -944,6 +947,84 @@ struct MeRecord<'a> {
     length: usize,
 }
 
+/// The match entries a wire has read whole and checked in one NI, by entry, each with the
+/// state word (generation and state) it was read under. A later walk that finds the same
+/// state word takes the entry's fields from here: no second read of them and no second
+/// check. The owner rewrites an entry's fields only under a new state word (appending,
+/// unlinking and its repairs in [`NiOwner::verify`] each start a new generation), so under
+/// an unchanged state word they are the fields checked then; a peer's stray write to a
+/// field that leaves the state word alone is not acted on until the owner's check repairs
+/// it (under a new generation), as a check of the fields would refuse it. The `next` link
+/// is not kept (the owner relinks without a new state word): a walk that goes past the
+/// entry reads and checks it.
+#[derive(Debug, Clone)]
+pub(crate) struct MeSeen(Vec<Seen>);
+
+/// One entry of [`MeSeen`]: its first line's words after the state, as checked.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    state: u64,
+    match_bits: u64,
+    ignore_bits: u64,
+    options: u64,
+    start: usize,
+    length: usize,
+}
+
+impl Seen {
+    /// Nothing seen: a state word no linked entry has (its low byte is not `ME_LINKED`),
+    /// and no option bit, so that even a state word forged to this value is an entry that
+    /// takes nothing, as an unlinked one.
+    const NONE: Seen = Seen {
+        state: u64::MAX,
+        match_bits: 0,
+        ignore_bits: 0,
+        options: 0,
+        start: 0,
+        length: 0,
+    };
+}
+
+impl MeSeen {
+    /// Room for the `max_me` entries of `geo`.
+    pub(crate) fn new(geo: &NiGeometry) -> MeSeen {
+        MeSeen(vec![Seen::NONE; geo.max_me as usize])
+    }
+}
+
+/// Where a walk keeps the entries it has read and checked (see [`MeSeen`]); `()` keeps none.
+trait SeenEntries {
+    /// Entry `idx` as read under state word `state`, if it was.
+    fn seen(&self, idx: MeIndex, state: u64) -> Option<Seen>;
+    /// Entry `idx` was read whole and checked as `seen`.
+    fn keep(&mut self, idx: MeIndex, seen: Seen);
+}
+
+impl SeenEntries for () {
+    #[inline(always)]
+    fn seen(&self, _: MeIndex, _: u64) -> Option<Seen> {
+        None
+    }
+    #[inline(always)]
+    fn keep(&mut self, _: MeIndex, _: Seen) {}
+}
+
+impl SeenEntries for MeSeen {
+    #[inline(always)]
+    fn seen(&self, idx: MeIndex, state: u64) -> Option<Seen> {
+        self.0
+            .get(idx as usize)
+            .filter(|e| e.state == state)
+            .copied()
+    }
+    #[inline(always)]
+    fn keep(&mut self, idx: MeIndex, seen: Seen) {
+        if let Some(e) = self.0.get_mut(idx as usize) {
+            *e = seen;
+        }
+    }
+}
+
 /// What a match-list walk found.
 enum Walked {
     /// Entry `idx` matched; the data goes to (or comes from) `at` in the byte area.
@@ -1132,13 +1213,30 @@ impl<'a> Nic<'a> {
         }
     }
 
-    /// Reads match entry `idx` (both its lines, one bounds check) under its seqlock;
-    /// `Ok(None)` if it is not linked or changed meanwhile. Also returns its `next` link.
-    /// Every field is a private copy, checked before use.
+    /// Reads match entry `idx` (its lines `l`) under its seqlock; `Ok(None)` if it is not
+    /// linked or changed meanwhile. Also returns its `next` link, checked (`None` when the
+    /// entry came from `seen`: the walk reads the link if it goes on). Every field is a
+    /// private copy, checked before use, once per state word of the entry (see [`MeSeen`]).
     #[inline(always)]
-    fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord<'a>>, u64), NiError> {
-        let l = self.parts()?.me(idx)?;
+    fn read_me<S: SeenEntries>(
+        &self,
+        seen: &mut S,
+        idx: MeIndex,
+        l: &'a MeLines,
+    ) -> Result<(Option<MeRecord<'a>>, Option<u64>), NiError> {
         let s1 = l[0].load(Ordering::Acquire);
+        if let Some(e) = seen.seen(idx, s1) {
+            let me = MeRecord {
+                words: l,
+                state: s1,
+                match_bits: e.match_bits,
+                ignore_bits: e.ignore_bits,
+                options: e.options,
+                start: e.start,
+                length: e.length,
+            };
+            return Ok((Some(me), None));
+        }
         let w: [u64; 6] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
         fence(Ordering::Acquire);
         let s2 = l[0].load(Ordering::Relaxed);
@@ -1147,7 +1245,7 @@ impl<'a> Nic<'a> {
             return Err(corrupt("match entry link", next));
         }
         if s1 != s2 || s1 & 0xFF != ME_LINKED {
-            return Ok((None, next));
+            return Ok((None, Some(next)));
         }
         let options = w[2];
         if options & !0xFF1F != 0
@@ -1164,18 +1262,37 @@ impl<'a> Nic<'a> {
         {
             return Err(corrupt("match entry range", start));
         }
-        Ok((
-            Some(MeRecord {
-                words: l,
-                state: s1,
-                match_bits: w[0],
-                ignore_bits: w[1],
-                options,
-                start: start as usize,
-                length: length as usize,
-            }),
-            next,
-        ))
+        let e = Seen {
+            state: s1,
+            match_bits: w[0],
+            ignore_bits: w[1],
+            options,
+            start: start as usize,
+            length: length as usize,
+        };
+        seen.keep(idx, e);
+        let me = MeRecord {
+            words: l,
+            state: s1,
+            match_bits: e.match_bits,
+            ignore_bits: e.ignore_bits,
+            options,
+            start: e.start,
+            length: e.length,
+        };
+        Ok((Some(me), Some(next)))
+    }
+
+    /// Entry `l`'s `next` link, read and checked (for a walk going past an entry that came
+    /// from what it had seen).
+    #[cold]
+    #[inline(never)]
+    fn link(&self, l: &MeLines) -> Result<u64, NiError> {
+        let next = l[ME_NEXT / 8].load(Ordering::Acquire);
+        if next > self.geo.max_me as u64 {
+            return Err(corrupt("match entry link", next));
+        }
+        Ok(next)
     }
 
     #[inline(always)]
@@ -1194,8 +1311,9 @@ impl<'a> Nic<'a> {
     /// matching entry's space. Returns the entry and the byte-area offset, or the failure.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn walk(
+    fn walk<S: SeenEntries>(
         &self,
+        seen: &mut S,
         cl: &mut Claimer<'_, 'a>,
         pt: u8,
         match_bits: u64,
@@ -1215,85 +1333,91 @@ impl<'a> Nic<'a> {
         while cur != 0 && steps < limit {
             steps += 1;
             let idx = (cur - 1) as MeIndex;
-            let (rec, next) = self.read_me(idx)?;
-            cur = next;
-            let Some(me) = rec else { continue };
-            let opts = me.options;
-            if (opts >> 8) as u8 != pt
-                || opts & wants == 0
-                || (match_bits ^ me.match_bits) & !me.ignore_bits != 0
-            {
-                continue;
-            }
-            let local = opts & OPT_MANAGE_LOCAL != 0;
-            if !local
-                && remote_offset
-                    .checked_add(len as u64)
-                    .is_none_or(|end| end > me.length as u64)
-            {
-                continue;
-            }
-            // Reserve-first: a full queue refuses before any space is taken.
-            if opts & OPT_EVENT_DISABLE == 0 && cl.slot.is_none() {
-                cl.slot = self.eq_reserve(cl)?;
-                if cl.slot.is_none() {
-                    return Ok(Walked::Refused(NiFail::EqFull));
-                }
-            }
-            let use_once = opts & OPT_USE_ONCE != 0;
-            if use_once {
-                let taken = (me.state & !0xFF) | ME_UNLINKED;
-                if me.words[0]
-                    .compare_exchange(me.state, taken, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
+            let l = self.parts()?.me(idx)?;
+            let (rec, next) = self.read_me(seen, idx, l)?;
+            'entry: {
+                let Some(me) = rec else { break 'entry };
+                let opts = me.options;
+                if (opts >> 8) as u8 != pt
+                    || opts & wants == 0
+                    || (match_bits ^ me.match_bits) & !me.ignore_bits != 0
                 {
-                    continue;
+                    break 'entry;
                 }
-            }
-            let claim = lm_len(len) as u64;
-            let (offset, owned) = if local && !is_get {
-                let counter = &me.words[LINE_WORDS];
-                let length = me.length as u64;
-                if claim == 0 {
-                    if counter.load(Ordering::Acquire) > length {
-                        continue;
+                let local = opts & OPT_MANAGE_LOCAL != 0;
+                if !local
+                    && remote_offset
+                        .checked_add(len as u64)
+                        .is_none_or(|end| end > me.length as u64)
+                {
+                    break 'entry;
+                }
+                // Reserve-first: a full queue refuses before any space is taken.
+                if opts & OPT_EVENT_DISABLE == 0 && cl.slot.is_none() {
+                    cl.slot = self.eq_reserve(cl)?;
+                    if cl.slot.is_none() {
+                        return Ok(Walked::Refused(NiFail::EqFull));
                     }
-                    (0, false)
-                } else {
-                    cl.record_lm(idx);
-                    #[cfg(test)]
-                    cl.dies_at(die::Step::LmRecorded)?;
-                    let off = counter.fetch_add(claim, Ordering::AcqRel);
-                    if off.checked_add(claim).is_none_or(|end| end > length) {
-                        if off <= length {
-                            // The first claim that does not fit unlinks the entry: it records
-                            // how much was claimed, then tells the owner.
-                            me.words[LINE_WORDS + 1].store(off, Ordering::Release);
-                            let mut ev = Event::new(EventKind::Unlink, cl.rank, pt);
-                            ev.me = idx;
-                            ev.used = off;
-                            self.post_with(cl, &ev)?;
+                }
+                let use_once = opts & OPT_USE_ONCE != 0;
+                if use_once {
+                    let taken = (me.state & !0xFF) | ME_UNLINKED;
+                    if me.words[0]
+                        .compare_exchange(me.state, taken, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_err()
+                    {
+                        break 'entry;
+                    }
+                }
+                let claim = lm_len(len) as u64;
+                let (offset, owned) = if local && !is_get {
+                    let counter = &me.words[LINE_WORDS];
+                    let length = me.length as u64;
+                    if claim == 0 {
+                        if counter.load(Ordering::Acquire) > length {
+                            break 'entry;
                         }
-                        continue;
+                        (0, false)
+                    } else {
+                        cl.record_lm(idx);
+                        #[cfg(test)]
+                        cl.dies_at(die::Step::LmRecorded)?;
+                        let off = counter.fetch_add(claim, Ordering::AcqRel);
+                        if off.checked_add(claim).is_none_or(|end| end > length) {
+                            if off <= length {
+                                // The first claim that does not fit unlinks the entry: it
+                                // records how much was claimed, then tells the owner.
+                                me.words[LINE_WORDS + 1].store(off, Ordering::Release);
+                                let mut ev = Event::new(EventKind::Unlink, cl.rank, pt);
+                                ev.me = idx;
+                                ev.used = off;
+                                self.post_with(cl, &ev)?;
+                            }
+                            break 'entry;
+                        }
+                        #[cfg(test)]
+                        cl.dies_at(die::Step::LmClaimed)?;
+                        (off, true)
                     }
-                    #[cfg(test)]
-                    cl.dies_at(die::Step::LmClaimed)?;
-                    (off, true)
-                }
-            } else {
-                // The padded run stays inside the entry (its end is checked above).
-                let padded_fits = remote_offset
-                    .checked_add(claim)
-                    .is_some_and(|end| end <= me.length as u64);
-                (remote_offset, pad && padded_fits)
+                } else {
+                    // The padded run stays inside the entry (its end is checked above).
+                    let padded_fits = remote_offset
+                        .checked_add(claim)
+                        .is_some_and(|end| end <= me.length as u64);
+                    (remote_offset, pad && padded_fits)
+                };
+                let at = me.start + offset as usize;
+                return Ok(Walked::Found {
+                    idx,
+                    at,
+                    use_once,
+                    owned: owned && at.is_multiple_of(LM_ALIGN),
+                });
+            }
+            cur = match next {
+                Some(next) => next,
+                None => self.link(l)?,
             };
-            let at = me.start + offset as usize;
-            return Ok(Walked::Found {
-                idx,
-                at,
-                use_once,
-                owned: owned && at.is_multiple_of(LM_ALIGN),
-            });
         }
         self.no_match(cl, pt)
     }
@@ -1339,7 +1463,7 @@ impl<'a> Nic<'a> {
         if len > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a put of {len} bytes")));
         }
-        let outcome = self.put_here(initiator, a, len)?;
+        let outcome = self.put_here(&mut (), initiator, a, len)?;
         if let Some(own) = own {
             let mut ev = Event::new(EventKind::Send, initiator, a.pt);
             ev.match_bits = a.match_bits;
@@ -1363,12 +1487,36 @@ impl<'a> Nic<'a> {
         Ok(outcome)
     }
 
+    /// [`put`](Self::put) by a wire that keeps the entries it has read and checked in
+    /// `seen` (this NI's), with no event at the initiator.
+    #[inline(always)]
+    pub(crate) fn put_seen(
+        &self,
+        seen: &mut MeSeen,
+        initiator: u32,
+        a: &PutArgs<'_>,
+    ) -> Result<Outcome, NiError> {
+        let len: usize =
+            a.data.iter().map(|d| d.len()).sum::<usize>() + a.shared.map_or(0, |s| s.len());
+        if len > u32::MAX as usize {
+            return Err(NiError::Invalid(format!("a put of {len} bytes")));
+        }
+        self.put_here(seen, initiator, a, len)
+    }
+
     /// [`put`](Self::put)'s work in this NI, `len` bytes: its claimer's records are cleared
     /// when it returns (before any event at the initiator, which may be this NI).
     #[inline(always)]
-    fn put_here(&self, initiator: u32, a: &PutArgs<'_>, len: usize) -> Result<Outcome, NiError> {
+    fn put_here<S: SeenEntries>(
+        &self,
+        seen: &mut S,
+        initiator: u32,
+        a: &PutArgs<'_>,
+        len: usize,
+    ) -> Result<Outcome, NiError> {
         let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
+            seen,
             &mut cl,
             a.pt,
             a.match_bits,
@@ -1453,6 +1601,7 @@ impl<'a> Nic<'a> {
         }
         let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
+            &mut (),
             &mut cl,
             pt,
             match_bits,
@@ -1519,7 +1668,16 @@ impl<'a> Nic<'a> {
     ) -> Result<(Outcome, u64), NiError> {
         let mut cl = Claimer::new(self, initiator)?;
         let width = atomic.width().bytes();
-        let found = self.walk(&mut cl, pt, match_bits, width, remote_offset, true, false)?;
+        let found = self.walk(
+            &mut (),
+            &mut cl,
+            pt,
+            match_bits,
+            width,
+            remote_offset,
+            true,
+            false,
+        )?;
         match found {
             Walked::Found {
                 idx, at, use_once, ..
@@ -1987,8 +2145,12 @@ impl NiOwner {
                 } else {
                     state
                 };
-                let keep = if state_ok { state } else { linked };
-                self.write_me(seg, idx, pt, &spec, keep)?;
+                // Rewritten under a new generation: what walkers kept of the entry (see
+                // `MeSeen`) is stale now.
+                let g = g + 1;
+                self.generation[idx as usize] = g;
+                let kept = if state_ok { state & 0xFF } else { ME_LINKED };
+                self.write_me(seg, idx, pt, &spec, g << 8 | kept)?;
                 note("match entry", bad);
             }
             if let Some(p) = pos {
@@ -3138,6 +3300,54 @@ mod tests {
                 .unwrap();
             assert!(matches!(got, Outcome::Done { .. }), "{what}: {got:?}");
         }
+    }
+
+    /// A wire that keeps the entries it checked (`MeSeen`) acts on them only while their
+    /// state word is unchanged: a field a peer rewrote under the same state word is not
+    /// used (the owner's check repairs it under a new generation), a field read during a
+    /// corruption is dropped with the repair, and an entry unlinked and appended again is
+    /// read again.
+    #[test]
+    fn kept_entries_follow_the_state_word() {
+        let mut ni = Ni::new(256);
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 0, 64, PUT))
+            .unwrap();
+        let mut seen = MeSeen::new(&ni.geo);
+        let d: &[&[u8]] = &[b"abc"];
+        let put = |ni: &Ni, seen: &mut MeSeen| {
+            ni.nic()
+                .put_seen(seen, 1, &put_args(PT_USER, 0, 8, d))
+                .unwrap()
+        };
+        let start = ni.geo.me(a).unwrap() + 32;
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        // A stray write of the start under the same state word: the kept entry is used.
+        ni.seg.word(start).unwrap().store(128, Ordering::Relaxed);
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        assert!(matches!(
+            ni.owner.verify(&ni.seg),
+            Err(NiError::Corrupt { .. })
+        ));
+        // A wire that first reads the entry during a corruption keeps the corrupt (but
+        // in-range) start only until the repair.
+        let mut late = MeSeen::new(&ni.geo);
+        ni.seg.word(start).unwrap().store(128, Ordering::Relaxed);
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 136 });
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 136 });
+        assert!(ni.owner.verify(&ni.seg).is_err());
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 8 });
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        // Unlinked and appended again elsewhere: a new state word, read again.
+        ni.owner.me_unlink(&ni.seg, a).unwrap();
+        let b = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 64, 64, PUT))
+            .unwrap();
+        assert_eq!(a, b, "the same record");
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: b, start: 72 });
+        assert_eq!(ni.events().len(), 7);
     }
 
     /// A locally managed entry must post events (its owner re-links it by them).

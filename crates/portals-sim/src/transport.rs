@@ -34,8 +34,8 @@ use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::{Imported, Segment};
 
 use crate::ni::{
-    self, Drained, EventKind, MeIndex, MeOptions, MeSpec, NiError, NiFail, NiGeometry, NiOwner,
-    NiRuns, Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
+    self, Drained, EventKind, MeIndex, MeOptions, MeSeen, MeSpec, NiError, NiFail, NiGeometry,
+    NiOwner, NiRuns, Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
 };
 use crate::{PortalsConfig, PortalsError};
 
@@ -156,12 +156,16 @@ struct Peer {
     imp: Imported,
     /// The runs of its NI this rank's wire reaches, cut once.
     runs: NiRuns,
+    /// Its request and reply portals' match entries, as this rank's wire last read and
+    /// checked them.
+    seen: MeSeen,
 }
 
 impl Peer {
     fn new(seg: Segment, layout: &Layout) -> Result<Peer, PortalsError> {
         Ok(Peer {
             runs: NiRuns::new(&seg, &layout.ni)?,
+            seen: MeSeen::new(&layout.ni),
             imp: seg.import(),
             seg,
         })
@@ -543,7 +547,9 @@ impl TxState {
             pad: is_reply,
         };
         let msg_len = if long { head.len() } else { msg.len() };
-        let done = self.nic(dest as usize).put(self.rank, None, &args);
+        let p = &mut self.peers[dest as usize];
+        let nic = Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs);
+        let done = nic.put_seen(&mut p.seen, self.rank, &args);
         match done.map_err(|e| self.put_err(e))? {
             Outcome::Done { me, start }
                 if !data.is_empty() && !self.landed(is_reply, slot, me, start, msg_len) =>
