@@ -373,21 +373,33 @@ impl std::fmt::Debug for Slot<'_> {
 /// view it hands out atomics only.
 #[derive(Clone)]
 pub struct WordRun {
-    map: Arc<Mapping>,
+    /// Keeps the memory mapped (and in place) as long as the run lives.
+    _map: Arc<Mapping>,
+    /// Its first word, in `_map` (from `Mapping::words64` on the checked run).
+    first: std::ptr::NonNull<AtomicU64>,
     /// Byte offset of its first word in the mapping (8-aligned).
     at: usize,
     /// Its words.
     n: usize,
 }
 
+// SAFETY: a `WordRun` is an `Arc` to a mapping (which is `Send` and `Sync`: its memory is
+// reached through atomics only) and a pointer into that mapping's memory, which it only turns
+// into `&[AtomicU64]` (atomics are `Sync`); nothing in it is tied to a thread.
+unsafe impl Send for WordRun {}
+// SAFETY: as for `Send`: shared use only hands out shared references to atomics.
+unsafe impl Sync for WordRun {}
+
 impl WordRun {
     /// Its words.
     #[inline(always)]
     pub fn words(&self) -> &[AtomicU64] {
-        // SAFETY: `at % 8 == 0` and `at + 8 * n <= words <= map.len()`, checked by
-        // `View::words64` when the run was made (`Segment::word_run`), and the mapping stays
-        // alive as long as this `Arc` to it (so as long as `&self`).
-        unsafe { self.map.words64(self.at, self.n) }
+        // SAFETY: `first` points at `n` consecutive `AtomicU64`s inside the mapping: it came
+        // from `words64` on a run checked by `View::words64` (`at % 8 == 0`, `at + 8 * n <=
+        // words <= map.len()`) when the run was made (`Segment::word_run`). The mapping never
+        // moves (a file mapping, or a boxed slice never reallocated) and stays alive as long
+        // as `_map`, so as long as `&self`; every access to its words is atomic.
+        unsafe { std::slice::from_raw_parts(self.first.as_ptr(), self.n) }
     }
 
     /// Its length in words.
@@ -655,9 +667,10 @@ impl Segment {
     /// here, once (as [`words`](Self::words) checks), and kept by the caller, which then
     /// reaches them with no further check. The same rule holds: do not cover a doorbell.
     pub fn word_run(&self, off: usize, n: usize) -> Result<WordRun, ShmError> {
-        self.view.words64(off, n)?;
+        let first = std::ptr::NonNull::from(self.view.words64(off, n)?).cast::<AtomicU64>();
         Ok(WordRun {
-            map: Arc::clone(&self.view.map),
+            _map: Arc::clone(&self.view.map),
+            first,
             at: off,
             n,
         })
@@ -973,6 +986,12 @@ mod tests {
         drop(seg);
         assert_eq!(run.words()[7].load(Ordering::Acquire), 9);
         assert_eq!(run.clone().words()[3].load(Ordering::Acquire), 7);
+        // Sent to another thread (the last holder of the mapping while it runs).
+        let moved = run.clone();
+        drop(run);
+        std::thread::spawn(move || moved.words()[0].store(5, Ordering::Release))
+            .join()
+            .unwrap();
     }
 
     #[test]
