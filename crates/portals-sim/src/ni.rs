@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! word area (atomics only)
-//!   line 0            EQ doorbell (futex word), then the waiting word (the owner may sleep)
+//!   line 0            EQ doorbell (futex word), then the words a producer reads to claim
+//!                     a slot, on this one line: the waiting word (the owner may sleep), the
+//!                     EQ head (published by the owner, lazily: every quarter ring, and idle)
+//!                     and the EQ tail (a hint of the next free ticket, stored by producers)
 //!   line 1            abort word (a rank that panicked sets it)
-//!   line 2            EQ head, published by the owner (lazily: every quarter ring, and idle)
-//!   line 3            EQ tail: a hint of the next free ticket, stored by producers
 //!   NPT lines         portal table: state (enabled/disabled), list head, options
 //!   departed words    one per rank, set by a rank that ends cleanly
 //!   ranks lines       sender records, one line per rank, written only by that rank as an
@@ -95,9 +96,11 @@ pub(crate) const DOORBELL: usize = 0;
 pub(crate) const WAITING: usize = 8;
 /// Offset of the abort word.
 pub const ABORT: usize = CACHE_LINE;
-pub(crate) const EQ_HEAD: usize = 2 * CACHE_LINE;
-pub(crate) const EQ_TAIL: usize = 3 * CACHE_LINE;
-const PT_BASE: usize = 4 * CACHE_LINE;
+/// The head and the tail, on the waiting word's line: a claim reads one line of them (the
+/// owner writes the head only every quarter ring, the waiting word only to sleep).
+pub(crate) const EQ_HEAD: usize = 16;
+pub(crate) const EQ_TAIL: usize = 24;
+const PT_BASE: usize = 2 * CACHE_LINE;
 const ME_BYTES: usize = 2 * CACHE_LINE;
 /// Offset of an entry's `next` link (word 6 of its first line).
 const ME_NEXT: usize = 48;
@@ -2361,7 +2364,7 @@ impl NiOwner {
         if self.published != self.head {
             let w = seg.word(EQ_HEAD)?;
             // Only the owner writes it: a value it did not publish is a peer's (reported by
-            // `verify`; one load, on a line this owner wrote last).
+            // `verify`; one load, of the line this store takes anyway).
             let found = w.load(Ordering::Relaxed);
             if found != self.published && self.head_fault.is_none() {
                 self.head_fault = Some(found);
