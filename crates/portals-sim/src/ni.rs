@@ -1749,6 +1749,20 @@ impl<'a> Nic<'a> {
     }
 }
 
+/// Ticket `t`'s slot as its owner reads it: the sequence word, and if it says published, a
+/// private copy of the event's words (checked by the caller, never re-read).
+#[inline(always)]
+fn read_slot(slot: &Line, t: u64) -> (u64, Option<[u64; 7]>) {
+    let v = slot[0].load(Ordering::Acquire);
+    if v != seq_published(t) {
+        return (v, None);
+    }
+    (
+        v,
+        Some(std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed))),
+    )
+}
+
 /// What [`NiOwner::eq_unblock`] found at the head of the event queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1789,6 +1803,9 @@ pub struct NiOwner {
     /// A value found in the head word that the owner had not published (reported by
     /// [`verify`](Self::verify)).
     head_fault: Option<u64>,
+    /// The event queue's slots in the segment this owner was made with, cut once: the
+    /// transport's poll reads them with no check beyond an index.
+    eq: WordRun,
 }
 
 impl NiOwner {
@@ -1817,6 +1834,7 @@ impl NiOwner {
             head: 0,
             published: 0,
             head_fault: None,
+            eq: seg.word_run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)?,
         })
     }
 
@@ -2206,27 +2224,44 @@ impl NiOwner {
     /// is consumed and returned as `Corrupt`.
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
-        match self.eq_poll_words(seg)? {
+        let slot = line(seg, self.geo.eq_slot(self.head))?;
+        let read = read_slot(slot, self.head);
+        match self.eq_take(seg, read)? {
             Some(w) => Event::from_words(w).map(Some),
             None => Ok(None),
         }
     }
 
-    /// [`eq_poll`](Self::eq_poll) without the decoding: the next event's words, a private
-    /// copy the caller checks (all of them, as [`Event::from_words`] does, before any use).
+    /// [`eq_poll`](Self::eq_poll) without the decoding, through the queue's run cut at
+    /// [`new`](Self::new) (`seg` must be the segment this owner was made with, or a share of
+    /// it): the next event's words, a private copy the caller checks (all of them, as
+    /// [`Event::from_words`] does, before any use).
     #[inline(always)]
     pub(crate) fn eq_poll_words(&mut self, seg: &Segment) -> Result<Option<[u64; 7]>, NiError> {
-        let slot = line(seg, self.geo.eq_slot(self.head))?;
-        let v = slot[0].load(Ordering::Acquire);
-        if v != seq_published(self.head) {
+        let eq = self.eq.words().as_chunks::<LINE_WORDS>().0;
+        let i = self.head as usize & (self.geo.eq_capacity as usize - 1);
+        let Some(slot) = eq.get(i) else {
+            return Err(short_run(i));
+        };
+        let read = read_slot(slot, self.head);
+        self.eq_take(seg, read)
+    }
+
+    /// Takes ticket `head`'s event from its slot `slot`, if published (see
+    /// [`eq_poll`](Self::eq_poll)).
+    #[inline(always)]
+    fn eq_take(
+        &mut self,
+        seg: &Segment,
+        (v, w): (u64, Option<[u64; 7]>),
+    ) -> Result<Option<[u64; 7]>, NiError> {
+        let Some(w) = w else {
             if v == seq_free(self.head, self.geo.eq_capacity as u64) || seq_is_claimed(v, self.head)
             {
                 return Ok(None);
             }
             return self.eq_repair(seg, v).map(|()| None);
-        }
-        // A private copy: the words are checked, never re-read.
-        let w: [u64; 7] = std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed));
+        };
         self.consumed(seg)?;
         Ok(Some(w))
     }
