@@ -1129,20 +1129,14 @@ impl<'a> Nic<'a> {
         // Each step moves past a taken slot (a queue has `cap` of them), or goes back to the
         // head once. Wrapping arithmetic: `head` and `tail` are peers' words.
         for _ in 0..cap + 2 {
-            let ahead = t.wrapping_sub(head);
-            if ahead >= cap {
-                // Full if the last ticket of the window is taken (a tail hint is the ticket
-                // after a claim); otherwise the hint is past every claim a producer could
-                // have made: corrupt, so from the head again.
-                let last = head.wrapping_add(cap - 1);
-                if ahead == cap {
-                    let v = parts.slot(last)?[0].load(Ordering::Acquire);
-                    if v != seq_free(last, cap) {
-                        return Ok(None);
+            if t.wrapping_sub(head) >= cap {
+                match self.past_window(parts, head, t)? {
+                    Some(from) => {
+                        t = from;
+                        continue;
                     }
+                    None => return Ok(None),
                 }
-                t = head;
-                continue;
             }
             cl.record_eq(t);
             #[cfg(test)]
@@ -1170,6 +1164,23 @@ impl<'a> Nic<'a> {
             t = t.wrapping_add(1);
         }
         Ok(None)
+    }
+
+    /// A claim's ticket `t` is past the window `head..head + cap`: the queue is full if the
+    /// last ticket of the window is taken (a tail hint is the ticket after a claim), `None`;
+    /// otherwise the hint is past every claim a producer could have made (corrupt), so the
+    /// walk goes back to `head`. Out of line: a claim's path does not carry it.
+    #[cold]
+    #[inline(never)]
+    fn past_window(&self, parts: &Parts<'a>, head: u64, t: u64) -> Result<Option<u64>, NiError> {
+        let cap = self.geo.eq_capacity as u64;
+        if t.wrapping_sub(head) == cap {
+            let last = head.wrapping_add(cap - 1);
+            if parts.slot(last)?[0].load(Ordering::Acquire) != seq_free(last, cap) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(head))
     }
 
     /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
