@@ -662,9 +662,9 @@ pub struct Nic<'a> {
     seg: &'a Segment,
     imp: &'a Imported,
     geo: &'a NiGeometry,
-    /// The word area's parts, bounds-checked once here; `None` if the segment is smaller
-    /// than the geometry (every operation is then an error).
-    parts: Option<Parts<'a>>,
+    /// The word area's parts (empty where the segment is smaller than the geometry: every
+    /// access there is then an error).
+    parts: Parts<'a>,
 }
 
 /// A match entry's two lines: the entry, then its locally managed offset and `used` word.
@@ -677,8 +677,8 @@ type MeLines = [AtomicU64; 2 * LINE_WORDS];
 #[derive(Clone, Copy)]
 struct Parts<'a> {
     /// The waiting word, the head and the tail (the run from `WAITING`).
-    q: &'a [AtomicU64; Q_WORDS],
-    pts: &'a [Line; NPT],
+    q: &'a [AtomicU64],
+    pts: &'a [Line],
     recs: &'a [Line],
     mes: &'a [MeLines],
     /// `eq_capacity` slots, a power of two.
@@ -686,37 +686,43 @@ struct Parts<'a> {
 }
 
 impl<'a> Parts<'a> {
-    fn new(seg: &'a Segment, geo: &NiGeometry) -> Option<Parts<'a>> {
-        let q = words(seg, WAITING).ok()?;
-        // One check for the whole area from the portal table on, cut into lines.
-        let all = seg.words(PT_BASE, (geo.words_len() - PT_BASE) / 8).ok()?;
-        let (lines, _) = all.as_chunks::<LINE_WORDS>();
-        let run = |off: usize, n: usize| lines.get((off - PT_BASE) / CACHE_LINE..)?.get(..n);
-        let mes = run(geo.me_base, 2 * geo.max_me as usize)?;
-        Some(Parts {
-            q,
-            pts: lines.first_chunk::<NPT>()?,
-            recs: run(geo.rec_base, geo.ranks as usize)?,
-            mes: mes.as_flattened().as_chunks::<{ 2 * LINE_WORDS }>().0,
-            eq: run(geo.eq_base, geo.eq_capacity as usize)?,
-        })
+    /// The parts of the NI of geometry `geo` in `seg`, checked here; a part the segment does
+    /// not hold is empty (its accesses are errors).
+    fn new(seg: &'a Segment, geo: &NiGeometry) -> Parts<'a> {
+        let run = |off: usize, n: usize| seg.words(off, n).unwrap_or(&[]);
+        Parts {
+            q: run(WAITING, Q_WORDS),
+            pts: run(PT_BASE, NPT * LINE_WORDS).as_chunks().0,
+            recs: run(geo.rec_base, geo.ranks as usize * LINE_WORDS).as_chunks().0,
+            mes: run(geo.me_base, geo.max_me as usize * 2 * LINE_WORDS)
+                .as_chunks()
+                .0,
+            eq: run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)
+                .as_chunks()
+                .0,
+        }
     }
 
-    /// The parts of runs cut at start-up: no bounds check but the two fixed lengths.
+    /// The parts of runs cut at start-up: no check at all (an index into each is the only
+    /// one, where it is used).
     #[inline(always)]
-    fn of(runs: &'a NiRuns) -> Option<Parts<'a>> {
-        Some(Parts {
-            q: runs.q.words().first_chunk::<Q_WORDS>()?,
-            pts: runs
-                .pts
-                .words()
-                .as_chunks::<LINE_WORDS>()
-                .0
-                .first_chunk::<NPT>()?,
-            recs: runs.recs.words().as_chunks::<LINE_WORDS>().0,
-            mes: runs.mes.words().as_chunks::<{ 2 * LINE_WORDS }>().0,
-            eq: runs.eq.words().as_chunks::<LINE_WORDS>().0,
-        })
+    fn of(runs: &'a NiRuns) -> Parts<'a> {
+        Parts {
+            q: runs.q.words(),
+            pts: runs.pts.words().as_chunks().0,
+            recs: runs.recs.words().as_chunks().0,
+            mes: runs.mes.words().as_chunks().0,
+            eq: runs.eq.words().as_chunks().0,
+        }
+    }
+
+    /// The waiting word, the head and the tail.
+    #[inline(always)]
+    fn q(&self) -> Result<&'a [AtomicU64; Q_WORDS], NiError> {
+        match self.q.first_chunk() {
+            Some(q) => Ok(q),
+            None => Err(short_run(WAITING)),
+        }
     }
 
     /// The slot of ticket `t` (masked: the queue's length is a power of two).
@@ -775,10 +781,6 @@ fn bad_pt(pt: u8) -> NiError {
     NiError::Invalid(format!("portal index {pt} (0..{NPT})"))
 }
 
-#[cold]
-fn short_segment() -> NiError {
-    NiError::Invalid("segment smaller than the NI geometry".into())
-}
 
 /// A claimed event slot, and whether its owner must be woken once it is published.
 #[derive(Debug, Clone, Copy)]
@@ -809,7 +811,7 @@ impl<'n, 'a> Claimer<'n, 'a> {
     #[inline(always)]
     fn new(nic: &'n Nic<'a>, rank: u32) -> Result<Claimer<'n, 'a>, NiError> {
         // One line per rank of the job: the index is the rank check.
-        let Some(rec) = nic.parts()?.recs.get(rank as usize) else {
+        let Some(rec) = nic.parts().recs.get(rank as usize) else {
             return Err(bad_rank(rank, nic.geo.ranks));
         };
         let Some(rec) = rec.first_chunk::<2>() else {
@@ -1073,11 +1075,8 @@ impl<'a> Nic<'a> {
     }
 
     #[inline(always)]
-    fn parts(&self) -> Result<&Parts<'a>, NiError> {
-        match &self.parts {
-            Some(p) => Ok(p),
-            None => Err(short_segment()),
-        }
+    fn parts(&self) -> &Parts<'a> {
+        &self.parts
     }
 
     /// Rings the NI's doorbell if its owner announced that it may sleep. (Posting an event
@@ -1087,7 +1086,7 @@ impl<'a> Nic<'a> {
         // Against the owner's announcement and fence (see `NiOwner::announce_wait`): what
         // the caller published before is ordered before this load.
         fence(Ordering::SeqCst);
-        if self.parts()?.q[0].load(Ordering::SeqCst) != 0 {
+        if self.parts().q()?[0].load(Ordering::SeqCst) != 0 {
             self.seg.doorbell(DOORBELL)?.ring();
         }
         Ok(())
@@ -1115,8 +1114,8 @@ impl<'a> Nic<'a> {
     #[inline(always)]
     fn eq_reserve(&self, cl: &mut Claimer<'_, 'a>) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
-        let parts = self.parts()?;
-        let q = parts.q;
+        let parts = self.parts();
+        let q = parts.q()?;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
         let cap = self.geo.eq_capacity as u64;
         let mut t = tail_w.load(Ordering::Relaxed);
@@ -1192,7 +1191,7 @@ impl<'a> Nic<'a> {
     /// registers, stores the line's seven words and publishes with one more.
     #[inline(always)]
     fn eq_publish_words(&self, claim: Claim, words: [u64; 7]) -> Result<(), NiError> {
-        let slot = self.parts()?.slot(claim.seq)?;
+        let slot = self.parts().slot(claim.seq)?;
         for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
@@ -1311,7 +1310,7 @@ impl<'a> Nic<'a> {
 
     #[inline(always)]
     fn pt_state(&self, pt: u8) -> Result<(u64, u64), NiError> {
-        let l = self.parts()?.pt(pt)?;
+        let l = self.parts().pt(pt)?;
         let state = l[0].load(Ordering::Acquire);
         let head = l[1].load(Ordering::Acquire);
         if head > self.geo.max_me as u64 {
@@ -1347,7 +1346,7 @@ impl<'a> Nic<'a> {
         while cur != 0 && steps < limit {
             steps += 1;
             let idx = (cur - 1) as MeIndex;
-            let l = self.parts()?.me(idx)?;
+            let l = self.parts().me(idx)?;
             let (rec, next) = self.read_me(seen, idx, l)?;
             'entry: {
                 let Some(me) = rec else { break 'entry };
@@ -1440,7 +1439,7 @@ impl<'a> Nic<'a> {
     #[cold]
     #[inline(never)]
     fn no_match(&self, cl: &mut Claimer<'_, 'a>, pt: u8) -> Result<Walked, NiError> {
-        let l = self.parts()?.pt(pt)?;
+        let l = self.parts().pt(pt)?;
         if l[2].load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
             let won = l[0]
                 .compare_exchange(PT_ENABLED, PT_DISABLED, Ordering::AcqRel, Ordering::Relaxed)
