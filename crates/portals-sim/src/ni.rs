@@ -280,6 +280,10 @@ pub struct NiGeometry {
     rec_base: usize,
     me_base: usize,
     eq_base: usize,
+    /// The same three, in lines from the portal table.
+    rec_line: usize,
+    me_line: usize,
+    eq_line: usize,
 }
 
 impl NiGeometry {
@@ -309,6 +313,7 @@ impl NiGeometry {
         let rec_base = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
         let me_base = rec_base + ranks as usize * CACHE_LINE;
         let eq_base = me_base + max_me as usize * ME_BYTES;
+        let line = |off: usize| (off - PT_BASE) / CACHE_LINE;
         Ok(NiGeometry {
             ranks,
             max_me,
@@ -317,6 +322,9 @@ impl NiGeometry {
             rec_base,
             me_base,
             eq_base,
+            rec_line: line(rec_base),
+            me_line: line(me_base),
+            eq_line: line(eq_base),
         })
     }
 
@@ -678,41 +686,35 @@ type MeLines = [AtomicU64; 2 * LINE_WORDS];
 struct Parts<'a> {
     /// The waiting word, the head and the tail (the run from `WAITING`).
     q: &'a [AtomicU64],
-    pts: &'a [Line],
-    recs: &'a [Line],
-    mes: &'a [MeLines],
-    /// `eq_capacity` slots, a power of two.
-    eq: &'a [Line],
+    /// Every line from the portal table on (portal entries, departed words, sender
+    /// records, match entries, event slots), at the lines the geometry gives.
+    lines: &'a [Line],
+    geo: &'a NiGeometry,
 }
 
 impl<'a> Parts<'a> {
     /// The parts of the NI of geometry `geo` in `seg`, checked here; a part the segment does
     /// not hold is empty (its accesses are errors).
-    fn new(seg: &'a Segment, geo: &NiGeometry) -> Parts<'a> {
-        let run = |off: usize, n: usize| seg.words(off, n).unwrap_or(&[]);
+    fn new(seg: &'a Segment, geo: &'a NiGeometry) -> Parts<'a> {
         Parts {
-            q: run(WAITING, Q_WORDS),
-            pts: run(PT_BASE, NPT * LINE_WORDS).as_chunks().0,
-            recs: run(geo.rec_base, geo.ranks as usize * LINE_WORDS).as_chunks().0,
-            mes: run(geo.me_base, geo.max_me as usize * 2 * LINE_WORDS)
+            q: seg.words(WAITING, Q_WORDS).unwrap_or(&[]),
+            lines: seg
+                .words(PT_BASE, (geo.words_len() - PT_BASE) / 8)
+                .unwrap_or(&[])
                 .as_chunks()
                 .0,
-            eq: run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)
-                .as_chunks()
-                .0,
+            geo,
         }
     }
 
     /// The parts of runs cut at start-up: no check at all (an index into each is the only
     /// one, where it is used).
     #[inline(always)]
-    fn of(runs: &'a NiRuns) -> Parts<'a> {
+    fn of(runs: &'a NiRuns, geo: &'a NiGeometry) -> Parts<'a> {
         Parts {
             q: runs.q.words(),
-            pts: runs.pts.words().as_chunks().0,
-            recs: runs.recs.words().as_chunks().0,
-            mes: runs.mes.words().as_chunks().0,
-            eq: runs.eq.words().as_chunks().0,
+            lines: runs.lines.words().as_chunks().0,
+            geo,
         }
     }
 
@@ -725,29 +727,49 @@ impl<'a> Parts<'a> {
         }
     }
 
+    #[inline(always)]
+    fn line(&self, i: usize) -> Result<&'a Line, NiError> {
+        match self.lines.get(i) {
+            Some(l) => Ok(l),
+            None => Err(short_run(i)),
+        }
+    }
+
     /// The slot of ticket `t` (masked: the queue's length is a power of two).
     #[inline(always)]
     fn slot(&self, t: u64) -> Result<&'a Line, NiError> {
-        let i = t as usize & self.eq.len().wrapping_sub(1);
-        self.eq.get(i).ok_or_else(|| short_run(i))
+        self.line(self.geo.eq_line + (t as usize & (self.geo.eq_capacity as usize - 1)))
     }
 
     /// Portal entry `pt`'s line.
     #[inline(always)]
     fn pt(&self, pt: u8) -> Result<&'a Line, NiError> {
-        match self.pts.get(pt as usize) {
-            Some(l) => Ok(l),
-            None => Err(bad_pt(pt)),
+        if pt as usize >= NPT {
+            return Err(bad_pt(pt));
         }
+        self.line(pt as usize)
     }
 
     /// Match entry `idx` (an index beyond the geometry is a corrupt one).
     #[inline(always)]
     fn me(&self, idx: MeIndex) -> Result<&'a MeLines, NiError> {
-        match self.mes.get(idx as usize) {
-            Some(l) => Ok(l),
-            None => Err(corrupt("match entry index", idx as u64)),
+        if idx >= self.geo.max_me {
+            return Err(corrupt("match entry index", idx as u64));
         }
+        let i = self.geo.me_line + 2 * idx as usize;
+        match self.lines.get(i..i + 2) {
+            Some(l) => l.as_flattened().try_into().map_err(|_| short_run(i)),
+            None => Err(short_run(i)),
+        }
+    }
+
+    /// Rank `r`'s sender record (one line per rank of the job).
+    #[inline(always)]
+    fn record(&self, r: u32) -> Result<&'a Line, NiError> {
+        if r >= self.geo.ranks {
+            return Err(bad_rank(r, self.geo.ranks));
+        }
+        self.line(self.geo.rec_line + r as usize)
     }
 }
 
@@ -757,10 +779,7 @@ impl<'a> Parts<'a> {
 #[derive(Debug, Clone)]
 pub struct NiRuns {
     q: WordRun,
-    pts: WordRun,
-    recs: WordRun,
-    mes: WordRun,
-    eq: WordRun,
+    lines: WordRun,
 }
 
 impl NiRuns {
@@ -768,10 +787,7 @@ impl NiRuns {
     pub fn new(seg: &Segment, geo: &NiGeometry) -> Result<NiRuns, NiError> {
         Ok(NiRuns {
             q: seg.word_run(WAITING, Q_WORDS)?,
-            pts: seg.word_run(PT_BASE, NPT * LINE_WORDS)?,
-            recs: seg.word_run(geo.rec_base, geo.ranks as usize * LINE_WORDS)?,
-            mes: seg.word_run(geo.me_base, geo.max_me as usize * 2 * LINE_WORDS)?,
-            eq: seg.word_run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)?,
+            lines: seg.word_run(PT_BASE, (geo.words_len() - PT_BASE) / 8)?,
         })
     }
 }
@@ -780,7 +796,6 @@ impl NiRuns {
 fn bad_pt(pt: u8) -> NiError {
     NiError::Invalid(format!("portal index {pt} (0..{NPT})"))
 }
-
 
 /// A claimed event slot, and whether its owner must be woken once it is published.
 #[derive(Debug, Clone, Copy)]
@@ -811,10 +826,7 @@ impl<'n, 'a> Claimer<'n, 'a> {
     #[inline(always)]
     fn new(nic: &'n Nic<'a>, rank: u32) -> Result<Claimer<'n, 'a>, NiError> {
         // One line per rank of the job: the index is the rank check.
-        let Some(rec) = nic.parts().recs.get(rank as usize) else {
-            return Err(bad_rank(rank, nic.geo.ranks));
-        };
-        let Some(rec) = rec.first_chunk::<2>() else {
+        let Some(rec) = nic.parts().record(rank)?.first_chunk::<2>() else {
             return Err(short_run(0));
         };
         Ok(Claimer {
@@ -1070,7 +1082,7 @@ impl<'a> Nic<'a> {
             seg,
             imp,
             geo,
-            parts: Parts::of(runs),
+            parts: Parts::of(runs, geo),
         }
     }
 
