@@ -678,10 +678,10 @@ pub struct Nic<'a> {
 /// A match entry's two lines: the entry, then its locally managed offset and `used` word.
 type MeLines = [AtomicU64; 2 * LINE_WORDS];
 
-/// The runs of an NI's word area a walker reaches, cut once by [`Nic::new`] to the
-/// geometry's counts (one line per portal entry, rank and event slot, two per match entry),
-/// so that an access is one index into a run of known length, with no offset arithmetic
-/// or alignment check.
+/// An NI's word area as a walker reaches it: the waiting word, head and tail, and every line
+/// from the portal table on, cut by [`Nic::new`] (checked against the segment) or from kept
+/// runs ([`Nic::with_runs`]); an access is then one index, at a line the geometry gives, with
+/// no alignment check.
 #[derive(Clone, Copy)]
 struct Parts<'a> {
     /// The waiting word, the head and the tail (the run from `WAITING`).
@@ -775,7 +775,8 @@ impl<'a> Parts<'a> {
 
 /// The runs of one NI's word area that a wire reaches on every operation (see [`Nic`]),
 /// checked and cut once, when a peer's memory is mapped: a [`Nic`] made
-/// [`with`](Nic::with_runs) them reaches every word with one index and no further check.
+/// [`with`](Nic::with_runs) them reaches every word with one index (at a line the geometry
+/// gives) and no further check.
 #[derive(Debug, Clone)]
 pub struct NiRuns {
     q: WordRun,
