@@ -11,6 +11,8 @@
 //!   peer does meanwhile. Parse a private copy, never the shared original.
 //! - [`Imported`]: a peer's view of a segment, with writes only (SCI's "remote writes, local
 //!   reads"): stores to words, copies into bytes; it has no read.
+//! - [`WordRun`]: a run of a segment's word area checked once, when made, that keeps the
+//!   mapping alive, so a NIC can cut a peer's runs at start-up and keep them.
 //! - [`stamp`]: the slot hand-over, in crossbeam's `ArrayQueue` order: claim (by the caller's
 //!   own bookkeeping), write the bytes, publish with a `Release` store of a stamp; the reader
 //!   loads the stamp with `Acquire` before it copies the bytes out. For a hot path,

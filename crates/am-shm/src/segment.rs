@@ -381,9 +381,11 @@ impl std::fmt::Debug for Slot<'_> {
     }
 }
 
-/// A run of 64-bit words of a segment's word area, checked once when made
-/// ([`Segment::word_run`]), for a hot path that loads them by index: one compare per load
-/// instead of an offset's bounds and alignment checks. It keeps the segment's memory mapped.
+/// A run of 64-bit words of a segment's word area, checked for bounds and alignment once,
+/// when made ([`Segment::word_run`]), that keeps the mapping alive: a NIC cuts the runs of a
+/// peer's memory it reaches on every message once, at start-up, keeps them, and then reaches
+/// their words with no check beyond a slice index (and no offset arithmetic). Like every
+/// view it hands out atomics only.
 ///
 /// ```
 /// use am_shm::Segment;
@@ -394,37 +396,51 @@ impl std::fmt::Debug for Slot<'_> {
 /// ```
 #[derive(Clone)]
 pub struct WordRun {
-    map: Arc<Mapping>,
-    /// Offset of its first word in the mapping (8-aligned).
+    /// Keeps the memory mapped (and in place) as long as the run lives.
+    _map: Arc<Mapping>,
+    /// Its first word, in `_map` (from `Mapping::words64` on the checked run).
+    first: std::ptr::NonNull<AtomicU64>,
+    /// Byte offset of its first word in the mapping (8-aligned).
     at: usize,
     /// Its words.
-    len: usize,
+    n: usize,
 }
 
-impl WordRun {
-    /// Number of words.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
+// SAFETY: a `WordRun` is an `Arc` to a mapping (which is `Send` and `Sync`: its memory is
+// reached through atomics only) and a pointer into that mapping's memory, which it only turns
+// into `&[AtomicU64]` (atomics are `Sync`); nothing in it is tied to a thread.
+unsafe impl Send for WordRun {}
+// SAFETY: as for `Send`: shared use only hands out shared references to atomics.
+unsafe impl Sync for WordRun {}
 
-    /// Whether it has no word.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+impl WordRun {
+    /// Its words.
+    #[inline(always)]
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `first` points at `n` consecutive `AtomicU64`s inside the mapping: it came
+        // from `words64` on a run checked by `View::words64` (`at % 8 == 0`, `at + 8 * n <=
+        // words <= map.len()`) when the run was made (`Segment::word_run`). The mapping never
+        // moves (a file mapping, or a boxed slice never reallocated) and stays alive as long
+        // as `_map`, so as long as `&self`; every access to its words is atomic.
+        unsafe { std::slice::from_raw_parts(self.first.as_ptr(), self.n) }
     }
 
     /// `Acquire` load of word `i`; `None` past the run.
     #[inline]
     pub fn load(&self, i: usize) -> Option<u64> {
-        if i >= self.len {
-            return None;
-        }
-        // SAFETY: `at` is 8-aligned and the run's `len` words lie inside the word area
-        // (checked when made, as `View::words64` checks), so word `i < len` does too; the
-        // word area is accessed through 64-bit atomics there (the caller of `word_run` keeps
-        // doorbells out of the run, as for `Segment::words`).
-        Some(unsafe { self.map.word64(self.at + i * WORD) }.load(Ordering::Acquire))
+        self.words().get(i).map(|w| w.load(Ordering::Acquire))
+    }
+
+    /// Its length in words.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether it has no word.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
     }
 }
 
@@ -432,7 +448,7 @@ impl std::fmt::Debug for WordRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WordRun")
             .field("at", &self.at)
-            .field("len", &self.len)
+            .field("n", &self.n)
             .finish()
     }
 }
@@ -676,15 +692,16 @@ impl Segment {
         self.view.words64(off, n)
     }
 
-    /// The `n` 64-bit words from byte offset `off` of the word area as a [`WordRun`], checked
-    /// once here (as [`words`](Self::words) checks): words a hot path loads by index. The
-    /// same rule as `words`: do not cover a doorbell.
+    /// The `n` 64-bit words from byte offset `off` of the word area as a [`WordRun`]: checked
+    /// here, once (as [`words`](Self::words) checks), and kept by the caller, which then
+    /// reaches them with no further check. The same rule holds: do not cover a doorbell.
     pub fn word_run(&self, off: usize, n: usize) -> Result<WordRun, ShmError> {
-        self.view.words64(off, n)?;
+        let first = std::ptr::NonNull::from(self.view.words64(off, n)?).cast::<AtomicU64>();
         Ok(WordRun {
-            map: self.view.map.clone(),
+            _map: Arc::clone(&self.view.map),
+            first,
             at: off,
-            len: n,
+            n,
         })
     }
 
@@ -1018,6 +1035,33 @@ impl std::fmt::Debug for Imported {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A word run is checked when made, reaches the same words as the segment, and keeps the
+    /// memory alive after the segment is gone.
+    #[test]
+    fn word_runs_are_checked_once_and_outlive_the_segment() {
+        let seg = Segment::heap(128, 16).unwrap();
+        assert!(seg.word_run(0, 16).is_ok());
+        assert!(seg.word_run(8, 16).is_err(), "past the word area");
+        assert!(seg.word_run(4, 1).is_err(), "misaligned");
+        assert!(seg.word_run(usize::MAX - 7, 1).is_err());
+        assert!(seg.word_run(0, usize::MAX / 4).is_err(), "overflow");
+        let run = seg.word_run(64, 8).unwrap();
+        assert_eq!((run.len(), run.is_empty()), (8, false));
+        assert!(seg.word_run(128, 0).unwrap().is_empty());
+        run.words()[3].store(7, Ordering::Release);
+        assert_eq!(seg.load_word(64 + 24).unwrap(), 7);
+        seg.word(64 + 56).unwrap().store(9, Ordering::Release);
+        drop(seg);
+        assert_eq!(run.words()[7].load(Ordering::Acquire), 9);
+        assert_eq!(run.clone().words()[3].load(Ordering::Acquire), 7);
+        // Sent to another thread (the last holder of the mapping while it runs).
+        let moved = run.clone();
+        drop(run);
+        std::thread::spawn(move || moved.words()[0].store(5, Ordering::Release))
+            .join()
+            .unwrap();
+    }
 
     #[test]
     fn bounds_and_alignment_are_errors() {

@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! word area (atomics only)
-//!   line 0            EQ doorbell (futex word), then the waiting word (the owner may sleep)
+//!   line 0            EQ doorbell (futex word), then the words a producer reads to claim
+//!                     a slot, on this one line: the waiting word (the owner may sleep), the
+//!                     EQ head (published by the owner, lazily: every quarter ring, and idle)
+//!                     and the EQ tail (a hint of the next free ticket, stored by producers)
 //!   line 1            abort word (a rank that panicked sets it)
-//!   line 2            EQ head, published by the owner (lazily: every quarter ring, and idle)
-//!   line 3            EQ tail: a hint of the next free ticket, stored by producers
 //!   NPT lines         portal table: state (enabled/disabled), list head, options
 //!   departed words    one per rank, set by a rank that ends cleanly
 //!   ranks lines       sender records, one line per rank, written only by that rank as an
@@ -57,7 +58,10 @@
 //! # Match lists and locally managed offsets
 //! Match entries are read under a seqlock (state word before and after), so a walker never
 //! acts on a torn entry; use-once entries are taken with a CAS of their state, locally
-//! managed space with a `fetch_add` of the entry's offset. Only the owner changes the list
+//! managed space with a `fetch_add` of the entry's offset. The owner rewrites an entry only
+//! under a new state word (a new generation), so a rank's wire keeps what it read and
+//! checked of each entry with the state word it was read under, and while that word is
+//! unchanged reads only it (see `MeSeen`). Only the owner changes the list
 //! structure; a walker that races a re-link may end its walk early, which at worst disables
 //! the portal entry spuriously (the initiator then sends again after the owner re-enables
 //! it: nothing is lost).
@@ -74,7 +78,7 @@
 
 use am_shm::sync::{fence, AtomicU64, Ordering};
 
-use am_shm::{Imported, Segment, SharedBytes, ShmError, CACHE_LINE};
+use am_shm::{Imported, Segment, SharedBytes, ShmError, WordRun, CACHE_LINE};
 
 /// Portal table entries per NI.
 pub const NPT: usize = 4;
@@ -92,9 +96,11 @@ pub(crate) const DOORBELL: usize = 0;
 pub(crate) const WAITING: usize = 8;
 /// Offset of the abort word.
 pub const ABORT: usize = CACHE_LINE;
-pub(crate) const EQ_HEAD: usize = 2 * CACHE_LINE;
-pub(crate) const EQ_TAIL: usize = 3 * CACHE_LINE;
-const PT_BASE: usize = 4 * CACHE_LINE;
+/// The head and the tail, on the waiting word's line: a claim reads one line of them (the
+/// owner writes the head only every quarter ring, the waiting word only to sleep).
+pub(crate) const EQ_HEAD: usize = 16;
+pub(crate) const EQ_TAIL: usize = 24;
+const PT_BASE: usize = 2 * CACHE_LINE;
 const ME_BYTES: usize = 2 * CACHE_LINE;
 /// Offset of an entry's `next` link (word 6 of its first line).
 const ME_NEXT: usize = 48;
@@ -274,6 +280,10 @@ pub struct NiGeometry {
     rec_base: usize,
     me_base: usize,
     eq_base: usize,
+    /// The same three, in lines from the portal table.
+    rec_line: usize,
+    me_line: usize,
+    eq_line: usize,
 }
 
 impl NiGeometry {
@@ -303,6 +313,7 @@ impl NiGeometry {
         let rec_base = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
         let me_base = rec_base + ranks as usize * CACHE_LINE;
         let eq_base = me_base + max_me as usize * ME_BYTES;
+        let line = |off: usize| (off - PT_BASE) / CACHE_LINE;
         Ok(NiGeometry {
             ranks,
             max_me,
@@ -311,6 +322,9 @@ impl NiGeometry {
             rec_base,
             me_base,
             eq_base,
+            rec_line: line(rec_base),
+            me_line: line(me_base),
+            eq_line: line(eq_base),
         })
     }
 
@@ -578,7 +592,7 @@ impl Event {
 
     /// Decodes a private copy of an event's words (never the shared original).
     #[inline]
-    fn from_words(w: [u64; 7]) -> Result<Event, NiError> {
+    pub(crate) fn from_words(w: [u64; 7]) -> Result<Event, NiError> {
         let Some(kind) = EventKind::from_u8(w[0] as u8) else {
             return Err(corrupt("event kind", w[0]));
         };
@@ -656,6 +670,132 @@ pub struct Nic<'a> {
     seg: &'a Segment,
     imp: &'a Imported,
     geo: &'a NiGeometry,
+    /// The word area's parts (empty where the segment is smaller than the geometry: every
+    /// access there is then an error).
+    parts: Parts<'a>,
+}
+
+/// A match entry's two lines: the entry, then its locally managed offset and `used` word.
+type MeLines = [AtomicU64; 2 * LINE_WORDS];
+
+/// An NI's word area as a walker reaches it: the waiting word, head and tail, and every line
+/// from the portal table on, cut by [`Nic::new`] (checked against the segment) or from kept
+/// runs ([`Nic::with_runs`]); an access is then one index, at a line the geometry gives, with
+/// no alignment check.
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    /// The waiting word, the head and the tail (the run from `WAITING`).
+    q: &'a [AtomicU64],
+    /// Every line from the portal table on (portal entries, departed words, sender
+    /// records, match entries, event slots), at the lines the geometry gives.
+    lines: &'a [Line],
+    geo: &'a NiGeometry,
+}
+
+impl<'a> Parts<'a> {
+    /// The parts of the NI of geometry `geo` in `seg`, checked here; a part the segment does
+    /// not hold is empty (its accesses are errors).
+    fn new(seg: &'a Segment, geo: &'a NiGeometry) -> Parts<'a> {
+        Parts {
+            q: seg.words(WAITING, Q_WORDS).unwrap_or(&[]),
+            lines: seg
+                .words(PT_BASE, (geo.words_len() - PT_BASE) / 8)
+                .unwrap_or(&[])
+                .as_chunks()
+                .0,
+            geo,
+        }
+    }
+
+    /// The parts of runs cut at start-up: no check at all (an index into each is the only
+    /// one, where it is used).
+    #[inline(always)]
+    fn of(runs: &'a NiRuns, geo: &'a NiGeometry) -> Parts<'a> {
+        Parts {
+            q: runs.q.words(),
+            lines: runs.lines.words().as_chunks().0,
+            geo,
+        }
+    }
+
+    /// The waiting word, the head and the tail.
+    #[inline(always)]
+    fn q(&self) -> Result<&'a [AtomicU64; Q_WORDS], NiError> {
+        match self.q.first_chunk() {
+            Some(q) => Ok(q),
+            None => Err(short_run(WAITING)),
+        }
+    }
+
+    #[inline(always)]
+    fn line(&self, i: usize) -> Result<&'a Line, NiError> {
+        match self.lines.get(i) {
+            Some(l) => Ok(l),
+            None => Err(short_run(i)),
+        }
+    }
+
+    /// The slot of ticket `t` (masked: the queue's length is a power of two).
+    #[inline(always)]
+    fn slot(&self, t: u64) -> Result<&'a Line, NiError> {
+        self.line(self.geo.eq_line + (t as usize & (self.geo.eq_capacity as usize - 1)))
+    }
+
+    /// Portal entry `pt`'s line.
+    #[inline(always)]
+    fn pt(&self, pt: u8) -> Result<&'a Line, NiError> {
+        if pt as usize >= NPT {
+            return Err(bad_pt(pt));
+        }
+        self.line(pt as usize)
+    }
+
+    /// Match entry `idx` (an index beyond the geometry is a corrupt one).
+    #[inline(always)]
+    fn me(&self, idx: MeIndex) -> Result<&'a MeLines, NiError> {
+        if idx >= self.geo.max_me {
+            return Err(corrupt("match entry index", idx as u64));
+        }
+        let i = self.geo.me_line + 2 * idx as usize;
+        match self.lines.get(i..i + 2) {
+            Some(l) => l.as_flattened().try_into().map_err(|_| short_run(i)),
+            None => Err(short_run(i)),
+        }
+    }
+
+    /// Rank `r`'s sender record (one line per rank of the job).
+    #[inline(always)]
+    fn record(&self, r: u32) -> Result<&'a Line, NiError> {
+        if r >= self.geo.ranks {
+            return Err(bad_rank(r, self.geo.ranks));
+        }
+        self.line(self.geo.rec_line + r as usize)
+    }
+}
+
+/// The runs of one NI's word area that a wire reaches on every operation (see [`Nic`]),
+/// checked and cut once, when a peer's memory is mapped: a [`Nic`] made
+/// [`with`](Nic::with_runs) them reaches every word with one index (at a line the geometry
+/// gives) and no further check.
+#[derive(Debug, Clone)]
+pub struct NiRuns {
+    q: WordRun,
+    lines: WordRun,
+}
+
+impl NiRuns {
+    /// The runs of the NI of geometry `geo` in `seg`.
+    pub fn new(seg: &Segment, geo: &NiGeometry) -> Result<NiRuns, NiError> {
+        Ok(NiRuns {
+            q: seg.word_run(WAITING, Q_WORDS)?,
+            lines: seg.word_run(PT_BASE, (geo.words_len() - PT_BASE) / 8)?,
+        })
+    }
+}
+
+#[cold]
+fn bad_pt(pt: u8) -> NiError {
+    NiError::Invalid(format!("portal index {pt} (0..{NPT})"))
 }
 
 /// A claimed event slot, and whether its owner must be woken once it is published.
@@ -686,7 +826,10 @@ struct Claimer<'n, 'a> {
 impl<'n, 'a> Claimer<'n, 'a> {
     #[inline(always)]
     fn new(nic: &'n Nic<'a>, rank: u32) -> Result<Claimer<'n, 'a>, NiError> {
-        let rec = words(nic.seg, nic.geo.record(rank)?)?;
+        // One line per rank of the job: the index is the rank check.
+        let Some(rec) = nic.parts().record(rank)?.first_chunk::<2>() else {
+            return Err(short_run(0));
+        };
         Ok(Claimer {
             nic,
             rank,
@@ -822,6 +965,84 @@ struct MeRecord<'a> {
     length: usize,
 }
 
+/// The match entries a wire has read whole and checked in one NI, by entry, each with the
+/// state word (generation and state) it was read under. A later walk that finds the same
+/// state word takes the entry's fields from here: no second read of them and no second
+/// check. The owner rewrites an entry's fields only under a new state word (appending,
+/// unlinking and its repairs in [`NiOwner::verify`] each start a new generation), so under
+/// an unchanged state word they are the fields checked then; a peer's stray write to a
+/// field that leaves the state word alone is not acted on until the owner's check repairs
+/// it (under a new generation), as a check of the fields would refuse it. The `next` link
+/// is not kept (the owner relinks without a new state word): a walk that goes past the
+/// entry reads and checks it.
+#[derive(Debug, Clone)]
+pub(crate) struct MeSeen(Vec<Seen>);
+
+/// One entry of [`MeSeen`]: its first line's words after the state, as checked.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    state: u64,
+    match_bits: u64,
+    ignore_bits: u64,
+    options: u64,
+    start: usize,
+    length: usize,
+}
+
+impl Seen {
+    /// Nothing seen: a state word no linked entry has (its low byte is not `ME_LINKED`),
+    /// and no option bit, so that even a state word forged to this value is an entry that
+    /// takes nothing, as an unlinked one.
+    const NONE: Seen = Seen {
+        state: u64::MAX,
+        match_bits: 0,
+        ignore_bits: 0,
+        options: 0,
+        start: 0,
+        length: 0,
+    };
+}
+
+impl MeSeen {
+    /// Room for the `max_me` entries of `geo`.
+    pub(crate) fn new(geo: &NiGeometry) -> MeSeen {
+        MeSeen(vec![Seen::NONE; geo.max_me as usize])
+    }
+}
+
+/// Where a walk keeps the entries it has read and checked (see [`MeSeen`]); `()` keeps none.
+trait SeenEntries {
+    /// Entry `idx` as read under state word `state`, if it was.
+    fn seen(&self, idx: MeIndex, state: u64) -> Option<Seen>;
+    /// Entry `idx` was read whole and checked as `seen`.
+    fn keep(&mut self, idx: MeIndex, seen: Seen);
+}
+
+impl SeenEntries for () {
+    #[inline(always)]
+    fn seen(&self, _: MeIndex, _: u64) -> Option<Seen> {
+        None
+    }
+    #[inline(always)]
+    fn keep(&mut self, _: MeIndex, _: Seen) {}
+}
+
+impl SeenEntries for MeSeen {
+    #[inline(always)]
+    fn seen(&self, idx: MeIndex, state: u64) -> Option<Seen> {
+        self.0
+            .get(idx as usize)
+            .filter(|e| e.state == state)
+            .copied()
+    }
+    #[inline(always)]
+    fn keep(&mut self, idx: MeIndex, seen: Seen) {
+        if let Some(e) = self.0.get_mut(idx as usize) {
+            *e = seen;
+        }
+    }
+}
+
 /// What a match-list walk found.
 enum Walked {
     /// Entry `idx` matched; the data goes to (or comes from) `at` in the byte area.
@@ -840,12 +1061,35 @@ enum Walked {
 impl<'a> Nic<'a> {
     /// A view of the NI in `seg` (written through `imp`, a view of the same memory).
     pub fn new(seg: &'a Segment, imp: &'a Imported, geo: &'a NiGeometry) -> Nic<'a> {
-        Nic { seg, imp, geo }
+        Nic {
+            seg,
+            imp,
+            geo,
+            parts: Parts::new(seg, geo),
+        }
     }
 
-    #[inline]
-    fn word(&self, off: usize) -> Result<&'a AtomicU64, NiError> {
-        Ok(self.seg.word(off)?)
+    /// A view of the NI in `seg` (written through `imp`, a view of the same memory) through
+    /// `runs`, its runs cut at start-up ([`NiRuns::new`] of `seg` and `geo`): what a rank's
+    /// wire uses on every message.
+    #[inline(always)]
+    pub fn with_runs(
+        seg: &'a Segment,
+        imp: &'a Imported,
+        geo: &'a NiGeometry,
+        runs: &'a NiRuns,
+    ) -> Nic<'a> {
+        Nic {
+            seg,
+            imp,
+            geo,
+            parts: Parts::of(runs, geo),
+        }
+    }
+
+    #[inline(always)]
+    fn parts(&self) -> &Parts<'a> {
+        &self.parts
     }
 
     /// Rings the NI's doorbell if its owner announced that it may sleep. (Posting an event
@@ -855,7 +1099,7 @@ impl<'a> Nic<'a> {
         // Against the owner's announcement and fence (see `NiOwner::announce_wait`): what
         // the caller published before is ordered before this load.
         fence(Ordering::SeqCst);
-        if self.word(WAITING)?.load(Ordering::SeqCst) != 0 {
+        if self.parts().q()?[0].load(Ordering::SeqCst) != 0 {
             self.seg.doorbell(DOORBELL)?.ring();
         }
         Ok(())
@@ -883,7 +1127,8 @@ impl<'a> Nic<'a> {
     #[inline(always)]
     fn eq_reserve(&self, cl: &mut Claimer<'_, 'a>) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
-        let q: &[AtomicU64; Q_WORDS] = words(self.seg, WAITING)?;
+        let parts = self.parts();
+        let q = parts.q()?;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
         let cap = self.geo.eq_capacity as u64;
         let mut t = tail_w.load(Ordering::Relaxed);
@@ -896,25 +1141,19 @@ impl<'a> Nic<'a> {
         // Each step moves past a taken slot (a queue has `cap` of them), or goes back to the
         // head once. Wrapping arithmetic: `head` and `tail` are peers' words.
         for _ in 0..cap + 2 {
-            let ahead = t.wrapping_sub(head);
-            if ahead >= cap {
-                // Full if the last ticket of the window is taken (a tail hint is the ticket
-                // after a claim); otherwise the hint is past every claim a producer could
-                // have made: corrupt, so from the head again.
-                let last = head.wrapping_add(cap - 1);
-                if ahead == cap {
-                    let v = line(self.seg, self.geo.eq_slot(last))?[0].load(Ordering::Acquire);
-                    if v != seq_free(last, cap) {
-                        return Ok(None);
+            if t.wrapping_sub(head) >= cap {
+                match self.past_window(parts, head, t)? {
+                    Some(from) => {
+                        t = from;
+                        continue;
                     }
+                    None => return Ok(None),
                 }
-                t = head;
-                continue;
             }
             cl.record_eq(t);
             #[cfg(test)]
             cl.dies_at(die::Step::Recorded)?;
-            let slot = line(self.seg, self.geo.eq_slot(t))?;
+            let slot = parts.slot(t)?;
             if slot[0]
                 .compare_exchange(
                     seq_free(t, cap),
@@ -939,6 +1178,23 @@ impl<'a> Nic<'a> {
         Ok(None)
     }
 
+    /// A claim's ticket `t` is past the window `head..head + cap`: the queue is full if the
+    /// last ticket of the window is taken (a tail hint is the ticket after a claim), `None`;
+    /// otherwise the hint is past every claim a producer could have made (corrupt), so the
+    /// walk goes back to `head`. Out of line: a claim's path does not carry it.
+    #[cold]
+    #[inline(never)]
+    fn past_window(&self, parts: &Parts<'a>, head: u64, t: u64) -> Result<Option<u64>, NiError> {
+        let cap = self.geo.eq_capacity as u64;
+        if t.wrapping_sub(head) == cap {
+            let last = head.wrapping_add(cap - 1);
+            if parts.slot(last)?[0].load(Ordering::Acquire) != seq_free(last, cap) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(head))
+    }
+
     /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
     fn eq_publish(&self, claim: Claim, ev: &Event) -> Result<(), NiError> {
         self.eq_publish_words(claim, ev.words())
@@ -948,7 +1204,7 @@ impl<'a> Nic<'a> {
     /// registers, stores the line's seven words and publishes with one more.
     #[inline(always)]
     fn eq_publish_words(&self, claim: Claim, words: [u64; 7]) -> Result<(), NiError> {
-        let slot = line(self.seg, self.geo.eq_slot(claim.seq))?;
+        let slot = self.parts().slot(claim.seq)?;
         for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
@@ -983,13 +1239,30 @@ impl<'a> Nic<'a> {
         }
     }
 
-    /// Reads match entry `idx` (both its lines, one bounds check) under its seqlock;
-    /// `Ok(None)` if it is not linked or changed meanwhile. Also returns its `next` link.
-    /// Every field is a private copy, checked before use.
+    /// Reads match entry `idx` (its lines `l`) under its seqlock; `Ok(None)` if it is not
+    /// linked or changed meanwhile. Also returns its `next` link, checked (`None` when the
+    /// entry came from `seen`: the walk reads the link if it goes on). Every field is a
+    /// private copy, checked before use, once per state word of the entry (see [`MeSeen`]).
     #[inline(always)]
-    fn read_me(&self, idx: MeIndex) -> Result<(Option<MeRecord<'a>>, u64), NiError> {
-        let l: &'a [AtomicU64; 2 * LINE_WORDS] = words(self.seg, self.geo.me(idx)?)?;
+    fn read_me<S: SeenEntries>(
+        &self,
+        seen: &mut S,
+        idx: MeIndex,
+        l: &'a MeLines,
+    ) -> Result<(Option<MeRecord<'a>>, Option<u64>), NiError> {
         let s1 = l[0].load(Ordering::Acquire);
+        if let Some(e) = seen.seen(idx, s1) {
+            let me = MeRecord {
+                words: l,
+                state: s1,
+                match_bits: e.match_bits,
+                ignore_bits: e.ignore_bits,
+                options: e.options,
+                start: e.start,
+                length: e.length,
+            };
+            return Ok((Some(me), None));
+        }
         let w: [u64; 6] = std::array::from_fn(|i| l[i + 1].load(Ordering::Relaxed));
         fence(Ordering::Acquire);
         let s2 = l[0].load(Ordering::Relaxed);
@@ -998,7 +1271,7 @@ impl<'a> Nic<'a> {
             return Err(corrupt("match entry link", next));
         }
         if s1 != s2 || s1 & 0xFF != ME_LINKED {
-            return Ok((None, next));
+            return Ok((None, Some(next)));
         }
         let options = w[2];
         if options & !0xFF1F != 0
@@ -1015,23 +1288,42 @@ impl<'a> Nic<'a> {
         {
             return Err(corrupt("match entry range", start));
         }
-        Ok((
-            Some(MeRecord {
-                words: l,
-                state: s1,
-                match_bits: w[0],
-                ignore_bits: w[1],
-                options,
-                start: start as usize,
-                length: length as usize,
-            }),
-            next,
-        ))
+        let e = Seen {
+            state: s1,
+            match_bits: w[0],
+            ignore_bits: w[1],
+            options,
+            start: start as usize,
+            length: length as usize,
+        };
+        seen.keep(idx, e);
+        let me = MeRecord {
+            words: l,
+            state: s1,
+            match_bits: e.match_bits,
+            ignore_bits: e.ignore_bits,
+            options,
+            start: e.start,
+            length: e.length,
+        };
+        Ok((Some(me), Some(next)))
+    }
+
+    /// Entry `l`'s `next` link, read and checked (for a walk going past an entry that came
+    /// from what it had seen).
+    #[cold]
+    #[inline(never)]
+    fn link(&self, l: &MeLines) -> Result<u64, NiError> {
+        let next = l[ME_NEXT / 8].load(Ordering::Acquire);
+        if next > self.geo.max_me as u64 {
+            return Err(corrupt("match entry link", next));
+        }
+        Ok(next)
     }
 
     #[inline(always)]
     fn pt_state(&self, pt: u8) -> Result<(u64, u64), NiError> {
-        let l = line(self.seg, self.geo.pt(pt)?)?;
+        let l = self.parts().pt(pt)?;
         let state = l[0].load(Ordering::Acquire);
         let head = l[1].load(Ordering::Acquire);
         if head > self.geo.max_me as u64 {
@@ -1045,8 +1337,9 @@ impl<'a> Nic<'a> {
     /// matching entry's space. Returns the entry and the byte-area offset, or the failure.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn walk(
+    fn walk<S: SeenEntries>(
         &self,
+        seen: &mut S,
         cl: &mut Claimer<'_, 'a>,
         pt: u8,
         match_bits: u64,
@@ -1066,85 +1359,91 @@ impl<'a> Nic<'a> {
         while cur != 0 && steps < limit {
             steps += 1;
             let idx = (cur - 1) as MeIndex;
-            let (rec, next) = self.read_me(idx)?;
-            cur = next;
-            let Some(me) = rec else { continue };
-            let opts = me.options;
-            if (opts >> 8) as u8 != pt
-                || opts & wants == 0
-                || (match_bits ^ me.match_bits) & !me.ignore_bits != 0
-            {
-                continue;
-            }
-            let local = opts & OPT_MANAGE_LOCAL != 0;
-            if !local
-                && remote_offset
-                    .checked_add(len as u64)
-                    .is_none_or(|end| end > me.length as u64)
-            {
-                continue;
-            }
-            // Reserve-first: a full queue refuses before any space is taken.
-            if opts & OPT_EVENT_DISABLE == 0 && cl.slot.is_none() {
-                cl.slot = self.eq_reserve(cl)?;
-                if cl.slot.is_none() {
-                    return Ok(Walked::Refused(NiFail::EqFull));
-                }
-            }
-            let use_once = opts & OPT_USE_ONCE != 0;
-            if use_once {
-                let taken = (me.state & !0xFF) | ME_UNLINKED;
-                if me.words[0]
-                    .compare_exchange(me.state, taken, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
+            let l = self.parts().me(idx)?;
+            let (rec, next) = self.read_me(seen, idx, l)?;
+            'entry: {
+                let Some(me) = rec else { break 'entry };
+                let opts = me.options;
+                if (opts >> 8) as u8 != pt
+                    || opts & wants == 0
+                    || (match_bits ^ me.match_bits) & !me.ignore_bits != 0
                 {
-                    continue;
+                    break 'entry;
                 }
-            }
-            let claim = lm_len(len) as u64;
-            let (offset, owned) = if local && !is_get {
-                let counter = &me.words[LINE_WORDS];
-                let length = me.length as u64;
-                if claim == 0 {
-                    if counter.load(Ordering::Acquire) > length {
-                        continue;
+                let local = opts & OPT_MANAGE_LOCAL != 0;
+                if !local
+                    && remote_offset
+                        .checked_add(len as u64)
+                        .is_none_or(|end| end > me.length as u64)
+                {
+                    break 'entry;
+                }
+                // Reserve-first: a full queue refuses before any space is taken.
+                if opts & OPT_EVENT_DISABLE == 0 && cl.slot.is_none() {
+                    cl.slot = self.eq_reserve(cl)?;
+                    if cl.slot.is_none() {
+                        return Ok(Walked::Refused(NiFail::EqFull));
                     }
-                    (0, false)
-                } else {
-                    cl.record_lm(idx);
-                    #[cfg(test)]
-                    cl.dies_at(die::Step::LmRecorded)?;
-                    let off = counter.fetch_add(claim, Ordering::AcqRel);
-                    if off.checked_add(claim).is_none_or(|end| end > length) {
-                        if off <= length {
-                            // The first claim that does not fit unlinks the entry: it records
-                            // how much was claimed, then tells the owner.
-                            me.words[LINE_WORDS + 1].store(off, Ordering::Release);
-                            let mut ev = Event::new(EventKind::Unlink, cl.rank, pt);
-                            ev.me = idx;
-                            ev.used = off;
-                            self.post_with(cl, &ev)?;
+                }
+                let use_once = opts & OPT_USE_ONCE != 0;
+                if use_once {
+                    let taken = (me.state & !0xFF) | ME_UNLINKED;
+                    if me.words[0]
+                        .compare_exchange(me.state, taken, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_err()
+                    {
+                        break 'entry;
+                    }
+                }
+                let claim = lm_len(len) as u64;
+                let (offset, owned) = if local && !is_get {
+                    let counter = &me.words[LINE_WORDS];
+                    let length = me.length as u64;
+                    if claim == 0 {
+                        if counter.load(Ordering::Acquire) > length {
+                            break 'entry;
                         }
-                        continue;
+                        (0, false)
+                    } else {
+                        cl.record_lm(idx);
+                        #[cfg(test)]
+                        cl.dies_at(die::Step::LmRecorded)?;
+                        let off = counter.fetch_add(claim, Ordering::AcqRel);
+                        if off.checked_add(claim).is_none_or(|end| end > length) {
+                            if off <= length {
+                                // The first claim that does not fit unlinks the entry: it
+                                // records how much was claimed, then tells the owner.
+                                me.words[LINE_WORDS + 1].store(off, Ordering::Release);
+                                let mut ev = Event::new(EventKind::Unlink, cl.rank, pt);
+                                ev.me = idx;
+                                ev.used = off;
+                                self.post_with(cl, &ev)?;
+                            }
+                            break 'entry;
+                        }
+                        #[cfg(test)]
+                        cl.dies_at(die::Step::LmClaimed)?;
+                        (off, true)
                     }
-                    #[cfg(test)]
-                    cl.dies_at(die::Step::LmClaimed)?;
-                    (off, true)
-                }
-            } else {
-                // The padded run stays inside the entry (its end is checked above).
-                let padded_fits = remote_offset
-                    .checked_add(claim)
-                    .is_some_and(|end| end <= me.length as u64);
-                (remote_offset, pad && padded_fits)
+                } else {
+                    // The padded run stays inside the entry (its end is checked above).
+                    let padded_fits = remote_offset
+                        .checked_add(claim)
+                        .is_some_and(|end| end <= me.length as u64);
+                    (remote_offset, pad && padded_fits)
+                };
+                let at = me.start + offset as usize;
+                return Ok(Walked::Found {
+                    idx,
+                    at,
+                    use_once,
+                    owned: owned && at.is_multiple_of(LM_ALIGN),
+                });
+            }
+            cur = match next {
+                Some(next) => next,
+                None => self.link(l)?,
             };
-            let at = me.start + offset as usize;
-            return Ok(Walked::Found {
-                idx,
-                at,
-                use_once,
-                owned: owned && at.is_multiple_of(LM_ALIGN),
-            });
         }
         self.no_match(cl, pt)
     }
@@ -1153,10 +1452,9 @@ impl<'a> Nic<'a> {
     #[cold]
     #[inline(never)]
     fn no_match(&self, cl: &mut Claimer<'_, 'a>, pt: u8) -> Result<Walked, NiError> {
-        let base = self.geo.pt(pt)?;
-        if self.word(base + 16)?.load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
-            let won = self
-                .word(base)?
+        let l = self.parts().pt(pt)?;
+        if l[2].load(Ordering::Relaxed) & PT_FLOWCTRL != 0 {
+            let won = l[0]
                 .compare_exchange(PT_ENABLED, PT_DISABLED, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok();
             if won {
@@ -1191,73 +1489,7 @@ impl<'a> Nic<'a> {
         if len > u32::MAX as usize {
             return Err(NiError::Invalid(format!("a put of {len} bytes")));
         }
-        let mut cl = Claimer::new(self, initiator)?;
-        let found = self.walk(
-            &mut cl,
-            a.pt,
-            a.match_bits,
-            len,
-            a.remote_offset,
-            false,
-            a.pad,
-        )?;
-        let outcome = match found {
-            Walked::Found {
-                idx,
-                at,
-                use_once,
-                owned,
-            } => {
-                match (owned, a.shared) {
-                    // Whole words of space that is ours: no read-modify-write.
-                    (true, None) => {
-                        self.imp.write_padded(at, a.data)?;
-                    }
-                    (true, Some(shared)) => {
-                        self.imp.write_padded_then(at, a.data, shared)?;
-                    }
-                    (false, shared) => {
-                        let mut o = at;
-                        for d in a.data {
-                            self.imp.write(o, d)?;
-                            o += d.len();
-                        }
-                        if let Some(shared) = shared {
-                            self.imp.write_from(o, shared)?;
-                        }
-                    }
-                }
-                #[cfg(test)]
-                cl.dies_at(die::Step::Deposited)?;
-                if let Some(s) = cl.slot.take() {
-                    // The `Put` event's words, built in place (see `Event::words`).
-                    let words = [
-                        EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
-                        a.match_bits,
-                        a.hdr_data,
-                        at as u64,
-                        len as u64 | (idx as u64) << 32,
-                        a.remote_offset,
-                        0,
-                    ];
-                    self.eq_publish_words(s, words)?;
-                }
-                if use_once {
-                    self.unlinked_once(&mut cl, initiator, a.pt, idx)?;
-                }
-                #[cfg(test)]
-                cl.dies_at(die::Step::Published)?;
-                Outcome::Done {
-                    me: idx,
-                    start: at as u64,
-                }
-            }
-            Walked::Refused(fail) => {
-                self.drop_reserved(&mut cl, initiator, a.pt)?;
-                Outcome::Refused(fail)
-            }
-        };
-        drop(cl);
+        let outcome = self.put_here(&mut (), initiator, a, len)?;
         if let Some(own) = own {
             let mut ev = Event::new(EventKind::Send, initiator, a.pt);
             ev.match_bits = a.match_bits;
@@ -1281,6 +1513,104 @@ impl<'a> Nic<'a> {
         Ok(outcome)
     }
 
+    /// [`put`](Self::put) by a wire that keeps the entries it has read and checked in
+    /// `seen` (this NI's), with no event at the initiator.
+    #[inline(always)]
+    pub(crate) fn put_seen(
+        &self,
+        seen: &mut MeSeen,
+        initiator: u32,
+        a: &PutArgs<'_>,
+    ) -> Result<Outcome, NiError> {
+        let len: usize =
+            a.data.iter().map(|d| d.len()).sum::<usize>() + a.shared.map_or(0, |s| s.len());
+        if len > u32::MAX as usize {
+            return Err(NiError::Invalid(format!("a put of {len} bytes")));
+        }
+        self.put_here(seen, initiator, a, len)
+    }
+
+    /// [`put`](Self::put)'s work in this NI, `len` bytes: its claimer's records are cleared
+    /// when it returns (before any event at the initiator, which may be this NI).
+    #[inline(always)]
+    fn put_here<S: SeenEntries>(
+        &self,
+        seen: &mut S,
+        initiator: u32,
+        a: &PutArgs<'_>,
+        len: usize,
+    ) -> Result<Outcome, NiError> {
+        let mut cl = Claimer::new(self, initiator)?;
+        let found = self.walk(
+            seen,
+            &mut cl,
+            a.pt,
+            a.match_bits,
+            len,
+            a.remote_offset,
+            false,
+            a.pad,
+        )?;
+        let (idx, at, use_once, owned) = match found {
+            Walked::Found {
+                idx,
+                at,
+                use_once,
+                owned,
+            } => (idx, at, use_once, owned),
+            Walked::Refused(fail) => {
+                self.drop_reserved(&mut cl, initiator, a.pt)?;
+                return Ok(Outcome::Refused(fail));
+            }
+        };
+        // An empty put (an inline AM: the event is the message) moves nothing.
+        if len != 0 {
+            match (owned, a.shared) {
+                // Whole words of space that is ours: no read-modify-write.
+                (true, None) => {
+                    self.imp.write_padded(at, a.data)?;
+                }
+                (true, Some(shared)) => {
+                    self.imp.write_padded_then(at, a.data, shared)?;
+                }
+                (false, shared) => {
+                    let mut o = at;
+                    for d in a.data {
+                        self.imp.write(o, d)?;
+                        o += d.len();
+                    }
+                    if let Some(shared) = shared {
+                        self.imp.write_from(o, shared)?;
+                    }
+                }
+            }
+        }
+        #[cfg(test)]
+        cl.dies_at(die::Step::Deposited)?;
+        if let Some(s) = cl.slot.take() {
+            // The `Put` event's words, built in place (see `Event::words`).
+            let words = [
+                EventKind::Put as u64 | (a.pt as u64) << 16 | (initiator as u64) << 32,
+                a.match_bits,
+                a.hdr_data,
+                at as u64,
+                len as u64 | (idx as u64) << 32,
+                a.remote_offset,
+                0,
+            ];
+            self.eq_publish_words(s, words)?;
+        }
+        if use_once {
+            self.unlinked_once(&mut cl, initiator, a.pt, idx)?;
+        }
+        #[cfg(test)]
+        cl.dies_at(die::Step::Published)?;
+        Ok(Outcome::Done {
+            me: idx,
+            start: at as u64,
+        })
+    }
+
     /// The wire for a get from `initiator` out of this NI into `dst` (by copies): matching,
     /// the read, the `Get` event here and the `Reply` event at `own`.
     pub fn get(
@@ -1297,6 +1627,7 @@ impl<'a> Nic<'a> {
         }
         let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
+            &mut (),
             &mut cl,
             pt,
             match_bits,
@@ -1363,7 +1694,16 @@ impl<'a> Nic<'a> {
     ) -> Result<(Outcome, u64), NiError> {
         let mut cl = Claimer::new(self, initiator)?;
         let width = atomic.width().bytes();
-        let found = self.walk(&mut cl, pt, match_bits, width, remote_offset, true, false)?;
+        let found = self.walk(
+            &mut (),
+            &mut cl,
+            pt,
+            match_bits,
+            width,
+            remote_offset,
+            true,
+            false,
+        )?;
         match found {
             Walked::Found {
                 idx, at, use_once, ..
@@ -1432,6 +1772,20 @@ impl<'a> Nic<'a> {
     }
 }
 
+/// Ticket `t`'s slot as its owner reads it: the sequence word, and if it says published, a
+/// private copy of the event's words (checked by the caller, never re-read).
+#[inline(always)]
+fn read_slot(slot: &Line, t: u64) -> (u64, Option<[u64; 7]>) {
+    let v = slot[0].load(Ordering::Acquire);
+    if v != seq_published(t) {
+        return (v, None);
+    }
+    (
+        v,
+        Some(std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed))),
+    )
+}
+
 /// What [`NiOwner::eq_unblock`] found at the head of the event queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1472,6 +1826,9 @@ pub struct NiOwner {
     /// A value found in the head word that the owner had not published (reported by
     /// [`verify`](Self::verify)).
     head_fault: Option<u64>,
+    /// The event queue's slots in the segment this owner was made with, cut once: the
+    /// transport's poll reads them with no check beyond an index.
+    eq: WordRun,
 }
 
 impl NiOwner {
@@ -1500,6 +1857,7 @@ impl NiOwner {
             head: 0,
             published: 0,
             head_fault: None,
+            eq: seg.word_run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)?,
         })
     }
 
@@ -1831,8 +2189,12 @@ impl NiOwner {
                 } else {
                     state
                 };
-                let keep = if state_ok { state } else { linked };
-                self.write_me(seg, idx, pt, &spec, keep)?;
+                // Rewritten under a new generation: what walkers kept of the entry (see
+                // `MeSeen`) is stale now.
+                let g = g + 1;
+                self.generation[idx as usize] = g;
+                let kept = if state_ok { state & 0xFF } else { ME_LINKED };
+                self.write_me(seg, idx, pt, &spec, g << 8 | kept)?;
                 note("match entry", bad);
             }
             if let Some(p) = pos {
@@ -1886,18 +2248,45 @@ impl NiOwner {
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
-        let v = slot[0].load(Ordering::Acquire);
-        if v != seq_published(self.head) {
+        let read = read_slot(slot, self.head);
+        match self.eq_take(seg, read)? {
+            Some(w) => Event::from_words(w).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`eq_poll`](Self::eq_poll) without the decoding, through the queue's run cut at
+    /// [`new`](Self::new) (`seg` must be the segment this owner was made with, or a share of
+    /// it): the next event's words, a private copy the caller checks (all of them, as
+    /// [`Event::from_words`] does, before any use).
+    #[inline(always)]
+    pub(crate) fn eq_poll_words(&mut self, seg: &Segment) -> Result<Option<[u64; 7]>, NiError> {
+        let eq = self.eq.words().as_chunks::<LINE_WORDS>().0;
+        let i = self.head as usize & (self.geo.eq_capacity as usize - 1);
+        let Some(slot) = eq.get(i) else {
+            return Err(short_run(i));
+        };
+        let read = read_slot(slot, self.head);
+        self.eq_take(seg, read)
+    }
+
+    /// Takes ticket `head`'s event from its slot `slot`, if published (see
+    /// [`eq_poll`](Self::eq_poll)).
+    #[inline(always)]
+    fn eq_take(
+        &mut self,
+        seg: &Segment,
+        (v, w): (u64, Option<[u64; 7]>),
+    ) -> Result<Option<[u64; 7]>, NiError> {
+        let Some(w) = w else {
             if v == seq_free(self.head, self.geo.eq_capacity as u64) || seq_is_claimed(v, self.head)
             {
                 return Ok(None);
             }
             return self.eq_repair(seg, v).map(|()| None);
-        }
-        // A private copy: the words are checked, never re-read.
-        let w: [u64; 7] = std::array::from_fn(|i| slot[i + 1].load(Ordering::Relaxed));
+        };
         self.consumed(seg)?;
-        Event::from_words(w).map(Some)
+        Ok(Some(w))
     }
 
     /// Ticket `head` is done (read or skipped): the next one; publishes the head every
@@ -2033,7 +2422,7 @@ impl NiOwner {
         if self.published != self.head {
             let w = seg.word(EQ_HEAD)?;
             // Only the owner writes it: a value it did not publish is a peer's (reported by
-            // `verify`; one load, on a line this owner wrote last).
+            // `verify`; one load, of the line this store takes anyway).
             let found = w.load(Ordering::Relaxed);
             if found != self.published && self.head_fault.is_none() {
                 self.head_fault = Some(found);
@@ -2972,6 +3361,54 @@ mod tests {
                 .unwrap();
             assert!(matches!(got, Outcome::Done { .. }), "{what}: {got:?}");
         }
+    }
+
+    /// A wire that keeps the entries it checked (`MeSeen`) acts on them only while their
+    /// state word is unchanged: a field a peer rewrote under the same state word is not
+    /// used (the owner's check repairs it under a new generation), a field read during a
+    /// corruption is dropped with the repair, and an entry unlinked and appended again is
+    /// read again.
+    #[test]
+    fn kept_entries_follow_the_state_word() {
+        let mut ni = Ni::new(256);
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 0, 64, PUT))
+            .unwrap();
+        let mut seen = MeSeen::new(&ni.geo);
+        let d: &[&[u8]] = &[b"abc"];
+        let put = |ni: &Ni, seen: &mut MeSeen| {
+            ni.nic()
+                .put_seen(seen, 1, &put_args(PT_USER, 0, 8, d))
+                .unwrap()
+        };
+        let start = ni.geo.me(a).unwrap() + 32;
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        // A stray write of the start under the same state word: the kept entry is used.
+        ni.seg.word(start).unwrap().store(128, Ordering::Relaxed);
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        assert!(matches!(
+            ni.owner.verify(&ni.seg),
+            Err(NiError::Corrupt { .. })
+        ));
+        // A wire that first reads the entry during a corruption keeps the corrupt (but
+        // in-range) start only until the repair.
+        let mut late = MeSeen::new(&ni.geo);
+        ni.seg.word(start).unwrap().store(128, Ordering::Relaxed);
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 136 });
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 136 });
+        assert!(ni.owner.verify(&ni.seg).is_err());
+        assert_eq!(put(&ni, &mut late), Outcome::Done { me: a, start: 8 });
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: a, start: 8 });
+        // Unlinked and appended again elsewhere: a new state word, read again.
+        ni.owner.me_unlink(&ni.seg, a).unwrap();
+        let b = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(0, !0, 64, 64, PUT))
+            .unwrap();
+        assert_eq!(a, b, "the same record");
+        assert_eq!(put(&ni, &mut seen), Outcome::Done { me: b, start: 72 });
+        assert_eq!(ni.events().len(), 7);
     }
 
     /// A locally managed entry must post events (its owner re-links it by them).

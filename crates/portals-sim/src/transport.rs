@@ -34,8 +34,8 @@ use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::{Imported, Segment};
 
 use crate::ni::{
-    self, Drained, EventKind, MeIndex, MeOptions, MeSpec, NiError, NiFail, NiGeometry, NiOwner,
-    Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
+    self, Drained, EventKind, MeIndex, MeOptions, MeSeen, MeSpec, NiError, NiFail, NiGeometry,
+    NiOwner, NiRuns, Nic, Outcome, PutArgs, PT_REPLY, PT_REQUEST, PT_SEGMENT,
 };
 use crate::{PortalsConfig, PortalsError};
 
@@ -154,6 +154,22 @@ impl Layout {
 struct Peer {
     seg: Segment,
     imp: Imported,
+    /// The runs of its NI this rank's wire reaches, cut once.
+    runs: NiRuns,
+    /// Its request and reply portals' match entries, as this rank's wire last read and
+    /// checked them.
+    seen: MeSeen,
+}
+
+impl Peer {
+    fn new(seg: Segment, layout: &Layout) -> Result<Peer, PortalsError> {
+        Ok(Peer {
+            runs: NiRuns::new(&seg, &layout.ni)?,
+            seen: MeSeen::new(&layout.ni),
+            imp: seg.import(),
+            seg,
+        })
+    }
 }
 
 /// Flow-control counters of one rank (see [`Portals::stats`]).
@@ -356,9 +372,10 @@ fn ni_fault(e: NiError) -> TransportError {
 }
 
 impl TxState {
+    #[inline(always)]
     fn nic(&self, dest: usize) -> Nic<'_> {
         let p = &self.peers[dest];
-        Nic::new(&p.seg, &p.imp, &self.layout.ni)
+        Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs)
     }
 
     /// A put's error: a corrupt word in the target's NI memory (another peer's doing, which
@@ -374,13 +391,8 @@ impl TxState {
         }
     }
 
+    #[inline(always)]
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        // A shared payload (an echo) goes to the NI as such: the deposit moves it straight
-        // from where it was received.
-        let (payload, shared): (&[u8], _) = match msg.payload {
-            Payload::Private(p) => (p, None),
-            Payload::Shared(s) => (&[], Some(s)),
-        };
         let d = dest as usize;
         if d >= self.peers.len() {
             return Err(SendError::InvalidRank(dest));
@@ -388,88 +400,132 @@ impl TxState {
         if self.lost[d] {
             return Err(SendError::PeerLost(dest));
         }
-        let head = msg.head;
-        if head.len() < am_core::wire::BASE_HEADER_LEN {
+        if msg.head.len() < am_core::wire::BASE_HEADER_LEN {
             return Err(SendError::Other(
                 "portals: a head shorter than the AM header".into(),
             ));
         }
-        let max = self.config.max_message;
         if msg.long_offset.is_some() {
-            if head.len() > max {
-                return Err(SendError::TooLarge(head.len()));
-            }
-            if msg.payload.len() > self.config.max_long {
-                return Err(SendError::TooLarge(msg.payload.len()));
-            }
-        } else if msg.len() > max {
+            return self.send_long(dest, msg);
+        }
+        if msg.len() > self.config.max_message {
             return Err(SendError::TooLarge(msg.len()));
         }
-        let is_reply = msg.is_reply();
-        // A reply goes to the requester's send slot, which its request's route names.
-        let slot = if let Some(route) = msg.reply_to {
-            match route
-                .get()
-                .checked_sub(1)
-                .and_then(|k| u16::try_from(k).ok())
-            {
-                Some(k) if self.owed[d].contains(k) => k,
-                _ => return Err(SendError::NoRequestToAnswer(route)),
-            }
-        } else {
-            *self.free_slots.last().ok_or(SendError::Busy)?
-        };
-        let me = self.rank;
-        if let Some(off) = msg.long_offset {
-            // Do not move the payload for a header the target would refuse now.
-            let enabled = self.nic(d).pt_enabled(PT_REQUEST);
-            if !is_reply && !enabled.map_err(|e| self.put_err(e))? {
-                self.stats.refused += 1;
-                return Err(SendError::Busy);
-            }
-            // Out of the target's segment: the header goes alone and the target rejects it.
-            let fits = off
-                .checked_add(msg.payload.len())
-                .is_some_and(|end| end <= self.layout.segment);
-            if fits && !msg.payload.is_empty() {
-                let data: &[&[u8]] = &[payload];
-                let args = PutArgs {
-                    pt: PT_SEGMENT,
-                    match_bits: 0,
-                    hdr_data: 0,
-                    remote_offset: off as u64,
-                    data,
-                    shared,
-                    ack: false,
-                    send_event: false,
-                    pad: false,
-                };
-                let done = self.nic(d).put(me, None, &args);
-                if let Outcome::Refused(f) = done.map_err(|e| self.put_err(e))? {
-                    return Err(SendError::Other(format!(
-                        "portals: rank {dest}'s segment entry refused a Long payload: {f:?}"
-                    )));
-                }
-            }
+        match msg.reply_to {
+            None => self.send_request(dest, msg),
+            Some(route) => self.send_reply(dest, route, msg),
         }
+    }
+
+    /// A request (not a Long): it takes a free send slot, which its reply frees.
+    #[inline(always)]
+    fn send_request(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let slot = *self.free_slots.last().ok_or(SendError::Busy)?;
+        self.put_message(dest, slot, false, msg)?;
+        self.free_slots.pop();
+        self.slot_dest[slot as usize] = dest;
+        self.in_flight[dest as usize].push(slot);
+        Ok(())
+    }
+
+    /// A reply (not a Long): to the requester's send slot, which its request's route names.
+    #[inline(always)]
+    fn send_reply(
+        &mut self,
+        dest: Rank,
+        route: Route,
+        msg: &Outgoing<'_>,
+    ) -> Result<(), SendError> {
+        let slot = self.owed_slot(dest, route)?;
+        self.put_message(dest, slot, true, msg)?;
+        self.owed[dest as usize].answer_through(slot);
+        Ok(())
+    }
+
+    /// The send slot of the request `route` answers, if `dest` is owed a reply there.
+    #[inline(always)]
+    fn owed_slot(&self, dest: Rank, route: Route) -> Result<u16, SendError> {
+        match route
+            .get()
+            .checked_sub(1)
+            .and_then(|k| u16::try_from(k).ok())
+        {
+            Some(k) if self.owed[dest as usize].contains(k) => Ok(k),
+            _ => Err(SendError::NoRequestToAnswer(route)),
+        }
+    }
+
+    /// A Long: its payload into the target's segment first, then its header (out of line:
+    /// the path of Shorts and Mediums stays small).
+    #[inline(never)]
+    fn send_long(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let Some(off) = msg.long_offset else {
+            return Err(SendError::Other("portals: a Long without an offset".into()));
+        };
+        let head = msg.head;
+        if head.len() > self.config.max_message {
+            return Err(SendError::TooLarge(head.len()));
+        }
+        if msg.payload.len() > self.config.max_long {
+            return Err(SendError::TooLarge(msg.payload.len()));
+        }
+        let is_reply = msg.is_reply();
+        let slot = match msg.reply_to {
+            Some(route) => self.owed_slot(dest, route)?,
+            None => *self.free_slots.last().ok_or(SendError::Busy)?,
+        };
+        let (payload, shared): (&[u8], _) = match msg.payload {
+            Payload::Private(p) => (p, None),
+            Payload::Shared(s) => (&[], Some(s)),
+        };
+        self.place_long(dest, off, payload, shared, is_reply)?;
+        self.put_message(dest, slot, is_reply, msg)?;
+        let d = dest as usize;
+        if is_reply {
+            self.owed[d].answer_through(slot);
+        } else {
+            self.free_slots.pop();
+            self.slot_dest[slot as usize] = dest;
+            self.in_flight[d].push(slot);
+        }
+        Ok(())
+    }
+
+    /// Puts AM `msg` (its head, and its payload unless it is a Long, whose payload was
+    /// placed already) into `dest`'s request portal (`is_reply` false) or reply portal (into
+    /// send slot `slot`), with `slot` in its match bits. `Ok` once it was deposited where
+    /// its target takes it.
+    #[inline(always)]
+    fn put_message(
+        &mut self,
+        dest: Rank,
+        slot: u16,
+        is_reply: bool,
+        msg: &Outgoing<'_>,
+    ) -> Result<(), SendError> {
+        // A shared payload (an echo) goes to the NI as such: the deposit moves it straight
+        // from where it was received.
+        let (payload, shared): (&[u8], _) = match msg.payload {
+            Payload::Private(p) => (p, None),
+            Payload::Shared(s) => (&[], Some(s)),
+        };
+        let long = msg.long_offset.is_some();
+        let head = msg.head;
         let mut first4 = [0u8; 4];
         first4.copy_from_slice(&head[..4]);
         let match_bits = u32::from_le_bytes(first4) as u64 | (slot as u64) << 32 | AM_TAG << 48;
-        let inline = msg.long_offset.is_none()
-            && msg.payload.is_empty()
-            && head.len() <= 16
-            && head[4..8] == [0; 4];
+        let inline = !long && msg.payload.is_empty() && head.len() <= 16 && head[4..8] == [0; 4];
         let mut hdr = [0u8; 8];
         let parts: [&[u8]; 2] = [head, payload];
         // The message's data, and its shared tail: none for an inline header or for a Long
-        // (whose payload went to the segment above).
+        // (whose payload is in the segment already).
         let (data, tail): (&[&[u8]], _) = if inline {
             // At most two argument words: a short byte loop, not a `memcpy` call.
             for (d, s) in hdr.iter_mut().zip(&head[8..]) {
                 *d = *s;
             }
             (&[], None)
-        } else if msg.long_offset.is_some() {
+        } else if long {
             (&parts[..1], None)
         } else {
             (&parts, shared)
@@ -490,12 +546,10 @@ impl TxState {
             // The send slot is the request's, reserved for this reply.
             pad: is_reply,
         };
-        let msg_len = if msg.long_offset.is_some() {
-            head.len()
-        } else {
-            msg.len()
-        };
-        let done = self.nic(d).put(me, None, &args);
+        let msg_len = if long { head.len() } else { msg.len() };
+        let p = &mut self.peers[dest as usize];
+        let nic = Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs);
+        let done = nic.put_seen(&mut p.seen, self.rank, &args);
         match done.map_err(|e| self.put_err(e))? {
             Outcome::Done { me, start }
                 if !data.is_empty() && !self.landed(is_reply, slot, me, start, msg_len) =>
@@ -506,16 +560,7 @@ impl TxState {
                 self.stats.refused += 1;
                 Err(SendError::Busy)
             }
-            Outcome::Done { .. } => {
-                if is_reply {
-                    self.owed[d].answer_through(slot);
-                } else {
-                    self.free_slots.pop();
-                    self.slot_dest[slot as usize] = dest;
-                    self.in_flight[d].push(slot);
-                }
-                Ok(())
-            }
+            Outcome::Done { .. } => Ok(()),
             // The target's NIC refused it: nothing was deposited; the core sends it again.
             Outcome::Refused(NiFail::PtDisabled | NiFail::EqFull) => {
                 self.stats.refused += 1;
@@ -526,6 +571,52 @@ impl TxState {
                 if is_reply { "a reply" } else { "a request" }
             ))),
         }
+    }
+
+    /// A Long's payload, put into `dest`'s segment entry before its header goes (out of
+    /// line: the message path of Shorts and Mediums stays small).
+    #[inline(never)]
+    fn place_long(
+        &mut self,
+        dest: Rank,
+        off: usize,
+        payload: &[u8],
+        shared: Option<SharedBytes<'_>>,
+        is_reply: bool,
+    ) -> Result<(), SendError> {
+        let d = dest as usize;
+        // Do not move the payload for a header the target would refuse now.
+        let enabled = self.nic(d).pt_enabled(PT_REQUEST);
+        if !is_reply && !enabled.map_err(|e| self.put_err(e))? {
+            self.stats.refused += 1;
+            return Err(SendError::Busy);
+        }
+        let len = shared.map_or(payload.len(), |s| s.len());
+        // Out of the target's segment: the header goes alone and the target rejects it.
+        let fits = off
+            .checked_add(len)
+            .is_some_and(|end| end <= self.layout.segment);
+        if fits && len != 0 {
+            let data: &[&[u8]] = &[payload];
+            let args = PutArgs {
+                pt: PT_SEGMENT,
+                match_bits: 0,
+                hdr_data: 0,
+                remote_offset: off as u64,
+                data,
+                shared,
+                ack: false,
+                send_event: false,
+                pad: false,
+            };
+            let done = self.nic(d).put(self.rank, None, &args);
+            if let Outcome::Refused(f) = done.map_err(|e| self.put_err(e))? {
+                return Err(SendError::Other(format!(
+                    "portals: rank {dest}'s segment entry refused a Long payload: {f:?}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Whether a deposit in entry `me` at `start` is where the target takes it (every rank
@@ -743,11 +834,8 @@ impl Portals {
             let init = init_ni(seg, &layout)?;
             let peers = segs
                 .iter()
-                .map(|s| Peer {
-                    seg: s.share(),
-                    imp: s.import(),
-                })
-                .collect();
+                .map(|s| Peer::new(s.share(), &layout))
+                .collect::<Result<_, _>>()?;
             out.push(Portals::new(
                 r as u32,
                 layout,
@@ -807,11 +895,8 @@ impl Portals {
         let peers = joined
             .peers
             .into_iter()
-            .map(|seg| Peer {
-                imp: seg.import(),
-                seg,
-            })
-            .collect();
+            .map(|seg| Peer::new(seg, &layout))
+            .collect::<Result<_, _>>()?;
         Ok(Portals::new(
             rank,
             layout,
@@ -1124,71 +1209,120 @@ impl Portals {
         self.forget(r)
     }
 
-    /// Checks the `Put` event `ev` of an AM against what the mapping writes, and where its
-    /// message is: `(Some(start), len, buffer)` deposited at `start` of the byte area (in
-    /// request buffer `buffer`), or `(None, len, None)` rebuilt into `scratch`.
+    /// An event other than an accepted AM `Put` (decoded and checked here): flow control's
+    /// events are handled; a `Put` on the request or reply portal is returned for
+    /// [`locate`](Self::locate) to refuse (it carries a failure); anything else is an error.
+    #[cold]
+    #[inline(never)]
+    fn other_event(&mut self, w: [u64; 7]) -> Result<Option<[u64; 7]>, TransportError> {
+        let ev = ni::Event::from_words(w).map_err(ni_fault)?;
+        match (ev.kind, ev.pt) {
+            (EventKind::Put, PT_REQUEST | PT_REPLY) => return Ok(Some(w)),
+            (EventKind::Unlink, PT_REQUEST) => match self.buffer_of(ev.me) {
+                Some(b) => self.note_exhausted(b, Some(ev.used))?,
+                None => {
+                    return Err(misbehaved(
+                        self.sender(ev.initiator),
+                        format_args!("an Unlink event for entry {}", ev.me),
+                    ))
+                }
+            },
+            (EventKind::PtDisabled, PT_REQUEST) => {
+                self.tx.stats.disabled += 1;
+                let checked = self.on_refusal();
+                self.maybe_enable().and(checked)?
+            }
+            (EventKind::Dropped, _) => self.on_refusal()?,
+            (k, pt) => {
+                return Err(misbehaved(
+                    self.sender(ev.initiator),
+                    format_args!("an unexpected {k:?} event on portal {pt}"),
+                ))
+            }
+        }
+        Ok(None)
+    }
+
+    /// Checks the words `w` of an AM's `Put` event (on the request portal if `is_request`,
+    /// else the reply portal) against what the mapping writes, and where its message is:
+    /// `(Some(start), len, buffer)` deposited at `start` of the byte area (in request buffer
+    /// `buffer`), or `(None, len, None)` rebuilt into `scratch`. The words are a private copy
+    /// (see `Event::words` for their layout); each is checked before use.
     #[inline(always)]
     fn locate(
         &mut self,
-        ev: &ni::Event,
+        w: [u64; 7],
+        is_request: bool,
         src: usize,
     ) -> Result<(Option<usize>, usize, Option<usize>), TransportError> {
         let l = &self.tx.layout;
-        let bad = |what: &str| misbehaved(Some(src), format_args!("a bad {what} (event {ev:?})"));
-        if ev.match_bits >> 48 != AM_TAG || ev.fail != NiFail::Ok || ev.used != 0 {
-            return Err(bad("event"));
+        let [w0, match_bits, hdr_data, start, w4, remote_offset, used] = w;
+        let (mlen, me) = (w4 as u32 as usize, (w4 >> 32) as MeIndex);
+        if match_bits >> 48 != AM_TAG || (w0 >> 8) as u8 != NiFail::Ok as u8 || used != 0 {
+            return Err(bad_event(&w, src, "event"));
         }
-        let slot = (ev.match_bits >> 32) as u16 as usize;
+        let slot = (match_bits >> 32) as u16 as usize;
         if slot >= l.send_slots {
-            return Err(bad("send slot"));
+            return Err(bad_event(&w, src, "send slot"));
         }
-        let is_request = ev.pt == PT_REQUEST;
         let want_offset = if is_request {
             0
         } else {
             slot as u64 * l.slot_bytes as u64
         };
-        if ev.remote_offset != want_offset {
-            return Err(bad("remote offset"));
+        if remote_offset != want_offset {
+            return Err(bad_event(&w, src, "remote offset"));
         }
-        let mlen = ev.mlength as usize;
         if mlen == 0 {
             // Inline: the head's first four bytes, no payload length, two arguments at most
             // (and nothing in the header data beyond them).
-            let nargs = (ev.match_bits >> 16) as u8 as usize;
-            if nargs > 2 || (nargs < 2 && ev.hdr_data >> (32 * nargs) != 0) {
-                return Err(bad("inline message"));
+            let nargs = (match_bits >> 16) as u8 as usize;
+            if nargs > 2 || (nargs < 2 && hdr_data >> (32 * nargs) != 0) {
+                return Err(bad_event(&w, src, "inline message"));
             }
-            self.scratch[..4].copy_from_slice(&(ev.match_bits as u32).to_le_bytes());
-            self.scratch[4..8].fill(0);
-            self.scratch[8..].copy_from_slice(&ev.hdr_data.to_le_bytes());
+            self.scratch[..8].copy_from_slice(&(match_bits as u32 as u64).to_le_bytes());
+            self.scratch[8..].copy_from_slice(&hdr_data.to_le_bytes());
             return Ok((None, 8 + 4 * nargs, None));
         }
-        if ev.hdr_data != 0 || mlen > self.tx.config.max_message {
-            return Err(bad("message"));
+        if hdr_data != 0 || mlen > self.tx.config.max_message {
+            return Err(bad_event(&w, src, "message"));
         }
         let (lo, hi, buffer) = if is_request {
-            let Some(b) = self.buffer_of(ev.me) else {
-                return Err(bad("request buffer"));
+            let Some(b) = self.buffer_of(me) else {
+                return Err(bad_event(&w, src, "request buffer"));
             };
             let rb = &self.buffers[b];
             (rb.start as u64, (rb.start + rb.len) as u64, Some(b))
         } else {
-            if ev.me != self.reply_me {
-                return Err(bad("reply entry"));
+            if me != self.reply_me {
+                return Err(bad_event(&w, src, "reply entry"));
             }
             let s = (l.send_base() + slot * l.slot_bytes) as u64;
             (s, s + l.slot_bytes as u64, None)
         };
         // Inside the buffer (or the send slot), at a claim boundary, with checked ends.
-        let start = ev.start;
         let in_range = start >= lo
             && (start - lo).is_multiple_of(ni::LM_ALIGN as u64)
             && start.checked_add(mlen as u64).is_some_and(|end| end <= hi);
         if !in_range || (!is_request && start != lo) {
-            return Err(bad("message range"));
+            return Err(bad_event(&w, src, "message range"));
         }
         Ok((Some(start as usize), mlen, buffer))
+    }
+}
+
+/// `Put` events of an AM, accepted, on the request and on the reply portal: the low half of
+/// the event's first word (kind, failure, portal, a zero byte; see `Event::words`).
+const PUT_REQUEST: u32 = EventKind::Put as u32 | (PT_REQUEST as u32) << 16;
+const PUT_REPLY: u32 = EventKind::Put as u32 | (PT_REPLY as u32) << 16;
+
+/// An AM event from `src` that the mapping never writes (`what` is wrong).
+#[cold]
+#[inline(never)]
+fn bad_event(w: &[u64; 7], src: usize, what: &str) -> TransportError {
+    match ni::Event::from_words(*w) {
+        Ok(ev) => misbehaved(Some(src), format_args!("a bad {what} (event {ev:?})")),
+        Err(_) => misbehaved(Some(src), format_args!("a bad {what} (event {w:x?})")),
     }
 }
 
@@ -1320,8 +1454,8 @@ impl Transport for Portals {
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         let mut silent = 0;
-        let ev = loop {
-            let Some(ev) = self.owner.eq_poll(&self.own).map_err(ni_fault)? else {
+        let w = loop {
+            let Some(w) = self.owner.eq_poll_words(&self.own).map_err(ni_fault)? else {
                 if self.liveness.idle_poll() {
                     self.idle_tick()?;
                 }
@@ -1331,29 +1465,13 @@ impl Transport for Portals {
                 }
                 return Ok(None);
             };
-            match (ev.kind, ev.pt) {
-                (EventKind::Put, PT_REQUEST | PT_REPLY) => break ev,
-                (EventKind::Unlink, PT_REQUEST) => match self.buffer_of(ev.me) {
-                    Some(b) => self.note_exhausted(b, Some(ev.used))?,
-                    None => {
-                        return Err(misbehaved(
-                            self.sender(ev.initiator),
-                            format_args!("an Unlink event for entry {}", ev.me),
-                        ))
-                    }
-                },
-                (EventKind::PtDisabled, PT_REQUEST) => {
-                    self.tx.stats.disabled += 1;
-                    let checked = self.on_refusal();
-                    self.maybe_enable().and(checked)?
-                }
-                (EventKind::Dropped, _) => self.on_refusal()?,
-                (k, pt) => {
-                    return Err(misbehaved(
-                        self.sender(ev.initiator),
-                        format_args!("an unexpected {k:?} event on portal {pt}"),
-                    ))
-                }
+            // An accepted AM: kind, failure, portal and the byte after it in one compare.
+            let low = w[0] as u32;
+            if low == PUT_REQUEST || low == PUT_REPLY {
+                break w;
+            }
+            if let Some(w) = self.other_event(w)? {
+                break w;
             }
             silent += 1;
             if silent >= MAX_SILENT_EVENTS {
@@ -1362,18 +1480,20 @@ impl Transport for Portals {
         };
         self.liveness.progress();
         self.in_flight_waits = 0;
-        let Some(src) = self.sender(ev.initiator) else {
+        let initiator = (w[0] >> 32) as u32;
+        let Some(src) = self.sender(initiator) else {
             return Err(misbehaved(
                 None,
-                format_args!("a Put event from rank {}, outside the job", ev.initiator),
+                format_args!("a Put event from rank {initiator}, outside the job"),
             ));
         };
-        let (at, len, buffer) = match self.locate(&ev, src) {
+        let is_request = (w[0] >> 16) as u8 == PT_REQUEST;
+        let match_bits = w[1];
+        let (at, len, buffer) = match self.locate(w, is_request, src) {
             Ok(found) => found,
             Err(e) => return Err(self.blame(e)),
         };
-        let is_request = ev.pt == PT_REQUEST;
-        let slot = (ev.match_bits >> 32) as u16;
+        let slot = (match_bits >> 32) as u16;
         let route = if is_request {
             if !self.tx.owed[src].insert(slot) {
                 return Err(misbehaved(
@@ -1394,7 +1514,7 @@ impl Transport for Portals {
                 format_args!("a reply into send slot {slot}, which holds no request to it"),
             ));
         }
-        let placed = (ev.match_bits as u8 >> KIND_SHIFT) & 3 == KIND_LONG;
+        let placed = (match_bits as u8 >> KIND_SHIFT) & 3 == KIND_LONG;
         let (seg_base, seg_len) = (self.tx.seg_base, self.tx.layout.segment);
         let segment = self.own.view(seg_base, seg_len).map_err(io)?;
         let bytes = match at {
