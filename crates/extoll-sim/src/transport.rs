@@ -18,7 +18,7 @@ use am_core::{
     Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
-use am_shm::mailbox::{Ring, Seen, STATUS_LEN};
+use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
 
 use crate::layout::{mailbox_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, DOORBELL, RMA_BUF};
@@ -111,6 +111,8 @@ struct TxState {
     /// The Medium path in use (switchable at run time, for measurements).
     medium: Cell<MediumPath>,
     peers: Arc<Vec<PeerMap>>,
+    /// Our port on each rank's VELO mailbox (its words and slots checked once, at start).
+    ports: Vec<Port>,
     pids: Vec<Option<nix::unistd::Pid>>,
     lost: Vec<bool>,
     /// Each destination's mailbox head as last read.
@@ -199,6 +201,11 @@ struct Watch {
 pub struct Extoll {
     seg: Segment,
     own: Imported,
+    /// Our VELO mailbox and notification queue, as their owner reaches them (checked once).
+    inbox: Inbox,
+    notes: Inbox,
+    /// Mailbox tickets consumed before the head is told in passing (a quarter mailbox).
+    head_batch: u64,
     tx: TxState,
     /// Next mailbox ticket, next notification ticket, and the heads last published.
     head: u64,
@@ -269,15 +276,7 @@ impl TxState {
     /// [`finish_claim`](Self::finish_claim) releases it.
     #[inline(always)]
     fn claim(&mut self, d: usize, out: &mut [u64]) -> Result<(), SendError> {
-        let peer = &self.peers[d];
-        match self.layout.mailbox().try_claim(
-            &peer.seg,
-            out.len(),
-            mailbox_claimer(self.rank),
-            self.layout.claims(self.rank, CLAIM_MAILBOX),
-            &mut self.mailbox_head[d],
-            out,
-        ) {
+        match self.ports[d].try_claim(out.len(), &mut self.mailbox_head[d], out) {
             Ok(true) => Ok(()),
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
@@ -317,15 +316,13 @@ impl TxState {
         unpublished: &[u64],
         r: Result<(), ShmError>,
     ) -> Result<(), SendError> {
-        let ring = self.layout.mailbox();
-        let peer = &self.peers[d];
+        let port = &self.ports[d];
         if r.is_err() {
             for &t in unpublished {
-                let _ = ring.skip(&peer.imp, t, mailbox_claimer(self.rank));
+                port.skip(t);
             }
         }
-        ring.release(&peer.imp, self.layout.claims(self.rank, CLAIM_MAILBOX))
-            .map_err(shm)?;
+        port.release();
         r.map_err(shm)?;
         self.announce(d)
     }
@@ -339,8 +336,7 @@ impl TxState {
         payload: &[u8],
         flags: u32,
     ) -> Result<(), SendError> {
-        let ring = self.layout.mailbox();
-        let peer = &self.peers[d];
+        let port = &self.ports[d];
         let n = tickets.len();
         let rma_before = (self.rma_sent[d] % RMA_BEFORE_MOD) as u32;
         let me = self.rank as u32;
@@ -361,7 +357,7 @@ impl TxState {
                 flags: f,
                 rma_before,
             };
-            ring.write_and_publish(&peer.imp, t, parts, meta.encode())?;
+            port.write_and_publish(t, parts, meta.encode())?;
             published = i + 1;
             Ok(())
         });
@@ -411,46 +407,31 @@ impl TxState {
             flags: FIRST | LAST | flags,
             rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
         };
-        let ring = self.layout.mailbox();
-        let s = match payload {
-            Payload::Private(p) => {
-                // Claim, write, publish and release in one step, the slot checked once.
-                let peer = &self.peers[d];
-                let sent = ring.send_one(
-                    &peer.seg,
-                    mailbox_claimer(self.rank),
-                    self.layout.claims(self.rank, CLAIM_MAILBOX),
-                    &mut self.mailbox_head[d],
-                    &[head, p],
-                    meta.encode(),
-                );
-                return match sent {
-                    // Not `announce(d)`: through `self` again it measured 28 instructions
-                    // more per round trip (callgrind, selfrt am).
-                    Ok(true) => {
-                        self.velo_sent[d] += 1;
-                        // Streaming: take a line we will write soon. Not for a lone round
-                        // trip, where that transfer would share the path with the message.
-                        if self.last_sent_to == d {
-                            ring.prefetch_ahead(&peer.seg, &peer.imp, PREFETCH_AHEAD);
-                        }
-                        self.last_sent_to = d;
-                        ring_doorbell(peer)
-                    }
-                    Ok(false) => Err(SendError::Busy),
-                    Err(e) => Err(self.corrupt_mailbox(d, e)),
-                };
+        let port = &self.ports[d];
+        // Claim, write, publish and release in one step, on the port's checked slots.
+        let sent = match payload {
+            Payload::Private(p) => port.send(&mut self.mailbox_head[d], head, p, meta.encode()),
+            // An echo: straight from where it was received into the peer's slot.
+            Payload::Shared(s) => {
+                port.send_then(&mut self.mailbox_head[d], &[head], s, meta.encode())
             }
-            Payload::Shared(s) => s,
         };
-        let mut t = [0u64; 1];
-        self.claim(d, &mut t)?;
-        let imp = &self.peers[d].imp;
-        // An echo: straight from where it was received into the peer's slot.
-        let r = ring
-            .write_parts_then(imp, t[0], 0, &[head], s)
-            .and_then(|()| ring.publish(imp, t[0], meta.encode()));
-        self.finish_claim(d, &t, r)
+        match sent {
+            // Not `announce(d)`: through `self` again it measured 28 instructions more per
+            // round trip (callgrind, selfrt am).
+            Ok(true) => {
+                self.velo_sent[d] += 1;
+                // Streaming: take a line we will write soon. Not for a lone round trip,
+                // where that transfer would share the path with the message.
+                if self.last_sent_to == d {
+                    port.prefetch_ahead(PREFETCH_AHEAD);
+                }
+                self.last_sent_to = d;
+                ring_doorbell(&self.peers[d])
+            }
+            Ok(false) => Err(SendError::Busy),
+            Err(e) => Err(self.corrupt_mailbox(d, e)),
+        }
     }
 
     /// Reserves the completer's notification slot of an immediate put to `dest`, or reports
@@ -620,11 +601,22 @@ impl Extoll {
         seg: Segment,
         peers: Arc<Vec<PeerMap>>,
         pids: Vec<Option<nix::unistd::Pid>>,
-    ) -> Extoll {
+    ) -> Result<Extoll, ExtollError> {
         let n = layout.ranks;
         let own = seg.import();
         let now = Instant::now();
-        Extoll {
+        let mailbox = layout.mailbox();
+        let ports = peers
+            .iter()
+            .map(|p| {
+                let record = layout.claims(rank, CLAIM_MAILBOX);
+                mailbox.port(&p.seg, mailbox_claimer(rank), record)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Extoll {
+            inbox: mailbox.inbox(&seg)?,
+            notes: layout.notifications().inbox(&seg)?,
+            head_batch: layout.mailbox_slots as u64 / 4,
             seg,
             own,
             tx: TxState {
@@ -633,6 +625,7 @@ impl Extoll {
                 config,
                 medium: Cell::new(config.medium),
                 peers,
+                ports,
                 pids: pids.clone(),
                 lost: vec![false; n],
                 mailbox_head: vec![0; n],
@@ -678,7 +671,7 @@ impl Extoll {
                 notes_since: now,
                 last_check: None,
             },
-        }
+        })
     }
 
     fn layout_for(
@@ -718,8 +711,7 @@ impl Extoll {
                 })
                 .collect(),
         );
-        Ok(segs
-            .into_iter()
+        segs.into_iter()
             .enumerate()
             .map(|(r, seg)| {
                 Extoll::new(
@@ -731,7 +723,7 @@ impl Extoll {
                     vec![None; ranks as usize],
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Starts this rank's NIC in a multi-process job: creates its segment (anonymous: no file
@@ -771,14 +763,14 @@ impl Extoll {
                 seg,
             })
             .collect();
-        Ok(Extoll::new(
+        Extoll::new(
             job.rank as usize,
             layout,
             config,
             joined.own,
             Arc::new(peers),
             joined.pids,
-        ))
+        )
     }
 
     /// The configuration in use.
@@ -915,10 +907,10 @@ impl Extoll {
         let mut result = Ok(());
         loop {
             let t = self.note_head;
-            match ring.look(&self.seg, t) {
+            match self.notes.look(t) {
                 Ok(Seen::Published(meta)) => {
                     let mut v = [0u8; 8];
-                    let read = ring.read_payload(&self.seg, t, &mut v);
+                    let read = self.notes.read_payload(t, &mut v);
                     self.note_head += 1;
                     let taken = read
                         .map_err(io)
@@ -950,7 +942,7 @@ impl Extoll {
         }
         if self.note_told != self.note_head {
             self.note_told = self.note_head;
-            ring.consumed(&self.own, self.note_head).map_err(io)?;
+            self.notes.consumed(self.note_head);
         }
         result
     }
@@ -1017,23 +1009,18 @@ impl Extoll {
 
     /// Tells senders how far the mailbox was consumed: in batches of a quarter mailbox while
     /// busy, and whenever idle (so a sender waiting for room always gets it).
-    #[inline]
-    fn tell_head(&mut self, idle: bool) -> Result<(), TransportError> {
+    #[inline(always)]
+    fn tell_head(&mut self, idle: bool) {
         let due = self.head - self.head_told;
-        if due > 0 && (idle || due >= self.tx.layout.mailbox_slots as u64 / 4) {
+        if due > 0 && (idle || due >= self.head_batch) {
             self.head_told = self.head;
-            self.tx
-                .layout
-                .mailbox()
-                .consumed(&self.own, self.head)
-                .map_err(io)?;
+            self.inbox.consumed(self.head);
         }
-        Ok(())
     }
 
     /// Consumes the mailbox ticket at the head (published, or skipped).
-    #[inline]
-    fn consume(&mut self) -> Result<(), TransportError> {
+    #[inline(always)]
+    fn consume(&mut self) {
         self.head += 1;
         self.tell_head(false)
     }
@@ -1041,7 +1028,7 @@ impl Extoll {
     /// Drops the message the packet at the mailbox head belongs to, and consumes the packet.
     /// A message from a source of the job counts as delivered for that source's order: what
     /// it sends next does not wait for it.
-    fn refuse(&mut self, m: &Meta) -> Result<(), TransportError> {
+    fn refuse(&mut self, m: &Meta) {
         let s = m.src as usize;
         if s < self.tx.layout.ranks {
             self.reasm.refuse(m);
@@ -1236,9 +1223,7 @@ impl Extoll {
         self.check_heads();
         self.unblock_notes();
         self.unblock_mailbox();
-        if let Err(e) = self.tell_head(true) {
-            self.tx.fault(e);
-        }
+        self.tell_head(true);
     }
 
     /// Declares rank `r` lost: its partial message is dropped, its claims are skipped as the
@@ -1348,7 +1333,7 @@ impl Extoll {
         let ring = l.mailbox();
         for _ in 0..=l.mailbox_slots {
             let t = self.head;
-            let step = match ring.look(&self.seg, t) {
+            match ring.look(&self.seg, t) {
                 Ok(Seen::Claimed(who)) => {
                     let r = who as usize;
                     let known = r < l.ranks;
@@ -1375,7 +1360,7 @@ impl Extoll {
                             }
                             self.consume()
                         }
-                        Ok(Taken::Published) => Ok(()),
+                        Ok(Taken::Published) => {}
                         _ => return,
                     }
                 }
@@ -1385,7 +1370,6 @@ impl Extoll {
                             None,
                             format!("a hole at VELO mailbox ticket {t} (a corrupt tail or head)"),
                         ));
-                        Ok(())
                     }
                     _ => {
                         self.drop_stranded_rma();
@@ -1437,10 +1421,6 @@ impl Extoll {
                 }
                 // A corrupt status: the poll path repairs it.
                 Err(_) => return,
-            };
-            if let Err(e) = step {
-                self.tx.fault(e);
-                return;
             }
         }
     }
@@ -1524,46 +1504,48 @@ impl Extoll {
         &mut self,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
-        // The ring by value (a few words), not the whole layout: this is every poll's path.
-        let ring = self.tx.layout.mailbox();
         loop {
             let t = self.head;
-            let meta = match ring.look(&self.seg, t) {
-                Ok(Seen::Published(meta)) => meta,
-                Ok(Seen::Skipped(_)) => {
-                    self.consume()?;
-                    continue;
-                }
-                Ok(Seen::Claimed(who)) => {
-                    if !self.tx.lost.get(who as usize).copied().unwrap_or(false) {
-                        return Ok(None);
+            // Published: one load and a compare, the usual case.
+            let meta = match self.inbox.published(t) {
+                Some(meta) => meta,
+                None => match self.inbox.look(t) {
+                    Ok(Seen::Published(meta)) => meta,
+                    Ok(Seen::Skipped(_)) => {
+                        self.consume();
+                        continue;
                     }
-                    // A dead sender's claim: nobody will publish it, and its message in
-                    // progress will never end.
-                    self.reasm.abandon(who);
-                    match self.take_over(&ring, t)? {
-                        Taken::Skipped => self.consume()?,
-                        Taken::Published => {}
-                        Taken::Neither => return Ok(None),
+                    Ok(Seen::Claimed(who)) => {
+                        if !self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                            return Ok(None);
+                        }
+                        // A dead sender's claim: nobody will publish it, and its message in
+                        // progress will never end.
+                        self.reasm.abandon(who);
+                        match self.take_over(&self.tx.layout.mailbox(), t)? {
+                            Taken::Skipped => self.consume(),
+                            Taken::Published => {}
+                            Taken::Neither => return Ok(None),
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                Ok(Seen::Empty) => return Ok(None),
-                Err(e) => {
-                    // A status no claimer writes: skipped, so the next lap's claimer finds
-                    // the slot free.
-                    if self.take_over(&ring, t)? == Taken::Skipped {
-                        self.consume()?;
+                    Ok(Seen::Empty) => return Ok(None),
+                    Err(e) => {
+                        // A status no claimer writes: skipped, so the next lap's claimer finds
+                        // the slot free.
+                        if self.take_over(&self.tx.layout.mailbox(), t)? == Taken::Skipped {
+                            self.consume();
+                        }
+                        return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
                     }
-                    return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
-                }
+                },
             };
             let m = Meta::decode(meta);
             if let Err(e) = self.reasm.check(&m) {
                 // A source outside the job, or more data bytes than a packet holds (lending
                 // them would lend the neighbouring slots).
                 let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
-                self.refuse(&m)?;
+                self.refuse(&m);
                 return Err(misbehaved(peer, e));
             }
             let s = m.src as usize;
@@ -1591,7 +1573,7 @@ impl Extoll {
                         return Ok(None);
                     }
                     refused => {
-                        self.refuse(&m)?;
+                        self.refuse(&m);
                         let why = match refused {
                             Order::RmaAhead(n) => format!(
                                 "says {n} RMA Mediums sent before it are undelivered, more than \
@@ -1609,10 +1591,10 @@ impl Extoll {
                 if m.flags & LAST != 0 {
                     // One packet: lent straight from the mailbox slot (its length checked
                     // against the packet's above, and again by the ring).
-                    let bytes = match ring.payload(&self.seg, t, m.len) {
+                    let bytes = match self.inbox.payload(t, m.len) {
                         Ok(b) => b,
                         Err(e) => {
-                            self.refuse(&m)?;
+                            self.refuse(&m);
                             return Err(misbehaved(Some(s), e));
                         }
                     };
@@ -1626,7 +1608,7 @@ impl Extoll {
                         am_segment(&self.seg, &self.tx.layout),
                         &mut self.tx,
                     );
-                    self.consume()?;
+                    self.consume();
                     self.velo_delivered[s] += 1;
                     if m.flags & RMA_WAIT != 0 {
                         self.long_used[s] += 1;
@@ -1636,17 +1618,17 @@ impl Extoll {
             }
             // Part of a message of several packets: copied into the source's reassembly
             // buffer.
-            let pushed = match ring.payload(&self.seg, t, m.len) {
+            let pushed = match self.inbox.payload(t, m.len) {
                 Ok(view) => self.reasm.push_with(&m, m.len, |dst| {
                     // Same length as the view: cannot fail.
                     let _ = view.read(0, dst);
                 }),
                 Err(e) => {
-                    self.refuse(&m)?;
+                    self.refuse(&m);
                     return Err(misbehaved(Some(s), e));
                 }
             };
-            self.consume()?;
+            self.consume();
             let (flags, buf) = match pushed {
                 Ok(Some(done)) => done,
                 Ok(None) => continue,
@@ -1777,15 +1759,11 @@ impl Transport for Extoll {
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }
-        match self
-            .tx
-            .layout
-            .notifications()
-            .look(&self.seg, self.note_head)
-        {
-            Ok(Seen::Empty) => {}
-            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
-            _ => self.drain_notes()?,
+        if !self.notes.is_empty(self.note_head) {
+            match self.notes.look(self.note_head) {
+                Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
+                _ => self.drain_notes()?,
+            }
         }
         if self.rma_pending > 0 {
             // Round robin over the sources with a landed RMA Medium.
@@ -1802,7 +1780,7 @@ impl Transport for Extoll {
         match self.poll_mailbox(f)? {
             Some(r) => Ok(Some(r)),
             None => {
-                self.tell_head(true)?;
+                self.tell_head(true);
                 if self.rma_stall || self.tx.jobs > self.tx.jobs_done {
                     // Waiting on an RMA engine (ours, or the sender's): give it the core.
                     // On a machine with no spare core, a spinning rank would otherwise keep
@@ -1835,7 +1813,7 @@ impl Transport for Extoll {
         if self.has_work()? {
             return Ok(());
         }
-        self.tell_head(true)?;
+        self.tell_head(true);
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
         // Clear the flag (senders ring again from now on), then look once more.
         bell.take_tags();
