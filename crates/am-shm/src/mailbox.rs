@@ -779,6 +779,9 @@ impl Ring {
             c: self.checked(seg, self.tail)?,
             seg: seg.share(),
             ring: *self,
+            head: 0,
+            head_slot: 0,
+            head_stamp: stamp(0),
         })
     }
 }
@@ -823,25 +826,23 @@ impl Port {
     /// The slot of `ticket`, with no check: `split` gives an index below `slots`.
     #[inline(always)]
     fn slot(&self, ticket: u64) -> Slot<'_> {
-        let at = self.c.data + self.ring.split(ticket).1 * self.ring.slot_size;
-        // SAFETY: the slot index is below `slots`, so `[at, at + slot_size)` lies in the
-        // ring's run, checked 8-aligned inside `seg`'s mapping; `slot_size` is a positive
-        // multiple of 8 (`Ring::new`).
-        unsafe { Slot::unchecked(self.seg.mapping(), at, self.ring.slot_size) }
+        self.slot_at(self.ring.split(ticket).1)
     }
 
     /// The common claim, as [`Ring::try_claim`]'s first step: the slot at the tail hint, if
     /// free by the cached `head` and last written in the previous lap, claimed with one
-    /// compare-and-swap (the record first). `None`: take the general path.
+    /// compare-and-swap (the record first). Its ticket, lap and slot; `None`: take the
+    /// general path.
     #[inline(always)]
-    fn claim_at_tail(&self, record: &AtomicU64, head: u64) -> Option<u64> {
+    fn claim_at_tail(&self, record: &AtomicU64, head: u64) -> Option<(u64, u64, Slot<'_>)> {
         let tail = self.tail();
         let t = tail.load(Ordering::Relaxed);
         if t < head || t - head >= self.ring.slots as u64 {
             return None;
         }
-        let lap = self.ring.split(t).0;
-        let word = self.slot(t).last_word();
+        let (lap, i) = self.ring.split(t);
+        let slot = self.slot_at(i);
+        let word = slot.last_word();
         let st = word.load(Ordering::Acquire);
         if st & STAMP_MASK != lap & STAMP_MASK {
             return None;
@@ -856,7 +857,29 @@ impl Port {
             return None;
         }
         tail.store(t + 1, Ordering::Release);
-        Some(t)
+        Some((t, lap, slot))
+    }
+
+    /// Slot `i` (below `slots`), with no check.
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> Slot<'_> {
+        let at = self.c.data + i * self.ring.slot_size;
+        // SAFETY: `i < slots`, so `[at, at + slot_size)` lies in the ring's run, checked
+        // 8-aligned inside `seg`'s mapping; `slot_size` is a positive multiple of 8
+        // (`Ring::new`).
+        unsafe { Slot::unchecked(self.seg.mapping(), at, self.ring.slot_size) }
+    }
+
+    /// The general claim of one slot ([`Ring::try_claim`]), off the common path.
+    #[cold]
+    #[inline(never)]
+    fn claim_slow(&self, head: &mut u64) -> Result<Option<(u64, u64, Slot<'_>)>, ShmError> {
+        let mut t = [0u64; 1];
+        let (c, r) = (self.claimer, self.c.record);
+        if !self.ring.try_claim(&self.seg, 1, c, r, head, &mut t)? {
+            return Ok(None);
+        }
+        Ok(Some((t[0], self.ring.split(t[0]).0, self.slot(t[0]))))
     }
 
     /// Claims one slot, lets `write` store the payload into it (given the payload capacity),
@@ -876,22 +899,17 @@ impl Port {
         } else {
             None
         };
-        let t = match fast {
-            Some(t) => t,
-            None => {
-                let mut t = [0u64; 1];
-                let (c, r) = (self.claimer, self.c.record);
-                if !self.ring.try_claim(&self.seg, 1, c, r, head, &mut t)? {
-                    return Ok(false);
-                }
-                t[0]
-            }
+        let (t, lap, slot) = match fast {
+            Some(claimed) => claimed,
+            None => match self.claim_slow(head)? {
+                Some(claimed) => claimed,
+                None => return Ok(false),
+            },
         };
-        let slot = self.slot(t);
         let written = write(&slot, self.ring.capacity());
         // Not written: given up, so the owner skips it and no claim stays open.
         let status = match written {
-            Ok(_) => self.ring.published(t, meta),
+            Ok(_) => (meta as u64) << 32 | PUBLISHED | stamp(lap),
             Err(_) => self.ring.skipped(t, self.claimer),
         };
         slot.last_word().store(status, Ordering::Release);
@@ -985,12 +1003,19 @@ impl std::fmt::Debug for Port {
 
 /// The owner's handle on a [`Ring`] in its own segment ([`Ring::inbox`]): the ring's words
 /// and slots checked once when made, so that a look is one load and a compare, and a
-/// payload view checks only its length.
+/// payload view checks only its length. It also keeps the owner's head (the next ticket
+/// to consume, from 0) with its slot and lap stamp, moved one ticket at a time
+/// ([`advance`](Self::advance)): the owner's looks at its head need no division, and no
+/// shift or mask either.
 pub struct Inbox {
     seg: Segment,
     ring: Ring,
     /// Checked against `seg` (see [`Checked`]).
     c: Checked,
+    /// The head ticket, its slot (always below `slots`) and the stamp of its lap.
+    head: u64,
+    head_slot: usize,
+    head_stamp: u64,
 }
 
 impl Inbox {
@@ -1004,17 +1029,82 @@ impl Inbox {
     /// index below `slots`).
     #[inline(always)]
     fn at(&self, ticket: u64) -> usize {
-        self.c.data + self.ring.split(ticket).1 * self.ring.slot_size
+        self.slot_at(self.ring.split(ticket).1)
+    }
+
+    /// Mapping offset of slot `i` (below `slots`).
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> usize {
+        self.c.data + i * self.ring.slot_size
+    }
+
+    /// `Acquire` load of the status word of the slot at mapping offset `at` (from `at`).
+    #[inline(always)]
+    fn status_of(&self, at: usize) -> u64 {
+        // `slot_size - STATUS_LEN`, which `Ring::new` keeps positive (no saturation).
+        let off = at + self.ring.slot_size - STATUS_LEN;
+        // SAFETY: `at` is a slot of the ring's run (`slot_at`), checked 8-aligned inside
+        // `seg`'s mapping (whose size never changes); the status word ends the slot, and
+        // `slot_size` is a multiple of 8.
+        unsafe { self.seg.mapping().word64(off) }.load(Ordering::Acquire)
     }
 
     /// `Acquire` load of the status of `ticket`.
     #[inline(always)]
     fn status(&self, ticket: u64) -> u64 {
-        let off = self.at(ticket) + self.ring.capacity();
-        // SAFETY: the status word ends the slot, which lies in the ring's run, checked
-        // 8-aligned inside `seg`'s mapping (whose size never changes); `capacity` is a
-        // multiple of 8.
-        unsafe { self.seg.mapping().word64(off) }.load(Ordering::Acquire)
+        self.status_of(self.at(ticket))
+    }
+
+    /// The owner's head: the next ticket to consume.
+    #[inline(always)]
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Moves the owner's head one ticket on (its slot and lap stamp with it). Tells senders
+    /// nothing: that is [`consumed`](Self::consumed).
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        self.head += 1;
+        self.head_slot += 1;
+        if self.head_slot == self.ring.slots {
+            // The next lap: its stamp is this one's plus one.
+            self.head_slot = 0;
+            self.head_stamp = (self.head_stamp + 1) & STAMP_MASK;
+        }
+    }
+
+    /// [`published`](Self::published) of the head: one load and one compare.
+    #[inline(always)]
+    pub fn head_published(&self) -> Option<u32> {
+        let st = self.status_of(self.slot_at(self.head_slot));
+        (st as u32 == (PUBLISHED | self.head_stamp) as u32).then_some((st >> 32) as u32)
+    }
+
+    /// [`is_empty`](Self::is_empty) of the head: one load and one compare.
+    #[inline(always)]
+    pub fn head_is_empty(&self) -> bool {
+        // The previous lap's stamp: this one's minus one, mod 2^30 (`is_empty`'s `lap`).
+        let st = self.status_of(self.slot_at(self.head_slot));
+        st & STAMP_MASK == self.head_stamp.wrapping_sub(1) & STAMP_MASK
+    }
+
+    /// [`payload`](Self::payload) of the head.
+    #[inline(always)]
+    pub fn head_payload(&self, len: usize) -> Result<SharedBytes<'_>, ShmError> {
+        if len > self.ring.capacity() {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len,
+                area: self.ring.capacity(),
+            });
+        }
+        // In the slot's payload, so in the checked run.
+        Ok(SharedBytes::new(
+            self.seg.mapping(),
+            self.slot_at(self.head_slot),
+            len,
+        ))
     }
 
     /// The meta data of `ticket` if it is published (`Acquire`): one load and one compare,
@@ -1252,6 +1342,31 @@ mod tests {
             .unwrap();
         assert!(inbox.look(7).is_err() && r.look(&seg, 7).is_err());
         assert!(!inbox.is_empty(7) && inbox.published(7).is_none());
+    }
+
+    /// The inbox's head, moved one ticket at a time, finds what `look` finds at that
+    /// ticket, over several laps of a power-of-two ring and of one that is not.
+    #[test]
+    fn an_inbox_head_follows_the_tickets() {
+        for slots in [4, 3] {
+            let r = ring(slots);
+            let seg = seg_for(&r);
+            let port = r.port(&seg, 2, REC).unwrap();
+            let mut inbox = r.inbox(&seg).unwrap();
+            let mut h = 0;
+            for t in 0..4 * slots as u64 {
+                assert_eq!(inbox.head(), t);
+                assert!(inbox.head_is_empty() && inbox.head_published().is_none());
+                assert!(port.send(&mut h, &t.to_le_bytes(), b"", t as u32).unwrap());
+                assert!(!inbox.head_is_empty());
+                assert_eq!(inbox.head_published(), Some(t as u32), "{slots}: {t}");
+                assert_eq!(inbox.published(t), Some(t as u32));
+                assert_eq!(inbox.head_payload(8).unwrap().to_vec(), t.to_le_bytes());
+                assert!(inbox.head_payload(25).is_err());
+                inbox.advance();
+                inbox.consumed(inbox.head());
+            }
+        }
     }
 
     /// The one-step send: claimed, written, published, released; refused when full; a

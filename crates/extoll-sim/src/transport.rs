@@ -93,14 +93,24 @@ const PREFETCH_AHEAD: u64 = 8;
 /// [`TxState::last_sent_to`] when nothing was sent since the last poll.
 const NOT_STREAMING: usize = usize::MAX;
 
-/// Rings `peer`'s doorbell, leaving no tag (the VELO mailbox is shared by every sender).
+/// Rings the doorbell of a peer's segment `seg`, leaving no tag (the VELO mailbox is shared
+/// by every sender).
 #[inline(always)]
-fn ring_doorbell(peer: &PeerMap) -> Result<(), SendError> {
-    peer.seg
-        .doorbell(DOORBELL)
-        .map_err(shm)?
-        .ring_tagged_lazy(0);
+fn ring_doorbell(seg: &Segment) -> Result<(), SendError> {
+    seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0);
     Ok(())
+}
+
+/// What a rank keeps per destination to send to it: one lookup on the send path.
+struct Dest {
+    /// Our port on its VELO mailbox (its words and slots checked once, at start).
+    port: Port,
+    /// VELO messages sent to it.
+    velo_sent: u64,
+    /// RMA Mediums sent to it.
+    rma_sent: u64,
+    /// Declared lost: nothing more is sent to it, its claims are skipped.
+    lost: bool,
 }
 
 /// The sending half, lent to handlers during `poll_recv`.
@@ -111,20 +121,18 @@ struct TxState {
     /// The Medium path in use (switchable at run time, for measurements).
     medium: Cell<MediumPath>,
     peers: Arc<Vec<PeerMap>>,
-    /// Our port on each rank's VELO mailbox (its words and slots checked once, at start).
-    ports: Vec<Port>,
+    /// Per destination: its port, counters and whether it is lost.
+    dests: Vec<Dest>,
+    /// Payload bytes of a VELO packet.
+    cap: usize,
     pids: Vec<Option<nix::unistd::Pid>>,
-    lost: Vec<bool>,
     /// Each destination's mailbox head as last read.
     mailbox_head: Vec<u64>,
-    /// VELO messages sent, per destination.
-    velo_sent: Vec<u64>,
     /// The destination of the last one-packet VELO message sent since the last poll
     /// ([`NOT_STREAMING`]: none): a second one to the same rank means requests stream to it
     /// (a flood), not a lone round trip or one message to each of several peers.
     last_sent_to: usize,
-    /// RMA Mediums sent, and acknowledged (freed receive buffers), per destination.
-    rma_sent: Vec<u64>,
+    /// RMA Mediums acknowledged (freed receive buffers), per destination.
     rma_acked: Vec<u64>,
     /// RMA Mediums consumed per source, and the count last acknowledged to it.
     rma_consumed: Vec<u64>,
@@ -234,8 +242,9 @@ pub struct Extoll {
 }
 
 impl TxState {
+    #[inline(always)]
     fn cap(&self) -> usize {
-        self.layout.packet_size - STATUS_LEN
+        self.cap
     }
 
     /// Keeps an error for the next poll (bounded: a peer that keeps misbehaving costs no
@@ -276,7 +285,10 @@ impl TxState {
     /// [`finish_claim`](Self::finish_claim) releases it.
     #[inline(always)]
     fn claim(&mut self, d: usize, out: &mut [u64]) -> Result<(), SendError> {
-        match self.ports[d].try_claim(out.len(), &mut self.mailbox_head[d], out) {
+        match self.dests[d]
+            .port
+            .try_claim(out.len(), &mut self.mailbox_head[d], out)
+        {
             Ok(true) => Ok(()),
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
@@ -294,8 +306,9 @@ impl TxState {
     /// A message's packets at `d` are all published: counted, and `d`'s doorbell rung.
     #[inline(always)]
     fn announce(&mut self, d: usize) -> Result<(), SendError> {
-        self.velo_sent[d] += 1;
-        ring_doorbell(&self.peers[d])
+        let dst = &mut self.dests[d];
+        dst.velo_sent += 1;
+        ring_doorbell(dst.port.segment())
     }
 
     /// The reused ticket buffer, holding `n` zeros (give it back to `self.tickets`): an array
@@ -316,7 +329,7 @@ impl TxState {
         unpublished: &[u64],
         r: Result<(), ShmError>,
     ) -> Result<(), SendError> {
-        let port = &self.ports[d];
+        let port = &self.dests[d].port;
         if r.is_err() {
             for &t in unpublished {
                 port.skip(t);
@@ -336,9 +349,9 @@ impl TxState {
         payload: &[u8],
         flags: u32,
     ) -> Result<(), SendError> {
-        let port = &self.ports[d];
+        let port = &self.dests[d].port;
         let n = tickets.len();
-        let rma_before = (self.rma_sent[d] % RMA_BEFORE_MOD) as u32;
+        let rma_before = (self.dests[d].rma_sent % RMA_BEFORE_MOD) as u32;
         let me = self.rank as u32;
         let mut published = 0;
         let r = velo::fragment(head, payload, self.cap(), |i, parts| {
@@ -375,6 +388,20 @@ impl TxState {
         if total <= self.cap() {
             return self.send_packet(d, head, payload, flags);
         }
+        self.send_packets(d, head, payload, flags)
+    }
+
+    /// The several-packet case of [`send_velo`](Self::send_velo): claims all, then writes
+    /// and publishes each.
+    #[inline(never)]
+    fn send_packets(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: Payload<'_>,
+        flags: u32,
+    ) -> Result<(), SendError> {
+        let total = head.len() + payload.len();
         let n = velo::packets(total, self.cap());
         if n > MAX_PACKETS {
             return Err(SendError::TooLarge(total));
@@ -401,33 +428,31 @@ impl TxState {
         payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
+        let dst = &mut self.dests[d];
         let meta = Meta {
             src: self.rank as u32,
             len: head.len() + payload.len(),
             flags: FIRST | LAST | flags,
-            rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
-        };
-        let port = &self.ports[d];
+            rma_before: (dst.rma_sent % RMA_BEFORE_MOD) as u32,
+        }
+        .encode();
+        let cached = &mut self.mailbox_head[d];
         // Claim, write, publish and release in one step, on the port's checked slots.
         let sent = match payload {
-            Payload::Private(p) => port.send(&mut self.mailbox_head[d], head, p, meta.encode()),
+            Payload::Private(p) => dst.port.send(cached, head, p, meta),
             // An echo: straight from where it was received into the peer's slot.
-            Payload::Shared(s) => {
-                port.send_then(&mut self.mailbox_head[d], &[head], s, meta.encode())
-            }
+            Payload::Shared(s) => dst.port.send_then(cached, &[head], s, meta),
         };
         match sent {
-            // Not `announce(d)`: through `self` again it measured 28 instructions more per
-            // round trip (callgrind, selfrt am).
             Ok(true) => {
-                self.velo_sent[d] += 1;
+                dst.velo_sent += 1;
                 // Streaming: take a line we will write soon. Not for a lone round trip,
                 // where that transfer would share the path with the message.
                 if self.last_sent_to == d {
-                    port.prefetch_ahead(PREFETCH_AHEAD);
+                    dst.port.prefetch_ahead(PREFETCH_AHEAD);
                 }
                 self.last_sent_to = d;
-                ring_doorbell(&self.peers[d])
+                ring_doorbell(dst.port.segment())
             }
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
@@ -460,31 +485,29 @@ impl TxState {
         let at = self.layout.ack(d);
         // One load: checked in this copy.
         let word = self.peers[self.rank].seg.load_word(at).map_err(shm)?;
-        if word > self.rma_sent[d] {
+        let sent = self.dests[d].rma_sent;
+        if word > sent {
             // More acknowledged than sent: ignored, and put back to what we know.
             let _ = self.peers[self.rank].imp.store_word(at, self.rma_acked[d]);
             self.fault(misbehaved(
                 Some(d),
-                format!(
-                    "acknowledged {word} RMA Mediums, {} were sent",
-                    self.rma_sent[d]
-                ),
+                format!("acknowledged {word} RMA Mediums, {sent} were sent"),
             ));
         } else if word > self.rma_acked[d] {
             self.rma_acked[d] = word;
         }
-        if self.rma_sent[d] - self.rma_acked[d] >= b {
+        if sent - self.rma_acked[d] >= b {
             return Err(SendError::Busy);
         }
         let slots = self.reserve(d)?;
-        let k = self.rma_sent[d];
+        let k = sent;
         let idx = (k % b) as usize;
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
         let rx = self.layout.rx(self.rank, idx);
         let tail = marker(k, self.config.rma_buffers)
             | (total as u64) << 16
-            | (self.velo_sent[d] & 0xffff) << 32
+            | (self.dests[d].velo_sent & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
         let private_parts: [&[u8]; 2];
         let data = match payload {
@@ -508,7 +531,7 @@ impl TxState {
                 value: k,
             },
         );
-        self.rma_sent[d] += 1;
+        self.dests[d].rma_sent += 1;
         // The tail carried our acknowledgement of d's buffers.
         self.rma_ack_sent[d] = self.rma_consumed[d];
         Ok(())
@@ -557,14 +580,26 @@ impl TxState {
         r
     }
 
+    #[inline]
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         let d = dest as usize;
-        if d >= self.peers.len() {
-            return Err(SendError::InvalidRank(dest));
+        match self.dests.get(d) {
+            None => return Err(SendError::InvalidRank(dest)),
+            Some(dst) if dst.lost => return Err(SendError::PeerLost(dest)),
+            Some(_) => {}
         }
-        if self.lost[d] {
-            return Err(SendError::PeerLost(dest));
+        // One packet over VELO (every Short, small Mediums): the common case first.
+        let velo = msg.payload.is_empty() || !self.medium.get().by_rma(msg.payload.len());
+        if msg.long_offset.is_none() && msg.len() <= self.cap && velo {
+            return self.send_packet(d, msg.head, msg.payload, 0);
         }
+        self.send_other(d, msg)
+    }
+
+    /// Everything but a one-packet VELO message: a Long, a Medium by RMA buffer or in
+    /// several packets, or one too large.
+    #[inline(never)]
+    fn send_other(&mut self, d: usize, msg: &Outgoing<'_>) -> Result<(), SendError> {
         if let Some(off) = msg.long_offset {
             return self.send_long(d, msg, off);
         }
@@ -606,13 +641,18 @@ impl Extoll {
         let own = seg.import();
         let now = Instant::now();
         let mailbox = layout.mailbox();
-        let ports = peers
+        let dests = peers
             .iter()
             .map(|p| {
                 let record = layout.claims(rank, CLAIM_MAILBOX);
-                mailbox.port(&p.seg, mailbox_claimer(rank), record)
+                Ok(Dest {
+                    port: mailbox.port(&p.seg, mailbox_claimer(rank), record)?,
+                    velo_sent: 0,
+                    rma_sent: 0,
+                    lost: false,
+                })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, ShmError>>()?;
         Ok(Extoll {
             inbox: mailbox.inbox(&seg)?,
             notes: layout.notifications().inbox(&seg)?,
@@ -625,13 +665,11 @@ impl Extoll {
                 config,
                 medium: Cell::new(config.medium),
                 peers,
-                ports,
+                dests,
+                cap: config.packet_size - STATUS_LEN,
                 pids: pids.clone(),
-                lost: vec![false; n],
                 mailbox_head: vec![0; n],
-                velo_sent: vec![0; n],
                 last_sent_to: NOT_STREAMING,
-                rma_sent: vec![0; n],
                 rma_acked: vec![0; n],
                 rma_consumed: vec![0; n],
                 rma_ack_sent: vec![0; n],
@@ -805,7 +843,7 @@ impl Extoll {
         let d = dest as usize;
         let departed =
             d != self.tx.rank && self.seg.load_word(self.tx.layout.departed(d)).unwrap_or(0) != 0;
-        if d >= self.tx.peers.len() || self.tx.lost[d] || departed {
+        if d >= self.tx.peers.len() || self.tx.dests[d].lost || departed {
             return Err(RmaError::BadRank(dest));
         }
         let id = self.tx.next_op;
@@ -897,7 +935,7 @@ impl Extoll {
     /// Whether notification claimer `who` is a rank we lost.
     fn notes_claimer_lost(&self, who: u32) -> bool {
         let (r, _) = notes_claimer_of(who);
-        self.tx.lost.get(r).copied().unwrap_or(false)
+        self.tx.dests.get(r).is_some_and(|d| d.lost)
     }
 
     /// Moves every notification to the counters it feeds. A corrupt one is consumed, and
@@ -911,7 +949,7 @@ impl Extoll {
                 Ok(Seen::Published(meta)) => {
                     let mut v = [0u8; 8];
                     let read = self.notes.read_payload(t, &mut v);
-                    self.note_head += 1;
+                    self.consume_note();
                     let taken = read
                         .map_err(io)
                         .and_then(|()| self.take_note(meta, u64::from_le_bytes(v)));
@@ -920,11 +958,11 @@ impl Extoll {
                         break;
                     }
                 }
-                Ok(Seen::Skipped(_)) => self.note_head += 1,
+                Ok(Seen::Skipped(_)) => self.consume_note(),
                 Ok(Seen::Claimed(who)) if self.notes_claimer_lost(who) => {
                     // A dead rank's claim: nobody will publish it.
                     match self.take_over(&ring, t)? {
-                        Taken::Skipped => self.note_head += 1,
+                        Taken::Skipped => self.consume_note(),
                         Taken::Published => {}
                         Taken::Neither => break,
                     }
@@ -933,7 +971,7 @@ impl Extoll {
                 Err(e) => {
                     // A status no claimer writes: skipped, so the next lap finds it free.
                     if self.take_over(&ring, t)? == Taken::Skipped {
-                        self.note_head += 1;
+                        self.consume_note();
                     }
                     result = Err(misbehaved(None, format!("notification ticket {t}: {e}")));
                     break;
@@ -1022,7 +1060,17 @@ impl Extoll {
     #[inline(always)]
     fn consume(&mut self) {
         self.head += 1;
+        self.inbox.advance();
+        debug_assert_eq!(self.head, self.inbox.head());
         self.tell_head(false)
+    }
+
+    /// Consumes the notification ticket at the head.
+    #[inline(always)]
+    fn consume_note(&mut self) {
+        self.note_head += 1;
+        self.notes.advance();
+        debug_assert_eq!(self.note_head, self.notes.head());
     }
 
     /// Drops the message the packet at the mailbox head belongs to, and consumes the packet.
@@ -1150,7 +1198,7 @@ impl Extoll {
         // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
         let acked = self.tx.rma_acked[s];
         let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
-        if delta <= self.tx.rma_sent[s] - acked {
+        if delta <= self.tx.dests[s].rma_sent - acked {
             self.tx.rma_acked[s] += delta;
         } else if delta < STALE_ACK {
             // Ahead of what we sent (an older ack is legitimate, and ignored).
@@ -1159,7 +1207,7 @@ impl Extoll {
                 format!(
                     "acknowledges {} RMA Mediums, {} were sent",
                     acked + delta,
-                    self.tx.rma_sent[s]
+                    self.tx.dests[s].rma_sent
                 ),
             ));
         }
@@ -1229,8 +1277,8 @@ impl Extoll {
     /// Declares rank `r` lost: its partial message is dropped, its claims are skipped as the
     /// heads reach them, and the next poll reports it (once).
     fn declare_lost(&mut self, r: usize) {
-        if !self.tx.lost[r] {
-            self.tx.lost[r] = true;
+        if !self.tx.dests[r].lost {
+            self.tx.dests[r].lost = true;
             self.reasm.abandon(r as u32);
             self.tx.fault(TransportError::PeerLost(r as Rank));
         }
@@ -1291,7 +1339,7 @@ impl Extoll {
                     let (r, q) = notes_claimer_of(who);
                     let known = r < l.ranks;
                     if known
-                        && !self.tx.lost[r]
+                        && !self.tx.dests[r].lost
                         && ring.claim_is_genuine(&self.seg, t, l.claims(r, q))
                     {
                         // A live claimer at work.
@@ -1300,7 +1348,7 @@ impl Extoll {
                     if self.take_over(&ring, t).ok() != Some(Taken::Skipped) {
                         return false;
                     }
-                    if !(known && self.tx.lost[r]) {
+                    if !(known && self.tx.dests[r].lost) {
                         self.tx.fault(misbehaved(
                             None,
                             format!(
@@ -1338,12 +1386,12 @@ impl Extoll {
                     let r = who as usize;
                     let known = r < l.ranks;
                     if known
-                        && !self.tx.lost[r]
+                        && !self.tx.dests[r].lost
                         && ring.claim_is_genuine(&self.seg, t, l.claims(r, CLAIM_MAILBOX))
                     {
                         return;
                     }
-                    let lost = known && self.tx.lost[r];
+                    let lost = known && self.tx.dests[r].lost;
                     if lost {
                         self.reasm.abandon(who);
                     }
@@ -1462,7 +1510,7 @@ impl Extoll {
         match l.mailbox().look(&self.seg, self.head) {
             Ok(Seen::Empty) => {}
             Ok(Seen::Claimed(who)) => {
-                if self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                if self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
                     return Ok(true);
                 }
             }
@@ -1507,7 +1555,7 @@ impl Extoll {
         loop {
             let t = self.head;
             // Published: one load and a compare, the usual case.
-            let meta = match self.inbox.published(t) {
+            let meta = match self.inbox.head_published() {
                 Some(meta) => meta,
                 None => match self.inbox.look(t) {
                     Ok(Seen::Published(meta)) => meta,
@@ -1516,7 +1564,7 @@ impl Extoll {
                         continue;
                     }
                     Ok(Seen::Claimed(who)) => {
-                        if !self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                        if !self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
                             return Ok(None);
                         }
                         // A dead sender's claim: nobody will publish it, and its message in
@@ -1591,7 +1639,7 @@ impl Extoll {
                 if m.flags & LAST != 0 {
                     // One packet: lent straight from the mailbox slot (its length checked
                     // against the packet's above, and again by the ring).
-                    let bytes = match self.inbox.payload(t, m.len) {
+                    let bytes = match self.inbox.head_payload(m.len) {
                         Ok(b) => b,
                         Err(e) => {
                             self.refuse(&m);
@@ -1618,7 +1666,7 @@ impl Extoll {
             }
             // Part of a message of several packets: copied into the source's reassembly
             // buffer.
-            let pushed = match self.inbox.payload(t, m.len) {
+            let pushed = match self.inbox.head_payload(m.len) {
                 Ok(view) => self.reasm.push_with(&m, m.len, |dst| {
                     // Same length as the view: cannot fail.
                     let _ = view.read(0, dst);
@@ -1667,7 +1715,7 @@ impl Extoll {
         let Some(peer) = self.tx.peers.get(d) else {
             return Err(SendError::InvalidRank(dest));
         };
-        if self.tx.lost[d] {
+        if self.tx.dests[d].lost {
             return Err(SendError::PeerLost(dest));
         }
         let l = &self.tx.layout;
@@ -1759,7 +1807,7 @@ impl Transport for Extoll {
         if let Some(e) = self.tx.faults.pop_front() {
             return Err(e);
         }
-        if !self.notes.is_empty(self.note_head) {
+        if !self.notes.head_is_empty() {
             match self.notes.look(self.note_head) {
                 Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
                 _ => self.drain_notes()?,
