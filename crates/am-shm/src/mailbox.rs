@@ -954,6 +954,76 @@ impl Port {
             .try_claim(&self.seg, n, self.claimer, self.c.record, head, out)
     }
 
+    /// Claims `n` consecutive slots from the tail hint (`1..=slots`), all or none, when the
+    /// cached `head` says they are free and no claim of this port is open: the usual claim
+    /// of a message of several packets, one compare-and-swap per slot and no list of
+    /// tickets (they are `t..t + n`). `None`: nothing stays claimed (slots taken before a
+    /// failure are skipped, as [`Ring::try_claim`] gives them back); take the general claim.
+    /// Release the claim ([`release`](Self::release)) once every slot is published.
+    #[inline]
+    pub fn claim_run(&self, n: usize, head: u64) -> Option<u64> {
+        let record = self.record();
+        let tail = self.tail();
+        let slots = self.ring.slots as u64;
+        let t = tail.load(Ordering::Relaxed);
+        let room = n >= 1 && n as u64 <= slots && t >= head && t - head <= slots - n as u64;
+        if !room || record.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        // The record first, so the owner never sees one of these claims without it.
+        record.store(ACTIVE | t, Ordering::Relaxed);
+        for k in 0..n as u64 {
+            let (lap, i) = self.ring.split(t + k);
+            let word = self.slot_at(i).last_word();
+            let st = word.load(Ordering::Acquire);
+            let claimed = (self.claimer as u64) << 32 | CLAIMED | stamp(lap);
+            let free = st & STAMP_MASK == lap & STAMP_MASK;
+            if !free
+                || word
+                    .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                for j in 0..k {
+                    self.skip(t + j);
+                }
+                record.store(0, Ordering::Release);
+                return None;
+            }
+        }
+        tail.store(t + n as u64, Ordering::Release);
+        Some(t)
+    }
+
+    /// One packet into a slot this port claimed: `a` then `b` (private bytes, at most
+    /// [`Ring::capacity`] together) stored, then published with `meta`; no layout check.
+    #[inline]
+    pub fn write_two(&self, ticket: u64, a: &[u8], b: &[u8], meta: u32) -> Result<(), ShmError> {
+        let (lap, i) = self.ring.split(ticket);
+        let slot = self.slot_at(i);
+        slot.store_two(self.ring.capacity(), a, b)?;
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        slot.last_word().store(status, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`write_two`](Self::write_two) of `parts` then the shared bytes `tail` (part of an
+    /// echoed payload), which move straight into the slot.
+    #[inline]
+    pub fn write_then(
+        &self,
+        ticket: u64,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+        meta: u32,
+    ) -> Result<(), ShmError> {
+        let (lap, i) = self.ring.split(ticket);
+        let slot = self.slot_at(i);
+        slot.store_padded_then(self.ring.capacity(), parts, tail)?;
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        slot.last_word().store(status, Ordering::Release);
+        Ok(())
+    }
+
     /// [`Ring::write_and_publish`] into a slot this port claimed, with no layout check.
     #[inline]
     pub fn write_and_publish(
@@ -1367,6 +1437,56 @@ mod tests {
                 inbox.consumed(inbox.head());
             }
         }
+    }
+
+    /// A run of consecutive slots from the tail: all or none; refused (nothing taken) when
+    /// the cached head says no room or a claim is open; given back (skipped) when a slot of
+    /// it is taken meanwhile; its packets written straight from private or shared bytes.
+    #[test]
+    fn runs_of_slots_are_claimed_whole_or_not_at_all() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let port = r.port(&seg, 4, REC).unwrap();
+        let inbox = r.inbox(&seg).unwrap();
+        assert_eq!(port.claim_run(0, 0), None);
+        assert_eq!(port.claim_run(5, 0), None);
+        assert_eq!(port.claim_run(3, 0), Some(0));
+        assert_eq!(seg.load_word(REC).unwrap(), ACTIVE);
+        assert_eq!(port.claim_run(1, 0), None, "a claim is open");
+        port.write_two(0, b"12345678", b"9", 1).unwrap();
+        let view = inbox.payload(0, 9).unwrap();
+        port.write_then(1, &[b"ab"], view, 2).unwrap();
+        assert!(
+            port.write_two(2, &[0; 20], &[0; 5], 3).is_err(),
+            "past the payload"
+        );
+        assert!(port.write_then(2, &[&[0; 20]], view, 3).is_err());
+        assert_eq!(
+            inbox.look(2).unwrap(),
+            Seen::Claimed(4),
+            "nothing published"
+        );
+        port.write_two(2, b"", b"", 3).unwrap();
+        port.release();
+        assert_eq!(inbox.payload(1, 11).unwrap().to_vec(), b"ab123456789");
+        assert_eq!(inbox.look(2).unwrap(), Seen::Published(3));
+        assert_eq!(port.claim_run(2, 0), None, "one slot left");
+        assert_eq!(inbox.look(3).unwrap(), Seen::Empty, "nothing taken");
+        inbox.consumed(3);
+        // Slot 4 (lap 1) is taken by someone else after the tail hint (a hint left behind):
+        // the run takes 3, fails at 4 and gives 3 back.
+        seg.import().store_word(r.tail(), 3).unwrap();
+        let other = r.port(&seg, 5, REC + 8).unwrap();
+        let mut h = 3;
+        let mut got = [0u64; 1];
+        seg.import().store_word(r.tail(), 4).unwrap();
+        assert!(other.try_claim(1, &mut h, &mut got).unwrap());
+        assert_eq!(got, [4]);
+        seg.import().store_word(r.tail(), 3).unwrap();
+        assert_eq!(port.claim_run(2, 3), None);
+        assert_eq!(inbox.look(3).unwrap(), Seen::Skipped(4), "given back");
+        assert_eq!(inbox.look(4).unwrap(), Seen::Claimed(5), "never taken over");
+        assert_eq!(seg.load_word(REC).unwrap(), 0, "no claim left open");
     }
 
     /// The one-step send: claimed, written, published, released; refused when full; a

@@ -309,6 +309,50 @@ fn loom_mailbox_multi_slot_claims_are_all_or_nothing() {
     });
 }
 
+/// A port's run claim of both slots of a two-slot mailbox races a one-slot send: exactly
+/// one fits; the run gets both slots or gives back what it took (skipped); the owner sees
+/// every published payload whole, and nothing twice.
+#[test]
+fn loom_mailbox_run_claims_are_all_or_nothing() {
+    model(|| {
+        let r = ring(2);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let run = r.port(&seg, 2, 144).unwrap();
+        let big = spawn(move || match run.claim_run(2, 0) {
+            Some(t) => {
+                for k in 0..2 {
+                    run.write_two(t + k, &[2; 8], &[], 2).unwrap();
+                }
+                run.release();
+                true
+            }
+            None => false,
+        });
+        let one = r.port(&seg, 1, 136).unwrap();
+        let mut head = 0;
+        let small = one.send(&mut head, &[1; 8], &[], 1).unwrap();
+        let big = big.join().unwrap();
+        assert!(small != big, "exactly one fits: small {small}, big {big}");
+        let inbox = r.inbox(&seg).unwrap();
+        let mut published = [0; 3];
+        for t in 0..2 {
+            match inbox.look(t).unwrap() {
+                Seen::Published(id) => {
+                    let mut b = [0u8; 8];
+                    inbox.read_payload(t, &mut b).unwrap();
+                    assert_eq!(b, [id as u8; 8]);
+                    published[id as usize] += 1;
+                }
+                Seen::Skipped(2) | Seen::Empty => assert!(!big),
+                other => panic!("ticket {t}: {other:?}"),
+            }
+        }
+        assert_eq!(published[1], usize::from(small));
+        assert_eq!(published[2], if big { 2 } else { 0 });
+        assert_eq!(seg.load_word(144).unwrap(), 0, "a claim left open");
+    });
+}
+
 /// The record a claimer stores before its compare-and-swap is visible to an owner that sees
 /// the claim: a live claim is never taken for a forged one.
 #[test]

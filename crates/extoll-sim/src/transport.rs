@@ -149,8 +149,6 @@ struct TxState {
     next_op: u64,
     /// Errors found outside `poll_recv`'s delivery path, returned by the next polls.
     faults: VecDeque<TransportError>,
-    /// A private copy of a shared payload that VELO must cut into several packets.
-    echo: Vec<u8>,
     /// The tickets of a message's packets (reused).
     tickets: Vec<u64>,
 }
@@ -340,41 +338,75 @@ impl TxState {
         self.announce(d)
     }
 
-    /// Writes and publishes `head ++ payload` into the claimed `tickets` (one per packet).
+    /// Writes and publishes `head ++ payload` as packets into the `claimed` tickets
+    /// `ticket(0)`, `ticket(1)`, ... (one per packet, as many as the message takes), straight
+    /// from where the payload is (a shared one included, with no private copy), then ends
+    /// the claim ([`finish_claim`](Self::finish_claim)): on an error the rest are skipped.
     fn emit(
         &mut self,
         d: usize,
-        tickets: &[u64],
+        claimed: usize,
+        ticket: impl Fn(usize) -> u64,
         head: &[u8],
-        payload: &[u8],
+        payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
-        let port = &self.dests[d].port;
-        let n = tickets.len();
-        let rma_before = (self.dests[d].rma_sent % RMA_BEFORE_MOD) as u32;
-        let me = self.rank as u32;
+        let cap = self.cap;
+        let hl = head.len();
+        let total = hl + payload.len();
+        let n = velo::packets(total, cap);
+        let dst = &self.dests[d];
+        let port = &dst.port;
+        let rma_before = (dst.rma_sent % RMA_BEFORE_MOD) as u32;
         let mut published = 0;
-        let r = velo::fragment(head, payload, self.cap(), |i, parts| {
-            let t = *tickets.get(i).ok_or(ShmError::OutOfBounds {
-                offset: i,
-                len: 1,
-                area: n,
-            })?;
-            let mut f = if i == 0 { FIRST | flags } else { 0 };
-            if i + 1 == n {
-                f |= LAST;
-            }
-            let meta = Meta {
-                src: me,
-                len: parts.iter().map(|p| p.len()).sum(),
-                flags: f,
-                rma_before,
-            };
-            port.write_and_publish(t, parts, meta.encode())?;
-            published = i + 1;
+        let mut r = if claimed == n {
             Ok(())
-        });
-        self.finish_claim(d, &tickets[published..], r)
+        } else {
+            Err(ShmError::OutOfBounds {
+                offset: 0,
+                len: n,
+                area: claimed,
+            })
+        };
+        if r.is_ok() {
+            for i in 0..n {
+                // Packet i holds bytes [start, end) of head ++ payload; end > start but
+                // for an empty message (n == 1, then 0 bytes).
+                let (start, end) = (i * cap, ((i + 1) * cap).min(total));
+                let h = &head[start.min(hl)..end.min(hl)];
+                let (a, b) = (start.saturating_sub(hl), end.saturating_sub(hl));
+                let mut f = if i == 0 { FIRST | flags } else { 0 };
+                if i + 1 == n {
+                    f |= LAST;
+                }
+                let meta = Meta {
+                    src: self.rank as u32,
+                    len: end - start.min(end),
+                    flags: f,
+                    rma_before,
+                }
+                .encode();
+                let t = ticket(i);
+                let w = match payload {
+                    Payload::Private(p) => port.write_two(t, h, &p[a..b], meta),
+                    Payload::Shared(s) => s
+                        .slice(a, b - a)
+                        .and_then(|s| port.write_then(t, &[h], s, meta)),
+                };
+                match w {
+                    Ok(()) => published = i + 1,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if r.is_err() {
+            let rest: Vec<u64> = (published..claimed).map(ticket).collect();
+            return self.finish_claim(d, &rest, r);
+        }
+        self.finish_claim(d, &[], r)
     }
 
     fn send_velo(
@@ -406,14 +438,14 @@ impl TxState {
         if n > MAX_PACKETS {
             return Err(SendError::TooLarge(total));
         }
+        // The usual claim: a run of consecutive slots at the tail, no ticket list.
+        if let Some(t0) = self.dests[d].port.claim_run(n, self.mailbox_head[d]) {
+            return self.emit(d, n, |i| t0 + i as u64, head, payload, flags);
+        }
         let mut t = self.take_tickets(n);
-        let r = self.claim(d, &mut t).and_then(|()| {
-            // Fragments are cut from private bytes: a shared payload is copied out first.
-            let mut echo = std::mem::take(&mut self.echo);
-            let r = self.emit(d, &t, head, payload.to_private(&mut echo), flags);
-            self.echo = echo;
-            r
-        });
+        let r = self
+            .claim(d, &mut t)
+            .and_then(|()| self.emit(d, n, |i| t[i], head, payload, flags));
         self.tickets = t;
         r
     }
@@ -575,7 +607,7 @@ impl TxState {
                 value: msg.payload.len() as u64,
             },
         );
-        let r = self.emit(d, &t, msg.head, &[], PLACED | RMA_WAIT);
+        let r = self.emit(d, n, |i| t[i], msg.head, Payload::EMPTY, PLACED | RMA_WAIT);
         self.tickets = t;
         r
     }
@@ -680,7 +712,6 @@ impl Extoll {
                 jobs_done: 0,
                 next_op: 0,
                 faults: VecDeque::new(),
-                echo: Vec::new(),
                 tickets: Vec::with_capacity(MAX_PACKETS),
             },
             head: 0,
