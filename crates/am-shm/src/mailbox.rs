@@ -947,6 +947,21 @@ impl Port {
         self.send_with(head, meta, |slot, cap| slot.store_padded(cap, parts))
     }
 
+    /// Claims one slot for this port's claimer (as [`Ring::try_claim`] with `n == 1`, the
+    /// slot at the tail hint first): its ticket, `None` if there is no room now (nothing
+    /// claimed). Publish it ([`write_two`](Self::write_two)) or [`skip`](Self::skip) it,
+    /// then [`release`](Self::release).
+    #[inline]
+    pub fn claim_one(&self, head: &mut u64) -> Result<Option<u64>, ShmError> {
+        let record = self.record();
+        if record.load(Ordering::Relaxed) == 0 {
+            if let Some((t, _, _)) = self.claim_at_tail(record, *head) {
+                return Ok(Some(t));
+            }
+        }
+        Ok(self.claim_slow(head)?.map(|(t, _, _)| t))
+    }
+
     /// [`Ring::try_claim`] for this port's claimer: `n` slots, all or none.
     #[inline]
     pub fn try_claim(&self, n: usize, head: &mut u64, out: &mut [u64]) -> Result<bool, ShmError> {
@@ -1157,6 +1172,16 @@ impl Inbox {
         // The previous lap's stamp: this one's minus one, mod 2^30 (`is_empty`'s `lap`).
         let st = self.status_of(self.slot_at(self.head_slot));
         st & STAMP_MASK == self.head_stamp.wrapping_sub(1) & STAMP_MASK
+    }
+
+    /// The first payload word of the head's slot (`Relaxed`: after an `Acquire` look found it
+    /// published): a notification's value, with no view and no length to check.
+    #[inline(always)]
+    pub fn head_first_word(&self) -> u64 {
+        let at = self.slot_at(self.head_slot);
+        // SAFETY: the slot's first word lies in the slot (`slot_size >= 16`, `Ring::new`),
+        // in the ring's run, checked 8-aligned inside `seg`'s mapping.
+        unsafe { self.seg.mapping().word64(at) }.load(Ordering::Relaxed)
     }
 
     /// [`payload`](Self::payload) of the head.
@@ -1432,6 +1457,7 @@ mod tests {
                 assert_eq!(inbox.head_published(), Some(t as u32), "{slots}: {t}");
                 assert_eq!(inbox.published(t), Some(t as u32));
                 assert_eq!(inbox.head_payload(8).unwrap().to_vec(), t.to_le_bytes());
+                assert_eq!(u64::from_le(inbox.head_first_word()), t);
                 assert!(inbox.head_payload(25).is_err());
                 inbox.advance();
                 inbox.consumed(inbox.head());

@@ -21,7 +21,10 @@ use am_core::{
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
 
-use crate::layout::{mailbox_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, DOORBELL, RMA_BUF};
+use crate::layout::{
+    mailbox_claimer, notes_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
+    RMA_BUF,
+};
 use crate::rma::{self, kind, Data, Engine, Job, Note, PeerMap, Reserved, NOTIFY_PATIENCE};
 use crate::velo::{
     self, FrameError, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT,
@@ -105,6 +108,9 @@ fn ring_doorbell(seg: &Segment) -> Result<(), SendError> {
 struct Dest {
     /// Our port on its VELO mailbox (its words and slots checked once, at start).
     port: Port,
+    /// Our main thread's port on its notification queue (immediate puts' completer
+    /// notifications; checked once, at start).
+    notes: Port,
     /// VELO messages sent to it.
     velo_sent: u64,
     /// RMA Mediums sent to it.
@@ -494,15 +500,10 @@ impl TxState {
     /// Reserves the completer's notification slot of an immediate put to `dest`, or reports
     /// back-pressure.
     fn reserve(&mut self, dest: usize) -> Result<Reserved, SendError> {
-        Reserved::try_new(
-            &self.layout,
-            &self.peers,
-            self.rank,
-            dest,
-            &mut self.note_heads,
-        )
-        .map_err(shm)?
-        .ok_or(SendError::Busy)
+        let port = &self.dests[dest].notes;
+        Reserved::claim(port, &mut self.note_heads[dest])
+            .map_err(shm)?
+            .ok_or(SendError::Busy)
     }
 
     /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
@@ -551,10 +552,9 @@ impl TxState {
             Payload::Shared(s) => Data::Padded(rx + start, std::slice::from_ref(&head), Some(s)),
         };
         rma::put_immediate(
-            &self.layout,
-            &self.peers,
+            &self.peers[d],
+            &self.dests[d].notes,
             self.rank,
-            d,
             data,
             Some((rx + RMA_BUF - TAIL, tail)),
             slots,
@@ -591,14 +591,13 @@ impl TxState {
         let mut t = self.take_tickets(n);
         if let Err(e) = self.claim(d, &mut t) {
             self.tickets = t;
-            slots.cancel(&self.layout, &self.peers, self.rank);
+            slots.cancel(&self.dests[d].notes);
             return Err(e);
         }
         rma::put_immediate(
-            &self.layout,
-            &self.peers,
+            &self.peers[d],
+            &self.dests[d].notes,
             self.rank,
-            d,
             Data::Exact(self.layout.segment_base() + off, msg.payload),
             None,
             slots,
@@ -673,12 +672,15 @@ impl Extoll {
         let own = seg.import();
         let now = Instant::now();
         let mailbox = layout.mailbox();
+        let notes = layout.notifications();
         let dests = peers
             .iter()
             .map(|p| {
                 let record = layout.claims(rank, CLAIM_MAILBOX);
+                let note_record = layout.claims(rank, CLAIM_NOTES);
                 Ok(Dest {
                     port: mailbox.port(&p.seg, mailbox_claimer(rank), record)?,
+                    notes: notes.port(&p.seg, notes_claimer(rank, false), note_record)?,
                     velo_sent: 0,
                     rma_sent: 0,
                     lost: false,
@@ -975,6 +977,16 @@ impl Extoll {
         let ring = self.tx.layout.notifications();
         let mut result = Ok(());
         loop {
+            // Published: one load and a compare, the usual case; the value is one word.
+            if let Some(meta) = self.notes.head_published() {
+                let value = u64::from_le(self.notes.head_first_word());
+                self.consume_note();
+                if let Err(e) = self.take_note(meta, value) {
+                    result = Err(e);
+                    break;
+                }
+                continue;
+            }
             let t = self.note_head;
             match self.notes.look(t) {
                 Ok(Seen::Published(meta)) => {
@@ -1203,14 +1215,13 @@ impl Extoll {
 
     /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (acknowledging lazily).
     fn rma_consumed(&mut self, s: usize) {
-        let l = self.tx.layout;
         let tx = &mut self.tx;
         tx.rma_consumed[s] += 1;
-        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (l.rma_buffers as u64).div_ceil(2) {
+        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (tx.layout.rma_buffers as u64).div_ceil(2) {
             tx.rma_ack_sent[s] = tx.rma_consumed[s];
             let _ = tx.peers[s]
                 .imp
-                .store_word(l.ack(tx.rank), tx.rma_consumed[s]);
+                .store_word(tx.layout.ack(tx.rank), tx.rma_consumed[s]);
         }
     }
 
@@ -1222,7 +1233,7 @@ impl Extoll {
         tail: u64,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<R, TransportError> {
-        let l = self.tx.layout;
+        let l = &self.tx.layout;
         let len = ((tail >> 16) & 0xffff) as usize;
         let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
         let at = l.rx(s, idx) + RMA_BUF - TAIL - align8(len);
@@ -1245,6 +1256,7 @@ impl Extoll {
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
         let bytes = self.seg.view(at, len).map_err(io)?;
+        let segment = am_segment(&self.seg, &self.tx.layout);
         let r = f(
             Delivery {
                 src: s as Rank,
@@ -1252,7 +1264,7 @@ impl Extoll {
                 payload_placed: false,
                 route: Route::NONE,
             },
-            am_segment(&self.seg, &l),
+            segment,
             &mut self.tx,
         );
         self.rma_consumed(s);
