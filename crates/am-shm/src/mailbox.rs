@@ -786,6 +786,11 @@ impl Ring {
     }
 }
 
+/// The bytes of `parts` together (saturating: for an error message).
+fn parts_len(parts: &[&[u8]]) -> usize {
+    parts.iter().fold(0, |n, p| n.saturating_add(p.len()))
+}
+
 /// One claimer's handle on a [`Ring`] in a receiver's segment ([`Ring::port`]): the ring's
 /// words and slots checked once when made, so that a one-packet send is the claim, the
 /// stores and the publication, with no bounds check left but the payload's length.
@@ -882,14 +887,16 @@ impl Port {
         Ok(Some((t[0], self.ring.split(t[0]).0, self.slot(t[0]))))
     }
 
-    /// Claims one slot, lets `write` store the payload into it (given the payload capacity),
-    /// publishes it with `meta`, or skips it if `write` failed, and releases the claim.
+    /// Claims one slot, lets `write` store the payload into it (given the payload capacity;
+    /// `None`: it does not fit), publishes it with `meta`, or skips it if it did not fit
+    /// (the error says `len()` bytes), and releases the claim.
     #[inline(always)]
     fn send_with(
         &self,
         head: &mut u64,
         meta: u32,
-        write: impl FnOnce(&Slot<'_>, usize) -> Result<usize, ShmError>,
+        len: impl FnOnce() -> usize,
+        write: impl FnOnce(&Slot<'_>, usize) -> Option<usize>,
     ) -> Result<bool, ShmError> {
         let record = self.record();
         // A record that is not clear (a claim open, or a value the receiver wrote): the
@@ -906,15 +913,29 @@ impl Port {
                 None => return Ok(false),
             },
         };
-        let written = write(&slot, self.ring.capacity());
+        let written = write(&slot, self.ring.capacity()).is_some();
         // Not written: given up, so the owner skips it and no claim stays open.
-        let status = match written {
-            Ok(_) => (meta as u64) << 32 | PUBLISHED | stamp(lap),
-            Err(_) => self.ring.skipped(t, self.claimer),
+        let status = if written {
+            (meta as u64) << 32 | PUBLISHED | stamp(lap)
+        } else {
+            self.ring.skipped(t, self.claimer)
         };
         slot.last_word().store(status, Ordering::Release);
         record.store(0, Ordering::Release);
-        written.map(|_| true)
+        if !written {
+            return Err(self.too_long(len()));
+        }
+        Ok(true)
+    }
+
+    /// The error for a payload of `len` bytes that does not fit a slot.
+    #[cold]
+    fn too_long(&self, len: usize) -> ShmError {
+        ShmError::OutOfBounds {
+            offset: 0,
+            len,
+            area: self.ring.capacity(),
+        }
     }
 
     /// A one-packet message: `a` then `b` (a head and a private payload, at most
@@ -923,7 +944,8 @@ impl Port {
     /// stays claimed.
     #[inline(always)]
     pub fn send(&self, head: &mut u64, a: &[u8], b: &[u8], meta: u32) -> Result<bool, ShmError> {
-        self.send_with(head, meta, |slot, cap| slot.store_two(cap, a, b))
+        let len = || a.len().saturating_add(b.len());
+        self.send_with(head, meta, len, |slot, cap| slot.store_two(cap, a, b))
     }
 
     /// [`send`](Self::send) of `parts` followed by the shared bytes `tail` (a received
@@ -936,7 +958,8 @@ impl Port {
         tail: SharedBytes<'_>,
         meta: u32,
     ) -> Result<bool, ShmError> {
-        self.send_with(head, meta, |slot, cap| {
+        let len = || parts_len(parts).saturating_add(tail.len());
+        self.send_with(head, meta, len, |slot, cap| {
             slot.store_padded_then(cap, parts, tail)
         })
     }
@@ -944,7 +967,10 @@ impl Port {
     /// [`send`](Self::send) of the concatenation of `parts` ([`Ring::send_one`]).
     #[inline]
     pub fn send_parts(&self, head: &mut u64, parts: &[&[u8]], meta: u32) -> Result<bool, ShmError> {
-        self.send_with(head, meta, |slot, cap| slot.store_padded(cap, parts))
+        let len = || parts_len(parts);
+        self.send_with(head, meta, len, |slot, cap| {
+            slot.store_padded(cap, parts).ok()
+        })
     }
 
     /// Claims one slot for this port's claimer (as [`Ring::try_claim`] with `n == 1`, the
@@ -1015,7 +1041,9 @@ impl Port {
     pub fn write_two(&self, ticket: u64, a: &[u8], b: &[u8], meta: u32) -> Result<(), ShmError> {
         let (lap, i) = self.ring.split(ticket);
         let slot = self.slot_at(i);
-        slot.store_two(self.ring.capacity(), a, b)?;
+        if slot.store_two(self.ring.capacity(), a, b).is_none() {
+            return Err(self.too_long(a.len().saturating_add(b.len())));
+        }
         let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
         slot.last_word().store(status, Ordering::Release);
         Ok(())
@@ -1033,7 +1061,12 @@ impl Port {
     ) -> Result<(), ShmError> {
         let (lap, i) = self.ring.split(ticket);
         let slot = self.slot_at(i);
-        slot.store_padded_then(self.ring.capacity(), parts, tail)?;
+        if slot
+            .store_padded_then(self.ring.capacity(), parts, tail)
+            .is_none()
+        {
+            return Err(self.too_long(parts_len(parts).saturating_add(tail.len())));
+        }
         let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
         slot.last_word().store(status, Ordering::Release);
         Ok(())
@@ -1437,6 +1470,39 @@ mod tests {
             .unwrap();
         assert!(inbox.look(7).is_err() && r.look(&seg, 7).is_err());
         assert!(!inbox.is_empty(7) && inbox.published(7).is_none());
+    }
+
+    /// Every split of a packet into a head and a payload lands whole and zero-padded: heads
+    /// of whole words or not, payloads of any length, small (word by word) or not.
+    #[test]
+    fn two_part_packets_land_whole() {
+        let r = Ring::new(64, 192, 64, 4, 64).unwrap();
+        let seg = Segment::heap(256 + 64, 64 + r.data_bytes()).unwrap();
+        let port = r.port(&seg, 1, REC).unwrap();
+        let mut inbox = r.inbox(&seg).unwrap();
+        let bytes: Vec<u8> = (1..=56).collect();
+        let mut h = 0;
+        for (a, b) in [
+            (0, 0),
+            (0, 5),
+            (8, 0),
+            (8, 3),
+            (16, 16),
+            (8, 24),
+            (8, 25),
+            (12, 9),
+        ] {
+            for (c, d) in [(a, b), (a, 56 - a)] {
+                let (head, body) = (&bytes[..c], &bytes[c..c + d]);
+                assert!(port.send(&mut h, head, body, 9).unwrap());
+                let padded = (c + d).div_ceil(8) * 8;
+                let got = inbox.head_payload(padded).unwrap().to_vec();
+                assert_eq!(&got[..c + d], &bytes[..c + d], "{c} + {d}");
+                assert!(got[c + d..].iter().all(|&x| x == 0), "{c} + {d}: padding");
+                inbox.advance();
+                inbox.consumed(inbox.head());
+            }
+        }
     }
 
     /// The inbox's head, moved one ticket at a time, finds what `look` finds at that

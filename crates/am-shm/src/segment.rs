@@ -373,40 +373,34 @@ impl<'a> Slot<'a> {
     }
 
     /// [`store_padded`](Self::store_padded) of `a` then `b` (a message head and a private
-    /// payload), without building a list of parts.
+    /// payload), without building a list of parts. `None` (nothing stored) if their padded
+    /// length passes `limit` or the slot: the caller says why.
     #[inline(always)]
-    pub(crate) fn store_two(&self, limit: usize, a: &[u8], b: &[u8]) -> Result<usize, ShmError> {
+    pub(crate) fn store_two(&self, limit: usize, a: &[u8], b: &[u8]) -> Option<usize> {
+        // No overflow: both are slices in memory.
         let total = a.len() + b.len();
         if round_to_words(total).is_none_or(|p| p > limit.min(self.len)) {
-            return Err(ShmError::OutOfBounds {
-                offset: 0,
-                len: total,
-                area: limit.min(self.len),
-            });
+            return None;
         }
         // SAFETY: `at` is 8-aligned and the padded run ends within the slot (checked just
         // above), which lies inside the mapping (an invariant of `Slot`).
-        Ok(unsafe { self.map.store_two_padded(self.at, a, b) })
+        Some(unsafe { self.map.store_two_padded(self.at, a, b) })
     }
 
     /// [`store_padded`](Self::store_padded) of `parts` followed by the shared bytes `tail`
-    /// (an echoed payload), which move straight from their mapping.
+    /// (an echoed payload), which move straight from their mapping. `None` as for
+    /// [`store_two`](Self::store_two).
     #[inline]
     pub(crate) fn store_padded_then(
         &self,
         limit: usize,
         parts: &[&[u8]],
         tail: SharedBytes<'_>,
-    ) -> Result<usize, ShmError> {
+    ) -> Option<usize> {
         let head: usize = parts.iter().map(|p| p.len()).sum();
-        let total = head.checked_add(tail.len());
-        let padded = total.and_then(round_to_words);
+        let padded = head.checked_add(tail.len()).and_then(round_to_words);
         if padded.is_none_or(|p| p > limit.min(self.len)) {
-            return Err(ShmError::OutOfBounds {
-                offset: 0,
-                len: total.unwrap_or(usize::MAX),
-                area: limit.min(self.len),
-            });
+            return None;
         }
         let (src, from, n) = tail.raw();
         let end = self.at + padded.unwrap_or(0);
@@ -415,12 +409,12 @@ impl<'a> Slot<'a> {
             let copy = tail.to_vec();
             let mut all: Vec<&[u8]> = parts.to_vec();
             all.push(&copy);
-            return self.store_padded(limit, &all);
+            return self.store_padded(limit, &all).ok();
         }
         // SAFETY: `at` is 8-aligned, the padded run ends within the slot (checked above),
         // which lies inside the mapping; the tail is inside its mapping (an invariant of
         // `SharedBytes`), and the two do not overlap (checked above).
-        Ok(unsafe { self.map.store_padded_then(self.at, parts, src, from, n) })
+        Some(unsafe { self.map.store_padded_then(self.at, parts, src, from, n) })
     }
 }
 
