@@ -58,6 +58,7 @@
 //! assert_eq!(ring.look(&seg, 2).unwrap(), Seen::Empty);
 //! ```
 
+use crate::mapping::WORD;
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Imported, Segment, SharedBytes, ShmError, Slot};
 
@@ -1217,6 +1218,34 @@ impl Inbox {
         unsafe { self.seg.mapping().word64(at) }.load(Ordering::Relaxed)
     }
 
+    /// Appends the first `len` payload bytes of the head's slot to `out` (a reassembly
+    /// buffer): whole words loaded straight into it, no zeroing first, no bulk-copy size
+    /// dispatch. `len` (which may come from untrusted meta data) is checked against the
+    /// capacity; on an error nothing is appended.
+    #[inline]
+    pub fn head_append(&self, len: usize, out: &mut Vec<u8>) -> Result<(), ShmError> {
+        if len > self.ring.capacity() {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len,
+                area: self.ring.capacity(),
+            });
+        }
+        let at = self.slot_at(self.head_slot);
+        let end = out.len() + len;
+        out.reserve(len.next_multiple_of(WORD));
+        for k in 0..len.div_ceil(WORD) {
+            // SAFETY: word `k` starts below `len <= capacity` bytes into the slot and the
+            // capacity is whole words, so it lies in the slot's payload, in the ring's run,
+            // checked 8-aligned inside `seg`'s mapping.
+            let w = unsafe { self.seg.mapping().word64(at + k * WORD) }.load(Ordering::Relaxed);
+            out.extend_from_slice(&w.to_ne_bytes());
+        }
+        // The last word's padding (or a peer's bytes past `len`) is not the message's.
+        out.truncate(end);
+        Ok(())
+    }
+
     /// [`payload`](Self::payload) of the head.
     #[inline(always)]
     pub fn head_payload(&self, len: usize) -> Result<SharedBytes<'_>, ShmError> {
@@ -1524,6 +1553,11 @@ mod tests {
                 assert_eq!(inbox.published(t), Some(t as u32));
                 assert_eq!(inbox.head_payload(8).unwrap().to_vec(), t.to_le_bytes());
                 assert_eq!(u64::from_le(inbox.head_first_word()), t);
+                let mut v = vec![7u8];
+                inbox.head_append(5, &mut v).unwrap();
+                assert_eq!(v, [&[7][..], &t.to_le_bytes()[..5]].concat());
+                assert!(inbox.head_append(25, &mut v).is_err());
+                assert_eq!(v.len(), 6, "nothing appended");
                 assert!(inbox.head_payload(25).is_err());
                 inbox.advance();
                 inbox.consumed(inbox.head());

@@ -1708,28 +1708,9 @@ impl Extoll {
                 }
             }
             // Part of a message of several packets: copied into the source's reassembly
-            // buffer.
-            let pushed = match self.inbox.head_payload(m.len) {
-                Ok(view) => self.reasm.push_with(&m, m.len, |dst| {
-                    // Same length as the view: cannot fail.
-                    let _ = view.read(0, dst);
-                }),
-                Err(e) => {
-                    self.refuse(&m);
-                    return Err(misbehaved(Some(s), e));
-                }
-            };
-            self.consume();
-            let (flags, buf) = match pushed {
-                Ok(Some(done)) => done,
-                Ok(None) => continue,
-                Err(e) => {
-                    if matches!(e, FrameError::TooLong { .. }) {
-                        // A message that was started: it counts for the order.
-                        self.velo_delivered[s] += 1;
-                    }
-                    return Err(misbehaved(Some(s), e));
-                }
+            // buffer (out of line: the one-packet path above is every Short's).
+            let Some((flags, buf)) = self.take_part(&m)? else {
+                continue;
             };
             self.velo_delivered[s] += 1;
             if flags & RMA_WAIT != 0 {
@@ -1747,6 +1728,39 @@ impl Extoll {
             );
             self.reasm.recycle(buf);
             return Ok(Some(r));
+        }
+    }
+}
+
+impl Extoll {
+    /// Takes the packet `m` at the mailbox head, part of a message of several packets, into
+    /// its source's reassembly buffer and consumes it: the message when it is complete.
+    #[inline(never)]
+    fn take_part(&mut self, m: &Meta) -> Result<Option<(u32, Vec<u8>)>, TransportError> {
+        let s = m.src as usize;
+        let pushed = match self.inbox.head_payload(m.len) {
+            Ok(_) => {
+                let inbox = &self.inbox;
+                self.reasm.push_append(m, m.len, |buf| {
+                    // The same length as the view just made: cannot fail.
+                    let _ = inbox.head_append(m.len, buf);
+                })
+            }
+            Err(e) => {
+                self.refuse(m);
+                return Err(misbehaved(Some(s), e));
+            }
+        };
+        self.consume();
+        match pushed {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                if matches!(e, FrameError::TooLong { .. }) {
+                    // A message that was started: it counts for the order.
+                    self.velo_delivered[s] += 1;
+                }
+                Err(misbehaved(Some(s), e))
+            }
         }
     }
 }
