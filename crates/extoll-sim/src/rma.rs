@@ -292,6 +292,7 @@ pub(crate) enum Data<'a> {
 /// completer's own checks (RMA Medium markers) see it.
 /// `target` is the destination's map and `notes` our port on its notification queue, the
 /// one `slots` was claimed through.
+#[inline]
 pub(crate) fn put_immediate(
     target: &PeerMap,
     notes: &Port,

@@ -131,6 +131,9 @@ struct TxState {
     dests: Vec<Dest>,
     /// Payload bytes of a VELO packet.
     cap: usize,
+    /// Where our RMA Medium receive buffers start in every peer's segment (`layout.rx(rank,
+    /// 0)`, computed once: buffer `i` is `RMA_BUF` bytes further per index).
+    rx_ours: usize,
     pids: Vec<Option<nix::unistd::Pid>>,
     /// Each destination's mailbox head as last read.
     mailbox_head: Vec<u64>,
@@ -218,6 +221,9 @@ pub struct Extoll {
     notes: Inbox,
     /// Mailbox tickets consumed before the head is told in passing (a quarter mailbox).
     head_batch: u64,
+    /// Where each source's RMA Medium receive buffers start in our segment (`layout.rx(s,
+    /// 0)`, computed once).
+    rx_from: Vec<usize>,
     tx: TxState,
     /// Next mailbox ticket, next notification ticket, and the heads last published.
     head: u64,
@@ -537,7 +543,8 @@ impl TxState {
         let idx = (k % b) as usize;
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
-        let rx = self.layout.rx(self.rank, idx);
+        // `idx < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
+        let rx = self.rx_ours + idx * RMA_BUF;
         let tail = marker(k, self.config.rma_buffers)
             | (total as u64) << 16
             | (self.dests[d].velo_sent & 0xffff) << 32
@@ -691,6 +698,7 @@ impl Extoll {
             inbox: mailbox.inbox(&seg)?,
             notes: layout.notifications().inbox(&seg)?,
             head_batch: layout.mailbox_slots as u64 / 4,
+            rx_from: (0..n).map(|s| layout.rx(s, 0)).collect(),
             seg,
             own,
             tx: TxState {
@@ -701,6 +709,7 @@ impl Extoll {
                 peers,
                 dests,
                 cap: config.packet_size - STATUS_LEN,
+                rx_ours: layout.rx(rank, 0),
                 pids: pids.clone(),
                 mailbox_head: vec![0; n],
                 last_sent_to: NOT_STREAMING,
@@ -987,6 +996,9 @@ impl Extoll {
                 }
                 continue;
             }
+            if self.notes.head_is_empty() {
+                break;
+            }
             let t = self.note_head;
             match self.notes.look(t) {
                 Ok(Seen::Published(meta)) => {
@@ -1153,6 +1165,7 @@ impl Extoll {
     }
 
     /// The next RMA Medium from `s` as its tail says (one load; checked in the copy).
+    #[inline]
     fn rma_state(&self, s: usize) -> Result<RmaState, TransportError> {
         let k = self.rma_delivered[s];
         if self.rma_landed[s] <= k {
@@ -1162,7 +1175,7 @@ impl Extoll {
         let idx = (k % l.rma_buffers as u64) as usize;
         let tail = self
             .seg
-            .load_slot_word(l.rx(s, idx) + RMA_BUF - TAIL)
+            .load_slot_word(self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL)
             .map_err(io)?;
         if tail & 0xffff != marker(k, l.rma_buffers) {
             return Ok(RmaState::BadMarker(tail & 0xffff));
@@ -1179,6 +1192,7 @@ impl Extoll {
 
     /// The tail of the next RMA Medium from `s`, if it landed and every VELO message sent
     /// before it was delivered. A corrupt tail is dropped and reported.
+    #[inline]
     fn rma_next(&mut self, s: usize) -> Result<Option<u64>, TransportError> {
         match self.rma_state(s)? {
             RmaState::Ready(tail) => Ok(Some(tail)),
@@ -1236,7 +1250,7 @@ impl Extoll {
         let l = &self.tx.layout;
         let len = ((tail >> 16) & 0xffff) as usize;
         let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
-        let at = l.rx(s, idx) + RMA_BUF - TAIL - align8(len);
+        let at = self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL - align8(len);
         // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
         let acked = self.tx.rma_acked[s];
         let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
