@@ -1232,17 +1232,23 @@ impl Inbox {
             });
         }
         let at = self.slot_at(self.head_slot);
-        let end = out.len() + len;
-        out.reserve(len.next_multiple_of(WORD));
-        for k in 0..len.div_ceil(WORD) {
+        let start = out.len();
+        let padded = len.next_multiple_of(WORD);
+        out.reserve(padded);
+        let spare = &mut out.spare_capacity_mut()[..padded];
+        for (k, dst) in spare.chunks_exact_mut(WORD).enumerate() {
             // SAFETY: word `k` starts below `len <= capacity` bytes into the slot and the
             // capacity is whole words, so it lies in the slot's payload, in the ring's run,
             // checked 8-aligned inside `seg`'s mapping.
             let w = unsafe { self.seg.mapping().word64(at + k * WORD) }.load(Ordering::Relaxed);
-            out.extend_from_slice(&w.to_ne_bytes());
+            for (d, b) in dst.iter_mut().zip(w.to_ne_bytes()) {
+                d.write(b);
+            }
         }
-        // The last word's padding (or a peer's bytes past `len`) is not the message's.
-        out.truncate(end);
+        // SAFETY: `start + len <= start + padded <= capacity` (reserved above), and bytes
+        // `start..start + padded` were all written just above. The last word's padding (or a
+        // peer's bytes past `len`) stays outside the length.
+        unsafe { out.set_len(start + len) };
         Ok(())
     }
 
