@@ -1610,57 +1610,23 @@ impl Extoll {
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
         loop {
-            let t = self.head;
             // Published: one load and a compare, the usual case.
             let meta = match self.inbox.head_published() {
                 Some(meta) => meta,
-                None => match self.inbox.look(t) {
-                    Ok(Seen::Published(meta)) => meta,
-                    Ok(Seen::Skipped(_)) => {
-                        self.consume();
-                        continue;
-                    }
-                    Ok(Seen::Claimed(who)) => {
-                        if !self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
-                            return Ok(None);
-                        }
-                        // A dead sender's claim: nobody will publish it, and its message in
-                        // progress will never end.
-                        self.reasm.abandon(who);
-                        match self.take_over(&self.tx.layout.mailbox(), t)? {
-                            Taken::Skipped => self.consume(),
-                            Taken::Published => {}
-                            Taken::Neither => return Ok(None),
-                        }
-                        continue;
-                    }
-                    Ok(Seen::Empty) => return Ok(None),
-                    Err(e) => {
-                        // A status no claimer writes: skipped, so the next lap's claimer finds
-                        // the slot free.
-                        if self.take_over(&self.tx.layout.mailbox(), t)? == Taken::Skipped {
-                            self.consume();
-                        }
-                        return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
-                    }
+                None => match self.head_unpublished()? {
+                    Unpublished::Published(meta) => meta,
+                    Unpublished::Again => continue,
+                    Unpublished::Wait => return Ok(None),
                 },
             };
             let m = Meta::decode(meta);
             if let Err(e) = self.reasm.check(&m) {
-                // A source outside the job, or more data bytes than a packet holds (lending
-                // them would lend the neighbouring slots).
-                let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
-                self.refuse(&m);
-                return Err(misbehaved(peer, e));
+                return Err(self.refuse_frame(&m, e));
             }
             let s = m.src as usize;
             if m.flags & FIRST != 0 {
                 if self.reasm.in_progress(m.src) {
-                    // The unfinished message is dropped; this packet starts the next one, on
-                    // the next poll.
-                    self.reasm.abandon(m.src);
-                    self.velo_delivered[s] += 1;
-                    return Err(misbehaved(Some(s), FrameError::Interleaved(m.src)));
+                    return Err(self.interleaved(&m));
                 }
                 match self.order(s, &m) {
                     Order::Ready => {}
@@ -1677,31 +1643,14 @@ impl Extoll {
                         self.rma_stall = true;
                         return Ok(None);
                     }
-                    refused => {
-                        self.refuse(&m);
-                        let why = match refused {
-                            Order::RmaAhead(n) => format!(
-                                "says {n} RMA Mediums sent before it are undelivered, more than \
-                                 its {} buffers",
-                                self.tx.layout.rma_buffers
-                            ),
-                            _ => "waits for an RMA put, but is no placed Long".to_owned(),
-                        };
-                        return Err(misbehaved(
-                            Some(s),
-                            format!("VELO message at ticket {t} {why}"),
-                        ));
-                    }
+                    refused => return Err(self.refuse_order(&m, refused)),
                 }
                 if m.flags & LAST != 0 {
                     // One packet: lent straight from the mailbox slot (its length checked
                     // against the packet's above, and again by the ring).
                     let bytes = match self.inbox.head_payload(m.len) {
                         Ok(b) => b,
-                        Err(e) => {
-                            self.refuse(&m);
-                            return Err(misbehaved(Some(s), e));
-                        }
+                        Err(e) => return Err(self.refuse_payload(&m, e)),
                     };
                     let r = f(
                         Delivery {
@@ -1722,7 +1671,8 @@ impl Extoll {
                 }
             }
             // Part of a message of several packets: copied into the source's reassembly
-            // buffer (out of line: the one-packet path above is every Short's).
+            // buffer (out of line: the one-packet path above is every Short's, and keeps the
+            // registers; so do the rare cases, in the functions below).
             let Some((flags, buf)) = self.take_part(&m)? else {
                 continue;
             };
@@ -1743,6 +1693,103 @@ impl Extoll {
             self.reasm.recycle(buf);
             return Ok(Some(r));
         }
+    }
+}
+
+/// What [`Extoll::head_unpublished`] found at the mailbox head.
+enum Unpublished {
+    /// Published after all (between the two looks).
+    Published(u32),
+    /// A slot consumed (skipped, or a dead claimer's): look at the next.
+    Again,
+    /// Nothing to take now.
+    Wait,
+}
+
+impl Extoll {
+    /// The mailbox head is not (yet) a published packet: a skipped slot is consumed, a dead
+    /// sender's claim taken over, a status no claimer writes repaired and reported.
+    #[inline(never)]
+    fn head_unpublished(&mut self) -> Result<Unpublished, TransportError> {
+        let t = self.head;
+        Ok(match self.inbox.look(t) {
+            Ok(Seen::Published(meta)) => Unpublished::Published(meta),
+            Ok(Seen::Skipped(_)) => {
+                self.consume();
+                Unpublished::Again
+            }
+            Ok(Seen::Claimed(who)) => {
+                if !self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
+                    return Ok(Unpublished::Wait);
+                }
+                // A dead sender's claim: nobody will publish it, and its message in progress
+                // will never end.
+                self.reasm.abandon(who);
+                match self.take_over(&self.tx.layout.mailbox(), t)? {
+                    Taken::Skipped => self.consume(),
+                    Taken::Published => {}
+                    Taken::Neither => return Ok(Unpublished::Wait),
+                }
+                Unpublished::Again
+            }
+            Ok(Seen::Empty) => Unpublished::Wait,
+            Err(e) => {
+                // A status no claimer writes: skipped, so the next lap's claimer finds the
+                // slot free.
+                if self.take_over(&self.tx.layout.mailbox(), t)? == Taken::Skipped {
+                    self.consume();
+                }
+                return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
+            }
+        })
+    }
+
+    /// A packet whose meta breaks the framing (a source outside the job, or more data bytes
+    /// than a packet holds: lending them would lend the neighbouring slots): refused.
+    #[cold]
+    #[inline(never)]
+    fn refuse_frame(&mut self, m: &Meta, e: FrameError) -> TransportError {
+        let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
+        self.refuse(m);
+        misbehaved(peer, e)
+    }
+
+    /// A first packet while its source's previous message is unfinished: that one is
+    /// dropped; this packet starts the next one, on the next poll.
+    #[cold]
+    #[inline(never)]
+    fn interleaved(&mut self, m: &Meta) -> TransportError {
+        let s = m.src as usize;
+        self.reasm.abandon(m.src);
+        self.velo_delivered[s] += 1;
+        misbehaved(Some(s), FrameError::Interleaved(m.src))
+    }
+
+    /// A first packet whose order can never be met (`refused`): refused.
+    #[cold]
+    #[inline(never)]
+    fn refuse_order(&mut self, m: &Meta, refused: Order) -> TransportError {
+        let t = self.head;
+        self.refuse(m);
+        let why = match refused {
+            Order::RmaAhead(n) => format!(
+                "says {n} RMA Mediums sent before it are undelivered, more than its {} buffers",
+                self.tx.layout.rma_buffers
+            ),
+            _ => "waits for an RMA put, but is no placed Long".to_owned(),
+        };
+        misbehaved(
+            Some(m.src as usize),
+            format!("VELO message at ticket {t} {why}"),
+        )
+    }
+
+    /// A packet whose length the slot does not hold (the meta check refuses it first).
+    #[cold]
+    #[inline(never)]
+    fn refuse_payload(&mut self, m: &Meta, e: ShmError) -> TransportError {
+        self.refuse(m);
+        misbehaved(Some(m.src as usize), e)
     }
 }
 
