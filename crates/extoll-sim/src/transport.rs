@@ -1696,6 +1696,41 @@ impl Extoll {
     }
 }
 
+impl Extoll {
+    /// The next error kept for a poll.
+    #[cold]
+    #[inline(never)]
+    fn next_fault(&mut self) -> Option<TransportError> {
+        self.tx.faults.pop_front()
+    }
+
+    /// The notification queue's head is not empty: drained, unless a live claimer is still
+    /// writing it.
+    #[inline(never)]
+    fn notes_waiting(&mut self) -> Result<(), TransportError> {
+        match self.notes.look(self.note_head) {
+            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => Ok(()),
+            _ => self.drain_notes(),
+        }
+    }
+
+    /// A poll that found nothing: the head told, and the CPU given away when that helps.
+    #[inline(never)]
+    fn idle(&mut self) {
+        self.tell_head(true);
+        if self.rma_stall || self.tx.jobs > self.tx.jobs_done {
+            // Waiting on an RMA engine (ours, or the sender's): give it the core. On a
+            // machine with no spare core, a spinning rank would otherwise keep the engine
+            // thread off the CPU for a whole scheduler slice.
+            std::thread::yield_now();
+        } else if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
+            // Even a spinning rank gives the CPU away now and then (tens of µs without a
+            // message): on an oversubscribed machine the peer it waits for may need it.
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// What [`Extoll::head_unpublished`] found at the mailbox head.
 enum Unpublished {
     /// Published after all (between the two looks).
@@ -1922,14 +1957,13 @@ impl Transport for Extoll {
     ) -> Result<Option<R>, TransportError> {
         self.count_poll();
         self.tx.last_sent_to = NOT_STREAMING;
-        if let Some(e) = self.tx.faults.pop_front() {
-            return Err(e);
+        if !self.tx.faults.is_empty() {
+            if let Some(e) = self.next_fault() {
+                return Err(e);
+            }
         }
         if !self.notes.head_is_empty() {
-            match self.notes.look(self.note_head) {
-                Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
-                _ => self.drain_notes()?,
-            }
+            self.notes_waiting()?;
         }
         if self.rma_pending > 0 {
             // Round robin over the sources with a landed RMA Medium.
@@ -1946,18 +1980,7 @@ impl Transport for Extoll {
         match self.poll_mailbox(f)? {
             Some(r) => Ok(Some(r)),
             None => {
-                self.tell_head(true);
-                if self.rma_stall || self.tx.jobs > self.tx.jobs_done {
-                    // Waiting on an RMA engine (ours, or the sender's): give it the core.
-                    // On a machine with no spare core, a spinning rank would otherwise keep
-                    // the engine thread off the CPU for a whole scheduler slice.
-                    std::thread::yield_now();
-                } else if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
-                    // Even a spinning rank gives the CPU away now and then (tens of µs
-                    // without a message): on an oversubscribed machine the peer it waits for
-                    // may need it.
-                    std::thread::yield_now();
-                }
+                self.idle();
                 Ok(None)
             }
         }
