@@ -1708,10 +1708,15 @@ impl Extoll {
     /// writing it.
     #[inline(never)]
     fn notes_waiting(&mut self) -> Result<(), TransportError> {
-        match self.notes.look(self.note_head) {
-            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => Ok(()),
-            _ => self.drain_notes(),
+        // Published (the usual case): no second look before the drain's.
+        if self.notes.head_published().is_none() {
+            if let Ok(Seen::Claimed(who)) = self.notes.look(self.note_head) {
+                if !self.notes_claimer_lost(who) {
+                    return Ok(());
+                }
+            }
         }
+        self.drain_notes()
     }
 
     /// A poll that found nothing: the head told, and the CPU given away when that helps.
