@@ -35,6 +35,13 @@
 //! Zeroed memory is a valid empty ring. Senders need the receiver's segment mapped with
 //! atomic access ([`attach`]), as an EXTOLL NIC claims slots in the receiver's queue.
 //!
+//! A hot path keeps handles that check the ring against its segment once, when made: a
+//! sender's [`Port`] ([`Ring::port`]: the one-slot send in one step, runs of slots, packets
+//! of a claim) and the owner's [`Inbox`] ([`Ring::inbox`]: looks, payloads, and the owner's
+//! head with its slot and lap kept as it moves, so no ticket is divided). Their accesses
+//! check nothing of the layout again, only lengths, and run the same protocol as the
+//! `Ring` methods ([`Ring::send_one`] is a port made for the call).
+//!
 //! ```
 //! use am_shm::mailbox::{Ring, Seen};
 //! use am_shm::Segment;
