@@ -348,7 +348,9 @@ impl Ring {
             record.store(0, Ordering::Relaxed);
             return Ok(None);
         }
-        tail.store(t + 1, Ordering::Release);
+        // Wrapping: the last ticket there is may be claimed (a corrupt tail and head); the
+        // hint then points below the head, and the next claim walks from the head.
+        tail.store(t.wrapping_add(1), Ordering::Release);
         Ok(Some((t, slot)))
     }
 
@@ -464,13 +466,21 @@ impl Ring {
                 }
             }
             let t = c.t;
+            // No ring reaches the last ticket there is: a corrupt tail and head sent us
+            // there, and stepping past it would wrap below the head (for ever).
+            let Some(next) = t.checked_add(1) else {
+                return Err(ShmError::Corrupt {
+                    what: "mailbox ticket",
+                    value: t,
+                });
+            };
             let lap = self.split(t).0;
             let word = self.status(seg, t)?;
             let st = word.load(Ordering::Acquire);
             let s = st & STAMP_MASK;
             if s == stamp(lap) {
                 // Taken this lap by someone: the next one.
-                c.t += 1;
+                c.t = next;
                 continue;
             }
             if s != lap & STAMP_MASK {
@@ -506,9 +516,9 @@ impl Ring {
                 // claimers may leave it a few slots behind the newest claim, which costs the
                 // next claimer a walk over taken slots, never a claim (the status decides).
                 if tail.load(Ordering::Relaxed) <= t {
-                    tail.store(t + 1, Ordering::Release);
+                    tail.store(next, Ordering::Release);
                 }
-                c.t = t + 1;
+                c.t = next;
                 return Ok(Some(t));
             }
             retries += 1;
@@ -869,7 +879,8 @@ impl Port {
             record.store(0, Ordering::Relaxed);
             return None;
         }
-        tail.store(t + 1, Ordering::Release);
+        // Wrapping, as in `Ring::claim_at_tail`.
+        tail.store(t.wrapping_add(1), Ordering::Release);
         Some((t, lap, slot))
     }
 
@@ -1016,7 +1027,9 @@ impl Port {
         let slots = self.ring.slots as u64;
         let t = tail.load(Ordering::Relaxed);
         let room = n >= 1 && n as u64 <= slots && t >= head && t - head <= slots - n as u64;
-        if !room || record.load(Ordering::Relaxed) != 0 {
+        // Tickets past the last one there is (a corrupt tail and head): the general claim.
+        let end = t.checked_add(n as u64);
+        if !room || end.is_none() || record.load(Ordering::Relaxed) != 0 {
             return None;
         }
         // The record first, so the owner never sees one of these claims without it.
@@ -1544,6 +1557,35 @@ mod tests {
                 inbox.advance();
                 inbox.consumed(inbox.head());
             }
+        }
+    }
+
+    /// A receiver that sets its head and tail words to the last tickets there are, and a
+    /// status that looks free for that lap: the sender's claims (one slot, a run, the
+    /// general claim) never overflow a ticket (a panic in a checked build).
+    #[test]
+    fn tickets_at_the_end_of_the_range_never_overflow() {
+        let r = ring(4);
+        for at in [u64::MAX, u64::MAX - 1, u64::MAX - 3] {
+            let seg = seg_for(&r);
+            let w = seg.import();
+            w.store_word(r.tail(), at).unwrap();
+            w.store_word(r.head(), at).unwrap();
+            for t in at..=at.saturating_add(3) {
+                let lap = r.split(t).0;
+                w.store_slot_word(r.slot_base(t) + r.capacity(), lap & STAMP_MASK)
+                    .unwrap();
+            }
+            let port = r.port(&seg, 1, REC).unwrap();
+            let mut h = 0;
+            let _ = port.send(&mut h, b"x", b"", 1);
+            let mut h = at;
+            let _ = port.send(&mut h, b"x", b"", 1);
+            let _ = port.claim_run(2, at);
+            port.release();
+            let mut out = [0u64; 2];
+            let _ = port.try_claim(2, &mut h, &mut out);
+            let _ = r.try_claim(&seg, 1, 2, REC + 8, &mut 0, &mut out);
         }
     }
 
