@@ -35,6 +35,13 @@
 //! Zeroed memory is a valid empty ring. Senders need the receiver's segment mapped with
 //! atomic access ([`attach`]), as an EXTOLL NIC claims slots in the receiver's queue.
 //!
+//! A hot path keeps handles that check the ring against its segment once, when made: a
+//! sender's [`Port`] ([`Ring::port`]: the one-slot send in one step, runs of slots, packets
+//! of a claim) and the owner's [`Inbox`] ([`Ring::inbox`]: looks, payloads, and the owner's
+//! head with its slot and lap kept as it moves, so no ticket is divided). Their accesses
+//! check nothing of the layout again, only lengths, and run the same protocol as the
+//! `Ring` methods ([`Ring::send_one`] is a port made for the call).
+//!
 //! ```
 //! use am_shm::mailbox::{Ring, Seen};
 //! use am_shm::Segment;
@@ -58,6 +65,7 @@
 //! assert_eq!(ring.look(&seg, 2).unwrap(), Seen::Empty);
 //! ```
 
+use crate::mapping::WORD;
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Imported, Segment, SharedBytes, ShmError, Slot};
 
@@ -340,16 +348,18 @@ impl Ring {
             record.store(0, Ordering::Relaxed);
             return Ok(None);
         }
-        tail.store(t + 1, Ordering::Release);
+        // Wrapping: the last ticket there is may be claimed (a corrupt tail and head); the
+        // hint then points below the head, and the next claim walks from the head.
+        tail.store(t.wrapping_add(1), Ordering::Release);
         Ok(Some((t, slot)))
     }
 
     /// A one-packet message in one step, as the VELO send does it: claims one slot for
     /// `claimer` (as [`try_claim`](Self::try_claim) with `n == 1`), stores the concatenation
     /// of `parts` (at most [`capacity`](Self::capacity) bytes) as its payload, publishes it
-    /// with `meta` and releases the claim. The slot is checked against `seg` once for all of
-    /// that. `Ok(false)`: no room now (nothing claimed or written). On an error nothing stays
-    /// claimed.
+    /// with `meta` and releases the claim. `Ok(false)`: no room now (nothing claimed or
+    /// written). On an error nothing stays claimed. The same code as [`Port::send_parts`]
+    /// (a [`Port`] made for the call): a sender that sends often keeps its port instead.
     #[inline]
     pub fn send_one(
         &self,
@@ -360,39 +370,8 @@ impl Ring {
         parts: &[&[u8]],
         meta: u32,
     ) -> Result<bool, ShmError> {
-        let tail = seg.word(self.tail)?;
-        let record_word = seg.word(record)?;
-        let fast = if record_word.load(Ordering::Relaxed) == 0 {
-            self.claim_at_tail(seg, tail, record_word, *head, claimer)?
-        } else {
-            None
-        };
-        let (t, slot) = match fast {
-            Some((t, slot)) => (t, Ok(slot)),
-            None => {
-                let mut t = [0u64; 1];
-                if !self.try_claim(seg, 1, claimer, record, head, &mut t)? {
-                    return Ok(false);
-                }
-                (t[0], seg.slot(self.slot_base(t[0]), self.slot_size))
-            }
-        };
-        let written = slot.and_then(|slot| slot.store_padded(self.capacity(), parts).map(|_| slot));
-        match written {
-            Ok(slot) => {
-                slot.last_word()
-                    .store(self.published(t, meta), Ordering::Release);
-                record_word.store(0, Ordering::Release);
-                Ok(true)
-            }
-            Err(e) => {
-                // Not written: given up, so the owner skips it and no claim stays open.
-                self.status(seg, t)?
-                    .store(self.skipped(t, claimer), Ordering::Release);
-                record_word.store(0, Ordering::Release);
-                Err(e)
-            }
-        }
+        self.port(seg, claimer, record)?
+            .send_parts(head, parts, meta)
     }
 
     /// Whether `n` slots from the tail hint `t` may be free: false only if the (reloaded)
@@ -487,13 +466,21 @@ impl Ring {
                 }
             }
             let t = c.t;
+            // No ring reaches the last ticket there is: a corrupt tail and head sent us
+            // there, and stepping past it would wrap below the head (for ever).
+            let Some(next) = t.checked_add(1) else {
+                return Err(ShmError::Corrupt {
+                    what: "mailbox ticket",
+                    value: t,
+                });
+            };
             let lap = self.split(t).0;
             let word = self.status(seg, t)?;
             let st = word.load(Ordering::Acquire);
             let s = st & STAMP_MASK;
             if s == stamp(lap) {
                 // Taken this lap by someone: the next one.
-                c.t += 1;
+                c.t = next;
                 continue;
             }
             if s != lap & STAMP_MASK {
@@ -529,9 +516,9 @@ impl Ring {
                 // claimers may leave it a few slots behind the newest claim, which costs the
                 // next claimer a walk over taken slots, never a claim (the status decides).
                 if tail.load(Ordering::Relaxed) <= t {
-                    tail.store(t + 1, Ordering::Release);
+                    tail.store(next, Ordering::Release);
                 }
-                c.t = t + 1;
+                c.t = next;
                 return Ok(Some(t));
             }
             retries += 1;
@@ -646,6 +633,12 @@ impl Ring {
     #[inline]
     pub fn look(&self, seg: &Segment, ticket: u64) -> Result<Seen, ShmError> {
         let st = seg.load_slot_word(self.status_off(ticket))?;
+        self.classify(ticket, st)
+    }
+
+    /// What status `st` says of `ticket` ([`look`](Self::look)).
+    #[inline(always)]
+    fn classify(&self, ticket: u64, st: u64) -> Result<Seen, ShmError> {
         let lap = self.split(ticket).0;
         let s = st & STAMP_MASK;
         let who = (st >> 32) as u32;
@@ -754,6 +747,607 @@ impl Ring {
     }
 }
 
+/// Mapping offsets of a ring's tail, head and record words and of its first slot, checked
+/// against one segment by [`Ring::checked`]: the three words lie 8-aligned in that segment's
+/// word area, and every slot `data + i * slot_size` (`i < slots`) whole in its byte area.
+/// The handles ([`Port`], [`Inbox`]) keep one beside a share of the segment it was checked
+/// against, and their `unsafe` blocks rely on that pairing, which nothing outside this
+/// module can break (the fields are private and a segment's size never changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Checked {
+    tail: usize,
+    head: usize,
+    record: usize,
+    data: usize,
+}
+
+impl Ring {
+    /// This ring's offsets in `seg` with `record` as the claimer's record word, checked once.
+    fn checked(&self, seg: &Segment, record: usize) -> Result<Checked, ShmError> {
+        seg.word(self.tail)?;
+        seg.word(self.head)?;
+        seg.word(record)?;
+        // The whole ring as one run: 8-aligned, whole words, inside the byte area.
+        seg.slot(self.data, self.data_bytes())?;
+        Ok(Checked {
+            tail: self.tail,
+            head: self.head,
+            record,
+            data: seg.byte_base() + self.data,
+        })
+    }
+
+    /// A sender's handle on this ring in `seg` (the receiver's segment, mapped as for
+    /// [`try_claim`](Self::try_claim)) for `claimer`, whose record word is at `record`:
+    /// the ring's words and slots are checked here, once, so its sends check nothing more
+    /// of the layout. An error if they do not fit `seg`.
+    pub fn port(&self, seg: &Segment, claimer: u32, record: usize) -> Result<Port, ShmError> {
+        Ok(Port {
+            c: self.checked(seg, record)?,
+            seg: seg.share(),
+            ring: *self,
+            claimer,
+        })
+    }
+
+    /// The owner's handle on this ring in its own segment `seg`: the ring's words and slots
+    /// are checked here, once, so its looks and reads check nothing more of the layout.
+    pub fn inbox(&self, seg: &Segment) -> Result<Inbox, ShmError> {
+        Ok(Inbox {
+            c: self.checked(seg, self.tail)?,
+            seg: seg.share(),
+            ring: *self,
+            head: 0,
+            head_slot: 0,
+            head_stamp: stamp(0),
+        })
+    }
+}
+
+/// The bytes of `parts` together (saturating: for an error message).
+fn parts_len(parts: &[&[u8]]) -> usize {
+    parts.iter().fold(0, |n, p| n.saturating_add(p.len()))
+}
+
+/// One claimer's handle on a [`Ring`] in a receiver's segment ([`Ring::port`]): the ring's
+/// words and slots checked once when made, so that a one-packet send is the claim, the
+/// stores and the publication, with no bounds check left but the payload's length.
+pub struct Port {
+    seg: Segment,
+    ring: Ring,
+    /// Checked against `seg` (see [`Checked`]).
+    c: Checked,
+    claimer: u32,
+}
+
+impl Port {
+    /// The ring.
+    #[inline]
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// The receiver's segment this port sends into.
+    #[inline]
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    #[inline(always)]
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: `c.tail` was checked against `seg`'s mapping (8-aligned, inside the word
+        // area), whose size never changes.
+        unsafe { self.seg.mapping().word64(self.c.tail) }
+    }
+
+    #[inline(always)]
+    fn record(&self) -> &AtomicU64 {
+        // SAFETY: as in `tail`, for `c.record`.
+        unsafe { self.seg.mapping().word64(self.c.record) }
+    }
+
+    /// The slot of `ticket`, with no check: `split` gives an index below `slots`.
+    #[inline(always)]
+    fn slot(&self, ticket: u64) -> Slot<'_> {
+        self.slot_at(self.ring.split(ticket).1)
+    }
+
+    /// The common claim, as [`Ring::try_claim`]'s first step: the slot at the tail hint, if
+    /// free by the cached `head` and last written in the previous lap, claimed with one
+    /// compare-and-swap (the record first). Its ticket, lap and slot; `None`: take the
+    /// general path.
+    #[inline(always)]
+    fn claim_at_tail(&self, record: &AtomicU64, head: u64) -> Option<(u64, u64, Slot<'_>)> {
+        let tail = self.tail();
+        let t = tail.load(Ordering::Relaxed);
+        if t < head || t - head >= self.ring.slots as u64 {
+            return None;
+        }
+        let (lap, i) = self.ring.split(t);
+        let slot = self.slot_at(i);
+        let word = slot.last_word();
+        let st = word.load(Ordering::Acquire);
+        if st & STAMP_MASK != lap & STAMP_MASK {
+            return None;
+        }
+        record.store(ACTIVE | t, Ordering::Relaxed);
+        let claimed = (self.claimer as u64) << 32 | CLAIMED | stamp(lap);
+        if word
+            .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            record.store(0, Ordering::Relaxed);
+            return None;
+        }
+        // Wrapping, as in `Ring::claim_at_tail`.
+        tail.store(t.wrapping_add(1), Ordering::Release);
+        Some((t, lap, slot))
+    }
+
+    /// Slot `i` (below `slots`), with no check.
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> Slot<'_> {
+        let at = self.c.data + i * self.ring.slot_size;
+        // SAFETY: `i < slots`, so `[at, at + slot_size)` lies in the ring's run, checked
+        // 8-aligned inside `seg`'s mapping; `slot_size` is a positive multiple of 8
+        // (`Ring::new`).
+        unsafe { Slot::unchecked(self.seg.mapping(), at, self.ring.slot_size) }
+    }
+
+    /// The general claim of one slot ([`Ring::try_claim`]), off the common path.
+    #[cold]
+    #[inline(never)]
+    fn claim_slow(&self, head: &mut u64) -> Result<Option<(u64, u64, Slot<'_>)>, ShmError> {
+        let mut t = [0u64; 1];
+        let (c, r) = (self.claimer, self.c.record);
+        if !self.ring.try_claim(&self.seg, 1, c, r, head, &mut t)? {
+            return Ok(None);
+        }
+        Ok(Some((t[0], self.ring.split(t[0]).0, self.slot(t[0]))))
+    }
+
+    /// Claims one slot, lets `write` store the payload into it (given the payload capacity;
+    /// `None`: it does not fit), publishes it with `meta`, or skips it if it did not fit
+    /// (the error says `len()` bytes), and releases the claim.
+    #[inline(always)]
+    fn send_with(
+        &self,
+        head: &mut u64,
+        meta: u32,
+        len: impl FnOnce() -> usize,
+        write: impl FnOnce(&Slot<'_>, usize) -> Option<usize>,
+    ) -> Result<bool, ShmError> {
+        let record = self.record();
+        // A record that is not clear (a claim open, or a value the receiver wrote): the
+        // general path, which keeps tickets in order and any value of it harmless.
+        let fast = if record.load(Ordering::Relaxed) == 0 {
+            self.claim_at_tail(record, *head)
+        } else {
+            None
+        };
+        let (t, lap, slot) = match fast {
+            Some(claimed) => claimed,
+            None => match self.claim_slow(head)? {
+                Some(claimed) => claimed,
+                None => return Ok(false),
+            },
+        };
+        let written = write(&slot, self.ring.capacity()).is_some();
+        // Not written: given up, so the owner skips it and no claim stays open.
+        let status = if written {
+            (meta as u64) << 32 | PUBLISHED | stamp(lap)
+        } else {
+            self.ring.skipped(t, self.claimer)
+        };
+        slot.last_word().store(status, Ordering::Release);
+        record.store(0, Ordering::Release);
+        if !written {
+            return Err(self.too_long(len()));
+        }
+        Ok(true)
+    }
+
+    /// The error for a payload of `len` bytes that does not fit a slot.
+    #[cold]
+    fn too_long(&self, len: usize) -> ShmError {
+        ShmError::OutOfBounds {
+            offset: 0,
+            len,
+            area: self.ring.capacity(),
+        }
+    }
+
+    /// A one-packet message: `a` then `b` (a head and a private payload, at most
+    /// [`Ring::capacity`] bytes together), claimed, stored, published with `meta` and
+    /// released in one step. `Ok(false)`: no room now (nothing claimed). On an error nothing
+    /// stays claimed.
+    #[inline(always)]
+    pub fn send(&self, head: &mut u64, a: &[u8], b: &[u8], meta: u32) -> Result<bool, ShmError> {
+        let len = || a.len().saturating_add(b.len());
+        self.send_with(head, meta, len, |slot, cap| slot.store_two(cap, a, b))
+    }
+
+    /// [`send`](Self::send) of `parts` followed by the shared bytes `tail` (a received
+    /// payload echoed), which move straight into the slot.
+    #[inline]
+    pub fn send_then(
+        &self,
+        head: &mut u64,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+        meta: u32,
+    ) -> Result<bool, ShmError> {
+        let len = || parts_len(parts).saturating_add(tail.len());
+        self.send_with(head, meta, len, |slot, cap| {
+            slot.store_padded_then(cap, parts, tail)
+        })
+    }
+
+    /// [`send`](Self::send) of the concatenation of `parts` ([`Ring::send_one`]).
+    #[inline]
+    pub fn send_parts(&self, head: &mut u64, parts: &[&[u8]], meta: u32) -> Result<bool, ShmError> {
+        let len = || parts_len(parts);
+        self.send_with(head, meta, len, |slot, cap| {
+            slot.store_padded(cap, parts).ok()
+        })
+    }
+
+    /// Claims one slot for this port's claimer (as [`Ring::try_claim`] with `n == 1`, the
+    /// slot at the tail hint first): its ticket, `None` if there is no room now (nothing
+    /// claimed). Publish it ([`write_two`](Self::write_two)) or [`skip`](Self::skip) it,
+    /// then [`release`](Self::release).
+    #[inline]
+    pub fn claim_one(&self, head: &mut u64) -> Result<Option<u64>, ShmError> {
+        let record = self.record();
+        if record.load(Ordering::Relaxed) == 0 {
+            if let Some((t, _, _)) = self.claim_at_tail(record, *head) {
+                return Ok(Some(t));
+            }
+        }
+        Ok(self.claim_slow(head)?.map(|(t, _, _)| t))
+    }
+
+    /// [`Ring::try_claim`] for this port's claimer: `n` slots, all or none.
+    #[inline]
+    pub fn try_claim(&self, n: usize, head: &mut u64, out: &mut [u64]) -> Result<bool, ShmError> {
+        self.ring
+            .try_claim(&self.seg, n, self.claimer, self.c.record, head, out)
+    }
+
+    /// Claims `n` consecutive slots from the tail hint (`1..=slots`), all or none, when the
+    /// cached `head` says they are free and no claim of this port is open: the usual claim
+    /// of a message of several packets, one compare-and-swap per slot and no list of
+    /// tickets (they are `t..t + n`). `None`: nothing stays claimed (slots taken before a
+    /// failure are skipped, as [`Ring::try_claim`] gives them back); take the general claim.
+    /// Release the claim ([`release`](Self::release)) once every slot is published.
+    #[inline]
+    pub fn claim_run(&self, n: usize, head: u64) -> Option<u64> {
+        let record = self.record();
+        let tail = self.tail();
+        let slots = self.ring.slots as u64;
+        let t = tail.load(Ordering::Relaxed);
+        let room = n >= 1 && n as u64 <= slots && t >= head && t - head <= slots - n as u64;
+        // Tickets past the last one there is (a corrupt tail and head): the general claim.
+        let end = t.checked_add(n as u64);
+        if !room || end.is_none() || record.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        // The record first, so the owner never sees one of these claims without it.
+        record.store(ACTIVE | t, Ordering::Relaxed);
+        for k in 0..n as u64 {
+            let (lap, i) = self.ring.split(t + k);
+            let word = self.slot_at(i).last_word();
+            let st = word.load(Ordering::Acquire);
+            let claimed = (self.claimer as u64) << 32 | CLAIMED | stamp(lap);
+            let free = st & STAMP_MASK == lap & STAMP_MASK;
+            if !free
+                || word
+                    .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                for j in 0..k {
+                    self.skip(t + j);
+                }
+                record.store(0, Ordering::Release);
+                return None;
+            }
+        }
+        tail.store(t + n as u64, Ordering::Release);
+        Some(t)
+    }
+
+    /// One packet into a slot this port claimed: `a` then `b` (private bytes, at most
+    /// [`Ring::capacity`] together) stored, then published with `meta`; no layout check.
+    #[inline]
+    pub fn write_two(&self, ticket: u64, a: &[u8], b: &[u8], meta: u32) -> Result<(), ShmError> {
+        let (lap, i) = self.ring.split(ticket);
+        let slot = self.slot_at(i);
+        if slot.store_two(self.ring.capacity(), a, b).is_none() {
+            return Err(self.too_long(a.len().saturating_add(b.len())));
+        }
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        slot.last_word().store(status, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`write_two`](Self::write_two) of `parts` then the shared bytes `tail` (part of an
+    /// echoed payload), which move straight into the slot.
+    #[inline]
+    pub fn write_then(
+        &self,
+        ticket: u64,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+        meta: u32,
+    ) -> Result<(), ShmError> {
+        let (lap, i) = self.ring.split(ticket);
+        let slot = self.slot_at(i);
+        if slot
+            .store_padded_then(self.ring.capacity(), parts, tail)
+            .is_none()
+        {
+            return Err(self.too_long(parts_len(parts).saturating_add(tail.len())));
+        }
+        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        slot.last_word().store(status, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`Ring::write_and_publish`] into a slot this port claimed, with no layout check.
+    #[inline]
+    pub fn write_and_publish(
+        &self,
+        ticket: u64,
+        parts: &[&[u8]],
+        meta: u32,
+    ) -> Result<(), ShmError> {
+        let slot = self.slot(ticket);
+        slot.store_padded(self.ring.capacity(), parts)?;
+        slot.last_word()
+            .store(self.ring.published(ticket, meta), Ordering::Release);
+        Ok(())
+    }
+
+    /// [`Ring::skip`] of a slot this port claimed.
+    #[inline]
+    pub fn skip(&self, ticket: u64) {
+        self.slot(ticket)
+            .last_word()
+            .store(self.ring.skipped(ticket, self.claimer), Ordering::Release);
+    }
+
+    /// [`Ring::release`] of this port's claims.
+    #[inline]
+    pub fn release(&self) {
+        self.record().store(0, Ordering::Release);
+    }
+
+    /// [`Ring::prefetch_ahead`], with no layout check.
+    #[inline(always)]
+    pub fn prefetch_ahead(&self, ahead: u64) {
+        let t = self.tail().load(Ordering::Relaxed).wrapping_add(ahead);
+        let at = self.c.data + self.ring.split(t).1 * self.ring.slot_size;
+        self.seg.mapping().prefetch_for_write(at);
+    }
+}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("ring", &self.ring)
+            .field("claimer", &self.claimer)
+            .finish()
+    }
+}
+
+/// The owner's handle on a [`Ring`] in its own segment ([`Ring::inbox`]): the ring's words
+/// and slots checked once when made, so that a look is one load and a compare, and a
+/// payload view checks only its length. It also keeps the owner's head (the next ticket
+/// to consume, from 0) with its slot and lap stamp, moved one ticket at a time
+/// ([`advance`](Self::advance)): the owner's looks at its head need no division, and no
+/// shift or mask either.
+pub struct Inbox {
+    seg: Segment,
+    ring: Ring,
+    /// Checked against `seg` (see [`Checked`]).
+    c: Checked,
+    /// The head ticket, its slot (always below `slots`) and the stamp of its lap.
+    head: u64,
+    head_slot: usize,
+    head_stamp: u64,
+}
+
+impl Inbox {
+    /// The ring.
+    #[inline]
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Mapping offset of the slot of `ticket`: inside the checked run (`split` gives an
+    /// index below `slots`).
+    #[inline(always)]
+    fn at(&self, ticket: u64) -> usize {
+        self.slot_at(self.ring.split(ticket).1)
+    }
+
+    /// Mapping offset of slot `i` (below `slots`).
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> usize {
+        self.c.data + i * self.ring.slot_size
+    }
+
+    /// `Acquire` load of the status word of the slot at mapping offset `at` (from `at`).
+    #[inline(always)]
+    fn status_of(&self, at: usize) -> u64 {
+        // `slot_size - STATUS_LEN`, which `Ring::new` keeps positive (no saturation).
+        let off = at + self.ring.slot_size - STATUS_LEN;
+        // SAFETY: `at` is a slot of the ring's run (`slot_at`), checked 8-aligned inside
+        // `seg`'s mapping (whose size never changes); the status word ends the slot, and
+        // `slot_size` is a multiple of 8.
+        unsafe { self.seg.mapping().word64(off) }.load(Ordering::Acquire)
+    }
+
+    /// `Acquire` load of the status of `ticket`.
+    #[inline(always)]
+    fn status(&self, ticket: u64) -> u64 {
+        self.status_of(self.at(ticket))
+    }
+
+    /// The owner's head: the next ticket to consume.
+    #[inline(always)]
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Moves the owner's head one ticket on (its slot and lap stamp with it). Tells senders
+    /// nothing: that is [`consumed`](Self::consumed).
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        self.head += 1;
+        self.head_slot += 1;
+        if self.head_slot == self.ring.slots {
+            // The next lap: its stamp is this one's plus one.
+            self.head_slot = 0;
+            self.head_stamp = (self.head_stamp + 1) & STAMP_MASK;
+        }
+    }
+
+    /// [`published`](Self::published) of the head: one load and one compare.
+    #[inline(always)]
+    pub fn head_published(&self) -> Option<u32> {
+        let st = self.status_of(self.slot_at(self.head_slot));
+        (st as u32 == (PUBLISHED | self.head_stamp) as u32).then_some((st >> 32) as u32)
+    }
+
+    /// [`is_empty`](Self::is_empty) of the head: one load and one compare.
+    #[inline(always)]
+    pub fn head_is_empty(&self) -> bool {
+        // The previous lap's stamp: this one's minus one, mod 2^30 (`is_empty`'s `lap`).
+        let st = self.status_of(self.slot_at(self.head_slot));
+        st & STAMP_MASK == self.head_stamp.wrapping_sub(1) & STAMP_MASK
+    }
+
+    /// The first payload word of the head's slot (`Relaxed`: after an `Acquire` look found it
+    /// published): a notification's value, with no view and no length to check.
+    #[inline(always)]
+    pub fn head_first_word(&self) -> u64 {
+        let at = self.slot_at(self.head_slot);
+        // SAFETY: the slot's first word lies in the slot (`slot_size >= 16`, `Ring::new`),
+        // in the ring's run, checked 8-aligned inside `seg`'s mapping.
+        unsafe { self.seg.mapping().word64(at) }.load(Ordering::Relaxed)
+    }
+
+    /// Appends the first `len` payload bytes of the head's slot to `out` (a reassembly
+    /// buffer): whole words loaded straight into it, no zeroing first, no bulk-copy size
+    /// dispatch. `len` (which may come from untrusted meta data) is checked against the
+    /// capacity; on an error nothing is appended.
+    #[inline]
+    pub fn head_append(&self, len: usize, out: &mut Vec<u8>) -> Result<(), ShmError> {
+        if len > self.ring.capacity() {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len,
+                area: self.ring.capacity(),
+            });
+        }
+        let at = self.slot_at(self.head_slot);
+        let start = out.len();
+        let padded = len.next_multiple_of(WORD);
+        out.reserve(padded);
+        let spare = &mut out.spare_capacity_mut()[..padded];
+        for (k, dst) in spare.chunks_exact_mut(WORD).enumerate() {
+            // SAFETY: word `k` starts below `len <= capacity` bytes into the slot and the
+            // capacity is whole words, so it lies in the slot's payload, in the ring's run,
+            // checked 8-aligned inside `seg`'s mapping.
+            let w = unsafe { self.seg.mapping().word64(at + k * WORD) }.load(Ordering::Relaxed);
+            for (d, b) in dst.iter_mut().zip(w.to_ne_bytes()) {
+                d.write(b);
+            }
+        }
+        // SAFETY: `start + len <= start + padded <= capacity` (reserved above), and bytes
+        // `start..start + padded` were all written just above. The last word's padding (or a
+        // peer's bytes past `len`) stays outside the length.
+        unsafe { out.set_len(start + len) };
+        Ok(())
+    }
+
+    /// [`payload`](Self::payload) of the head.
+    #[inline(always)]
+    pub fn head_payload(&self, len: usize) -> Result<SharedBytes<'_>, ShmError> {
+        if len > self.ring.capacity() {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len,
+                area: self.ring.capacity(),
+            });
+        }
+        // In the slot's payload, so in the checked run.
+        Ok(SharedBytes::new(
+            self.seg.mapping(),
+            self.slot_at(self.head_slot),
+            len,
+        ))
+    }
+
+    /// The meta data of `ticket` if it is published (`Acquire`): one load and one compare,
+    /// the owner's usual case. `None`: anything else, which [`look`](Self::look) tells.
+    #[inline(always)]
+    pub fn published(&self, ticket: u64) -> Option<u32> {
+        let st = self.status(ticket);
+        // The low half is the stamp and the state.
+        let want = PUBLISHED | stamp(self.ring.split(ticket).0);
+        (st as u32 == want as u32).then_some((st >> 32) as u32)
+    }
+
+    /// Whether nobody has claimed `ticket` yet (`Acquire`): one load and one compare.
+    #[inline(always)]
+    pub fn is_empty(&self, ticket: u64) -> bool {
+        let st = self.status(ticket);
+        st & STAMP_MASK == self.ring.split(ticket).0 & STAMP_MASK
+    }
+
+    /// [`Ring::look`], with no layout check.
+    #[inline]
+    pub fn look(&self, ticket: u64) -> Result<Seen, ShmError> {
+        self.ring.classify(ticket, self.status(ticket))
+    }
+
+    /// [`Ring::payload`]: a view of the first `len` payload bytes of the slot of `ticket`;
+    /// `len` (which may come from untrusted meta data) is checked against the capacity.
+    #[inline(always)]
+    pub fn payload(&self, ticket: u64, len: usize) -> Result<SharedBytes<'_>, ShmError> {
+        if len > self.ring.capacity() {
+            return Err(ShmError::OutOfBounds {
+                offset: 0,
+                len,
+                area: self.ring.capacity(),
+            });
+        }
+        // In the slot's payload, so in the checked run.
+        Ok(SharedBytes::new(self.seg.mapping(), self.at(ticket), len))
+    }
+
+    /// [`Ring::read_payload`].
+    #[inline]
+    pub fn read_payload(&self, ticket: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        self.payload(ticket, dst.len())?.read(0, dst)
+    }
+
+    /// [`Ring::consumed`]: every ticket below `head` is consumed (`Release`).
+    #[inline(always)]
+    pub fn consumed(&self, head: u64) {
+        // SAFETY: `c.head` was checked against `seg`'s mapping (8-aligned, in the word area).
+        unsafe { self.seg.mapping().word64(self.c.head) }.store(head, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("ring", &self.ring).finish()
+    }
+}
+
 /// A claim in progress: where to look next and what the record says.
 struct Claimer {
     t: u64,
@@ -853,6 +1447,227 @@ mod tests {
             Seen::Empty,
             "lap 0's status is lap 1's past"
         );
+    }
+
+    /// Ports and inboxes check the ring against the segment once, when made: a segment too
+    /// small for the ring, or a record word outside its word area, is refused then.
+    #[test]
+    fn ports_and_inboxes_are_checked_when_made() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        assert!(r.port(&seg, 1, REC).is_ok());
+        assert!(r.inbox(&seg).is_ok());
+        assert!(r.port(&seg, 1, 1 << 20).is_err(), "record outside");
+        assert!(r.port(&seg, 1, REC + 4).is_err(), "misaligned record");
+        let small = Segment::heap(256 + 64, 64 + r.data_bytes() - 8).unwrap();
+        assert!(r.port(&small, 1, REC).is_err(), "slots past the byte area");
+        assert!(r.inbox(&small).is_err());
+        let words = Segment::heap(128, 64 + r.data_bytes()).unwrap();
+        assert!(r.inbox(&words).is_err(), "head word outside");
+    }
+
+    /// A port's sends and an inbox's looks are the ring's: two parts (even and odd heads),
+    /// an echo from shared bytes (also from the very slot it is written to), refused when
+    /// full or too long, and every state the owner can find.
+    #[test]
+    fn ports_send_what_inboxes_find() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let port = r.port(&seg, 3, REC).unwrap();
+        let inbox = r.inbox(&seg).unwrap();
+        let mut h = 0;
+        assert!(inbox.is_empty(0) && inbox.published(0).is_none());
+        assert_eq!(inbox.look(0).unwrap(), Seen::Empty);
+        assert!(port.send(&mut h, b"12345678", b"abc", 5).unwrap());
+        assert_eq!(inbox.published(0), Some(5));
+        assert!(!inbox.is_empty(0));
+        assert_eq!(inbox.payload(0, 11).unwrap().to_vec(), b"12345678abc");
+        assert!(inbox.payload(0, 25).is_err(), "past the payload");
+        assert!(port.send(&mut h, b"1234", b"abcdef", 6).unwrap());
+        assert_eq!(r.look(&seg, 1).unwrap(), Seen::Published(6));
+        let mut b = [0u8; 10];
+        inbox.read_payload(1, &mut b).unwrap();
+        assert_eq!(&b, b"1234abcdef");
+        assert_eq!(seg.load_word(REC).unwrap(), 0, "released");
+        // An echo of ticket 0's payload, and one too long: skipped, nothing left claimed.
+        let view = inbox.payload(0, 11).unwrap();
+        assert!(port.send_then(&mut h, &[b"hd"], view, 7).unwrap());
+        assert_eq!(inbox.payload(2, 13).unwrap().to_vec(), b"hd12345678abc");
+        assert!(port.send_then(&mut h, &[&[0; 20]], view, 8).is_err());
+        assert_eq!(inbox.look(3).unwrap(), Seen::Skipped(3));
+        assert_eq!(seg.load_word(REC).unwrap(), 0);
+        // Full until consumed; then the next lap, where an echo from the slot it overwrites
+        // goes through a private copy.
+        assert!(!port.send(&mut h, b"x", b"", 9).unwrap());
+        inbox.consumed(4);
+        assert_eq!(seg.load_word(r.head()).unwrap(), 4);
+        assert!(inbox.is_empty(4) && inbox.published(4).is_none());
+        let old = inbox.payload(4, 8).unwrap();
+        assert!(port.send_then(&mut h, &[], old, 10).unwrap());
+        assert_eq!(inbox.published(4), Some(10));
+        assert_eq!(inbox.payload(4, 8).unwrap().to_vec(), b"12345678");
+        // Claims, packets and skips of a multi-packet message through the port.
+        let mut got = [0u64; 2];
+        assert!(port.try_claim(2, &mut h, &mut got).unwrap());
+        assert_eq!(got, [5, 6]);
+        assert_eq!(inbox.look(5).unwrap(), Seen::Claimed(3));
+        port.write_and_publish(5, &[b"ab", b"c"], 11).unwrap();
+        assert!(port.write_and_publish(6, &[&[0; 25]], 12).is_err());
+        port.skip(6);
+        port.release();
+        assert_eq!(inbox.payload(5, 3).unwrap().to_vec(), b"abc");
+        assert_eq!(inbox.look(6).unwrap(), Seen::Skipped(3));
+        assert_eq!(seg.load_word(REC).unwrap(), 0);
+        port.prefetch_ahead(u64::MAX);
+        // A status no lap writes: the inbox says so as the ring does.
+        seg.import()
+            .store_slot_word(r.slot_base(7) + r.capacity(), 0xdead_0000_0007)
+            .unwrap();
+        assert!(inbox.look(7).is_err() && r.look(&seg, 7).is_err());
+        assert!(!inbox.is_empty(7) && inbox.published(7).is_none());
+    }
+
+    /// Every split of a packet into a head and a payload lands whole and zero-padded: heads
+    /// of whole words or not, payloads of any length, small (word by word) or not.
+    #[test]
+    fn two_part_packets_land_whole() {
+        let r = Ring::new(64, 192, 64, 4, 64).unwrap();
+        let seg = Segment::heap(256 + 64, 64 + r.data_bytes()).unwrap();
+        let port = r.port(&seg, 1, REC).unwrap();
+        let mut inbox = r.inbox(&seg).unwrap();
+        let bytes: Vec<u8> = (1..=56).collect();
+        let mut h = 0;
+        for (a, b) in [
+            (0, 0),
+            (0, 5),
+            (8, 0),
+            (8, 3),
+            (16, 16),
+            (8, 24),
+            (8, 25),
+            (12, 9),
+        ] {
+            for (c, d) in [(a, b), (a, 56 - a)] {
+                let (head, body) = (&bytes[..c], &bytes[c..c + d]);
+                assert!(port.send(&mut h, head, body, 9).unwrap());
+                let padded = (c + d).div_ceil(8) * 8;
+                let got = inbox.head_payload(padded).unwrap().to_vec();
+                assert_eq!(&got[..c + d], &bytes[..c + d], "{c} + {d}");
+                assert!(got[c + d..].iter().all(|&x| x == 0), "{c} + {d}: padding");
+                inbox.advance();
+                inbox.consumed(inbox.head());
+            }
+        }
+    }
+
+    /// A receiver that sets its head and tail words to the last tickets there are, and a
+    /// status that looks free for that lap: the sender's claims (one slot, a run, the
+    /// general claim) never overflow a ticket (a panic in a checked build).
+    #[test]
+    fn tickets_at_the_end_of_the_range_never_overflow() {
+        let r = ring(4);
+        for at in [u64::MAX, u64::MAX - 1, u64::MAX - 3] {
+            let seg = seg_for(&r);
+            let w = seg.import();
+            w.store_word(r.tail(), at).unwrap();
+            w.store_word(r.head(), at).unwrap();
+            for t in at..=at.saturating_add(3) {
+                let lap = r.split(t).0;
+                w.store_slot_word(r.slot_base(t) + r.capacity(), lap & STAMP_MASK)
+                    .unwrap();
+            }
+            let port = r.port(&seg, 1, REC).unwrap();
+            let mut h = 0;
+            let _ = port.send(&mut h, b"x", b"", 1);
+            let mut h = at;
+            let _ = port.send(&mut h, b"x", b"", 1);
+            let _ = port.claim_run(2, at);
+            port.release();
+            let mut out = [0u64; 2];
+            let _ = port.try_claim(2, &mut h, &mut out);
+            let _ = r.try_claim(&seg, 1, 2, REC + 8, &mut 0, &mut out);
+        }
+    }
+
+    /// The inbox's head, moved one ticket at a time, finds what `look` finds at that
+    /// ticket, over several laps of a power-of-two ring and of one that is not.
+    #[test]
+    fn an_inbox_head_follows_the_tickets() {
+        for slots in [4, 3] {
+            let r = ring(slots);
+            let seg = seg_for(&r);
+            let port = r.port(&seg, 2, REC).unwrap();
+            let mut inbox = r.inbox(&seg).unwrap();
+            let mut h = 0;
+            for t in 0..4 * slots as u64 {
+                assert_eq!(inbox.head(), t);
+                assert!(inbox.head_is_empty() && inbox.head_published().is_none());
+                assert!(port.send(&mut h, &t.to_le_bytes(), b"", t as u32).unwrap());
+                assert!(!inbox.head_is_empty());
+                assert_eq!(inbox.head_published(), Some(t as u32), "{slots}: {t}");
+                assert_eq!(inbox.published(t), Some(t as u32));
+                assert_eq!(inbox.head_payload(8).unwrap().to_vec(), t.to_le_bytes());
+                assert_eq!(u64::from_le(inbox.head_first_word()), t);
+                let mut v = vec![7u8];
+                inbox.head_append(5, &mut v).unwrap();
+                assert_eq!(v, [&[7][..], &t.to_le_bytes()[..5]].concat());
+                assert!(inbox.head_append(25, &mut v).is_err());
+                assert_eq!(v.len(), 6, "nothing appended");
+                assert!(inbox.head_payload(25).is_err());
+                inbox.advance();
+                inbox.consumed(inbox.head());
+            }
+        }
+    }
+
+    /// A run of consecutive slots from the tail: all or none; refused (nothing taken) when
+    /// the cached head says no room or a claim is open; given back (skipped) when a slot of
+    /// it is taken meanwhile; its packets written straight from private or shared bytes.
+    #[test]
+    fn runs_of_slots_are_claimed_whole_or_not_at_all() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let port = r.port(&seg, 4, REC).unwrap();
+        let inbox = r.inbox(&seg).unwrap();
+        assert_eq!(port.claim_run(0, 0), None);
+        assert_eq!(port.claim_run(5, 0), None);
+        assert_eq!(port.claim_run(3, 0), Some(0));
+        assert_eq!(seg.load_word(REC).unwrap(), ACTIVE);
+        assert_eq!(port.claim_run(1, 0), None, "a claim is open");
+        port.write_two(0, b"12345678", b"9", 1).unwrap();
+        let view = inbox.payload(0, 9).unwrap();
+        port.write_then(1, &[b"ab"], view, 2).unwrap();
+        assert!(
+            port.write_two(2, &[0; 20], &[0; 5], 3).is_err(),
+            "past the payload"
+        );
+        assert!(port.write_then(2, &[&[0; 20]], view, 3).is_err());
+        assert_eq!(
+            inbox.look(2).unwrap(),
+            Seen::Claimed(4),
+            "nothing published"
+        );
+        port.write_two(2, b"", b"", 3).unwrap();
+        port.release();
+        assert_eq!(inbox.payload(1, 11).unwrap().to_vec(), b"ab123456789");
+        assert_eq!(inbox.look(2).unwrap(), Seen::Published(3));
+        assert_eq!(port.claim_run(2, 0), None, "one slot left");
+        assert_eq!(inbox.look(3).unwrap(), Seen::Empty, "nothing taken");
+        inbox.consumed(3);
+        // Slot 4 (lap 1) is taken by someone else after the tail hint (a hint left behind):
+        // the run takes 3, fails at 4 and gives 3 back.
+        seg.import().store_word(r.tail(), 3).unwrap();
+        let other = r.port(&seg, 5, REC + 8).unwrap();
+        let mut h = 3;
+        let mut got = [0u64; 1];
+        seg.import().store_word(r.tail(), 4).unwrap();
+        assert!(other.try_claim(1, &mut h, &mut got).unwrap());
+        assert_eq!(got, [4]);
+        seg.import().store_word(r.tail(), 3).unwrap();
+        assert_eq!(port.claim_run(2, 3), None);
+        assert_eq!(inbox.look(3).unwrap(), Seen::Skipped(4), "given back");
+        assert_eq!(inbox.look(4).unwrap(), Seen::Claimed(5), "never taken over");
+        assert_eq!(seg.load_word(REC).unwrap(), 0, "no claim left open");
     }
 
     /// The one-step send: claimed, written, published, released; refused when full; a

@@ -882,6 +882,29 @@ impl Mapping {
         end - at
     }
 
+    /// [`store_padded`](Self::store_padded) of `a` then `b`: a head of whole words (an even
+    /// number of arguments) and its payload each go straight, with nothing to gather.
+    ///
+    /// # Safety
+    /// As [`store_padded`](Self::store_padded), for the total of both.
+    #[inline(always)]
+    pub(crate) unsafe fn store_two_padded(&self, at: usize, a: &[u8], b: &[u8]) -> usize {
+        if b.is_empty() {
+            // SAFETY: the contract of this function.
+            return unsafe { self.store_one_padded(at, a) };
+        }
+        if a.len().is_multiple_of(WORD) {
+            // SAFETY: `a` is whole words, within the padded length (contract).
+            unsafe { self.store_words(at, a) };
+            // SAFETY: `at + a.len()` is 8-aligned and `b` padded ends the padded length.
+            return a.len() + unsafe { self.store_one_padded(at + a.len(), b) };
+        }
+        // SAFETY: the contract of this function, as `store_padded` of `[a, b]`.
+        let (end, acc, fill) = unsafe { self.gather(at, &[a, b], 0, 0) };
+        // SAFETY: as above.
+        unsafe { self.flush(end, acc, fill) - at }
+    }
+
     /// [`store_padded`](Self::store_padded) of one part: its whole words, then the rest
     /// zero-padded.
     ///

@@ -372,6 +372,67 @@ impl<'a> Slot<'a> {
     }
 }
 
+/// What the mailbox's pre-checked handles ([`crate::mailbox::Port`], [`crate::mailbox::Inbox`])
+/// need of a slot: made from offsets checked once, and the stores of a one-packet message.
+impl<'a> Slot<'a> {
+    /// The slot `[at, at + len)` of `map` (mapping offsets), not checked here.
+    ///
+    /// # Safety
+    /// `at % 8 == 0`, `len % 8 == 0`, `len >= 8` and `at + len <= map.len()`: what
+    /// `View::slot` checks.
+    #[inline(always)]
+    pub(crate) unsafe fn unchecked(map: &'a Mapping, at: usize, len: usize) -> Slot<'a> {
+        debug_assert!(at.is_multiple_of(WORD) && len.is_multiple_of(WORD) && len >= WORD);
+        debug_assert!(at + len <= map.len());
+        Slot { map, at, len }
+    }
+
+    /// [`store_padded`](Self::store_padded) of `a` then `b` (a message head and a private
+    /// payload), without building a list of parts. `None` (nothing stored) if their padded
+    /// length passes `limit` or the slot: the caller says why.
+    #[inline(always)]
+    pub(crate) fn store_two(&self, limit: usize, a: &[u8], b: &[u8]) -> Option<usize> {
+        // No overflow: both are slices in memory.
+        let total = a.len() + b.len();
+        if round_to_words(total).is_none_or(|p| p > limit.min(self.len)) {
+            return None;
+        }
+        // SAFETY: `at` is 8-aligned and the padded run ends within the slot (checked just
+        // above), which lies inside the mapping (an invariant of `Slot`).
+        Some(unsafe { self.map.store_two_padded(self.at, a, b) })
+    }
+
+    /// [`store_padded`](Self::store_padded) of `parts` followed by the shared bytes `tail`
+    /// (an echoed payload), which move straight from their mapping. `None` as for
+    /// [`store_two`](Self::store_two).
+    #[inline]
+    pub(crate) fn store_padded_then(
+        &self,
+        limit: usize,
+        parts: &[&[u8]],
+        tail: SharedBytes<'_>,
+    ) -> Option<usize> {
+        let head: usize = parts.iter().map(|p| p.len()).sum();
+        let padded = head.checked_add(tail.len()).and_then(round_to_words);
+        if padded.is_none_or(|p| p > limit.min(self.len)) {
+            return None;
+        }
+        let (src, from, n) = tail.raw();
+        let end = self.at + padded.unwrap_or(0);
+        if std::ptr::eq(src, self.map) && self.at < from + n && from < end {
+            // The tail lies where it is to be written: through a private copy.
+            let copy = tail.to_vec();
+            let mut all: Vec<&[u8]> = parts.to_vec();
+            all.push(&copy);
+            return self.store_padded(limit, &all).ok();
+        }
+        // SAFETY: `at` is 8-aligned, the padded run ends within the slot (checked above),
+        // which lies inside the mapping; the tail is inside its mapping (an invariant of
+        // `SharedBytes`), and the two do not overlap (checked above).
+        Some(unsafe { self.map.store_padded_then(self.at, parts, src, from, n) })
+    }
+}
+
 impl std::fmt::Debug for Slot<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slot")
@@ -809,6 +870,21 @@ impl Segment {
 #[cfg(not(loom))]
 fn file_len(sizes: &Sizes) -> u64 {
     sizes.len.max(WORD) as u64
+}
+
+/// For the mailbox's pre-checked handles, which check offsets against a segment once.
+impl Segment {
+    /// The mapping behind this segment.
+    #[inline(always)]
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.view.map
+    }
+
+    /// Where the byte area starts in the mapping (the word area starts at 0).
+    #[inline(always)]
+    pub(crate) fn byte_base(&self) -> usize {
+        self.view.words
+    }
 }
 
 impl Drop for Segment {

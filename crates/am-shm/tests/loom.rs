@@ -217,6 +217,50 @@ fn loom_mailbox_send_one_never_overwrites() {
     });
 }
 
+/// The same race through the handles the VELO mailbox keeps (`Port::send`, the owner's
+/// `Inbox`): the owner finds a message published only with its payload whole, never an
+/// overwritten one, and a second message only in a lap it freed.
+#[test]
+fn loom_mailbox_port_and_inbox_never_overwrite() {
+    model(|| {
+        let r = ring(1);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let senders: Vec<_> = (1..=2u32)
+            .map(|id| {
+                let port = r.port(&seg, id, 128 + 8 * id as usize).unwrap();
+                spawn(move || {
+                    let mut head = 0;
+                    port.send(&mut head, &[id as u8; 4], &[id as u8; 4], id)
+                        .unwrap()
+                })
+            })
+            .collect();
+        let inbox = r.inbox(&seg).unwrap();
+        let mut head = 0u64;
+        for _ in 0..2 {
+            if let Some(id) = inbox.published(head) {
+                let mut b = [0u8; 8];
+                inbox.read_payload(head, &mut b).unwrap();
+                assert_eq!(b, [id as u8; 8], "a payload overwritten before it was read");
+                head += 1;
+                inbox.consumed(head);
+            }
+        }
+        let sent = senders
+            .into_iter()
+            .map(|s| s.join().unwrap())
+            .filter(|&ok| ok)
+            .count();
+        assert!(sent >= 1, "the first send always finds the slot free");
+        if sent == 2 {
+            assert!(
+                head >= 1,
+                "the second lap only after the owner consumed the first"
+            );
+        }
+    });
+}
+
 /// A two-slot claim races a one-slot claim for a two-slot mailbox: exactly one fits; the big
 /// one gets both slots or gives back what it took; nothing is delivered twice or lost.
 #[test]
@@ -262,6 +306,50 @@ fn loom_mailbox_multi_slot_claims_are_all_or_nothing() {
         }
         assert_eq!(published[1], usize::from(small));
         assert_eq!(published[2], if big { 2 } else { 0 });
+    });
+}
+
+/// A port's run claim of both slots of a two-slot mailbox races a one-slot send: exactly
+/// one fits; the run gets both slots or gives back what it took (skipped); the owner sees
+/// every published payload whole, and nothing twice.
+#[test]
+fn loom_mailbox_run_claims_are_all_or_nothing() {
+    model(|| {
+        let r = ring(2);
+        let seg = Arc::new(Segment::heap(192, r.data_bytes()).unwrap());
+        let run = r.port(&seg, 2, 144).unwrap();
+        let big = spawn(move || match run.claim_run(2, 0) {
+            Some(t) => {
+                for k in 0..2 {
+                    run.write_two(t + k, &[2; 8], &[], 2).unwrap();
+                }
+                run.release();
+                true
+            }
+            None => false,
+        });
+        let one = r.port(&seg, 1, 136).unwrap();
+        let mut head = 0;
+        let small = one.send(&mut head, &[1; 8], &[], 1).unwrap();
+        let big = big.join().unwrap();
+        assert!(small != big, "exactly one fits: small {small}, big {big}");
+        let inbox = r.inbox(&seg).unwrap();
+        let mut published = [0; 3];
+        for t in 0..2 {
+            match inbox.look(t).unwrap() {
+                Seen::Published(id) => {
+                    let mut b = [0u8; 8];
+                    inbox.read_payload(t, &mut b).unwrap();
+                    assert_eq!(b, [id as u8; 8]);
+                    published[id as usize] += 1;
+                }
+                Seen::Skipped(2) | Seen::Empty => assert!(!big),
+                other => panic!("ticket {t}: {other:?}"),
+            }
+        }
+        assert_eq!(published[1], usize::from(small));
+        assert_eq!(published[2], if big { 2 } else { 0 });
+        assert_eq!(seg.load_word(144).unwrap(), 0, "a claim left open");
     });
 }
 

@@ -21,18 +21,20 @@
 //!
 //! Every slot is claimed through `am_shm::mailbox`, whose claims name their claimer: a rank's
 //! main thread and its engine thread are two claimers ([`notes_claimer`]), each with its own
-//! record in the target's segment ([`CLAIM_NOTES`], [`CLAIM_ENGINE`]), released once its
-//! notifications are posted.
+//! record in the target's segment ([`CLAIM_NOTES`](crate::layout::CLAIM_NOTES),
+//! [`CLAIM_ENGINE`]), released once its notifications are posted. The main thread claims
+//! through a port per peer (`am_shm::mailbox::Port`, checked once, at start).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use am_shm::mailbox::Port;
 use am_shm::{Imported, Segment, ShmError};
 use crossbeam_channel::{unbounded, Sender};
 
-use crate::layout::{notes_claimer, Layout, CLAIM_ENGINE, CLAIM_NOTES, DOORBELL};
+use crate::layout::{notes_claimer, Layout, CLAIM_ENGINE, DOORBELL};
 
 /// How long the engine's thread waits for room in a live peer's full notification queue
 /// before it gives up on that notification.
@@ -210,14 +212,15 @@ pub(crate) fn notify(w: &Waiter<'_>, target: usize, note: Note) -> Result<(), Ga
 /// returns, so a requester notification would cost a claim and a post in its own queue and
 /// tell it nothing.
 pub(crate) struct Reserved {
-    dest: usize,
     completer: u64,
 }
 
 impl Reserved {
     /// Claims a slot in `dest`'s queue as claimer [`notes_claimer`]`(rank, false)`. `None` if
     /// the queue is full (back-pressure; nothing stays claimed). `heads` caches each queue's
-    /// head for the claims (reset after an error).
+    /// head for the claims (reset after an error). The NIC claims through its port
+    /// ([`claim`](Self::claim)); tests claim as a rank's main thread does, without one.
+    #[cfg(test)]
     pub fn try_new(
         layout: &Layout,
         peers: &[PeerMap],
@@ -227,37 +230,49 @@ impl Reserved {
     ) -> Result<Option<Reserved>, ShmError> {
         let ring = layout.notifications();
         let me = notes_claimer(rank, false);
-        let record = layout.claims(rank, CLAIM_NOTES);
+        let record = layout.claims(rank, crate::layout::CLAIM_NOTES);
         let mut t = [0u64; 1];
         let r = ring.try_claim(&peers[dest].seg, 1, me, record, &mut heads[dest], &mut t);
         if r.is_err() {
             heads[dest] = 0;
         }
-        Ok(r?.then_some(Reserved {
-            dest,
-            completer: t[0],
-        }))
+        Ok(r?.then_some(Reserved { completer: t[0] }))
     }
 
-    /// Posts `completer` into the completer's slot, then releases the claim. A slot that
-    /// cannot be posted is skipped, so that no claim stays open.
-    pub fn finish(self, layout: &Layout, peers: &[PeerMap], rank: usize, completer: Note) {
-        let ring = layout.notifications();
-        let record = layout.claims(rank, CLAIM_NOTES);
-        let theirs = &peers[self.dest];
-        if post(layout, theirs, self.completer, rank, completer).is_err() {
-            let _ = ring.skip(&theirs.imp, self.completer, notes_claimer(rank, false));
+    /// The same claim through `port`, this rank's main-thread port on a peer's notification
+    /// queue (claimer [`notes_claimer`]`(rank, false)`, record
+    /// [`CLAIM_NOTES`](crate::layout::CLAIM_NOTES); checked once, at start): the slot at the
+    /// tail first. `head` caches the queue's head (reset after an error).
+    #[inline]
+    pub fn claim(port: &Port, head: &mut u64) -> Result<Option<Reserved>, ShmError> {
+        let r = port.claim_one(head);
+        if r.is_err() {
+            *head = 0;
         }
-        let _ = ring.release(&theirs.imp, record);
+        Ok(r?.map(|completer| Reserved { completer }))
+    }
+
+    /// Posts `completer` into the completer's slot through `port` (the one it was claimed
+    /// through), rings the completer's doorbell, then releases the claim. A slot that cannot
+    /// be posted is skipped, so that no claim stays open.
+    pub fn finish(self, port: &Port, rank: usize, completer: Note) {
+        let meta = (rank as u32 & 0xffff) | completer.kind << 16;
+        let value = completer.value.to_le_bytes();
+        match port.write_two(self.completer, &value, &[], meta) {
+            Ok(()) => {
+                if let Ok(bell) = port.segment().doorbell(DOORBELL) {
+                    bell.ring_tagged_lazy(0);
+                }
+            }
+            Err(_) => port.skip(self.completer),
+        }
+        port.release();
     }
 
     /// Gives the slot back unused (skipped: its owner consumes it and delivers nothing).
-    pub fn cancel(self, layout: &Layout, peers: &[PeerMap], rank: usize) {
-        let ring = layout.notifications();
-        let record = layout.claims(rank, CLAIM_NOTES);
-        let theirs = &peers[self.dest];
-        let _ = ring.skip(&theirs.imp, self.completer, notes_claimer(rank, false));
-        let _ = ring.release(&theirs.imp, record);
+    pub fn cancel(self, port: &Port) {
+        port.skip(self.completer);
+        port.release();
     }
 }
 
@@ -275,18 +290,18 @@ pub(crate) enum Data<'a> {
 /// stored with `Release`), then the completer's notification into the reserved slot. Bounds
 /// are the submitter's to check; a failed write leaves the bytes unwritten, and the
 /// completer's own checks (RMA Medium markers) see it.
-#[allow(clippy::too_many_arguments)]
+/// `target` is the destination's map and `notes` our port on its notification queue, the
+/// one `slots` was claimed through.
+#[inline]
 pub(crate) fn put_immediate(
-    layout: &Layout,
-    peers: &[PeerMap],
+    target: &PeerMap,
+    notes: &Port,
     rank: usize,
-    dest: usize,
     data: Data<'_>,
     tail: Option<(usize, u64)>,
     slots: Reserved,
     completer: Note,
 ) {
-    let target = &peers[dest];
     let _ = match data {
         Data::Padded(off, parts, None) => target.imp.write_padded(off, parts).map(|_| ()),
         Data::Padded(off, parts, Some(tail)) => {
@@ -298,7 +313,7 @@ pub(crate) fn put_immediate(
     if let Some((off, value)) = tail {
         let _ = target.imp.store_slot_word(off, value);
     }
-    slots.finish(layout, peers, rank, completer);
+    slots.finish(notes, rank, completer);
 }
 
 impl Engine {

@@ -18,10 +18,13 @@ use am_core::{
     Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
-use am_shm::mailbox::{Ring, Seen, STATUS_LEN};
+use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
 
-use crate::layout::{mailbox_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, DOORBELL, RMA_BUF};
+use crate::layout::{
+    mailbox_claimer, notes_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
+    RMA_BUF,
+};
 use crate::rma::{self, kind, Data, Engine, Job, Note, PeerMap, Reserved, NOTIFY_PATIENCE};
 use crate::velo::{
     self, FrameError, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT,
@@ -93,14 +96,27 @@ const PREFETCH_AHEAD: u64 = 8;
 /// [`TxState::last_sent_to`] when nothing was sent since the last poll.
 const NOT_STREAMING: usize = usize::MAX;
 
-/// Rings `peer`'s doorbell, leaving no tag (the VELO mailbox is shared by every sender).
+/// Rings the doorbell of a peer's segment `seg`, leaving no tag (the VELO mailbox is shared
+/// by every sender).
 #[inline(always)]
-fn ring_doorbell(peer: &PeerMap) -> Result<(), SendError> {
-    peer.seg
-        .doorbell(DOORBELL)
-        .map_err(shm)?
-        .ring_tagged_lazy(0);
+fn ring_doorbell(seg: &Segment) -> Result<(), SendError> {
+    seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0);
     Ok(())
+}
+
+/// What a rank keeps per destination to send to it: one lookup on the send path.
+struct Dest {
+    /// Our port on its VELO mailbox (its words and slots checked once, at start).
+    port: Port,
+    /// Our main thread's port on its notification queue (immediate puts' completer
+    /// notifications; checked once, at start).
+    notes: Port,
+    /// VELO messages sent to it.
+    velo_sent: u64,
+    /// RMA Mediums sent to it.
+    rma_sent: u64,
+    /// Declared lost: nothing more is sent to it, its claims are skipped.
+    lost: bool,
 }
 
 /// The sending half, lent to handlers during `poll_recv`.
@@ -111,18 +127,21 @@ struct TxState {
     /// The Medium path in use (switchable at run time, for measurements).
     medium: Cell<MediumPath>,
     peers: Arc<Vec<PeerMap>>,
+    /// Per destination: its port, counters and whether it is lost.
+    dests: Vec<Dest>,
+    /// Payload bytes of a VELO packet.
+    cap: usize,
+    /// Where our RMA Medium receive buffers start in every peer's segment (`layout.rx(rank,
+    /// 0)`, computed once: buffer `i` is `RMA_BUF` bytes further per index).
+    rx_ours: usize,
     pids: Vec<Option<nix::unistd::Pid>>,
-    lost: Vec<bool>,
     /// Each destination's mailbox head as last read.
     mailbox_head: Vec<u64>,
-    /// VELO messages sent, per destination.
-    velo_sent: Vec<u64>,
     /// The destination of the last one-packet VELO message sent since the last poll
     /// ([`NOT_STREAMING`]: none): a second one to the same rank means requests stream to it
     /// (a flood), not a lone round trip or one message to each of several peers.
     last_sent_to: usize,
-    /// RMA Mediums sent, and acknowledged (freed receive buffers), per destination.
-    rma_sent: Vec<u64>,
+    /// RMA Mediums acknowledged (freed receive buffers), per destination.
     rma_acked: Vec<u64>,
     /// RMA Mediums consumed per source, and the count last acknowledged to it.
     rma_consumed: Vec<u64>,
@@ -139,8 +158,6 @@ struct TxState {
     next_op: u64,
     /// Errors found outside `poll_recv`'s delivery path, returned by the next polls.
     faults: VecDeque<TransportError>,
-    /// A private copy of a shared payload that VELO must cut into several packets.
-    echo: Vec<u8>,
     /// The tickets of a message's packets (reused).
     tickets: Vec<u64>,
 }
@@ -199,6 +216,14 @@ struct Watch {
 pub struct Extoll {
     seg: Segment,
     own: Imported,
+    /// Our VELO mailbox and notification queue, as their owner reaches them (checked once).
+    inbox: Inbox,
+    notes: Inbox,
+    /// Mailbox tickets consumed before the head is told in passing (a quarter mailbox).
+    head_batch: u64,
+    /// Where each source's RMA Medium receive buffers start in our segment (`layout.rx(s,
+    /// 0)`, computed once).
+    rx_from: Vec<usize>,
     tx: TxState,
     /// Next mailbox ticket, next notification ticket, and the heads last published.
     head: u64,
@@ -227,8 +252,9 @@ pub struct Extoll {
 }
 
 impl TxState {
+    #[inline(always)]
     fn cap(&self) -> usize {
-        self.layout.packet_size - STATUS_LEN
+        self.cap
     }
 
     /// Keeps an error for the next poll (bounded: a peer that keeps misbehaving costs no
@@ -269,15 +295,10 @@ impl TxState {
     /// [`finish_claim`](Self::finish_claim) releases it.
     #[inline(always)]
     fn claim(&mut self, d: usize, out: &mut [u64]) -> Result<(), SendError> {
-        let peer = &self.peers[d];
-        match self.layout.mailbox().try_claim(
-            &peer.seg,
-            out.len(),
-            mailbox_claimer(self.rank),
-            self.layout.claims(self.rank, CLAIM_MAILBOX),
-            &mut self.mailbox_head[d],
-            out,
-        ) {
+        match self.dests[d]
+            .port
+            .try_claim(out.len(), &mut self.mailbox_head[d], out)
+        {
             Ok(true) => Ok(()),
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
@@ -295,8 +316,9 @@ impl TxState {
     /// A message's packets at `d` are all published: counted, and `d`'s doorbell rung.
     #[inline(always)]
     fn announce(&mut self, d: usize) -> Result<(), SendError> {
-        self.velo_sent[d] += 1;
-        ring_doorbell(&self.peers[d])
+        let dst = &mut self.dests[d];
+        dst.velo_sent += 1;
+        ring_doorbell(dst.port.segment())
     }
 
     /// The reused ticket buffer, holding `n` zeros (give it back to `self.tickets`): an array
@@ -317,55 +339,86 @@ impl TxState {
         unpublished: &[u64],
         r: Result<(), ShmError>,
     ) -> Result<(), SendError> {
-        let ring = self.layout.mailbox();
-        let peer = &self.peers[d];
+        let port = &self.dests[d].port;
         if r.is_err() {
             for &t in unpublished {
-                let _ = ring.skip(&peer.imp, t, mailbox_claimer(self.rank));
+                port.skip(t);
             }
         }
-        ring.release(&peer.imp, self.layout.claims(self.rank, CLAIM_MAILBOX))
-            .map_err(shm)?;
+        port.release();
         r.map_err(shm)?;
         self.announce(d)
     }
 
-    /// Writes and publishes `head ++ payload` into the claimed `tickets` (one per packet).
+    /// Writes and publishes `head ++ payload` as packets into the `claimed` tickets
+    /// `ticket(0)`, `ticket(1)`, ... (one per packet, as many as the message takes), straight
+    /// from where the payload is (a shared one included, with no private copy), then ends
+    /// the claim ([`finish_claim`](Self::finish_claim)): on an error the rest are skipped.
     fn emit(
         &mut self,
         d: usize,
-        tickets: &[u64],
+        claimed: usize,
+        ticket: impl Fn(usize) -> u64,
         head: &[u8],
-        payload: &[u8],
+        payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
-        let ring = self.layout.mailbox();
-        let peer = &self.peers[d];
-        let n = tickets.len();
-        let rma_before = (self.rma_sent[d] % RMA_BEFORE_MOD) as u32;
-        let me = self.rank as u32;
+        let cap = self.cap;
+        let hl = head.len();
+        let total = hl + payload.len();
+        let n = velo::packets(total, cap);
+        let dst = &self.dests[d];
+        let port = &dst.port;
+        let rma_before = (dst.rma_sent % RMA_BEFORE_MOD) as u32;
         let mut published = 0;
-        let r = velo::fragment(head, payload, self.cap(), |i, parts| {
-            let t = *tickets.get(i).ok_or(ShmError::OutOfBounds {
-                offset: i,
-                len: 1,
-                area: n,
-            })?;
-            let mut f = if i == 0 { FIRST | flags } else { 0 };
-            if i + 1 == n {
-                f |= LAST;
-            }
-            let meta = Meta {
-                src: me,
-                len: parts.iter().map(|p| p.len()).sum(),
-                flags: f,
-                rma_before,
-            };
-            ring.write_and_publish(&peer.imp, t, parts, meta.encode())?;
-            published = i + 1;
+        let mut r = if claimed == n {
             Ok(())
-        });
-        self.finish_claim(d, &tickets[published..], r)
+        } else {
+            Err(ShmError::OutOfBounds {
+                offset: 0,
+                len: n,
+                area: claimed,
+            })
+        };
+        if r.is_ok() {
+            for i in 0..n {
+                // Packet i holds bytes [start, end) of head ++ payload; end > start but
+                // for an empty message (n == 1, then 0 bytes).
+                let (start, end) = (i * cap, ((i + 1) * cap).min(total));
+                let h = &head[start.min(hl)..end.min(hl)];
+                let (a, b) = (start.saturating_sub(hl), end.saturating_sub(hl));
+                let mut f = if i == 0 { FIRST | flags } else { 0 };
+                if i + 1 == n {
+                    f |= LAST;
+                }
+                let meta = Meta {
+                    src: self.rank as u32,
+                    len: end - start.min(end),
+                    flags: f,
+                    rma_before,
+                }
+                .encode();
+                let t = ticket(i);
+                let w = match payload {
+                    Payload::Private(p) => port.write_two(t, h, &p[a..b], meta),
+                    Payload::Shared(s) => s
+                        .slice(a, b - a)
+                        .and_then(|s| port.write_then(t, &[h], s, meta)),
+                };
+                match w {
+                    Ok(()) => published = i + 1,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if r.is_err() {
+            let rest: Vec<u64> = (published..claimed).map(ticket).collect();
+            return self.finish_claim(d, &rest, r);
+        }
+        self.finish_claim(d, &[], r)
     }
 
     fn send_velo(
@@ -379,18 +432,32 @@ impl TxState {
         if total <= self.cap() {
             return self.send_packet(d, head, payload, flags);
         }
+        self.send_packets(d, head, payload, flags)
+    }
+
+    /// The several-packet case of [`send_velo`](Self::send_velo): claims all, then writes
+    /// and publishes each.
+    #[inline(never)]
+    fn send_packets(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: Payload<'_>,
+        flags: u32,
+    ) -> Result<(), SendError> {
+        let total = head.len() + payload.len();
         let n = velo::packets(total, self.cap());
         if n > MAX_PACKETS {
             return Err(SendError::TooLarge(total));
         }
+        // The usual claim: a run of consecutive slots at the tail, no ticket list.
+        if let Some(t0) = self.dests[d].port.claim_run(n, self.mailbox_head[d]) {
+            return self.emit(d, n, |i| t0 + i as u64, head, payload, flags);
+        }
         let mut t = self.take_tickets(n);
-        let r = self.claim(d, &mut t).and_then(|()| {
-            // Fragments are cut from private bytes: a shared payload is copied out first.
-            let mut echo = std::mem::take(&mut self.echo);
-            let r = self.emit(d, &t, head, payload.to_private(&mut echo), flags);
-            self.echo = echo;
-            r
-        });
+        let r = self
+            .claim(d, &mut t)
+            .and_then(|()| self.emit(d, n, |i| t[i], head, payload, flags));
         self.tickets = t;
         r
     }
@@ -405,66 +472,44 @@ impl TxState {
         payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
+        let dst = &mut self.dests[d];
         let meta = Meta {
             src: self.rank as u32,
             len: head.len() + payload.len(),
             flags: FIRST | LAST | flags,
-            rma_before: (self.rma_sent[d] % RMA_BEFORE_MOD) as u32,
+            rma_before: (dst.rma_sent % RMA_BEFORE_MOD) as u32,
+        }
+        .encode();
+        let cached = &mut self.mailbox_head[d];
+        // Claim, write, publish and release in one step, on the port's checked slots.
+        let sent = match payload {
+            Payload::Private(p) => dst.port.send(cached, head, p, meta),
+            // An echo: straight from where it was received into the peer's slot.
+            Payload::Shared(s) => dst.port.send_then(cached, &[head], s, meta),
         };
-        let ring = self.layout.mailbox();
-        let s = match payload {
-            Payload::Private(p) => {
-                // Claim, write, publish and release in one step, the slot checked once.
-                let peer = &self.peers[d];
-                let sent = ring.send_one(
-                    &peer.seg,
-                    mailbox_claimer(self.rank),
-                    self.layout.claims(self.rank, CLAIM_MAILBOX),
-                    &mut self.mailbox_head[d],
-                    &[head, p],
-                    meta.encode(),
-                );
-                return match sent {
-                    // Not `announce(d)`: through `self` again it measured 28 instructions
-                    // more per round trip (callgrind, selfrt am).
-                    Ok(true) => {
-                        self.velo_sent[d] += 1;
-                        // Streaming: take a line we will write soon. Not for a lone round
-                        // trip, where that transfer would share the path with the message.
-                        if self.last_sent_to == d {
-                            ring.prefetch_ahead(&peer.seg, &peer.imp, PREFETCH_AHEAD);
-                        }
-                        self.last_sent_to = d;
-                        ring_doorbell(peer)
-                    }
-                    Ok(false) => Err(SendError::Busy),
-                    Err(e) => Err(self.corrupt_mailbox(d, e)),
-                };
+        match sent {
+            Ok(true) => {
+                dst.velo_sent += 1;
+                // Streaming: take a line we will write soon. Not for a lone round trip,
+                // where that transfer would share the path with the message.
+                if self.last_sent_to == d {
+                    dst.port.prefetch_ahead(PREFETCH_AHEAD);
+                }
+                self.last_sent_to = d;
+                ring_doorbell(dst.port.segment())
             }
-            Payload::Shared(s) => s,
-        };
-        let mut t = [0u64; 1];
-        self.claim(d, &mut t)?;
-        let imp = &self.peers[d].imp;
-        // An echo: straight from where it was received into the peer's slot.
-        let r = ring
-            .write_parts_then(imp, t[0], 0, &[head], s)
-            .and_then(|()| ring.publish(imp, t[0], meta.encode()));
-        self.finish_claim(d, &t, r)
+            Ok(false) => Err(SendError::Busy),
+            Err(e) => Err(self.corrupt_mailbox(d, e)),
+        }
     }
 
     /// Reserves the completer's notification slot of an immediate put to `dest`, or reports
     /// back-pressure.
     fn reserve(&mut self, dest: usize) -> Result<Reserved, SendError> {
-        Reserved::try_new(
-            &self.layout,
-            &self.peers,
-            self.rank,
-            dest,
-            &mut self.note_heads,
-        )
-        .map_err(shm)?
-        .ok_or(SendError::Busy)
+        let port = &self.dests[dest].notes;
+        Reserved::claim(port, &mut self.note_heads[dest])
+            .map_err(shm)?
+            .ok_or(SendError::Busy)
     }
 
     /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
@@ -479,31 +524,30 @@ impl TxState {
         let at = self.layout.ack(d);
         // One load: checked in this copy.
         let word = self.peers[self.rank].seg.load_word(at).map_err(shm)?;
-        if word > self.rma_sent[d] {
+        let sent = self.dests[d].rma_sent;
+        if word > sent {
             // More acknowledged than sent: ignored, and put back to what we know.
             let _ = self.peers[self.rank].imp.store_word(at, self.rma_acked[d]);
             self.fault(misbehaved(
                 Some(d),
-                format!(
-                    "acknowledged {word} RMA Mediums, {} were sent",
-                    self.rma_sent[d]
-                ),
+                format!("acknowledged {word} RMA Mediums, {sent} were sent"),
             ));
         } else if word > self.rma_acked[d] {
             self.rma_acked[d] = word;
         }
-        if self.rma_sent[d] - self.rma_acked[d] >= b {
+        if sent - self.rma_acked[d] >= b {
             return Err(SendError::Busy);
         }
         let slots = self.reserve(d)?;
-        let k = self.rma_sent[d];
+        let k = sent;
         let idx = (k % b) as usize;
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
-        let rx = self.layout.rx(self.rank, idx);
+        // `idx < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
+        let rx = self.rx_ours + idx * RMA_BUF;
         let tail = marker(k, self.config.rma_buffers)
             | (total as u64) << 16
-            | (self.velo_sent[d] & 0xffff) << 32
+            | (self.dests[d].velo_sent & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
         let private_parts: [&[u8]; 2];
         let data = match payload {
@@ -515,10 +559,9 @@ impl TxState {
             Payload::Shared(s) => Data::Padded(rx + start, std::slice::from_ref(&head), Some(s)),
         };
         rma::put_immediate(
-            &self.layout,
-            &self.peers,
+            &self.peers[d],
+            &self.dests[d].notes,
             self.rank,
-            d,
             data,
             Some((rx + RMA_BUF - TAIL, tail)),
             slots,
@@ -527,7 +570,7 @@ impl TxState {
                 value: k,
             },
         );
-        self.rma_sent[d] += 1;
+        self.dests[d].rma_sent += 1;
         // The tail carried our acknowledgement of d's buffers.
         self.rma_ack_sent[d] = self.rma_consumed[d];
         Ok(())
@@ -555,14 +598,13 @@ impl TxState {
         let mut t = self.take_tickets(n);
         if let Err(e) = self.claim(d, &mut t) {
             self.tickets = t;
-            slots.cancel(&self.layout, &self.peers, self.rank);
+            slots.cancel(&self.dests[d].notes);
             return Err(e);
         }
         rma::put_immediate(
-            &self.layout,
-            &self.peers,
+            &self.peers[d],
+            &self.dests[d].notes,
             self.rank,
-            d,
             Data::Exact(self.layout.segment_base() + off, msg.payload),
             None,
             slots,
@@ -571,19 +613,31 @@ impl TxState {
                 value: msg.payload.len() as u64,
             },
         );
-        let r = self.emit(d, &t, msg.head, &[], PLACED | RMA_WAIT);
+        let r = self.emit(d, n, |i| t[i], msg.head, Payload::EMPTY, PLACED | RMA_WAIT);
         self.tickets = t;
         r
     }
 
+    #[inline]
     fn send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         let d = dest as usize;
-        if d >= self.peers.len() {
-            return Err(SendError::InvalidRank(dest));
+        match self.dests.get(d) {
+            None => return Err(SendError::InvalidRank(dest)),
+            Some(dst) if dst.lost => return Err(SendError::PeerLost(dest)),
+            Some(_) => {}
         }
-        if self.lost[d] {
-            return Err(SendError::PeerLost(dest));
+        // One packet over VELO (every Short, small Mediums): the common case first.
+        let velo = msg.payload.is_empty() || !self.medium.get().by_rma(msg.payload.len());
+        if msg.long_offset.is_none() && msg.len() <= self.cap && velo {
+            return self.send_packet(d, msg.head, msg.payload, 0);
         }
+        self.send_other(d, msg)
+    }
+
+    /// Everything but a one-packet VELO message: a Long, a Medium by RMA buffer or in
+    /// several packets, or one too large.
+    #[inline(never)]
+    fn send_other(&mut self, d: usize, msg: &Outgoing<'_>) -> Result<(), SendError> {
         if let Some(off) = msg.long_offset {
             return self.send_long(d, msg, off);
         }
@@ -620,11 +674,31 @@ impl Extoll {
         seg: Segment,
         peers: Arc<Vec<PeerMap>>,
         pids: Vec<Option<nix::unistd::Pid>>,
-    ) -> Extoll {
+    ) -> Result<Extoll, ExtollError> {
         let n = layout.ranks;
         let own = seg.import();
         let now = Instant::now();
-        Extoll {
+        let mailbox = layout.mailbox();
+        let notes = layout.notifications();
+        let dests = peers
+            .iter()
+            .map(|p| {
+                let record = layout.claims(rank, CLAIM_MAILBOX);
+                let note_record = layout.claims(rank, CLAIM_NOTES);
+                Ok(Dest {
+                    port: mailbox.port(&p.seg, mailbox_claimer(rank), record)?,
+                    notes: notes.port(&p.seg, notes_claimer(rank, false), note_record)?,
+                    velo_sent: 0,
+                    rma_sent: 0,
+                    lost: false,
+                })
+            })
+            .collect::<Result<Vec<_>, ShmError>>()?;
+        Ok(Extoll {
+            inbox: mailbox.inbox(&seg)?,
+            notes: layout.notifications().inbox(&seg)?,
+            head_batch: layout.mailbox_slots as u64 / 4,
+            rx_from: (0..n).map(|s| layout.rx(s, 0)).collect(),
             seg,
             own,
             tx: TxState {
@@ -633,12 +707,12 @@ impl Extoll {
                 config,
                 medium: Cell::new(config.medium),
                 peers,
+                dests,
+                cap: config.packet_size - STATUS_LEN,
+                rx_ours: layout.rx(rank, 0),
                 pids: pids.clone(),
-                lost: vec![false; n],
                 mailbox_head: vec![0; n],
-                velo_sent: vec![0; n],
                 last_sent_to: NOT_STREAMING,
-                rma_sent: vec![0; n],
                 rma_acked: vec![0; n],
                 rma_consumed: vec![0; n],
                 rma_ack_sent: vec![0; n],
@@ -649,7 +723,6 @@ impl Extoll {
                 jobs_done: 0,
                 next_op: 0,
                 faults: VecDeque::new(),
-                echo: Vec::new(),
                 tickets: Vec::with_capacity(MAX_PACKETS),
             },
             head: 0,
@@ -678,7 +751,7 @@ impl Extoll {
                 notes_since: now,
                 last_check: None,
             },
-        }
+        })
     }
 
     fn layout_for(
@@ -718,8 +791,7 @@ impl Extoll {
                 })
                 .collect(),
         );
-        Ok(segs
-            .into_iter()
+        segs.into_iter()
             .enumerate()
             .map(|(r, seg)| {
                 Extoll::new(
@@ -731,7 +803,7 @@ impl Extoll {
                     vec![None; ranks as usize],
                 )
             })
-            .collect())
+            .collect()
     }
 
     /// Starts this rank's NIC in a multi-process job: creates its segment (anonymous: no file
@@ -771,14 +843,14 @@ impl Extoll {
                 seg,
             })
             .collect();
-        Ok(Extoll::new(
+        Extoll::new(
             job.rank as usize,
             layout,
             config,
             joined.own,
             Arc::new(peers),
             joined.pids,
-        ))
+        )
     }
 
     /// The configuration in use.
@@ -813,7 +885,7 @@ impl Extoll {
         let d = dest as usize;
         let departed =
             d != self.tx.rank && self.seg.load_word(self.tx.layout.departed(d)).unwrap_or(0) != 0;
-        if d >= self.tx.peers.len() || self.tx.lost[d] || departed {
+        if d >= self.tx.peers.len() || self.tx.dests[d].lost || departed {
             return Err(RmaError::BadRank(dest));
         }
         let id = self.tx.next_op;
@@ -905,7 +977,7 @@ impl Extoll {
     /// Whether notification claimer `who` is a rank we lost.
     fn notes_claimer_lost(&self, who: u32) -> bool {
         let (r, _) = notes_claimer_of(who);
-        self.tx.lost.get(r).copied().unwrap_or(false)
+        self.tx.dests.get(r).is_some_and(|d| d.lost)
     }
 
     /// Moves every notification to the counters it feeds. A corrupt one is consumed, and
@@ -914,12 +986,25 @@ impl Extoll {
         let ring = self.tx.layout.notifications();
         let mut result = Ok(());
         loop {
+            // Published: one load and a compare, the usual case; the value is one word.
+            if let Some(meta) = self.notes.head_published() {
+                let value = u64::from_le(self.notes.head_first_word());
+                self.consume_note();
+                if let Err(e) = self.take_note(meta, value) {
+                    result = Err(e);
+                    break;
+                }
+                continue;
+            }
+            if self.notes.head_is_empty() {
+                break;
+            }
             let t = self.note_head;
-            match ring.look(&self.seg, t) {
+            match self.notes.look(t) {
                 Ok(Seen::Published(meta)) => {
                     let mut v = [0u8; 8];
-                    let read = ring.read_payload(&self.seg, t, &mut v);
-                    self.note_head += 1;
+                    let read = self.notes.read_payload(t, &mut v);
+                    self.consume_note();
                     let taken = read
                         .map_err(io)
                         .and_then(|()| self.take_note(meta, u64::from_le_bytes(v)));
@@ -928,11 +1013,11 @@ impl Extoll {
                         break;
                     }
                 }
-                Ok(Seen::Skipped(_)) => self.note_head += 1,
+                Ok(Seen::Skipped(_)) => self.consume_note(),
                 Ok(Seen::Claimed(who)) if self.notes_claimer_lost(who) => {
                     // A dead rank's claim: nobody will publish it.
                     match self.take_over(&ring, t)? {
-                        Taken::Skipped => self.note_head += 1,
+                        Taken::Skipped => self.consume_note(),
                         Taken::Published => {}
                         Taken::Neither => break,
                     }
@@ -941,7 +1026,7 @@ impl Extoll {
                 Err(e) => {
                     // A status no claimer writes: skipped, so the next lap finds it free.
                     if self.take_over(&ring, t)? == Taken::Skipped {
-                        self.note_head += 1;
+                        self.consume_note();
                     }
                     result = Err(misbehaved(None, format!("notification ticket {t}: {e}")));
                     break;
@@ -950,7 +1035,7 @@ impl Extoll {
         }
         if self.note_told != self.note_head {
             self.note_told = self.note_head;
-            ring.consumed(&self.own, self.note_head).map_err(io)?;
+            self.notes.consumed(self.note_head);
         }
         result
     }
@@ -1017,31 +1102,36 @@ impl Extoll {
 
     /// Tells senders how far the mailbox was consumed: in batches of a quarter mailbox while
     /// busy, and whenever idle (so a sender waiting for room always gets it).
-    #[inline]
-    fn tell_head(&mut self, idle: bool) -> Result<(), TransportError> {
+    #[inline(always)]
+    fn tell_head(&mut self, idle: bool) {
         let due = self.head - self.head_told;
-        if due > 0 && (idle || due >= self.tx.layout.mailbox_slots as u64 / 4) {
+        if due > 0 && (idle || due >= self.head_batch) {
             self.head_told = self.head;
-            self.tx
-                .layout
-                .mailbox()
-                .consumed(&self.own, self.head)
-                .map_err(io)?;
+            self.inbox.consumed(self.head);
         }
-        Ok(())
     }
 
     /// Consumes the mailbox ticket at the head (published, or skipped).
-    #[inline]
-    fn consume(&mut self) -> Result<(), TransportError> {
+    #[inline(always)]
+    fn consume(&mut self) {
         self.head += 1;
+        self.inbox.advance();
+        debug_assert_eq!(self.head, self.inbox.head());
         self.tell_head(false)
+    }
+
+    /// Consumes the notification ticket at the head.
+    #[inline(always)]
+    fn consume_note(&mut self) {
+        self.note_head += 1;
+        self.notes.advance();
+        debug_assert_eq!(self.note_head, self.notes.head());
     }
 
     /// Drops the message the packet at the mailbox head belongs to, and consumes the packet.
     /// A message from a source of the job counts as delivered for that source's order: what
     /// it sends next does not wait for it.
-    fn refuse(&mut self, m: &Meta) -> Result<(), TransportError> {
+    fn refuse(&mut self, m: &Meta) {
         let s = m.src as usize;
         if s < self.tx.layout.ranks {
             self.reasm.refuse(m);
@@ -1075,6 +1165,7 @@ impl Extoll {
     }
 
     /// The next RMA Medium from `s` as its tail says (one load; checked in the copy).
+    #[inline]
     fn rma_state(&self, s: usize) -> Result<RmaState, TransportError> {
         let k = self.rma_delivered[s];
         if self.rma_landed[s] <= k {
@@ -1084,7 +1175,7 @@ impl Extoll {
         let idx = (k % l.rma_buffers as u64) as usize;
         let tail = self
             .seg
-            .load_slot_word(l.rx(s, idx) + RMA_BUF - TAIL)
+            .load_slot_word(self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL)
             .map_err(io)?;
         if tail & 0xffff != marker(k, l.rma_buffers) {
             return Ok(RmaState::BadMarker(tail & 0xffff));
@@ -1101,6 +1192,7 @@ impl Extoll {
 
     /// The tail of the next RMA Medium from `s`, if it landed and every VELO message sent
     /// before it was delivered. A corrupt tail is dropped and reported.
+    #[inline]
     fn rma_next(&mut self, s: usize) -> Result<Option<u64>, TransportError> {
         match self.rma_state(s)? {
             RmaState::Ready(tail) => Ok(Some(tail)),
@@ -1137,14 +1229,13 @@ impl Extoll {
 
     /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (acknowledging lazily).
     fn rma_consumed(&mut self, s: usize) {
-        let l = self.tx.layout;
         let tx = &mut self.tx;
         tx.rma_consumed[s] += 1;
-        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (l.rma_buffers as u64).div_ceil(2) {
+        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (tx.layout.rma_buffers as u64).div_ceil(2) {
             tx.rma_ack_sent[s] = tx.rma_consumed[s];
             let _ = tx.peers[s]
                 .imp
-                .store_word(l.ack(tx.rank), tx.rma_consumed[s]);
+                .store_word(tx.layout.ack(tx.rank), tx.rma_consumed[s]);
         }
     }
 
@@ -1156,14 +1247,14 @@ impl Extoll {
         tail: u64,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<R, TransportError> {
-        let l = self.tx.layout;
+        let l = &self.tx.layout;
         let len = ((tail >> 16) & 0xffff) as usize;
         let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
-        let at = l.rx(s, idx) + RMA_BUF - TAIL - align8(len);
+        let at = self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL - align8(len);
         // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
         let acked = self.tx.rma_acked[s];
         let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
-        if delta <= self.tx.rma_sent[s] - acked {
+        if delta <= self.tx.dests[s].rma_sent - acked {
             self.tx.rma_acked[s] += delta;
         } else if delta < STALE_ACK {
             // Ahead of what we sent (an older ack is legitimate, and ignored).
@@ -1172,13 +1263,14 @@ impl Extoll {
                 format!(
                     "acknowledges {} RMA Mediums, {} were sent",
                     acked + delta,
-                    self.tx.rma_sent[s]
+                    self.tx.dests[s].rma_sent
                 ),
             ));
         }
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
         let bytes = self.seg.view(at, len).map_err(io)?;
+        let segment = am_segment(&self.seg, &self.tx.layout);
         let r = f(
             Delivery {
                 src: s as Rank,
@@ -1186,7 +1278,7 @@ impl Extoll {
                 payload_placed: false,
                 route: Route::NONE,
             },
-            am_segment(&self.seg, &l),
+            segment,
             &mut self.tx,
         );
         self.rma_consumed(s);
@@ -1236,16 +1328,14 @@ impl Extoll {
         self.check_heads();
         self.unblock_notes();
         self.unblock_mailbox();
-        if let Err(e) = self.tell_head(true) {
-            self.tx.fault(e);
-        }
+        self.tell_head(true);
     }
 
     /// Declares rank `r` lost: its partial message is dropped, its claims are skipped as the
     /// heads reach them, and the next poll reports it (once).
     fn declare_lost(&mut self, r: usize) {
-        if !self.tx.lost[r] {
-            self.tx.lost[r] = true;
+        if !self.tx.dests[r].lost {
+            self.tx.dests[r].lost = true;
             self.reasm.abandon(r as u32);
             self.tx.fault(TransportError::PeerLost(r as Rank));
         }
@@ -1306,7 +1396,7 @@ impl Extoll {
                     let (r, q) = notes_claimer_of(who);
                     let known = r < l.ranks;
                     if known
-                        && !self.tx.lost[r]
+                        && !self.tx.dests[r].lost
                         && ring.claim_is_genuine(&self.seg, t, l.claims(r, q))
                     {
                         // A live claimer at work.
@@ -1315,7 +1405,7 @@ impl Extoll {
                     if self.take_over(&ring, t).ok() != Some(Taken::Skipped) {
                         return false;
                     }
-                    if !(known && self.tx.lost[r]) {
+                    if !(known && self.tx.dests[r].lost) {
                         self.tx.fault(misbehaved(
                             None,
                             format!(
@@ -1348,17 +1438,17 @@ impl Extoll {
         let ring = l.mailbox();
         for _ in 0..=l.mailbox_slots {
             let t = self.head;
-            let step = match ring.look(&self.seg, t) {
+            match ring.look(&self.seg, t) {
                 Ok(Seen::Claimed(who)) => {
                     let r = who as usize;
                     let known = r < l.ranks;
                     if known
-                        && !self.tx.lost[r]
+                        && !self.tx.dests[r].lost
                         && ring.claim_is_genuine(&self.seg, t, l.claims(r, CLAIM_MAILBOX))
                     {
                         return;
                     }
-                    let lost = known && self.tx.lost[r];
+                    let lost = known && self.tx.dests[r].lost;
                     if lost {
                         self.reasm.abandon(who);
                     }
@@ -1375,7 +1465,7 @@ impl Extoll {
                             }
                             self.consume()
                         }
-                        Ok(Taken::Published) => Ok(()),
+                        Ok(Taken::Published) => {}
                         _ => return,
                     }
                 }
@@ -1385,7 +1475,6 @@ impl Extoll {
                             None,
                             format!("a hole at VELO mailbox ticket {t} (a corrupt tail or head)"),
                         ));
-                        Ok(())
                     }
                     _ => {
                         self.drop_stranded_rma();
@@ -1437,10 +1526,6 @@ impl Extoll {
                 }
                 // A corrupt status: the poll path repairs it.
                 Err(_) => return,
-            };
-            if let Err(e) = step {
-                self.tx.fault(e);
-                return;
             }
         }
     }
@@ -1482,7 +1567,7 @@ impl Extoll {
         match l.mailbox().look(&self.seg, self.head) {
             Ok(Seen::Empty) => {}
             Ok(Seen::Claimed(who)) => {
-                if self.tx.lost.get(who as usize).copied().unwrap_or(false) {
+                if self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
                     return Ok(true);
                 }
             }
@@ -1524,56 +1609,24 @@ impl Extoll {
         &mut self,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
-        // The ring by value (a few words), not the whole layout: this is every poll's path.
-        let ring = self.tx.layout.mailbox();
         loop {
-            let t = self.head;
-            let meta = match ring.look(&self.seg, t) {
-                Ok(Seen::Published(meta)) => meta,
-                Ok(Seen::Skipped(_)) => {
-                    self.consume()?;
-                    continue;
-                }
-                Ok(Seen::Claimed(who)) => {
-                    if !self.tx.lost.get(who as usize).copied().unwrap_or(false) {
-                        return Ok(None);
-                    }
-                    // A dead sender's claim: nobody will publish it, and its message in
-                    // progress will never end.
-                    self.reasm.abandon(who);
-                    match self.take_over(&ring, t)? {
-                        Taken::Skipped => self.consume()?,
-                        Taken::Published => {}
-                        Taken::Neither => return Ok(None),
-                    }
-                    continue;
-                }
-                Ok(Seen::Empty) => return Ok(None),
-                Err(e) => {
-                    // A status no claimer writes: skipped, so the next lap's claimer finds
-                    // the slot free.
-                    if self.take_over(&ring, t)? == Taken::Skipped {
-                        self.consume()?;
-                    }
-                    return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
-                }
+            // Published: one load and a compare, the usual case.
+            let meta = match self.inbox.head_published() {
+                Some(meta) => meta,
+                None => match self.head_unpublished()? {
+                    Unpublished::Published(meta) => meta,
+                    Unpublished::Again => continue,
+                    Unpublished::Wait => return Ok(None),
+                },
             };
             let m = Meta::decode(meta);
             if let Err(e) = self.reasm.check(&m) {
-                // A source outside the job, or more data bytes than a packet holds (lending
-                // them would lend the neighbouring slots).
-                let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
-                self.refuse(&m)?;
-                return Err(misbehaved(peer, e));
+                return Err(self.refuse_frame(&m, e));
             }
             let s = m.src as usize;
             if m.flags & FIRST != 0 {
                 if self.reasm.in_progress(m.src) {
-                    // The unfinished message is dropped; this packet starts the next one, on
-                    // the next poll.
-                    self.reasm.abandon(m.src);
-                    self.velo_delivered[s] += 1;
-                    return Err(misbehaved(Some(s), FrameError::Interleaved(m.src)));
+                    return Err(self.interleaved(&m));
                 }
                 match self.order(s, &m) {
                     Order::Ready => {}
@@ -1590,31 +1643,14 @@ impl Extoll {
                         self.rma_stall = true;
                         return Ok(None);
                     }
-                    refused => {
-                        self.refuse(&m)?;
-                        let why = match refused {
-                            Order::RmaAhead(n) => format!(
-                                "says {n} RMA Mediums sent before it are undelivered, more than \
-                                 its {} buffers",
-                                self.tx.layout.rma_buffers
-                            ),
-                            _ => "waits for an RMA put, but is no placed Long".to_owned(),
-                        };
-                        return Err(misbehaved(
-                            Some(s),
-                            format!("VELO message at ticket {t} {why}"),
-                        ));
-                    }
+                    refused => return Err(self.refuse_order(&m, refused)),
                 }
                 if m.flags & LAST != 0 {
                     // One packet: lent straight from the mailbox slot (its length checked
                     // against the packet's above, and again by the ring).
-                    let bytes = match ring.payload(&self.seg, t, m.len) {
+                    let bytes = match self.inbox.head_payload(m.len) {
                         Ok(b) => b,
-                        Err(e) => {
-                            self.refuse(&m)?;
-                            return Err(misbehaved(Some(s), e));
-                        }
+                        Err(e) => return Err(self.refuse_payload(&m, e)),
                     };
                     let r = f(
                         Delivery {
@@ -1626,7 +1662,7 @@ impl Extoll {
                         am_segment(&self.seg, &self.tx.layout),
                         &mut self.tx,
                     );
-                    self.consume()?;
+                    self.consume();
                     self.velo_delivered[s] += 1;
                     if m.flags & RMA_WAIT != 0 {
                         self.long_used[s] += 1;
@@ -1635,28 +1671,10 @@ impl Extoll {
                 }
             }
             // Part of a message of several packets: copied into the source's reassembly
-            // buffer.
-            let pushed = match ring.payload(&self.seg, t, m.len) {
-                Ok(view) => self.reasm.push_with(&m, m.len, |dst| {
-                    // Same length as the view: cannot fail.
-                    let _ = view.read(0, dst);
-                }),
-                Err(e) => {
-                    self.refuse(&m)?;
-                    return Err(misbehaved(Some(s), e));
-                }
-            };
-            self.consume()?;
-            let (flags, buf) = match pushed {
-                Ok(Some(done)) => done,
-                Ok(None) => continue,
-                Err(e) => {
-                    if matches!(e, FrameError::TooLong { .. }) {
-                        // A message that was started: it counts for the order.
-                        self.velo_delivered[s] += 1;
-                    }
-                    return Err(misbehaved(Some(s), e));
-                }
+            // buffer (out of line: the one-packet path above is every Short's, and keeps the
+            // registers; so do the rare cases, in the functions below).
+            let Some((flags, buf)) = self.take_part(&m)? else {
+                continue;
             };
             self.velo_delivered[s] += 1;
             if flags & RMA_WAIT != 0 {
@@ -1679,13 +1697,183 @@ impl Extoll {
 }
 
 impl Extoll {
+    /// The next error kept for a poll.
+    #[cold]
+    #[inline(never)]
+    fn next_fault(&mut self) -> Option<TransportError> {
+        self.tx.faults.pop_front()
+    }
+
+    /// The notification queue's head is not empty: drained, unless a live claimer is still
+    /// writing it.
+    #[inline(never)]
+    fn notes_waiting(&mut self) -> Result<(), TransportError> {
+        // Published (the usual case): no second look before the drain's.
+        if self.notes.head_published().is_none() {
+            if let Ok(Seen::Claimed(who)) = self.notes.look(self.note_head) {
+                if !self.notes_claimer_lost(who) {
+                    return Ok(());
+                }
+            }
+        }
+        self.drain_notes()
+    }
+
+    /// A poll that found nothing: the head told, and the CPU given away when that helps.
+    #[inline(never)]
+    fn idle(&mut self) {
+        self.tell_head(true);
+        if self.rma_stall || self.tx.jobs > self.tx.jobs_done {
+            // Waiting on an RMA engine (ours, or the sender's): give it the core. On a
+            // machine with no spare core, a spinning rank would otherwise keep the engine
+            // thread off the CPU for a whole scheduler slice.
+            std::thread::yield_now();
+        } else if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
+            // Even a spinning rank gives the CPU away now and then (tens of µs without a
+            // message): on an oversubscribed machine the peer it waits for may need it.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// What [`Extoll::head_unpublished`] found at the mailbox head.
+enum Unpublished {
+    /// Published after all (between the two looks).
+    Published(u32),
+    /// A slot consumed (skipped, or a dead claimer's): look at the next.
+    Again,
+    /// Nothing to take now.
+    Wait,
+}
+
+impl Extoll {
+    /// The mailbox head is not (yet) a published packet: a skipped slot is consumed, a dead
+    /// sender's claim taken over, a status no claimer writes repaired and reported.
+    #[inline(never)]
+    fn head_unpublished(&mut self) -> Result<Unpublished, TransportError> {
+        let t = self.head;
+        Ok(match self.inbox.look(t) {
+            Ok(Seen::Published(meta)) => Unpublished::Published(meta),
+            Ok(Seen::Skipped(_)) => {
+                self.consume();
+                Unpublished::Again
+            }
+            Ok(Seen::Claimed(who)) => {
+                if !self.tx.dests.get(who as usize).is_some_and(|d| d.lost) {
+                    return Ok(Unpublished::Wait);
+                }
+                // A dead sender's claim: nobody will publish it, and its message in progress
+                // will never end.
+                self.reasm.abandon(who);
+                match self.take_over(&self.tx.layout.mailbox(), t)? {
+                    Taken::Skipped => self.consume(),
+                    Taken::Published => {}
+                    Taken::Neither => return Ok(Unpublished::Wait),
+                }
+                Unpublished::Again
+            }
+            Ok(Seen::Empty) => Unpublished::Wait,
+            Err(e) => {
+                // A status no claimer writes: skipped, so the next lap's claimer finds the
+                // slot free.
+                if self.take_over(&self.tx.layout.mailbox(), t)? == Taken::Skipped {
+                    self.consume();
+                }
+                return Err(misbehaved(None, format!("VELO mailbox ticket {t}: {e}")));
+            }
+        })
+    }
+
+    /// A packet whose meta breaks the framing (a source outside the job, or more data bytes
+    /// than a packet holds: lending them would lend the neighbouring slots): refused.
+    #[cold]
+    #[inline(never)]
+    fn refuse_frame(&mut self, m: &Meta, e: FrameError) -> TransportError {
+        let peer = ((m.src as usize) < self.tx.layout.ranks).then_some(m.src as usize);
+        self.refuse(m);
+        misbehaved(peer, e)
+    }
+
+    /// A first packet while its source's previous message is unfinished: that one is
+    /// dropped; this packet starts the next one, on the next poll.
+    #[cold]
+    #[inline(never)]
+    fn interleaved(&mut self, m: &Meta) -> TransportError {
+        let s = m.src as usize;
+        self.reasm.abandon(m.src);
+        self.velo_delivered[s] += 1;
+        misbehaved(Some(s), FrameError::Interleaved(m.src))
+    }
+
+    /// A first packet whose order can never be met (`refused`): refused.
+    #[cold]
+    #[inline(never)]
+    fn refuse_order(&mut self, m: &Meta, refused: Order) -> TransportError {
+        let t = self.head;
+        self.refuse(m);
+        let why = match refused {
+            Order::RmaAhead(n) => format!(
+                "says {n} RMA Mediums sent before it are undelivered, more than its {} buffers",
+                self.tx.layout.rma_buffers
+            ),
+            _ => "waits for an RMA put, but is no placed Long".to_owned(),
+        };
+        misbehaved(
+            Some(m.src as usize),
+            format!("VELO message at ticket {t} {why}"),
+        )
+    }
+
+    /// A packet whose length the slot does not hold (the meta check refuses it first).
+    #[cold]
+    #[inline(never)]
+    fn refuse_payload(&mut self, m: &Meta, e: ShmError) -> TransportError {
+        self.refuse(m);
+        misbehaved(Some(m.src as usize), e)
+    }
+}
+
+impl Extoll {
+    /// Takes the packet `m` at the mailbox head, part of a message of several packets, into
+    /// its source's reassembly buffer and consumes it: the message when it is complete.
+    #[inline(never)]
+    fn take_part(&mut self, m: &Meta) -> Result<Option<(u32, Vec<u8>)>, TransportError> {
+        let s = m.src as usize;
+        let pushed = match self.inbox.head_payload(m.len) {
+            Ok(_) => {
+                let inbox = &self.inbox;
+                self.reasm.push_append(m, m.len, |buf| {
+                    // The same length as the view just made: cannot fail.
+                    let _ = inbox.head_append(m.len, buf);
+                })
+            }
+            Err(e) => {
+                self.refuse(m);
+                return Err(misbehaved(Some(s), e));
+            }
+        };
+        self.consume();
+        match pushed {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                if matches!(e, FrameError::TooLong { .. }) {
+                    // A message that was started: it counts for the order.
+                    self.velo_delivered[s] += 1;
+                }
+                Err(misbehaved(Some(s), e))
+            }
+        }
+    }
+}
+
+impl Extoll {
     /// `dest`'s AM segment, as this rank's mapping of it reaches it (remote atomics).
     fn peer_segment(&self, dest: Rank) -> Result<SharedBytes<'_>, SendError> {
         let d = dest as usize;
         let Some(peer) = self.tx.peers.get(d) else {
             return Err(SendError::InvalidRank(dest));
         };
-        if self.tx.lost[d] {
+        if self.tx.dests[d].lost {
             return Err(SendError::PeerLost(dest));
         }
         let l = &self.tx.layout;
@@ -1774,18 +1962,13 @@ impl Transport for Extoll {
     ) -> Result<Option<R>, TransportError> {
         self.count_poll();
         self.tx.last_sent_to = NOT_STREAMING;
-        if let Some(e) = self.tx.faults.pop_front() {
-            return Err(e);
+        if !self.tx.faults.is_empty() {
+            if let Some(e) = self.next_fault() {
+                return Err(e);
+            }
         }
-        match self
-            .tx
-            .layout
-            .notifications()
-            .look(&self.seg, self.note_head)
-        {
-            Ok(Seen::Empty) => {}
-            Ok(Seen::Claimed(who)) if !self.notes_claimer_lost(who) => {}
-            _ => self.drain_notes()?,
+        if !self.notes.head_is_empty() {
+            self.notes_waiting()?;
         }
         if self.rma_pending > 0 {
             // Round robin over the sources with a landed RMA Medium.
@@ -1802,18 +1985,7 @@ impl Transport for Extoll {
         match self.poll_mailbox(f)? {
             Some(r) => Ok(Some(r)),
             None => {
-                self.tell_head(true)?;
-                if self.rma_stall || self.tx.jobs > self.tx.jobs_done {
-                    // Waiting on an RMA engine (ours, or the sender's): give it the core.
-                    // On a machine with no spare core, a spinning rank would otherwise keep
-                    // the engine thread off the CPU for a whole scheduler slice.
-                    std::thread::yield_now();
-                } else if self.polls.is_multiple_of(IDLE_POLLS_PER_TICK) {
-                    // Even a spinning rank gives the CPU away now and then (tens of µs
-                    // without a message): on an oversubscribed machine the peer it waits for
-                    // may need it.
-                    std::thread::yield_now();
-                }
+                self.idle();
                 Ok(None)
             }
         }
@@ -1835,7 +2007,7 @@ impl Transport for Extoll {
         if self.has_work()? {
             return Ok(());
         }
-        self.tell_head(true)?;
+        self.tell_head(true);
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
         // Clear the flag (senders ring again from now on), then look once more.
         bell.take_tags();

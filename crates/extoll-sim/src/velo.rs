@@ -195,6 +195,23 @@ impl Reassembler {
         len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Option<(u32, Vec<u8>)>, FrameError> {
+        let len = len.min(m.len);
+        self.push_append(m, len, |buf| {
+            let at = buf.len();
+            buf.resize(at + len, 0);
+            fill(&mut buf[at..]);
+        })
+    }
+
+    /// [`push_with`](Self::push_with) of a packet of `len <= m.len` data bytes that `append`
+    /// appends to the message buffer it is given (no zeroing first). The buffer then holds
+    /// exactly the bytes before it plus `len`, whatever `append` did.
+    pub fn push_append(
+        &mut self,
+        m: &Meta,
+        len: usize,
+        append: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Option<(u32, Vec<u8>)>, FrameError> {
         self.check(m)?;
         let len = len.min(m.len);
         let src = m.src as usize;
@@ -214,8 +231,8 @@ impl Reassembler {
             }
             let mut buf = self.spare.pop().unwrap_or_default();
             buf.clear();
+            append(&mut buf);
             buf.resize(len, 0);
-            fill(&mut buf);
             *slot = Some((m.flags, buf));
         } else {
             let Some((_, buf)) = slot.as_mut() else {
@@ -230,8 +247,8 @@ impl Reassembler {
                     max: self.max,
                 });
             }
+            append(buf);
             buf.resize(at + len, 0);
-            fill(&mut buf[at..]);
         }
         if last {
             Ok(slot.take())
