@@ -1541,7 +1541,7 @@ mod tests {
         let mut r = [0u8; MAX_HEAD_LEN];
         let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
         let mut slots = Vec::new();
-        let mut answer = |b: &mut Sci, slots: &mut Vec<u64>| {
+        let answer = |b: &mut Sci, slots: &mut Vec<u64>| {
             b.poll_recv(|d, _, tx| {
                 slots.push(d.route.get() - 1);
                 tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap()
