@@ -972,9 +972,12 @@ struct MeRecord<'a> {
 /// unlinking and its repairs in [`NiOwner::verify`] each start a new generation), so under
 /// an unchanged state word they are the fields checked then; a peer's stray write to a
 /// field that leaves the state word alone is not acted on until the owner's check repairs
-/// it (under a new generation), as a check of the fields would refuse it. The `next` link
-/// is not kept (the owner relinks without a new state word): a walk that goes past the
-/// entry reads and checks it.
+/// it (under a new generation), as a check of the fields would refuse it; and a wire whose
+/// put went wrong forgets what it kept ([`MeSeen::forget`]), so a field written and put
+/// back before the owner looked costs one misplaced deposit, not every later one. A
+/// re-linked buffer starts a new generation too, so nothing is kept past one buffer cycle.
+/// The `next` link is not kept (the owner relinks an entry's predecessor without a new
+/// state word): a walk that goes past the entry reads and checks it.
 #[derive(Debug, Clone)]
 pub(crate) struct MeSeen(Vec<Seen>);
 
@@ -1007,6 +1010,14 @@ impl MeSeen {
     /// Room for the `max_me` entries of `geo`.
     pub(crate) fn new(geo: &NiGeometry) -> MeSeen {
         MeSeen(vec![Seen::NONE; geo.max_me as usize])
+    }
+
+    /// Forgets every entry kept: the next walk reads and checks them again. For a wire that
+    /// met a corrupt entry (its deposit did not land where the owner takes it, or it was
+    /// refused): a peer may have written a field and put it back before the owner's check,
+    /// which then finds nothing to repair and starts no new generation.
+    pub(crate) fn forget(&mut self) {
+        self.0.fill(Seen::NONE);
     }
 }
 
@@ -2081,7 +2092,7 @@ impl NiOwner {
     /// [`lm_drained`](Self::lm_drained)): offset back to 0, appended at the end of its match
     /// list (the seed's chained receive buffers).
     pub fn lm_relink(&mut self, seg: &Segment, idx: MeIndex) -> Result<(), NiError> {
-        let (pt, _) = self
+        let (pt, spec) = self
             .spec(idx)
             .ok_or_else(|| NiError::Invalid(format!("entry {idx}")))?;
         self.unlink_from_list(seg, pt, idx)?;
@@ -2089,6 +2100,11 @@ impl NiOwner {
         seg.word(base + CACHE_LINE + 8)?
             .store(NOT_USED, Ordering::Relaxed);
         seg.word(base + CACHE_LINE)?.store(0, Ordering::Release);
+        // Written again under a new generation: what wires kept of it (`MeSeen`) lives one
+        // buffer cycle at most, and a field a peer changed is the owner's again.
+        let g = self.generation[idx as usize] + 1;
+        self.generation[idx as usize] = g;
+        self.write_me(seg, idx, pt, &spec, g << 8 | ME_LINKED)?;
         self.link_at_tail(seg, pt, idx)
     }
 

@@ -556,7 +556,9 @@ impl TxState {
             {
                 // The target's entry was corrupt (another peer's doing): the deposit went
                 // where its target will not take it (it drops the event, and repairs the
-                // entry). Not sent, then: the core sends it again.
+                // entry). Not sent, then: the core sends it again, after a walk that reads
+                // the entries afresh (the corrupt field may be back before the repair).
+                self.peers[dest as usize].seen.forget();
                 self.stats.refused += 1;
                 Err(SendError::Busy)
             }
@@ -566,10 +568,14 @@ impl TxState {
                 self.stats.refused += 1;
                 Err(SendError::Busy)
             }
-            Outcome::Refused(f) => Err(SendError::Other(format!(
-                "portals: rank {dest} matched no entry for {} (send slot {slot}): {f:?}",
-                if is_reply { "a reply" } else { "a request" }
-            ))),
+            Outcome::Refused(f) => {
+                // Perhaps by a kept entry a peer had corrupted: the next walk reads afresh.
+                self.peers[dest as usize].seen.forget();
+                Err(SendError::Other(format!(
+                    "portals: rank {dest} matched no entry for {} (send slot {slot}): {f:?}",
+                    if is_reply { "a reply" } else { "a request" }
+                )))
+            }
         }
     }
 

@@ -641,3 +641,49 @@ fn garbage_message_bytes_are_lent_within_the_range() {
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     segment_untouched(&b);
 }
+
+/// A peer corrupts request buffer 0's start for a moment (while rank 2 walks it) and puts it
+/// back before rank 1's check runs, which then finds nothing to repair and starts no new
+/// generation. Rank 2's one deposit that went astray (into the corrupt place: any peer can
+/// write there itself, so nothing is gained by it) is refused (`Busy`); its next walk reads
+/// the entry afresh instead of keeping the corrupt start it had checked (`MeSeen`), so its
+/// messages arrive again and nothing more goes astray. (Found in review: a kept entry sent
+/// every later put to the corrupt place, for ever, and rank 1 blamed rank 2.)
+#[test]
+fn a_field_corrupted_and_restored_costs_one_deposit() {
+    let (a, mut b, mut c) = trio(small());
+    let at = a.tx.layout.ni.me(b.buffers[0].me).unwrap() + 32;
+    let start = victim(&a).seg.load_word(at).unwrap();
+    victim(&a).imp.store_word(at, b.tx.seg_base as u64).unwrap();
+    let mut m = [0u8; MAX_HEAD_LEN];
+    let mn = head(Category::Request, AmKind::Medium, 4, &mut m);
+    assert_eq!(c.try_send(1, &out(&m[..mn], b"evil")), Err(SendError::Busy));
+    let astray = b.segment().to_vec();
+    victim(&a).imp.store_word(at, start).unwrap();
+    assert_eq!(b.owner.verify(&b.own).map_err(|e| e.to_string()), Ok(()));
+    for _ in 0..5 {
+        assert_eq!(c.try_send(1, &out(&m[..mn], b"good")), Ok(()));
+    }
+    let mut delivered = 0;
+    let mut errors = Vec::new();
+    for _ in 0..50 {
+        match b.poll_recv(|d, _, _| d.src) {
+            Ok(Some(src)) => {
+                assert_eq!(src, 2);
+                delivered += 1;
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+        if delivered == 5 {
+            break;
+        }
+    }
+    assert_eq!(delivered, 5, "errors: {errors:?}");
+    // At most the one deposit that went astray is reported.
+    assert!(errors.len() <= 1, "{errors:?}");
+    assert!(
+        b.segment().to_vec() == astray,
+        "only the first deposit went astray"
+    );
+}
