@@ -1936,6 +1936,10 @@ impl Endpoint {
                 if let Err(e) = place(segment, &long, inline_long) {
                     return refuse_request(replies, tx, src, route, grant, e);
                 }
+                // Afresh, also after a handler that panicked (a driver may catch it and poll
+                // on): its reply must not pass for this one's.
+                replies.replied = false;
+                replies.error = None;
                 let mut sink = ReplySink::new(src, route, grant, true, &mut *tx, replies);
                 f(
                     msg(scratch),

@@ -187,6 +187,43 @@ fn a_round_trip_returns_the_credit_and_runs_the_reply() {
     }
 }
 
+/// A driver that catches a request handler's panic (after it replied) and polls on: the next
+/// request, whose handler does not reply, still gets its implicit reply, so its credit comes
+/// home. (Found in review: what a handler's replies did is kept in the endpoint, and the
+/// panicking handler's "replied" made the next request pass for answered.)
+#[test]
+fn a_caught_panic_after_a_reply_does_not_answer_the_next_request() {
+    const BOOM: HandlerId = HandlerId(7);
+    let shape = Shape::new(2);
+    let seen: Vec<Rc<Seen>> = (0..2).map(|_| Rc::default()).collect();
+    let mut c = Cluster::started(shape, 0, |r| {
+        let mut h = handlers(&seen[r as usize]);
+        h.request(BOOM, "boom", AmKind::Short, |m, t| {
+            let _ = t.reply_short(PONG, &[m.args()[0]]);
+            panic!("a handler that panics after replying");
+        })
+        .unwrap();
+        h
+    });
+    for (handler, arg) in [(BOOM, 1), (SINK, 2)] {
+        let (ep, mut tx) = c.wire(0);
+        assert!(ep
+            .try_request(&mut tx, 1, AmKind::Short, handler, &[arg], &[], None)
+            .unwrap());
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| assert!(c.deliver_to(1))));
+        assert_eq!(caught.is_err(), handler == BOOM);
+    }
+    c.settle();
+    assert_eq!(seen[1].sunk.borrow().as_slice(), &[(0, 2)]);
+    assert_eq!(seen[0].pongs.get(), 1);
+    assert_eq!(
+        c.nodes[0].ep.credits().available(1),
+        shape.credits,
+        "both credits home"
+    );
+}
+
 #[test]
 fn out_of_credit_a_request_waits_and_nothing_is_dropped() {
     for seed in 0..SEEDS {
