@@ -866,11 +866,29 @@ impl Sci {
     /// returned instead (a poll looks only with the queue empty, and would take it next).
     fn look(&mut self, tags: u32) -> Result<Option<(usize, usize)>, TransportError> {
         debug_assert!(self.work.is_empty());
-        let ranks = self.tx.layout.ranks;
         let mut first = None;
+        match self.look_at_tags(tags, &mut first) {
+            Ok(()) => Ok(first),
+            Err(e) => {
+                // A message already taken is not lost with the look: it is next.
+                if let Some(found) = first {
+                    self.work.push_front(found);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`look`](Self::look)'s walk over the senders in `tags`.
+    fn look_at_tags(
+        &mut self,
+        tags: u32,
+        first: &mut Option<(usize, usize)>,
+    ) -> Result<(), TransportError> {
+        let ranks = self.tx.layout.ranks;
         if tags & !1 == 0 {
             for c in 0..ranks {
-                self.look_into(c, &mut first)?;
+                self.look_into(c, first)?;
             }
         } else {
             // Tag bit b stands for senders b, b + TAGS, ...
@@ -879,12 +897,12 @@ impl Sci {
                 let mut c = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 while c < ranks {
-                    self.look_into(c, &mut first)?;
+                    self.look_into(c, first)?;
                     c += am_shm::doorbell::TAGS;
                 }
             }
         }
-        Ok(first)
+        Ok(())
     }
 
     /// Moves sender `c`'s ready messages to the work queue (see [`look`](Self::look)): the
