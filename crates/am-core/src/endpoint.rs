@@ -706,7 +706,7 @@ impl Endpoint {
     ) -> Endpoint {
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
-        let meta = handlers.meta;
+        let meta = handlers.registrations();
         Endpoint {
             rank,
             size,

@@ -254,7 +254,6 @@ pub struct Handlers {
     pub(crate) info: Vec<Option<HandlerInfo>>,
     /// Indexed by a `u8`, so no lookup needs a bounds check.
     pub(crate) fns: Box<[Option<HandlerFn>; 256]>,
-    pub(crate) meta: [Option<(Category, AmKind)>; 256],
 }
 
 /// Why a handler could not be registered.
@@ -283,7 +282,6 @@ impl Handlers {
         Handlers {
             info: (0..256).map(|_| None).collect(),
             fns: Box::new(std::array::from_fn(|_| None)),
-            meta: [None; 256],
         }
     }
 
@@ -308,7 +306,6 @@ impl Handlers {
             kind,
         });
         self.fns[i] = Some(f);
-        self.meta[i] = Some((category, kind));
         Ok(())
     }
 
@@ -344,6 +341,16 @@ impl Handlers {
             kind,
             HandlerFn::Reply(kind, Box::new(f)),
         )
+    }
+
+    /// What is registered at each id, as (category, kind): what a reply is checked against
+    /// while the table itself is lent to the handler that sends it.
+    pub(crate) fn registrations(&self) -> [Option<(Category, AmKind)>; 256] {
+        std::array::from_fn(|i| match &self.fns[i] {
+            Some(HandlerFn::Request(kind, _)) => Some((Category::Request, *kind)),
+            Some(HandlerFn::Reply(kind, _)) => Some((Category::Reply, *kind)),
+            None => None,
+        })
     }
 
     /// Number of registered handlers.

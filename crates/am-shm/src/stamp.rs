@@ -233,6 +233,16 @@ fn slot_at(at: usize, count: usize, size: usize, slot: usize) -> Result<usize, S
     Ok(at + slot * size)
 }
 
+/// A slot's header words as its writer stored them ([`SlotReader::header`]): named, since
+/// both are `u32` and a swap would compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotHeader {
+    /// The body's length (not checked: a peer wrote it).
+    pub len: u32,
+    /// The writer's flags.
+    pub flags: u32,
+}
+
 /// [`Slots`] of this process's segment, checked against it once ([`Slots::reader`]), for a
 /// reader's hot path: a stamp load, a header copy or a body view then checks only the slot
 /// index (against the count) and, as always, the length read from shared memory (against
@@ -246,9 +256,9 @@ fn slot_at(at: usize, count: usize, size: usize, slot: usize) -> Result<usize, S
 /// writer.write(2, 7, &[b"head", b"payload"]).unwrap();
 /// writer.publish(2, 1).unwrap();
 /// assert_eq!(reader.stamp(2).unwrap(), 1);
-/// let (len, flags) = reader.header(2).unwrap();
-/// assert_eq!((len, flags), (11, 7));
-/// assert_eq!(reader.body(2, len as usize).unwrap().to_vec(), b"headpayload");
+/// let h = reader.header(2).unwrap();
+/// assert_eq!((h.len, h.flags), (11, 7));
+/// assert_eq!(reader.body(2, h.len as usize).unwrap().to_vec(), b"headpayload");
 /// assert!(reader.body(2, 49).is_err(), "longer than the slot");
 /// assert!(reader.stamp(4).is_err(), "no slot 4");
 /// ```
@@ -289,14 +299,15 @@ impl SlotReader {
     /// [`stamp`](Self::stamp)): a private copy, whose `len` is **not** checked yet. Pass it
     /// to [`body`](Self::body), which checks it.
     #[inline]
-    pub fn header(&self, slot: usize) -> Result<(u32, u32), ShmError> {
+    pub fn header(&self, slot: usize) -> Result<SlotHeader, ShmError> {
         let at = slot_at(self.at, self.count, self.size, slot)?;
         // SAFETY: as in `stamp`: the word after the stamp is inside the slot (`size >= 16`).
         let word = unsafe { self.map.word64(at + LEN_AT) }.load(Ordering::Relaxed);
         let b = word.to_ne_bytes();
-        let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let flags = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        Ok((len, flags))
+        Ok(SlotHeader {
+            len: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            flags: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        })
     }
 
     /// A view of the first `len` bytes of `slot`'s body; an error if `len` exceeds the
@@ -629,7 +640,7 @@ mod tests {
                 assert_eq!((flags, body.to_vec()), (9, want.clone()));
                 // ...and the reader handle too.
                 assert_eq!(reader.stamp(slot).unwrap(), stamp);
-                let (n, flags) = reader.header(slot).unwrap();
+                let SlotHeader { len: n, flags } = reader.header(slot).unwrap();
                 assert_eq!((n as usize, flags), (want.len(), 9));
                 assert_eq!(reader.body(slot, n as usize).unwrap().to_vec(), want);
                 // Nothing outside the slot's header and padded body changed.
@@ -646,7 +657,7 @@ mod tests {
         s.write(&seg.import(), 2, 4, &[b"from slots"]).unwrap();
         s.publish(&seg.import(), 2, 77).unwrap();
         assert_eq!(reader.stamp(2).unwrap(), 77);
-        assert_eq!(reader.header(2).unwrap(), (10, 4));
+        assert_eq!(reader.header(2).unwrap(), SlotHeader { len: 10, flags: 4 });
         assert_eq!(reader.body(2, 10).unwrap().to_vec(), b"from slots");
         // The handles keep the memory mapped after the segment's handles are gone.
         drop(seg);
@@ -724,7 +735,7 @@ mod tests {
             writer
                 .write_then(1, 2, &[b"hd"], src.byte_area().slice(from, n).unwrap())
                 .unwrap();
-            let (len, flags) = reader.header(1).unwrap();
+            let SlotHeader { len, flags } = reader.header(1).unwrap();
             assert_eq!((len as usize, flags), (2 + n, 2));
             let mut want = b"hd".to_vec();
             want.extend_from_slice(&data[from..from + n]);
@@ -734,7 +745,7 @@ mod tests {
         writer.write(0, 0, &[b"0123456789abcdef"]).unwrap();
         let own = reader.body(0, 16).unwrap();
         writer.write_then(0, 5, &[b"xy"], own).unwrap();
-        assert_eq!(reader.header(0).unwrap(), (18, 5));
+        assert_eq!(reader.header(0).unwrap(), SlotHeader { len: 18, flags: 5 });
         assert_eq!(
             reader.body(0, 18).unwrap().to_vec(),
             b"xy0123456789abcdef".to_vec()
@@ -771,7 +782,7 @@ mod tests {
                 while reader.stamp(slot).unwrap() != seq {
                     std::thread::yield_now();
                 }
-                let (len, _) = reader.header(slot).unwrap();
+                let len = reader.header(slot).unwrap().len;
                 let body = reader.body(slot, len as usize).unwrap().to_vec();
                 assert_eq!(body, seq.to_le_bytes());
                 back.store(seq, std::sync::atomic::Ordering::Release);
@@ -796,7 +807,7 @@ mod tests {
             let seg = Segment::heap(0, 104 + s.data_bytes()).unwrap();
             seg.import().write(104, &junk[..junk.len().min(s.data_bytes())]).unwrap();
             let reader = s.reader(&seg).unwrap();
-            if let Ok((n, _)) = reader.header(slot) {
+            if let Ok(SlotHeader { len: n, .. }) = reader.header(slot) {
                 prop_assert!(slot < 3);
                 match reader.body(slot, n as usize) {
                     Ok(body) => prop_assert!(body.len() <= reader.capacity()),

@@ -956,7 +956,7 @@ impl Sci {
         let n = if slot < p {
             1
         } else {
-            answered_by(self.inbox.header(e.base + slot).map_err(io)?.1, slot, p)
+            answered_by(self.inbox.header(e.base + slot).map_err(io)?.flags, slot, p)
         };
         e.advance(slot, p, n);
         Ok(Some(slot))
@@ -995,7 +995,7 @@ impl Sci {
             *s = self.inbox.stamp(e.base + k)?;
         }
         while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
-            let (_, flags) = self.inbox.header(e.base + slot)?;
+            let flags = self.inbox.header(e.base + slot)?.flags;
             e.advance(slot, p, answered_by(flags, slot, p));
             self.work.push_back((c, slot));
         }
@@ -1197,7 +1197,7 @@ impl Transport for Sci {
         // peer that does not follow that protocol can only make the handler read garbage
         // bytes, by copies).
         let at = src * 2 * p + slot;
-        let (len, flags) = self.inbox.header(at).map_err(corrupt)?;
+        let am_shm::stamp::SlotHeader { len, flags } = self.inbox.header(at).map_err(corrupt)?;
         if fresh {
             if let Some(e) = self.tx.recv.get_mut(src) {
                 e.advance(slot, p, answered_by(flags, slot, p));
