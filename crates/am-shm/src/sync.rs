@@ -235,7 +235,7 @@ mod tests {
             let mut spins = 0u32;
             while c.load(Ordering::Acquire) < n {
                 spins += 1;
-                if spins % 1024 == 0 {
+                if spins.is_multiple_of(1024) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
