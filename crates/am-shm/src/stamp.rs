@@ -327,6 +327,9 @@ impl SlotReader {
     }
 }
 
+/// Tails up to this many bytes are echoed through a private buffer ([`SlotWriter::write_then`]).
+const SMALL_TAIL: usize = 64;
+
 /// [`Slots`] of a peer's segment, checked against it once ([`Slots::writer`]), for a
 /// writer's hot path: writing a slot's header and body, publishing its stamp, or a
 /// prefetch of it then checks only the slot index (against the count) and the body's
@@ -380,10 +383,32 @@ impl SlotWriter {
     /// until [`publish`](Self::publish). An error if the body exceeds the slot.
     #[inline(always)]
     pub fn write(&self, slot: usize, flags: u32, parts: &[&[u8]]) -> Result<(), ShmError> {
-        if let [one] = *parts {
-            return self.write_one(slot, flags, one);
+        match *parts {
+            [one] => self.write_one(slot, flags, one),
+            [head, payload] => self.write_two(slot, flags, head, payload),
+            _ => self.write_parts(slot, flags, parts),
         }
-        self.write_parts(slot, flags, parts)
+    }
+
+    /// [`write`](Self::write) of a head and its payload (an AM Medium): each goes straight
+    /// when the head is whole words, with no list of parts to gather.
+    #[inline(always)]
+    fn write_two(
+        &self,
+        slot: usize,
+        flags: u32,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<(), ShmError> {
+        // No overflow: both are slices in memory.
+        let (at, hdr) = self.start(slot, head.len() + payload.len(), flags)?;
+        // SAFETY: as in `write_parts`: the header word and the padded body end inside the
+        // slot, which lies inside the byte area, accessed only through 64-bit atomics.
+        unsafe {
+            self.map.word64(at + LEN_AT).store(hdr, Ordering::Relaxed);
+            self.map.store_two_padded(at + SLOT_HEADER, head, payload);
+        }
+        Ok(())
     }
 
     /// [`write`](Self::write) of several parts.
@@ -445,6 +470,13 @@ impl SlotWriter {
         parts: &[&[u8]],
         tail: SharedBytes<'_>,
     ) -> Result<(), ShmError> {
+        if let ([head], n @ ..=SMALL_TAIL) = (parts, tail.len()) {
+            // A small echo (the common Medium): loaded into a private word or few and
+            // written as a head and payload, cheaper than setting up the bulk copy.
+            let mut buf = [0u8; SMALL_TAIL];
+            tail.read(0, &mut buf[..n])?;
+            return self.write_two(slot, flags, head, &buf[..n]);
+        }
         let len = total_len(parts).saturating_add(tail.len());
         let (at, hdr) = self.start(slot, len, flags)?;
         let body = at + SLOT_HEADER;
@@ -750,6 +782,52 @@ mod tests {
             reader.body(0, 18).unwrap().to_vec(),
             b"xy0123456789abcdef".to_vec()
         );
+    }
+
+    /// Tails past the small-echo size take the bulk copy, from another segment or from the
+    /// slot's own body; tails at the edge take the private buffer. The slot holds the same
+    /// either way, and a two-part write matches it.
+    #[test]
+    fn handles_write_large_and_edge_tails() {
+        let s = Slots {
+            data: 0,
+            count: 2,
+            size: 320,
+        };
+        let seg = Segment::heap(0, s.data_bytes()).unwrap();
+        let src = Segment::heap(0, 512).unwrap();
+        let data: Vec<u8> = (0..512).map(|i| (i * 13 + 5) as u8).collect();
+        src.byte_area().write(0, &data).unwrap();
+        let (reader, writer) = (s.reader(&seg).unwrap(), s.writer(&seg.import()).unwrap());
+        let n_edge = [SMALL_TAIL - 1, SMALL_TAIL, SMALL_TAIL + 1];
+        for (from, n) in n_edge
+            .map(|n| (3, n))
+            .into_iter()
+            .chain([(0, 200), (5, 299)])
+        {
+            let head: &[u8] = if n % 2 == 0 { b"12345678" } else { b"hd3" };
+            let tail = src.byte_area().slice(from, n).unwrap();
+            writer.write_then(1, 7, &[head], tail).unwrap();
+            let mut want = head.to_vec();
+            want.extend_from_slice(&data[from..from + n]);
+            assert_eq!(
+                reader.header(1).unwrap(),
+                SlotHeader {
+                    len: want.len() as u32,
+                    flags: 7
+                }
+            );
+            assert_eq!(reader.body(1, want.len()).unwrap().to_vec(), want, "{n}");
+            writer.write(0, 7, &[head, &data[from..from + n]]).unwrap();
+            assert_eq!(reader.body(0, want.len()).unwrap().to_vec(), want, "{n}");
+        }
+        // A large tail that is the slot's own body: through a private copy.
+        writer.write(0, 0, &[&data[..200]]).unwrap();
+        let own = reader.body(0, 200).unwrap();
+        writer.write_then(0, 1, &[b"xyz"], own).unwrap();
+        let mut want = b"xyz".to_vec();
+        want.extend_from_slice(&data[..200]);
+        assert_eq!(reader.body(0, 203).unwrap().to_vec(), want);
     }
 
     /// Hand-over between two threads through the handles: every body arrives intact, in
