@@ -27,6 +27,11 @@ pub const MEF: usize = am_nic::control::DOORBELL;
 pub const ABORT: usize = am_nic::control::ABORT;
 /// Slot flag: the Long payload is already in the AM segment.
 pub const PLACED: u32 = 1;
+/// Slot flag of a request sent with none of its sender's outstanding: if the sender's next
+/// request is sent that way too, it restarts at request slot 0 (a run of round trips stays
+/// on one slot). The receiver looks at slot 0 only after such a request, so a stream of
+/// requests in turn costs it no second line per poll.
+pub const LONE: u32 = 2;
 /// Slot flags of a reply: bits 8..16 hold how many requests it answers, minus one (see
 /// [`answers`]).
 const ANSWERS_SHIFT: u32 = 8;

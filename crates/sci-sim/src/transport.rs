@@ -13,7 +13,7 @@ use am_shm::sync::{fence, Ordering};
 use am_shm::{Imported, Segment, SharedBytes, WordRun};
 
 use crate::dma::{Engine, Job, QUEUE_DEPTH};
-use crate::layout::{answers, answers_flag, Layout, ABORT, MEF, PLACED};
+use crate::layout::{answers, answers_flag, Layout, ABORT, LONE, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
 /// Polls a receiver may make while it leaves its message-exist flag set after the work queue
@@ -61,6 +61,9 @@ struct Expect {
     rep: usize,
     /// The sender's slot 0 in [`Sci::inbox`]: its slot `k` is `base + k` there.
     base: usize,
+    /// Its last request taken carried [`LONE`]: once we have answered it, its next request
+    /// may restart at slot 0.
+    lone: bool,
 }
 
 impl Expect {
@@ -70,33 +73,36 @@ impl Expect {
             req: 0,
             rep: p,
             base,
+            lone: false,
         }
     }
 
-    /// After the message in `slot` (of a channel with `p` request slots) was taken. A reply
-    /// answers `answers` requests (1 ..= p, see [`answers`]): the next one goes to the reply
-    /// slot of the request after them.
+    /// After the message in `slot` (of a channel with `p` request slots) with slot flags
+    /// `flags` was taken. A reply answers 1 ..= p requests (see [`answered_by`]): the next
+    /// one goes to the reply slot of the request after them.
     #[inline]
-    fn advance(&mut self, slot: usize, p: usize, answers: usize) {
+    fn advance(&mut self, slot: usize, p: usize, flags: u32) {
         self.seq += 1;
         // In turn among its kind, without `next_slot`'s compares for the other kind or a
         // division: `slot - p + answers < 2 * p` (`answers <= p`).
         if slot < p {
             self.req = if slot + 1 == p { 0 } else { slot + 1 };
+            self.lone = flags & LONE != 0;
         } else {
-            let k = slot - p + answers;
+            let k = slot - p + answered_by(flags, slot, p);
             self.rep = p + if k >= p { k - p } else { k };
         }
     }
 }
 
 /// Where else than `e.req` sender `c`'s next request can be: its request slot 0, once we
-/// have answered all its requests (`to`, our bookkeeping of `c`), since it then restarts
-/// there if it had none outstanding when it sent (see [`Dest::next_req`]); `None` if that is
-/// `e.req` anyway or we still owe it replies.
+/// have answered all its requests (`to`, our bookkeeping of `c`) and the last was [`LONE`],
+/// since it then restarts there if it has none outstanding when it sends (see
+/// [`Dest::next_req`]); `None` if that is `e.req` anyway, we still owe it replies, or its
+/// last request was sent while others were outstanding.
 #[inline(always)]
 fn restart_slot(e: &Expect, to: Option<&Dest>) -> Option<usize> {
-    (e.req != 0 && to.is_some_and(|to| to.awaiting_reply == 0)).then_some(0)
+    (e.lone && e.req != 0 && to.is_some_and(|to| to.awaiting_reply == 0)).then_some(0)
 }
 
 /// A lone request went to `dest`'s request slot 0 (see [`Dest::next_req`]): its reply comes
@@ -151,11 +157,14 @@ struct Dest {
     /// The request slot the next request takes while others are outstanding. Slots are taken
     /// in turn and freed in the same order (replies come in request order), so this one is
     /// free whenever any is, and the receiver knows where to look. A request sent with none
-    /// outstanding takes slot 0 instead (then the receiver has answered all the earlier
-    /// ones, and looks there too): a lone round trip reuses one slot, whose lines stay warm
-    /// in both caches, instead of cycling through all of them (with 32 slots, a 512-byte
-    /// Medium round trip took 1.2-1.3x as long as with 8).
+    /// outstanding, after one that was sent that way too ([`LONE`]), takes slot 0 instead
+    /// (then the receiver has answered all the earlier ones, and looks there too): a run of
+    /// round trips reuses one slot, whose lines stay warm in both caches, instead of cycling
+    /// through all of them (with 32 slots, a 512-byte Medium round trip took 1.2-1.3x as long
+    /// as with 8). A stream keeps to the slots in turn, where the receiver looks first.
     next_req: usize,
+    /// Our last request to it was sent with none outstanding (it carried [`LONE`]).
+    last_lone: bool,
     /// Next stamp.
     send_seq: u64,
     /// The destination's take count (see [`Layout::taken`]) as read when we last rang it;
@@ -415,17 +424,20 @@ impl TxState {
         let slot = match msg.reply_to {
             None => {
                 let lone = to.mls.0 == 0;
-                let k = if lone { 0 } else { to.next_req };
+                let restart = lone && to.last_lone;
+                let k = if restart { 0 } else { to.next_req };
                 if to.mls.is_busy(k) {
                     return Some(Err(SendError::Busy));
                 }
-                if !write_small(&to.out, self.config.medium, k, 0, msg) {
+                let flags = if lone { LONE } else { 0 };
+                if !write_small(&to.out, self.config.medium, k, flags, msg) {
                     return None;
                 }
                 to.mls.take(k);
+                to.last_lone = lone;
                 // `k < p`: request slots are taken in turn.
                 to.next_req = if k + 1 == p { 0 } else { k + 1 };
-                if lone {
+                if restart {
                     restarted(&mut self.recv, d, p);
                 }
                 k
@@ -532,11 +544,12 @@ impl TxState {
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
-            let k = if to.mls.0 == 0 { 0 } else { to.next_req };
+            let lone = to.mls.0 == 0;
+            let k = if lone && to.last_lone { 0 } else { to.next_req };
             if to.mls.is_busy(k) {
                 return Err(SendError::Busy);
             }
-            (k, 0, 0, 0)
+            (k, if lone { LONE } else { 0 }, 0, 0)
         };
         let cap = self.chan.capacity();
         let base = self.chan.base(slot).map_err(sci_err)?;
@@ -613,9 +626,11 @@ impl TxState {
             to.awaiting_reply &= !answered;
             to.answer_next = answer_after;
         } else {
-            if to.mls.0 == 0 {
+            let lone = to.mls.0 == 0;
+            if lone && to.last_lone {
                 restarted(&mut self.recv, d, p);
             }
+            to.last_lone = lone;
             to.mls.take(slot);
             to.next_req = next_slot(slot, p);
         }
@@ -697,6 +712,7 @@ impl Sci {
                         lost: false,
                         awaiting_reply: 0,
                         answer_next: 0,
+                        last_lone: false,
                     })
                     .collect(),
                 recv: (0..n)
@@ -952,13 +968,10 @@ impl Sci {
                 _ => return Ok(None),
             }
         };
-        // A reply's flags say how many requests it answers (where the next reply goes).
-        let n = if slot < p {
-            1
-        } else {
-            answered_by(self.inbox.header(e.base + slot).map_err(io)?.flags, slot, p)
-        };
-        e.advance(slot, p, n);
+        // A reply's flags say how many requests it answers (where the next reply goes), a
+        // request's whether it was sent lone.
+        let flags = self.inbox.header(e.base + slot).map_err(io)?.flags;
+        e.advance(slot, p, flags);
         Ok(Some(slot))
     }
 
@@ -996,7 +1009,7 @@ impl Sci {
         }
         while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
             let flags = self.inbox.header(e.base + slot)?.flags;
-            e.advance(slot, p, answered_by(flags, slot, p));
+            e.advance(slot, p, flags);
             self.work.push_back((c, slot));
         }
         Ok(())
@@ -1200,7 +1213,7 @@ impl Transport for Sci {
         let am_shm::stamp::SlotHeader { len, flags } = self.inbox.header(at).map_err(corrupt)?;
         if fresh {
             if let Some(e) = self.tx.recv.get_mut(src) {
-                e.advance(slot, p, answered_by(flags, slot, p));
+                e.advance(slot, p, flags);
             }
         }
         let bytes = self.inbox.body(at, len as usize).map_err(corrupt)?;
@@ -1547,9 +1560,9 @@ mod tests {
         assert!(b.poll_recv(|_, _, _| ()).unwrap().is_none());
     }
 
-    /// A request sent with none outstanding restarts at slot 0; requests sent while others
-    /// are outstanding take slots in turn, and a slot comes back in the order it was taken.
-    /// The receiver finds each where it looks first (no scan), and the replies where the
+    /// A request sent with none outstanding after one sent that way too restarts at slot 0;
+    /// the others take slots in turn, and a slot comes back in the order it was taken. The
+    /// receiver finds each where it looks first (no scan), and the replies where the
     /// requester looks.
     #[test]
     fn request_slots_are_taken_in_turn_and_a_lone_one_restarts() {
@@ -1567,15 +1580,16 @@ mod tests {
             .unwrap()
             .unwrap();
         };
-        // Lone round trips: each in slot 0.
+        // Lone round trips: the first in turn (slot 0 here), then each in slot 0.
         for _ in 0..3 {
             a.try_send(1, &out(&h[..n], &[])).unwrap();
             answer(&mut b, &mut slots);
             a.poll_recv(|_, _, _| ()).unwrap().unwrap();
         }
-        // Three in flight, then their replies; then two, the second sent before the first's
-        // reply is seen (so in turn), then one alone again.
-        for burst in [3, 2, 1] {
+        // Three in flight, then their replies (the first restarts, after a lone one); then
+        // two, the second sent before the first's reply is seen, in turn (the first too: the
+        // last before it was not lone); then one alone in turn, and one alone that restarts.
+        for burst in [3, 2, 1, 1] {
             for _ in 0..burst {
                 a.try_send(1, &out(&h[..n], &[])).unwrap();
             }
@@ -1586,7 +1600,7 @@ mod tests {
                 a.poll_recv(|_, _, _| ()).unwrap().unwrap();
             }
         }
-        assert_eq!(slots, [0, 0, 0, 0, 1, 2, 0, 1, 0]);
+        assert_eq!(slots, [0, 0, 0, 0, 1, 2, 3, 0, 1, 0]);
         assert!(
             a.work.is_empty() && b.work.is_empty(),
             "found without a scan"
@@ -1615,10 +1629,19 @@ mod tests {
         assert!(a.poll_recv(|_, _, _| ()).unwrap().is_some());
         b.try_send(0, &reply(&r[..rn], &[], route)).unwrap();
         assert!(a.poll_recv(|_, _, _| ()).unwrap().is_some());
-        // Both answered: the next lone one restarts at slot 0.
+        // Both answered, the last not lone: the next lone one goes in turn (slot 2), and
+        // the lone one after it restarts at slot 0; each found first time.
+        a.try_send(1, &out(&h[..n], &[])).unwrap();
+        let route = b.poll_recv(|d, _, _| d.route).unwrap().unwrap();
+        assert_eq!(route, Route::new(3));
+        b.try_send(0, &reply(&r[..rn], &[], route)).unwrap();
+        assert!(a.poll_recv(|_, _, _| ()).unwrap().is_some());
         a.try_send(1, &out(&h[..n], &[])).unwrap();
         assert_eq!(b.poll_recv(|d, _, _| d.route).unwrap(), Some(Route::new(1)));
-        assert!(b.work.is_empty());
+        assert!(
+            a.work.is_empty() && b.work.is_empty(),
+            "found without a scan"
+        );
     }
 
     /// Ranks in the model test: with more than two, a sender is not always the hinted one.
@@ -1967,6 +1990,39 @@ mod tests {
             c.tx.dests[1].rung = 5;
             c.seg.import().store_word(at, 5).unwrap();
             good_still_arrives(&mut b, &mut c);
+        }
+
+        /// A sender that restarts at slot 0 when its last request was not lone (breaking the
+        /// rule, or with the flag forged) is not looked for there first, and is still found.
+        #[test]
+        fn a_restart_the_receiver_does_not_expect_is_found_in_order() {
+            let (_a, mut b, mut c) = trio();
+            let mut h = [0u8; MAX_HEAD_LEN];
+            let n = head(Category::Request, AmKind::Medium, 4, &mut h);
+            let mut r = [0u8; MAX_HEAD_LEN];
+            let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+            // Rank 2's three requests go in turn (slots 0, 1 and 0 again, the last two not
+            // lone: the third is sent after the first's reply, before the second's); all
+            // answered.
+            let answer = |b: &mut Sci| {
+                let route = b.poll_recv(|d, _, _| d.route).unwrap().unwrap();
+                b.try_send(2, &reply(&r[..rn], &[], route)).unwrap();
+            };
+            c.try_send(1, &out(&h[..n], b"turn")).unwrap();
+            c.try_send(1, &out(&h[..n], b"turn")).unwrap();
+            answer(&mut b);
+            assert!(c.poll_recv(|_, _, _| ()).unwrap().is_some());
+            c.try_send(1, &out(&h[..n], b"turn")).unwrap();
+            answer(&mut b);
+            answer(&mut b);
+            while c.poll_recv(|_, _, _| ()).unwrap().is_some() {}
+            assert!(
+                b.tx.recv[2].req == 1 && !b.tx.recv[2].lone,
+                "expects slot 1 only"
+            );
+            c.tx.dests[1].last_lone = true;
+            good_still_arrives(&mut b, &mut c);
+            assert_eq!(c.tx.dests[1].next_req, 1, "it went to slot 0");
         }
 
         /// Garbage on the message-exist flag (any tags) costs a scan, nothing else.
