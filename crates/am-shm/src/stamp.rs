@@ -462,7 +462,8 @@ impl SlotWriter {
 
     /// [`write`](Self::write) of `parts` followed by the shared bytes `tail` (a received
     /// payload echoed or forwarded), which move straight from their mapping (see
-    /// [`Imported::write_padded_then`]).
+    /// [`Imported::write_padded_then`]); a tail of at most 64 bytes with one part before it
+    /// goes through a private buffer instead, which costs less than setting up the copy.
     pub fn write_then(
         &self,
         slot: usize,

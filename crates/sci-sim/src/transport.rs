@@ -52,8 +52,9 @@ struct TxState {
 
 /// What a receiver expects of one sender: its next message carries stamp `seq` and is in
 /// `req` (its next request slot) or `rep` (the reply slot of our oldest unanswered request),
-/// as both sides take slots in turn; or, once we have answered all its requests, in its
-/// request slot 0 (a lone request restarts there, see [`Dest::next_req`]).
+/// as both sides take slots in turn; or, once we have answered all its requests and the last
+/// carried [`LONE`], in its request slot 0 (a lone request after a lone one restarts there,
+/// see [`Dest::next_req`]).
 #[derive(Clone, Copy)]
 struct Expect {
     seq: u64,
@@ -1390,10 +1391,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn pair(slots: usize) -> (Sci, Sci) {
-        let config = SciConfig {
+        pair_with(SciConfig {
             slots,
             ..SciConfig::default()
-        };
+        })
+    }
+
+    fn pair_with(config: SciConfig) -> (Sci, Sci) {
         let mut v = Sci::cluster(2, 4096, config).unwrap();
         let b = v.pop().unwrap();
         (v.pop().unwrap(), b)
@@ -1562,51 +1566,109 @@ mod tests {
 
     /// A request sent with none outstanding after one sent that way too restarts at slot 0;
     /// the others take slots in turn, and a slot comes back in the order it was taken. The
-    /// receiver finds each where it looks first (no scan), and the replies where the
-    /// requester looks.
+    /// receiver finds each the first time it polls (a scan runs only after many fruitless
+    /// polls or a wait, neither of which happens here), and the requester its replies. On
+    /// both send paths: `send_small` (Shorts) and `send` (Mediums staged by "1 copy, 1
+    /// transfer", and Longs, copied or by the DMA engine).
     #[test]
     fn request_slots_are_taken_in_turn_and_a_lone_one_restarts() {
-        let (mut a, mut b) = pair(4);
         let mut h = [0u8; MAX_HEAD_LEN];
         let n = head(Category::Request, AmKind::Short, 0, &mut h);
-        let mut r = [0u8; MAX_HEAD_LEN];
-        let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
-        let mut slots = Vec::new();
-        let answer = |b: &mut Sci, slots: &mut Vec<u64>| {
-            b.poll_recv(|d, _, tx| {
-                slots.push(d.route.get() - 1);
-                tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap()
-            })
-            .unwrap()
-            .unwrap();
+        let short = out(&h[..n], &[]);
+        let mut hm = [0u8; MAX_HEAD_LEN];
+        let nm = head(Category::Request, AmKind::Medium, 4, &mut hm);
+        let medium = out(&hm[..nm], b"four");
+        let mut hl = [0u8; MAX_HEAD_LEN];
+        let nl = head(Category::Request, AmKind::Long, 4, &mut hl);
+        let long = Outgoing {
+            long_offset: Some(0),
+            ..out(&hl[..nl], b"long")
         };
-        // Lone round trips: the first in turn (slot 0 here), then each in slot 0.
-        for _ in 0..3 {
-            a.try_send(1, &out(&h[..n], &[])).unwrap();
-            answer(&mut b, &mut slots);
-            a.poll_recv(|_, _, _| ()).unwrap().unwrap();
-        }
-        // Three in flight, then their replies (the first restarts, after a lone one); then
-        // two, the second sent before the first's reply is seen, in turn (the first too: the
-        // last before it was not lone); then one alone in turn, and one alone that restarts.
-        for burst in [3, 2, 1, 1] {
-            for _ in 0..burst {
-                a.try_send(1, &out(&h[..n], &[])).unwrap();
-            }
-            for _ in 0..burst {
+        let four = |config: SciConfig| SciConfig { slots: 4, ..config };
+        let cases = [
+            ("Short", four(SciConfig::default()), &short),
+            (
+                "Medium, one copy",
+                four(SciConfig {
+                    medium: MediumStrategy::OneCopy,
+                    ..SciConfig::default()
+                }),
+                &medium,
+            ),
+            (
+                "Long, copied",
+                four(SciConfig {
+                    dma_threshold: usize::MAX,
+                    ..SciConfig::default()
+                }),
+                &long,
+            ),
+            (
+                "Long, by DMA",
+                four(SciConfig {
+                    dma_threshold: 1,
+                    ..SciConfig::default()
+                }),
+                &long,
+            ),
+        ];
+        for (what, config, msg) in cases {
+            let (mut a, mut b) = pair_with(config);
+            let mut r = [0u8; MAX_HEAD_LEN];
+            let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+            let mut slots = Vec::new();
+            let answer = |b: &mut Sci, slots: &mut Vec<u64>| {
+                b.poll_recv(|d, _, tx| {
+                    slots.push(d.route.get() - 1);
+                    tx.try_send(0, &reply(&r[..rn], &[], d.route)).unwrap()
+                })
+                .unwrap()
+                .unwrap_or_else(|| panic!("{what}: a request not found first time"));
+            };
+            // A Long by DMA is published once the engine is done: a bounded wait.
+            let send = |a: &mut Sci| {
+                a.try_send(1, msg).unwrap();
+                let t = std::time::Instant::now();
+                while !a.tx.dma.queue.is_empty() {
+                    assert!(t.elapsed() < Duration::from_secs(10), "{what}: DMA stuck");
+                    a.tx.progress_dma(&a.seg).unwrap();
+                    std::thread::yield_now();
+                }
+            };
+            let replied = |a: &mut Sci| {
+                a.poll_recv(|_, _, _| ())
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{what}: a reply not found first time"));
+            };
+            // Lone round trips: the first in turn (slot 0 here), then each in slot 0.
+            for _ in 0..3 {
+                send(&mut a);
                 answer(&mut b, &mut slots);
+                replied(&mut a);
             }
-            for _ in 0..burst {
-                a.poll_recv(|_, _, _| ()).unwrap().unwrap();
+            // Three in flight, then their replies (the first restarts, after a lone one);
+            // then two, the second sent before the first's reply is seen, in turn (the
+            // first too: the last before it was not lone); then one alone in turn, and one
+            // alone that restarts.
+            for burst in [3, 2, 1, 1] {
+                for _ in 0..burst {
+                    send(&mut a);
+                }
+                for _ in 0..burst {
+                    answer(&mut b, &mut slots);
+                }
+                for _ in 0..burst {
+                    replied(&mut a);
+                }
             }
+            assert_eq!(slots, [0, 0, 0, 0, 1, 2, 3, 0, 1, 0], "{what}");
+            assert!(
+                a.work.is_empty() && b.work.is_empty(),
+                "{what}: nothing queued"
+            );
+            assert!(a.poll_recv(|_, _, _| ()).unwrap().is_none());
+            assert!(b.poll_recv(|_, _, _| ()).unwrap().is_none());
         }
-        assert_eq!(slots, [0, 0, 0, 0, 1, 2, 3, 0, 1, 0]);
-        assert!(
-            a.work.is_empty() && b.work.is_empty(),
-            "found without a scan"
-        );
-        assert!(a.poll_recv(|_, _, _| ()).unwrap().is_none());
-        assert!(b.poll_recv(|_, _, _| ()).unwrap().is_none());
     }
 
     /// A request whose sender saw the reply to its last one after it sent restarts nowhere:
@@ -1638,10 +1700,7 @@ mod tests {
         assert!(a.poll_recv(|_, _, _| ()).unwrap().is_some());
         a.try_send(1, &out(&h[..n], &[])).unwrap();
         assert_eq!(b.poll_recv(|d, _, _| d.route).unwrap(), Some(Route::new(1)));
-        assert!(
-            a.work.is_empty() && b.work.is_empty(),
-            "found without a scan"
-        );
+        assert!(a.work.is_empty() && b.work.is_empty(), "nothing queued");
     }
 
     /// Ranks in the model test: with more than two, a sender is not always the hinted one.
@@ -2021,8 +2080,22 @@ mod tests {
                 "expects slot 1 only"
             );
             c.tx.dests[1].last_lone = true;
-            good_still_arrives(&mut b, &mut c);
-            assert_eq!(c.tx.dests[1].next_req, 1, "it went to slot 0");
+            // The restart (slot 0), then one in turn (slot 1, the stamp after it).
+            c.try_send(1, &out(&h[..n], b"rst0")).unwrap();
+            c.try_send(1, &out(&h[..n], b"rst1")).unwrap();
+            assert_eq!(c.tx.dests[1].next_req, 0, "slots 0 and 1 taken");
+            // Not looked for in slot 0, and the later one in slot 1 not taken early.
+            assert!(b.poll_recv(|_, _, _| ()).unwrap().is_none());
+            let mut got = Vec::new();
+            for _ in 0..50 {
+                match b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())) {
+                    Ok(Some((2, bytes))) => got.push(bytes[n..].to_vec()),
+                    Ok(Some((src, _))) => panic!("a message from rank {src} was delivered"),
+                    Ok(None) | Err(_) if got.len() == 2 => break,
+                    Ok(None) | Err(_) => b.wait(Duration::from_millis(20)).unwrap(),
+                }
+            }
+            assert_eq!(got, [b"rst0".to_vec(), b"rst1".to_vec()], "both, in order");
         }
 
         /// Garbage on the message-exist flag (any tags) costs a scan, nothing else.
