@@ -351,10 +351,10 @@ fn write_small(
     }
 }
 
-/// A Medium's slot by "0 copy, 2 transfers" (out of the Short's path): header and head,
-/// then the payload straight from where it is. `None` for "1 copy, 1 transfer", which
-/// `TxState::send` stages.
-#[inline(never)]
+/// A Medium's slot by "0 copy, 2 transfers": header and head, then the payload straight
+/// from where it is. `None` for "1 copy, 1 transfer", which `TxState::send` stages. Inlined
+/// (10 instructions less per Medium round trip, none more for a Short's).
+#[inline(always)]
 fn write_medium(
     out: &SlotWriter,
     medium: MediumStrategy,
