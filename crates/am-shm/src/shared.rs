@@ -320,6 +320,56 @@ mod tests {
             .is_err());
     }
 
+    /// Copies long enough for the vector copy, to and from every word offset of a line (so
+    /// each 32-byte move starts at each offset of a 32-byte block) and a few unaligned ones:
+    /// private to shared, shared to private (into a buffer at several byte offsets) and
+    /// shared to shared; the bytes land where they should, and the neighbours are kept.
+    #[test]
+    fn vector_copies_from_every_word_of_a_line() {
+        let size = 1024;
+        // Under Miri the vector copy is not built (the word loop is checked): a few cases.
+        let lens: &[usize] = if cfg!(miri) {
+            &[64]
+        } else {
+            &[64, 72, 88, 96, 120, 128, 136, 200, 256, 504, 512, 520]
+        };
+        let offsets: Vec<usize> = if cfg!(miri) {
+            vec![0, 8, 24, 3]
+        } else {
+            (0..64).step_by(8).chain([1, 3, 13]).collect()
+        };
+        let pattern: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+        let src_seg = Segment::heap(0, size).unwrap();
+        src_seg.byte_area().write(0, &pattern).unwrap();
+        for &n in lens {
+            for &at in &offsets {
+                let seg = Segment::heap(0, size).unwrap();
+                let b = seg.byte_area();
+                let mut want = vec![0xEE; size];
+                want[at..at + n].copy_from_slice(&pattern[..n]);
+                b.fill(0, size, 0xEE).unwrap();
+                b.write(at, &pattern[..n]).unwrap();
+                assert_eq!(b.to_vec(), want, "write n {n} at {at}");
+                for k in [0, 1, 5, 8] {
+                    let mut back = vec![0x11u8; n + 16];
+                    b.read(at, &mut back[k..k + n]).unwrap();
+                    assert_eq!(
+                        &back[k..k + n],
+                        &pattern[..n],
+                        "read n {n} at {at} into {k}"
+                    );
+                    assert!(back[..k].iter().chain(&back[k + n..]).all(|&x| x == 0x11));
+                }
+                let mut want = vec![0xEE; size];
+                want[at..at + n].copy_from_slice(&pattern[24..24 + n]);
+                b.fill(0, size, 0xEE).unwrap();
+                b.copy_from(at, src_seg.byte_area().slice(24, n).unwrap())
+                    .unwrap();
+                assert_eq!(b.to_vec(), want, "copy n {n} to {at}");
+            }
+        }
+    }
+
     /// Shared-to-shared copies at every pair of alignments, short and past the `rep movsb`
     /// threshold, between mappings and overlapping within one (both directions): the bytes
     /// land as `memmove` would put them, and the neighbours are kept.
