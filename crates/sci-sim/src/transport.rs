@@ -184,6 +184,53 @@ struct Dest {
     answer_next: usize,
 }
 
+/// A request slot chosen by [`Dest::request_slot`], to be claimed by [`Dest::took_request`]
+/// once the request is written.
+#[derive(Clone, Copy)]
+struct RequestSlot {
+    index: usize,
+    /// The slot flags: [`LONE`] if no other request to this peer is outstanding.
+    flags: u32,
+    /// A lone request after a lone one: it restarts at slot 0.
+    restart: bool,
+}
+
+impl Dest {
+    /// The request slot our next request to this peer takes (see [`Dest::next_req`]);
+    /// `None` while that slot still holds a request.
+    #[inline(always)]
+    fn request_slot(&self) -> Option<RequestSlot> {
+        let lone = self.mls.0 == 0;
+        let restart = lone && self.last_lone;
+        let index = if restart { 0 } else { self.next_req };
+        if self.mls.is_busy(index) {
+            return None;
+        }
+        let flags = if lone { LONE } else { 0 };
+        Some(RequestSlot {
+            index,
+            flags,
+            restart,
+        })
+    }
+
+    /// The request was written to `slot.index` (`< p`): the slot is claimed and the next
+    /// one chosen. Whether it restarted at slot 0, which the caller tells the receive side
+    /// ([`restarted`]).
+    #[inline(always)]
+    fn took_request(&mut self, slot: RequestSlot, p: usize) -> bool {
+        self.last_lone = slot.flags & LONE != 0;
+        self.mls.take(slot.index);
+        // Request slots are taken in turn.
+        self.next_req = if slot.index + 1 == p {
+            0
+        } else {
+            slot.index + 1
+        };
+        slot.restart
+    }
+}
+
 /// The seed's **message location status** of one destination, at the sender: bit `k` set
 /// while request slot `k` at that peer holds a request whose reply (or implicit ACK) has not
 /// come back, so the slot may not be written.
@@ -424,24 +471,16 @@ impl TxState {
         // reports it (`TooLarge`).
         let slot = match msg.reply_to {
             None => {
-                let lone = to.mls.0 == 0;
-                let restart = lone && to.last_lone;
-                let k = if restart { 0 } else { to.next_req };
-                if to.mls.is_busy(k) {
+                let Some(slot) = to.request_slot() else {
                     return Some(Err(SendError::Busy));
-                }
-                let flags = if lone { LONE } else { 0 };
-                if !write_small(&to.out, self.config.medium, k, flags, msg) {
+                };
+                if !write_small(&to.out, self.config.medium, slot.index, slot.flags, msg) {
                     return None;
                 }
-                to.mls.take(k);
-                to.last_lone = lone;
-                // `k < p`: request slots are taken in turn.
-                to.next_req = if k + 1 == p { 0 } else { k + 1 };
-                if restart {
+                if to.took_request(slot, p) {
                     restarted(&mut self.recv, d, p);
                 }
-                k
+                slot.index
             }
             Some(route) => {
                 let k = match usize::try_from(route.get().wrapping_sub(1)) {
@@ -526,7 +565,7 @@ impl TxState {
         // its route names (the request's slot) and, for a coalesced implicit reply, the
         // earlier ones still unanswered, which it answers too (the slot flags say how many).
         // For a reply, `answer_after` is the slot of the request after the last it answers.
-        let (slot, answering, answered, answer_after) = if let Some(route) = msg.reply_to {
+        let (slot, answering, answered, answer_after, request) = if let Some(route) = msg.reply_to {
             match route.get().checked_sub(1).map(usize::try_from) {
                 Some(Ok(k)) if k < p => {
                     let first = to.answer_next;
@@ -540,17 +579,13 @@ impl TxState {
                     if to.awaiting_reply & mask != mask {
                         return Err(SendError::NoRequestToAnswer(route));
                     }
-                    (p + first, answering, mask, next_slot(k, p))
+                    (p + first, answering, mask, next_slot(k, p), None)
                 }
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
-            let lone = to.mls.0 == 0;
-            let k = if lone && to.last_lone { 0 } else { to.next_req };
-            if to.mls.is_busy(k) {
-                return Err(SendError::Busy);
-            }
-            (k, if lone { LONE } else { 0 }, 0, 0)
+            let r = to.request_slot().ok_or(SendError::Busy)?;
+            (r.index, r.flags, 0, 0, Some(r))
         };
         let cap = self.chan.capacity();
         let base = self.chan.base(slot).map_err(sci_err)?;
@@ -623,17 +658,16 @@ impl TxState {
             .map_err(sci_err)?;
         }
         // Claimed: message location status, or the requests answered.
-        if slot >= p {
-            to.awaiting_reply &= !answered;
-            to.answer_next = answer_after;
-        } else {
-            let lone = to.mls.0 == 0;
-            if lone && to.last_lone {
-                restarted(&mut self.recv, d, p);
+        match request {
+            None => {
+                to.awaiting_reply &= !answered;
+                to.answer_next = answer_after;
             }
-            to.last_lone = lone;
-            to.mls.take(slot);
-            to.next_req = next_slot(slot, p);
+            Some(r) => {
+                if to.took_request(r, p) {
+                    restarted(&mut self.recv, d, p);
+                }
+            }
         }
         if via_dma {
             self.dma.queue.push_back((d, slot));
