@@ -195,6 +195,15 @@ struct RequestSlot {
     restart: bool,
 }
 
+/// What a message written by [`TxState::send`] claims at its destination once written.
+enum Claim {
+    /// A request: the slot [`Dest::request_slot`] chose.
+    Request(RequestSlot),
+    /// A reply: it answers the requests whose slots are set in `answered`; the next reply
+    /// to this peer answers the request in slot `answer_after`.
+    Reply { answered: u64, answer_after: usize },
+}
+
 impl Dest {
     /// The request slot our next request to this peer takes (see [`Dest::next_req`]);
     /// `None` while that slot still holds a request.
@@ -565,7 +574,7 @@ impl TxState {
         // its route names (the request's slot) and, for a coalesced implicit reply, the
         // earlier ones still unanswered, which it answers too (the slot flags say how many).
         // For a reply, `answer_after` is the slot of the request after the last it answers.
-        let (slot, answering, answered, answer_after, request) = if let Some(route) = msg.reply_to {
+        let (slot, answering, claim) = if let Some(route) = msg.reply_to {
             match route.get().checked_sub(1).map(usize::try_from) {
                 Some(Ok(k)) if k < p => {
                     let first = to.answer_next;
@@ -579,13 +588,17 @@ impl TxState {
                     if to.awaiting_reply & mask != mask {
                         return Err(SendError::NoRequestToAnswer(route));
                     }
-                    (p + first, answering, mask, next_slot(k, p), None)
+                    let claim = Claim::Reply {
+                        answered: mask,
+                        answer_after: next_slot(k, p),
+                    };
+                    (p + first, answering, claim)
                 }
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
             let r = to.request_slot().ok_or(SendError::Busy)?;
-            (r.index, r.flags, 0, 0, Some(r))
+            (r.index, r.flags, Claim::Request(r))
         };
         let cap = self.chan.capacity();
         let base = self.chan.base(slot).map_err(sci_err)?;
@@ -658,12 +671,15 @@ impl TxState {
             .map_err(sci_err)?;
         }
         // Claimed: message location status, or the requests answered.
-        match request {
-            None => {
+        match claim {
+            Claim::Reply {
+                answered,
+                answer_after,
+            } => {
                 to.awaiting_reply &= !answered;
                 to.answer_next = answer_after;
             }
-            Some(r) => {
+            Claim::Request(r) => {
                 if to.took_request(r, p) {
                     restarted(&mut self.recv, d, p);
                 }
