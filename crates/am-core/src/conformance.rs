@@ -49,7 +49,9 @@ const REQ_LONG: HandlerId = HandlerId(12);
 /// it straight from its receive buffer (Medium) or the segment (Long) into the reply.
 const REQ_MEDIUM_REF: HandlerId = HandlerId(13);
 const REQ_LONG_REF: HandlerId = HandlerId(14);
-/// Tries a Long reply past the end of the requester's segment, and keeps what it got.
+/// Tries a reply the replier must refuse, and keeps what it got: by its argument, a Long
+/// past the end of the requester's segment (0), a Short with too many arguments (1), a Short
+/// to a request handler (2) or to a Medium reply handler (3).
 const REQ_LONG_OOB: HandlerId = HandlerId(15);
 const REP_SHORT: HandlerId = HandlerId(20);
 const REP_MEDIUM: HandlerId = HandlerId(21);
@@ -68,8 +70,8 @@ struct Seen {
     last_args: RefCell<Vec<u32>>,
     last_payload: RefCell<Vec<u8>>,
     order: RefCell<Vec<(u32, u32)>>,
-    /// What [`REQ_LONG_OOB`]'s `reply_long` returned.
-    bad_reply: RefCell<Option<Result<(), AmError>>>,
+    /// What [`REQ_LONG_OOB`]'s replies returned, by its argument.
+    bad_replies: RefCell<Vec<(u32, Result<(), AmError>)>>,
 }
 
 impl Seen {
@@ -146,9 +148,17 @@ fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
         "req_long_oob",
         AmKind::Short,
         move |msg, token| {
-            let past_the_end = msg.segment().len() - 2;
-            let r = token.reply_long(REP_LONG, &[], &[1, 2, 3], past_the_end);
-            *s.bad_reply.borrow_mut() = Some(r);
+            let which = msg.args().first().copied().unwrap_or(0);
+            let r = match which {
+                0 => {
+                    let past_the_end = msg.segment().len() - 2;
+                    token.reply_long(REP_LONG, &[], &[1, 2, 3], past_the_end)
+                }
+                1 => token.reply_short(REP_SHORT, &[0; crate::wire::MAX_ARGS + 1]),
+                2 => token.reply_short(REQ_SHORT, &[]),
+                _ => token.reply_short(REP_MEDIUM, &[7]),
+            };
+            s.bad_replies.borrow_mut().push((which, r));
         },
     )
     .expect("register");
@@ -373,20 +383,29 @@ pub fn size_limits_and_bad_arguments<T: Transport + Send>(make: &dyn Fn(u32, usi
         ));
         node.barrier().expect("barrier");
         assert_eq!(seen.requests.get(), 0, "nothing was sent");
-        // A Long reply out of the requester's segment is refused at the replier, and the
-        // requester gets its credit back (the implicit reply) and no error.
-        node.request_short(peer, REQ_LONG_OOB, &[])
-            .expect("request");
-        node.quiesce().expect("the credit comes back");
+        // A Long reply out of the requester's segment, and Short replies with too many
+        // arguments or to a handler that is not a Short reply, are refused at the replier;
+        // the requester gets its credit back (the implicit reply) and no error.
+        for which in 0..4 {
+            node.request_short(peer, REQ_LONG_OOB, &[which])
+                .expect("request");
+        }
+        node.quiesce().expect("the credits come back");
+        assert_eq!(node.credits_available(peer), 4, "every credit home");
         node.barrier().expect("barrier");
-        assert!(
-            matches!(
-                *seen.bad_reply.borrow(),
-                Some(Err(AmError::SegmentOutOfBounds { .. }))
-            ),
-            "{:?}",
-            seen.bad_reply.borrow()
+        let got = seen.bad_replies.borrow();
+        assert_eq!(
+            got.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
         );
+        assert!(
+            matches!(got[0].1, Err(AmError::SegmentOutOfBounds { .. }))
+                && matches!(got[1].1, Err(AmError::TooManyArgs(17)))
+                && matches!(got[2].1, Err(AmError::NotRegistered { .. }))
+                && matches!(got[3].1, Err(AmError::NotRegistered { .. })),
+            "{got:?}"
+        );
+        drop(got);
         assert_eq!(seen.replies.get(), 0, "no reply handler ran");
         node.barrier().expect("barrier");
     });
