@@ -84,10 +84,10 @@ impl Expect {
     #[inline]
     fn advance(&mut self, slot: usize, p: usize, flags: u32) {
         self.seq += 1;
-        // In turn among its kind, without `next_slot`'s compares for the other kind or a
-        // division: `slot - p + answers < 2 * p` (`answers <= p`).
+        // In turn among its kind, without a division: `slot - p + answers < 2 * p`
+        // (`answers <= p`).
         if slot < p {
-            self.req = if slot + 1 == p { 0 } else { slot + 1 };
+            self.req = next_request_slot(slot, p);
             self.lone = flags & LONE != 0;
         } else {
             let k = slot - p + answered_by(flags, slot, p);
@@ -137,14 +137,14 @@ fn cyclic_mask(start: usize, n: usize, p: usize) -> u64 {
     (ones(first) << start) | ones(n - first)
 }
 
-/// The slot after `slot` among its kind (request slots `0..p`, reply slots `p..2p`), in turn.
-#[inline]
-fn next_slot(slot: usize, p: usize) -> usize {
+/// The request slot after request slot `slot` (`< p`): request slots are taken in turn.
+#[inline(always)]
+fn next_request_slot(slot: usize, p: usize) -> usize {
     // Compare instead of `%`: a division is tens of cycles on every message.
-    match slot + 1 {
-        n if n == p => 0,
-        n if n == 2 * p => p,
-        n => n,
+    if slot + 1 == p {
+        0
+    } else {
+        slot + 1
     }
 }
 
@@ -230,12 +230,7 @@ impl Dest {
     fn took_request(&mut self, slot: RequestSlot, p: usize) -> bool {
         self.last_lone = slot.flags & LONE != 0;
         self.mls.take(slot.index);
-        // Request slots are taken in turn.
-        self.next_req = if slot.index + 1 == p {
-            0
-        } else {
-            slot.index + 1
-        };
+        self.next_req = next_request_slot(slot.index, p);
         slot.restart
     }
 }
@@ -510,7 +505,7 @@ impl TxState {
                     return None;
                 }
                 to.awaiting_reply &= !mask;
-                to.answer_next = if k + 1 == p { 0 } else { k + 1 };
+                to.answer_next = next_request_slot(k, p);
                 p + first
             }
         };
@@ -590,7 +585,7 @@ impl TxState {
                     }
                     let claim = Claim::Reply {
                         answered: mask,
-                        answer_after: next_slot(k, p),
+                        answer_after: next_request_slot(k, p),
                     };
                     (p + first, answering, claim)
                 }
