@@ -59,9 +59,9 @@
 //!
 //! # Threat model
 //!
-//! **Protected.** Every datagram carries a 16-byte MAC of its whole header and payload:
-//! AES-128-GCM's tag over an empty plaintext with the datagram as associated data (GMAC),
-//! under a key of its own direction (derived from the job key, the job id, both ranks and both
+//! **Protected.** Every datagram's payload is encrypted and its whole header and payload carry
+//! a 16-byte MAC: AES-128-GCM with the header as associated data (the header stays readable:
+//! the receiver needs its addresses to pick the key), under a key of its own direction (derived from the job key, the job id, both ranks and both
 //! ranks' epochs) and with its packet number as nonce, so no nonce is ever used twice under
 //! one key ([`wire::DatagramKey`] gives the argument). Before the MAC only the length, the
 //! format, the job tag and the addresses (which pick the key) are compared; a datagram that
@@ -83,8 +83,8 @@
 //! redirecting its traffic. The key is confirmed at start-up: a rank with another key fails
 //! with [`UdpError::KeyMismatch`].
 //!
-//! **Not protected.** Traffic is **not encrypted**: anyone on the path can read every AM and
-//! every put/get payload. An on-path attacker can drop or delay datagrams (a denial of
+//! **Not protected.** The header is not encrypted: anyone on the path sees ranks, epochs,
+//! packet and sequence numbers, acks and message lengths. An on-path attacker can drop or delay datagrams (a denial of
 //! service, which ends as `PeerLost`), and a flood of junk costs CPU (at most one MAC check
 //! per datagram, none for a datagram that names no current pair of ranks). The key is only as
 //! secret as the way it reaches the ranks: `amrun` hands it to the ranks of a udp job only,
@@ -97,7 +97,7 @@
 //! or user account of the job is trusted. Traffic analysis (who talks to whom, sizes, timing)
 //! is not hidden.
 //!
-//! What this crate does **not** do: it does not encrypt; its congestion control is NewReno
+//! What this crate does **not** do: its congestion control is NewReno
 //! counted in fragments with a burst limit, no pacing by time (it is meant for cluster
 //! networks, not the Internet); it does not let a lost or departed rank rejoin a job; it has no background
 //! thread: progress (acks, retransmissions, keepalives) happens inside the owner's polls,

@@ -845,6 +845,15 @@ impl Engine {
         let rto = self.peers[dest as usize].current_rto(&self.cfg);
         let p = &mut self.peers[dest as usize];
         let s = &mut p.sent[idx];
+        if s.transmissions > 0 {
+            // Sent before, so encrypted under its last packet number: back to the plaintext
+            // first, as a retransmission is sealed again under a new one.
+            let opened = p.send_key.open(&mut s.buf);
+            assert!(
+                opened,
+                "a datagram this engine sealed and kept opens under its key"
+            );
+        }
         h.flags = s.flags;
         h.seq = seq;
         h.msg_len = s.msg_len;
@@ -869,7 +878,10 @@ impl Engine {
     /// Takes one datagram from the network. Everything is checked before anything changes: a
     /// datagram that is truncated, malformed, from another job, forged, misaddressed, replayed
     /// or from a lost peer is counted and dropped, and nothing else happens.
-    pub fn on_datagram(&mut self, now: Instant, d: &[u8]) -> Input {
+    ///
+    /// `d` is decrypted in place when it is authentic; [`Input::Deliver`]'s range points into
+    /// it.
+    pub fn on_datagram(&mut self, now: Instant, d: &mut [u8]) -> Input {
         if d.len() < OVERHEAD || d.len() > self.cfg.mtu.max(OVERHEAD) {
             self.stats.dropped_truncated += 1;
             return Input::Rejected;
@@ -895,7 +907,7 @@ impl Engine {
             self.stats.dropped_misaddressed += 1;
             return Input::Rejected;
         }
-        if !self.peers[src as usize].recv_key.verify(d) {
+        if !self.peers[src as usize].recv_key.open(d) {
             self.stats.dropped_bad_mac += 1;
             return Input::Rejected;
         }

@@ -908,7 +908,7 @@ impl Udp {
     fn receive(&mut self, now: Instant) -> Option<Input> {
         for _ in 0..RECV_BATCH {
             let d = self.next_datagram()?;
-            match self.io.engine.on_datagram(now, &self.rx[d.clone()]) {
+            match self.io.engine.on_datagram(now, &mut self.rx[d.clone()]) {
                 Input::Rejected => {}
                 Input::Deliver { src, range } => {
                     return Some(Input::Deliver {

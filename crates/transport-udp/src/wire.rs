@@ -1,10 +1,11 @@
 //! The datagram format and its authentication.
 //!
 //! Every datagram is a fixed 84-byte header, a payload (data datagrams only) and a 16-byte MAC.
+//! The payload is encrypted; the header is authenticated but readable.
 //! All integers are little-endian.
 //!
 //! ```text
-//! 0       version (0xA2)
+//! 0       version (0xA3)
 //! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack), 4 fence ("you were
 //!         declared lost here": the answer to a datagram from a peer declared lost)
 //! 2       flags (data only): bit 0 first fragment, bit 1 last fragment, bit 2 goodbye
@@ -22,21 +23,22 @@
 //!         from the destination (0: none yet)
 //! 80..84  ack delay: microseconds between that datagram's arrival and this datagram (RFC
 //!         9002's ack delay, saturating)
-//! 84..    payload, then the MAC: the AES-128-GCM tag (16 bytes) of an empty plaintext with
-//!         everything before it as associated data (GMAC), under the key of the direction
-//!         source -> destination and with the packet number as nonce (see [`DatagramKey`])
+//! 84..    payload, encrypted with AES-128-GCM, then its tag (16 bytes), with the header
+//!         as associated data, under the key of the direction source -> destination and
+//!         with the packet number as nonce (see [`DatagramKey`])
 //! ```
 //!
-//! Version 0xA1 had the same layout with a BLAKE3 keyed hash as MAC; it is refused as
-//! malformed.
+//! Versions 0xA1 (a BLAKE3 keyed hash as MAC) and 0xA2 (AES-128-GCM's tag of the whole
+//! datagram as associated data, GMAC: authenticated, not encrypted) had the same layout; they
+//! are refused as malformed.
 
 use std::fmt;
 use std::io;
 
-use aes_gcm::{AeadInOut, Aes128Gcm, KeyInit};
+use ring::aead;
 
 /// First byte of every datagram.
-pub const VERSION: u8 = 0xA2;
+pub const VERSION: u8 = 0xA3;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 84;
 /// Bytes of the MAC trailer.
@@ -318,7 +320,7 @@ impl Authenticator {
     /// The key of the datagrams that rank `src`, started with epoch `src_epoch`, sends to rank
     /// `dst`, started with epoch `dst_epoch`.
     ///
-    /// It is the first 16 bytes of BLAKE3's `derive_key` (context `"amnet transport-udp v2
+    /// It is the first 16 bytes of BLAKE3's `derive_key` (context `"amnet transport-udp v3
     /// datagram key"`) over the job's MAC key, `src`, `dst` (4 bytes each), `src_epoch` and
     /// `dst_epoch` (8 bytes each), all little-endian. See [`DatagramKey`] for why every
     /// (key, nonce) pair is used once.
@@ -329,9 +331,12 @@ impl Authenticator {
         material[36..40].copy_from_slice(&dst.to_le_bytes());
         material[40..48].copy_from_slice(&src_epoch.to_le_bytes());
         material[48..56].copy_from_slice(&dst_epoch.to_le_bytes());
-        let key = blake3::derive_key("amnet transport-udp v2 datagram key", &material);
-        let gcm = Aes128Gcm::new_from_slice(&key[..16]).expect("AES-128 takes a 16-byte key");
-        DatagramKey { gcm }
+        let key = blake3::derive_key("amnet transport-udp v3 datagram key", &material);
+        let gcm = aead::UnboundKey::new(&aead::AES_128_GCM, &key[..16])
+            .expect("AES-128 takes a 16-byte key");
+        DatagramKey {
+            gcm: aead::LessSafeKey::new(gcm),
+        }
     }
 
     /// Whether `mac` is [`Authenticator::tag_text`] of `text`, compared in constant time (no
@@ -353,17 +358,19 @@ impl Authenticator {
     }
 }
 
-/// Seals and verifies the datagrams of one direction (one source rank and epoch, one
-/// destination rank and epoch): the MAC is AES-128-GCM's tag over an empty plaintext with the
-/// whole datagram before the MAC as associated data (GMAC), with the datagram's packet number
-/// as nonce. Checking a tag is constant-time (the `aes-gcm` crate compares in constant time).
+/// Seals and opens the datagrams of one direction (one source rank and epoch, one destination
+/// rank and epoch) with AES-128-GCM: the payload is encrypted in place, the header is the
+/// associated data (authenticated, not encrypted: the receiver needs it to pick the key), the
+/// tag is the datagram's last [`MAC_LEN`] bytes and the packet number in the header is the
+/// nonce. Checking a tag is constant-time (ring compares in constant time).
 ///
 /// # Why no nonce is used twice under one key
 ///
 /// GCM's guarantees hold only while a nonce is never used twice under one key: two different
-/// datagrams tagged under the same nonce would give an observer the GHASH key, and with it
-/// forgeries. Here the nonce is the packet number (8 bytes little-endian, then 4 zero bytes)
-/// and the key belongs to one direction of one pair of transport instances:
+/// datagrams sealed under the same nonce would give an observer the XOR of their payloads and
+/// the GHASH key, and with it forgeries. Here the nonce is the packet number (8 bytes
+/// little-endian, then 4 zero bytes) and the key belongs to one direction of one pair of
+/// transport instances:
 ///
 /// - the key is derived ([`Authenticator::datagram_key`]) from the job key and job id, the
 ///   source and destination ranks and both ranks' epochs. An epoch is 64 random bits drawn
@@ -373,17 +380,18 @@ impl Authenticator {
 ///   reused by another job, gets other keys, barring a 2^-64 collision of epochs);
 /// - that engine numbers every datagram it sends to that peer from one counter that starts at
 ///   1, grows by one per datagram and is never reset: first transmissions, retransmissions
-///   (a new number each), acks, pings and fences alike. It is 64 bits wide and never wraps
-///   (2^64 datagrams at 10^9 per second take 584 years);
+///   (a new number each, sealed again from the plaintext), acks, pings and fences alike. It
+///   is 64 bits wide and never wraps (2^64 datagrams at 10^9 per second take 584 years);
 /// - the nonce is read from the header that the tag also covers, so a datagram cannot be
 ///   sealed under a nonce other than its own packet number.
 ///
 /// The one datagram sent twice (the testing aid's duplicates) repeats nonce *and* bytes,
-/// hence the tag: that reveals nothing. A caller of [`Udp::with_peers`](crate::Udp::with_peers)
-/// must give its own rank a fresh random epoch for the same reason.
+/// hence the ciphertext and tag: that reveals nothing. A caller of
+/// [`Udp::with_peers`](crate::Udp::with_peers) must give its own rank a fresh random epoch for
+/// the same reason.
 #[derive(Clone)]
 pub struct DatagramKey {
-    gcm: Aes128Gcm,
+    gcm: aead::LessSafeKey,
 }
 
 impl fmt::Debug for DatagramKey {
@@ -394,45 +402,47 @@ impl fmt::Debug for DatagramKey {
 
 impl DatagramKey {
     /// The nonce of a datagram of at least [`OVERHEAD`] bytes: its packet number.
-    fn nonce(dgram: &[u8]) -> aes_gcm::Nonce<aes_gcm::aead::consts::U12> {
-        let mut n = [0u8; 12];
+    fn nonce(dgram: &[u8]) -> aead::Nonce {
+        let mut n = [0u8; aead::NONCE_LEN];
         n[..8].copy_from_slice(&dgram[PN_AT..PN_AT + 8]);
-        n.into()
+        aead::Nonce::assume_unique_for_key(n)
     }
 
-    /// Writes the MAC of `dgram[..len - MAC_LEN]` into its last [`MAC_LEN`] bytes, with the
-    /// packet number in its header as nonce.
+    /// Encrypts the payload of `dgram` (between the header and the last [`MAC_LEN`] bytes)
+    /// in place and writes the tag into its last [`MAC_LEN`] bytes, with the packet number in
+    /// its header as nonce.
     ///
     /// # Panics
     /// If `dgram` is shorter than [`OVERHEAD`].
     pub fn seal(&self, dgram: &mut [u8]) {
         assert!(dgram.len() >= OVERHEAD, "a datagram has a header and a MAC");
-        let body = dgram.len() - MAC_LEN;
+        let nonce = Self::nonce(dgram);
+        let (head, rest) = dgram.split_at_mut(HEADER_LEN);
+        let (payload, mac) = rest.split_at_mut(rest.len() - MAC_LEN);
         let tag = self
             .gcm
-            .encrypt_inout_detached(&Self::nonce(dgram), &dgram[..body], (&mut [][..]).into())
-            // Fails only beyond 2^61 bytes of associated data.
+            .seal_in_place_separate_tag(nonce, aead::Aad::from(&*head), payload)
+            // Fails only beyond 64 GiB of payload.
             .expect("a datagram is within AES-GCM's length limits");
-        dgram[body..].copy_from_slice(&tag);
+        mac.copy_from_slice(tag.as_ref());
     }
 
-    /// Whether the last [`MAC_LEN`] bytes are the MAC of the rest under this key, with the
-    /// packet number in the header as nonce (constant time). False for anything shorter than
-    /// [`OVERHEAD`].
-    pub fn verify(&self, dgram: &[u8]) -> bool {
+    /// Checks the tag of `dgram` (the header and the encrypted payload, under this key, with
+    /// the packet number in the header as nonce; constant time) and, if it is right, decrypts
+    /// the payload in place. False for anything shorter than [`OVERHEAD`] or with a wrong
+    /// tag; the payload's bytes are then unspecified (the header is never changed).
+    pub fn open(&self, dgram: &mut [u8]) -> bool {
         if dgram.len() < OVERHEAD {
             return false;
         }
-        let body = dgram.len() - MAC_LEN;
-        let mut tag = [0u8; MAC_LEN];
-        tag.copy_from_slice(&dgram[body..]);
+        let nonce = Self::nonce(dgram);
+        let (head, rest) = dgram.split_at_mut(HEADER_LEN);
+        let (payload, mac) = rest.split_at_mut(rest.len() - MAC_LEN);
+        let Ok(tag) = aead::Tag::try_from(&*mac) else {
+            return false;
+        };
         self.gcm
-            .decrypt_inout_detached(
-                &Self::nonce(dgram),
-                &dgram[..body],
-                (&mut [][..]).into(),
-                &tag.into(),
-            )
+            .open_in_place_separate_tag(nonce, aead::Aad::from(&*head), tag, payload, 0..)
             .is_ok()
     }
 }
@@ -494,7 +504,24 @@ mod tests {
             let _ = Header::read(&b);
             let key = Authenticator::new(&JobKey::from_bytes([7; 32]), "job")
                 .datagram_key(0, 1, 2, 3);
-            prop_assert!(!key.verify(&b));
+            prop_assert!(!key.open(&mut b.clone()));
+        }
+
+        /// What `seal` encrypts, `open` gives back, under the same key and header only.
+        #[test]
+        fn open_returns_what_seal_encrypted(
+            h in header(),
+            payload in proptest::collection::vec(any::<u8>(), 0..1500),
+        ) {
+            let key = Authenticator::new(&JobKey::from_bytes([8; 32]), "job-o")
+                .datagram_key(h.src, h.dst, h.src_epoch, h.dst_epoch);
+            let mut d = sealed(&key, &h, &payload);
+            if payload.len() >= 16 {
+                prop_assert_ne!(&d[HEADER_LEN..d.len() - MAC_LEN], &payload[..], "not encrypted");
+            }
+            prop_assert!(key.open(&mut d));
+            prop_assert_eq!(&d[HEADER_LEN..d.len() - MAC_LEN], &payload[..]);
+            prop_assert_eq!(Header::read(&d), Some(h));
         }
 
         /// Two datagrams that differ in one byte (anywhere: header, payload or MAC, by any
@@ -509,11 +536,11 @@ mod tests {
             let key = Authenticator::new(&JobKey::from_bytes([3; 32]), "job-a")
                 .datagram_key(h.src, h.dst, h.src_epoch, h.dst_epoch);
             let d = sealed(&key, &h, &payload);
-            prop_assert!(key.verify(&d));
+            prop_assert!(key.open(&mut d.clone()));
             let mut e = d.clone();
             let at = at % e.len();
             e[at] ^= delta;
-            prop_assert!(!key.verify(&e), "changed byte {} of {}", at, e.len());
+            prop_assert!(!key.open(&mut e), "changed byte {} of {}", at, d.len());
         }
 
         /// Every truncation (and every extension) of a sealed datagram fails, also under any
@@ -529,10 +556,10 @@ mod tests {
                 .datagram_key(h.src, h.dst, h.src_epoch, h.dst_epoch);
             let d = sealed(&key, &h, &payload);
             let cut = cut % d.len();
-            prop_assert!(!key.verify(&d[..cut]));
+            prop_assert!(!key.open(&mut d[..cut].to_vec()));
             let mut longer = d.clone();
             longer.extend_from_slice(&extra);
-            prop_assert!(!key.verify(&longer));
+            prop_assert!(!key.open(&mut longer));
         }
     }
 
@@ -573,7 +600,7 @@ mod tests {
         let c = Authenticator::new(&JobKey::from_bytes([2; 32]), "job-a");
         let h = some_header();
         let d = sealed(&a.datagram_key(0, 1, 0xE0, 0xE1), &h, b"data");
-        assert!(a.datagram_key(0, 1, 0xE0, 0xE1).verify(&d));
+        assert!(a.datagram_key(0, 1, 0xE0, 0xE1).open(&mut d.clone()));
         for (name, other) in [
             ("other job", b.datagram_key(0, 1, 0xE0, 0xE1)),
             ("other key", c.datagram_key(0, 1, 0xE0, 0xE1)),
@@ -583,17 +610,19 @@ mod tests {
             ("source restarted", a.datagram_key(0, 1, 0xE2, 0xE1)),
             ("destination restarted", a.datagram_key(0, 1, 0xE0, 0xE2)),
         ] {
-            assert!(!other.verify(&d), "{name}");
+            assert!(!other.open(&mut d.clone()), "{name}");
         }
         assert_ne!(a.job_tag(), b.job_tag());
         assert_eq!(a.job_tag(), c.job_tag());
     }
 
-    /// The MAC is exactly what the format comment and [`DatagramKey`] say: AES-128-GCM with
-    /// the documented key derivation, the packet number as nonce, an empty plaintext and the
-    /// datagram as associated data. Computed here with the `aes-gcm` crate directly.
+    /// A datagram is exactly what the format comment and [`DatagramKey`] say: AES-128-GCM
+    /// with the documented key derivation, the packet number as nonce, the header as
+    /// associated data and the payload encrypted. Computed here with another implementation,
+    /// RustCrypto's `aes-gcm`.
     #[test]
-    fn the_mac_is_gmac_under_the_direction_key_with_the_packet_number_as_nonce() {
+    fn the_datagram_is_aes_gcm_under_the_direction_key_with_the_packet_number_as_nonce() {
+        use aes_gcm::{AeadInOut, Aes128Gcm, KeyInit};
         let job_key = JobKey::from_bytes([5; 32]);
         let auth = Authenticator::new(&job_key, "job-g");
         let mut h = some_header();
@@ -608,21 +637,28 @@ mod tests {
         material.extend_from_slice(&9u32.to_le_bytes());
         material.extend_from_slice(&0xAAAAu64.to_le_bytes());
         material.extend_from_slice(&0xBBBBu64.to_le_bytes());
-        let key = blake3::derive_key("amnet transport-udp v2 datagram key", &material);
+        let key = blake3::derive_key("amnet transport-udp v3 datagram key", &material);
         let gcm = Aes128Gcm::new_from_slice(&key[..16]).unwrap();
         let nonce = [8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0];
-        let body = d.len() - MAC_LEN;
+        let mut payload = b"payload".to_vec();
         let tag = gcm
-            .encrypt_inout_detached(&nonce.into(), &d[..body], (&mut [][..]).into())
+            .encrypt_inout_detached(
+                &nonce.into(),
+                &d[..HEADER_LEN],
+                payload.as_mut_slice().into(),
+            )
             .unwrap();
-        assert_eq!(&d[body..], &tag[..]);
+        assert_eq!(&d[HEADER_LEN..d.len() - MAC_LEN], &payload[..]);
+        assert_eq!(&d[d.len() - MAC_LEN..], &tag[..]);
         // The packet number is the nonce: the same bytes under another one differ.
         let mut other = nonce;
         other[0] ^= 1;
+        let mut again = b"payload".to_vec();
         let tag2 = gcm
-            .encrypt_inout_detached(&other.into(), &d[..body], (&mut [][..]).into())
+            .encrypt_inout_detached(&other.into(), &d[..HEADER_LEN], again.as_mut_slice().into())
             .unwrap();
         assert_ne!(tag, tag2);
+        assert_ne!(payload, again);
     }
 
     /// Replaying a datagram is no MAC matter (the engine's packet-number window refuses it),
@@ -632,21 +668,23 @@ mod tests {
         let auth = Authenticator::new(&JobKey::from_bytes([6; 32]), "job-r");
         let key = auth.datagram_key(0, 1, 0xE0, 0xE1);
         let d = sealed(&key, &some_header(), b"once");
-        assert!(key.verify(&d));
+        assert!(key.open(&mut d.clone()));
         for pn in [0u64, 8, 1 << 40, u64::MAX] {
             let mut r = d.clone();
             r[PN_AT..PN_AT + 8].copy_from_slice(&pn.to_le_bytes());
-            assert!(!key.verify(&r), "pn {pn}");
+            assert!(!key.open(&mut r), "pn {pn}");
         }
     }
 
     #[test]
-    fn a_version_a1_datagram_is_malformed() {
+    fn earlier_versions_are_malformed() {
         let mut b = [0u8; HEADER_LEN];
         some_header().write(&mut b);
         assert!(Header::read(&b).is_some());
-        b[0] = 0xA1;
-        assert_eq!(Header::read(&b), None);
+        for v in [0xA1, 0xA2] {
+            b[0] = v;
+            assert_eq!(Header::read(&b), None);
+        }
     }
 
     #[test]

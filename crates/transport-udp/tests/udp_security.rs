@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
+use am_core::{AmKind, Config, HandlerId, Handlers, Node, Transport, WaitMode};
 use transport_udp::proto::{Engine, EngineConfig};
 use transport_udp::wire::Authenticator;
 use transport_udp::{JobKey, PeerAddr, Udp, UdpConfig};
@@ -64,6 +64,14 @@ fn foreign(key: [u8; 32], job: &str, epochs: &[u64], now: Instant) -> Vec<u8> {
     out.remove(0)
 }
 
+/// Sets the flag when dropped, also while unwinding from a panic.
+struct StopOnDrop<'a>(&'a AtomicBool);
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn hostile_datagrams_change_nothing_during_a_run() {
     let key = JobKey::generate().unwrap();
@@ -114,6 +122,7 @@ fn hostile_datagrams_change_nothing_during_a_run() {
     let mut sent_hostile = 0u64;
 
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         // The relay.
         s.spawn(|| {
             relay
@@ -267,4 +276,109 @@ fn hostile_datagrams_change_nothing_during_a_run() {
         stranger.recv_from(&mut buf).is_err(),
         "the stranger never gets an answer"
     );
+}
+
+/// What crosses the wire is encrypted: a relay between the two ranks records every datagram
+/// of a run that sends a Medium and puts a segment's worth of recognisable bytes, and none of
+/// them holds a 16-byte run of those bytes, while rank 1 gets them all.
+#[test]
+fn payloads_are_not_readable_on_the_wire() {
+    const MARKED: HandlerId = HandlerId(2);
+    let marker: Vec<u8> = b"amnet-plaintext!".repeat(64);
+    let key = JobKey::generate().unwrap();
+    // One relay per direction (a rank may send from another port than it receives on).
+    let (s0, s1, to1, to0) = (bind(), bind(), bind(), bind());
+    let (a0, a1) = (s0.local_addr().unwrap(), s1.local_addr().unwrap());
+    let (r1, r0) = (to1.local_addr().unwrap(), to0.local_addr().unwrap());
+    let peer = |addr: SocketAddr, i: usize| PeerAddr {
+        addr,
+        epoch: EPOCHS[i],
+    };
+    let rank0 = Udp::with_peers(
+        0,
+        s0,
+        &[peer(a0, 0), peer(r1, 1)],
+        &key,
+        "wire-job",
+        1 << 16,
+        UdpConfig::default(),
+    )
+    .unwrap();
+    let rank1 = Udp::with_peers(
+        1,
+        s1,
+        &[peer(r0, 0), peer(a1, 1)],
+        &key,
+        "wire-job",
+        1 << 16,
+        UdpConfig::default(),
+    )
+    .unwrap();
+    let tape: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // The relays stop also when a rank panics, so the test fails instead of hanging.
+        let _stop = StopOnDrop(&stop);
+        for (relay, to) in [(&to1, a1), (&to0, a0)] {
+            let (tape, stop) = (&tape, &stop);
+            s.spawn(move || {
+                relay
+                    .set_read_timeout(Some(Duration::from_millis(20)))
+                    .unwrap();
+                let mut buf = [0u8; 65536];
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok((n, _)) = relay.recv_from(&mut buf) {
+                        let _ = relay.send_to(&buf[..n], to);
+                        tape.lock().unwrap().push(buf[..n].to_vec());
+                    }
+                }
+            });
+        }
+        let marker = &marker;
+        let results = am_core::run_ranks(vec![rank0, rank1], |t| {
+            let got = Rc::new(RefCell::new(Vec::new()));
+            let g = got.clone();
+            let mut h = Handlers::new();
+            h.request(MARKED, "marked", AmKind::Medium, move |msg, _| {
+                g.borrow_mut().extend_from_slice(msg.payload())
+            })
+            .unwrap();
+            let config = Config {
+                wait_mode: WaitMode::Block,
+                ..Config::default()
+            };
+            let mut node = Node::new(t, h, config).unwrap();
+            if node.rank() == 0 {
+                node.request_medium(1, MARKED, &[], marker).unwrap();
+                node.put(1, 0, marker).unwrap();
+            } else {
+                node.wait_until(|| got.borrow().len() == marker.len())
+                    .unwrap();
+            }
+            node.barrier().unwrap();
+            let segment = node
+                .transport()
+                .segment()
+                .slice(0, marker.len())
+                .unwrap()
+                .to_vec();
+            let medium = got.borrow().clone();
+            (medium, segment)
+        });
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(&results[1].0, marker, "the Medium arrived");
+        assert_eq!(&results[1].1, marker, "the put landed");
+    });
+    let tape = tape.into_inner().unwrap();
+    assert!(
+        tape.iter().map(Vec::len).sum::<usize>() > 2 * marker.len(),
+        "the relay saw the run"
+    );
+    let run = &marker[..16];
+    for d in &tape {
+        assert!(
+            !d.windows(run.len()).any(|w| w == run),
+            "a datagram carries the payload in the clear"
+        );
+    }
 }

@@ -167,7 +167,9 @@ impl Net {
 
     fn deliver(&mut self, d: usize, bytes: &[u8]) {
         let now = self.now;
-        if let Input::Deliver { src, range } = self.engines[d].on_datagram(now, bytes) {
+        // A copy: the engine decrypts in place, and a duplicate must arrive as sent.
+        let mut bytes = bytes.to_vec();
+        if let Input::Deliver { src, range } = self.engines[d].on_datagram(now, &mut bytes) {
             self.got[d].push((src, bytes[range].to_vec()));
         }
         while let Some((src, m)) = self.engines[d].pop_message() {
@@ -680,7 +682,7 @@ fn every_datagram_of_a_direction_has_its_own_packet_number() {
 fn assert_no_effect(e: &mut Engine, now: Instant, d: &[u8]) {
     let before = e.stats();
     let wake = e.next_timeout();
-    assert_eq!(e.on_datagram(now, d), Input::Rejected);
+    assert_eq!(e.on_datagram(now, &mut d.to_vec()), Input::Rejected);
     let mut out = 0;
     e.transmit(now, &mut |_, _| out += 1);
     assert_eq!(out, 0, "never answered");
@@ -832,13 +834,13 @@ fn ack_of_a_fragment_sent_twice_is_no_evidence_of_later_loss() {
     );
     // Only the first transmission of fragment 0 has reached b so far.
     assert!(matches!(
-        b.on_datagram(t1, &first[0]),
+        b.on_datagram(t1, &mut first[0].clone()),
         Input::Deliver { .. }
     ));
     b.ack_all();
     let acks = out(&mut b, t1);
     assert_eq!(acks.len(), 1);
-    assert_eq!(a.on_datagram(t1, &acks[0]), Input::Accepted);
+    assert_eq!(a.on_datagram(t1, &mut acks[0].clone()), Input::Accepted);
     let after = out(&mut a, t1);
     assert!(
         after.is_empty(),
@@ -928,14 +930,14 @@ fn a_fresh_link_starts_with_the_initial_window_and_grows_by_slow_start() {
     let mut flight = Vec::new();
     a.transmit(now, &mut |_, d| flight.push(d.to_vec()));
     assert_eq!(flight.len(), INITIAL_WINDOW as usize, "the first flight");
-    for d in &flight {
+    for d in &mut flight {
         b.on_datagram(now, d);
     }
     b.ack_all();
     let mut acks = Vec::new();
     b.transmit(now, &mut |_, d| acks.push(d.to_vec()));
     assert_eq!(acks.len(), 1);
-    a.on_datagram(now, &acks[0]);
+    a.on_datagram(now, &mut acks[0]);
     let mut second = 0;
     a.transmit(now, &mut |_, _| second += 1);
     // Slow start doubles the window to 20 (and one ack releases at most a burst).
@@ -1032,13 +1034,13 @@ fn a_wide_open_window_goes_out_one_burst_at_a_time() {
         }
         let mut v = Vec::new();
         a.transmit(now, &mut |_, d| v.push(d.to_vec()));
-        for d in &v {
+        for d in &mut v {
             b.on_datagram(now, d);
         }
         b.ack_all();
         let mut acks = Vec::new();
         b.transmit(now, &mut |_, d| acks.push(d.to_vec()));
-        for d in &acks {
+        for d in &mut acks {
             a.on_datagram(now, d);
         }
         if queued == 300 && a.is_flushed() {
