@@ -21,7 +21,7 @@
 //! - `atomic`: one non-fetching remote atomic XOR per update (`Node::atomic_post` with
 //!   `AtomicOp::Xor`), the way OpenSHMEM's GUPS is written, with no handler: on the
 //!   shared-memory NICs and loopback it is one atomic instruction on the owner's word (in
-//!   batches of 16 whose words are prefetched first), elsewhere a system message applied by the
+//!   batches of 64 whose words are prefetched first), elsewhere a system message applied by the
 //!   owner's progress. Updates to the own block are posted atomics too, since other ranks
 //!   update it at the same time.
 //! - `local`: no communication; each rank applies its whole sub-stream to its own block

@@ -207,7 +207,7 @@ pub fn apply_batch<'a>(
     batch: &[Posted],
     view: impl Fn(crate::Rank) -> Result<SharedBytes<'a>, crate::SendError>,
 ) -> Result<(), crate::SendError> {
-    const CHUNK: usize = 16;
+    const CHUNK: usize = 64;
     let mut first = Ok(());
     for chunk in batch.chunks(CHUNK) {
         // Each word is found and checked once, and its line fetched; then the atomics run.

@@ -49,9 +49,11 @@ pub struct Node<T: Transport> {
     posted: Vec<Posted>,
 }
 
-/// How many posted atomics make a batch: enough misses in flight to fill the memory
-/// system's line-fill buffers.
-const POSTED_ATOMICS: usize = 16;
+/// How many posted atomics make a batch. Each batch waits once for its first word's line
+/// (a locked instruction lets no later load pass it, not even the next batch's prefetches),
+/// so a longer batch spreads that wait over more atomics: 64 made sci's atomic RandomAccess
+/// 1.2x faster than 16, and 128 no faster than 64.
+const POSTED_ATOMICS: usize = 64;
 
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
@@ -752,7 +754,7 @@ impl<T: Transport> Node<T> {
     /// [`Node::barrier`] at the latest (every rank leaving the barrier sees it), and before
     /// any later request, put, get or atomic of this rank to the same target, in the order
     /// posted. Where the transport applies atomics itself, posted ones
-    /// go to it in batches of 16 ([`Transport::atomics`]) whose words it fetches first, so
+    /// go to it in batches of 64 ([`Transport::atomics`]) whose words it fetches first, so
     /// that a stream of them to random words keeps several memory misses in flight
     /// (RandomAccess `--mode atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
     /// may come from the call that applies it.

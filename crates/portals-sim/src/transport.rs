@@ -1427,22 +1427,36 @@ impl Transport for Portals {
         self.reachable(dest).is_ok()
     }
 
-    /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of every word where
+    /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of its word where
     /// the entry maps it (its start is the segment's, as set up): a hint, without walking the
-    /// match list, which only the atomic itself does.
+    /// match list, which only the atomic itself does. In chunks of 16, each prefetched whole
+    /// before its atomics run: an atomic here also reads the target's NI lines, which waited
+    /// behind 64 outstanding prefetches (0.8x the atomic RandomAccess of chunks of 16; a
+    /// window of 16 prefetches ahead, 0.95x).
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
-        for p in batch {
-            if let (Some(peer), Some(at)) = (
-                self.tx.peers.get(p.dest as usize),
-                self.tx.seg_base.checked_add(p.offset),
-            ) {
-                peer.imp.byte_area().prefetch(at);
+        const CHUNK: usize = 16;
+        let mut done = 0;
+        let mut error = None;
+        for chunk in batch.chunks(CHUNK) {
+            for p in chunk {
+                if let (Some(peer), Some(at)) = (
+                    self.tx.peers.get(p.dest as usize),
+                    self.tx.seg_base.checked_add(p.offset),
+                ) {
+                    peer.imp.byte_area().prefetch(at);
+                }
+            }
+            let b = am_core::atomic::each_posted(chunk, |p| {
+                self.atomic(p.dest, p.offset, p.atomic)?;
+                Ok(())
+            });
+            done += b.done;
+            error = error.or(b.error);
+            if b.done < chunk.len() {
+                break;
             }
         }
-        am_core::atomic::each_posted(batch, |p| {
-            self.atomic(p.dest, p.offset, p.atomic)?;
-            Ok(())
-        })
+        am_core::atomic::Batch { done, error }
     }
 
     fn segment(&self) -> SharedBytes<'_> {
