@@ -1435,28 +1435,22 @@ impl Transport for Portals {
     /// window of 16 prefetches ahead, 0.95x).
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         const CHUNK: usize = 16;
-        let mut done = 0;
-        let mut error = None;
-        for chunk in batch.chunks(CHUNK) {
-            for p in chunk {
-                if let (Some(peer), Some(at)) = (
-                    self.tx.peers.get(p.dest as usize),
-                    self.tx.seg_base.checked_add(p.offset),
-                ) {
-                    peer.imp.byte_area().prefetch(at);
+        let mut at_index = 0;
+        am_core::atomic::each_posted(batch, |p| {
+            if at_index % CHUNK == 0 {
+                for q in batch[at_index..].iter().take(CHUNK) {
+                    if let (Some(peer), Some(at)) = (
+                        self.tx.peers.get(q.dest as usize),
+                        self.tx.seg_base.checked_add(q.offset),
+                    ) {
+                        peer.imp.byte_area().prefetch(at);
+                    }
                 }
             }
-            let b = am_core::atomic::each_posted(chunk, |p| {
-                self.atomic(p.dest, p.offset, p.atomic)?;
-                Ok(())
-            });
-            done += b.done;
-            error = error.or(b.error);
-            if b.done < chunk.len() {
-                break;
-            }
-        }
-        am_core::atomic::Batch { done, error }
+            at_index += 1;
+            self.atomic(p.dest, p.offset, p.atomic)?;
+            Ok(())
+        })
     }
 
     fn segment(&self) -> SharedBytes<'_> {
