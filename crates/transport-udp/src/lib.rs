@@ -61,9 +61,10 @@
 //!
 //! **Protected.** Every datagram's payload is encrypted and its whole header and payload carry
 //! a 16-byte MAC: AES-128-GCM with the header as associated data (the header stays readable:
-//! the receiver needs its addresses to pick the key), under a key of its own direction (derived from the job key, the job id, both ranks and both
-//! ranks' epochs) and with its packet number as nonce, so no nonce is ever used twice under
-//! one key ([`wire::DatagramKey`] gives the argument). Before the MAC only the length, the
+//! the receiver needs its addresses to pick the key), under a key of its own direction
+//! (derived from the job key, the job id, both ranks and both ranks' epochs) and with its
+//! packet number as nonce, so no nonce is ever used twice under one key
+//! ([`wire::DatagramKey`] gives the argument). Before the MAC only the length, the
 //! format, the job tag and the addresses (which pick the key) are compared; a datagram that
 //! fails any check (random bytes, truncated, another job's, forged, misaddressed, from an
 //! earlier run of a rank, replayed) is dropped and counted ([`proto::Stats`]), causes no
@@ -84,8 +85,8 @@
 //! with [`UdpError::KeyMismatch`].
 //!
 //! **Not protected.** The header is not encrypted: anyone on the path sees ranks, epochs,
-//! packet and sequence numbers, acks and message lengths. An on-path attacker can drop or delay datagrams (a denial of
-//! service, which ends as `PeerLost`), and a flood of junk costs CPU (at most one MAC check
+//! packet and sequence numbers, acks and message lengths. An on-path attacker can drop or
+//! delay datagrams (a denial of service, which ends as `PeerLost`), and a flood of junk costs CPU (at most one MAC check
 //! per datagram, none for a datagram that names no current pair of ranks). The key is only as
 //! secret as the way it reaches the ranks: `amrun` hands it to the ranks of a udp job only,
 //! through a pipe each reads once and closes (`AM_UDP_KEY_FD`), so what a rank starts later

@@ -64,6 +64,20 @@ fn foreign(key: [u8; 32], job: &str, epochs: &[u64], now: Instant) -> Vec<u8> {
     out.remove(0)
 }
 
+/// Forwards every datagram `relay` receives to `to`, after showing it to `seen`, until `stop`.
+fn forward(relay: &UdpSocket, to: SocketAddr, stop: &AtomicBool, mut seen: impl FnMut(&[u8])) {
+    relay
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut buf = [0u8; 65536];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((n, _)) = relay.recv_from(&mut buf) {
+            let _ = relay.send_to(&buf[..n], to);
+            seen(&buf[..n]);
+        }
+    }
+}
+
 /// Sets the flag when dropped, also while unwinding from a panic.
 struct StopOnDrop<'a>(&'a AtomicBool);
 impl Drop for StopOnDrop<'_> {
@@ -125,24 +139,17 @@ fn hostile_datagrams_change_nothing_during_a_run() {
         let _stop = StopOnDrop(&stop);
         // The relay.
         s.spawn(|| {
-            relay
-                .set_read_timeout(Some(Duration::from_millis(20)))
-                .unwrap();
-            let mut buf = [0u8; 65536];
             let mut signalled = false;
-            while !stop.load(Ordering::SeqCst) {
-                if let Ok((n, _)) = relay.recv_from(&mut buf) {
-                    let _ = relay.send_to(&buf[..n], a1);
-                    let mut t = tape.lock().unwrap();
-                    if t.len() < 1000 {
-                        t.push(buf[..n].to_vec());
-                    }
-                    if t.len() >= 200 && !signalled {
-                        signalled = true;
-                        let _ = recorded_tx.send(());
-                    }
+            forward(&relay, a1, &stop, |d| {
+                let mut t = tape.lock().unwrap();
+                if t.len() < 1000 {
+                    t.push(d.to_vec());
                 }
-            }
+                if t.len() >= 200 && !signalled {
+                    signalled = true;
+                    let _ = recorded_tx.send(());
+                }
+            })
         });
         // The stranger.
         let (tape, attack_done, stranger, sent_hostile) =
@@ -321,18 +328,7 @@ fn payloads_are_not_readable_on_the_wire() {
         let _stop = StopOnDrop(&stop);
         for (relay, to) in [(&to1, a1), (&to0, a0)] {
             let (tape, stop) = (&tape, &stop);
-            s.spawn(move || {
-                relay
-                    .set_read_timeout(Some(Duration::from_millis(20)))
-                    .unwrap();
-                let mut buf = [0u8; 65536];
-                while !stop.load(Ordering::SeqCst) {
-                    if let Ok((n, _)) = relay.recv_from(&mut buf) {
-                        let _ = relay.send_to(&buf[..n], to);
-                        tape.lock().unwrap().push(buf[..n].to_vec());
-                    }
-                }
-            });
+            s.spawn(move || forward(relay, to, stop, |d| tape.lock().unwrap().push(d.to_vec())));
         }
         let marker = &marker;
         let results = am_core::run_ranks(vec![rank0, rank1], |t| {
