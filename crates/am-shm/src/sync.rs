@@ -77,11 +77,15 @@ pub fn model(preemption_bound: usize, f: impl Fn() + Sync + Send + 'static) {
 /// asymmetric fence of folly and liburcu), so whatever the light side stored before its
 /// fence is visible after `heavy`, or its load after its fence comes after `heavy` began.
 /// Where the kernel refuses the registration, and under Miri and loom, both are `SeqCst`
-/// fences. Threads of other processes are not covered: never pair it across processes.
+/// fences. Threads of other processes are not covered by [`new`](Self::new): pair across
+/// processes only fences made by [`across_processes`](Self::across_processes) on both sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AsymmetricFence {
     /// `membarrier` is registered: the light side needs no fence instruction.
     expedited: bool,
+    /// The heavy side's barrier reaches the registered threads of every process
+    /// (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`), not only this one's.
+    global: bool,
 }
 
 impl AsymmetricFence {
@@ -90,12 +94,31 @@ impl AsymmetricFence {
     pub fn new() -> AsymmetricFence {
         AsymmetricFence {
             expedited: membarrier::registered(),
+            global: false,
+        }
+    }
+
+    /// The pair for a handshake between processes (a sender in one, the receiver of shared
+    /// memory in another): registers this process for `MEMBARRIER_CMD_GLOBAL_EXPEDITED`, and
+    /// the heavy side makes every running thread of every process so registered execute a
+    /// full barrier. A process whose registration fails fences on its light side; the heavy
+    /// side issues the global barrier wherever the kernel offers it, so a registered light
+    /// side in another process is covered whatever this one's registration did. The heavy
+    /// side costs an inter-processor interrupt to each CPU running a registered process
+    /// (about 11 µs in a VM): keep it off any per-message path.
+    pub fn across_processes() -> AsymmetricFence {
+        AsymmetricFence {
+            expedited: membarrier::registered_global(),
+            global: true,
         }
     }
 
     /// Both sides `SeqCst` fences, whatever the kernel offers (for tests and comparisons).
     pub fn symmetric() -> AsymmetricFence {
-        AsymmetricFence { expedited: false }
+        AsymmetricFence {
+            expedited: false,
+            global: false,
+        }
     }
 
     /// Whether the light side is only a compiler fence.
@@ -116,7 +139,12 @@ impl AsymmetricFence {
     /// be made (the kernel failed it): the handshake does not hold, so do not sleep on it.
     pub fn heavy(&self) -> bool {
         fence(Ordering::SeqCst);
-        let done = !self.expedited || membarrier::barrier();
+        let done = if self.global {
+            // Whatever our own registration did: other processes' light sides may rely on it.
+            !membarrier::global_offered() || membarrier::barrier_global()
+        } else {
+            !self.expedited || membarrier::barrier()
+        };
         fence(Ordering::SeqCst);
         done
     }
@@ -141,6 +169,9 @@ mod membarrier {
     use std::sync::OnceLock;
 
     // The kernel's ABI (linux/membarrier.h).
+    const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+    const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+    const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
     const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
     const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 
@@ -167,6 +198,34 @@ mod membarrier {
     pub(super) fn barrier() -> bool {
         membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
     }
+
+    /// Registers this process once for the global barrier.
+    pub(super) fn registered_global() -> bool {
+        static REGISTERED: OnceLock<bool> = OnceLock::new();
+        *REGISTERED.get_or_init(|| membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED))
+    }
+
+    /// Whether the kernel offers the global barrier (asked once).
+    pub(super) fn global_offered() -> bool {
+        static OFFERED: OnceLock<bool> = OnceLock::new();
+        *OFFERED.get_or_init(|| {
+            // SAFETY: as in `membarrier`; the query returns the commands offered, or -1.
+            let cmds = unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    MEMBARRIER_CMD_QUERY,
+                    0 as libc::c_uint,
+                    0 as libc::c_int,
+                )
+            };
+            cmds > 0 && cmds & libc::c_long::from(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0
+        })
+    }
+
+    /// A full barrier on every running thread of every process registered for it.
+    pub(super) fn barrier_global() -> bool {
+        membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+    }
 }
 
 #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
@@ -180,6 +239,21 @@ mod membarrier {
     pub(super) fn barrier() -> bool {
         false
     }
+
+    /// Not available: both sides fence.
+    pub(super) fn registered_global() -> bool {
+        false
+    }
+
+    /// Not offered: the heavy side fences only.
+    pub(super) fn global_offered() -> bool {
+        false
+    }
+
+    /// Never called (not offered).
+    pub(super) fn barrier_global() -> bool {
+        false
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -191,7 +265,11 @@ mod tests {
     #[test]
     fn no_side_misses_the_other() {
         let rounds = if cfg!(miri) { 20 } else { 2000 };
-        for f in [AsymmetricFence::new(), AsymmetricFence::symmetric()] {
+        for f in [
+            AsymmetricFence::new(),
+            AsymmetricFence::across_processes(),
+            AsymmetricFence::symmetric(),
+        ] {
             for _ in 0..rounds {
                 let (a, b) = (AtomicU32::new(0), AtomicU32::new(0));
                 let (seen_by_light, seen_by_heavy) = std::thread::scope(|s| {
@@ -220,9 +298,22 @@ mod tests {
     #[cfg(not(miri))]
     #[test]
     fn store_buffering_never_misses_both() {
+        store_buffering(AsymmetricFence::new());
+    }
+
+    /// The same with the pair made for a handshake between processes: its heavy side's
+    /// global barrier must reach this process's registered threads too. (A global barrier
+    /// that did nothing fails it as above.)
+    #[cfg(not(miri))]
+    #[test]
+    fn store_buffering_never_misses_both_across_processes() {
+        store_buffering(AsymmetricFence::across_processes());
+    }
+
+    #[cfg(not(miri))]
+    fn store_buffering(f: AsymmetricFence) {
         use std::sync::atomic::AtomicU64 as Count;
         use std::time::{Duration, Instant};
-        let f = AsymmetricFence::new();
         if !f.is_asymmetric() || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
             return; // Nothing to check: both sides fence (the test above covers that).
         }
