@@ -175,7 +175,8 @@ mod membarrier {
     const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
     const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 
-    fn membarrier(cmd: libc::c_int) -> bool {
+    /// The system call's return: 0 (or the commands offered, for the query), -1 if refused.
+    fn call(cmd: libc::c_int) -> libc::c_long {
         // SAFETY: membarrier takes two integers (command, flags; and a CPU id we leave 0) and
         // touches no memory of this process; a refusal is an error return, not a fault.
         unsafe {
@@ -184,8 +185,12 @@ mod membarrier {
                 cmd,
                 0 as libc::c_uint,
                 0 as libc::c_int,
-            ) == 0
+            )
         }
+    }
+
+    fn membarrier(cmd: libc::c_int) -> bool {
+        call(cmd) == 0
     }
 
     /// Registers this process once (the kernel requires it before the barrier).
@@ -209,15 +214,7 @@ mod membarrier {
     pub(super) fn global_offered() -> bool {
         static OFFERED: OnceLock<bool> = OnceLock::new();
         *OFFERED.get_or_init(|| {
-            // SAFETY: as in `membarrier`; the query returns the commands offered, or -1.
-            let cmds = unsafe {
-                libc::syscall(
-                    libc::SYS_membarrier,
-                    MEMBARRIER_CMD_QUERY,
-                    0 as libc::c_uint,
-                    0 as libc::c_int,
-                )
-            };
+            let cmds = call(MEMBARRIER_CMD_QUERY);
             cmds > 0 && cmds & libc::c_long::from(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0
         })
     }

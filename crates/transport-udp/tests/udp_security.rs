@@ -65,6 +65,28 @@ fn foreign(key: [u8; 32], job: &str, epochs: &[u64], now: Instant) -> Vec<u8> {
 }
 
 /// Forwards every datagram `relay` receives to `to`, after showing it to `seen`, until `stop`.
+/// Ranks 0 and 1 of `job` on `s0` and `s1` (at `at[0]` and `at[1]`), rank 0 sending to rank 1
+/// at `to1` and rank 1 to rank 0 at `to0`: a relay's address, or the rank's own.
+fn pair(
+    key: &JobKey,
+    job: &str,
+    (s0, s1): (UdpSocket, UdpSocket),
+    at: [SocketAddr; 2],
+    (to0, to1): (SocketAddr, SocketAddr),
+) -> (Udp, Udp) {
+    let peer = |addr: SocketAddr, i: usize| PeerAddr {
+        addr,
+        epoch: EPOCHS[i],
+    };
+    let rank = |r: u32, s: UdpSocket, peers: &[PeerAddr]| {
+        Udp::with_peers(r, s, peers, key, job, 1 << 16, UdpConfig::default()).unwrap()
+    };
+    (
+        rank(0, s0, &[peer(at[0], 0), peer(to1, 1)]),
+        rank(1, s1, &[peer(to0, 0), peer(at[1], 1)]),
+    )
+}
+
 fn forward(relay: &UdpSocket, to: SocketAddr, stop: &AtomicBool, mut seen: impl FnMut(&[u8])) {
     relay
         .set_read_timeout(Some(Duration::from_millis(20)))
@@ -98,32 +120,8 @@ fn hostile_datagrams_change_nothing_during_a_run() {
         s1.local_addr().unwrap(),
         relay.local_addr().unwrap(),
     );
-    let peer = |addr: SocketAddr, i: usize| PeerAddr {
-        addr,
-        epoch: EPOCHS[i],
-    };
     // Rank 0 reaches rank 1 through a relay that keeps copies for the attacker to replay.
-    let config = UdpConfig::default;
-    let r0 = Udp::with_peers(
-        0,
-        s0,
-        &[peer(a0, 0), peer(ar, 1)],
-        &key,
-        "sec-job",
-        1 << 16,
-        config(),
-    )
-    .unwrap();
-    let r1 = Udp::with_peers(
-        1,
-        s1,
-        &[peer(a0, 0), peer(a1, 1)],
-        &key,
-        "sec-job",
-        1 << 16,
-        config(),
-    )
-    .unwrap();
+    let (r0, r1) = pair(&key, "sec-job", (s0, s1), [a0, a1], (a0, ar));
     let port1 = a1.port();
     let drops_before = kernel_drops(port1);
 
@@ -297,30 +295,7 @@ fn payloads_are_not_readable_on_the_wire() {
     let (s0, s1, to1, to0) = (bind(), bind(), bind(), bind());
     let (a0, a1) = (s0.local_addr().unwrap(), s1.local_addr().unwrap());
     let (r1, r0) = (to1.local_addr().unwrap(), to0.local_addr().unwrap());
-    let peer = |addr: SocketAddr, i: usize| PeerAddr {
-        addr,
-        epoch: EPOCHS[i],
-    };
-    let rank0 = Udp::with_peers(
-        0,
-        s0,
-        &[peer(a0, 0), peer(r1, 1)],
-        &key,
-        "wire-job",
-        1 << 16,
-        UdpConfig::default(),
-    )
-    .unwrap();
-    let rank1 = Udp::with_peers(
-        1,
-        s1,
-        &[peer(r0, 0), peer(a1, 1)],
-        &key,
-        "wire-job",
-        1 << 16,
-        UdpConfig::default(),
-    )
-    .unwrap();
+    let (rank0, rank1) = pair(&key, "wire-job", (s0, s1), [a0, a1], (r0, r1));
     let tape: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
