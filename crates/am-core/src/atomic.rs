@@ -35,7 +35,10 @@
 
 use am_shm::sync::{AtomicU64, Ordering};
 
-use crate::transport::SharedBytes;
+use am_shm::SharedBytes;
+
+use crate::error::SendError;
+use crate::types::Rank;
 
 mod sealed {
     pub trait Sealed {}
@@ -191,7 +194,7 @@ impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posted {
     /// The rank whose segment holds the word.
-    pub dest: crate::Rank,
+    pub dest: Rank,
     /// The word's offset in that segment.
     pub offset: usize,
     /// What to do with it.
@@ -202,11 +205,11 @@ pub struct Posted {
 /// giving `dest`'s segment: every word's cache line is fetched first, so that the misses
 /// overlap instead of each atomic instruction waiting for its own (a locked instruction does
 /// not overlap its miss with the next one). Every atomic is tried; the first error is
-/// returned, a refused word being [`SendError::Other`](crate::SendError::Other).
+/// returned, a refused word being [`SendError::Other`](SendError::Other).
 pub fn apply_batch<'a>(
     batch: &[Posted],
-    view: impl Fn(crate::Rank) -> Result<SharedBytes<'a>, crate::SendError>,
-) -> Result<(), crate::SendError> {
+    view: impl Fn(Rank) -> Result<SharedBytes<'a>, SendError>,
+) -> Result<(), SendError> {
     const CHUNK: usize = 64;
     let mut first = Ok(());
     for chunk in batch.chunks(CHUNK) {
@@ -235,8 +238,8 @@ pub fn apply_batch<'a>(
 }
 
 #[cold]
-fn refused(dest: crate::Rank, offset: usize, e: Refused) -> crate::SendError {
-    crate::SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
+fn refused(dest: Rank, offset: usize, e: Refused) -> SendError {
+    SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
 }
 
 /// What became of a batch of posted atomics ([`crate::Transport::atomics`]).
@@ -244,16 +247,16 @@ fn refused(dest: crate::Rank, offset: usize, e: Refused) -> crate::SendError {
 #[must_use = "atomics past `done` were not applied"]
 pub struct Batch {
     /// How many of the batch, from its start, were dealt with: applied, or refused for
-    /// good. All of them, unless the device was busy ([`crate::SendError::Busy`]) for the
+    /// good. All of them, unless the device was busy ([`SendError::Busy`]) for the
     /// next one: that one and those after it were not tried, and nothing of them was done.
     pub done: usize,
     /// The first refusal among those dealt with, if any.
-    pub error: Option<crate::SendError>,
+    pub error: Option<SendError>,
 }
 
 impl Batch {
     /// All `n` dealt with; `result` says whether one was refused.
-    pub fn all(n: usize, result: Result<(), crate::SendError>) -> Batch {
+    pub fn all(n: usize, result: Result<(), SendError>) -> Batch {
         Batch {
             done: n,
             error: result.err(),
@@ -265,13 +268,13 @@ impl Batch {
 /// the others (one lost target does not stop the others' atomics), a busy device does.
 pub fn each_posted(
     batch: &[Posted],
-    mut apply: impl FnMut(&Posted) -> Result<(), crate::SendError>,
+    mut apply: impl FnMut(&Posted) -> Result<(), SendError>,
 ) -> Batch {
     let mut error = None;
     for (i, p) in batch.iter().enumerate() {
         match apply(p) {
             Ok(()) => {}
-            Err(crate::SendError::Busy) => return Batch { done: i, error },
+            Err(SendError::Busy) => return Batch { done: i, error },
             Err(e) => {
                 error.get_or_insert(e);
             }
@@ -392,13 +395,13 @@ impl Atomic {
     }
 
     /// [`Atomic::apply`] as a transport does it on `dest`'s segment: a refused word is
-    /// [`SendError::Other`](crate::SendError::Other) naming the word and the rank.
+    /// [`SendError::Other`](SendError::Other) naming the word and the rank.
     pub fn apply_to(
         &self,
-        dest: crate::Rank,
+        dest: Rank,
         segment: SharedBytes<'_>,
         offset: usize,
-    ) -> Result<u64, crate::SendError> {
+    ) -> Result<u64, SendError> {
         self.apply(segment, offset)
             .map_err(|e| refused(dest, offset, e))
     }
@@ -472,8 +475,8 @@ mod tests {
         let out = each_posted(&batch, |p| {
             seen.push(p.dest);
             match p.dest {
-                1 => Err(crate::SendError::PeerLost(1)),
-                3 => Err(crate::SendError::Busy),
+                1 => Err(SendError::PeerLost(1)),
+                3 => Err(SendError::Busy),
                 _ => Ok(()),
             }
         });
@@ -482,14 +485,14 @@ mod tests {
             out,
             Batch {
                 done: 3,
-                error: Some(crate::SendError::PeerLost(1))
+                error: Some(SendError::PeerLost(1))
             }
         );
         let out = each_posted(&batch, |p| match p.dest {
-            4 => Err(crate::SendError::PeerDeparted(4)),
+            4 => Err(SendError::PeerDeparted(4)),
             _ => Ok(()),
         });
-        assert_eq!(out, Batch::all(5, Err(crate::SendError::PeerDeparted(4))));
+        assert_eq!(out, Batch::all(5, Err(SendError::PeerDeparted(4))));
     }
 
     /// A batch longer than one chunk, with a word out of bounds and a rank without a view
@@ -525,12 +528,12 @@ mod tests {
             if d == 0 {
                 Ok(view)
             } else {
-                Err(crate::SendError::PeerLost(d))
+                Err(SendError::PeerLost(d))
             }
         })
         .unwrap_err();
         assert!(
-            matches!(&e, crate::SendError::Other(m) if m.contains("at 64 of rank 0")),
+            matches!(&e, SendError::Other(m) if m.contains("at 64 of rank 0")),
             "{e:?}"
         );
         assert_eq!(view.load_u64(0).unwrap(), 7);

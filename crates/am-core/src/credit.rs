@@ -9,7 +9,7 @@
 //! policy can steer credits by using the credit byte: the requester's hint on requests, and the
 //! number of credits granted back on replies (1 returns the one used, 0 withholds it, more lends).
 
-use crate::Rank;
+use crate::types::Rank;
 
 /// A flow-control policy. The core calls it on every request and reply.
 pub trait CreditPolicy {

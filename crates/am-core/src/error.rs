@@ -1,10 +1,8 @@
 //! Errors of the AM core. Each says who is at fault: the caller (a wrong argument), a peer
 //! (it broke the protocol), or the job (a peer died, the transport failed).
 
-use crate::handler::{AmKind, Category, HandlerId};
-use crate::transport::TransportError;
+use crate::types::{AmKind, Category, HandlerId, Rank, Route};
 use crate::wire::WireError;
-use crate::Rank;
 
 /// An error from an AM operation (request, reply, poll, put/get, barrier).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -168,7 +166,7 @@ pub enum StartError {
         theirs: u64,
         /// The lowest handler id registered differently (or only on one of the two), when
         /// the table signatures tell.
-        handler: Option<crate::HandlerId>,
+        handler: Option<HandlerId>,
     },
     /// A rank's segment size differs from rank 0's.
     #[error(
@@ -188,4 +186,105 @@ pub enum StartError {
     /// Communication failed during start-up.
     #[error(transparent)]
     Am(#[from] AmError),
+}
+
+/// Why a send did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The device has no room now (ring full, no free slot). Nothing was sent; try again later.
+    #[error("device busy")]
+    Busy,
+    /// The destination is gone.
+    #[error("rank {0} was lost")]
+    PeerLost(Rank),
+    /// The destination left the job cleanly: nothing it receives will be handled.
+    #[error("rank {0} has left the job")]
+    PeerDeparted(Rank),
+    /// The message is larger than the transport can carry.
+    #[error("message of {0} bytes too large for the transport")]
+    TooLarge(usize),
+    /// The job is being torn down.
+    #[error("the job was aborted")]
+    JobAborted,
+    /// The destination is not a rank this transport can send to (outside the job).
+    #[error("rank {0} is not a rank of this job")]
+    InvalidRank(Rank),
+    /// A reply's route ([`crate::Outgoing::reply_to`]) names no request this rank still owes an
+    /// answer to: a driver bug (a second reply, or a route from another delivery).
+    #[error("a reply routed to {0:?}, which names no request to answer")]
+    NoRequestToAnswer(Route),
+    /// The device failed (its engine stopped, its memory could not be reached): nothing the
+    /// caller can retry.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A transport failure outside a send.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// A peer is gone.
+    #[error("rank {0} was lost")]
+    PeerLost(Rank),
+    /// A peer ended its part of the job cleanly (closed its transport): reported once per
+    /// peer. Not a failure of the job, but nothing will come from it any more.
+    #[error("rank {0} has left the job")]
+    PeerDeparted(Rank),
+    /// The device had no room, where the caller could not wait for it (a send from a path
+    /// that cannot retry). Nothing was sent.
+    #[error("device busy")]
+    Busy,
+    /// The job is being torn down (a rank panicked or the launcher aborted it).
+    #[error("the job was aborted")]
+    JobAborted,
+    /// The message is larger than the transport can carry.
+    #[error("message of {0} bytes too large for the transport")]
+    TooLarge(usize),
+    /// A peer wrote something into memory or onto the wire that its protocol never produces
+    /// (a corrupt length, stamp, head, tail, count or event). What it wrote was dropped or
+    /// refused and the transport keeps working; `peer` is `None` where the word does not say
+    /// who wrote it (a word every peer may write).
+    #[error("{}: {what}", match peer { Some(r) => format!("rank {r} misbehaved"), None => "a peer misbehaved".to_owned() })]
+    PeerMisbehaved {
+        /// The rank at fault, where it can be known.
+        peer: Option<Rank>,
+        /// What was wrong.
+        what: String,
+    },
+    /// See [`SendError::InvalidRank`].
+    #[error("rank {0} is not a rank of this job")]
+    InvalidRank(Rank),
+    /// See [`SendError::NoRequestToAnswer`].
+    #[error("a reply routed to {0:?}, which names no request to answer")]
+    NoRequestToAnswer(Route),
+    /// An I/O or device failure.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl From<SendError> for TransportError {
+    fn from(e: SendError) -> Self {
+        match e {
+            SendError::PeerLost(r) => TransportError::PeerLost(r),
+            SendError::PeerDeparted(r) => TransportError::PeerDeparted(r),
+            SendError::JobAborted => TransportError::JobAborted,
+            SendError::TooLarge(n) => TransportError::TooLarge(n),
+            SendError::Busy => TransportError::Busy,
+            SendError::InvalidRank(r) => TransportError::InvalidRank(r),
+            SendError::NoRequestToAnswer(r) => TransportError::NoRequestToAnswer(r),
+            SendError::Other(s) => TransportError::Io(s),
+        }
+    }
+}
+
+/// A send error as the AM error it becomes.
+pub(crate) fn send_err(e: SendError) -> AmError {
+    AmError::from(TransportError::from(e))
+}
+
+/// A failed copy of bytes the checks already bounded: a transport's own fault.
+#[cold]
+pub(crate) fn shm_err(e: am_shm::ShmError) -> AmError {
+    AmError::Transport(TransportError::Io(e.to_string()))
 }

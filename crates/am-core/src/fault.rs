@@ -8,11 +8,12 @@
 
 use std::time::Duration;
 
+use crate::atomic::{Atomic, Batch, Posted};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Route, SendError, SharedBytes, Transport, TransportError,
     Tx,
 };
-use crate::Rank;
+use crate::types::Rank;
 
 /// Probabilities (0.0..=1.0) of each fault, per message sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -264,14 +265,14 @@ impl<T: Transport> Transport for FaultInjector<T> {
         &mut self,
         dest: Rank,
         offset: usize,
-        atomic: crate::atomic::Atomic,
+        atomic: Atomic,
     ) -> Result<Option<u64>, SendError> {
         self.inner.atomic(dest, offset, atomic)
     }
     fn applies_atomics(&self, dest: Rank) -> bool {
         self.inner.applies_atomics(dest)
     }
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
+    fn atomics(&mut self, batch: &[Posted]) -> Batch {
         self.inner.atomics(batch)
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

@@ -3,36 +3,10 @@
 use std::cell::{Cell, OnceCell};
 use std::fmt;
 
-use crate::endpoint::ReplySink;
-use crate::error::AmError;
+use crate::reply::Token;
 use crate::transport::{Payload, SharedBytes};
-use crate::Rank;
-
-/// Index into the handler table (GASNet's handler index): 256 handlers per job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HandlerId(pub u8);
-
-/// Whether a handler runs for requests or for replies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Category {
-    /// Runs at the target of a request; gets a [`Token`] that may reply once.
-    Request = 0,
-    /// Runs at the requester when the reply arrives; cannot send anything.
-    Reply = 1,
-}
-
-/// The three GASNet AM kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum AmKind {
-    /// Arguments only.
-    Short = 0,
-    /// Arguments and a payload delivered in a transport buffer (up to `max_medium`).
-    Medium = 1,
-    /// Arguments and a payload written into the target's segment before the handler runs.
-    Long = 2,
-}
+use crate::types::Rank;
+pub use crate::types::{AmKind, Category, HandlerId};
 
 /// What a handler is told about the message that made it run.
 ///
@@ -140,72 +114,6 @@ impl fmt::Debug for Msg<'_> {
             .field("payload_len", &self.payload_len())
             .field("long_offset", &self.long_offset())
             .finish()
-    }
-}
-
-/// The right to send one reply to the requester: GASNet's token.
-///
-/// Each `reply_*` method consumes the token, so a second reply does not compile:
-///
-/// ```compile_fail
-/// # use am_core::{Token, HandlerId};
-/// fn handler(token: Token<'_>) {
-///     token.reply_short(HandlerId(1), &[]).unwrap();
-///     token.reply_short(HandlerId(1), &[]).unwrap(); // use of moved value
-/// }
-/// ```
-///
-/// A request handler that drops its token without replying is fine: the core sends an implicit
-/// empty reply so the requester gets its credit back.
-pub struct Token<'a> {
-    pub(crate) src: Rank,
-    pub(crate) sink: &'a mut ReplySink<'a>,
-}
-
-impl Token<'_> {
-    /// The requester: the only rank this token can reply to.
-    #[inline]
-    pub fn src(&self) -> Rank {
-        self.src
-    }
-
-    /// Replies with an AM Short to the requester's reply handler `handler`.
-    #[inline]
-    pub fn reply_short(self, handler: HandlerId, args: &[u32]) -> Result<(), AmError> {
-        self.sink
-            .reply(AmKind::Short, handler, args, Payload::EMPTY, None)
-    }
-
-    /// Replies with an AM Medium (payload up to `max_medium`): private bytes, or
-    /// [`Msg::payload_ref`] to echo the request's payload with a single copy.
-    #[inline]
-    pub fn reply_medium<'p>(
-        self,
-        handler: HandlerId,
-        args: &[u32],
-        payload: impl Into<Payload<'p>>,
-    ) -> Result<(), AmError> {
-        self.sink
-            .reply(AmKind::Medium, handler, args, payload.into(), None)
-    }
-
-    /// Replies with an AM Long whose payload lands at `offset` in the requester's segment.
-    #[inline]
-    pub fn reply_long<'p>(
-        self,
-        handler: HandlerId,
-        args: &[u32],
-        payload: impl Into<Payload<'p>>,
-        offset: usize,
-    ) -> Result<(), AmError> {
-        self.sink
-            .reply(AmKind::Long, handler, args, payload.into(), Some(offset))
-    }
-}
-
-impl fmt::Debug for Token<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Token").field("src", &self.src).finish()
     }
 }
 

@@ -35,8 +35,10 @@ pub mod handler;
 pub mod loopback;
 mod node;
 pub mod protocol;
+pub mod reply;
 pub mod rma;
 pub mod transport;
+pub mod types;
 pub mod wire;
 
 pub use atomic::{AtomicOp, AtomicWord};
@@ -45,16 +47,15 @@ pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
-pub use handler::{AmKind, Category, HandlerId, HandlerInfo, Handlers, Msg, RegisterError, Token};
+pub use handler::{HandlerInfo, Handlers, Msg, RegisterError};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetIntoHandle, Node};
+pub use reply::Token;
 pub use transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
-
-/// A rank: 0..size within a job (GASNet's `gasnet_node_t`).
-pub type Rank = u32;
+pub use types::{AmKind, Category, HandlerId, Rank};
 
 /// Runs one closure per transport, each on its own thread, and returns their results in rank
 /// order: the way to run a job whose ranks are threads ([`Loopback`], or any transport whose

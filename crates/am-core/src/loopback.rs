@@ -7,11 +7,14 @@ use std::time::Duration;
 use am_shm::sync::{fence, AsymmetricFence, AtomicU32, Ordering as ShmOrdering};
 use am_shm::{futex_wait, futex_wake, Imported, Segment, SpscRing, CACHE_LINE};
 
+use crate::atomic::{apply_batch, Atomic, Batch, Posted};
+use crate::rma::{get_from, put_into};
 use crate::transport::{
     Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
     TransportError, Tx,
 };
-use crate::Rank;
+use crate::types::Rank;
+use crate::wire::{MAX_ARGS, MAX_HEAD_LEN};
 
 /// Settings of a [`Loopback`] cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,7 +340,7 @@ impl Tx for LoopbackTx {
                 let end = to.pos + RECORD_HEADER + pad(len);
                 if end <= to.limit
                     && to.stamp != to.stamp_limit
-                    && len <= crate::wire::MAX_HEAD_LEN
+                    && len <= MAX_HEAD_LEN
                     && to.departed.load(Ordering::Relaxed) == 0
                 {
                     let header = to.stamp | len as u64;
@@ -451,7 +454,7 @@ impl Loopback {
             "a receive queue holds at least one message"
         );
         let n = ranks as usize;
-        let largest = RECORD_HEADER + pad(crate::wire::MAX_HEAD_LEN + config.max_medium);
+        let largest = RECORD_HEADER + pad(MAX_HEAD_LEN + config.max_medium);
         let ring_bytes = (2 * largest + RECORD_HEADER)
             .max(config.capacity.saturating_mul(64))
             .next_multiple_of(8);
@@ -617,7 +620,7 @@ impl Transport for Loopback {
 
     fn limits(&self) -> Limits {
         Limits {
-            max_args: crate::wire::MAX_ARGS,
+            max_args: MAX_ARGS,
             max_medium: self.config.max_medium,
             max_long: self.config.max_long,
             max_credits: u32::MAX,
@@ -630,11 +633,11 @@ impl Transport for Loopback {
 
     /// A copy into the target's segment: every rank's segment is memory of this process.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
-        crate::rma::put_into(dest, self.tx.peer_segment(dest)?, offset, data)
+        put_into(dest, self.tx.peer_segment(dest)?, offset, data)
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
-        crate::rma::get_from(src, self.tx.peer_segment(src)?, offset, dst)
+        get_from(src, self.tx.peer_segment(src)?, offset, dst)
     }
 
     /// An atomic instruction on the target's word: every rank's segment is memory of this
@@ -643,7 +646,7 @@ impl Transport for Loopback {
         &mut self,
         dest: Rank,
         offset: usize,
-        atomic: crate::atomic::Atomic,
+        atomic: Atomic,
     ) -> Result<Option<u64>, SendError> {
         atomic
             .apply_to(dest, self.tx.peer_segment(dest)?, offset)
@@ -654,9 +657,9 @@ impl Transport for Loopback {
         self.tx.peer_segment(dest).is_ok()
     }
 
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
-        let applied = crate::atomic::apply_batch(batch, |d| self.tx.peer_segment(d));
-        crate::atomic::Batch::all(batch.len(), applied)
+    fn atomics(&mut self, batch: &[Posted]) -> Batch {
+        let applied = apply_batch(batch, |d| self.tx.peer_segment(d));
+        Batch::all(batch.len(), applied)
     }
 
     #[inline]

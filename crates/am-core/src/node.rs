@@ -8,9 +8,10 @@ use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
-use crate::handler::{AmKind, HandlerId, Handlers};
+use crate::handler::Handlers;
 use crate::transport::{Limits, Transport, TransportError};
-use crate::Rank;
+use crate::types::Rank;
+use crate::types::{AmKind, HandlerId};
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
 ///

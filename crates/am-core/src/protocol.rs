@@ -21,8 +21,7 @@
 
 use crate::atomic::Atomic;
 use crate::error::Misbehavior;
-use crate::handler::{AmKind, Category};
-use crate::Rank;
+use crate::types::{AmKind, Category, Rank};
 
 /// Opcodes: the header's handler byte of each [`SystemMsg`] variant (for tests and tools
 /// that forge or inspect raw messages; a driver uses [`SystemMsg::encode`]).

@@ -9,9 +9,10 @@
 //! target's memory before the initiator's next send to any rank, so a flag, an AM or a barrier
 //! that follows it publishes it (the NICs publish their messages with `Release` stores).
 
-use crate::transport::SendError;
-use crate::Rank;
 use am_shm::SharedBytes;
+
+use crate::error::SendError;
+use crate::types::Rank;
 
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).
 /// `Ok(true)`; the range outside the segment is [`SendError::Other`] naming `dest`.

@@ -34,7 +34,10 @@ use std::time::Duration;
 
 pub use am_shm::SharedBytes;
 
-use crate::Rank;
+use crate::atomic::{each_posted, Atomic, Batch, Posted};
+pub use crate::error::{SendError, TransportError};
+use crate::types::Rank;
+pub use crate::types::Route;
 
 /// Size limits of a transport, queryable through [`crate::Node::limits`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,31 +144,6 @@ impl<'a> From<SharedBytes<'a>> for Payload<'a> {
     }
 }
 
-/// Where a request came from, as its transport knows it (the slot its reply goes to, the
-/// requester's send slot, ...): handed to the core with the request ([`Delivery::route`])
-/// and back to the transport with its reply ([`Outgoing::reply_to`]), so the transport
-/// pairs them without reading the core's header. Opaque to the core; a transport that
-/// needs no pairing uses [`Route::NONE`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub struct Route(u64);
-
-impl Route {
-    /// No route: for transports whose replies need none.
-    pub const NONE: Route = Route(0);
-
-    /// A route the transport will recognise.
-    #[inline]
-    pub const fn new(value: u64) -> Route {
-        Route(value)
-    }
-
-    /// The transport's value.
-    #[inline]
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
-
 /// A message to send: the core's encoded head (header + arguments) and the payload.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
@@ -261,96 +239,6 @@ impl Received<'_> {
     }
 }
 
-/// Why a send did not happen.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The device has no room now (ring full, no free slot). Nothing was sent; try again later.
-    #[error("device busy")]
-    Busy,
-    /// The destination is gone.
-    #[error("rank {0} was lost")]
-    PeerLost(Rank),
-    /// The destination left the job cleanly: nothing it receives will be handled.
-    #[error("rank {0} has left the job")]
-    PeerDeparted(Rank),
-    /// The message is larger than the transport can carry.
-    #[error("message of {0} bytes too large for the transport")]
-    TooLarge(usize),
-    /// The job is being torn down.
-    #[error("the job was aborted")]
-    JobAborted,
-    /// The destination is not a rank this transport can send to (outside the job).
-    #[error("rank {0} is not a rank of this job")]
-    InvalidRank(Rank),
-    /// A reply's route ([`Outgoing::reply_to`]) names no request this rank still owes an
-    /// answer to: a driver bug (a second reply, or a route from another delivery).
-    #[error("a reply routed to {0:?}, which names no request to answer")]
-    NoRequestToAnswer(Route),
-    /// The device failed (its engine stopped, its memory could not be reached): nothing the
-    /// caller can retry.
-    #[error("{0}")]
-    Other(String),
-}
-
-/// A transport failure outside a send.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// A peer is gone.
-    #[error("rank {0} was lost")]
-    PeerLost(Rank),
-    /// A peer ended its part of the job cleanly (closed its transport): reported once per
-    /// peer. Not a failure of the job, but nothing will come from it any more.
-    #[error("rank {0} has left the job")]
-    PeerDeparted(Rank),
-    /// The device had no room, where the caller could not wait for it (a send from a path
-    /// that cannot retry). Nothing was sent.
-    #[error("device busy")]
-    Busy,
-    /// The job is being torn down (a rank panicked or the launcher aborted it).
-    #[error("the job was aborted")]
-    JobAborted,
-    /// The message is larger than the transport can carry.
-    #[error("message of {0} bytes too large for the transport")]
-    TooLarge(usize),
-    /// A peer wrote something into memory or onto the wire that its protocol never produces
-    /// (a corrupt length, stamp, head, tail, count or event). What it wrote was dropped or
-    /// refused and the transport keeps working; `peer` is `None` where the word does not say
-    /// who wrote it (a word every peer may write).
-    #[error("{}: {what}", match peer { Some(r) => format!("rank {r} misbehaved"), None => "a peer misbehaved".to_owned() })]
-    PeerMisbehaved {
-        /// The rank at fault, where it can be known.
-        peer: Option<Rank>,
-        /// What was wrong.
-        what: String,
-    },
-    /// See [`SendError::InvalidRank`].
-    #[error("rank {0} is not a rank of this job")]
-    InvalidRank(Rank),
-    /// See [`SendError::NoRequestToAnswer`].
-    #[error("a reply routed to {0:?}, which names no request to answer")]
-    NoRequestToAnswer(Route),
-    /// An I/O or device failure.
-    #[error("{0}")]
-    Io(String),
-}
-
-impl From<SendError> for TransportError {
-    fn from(e: SendError) -> Self {
-        match e {
-            SendError::PeerLost(r) => TransportError::PeerLost(r),
-            SendError::PeerDeparted(r) => TransportError::PeerDeparted(r),
-            SendError::JobAborted => TransportError::JobAborted,
-            SendError::TooLarge(n) => TransportError::TooLarge(n),
-            SendError::Busy => TransportError::Busy,
-            SendError::InvalidRank(r) => TransportError::InvalidRank(r),
-            SendError::NoRequestToAnswer(r) => TransportError::NoRequestToAnswer(r),
-            SendError::Other(s) => TransportError::Io(s),
-        }
-    }
-}
-
 /// The sending half of a transport. Also lent to handlers, so a reply can go out while the
 /// request is still borrowed from the receive buffer.
 pub trait Tx {
@@ -439,7 +327,7 @@ pub trait Transport: Tx {
         &mut self,
         dest: Rank,
         offset: usize,
-        atomic: crate::atomic::Atomic,
+        atomic: Atomic,
     ) -> Result<Option<u64>, SendError> {
         let _ = (dest, offset, atomic);
         Ok(None)
@@ -456,8 +344,8 @@ pub trait Transport: Tx {
     /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). One
     /// refused for good does not stop the others; a busy device stops the batch, and the
     /// core polls and hands over the rest again ([`crate::atomic::Batch`]).
-    fn atomics(&mut self, batch: &[crate::atomic::Posted]) -> crate::atomic::Batch {
-        crate::atomic::each_posted(batch, |p| {
+    fn atomics(&mut self, batch: &[Posted]) -> Batch {
+        each_posted(batch, |p| {
             match self.atomic(p.dest, p.offset, p.atomic)? {
                 Some(_) => Ok(()),
                 None => Err(SendError::Other(format!(

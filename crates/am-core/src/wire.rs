@@ -17,7 +17,7 @@
 //! bits the core needs. Bytes from a peer are untrusted: [`Header::decode`] checks every field and
 //! the total length before anything is used.
 
-use crate::handler::{AmKind, Category};
+use crate::types::{AmKind, Category};
 
 /// The most arguments an AM can carry (GASNet's 16).
 pub const MAX_ARGS: usize = 16;

@@ -1,0 +1,55 @@
+//! The words every other module speaks: ranks, handler ids, AM kinds and categories.
+
+/// A rank: 0..size within a job (GASNet's `gasnet_node_t`).
+pub type Rank = u32;
+
+/// Index into the handler table (GASNet's handler index): 256 handlers per job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HandlerId(pub u8);
+
+/// Whether a handler runs for requests or for replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Category {
+    /// Runs at the target of a request; gets a [`Token`](crate::Token) that may reply once.
+    Request = 0,
+    /// Runs at the requester when the reply arrives; cannot send anything.
+    Reply = 1,
+}
+
+/// The three GASNet AM kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AmKind {
+    /// Arguments only.
+    Short = 0,
+    /// Arguments and a payload delivered in a transport buffer (up to `max_medium`).
+    Medium = 1,
+    /// Arguments and a payload written into the target's segment before the handler runs.
+    Long = 2,
+}
+
+/// Where a request came from, as its transport knows it (the slot its reply goes to, the
+/// requester's send slot, ...): handed to the core with the request ([`crate::Delivery::route`])
+/// and back to the transport with its reply ([`crate::Outgoing::reply_to`]), so the transport
+/// pairs them without reading the core's header. Opaque to the core; a transport that
+/// needs no pairing uses [`Route::NONE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Route(u64);
+
+impl Route {
+    /// No route: for transports whose replies need none.
+    pub const NONE: Route = Route(0);
+
+    /// A route the transport will recognise.
+    #[inline]
+    pub const fn new(value: u64) -> Route {
+        Route(value)
+    }
+
+    /// The transport's value.
+    #[inline]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
