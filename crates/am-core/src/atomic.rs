@@ -205,7 +205,7 @@ pub struct Posted {
 /// giving `dest`'s segment: every word's cache line is fetched first, so that the misses
 /// overlap instead of each atomic instruction waiting for its own (a locked instruction does
 /// not overlap its miss with the next one). Every atomic is tried; the first error is
-/// returned, a refused word being [`SendError::Other`](SendError::Other).
+/// returned, a refused word being [`SendError::Other`].
 pub fn apply_batch<'a>(
     batch: &[Posted],
     view: impl Fn(Rank) -> Result<SharedBytes<'a>, SendError>,
@@ -395,7 +395,7 @@ impl Atomic {
     }
 
     /// [`Atomic::apply`] as a transport does it on `dest`'s segment: a refused word is
-    /// [`SendError::Other`](SendError::Other) naming the word and the rank.
+    /// [`SendError::Other`] naming the word and the rank.
     pub fn apply_to(
         &self,
         dest: Rank,

@@ -1,4 +1,4 @@
-//! The reply path: the one-shot [`Token`] a request handler gets, the [`ReplySink`] behind it
+//! The reply path: the one-shot [`Token`] a request handler gets, the reply sink behind it
 //! (at most one reply, to the requester only, checked as a request is), the replies the
 //! device refused (sent again in order), and the implicit replies owed where the transport
 //! lets one empty reply answer several requests.

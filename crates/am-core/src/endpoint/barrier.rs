@@ -1,0 +1,65 @@
+//! The barrier: a dissemination barrier over system messages.
+
+use std::task::Poll;
+
+use super::state::{BarrierAt, Endpoint};
+use crate::error::AmError;
+use crate::protocol::SystemMsg;
+use crate::transport::Tx;
+
+impl Endpoint {
+    /// A step of a barrier ([`crate::Node::barrier`]): a dissemination barrier, ⌈log2 N⌉
+    /// rounds of one request each. The first step of a barrier starts it; steps after an
+    /// error resume it where it stopped (the other ranks are still in it), sending nothing
+    /// twice. Ready once every rank has entered this barrier.
+    pub fn barrier_step(&mut self, tx: &mut (impl Tx + ?Sized)) -> Poll<Result<(), AmError>> {
+        let mut at = match self.barrier {
+            Some(at) => at,
+            None => {
+                let epoch = self.barrier_epoch;
+                self.barrier_epoch += 1;
+                BarrierAt {
+                    epoch,
+                    round: 0,
+                    sent: false,
+                }
+            }
+        };
+        let size = self.size;
+        let result = loop {
+            let Some(distance) = 1u32.checked_shl(u32::from(at.round)).filter(|&d| d < size) else {
+                self.barrier = None;
+                return Poll::Ready(Ok(()));
+            };
+            let key = (at.epoch, at.round);
+            if !at.sent {
+                let to = (self.rank + distance) % size;
+                let msg = SystemMsg::Barrier {
+                    epoch: at.epoch,
+                    round: at.round,
+                };
+                match self.system_step(tx, to, msg, &[], None) {
+                    Poll::Ready(Ok(())) => at.sent = true,
+                    other => break other,
+                }
+            }
+            match self.barrier_arrivals.get_mut(&key) {
+                Some(n) => {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.barrier_arrivals.remove(&key);
+                    }
+                    at.round += 1;
+                    at.sent = false;
+                }
+                // This round's arrival comes from the rank `distance` before us.
+                None => {
+                    let from = (self.rank + size - distance % size) % size;
+                    break self.waiting_for(from).map(Err);
+                }
+            }
+        };
+        self.barrier = Some(at);
+        result
+    }
+}

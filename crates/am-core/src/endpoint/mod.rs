@@ -1,0 +1,50 @@
+//! The AM protocol of one rank, without I/O: [`Endpoint`].
+//!
+//! An endpoint holds everything a rank knows about the protocol (handlers, credits, replies
+//! the device refused, start-up, barriers, puts and gets) and does no I/O of its own: every
+//! method that sends takes the sender ([`Tx`](crate::Tx)) as an argument, and every method that would
+//! wait instead returns [`Poll::Pending`](std::task::Poll::Pending), so the caller decides how to wait. Messages that
+//! arrive are given to [`Endpoint::handle`]. There is no clock in here either.
+//!
+//! [`crate::Node`] is the driver this workspace uses: it polls a [`crate::Transport`], feeds
+//! each delivery to `handle`, and between polls calls the step methods until they are ready,
+//! waiting as its [`crate::WaitMode`] says. Anyone writing a driver of their own (an event
+//! loop, a test harness that delivers messages in a chosen order) does the same:
+//!
+//! ```
+//! use std::task::Poll;
+//! use am_core::endpoint::Endpoint;
+//! use am_core::{Handlers, Limits, StaticCredits, Outgoing, SendError, Tx};
+//!
+//! /// A sender that keeps what it is given (a real driver hands it to a NIC).
+//! struct Outbox(Vec<(u32, Vec<u8>)>);
+//! impl Tx for Outbox {
+//!     fn try_send(&mut self, dest: u32, m: &Outgoing<'_>) -> Result<(), SendError> {
+//!         let mut bytes = m.head.to_vec();
+//!         m.payload.append_to(&mut bytes);
+//!         self.0.push((dest, bytes));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let limits = Limits { max_args: 16, max_medium: 1024, max_long: 4096, max_credits: 8 };
+//! let credits = Box::new(StaticCredits::new(2, 8));
+//! let mut ep = Endpoint::new(1, 2, limits, 4096, Handlers::new(), credits);
+//! let mut out = Outbox(Vec::new());
+//! // Rank 1 starts by telling rank 0 its handler table, then waits for the verdict.
+//! assert!(ep.start_step(&mut out).is_pending());
+//! assert_eq!(out.0.len(), 1);
+//! assert_eq!(out.0[0].0, 0);
+//! ```
+
+mod barrier;
+mod handles;
+mod peers;
+mod recv;
+mod rma;
+mod send;
+mod startup;
+mod state;
+
+pub use handles::{AtomicHandle, GetHandle, PutHandle};
+pub use state::Endpoint;

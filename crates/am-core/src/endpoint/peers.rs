@@ -1,0 +1,152 @@
+//! Peers that are lost or have left the job: what fails, what is no longer waited for.
+
+use std::task::Poll;
+
+use super::state::{Endpoint, DEPARTED, LOST};
+use crate::credit::CreditPolicy;
+use crate::error::AmError;
+use crate::types::Rank;
+
+impl Endpoint {
+    /// Records what a poll's error says about a peer: a lost peer is marked lost (its
+    /// operations fail), a departed one departed. Returns the error back, except for a
+    /// departure, which is not an error of the poll that found it: only the calls that wait
+    /// for that peer fail.
+    pub fn absorb(&mut self, e: AmError) -> Option<AmError> {
+        match e {
+            AmError::PeerDeparted(peer) => {
+                self.mark_departed(peer);
+                None
+            }
+            AmError::PeerLost(peer) => {
+                self.mark_lost(peer);
+                Some(e)
+            }
+            e => Some(e),
+        }
+    }
+
+    pub(super) fn is_gone(&self, peer: Rank) -> bool {
+        self.is_lost(peer) || self.is_departed(peer)
+    }
+
+    /// `Pending` while `peer` may still answer; otherwise the error that says why it won't.
+    #[inline]
+    pub(super) fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
+        match self.gone_as.get(peer as usize).copied().unwrap_or(0) {
+            0 => Poll::Pending,
+            g if g & LOST != 0 => Poll::Ready(AmError::PeerLost(peer)),
+            _ => Poll::Ready(AmError::PeerDeparted(peer)),
+        }
+    }
+
+    /// Sets `how` ([`LOST`] or [`DEPARTED`]) for `peer`: false if it was set already (or no
+    /// such peer).
+    pub(super) fn mark_gone(&mut self, peer: Rank, how: u8) -> bool {
+        match self.gone_as.get_mut(peer as usize) {
+            Some(g) if *g & how == 0 => {
+                *g |= how;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records that `peer` is gone: fails its operations in flight and drops the replies still
+    /// queued for it. Returns false if it was already known.
+    pub fn mark_lost(&mut self, peer: Rank) -> bool {
+        if !self.mark_gone(peer, LOST) {
+            return false;
+        }
+        self.gone += 1;
+        self.fail_ops_with(peer, AmError::PeerLost(peer));
+        self.replies.pending.retain(|p| p.dest != peer);
+        if let Some(acks) = self.replies.acks.as_mut() {
+            acks.forget(peer);
+        }
+        true
+    }
+
+    /// Ends the puts, gets and atomics in flight with `peer` with `error` (nothing more
+    /// comes); detached ones are freed.
+    pub(super) fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
+        let mut freed = Vec::new();
+        for (i, slot) in self.ops.iter_mut().enumerate() {
+            if !slot.live || slot.peer != peer {
+                continue;
+            }
+            if slot.detached {
+                freed.push(i as u32);
+            } else if slot.outstanding > 0 || slot.sent < slot.len {
+                slot.outstanding = 0;
+                slot.len = slot.sent;
+                slot.error.get_or_insert_with(|| error.clone());
+            }
+        }
+        for i in freed {
+            self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
+            let _ = self.finish_op(i);
+        }
+    }
+
+    /// True if `peer` was reported lost.
+    #[inline]
+    pub fn is_lost(&self, peer: Rank) -> bool {
+        self.gone_as
+            .get(peer as usize)
+            .is_some_and(|g| g & LOST != 0)
+    }
+
+    /// Records that `peer` left the job cleanly: its puts and gets still waiting for replies
+    /// fail (nothing more will come from it). Returns false if it was already known.
+    pub fn mark_departed(&mut self, peer: Rank) -> bool {
+        if !self.mark_gone(peer, DEPARTED) {
+            return false;
+        }
+        self.gone += 1;
+        self.fail_ops_with(peer, AmError::PeerDeparted(peer));
+        if let Some(acks) = self.replies.acks.as_mut() {
+            acks.forget(peer);
+        }
+        true
+    }
+
+    /// True if `peer` left the job cleanly.
+    #[inline]
+    pub fn is_departed(&self, peer: Rank) -> bool {
+        self.gone_as
+            .get(peer as usize)
+            .is_some_and(|g| g & DEPARTED != 0)
+    }
+
+    /// How many peers have been marked lost or departed: a driver that waits re-checks
+    /// [`Endpoint::take_unanswerable`] when it changes.
+    #[inline]
+    pub fn gone_count(&self) -> u32 {
+        self.gone
+    }
+
+    /// The first peer that is lost or has left while requests to it still await their
+    /// replies, as the error a wait fails with: those replies will never come. Each such
+    /// peer is reported once (later waits, which may wait for other peers, go on).
+    pub fn take_unanswerable(&mut self) -> Option<AmError> {
+        let peer = (0..self.size).find(|&p| {
+            !self.unanswered_reported[p as usize]
+                && self.credits.outstanding(p) > 0
+                && self.is_gone(p)
+        })?;
+        self.unanswered_reported[peer as usize] = true;
+        match self.waiting_for(peer) {
+            Poll::Ready(e) => Some(e),
+            Poll::Pending => None,
+        }
+    }
+
+    /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
+    pub fn is_quiet(&self) -> bool {
+        self.replies.pending.is_empty()
+            && !self.acks_owed()
+            && (0..self.size)
+                .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
+    }
+}

@@ -1,0 +1,404 @@
+//! One-sided operations: puts, gets and remote atomics, and the operation slots that track
+//! those sent as messages.
+
+use std::marker::PhantomData;
+use std::task::Poll;
+
+use super::handles::{AtomicHandle, AtomicState, GetHandle, PutHandle};
+use super::state::{Endpoint, OpSlot};
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
+use crate::error::AmError;
+use crate::protocol::SystemMsg;
+use crate::transport::{SharedBytes, Tx};
+use crate::types::Rank;
+
+impl Endpoint {
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]);
+    /// a put to this rank is done at once, into `segment`. Send it with
+    /// [`Endpoint::put_step`].
+    pub fn put_start(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<PutHandle, AmError> {
+        self.check_rma(dest, offset, data.len())?;
+        if dest == self.rank {
+            segment
+                .write(offset, data)
+                .map_err(|_| self.out_of_bounds(offset as u64, data.len() as u64))?;
+            return Ok(self.put_placed(dest, offset, data.len()));
+        }
+        let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
+        Ok(PutHandle { index, gen })
+    }
+
+    /// A step of sending a put: sends the chunks that credits allow; ready once all are
+    /// sent. `data` must be what [`Endpoint::put_start`] was given. After an error nothing
+    /// more is sent: wait for the chunks already out with [`Endpoint::poll_put`].
+    pub fn put_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &PutHandle,
+        data: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        self.op_step(tx, handle.index, handle.gen, Some(data))
+    }
+
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::Node::get_nb`]);
+    /// a get from this rank is done at once, from `segment`. Send it with
+    /// [`Endpoint::get_step`].
+    pub fn get_start(
+        &mut self,
+        segment: SharedBytes<'_>,
+        src: Rank,
+        offset: usize,
+        len: usize,
+    ) -> Result<GetHandle, AmError> {
+        self.check_rma(src, offset, len)?;
+        let mut data = vec![0; len];
+        if src == self.rank {
+            segment
+                .read(offset, &mut data)
+                .map_err(|_| self.out_of_bounds(offset as u64, len as u64))?;
+            return Ok(self.get_fetched(src, offset, data));
+        }
+        let (index, gen) = self.alloc_op(src, offset, len, data);
+        Ok(GetHandle { index, gen })
+    }
+
+    /// A step of sending a get's requests, as [`Endpoint::put_step`].
+    pub fn get_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &GetHandle,
+    ) -> Poll<Result<(), AmError>> {
+        self.op_step(tx, handle.index, handle.gen, None)
+    }
+
+    /// Checks a put or get of `len` bytes at `offset` of `peer`'s segment before anything is
+    /// done: the rank, the range inside the segment, and `peer` not gone.
+    pub fn check_rma(&self, peer: Rank, offset: usize, len: usize) -> Result<(), AmError> {
+        self.check_rank(peer)?;
+        self.check_segment(offset as u64, len as u64)?;
+        match self.waiting_for(peer) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(()),
+        }
+    }
+
+    /// The handle of a put the transport has already placed in `dest`'s segment
+    /// ([`crate::Transport::put`]): complete.
+    pub fn put_placed(&mut self, dest: Rank, offset: usize, len: usize) -> PutHandle {
+        let (index, gen) = self.alloc_op(dest, offset, len, Vec::new());
+        self.ops[index as usize].sent = len;
+        PutHandle { index, gen }
+    }
+
+    /// The handle of a get whose `data` the transport has already fetched from `src`'s
+    /// segment ([`crate::Transport::get`]): complete.
+    pub fn get_fetched(&mut self, src: Rank, offset: usize, data: Vec<u8>) -> GetHandle {
+        let len = data.len();
+        let (index, gen) = self.alloc_op(src, offset, len, data);
+        self.ops[index as usize].sent = len;
+        GetHandle { index, gen }
+    }
+
+    /// Checks an atomic on the word at `offset` of `dest`'s segment before anything is done:
+    /// the rank, the word inside the segment and aligned to its width, and `dest` not gone.
+    pub fn check_atomic(&self, dest: Rank, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
+        self.check_rank(dest)?;
+        let width = atomic.width().bytes();
+        match atomic.check(offset, self.seg_len) {
+            Ok(()) => {}
+            Err(Refused::OutOfBounds) => {
+                return Err(self.out_of_bounds(offset as u64, width as u64))
+            }
+            Err(Refused::Misaligned) => {
+                return Err(AmError::Misaligned {
+                    offset: offset as u64,
+                    align: width,
+                })
+            }
+        }
+        match self.waiting_for(dest) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(()),
+        }
+    }
+
+    /// Starts an atomic that the transport does not apply itself ([`crate::Node::atomic_nb`]
+    /// asks it first): one on this rank is applied at once, to `segment`; for another rank,
+    /// send it with [`Endpoint::atomic_step`].
+    pub fn atomic_start<W: AtomicWord>(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<AtomicHandle<W>, AmError> {
+        self.atomic_start_raw(segment, dest, offset, Atomic::from(op))
+    }
+
+    /// [`Endpoint::atomic_start`] of an [`Atomic`] as the transports see it; its handle
+    /// gives the old value widened to 64 bits.
+    pub fn atomic_start_raw<W: AtomicWord>(
+        &mut self,
+        segment: SharedBytes<'_>,
+        dest: Rank,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<AtomicHandle<W>, AmError> {
+        self.check_atomic(dest, offset, &atomic)?;
+        if dest == self.rank {
+            let ours = segment.slice_or_empty(0, self.seg_len.min(segment.len()));
+            let old = atomic
+                .apply(ours, offset)
+                .map_err(|_| self.out_of_bounds(offset as u64, atomic.width().bytes() as u64))?;
+            return Ok(AtomicHandle::applied(old));
+        }
+        let (index, gen) = self.alloc_op(dest, offset, 1, vec![0; 8]);
+        self.ops[index as usize].atomic = Some(atomic);
+        Ok(AtomicHandle {
+            state: AtomicState::Op { index, gen },
+            width: PhantomData,
+        })
+    }
+
+    /// A step of sending an atomic, as [`Endpoint::put_step`]: ready once it is sent (at
+    /// once if it was applied when started).
+    pub fn atomic_step<W: AtomicWord>(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        handle: &AtomicHandle<W>,
+    ) -> Poll<Result<(), AmError>> {
+        match handle.state {
+            AtomicState::Done(_) => Poll::Ready(Ok(())),
+            AtomicState::Op { index, gen } => self.op_step(tx, index, gen, None),
+        }
+    }
+
+    /// Lets an atomic complete with nobody waiting for its result (a non-fetching atomic,
+    /// [`crate::Node::atomic_post`]): its operation slot is freed when the reply comes (or
+    /// now, if it came). [`Endpoint::is_quiet`] still waits for it, by its credit.
+    pub fn detach_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) {
+        if let AtomicState::Op { index, gen } = handle.state {
+            let unsent = self.op(index, gen).is_some_and(|s| s.sent < s.len);
+            if unsent || self.op_done(index, gen) {
+                // Nothing out (or its reply in): nothing to wait for.
+                if self.op(index, gen).is_some() {
+                    let _ = self.finish_op(index);
+                }
+            } else if let Some(slot) = self.op(index, gen) {
+                slot.detached = true;
+                self.detached_in_flight += 1;
+            }
+        }
+    }
+
+    /// Detached atomics ([`Endpoint::detach_atomic`]) still waiting for their reply: a
+    /// barrier waits for none to be left, so that what a rank posted is applied at its
+    /// target before anyone leaves the barrier.
+    pub fn posted_in_flight(&self) -> u32 {
+        self.detached_in_flight
+    }
+
+    /// Completes an atomic once its result is back: the word's old value.
+    pub fn poll_atomic<W: AtomicWord>(
+        &mut self,
+        handle: &AtomicHandle<W>,
+    ) -> Poll<Result<W, AmError>> {
+        match handle.state {
+            AtomicState::Done(old) => Poll::Ready(Ok(W::narrow(old))),
+            AtomicState::Op { index, gen } => {
+                // Only an atomic's slot (a handle from another endpoint could name a get's).
+                if self.op(index, gen).is_none_or(|s| s.atomic.is_none()) {
+                    return Poll::Ready(Err(AmError::StaleHandle));
+                }
+                self.poll_op(index, gen).map(|r| {
+                    r.and_then(|data| {
+                        let old: [u8; 8] = data
+                            .get(..8)
+                            .and_then(|b| b.try_into().ok())
+                            .ok_or(AmError::StaleHandle)?;
+                        Ok(W::narrow(u64::from_le_bytes(old)))
+                    })
+                })
+            }
+        }
+    }
+
+    pub(super) fn out_of_bounds(&self, offset: u64, len: u64) -> AmError {
+        AmError::SegmentOutOfBounds {
+            offset,
+            len,
+            size: self.seg_len,
+        }
+    }
+
+    /// Sends a put's (`data`) or a get's chunks until all are out or one is refused.
+    pub(super) fn op_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        index: u32,
+        gen: u32,
+        data: Option<&[u8]>,
+    ) -> Poll<Result<(), AmError>> {
+        let Some(slot) = self.op(index, gen) else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let (peer, offset, len) = (slot.peer, slot.offset, slot.len);
+        if data.is_some_and(|d| d.len() != len) {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        }
+        let chunk = match data {
+            Some(_) => self.limits.max_long,
+            None => self.limits.max_medium,
+        }
+        .max(1);
+        loop {
+            let slot = &self.ops[index as usize];
+            let at = slot.sent;
+            if at >= slot.len {
+                // All sent, or cut short by a peer's loss or departure.
+                return Poll::Ready(match &slot.error {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(()),
+                });
+            }
+            let n = chunk.min(slot.len - at);
+            let step = match (data, slot.atomic) {
+                (None, Some(atomic)) => {
+                    let msg = SystemMsg::Atomic {
+                        op: index,
+                        offset: offset as u64,
+                        atomic,
+                    };
+                    self.system_step(tx, peer, msg, &[], None)
+                }
+                (Some(d), _) => {
+                    let put = SystemMsg::Put { op: index };
+                    self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at))
+                }
+                (None, None) => {
+                    let get = SystemMsg::Get {
+                        op: index,
+                        offset: (offset + at) as u64,
+                        len: n as u32,
+                        at: at as u64,
+                    };
+                    self.system_step(tx, peer, get, &[], None)
+                }
+            };
+            let slot = &mut self.ops[index as usize];
+            match step {
+                Poll::Ready(Ok(())) => {
+                    slot.outstanding += 1;
+                    slot.sent = at + n;
+                }
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    // Nothing more goes out; what is out is still waited for.
+                    slot.len = at;
+                    slot.error.get_or_insert_with(|| e.clone());
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+    }
+
+    /// True once a put has completed (or its handle is stale): every chunk was sent and
+    /// has landed.
+    pub fn put_done(&self, handle: &PutHandle) -> bool {
+        self.op_done(handle.index, handle.gen)
+    }
+
+    /// True once every chunk of a get has arrived (or it failed): polling it is then ready.
+    pub fn get_done(&self, handle: &GetHandle) -> bool {
+        self.op_done(handle.index, handle.gen)
+    }
+
+    /// Completes a put once every chunk was sent and has landed in the target's segment.
+    pub fn poll_put(&mut self, handle: &PutHandle) -> Poll<Result<(), AmError>> {
+        self.poll_op(handle.index, handle.gen).map(|r| r.map(drop))
+    }
+
+    /// Completes a get once every chunk was sent and answered: its data.
+    pub fn poll_get(&mut self, handle: &GetHandle) -> Poll<Result<Vec<u8>, AmError>> {
+        self.poll_op(handle.index, handle.gen)
+    }
+
+    pub(super) fn op_done(&self, index: u32, gen: u32) -> bool {
+        self.ops
+            .get(index as usize)
+            .filter(|s| s.live && s.gen == gen)
+            .is_none_or(|s| s.outstanding == 0 && s.sent >= s.len)
+    }
+
+    /// Completes an operation: a get's data (empty for a put) or the operation's error. A
+    /// stale handle is [`AmError::StaleHandle`].
+    pub(crate) fn poll_op(&mut self, index: u32, gen: u32) -> Poll<Result<Vec<u8>, AmError>> {
+        match self.op(index, gen) {
+            None => Poll::Ready(Err(AmError::StaleHandle)),
+            Some(s) if s.outstanding == 0 && s.sent >= s.len => Poll::Ready(self.finish_op(index)),
+            Some(_) => Poll::Pending,
+        }
+    }
+
+    pub(super) fn live_op(&mut self, index: u32, peer: Rank) -> Option<&mut OpSlot> {
+        self.ops
+            .get_mut(index as usize)
+            .filter(|s| s.live && s.peer == peer && s.outstanding > 0)
+    }
+
+    /// Allocates a put/get slot.
+    pub(super) fn alloc_op(
+        &mut self,
+        peer: Rank,
+        offset: usize,
+        len: usize,
+        data: Vec<u8>,
+    ) -> (u32, u32) {
+        let index = match self.free_ops.pop() {
+            Some(i) => i,
+            None => {
+                self.ops.push(OpSlot::default());
+                (self.ops.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.ops[index as usize];
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.live = true;
+        slot.peer = peer;
+        slot.offset = offset;
+        slot.len = len;
+        slot.sent = 0;
+        slot.outstanding = 0;
+        slot.error = None;
+        slot.data = data;
+        slot.atomic = None;
+        slot.detached = false;
+        (index, slot.gen)
+    }
+
+    /// The slot of a handle, if it is still the same operation.
+    pub(super) fn op(&mut self, index: u32, gen: u32) -> Option<&mut OpSlot> {
+        self.ops
+            .get_mut(index as usize)
+            .filter(|s| s.live && s.gen == gen)
+    }
+
+    /// Frees a completed slot and returns its result.
+    pub(super) fn finish_op(&mut self, index: u32) -> Result<Vec<u8>, AmError> {
+        let slot = &mut self.ops[index as usize];
+        slot.live = false;
+        let data = std::mem::take(&mut slot.data);
+        let err = slot.error.take();
+        self.free_ops.push(index);
+        match err {
+            Some(e) => Err(e),
+            None => Ok(data),
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Sending requests: the checks a request passes, one attempt or one step of a blocking send,
+//! the job's exit, and the replies and implicit replies the device refused earlier.
+
+use std::task::Poll;
+
+use super::state::{Endpoint, LOST};
+use crate::credit::CreditPolicy;
+use crate::error::{send_err, AmError};
+use crate::handler::HandlerFn;
+use crate::protocol::SystemMsg;
+use crate::reply::{check_message, encode_acks, segment_range};
+use crate::transport::{Outgoing, Payload, SendError, Tx};
+use crate::types::{AmKind, Category, HandlerId, Rank};
+use crate::wire::{Header, MAX_HEAD_LEN};
+
+impl Endpoint {
+    /// Checks a request before it is sent: a valid rank that is not lost, the transport's
+    /// limits, a handler registered as a request of this kind, and a Long's range within
+    /// the segment.
+    pub fn check_request(
+        &self,
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload_len: usize,
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        match self.gone_as.get(dest as usize) {
+            None => {
+                return Err(AmError::InvalidRank {
+                    rank: dest,
+                    size: self.size,
+                })
+            }
+            Some(g) if g & LOST != 0 => return Err(AmError::PeerLost(dest)),
+            Some(_) => {}
+        }
+        check_message(&self.limits, kind, args, payload_len)?;
+        if !matches!(self.handlers.fns[handler.0 as usize], Some(HandlerFn::Request(k, _)) if k == kind)
+        {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: Category::Request,
+                kind,
+            });
+        }
+        if let Some(offset) = long_offset {
+            self.check_segment(offset as u64, payload_len as u64)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_rank(&self, rank: Rank) -> Result<(), AmError> {
+        if rank >= self.size {
+            return Err(AmError::InvalidRank {
+                rank,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_segment(&self, offset: u64, len: u64) -> Result<(), AmError> {
+        // Segment sizes agree across ranks (checked at start-up), so the local size bounds
+        // every target's segment.
+        match segment_range(offset, len, self.seg_len) {
+            Some(_) => Ok(()),
+            None => Err(AmError::SegmentOutOfBounds {
+                offset,
+                len,
+                size: self.seg_len,
+            }),
+        }
+    }
+
+    /// One attempt to send a user request already checked by [`Endpoint::check_request`]:
+    /// `Ok(false)` if out of credit or the device is busy (nothing was sent).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn try_request(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
+        self.try_send(tx, dest, false, kind, handler.0, args, payload, long_offset)
+    }
+
+    /// A step of a blocking send of a checked user request: fails at once if `dest` was
+    /// lost or has left, `Pending` while out of credit or the device is busy.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn request_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        self.send_step(tx, dest, false, kind, handler.0, args, payload, long_offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn send_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        if let Poll::Ready(gone) = self.waiting_for(dest) {
+            return Poll::Ready(Err(gone));
+        }
+        match self.try_send(tx, dest, system, kind, handler, args, payload, long_offset) {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    pub(super) fn system_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        msg: SystemMsg,
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Poll<Result<(), AmError>> {
+        let w = msg.encode();
+        debug_assert_eq!(w.category, Category::Request);
+        self.send_step(
+            tx,
+            dest,
+            true,
+            w.kind,
+            w.opcode,
+            w.args(),
+            payload,
+            long_offset,
+        )
+    }
+
+    /// One attempt: takes a credit, encodes the head and offers it to the device.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn try_send(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        system: bool,
+        kind: AmKind,
+        handler: u8,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
+        if !self.credits.try_acquire(dest) {
+            return Ok(false);
+        }
+        let header = Header {
+            category: Category::Request,
+            kind,
+            system,
+            handler,
+            nargs: args.len() as u8,
+            credit: self.credits.request_hint(dest),
+            payload_len: payload.len() as u32,
+            long_offset: long_offset.unwrap_or(0) as u64,
+        };
+        let mut head = [0u8; MAX_HEAD_LEN];
+        let n = header.encode(args, &mut head);
+        let out = Outgoing {
+            head: &head[..n],
+            payload: Payload::Private(payload),
+            long_offset,
+            reply_to: None,
+        };
+        match tx.try_send(dest, &out) {
+            Ok(()) => Ok(true),
+            Err(SendError::Busy) => {
+                self.credits.cancel(dest);
+                Ok(false)
+            }
+            Err(e) => {
+                self.credits.cancel(dest);
+                self.send_failed(e)
+            }
+        }
+    }
+
+    #[cold]
+    pub(super) fn send_failed(&mut self, e: SendError) -> Result<bool, AmError> {
+        match e {
+            SendError::PeerLost(peer) => {
+                self.mark_lost(peer);
+            }
+            SendError::PeerDeparted(peer) => {
+                self.mark_departed(peer);
+            }
+            _ => {}
+        }
+        Err(send_err(e))
+    }
+
+    /// One attempt to tell `dest` that the job ends with `code` ([`crate::Node::exit`]):
+    /// `Ok(false)` if out of credit or the device is busy.
+    pub fn try_exit(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        code: i32,
+    ) -> Result<bool, AmError> {
+        let w = SystemMsg::Exit { code }.encode();
+        self.try_send(tx, dest, true, w.kind, w.opcode, w.args(), &[], None)
+    }
+
+    /// Sends the replies the device refused earlier, in order, until it refuses again. A
+    /// driver calls it before each poll.
+    #[inline]
+    pub fn flush(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
+        if self.replies.pending.is_empty() {
+            return Ok(());
+        }
+        self.flush_pending(tx)
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flush_pending(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
+        while let Some(p) = self.replies.pending.front() {
+            let out = Outgoing {
+                head: &p.bytes[..p.head_len],
+                payload: Payload::Private(&p.bytes[p.head_len..]),
+                long_offset: p.long_offset,
+                reply_to: Some(p.route),
+            };
+            match tx.try_send(p.dest, &out) {
+                Ok(()) => {
+                    self.replies.pending.pop_front();
+                }
+                Err(SendError::Busy) => return Ok(()),
+                Err(SendError::PeerLost(peer)) => {
+                    self.mark_lost(peer);
+                    return Err(AmError::PeerLost(peer));
+                }
+                Err(SendError::PeerDeparted(peer)) => {
+                    // Nobody is left to read the reply.
+                    self.replies.pending.pop_front();
+                    self.mark_departed(peer);
+                    return Err(AmError::PeerDeparted(peer));
+                }
+                Err(e) => {
+                    self.replies.pending.pop_front();
+                    return Err(send_err(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the implicit replies owed (one [`SystemMsg::Acks`] per peer), after the queued
+    /// replies and only once none is left; stops at the first the device refuses.
+    #[cold]
+    #[inline(never)]
+    pub fn flush_acks(&mut self, tx: &mut (impl Tx + ?Sized)) -> Result<(), AmError> {
+        if !self.replies.pending.is_empty() {
+            return self.flush(tx);
+        }
+        let Some(acks) = self.replies.acks.as_mut() else {
+            return Ok(());
+        };
+        for peer in 0..self.size {
+            let owed = acks.per_peer[peer as usize];
+            if owed.count == 0 {
+                continue;
+            }
+            let mut head = [0u8; MAX_HEAD_LEN];
+            let n = encode_acks(&owed, &mut head);
+            let out = Outgoing {
+                head: &head[..n],
+                payload: Payload::EMPTY,
+                long_offset: None,
+                reply_to: Some(owed.route),
+            };
+            match tx.try_send(peer, &out) {
+                Ok(()) => acks.forget(peer),
+                Err(SendError::Busy) => return Ok(()),
+                Err(e) => {
+                    acks.forget(peer);
+                    return self.send_failed(e).map(drop);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! The endpoint's state: what one rank knows of the protocol, and how it is made.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::atomic::Atomic;
+use crate::credit::{CreditPolicy, Policy};
+use crate::error::AmError;
+use crate::handler::Handlers;
+use crate::protocol::HelloVerdict;
+use crate::reply::{Owed, OwedAcks, Replies};
+use crate::transport::Limits;
+use crate::types::Rank;
+
+/// [`Endpoint`]'s per-peer gone flags: reported lost, and left the job cleanly.
+pub(super) const LOST: u8 = 1;
+
+pub(super) const DEPARTED: u8 = 2;
+
+/// A put or get in flight.
+#[derive(Default)]
+pub(super) struct OpSlot {
+    pub(super) gen: u32,
+    /// The rank the put or get targets: its replies are the only ones accepted.
+    pub(super) peer: Rank,
+    pub(super) live: bool,
+    /// Where in the peer's segment the operation starts.
+    pub(super) offset: usize,
+    /// Bytes the operation moves, and how many of them have been asked for so far.
+    pub(super) len: usize,
+    pub(super) sent: usize,
+    /// Chunks sent and not yet answered.
+    pub(super) outstanding: u32,
+    pub(super) error: Option<AmError>,
+    pub(super) data: Vec<u8>,
+    /// A remote atomic (one message; its old value lands in `data`) rather than a put or get.
+    pub(super) atomic: Option<Atomic>,
+    /// Nobody waits for it ([`Endpoint::detach_atomic`]): freed when its reply comes.
+    pub(super) detached: bool,
+}
+
+/// Start-up handshake: everyone tells rank 0 its table digest and segment size, rank 0
+/// tells everyone the verdict.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Startup {
+    /// Not a rank 0: its HELLO has not gone out yet.
+    SendHello,
+    /// Not a rank 0: waits for rank 0's verdict.
+    AwaitVerdict,
+    /// Rank 0: waits for every other rank's HELLO.
+    Collect,
+    /// Rank 0: sends the verdict to ranks `next..size`.
+    Verdicts { next: Rank, verdict: HelloVerdict },
+    /// Rank 0, all agree: waits until the verdicts' implicit replies have brought every
+    /// credit home.
+    CreditsHome,
+    /// Over, with this verdict.
+    Done(HelloVerdict),
+}
+
+/// What start-up has heard.
+#[derive(Default)]
+pub(super) struct Hello {
+    /// Rank 0: how many HELLOs arrived.
+    pub(super) received: u32,
+    /// Rank 0: the first mismatch seen.
+    pub(super) mismatch: Option<HelloVerdict>,
+    /// Other ranks: rank 0's verdict.
+    pub(super) result: Option<HelloVerdict>,
+}
+
+/// Where a barrier stands: its epoch, its round, and whether that round's message went out.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BarrierAt {
+    pub(super) epoch: u64,
+    pub(super) round: u8,
+    pub(super) sent: bool,
+}
+
+/// The AM protocol state of one rank (see the [module docs](crate::endpoint)).
+pub struct Endpoint {
+    pub(super) rank: Rank,
+    pub(super) size: u32,
+    pub(super) limits: Limits,
+    pub(super) seg_len: usize,
+    pub(super) handlers: Handlers,
+    pub(super) credits: Policy,
+    /// Replies waiting for the device, implicit replies owed, and what the running handler's
+    /// replies did.
+    pub(super) replies: Replies,
+    pub(super) ops: Vec<OpSlot>,
+    pub(super) free_ops: Vec<u32>,
+    pub(super) startup: Startup,
+    pub(super) barrier_epoch: u64,
+    /// The barrier in progress (also one that returned an error, to resume).
+    pub(super) barrier: Option<BarrierAt>,
+    pub(super) barrier_arrivals: HashMap<(u64, u8), u32>,
+    pub(super) hello: Hello,
+    pub(super) hello_digest: u64,
+    /// Our handler table's signature ([`Handlers::signature`]), which rank 0 compares.
+    pub(super) hello_signature: [u16; 256],
+    pub(super) exit_requested: Option<i32>,
+    /// Per peer, whether the transport reported it lost ([`LOST`]: requests to it fail at
+    /// once, its operations fail, and nobody waits for its replies any more) or gone from
+    /// the job cleanly ([`DEPARTED`]); one byte, so a send looks once.
+    pub(super) gone_as: Vec<u8>,
+    /// How many peers were marked lost or departed so far.
+    pub(super) gone: u32,
+    /// Gone peers whose unanswered requests a wait has already been failed for.
+    pub(super) unanswered_reported: Vec<bool>,
+    /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
+    pub(super) scratch: Vec<u8>,
+    /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
+    pub(super) detached_in_flight: u32,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("startup", &self.startup)
+            .field("quiet", &self.is_quiet())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// The protocol state of rank `rank` of `size`, over a transport with `limits` and a
+    /// segment of `segment_len` bytes. Start it with [`Endpoint::start_step`] before any
+    /// other send.
+    pub fn new(
+        rank: Rank,
+        size: u32,
+        limits: Limits,
+        segment_len: usize,
+        handlers: Handlers,
+        credits: Box<dyn CreditPolicy>,
+    ) -> Endpoint {
+        Self::with_policy(
+            rank,
+            size,
+            limits,
+            segment_len,
+            handlers,
+            Policy::Custom(credits),
+        )
+    }
+
+    /// [`Endpoint::new`] with a policy built by [`crate::Credits`] (the static one unboxed).
+    pub(crate) fn with_policy(
+        rank: Rank,
+        size: u32,
+        limits: Limits,
+        segment_len: usize,
+        handlers: Handlers,
+        credits: Policy,
+    ) -> Endpoint {
+        let hello_digest = handlers.digest();
+        let hello_signature = handlers.signature();
+        let meta = handlers.registrations();
+        Endpoint {
+            rank,
+            size,
+            limits,
+            seg_len: segment_len,
+            handlers,
+            credits,
+            replies: Replies {
+                pending: VecDeque::new(),
+                acks: None,
+                replied: false,
+                error: None,
+                meta,
+                limits,
+                seg_len: segment_len,
+            },
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            startup: if size <= 1 {
+                Startup::Done(HelloVerdict::Ok)
+            } else if rank == 0 {
+                Startup::Collect
+            } else {
+                Startup::SendHello
+            },
+            barrier_epoch: 0,
+            barrier: None,
+            barrier_arrivals: HashMap::new(),
+            hello: Hello::default(),
+            hello_digest,
+            hello_signature,
+            exit_requested: None,
+            gone_as: vec![0; size as usize],
+            gone: 0,
+            unanswered_reported: vec![false; size as usize],
+            scratch: Vec::new(),
+            detached_in_flight: 0,
+        }
+    }
+
+    /// Whether one empty reply may answer several requests of a peer
+    /// ([`crate::Transport::acks_coalesce`]; off by default). On, the requests whose handlers
+    /// sent no reply are answered by one [`SystemMsg::Acks`](crate::protocol::SystemMsg::Acks) per peer when half the credits
+    /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
+    /// driver calls when a poll finds nothing.
+    pub fn set_acks_coalesce(&mut self, on: bool) {
+        self.replies.acks = on.then(|| OwedAcks {
+            per_peer: vec![Owed::default(); self.size as usize],
+            owed: 0,
+            batch: (self.credits.held(self.rank) / 2).max(1),
+        });
+    }
+
+    /// Whether implicit replies are owed and not yet sent (see [`Endpoint::flush_acks`]).
+    #[inline]
+    pub fn acks_owed(&self) -> bool {
+        self.replies.acks.as_ref().is_some_and(|a| a.owed > 0)
+    }
+
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The transport's size limits.
+    #[inline]
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Bytes of this rank's segment (and, once start-up agreed, of every rank's).
+    #[inline]
+    pub fn segment_len(&self) -> usize {
+        self.seg_len
+    }
+
+    /// The credit policy.
+    #[inline]
+    pub fn credits(&self) -> &dyn CreditPolicy {
+        match &self.credits {
+            Policy::Static(s) => s,
+            Policy::Custom(c) => &**c,
+        }
+    }
+
+    /// The exit code a peer asked the whole job to end with ([`SystemMsg::Exit`](crate::protocol::SystemMsg::Exit)): once set,
+    /// the driver ends this rank's process with it.
+    #[inline]
+    pub fn exit_requested(&self) -> Option<i32> {
+        self.exit_requested
+    }
+}
