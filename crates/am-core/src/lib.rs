@@ -44,7 +44,7 @@ pub mod wire;
 pub use atomic::{AtomicOp, AtomicWord};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
-pub use endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
+pub use endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 pub use error::{AmError, Misbehavior, StartError, TryRequestError};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{HandlerInfo, Handlers, Msg, RegisterError};

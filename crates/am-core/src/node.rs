@@ -3,13 +3,13 @@
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
+use crate::atomic::{AtomicOp, AtomicWord};
 use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
-use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
+use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::Handlers;
-use crate::transport::{Limits, Transport, TransportError};
+use crate::transport::{Limits, Transport};
 use crate::types::Rank;
 use crate::types::{AmKind, HandlerId};
 
@@ -45,16 +45,7 @@ pub struct Node<T: Transport> {
     transport: T,
     ep: Endpoint,
     config: Config,
-    /// Non-fetching atomics the transport applies itself, queued and handed over as one
-    /// batch ([`Node::atomic_post`], [`Transport::atomics`]); applied in order.
-    posted: Vec<Posted>,
 }
-
-/// How many posted atomics make a batch. Each batch waits once for its first word's line
-/// (a locked instruction lets no later load pass it, not even the next batch's prefetches),
-/// so a longer batch spreads that wait over more atomics: 64 made sci's atomic RandomAccess
-/// 1.2x faster than 16, and 128 no faster than 64.
-const POSTED_ATOMICS: usize = 64;
 
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
@@ -111,7 +102,6 @@ impl<T: Transport> Node<T> {
             transport,
             ep,
             config,
-            posted: Vec::with_capacity(POSTED_ATOMICS),
         };
         // Start-up: no rank sends a user message before it has heard that all agree.
         let mut idle = 0;
@@ -217,58 +207,30 @@ impl<T: Transport> Node<T> {
     /// (for example after [`AmError::PeerMisbehaved`]).
     pub fn poll(&mut self) -> Result<usize, AmError> {
         // A rank that only polls may wait on what its posted atomics cause.
-        self.apply_posted()?;
+        if let Poll::Ready(Err(e)) = self.ep.apply_posted(&mut self.transport) {
+            return Err(e);
+        }
         // Bounded, so a flood from one peer cannot starve the caller.
         self.poll_up_to(64)
     }
 
     fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
         let mut handled = 0;
-        while handled < max {
-            match self.poll_once() {
-                Ok(true) => handled += 1,
-                Ok(false) => break,
-                Err(e) => return self.poll_failed(e),
-            }
+        while handled < max && self.poll_once()? {
+            handled += 1;
         }
         Ok(handled)
     }
 
     /// Handles at most one message (after the replies the device refused): whether one was.
+    /// A peer's exit ends this process here.
     #[inline]
     fn poll_once(&mut self) -> Result<bool, AmError> {
-        self.ep.flush(&mut self.transport)?;
-        let ep = &mut self.ep;
-        // The handler's error is kept aside rather than carried out through the transport's
-        // result: the common, error-free message then moves nothing.
-        let mut failed = None;
-        let handled = self.transport.poll_recv(|d, segment, tx| {
-            if let Err(e) = ep.handle(d, segment, tx) {
-                failed = Some(e);
-            }
-        })?;
-        if handled.is_none() {
-            // Nothing more to handle: answer the requests still owed an implicit reply.
-            if self.ep.acks_owed() {
-                self.ep.flush_acks(&mut self.transport)?;
-            }
-            return Ok(false);
+        match self.ep.poll_one(&mut self.transport)? {
+            Polled::Idle => Ok(false),
+            Polled::Handled => Ok(true),
+            Polled::Exit(code) => self.terminate(code),
         }
-        if let Some(code) = self.ep.exit_requested() {
-            self.terminate(code);
-        }
-        match failed {
-            None => Ok(true),
-            Some(e) => Err(e),
-        }
-    }
-
-    /// What a poll's error says about a peer is recorded; a departure is not an error of the
-    /// poll that found it (only the calls that wait for that peer fail).
-    #[cold]
-    #[inline(never)]
-    fn poll_failed(&mut self, e: AmError) -> Result<usize, AmError> {
-        self.ep.absorb(e).map_or(Ok(0), Err)
     }
 
     /// Polls until `done()` is true, waiting between polls as the wait mode says.
@@ -278,7 +240,7 @@ impl<T: Transport> Node<T> {
     /// rather than waiting for ever; once per such peer, so a later wait for other peers
     /// goes on.
     pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
-        self.apply_posted()?;
+        self.drive(|ep, t| ep.apply_posted(t))?;
         let mut idle = 0;
         // Peers gone so far that this wait has checked for (none gone: nothing to check).
         let mut checked = 0;
@@ -321,7 +283,7 @@ impl<T: Transport> Node<T> {
                 Ok(())
             }
             Ok(false) => self.idle(idle),
-            Err(e) => self.poll_failed(e).map(drop),
+            Err(e) => Err(e),
         }
     }
 
@@ -360,7 +322,6 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), AmError> {
         self.ep
             .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
-        self.apply_posted()?;
         self.drive(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
     }
 
@@ -410,7 +371,6 @@ impl<T: Transport> Node<T> {
     ) -> Result<(), TryRequestError> {
         self.ep
             .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
-        self.apply_posted()?;
         let sent = self.ep.try_request(
             &mut self.transport,
             dest,
@@ -468,16 +428,6 @@ impl<T: Transport> Node<T> {
     /// (the other ranks are still in it), sending nothing twice. After an error that lasts
     /// (a lost peer, an aborted job) the retry fails the same way.
     pub fn barrier(&mut self) -> Result<(), AmError> {
-        self.apply_posted()?;
-        // Posted atomics sent as messages are applied at their targets before this rank
-        // enters (a barrier message to a third rank may overtake one).
-        self.drive(|ep, _| {
-            if ep.posted_in_flight() == 0 {
-                Poll::Ready(Ok(()))
-            } else {
-                Poll::Pending
-            }
-        })?;
         self.drive(|ep, t| ep.barrier_step(t))
     }
 
@@ -495,23 +445,7 @@ impl<T: Transport> Node<T> {
     /// Puts are not ordered with this rank's AMs or with each other; a later request to the
     /// target, a barrier or [`Node::quiesce`] after the completion publishes them.
     pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
-        self.apply_posted()?;
-        if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
-            return Ok(self.ep.put_placed(dest, offset, data.len()));
-        }
-        self.put_by_messages(dest, offset, data)
-    }
-
-    /// A put as AM Longs (or, to this rank, a copy): started, its chunks sent.
-    fn put_by_messages(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        data: &[u8],
-    ) -> Result<PutHandle, AmError> {
-        let h = self
-            .ep
-            .put_start(self.transport.segment(), dest, offset, data)?;
+        let h = self.drive(|ep, t| ep.put_start(t, dest, offset, data))?;
         match self.drive(|ep, t| ep.put_step(t, &h, data)) {
             Ok(()) => Ok(h),
             Err(e) => {
@@ -521,64 +455,13 @@ impl<T: Transport> Node<T> {
         }
     }
 
-    /// A get by system messages (or, from this rank, a copy): started, its requests sent.
-    fn get_by_messages(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        len: usize,
-    ) -> Result<GetHandle, AmError> {
-        let h = self
-            .ep
-            .get_start(self.transport.segment(), src, offset, len)?;
+    /// Sends the requests of a get by messages (none if it is complete already).
+    fn get_sent(&mut self, h: GetHandle) -> Result<GetHandle, AmError> {
         match self.drive(|ep, t| ep.get_step(t, &h)) {
             Ok(()) => Ok(h),
             Err(e) => {
                 self.abandon(h.index, h.gen);
                 Err(e)
-            }
-        }
-    }
-
-    /// The transport's own put ([`Transport::put`]), checked first: true once it is done,
-    /// false if the transport does not do puts.
-    #[inline]
-    fn put_by_transport(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        data: &[u8],
-    ) -> Result<bool, AmError> {
-        self.ep.check_rma(dest, offset, data.len())?;
-        self.by_nic(|t| t.put(dest, offset, data))
-    }
-
-    /// The transport's own get ([`Transport::get`]), as [`Node::put_by_transport`].
-    #[inline]
-    fn get_by_transport(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: &mut [u8],
-    ) -> Result<bool, AmError> {
-        self.ep.check_rma(src, offset, dst.len())?;
-        self.by_nic(|t| t.get(src, offset, dst))
-    }
-
-    /// Runs an operation the NIC does on a peer's memory (put, get, atomic). A busy device
-    /// (a word of the target's NIC that another peer left corrupt, which its owner repairs;
-    /// nothing was done) is waited out with the node's progress steps; any other error is
-    /// recorded as a poll's would be ([`Node::transport_failed`]).
-    #[inline]
-    fn by_nic<R>(
-        &mut self,
-        mut op: impl FnMut(&mut T) -> Result<R, crate::transport::SendError>,
-    ) -> Result<R, AmError> {
-        let mut idle = 0;
-        loop {
-            match op(&mut self.transport) {
-                Err(crate::transport::SendError::Busy) => self.progress(&mut idle)?,
-                done => return done.map_err(|e| self.transport_failed(e)),
             }
         }
     }
@@ -589,16 +472,8 @@ impl<T: Transport> Node<T> {
     /// progress answers system messages for them. [`Node::get_into`] reads into a buffer of
     /// the caller's.
     pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
-        self.apply_posted()?;
-        if src != self.ep.rank() {
-            // Checked before the bytes are allocated.
-            self.ep.check_rma(src, offset, len)?;
-            let mut data = vec![0; len];
-            if self.by_nic(|t| t.get(src, offset, &mut data))? {
-                return Ok(self.ep.get_fetched(src, offset, data));
-            }
-        }
-        self.get_by_messages(src, offset, len)
+        let h = self.drive(|ep, t| ep.get_start(t, src, offset, len))?;
+        self.get_sent(h)
     }
 
     /// Completes an operation that failed part-way: waits for the chunks already sent, so no
@@ -636,11 +511,7 @@ impl<T: Transport> Node<T> {
     /// Writes `data` into `dest`'s segment at `offset` and waits until it is there
     /// ([`Node::put_nb`]).
     pub fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
-        self.apply_posted()?;
-        if dest != self.ep.rank() && self.put_by_transport(dest, offset, data)? {
-            return Ok(());
-        }
-        let h = self.put_by_messages(dest, offset, data)?;
+        let h = self.put_nb(dest, offset, data)?;
         self.wait_put(h)
     }
 
@@ -649,25 +520,8 @@ impl<T: Transport> Node<T> {
     /// target's memory, which the target does not take part in. A range outside the segment
     /// is an error, and `dst` is left as it was.
     pub fn get_into(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), AmError> {
-        self.apply_posted()?;
-        if src == self.ep.rank() {
-            self.ep.check_rma(src, offset, dst.len())?;
-            let segment = self.transport.segment();
-            return segment
-                .read(offset, dst)
-                .map_err(|_| AmError::SegmentOutOfBounds {
-                    offset: offset as u64,
-                    len: dst.len() as u64,
-                    size: segment.len(),
-                });
-        }
-        if self.get_by_transport(src, offset, dst)? {
-            return Ok(());
-        }
-        let h = self.get_by_messages(src, offset, dst.len())?;
-        let data = self.wait_get(h)?;
-        dst.copy_from_slice(&data);
-        Ok(())
+        let handle = self.get_into_nb(src, offset, dst)?;
+        self.wait_get_into(handle)
     }
 
     /// Starts reading `dst.len()` bytes at `offset` of `src`'s segment into `dst`
@@ -681,15 +535,10 @@ impl<T: Transport> Node<T> {
         offset: usize,
         dst: &'b mut [u8],
     ) -> Result<GetIntoHandle<'b>, AmError> {
-        if src == self.ep.rank() {
-            self.get_into(src, offset, dst)?;
-            return Ok(GetIntoHandle { dst, pending: None });
-        }
-        self.apply_posted()?;
-        if self.get_by_transport(src, offset, dst)? {
-            return Ok(GetIntoHandle { dst, pending: None });
-        }
-        let pending = Some(self.get_by_messages(src, offset, dst.len())?);
+        let pending = match self.drive(|ep, t| ep.get_into_start(t, src, offset, dst))? {
+            None => None,
+            Some(h) => Some(self.get_sent(h)?),
+        };
         Ok(GetIntoHandle { dst, pending })
     }
 
@@ -730,17 +579,7 @@ impl<T: Transport> Node<T> {
         offset: usize,
         op: AtomicOp<W>,
     ) -> Result<AtomicHandle<W>, AmError> {
-        let atomic = Atomic::from(op);
-        self.ep.check_atomic(dest, offset, &atomic)?;
-        self.apply_posted()?;
-        if dest != self.ep.rank() {
-            if let Some(old) = self.by_nic(|t| t.atomic(dest, offset, atomic))? {
-                return Ok(AtomicHandle::applied(old));
-            }
-        }
-        let h = self
-            .ep
-            .atomic_start(self.transport.segment(), dest, offset, op)?;
+        let h = self.drive(|ep, t| ep.atomic_start(t, dest, offset, op))?;
         match self.drive(|ep, t| ep.atomic_step(t, &h)) {
             Ok(()) => Ok(h),
             Err(e) => {
@@ -765,69 +604,7 @@ impl<T: Transport> Node<T> {
         offset: usize,
         op: AtomicOp<W>,
     ) -> Result<(), AmError> {
-        let atomic = Atomic::from(op);
-        self.ep.check_atomic(dest, offset, &atomic)?;
-        if self.transport.applies_atomics(dest) {
-            self.posted.push(Posted {
-                dest,
-                offset,
-                atomic,
-            });
-            if self.posted.len() >= POSTED_ATOMICS {
-                return self.apply_all_posted();
-            }
-            return Ok(());
-        }
-        let h = self.atomic_nb(dest, offset, op)?;
-        self.ep.detach_atomic(h);
-        Ok(())
-    }
-
-    /// Applies the posted atomics, in order; the first error, after trying them all. On
-    /// every request's path: one test when none are posted.
-    #[inline(always)]
-    fn apply_posted(&mut self) -> Result<(), AmError> {
-        if self.posted.is_empty() {
-            return Ok(());
-        }
-        self.apply_all_posted()
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn apply_all_posted(&mut self) -> Result<(), AmError> {
-        let mut refused = None;
-        let mut idle = 0;
-        loop {
-            let batch = self.transport.atomics(&self.posted);
-            let done = batch.done.min(self.posted.len());
-            self.posted.drain(..done);
-            refused = refused.or(batch.error);
-            if self.posted.is_empty() {
-                break;
-            }
-            // The device was busy for the next one, which was not applied: it and the
-            // rest go again once it is free. What a poll finds first is reported, and they
-            // stay posted.
-            if let Err(e) = self.progress(&mut idle) {
-                if let Some(r) = refused {
-                    let _ = self.transport_failed(r);
-                }
-                return Err(e);
-            }
-        }
-        match refused {
-            Some(e) => Err(self.transport_failed(e)),
-            None => Ok(()),
-        }
-    }
-
-    /// A send-side error of an atomic the transport applies: recorded as a poll's would be
-    /// (a lost or departed target is marked so), and returned.
-    fn transport_failed(&mut self, e: crate::transport::SendError) -> AmError {
-        let e = AmError::from(TransportError::from(e));
-        let _ = self.ep.absorb(e.clone());
-        e
+        self.drive(|ep, t| ep.atomic_post(t, dest, offset, op))
     }
 
     /// Waits for an atomic: the word's old value.
@@ -854,14 +631,7 @@ impl<T: Transport> Node<T> {
     /// are applied first, and the puts, gets and atomics that travel as messages are remotely
     /// complete when it returns (those the transport does itself are complete when started).
     pub fn quiesce(&mut self) -> Result<(), AmError> {
-        self.apply_posted()?;
-        self.drive(|ep, _| {
-            if ep.is_quiet() {
-                Poll::Ready(Ok(()))
-            } else {
-                Poll::Pending
-            }
-        })
+        self.drive(|ep, t| ep.quiesce_step(t))
     }
 
     /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which
@@ -869,7 +639,7 @@ impl<T: Transport> Node<T> {
     ///
     /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
     pub fn exit(mut self, code: i32) -> ! {
-        let _ = self.apply_posted();
+        let _ = self.drive(|ep, t| ep.apply_posted(t));
         let deadline = Instant::now() + Duration::from_secs(1);
         for r in 0..self.ep.size() {
             if r == self.ep.rank() {
@@ -880,11 +650,8 @@ impl<T: Transport> Node<T> {
                 match self.ep.try_exit(&mut self.transport, r, code) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => {
-                        let _ = self.ep.flush(&mut self.transport);
-                        let ep = &mut self.ep;
-                        let _ = self
-                            .transport
-                            .poll_recv(|d, segment, tx| ep.handle(d, segment, tx));
+                        // Progress frees the credit; another rank's exit changes nothing now.
+                        let _ = self.ep.poll_one(&mut self.transport);
                         std::thread::yield_now();
                     }
                 }
@@ -909,7 +676,7 @@ impl<T: Transport> Drop for Node<T> {
         }
         // Posted atomics take effect before the rank leaves (a lost target is no reason to
         // stop the others').
-        let _ = self.apply_posted();
+        let _ = self.drive(|ep, t| ep.apply_posted(t));
         // Let peers get the replies they are owed and ours arrive, but never hang forever.
         let deadline = Instant::now() + QUIESCE_LIMIT;
         while Instant::now() < deadline && !self.ep.is_quiet() {

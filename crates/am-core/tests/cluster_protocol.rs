@@ -610,8 +610,8 @@ fn put_then_get_moves_the_bytes_in_chunks() {
         // 3000 bytes: three Long chunks of at most 1024 and twelve Medium get replies of
         // at most 256, more than the two credits allow at once.
         let data = pattern(3000, seed as u8);
-        let (ep, seg0) = c.with_segment(0);
-        let put = ep.put_start(seg0, 2, 77, &data).unwrap();
+        let (ep, mut tx) = c.wire(0);
+        let put = ready(ep.put_start(&mut tx, 2, 77, &data)).unwrap();
         let res = c.drive(&[0], |_, ep, tx| ep.put_step(tx, &put, &data));
         res[0].clone().unwrap().unwrap();
         let res = c.drive(&[0], |_, ep, _| ep.poll_put(&put));
@@ -620,8 +620,8 @@ fn put_then_get_moves_the_bytes_in_chunks() {
         c.nodes[2].segment.byte_area().read(77, &mut back).unwrap();
         assert_eq!(back, data, "seed {seed}: the put landed");
 
-        let (ep, seg0) = c.with_segment(0);
-        let get = ep.get_start(seg0, 2, 77, data.len()).unwrap();
+        let (ep, mut tx) = c.wire(0);
+        let get = ready(ep.get_start(&mut tx, 2, 77, data.len())).unwrap();
         c.drive(&[0], |_, ep, tx| ep.get_step(tx, &get))[0]
             .clone()
             .unwrap()
@@ -640,22 +640,22 @@ fn put_then_get_moves_the_bytes_in_chunks() {
 fn put_and_get_outside_the_segment_fail_at_the_initiator_and_send_nothing() {
     let (mut c, _) = cluster(Shape::new(2), 0);
     c.net.sent.clear();
-    let (ep, seg) = c.with_segment(0);
+    let (ep, mut tx) = c.wire(0);
     let err = |offset, len| AmError::SegmentOutOfBounds {
         offset,
         len,
         size: 4096,
     };
     assert_eq!(
-        ep.put_start(seg, 1, 4000, &[0; 97]).unwrap_err(),
+        ready(ep.put_start(&mut tx, 1, 4000, &[0; 97])).unwrap_err(),
         err(4000, 97)
     );
     assert_eq!(
-        ep.get_start(seg, 1, u64::MAX as usize, 1).unwrap_err(),
+        ready(ep.get_start(&mut tx, 1, u64::MAX as usize, 1)).unwrap_err(),
         err(u64::MAX, 1)
     );
     assert_eq!(
-        ep.put_start(seg, 2, 0, &[1]).unwrap_err(),
+        ready(ep.put_start(&mut tx, 2, 0, &[1])).unwrap_err(),
         AmError::InvalidRank { rank: 2, size: 2 }
     );
     assert!(c.net.sent.is_empty());
@@ -665,8 +665,8 @@ fn put_and_get_outside_the_segment_fail_at_the_initiator_and_send_nothing() {
 fn a_get_from_a_rank_that_dies_fails_with_peer_lost() {
     for seed in 0..SEEDS {
         let (mut c, _) = cluster(Shape::new(3), seed);
-        let (ep, seg) = c.with_segment(0);
-        let get = ep.get_start(seg, 1, 0, 2000).unwrap();
+        let (ep, mut tx) = c.wire(0);
+        let get = ready(ep.get_start(&mut tx, 1, 0, 2000)).unwrap();
         // Some of the get's requests go out, then rank 1 dies before answering.
         let (ep, mut tx) = c.wire(0);
         let _ = ep.get_step(&mut tx, &get);

@@ -1,21 +1,30 @@
 //! The barrier: a dissemination barrier over system messages.
 
-use std::task::Poll;
+use std::task::{ready, Poll};
 
 use super::state::{BarrierAt, Endpoint};
 use crate::error::AmError;
 use crate::protocol::SystemMsg;
-use crate::transport::Tx;
+use crate::transport::Transport;
 
 impl Endpoint {
     /// A step of a barrier ([`crate::Node::barrier`]): a dissemination barrier, ⌈log2 N⌉
     /// rounds of one request each. The first step of a barrier starts it; steps after an
     /// error resume it where it stopped (the other ranks are still in it), sending nothing
-    /// twice. Ready once every rank has entered this barrier.
-    pub fn barrier_step(&mut self, tx: &mut (impl Tx + ?Sized)) -> Poll<Result<(), AmError>> {
+    /// twice. Ready once every rank has entered this barrier. A barrier starts once this
+    /// rank's posted atomics are applied and those sent as messages answered, so every rank
+    /// leaving it sees them.
+    pub fn barrier_step(&mut self, t: &mut (impl Transport + ?Sized)) -> Poll<Result<(), AmError>> {
         let mut at = match self.barrier {
             Some(at) => at,
             None => {
+                // What this rank posted is applied at its targets before it enters: posted
+                // atomics sent as messages must have been answered, since a barrier
+                // message to a third rank may overtake one.
+                ready!(self.apply_posted(t))?;
+                if self.detached_in_flight > 0 {
+                    return Poll::Pending;
+                }
                 let epoch = self.barrier_epoch;
                 self.barrier_epoch += 1;
                 BarrierAt {
@@ -38,7 +47,7 @@ impl Endpoint {
                     epoch: at.epoch,
                     round: at.round,
                 };
-                match self.system_step(tx, to, msg, &[], None) {
+                match self.system_step(t, to, msg, &[], None) {
                     Poll::Ready(Ok(())) => at.sent = true,
                     other => break other,
                 }

@@ -40,6 +40,7 @@
 mod barrier;
 mod handles;
 mod peers;
+mod posted;
 mod recv;
 mod rma;
 mod send;
@@ -47,4 +48,5 @@ mod startup;
 mod state;
 
 pub use handles::{AtomicHandle, GetHandle, PutHandle};
+pub use recv::Polled;
 pub use state::Endpoint;

@@ -12,7 +12,7 @@ use crate::error::{shm_err, AmError, Misbehavior};
 use crate::handler::{HandlerFn, Msg};
 use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
-use crate::transport::{Delivery, Payload, Received, Route, SharedBytes, Tx};
+use crate::transport::{Delivery, Payload, Received, Route, SharedBytes, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
 use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 
@@ -229,7 +229,67 @@ fn system_request(
     }
 }
 
+/// What one [`Endpoint::poll_one`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polled {
+    /// Nothing had arrived (the implicit replies owed went out).
+    Idle,
+    /// One message was handled.
+    Handled,
+    /// A peer ended the job with this code ([`crate::Node::exit`]): the driver ends this
+    /// rank's process with it.
+    Exit(i32),
+}
+
 impl Endpoint {
+    /// One step of progress: sends the replies the device refused earlier, then hands at
+    /// most one delivered message to [`Endpoint::handle`]; when nothing has arrived, sends
+    /// the implicit replies owed ([`Endpoint::flush_acks`]). What an error says about a
+    /// peer is recorded ([`Endpoint::absorb`]); a departure is not an error of the poll that
+    /// found it. The message that caused an error is dropped, and polling can go on.
+    #[inline]
+    pub fn poll_one<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<Polled, AmError> {
+        match self.poll_raw(t) {
+            Ok(p) => Ok(p),
+            Err(e) => self.poll_failed(e),
+        }
+    }
+
+    #[inline(always)]
+    fn poll_raw<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<Polled, AmError> {
+        self.flush(t)?;
+        // The handler's error is kept aside rather than carried out through the transport's
+        // result: the common, error-free message then moves nothing.
+        let mut failed = None;
+        let handled = t.poll_recv(|d, segment, tx| {
+            if let Err(e) = self.handle(d, segment, tx) {
+                failed = Some(e);
+            }
+        })?;
+        if handled.is_none() {
+            if self.acks_owed() {
+                self.flush_acks(t)?;
+            }
+            return Ok(Polled::Idle);
+        }
+        if let Some(code) = self.exit_requested {
+            return Ok(Polled::Exit(code));
+        }
+        match failed {
+            None => Ok(Polled::Handled),
+            Some(e) => Err(e),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: AmError) -> Result<Polled, AmError> {
+        match self.absorb(e) {
+            None => Ok(Polled::Idle),
+            Some(e) => Err(e),
+        }
+    }
+
     /// Handles one delivered message: runs its handler, sends the reply or the implicit one
     /// through `tx` (the transport's sender for this delivery). An error names the peer
     /// and what it did; the message is dropped and the endpoint goes on.

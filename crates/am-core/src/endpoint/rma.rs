@@ -2,36 +2,50 @@
 //! those sent as messages.
 
 use std::marker::PhantomData;
-use std::task::Poll;
+use std::task::{ready, Poll};
 
 use super::handles::{AtomicHandle, AtomicState, GetHandle, PutHandle};
 use super::state::{Endpoint, OpSlot};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
-use crate::error::AmError;
+use crate::error::{send_err, AmError, SendError};
 use crate::protocol::SystemMsg;
-use crate::transport::{SharedBytes, Tx};
+use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
 impl Endpoint {
-    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]);
-    /// a put to this rank is done at once, into `segment`. Send it with
-    /// [`Endpoint::put_step`].
-    pub fn put_start(
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]),
+    /// after the posted atomics ([`Endpoint::atomic_post`]). Where the NIC writes peers'
+    /// memory itself ([`Transport::put`]) the bytes are placed now and the handle is
+    /// complete; a put to this rank is a copy into `t`'s segment; otherwise the put goes as
+    /// AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet (posted
+    /// atomics or the NIC wait for the device, or for credits): make progress and call again.
+    pub fn put_start<T: Transport + ?Sized>(
         &mut self,
-        segment: SharedBytes<'_>,
+        t: &mut T,
         dest: Rank,
         offset: usize,
         data: &[u8],
-    ) -> Result<PutHandle, AmError> {
-        self.check_rma(dest, offset, data.len())?;
-        if dest == self.rank {
-            segment
-                .write(offset, data)
-                .map_err(|_| self.out_of_bounds(offset as u64, data.len() as u64))?;
-            return Ok(self.put_placed(dest, offset, data.len()));
+    ) -> Poll<Result<PutHandle, AmError>> {
+        if let Err(e) = self.check_rma(dest, offset, data.len()) {
+            return Poll::Ready(Err(e));
         }
-        let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
-        Ok(PutHandle { index, gen })
+        ready!(self.apply_posted(t))?;
+        if dest == self.rank {
+            if t.segment().write(offset, data).is_err() {
+                return Poll::Ready(Err(self.out_of_bounds(offset as u64, data.len() as u64)));
+            }
+        } else {
+            match t.put(dest, offset, data) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
+                    return Poll::Ready(Ok(PutHandle { index, gen }));
+                }
+                Err(SendError::Busy) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
+            }
+        }
+        Poll::Ready(Ok(self.put_placed(dest, offset, data.len())))
     }
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
@@ -46,26 +60,78 @@ impl Endpoint {
         self.op_step(tx, handle.index, handle.gen, Some(data))
     }
 
-    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::Node::get_nb`]);
-    /// a get from this rank is done at once, from `segment`. Send it with
-    /// [`Endpoint::get_step`].
-    pub fn get_start(
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::Node::get_nb`]),
+    /// after the posted atomics. Where the NIC reads peers' memory itself ([`Transport::get`])
+    /// or `src` is this rank, the bytes are read now and the handle is complete; otherwise
+    /// [`Endpoint::get_step`] sends the requests that `src`'s progress answers. `Pending`
+    /// as [`Endpoint::put_start`].
+    pub fn get_start<T: Transport + ?Sized>(
         &mut self,
-        segment: SharedBytes<'_>,
+        t: &mut T,
         src: Rank,
         offset: usize,
         len: usize,
-    ) -> Result<GetHandle, AmError> {
-        self.check_rma(src, offset, len)?;
-        let mut data = vec![0; len];
-        if src == self.rank {
-            segment
-                .read(offset, &mut data)
-                .map_err(|_| self.out_of_bounds(offset as u64, len as u64))?;
-            return Ok(self.get_fetched(src, offset, data));
+    ) -> Poll<Result<GetHandle, AmError>> {
+        // Checked before the bytes are allocated.
+        if let Err(e) = self.check_rma(src, offset, len) {
+            return Poll::Ready(Err(e));
         }
-        let (index, gen) = self.alloc_op(src, offset, len, data);
-        Ok(GetHandle { index, gen })
+        ready!(self.apply_posted(t))?;
+        let mut data = vec![0; len];
+        match self.read_now(t, src, offset, &mut data) {
+            Poll::Ready(Ok(true)) => Poll::Ready(Ok(self.get_fetched(src, offset, data))),
+            Poll::Ready(Ok(false)) => {
+                let (index, gen) = self.alloc_op(src, offset, len, data);
+                Poll::Ready(Ok(GetHandle { index, gen }))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Starts a get into `dst`, a buffer of the caller's ([`crate::Node::get_into_nb`]), as
+    /// [`Endpoint::get_start`]: `None` once the bytes are in `dst`; otherwise the handle of
+    /// the get by messages, whose data ([`Endpoint::poll_get`]) the caller copies into `dst`.
+    pub fn get_into_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        src: Rank,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Poll<Result<Option<GetHandle>, AmError>> {
+        if let Err(e) = self.check_rma(src, offset, dst.len()) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        match ready!(self.read_now(t, src, offset, dst))? {
+            true => Poll::Ready(Ok(None)),
+            false => {
+                let (index, gen) = self.alloc_op(src, offset, dst.len(), vec![0; dst.len()]);
+                Poll::Ready(Ok(Some(GetHandle { index, gen })))
+            }
+        }
+    }
+
+    /// Reads a checked range of `src`'s segment into `dst` where no message is needed (this
+    /// rank's segment, or a NIC that reads peers' memory): whether it did.
+    fn read_now<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        src: Rank,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Poll<Result<bool, AmError>> {
+        if src == self.rank {
+            return Poll::Ready(match t.segment().read(offset, dst) {
+                Ok(()) => Ok(true),
+                Err(_) => Err(self.out_of_bounds(offset as u64, dst.len() as u64)),
+            });
+        }
+        match t.get(src, offset, dst) {
+            Ok(done) => Poll::Ready(Ok(done)),
+            Err(SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
     }
 
     /// A step of sending a get's requests, as [`Endpoint::put_step`].
@@ -88,17 +154,15 @@ impl Endpoint {
         }
     }
 
-    /// The handle of a put the transport has already placed in `dest`'s segment
-    /// ([`crate::Transport::put`]): complete.
-    pub fn put_placed(&mut self, dest: Rank, offset: usize, len: usize) -> PutHandle {
+    /// The handle of a put already placed in `dest`'s segment: complete.
+    fn put_placed(&mut self, dest: Rank, offset: usize, len: usize) -> PutHandle {
         let (index, gen) = self.alloc_op(dest, offset, len, Vec::new());
         self.ops[index as usize].sent = len;
         PutHandle { index, gen }
     }
 
-    /// The handle of a get whose `data` the transport has already fetched from `src`'s
-    /// segment ([`crate::Transport::get`]): complete.
-    pub fn get_fetched(&mut self, src: Rank, offset: usize, data: Vec<u8>) -> GetHandle {
+    /// The handle of a get whose `data` was already read from `src`'s segment: complete.
+    fn get_fetched(&mut self, src: Rank, offset: usize, data: Vec<u8>) -> GetHandle {
         let len = data.len();
         let (index, gen) = self.alloc_op(src, offset, len, data);
         self.ops[index as usize].sent = len;
@@ -128,42 +192,70 @@ impl Endpoint {
         }
     }
 
-    /// Starts an atomic that the transport does not apply itself ([`crate::Node::atomic_nb`]
-    /// asks it first): one on this rank is applied at once, to `segment`; for another rank,
-    /// send it with [`Endpoint::atomic_step`].
-    pub fn atomic_start<W: AtomicWord>(
+    /// Starts a remote atomic on the word at `offset` of `dest`'s segment
+    /// ([`crate::Node::atomic_nb`]), after the posted atomics. Where the NIC applies atomics
+    /// itself ([`Transport::atomic`]) or `dest` is this rank, it is applied now and the handle
+    /// holds the old value; otherwise [`Endpoint::atomic_step`] sends it as a system message
+    /// that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].
+    pub fn atomic_start<T: Transport + ?Sized, W: AtomicWord>(
         &mut self,
-        segment: SharedBytes<'_>,
+        t: &mut T,
         dest: Rank,
         offset: usize,
         op: AtomicOp<W>,
-    ) -> Result<AtomicHandle<W>, AmError> {
-        self.atomic_start_raw(segment, dest, offset, Atomic::from(op))
+    ) -> Poll<Result<AtomicHandle<W>, AmError>> {
+        let atomic = Atomic::from(op);
+        if let Err(e) = self.check_atomic(dest, offset, &atomic) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if dest == self.rank {
+            return Poll::Ready(
+                self.apply_here(t.segment(), offset, atomic)
+                    .map(AtomicHandle::applied),
+            );
+        }
+        match t.atomic(dest, offset, atomic) {
+            Ok(Some(old)) => Poll::Ready(Ok(AtomicHandle::applied(old))),
+            Ok(None) => {
+                let (index, gen) = self.alloc_atomic(dest, offset, atomic);
+                Poll::Ready(Ok(AtomicHandle {
+                    state: AtomicState::Op { index, gen },
+                    width: PhantomData,
+                }))
+            }
+            Err(SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
     }
 
-    /// [`Endpoint::atomic_start`] of an [`Atomic`] as the transports see it; its handle
-    /// gives the old value widened to 64 bits.
-    pub fn atomic_start_raw<W: AtomicWord>(
-        &mut self,
+    /// Applies a checked atomic to this rank's own segment: the word's old value.
+    pub(super) fn apply_here(
+        &self,
         segment: SharedBytes<'_>,
-        dest: Rank,
         offset: usize,
         atomic: Atomic,
-    ) -> Result<AtomicHandle<W>, AmError> {
-        self.check_atomic(dest, offset, &atomic)?;
-        if dest == self.rank {
-            let ours = segment.slice_or_empty(0, self.seg_len.min(segment.len()));
-            let old = atomic
-                .apply(ours, offset)
-                .map_err(|_| self.out_of_bounds(offset as u64, atomic.width().bytes() as u64))?;
-            return Ok(AtomicHandle::applied(old));
-        }
+    ) -> Result<u64, AmError> {
+        let ours = segment.slice_or_empty(0, self.seg_len.min(segment.len()));
+        atomic
+            .apply(ours, offset)
+            .map_err(|_| self.out_of_bounds(offset as u64, atomic.width().bytes() as u64))
+    }
+
+    /// An operation slot for an atomic sent as a system message.
+    pub(super) fn alloc_atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> (u32, u32) {
         let (index, gen) = self.alloc_op(dest, offset, 1, vec![0; 8]);
         self.ops[index as usize].atomic = Some(atomic);
-        Ok(AtomicHandle {
-            state: AtomicState::Op { index, gen },
-            width: PhantomData,
-        })
+        (index, gen)
+    }
+
+    /// A send-side error of an operation the NIC does itself: recorded as a poll's would be
+    /// (a lost or departed target is marked so), and returned.
+    #[cold]
+    pub(super) fn nic_failed(&mut self, e: SendError) -> AmError {
+        let e = send_err(e);
+        let _ = self.absorb(e.clone());
+        e
     }
 
     /// A step of sending an atomic, as [`Endpoint::put_step`]: ready once it is sent (at
@@ -184,24 +276,22 @@ impl Endpoint {
     /// now, if it came). [`Endpoint::is_quiet`] still waits for it, by its credit.
     pub fn detach_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) {
         if let AtomicState::Op { index, gen } = handle.state {
-            let unsent = self.op(index, gen).is_some_and(|s| s.sent < s.len);
-            if unsent || self.op_done(index, gen) {
-                // Nothing out (or its reply in): nothing to wait for.
-                if self.op(index, gen).is_some() {
-                    let _ = self.finish_op(index);
-                }
-            } else if let Some(slot) = self.op(index, gen) {
-                slot.detached = true;
-                self.detached_in_flight += 1;
-            }
+            self.detach_op(index, gen);
         }
     }
 
-    /// Detached atomics ([`Endpoint::detach_atomic`]) still waiting for their reply: a
-    /// barrier waits for none to be left, so that what a rank posted is applied at its
-    /// target before anyone leaves the barrier.
-    pub fn posted_in_flight(&self) -> u32 {
-        self.detached_in_flight
+    /// [`Endpoint::detach_atomic`] of an operation slot.
+    pub(super) fn detach_op(&mut self, index: u32, gen: u32) {
+        let unsent = self.op(index, gen).is_some_and(|s| s.sent < s.len);
+        if unsent || self.op_done(index, gen) {
+            // Nothing out (or its reply in): nothing to wait for.
+            if self.op(index, gen).is_some() {
+                let _ = self.finish_op(index);
+            }
+        } else if let Some(slot) = self.op(index, gen) {
+            slot.detached = true;
+            self.detached_in_flight += 1;
+        }
     }
 
     /// Completes an atomic once its result is back: the word's old value.

@@ -1,7 +1,7 @@
 //! Sending requests: the checks a request passes, one attempt or one step of a blocking send,
 //! the job's exit, and the replies and implicit replies the device refused earlier.
 
-use std::task::Poll;
+use std::task::{ready, Poll};
 
 use super::state::{Endpoint, LOST};
 use crate::credit::CreditPolicy;
@@ -9,7 +9,7 @@ use crate::error::{send_err, AmError};
 use crate::handler::HandlerFn;
 use crate::protocol::SystemMsg;
 use crate::reply::{check_message, encode_acks, segment_range};
-use crate::transport::{Outgoing, Payload, SendError, Tx};
+use crate::transport::{Outgoing, Payload, SendError, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
 use crate::wire::{Header, MAX_HEAD_LEN};
 
@@ -74,13 +74,14 @@ impl Endpoint {
         }
     }
 
-    /// One attempt to send a user request already checked by [`Endpoint::check_request`]:
-    /// `Ok(false)` if out of credit or the device is busy (nothing was sent).
+    /// One attempt to send a user request already checked by [`Endpoint::check_request`],
+    /// after the posted atomics ([`Endpoint::apply_posted`]): `Ok(false)` if they or the
+    /// request wait for the device or a credit (the request was not sent).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn try_request(
         &mut self,
-        tx: &mut (impl Tx + ?Sized),
+        t: &mut (impl Transport + ?Sized),
         dest: Rank,
         kind: AmKind,
         handler: HandlerId,
@@ -88,16 +89,22 @@ impl Endpoint {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<bool, AmError> {
-        self.try_send(tx, dest, false, kind, handler.0, args, payload, long_offset)
+        match self.apply_posted(t) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(false),
+        }
+        self.try_send(t, dest, false, kind, handler.0, args, payload, long_offset)
     }
 
-    /// A step of a blocking send of a checked user request: fails at once if `dest` was
-    /// lost or has left, `Pending` while out of credit or the device is busy.
+    /// A step of a blocking send of a checked user request, after the posted atomics: fails
+    /// at once if `dest` was lost or has left, `Pending` while out of credit or the device
+    /// is busy.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn request_step(
         &mut self,
-        tx: &mut (impl Tx + ?Sized),
+        t: &mut (impl Transport + ?Sized),
         dest: Rank,
         kind: AmKind,
         handler: HandlerId,
@@ -105,7 +112,8 @@ impl Endpoint {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Poll<Result<(), AmError>> {
-        self.send_step(tx, dest, false, kind, handler.0, args, payload, long_offset)
+        ready!(self.apply_posted(t))?;
+        self.send_step(t, dest, false, kind, handler.0, args, payload, long_offset)
     }
 
     #[allow(clippy::too_many_arguments)]

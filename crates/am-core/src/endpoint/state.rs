@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::atomic::Atomic;
+use crate::atomic::{Atomic, Posted};
 use crate::credit::{CreditPolicy, Policy};
 use crate::error::AmError;
 use crate::handler::Handlers;
@@ -10,6 +10,11 @@ use crate::protocol::HelloVerdict;
 use crate::reply::{Owed, OwedAcks, Replies};
 use crate::transport::Limits;
 use crate::types::Rank;
+
+/// How many posted atomics make a batch. Each batch waits once for its first word's line (a
+/// locked instruction lets no later load pass it, not even the next batch's prefetches), so a
+/// longer batch spreads that wait over more atomics; past this length it gains nothing more.
+pub(super) const POSTED_ATOMICS: usize = 64;
 
 /// [`Endpoint`]'s per-peer gone flags: reported lost, and left the job cleanly.
 pub(super) const LOST: u8 = 1;
@@ -109,6 +114,12 @@ pub struct Endpoint {
     pub(super) unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     pub(super) scratch: Vec<u8>,
+    /// Posted atomics not applied yet, in order ([`Endpoint::atomic_post`]), all of one path:
+    /// the NIC applies them itself ([`crate::Transport::atomics`]), or they go as messages.
+    pub(super) posted: Vec<Posted>,
+    pub(super) posted_by_nic: bool,
+    /// The first error of the posted atomics applied so far, reported once the queue is empty.
+    pub(super) posted_refused: Option<AmError>,
     /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
     pub(super) detached_in_flight: u32,
 }
@@ -194,6 +205,9 @@ impl Endpoint {
             gone: 0,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
+            posted: Vec::with_capacity(POSTED_ATOMICS),
+            posted_by_nic: false,
+            posted_refused: None,
             detached_in_flight: 0,
         }
     }

@@ -12,12 +12,14 @@
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::task::Poll;
 
+use am_core::atomic::{Atomic, Batch, Posted};
 use am_core::endpoint::Endpoint;
 use am_core::{
     AmError, CreditPolicy, Delivery, Handlers, Limits, Outgoing, Rank, Received, Route, SendError,
-    StaticCredits, Tx,
+    SharedBytes, StaticCredits, Transport, TransportError, Tx,
 };
 use am_shm::Segment;
 
@@ -55,12 +57,129 @@ pub struct Net {
     pub answered: Vec<Vec<u64>>,
     /// Replies refused for their route: (replier, requester, route).
     pub misrouted: Vec<(Rank, Rank, u64)>,
+    /// Every rank's segment, for the NIC's own one-sided operations.
+    pub segments: Vec<Rc<Segment>>,
+    pub limits: Limits,
+    /// Whether the NIC reaches peers' segments itself (puts, gets, atomics), as the
+    /// shared-memory NICs do; otherwise the core sends them as messages.
+    pub rma: bool,
+    /// Per initiator: how many of its next one-sided operations the NIC refuses with `Busy`.
+    pub rma_busy: Vec<u32>,
+    /// Every one-sided operation the NIC did: (messages sent before it, initiator, target,
+    /// what), so a test can tell its order among the messages.
+    pub nic_ops: Vec<(usize, Rank, Rank, &'static str)>,
 }
 
-/// A rank's sender: what [`Endpoint`] calls to send.
+/// A rank's side of the network: what [`Endpoint`] calls to send, and (with `rma`) a NIC
+/// that reaches every rank's segment.
 pub struct Wire<'a> {
     net: &'a mut Net,
     from: Rank,
+}
+
+impl Wire<'_> {
+    /// A one-sided operation on `peer`'s segment, if the NIC does them: `None` if it does not,
+    /// `Busy` while the test says so; recorded in `nic_ops`.
+    fn nic<R>(
+        &mut self,
+        peer: Rank,
+        what: &'static str,
+        op: impl FnOnce(SharedBytes<'_>) -> Result<R, SendError>,
+    ) -> Result<Option<R>, SendError> {
+        let net = &mut *self.net;
+        if !net.rma {
+            return Ok(None);
+        }
+        if net.lost[peer as usize] {
+            return Err(SendError::PeerLost(peer));
+        }
+        let busy = &mut net.rma_busy[self.from as usize];
+        if *busy > 0 {
+            *busy -= 1;
+            return Err(SendError::Busy);
+        }
+        let r = op(net.segments[peer as usize].byte_area())?;
+        net.nic_ops.push((net.sent.len(), self.from, peer, what));
+        Ok(Some(r))
+    }
+}
+
+impl Transport for Wire<'_> {
+    fn name(&self) -> &'static str {
+        "cluster"
+    }
+    fn rank(&self) -> Rank {
+        self.from
+    }
+    fn size(&self) -> u32 {
+        self.net.queues.len() as u32
+    }
+    fn limits(&self) -> Limits {
+        self.net.limits
+    }
+    fn segment(&self) -> SharedBytes<'_> {
+        self.net.segments[self.from as usize].byte_area()
+    }
+    /// Delivers the oldest message of the lowest sender with one waiting (the cluster's own
+    /// deliveries choose the pair by the seed instead).
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        let me = self.from as usize;
+        let Some(packet) = self.net.queues[me].iter_mut().find_map(|q| q.pop_front()) else {
+            return Ok(None);
+        };
+        let segment = Rc::clone(&self.net.segments[me]);
+        let delivery = Delivery {
+            src: packet.src,
+            bytes: Received::Private(&packet.bytes),
+            payload_placed: false,
+            route: packet.route,
+        };
+        Ok(Some(f(delivery, segment.byte_area(), self)))
+    }
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+        let done = self.nic(dest, "put", |seg| {
+            am_core::rma::put_into(dest, seg, offset, data)
+        })?;
+        Ok(done.is_some())
+    }
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+        let done = self.nic(src, "get", |seg| {
+            am_core::rma::get_from(src, seg, offset, dst)
+        })?;
+        Ok(done.is_some())
+    }
+    fn atomic(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<Option<u64>, SendError> {
+        self.nic(dest, "atomic", |seg| atomic.apply_to(dest, seg, offset))
+    }
+    fn applies_atomics(&self, _dest: Rank) -> bool {
+        self.net.rma
+    }
+    fn atomics(&mut self, batch: &[Posted]) -> Batch {
+        let mut done = 0;
+        for p in batch {
+            match self.nic(p.dest, "posted", |seg| {
+                p.atomic.apply_to(p.dest, seg, p.offset)
+            }) {
+                Ok(_) => done += 1,
+                Err(SendError::Busy) => return Batch { done, error: None },
+                Err(e) => {
+                    return Batch {
+                        done: done + 1,
+                        error: Some(e),
+                    }
+                }
+            }
+        }
+        Batch { done, error: None }
+    }
 }
 
 impl Tx for Wire<'_> {
@@ -119,7 +238,7 @@ impl Tx for Wire<'_> {
 /// One rank: its endpoint, its segment and the errors its deliveries reported.
 pub struct Node {
     pub ep: Endpoint,
-    pub segment: Segment,
+    pub segment: Rc<Segment>,
     pub errors: Vec<AmError>,
 }
 
@@ -183,16 +302,17 @@ impl Cluster {
         mut credits: impl FnMut(Rank) -> Box<dyn CreditPolicy>,
     ) -> Cluster {
         let n = shape.ranks as usize;
-        let nodes = (0..shape.ranks)
+        let nodes: Vec<Node> = (0..shape.ranks)
             .map(|r| {
                 let len = segment(r);
                 Node {
                     ep: Endpoint::new(r, shape.ranks, shape.limits, len, handlers(r), credits(r)),
-                    segment: Segment::heap(0, len).expect("a heap segment"),
+                    segment: Rc::new(Segment::heap(0, len).expect("a heap segment")),
                     errors: Vec::new(),
                 }
             })
             .collect();
+        let segments = nodes.iter().map(|n| Rc::clone(&n.segment)).collect();
         Cluster {
             net: Net {
                 queues: (0..n)
@@ -207,6 +327,11 @@ impl Cluster {
                 requests: vec![vec![0; n]; n],
                 answered: vec![vec![0; n]; n],
                 misrouted: Vec::new(),
+                segments,
+                limits: shape.limits,
+                rma: false,
+                rma_busy: vec![0; n],
+                nic_ops: Vec::new(),
             },
             nodes,
             rng: Rng::new(seed),
