@@ -162,23 +162,23 @@ impl Transport for Wire<'_> {
     fn applies_atomics(&self, _dest: Rank) -> bool {
         self.net.rma
     }
+    /// One by one, as the contract says: one refused for good does not stop the others, a
+    /// busy NIC stops the batch.
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        let mut done = 0;
-        for p in batch {
+        let mut error = None;
+        for (done, p) in batch.iter().enumerate() {
             match self.nic(p.dest, "posted", |seg| {
                 p.atomic.apply_to(p.dest, seg, p.offset)
             }) {
-                Ok(_) => done += 1,
-                Err(SendError::Busy) => return Batch { done, error: None },
-                Err(e) => {
-                    return Batch {
-                        done: done + 1,
-                        error: Some(e),
-                    }
-                }
+                Ok(_) => {}
+                Err(SendError::Busy) => return Batch { done, error },
+                Err(e) => error = error.or(Some(e)),
             }
         }
-        Batch { done, error: None }
+        Batch {
+            done: batch.len(),
+            error,
+        }
     }
 }
 

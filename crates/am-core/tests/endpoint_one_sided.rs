@@ -1,0 +1,200 @@
+//! The one-sided protocol inside [`Endpoint`], driven without `Node` on the deterministic
+//! cluster: where the NIC reaches peers' memory it does puts, gets and atomics itself and no
+//! message goes out; where it does not, they travel as messages; posted atomics are applied
+//! before anything this rank starts later, and a barrier starts only once they are.
+
+mod harness;
+
+use std::task::Poll;
+
+use am_core::{AmError, AmKind, AtomicOp, HandlerId, Handlers};
+use harness::{Cluster, Shape};
+
+const SINK: HandlerId = HandlerId(3);
+
+fn handlers() -> Handlers {
+    let mut h = Handlers::new();
+    h.request(SINK, "sink", AmKind::Short, |_, _| {}).unwrap();
+    h
+}
+
+/// A started cluster whose NIC does one-sided operations itself (`rma`), or not.
+fn cluster(ranks: u32, rma: bool) -> Cluster {
+    let mut c = Cluster::started(Shape::new(ranks), 7, |_| handlers());
+    c.net.rma = rma;
+    c.net.sent.clear();
+    c
+}
+
+fn ready<T>(p: Poll<T>) -> T {
+    match p {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("not ready"),
+    }
+}
+
+fn word(c: &Cluster, rank: usize, offset: usize) -> u64 {
+    c.nodes[rank].segment.byte_area().load_u64(offset).unwrap()
+}
+
+#[test]
+fn a_nic_that_reaches_peers_does_puts_gets_and_atomics_itself() {
+    let mut c = cluster(3, true);
+    let data: Vec<u8> = (0..3000).map(|i| (i % 251) as u8).collect();
+    let (ep, mut tx) = c.wire(0);
+    let put = ready(ep.put_start(&mut tx, 2, 64, &data)).unwrap();
+    assert!(
+        ep.put_done(&put),
+        "placed by the NIC: complete when started"
+    );
+    assert_eq!(ready(ep.put_step(&mut tx, &put, &data)), Ok(()));
+    assert_eq!(ready(ep.poll_put(&put)), Ok(()));
+    let get = ready(ep.get_start(&mut tx, 2, 64, data.len())).unwrap();
+    assert_eq!(ready(ep.poll_get(&get)), Ok(data.clone()));
+    let mut into = vec![0; 100];
+    assert!(ready(ep.get_into_start(&mut tx, 2, 64, &mut into))
+        .unwrap()
+        .is_none());
+    assert_eq!(into, data[..100]);
+    let atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
+    assert!(atomic.is_applied());
+    assert_eq!(ready(ep.poll_atomic(&atomic)), Ok(0));
+    assert!(c.net.sent.is_empty(), "no message: {:?}", c.net.sent);
+    let ops: Vec<_> = c.net.nic_ops.iter().map(|o| o.3).collect();
+    assert_eq!(ops, ["put", "get", "get", "atomic"]);
+    let mut back = vec![0; data.len()];
+    c.nodes[2].segment.byte_area().read(64, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(word(&c, 1, 8), 5);
+}
+
+#[test]
+fn without_such_a_nic_they_travel_as_messages() {
+    let mut c = cluster(3, false);
+    let (ep, mut tx) = c.wire(0);
+    let put = ready(ep.put_start(&mut tx, 2, 64, &[7; 10])).unwrap();
+    assert!(!ep.put_done(&put));
+    let atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
+    assert!(!atomic.is_applied());
+    assert!(c.net.sent.is_empty(), "nothing goes out before a step");
+    c.drive(&[0], |_, ep, tx| ep.put_step(tx, &put, &[7; 10]))[0]
+        .clone()
+        .unwrap()
+        .unwrap();
+    c.drive(&[0], |_, ep, tx| ep.atomic_step(tx, &atomic))[0]
+        .clone()
+        .unwrap()
+        .unwrap();
+    let old = c.drive(&[0], |_, ep, _| ep.poll_atomic(&atomic))[0]
+        .clone()
+        .unwrap();
+    assert_eq!(old, Ok(0));
+    assert!(c.net.nic_ops.is_empty());
+    assert_eq!(word(&c, 1, 8), 5);
+    c.settle();
+    assert!(c.nodes[0].ep.put_done(&put));
+}
+
+#[test]
+fn a_busy_nic_leaves_the_operation_unstarted_until_it_is_free() {
+    let mut c = cluster(2, true);
+    c.net.rma_busy[0] = 2;
+    let (ep, mut tx) = c.wire(0);
+    assert!(ep.put_start(&mut tx, 1, 0, &[9; 8]).is_pending());
+    assert!(ep
+        .atomic_start(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))
+        .is_pending());
+    assert_eq!(word(&c, 1, 0), 0, "nothing was done while busy");
+    let (ep, mut tx) = c.wire(0);
+    let put = ready(ep.put_start(&mut tx, 1, 0, &[9; 8])).unwrap();
+    assert!(ep.put_done(&put));
+    assert_eq!(word(&c, 1, 0), u64::from_le_bytes([9; 8]));
+}
+
+#[test]
+fn posted_atomics_reach_the_nic_in_one_batch_before_a_later_request() {
+    let mut c = cluster(2, true);
+    let (ep, mut tx) = c.wire(0);
+    for i in 0..3 {
+        ready(ep.atomic_post(&mut tx, 1, 8 * i, AtomicOp::FetchAdd(i as u64 + 1))).unwrap();
+    }
+    assert!(
+        c.net.nic_ops.is_empty(),
+        "posted: queued, not applied one by one"
+    );
+    let (ep, mut tx) = c.wire(0);
+    ready(ep.request_step(&mut tx, 1, AmKind::Short, SINK, &[0], &[], None)).unwrap();
+    let posted: Vec<_> = c.net.nic_ops.iter().map(|o| (o.0, o.3)).collect();
+    assert_eq!(
+        posted,
+        [(0, "posted"); 3],
+        "applied before the request went out"
+    );
+    assert_eq!(c.net.sent.len(), 1);
+    assert_eq!((word(&c, 1, 0), word(&c, 1, 8), word(&c, 1, 16)), (1, 2, 3));
+}
+
+#[test]
+fn a_full_posted_queue_behind_a_busy_nic_takes_no_more() {
+    let mut c = cluster(2, true);
+    c.net.rma_busy[0] = 2;
+    let (ep, mut tx) = c.wire(0);
+    for i in 0..64 {
+        ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap_or_else(|e| {
+            panic!("post {i}: {e}");
+        });
+    }
+    // The 64th filled the batch and met a busy NIC; the 65th finds it busy again.
+    assert!(ep
+        .atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))
+        .is_pending());
+    assert_eq!(word(&c, 1, 0), 0);
+    let (ep, mut tx) = c.wire(0);
+    ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    assert_eq!(word(&c, 1, 0), 64, "the full batch, in one go");
+    let (ep, mut tx) = c.wire(0);
+    ready(ep.apply_posted(&mut tx)).unwrap();
+    assert_eq!(word(&c, 1, 0), 65);
+}
+
+#[test]
+fn posted_atomics_by_messages_go_first_and_a_barrier_waits_for_their_answers() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(Shape::new(3), seed, |_| handlers());
+        c.net.sent.clear();
+        let (ep, mut tx) = c.wire(0);
+        ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(3u64))).unwrap();
+        ready(ep.atomic_post(&mut tx, 2, 8, AtomicOp::Store(9u64))).unwrap();
+        assert_eq!(ep.posted_in_flight(), 2, "sent at once, answers awaited");
+        assert_eq!(c.net.sent, [(0, 1, false), (0, 2, false)]);
+        // Rank 0's barrier sends nothing until both are answered; then every rank leaving it
+        // sees them.
+        let (ep, mut tx) = c.wire(0);
+        assert!(ep.barrier_step(&mut tx).is_pending());
+        assert_eq!(c.net.sent.len(), 2, "seed {seed}: no barrier message yet");
+        c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+            .into_iter()
+            .for_each(|r| r.unwrap());
+        assert_eq!((word(&c, 1, 0), word(&c, 2, 8)), (3, 9), "seed {seed}");
+        assert_eq!(c.nodes[0].ep.posted_in_flight(), 0);
+    }
+}
+
+#[test]
+fn a_posted_atomic_to_a_lost_rank_fails_the_call_that_applies_it() {
+    let mut c = cluster(3, true);
+    let (ep, mut tx) = c.wire(0);
+    ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    ready(ep.atomic_post(&mut tx, 2, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    c.net.lost[1] = true;
+    let (ep, mut tx) = c.wire(0);
+    assert_eq!(
+        ready(ep.quiesce_step(&mut tx)),
+        Err(AmError::PeerLost(1)),
+        "reported once the queue is empty"
+    );
+    assert!(ep.is_lost(1));
+    assert_eq!(word(&c, 2, 0), 1, "the others were applied");
+    let (ep, mut tx) = c.wire(0);
+    assert_eq!(ready(ep.quiesce_step(&mut tx)), Ok(()));
+}
