@@ -18,9 +18,11 @@ use nix::unistd::Pid;
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook::SigId;
 
+use am_bootstrap::wire::MAX_MESSAGE;
+use am_bootstrap::{is_udp_key, random_job_id, random_job_key, read_key_file};
+
 use crate::server::{Action, KvsServer};
-use crate::util::{random_job_id, random_job_key, remove_job_shm};
-use crate::wire::MAX_MESSAGE;
+use crate::shm::remove_job_shm;
 
 /// Transport names `amrun --transport` accepts (passed to ranks as `AM_TRANSPORT`).
 pub const TRANSPORTS: &[&str] = &["loopback", "sci", "extoll", "portals", "udp"];
@@ -272,7 +274,7 @@ impl Launcher {
                 "set AM_UDP_KEY or AM_UDP_KEY_FILE, not both".into(),
             )),
             (Some(k), None) => match k.to_str() {
-                Some(k) if crate::keyfile::is_udp_key(k) => Ok(UdpKey::Pipe(k.trim().to_owned())),
+                Some(k) if is_udp_key(k) => Ok(UdpKey::Pipe(k.trim().to_owned())),
                 _ => Err(bad(
                     "AM_UDP_KEY",
                     "a job key is 64 hexadecimal digits".into(),
@@ -282,9 +284,9 @@ impl Launcher {
                 // Checked here as every rank will check it, so a bad file fails the launch
                 // once, clearly, instead of every rank.
                 let path = path.to_string_lossy().into_owned();
-                let text = crate::keyfile::read_key_file(&path, 256)
-                    .map_err(|e| bad("AM_UDP_KEY_FILE", e.to_string()))?;
-                if !crate::keyfile::is_udp_key(&text) {
+                let text =
+                    read_key_file(&path, 256).map_err(|e| bad("AM_UDP_KEY_FILE", e.to_string()))?;
+                if !is_udp_key(&text) {
                     return Err(bad(
                         "AM_UDP_KEY_FILE",
                         format!("{path} does not hold a job key (64 hexadecimal digits)"),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::wire::{self, format_v1};
+use am_bootstrap::wire::{self, format_v1};
 
 /// What the launcher must do after a rank's command.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use std::os::fd::RawFd;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::sys::socket::{recv, send, MsgFlags};
 
-use crate::bootstrap::{BootstrapError, KeyValueStore};
+use crate::error::BootstrapError;
+use crate::store::KeyValueStore;
 use crate::wire::{self, Message};
 
 /// A socket inherited by number (`PMI_FD`, `AM_PMI_FD`).

@@ -1,7 +1,9 @@
 //! The launcher's key-value store over PMIx (Open MPI's `mpirun`, PRRTE, `srun --mpi=pmix`),
 //! through [`am_pmix`].
 
-use crate::bootstrap::{BootstrapError, Env, KeyValueStore};
+use crate::env::Env;
+use crate::error::BootstrapError;
+use crate::store::KeyValueStore;
 
 /// Variables a PMIx server sets for its clients, one of which must be present.
 const SERVER_URIS: &[&str] = &[

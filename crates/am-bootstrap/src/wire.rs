@@ -7,27 +7,32 @@
 //! PMI-2: a 6-character decimal length (space padded), then
 //! `cmd=<name>;key=value;...;` with no newline:
 //! `    26cmd=kvs-put-response;rc=0;`.
+//!
+//! Shared with amrun's PMI-1 server in `am-launch`, so both ends speak one format; hidden from
+//! the docs, as it is no API for programs (its errors are the text the server sends back).
 
 /// Largest PMI-1 line or PMI-2 body we accept from a peer.
-pub(crate) const MAX_MESSAGE: usize = 1 << 20;
+pub const MAX_MESSAGE: usize = 1 << 20;
 
 /// Key length limit advertised by hydra (`keylen_max`); used by the amrun server too.
-pub(crate) const KEY_MAX: usize = 64;
+pub const KEY_MAX: usize = 64;
 /// Value length limit advertised by hydra (`vallen_max`).
-pub(crate) const VALUE_MAX: usize = 1024;
+pub const VALUE_MAX: usize = 1024;
 /// Kvsname length limit advertised by hydra (`kvsname_max`).
-pub(crate) const KVSNAME_MAX: usize = 256;
+pub const KVSNAME_MAX: usize = 256;
 
 /// One PMI message: the command name and its other fields, in wire order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Message {
+pub struct Message {
+    /// The command (`cmd=`), e.g. `put` or `kvs-get-response`.
     pub cmd: String,
+    /// The other `key=value` fields.
     pub fields: Vec<(String, String)>,
 }
 
 impl Message {
     /// The value of the first field named `key`.
-    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+    pub fn get(&self, key: &str) -> Option<&str> {
         self.fields
             .iter()
             .find(|(k, _)| k == key)
@@ -35,13 +40,13 @@ impl Message {
     }
 
     /// `rc` is optional on the wire (hydra omits it for some replies); absent means success.
-    pub(crate) fn failed(&self) -> Option<&str> {
+    pub fn failed(&self) -> Option<&str> {
         self.get("rc").filter(|rc| *rc != "0")
     }
 }
 
 /// Parses a PMI-1 line (without its trailing newline).
-pub(crate) fn parse_v1(line: &str) -> Result<Message, String> {
+pub fn parse_v1(line: &str) -> Result<Message, String> {
     let mut tokens = line.split(' ').filter(|t| !t.is_empty());
     let first = tokens.next().ok_or("empty PMI-1 message")?;
     let cmd = first
@@ -64,7 +69,7 @@ pub(crate) fn parse_v1(line: &str) -> Result<Message, String> {
 }
 
 /// Formats a PMI-1 line, newline included. Callers validate field contents.
-pub(crate) fn format_v1(cmd: &str, fields: &[(&str, &str)]) -> String {
+pub fn format_v1(cmd: &str, fields: &[(&str, &str)]) -> String {
     let mut s = format!("cmd={cmd}");
     for (k, v) in fields {
         s.push(' ');
@@ -77,7 +82,7 @@ pub(crate) fn format_v1(cmd: &str, fields: &[(&str, &str)]) -> String {
 }
 
 /// Parses the 6-character PMI-2 length header.
-pub(crate) fn parse_v2_len(header: &[u8]) -> Result<usize, String> {
+pub fn parse_v2_len(header: &[u8]) -> Result<usize, String> {
     let text = std::str::from_utf8(header)
         .ok()
         .map(str::trim)
@@ -95,7 +100,7 @@ pub(crate) fn parse_v2_len(header: &[u8]) -> Result<usize, String> {
 }
 
 /// Parses a PMI-2 body (after the length header).
-pub(crate) fn parse_v2(body: &str) -> Result<Message, String> {
+pub fn parse_v2(body: &str) -> Result<Message, String> {
     let mut segments = body.split(';').filter(|s| !s.is_empty());
     let first = segments.next().ok_or("empty PMI-2 message")?;
     let cmd = first
@@ -117,7 +122,7 @@ pub(crate) fn parse_v2(body: &str) -> Result<Message, String> {
 }
 
 /// Formats a complete PMI-2 message, length header included.
-pub(crate) fn format_v2(cmd: &str, fields: &[(&str, &str)]) -> String {
+pub fn format_v2(cmd: &str, fields: &[(&str, &str)]) -> String {
     let mut body = format!("cmd={cmd};");
     for (k, v) in fields {
         body.push_str(k);
@@ -129,7 +134,7 @@ pub(crate) fn format_v2(cmd: &str, fields: &[(&str, &str)]) -> String {
 }
 
 /// Checks a key-value-store key: `[A-Za-z0-9_/-]+`, at most `max` bytes.
-pub(crate) fn check_key(key: &str, max: usize) -> Result<(), String> {
+pub fn check_key(key: &str, max: usize) -> Result<(), String> {
     if key.is_empty() {
         return Err("keys must not be empty".into());
     }
@@ -150,7 +155,7 @@ pub(crate) fn check_key(key: &str, max: usize) -> Result<(), String> {
 /// Checks a value: printable ASCII without space, `;` and `\`, 1 to `max` bytes.
 ///
 /// These are the characters every PMI-1 and PMI-2 server carries unchanged.
-pub(crate) fn check_value(value: &str, max: usize) -> Result<(), String> {
+pub fn check_value(value: &str, max: usize) -> Result<(), String> {
     if value.is_empty() {
         return Err("values must not be empty (PMI cannot carry them)".into());
     }

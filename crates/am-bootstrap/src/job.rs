@@ -1,174 +1,15 @@
 //! Rank side: learn rank, size, job id and the launcher's key-value store from the environment.
 
 use std::fmt;
-use std::io;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::client::{Conn, FdSocket, Pmi1Client, Pmi2Client};
-use crate::util::{is_valid_job_id, random_job_id, sanitize_job_id};
-
-/// Which launcher started this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LauncherKind {
-    /// Our own launcher, `amrun` (or [`crate::Launcher`]): `AM_RANK`, `AM_SIZE`, `AM_JOB_ID`.
-    Amrun,
-    /// MPICH's `mpiexec` (hydra), through PMI (`PMI_FD` or `PMI_PORT`).
-    Mpiexec,
-    /// Slurm's `srun` (`SLURM_PROCID`), with PMI-2 when `srun --mpi=pmi2` provides `PMI_FD`.
-    Slurm,
-    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_RANK`); no key-value store.
-    OpenMpi,
-    /// Not launched: a job of one rank.
-    Singleton,
-}
-
-impl fmt::Display for LauncherKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LauncherKind::Amrun => "amrun",
-            LauncherKind::Mpiexec => "mpiexec",
-            LauncherKind::Slurm => "slurm",
-            LauncherKind::OpenMpi => "openmpi",
-            LauncherKind::Singleton => "singleton",
-        })
-    }
-}
-
-/// Why bootstrapping, or a key-value-store operation, failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BootstrapError {
-    /// A variable the detected launcher should have set is missing.
-    #[error("environment variable {var} is not set ({why})")]
-    MissingVar {
-        /// The variable's name.
-        var: &'static str,
-        /// What it is needed for.
-        why: &'static str,
-    },
-    /// A variable is set to something unusable.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    InvalidVar {
-        /// The variable's name.
-        var: &'static str,
-        /// Its value (lossily converted if not UTF-8).
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The rank is not below the job size.
-    #[error(
-        "rank {rank} (from {rank_var}) is out of range for a job of {size} ranks (from {size_var})"
-    )]
-    RankOutOfRange {
-        /// The rank found.
-        rank: u32,
-        /// The job size found.
-        size: u32,
-        /// Where the rank came from.
-        rank_var: &'static str,
-        /// Where the size came from.
-        size_var: &'static str,
-    },
-    /// The environment and the PMI server disagree.
-    #[error("inconsistent launch information: {detail}")]
-    Inconsistent {
-        /// What disagrees.
-        detail: String,
-    },
-    /// No job id all ranks agree on can be found.
-    #[error("cannot find a job id shared by all ranks under {launcher}: set AM_JOB_ID to the same value ([A-Za-z0-9_-]+) for every rank, e.g. `mpirun -x AM_JOB_ID=$RANDOM$RANDOM ...`")]
-    NoJobId {
-        /// The launcher detected.
-        launcher: LauncherKind,
-    },
-    /// The launcher's PMI connection was already used by an earlier bootstrap in this process.
-    #[error("this process already bootstrapped through the launcher's PMI connection; call JobInfo::from_env() once and keep the JobInfo")]
-    AlreadyBootstrapped,
-    /// An I/O error talking to the launcher.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
-    },
-    /// The launcher closed its PMI connection.
-    #[error("the launcher closed the PMI connection while {what}")]
-    Disconnected {
-        /// What was being done.
-        what: String,
-    },
-    /// The launcher sent something that is not valid PMI.
-    #[error("PMI protocol error: {detail}")]
-    Protocol {
-        /// What was wrong.
-        detail: String,
-    },
-    /// The launcher answered a PMI command with a non-zero return code.
-    #[error("PMI command `{cmd}` failed with rc={rc}: {msg}")]
-    Pmi {
-        /// The command.
-        cmd: String,
-        /// The return code, as sent.
-        rc: String,
-        /// The launcher's message, possibly empty.
-        msg: String,
-    },
-    /// `get` of a key no rank has put (or not yet fenced).
-    #[error("key {key:?} is not in the launcher's key-value store")]
-    KeyNotFound {
-        /// The key.
-        key: String,
-    },
-    /// A key or value that PMI cannot carry.
-    #[error("invalid key-value entry for key {key:?}: {reason}")]
-    InvalidEntry {
-        /// The key.
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The key-value store was used after `finalize` or `abort`.
-    #[error("the key-value store was already finalized or aborted")]
-    Closed,
-    /// The launcher's PMIx server (Open MPI's mpirun, PRRTE, srun --mpi=pmix) could not be
-    /// used.
-    #[error("PMIx: {0}")]
-    Pmix(#[from] am_pmix::PmixError),
-}
-
-/// The key-value store a launcher offers to the ranks of a job (PMI).
-///
-/// Keys are `[A-Za-z0-9_/-]+`, at most 64 bytes; values are 1 to 1024 bytes of
-/// printable ASCII without space, `;` and `\` (encode binary data, e.g. as hex).
-/// These are the limits every PMI-1 and PMI-2 server honours; anything else is
-/// rejected with [`BootstrapError::InvalidEntry`] before it is sent.
-pub trait KeyValueStore {
-    /// Stores `value` under `key`; visible to other ranks after the next [`fence`](Self::fence).
-    fn put(&mut self, key: &str, value: &str) -> Result<(), BootstrapError>;
-    /// Commit own puts and wait until every rank has committed (PMI-1 barrier / PMI-2 fence).
-    fn fence(&mut self) -> Result<(), BootstrapError>;
-    /// Reads a key put by any rank before the last fence.
-    fn get(&mut self, key: &str) -> Result<String, BootstrapError>;
-    /// Ask the launcher to end the whole job with this exit code (PMI `abort`).
-    ///
-    /// The message is printed to this rank's stderr. Under PMI-2 the exit code
-    /// cannot be sent (hydra 4.0 then ends the job with 255). The caller should
-    /// exit (or wait to be killed) afterwards; the store is closed.
-    fn abort(&mut self, code: i32, message: &str) -> Result<(), BootstrapError>;
-    /// Tells the launcher this rank is done with the store (PMI `finalize`).
-    ///
-    /// Done automatically on drop unless the thread is panicking. Hydra ends
-    /// the whole job when a rank exits without finalizing, so drop the
-    /// [`JobInfo`] before `std::process::exit`.
-    fn finalize(&mut self) -> Result<(), BootstrapError> {
-        Ok(())
-    }
-}
+use crate::env::{num, parse_fd, required_num, Env, ProcessEnv};
+use crate::error::BootstrapError;
+use crate::ids::{is_valid_job_id, random_job_id, sanitize_job_id};
+use crate::pmix::store_if_served;
+use crate::store::KeyValueStore;
+use crate::types::LauncherKind;
 
 /// Everything a rank knows about its job.
 pub struct JobInfo {
@@ -268,72 +109,6 @@ impl JobInfo {
     }
 }
 
-/// Where detection reads variables from; tests substitute a map.
-pub(crate) trait Env {
-    /// The variable's value; unset and empty are the same.
-    fn raw(&self, name: &str) -> Option<std::ffi::OsString>;
-    /// Called before a PMI connection is used.
-    fn claim_pmi(&self) -> Result<(), BootstrapError>;
-
-    fn var(&self, name: &'static str) -> Result<Option<String>, BootstrapError> {
-        match self.raw(name) {
-            None => Ok(None),
-            Some(v) if v.is_empty() => Ok(None),
-            Some(v) => v
-                .into_string()
-                .map(Some)
-                .map_err(|v| BootstrapError::InvalidVar {
-                    var: name,
-                    value: v.to_string_lossy().into_owned(),
-                    reason: "not valid UTF-8".into(),
-                }),
-        }
-    }
-
-    fn has(&self, name: &'static str) -> Result<bool, BootstrapError> {
-        Ok(self.var(name)?.is_some())
-    }
-}
-
-struct ProcessEnv;
-
-/// A PMI connection can be initialised once per process; a second attempt
-/// could even talk to an unrelated file that reused the descriptor number.
-static PMI_CLAIMED: AtomicBool = AtomicBool::new(false);
-
-impl Env for ProcessEnv {
-    fn raw(&self, name: &str) -> Option<std::ffi::OsString> {
-        std::env::var_os(name)
-    }
-    fn claim_pmi(&self) -> Result<(), BootstrapError> {
-        if PMI_CLAIMED.swap(true, Ordering::SeqCst) {
-            Err(BootstrapError::AlreadyBootstrapped)
-        } else {
-            Ok(())
-        }
-    }
-}
-
-fn num(env: &dyn Env, var: &'static str) -> Result<Option<u32>, BootstrapError> {
-    env.var(var)?
-        .map(|v| {
-            v.parse::<u32>().map_err(|_| BootstrapError::InvalidVar {
-                var,
-                reason: "expected a non-negative integer".into(),
-                value: v,
-            })
-        })
-        .transpose()
-}
-
-fn required_num(
-    env: &dyn Env,
-    var: &'static str,
-    why: &'static str,
-) -> Result<u32, BootstrapError> {
-    num(env, var)?.ok_or(BootstrapError::MissingVar { var, why })
-}
-
 fn check_rank(
     rank: u32,
     size: u32,
@@ -386,20 +161,6 @@ fn agree_on_random_id(rank: u32, kvs: &mut dyn KeyValueStore) -> Result<String, 
         Ok(id)
     }
 }
-
-fn parse_fd(env: &dyn Env, var: &'static str) -> Result<Option<i32>, BootstrapError> {
-    env.var(var)?
-        .map(|v| match v.parse::<i32>() {
-            Ok(fd) if fd >= 0 => Ok(fd),
-            _ => Err(BootstrapError::InvalidVar {
-                var,
-                reason: "expected a file descriptor number".into(),
-                value: v,
-            }),
-        })
-        .transpose()
-}
-
 fn adopt_fd(var: &'static str, fd: i32) -> Result<Conn, BootstrapError> {
     FdSocket::adopt(fd)
         .map(Conn::Fd)
@@ -639,7 +400,7 @@ fn from_ompi(env: &dyn Env, forced_id: Option<String>) -> Result<JobInfo, Bootst
         }
         Ok(None)
     };
-    let kvs = crate::pmix::store_if_served(env, rank, size)?;
+    let kvs = store_if_served(env, rank, size)?;
     let job_id = match forced_id {
         Some(id) => id,
         None => match from_ompi()? {
@@ -684,7 +445,7 @@ fn from_slurm(
         Some(s.kvs)
     } else {
         // srun --mpi=pmix
-        crate::pmix::store_if_served(env, rank, size)?
+        store_if_served(env, rank, size)?
     };
     let job = match env.var("SLURM_JOB_ID")? {
         Some(j) => Some(j),
