@@ -150,7 +150,7 @@ impl Liveness {
                 )),
             }
             let Some(pid) = *pid else { continue };
-            if !am_launch::process_alive(pid) {
+            if !am_bootstrap::process_alive(pid) {
                 self.lost[r] = true;
                 found.push(TransportError::PeerLost(r as Rank));
             }

@@ -1,6 +1,6 @@
 //! Start-up of a simulated NIC under a launcher, and why it can fail.
 
-use am_launch::{BootstrapError, JobInfo};
+use am_bootstrap::{BootstrapError, JobInfo};
 use am_shm::{Segment, ShmError};
 use nix::unistd::Pid;
 
@@ -90,7 +90,7 @@ pub fn connect(
              key-value store this transport can use to find its peers: start the job under \
              amrun, MPICH's mpiexec, srun --mpi=pmi2, or a PMIx launcher (Open MPI's mpirun, \
              srun --mpi=pmix), which must set PMIX_SERVER_URI* and PMIX_NAMESPACE",
-            am_launch::launcher_variables_seen()
+            am_bootstrap::launcher_variables_seen()
         ))
     })?;
     let handle = own

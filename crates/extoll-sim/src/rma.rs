@@ -156,7 +156,7 @@ impl Waiter<'_> {
                 .get(target)
                 .copied()
                 .flatten()
-                .is_some_and(|p| !am_launch::process_alive(p))
+                .is_some_and(|p| !am_bootstrap::process_alive(p))
     }
 }
 

@@ -810,7 +810,7 @@ impl Extoll {
     /// is ever left behind), exchanges pids, geometry and segment handles through the
     /// launcher's key-value store, and maps every peer's segment (`am_nic::connect`).
     pub fn connect(
-        job: &mut am_launch::JobInfo,
+        job: &mut am_bootstrap::JobInfo,
         segment_size: usize,
         config: ExtollConfig,
     ) -> Result<Extoll, ExtollError> {

@@ -860,7 +860,7 @@ impl Portals {
     /// it, exchanges pids, geometry and segment handles through the launcher's key-value
     /// store, and maps every rank's NI with full access (its NIC's view).
     pub fn connect(
-        job: &mut am_launch::JobInfo,
+        job: &mut am_bootstrap::JobInfo,
         segment_size: usize,
         config: PortalsConfig,
     ) -> Result<Portals, PortalsError> {

@@ -845,7 +845,7 @@ impl Sci {
     /// is ever left behind), exchanges pids, geometry and segment handles through the
     /// launcher's key-value store, and imports every peer's segment (`am_nic::connect`).
     pub fn connect(
-        job: &mut am_launch::JobInfo,
+        job: &mut am_bootstrap::JobInfo,
         segment_size: usize,
         config: SciConfig,
     ) -> Result<Sci, SciError> {
