@@ -1,4 +1,6 @@
-//! A small AM program for the UDP transport's multi-process tests and its benchmark.
+//! A small AM program for the UDP transport's multi-process tests and its benchmark
+//! (`cargo run --release -p am-udp-check -- bench`, or installed with
+//! `cargo install --path crates/am-udp-check`).
 //!
 //! ```text
 //! am-udp-check alltoall N    every rank sends N requests to every rank, checks order; exit 0
@@ -62,8 +64,8 @@ fn main() {
     }
 }
 
-fn connect() -> Res<(am_launch::JobInfo, Udp)> {
-    let mut job = am_launch::JobInfo::from_env()?;
+fn connect() -> Res<(am_bootstrap::JobInfo, Udp)> {
+    let mut job = am_bootstrap::JobInfo::from_env()?;
     let config = UdpConfig::from_env()?;
     let udp = Udp::connect(&mut job, 1 << 20, config)?;
     Ok((job, udp))
