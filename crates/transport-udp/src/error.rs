@@ -32,13 +32,13 @@ pub enum UdpError {
     },
     /// The launcher's key-value store failed.
     #[error("key-value store: {0}")]
-    Bootstrap(#[from] am_launch::BootstrapError),
+    Bootstrap(#[from] am_bootstrap::BootstrapError),
     /// A job of several ranks with neither a key-value store nor `AM_COORD`.
     #[error("the ranks cannot find each other: the launcher ({launcher}; launcher variables seen: {seen}) gives them no key-value store: start the job under amrun, MPICH's mpiexec, srun --mpi=pmi2 or a PMIx launcher (Open MPI's mpirun, srun --mpi=pmix), or set AM_COORD=host:port (rank 0 serves it) and AM_UDP_KEY for every rank")]
     NoRendezvous {
         /// The launcher that started the job.
-        launcher: am_launch::LauncherKind,
-        /// The launcher variables set ([`am_launch::launcher_variables_seen`]).
+        launcher: am_bootstrap::LauncherKind,
+        /// The launcher variables set ([`am_bootstrap::launcher_variables_seen`]).
         seen: String,
     },
     /// `AM_COORD` without a job key: the coordinator will not hand out a key in the clear.

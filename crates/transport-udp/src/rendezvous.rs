@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSoc
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use am_launch::{JobInfo, KeyValueStore};
+use am_bootstrap::{JobInfo, KeyValueStore};
 
 use crate::config::UdpConfig;
 use crate::error::{io_err, UdpError};
@@ -133,7 +133,7 @@ pub(crate) fn exchange(
     }
     Err(UdpError::NoRendezvous {
         launcher: job.launcher,
-        seen: am_launch::launcher_variables_seen(),
+        seen: am_bootstrap::launcher_variables_seen(),
     })
 }
 
@@ -719,7 +719,7 @@ mod tests {
     }
 
     impl KeyValueStore for MemStore {
-        fn put(&mut self, key: &str, value: &str) -> Result<(), am_launch::BootstrapError> {
+        fn put(&mut self, key: &str, value: &str) -> Result<(), am_bootstrap::BootstrapError> {
             // As PMI's: printable ASCII without space, ';' or backslash.
             assert!(
                 value
@@ -730,14 +730,14 @@ mod tests {
             self.map.lock().unwrap().insert(key.into(), value.into());
             Ok(())
         }
-        fn fence(&mut self) -> Result<(), am_launch::BootstrapError> {
+        fn fence(&mut self) -> Result<(), am_bootstrap::BootstrapError> {
             self.fence.wait();
             Ok(())
         }
-        fn get(&mut self, key: &str) -> Result<String, am_launch::BootstrapError> {
+        fn get(&mut self, key: &str) -> Result<String, am_bootstrap::BootstrapError> {
             Ok(self.map.lock().unwrap()[key].clone())
         }
-        fn abort(&mut self, _: i32, _: &str) -> Result<(), am_launch::BootstrapError> {
+        fn abort(&mut self, _: i32, _: &str) -> Result<(), am_bootstrap::BootstrapError> {
             Ok(())
         }
     }

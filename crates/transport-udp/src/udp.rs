@@ -11,7 +11,7 @@ use am_core::{
     Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError, Transport,
     TransportError, Tx,
 };
-use am_launch::JobInfo;
+use am_bootstrap::JobInfo;
 
 use crate::config::UdpConfig;
 use crate::error::{io_err, UdpError};
@@ -557,7 +557,7 @@ impl Tx for Io {
 /// use am_core::{AmKind, Config, HandlerId, Handlers, Node};
 /// use transport_udp::{Udp, UdpConfig};
 ///
-/// let mut job = am_launch::JobInfo::from_env()?;
+/// let mut job = am_bootstrap::JobInfo::from_env()?;
 /// let udp = Udp::connect(&mut job, 1 << 20, UdpConfig::from_env()?)?;
 /// let mut handlers = Handlers::new();
 /// handlers.request(HandlerId(1), "hello", AmKind::Short, |msg, _token| {

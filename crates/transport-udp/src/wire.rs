@@ -192,7 +192,7 @@ pub enum KeyError {
     BadFormat,
     /// The key file was refused or could not be read (the checks are `amrun`'s own).
     #[error(transparent)]
-    File(#[from] am_launch::KeyFileError),
+    File(#[from] am_bootstrap::KeyFileError),
 }
 
 impl JobKey {
@@ -232,7 +232,7 @@ impl JobKey {
     pub fn from_file(path: &str) -> Result<JobKey, KeyError> {
         // A key is 64 digits and maybe a newline; a larger file is not a key. The checks are
         // the launcher's own, so `amrun` refuses what a rank would.
-        let text = am_launch::read_key_file(path, 256)?;
+        let text = am_bootstrap::read_key_file(path, 256)?;
         JobKey::from_hex(&text)
     }
 
@@ -706,7 +706,7 @@ mod tests {
         let path = dir.to_str().unwrap();
         assert!(matches!(
             JobKey::from_file(path),
-            Err(KeyError::File(am_launch::KeyFileError::Permissions { .. }))
+            Err(KeyError::File(am_bootstrap::KeyFileError::Permissions { .. }))
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobKey::from_file(path).unwrap(), k);
@@ -717,7 +717,7 @@ mod tests {
         let linked = JobKey::from_file(link.to_str().unwrap());
         std::fs::remove_file(&link).unwrap();
         match linked {
-            Err(KeyError::File(am_launch::KeyFileError::Io { source, .. })) => {
+            Err(KeyError::File(am_bootstrap::KeyFileError::Io { source, .. })) => {
                 assert_eq!(source.raw_os_error(), Some(nix::libc::ELOOP))
             }
             other => panic!("a symbolic link was followed: {other:?}"),
@@ -726,9 +726,9 @@ mod tests {
         assert!(matches!(
             JobKey::from_file(std::env::temp_dir().to_str().unwrap()),
             Err(KeyError::File(
-                am_launch::KeyFileError::NotAFile { .. }
-                    | am_launch::KeyFileError::Permissions { .. }
-                    | am_launch::KeyFileError::Owner { .. }
+                am_bootstrap::KeyFileError::NotAFile { .. }
+                    | am_bootstrap::KeyFileError::Permissions { .. }
+                    | am_bootstrap::KeyFileError::Owner { .. }
             ))
         ));
         std::fs::remove_file(&dir).unwrap();
