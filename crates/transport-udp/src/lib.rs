@@ -117,5 +117,6 @@ pub mod wire;
 pub use config::UdpConfig;
 pub use error::UdpError;
 pub use proto::Stats;
-pub use udp::{PeerAddr, SocketStats, Udp};
+pub use rendezvous::PeerAddr;
+pub use udp::{SocketStats, Udp};
 pub use wire::{JobKey, KeyError};

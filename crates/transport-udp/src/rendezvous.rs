@@ -10,7 +10,6 @@ use am_bootstrap::{JobInfo, KeyValueStore};
 
 use crate::config::UdpConfig;
 use crate::error::{io_err, UdpError};
-use crate::udp::PeerAddr;
 use crate::wire::{Authenticator, JobKey};
 
 /// How long ranks wait for each other at start-up.
@@ -51,6 +50,15 @@ fn host_ip() -> Result<IpAddr, UdpError> {
         .ok_or_else(|| {
             UdpError::Rendezvous("the host name has no address: set AM_UDP_ADVERTISE".into())
         })
+}
+
+/// A rank's address and epoch, as learned at rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// Where its socket is.
+    pub addr: SocketAddr,
+    /// Its random epoch (non-zero, fresh each time a transport is created).
+    pub epoch: u64,
 }
 
 /// What a rank tells the others at start-up: where it is, its epoch, and the largest

@@ -7,16 +7,16 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use am_bootstrap::JobInfo;
 use am_core::{
     Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError, Transport,
     TransportError, Tx,
 };
-use am_bootstrap::JobInfo;
 
 use crate::config::UdpConfig;
 use crate::error::{io_err, UdpError};
 use crate::proto::{Engine, Input, Stats};
-use crate::rendezvous;
+use crate::rendezvous::{self, PeerAddr};
 use crate::wire::{random_u64, Authenticator, JobKey};
 
 /// Messages to self waiting for delivery; beyond that a send to self is `Busy` (credits keep
@@ -69,15 +69,6 @@ pub struct SocketStats {
     pub empty_reads: u64,
     /// Datagrams read (several per read with `recvmmsg` or UDP GRO).
     pub datagrams_in: u64,
-}
-
-/// A rank's address and epoch, as learned at rendezvous.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr {
-    /// Where its socket is.
-    pub addr: SocketAddr,
-    /// Its random epoch (non-zero, fresh each time a transport is created).
-    pub epoch: u64,
 }
 
 /// The testing aid ([`UdpConfig::faults`], `AM_UDP_FAULTS`): seeded drop, duplicate and delay of outgoing datagrams.

@@ -706,7 +706,9 @@ mod tests {
         let path = dir.to_str().unwrap();
         assert!(matches!(
             JobKey::from_file(path),
-            Err(KeyError::File(am_bootstrap::KeyFileError::Permissions { .. }))
+            Err(KeyError::File(
+                am_bootstrap::KeyFileError::Permissions { .. }
+            ))
         ));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobKey::from_file(path).unwrap(), k);
