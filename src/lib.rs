@@ -1,11 +1,12 @@
 //! **amnet**: active messages over pluggable NICs, the communication layer that PGAS languages
 //! and runtimes compile down to (GASNet's Core API, in safe Rust).
 //!
-//! This crate is the facade: it re-exports the AM core ([`am_core`]) and job launch
-//! ([`am_launch`]), names the transports ([`TransportKind`]), lets a program pick one at run time
-//! ([`AnyTransport`]), and starts a whole job in one call ([`run_job`]), however the program was
-//! started: as threads of this process, as one rank under `amrun` / `mpiexec` / `srun`, or by
-//! launching its own ranks (`--ranks N`).
+//! This crate is the facade: it re-exports the AM core ([`am_core`]), the rank side of a job
+//! ([`am_bootstrap`]) and job launch ([`am_launch`]), names the transports
+//! ([`TransportKind`]), lets a program pick one at run time ([`AnyTransport`]), and starts a
+//! whole job in one call ([`run_job`]), however the program was started: as threads of this
+//! process, as one rank under `amrun` / `mpiexec` / `srun`, or by launching its own ranks
+//! (`--ranks N`).
 //!
 //! ```no_run
 //! use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
@@ -36,6 +37,8 @@ use std::time::Duration;
 
 pub use am_core::*;
 // Inlined, so `cargo doc -p amnet` documents them under this crate (with `--no-deps` too).
+#[doc(inline)]
+pub use am_bootstrap;
 #[doc(inline)]
 pub use am_core;
 #[doc(inline)]
