@@ -113,8 +113,8 @@ fn a_loopback_program_under_mpiexec_runs_on_shared_memory() {
 
 #[test]
 fn a_launcher_without_a_key_value_store_is_named_with_what_was_seen() {
-    // What Open MPI's mpirun gives a rank: its place in the job and PMIx, which the
-    // bootstrap does not speak yet.
+    // What Open MPI's mpirun gives a rank, less its PMIx server's address (no
+    // PMIX_SERVER_URI*): its place in the job, but no key-value store to reach.
     for transport in ["sci", "extoll", "portals", "udp"] {
         let mut cmd = Command::new(example("pingpong"));
         cmd.args(["--transport", transport, "--kind", "short", "--iters", "10"])
