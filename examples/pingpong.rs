@@ -586,14 +586,13 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
     let largest = args.sizes.iter().copied().max().unwrap_or(0);
-    let opts = JobOptions {
-        transport: args.transport,
-        ranks: args.ranks,
+    let opts = JobOptions::new()
+        .transport(args.transport)
+        .ranks(args.ranks)
         // Room for the largest Long asked for (the transport's own limit still applies).
-        segment_size: largest.max(JobOptions::default().segment_size),
+        .segment_size(largest.max(JobOptions::default().segment_size))
         // One JSON object per line, unprefixed, even when the ranks are processes.
-        prefix_output: !args.json,
-    };
+        .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);
 }

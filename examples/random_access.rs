@@ -658,13 +658,12 @@ fn main() -> anyhow::Result<()> {
         args.ranks
     };
     let lay = Layout::new(args.log2_table, ranks.max(1))?;
-    let opts = JobOptions {
-        transport: args.transport,
-        ranks: args.ranks,
-        segment_size: (lay.block(0) as usize * 8).max(4096),
+    let opts = JobOptions::new()
+        .transport(args.transport)
+        .ranks(args.ranks)
+        .segment_size((lay.block(0) as usize * 8).max(4096))
         // One JSON object per line, unprefixed, even when the ranks are processes.
-        prefix_output: !args.json,
-    };
+        .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     if FAILED.load(Ordering::Relaxed) {
         std::process::exit(1);

@@ -234,12 +234,11 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.reps > 0, "--reps must be at least 1");
     anyhow::ensure!(!args.sizes.is_empty(), "--sizes needs at least one size");
     let largest = args.sizes.iter().copied().max().unwrap_or(0);
-    let opts = JobOptions {
-        transport: args.transport,
-        ranks: args.ranks,
-        segment_size: largest.max(JobOptions::default().segment_size),
-        prefix_output: !args.json,
-    };
+    let opts = JobOptions::new()
+        .transport(args.transport)
+        .ranks(args.ranks)
+        .segment_size(largest.max(JobOptions::default().segment_size))
+        .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);
 }

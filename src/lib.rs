@@ -190,14 +190,11 @@ impl Transport for AnyTransport {
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         dispatch!(self, t => t.wait(timeout))
     }
-    fn long_placed_on_send(&self, len: usize) -> bool {
-        dispatch!(self, t => t.long_placed_on_send(len))
+    fn capabilities(&self) -> am_core::Capabilities {
+        dispatch!(self, t => t.capabilities())
     }
     fn close(&mut self) {
         dispatch!(self, t => t.close())
-    }
-    fn acks_coalesce(&self) -> bool {
-        dispatch!(self, t => t.acks_coalesce())
     }
 
     fn atomic(
@@ -205,20 +202,16 @@ impl Transport for AnyTransport {
         dest: Rank,
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    ) -> Result<u64, SendError> {
         dispatch!(self, t => t.atomic(dest, offset, atomic))
     }
 
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         dispatch!(self, t => t.put(dest, offset, data))
     }
 
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         dispatch!(self, t => t.get(src, offset, dst))
-    }
-
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        dispatch!(self, t => t.applies_atomics(dest))
     }
 
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
@@ -228,6 +221,7 @@ impl Transport for AnyTransport {
 
 /// What a job needs to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JobOptions {
     /// The transport. `AM_TRANSPORT` (which `amrun --transport` sets) wins, with or without
     /// a launcher; an unknown name is an error. A transport whose ranks are threads
@@ -252,6 +246,38 @@ impl Default for JobOptions {
             segment_size: 1 << 20,
             prefix_output: true,
         }
+    }
+}
+
+impl JobOptions {
+    /// The defaults: loopback, 2 ranks, 1 MiB segments, prefixed output. Set what differs
+    /// with the methods below: `JobOptions::new().ranks(4).transport(TransportKind::Sci)`.
+    pub fn new() -> JobOptions {
+        JobOptions::default()
+    }
+
+    /// With this transport.
+    pub fn transport(mut self, transport: TransportKind) -> JobOptions {
+        self.transport = transport;
+        self
+    }
+
+    /// With this many ranks when the program starts its own job.
+    pub fn ranks(mut self, ranks: u32) -> JobOptions {
+        self.ranks = ranks;
+        self
+    }
+
+    /// With segments of this many bytes.
+    pub fn segment_size(mut self, bytes: usize) -> JobOptions {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// Whether each output line of a rank process is prefixed with `[r] `.
+    pub fn prefix_output(mut self, on: bool) -> JobOptions {
+        self.prefix_output = on;
+        self
     }
 }
 

@@ -11,10 +11,7 @@ use amnet::{AmKind, Config, HandlerId, Handlers, JobError, JobOptions, Node, Wai
 const CHILD: &str = "AM_JOB_EXIT_CHILD";
 
 fn opts(ranks: u32) -> JobOptions {
-    JobOptions {
-        ranks,
-        ..JobOptions::default()
-    }
+    JobOptions::new().ranks(ranks)
 }
 
 fn config() -> Config {

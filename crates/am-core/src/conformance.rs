@@ -790,7 +790,7 @@ pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32,
                 return;
             }
             left.wait();
-            let gone = |r: Result<bool, SendError>| matches!(r, Err(SendError::PeerDeparted(1)));
+            let gone = |r: Result<(), SendError>| matches!(r, Err(SendError::PeerDeparted(1)));
             assert!(gone(t.put(1, 0, &[1])), "put");
             assert!(gone(t.get(1, 0, &mut [0])), "get");
             let add = crate::atomic::Atomic::from(crate::AtomicOp::FetchAdd(1u64));
@@ -799,9 +799,18 @@ pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32,
                 matches!(r, Err(SendError::PeerDeparted(1))),
                 "atomic: {r:?}"
             );
-            assert!(!t.applies_atomics(1), "applies_atomics");
+            let posted = [crate::atomic::Posted {
+                dest: 1,
+                offset: 0,
+                atomic: add,
+            }];
+            let batch = t.atomics(&posted);
+            assert!(
+                batch.done == 1 && matches!(batch.error, Some(SendError::PeerDeparted(1))),
+                "atomics: {batch:?}"
+            );
             // This rank's own segment is still its own.
-            assert_eq!(t.put(0, 0, &[1]), Ok(true));
+            assert_eq!(t.put(0, 0, &[1]), Ok(()));
         },
     );
 }

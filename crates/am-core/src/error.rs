@@ -214,6 +214,10 @@ pub enum SendError {
     /// answer to: a driver bug (a second reply, or a route from another delivery).
     #[error("a reply routed to {0:?}, which names no request to answer")]
     NoRequestToAnswer(Route),
+    /// The NIC was asked for an operation its [`crate::Capabilities`] do not claim: a bug of
+    /// the caller, which should have done it by messages.
+    #[error("the NIC does no {0} of its own")]
+    Unsupported(&'static str),
     /// The device failed (its engine stopped, its memory could not be reached): nothing the
     /// caller can retry.
     #[error("{0}")]
@@ -258,6 +262,9 @@ pub enum TransportError {
     /// See [`SendError::NoRequestToAnswer`].
     #[error("a reply routed to {0:?}, which names no request to answer")]
     NoRequestToAnswer(Route),
+    /// See [`SendError::Unsupported`].
+    #[error("the NIC does no {0} of its own")]
+    Unsupported(&'static str),
     /// An I/O or device failure.
     #[error("{0}")]
     Io(String),
@@ -273,6 +280,7 @@ impl From<SendError> for TransportError {
             SendError::Busy => TransportError::Busy,
             SendError::InvalidRank(r) => TransportError::InvalidRank(r),
             SendError::NoRequestToAnswer(r) => TransportError::NoRequestToAnswer(r),
+            SendError::Unsupported(what) => TransportError::Unsupported(what),
             SendError::Other(s) => TransportError::Io(s),
         }
     }

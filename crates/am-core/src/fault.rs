@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::atomic::{Atomic, Batch, Posted};
 use crate::transport::{
-    Delivery, Limits, Outgoing, Payload, Route, SendError, SharedBytes, Transport, TransportError,
-    Tx,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Route, SendError, SharedBytes, Transport,
+    TransportError, Tx,
 };
 use crate::types::Rank;
 
@@ -250,27 +250,19 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn close(&mut self) {
         self.inner.close()
     }
-    fn acks_coalesce(&self) -> bool {
-        self.inner.acks_coalesce()
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
     /// RMA the NIC does itself is not messages: nothing to delay or reorder.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         self.inner.put(dest, offset, data)
     }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         self.inner.get(src, offset, dst)
     }
     /// Atomics the NIC applies itself are not messages: nothing to delay or reorder.
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         self.inner.atomic(dest, offset, atomic)
-    }
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.inner.applies_atomics(dest)
     }
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
         self.inner.atomics(batch)

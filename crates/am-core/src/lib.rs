@@ -52,8 +52,8 @@ pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetIntoHandle, Node};
 pub use reply::Token;
 pub use transport::{
-    Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
-    TransportError, Tx,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes,
+    Transport, TransportError, Tx,
 };
 pub use types::{AmKind, Category, HandlerId, Rank};
 

@@ -10,8 +10,8 @@ use am_shm::{futex_wait, futex_wake, Imported, Segment, SpscRing, CACHE_LINE};
 use crate::atomic::{apply_batch, Atomic, Batch, Posted};
 use crate::rma::{get_from, put_into};
 use crate::transport::{
-    Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes, Transport,
-    TransportError, Tx,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes,
+    Transport, TransportError, Tx,
 };
 use crate::types::Rank;
 use crate::wire::{MAX_ARGS, MAX_HEAD_LEN};
@@ -632,29 +632,18 @@ impl Transport for Loopback {
     }
 
     /// A copy into the target's segment: every rank's segment is memory of this process.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         put_into(dest, self.tx.peer_segment(dest)?, offset, data)
     }
 
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         get_from(src, self.tx.peer_segment(src)?, offset, dst)
     }
 
     /// An atomic instruction on the target's word: every rank's segment is memory of this
     /// process.
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<Option<u64>, SendError> {
-        atomic
-            .apply_to(dest, self.tx.peer_segment(dest)?, offset)
-            .map(Some)
-    }
-
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.tx.peer_segment(dest).is_ok()
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
+        atomic.apply_to(dest, self.tx.peer_segment(dest)?, offset)
     }
 
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
@@ -709,9 +698,17 @@ impl Transport for Loopback {
         }
     }
 
-    /// A ring holds nothing per request: one empty reply can answer several.
-    fn acks_coalesce(&self) -> bool {
-        true
+    /// Every rank's segment is memory of this process: puts, gets and atomics are copies
+    /// and atomic instructions on it. A ring holds nothing per request: one empty reply can
+    /// answer several.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            put: true,
+            get: true,
+            atomics: true,
+            acks_coalesce: true,
+            ..Capabilities::default()
+        }
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

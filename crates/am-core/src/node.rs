@@ -9,7 +9,7 @@ use crate::credit::{CreditPolicy, Policy};
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::Handlers;
-use crate::transport::{Limits, Transport};
+use crate::transport::{Capabilities, Limits, Transport};
 use crate::types::Rank;
 use crate::types::{AmKind, HandlerId};
 
@@ -109,7 +109,7 @@ impl<T: Transport> Node<T> {
             if let Poll::Ready(r) = node.ep.start_step(&mut node.transport) {
                 r?;
                 // After start-up, which ends with every credit home.
-                let coalesce = node.transport.acks_coalesce();
+                let coalesce = node.transport.capabilities().acks_coalesce;
                 node.ep.set_acks_coalesce(coalesce);
                 return Ok(node);
             }
@@ -183,10 +183,15 @@ impl<T: Transport> Node<T> {
         &self.ep
     }
 
+    /// What the transport's NIC does itself ([`Transport::capabilities`]).
+    pub fn capabilities(&self) -> Capabilities {
+        self.transport.capabilities()
+    }
+
     /// Whether a Long of `len` bytes has landed in the target's segment once a request for it
-    /// was sent ([`Transport::long_placed_on_send`]).
+    /// was sent ([`Capabilities::long_placed_on_send`]).
     pub fn long_placed_on_send(&self, len: usize) -> bool {
-        self.transport.long_placed_on_send(len)
+        self.transport.capabilities().long_placed_on_send(len)
     }
 
     /// Credits available now for requests to `peer`.
@@ -258,7 +263,7 @@ impl<T: Transport> Node<T> {
     }
 
     /// Runs a step of the endpoint until it is ready, making progress in between.
-    #[inline]
+    #[inline(always)]
     fn drive<R>(
         &mut self,
         mut step: impl FnMut(&mut Endpoint, &mut T) -> Poll<Result<R, AmError>>,
@@ -650,8 +655,14 @@ impl<T: Transport> Node<T> {
                 match self.ep.try_exit(&mut self.transport, r, code) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => {
-                        // Progress frees the credit; another rank's exit changes nothing now.
-                        let _ = self.ep.poll_one(&mut self.transport);
+                        // Deliveries free the credit; another rank's exit changes nothing now.
+                        // (A receive step of its own: `poll_once` keeps the only call of the
+                        // endpoint's, which is then inlined whole into the blocking loops.)
+                        let _ = self.ep.flush(&mut self.transport);
+                        let ep = &mut self.ep;
+                        let _ = self
+                            .transport
+                            .poll_recv(|d, segment, tx| ep.handle(d, segment, tx));
                         std::thread::yield_now();
                     }
                 }

@@ -71,7 +71,7 @@ pub enum SystemMsg {
     Ack,
     /// Implicit empty replies to `count` requests at once (Short reply), returning `granted`
     /// credits in all: sent instead of [`SystemMsg::Ack`] where the transport allows it
-    /// ([`crate::Transport::acks_coalesce`]).
+    /// ([`crate::Capabilities::acks_coalesce`]).
     Acks {
         /// Requests answered (at least 1).
         count: u32,

@@ -99,7 +99,7 @@ pub(crate) fn segment_range(offset: u64, len: u64, size: usize) -> Option<Range<
 }
 
 /// Implicit replies owed and not yet sent, where the transport lets one empty reply answer
-/// several requests ([`crate::Transport::acks_coalesce`]): per peer, the requests whose
+/// several requests ([`crate::Capabilities::acks_coalesce`]): per peer, the requests whose
 /// handlers sent no reply, the credits their replies grant, and the route of the latest.
 #[derive(Debug)]
 pub(crate) struct OwedAcks {

@@ -15,31 +15,29 @@ use crate::error::SendError;
 use crate::types::Rank;
 
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).
-/// `Ok(true)`; the range outside the segment is [`SendError::Other`] naming `dest`.
+/// The range outside the segment is [`SendError::Other`] naming `dest`.
 pub fn put_into(
     dest: Rank,
     segment: SharedBytes<'_>,
     offset: usize,
     data: &[u8],
-) -> Result<bool, SendError> {
+) -> Result<(), SendError> {
     segment
         .write(offset, data)
-        .map(|()| true)
         .map_err(|e| outside(dest, offset, data.len(), e))
 }
 
 /// Copies `dst.len()` bytes at `offset` of `src`'s segment (`segment`, as this rank maps it)
-/// into `dst`. `Ok(true)`; the range outside the segment is [`SendError::Other`] naming `src`.
+/// into `dst`. The range outside the segment is [`SendError::Other`] naming `src`.
 pub fn get_from(
     src: Rank,
     segment: SharedBytes<'_>,
     offset: usize,
     dst: &mut [u8],
-) -> Result<bool, SendError> {
+) -> Result<(), SendError> {
     let len = dst.len();
     segment
         .read(offset, dst)
-        .map(|()| true)
         .map_err(|e| outside(src, offset, len, e))
 }
 
@@ -61,9 +59,9 @@ mod tests {
         let view = seg.byte_area();
         for (offset, len) in [(0, 0), (3, 1), (5, 17), (200, 56), (0, 256)] {
             let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ 0x5a).collect();
-            assert_eq!(put_into(1, view, offset, &data), Ok(true));
+            assert_eq!(put_into(1, view, offset, &data), Ok(()));
             let mut back = vec![0u8; len];
-            assert_eq!(get_from(1, view, offset, &mut back), Ok(true));
+            assert_eq!(get_from(1, view, offset, &mut back), Ok(()));
             assert_eq!(back, data, "{len} bytes at {offset}");
         }
     }

@@ -239,6 +239,53 @@ impl Received<'_> {
     }
 }
 
+/// What a NIC does itself beyond moving messages ([`Transport::capabilities`]): the core
+/// uses each of these where the NIC has it and does the rest by messages.
+///
+/// Grows with the NICs: build it from [`Capabilities::default`] (nothing) and set what the
+/// NIC has.
+///
+/// ```
+/// # use am_core::Capabilities;
+/// let mut caps = Capabilities::default();
+/// caps.put = true;
+/// caps.long_placed_below = usize::MAX;
+/// assert!(caps.long_placed_on_send(1 << 20) && !caps.get);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// It writes into peers' segments without their attention ([`Transport::put`]).
+    pub put: bool,
+    /// It reads peers' segments without their attention ([`Transport::get`]).
+    pub get: bool,
+    /// It applies remote atomics on peers' words without their attention
+    /// ([`Transport::atomic`], [`Transport::atomics`]).
+    pub atomics: bool,
+    /// Long payloads shorter than this many bytes are already in the target's segment when
+    /// [`Tx::try_send`] returns `Ok` for them (PIO stores, a put the engine finished at
+    /// once): layers above use it for write-based completion, knowing that the data has
+    /// landed without a message from the target. 0: none is; `usize::MAX`: every one is.
+    pub long_placed_below: usize,
+    /// One empty reply may return the credits of several requests from one peer
+    /// ([`crate::protocol::SystemMsg::Acks`]). The core then answers the requests whose
+    /// handlers sent no reply with one message per peer and batch. Such a reply carries the
+    /// [`Route`] of the latest request it answers, and the core keeps replies to a peer in
+    /// the order of its requests, so a transport that pairs replies with requests (sci's
+    /// reply slots) takes it as the answer to that request and every earlier one still
+    /// unanswered.
+    pub acks_coalesce: bool,
+}
+
+impl Capabilities {
+    /// Whether a Long of `len` bytes has landed in the target's segment once its send
+    /// returned `Ok` ([`Capabilities::long_placed_below`]).
+    #[inline]
+    pub fn long_placed_on_send(&self, len: usize) -> bool {
+        len < self.long_placed_below
+    }
+}
+
 /// The sending half of a transport. Also lent to handlers, so a reply can go out while the
 /// request is still borrowed from the receive buffer.
 pub trait Tx {
@@ -272,89 +319,50 @@ pub trait Transport: Tx {
         std::thread::yield_now();
         Ok(())
     }
-    /// Whether the payload of a Long of `len` bytes is already in the target's segment when
-    /// [`Tx::try_send`] returns `Ok` for it: remote-write NICs whose write is complete by then
-    /// (PIO stores, a put the engine finished synchronously). Layers above use it for
-    /// write-based completion: the sender knows its data has landed without a message from the
-    /// target. The default, `false`, means only a message from the target can tell.
-    fn long_placed_on_send(&self, len: usize) -> bool {
-        let _ = len;
-        false
+    /// What this NIC does itself beyond moving messages ([`Capabilities`]). The core asks
+    /// once per operation and never calls a method the NIC does not claim. The default:
+    /// nothing, so the core does puts, gets and atomics by messages.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
-    /// Whether one empty reply may return the credits of several requests from one peer
-    /// ([`crate::protocol::SystemMsg::Acks`]). The core then answers the requests whose
-    /// handlers sent no reply with one message per peer and batch instead of one each. Such
-    /// a reply carries the [`Route`] of the latest request it answers, and the core keeps
-    /// replies to a peer in the order of its requests (what earlier requests are owed leaves
-    /// before a reply to a later one), so a transport that pairs replies with requests
-    /// (sci's reply slots) takes it as the answer to that request and every earlier one still
-    /// unanswered. The default, `false`, keeps one reply per request.
-    fn acks_coalesce(&self) -> bool {
-        false
-    }
-    /// Copies `data` into `dest`'s segment at `offset` without `dest`'s attention, where this
-    /// NIC can (one-sided RMA put): `Ok(true)` once the bytes are in the target's segment,
-    /// which is then both local completion (`data` may be reused) and remote completion.
-    /// `Ok(false)`, the default: the NIC cannot, and the core sends the put as AM Longs that
-    /// the target's progress acknowledges. The core has checked the rank and the bounds, and
-    /// does puts to its own rank itself. A lost target is [`SendError::PeerLost`], a departed
-    /// one [`SendError::PeerDeparted`]; [`SendError::Busy`] means nothing was done yet (the
-    /// core polls and asks again), as it does for [`Transport::get`] and a blocking or
-    /// non-blocking [`Transport::atomic`].
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    /// Copies `data` into `dest`'s segment at `offset` without `dest`'s attention (one-sided
+    /// RMA put), for a NIC whose [`Capabilities::put`] is set: once it returns `Ok`, the bytes
+    /// are in the target's segment, which is both local completion (`data` may be reused)
+    /// and remote completion. The core has checked the rank and the bounds, and does puts to
+    /// its own rank itself. A lost target is [`SendError::PeerLost`], a departed one
+    /// [`SendError::PeerDeparted`]; [`SendError::Busy`] means nothing was done yet (the core
+    /// polls and asks again), as it does for [`Transport::get`] and [`Transport::atomic`].
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         let _ = (dest, offset, data);
-        Ok(false)
+        Err(SendError::Unsupported("put"))
     }
     /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
-    /// attention, where this NIC can (one-sided RMA get): `Ok(true)` once `dst` holds them.
-    /// `Ok(false)`, the default: the core asks `src` for them with system messages that its
-    /// progress answers. Checked and lost as [`Transport::put`].
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
+    /// `dst` holds them. Checked and failing as [`Transport::put`].
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         let _ = (src, offset, dst);
-        Ok(false)
+        Err(SendError::Unsupported("get"))
     }
     /// Applies `atomic` to the word at `offset` of `dest`'s segment without `dest`'s
-    /// attention, where this NIC can: `Ok(Some(old))`, the word's old value. Shared-memory
-    /// NICs do it with one atomic instruction on the target's mapped word
-    /// ([`crate::atomic::Atomic::apply`] on a view of it). `Ok(None)`, the default: the NIC
-    /// cannot, and the core sends the atomic as a system message that `dest`'s progress
-    /// applies. The core has checked the rank, the bounds and the alignment. The core applies
-    /// a blocking or non-blocking atomic on its own rank itself, but hands posted ones on its
-    /// own rank to [`Transport::atomics`] with the rest when [`Transport::applies_atomics`]
-    /// says so for it, so a NIC that applies atomics reaches its own segment too. A word the
-    /// NIC still cannot reach is [`SendError::Other`], a lost target [`SendError::PeerLost`].
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    /// attention, for a NIC whose [`Capabilities::atomics`] is set: the word's old value.
+    /// Shared-memory NICs do it with one atomic instruction on the target's mapped word
+    /// ([`crate::atomic::Atomic::apply`] on a view of it). The core has checked the rank,
+    /// the bounds and the alignment. It applies a blocking or non-blocking atomic on its own
+    /// rank itself, but hands posted ones on its own rank to [`Transport::atomics`] with the
+    /// rest, so such a NIC reaches its own segment too. A word the NIC still cannot reach is
+    /// [`SendError::Other`], a lost target [`SendError::PeerLost`].
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         let _ = (dest, offset, atomic);
-        Ok(None)
-    }
-    /// Whether [`Transport::atomic`] applies atomics on `dest`'s segment itself. The core
-    /// then queues non-fetching ones ([`crate::Node::atomic_post`]) and hands them over in
-    /// batches ([`Transport::atomics`]). The default: `false`.
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        let _ = dest;
-        false
+        Err(SendError::Unsupported("atomics"))
     }
     /// Applies the non-fetching atomics of `batch` in order, each as [`Transport::atomic`]
-    /// would (the default does just that). A NIC that reaches the words itself fetches them
-    /// all first, so that their cache misses overlap ([`crate::atomic::apply_batch`]). One
-    /// refused for good does not stop the others; a busy device stops the batch, and the
-    /// core polls and hands over the rest again ([`crate::atomic::Batch`]).
+    /// would (the default does just that), for a NIC whose [`Capabilities::atomics`] is set.
+    /// A NIC that reaches the words itself fetches them all first, so that their cache
+    /// misses overlap ([`crate::atomic::apply_batch`]). One refused for good does not stop
+    /// the others; a busy device stops the batch, and the core polls and hands over the rest
+    /// again ([`crate::atomic::Batch`]).
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        each_posted(batch, |p| {
-            match self.atomic(p.dest, p.offset, p.atomic)? {
-                Some(_) => Ok(()),
-                None => Err(SendError::Other(format!(
-                    "{}: rank {} cannot apply atomics itself",
-                    self.name(),
-                    self.rank()
-                ))),
-            }
-        })
+        each_posted(batch, |p| self.atomic(p.dest, p.offset, p.atomic).map(drop))
     }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.

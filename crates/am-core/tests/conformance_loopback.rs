@@ -44,8 +44,8 @@ mod rma_by_message {
     use std::time::Duration;
 
     use am_core::{
-        Delivery, Limits, Loopback, Outgoing, Rank, SendError, SharedBytes, Transport,
-        TransportError, Tx,
+        Capabilities, Delivery, Limits, Loopback, Outgoing, Rank, SendError, SharedBytes,
+        Transport, TransportError, Tx,
     };
 
     pub struct NoDirectRma(Loopback);
@@ -81,8 +81,13 @@ mod rma_by_message {
         fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
             self.0.wait(timeout)
         }
-        fn acks_coalesce(&self) -> bool {
-            self.0.acks_coalesce()
+        /// Loopback's, less puts, gets and atomics.
+        fn capabilities(&self) -> Capabilities {
+            let mut caps = self.0.capabilities();
+            caps.put = false;
+            caps.get = false;
+            caps.atomics = false;
+            caps
         }
         fn close(&mut self) {
             self.0.close()

@@ -294,26 +294,26 @@ impl Transport for NicSays<'_> {
     ) -> Result<Option<R>, TransportError> {
         self.inner.poll_recv(f)
     }
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn capabilities(&self) -> am_core::Capabilities {
+        self.inner.capabilities()
+    }
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         self.first(dest)?;
         self.inner.put(dest, offset, data)
     }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         self.first(src)?;
         self.inner.get(src, offset, dst)
     }
+    // Posted atomics go through the default batch, one `atomic` each.
     fn atomic(
         &mut self,
         dest: Rank,
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    ) -> Result<u64, SendError> {
         self.first(dest)?;
         self.inner.atomic(dest, offset, atomic)
-    }
-    // Posted atomics go through the default batch, one `atomic` each.
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.inner.applies_atomics(dest)
     }
 }
 

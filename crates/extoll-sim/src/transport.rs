@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
-    TransportError, Tx,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
+    SharedBytes, Transport, TransportError, Tx,
 };
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
@@ -1920,7 +1920,7 @@ impl Transport for Extoll {
     /// registered segment made on this rank's thread, so the put is complete when this
     /// returns. No notification: the requester's would say only that, and the target was
     /// not asked to hear of it.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
     }
 
@@ -1928,7 +1928,7 @@ impl Transport for Extoll {
     /// buffer, made on this rank's thread, complete when this returns, the target notified
     /// of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this
     /// rank's own registered segment instead and report through the notification queue.)
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         am_core::rma::get_from(src, self.peer_segment(src)?, offset, dst)
     }
 
@@ -1940,14 +1940,8 @@ impl Transport for Extoll {
         dest: Rank,
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
-        atomic
-            .apply_to(dest, self.peer_segment(dest)?, offset)
-            .map(Some)
-    }
-
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.peer_segment(dest).is_ok()
+    ) -> Result<u64, SendError> {
+        atomic.apply_to(dest, self.peer_segment(dest)?, offset)
     }
 
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
@@ -1991,16 +1985,18 @@ impl Transport for Extoll {
         }
     }
 
-    /// A Long's payload is an immediate put the engine runs when the doorbell is rung, before
-    /// `try_send` returns.
-    fn long_placed_on_send(&self, _len: usize) -> bool {
-        true
-    }
-
-    /// A reply is a VELO packet like any other: a request holds nothing that only its own
-    /// reply frees, so one empty reply may answer several.
-    fn acks_coalesce(&self) -> bool {
-        true
+    /// Puts, gets and atomics on the peers' registered segments, done by the RMA unit. A
+    /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
+    /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
+    /// that only its own reply frees, so one empty reply may answer several.
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        caps.long_placed_below = usize::MAX;
+        caps.acks_coalesce = true;
+        caps
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

@@ -38,7 +38,7 @@
 //! - the **reply is written back into the request's send buffer**: every request holds one
 //!   of the initiator's send slots (exposed through the reply portal entry) until its reply
 //!   lands there; a rank with no free slot reports `Busy` (the seed's send tokens). One
-//!   coalesced implicit reply (`am_core::Transport::acks_coalesce`; not in the seed) lands in
+//!   coalesced implicit reply (`am_core::Capabilities::acks_coalesce`; not in the seed) lands in
 //!   the send slot of the latest request it answers and frees the slots of the earlier ones
 //!   to the same replier too: replies come in request order;
 //! - the **segment** is exposed through one entry (put and get, remote offsets): Long

@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes, Transport,
-    TransportError, Tx,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
+    SharedBytes, Transport, TransportError, Tx,
 };
 use am_nic::control::Departed;
 use am_nic::{Liveness, LIVENESS_AFTER};
@@ -1357,7 +1357,7 @@ impl Transport for Portals {
     /// `PtlPut` into the target's segment entry ([`Nic::put`]), with no event there (the
     /// entry disables them): the deposit is done when this returns, which stands for the
     /// `Ack` a real initiator would wait for.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
         let args = PutArgs {
             pt: PT_SEGMENT,
@@ -1371,7 +1371,7 @@ impl Transport for Portals {
             pad: false,
         };
         match self.tx.nic(d).put(self.tx.rank, None, &args) {
-            Ok(Outcome::Done { .. }) => Ok(true),
+            Ok(Outcome::Done { .. }) => Ok(()),
             Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
                 "portals: rank {dest}'s segment entry refused a put of {} bytes at {offset}: {f:?}",
                 data.len()
@@ -1383,7 +1383,7 @@ impl Transport for Portals {
     /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
     /// seed's "get into a temporary MD" when the local side is outside the segment): done
     /// when this returns, which stands for the `Reply` event.
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         let d = self.reachable(src)?;
         let len = dst.len();
         match self
@@ -1391,7 +1391,7 @@ impl Transport for Portals {
             .nic(d)
             .get(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst)
         {
-            Ok(Outcome::Done { .. }) => Ok(true),
+            Ok(Outcome::Done { .. }) => Ok(()),
             Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
                 "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
             ))),
@@ -1407,7 +1407,7 @@ impl Transport for Portals {
         dest: Rank,
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    ) -> Result<u64, SendError> {
         let d = self.reachable(dest)?;
         let me = self.tx.rank;
         match self
@@ -1415,16 +1415,12 @@ impl Transport for Portals {
             .nic(d)
             .atomic(me, PT_SEGMENT, 0, offset as u64, &atomic)
         {
-            Ok((Outcome::Done { .. }, old)) => Ok(Some(old)),
+            Ok((Outcome::Done { .. }, old)) => Ok(old),
             Ok((Outcome::Refused(f), _)) => Err(SendError::Other(format!(
                 "portals: rank {dest}'s segment entry refused an atomic at {offset}: {f:?}"
             ))),
             Err(e) => Err(self.tx.put_err(e)),
         }
-    }
-
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.reachable(dest).is_ok()
     }
 
     /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of its word where
@@ -1573,17 +1569,19 @@ impl Transport for Portals {
         Ok(Some(r))
     }
 
-    /// A reply may answer several requests of its peer: it lands in the send slot of the
-    /// latest, and the requester frees that slot and those of its earlier requests to the
-    /// replier (replies come in request order).
-    fn acks_coalesce(&self) -> bool {
-        true
-    }
-
-    /// The initiator's process performs the segment entry's deposit before the header goes:
-    /// a Long has landed once `try_send` returned.
-    fn long_placed_on_send(&self, _len: usize) -> bool {
-        true
+    /// Puts, gets and atomics through the peers' segment entries. The initiator's process
+    /// performs the segment entry's deposit before the header goes: a Long has landed once
+    /// `try_send` returned. A reply may answer several requests of its peer: it lands in the
+    /// send slot of the latest, and the requester frees that slot and those of its earlier
+    /// requests to the replier (replies come in request order).
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        caps.long_placed_below = usize::MAX;
+        caps.acks_coalesce = true;
+        caps
     }
 
     /// Sleeps on the event queue's doorbell when nothing is claimed at its head; behind a

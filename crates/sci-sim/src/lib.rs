@@ -33,7 +33,7 @@
 //!   it answers: the request's slot is its `am_core::Route`, which the core hands back with
 //!   the reply (the receiver keeps a bit per slot it owes a reply for, and refuses a request
 //!   in a slot still owed);
-//! - one implicit ACK may answer several requests (`am_core::Transport::acks_coalesce`), which
+//! - one implicit ACK may answer several requests (`am_core::Capabilities::acks_coalesce`), which
 //!   the seed does not do: replies leave in request order, so an ACK routed to a request
 //!   answers it and the unanswered ones before it; it lands in the reply slot paired with the
 //!   oldest, its slot flags say how many it answers ([`layout::answers`]), and the requester

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use am_core::{
-    Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, Transport,
+    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, Transport,
     TransportError, Tx,
 };
 use am_nic::{Liveness, LIVENESS_AFTER};
@@ -1216,7 +1216,7 @@ impl Transport for Sci {
     /// A remote write into the target's imported segment (PIO stores, as an AM Long's
     /// payload goes): in the target's memory when this returns, with no message and no help
     /// from the target.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         am_core::rma::put_into(dest, self.peer_segment(dest)?, offset, data)
     }
 
@@ -1226,7 +1226,7 @@ impl Transport for Sci {
     /// since its only write-based alternative is to ask the target's progress to write the
     /// bytes back (AM Mediums, one round trip each), which a one-sided get must not need. One
     /// read stream per get, the cost a real SCI card would pay once per transaction.
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         am_core::rma::get_from(src, self.peer_segment(src)?, offset, dst)
     }
 
@@ -1238,14 +1238,8 @@ impl Transport for Sci {
         dest: Rank,
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<Option<u64>, SendError> {
-        atomic
-            .apply_to(dest, self.peer_segment(dest)?, offset)
-            .map(Some)
-    }
-
-    fn applies_atomics(&self, dest: Rank) -> bool {
-        self.peer_segment(dest).is_ok()
+    ) -> Result<u64, SendError> {
+        atomic.apply_to(dest, self.peer_segment(dest)?, offset)
     }
 
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
@@ -1377,16 +1371,19 @@ impl Transport for Sci {
         Ok(Some(r))
     }
 
+    /// Puts, gets and atomics on the peers' imported segments. A Long's payload sent by PIO
+    /// stores is in the target's memory when `try_send` returns; one sent by DMA lands later.
     /// A reply may answer several requests of its peer: it lands in the reply slot paired
     /// with the oldest, and its slot flags say how many it answers, so the requester frees
     /// all their slots (message location status) and looks for the next reply after them.
-    fn acks_coalesce(&self) -> bool {
-        true
-    }
-
-    /// PIO stores are complete when `try_send` returns; a DMA transfer completes later.
-    fn long_placed_on_send(&self, len: usize) -> bool {
-        len < self.tx.config.dma_threshold
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        caps.long_placed_below = self.tx.config.dma_threshold;
+        caps.acks_coalesce = true;
+        caps
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
 use am_core::{
-    Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError, Transport,
-    TransportError, Tx,
+    Capabilities, Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError,
+    Transport, TransportError, Tx,
 };
 
 use crate::config::UdpConfig;
@@ -1031,10 +1031,13 @@ impl Transport for Udp {
         Ok(Some(r))
     }
 
-    /// A reply travels on the reliable stream like any message: nothing is held per request,
-    /// so one empty reply may answer several (one datagram instead of one per request).
-    fn acks_coalesce(&self) -> bool {
-        true
+    /// No RMA of its own: puts, gets and atomics travel as messages. A reply travels on the
+    /// reliable stream like any message: nothing is held per request, so one empty reply may
+    /// answer several (one datagram instead of one per request).
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.acks_coalesce = true;
+        caps
     }
 
     fn close(&mut self) {

@@ -1,15 +1,26 @@
 //! The AM protocol of one rank, without I/O: [`Endpoint`].
 //!
 //! An endpoint holds everything a rank knows about the protocol (handlers, credits, replies
-//! the device refused, start-up, barriers, puts and gets) and does no I/O of its own: every
-//! method that sends takes the sender ([`Tx`](crate::Tx)) as an argument, and every method that would
-//! wait instead returns [`Poll::Pending`](std::task::Poll::Pending), so the caller decides how to wait. Messages that
-//! arrive are given to [`Endpoint::handle`]. There is no clock in here either.
+//! the device refused, start-up, barriers, one-sided operations, posted atomics, peers that
+//! are gone) and does no waiting of its own: every method that sends takes the transport (or,
+//! where only sending is needed, its [`Tx`](crate::Tx)) as an argument, and every method that
+//! would wait returns [`Poll::Pending`](std::task::Poll::Pending) instead, so the caller
+//! decides how to wait. There is no clock in here either.
 //!
-//! [`crate::Node`] is the driver this workspace uses: it polls a [`crate::Transport`], feeds
-//! each delivery to `handle`, and between polls calls the step methods until they are ready,
-//! waiting as its [`crate::WaitMode`] says. Anyone writing a driver of their own (an event
-//! loop, a test harness that delivers messages in a chosen order) does the same:
+//! Everything a driver must not get wrong is inside: the checks of every call, the choice
+//! between the NIC's own put, get and atomics ([`crate::Capabilities`]) and messages, and
+//! the order of posted atomics before every later operation. A driver does two things:
+//!
+//! - **progress**: [`Endpoint::poll_one`] sends the replies the device refused, hands one
+//!   delivered message to its handler, and says whether one was handled or a peer ended the
+//!   job ([`Polled::Exit`]), which the driver then does;
+//! - **operations**: it calls a `*_start` or `*_step` method until it is ready, making
+//!   progress in between, then `poll_*` until the operation completes.
+//!
+//! [`crate::Node`] is the driver this workspace uses; it waits between polls as its
+//! [`crate::WaitMode`] says. A driver of one's own (an event loop, a test harness that
+//! delivers messages in a chosen order) does the same. The first step of every rank, before
+//! any other send, is start-up:
 //!
 //! ```
 //! use std::task::Poll;

@@ -31,7 +31,7 @@ impl Endpoint {
         if let Err(e) = self.check_atomic(dest, offset, &atomic) {
             return Poll::Ready(Err(e));
         }
-        let by_nic = t.applies_atomics(dest);
+        let by_nic = t.capabilities().atomics;
         if !self.posted.is_empty()
             && (self.posted.len() >= POSTED_ATOMICS || by_nic != self.posted_by_nic)
         {
@@ -70,7 +70,10 @@ impl Endpoint {
 
     #[cold]
     #[inline(never)]
-    fn apply_queued<T: Transport + ?Sized>(&mut self, t: &mut T) -> Poll<Result<(), AmError>> {
+    pub(super) fn apply_queued<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+    ) -> Poll<Result<(), AmError>> {
         let done = if self.posted_by_nic {
             let batch = t.atomics(&self.posted);
             if let Some(e) = batch.error {

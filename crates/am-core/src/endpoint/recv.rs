@@ -247,11 +247,11 @@ impl Endpoint {
     /// the implicit replies owed ([`Endpoint::flush_acks`]). What an error says about a
     /// peer is recorded ([`Endpoint::absorb`]); a departure is not an error of the poll that
     /// found it. The message that caused an error is dropped, and polling can go on.
-    #[inline]
+    #[inline(always)]
     pub fn poll_one<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<Polled, AmError> {
         match self.poll_raw(t) {
-            Ok(p) => Ok(p),
             Err(e) => self.poll_failed(e),
+            ok => ok,
         }
     }
 

@@ -35,12 +35,12 @@ impl Endpoint {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, data.len() as u64)));
             }
         } else {
+            if !t.capabilities().put {
+                let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
+                return Poll::Ready(Ok(PutHandle { index, gen }));
+            }
             match t.put(dest, offset, data) {
-                Ok(true) => {}
-                Ok(false) => {
-                    let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
-                    return Poll::Ready(Ok(PutHandle { index, gen }));
-                }
+                Ok(()) => {}
                 Err(SendError::Busy) => return Poll::Pending,
                 Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
             }
@@ -127,8 +127,11 @@ impl Endpoint {
                 Err(_) => Err(self.out_of_bounds(offset as u64, dst.len() as u64)),
             });
         }
+        if !t.capabilities().get {
+            return Poll::Ready(Ok(false));
+        }
         match t.get(src, offset, dst) {
-            Ok(done) => Poll::Ready(Ok(done)),
+            Ok(()) => Poll::Ready(Ok(true)),
             Err(SendError::Busy) => Poll::Pending,
             Err(e) => Poll::Ready(Err(self.nic_failed(e))),
         }
@@ -215,15 +218,15 @@ impl Endpoint {
                     .map(AtomicHandle::applied),
             );
         }
+        if !t.capabilities().atomics {
+            let (index, gen) = self.alloc_atomic(dest, offset, atomic);
+            return Poll::Ready(Ok(AtomicHandle {
+                state: AtomicState::Op { index, gen },
+                width: PhantomData,
+            }));
+        }
         match t.atomic(dest, offset, atomic) {
-            Ok(Some(old)) => Poll::Ready(Ok(AtomicHandle::applied(old))),
-            Ok(None) => {
-                let (index, gen) = self.alloc_atomic(dest, offset, atomic);
-                Poll::Ready(Ok(AtomicHandle {
-                    state: AtomicState::Op { index, gen },
-                    width: PhantomData,
-                }))
-            }
+            Ok(old) => Poll::Ready(Ok(AtomicHandle::applied(old))),
             Err(SendError::Busy) => Poll::Pending,
             Err(e) => Poll::Ready(Err(self.nic_failed(e))),
         }

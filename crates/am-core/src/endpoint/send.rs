@@ -1,7 +1,7 @@
 //! Sending requests: the checks a request passes, one attempt or one step of a blocking send,
 //! the job's exit, and the replies and implicit replies the device refused earlier.
 
-use std::task::{ready, Poll};
+use std::task::Poll;
 
 use super::state::{Endpoint, LOST};
 use crate::credit::CreditPolicy;
@@ -112,7 +112,12 @@ impl Endpoint {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Poll<Result<(), AmError>> {
-        ready!(self.apply_posted(t))?;
+        if !self.posted.is_empty() {
+            match self.apply_queued(t) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
         self.send_step(t, dest, false, kind, handler.0, args, payload, long_offset)
     }
 

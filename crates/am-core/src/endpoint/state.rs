@@ -213,7 +213,7 @@ impl Endpoint {
     }
 
     /// Whether one empty reply may answer several requests of a peer
-    /// ([`crate::Transport::acks_coalesce`]; off by default). On, the requests whose handlers
+    /// ([`crate::Capabilities::acks_coalesce`]; off by default). On, the requests whose handlers
     /// sent no reply are answered by one [`SystemMsg::Acks`](crate::protocol::SystemMsg::Acks) per peer when half the credits
     /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
     /// driver calls when a poll finds nothing.

@@ -18,8 +18,8 @@ use std::task::Poll;
 use am_core::atomic::{Atomic, Batch, Posted};
 use am_core::endpoint::Endpoint;
 use am_core::{
-    AmError, CreditPolicy, Delivery, Handlers, Limits, Outgoing, Rank, Received, Route, SendError,
-    SharedBytes, StaticCredits, Transport, TransportError, Tx,
+    AmError, Capabilities, CreditPolicy, Delivery, Handlers, Limits, Outgoing, Rank, Received,
+    Route, SendError, SharedBytes, StaticCredits, Transport, TransportError, Tx,
 };
 use am_shm::Segment;
 
@@ -78,18 +78,16 @@ pub struct Wire<'a> {
 }
 
 impl Wire<'_> {
-    /// A one-sided operation on `peer`'s segment, if the NIC does them: `None` if it does not,
-    /// `Busy` while the test says so; recorded in `nic_ops`.
+    /// A one-sided operation of the NIC on `peer`'s segment: `Busy` while the test says so;
+    /// recorded in `nic_ops`.
     fn nic<R>(
         &mut self,
         peer: Rank,
         what: &'static str,
         op: impl FnOnce(SharedBytes<'_>) -> Result<R, SendError>,
-    ) -> Result<Option<R>, SendError> {
+    ) -> Result<R, SendError> {
         let net = &mut *self.net;
-        if !net.rma {
-            return Ok(None);
-        }
+        assert!(net.rma, "the core asked a NIC without RMA for a {what}");
         if net.lost[peer as usize] {
             return Err(SendError::PeerLost(peer));
         }
@@ -100,7 +98,7 @@ impl Wire<'_> {
         }
         let r = op(net.segments[peer as usize].byte_area())?;
         net.nic_ops.push((net.sent.len(), self.from, peer, what));
-        Ok(Some(r))
+        Ok(r)
     }
 }
 
@@ -139,28 +137,26 @@ impl Transport for Wire<'_> {
         };
         Ok(Some(f(delivery, segment.byte_area(), self)))
     }
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<bool, SendError> {
-        let done = self.nic(dest, "put", |seg| {
+    /// With `rma`, the NIC reaches every rank's segment: puts, gets and atomics.
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.put = self.net.rma;
+        caps.get = self.net.rma;
+        caps.atomics = self.net.rma;
+        caps
+    }
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
+        self.nic(dest, "put", |seg| {
             am_core::rma::put_into(dest, seg, offset, data)
-        })?;
-        Ok(done.is_some())
+        })
     }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<bool, SendError> {
-        let done = self.nic(src, "get", |seg| {
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+        self.nic(src, "get", |seg| {
             am_core::rma::get_from(src, seg, offset, dst)
-        })?;
-        Ok(done.is_some())
+        })
     }
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<Option<u64>, SendError> {
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         self.nic(dest, "atomic", |seg| atomic.apply_to(dest, seg, offset))
-    }
-    fn applies_atomics(&self, _dest: Rank) -> bool {
-        self.net.rma
     }
     /// One by one, as the contract says: one refused for good does not stop the others, a
     /// busy NIC stops the batch.
