@@ -2,12 +2,20 @@
 //! Coherent Interface") over real shared memory between processes.
 //!
 //! The seed's mechanisms, in its own terms:
-//! - each rank **exports** one segment (`/dev/shm/am-<job>-sci-<rank>`, see [`layout`]) and
-//!   **imports** every peer's; an imported segment ([`am_shm::Imported`]) has write methods
-//!   only, so a rank only ever *writes* into another rank's memory and *reads* its own;
+//! - each rank **exports** one segment (see [`layout`]) and **imports** every peer's
+//!   ([`am_shm::Imported`]). The AM protocol only ever *writes* into another rank's memory and
+//!   *reads* its own (SCI's "remote writes, local reads"); the one-sided get and the remote
+//!   atomics below are the exceptions. Segments are anonymous (a memfd, made by
+//!   `am_nic::connect`): no file is created in `/dev/shm`, so a job leaves nothing behind under
+//!   any launcher, whatever kills its ranks. Ranks find each other's segments through the
+//!   launcher's key-value store (`/proc/<pid>/fd/<n>`); an in-process [`Sci::cluster`] uses
+//!   heap segments with the same views, so Miri runs it;
 //! - the exported segment holds one **command segment** per sender: `slots` request slots and
 //!   as many reply slots (request-reply pairs, the seed's "message number < 2 times the number
-//!   of Request-Reply pairs"), each `slot_size` bytes (AM header plus Medium payload);
+//!   of Request-Reply pairs"), each `slot_size` bytes (AM header plus Medium payload), so 2 ×
+//!   `slots` × `slot_size` bytes per sender. There is a request slot per credit (`AM_CREDITS`,
+//!   32 by default; `SCI_SLOTS` overrides it, 1..=64, and start-up then refuses static credits
+//!   above it, while dynamic credits are capped at the slots; see [`SciConfig::from_env`]);
 //! - per sender and slot a **message-ready flag** (a 64-bit stamp, the channel's sequence
 //!   number, at the start of the slot so that it shares one cache line with the slot header
 //!   and the first 48 bytes of the message) and one **message-exist flag** per receiver (a
@@ -20,13 +28,23 @@
 //!   sender's next message of the same kind goes (two words of its own memory, whatever the
 //!   number of peers), and takes a message found there at once; with the flag set, it looks
 //!   at that sender's other slot next (an exchange both ways alternates the two kinds);
+//! - a request sent with none outstanding says so in its slot flags ([`layout::LONE`]), and a
+//!   lone request after such a one restarts at request slot 0, where the receiver, once it has
+//!   answered everything, also looks: a run of round trips reuses one slot and its reply slot,
+//!   whose lines stay warm in both caches, while a stream of requests keeps to the slots in
+//!   turn;
 //! - the receiver clears its message-exist flag only once nothing new came for a while (or
-//!   before it sleeps), and then writes a take count into the segment of each sender whose
-//!   tag it cleared; a sender rings only if that count (in its *own* memory) moved since it
-//!   last rang, so a small message in a steady exchange moves one cache line, the slot's, and
-//!   the sender still never reads a peer's memory (a fence pair makes sure that either the
-//!   sender sees the new count and rings, or the receiver's scan after the take sees the
-//!   message);
+//!   before it sleeps), and then writes a take count into the segment of each sender whose tag
+//!   it cleared; a sender rings only if that count (in its *own* memory) moved since it last
+//!   rang, so a small message in a steady exchange moves one cache line, the slot's, and the
+//!   sender still never reads a peer's memory. The sender's ready flag must be ordered before
+//!   its read of the count, against the receiver's take, count write and scan: the sender's
+//!   side of that fence is no instruction, and the receiver's take runs
+//!   `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`, a barrier on every running thread of the
+//!   processes registered for it, as every sci rank is
+//!   ([`am_shm::sync::AsymmetricFence::across_processes`]; a kernel without the call fences on
+//!   both sides). A take costs an interrupt to the CPUs running ranks, so a receiver takes only
+//!   before it sleeps and after 16384 fruitless polls with the flag set;
 //! - **message location status** at the sender: a request slot stays busy until the reply
 //!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
 //!   number of request slots per peer. A reply goes to the reply slot paired with the request
@@ -44,14 +62,28 @@
 //!   a cache hint of shared memory with no SCI counterpart, which reads and writes nothing a
 //!   peer sees, so the "writes only" model above holds;
 //! - **PIO** (CPU stores) for Short and Medium, with both Medium strategies of the seed
-//!   ([`MediumStrategy`]); a **DMA engine** (a thread per rank, started on first use) for
-//!   Long payloads of at least [`SciConfig::dma_threshold`] bytes: the payload is copied into
-//!   the engine's local DMA queue (the seed's "copying the source data into the DMA queue"),
-//!   the engine copies it into the target's segment while the rank goes on, and the header is
-//!   published by PIO once the engine signals completion;
+//!   ([`MediumStrategy`]; two transfers by default); a **DMA engine** (a thread per rank,
+//!   started on first use) for Long payloads of at least [`SciConfig::dma_threshold`] bytes (by
+//!   default none: every Long goes by PIO): the payload is copied into the engine's local DMA
+//!   queue (the seed's "copying the source data into the DMA queue"), the engine copies it into
+//!   the target's segment while the rank goes on, and the header is published by PIO once the
+//!   engine signals completion;
+//! - **put and get** (`am_core::Transport::put`/`get`): a put is a remote write into the
+//!   target's imported segment, as a Long's payload goes; a get is a remote read of it, since a
+//!   get whose bytes the target writes back would need the target's progress (a real card pays
+//!   a read round trip per transaction for it). Both are one copy, complete when the call
+//!   returns, with no message and no help from the target;
+//! - **remote atomics** are SCI's lock transactions (fetch-and-add, compare-and-swap, swap),
+//!   which the responder's memory performs: one atomic instruction on the target's mapped word;
 //! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (its pid,
 //!   exchanged at start, is probed with `kill(pid, 0)` and `/proc`); a rank that ends cleanly
 //!   marks itself departed in every peer's segment first.
+//!
+//! Environment ([`SciConfig::from_env`]): `SCI_SLOTS` (request and reply slots per sender),
+//! `SCI_SLOT_SIZE` (slot bytes; a Medium payload takes what the slot and AM headers leave),
+//! `SCI_DMA_THRESHOLD` (the Long size from which the DMA engine is used; `off` by default),
+//! `SCI_MAX_LONG` (the Long limit, 1 MiB by default) and `SCI_MEDIUM` (`two-transfers` or
+//! `one-copy`).
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -76,12 +108,12 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
-//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`), it
-//! does not import the long-payload region lazily as the seed does (every segment is mapped
-//! at start), it has no remote reads at all (so no `get` by remote read: the core's get is a
-//! request answered by a Long reply), and it does not survive a peer that deliberately
-//! corrupts its segment beyond what the checks catch (lengths, slot indices and offsets are
-//! checked; a corrupt message is an error for that message).
+//! What this crate does **not** do: it does not span hosts (the "network" is shared memory
+//! between the processes of one host), it does not import the long-payload region lazily as the
+//! seed does (every segment is mapped at start), its AM protocol makes no remote reads (the
+//! one-sided get and the remote atomics are the only ones), and it does not survive a peer that
+//! deliberately corrupts its segment beyond what the checks catch (lengths, slot indices and
+//! offsets are checked; a corrupt message is an error for that message).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
