@@ -3,21 +3,26 @@
 //! GASNet conduit for EXTOLL and ParaStation's pscom plugins for it.
 //!
 //! The seed's mechanisms, in its own terms, and where they are:
-//! - each rank owns one segment, `/dev/shm/am-<job>-extoll-<rank>` ([`layout`]), unlinked as
-//!   soon as every rank has mapped it (heap memory for the threads of an in-process
-//!   [`Extoll::cluster`], with the same atomics and views, so Miri runs it);
+//! - each rank owns one segment ([`layout`]), anonymous (a memfd, made by `am_nic::connect`: no
+//!   file in `/dev/shm`, so a job leaves nothing behind whatever kills its ranks) and mapped by
+//!   every peer through the launcher's key-value store (heap memory for the threads of an
+//!   in-process [`Extoll::cluster`], with the same atomics and views, so Miri runs it);
 //! - **VELO mailbox**: one ring per rank, shared by all senders, of packets of
 //!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes
 //!   of packet data, then an 8-byte **status** word written last, which the receiver polls.
-//!   Senders of any process claim slots with a compare-and-swap of the slot's status that
-//!   names the claimer in the same step ([`am_shm::mailbox`]); a message of several packets
-//!   claims all its slots or none, and a full mailbox is back-pressure
-//!   ([`am_core::SendError::Busy`]), never an overwrite. The published status carries the
-//!   packet's **source**, and the receiver reassembles per source ([`velo`]). Each sender
-//!   has a claim record in the receiver's segment that only it writes and that vouches for
-//!   its claims until they are published, so a receiver tells a dead sender's claim, or one
-//!   nobody vouches for, from a slow one, and skips it (so it does in the notification
-//!   queue, where a rank's main thread and its engine thread are two claimers);
+//!   Senders of any process claim slots with a compare-and-swap of the slot's status that names
+//!   the claimer in the same step ([`am_shm::mailbox`]); a message of several packets claims
+//!   all its slots or none, and a full mailbox is back-pressure ([`am_core::SendError::Busy`]),
+//!   never an overwrite. The published status carries the packet's **source**, and the receiver
+//!   reassembles per source ([`velo`]). Each sender has a claim record in the receiver's
+//!   segment that only it writes and that vouches for its claims until they are published, so a
+//!   receiver tells a dead sender's claim, or one nobody vouches for, from a slow one, and
+//!   skips it (so it does in the notification queue, where a rank's main thread and its engine
+//!   thread are two claimers). A sender that streams (a second one-packet send to the same rank
+//!   since its last poll) takes the line of the slot 8 claims ahead for writing (`prefetchw`, a
+//!   cache hint with no EXTOLL counterpart), so its claim does not wait for the receiver's
+//!   core; a lone round trip takes no line ahead, as that transfer would share the path with
+//!   its message;
 //! - **AM framing** as in the seed: the 8-byte AM header (request/reply, number of
 //!   arguments, handler, payload length) and the arguments, then the payload; spare room in
 //!   the last header packet carries the first payload bytes, the rest goes in data-only
@@ -39,6 +44,11 @@
 //!   data only from the engine's completer notification. The thread would only move the same
 //!   copy to another core; on this 2-core machine its wake-up (~4 µs) and the second copy out
 //!   of a staging area cost two thirds of the bandwidth;
+//! - **put, get and atomics** (`am_core::Transport::put`/`get`/`atomic`): `Node::put` and
+//!   `Node::get` are immediate operations too, one copy into or out of the target's registered
+//!   segment, complete when the call returns, with no notification; a remote atomic is the
+//!   NIC's read-modify-write on the target's memory, as the RMA unit writes a put (one atomic
+//!   instruction on the mapped word, no notification, no help from the target);
 //! - **AM Long**: the payload put into the target's segment, then the header over VELO
 //!   (flagged "wait for RMA"); the target runs the handler only once both the header and the
 //!   completer notification have arrived;
@@ -65,6 +75,12 @@
 //!   0.1 s. The RMA engine's thread never waits for ever either: it gives up a notification
 //!   when its target is lost or departed, or after 10 s without room.
 //!
+//! Environment ([`ExtollConfig::from_env`]): `EXTOLL_PACKET_SIZE` (VELO packet bytes, 64 or
+//! 128), `EXTOLL_MAILBOX_SLOTS` (mailbox slots, 1024 by default), `EXTOLL_MEDIUM` (`velo`,
+//! `rma` or `auto`), `EXTOLL_RMA_FROM` (the size from which `auto` uses RMA buffers, 512 B by
+//! default), `EXTOLL_RMA_BUFFERS` (RMA Medium buffers per connection, 16 by default),
+//! `EXTOLL_MAX_LONG` (the Long limit) and `EXTOLL_NOTIFY_SLOTS` (notification-queue slots).
+//!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
 //! let ranks = extoll_sim::Extoll::cluster(2, 1 << 16, extoll_sim::ExtollConfig::default()).unwrap();
@@ -88,15 +104,15 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
-//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`); it
-//! does not model VELO's own per-connection flow control (the shared mailbox is simply
-//! bounded, and the core's credits bound requests); it does not cut RMA Mediums into 4 KiB
-//! chunks as pscom does (a buffer holds a whole 8 KiB Medium); registered regions are fixed
-//! at start (no dynamic registration). A live rank that holds a claim it vouches for and
-//! never publishes stalls that queue (the receiver cannot tell it from a slow one, and
-//! skipping it would let its late writes land in the next lap's slot), as a stalled NIC
-//! would. A peer can forge well-formed messages in another rank's name: shared memory
-//! cannot say who wrote a word.
+//! What this crate does **not** do: it does not span hosts (the "network" is shared memory
+//! between the processes of one host); it does not model VELO's own per-connection flow control
+//! (the shared mailbox is simply bounded, and the core's credits bound requests); it does not
+//! cut RMA Mediums into 4 KiB chunks as pscom does (a buffer holds a whole 8 KiB Medium);
+//! registered regions are fixed at start (no dynamic registration). A live rank that holds a
+//! claim it vouches for and never publishes stalls that queue (the receiver cannot tell it from
+//! a slow one, and skipping it would let its late writes land in the next lap's slot), as a
+//! stalled NIC would. A peer can forge well-formed messages in another rank's name: shared
+//! memory cannot say who wrote a word.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
