@@ -41,9 +41,12 @@
 //!   coalesced implicit reply (`am_core::Capabilities::acks_coalesce`; not in the seed) lands in
 //!   the send slot of the latest request it answers and frees the slots of the earlier ones
 //!   to the same replier too: replies come in request order;
-//! - the **segment** is exposed through one entry (put and get, remote offsets): Long
-//!   payloads are put there before the header message, which is delivered with
-//!   `payload_placed`;
+//! - the **segment** is exposed through one entry (put and get, remote offsets): Long payloads
+//!   are put there before the header message, which is delivered with `payload_placed`.
+//!   `Node::put` and `Node::get` are a `PtlPut` and a `PtlGet` through that entry, straight
+//!   from and into the caller's buffer, done when the call returns; a remote atomic
+//!   (`PtlFetchAtomic`'s shape, [`ni::Nic::atomic`]) matches it as a get does and is one atomic
+//!   instruction on the word it maps to. The entry posts no event, so the target need not poll;
 //! - a dead peer is noticed as `PeerLost` within ~0.2 s of a wait without progress (pids
 //!   exchanged at start, as in `sci-sim`); a rank that ends cleanly marks itself departed;
 //! - **a dead claimer never wedges a receiver**: every claim that could strand the owner
@@ -62,6 +65,12 @@
 //!   it), repaired or skipped by the owner (which keeps its own copy of its portal table and
 //!   match lists, and checks the shared one when idle and after refusals), and the other
 //!   ranks' messages flow on.
+//!
+//! Environment ([`PortalsConfig::from_env`]): `PORTALS_REQUEST_BUFFERS` (chained request
+//! buffers, at least 3), `PORTALS_MAX_MESSAGE` (the largest AM message, 1024 B by default: a
+//! Medium payload of up to 80 bytes less), `PORTALS_SEND_SLOTS` (send slots per rank, 128 by
+//! default), `PORTALS_MAX_LONG` (the Long limit) and `PORTALS_REQUEST_BUFFER_BYTES` (a forced
+//! buffer size, for flow-control tests); the buffers are sized for `AM_CREDITS`.
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -86,19 +95,19 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
-//! What this crate does **not** do: it does not span hosts (the "network" is `/dev/shm`); it
-//! has no overflow list and no unexpected-message handling (the AM mapping never needs them);
-//! puts are not truncated (a put that does not fit an entry does not match it); locally
-//! managed offsets are claimed in 8-byte units; event queues never drop events the AM path
-//! depends on (a full queue refuses the put instead), but the courtesy events
-//! (`Send`/`Ack`/`Reply` at the initiator, `Unlink`) are skipped when their queue is full,
-//! since the state they announce is also kept in the entries. A peer that corrupts a rank's
-//! NI memory cannot make it fault, lend bytes outside a message's buffer or write outside
-//! the byte area, and is reported; but what is in flight while the corruption lasts may be
-//! lost or garbled (every peer can write the byte area, so no transport can keep a hostile
-//! peer from rewriting a message before it is read), and a peer that forges a consistent
-//! claim in a live rank's name (that rank's record and a claimed slot, together) holds the
-//! rank's event queue until that rank ends.
+//! What this crate does **not** do: it does not span hosts (the "network" is shared memory
+//! between the processes of one host); it has no overflow list and no unexpected-message
+//! handling (the AM mapping never needs them); puts are not truncated (a put that does not fit
+//! an entry does not match it); locally managed offsets are claimed in 8-byte units; event
+//! queues never drop events the AM path depends on (a full queue refuses the put instead), but
+//! the courtesy events (`Send`/`Ack`/`Reply` at the initiator, `Unlink`) are skipped when their
+//! queue is full, since the state they announce is also kept in the entries. A peer that
+//! corrupts a rank's NI memory cannot make it fault, lend bytes outside a message's buffer or
+//! write outside the byte area, and is reported; but what is in flight while the corruption
+//! lasts may be lost or garbled (every peer can write the byte area, so no transport can keep a
+//! hostile peer from rewriting a message before it is read), and a peer that forges a
+//! consistent claim in a live rank's name (that rank's record and a claimed slot, together)
+//! holds the rank's event queue until that rank ends.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
