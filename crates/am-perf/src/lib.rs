@@ -1,6 +1,7 @@
-//! Measurement and test tooling shared by the shared-memory transports (sci-sim, extoll-sim,
-//! portals-sim): their rank-test programs, criterion benches and multi-process tests measure
-//! and check the same things the same way, so the code that does it lives here once.
+//! Measurement and test tooling shared by the transports (above all the shared-memory ones,
+//! sci-sim, extoll-sim and portals-sim): their rank-test programs, criterion benches and
+//! multi-process tests measure and check the same things the same way, so the code that does
+//! it lives here once.
 //!
 //! - [`am`]: the AM handler table of the measurements, timed round trips and streams;
 //! - [`nic`]: the NIC alone, without the AM core: a Short request head and its reply through
@@ -10,9 +11,10 @@
 //! - [`launch`]: the multi-process tests' side: start a job, check what the ranks wrote;
 //! - [`mod@bench`]: the criterion groups every transport's bench shares.
 //!
-//! The crate also holds the tooling itself: the `sci-rank-test`, `extoll-rank-test` and
-//! `portals-rank-test` programs (`src/bin`), the NICs' criterion benches (`benches/`, run with
-//! `cargo bench -p am-perf --bench sci`) and their multi-process tests (`tests/`).
+//! The crate also holds the tooling itself: the `sci-rank-test`, `extoll-rank-test`,
+//! `portals-rank-test`, `loopback-rank-test` and `udp-rank-test` programs (`src/bin`), the
+//! NICs' criterion benches and udp's `udp_mac` (`benches/`, run with `cargo bench -p am-perf
+//! --bench sci`) and the multi-process tests (`tests/`, `kill_anywhere` among them).
 //!
 //! Not part of amnet's API (`publish = false`), and no library crate depends on it.
 
