@@ -5,8 +5,8 @@
 //! ([`am_bootstrap`]) and job launch ([`am_launch`]), names the transports
 //! ([`TransportKind`]), lets a program pick one at run time ([`AnyTransport`]), and starts a
 //! whole job in one call ([`run_job`]), however the program was started: as threads of this
-//! process, as one rank under `amrun` / `mpiexec` / `srun`, or by launching its own ranks
-//! (`--ranks N`).
+//! process, as one rank under `amrun` / `mpiexec` / `mpirun` / `srun`, or by launching its own
+//! ranks (`--ranks N`).
 //!
 //! ```no_run
 //! use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
