@@ -455,11 +455,9 @@ pub enum Credits {
 
 impl Default for Credits {
     /// 32 static credits per peer: a one-way flood is bounded by how many requests are in
-    /// flight while their credits travel back. Measured on two cores against 8 (the same
-    /// binaries, `AM_CREDITS=8` against 32): floods 1.14x (portals) to 1.46x (loopback)
-    /// faster, fine-grained RandomAccess (2^20 words) 1.18x to 1.36x; round trips unchanged
-    /// except sci's, 5% slower on the slow placement of the cores, where its slot per credit
-    /// costs (BENCHMARKS.md). Receive space grows with it (`receive_budget`).
+    /// flight while their credits travel back, so more credits keep more of them in flight
+    /// (BENCHMARKS.md has the floods and RandomAccess against 8). Receive space grows with
+    /// it (`receive_budget`).
     fn default() -> Self {
         Credits::Static(32)
     }
