@@ -205,7 +205,7 @@ pub struct Posted {
 /// giving `dest`'s segment: every word's cache line is fetched first, so that the misses
 /// overlap instead of each atomic instruction waiting for its own (a locked instruction does
 /// not overlap its miss with the next one). Every atomic is tried; the first error is
-/// returned, a refused word being [`SendError::Other`].
+/// returned, a refused word being [`SendError::Device`].
 pub fn apply_batch<'a>(
     batch: &[Posted],
     view: impl Fn(Rank) -> Result<SharedBytes<'a>, SendError>,
@@ -239,7 +239,7 @@ pub fn apply_batch<'a>(
 
 #[cold]
 fn refused(dest: Rank, offset: usize, e: Refused) -> SendError {
-    SendError::Other(format!("atomic at {offset} of rank {dest}: {e:?}"))
+    SendError::device(format!("atomic at {offset} of rank {dest}: {e:?}"))
 }
 
 /// What became of a batch of posted atomics ([`crate::Transport::atomics`]).
@@ -395,7 +395,7 @@ impl Atomic {
     }
 
     /// [`Atomic::apply`] as a transport does it on `dest`'s segment: a refused word is
-    /// [`SendError::Other`] naming the word and the rank.
+    /// [`SendError::Device`] naming the word and the rank.
     pub fn apply_to(
         &self,
         dest: Rank,
@@ -533,7 +533,7 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            matches!(&e, SendError::Other(m) if m.contains("at 64 of rank 0")),
+            matches!(&e, SendError::Device(d) if d.what().contains("at 64 of rank 0")),
             "{e:?}"
         );
         assert_eq!(view.load_u64(0).unwrap(), 7);

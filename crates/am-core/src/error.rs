@@ -1,6 +1,9 @@
 //! Errors of the AM core. Each says who is at fault: the caller (a wrong argument), a peer
 //! (it broke the protocol), or the job (a peer died, the transport failed).
 
+use std::fmt;
+use std::sync::Arc;
+
 use crate::types::{AmKind, Category, HandlerId, Rank, Route};
 use crate::wire::WireError;
 
@@ -78,8 +81,8 @@ pub enum AmError {
     /// The operation handle does not belong to a pending operation.
     #[error("unknown or already completed operation handle")]
     StaleHandle,
-    /// Another transport failure.
-    #[error("transport: {0}")]
+    /// Another failure of the NIC (its error, and what caused it, as the source).
+    #[error(transparent)]
     Transport(TransportError),
 }
 
@@ -188,23 +191,26 @@ pub enum StartError {
     Am(#[from] AmError),
 }
 
-/// Why a send did not happen.
+/// An error of a NIC, from a send or outside one: what went wrong ([`NicError::kind`]),
+/// whom it concerns ([`NicError::peer`]), and for a device failure the error underneath
+/// ([`std::error::Error::source`]), never flattened into a string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum SendError {
+pub enum NicError {
     /// The device has no room now (ring full, no free slot). Nothing was sent; try again later.
     #[error("device busy")]
     Busy,
-    /// The destination is gone.
+    /// A peer is gone.
     #[error("rank {0} was lost")]
     PeerLost(Rank),
-    /// The destination left the job cleanly: nothing it receives will be handled.
+    /// A peer left the job cleanly (closed its transport): nothing it receives will be
+    /// handled, and nothing will come from it any more. Not a failure of the job.
     #[error("rank {0} has left the job")]
     PeerDeparted(Rank),
     /// The message is larger than the transport can carry.
     #[error("message of {0} bytes too large for the transport")]
     TooLarge(usize),
-    /// The job is being torn down.
+    /// The job is being torn down (a rank panicked or the launcher aborted it).
     #[error("the job was aborted")]
     JobAborted,
     /// The destination is not a rank this transport can send to (outside the job).
@@ -218,33 +224,6 @@ pub enum SendError {
     /// the caller, which should have done it by messages.
     #[error("the NIC does no {0} of its own")]
     Unsupported(&'static str),
-    /// The device failed (its engine stopped, its memory could not be reached): nothing the
-    /// caller can retry.
-    #[error("{0}")]
-    Other(String),
-}
-
-/// A transport failure outside a send.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// A peer is gone.
-    #[error("rank {0} was lost")]
-    PeerLost(Rank),
-    /// A peer ended its part of the job cleanly (closed its transport): reported once per
-    /// peer. Not a failure of the job, but nothing will come from it any more.
-    #[error("rank {0} has left the job")]
-    PeerDeparted(Rank),
-    /// The device had no room, where the caller could not wait for it (a send from a path
-    /// that cannot retry). Nothing was sent.
-    #[error("device busy")]
-    Busy,
-    /// The job is being torn down (a rank panicked or the launcher aborted it).
-    #[error("the job was aborted")]
-    JobAborted,
-    /// The message is larger than the transport can carry.
-    #[error("message of {0} bytes too large for the transport")]
-    TooLarge(usize),
     /// A peer wrote something into memory or onto the wire that its protocol never produces
     /// (a corrupt length, stamp, head, tail, count or event). What it wrote was dropped or
     /// refused and the transport keeps working; `peer` is `None` where the word does not say
@@ -256,43 +235,143 @@ pub enum TransportError {
         /// What was wrong.
         what: String,
     },
-    /// See [`SendError::InvalidRank`].
-    #[error("rank {0} is not a rank of this job")]
-    InvalidRank(Rank),
-    /// See [`SendError::NoRequestToAnswer`].
-    #[error("a reply routed to {0:?}, which names no request to answer")]
-    NoRequestToAnswer(Route),
-    /// See [`SendError::Unsupported`].
-    #[error("the NIC does no {0} of its own")]
-    Unsupported(&'static str),
-    /// An I/O or device failure.
-    #[error("{0}")]
-    Io(String),
+    /// The device itself failed (its engine stopped, its memory or socket could not be
+    /// reached): nothing the caller can retry.
+    #[error(transparent)]
+    Device(Box<DeviceError>),
 }
 
-impl From<SendError> for TransportError {
-    fn from(e: SendError) -> Self {
-        match e {
-            SendError::PeerLost(r) => TransportError::PeerLost(r),
-            SendError::PeerDeparted(r) => TransportError::PeerDeparted(r),
-            SendError::JobAborted => TransportError::JobAborted,
-            SendError::TooLarge(n) => TransportError::TooLarge(n),
-            SendError::Busy => TransportError::Busy,
-            SendError::InvalidRank(r) => TransportError::InvalidRank(r),
-            SendError::NoRequestToAnswer(r) => TransportError::NoRequestToAnswer(r),
-            SendError::Unsupported(what) => TransportError::Unsupported(what),
-            SendError::Other(s) => TransportError::Io(s),
+/// The kinds of [`NicError`], for matching on what happened without its details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NicErrorKind {
+    /// [`NicError::Busy`].
+    Busy,
+    /// [`NicError::PeerLost`].
+    PeerLost,
+    /// [`NicError::PeerDeparted`].
+    PeerDeparted,
+    /// [`NicError::TooLarge`].
+    TooLarge,
+    /// [`NicError::JobAborted`].
+    JobAborted,
+    /// [`NicError::InvalidRank`].
+    InvalidRank,
+    /// [`NicError::NoRequestToAnswer`].
+    NoRequestToAnswer,
+    /// [`NicError::Unsupported`].
+    Unsupported,
+    /// [`NicError::PeerMisbehaved`].
+    PeerMisbehaved,
+    /// [`NicError::Device`].
+    Device,
+}
+
+impl NicError {
+    /// What happened, without the details.
+    pub fn kind(&self) -> NicErrorKind {
+        match self {
+            NicError::Busy => NicErrorKind::Busy,
+            NicError::PeerLost(_) => NicErrorKind::PeerLost,
+            NicError::PeerDeparted(_) => NicErrorKind::PeerDeparted,
+            NicError::TooLarge(_) => NicErrorKind::TooLarge,
+            NicError::JobAborted => NicErrorKind::JobAborted,
+            NicError::InvalidRank(_) => NicErrorKind::InvalidRank,
+            NicError::NoRequestToAnswer(_) => NicErrorKind::NoRequestToAnswer,
+            NicError::Unsupported(_) => NicErrorKind::Unsupported,
+            NicError::PeerMisbehaved { .. } => NicErrorKind::PeerMisbehaved,
+            NicError::Device(_) => NicErrorKind::Device,
         }
+    }
+
+    /// The rank the error is about, where it names one.
+    pub fn peer(&self) -> Option<Rank> {
+        match self {
+            NicError::PeerLost(r) | NicError::PeerDeparted(r) | NicError::InvalidRank(r) => {
+                Some(*r)
+            }
+            NicError::PeerMisbehaved { peer, .. } => *peer,
+            _ => None,
+        }
+    }
+
+    /// A device failure described by `what`.
+    #[cold]
+    pub fn device(what: impl Into<String>) -> NicError {
+        NicError::Device(Box::new(DeviceError {
+            what: what.into(),
+            source: None,
+        }))
+    }
+
+    /// A device failure described by `what`, caused by `source` (kept as the error's
+    /// [`source`](std::error::Error::source)).
+    #[cold]
+    pub fn device_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> NicError {
+        NicError::Device(Box::new(DeviceError {
+            what: what.into(),
+            source: Some(Arc::new(source)),
+        }))
     }
 }
 
+/// A failure of the device itself ([`NicError::Device`]): what failed, and the error
+/// underneath, if any, as its [`source`](std::error::Error::source).
+#[derive(Debug, Clone)]
+pub struct DeviceError {
+    what: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl DeviceError {
+    /// What failed.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for DeviceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Equal when they say the same: the same description, and sources that print the same.
+impl PartialEq for DeviceError {
+    fn eq(&self, other: &Self) -> bool {
+        self.what == other.what
+            && self.source.as_ref().map(|e| e.to_string())
+                == other.source.as_ref().map(|e| e.to_string())
+    }
+}
+
+impl Eq for DeviceError {}
+
+/// Why a send did not happen: a [`NicError`] (the same type; the name says where it came
+/// from).
+pub type SendError = NicError;
+
+/// A NIC's failure outside a send: a [`NicError`] (the same type).
+pub type TransportError = NicError;
+
 /// A send error as the AM error it becomes.
 pub(crate) fn send_err(e: SendError) -> AmError {
-    AmError::from(TransportError::from(e))
+    AmError::from(e)
 }
 
 /// A failed copy of bytes the checks already bounded: a transport's own fault.
 #[cold]
 pub(crate) fn shm_err(e: am_shm::ShmError) -> AmError {
-    AmError::Transport(TransportError::Io(e.to_string()))
+    AmError::Transport(NicError::device_from("a copy of checked bytes failed", e))
 }

@@ -45,7 +45,9 @@ pub use atomic::{AtomicOp, AtomicWord};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
-pub use error::{AmError, Misbehavior, StartError, TryRequestError};
+pub use error::{
+    AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
+};
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use handler::{HandlerInfo, Handlers, Msg, RegisterError};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};

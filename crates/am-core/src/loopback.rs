@@ -361,13 +361,13 @@ impl Tx for LoopbackTx {
 /// A view out of range: the rings were laid out wrongly (a bug here, not a peer's doing).
 #[cold]
 fn io(e: am_shm::ShmError) -> SendError {
-    SendError::Other(format!("loopback: {e}"))
+    SendError::device_from("loopback: a ring view out of range", e)
 }
 
 /// A record that does not fit where the sender placed it (a bug here).
 #[cold]
 fn outside() -> SendError {
-    SendError::Other("loopback: a record past its ring's end".into())
+    SendError::device("loopback: a record past its ring's end")
 }
 
 /// What the receiver keeps about the ring of one sender.

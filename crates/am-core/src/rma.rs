@@ -15,7 +15,7 @@ use crate::error::SendError;
 use crate::types::Rank;
 
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).
-/// The range outside the segment is [`SendError::Other`] naming `dest`.
+/// The range outside the segment is [`SendError::Device`] naming `dest`.
 pub fn put_into(
     dest: Rank,
     segment: SharedBytes<'_>,
@@ -28,7 +28,7 @@ pub fn put_into(
 }
 
 /// Copies `dst.len()` bytes at `offset` of `src`'s segment (`segment`, as this rank maps it)
-/// into `dst`. The range outside the segment is [`SendError::Other`] naming `src`.
+/// into `dst`. The range outside the segment is [`SendError::Device`] naming `src`.
 pub fn get_from(
     src: Rank,
     segment: SharedBytes<'_>,
@@ -43,9 +43,10 @@ pub fn get_from(
 
 #[cold]
 fn outside(rank: Rank, offset: usize, len: usize, e: am_shm::ShmError) -> SendError {
-    SendError::Other(format!(
-        "{len} bytes at {offset} of rank {rank}'s segment: {e}"
-    ))
+    SendError::device_from(
+        format!("{len} bytes at {offset} of rank {rank}'s segment"),
+        e,
+    )
 }
 
 #[cfg(test)]
@@ -73,7 +74,7 @@ mod tests {
         view.fill(0, 128, 0xee).unwrap();
         let e = put_into(3, view, 120, &[0; 9]).unwrap_err();
         assert!(
-            matches!(&e, SendError::Other(m) if m.contains("rank 3")),
+            matches!(&e, SendError::Device(d) if d.what().contains("rank 3")),
             "{e:?}"
         );
         assert!(
@@ -83,7 +84,7 @@ mod tests {
         let mut dst = [1u8; 2];
         let e = get_from(4, view, usize::MAX, &mut dst).unwrap_err();
         assert!(
-            matches!(&e, SendError::Other(m) if m.contains("rank 4")),
+            matches!(&e, SendError::Device(d) if d.what().contains("rank 4")),
             "{e:?}"
         );
     }

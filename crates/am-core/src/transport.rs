@@ -35,7 +35,7 @@ use std::time::Duration;
 pub use am_shm::SharedBytes;
 
 use crate::atomic::{each_posted, Atomic, Batch, Posted};
-pub use crate::error::{SendError, TransportError};
+pub use crate::error::{NicError, SendError, TransportError};
 use crate::types::Rank;
 pub use crate::types::Route;
 
@@ -350,7 +350,7 @@ pub trait Transport: Tx {
     /// the bounds and the alignment. It applies a blocking or non-blocking atomic on its own
     /// rank itself, but hands posted ones on its own rank to [`Transport::atomics`] with the
     /// rest, so such a NIC reaches its own segment too. A word the NIC still cannot reach is
-    /// [`SendError::Other`], a lost target [`SendError::PeerLost`].
+    /// [`SendError::Device`], a lost target [`SendError::PeerLost`].
     fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         let _ = (dest, offset, atomic);
         Err(SendError::Unsupported("atomics"))
@@ -373,35 +373,49 @@ pub trait Transport: Tx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::NicErrorKind;
     use crate::AmError;
 
-    /// Every send failure keeps its meaning as a transport error and as a core error:
-    /// nothing a caller can act on becomes an untyped string.
+    /// A NIC error keeps its meaning (its kind and its peer) as a core error, and a device
+    /// failure keeps its cause as the source: nothing a caller can act on becomes a string.
     #[test]
-    fn send_errors_stay_typed() {
+    fn nic_errors_stay_typed_and_keep_their_source() {
+        use std::error::Error;
         let cases = [
-            (SendError::Busy, TransportError::Busy),
-            (SendError::PeerLost(3), TransportError::PeerLost(3)),
-            (SendError::PeerDeparted(4), TransportError::PeerDeparted(4)),
-            (SendError::JobAborted, TransportError::JobAborted),
-            (SendError::TooLarge(9), TransportError::TooLarge(9)),
-            (SendError::InvalidRank(5), TransportError::InvalidRank(5)),
+            (NicError::Busy, NicErrorKind::Busy, None),
+            (NicError::PeerLost(3), NicErrorKind::PeerLost, Some(3)),
             (
-                SendError::NoRequestToAnswer(Route::new(3)),
-                TransportError::NoRequestToAnswer(Route::new(3)),
+                NicError::PeerDeparted(4),
+                NicErrorKind::PeerDeparted,
+                Some(4),
             ),
-            (SendError::Other("x".into()), TransportError::Io("x".into())),
+            (NicError::JobAborted, NicErrorKind::JobAborted, None),
+            (NicError::TooLarge(9), NicErrorKind::TooLarge, None),
+            (NicError::InvalidRank(5), NicErrorKind::InvalidRank, Some(5)),
+            (
+                NicError::NoRequestToAnswer(Route::new(3)),
+                NicErrorKind::NoRequestToAnswer,
+                None,
+            ),
+            (NicError::device("x"), NicErrorKind::Device, None),
         ];
-        for (send, transport) in cases {
-            assert_eq!(TransportError::from(send.clone()), transport, "{send:?}");
+        for (e, kind, peer) in cases {
+            assert_eq!((e.kind(), e.peer()), (kind, peer), "{e:?}");
         }
         assert_eq!(
-            AmError::from(TransportError::from(SendError::PeerDeparted(4))),
+            AmError::from(NicError::PeerDeparted(4)),
             AmError::PeerDeparted(4)
         );
+        assert_eq!(AmError::from(NicError::PeerLost(2)), AmError::PeerLost(2));
         assert_eq!(
-            AmError::from(TransportError::from(SendError::Busy)),
-            AmError::Transport(TransportError::Busy)
+            AmError::from(NicError::Busy),
+            AmError::Transport(NicError::Busy)
         );
+        let seg = am_shm::Segment::heap(0, 8).unwrap();
+        let cause = || seg.byte_area().read(4, &mut [0; 8]).unwrap_err();
+        let e = AmError::from(NicError::device_from("reading the ring", cause()));
+        assert_eq!(e.to_string(), "reading the ring");
+        let source = e.source().expect("the cause is the source");
+        assert_eq!(source.to_string(), cause().to_string());
     }
 }

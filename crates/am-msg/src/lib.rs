@@ -757,7 +757,7 @@ impl Messenger {
                     Err(TryRequestError::Failed(err)) => return Err(err.into()),
                     Err(other) => {
                         return Err(MsgError::Am(AmError::Transport(
-                            am_core::TransportError::Io(other.to_string()),
+                            am_core::TransportError::device_from("am-msg: a request failed", other),
                         )))
                     }
                 }

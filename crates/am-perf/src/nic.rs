@@ -95,7 +95,7 @@ pub fn rtt_threads<T: Transport + Send>(
 ) -> Result<Duration, TransportError> {
     let (mut t1, mut t0) = match (pair.pop(), pair.pop()) {
         (Some(t1), Some(t0)) if pair.is_empty() => (t1, t0),
-        _ => return Err(TransportError::Io("rtt_threads wants two ranks".into())),
+        _ => return Err(TransportError::device("rtt_threads wants two ranks")),
     };
     let heads = ShortHeads::new();
     std::thread::scope(|s| {
@@ -106,7 +106,7 @@ pub fn rtt_threads<T: Transport + Send>(
         }
         let elapsed = start.elapsed();
         peer.join()
-            .map_err(|_| TransportError::Io("the replying thread panicked".into()))??;
+            .map_err(|_| TransportError::device("the replying thread panicked"))??;
         Ok(elapsed)
     })
 }

@@ -65,12 +65,17 @@ fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
+/// A shared-memory access of this NIC's own layout that failed (its cause kept as the
+/// source).
+#[cold]
 fn shm(e: ShmError) -> SendError {
-    SendError::Other(format!("extoll: {e}"))
+    SendError::device_from("extoll: a shared-memory access out of the layout", e)
 }
 
-fn io(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Io(format!("extoll: {e}"))
+/// A failure of this rank's own device (its cause kept as the source).
+#[cold]
+fn io(e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
+    TransportError::device_from("extoll: the device failed", e)
 }
 
 /// A peer broke the protocol: `peer` where the word says who.
@@ -274,17 +279,17 @@ impl TxState {
                 self.pids.clone(),
                 self.engine_patience,
             )
-            .map_err(|e| SendError::Other(format!("extoll: starting the RMA engine: {e}")))?;
+            .map_err(|e| SendError::device_from("extoll: starting the RMA engine", e))?;
             self.engine = Some(e);
         }
         self.engine
             .as_ref()
-            .ok_or_else(|| SendError::Other("extoll: no RMA engine".into()))
+            .ok_or_else(|| SendError::device("extoll: no RMA engine"))
     }
 
     fn submit(&mut self, job: Job) -> Result<(), SendError> {
         if !self.engine()?.submit(job) {
-            return Err(SendError::Other("extoll: the RMA engine stopped".into()));
+            return Err(SendError::device("extoll: the RMA engine stopped"));
         }
         self.jobs += 1;
         Ok(())
@@ -940,7 +945,7 @@ impl Extoll {
 
     /// Polls the notification queue; true once `op`'s requester notification arrived. A put
     /// whose target was lost before it could be notified is [`TransportError::PeerLost`]; one
-    /// whose target never made room for the notification is [`TransportError::Io`] (the data
+    /// whose target never made room for the notification is [`TransportError::Device`] (the data
     /// landed in both cases, unannounced).
     pub fn rma_test(&mut self, op: RmaOp) -> Result<bool, TransportError> {
         self.drain_notes()?;
@@ -950,7 +955,7 @@ impl Extoll {
         match self.user_failed.remove(&op.id) {
             None => Ok(false),
             Some(kind::USER_LOST) => Err(TransportError::PeerLost(op.peer)),
-            Some(_) => Err(io(format!(
+            Some(_) => Err(TransportError::device(format!(
                 "rank {}'s notification queue stayed full: RMA put {} landed unannounced",
                 op.peer, op.id
             ))),
@@ -1884,7 +1889,7 @@ impl Extoll {
         peer.imp
             .byte_area()
             .slice(l.segment_base(), l.segment)
-            .map_err(|e| SendError::Other(format!("extoll: {e}")))
+            .map_err(shm)
     }
 }
 

@@ -351,8 +351,10 @@ pub struct Portals {
     departures: std::collections::VecDeque<Rank>,
 }
 
-fn io(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Io(format!("portals: {e}"))
+/// A failure of this rank's own device (its cause kept as the source).
+#[cold]
+fn io(e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
+    TransportError::device_from("portals: the device failed", e)
 }
 
 fn misbehaved(peer: Option<usize>, what: impl std::fmt::Display) -> TransportError {
@@ -387,7 +389,7 @@ impl TxState {
                 self.stats.refused += 1;
                 SendError::Busy
             }
-            other => SendError::Other(format!("portals: {other}")),
+            other => SendError::device_from("portals: a put failed", other),
         }
     }
 
@@ -401,8 +403,8 @@ impl TxState {
             return Err(SendError::PeerLost(dest));
         }
         if msg.head.len() < am_core::wire::BASE_HEADER_LEN {
-            return Err(SendError::Other(
-                "portals: a head shorter than the AM header".into(),
+            return Err(SendError::device(
+                "portals: a head shorter than the AM header",
             ));
         }
         if msg.long_offset.is_some() {
@@ -460,7 +462,7 @@ impl TxState {
     #[inline(never)]
     fn send_long(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
         let Some(off) = msg.long_offset else {
-            return Err(SendError::Other("portals: a Long without an offset".into()));
+            return Err(SendError::device("portals: a Long without an offset"));
         };
         let head = msg.head;
         if head.len() > self.config.max_message {
@@ -571,7 +573,7 @@ impl TxState {
             Outcome::Refused(f) => {
                 // Perhaps by a kept entry a peer had corrupted: the next walk reads afresh.
                 self.peers[dest as usize].seen.forget();
-                Err(SendError::Other(format!(
+                Err(SendError::device(format!(
                     "portals: rank {dest} matched no entry for {} (send slot {slot}): {f:?}",
                     if is_reply { "a reply" } else { "a request" }
                 )))
@@ -617,7 +619,7 @@ impl TxState {
             };
             let done = self.nic(d).put(self.rank, None, &args);
             if let Outcome::Refused(f) = done.map_err(|e| self.put_err(e))? {
-                return Err(SendError::Other(format!(
+                return Err(SendError::device(format!(
                     "portals: rank {dest}'s segment entry refused a Long payload: {f:?}"
                 )));
             }
@@ -1372,7 +1374,7 @@ impl Transport for Portals {
         };
         match self.tx.nic(d).put(self.tx.rank, None, &args) {
             Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
+            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
                 "portals: rank {dest}'s segment entry refused a put of {} bytes at {offset}: {f:?}",
                 data.len()
             ))),
@@ -1392,7 +1394,7 @@ impl Transport for Portals {
             .get(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst)
         {
             Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::Other(format!(
+            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
                 "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
             ))),
             Err(e) => Err(self.tx.put_err(e)),
@@ -1416,7 +1418,7 @@ impl Transport for Portals {
             .atomic(me, PT_SEGMENT, 0, offset as u64, &atomic)
         {
             Ok((Outcome::Done { .. }, old)) => Ok(old),
-            Ok((Outcome::Refused(f), _)) => Err(SendError::Other(format!(
+            Ok((Outcome::Refused(f), _)) => Err(SendError::device(format!(
                 "portals: rank {dest}'s segment entry refused an atomic at {offset}: {f:?}"
             ))),
             Err(e) => Err(self.tx.put_err(e)),

@@ -304,8 +304,11 @@ pub struct Sci {
     am_base: usize,
 }
 
+/// A shared-memory access of this NIC's own layout that failed (its cause kept as the
+/// source).
+#[cold]
 fn sci_err(e: am_shm::ShmError) -> SendError {
-    SendError::Other(format!("sci: {e}"))
+    SendError::device_from("sci: a shared-memory access out of the layout", e)
 }
 
 /// Writes the body of the slot at `base` as [`Slots::write`] lays it out (`[stamp][len]
@@ -630,10 +633,10 @@ impl TxState {
                 if use_dma {
                     if self.dma.engine.is_none() {
                         let Some(own) = self.peers.get(self.rank).cloned() else {
-                            return Err(SendError::Other("sci: no own segment".into()));
+                            return Err(SendError::device("sci: no own segment"));
                         };
                         let engine = Engine::start(own)
-                            .map_err(|e| SendError::Other(format!("sci: starting DMA: {e}")))?;
+                            .map_err(|e| SendError::device_from("sci: starting DMA", e))?;
                         self.dma.engine = Some(engine);
                         self.dma.free = (0..QUEUE_DEPTH)
                             .map(|_| Vec::with_capacity(self.config.max_long))
@@ -651,7 +654,7 @@ impl TxState {
                     };
                     let submitted = self.dma.engine.as_ref().is_some_and(|e| e.submit(job));
                     if !submitted {
-                        return Err(SendError::Other("sci: the DMA engine stopped".into()));
+                        return Err(SendError::device("sci: the DMA engine stopped"));
                     }
                     via_dma = true;
                 } else {
@@ -914,11 +917,7 @@ impl Sci {
     /// count written into each one's segment, so they ring again), and scans them.
     fn take_and_scan(&mut self) -> Result<(), TransportError> {
         self.stale_polls = 0;
-        let tags = self
-            .seg
-            .doorbell(MEF)
-            .map_err(|e| TransportError::Io(e.to_string()))?
-            .take_tags();
+        let tags = self.seg.doorbell(MEF).map_err(sci_err)?.take_tags();
         if tags == 0 {
             return Ok(());
         }
@@ -928,8 +927,7 @@ impl Sci {
             let at = self.tx.layout.taken(self.tx.rank);
             for (c, peer) in self.tx.peers.iter().enumerate() {
                 if tags & am_shm::doorbell::tag(c) != 0 {
-                    peer.store_word(at, self.takes)
-                        .map_err(|e| TransportError::Io(e.to_string()))?;
+                    peer.store_word(at, self.takes).map_err(sci_err)?;
                 }
             }
             // The count before the scan, against the sender's ready flag before its read of
@@ -939,8 +937,8 @@ impl Sci {
         }
         self.scan(tags)?;
         if !fenced {
-            return Err(TransportError::Io(
-                "sci: membarrier failed: a sender's message may be found late".into(),
+            return Err(TransportError::device(
+                "sci: membarrier failed: a sender's message may be found late",
             ));
         }
         Ok(())
@@ -1021,7 +1019,7 @@ impl Sci {
     /// advanced), to be delivered next among `c`'s.
     #[inline(always)]
     fn take_next(&mut self, c: usize) -> Result<Option<usize>, TransportError> {
-        let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
+        let io = sci_err;
         let p = self.tx.config.slots;
         let TxState { recv, dests, .. } = &mut self.tx;
         let Some(e) = recv.get_mut(c) else {
@@ -1048,7 +1046,7 @@ impl Sci {
     /// Like [`look`](Self::look), but reads every ready flag of the senders in `tags`: after
     /// a take, so a message a sender put where the protocol does not is still found.
     fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
-        let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
+        let io = sci_err;
         let p = self.tx.config.slots;
         // Reused buffer: a fresh array per scan would cost a memset per poll.
         let mut stamps = std::mem::take(&mut self.stamps);
@@ -1098,14 +1096,14 @@ impl Sci {
         if let Some((c, slot)) = self.work.pop_front() {
             return Ok(Some((c, slot, false)));
         }
-        let io = |e: am_shm::ShmError| TransportError::Io(e.to_string());
+        let io = sci_err;
         let tags = self.seg.doorbell(MEF).map_err(io)?.peek_tags();
         // Taking a message here keeps per-sender order (the queue is empty and the stamp is
         // the next one) and leaves the flag as it is. A message elsewhere has its sender's
         // tag on the flag.
         let (c, rep) = self.hint;
         let Some(e) = self.tx.recv.get(c) else {
-            return Err(TransportError::Io("sci: bad hint".into()));
+            return Err(TransportError::device("sci: bad hint"));
         };
         // With all its requests answered, `c`'s next request is likelier a lone one, restarted
         // at slot 0 (a round trip's) than one that crossed our last reply (in turn, left to
@@ -1402,10 +1400,7 @@ impl Transport for Sci {
         if !self.work.is_empty() {
             return Ok(());
         }
-        let bell = self
-            .seg
-            .doorbell(MEF)
-            .map_err(|e| TransportError::Io(e.to_string()))?;
+        let bell = self.seg.doorbell(MEF).map_err(sci_err)?;
         bell.sleep(timeout.min(LIVENESS_AFTER));
         Ok(())
     }

@@ -366,7 +366,7 @@ fn rewritten_head_words_are_put_back() {
     let n = head(AmKind::Short, 0, &mut h);
     assert!(matches!(
         c.try_send(1, &out(&h[..n], &[])),
-        Err(SendError::Other(_))
+        Err(SendError::Device(_))
     ));
     assert_eq!(c.tx.mailbox_head[1], 0);
     c.try_send(1, &out(&h[..n], &[])).unwrap();
@@ -709,7 +709,10 @@ fn the_engine_gives_up_on_a_never_draining_target() {
     let (mut a, b, c) = trio();
     a.tx.engine_patience = Duration::from_millis(200);
     let op = engine_waits_on_a_full_queue(&mut a, &c);
-    assert!(matches!(rma_result(&mut a, op), Err(TransportError::Io(_))));
+    assert!(matches!(
+        rma_result(&mut a, op),
+        Err(TransportError::Device(_))
+    ));
     assert_eq!(b.segment().slice(100, 8).unwrap().to_vec(), b"12345678");
     assert_eq!(b.puts_landed(0), 0);
 }
