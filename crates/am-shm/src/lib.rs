@@ -1,4 +1,5 @@
-//! Shared memory for amnet's simulated NICs: the workspace's only `unsafe` code.
+//! Shared memory for amnet's simulated NICs: the fenced `unsafe` code of the shared-memory
+//! boundary (am-pmix fences libpmix's; every other crate forbids `unsafe`).
 //!
 //! - [`Segment`]: a region named by job id (`/dev/shm/am-<job_id>-<name>`), created, opened and
 //!   removed by job, or backed by heap memory (so Miri and loom run the same code). A region

@@ -1,4 +1,4 @@
-//! The segment of one rank (`/dev/shm/am-<job>-extoll-<rank>`).
+//! The segment of one rank: an anonymous shared mapping its peers import.
 //!
 //! ```text
 //! word area (atomics only, one cache line each)

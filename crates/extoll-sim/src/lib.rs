@@ -42,8 +42,8 @@
 //!   once, straight into the target's registered region. It is still the engine's work, not handler code: the AM
 //!   layer only builds the descriptor, the handler never copies, and the target learns of the
 //!   data only from the engine's completer notification. The thread would only move the same
-//!   copy to another core; on this 2-core machine its wake-up (~4 µs) and the second copy out
-//!   of a staging area cost two thirds of the bandwidth;
+//!   copy to another core, paying its wake-up and a second copy out of a staging area
+//!   (BENCHMARKS.md has what that cost);
 //! - **put, get and atomics** (`am_core::Transport::put`/`get`/`atomic`): `Node::put` and
 //!   `Node::get` are immediate operations too, one copy into or out of the target's registered
 //!   segment, complete when the call returns, with no notification; a remote atomic is the

@@ -1,5 +1,5 @@
-//! The am-core conformance suite over the in-process EXTOLL cluster (real /dev/shm segments),
-//! with both packet sizes and both Medium paths.
+//! The am-core conformance suite over the in-process EXTOLL cluster (segments in heap memory,
+//! shared by the threads), with both packet sizes and both Medium paths.
 
 use extoll_sim::{Extoll, ExtollConfig, MediumPath};
 

@@ -143,7 +143,8 @@ pub struct SciConfig {
     /// ([`SciConfig::from_env`] follows `AM_CREDITS` when `SCI_SLOTS` is not set).
     pub slots: usize,
     /// Bytes per slot, including the 8-byte slot header and the AM header (the seed's 1 KiB,
-    /// which gives a Medium payload of up to 944 bytes).
+    /// which gives a Medium payload of up to 936 bytes: the slot less its header and a head
+    /// with 16 arguments).
     pub slot_size: usize,
     /// Long payloads of at least this many bytes go through the DMA engine; smaller ones by PIO.
     /// Default: `usize::MAX` (PIO always). Measured on this 2-core machine, the engine's extra

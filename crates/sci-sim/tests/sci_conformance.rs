@@ -1,4 +1,4 @@
-//! The am-core conformance suite over the in-process SCI cluster (real /dev/shm segments).
+//! The am-core conformance suite over the in-process SCI cluster (segments in heap memory, shared by the threads).
 
 fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
     sci_sim::Sci::cluster(ranks, segment_size, sci_sim::SciConfig::default()).expect("sci cluster")
