@@ -534,10 +534,7 @@ pub fn cluster(
     match kind {
         TransportKind::Loopback => Ok(Loopback::cluster(
             ranks,
-            LoopbackConfig {
-                segment_size,
-                ..LoopbackConfig::default()
-            },
+            LoopbackConfig::default().segment_size(segment_size),
         )
         .into_iter()
         .map(AnyTransport::Loopback)

@@ -15,10 +15,7 @@ fn opts(ranks: u32) -> JobOptions {
 }
 
 fn config() -> Config {
-    Config {
-        wait_mode: WaitMode::Block,
-        ..Config::default()
-    }
+    Config::default().wait_mode(WaitMode::Block)
 }
 
 /// Runs this test binary's `child` test in a fresh process with the scenario named; returns

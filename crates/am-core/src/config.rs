@@ -33,7 +33,11 @@ impl std::str::FromStr for WaitMode {
 }
 
 /// Configuration of a [`crate::Node`].
+///
+/// Built from the defaults or the environment, then changed by the setters named after the
+/// fields: `Config::default().wait_mode(WaitMode::Block).spin_polls(100)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static, 32
     /// per peer by default (at most 255 and at most the transport's `max_credits`), or dynamic.
@@ -100,6 +104,35 @@ impl Config {
             c.wait_mode = WaitMode::Block;
         }
         Ok(c)
+    }
+
+    /// The defaults, as [`Config::default`]; change them with the setters below.
+    pub fn new() -> Config {
+        Config::default()
+    }
+
+    /// With this credit policy.
+    pub fn credits(mut self, credits: Credits) -> Config {
+        self.credits = credits;
+        self
+    }
+
+    /// With this way of waiting.
+    pub fn wait_mode(mut self, wait_mode: WaitMode) -> Config {
+        self.wait_mode = wait_mode;
+        self
+    }
+
+    /// Spinning this many polls before yielding or blocking.
+    pub fn spin_polls(mut self, spin_polls: u32) -> Config {
+        self.spin_polls = spin_polls;
+        self
+    }
+
+    /// Blocking at most this long at a time in [`WaitMode::Block`].
+    pub fn block_timeout(mut self, block_timeout: Duration) -> Config {
+        self.block_timeout = block_timeout;
+        self
     }
 }
 

@@ -15,8 +15,10 @@ use crate::transport::{
 };
 use crate::types::Rank;
 
-/// Probabilities (0.0..=1.0) of each fault, per message sent.
+/// Probabilities (0.0..=1.0) of each fault, per message sent:
+/// `FaultConfig::default().seed(7).drop(0.1)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct FaultConfig {
     /// Seed of the fault generator.
     pub seed: u64,
@@ -40,6 +42,44 @@ impl Default for FaultConfig {
             delay: 0.0,
             max_delay: 4,
         }
+    }
+}
+
+impl FaultConfig {
+    /// The defaults (no faults), as [`FaultConfig::default`]; change them with the setters
+    /// below.
+    pub fn new() -> FaultConfig {
+        FaultConfig::default()
+    }
+
+    /// With this seed of the fault generator.
+    pub fn seed(mut self, seed: u64) -> FaultConfig {
+        self.seed = seed;
+        self
+    }
+
+    /// Discarding a message with this probability.
+    pub fn drop(mut self, drop: f64) -> FaultConfig {
+        self.drop = drop;
+        self
+    }
+
+    /// Sending a message twice with this probability.
+    pub fn duplicate(mut self, duplicate: f64) -> FaultConfig {
+        self.duplicate = duplicate;
+        self
+    }
+
+    /// Holding a message back with this probability.
+    pub fn delay(mut self, delay: f64) -> FaultConfig {
+        self.delay = delay;
+        self
+    }
+
+    /// Holding a delayed message back for at most this many later sends.
+    pub fn max_delay(mut self, max_delay: u32) -> FaultConfig {
+        self.max_delay = max_delay;
+        self
     }
 }
 

@@ -16,8 +16,9 @@ use crate::transport::{
 use crate::types::Rank;
 use crate::wire::{MAX_ARGS, MAX_HEAD_LEN};
 
-/// Settings of a [`Loopback`] cluster.
+/// Settings of a [`Loopback`] cluster: `LoopbackConfig::default().capacity(16)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LoopbackConfig {
     /// Messages one sender can have waiting in one receiver's queue (each ordered pair of
     /// ranks has its own ring); a full ring is device back-pressure ([`SendError::Busy`]).
@@ -38,6 +39,37 @@ impl Default for LoopbackConfig {
             max_medium: 64 << 10,
             max_long: 1 << 20,
         }
+    }
+}
+
+impl LoopbackConfig {
+    /// The defaults, as [`LoopbackConfig::default`]; change them with the setters below.
+    pub fn new() -> LoopbackConfig {
+        LoopbackConfig::default()
+    }
+
+    /// With rings of this many messages per ordered pair of ranks.
+    pub fn capacity(mut self, capacity: usize) -> LoopbackConfig {
+        self.capacity = capacity;
+        self
+    }
+
+    /// With segments of this many bytes.
+    pub fn segment_size(mut self, segment_size: usize) -> LoopbackConfig {
+        self.segment_size = segment_size;
+        self
+    }
+
+    /// With AM Medium payloads of at most this many bytes.
+    pub fn max_medium(mut self, max_medium: usize) -> LoopbackConfig {
+        self.max_medium = max_medium;
+        self
+    }
+
+    /// With AM Long payloads of at most this many bytes per message.
+    pub fn max_long(mut self, max_long: usize) -> LoopbackConfig {
+        self.max_long = max_long;
+        self
     }
 }
 

@@ -4,25 +4,16 @@
 use am_core::{Loopback, LoopbackConfig};
 
 fn roomy(ranks: u32, segment_size: usize) -> Vec<Loopback> {
-    Loopback::cluster(
-        ranks,
-        LoopbackConfig {
-            segment_size,
-            ..LoopbackConfig::default()
-        },
-    )
+    Loopback::cluster(ranks, LoopbackConfig::default().segment_size(segment_size))
 }
 
 fn tiny(ranks: u32, segment_size: usize) -> Vec<Loopback> {
-    Loopback::cluster(
-        ranks,
-        LoopbackConfig {
-            capacity: 2,
-            segment_size,
-            max_medium: 1024,
-            max_long: 4096,
-        },
-    )
+    let config = LoopbackConfig::default()
+        .capacity(2)
+        .segment_size(segment_size)
+        .max_medium(1024)
+        .max_long(4096);
+    Loopback::cluster(ranks, config)
 }
 
 mod roomy_device {

@@ -104,22 +104,14 @@ fn handlers(seen: &Rc<Seen>) -> Handlers {
 }
 
 fn cluster() -> Vec<Loopback> {
-    Loopback::cluster(
-        2,
-        LoopbackConfig {
-            segment_size: SEG,
-            ..LoopbackConfig::default()
-        },
-    )
+    Loopback::cluster(2, LoopbackConfig::default().segment_size(SEG))
 }
 
 fn start(t: Loopback) -> (Node<Loopback>, Rc<Seen>) {
     let seen = Rc::new(Seen::default());
-    let config = Config {
-        credits: am_core::Credits::Static(CREDITS),
-        wait_mode: WaitMode::Block,
-        ..Config::default()
-    };
+    let config = Config::default()
+        .credits(am_core::Credits::Static(CREDITS))
+        .wait_mode(WaitMode::Block);
     let node = Node::new(t, handlers(&seen), config).expect("node start");
     (node, seen)
 }

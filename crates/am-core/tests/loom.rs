@@ -32,12 +32,11 @@ fn medium(buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
 #[test]
 fn loom_ring_hands_over_across_its_end_and_wakes_a_sleeper() {
     am_shm::sync::model(2, || {
-        let config = LoopbackConfig {
-            capacity: 1,
-            segment_size: 64,
-            max_medium: BODY,
-            max_long: 64,
-        };
+        let config = LoopbackConfig::default()
+            .capacity(1)
+            .segment_size(64)
+            .max_medium(BODY)
+            .max_long(64);
         let mut v = Loopback::cluster(2, config);
         let mut rx = v.pop().unwrap();
         let mut tx = v.pop().unwrap();
@@ -88,12 +87,11 @@ fn loom_short_fast_path_and_wrap_wake_a_sleeper() {
     am_shm::sync::model(2, || {
         // A ring of 216 bytes (twice the largest record and a word); records end at most a
         // word before its end, at 208.
-        let config = LoopbackConfig {
-            capacity: 3,
-            segment_size: 64,
-            max_medium: BODY,
-            max_long: 64,
-        };
+        let config = LoopbackConfig::default()
+            .capacity(3)
+            .segment_size(64)
+            .max_medium(BODY)
+            .max_long(64);
         let mut v = Loopback::cluster(2, config);
         let mut rx = v.pop().unwrap();
         let mut tx = v.pop().unwrap();

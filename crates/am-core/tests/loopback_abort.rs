@@ -44,11 +44,9 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn config(credits: u32) -> Config {
-    Config {
-        credits: am_core::Credits::Static(credits),
-        wait_mode: WaitMode::Block,
-        ..Config::default()
-    }
+    Config::default()
+        .credits(am_core::Credits::Static(credits))
+        .wait_mode(WaitMode::Block)
 }
 
 /// Sets a flag if the thread holding it panics, so that a rank waiting for it stops waiting.

@@ -93,11 +93,9 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
             })
             .unwrap();
         handlers.reply(REP, "rep", AmKind::Short, |_| {}).unwrap();
-        let config = Config {
-            credits: am_core::Credits::Static(2),
-            wait_mode: WaitMode::Block,
-            ..Config::default()
-        };
+        let config = Config::default()
+            .credits(am_core::Credits::Static(2))
+            .wait_mode(WaitMode::Block);
         let rank = t.rank();
         let t = Losing {
             inner: t,
@@ -194,12 +192,10 @@ fn a_loss_found_while_waiting_counts_too() {
         handlers
             .request(REQ, "req", AmKind::Short, |_, _| {})
             .unwrap();
-        let config = Config {
-            credits: am_core::Credits::Static(1),
-            wait_mode: WaitMode::Block,
-            spin_polls: 0,
-            ..Config::default()
-        };
+        let config = Config::default()
+            .credits(am_core::Credits::Static(1))
+            .wait_mode(WaitMode::Block)
+            .spin_polls(0);
         let rank = t.rank();
         let t = Losing {
             inner: t,

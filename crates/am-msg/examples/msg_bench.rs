@@ -226,13 +226,7 @@ fn main() -> anyhow::Result<()> {
         match name {
             "loopback" => run(
                 name,
-                am_core::Loopback::cluster(
-                    2,
-                    am_core::LoopbackConfig {
-                        segment_size: seg,
-                        ..Default::default()
-                    },
-                ),
+                am_core::Loopback::cluster(2, am_core::LoopbackConfig::default().segment_size(seg)),
                 quick,
                 true,
             ),

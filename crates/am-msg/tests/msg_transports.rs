@@ -29,10 +29,7 @@ where
     am_core::run_ranks(transports, |t| {
         let mut handlers = Handlers::new();
         let msg = Messenger::new(&mut handlers, HandlerId(200), config).expect("messenger");
-        let config = Config {
-            wait_mode: wait,
-            ..Config::default()
-        };
+        let config = Config::default().wait_mode(wait);
         let mut node = Node::new(t, handlers, config).expect("node");
         {
             let seg = node.segment();
@@ -363,10 +360,7 @@ macro_rules! transport_tests {
 
 transport_tests!(loopback, |n, seg| am_core::Loopback::cluster(
     n,
-    am_core::LoopbackConfig {
-        segment_size: seg,
-        ..Default::default()
-    }
+    am_core::LoopbackConfig::default().segment_size(seg)
 ));
 transport_tests!(sci, |n, seg| sci_sim::Sci::cluster(
     n,

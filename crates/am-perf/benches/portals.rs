@@ -13,7 +13,7 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 
-use am_core::{Config, Credits, Node};
+use am_core::{Credits, Node};
 use am_perf::am::{self, FLOOD_SHORT, LONG};
 use am_perf::bench::{self as perf, MIB};
 use am_perf::PEER;
@@ -24,10 +24,7 @@ use std::cell::Cell;
 /// Runs `f` on rank 0 of a two-rank cluster, with the AM credits of `pc` on both ranks.
 fn with_pair(pc: PortalsConfig, f: impl FnOnce(&mut Node<Portals>, &Cell<u64>)) {
     let ranks = Portals::cluster(2, 2 * MIB, pc).expect("cluster");
-    let config = Config {
-        credits: pc.credits,
-        ..perf::spin_config()
-    };
+    let config = perf::spin_config().credits(pc.credits);
     perf::with_pair(ranks, config, f);
 }
 

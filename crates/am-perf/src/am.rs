@@ -133,10 +133,7 @@ pub fn self_round_trips<T: Transport>(
         }
         "am" | "medium" | "flood" => {
             let replies = Rc::new(Cell::new(0u64));
-            let config = am_core::Config {
-                wait_mode: am_core::WaitMode::Spin,
-                ..Default::default()
-            };
+            let config = am_core::Config::default().wait_mode(am_core::WaitMode::Spin);
             let mut node = Node::new(transport, handlers(&replies)?, config)?;
             let me = node.rank();
             // `medium`: a Medium of SELFRT_BYTES (512) echoed back (copied both ways).

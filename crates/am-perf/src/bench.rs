@@ -18,10 +18,7 @@ pub const MIB: usize = 1 << 20;
 
 /// The AM configuration of the benches: the default, spinning.
 pub fn spin_config() -> Config {
-    Config {
-        wait_mode: WaitMode::Spin,
-        ..Config::default()
-    }
+    Config::default().wait_mode(WaitMode::Spin)
 }
 
 /// Runs `f` on rank 0 of `pair` (ranks 0 and 1 of one cluster, [`am::handlers`] on both)

@@ -606,10 +606,7 @@ fn am_pingpong(n: usize) -> Res<f64> {
                 let _ = token.reply_short(PONG, msg.args());
             })?;
             h.reply(PONG, "pong", AmKind::Short, move |msg| g.set(msg.args()[0]))?;
-            let config = Config {
-                wait_mode: WaitMode::Spin,
-                ..Config::default()
-            };
+            let config = Config::default().wait_mode(WaitMode::Spin);
             let mut node = Node::new(t, h, config)?;
             let mut times = Vec::with_capacity(n);
             if node.rank() == 0 {

@@ -92,7 +92,7 @@
 //!     let got = std::rc::Rc::new(std::cell::Cell::new(0));
 //!     let g = got.clone();
 //!     h.reply(HandlerId(2), "pong", AmKind::Short, move |m| g.set(m.args()[0])).unwrap();
-//!     let cfg = Config { wait_mode: WaitMode::Block, ..Config::default() };
+//!     let cfg = Config::default().wait_mode(WaitMode::Block);
 //!     let mut node = Node::new(t, h, cfg).unwrap();
 //!     if node.rank() == 0 {
 //!         node.request_short(1, HandlerId(1), &[]).unwrap();

@@ -51,10 +51,7 @@ fn exchange(
 ) -> Vec<(u32, u32, transport_udp::Stats, u64)> {
     am_core::run_ranks(transports, |t| {
         let seen = Rc::new(Seen::default());
-        let config = Config {
-            credits: am_core::Credits::Static(credits),
-            ..Config::default()
-        };
+        let config = Config::default().credits(am_core::Credits::Static(credits));
         let mut node = Node::new(t, handlers(&seen), config).unwrap();
         let peer = 1 - node.rank();
         let payload = vec![0u8; 3000];
@@ -124,11 +121,9 @@ fn four_credits_receiver_paused_half_the_timeout_then_everything_delivered() {
     let transports = Udp::cluster(2, 1 << 16, config).unwrap();
     let results = am_core::run_ranks(transports, |t| {
         let seen = Rc::new(Seen::default());
-        let config = Config {
-            credits: am_core::Credits::Static(4),
-            wait_mode: WaitMode::Block,
-            ..Config::default()
-        };
+        let config = Config::default()
+            .credits(am_core::Credits::Static(4))
+            .wait_mode(WaitMode::Block);
         let mut node = Node::new(t, handlers(&seen), config).unwrap();
         let start = Instant::now();
         if node.rank() == 0 {

@@ -226,10 +226,7 @@ fn hostile_datagrams_change_nothing_during_a_run() {
                 s2.borrow_mut().push(msg.args()[0])
             })
             .unwrap();
-            let config = Config {
-                wait_mode: WaitMode::Block,
-                ..Config::default()
-            };
+            let config = Config::default().wait_mode(WaitMode::Block);
             let mut node = Node::new(t, h, config).unwrap();
             let mut sent = 0u32;
             if node.rank() == 0 {
@@ -314,10 +311,7 @@ fn payloads_are_not_readable_on_the_wire() {
                 g.borrow_mut().extend_from_slice(msg.payload())
             })
             .unwrap();
-            let config = Config {
-                wait_mode: WaitMode::Block,
-                ..Config::default()
-            };
+            let config = Config::default().wait_mode(WaitMode::Block);
             let mut node = Node::new(t, h, config).unwrap();
             if node.rank() == 0 {
                 node.request_medium(1, MARKED, &[], marker).unwrap();
