@@ -37,10 +37,7 @@ fn latency(c: &mut Criterion) {
         },
     );
     for (name, medium) in [("velo", MediumPath::Velo), ("rma", MediumPath::Rma)] {
-        let x = ExtollConfig {
-            medium,
-            ..ExtollConfig::default()
-        };
+        let x = ExtollConfig::default().medium(medium);
         with_pair(pair(x), perf::spin_config(), |node, count| {
             for size in [64usize, 512, 2048, 8192] {
                 let data = vec![7u8; size];

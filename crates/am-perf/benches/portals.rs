@@ -66,10 +66,7 @@ fn hot(c: &mut Criterion) {
         ("static8", Credits::Static(8)),
         ("dynamic", Credits::DYNAMIC),
     ] {
-        let pc = PortalsConfig {
-            credits,
-            ..PortalsConfig::default()
-        };
+        let pc = PortalsConfig::default().credits(credits);
         with_pair(pc, |node, _count| {
             g.bench_function(
                 BenchmarkId::new("portals", name),

@@ -40,11 +40,7 @@ fn latency(c: &mut Criterion) {
         ("one-copy", MediumStrategy::OneCopy),
     ] {
         // 1 KiB of payload needs a slot of 1 KiB + headers.
-        let sci = SciConfig {
-            slot_size: 1152,
-            medium,
-            ..SciConfig::default()
-        };
+        let sci = SciConfig::default().slot_size(1152).medium(medium);
         with_pair(pair(sci), perf::spin_config(), |node, count| {
             let data = vec![7u8; 1024];
             g.bench_function(
@@ -59,10 +55,7 @@ fn latency(c: &mut Criterion) {
 fn bandwidth(c: &mut Criterion) {
     let mut g = perf::bw_group(c);
     for (name, threshold) in [("pio", usize::MAX), ("dma", 64 << 10)] {
-        let sci = SciConfig {
-            dma_threshold: threshold,
-            ..SciConfig::default()
-        };
+        let sci = SciConfig::default().dma_threshold(threshold);
         with_pair(pair(sci), perf::spin_config(), |node, _count| {
             let data = vec![3u8; MIB];
             g.bench_function(

@@ -113,6 +113,9 @@
 //! a slow one, and skipping it would let its late writes land in the next lap's slot), as a
 //! stalled NIC would. A peer can forge well-formed messages in another rank's name: shared
 //! memory cannot say who wrote a word.
+//!
+//! [`ExtollConfig::packet_size`]: field@ExtollConfig::packet_size
+//! [`ExtollConfig::rma_buffers`]: field@ExtollConfig::rma_buffers
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -149,7 +152,11 @@ pub enum MediumPath {
 pub const DEFAULT_RMA_FROM: usize = 512;
 
 /// Settings of the EXTOLL NIC. All ranks of a job must use the same geometry.
+///
+/// Change the defaults with the setters named after the fields:
+/// `ExtollConfig::default().packet_size(128).medium(MediumPath::Velo)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExtollConfig {
     /// Bytes per VELO packet, status word included: 64 (the seed's FPGA) or 128.
     pub packet_size: usize,
@@ -177,6 +184,49 @@ impl Default for ExtollConfig {
             max_long: 1 << 20,
             notify_slots: 1024,
         }
+    }
+}
+
+impl ExtollConfig {
+    /// The defaults, as [`ExtollConfig::default`]; change them with the setters below.
+    pub fn new() -> ExtollConfig {
+        ExtollConfig::default()
+    }
+
+    /// With VELO packets of this many bytes (64 or 128).
+    pub fn packet_size(mut self, packet_size: usize) -> ExtollConfig {
+        self.packet_size = packet_size;
+        self
+    }
+
+    /// With this many mailbox slots per rank.
+    pub fn mailbox_slots(mut self, mailbox_slots: usize) -> ExtollConfig {
+        self.mailbox_slots = mailbox_slots;
+        self
+    }
+
+    /// With AM Mediums carried this way.
+    pub fn medium(mut self, medium: MediumPath) -> ExtollConfig {
+        self.medium = medium;
+        self
+    }
+
+    /// With this many RMA Medium buffers per connection (1..=16).
+    pub fn rma_buffers(mut self, rma_buffers: usize) -> ExtollConfig {
+        self.rma_buffers = rma_buffers;
+        self
+    }
+
+    /// With Long payloads of at most this many bytes per message.
+    pub fn max_long(mut self, max_long: usize) -> ExtollConfig {
+        self.max_long = max_long;
+        self
+    }
+
+    /// With this many notification queue slots per rank.
+    pub fn notify_slots(mut self, notify_slots: usize) -> ExtollConfig {
+        self.notify_slots = notify_slots;
+        self
     }
 }
 

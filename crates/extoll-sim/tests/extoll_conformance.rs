@@ -21,11 +21,10 @@ am_core::nic_rma_tests!(cluster);
 mod velo_128 {
     //! Every Medium over VELO, in 128-byte packets.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {
-        super::with(super::ExtollConfig {
-            packet_size: 128,
-            medium: super::MediumPath::Velo,
-            ..super::ExtollConfig::default()
-        })(ranks, segment_size)
+        let config = super::ExtollConfig::default()
+            .packet_size(128)
+            .medium(super::MediumPath::Velo);
+        super::with(config)(ranks, segment_size)
     }
     am_core::conformance_tests!(cluster);
 }
@@ -34,11 +33,10 @@ mod rma_64 {
     //! Every Medium RMA-buffered (pscom's plugin), with the seed geometry's 64-byte packets
     //! and few buffers so back-pressure and acks are exercised.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<super::Extoll> {
-        super::with(super::ExtollConfig {
-            medium: super::MediumPath::Rma,
-            rma_buffers: 2,
-            ..super::ExtollConfig::default()
-        })(ranks, segment_size)
+        let config = super::ExtollConfig::default()
+            .medium(super::MediumPath::Rma)
+            .rma_buffers(2);
+        super::with(config)(ranks, segment_size)
     }
     am_core::conformance_tests!(cluster);
 }

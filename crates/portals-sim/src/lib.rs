@@ -120,10 +120,14 @@ use am_core::Credits;
 pub use transport::{Layout, Portals, Stats};
 
 /// Settings of the Portals NIC and of the AM mapping. All ranks of a job must use the same.
+///
+/// Change the defaults with the setters named after the fields:
+/// `PortalsConfig::default().send_slots(16).max_message(2048)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PortalsConfig {
     /// The credit policy the receive buffers are sized for (`AM_CREDITS`): they hold
-    /// [`Credits::receive_budget`] requests of [`max_message`](Self::max_message) bytes.
+    /// [`Credits::receive_budget`] requests of [`max_message`](field@Self::max_message) bytes.
     pub credits: Credits,
     /// Chained request receive buffers (locally managed entries), at least 3.
     pub request_buffers: usize,
@@ -150,6 +154,53 @@ impl Default for PortalsConfig {
             max_long: 1 << 20,
             request_buffer_bytes: None,
         }
+    }
+}
+
+impl PortalsConfig {
+    /// The defaults, as [`PortalsConfig::default`]; change them with the setters below.
+    pub fn new() -> PortalsConfig {
+        PortalsConfig::default()
+    }
+
+    /// With receive buffers sized for this credit policy.
+    pub fn credits(mut self, credits: Credits) -> PortalsConfig {
+        self.credits = credits;
+        self
+    }
+
+    /// With this many chained request receive buffers (at least 3).
+    pub fn request_buffers(mut self, request_buffers: usize) -> PortalsConfig {
+        self.request_buffers = request_buffers;
+        self
+    }
+
+    /// With AM messages of at most this many bytes, head and Medium payload together.
+    pub fn max_message(mut self, max_message: usize) -> PortalsConfig {
+        self.max_message = max_message;
+        self
+    }
+
+    /// With this many send slots per rank.
+    pub fn send_slots(mut self, send_slots: usize) -> PortalsConfig {
+        self.send_slots = send_slots;
+        self
+    }
+
+    /// With Long payloads of at most this many bytes per message.
+    pub fn max_long(mut self, max_long: usize) -> PortalsConfig {
+        self.max_long = max_long;
+        self
+    }
+
+    /// With request buffers of this many bytes (`None`: from the credit budget). Named
+    /// `with_` because [`request_buffer_bytes`](method@Self::request_buffer_bytes) computes them.
+    pub fn with_request_buffer_bytes(
+        mut self,
+        request_buffer_bytes: Option<usize>,
+    ) -> PortalsConfig {
+        self.request_buffer_bytes = request_buffer_bytes;
+        self
     }
 }
 

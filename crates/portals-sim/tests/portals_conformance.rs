@@ -16,10 +16,7 @@ mod dynamic {
     //! Receive buffers sized for dynamic credits (the suite's nodes use static ones, so the
     //! all-to-all may outrun the smaller budget: flow control then refuses and resends).
     fn cluster(ranks: u32, segment_size: usize) -> Vec<portals_sim::Portals> {
-        let config = portals_sim::PortalsConfig {
-            credits: am_core::Credits::DYNAMIC,
-            ..portals_sim::PortalsConfig::default()
-        };
+        let config = portals_sim::PortalsConfig::default().credits(am_core::Credits::DYNAMIC);
         portals_sim::Portals::cluster(ranks, segment_size, config).expect("portals cluster")
     }
     am_core::conformance_tests!(cluster);
@@ -29,11 +26,9 @@ mod tiny_buffers {
     //! Request buffers far below the budget: every check runs through "entry disabled",
     //! recovery and resending.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<portals_sim::Portals> {
-        let config = portals_sim::PortalsConfig {
-            request_buffer_bytes: Some(1024),
-            send_slots: 16,
-            ..portals_sim::PortalsConfig::default()
-        };
+        let config = portals_sim::PortalsConfig::default()
+            .with_request_buffer_bytes(Some(1024))
+            .send_slots(16);
         portals_sim::Portals::cluster(ranks, segment_size, config).expect("portals cluster")
     }
     am_core::conformance_tests!(cluster);

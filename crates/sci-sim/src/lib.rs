@@ -114,6 +114,8 @@
 //! one-sided get and the remote atomics are the only ones), and it does not survive a peer that
 //! deliberately corrupts its segment beyond what the checks catch (lengths, slot indices and
 //! offsets are checked; a corrupt message is an error for that message).
+//!
+//! [`SciConfig::dma_threshold`]: field@SciConfig::dma_threshold
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -136,7 +138,11 @@ pub enum MediumStrategy {
 }
 
 /// Settings of the SCI NIC. All ranks of a job must use the same geometry.
+///
+/// Change the defaults with the setters named after the fields:
+/// `SciConfig::default().slots(4).medium(MediumStrategy::OneCopy)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SciConfig {
     /// Request slots per sender (and as many reply slots); also the most credits per peer.
     /// 1..=64. The seed uses 2; the default is 32, the core's default credits
@@ -169,6 +175,43 @@ impl Default for SciConfig {
             max_long: 1 << 20,
             medium: MediumStrategy::TwoTransfers,
         }
+    }
+}
+
+impl SciConfig {
+    /// The defaults, as [`SciConfig::default`]; change them with the setters below.
+    pub fn new() -> SciConfig {
+        SciConfig::default()
+    }
+
+    /// With this many request slots per sender (1..=64).
+    pub fn slots(mut self, slots: usize) -> SciConfig {
+        self.slots = slots;
+        self
+    }
+
+    /// With slots of this many bytes, headers included.
+    pub fn slot_size(mut self, slot_size: usize) -> SciConfig {
+        self.slot_size = slot_size;
+        self
+    }
+
+    /// Sending Long payloads of at least this many bytes through the DMA engine.
+    pub fn dma_threshold(mut self, dma_threshold: usize) -> SciConfig {
+        self.dma_threshold = dma_threshold;
+        self
+    }
+
+    /// With Long payloads of at most this many bytes per message.
+    pub fn max_long(mut self, max_long: usize) -> SciConfig {
+        self.max_long = max_long;
+        self
+    }
+
+    /// With this Medium strategy.
+    pub fn medium(mut self, medium: MediumStrategy) -> SciConfig {
+        self.medium = medium;
+        self
     }
 }
 

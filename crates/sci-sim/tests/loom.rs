@@ -23,11 +23,7 @@ fn short(buf: &mut [u8; MAX_HEAD_LEN]) -> usize {
 #[test]
 fn loom_take_count_suppression_never_loses_a_message() {
     am_shm::sync::model(2, || {
-        let config = SciConfig {
-            slots: 2,
-            slot_size: 128,
-            ..SciConfig::default()
-        };
+        let config = SciConfig::default().slots(2).slot_size(128);
         let mut v = Sci::cluster(2, 64, config).unwrap();
         let mut rx = v.pop().unwrap();
         let mut tx = v.pop().unwrap();

@@ -13,11 +13,9 @@ am_core::nic_rma_tests!(cluster);
 mod dma {
     //! The same suite with every Long through the DMA engine and one-copy Mediums.
     fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
-        let config = sci_sim::SciConfig {
-            dma_threshold: 1,
-            medium: sci_sim::MediumStrategy::OneCopy,
-            ..sci_sim::SciConfig::default()
-        };
+        let config = sci_sim::SciConfig::default()
+            .dma_threshold(1)
+            .medium(sci_sim::MediumStrategy::OneCopy);
         sci_sim::Sci::cluster(ranks, segment_size, config).expect("sci cluster")
     }
     am_core::conformance_tests!(cluster);

@@ -194,7 +194,7 @@ fn memory() -> Res {
     println!("ranks  credits         budget  request buffers   event queue   send slots");
     for ranks in [16u32, 256, 1024] {
         for credits in [st, dy] {
-            let c = PortalsConfig { credits, ..base };
+            let c = base.credits(credits);
             let m = c.memory(ranks);
             println!(
                 "{ranks:>5}  {:<14} {:>7}  {:>11.2} MiB  {:>8.2} MiB  {:>7.2} MiB",
