@@ -13,7 +13,11 @@ pub const MAX_MTU: usize = 65507;
 pub const MIN_MTU: usize = 576;
 
 /// Settings of the UDP transport.
+///
+/// Change the defaults with the setters named after the fields:
+/// `UdpConfig::default().max_long(1 << 20).port_base(Some(7000))`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UdpConfig {
     /// Protocol tunables: datagram size (`AM_UDP_MTU`), peer timeout (`AM_PEER_TIMEOUT_MS`),
     /// retransmission timers, queue size. `max_message` is derived from the limits below.
@@ -64,6 +68,79 @@ impl Default for UdpConfig {
             linger: Duration::from_secs(5),
             faults: None,
         }
+    }
+}
+
+impl UdpConfig {
+    /// The defaults, as [`UdpConfig::default`]; change them with the setters below.
+    pub fn new() -> UdpConfig {
+        UdpConfig::default()
+    }
+
+    /// With these protocol tunables.
+    pub fn engine(mut self, engine: EngineConfig) -> UdpConfig {
+        self.engine = engine;
+        self
+    }
+
+    /// With AM Medium payloads of at most this many bytes.
+    pub fn max_medium(mut self, max_medium: usize) -> UdpConfig {
+        self.max_medium = max_medium;
+        self
+    }
+
+    /// With AM Long payloads of at most this many bytes per message.
+    pub fn max_long(mut self, max_long: usize) -> UdpConfig {
+        self.max_long = max_long;
+        self
+    }
+
+    /// Binding this interface.
+    pub fn bind(mut self, bind: IpAddr) -> UdpConfig {
+        self.bind = bind;
+        self
+    }
+
+    /// Announcing this address to the peers when `bind` is unspecified.
+    pub fn advertise(mut self, advertise: Option<IpAddr>) -> UdpConfig {
+        self.advertise = advertise;
+        self
+    }
+
+    /// With rank r on port `port_base + r` (`None`: an ephemeral port).
+    pub fn port_base(mut self, port_base: Option<u16>) -> UdpConfig {
+        self.port_base = port_base;
+        self
+    }
+
+    /// With this coordinator (`host:port`) for jobs without a key-value store.
+    pub fn coord(mut self, coord: Option<String>) -> UdpConfig {
+        self.coord = coord;
+        self
+    }
+
+    /// With this job key (`None`: rank 0 makes one).
+    pub fn key(mut self, key: Option<JobKey>) -> UdpConfig {
+        self.key = key;
+        self
+    }
+
+    /// Asking the kernel for socket buffers of this many bytes.
+    pub fn socket_buffer(mut self, socket_buffer: usize) -> UdpConfig {
+        self.socket_buffer = socket_buffer;
+        self
+    }
+
+    /// Retransmitting for at most this long when closing.
+    pub fn linger(mut self, linger: Duration) -> UdpConfig {
+        self.linger = linger;
+        self
+    }
+
+    /// Injecting these datagram faults (a testing aid; `None`: none).
+    pub fn faults(mut self, faults: Option<am_core::FaultConfig>) -> UdpConfig {
+        self.faults = faults;
+        self
     }
 }
 

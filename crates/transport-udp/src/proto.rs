@@ -26,6 +26,9 @@
 //!   count.
 //!
 //! Every datagram is authenticated ([`crate::wire`]) and checked before any state changes.
+//!
+//! [`EngineConfig::ack_delay`]: field@EngineConfig::ack_delay
+//! [`EngineConfig::peer_timeout`]: field@EngineConfig::peer_timeout
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -67,7 +70,11 @@ const POOL_MAX: usize = 1024;
 const FENCE_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Tunables of the protocol.
+///
+/// Change the defaults with the setters named after the fields:
+/// `EngineConfig::default().mtu(9000).peer_timeout(Duration::from_secs(5))`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// Largest datagram (UDP payload) in bytes, header and MAC included.
     pub mtu: usize,
@@ -87,6 +94,8 @@ pub struct EngineConfig {
     /// further to a sixteenth of [`EngineConfig::peer_timeout`] (see
     /// [`EngineConfig::rto_ceiling`]), so that at least sixteen retransmissions fit in the time
     /// after which unacknowledged data condemns a peer.
+    ///
+    /// [`EngineConfig::peer_timeout`]: field@EngineConfig::peer_timeout
     pub max_rto: Duration,
     /// Longest delay of a standalone acknowledgement.
     pub ack_delay: Duration,
@@ -108,6 +117,61 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The defaults, as [`EngineConfig::default`]; change them with the setters below.
+    pub fn new() -> EngineConfig {
+        EngineConfig::default()
+    }
+
+    /// With datagrams of at most this many bytes, header and MAC included.
+    pub fn mtu(mut self, mtu: usize) -> EngineConfig {
+        self.mtu = mtu;
+        self
+    }
+
+    /// With messages of at most this many bytes, AM head and payload together.
+    pub fn max_message(mut self, max_message: usize) -> EngineConfig {
+        self.max_message = max_message;
+        self
+    }
+
+    /// With at most this many fragments waiting per peer.
+    pub fn send_queue(mut self, send_queue: usize) -> EngineConfig {
+        self.send_queue = send_queue;
+        self
+    }
+
+    /// Declaring a peer lost after it is silent this long.
+    pub fn peer_timeout(mut self, peer_timeout: Duration) -> EngineConfig {
+        self.peer_timeout = peer_timeout;
+        self
+    }
+
+    /// With this retransmission timeout before any round trip is measured.
+    pub fn initial_rto(mut self, initial_rto: Duration) -> EngineConfig {
+        self.initial_rto = initial_rto;
+        self
+    }
+
+    /// With a retransmission timeout of at least this.
+    pub fn min_rto(mut self, min_rto: Duration) -> EngineConfig {
+        self.min_rto = min_rto;
+        self
+    }
+
+    /// With a retransmission timeout of at most this, backoff included.
+    pub fn max_rto(mut self, max_rto: Duration) -> EngineConfig {
+        self.max_rto = max_rto;
+        self
+    }
+
+    /// Delaying a standalone acknowledgement at most this long.
+    pub fn ack_delay(mut self, ack_delay: Duration) -> EngineConfig {
+        self.ack_delay = ack_delay;
+        self
+    }
+}
+
+impl EngineConfig {
     /// Payload bytes per datagram.
     pub fn fragment_payload(&self) -> usize {
         self.mtu.saturating_sub(OVERHEAD).max(1)
@@ -118,6 +182,10 @@ impl EngineConfig {
     /// [`EngineConfig::min_rto`]. With a ceiling near the peer timeout only a few retransmissions
     /// fit before a stalled fragment condemns its peer: at 30% loss each way a round trip fails
     /// half the time, and nine rounds (a 2 s timeout, 500 ms ceiling) all fail one time in 400.
+    ///
+    /// [`EngineConfig::max_rto`]: field@EngineConfig::max_rto
+    /// [`EngineConfig::min_rto`]: field@EngineConfig::min_rto
+    /// [`EngineConfig::peer_timeout`]: field@EngineConfig::peer_timeout
     pub fn rto_ceiling(&self) -> Duration {
         self.max_rto.min(self.peer_timeout / 16).max(self.min_rto)
     }
@@ -586,6 +654,8 @@ impl Engine {
     /// Fails at once with [`SendError::PeerLost`] if `dest` was lost, [`SendError::PeerDeparted`]
     /// if it said goodbye, with [`SendError::TooLarge`] beyond [`EngineConfig::max_message`], and with
     /// [`SendError::Busy`] when the queue to `dest` is full (nothing was queued).
+    ///
+    /// [`EngineConfig::max_message`]: field@EngineConfig::max_message
     pub fn send(
         &mut self,
         now: Instant,

@@ -800,6 +800,8 @@ impl Udp {
     }
 
     /// Datagrams the test hook ([`UdpConfig::faults`]) dropped.
+    ///
+    /// [`UdpConfig::faults`]: field@UdpConfig::faults
     pub fn injected_drops(&self) -> u64 {
         self.io.faults.as_ref().map_or(0, |f| f.dropped)
     }

@@ -8,17 +8,13 @@ fn clean(ranks: u32, segment_size: usize) -> Vec<Udp> {
 }
 
 fn lossy(ranks: u32, segment_size: usize) -> Vec<Udp> {
-    let config = UdpConfig {
-        faults: Some(
-            am_core::FaultConfig::default()
-                .seed(0x5eed + ranks as u64)
-                .drop(0.1)
-                .duplicate(0.01)
-                .delay(0.05)
-                .max_delay(4),
-        ),
-        ..UdpConfig::default()
-    };
+    let faults = am_core::FaultConfig::default()
+        .seed(0x5eed + ranks as u64)
+        .drop(0.1)
+        .duplicate(0.01)
+        .delay(0.05)
+        .max_delay(4);
+    let config = UdpConfig::default().faults(Some(faults));
     Udp::cluster(ranks, segment_size, config).expect("UDP cluster")
 }
 

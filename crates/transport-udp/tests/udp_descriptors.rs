@@ -25,10 +25,7 @@ fn open_descriptors() -> usize {
 fn an_in_process_job_of_many_ranks_stays_within_the_process_limit_of_connected_sockets() {
     const RANKS: u32 = 24;
     let before = open_descriptors();
-    let config = UdpConfig {
-        linger: Duration::from_millis(50),
-        ..UdpConfig::default()
-    };
+    let config = UdpConfig::default().linger(Duration::from_millis(50));
     let mut ranks = Udp::cluster(RANKS, 4096, config).expect("UDP cluster");
     for (r, t) in ranks.iter_mut().enumerate() {
         for dest in (0..RANKS).filter(|&d| d != r as u32) {

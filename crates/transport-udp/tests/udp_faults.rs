@@ -82,10 +82,7 @@ fn loss_duplication_reordering_30k_per_pair_exactly_once_in_order() {
     // duplicates caught as replays; the assertions below need over 1000 of the first two.
     const N: u32 = 30_000;
     let faults = parse_faults("drop=0.1,dup=0.01,delay=0.05,seed=7").unwrap();
-    let config = UdpConfig {
-        faults: Some(faults),
-        ..UdpConfig::default()
-    };
+    let config = UdpConfig::default().faults(Some(faults));
     let t0 = Instant::now();
     let results = exchange(Udp::cluster(2, 1 << 16, config).unwrap(), N, 64);
     for (rank, (next, bad, stats, dropped)) in results.iter().enumerate() {
