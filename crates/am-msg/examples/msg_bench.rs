@@ -23,28 +23,25 @@ fn modes(handlers: &mut Handlers) -> Modes {
         eager: Messenger::new(
             handlers,
             HandlerId(100),
-            MsgConfig {
-                eager_threshold: Some(usize::MAX),
-                rendezvous: Rendezvous::Sender,
-            },
+            MsgConfig::default()
+                .eager_threshold(Some(usize::MAX))
+                .rendezvous(Rendezvous::Sender),
         )
         .expect("eager messenger"),
         sender: Messenger::new(
             handlers,
             HandlerId(120),
-            MsgConfig {
-                eager_threshold: Some(0),
-                rendezvous: Rendezvous::Sender,
-            },
+            MsgConfig::default()
+                .eager_threshold(Some(0))
+                .rendezvous(Rendezvous::Sender),
         )
         .expect("sender messenger"),
         receiver: Messenger::new(
             handlers,
             HandlerId(140),
-            MsgConfig {
-                eager_threshold: Some(0),
-                rendezvous: Rendezvous::Receiver,
-            },
+            MsgConfig::default()
+                .eager_threshold(Some(0))
+                .rendezvous(Rendezvous::Receiver),
         )
         .expect("receiver messenger"),
     }

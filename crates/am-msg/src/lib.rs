@@ -228,7 +228,11 @@ impl std::str::FromStr for Rendezvous {
 }
 
 /// Settings of a [`Messenger`].
+///
+/// Change the defaults with the setters named after the fields:
+/// `MsgConfig::default().eager_threshold(Some(4096)).rendezvous(Rendezvous::Sender)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MsgConfig {
     /// Largest message sent eagerly (`AM_EAGER_THRESHOLD`, sizes like `4K`); `None`: the
     /// measured default of the transport ([`threshold::default_for`]). Capped at `max_medium`.
@@ -243,6 +247,25 @@ impl Default for MsgConfig {
             eager_threshold: None,
             rendezvous: Rendezvous::Receiver,
         }
+    }
+}
+
+impl MsgConfig {
+    /// The defaults, as [`MsgConfig::default`]; change them with the setters below.
+    pub fn new() -> MsgConfig {
+        MsgConfig::default()
+    }
+
+    /// Sending messages of at most this many bytes eagerly (`None`: the transport's default).
+    pub fn eager_threshold(mut self, eager_threshold: Option<usize>) -> MsgConfig {
+        self.eager_threshold = eager_threshold;
+        self
+    }
+
+    /// With rendezvous started by this side.
+    pub fn rendezvous(mut self, rendezvous: Rendezvous) -> MsgConfig {
+        self.rendezvous = rendezvous;
+        self
     }
 }
 

@@ -81,10 +81,7 @@ fn check_data<T: Transport>(node: &Node<T>, at: usize, len: usize, cap: usize, s
 
 /// Sizes around the threshold, 0 bytes and several MB, receiver first and sender first.
 fn sizes<T: Transport + Send>(transports: Vec<T>, rndv: Rendezvous) {
-    let config = MsgConfig {
-        rendezvous: rndv,
-        ..MsgConfig::default()
-    };
+    let config = MsgConfig::default().rendezvous(rndv);
     job(transports, config, |msg, node| {
         let t = msg.eager_threshold(node);
         let mm = node.max_medium();
