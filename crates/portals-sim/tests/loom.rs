@@ -33,10 +33,7 @@ fn ni(ranks: u32) -> (Arc<Segment>, NiGeometry, NiOwner) {
         ignore_bits: !0,
         start: 0,
         length: 64,
-        options: MeOptions {
-            put: true,
-            ..MeOptions::default()
-        },
+        options: MeOptions::default().put(true),
     };
     owner.me_append(&seg, PT_USER, spec).unwrap();
     (Arc::new(seg), geo, owner)
@@ -152,11 +149,7 @@ fn loom_no_relink_before_the_deposit_is_read() {
             ignore_bits: !0,
             start: 0,
             length: 8,
-            options: MeOptions {
-                put: true,
-                manage_local: true,
-                ..MeOptions::default()
-            },
+            options: MeOptions::default().put(true).manage_local(true),
         };
         let me = owner.me_append(&seg, PT_REQUEST, spec).unwrap();
         let s = seg.clone();

@@ -31,8 +31,9 @@ pub fn lm_len(len: usize) -> usize {
     len.div_ceil(LM_ALIGN) * LM_ALIGN
 }
 
-/// Options of a match entry.
+/// Options of a match entry, all off by default: `MeOptions::default().put(true).use_once(true)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct MeOptions {
     /// Accepts puts.
     pub put: bool,
@@ -66,6 +67,43 @@ impl MeOptions {
             | bit(self.manage_local, OPT_MANAGE_LOCAL)
             | bit(self.event_disable, OPT_EVENT_DISABLE)
             | (pt as u64) << 8
+    }
+}
+
+impl MeOptions {
+    /// No option set, as [`MeOptions::default`]; set them with the setters below.
+    pub fn new() -> MeOptions {
+        MeOptions::default()
+    }
+
+    /// Accepting puts.
+    pub fn put(mut self, put: bool) -> MeOptions {
+        self.put = put;
+        self
+    }
+
+    /// Accepting gets.
+    pub fn get(mut self, get: bool) -> MeOptions {
+        self.get = get;
+        self
+    }
+
+    /// Unlinked by the first operation that matches it.
+    pub fn use_once(mut self, use_once: bool) -> MeOptions {
+        self.use_once = use_once;
+        self
+    }
+
+    /// With locally managed offsets.
+    pub fn manage_local(mut self, manage_local: bool) -> MeOptions {
+        self.manage_local = manage_local;
+        self
+    }
+
+    /// With no `Put`/`Get` event on success.
+    pub fn event_disable(mut self, event_disable: bool) -> MeOptions {
+        self.event_disable = event_disable;
+        self
     }
 }
 
