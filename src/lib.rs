@@ -257,24 +257,28 @@ impl JobOptions {
     }
 
     /// With this transport.
+    #[must_use]
     pub fn transport(mut self, transport: TransportKind) -> JobOptions {
         self.transport = transport;
         self
     }
 
     /// With this many ranks when the program starts its own job.
+    #[must_use]
     pub fn ranks(mut self, ranks: u32) -> JobOptions {
         self.ranks = ranks;
         self
     }
 
     /// With segments of this many bytes.
+    #[must_use]
     pub fn segment_size(mut self, bytes: usize) -> JobOptions {
         self.segment_size = bytes;
         self
     }
 
     /// Whether each output line of a rank process is prefixed with `[r] `.
+    #[must_use]
     pub fn prefix_output(mut self, on: bool) -> JobOptions {
         self.prefix_output = on;
         self

@@ -112,24 +112,28 @@ impl Config {
     }
 
     /// With this credit policy.
+    #[must_use]
     pub fn credits(mut self, credits: Credits) -> Config {
         self.credits = credits;
         self
     }
 
     /// With this way of waiting.
+    #[must_use]
     pub fn wait_mode(mut self, wait_mode: WaitMode) -> Config {
         self.wait_mode = wait_mode;
         self
     }
 
     /// Spinning this many polls before yielding or blocking.
+    #[must_use]
     pub fn spin_polls(mut self, spin_polls: u32) -> Config {
         self.spin_polls = spin_polls;
         self
     }
 
     /// Blocking at most this long at a time in [`WaitMode::Block`].
+    #[must_use]
     pub fn block_timeout(mut self, block_timeout: Duration) -> Config {
         self.block_timeout = block_timeout;
         self

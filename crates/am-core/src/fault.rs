@@ -53,30 +53,35 @@ impl FaultConfig {
     }
 
     /// With this seed of the fault generator.
+    #[must_use]
     pub fn seed(mut self, seed: u64) -> FaultConfig {
         self.seed = seed;
         self
     }
 
     /// Discarding a message with this probability.
+    #[must_use]
     pub fn drop(mut self, drop: f64) -> FaultConfig {
         self.drop = drop;
         self
     }
 
     /// Sending a message twice with this probability.
+    #[must_use]
     pub fn duplicate(mut self, duplicate: f64) -> FaultConfig {
         self.duplicate = duplicate;
         self
     }
 
     /// Holding a message back with this probability.
+    #[must_use]
     pub fn delay(mut self, delay: f64) -> FaultConfig {
         self.delay = delay;
         self
     }
 
     /// Holding a delayed message back for at most this many later sends.
+    #[must_use]
     pub fn max_delay(mut self, max_delay: u32) -> FaultConfig {
         self.max_delay = max_delay;
         self

@@ -49,24 +49,28 @@ impl LoopbackConfig {
     }
 
     /// With rings of this many messages per ordered pair of ranks.
+    #[must_use]
     pub fn capacity(mut self, capacity: usize) -> LoopbackConfig {
         self.capacity = capacity;
         self
     }
 
     /// With segments of this many bytes.
+    #[must_use]
     pub fn segment_size(mut self, segment_size: usize) -> LoopbackConfig {
         self.segment_size = segment_size;
         self
     }
 
     /// With AM Medium payloads of at most this many bytes.
+    #[must_use]
     pub fn max_medium(mut self, max_medium: usize) -> LoopbackConfig {
         self.max_medium = max_medium;
         self
     }
 
     /// With AM Long payloads of at most this many bytes per message.
+    #[must_use]
     pub fn max_long(mut self, max_long: usize) -> LoopbackConfig {
         self.max_long = max_long;
         self

@@ -152,6 +152,7 @@ impl Launcher {
     /// How long the other ranks get, after SIGTERM, before SIGKILL when a rank fails
     /// (default 1 s): ranks that outlive a peer's death on purpose (tests of what survivors
     /// do) ignore SIGTERM and need the time.
+    #[must_use]
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -160,24 +161,28 @@ impl Launcher {
     /// How the launcher names itself in what it prints (default `amrun`): a program that
     /// starts its own job uses its own name, so messages do not mention a command the user
     /// never ran.
+    #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
 
     /// Appends arguments for every rank.
+    #[must_use]
     pub fn args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
         self.args.extend(args.into_iter().map(Into::into));
         self
     }
 
     /// Sets `AM_TRANSPORT` for the ranks; must be one of [`TRANSPORTS`] (checked by [`run`](Self::run)).
+    #[must_use]
     pub fn transport(mut self, name: &str) -> Self {
         self.transport = Some(name.to_owned());
         self
     }
 
     /// Sets an extra environment variable for every rank.
+    #[must_use]
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
@@ -187,12 +192,14 @@ impl Launcher {
     /// Whether to prefix each output line of rank r with `[r] ` (default true).
     ///
     /// Without prefixes the ranks write straight to the launcher's stdout and stderr.
+    #[must_use]
     pub fn prefix_output(mut self, yes: bool) -> Self {
         self.prefix_output = yes;
         self
     }
 
     /// Whether to report the job id and shared-memory cleanup on stderr.
+    #[must_use]
     pub fn verbose(mut self, yes: bool) -> Self {
         self.verbose = yes;
         self

@@ -257,12 +257,14 @@ impl MsgConfig {
     }
 
     /// Sending messages of at most this many bytes eagerly (`None`: the transport's default).
+    #[must_use]
     pub fn eager_threshold(mut self, eager_threshold: Option<usize>) -> MsgConfig {
         self.eager_threshold = eager_threshold;
         self
     }
 
     /// With rendezvous started by this side.
+    #[must_use]
     pub fn rendezvous(mut self, rendezvous: Rendezvous) -> MsgConfig {
         self.rendezvous = rendezvous;
         self

@@ -194,36 +194,42 @@ impl ExtollConfig {
     }
 
     /// With VELO packets of this many bytes (64 or 128).
+    #[must_use]
     pub fn packet_size(mut self, packet_size: usize) -> ExtollConfig {
         self.packet_size = packet_size;
         self
     }
 
     /// With this many mailbox slots per rank.
+    #[must_use]
     pub fn mailbox_slots(mut self, mailbox_slots: usize) -> ExtollConfig {
         self.mailbox_slots = mailbox_slots;
         self
     }
 
     /// With AM Mediums carried this way.
+    #[must_use]
     pub fn medium(mut self, medium: MediumPath) -> ExtollConfig {
         self.medium = medium;
         self
     }
 
     /// With this many RMA Medium buffers per connection (1..=16).
+    #[must_use]
     pub fn rma_buffers(mut self, rma_buffers: usize) -> ExtollConfig {
         self.rma_buffers = rma_buffers;
         self
     }
 
     /// With Long payloads of at most this many bytes per message.
+    #[must_use]
     pub fn max_long(mut self, max_long: usize) -> ExtollConfig {
         self.max_long = max_long;
         self
     }
 
     /// With this many notification queue slots per rank.
+    #[must_use]
     pub fn notify_slots(mut self, notify_slots: usize) -> ExtollConfig {
         self.notify_slots = notify_slots;
         self

@@ -164,30 +164,35 @@ impl PortalsConfig {
     }
 
     /// With receive buffers sized for this credit policy.
+    #[must_use]
     pub fn credits(mut self, credits: Credits) -> PortalsConfig {
         self.credits = credits;
         self
     }
 
     /// With this many chained request receive buffers (at least 3).
+    #[must_use]
     pub fn request_buffers(mut self, request_buffers: usize) -> PortalsConfig {
         self.request_buffers = request_buffers;
         self
     }
 
     /// With AM messages of at most this many bytes, head and Medium payload together.
+    #[must_use]
     pub fn max_message(mut self, max_message: usize) -> PortalsConfig {
         self.max_message = max_message;
         self
     }
 
     /// With this many send slots per rank.
+    #[must_use]
     pub fn send_slots(mut self, send_slots: usize) -> PortalsConfig {
         self.send_slots = send_slots;
         self
     }
 
     /// With Long payloads of at most this many bytes per message.
+    #[must_use]
     pub fn max_long(mut self, max_long: usize) -> PortalsConfig {
         self.max_long = max_long;
         self

@@ -185,30 +185,35 @@ impl SciConfig {
     }
 
     /// With this many request slots per sender (1..=64).
+    #[must_use]
     pub fn slots(mut self, slots: usize) -> SciConfig {
         self.slots = slots;
         self
     }
 
     /// With slots of this many bytes, headers included.
+    #[must_use]
     pub fn slot_size(mut self, slot_size: usize) -> SciConfig {
         self.slot_size = slot_size;
         self
     }
 
     /// Sending Long payloads of at least this many bytes through the DMA engine.
+    #[must_use]
     pub fn dma_threshold(mut self, dma_threshold: usize) -> SciConfig {
         self.dma_threshold = dma_threshold;
         self
     }
 
     /// With Long payloads of at most this many bytes per message.
+    #[must_use]
     pub fn max_long(mut self, max_long: usize) -> SciConfig {
         self.max_long = max_long;
         self
     }
 
     /// With this Medium strategy.
+    #[must_use]
     pub fn medium(mut self, medium: MediumStrategy) -> SciConfig {
         self.medium = medium;
         self

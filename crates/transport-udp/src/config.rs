@@ -78,66 +78,77 @@ impl UdpConfig {
     }
 
     /// With these protocol tunables.
+    #[must_use]
     pub fn engine(mut self, engine: EngineConfig) -> UdpConfig {
         self.engine = engine;
         self
     }
 
     /// With AM Medium payloads of at most this many bytes.
+    #[must_use]
     pub fn max_medium(mut self, max_medium: usize) -> UdpConfig {
         self.max_medium = max_medium;
         self
     }
 
     /// With AM Long payloads of at most this many bytes per message.
+    #[must_use]
     pub fn max_long(mut self, max_long: usize) -> UdpConfig {
         self.max_long = max_long;
         self
     }
 
     /// Binding this interface.
+    #[must_use]
     pub fn bind(mut self, bind: IpAddr) -> UdpConfig {
         self.bind = bind;
         self
     }
 
     /// Announcing this address to the peers when `bind` is unspecified.
+    #[must_use]
     pub fn advertise(mut self, advertise: Option<IpAddr>) -> UdpConfig {
         self.advertise = advertise;
         self
     }
 
     /// With rank r on port `port_base + r` (`None`: an ephemeral port).
+    #[must_use]
     pub fn port_base(mut self, port_base: Option<u16>) -> UdpConfig {
         self.port_base = port_base;
         self
     }
 
     /// With this coordinator (`host:port`) for jobs without a key-value store.
+    #[must_use]
     pub fn coord(mut self, coord: Option<String>) -> UdpConfig {
         self.coord = coord;
         self
     }
 
     /// With this job key (`None`: rank 0 makes one).
+    #[must_use]
     pub fn key(mut self, key: Option<JobKey>) -> UdpConfig {
         self.key = key;
         self
     }
 
     /// Asking the kernel for socket buffers of this many bytes.
+    #[must_use]
     pub fn socket_buffer(mut self, socket_buffer: usize) -> UdpConfig {
         self.socket_buffer = socket_buffer;
         self
     }
 
     /// Retransmitting for at most this long when closing.
+    #[must_use]
     pub fn linger(mut self, linger: Duration) -> UdpConfig {
         self.linger = linger;
         self
     }
 
     /// Injecting these datagram faults (a testing aid; `None`: none).
+    #[must_use]
     pub fn faults(mut self, faults: Option<am_core::FaultConfig>) -> UdpConfig {
         self.faults = faults;
         self

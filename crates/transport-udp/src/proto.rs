@@ -123,48 +123,56 @@ impl EngineConfig {
     }
 
     /// With datagrams of at most this many bytes, header and MAC included.
+    #[must_use]
     pub fn mtu(mut self, mtu: usize) -> EngineConfig {
         self.mtu = mtu;
         self
     }
 
     /// With messages of at most this many bytes, AM head and payload together.
+    #[must_use]
     pub fn max_message(mut self, max_message: usize) -> EngineConfig {
         self.max_message = max_message;
         self
     }
 
     /// With at most this many fragments waiting per peer.
+    #[must_use]
     pub fn send_queue(mut self, send_queue: usize) -> EngineConfig {
         self.send_queue = send_queue;
         self
     }
 
     /// Declaring a peer lost after it is silent this long.
+    #[must_use]
     pub fn peer_timeout(mut self, peer_timeout: Duration) -> EngineConfig {
         self.peer_timeout = peer_timeout;
         self
     }
 
     /// With this retransmission timeout before any round trip is measured.
+    #[must_use]
     pub fn initial_rto(mut self, initial_rto: Duration) -> EngineConfig {
         self.initial_rto = initial_rto;
         self
     }
 
     /// With a retransmission timeout of at least this.
+    #[must_use]
     pub fn min_rto(mut self, min_rto: Duration) -> EngineConfig {
         self.min_rto = min_rto;
         self
     }
 
     /// With a retransmission timeout of at most this, backoff included.
+    #[must_use]
     pub fn max_rto(mut self, max_rto: Duration) -> EngineConfig {
         self.max_rto = max_rto;
         self
     }
 
     /// Delaying a standalone acknowledgement at most this long.
+    #[must_use]
     pub fn ack_delay(mut self, ack_delay: Duration) -> EngineConfig {
         self.ack_delay = ack_delay;
         self

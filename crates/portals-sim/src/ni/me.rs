@@ -77,30 +77,35 @@ impl MeOptions {
     }
 
     /// Accepting puts.
+    #[must_use]
     pub fn put(mut self, put: bool) -> MeOptions {
         self.put = put;
         self
     }
 
     /// Accepting gets.
+    #[must_use]
     pub fn get(mut self, get: bool) -> MeOptions {
         self.get = get;
         self
     }
 
     /// Unlinked by the first operation that matches it.
+    #[must_use]
     pub fn use_once(mut self, use_once: bool) -> MeOptions {
         self.use_once = use_once;
         self
     }
 
     /// With locally managed offsets.
+    #[must_use]
     pub fn manage_local(mut self, manage_local: bool) -> MeOptions {
         self.manage_local = manage_local;
         self
     }
 
     /// With no `Put`/`Get` event on success.
+    #[must_use]
     pub fn event_disable(mut self, event_disable: bool) -> MeOptions {
         self.event_disable = event_disable;
         self
