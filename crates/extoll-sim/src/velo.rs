@@ -388,6 +388,53 @@ mod tests {
         );
     }
 
+    /// The meta check and the message limit at their boundaries: a packet of exactly its
+    /// capacity and a message of exactly the maximum are taken whole; one to eight bytes
+    /// past either is refused with the error that names the limit (wild lengths alone let a
+    /// check loosened by a few bytes pass).
+    #[test]
+    fn lengths_at_and_just_past_the_limits() {
+        let m = |flags, len| Meta {
+            src: 1,
+            len,
+            flags,
+            rma_before: 0,
+        };
+        let mut r = Reassembler::new(2, 56, 300);
+        assert_eq!(r.check(&m(FIRST | LAST, 56)), Ok(()));
+        assert_eq!(
+            r.push(&m(FIRST | LAST, 56), &[9; 64]),
+            Ok(Some((FIRST | LAST, vec![9; 56])))
+        );
+        for len in 57..=64 {
+            let bad = FrameError::BadLength { len, cap: 56 };
+            assert_eq!(r.check(&m(FIRST | LAST, len)), Err(bad.clone()));
+            assert_eq!(r.push(&m(FIRST | LAST, len), &[9; 64]), Err(bad.clone()));
+            assert_eq!(r.push(&m(FIRST, len), &[9; 64]), Err(bad));
+            assert!(!r.in_progress(1), "{len}");
+        }
+        // 300 bytes: five full packets and one of 20. Then the last one grows by 1..=8.
+        for over in 0..=8 {
+            let mut r = Reassembler::new(2, 56, 300);
+            assert_eq!(r.push(&m(FIRST, 56), &[1; 56]), Ok(None));
+            for _ in 1..5 {
+                assert_eq!(r.push(&m(0, 56), &[1; 56]), Ok(None));
+            }
+            let got = r.push(&m(LAST, 20 + over), &[1; 28]);
+            if over == 0 {
+                assert_eq!(got, Ok(Some((FIRST, vec![1; 300]))));
+            } else {
+                assert_eq!(got, Err(FrameError::TooLong { src: 1, max: 300 }), "{over}");
+                assert!(!r.in_progress(1), "{over}");
+            }
+            assert_eq!(
+                r.push(&m(FIRST | LAST, 3), &[2; 3]),
+                Ok(Some((FIRST | LAST, vec![2; 3]))),
+                "{over}: the next message"
+            );
+        }
+    }
+
     proptest! {
         // Under Miri: no failure file (isolation has no working directory), and few cases.
         #![proptest_config(ProptestConfig {

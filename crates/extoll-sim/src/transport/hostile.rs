@@ -219,6 +219,128 @@ fn a_packet_length_past_the_packet_is_refused_not_lent() {
     }
 }
 
+/// The meta's length field is 7 bits: no packet can announce more.
+const MAX_META_LEN: usize = 0x7f;
+
+/// One to eight bytes past `limit`: every length natively, the two ends under Miri (where a
+/// case costs seconds).
+fn just_past(limit: usize) -> Vec<usize> {
+    if cfg!(miri) {
+        vec![limit + 1, limit + 8]
+    } else {
+        (limit + 1..=limit + 8).collect()
+    }
+}
+
+/// `PeerMisbehaved` naming rank 0 with the framing's own error `bad`: for a length, the
+/// check of the meta against the packet refused it, before the slot's check was reached.
+fn refused_with(r: &Result<Option<()>, TransportError>, bad: &FrameError) -> bool {
+    let want = format!("extoll: {bad}");
+    matches!(r, Err(TransportError::PeerMisbehaved { peer: Some(0), what }) if *what == want)
+}
+
+/// The packet-length check at its boundary, which the wild lengths above do not probe (the
+/// slot's own check refuses those too, so they cannot tell whether the meta check did).
+/// A packet of exactly the capacity is lent whole and no further, alone or as the first of
+/// two; each length from one to eight bytes past it (as far as the meta's field goes) is
+/// refused by the meta check, naming its source and saying the length and the capacity,
+/// whether it is a whole message, its first packet or a later one, nothing is lent, and
+/// rank 2's messages still arrive.
+#[test]
+fn packet_lengths_at_and_just_past_the_capacity() {
+    for packet_size in [64usize, 128] {
+        let cap = packet_size - STATUS_LEN;
+        let config = ExtollConfig {
+            packet_size,
+            ..small()
+        };
+        let (a, mut b, mut c) = trio_with(config);
+        let full: Vec<u8> = (0..cap).map(|i| i as u8 | 0x80).collect();
+        publish(&a, 1, 0, &full, meta(cap, FIRST | LAST, 0));
+        let got = b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())).unwrap();
+        assert_eq!(
+            got,
+            Some((0, full.clone())),
+            "{packet_size}: one full packet"
+        );
+        publish(&a, 1, 0, &full, meta(cap, FIRST, 0));
+        publish(&a, 1, 0, &[7; 8], meta(8, LAST, 0));
+        let (got, errors) = poll_until(&mut b, patience(5));
+        assert_eq!(errors, vec![]);
+        let whole = [&full[..], &[7; 8]].concat();
+        assert_eq!(got, Some((0, whole)), "{packet_size}: a full first packet");
+        assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+        segment_untouched(&b);
+
+        for len in just_past(cap)
+            .into_iter()
+            .filter(|&len| len <= MAX_META_LEN)
+        {
+            let bad = FrameError::BadLength { len, cap };
+            let (a, mut b, mut c) = trio_with(config);
+            let mut delivered = None;
+            let mut poll = |b: &mut Extoll| {
+                b.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.len())))
+                    .map(|r| r.map(drop))
+            };
+            // A whole message.
+            publish(&a, 1, 0, &vec![0xAA; cap], meta(len, FIRST | LAST, 0));
+            let r = poll(&mut b);
+            assert!(refused_with(&r, &bad), "{packet_size}/{len}: {r:?}");
+            // The first packet of two: the second goes with it, in silence.
+            publish(&a, 1, 0, &vec![0xAA; cap], meta(len, FIRST, 0));
+            publish(&a, 1, 0, &[1; 8], meta(8, LAST, 0));
+            let r = poll(&mut b);
+            assert!(refused_with(&r, &bad), "{packet_size}/{len}: {r:?}");
+            // The last packet of a message started well: the message goes.
+            publish(&a, 1, 0, &full, meta(cap, FIRST, 0));
+            publish(&a, 1, 0, &vec![0xAA; cap], meta(len, LAST, 0));
+            let r = poll(&mut b);
+            assert!(refused_with(&r, &bad), "{packet_size}/{len}: {r:?}");
+            assert_eq!(delivered, None, "{packet_size}/{len}: lent");
+            assert_eq!(b.head, 5, "{packet_size}/{len}: every packet consumed");
+            assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+            segment_untouched(&b);
+        }
+    }
+}
+
+/// The limit of a message of several packets at its boundary: one of exactly the largest
+/// message a rank sends (every slot of the mailbox, the last one part full) is delivered
+/// whole; one to eight bytes more is refused at its last packet, naming its source, nothing
+/// is delivered, and rank 2's messages still arrive.
+#[test]
+fn message_lengths_at_and_just_past_the_largest() {
+    let cap = small().packet_size - STATUS_LEN;
+    for total in std::iter::once(MAX_MSG).chain(just_past(MAX_MSG)) {
+        let (a, mut b, mut c) = trio();
+        let bytes: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let n = bytes.len().div_ceil(cap);
+        assert_eq!(n, 148, "the mailbox holds the whole message");
+        for (i, part) in bytes.chunks(cap).enumerate() {
+            let first = if i == 0 { FIRST } else { 0 };
+            let last = if i + 1 == n { LAST } else { 0 };
+            publish(&a, 1, 0, part, meta(part.len(), first | last, 0));
+        }
+        let mut delivered = None;
+        let r = b.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.to_vec())));
+        if total == MAX_MSG {
+            assert!(matches!(r, Ok(Some(()))), "{r:?}");
+            assert_eq!(delivered, Some((0, bytes)));
+        } else {
+            let bad = FrameError::TooLong {
+                src: 0,
+                max: MAX_MSG,
+            };
+            assert!(refused_with(&r, &bad), "{total}: {r:?}");
+            assert_eq!(delivered, None, "{total}: delivered");
+        }
+        assert_eq!(b.head, 148, "{total}: every packet consumed");
+        assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+        segment_untouched(&b);
+    }
+}
+
 /// Packets that break the framing: each drops one message with one error naming its
 /// source.
 #[test]
@@ -466,9 +588,26 @@ fn an_rma_medium_with_a_wrong_marker_is_dropped() {
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
 }
 
+/// A tail of exactly the largest message: delivered whole (the bytes before the tail and no
+/// others), and the buffer freed.
+#[test]
+fn an_rma_medium_of_the_largest_length_is_delivered_whole() {
+    let (a, mut b, mut c) = trio();
+    let bytes: Vec<u8> = (0..MAX_MSG).map(|i| (i % 253) as u8).collect();
+    let at = a.tx.layout.rx(0, 0) + RMA_BUF - TAIL - align8(MAX_MSG);
+    a.tx.peers[1].imp.write(at, &bytes).unwrap();
+    land_tail(&a, 1 | (MAX_MSG as u64) << 16);
+    let got = b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())).unwrap();
+    assert_eq!(got, Some((0, bytes)));
+    assert_eq!((b.rma_delivered[0], b.rma_pending), (1, 0));
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+}
+
+/// One to eight bytes past the largest message (the boundary), or a length as large as the
+/// tail's 16 bits hold: dropped, naming the sender, and the buffer freed.
 #[test]
 fn an_rma_medium_longer_than_a_buffer_is_dropped() {
-    for len in [MAX_MSG + 1, 0xffff] {
+    for len in (MAX_MSG + 1..=MAX_MSG + 8).chain([0xffff]) {
         let (a, mut b, mut c) = trio();
         land_tail(&a, 1 | (len as u64) << 16);
         let mut delivered = false;
