@@ -366,6 +366,77 @@ fn a_message_range_outside_its_buffer_is_refused_not_lent() {
     }
 }
 
+/// One to eight past `limit`: every value natively, the two ends under Miri (where a case
+/// costs seconds).
+fn just_past(limit: u64) -> Vec<u64> {
+    if cfg!(miri) {
+        vec![limit + 1, limit + 8]
+    } else {
+        (limit + 1..=limit + 8).collect()
+    }
+}
+
+/// Rank 1 polls once after rank 0 published `ev` at ticket 0: delivered whole if `fits`
+/// (`len` bytes from rank 0, lent where they landed), else refused naming rank 0 with
+/// nothing lent; either way rank 2's messages arrive after it.
+#[track_caller]
+fn lent_whole_or_refused(config: PortalsConfig, ev: Event, len: usize, fits: bool) {
+    let (a, mut b, mut c) = trio(config);
+    raw_event(&a, 0, ev.words(), seq_published(0));
+    let mut delivered = None;
+    let r = b.poll_recv(|d, _, _| {
+        let shared = matches!(d.bytes, Received::Shared(_));
+        delivered = Some((d.src, d.bytes.len(), shared));
+    });
+    let what = format!("start {} + length {}", ev.start, ev.mlength);
+    if fits {
+        assert!(matches!(r, Ok(Some(()))), "{what}: {r:?}");
+        assert_eq!(delivered, Some((0, len, true)), "{what}");
+    } else {
+        assert!(matches!(&r, Err(e) if named(e, Some(0))), "{what}: {r:?}");
+        assert_eq!(delivered, None, "{what}: lent");
+    }
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![], "{what}");
+    segment_untouched(&b);
+}
+
+/// The end of a deposited message's range at its boundary, which the cases above do not
+/// all probe: ending exactly at its request buffer's end, it is lent whole; ending one to
+/// eight bytes past it (in the next buffer), it is refused, naming the initiator.
+#[test]
+fn a_message_range_at_and_just_past_its_buffer_end() {
+    let (a, b, _c) = trio(small());
+    let (ev, _) = medium_event(&a, &b);
+    let b0 = b.buffers[0];
+    let end = (b0.start + b0.len) as u64;
+    for over in std::iter::once(0).chain(just_past(0)) {
+        let mut e = ev;
+        e.start = end - 64;
+        e.mlength = 64 + over as u32;
+        lent_whole_or_refused(small(), e, 64 + over as usize, over == 0);
+    }
+}
+
+/// The message-length limit at its boundary, in request buffers larger than a message (so
+/// that the range check passes): a deposit of exactly the largest message is lent whole;
+/// one to eight bytes more is refused, naming the initiator.
+#[test]
+fn message_lengths_at_and_just_past_the_largest() {
+    let config = PortalsConfig {
+        request_buffer_bytes: Some(1024),
+        ..small()
+    };
+    let max = config.max_message;
+    let (a, b, _c) = trio(config);
+    let (ev, _) = medium_event(&a, &b);
+    assert!(b.buffers[0].len >= max + 8, "{:?}", b.buffers[0]);
+    for len in std::iter::once(max as u64).chain(just_past(max as u64)) {
+        let mut e = ev;
+        e.mlength = len as u32;
+        lent_whole_or_refused(config, e, len as usize, len == max as u64);
+    }
+}
+
 /// The match-entry index of a deposited request must be a request buffer.
 #[test]
 fn a_corrupt_entry_index_is_refused() {
@@ -569,6 +640,43 @@ fn a_corrupt_used_word_is_reported() {
     victim(&a).imp.store_word(at, 1 << 50).unwrap();
     arrives_and_reported(&mut b, &mut c, None);
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+}
+
+/// The `used` count of an `Unlink` event at the edges of what a walker can write: a
+/// multiple of the claim unit, at most the buffer's length, and within one message of it.
+/// At either edge it is taken quietly; one to eight bytes past the length, or a whole
+/// message short of it, it is reported (naming nobody: any peer can write the word); and
+/// rank 2's messages arrive either way.
+#[test]
+fn an_unlink_used_count_at_and_just_past_its_range() {
+    let (_, b, _) = trio(small());
+    let len = b.buffers[0].len as u64;
+    let max_claim = ni::lm_len(small().max_message) as u64;
+    assert!(max_claim <= len);
+    let edge = len - max_claim;
+    let cases = [(edge + 8, true), (len, true), (edge, false)]
+        .into_iter()
+        .chain(just_past(len).into_iter().map(|u| (u, false)));
+    for (used, plausible) in cases {
+        let (a, mut b, mut c) = trio(small());
+        let me = b.buffers[0].me;
+        // The buffer's offset past its end, as a claim that did not fit leaves it.
+        let offset = a.tx.layout.ni.me(me).unwrap() + 64;
+        victim(&a).imp.store_word(offset, 2 * len + 8).unwrap();
+        let mut ev = Event::new(EventKind::Unlink, 0, PT_REQUEST);
+        ev.me = me;
+        ev.used = used;
+        raw_event(&a, 0, ev.words(), seq_published(0));
+        let errors = good_still_arrives(&mut b, &mut c);
+        if plausible {
+            assert_eq!(errors, vec![], "used {used}");
+        } else {
+            reported(&errors, None);
+            assert_eq!(errors.len(), 1, "used {used}: {errors:?}");
+        }
+        assert!(b.buffers[0].exhausted, "used {used}");
+        segment_untouched(&b);
+    }
 }
 
 // ---- sender records ----
