@@ -311,6 +311,120 @@ fn locally_managed_packing_unlink_and_flow_control() {
     assert!(!ni.owner.is_listed(b));
 }
 
+/// Locally managed claims at their entry's end (claims are whole units, an entry any
+/// length): a claim ending exactly there is taken, and a zero-byte put still fits the
+/// entry filled to its end; a claim that would end one to eight bytes past it goes to
+/// the next entry, and so does a zero-byte put after it. Nothing lands past the end.
+#[test]
+fn locally_managed_claims_at_and_just_past_the_entry_end() {
+    let lm = MeOptions {
+        manage_local: true,
+        ..PUT
+    };
+    for length in 24..=32 {
+        let mut ni = Ni::new(256);
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 0, length, lm))
+            .unwrap();
+        let b = ni
+            .owner
+            .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 64, 64, lm))
+            .unwrap();
+        ni.seg.view(0, 64).unwrap().fill(0, 64, 0xEE).unwrap();
+        let nic = ni.nic();
+        let put = |n: usize| {
+            let v = vec![n as u8; n];
+            let d: &[&[u8]] = &[&v];
+            nic.put(0, None, &put_args(PT_REQUEST, 5, 999, d)).unwrap()
+        };
+        let done = |me, start| Outcome::Done { me, start };
+        assert_eq!(put(16), done(a, 0), "{length}");
+        assert_eq!(put(8), done(a, 16), "{length}: ends at 24");
+        assert_eq!(put(0), done(a, 0), "{length}: filled to 24");
+        // The next unit, [24, 32): it ends 32 - length bytes past the end.
+        // A zero-byte put lands at its entry's start.
+        let (next, zero) = if length == 32 {
+            (done(a, 24), done(a, 0))
+        } else {
+            (done(b, 64), done(b, 64))
+        };
+        assert_eq!(put(1), next, "{length}: ends at 32");
+        assert_eq!(put(0), zero, "{length}: claimed to 32");
+        let past = ni.seg.view(length, 64 - length).unwrap().to_vec();
+        assert!(past.iter().all(|&x| x == 0xEE), "{length}: {past:?}");
+    }
+}
+
+/// The `used` word against its entry's length: the whole length (the entry filled
+/// exactly, then a claim that did not fit) is what a walker writes, and `verify` keeps
+/// it; one to eight bytes past the length is reported and put back to unknown.
+#[test]
+fn a_used_word_at_and_just_past_the_entry_length() {
+    let lm = MeOptions {
+        manage_local: true,
+        ..PUT
+    };
+    for over in 0..=8u64 {
+        let mut ni = Ni::new(256);
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 0, 32, lm))
+            .unwrap();
+        ni.owner
+            .me_append(&ni.seg, PT_REQUEST, spec(0, !0, 64, 64, lm))
+            .unwrap();
+        let nic = ni.nic();
+        let v = [3u8; 16];
+        for n in [16, 16, 1] {
+            let d: &[&[u8]] = &[&v[..n]];
+            nic.put(0, None, &put_args(PT_REQUEST, 5, 0, d)).unwrap();
+        }
+        assert_eq!(ni.owner.lm_used(&ni.seg, a).unwrap(), Some(32));
+        let at = ni.geo.me(a).unwrap() + 72;
+        ni.seg.word(at).unwrap().store(32 + over, Ordering::Release);
+        let r = ni.owner.verify(&ni.seg);
+        if over == 0 {
+            assert!(r.is_ok(), "{r:?}");
+            assert_eq!(ni.owner.lm_used(&ni.seg, a).unwrap(), Some(32));
+        } else {
+            assert!(matches!(r, Err(NiError::Corrupt { .. })), "{over}: {r:?}");
+            assert_eq!(ni.owner.lm_used(&ni.seg, a).unwrap(), None, "{over}");
+            assert!(ni.owner.verify(&ni.seg).is_ok(), "{over}: repaired");
+        }
+    }
+}
+
+/// A padded deposit (whole words) at its entry's end: padded only while the padding
+/// stays inside the entry. An entry one to eight bytes short of the padded end keeps
+/// the bytes after it.
+#[test]
+fn padding_never_runs_past_the_entry_end() {
+    for length in 9..=16 {
+        let mut ni = Ni::new(256);
+        let a = ni
+            .owner
+            .me_append(&ni.seg, PT_USER, spec(1, 0, 0, length, PUT))
+            .unwrap();
+        ni.seg.view(0, 32).unwrap().fill(0, 32, 0xEE).unwrap();
+        let v = vec![0x11; length - 8];
+        let d: &[&[u8]] = &[&v];
+        let args = PutArgs {
+            pad: true,
+            ..put_args(PT_USER, 1, 8, d)
+        };
+        assert_eq!(
+            ni.nic().put(0, None, &args).unwrap(),
+            Outcome::Done { me: a, start: 8 },
+            "{length}"
+        );
+        assert_eq!(ni.seg.view(8, length - 8).unwrap().to_vec(), v);
+        let past = ni.seg.view(length, 32 - length).unwrap().to_vec();
+        assert!(past.iter().all(|&x| x == 0xEE), "{length}: {past:?}");
+        assert_eq!(ni.events().len(), 1);
+    }
+}
+
 #[test]
 fn a_full_event_queue_refuses_without_side_effects() {
     let mut ni = Ni::new(64);
