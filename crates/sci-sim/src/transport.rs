@@ -2005,6 +2005,41 @@ mod tests {
             good_still_arrives(&mut b, &mut c);
         }
 
+        /// The slot-length check at its boundary, which one byte past and the proptest's
+        /// any length seldom probe: a body of exactly the slot's capacity is lent whole and
+        /// no further; a length one to eight bytes past it is an error naming the sender,
+        /// nothing is delivered, and rank 2's message still arrives.
+        #[test]
+        fn lengths_at_and_just_past_the_slot_capacity() {
+            for over in 0..=8 {
+                let (a, mut b, mut c) = trio();
+                let chan = a.tx.layout.command_segment(0);
+                let peer = &a.tx.peers[1];
+                let cap = chan.capacity();
+                let body: Vec<u8> = (0..cap).map(|i| i as u8 | 0x80).collect();
+                chan.write(peer, 0, 0, &[&body]).unwrap();
+                if over > 0 {
+                    peer.write(chan.data + 8, &((cap + over) as u32).to_le_bytes())
+                        .unwrap();
+                }
+                chan.publish(peer, 0, 1).unwrap();
+                peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+                let mut delivered = None;
+                let r = b.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.to_vec())));
+                if over == 0 {
+                    assert!(matches!(r, Ok(Some(()))), "{r:?}");
+                    assert_eq!(delivered, Some((0, body)));
+                } else {
+                    assert!(
+                        matches!(r, Err(TransportError::PeerMisbehaved { peer: Some(0), .. })),
+                        "{over}: {r:?}"
+                    );
+                    assert_eq!(delivered, None, "{over}");
+                }
+                good_still_arrives(&mut b, &mut c);
+            }
+        }
+
         /// A stamp that is not the next one, in any slot of the sender's command segment, is
         /// never delivered.
         #[test]
