@@ -1589,6 +1589,72 @@ mod tests {
         }
     }
 
+    /// Every check of a length against a slot's payload, at its boundary: exactly the
+    /// capacity is written (from private parts, or with a shared tail), viewed, read and
+    /// appended whole; one to eight bytes past it, whether a sender asks to write it or an
+    /// owner is told it by the (untrusted) meta, is an error that writes, lends and appends
+    /// nothing.
+    #[test]
+    fn lengths_at_and_just_past_the_capacity() {
+        let r = ring(4);
+        let seg = seg_for(&r);
+        let w = seg.import();
+        let cap = r.capacity();
+        let full: Vec<u8> = (0..cap).map(|i| i as u8 + 1).collect();
+        let src = Segment::heap(0, 64).unwrap();
+        src.byte_area().write(0, &full).unwrap();
+        let mut h = 0;
+        let t = claim(&r, &seg, 3, &mut h).unwrap();
+        r.write(&w, t[0], 0, &full).unwrap();
+        r.write_parts(&w, t[1], 8, &[&full[8..13], &full[13..]])
+            .unwrap();
+        r.write(&w, t[1], 0, &full[..8]).unwrap();
+        let tail = src.byte_area().slice(3, cap - 3).unwrap();
+        r.write_parts_then(&w, t[2], 0, &[&full[..3]], tail)
+            .unwrap();
+        let before = seg.byte_area().to_vec();
+        for over in 1..=8 {
+            let long = vec![0xEE; cap + over];
+            assert!(r.write(&w, t[0], 0, &long).is_err(), "{over}");
+            assert!(r.write(&w, t[0], 8, &long[8..]).is_err(), "{over}: at 8");
+            assert!(r
+                .write_parts(&w, t[0], 0, &[&long[..5], &long[5..]])
+                .is_err());
+            let tail = src.byte_area().slice(0, cap + over - 3).unwrap();
+            assert!(r.write_parts_then(&w, t[0], 0, &[b"abc"], tail).is_err());
+            let tail = src.byte_area().slice(0, cap + over - 8).unwrap();
+            assert!(r.write_parts_then(&w, t[0], 8, &[], tail).is_err());
+        }
+        assert_eq!(seg.byte_area().to_vec(), before, "nothing written");
+        for (k, &t) in t.iter().enumerate() {
+            r.publish(&w, t, k as u32).unwrap();
+        }
+        r.release(&w, REC).unwrap();
+        let mut inbox = r.inbox(&seg).unwrap();
+        for &t in &t {
+            assert_eq!(r.payload(&seg, t, cap).unwrap().to_vec(), full, "{t}");
+            assert_eq!(inbox.payload(t, cap).unwrap().to_vec(), full, "{t}");
+            let mut got = vec![0; cap];
+            inbox.read_payload(t, &mut got).unwrap();
+            assert_eq!(got, full);
+            assert_eq!(inbox.head_payload(cap).unwrap().to_vec(), full, "{t}");
+            let mut v = vec![9u8];
+            inbox.head_append(cap, &mut v).unwrap();
+            assert_eq!(v, [&[9][..], &full[..]].concat(), "{t}");
+            for over in 1..=8 {
+                let n = cap + over;
+                assert!(r.payload(&seg, t, n).is_err(), "{t}/{over}");
+                assert!(r.read_payload(&seg, t, &mut vec![0; n]).is_err());
+                assert!(inbox.payload(t, n).is_err(), "{t}/{over}");
+                assert!(inbox.read_payload(t, &mut vec![0; n]).is_err());
+                assert!(inbox.head_payload(n).is_err(), "{t}/{over}");
+                assert!(inbox.head_append(n, &mut v).is_err(), "{t}/{over}");
+                assert_eq!(v.len(), 1 + cap, "{t}/{over}: nothing appended");
+            }
+            inbox.advance();
+        }
+    }
+
     /// The inbox's head, moved one ticket at a time, finds what `look` finds at that
     /// ticket, over several laps of a power-of-two ring and of one that is not.
     #[test]

@@ -594,6 +594,58 @@ mod tests {
         assert!(s.body(&seg, 1).is_err());
     }
 
+    /// Every check of a body's length against its slot, at its boundary: a body of exactly
+    /// the capacity is written and read back whole, through `Slots` and through the
+    /// handles; one to eight bytes past it, whether a sender asks to write it or a header a
+    /// peer wrote says it, is an error that writes and lends nothing.
+    #[test]
+    fn lengths_at_and_just_past_the_capacity() {
+        let s = layout();
+        let cap = s.capacity();
+        let seg = Segment::heap(0, 104 + s.data_bytes()).unwrap();
+        let imp = seg.import();
+        let (reader, writer) = (s.reader(&seg).unwrap(), s.writer(&imp).unwrap());
+        let full: Vec<u8> = (0..cap).map(|i| i as u8 + 1).collect();
+        s.write(&imp, 0, 7, &[&full]).unwrap();
+        writer.write(1, 7, &[&full[..5], &full[5..]]).unwrap();
+        let src = Segment::heap(0, 64).unwrap();
+        src.byte_area().write(0, &full).unwrap();
+        let tail = src.byte_area().slice(3, cap - 3).unwrap();
+        writer.write_then(2, 7, &[&full[..3]], tail).unwrap();
+        for slot in 0..3 {
+            assert_eq!(s.header(&seg, slot).unwrap().0, 7);
+            assert_eq!(s.body(&seg, slot).unwrap().1.to_vec(), full, "{slot}");
+            assert_eq!(reader.body(slot, cap).unwrap().to_vec(), full, "{slot}");
+        }
+        let before = seg.byte_area().to_vec();
+        for over in 1..=8 {
+            let long = vec![0xEE; cap + over];
+            assert!(s.write(&imp, 0, 7, &[&long]).is_err(), "{over}");
+            assert!(writer.write(0, 7, &[&long]).is_err(), "{over}");
+            assert!(writer.write(0, 7, &[&long[..5], &long[5..]]).is_err());
+            let tail = src.byte_area().slice(0, cap + over - 3).unwrap();
+            assert!(writer.write_then(0, 7, &[b"abc"], tail).is_err());
+            assert!(reader.body(0, cap + over).is_err(), "{over}");
+            let mut hdr = [0u8; 8];
+            hdr[..4].copy_from_slice(&((cap + over) as u32).to_le_bytes());
+            assert!(decode_header(hdr, cap).is_err(), "{over}");
+        }
+        assert_eq!(seg.byte_area().to_vec(), before, "nothing written");
+        // The length word of slot 1, as a peer may write it.
+        let len_at = s.base(1).unwrap() + 8;
+        for over in 0..=8 {
+            imp.write(len_at, &((cap + over) as u32).to_le_bytes())
+                .unwrap();
+            let (header, body) = (s.header(&seg, 1), s.body(&seg, 1));
+            if over == 0 {
+                assert_eq!(header.unwrap().1, cap);
+                assert_eq!(body.unwrap().1.to_vec(), full);
+            } else {
+                assert!(header.is_err() && body.is_err(), "{over}");
+            }
+        }
+    }
+
     /// Hand-over between two threads: every body arrives intact, in stamp order.
     #[test]
     fn two_thread_hand_over() {
