@@ -955,6 +955,41 @@ mod tests {
         }
     }
 
+    /// The record-length check at its boundary, which the corrupt headers above (four bytes
+    /// past the end, or a whole word past the ring) do not probe: a record that fills the
+    /// ring exactly from its start is lent whole, those bytes and no others; one to eight
+    /// bytes longer would run into the next sender's ring, and is an error naming the
+    /// sender with nothing delivered.
+    #[test]
+    fn record_lengths_at_and_just_past_the_ring_end() {
+        let ring = small(2, 8)[0].tx.ring_bytes;
+        let room = ring - RECORD_HEADER;
+        let body: Vec<u8> = (0..room).map(|i| (i % 251) as u8).collect();
+        for over in 0..=8 {
+            let mut t = small(2, 8);
+            let (a, b) = t.split_at_mut(1);
+            let (tx, rx) = (&mut a[0], &mut b[0]);
+            // Sender 0's ring starts at 0 of rank 1's inbox; sender 1's follows it.
+            let inbox = &tx.tx.dests[1].inbox_w;
+            inbox.write(RECORD_HEADER, &body).unwrap();
+            inbox
+                .store_slot_word(0, stamp(0) | (room + over) as u64)
+                .unwrap();
+            let mut delivered = None;
+            let r = rx.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.to_vec())));
+            if over == 0 {
+                assert!(matches!(r, Ok(Some(()))), "{r:?}");
+                assert_eq!(delivered, Some((0, body.clone())));
+            } else {
+                assert!(
+                    matches!(r, Err(TransportError::PeerMisbehaved { peer: Some(0), .. })),
+                    "{over}: {r:?}"
+                );
+                assert_eq!(delivered, None, "{over}");
+            }
+        }
+    }
+
     #[test]
     fn a_sleeping_receiver_wakes_for_a_send() {
         let mut t = small(2, 8);
