@@ -30,29 +30,55 @@ pub fn run_job_with(l: Launcher, transport: &str, args: &[&str], env: &[(&str, &
     l.run().expect("launch")
 }
 
+/// A shell that runs a rank (`$0 "$@"`), writes its exit status into
+/// `$AM_EXIT_CODES/code-$AM_RANK` (128+S if a signal S ended it), and exits with it. It ignores
+/// the launcher's SIGTERM, so it outlives its rank to write the status (the rank program
+/// ignores SIGTERM too, see [`crate::rank::ignore_sigterm`]). The launcher reaps every rank
+/// itself and keeps only the first failure's code: this is how a test sees every rank's.
+const RECORD_EXIT: &str = r#"trap '' TERM
+"$0" "$@"
+code=$?
+echo "$code" > "$AM_EXIT_CODES/code-$AM_RANK"
+exit "$code""#;
+
 /// Runs the `exit` scenario ([`crate::rank::exit_scenario`]) of `bin` on `transport` with 4
 /// ranks and checks that every rank's process ended with the exiting rank's code, promptly:
-/// the job's code is that code, no rank was still polling 2 s after it (`late-<rank>`), and
-/// the job ended well before the launcher would have killed a rank that kept running (its
-/// grace period is 30 s here, so a rank that ignored the EXIT shows as a 30 s job).
+/// each rank's own exit status (recorded by the shell `RECORD_EXIT` around it) and the job's
+/// code are that code, no rank was still polling 2 s after it (`late-<rank>`), and the job
+/// ended well before the launcher would have killed a rank that kept running (its grace
+/// period is 30 s here, so a rank that ignored the EXIT shows as a 30 s job).
 ///
 /// # Panics
 /// If any of that does not hold.
 pub fn assert_exit_ends_every_rank(bin: &str, transport: &str) {
     let dir = fresh_dir(&format!("{transport}-exit"));
+    let path = dir.to_str().unwrap_or("");
     let t0 = Instant::now();
-    let launcher = Launcher::new(4, bin).grace(Duration::from_secs(30));
+    let launcher = Launcher::new(4, "/bin/sh")
+        .args(["-c", RECORD_EXIT, bin])
+        .grace(Duration::from_secs(30));
     let code = run_job_with(
         launcher,
         transport,
-        &["exit", dir.to_str().unwrap_or("")],
-        &[],
+        &["exit", path],
+        &[("AM_EXIT_CODES", path)],
     );
     let took = t0.elapsed();
     let late: Vec<_> = (0..4)
         .filter(|r| dir.join(format!("late-{r}")).exists())
         .collect();
+    let ranks: Vec<Option<i32>> = (0..4)
+        .map(|r| {
+            let s = std::fs::read_to_string(dir.join(format!("code-{r}"))).ok()?;
+            s.trim().parse().ok()
+        })
+        .collect();
     let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        ranks,
+        [Some(crate::rank::EXIT_CODE); 4],
+        "each rank's exit status ({transport}; None: not recorded)"
+    );
     assert_eq!(code, crate::rank::EXIT_CODE, "the job's code ({transport})");
     assert!(
         late.is_empty(),
