@@ -312,6 +312,69 @@ fn corrupt_notifications_and_packets_are_errors() {
     );
 }
 
+/// The sender's limits at their boundaries: a Medium of exactly the largest message (over
+/// VELO and by RMA buffer), a Long head of exactly it and a Long payload of exactly
+/// `max_long` go out and arrive whole; one to eight bytes more is `TooLarge`, and nothing
+/// goes out.
+#[test]
+fn send_lengths_at_and_just_past_the_limits() {
+    let config = ExtollConfig {
+        mailbox_slots: 148,
+        max_long: 4096,
+        ..ExtollConfig::default()
+    };
+    let (mut a, mut b) = pair(config);
+    let bytes: Vec<u8> = (0..MAX_MSG + 8).map(|i| (i % 251) as u8).collect();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    for path in [MediumPath::Velo, MediumPath::Rma] {
+        a.set_medium(path);
+        for total in MAX_MSG..=MAX_MSG + 8 {
+            let n = head(AmKind::Medium, total - 12, &mut h);
+            assert_eq!(n, 12);
+            let sent = a.try_send(1, &out(&h[..n], &bytes[n..total]));
+            if total == MAX_MSG {
+                assert_eq!(sent, Ok(()), "{path:?}");
+                let (src, got) = recv(&mut b).expect("delivered");
+                assert_eq!((src, &got[..n], &got[n..]), (0, &h[..n], &bytes[n..total]));
+            } else {
+                assert_eq!(sent, Err(SendError::TooLarge(total)), "{path:?}");
+            }
+        }
+    }
+    fn long<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
+        Outgoing {
+            head,
+            payload: Payload::Private(payload),
+            long_offset: Some(0),
+            reply_to: None,
+        }
+    }
+    for len in MAX_MSG..=MAX_MSG + 8 {
+        let sent = a.try_send(1, &long(&bytes[..len], &[]));
+        if len == MAX_MSG {
+            assert_eq!(sent, Ok(()));
+            assert_eq!(recv(&mut b), Some((0, bytes[..len].to_vec())));
+        } else {
+            assert_eq!(sent, Err(SendError::TooLarge(len)));
+        }
+    }
+    let n = head(AmKind::Long, 4096, &mut h);
+    for len in 4096..=4096 + 8 {
+        let sent = a.try_send(1, &long(&h[..n], &bytes[..len]));
+        if len == 4096 {
+            assert_eq!(sent, Ok(()));
+            assert_eq!(recv(&mut b), Some((0, h[..n].to_vec())));
+            assert_eq!(&b.segment().to_vec()[..len], &bytes[..len]);
+        } else {
+            assert_eq!(sent, Err(SendError::TooLarge(len)));
+        }
+    }
+    assert_eq!(
+        poll_until(&mut b, Duration::from_millis(100)),
+        (None, vec![])
+    );
+}
+
 /// A peer that dies: its claims are skipped as the heads reach them, `PeerLost` is reported
 /// once, and polling goes on.
 mod dead_claimer {
