@@ -295,6 +295,71 @@ fn reply_without_request_oversize_and_bad_rank_are_errors() {
     );
 }
 
+/// The sender's limits at their boundaries: a Medium and a Long head of exactly
+/// `max_message` bytes and a Long payload of exactly `max_long` go out and arrive whole; one
+/// to eight bytes more is `TooLarge`, and nothing goes out.
+#[test]
+fn send_lengths_at_and_just_past_the_limits() {
+    let config = small();
+    let (max, max_long) = (config.max_message, config.max_long);
+    let (mut a, mut b) = pair(config);
+    let bytes: Vec<u8> = (0..max_long + 8).map(|i| (i % 251) as u8).collect();
+    let arrives = |a: &mut Portals, b: &mut Portals, want: Vec<u8>| {
+        let (got, errors) = poll_until(b, patience(5));
+        assert_eq!((got, errors), (Some((0, want)), vec![]));
+        take_replies(a);
+    };
+    let mut m = [0u8; MAX_HEAD_LEN];
+    let mn = head(Category::Request, AmKind::Medium, 0, &mut m);
+    for total in max..=max + 8 {
+        head(Category::Request, AmKind::Medium, total - mn, &mut m);
+        let sent = a.try_send(1, &out(&m[..mn], &bytes[mn..total]));
+        if total == max {
+            assert_eq!(sent, Ok(()));
+            arrives(&mut a, &mut b, [&m[..mn], &bytes[mn..total]].concat());
+        } else {
+            assert_eq!(sent, Err(SendError::TooLarge(total)));
+        }
+    }
+    fn long<'a>(head: &'a [u8], payload: &'a [u8]) -> Outgoing<'a> {
+        Outgoing {
+            long_offset: Some(0),
+            ..out(head, payload)
+        }
+    }
+    // A Long head padded past its arguments: the transport carries what it is given.
+    let ln = head(Category::Request, AmKind::Long, 0, &mut m);
+    let padded: Vec<u8> = m[..ln]
+        .iter()
+        .copied()
+        .chain(bytes[ln..].iter().copied())
+        .collect();
+    for len in max..=max + 8 {
+        let sent = a.try_send(1, &long(&padded[..len], &[]));
+        if len == max {
+            assert_eq!(sent, Ok(()));
+            arrives(&mut a, &mut b, padded[..len].to_vec());
+        } else {
+            assert_eq!(sent, Err(SendError::TooLarge(len)));
+        }
+    }
+    let ln = head(Category::Request, AmKind::Long, max_long, &mut m);
+    for len in max_long..=max_long + 8 {
+        let sent = a.try_send(1, &long(&m[..ln], &bytes[..len]));
+        if len == max_long {
+            assert_eq!(sent, Ok(()));
+            arrives(&mut a, &mut b, m[..ln].to_vec());
+            assert_eq!(&b.segment().to_vec()[..len], &bytes[..len]);
+        } else {
+            assert_eq!(sent, Err(SendError::TooLarge(len)));
+        }
+    }
+    assert_eq!(
+        poll_until(&mut b, Duration::from_millis(100)),
+        (None, vec![])
+    );
+}
+
 /// Tiny request buffers: puts are refused while the portal entry is disabled and accepted
 /// again after the target consumed and re-linked its buffers. Nothing is lost.
 #[test]
