@@ -1581,6 +1581,76 @@ mod tests {
         );
     }
 
+    /// The sender's limits at their boundaries: a Medium (by either strategy) and a Long
+    /// head of exactly a slot's capacity and a Long payload of exactly `max_long` go out and
+    /// arrive whole; one to eight bytes more is `TooLarge`, and takes no slot and sends
+    /// nothing.
+    #[test]
+    fn send_lengths_at_and_just_past_the_limits() {
+        for medium in [MediumStrategy::TwoTransfers, MediumStrategy::OneCopy] {
+            send_lengths_at_and_just_past_the_limits_with(medium);
+        }
+    }
+
+    fn send_lengths_at_and_just_past_the_limits_with(medium: MediumStrategy) {
+        let (mut a, mut b) = pair_with(SciConfig {
+            slots: 4,
+            max_long: 2048,
+            medium,
+            ..SciConfig::default()
+        });
+        let cap = a.tx.layout.command_segment(0).capacity();
+        let bytes: Vec<u8> = (0..cap.max(2048) + 8).map(|i| (i % 251) as u8).collect();
+        let take = |b: &mut Sci| {
+            for _ in 0..100 {
+                let got = b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec(), d.payload_placed));
+                if let Some(got) = got.unwrap() {
+                    return got;
+                }
+                b.wait(Duration::from_millis(10)).unwrap();
+            }
+            panic!("nothing arrived");
+        };
+        let mut h = [0u8; MAX_HEAD_LEN];
+        let n = head(Category::Request, AmKind::Medium, 0, &mut h);
+        for total in cap..=cap + 8 {
+            head(Category::Request, AmKind::Medium, total - n, &mut h);
+            let sent = a.try_send(1, &out(&h[..n], &bytes[n..total]));
+            if total == cap {
+                assert_eq!(sent, Ok(()), "{medium:?}");
+                let want = [&h[..n], &bytes[n..total]].concat();
+                assert_eq!(take(&mut b), (0, want, false), "{medium:?}");
+            } else {
+                assert_eq!(sent, Err(SendError::TooLarge(total)), "{medium:?}");
+            }
+        }
+        let long = |head, payload| Outgoing {
+            long_offset: Some(0),
+            ..out(head, payload)
+        };
+        for len in cap..=cap + 8 {
+            let sent = a.try_send(1, &long(&bytes[..len], &[]));
+            if len == cap {
+                assert_eq!(sent, Ok(()));
+                assert_eq!(take(&mut b), (0, bytes[..len].to_vec(), true));
+            } else {
+                assert_eq!(sent, Err(SendError::TooLarge(len)));
+            }
+        }
+        let n = head(Category::Request, AmKind::Long, 2048, &mut h);
+        for len in 2048..=2048 + 8 {
+            let sent = a.try_send(1, &long(&h[..n], &bytes[..len]));
+            if len == 2048 {
+                assert_eq!(sent, Ok(()));
+                assert_eq!(take(&mut b), (0, h[..n].to_vec(), true));
+                assert_eq!(&b.segment().to_vec()[..len], &bytes[..len]);
+            } else {
+                assert_eq!(sent, Err(SendError::TooLarge(len)));
+            }
+        }
+        assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
+    }
+
     /// `write_slot` lays a slot out as `am_shm::stamp::Slots` reads it.
     #[test]
     fn write_slot_matches_the_stamp_format() {
