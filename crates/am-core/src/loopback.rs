@@ -955,6 +955,30 @@ mod tests {
         }
     }
 
+    /// The sender's limit at its boundary: a message whose record takes exactly half the
+    /// ring (the largest head and a Medium of `max_medium` bytes) goes out and arrives whole;
+    /// one to eight bytes longer is `TooLarge`, and nothing goes out.
+    #[test]
+    fn send_lengths_at_and_just_past_the_limit() {
+        let mut t = small(2, 8);
+        let (a, b) = t.split_at_mut(1);
+        let (tx, rx) = (&mut a[0], &mut b[0]);
+        let half = (tx.tx.ring_bytes - RECORD_HEADER) / 2;
+        let max = (half - RECORD_HEADER) / 8 * 8;
+        assert_eq!(max, MAX_HEAD_LEN + 200);
+        let m = message(0, max + 8);
+        for len in max..=max + 8 {
+            let sent = tx.try_send(1, &Outgoing::new(&m[..8], &m[8..len]));
+            if len == max {
+                assert_eq!(sent, Ok(()));
+                assert_eq!(take(rx), Some((0, m[..len].to_vec(), false)));
+            } else {
+                assert_eq!(sent, Err(SendError::TooLarge(len)));
+            }
+        }
+        assert!(take(rx).is_none());
+    }
+
     /// The record-length check at its boundary, which the corrupt headers above (four bytes
     /// past the end, or a whole word past the ring) do not probe: a record that fills the
     /// ring exactly from its start is lent whole, those bytes and no others; one to eight
