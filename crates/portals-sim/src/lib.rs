@@ -112,12 +112,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod layout;
 pub mod ni;
 pub mod transport;
 
 use am_core::Credits;
 
-pub use transport::{Layout, Portals, Stats};
+pub use layout::Layout;
+pub use transport::{Portals, Stats};
 
 /// Settings of the Portals NIC and of the AM mapping. All ranks of a job must use the same.
 ///
