@@ -277,6 +277,32 @@ struct Dma {
     free: Vec<Vec<u8>>,
 }
 
+/// A message found ready: sender `sender`'s slot `slot` of its command segment (request
+/// slots first, then reply slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ready {
+    sender: usize,
+    slot: usize,
+}
+
+/// The next message to deliver (see [`Sci::next_message`]).
+#[derive(Clone, Copy)]
+struct Next {
+    ready: Ready,
+    /// Taken where the hint points: its sender's [`Expect`] is not advanced yet, the delivery
+    /// does it from the header it reads anyway. A message from the work queue or a look was
+    /// advanced past when it was found.
+    at_hint: bool,
+}
+
+/// The sender of the last message and whether it was a reply: a poll looks first where that
+/// sender's next message of the same kind goes, then at its other slot.
+#[derive(Clone, Copy)]
+struct Hint {
+    sender: usize,
+    reply: bool,
+}
+
 /// One rank's SCI NIC. See the [crate docs](crate).
 pub struct Sci {
     seg: Segment,
@@ -285,17 +311,16 @@ pub struct Sci {
     /// compare from its index.
     inbox: SlotReader,
     tx: TxState,
-    /// The seed's **work queue**: (sender, slot) of messages found ready, in per-sender
-    /// order, so a poll takes the next one in constant time whatever the number of peers.
-    work: VecDeque<(usize, usize)>,
+    /// The seed's **work queue**: messages found ready, in per-sender order, so a poll takes
+    /// the next one in constant time whatever the number of peers.
+    work: VecDeque<Ready>,
     /// Scratch for one sender's message-ready flags during a scan.
     stamps: Vec<u64>,
     liveness: Liveness,
     /// Errors found by a liveness check beyond the one it returned, for the next polls.
     faults: VecDeque<TransportError>,
-    /// The sender of the last message and whether it was a reply: a poll looks first where
-    /// that sender's next message of the same kind goes, then at its other slot.
-    hint: (usize, bool),
+    /// Where a poll looks first (see [`Hint`]).
+    hint: Hint,
     /// Takes of our message-exist flag that cleared tags (see [`Layout::taken`]).
     takes: u64,
     /// Polls since the work queue drained with the message-exist flag left set.
@@ -798,7 +823,10 @@ impl Sci {
             liveness: Liveness::new(pids),
             faults: VecDeque::new(),
             takes: 0,
-            hint: (0, false),
+            hint: Hint {
+                sender: 0,
+                reply: false,
+            },
             stale_polls: 0,
             am_base: layout.segment_base(),
         })
@@ -913,9 +941,9 @@ impl Sci {
         &self.tx.layout
     }
 
-    /// Clears the message-exist flag, tells the senders whose tags it cleared (a new take
-    /// count written into each one's segment, so they ring again), and scans them.
-    fn take_and_scan(&mut self) -> Result<(), TransportError> {
+    /// Takes the message-exist flag: clears it, tells the senders whose tags it cleared (a new
+    /// take count written into each one's segment, so they ring again), and scans them.
+    fn take_exist_flag(&mut self) -> Result<(), TransportError> {
         self.stale_polls = 0;
         let tags = self.seg.doorbell(MEF).map_err(sci_err)?.take_tags();
         if tags == 0 {
@@ -944,164 +972,93 @@ impl Sci {
         Ok(())
     }
 
-    /// Moves the ready messages of the senders in `tags` (all of them for an untagged ring)
-    /// to the work queue, per sender in stamp order, looking only where each sender's next
-    /// message can be (see [`Expect`]): two flags per sender. The first one found is
-    /// returned instead (a poll looks only with the queue empty, and would take it next).
-    fn look(&mut self, tags: u32) -> Result<Option<(usize, usize)>, TransportError> {
-        debug_assert!(self.work.is_empty());
-        let mut first = None;
-        match self.look_at_tags(tags, &mut first) {
-            Ok(()) => Ok(first),
-            Err(e) => {
-                // A message already taken is not lost with the look: it is next.
-                if let Some(found) = first {
-                    self.work.push_front(found);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// [`look`](Self::look)'s walk over the senders in `tags`.
-    fn look_at_tags(
-        &mut self,
-        tags: u32,
-        first: &mut Option<(usize, usize)>,
-    ) -> Result<(), TransportError> {
-        let ranks = self.tx.layout.ranks;
-        if tags & !1 == 0 {
-            for c in 0..ranks {
-                self.look_into(c, first)?;
-            }
-        } else {
-            // Tag bit b stands for senders b, b + TAGS, ...
-            let mut bits = tags >> 2;
-            while bits != 0 {
-                let mut c = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                while c < ranks {
-                    self.look_into(c, first)?;
-                    c += am_shm::doorbell::TAGS;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Moves sender `c`'s ready messages to the work queue (see [`look`](Self::look)): the
-    /// tests' look at one sender.
-    #[cfg(test)]
-    fn look_at(&mut self, c: usize) -> Result<(), TransportError> {
-        // A `first` already taken: every message goes to the queue.
-        self.look_into(c, &mut Some((c, 0)))
-    }
-
-    /// Moves sender `c`'s ready messages to the work queue, but the first one found goes to
-    /// `first` if that is still empty.
+    /// Sender `c`'s ready messages, taken in stamp order (its [`Expect`] advanced past each)
+    /// from the slots where each next one can be: the first one found goes to `first` if
+    /// that is still empty, the others to the work queue.
     #[inline(always)]
-    fn look_into(
-        &mut self,
-        c: usize,
-        first: &mut Option<(usize, usize)>,
-    ) -> Result<(), TransportError> {
-        while let Some(slot) = self.take_next(c)? {
-            if first.is_none() {
-                *first = Some((c, slot));
-            } else {
-                self.work.push_back((c, slot));
-            }
-        }
-        Ok(())
-    }
-
-    /// Sender `c`'s next message, if one of its two slots carries it: taken (its [`Expect`]
-    /// advanced), to be delivered next among `c`'s.
-    #[inline(always)]
-    fn take_next(&mut self, c: usize) -> Result<Option<usize>, TransportError> {
+    fn take_ready(&mut self, c: usize, first: &mut Option<Ready>) -> Result<(), TransportError> {
         let io = sci_err;
         let p = self.tx.config.slots;
         let TxState { recv, dests, .. } = &mut self.tx;
         let Some(e) = recv.get_mut(c) else {
-            return Ok(None);
+            return Ok(());
         };
-        let restart = restart_slot(e, dests.get(c));
-        let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
-            e.req
-        } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
-            e.rep
-        } else {
-            match restart {
-                Some(r) if self.inbox.stamp(e.base + r).map_err(io)? == e.seq => r,
-                _ => return Ok(None),
+        loop {
+            let restart = restart_slot(e, dests.get(c));
+            let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
+                e.req
+            } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
+                e.rep
+            } else {
+                match restart {
+                    Some(r) if self.inbox.stamp(e.base + r).map_err(io)? == e.seq => r,
+                    _ => return Ok(()),
+                }
+            };
+            // A reply's flags say how many requests it answers (where the next reply goes), a
+            // request's whether it was sent lone.
+            let flags = self.inbox.header(e.base + slot).map_err(io)?.flags;
+            e.advance(slot, p, flags);
+            let found = Ready { sender: c, slot };
+            if first.is_none() {
+                *first = Some(found);
+            } else {
+                self.work.push_back(found);
             }
-        };
-        // A reply's flags say how many requests it answers (where the next reply goes), a
-        // request's whether it was sent lone.
-        let flags = self.inbox.header(e.base + slot).map_err(io)?.flags;
-        e.advance(slot, p, flags);
-        Ok(Some(slot))
+        }
     }
 
-    /// Like [`look`](Self::look), but reads every ready flag of the senders in `tags`: after
-    /// a take, so a message a sender put where the protocol does not is still found.
+    /// Scans the command segments of the senders in `tags` (all of them for an untagged
+    /// ring): reads every message-ready flag, then moves the ready messages to the work queue
+    /// in stamp order. After a take, so that a message a sender put where the protocol does
+    /// not is still found.
     fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
         let io = sci_err;
         let p = self.tx.config.slots;
-        // Reused buffer: a fresh array per scan would cost a memset per poll.
-        let mut stamps = std::mem::take(&mut self.stamps);
         let all = tags & !1 == 0;
-        let mut found = Ok(());
+        // Reused buffer: a fresh array per scan would cost a memset per poll.
+        let stamps = &mut self.stamps;
         for c in 0..self.tx.layout.ranks {
             if !all && tags & am_shm::doorbell::tag(c) == 0 {
                 continue;
             }
-            found = self.scan_one(c, p, &mut stamps);
-            if found.is_err() {
-                break;
+            let Some(e) = self.tx.recv.get_mut(c) else {
+                continue;
+            };
+            // One pass over the ready flags, then find the stamps in order locally.
+            for (k, s) in stamps.iter_mut().enumerate() {
+                *s = self.inbox.stamp(e.base + k).map_err(io)?;
             }
-        }
-        self.stamps = stamps;
-        found.map_err(io)
-    }
-
-    /// [`scan`](Self::scan) of sender `c`'s command segment, with `stamps` (`2 * p` words)
-    /// for its ready flags.
-    fn scan_one(&mut self, c: usize, p: usize, stamps: &mut [u64]) -> Result<(), am_shm::ShmError> {
-        let Some(e) = self.tx.recv.get_mut(c) else {
-            return Ok(());
-        };
-        // One pass over the ready flags, then find the stamps in order locally.
-        for (k, s) in stamps.iter_mut().enumerate() {
-            *s = self.inbox.stamp(e.base + k)?;
-        }
-        while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
-            let flags = self.inbox.header(e.base + slot)?.flags;
-            e.advance(slot, p, flags);
-            self.work.push_back((c, slot));
+            while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
+                let flags = self.inbox.header(e.base + slot).map_err(io)?.flags;
+                e.advance(slot, p, flags);
+                self.work.push_back(Ready { sender: c, slot });
+            }
         }
         Ok(())
     }
 
-    /// The next message to deliver, `(sender, slot, fresh)`: the work queue's head; else the
-    /// last sender's next message, if the slot where its next message of the same kind goes
-    /// carries it (or, with the flag rung, the slot of the other kind: an exchange both ways
-    /// alternates them); else what a look at the senders that rang finds. An idle poll reads
+    /// The next message to deliver: the work queue's head; else the last sender's next
+    /// message, if the slot where its next message of the same kind goes carries it (or, with
+    /// the flag rung, the slot of the other kind: an exchange both ways alternates them);
+    /// else what a [`look`](Self::look) at the senders that rang finds. An idle poll reads
     /// two words of our own memory, the message-exist flag and that ready flag, whatever the
     /// number of peers; they are independent loads, so when both lines were written the
-    /// misses overlap. `fresh`: taken here, its sender's [`Expect`] not advanced yet (the
-    /// delivery does it from the header it reads anyway).
+    /// misses overlap.
     #[inline(always)]
-    fn next_message(&mut self) -> Result<Option<(usize, usize, bool)>, TransportError> {
-        if let Some((c, slot)) = self.work.pop_front() {
-            return Ok(Some((c, slot, false)));
+    fn next_message(&mut self) -> Result<Option<Next>, TransportError> {
+        if let Some(ready) = self.work.pop_front() {
+            return Ok(Some(Next {
+                ready,
+                at_hint: false,
+            }));
         }
         let io = sci_err;
         let tags = self.seg.doorbell(MEF).map_err(io)?.peek_tags();
         // Taking a message here keeps per-sender order (the queue is empty and the stamp is
         // the next one) and leaves the flag as it is. A message elsewhere has its sender's
         // tag on the flag.
-        let (c, rep) = self.hint;
+        let Hint { sender: c, reply } = self.hint;
         let Some(e) = self.tx.recv.get(c) else {
             return Err(TransportError::device("sci: bad hint"));
         };
@@ -1109,9 +1066,15 @@ impl Sci {
         // at slot 0 (a round trip's) than one that crossed our last reply (in turn, left to
         // the look below).
         let req = restart_slot(e, self.tx.dests.get(c)).unwrap_or(e.req);
-        let (same, other) = if rep { (e.rep, req) } else { (req, e.rep) };
+        let (same, other) = if reply { (e.rep, req) } else { (req, e.rep) };
         if self.inbox.stamp(e.base + same).map_err(io)? == e.seq {
-            return Ok(Some((c, same, true)));
+            return Ok(Some(Next {
+                ready: Ready {
+                    sender: c,
+                    slot: same,
+                },
+                at_hint: true,
+            }));
         }
         if tags == 0 {
             if self.liveness.idle_poll() {
@@ -1120,38 +1083,77 @@ impl Sci {
             return Ok(None);
         }
         if self.inbox.stamp(e.base + other).map_err(io)? == e.seq {
-            return Ok(Some((c, other, true)));
+            return Ok(Some(Next {
+                ready: Ready {
+                    sender: c,
+                    slot: other,
+                },
+                at_hint: true,
+            }));
         }
-        Ok(self.look_around(tags)?.map(|(c, slot)| (c, slot, false)))
+        Ok(self.look(tags)?.map(|ready| Next {
+            ready,
+            at_hint: false,
+        }))
     }
 
-    /// A poll that found nothing with the message-exist flag left set: after a bounded
-    /// number of them the flag is taken (and the senders that rang since are scanned).
-    #[inline]
-    fn stale_poll(&mut self) -> Result<Option<(usize, usize)>, TransportError> {
-        self.stale_polls += 1;
-        if self.stale_polls >= STALE_POLLS {
-            self.take_and_scan()?;
-            return Ok(self.work.pop_front());
-        }
-        Ok(None)
-    }
-
-    /// [`next_message`](Self::next_message) past the hint with the message-exist flag set: a
-    /// look at the senders that rang (`tags`).
+    /// [`next_message`](Self::next_message) past the hint with the message-exist flag set:
+    /// takes the ready messages of the senders that rang (`tags`), looking only where each
+    /// one's next message can be (see [`Expect`]): two flags per sender. The first one found
+    /// is returned (a look runs only with the work queue empty, and would take it next), the
+    /// others queued.
+    ///
+    /// The flag is left set while traffic flows: its senders send without ringing again (see
+    /// `TxState::publish`), and the take, which makes the next one ring, stays off the
+    /// delivery path. After a bounded number of fruitless looks it is taken, and the senders
+    /// that rang since are scanned.
     #[inline(never)]
-    fn look_around(&mut self, tags: u32) -> Result<Option<(usize, usize)>, TransportError> {
+    fn look(&mut self, tags: u32) -> Result<Option<Ready>, TransportError> {
         if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
             return Err(TransportError::JobAborted);
         }
-        // The flag is left set while traffic flows: its senders send without ringing again
-        // (see `TxState::publish`), and the clear, which makes the next one ring, stays off
-        // the delivery path. After a bounded number of fruitless polls it is taken, and the
-        // senders that rang since are scanned.
-        match self.look(tags)? {
-            Some(found) => Ok(Some(found)),
-            None => self.stale_poll(),
+        debug_assert!(self.work.is_empty());
+        let ranks = self.tx.layout.ranks;
+        let mut first = None;
+        let walked = 'walk: {
+            if tags & !1 == 0 {
+                for c in 0..ranks {
+                    if let Err(e) = self.take_ready(c, &mut first) {
+                        break 'walk Err(e);
+                    }
+                }
+            } else {
+                // Tag bit b stands for senders b, b + TAGS, ...
+                let mut bits = tags >> 2;
+                while bits != 0 {
+                    let mut c = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    while c < ranks {
+                        if let Err(e) = self.take_ready(c, &mut first) {
+                            break 'walk Err(e);
+                        }
+                        c += am_shm::doorbell::TAGS;
+                    }
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = walked {
+            // A message already taken is not lost with the look: it is next.
+            if let Some(found) = first {
+                self.work.push_front(found);
+            }
+            return Err(e);
         }
+        if first.is_some() {
+            return Ok(first);
+        }
+        self.stale_polls += 1;
+        if self.stale_polls >= STALE_POLLS {
+            self.take_exist_flag()?;
+            return Ok(self.work.pop_front());
+        }
+        Ok(None)
     }
 
     /// After a while without progress: is every peer that has not departed still alive? And a
@@ -1256,13 +1258,20 @@ impl Transport for Sci {
         if let Some(e) = self.faults.pop_front() {
             return Err(e);
         }
-        let Some((src, slot, fresh)) = self.next_message()? else {
+        let Some(Next {
+            ready: Ready { sender: src, slot },
+            at_hint,
+        }) = self.next_message()?
+        else {
             return Ok(None);
         };
         self.liveness.progress();
         self.stale_polls = 0;
         let p = self.tx.config.slots;
-        self.hint = (src, slot >= p);
+        self.hint = Hint {
+            sender: src,
+            reply: slot >= p,
+        };
         let corrupt = |e: am_shm::ShmError| TransportError::PeerMisbehaved {
             peer: Some(src as Rank),
             what: format!("sci: a bad slot {slot}: {e}"),
@@ -1273,7 +1282,7 @@ impl Transport for Sci {
         // bytes, by copies).
         let at = src * 2 * p + slot;
         let am_shm::stamp::SlotHeader { len, flags } = self.inbox.header(at).map_err(corrupt)?;
-        if fresh {
+        if at_hint {
             if let Some(e) = self.tx.recv.get_mut(src) {
                 e.advance(slot, p, flags);
             }
@@ -1392,7 +1401,7 @@ impl Transport for Sci {
             return Ok(());
         }
         // Never sleep on a flag left set: take it (and scan) first.
-        self.take_and_scan()?;
+        self.take_exist_flag()?;
         if !self.work.is_empty() {
             return Ok(());
         }
