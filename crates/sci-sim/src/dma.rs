@@ -21,16 +21,17 @@ pub(crate) struct Job {
     pub buf: Vec<u8>,
 }
 
-pub(crate) struct Engine {
+/// One rank's DMA engine: its thread and the two ends of its queue (see the module docs).
+pub(crate) struct DmaEngine {
     jobs: Option<Sender<Job>>,
     pub done: Receiver<Vec<u8>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Engine {
+impl DmaEngine {
     /// Starts the engine; completions ring `own` (this rank's doorbell) so a sleeping rank
     /// wakes to publish the header.
-    pub fn start(own: Imported) -> std::io::Result<Engine> {
+    pub fn start(own: Imported) -> std::io::Result<DmaEngine> {
         let (jobs, rx) = bounded::<Job>(QUEUE_DEPTH);
         let (done_tx, done) = bounded::<Vec<u8>>(QUEUE_DEPTH);
         let thread = std::thread::Builder::new()
@@ -46,7 +47,7 @@ impl Engine {
                     let _ = own.ring(MEF);
                 }
             })?;
-        Ok(Engine {
+        Ok(DmaEngine {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
@@ -59,7 +60,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for DmaEngine {
     fn drop(&mut self) {
         self.jobs = None;
         // Drain completions so the engine never blocks on a full `done` channel.

@@ -12,7 +12,7 @@ use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::AsymmetricFence;
 use am_shm::{Imported, Segment, SharedBytes, WordRun};
 
-use crate::dma::{Engine, Job, QUEUE_DEPTH};
+use crate::dma::{DmaEngine, Job, QUEUE_DEPTH};
 use crate::layout::{answers, answers_flag, Layout, ABORT, LONE, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
@@ -271,7 +271,7 @@ impl MessageLocationStatus {
 }
 
 struct Dma {
-    engine: Option<Engine>,
+    engine: Option<DmaEngine>,
     /// Messages whose payload the engine is copying, in submit order: (dest, slot).
     queue: VecDeque<(usize, usize)>,
     free: Vec<Vec<u8>>,
@@ -660,7 +660,7 @@ impl TxState {
                         let Some(own) = self.peers.get(self.rank).cloned() else {
                             return Err(SendError::device("sci: no own segment"));
                         };
-                        let engine = Engine::start(own)
+                        let engine = DmaEngine::start(own)
                             .map_err(|e| SendError::device_from("sci: starting DMA", e))?;
                         self.dma.engine = Some(engine);
                         self.dma.free = (0..QUEUE_DEPTH)
