@@ -98,7 +98,8 @@ pub(crate) enum Job {
     },
 }
 
-pub(crate) struct Engine {
+/// One rank's RMA engine: the thread that runs its queued puts and gets (see the module docs).
+pub(crate) struct RmaEngine {
     jobs: Option<Sender<Job>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -316,14 +317,14 @@ pub(crate) fn put_immediate(
     slots.finish(notes, rank, completer);
 }
 
-impl Engine {
+impl RmaEngine {
     pub fn start(
         rank: usize,
         layout: Layout,
         peers: Arc<Vec<PeerMap>>,
         pids: Vec<Option<nix::unistd::Pid>>,
         patience: Duration,
-    ) -> std::io::Result<Engine> {
+    ) -> std::io::Result<RmaEngine> {
         let (jobs, rx) = unbounded::<Job>();
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
@@ -385,7 +386,7 @@ impl Engine {
                     );
                 }
             })?;
-        Ok(Engine {
+        Ok(RmaEngine {
             jobs: Some(jobs),
             stop,
             thread: Some(thread),
@@ -398,7 +399,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for RmaEngine {
     fn drop(&mut self) {
         // Finish the queued jobs (bounded: every wait of the engine is bounded, and after a
         // second it is told to stop).

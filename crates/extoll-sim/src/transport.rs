@@ -25,7 +25,7 @@ use crate::layout::{
     mailbox_claimer, notes_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
     RMA_BUF,
 };
-use crate::rma::{self, kind, Data, Engine, Job, Note, PeerMap, Reserved, NOTIFY_PATIENCE};
+use crate::rma::{self, kind, Data, Job, Note, PeerMap, Reserved, RmaEngine, NOTIFY_PATIENCE};
 use crate::velo::{
     self, FrameError, Meta, Reassembler, FIRST, LAST, PLACED, RMA_BEFORE_MOD, RMA_WAIT,
 };
@@ -153,7 +153,7 @@ struct TxState {
     rma_ack_sent: Vec<u64>,
     /// Each notification queue's head as last read (ours included), for immediate puts.
     note_heads: Vec<u64>,
-    engine: Option<Engine>,
+    engine: Option<RmaEngine>,
     /// How long the engine's thread waits for room in a live peer's notification queue.
     engine_patience: Duration,
     /// Jobs queued to the engine's thread, and their requester notifications seen (all done
@@ -270,9 +270,9 @@ impl TxState {
         }
     }
 
-    fn engine(&mut self) -> Result<&Engine, SendError> {
+    fn engine(&mut self) -> Result<&RmaEngine, SendError> {
         if self.engine.is_none() {
-            let e = Engine::start(
+            let e = RmaEngine::start(
                 self.rank,
                 self.layout,
                 self.peers.clone(),
