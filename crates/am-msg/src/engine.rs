@@ -1,7 +1,7 @@
 //! The message protocol as a pure state machine: no transport, no clock, no segment.
 //!
-//! The glue in `lib.rs` feeds it what the AM handlers see ([`Engine::on_wire`]) and drains
-//! what it wants sent ([`Engine::peek_out`] / [`Engine::commit_out`]); the tests at the bottom
+//! The glue in `lib.rs` feeds it what the AM handlers see ([`MsgEngine::on_wire`]) and drains
+//! what it wants sent ([`MsgEngine::peek_out`] / [`MsgEngine::commit_out`]); the tests at the bottom
 //! drive two engines over in-memory channels with arbitrary interleavings.
 //!
 //! # Matching rule of receiver-initiated rendezvous
@@ -228,9 +228,9 @@ pub struct LateError {
     pub error: MsgError,
 }
 
-/// One rank's protocol state.
+/// One rank's message protocol (eager and rendezvous, matching) as a state machine.
 #[derive(Default)]
-pub(crate) struct Engine {
+pub(crate) struct MsgEngine {
     peers: Vec<Peer>,
     sends: HashMap<SendId, SendState>,
     recvs: HashMap<RecvId, RecvState>,
@@ -250,7 +250,7 @@ fn too_small(len: u64, capacity: u64) -> MsgError {
     MsgError::TooSmall { len, capacity }
 }
 
-impl Engine {
+impl MsgEngine {
     fn peer(&mut self, r: Rank) -> &mut Peer {
         let i = r as usize;
         if self.peers.len() <= i {
@@ -512,7 +512,7 @@ impl Engine {
         })
     }
 
-    /// The message [`Engine::peek_out`] returned was sent: advance.
+    /// The message [`MsgEngine::peek_out`] returned was sent: advance.
     pub fn commit_out(&mut self, dest: Rank, max_long: usize, placed: &dyn Fn(usize) -> bool) {
         let Some(p) = self.peers.get_mut(dest as usize) else {
             return;
@@ -599,7 +599,7 @@ impl Engine {
         self.sends.contains_key(&id)
     }
 
-    /// See [`Engine::knows_send`].
+    /// See [`MsgEngine::knows_send`].
     pub fn knows_recv(&self, id: RecvId) -> bool {
         self.recvs.contains_key(&id)
     }

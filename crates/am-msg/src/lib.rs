@@ -86,7 +86,7 @@ mod engine;
 pub mod threshold;
 
 pub use engine::LateError;
-use engine::{Engine, RecvId, SendId, Wire};
+use engine::{MsgEngine, RecvId, SendId, Wire};
 
 /// How many handler ids a [`Messenger`] takes, from its `first_handler` on.
 pub const HANDLER_COUNT: u8 = 11;
@@ -542,7 +542,7 @@ fn decode(op: u8, a: &[u32]) -> Option<Wire> {
 }
 
 /// Runs one of the messenger's handlers: decode, hand to the engine, copy, reply.
-fn handle(eng: &RefCell<Engine>, first: u8, op: u8, msg: Msg<'_>, token: Option<Token<'_>>) {
+fn handle(eng: &RefCell<MsgEngine>, first: u8, op: u8, msg: Msg<'_>, token: Option<Token<'_>>) {
     let src = msg.src();
     let args: Vec<u32> = msg.args().to_vec();
     let mut e = eng.borrow_mut();
@@ -596,7 +596,7 @@ fn handle(eng: &RefCell<Engine>, first: u8, op: u8, msg: Msg<'_>, token: Option<
 /// Ordering: messages from one sender with one tag are received in the order they were sent
 /// (MPI's non-overtaking rule), and receives are matched in the order they were posted.
 pub struct Messenger {
-    engine: Rc<RefCell<Engine>>,
+    engine: Rc<RefCell<MsgEngine>>,
     first: u8,
     config: MsgConfig,
 }
@@ -620,7 +620,7 @@ impl Messenger {
         if first as usize + HANDLER_COUNT as usize > 256 {
             return Err(MsgError::HandlerRange { first });
         }
-        let engine = Rc::new(RefCell::new(Engine::default()));
+        let engine = Rc::new(RefCell::new(MsgEngine::default()));
         let requests: [(u8, &str, AmKind); 8] = [
             (OP_EAGER, "am-msg eager", AmKind::Medium),
             (OP_RTS, "am-msg rts", AmKind::Short),
@@ -854,7 +854,7 @@ impl Messenger {
     fn wait<T: Transport, R>(
         &self,
         node: &mut Node<T>,
-        mut take: impl FnMut(&mut Engine) -> Option<Result<R, MsgError>>,
+        mut take: impl FnMut(&mut MsgEngine) -> Option<Result<R, MsgError>>,
     ) -> Result<R, MsgError> {
         let spin = node.config().wait_mode == WaitMode::Spin;
         loop {

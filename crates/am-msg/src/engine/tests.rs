@@ -45,7 +45,7 @@ struct Packet {
 }
 
 struct Node {
-    eng: Engine,
+    eng: MsgEngine,
     seg: Vec<u8>,
     written: Vec<usize>,
     script: VecDeque<Op>,
@@ -262,7 +262,7 @@ fn run(case: &Case) -> Vec<(Protocol, bool)> {
             o.sort_by_key(|(k, _)| *k);
             let recvs = o.iter().filter(|(_, op)| matches!(op, Op::Recv(_))).count();
             Node {
-                eng: Engine::default(),
+                eng: MsgEngine::default(),
                 seg: vec![SENTINEL; SLOT * recvs.max(1)],
                 written: vec![0; recvs.max(1)],
                 script: o.into_iter().map(|(_, op)| op).collect(),
@@ -493,8 +493,8 @@ fn crossing_rts_and_rtr_write_once() {
 
 #[test]
 fn receiver_first_writes_without_handshake() {
-    let mut e0 = Engine::default();
-    let mut e1 = Engine::default();
+    let mut e0 = MsgEngine::default();
+    let mut e1 = MsgEngine::default();
     let (rid, _) = e1.post_recv(Some(0), 5, 0, 100, true);
     let rtr = e1.peek_out(0, 1000, &|_| true).unwrap().wire;
     e1.commit_out(0, 1000, &|_| true);
@@ -524,7 +524,7 @@ fn receiver_first_writes_without_handshake() {
 
 #[test]
 fn out_of_order_announcement_is_a_violation() {
-    let mut e = Engine::default();
+    let mut e = MsgEngine::default();
     e.on_wire(3, Wire::Eager { tag: 0, seq: 1 }, b"x", None);
     assert_eq!(e.violations.len(), 1);
 }
