@@ -514,7 +514,7 @@ impl TxState {
         let port = &self.dests[dest].notes;
         Reserved::claim(port, &mut self.note_heads[dest])
             .map_err(shm)?
-            .ok_or(SendError::Busy)
+            .ok_or_else(|| SendError::Busy)
     }
 
     /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index

@@ -315,7 +315,7 @@ impl TxState {
     /// A request (not a Long): it takes a free send slot, which its reply frees.
     #[inline(always)]
     fn send_request(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        let slot = *self.free_slots.last().ok_or(SendError::Busy)?;
+        let slot = *self.free_slots.last().ok_or_else(|| SendError::Busy)?;
         self.put_message(dest, slot, false, msg)?;
         self.free_slots.pop();
         self.slot_dest[slot as usize] = dest;
@@ -367,7 +367,7 @@ impl TxState {
         let is_reply = msg.is_reply();
         let slot = match msg.reply_to {
             Some(route) => self.owed_slot(dest, route)?,
-            None => *self.free_slots.last().ok_or(SendError::Busy)?,
+            None => *self.free_slots.last().ok_or_else(|| SendError::Busy)?,
         };
         let (payload, shared): (&[u8], _) = match msg.payload {
             Payload::Private(p) => (p, None),

@@ -636,7 +636,7 @@ impl TxState {
                 _ => return Err(SendError::NoRequestToAnswer(route)),
             }
         } else {
-            let r = to.request_slot().ok_or(SendError::Busy)?;
+            let r = to.request_slot().ok_or_else(|| SendError::Busy)?;
             (r.index, r.flags, Claim::Request(r))
         };
         let cap = self.chan.capacity();
