@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::atomic::{AtomicOp, AtomicWord};
 use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
-use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, PutHandle};
+use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::Handlers;
 use crate::transport::{Capabilities, Limits, Transport};
@@ -231,23 +231,11 @@ impl<T: Transport> Node<T> {
     /// A peer's exit ends this process here.
     #[inline]
     fn poll_once(&mut self) -> Result<bool, AmError> {
-        // `Endpoint::poll_one`, taken apart so that the common case tests one flag.
-        match self.ep.poll_step(&mut self.transport) {
-            Ok(true) => {
-                if let Some(code) = self.ep.exit_requested() {
-                    self.terminate(code);
-                }
-                Ok(true)
-            }
-            Ok(false) => Ok(false),
-            Err(e) => self.poll_failed(e),
+        match self.ep.poll_one(&mut self.transport)? {
+            Polled::Idle => Ok(false),
+            Polled::Handled => Ok(true),
+            Polled::Exit(code) => self.terminate(code),
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn poll_failed(&mut self, e: AmError) -> Result<bool, AmError> {
-        self.ep.poll_failed(e).map(|_| false)
     }
 
     /// Polls until `done()` is true, waiting between polls as the wait mode says.

@@ -249,20 +249,14 @@ impl Endpoint {
     /// found it. The message that caused an error is dropped, and polling can go on.
     #[inline(always)]
     pub fn poll_one<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<Polled, AmError> {
-        match self.poll_step(t) {
-            Ok(false) => Ok(Polled::Idle),
-            Ok(true) => Ok(match self.exit_requested {
-                Some(code) => Polled::Exit(code),
-                None => Polled::Handled,
-            }),
+        match self.poll_raw(t) {
             Err(e) => self.poll_failed(e),
+            ok => ok,
         }
     }
 
-    /// [`Endpoint::poll_one`] as `Node` takes it apart: whether a message was handled, the
-    /// error as found (for [`Endpoint::poll_failed`]); the exit request is read after it.
     #[inline(always)]
-    pub(crate) fn poll_step<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<bool, AmError> {
+    fn poll_raw<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<Polled, AmError> {
         self.flush(t)?;
         // The handler's error is kept aside rather than carried out through the transport's
         // result: the common, error-free message then moves nothing.
@@ -276,18 +270,20 @@ impl Endpoint {
             if self.acks_owed() {
                 self.flush_acks(t)?;
             }
-            return Ok(false);
+            return Ok(Polled::Idle);
+        }
+        if let Some(code) = self.exit_requested {
+            return Ok(Polled::Exit(code));
         }
         match failed {
-            None => Ok(true),
+            None => Ok(Polled::Handled),
             Some(e) => Err(e),
         }
     }
 
-    /// What a poll's error says about a peer is recorded; a departure is not an error.
     #[cold]
     #[inline(never)]
-    pub(crate) fn poll_failed(&mut self, e: AmError) -> Result<Polled, AmError> {
+    fn poll_failed(&mut self, e: AmError) -> Result<Polled, AmError> {
         match self.absorb(e) {
             None => Ok(Polled::Idle),
             Some(e) => Err(e),
