@@ -365,11 +365,6 @@ pub type SendError = NicError;
 /// A NIC's failure outside a send: a [`NicError`] (the same type).
 pub type TransportError = NicError;
 
-/// A send error as the AM error it becomes.
-pub(crate) fn send_err(e: SendError) -> AmError {
-    AmError::from(e)
-}
-
 /// A failed copy of bytes the checks already bounded: a transport's own fault.
 #[cold]
 pub(crate) fn shm_err(e: am_shm::ShmError) -> AmError {

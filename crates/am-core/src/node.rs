@@ -10,8 +10,7 @@ use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::Handlers;
 use crate::transport::{Capabilities, Limits, Transport};
-use crate::types::Rank;
-use crate::types::{AmKind, HandlerId};
+use crate::types::{AmKind, HandlerId, Rank};
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
 ///

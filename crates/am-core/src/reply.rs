@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Range;
 
-use crate::error::{send_err, AmError};
+use crate::error::AmError;
 use crate::protocol::SystemMsg;
 use crate::transport::{Limits, Outgoing, Payload, Route, SendError, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
@@ -313,7 +313,7 @@ impl<'a> ReplySink<'a> {
     #[cold]
     #[inline(never)]
     fn failed(&mut self, e: SendError) -> AmError {
-        let e = send_err(e);
+        let e = AmError::from(e);
         self.out.error.get_or_insert_with(|| e.clone());
         e
     }

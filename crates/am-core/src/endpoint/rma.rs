@@ -7,7 +7,7 @@ use std::task::{ready, Poll};
 use super::handles::{AtomicHandle, AtomicState, GetHandle, PutHandle};
 use super::state::{Endpoint, OpSlot};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
-use crate::error::{send_err, AmError, SendError};
+use crate::error::{AmError, SendError};
 use crate::protocol::SystemMsg;
 use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
@@ -250,15 +250,6 @@ impl Endpoint {
         let (index, gen) = self.alloc_op(dest, offset, 1, vec![0; 8]);
         self.ops[index as usize].atomic = Some(atomic);
         (index, gen)
-    }
-
-    /// A send-side error of an operation the NIC does itself: recorded as a poll's would be
-    /// (a lost or departed target is marked so), and returned.
-    #[cold]
-    pub(super) fn nic_failed(&mut self, e: SendError) -> AmError {
-        let e = send_err(e);
-        let _ = self.absorb(e.clone());
-        e
     }
 
     /// A step of sending an atomic, as [`Endpoint::put_step`]: ready once it is sent (at

@@ -5,7 +5,7 @@ use std::task::Poll;
 
 use super::state::{Endpoint, LOST};
 use crate::credit::CreditPolicy;
-use crate::error::{send_err, AmError};
+use crate::error::AmError;
 use crate::handler::HandlerFn;
 use crate::protocol::SystemMsg;
 use crate::reply::{check_message, encode_acks, segment_range};
@@ -209,13 +209,15 @@ impl Endpoint {
             }
             Err(e) => {
                 self.credits.cancel(dest);
-                self.send_failed(e)
+                Err(self.nic_failed(e))
             }
         }
     }
 
+    /// A send-side error of the NIC, a message's or an operation the NIC does itself:
+    /// recorded as a poll's would be (a lost or departed target is marked so), and returned.
     #[cold]
-    pub(super) fn send_failed(&mut self, e: SendError) -> Result<bool, AmError> {
+    pub(super) fn nic_failed(&mut self, e: SendError) -> AmError {
         match e {
             SendError::PeerLost(peer) => {
                 self.mark_lost(peer);
@@ -225,7 +227,7 @@ impl Endpoint {
             }
             _ => {}
         }
-        Err(send_err(e))
+        AmError::from(e)
     }
 
     /// One attempt to tell `dest` that the job ends with `code` ([`crate::Node::exit`]):
@@ -277,7 +279,7 @@ impl Endpoint {
                 }
                 Err(e) => {
                     self.replies.pending.pop_front();
-                    return Err(send_err(e));
+                    return Err(AmError::from(e));
                 }
             }
         }
@@ -313,7 +315,7 @@ impl Endpoint {
                 Err(SendError::Busy) => return Ok(()),
                 Err(e) => {
                     acks.forget(peer);
-                    return self.send_failed(e).map(drop);
+                    return Err(self.nic_failed(e));
                 }
             }
         }
