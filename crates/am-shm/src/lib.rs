@@ -23,8 +23,11 @@
 //! - [`SpscRing`]: a ring of variable-size records with one writer and one reader (its
 //!   bytes, its reader's head word and futex word), checked once when made, so that its hot
 //!   path needs no bounds checks.
-//! - [`mailbox`]: a ring that senders of several processes claim slot by slot, each claim a
-//!   compare-and-swap that names its claimer, so a dead claimer's slot can be told and skipped.
+//! - [`claim`]: the claimed ring, a ring that producers of several processes claim slot by
+//!   slot, each claim a compare-and-swap that names its claimer, so a dead claimer's slot can
+//!   be told and skipped; the Portals event queue is one.
+//! - [`mailbox`]: the claimed ring of VELO's mailbox, with payloads, multi-slot claims and
+//!   checked-once handles for its senders and owner.
 //! - [`Doorbell`]: a 32-bit flag word with a futex, so a receiver sleeps until a sender rings
 //!   it, across processes, with no lost wake-up and no system call on the sender's fast path.
 //! - [`floor`]: the raw floors the benchmarks compare against (cache-line ping-pong, copy
@@ -48,6 +51,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod claim;
 pub mod doorbell;
 #[cfg(not(loom))]
 pub mod floor;

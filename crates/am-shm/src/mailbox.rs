@@ -1,36 +1,18 @@
 //! A multi-producer mailbox ring (EXTOLL VELO's receive queue, and its RMA notification
-//! queue): fixed-size slots whose **status word is last**, claimed slot by slot by senders of
-//! several processes, and read by its one owner in ticket order.
+//! queue): fixed-size slots claimed slot by slot by senders of several processes, and read
+//! by its one owner in ticket order.
 //!
-//! Ticket `t` uses slot `t % slots` in lap `t / slots`. A slot's status word holds:
+//! It is a [claimed ring](crate::claim) whose slots lie in the segment's byte area, each a
+//! payload followed by its status word; the claim, the claimer's record, the publication
+//! and the owner's take-over are that module's. What the mailbox adds:
 //!
-//! ```text
-//! bits  0..30   stamp: (lap + 1) mod 2^30 of the lap that last wrote it (0 in zeroed memory)
-//! bits 30..32   state: CLAIMED, PUBLISHED or SKIPPED
-//! bits 32..64   PUBLISHED: the caller's meta data (VELO: source, length, flags)
-//!               CLAIMED, SKIPPED: the claimer
-//! ```
-//!
-//! - **claim**: a sender takes ticket `t` with one compare-and-swap of its slot's status, from
-//!   the previous lap's status (whatever its state) to `CLAIMED(lap, claimer)`: the claim and
-//!   its owner are one atomic step, so a receiver can always tell whose a claimed slot is, and
-//!   skip it once that claimer is dead. The slot must also be consumed: `t < head + slots`,
-//!   with `head` the owner's published head (cached, reloaded with `Acquire` when it says
-//!   "full"). The tail word is only a hint of where to start (moved past each claim
-//!   by a plain store): a corrupt tail costs a walk, never an overwrite,
-//!   since a slot whose status is this lap's is never claimed again;
+//! - the head the sender caches (reloaded with `Acquire` when it says "full");
 //! - a claim of `n` slots (a multi-packet message) takes them one by one (they need not be
 //!   consecutive: the owner reassembles per source) and is all or nothing: a sender that
 //!   cannot get all of them marks the ones it got `SKIPPED` and reports "no room";
-//! - **write** the payload bytes, then **publish** with a `Release` store of the status; the
-//!   owner loads the status of its next ticket with `Acquire`, copies the payload out, and
-//!   stores the head with `Release` (in batches, [`Ring::consumed`]), so a sender's `Acquire`
-//!   of the head orders its overwrite after the owner's reads. The owner never writes a slot,
-//!   except to repair a status that no lap could have written;
-//! - each claimer has a **record** word in the owner's segment that only it writes: `ACTIVE`
-//!   and the lowest ticket it may claim, stored before its first claim, cleared once its
-//!   claims are published. A status that says `CLAIMED` by a claimer whose record disagrees
-//!   was not written by that claimer ([`Ring::claim_is_genuine`]).
+//! - payload writes as whole words, and a status that carries the sender's meta data (VELO:
+//!   source, length, flags);
+//! - the owner's head published in batches ([`Ring::consumed`]).
 //!
 //! Zeroed memory is a valid empty ring. Senders need the receiver's segment mapped with
 //! atomic access ([`attach`]), as an EXTOLL NIC claims slots in the receiver's queue.
@@ -65,26 +47,15 @@
 //! assert_eq!(ring.look(&seg, 2).unwrap(), Seen::Empty);
 //! ```
 
+use crate::claim::{self, Claimant, Laps, ACTIVE};
 use crate::mapping::WORD;
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Imported, Segment, SharedBytes, ShmError, Slot};
 
-/// Bits of the status word that hold the stamp.
-pub const STAMP_BITS: u32 = 30;
-const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
-const STATE_MASK: u64 = 3 << STAMP_BITS;
-const CLAIMED: u64 = 1 << STAMP_BITS;
-const PUBLISHED: u64 = 2 << STAMP_BITS;
-const SKIPPED: u64 = 3 << STAMP_BITS;
+pub use crate::claim::{Seen, OWNER, STAMP_BITS};
+
 /// Bytes of a slot's status word (at the end of the slot).
 pub const STATUS_LEN: usize = 8;
-/// A claimer's record while it holds (or is taking) claims.
-const ACTIVE: u64 = 1 << 63;
-/// The claimer id the owner writes into a status it repairs.
-pub const OWNER: u32 = u32::MAX;
-/// Failed compare-and-swaps on one ticket before a claim reports "no room" (another claimer
-/// keeps changing that status: a sane one would have taken the slot long before).
-const CAS_RETRIES: u32 = 1 << 10;
 
 /// Maps segment `name` of job `job_id` with atomic access to its word area and slot words, as
 /// a sender of a [`Ring`] in it needs (and reads, as an RMA engine's get needs). The file must
@@ -92,19 +63,6 @@ const CAS_RETRIES: u32 = 1 << 10;
 #[cfg(not(loom))]
 pub fn attach(job_id: &str, name: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
     Segment::attach(job_id, name, words, bytes)
-}
-
-/// What the owner finds at a ticket ([`Ring::look`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seen {
-    /// Nobody has claimed it yet.
-    Empty,
-    /// Claimed by this claimer, not yet published.
-    Claimed(u32),
-    /// Published with this meta data.
-    Published(u32),
-    /// Given up by this claimer: nothing to deliver, consume it.
-    Skipped(u32),
 }
 
 /// Where a ring lives in a segment; see the [module docs](self). Made by [`Ring::new`], which
@@ -116,17 +74,7 @@ pub struct Ring {
     data: usize,
     slots: usize,
     slot_size: usize,
-    /// `log2(slots)` for a power-of-two ring, [`NOT_POW2`] otherwise.
-    lap_shift: u32,
-}
-
-/// [`Ring::lap_shift`] of a ring whose slot count is not a power of two.
-const NOT_POW2: u32 = u32::MAX;
-
-/// The stamp of lap `lap`.
-#[inline]
-fn stamp(lap: u64) -> u64 {
-    lap.wrapping_add(1) & STAMP_MASK
+    laps: Laps,
 }
 
 impl Ring {
@@ -149,17 +97,13 @@ impl Ring {
             || !tail.is_multiple_of(8)
             || !head.is_multiple_of(8)
             || !data.is_multiple_of(8);
-        if bad {
+        let laps = Laps::new(slots as u64).filter(|_| !bad);
+        let Some(laps) = laps else {
             return Err(ShmError::OutOfBounds {
                 offset: data,
                 len: slot_size,
                 area: slots,
             });
-        }
-        let lap_shift = if slots.is_power_of_two() {
-            slots.trailing_zeros()
-        } else {
-            NOT_POW2
         };
         Ok(Ring {
             tail,
@@ -167,7 +111,7 @@ impl Ring {
             data,
             slots,
             slot_size,
-            lap_shift,
+            laps,
         })
     }
 
@@ -217,16 +161,13 @@ impl Ring {
     /// division costs more than the rest of a one-packet send).
     #[inline(always)]
     fn split(&self, ticket: u64) -> (u64, usize) {
-        if self.lap_shift != NOT_POW2 {
-            (
-                ticket >> self.lap_shift,
-                (ticket & (self.slots as u64 - 1)) as usize,
-            )
-        } else {
-            // `slots >= 1` (checked by `new`).
-            let n = self.slots.max(1) as u64;
-            (ticket / n, (ticket % n) as usize)
-        }
+        self.laps.split(ticket)
+    }
+
+    /// The ring's lap arithmetic (status values of its tickets).
+    #[inline(always)]
+    pub fn laps(&self) -> &Laps {
+        &self.laps
     }
 
     #[inline]
@@ -288,21 +229,31 @@ impl Ring {
             }
         }
         let mut c = Claimer {
-            t: tail.load(Ordering::Relaxed),
+            record,
             recorded: (before & ACTIVE != 0).then_some(before & !ACTIVE),
             claimer,
         };
-        if !self.room_for(seg, n, head, c.t)? {
+        let mut cursor = tail.load(Ordering::Relaxed);
+        if !self.room_for(seg, n, head, cursor)? {
             return Ok(false);
         }
+        let slots = Slots { ring: self, seg };
+        let head_word = seg.word(self.head)?;
         for k in 0..n {
-            match self.claim_one(seg, tail, record, head, &mut c) {
+            match claim::claim_next::<_, _, false>(
+                &slots,
+                tail,
+                head_word,
+                head,
+                &mut cursor,
+                &mut c,
+            ) {
                 Ok(Some(t)) => out[k] = t,
                 other => {
                     // Give back what was taken: those slots are ours, the owner skips them.
                     for &t in &out[..k] {
                         self.status(seg, t)?
-                            .store(self.skipped(t, claimer), Ordering::Release);
+                            .store(self.laps.skipped(t, claimer), Ordering::Release);
                     }
                     record.store(before, Ordering::Release);
                     if other.is_err() {
@@ -332,19 +283,14 @@ impl Ring {
         if t < head || t - head >= self.slots as u64 {
             return Ok(None);
         }
-        let (lap, _) = self.split(t);
         let slot = seg.slot(self.slot_base(t), self.slot_size)?;
         let word = slot.last_word();
         let st = word.load(Ordering::Acquire);
-        if st & STAMP_MASK != lap & STAMP_MASK {
+        if !self.laps.is_free(st, t) {
             return Ok(None);
         }
-        record.store(ACTIVE | t, Ordering::Relaxed);
-        let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
-        if word
-            .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        record.store(claim::record(t), Ordering::Relaxed);
+        if claim::try_slot(&self.laps, word, t, st, claimer).is_err() {
             record.store(0, Ordering::Relaxed);
             return Ok(None);
         }
@@ -391,7 +337,7 @@ impl Ring {
         }
         let before = t - 1;
         let st = self.status(seg, before)?.load(Ordering::Acquire);
-        Ok(before < *head || st & STAMP_MASK != stamp(self.split(before).0))
+        Ok(before < *head || !self.laps.is_taken(st, before))
     }
 
     /// Takes for writing (a hint: [`Imported::prefetch_for_write`]) the line of the slot
@@ -404,127 +350,6 @@ impl Ring {
         if let Ok(tail) = seg.word(self.tail) {
             let t = tail.load(Ordering::Relaxed).wrapping_add(ahead);
             to.prefetch_for_write(self.slot_base(t));
-        }
-    }
-
-    /// The status of `ticket`'s slot published with `meta`.
-    #[inline(always)]
-    fn published(&self, ticket: u64, meta: u32) -> u64 {
-        (meta as u64) << 32 | PUBLISHED | stamp(self.split(ticket).0)
-    }
-
-    fn skipped(&self, ticket: u64, claimer: u32) -> u64 {
-        (claimer as u64) << 32 | SKIPPED | stamp(self.split(ticket).0)
-    }
-
-    /// One slot for `c`: see the module docs.
-    #[inline(always)]
-    fn claim_one(
-        &self,
-        seg: &Segment,
-        tail: &AtomicU64,
-        record: &AtomicU64,
-        head: &mut u64,
-        c: &mut Claimer,
-    ) -> Result<Option<u64>, ShmError> {
-        let slots = self.slots as u64;
-        let mut retries = 0;
-        loop {
-            if c.t < *head {
-                c.t = *head;
-            }
-            if c.t - *head >= slots {
-                let h = seg.word(self.head)?.load(Ordering::Acquire);
-                // The owner's head only grows: a smaller value is stale or corrupt.
-                *head = (*head).max(h);
-                if c.t < *head {
-                    continue;
-                }
-                if c.t - *head >= slots {
-                    // Full, or a tail hint ahead of the claims: then the last slot before
-                    // the hint is not this lap's, and the walk restarts at the head.
-                    let before = c.t.checked_sub(1).filter(|&b| b >= *head);
-                    let claimed = match before {
-                        Some(b) if c.t - *head == slots => {
-                            let st = self.status(seg, b)?.load(Ordering::Acquire);
-                            st & STAMP_MASK == stamp(self.split(b).0)
-                        }
-                        _ => false,
-                    };
-                    if claimed {
-                        return Ok(None);
-                    }
-                    // A hint no claim produced: put the tail back at the head, unless someone
-                    // moved it meanwhile.
-                    let _ = tail.compare_exchange(c.t, *head, Ordering::Relaxed, Ordering::Relaxed);
-                    c.t = *head;
-                    retries += 1;
-                    if retries > CAS_RETRIES {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-            }
-            let t = c.t;
-            // No ring reaches the last ticket there is: a corrupt tail and head sent us
-            // there, and stepping past it would wrap below the head (for ever).
-            let Some(next) = t.checked_add(1) else {
-                return Err(ShmError::Corrupt {
-                    what: "mailbox ticket",
-                    value: t,
-                });
-            };
-            let lap = self.split(t).0;
-            let word = self.status(seg, t)?;
-            let st = word.load(Ordering::Acquire);
-            let s = st & STAMP_MASK;
-            if s == stamp(lap) {
-                // Taken this lap by someone: the next one.
-                c.t = next;
-                continue;
-            }
-            if s != lap & STAMP_MASK {
-                // Neither this lap's nor the previous one's: we fell behind (the ring moved
-                // on while we looked: the head tells), or a status no claimer wrote, or a
-                // corrupt head that sent us laps ahead. Never claimed over.
-                let h = seg.word(self.head)?.load(Ordering::Acquire);
-                if h > *head {
-                    *head = h;
-                    c.t = c.t.max(tail.load(Ordering::Relaxed));
-                    retries += 1;
-                    if retries <= CAS_RETRIES {
-                        continue;
-                    }
-                }
-                return Err(ShmError::Corrupt {
-                    what: "mailbox slot status",
-                    value: st,
-                });
-            }
-            // Free: consumed (t < head + slots) and last written in the previous lap. The
-            // record first, so the owner never sees our claim without it.
-            if c.recorded.is_none_or(|r| t < r) {
-                record.store(ACTIVE | t, Ordering::Relaxed);
-                c.recorded = Some(t);
-            }
-            let claimed = (c.claimer as u64) << 32 | CLAIMED | stamp(lap);
-            if word
-                .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                // Advance the hint past `t`: a plain store, not a read-modify-write. Racing
-                // claimers may leave it a few slots behind the newest claim, which costs the
-                // next claimer a walk over taken slots, never a claim (the status decides).
-                if tail.load(Ordering::Relaxed) <= t {
-                    tail.store(next, Ordering::Release);
-                }
-                c.t = next;
-                return Ok(Some(t));
-            }
-            retries += 1;
-            if retries > CAS_RETRIES {
-                return Ok(None);
-            }
         }
     }
 
@@ -594,7 +419,7 @@ impl Ring {
     /// same line).
     #[inline]
     pub fn publish(&self, to: &Imported, ticket: u64, meta: u32) -> Result<(), ShmError> {
-        to.store_slot_word(self.status_off(ticket), self.published(ticket, meta))
+        to.store_slot_word(self.status_off(ticket), self.laps.published(ticket, meta))
     }
 
     /// [`write_parts`](Self::write_parts) of `parts` from the start of the claimed slot of
@@ -611,7 +436,7 @@ impl Ring {
         let slot = to.slot(self.slot_base(ticket), self.slot_size)?;
         slot.store_padded(self.capacity(), parts)?;
         slot.last_word()
-            .store(self.published(ticket, meta), Ordering::Release);
+            .store(self.laps.published(ticket, meta), Ordering::Release);
         Ok(())
     }
 
@@ -619,7 +444,7 @@ impl Ring {
     /// anything.
     #[inline]
     pub fn skip(&self, to: &Imported, ticket: u64, claimer: u32) -> Result<(), ShmError> {
-        to.store_slot_word(self.status_off(ticket), self.skipped(ticket, claimer))
+        to.store_slot_word(self.status_off(ticket), self.laps.skipped(ticket, claimer))
     }
 
     /// Ends a claimer's open claims (all published or skipped): clears its record.
@@ -633,33 +458,7 @@ impl Ring {
     #[inline]
     pub fn look(&self, seg: &Segment, ticket: u64) -> Result<Seen, ShmError> {
         let st = seg.load_slot_word(self.status_off(ticket))?;
-        self.classify(ticket, st)
-    }
-
-    /// What status `st` says of `ticket` ([`look`](Self::look)).
-    #[inline(always)]
-    fn classify(&self, ticket: u64, st: u64) -> Result<Seen, ShmError> {
-        let lap = self.split(ticket).0;
-        let s = st & STAMP_MASK;
-        let who = (st >> 32) as u32;
-        if s == stamp(lap) {
-            match st & STATE_MASK {
-                PUBLISHED => Ok(Seen::Published(who)),
-                CLAIMED => Ok(Seen::Claimed(who)),
-                SKIPPED => Ok(Seen::Skipped(who)),
-                _ => Err(ShmError::Corrupt {
-                    what: "mailbox slot status",
-                    value: st,
-                }),
-            }
-        } else if s == lap & STAMP_MASK {
-            Ok(Seen::Empty)
-        } else {
-            Err(ShmError::Corrupt {
-                what: "mailbox slot status",
-                value: st,
-            })
-        }
+        self.laps.look(st, ticket)
     }
 
     /// Whether `claimer`'s record (the word at `record`) vouches for its claim of `ticket`:
@@ -667,7 +466,7 @@ impl Ring {
     /// for was written by someone else; skip it ([`repair`](Self::repair)).
     pub fn claim_is_genuine(&self, seg: &Segment, ticket: u64, record: usize) -> bool {
         seg.load_word(record)
-            .is_ok_and(|r| r & ACTIVE != 0 && r & !ACTIVE <= ticket)
+            .is_ok_and(|r| claim::vouches(r, ticket))
     }
 
     /// The owner takes over the slot of `ticket`, whose status `look` reported corrupt, or
@@ -675,12 +474,7 @@ impl Ring {
     /// (with a compare-and-swap, so a status that changed meanwhile is kept), so the next
     /// lap's claimer finds it free. The caller then consumes the ticket.
     pub fn repair(&self, seg: &Segment, ticket: u64) -> Result<(), ShmError> {
-        let word = self.status(seg, ticket)?;
-        let st = word.load(Ordering::Acquire);
-        let skipped = self.skipped(ticket, OWNER);
-        if st & STATE_MASK != PUBLISHED || st & STAMP_MASK != stamp(self.split(ticket).0) {
-            let _ = word.compare_exchange(st, skipped, Ordering::AcqRel, Ordering::Relaxed);
-        }
+        claim::repair(&self.laps, self.status(seg, ticket)?, ticket);
         Ok(())
     }
 
@@ -689,29 +483,7 @@ impl Ring {
     /// the claims past it), so the owner marks it skipped with a compare-and-swap (a claimer
     /// that takes it first keeps it) and returns true; the caller then consumes it.
     pub fn fill_hole(&self, seg: &Segment, head: u64) -> Result<bool, ShmError> {
-        if self.look(seg, head)? != Seen::Empty {
-            return Ok(false);
-        }
-        for t in head + 1..head + self.slots as u64 {
-            let st = self.status(seg, t)?.load(Ordering::Acquire);
-            if st & STAMP_MASK == stamp(self.split(t).0) {
-                let word = self.status(seg, head)?;
-                let prev = word.load(Ordering::Acquire);
-                let lap = self.split(head).0;
-                if prev & STAMP_MASK != lap & STAMP_MASK {
-                    return Ok(false);
-                }
-                return Ok(word
-                    .compare_exchange(
-                        prev,
-                        self.skipped(head, OWNER),
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok());
-            }
-        }
-        Ok(false)
+        claim::fill_hole(&Slots { ring: self, seg }, head)
     }
 
     /// A view of the first `len` payload bytes of the published slot of `head` (`len` is
@@ -799,7 +571,8 @@ impl Ring {
             ring: *self,
             head: 0,
             head_slot: 0,
-            head_stamp: stamp(0),
+            head_lap: 0,
+            head_pub: Laps::published_low(0),
         })
     }
 }
@@ -854,34 +627,30 @@ impl Port {
 
     /// The common claim, as [`Ring::try_claim`]'s first step: the slot at the tail hint, if
     /// free by the cached `head` and last written in the previous lap, claimed with one
-    /// compare-and-swap (the record first). Its ticket, lap and slot; `None`: take the
+    /// compare-and-swap (the record first). Its ticket and slot; `None`: take the
     /// general path.
     #[inline(always)]
-    fn claim_at_tail(&self, record: &AtomicU64, head: u64) -> Option<(u64, u64, Slot<'_>)> {
+    fn claim_at_tail(&self, record: &AtomicU64, head: u64) -> Option<(u64, Slot<'_>)> {
         let tail = self.tail();
         let t = tail.load(Ordering::Relaxed);
         if t < head || t - head >= self.ring.slots as u64 {
             return None;
         }
-        let (lap, i) = self.ring.split(t);
-        let slot = self.slot_at(i);
+        let laps = &self.ring.laps;
+        let slot = self.slot_at(laps.split(t).1);
         let word = slot.last_word();
         let st = word.load(Ordering::Acquire);
-        if st & STAMP_MASK != lap & STAMP_MASK {
+        if !laps.is_free(st, t) {
             return None;
         }
-        record.store(ACTIVE | t, Ordering::Relaxed);
-        let claimed = (self.claimer as u64) << 32 | CLAIMED | stamp(lap);
-        if word
-            .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        record.store(claim::record(t), Ordering::Relaxed);
+        if claim::try_slot(laps, word, t, st, self.claimer).is_err() {
             record.store(0, Ordering::Relaxed);
             return None;
         }
         // Wrapping, as in `Ring::claim_at_tail`.
         tail.store(t.wrapping_add(1), Ordering::Release);
-        Some((t, lap, slot))
+        Some((t, slot))
     }
 
     /// Slot `i` (below `slots`), with no check.
@@ -897,13 +666,13 @@ impl Port {
     /// The general claim of one slot ([`Ring::try_claim`]), off the common path.
     #[cold]
     #[inline(never)]
-    fn claim_slow(&self, head: &mut u64) -> Result<Option<(u64, u64, Slot<'_>)>, ShmError> {
+    fn claim_slow(&self, head: &mut u64) -> Result<Option<(u64, Slot<'_>)>, ShmError> {
         let mut t = [0u64; 1];
         let (c, r) = (self.claimer, self.c.record);
         if !self.ring.try_claim(&self.seg, 1, c, r, head, &mut t)? {
             return Ok(None);
         }
-        Ok(Some((t[0], self.ring.split(t[0]).0, self.slot(t[0]))))
+        Ok(Some((t[0], self.slot(t[0]))))
     }
 
     /// Claims one slot, lets `write` store the payload into it (given the payload capacity;
@@ -925,7 +694,7 @@ impl Port {
         } else {
             None
         };
-        let (t, lap, slot) = match fast {
+        let (t, slot) = match fast {
             Some(claimed) => claimed,
             None => match self.claim_slow(head)? {
                 Some(claimed) => claimed,
@@ -935,9 +704,9 @@ impl Port {
         let written = write(&slot, self.ring.capacity()).is_some();
         // Not written: given up, so the owner skips it and no claim stays open.
         let status = if written {
-            (meta as u64) << 32 | PUBLISHED | stamp(lap)
+            self.ring.laps.published(t, meta)
         } else {
-            self.ring.skipped(t, self.claimer)
+            self.ring.laps.skipped(t, self.claimer)
         };
         slot.last_word().store(status, Ordering::Release);
         record.store(0, Ordering::Release);
@@ -1000,11 +769,11 @@ impl Port {
     pub fn claim_one(&self, head: &mut u64) -> Result<Option<u64>, ShmError> {
         let record = self.record();
         if record.load(Ordering::Relaxed) == 0 {
-            if let Some((t, _, _)) = self.claim_at_tail(record, *head) {
+            if let Some((t, _)) = self.claim_at_tail(record, *head) {
                 return Ok(Some(t));
             }
         }
-        Ok(self.claim_slow(head)?.map(|(t, _, _)| t))
+        Ok(self.claim_slow(head)?.map(|(t, _)| t))
     }
 
     /// [`Ring::try_claim`] for this port's claimer: `n` slots, all or none.
@@ -1033,17 +802,13 @@ impl Port {
             return None;
         }
         // The record first, so the owner never sees one of these claims without it.
-        record.store(ACTIVE | t, Ordering::Relaxed);
+        record.store(claim::record(t), Ordering::Relaxed);
+        let laps = &self.ring.laps;
         for k in 0..n as u64 {
-            let (lap, i) = self.ring.split(t + k);
-            let word = self.slot_at(i).last_word();
+            let word = self.slot_at(laps.split(t + k).1).last_word();
             let st = word.load(Ordering::Acquire);
-            let claimed = (self.claimer as u64) << 32 | CLAIMED | stamp(lap);
-            let free = st & STAMP_MASK == lap & STAMP_MASK;
-            if !free
-                || word
-                    .compare_exchange(st, claimed, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
+            if !laps.is_free(st, t + k)
+                || claim::try_slot(laps, word, t + k, st, self.claimer).is_err()
             {
                 for j in 0..k {
                     self.skip(t + j);
@@ -1060,12 +825,11 @@ impl Port {
     /// [`Ring::capacity`] together) stored, then published with `meta`; no layout check.
     #[inline]
     pub fn write_two(&self, ticket: u64, a: &[u8], b: &[u8], meta: u32) -> Result<(), ShmError> {
-        let (lap, i) = self.ring.split(ticket);
-        let slot = self.slot_at(i);
+        let slot = self.slot(ticket);
         if slot.store_two(self.ring.capacity(), a, b).is_none() {
             return Err(self.too_long(a.len().saturating_add(b.len())));
         }
-        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        let status = self.ring.laps.published(ticket, meta);
         slot.last_word().store(status, Ordering::Release);
         Ok(())
     }
@@ -1080,15 +844,14 @@ impl Port {
         tail: SharedBytes<'_>,
         meta: u32,
     ) -> Result<(), ShmError> {
-        let (lap, i) = self.ring.split(ticket);
-        let slot = self.slot_at(i);
+        let slot = self.slot(ticket);
         if slot
             .store_padded_then(self.ring.capacity(), parts, tail)
             .is_none()
         {
             return Err(self.too_long(parts_len(parts).saturating_add(tail.len())));
         }
-        let status = (meta as u64) << 32 | PUBLISHED | stamp(lap);
+        let status = self.ring.laps.published(ticket, meta);
         slot.last_word().store(status, Ordering::Release);
         Ok(())
     }
@@ -1104,16 +867,17 @@ impl Port {
         let slot = self.slot(ticket);
         slot.store_padded(self.ring.capacity(), parts)?;
         slot.last_word()
-            .store(self.ring.published(ticket, meta), Ordering::Release);
+            .store(self.ring.laps.published(ticket, meta), Ordering::Release);
         Ok(())
     }
 
     /// [`Ring::skip`] of a slot this port claimed.
     #[inline]
     pub fn skip(&self, ticket: u64) {
-        self.slot(ticket)
-            .last_word()
-            .store(self.ring.skipped(ticket, self.claimer), Ordering::Release);
+        self.slot(ticket).last_word().store(
+            self.ring.laps.skipped(ticket, self.claimer),
+            Ordering::Release,
+        );
     }
 
     /// [`Ring::release`] of this port's claims.
@@ -1151,10 +915,12 @@ pub struct Inbox {
     ring: Ring,
     /// Checked against `seg` (see [`Checked`]).
     c: Checked,
-    /// The head ticket, its slot (always below `slots`) and the stamp of its lap.
+    /// The head ticket, its slot (always below `slots`) and its lap.
     head: u64,
     head_slot: usize,
-    head_stamp: u64,
+    head_lap: u64,
+    /// The low half of the head's status once published ([`Laps::published_low`]).
+    head_pub: u32,
 }
 
 impl Inbox {
@@ -1207,9 +973,9 @@ impl Inbox {
         self.head += 1;
         self.head_slot += 1;
         if self.head_slot == self.ring.slots {
-            // The next lap: its stamp is this one's plus one.
             self.head_slot = 0;
-            self.head_stamp = (self.head_stamp + 1) & STAMP_MASK;
+            self.head_lap += 1;
+            self.head_pub = Laps::published_low(self.head_lap);
         }
     }
 
@@ -1217,7 +983,7 @@ impl Inbox {
     #[inline(always)]
     pub fn head_published(&self) -> Option<u32> {
         let st = self.status_of(self.slot_at(self.head_slot));
-        (st as u32 == (PUBLISHED | self.head_stamp) as u32).then_some((st >> 32) as u32)
+        (st as u32 == self.head_pub).then_some((st >> 32) as u32)
     }
 
     /// [`is_empty`](Self::is_empty) of the head: one load and one compare.
@@ -1225,7 +991,7 @@ impl Inbox {
     pub fn head_is_empty(&self) -> bool {
         // The previous lap's stamp: this one's minus one, mod 2^30 (`is_empty`'s `lap`).
         let st = self.status_of(self.slot_at(self.head_slot));
-        st & STAMP_MASK == self.head_stamp.wrapping_sub(1) & STAMP_MASK
+        Laps::is_free_in(st, self.head_lap)
     }
 
     /// The first payload word of the head's slot (`Relaxed`: after an `Acquire` look found it
@@ -1296,21 +1062,21 @@ impl Inbox {
     pub fn published(&self, ticket: u64) -> Option<u32> {
         let st = self.status(ticket);
         // The low half is the stamp and the state.
-        let want = PUBLISHED | stamp(self.ring.split(ticket).0);
-        (st as u32 == want as u32).then_some((st >> 32) as u32)
+        let want = Laps::published_low(self.ring.split(ticket).0);
+        (st as u32 == want).then_some((st >> 32) as u32)
     }
 
     /// Whether nobody has claimed `ticket` yet (`Acquire`): one load and one compare.
     #[inline(always)]
     pub fn is_empty(&self, ticket: u64) -> bool {
         let st = self.status(ticket);
-        st & STAMP_MASK == self.ring.split(ticket).0 & STAMP_MASK
+        self.ring.laps.is_free(st, ticket)
     }
 
     /// [`Ring::look`], with no layout check.
     #[inline]
     pub fn look(&self, ticket: u64) -> Result<Seen, ShmError> {
-        self.ring.classify(ticket, self.status(ticket))
+        self.ring.laps.look(self.status(ticket), ticket)
     }
 
     /// [`Ring::payload`]: a view of the first `len` payload bytes of the slot of `ticket`;
@@ -1348,11 +1114,47 @@ impl std::fmt::Debug for Inbox {
     }
 }
 
-/// A claim in progress: where to look next and what the record says.
-struct Claimer {
-    t: u64,
+/// A claim in progress: its record word and what it says.
+struct Claimer<'r> {
+    record: &'r AtomicU64,
     recorded: Option<u64>,
     claimer: u32,
+}
+
+impl Claimant for Claimer<'_> {
+    type Error = ShmError;
+
+    #[inline(always)]
+    fn claimer(&self) -> u32 {
+        self.claimer
+    }
+
+    #[inline(always)]
+    fn record(&mut self, t: u64) -> Result<(), ShmError> {
+        if self.recorded.is_none_or(|r| t < r) {
+            self.record.store(claim::record(t), Ordering::Relaxed);
+            self.recorded = Some(t);
+        }
+        Ok(())
+    }
+}
+
+/// A ring's slots in a segment, for the claimed ring's walks.
+struct Slots<'r> {
+    ring: &'r Ring,
+    seg: &'r Segment,
+}
+
+impl claim::Slots for Slots<'_> {
+    #[inline(always)]
+    fn laps(&self) -> Laps {
+        self.ring.laps
+    }
+
+    #[inline(always)]
+    fn status(&self, t: u64) -> Result<&AtomicU64, ShmError> {
+        self.ring.status(self.seg, t)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -1572,8 +1374,7 @@ mod tests {
             w.store_word(r.tail(), at).unwrap();
             w.store_word(r.head(), at).unwrap();
             for t in at..=at.saturating_add(3) {
-                let lap = r.split(t).0;
-                w.store_slot_word(r.slot_base(t) + r.capacity(), lap & STAMP_MASK)
+                w.store_slot_word(r.slot_base(t) + r.capacity(), r.laps().usual_free(t))
                     .unwrap();
             }
             let port = r.port(&seg, 1, REC).unwrap();
@@ -1945,7 +1746,7 @@ mod tests {
         r.publish(&w, 0, 1).unwrap();
         r.release(&w, 8).unwrap();
         // A forged CLAIMED status in the name of claimer 5, which holds no claims.
-        w.store_slot_word(64 + 32 + 24, 5 << 32 | CLAIMED | 1)
+        w.store_slot_word(64 + 32 + 24, r.laps().claimed(1, 5))
             .unwrap();
         assert_eq!(r.look(&seg, 1).unwrap(), Seen::Claimed(5));
         assert!(!r.claim_is_genuine(&seg, 1, 8));
