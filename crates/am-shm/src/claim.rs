@@ -241,16 +241,18 @@ pub fn try_slot(laps: &Laps, word: &AtomicU64, t: u64, seen: u64, claimer: u32) 
 
 /// Where a claimed ring's words are: its user's layout.
 pub trait Slots {
+    /// The error of an access to the ring's memory (a [`ShmError`] converts into it).
+    type Error: From<ShmError>;
     /// The ring's lap arithmetic.
     fn laps(&self) -> Laps;
     /// The status word of ticket `t`'s slot.
-    fn status(&self, t: u64) -> Result<&AtomicU64, ShmError>;
+    fn status(&self, t: u64) -> Result<&AtomicU64, Self::Error>;
 }
 
 /// A producer taking claims: who it is, and its record.
 pub trait Claimant {
-    /// The error of a claim (a ring error converts into it).
-    type Error: From<ShmError>;
+    /// The error of a claim (the ring's errors convert into it).
+    type Error;
     /// The id written into the claims.
     fn claimer(&self) -> u32;
     /// Called before the compare-and-swap that claims ticket `t`: the record must vouch for
@@ -268,17 +270,18 @@ pub trait Claimant {
 /// previous lap left); otherwise the status is loaded and checked first.
 ///
 /// A status neither free nor taken (behind the ring, or corrupt) is never claimed over: if
-/// the owner's head moved on meanwhile, the walk goes on from there; otherwise the ring is
-/// corrupt (an error). A tail hint past every claim is put back at the head.
+/// the owner's head moved on meanwhile, the walk goes on from there, otherwise at the next
+/// ticket. A tail hint past every claim is put back at the head. An error: the ring's
+/// memory could not be reached, or a ticket past the last one there is.
 #[inline(always)]
-pub fn claim_next<S: Slots, C: Claimant, const BLIND: bool>(
+pub fn claim_next<S: Slots, C: Claimant<Error = S::Error>, const BLIND: bool>(
     ring: &S,
     tail: &AtomicU64,
     head_word: &AtomicU64,
     head: &mut u64,
     cursor: &mut u64,
     c: &mut C,
-) -> Result<Option<u64>, C::Error> {
+) -> Result<Option<u64>, S::Error> {
     let laps = ring.laps();
     let slots = laps.slots();
     let mut retries = 0;
@@ -331,16 +334,18 @@ pub fn claim_next<S: Slots, C: Claimant, const BLIND: bool>(
             }
             if !laps.is_free(st, t) {
                 // Neither this lap's nor the previous one's: we fell behind (the ring moved
-                // on while we looked: the head tells), or a status no claimer wrote, or a
-                // corrupt head that sent us laps ahead. Never claimed over.
+                // on while we looked: the head tells, and the walk goes on from there), or a
+                // status no claimer wrote (the owner repairs it when its head gets there),
+                // or a corrupt head that sent us laps ahead. Never claimed over: the next.
                 let h = head_word.load(Ordering::Acquire);
                 retries += 1;
                 if h > *head && retries <= CAS_RETRIES {
                     *head = h;
                     *cursor = (*cursor).max(tail.load(Ordering::Relaxed));
-                    break;
+                } else {
+                    *cursor = next;
                 }
-                return Err(corrupt(st).into());
+                break;
             }
             // Free: consumed (t < head + slots) and last written in the previous lap. The
             // record first, so the owner never sees our claim without it.
@@ -370,11 +375,12 @@ pub fn claim_next<S: Slots, C: Claimant, const BLIND: bool>(
 }
 
 /// Whether a walk at `cursor`, `slots` past `head`, met a full ring: the last slot before it
-/// is this lap's (a tail hint is the ticket after a claim). Otherwise the hint is past every
-/// claim a producer could have made (corrupt). Out of line: a claim's path does not carry it.
+/// is not free (a tail hint is the ticket after a claim; a status no lap writes is not
+/// claimed over either). Otherwise the hint is past every claim a producer could have made
+/// (corrupt). Out of line: a claim's path does not carry it.
 #[cold]
 #[inline(never)]
-fn full<S: Slots>(ring: &S, laps: &Laps, head: u64, cursor: u64) -> Result<bool, ShmError> {
+fn full<S: Slots>(ring: &S, laps: &Laps, head: u64, cursor: u64) -> Result<bool, S::Error> {
     if cursor - head != laps.slots() {
         return Ok(false);
     }
@@ -382,7 +388,7 @@ fn full<S: Slots>(ring: &S, laps: &Laps, head: u64, cursor: u64) -> Result<bool,
         return Ok(false);
     };
     let st = ring.status(last)?.load(Ordering::Acquire);
-    Ok(laps.is_taken(st, last))
+    Ok(!laps.is_free(st, last))
 }
 
 /// The owner takes over ticket `t`, whose status it found to be `seen` (claimed by a claimer
@@ -415,7 +421,7 @@ pub fn repair(laps: &Laps, word: &AtomicU64, t: u64) {
 /// claims past it), so the owner marks it skipped with a compare-and-swap (a claimer that
 /// takes it first keeps it) and returns true; the caller then consumes it. Looks at up to
 /// a ring's worth of slots: call it when idle, not per poll.
-pub fn fill_hole<S: Slots>(ring: &S, head: u64) -> Result<bool, ShmError> {
+pub fn fill_hole<S: Slots>(ring: &S, head: u64) -> Result<bool, S::Error> {
     let laps = ring.laps();
     let word = ring.status(head)?;
     let prev = word.load(Ordering::Acquire);
@@ -437,6 +443,7 @@ mod tests {
     struct Words(Vec<AtomicU64>, Laps);
 
     impl Slots for Words {
+        type Error = ShmError;
         fn laps(&self) -> Laps {
             self.1
         }
@@ -547,19 +554,26 @@ mod tests {
         let r = words(4);
         let laps = r.laps();
         let (tail, head) = (AtomicU64::new(0), AtomicU64::new(0));
-        // A status laps ahead: an error, untouched.
+        // A status laps ahead: stepped over, untouched.
         let bad = laps.published(9, 0);
         r.status(0).unwrap().store(bad, Ordering::Relaxed);
-        for blind in [false, true] {
-            let (mut h, mut cur) = (0, 0);
+        for (blind, want) in [(false, 1), (true, 2)] {
+            let (mut h, mut cur) = (0, tail.load(Ordering::Relaxed));
             let got = if blind {
                 claim_next::<_, _, true>(&r, &tail, &head, &mut h, &mut cur, &mut Rec(1, 0))
             } else {
                 claim_next::<_, _, false>(&r, &tail, &head, &mut h, &mut cur, &mut Rec(1, 0))
             };
-            assert!(matches!(got, Err(ShmError::Corrupt { .. })), "{got:?}");
+            assert_eq!(got.unwrap(), Some(want));
             assert_eq!(r.status(0).unwrap().load(Ordering::Relaxed), bad);
         }
+        // Every other slot taken, the corrupt one never: the ring is full.
+        r.status(3)
+            .unwrap()
+            .store(laps.claimed(3, 2), Ordering::Relaxed);
+        tail.store(4, Ordering::Relaxed);
+        assert_eq!(claim::<true>(&r, &tail, &head, &mut Rec(1, 0)), None);
+        assert_eq!(claim::<false>(&r, &tail, &head, &mut Rec(1, 0)), None);
         assert!(laps.look(bad, 0).is_err());
         repair(&laps, r.status(0).unwrap(), 0);
         assert_eq!(
@@ -570,6 +584,7 @@ mod tests {
         // A tail hint past every claim goes back to the head.
         let r = words(4);
         let tail = AtomicU64::new(4);
+        let head = AtomicU64::new(0);
         assert_eq!(claim::<true>(&r, &tail, &head, &mut Rec(1, 0)), Some(0));
     }
 

@@ -1146,6 +1146,8 @@ struct Slots<'r> {
 }
 
 impl claim::Slots for Slots<'_> {
+    type Error = ShmError;
+
     #[inline(always)]
     fn laps(&self) -> Laps {
         self.ring.laps
@@ -1828,29 +1830,32 @@ mod tests {
         w.store_word(192, 0).unwrap();
         let mut fresh = 0;
         assert_eq!(claim(&r, &seg, 3, &mut fresh), None);
-        // A huge head word: the slot's status is then laps behind, an error, not room. (A
-        // head a multiple of 2^30 laps ahead would look like this lap: then no room, still
-        // no overwrite.)
+        // A huge head word: every slot's status is then laps behind, never claimed over: no
+        // room. (A head a multiple of 2^30 laps ahead would look like this lap: then no room,
+        // still no overwrite.)
         w.store_word(192, (1 << 20) + 5).unwrap();
         let mut fresh = 0;
         let mut out = [0; 1];
-        assert!(matches!(
-            r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out),
-            Err(ShmError::Corrupt { .. })
-        ));
-        // A status no lap writes, at the owner's next ticket: an error for the owner, and for a
-        // sender that reaches it; the repair makes it free for the next lap.
+        assert!(!r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out).unwrap());
+        for t in 0..4 {
+            assert!(!matches!(r.look(&seg, t), Ok(Seen::Claimed(_))), "{t}");
+        }
+        // A status no lap writes, at the owner's next ticket: an error for the owner; a sender
+        // that reaches it steps over it; the repair makes it free for the next lap.
         let seg = published(2);
         let w = seg.import();
         w.store_slot_word(64 + 2 * 32 + 24, 0xdead_0000_0007)
             .unwrap();
         assert!(r.look(&seg, 2).is_err());
         let mut fresh = 0;
-        assert!(r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out).is_err());
+        assert!(r.try_claim(&seg, 1, 1, REC, &mut fresh, &mut out).unwrap());
+        assert_eq!(out, [3]);
+        assert!(r.look(&seg, 2).is_err(), "never claimed over");
         r.repair(&seg, 2).unwrap();
         assert_eq!(r.look(&seg, 2).unwrap(), Seen::Skipped(OWNER));
         // A corrupt status in the owner's view with an unknown state bit pattern.
-        w.store_slot_word(64 + 3 * 32 + 24, 1).unwrap();
+        w.store_slot_word(64 + 3 * 32 + 24, r.laps().claimed(3, 1) & !(3 << 30))
+            .unwrap();
         assert!(r.look(&seg, 3).is_err());
     }
 }

@@ -1,5 +1,7 @@
 //! loom models of am-shm's own code: under `cfg(loom)` a heap segment is an array of loom
-//! atomics (`am_shm::sync`), so these models run the real `Slots`, `Ring` and `Doorbell`,
+//! atomics (`am_shm::sync`), so these models run the real `Slots`, the claimed ring (in the
+//! mailbox's layout, and in the Portals event queue's: status first, blind claims), `Ring`
+//! and `Doorbell`,
 //! copies included, and loom explores their interleavings. A lost wake-up shows as a
 //! deadlock (the futex is modelled without timeouts), a torn or stale payload as a failed
 //! assertion.
@@ -9,11 +11,12 @@
 
 use std::time::Duration;
 
+use am_shm::claim::{self, Laps, Slots as _};
 use am_shm::doorbell::tag;
 use am_shm::mailbox::{Ring, Seen};
 use am_shm::stamp::Slots;
 use am_shm::sync::{spawn, AtomicU64, Ordering};
-use am_shm::Segment;
+use am_shm::{Segment, ShmError};
 use loom::sync::Arc;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -371,5 +374,163 @@ fn loom_mailbox_claims_are_vouched_for() {
         }
         sender.join().unwrap();
         let _: &AtomicU64 = seg.word(152).unwrap();
+    });
+}
+
+// ---- the claimed ring itself, in the other layout: status first, blind claims ----
+
+/// A claimed ring laid out as the Portals event queue lays out its own: in the word area,
+/// slot `i` at `SLOT0 + 16 * i`, its status first and one value word after it; the tail
+/// at 0, the head at 8, claimer `id`'s record at `16 + 8 * id`.
+struct StatusFirst<'s> {
+    seg: &'s Segment,
+    laps: Laps,
+}
+
+const SLOT0: usize = 64;
+
+impl claim::Slots for StatusFirst<'_> {
+    type Error = ShmError;
+
+    fn laps(&self) -> Laps {
+        self.laps
+    }
+
+    fn status(&self, t: u64) -> Result<&AtomicU64, ShmError> {
+        self.seg.word(SLOT0 + 16 * self.laps.split(t).1)
+    }
+}
+
+struct Producer<'s> {
+    record: &'s AtomicU64,
+    recorded: Option<u64>,
+    id: u32,
+}
+
+impl claim::Claimant for Producer<'_> {
+    type Error = ShmError;
+
+    fn claimer(&self) -> u32 {
+        self.id
+    }
+
+    fn record(&mut self, t: u64) -> Result<(), ShmError> {
+        if self.recorded.is_none_or(|r| t < r) {
+            self.record.store(claim::record(t), Ordering::Relaxed);
+            self.recorded = Some(t);
+        }
+        Ok(())
+    }
+}
+
+/// One blind claim by `id` in the status-first ring of `slots` slots: its ticket, the value
+/// `id` stored and published (meta data 0), the record cleared.
+fn blind_send(seg: &Segment, slots: u64, id: u32) -> Option<u64> {
+    let ring = StatusFirst {
+        seg,
+        laps: Laps::new(slots).unwrap(),
+    };
+    let record = seg.word(16 + 8 * id as usize).unwrap();
+    let mut c = Producer {
+        record,
+        recorded: None,
+        id,
+    };
+    let (tail, head_word) = (seg.word(0).unwrap(), seg.word(8).unwrap());
+    let (mut head, mut cursor) = (0, tail.load(Ordering::Relaxed));
+    let t = claim::claim_next::<_, _, true>(&ring, tail, head_word, &mut head, &mut cursor, &mut c)
+        .unwrap()?;
+    let status = ring.status(t).unwrap();
+    seg.word(SLOT0 + 16 * ring.laps.split(t).1 + 8)
+        .unwrap()
+        .store(id as u64, Ordering::Relaxed);
+    status.store(ring.laps.published(t, 0), Ordering::Release);
+    record.store(0, Ordering::Release);
+    Some(t)
+}
+
+/// Two producers claim blind (a compare-and-swap from the status the previous lap usually
+/// leaves, no load first) in a two-slot status-first ring while its owner reads: distinct
+/// tickets, each value read once and intact, and a claim the owner sees is vouched for.
+#[test]
+fn loom_claim_blind_producers_take_distinct_slots() {
+    model(|| {
+        let seg = Arc::new(Segment::heap(SLOT0 + 32, 0).unwrap());
+        let producers: Vec<_> = (1..=2u32)
+            .map(|id| {
+                let s = seg.clone();
+                spawn(move || blind_send(&s, 2, id))
+            })
+            .collect();
+        let laps = Laps::new(2).unwrap();
+        let mut read = Vec::new();
+        for t in 0..2u64 {
+            let st = seg
+                .word(SLOT0 + 16 * t as usize)
+                .unwrap()
+                .load(Ordering::Acquire);
+            match laps.look(st, t).unwrap() {
+                Seen::Published(0) => {
+                    let v = seg.load_word(SLOT0 + 16 * t as usize + 8).unwrap();
+                    read.push(v);
+                }
+                Seen::Claimed(id) => {
+                    // A record that no longer vouches: the claimer published meanwhile (the
+                    // owner's take-over would then fail on the changed status).
+                    let rec = seg.load_word(16 + 8 * id as usize).unwrap();
+                    let now = seg.load_word(SLOT0 + 16 * t as usize).unwrap();
+                    assert!(
+                        claim::vouches(rec, t) || now != st,
+                        "a live claim taken for a forged one"
+                    );
+                    break;
+                }
+                Seen::Empty => break,
+                other => panic!("ticket {t}: {other:?}"),
+            }
+        }
+        let mut tickets: Vec<u64> = producers
+            .into_iter()
+            .map(|p| p.join().unwrap().expect("two slots, two claims"))
+            .collect();
+        tickets.sort_unstable();
+        assert_eq!(tickets, [0, 1]);
+        read.sort_unstable();
+        read.dedup();
+        assert!(read.iter().all(|&v| v == 1 || v == 2), "{read:?}");
+    });
+}
+
+/// The owner takes over a slot whose claimer died (claimed, never published) while another
+/// producer claims blind in the one-slot ring: the producer gets the next lap only after
+/// the take-over and the owner's head moved, its blind guess then fails on the skipped
+/// status and its claim succeeds from the status it found; nothing is claimed over.
+#[test]
+fn loom_take_over_hands_the_slot_to_the_next_lap() {
+    model(|| {
+        let seg = Arc::new(Segment::heap(SLOT0 + 16, 0).unwrap());
+        let laps = Laps::new(1).unwrap();
+        // Claimer 1 claimed ticket 0 and died.
+        let status = seg.word(SLOT0).unwrap();
+        status.store(laps.claimed(0, 1), Ordering::Relaxed);
+        seg.word(0).unwrap().store(1, Ordering::Relaxed);
+        let s = seg.clone();
+        let producer = spawn(move || blind_send(&s, 1, 2));
+        // The owner: claimer 1 is lost, so its slot is taken over and consumed.
+        let st = status.load(Ordering::Acquire);
+        if laps.look(st, 0).unwrap() == Seen::Claimed(1) {
+            assert!(claim::take_over(&laps, status, 0, st));
+        }
+        seg.word(8).unwrap().store(1, Ordering::Release);
+        let got = producer.join().unwrap();
+        let st = status.load(Ordering::Acquire);
+        match got {
+            Some(t) => {
+                assert_eq!(t, 1, "only the next lap");
+                assert_eq!(laps.look(st, 1).unwrap(), Seen::Published(0));
+                assert_eq!(seg.load_word(SLOT0 + 8).unwrap(), 2);
+            }
+            None => assert_eq!(laps.look(st, 0).unwrap(), Seen::Skipped(claim::OWNER)),
+        }
     });
 }

@@ -16,7 +16,7 @@
 //!   the target by the NIC through matching, never by handler code. The NIC is modelled with
 //!   **the initiator's process as the wire**: it walks the target's match list (in the
 //!   target's exported memory), claims space with atomics (`fetch_add` on a locally managed
-//!   offset, a CAS to take a use-once entry, a CAS of an event slot's sequence word that
+//!   offset, a CAS to take a use-once entry, a CAS of an event slot's status word (am-shm's claimed ring) that
 //!   names the claimer), deposits the data and posts the target's event. No thread per rank, no copy through a staging queue:
 //!   this is what the SeaStar's embedded processor does, run by the only CPU that is awake
 //!   for the message anyway, and it keeps an AM round trip to one cache line per direction;

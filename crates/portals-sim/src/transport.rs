@@ -1498,8 +1498,7 @@ impl Transport for Portals {
         if quiet {
             self.in_flight_waits = 0;
             bell.sleep(timeout.min(LIVENESS_AFTER));
-        } else if self.owner.eq_head_state(&self.own).map_err(ni_fault)? == ni::SlotState::Published
-        {
+        } else if self.owner.eq_ready(&self.own).map_err(ni_fault)? {
             // Published meanwhile: poll.
         } else {
             self.in_flight_waits = self.in_flight_waits.saturating_add(1);

@@ -2,11 +2,13 @@
 //! `NiOwner` over a heap segment (am-shm's atomics are loom's under `cfg(loom)`, and its
 //! futex is modelled without timeouts, so a lost wake-up is a deadlock loom reports).
 //!
-//! A producer's put claims an event slot (a compare-and-swap of the slot's sequence word
-//! that names it), deposits, publishes, and rings the doorbell only if the owner announced
-//! that it may sleep; the owner polls, announces (`announce_wait`), sleeps on the doorbell
-//! only if nothing is claimed at its head, and ends the wait. Every event must be read
-//! exactly once, with its data, and the owner must never sleep through one.
+//! The event queue is a claimed ring (`am_shm::claim`), whose claims, records and take-overs
+//! have their models in am-shm's loom suite. These check what Portals adds on it: a
+//! producer's put claims an event slot, deposits, publishes, and rings the doorbell only if
+//! the owner announced that it may sleep; the owner polls, announces (`announce_wait`),
+//! sleeps on the doorbell only if nothing is claimed at its head, and ends the wait. Every
+//! event must be read exactly once, with its data, and the owner must never sleep through
+//! one. And a locally managed entry is never re-linked before its deposits were read.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p portals-sim --release --test loom`
 #![cfg(loom)]
@@ -113,10 +115,10 @@ fn loom_put_against_a_sleeping_owner() {
     });
 }
 
-/// Two producers race for slots while the owner waits: each claims its own slot (the
-/// claim names its claimer), both events are read once, none is slept through.
+/// Two producers post while the owner waits: both events are read once, none is slept
+/// through (the second claim may be the one the owner's announcement races with).
 #[test]
-fn loom_two_producers_claim_distinct_slots() {
+fn loom_two_producers_against_a_sleeping_owner() {
     model(3, || {
         let (seg, geo, mut owner) = ni(2);
         let producers: Vec<_> = (0..2)

@@ -1,75 +1,15 @@
-//! The event queue: its slots' sequence words, the events, and the producer's side (a
-//! wire's claim of a slot in the name of its rank, the sender record that vouches for it,
-//! the publication and the doorbell). The owner reads it in [`NiOwner`](super::NiOwner).
-//! See the [module docs](super#event-queue).
+//! The event queue: a [claimed ring](am_shm::claim) of event slots (status word first),
+//! the events, and the producer's side (a wire's claim of a slot in the name of its rank,
+//! the sender record that vouches for it, the publication and the doorbell). The owner reads
+//! it in [`NiOwner`](super::NiOwner). See the [module docs](super#event-queue).
 
 use super::die;
 use super::layout::{
     corrupt, short_run, Line, MeIndex, NiError, Nic, Parts, ACTIVE, DOORBELL, NO_ME, NPT, Q_HEAD,
     Q_TAIL, REC_EQ, REC_LM,
 };
+use am_shm::claim::{self, Claimant, Laps};
 use am_shm::sync::{fence, AtomicU64, Ordering};
-/// Bit 63 of a slot's sequence word: claimed, not yet published.
-pub(super) const SEQ_CLAIMED: u64 = 1 << 63;
-/// Bits of the ticket kept in a `CLAIMED` sequence word (below the claimer).
-pub(super) const SEQ_TICKET_BITS: u32 = 31;
-pub(super) const SEQ_TICKET_MASK: u64 = (1 << SEQ_TICKET_BITS) - 1;
-
-/// The sequence word of published ticket `t` (also the free value of ticket `t + capacity`).
-#[inline(always)]
-pub(crate) fn seq_published(t: u64) -> u64 {
-    t.wrapping_add(1) & !SEQ_CLAIMED
-}
-
-/// The sequence word of ticket `t`'s slot while it is free for `t`.
-#[inline(always)]
-pub(crate) fn seq_free(t: u64, cap: u64) -> u64 {
-    if t < cap {
-        0
-    } else {
-        seq_published(t - cap)
-    }
-}
-
-/// The sequence word of ticket `t` claimed by `claimer`.
-#[inline(always)]
-pub(crate) fn seq_claimed(t: u64, claimer: u32) -> u64 {
-    SEQ_CLAIMED | (claimer as u64) << SEQ_TICKET_BITS | (t.wrapping_add(1) & SEQ_TICKET_MASK)
-}
-
-/// Whether `v` is ticket `t`'s `CLAIMED` value (by anyone).
-#[inline(always)]
-pub(super) fn seq_is_claimed(v: u64, t: u64) -> bool {
-    v & SEQ_CLAIMED != 0 && (v ^ t.wrapping_add(1)) & SEQ_TICKET_MASK == 0
-}
-
-/// What a slot's sequence word says about ticket `t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SlotState {
-    /// Free: nobody claimed ticket `t` yet.
-    Empty,
-    /// Claimed by this rank, not yet published.
-    Claimed(u32),
-    /// Published: the event can be read.
-    Published,
-    /// A value no producer writes for ticket `t` (a corrupt word).
-    Corrupt(u64),
-}
-
-#[inline(always)]
-pub(super) fn seq_state(v: u64, t: u64, cap: u64) -> SlotState {
-    if v == seq_published(t) {
-        SlotState::Published
-    } else if v == seq_free(t, cap) {
-        SlotState::Empty
-    } else if seq_is_claimed(v, t) {
-        SlotState::Claimed(((v & !SEQ_CLAIMED) >> SEQ_TICKET_BITS) as u32)
-    } else {
-        SlotState::Corrupt(v)
-    }
-}
-
 /// Type of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -273,7 +213,7 @@ impl<'n, 'a> Claimer<'n, 'a> {
     pub(super) fn record_eq(&mut self, t: u64) {
         if self.eq_from.is_none_or(|from| t < from) {
             // Relaxed: the claim's compare-and-swap (SeqCst) orders it before the claim.
-            self.rec[REC_EQ].store(ACTIVE | (t & !ACTIVE), Ordering::Relaxed);
+            self.rec[REC_EQ].store(claim::record(t), Ordering::Relaxed);
             self.eq_from = Some(t);
         }
     }
@@ -306,6 +246,36 @@ impl<'n, 'a> Claimer<'n, 'a> {
 #[cold]
 fn died(step: die::Step) -> NiError {
     NiError::Invalid(format!("died at {step:?} (test)"))
+}
+
+impl Claimant for Claimer<'_, '_> {
+    type Error = NiError;
+
+    #[inline(always)]
+    fn claimer(&self) -> u32 {
+        self.rank
+    }
+
+    #[inline(always)]
+    fn record(&mut self, t: u64) -> Result<(), NiError> {
+        self.record_eq(t);
+        self.dies_at(die::Step::Recorded)
+    }
+}
+
+/// The event slots as the claimed ring sees them: each slot's first word is its status.
+impl claim::Slots for Parts<'_> {
+    type Error = NiError;
+
+    #[inline(always)]
+    fn laps(&self) -> Laps {
+        self.eq_laps()
+    }
+
+    #[inline(always)]
+    fn status(&self, t: u64) -> Result<&AtomicU64, NiError> {
+        Ok(&self.slot(t)?[0])
+    }
 }
 
 impl Claimer<'_, '_> {
@@ -353,12 +323,14 @@ impl<'a> Nic<'a> {
         Ok(())
     }
 
-    /// Claims an event slot for `cl`; `None` if the queue is full. See the module docs.
+    /// Claims an event slot for `cl`; `None` if the queue is full: the claimed ring's claim
+    /// ([`claim::claim_next`]), blind (a publication carries no meta data, so the previous
+    /// lap's status is known without a load), then a load of the waiting word.
     ///
-    /// The successful CAS is `SeqCst` and is followed by a `SeqCst` load of the waiting
+    /// The successful claim is `SeqCst` and is followed by a `SeqCst` load of the waiting
     /// word: the store-buffering pair of [`NiOwner::announce_wait`] (waiting word stored,
-    /// a `SeqCst` fence, then the head slot's sequence word loaded). In the single order `S`
-    /// of `SeqCst` operations and fences (C++20 [atomics.order]): if the owner's load missed
+    /// a `SeqCst` fence, then the head slot's status loaded). In the single order `S` of
+    /// `SeqCst` operations and fences (C++20 [atomics.order]): if the owner's load missed
     /// our claim, its fence precedes our CAS in `S` (rule 4.3), so precedes our load, which
     /// then cannot miss the waiting word stored before that fence (rule 4.2): we see it and
     /// ring after publishing (the owner cleared the doorbell's flag before its store, which
@@ -367,78 +339,26 @@ impl<'a> Nic<'a> {
     /// a plain one: no fence on this, the hot side. loom treats `SeqCst` accesses as
     /// `AcqRel` (it models only `SeqCst` fences), so under `cfg(loom)` the same order is
     /// written with a fence between the two.
-    ///
-    /// Cost against a claim by a compare-and-swap of the tail (the design before claims
-    /// named their claimer): the compare-and-swap moved to the slot's line, which the
-    /// producer writes next anyway (it takes that line a little earlier); the tail became a
-    /// plain store; the record is one plain store to a line only this rank writes.
     #[inline(always)]
     pub(super) fn eq_reserve(&self, cl: &mut Claimer<'_, 'a>) -> Result<Option<Claim>, NiError> {
         // The waiting word, head and tail in one checked run (the doorbell is before it).
         let parts = self.parts();
         let q = parts.q()?;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
-        let cap = self.geo.eq_capacity as u64;
-        let mut t = tail_w.load(Ordering::Relaxed);
-        // Acquire: the owner read the slot we are about to reuse before publishing head.
-        let head = head_w.load(Ordering::Acquire);
-        if t < head {
-            // A hint behind what was consumed (stale or corrupt).
-            t = head;
-        }
-        // Each step moves past a taken slot (a queue has `cap` of them), or goes back to the
-        // head once. Wrapping arithmetic: `head` and `tail` are peers' words.
-        for _ in 0..cap + 2 {
-            if t.wrapping_sub(head) >= cap {
-                match self.past_window(parts, head, t)? {
-                    Some(from) => {
-                        t = from;
-                        continue;
-                    }
-                    None => return Ok(None),
-                }
-            }
-            cl.record_eq(t);
-            cl.dies_at(die::Step::Recorded)?;
-            let slot = parts.slot(t)?;
-            if slot[0]
-                .compare_exchange(
-                    seq_free(t, cap),
-                    seq_claimed(t, cl.rank),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                // Release: an owner that sees the hint past `t` sees the claim.
-                tail_w.store(t.wrapping_add(1), Ordering::Release);
-                #[cfg(loom)]
-                fence(Ordering::SeqCst);
-                let ring = q[0].load(Ordering::SeqCst) != 0;
-                cl.dies_at(die::Step::SlotClaimed)?;
-                return Ok(Some(Claim { seq: t, ring }));
-            }
-            // Taken this lap (or a word no producer writes: never claimed over).
-            t = t.wrapping_add(1);
-        }
-        Ok(None)
-    }
-
-    /// A claim's ticket `t` is past the window `head..head + cap`: the queue is full if the
-    /// last ticket of the window is taken (a tail hint is the ticket after a claim), `None`;
-    /// otherwise the hint is past every claim a producer could have made (corrupt), so the
-    /// walk goes back to `head`. Out of line: a claim's path does not carry it.
-    #[cold]
-    #[inline(never)]
-    fn past_window(&self, parts: &Parts<'a>, head: u64, t: u64) -> Result<Option<u64>, NiError> {
-        let cap = self.geo.eq_capacity as u64;
-        if t.wrapping_sub(head) == cap {
-            let last = head.wrapping_add(cap - 1);
-            if parts.slot(last)?[0].load(Ordering::Acquire) != seq_free(last, cap) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(head))
+        // No copy of the head is kept between operations: the walk loads it (`Acquire`: the
+        // owner read a slot before publishing a head past it) once the tail is a lap ahead.
+        let mut head = 0;
+        let mut cursor = tail_w.load(Ordering::Relaxed);
+        let Some(t) =
+            claim::claim_next::<_, _, true>(parts, tail_w, head_w, &mut head, &mut cursor, cl)?
+        else {
+            return Ok(None);
+        };
+        #[cfg(loom)]
+        fence(Ordering::SeqCst);
+        let ring = q[0].load(Ordering::SeqCst) != 0;
+        cl.dies_at(die::Step::SlotClaimed)?;
+        Ok(Some(Claim { seq: t, ring }))
     }
 
     /// Writes `ev` into the claimed slot and publishes it (and rings, if the claim says so).
@@ -450,11 +370,12 @@ impl<'a> Nic<'a> {
     /// registers, stores the line's seven words and publishes with one more.
     #[inline(always)]
     pub(super) fn eq_publish_words(&self, claim: Claim, words: [u64; 7]) -> Result<(), NiError> {
-        let slot = self.parts().slot(claim.seq)?;
+        let parts = self.parts();
+        let slot = parts.slot(claim.seq)?;
         for (w, v) in slot[1..].iter().zip(words) {
             w.store(v, Ordering::Relaxed);
         }
-        slot[0].store(seq_published(claim.seq), Ordering::Release);
+        slot[0].store(parts.eq_laps().published(claim.seq, 0), Ordering::Release);
         if claim.ring {
             self.ring_claimed()?;
         }
@@ -486,12 +407,12 @@ impl<'a> Nic<'a> {
     }
 }
 
-/// Ticket `t`'s slot as its owner reads it: the sequence word, and if it says published, a
-/// private copy of the event's words (checked by the caller, never re-read).
+/// Ticket `t`'s slot as its owner reads it: the status, and if it says published, a private
+/// copy of the event's words (checked by the caller, never re-read).
 #[inline(always)]
-pub(super) fn read_slot(slot: &Line, t: u64) -> (u64, Option<[u64; 7]>) {
+pub(super) fn read_slot(slot: &Line, laps: &Laps, t: u64) -> (u64, Option<[u64; 7]>) {
     let v = slot[0].load(Ordering::Acquire);
-    if v != seq_published(t) {
+    if v != laps.published(t, 0) {
         return (v, None);
     }
     (

@@ -3,6 +3,7 @@
 //! rank's NI as a wire sees it) cut into [`Parts`], or into [`NiRuns`] kept from start-up.
 //! The leaf of `ni`: it imports no other module of it.
 
+use am_shm::claim::Laps;
 use am_shm::sync::AtomicU64;
 
 use am_shm::{Imported, Segment, ShmError, WordRun, CACHE_LINE};
@@ -36,8 +37,8 @@ pub(super) const EVENT_BYTES: usize = CACHE_LINE;
 pub(super) const LINE_WORDS: usize = CACHE_LINE / 8;
 pub(super) type Line = [AtomicU64; LINE_WORDS];
 
-/// A sender record (or a slot sequence word) in use.
-pub(crate) const ACTIVE: u64 = 1 << 63;
+/// A sender record in use (the claimed ring's: `ACTIVE | lowest ticket`).
+pub(crate) const ACTIVE: u64 = am_shm::claim::ACTIVE;
 /// Word of a sender record: the event-queue claim.
 pub(super) const REC_EQ: usize = 0;
 /// Word of a sender record: the locally managed entry.
@@ -121,6 +122,8 @@ pub struct NiGeometry {
     pub(super) ranks: u32,
     pub(super) max_me: u32,
     pub(super) eq_capacity: u32,
+    /// The event queue's lap arithmetic (of `eq_capacity` slots).
+    pub(super) eq_laps: Laps,
     pub(super) bytes: usize,
     pub(super) rec_base: usize,
     pub(super) me_base: usize,
@@ -141,11 +144,13 @@ impl NiGeometry {
         eq_capacity: u32,
         bytes: usize,
     ) -> Result<NiGeometry, NiError> {
-        if !eq_capacity.is_power_of_two() || !(8..=1 << 22).contains(&eq_capacity) {
+        let eq_laps = Laps::new(eq_capacity as u64)
+            .filter(|_| eq_capacity.is_power_of_two() && (8..=1 << 22).contains(&eq_capacity));
+        let Some(eq_laps) = eq_laps else {
             return Err(NiError::Invalid(format!(
                 "event queue of {eq_capacity} slots (a power of two, 8..=2^22)"
             )));
-        }
+        };
         if max_me == 0 || max_me > 1 << 16 {
             return Err(NiError::Invalid(format!(
                 "{max_me} match entries (1..=65536)"
@@ -163,6 +168,7 @@ impl NiGeometry {
             ranks,
             max_me,
             eq_capacity,
+            eq_laps,
             bytes,
             rec_base,
             me_base,
@@ -186,6 +192,11 @@ impl NiGeometry {
     /// Event-queue slots.
     pub fn eq_capacity(&self) -> u32 {
         self.eq_capacity
+    }
+
+    /// The event queue's lap arithmetic: the status values of its tickets.
+    pub fn eq_laps(&self) -> &Laps {
+        &self.eq_laps
     }
 
     /// Bytes of the byte area.
@@ -275,7 +286,7 @@ pub(super) struct Parts<'a> {
 impl<'a> Parts<'a> {
     /// The parts of the NI of geometry `geo` in `seg`, checked here; a part the segment does
     /// not hold is empty (its accesses are errors).
-    fn new(seg: &'a Segment, geo: &'a NiGeometry) -> Parts<'a> {
+    pub(super) fn new(seg: &'a Segment, geo: &'a NiGeometry) -> Parts<'a> {
         Parts {
             q: seg.words(WAITING, Q_WORDS).unwrap_or(&[]),
             lines: seg
@@ -313,6 +324,12 @@ impl<'a> Parts<'a> {
             Some(l) => Ok(l),
             None => Err(short_run(i)),
         }
+    }
+
+    /// The event queue's lap arithmetic.
+    #[inline(always)]
+    pub(super) fn eq_laps(&self) -> Laps {
+        self.geo.eq_laps
     }
 
     /// The slot of ticket `t` (masked: the queue's length is a power of two).

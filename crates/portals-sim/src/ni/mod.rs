@@ -19,37 +19,33 @@
 //!                     in (ACTIVE | index + 1)
 //!   max_me × 2 lines  match entries: line 0 = state+generation, match bits, ignore bits,
 //!                     options, start, length, next; line 1 = locally managed offset, used
-//!   eq_capacity lines event queue slots: sequence word, then the event's seven words
+//!   eq_capacity lines event queue slots: status word, then the event's seven words
 //! byte area
 //!   whatever the owner describes with match entries (receive buffers, segment, ...)
 //! ```
 //!
 //! # Event queue
-//! Ticket `t` uses slot `t % eq_capacity`. A slot's sequence word holds, for ticket `t`:
-//!
-//! ```text
-//! free       t + 1 - eq_capacity  (what the previous lap left; 0 in zeroed memory, lap 0)
-//! CLAIMED    bit 63 | claimer << 31 | (t + 1) mod 2^31
-//! published  t + 1
-//! ```
+//! The event queue is a [claimed ring](am_shm::claim) of `eq_capacity` slots, one line
+//! each: the slot's status word first, then the event's seven words. Ticket `t` uses slot
+//! `t % eq_capacity`.
 //!
 //! A producer (any rank's wire) **claims** ticket `t` with one compare-and-swap of the
-//! slot's sequence word from its free value, which it computes without a load, to
-//! `CLAIMED(t, claimer)`: the claim and its claimer are one atomic step. It first checks
-//! `t < head + eq_capacity` against the owner's published head (so the slot's previous
-//! event was read), and before its first claim it stores `ACTIVE | t` into its sender
-//! record, so that the owner can tell a claim that rank really holds from a sequence word
-//! forged in its name. It then stores the event's words and **publishes** with a `Release`
-//! store of `t + 1`; the owner reads slots in ticket order. The tail word is only a hint of
-//! where to start (a producer that finds a slot taken moves on to the next), so a stale or
-//! corrupt tail costs a walk, never an overwrite.
+//! slot's status that names it: the claim and its claimer are one atomic step. It claims
+//! blind, from the status the previous lap left (a publication carries no meta data here,
+//! so that status is known without a load), and only after checking `t < head +
+//! eq_capacity` against the owner's published head (so the slot's previous event was read).
+//! Before its first claim it stores `ACTIVE | t` into its sender record, so that the owner
+//! can tell a claim that rank really holds from a status forged in its name. It then stores
+//! the event's words and **publishes** with a `Release` store of the status; the owner reads
+//! slots in ticket order. The tail word is only a hint of where to start (a producer that
+//! finds a slot taken moves on to the next), so a stale or corrupt tail costs a walk, never
+//! an overwrite.
 //!
-//! The owner never waits for ever at its head ([`NiOwner::eq_unblock`]): a slot `CLAIMED`
-//! by a rank that was lost, by a rank that is not in the job, or by one whose record does
-//! not vouch for the claim is taken over (a compare-and-swap to its published value, so
-//! the next lap finds it free) and skipped; a sequence word no producer writes is repaired
-//! the same way and reported; a free slot below claimed ones (a hole, left by a corrupt
-//! tail) is skipped.
+//! The owner never waits for ever at its head ([`NiOwner::eq_unblock`]): a slot claimed by
+//! a rank that was lost, by a rank that is not in the job, or by one whose record does not
+//! vouch for the claim is taken over (marked skipped with a compare-and-swap, so the next
+//! lap finds it free) and skipped; a status no producer writes is taken over the same way
+//! and reported; a free slot below claimed ones (a hole, left by a corrupt tail) is skipped.
 //!
 //! A producer rings the doorbell only if the owner announced that it may sleep (see
 //! [`NiOwner::announce_wait`]): a spinning owner costs its producers no atomic on its lines
@@ -83,7 +79,7 @@
 //! |---|---|---|
 //! | `die` | fault injection: the steps a test's rank dies at (no code outside tests) | |
 //! | `layout` | where every word lies, the geometry, the errors, the views ([`Nic`], [`NiRuns`]) | |
-//! | `eq` | the event queue: sequence words, events, the claim in a rank's name and its sender record | `die`, `layout` |
+//! | `eq` | the event queue: the claimed ring's slots, events, the claim in a rank's name and its sender record | `die`, `layout` |
 //! | `me` | match entries: options, the seqlock (read and write), what a wire keeps, the match-list walk | `die`, `layout`, `eq` |
 //! | `initiator` | the wire's operations: put, get, atomic | `die`, `layout`, `eq`, `me` |
 //! | `owner` | the owner's side: match lists, re-links, repairs, reading the event queue | `layout`, `eq`, `me` |
@@ -98,8 +94,8 @@ mod owner;
 mod tests;
 
 #[cfg(test)]
-pub(crate) use eq::{seq_claimed, seq_published};
-pub use eq::{Event, EventKind, NiFail, SlotState, Unblocked};
+pub use am_shm::claim::Seen;
+pub use eq::{Event, EventKind, NiFail, Unblocked};
 pub use initiator::{Outcome, PutArgs};
 pub use layout::{
     MeIndex, NiError, NiGeometry, NiRuns, Nic, ABORT, NO_ME, NPT, PT_REPLY, PT_REQUEST, PT_SEGMENT,

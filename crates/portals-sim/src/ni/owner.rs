@@ -2,16 +2,15 @@
 //! re-link of locally managed buffers, the check and repair of the shared copy) and the
 //! reading of its event queue (polls, take-overs of dead claimers' slots, the wait).
 
-use super::eq::{
-    read_slot, seq_free, seq_is_claimed, seq_published, seq_state, Event, EventKind, SlotState,
-    Unblocked,
-};
+use super::eq::{read_slot, Event, EventKind, Unblocked};
+use super::layout::Parts;
 use super::layout::{
     corrupt, line, short_run, words, MeIndex, NiError, NiGeometry, ACTIVE, DOORBELL, EQ_HEAD,
     EQ_TAIL, LINE_WORDS, ME_NEXT, NPT, PT_DISABLED, PT_ENABLED, PT_FLOWCTRL, REC_EQ, REC_LM,
     WAITING,
 };
 use super::me::{write_entry, MeSpec, ME_FREE, ME_LINKED, ME_UNLINKED, NOT_USED};
+use am_shm::claim::{self, Seen};
 use am_shm::sync::{fence, AtomicU64, Ordering};
 use am_shm::{Segment, WordRun, CACHE_LINE};
 /// Whether an exhausted locally managed entry can be re-linked ([`NiOwner::lm_drained`]).
@@ -258,15 +257,15 @@ impl NiOwner {
             let t = self.head.wrapping_add(k);
             let slot = line(seg, self.geo.eq_slot(t))?;
             let v = slot[0].load(Ordering::Acquire);
-            match seq_state(v, t, cap) {
+            match self.geo.eq_laps.look(v, t) {
                 // The frontier: no claim beyond it (holes come only from a corrupt tail).
-                SlotState::Empty => break,
-                SlotState::Claimed(r) => {
+                Ok(Seen::Empty) => break,
+                Ok(Seen::Claimed(r)) => {
                     if walkers.contains(&r) {
                         return Ok(Drained::Busy);
                     }
                 }
-                SlotState::Published => {
+                Ok(Seen::Published(_)) => {
                     let w0 = slot[1].load(Ordering::Relaxed);
                     let me = (slot[5].load(Ordering::Relaxed) >> 32) as u32;
                     let kind = w0 as u8;
@@ -278,7 +277,7 @@ impl NiOwner {
                         return Ok(Drained::Busy);
                     }
                 }
-                SlotState::Corrupt(_) => {}
+                Ok(Seen::Skipped(_)) | Err(_) => {}
             }
         }
         // A live rank whose record names the entry but holds no claimed slot has published
@@ -440,15 +439,17 @@ impl NiOwner {
     #[inline]
     pub fn eq_ready(&self, seg: &Segment) -> Result<bool, NiError> {
         let off = self.geo.eq_slot(self.head);
-        Ok(seg.word(off)?.load(Ordering::Acquire) == seq_published(self.head))
+        let v = seg.word(off)?.load(Ordering::Acquire);
+        Ok(v == self.geo.eq_laps.published(self.head, 0))
     }
 
-    /// What the sequence word of the next ticket says (for tests and diagnostics).
-    pub fn eq_head_state(&self, seg: &Segment) -> Result<SlotState, NiError> {
+    /// What the status of the next ticket says (for tests and diagnostics); an error for a
+    /// status no producer writes.
+    pub fn eq_head_state(&self, seg: &Segment) -> Result<Seen, NiError> {
         let v = seg
             .word(self.geo.eq_slot(self.head))?
             .load(Ordering::Acquire);
-        Ok(seq_state(v, self.head, self.geo.eq_capacity as u64))
+        Ok(self.geo.eq_laps.look(v, self.head)?)
     }
 
     /// The next ticket the owner reads.
@@ -456,13 +457,13 @@ impl NiOwner {
         self.head
     }
 
-    /// Takes the next event, if published. A sequence word no producer writes at the head
+    /// Takes the next event, if published. A status word no producer writes at the head
     /// is repaired, skipped and returned as `Corrupt` (the queue goes on); a corrupt event
     /// is consumed and returned as `Corrupt`.
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
-        let read = read_slot(slot, self.head);
+        let read = read_slot(slot, &self.geo.eq_laps, self.head);
         match self.eq_take(seg, read)? {
             Some(w) => Event::from_words(w).map(Some),
             None => Ok(None),
@@ -480,7 +481,7 @@ impl NiOwner {
         let Some(slot) = eq.get(i) else {
             return Err(short_run(i));
         };
-        let read = read_slot(slot, self.head);
+        let read = read_slot(slot, &self.geo.eq_laps, self.head);
         self.eq_take(seg, read)
     }
 
@@ -493,8 +494,7 @@ impl NiOwner {
         (v, w): (u64, Option<[u64; 7]>),
     ) -> Result<Option<[u64; 7]>, NiError> {
         let Some(w) = w else {
-            if v == seq_free(self.head, self.geo.eq_capacity as u64) || seq_is_claimed(v, self.head)
-            {
+            if let Ok(Seen::Empty | Seen::Claimed(_)) = self.geo.eq_laps.look(v, self.head) {
                 return Ok(None);
             }
             return self.eq_repair(seg, v).map(|()| None);
@@ -514,67 +514,59 @@ impl NiOwner {
         Ok(())
     }
 
-    /// The head slot holds `v`, a value no producer writes for this ticket: mark it as
-    /// published (a compare-and-swap, so a value that changed meanwhile is kept), so the
-    /// next lap finds it free, and skip it.
+    /// The head slot holds `v`, a value no producer writes for this ticket: the owner takes
+    /// it over (a compare-and-swap, so a value that changed meanwhile is kept), so the next
+    /// lap finds it free, and skips it.
     #[cold]
     #[inline(never)]
     fn eq_repair(&mut self, seg: &Segment, v: u64) -> Result<(), NiError> {
-        let t = self.head;
-        let word = seg.word(self.geo.eq_slot(t))?;
-        if word
-            .compare_exchange(v, seq_published(t), Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !self.eq_take_over(seg, v)? {
             // Changed meanwhile: look again next time.
             return Ok(());
         }
-        self.consumed(seg)?;
-        Err(corrupt("event queue sequence word", v))
+        Err(corrupt("event queue slot status", v))
     }
 
     /// Takes over the slot of the head ticket, claimed (as `v`) by a claimer that will never
-    /// publish it: it is marked published (the next lap finds it free) and skipped. False
-    /// if it changed meanwhile (its claimer published after all).
+    /// publish it ([`claim::take_over`]), and skips it. False if it changed meanwhile (its
+    /// claimer published after all).
     fn eq_take_over(&mut self, seg: &Segment, v: u64) -> Result<bool, NiError> {
         let t = self.head;
         let word = seg.word(self.geo.eq_slot(t))?;
-        if word
-            .compare_exchange(v, seq_published(t), Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !claim::take_over(&self.geo.eq_laps, word, t, v) {
             return Ok(false);
         }
         self.consumed(seg)?;
         Ok(true)
     }
 
-    /// Whether rank `r`'s sender record vouches for a claim of ticket `t`: `ACTIVE`, from a
-    /// ticket at or below it.
+    /// Whether rank `r`'s sender record vouches for a claim of ticket `t`.
     pub(super) fn vouches(&self, seg: &Segment, r: u32, t: u64) -> Result<bool, NiError> {
         let rec = seg.word(self.geo.record(r)? + 8 * REC_EQ)?;
-        let v = rec.load(Ordering::Acquire);
-        Ok(v & ACTIVE != 0 && v & !ACTIVE <= t)
+        Ok(claim::vouches(rec.load(Ordering::Acquire), t))
     }
 
     /// Ends a wait at the head of the queue that cannot end by itself (see the module docs):
     /// a claim by a lost rank (`lost[r]`) is taken over and skipped
     /// ([`Unblocked::SkippedLost`]); a claim in the name of a rank outside the job or of one
-    /// whose record does not vouch for it, a sequence word no producer writes, or a hole
+    /// whose record does not vouch for it, a status word no producer writes, or a hole
     /// below later claims (a corrupt tail) is skipped too and returned as `Corrupt`; a
     /// genuine claim by a live rank is [`Unblocked::InFlight`]. A few loads; call it when
     /// idle, not per poll.
     pub fn eq_unblock(&mut self, seg: &Segment, lost: &[bool]) -> Result<Unblocked, NiError> {
-        let cap = self.geo.eq_capacity as u64;
+        let laps = self.geo.eq_laps;
         let t = self.head;
         // The tail first (Acquire, against the producers' Release store after their claim):
         // a tail past `t` then means `t` was claimed, and a free `t` is a hole.
         let tail = seg.word(EQ_TAIL)?.load(Ordering::Acquire);
         let v = seg.word(self.geo.eq_slot(t))?.load(Ordering::Acquire);
-        match seq_state(v, t, cap) {
-            SlotState::Published => Ok(Unblocked::Clear),
-            SlotState::Corrupt(v) => self.eq_repair(seg, v).map(|()| Unblocked::Clear),
-            SlotState::Claimed(r) => {
+        match laps.look(v, t) {
+            Ok(Seen::Published(0)) => Ok(Unblocked::Clear),
+            // A publication with meta data, a skip or a stamp no lap writes: no producer's.
+            Ok(Seen::Published(_) | Seen::Skipped(_)) | Err(_) => {
+                self.eq_repair(seg, v).map(|()| Unblocked::Clear)
+            }
+            Ok(Seen::Claimed(r)) => {
                 let live = (r as usize) < lost.len() && r < self.geo.ranks && !lost[r as usize];
                 if live && self.vouches(seg, r, t)? {
                     return Ok(Unblocked::InFlight(r));
@@ -591,34 +583,24 @@ impl NiOwner {
                     ))
                 }
             }
-            SlotState::Empty => {
+            Ok(Seen::Empty) => {
                 if tail <= t {
                     return Ok(Unblocked::Clear);
                 }
-                // Claims past a free head: a hole, if a later slot of this lap is taken. The
-                // free tickets up to it are skipped at once (reported once).
-                let end = tail.min(t.saturating_add(cap));
-                let mut taken = None;
-                for u in t + 1..end {
-                    let w = seg.word(self.geo.eq_slot(u))?.load(Ordering::Acquire);
-                    if seq_state(w, u, cap) != SlotState::Empty {
-                        taken = Some(u);
-                        break;
-                    }
+                // Claims past a free head: holes, skipped at once (reported once).
+                let geo = self.geo;
+                let parts = Parts::new(seg, &geo);
+                let mut skipped = false;
+                while claim::fill_hole(&parts, self.head)? {
+                    self.consumed(seg)?;
+                    skipped = true;
                 }
-                if let Some(u) = taken {
-                    let mut skipped = false;
-                    while self.head < u {
-                        let h = self.head;
-                        let w = seg.word(self.geo.eq_slot(h))?.load(Ordering::Acquire);
-                        if seq_state(w, h, cap) != SlotState::Empty || !self.eq_take_over(seg, w)? {
-                            break;
-                        }
-                        skipped = true;
-                    }
-                    if skipped {
-                        return Err(corrupt("event queue tail (a hole below claims)", tail));
-                    }
+                if skipped {
+                    return Err(corrupt("event queue tail (a hole below claims)", tail));
+                }
+                let now = seg.word(self.geo.eq_slot(t))?.load(Ordering::Acquire);
+                if !laps.is_free(now, t) {
+                    // Claimed meanwhile (a claimer that fills the hole first keeps it).
                     return Ok(Unblocked::Clear);
                 }
                 // A tail past every claim: put it back (it is only a hint).
@@ -660,7 +642,7 @@ impl NiOwner {
     /// The doorbell is cleared before the announcement: a producer that sees the
     /// announcement rings after it (its load synchronizes with our `Release` store), so its
     /// ring is not undone by our clear. A `SeqCst` fence separates the announcement from the
-    /// load of the head slot's sequence word; against the producer's `SeqCst` claim and
+    /// load of the head slot's status word; against the producer's `SeqCst` claim and
     /// load of the waiting word (see `Nic::eq_reserve`) no claim can go unnoticed by both
     /// sides. The fence is on this side, the one about to sleep.
     pub fn announce_wait(&self, seg: &Segment) -> Result<bool, NiError> {
@@ -670,7 +652,7 @@ impl NiOwner {
         let v = seg
             .word(self.geo.eq_slot(self.head))?
             .load(Ordering::SeqCst);
-        Ok(v == seq_free(self.head, self.geo.eq_capacity as u64))
+        Ok(self.geo.eq_laps.is_free(v, self.head))
     }
 
     /// After a wait: producers stop ringing (a ring still in flight only wakes us early).

@@ -1,6 +1,6 @@
 //! Unit tests of the NI on heap segments (Miri runs them: `cargo miri test -p portals-sim --lib`).
 
-use super::eq::{Claim, Claimer, SEQ_CLAIMED};
+use super::eq::{Claim, Claimer};
 use super::*;
 use am_shm::sync::{AtomicU64, Ordering};
 use am_shm::{Imported, Segment, CACHE_LINE};
@@ -590,7 +590,17 @@ proptest! {
     }
 }
 
-/// The raw sequence word of ticket `t`'s slot.
+/// The status of ticket `t` claimed by `claimer` (in a queue of 64 slots).
+fn seq_claimed(t: u64, claimer: u32) -> u64 {
+    am_shm::claim::Laps::new(64).unwrap().claimed(t, claimer)
+}
+
+/// The status of ticket `t` published (in a queue of 64 slots).
+fn seq_published(t: u64) -> u64 {
+    am_shm::claim::Laps::new(64).unwrap().published(t, 0)
+}
+
+/// The raw status word of ticket `t`'s slot.
 fn seq_word(ni: &Ni, t: u64) -> &AtomicU64 {
     ni.seg.word(ni.geo.eq_slot(t)).unwrap()
 }
@@ -611,7 +621,7 @@ fn user_entry(ni: &mut Ni) {
         .unwrap();
 }
 
-/// A claim names its claimer in the sequence word, and the claimer's record vouches for
+/// A claim names its claimer in the status word, and the claimer's record vouches for
 /// it; publication clears the record.
 #[test]
 fn claims_name_their_claimer() {
@@ -620,10 +630,7 @@ fn claims_name_their_claimer() {
     let t = claim_only(&ni, 2);
     assert_eq!(t, 0);
     assert_eq!(seq_word(&ni, 0).load(Ordering::Relaxed), seq_claimed(0, 2));
-    assert_eq!(
-        ni.owner.eq_head_state(&ni.seg).unwrap(),
-        SlotState::Claimed(2)
-    );
+    assert_eq!(ni.owner.eq_head_state(&ni.seg).unwrap(), Seen::Claimed(2));
     assert!(ni.owner.vouches(&ni.seg, 2, 0).unwrap());
     assert!(
         !ni.owner.vouches(&ni.seg, 1, 0).unwrap(),
@@ -683,7 +690,7 @@ fn a_lost_claimers_slot_is_skipped() {
     }
 }
 
-/// A `CLAIMED` sequence word in the name of a rank whose record does not vouch for it,
+/// A `CLAIMED` status word in the name of a rank whose record does not vouch for it,
 /// or of a rank outside the job, is skipped and reported; one whose record vouches is
 /// waited for until the record is cleared.
 #[test]
@@ -722,10 +729,10 @@ fn a_forged_claim_is_skipped_and_reported() {
     assert_eq!(ni.owner.eq_head(), 1);
 }
 
-/// A sequence word no producer writes at the head is a typed error once, repaired (the
+/// A status word no producer writes at the head is a typed error once, repaired (the
 /// slot is free for the next lap) and skipped; nothing published after it is lost.
 #[test]
-fn corrupt_sequence_words_are_repaired() {
+fn corrupt_status_words_are_repaired() {
     let cap = 64u64;
     for bad in [
         0xdead_beef,
@@ -733,7 +740,7 @@ fn corrupt_sequence_words_are_repaired() {
         seq_published(cap),
         seq_published(5),
         seq_claimed(cap, 1),
-        SEQ_CLAIMED | 7,
+        1 << 30 | 7,
     ] {
         let mut ni = Ni::new(64);
         user_entry(&mut ni);

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::tests::{drain, head, out, patience, poll_until, small, take_replies, trio};
 use super::*;
-use crate::ni::{seq_claimed, seq_published, Event, ACTIVE, EQ_HEAD, EQ_TAIL, WAITING};
+use crate::ni::{Event, ACTIVE, EQ_HEAD, EQ_TAIL, WAITING};
 use am_core::wire::MAX_HEAD_LEN;
 use am_core::{AmKind, Category};
 
@@ -122,6 +122,20 @@ fn victim(x: &Portals) -> &Peer {
 
 /// Stores `words` as the event of ticket `t` in rank 1's queue and publishes it with
 /// `seq`, as rank 0 writing raw words.
+/// The status of ticket `t` published, as the wire writes it (in `small()`'s event queue).
+fn seq_published(t: u64) -> u64 {
+    small_laps().published(t, 0)
+}
+
+/// The status of ticket `t` claimed by `claimer` (in `small()`'s event queue).
+fn seq_claimed(t: u64, claimer: u32) -> u64 {
+    small_laps().claimed(t, claimer)
+}
+
+fn small_laps() -> am_shm::claim::Laps {
+    am_shm::claim::Laps::new(small().eq_capacity(3) as u64).unwrap()
+}
+
 fn raw_event(a: &Portals, t: u64, words: [u64; 7], seq: u64) {
     let l = a.tx.layout;
     let p = victim(a);
@@ -183,19 +197,21 @@ fn a_well_formed_forged_event_is_delivered_within_its_range() {
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
 }
 
-// ---- event-queue slot: sequence word ----
+// ---- event-queue slot: status word ----
 
-/// A sequence word no producer writes (garbage, a later lap's, a claim of another ticket):
+/// A status no producer writes (garbage, a later lap's, a publication with meta data, a
+/// state no status has):
 /// an error naming nobody (any peer can write it), the slot repaired and skipped.
 #[test]
-fn a_corrupt_sequence_word_is_skipped_and_reported() {
+fn a_corrupt_status_word_is_skipped_and_reported() {
     let cap = small().eq_capacity(3) as u64;
     for value in [
         0xdead_beef,
         u64::MAX,
         seq_published(cap),
         seq_claimed(cap, 2),
-        seq_claimed(5, 0),
+        seq_published(0) | 7 << 32,
+        seq_claimed(0, 0) & !(3 << 30),
     ] {
         let (a, mut b, mut c) = trio(small());
         let (ev, _) = medium_event(&a, &b);

@@ -455,10 +455,7 @@ fn a_dead_claimer_never_wedges_the_event_queue() {
     die::at(Some(Step::SlotClaimed));
     assert!(a.try_send(1, &out(&h[..hn], b"dies....")).is_err());
     die::at(None);
-    assert_eq!(
-        b.owner.eq_head_state(&b.own).unwrap(),
-        ni::SlotState::Claimed(0)
-    );
+    assert_eq!(b.owner.eq_head_state(&b.own).unwrap(), ni::Seen::Claimed(0));
     // Rank 2's message lands behind the claim.
     c.try_send(1, &out(&h[..hn], b"behind..")).unwrap();
     // Rank 0 looks alive (its record vouches for the claim): b waits for it, but its waits
@@ -567,7 +564,9 @@ fn a_buffer_is_not_relinked_under_a_live_walker() {
         .store_word(rec + 8, ni::ACTIVE | (me as u64 + 1))
         .unwrap();
     let slot = l.ni.eq_slot(0);
-    p.imp.store_word(slot, ni::seq_claimed(0, 0)).unwrap();
+    p.imp
+        .store_word(slot, l.ni.eq_laps().claimed(0, 0))
+        .unwrap();
     assert_eq!(
         b.owner.lm_drained(&b.own, me, &b.tx.lost).unwrap(),
         Drained::Busy
@@ -577,7 +576,9 @@ fn a_buffer_is_not_relinked_under_a_live_walker() {
     for (i, w) in ev.words().iter().enumerate() {
         p.imp.store_word(slot + 8 + 8 * i, *w).unwrap();
     }
-    p.imp.store_word(slot, ni::seq_published(0)).unwrap();
+    p.imp
+        .store_word(slot, l.ni.eq_laps().published(0, 0))
+        .unwrap();
     p.imp.store_word(rec, 0).unwrap();
     p.imp.store_word(rec + 8, 0).unwrap();
     assert_eq!(
@@ -625,7 +626,9 @@ fn a_forged_used_count_does_not_relink_early() {
     for (i, w) in ev.words().iter().enumerate() {
         p.imp.store_word(slot + 8 + 8 * i, *w).unwrap();
     }
-    p.imp.store_word(slot, ni::seq_published(0)).unwrap();
+    p.imp
+        .store_word(slot, l.ni.eq_laps().published(0, 0))
+        .unwrap();
     // The first message: 112 bytes consumed, as many as `used` says.
     let first = b.poll_recv(|d, _, _| d.bytes.to_vec()).unwrap().unwrap();
     assert_eq!(&first[hn..], &[0xA1; 100]);
