@@ -1,6 +1,6 @@
 //! Start-up of a simulated NIC under a launcher, and why it can fail.
 
-use am_bootstrap::{BootstrapError, JobInfo};
+use am_bootstrap::{BootstrapError, JobInfo, LauncherKind};
 use am_shm::{Segment, ShmError};
 use nix::unistd::Pid;
 
@@ -11,9 +11,36 @@ pub enum SetupError {
     /// A shared-memory failure (creating, opening or mapping a segment).
     #[error("shared memory: {0}")]
     Shm(#[from] ShmError),
-    /// The launcher's key-value store failed or is missing, or a rank published nonsense.
+    /// The launcher's key-value store failed (the store's error is the source).
     #[error("bootstrap: {0}")]
-    Bootstrap(String),
+    Bootstrap(#[from] BootstrapError),
+    /// A job of several ranks whose launcher gives them no key-value store to find each
+    /// other through.
+    #[error(
+        "the launcher ({launcher}; launcher variables seen: {seen}) gives the ranks no \
+         key-value store this transport can use to find its peers: start the job under \
+         amrun, MPICH's mpiexec, srun --mpi=pmi2, or a PMIx launcher (Open MPI's mpirun, \
+         srun --mpi=pmix), which must set PMIX_SERVER_URI* and PMIX_NAMESPACE"
+    )]
+    NoKeyValueStore {
+        /// The launcher that started the job.
+        launcher: LauncherKind,
+        /// The launcher variables set ([`am_bootstrap::launcher_variables_seen`]).
+        seen: String,
+    },
+    /// A rank published, through the key-value store, something that is not
+    /// `pid|handle|segment size|geometry` with a number for the pid and the size.
+    #[error("rank {rank} published {value:?}, not pid|handle|segment size|geometry")]
+    BadAnnouncement {
+        /// The rank.
+        rank: u32,
+        /// What it published.
+        value: String,
+    },
+    /// This build's segments have no handle another process can open them by (a loom
+    /// build has no shared-memory files), so a job of several processes cannot start.
+    #[error("segment {0} has no handle another process could open it by")]
+    Unshareable(String),
     /// An invalid setting.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -40,12 +67,6 @@ pub enum SetupError {
         /// Ours.
         ours: String,
     },
-}
-
-impl From<BootstrapError> for SetupError {
-    fn from(e: BootstrapError) -> Self {
-        SetupError::Bootstrap(e.to_string())
-    }
 }
 
 /// A rank's memory and its view of every rank's after [`connect`].
@@ -76,7 +97,8 @@ pub fn connect(
     init: impl FnOnce(&Segment) -> Result<(), SetupError>,
 ) -> Result<Joined, SetupError> {
     let rank = job.rank;
-    let own = Segment::create_anonymous(&format!("am-{nic}-{rank}"), words, bytes)?;
+    let name = format!("am-{nic}-{rank}");
+    let own = Segment::create_anonymous(&name, words, bytes)?;
     init(&own)?;
     let mut pids = vec![None; job.size as usize];
     if job.size == 1 {
@@ -84,18 +106,14 @@ pub fn connect(
         return Ok(Joined { own, peers, pids });
     }
     let launcher = job.launcher;
-    let kvs = job.kvs.as_mut().ok_or_else(|| {
-        SetupError::Bootstrap(format!(
-            "the launcher ({launcher}; launcher variables seen: {}) gives the ranks no \
-             key-value store this transport can use to find its peers: start the job under \
-             amrun, MPICH's mpiexec, srun --mpi=pmi2, or a PMIx launcher (Open MPI's mpirun, \
-             srun --mpi=pmix), which must set PMIX_SERVER_URI* and PMIX_NAMESPACE",
-            am_bootstrap::launcher_variables_seen()
-        ))
-    })?;
-    let handle = own
-        .handle()
-        .ok_or_else(|| SetupError::Bootstrap("an anonymous segment without a handle".into()))?;
+    let kvs = job
+        .kvs
+        .as_mut()
+        .ok_or_else(|| SetupError::NoKeyValueStore {
+            launcher,
+            seen: am_bootstrap::launcher_variables_seen(),
+        })?;
+    let handle = own.handle().ok_or(SetupError::Unshareable(name))?;
     let key = |r: u32| format!("{nic}-{r}");
     // Key-value stores take no spaces in values (PMI): `|` separates the fields.
     kvs.put(
@@ -111,20 +129,21 @@ pub fn connect(
         }
         let v = kvs.get(&key(r))?;
         let mut parts = v.splitn(4, '|');
-        let (Some(pid), Some(handle), Some(segment), Some(theirs)) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(SetupError::Bootstrap(format!("rank {r} published {v:?}")));
+        let parsed = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(pid), Some(handle), Some(segment), Some(theirs)) => {
+                match (pid.parse::<i32>(), segment.parse::<u64>()) {
+                    (Ok(pid), Ok(segment)) => {
+                        Some((pid, handle.to_owned(), segment, theirs.to_owned()))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
         };
-        let segment: u64 = segment
-            .parse()
-            .map_err(|_| SetupError::Bootstrap(format!("rank {r} published {v:?}")))?;
-        published.push(Some((
-            pid.to_owned(),
-            handle.to_owned(),
-            segment,
-            theirs.to_owned(),
-        )));
+        let Some(parsed) = parsed else {
+            return Err(SetupError::BadAnnouncement { rank: r, value: v });
+        };
+        published.push(Some(parsed));
     }
     // Segment sizes against rank 0's, in rank order: every rank reports the same rank.
     let size_of = |r: usize| match &published[r] {
@@ -153,13 +172,108 @@ pub fn connect(
                 ours: geometry.to_owned(),
             });
         }
-        let pid: i32 = pid
-            .parse()
-            .map_err(|_| SetupError::Bootstrap(format!("rank {r} sent pid {pid:?}")))?;
         pids[r as usize] = Some(Pid::from_raw(pid));
         peers.push(Segment::open_handle(&theirs_handle, words, bytes)?);
     }
     // Nobody leaves start-up (and perhaps ends) before every rank has mapped every segment.
     kvs.fence()?;
     Ok(Joined { own, peers, pids })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use am_bootstrap::KeyValueStore;
+    use std::error::Error;
+
+    /// A key-value store whose `put` fails as a closed store does, and whose `get` returns
+    /// `published`.
+    struct Store {
+        put_fails: bool,
+        published: &'static str,
+    }
+
+    impl KeyValueStore for Store {
+        fn put(&mut self, _key: &str, _value: &str) -> Result<(), BootstrapError> {
+            if self.put_fails {
+                return Err(BootstrapError::Closed);
+            }
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<(), BootstrapError> {
+            Ok(())
+        }
+        fn get(&mut self, _key: &str) -> Result<String, BootstrapError> {
+            Ok(self.published.to_owned())
+        }
+        fn abort(&mut self, _code: i32, _message: &str) -> Result<(), BootstrapError> {
+            Ok(())
+        }
+    }
+
+    fn job(kvs: Option<Store>) -> JobInfo {
+        JobInfo {
+            rank: 0,
+            size: 2,
+            job_id: "setup-test".into(),
+            transport: None,
+            launcher: LauncherKind::Amrun,
+            kvs: kvs.map(|s| Box::new(s) as Box<dyn KeyValueStore + Send>),
+        }
+    }
+
+    fn connect_to(kvs: Option<Store>) -> SetupError {
+        connect(&mut job(kvs), "test", 16, 4096, 0, "g", |_| Ok(())).unwrap_err()
+    }
+
+    /// A failing key-value store's error is the set-up error's source, as its own type.
+    #[test]
+    #[cfg_attr(miri, ignore = "an anonymous segment is a memfd")]
+    fn a_store_failure_is_the_source() {
+        let e = connect_to(Some(Store {
+            put_fails: true,
+            published: "",
+        }));
+        assert!(
+            matches!(e, SetupError::Bootstrap(BootstrapError::Closed)),
+            "{e}"
+        );
+        let source = e.source().expect("the store's error is the source");
+        assert!(
+            matches!(
+                source.downcast_ref::<BootstrapError>(),
+                Some(BootstrapError::Closed)
+            ),
+            "{source}"
+        );
+        assert_eq!(e.to_string(), format!("bootstrap: {source}"));
+    }
+
+    /// Without a store, and with a peer's announcement that does not parse, the error says
+    /// which, in fields rather than a message.
+    #[test]
+    #[cfg_attr(miri, ignore = "an anonymous segment is a memfd")]
+    fn no_store_and_a_bad_announcement_are_their_own_errors() {
+        let e = connect_to(None);
+        assert!(
+            matches!(
+                e,
+                SetupError::NoKeyValueStore {
+                    launcher: LauncherKind::Amrun,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        for published in ["1|h|4096", "x|h|4096|g", "1|h|big|g"] {
+            let e = connect_to(Some(Store {
+                put_fails: false,
+                published,
+            }));
+            match e {
+                SetupError::BadAnnouncement { rank: 1, value } => assert_eq!(value, published),
+                e => panic!("{published}: {e}"),
+            }
+        }
+    }
 }

@@ -349,9 +349,13 @@ pub enum PortalsError {
     /// Setting up the NI failed.
     #[error("network interface: {0}")]
     Ni(#[from] ni::NiError),
-    /// The launcher's key-value store failed or is missing.
+    /// The launcher's key-value store failed (the store's error is the source).
     #[error("bootstrap: {0}")]
-    Bootstrap(String),
+    Bootstrap(#[source] am_bootstrap::BootstrapError),
+    /// Start-up under the launcher failed otherwise (no key-value store, a rank's
+    /// announcement unreadable): the shared set-up's error is the source.
+    #[error("{0}")]
+    Setup(#[source] am_nic::SetupError),
     /// An invalid setting.
     #[error("invalid Portals configuration: {0}")]
     Config(String),

@@ -651,7 +651,7 @@ fn setup_error(e: am_nic::SetupError) -> PortalsError {
         am_nic::SetupError::SegmentSizeMismatch { rank, ours, theirs } => {
             PortalsError::SegmentSizeMismatch { rank, ours, theirs }
         }
-        other => PortalsError::Bootstrap(other.to_string()),
+        other => PortalsError::Setup(other),
     }
 }
 
@@ -776,23 +776,20 @@ impl Portals {
                     Ok(())
                 }
                 Err(e) => {
-                    let shown = e.to_string();
                     made = Some(Err(e));
-                    Err(am_nic::SetupError::Config(shown))
+                    // Only stops `connect`: the typed error kept in `made` is the one returned.
+                    Err(am_nic::SetupError::Config(
+                        "the NI could not be set up".into(),
+                    ))
                 }
             },
         );
-        let init = match (made, joined) {
+        let (init, joined) = match (made, joined) {
             (Some(Err(e)), _) => return Err(e),
             (_, Err(e)) => return Err(setup_error(e)),
             (Some(Ok(init)), Ok(joined)) => (init, joined),
-            (None, Ok(_)) => {
-                return Err(PortalsError::Bootstrap(
-                    "the NI was never initialized".into(),
-                ))
-            }
+            (None, Ok(_)) => unreachable!("am_nic::connect runs `init` before it can succeed"),
         };
-        let (init, joined) = init;
         let peers = joined
             .peers
             .into_iter()

@@ -167,6 +167,40 @@ pub(super) fn drain(x: &mut Portals) -> usize {
     n
 }
 
+/// A start-up error keeps what caused it as its source, in its own type: the key-value
+/// store's error, the shared set-up's.
+#[test]
+fn start_up_errors_keep_their_source() {
+    use am_bootstrap::BootstrapError;
+    use std::error::Error;
+    let e = setup_error(am_nic::SetupError::Bootstrap(BootstrapError::Closed));
+    assert!(
+        matches!(e, PortalsError::Bootstrap(BootstrapError::Closed)),
+        "{e}"
+    );
+    let source = e.source().expect("the store's error is the source");
+    assert!(
+        matches!(
+            source.downcast_ref::<BootstrapError>(),
+            Some(BootstrapError::Closed)
+        ),
+        "{source}"
+    );
+    let e = setup_error(am_nic::SetupError::BadAnnouncement {
+        rank: 3,
+        value: "x".into(),
+    });
+    let source = e.source().expect("the set-up error is the source");
+    assert!(
+        matches!(
+            source.downcast_ref::<am_nic::SetupError>(),
+            Some(am_nic::SetupError::BadAnnouncement { rank: 3, .. })
+        ),
+        "{source}"
+    );
+    assert_eq!(e.to_string(), source.to_string());
+}
+
 #[test]
 fn idle_poll_is_empty() {
     let (mut a, _b) = pair(small());
