@@ -229,9 +229,7 @@ impl PortalsConfig {
     /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
     pub fn from_env() -> Result<PortalsConfig, PortalsError> {
         let mut c = PortalsConfig {
-            credits: am_core::Config::from_env()
-                .map_err(|e| PortalsError::Config(e.to_string()))?
-                .credits,
+            credits: am_core::Config::from_env()?.credits,
             ..PortalsConfig::default()
         };
         let num = |k: &str| -> Result<Option<usize>, PortalsError> {
@@ -359,6 +357,10 @@ pub enum PortalsError {
     /// An invalid setting.
     #[error("invalid Portals configuration: {0}")]
     Config(String),
+    /// A malformed variable of the core's (`AM_CREDITS`, `AM_WAIT`), read by
+    /// [`PortalsConfig::from_env`].
+    #[error("invalid Portals configuration: {0}")]
+    CoreConfig(#[from] am_core::config::ConfigError),
     /// A rank's AM segment differs in size from rank 0's (every rank finds the same one).
     #[error(
         "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"

@@ -168,7 +168,7 @@ pub(super) fn drain(x: &mut Portals) -> usize {
 }
 
 /// A start-up error keeps what caused it as its source, in its own type: the key-value
-/// store's error, the shared set-up's.
+/// store's error, the shared set-up's, the core's configuration error.
 #[test]
 fn start_up_errors_keep_their_source() {
     use am_bootstrap::BootstrapError;
@@ -199,6 +199,14 @@ fn start_up_errors_keep_their_source() {
         "{source}"
     );
     assert_eq!(e.to_string(), source.to_string());
+    let e = PortalsError::from(am_core::config::ConfigError {
+        var: "AM_CREDITS",
+        value: "lots".into(),
+        why: "not a number".into(),
+    });
+    let source = e.source().expect("the core's error is the source");
+    let core = source.downcast_ref::<am_core::config::ConfigError>();
+    assert_eq!(core.map(|c| c.var), Some("AM_CREDITS"), "{source}");
 }
 
 #[test]
