@@ -345,7 +345,7 @@ pub enum RmaError {
         /// Region size.
         region: usize,
     },
-    /// The engine could not start or stopped.
+    /// The engine could not start or stopped (the NIC's error is the source).
     #[error("RMA engine: {0}")]
-    Engine(String),
+    Engine(#[source] am_core::NicError),
 }

@@ -395,6 +395,12 @@ impl RmaEngine {
         })
     }
 
+    /// Takes no more jobs, as an engine whose thread has ended.
+    #[cfg(test)]
+    pub fn stop_taking_jobs(&mut self) {
+        self.jobs = None;
+    }
+
     /// Queues a job; false if the engine has stopped.
     pub fn submit(&self, job: Job) -> bool {
         self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())

@@ -895,9 +895,7 @@ impl Extoll {
         }
         let id = self.tx.next_op;
         self.tx.next_op += 1;
-        self.tx
-            .submit(job(id))
-            .map_err(|e| RmaError::Engine(e.to_string()))?;
+        self.tx.submit(job(id)).map_err(RmaError::Engine)?;
         self.user_pending.insert(id);
         Ok(RmaOp { id, peer: dest })
     }

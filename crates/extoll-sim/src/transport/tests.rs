@@ -252,6 +252,28 @@ fn rma_put_and_get_by_the_engine_with_notifications() {
     assert!(matches!(a.rma_get(5, 0, 0, 1), Err(RmaError::BadRank(5))));
 }
 
+/// An engine that takes no more jobs refuses an RMA with the NIC's error as the source.
+#[test]
+fn a_stopped_engine_is_the_rma_errors_source() {
+    use am_core::{NicError, NicErrorKind};
+    use std::error::Error;
+    let (mut a, _b) = pair(ExtollConfig::default());
+    a.tx.engine().unwrap();
+    a.tx.engine.as_mut().unwrap().stop_taking_jobs();
+    let e = a.rma_put(1, 0, 0, 8).unwrap_err();
+    assert!(
+        matches!(&e, RmaError::Engine(n) if n.kind() == NicErrorKind::Device),
+        "{e}"
+    );
+    let source = e.source().expect("the NIC's error is the source");
+    let nic = source.downcast_ref::<NicError>();
+    assert_eq!(
+        nic.map(NicError::kind),
+        Some(NicErrorKind::Device),
+        "{source}"
+    );
+}
+
 /// Posts a notification into `target`'s queue as rank `src`'s engine would.
 pub(super) fn post_note(x: &Extoll, target: usize, src: usize, kind: u32, value: u64) {
     let l = x.tx.layout;
