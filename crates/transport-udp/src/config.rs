@@ -249,7 +249,11 @@ fn key_from_fd(value: &str) -> Result<JobKey, UdpError> {
         }
     }
     let failed = |why: String| bad("AM_UDP_KEY_FD", value, &why);
-    let stat = fstat(fd).map_err(|e| failed(format!("not an open descriptor: {e}")))?;
+    let os_failed = |what: &str, e: nix::errno::Errno| UdpError::Io {
+        what: format!("AM_UDP_KEY_FD={value:?}: {what}"),
+        source: e.into(),
+    };
+    let stat = fstat(fd).map_err(|e| os_failed("not an open descriptor", e))?;
     if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
         return Err(failed("not a pipe (amrun passes the key in one)".into()));
     }
@@ -262,7 +266,7 @@ fn key_from_fd(value: &str) -> Result<JobKey, UdpError> {
             Ok(n) if text.len() + n <= 256 => text.extend_from_slice(&buf[..n]),
             Ok(_) => break Err(failed("more than a key in the pipe".into())),
             Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => break Err(failed(format!("reading the key: {e}"))),
+            Err(e) => break Err(os_failed("reading the key", e)),
         }
     };
     let _ = nix::unistd::close(fd);
@@ -384,6 +388,20 @@ mod tests {
         let f = parse_faults(" duplicate = 1 , max_delay=9 ,").unwrap();
         assert_eq!((f.drop, f.duplicate, f.max_delay), (0.0, 1.0, 9));
         assert_eq!(parse_faults("").unwrap(), am_core::FaultConfig::default());
+    }
+
+    /// A descriptor that is not open is the system's error, as the source.
+    #[test]
+    fn a_key_descriptor_not_open_keeps_the_system_error() {
+        use std::error::Error;
+        let e = key_from_fd("999999").unwrap_err();
+        assert!(matches!(e, UdpError::Io { .. }), "{e}");
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.and_then(std::io::Error::raw_os_error),
+            Some(nix::libc::EBADF),
+            "{e}"
+        );
     }
 
     #[test]

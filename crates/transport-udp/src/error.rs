@@ -74,12 +74,15 @@ pub enum UdpError {
     },
     /// What answers at `AM_COORD` did not prove it holds this job's key: it is not rank 0 of
     /// this job (another process holds the port), or it never answered in time.
-    #[error("AM_COORD={coord}: what answers there is not this job's rank 0 ({why}); another process may hold the port")]
+    #[error("AM_COORD={coord}: what answers there is not this job's rank 0 ({why}{}); another process may hold the port", source.as_ref().map_or_else(String::new, |e| format!(": {e}")))]
     CoordinatorNotAuthentic {
         /// `AM_COORD`.
         coord: String,
         /// What it failed to do.
         why: String,
+        /// The error reading its answer, where a read failed (timed out, not text).
+        #[source]
+        source: Option<io::Error>,
     },
     /// Two processes registered as the same rank with the `AM_COORD` coordinator, with
     /// different addresses or epochs (the same `AM_RANK` given twice, or a rank started again
@@ -92,6 +95,15 @@ pub enum UdpError {
         coord: String,
         /// The rank registered twice.
         rank: u32,
+    },
+    /// The AM segment (heap memory in this transport) could not be made.
+    #[error("a {size}-byte AM segment: {source}")]
+    Segment {
+        /// The size asked for.
+        size: usize,
+        /// Why.
+        #[source]
+        source: am_shm::ShmError,
     },
     /// Address exchange failed or a peer sent something invalid.
     #[error("rendezvous: {0}")]

@@ -536,10 +536,13 @@ fn via_coordinator(
         .map_err(io_err(format!("resolving AM_COORD={coord}")))?
         .next()
         .ok_or_else(|| bad("no address".into()))?;
-    let not_authentic = |why: &str| UdpError::CoordinatorNotAuthentic {
-        coord: coord.to_owned(),
-        why: why.to_owned(),
-    };
+    let read_failed =
+        |why: &str, source: Option<std::io::Error>| UdpError::CoordinatorNotAuthentic {
+            coord: coord.to_owned(),
+            why: why.to_owned(),
+            source,
+        };
+    let not_authentic = |why: &str| read_failed(why, None);
     let mut server = None;
     if rank == 0 {
         let listener = TcpListener::bind(target).map_err(|e| {
@@ -564,7 +567,9 @@ fn via_coordinator(
         match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
             Ok(s) => break s,
             Err(e) if Instant::now() >= deadline => {
-                return Err(bad(format!("cannot connect: {e}")));
+                return Err(io_err(format!(
+                    "connecting to the coordinator at AM_COORD={coord}"
+                ))(e));
             }
             // Rank 0 may not be up yet: retry (a start-up backoff, not a synchronisation).
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -581,7 +586,7 @@ fn via_coordinator(
     let mut first = String::new();
     reader
         .read_line(&mut first)
-        .map_err(|e| not_authentic(&format!("no challenge: {e}")))?;
+        .map_err(|e| read_failed("no challenge", Some(e)))?;
     let nonce = parse_challenge(&first).ok_or_else(|| not_authentic("no challenge"))?;
     let reg = registration(auth, rank, size, mine, &nonce);
     stream
@@ -590,7 +595,7 @@ fn via_coordinator(
     let mut answer = String::new();
     reader
         .read_line(&mut answer)
-        .map_err(|e| not_authentic(&format!("no answer to the registration: {e}")))?;
+        .map_err(|e| read_failed("no answer to the registration", Some(e)))?;
     // On a conflict, rank 0 returns only once its coordinator has told every rank (or gave
     // up at the start-up deadline): the coordinator ends with rank 0's process, and a rank
     // still to register would then wait for the deadline instead of learning of the conflict.
@@ -958,6 +963,50 @@ mod tests {
                 other => panic!("answer {answer:?}: {other:?}"),
             }
         }
+    }
+
+    /// A coordinator whose challenge is not text: what answers there is not rank 0, and the
+    /// failed read is the error's source.
+    #[test]
+    fn a_challenge_that_is_not_text_keeps_the_read_error() {
+        use std::error::Error;
+        let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+        let coord = squatter.local_addr().unwrap().to_string();
+        let auth = Authenticator::new(&JobKey::from_bytes([8; 32]), "job-t");
+        let mine = Entry {
+            peer: PeerAddr {
+                addr: "127.0.0.1:4000".parse().unwrap(),
+                epoch: 0x78,
+            },
+            mtu: 1472,
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let coord2 = coord.clone();
+        let rank = std::thread::spawn(move || {
+            let _ = done_tx.send(via_coordinator(&coord2, 1, 2, &auth, mine));
+        });
+        let (mut s, _) = squatter.accept().unwrap();
+        s.write_all(b"\xff\xfe\n").unwrap();
+        let got = done_rx
+            .recv_timeout(ANSWER_TIMEOUT + Duration::from_secs(20))
+            .expect("the rank kept waiting on a coordinator that is not its rank 0");
+        rank.join().unwrap();
+        let e = got.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&e, UdpError::CoordinatorNotAuthentic { coord: c, .. } if *c == coord),
+            "{e}"
+        );
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::InvalidData),
+            "{e}"
+        );
+        let read = source.unwrap().to_string();
+        assert!(
+            e.to_string().contains(&format!("(no challenge: {read})")),
+            "{e}"
+        );
     }
 
     /// A free port for a coordinator on 127.0.0.1.

@@ -767,10 +767,11 @@ impl Udp {
             rx_busy: false,
             rx_cmsg: nix::cmsg_space!(i32),
             departures_reported: vec![false; peers.len()],
-            segment: am_shm::Segment::heap(0, segment_size).map_err(|e| UdpError::Config {
-                var: "segment size",
-                value: segment_size.to_string(),
-                why: e.to_string(),
+            segment: am_shm::Segment::heap(0, segment_size).map_err(|source| {
+                UdpError::Segment {
+                    size: segment_size,
+                    source,
+                }
             })?,
             limits,
             linger: config.linger,
@@ -1137,6 +1138,30 @@ impl Udp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A segment that cannot be made is the shared-memory error, as the source.
+    #[test]
+    fn a_segment_too_large_keeps_the_shared_memory_error() {
+        use std::error::Error;
+        let e = Udp::cluster(1, usize::MAX, UdpConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                UdpError::Segment {
+                    size: usize::MAX,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let source = e.source().expect("the shared-memory error is the source");
+        assert!(
+            source.downcast_ref::<am_shm::ShmError>().is_some(),
+            "{source}"
+        );
+    }
 
     #[test]
     fn a_batch_holds_one_destination_and_equal_datagrams_but_the_last() {
