@@ -19,7 +19,7 @@ use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook::SigId;
 
 use am_bootstrap::wire::MAX_MESSAGE;
-use am_bootstrap::{is_udp_key, random_job_id, random_job_key, read_key_file};
+use am_bootstrap::{is_udp_key, random_job_id, random_job_key, read_key_file, KeyFileError};
 
 use crate::server::{Action, KvsServer};
 use crate::shm::remove_job_shm;
@@ -79,6 +79,11 @@ pub enum LaunchError {
         /// What is wrong.
         why: String,
     },
+    /// The key file `AM_UDP_KEY_FILE` names cannot be used as a secret (not readable, not a
+    /// regular file, not this user's, or readable by others): found before any rank starts,
+    /// by the check every rank makes.
+    #[error("AM_UDP_KEY_FILE: {0}")]
+    UdpKeyFile(#[source] KeyFileError),
     /// [`self_launch`] was called from a process that already is a rank.
     #[error("this process is already a rank of a job (AM_RANK is set); check JobInfo::is_launched() before self_launch")]
     Nested,
@@ -291,8 +296,7 @@ impl Launcher {
                 // Checked here as every rank will check it, so a bad file fails the launch
                 // once, clearly, instead of every rank.
                 let path = path.to_string_lossy().into_owned();
-                let text =
-                    read_key_file(&path, 256).map_err(|e| bad("AM_UDP_KEY_FILE", e.to_string()))?;
+                let text = read_key_file(&path, 256).map_err(LaunchError::UdpKeyFile)?;
                 if !is_udp_key(&text) {
                     return Err(bad(
                         "AM_UDP_KEY_FILE",
@@ -1138,7 +1142,16 @@ if read -r again <&$AM_UDP_KEY_FD; then exit 33; fi"#
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = run("exit 40").unwrap_err();
         assert!(
-            matches!(&e, LaunchError::UdpKey { var: "AM_UDP_KEY_FILE", why } if why.contains("chmod 600")),
+            matches!(
+                &e,
+                LaunchError::UdpKeyFile(KeyFileError::Permissions { mode, .. }) if mode & 0o777 == 0o644
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<KeyFileError>());
+        assert!(
+            matches!(source, Some(KeyFileError::Permissions { .. })),
             "{e}"
         );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -1149,9 +1162,18 @@ if read -r again <&$AM_UDP_KEY_FD; then exit 33; fi"#
             .env("AM_UDP_KEY_FILE", &link)
             .run()
             .unwrap_err();
-        assert!(matches!(e, LaunchError::UdpKey { .. }), "{e}");
+        assert!(
+            matches!(e, LaunchError::UdpKeyFile(KeyFileError::Io { .. })),
+            "{e}"
+        );
         std::fs::write(&path, "not a key").unwrap();
-        assert!(matches!(run("exit 40"), Err(LaunchError::UdpKey { .. })));
+        assert!(matches!(
+            run("exit 40"),
+            Err(LaunchError::UdpKey {
+                var: "AM_UDP_KEY_FILE",
+                ..
+            })
+        ));
         let e = sh(1, "exit 40")
             .transport("udp")
             .env("AM_UDP_KEY_FILE", &path)

@@ -88,7 +88,7 @@ fn key_file_job_under_launcher() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(code.expect("launch"), 0);
     assert!(
-        matches!(refused, Err(am_launch::LaunchError::UdpKey { .. })),
+        matches!(refused, Err(am_launch::LaunchError::UdpKeyFile(_))),
         "{refused:?}"
     );
 }
