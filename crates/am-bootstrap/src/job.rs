@@ -164,10 +164,9 @@ fn agree_on_random_id(rank: u32, kvs: &mut dyn KeyValueStore) -> Result<String, 
 fn adopt_fd(var: &'static str, fd: i32) -> Result<Conn, BootstrapError> {
     FdSocket::adopt(fd)
         .map(Conn::Fd)
-        .map_err(|e| BootstrapError::InvalidVar {
-            var,
-            value: fd.to_string(),
-            reason: format!("not an open file descriptor ({e})"),
+        .map_err(|source| BootstrapError::Io {
+            what: format!("using {var}={fd} as the launcher's PMI connection"),
+            source,
         })
 }
 
@@ -689,6 +688,20 @@ mod tests {
         .unwrap_err();
         assert!(
             matches!(e, BootstrapError::InvalidVar { var: "PMI_FD", .. }),
+            "{e}"
+        );
+        // A descriptor that is not open: the system's error is the source.
+        let e = detect(&env(&[
+            ("PMI_FD", "999999"),
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "1"),
+        ]))
+        .unwrap_err();
+        assert!(matches!(e, BootstrapError::Io { .. }), "{e}");
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.and_then(std::io::Error::raw_os_error),
+            Some(nix::libc::EBADF),
             "{e}"
         );
         let e = detect(&env(&[("PMI_FD", "5"), ("AM_PMI_VERSION", "3")])).unwrap_err();
