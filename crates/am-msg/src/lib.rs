@@ -30,7 +30,7 @@
 //! [`Messenger::post_recv`]; that is how "the receiver decides where the data lands".
 //!
 //! Environment ([`MsgConfig::from_env`]): `AM_EAGER_THRESHOLD` (bytes, `4K` style; default:
-//! the transport's measured threshold, [`threshold::default_for`]) and
+//! the transport's own threshold, [`threshold::default_for`]) and
 //! `AM_RNDV=sender|receiver` (default `receiver`).
 //!
 //! Progress: handlers only record state and every message is sent from
@@ -235,7 +235,7 @@ impl std::str::FromStr for Rendezvous {
 #[non_exhaustive]
 pub struct MsgConfig {
     /// Largest message sent eagerly (`AM_EAGER_THRESHOLD`, sizes like `4K`); `None`: the
-    /// measured default of the transport ([`threshold::default_for`]). Capped at `max_medium`.
+    /// transport's own default ([`threshold::default_for`]). Capped at `max_medium`.
     pub eager_threshold: Option<usize>,
     /// Who starts a rendezvous (`AM_RNDV=sender|receiver`, default receiver).
     pub rendezvous: Rendezvous,
@@ -661,7 +661,7 @@ impl Messenger {
     }
 
     /// The eager threshold in force on `node`'s transport: the configured one or the
-    /// transport's measured default, capped at `max_medium`.
+    /// transport's own default, capped at `max_medium`.
     pub fn eager_threshold<T: Transport>(&self, node: &Node<T>) -> usize {
         self.config
             .eager_threshold

@@ -18,9 +18,9 @@
 //! Both spin (they are floors); a peer that makes no progress for 10 s is an error, not a hang.
 //!
 //! The ping-pongs take their round trips on [`LINES`] different lines in turn, a page apart:
-//! on a mesh the time depends on which L3 slice a line's address hashes to (here from 0.17 to
-//! 0.26 µs, the same line always alike), so one line is a lottery, while an AM's traffic, like
-//! these, spans many lines.
+//! on a mesh the time depends on which L3 slice a line's address hashes to (the same line
+//! always alike, two lines possibly far apart: BENCHMARKS.md, "The floors"), so one line is
+//! a lottery, while an AM's traffic, like these, spans many lines.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -278,11 +278,10 @@ struct Chunk16(std::arch::x86_64::__m128i);
 
 /// Copies of at least this many bytes use the CPU's string copy (`rep movsb`), which moves
 /// whole lines; below it, [`copy_avx`] where the CPU has AVX, else 16-byte moves. Into or
-/// out of lines another core holds, 16-byte moves one at a time fill the store buffer: a
-/// 936-byte AM Medium round trip on sci took 0.42 us with them, 0.30 us with `rep movsb`.
-/// Four 32-byte loads then four stores beat `rep movsb` below 4 KiB: AM Medium round trips
-/// of 512 bytes 10% faster on sci, 8% on portals, 2048 bytes 3% on extoll, and level at
-/// 6 KiB (`pingpong`, 40 interleaved runs, on an AMD EPYC with fast short `rep movsb`).
+/// out of lines another core holds, 16-byte moves one at a time fill the store buffer, which
+/// `rep movsb` does not; below 4 KiB, four 32-byte loads then four stores are the faster of
+/// the two, and from about there on they are level (BENCHMARKS.md, "Figures behind the
+/// code's defaults").
 #[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
 const REP_MOVSB_FROM: usize = 4096;
 
@@ -389,8 +388,8 @@ unsafe fn copy_avx(dst: *mut u8, src: *const u8, n: usize) {
 
 /// The copy of `n` bytes (`n % 8 == 0`) by `rep movsb` from [`REP_MOVSB_FROM`] or
 /// [`copy_avx`] from [`AVX_FROM`]; false, with nothing copied, below those (the caller's
-/// 16-byte moves). Inlined into each copy site: out of line it cost sci's Medium round
-/// trips 2-3%.
+/// 16-byte moves). Inlined into each copy site: a call on every Medium's copy costs more
+/// than the code it adds to each site (BENCHMARKS.md, "Figures behind the code's defaults").
 ///
 /// # Safety
 /// `src` and `dst` valid for `n` bytes, disjoint.
@@ -418,8 +417,9 @@ impl Mapping {
     /// On x86-64 this is 16- or 32-byte volatile loads ([`copy_avx`], `rep movsb` from
     /// [`REP_MOVSB_FROM`]), not 8-byte atomics: with eight bytes per
     /// instruction a 1 KiB copy from lines another core holds has half as many of them in
-    /// flight (the load and store buffers fill), which cost 40% on a 936-byte AM Medium round
-    /// trip. The volatile loads are as opaque to the compiler as atomics (never merged,
+    /// flight (the load and store buffers fill), and an AM Medium's round trip waits for
+    /// that copy (BENCHMARKS.md, "Figures behind the code's defaults"). The volatile loads
+    /// are as opaque to the compiler as atomics (never merged,
     /// split, elided or invented), each aligned word of them is read whole by the hardware,
     /// and the protocols order them with their `Acquire` flag loads, as they do atomics.
     /// Miri and loom check the atomic loop below, which copies the same words.

@@ -104,8 +104,8 @@ impl AsymmetricFence {
     /// full barrier. A process whose registration fails fences on its light side; the heavy
     /// side issues the global barrier wherever the kernel offers it, so a registered light
     /// side in another process is covered whatever this one's registration did. The heavy
-    /// side costs an inter-processor interrupt to each CPU running a registered process
-    /// (about 11 µs in a VM): keep it off any per-message path.
+    /// side costs a system call and an inter-processor interrupt to each CPU running a
+    /// registered process, and waits for them all: keep it off any per-message path.
     pub fn across_processes() -> AsymmetricFence {
         AsymmetricFence {
             expedited: membarrier::registered_global(),

@@ -56,7 +56,7 @@
 //!   receive buffers; one put carries the message into the receive buffer of the next index,
 //!   message at the end of the buffer and a 64-bit **tail** last (marker, length,
 //!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
-//!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes, as measured);
+//!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes);
 //! - messages of one source are delivered in send order across both paths (each VELO message
 //!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
 //! - thread safety as in the seed: one lock around the NIC is how several threads would share
@@ -145,10 +145,11 @@ pub enum MediumPath {
     },
 }
 
-/// The `Auto` crossover measured on this machine (`extoll-rank-test perf`, 2 processes, 3
-/// runs): RMA buffers beat VELO from 512 bytes in every run. An RMA Medium costs two
-/// cache-line transfers on its critical path (the completer notification, then the buffer's
-/// tail) however small, and a VELO Medium one per 56 bytes, serialized per packet.
+/// The `Auto` crossover. An RMA Medium costs two cache-line transfers on its critical path
+/// (the completer notification, then the buffer's tail) however small, and a VELO Medium one
+/// per 56 bytes, serialized per packet, so from some size on RMA buffers are at least as fast;
+/// where they tie, RMA leaves the mailbox, which every sender shares, to the small messages.
+/// From 512 bytes they do (BENCHMARKS.md, "extoll's Medium paths").
 pub const DEFAULT_RMA_FROM: usize = 512;
 
 /// Settings of the EXTOLL NIC. All ranks of a job must use the same geometry.

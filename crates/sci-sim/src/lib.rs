@@ -153,16 +153,17 @@ pub struct SciConfig {
     /// with 16 arguments).
     pub slot_size: usize,
     /// Long payloads of at least this many bytes go through the DMA engine; smaller ones by PIO.
-    /// Default: `usize::MAX` (PIO always). Measured on this 2-core machine, the engine's extra
-    /// staging copy and its thread competing with two polling ranks make DMA several times
-    /// slower than PIO at 1 MiB (the seed's PCI trade-off does not exist in shared memory);
-    /// set it (e.g. `SCI_DMA_THRESHOLD=65536`) to overlap copies with computation on a machine
-    /// with a spare core.
+    /// Default: `usize::MAX` (PIO always): the engine adds a staging copy and a thread that
+    /// competes for the cores with the polling ranks, and in shared memory there is no slow
+    /// bus for it to take off the CPU (the seed's PCI trade-off; BENCHMARKS.md, "Figures
+    /// behind the code's defaults"). Set it (e.g. `SCI_DMA_THRESHOLD=65536`) to overlap copies
+    /// with computation on a machine with a spare core.
     pub dma_threshold: usize,
     /// Largest Long payload per message (also the size of each DMA queue buffer).
     pub max_long: usize,
-    /// Medium strategy. Default [`MediumStrategy::TwoTransfers`]: one copy fewer, and not
-    /// slower in our measurements (the seed found the same on SCI).
+    /// Medium strategy. Default [`MediumStrategy::TwoTransfers`]: one copy fewer, for a
+    /// second transfer that costs no more than the copy it saves (the seed found the same on
+    /// SCI; BENCHMARKS.md, "Figures behind the code's defaults").
     pub medium: MediumStrategy,
 }
 
