@@ -1318,9 +1318,9 @@ impl Transport for Portals {
     /// Each through the segment entry ([`Nic::atomic`]), after a prefetch of its word where
     /// the entry maps it (its start is the segment's, as set up): a hint, without walking the
     /// match list, which only the atomic itself does. In chunks of 16, each prefetched whole
-    /// before its atomics run: an atomic here also reads the target's NI lines, which waited
-    /// behind 64 outstanding prefetches (0.8x the atomic RandomAccess of chunks of 16; a
-    /// window of 16 prefetches ahead, 0.95x).
+    /// before its atomics run: an atomic here also reads the target's NI lines, which wait
+    /// behind every prefetch still outstanding, so the window of prefetches is kept as short
+    /// as a chunk (BENCHMARKS.md, "Posted atomics in batches of 64").
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         const CHUNK: usize = 16;
         let mut at_index = 0;

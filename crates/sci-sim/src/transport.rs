@@ -17,9 +17,10 @@ use crate::layout::{answers, answers_flag, Layout, ABORT, LONE, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
 /// Polls a receiver may make while it leaves its message-exist flag set after the work queue
-/// drained (0.1-0.3 ms), before it clears the flag: clearing it on every message would make
-/// the next sender ring it again, an atomic on a line the receiver polls. A take costs a
-/// `membarrier` (about 11 µs here, see `TxState::fence`), so it waits for a long idle stretch.
+/// drained, before it clears the flag: clearing it on every message would make the next
+/// sender ring it again, an atomic on a line the receiver polls. A take costs a `membarrier`
+/// (an interrupt of every core running a registered process, see `TxState::fence`), so it
+/// waits for an idle stretch many polls long.
 const STALE_POLLS: u32 = 16384;
 
 /// The sending half: message location status, sequence numbers, the DMA queue. Lent to
@@ -145,7 +146,7 @@ fn cyclic_mask(start: usize, n: usize, p: usize) -> u64 {
 /// The request slot after request slot `slot` (`< p`): request slots are taken in turn.
 #[inline(always)]
 fn next_request_slot(slot: usize, p: usize) -> usize {
-    // Compare instead of `%`: a division is tens of cycles on every message.
+    // Compare instead of `%`: no division on every message.
     if slot + 1 == p {
         0
     } else {
@@ -166,8 +167,9 @@ struct Dest {
     /// outstanding, after one that was sent that way too ([`LONE`]), takes slot 0 instead
     /// (then the receiver has answered all the earlier ones, and looks there too): a run of
     /// round trips reuses one slot, whose lines stay warm in both caches, instead of cycling
-    /// through all of them (with 32 slots, a 512-byte Medium round trip took 1.2-1.3x as long
-    /// as with 8). A stream keeps to the slots in turn, where the receiver looks first.
+    /// through all of them, whose lines have gone cold by their turn, the more of them the
+    /// colder (BENCHMARKS.md, "sci's slot-0 restart"). A stream keeps to the slots in turn,
+    /// where the receiver looks first.
     next_req: usize,
     /// Our last request to it was sent with none outstanding (it carried [`LONE`]).
     last_lone: bool,
@@ -387,7 +389,8 @@ fn publish_to(
         // its scan sees our flag. An unchanged count means our tag is still set there, so
         // the write (a line `dest` polls, pulled away by an atomic) is skipped. The light
         // side: a `SeqCst` fence here would wait, on every message, for the slot's lines to
-        // leave our store buffer (sci's one-way flood is 1.14x faster without it).
+        // leave our store buffer, while the heavy side runs only when a receiver takes
+        // (BENCHMARKS.md, "sci's sender without a fence per message").
         fence.light();
         // Our own memory: the sender never reads a peer's (SCI's remote writes only).
         // `taken_ix` is in the run by construction; were it not, we would ring.
@@ -439,8 +442,9 @@ fn write_small(
 }
 
 /// A Medium's slot by "0 copy, 2 transfers": header and head, then the payload straight
-/// from where it is. `None` for "1 copy, 1 transfer", which `TxState::send` stages. Inlined
-/// (10 instructions less per Medium round trip, none more for a Short's).
+/// from where it is. `None` for "1 copy, 1 transfer", which `TxState::send` stages. Inlined:
+/// as a call it sets up its many arguments on every Medium, and inlined it adds nothing to a
+/// Short's path.
 #[inline(always)]
 fn write_medium(
     out: &SlotWriter,
@@ -1222,7 +1226,7 @@ impl Transport for Sci {
 
     /// A remote read of the target's imported segment. The AM protocol here keeps to remote
     /// writes and local reads, because an SCI read stalls the CPU for a round trip per
-    /// transaction (about 10x a write in the seed's measurements); a get is the exception,
+    /// transaction, where a write is posted and the CPU goes on; a get is the exception,
     /// since its only write-based alternative is to ask the target's progress to write the
     /// bytes back (AM Mediums, one round trip each), which a one-sided get must not need. One
     /// read stream per get, the cost a real SCI card would pay once per transaction.
