@@ -37,14 +37,14 @@ pub mod launcher;
 mod server;
 mod shm;
 
-/// The rank side, now in `am-bootstrap`: these paths are kept for programs that use them.
+/// The rank side (`am-bootstrap`'s), re-exported at these paths for programs that use them.
 pub mod bootstrap {
     pub use am_bootstrap::{
         launcher_variables_seen, BootstrapError, JobInfo, KeyValueStore, LauncherKind,
     };
 }
 
-/// Key files, now in `am-bootstrap`: these paths are kept for programs that use them.
+/// Key files (`am-bootstrap`'s), re-exported at these paths for programs that use them.
 pub mod keyfile {
     pub use am_bootstrap::{is_udp_key, read_key_file, KeyFileError};
 }

@@ -7,7 +7,7 @@ fn with(config: ExtollConfig) -> impl Fn(u32, usize) -> Vec<Extoll> {
     move |ranks, segment_size| Extoll::cluster(ranks, segment_size, config).expect("extoll cluster")
 }
 
-/// The default: 64-byte packets, the measured Medium crossover.
+/// The default: 64-byte packets, the default Medium crossover (`extoll_sim::DEFAULT_RMA_FROM`).
 fn cluster(ranks: u32, segment_size: usize) -> Vec<Extoll> {
     with(ExtollConfig::default())(ranks, segment_size)
 }

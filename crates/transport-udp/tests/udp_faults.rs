@@ -1,5 +1,5 @@
 //! Issue 5's fault tests on real sockets (127.0.0.1): 10% loss + 1% duplication + reordering
-//! with 30 000 AMs per pair (thousands of each fault; 100 000 took 30 s of test time), and 4 credits per peer with a receiver paused for half the peer
+//! with 30 000 AMs per pair (thousands of each fault, without a long test), and 4 credits per peer with a receiver paused for half the peer
 //! timeout. Faults come from the transport's own datagram hook, the same one `AM_UDP_FAULTS`
 //! sets for whole jobs.
 
