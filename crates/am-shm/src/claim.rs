@@ -160,15 +160,26 @@ impl Laps {
         st & STAMP_MASK == lap & STAMP_MASK
     }
 
+    /// Whether status `st` was written in lap `lap`.
+    #[inline(always)]
+    fn is_taken_in(st: u64, lap: u64) -> bool {
+        st & STAMP_MASK == stamp(lap)
+    }
+
+    /// [`usual_free`](Self::usual_free) of a ticket of lap `lap`.
+    #[inline(always)]
+    fn usual_free_in(lap: u64) -> u64 {
+        // The previous lap's stamp is `lap mod 2^30`; in lap 0, zeroed memory (no branch:
+        // all ones or all zeros as the mask).
+        (PUBLISHED | lap & STAMP_MASK) & ((lap != 0) as u64).wrapping_neg()
+    }
+
     /// The status most often free for ticket `t`: zeroed memory in lap 0, the previous lap's
     /// publication with meta data 0 after it. A ring whose producers publish no meta data
     /// claims from it without loading the status first ([`claim_next`] with `BLIND`).
     #[inline(always)]
     pub fn usual_free(&self, t: u64) -> u64 {
-        match t.checked_sub(self.slots) {
-            Some(before) => self.published(before, 0),
-            None => 0,
-        }
+        Laps::usual_free_in(self.split(t).0)
     }
 
     /// Whether status `st` is free for ticket `t` (last written in the previous lap).
@@ -203,6 +214,15 @@ impl Laps {
     }
 }
 
+/// The error for a copy of the head ahead of the head word.
+#[cold]
+fn corrupt_head(head: u64) -> ShmError {
+    ShmError::Corrupt {
+        what: "claimed ring head",
+        value: head,
+    }
+}
+
 /// The error for a status word no claimer wrote.
 #[cold]
 fn corrupt(st: u64) -> ShmError {
@@ -230,13 +250,15 @@ pub fn vouches(rec: u64, t: u64) -> bool {
 /// instead (`Acquire`), for the caller to classify.
 #[inline(always)]
 pub fn try_slot(laps: &Laps, word: &AtomicU64, t: u64, seen: u64, claimer: u32) -> Result<(), u64> {
-    word.compare_exchange(
-        seen,
-        laps.claimed(t, claimer),
-        Ordering::SeqCst,
-        Ordering::Acquire,
-    )
-    .map(|_| ())
+    try_lap(word, laps.split(t).0, seen, claimer)
+}
+
+/// [`try_slot`] of a ticket of lap `lap`.
+#[inline(always)]
+fn try_lap(word: &AtomicU64, lap: u64, seen: u64, claimer: u32) -> Result<(), u64> {
+    let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
+    word.compare_exchange(seen, claimed, Ordering::SeqCst, Ordering::Acquire)
+        .map(|_| ())
 }
 
 /// Where a claimed ring's words are: its user's layout.
@@ -272,7 +294,8 @@ pub trait Claimant {
 /// A status neither free nor taken (behind the ring, or corrupt) is never claimed over: if
 /// the owner's head moved on meanwhile, the walk goes on from there, otherwise at the next
 /// ticket. A tail hint past every claim is put back at the head. An error: the ring's
-/// memory could not be reached, or a ticket past the last one there is.
+/// memory could not be reached, a ticket past the last one there is, or a `head` ahead of
+/// the head word (start the copy over).
 #[inline(always)]
 pub fn claim_next<S: Slots, C: Claimant<Error = S::Error>, const BLIND: bool>(
     ring: &S,
@@ -321,24 +344,33 @@ pub fn claim_next<S: Slots, C: Claimant<Error = S::Error>, const BLIND: bool>(
             .into());
         };
         let word = ring.status(t)?;
+        let lap = laps.split(t).0;
         let mut st = if BLIND {
-            laps.usual_free(t)
+            Laps::usual_free_in(lap)
         } else {
             word.load(Ordering::Acquire)
         };
+        // A blind first try needs no look at what it is sure of.
+        let mut sure = BLIND;
         loop {
-            if laps.is_taken(st, t) {
+            if sure {
+                sure = false;
+            } else if Laps::is_taken_in(st, lap) {
                 // Taken this lap by someone: the next one.
                 *cursor = next;
                 break;
-            }
-            if !laps.is_free(st, t) {
-                // Neither this lap's nor the previous one's: we fell behind (the ring moved
-                // on while we looked: the head tells, and the walk goes on from there), or a
-                // status no claimer wrote (the owner repairs it when its head gets there),
-                // or a corrupt head that sent us laps ahead. Never claimed over: the next.
+            } else if !Laps::is_free_in(st, lap) {
+                // Neither this lap's nor the previous one's, never claimed over: we fell
+                // behind (the ring moved on while we looked: the head tells, and the walk
+                // goes on from there), or a status no claimer wrote (the owner repairs it
+                // when its head gets there: the next ticket), or our copy of the head is
+                // ahead of the head word, which only grows (a corrupt head read before, or
+                // a head word rewound): an error, so the caller starts its copy over.
                 let h = head_word.load(Ordering::Acquire);
                 retries += 1;
+                if h < *head {
+                    return Err(corrupt_head(*head).into());
+                }
                 if h > *head && retries <= CAS_RETRIES {
                     *head = h;
                     *cursor = (*cursor).max(tail.load(Ordering::Relaxed));
@@ -350,7 +382,7 @@ pub fn claim_next<S: Slots, C: Claimant<Error = S::Error>, const BLIND: bool>(
             // Free: consumed (t < head + slots) and last written in the previous lap. The
             // record first, so the owner never sees our claim without it.
             c.record(t)?;
-            match try_slot(&laps, word, t, st, c.claimer()) {
+            match try_lap(word, lap, st, c.claimer()) {
                 Ok(()) => {
                     // Advance the hint past `t`: a plain store, not a read-modify-write.
                     // Racing claimers may leave it a few slots behind the newest claim,
@@ -574,6 +606,11 @@ mod tests {
         tail.store(4, Ordering::Relaxed);
         assert_eq!(claim::<true>(&r, &tail, &head, &mut Rec(1, 0)), None);
         assert_eq!(claim::<false>(&r, &tail, &head, &mut Rec(1, 0)), None);
+        // A copy of the head ahead of the head word (poisoned by a corrupt read): an error,
+        // so the caller starts it over, never "full" for ever.
+        let (mut h, mut cur) = (1 << 40, 0);
+        let got = claim_next::<_, _, false>(&r, &tail, &head, &mut h, &mut cur, &mut Rec(1, 0));
+        assert!(matches!(got, Err(ShmError::Corrupt { .. })), "{got:?}");
         assert!(laps.look(bad, 0).is_err());
         repair(&laps, r.status(0).unwrap(), 0);
         assert_eq!(

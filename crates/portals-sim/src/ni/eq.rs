@@ -345,14 +345,34 @@ impl<'a> Nic<'a> {
         let parts = self.parts();
         let q = parts.q()?;
         let (head_w, tail_w) = (&q[Q_HEAD], &q[Q_TAIL]);
-        // No copy of the head is kept between operations: the walk loads it (`Acquire`: the
-        // owner read a slot before publishing a head past it) once the tail is a lap ahead.
-        let mut head = 0;
         let mut cursor = tail_w.load(Ordering::Relaxed);
-        let Some(t) =
-            claim::claim_next::<_, _, true>(parts, tail_w, head_w, &mut head, &mut cursor, cl)?
-        else {
-            return Ok(None);
+        // Acquire: the owner read the slot we are about to reuse before publishing head.
+        let mut head = head_w.load(Ordering::Acquire);
+        let laps = parts.eq_laps();
+        let t = cursor;
+        // The usual claim: the slot at the tail hint, inside the window, claimed on the first
+        // try; anything else is the walk's.
+        let claimed = t.wrapping_sub(head) < laps.slots() && {
+            let word = &parts.slot(t)?[0];
+            cl.record(t)?;
+            claim::try_slot(&laps, word, t, laps.usual_free(t), cl.rank).is_ok()
+        };
+        let t = if claimed {
+            // Release: an owner that sees the hint past `t` sees the claim.
+            tail_w.store(t.wrapping_add(1), Ordering::Release);
+            t
+        } else {
+            match claim::claim_next::<_, _, true>(
+                parts,
+                tail_w,
+                head_w,
+                &mut head,
+                &mut cursor,
+                cl,
+            )? {
+                Some(t) => t,
+                None => return Ok(None),
+            }
         };
         #[cfg(loom)]
         fence(Ordering::SeqCst);
@@ -407,12 +427,13 @@ impl<'a> Nic<'a> {
     }
 }
 
-/// Ticket `t`'s slot as its owner reads it: the status, and if it says published, a private
-/// copy of the event's words (checked by the caller, never re-read).
+/// A slot as its owner reads it: the status, and if it is `published` (the status of the
+/// ticket's publication), a private copy of the event's words (checked by the caller, never
+/// re-read).
 #[inline(always)]
-pub(super) fn read_slot(slot: &Line, laps: &Laps, t: u64) -> (u64, Option<[u64; 7]>) {
+pub(super) fn read_slot(slot: &Line, published: u64) -> (u64, Option<[u64; 7]>) {
     let v = slot[0].load(Ordering::Acquire);
-    if v != laps.published(t, 0) {
+    if v != published {
         return (v, None);
     }
     (

@@ -10,7 +10,7 @@ use super::layout::{
     WAITING,
 };
 use super::me::{write_entry, MeSpec, ME_FREE, ME_LINKED, ME_UNLINKED, NOT_USED};
-use am_shm::claim::{self, Seen};
+use am_shm::claim::{self, Laps, Seen};
 use am_shm::sync::{fence, AtomicU64, Ordering};
 use am_shm::{Segment, WordRun, CACHE_LINE};
 /// Whether an exhausted locally managed entry can be re-linked ([`NiOwner::lm_drained`]).
@@ -37,6 +37,10 @@ pub struct NiOwner {
     generation: Vec<u64>,
     free: Vec<MeIndex>,
     head: u64,
+    /// The head's lap, and its status once published: a poll compares, with no lap
+    /// arithmetic per look.
+    head_lap: u64,
+    head_pub: u64,
     published: u64,
     /// A value found in the head word that the owner had not published (reported by
     /// [`verify`](Self::verify)).
@@ -70,6 +74,8 @@ impl NiOwner {
             generation: vec![0; geo.max_me as usize],
             free: (0..geo.max_me).rev().collect(),
             head: 0,
+            head_lap: 0,
+            head_pub: geo.eq_laps.published(0, 0),
             published: 0,
             head_fault: None,
             eq: seg.word_run(geo.eq_base, geo.eq_capacity as usize * LINE_WORDS)?,
@@ -440,7 +446,7 @@ impl NiOwner {
     pub fn eq_ready(&self, seg: &Segment) -> Result<bool, NiError> {
         let off = self.geo.eq_slot(self.head);
         let v = seg.word(off)?.load(Ordering::Acquire);
-        Ok(v == self.geo.eq_laps.published(self.head, 0))
+        Ok(v == self.head_pub)
     }
 
     /// What the status of the next ticket says (for tests and diagnostics); an error for a
@@ -463,7 +469,7 @@ impl NiOwner {
     #[inline(always)]
     pub fn eq_poll(&mut self, seg: &Segment) -> Result<Option<Event>, NiError> {
         let slot = line(seg, self.geo.eq_slot(self.head))?;
-        let read = read_slot(slot, &self.geo.eq_laps, self.head);
+        let read = read_slot(slot, self.head_pub);
         match self.eq_take(seg, read)? {
             Some(w) => Event::from_words(w).map(Some),
             None => Ok(None),
@@ -481,7 +487,7 @@ impl NiOwner {
         let Some(slot) = eq.get(i) else {
             return Err(short_run(i));
         };
-        let read = read_slot(slot, &self.geo.eq_laps, self.head);
+        let read = read_slot(slot, self.head_pub);
         self.eq_take(seg, read)
     }
 
@@ -494,7 +500,10 @@ impl NiOwner {
         (v, w): (u64, Option<[u64; 7]>),
     ) -> Result<Option<[u64; 7]>, NiError> {
         let Some(w) = w else {
-            if let Ok(Seen::Empty | Seen::Claimed(_)) = self.geo.eq_laps.look(v, self.head) {
+            if Laps::is_free_in(v, self.head_lap) {
+                return Ok(None);
+            }
+            if let Ok(Seen::Claimed(_)) = self.geo.eq_laps.look(v, self.head) {
                 return Ok(None);
             }
             return self.eq_repair(seg, v).map(|()| None);
@@ -508,6 +517,10 @@ impl NiOwner {
     #[inline(always)]
     fn consumed(&mut self, seg: &Segment) -> Result<(), NiError> {
         self.head = self.head.wrapping_add(1);
+        if self.head & (self.geo.eq_capacity as u64 - 1) == 0 {
+            self.head_lap = self.head_lap.wrapping_add(1);
+            self.head_pub = self.geo.eq_laps.published(self.head, 0);
+        }
         if self.head.wrapping_sub(self.published) >= (self.geo.eq_capacity / 4) as u64 {
             self.eq_publish_head(seg)?;
         }
