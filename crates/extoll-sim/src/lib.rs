@@ -11,9 +11,9 @@
 //!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes
 //!   of packet data, then an 8-byte **status** word written last, which the receiver polls.
 //!   Senders of any process claim slots with a compare-and-swap of the slot's status that names
-//!   the claimer in the same step ([`am_shm::mailbox`]); a message of several packets claims
-//!   all its slots or none, and a full mailbox is back-pressure ([`am_core::SendError::Busy`]),
-//!   never an overwrite. The published status carries the packet's **source**, and the receiver
+//!   the claimer in the same step ([`am_shm::mailbox`], a [claimed ring](am_shm::claim)); a
+//!   message of several packets claims all its slots or none, and a full mailbox is
+//!   back-pressure ([`am_core::SendError::Busy`]), never an overwrite. The published status carries the packet's **source**, and the receiver
 //!   reassembles per source ([`velo`]). Each sender has a claim record in the receiver's
 //!   segment that only it writes and that vouches for its claims until they are published, so a
 //!   receiver tells a dead sender's claim, or one nobody vouches for, from a slow one, and
