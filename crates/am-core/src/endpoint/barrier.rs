@@ -52,7 +52,14 @@ impl Endpoint {
                     other => break other,
                 }
             }
-            match self.barrier_arrivals.get_mut(&key) {
+            // Nothing arrived yet is the usual case of a rank that waits (polling) while it
+            // is sent to: no hash then.
+            let arrived = if self.barrier_arrivals.is_empty() {
+                None
+            } else {
+                self.barrier_arrivals.get_mut(&key)
+            };
+            match arrived {
                 Some(n) => {
                     *n -= 1;
                     if *n == 0 {
