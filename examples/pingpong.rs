@@ -32,6 +32,7 @@
 //! ranks (`am_shm::floor::ring_flood`): `ring_floor_msgs_per_s`, and `flood_to_ring` =
 //! `msgs_per_s` / that.
 
+use amnet::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,8 +90,8 @@ fn kind_name(k: AmKind) -> &'static str {
     }
 }
 
-fn handlers(pongs: &Rc<Cell<u64>>) -> anyhow::Result<Handlers> {
-    let mut h = Handlers::new();
+fn handlers(pongs: &Rc<Cell<u64>>) -> anyhow::Result<Handlers<Local>> {
+    let mut h = Handlers::local();
     for (i, kind) in KINDS.into_iter().enumerate() {
         let pong = PONG[i];
         // Echoes reply with the payload where it was received (the receive buffer, or for a
@@ -136,7 +137,7 @@ const RING_FLOOR_MESSAGES: usize = 1 << 21;
 /// ping-pong; `node` gives access to the transport and to barriers.
 fn floor(
     kind: TransportKind,
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     warmup: usize,
     iters: usize,
 ) -> anyhow::Result<Option<Floor>> {
@@ -170,7 +171,7 @@ fn floor(
 /// UDP's floor: a plain busy-polled UDP ping-pong of 100-byte datagrams (an AM Short's size on
 /// the wire) between the two rank processes, on the interface the transport binds.
 fn udp_floor(
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     warmup: usize,
     iters: usize,
 ) -> anyhow::Result<Option<Floor>> {
@@ -233,7 +234,7 @@ fn udp_floor(
 /// The shared-memory NICs' floor: a plain one-cache-line ping-pong between the two rank
 /// processes over a segment of this job (`am_shm::floor`).
 fn shm_floor(
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     warmup: usize,
     iters: usize,
 ) -> anyhow::Result<Option<Floor>> {
@@ -329,7 +330,7 @@ struct Row {
 }
 
 fn send<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     kind: AmKind,
     id: HandlerId,
     payload: &[u8],
@@ -345,7 +346,7 @@ fn send<T: Transport>(
 /// The `atomic` row: the median fetch-and-add round trip on a `u64` of rank 1's segment (rank
 /// 1 sits in a barrier meanwhile, polling), and the rate of `--flood` of them with as many in
 /// flight as the transport keeps (on shared memory each is done when issued).
-fn measure_atomic<T: Transport>(node: &mut Node<T>, args: &Args) -> anyhow::Result<Row> {
+fn measure_atomic<T: Transport>(node: &mut Node<T, Local>, args: &Args) -> anyhow::Result<Row> {
     let mut rtt = Vec::with_capacity(args.iters);
     let mut last = None;
     for iter in 0..args.warmup + args.iters {
@@ -384,7 +385,7 @@ fn measure_atomic<T: Transport>(node: &mut Node<T>, args: &Args) -> anyhow::Resu
 }
 
 fn measure<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     pongs: &Cell<u64>,
     kind: AmKind,
     bytes: usize,

@@ -37,6 +37,7 @@
 //! `AM_CREDITS`; without `AM_WAIT`, ranks block instead of spinning when they outnumber the
 //! cores.
 
+use amnet::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -304,9 +305,9 @@ struct Counters {
     stream_bad: Cell<u32>,
 }
 
-fn handlers(lay: Layout, me: u32, c: &Rc<Counters>) -> anyhow::Result<Handlers> {
+fn handlers(lay: Layout, me: u32, c: &Rc<Counters>) -> anyhow::Result<Handlers<Local>> {
     let (start, block) = (lay.start(me), lay.block(me));
-    let mut h = Handlers::new();
+    let mut h = Handlers::local();
     let cc = c.clone();
     h.request(BUCKET, "ra-bucket", AmKind::Medium, move |msg, _token| {
         let bad = apply_bucket(table(msg.segment()), msg.payload(), lay.mask, start, block);
@@ -350,7 +351,7 @@ fn sub_stream(lay: &Layout, me: u32) -> (u64, u64) {
 /// Applies this rank's whole sub-stream once in `mode`, and returns the generator's final state.
 /// Every update is applied at its target when this returns on every rank.
 fn run_updates(
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     lay: &Layout,
     mode: Mode,
     progress: &mut Progress,
@@ -480,7 +481,7 @@ fn run_updates(
 }
 
 /// Sets `T[i] = i` over this rank's block.
-fn init_table(node: &mut Node<AnyTransport>, lay: &Layout) {
+fn init_table(node: &mut Node<AnyTransport, Local>, lay: &Layout) {
     let me = node.rank();
     let (start, block) = (lay.start(me), lay.block(me));
     let seg = node.segment();
@@ -490,7 +491,7 @@ fn init_table(node: &mut Node<AnyTransport>, lay: &Layout) {
 }
 
 /// Words of this rank's block that are not `i`.
-fn count_errors(node: &Node<AnyTransport>, lay: &Layout) -> u64 {
+fn count_errors(node: &Node<AnyTransport, Local>, lay: &Layout) -> u64 {
     let me = node.rank();
     let (start, block) = (lay.start(me), lay.block(me));
     let seg = node.segment();

@@ -21,6 +21,7 @@
 //! no copy floor; without `AM_JOB_ID` (a launcher that does not set it) the shared-memory
 //! NICs have none either, which is said on stderr.
 
+use amnet::Local;
 use std::time::Instant;
 
 use amnet::{AnyTransport, Config, Handlers, JobOptions, Node, Transport, TransportKind};
@@ -61,7 +62,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Rank 0's bytes per second over `ops` blocking puts (or gets) of `buf` at offset 0 of
 /// rank 1's segment; rank 1 and the others wait in the barrier that follows.
 fn timed(
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     get: bool,
     buf: &mut [u8],
     ops: usize,
@@ -81,7 +82,7 @@ fn timed(
 /// others do not): bytes per second at rank 0, `None` elsewhere or without a floor.
 fn floor(
     kind: TransportKind,
-    node: &mut Node<AnyTransport>,
+    node: &mut Node<AnyTransport, Local>,
     bytes: usize,
     ops: usize,
 ) -> anyhow::Result<Option<f64>> {
@@ -127,7 +128,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     let name = transport.name();
     let kind: TransportKind = name.parse()?;
     let config = Config::from_env_for_ranks(transport.size())?;
-    let mut node = Node::new(transport, Handlers::new(), config)?;
+    let mut node = Node::new(transport, Handlers::local(), config)?;
     let me = node.rank();
     let seg = node.segment().len();
     // The floor's fence is the AM barrier, which every rank joins: 2-rank jobs only.

@@ -13,7 +13,7 @@
 //!
 //! const HELLO: HandlerId = HandlerId(1);
 //! let code = amnet::run_job(&JobOptions::default(), |transport| {
-//!     let mut handlers = Handlers::new();
+//!     let mut handlers = Handlers::local();
 //!     handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
 //!         println!("rank {} says hello", msg.src());
 //!     })?;

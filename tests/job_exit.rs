@@ -48,7 +48,7 @@ fn child() {
         return;
     };
     let result = amnet::run_job(&opts(4), |t| {
-        let mut h = Handlers::new();
+        let mut h = Handlers::local();
         h.request(HandlerId(1), "noop", AmKind::Short, |_, _| {})
             .unwrap();
         let mut node = Node::new(t, h, config()).map_err(|e| e.to_string())?;
@@ -118,7 +118,7 @@ fn the_cause_is_reported_not_the_peers_it_failed() {
     let left = std::sync::atomic::AtomicBool::new(false);
     let result = amnet::run_job(&opts(4), |t| {
         use std::sync::atomic::Ordering;
-        let mut node = Node::new(t, Handlers::new(), config()).map_err(|e| e.to_string())?;
+        let mut node = Node::new(t, Handlers::local(), config()).map_err(|e| e.to_string())?;
         match node.rank() {
             3 => {
                 drop(node);

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each bench uses part of this
 
+use amnet::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +47,8 @@ pub fn transports() -> impl Iterator<Item = TransportKind> {
 
 /// Ping handlers that answer with the same kind and size, pong handlers that count, and sinks
 /// that do not reply (the core's implicit reply returns the credit).
-pub fn handlers(pongs: &Rc<Cell<u64>>) -> Handlers {
-    let mut h = Handlers::new();
+pub fn handlers(pongs: &Rc<Cell<u64>>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     for (i, kind) in KINDS.into_iter().enumerate() {
         let pong = PONG[i];
         // A Long is answered with as many bytes of private data (the segment is not lent out).
@@ -79,7 +80,7 @@ fn config() -> Config {
 }
 
 /// Polls until `stop`, yielding when there is nothing to do (as `config()` waits).
-fn serve(node: &mut Node<AnyTransport>, stop: &AtomicBool) {
+fn serve(node: &mut Node<AnyTransport, Local>, stop: &AtomicBool) {
     let spin_polls = node.config().spin_polls;
     let spin = node.config().wait_mode == WaitMode::Spin;
     let mut idle = 0u32;
@@ -99,7 +100,7 @@ fn serve(node: &mut Node<AnyTransport>, stop: &AtomicBool) {
 
 /// Rank 0 of a two-rank job on the bench thread; rank 1 polls on its own thread.
 pub struct Pair {
-    pub node: Node<AnyTransport>,
+    pub node: Node<AnyTransport, Local>,
     pub pongs: Rc<Cell<u64>>,
     stop: Arc<AtomicBool>,
     server: Option<JoinHandle<()>>,

@@ -16,6 +16,7 @@
 //! check. [`atomics_need_no_target_progress`] is for the transports that apply atomics
 //! themselves; they call it beside the macro.
 
+use crate::handler::Local;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,8 +88,8 @@ impl Seen {
 }
 
 /// Echo handlers: each request kind replies with the same kind, arguments and payload.
-fn echo_handlers(seen: &Rc<Seen>) -> Handlers {
-    let mut h = Handlers::new();
+fn echo_handlers(seen: &Rc<Seen>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     let s = seen.clone();
     h.request(REQ_SHORT, "req_short", AmKind::Short, move |msg, token| {
         s.requests.set(s.requests.get() + 1);
@@ -240,13 +241,13 @@ fn run_watched<T: Send, R: Send>(
     results
 }
 
-fn start<T: Transport>(t: T, credits: u32) -> (Node<T>, Rc<Seen>) {
+fn start<T: Transport>(t: T, credits: u32) -> (Node<T, Local>, Rc<Seen>) {
     let seen = Rc::new(Seen::default());
     let node = Node::new(t, echo_handlers(&seen), config(credits)).expect("node start");
     (node, seen)
 }
 
-fn wait_replies<T: Transport>(node: &mut Node<T>, seen: &Seen, n: u64) {
+fn wait_replies<T: Transport>(node: &mut Node<T, Local>, seen: &Seen, n: u64) {
     node.wait_until(|| seen.replies.get() >= n)
         .expect("replies");
 }
@@ -926,7 +927,7 @@ pub fn segment_races_are_sound<T: Transport + Send>(make: &dyn Fn(u32, usize) ->
     let allowed = move |b: u8| b == 0 || b == 0xA1 || b == 0xB2 || (1..=rounds as u8).contains(&b);
     run_watched("segment_races_are_sound", make(2, 4096), move |t| {
         let handled = Rc::new(Cell::new(0u32));
-        let mut h = Handlers::new();
+        let mut h = Handlers::local();
         let count = handled.clone();
         h.request(RACE, "race", AmKind::Medium, move |msg, _token| {
             let seg = msg.segment();
@@ -978,7 +979,9 @@ pub fn atomics_every_op_and_width<T: Transport + Send>(make: &dyn Fn(u32, usize)
                 let base = 0x1111_2222_3333_4444u64.wrapping_mul(u64::from(me) + 1);
                 node.put(dest, at, &base.to_le_bytes()).expect("put");
                 node.put(dest, at + 8, &[0xEE; 8]).expect("put");
-                let a = |node: &mut Node<T>, op| node.atomic::<u64>(dest, at, op).expect("atomic");
+                let a = |node: &mut Node<T, Local>, op| {
+                    node.atomic::<u64>(dest, at, op).expect("atomic")
+                };
                 assert_eq!(a(&mut node, Load), base);
                 assert_eq!(a(&mut node, FetchAdd(u64::MAX)), base);
                 assert_eq!(a(&mut node, Xor(0xff)), base - 1);
@@ -1005,7 +1008,7 @@ pub fn atomics_every_op_and_width<T: Transport + Send>(make: &dyn Fn(u32, usize)
                 assert_eq!(a(&mut node, Swap(6)), 5);
                 assert_eq!(a(&mut node, Store(7)), 6);
                 // Both halves of the next 8 bytes, by 32-bit atomics.
-                let h = |node: &mut Node<T>, off, op| {
+                let h = |node: &mut Node<T, Local>, off, op| {
                     node.atomic::<u32>(dest, at + off, op).expect("atomic")
                 };
                 assert_eq!(h(&mut node, 8, FetchAdd(0x12)), 0xEEEE_EEEE);

@@ -205,7 +205,7 @@ impl CreditPolicy for StaticCredits {
 /// ones).
 pub(crate) enum Policy {
     Static(StaticCredits),
-    Custom(Box<dyn CreditPolicy>),
+    Custom(Box<dyn CreditPolicy + Send>),
 }
 
 /// Forwards to the policy inside; the match lets the static policy's calls inline.
@@ -497,7 +497,11 @@ impl Credits {
 
     /// Builds the policy for `ranks` ranks, lending no peer more than `transport_max` (the
     /// transport's [`crate::Limits::max_credits`]). Errors name what is out of range.
-    pub fn policy(&self, ranks: u32, transport_max: u32) -> Result<Box<dyn CreditPolicy>, String> {
+    pub fn policy(
+        &self,
+        ranks: u32,
+        transport_max: u32,
+    ) -> Result<Box<dyn CreditPolicy + Send>, String> {
         Ok(match self.build(ranks, transport_max)? {
             Policy::Static(s) => Box::new(s),
             Policy::Custom(c) => c,
@@ -574,11 +578,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// Records each call with its arguments, and answers what no built-in policy would.
-    struct Spy(std::rc::Rc<std::cell::RefCell<Vec<String>>>);
+    struct Spy(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 
     impl Spy {
         fn saw(&self, call: String) {
-            self.0.borrow_mut().push(call);
+            self.0.lock().unwrap().push(call);
         }
     }
 
@@ -633,7 +637,7 @@ mod tests {
     /// the arguments in their places.
     #[test]
     fn policy_forwards_every_method_to_a_custom_policy() {
-        let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut p = Policy::Custom(Box::new(Spy(calls.clone())));
         assert!(p.try_acquire(1));
         p.cancel(2);
@@ -648,7 +652,7 @@ mod tests {
         assert_eq!(p.lent_to(13), Some(206));
         assert_eq!(p.banked(), Some(207));
         assert_eq!(
-            *calls.borrow(),
+            *calls.lock().unwrap(),
             [
                 "try_acquire(1)",
                 "cancel(2)",

@@ -121,12 +121,52 @@ impl fmt::Debug for Msg<'_> {
 pub type RequestFn = dyn FnMut(Msg<'_>, Token<'_>);
 /// A reply handler: runs at the requester; it has no way to send.
 pub type ReplyFn = dyn FnMut(Msg<'_>);
+/// A request handler that may move to another thread with its node.
+pub type SendRequestFn = dyn FnMut(Msg<'_>, Token<'_>) + Send;
+/// A reply handler that may move to another thread with its node.
+pub type SendReplyFn = dyn FnMut(Msg<'_>) + Send;
+
+/// Whether a handler table's closures may move to another thread, and with them the node
+/// built on it: [`Sendable`] (the default: `Send` closures, so a [`crate::Node`] is `Send`
+/// whenever its transport is) or [`Local`] (any closure, such as one that holds an `Rc`; the
+/// node then stays on the thread that made it). Sealed: these two are the only ones.
+pub trait Threading: sealed::Sealed + 'static {
+    /// The boxed request handler.
+    type Request: ?Sized + for<'a, 'b> FnMut(Msg<'a>, Token<'b>);
+    /// The boxed reply handler.
+    type Reply: ?Sized + for<'a> FnMut(Msg<'a>);
+}
+
+/// Handlers that are `Send` ([`Handlers::new`]): the table, the endpoint and the node may
+/// move to another thread.
+#[derive(Debug)]
+pub enum Sendable {}
+
+/// Handlers of any kind, `Send` or not ([`Handlers::local`]): the node stays on its thread.
+#[derive(Debug)]
+pub enum Local {}
+
+impl Threading for Sendable {
+    type Request = SendRequestFn;
+    type Reply = SendReplyFn;
+}
+
+impl Threading for Local {
+    type Request = RequestFn;
+    type Reply = ReplyFn;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Sendable {}
+    impl Sealed for super::Local {}
+}
 
 /// A registered handler with its kind, so a dispatch checks category and kind in the one
 /// lookup that finds the function.
-pub(crate) enum HandlerFn {
-    Request(AmKind, Box<RequestFn>),
-    Reply(AmKind, Box<ReplyFn>),
+pub(crate) enum HandlerFn<H: Threading> {
+    Request(AmKind, Box<H::Request>),
+    Reply(AmKind, Box<H::Reply>),
 }
 
 /// What the table knows of a handler, identical on every rank (checked at start-up).
@@ -143,6 +183,11 @@ pub struct HandlerInfo {
 /// The handler table a node is built with: up to 256 handlers, each registered as request or
 /// reply and as Short, Medium or Long.
 ///
+/// [`Handlers::new`] takes `Send` closures, so the node built on the table may move to
+/// another thread (to a progress thread, into a thread pool); [`Handlers::local`] takes any
+/// closure, one that holds an `Rc` or a `RefCell` too, and its node stays where it was made
+/// (see [`Threading`]). Both run every handler on the thread that polls the node.
+///
 /// Every rank of a job must register the same table (same ids, names, categories and kinds);
 /// [`crate::Node::new`] exchanges a digest of it and fails with
 /// [`crate::StartError::HandlerTableMismatch`] otherwise.
@@ -158,10 +203,10 @@ pub struct HandlerInfo {
 /// handlers.reply(PONG, "pong", AmKind::Short, |_msg| {}).unwrap();
 /// assert_eq!(handlers.len(), 2);
 /// ```
-pub struct Handlers {
+pub struct Handlers<H: Threading = Sendable> {
     pub(crate) info: Vec<Option<HandlerInfo>>,
     /// Indexed by a `u8`, so no lookup needs a bounds check.
-    pub(crate) fns: Box<[Option<HandlerFn>; 256]>,
+    pub(crate) fns: Box<[Option<HandlerFn<H>>; 256]>,
 }
 
 /// Why a handler could not be registered.
@@ -184,9 +229,84 @@ impl Default for Handlers {
     }
 }
 
-impl Handlers {
-    /// An empty table.
+impl Handlers<Sendable> {
+    /// An empty table of `Send` handlers.
     pub fn new() -> Self {
+        Self::empty()
+    }
+
+    /// Registers a request handler of the given kind.
+    pub fn request(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>, Token<'_>) + Send + 'static,
+    ) -> Result<(), RegisterError> {
+        let f: Box<SendRequestFn> = Box::new(f);
+        let f = HandlerFn::Request(kind, f);
+        self.insert(id, name, Category::Request, kind, f)
+    }
+
+    /// Registers a reply handler of the given kind.
+    pub fn reply(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>) + Send + 'static,
+    ) -> Result<(), RegisterError> {
+        let f: Box<SendReplyFn> = Box::new(f);
+        let f = HandlerFn::Reply(kind, f);
+        self.insert(id, name, Category::Reply, kind, f)
+    }
+}
+
+impl Handlers<Local> {
+    /// An empty table of handlers that need not be `Send` (they may hold an `Rc`): its node
+    /// stays on the thread that made it.
+    ///
+    /// ```
+    /// use std::{cell::Cell, rc::Rc};
+    /// use am_core::{AmKind, HandlerId, Handlers};
+    /// let pongs = Rc::new(Cell::new(0));
+    /// let mut handlers = Handlers::local();
+    /// let p = pongs.clone();
+    /// handlers.reply(HandlerId(2), "pong", AmKind::Short, move |_| p.set(p.get() + 1)).unwrap();
+    /// ```
+    pub fn local() -> Self {
+        Self::empty()
+    }
+
+    /// Registers a request handler of the given kind.
+    pub fn request(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>, Token<'_>) + 'static,
+    ) -> Result<(), RegisterError> {
+        let f: Box<RequestFn> = Box::new(f);
+        let f = HandlerFn::Request(kind, f);
+        self.insert(id, name, Category::Request, kind, f)
+    }
+
+    /// Registers a reply handler of the given kind.
+    pub fn reply(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        kind: AmKind,
+        f: impl FnMut(Msg<'_>) + 'static,
+    ) -> Result<(), RegisterError> {
+        let f: Box<ReplyFn> = Box::new(f);
+        let f = HandlerFn::Reply(kind, f);
+        self.insert(id, name, Category::Reply, kind, f)
+    }
+}
+
+impl<H: Threading> Handlers<H> {
+    fn empty() -> Self {
         Handlers {
             info: (0..256).map(|_| None).collect(),
             fns: Box::new(std::array::from_fn(|_| None)),
@@ -199,7 +319,7 @@ impl Handlers {
         name: &str,
         category: Category,
         kind: AmKind,
-        f: HandlerFn,
+        f: HandlerFn<H>,
     ) -> Result<(), RegisterError> {
         let i = id.0 as usize;
         if let Some(existing) = &self.info[i] {
@@ -215,40 +335,6 @@ impl Handlers {
         });
         self.fns[i] = Some(f);
         Ok(())
-    }
-
-    /// Registers a request handler of the given kind.
-    pub fn request(
-        &mut self,
-        id: HandlerId,
-        name: &str,
-        kind: AmKind,
-        f: impl FnMut(Msg<'_>, Token<'_>) + 'static,
-    ) -> Result<(), RegisterError> {
-        self.insert(
-            id,
-            name,
-            Category::Request,
-            kind,
-            HandlerFn::Request(kind, Box::new(f)),
-        )
-    }
-
-    /// Registers a reply handler of the given kind.
-    pub fn reply(
-        &mut self,
-        id: HandlerId,
-        name: &str,
-        kind: AmKind,
-        f: impl FnMut(Msg<'_>) + 'static,
-    ) -> Result<(), RegisterError> {
-        self.insert(
-            id,
-            name,
-            Category::Reply,
-            kind,
-            HandlerFn::Reply(kind, Box::new(f)),
-        )
     }
 
     /// What is registered at each id, as (category, kind): what a reply is checked against
@@ -321,7 +407,7 @@ impl Handlers {
     }
 }
 
-impl fmt::Debug for Handlers {
+impl<H: Threading> fmt::Debug for Handlers<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
             .entries(

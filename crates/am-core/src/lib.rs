@@ -17,6 +17,19 @@
 //! - Beside the trait: [`Loopback`] (ranks as threads), [`FaultInjector`], and the
 //!   [`conformance`] suite every transport runs.
 //!
+//! # Threads
+//! - **What is `Send`**: every transport of the workspace, the errors, and a [`Node`] (with
+//!   its [`Endpoint`] and [`Handlers`]) built on [`Handlers::new`], whose handlers must be
+//!   `Send`; such a node may move to another thread between calls (to a progress thread, a
+//!   pool's worker). A node built on [`Handlers::local`] takes any closure, an `Rc` or a
+//!   `RefCell` too, and stays on the thread that made it ([`Threading`]). Nothing here is
+//!   `Sync`: a node is driven through `&mut`, by one thread at a time.
+//! - **Which thread runs a handler**: the one that polls the node ([`Node::poll`], or any
+//!   blocking call, which polls while it waits), inside that call.
+//! - **What a handler may do**: compute, read its message, reply once through its token
+//!   (requests only), and touch what it captured; it cannot reach the node it runs in (no
+//!   sends of new requests, no waits), so a handler never blocks progress.
+//!
 //! What this crate does **not** do: it has no shared memory, sockets or processes of its own
 //! (the transports and `am-launch` do; `am-shm` provides the views), it copies a lent payload
 //! only when a handler reads it, and it never hides a lost message: a dead peer is an error,
@@ -49,7 +62,7 @@ pub use error::{
     AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
 };
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
-pub use handler::{HandlerInfo, Handlers, Msg, RegisterError};
+pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Threading};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetIntoHandle, Node};
 pub use reply::Token;

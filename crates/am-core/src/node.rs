@@ -8,14 +8,20 @@ use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
-use crate::handler::Handlers;
+use crate::handler::{Handlers, Sendable, Threading};
 use crate::transport::{Capabilities, Limits, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
 ///
 /// Handlers run only inside [`Node::poll`] and inside the blocking calls, which poll while they
-/// wait. A rank that never polls never runs handlers, so replies to its peers stall.
+/// wait, on the thread that calls them. A rank that never polls never runs handlers, so
+/// replies to its peers stall.
+///
+/// A node built on [`Handlers::new`] (`Send` handlers) is `Send` whenever its transport is
+/// (every transport of this workspace is): it may move to another thread between calls. One
+/// built on [`Handlers::local`] stays on its thread ([`Threading`]). A node is not `Sync`
+/// in either case: one thread at a time drives it, through `&mut`.
 ///
 /// ```
 /// use std::{cell::Cell, rc::Rc};
@@ -27,7 +33,7 @@ use crate::types::{AmKind, HandlerId, Rank};
 /// am_core::run_ranks(transports, |transport| {
 ///     let pongs = Rc::new(Cell::new(0u32));
 ///     let seen = pongs.clone();
-///     let mut handlers = Handlers::new();
+///     let mut handlers = Handlers::local();
 ///     handlers.request(PING, "ping", AmKind::Short, |msg, token| {
 ///         let _ = token.reply_short(PONG, &[msg.args()[0] + 1]);
 ///     }).unwrap();
@@ -40,9 +46,9 @@ use crate::types::{AmKind, HandlerId, Rank};
 ///     node.barrier().unwrap();
 /// });
 /// ```
-pub struct Node<T: Transport> {
+pub struct Node<T: Transport, H: Threading = Sendable> {
     transport: T,
-    ep: Endpoint,
+    ep: Endpoint<H>,
     config: Config,
 }
 
@@ -59,12 +65,12 @@ pub struct GetIntoHandle<'b> {
     pending: Option<GetHandle>,
 }
 
-impl<T: Transport> Node<T> {
+impl<T: Transport, H: Threading> Node<T, H> {
     /// Starts a node with the credit policy of `config` ([`crate::Credits`]).
     ///
     /// This is collective: every rank must call it. It checks that every rank registered the
     /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
-    pub fn new(transport: T, handlers: Handlers, config: Config) -> Result<Self, StartError> {
+    pub fn new(transport: T, handlers: Handlers<H>, config: Config) -> Result<Self, StartError> {
         let limits = transport.limits();
         let policy = config
             .credits
@@ -76,16 +82,16 @@ impl<T: Transport> Node<T> {
     /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
     pub fn with_credit_policy(
         transport: T,
-        handlers: Handlers,
+        handlers: Handlers<H>,
         config: Config,
-        credits: Box<dyn CreditPolicy>,
+        credits: Box<dyn CreditPolicy + Send>,
     ) -> Result<Self, StartError> {
         Self::start(transport, handlers, config, Policy::Custom(credits))
     }
 
     fn start(
         transport: T,
-        handlers: Handlers,
+        handlers: Handlers<H>,
         config: Config,
         credits: Policy,
     ) -> Result<Self, StartError> {
@@ -178,7 +184,7 @@ impl<T: Transport> Node<T> {
     }
 
     /// The protocol state this node drives (see [`crate::endpoint`]).
-    pub fn endpoint(&self) -> &Endpoint {
+    pub fn endpoint(&self) -> &Endpoint<H> {
         &self.ep
     }
 
@@ -265,7 +271,7 @@ impl<T: Transport> Node<T> {
     #[inline(always)]
     fn drive<R>(
         &mut self,
-        mut step: impl FnMut(&mut Endpoint, &mut T) -> Poll<Result<R, AmError>>,
+        mut step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
     ) -> Result<R, AmError> {
         let mut idle = 0;
         loop {
@@ -679,7 +685,7 @@ impl<T: Transport> Node<T> {
     }
 }
 
-impl<T: Transport> Drop for Node<T> {
+impl<T: Transport, H: Threading> Drop for Node<T, H> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;
@@ -703,7 +709,7 @@ impl<T: Transport> Drop for Node<T> {
     }
 }
 
-impl<T: Transport> std::fmt::Debug for Node<T> {
+impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("transport", &self.transport.name())

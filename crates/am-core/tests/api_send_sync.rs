@@ -1,6 +1,6 @@
-//! Compile-time guarantees of the public API: transports move to their rank's thread, errors
-//! cross threads. (`Node` and `Handlers` are deliberately not `Send`: handlers may capture
-//! `Rc`, and progress is single-threaded per rank, as in GASNet's SEQ mode.)
+//! Compile-time guarantees of the public API: transports move to their rank's thread, a node
+//! of `Send` handlers moves with them, errors cross threads. (A node of `Handlers::local`
+//! is not `Send`: `tests/ui/local_node_is_not_send.rs`.)
 
 use am_core::*;
 
@@ -12,6 +12,14 @@ fn transports_are_send() {
     send::<Loopback>();
     send::<FaultInjector<Loopback>>();
     send::<AbortHandle>();
+}
+
+#[test]
+fn nodes_of_send_handlers_are_send() {
+    send::<Handlers>();
+    send::<Endpoint>();
+    send::<Node<Loopback>>();
+    send::<Node<FaultInjector<Loopback>, Sendable>>();
 }
 
 #[test]

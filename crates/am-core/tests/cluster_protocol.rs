@@ -4,6 +4,7 @@
 
 mod harness;
 
+use am_core::Local;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::Poll;
@@ -30,8 +31,8 @@ struct Seen {
 }
 
 /// PING (Short) answers PONG with its argument + 1; SINK (Short) replies nothing.
-fn handlers(seen: &Rc<Seen>) -> Handlers {
-    let mut h = Handlers::new();
+fn handlers(seen: &Rc<Seen>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     h.request(PING, "ping", AmKind::Short, |m, t| {
         let _ = t.reply_short(PONG, &[m.args()[0] + 1]);
     })
@@ -467,9 +468,9 @@ fn dynamic_credits_follow_the_hot_pair() {
 
 /// Sends SINK requests to rank 0 as fast as credits allow until `enough`.
 fn flood_until(
-    ep: &mut am_core::Endpoint,
+    ep: &mut am_core::Endpoint<am_core::Local>,
     tx: &mut harness::Wire<'_>,
-    enough: impl Fn(&am_core::Endpoint) -> bool,
+    enough: impl Fn(&am_core::Endpoint<am_core::Local>) -> bool,
 ) -> Poll<()> {
     while !enough(ep) {
         match ep.request_step(tx, 0, AmKind::Short, SINK, &[0], &[], None) {
@@ -483,10 +484,10 @@ fn flood_until(
 
 /// One request to rank 0 at a time, each answered before the next, until `enough(sent, ep)`.
 fn quiet_step(
-    ep: &mut am_core::Endpoint,
+    ep: &mut am_core::Endpoint<am_core::Local>,
     tx: &mut harness::Wire<'_>,
     (sent, waiting): &mut (u32, bool),
-    enough: impl Fn(u32, &am_core::Endpoint) -> bool,
+    enough: impl Fn(u32, &am_core::Endpoint<am_core::Local>) -> bool,
 ) -> Poll<()> {
     if *waiting {
         if !ep.is_quiet() {

@@ -1,8 +1,9 @@
-//! A real `Node<Loopback>` (rank 0) against a hand-driven raw `Loopback` peer (rank 1) that
+//! A real `Node<Loopback, Local>` (rank 0) against a hand-driven raw `Loopback` peer (rank 1) that
 //! breaks the protocol: malformed bytes, unknown handlers, stray replies, out-of-segment Longs and
 //! bad system messages are each reported as `AmError::PeerMisbehaved`, run no handler, keep the
 //! credits right, and leave the node working.
 
+use am_core::Local;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::mpsc;
@@ -58,8 +59,8 @@ impl Seen {
 }
 
 /// The table both sides agree on (the raw peer only needs its digest).
-fn handlers(seen: &Rc<Seen>) -> Handlers {
-    let mut h = Handlers::new();
+fn handlers(seen: &Rc<Seen>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     let s = seen.clone();
     h.request(REQ_SHORT, "req_short", AmKind::Short, move |msg, token| {
         s.req_short.set(s.req_short.get() + 1);
@@ -107,7 +108,7 @@ fn cluster() -> Vec<Loopback> {
     Loopback::cluster(2, LoopbackConfig::default().segment_size(SEG))
 }
 
-fn start(t: Loopback) -> (Node<Loopback>, Rc<Seen>) {
+fn start(t: Loopback) -> (Node<Loopback, Local>, Rc<Seen>) {
     let seen = Rc::new(Seen::default());
     let config = Config::default()
         .credits(am_core::Credits::Static(CREDITS))
@@ -118,8 +119,8 @@ fn start(t: Loopback) -> (Node<Loopback>, Rc<Seen>) {
 
 /// Polls until `done`, collecting what the evil rank was caught doing. Any other error fails.
 fn poll_until(
-    node: &mut Node<Loopback>,
-    mut done: impl FnMut(&Node<Loopback>) -> bool,
+    node: &mut Node<Loopback, Local>,
+    mut done: impl FnMut(&Node<Loopback, Local>) -> bool,
 ) -> Vec<Misbehavior> {
     let deadline = Instant::now() + LIMIT;
     let mut caught = Vec::new();
@@ -140,7 +141,7 @@ fn poll_until(
 
 /// The node sends one request to the evil rank and polls until its credit is back (which the
 /// evil rank's answer, whatever it is, returns). Returns what the node caught meanwhile.
-fn request_and_settle(node: &mut Node<Loopback>, seq: u32) -> Vec<Misbehavior> {
+fn request_and_settle(node: &mut Node<Loopback, Local>, seq: u32) -> Vec<Misbehavior> {
     assert_eq!(node.credits_available(1), CREDITS);
     node.request_short(1, REQ_SHORT, &[seq]).expect("request");
     assert_eq!(node.credits_available(1), CREDITS - 1);

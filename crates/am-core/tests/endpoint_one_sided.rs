@@ -5,6 +5,7 @@
 
 mod harness;
 
+use am_core::Local;
 use std::task::Poll;
 
 use am_core::{AmError, AmKind, AtomicOp, HandlerId, Handlers};
@@ -12,8 +13,8 @@ use harness::{Cluster, Shape};
 
 const SINK: HandlerId = HandlerId(3);
 
-fn handlers() -> Handlers {
-    let mut h = Handlers::new();
+fn handlers() -> Handlers<Local> {
+    let mut h = Handlers::local();
     h.request(SINK, "sink", AmKind::Short, |_, _| {}).unwrap();
     h
 }

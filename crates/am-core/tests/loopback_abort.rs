@@ -3,6 +3,7 @@
 //! doing all-to-all Medium requests with one credit per peer run out of credit and recover
 //! without losing or duplicating anything.
 
+use am_core::Local;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -75,7 +76,7 @@ fn a_panicking_rank_aborts_the_others_barrier() {
         let job = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run_ranks(Loopback::cluster(4, LoopbackConfig::default()), |t| {
                 let _flag = FlagOnPanic(&someone_panicked);
-                let mut node = Node::new(t, Handlers::new(), config(8)).expect("start");
+                let mut node = Node::new(t, Handlers::local(), config(8)).expect("start");
                 let me = node.rank();
                 if me == 2 {
                     // Panic only once the three others are (about to be) in the barrier, so
@@ -152,8 +153,8 @@ struct Seen {
     short_replies: Cell<u32>,
 }
 
-fn handlers(seen: &Rc<Seen>) -> Handlers {
-    let mut h = Handlers::new();
+fn handlers(seen: &Rc<Seen>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     let s = seen.clone();
     h.request(
         REQ_MEDIUM,
@@ -201,7 +202,7 @@ fn handlers(seen: &Rc<Seen>) -> Handlers {
 }
 
 /// Polls until the credit for `peer` is back.
-fn poll_for_credit(node: &mut Node<Loopback>, peer: Rank) {
+fn poll_for_credit(node: &mut Node<Loopback, Local>, peer: Rank) {
     let deadline = Instant::now() + LIMIT;
     while node.credits_available(peer) == 0 {
         if node.poll().expect("poll") == 0 {

@@ -33,7 +33,7 @@ fn a_wait_for_a_reply_from_a_rank_that_left_fails() {
         let seen = pongs.clone();
         let pings = Rc::new(Cell::new(0u32));
         let served = pings.clone();
-        let mut h = Handlers::new();
+        let mut h = Handlers::local();
         h.request(PING, "ping", AmKind::Short, move |m, t| {
             served.set(served.get() + 1);
             let _ = t.reply_short(PONG, &[m.args()[0]]);

@@ -86,7 +86,7 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
     let silent = AtomicUsize::new(0);
     let transports = Loopback::cluster(3, LoopbackConfig::default());
     run_ranks(transports, |t| {
-        let mut handlers = Handlers::new();
+        let mut handlers = Handlers::local();
         handlers
             .request(REQ, "req", AmKind::Short, |_, token| {
                 let _ = token.reply_short(REP, &[]);
@@ -188,7 +188,7 @@ fn a_loss_found_while_waiting_counts_too() {
     let stopped = AtomicUsize::new(0);
     let transports = Loopback::cluster(3, LoopbackConfig::default());
     run_ranks(transports, |t| {
-        let mut handlers = Handlers::new();
+        let mut handlers = Handlers::local();
         handlers
             .request(REQ, "req", AmKind::Short, |_, _| {})
             .unwrap();
@@ -324,7 +324,7 @@ fn a_loss_found_by_a_put_marks_the_peer_lost() {
     let not_busy = AtomicUsize::new(0);
     let done = RankZeroDone::default();
     run_ranks(Loopback::cluster(3, LoopbackConfig::default()), |t| {
-        let mut handlers = Handlers::new();
+        let mut handlers = Handlers::local();
         handlers
             .request(REQ, "req", AmKind::Short, |_, token| {
                 let _ = token.reply_short(REP, &[]);
@@ -374,7 +374,7 @@ fn a_busy_nic_is_waited_out() {
             victim_lost: false,
             busy: &busy[rank],
         };
-        let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+        let mut node = Node::new(t, Handlers::local(), Config::default()).unwrap();
         if rank == 0 {
             let _done = done.guard();
             busy[0].store(3, Ordering::SeqCst);

@@ -2,6 +2,7 @@
 //! their slots): the core parses a private copy of the head, hands the payload to handlers as
 //! a view or, on `payload()`, as a private copy, and places an inline Long by copies.
 
+use am_core::Local;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -116,8 +117,8 @@ struct Seen {
     long_at: Option<usize>,
 }
 
-fn node(seen: &Rc<RefCell<Seen>>, inbox: &Inbox) -> Node<SlotLoop> {
-    let mut h = Handlers::new();
+fn node(seen: &Rc<RefCell<Seen>>, inbox: &Inbox) -> Node<SlotLoop, Local> {
+    let mut h = Handlers::local();
     let s = seen.clone();
     h.request(HandlerId(1), "medium", AmKind::Medium, move |m, _t| {
         let mut s = s.borrow_mut();

@@ -6,6 +6,7 @@
 //! Run with `AM_WAIT=spin` under the timing wrapper:
 //! `cargo run --release -p am-msg --example msg_bench -- [transports...] [--quick]`.
 
+use am_core::Local;
 use std::time::{Duration, Instant};
 
 use am_core::{Config, HandlerId, Handlers, Node, Transport};
@@ -18,7 +19,7 @@ struct Modes {
     receiver: Messenger,
 }
 
-fn modes(handlers: &mut Handlers) -> Modes {
+fn modes(handlers: &mut Handlers<Local>) -> Modes {
     Modes {
         eager: Messenger::new(
             handlers,
@@ -52,7 +53,7 @@ fn modes(handlers: &mut Handlers) -> Modes {
 /// Median of 5 batches. Rank 0 returns the figure, rank 1 `None`.
 fn pingpong<T: Transport>(
     m: &Messenger,
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     len: usize,
     iters: usize,
 ) -> Option<Duration> {
@@ -89,7 +90,12 @@ fn pingpong<T: Transport>(
 
 /// Bytes per second of `len`-byte messages, one at a time, each acknowledged by a 0-byte
 /// eager message. Median of 3 batches.
-fn bandwidth<T: Transport>(m: &Modes, node: &mut Node<T>, len: usize, iters: usize) -> Option<f64> {
+fn bandwidth<T: Transport>(
+    m: &Modes,
+    node: &mut Node<T, Local>,
+    len: usize,
+    iters: usize,
+) -> Option<f64> {
     let me = node.rank();
     let data: std::sync::Arc<[u8]> = vec![9u8; len].into();
     let mut rates = Vec::new();
@@ -124,7 +130,7 @@ fn us(d: Duration) -> String {
 
 fn run<T: Transport + Send>(name: &str, transports: Vec<T>, quick: bool, big: bool) {
     let out = am_core::run_ranks(transports, |t| {
-        let mut handlers = Handlers::new();
+        let mut handlers = Handlers::local();
         let m = modes(&mut handlers);
         let mut node = Node::new(t, handlers, Config::from_env().expect("config")).expect("node");
         let mut lines = Vec::new();

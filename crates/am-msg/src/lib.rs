@@ -45,7 +45,7 @@
 //!
 //! let transports = Loopback::cluster(2, Default::default());
 //! am_core::run_ranks(transports, |transport| {
-//!     let mut handlers = Handlers::new();
+//!     let mut handlers = Handlers::local();
 //!     let msg = Messenger::new(&mut handlers, HandlerId(100), MsgConfig::default()).unwrap();
 //!     let mut node = Node::new(transport, handlers, Config::default()).unwrap();
 //!     if node.rank() == 0 {
@@ -73,6 +73,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+use am_core::Local;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -612,7 +613,7 @@ impl std::fmt::Debug for Messenger {
 impl Messenger {
     /// Registers the messenger's handlers at `first_handler ..first_handler + HANDLER_COUNT`.
     pub fn new(
-        handlers: &mut Handlers,
+        handlers: &mut Handlers<Local>,
         first_handler: HandlerId,
         config: MsgConfig,
     ) -> Result<Messenger, MsgError> {
@@ -662,7 +663,7 @@ impl Messenger {
 
     /// The eager threshold in force on `node`'s transport: the configured one or the
     /// transport's own default, capped at `max_medium`.
-    pub fn eager_threshold<T: Transport>(&self, node: &Node<T>) -> usize {
+    pub fn eager_threshold<T: Transport>(&self, node: &Node<T, Local>) -> usize {
         self.config
             .eager_threshold
             .unwrap_or_else(|| threshold::default_for(node.transport().name(), node.max_medium()))
@@ -674,7 +675,7 @@ impl Messenger {
     /// (pass an `Arc<[u8]>` to keep a reference).
     pub fn send<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         dest: Rank,
         tag: u64,
         data: impl AsRef<[u8]> + 'static,
@@ -699,7 +700,7 @@ impl Messenger {
     /// receiver-initiated rendezvous, the buffer is advertised to the sender at once.
     pub fn post_recv<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         src: Option<Rank>,
         tag: u64,
         offset: usize,
@@ -739,7 +740,7 @@ impl Messenger {
     }
 
     /// Polls the node (running handlers) and sends what the protocol has queued.
-    pub fn progress<T: Transport>(&self, node: &mut Node<T>) -> Result<(), MsgError> {
+    pub fn progress<T: Transport>(&self, node: &mut Node<T, Local>) -> Result<(), MsgError> {
         node.poll()?;
         self.check()?;
         self.flush(node)
@@ -756,7 +757,7 @@ impl Messenger {
     }
 
     /// Sends queued messages, in order per destination, until each is empty or blocked.
-    fn flush<T: Transport>(&self, node: &mut Node<T>) -> Result<(), MsgError> {
+    fn flush<T: Transport>(&self, node: &mut Node<T, Local>) -> Result<(), MsgError> {
         let first = self.first_handler_id();
         let max_long = node.max_long();
         let mut e = self.engine.borrow_mut();
@@ -799,7 +800,7 @@ impl Messenger {
     /// `Ok(None)`: still in flight; the handle stays valid.
     pub fn test_send<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         handle: &SendHandle,
     ) -> Result<Option<SendInfo>, MsgError> {
         self.progress(node)?;
@@ -813,7 +814,7 @@ impl Messenger {
     /// The outcome of a receive if it has completed (runs [`Messenger::progress`] once).
     pub fn test_recv<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         handle: &RecvHandle,
     ) -> Result<Option<RecvInfo>, MsgError> {
         self.progress(node)?;
@@ -827,7 +828,7 @@ impl Messenger {
     /// Waits until a send has completed (see [`Completion`] for what that means).
     pub fn wait_send<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         handle: SendHandle,
     ) -> Result<SendInfo, MsgError> {
         if !self.engine.borrow().knows_send(handle.0) {
@@ -839,7 +840,7 @@ impl Messenger {
     /// Waits until a receive has completed: its data is then in the segment.
     pub fn wait_recv<T: Transport>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         handle: RecvHandle,
     ) -> Result<RecvInfo, MsgError> {
         if !self.engine.borrow().knows_recv(handle.0) {
@@ -853,7 +854,7 @@ impl Messenger {
     /// device space, which come back without any handler of ours running).
     fn wait<T: Transport, R>(
         &self,
-        node: &mut Node<T>,
+        node: &mut Node<T, Local>,
         mut take: impl FnMut(&mut MsgEngine) -> Option<Result<R, MsgError>>,
     ) -> Result<R, MsgError> {
         let spin = node.config().wait_mode == WaitMode::Spin;

@@ -1,6 +1,7 @@
 //! The message layer on every transport: ranks as threads over each transport's in-process
 //! cluster (real shared-memory segments and sockets).
 
+use am_core::Local;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 fn job<T, F>(transports: Vec<T>, config: MsgConfig, f: F)
 where
     T: Transport + Send,
-    F: Fn(&Messenger, &mut Node<T>) + Sync,
+    F: Fn(&Messenger, &mut Node<T, Local>) + Sync,
 {
     let wait = if transports.len() > 2 {
         WaitMode::Block
@@ -27,7 +28,7 @@ where
         WaitMode::SpinThenYield
     };
     am_core::run_ranks(transports, |t| {
-        let mut handlers = Handlers::new();
+        let mut handlers = Handlers::local();
         let msg = Messenger::new(&mut handlers, HandlerId(200), config).expect("messenger");
         let config = Config::default().wait_mode(wait);
         let mut node = Node::new(t, handlers, config).expect("node");
@@ -49,7 +50,7 @@ fn is_rendezvous(p: Protocol) -> bool {
 }
 
 /// Checks a send's protocol and completion against its size and the transport.
-fn check_send<T: Transport>(msg: &Messenger, node: &Node<T>, info: &am_msg::SendInfo) {
+fn check_send<T: Transport>(msg: &Messenger, node: &Node<T, Local>, info: &am_msg::SendInfo) {
     let t = msg.eager_threshold(node);
     if info.len <= t {
         assert!(!is_rendezvous(info.protocol), "{info:?} (threshold {t})");
@@ -70,7 +71,7 @@ fn check_send<T: Transport>(msg: &Messenger, node: &Node<T>, info: &am_msg::Send
     }
 }
 
-fn check_data<T: Transport>(node: &Node<T>, at: usize, len: usize, cap: usize, seed: u64) {
+fn check_data<T: Transport>(node: &Node<T, Local>, at: usize, len: usize, cap: usize, seed: u64) {
     let seg = node.segment().to_vec();
     assert!(seg[at..at + len] == pattern(len, seed)[..], "data at {at}");
     assert!(

@@ -13,6 +13,7 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 
+use am_core::Local;
 use am_core::{Credits, Node};
 use am_perf::am::{self, FLOOD_SHORT, LONG};
 use am_perf::bench::{self as perf, MIB};
@@ -22,7 +23,7 @@ use portals_sim::{Portals, PortalsConfig};
 use std::cell::Cell;
 
 /// Runs `f` on rank 0 of a two-rank cluster, with the AM credits of `pc` on both ranks.
-fn with_pair(pc: PortalsConfig, f: impl FnOnce(&mut Node<Portals>, &Cell<u64>)) {
+fn with_pair(pc: PortalsConfig, f: impl FnOnce(&mut Node<Portals, Local>, &Cell<u64>)) {
     let ranks = Portals::cluster(2, 2 * MIB, pc).expect("cluster");
     let config = perf::spin_config().credits(pc.credits);
     perf::with_pair(ranks, config, f);

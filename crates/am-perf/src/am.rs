@@ -1,6 +1,7 @@
 //! The AM side of the measurements: one handler table for every transport, and timed round
 //! trips and streams from rank 0 to [`PEER`].
 
+use am_core::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -25,8 +26,8 @@ pub const FLOOD_SHORT: HandlerId = HandlerId(6);
 pub const FLOOD_MEDIUM: HandlerId = HandlerId(7);
 
 /// The measurements' handler table; the reply handlers add one to `replies`.
-pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
-    let mut h = Handlers::new();
+pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers<Local>, RegisterError> {
+    let mut h = Handlers::local();
     h.request(SHORT, "s", AmKind::Short, |_m, t| {
         let _ = t.reply_short(SHORT_REPLY, &[]);
     })?;
@@ -50,9 +51,9 @@ pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
 /// One round trip: `send` issues a request whose reply adds one to `replies` (a table from
 /// [`handlers`]); returns when that reply has run.
 pub fn round_trip<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     replies: &Cell<u64>,
-    send: impl FnOnce(&mut Node<T>) -> Result<(), AmError>,
+    send: impl FnOnce(&mut Node<T, Local>) -> Result<(), AmError>,
 ) -> Result<(), AmError> {
     let want = replies.get() + 1;
     send(node)?;
@@ -61,7 +62,7 @@ pub fn round_trip<T: Transport>(
 
 /// One AM Short round trip to [`PEER`].
 pub fn short_round_trip<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     replies: &Cell<u64>,
 ) -> Result<(), AmError> {
     round_trip(node, replies, |n| n.request_short(PEER, SHORT, &[]))
@@ -69,7 +70,7 @@ pub fn short_round_trip<T: Transport>(
 
 /// One AM Medium round trip of `data` to [`PEER`] (echoed back).
 pub fn medium_round_trip<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     replies: &Cell<u64>,
     data: &[u8],
 ) -> Result<(), AmError> {
@@ -79,9 +80,9 @@ pub fn medium_round_trip<T: Transport>(
 /// Calls `send` `count` times, then waits until everything sent is done
 /// ([`Node::quiesce`]); returns the time from the first send to the end.
 pub fn stream<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     count: u64,
-    mut send: impl FnMut(&mut Node<T>) -> Result<(), AmError>,
+    mut send: impl FnMut(&mut Node<T, Local>) -> Result<(), AmError>,
 ) -> Result<Duration, AmError> {
     let start = Instant::now();
     for _ in 0..count {
@@ -93,7 +94,7 @@ pub fn stream<T: Transport>(
 
 /// AM Long bandwidth to [`PEER`] in bytes per second: the median of 5 runs of 40 Longs of
 /// 1 MiB, each run until quiescence.
-pub fn long_bandwidth<T: Transport>(node: &mut Node<T>) -> Result<f64, AmError> {
+pub fn long_bandwidth<T: Transport>(node: &mut Node<T, Local>) -> Result<f64, AmError> {
     const MIB: usize = 1 << 20;
     let big = vec![9u8; MIB];
     let mut bws = Vec::new();

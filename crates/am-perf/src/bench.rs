@@ -2,6 +2,7 @@
 //! to the NIC alone, AM round trips, streams and the idle poll, all over in-process clusters
 //! (threads, real segments). A bench supplies its clusters and its own configurations.
 
+use am_core::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +30,7 @@ pub fn spin_config() -> Config {
 pub fn with_pair<T: Transport + Send>(
     mut pair: Vec<T>,
     config: Config,
-    f: impl FnOnce(&mut Node<T>, &Cell<u64>),
+    f: impl FnOnce(&mut Node<T, Local>, &Cell<u64>),
 ) {
     assert_eq!(pair.len(), 2, "a pair is two ranks");
     let t1 = pair.pop().expect("rank 1");
@@ -79,9 +80,9 @@ pub fn rtt_group<'a, T: Transport + Send>(
 /// call of `round_trip` ([`am::short_round_trip`], [`am::medium_round_trip`], ...), which
 /// gets the reply counter.
 pub fn round_trips<'a, T: Transport>(
-    node: &'a mut Node<T>,
+    node: &'a mut Node<T, Local>,
     replies: &'a Cell<u64>,
-    mut round_trip: impl FnMut(&mut Node<T>, &Cell<u64>) -> Result<(), AmError> + 'a,
+    mut round_trip: impl FnMut(&mut Node<T, Local>, &Cell<u64>) -> Result<(), AmError> + 'a,
 ) -> impl FnMut(&mut Bencher<'_>) + 'a {
     move |b| {
         b.iter_custom(|iters| {
@@ -112,8 +113,8 @@ pub fn bw_group(c: &mut Criterion) -> BenchmarkGroup<'_, WallTime> {
 /// A stream from `node` for `bench_function`: `send` per iteration, then [`Node::quiesce`]
 /// once.
 pub fn stream<'a, T: Transport>(
-    node: &'a mut Node<T>,
-    mut send: impl FnMut(&mut Node<T>) -> Result<(), AmError> + 'a,
+    node: &'a mut Node<T, Local>,
+    mut send: impl FnMut(&mut Node<T, Local>) -> Result<(), AmError> + 'a,
 ) -> impl FnMut(&mut Bencher<'_>) + 'a {
     move |b| b.iter_custom(|iters| am::stream(node, iters, &mut send).expect("stream"))
 }

@@ -1,6 +1,7 @@
 //! Pieces of the transports' rank-test programs (`*-rank-test`): self-launch, the two-process
 //! floors, the echo table and its payload pattern, the put ring and the killed-rank scenario.
 
+use am_core::Local;
 use std::cell::Cell;
 use std::error::Error;
 use std::io;
@@ -146,7 +147,7 @@ impl Floors {
 /// over `node` (a table from [`crate::am::handlers`] counting into `replies`), and prints
 /// them beside `floors`. `short_label` names the AM Short line.
 pub fn print_am_figures<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     replies: &Cell<u64>,
     iters: usize,
     medium: usize,
@@ -170,8 +171,8 @@ pub fn print_am_figures<T: Transport>(
 
 /// The echo table: [`ECHO`] and [`ECHO_REPLY`]; every checked echo adds one to `echoes`.
 /// Programs add their own handlers from id 3 on.
-pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> {
-    let mut h = Handlers::new();
+pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers<Local>, RegisterError> {
+    let mut h = Handlers::local();
     h.request(ECHO, "echo", AmKind::Medium, |m, tok| {
         let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload_ref());
     })?;
@@ -191,7 +192,7 @@ pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers, RegisterError> 
 /// too), keyed `round * 1000 + peer`, with `len(round, peer)` bytes of [`pattern`]; then
 /// waits until the echo table has counted all echoes in `echoes`.
 pub fn echo_rounds<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     echoes: &Cell<u64>,
     rounds: u32,
     len: impl Fn(u32, u32) -> usize,
@@ -211,7 +212,7 @@ pub fn echo_rounds<T: Transport>(
 /// Every rank puts `data(me)` at `offset(me)` into the next rank's segment; after a barrier
 /// each checks what the previous rank put, then all meet at a second barrier.
 pub fn put_ring<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     offset: impl Fn(u32) -> usize,
     data: impl Fn(u32) -> Vec<u8>,
 ) -> Result<(), Box<dyn Error>> {
@@ -264,7 +265,10 @@ pub const EXIT_CODE: i32 = 7;
 /// arrives, which ends its process with the same code. A rank still polling 2 s later writes
 /// `dir/late-<rank>` and ends with 1. Call [`ignore_sigterm`] first thing in the program, so
 /// that the launcher's SIGTERM (sent when the exiting rank ends) cannot end the others first.
-pub fn exit_scenario<T: Transport>(mut node: Node<T>, dir: &Path) -> Result<(), Box<dyn Error>> {
+pub fn exit_scenario<T: Transport>(
+    mut node: Node<T, Local>,
+    dir: &Path,
+) -> Result<(), Box<dyn Error>> {
     let me = node.rank();
     node.barrier()?;
     if me == EXITING_RANK {
@@ -289,7 +293,7 @@ pub fn exit_scenario<T: Transport>(mut node: Node<T>, dir: &Path) -> Result<(), 
 /// then ends the process with exit code 3 (after dropping the node and the job). Call
 /// [`ignore_sigterm`] first thing in the program.
 pub fn kill_scenario<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     job_id: &str,
     dir: &Path,
 ) -> Result<(), Box<dyn Error>> {
@@ -356,7 +360,7 @@ const EXCHANGE_ROUNDS: u64 = 100;
 /// `exchanged.0` counts the exchange replies this rank got, `exchanged.1` the exchange
 /// requests it answered.
 pub fn add_exchange_handlers(
-    h: &mut Handlers,
+    h: &mut Handlers<Local>,
     exchanged: &Rc<(Cell<u64>, Cell<u64>)>,
 ) -> Result<(), RegisterError> {
     let served = exchanged.clone();
@@ -381,7 +385,7 @@ pub fn add_exchange_handlers(
 /// [`ignore_sigterm`] first thing in the program: the launcher's SIGTERM after the death must
 /// not end the survivors before they are done.
 pub fn kill_anywhere<T: Transport>(
-    node: &mut Node<T>,
+    node: &mut Node<T, Local>,
     exchanged: &(Cell<u64>, Cell<u64>),
     delay_us: u64,
     dir: &Path,

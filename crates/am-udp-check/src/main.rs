@@ -85,7 +85,7 @@ fn alltoall(n: u32) -> Res<()> {
     let (job, udp) = connect()?;
     let size = job.size;
     let seen: Rc<RefCell<Vec<Vec<u32>>>> = Rc::new(RefCell::new(vec![Vec::new(); size as usize]));
-    let mut h = Handlers::new();
+    let mut h = Handlers::local();
     for (id, kind) in [(SEQ, AmKind::Short), (SEQ_MEDIUM, AmKind::Medium)] {
         let s = seen.clone();
         h.request(id, "seq", kind, move |msg, _token| {
@@ -150,7 +150,7 @@ fn stream(n: u32) -> Res<()> {
     };
     let next = Rc::new(std::cell::Cell::new(0u32));
     let bad = Rc::new(std::cell::Cell::new(0u32));
-    let mut h = Handlers::new();
+    let mut h = Handlers::local();
     let (nx, bd) = (next.clone(), bad.clone());
     h.request(SEQ, "seq", AmKind::Short, move |msg, _token| {
         if msg.args()[0] == nx.get() {
@@ -196,7 +196,7 @@ fn stream(n: u32) -> Res<()> {
 /// no job key, neither in `AM_UDP_KEY` nor in the pipe `AM_UDP_KEY_FD` names.
 fn child() -> Res<()> {
     let (_job, udp) = connect()?;
-    let mut node = Node::new(udp, Handlers::new(), node_config()?)?;
+    let mut node = Node::new(udp, Handlers::local(), node_config()?)?;
     let out = std::process::Command::new("/bin/sh")
         .args([
             "-c",
@@ -222,7 +222,7 @@ fn child() -> Res<()> {
 fn survive() -> Res<()> {
     let (_job, udp) = connect()?;
     let timeout = UdpConfig::from_env()?.engine.peer_timeout;
-    let mut h = Handlers::new();
+    let mut h = Handlers::local();
     h.request(PING, "ping", AmKind::Short, |msg, token| {
         let _ = token.reply_short(PONG, msg.args());
     })?;
@@ -397,7 +397,7 @@ fn flood(n: u32) -> Res<(f64, u32)> {
             let got = Rc::new(std::cell::Cell::new(0u32));
             let done = Rc::new(std::cell::Cell::new(0u32));
             let (g, d) = (got.clone(), done.clone());
-            let mut h = Handlers::new();
+            let mut h = Handlers::local();
             h.request(SEQ, "seq", AmKind::Short, move |_, _| g.set(g.get() + 1))?;
             h.request(PING, "ping", AmKind::Short, |msg, token| {
                 let _ = token.reply_short(PONG, msg.args());
@@ -468,7 +468,7 @@ fn put_bandwidth(sizes: &[usize], reps: usize) -> Res<Vec<(usize, f64)>> {
             if std::env::var_os("AM_WAIT").is_none() {
                 config.wait_mode = WaitMode::Block;
             }
-            let mut node = Node::new(t, Handlers::new(), config)?;
+            let mut node = Node::new(t, Handlers::local(), config)?;
             let data: Vec<u8> = (0..largest).map(|i| (i * 7 + 1) as u8).collect();
             let mut out = Vec::new();
             for &size in sizes {
@@ -601,7 +601,7 @@ fn am_pingpong(n: usize) -> Res<f64> {
         let r = (|| -> Res<f64> {
             let got = Rc::new(std::cell::Cell::new(0u32));
             let g = got.clone();
-            let mut h = Handlers::new();
+            let mut h = Handlers::local();
             h.request(PING, "ping", AmKind::Short, |msg, token| {
                 let _ = token.reply_short(PONG, msg.args());
             })?;

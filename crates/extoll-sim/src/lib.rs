@@ -85,7 +85,7 @@
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
 //! let ranks = extoll_sim::Extoll::cluster(2, 1 << 16, extoll_sim::ExtollConfig::default()).unwrap();
 //! let out = am_core::run_ranks(ranks, |t| {
-//!     let mut h = Handlers::new();
+//!     let mut h = Handlers::local();
 //!     h.request(HandlerId(1), "ping", AmKind::Short, |_m, tok| {
 //!         tok.reply_short(HandlerId(2), &[7]).unwrap();
 //!     }).unwrap();

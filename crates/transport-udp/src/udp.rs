@@ -550,7 +550,7 @@ impl Tx for Io {
 ///
 /// let mut job = am_bootstrap::JobInfo::from_env()?;
 /// let udp = Udp::connect(&mut job, 1 << 20, UdpConfig::from_env()?)?;
-/// let mut handlers = Handlers::new();
+/// let mut handlers = Handlers::local();
 /// handlers.request(HandlerId(1), "hello", AmKind::Short, |msg, _token| {
 ///     println!("hello from {}", msg.src());
 /// })?;

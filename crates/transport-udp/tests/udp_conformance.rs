@@ -44,7 +44,7 @@ fn batched_transfer(mtu: usize) {
     config.engine.mtu = mtu;
     let ranks = Udp::cluster(2, SIZE, config).expect("UDP cluster");
     let results = am_core::run_ranks(ranks, |t| {
-        let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+        let mut node = Node::new(t, Handlers::local(), Config::default()).unwrap();
         let data: Vec<u8> = (0..SIZE).map(|i| (i * 13 + 5) as u8).collect();
         if node.rank() == 0 {
             node.put(1, 0, &data).unwrap();

@@ -3,6 +3,7 @@
 //! timeout. Faults come from the transport's own datagram hook, the same one `AM_UDP_FAULTS`
 //! sets for whole jobs.
 
+use am_core::Local;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -22,8 +23,8 @@ struct Seen {
     bad: Cell<u32>,
 }
 
-fn handlers(seen: &Rc<Seen>) -> Handlers {
-    let mut h = Handlers::new();
+fn handlers(seen: &Rc<Seen>) -> Handlers<Local> {
+    let mut h = Handlers::local();
     for (id, kind) in [(SEQ, AmKind::Short), (SEQ_MEDIUM, AmKind::Medium)] {
         let s = seen.clone();
         h.request(id, "seq", kind, move |msg, _token| {

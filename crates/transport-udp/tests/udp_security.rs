@@ -221,7 +221,7 @@ fn hostile_datagrams_change_nothing_during_a_run() {
         let results = am_core::run_ranks(vec![r0, r1], |t| {
             let seen = Rc::new(RefCell::new(Vec::new()));
             let s2 = seen.clone();
-            let mut h = Handlers::new();
+            let mut h = Handlers::local();
             h.request(SEQ, "seq", AmKind::Short, move |msg, _| {
                 s2.borrow_mut().push(msg.args()[0])
             })
@@ -306,7 +306,7 @@ fn payloads_are_not_readable_on_the_wire() {
         let results = am_core::run_ranks(vec![rank0, rank1], |t| {
             let got = Rc::new(RefCell::new(Vec::new()));
             let g = got.clone();
-            let mut h = Handlers::new();
+            let mut h = Handlers::local();
             h.request(MARKED, "marked", AmKind::Medium, move |msg, _| {
                 g.borrow_mut().extend_from_slice(msg.payload())
             })

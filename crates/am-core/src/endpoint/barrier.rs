@@ -4,10 +4,11 @@ use std::task::{ready, Poll};
 
 use super::state::{BarrierAt, Endpoint};
 use crate::error::AmError;
+use crate::handler::Threading;
 use crate::protocol::SystemMsg;
 use crate::transport::Transport;
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// A step of a barrier ([`crate::Node::barrier`]): a dissemination barrier, ⌈log2 N⌉
     /// rounds of one request each. The first step of a barrier starts it; steps after an
     /// error resume it where it stopped (the other ranks are still in it), sending nothing

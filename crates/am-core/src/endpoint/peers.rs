@@ -5,9 +5,10 @@ use std::task::Poll;
 use super::state::{Endpoint, DEPARTED, LOST};
 use crate::credit::CreditPolicy;
 use crate::error::AmError;
+use crate::handler::Threading;
 use crate::types::Rank;
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// Records what a poll's error says about a peer: a lost peer is marked lost (its
     /// operations fail), a departed one departed. Returns the error back, except for a
     /// departure, which is not an error of the poll that found it: only the calls that wait

@@ -9,10 +9,11 @@ use std::task::Poll;
 use super::state::{Endpoint, POSTED_ATOMICS};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
 use crate::error::AmError;
+use crate::handler::Threading;
 use crate::transport::Transport;
 use crate::types::Rank;
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// Posts a non-fetching remote atomic ([`crate::Node::atomic_post`]): checked now, queued
     /// behind the atomics posted before it, and applied by the time any later operation of
     /// this rank goes out, or by [`Endpoint::apply_posted`]. A full queue (or one of the other

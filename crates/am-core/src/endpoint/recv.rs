@@ -9,6 +9,7 @@ use super::state::{Endpoint, Hello};
 use crate::atomic::Refused;
 use crate::credit::CreditPolicy;
 use crate::error::{shm_err, AmError, Misbehavior};
+use crate::handler::Threading;
 use crate::handler::{HandlerFn, Msg};
 use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
@@ -241,7 +242,7 @@ pub enum Polled {
     Exit(i32),
 }
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// One step of progress: sends the replies the device refused earlier, then hands at
     /// most one delivered message to [`Endpoint::handle`]; when nothing has arrived, sends
     /// the implicit replies owed ([`Endpoint::flush_acks`]). What an error says about a

@@ -8,11 +8,12 @@ use super::handles::{AtomicHandle, AtomicState, GetHandle, PutHandle};
 use super::state::{Endpoint, OpSlot};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
 use crate::error::{AmError, SendError};
+use crate::handler::Threading;
 use crate::protocol::SystemMsg;
 use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]),
     /// after the posted atomics ([`Endpoint::atomic_post`]). Where the NIC writes peers'
     /// memory itself ([`Transport::put`]) the bytes are placed now and the handle is

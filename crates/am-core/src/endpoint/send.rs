@@ -7,13 +7,14 @@ use super::state::{Endpoint, LOST};
 use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::HandlerFn;
+use crate::handler::Threading;
 use crate::protocol::SystemMsg;
 use crate::reply::{check_message, encode_acks, segment_range};
 use crate::transport::{Outgoing, Payload, SendError, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
 use crate::wire::{Header, MAX_HEAD_LEN};
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// Checks a request before it is sent: a valid rank that is not lost, the transport's
     /// limits, a handler registered as a request of this kind, and a Long's range within
     /// the segment.

@@ -5,11 +5,12 @@ use std::task::Poll;
 
 use super::state::{Endpoint, Startup};
 use crate::error::StartError;
+use crate::handler::Threading;
 use crate::protocol::{HelloVerdict, SystemMsg};
 use crate::transport::Tx;
 use crate::types::HandlerId;
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// A step of start-up (collective; [`crate::Node::new`]): every rank tells rank 0 its
     /// handler table and segment size, rank 0 tells everyone whether they agree. Ready with
     /// the verdict; a mismatch is reported on every rank. No user request may be sent

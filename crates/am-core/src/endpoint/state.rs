@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::atomic::{Atomic, Posted};
 use crate::credit::{CreditPolicy, Policy};
 use crate::error::AmError;
-use crate::handler::Handlers;
+use crate::handler::{Handlers, Sendable, Threading};
 use crate::protocol::HelloVerdict;
 use crate::reply::{Owed, OwedAcks, Replies};
 use crate::transport::Limits;
@@ -82,12 +82,12 @@ pub(super) struct BarrierAt {
 }
 
 /// The AM protocol state of one rank (see the [module docs](crate::endpoint)).
-pub struct Endpoint {
+pub struct Endpoint<H: Threading = Sendable> {
     pub(super) rank: Rank,
     pub(super) size: u32,
     pub(super) limits: Limits,
     pub(super) seg_len: usize,
-    pub(super) handlers: Handlers,
+    pub(super) handlers: Handlers<H>,
     pub(super) credits: Policy,
     /// Replies waiting for the device, implicit replies owed, and what the running handler's
     /// replies did.
@@ -124,7 +124,7 @@ pub struct Endpoint {
     pub(super) detached_in_flight: u32,
 }
 
-impl std::fmt::Debug for Endpoint {
+impl<H: Threading> std::fmt::Debug for Endpoint<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
             .field("rank", &self.rank)
@@ -135,7 +135,7 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-impl Endpoint {
+impl<H: Threading> Endpoint<H> {
     /// The protocol state of rank `rank` of `size`, over a transport with `limits` and a
     /// segment of `segment_len` bytes. Start it with [`Endpoint::start_step`] before any
     /// other send.
@@ -144,9 +144,9 @@ impl Endpoint {
         size: u32,
         limits: Limits,
         segment_len: usize,
-        handlers: Handlers,
-        credits: Box<dyn CreditPolicy>,
-    ) -> Endpoint {
+        handlers: Handlers<H>,
+        credits: Box<dyn CreditPolicy + Send>,
+    ) -> Endpoint<H> {
         Self::with_policy(
             rank,
             size,
@@ -163,9 +163,9 @@ impl Endpoint {
         size: u32,
         limits: Limits,
         segment_len: usize,
-        handlers: Handlers,
+        handlers: Handlers<H>,
         credits: Policy,
-    ) -> Endpoint {
+    ) -> Endpoint<H> {
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
         let meta = handlers.registrations();

@@ -18,8 +18,8 @@ use std::task::Poll;
 use am_core::atomic::{Atomic, Batch, Posted};
 use am_core::endpoint::Endpoint;
 use am_core::{
-    AmError, Capabilities, CreditPolicy, Delivery, Handlers, Limits, Outgoing, Rank, Received,
-    Route, SendError, SharedBytes, StaticCredits, Transport, TransportError, Tx,
+    AmError, Capabilities, CreditPolicy, Delivery, Handlers, Limits, Local, Outgoing, Rank,
+    Received, Route, SendError, SharedBytes, StaticCredits, Transport, TransportError, Tx,
 };
 use am_shm::Segment;
 
@@ -233,7 +233,7 @@ impl Tx for Wire<'_> {
 
 /// One rank: its endpoint, its segment and the errors its deliveries reported.
 pub struct Node {
-    pub ep: Endpoint,
+    pub ep: Endpoint<Local>,
     pub segment: Rc<Segment>,
     pub errors: Vec<AmError>,
 }
@@ -293,9 +293,9 @@ impl Cluster {
     pub fn build(
         shape: Shape,
         seed: u64,
-        mut handlers: impl FnMut(Rank) -> Handlers,
+        mut handlers: impl FnMut(Rank) -> Handlers<Local>,
         mut segment: impl FnMut(Rank) -> usize,
-        mut credits: impl FnMut(Rank) -> Box<dyn CreditPolicy>,
+        mut credits: impl FnMut(Rank) -> Box<dyn CreditPolicy + Send>,
     ) -> Cluster {
         let n = shape.ranks as usize;
         let nodes: Vec<Node> = (0..shape.ranks)
@@ -335,7 +335,7 @@ impl Cluster {
     }
 
     /// A cluster of equal ranks with static credits, not started.
-    pub fn new(shape: Shape, seed: u64, handlers: impl FnMut(Rank) -> Handlers) -> Cluster {
+    pub fn new(shape: Shape, seed: u64, handlers: impl FnMut(Rank) -> Handlers<Local>) -> Cluster {
         Cluster::build(
             shape,
             seed,
@@ -346,7 +346,11 @@ impl Cluster {
     }
 
     /// A cluster of equal ranks, started (start-up checked to succeed everywhere).
-    pub fn started(shape: Shape, seed: u64, handlers: impl FnMut(Rank) -> Handlers) -> Cluster {
+    pub fn started(
+        shape: Shape,
+        seed: u64,
+        handlers: impl FnMut(Rank) -> Handlers<Local>,
+    ) -> Cluster {
         let mut c = Cluster::new(shape, seed, handlers);
         for r in c.start() {
             r.expect("start-up");
@@ -364,7 +368,7 @@ impl Cluster {
     }
 
     /// A rank's sender.
-    pub fn wire(&mut self, rank: Rank) -> (&mut Endpoint, Wire<'_>) {
+    pub fn wire(&mut self, rank: Rank) -> (&mut Endpoint<Local>, Wire<'_>) {
         let node = &mut self.nodes[rank as usize];
         (
             &mut node.ep,
@@ -376,7 +380,7 @@ impl Cluster {
     }
 
     /// A rank's endpoint and segment, to start a put or get.
-    pub fn with_segment(&mut self, rank: Rank) -> (&mut Endpoint, am_core::SharedBytes<'_>) {
+    pub fn with_segment(&mut self, rank: Rank) -> (&mut Endpoint<Local>, am_core::SharedBytes<'_>) {
         let node = &mut self.nodes[rank as usize];
         (&mut node.ep, node.segment.byte_area())
     }
@@ -508,7 +512,7 @@ impl Cluster {
     /// left to deliver.
     pub fn drive_all<R>(
         &mut self,
-        mut step: impl FnMut(Rank, &mut Endpoint, &mut Wire<'_>) -> Poll<R>,
+        mut step: impl FnMut(Rank, &mut Endpoint<Local>, &mut Wire<'_>) -> Poll<R>,
     ) -> Vec<R> {
         let ranks: Vec<Rank> = (0..self.size()).collect();
         self.drive(&ranks, &mut step)
@@ -522,7 +526,7 @@ impl Cluster {
     pub fn drive<R>(
         &mut self,
         ranks: &[Rank],
-        mut step: impl FnMut(Rank, &mut Endpoint, &mut Wire<'_>) -> Poll<R>,
+        mut step: impl FnMut(Rank, &mut Endpoint<Local>, &mut Wire<'_>) -> Poll<R>,
     ) -> Vec<Option<R>> {
         let mut done: Vec<Option<R>> = ranks.iter().map(|_| None).collect();
         for _ in 0..MAX_STEPS {

@@ -1,7 +1,7 @@
 use am_core::{AmKind, HandlerId, Handlers};
 
 fn main() {
-    let mut handlers = Handlers::new();
+    let mut handlers = Handlers::local();
     handlers
         .request(HandlerId(1), "twice", AmKind::Short, |_msg, token| {
             token.reply_short(HandlerId(2), &[]).unwrap();

@@ -19,7 +19,7 @@ fn main() -> Res {
             let dir = PathBuf::from(args.get(1).ok_or("exit DIR")?);
             let mut job = am_launch::JobInfo::from_env()?;
             let udp = Udp::connect(&mut job, 1 << 20, UdpConfig::from_env()?)?;
-            let node = Node::new(udp, Handlers::new(), Config::from_env()?)?;
+            let node = Node::new(udp, Handlers::local(), Config::from_env()?)?;
             rank::exit_scenario(node, &dir)
         }
         _ => Err("usage: udp-rank-test exit DIR".into()),
