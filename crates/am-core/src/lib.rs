@@ -50,6 +50,7 @@ mod node;
 pub mod protocol;
 pub mod reply;
 pub mod rma;
+pub mod shared;
 pub mod transport;
 pub mod types;
 pub mod wire;
@@ -66,6 +67,7 @@ pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Th
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetIntoHandle, Node};
 pub use reply::Token;
+pub use shared::{ProgressThread, SharedNode};
 pub use transport::{
     Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes,
     Transport, TransportError, Tx,

@@ -1,0 +1,342 @@
+//! Several threads on one node, and a thread that keeps it progressing.
+//!
+//! [`SharedNode`] is GASNet-EX's PAR mode on one endpoint: a [`Node`] of `Send` handlers
+//! behind a lock, which any number of threads of the rank hold in turn. Every call takes the
+//! lock for its own duration; a blocking call gives it back between its polls, so threads
+//! that wait never keep the others from sending or polling. Handlers run on whichever thread
+//! polls, under the lock.
+//!
+//! [`ProgressThread`] polls a shared node whenever no other thread holds it, so that a rank
+//! whose threads compute without calling into the library still serves its peers' requests
+//! (GASNet's progress threads, UCX's progress in a helper thread).
+//!
+//! A node that only one thread drives needs neither: [`Node`] itself moves between threads.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::config::WaitMode;
+use crate::error::{AmError, TryRequestError};
+use crate::handler::Sendable;
+use crate::node::Node;
+use crate::transport::Transport;
+use crate::types::{HandlerId, Rank};
+
+/// Polls a blocking call makes under the lock before it gives the node to another thread.
+const SLICE: u32 = 64;
+
+/// A node that several threads of its rank drive at once (see the [module docs](self)).
+/// Cloning it shares the same node.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use am_core::{AmKind, Config, HandlerId, Handlers, Loopback, Node, SharedNode};
+///
+/// const HIT: HandlerId = HandlerId(1);
+/// am_core::run_ranks(Loopback::cluster(2, Default::default()), |transport| {
+///     let hits = Arc::new(AtomicU32::new(0));
+///     let h = hits.clone();
+///     let mut handlers = Handlers::new();
+///     handlers.request(HIT, "hit", AmKind::Short, move |_, _| {
+///         h.fetch_add(1, Ordering::Relaxed);
+///     }).unwrap();
+///     let node = SharedNode::new(Node::new(transport, handlers, Config::default()).unwrap());
+///     let peer = 1 - node.rank();
+///     std::thread::scope(|s| {
+///         for _ in 0..2 {
+///             let node = node.clone();
+///             s.spawn(move || {
+///                 for _ in 0..100 {
+///                     node.request_short(peer, HIT, &[]).unwrap();
+///                 }
+///             });
+///         }
+///     });
+///     node.wait_until(|| hits.load(Ordering::Relaxed) == 200).unwrap();
+///     node.barrier().unwrap();
+/// });
+/// ```
+pub struct SharedNode<T: Transport> {
+    node: Arc<Mutex<Node<T, Sendable>>>,
+    rank: Rank,
+    size: u32,
+    wait_mode: WaitMode,
+}
+
+impl<T: Transport> Clone for SharedNode<T> {
+    fn clone(&self) -> Self {
+        SharedNode {
+            node: self.node.clone(),
+            rank: self.rank,
+            size: self.size,
+            wait_mode: self.wait_mode,
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for SharedNode<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedNode")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl<T: Transport> SharedNode<T> {
+    /// Shares `node` between the threads that get a clone of the result.
+    pub fn new(node: Node<T, Sendable>) -> Self {
+        SharedNode {
+            rank: node.rank(),
+            size: node.size(),
+            wait_mode: node.config().wait_mode,
+            node: Arc::new(Mutex::new(node)),
+        }
+    }
+
+    /// The node back, if this is the last share of it (every clone dropped); the share
+    /// itself otherwise.
+    pub fn into_inner(self) -> Result<Node<T, Sendable>, Self> {
+        let SharedNode {
+            node,
+            rank,
+            size,
+            wait_mode,
+        } = self;
+        match Arc::try_unwrap(node) {
+            Ok(m) => Ok(m.into_inner().unwrap_or_else(PoisonError::into_inner)),
+            Err(node) => Err(SharedNode {
+                node,
+                rank,
+                size,
+                wait_mode,
+            }),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Ranks in the job.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The node, for any call of [`Node`], held until the guard drops: a blocking call made
+    /// through it holds the node for its whole wait (the methods of this type do not).
+    ///
+    /// A handler that panicked while another thread held the node does not make the node
+    /// unusable here: the job's abort follows from the panic itself.
+    pub fn lock(&self) -> MutexGuard<'_, Node<T, Sendable>> {
+        self.node.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node if no other thread holds it now.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Node<T, Sendable>>> {
+        match self.node.try_lock() {
+            Ok(node) => Some(node),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// [`Node::poll`], once the node is free.
+    pub fn poll(&self) -> Result<usize, AmError> {
+        self.lock().poll()
+    }
+
+    /// [`Node::poll`] if no other thread holds the node now: `None` if one does (that thread
+    /// makes the progress meanwhile).
+    pub fn try_poll(&self) -> Result<Option<usize>, AmError> {
+        match self.try_lock() {
+            Some(mut node) => node.poll().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Node::request_short`], giving the node to other threads while out of credit.
+    pub fn request_short(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+    ) -> Result<(), AmError> {
+        self.send(|node| node.try_request_short(dest, handler, args))
+    }
+
+    /// [`Node::request_medium`], giving the node to other threads while out of credit.
+    pub fn request_medium(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<(), AmError> {
+        self.send(|node| node.try_request_medium(dest, handler, args, payload))
+    }
+
+    /// [`Node::request_long`], giving the node to other threads while out of credit.
+    pub fn request_long(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        offset: usize,
+    ) -> Result<(), AmError> {
+        self.send(|node| node.try_request_long(dest, handler, args, payload, offset))
+    }
+
+    /// Tries `send` under the lock; while it would block, polls once and gives the node to
+    /// the other threads before the next try.
+    fn send(
+        &self,
+        mut send: impl FnMut(&mut Node<T, Sendable>) -> Result<(), TryRequestError>,
+    ) -> Result<(), AmError> {
+        let mut idle = 0;
+        loop {
+            {
+                let mut node = self.lock();
+                match send(&mut node) {
+                    Ok(()) => return Ok(()),
+                    Err(TryRequestError::WouldBlock) => {
+                        if node.poll()? > 0 {
+                            idle = 0;
+                        }
+                    }
+                    Err(TryRequestError::Failed(e)) => return Err(e),
+                }
+            }
+            self.between(&mut idle);
+        }
+    }
+
+    /// [`Node::wait_until`]: polls until `done()` is true, under the lock for at most a slice
+    /// of polls at a time, so other threads send and poll meanwhile. A peer this rank awaits
+    /// replies from that is gone fails the wait, as with [`Node::wait_until`].
+    pub fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
+        let mut idle = 0;
+        while !done() {
+            {
+                let mut node = self.lock();
+                let mut polls = 0;
+                node.wait_until(|| {
+                    polls += 1;
+                    polls > SLICE || done()
+                })?;
+            }
+            self.between(&mut idle);
+        }
+        Ok(())
+    }
+
+    /// [`Node::barrier`]: collective over the ranks, so one thread of each rank calls it; the
+    /// node is held for the barrier's duration.
+    pub fn barrier(&self) -> Result<(), AmError> {
+        self.lock().barrier()
+    }
+
+    /// [`Node::quiesce`], holding the node for its duration.
+    pub fn quiesce(&self) -> Result<(), AmError> {
+        self.lock().quiesce()
+    }
+
+    /// Between two turns at the node: lets the other threads take it (a yield; after a while
+    /// with nothing to do, as the wait mode says).
+    fn between(&self, idle: &mut u32) {
+        *idle = idle.saturating_add(1);
+        if self.wait_mode == WaitMode::Spin && *idle < SLICE {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A thread that polls a [`SharedNode`] whenever no other thread holds it, until stopped: a
+/// rank whose threads compute without polling still serves its peers (see the
+/// [module docs](self)).
+///
+/// It spins while messages come, then yields, then sleeps for short whiles (at most
+/// [`ProgressThread::IDLE_SLEEP`]); the first error a poll returns is kept (polling goes on,
+/// as after any error of [`Node::poll`]) and returned by [`stop`](Self::stop).
+#[derive(Debug)]
+pub struct ProgressThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Option<AmError>>>,
+}
+
+impl ProgressThread {
+    /// The longest sleep of an idle progress thread between two polls.
+    pub const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+    /// Starts a thread (named `amnet-progress-<rank>`) that polls `node`.
+    pub fn spawn<T: Transport + Send + 'static>(node: SharedNode<T>) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("amnet-progress-{}", node.rank()))
+            .spawn(move || progress(&node, &stopped))?;
+        Ok(ProgressThread {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it: the first error its polls returned, if any.
+    pub fn stop(mut self) -> Result<(), AmError> {
+        match self.halt() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn halt(&mut self) -> Option<AmError> {
+        self.stop.store(true, Ordering::Release);
+        let thread = self.thread.take()?;
+        match thread.join() {
+            Ok(e) => e,
+            // A handler's panic: the job's abort follows from it; re-raise it here.
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+impl Drop for ProgressThread {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.halt();
+        } else {
+            self.stop.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The progress thread's loop.
+fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmError> {
+    let mut first = None;
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        match node.try_poll() {
+            Ok(Some(n)) if n > 0 => idle = 0,
+            Ok(_) => idle = idle.saturating_add(1),
+            Err(e) => {
+                first.get_or_insert(e);
+                idle = idle.saturating_add(1);
+            }
+        }
+        if idle == 0 || idle < SLICE {
+            std::hint::spin_loop();
+        } else if idle < 2 * SLICE {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(ProgressThread::IDLE_SLEEP);
+        }
+    }
+    first
+}

@@ -1,0 +1,133 @@
+//! Several threads on one node ([`SharedNode`]) and a progress thread ([`ProgressThread`]):
+//! every message of a flood by several threads of each rank arrives exactly once, and a rank
+//! whose only thread does not poll still answers its peers while a progress thread runs.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use am_core::{
+    run_ranks, AmKind, Config, HandlerId, Handlers, Loopback, LoopbackConfig, Node, ProgressThread,
+    SharedNode, WaitMode,
+};
+
+const HIT: HandlerId = HandlerId(1);
+const ASK: HandlerId = HandlerId(2);
+const ANSWER: HandlerId = HandlerId(3);
+
+/// Runs `f` on its own thread; panics if it has not finished within `limit` (the thread is
+/// then left behind, and dies with the process).
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(r)) => r,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
+    }
+}
+
+/// Threads per rank, and messages each of them sends to the other rank.
+const THREADS: u32 = 4;
+const EACH: u32 = 2000;
+
+/// Two ranks, four threads each sending to the other rank on one shared node (the credits
+/// run out many times over: the senders poll for them in turn): every (thread, sequence)
+/// arrives once, with its payload; nothing is lost or doubled.
+#[test]
+fn threads_flooding_one_node_deliver_every_message_once() {
+    for wait in [WaitMode::Spin, WaitMode::SpinThenYield] {
+        within(Duration::from_secs(120), move || {
+            run_ranks(Loopback::cluster(2, LoopbackConfig::default()), move |t| {
+                let seen: Arc<Vec<AtomicU8>> =
+                    Arc::new((0..THREADS * EACH).map(|_| AtomicU8::new(0)).collect());
+                let bad = Arc::new(AtomicU32::new(0));
+                let mut handlers = Handlers::new();
+                let (s, b) = (seen.clone(), bad.clone());
+                handlers
+                    .request(HIT, "hit", AmKind::Medium, move |msg, _| {
+                        let (th, i) = (msg.args()[0], msg.args()[1]);
+                        let want = (th * EACH + i).to_le_bytes();
+                        if th >= THREADS || i >= EACH || msg.payload() != want {
+                            b.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                        s[(th * EACH + i) as usize].fetch_add(1, Ordering::Relaxed);
+                    })
+                    .unwrap();
+                let config = Config::default().wait_mode(wait);
+                let node = SharedNode::new(Node::new(t, handlers, config).unwrap());
+                let peer = 1 - node.rank();
+                std::thread::scope(|sc| {
+                    for th in 0..THREADS {
+                        let node = node.clone();
+                        sc.spawn(move || {
+                            for i in 0..EACH {
+                                let payload = (th * EACH + i).to_le_bytes();
+                                node.request_medium(peer, HIT, &[th, i], &payload).unwrap();
+                            }
+                        });
+                    }
+                });
+                let all = || seen.iter().all(|c| c.load(Ordering::Relaxed) > 0);
+                node.wait_until(all).unwrap();
+                node.barrier().unwrap();
+                assert_eq!(bad.load(Ordering::Relaxed), 0, "{wait:?}: a wrong message");
+                let twice = seen
+                    .iter()
+                    .filter(|c| c.load(Ordering::Relaxed) > 1)
+                    .count();
+                assert_eq!(twice, 0, "{wait:?}: messages delivered twice");
+            });
+        });
+    }
+}
+
+/// Rank 1's only thread never polls (it waits on an atomic the handlers set); its progress
+/// thread runs the handlers, so rank 0's requests are answered. The progress thread stops
+/// cleanly, with no error, and the ranks meet in a barrier after.
+#[test]
+fn a_progress_thread_serves_a_rank_that_does_not_poll() {
+    const ASKS: u32 = 500;
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let asked = Arc::new(AtomicU32::new(0));
+            let answers = Arc::new(AtomicU32::new(0));
+            let mut handlers = Handlers::new();
+            let a = asked.clone();
+            handlers
+                .request(ASK, "ask", AmKind::Short, move |msg, token| {
+                    a.fetch_add(1, Ordering::Release);
+                    let _ = token.reply_short(ANSWER, &[msg.args()[0] * 2]);
+                })
+                .unwrap();
+            let n = answers.clone();
+            handlers
+                .reply(ANSWER, "answer", AmKind::Short, move |msg| {
+                    assert_eq!(msg.args()[0] % 2, 0);
+                    n.fetch_add(1, Ordering::Release);
+                })
+                .unwrap();
+            let node = SharedNode::new(Node::new(t, handlers, Config::default()).unwrap());
+            if node.rank() == 0 {
+                for i in 0..ASKS {
+                    node.request_short(1, ASK, &[i]).unwrap();
+                }
+                node.wait_until(|| answers.load(Ordering::Acquire) == ASKS)
+                    .unwrap();
+            } else {
+                let progress = ProgressThread::spawn(node.clone()).unwrap();
+                // "Compute": never call into the library until every request was served.
+                let done = AtomicBool::new(false);
+                while !done.load(Ordering::Relaxed) {
+                    done.store(asked.load(Ordering::Acquire) == ASKS, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                progress.stop().unwrap();
+            }
+            node.barrier().unwrap();
+        });
+    });
+}
