@@ -1,6 +1,7 @@
-//! Several threads on one node ([`SharedNode`]) and a progress thread ([`ProgressThread`]):
-//! every message of a flood by several threads of each rank arrives exactly once, and a rank
-//! whose only thread does not poll still answers its peers while a progress thread runs.
+//! Nodes and threads: a node of `Send` handlers moves to another thread between calls and
+//! goes on there; several threads on one node ([`SharedNode`]) deliver every message of a
+//! flood exactly once; a rank whose only thread does not poll still answers its peers while
+//! a progress thread ([`ProgressThread`]) runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
@@ -14,6 +15,8 @@ use am_core::{
 const HIT: HandlerId = HandlerId(1);
 const ASK: HandlerId = HandlerId(2);
 const ANSWER: HandlerId = HandlerId(3);
+const PING: HandlerId = HandlerId(4);
+const PONG: HandlerId = HandlerId(5);
 
 /// Runs `f` on its own thread; panics if it has not finished within `limit` (the thread is
 /// then left behind, and dies with the process).
@@ -128,6 +131,64 @@ fn a_progress_thread_serves_a_rank_that_does_not_poll() {
                 progress.stop().unwrap();
             }
             node.barrier().unwrap();
+        });
+    });
+}
+
+/// The node's handlers run on whichever thread polls it: the first request on the thread
+/// that made the node, the next ten on the one it moved to.
+#[test]
+fn a_node_moves_to_another_thread_and_goes_on() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let pongs = Arc::new(AtomicU32::new(0));
+            let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut handlers = Handlers::new();
+            let on = ran_on.clone();
+            handlers
+                .request(PING, "ping", AmKind::Short, move |msg, token| {
+                    on.lock().unwrap().push(std::thread::current().id());
+                    let _ = token.reply_short(PONG, &[msg.args()[0] + 1]);
+                })
+                .unwrap();
+            let seen = pongs.clone();
+            handlers
+                .reply(PONG, "pong", AmKind::Short, move |msg| {
+                    seen.store(msg.args()[0], Ordering::Release);
+                })
+                .unwrap();
+            let mut node = Node::new(t, handlers, Config::default()).unwrap();
+            // One round trip here, then the node moves to a new thread for ten more.
+            let round = |node: &mut Node<Loopback>, i: u32| {
+                if node.rank() == 0 {
+                    node.request_short(1, PING, &[i]).unwrap();
+                    node.wait_until(|| pongs.load(Ordering::Acquire) == i + 1)
+                        .unwrap();
+                }
+                node.barrier().unwrap();
+            };
+            round(&mut node, 10);
+            let here = std::thread::current().id();
+            let (node, there) = std::thread::scope(|s| {
+                s.spawn(move || {
+                    for i in 0..10 {
+                        round(&mut node, 100 * i);
+                    }
+                    (node, std::thread::current().id())
+                })
+                .join()
+                .unwrap()
+            });
+            if node.rank() == 1 {
+                let ran = ran_on.lock().unwrap();
+                assert_eq!(ran.len(), 11);
+                assert_eq!(ran[0], here, "the first request on the first thread");
+                assert!(
+                    ran[1..].iter().all(|&id| id == there),
+                    "then on the new one"
+                );
+            }
+            drop(node);
         });
     });
 }
