@@ -267,6 +267,33 @@ impl<T: Transport, H: Threading> Node<T, H> {
         Ok(())
     }
 
+    /// Up to `polls` polls with no wait in between, ending early once `done()` is true or a
+    /// poll finds nothing: whether `done()` is true, and how many messages were handled. A
+    /// peer gone while replies from it are owed fails it, as in [`Node::wait_until`]. For
+    /// drivers that wait elsewhere ([`crate::SharedNode`], between its turns at the node).
+    pub(crate) fn poll_until(
+        &mut self,
+        done: &mut impl FnMut() -> bool,
+        polls: u32,
+    ) -> Result<(bool, u32), AmError> {
+        if let Poll::Ready(Err(e)) = self.ep.apply_posted(&mut self.transport) {
+            return Err(e);
+        }
+        let mut handled = 0;
+        while !done() {
+            if self.ep.gone_count() > 0 {
+                if let Some(e) = self.ep.take_unanswerable() {
+                    return Err(e);
+                }
+            }
+            if handled == polls || !self.poll_once()? {
+                return Ok((false, handled));
+            }
+            handled += 1;
+        }
+        Ok((true, handled))
+    }
+
     /// Runs a step of the endpoint until it is ready, making progress in between.
     #[inline(always)]
     fn drive<R>(

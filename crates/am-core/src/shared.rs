@@ -24,7 +24,8 @@ use crate::node::Node;
 use crate::transport::Transport;
 use crate::types::{HandlerId, Rank};
 
-/// Polls a blocking call makes under the lock before it gives the node to another thread.
+/// Messages a blocking call handles under the lock before it gives the node to another
+/// thread; also the turns with nothing to do before a shared node's waits slow down.
 const SLICE: u32 = 64;
 
 /// A node that several threads of its rank drive at once (see the [module docs](self)).
@@ -217,22 +218,22 @@ impl<T: Transport> SharedNode<T> {
     }
 
     /// [`Node::wait_until`]: polls until `done()` is true, under the lock for at most a slice
-    /// of polls at a time, so other threads send and poll meanwhile. A peer this rank awaits
-    /// replies from that is gone fails the wait, as with [`Node::wait_until`].
+    /// of polls at a time and never waiting while it holds it, so other threads send and poll
+    /// meanwhile; between slices it waits as the node's wait mode says (with
+    /// [`WaitMode::Block`], short sleeps). A peer this rank awaits replies from that is gone
+    /// fails the wait, as with [`Node::wait_until`].
     pub fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
         let mut idle = 0;
-        while !done() {
-            {
-                let mut node = self.lock();
-                let mut polls = 0;
-                node.wait_until(|| {
-                    polls += 1;
-                    polls > SLICE || done()
-                })?;
+        loop {
+            let (finished, handled) = self.lock().poll_until(&mut done, SLICE)?;
+            if finished {
+                return Ok(());
+            }
+            if handled > 0 {
+                idle = 0;
             }
             self.between(&mut idle);
         }
-        Ok(())
     }
 
     /// [`Node::barrier`]: collective over the ranks, so one thread of each rank calls it; the
@@ -246,14 +247,16 @@ impl<T: Transport> SharedNode<T> {
         self.lock().quiesce()
     }
 
-    /// Between two turns at the node: lets the other threads take it (a yield; after a while
-    /// with nothing to do, as the wait mode says).
+    /// Between two turns at the node, never holding it: spins, then yields to the other
+    /// threads; with [`WaitMode::Block`], after a while with nothing to do, sleeps for
+    /// [`ProgressThread::IDLE_SLEEP`] at a time (no thread sleeps in the transport while it
+    /// holds the node, which the others may need to send).
     fn between(&self, idle: &mut u32) {
         *idle = idle.saturating_add(1);
-        if self.wait_mode == WaitMode::Spin && *idle < SLICE {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
+        match self.wait_mode {
+            WaitMode::Spin if *idle < SLICE => std::hint::spin_loop(),
+            WaitMode::Block if *idle >= SLICE => std::thread::sleep(ProgressThread::IDLE_SLEEP),
+            _ => std::thread::yield_now(),
         }
     }
 }

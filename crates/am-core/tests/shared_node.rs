@@ -38,10 +38,11 @@ const EACH: u32 = 2000;
 
 /// Two ranks, four threads each sending to the other rank on one shared node (the credits
 /// run out many times over: the senders poll for them in turn): every (thread, sequence)
-/// arrives once, with its payload; nothing is lost or doubled.
+/// arrives once, with its payload; nothing is lost or doubled, whatever the wait mode (with
+/// `Block`, no thread sleeps in the transport while it holds the node).
 #[test]
 fn threads_flooding_one_node_deliver_every_message_once() {
-    for wait in [WaitMode::Spin, WaitMode::SpinThenYield] {
+    for wait in [WaitMode::Spin, WaitMode::SpinThenYield, WaitMode::Block] {
         within(Duration::from_secs(120), move || {
             run_ranks(Loopback::cluster(2, LoopbackConfig::default()), move |t| {
                 let seen: Arc<Vec<AtomicU8>> =
