@@ -131,13 +131,19 @@ impl Laps {
     /// The status of ticket `t` claimed by `claimer`.
     #[inline(always)]
     pub fn claimed(&self, t: u64, claimer: u32) -> u64 {
-        (claimer as u64) << 32 | CLAIMED | stamp(self.split(t).0)
+        Laps::claimed_in(self.split(t).0, claimer)
+    }
+
+    /// [`claimed`](Self::claimed) of a ticket of lap `lap`.
+    #[inline(always)]
+    fn claimed_in(lap: u64, claimer: u32) -> u64 {
+        (claimer as u64) << 32 | CLAIMED | stamp(lap)
     }
 
     /// The status of ticket `t` published with `meta`.
     #[inline(always)]
     pub fn published(&self, t: u64, meta: u32) -> u64 {
-        (meta as u64) << 32 | PUBLISHED | stamp(self.split(t).0)
+        (meta as u64) << 32 | Laps::published_low(self.split(t).0) as u64
     }
 
     /// The status of ticket `t` skipped by `claimer`.
@@ -191,7 +197,7 @@ impl Laps {
     /// Whether status `st` was written in ticket `t`'s lap (claimed, published or skipped).
     #[inline(always)]
     pub fn is_taken(&self, st: u64, t: u64) -> bool {
-        st & STAMP_MASK == stamp(self.split(t).0)
+        Laps::is_taken_in(st, self.split(t).0)
     }
 
     /// What status `st` says of ticket `t`; an error for a status no lap could have written
@@ -199,14 +205,15 @@ impl Laps {
     #[inline(always)]
     pub fn look(&self, st: u64, t: u64) -> Result<Seen, ShmError> {
         let who = (st >> 32) as u32;
-        if self.is_taken(st, t) {
+        let lap = self.split(t).0;
+        if Laps::is_taken_in(st, lap) {
             match st & STATE_MASK {
                 PUBLISHED => Ok(Seen::Published(who)),
                 CLAIMED => Ok(Seen::Claimed(who)),
                 SKIPPED => Ok(Seen::Skipped(who)),
                 _ => Err(corrupt(st)),
             }
-        } else if self.is_free(st, t) {
+        } else if Laps::is_free_in(st, lap) {
             Ok(Seen::Empty)
         } else {
             Err(corrupt(st))
@@ -256,7 +263,7 @@ pub fn try_slot(laps: &Laps, word: &AtomicU64, t: u64, seen: u64, claimer: u32) 
 /// [`try_slot`] of a ticket of lap `lap`.
 #[inline(always)]
 fn try_lap(word: &AtomicU64, lap: u64, seen: u64, claimer: u32) -> Result<(), u64> {
-    let claimed = (claimer as u64) << 32 | CLAIMED | stamp(lap);
+    let claimed = Laps::claimed_in(lap, claimer);
     word.compare_exchange(seen, claimed, Ordering::SeqCst, Ordering::Acquire)
         .map(|_| ())
 }
