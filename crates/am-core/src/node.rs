@@ -252,40 +252,46 @@ impl<T: Transport, H: Threading> Node<T, H> {
     pub fn wait_until(&mut self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
         self.drive(|ep, t| ep.apply_posted(t))?;
         let mut idle = 0;
-        // Peers gone so far that this wait has checked for (none gone: nothing to check).
         let mut checked = 0;
         while !done() {
-            let gone = self.ep.gone_count();
-            if gone != checked {
-                checked = gone;
-                if let Some(e) = self.ep.take_unanswerable() {
-                    return Err(e);
-                }
-            }
+            self.check_gone(&mut checked)?;
             self.progress(&mut idle)?;
+        }
+        Ok(())
+    }
+
+    /// A wait's check for peers gone while replies from them are owed: fails once per such
+    /// peer. `checked` is how many gone peers the wait has looked at so far (start at 0:
+    /// with none gone there is nothing to look at), so the scan runs only when one more went.
+    #[inline]
+    fn check_gone(&mut self, checked: &mut u32) -> Result<(), AmError> {
+        let gone = self.ep.gone_count();
+        if gone != *checked {
+            *checked = gone;
+            if let Some(e) = self.ep.take_unanswerable() {
+                return Err(e);
+            }
         }
         Ok(())
     }
 
     /// Up to `polls` polls with no wait in between, ending early once `done()` is true or a
     /// poll finds nothing: whether `done()` is true, and how many messages were handled. A
-    /// peer gone while replies from it are owed fails it, as in [`Node::wait_until`]. For
-    /// drivers that wait elsewhere ([`crate::SharedNode`], between its turns at the node).
+    /// peer gone while replies from it are owed fails it, as in [`Node::wait_until`]
+    /// (`checked` carries that check from one call of a wait to the next). For drivers that
+    /// wait elsewhere ([`crate::SharedNode`], between its turns at the node).
     pub(crate) fn poll_until(
         &mut self,
         done: &mut impl FnMut() -> bool,
         polls: u32,
+        checked: &mut u32,
     ) -> Result<(bool, u32), AmError> {
         if let Poll::Ready(Err(e)) = self.ep.apply_posted(&mut self.transport) {
             return Err(e);
         }
         let mut handled = 0;
         while !done() {
-            if self.ep.gone_count() > 0 {
-                if let Some(e) = self.ep.take_unanswerable() {
-                    return Err(e);
-                }
-            }
+            self.check_gone(checked)?;
             if handled == polls || !self.poll_once()? {
                 return Ok((false, handled));
             }

@@ -223,9 +223,9 @@ impl<T: Transport> SharedNode<T> {
     /// [`WaitMode::Block`], short sleeps). A peer this rank awaits replies from that is gone
     /// fails the wait, as with [`Node::wait_until`].
     pub fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
-        let mut idle = 0;
+        let (mut idle, mut checked) = (0, 0);
         loop {
-            let (finished, handled) = self.lock().poll_until(&mut done, SLICE)?;
+            let (finished, handled) = self.lock().poll_until(&mut done, SLICE, &mut checked)?;
             if finished {
                 return Ok(());
             }
