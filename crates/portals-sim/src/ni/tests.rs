@@ -615,6 +615,23 @@ fn claim_only(ni: &Ni, rank: u32) -> u64 {
     c.seq
 }
 
+/// `n` puts by rank 1, header data `base + i`, each read back at once: the queue flows,
+/// every event once and in order (what the tests check after a repair or a take-over).
+fn events_flow(ni: &mut Ni, n: u64, base: u64, what: &str) {
+    let d: &[&[u8]] = &[b"q"];
+    for i in 0..n {
+        let mut a = put_args(PT_USER, 0, 0, d);
+        a.hdr_data = base + i;
+        assert!(
+            matches!(ni.nic().put(1, None, &a).unwrap(), Outcome::Done { .. }),
+            "{what}: put {i}"
+        );
+        let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
+        assert_eq!(ev.hdr_data, base + i, "{what}");
+        ni.owner.eq_publish_head(&ni.seg).unwrap();
+    }
+}
+
 fn user_entry(ni: &mut Ni) {
     ni.owner
         .me_append(&ni.seg, PT_USER, spec(0, !0, 0, 64, PUT))
@@ -676,17 +693,7 @@ fn a_lost_claimers_slot_is_skipped() {
     assert_eq!((ev.kind, ev.initiator), (EventKind::Put, 1));
     // Laps over the skipped slot: every event once, in order.
     for lap in 0..3u64 {
-        for i in 0..64u64 {
-            let mut a = put_args(PT_USER, 0, 0, d);
-            a.hdr_data = lap << 32 | i;
-            assert!(matches!(
-                ni.nic().put(1, None, &a).unwrap(),
-                Outcome::Done { .. }
-            ));
-            let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
-            assert_eq!(ev.hdr_data, lap << 32 | i);
-            ni.owner.eq_publish_head(&ni.seg).unwrap();
-        }
+        events_flow(&mut ni, 64, lap << 32, "lap");
     }
 }
 
@@ -754,14 +761,7 @@ fn corrupt_status_words_are_repaired() {
         assert_eq!(ev.initiator, 1, "{bad:#x}");
         ni.owner.eq_publish_head(&ni.seg).unwrap();
         // Two laps: the repaired slot is claimed again, every event read once.
-        for i in 0..2 * cap {
-            let mut a = put_args(PT_USER, 0, 0, d);
-            a.hdr_data = i;
-            ni.nic().put(1, None, &a).unwrap();
-            let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
-            assert_eq!(ev.hdr_data, i, "{bad:#x}");
-            ni.owner.eq_publish_head(&ni.seg).unwrap();
-        }
+        events_flow(&mut ni, 2 * cap, 0, &format!("{bad:#x}"));
     }
 }
 
@@ -805,14 +805,7 @@ fn any_tail_costs_a_walk_never_an_overwrite() {
         assert!(errors <= cap, "tail {tail}");
         // And the queue works on.
         ni.owner.eq_publish_head(&ni.seg).unwrap();
-        for i in 0..cap {
-            let mut a = put_args(PT_USER, 0, 0, d);
-            a.hdr_data = i;
-            ni.nic().put(1, None, &a).unwrap();
-            let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
-            assert_eq!(ev.hdr_data, i, "tail {tail}");
-            ni.owner.eq_publish_head(&ni.seg).unwrap();
-        }
+        events_flow(&mut ni, cap, 0, &format!("tail {tail}"));
     }
 }
 
