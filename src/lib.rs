@@ -190,6 +190,15 @@ impl Transport for AnyTransport {
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         dispatch!(self, t => t.wait(timeout))
     }
+    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
+        dispatch!(self, t => t.wake_fd())
+    }
+    fn arm(&mut self) -> Result<am_core::Armed, TransportError> {
+        dispatch!(self, t => t.arm())
+    }
+    fn disarm(&mut self) {
+        dispatch!(self, t => t.disarm())
+    }
     fn capabilities(&self) -> am_core::Capabilities {
         dispatch!(self, t => t.capabilities())
     }

@@ -596,6 +596,87 @@ impl DoneFlag {
     }
 }
 
+/// Whether `fd` is readable within `timeout`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+    poll(&mut fds, timeout).expect("poll") == 1
+}
+
+/// Arming ([`Node::arm`]): a rank armed on its wake descriptor is woken by the first request
+/// sent to it, and handles it once disarmed; a rank that arms with a message waiting is told
+/// to poll instead; and, where the descriptor is the NIC's own (not a socket that every
+/// datagram reaches, as udp's), messages to a rank that is not armed never make it readable.
+/// A transport without a descriptor has nothing to check.
+pub fn arming_wakes_the_rank<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    let quiet = [Gate::default(), Gate::default()];
+    let armed = Gate::default();
+    let second = Gate::default();
+    let unarmed = Gate::default();
+    run_watched("arming_wakes_the_rank", make(2, SEGMENT), |t| {
+        let (mut node, seen) = start(t, 4);
+        let me = node.rank() as usize;
+        let _poison = PoisonOnPanic(&[&quiet[0], &quiet[1], &armed, &second, &unarmed]);
+        if node.wake_fd().expect("wake fd").is_none() {
+            return;
+        }
+        // Whether a sent message is in the target's memory when the send returns, and the
+        // descriptor the NIC's own (rather than a socket, which datagrams reach in their time
+        // and whether or not its rank armed).
+        let nic_owned = node.transport().name() != "udp";
+        // Start-up traffic drained on both sides, so that nothing else wakes rank 1.
+        node.quiesce().expect("quiesce");
+        quiet[me].open();
+        node.wait_until(|| quiet[1 - me].is_open()).expect("poll");
+        if me == 0 {
+            armed.wait();
+            node.request_short(1, REQ_SHORT, &[7]).expect("request");
+            wait_replies(&mut node, &seen, 1);
+            node.request_short(1, REQ_SHORT, &[8]).expect("request");
+            second.open();
+            wait_replies(&mut node, &seen, 2);
+            for i in 0..8 {
+                node.request_short(1, REQ_SHORT, &[9 + i]).expect("request");
+            }
+            wait_replies(&mut node, &seen, 10);
+            unarmed.open();
+        } else {
+            while node.arm().expect("arm") == crate::Armed::Ready {
+                node.poll().expect("poll");
+            }
+            armed.open();
+            let fd = node.wake_fd().expect("wake fd").expect("still there");
+            assert!(
+                readable(fd, watchdog_limit()),
+                "the request woke the armed rank"
+            );
+            node.disarm();
+            node.wait_until(|| seen.requests.get() == 1)
+                .expect("requests");
+            // The second request waits unread: arming says so.
+            second.wait();
+            let arming = node.arm().expect("arm");
+            assert!(!nic_owned || arming == crate::Armed::Ready, "{arming:?}");
+            node.disarm();
+            node.wait_until(|| seen.requests.get() == 2)
+                .expect("requests");
+            // Not armed: these sleep on the futex, and the descriptor stays quiet.
+            node.wait_until(|| seen.requests.get() == 10 && unarmed.is_open())
+                .expect("requests");
+            let fd = node.wake_fd().expect("wake fd").expect("still there");
+            assert!(
+                !nic_owned || !readable(fd, std::time::Duration::ZERO),
+                "messages to a rank not armed woke its descriptor"
+            );
+            let order: Vec<u32> = seen.order_from(0);
+            assert_eq!(order, (7..17).collect::<Vec<_>>(), "each exactly once");
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// Put and get, blocking and not, to peers and to self, across chunk boundaries.
 pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     run_watched("put_get", make(3, SEGMENT), |t| {
@@ -1235,7 +1316,8 @@ macro_rules! conformance_tests {
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
             barrier_after_the_others_left, segment_races_are_sound,
-            atomics_every_op_and_width, atomics_from_all_ranks_add_up, rma_sizes_and_edges);
+            atomics_every_op_and_width, atomics_from_all_ranks_add_up, rma_sizes_and_edges,
+            arming_wakes_the_rank);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -319,6 +319,20 @@ impl<T: Transport> Transport for FaultInjector<T> {
             Ok(())
         }
     }
+    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
+        self.inner.wake_fd()
+    }
+    /// Held messages go out on the next poll: never armed while any is held.
+    fn arm(&mut self) -> Result<crate::transport::Armed, TransportError> {
+        if self.faults.held.is_empty() {
+            self.inner.arm()
+        } else {
+            Ok(crate::transport::Armed::Ready)
+        }
+    }
+    fn disarm(&mut self) {
+        self.inner.disarm()
+    }
 }
 
 #[cfg(test)]

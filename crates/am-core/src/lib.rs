@@ -69,8 +69,8 @@ pub use node::{GetIntoHandle, Node};
 pub use reply::Token;
 pub use shared::{ProgressThread, SharedNode};
 pub use transport::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes,
-    Transport, TransportError, Tx,
+    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
+    SharedBytes, Transport, TransportError, Tx,
 };
 pub use types::{AmKind, Category, HandlerId, Rank};
 

@@ -1,7 +1,9 @@
 //! [`Loopback`]: ranks as threads of one process, for tests and for measuring the core alone.
 
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use am_shm::sync::{fence, AsymmetricFence, AtomicU32, Ordering as ShmOrdering};
@@ -10,8 +12,8 @@ use am_shm::{futex_wait, futex_wake, Imported, Segment, SpscRing, CACHE_LINE};
 use crate::atomic::{apply_batch, Atomic, Batch, Posted};
 use crate::rma::{get_from, put_into};
 use crate::transport::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError, SharedBytes,
-    Transport, TransportError, Tx,
+    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
+    SharedBytes, Transport, TransportError, Tx,
 };
 use crate::types::Rank;
 use crate::wire::{MAX_ARGS, MAX_HEAD_LEN};
@@ -86,7 +88,20 @@ struct Shared {
     departed: Box<[Arc<AtomicU64>]>,
     /// Each rank's receive rings (its inbox), shared by all ranks.
     inboxes: Box<[Segment]>,
+    /// Each rank's wake socket pair (made when the rank first arms): the rank watches the
+    /// first, a sender that finds it armed sends an empty datagram on the second.
+    wakes: Box<[OnceLock<(UnixDatagram, UnixDatagram)>]>,
 }
+
+/// A receiver's sleeping word: awake (senders do nothing more), asleep on the futex, or armed
+/// on its wake socket.
+const AWAKE: u32 = 0;
+const ASLEEP: u32 = 1;
+const ARMED: u32 = 2;
+
+/// How long an armed rank sleeps at most: it has no timers of its own, so this only bounds
+/// the sleep of a driver that lost its descriptor.
+const ARMED_FOR: Duration = Duration::from_secs(1);
 
 impl Shared {
     /// Wakes every rank sleeping in [`Transport::wait`] (after an abort or a departure).
@@ -94,11 +109,20 @@ impl Shared {
         // Orders the caller's flag (aborted, departed) before our look at the sleeping words,
         // against a sleeper's announcement, fence and look at those flags.
         fence(ShmOrdering::SeqCst);
-        for inbox in self.inboxes.iter() {
+        for (rank, inbox) in self.inboxes.iter().enumerate() {
             if let Ok(word) = inbox.word32(sleeping_at(self.inboxes.len())) {
-                word.store(0, ShmOrdering::Release);
+                if word.swap(AWAKE, ShmOrdering::AcqRel) == ARMED {
+                    self.wake_socket(rank);
+                }
                 futex_wake(word, i32::MAX);
             }
+        }
+    }
+
+    /// Wakes `rank`, armed on its wake socket. Never blocks: a full queue already wakes it.
+    fn wake_socket(&self, rank: usize) {
+        if let Some((_, tx)) = self.wakes.get(rank).and_then(OnceLock::get) {
+            let _ = tx.send(&[]);
         }
     }
 }
@@ -319,7 +343,7 @@ impl LoopbackTx {
         };
         to.pos = end;
         to.stamp = to.stamp.wrapping_add(STAMP_STEP);
-        after_send(self.fence, &to.ring);
+        after_send(self.fence, &to.ring, &self.shared, dest as usize);
         Ok(())
     }
 }
@@ -328,11 +352,11 @@ impl LoopbackTx {
 /// every ring again before it sleeps; we fence (the light side: no instruction where the
 /// kernel has membarrier) and look at its word.
 #[inline(always)]
-fn after_send(fence: AsymmetricFence, ring: &SpscRing) {
+fn after_send(fence: AsymmetricFence, ring: &SpscRing, shared: &Shared, dest: usize) {
     fence.light();
     let sleeping = ring.sleeper();
-    if sleeping.load(ShmOrdering::Relaxed) != 0 {
-        wake(sleeping);
+    if sleeping.load(ShmOrdering::Relaxed) != AWAKE {
+        wake(sleeping, shared, dest);
     }
 }
 
@@ -355,12 +379,15 @@ fn place_long(segment: &Imported, off: usize, payload: Payload<'_>) -> Result<bo
     Ok(true)
 }
 
-/// Wakes `dest`'s receiver, which announced that it sleeps.
+/// Wakes `dest`'s receiver, which announced that it sleeps (on the futex, or armed on its
+/// wake socket). The swap makes one sender the waker of each sleep.
 #[cold]
 #[inline(never)]
-fn wake(sleeping: &AtomicU32) {
-    if sleeping.swap(0, ShmOrdering::AcqRel) != 0 {
-        futex_wake(sleeping, 1);
+fn wake(sleeping: &AtomicU32, shared: &Shared, dest: usize) {
+    match sleeping.swap(AWAKE, ShmOrdering::AcqRel) {
+        AWAKE => {}
+        ARMED => shared.wake_socket(dest),
+        _ => futex_wake(sleeping, 1),
     }
 }
 
@@ -385,7 +412,7 @@ impl Tx for LoopbackTx {
                         .publish(to.pos, header, msg.head)
                         .ok_or_else(outside)?;
                     to.stamp = to.stamp.wrapping_add(STAMP_STEP);
-                    after_send(self.fence, &to.ring);
+                    after_send(self.fence, &to.ring, &self.shared, dest as usize);
                     return Ok(());
                 }
             }
@@ -522,6 +549,7 @@ impl Loopback {
             departures: AtomicU64::new(0),
             departed: (0..ranks).map(|_| Arc::new(AtomicU64::new(0))).collect(),
             inboxes,
+            wakes: (0..ranks).map(|_| OnceLock::new()).collect(),
         });
         let fence = AsymmetricFence::new();
         segments
@@ -748,28 +776,98 @@ impl Transport for Loopback {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let announced = self.announce(ASLEEP);
         let Some(word) = self.inbox.rings.first().map(|r| r.ring.sleeper()) else {
             return Ok(());
         };
-        // Announce, fence, look again: a sender that published before our look is seen by
-        // it; one after it sees our word (it fences between its header and its look) and
-        // wakes us. The heavy fence pairs with the senders' light one.
-        word.store(1, ShmOrdering::Relaxed);
+        match announced {
+            Some(Ok(true)) => {
+                futex_wait(word, ASLEEP, Some(timeout));
+                word.store(AWAKE, ShmOrdering::Relaxed);
+                Ok(())
+            }
+            Some(r) => {
+                word.store(AWAKE, ShmOrdering::Relaxed);
+                r.map(drop)
+            }
+            None => {
+                std::thread::yield_now();
+                Ok(())
+            }
+        }
+    }
+
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(Some(self.wake_pair()?.0.as_fd()))
+    }
+
+    /// Announces `ARMED` in the sleeping word as `wait` announces its sleep: the sender that
+    /// swaps it back wakes the socket.
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        self.wake_pair()?;
+        match self.announce(ARMED) {
+            Some(Ok(true)) => Ok(Armed::Sleep(ARMED_FOR)),
+            Some(r) => {
+                self.disarm();
+                r.map(|_| Armed::Ready)
+            }
+            None => Ok(Armed::Ready),
+        }
+    }
+
+    fn disarm(&mut self) {
+        if let Some(word) = self.inbox.rings.first().map(|r| r.ring.sleeper()) {
+            word.store(AWAKE, ShmOrdering::Relaxed);
+        }
+        if let Some((rx, _)) = self
+            .tx
+            .shared
+            .wakes
+            .get(self.tx.rank as usize)
+            .and_then(OnceLock::get)
+        {
+            let mut buf = [0u8; 8];
+            while rx.recv(&mut buf).is_ok() {}
+        }
+    }
+}
+
+impl Loopback {
+    /// Announces `how` (asleep, armed) in the sleeping word, fences and looks again: a sender
+    /// that published before our look is seen by it; one after it sees our word (it fences
+    /// between its header and its look) and wakes us. The heavy fence pairs with the
+    /// senders' light one. `Ok(true)`: nothing to do, sleep (the word says so until the
+    /// caller clears it); `Ok(false)` or an error: poll. `None`: the fence is not to be had
+    /// (the word is cleared): never sleep.
+    fn announce(&mut self, how: u32) -> Option<Result<bool, TransportError>> {
+        let word = self.inbox.rings.first()?.ring.sleeper();
+        word.store(how, ShmOrdering::Relaxed);
         if !self.tx.fence.heavy() {
-            word.store(0, ShmOrdering::Relaxed);
-            std::thread::yield_now();
-            return Ok(());
+            word.store(AWAKE, ShmOrdering::Relaxed);
+            return None;
         }
         let departures = self.tx.shared.departures.load(Ordering::Acquire);
         let ready = self.inbox.ready();
-        let idle = matches!(ready, Ok(None))
-            && !self.tx.shared.aborted.load(Ordering::Relaxed)
-            && departures == self.departures_count;
-        if idle {
-            futex_wait(word, 1, Some(timeout));
+        let idle =
+            !self.tx.shared.aborted.load(Ordering::Relaxed) && departures == self.departures_count;
+        Some(ready.map(|r| r.is_none() && idle))
+    }
+
+    /// This rank's wake socket pair, made on first use.
+    fn wake_pair(&self) -> Result<&(UnixDatagram, UnixDatagram), TransportError> {
+        let slot = &self.tx.shared.wakes[self.tx.rank as usize];
+        if slot.get().is_none() {
+            let pair = UnixDatagram::pair()
+                .and_then(|(rx, tx)| {
+                    rx.set_nonblocking(true)?;
+                    tx.set_nonblocking(true)?;
+                    Ok((rx, tx))
+                })
+                .map_err(|e| TransportError::device_from("loopback: making the wake socket", e))?;
+            let _ = slot.set(pair);
         }
-        word.store(0, ShmOrdering::Relaxed);
-        ready.map(drop)
+        slot.get()
+            .ok_or_else(|| TransportError::device("loopback: no wake socket"))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::credit::{CreditPolicy, Policy};
 use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{Handlers, Sendable, Threading};
-use crate::transport::{Capabilities, Limits, Transport};
+use crate::transport::{Armed, Capabilities, Limits, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
 /// One rank of a job: the handler table, credits and progress engine over a transport.
@@ -241,6 +241,43 @@ impl<T: Transport, H: Threading> Node<T, H> {
             Polled::Handled => Ok(true),
             Polled::Exit(code) => self.terminate(code),
         }
+    }
+
+    /// The file descriptor an event loop watches between [`Node::arm`] and [`Node::disarm`]
+    /// ([`Transport::wake_fd`]): valid while the node lives. `None` if the transport has
+    /// none; a driver then polls without sleeping.
+    pub fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, AmError> {
+        self.transport.wake_fd().map_err(AmError::from)
+    }
+
+    /// Prepares to sleep on [`Node::wake_fd`] (UCX's `ucp_worker_arm`): [`Armed::Ready`] if
+    /// there is work for a poll now, else [`Armed::Sleep`] with the longest the sleep may
+    /// last. Call it after a [`Node::poll`] that handled nothing; after the sleep (the fd
+    /// readable, or the time up) call [`Node::disarm`] and poll again. An armed node costs
+    /// its peers one wake-up per sleep, never one per message.
+    ///
+    /// Sends this node holds back (replies the device refused while a peer's queue was full,
+    /// posted atomics) shorten the sleep to [`Config::block_timeout`]: a peer that makes room
+    /// does not wake this rank.
+    pub fn arm(&mut self) -> Result<Armed, AmError> {
+        match self.transport.arm() {
+            Ok(Armed::Sleep(within)) if self.ep.sends_held() => {
+                Ok(Armed::Sleep(within.min(self.config.block_timeout)))
+            }
+            Ok(armed) => Ok(armed),
+            Err(e) => {
+                self.transport.disarm();
+                match self.ep.absorb(e.into()) {
+                    Some(e) => Err(e),
+                    None => Ok(Armed::Ready),
+                }
+            }
+        }
+    }
+
+    /// Ends a sleep begun by [`Node::arm`] ([`Transport::disarm`]).
+    pub fn disarm(&mut self) {
+        self.transport.disarm();
     }
 
     /// Polls until `done()` is true, waiting between polls as the wait mode says.

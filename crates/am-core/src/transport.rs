@@ -30,6 +30,7 @@
 //! Every transport must deliver messages to self (`dest == rank()`), and deliver the messages
 //! of one sender to one receiver in the order they were sent.
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 pub use am_shm::SharedBytes;
@@ -286,6 +287,18 @@ impl Capabilities {
     }
 }
 
+/// What [`Transport::arm`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Armed {
+    /// Work is there (or may be): poll rather than sleep. The transport has withdrawn its
+    /// announcement, or keeps it until [`Transport::disarm`]; either way a driver polls next.
+    Ready,
+    /// Armed: anything a poll would act on from now makes [`Transport::wake_fd`] readable.
+    /// Sleep until it is, or until this much time has passed (the transport's own timers:
+    /// liveness checks, retransmission), then [`Transport::disarm`] and poll.
+    Sleep(Duration),
+}
+
 /// The sending half of a transport. Also lent to handlers, so a reply can go out while the
 /// request is still borrowed from the receive buffer.
 pub trait Tx {
@@ -319,6 +332,28 @@ pub trait Transport: Tx {
         std::thread::yield_now();
         Ok(())
     }
+    /// The file descriptor an event loop sleeps on between [`Transport::arm`] and
+    /// [`Transport::disarm`] (a socket), made on the first call; the same on every call, so
+    /// a duplicate (`try_clone_to_owned`) watches it for as long as the transport lives. On
+    /// the shared-memory NICs and loopback it becomes readable only for a transport that
+    /// armed, never per message otherwise; udp's is its socket. `None`: the transport has none, and a driver polls it without
+    /// sleeping (the default, with [`Transport::arm`] always [`Armed::Ready`]).
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(None)
+    }
+    /// Announces that the caller will sleep on [`Transport::wake_fd`] (UCX's
+    /// `ucp_worker_arm`): [`Armed::Ready`] if a poll has work now, else
+    /// [`Armed::Sleep`]. No wake-up is lost between a look that found nothing and the
+    /// announcement: a message published before it is found, one after it wakes the fd.
+    /// Senders pay for the wake-up only while the receiver is armed. Call it after a poll
+    /// that found nothing, and [`Transport::disarm`] after the sleep.
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        Ok(Armed::Ready)
+    }
+    /// Withdraws [`Transport::arm`]'s announcement and consumes the wake-ups queued on the fd,
+    /// so that it is readable again only after the next arming finds work. Harmless when not
+    /// armed.
+    fn disarm(&mut self) {}
     /// What this NIC does itself beyond moving messages ([`Capabilities`]). The core asks
     /// once per operation and never calls a method the NIC does not claim. The default:
     /// nothing, so the core does puts, gets and atomics by messages.

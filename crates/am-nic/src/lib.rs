@@ -9,7 +9,8 @@
 //!   any launcher), publishes its pid, the segment's handle and its geometry through the
 //!   launcher's key-value store, and maps every peer's;
 //! - [`Liveness`]: noticing a dead peer within ~0.2 s of waiting without progress;
-//! - [`SetupError`]: why a NIC could not start.
+//! - [`SetupError`]: why a NIC could not start;
+//! - [`wake`]: waking a rank armed on its wake socket (an event loop's file descriptor).
 //!
 //! What this crate does **not** do: it has no message format, no rings, no hand-over protocol
 //! (each NIC's own, in its crate) and no `unsafe` code (that is `am-shm`'s).
@@ -20,6 +21,7 @@
 pub mod control;
 mod liveness;
 mod setup;
+pub mod wake;
 
 pub use liveness::{Liveness, IDLE_POLLS_PER_TICK, LIVENESS_AFTER};
 pub use setup::{connect, Joined, SetupError};

@@ -8,6 +8,12 @@
 //! between its announcement and its sleep changes the word and the kernel returns at once,
 //! so no wake-up is lost.
 //!
+//! Bit 2 (`ARMED`) says "the receiver sleeps elsewhere" (an event loop on a file descriptor,
+//! [`Doorbell::arm`]): the one ring that finds `ARMED` set and `EXIST` clear is told so
+//! ([`Rung::Armed`]), and its sender wakes the receiver by the NIC's own means. Later rings
+//! find `EXIST` set and are quiet, so an armed receiver costs one wake-up per sleep, not one
+//! per message.
+//!
 //! ```
 //! use am_shm::Segment;
 //! let seg = Segment::heap(64, 0).unwrap();
@@ -25,15 +31,49 @@ use crate::futex::{futex_wait, futex_wake};
 
 const EXIST: u32 = 1;
 const SLEEPING: u32 = 2;
+const ARMED: u32 = 4;
+/// The receiver's announcements: what a take leaves in the word.
+const RECEIVER: u32 = SLEEPING | ARMED;
+const FIRST_TAG: usize = 3;
 
-/// Number of distinct ringer tags (bits 2..32 of the word).
-pub const TAGS: usize = 30;
+/// Number of distinct ringer tags (bits 3..32 of the word).
+pub const TAGS: usize = 32 - FIRST_TAG;
 
 /// The tag bit of ringer `i` (ringers `i` and `i + TAGS` share one): lets the receiver look
 /// only at the senders that rang, at no extra cost to the sender.
 #[inline]
 pub fn tag(i: usize) -> u32 {
-    1 << (2 + i % TAGS)
+    1 << (FIRST_TAG + i % TAGS)
+}
+
+/// The ringers whose tags `tags` (from [`Doorbell::take_tags`]) carries: bit `i` set for
+/// [`tag`]`(i)` (ringers `i`, `i + TAGS`, ...).
+#[inline]
+pub fn ringers(tags: u32) -> u32 {
+    tags >> FIRST_TAG
+}
+
+/// What a ring found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a receiver armed on a file descriptor is woken only by the sender that was told"]
+pub enum Rung {
+    /// Nothing more to do: the receiver polls, sleeps on the futex (woken by the ring), or
+    /// was already told by an earlier ring.
+    Quiet,
+    /// This ring is the first since the receiver armed ([`Doorbell::arm`]): the sender must
+    /// wake it by the NIC's means (its wake socket).
+    Armed,
+}
+
+impl Rung {
+    #[inline]
+    fn of(before: u32) -> Rung {
+        if before & (ARMED | EXIST) == ARMED {
+            Rung::Armed
+        } else {
+            Rung::Quiet
+        }
+    }
 }
 
 /// A doorbell word in shared memory; see the [module docs](self).
@@ -51,17 +91,19 @@ impl<'a> Doorbell<'a> {
     /// Rings: sets `EXIST` (after the caller's Release stores of data and ready flags) and
     /// wakes the receiver if it announced sleep.
     #[inline]
-    pub fn ring(&self) {
-        self.ring_tagged(0);
+    pub fn ring(&self) -> Rung {
+        self.ring_tagged(0)
     }
 
     /// Rings and leaves `tag` (from [`tag`]) for [`take_tags`](Self::take_tags).
     #[inline]
-    pub fn ring_tagged(&self, tag: u32) {
-        let bits = EXIST | (tag & !(EXIST | SLEEPING));
-        if self.word.fetch_or(bits, Ordering::AcqRel) & SLEEPING != 0 {
+    pub fn ring_tagged(&self, tag: u32) -> Rung {
+        let bits = EXIST | (tag & !(EXIST | RECEIVER));
+        let before = self.word.fetch_or(bits, Ordering::AcqRel);
+        if before & SLEEPING != 0 {
             futex_wake(self.word, i32::MAX);
         }
+        Rung::of(before)
     }
 
     /// Rings with `tag` only if the word does not already say so: read before write. A
@@ -71,15 +113,18 @@ impl<'a> Doorbell<'a> {
     /// fence orders them before the read, against the receiver's
     /// [`take_tags`](Self::take_tags), which fences likewise before it scans: either this
     /// read sees the take (and rings), or that scan sees the ready flag.
+    ///
+    /// A skipped ring is [`Rung::Quiet`]: the word carried `EXIST`, so the receiver either
+    /// had not armed or was told by the ring that set it.
     #[inline]
-    pub fn ring_tagged_lazy(&self, tag: u32) {
-        let bits = EXIST | (tag & !(EXIST | SLEEPING));
+    pub fn ring_tagged_lazy(&self, tag: u32) -> Rung {
+        let bits = EXIST | (tag & !(EXIST | RECEIVER));
         fence(Ordering::SeqCst);
         let w = self.word.load(Ordering::Relaxed);
         if w & bits == bits && w & SLEEPING == 0 {
-            return;
+            return Rung::Quiet;
         }
-        self.ring_tagged(tag);
+        self.ring_tagged(tag)
     }
 
     /// Like [`take`](Self::take), and returns the tags left by the rings since the last
@@ -88,7 +133,7 @@ impl<'a> Doorbell<'a> {
     /// [`ring_tagged_lazy`](Self::ring_tagged_lazy)).
     #[inline]
     pub fn take_tags(&self) -> u32 {
-        let t = self.word.fetch_and(SLEEPING, Ordering::AcqRel) & !SLEEPING;
+        let t = self.word.fetch_and(RECEIVER, Ordering::AcqRel) & !RECEIVER;
         fence(Ordering::SeqCst);
         t
     }
@@ -103,7 +148,7 @@ impl<'a> Doorbell<'a> {
         if w & EXIST == 0 {
             0
         } else {
-            w & !SLEEPING
+            w & !RECEIVER
         }
     }
 
@@ -125,9 +170,34 @@ impl<'a> Doorbell<'a> {
     pub fn sleep(&self, timeout: Duration) {
         let before = self.word.fetch_or(SLEEPING, Ordering::AcqRel);
         if before & EXIST == 0 {
-            futex_wait(self.word, SLEEPING, Some(timeout));
+            futex_wait(self.word, (before & RECEIVER) | SLEEPING, Some(timeout));
         }
         self.word.fetch_and(!SLEEPING, Ordering::AcqRel);
+    }
+
+    /// Announces that the receiver will sleep on its wake file descriptor instead of the
+    /// futex: the next ring returns [`Rung::Armed`] to its sender. Call it after a
+    /// [`take`](Self::take) and a scan that found nothing, like [`sleep`](Self::sleep).
+    /// Returns `false` if a ring came in between (`EXIST` is set: poll, do not sleep); the
+    /// announcement stands either way until [`disarm`](Self::disarm).
+    ///
+    /// The read-modify-write orders it against every ring: a ring before it is seen here
+    /// (`EXIST`), a ring after it sees `ARMED`, so no wake-up is lost.
+    #[inline]
+    pub fn arm(&self) -> bool {
+        self.word.fetch_or(ARMED, Ordering::AcqRel) & EXIST == 0
+    }
+
+    /// Withdraws [`arm`](Self::arm)'s announcement: rings are quiet again.
+    #[inline]
+    pub fn disarm(&self) {
+        self.word.fetch_and(!ARMED, Ordering::AcqRel);
+    }
+
+    /// Whether the receiver is armed ([`arm`](Self::arm)).
+    #[inline]
+    pub fn is_armed(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & ARMED != 0
     }
 }
 
@@ -142,27 +212,47 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
 
+    /// Every ringer's tag is its own bit, clear of the receiver's announcements, and
+    /// `ringers` maps it back; ringer `i + TAGS` shares ringer `i`'s.
+    #[test]
+    fn tags_name_their_ringers() {
+        for i in 0..TAGS {
+            assert_eq!(ringers(tag(i)), 1 << i, "ringer {i}");
+            assert_eq!(tag(i) & (EXIST | RECEIVER), 0, "ringer {i}");
+            assert_eq!(tag(i + TAGS), tag(i));
+        }
+        let word = AtomicU32::new(0);
+        let bell = Doorbell::new(&word);
+        assert!(bell.arm());
+        assert_eq!(bell.ring_tagged(tag(5)), Rung::Armed);
+        assert_eq!(bell.ring_tagged(tag(6)), Rung::Quiet);
+        assert_eq!(ringers(bell.take_tags()), 1 << 5 | 1 << 6);
+        assert!(bell.is_armed(), "a take keeps the announcement");
+        bell.disarm();
+        assert_eq!(bell.ring(), Rung::Quiet);
+    }
+
     /// Read before write: a ring the word already carries is skipped; after a take, or with
     /// a sleeper announced, the ring happens.
     #[test]
     fn lazy_ring_skips_only_what_the_word_carries() {
         let word = AtomicU32::new(0);
         let bell = Doorbell::new(&word);
-        bell.ring_tagged_lazy(tag(3));
+        let _ = bell.ring_tagged_lazy(tag(3));
         assert_eq!(bell.peek_tags(), EXIST | tag(3));
-        bell.ring_tagged_lazy(tag(3));
+        let _ = bell.ring_tagged_lazy(tag(3));
         assert_eq!(word.load(Ordering::Relaxed), EXIST | tag(3), "skipped");
-        bell.ring_tagged_lazy(tag(4));
+        let _ = bell.ring_tagged_lazy(tag(4));
         assert_eq!(bell.take_tags(), EXIST | tag(3) | tag(4));
         assert_eq!(bell.peek_tags(), 0);
-        bell.ring_tagged_lazy(tag(3));
+        let _ = bell.ring_tagged_lazy(tag(3));
         assert_eq!(
             bell.take_tags(),
             EXIST | tag(3),
             "rang again after the take"
         );
         word.store(SLEEPING | EXIST | tag(3), Ordering::Relaxed);
-        bell.ring_tagged_lazy(tag(3));
+        let _ = bell.ring_tagged_lazy(tag(3));
         assert_eq!(bell.peek_tags(), EXIST | tag(3));
     }
 
@@ -185,7 +275,7 @@ mod tests {
             });
             let bell = Doorbell::new(&word);
             while !done.load(Ordering::SeqCst) {
-                bell.ring();
+                let _ = bell.ring();
                 std::thread::yield_now();
             }
         });

@@ -66,7 +66,7 @@ pub mod spsc;
 pub mod stamp;
 pub mod sync;
 
-pub use doorbell::Doorbell;
+pub use doorbell::{Doorbell, Rung};
 pub use futex::{futex_wait, futex_wake};
 pub use segment::{Imported, Segment, Slot, WordRun, CACHE_LINE};
 pub use shared::SharedBytes;

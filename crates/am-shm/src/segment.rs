@@ -20,7 +20,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, Rung};
 use crate::mapping::{round_to_words, Mapping, WORD};
 use crate::shared::SharedBytes;
 use crate::spsc::SpscRing;
@@ -1037,16 +1037,14 @@ impl Imported {
 
     /// Rings the doorbell at `off` (see [`Doorbell::ring`]).
     #[inline]
-    pub fn ring(&self, off: usize) -> Result<(), ShmError> {
-        Doorbell::new(self.view.word32(off)?).ring();
-        Ok(())
+    pub fn ring(&self, off: usize) -> Result<Rung, ShmError> {
+        Ok(Doorbell::new(self.view.word32(off)?).ring())
     }
 
     /// Rings the doorbell at `off` leaving `tag` (see [`Doorbell::ring_tagged`]).
     #[inline]
-    pub fn ring_tagged(&self, off: usize, tag: u32) -> Result<(), ShmError> {
-        Doorbell::new(self.view.word32(off)?).ring_tagged(tag);
-        Ok(())
+    pub fn ring_tagged(&self, off: usize, tag: u32) -> Result<Rung, ShmError> {
+        Ok(Doorbell::new(self.view.word32(off)?).ring_tagged(tag))
     }
 
     /// Copies `src` to `[off, off + src.len())` of the byte area (word-wise atomic stores; a

@@ -16,7 +16,7 @@ use am_shm::doorbell::tag;
 use am_shm::mailbox::{Ring, Seen};
 use am_shm::stamp::Slots;
 use am_shm::sync::{spawn, AtomicU64, Ordering};
-use am_shm::{Segment, ShmError};
+use am_shm::{Rung, Segment, ShmError};
 use loom::sync::Arc;
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -71,7 +71,7 @@ fn loom_doorbell_no_lost_wakeup() {
         let s = seg.clone();
         let sender = spawn(move || {
             s.word(64).unwrap().store(7, Ordering::Release); // the ready flag
-            s.import().ring(0).unwrap();
+            let _ = s.import().ring(0).unwrap();
         });
         let bell = seg.doorbell(0).unwrap();
         loop {
@@ -92,11 +92,11 @@ fn loom_doorbell_lazy_ring_never_loses_a_message() {
     model(|| {
         let seg = Arc::new(Segment::heap(128, 0).unwrap());
         // The receiver left the flag set with the sender's tag (a message already taken).
-        seg.import().ring_tagged(0, tag(1)).unwrap();
+        let _ = seg.import().ring_tagged(0, tag(1)).unwrap();
         let s = seg.clone();
         let sender = spawn(move || {
             s.word(64).unwrap().store(7, Ordering::Release);
-            s.doorbell(0).unwrap().ring_tagged_lazy(tag(1));
+            let _ = s.doorbell(0).unwrap().ring_tagged_lazy(tag(1));
         });
         let bell = seg.doorbell(0).unwrap();
         loop {
@@ -107,6 +107,54 @@ fn loom_doorbell_lazy_ring_never_loses_a_message() {
             bell.sleep(Duration::from_secs(1));
         }
         sender.join().unwrap();
+    });
+}
+
+/// Arming: a receiver that arms instead of sleeping loses no wake-up. Either its arming
+/// finds a ring (and it polls, finding the flag the ring published), or every ring came
+/// after it and exactly one of them (a plain ring and a lazy one) is told to wake it.
+#[test]
+fn loom_doorbell_arm_tells_exactly_one_ring() {
+    model(|| {
+        let seg = Arc::new(Segment::heap(128, 0).unwrap());
+        let senders: Vec<_> = [(64, false), (72, true)]
+            .into_iter()
+            .map(|(flag, lazy)| {
+                let s = seg.clone();
+                spawn(move || {
+                    s.word(flag).unwrap().store(7, Ordering::Release);
+                    if lazy {
+                        s.doorbell(0).unwrap().ring_tagged_lazy(tag(1))
+                    } else {
+                        s.import().ring(0).unwrap()
+                    }
+                })
+            })
+            .collect();
+        let bell = seg.doorbell(0).unwrap();
+        let armed = bell.arm();
+        let seen = [64, 72].map(|f| seg.load_word(f).unwrap() == 7);
+        let told = senders
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&r| r == Rung::Armed)
+            .count();
+        if armed {
+            assert_eq!(
+                told, 1,
+                "armed with nothing rung: the first ring after is told"
+            );
+        } else {
+            assert_eq!(
+                told, 0,
+                "a ring came first: the receiver polls, nobody is told"
+            );
+            assert!(
+                seen.contains(&true),
+                "the ring's flag is visible to the poll"
+            );
+        }
+        assert!(bell.is_armed());
     });
 }
 

@@ -30,8 +30,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use am_nic::wake::Wakers;
 use am_shm::mailbox::Port;
-use am_shm::{Imported, Segment, ShmError};
+use am_shm::{Imported, Rung, Segment, ShmError};
 use crossbeam_channel::{unbounded, Sender};
 
 use crate::layout::{notes_claimer, Layout, CLAIM_ENGINE, DOORBELL};
@@ -48,6 +49,19 @@ const LOOK_EVERY: Duration = Duration::from_millis(20);
 pub(crate) struct PeerMap {
     pub seg: Segment,
     pub imp: Imported,
+    /// The peer's rank, and what wakes it when it sleeps armed on its wake socket.
+    pub rank: am_core::Rank,
+    pub wakers: Arc<Wakers>,
+}
+
+impl PeerMap {
+    /// After a ring of the peer's doorbell: wakes it on its socket if the ring found it armed.
+    #[inline(always)]
+    pub fn rang(&self, rung: Rung) {
+        if rung == Rung::Armed {
+            self.wakers.wake(self.rank);
+        }
+    }
 }
 
 /// Notification kinds (the high half of the notification's meta word).
@@ -117,7 +131,7 @@ pub(crate) fn post(
     let ring = layout.notifications();
     ring.write(&target.imp, ticket, 0, &note.value.to_le_bytes())?;
     ring.publish(&target.imp, ticket, (src as u32 & 0xffff) | note.kind << 16)?;
-    target.seg.doorbell(DOORBELL)?.ring_tagged_lazy(0);
+    target.rang(target.seg.doorbell(DOORBELL)?.ring_tagged_lazy(0));
     Ok(())
 }
 
@@ -254,14 +268,14 @@ impl Reserved {
     }
 
     /// Posts `completer` into the completer's slot through `port` (the one it was claimed
-    /// through), rings the completer's doorbell, then releases the claim. A slot that cannot
-    /// be posted is skipped, so that no claim stays open.
-    pub fn finish(self, port: &Port, rank: usize, completer: Note) {
+    /// through, on `target`'s queue), rings the completer's doorbell, then releases the
+    /// claim. A slot that cannot be posted is skipped, so that no claim stays open.
+    pub fn finish(self, port: &Port, target: &PeerMap, rank: usize, completer: Note) {
         let meta = (rank as u32 & 0xffff) | completer.kind << 16;
         let value = completer.value.to_le_bytes();
         match port.write_two(self.completer, &value, &[], meta) {
             Ok(()) => match port.segment().doorbell(DOORBELL) {
-                Ok(bell) => bell.ring_tagged_lazy(0),
+                Ok(bell) => target.rang(bell.ring_tagged_lazy(0)),
                 Err(e) => drop_cold(e),
             },
             Err(e) => {
@@ -316,7 +330,7 @@ pub(crate) fn put_immediate(
     if let Some((off, value)) = tail {
         ignore(target.imp.store_slot_word(off, value));
     }
-    slots.finish(notes, rank, completer);
+    slots.finish(notes, target, rank, completer);
 }
 
 impl RmaEngine {

@@ -11,13 +11,15 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
+    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,
 };
+use am_nic::wake::{WakeSocket, Wakers};
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Segment, ShmError};
 
@@ -101,11 +103,11 @@ const PREFETCH_AHEAD: u64 = 8;
 /// [`TxState::last_sent_to`] when nothing was sent since the last poll.
 const NOT_STREAMING: usize = usize::MAX;
 
-/// Rings the doorbell of a peer's segment `seg`, leaving no tag (the VELO mailbox is shared
-/// by every sender).
+/// Rings the doorbell of `peer`'s segment `seg`, leaving no tag (the VELO mailbox is shared
+/// by every sender), and wakes it if it sleeps armed on its wake socket.
 #[inline(always)]
-fn ring_doorbell(seg: &Segment) -> Result<(), SendError> {
-    seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0);
+fn ring_doorbell(peer: &PeerMap, seg: &Segment) -> Result<(), SendError> {
+    peer.rang(seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0));
     Ok(())
 }
 
@@ -254,6 +256,10 @@ pub struct Extoll {
     /// Peers' lives (pids, departed words): `am_nic`'s check, run by the stalled-queue checks.
     liveness: am_nic::Liveness,
     watch: Watch,
+    /// The job's name, for the wake socket's address.
+    job: String,
+    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
+    wake: Option<WakeSocket>,
 }
 
 impl TxState {
@@ -323,7 +329,7 @@ impl TxState {
     fn announce(&mut self, d: usize) -> Result<(), SendError> {
         let dst = &mut self.dests[d];
         dst.velo_sent += 1;
-        ring_doorbell(dst.port.segment())
+        ring_doorbell(&self.peers[d], dst.port.segment())
     }
 
     /// The reused ticket buffer, holding `n` zeros (give it back to `self.tickets`): an array
@@ -501,7 +507,7 @@ impl TxState {
                     dst.port.prefetch_ahead(PREFETCH_AHEAD);
                 }
                 self.last_sent_to = d;
-                ring_doorbell(dst.port.segment())
+                ring_doorbell(&self.peers[d], dst.port.segment())
             }
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
@@ -673,6 +679,7 @@ impl Tx for Extoll {
 
 impl Extoll {
     fn new(
+        job: String,
         rank: usize,
         layout: Layout,
         config: ExtollConfig,
@@ -756,6 +763,8 @@ impl Extoll {
                 notes_since: now,
                 last_check: None,
             },
+            job,
+            wake: None,
         })
     }
 
@@ -788,11 +797,16 @@ impl Extoll {
             .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
         // What a peer's NIC maps: full access for claims and gets, a writer for the rest.
+        let job = am_nic::wake::in_process_job("extoll");
+        let wakers = Arc::new(Wakers::new(&job, ranks));
         let peers: Arc<Vec<PeerMap>> = Arc::new(
             segs.iter()
-                .map(|s| PeerMap {
+                .enumerate()
+                .map(|(r, s)| PeerMap {
                     seg: s.share(),
                     imp: s.import(),
+                    rank: r as Rank,
+                    wakers: wakers.clone(),
                 })
                 .collect(),
         );
@@ -800,6 +814,7 @@ impl Extoll {
             .enumerate()
             .map(|(r, seg)| {
                 Extoll::new(
+                    job.clone(),
                     r,
                     layout,
                     config,
@@ -840,15 +855,20 @@ impl Extoll {
             |_| Ok(()),
         )?;
         // A peer's NIC maps it with full access (claims, gets) and writes through a writer.
+        let wakers = Arc::new(Wakers::new(&job.job_id, job.size));
         let peers = joined
             .peers
             .into_iter()
-            .map(|seg| PeerMap {
+            .enumerate()
+            .map(|(r, seg)| PeerMap {
                 imp: seg.import(),
                 seg,
+                rank: r as Rank,
+                wakers: wakers.clone(),
             })
             .collect();
         Extoll::new(
+            job.job_id.clone(),
             job.rank as usize,
             layout,
             config,
@@ -1557,6 +1577,35 @@ impl Extoll {
     }
 
     /// Whether a poll could make progress now (used before sleeping).
+    /// Before a sleep: tells the head, takes the doorbell (senders ring again from then on),
+    /// looks once more and checks liveness; whether there is still nothing to do.
+    fn nothing_to_do(&mut self) -> Result<bool, TransportError> {
+        if self.has_work()? {
+            return Ok(false);
+        }
+        self.tell_head(true);
+        let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
+        bell.take_tags();
+        if self.has_work()? {
+            return Ok(false);
+        }
+        self.tick(Instant::now());
+        if let Some(e) = self.tx.faults.pop_front() {
+            return Err(e);
+        }
+        Ok(!self.has_work()?)
+    }
+
+    /// The wake socket, bound on first use.
+    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
+        let sock = match self.wake.take() {
+            Some(sock) => sock,
+            None => WakeSocket::bind(&self.job, self.tx.rank as Rank)
+                .map_err(|e| SendError::device_from("extoll: binding the wake socket", e))?,
+        };
+        Ok(self.wake.insert(sock))
+    }
+
     fn has_work(&self) -> Result<bool, TransportError> {
         if !self.tx.faults.is_empty() {
             return Ok(true);
@@ -2003,26 +2052,42 @@ impl Transport for Extoll {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        if self.has_work()? {
-            return Ok(());
-        }
-        self.tell_head(true);
-        let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
-        // Clear the flag (senders ring again from now on), then look once more.
-        bell.take_tags();
-        if self.has_work()? {
-            return Ok(());
-        }
-        self.tick(Instant::now());
-        if let Some(e) = self.tx.faults.pop_front() {
-            return Err(e);
-        }
-        if self.has_work()? {
+        if !self.nothing_to_do()? {
             return Ok(());
         }
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
         bell.sleep(timeout.min(LIVENESS_AFTER));
         Ok(())
+    }
+
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(Some(self.wake_socket()?.as_fd()))
+    }
+
+    /// As `wait` up to its sleep, then the doorbell's `ARMED` bit: the first ring after it
+    /// (a sender's VELO message, a notification from a peer's or our own RMA engine) wakes
+    /// the socket.
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        self.wake_socket()?;
+        if !self.nothing_to_do()? {
+            return Ok(Armed::Ready);
+        }
+        let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
+        if bell.arm() && !self.has_work()? {
+            Ok(Armed::Sleep(LIVENESS_AFTER))
+        } else {
+            bell.disarm();
+            Ok(Armed::Ready)
+        }
+    }
+
+    fn disarm(&mut self) {
+        if let Ok(bell) = self.seg.doorbell(DOORBELL) {
+            bell.disarm();
+        }
+        if let Some(w) = &self.wake {
+            w.drain();
+        }
     }
 
     fn close(&mut self) {

@@ -12,12 +12,14 @@
 //! they landed, as a view (`Received::Shared`); an inline Short is rebuilt in private
 //! memory (`Received::Private`).
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use am_core::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
+    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,
 };
+use am_nic::wake::{WakeSocket, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::{Imported, Segment};
 
@@ -80,6 +82,8 @@ pub struct Stats {
 /// The sending half, lent to handlers during `poll_recv`.
 struct TxState {
     rank: u32,
+    /// Wakes a peer whose doorbell said it sleeps armed on its wake socket.
+    wakers: Wakers,
     layout: Layout,
     /// `layout.segment_base()`, computed once.
     seg_base: usize,
@@ -242,6 +246,10 @@ pub struct Portals {
     stuck: bool,
     /// Peers found departed by a liveness check, reported one per poll.
     departures: std::collections::VecDeque<Rank>,
+    /// The job's name, for the wake socket's address.
+    job: String,
+    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
+    wake: Option<WakeSocket>,
 }
 
 /// A failure of this rank's own device (its cause kept as the source).
@@ -270,7 +278,8 @@ impl TxState {
     #[inline(always)]
     fn nic(&self, dest: usize) -> Nic<'_> {
         let p = &self.peers[dest];
-        Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs)
+        let wake = (&self.wakers, dest as Rank);
+        Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs, wake)
     }
 
     /// A put's error: a corrupt word in the target's NI memory (another peer's doing, which
@@ -443,7 +452,8 @@ impl TxState {
         };
         let msg_len = if long { head.len() } else { msg.len() };
         let p = &mut self.peers[dest as usize];
-        let nic = Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs);
+        let wake = (&self.wakers, dest as Rank);
+        let nic = Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs, wake);
         let done = nic.put_seen(&mut p.seen, self.rank, &args);
         match done.map_err(|e| self.put_err(e))? {
             Outcome::Done { me, start }
@@ -674,7 +684,9 @@ impl Portals {
         Ok(d)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        job: String,
         rank: u32,
         layout: Layout,
         config: PortalsConfig,
@@ -690,6 +702,7 @@ impl Portals {
             owner,
             tx: TxState {
                 rank,
+                wakers: Wakers::new(&job, layout.ranks),
                 layout,
                 seg_base: layout.segment_base(),
                 config,
@@ -711,6 +724,8 @@ impl Portals {
             in_flight_waits: 0,
             stuck: false,
             departures: std::collections::VecDeque::new(),
+            job,
+            wake: None,
         }
     }
 
@@ -731,6 +746,7 @@ impl Portals {
             .map(|_| Segment::heap(layout.ni.words_len(), layout.ni.bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut out = Vec::with_capacity(ranks as usize);
+        let job = am_nic::wake::in_process_job("portals");
         for (r, seg) in segs.iter().enumerate() {
             let init = init_ni(seg, &layout)?;
             let peers = segs
@@ -738,6 +754,7 @@ impl Portals {
                 .map(|s| Peer::new(s.share(), &layout))
                 .collect::<Result<_, _>>()?;
             out.push(Portals::new(
+                job.clone(),
                 r as u32,
                 layout,
                 config,
@@ -796,6 +813,7 @@ impl Portals {
             .map(|seg| Peer::new(seg, &layout))
             .collect::<Result<_, _>>()?;
         Ok(Portals::new(
+            job.job_id.clone(),
             rank,
             layout,
             config,
@@ -830,6 +848,16 @@ impl Portals {
     /// (`nic(r).put(...)` runs the wire into rank `r`).
     pub fn nic(&self, rank: Rank) -> Option<Nic<'_>> {
         (rank < self.tx.layout.ranks).then(|| self.tx.nic(rank as usize))
+    }
+
+    /// The wake socket, bound on first use.
+    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
+        let sock = match self.wake.take() {
+            Some(sock) => sock,
+            None => WakeSocket::bind(&self.job, self.tx.rank)
+                .map_err(|e| TransportError::device_from("portals: binding the wake socket", e))?,
+        };
+        Ok(self.wake.insert(sock))
     }
 
     /// The AM segment: a view of this rank's byte area after the send slots.
@@ -1474,6 +1502,46 @@ impl Transport for Portals {
         caps.long_placed_below = usize::MAX;
         caps.acks_coalesce = true;
         caps
+    }
+
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(Some(self.wake_socket()?.as_fd()))
+    }
+
+    /// As `wait` up to its sleep, then the doorbell's `ARMED` bit: the first ring after it
+    /// wakes the socket. Behind a claim in flight (whose producer may not ring) the sleep is
+    /// short, as `wait`'s.
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        self.wake_socket()?;
+        if self.owner.eq_ready(&self.own).map_err(ni_fault)? {
+            return Ok(Armed::Ready);
+        }
+        self.idle_tick()?;
+        if self.owner.eq_ready(&self.own).map_err(ni_fault)? {
+            return Ok(Armed::Ready);
+        }
+        // Producers ring only while we are announced (until `disarm`).
+        let quiet = self.owner.announce_wait(&self.own).map_err(ni_fault)?;
+        let bell = self.owner.doorbell(&self.own).map_err(ni_fault)?;
+        if !bell.arm() || self.owner.eq_ready(&self.own).map_err(ni_fault)? {
+            self.disarm();
+            return Ok(Armed::Ready);
+        }
+        Ok(Armed::Sleep(if quiet {
+            LIVENESS_AFTER
+        } else {
+            IN_FLIGHT_SLEEP
+        }))
+    }
+
+    fn disarm(&mut self) {
+        if let Ok(bell) = self.owner.doorbell(&self.own) {
+            bell.disarm();
+        }
+        let _ = self.owner.end_wait(&self.own);
+        if let Some(w) = &self.wake {
+            w.drain();
+        }
     }
 
     /// Sleeps on the event queue's doorbell when nothing is claimed at its head; behind a

@@ -30,8 +30,9 @@ pub(crate) struct DmaEngine {
 
 impl DmaEngine {
     /// Starts the engine; completions ring `own` (this rank's doorbell) so a sleeping rank
-    /// wakes to publish the header.
-    pub fn start(own: Imported) -> std::io::Result<DmaEngine> {
+    /// wakes to publish the header, and call `wake` when the rank sleeps armed on its wake
+    /// socket.
+    pub fn start(own: Imported, wake: impl Fn() + Send + 'static) -> std::io::Result<DmaEngine> {
         let (jobs, rx) = bounded::<Job>(QUEUE_DEPTH);
         let (done_tx, done) = bounded::<Vec<u8>>(QUEUE_DEPTH);
         let thread = std::thread::Builder::new()
@@ -44,7 +45,9 @@ impl DmaEngine {
                     if done_tx.send(job.buf).is_err() {
                         break;
                     }
-                    let _ = own.ring(MEF);
+                    if let Ok(am_shm::Rung::Armed) = own.ring(MEF) {
+                        wake();
+                    }
                 }
             })?;
         Ok(DmaEngine {

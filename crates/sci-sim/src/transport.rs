@@ -1,16 +1,19 @@
 //! [`Sci`]: the NIC of one rank, as an `am_core::Transport`.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, Transport,
-    TransportError, Tx,
+    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
+    Transport, TransportError, Tx,
 };
+use am_nic::wake::{WakeSocket, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::AsymmetricFence;
-use am_shm::{Imported, Segment, SharedBytes, WordRun};
+use am_shm::{Imported, Rung, Segment, SharedBytes, WordRun};
 
 use crate::dma::{DmaEngine, Job, QUEUE_DEPTH};
 use crate::layout::{answers, answers_flag, Layout, ABORT, LONE, MEF, PLACED};
@@ -38,6 +41,8 @@ struct TxState {
     takes: WordRun,
     /// Imported segments, by rank (our own included, for messages to self).
     peers: Vec<Imported>,
+    /// Wakes a peer whose message-exist flag said it sleeps on its wake socket.
+    wakers: Arc<Wakers>,
     /// Per destination (the same index as `peers`).
     dests: Vec<Dest>,
     /// Per sender: the next stamp and the slots its next message can be in (here rather than
@@ -329,6 +334,10 @@ pub struct Sci {
     stale_polls: u32,
     /// Offset of the AM segment in our byte area (`Layout::segment_base`, computed once).
     am_base: usize,
+    /// The job's name, for the wake socket's address.
+    job: String,
+    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
+    wake: Option<WakeSocket>,
 }
 
 /// A shared-memory access of this NIC's own layout that failed (its cause kept as the
@@ -370,10 +379,12 @@ fn write_slot(
 /// destination's segment is looked up in `peers` only to ring it. `takes`: the take counts
 /// in our word area, or `None` to ring always.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn publish_to(
     fence: AsymmetricFence,
     rank: usize,
     peers: &[Imported],
+    wakers: &Wakers,
     takes: Option<&WordRun>,
     dest: usize,
     to: &mut Dest,
@@ -400,17 +411,23 @@ fn publish_to(
         }
         to.rung = taken.unwrap_or(u64::MAX);
     }
-    ring(peers, dest, rank)
+    ring(peers, wakers, dest, rank)
 }
 
-/// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange).
+/// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange), and
+/// wakes it on its wake socket if it is armed there.
 #[inline(never)]
-fn ring(peers: &[Imported], dest: usize, rank: usize) -> Result<(), SendError> {
+fn ring(peers: &[Imported], wakers: &Wakers, dest: usize, rank: usize) -> Result<(), SendError> {
     let Some(peer) = peers.get(dest) else {
         return Err(SendError::PeerLost(dest as Rank));
     };
-    peer.ring_tagged(MEF, am_shm::doorbell::tag(rank))
-        .map_err(sci_err)
+    let rung = peer
+        .ring_tagged(MEF, am_shm::doorbell::tag(rank))
+        .map_err(sci_err)?;
+    if rung == Rung::Armed {
+        wakers.wake(dest as Rank);
+    }
+    Ok(())
 }
 
 /// Writes `msg` (no Long) into `slot` of `out` with `flags`, if it goes there by PIO without
@@ -479,7 +496,16 @@ impl TxState {
             return Err(SendError::PeerLost(dest as Rank));
         };
         let takes = own.map(|_| &self.takes);
-        publish_to(self.fence, self.rank, &self.peers, takes, dest, to, slot)
+        publish_to(
+            self.fence,
+            self.rank,
+            &self.peers,
+            &self.wakers,
+            takes,
+            dest,
+            to,
+            slot,
+        )
     }
 
     /// [`send`](Self::send) of an AM Short or Medium (no Long; a Medium's payload by "0 copy,
@@ -558,6 +584,7 @@ impl TxState {
             self.fence,
             self.rank,
             &self.peers,
+            &self.wakers,
             takes,
             d,
             to,
@@ -664,7 +691,9 @@ impl TxState {
                         let Some(own) = self.peers.get(self.rank).cloned() else {
                             return Err(SendError::device("sci: no own segment"));
                         };
-                        let engine = DmaEngine::start(own)
+                        let wakers = self.wakers.clone();
+                        let rank = self.rank as Rank;
+                        let engine = DmaEngine::start(own, move || wakers.wake(rank))
                             .map_err(|e| SendError::device_from("sci: starting DMA", e))?;
                         self.dma.engine = Some(engine);
                         self.dma.free = (0..QUEUE_DEPTH)
@@ -763,6 +792,7 @@ impl Tx for Sci {
 
 impl Sci {
     fn new(
+        job: String,
         rank: usize,
         layout: Layout,
         config: SciConfig,
@@ -787,6 +817,7 @@ impl Sci {
             inbox,
             tx: TxState {
                 rank,
+                wakers: Arc::new(Wakers::new(&job, n as u32)),
                 takes,
                 layout,
                 config,
@@ -833,6 +864,8 @@ impl Sci {
             },
             stale_polls: 0,
             am_base: layout.segment_base(),
+            job,
+            wake: None,
         })
     }
 
@@ -861,10 +894,12 @@ impl Sci {
             .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
         let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
+        let job = am_nic::wake::in_process_job("sci");
         segs.into_iter()
             .enumerate()
             .map(|(r, seg)| {
                 Sci::new(
+                    job.clone(),
                     r,
                     layout,
                     config,
@@ -899,6 +934,7 @@ impl Sci {
         // An imported segment is written, never read (SCI's remote writes, local reads).
         let peers = joined.peers.iter().map(Segment::import).collect();
         Sci::new(
+            job.job_id.clone(),
             job.rank as usize,
             layout,
             config,
@@ -943,6 +979,33 @@ impl Sci {
     /// The segment geometry in use.
     pub fn layout(&self) -> &Layout {
         &self.tx.layout
+    }
+
+    /// Before a sleep: publishes finished DMA, takes the message-exist flag (never sleep on a
+    /// flag left set) and checks liveness; whether there is still nothing to do.
+    fn nothing_to_do(&mut self) -> Result<bool, TransportError> {
+        if !self.tx.dma.queue.is_empty() {
+            self.tx.progress_dma(&self.seg)?;
+        }
+        if !self.work.is_empty() {
+            return Ok(false);
+        }
+        self.take_exist_flag()?;
+        if !self.work.is_empty() {
+            return Ok(false);
+        }
+        self.liveness_tick()?;
+        Ok(self.work.is_empty())
+    }
+
+    /// The wake socket, bound on first use.
+    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
+        let sock = match self.wake.take() {
+            Some(sock) => sock,
+            None => WakeSocket::bind(&self.job, self.tx.rank as Rank)
+                .map_err(|e| SendError::device_from("sci: binding the wake socket", e))?,
+        };
+        Ok(self.wake.insert(sock))
     }
 
     /// Takes the message-exist flag: clears it, tells the senders whose tags it cleared (a new
@@ -1128,7 +1191,7 @@ impl Sci {
                 }
             } else {
                 // Tag bit b stands for senders b, b + TAGS, ...
-                let mut bits = tags >> 2;
+                let mut bits = am_shm::doorbell::ringers(tags);
                 while bits != 0 {
                     let mut c = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
@@ -1398,24 +1461,41 @@ impl Transport for Sci {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        if !self.tx.dma.queue.is_empty() {
-            self.tx.progress_dma(&self.seg)?;
-        }
-        if !self.work.is_empty() {
-            return Ok(());
-        }
-        // Never sleep on a flag left set: take it (and scan) first.
-        self.take_exist_flag()?;
-        if !self.work.is_empty() {
-            return Ok(());
-        }
-        self.liveness_tick()?;
-        if !self.work.is_empty() {
+        if !self.nothing_to_do()? {
             return Ok(());
         }
         let bell = self.seg.doorbell(MEF).map_err(sci_err)?;
         bell.sleep(timeout.min(LIVENESS_AFTER));
         Ok(())
+    }
+
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(Some(self.wake_socket()?.as_fd()))
+    }
+
+    /// As `wait` up to its sleep, then the message-exist flag's `ARMED` bit: the first ring
+    /// after it wakes the socket (the DMA engine's completions ring it too).
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        self.wake_socket()?;
+        if !self.nothing_to_do()? {
+            return Ok(Armed::Ready);
+        }
+        let bell = self.seg.doorbell(MEF).map_err(sci_err)?;
+        if bell.arm() {
+            Ok(Armed::Sleep(LIVENESS_AFTER))
+        } else {
+            bell.disarm();
+            Ok(Armed::Ready)
+        }
+    }
+
+    fn disarm(&mut self) {
+        if let Ok(bell) = self.seg.doorbell(MEF) {
+            bell.disarm();
+        }
+        if let Some(w) = &self.wake {
+            w.drain();
+        }
     }
 }
 

@@ -4,12 +4,12 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
 use am_core::{
-    Capabilities, Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError,
+    Armed, Capabilities, Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError,
     Transport, TransportError, Tx,
 };
 
@@ -1048,11 +1048,44 @@ impl Transport for Udp {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        if let Some(until) = self.sleep_bound(timeout) {
+            self.block(until);
+        }
+        Ok(())
+    }
+
+    /// The rank's own socket: every datagram for this rank arrives there.
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(Some(self.io.socket.as_fd()))
+    }
+
+    /// Datagrams wake the socket by themselves: arming only makes sure none waits in it
+    /// already (a read finds them, for the next poll) and bounds the sleep by the engine's
+    /// next timer (retransmission, acknowledgement, liveness).
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        let Some(until) = self.sleep_bound(ARMED_FOR) else {
+            return Ok(Armed::Ready);
+        };
+        self.read_socket();
+        if !self.rx_reads.is_empty() {
+            return Ok(Armed::Ready);
+        }
+        Ok(Armed::Sleep(until))
+    }
+}
+
+/// The longest an armed rank with no timer running sleeps.
+const ARMED_FOR: Duration = Duration::from_secs(1);
+
+impl Udp {
+    /// Before a sleep of at most `timeout`: runs the engine's timers, and says how long the
+    /// sleep may last (until its next timer), or `None` if there is work for a poll now.
+    fn sleep_bound(&mut self, timeout: Duration) -> Option<Duration> {
         if !self.io.self_queue.is_empty()
             || self.io.engine.has_message()
             || !self.rx_reads.is_empty()
         {
-            return Ok(());
+            return None;
         }
         let now = Instant::now();
         self.io.tick(now);
@@ -1063,15 +1096,10 @@ impl Transport for Udp {
             .map_or(timeout, |t| t.saturating_duration_since(now))
             .min(timeout);
         // Held test-hook datagrams go out on the next poll: do not sleep on them.
-        let until = if self.io.faults.as_ref().is_some_and(|f| !f.held.is_empty()) {
-            Duration::ZERO
-        } else {
-            until
-        };
-        if !until.is_zero() {
-            self.block(until);
+        if until.is_zero() || self.io.faults.as_ref().is_some_and(|f| !f.held.is_empty()) {
+            return None;
         }
-        Ok(())
+        Some(until)
     }
 }
 

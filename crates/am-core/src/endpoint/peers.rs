@@ -143,6 +143,14 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// Sends this endpoint holds back for a later poll: replies the device refused, implicit
+    /// replies owed, posted atomics not yet applied. A driver that sleeps on the transport
+    /// alone must not sleep long while any is left (the device that refused them does not
+    /// wake this rank when it has room again).
+    pub fn sends_held(&self) -> bool {
+        !self.replies.pending.is_empty() || self.acks_owed() || !self.posted.is_empty()
+    }
+
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
     pub fn is_quiet(&self) -> bool {
         self.replies.pending.is_empty()

@@ -318,7 +318,7 @@ impl<'a> Nic<'a> {
         // the caller published before is ordered before this load.
         fence(Ordering::SeqCst);
         if self.parts().q()?[0].load(Ordering::SeqCst) != 0 {
-            self.seg.doorbell(DOORBELL)?.ring();
+            self.rang(self.seg.doorbell(DOORBELL)?.ring());
         }
         Ok(())
     }
@@ -406,7 +406,7 @@ impl<'a> Nic<'a> {
     #[cold]
     #[inline(never)]
     fn ring_claimed(&self) -> Result<(), NiError> {
-        self.seg.doorbell(DOORBELL)?.ring();
+        self.rang(self.seg.doorbell(DOORBELL)?.ring());
         Ok(())
     }
 

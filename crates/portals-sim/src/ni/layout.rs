@@ -6,7 +6,8 @@
 use am_shm::claim::Laps;
 use am_shm::sync::AtomicU64;
 
-use am_shm::{Imported, Segment, ShmError, WordRun, CACHE_LINE};
+use am_nic::wake::Wakers;
+use am_shm::{Imported, Rung, Segment, ShmError, WordRun, CACHE_LINE};
 
 /// Portal table entries per NI.
 pub const NPT: usize = 4;
@@ -264,6 +265,9 @@ pub struct Nic<'a> {
     /// The word area's parts (empty where the segment is smaller than the geometry: every
     /// access there is then an error).
     pub(super) parts: Parts<'a>,
+    /// What wakes the NI's owner when a ring finds it armed on its wake socket, and its rank
+    /// (`None`: a view that only rings the futex).
+    pub(super) wake: Option<(&'a Wakers, am_core::Rank)>,
 }
 
 /// A match entry's two lines: the entry, then its locally managed offset and `used` word.
@@ -396,31 +400,44 @@ pub(super) fn bad_pt(pt: u8) -> NiError {
 }
 
 impl<'a> Nic<'a> {
-    /// A view of the NI in `seg` (written through `imp`, a view of the same memory).
+    /// A view of the NI in `seg` (written through `imp`, a view of the same memory), whose
+    /// rings only wake an owner sleeping on the futex.
     pub fn new(seg: &'a Segment, imp: &'a Imported, geo: &'a NiGeometry) -> Nic<'a> {
         Nic {
             seg,
             imp,
             geo,
             parts: Parts::new(seg, geo),
+            wake: None,
+        }
+    }
+
+    /// After a ring of the doorbell: wakes the owner on its socket if the ring found it armed.
+    #[inline(always)]
+    pub(super) fn rang(&self, rung: Rung) {
+        if let (Rung::Armed, Some((wakers, owner))) = (rung, self.wake) {
+            wakers.wake(owner);
         }
     }
 
     /// A view of the NI in `seg` (written through `imp`, a view of the same memory) through
     /// `runs`, its runs cut at start-up ([`NiRuns::new`] of `seg` and `geo`): what a rank's
-    /// wire uses on every message.
+    /// wire uses on every message. Its rings wake the NI's owner through `wake` (the
+    /// wakers, the owner's rank) when the owner sleeps armed on its wake socket.
     #[inline(always)]
     pub fn with_runs(
         seg: &'a Segment,
         imp: &'a Imported,
         geo: &'a NiGeometry,
         runs: &'a NiRuns,
+        wake: (&'a Wakers, am_core::Rank),
     ) -> Nic<'a> {
         Nic {
             seg,
             imp,
             geo,
             parts: Parts::of(runs, geo),
+            wake: Some(wake),
         }
     }
 

@@ -562,7 +562,7 @@ fn the_waiting_word_and_doorbell_are_harmless() {
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     }
     let (a, mut b, mut c) = trio(small());
-    victim(&a).imp.ring_tagged(0, u32::MAX).unwrap();
+    let _ = victim(&a).imp.ring_tagged(0, u32::MAX).unwrap();
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     segment_untouched(&b);
 }

@@ -46,7 +46,7 @@ fn a_length_past_the_slot_is_an_error_naming_the_sender() {
     peer.write(chan.data + 8, &(chan.capacity() as u32 + 1).to_le_bytes())
         .unwrap();
     chan.publish(peer, 0, 1).unwrap();
-    peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
     let mut delivered = false;
     let r = b.poll_recv(|_, _, _| delivered = true);
     assert!(
@@ -68,7 +68,7 @@ fn a_forged_stamp_is_never_delivered() {
         chan.write(peer, slot, 0, &[&[0xEE; 12]]).unwrap();
         chan.publish(peer, slot, 7 + slot as u64).unwrap();
     }
-    peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
     for _ in 0..3 {
         assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
         b.take_exist_flag().unwrap();
@@ -99,7 +99,7 @@ fn a_reply_answering_requests_never_sent_is_an_error() {
         )
         .unwrap();
         chan.publish(peer, 2, 1).unwrap();
-        peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
         let mut delivered = false;
         let got = b.poll_recv(|_, _, _| delivered = true);
         assert!(
@@ -136,7 +136,7 @@ fn more_requests_than_slots_is_an_error() {
     for (seq, slot) in [(1u64, 0usize), (2, 1), (3, 0)] {
         write_slot(peer, chan.base(slot).unwrap(), 0, &h[..n], Payload::EMPTY).unwrap();
         chan.publish(peer, slot, seq).unwrap();
-        peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
         match b.poll_recv(|d, _, _| d.src) {
             Ok(_) => {}
             Err(e) => errors.push(e),
@@ -215,7 +215,7 @@ fn a_restart_the_receiver_does_not_expect_is_found_in_order() {
 #[test]
 fn garbage_on_the_message_exist_flag_is_harmless() {
     let (a, mut b, mut c) = trio();
-    a.tx.peers[1].ring_tagged(MEF, u32::MAX).unwrap();
+    let _ = a.tx.peers[1].ring_tagged(MEF, u32::MAX).unwrap();
     assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
     good_still_arrives(&mut b, &mut c);
 }
@@ -230,7 +230,7 @@ fn garbage_heads_are_lent_within_the_slot() {
     let peer = &a.tx.peers[1];
     chan.write(peer, 0, u32::MAX, &[&[0xFF; 40]]).unwrap();
     chan.publish(peer, 0, 1).unwrap();
-    peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
     let got = b.poll_recv(|d, _, _| (d.src, d.bytes.len())).unwrap();
     assert_eq!(got, Some((0, 40)));
     good_still_arrives(&mut b, &mut c);
@@ -248,7 +248,7 @@ proptest! {
         hdr[4..].copy_from_slice(&flags.to_le_bytes());
         peer.write(chan.data + 8, &hdr).unwrap();
         chan.publish(peer, 0, 1).unwrap();
-        peer.ring(MEF).unwrap();
+        let _ = peer.ring(MEF).unwrap();
         let r = b.poll_recv(|d, _, _| d.bytes.len());
         if len as usize <= chan.capacity() {
             prop_assert_eq!(r.unwrap(), Some(len as usize));
@@ -277,7 +277,7 @@ fn lengths_at_and_just_past_the_slot_capacity() {
                 .unwrap();
         }
         chan.publish(peer, 0, 1).unwrap();
-        peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
         let mut delivered = None;
         let r = b.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.to_vec())));
         if over == 0 {
