@@ -2,7 +2,9 @@
 
 use std::cell::{Cell, OnceCell};
 use std::fmt;
+use std::sync::Arc;
 
+use crate::call::{Call, CallSite, Calls};
 use crate::reply::Token;
 use crate::transport::{Payload, SharedBytes};
 use crate::types::Rank;
@@ -207,6 +209,27 @@ pub struct Handlers<H: Threading = Sendable> {
     pub(crate) info: Vec<Option<HandlerInfo>>,
     /// Indexed by a `u8`, so no lookup needs a bounds check.
     pub(crate) fns: Box<[Option<HandlerFn<H>>; 256]>,
+    /// The reply handler reserved for calls and the calls in flight, once a callable handler
+    /// is registered.
+    pub(crate) calls: Option<CallSite>,
+}
+
+/// The name of the reply handler a table reserves for its calls.
+const CALL_REPLY_NAME: &str = "amnet: call reply";
+
+/// A callable handler's wrapper: takes the call's number off the arguments and hands the
+/// handler a [`Call`] in place of the token. A request without a number (a peer's doing) is
+/// answered with nothing.
+fn call_request<F>(reply: HandlerId, mut f: F) -> impl FnMut(Msg<'_>, Token<'_>)
+where
+    F: FnMut(Msg<'_>, Call<'_>),
+{
+    move |mut msg, token| {
+        if let Some((&number, args)) = msg.args.split_first() {
+            msg.args = args;
+            f(msg, Call::new(number, reply, token));
+        }
+    }
 }
 
 /// Why a handler could not be registered.
@@ -221,6 +244,9 @@ pub enum RegisterError {
         /// Its current registration's name.
         existing: String,
     },
+    /// Every id is taken: none is left for the answers of calls ([`Handlers::callable`]).
+    #[error("no handler id is free for the answers of calls")]
+    Full,
 }
 
 impl Default for Handlers {
@@ -259,6 +285,77 @@ impl Handlers<Sendable> {
         let f: Box<SendReplyFn> = Box::new(f);
         let f = HandlerFn::Reply(kind, f);
         self.insert(id, name, Category::Reply, kind, f)
+    }
+}
+
+impl Handlers<Sendable> {
+    /// Registers a callable request handler: [`crate::Node::call`] and
+    /// [`crate::AsyncNode::call`] send it a request (an AM Medium: arguments and a payload,
+    /// possibly empty) whose answer comes back as their value. The handler answers through
+    /// its [`Call`] (at most 15 arguments and a Medium's payload); one that returns without
+    /// answering answers with nothing. The first
+    /// callable handler reserves the highest id still free for the answers (every rank that
+    /// builds the same table reserves the same one). Callable handlers are called only
+    /// with `call`, which adds the call's number to the arguments: a plain request to one
+    /// is a call without a caller, answered to nobody.
+    pub fn callable(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        f: impl FnMut(Msg<'_>, Call<'_>) + Send + 'static,
+    ) -> Result<(), RegisterError> {
+        let site = self.call_site()?;
+        let f: Box<SendRequestFn> = Box::new(call_request(site.reply, f));
+        let kind = AmKind::Medium;
+        self.insert(
+            id,
+            name,
+            Category::Request,
+            kind,
+            HandlerFn::Request(kind, f),
+        )
+    }
+
+    fn call_site(&mut self) -> Result<CallSite, RegisterError> {
+        self.reserve_call_reply(|calls| {
+            let f: Box<SendReplyFn> = Box::new(move |msg: Msg<'_>| complete(&calls, &msg));
+            HandlerFn::Reply(AmKind::Medium, f)
+        })
+    }
+}
+
+/// The reserved reply handler's body: completes the call the answer names.
+fn complete(calls: &Calls, msg: &Msg<'_>) {
+    if let Some((&number, args)) = msg.args.split_first() {
+        calls.complete(msg.src, number, args, msg.payload());
+    }
+}
+
+impl Handlers<Local> {
+    /// Registers a callable request handler, as [`Handlers::callable`] for `Send` tables.
+    pub fn callable(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        f: impl FnMut(Msg<'_>, Call<'_>) + 'static,
+    ) -> Result<(), RegisterError> {
+        let site = self.call_site()?;
+        let f: Box<RequestFn> = Box::new(call_request(site.reply, f));
+        let kind = AmKind::Medium;
+        self.insert(
+            id,
+            name,
+            Category::Request,
+            kind,
+            HandlerFn::Request(kind, f),
+        )
+    }
+
+    fn call_site(&mut self) -> Result<CallSite, RegisterError> {
+        self.reserve_call_reply(|calls| {
+            let f: Box<ReplyFn> = Box::new(move |msg: Msg<'_>| complete(&calls, &msg));
+            HandlerFn::Reply(AmKind::Medium, f)
+        })
     }
 }
 
@@ -310,7 +407,34 @@ impl<H: Threading> Handlers<H> {
         Handlers {
             info: (0..256).map(|_| None).collect(),
             fns: Box::new(std::array::from_fn(|_| None)),
+            calls: None,
         }
+    }
+
+    /// The call site, reserving the highest free id for the answers on first use (`reply`
+    /// makes the reply handler that completes `calls`).
+    fn reserve_call_reply(
+        &mut self,
+        reply: impl FnOnce(Arc<Calls>) -> HandlerFn<H>,
+    ) -> Result<CallSite, RegisterError> {
+        if let Some(site) = &self.calls {
+            return Ok(site.clone());
+        }
+        let Some(free) = (0..=255u8).rev().find(|&i| self.info[i as usize].is_none()) else {
+            return Err(RegisterError::Full);
+        };
+        let id = HandlerId(free);
+        let calls = Arc::new(Calls::default());
+        self.insert(
+            id,
+            CALL_REPLY_NAME,
+            Category::Reply,
+            AmKind::Medium,
+            reply(calls.clone()),
+        )?;
+        let site = CallSite { reply: id, calls };
+        self.calls = Some(site.clone());
+        Ok(site)
     }
 
     fn insert(

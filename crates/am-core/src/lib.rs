@@ -38,12 +38,14 @@
 #![warn(missing_docs)]
 
 pub mod atomic;
+pub mod call;
 pub mod config;
 pub mod conformance;
 pub mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod fault;
+pub mod future;
 pub mod handler;
 pub mod loopback;
 mod node;
@@ -56,6 +58,7 @@ pub mod types;
 pub mod wire;
 
 pub use atomic::{AtomicOp, AtomicWord};
+pub use call::{Call, Reply};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
@@ -63,6 +66,7 @@ pub use error::{
     AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
 };
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
+pub use future::AsyncNode;
 pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Threading};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::{GetIntoHandle, Node};

@@ -47,9 +47,9 @@ use crate::types::{AmKind, HandlerId, Rank};
 /// });
 /// ```
 pub struct Node<T: Transport, H: Threading = Sendable> {
-    transport: T,
-    ep: Endpoint<H>,
-    config: Config,
+    pub(crate) transport: T,
+    pub(crate) ep: Endpoint<H>,
+    pub(crate) config: Config,
 }
 
 /// How long a dropping node waits for the replies to its last requests.
@@ -499,6 +499,55 @@ impl<T: Transport, H: Threading> Node<T, H> {
         offset: usize,
     ) -> Result<(), TryRequestError> {
         self.try_request(dest, AmKind::Long, handler, args, payload, Some(offset))
+    }
+
+    /// Calls `handler` on `dest` (registered with [`Handlers::callable`]) with `args` (at
+    /// most 15) and `payload` (at most [`Node::max_medium`]), and waits for its answer: the
+    /// arguments and payload it replied with ([`Reply`](crate::Reply)), with no reply handler
+    /// of the caller's. Fails like a request, and with the peer's loss or departure if it
+    /// goes before it answers.
+    ///
+    /// ```
+    /// use am_core::{Config, HandlerId, Handlers, Loopback, Node};
+    /// const SQUARE: HandlerId = HandlerId(1);
+    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+    ///     let mut handlers = Handlers::new();
+    ///     handlers.callable(SQUARE, "square", |msg, call| {
+    ///         let x = msg.args()[0];
+    ///         let _ = call.reply(&[x * x], &[]);
+    ///     }).unwrap();
+    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
+    ///     let peer = 1 - node.rank();
+    ///     assert_eq!(node.call(peer, SQUARE, &[7], &[]).unwrap().args, [49]);
+    ///     node.barrier().unwrap();
+    /// });
+    /// ```
+    pub fn call(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<crate::Reply, AmError> {
+        let (calls, number, words) = self.ep.open_call(dest, handler, args)?;
+        let words = &words[..=args.len()];
+        if let Err(e) = self.request_medium(dest, handler, words, payload) {
+            calls.close(number);
+            return Err(e);
+        }
+        let mut got = None;
+        let waited = self.wait_until(|| {
+            got = calls.take(number);
+            got.is_some()
+        });
+        match (waited, got) {
+            (_, Some(r)) => r,
+            (Err(e), None) => {
+                calls.close(number);
+                Err(e)
+            }
+            (Ok(()), None) => Err(AmError::StaleHandle),
+        }
     }
 
     /// Waits until every rank has called `barrier` as often as this one (a dissemination

@@ -143,6 +143,44 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// The calls in flight of this endpoint's handler table (`None`: no callable handler).
+    pub(crate) fn calls(&self) -> Option<std::sync::Arc<crate::call::Calls>> {
+        self.handlers.calls.as_ref().map(|s| s.calls.clone())
+    }
+
+    /// Opens a call to `dest` ([`crate::Node::call`]): the calls in flight, the call's number,
+    /// and the request's arguments (the number, then `args`). Fails if the table has no
+    /// callable handler or `args` leaves no room for the number.
+    pub(crate) fn open_call(
+        &self,
+        dest: Rank,
+        handler: crate::types::HandlerId,
+        args: &[u32],
+    ) -> Result<
+        (
+            std::sync::Arc<crate::call::Calls>,
+            u32,
+            [u32; crate::wire::MAX_ARGS],
+        ),
+        AmError,
+    > {
+        let Some(site) = &self.handlers.calls else {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: crate::types::Category::Request,
+                kind: crate::types::AmKind::Medium,
+            });
+        };
+        let mut words = [0u32; crate::wire::MAX_ARGS];
+        let Some(rest) = words.get_mut(1..=args.len()) else {
+            return Err(AmError::TooManyArgs(args.len() + 1));
+        };
+        rest.copy_from_slice(args);
+        let number = site.calls.open(dest);
+        words[0] = number;
+        Ok((site.calls.clone(), number, words))
+    }
+
     /// Sends this endpoint holds back for a later poll: replies the device refused, implicit
     /// replies owed, posted atomics not yet applied. A driver that sleeps on the transport
     /// alone must not sleep long while any is left (the device that refused them does not

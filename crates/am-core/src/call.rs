@@ -1,0 +1,281 @@
+//! Calls: a request whose reply comes back to the caller as a value ([`crate::Node::call`],
+//! [`crate::AsyncNode::call`]) instead of running a reply handler, as Lamellar's
+//! `exec_am_pe` returns the active message's result.
+//!
+//! A handler registered with [`crate::Handlers::callable`] answers through a [`Call`]; the
+//! table reserves one reply handler for every callable one (the highest id free when the
+//! first is registered, the same on every rank that builds the same table). On the wire a
+//! call is an ordinary request whose first argument is the call's number, and its answer an
+//! AM Medium reply whose first argument echoes it: nothing a transport sees is new.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::AmError;
+use crate::reply::Token;
+use crate::transport::Payload;
+use crate::types::{HandlerId, Rank};
+
+/// What a call returns: the arguments and payload its handler answered with
+/// ([`Call::reply`]); both empty if the handler returned without answering.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reply {
+    /// The answer's arguments (at most 15: the call's number takes the 16th).
+    pub args: Vec<u32>,
+    /// The answer's payload (at most the transport's largest AM Medium).
+    pub payload: Vec<u8>,
+}
+
+/// The right to answer one call, given to a handler registered with
+/// [`crate::Handlers::callable`] in place of a [`Token`]. Answering consumes it; a handler
+/// that returns without answering answers with an empty [`Reply`], so the caller never waits
+/// for ever.
+pub struct Call<'a> {
+    number: u32,
+    reply_to: HandlerId,
+    token: Option<Token<'a>>,
+}
+
+impl<'a> Call<'a> {
+    pub(crate) fn new(number: u32, reply_to: HandlerId, token: Token<'a>) -> Call<'a> {
+        Call {
+            number,
+            reply_to,
+            token: Some(token),
+        }
+    }
+
+    /// The caller.
+    pub fn src(&self) -> Rank {
+        self.token.as_ref().map_or(0, Token::src)
+    }
+
+    /// Answers with `args` (at most 15) and `payload` (at most the largest AM Medium): the
+    /// caller's call resolves with them. Errors as [`Token::reply_medium`] does.
+    pub fn reply<'p>(
+        mut self,
+        args: &[u32],
+        payload: impl Into<Payload<'p>>,
+    ) -> Result<(), AmError> {
+        let token = self.token.take().ok_or(AmError::StaleHandle)?;
+        answer(token, self.number, self.reply_to, args, payload.into())
+    }
+}
+
+fn answer(
+    token: Token<'_>,
+    number: u32,
+    reply_to: HandlerId,
+    args: &[u32],
+    payload: Payload<'_>,
+) -> Result<(), AmError> {
+    let mut words = [0u32; crate::wire::MAX_ARGS];
+    let Some(rest) = words.get_mut(1..=args.len()) else {
+        return Err(AmError::TooManyArgs(args.len() + 1));
+    };
+    rest.copy_from_slice(args);
+    words[0] = number;
+    token.reply_medium(reply_to, &words[..=args.len()], payload)
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            let _ = answer(token, self.number, self.reply_to, &[], Payload::EMPTY);
+        }
+    }
+}
+
+impl std::fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("number", &self.number)
+            .field("src", &self.src())
+            .finish()
+    }
+}
+
+/// One call in flight.
+#[derive(Debug)]
+struct Pending {
+    dest: Rank,
+    done: Option<Result<Reply, AmError>>,
+    waker: Option<Waker>,
+}
+
+/// The calls of one node in flight, shared by its reply handler (which completes them) and
+/// whoever waits for them.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    state: Mutex<CallState>,
+}
+
+#[derive(Debug, Default)]
+struct CallState {
+    next: u32,
+    pending: HashMap<u32, Pending>,
+}
+
+impl Calls {
+    fn lock(&self) -> MutexGuard<'_, CallState> {
+        // A panic elsewhere while the lock was held left the map as it was: go on with it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A number for a new call to `dest`.
+    pub(crate) fn open(&self, dest: Rank) -> u32 {
+        let mut s = self.lock();
+        let mut n = s.next;
+        while s.pending.contains_key(&n) {
+            n = n.wrapping_add(1);
+        }
+        s.next = n.wrapping_add(1);
+        s.pending.insert(
+            n,
+            Pending {
+                dest,
+                done: None,
+                waker: None,
+            },
+        );
+        n
+    }
+
+    /// The answer to call `number` came from `src`. One for no call of ours to `src` (a call
+    /// given up, or a peer's invention) is dropped.
+    pub(crate) fn complete(&self, src: Rank, number: u32, args: &[u32], payload: &[u8]) {
+        let mut s = self.lock();
+        if let Some(p) = s.pending.get_mut(&number).filter(|p| p.dest == src) {
+            if p.done.is_none() {
+                p.done = Some(Ok(Reply {
+                    args: args.to_vec(),
+                    payload: payload.to_vec(),
+                }));
+                if let Some(w) = p.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// Fails every call to `peer` still unanswered with `error` (the peer left or died).
+    pub(crate) fn fail_to(&self, peer: Rank, error: &AmError) {
+        let mut s = self.lock();
+        for p in s.pending.values_mut().filter(|p| p.dest == peer) {
+            if p.done.is_none() {
+                p.done = Some(Err(error.clone()));
+                if let Some(w) = p.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// Call `number`'s answer if it came (the call is then closed), else `Pending`, and
+    /// `cx` is woken when it comes.
+    pub(crate) fn poll(&self, number: u32, cx: &mut Context<'_>) -> Poll<Result<Reply, AmError>> {
+        let mut s = self.lock();
+        match s.pending.get_mut(&number) {
+            None => Poll::Ready(Err(AmError::StaleHandle)),
+            Some(p) => match p.done.take() {
+                Some(r) => {
+                    s.pending.remove(&number);
+                    Poll::Ready(r)
+                }
+                None => {
+                    p.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            },
+        }
+    }
+
+    /// Call `number`'s answer if it came (the call is then closed).
+    pub(crate) fn take(&self, number: u32) -> Option<Result<Reply, AmError>> {
+        let mut s = self.lock();
+        let r = s.pending.get_mut(&number)?.done.take()?;
+        s.pending.remove(&number);
+        Some(r)
+    }
+
+    /// Gives call `number` up (its waiter is gone); a late answer is dropped.
+    pub(crate) fn close(&self, number: u32) {
+        self.lock().pending.remove(&number);
+    }
+
+    /// The peers calls are waiting on.
+    pub(crate) fn waiting_on(&self) -> Vec<Rank> {
+        let s = self.lock();
+        let mut peers: Vec<Rank> = s
+            .pending
+            .values()
+            .filter(|p| p.done.is_none())
+            .map(|p| p.dest)
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+}
+
+/// What a handler table keeps for its calls: the reply handler it reserved and the calls in
+/// flight, which the node built on the table shares.
+#[derive(Debug, Clone)]
+pub(crate) struct CallSite {
+    pub(crate) reply: HandlerId,
+    pub(crate) calls: Arc<Calls>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// An answer completes its call only from the peer it was sent to, once; a peer's loss
+    /// fails its calls and no other's; each wakes its waiter; a closed call drops its answer.
+    #[test]
+    fn answers_losses_and_closes() {
+        let calls = Calls::default();
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let (a, b, c) = (calls.open(1), calls.open(2), calls.open(1));
+        assert!(a != b && b != c && a != c);
+        assert!(calls.poll(a, &mut cx).is_pending());
+        assert!(calls.poll(b, &mut cx).is_pending());
+        calls.complete(2, a, &[9], b"x");
+        assert!(
+            calls.poll(a, &mut cx).is_pending(),
+            "an answer from the wrong peer"
+        );
+        calls.complete(1, a, &[9], b"x");
+        calls.complete(1, a, &[10], b"y");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        let want = Reply {
+            args: vec![9],
+            payload: b"x".to_vec(),
+        };
+        assert_eq!(calls.poll(a, &mut cx), Poll::Ready(Ok(want)));
+        assert_eq!(
+            calls.poll(a, &mut cx),
+            Poll::Ready(Err(AmError::StaleHandle))
+        );
+        assert_eq!(calls.waiting_on(), [1, 2]);
+        calls.fail_to(2, &AmError::PeerLost(2));
+        assert_eq!(woken.0.load(Ordering::SeqCst), 2);
+        assert_eq!(calls.take(b), Some(Err(AmError::PeerLost(2))));
+        assert_eq!(calls.waiting_on(), [1]);
+        calls.close(c);
+        calls.complete(1, c, &[], &[]);
+        assert!(calls.take(c).is_none() && calls.waiting_on().is_empty());
+    }
+}

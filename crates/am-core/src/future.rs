@@ -1,0 +1,564 @@
+//! Futures: [`AsyncNode`], a node shared by the tasks of an async runtime, whose every
+//! operation (a request, a call awaiting its answer, put, get, atomics, barrier, quiesce) is
+//! a `Future`, woken by progress.
+//!
+//! Progress is made by a driver: something that calls [`AsyncNode::progress`] when there may
+//! be work, and between times sleeps on the node's wake descriptor ([`AsyncNode::arm`],
+//! [`AsyncNode::wake_fd`], [`AsyncNode::disarm`]). With the `tokio` feature,
+//! `AsyncNode::drive` is that driver on `tokio::io::unix::AsyncFd` and
+//! `AsyncNode::run` runs a future beside it; any other event loop can do the same with the
+//! three calls above. The futures are runtime-agnostic.
+//!
+//! Each operation is the protocol's own step ([`crate::endpoint::Endpoint`]), taken once per
+//! poll of its future: a step that cannot finish yet (no credit, a reply still to come)
+//! leaves the future's waker with the node, and the driver wakes every such waker after each
+//! round of progress.
+//!
+//! Handlers run inside [`AsyncNode::progress`], with the node locked: a handler must not use
+//! the `AsyncNode` (it replies through its token, or sends what it must from the task that
+//! awaits its effect). Dropping an operation's future before it completes gives up waiting,
+//! not the operation: a call's late answer is dropped, and a put, get or atomic whose
+//! messages went out completes (or fails) unobserved.
+
+use std::future::poll_fn;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
+
+use crate::atomic::{AtomicOp, AtomicWord};
+use crate::call::{Calls, Reply};
+use crate::endpoint::Endpoint;
+use crate::error::AmError;
+use crate::handler::{Sendable, Threading};
+use crate::node::Node;
+use crate::transport::{Armed, Transport};
+use crate::types::{AmKind, HandlerId, Rank};
+
+/// A node shared by the tasks of an async runtime (see the [module docs](self)). Cloning it
+/// is cheap: every clone is the same node. It is `Send` and `Sync` when its node is `Send`
+/// (a table of `Send` handlers over a `Send` transport), so it may be driven from a
+/// multi-threaded runtime; a node on [`crate::Handlers::local`] stays on its thread (a
+/// tokio `LocalSet`, or a current-thread runtime).
+///
+/// ```
+/// use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+/// const DOUBLE: HandlerId = HandlerId(1);
+/// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+///     let mut handlers = Handlers::new();
+///     handlers.callable(DOUBLE, "double", |msg, call| {
+///         let _ = call.reply(&[2 * msg.args()[0]], &[]);
+///     }).unwrap();
+///     let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
+///     let peer = 1 - node.rank();
+///     // Any executor will do; here a minimal one, with progress made by hand.
+///     let answer = am_core::future::block_on(&node, node.call(peer, DOUBLE, &[21], &[]));
+///     assert_eq!(answer.unwrap().args, [42]);
+///     am_core::future::block_on(&node, node.barrier()).unwrap();
+/// });
+/// ```
+pub struct AsyncNode<T: Transport, H: Threading = Sendable> {
+    inner: Arc<Inner<T, H>>,
+}
+
+struct Inner<T: Transport, H: Threading> {
+    state: Mutex<State<T, H>>,
+    /// The table's calls in flight (`None`: no callable handler), outside the node's lock:
+    /// a call's future waits on it without taking the node.
+    calls: Option<Arc<Calls>>,
+    rank: Rank,
+    size: u32,
+}
+
+struct State<T: Transport, H: Threading> {
+    node: Node<T, H>,
+    /// Futures whose step could not finish: woken after each round of progress.
+    waiters: Vec<Waker>,
+    /// Gone peers looked at so far (see [`Endpoint::gone_count`]).
+    gone_seen: u32,
+    /// How many times [`AsyncNode::stop`] was called: a driver returns once it changes.
+    stops: u64,
+    /// Drivers waiting in their sleep, woken by [`AsyncNode::stop`].
+    drivers: Vec<Waker>,
+}
+
+impl<T: Transport, H: Threading> Clone for AsyncNode<T, H> {
+    fn clone(&self) -> Self {
+        AsyncNode {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T: Transport, H: Threading> std::fmt::Debug for AsyncNode<T, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncNode")
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .finish()
+    }
+}
+
+impl<T: Transport, H: Threading> AsyncNode<T, H> {
+    /// Shares `node` with async tasks.
+    pub fn new(node: Node<T, H>) -> AsyncNode<T, H> {
+        let calls = node.ep.calls();
+        let (rank, size) = (node.rank(), node.size());
+        AsyncNode {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    node,
+                    waiters: Vec::new(),
+                    gone_seen: 0,
+                    stops: 0,
+                    drivers: Vec::new(),
+                }),
+                calls,
+                rank,
+                size,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T, H>> {
+        // A panic while the lock was held (a handler's) leaves the node as the protocol left
+        // it between two steps: go on with it, as a single-threaded node would.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.inner.size
+    }
+
+    /// Runs `f` on the node (locked meanwhile): for what has no future of its own (its
+    /// segment, limits, credits, `try_` requests). `f` must not use this `AsyncNode`.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Node<T, H>) -> R) -> R {
+        f(&mut self.lock().node)
+    }
+
+    /// Takes `step` once per poll until it is ready; a step not ready leaves the waker.
+    async fn step<R>(
+        &self,
+        mut step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
+    ) -> Result<R, AmError> {
+        poll_fn(|cx| {
+            let mut st = self.lock();
+            let st = &mut *st;
+            match step(&mut st.node.ep, &mut st.node.transport) {
+                Poll::Ready(r) => Poll::Ready(r),
+                Poll::Pending => {
+                    if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                        st.waiters.push(cx.waker().clone());
+                    }
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    async fn request(
+        &self,
+        dest: Rank,
+        kind: AmKind,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<(), AmError> {
+        self.lock()
+            .node
+            .ep
+            .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        self.step(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
+            .await
+    }
+
+    /// Sends an AM Short request once a credit and the device allow ([`Node::request_short`]).
+    pub async fn request_short(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+    ) -> Result<(), AmError> {
+        self.request(dest, AmKind::Short, handler, args, &[], None)
+            .await
+    }
+
+    /// Sends an AM Medium request ([`Node::request_medium`]).
+    pub async fn request_medium(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<(), AmError> {
+        self.request(dest, AmKind::Medium, handler, args, payload, None)
+            .await
+    }
+
+    /// Sends an AM Long request ([`Node::request_long`]).
+    pub async fn request_long(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+        offset: usize,
+    ) -> Result<(), AmError> {
+        self.request(dest, AmKind::Long, handler, args, payload, Some(offset))
+            .await
+    }
+
+    /// Calls `handler` on `dest` and resolves with its answer ([`Node::call`]): the request
+    /// goes out once a credit allows, and the future resolves when the answer arrives, with
+    /// no reply handler of the caller's. Fails with the peer's loss or departure if it goes
+    /// before it answers.
+    pub async fn call(
+        &self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Result<Reply, AmError> {
+        let (calls, number, words) = self.lock().node.ep.open_call(dest, handler, args)?;
+        // Closes the call if this future is dropped before the answer (or on an error).
+        struct Open<'c>(&'c Calls, Option<u32>);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                if let Some(n) = self.1 {
+                    self.0.close(n);
+                }
+            }
+        }
+        let mut open = Open(&calls, Some(number));
+        self.request_medium(dest, handler, &words[..=args.len()], payload)
+            .await?;
+        let r = poll_fn(|cx| calls.poll(number, cx)).await;
+        open.1 = None;
+        r
+    }
+
+    /// Writes `data` into `dest`'s segment at `offset` and resolves once it is there
+    /// ([`Node::put`]).
+    pub async fn put(&self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
+        let h = self
+            .step(|ep, t| ep.put_start(t, dest, offset, data))
+            .await?;
+        let sent = self.step(|ep, t| ep.put_step(t, &h, data)).await;
+        // After an error too: the chunks already sent are waited for (no late reply lands
+        // in a reused slot).
+        let done = self.step(|ep, _| ep.poll_op(h.index, h.gen)).await;
+        sent.and(done).map(drop)
+    }
+
+    /// Reads `len` bytes at `offset` of `src`'s segment ([`Node::get`]).
+    pub async fn get(&self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
+        let h = self.step(|ep, t| ep.get_start(t, src, offset, len)).await?;
+        let sent = self.step(|ep, t| ep.get_step(t, &h)).await;
+        let done = self.step(|ep, _| ep.poll_op(h.index, h.gen)).await;
+        sent.and(done)
+    }
+
+    /// Applies a remote atomic and resolves with the word's old value ([`Node::atomic`]).
+    pub async fn atomic<W: AtomicWord>(
+        &self,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<W, AmError> {
+        let h = self
+            .step(|ep, t| ep.atomic_start(t, dest, offset, op))
+            .await?;
+        let sent = self.step(|ep, t| ep.atomic_step(t, &h)).await;
+        let done = self.step(|ep, _| ep.poll_atomic(&h)).await;
+        sent.and(done)
+    }
+
+    /// Posts a non-fetching remote atomic ([`Node::atomic_post`]).
+    pub async fn atomic_post<W: AtomicWord>(
+        &self,
+        dest: Rank,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Result<(), AmError> {
+        self.step(|ep, t| ep.atomic_post(t, dest, offset, op)).await
+    }
+
+    /// Resolves once every rank has entered the barrier as often as this one
+    /// ([`Node::barrier`]).
+    pub async fn barrier(&self) -> Result<(), AmError> {
+        self.step(|ep, t| ep.barrier_step(t)).await
+    }
+
+    /// Resolves once every request of this rank is answered and its one-sided operations are
+    /// complete ([`Node::quiesce`]).
+    pub async fn quiesce(&self) -> Result<(), AmError> {
+        self.step(|ep, t| ep.quiesce_step(t)).await
+    }
+
+    /// One round of progress, what a driver does when woken: runs the handlers of the
+    /// messages that arrived (at most 64), fails the calls waiting on peers that left or
+    /// died, and wakes every future waiting for progress. How many messages were handled.
+    ///
+    /// An error names its cause, as [`Node::poll`]'s; one that concerns a single peer (its
+    /// loss, its departure, its misbehaviour) has already failed what waited on that peer,
+    /// and progress goes on.
+    pub fn progress(&self) -> Result<usize, AmError> {
+        let mut st = self.lock();
+        let polled = st.node.poll();
+        let gone = st.node.ep.gone_count();
+        if gone != st.gone_seen {
+            st.gone_seen = gone;
+            if let Some(calls) = &self.inner.calls {
+                for peer in calls.waiting_on() {
+                    if st.node.ep.is_lost(peer) {
+                        calls.fail_to(peer, &AmError::PeerLost(peer));
+                    } else if st.node.ep.is_departed(peer) {
+                        calls.fail_to(peer, &AmError::PeerDeparted(peer));
+                    }
+                }
+            }
+        }
+        let waiters = std::mem::take(&mut st.waiters);
+        drop(st);
+        for w in waiters {
+            w.wake();
+        }
+        polled
+    }
+
+    /// Prepares the driver's sleep on [`AsyncNode::wake_fd`] ([`Node::arm`]). While futures
+    /// wait for progress, the sleep lasts at most [`crate::Config::block_timeout`]: what they
+    /// wait for (room in a peer's queue) may come without a message.
+    pub fn arm(&self) -> Result<Armed, AmError> {
+        let mut st = self.lock();
+        match st.node.arm()? {
+            Armed::Sleep(within) if !st.waiters.is_empty() => {
+                Ok(Armed::Sleep(within.min(st.node.config.block_timeout)))
+            }
+            armed => Ok(armed),
+        }
+    }
+
+    /// Ends the driver's sleep ([`Node::disarm`]).
+    pub fn disarm(&self) {
+        self.lock().node.disarm();
+    }
+
+    /// A descriptor of the node's own for an event loop to watch ([`Node::wake_fd`]; a
+    /// duplicate, so it outlives the lock). `None` if the transport has none.
+    pub fn wake_fd(&self) -> Result<Option<OwnedFd>, AmError> {
+        let mut st = self.lock();
+        match st.node.wake_fd()? {
+            None => Ok(None),
+            Some(fd) => fd.try_clone_to_owned().map(Some).map_err(|e| {
+                AmError::Transport(crate::error::NicError::device_from(
+                    "duplicating the wake descriptor",
+                    e,
+                ))
+            }),
+        }
+    }
+
+    /// Asks the drivers running now to return (`AsyncNode::drive`); a driver started
+    /// afterwards runs until the next `stop`.
+    pub fn stop(&self) {
+        let mut st = self.lock();
+        st.stops += 1;
+        for w in st.drivers.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Whether [`AsyncNode::stop`] was called since `since` ([`AsyncNode::stops`]); if not,
+    /// `cx` is woken when it is.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn poll_stopped(&self, since: u64, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let mut st = self.lock();
+        if st.stops != since {
+            return Poll::Ready(());
+        }
+        if !st.drivers.iter().any(|w| w.will_wake(cx.waker())) {
+            st.drivers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// How many times [`AsyncNode::stop`] was called.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn stops(&self) -> u64 {
+        self.lock().stops
+    }
+
+    /// Takes the node back once no other clone of this `AsyncNode` is left (`Err(self)`
+    /// otherwise).
+    pub fn into_node(self) -> Result<Node<T, H>, AsyncNode<T, H>> {
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => Ok(inner
+                .state
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .node),
+            Err(inner) => Err(AsyncNode { inner }),
+        }
+    }
+}
+
+/// Runs `fut` to completion on the calling thread, making progress on `node` between its
+/// polls (spinning, then yielding): an executor for tests and examples without a runtime.
+pub fn block_on<T: Transport, H: Threading, F: std::future::Future>(
+    node: &AsyncNode<T, H>,
+    fut: F,
+) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(Waker::noop());
+    let mut idle = 0u32;
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        match node.progress() {
+            Ok(0) | Err(_) => {
+                idle += 1;
+                if idle > 64 {
+                    std::thread::yield_now();
+                }
+            }
+            Ok(_) => idle = 0,
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+mod driver {
+    use super::*;
+    use std::future::Future;
+    use tokio::io::unix::AsyncFd;
+    use tokio::io::Interest;
+
+    /// Errors that concern one peer: the operations waiting on that peer fail with them, and a
+    /// driver goes on serving the others.
+    fn concerns_one_peer(e: &AmError) -> bool {
+        matches!(
+            e,
+            AmError::PeerLost(_) | AmError::PeerDeparted(_) | AmError::PeerMisbehaved { .. }
+        )
+    }
+
+    impl<T: Transport, H: Threading> AsyncNode<T, H> {
+        /// The driver on tokio: makes progress whenever there may be work and sleeps in
+        /// between on the node's wake descriptor (`tokio::io::unix::AsyncFd`), armed
+        /// ([`AsyncNode::arm`]), so an idle node uses no CPU and senders pay for the wake-up
+        /// only while it sleeps. Returns after [`AsyncNode::stop`], or with an error that
+        /// does not concern a single peer (the job aborted, the device failed).
+        ///
+        /// Spawn it beside the tasks that use the node (`tokio::task::spawn_local` on a
+        /// `LocalSet` for a node of `Handlers::local`), or let `AsyncNode::run` do it.
+        /// Needs a runtime with I/O and time enabled.
+        pub async fn drive(&self) -> Result<(), AmError> {
+            let fd = match self.wake_fd()? {
+                // The safe constructor, deprecated because an arbitrary `AsRawFd` may close or
+                // change its descriptor under the reactor; an `OwnedFd` (ours, a duplicate)
+                // holds one open descriptor until the `AsyncFd` drops it, which is what the
+                // replacement's safety contract asks.
+                #[allow(deprecated)]
+                Some(fd) => Some(
+                    AsyncFd::with_interest(fd, Interest::READABLE)
+                        .map_err(|e| device("registering the wake descriptor", e))?,
+                ),
+                None => None,
+            };
+            let started = self.stops();
+            loop {
+                if self.stops() != started {
+                    return Ok(());
+                }
+                match self.progress() {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        // Let the futures just woken run before the next round.
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    Err(e) if concerns_one_peer(&e) => continue,
+                    Err(e) => return Err(e),
+                }
+                let within = match self.arm()? {
+                    Armed::Ready => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    Armed::Sleep(within) => within,
+                };
+                match &fd {
+                    Some(fd) => {
+                        tokio::select! {
+                            biased;
+                            () = poll_fn(|cx| self.poll_stopped(started, cx)) => {}
+                            ready = fd.readable() => {
+                                if let Ok(mut guard) = ready {
+                                    guard.clear_ready();
+                                }
+                            }
+                            () = tokio::time::sleep(within) => {}
+                        }
+                    }
+                    None => tokio::task::yield_now().await,
+                }
+                self.disarm();
+            }
+        }
+
+        /// A driver that never sleeps: progress, then yield to the runtime, again and again
+        /// (the async `AM_WAIT=spin`). For latency when a core is to spare; returns as
+        /// `AsyncNode::drive` does.
+        pub async fn drive_spinning(&self) -> Result<(), AmError> {
+            let started = self.stops();
+            loop {
+                if self.stops() != started {
+                    return Ok(());
+                }
+                match self.progress() {
+                    Ok(_) => {}
+                    Err(e) if concerns_one_peer(&e) => {}
+                    Err(e) => return Err(e),
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+
+        /// Runs `fut` with `AsyncNode::drive` beside it in the same task, and returns its
+        /// output: `node.run(async { node.call(1, GET, &[key], &[]).await }).await`. Fails if
+        /// the driver fails first.
+        pub async fn run<F: std::future::Future>(&self, fut: F) -> Result<F::Output, AmError> {
+            let mut fut = std::pin::pin!(fut);
+            let mut driver = std::pin::pin!(self.drive());
+            let mut driving = true;
+            poll_fn(|cx| {
+                if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                    return Poll::Ready(Ok(out));
+                }
+                if driving {
+                    match driver.as_mut().poll(cx) {
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        // Stopped: the future goes on alone.
+                        Poll::Ready(Ok(())) => driving = false,
+                        Poll::Pending => {}
+                    }
+                }
+                Poll::Pending
+            })
+            .await
+        }
+    }
+
+    fn device(what: &'static str, e: std::io::Error) -> AmError {
+        AmError::Transport(crate::error::NicError::device_from(what, e))
+    }
+}

@@ -1,0 +1,204 @@
+//! Calls and futures: [`Node::call`] and [`AsyncNode::call`] resolve with their handler's
+//! answer (and with nothing when it does not answer), many calls in flight resolve each with
+//! its own answer, and every operation of an [`AsyncNode`] completes under the
+//! runtime-agnostic `block_on`. (The tokio driver's tests are the facade's, `tests/async_node.rs`.)
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use am_core::future::block_on;
+use am_core::{
+    run_ranks, AmError, AsyncNode, AtomicOp, Config, HandlerId, Handlers, Loopback, LoopbackConfig,
+    Node, RegisterError,
+};
+
+const SQUARE: HandlerId = HandlerId(1);
+const SILENT: HandlerId = HandlerId(2);
+const STORE: HandlerId = HandlerId(3);
+const FETCH: HandlerId = HandlerId(4);
+
+/// Runs `f` on its own thread; panics if it has not finished within `limit`.
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(r)) => r,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
+    }
+}
+
+/// A key-value shard per rank: `STORE` keeps the payload under the first argument and
+/// answers whether the key was new; `FETCH` answers with the value (and 1), or 0.
+fn kv_handlers() -> Handlers<am_core::Local> {
+    let shard: Rc<RefCell<HashMap<u32, Vec<u8>>>> = Rc::default();
+    let mut h = Handlers::local();
+    h.callable(SQUARE, "square", |msg, call| {
+        let x = msg.args()[0];
+        let payload: Vec<u8> = msg.payload().iter().rev().copied().collect();
+        call.reply(&[x * x, msg.src()], &payload).expect("answer");
+    })
+    .expect("register");
+    h.callable(SILENT, "silent", |_, _| {}).expect("register");
+    let s = shard.clone();
+    h.callable(STORE, "store", move |msg, call| {
+        let new = s.borrow_mut().insert(msg.args()[0], msg.payload().to_vec());
+        call.reply(&[u32::from(new.is_none())], &[])
+            .expect("answer");
+    })
+    .expect("register");
+    h.callable(FETCH, "fetch", move |msg, call| {
+        let shard = shard.borrow();
+        let r = match shard.get(&msg.args()[0]) {
+            Some(v) => call.reply(&[1], v.as_slice()),
+            None => call.reply(&[0], &[]),
+        };
+        r.expect("answer");
+    })
+    .expect("register");
+    h
+}
+
+/// A blocking call returns its handler's answer; a handler that does not answer answers
+/// with nothing; 15 arguments fit beside the call's number, 16 do not; the answers go to
+/// a reply handler the table reserved at the highest free id.
+#[test]
+fn blocking_calls_return_their_answers() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let handlers = kv_handlers();
+            let reserved = handlers
+                .info(HandlerId(255))
+                .expect("reserved")
+                .name
+                .clone();
+            assert_eq!(reserved, "amnet: call reply");
+            let mut node = Node::new(t, handlers, Config::default()).expect("start");
+            let peer = 1 - node.rank();
+            let r = node.call(peer, SQUARE, &[9], b"abc").expect("call");
+            assert_eq!(
+                (r.args, r.payload),
+                (vec![81, node.rank()], b"cba".to_vec())
+            );
+            let r = node.call(peer, SILENT, &[], &[]).expect("silent call");
+            assert!(r.args.is_empty() && r.payload.is_empty());
+            assert!(node.call(peer, SQUARE, &[3; 15], &[]).is_ok());
+            assert_eq!(
+                node.call(peer, SQUARE, &[3; 16], &[]),
+                Err(AmError::TooManyArgs(17))
+            );
+            // To self too.
+            let me = node.rank();
+            assert_eq!(
+                node.call(me, SQUARE, &[4], &[]).expect("self").args,
+                [16, me]
+            );
+            node.barrier().expect("barrier");
+        });
+    });
+}
+
+/// A table without a callable handler has nothing to call; a full table has no id left
+/// for the answers.
+#[test]
+fn calls_need_a_callable_table() {
+    run_ranks(Loopback::cluster(1, LoopbackConfig::default()), |t| {
+        let mut node = Node::new(t, Handlers::new(), Config::default()).expect("start");
+        assert!(matches!(
+            node.call(0, SQUARE, &[], &[]),
+            Err(AmError::NotRegistered { .. })
+        ));
+    });
+    let mut h = Handlers::new();
+    for i in 0..=255u8 {
+        h.reply(
+            HandlerId(i),
+            &format!("r{i}"),
+            am_core::AmKind::Short,
+            |_| {},
+        )
+        .expect("register");
+    }
+    assert_eq!(
+        h.callable(SQUARE, "square", |_, _| {}),
+        Err(RegisterError::Full)
+    );
+}
+
+/// Many calls in flight at once (more than the credits), each resolving with its own answer,
+/// then every other operation of an AsyncNode, under the runtime-agnostic `block_on`.
+#[test]
+fn futures_complete_under_any_executor() {
+    within(Duration::from_secs(60), || {
+        let config = LoopbackConfig::default().segment_size(1 << 16);
+        run_ranks(Loopback::cluster(2, config), |t| {
+            let config = Config::default().credits(am_core::Credits::Static(2));
+            let node = AsyncNode::new(Node::new(t, kv_handlers(), config).expect("start"));
+            let me = node.rank();
+            let peer = 1 - me;
+            let calls: Vec<_> = (0..20u32)
+                .map(|i| {
+                    let node = &node;
+                    async move {
+                        let key = me * 100 + i;
+                        let stored = node.call(peer, STORE, &[key], &key.to_le_bytes()).await?;
+                        let back = node.call(peer, FETCH, &[key], &[]).await?;
+                        Ok::<_, AmError>((stored.args, back))
+                    }
+                })
+                .collect();
+            for (i, r) in block_on(&node, join_all(calls)).into_iter().enumerate() {
+                let (stored, back) = r.expect("call");
+                assert_eq!(stored, [1], "key {i} was new");
+                assert_eq!(back.args, [1]);
+                assert_eq!(back.payload, (me * 100 + i as u32).to_le_bytes());
+            }
+            block_on(&node, node.put(peer, 64 * me as usize, &[me as u8 + 1; 64])).expect("put");
+            block_on(&node, node.barrier()).expect("barrier");
+            let got = block_on(&node, node.get(peer, 64 * me as usize, 64)).expect("get");
+            assert_eq!(got, [me as u8 + 1; 64], "what this rank put there");
+            let old =
+                block_on(&node, node.atomic(peer, 1024, AtomicOp::FetchAdd(1u64))).expect("atomic");
+            assert!(old < 2);
+            block_on(&node, node.atomic_post(peer, 1032, AtomicOp::Xor(5u64))).expect("post");
+            // A plain request to a callable handler: a call with no caller, whose answer
+            // (to call number 7, which this rank never opened) is dropped.
+            block_on(&node, node.request_medium(peer, SQUARE, &[7, 3], &[])).expect("request");
+            block_on(&node, node.quiesce()).expect("quiesce");
+            block_on(&node, node.barrier()).expect("barrier");
+            let seg = node.with(|n| n.segment().load_u64(1032).expect("word"));
+            assert_eq!(seg, 5);
+            let node = node.into_node().expect("the only handle");
+            drop(node);
+        });
+    });
+}
+
+/// The futures of `futures` polled together until all are ready, in order.
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("ready")).collect()
+}

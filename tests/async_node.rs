@@ -1,0 +1,186 @@
+//! The tokio driver of [`AsyncNode`]: tasks on a `LocalSet` calling concurrently while the
+//! driver sleeps armed between messages, `run`, a call to a rank that left failing instead of
+//! waiting, and an armed idle node using (almost) no CPU. On loopback, ranks as threads.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use amnet::{
+    run_ranks, AmError, AsyncNode, Config, HandlerId, Handlers, Local, Loopback, LoopbackConfig,
+    Node, WaitMode,
+};
+
+const SQUARE: HandlerId = HandlerId(1);
+
+/// Runs `f` on its own thread; panics if it has not finished within `limit`.
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(r)) => r,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
+    }
+}
+
+/// `SQUARE` answers `[x * x, caller]`, and counts its calls.
+fn kv_handlers() -> Handlers<Local> {
+    let served = Rc::new(Cell::new(0u32));
+    let mut h = Handlers::local();
+    h.callable(SQUARE, "square", move |msg, call| {
+        served.set(served.get() + 1);
+        let x = msg.args()[0];
+        call.reply(&[x * x, msg.src()], &[]).expect("answer");
+    })
+    .expect("register");
+    h
+}
+
+/// The tokio driver on a current-thread runtime: tasks on a `LocalSet` (a node of local
+/// handlers) calling concurrently, the driver sleeping armed between messages; `run` returns
+/// the future's output.
+#[test]
+fn the_tokio_driver_serves_tasks_on_a_local_set() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let node =
+                AsyncNode::new(Node::new(t, kv_handlers(), Config::default()).expect("start"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async {
+                let driver = tokio::task::spawn_local({
+                    let node = node.clone();
+                    async move { node.drive().await }
+                });
+                let me = node.rank();
+                let peer = 1 - me;
+                let tasks: Vec<_> = (0..8u32)
+                    .map(|i| {
+                        let node = node.clone();
+                        tokio::task::spawn_local(async move {
+                            for k in 0..25u32 {
+                                let x = i * 100 + k;
+                                let r = node.call(peer, SQUARE, &[x], &[]).await?;
+                                assert_eq!(r.args, [x * x, me]);
+                            }
+                            Ok::<_, AmError>(())
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.expect("task").expect("calls");
+                }
+                node.barrier().await.expect("barrier");
+                node.stop();
+                driver.await.expect("driver").expect("driver ends cleanly");
+                // `run` drives as long as its future runs.
+                let n = node
+                    .run(async { node.call(peer, SQUARE, &[3], &[]).await })
+                    .await
+                    .expect("driver")
+                    .expect("call");
+                assert_eq!(n.args, [9, me]);
+                // Both ranks drive until both are done.
+                node.run(node.barrier())
+                    .await
+                    .expect("driver")
+                    .expect("barrier");
+            });
+        });
+    });
+}
+
+/// A call to a rank that left fails with its departure rather than waiting for ever.
+#[test]
+fn a_call_to_a_departed_rank_fails() {
+    within(Duration::from_secs(60), || {
+        let gone = std::sync::atomic::AtomicBool::new(false);
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let mut node = Node::new(t, kv_handlers(), Config::default()).expect("start");
+            node.barrier().expect("barrier");
+            if node.rank() == 1 {
+                drop(node);
+                gone.store(true, std::sync::atomic::Ordering::Release);
+                return;
+            }
+            let node = AsyncNode::new(node);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let r = rt.block_on(async {
+                // Rank 1 lingers until its own requests are answered: serve them.
+                node.run(async {
+                    while !gone.load(std::sync::atomic::Ordering::Acquire) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await
+                .expect("driver");
+                node.run(node.call(1, SQUARE, &[2], &[])).await
+            });
+            match r {
+                Ok(Err(AmError::PeerDeparted(1))) | Err(AmError::PeerDeparted(1)) => {}
+                other => panic!("expected the departure of rank 1, got {other:?}"),
+            }
+        });
+    });
+}
+
+/// An armed node idle under the tokio driver sleeps: over a second, the rank's thread uses a
+/// small fraction of a core (a driver that polled instead would use all of it).
+#[test]
+fn an_idle_armed_node_uses_no_cpu() {
+    within(Duration::from_secs(60), || {
+        let used = run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let config = Config::default().wait_mode(WaitMode::Block);
+            let node = AsyncNode::new(Node::new(t, kv_handlers(), config).expect("start"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                node.run(node.barrier())
+                    .await
+                    .expect("driver")
+                    .expect("barrier");
+                let before = thread_cpu();
+                let t0 = Instant::now();
+                node.run(tokio::time::sleep(Duration::from_secs(1)))
+                    .await
+                    .expect("driver");
+                let used = thread_cpu() - before;
+                let wall = t0.elapsed();
+                node.run(node.barrier())
+                    .await
+                    .expect("driver")
+                    .expect("barrier");
+                used.as_secs_f64() / wall.as_secs_f64()
+            })
+        });
+        for (rank, share) in used.into_iter().enumerate() {
+            assert!(
+                share < 0.05,
+                "rank {rank} used {:.1}% of a core idle",
+                share * 100.0
+            );
+        }
+    });
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_THREAD).expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
