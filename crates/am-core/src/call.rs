@@ -9,6 +9,7 @@
 //! AM Medium reply whose first argument echoes it: nothing a transport sees is new.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -109,6 +110,9 @@ struct Pending {
 #[derive(Debug, Default)]
 pub(crate) struct Calls {
     state: Mutex<CallState>,
+    /// Calls ended so far (answered or failed) whose waiter was woken: read by a driver on
+    /// every round, so outside the lock.
+    woken: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +158,7 @@ impl Calls {
                 }));
                 if let Some(w) = p.waker.take() {
                     w.wake();
+                    self.woken.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -167,9 +172,15 @@ impl Calls {
                 p.done = Some(Err(error.clone()));
                 if let Some(w) = p.waker.take() {
                     w.wake();
+                    self.woken.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+
+    /// How many waiters ended calls have woken so far.
+    pub(crate) fn answered(&self) -> u64 {
+        self.woken.load(Ordering::Relaxed)
     }
 
     /// Call `number`'s answer if it came (the call is then closed), else `Pending`, and
@@ -230,7 +241,7 @@ pub(crate) struct CallSite {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
     use std::task::Wake;
 
     struct Count(AtomicUsize);

@@ -67,6 +67,9 @@ struct Inner<T: Transport, H: Threading> {
     calls: Option<Arc<Calls>>,
     rank: Rank,
     size: u32,
+    /// How many times [`AsyncNode::stop`] was called: a driver returns once it changes (read
+    /// on every round, so outside the lock).
+    stops: std::sync::atomic::AtomicU64,
 }
 
 struct State<T: Transport, H: Threading> {
@@ -75,8 +78,6 @@ struct State<T: Transport, H: Threading> {
     waiters: Vec<Waker>,
     /// Gone peers looked at so far (see [`Endpoint::gone_count`]).
     gone_seen: u32,
-    /// How many times [`AsyncNode::stop`] was called: a driver returns once it changes.
-    stops: u64,
     /// Drivers waiting in their sleep, woken by [`AsyncNode::stop`].
     drivers: Vec<Waker>,
 }
@@ -109,12 +110,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                     node,
                     waiters: Vec::new(),
                     gone_seen: 0,
-                    stops: 0,
                     drivers: Vec::new(),
                 }),
                 calls,
                 rank,
                 size,
+                stops: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -310,6 +311,13 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// loss, its departure, its misbehaviour) has already failed what waited on that peer,
     /// and progress goes on.
     pub fn progress(&self) -> Result<usize, AmError> {
+        self.progress_waking().map(|(handled, _)| handled)
+    }
+
+    /// [`AsyncNode::progress`], and whether it woke a future (a driver that woke none need
+    /// not let the runtime run before its next round).
+    fn progress_waking(&self) -> Result<(usize, bool), AmError> {
+        let answered = self.inner.calls.as_ref().map_or(0, |c| c.answered());
         let mut st = self.lock();
         let polled = st.node.poll();
         let gone = st.node.ep.gone_count();
@@ -327,10 +335,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         }
         let waiters = std::mem::take(&mut st.waiters);
         drop(st);
+        let mut woke = !waiters.is_empty();
         for w in waiters {
             w.wake();
         }
-        polled
+        woke |= self.inner.calls.as_ref().map_or(0, |c| c.answered()) != answered;
+        polled.map(|handled| (handled, woke))
     }
 
     /// Prepares the driver's sleep on [`AsyncNode::wake_fd`] ([`Node::arm`]). While futures
@@ -370,7 +380,9 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// afterwards runs until the next `stop`.
     pub fn stop(&self) {
         let mut st = self.lock();
-        st.stops += 1;
+        self.inner
+            .stops
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         for w in st.drivers.drain(..) {
             w.wake();
         }
@@ -381,7 +393,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn poll_stopped(&self, since: u64, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let mut st = self.lock();
-        if st.stops != since {
+        if self.stops() != since {
             return Poll::Ready(());
         }
         if !st.drivers.iter().any(|w| w.will_wake(cx.waker())) {
@@ -393,7 +405,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// How many times [`AsyncNode::stop`] was called.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn stops(&self) -> u64 {
-        self.lock().stops
+        self.inner.stops.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Takes the node back once no other clone of this `AsyncNode` is left (`Err(self)`
@@ -439,6 +451,7 @@ pub fn block_on<T: Transport, H: Threading, F: std::future::Future>(
 mod driver {
     use super::*;
     use std::future::Future;
+    use std::time::Duration;
     use tokio::io::unix::AsyncFd;
     use tokio::io::Interest;
 
@@ -462,36 +475,23 @@ mod driver {
         /// `LocalSet` for a node of `Handlers::local`), or let `AsyncNode::run` do it.
         /// Needs a runtime with I/O and time enabled.
         pub async fn drive(&self) -> Result<(), AmError> {
-            let fd = match self.wake_fd()? {
-                // The safe constructor, deprecated because an arbitrary `AsRawFd` may close or
-                // change its descriptor under the reactor; an `OwnedFd` (ours, a duplicate)
-                // holds one open descriptor until the `AsyncFd` drops it, which is what the
-                // replacement's safety contract asks.
-                #[allow(deprecated)]
-                Some(fd) => Some(
-                    AsyncFd::with_interest(fd, Interest::READABLE)
-                        .map_err(|e| device("registering the wake descriptor", e))?,
-                ),
-                None => None,
-            };
+            let fd = self.async_wake_fd()?;
             let started = self.stops();
+            let spin_polls = self.with(|n| n.config().spin_polls);
             loop {
                 if self.stops() != started {
                     return Ok(());
                 }
-                match self.progress() {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        // Let the futures just woken run before the next round.
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    Err(e) if concerns_one_peer(&e) => continue,
-                    Err(e) => return Err(e),
+                // As `AM_WAIT=block`: spin a while before sleeping (a reply in flight is
+                // cheaper to wait for than a wake-up).
+                if self.progress_spinning(spin_polls)? {
+                    // Let the futures just woken run before the next round.
+                    reschedule().await;
+                    continue;
                 }
                 let within = match self.arm()? {
                     Armed::Ready => {
-                        tokio::task::yield_now().await;
+                        reschedule().await;
                         continue;
                     }
                     Armed::Sleep(within) => within,
@@ -509,7 +509,7 @@ mod driver {
                             () = tokio::time::sleep(within) => {}
                         }
                     }
-                    None => tokio::task::yield_now().await,
+                    None => reschedule().await,
                 }
                 self.disarm();
             }
@@ -524,38 +524,141 @@ mod driver {
                 if self.stops() != started {
                     return Ok(());
                 }
-                match self.progress() {
-                    Ok(_) => {}
-                    Err(e) if concerns_one_peer(&e) => {}
-                    Err(e) => return Err(e),
-                }
-                tokio::task::yield_now().await;
+                self.progress_spinning(SPIN_ROUNDS)?;
+                reschedule().await;
             }
         }
 
-        /// Runs `fut` with `AsyncNode::drive` beside it in the same task, and returns its
-        /// output: `node.run(async { node.call(1, GET, &[key], &[]).await }).await`. Fails if
-        /// the driver fails first.
-        pub async fn run<F: std::future::Future>(&self, fut: F) -> Result<F::Output, AmError> {
+        /// Rounds of progress until one wakes a future or `polls` in a row handle nothing,
+        /// without leaving the task: whether a future was woken (the runtime should run it).
+        /// Messages that wake nobody (requests this rank answers) keep it spinning. Fails with
+        /// an error that does not concern a single peer.
+        fn progress_spinning(&self, polls: u32) -> Result<bool, AmError> {
+            let mut idle = 0;
+            while idle < polls.max(1) {
+                match self.progress_waking() {
+                    Ok((_, true)) => return Ok(true),
+                    Ok((0, false)) => {
+                        idle += 1;
+                        std::hint::spin_loop();
+                    }
+                    Ok((_, false)) => idle = 0,
+                    Err(e) if concerns_one_peer(&e) => return Ok(true),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(false)
+        }
+
+        /// Runs `fut` and makes progress for it in the same task, and returns its output:
+        /// `node.run(async { node.call(1, GET, &[key], &[]).await }).await`. Between polls
+        /// of `fut` it drives as `AsyncNode::drive` does (spinning a while, then asleep,
+        /// armed, on the wake descriptor); a message that wakes `fut` has it polled at once,
+        /// in the same poll, with no trip through the runtime. Fails if progress fails with
+        /// an error that does not concern a single peer.
+        pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
+            self.run_with(fut, true).await
+        }
+
+        /// [`AsyncNode::run`] that never sleeps (the async `AM_WAIT=spin`): it lets the
+        /// runtime run other tasks every so often, and otherwise polls.
+        pub async fn run_spinning<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
+            self.run_with(fut, false).await
+        }
+
+        async fn run_with<F: Future>(&self, fut: F, sleep: bool) -> Result<F::Output, AmError> {
+            let fd = if sleep { self.async_wake_fd()? } else { None };
+            let spin_polls = self.with(|n| n.config().spin_polls);
             let mut fut = std::pin::pin!(fut);
-            let mut driver = std::pin::pin!(self.drive());
-            let mut driving = true;
-            poll_fn(|cx| {
+            let mut timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+            let mut asleep = false;
+            let mut rounds = 0u32;
+            poll_fn(|cx| loop {
                 if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                    if asleep {
+                        self.disarm();
+                    }
                     return Poll::Ready(Ok(out));
                 }
-                if driving {
-                    match driver.as_mut().poll(cx) {
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        // Stopped: the future goes on alone.
-                        Poll::Ready(Ok(())) => driving = false,
-                        Poll::Pending => {}
+                if asleep {
+                    let woken = match &fd {
+                        Some(fd) => match fd.poll_read_ready(cx) {
+                            Poll::Ready(Ok(mut guard)) => {
+                                guard.clear_ready();
+                                true
+                            }
+                            Poll::Ready(Err(_)) => true,
+                            Poll::Pending => false,
+                        },
+                        None => true,
+                    };
+                    if !woken && timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
                     }
+                    self.disarm();
+                    asleep = false;
                 }
-                Poll::Pending
+                let polls = if sleep { spin_polls } else { SPIN_ROUNDS };
+                match self.progress_spinning(polls) {
+                    Err(e) => return Poll::Ready(Err(e)),
+                    // Something was woken: `fut` (polled next), or another task.
+                    Ok(true) => {}
+                    Ok(false) if sleep => match self.arm() {
+                        Err(e) => return Poll::Ready(Err(e)),
+                        Ok(Armed::Ready) => {}
+                        Ok(Armed::Sleep(within)) => {
+                            timer.as_mut().reset(tokio::time::Instant::now() + within);
+                            asleep = true;
+                            continue;
+                        }
+                    },
+                    Ok(false) => {}
+                }
+                rounds += 1;
+                if rounds % SPIN_ROUNDS == 0 {
+                    // Let the runtime's other tasks run.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
             })
             .await
         }
+
+        /// The wake descriptor, registered with the runtime's reactor.
+        fn async_wake_fd(&self) -> Result<Option<AsyncFd<OwnedFd>>, AmError> {
+            match self.wake_fd()? {
+                // The safe constructor, deprecated because an arbitrary `AsRawFd` may close
+                // or change its descriptor under the reactor; an `OwnedFd` (ours, a
+                // duplicate) holds one open descriptor until the `AsyncFd` drops it, which is
+                // what the replacement's safety contract asks.
+                #[allow(deprecated)]
+                Some(fd) => AsyncFd::with_interest(fd, Interest::READABLE)
+                    .map(Some)
+                    .map_err(|e| device("registering the wake descriptor", e)),
+                None => Ok(None),
+            }
+        }
+    }
+
+    /// Rounds of progress a spinning driver makes between two turns of the runtime.
+    const SPIN_ROUNDS: u32 = 64;
+
+    /// Lets the other tasks of the runtime run, then comes back: wakes this task and returns
+    /// `Pending` once. (`tokio::task::yield_now` also polls the reactor before the task runs
+    /// again, a system call per yield that a driver between two messages cannot afford; the
+    /// runtime still polls it every few dozen tasks.)
+    async fn reschedule() {
+        let mut yielded = false;
+        poll_fn(|cx| {
+            if yielded {
+                Poll::Ready(())
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     fn device(what: &'static str, e: std::io::Error) -> AmError {

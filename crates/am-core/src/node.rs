@@ -160,6 +160,12 @@ impl<T: Transport, H: Threading> Node<T, H> {
         &self.config
     }
 
+    /// Waits as `mode` says from now on (a runtime that spins through a phase of fine-grained
+    /// traffic and sleeps through a phase of computation).
+    pub fn set_wait_mode(&mut self, mode: WaitMode) {
+        self.config.wait_mode = mode;
+    }
+
     /// The local segment: what put, get and Long target on this rank. Peers write it at any
     /// time, so it is a view that reads and writes by copies and atomics
     /// ([`SharedBytes`](crate::transport::SharedBytes)), never a `&[u8]`.
