@@ -615,7 +615,7 @@ mod driver {
                     Ok(false) => {}
                 }
                 rounds += 1;
-                if rounds % SPIN_ROUNDS == 0 {
+                if rounds.is_multiple_of(SPIN_ROUNDS) {
                     // Let the runtime's other tasks run.
                     cx.waker().wake_by_ref();
                     return Poll::Pending;

@@ -29,6 +29,19 @@
 //! - **What a handler may do**: compute, read its message, reply once through its token
 //!   (requests only), and touch what it captured; it cannot reach the node it runs in (no
 //!   sends of new requests, no waits), so a handler never blocks progress.
+//! - **Several threads on one node**: [`SharedNode`] (a lock, given back between polls), and
+//!   [`ProgressThread`] polling it for a rank whose threads compute.
+//!
+//! # Async
+//! [`AsyncNode`] shares a node with the tasks of an async runtime: every operation is a
+//! `Future`, woken by progress ([`future`]). It is `Send` and `Sync` when its node is. A
+//! driver makes progress when there may be work and otherwise sleeps on the node's wake
+//! descriptor: [`Node::arm`] says whether to poll or sleep and for how long,
+//! [`Node::wake_fd`] is what to watch, [`Node::disarm`] ends the sleep. Senders pay for the
+//! wake-up only while the receiver is armed, once per sleep. The `tokio` feature adds that
+//! driver on `AsyncFd` (`AsyncNode::run`, `AsyncNode::drive` and their spinning forms).
+//! [`Node::call`] and [`AsyncNode::call`] return a callable handler's answer
+//! ([`Handlers::callable`], [`call`]).
 //!
 //! What this crate does **not** do: it has no shared memory, sockets or processes of its own
 //! (the transports and `am-launch` do; `am-shm` provides the views), it copies a lent payload
