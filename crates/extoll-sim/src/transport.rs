@@ -21,7 +21,7 @@ use am_core::{
 };
 use am_nic::wake::{WakeSocket, Wakers};
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
-use am_shm::{Imported, Segment, ShmError};
+use am_shm::{Imported, Rung, Segment, ShmError};
 
 use crate::layout::{
     mailbox_claimer, notes_claimer, notes_claimer_of, Layout, CLAIM_MAILBOX, CLAIM_NOTES, DOORBELL,
@@ -103,12 +103,12 @@ const PREFETCH_AHEAD: u64 = 8;
 /// [`TxState::last_sent_to`] when nothing was sent since the last poll.
 const NOT_STREAMING: usize = usize::MAX;
 
-/// Rings the doorbell of `peer`'s segment `seg`, leaving no tag (the VELO mailbox is shared
-/// by every sender), and wakes it if it sleeps armed on its wake socket.
+/// Rings the doorbell of a peer's segment `seg`, leaving no tag (the VELO mailbox is shared
+/// by every sender); [`Rung::Armed`]: the peer sleeps armed on its wake socket, and the
+/// caller wakes it ([`TxState::wake`]).
 #[inline(always)]
-fn ring_doorbell(peer: &PeerMap, seg: &Segment) -> Result<(), SendError> {
-    peer.rang(seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0));
-    Ok(())
+fn ring_doorbell(seg: &Segment) -> Result<Rung, SendError> {
+    Ok(seg.doorbell(DOORBELL).map_err(shm)?.ring_tagged_lazy(0))
 }
 
 /// What a rank keeps per destination to send to it: one lookup on the send path.
@@ -263,6 +263,15 @@ pub struct Extoll {
 }
 
 impl TxState {
+    /// Wakes `d`, whose doorbell said it sleeps armed on its wake socket (off the send path).
+    #[cold]
+    #[inline(never)]
+    fn wake(&self, d: usize) {
+        if let Some(peer) = self.peers.get(d) {
+            peer.rang(Rung::Armed);
+        }
+    }
+
     #[inline(always)]
     fn cap(&self) -> usize {
         self.cap
@@ -329,7 +338,10 @@ impl TxState {
     fn announce(&mut self, d: usize) -> Result<(), SendError> {
         let dst = &mut self.dests[d];
         dst.velo_sent += 1;
-        ring_doorbell(&self.peers[d], dst.port.segment())
+        if ring_doorbell(dst.port.segment())? == Rung::Armed {
+            self.wake(d);
+        }
+        Ok(())
     }
 
     /// The reused ticket buffer, holding `n` zeros (give it back to `self.tickets`): an array
@@ -507,7 +519,10 @@ impl TxState {
                     dst.port.prefetch_ahead(PREFETCH_AHEAD);
                 }
                 self.last_sent_to = d;
-                ring_doorbell(&self.peers[d], dst.port.segment())
+                if ring_doorbell(dst.port.segment())? == Rung::Armed {
+                    self.wake(d);
+                }
+                Ok(())
             }
             Ok(false) => Err(SendError::Busy),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
