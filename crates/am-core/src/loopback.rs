@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use am_shm::sync::{fence, AsymmetricFence, AtomicU32, Ordering as ShmOrdering};
+use am_shm::sync::{fence, AsymmetricFence, Ordering as ShmOrdering};
 use am_shm::{futex_wait, futex_wake, Imported, Segment, SpscRing, CACHE_LINE};
 
 use crate::atomic::{apply_batch, Atomic, Batch, Posted};
@@ -343,21 +343,37 @@ impl LoopbackTx {
         };
         to.pos = end;
         to.stamp = to.stamp.wrapping_add(STAMP_STEP);
-        after_send(self.fence, &to.ring, &self.shared, dest as usize);
+        if sleeps(self.fence, &to.ring) {
+            self.wake(dest as usize);
+        }
         Ok(())
+    }
+
+    /// Wakes `dest`'s receiver, which announced that it sleeps (on the futex, or armed on its
+    /// wake socket). The swap makes one sender the waker of each sleep.
+    #[cold]
+    #[inline(never)]
+    fn wake(&self, dest: usize) {
+        let Some(to) = self.dests.get(dest) else {
+            return;
+        };
+        let sleeping = to.ring.sleeper();
+        match sleeping.swap(AWAKE, ShmOrdering::AcqRel) {
+            AWAKE => {}
+            ARMED => self.shared.wake_socket(dest),
+            _ => futex_wake(sleeping, 1),
+        }
     }
 }
 
-/// Against a receiver going to sleep: it announces that, fences (the heavy side) and looks at
-/// every ring again before it sleeps; we fence (the light side: no instruction where the
-/// kernel has membarrier) and look at its word.
+/// After a send: against a receiver going to sleep (it announces that, fences, the heavy
+/// side, and looks at every ring again before it sleeps) we fence (the light side: no
+/// instruction where the kernel has membarrier) and look at its word: whether it announced a
+/// sleep, and the sender must wake it ([`LoopbackTx::wake`]).
 #[inline(always)]
-fn after_send(fence: AsymmetricFence, ring: &SpscRing, shared: &Shared, dest: usize) {
+fn sleeps(fence: AsymmetricFence, ring: &SpscRing) -> bool {
     fence.light();
-    let sleeping = ring.sleeper();
-    if sleeping.load(ShmOrdering::Relaxed) != AWAKE {
-        wake(sleeping, shared, dest);
-    }
+    ring.sleeper().load(ShmOrdering::Relaxed) != AWAKE
 }
 
 /// Writes a Long payload into the target's segment if it fits there (else only the head
@@ -377,18 +393,6 @@ fn place_long(segment: &Imported, off: usize, payload: Payload<'_>) -> Result<bo
         .map_err(io)?;
     }
     Ok(true)
-}
-
-/// Wakes `dest`'s receiver, which announced that it sleeps (on the futex, or armed on its
-/// wake socket). The swap makes one sender the waker of each sleep.
-#[cold]
-#[inline(never)]
-fn wake(sleeping: &AtomicU32, shared: &Shared, dest: usize) {
-    match sleeping.swap(AWAKE, ShmOrdering::AcqRel) {
-        AWAKE => {}
-        ARMED => shared.wake_socket(dest),
-        _ => futex_wake(sleeping, 1),
-    }
 }
 
 impl Tx for LoopbackTx {
@@ -412,7 +416,9 @@ impl Tx for LoopbackTx {
                         .publish(to.pos, header, msg.head)
                         .ok_or_else(outside)?;
                     to.stamp = to.stamp.wrapping_add(STAMP_STEP);
-                    after_send(self.fence, &to.ring, &self.shared, dest as usize);
+                    if sleeps(self.fence, &to.ring) {
+                        self.wake(dest as usize);
+                    }
                     return Ok(());
                 }
             }
