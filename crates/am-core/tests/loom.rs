@@ -140,3 +140,45 @@ fn loom_short_fast_path_and_wrap_wake_a_sleeper() {
         drop(sender.join().unwrap());
     });
 }
+
+/// Arming: a receiver that arms instead of sleeping loses no message. Whatever the order of
+/// its arming and a send, either its arming saw the message (`Ready`), or the sender, looking
+/// at the receiver's word after its publication, found it armed and woke its descriptor: once
+/// the sender is done, an armed receiver's descriptor is readable. Both sides run the real
+/// code (`Transport::arm`, the send path and its wake); only the descriptor is a real socket
+/// that loom does not model, read here once the sender has finished.
+#[test]
+fn loom_arming_never_misses_a_message() {
+    am_shm::sync::model(2, || {
+        let mut v = Loopback::cluster(2, LoopbackConfig::default().capacity(2));
+        let mut rx = v.pop().unwrap();
+        let mut tx = v.pop().unwrap();
+        let fd = rx
+            .wake_fd()
+            .unwrap()
+            .expect("loopback has a wake descriptor")
+            .try_clone_to_owned()
+            .unwrap();
+        let sender = am_shm::sync::spawn(move || {
+            let mut h = [0u8; MAX_HEAD_LEN];
+            let n = short(7, &mut h);
+            tx.try_send(1, &Outgoing::new(&h[..n], &[])).unwrap();
+            tx
+        });
+        let armed = rx.arm().unwrap();
+        let tx = sender.join().unwrap();
+        if let am_core::Armed::Sleep(_) = armed {
+            use std::os::fd::AsFd;
+            let mut fds = [nix::poll::PollFd::new(
+                fd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap();
+            assert_eq!(ready, 1, "armed, and the sender's wake-up was lost");
+        }
+        rx.disarm();
+        let got = rx.poll_recv(|d, _, _| d.bytes.to_vec()).unwrap();
+        assert!(got.is_some(), "the message is there once disarmed");
+        drop(tx);
+    });
+}
