@@ -265,9 +265,11 @@ impl<T: Transport> SharedNode<T> {
 /// rank whose threads compute without polling still serves its peers (see the
 /// [module docs](self)).
 ///
-/// It spins while messages come, then yields, then sleeps for short whiles (at most
-/// [`ProgressThread::IDLE_SLEEP`]); the first error a poll returns is kept (polling goes on,
-/// as after any error of [`Node::poll`]) and returned by [`stop`](Self::stop).
+/// It spins while messages come, then yields, then sleeps armed on the node's wake
+/// descriptor ([`Node::arm`]) until a message comes: an idle rank's progress thread uses no
+/// CPU. (Over a transport without one, it sleeps for short whiles,
+/// [`ProgressThread::IDLE_SLEEP`].) The first error a poll returns is kept (polling goes
+/// on, as after any error of [`Node::poll`]) and returned by [`stop`](Self::stop).
 #[derive(Debug)]
 pub struct ProgressThread {
     stop: Arc<AtomicBool>,
@@ -275,8 +277,13 @@ pub struct ProgressThread {
 }
 
 impl ProgressThread {
-    /// The longest sleep of an idle progress thread between two polls.
+    /// The longest sleep of an idle progress thread between two polls, over a transport
+    /// without a wake descriptor.
     pub const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+    /// The longest sleep of an idle progress thread armed on its node's wake descriptor
+    /// (which a message ends at once): how soon it sees [`ProgressThread::stop`].
+    pub const ARMED_SLEEP: Duration = Duration::from_millis(10);
 
     /// Starts a thread (named `amnet-progress-<rank>`) that polls `node`.
     pub fn spawn<T: Transport + Send + 'static>(node: SharedNode<T>) -> std::io::Result<Self> {
@@ -324,6 +331,13 @@ impl Drop for ProgressThread {
 fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmError> {
     let mut first = None;
     let mut idle = 0u32;
+    // The node's wake descriptor (a duplicate: it outlives the lock), for the idle sleeps.
+    let wake = node
+        .lock()
+        .wake_fd()
+        .ok()
+        .flatten()
+        .and_then(|fd| fd.try_clone_to_owned().ok());
     while !stop.load(Ordering::Acquire) {
         match node.try_poll() {
             Ok(Some(n)) if n > 0 => idle = 0,
@@ -338,8 +352,33 @@ fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmE
         } else if idle < 2 * SLICE {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(ProgressThread::IDLE_SLEEP);
+            match &wake {
+                Some(fd) => sleep_armed(node, fd),
+                None => std::thread::sleep(ProgressThread::IDLE_SLEEP),
+            }
         }
     }
     first
+}
+
+/// The idle progress thread's sleep: arms the node and sleeps on its descriptor (without the
+/// node's lock, which the rank's other threads may take meanwhile) until a message comes, or
+/// for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
+fn sleep_armed<T: Transport>(node: &SharedNode<T>, fd: &std::os::fd::OwnedFd) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let within = match node.lock().arm() {
+        Ok(crate::transport::Armed::Sleep(within)) => within.min(ProgressThread::ARMED_SLEEP),
+        _ => {
+            node.lock().disarm();
+            return;
+        }
+    };
+    let ms = within.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let _ = poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    );
+    node.lock().disarm();
 }

@@ -193,3 +193,42 @@ fn a_node_moves_to_another_thread_and_goes_on() {
         });
     });
 }
+
+/// Idle progress threads sleep armed on their nodes' wake descriptors: over a second in which
+/// no rank sends, the whole process (both ranks' progress threads) uses a small fraction of a
+/// core. Progress threads that polled, or slept in short steps, would use far more.
+#[test]
+fn idle_progress_threads_sleep() {
+    within(Duration::from_secs(60), || {
+        let together = std::sync::Barrier::new(2);
+        let used = run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let node = SharedNode::new(Node::new(t, Handlers::new(), Config::default()).unwrap());
+            let progress = ProgressThread::spawn(node.clone()).unwrap();
+            node.barrier().unwrap();
+            together.wait();
+            let before = process_cpu();
+            let t0 = std::time::Instant::now();
+            std::thread::sleep(Duration::from_secs(1));
+            let share = (process_cpu() - before).as_secs_f64() / t0.elapsed().as_secs_f64();
+            together.wait();
+            progress.stop().unwrap();
+            node.barrier().unwrap();
+            share
+        });
+        assert!(
+            used[0] < 0.05,
+            "idle progress threads used {:.1}% of a core",
+            used[0] * 100.0
+        );
+    });
+}
+
+/// CPU time of the whole process.
+fn process_cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
