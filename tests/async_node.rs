@@ -4,7 +4,6 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use amnet::{
@@ -12,20 +11,10 @@ use amnet::{
     Node, WaitMode,
 };
 
-const SQUARE: HandlerId = HandlerId(1);
+mod common;
+use common::within;
 
-/// Runs `f` on its own thread; panics if it has not finished within `limit`.
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(r)) => r,
-        Ok(Err(p)) => std::panic::resume_unwind(p),
-        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
-    }
-}
+const SQUARE: HandlerId = HandlerId(1);
 
 /// `SQUARE` answers `[x * x, caller]`, and counts its calls.
 fn kv_handlers() -> Handlers<Local> {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 /// An example binary, built next to the test binaries' directory by `cargo test`.
+#[allow(dead_code)]
 pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
@@ -101,5 +102,23 @@ pub fn random_access_on_every_process_transport(
         assert_eq!(row["transport"], expect, "{label}: {row}");
         assert_eq!(row["ranks"], 4, "{label}: {row}");
         assert_eq!(row["verified"], true, "{label}: {row}");
+    }
+}
+
+/// Runs `f` on its own thread; panics if it has not finished within `limit` (the thread is
+/// then left behind, and dies with the process), and re-raises its panic.
+#[allow(dead_code)]
+pub fn within<R: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(r)) => r,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
     }
 }

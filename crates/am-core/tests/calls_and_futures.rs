@@ -6,7 +6,6 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use am_core::future::block_on;
@@ -15,23 +14,13 @@ use am_core::{
     Node, RegisterError,
 };
 
+mod watchdog;
+use watchdog::within;
+
 const SQUARE: HandlerId = HandlerId(1);
 const SILENT: HandlerId = HandlerId(2);
 const STORE: HandlerId = HandlerId(3);
 const FETCH: HandlerId = HandlerId(4);
-
-/// Runs `f` on its own thread; panics if it has not finished within `limit`.
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(r)) => r,
-        Ok(Err(p)) => std::panic::resume_unwind(p),
-        Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
-    }
-}
 
 /// A key-value shard per rank: `STORE` keeps the payload under the first argument and
 /// answers whether the key was new; `FETCH` answers with the value (and 1), or 0.

@@ -17,6 +17,10 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use am_core::{Armed, TransportError};
+use am_shm::Doorbell;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,6 +67,71 @@ impl WakeSocket {
 impl AsFd for WakeSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
+    }
+}
+
+/// A rank's side of arming, what every NIC's `Transport::arm` shares: its wake socket (bound
+/// on first use) and the doorbell's `ARMED` bit.
+#[derive(Debug)]
+pub struct Wake {
+    nic: &'static str,
+    job: String,
+    rank: Rank,
+    sock: Option<WakeSocket>,
+}
+
+impl Wake {
+    /// Rank `rank` of job `job` on NIC `nic` (named in errors); nothing is bound yet.
+    pub fn new(nic: &'static str, job: &str, rank: Rank) -> Wake {
+        Wake {
+            nic,
+            job: job.to_owned(),
+            rank,
+            sock: None,
+        }
+    }
+
+    /// The wake socket, bound on first use.
+    fn socket(&mut self) -> Result<&WakeSocket, TransportError> {
+        let sock = match self.sock.take() {
+            Some(sock) => sock,
+            None => WakeSocket::bind(&self.job, self.rank).map_err(|e| {
+                TransportError::device_from(format!("{}: binding the wake socket", self.nic), e)
+            })?,
+        };
+        Ok(self.sock.insert(sock))
+    }
+
+    /// `Transport::wake_fd`: the socket's descriptor.
+    pub fn fd(&mut self) -> Result<BorrowedFd<'_>, TransportError> {
+        Ok(self.socket()?.as_fd())
+    }
+
+    /// Binds the socket before an arming looks for work (a sender that finds the rank armed
+    /// must reach it).
+    pub fn prepare(&mut self) -> Result<(), TransportError> {
+        self.socket().map(drop)
+    }
+
+    /// Arms `bell` after a look that found nothing ([`Doorbell::arm`]): [`Armed::Sleep`]
+    /// for at most `within`, or [`Armed::Ready`] (disarmed again) if a ring came first.
+    pub fn arm(&mut self, bell: &Doorbell<'_>, within: Duration) -> Armed {
+        if bell.arm() {
+            Armed::Sleep(within)
+        } else {
+            bell.disarm();
+            Armed::Ready
+        }
+    }
+
+    /// `Transport::disarm`: withdraws the announcement and reads the wake-ups queued.
+    pub fn disarm(&self, bell: Option<Doorbell<'_>>) {
+        if let Some(bell) = bell {
+            bell.disarm();
+        }
+        if let Some(sock) = &self.sock {
+            sock.drain();
+        }
     }
 }
 

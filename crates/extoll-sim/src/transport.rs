@@ -11,7 +11,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use am_core::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,
 };
-use am_nic::wake::{WakeSocket, Wakers};
+use am_nic::wake::{Wake, Wakers};
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
 use am_shm::{Imported, Rung, Segment, ShmError};
 
@@ -256,10 +256,8 @@ pub struct Extoll {
     /// Peers' lives (pids, departed words): `am_nic`'s check, run by the stalled-queue checks.
     liveness: am_nic::Liveness,
     watch: Watch,
-    /// The job's name, for the wake socket's address.
-    job: String,
-    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
-    wake: Option<WakeSocket>,
+    /// Where an event loop sleeps between `arm` and `disarm`.
+    wake: Wake,
 }
 
 impl TxState {
@@ -778,8 +776,7 @@ impl Extoll {
                 notes_since: now,
                 last_check: None,
             },
-            job,
-            wake: None,
+            wake: Wake::new("extoll", &job, rank as Rank),
         })
     }
 
@@ -1611,16 +1608,6 @@ impl Extoll {
         Ok(!self.has_work()?)
     }
 
-    /// The wake socket, bound on first use.
-    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
-        let sock = match self.wake.take() {
-            Some(sock) => sock,
-            None => WakeSocket::bind(&self.job, self.tx.rank as Rank)
-                .map_err(|e| SendError::device_from("extoll: binding the wake socket", e))?,
-        };
-        Ok(self.wake.insert(sock))
-    }
-
     fn has_work(&self) -> Result<bool, TransportError> {
         if !self.tx.faults.is_empty() {
             return Ok(true);
@@ -2076,33 +2063,23 @@ impl Transport for Extoll {
     }
 
     fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
-        Ok(Some(self.wake_socket()?.as_fd()))
+        self.wake.fd().map(Some)
     }
 
     /// As `wait` up to its sleep, then the doorbell's `ARMED` bit: the first ring after it
     /// (a sender's VELO message, a notification from a peer's or our own RMA engine) wakes
     /// the socket.
     fn arm(&mut self) -> Result<Armed, TransportError> {
-        self.wake_socket()?;
+        self.wake.prepare()?;
         if !self.nothing_to_do()? {
             return Ok(Armed::Ready);
         }
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
-        if bell.arm() && !self.has_work()? {
-            Ok(Armed::Sleep(LIVENESS_AFTER))
-        } else {
-            bell.disarm();
-            Ok(Armed::Ready)
-        }
+        Ok(self.wake.arm(&bell, LIVENESS_AFTER))
     }
 
     fn disarm(&mut self) {
-        if let Ok(bell) = self.seg.doorbell(DOORBELL) {
-            bell.disarm();
-        }
-        if let Some(w) = &self.wake {
-            w.drain();
-        }
+        self.wake.disarm(self.seg.doorbell(DOORBELL).ok());
     }
 
     fn close(&mut self) {

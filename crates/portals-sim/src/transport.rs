@@ -12,14 +12,14 @@
 //! they landed, as a view (`Received::Shared`); an inline Short is rebuilt in private
 //! memory (`Received::Private`).
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use am_core::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,
 };
-use am_nic::wake::{WakeSocket, Wakers};
+use am_nic::wake::{Wake, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::{Imported, Segment};
 
@@ -246,10 +246,8 @@ pub struct Portals {
     stuck: bool,
     /// Peers found departed by a liveness check, reported one per poll.
     departures: std::collections::VecDeque<Rank>,
-    /// The job's name, for the wake socket's address.
-    job: String,
-    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
-    wake: Option<WakeSocket>,
+    /// Where an event loop sleeps between `arm` and `disarm`.
+    wake: Wake,
 }
 
 /// A failure of this rank's own device (its cause kept as the source).
@@ -724,8 +722,7 @@ impl Portals {
             in_flight_waits: 0,
             stuck: false,
             departures: std::collections::VecDeque::new(),
-            job,
-            wake: None,
+            wake: Wake::new("portals", &job, rank),
         }
     }
 
@@ -848,16 +845,6 @@ impl Portals {
     /// (`nic(r).put(...)` runs the wire into rank `r`).
     pub fn nic(&self, rank: Rank) -> Option<Nic<'_>> {
         (rank < self.tx.layout.ranks).then(|| self.tx.nic(rank as usize))
-    }
-
-    /// The wake socket, bound on first use.
-    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
-        let sock = match self.wake.take() {
-            Some(sock) => sock,
-            None => WakeSocket::bind(&self.job, self.tx.rank)
-                .map_err(|e| TransportError::device_from("portals: binding the wake socket", e))?,
-        };
-        Ok(self.wake.insert(sock))
     }
 
     /// The AM segment: a view of this rank's byte area after the send slots.
@@ -1505,14 +1492,14 @@ impl Transport for Portals {
     }
 
     fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
-        Ok(Some(self.wake_socket()?.as_fd()))
+        self.wake.fd().map(Some)
     }
 
     /// As `wait` up to its sleep, then the doorbell's `ARMED` bit: the first ring after it
     /// wakes the socket. Behind a claim in flight (whose producer may not ring) the sleep is
     /// short, as `wait`'s.
     fn arm(&mut self) -> Result<Armed, TransportError> {
-        self.wake_socket()?;
+        self.wake.prepare()?;
         if self.owner.eq_ready(&self.own).map_err(ni_fault)? {
             return Ok(Armed::Ready);
         }
@@ -1523,25 +1510,22 @@ impl Transport for Portals {
         // Producers ring only while we are announced (until `disarm`).
         let quiet = self.owner.announce_wait(&self.own).map_err(ni_fault)?;
         let bell = self.owner.doorbell(&self.own).map_err(ni_fault)?;
-        if !bell.arm() || self.owner.eq_ready(&self.own).map_err(ni_fault)? {
-            self.disarm();
-            return Ok(Armed::Ready);
-        }
-        Ok(Armed::Sleep(if quiet {
+        let within = if quiet {
             LIVENESS_AFTER
         } else {
             IN_FLIGHT_SLEEP
-        }))
+        };
+        let armed = self.wake.arm(&bell, within);
+        if armed == Armed::Ready || self.owner.eq_ready(&self.own).map_err(ni_fault)? {
+            self.disarm();
+            return Ok(Armed::Ready);
+        }
+        Ok(armed)
     }
 
     fn disarm(&mut self) {
-        if let Ok(bell) = self.owner.doorbell(&self.own) {
-            bell.disarm();
-        }
+        self.wake.disarm(self.owner.doorbell(&self.own).ok());
         let _ = self.owner.end_wait(&self.own);
-        if let Some(w) = &self.wake {
-            w.drain();
-        }
     }
 
     /// Sleeps on the event queue's doorbell when nothing is claimed at its head; behind a

@@ -1,7 +1,7 @@
 //! [`Sci`]: the NIC of one rank, as an `am_core::Transport`.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use am_core::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
     Transport, TransportError, Tx,
 };
-use am_nic::wake::{WakeSocket, Wakers};
+use am_nic::wake::{Wake, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
 use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::AsymmetricFence;
@@ -334,10 +334,8 @@ pub struct Sci {
     stale_polls: u32,
     /// Offset of the AM segment in our byte area (`Layout::segment_base`, computed once).
     am_base: usize,
-    /// The job's name, for the wake socket's address.
-    job: String,
-    /// Where an event loop sleeps between `arm` and `disarm` (bound on first use).
-    wake: Option<WakeSocket>,
+    /// Where an event loop sleeps between `arm` and `disarm`.
+    wake: Wake,
 }
 
 /// A shared-memory access of this NIC's own layout that failed (its cause kept as the
@@ -864,8 +862,7 @@ impl Sci {
             },
             stale_polls: 0,
             am_base: layout.segment_base(),
-            job,
-            wake: None,
+            wake: Wake::new("sci", &job, rank as Rank),
         })
     }
 
@@ -996,16 +993,6 @@ impl Sci {
         }
         self.liveness_tick()?;
         Ok(self.work.is_empty())
-    }
-
-    /// The wake socket, bound on first use.
-    fn wake_socket(&mut self) -> Result<&WakeSocket, TransportError> {
-        let sock = match self.wake.take() {
-            Some(sock) => sock,
-            None => WakeSocket::bind(&self.job, self.tx.rank as Rank)
-                .map_err(|e| SendError::device_from("sci: binding the wake socket", e))?,
-        };
-        Ok(self.wake.insert(sock))
     }
 
     /// Takes the message-exist flag: clears it, tells the senders whose tags it cleared (a new
@@ -1470,32 +1457,22 @@ impl Transport for Sci {
     }
 
     fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
-        Ok(Some(self.wake_socket()?.as_fd()))
+        self.wake.fd().map(Some)
     }
 
     /// As `wait` up to its sleep, then the message-exist flag's `ARMED` bit: the first ring
     /// after it wakes the socket (the DMA engine's completions ring it too).
     fn arm(&mut self) -> Result<Armed, TransportError> {
-        self.wake_socket()?;
+        self.wake.prepare()?;
         if !self.nothing_to_do()? {
             return Ok(Armed::Ready);
         }
         let bell = self.seg.doorbell(MEF).map_err(sci_err)?;
-        if bell.arm() {
-            Ok(Armed::Sleep(LIVENESS_AFTER))
-        } else {
-            bell.disarm();
-            Ok(Armed::Ready)
-        }
+        Ok(self.wake.arm(&bell, LIVENESS_AFTER))
     }
 
     fn disarm(&mut self) {
-        if let Ok(bell) = self.seg.doorbell(MEF) {
-            bell.disarm();
-        }
-        if let Some(w) = &self.wake {
-            w.drain();
-        }
+        self.wake.disarm(self.seg.doorbell(MEF).ok());
     }
 }
 
