@@ -1,5 +1,5 @@
 //! The shared-node flood example on every transport: two processes (threads for loopback),
-//! each flooding the other from two threads on one shared node and then from one thread,
+//! each flooding the other from four threads on one shared node and then from one thread,
 //! every request handled exactly once (the example checks its counts), bounded in time.
 
 use std::process::Command;
@@ -13,7 +13,7 @@ fn threads_on_a_shared_node_flood_every_transport() {
     for transport in ["loopback", "sci", "extoll", "portals", "udp"] {
         let mut cmd = Command::new(example("shared_flood"));
         cmd.args(["--transport", transport, "--flood", "3000", "--rounds", "2"])
-            .args(["--threads", "2"])
+            .args(["--threads", "4"])
             // Four threads and two processes on however few cores: yield while waiting.
             .env("AM_WAIT", "yield");
         let run = run_bounded(cmd, Duration::from_secs(120));
