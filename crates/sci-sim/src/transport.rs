@@ -382,7 +382,7 @@ fn publish_to(
     fence: AsymmetricFence,
     rank: usize,
     peers: &[Imported],
-    wakers: &Wakers,
+    wakers: &Arc<Wakers>,
     takes: Option<&WordRun>,
     dest: usize,
     to: &mut Dest,
@@ -415,7 +415,12 @@ fn publish_to(
 /// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange), and
 /// wakes it on its wake socket if it is armed there.
 #[inline(never)]
-fn ring(peers: &[Imported], wakers: &Wakers, dest: usize, rank: usize) -> Result<(), SendError> {
+fn ring(
+    peers: &[Imported],
+    wakers: &Arc<Wakers>,
+    dest: usize,
+    rank: usize,
+) -> Result<(), SendError> {
     let Some(peer) = peers.get(dest) else {
         return Err(SendError::PeerLost(dest as Rank));
     };
