@@ -36,6 +36,10 @@ struct Args {
     /// Measure only this driver (block, tokio, spin, tokio-spin); the others report 0
     #[arg(long)]
     only: Option<String>,
+    /// Empty polls before a sleeping driver sleeps (`Config::spin_polls`): 0 sleeps between
+    /// every two messages, for block and tokio alike
+    #[arg(long)]
+    spin_polls: Option<u32>,
 }
 
 const ECHO: HandlerId = HandlerId(1);
@@ -97,7 +101,11 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
     })?;
     let d = done.clone();
     handlers.request(DONE, "done", AmKind::Short, move |_, _| d.raise())?;
-    let mut node: Node<_, Local> = Node::new(t, handlers, Config::from_env()?)?;
+    let mut config = Config::from_env()?;
+    if let Some(n) = args.spin_polls {
+        config = config.spin_polls(n);
+    }
+    let mut node: Node<_, Local> = Node::new(t, handlers, config)?;
     anyhow::ensure!(node.size() == 2, "run with 2 ranks");
     let me = node.rank();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -179,8 +187,9 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
     if me == 0 {
         let [b, t, s, ts] = rtt.map(|mut v| median(&mut v));
         println!(
-            "{{\"transport\":\"{}\",\"iters\":{},\"rounds\":{},\"block_us\":{b:.3},\"tokio_us\":{t:.3},\"spin_us\":{s:.3},\"tokio_spin_us\":{ts:.3},\"tokio_to_block\":{:.3},\"tokio_spin_to_spin\":{:.3}}}",
+            "{{\"transport\":\"{}\",\"spin_polls\":{},\"iters\":{},\"rounds\":{},\"block_us\":{b:.3},\"tokio_us\":{t:.3},\"spin_us\":{s:.3},\"tokio_spin_us\":{ts:.3},\"tokio_to_block\":{:.3},\"tokio_spin_to_spin\":{:.3}}}",
             node.transport().name(),
+            node.config().spin_polls,
             args.iters,
             args.rounds,
             t / b,
