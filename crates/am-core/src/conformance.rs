@@ -21,6 +21,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::transport::readable;
 use crate::{
     run_ranks, AmError, AmKind, Config, HandlerId, Handlers, Node, Rank, StartError, Transport,
     TryRequestError, WaitMode,
@@ -596,15 +597,6 @@ impl DoneFlag {
     }
 }
 
-/// Whether `fd` is readable within `timeout`.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-    poll(&mut fds, timeout).expect("poll") == 1
-}
-
 /// Arming ([`Node::arm`]): a rank armed on its wake descriptor is woken by the first request
 /// sent to it, and handles it once disarmed; a rank that arms with a message waiting is told
 /// to poll instead; and, where the descriptor is the NIC's own (not a socket that every
@@ -649,7 +641,7 @@ pub fn arming_wakes_the_rank<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
             armed.open();
             let fd = node.wake_fd().expect("wake fd").expect("still there");
             assert!(
-                readable(fd, watchdog_limit()),
+                readable(fd, watchdog_limit()).expect("poll"),
                 "the request woke the armed rank"
             );
             node.disarm();
@@ -667,7 +659,7 @@ pub fn arming_wakes_the_rank<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
                 .expect("requests");
             let fd = node.wake_fd().expect("wake fd").expect("still there");
             assert!(
-                !nic_owned || !readable(fd, std::time::Duration::ZERO),
+                !nic_owned || !readable(fd, std::time::Duration::ZERO).expect("poll"),
                 "messages to a rank not armed woke its descriptor"
             );
             let order: Vec<u32> = seen.order_from(0);

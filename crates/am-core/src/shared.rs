@@ -365,20 +365,12 @@ fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmE
 /// node's lock, which the rank's other threads may take meanwhile) until a message comes, or
 /// for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
 fn sleep_armed<T: Transport>(node: &SharedNode<T>, fd: &std::os::fd::OwnedFd) {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let within = match node.lock().arm() {
-        Ok(crate::transport::Armed::Sleep(within)) => within.min(ProgressThread::ARMED_SLEEP),
-        _ => {
-            node.lock().disarm();
-            return;
-        }
-    };
-    let ms = within.as_millis().clamp(1, i32::MAX as u128) as i32;
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-    let _ = poll(
-        &mut fds,
-        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-    );
+    // Its own statement: the guard must be gone before the node is locked again below.
+    let armed = node.lock().arm();
+    if let Ok(crate::transport::Armed::Sleep(within)) = armed {
+        // An error ends the sleep early: the next poll finds out what there is.
+        let _ = crate::transport::readable(fd.as_fd(), within.min(ProgressThread::ARMED_SLEEP));
+    }
     node.lock().disarm();
 }

@@ -62,3 +62,65 @@ fn progress_threads_cpu() -> Duration {
     }
     Duration::from_millis(10 * ticks)
 }
+
+/// A transport whose arming always finds work (as any does when a message comes between a
+/// poll and the arming): the idle progress thread must poll again and still stop when asked.
+struct NeverSleeps(am_core::Loopback);
+
+impl am_core::Tx for NeverSleeps {
+    fn try_send(
+        &mut self,
+        dest: am_core::Rank,
+        msg: &am_core::Outgoing<'_>,
+    ) -> Result<(), am_core::SendError> {
+        self.0.try_send(dest, msg)
+    }
+}
+
+impl am_core::Transport for NeverSleeps {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn rank(&self) -> am_core::Rank {
+        self.0.rank()
+    }
+    fn size(&self) -> u32 {
+        self.0.size()
+    }
+    fn limits(&self) -> am_core::Limits {
+        self.0.limits()
+    }
+    fn segment(&self) -> am_core::SharedBytes<'_> {
+        self.0.segment()
+    }
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(am_core::Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn am_core::Tx) -> R,
+    ) -> Result<Option<R>, am_core::TransportError> {
+        self.0.poll_recv(f)
+    }
+    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, am_core::TransportError> {
+        self.0.wake_fd()
+    }
+    fn arm(&mut self) -> Result<am_core::Armed, am_core::TransportError> {
+        Ok(am_core::Armed::Ready)
+    }
+}
+
+/// An idle progress thread whose arming says `Ready` every time goes on polling (it must not
+/// take the node's lock twice) and stops when asked.
+#[test]
+fn a_progress_thread_whose_arming_finds_work_stops() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(1, LoopbackConfig::default()), |t| {
+            let node = SharedNode::new(
+                Node::new(NeverSleeps(t), Handlers::new(), Config::default()).unwrap(),
+            );
+            let progress = ProgressThread::spawn(node.clone()).unwrap();
+            // Long enough to go idle and arm many times.
+            std::thread::sleep(Duration::from_millis(100));
+            progress.stop().unwrap();
+            node.barrier().unwrap();
+        });
+    });
+}
