@@ -71,13 +71,20 @@ fn answer(
     args: &[u32],
     payload: Payload<'_>,
 ) -> Result<(), AmError> {
+    let words = numbered(number, args)?;
+    token.reply_medium(reply_to, &words[..=args.len()], payload)
+}
+
+/// A call's or an answer's arguments on the wire: the call's number, then `args` (at most
+/// 15); the first `args.len() + 1` words are the message's.
+pub(crate) fn numbered(number: u32, args: &[u32]) -> Result<[u32; crate::wire::MAX_ARGS], AmError> {
     let mut words = [0u32; crate::wire::MAX_ARGS];
     let Some(rest) = words.get_mut(1..=args.len()) else {
         return Err(AmError::TooManyArgs(args.len() + 1));
     };
     rest.copy_from_slice(args);
     words[0] = number;
-    token.reply_medium(reply_to, &words[..=args.len()], payload)
+    Ok(words)
 }
 
 impl Drop for Call<'_> {

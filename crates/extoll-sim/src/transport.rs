@@ -266,7 +266,7 @@ impl TxState {
     #[inline(never)]
     fn wake(&self, d: usize) {
         if let Some(peer) = self.peers.get(d) {
-            peer.rang(Rung::Armed);
+            peer.wakers.wake(peer.rank);
         }
     }
 

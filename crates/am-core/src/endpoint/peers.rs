@@ -171,11 +171,8 @@ impl<H: Threading> Endpoint<H> {
                 kind: crate::types::AmKind::Medium,
             });
         };
-        let mut words = [0u32; crate::wire::MAX_ARGS];
-        let Some(rest) = words.get_mut(1..=args.len()) else {
-            return Err(AmError::TooManyArgs(args.len() + 1));
-        };
-        rest.copy_from_slice(args);
+        // Checked before the call is opened: a refused call leaves nothing to close.
+        let mut words = crate::call::numbered(0, args)?;
         let number = site.calls.open(dest);
         words[0] = number;
         Ok((site.calls.clone(), number, words))
