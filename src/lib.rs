@@ -35,6 +35,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use am_bootstrap::EndpointLayout;
 pub use am_core::*;
 // Inlined, so `cargo doc -p amnet` documents them under this crate (with `--no-deps` too).
 #[doc(inline)]
@@ -329,6 +330,15 @@ pub enum JobError {
         /// What went wrong.
         message: String,
     },
+    /// More endpoints than a job can number (`processes × per_process` must fit a `u32`),
+    /// or none.
+    #[error("{per_process} endpoints in each of {processes} processes is not a job")]
+    Endpoints {
+        /// Processes in the job.
+        processes: u32,
+        /// Endpoints asked for in each.
+        per_process: u32,
+    },
     /// A rank's main function returned an error.
     #[error("rank {rank} failed: {message}")]
     RankFailed {
@@ -396,9 +406,73 @@ where
     F: Fn(AnyTransport) -> Result<(), E> + Sync,
     E: fmt::Display,
 {
+    run_job_endpoints(opts, 1, |endpoints| {
+        let transport = endpoints
+            .into_transports()
+            .pop()
+            .expect("a process of one endpoint has one transport");
+        main(transport)
+    })
+}
+
+/// Runs a job whose processes open `per_process` endpoints each: `main` runs once per
+/// process (per rank of [`run_job`]) with all of the process's [`Endpoints`], usually to hand
+/// each to a thread of its own (GASNet-EX's `gex_EP_Create`, UCX's worker per thread).
+///
+/// Each endpoint is a rank of its own in the transport's job: endpoint `e` of process `p` is
+/// rank `p × per_process + e` ([`EndpointLayout`]), with its own transport resources (no
+/// lock shared with the process's other endpoints), its own credits toward every other
+/// endpoint, and a place in every barrier (all endpoints of all processes enter it). A
+/// message to endpoint `e` of process `p` is a message to [`EndpointLayout::rank`]`(p, e)`.
+///
+/// The job is started as [`run_job`] starts it, with the same results and errors; a failing
+/// process is named by its process rank.
+///
+/// ```no_run
+/// use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
+///
+/// const HELLO: HandlerId = HandlerId(1);
+/// let code = amnet::run_job_endpoints(&JobOptions::default(), 2, |endpoints| {
+///     let layout = endpoints.layout();
+///     let process = endpoints.process();
+///     std::thread::scope(|s| {
+///         let threads: Vec<_> = endpoints
+///             .into_transports()
+///             .into_iter()
+///             .map(|transport| {
+///                 s.spawn(move || {
+///                     let mut handlers = Handlers::new();
+///                     handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
+///                         println!("hello from endpoint {}", msg.src());
+///                     })?;
+///                     let mut node = Node::new(transport, handlers, Config::from_env()?)?;
+///                     // The same endpoint of the next process.
+///                     let ep = layout.endpoint_of(node.rank());
+///                     let next = (process + 1) % layout.processes();
+///                     node.request_short(layout.rank(next, ep), HELLO, &[])?;
+///                     node.barrier()?;
+///                     Ok::<_, amnet::AmError>(())
+///                 })
+///             })
+///             .collect();
+///         threads.into_iter().try_for_each(|t| t.join().expect("no panic"))
+///     })
+/// })
+/// .expect("job");
+/// std::process::exit(code);
+/// ```
+pub fn run_job_endpoints<F, E>(
+    opts: &JobOptions,
+    per_process: u32,
+    main: F,
+) -> Result<i32, JobError>
+where
+    F: Fn(Endpoints) -> Result<(), E> + Sync,
+    E: fmt::Display,
+{
     let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?;
     if am_launch::JobInfo::is_launched() {
-        let mut info = am_launch::JobInfo::from_env()?;
+        let info = am_launch::JobInfo::from_env()?;
         let transport = match &info.transport {
             Some(name) => name.parse()?,
             None if opts.transport.ranks_are_threads() && info.size > 1 => launcher_default(&info),
@@ -410,11 +484,23 @@ where
         if transport.ranks_are_threads() && info.size > 1 {
             return Err(JobError::LoopbackUnderLauncher);
         }
-        let t = connect(transport, &mut info, segment_size)?;
-        return match main(t) {
+        let process = info.rank;
+        let processes = info.size;
+        let mut infos = am_bootstrap::split_endpoints(info, per_process)?;
+        let transports = connect_endpoints(transport, &mut infos, segment_size)?;
+        let endpoints = Endpoints {
+            layout: layout(processes, per_process)?,
+            process,
+            transports,
+        };
+        // The infos (the launcher's store) stay open until `main` is done, as in a job of one
+        // endpoint per process.
+        let result = main(endpoints);
+        drop(infos);
+        return match result {
             Ok(()) => Ok(0),
             Err(e) => Err(JobError::RankFailed {
-                rank: info.rank,
+                rank: process,
                 message: e.to_string(),
             }),
         };
@@ -424,35 +510,51 @@ where
         return Err(JobError::NotBuilt(kind));
     }
     if kind.ranks_are_threads() {
-        let transports = cluster(kind, opts.ranks, segment_size)?;
-        // A rank that fails ends the job, as a launcher would, so no rank waits for it forever;
-        // the job reports the first failure in time (the cause, not the aborts it caused).
-        let abort = match transports.first() {
+        let layout = layout(opts.ranks, per_process)?;
+        let mut transports = cluster(kind, layout.ranks(), segment_size)?.into_iter();
+        // A process that fails ends the job, as a launcher would, so no process waits for it
+        // forever; the job reports the first failure in time (the cause, not the aborts it
+        // caused).
+        let abort = match transports.as_slice().first() {
             Some(AnyTransport::Loopback(t)) => Some(t.abort_handle()),
             _ => None,
         };
+        let processes: Vec<Endpoints> = (0..layout.processes())
+            .map(|process| Endpoints {
+                layout,
+                process,
+                transports: transports
+                    .by_ref()
+                    .take(layout.per_process() as usize)
+                    .collect(),
+            })
+            .collect();
         let failures = std::sync::Mutex::new(Vec::new());
-        run_ranks(transports, |t| {
-            let rank = t.rank();
-            if let Err(e) = main(t) {
+        run_ranks(processes, |endpoints| {
+            let process = endpoints.process;
+            if let Err(e) = main(endpoints) {
                 failures
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push((rank, e.to_string()));
+                    .push((process, e.to_string()));
                 if let Some(abort) = &abort {
                     abort.abort();
                 }
             }
         });
         let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
-        // The cause is the rank that left first: `main` drops its transport as it returns
-        // the error, before the peers that then fail can tell (a peer's send to it fails at
-        // once); without departure times, the first one recorded.
+        // The cause is the process that left first: `main` drops its transports as it
+        // returns the error, before the peers that then fail can tell (a peer's send to it
+        // fails at once); without departure times, the first one recorded.
         let cause = failures
             .into_iter()
             .enumerate()
-            .min_by_key(|(k, (rank, _))| {
-                let left = abort.as_ref().and_then(|a| a.departure(*rank));
+            .min_by_key(|(k, (process, _))| {
+                let left = abort.as_ref().and_then(|a| {
+                    (0..layout.per_process())
+                        .filter_map(|e| a.departure(layout.rank(*process, e)))
+                        .min()
+                });
                 (left.unwrap_or(u64::MAX), *k)
             });
         if let Some((_, (rank, message))) = cause {
@@ -464,6 +566,92 @@ where
         .transport(kind.name())
         .prefix_output(opts.prefix_output)
         .run()?)
+}
+
+fn layout(processes: u32, per_process: u32) -> Result<EndpointLayout, JobError> {
+    EndpointLayout::new(processes, per_process).ok_or(JobError::Endpoints {
+        processes,
+        per_process,
+    })
+}
+
+/// The endpoints of one process of a job started by [`run_job_endpoints`].
+#[derive(Debug)]
+pub struct Endpoints {
+    layout: EndpointLayout,
+    process: u32,
+    transports: Vec<AnyTransport>,
+}
+
+impl Endpoints {
+    /// Where every endpoint of the job is.
+    pub fn layout(&self) -> EndpointLayout {
+        self.layout
+    }
+
+    /// This process's rank among the job's processes.
+    pub fn process(&self) -> u32 {
+        self.process
+    }
+
+    /// This process's endpoints, by index: endpoint `e`'s transport is rank
+    /// `layout().rank(process(), e)` of the transports' job.
+    pub fn into_transports(self) -> Vec<AnyTransport> {
+        self.transports
+    }
+}
+
+/// Connects the endpoints of this process ([`am_bootstrap::split_endpoints`] gives their
+/// infos) to the transport `kind`, each on a thread of its own, since their start-ups fence
+/// together. One endpoint connects on this thread. When one fails to connect, the others'
+/// start-ups fail too (its share of the store is dropped) and the first error is returned.
+pub fn connect_endpoints(
+    kind: TransportKind,
+    infos: &mut [am_launch::JobInfo],
+    segment_size: usize,
+) -> Result<Vec<AnyTransport>, JobError> {
+    if let [info] = infos {
+        return Ok(vec![connect(kind, info, segment_size)?]);
+    }
+    std::thread::scope(|s| {
+        let threads: Vec<_> = infos
+            .iter_mut()
+            .map(|info| {
+                std::thread::Builder::new()
+                    .name(format!("amnet-connect-{}", info.rank))
+                    .spawn_scoped(s, move || {
+                        let connected = connect(kind, info, segment_size);
+                        if connected.is_err() {
+                            // Its share of the store goes, so that the other endpoints'
+                            // fences fail instead of waiting for this one.
+                            info.kvs = None;
+                        }
+                        connected
+                    })
+            })
+            .collect();
+        let mut transports = Vec::with_capacity(threads.len());
+        let mut first = None;
+        for thread in threads {
+            let result = match thread {
+                Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(e) => Err(JobError::Transport {
+                    transport: kind,
+                    message: format!("starting a thread to connect an endpoint: {e}"),
+                }),
+            };
+            match result {
+                Ok(t) => transports.push(t),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(transports),
+        }
+    })
 }
 
 fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> JobError {

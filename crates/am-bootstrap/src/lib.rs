@@ -25,8 +25,9 @@
 
 // Modules in one direction: `types`, `ids`, `liveness`, `keyfile` and `wire` import nothing
 // of this crate; `error` imports `types`; `store` and `env` import `error`; `client` and
-// `pmix` are built on those; `job` (detection) is on top.
+// `pmix` are built on those; `job` (detection) is on top, and `endpoints` on it.
 mod client;
+mod endpoints;
 mod env;
 mod error;
 mod ids;
@@ -39,6 +40,7 @@ mod types;
 #[doc(hidden)]
 pub mod wire;
 
+pub use endpoints::{split as split_endpoints, EndpointLayout};
 pub use error::BootstrapError;
 pub use ids::{is_valid_job_id, random_job_id, random_job_key};
 pub use job::{launcher_variables_seen, JobInfo};
