@@ -53,10 +53,14 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
     let n = args.flood;
     let threads = args.threads.max(1);
     let (mut single, mut shared) = (Vec::new(), Vec::new());
+    let mut expected = 0;
     for round in 0..args.rounds {
         for shared_turn in [round % 2 == 1, round % 2 == 0] {
             node.barrier()?;
-            let want = got.load(Ordering::Relaxed) + n;
+            // Counted from the start: the peer's flood may begin, and be handled here, while
+            // this rank is still in the barrier.
+            expected += n;
+            let want = expected;
             let t0 = Instant::now();
             if shared_turn {
                 let sn = SharedNode::new(node);
