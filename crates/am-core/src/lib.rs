@@ -68,6 +68,7 @@ pub mod rma;
 pub mod shared;
 pub mod transport;
 pub mod types;
+pub mod wait;
 pub mod wire;
 
 pub use atomic::{AtomicOp, AtomicWord};
@@ -90,6 +91,7 @@ pub use transport::{
     SharedBytes, Transport, TransportError, Tx,
 };
 pub use types::{AmKind, Category, HandlerId, Rank};
+pub use wait::wait_any;
 
 /// Runs one closure per transport, each on its own thread, and returns their results in rank
 /// order: the way to run a job whose ranks are threads ([`Loopback`], or any transport whose

@@ -89,12 +89,70 @@ impl<T: Transport, H: Threading> Node<T, H> {
         Self::start(transport, handlers, config, Policy::Custom(credits))
     }
 
+    /// Starts the nodes of several endpoints of this process from this one thread (each of
+    /// [`Node::new`] alone would wait for the others' start-up, which only this thread
+    /// drives), with the credit policy of `config` for each. Collective, like [`Node::new`]:
+    /// every rank of the job starts its node, by `new` or here. The nodes come back in the
+    /// order of `parts`.
+    pub fn start_all(
+        parts: impl IntoIterator<Item = (T, Handlers<H>)>,
+        config: Config,
+    ) -> Result<Vec<Self>, StartError> {
+        let mut nodes = Vec::new();
+        for (transport, handlers) in parts {
+            let limits = transport.limits();
+            let policy = config
+                .credits
+                .build(transport.size(), limits.max_credits)
+                .map_err(|why| {
+                    StartError::Config(format!("{} transport: {why}", transport.name()))
+                })?;
+            nodes.push(Self::unstarted(transport, handlers, config.clone(), policy));
+        }
+        let mut started = vec![false; nodes.len()];
+        let mut idle = 0u32;
+        while started.contains(&false) {
+            let mut progressed = false;
+            for (node, started) in nodes.iter_mut().zip(started.iter_mut()) {
+                if *started {
+                    continue;
+                }
+                if node.start_step()? {
+                    *started = true;
+                    progressed = true;
+                } else {
+                    progressed |= node.poll_once()?;
+                }
+            }
+            idle = if progressed {
+                0
+            } else {
+                idle.saturating_add(1)
+            };
+            if idle > nodes.len() as u32 * 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(nodes)
+    }
+
     fn start(
         transport: T,
         handlers: Handlers<H>,
         config: Config,
         credits: Policy,
     ) -> Result<Self, StartError> {
+        let mut node = Self::unstarted(transport, handlers, config, credits);
+        let mut idle = 0;
+        while !node.start_step()? {
+            node.progress(&mut idle)?;
+        }
+        Ok(node)
+    }
+
+    fn unstarted(transport: T, handlers: Handlers<H>, config: Config, credits: Policy) -> Self {
         let ep = Endpoint::with_policy(
             transport.rank(),
             transport.size(),
@@ -103,22 +161,25 @@ impl<T: Transport, H: Threading> Node<T, H> {
             handlers,
             credits,
         );
-        let mut node = Node {
+        Node {
             transport,
             ep,
             config,
-        };
-        // Start-up: no rank sends a user message before it has heard that all agree.
-        let mut idle = 0;
-        loop {
-            if let Poll::Ready(r) = node.ep.start_step(&mut node.transport) {
+        }
+    }
+
+    /// One step of start-up (no rank sends a user message before it has heard that all
+    /// agree): whether it is over.
+    fn start_step(&mut self) -> Result<bool, StartError> {
+        match self.ep.start_step(&mut self.transport) {
+            Poll::Ready(r) => {
                 r?;
                 // After start-up, which ends with every credit home.
-                let coalesce = node.transport.capabilities().acks_coalesce;
-                node.ep.set_acks_coalesce(coalesce);
-                return Ok(node);
+                let coalesce = self.transport.capabilities().acks_coalesce;
+                self.ep.set_acks_coalesce(coalesce);
+                Ok(true)
             }
-            node.progress(&mut idle)?;
+            Poll::Pending => Ok(false),
         }
     }
 

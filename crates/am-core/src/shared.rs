@@ -12,6 +12,7 @@
 //!
 //! A node that only one thread drives needs neither: [`Node`] itself moves between threads.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
@@ -287,11 +288,24 @@ impl ProgressThread {
 
     /// Starts a thread (named `amnet-progress-<rank>`) that polls `node`.
     pub fn spawn<T: Transport + Send + 'static>(node: SharedNode<T>) -> std::io::Result<Self> {
+        Self::spawn_all(vec![node])
+    }
+
+    /// Starts a thread (named `amnet-progress-<rank>` after the first node's rank) that polls
+    /// every node of `nodes` in turn, and sleeps armed on all their wake descriptors at once
+    /// when none has work: one progress thread for all the endpoints of a process.
+    pub fn spawn_all<T: Transport + Send + 'static>(
+        nodes: Vec<SharedNode<T>>,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
+        let name = match nodes.first() {
+            Some(node) => format!("amnet-progress-{}", node.rank()),
+            None => "amnet-progress".to_owned(),
+        };
         let thread = std::thread::Builder::new()
-            .name(format!("amnet-progress-{}", node.rank()))
-            .spawn(move || progress(&node, &stopped))?;
+            .name(name)
+            .spawn(move || progress(&nodes, &stopped))?;
         Ok(ProgressThread {
             stop,
             thread: Some(thread),
@@ -328,32 +342,40 @@ impl Drop for ProgressThread {
 }
 
 /// The progress thread's loop.
-fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmError> {
+fn progress<T: Transport>(nodes: &[SharedNode<T>], stop: &AtomicBool) -> Option<AmError> {
     let mut first = None;
     let mut idle = 0u32;
-    // The node's wake descriptor (a duplicate: it outlives the lock), for the idle sleeps.
-    let wake = node
-        .lock()
-        .wake_fd()
-        .ok()
-        .flatten()
-        .and_then(|fd| fd.try_clone_to_owned().ok());
+    // The nodes' wake descriptors (duplicates: they outlive the locks), for the idle sleeps;
+    // `None` if one has none.
+    let wake: Option<Vec<OwnedFd>> = nodes
+        .iter()
+        .map(|node| {
+            node.lock()
+                .wake_fd()
+                .ok()
+                .flatten()
+                .and_then(|fd| fd.try_clone_to_owned().ok())
+        })
+        .collect();
     while !stop.load(Ordering::Acquire) {
-        match node.try_poll() {
-            Ok(Some(n)) if n > 0 => idle = 0,
-            Ok(_) => idle = idle.saturating_add(1),
-            Err(e) => {
-                first.get_or_insert(e);
-                idle = idle.saturating_add(1);
+        let mut handled = false;
+        for node in nodes {
+            match node.try_poll() {
+                Ok(Some(n)) if n > 0 => handled = true,
+                Ok(_) => {}
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
             }
         }
-        if idle == 0 || idle < SLICE {
+        idle = if handled { 0 } else { idle.saturating_add(1) };
+        if idle < SLICE {
             std::hint::spin_loop();
         } else if idle < 2 * SLICE {
             std::thread::yield_now();
         } else {
             match &wake {
-                Some(fd) => sleep_armed(node, fd),
+                Some(fds) => sleep_armed(nodes, fds),
                 None => std::thread::sleep(ProgressThread::IDLE_SLEEP),
             }
         }
@@ -361,16 +383,31 @@ fn progress<T: Transport>(node: &SharedNode<T>, stop: &AtomicBool) -> Option<AmE
     first
 }
 
-/// The idle progress thread's sleep: arms the node and sleeps on its descriptor (without the
-/// node's lock, which the rank's other threads may take meanwhile) until a message comes, or
-/// for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
-fn sleep_armed<T: Transport>(node: &SharedNode<T>, fd: &std::os::fd::OwnedFd) {
-    use std::os::fd::AsFd;
-    // Its own statement: the guard must be gone before the node is locked again below.
-    let armed = node.lock().arm();
-    if let Ok(crate::transport::Armed::Sleep(within)) = armed {
-        // An error ends the sleep early: the next poll finds out what there is.
-        let _ = crate::transport::readable(fd.as_fd(), within.min(ProgressThread::ARMED_SLEEP));
+/// The idle progress thread's sleep: arms the nodes and sleeps on their descriptors (without
+/// the nodes' locks, which the rank's other threads may take meanwhile) until a message comes
+/// to any, or for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
+fn sleep_armed<T: Transport>(nodes: &[SharedNode<T>], fds: &[OwnedFd]) {
+    let mut sleep = Some(ProgressThread::ARMED_SLEEP);
+    let mut armed = 0;
+    for node in nodes {
+        armed += 1;
+        // Its own statement: the guard must be gone before the node is locked again below.
+        let outcome = node.lock().arm();
+        match outcome {
+            Ok(crate::transport::Armed::Sleep(within)) => sleep = sleep.map(|s| s.min(within)),
+            // Work now, or an error the next poll reports: no sleep.
+            _ => {
+                sleep = None;
+                break;
+            }
+        }
     }
-    node.lock().disarm();
+    if let Some(sleep) = sleep {
+        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+        // An error ends the sleep early: the next polls find out what there is.
+        let _ = crate::transport::any_readable(&fds, sleep);
+    }
+    for node in &nodes[..armed] {
+        node.lock().disarm();
+    }
 }

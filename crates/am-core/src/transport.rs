@@ -302,11 +302,20 @@ pub enum Armed {
 /// Whether `fd` (a wake descriptor) becomes readable within `timeout` (rounded up to whole
 /// milliseconds; zero looks without waiting).
 pub(crate) fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<bool> {
+    any_readable(&[fd], timeout)
+}
+
+/// Whether any of `fds` (wake descriptors) becomes readable within `timeout` (rounded up to
+/// whole milliseconds).
+pub(crate) fn any_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> nix::Result<bool> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let mut fds: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
     let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-    poll(&mut fds, timeout).map(|n| n == 1)
+    poll(&mut fds, timeout).map(|n| n > 0)
 }
 
 /// The sending half of a transport. Also lent to handlers, so a reply can go out while the

@@ -12,16 +12,31 @@ mod watchdog;
 use watchdog::within;
 
 /// Idle progress threads sleep armed on their nodes' wake descriptors: over a second in which
-/// no rank sends, both ranks' progress threads together use a small fraction of a core.
-/// Progress threads that polled, or slept in short steps, would use far more.
+/// no rank sends, two "processes" of two endpoints each, each with one progress thread over
+/// both its endpoints, use a small fraction of a core together. Progress threads that polled,
+/// slept in short steps, or armed only some of their nodes (the others' transports then find
+/// nothing to wake), would use far more.
 #[test]
 fn idle_progress_threads_sleep() {
     within(Duration::from_secs(60), || {
         let together = std::sync::Barrier::new(2);
-        let used = run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
-            let node = SharedNode::new(Node::new(t, Handlers::new(), Config::default()).unwrap());
-            let progress = ProgressThread::spawn(node.clone()).unwrap();
-            node.barrier().unwrap();
+        let mut transports = Loopback::cluster(4, LoopbackConfig::default()).into_iter();
+        let processes: Vec<Vec<Loopback>> = (0..2)
+            .map(|_| transports.by_ref().take(2).collect())
+            .collect();
+        let used = run_ranks(processes, |endpoints| {
+            let parts = endpoints.into_iter().map(|t| (t, Handlers::new()));
+            let nodes: Vec<SharedNode<Loopback>> = Node::start_all(parts, Config::default())
+                .unwrap()
+                .into_iter()
+                .map(SharedNode::new)
+                .collect();
+            let progress = ProgressThread::spawn_all(nodes.clone()).unwrap();
+            std::thread::scope(|s| {
+                for node in &nodes {
+                    s.spawn(|| node.barrier().unwrap());
+                }
+            });
             together.wait();
             let before = progress_threads_cpu();
             let t0 = std::time::Instant::now();
@@ -30,7 +45,11 @@ fn idle_progress_threads_sleep() {
                 (progress_threads_cpu() - before).as_secs_f64() / t0.elapsed().as_secs_f64();
             together.wait();
             progress.stop().unwrap();
-            node.barrier().unwrap();
+            std::thread::scope(|s| {
+                for node in &nodes {
+                    s.spawn(|| node.barrier().unwrap());
+                }
+            });
             share
         });
         assert!(

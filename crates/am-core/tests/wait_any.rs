@@ -1,0 +1,155 @@
+//! One thread driving several nodes: `wait_any` sleeps until any of them has work, and a
+//! progress thread over a set serves every node of it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use am_core::{
+    wait_any, AmKind, Config, HandlerId, Handlers, Loopback, LoopbackConfig, Node, ProgressThread,
+    SharedNode,
+};
+
+mod watchdog;
+use watchdog::within;
+
+const HIT: HandlerId = HandlerId(1);
+const ECHO: HandlerId = HandlerId(2);
+const ECHOED: HandlerId = HandlerId(3);
+
+/// Nodes started together from this thread (see [`handlers`]).
+fn nodes(ts: Vec<Loopback>, hits: &Arc<AtomicU32>) -> Vec<Node<Loopback>> {
+    let parts = ts.into_iter().map(|t| (t, handlers(hits)));
+    Node::start_all(parts, Config::default()).unwrap()
+}
+
+/// Handlers: HIT counts into `hits`, ECHO answers with ECHOED, and ECHOED counts into `hits`
+/// too.
+fn handlers(hits: &Arc<AtomicU32>) -> Handlers {
+    let mut handlers = Handlers::new();
+    let h = hits.clone();
+    handlers
+        .request(HIT, "hit", AmKind::Short, move |_, _| {
+            h.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+    handlers
+        .request(ECHO, "echo", AmKind::Short, |_, token| {
+            token.reply_short(ECHOED, &[]).unwrap();
+        })
+        .unwrap();
+    let h = hits.clone();
+    handlers
+        .reply(ECHOED, "echoed", AmKind::Short, move |_| {
+            h.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+    handlers
+}
+
+/// Ranks 0 and 1 are driven by one thread; rank 2 sends to rank 1 only, then to rank 0 only.
+/// Each message must wake the sleeping thread: a wait that armed or watched only some of
+/// the nodes would sleep through its whole (long) timeout and return `false`.
+#[test]
+fn a_message_to_any_node_wakes_the_thread() {
+    within(Duration::from_secs(60), || {
+        let mut ts = Loopback::cluster(3, LoopbackConfig::default());
+        let hits = Arc::new(AtomicU32::new(0));
+        let sender = ts.pop().unwrap();
+        let go = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let go = &go;
+            let hits = &hits;
+            s.spawn(move || {
+                let mut sender = nodes(vec![sender], &Arc::new(AtomicU32::new(0))).remove(0);
+                for (k, dest) in [1, 0].into_iter().enumerate() {
+                    go.wait();
+                    // Sent once the driver has seen every earlier one.
+                    while hits.load(Ordering::Relaxed) < k as u32 {
+                        std::thread::yield_now();
+                    }
+                    sender.request_short(dest, HIT, &[]).unwrap();
+                }
+                sender.barrier().unwrap();
+            });
+            let mut mine = nodes(ts, hits);
+            let mut refs: Vec<&mut Node<Loopback>> = mine.iter_mut().collect();
+            for k in 1..=2 {
+                go.wait();
+                while hits.load(Ordering::Relaxed) < k {
+                    let mut handled = 0;
+                    for node in refs.iter_mut() {
+                        handled += node.poll().unwrap();
+                    }
+                    if handled == 0 {
+                        let woken = wait_any(&mut refs, Duration::from_secs(30)).unwrap();
+                        assert!(woken, "message {k} did not wake the thread");
+                    }
+                }
+            }
+            // The barrier needs all three; one thread drives both of its nodes through it.
+            let [a, b] = &mut refs[..] else {
+                unreachable!()
+            };
+            std::thread::scope(|s| {
+                s.spawn(|| a.barrier().unwrap());
+                b.barrier().unwrap();
+            });
+        });
+    });
+}
+
+/// A message that is already there: the wait returns at once (its timeout would outlast the
+/// watchdog); with nothing there, it returns `false` when its time is up.
+#[test]
+fn waiting_work_returns_at_once_and_nothing_times_out() {
+    within(Duration::from_secs(60), || {
+        let hits = Arc::new(AtomicU32::new(0));
+        let mut both = nodes(Loopback::cluster(2, LoopbackConfig::default()), &hits);
+        let mut b = both.pop().unwrap();
+        let mut a = both.pop().unwrap();
+        assert!(!wait_any(&mut [&mut a, &mut b], Duration::from_millis(20)).unwrap());
+        a.request_short(1, HIT, &[]).unwrap();
+        assert!(wait_any(&mut [&mut a, &mut b], Duration::from_secs(3600)).unwrap());
+        // The nodes were disarmed: they poll and answer as before.
+        while hits.load(Ordering::Relaxed) < 1 {
+            b.poll().unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| a.barrier().unwrap());
+            b.barrier().unwrap();
+        });
+    });
+}
+
+/// One progress thread over both endpoints of a "process" (ranks 0 and 1) whose own threads
+/// never poll: a third rank's requests to either endpoint are answered. A progress thread
+/// that served only its first node would leave the requests to the second unanswered.
+#[test]
+fn a_progress_thread_serves_every_node_of_its_set() {
+    within(Duration::from_secs(60), || {
+        let answers = Arc::new(AtomicU32::new(0));
+        let mut all = nodes(Loopback::cluster(3, LoopbackConfig::default()), &answers);
+        let mut asker = all.pop().unwrap();
+        let nodes: Vec<SharedNode<Loopback>> = all.into_iter().map(SharedNode::new).collect();
+        let progress = ProgressThread::spawn_all(nodes.clone()).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..50u32 {
+                    asker.request_short(round % 2, ECHO, &[]).unwrap();
+                    let want = round + 1;
+                    asker
+                        .wait_until(|| answers.load(Ordering::Relaxed) >= want)
+                        .unwrap();
+                }
+                asker.barrier().unwrap();
+            });
+            // The endpoints' own threads only enter the final barrier.
+            for n in &nodes {
+                s.spawn(|| n.barrier().unwrap());
+            }
+        });
+        progress.stop().unwrap();
+        assert_eq!(answers.load(Ordering::Relaxed), 50);
+    });
+}
