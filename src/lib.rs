@@ -796,4 +796,55 @@ mod tests {
         let names: Vec<_> = TransportKind::ALL.iter().map(|t| t.name()).collect();
         assert_eq!(names, am_launch::TRANSPORTS, "one list of names everywhere");
     }
+
+    /// Loopback's ranks are threads, so this runs in the test's process: each process's
+    /// endpoints are numbered within it, and a failing process is named by its process rank.
+    #[test]
+    fn endpoints_are_numbered_by_process() {
+        let opts = JobOptions::new()
+            .ranks(3)
+            .transport(TransportKind::Loopback);
+        let seen = std::sync::Mutex::new(Vec::new());
+        let result = run_job_endpoints(&opts, 2, |endpoints| {
+            let layout = endpoints.layout();
+            let process = endpoints.process();
+            let ranks: Vec<Rank> = endpoints
+                .into_transports()
+                .iter()
+                .map(|t| t.rank())
+                .collect();
+            assert_eq!((layout.processes(), layout.per_process()), (3, 2));
+            assert_eq!(ranks, [layout.rank(process, 0), layout.rank(process, 1)]);
+            seen.lock().unwrap().push(process);
+            if process == 2 {
+                return Err("process 2 fails");
+            }
+            Ok(())
+        });
+        match result {
+            Err(JobError::RankFailed { rank: 2, message }) => {
+                assert_eq!(message, "process 2 fails")
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2]);
+    }
+
+    #[test]
+    fn no_endpoints_is_not_a_job() {
+        let opts = JobOptions::new().transport(TransportKind::Loopback);
+        let result = run_job_endpoints(&opts, 0, |_| Ok::<(), String>(()));
+        assert!(
+            matches!(
+                result,
+                Err(JobError::Endpoints {
+                    processes: 2,
+                    per_process: 0
+                })
+            ),
+            "{result:?}"
+        );
+    }
 }
