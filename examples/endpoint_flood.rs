@@ -3,11 +3,13 @@
 //! requests, once as N threads in each of two processes (one endpoint each) and once as 2N
 //! processes of one endpoint, and the aggregate message rates of the two are compared.
 //!
-//! A second figure: the round trip of one pair while each process holds a second endpoint
-//! that is open and idle (its thread asleep in a barrier), against one endpoint per process.
+//! Two more: the N pairs as threads against one pair alone (`--compare one-pair`), and the
+//! round trip of one pair while each process holds a second endpoint that is open and idle
+//! (its thread asleep in a barrier), against one endpoint per process (`--compare idle`).
 //!
 //! ```text
 //! AM_WAIT=yield cargo run --release --example endpoint_flood -- --transport sci --compare pairs
+//! AM_WAIT=yield cargo run --release --example endpoint_flood -- --transport sci --compare one-pair
 //! cargo run --release --example endpoint_flood -- --transport sci --compare idle
 //! ```
 //!
@@ -82,6 +84,8 @@ enum Test {
 enum Compare {
     /// `--pairs` pairs flooding: threads against processes
     Pairs,
+    /// `--pairs` pairs flooding as threads against one pair
+    OnePair,
     /// One pair's round trip: a second endpoint open and idle against none
     Idle,
 }
@@ -245,14 +249,19 @@ fn partner_of(layout: EndpointLayout, process: u32, e: u32, active: u32) -> (u32
 
 /// Both sides of a comparison, in turn, each a job of its own (this program again).
 fn compare(args: &Args, what: Compare) -> anyhow::Result<()> {
-    let sides: [(Layout, Test, u32); 2] = match what {
+    // Each side: layout, test, idle endpoints, pairs.
+    let sides: [(Layout, Test, u32, u32); 2] = match what {
         Compare::Pairs => [
-            (Layout::Threads, Test::Flood, 0),
-            (Layout::Processes, Test::Flood, 0),
+            (Layout::Threads, Test::Flood, 0, args.pairs),
+            (Layout::Processes, Test::Flood, 0, args.pairs),
+        ],
+        Compare::OnePair => [
+            (Layout::Threads, Test::Flood, 0, args.pairs),
+            (Layout::Threads, Test::Flood, 0, 1),
         ],
         Compare::Idle => [
-            (Layout::Threads, Test::Rt, 1),
-            (Layout::Threads, Test::Rt, 0),
+            (Layout::Threads, Test::Rt, 1, 1),
+            (Layout::Threads, Test::Rt, 0, 1),
         ],
     };
     let mut figures = [Vec::new(), Vec::new()];
@@ -262,10 +271,10 @@ fn compare(args: &Args, what: Compare) -> anyhow::Result<()> {
         // A B, then B A: neither side always runs first.
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
-            let (layout, test, idle) = sides[side];
+            let (layout, test, idle, pairs) = sides[side];
             let out = Command::new(std::env::current_exe()?)
                 .args(["--transport", args.transport.name()])
-                .args(["--pairs", &args.pairs.to_string()])
+                .args(["--pairs", &pairs.to_string()])
                 .args(["--layout", &format!("{layout:?}").to_lowercase()])
                 .args(["--test", &format!("{test:?}").to_lowercase()])
                 .args(["--idle", &idle.to_string()])
@@ -294,6 +303,7 @@ fn compare(args: &Args, what: Compare) -> anyhow::Result<()> {
     }
     let names = match what {
         Compare::Pairs => ["threads_msgs_per_s", "processes_msgs_per_s"],
+        Compare::OnePair => ["pairs_msgs_per_s", "one_pair_msgs_per_s"],
         Compare::Idle => ["idle_endpoint_rt_us", "one_endpoint_rt_us"],
     };
     let ratio_list: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();

@@ -451,7 +451,7 @@ where
 ///                     let next = (process + 1) % layout.processes();
 ///                     node.request_short(layout.rank(next, ep), HELLO, &[])?;
 ///                     node.barrier()?;
-///                     Ok::<_, amnet::AmError>(())
+///                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
 ///                 })
 ///             })
 ///             .collect();

@@ -29,8 +29,16 @@
 //! - **What a handler may do**: compute, read its message, reply once through its token
 //!   (requests only), and touch what it captured; it cannot reach the node it runs in (no
 //!   sends of new requests, no waits), so a handler never blocks progress.
-//! - **Several threads on one node**: [`SharedNode`] (a lock, given back between polls), and
-//!   [`ProgressThread`] polling it for a rank whose threads compute.
+//! - **Several threads on one node**: [`SharedNode`] (a lock, given back between polls, GASNet's
+//!   PAR mode), and [`ProgressThread`] polling it for a rank whose threads compute.
+//! - **Several endpoints per process** (GASNet-EX's `gex_EP_Create`, UCX's worker per thread):
+//!   each endpoint is a rank of its own in the transports' job, with its own transport, its
+//!   own credits toward every other endpoint, and no lock shared with the process's other
+//!   endpoints; `amnet::run_job_endpoints` starts a job of them and numbers them
+//!   (`EndpointLayout`). One node per endpoint, one thread per node is the fast layout. A
+//!   thread that drives several endpoints starts their nodes together ([`Node::start_all`]:
+//!   start-up is collective) and sleeps on all of them with [`wait_any`]; one
+//!   [`ProgressThread`] can serve a set of shared nodes ([`ProgressThread::spawn_all`]).
 //!
 //! # Async
 //! [`AsyncNode`] shares a node with the tasks of an async runtime: every operation is a

@@ -104,6 +104,13 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
+//! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
+//! its own, with its own VELO mailbox and RMA notification queue, and its own RMA Medium
+//! buffers per connection. The seed's pscom plugin opens one VELO port per process; the
+//! hardware has many VELO ports and RMA notification queues per node (one per process or
+//! thread that opens the device), so an endpoint per thread is a port and a notification queue
+//! of its own.
+//!
 //! What this crate does **not** do: it does not span hosts (the "network" is shared memory
 //! between the processes of one host); it does not model VELO's own per-connection flow control
 //! (the shared mailbox is simply bounded, and the core's credits bound requests); it does not

@@ -95,6 +95,14 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
+//! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
+//! its own, with its own network interface (portal table, match lists, event queues and
+//! credit bank). On real Portals, where a process gets one interface of each kind per NIC,
+//! an endpoint would be a portal table entry of its own on the process's interface, with its
+//! own match list, receive buffers and event queue, as the seed already keeps separate event
+//! queues for separate traffic. Here it is a whole simulated interface: the same messages and
+//! events, at the cost of an interface's memory per endpoint.
+//!
 //! What this crate does **not** do: it does not span hosts (the "network" is shared memory
 //! between the processes of one host); it has no overflow list and no unexpected-message
 //! handling (the AM mapping never needs them); puts are not truncated (a put that does not fit

@@ -108,6 +108,13 @@
 //! assert_eq!(out, vec![7, 0]);
 //! ```
 //!
+//! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
+//! its own, with its own exported segment, command segments (one per sending endpoint), slots
+//! and doorbell, so the endpoints of a process share nothing on the send or receive path. An
+//! SCI adapter exports as many segments as memory allows and a process imports as many as its
+//! mapping resources allow, so the seed's hardware gives an endpoint per thread the same way:
+//! a segment exported per endpoint, imported by every other endpoint.
+//!
 //! What this crate does **not** do: it does not span hosts (the "network" is shared memory
 //! between the processes of one host), it does not import the long-payload region lazily as the
 //! seed does (every segment is mapped at start), its AM protocol makes no remote reads (the

@@ -75,6 +75,10 @@
 //! ranks, what an on-path attacker can still do) is the threat model in `SECURITY.md`, beside
 //! this crate's `Cargo.toml`.
 //!
+//! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
+//! its own, with its own socket, reliability state and key confirmation, and is found through
+//! the launcher's key-value store like any rank.
+//!
 //! What this crate does **not** do: its congestion control is NewReno
 //! counted in fragments with a burst limit, no pacing by time (it is meant for cluster
 //! networks, not the Internet); it does not let a lost or departed rank rejoin a job; it has no background
