@@ -40,15 +40,20 @@ fn amrun(args: &[&str]) -> Running {
     start(cmd)
 }
 
-fn start(mut cmd: Command) -> Running {
+fn start(cmd: Command) -> Running {
+    start_with_stderr(cmd, Stdio::piped())
+}
+
+/// [`start`], with the launcher's stderr given (its text is then not collected).
+fn start_with_stderr(mut cmd: Command, stderr: Stdio) -> Running {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .expect("cannot start the launcher");
     let out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
+    let err = child.stderr.take();
     let (tx, lines) = mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(out).lines() {
@@ -60,7 +65,9 @@ fn start(mut cmd: Command) -> Running {
     });
     let stderr = thread::spawn(move || {
         let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
+        if let Some(mut err) = err {
+            let _ = err.read_to_string(&mut s);
+        }
         s
     });
     Running {
@@ -317,6 +324,33 @@ fn sigterm_to_amrun_ends_every_rank() {
     let job = run.finish();
     assert_eq!(job.code, 128 + 15, "{}", job.stderr);
     assert_all_gone(&job, 3);
+}
+
+/// The launcher's stderr is a pipe nobody reads any more (its parent was killed by a
+/// timeout, say): a SIGTERM still ends every rank. A launcher whose message about the signal
+/// panicked on the broken pipe left its ranks running, holding the job's stdout open.
+#[test]
+fn sigterm_to_amrun_whose_stderr_is_gone_ends_every_rank() {
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    drop(read);
+    let mut cmd = Command::new(AMRUN);
+    cmd.args(["-n", "3", AMPROBE, "--hang-unless-rank", "99"]);
+    let mut run = start_with_stderr(cmd, Stdio::from(write));
+    run.wait_for_banners(3);
+    kill(Pid::from_raw(run.child.id() as i32), Signal::SIGTERM).expect("signal amrun");
+    let job = run.finish();
+    let pids = pids(&job.stdout);
+    let survivors: Vec<i32> = pids.iter().copied().filter(|&p| !probe_gone(p)).collect();
+    // Leave nothing behind, even when failing.
+    for &pid in &survivors {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    assert_eq!(pids.len(), 3, "banners: {:#?}", job.stdout);
+    assert!(
+        survivors.is_empty(),
+        "ranks {survivors:?} survived the launcher"
+    );
+    assert_eq!(job.code, 128 + 15);
 }
 
 #[test]

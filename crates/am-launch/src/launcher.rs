@@ -18,6 +18,15 @@ use nix::unistd::Pid;
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook::SigId;
 
+/// A launcher's message on its stderr. A write error is ignored, never a panic: the launcher's
+/// reader may be gone (a parent killed by a timeout), and a launcher that unwound there would
+/// leave its ranks running.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(io::stderr(), $($arg)*);
+    }};
+}
+
 use am_bootstrap::wire::MAX_MESSAGE;
 use am_bootstrap::{is_udp_key, random_job_id, random_job_key, read_key_file, KeyFileError};
 
@@ -235,7 +244,7 @@ impl Launcher {
         let job_id = random_job_id().map_err(io_err("reading /dev/urandom for a job id"))?;
         let job_key = self.udp_key()?;
         if self.verbose {
-            eprintln!(
+            say!(
                 "{}: job {job_id}: starting {} rank(s) of {}",
                 self.name,
                 self.ranks,
@@ -245,13 +254,13 @@ impl Launcher {
         let result = self.run_job(&job_id, job_key);
         match remove_job_shm(&job_id) {
             Ok(n) if self.verbose => {
-                eprintln!(
+                say!(
                     "{}: job {job_id}: removed {n} shared-memory file(s)",
                     self.name
                 )
             }
             Ok(_) => {}
-            Err(e) => eprintln!(
+            Err(e) => say!(
                 "{}: job {job_id}: cannot clean up /dev/shm/am-{job_id}-*: {e}",
                 self.name
             ),
@@ -533,6 +542,15 @@ struct Job {
     grace: Duration,
 }
 
+impl Drop for Job {
+    /// A launcher that unwinds (a panic) still ends its ranks: nothing else would.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.signal_all(Signal::SIGKILL);
+        }
+    }
+}
+
 /// How the ranks of a job get the UDP transport's key.
 #[derive(Debug)]
 enum UdpKey {
@@ -714,14 +732,14 @@ impl Job {
                 Ok(Some(status)) => status_code(status),
                 Err(e) => {
                     // Someone else reaped it (e.g. SIGCHLD ignored): the status is lost.
-                    eprintln!("{}: lost the exit status of rank {i}: {e}", self.name);
+                    say!("{}: lost the exit status of rank {i}: {e}", self.name);
                     1
                 }
             };
             self.ranks[i].exit = Some(code);
             if code != 0 {
                 if !self.ending() && self.running() {
-                    eprintln!("{}: rank {i} {}; ending the job", self.name, describe(code));
+                    say!("{}: rank {i} {}; ending the job", self.name, describe(code));
                 }
                 self.fail(code);
             }
@@ -743,7 +761,7 @@ impl Job {
         let ranks = &self.ranks;
         let stuck = self.kvs.stuck_barrier(|r| ranks[r as usize].exit.is_some());
         if let Some(r) = stuck {
-            eprintln!(
+            say!(
                 "{}: rank {r} exited while other ranks wait in a key-value fence; ending the job",
                 self.name
             );
@@ -772,7 +790,7 @@ impl Job {
             lines.push(String::from_utf8_lossy(&line[..pos]).into_owned());
         }
         if conn.pending.len() > MAX_MESSAGE {
-            eprintln!(
+            say!(
                 "{}: rank {i} sent an overlong PMI message; closing its connection",
                 self.name
             );
@@ -797,7 +815,7 @@ impl Job {
             }
             Action::Abort { rank, code } => {
                 if !self.ending() {
-                    eprintln!(
+                    say!(
                         "{}: rank {rank} aborted the job with exit code {code}",
                         self.name
                     );
@@ -842,7 +860,7 @@ impl Job {
                             self.signal_all(Signal::SIGKILL);
                         } else {
                             let name = Signal::try_from(sig).map_or("a signal", Signal::as_str);
-                            eprintln!("{}: got {name}; ending the job", self.name);
+                            say!("{}: got {name}; ending the job", self.name);
                         }
                         self.fail(128 + sig);
                     }
