@@ -387,22 +387,12 @@ fn progress<T: Transport>(nodes: &[SharedNode<T>], stop: &AtomicBool) -> Option<
 /// the nodes' locks, which the rank's other threads may take meanwhile) until a message comes
 /// to any, or for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
 fn sleep_armed<T: Transport>(nodes: &[SharedNode<T>], fds: &[OwnedFd]) {
-    let mut sleep = Some(ProgressThread::ARMED_SLEEP);
-    let mut armed = 0;
-    for node in nodes {
-        armed += 1;
-        // Its own statement: the guard must be gone before the node is locked again below.
-        let outcome = node.lock().arm();
-        match outcome {
-            Ok(crate::transport::Armed::Sleep(within)) => sleep = sleep.map(|s| s.min(within)),
-            // Work now, or an error the next poll reports: no sleep.
-            _ => {
-                sleep = None;
-                break;
-            }
-        }
-    }
-    if let Some(sleep) = sleep {
+    // Each guard is gone when its arming returns: the nodes are locked again below.
+    let (armed, sleep) = crate::wait::arm_each(nodes.len(), ProgressThread::ARMED_SLEEP, |i| {
+        nodes[i].lock().arm()
+    });
+    // Work now, or an error the next poll reports: no sleep.
+    if let Ok(Some(sleep)) = sleep {
         let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
         // An error ends the sleep early: the next polls find out what there is.
         let _ = crate::transport::any_readable(&fds, sleep);

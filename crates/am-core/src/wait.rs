@@ -59,34 +59,18 @@ pub fn wait_any<T: Transport, H: Threading>(
     nodes: &mut [&mut Node<T, H>],
     timeout: Duration,
 ) -> Result<bool, AmError> {
-    let mut sleep = Some(timeout);
-    let mut armed = 0;
-    let mut failed = None;
-    for node in nodes.iter_mut() {
-        armed += 1;
-        match node.arm() {
-            Ok(Armed::Sleep(within)) => sleep = sleep.map(|s| s.min(within)),
-            Ok(Armed::Ready) => {
-                sleep = None;
-                break;
-            }
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
-    }
-    let woken = match (sleep, &failed) {
-        (Some(sleep), None) => {
+    let (armed, sleep) = arm_each(nodes.len(), timeout, |i| nodes[i].arm());
+    let woken = match &sleep {
+        Ok(Some(sleep)) => {
             let fds: Option<Vec<BorrowedFd<'_>>> = nodes
                 .iter_mut()
                 .map(|node| node.wake_fd().ok().flatten())
                 .collect();
             match fds {
                 // An error of `poll` ends the sleep early: the polls find out what there is.
-                Some(fds) => any_readable(&fds, sleep).unwrap_or(true),
+                Some(fds) => any_readable(&fds, *sleep).unwrap_or(true),
                 None => {
-                    std::thread::sleep(sleep.min(UNARMED_SLEEP));
+                    std::thread::sleep((*sleep).min(UNARMED_SLEEP));
                     true
                 }
             }
@@ -96,8 +80,24 @@ pub fn wait_any<T: Transport, H: Threading>(
     for node in nodes[..armed].iter_mut() {
         node.disarm();
     }
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(woken),
+    sleep.map(|_| woken)
+}
+
+/// Arms `count` nodes in turn (`arm(i)` arms node `i`), stopping at the first that has work
+/// or fails: how many were armed (each must be disarmed), and how long they may sleep, at
+/// most `longest` (`None`: one has work now).
+pub(crate) fn arm_each(
+    count: usize,
+    longest: Duration,
+    mut arm: impl FnMut(usize) -> Result<Armed, AmError>,
+) -> (usize, Result<Option<Duration>, AmError>) {
+    let mut sleep = longest;
+    for i in 0..count {
+        match arm(i) {
+            Ok(Armed::Sleep(within)) => sleep = sleep.min(within),
+            Ok(Armed::Ready) => return (i + 1, Ok(None)),
+            Err(e) => return (i + 1, Err(e)),
+        }
     }
+    (count, Ok(Some(sleep)))
 }
