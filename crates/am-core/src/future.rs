@@ -172,10 +172,22 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        self.lock()
-            .node
-            .ep
-            .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+        {
+            // Checked, and sent at once where a credit and the device allow, under one lock.
+            let mut st = self.lock();
+            let st = &mut *st;
+            st.node
+                .ep
+                .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+            let t = &mut st.node.transport;
+            if let Poll::Ready(r) =
+                st.node
+                    .ep
+                    .request_step(t, dest, kind, handler, args, payload, long_offset)
+            {
+                return r;
+            }
+        }
         self.step(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
             .await
     }
