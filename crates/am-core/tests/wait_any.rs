@@ -47,6 +47,15 @@ fn handlers(hits: &Arc<AtomicU32>) -> Handlers {
     handlers
 }
 
+/// Two nodes of this thread through a barrier (each a thread while it lasts: a barrier
+/// blocks).
+fn barrier_both(a: &mut Node<Loopback>, b: &mut Node<Loopback>) {
+    std::thread::scope(|s| {
+        s.spawn(|| a.barrier().unwrap());
+        b.barrier().unwrap();
+    });
+}
+
 /// Ranks 0 and 1 are driven by one thread; rank 2 sends to rank 1 only, then to rank 0 only.
 /// Each message must wake the sleeping thread: a wait that armed or watched only some of
 /// the nodes would sleep through its whole (long) timeout and return `false`.
@@ -91,10 +100,7 @@ fn a_message_to_any_node_wakes_the_thread() {
             let [a, b] = &mut refs[..] else {
                 unreachable!()
             };
-            std::thread::scope(|s| {
-                s.spawn(|| a.barrier().unwrap());
-                b.barrier().unwrap();
-            });
+            barrier_both(a, b);
         });
     });
 }
@@ -115,10 +121,7 @@ fn waiting_work_returns_at_once_and_nothing_times_out() {
         while hits.load(Ordering::Relaxed) < 1 {
             b.poll().unwrap();
         }
-        std::thread::scope(|s| {
-            s.spawn(|| a.barrier().unwrap());
-            b.barrier().unwrap();
-        });
+        barrier_both(&mut a, &mut b);
     });
 }
 
