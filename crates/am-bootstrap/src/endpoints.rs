@@ -78,10 +78,16 @@ impl EndpointLayout {
     }
 }
 
-/// One [`JobInfo`] per endpoint of this process (see the [module docs](self)): endpoint `e`'s
-/// rank is `info.rank × per_process + e` in a job of `info.size × per_process` ranks, with the
-/// same job id, transport and launcher, and a share of `info`'s key-value store (or, in a job
-/// of one process without one, a store of this process's own).
+/// One [`JobInfo`] per endpoint of this process: endpoint `e`'s rank is
+/// `info.rank × per_process + e` in a job of `info.size × per_process` ranks, with the same
+/// job id, transport and launcher, and a share of `info`'s key-value store (or, in a job of
+/// one process without one, a store of this process's own).
+///
+/// Puts and gets on a share pass through to the launcher's store; a
+/// [`fence`](KeyValueStore::fence) is one fence of the launcher's store, made once every
+/// endpoint of the process has called it, so the endpoints must start together, each on its
+/// own thread (a transport's start-up fences). An endpoint that drops its share fails the
+/// others' fences instead of leaving them waiting.
 ///
 /// Fails with [`BootstrapError::Inconsistent`] when `per_process` is zero or the job would
 /// have more than `u32::MAX` ranks.
