@@ -114,15 +114,13 @@ impl<T: Transport, H: Threading> Node<T, H> {
         while started.contains(&false) {
             let mut progressed = false;
             for (node, started) in nodes.iter_mut().zip(started.iter_mut()) {
-                if *started {
-                    continue;
-                }
-                if node.start_step()? {
+                if !*started && node.start_step()? {
                     *started = true;
                     progressed = true;
-                } else {
-                    progressed |= node.poll_once()?;
                 }
+                // A started node still polls: the others' start-ups may wait for what only
+                // its progress sends (an answer held back, a retransmission).
+                progressed |= node.poll_once()?;
             }
             idle = if progressed {
                 0
