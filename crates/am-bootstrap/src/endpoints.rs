@@ -105,12 +105,26 @@ pub fn split(info: JobInfo, per_process: u32) -> Result<Vec<JobInfo>, BootstrapE
     }
     let JobInfo {
         rank,
-        size: _,
+        size,
         job_id,
         transport,
         launcher,
         kvs,
     } = info;
+    if kvs.is_none() && size > 1 {
+        // Processes that find each other some other way (udp's coordinator): the endpoints
+        // do too, as ranks of their own.
+        return Ok((0..per_process)
+            .map(|e| JobInfo {
+                rank: layout.rank(rank, e),
+                size: layout.ranks(),
+                job_id: job_id.clone(),
+                transport: transport.clone(),
+                launcher,
+                kvs: None,
+            })
+            .collect());
+    }
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             store: kvs,
@@ -349,6 +363,24 @@ mod tests {
             let err = waiter.join().unwrap().unwrap_err();
             assert!(err.to_string().contains("left before"), "{err}");
         });
+    }
+
+    /// Processes without a launcher's store (udp's coordinator finds them): their endpoints
+    /// get none either, rather than a store only this process sees.
+    #[test]
+    fn several_processes_without_a_store_give_their_endpoints_none() {
+        let info = JobInfo {
+            rank: 1,
+            size: 2,
+            job_id: "t".into(),
+            transport: None,
+            launcher: LauncherKind::Singleton,
+            kvs: None,
+        };
+        let infos = split(info, 2).unwrap();
+        let ranks: Vec<u32> = infos.iter().map(|i| i.rank).collect();
+        assert_eq!(ranks, [2, 3]);
+        assert!(infos.iter().all(|i| i.size == 4 && i.kvs.is_none()));
     }
 
     #[test]
