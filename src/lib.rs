@@ -473,23 +473,26 @@ where
     let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?;
     if am_launch::JobInfo::is_launched() {
         let info = am_launch::JobInfo::from_env()?;
+        let layout = layout(info.size, per_process)?;
+        // Loopback's ranks are threads of one process: a job of several endpoints is more
+        // than one rank, as a job of several processes is.
+        let several = layout.ranks() > 1;
         let transport = match &info.transport {
             Some(name) => name.parse()?,
-            None if opts.transport.ranks_are_threads() && info.size > 1 => launcher_default(&info),
+            None if opts.transport.ranks_are_threads() && several => launcher_default(&info),
             None => opts.transport,
         };
         if !transport.is_available() {
             return Err(JobError::NotBuilt(transport));
         }
-        if transport.ranks_are_threads() && info.size > 1 {
+        if transport.ranks_are_threads() && several {
             return Err(JobError::LoopbackUnderLauncher);
         }
         let process = info.rank;
-        let processes = info.size;
         let mut infos = am_bootstrap::split_endpoints(info, per_process)?;
         let transports = connect_endpoints(transport, &mut infos, segment_size)?;
         let endpoints = Endpoints {
-            layout: layout(processes, per_process)?,
+            layout,
             process,
             transports,
         };
@@ -505,12 +508,12 @@ where
             }),
         };
     }
+    let layout = layout(opts.ranks, per_process)?;
     let kind = requested_transport()?.unwrap_or(opts.transport);
     if !kind.is_available() {
         return Err(JobError::NotBuilt(kind));
     }
     if kind.ranks_are_threads() {
-        let layout = layout(opts.ranks, per_process)?;
         let mut transports = cluster(kind, layout.ranks(), segment_size)?.into_iter();
         // A process that fails ends the job, as a launcher would, so no process waits for it
         // forever; the job reports the first failure in time (the cause, not the aborts it
@@ -603,52 +606,92 @@ impl Endpoints {
 
 /// Connects the endpoints of this process ([`am_bootstrap::split_endpoints`] gives their
 /// infos) to the transport `kind`, each on a thread of its own, since their start-ups fence
-/// together. One endpoint connects on this thread. When one fails to connect, the others'
-/// start-ups fail too (its share of the store is dropped) and the first error is returned.
+/// together (a single endpoint connects on this thread). When one fails to connect (an
+/// error, a panic, no thread for it), its share of the store is dropped so that the others'
+/// start-ups fail too instead of waiting for it, and the error of the endpoint that failed
+/// first is returned (a panic is raised again once all have ended).
 pub fn connect_endpoints(
     kind: TransportKind,
     infos: &mut [am_launch::JobInfo],
     segment_size: usize,
 ) -> Result<Vec<AnyTransport>, JobError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     if let [info] = infos {
         return Ok(vec![connect(kind, info, segment_size)?]);
     }
+    /// Drops its endpoint's share of the store unless the endpoint connected: on an error,
+    /// an unwinding panic, or a thread that never started (its closure is dropped).
+    struct Share<'a> {
+        info: &'a mut am_launch::JobInfo,
+        connected: bool,
+    }
+    impl Drop for Share<'_> {
+        fn drop(&mut self) {
+            if !self.connected {
+                self.info.kvs = None;
+            }
+        }
+    }
+    // The order in which endpoints failed: the first is the cause, the later ones mostly
+    // failed because it left.
+    let failures = AtomicUsize::new(0);
     std::thread::scope(|s| {
         let threads: Vec<_> = infos
             .iter_mut()
             .map(|info| {
+                let name = format!("amnet-connect-{}", info.rank);
+                let mut share = Share {
+                    info,
+                    connected: false,
+                };
+                let failures = &failures;
                 std::thread::Builder::new()
-                    .name(format!("amnet-connect-{}", info.rank))
+                    .name(name)
                     .spawn_scoped(s, move || {
-                        let connected = connect(kind, info, segment_size);
-                        if connected.is_err() {
-                            // Its share of the store goes, so that the other endpoints'
-                            // fences fail instead of waiting for this one.
-                            info.kvs = None;
-                        }
-                        connected
+                        let connected = connect(kind, share.info, segment_size);
+                        share.connected = connected.is_ok();
+                        // Numbered before the share goes, so that the cause comes first.
+                        let order =
+                            failures.fetch_add(usize::from(!share.connected), Ordering::SeqCst);
+                        drop(share);
+                        connected.map_err(|e| (order, e))
                     })
             })
             .collect();
         let mut transports = Vec::with_capacity(threads.len());
-        let mut first = None;
+        let mut first: Option<(usize, JobError)> = None;
+        let mut panic = None;
         for thread in threads {
             let result = match thread {
-                Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(e) => Err(JobError::Transport {
-                    transport: kind,
-                    message: format!("starting a thread to connect an endpoint: {e}"),
-                }),
+                Ok(t) => match t.join() {
+                    Ok(r) => r,
+                    Err(p) => {
+                        panic.get_or_insert(p);
+                        continue;
+                    }
+                },
+                Err(e) => Err((
+                    0,
+                    JobError::Transport {
+                        transport: kind,
+                        message: format!("starting a thread to connect an endpoint: {e}"),
+                    },
+                )),
             };
             match result {
                 Ok(t) => transports.push(t),
-                Err(e) => {
-                    first.get_or_insert(e);
+                Err((order, e)) => {
+                    if first.as_ref().is_none_or(|(o, _)| order < *o) {
+                        first = Some((order, e));
+                    }
                 }
             }
         }
+        if let Some(p) = panic {
+            std::panic::resume_unwind(p);
+        }
         match first {
-            Some(e) => Err(e),
+            Some((_, e)) => Err(e),
             None => Ok(transports),
         }
     })
