@@ -543,10 +543,13 @@ struct Job {
 }
 
 impl Drop for Job {
-    /// A launcher that unwinds (a panic) still ends its ranks: nothing else would.
+    /// A launcher that unwinds (a panic) still ends its ranks, reaps them and removes the
+    /// job's shared-memory files: nothing else would.
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.signal_all(Signal::SIGKILL);
+            self.reap_blocking();
+            let _ = remove_job_shm(&self.job_id);
         }
     }
 }
