@@ -14,8 +14,8 @@ use watchdog::within;
 /// Idle progress threads sleep armed on their nodes' wake descriptors: over a second in which
 /// no rank sends, two "processes" of two endpoints each, each with one progress thread over
 /// both its endpoints, use a small fraction of a core together. Progress threads that polled,
-/// slept in short steps, or armed only some of their nodes (the others' transports then find
-/// nothing to wake), would use far more.
+/// or slept in short steps, would use far more. (`wait_any.rs` tests that a message to any
+/// node of a set ends a sleep armed on all of them, the arming this thread sleeps through.)
 #[test]
 fn idle_progress_threads_sleep() {
     within(Duration::from_secs(60), || {

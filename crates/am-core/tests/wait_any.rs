@@ -65,18 +65,17 @@ fn a_message_to_any_node_wakes_the_thread() {
         let mut ts = Loopback::cluster(3, LoopbackConfig::default());
         let hits = Arc::new(AtomicU32::new(0));
         let sender = ts.pop().unwrap();
-        let go = std::sync::Barrier::new(2);
+        // The driver says when it is about to sleep; the sender then waits a little more
+        // before it sends, so that the message usually finds the driver asleep (a message
+        // that comes before the sleep is seen by the arming, as it must be, and proves less).
+        let (sleeping, about_to_sleep) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|s| {
-            let go = &go;
             let hits = &hits;
             s.spawn(move || {
                 let mut sender = nodes(vec![sender], &Arc::new(AtomicU32::new(0))).remove(0);
-                for (k, dest) in [1, 0].into_iter().enumerate() {
-                    go.wait();
-                    // Sent once the driver has seen every earlier one.
-                    while hits.load(Ordering::Relaxed) < k as u32 {
-                        std::thread::yield_now();
-                    }
+                for dest in [1, 0] {
+                    about_to_sleep.recv().unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
                     sender.request_short(dest, HIT, &[]).unwrap();
                 }
                 sender.barrier().unwrap();
@@ -84,7 +83,7 @@ fn a_message_to_any_node_wakes_the_thread() {
             let mut mine = nodes(ts, hits);
             let mut refs: Vec<&mut Node<Loopback>> = mine.iter_mut().collect();
             for k in 1..=2 {
-                go.wait();
+                sleeping.send(()).unwrap();
                 while hits.load(Ordering::Relaxed) < k {
                     let mut handled = 0;
                     for node in refs.iter_mut() {
@@ -136,6 +135,7 @@ fn a_progress_thread_serves_every_node_of_its_set() {
         let mut asker = all.pop().unwrap();
         let nodes: Vec<SharedNode<Loopback>> = all.into_iter().map(SharedNode::new).collect();
         let progress = ProgressThread::spawn_all(nodes.clone()).unwrap();
+        let (asked, all_asked) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
             s.spawn(|| {
                 for round in 0..50u32 {
@@ -145,9 +145,12 @@ fn a_progress_thread_serves_every_node_of_its_set() {
                         .wait_until(|| answers.load(Ordering::Relaxed) >= want)
                         .unwrap();
                 }
+                asked.send(()).unwrap();
                 asker.barrier().unwrap();
             });
-            // The endpoints' own threads only enter the final barrier.
+            // The endpoints' own threads touch their nodes only for the final barrier, once
+            // every request was answered: until then only the progress thread polls them.
+            all_asked.recv().unwrap();
             for n in &nodes {
                 s.spawn(|| n.barrier().unwrap());
             }
