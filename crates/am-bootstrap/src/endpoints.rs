@@ -111,31 +111,22 @@ pub fn split(info: JobInfo, per_process: u32) -> Result<Vec<JobInfo>, BootstrapE
         launcher,
         kvs,
     } = info;
-    if kvs.is_none() && size > 1 {
-        // Processes that find each other some other way (udp's coordinator): the endpoints
-        // do too, as ranks of their own.
-        return Ok((0..per_process)
-            .map(|e| JobInfo {
-                rank: layout.rank(rank, e),
-                size: layout.ranks(),
-                job_id: job_id.clone(),
-                transport: transport.clone(),
-                launcher,
-                kvs: None,
-            })
-            .collect());
-    }
-    let shared = Arc::new(Shared {
-        state: Mutex::new(State {
-            store: kvs,
-            local: HashMap::new(),
-            members: per_process,
-            arrived: 0,
-            generation: 0,
-            failed: None,
-            left: false,
-        }),
-        changed: Condvar::new(),
+    // Processes that find each other some other way (udp's coordinator) leave their
+    // endpoints to do the same, as ranks of their own; otherwise the endpoints share the
+    // launcher's store, or one of this process's own.
+    let shared = (kvs.is_some() || size == 1).then(|| {
+        Arc::new(Shared {
+            state: Mutex::new(State {
+                store: kvs,
+                local: HashMap::new(),
+                members: per_process,
+                arrived: 0,
+                generation: 0,
+                failed: None,
+                left: false,
+            }),
+            changed: Condvar::new(),
+        })
     });
     Ok((0..per_process)
         .map(|e| JobInfo {
@@ -144,10 +135,12 @@ pub fn split(info: JobInfo, per_process: u32) -> Result<Vec<JobInfo>, BootstrapE
             job_id: job_id.clone(),
             transport: transport.clone(),
             launcher,
-            kvs: Some(Box::new(EndpointStore {
-                shared: shared.clone(),
-                endpoint: e,
-            })),
+            kvs: shared.as_ref().map(|shared| {
+                Box::new(EndpointStore {
+                    shared: shared.clone(),
+                    endpoint: e,
+                }) as Box<dyn KeyValueStore + Send>
+            }),
         })
         .collect())
 }
