@@ -38,19 +38,19 @@ pub const UNARMED_SLEEP: Duration = Duration::from_micros(50);
 /// let mut transports = Loopback::cluster(3, Default::default());
 /// let sender = transports.pop().unwrap();
 /// std::thread::scope(|s| {
-///     s.spawn(|| {
+///     let sender = s.spawn(|| {
 ///         let mut sender = Node::new(sender, handlers(), Config::default()).unwrap();
 ///         sender.request_short(1, HIT, &[]).unwrap();
+///         // Dropping the node waits until its request is acknowledged.
 ///     });
 ///     // Ranks 0 and 1 are driven by this thread, which sleeps until either has a message.
 ///     let parts = transports.into_iter().map(|t| (t, handlers()));
 ///     let mut nodes = Node::start_all(parts, Config::default()).unwrap();
 ///     let mut nodes: Vec<&mut Node<Loopback>> = nodes.iter_mut().collect();
-///     let mut handled = 0;
-///     while handled == 0 {
-///         am_core::wait_any(&mut nodes, Duration::from_secs(10)).unwrap();
+///     while !sender.is_finished() {
+///         am_core::wait_any(&mut nodes, Duration::from_millis(10)).unwrap();
 ///         for node in nodes.iter_mut() {
-///             handled += node.poll().unwrap();
+///             node.poll().unwrap();
 ///         }
 ///     }
 /// });
