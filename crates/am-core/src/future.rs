@@ -172,24 +172,17 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         payload: &[u8],
         long_offset: Option<usize>,
     ) -> Result<(), AmError> {
-        {
-            // Checked, and sent at once where a credit and the device allow, under one lock.
-            let mut st = self.lock();
-            let st = &mut *st;
-            st.node
-                .ep
-                .check_request(dest, kind, handler, args, payload.len(), long_offset)?;
-            let t = &mut st.node.transport;
-            if let Poll::Ready(r) =
-                st.node
-                    .ep
-                    .request_step(t, dest, kind, handler, args, payload, long_offset)
-            {
-                return r;
+        // Checked once, in the first step: checked and, where a credit and the device allow,
+        // sent under one lock.
+        let mut checked = false;
+        self.step(|ep, t| {
+            if !checked {
+                ep.check_request(dest, kind, handler, args, payload.len(), long_offset)?;
+                checked = true;
             }
-        }
-        self.step(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
-            .await
+            ep.request_step(t, dest, kind, handler, args, payload, long_offset)
+        })
+        .await
     }
 
     /// Sends an AM Short request once a credit and the device allow ([`Node::request_short`]).
