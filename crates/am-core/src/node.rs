@@ -71,12 +71,16 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// This is collective: every rank must call it. It checks that every rank registered the
     /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
     pub fn new(transport: T, handlers: Handlers<H>, config: Config) -> Result<Self, StartError> {
-        let limits = transport.limits();
-        let policy = config
-            .credits
-            .build(transport.size(), limits.max_credits)
-            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))?;
+        let policy = Self::policy(&transport, &config)?;
         Self::start(transport, handlers, config, policy)
+    }
+
+    /// The credit policy `config` asks for, on `transport`.
+    fn policy(transport: &T, config: &Config) -> Result<Policy, StartError> {
+        config
+            .credits
+            .build(transport.size(), transport.limits().max_credits)
+            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))
     }
 
     /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
@@ -100,13 +104,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ) -> Result<Vec<Self>, StartError> {
         let mut nodes = Vec::new();
         for (transport, handlers) in parts {
-            let limits = transport.limits();
-            let policy = config
-                .credits
-                .build(transport.size(), limits.max_credits)
-                .map_err(|why| {
-                    StartError::Config(format!("{} transport: {why}", transport.name()))
-                })?;
+            let policy = Self::policy(&transport, &config)?;
             nodes.push(Self::unstarted(transport, handlers, config.clone(), policy));
         }
         let mut started = vec![false; nodes.len()];
