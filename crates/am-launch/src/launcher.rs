@@ -325,14 +325,10 @@ impl Launcher {
         // Before spawning, so no SIGCHLD is missed.
         let signals = SignalPipes::install()?;
         let mut job = Job::new(self, job_id, job_key);
-        let result = (0..self.ranks)
+        // On an error (or a panic) the job's drop ends the ranks still running.
+        (0..self.ranks)
             .try_for_each(|r| job.spawn(self, r))
-            .and_then(|()| job.event_loop(&signals));
-        if result.is_err() {
-            job.signal_all(Signal::SIGKILL);
-            job.reap_blocking();
-        }
-        result
+            .and_then(|()| job.event_loop(&signals))
     }
 }
 
@@ -543,12 +539,14 @@ struct Job {
 }
 
 impl Drop for Job {
-    /// A launcher that unwinds (a panic) still ends its ranks, reaps them and removes the
-    /// job's shared-memory files: nothing else would.
+    /// A job that ends before its ranks (an error of the launcher's own, or a panic) kills
+    /// and reaps them; a job that ran to its end has none left, and this does nothing. A
+    /// launcher that unwinds also removes the job's shared-memory files here: nothing else
+    /// would.
     fn drop(&mut self) {
+        self.signal_all(Signal::SIGKILL);
+        self.reap_blocking();
         if std::thread::panicking() {
-            self.signal_all(Signal::SIGKILL);
-            self.reap_blocking();
             let _ = remove_job_shm(&self.job_id);
         }
     }
