@@ -80,6 +80,16 @@ enum Test {
     Rt,
 }
 
+impl Test {
+    /// The name of the test's figure in its JSON line.
+    fn key(self) -> &'static str {
+        match self {
+            Test::Flood => "msgs_per_s",
+            Test::Rt => "rt_us",
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 enum Compare {
     /// `--pairs` pairs flooding: threads against processes
@@ -184,16 +194,17 @@ fn endpoint_main(
 }
 
 fn report(args: &Args, figure: f64) {
-    let (name, value) = match args.test {
-        Test::Flood => ("msgs_per_s", format!("{figure:.4e}")),
-        Test::Rt => ("rt_us", format!("{figure:.4}")),
+    let value = match args.test {
+        Test::Flood => format!("{figure:.4e}"),
+        Test::Rt => format!("{figure:.4}"),
     };
     println!(
-        "{{\"transport\":\"{}\",\"layout\":\"{:?}\",\"pairs\":{},\"idle\":{},\"{name}\":{value}}}",
+        "{{\"transport\":\"{}\",\"layout\":\"{:?}\",\"pairs\":{},\"idle\":{},\"{}\":{value}}}",
         args.transport.name(),
         args.layout,
         args.pairs,
-        args.idle
+        args.idle,
+        args.test.key()
     );
 }
 
@@ -290,10 +301,7 @@ fn compare(args: &Args, what: Compare) -> anyhow::Result<()> {
             let line = String::from_utf8(out.stdout)?;
             let row: serde_json::Value =
                 serde_json::from_str(line.trim()).map_err(|e| anyhow::anyhow!("{e}: {line:?}"))?;
-            let key = match test {
-                Test::Flood => "msgs_per_s",
-                Test::Rt => "rt_us",
-            };
+            let key = test.key();
             pair[side] = row[key]
                 .as_f64()
                 .ok_or_else(|| anyhow::anyhow!("no {key}: {row}"))?;
