@@ -615,9 +615,9 @@ pub fn arming_wakes_the_rank<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
             return;
         }
         // Whether a sent message is in the target's memory when the send returns, and the
-        // descriptor the NIC's own (rather than a socket, which datagrams reach in their time
-        // and whether or not its rank armed).
-        let nic_owned = node.transport().name() != "udp";
+        // descriptor the NIC's own (rather than a socket or a completion queue's, which
+        // messages reach in their time and whether or not its rank armed).
+        let nic_owned = !matches!(node.transport().name(), "udp" | "ofi");
         // Start-up traffic drained on both sides, so that nothing else wakes rank 1.
         node.quiesce().expect("quiesce");
         quiet[me].open();

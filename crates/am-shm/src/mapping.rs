@@ -105,6 +105,11 @@ const HUGE_PAGE: usize = 2 << 20;
 
 #[cfg(not(loom))]
 impl Mapping {
+    /// Where the mapping starts in memory.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// `len` bytes (a multiple of 8) of zeroed heap memory; an error if they cannot be
     /// allocated.
     pub(crate) fn heap(len: usize) -> Result<Mapping, ShmError> {

@@ -48,6 +48,17 @@ impl<'a> SharedBytes<'a> {
         (self.map, self.start, self.len)
     }
 
+    /// Where the view starts in memory, for handing the memory to a NIC that reads and writes
+    /// it by DMA (libfabric's `fi_mr_reg`). The memory stays mapped for as long as the view's
+    /// borrow lasts. Whatever reaches it through the pointer must keep this type's rule: peers
+    /// may write it at any time, so only atomics and byte-wise copies, never references to
+    /// its bytes. Getting the pointer is safe; using it is the caller's `unsafe`.
+    #[cfg(not(loom))]
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.base().wrapping_add(self.start)
+    }
+
     /// Number of bytes in the view.
     #[inline]
     pub fn len(&self) -> usize {

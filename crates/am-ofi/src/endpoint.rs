@@ -1,0 +1,838 @@
+//! An RDM endpoint with everything the provider may touch: its buffers and the registered
+//! segment.
+
+use std::alloc::Layout;
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+
+use am_shm::{Segment, SharedBytes};
+
+use crate::ffi::{self, Amofi};
+use crate::info::Interface;
+use crate::{OfiError, FI_EAGAIN};
+
+/// `FI_EAVAIL`: an error completion is next.
+const FI_EAVAIL: i32 = 259;
+
+/// Memory registration slots of the shim (`AMOFI_MRS`).
+const MR_SEGMENT: i32 = 0;
+const MR_RECV: i32 = 1;
+const MR_SEND: i32 = 2;
+const MR_STAGE: i32 = 3;
+
+/// Operation contexts: the kind in the high half, the slot in the low.
+const CTX_RECV: u64 = 1 << 32;
+const CTX_SEND: u64 = 2 << 32;
+const CTX_STAGE: u64 = 3 << 32;
+
+/// How many buffers of what size an [`Endpoint`] hands the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Receive buffers kept posted.
+    pub recv_slots: usize,
+    /// Bytes per receive buffer: the largest message.
+    pub recv_size: usize,
+    /// Send buffers (messages larger than the provider's inject size wait in one until their
+    /// completion).
+    pub send_slots: usize,
+    /// Bytes per send buffer.
+    pub send_size: usize,
+    /// Staging buffers for RMA and atomics in flight.
+    pub stage_slots: usize,
+    /// Bytes per staging buffer: the largest single RMA transfer.
+    pub stage_size: usize,
+    /// Ask the completion queue for a file descriptor to sleep on.
+    pub wait_fd: bool,
+}
+
+/// A staging buffer in use by an RMA or atomic operation: released with
+/// [`Endpoint::release`] once its [`Event::Done`] (or failure) was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Op(u32);
+
+impl Op {
+    /// The staging slot's number.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Where a peer finds this endpoint's segment: the address it names it by (the virtual
+/// address, or 0 where the provider uses offsets), its key and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Address of the segment's first byte in RMA operations.
+    pub base: u64,
+    /// The registration's key.
+    pub key: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// What the completion queue reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message of `len` bytes arrived in receive buffer `slot`: read it with
+    /// [`Endpoint::received`], then give the buffer back with [`Endpoint::post_recv`].
+    Received {
+        /// The receive buffer.
+        slot: usize,
+        /// The message's length.
+        len: usize,
+    },
+    /// An RMA or atomic operation completed: a read's bytes or an atomic's old value are in
+    /// its staging buffer ([`Endpoint::staged`]) until [`Endpoint::release`].
+    Done(Op),
+    /// An operation failed. A failed send's buffer is free again; a failed receive's buffer
+    /// must be posted again; a failed operation's staging buffer released.
+    Failed {
+        /// Which operation.
+        what: Issued,
+        /// libfabric's error and the provider's text.
+        error: OfiError,
+    },
+}
+
+/// The kind of operation an error completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Issued {
+    /// A send (of a message larger than the inject size).
+    Send,
+    /// A receive, in this buffer.
+    Recv(usize),
+    /// An RMA or atomic operation.
+    Op(Op),
+    /// A context the endpoint never issued (a provider fault).
+    Unknown(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Ours, holding nothing.
+    Free,
+    /// The provider's until its completion.
+    Lent,
+    /// Completed: ours, holding what the operation left.
+    Ready,
+}
+
+/// Buffers of one kind in one allocation, 64-byte aligned.
+struct Buffers {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    size: usize,
+    state: Vec<State>,
+    free: Vec<u32>,
+}
+
+impl Buffers {
+    fn new(count: usize, size: usize) -> Result<Buffers, OfiError> {
+        let size = size.max(64).next_multiple_of(64);
+        let bytes = count.max(1).checked_mul(size);
+        let layout = bytes
+            .and_then(|b| Layout::from_size_align(b, 64).ok())
+            .ok_or_else(|| local_error("allocating buffers", "sizes overflow"))?;
+        // SAFETY: the layout's size is non-zero (count and size are at least 1 and 64).
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| local_error("allocating buffers", "out of memory"))?;
+        Ok(Buffers {
+            ptr,
+            layout,
+            size,
+            state: vec![State::Free; count],
+            free: (0..count as u32).rev().collect(),
+        })
+    }
+
+    fn at(&self, i: usize) -> *mut u8 {
+        debug_assert!(i < self.state.len());
+        self.ptr.as_ptr().wrapping_add(i * self.size)
+    }
+
+    fn take(&mut self) -> Option<usize> {
+        let i = self.free.pop()? as usize;
+        debug_assert_eq!(self.state[i], State::Free);
+        Some(i)
+    }
+
+    fn give_back(&mut self, i: usize) {
+        self.state[i] = State::Free;
+        self.free.push(i as u32);
+    }
+
+    /// Buffer `i`, ours: `Free` or `Ready`, so the provider neither reads nor writes it.
+    fn owned(&mut self, i: usize, len: usize) -> &mut [u8] {
+        assert!(self.state[i] != State::Lent && len <= self.size);
+        // SAFETY: `i` is in bounds (the state lookup above) and `len <= size`, so the range is
+        // inside the allocation; the buffer is not lent to the provider (checked), and
+        // `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.at(i), len) }
+    }
+
+    fn lent(&self) -> usize {
+        self.state.iter().filter(|s| **s == State::Lent).count()
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once. The endpoint that lent
+        // them was closed before (`Endpoint`'s drop), so the provider no longer touches them.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+fn local_error(call: &str, text: &str) -> OfiError {
+    OfiError {
+        call: call.into(),
+        code: 0,
+        text: text.into(),
+        provider: None,
+    }
+}
+
+/// An enabled RDM endpoint, its completion queue and address vector, the registered segment
+/// and the buffers the provider reads and writes. Driven by one thread at a time (`&mut`).
+pub struct Endpoint {
+    raw: NonNull<Amofi>,
+    provider: String,
+    inject_size: usize,
+    max_msg: usize,
+    wait_fd: Option<i32>,
+    // Dropped after `raw` is closed (see `Drop`).
+    segment: Segment,
+    region: Region,
+    recv: Buffers,
+    send: Buffers,
+    stage: Buffers,
+    scratch: Vec<u8>,
+    peers: Vec<u64>,
+    cqes: Vec<ffi::Cqe>,
+}
+
+// SAFETY: the libfabric objects are used only through `&mut self` (one thread at a time, as
+// FI_THREAD_DOMAIN allows), and the buffers are plain memory owned by this value. Moving the
+// endpoint to another thread moves all of it.
+unsafe impl Send for Endpoint {}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("provider", &self.provider)
+            .field("peers", &self.peers.len())
+            .finish()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from amofi_open and is closed once, here, before the buffers and
+        // the segment (fields, dropped after this) are freed: closing the endpoint ends every
+        // operation that could still touch them.
+        unsafe { ffi::amofi_close(self.raw.as_ptr()) }
+    }
+}
+
+impl Endpoint {
+    /// Opens an endpoint on `iface`, registers `segment`'s byte area for peers' RMA and
+    /// atomics, and posts every receive buffer.
+    pub fn open(
+        iface: &Interface,
+        segment: Segment,
+        config: EndpointConfig,
+    ) -> Result<Endpoint, OfiError> {
+        let provider = iface.provider();
+        let cq_size = (config.recv_slots + config.send_slots + config.stage_slots)
+            .max(64)
+            .next_power_of_two();
+        let mut raw: *mut Amofi = std::ptr::null_mut();
+        let mut step: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: `iface.raw()` is a valid fi_info for the call (the shim copies it); `raw`
+        // and `step` are valid locations the shim fills.
+        let rc = unsafe {
+            ffi::amofi_open(
+                iface.raw(),
+                cq_size,
+                config.wait_fd as i32,
+                &mut raw,
+                &mut step,
+            )
+        };
+        if rc != 0 {
+            let call = if step.is_null() {
+                "opening the endpoint".to_owned()
+            } else {
+                // SAFETY: `step` points to one of the shim's static string literals.
+                unsafe { std::ffi::CStr::from_ptr(step) }
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            return Err(OfiError {
+                call,
+                code: -rc,
+                text: ffi::strerror(-rc),
+                provider: Some(provider),
+            });
+        }
+        let raw = NonNull::new(raw).ok_or_else(|| local_error("amofi_open", "no endpoint"))?;
+        // SAFETY: `raw` is a valid handle.
+        let fd = unsafe { ffi::amofi_wait_fd(raw.as_ptr()) };
+        let mut ep = Endpoint {
+            raw,
+            provider,
+            inject_size: iface.inject_size(),
+            max_msg: iface.max_msg_size(),
+            wait_fd: (fd >= 0).then_some(fd),
+            region: Region {
+                base: 0,
+                key: 0,
+                len: segment.byte_area().len() as u64,
+            },
+            segment,
+            recv: Buffers::new(config.recv_slots, config.recv_size)?,
+            send: Buffers::new(config.send_slots, config.send_size)?,
+            stage: Buffers::new(config.stage_slots, config.stage_size)?,
+            scratch: Vec::new(),
+            peers: Vec::new(),
+            cqes: vec![ffi::Cqe::default(); 64],
+        };
+        let area = ep.segment.byte_area();
+        let (ptr, len) = (area.as_ptr(), area.len().max(1));
+        let (key, base) = ep.register(MR_SEGMENT, ptr, len, true)?;
+        ep.region.key = key;
+        ep.region.base = base;
+        for (slot, kind) in [(MR_RECV, 0), (MR_SEND, 1), (MR_STAGE, 2)] {
+            let b = [&ep.recv, &ep.send, &ep.stage][kind];
+            let (ptr, len) = (b.ptr.as_ptr(), b.layout.size());
+            ep.register(slot, ptr, len, false)?;
+        }
+        for _ in 0..config.recv_slots {
+            let i = ep
+                .recv
+                .take()
+                .expect("every receive buffer is free at first");
+            ep.post_recv(i)?;
+        }
+        Ok(ep)
+    }
+
+    fn register(
+        &mut self,
+        slot: i32,
+        ptr: *mut u8,
+        len: usize,
+        remote: bool,
+    ) -> Result<(u64, u64), OfiError> {
+        let (mut key, mut base) = (0u64, 0u64);
+        // SAFETY: `ptr..ptr+len` is memory this endpoint owns for its whole life (the
+        // segment, or a buffer allocation), and is deregistered when the endpoint closes,
+        // before it is freed.
+        let rc = unsafe {
+            ffi::amofi_mr_reg(
+                self.raw.as_ptr(),
+                slot,
+                ptr.cast::<c_void>(),
+                len,
+                remote as i32,
+                &mut key,
+                &mut base,
+            )
+        };
+        self.check(rc as isize, "fi_mr_reg")?;
+        Ok((key, base))
+    }
+
+    fn error(&self, call: &str, code: i32) -> OfiError {
+        OfiError {
+            call: call.into(),
+            code,
+            text: ffi::strerror(code),
+            provider: Some(self.provider.clone()),
+        }
+    }
+
+    /// `Ok(true)` for success, `Ok(false)` for `FI_EAGAIN`, the error otherwise.
+    fn check(&self, rc: isize, call: &str) -> Result<bool, OfiError> {
+        match rc {
+            0.. => Ok(true),
+            rc if rc == -(FI_EAGAIN as isize) => Ok(false),
+            rc => Err(self.error(call, (-rc) as i32)),
+        }
+    }
+
+    /// The provider's name.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The largest message [`Endpoint::send`] takes.
+    pub fn max_message(&self) -> usize {
+        self.send.size.max(self.inject_size).min(self.max_msg)
+    }
+
+    /// The largest transfer of one [`Endpoint::write`] or [`Endpoint::read`].
+    pub fn max_transfer(&self) -> usize {
+        self.stage.size.min(self.max_msg)
+    }
+
+    /// This endpoint's address, for its peers' [`Endpoint::insert`].
+    pub fn name(&mut self) -> Result<Vec<u8>, OfiError> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: `buf` has `len` writable bytes; the shim writes at most that and sets `len`.
+        let rc =
+            unsafe { ffi::amofi_getname(self.raw.as_ptr(), buf.as_mut_ptr().cast(), &mut len) };
+        self.check(rc as isize, "fi_getname")?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Makes `names` (every rank's [`Endpoint::name`], in rank order) the peers this
+    /// endpoint talks to: peer `i` is `names[i]`.
+    pub fn insert(&mut self, names: &[Vec<u8>]) -> Result<(), OfiError> {
+        let mut peers = Vec::with_capacity(names.len());
+        for name in names {
+            if name.is_empty() {
+                return Err(local_error("fi_av_insert", "an empty peer address"));
+            }
+            // The provider reads a name as long as its own are; shorter ones are padded
+            // with zeros, which no address-reading code reads past.
+            let mut padded = name.clone();
+            padded.resize(name.len().max(256), 0);
+            let mut fa = 0u64;
+            // SAFETY: `padded` holds an address of this provider (from fi_getname, padded
+            // with zeros to at least 256 bytes, more than any provider's address length reads
+            // for a name of its own), alive for the call; `fa` is a valid location.
+            let rc = unsafe {
+                ffi::amofi_av_insert(
+                    self.raw.as_ptr(),
+                    padded.as_ptr().cast(),
+                    name.len(),
+                    &mut fa,
+                )
+            };
+            self.check(rc as isize, "fi_av_insert")?;
+            peers.push(fa);
+        }
+        self.peers = peers;
+        Ok(())
+    }
+
+    /// Where peers find this endpoint's segment.
+    pub fn region(&self) -> Region {
+        self.region
+    }
+
+    /// The registered segment's byte area (peers write it at any time).
+    pub fn segment(&self) -> SharedBytes<'_> {
+        self.segment.byte_area()
+    }
+
+    /// The completion queue's file descriptor, if the provider gave one: readable when a
+    /// completion may be there, once [`Endpoint::trywait`] said so.
+    pub fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the descriptor belongs to the completion queue, which lives as long as
+        // `self`, and the borrow cannot outlive `self`.
+        self.wait_fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Whether sleeping on [`Endpoint::wait_fd`] now would be woken by the next completion
+    /// (`fi_trywait`): `false` when completions are waiting to be read.
+    pub fn trywait(&mut self) -> bool {
+        // SAFETY: a valid handle.
+        unsafe { ffi::amofi_trywait(self.raw.as_ptr()) == 0 }
+    }
+
+    fn peer(&self, rank: usize) -> Result<u64, OfiError> {
+        self.peers
+            .get(rank)
+            .copied()
+            .ok_or_else(|| local_error("addressing a peer", "no such peer"))
+    }
+
+    /// Sends `len` bytes that `fill` writes to peer `rank`: `Ok(false)` when the provider or
+    /// the send buffers have no room now (nothing was sent; read completions and try again).
+    pub fn send(
+        &mut self,
+        rank: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, OfiError> {
+        let dest = self.peer(rank)?;
+        if len <= self.inject_size {
+            self.scratch.resize(len, 0);
+            fill(&mut self.scratch);
+            // SAFETY: `scratch` holds `len` initialised bytes; fi_inject copies them before it
+            // returns.
+            let rc = unsafe {
+                ffi::amofi_inject(self.raw.as_ptr(), self.scratch.as_ptr().cast(), len, dest)
+            };
+            return self.check(rc, "fi_inject");
+        }
+        if len > self.send.size {
+            return Err(local_error("fi_send", "message larger than a send buffer"));
+        }
+        let Some(i) = self.send.take() else {
+            return Ok(false);
+        };
+        fill(self.send.owned(i, len));
+        self.send.state[i] = State::Lent;
+        // SAFETY: buffer `i` holds `len` bytes and stays untouched by Rust until its
+        // completion (state `Lent`), and alive until the endpoint is closed.
+        let rc = unsafe {
+            ffi::amofi_send(
+                self.raw.as_ptr(),
+                self.send.at(i).cast(),
+                len,
+                MR_SEND,
+                dest,
+                CTX_SEND | i as u64,
+            )
+        };
+        let sent = self.check(rc, "fi_send");
+        if !matches!(sent, Ok(true)) {
+            self.send.give_back(i);
+        }
+        sent
+    }
+
+    /// Gives receive buffer `slot` (free, or read after [`Event::Received`]) back to the
+    /// provider.
+    pub fn post_recv(&mut self, slot: usize) -> Result<(), OfiError> {
+        assert!(self.recv.state[slot] != State::Lent, "posted twice");
+        self.recv.state[slot] = State::Lent;
+        // SAFETY: buffer `slot` is ours (checked) and becomes the provider's until its
+        // completion; alive until the endpoint is closed.
+        let rc = unsafe {
+            ffi::amofi_recv(
+                self.raw.as_ptr(),
+                self.recv.at(slot).cast(),
+                self.recv.size,
+                MR_RECV,
+                CTX_RECV | slot as u64,
+            )
+        };
+        match self.check(rc, "fi_recv") {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.recv.state[slot] = State::Ready;
+                Err(self.error("fi_recv", FI_EAGAIN))
+            }
+            Err(e) => {
+                self.recv.state[slot] = State::Ready;
+                Err(e)
+            }
+        }
+    }
+
+    /// The first `len` bytes of receive buffer `slot` after its [`Event::Received`]; `None`
+    /// for a buffer the provider holds, or past its end.
+    pub fn received(&self, slot: usize, len: usize) -> Option<&[u8]> {
+        if self.recv.state.get(slot) != Some(&State::Ready) || len > self.recv.size {
+            return None;
+        }
+        // SAFETY: in bounds (checked), completed and not posted again (state `Ready`), so the
+        // provider no longer writes it; posting it again needs `&mut self`, which this
+        // borrow excludes.
+        Some(unsafe { std::slice::from_raw_parts(self.recv.at(slot), len) })
+    }
+
+    fn stage_op(
+        &mut self,
+        call: &'static str,
+        fill: impl FnOnce(&mut [u8]),
+        issue: impl FnOnce(*mut u8, u64) -> isize,
+    ) -> Result<Option<Op>, OfiError> {
+        let Some(i) = self.stage.take() else {
+            return Ok(None);
+        };
+        let size = self.stage.size;
+        fill(self.stage.owned(i, size));
+        self.stage.state[i] = State::Lent;
+        let rc = issue(self.stage.at(i), CTX_STAGE | i as u64);
+        match self.check(rc, call) {
+            Ok(true) => Ok(Some(Op(i as u32))),
+            Ok(false) => {
+                self.stage.give_back(i);
+                Ok(None)
+            }
+            Err(e) => {
+                self.stage.give_back(i);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `len` bytes that `fill` puts into a staging buffer to `raddr` (under `key`) at
+    /// peer `rank`; with `delivery`, the completion means the bytes are in the target's
+    /// memory (`FI_DELIVERY_COMPLETE`). `Ok(None)`: no room now.
+    pub fn write(
+        &mut self,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        len: usize,
+        delivery: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Option<Op>, OfiError> {
+        let dest = self.peer(rank)?;
+        if len > self.max_transfer() {
+            return Err(local_error(
+                "fi_write",
+                "transfer larger than a staging buffer",
+            ));
+        }
+        let raw = self.raw.as_ptr();
+        self.stage_op(
+            "fi_writemsg",
+            |b| fill(&mut b[..len]),
+            |buf, ctx| {
+                // SAFETY: `buf` is a staging buffer of at least `len` bytes, lent to the
+                // provider until its completion (state `Lent`).
+                unsafe {
+                    ffi::amofi_rma(
+                        raw,
+                        1,
+                        buf.cast(),
+                        len,
+                        MR_STAGE,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        delivery as i32,
+                    )
+                }
+            },
+        )
+    }
+
+    /// Reads `len` bytes at `raddr` (under `key`) of peer `rank` into a staging buffer,
+    /// readable with [`Endpoint::staged`] after its [`Event::Done`]. `Ok(None)`: no room now.
+    pub fn read(
+        &mut self,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        len: usize,
+    ) -> Result<Option<Op>, OfiError> {
+        let dest = self.peer(rank)?;
+        if len > self.max_transfer() {
+            return Err(local_error(
+                "fi_read",
+                "transfer larger than a staging buffer",
+            ));
+        }
+        let raw = self.raw.as_ptr();
+        self.stage_op(
+            "fi_readmsg",
+            |_| {},
+            |buf, ctx| {
+                // SAFETY: as in `write`: a lent staging buffer of at least `len` bytes.
+                unsafe {
+                    ffi::amofi_rma(raw, 0, buf.cast(), len, MR_STAGE, dest, raddr, key, ctx, 0)
+                }
+            },
+        )
+    }
+
+    /// Whether the provider applies atomic `code` (amnet's numbering: load, store, swap,
+    /// compare-swap, fetch-add, and, or, xor) on words of `width` bytes, fetching the old
+    /// value (compare-swap: comparing too), or without fetching when `!fetch`.
+    pub fn atomic_valid(&mut self, code: u8, width: usize, fetch: bool) -> bool {
+        let kind = match (code, fetch) {
+            (3, _) => 2,
+            (_, true) => 1,
+            (_, false) => 0,
+        };
+        // SAFETY: a valid handle; the shim checks the arguments.
+        unsafe { ffi::amofi_atomic_valid(self.raw.as_ptr(), code as i32, width as i32, kind) == 1 }
+    }
+
+    /// Applies atomic `code` with `operand` (and `compare` for a compare-and-swap) to the
+    /// word of `width` bytes at `raddr` (under `key`) of peer `rank`; with `fetch`, its old
+    /// value is [`Endpoint::atomic_result`] after the [`Event::Done`]. `Ok(None)`: no room.
+    #[allow(clippy::too_many_arguments)]
+    pub fn atomic(
+        &mut self,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        code: u8,
+        width: usize,
+        operand: u64,
+        compare: u64,
+        fetch: bool,
+    ) -> Result<Option<Op>, OfiError> {
+        let dest = self.peer(rank)?;
+        let raw = self.raw.as_ptr();
+        let word = |v: u64| -> [u8; 8] {
+            if width == 4 {
+                let mut b = [0u8; 8];
+                b[..4].copy_from_slice(&(v as u32).to_ne_bytes());
+                b
+            } else {
+                v.to_ne_bytes()
+            }
+        };
+        let is_cas = code == 3;
+        self.stage_op(
+            "fi_atomic",
+            |b| {
+                b[0..8].copy_from_slice(&word(operand));
+                b[8..16].copy_from_slice(&word(compare));
+                b[16..24].fill(0);
+            },
+            |buf, ctx| {
+                let operand = buf.cast::<c_void>();
+                let compare = buf.wrapping_add(8).cast::<c_void>();
+                let result = buf.wrapping_add(16).cast::<c_void>();
+                // SAFETY: `buf` is a lent staging buffer of at least 64 bytes: operand,
+                // compare and result words at 0, 8 and 16, untouched by Rust until the
+                // completion.
+                unsafe {
+                    ffi::amofi_atomic(
+                        raw,
+                        code as i32,
+                        width as i32,
+                        operand,
+                        if is_cas { compare } else { std::ptr::null() },
+                        if fetch || is_cas {
+                            result
+                        } else {
+                            std::ptr::null_mut()
+                        },
+                        MR_STAGE,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                    )
+                }
+            },
+        )
+    }
+
+    /// The first `len` bytes of `op`'s staging buffer after its [`Event::Done`] (a read's
+    /// data); `None` while the provider holds it.
+    pub fn staged(&self, op: Op, len: usize) -> Option<&[u8]> {
+        let i = op.index();
+        if self.stage.state.get(i) != Some(&State::Ready) || len > self.stage.size {
+            return None;
+        }
+        // SAFETY: in bounds (checked); completed (state `Ready`), so the provider no longer
+        // writes it; releasing it needs `&mut self`, which this borrow excludes.
+        Some(unsafe { std::slice::from_raw_parts(self.stage.at(i), len) })
+    }
+
+    /// A fetching atomic's old value after its [`Event::Done`].
+    pub fn atomic_result(&self, op: Op, width: usize) -> Option<u64> {
+        let b = self.staged(op, 24)?;
+        Some(if width == 4 {
+            u64::from(u32::from_ne_bytes(b[16..20].try_into().ok()?))
+        } else {
+            u64::from_ne_bytes(b[16..24].try_into().ok()?)
+        })
+    }
+
+    /// Frees `op`'s staging buffer after its [`Event::Done`] or failure.
+    pub fn release(&mut self, op: Op) {
+        let i = op.index();
+        if self.stage.state.get(i) == Some(&State::Ready) {
+            self.stage.give_back(i);
+        }
+    }
+
+    /// Operations still lent to the provider: sends and RMA or atomic operations.
+    pub fn in_flight(&self) -> usize {
+        self.send.lent() + self.stage.lent()
+    }
+
+    /// Reads the completion queue (which, for providers with manual progress, is also what
+    /// moves data) and appends what it found to `out`; the number of events appended.
+    /// Completed sends free their buffers without an event.
+    pub fn poll(&mut self, out: &mut VecDeque<Event>) -> Result<usize, OfiError> {
+        let before = out.len();
+        let n = self.cqes.len();
+        // SAFETY: `cqes` has room for `n` entries, which the shim fills at most.
+        let got = unsafe { ffi::amofi_cq_read(self.raw.as_ptr(), self.cqes.as_mut_ptr(), n) };
+        if got > 0 {
+            for k in 0..got as usize {
+                let e = self.cqes[k];
+                self.complete(e.context, e.len as usize, out);
+            }
+        } else if got == -(FI_EAVAIL as isize) {
+            let mut err = std::mem::MaybeUninit::<ffi::CqErr>::uninit();
+            // SAFETY: the shim zeroes and fills the whole structure.
+            let rc = unsafe { ffi::amofi_cq_readerr(self.raw.as_ptr(), err.as_mut_ptr()) };
+            if rc == 1 {
+                // SAFETY: filled by the shim (rc == 1).
+                let err = unsafe { err.assume_init() };
+                self.failed(err, out);
+            }
+        } else if got != -(FI_EAGAIN as isize) {
+            return Err(self.error("fi_cq_read", (-got) as i32));
+        }
+        Ok(out.len() - before)
+    }
+
+    fn complete(&mut self, ctx: u64, len: usize, out: &mut VecDeque<Event>) {
+        let i = (ctx & 0xffff_ffff) as usize;
+        match ctx & !0xffff_ffff {
+            CTX_RECV if self.recv.state.get(i) == Some(&State::Lent) => {
+                self.recv.state[i] = State::Ready;
+                out.push_back(Event::Received { slot: i, len });
+            }
+            CTX_SEND if self.send.state.get(i) == Some(&State::Lent) => self.send.give_back(i),
+            CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
+                self.stage.state[i] = State::Ready;
+                out.push_back(Event::Done(Op(i as u32)));
+            }
+            _ => out.push_back(Event::Failed {
+                what: Issued::Unknown(ctx),
+                error: OfiError {
+                    call: "fi_cq_read".into(),
+                    code: 0,
+                    text: format!("a completion for context {ctx:#x}, never issued"),
+                    provider: Some(self.provider.clone()),
+                },
+            }),
+        }
+    }
+
+    fn failed(&mut self, err: ffi::CqErr, out: &mut VecDeque<Event>) {
+        let ctx = err.context;
+        let i = (ctx & 0xffff_ffff) as usize;
+        let provider_text = ffi::text(&err.text);
+        let error = OfiError {
+            call: "an operation's completion".into(),
+            code: err.err,
+            text: if provider_text.is_empty() {
+                ffi::strerror(err.err)
+            } else {
+                format!("{} ({provider_text})", ffi::strerror(err.err))
+            },
+            provider: Some(self.provider.clone()),
+        };
+        let what = match ctx & !0xffff_ffff {
+            CTX_RECV if self.recv.state.get(i) == Some(&State::Lent) => {
+                self.recv.state[i] = State::Ready;
+                Issued::Recv(i)
+            }
+            CTX_SEND if self.send.state.get(i) == Some(&State::Lent) => {
+                self.send.give_back(i);
+                Issued::Send
+            }
+            CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
+                self.stage.state[i] = State::Ready;
+                Issued::Op(Op(i as u32))
+            }
+            // An inject has no context: its error completion carries none.
+            0 => Issued::Send,
+            _ => Issued::Unknown(ctx),
+        };
+        out.push_back(Event::Failed { what, error });
+    }
+}

@@ -1,0 +1,80 @@
+//! The transport's settings.
+
+use std::time::Duration;
+
+use am_core::Credits;
+
+use crate::ofi::OfiTransportError;
+
+/// Settings of the ofi transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OfiConfig {
+    /// The provider (`tcp`, `shm`, `tcp;ofi_rxm`, `verbs;ofi_rxm`, ...): `AM_OFI_PROVIDER`,
+    /// else `FI_PROVIDER`; `None` takes the first libfabric lists.
+    pub provider: Option<String>,
+    /// The credit policy (`AM_CREDITS`), which sizes the posted receive buffers.
+    pub credits: Credits,
+    /// The largest AM Medium payload (`AM_OFI_MAX_MEDIUM`, default 8192).
+    pub max_medium: usize,
+    /// How long an RMA or atomic may wait for its completion before its target counts as
+    /// lost (`AM_PEER_TIMEOUT_MS`, default 30 s).
+    pub peer_timeout: Duration,
+}
+
+impl Default for OfiConfig {
+    fn default() -> OfiConfig {
+        OfiConfig {
+            provider: None,
+            credits: Credits::default(),
+            max_medium: 8192,
+            peer_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl OfiConfig {
+    /// The defaults, overridden by `AM_OFI_PROVIDER` (or `FI_PROVIDER`), `AM_CREDITS`,
+    /// `AM_OFI_MAX_MEDIUM` and `AM_PEER_TIMEOUT_MS` where set.
+    pub fn from_env() -> Result<OfiConfig, OfiTransportError> {
+        let mut c = OfiConfig::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        c.provider = var("AM_OFI_PROVIDER").or_else(|| var("FI_PROVIDER"));
+        c.credits = am_core::Config::from_env()
+            .map_err(|e| OfiTransportError::Config(e.to_string()))?
+            .credits;
+        let num = |name: &'static str| -> Result<Option<u64>, OfiTransportError> {
+            var(name)
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| {
+                        OfiTransportError::Config(format!("{name}={v:?}: not a number"))
+                    })
+                })
+                .transpose()
+        };
+        if let Some(m) = num("AM_OFI_MAX_MEDIUM")? {
+            if !(64..=1 << 20).contains(&m) {
+                return Err(OfiTransportError::Config(format!(
+                    "AM_OFI_MAX_MEDIUM={m}: between 64 and 1048576"
+                )));
+            }
+            c.max_medium = m as usize;
+        }
+        if let Some(ms) = num("AM_PEER_TIMEOUT_MS")? {
+            c.peer_timeout = Duration::from_millis(ms.max(1));
+        }
+        Ok(c)
+    }
+
+    /// With this provider.
+    pub fn provider(mut self, provider: impl Into<String>) -> OfiConfig {
+        self.provider = Some(provider.into());
+        self
+    }
+
+    /// With this credit policy.
+    pub fn credits(mut self, credits: Credits) -> OfiConfig {
+        self.credits = credits;
+        self
+    }
+}

@@ -1,0 +1,992 @@
+//! The transport: an RDM endpoint per rank.
+
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use am_bootstrap::{BootstrapError, JobInfo};
+use am_core::atomic::Atomic;
+use am_core::{
+    Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
+    SendError, Transport, TransportError, Tx,
+};
+use am_ofi::{Endpoint, EndpointConfig, Event, Interface, Issued, OfiError, Op, Region};
+use am_shm::Segment;
+use nix::unistd::Pid;
+
+use crate::config::OfiConfig;
+
+/// The header every message carries: version, kind, two reserved bytes, the sender's rank.
+const HEADER: usize = 8;
+/// The header's version byte. A peer that writes another is misbehaving.
+const VERSION: u8 = 1;
+/// An AM: the core's head and payload follow.
+const KIND_AM: u8 = 1;
+/// An AM Long whose payload is already in this rank's segment: the head follows.
+const KIND_PLACED: u8 = 2;
+/// The sender is leaving the job: nothing follows, and nothing comes after it.
+const KIND_GOODBYE: u8 = 3;
+
+/// How often, at most, the processes of peers on this host are checked while nothing
+/// arrives.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// The longest an armed rank sleeps before it checks its peers.
+const ARMED_FOR: Duration = Duration::from_millis(100);
+/// How long a closing rank waits for its goodbyes to leave.
+const LINGER: Duration = Duration::from_secs(2);
+/// Staging buffers for RMA and atomics, and their size: a put of up to this many times the
+/// size is in flight at once.
+const STAGE_SLOTS: usize = 16;
+const STAGE_SIZE: usize = 64 << 10;
+/// Send buffers for messages above the inject size.
+const SEND_SLOTS: usize = 64;
+
+/// Why the transport could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OfiTransportError {
+    /// No libfabric interface offers RDM endpoints with messages and RMA (of the provider
+    /// asked for).
+    #[error("no libfabric provider{} offers RDM endpoints with messages and RMA; providers with RDM endpoints here: {found}", wanted.as_ref().map(|w| format!(" matching {w:?}")).unwrap_or_default())]
+    NoProvider {
+        /// The provider asked for (`AM_OFI_PROVIDER` or `FI_PROVIDER`).
+        wanted: Option<String>,
+        /// The providers libfabric lists with RDM endpoints.
+        found: String,
+    },
+    /// A libfabric call failed.
+    #[error(transparent)]
+    Ofi(#[from] OfiError),
+    /// The exchange of addresses through the launcher failed.
+    #[error("start-up through the launcher's key-value store: {0}")]
+    Bootstrap(#[from] BootstrapError),
+    /// A peer's start-up entry could not be used.
+    #[error("start-up: {0}")]
+    Rendezvous(String),
+    /// The segment could not be made.
+    #[error("making the segment")]
+    Segment(#[source] am_shm::ShmError),
+    /// A setting is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A peer's segment has another size.
+    #[error("rank {rank} has a segment of {theirs} bytes, this rank {ours}")]
+    SegmentSizeMismatch {
+        /// The peer.
+        rank: Rank,
+        /// This rank's size.
+        ours: usize,
+        /// The peer's.
+        theirs: usize,
+    },
+    /// A peer chose another provider.
+    #[error("rank {rank} uses provider {theirs:?}, this rank {ours:?}: set AM_OFI_PROVIDER (or FI_PROVIDER) the same for every rank")]
+    ProviderMismatch {
+        /// The peer.
+        rank: Rank,
+        /// This rank's provider.
+        ours: String,
+        /// The peer's.
+        theirs: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerState {
+    Alive,
+    Lost,
+    Departed,
+}
+
+#[derive(Debug)]
+struct Peer {
+    region: Region,
+    /// The peer's process, when it runs on this host (its liveness can be checked).
+    pid: Option<Pid>,
+    state: PeerState,
+}
+
+/// The sending half, also lent to handlers.
+struct Io {
+    ep: Endpoint,
+    provider: String,
+    rank: Rank,
+    size: u32,
+    peers: Vec<Peer>,
+    /// This rank's segment (another handle), for Longs to itself.
+    own: Segment,
+    /// Messages to itself: whether the payload is placed, and the bytes.
+    self_queue: VecDeque<(bool, Vec<u8>)>,
+    /// Receive-side events not yet handed to the core.
+    events: VecDeque<Event>,
+    /// RMA and atomic operations completed (or failed) and not yet collected.
+    done: Vec<(Op, Result<(), OfiError>)>,
+    /// What the next poll reports: lost peers, device failures.
+    news: VecDeque<NicError>,
+    scratch: VecDeque<Event>,
+    peer_timeout: Duration,
+    last_liveness: Instant,
+}
+
+/// A rank's endpoint on a libfabric provider. See the [crate docs](crate).
+pub struct Ofi {
+    io: Io,
+    segment: Segment,
+    rx: Vec<u8>,
+    limits: Limits,
+    native_atomics: bool,
+    empty_polls: u32,
+    closed: bool,
+}
+
+impl std::fmt::Debug for Ofi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ofi")
+            .field("rank", &self.io.rank)
+            .field("size", &self.io.size)
+            .field("provider", &self.io.provider)
+            .finish()
+    }
+}
+
+fn find_interface(config: &OfiConfig) -> Result<Interface, OfiTransportError> {
+    Interface::find(config.provider.as_deref())?.ok_or_else(|| OfiTransportError::NoProvider {
+        wanted: config.provider.clone(),
+        found: am_ofi::providers(),
+    })
+}
+
+/// What one rank tells the others: its address, its segment, its process and host, and its
+/// provider (`;` is not allowed in a key-value store's value: written as `+`).
+fn entry(name: &[u8], region: Region, provider: &str) -> String {
+    let hex: String = name.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{hex}/{:x}/{:x}/{}/{}/{}/{}",
+        region.base,
+        region.key,
+        region.len,
+        std::process::id(),
+        host_name(),
+        provider.replace(';', "+")
+    )
+}
+
+struct Entry {
+    name: Vec<u8>,
+    region: Region,
+    pid: u32,
+    host: String,
+    provider: String,
+}
+
+fn parse_entry(s: &str) -> Option<Entry> {
+    let f: Vec<&str> = s.trim().split('/').collect();
+    let [hex, base, key, len, pid, host, provider] = f[..] else {
+        return None;
+    };
+    if hex.is_empty() || hex.len() % 2 != 0 {
+        return None;
+    }
+    let name = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some(Entry {
+        name,
+        region: Region {
+            base: u64::from_str_radix(base, 16).ok()?,
+            key: u64::from_str_radix(key, 16).ok()?,
+            len: len.parse().ok()?,
+        },
+        pid: pid.parse().ok()?,
+        host: host.to_owned(),
+        provider: provider.replace('+', ";"),
+    })
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic() && c != '/'))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn open(
+    iface: &Interface,
+    segment_size: usize,
+    config: &OfiConfig,
+    ranks: u32,
+) -> Result<(Endpoint, Segment), OfiTransportError> {
+    let segment = Segment::heap(0, segment_size).map_err(OfiTransportError::Segment)?;
+    // Every request a peer may have in flight to this rank, and a reply to each request
+    // this rank may have in flight: what the posted buffers must hold so that none waits in
+    // the provider's unexpected queue; capped by the provider's receive queue.
+    let budget = config
+        .credits
+        .receive_budget(ranks)
+        .saturating_mul(2)
+        .clamp(64, 4096) as usize;
+    let recv_slots = budget.min(iface.rx_size().max(64));
+    let message = HEADER + am_core::wire::MAX_HEAD_LEN + config.max_medium;
+    let ep = Endpoint::open(
+        iface,
+        segment.share(),
+        EndpointConfig {
+            recv_slots,
+            recv_size: message,
+            send_slots: SEND_SLOTS.min(iface.tx_size().max(8)),
+            send_size: message,
+            stage_slots: STAGE_SLOTS,
+            stage_size: STAGE_SIZE,
+            wait_fd: true,
+        },
+    )?;
+    Ok((ep, segment))
+}
+
+impl Ofi {
+    /// Starts rank `info.rank` of a job: opens an endpoint on the configured provider and
+    /// exchanges addresses and segment keys through the launcher's key-value store (a job of
+    /// one rank needs none).
+    pub fn connect(
+        mut info: JobInfo,
+        segment_size: usize,
+        config: OfiConfig,
+    ) -> Result<Ofi, OfiTransportError> {
+        let iface = find_interface(&config)?;
+        let (mut ep, segment) = open(&iface, segment_size, &config, info.size)?;
+        let provider = iface.provider();
+        let me = entry(&ep.name()?, ep.region(), &provider);
+        let entries = if info.size == 1 {
+            vec![me]
+        } else {
+            let kvs = info.kvs.as_mut().ok_or_else(|| {
+                OfiTransportError::Rendezvous(
+                    "a job of several ranks needs a launcher with a key-value store (amrun, mpiexec, srun, mpirun)".into(),
+                )
+            })?;
+            kvs.put(&format!("am-ofi-{}", info.rank), &me)?;
+            kvs.fence()?;
+            (0..info.size)
+                .map(|r| kvs.get(&format!("am-ofi-{r}")))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        Ofi::with_entries(info.rank, ep, segment, &entries, &config, &provider)
+    }
+
+    /// The transports of an in-process job of `ranks` ranks, one endpoint each, for tests and
+    /// benchmarks: real endpoints on the configured provider, only the processes are threads.
+    pub fn cluster(
+        ranks: u32,
+        segment_size: usize,
+        config: OfiConfig,
+    ) -> Result<Vec<Ofi>, OfiTransportError> {
+        let iface = find_interface(&config)?;
+        let provider = iface.provider();
+        let mut opened = Vec::new();
+        let mut entries = Vec::new();
+        for _ in 0..ranks {
+            let (mut ep, segment) = open(&iface, segment_size, &config, ranks)?;
+            entries.push(entry(&ep.name()?, ep.region(), &provider));
+            opened.push((ep, segment));
+        }
+        opened
+            .into_iter()
+            .enumerate()
+            .map(|(r, (ep, segment))| {
+                Ofi::with_entries(r as Rank, ep, segment, &entries, &config, &provider)
+            })
+            .collect()
+    }
+
+    fn with_entries(
+        rank: Rank,
+        mut ep: Endpoint,
+        segment: Segment,
+        entries: &[String],
+        config: &OfiConfig,
+        provider: &str,
+    ) -> Result<Ofi, OfiTransportError> {
+        let size = entries.len() as u32;
+        let ours = segment.byte_area().len();
+        let host = host_name();
+        let mut names = Vec::new();
+        let mut peers = Vec::new();
+        for (r, e) in entries.iter().enumerate() {
+            let e = parse_entry(e).ok_or_else(|| {
+                OfiTransportError::Rendezvous(format!("rank {r}'s entry {e:?} is malformed"))
+            })?;
+            if e.provider != provider {
+                return Err(OfiTransportError::ProviderMismatch {
+                    rank: r as Rank,
+                    ours: provider.to_owned(),
+                    theirs: e.provider,
+                });
+            }
+            if e.region.len != ours as u64 {
+                return Err(OfiTransportError::SegmentSizeMismatch {
+                    rank: r as Rank,
+                    ours,
+                    theirs: e.region.len as usize,
+                });
+            }
+            names.push(e.name);
+            let pid = i32::try_from(e.pid).ok().filter(|_| e.host == host);
+            peers.push(Peer {
+                region: e.region,
+                pid: pid.map(Pid::from_raw),
+                state: PeerState::Alive,
+            });
+        }
+        ep.insert(&names)?;
+        let native_atomics = (0..8u8).all(|code| {
+            [4, 8]
+                .into_iter()
+                .all(|width| ep.atomic_valid(code, width, true))
+        });
+        let max_medium = ep
+            .max_message()
+            .min(HEADER + am_core::wire::MAX_HEAD_LEN + config.max_medium)
+            - HEADER
+            - am_core::wire::MAX_HEAD_LEN;
+        let limits = Limits {
+            max_args: am_core::wire::MAX_ARGS,
+            max_medium,
+            max_long: ours,
+            max_credits: config.credits.max_per_peer().min(255),
+        };
+        Ok(Ofi {
+            io: Io {
+                provider: provider.to_owned(),
+                own: segment.share(),
+                ep,
+                rank,
+                size,
+                peers,
+                self_queue: VecDeque::new(),
+                events: VecDeque::new(),
+                done: Vec::new(),
+                news: VecDeque::new(),
+                scratch: VecDeque::new(),
+                peer_timeout: config.peer_timeout,
+                last_liveness: Instant::now(),
+            },
+            segment,
+            rx: Vec::new(),
+            limits,
+            native_atomics,
+            empty_polls: 0,
+            closed: false,
+        })
+    }
+
+    /// The provider in use (`tcp;ofi_rxm`, `shm`, ...).
+    pub fn provider(&self) -> &str {
+        &self.io.provider
+    }
+
+    /// Whether remote atomics are applied by the provider (`fi_fetch_atomic`), rather than
+    /// by the core's AM path.
+    pub fn native_atomics(&self) -> bool {
+        self.native_atomics
+    }
+}
+
+fn device(e: OfiError) -> NicError {
+    NicError::device_from(e.call.clone(), e)
+}
+
+impl Io {
+    /// Reads the completion queue once: receive events are kept for the core, completed
+    /// operations for whoever waits on them.
+    fn pump(&mut self) -> Result<(), NicError> {
+        let mut got = std::mem::take(&mut self.scratch);
+        let polled = self.ep.poll(&mut got);
+        for e in got.drain(..) {
+            match e {
+                Event::Received { .. } => self.events.push_back(e),
+                Event::Done(op) => self.done.push((op, Ok(()))),
+                Event::Failed { what, error } => match what {
+                    Issued::Op(op) => self.done.push((op, Err(error))),
+                    Issued::Recv(slot) => {
+                        // A receive cancelled or failed: the buffer goes back; the error is
+                        // the provider's, not a peer's.
+                        if let Err(e) = self.ep.post_recv(slot) {
+                            self.news.push_back(device(e));
+                        }
+                        self.news.push_back(device(error));
+                    }
+                    Issued::Send | Issued::Unknown(_) => {
+                        // A send failed: a peer on this host whose process is gone explains
+                        // it; otherwise it is the provider's failure.
+                        if !self.check_peers() {
+                            self.news.push_back(device(error));
+                        }
+                    }
+                },
+            }
+        }
+        self.scratch = got;
+        polled.map(drop).map_err(device)
+    }
+
+    /// Checks the processes of the peers on this host; true if one was found gone (and
+    /// reported).
+    fn check_peers(&mut self) -> bool {
+        self.last_liveness = Instant::now();
+        let mut found = false;
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if p.state == PeerState::Alive
+                && r as Rank != self.rank
+                && p.pid.is_some_and(|pid| !am_bootstrap::process_alive(pid))
+            {
+                p.state = PeerState::Lost;
+                self.news.push_back(NicError::PeerLost(r as Rank));
+                found = true;
+            }
+        }
+        found
+    }
+
+    fn usable(&self, dest: Rank) -> Result<&Peer, SendError> {
+        let peer = self
+            .peers
+            .get(dest as usize)
+            .ok_or(SendError::InvalidRank(dest))?;
+        match peer.state {
+            PeerState::Alive => Ok(peer),
+            PeerState::Lost => Err(SendError::PeerLost(dest)),
+            PeerState::Departed => Err(SendError::PeerDeparted(dest)),
+        }
+    }
+
+    /// Waits for `op` (an RMA or atomic toward `dest`) to complete and frees its staging
+    /// buffer.
+    fn wait_op(&mut self, op: Op, dest: Rank) -> Result<(), SendError> {
+        self.wait_op_keep(op, dest)?;
+        self.ep.release(op);
+        Ok(())
+    }
+
+    fn op_failed(&mut self, dest: Rank, e: OfiError) -> SendError {
+        self.check_peers();
+        match self.peers[dest as usize].state {
+            PeerState::Lost => SendError::PeerLost(dest),
+            PeerState::Departed => SendError::PeerDeparted(dest),
+            PeerState::Alive => device(e),
+        }
+    }
+
+    /// Starts an operation, reading completions while the staging buffers are all in use.
+    fn start(
+        &mut self,
+        dest: Rank,
+        mut issue: impl FnMut(&mut Endpoint) -> Result<Option<Op>, OfiError>,
+        in_flight: &mut VecDeque<Op>,
+    ) -> Result<Op, SendError> {
+        loop {
+            if let Some(op) = issue(&mut self.ep).map_err(device)? {
+                return Ok(op);
+            }
+            match in_flight.pop_front() {
+                Some(first) => self.wait_op(first, dest)?,
+                None => {
+                    self.pump()?;
+                    self.usable(dest)?;
+                }
+            }
+        }
+    }
+
+    /// Writes `payload` at `offset` of `dest`'s segment, in staged pieces, and waits until
+    /// all of it is there.
+    fn write(&mut self, dest: Rank, offset: usize, payload: Payload<'_>) -> Result<(), SendError> {
+        let peer = self.usable(dest)?;
+        let Region { base, key, len } = peer.region;
+        let total = payload.len();
+        if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
+            return Err(SendError::TooLarge(total));
+        }
+        let chunk = self.ep.max_transfer();
+        let mut in_flight = VecDeque::new();
+        let mut at = 0;
+        while at < total {
+            let n = chunk.min(total - at);
+            let raddr = base + (offset + at) as u64;
+            let op = self.start(
+                dest,
+                |ep| {
+                    ep.write(dest as usize, raddr, key, n, true, |buf| match payload {
+                        Payload::Private(b) => buf.copy_from_slice(&b[at..at + n]),
+                        Payload::Shared(s) => {
+                            // In bounds: `at + n <= s.len()`.
+                            let _ = s.read(at, buf);
+                        }
+                    })
+                },
+                &mut in_flight,
+            )?;
+            in_flight.push_back(op);
+            at += n;
+        }
+        while let Some(op) = in_flight.pop_front() {
+            self.wait_op(op, dest)?;
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+        let peer = self.usable(src)?;
+        let Region { base, key, len } = peer.region;
+        let total = dst.len();
+        if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
+            return Err(SendError::TooLarge(total));
+        }
+        let chunk = self.ep.max_transfer();
+        let mut at = 0;
+        while at < total {
+            let n = chunk.min(total - at);
+            let raddr = base + (offset + at) as u64;
+            let mut none = VecDeque::new();
+            let op = self.start(src, |ep| ep.read(src as usize, raddr, key, n), &mut none)?;
+            self.wait_op_keep(op, src)?;
+            let data = self
+                .ep
+                .staged(op, n)
+                .ok_or_else(|| NicError::device("a completed read's buffer is not ours"))?;
+            dst[at..at + n].copy_from_slice(data);
+            self.ep.release(op);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Waits for `op` (an RMA or atomic toward `dest`) to complete, reading the completion
+    /// queue meanwhile; a target lost meanwhile, or silent for the peer timeout, fails it. On
+    /// success the staging buffer is left to the caller (a read's data, an atomic's old
+    /// value), who releases it.
+    fn wait_op_keep(&mut self, op: Op, dest: Rank) -> Result<(), SendError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if let Some(i) = self.done.iter().position(|(o, _)| *o == op) {
+                let (_, r) = self.done.swap_remove(i);
+                if r.is_err() {
+                    self.ep.release(op);
+                }
+                return r.map_err(|e| self.op_failed(dest, e));
+            }
+            self.pump()?;
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                if self.last_liveness.elapsed() >= LIVENESS_EVERY {
+                    self.check_peers();
+                }
+                let lost = self.peers[dest as usize].state == PeerState::Lost;
+                if lost || start.elapsed() >= self.peer_timeout {
+                    if !lost {
+                        self.peers[dest as usize].state = PeerState::Lost;
+                        self.news.push_back(NicError::PeerLost(dest));
+                    }
+                    return Err(SendError::PeerLost(dest));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn send_message(
+        &mut self,
+        dest: Rank,
+        kind: u8,
+        head: &[u8],
+        payload: Payload<'_>,
+    ) -> Result<(), SendError> {
+        let len = HEADER + head.len() + payload.len();
+        if len > self.ep.max_message() {
+            return Err(SendError::TooLarge(len));
+        }
+        let rank = self.rank;
+        let sent = self
+            .ep
+            .send(dest as usize, len, |buf| {
+                buf[..4].copy_from_slice(&[VERSION, kind, 0, 0]);
+                buf[4..8].copy_from_slice(&rank.to_le_bytes());
+                buf[HEADER..HEADER + head.len()].copy_from_slice(head);
+                let rest = &mut buf[HEADER + head.len()..];
+                match payload {
+                    Payload::Private(b) => rest.copy_from_slice(b),
+                    Payload::Shared(s) => {
+                        // In bounds: `rest` is exactly `s.len()` long.
+                        let _ = s.read(0, rest);
+                    }
+                }
+            })
+            .map_err(device)?;
+        if sent {
+            Ok(())
+        } else {
+            // Manual progress: what frees the queue is reading completions.
+            self.pump()?;
+            Err(SendError::Busy)
+        }
+    }
+}
+
+impl Tx for Io {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if dest >= self.size {
+            return Err(SendError::InvalidRank(dest));
+        }
+        let long = msg.long_offset.filter(|_| !msg.payload.is_empty());
+        if dest == self.rank {
+            let mut bytes = msg.head.to_vec();
+            if let Some(off) = long {
+                let seg = self.own.byte_area();
+                if off
+                    .checked_add(msg.payload.len())
+                    .is_none_or(|e| e > seg.len())
+                {
+                    return Err(SendError::TooLarge(msg.payload.len()));
+                }
+                match msg.payload {
+                    Payload::Private(b) => seg.write(off, b),
+                    Payload::Shared(s) => seg.copy_from(off, s),
+                }
+                .map_err(|e| NicError::device_from("writing a Long to this rank's segment", e))?;
+            } else {
+                msg.payload.append_to(&mut bytes);
+            }
+            self.self_queue.push_back((long.is_some(), bytes));
+            return Ok(());
+        }
+        self.usable(dest)?;
+        match long {
+            Some(off) => {
+                // The payload is in the target's segment before its head leaves.
+                self.write(dest, off, msg.payload)?;
+                loop {
+                    match self.send_message(dest, KIND_PLACED, msg.head, Payload::EMPTY) {
+                        Err(SendError::Busy) => self.usable(dest).map(drop)?,
+                        r => return r,
+                    }
+                }
+            }
+            None => self.send_message(dest, KIND_AM, msg.head, msg.payload),
+        }
+    }
+}
+
+impl Tx for Ofi {
+    #[inline]
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.io.try_send(dest, msg)
+    }
+}
+
+impl Transport for Ofi {
+    fn name(&self) -> &'static str {
+        "ofi"
+    }
+
+    fn rank(&self) -> Rank {
+        self.io.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.io.size
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn segment(&self) -> am_core::SharedBytes<'_> {
+        self.segment.byte_area()
+    }
+
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        if let Some(e) = self.io.news.pop_front() {
+            return Err(e);
+        }
+        if let Some((placed, m)) = self.io.self_queue.pop_front() {
+            let d = Delivery {
+                src: self.io.rank,
+                bytes: Received::Private(&m),
+                payload_placed: placed,
+                route: Route::NONE,
+            };
+            return Ok(Some(f(d, self.segment.byte_area(), &mut self.io)));
+        }
+        loop {
+            if self.io.events.is_empty() {
+                self.io.pump()?;
+            }
+            let Some(event) = self.io.events.pop_front() else {
+                self.empty_polls = self.empty_polls.wrapping_add(1);
+                if self.empty_polls.is_multiple_of(256)
+                    && self.io.last_liveness.elapsed() >= LIVENESS_EVERY
+                {
+                    self.io.check_peers();
+                }
+                return match self.io.news.pop_front() {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                };
+            };
+            let Event::Received { slot, len } = event else {
+                continue;
+            };
+            self.rx.clear();
+            match self.io.ep.received(slot, len) {
+                Some(b) => self.rx.extend_from_slice(b),
+                None => {
+                    return Err(NicError::device(format!(
+                        "a receive of {len} bytes does not fit its buffer"
+                    )))
+                }
+            }
+            self.io.ep.post_recv(slot).map_err(device)?;
+            let misbehaved = |peer, what: &str| NicError::PeerMisbehaved {
+                peer,
+                what: what.to_owned(),
+            };
+            if self.rx.len() < HEADER {
+                return Err(misbehaved(None, "a message shorter than its header"));
+            }
+            let src = u32::from_le_bytes(self.rx[4..8].try_into().expect("4 bytes"));
+            if self.rx[0] != VERSION || self.rx[2..4] != [0, 0] {
+                return Err(misbehaved(
+                    (src < self.io.size).then_some(src),
+                    "a message header of another version",
+                ));
+            }
+            if src >= self.io.size || src == self.io.rank {
+                return Err(misbehaved(
+                    None,
+                    "a message naming a sender outside the job",
+                ));
+            }
+            if self.io.peers[src as usize].state != PeerState::Alive {
+                // Nothing from a lost or departed peer is handled.
+                continue;
+            }
+            let placed = match self.rx[1] {
+                KIND_AM => false,
+                KIND_PLACED => true,
+                KIND_GOODBYE if self.rx.len() == HEADER => {
+                    self.io.peers[src as usize].state = PeerState::Departed;
+                    return Err(NicError::PeerDeparted(src));
+                }
+                _ => return Err(misbehaved(Some(src), "a message of an unknown kind")),
+            };
+            let d = Delivery {
+                src,
+                bytes: Received::Private(&self.rx[HEADER..]),
+                payload_placed: placed,
+                route: Route::NONE,
+            };
+            return Ok(Some(f(d, self.segment.byte_area(), &mut self.io)));
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        match self.arm()? {
+            Armed::Ready => {}
+            Armed::Sleep(d) => {
+                if let Some(fd) = self.io.ep.wait_fd() {
+                    let _ = readable(fd, d.min(timeout));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
+        Ok(self.io.ep.wait_fd())
+    }
+
+    /// Ready while messages, completions or news wait; otherwise `fi_trywait` decides,
+    /// and the sleep is bounded so that peers on this host are checked.
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        let io = &mut self.io;
+        if !io.self_queue.is_empty() || !io.events.is_empty() || !io.news.is_empty() {
+            return Ok(Armed::Ready);
+        }
+        io.pump()?;
+        if !io.events.is_empty() || !io.news.is_empty() || io.ep.wait_fd().is_none() {
+            return Ok(Armed::Ready);
+        }
+        if io.last_liveness.elapsed() >= LIVENESS_EVERY && io.check_peers() {
+            return Ok(Armed::Ready);
+        }
+        if !io.ep.trywait() {
+            return Ok(Armed::Ready);
+        }
+        Ok(Armed::Sleep(ARMED_FOR))
+    }
+
+    /// Puts, gets and Long payloads by RMA, atomics where the provider validates them all;
+    /// a reply needs no pairing, so one empty reply may answer several requests.
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = self.native_atomics;
+        caps.long_placed_below = usize::MAX;
+        caps.acks_coalesce = true;
+        caps
+    }
+
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
+        if dest == self.io.rank {
+            return self
+                .segment
+                .byte_area()
+                .write(offset, data)
+                .map_err(|e| NicError::device_from("a put to this rank", e));
+        }
+        self.io.write(dest, offset, Payload::Private(data))
+    }
+
+    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+        if src == self.io.rank {
+            return self
+                .segment
+                .byte_area()
+                .read(offset, dst)
+                .map_err(|e| NicError::device_from("a get from this rank", e));
+        }
+        self.io.usable(src)?;
+        self.io.read(src, offset, dst)
+    }
+
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
+        if !self.native_atomics {
+            return Err(SendError::Unsupported("atomics"));
+        }
+        if dest == self.io.rank {
+            return atomic.apply_to(dest, self.segment.byte_area(), offset);
+        }
+        let io = &mut self.io;
+        let Region { base, key, len } = io.usable(dest)?.region;
+        let width = atomic.width().bytes();
+        if offset.checked_add(width).is_none_or(|e| e as u64 > len) {
+            return Err(NicError::device(format!(
+                "an atomic at {offset} of rank {dest}'s segment, past its end"
+            )));
+        }
+        let (operand, current) = atomic.operands();
+        let code = atomic.code() as u8;
+        let mut none = VecDeque::new();
+        let op = io.start(
+            dest,
+            |ep| {
+                ep.atomic(
+                    dest as usize,
+                    base + offset as u64,
+                    key,
+                    code,
+                    width,
+                    operand,
+                    current,
+                    true,
+                )
+            },
+            &mut none,
+        )?;
+        io.wait_op_keep(op, dest)?;
+        let old = io.ep.atomic_result(op, width);
+        io.ep.release(op);
+        old.ok_or_else(|| NicError::device("a completed atomic's buffer is not ours"))
+    }
+
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let io = &mut self.io;
+        let deadline = Instant::now() + LINGER;
+        for r in 0..io.size {
+            if r == io.rank || io.peers[r as usize].state != PeerState::Alive {
+                continue;
+            }
+            while Instant::now() < deadline {
+                match io.send_message(r, KIND_GOODBYE, &[], Payload::EMPTY) {
+                    Err(SendError::Busy) => continue,
+                    _ => break,
+                }
+            }
+        }
+        // Manual progress: what was sent leaves only while completions are read.
+        while io.ep.in_flight() > 0 && Instant::now() < deadline {
+            if io.pump().is_err() {
+                break;
+            }
+        }
+        // Injected messages have no completion: give them a moment to leave.
+        let settle = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < settle.min(deadline) {
+            if io.pump().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for Ofi {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.close();
+        }
+    }
+}
+
+/// Whether `fd` becomes readable within `timeout` (whole milliseconds, rounded up).
+fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    )
+    .map(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_back_and_a_malformed_one_is_refused() {
+        let region = Region {
+            base: 0x7f00_0000_1000,
+            key: 42,
+            len: 1 << 20,
+        };
+        let s = entry(&[1, 2, 0xab], region, "tcp;ofi_rxm");
+        assert!(!s.contains(';') && !s.contains(' '), "{s}");
+        let e = parse_entry(&s).expect("reads back");
+        assert_eq!(e.name, vec![1, 2, 0xab]);
+        assert_eq!(e.region, region);
+        assert_eq!(e.provider, "tcp;ofi_rxm");
+        assert_eq!(e.pid, std::process::id());
+        for bad in [
+            "",
+            "zz/1/2/3/4/h/p",
+            "010/1/2/3/4/h/p",
+            "01/1/2/3/4/h",
+            "01/x/2/3/4/h/p",
+        ] {
+            assert!(parse_entry(bad).is_none(), "{bad:?}");
+        }
+    }
+}
