@@ -23,7 +23,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#define AMOFI_MRS 4
+#define AMOFI_MRS 5
 
 /* What the Rust side reads of an fi_info. */
 struct amofi_attr {

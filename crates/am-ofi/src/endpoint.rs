@@ -21,11 +21,17 @@ const MR_SEGMENT: i32 = 0;
 const MR_RECV: i32 = 1;
 const MR_SEND: i32 = 2;
 const MR_STAGE: i32 = 3;
+const MR_AMO: i32 = 4;
 
 /// Operation contexts: the kind in the high half, the slot in the low.
 const CTX_RECV: u64 = 1 << 32;
 const CTX_SEND: u64 = 2 << 32;
 const CTX_STAGE: u64 = 3 << 32;
+const CTX_AMO: u64 = 4 << 32;
+/// Atomics' small buffers (operand, compare, result): how many may be in flight.
+const AMO_SLOTS: usize = 256;
+/// [`Op`]s of the atomics' buffers have this bit set.
+const OP_AMO: u32 = 1 << 31;
 
 /// How many buffers of what size an [`Endpoint`] hands the provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,9 +59,13 @@ pub struct EndpointConfig {
 pub struct Op(u32);
 
 impl Op {
-    /// The staging slot's number.
-    pub fn index(self) -> usize {
-        self.0 as usize
+    /// The buffer's number in its pool.
+    fn index(self) -> usize {
+        (self.0 & !OP_AMO) as usize
+    }
+
+    fn is_amo(self) -> bool {
+        self.0 & OP_AMO != 0
     }
 }
 
@@ -207,6 +217,7 @@ pub struct Endpoint {
     recv: Buffers,
     send: Buffers,
     stage: Buffers,
+    amo: Buffers,
     scratch: Vec<u8>,
     peers: Vec<u64>,
     cqes: Vec<ffi::Cqe>,
@@ -244,7 +255,7 @@ impl Endpoint {
         config: EndpointConfig,
     ) -> Result<Endpoint, OfiError> {
         let provider = iface.provider();
-        let cq_size = (config.recv_slots + config.send_slots + config.stage_slots)
+        let cq_size = (config.recv_slots + config.send_slots + config.stage_slots + AMO_SLOTS)
             .max(64)
             .next_power_of_two();
         let mut raw: *mut Amofi = std::ptr::null_mut();
@@ -294,6 +305,7 @@ impl Endpoint {
             recv: Buffers::new(config.recv_slots, config.recv_size)?,
             send: Buffers::new(config.send_slots, config.send_size)?,
             stage: Buffers::new(config.stage_slots, config.stage_size)?,
+            amo: Buffers::new(AMO_SLOTS, 64)?,
             scratch: Vec::new(),
             peers: Vec::new(),
             cqes: vec![ffi::Cqe::default(); 64],
@@ -303,8 +315,8 @@ impl Endpoint {
         let (key, base) = ep.register(MR_SEGMENT, ptr, len, true)?;
         ep.region.key = key;
         ep.region.base = base;
-        for (slot, kind) in [(MR_RECV, 0), (MR_SEND, 1), (MR_STAGE, 2)] {
-            let b = [&ep.recv, &ep.send, &ep.stage][kind];
+        for (slot, kind) in [(MR_RECV, 0), (MR_SEND, 1), (MR_STAGE, 2), (MR_AMO, 3)] {
+            let b = [&ep.recv, &ep.send, &ep.stage, &ep.amo][kind];
             let (ptr, len) = (b.ptr.as_ptr(), b.layout.size());
             ep.register(slot, ptr, len, false)?;
         }
@@ -539,27 +551,42 @@ impl Endpoint {
         Some(unsafe { std::slice::from_raw_parts(self.recv.at(slot), len) })
     }
 
+    fn pool(&mut self, amo: bool) -> &mut Buffers {
+        if amo {
+            &mut self.amo
+        } else {
+            &mut self.stage
+        }
+    }
+
     fn stage_op(
         &mut self,
+        amo: bool,
         call: &'static str,
         fill: impl FnOnce(&mut [u8]),
         issue: impl FnOnce(*mut u8, u64) -> isize,
     ) -> Result<Option<Op>, OfiError> {
-        let Some(i) = self.stage.take() else {
+        let pool = self.pool(amo);
+        let Some(i) = pool.take() else {
             return Ok(None);
         };
-        let size = self.stage.size;
-        fill(self.stage.owned(i, size));
-        self.stage.state[i] = State::Lent;
-        let rc = issue(self.stage.at(i), CTX_STAGE | i as u64);
+        let size = pool.size;
+        fill(pool.owned(i, size));
+        pool.state[i] = State::Lent;
+        let (ctx, op) = if amo {
+            (CTX_AMO | i as u64, Op(i as u32 | OP_AMO))
+        } else {
+            (CTX_STAGE | i as u64, Op(i as u32))
+        };
+        let rc = issue(pool.at(i), ctx);
         match self.check(rc, call) {
-            Ok(true) => Ok(Some(Op(i as u32))),
+            Ok(true) => Ok(Some(op)),
             Ok(false) => {
-                self.stage.give_back(i);
+                self.pool(amo).give_back(i);
                 Ok(None)
             }
             Err(e) => {
-                self.stage.give_back(i);
+                self.pool(amo).give_back(i);
                 Err(e)
             }
         }
@@ -586,6 +613,7 @@ impl Endpoint {
         }
         let raw = self.raw.as_ptr();
         self.stage_op(
+            false,
             "fi_writemsg",
             |b| fill(&mut b[..len]),
             |buf, ctx| {
@@ -627,6 +655,7 @@ impl Endpoint {
         }
         let raw = self.raw.as_ptr();
         self.stage_op(
+            false,
             "fi_readmsg",
             |_| {},
             |buf, ctx| {
@@ -679,6 +708,7 @@ impl Endpoint {
         };
         let is_cas = code == 3;
         self.stage_op(
+            true,
             "fi_atomic",
             |b| {
                 b[0..8].copy_from_slice(&word(operand));
@@ -689,7 +719,7 @@ impl Endpoint {
                 let operand = buf.cast::<c_void>();
                 let compare = buf.wrapping_add(8).cast::<c_void>();
                 let result = buf.wrapping_add(16).cast::<c_void>();
-                // SAFETY: `buf` is a lent staging buffer of at least 64 bytes: operand,
+                // SAFETY: `buf` is a lent atomics buffer of 64 bytes: operand,
                 // compare and result words at 0, 8 and 16, untouched by Rust until the
                 // completion.
                 unsafe {
@@ -719,12 +749,13 @@ impl Endpoint {
     /// data); `None` while the provider holds it.
     pub fn staged(&self, op: Op, len: usize) -> Option<&[u8]> {
         let i = op.index();
-        if self.stage.state.get(i) != Some(&State::Ready) || len > self.stage.size {
+        let pool = if op.is_amo() { &self.amo } else { &self.stage };
+        if pool.state.get(i) != Some(&State::Ready) || len > pool.size {
             return None;
         }
         // SAFETY: in bounds (checked); completed (state `Ready`), so the provider no longer
         // writes it; releasing it needs `&mut self`, which this borrow excludes.
-        Some(unsafe { std::slice::from_raw_parts(self.stage.at(i), len) })
+        Some(unsafe { std::slice::from_raw_parts(pool.at(i), len) })
     }
 
     /// A fetching atomic's old value after its [`Event::Done`].
@@ -740,14 +771,15 @@ impl Endpoint {
     /// Frees `op`'s staging buffer after its [`Event::Done`] or failure.
     pub fn release(&mut self, op: Op) {
         let i = op.index();
-        if self.stage.state.get(i) == Some(&State::Ready) {
-            self.stage.give_back(i);
+        let pool = self.pool(op.is_amo());
+        if pool.state.get(i) == Some(&State::Ready) {
+            pool.give_back(i);
         }
     }
 
     /// Operations still lent to the provider: sends and RMA or atomic operations.
     pub fn in_flight(&self) -> usize {
-        self.send.lent() + self.stage.lent()
+        self.send.lent() + self.stage.lent() + self.amo.lent()
     }
 
     /// Reads the completion queue (which, for providers with manual progress, is also what
@@ -790,6 +822,10 @@ impl Endpoint {
                 self.stage.state[i] = State::Ready;
                 out.push_back(Event::Done(Op(i as u32)));
             }
+            CTX_AMO if self.amo.state.get(i) == Some(&State::Lent) => {
+                self.amo.state[i] = State::Ready;
+                out.push_back(Event::Done(Op(i as u32 | OP_AMO)));
+            }
             _ => out.push_back(Event::Failed {
                 what: Issued::Unknown(ctx),
                 error: OfiError {
@@ -828,6 +864,10 @@ impl Endpoint {
             CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
                 self.stage.state[i] = State::Ready;
                 Issued::Op(Op(i as u32))
+            }
+            CTX_AMO if self.amo.state.get(i) == Some(&State::Lent) => {
+                self.amo.state[i] = State::Ready;
+                Issued::Op(Op(i as u32 | OP_AMO))
             }
             // An inject has no context: its error completion carries none.
             0 => Issued::Send,

@@ -20,6 +20,9 @@ pub struct OfiConfig {
     /// How long an RMA or atomic may wait for its completion before its target counts as
     /// lost (`AM_PEER_TIMEOUT_MS`, default 30 s).
     pub peer_timeout: Duration,
+    /// Whether remote atomics may use the provider's own (`AM_OFI_ATOMICS=native`, the
+    /// default) or always travel as AMs (`AM_OFI_ATOMICS=am`).
+    pub provider_atomics: bool,
 }
 
 impl Default for OfiConfig {
@@ -29,13 +32,14 @@ impl Default for OfiConfig {
             credits: Credits::default(),
             max_medium: 8192,
             peer_timeout: Duration::from_secs(30),
+            provider_atomics: true,
         }
     }
 }
 
 impl OfiConfig {
     /// The defaults, overridden by `AM_OFI_PROVIDER` (or `FI_PROVIDER`), `AM_CREDITS`,
-    /// `AM_OFI_MAX_MEDIUM` and `AM_PEER_TIMEOUT_MS` where set.
+    /// `AM_OFI_MAX_MEDIUM`, `AM_OFI_ATOMICS` and `AM_PEER_TIMEOUT_MS` where set.
     pub fn from_env() -> Result<OfiConfig, OfiTransportError> {
         let mut c = OfiConfig::default();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -59,6 +63,15 @@ impl OfiConfig {
                 )));
             }
             c.max_medium = m as usize;
+        }
+        match var("AM_OFI_ATOMICS").as_deref() {
+            None | Some("native") => {}
+            Some("am") => c.provider_atomics = false,
+            Some(v) => {
+                return Err(OfiTransportError::Config(format!(
+                    "AM_OFI_ATOMICS={v:?}: native or am"
+                )))
+            }
         }
         if let Some(ms) = num("AM_PEER_TIMEOUT_MS")? {
             c.peer_timeout = Duration::from_millis(ms.max(1));

@@ -5,7 +5,7 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use am_bootstrap::{BootstrapError, JobInfo};
-use am_core::atomic::Atomic;
+use am_core::atomic::{Atomic, Batch, Posted};
 use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
     SendError, Transport, TransportError, Tx,
@@ -249,7 +249,7 @@ impl Ofi {
     /// exchanges addresses and segment keys through the launcher's key-value store (a job of
     /// one rank needs none).
     pub fn connect(
-        mut info: JobInfo,
+        info: &mut JobInfo,
         segment_size: usize,
         config: OfiConfig,
     ) -> Result<Ofi, OfiTransportError> {
@@ -339,11 +339,12 @@ impl Ofi {
             });
         }
         ep.insert(&names)?;
-        let native_atomics = (0..8u8).all(|code| {
-            [4, 8]
-                .into_iter()
-                .all(|width| ep.atomic_valid(code, width, true))
-        });
+        let native_atomics = config.provider_atomics
+            && (0..8u8).all(|code| {
+                [4, 8]
+                    .into_iter()
+                    .all(|width| ep.atomic_valid(code, width, true))
+            });
         let max_medium = ep
             .max_message()
             .min(HEADER + am_core::wire::MAX_HEAD_LEN + config.max_medium)
@@ -378,6 +379,27 @@ impl Ofi {
             empty_polls: 0,
             closed: false,
         })
+    }
+
+    /// libfabric's own bandwidth under [`Transport::put`]: `ops` writes of `bytes` each to
+    /// the start of `dest`'s segment, in bytes per second, made exactly as a put makes them
+    /// (the same staged, pipelined `fi_write`s with delivery completion) but without copying
+    /// the data into the staging buffers. The floor a put is measured against; `dest` must
+    /// be polling meanwhile, as for a put.
+    pub fn raw_put_bandwidth(
+        &mut self,
+        dest: Rank,
+        bytes: usize,
+        ops: usize,
+    ) -> Result<f64, SendError> {
+        if dest == self.io.rank || dest >= self.io.size {
+            return Err(SendError::InvalidRank(dest));
+        }
+        let t0 = Instant::now();
+        for _ in 0..ops {
+            self.io.write(dest, 0, None, bytes)?;
+        }
+        Ok((bytes * ops) as f64 / t0.elapsed().as_secs_f64().max(1e-12))
     }
 
     /// The provider in use (`tcp;ofi_rxm`, `shm`, ...).
@@ -499,11 +521,17 @@ impl Io {
     }
 
     /// Writes `payload` at `offset` of `dest`'s segment, in staged pieces, and waits until
-    /// all of it is there.
-    fn write(&mut self, dest: Rank, offset: usize, payload: Payload<'_>) -> Result<(), SendError> {
+    /// all of it is there. `None`: `total` bytes of whatever the staging buffers hold (the
+    /// floor under a put: the same writes without the copy into them).
+    fn write(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        payload: Option<Payload<'_>>,
+        total: usize,
+    ) -> Result<(), SendError> {
         let peer = self.usable(dest)?;
         let Region { base, key, len } = peer.region;
-        let total = payload.len();
         if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
             return Err(SendError::TooLarge(total));
         }
@@ -517,11 +545,12 @@ impl Io {
                 dest,
                 |ep| {
                     ep.write(dest as usize, raddr, key, n, true, |buf| match payload {
-                        Payload::Private(b) => buf.copy_from_slice(&b[at..at + n]),
-                        Payload::Shared(s) => {
+                        Some(Payload::Private(b)) => buf.copy_from_slice(&b[at..at + n]),
+                        Some(Payload::Shared(s)) => {
                             // In bounds: `at + n <= s.len()`.
                             let _ = s.read(at, buf);
                         }
+                        None => {}
                     })
                 },
                 &mut in_flight,
@@ -664,7 +693,7 @@ impl Tx for Io {
         match long {
             Some(off) => {
                 // The payload is in the target's segment before its head leaves.
-                self.write(dest, off, msg.payload)?;
+                self.write(dest, off, Some(msg.payload), msg.payload.len())?;
                 loop {
                     match self.send_message(dest, KIND_PLACED, msg.head, Payload::EMPTY) {
                         Err(SendError::Busy) => self.usable(dest).map(drop)?,
@@ -851,7 +880,8 @@ impl Transport for Ofi {
                 .write(offset, data)
                 .map_err(|e| NicError::device_from("a put to this rank", e));
         }
-        self.io.write(dest, offset, Payload::Private(data))
+        self.io
+            .write(dest, offset, Some(Payload::Private(data)), data.len())
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
@@ -904,6 +934,101 @@ impl Transport for Ofi {
         let old = io.ep.atomic_result(op, width);
         io.ep.release(op);
         old.ok_or_else(|| NicError::device("a completed atomic's buffer is not ours"))
+    }
+
+    /// All of the batch in flight at once (as many as the atomics' buffers hold), then waited
+    /// for: one round trip's wait for the batch, not one per atomic. Those on this rank are
+    /// applied here. Each is a fetching atomic whose old value is dropped: a provider may
+    /// complete a non-fetching `fi_atomic` once it has left (`shm` does), before the target
+    /// applied it, while a fetch completes only with the old value back, so after the batch
+    /// every atomic is in the target's memory, as a later get must see.
+    fn atomics(&mut self, batch: &[Posted]) -> Batch {
+        let mut error = None;
+        let mut in_flight: VecDeque<(Op, Rank)> = VecDeque::new();
+        let io = &mut self.io;
+        let fail = |e: SendError, error: &mut Option<SendError>| {
+            error.get_or_insert(e);
+        };
+        for p in batch {
+            if !self.native_atomics {
+                fail(SendError::Unsupported("atomics"), &mut error);
+                continue;
+            }
+            if p.dest == io.rank {
+                if let Err(e) = p.atomic.apply_to(p.dest, io.own.byte_area(), p.offset) {
+                    fail(e, &mut error);
+                }
+                continue;
+            }
+            let region = match io.usable(p.dest) {
+                Ok(peer) => peer.region,
+                Err(e) => {
+                    fail(e, &mut error);
+                    continue;
+                }
+            };
+            let width = p.atomic.width().bytes();
+            if p.offset
+                .checked_add(width)
+                .is_none_or(|e| e as u64 > region.len)
+            {
+                fail(
+                    NicError::device(format!(
+                        "an atomic at {} of rank {}'s segment, past its end",
+                        p.offset, p.dest
+                    )),
+                    &mut error,
+                );
+                continue;
+            }
+            let code = p.atomic.code() as u8;
+            let (operand, current) = p.atomic.operands();
+            let dest = p.dest;
+            loop {
+                let issued = io.ep.atomic(
+                    dest as usize,
+                    region.base + p.offset as u64,
+                    region.key,
+                    code,
+                    width,
+                    operand,
+                    current,
+                    true,
+                );
+                match issued {
+                    Ok(Some(op)) => {
+                        in_flight.push_back((op, dest));
+                        break;
+                    }
+                    Ok(None) => match in_flight.pop_front() {
+                        Some((op, d)) => {
+                            if let Err(e) = io.wait_op(op, d) {
+                                fail(e, &mut error);
+                            }
+                        }
+                        None => {
+                            if let Err(e) = io.pump().and_then(|()| io.usable(dest).map(drop)) {
+                                fail(e, &mut error);
+                                break;
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        fail(device(e), &mut error);
+                        break;
+                    }
+                }
+            }
+        }
+        while let Some((op, d)) = in_flight.pop_front() {
+            if let Err(e) = io.wait_op(op, d) {
+                fail(e, &mut error);
+            }
+        }
+        Batch {
+            done: batch.len(),
+            error,
+        }
     }
 
     fn close(&mut self) {
