@@ -40,6 +40,11 @@ impl<H: Threading> Endpoint<H> {
                 let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
                 return Poll::Ready(Ok(PutHandle { index, gen }));
             }
+            // Posted atomics sent as messages must have been answered: the NIC's write may
+            // overtake a message (a transport with RMA but atomics by messages).
+            if self.detached_in_flight > 0 {
+                return Poll::Pending;
+            }
             match t.put(dest, offset, data) {
                 Ok(()) => {}
                 Err(SendError::Busy) => return Poll::Pending,
@@ -130,6 +135,10 @@ impl<H: Threading> Endpoint<H> {
         }
         if !t.capabilities().get {
             return Poll::Ready(Ok(false));
+        }
+        // As for a put: the NIC's read may overtake a posted atomic's message.
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
         }
         match t.get(src, offset, dst) {
             Ok(()) => Poll::Ready(Ok(true)),
