@@ -8,7 +8,10 @@
  * with, and the Rust side sees only the small structures declared below (whose sizes it
  * checks at start-up, amofi_sizes).
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -500,4 +503,40 @@ int amofi_trywait(struct amofi *a)
 {
 	struct fid *fids[1] = { &a->cq->fid };
 	return fi_trywait(a->fabric, fids, 1);
+}
+
+/*
+ * Debian's libfabric links its psm provider's libpsm_infinipath, whose libinfinipath
+ * installs handlers for SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM from a
+ * constructor, before main: they print a backtrace and exit(1). A program's own SIGTERM
+ * handler then ends in exit(1) (handler libraries chain to the one they found), and a
+ * launcher's SIGTERM ends a rank with a status that says neither the signal nor the cause.
+ * Each of those that is still libinfinipath's goes back to the default action. Returns how
+ * many were reset. (`IPATH_NO_BACKTRACE=1` in the environment keeps them from being
+ * installed at all.)
+ */
+int amofi_unhook_signals(void)
+{
+	static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT, SIGTERM };
+	int reset = 0;
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction old;
+		if (sigaction(sigs[i], NULL, &old) != 0)
+			continue;
+		void *h = (old.sa_flags & SA_SIGINFO) ? (void *)old.sa_sigaction
+						      : (void *)old.sa_handler;
+		if (h == (void *)SIG_DFL || h == (void *)SIG_IGN)
+			continue;
+		Dl_info where;
+		if (!dladdr(h, &where) || !where.dli_fname ||
+		    !strstr(where.dli_fname, "libinfinipath"))
+			continue;
+		struct sigaction dfl;
+		memset(&dfl, 0, sizeof(dfl));
+		dfl.sa_handler = SIG_DFL;
+		sigemptyset(&dfl.sa_mask);
+		if (sigaction(sigs[i], &dfl, NULL) == 0)
+			reset++;
+	}
+	return reset;
 }

@@ -472,8 +472,30 @@ impl Endpoint {
         len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<bool, OfiError> {
+        self.send_as(rank, len, true, fill)
+    }
+
+    /// [`Endpoint::send`] from a send buffer whatever the size, never injected: the message
+    /// counts in [`Endpoint::in_flight`] until its completion says it has left, and so have
+    /// the messages sent to `rank` before it (messages to one peer leave in order).
+    pub fn send_tracked(
+        &mut self,
+        rank: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, OfiError> {
+        self.send_as(rank, len, false, fill)
+    }
+
+    fn send_as(
+        &mut self,
+        rank: usize,
+        len: usize,
+        inject: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, OfiError> {
         let dest = self.peer(rank)?;
-        if len <= self.inject_size {
+        if inject && len <= self.inject_size {
             self.scratch.resize(len, 0);
             fill(&mut self.scratch);
             // SAFETY: `scratch` holds `len` initialised bytes; fi_inject copies them before it

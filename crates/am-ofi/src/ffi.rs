@@ -55,6 +55,7 @@ pub(crate) struct CqErr {
 }
 
 extern "C" {
+    pub(crate) fn amofi_unhook_signals() -> c_int;
     pub(crate) fn amofi_sizes(attr: *mut usize, cqe: *mut usize, cqerr: *mut usize);
     pub(crate) fn amofi_strerror(err: c_int) -> *const c_char;
     pub(crate) fn amofi_getinfo(

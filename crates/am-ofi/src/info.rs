@@ -48,6 +48,7 @@ impl Interface {
     /// `FI_PROVIDER`). `None` when no provider offers one, with the error of the lookup
     /// otherwise.
     pub fn find(provider: Option<&str>) -> Result<Option<Interface>, OfiError> {
+        crate::unhook_signals();
         if !ffi::check_sizes() {
             return Err(OfiError {
                 call: "checking the shim's structures".into(),

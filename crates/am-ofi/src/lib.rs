@@ -38,6 +38,21 @@ pub use endpoint::{Endpoint, EndpointConfig, Event, Issued, Op, Region};
 #[cfg(feature = "libfabric")]
 pub use info::{providers, Interface};
 
+/// Gives back to the default action the signal handlers that a library under libfabric
+/// installed before `main` (Debian's libfabric links libinfinipath, whose constructor
+/// catches SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM to print a backtrace and
+/// `exit(1)`), and returns how many it reset; handlers of anyone else are left alone.
+/// [`Interface::find`] calls it, so a transport never runs under them. A program that
+/// registers its own SIGTERM handler (tokio's, signal-hook's) before it starts the
+/// transport calls this first: those chain to the handler they found.
+#[cfg(feature = "libfabric")]
+pub fn unhook_signals() -> usize {
+    static RESET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: the shim only reads and sets signal dispositions with sigaction, which is
+    // thread-safe, and looks up handler addresses with dladdr; it touches no Rust memory.
+    *RESET.get_or_init(|| unsafe { ffi::amofi_unhook_signals() }.max(0) as usize)
+}
+
 /// A libfabric call failed: which call, libfabric's error code and text, and the provider.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{call} failed{}: {text} ({code})", provider_suffix(.provider))]
