@@ -85,6 +85,13 @@ impl OfiConfig {
         self
     }
 
+    /// Whether remote atomics may use the provider's own (`true`, the default) or always
+    /// travel as AMs (`false`, `AM_OFI_ATOMICS=am`).
+    pub fn provider_atomics(mut self, native: bool) -> OfiConfig {
+        self.provider_atomics = native;
+        self
+    }
+
     /// With this credit policy.
     pub fn credits(mut self, credits: Credits) -> OfiConfig {
         self.credits = credits;

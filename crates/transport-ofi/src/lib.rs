@@ -24,7 +24,9 @@
 //!   (the data is copied once on each side of the call), several in flight.
 //! - **Atomics** go through `fi_fetch_atomic` and `fi_compare_atomic` where the provider
 //!   validates every operation on 32- and 64-bit words (`tcp;ofi_rxm`, `shm` and `sockets`
-//!   do), else through the core's AM path. [`Ofi::native_atomics`] says which.
+//!   do), else through the core's AM path. [`Ofi::native_atomics`] says which;
+//!   `AM_OFI_ATOMICS=am` takes the AM path on any provider. Posted atomics (a batch) are in
+//!   flight together and waited for once.
 //! - **Waiting**: the completion queue's file descriptor (`FI_WAIT_FD`, with `fi_trywait`)
 //!   is [`am_core::Transport::wake_fd`], so `AM_WAIT=block` and the async drivers sleep on
 //!   it; a provider without one is polled.
@@ -34,6 +36,27 @@
 //!   data, and they report `PeerDeparted`. Provider failures are [`am_core::NicError::Device`]
 //!   errors carrying `fi_strerror`'s text and the provider's name. A message whose header is
 //!   not one this transport writes is `PeerMisbehaved` and is dropped.
+//!
+//! **Environment** (each rank reads it; set it the same for every rank):
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `AM_OFI_PROVIDER`, `FI_PROVIDER` | the provider: `tcp`, `shm`, `verbs`, `cxi`, `efa`, `psm2`, `tcp;ofi_rxm`, ... |
+//! | `AM_OFI_MAX_MEDIUM` | the largest AM Medium payload (default 8192, at most the provider's message size) |
+//! | `AM_OFI_ATOMICS` | `native` (the default: the provider's atomics where it has them all) or `am` |
+//! | `AM_PEER_TIMEOUT_MS` | how long an RMA or atomic waits for its completion before its target counts as lost (default 30 s) |
+//! | `AM_CREDITS` | the credit policy, which also sizes the posted receive buffers |
+//! | `LIBFABRIC_DIR` | at build time: a libfabric installed outside the system's paths (its `include` and `lib`) |
+//!
+//! libfabric's own variables (`FI_LOG_LEVEL`, `FI_TCP_IFACE`, `FI_SHM_*`, ...) reach the
+//! provider as usual.
+//!
+//! **Signals.** Debian's libfabric links libinfinipath (for its psm provider), which
+//! catches SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM before `main` to print a
+//! backtrace and `exit(1)`. Starting the transport gives those back to the default action
+//! ([`unhook_signals`]); a program that installs its own SIGTERM handler (tokio's,
+//! signal-hook's) before the transport starts calls [`unhook_signals`] first, or runs with
+//! `IPATH_NO_BACKTRACE=1`, or its handler ends in `exit(1)`.
 //!
 //! What this transport does **not** do: multi-receive buffers (`FI_MULTI_RECV`), zero-copy
 //! transfers from the caller's memory (everything goes through registered staging buffers),
@@ -47,6 +70,8 @@ mod config;
 #[cfg(feature = "libfabric")]
 mod ofi;
 
+#[cfg(feature = "libfabric")]
+pub use am_ofi::unhook_signals;
 #[cfg(feature = "libfabric")]
 pub use config::OfiConfig;
 #[cfg(feature = "libfabric")]

@@ -32,6 +32,12 @@ const KIND_GOODBYE: u8 = 3;
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// The longest an armed rank sleeps before it checks its peers.
 const ARMED_FOR: Duration = Duration::from_millis(100);
+/// Error codes of a failed send that say its connection went away (`ECONNRESET`, `EPIPE`,
+/// `ENOTCONN`, `ECONNREFUSED`, `ECONNABORTED`): a peer's death, usually.
+const CONNECTION_LOST: [i32; 5] = [104, 32, 107, 111, 103];
+/// How long such a failure waits for the liveness check to name the peer that died before
+/// it is reported as the provider's.
+const SUSPECT_FOR: Duration = Duration::from_secs(1);
 /// How long a closing rank waits for its goodbyes to leave.
 const LINGER: Duration = Duration::from_secs(2);
 /// Staging buffers for RMA and atomics, and their size: a put of up to this many times the
@@ -69,14 +75,17 @@ pub enum OfiTransportError {
     /// A setting is wrong.
     #[error("configuration: {0}")]
     Config(String),
-    /// A peer's segment has another size.
-    #[error("rank {rank} has a segment of {theirs} bytes, this rank {ours}")]
+    /// A rank's segment differs in size from rank 0's (every rank finds the same one: the
+    /// first that differs).
+    #[error(
+        "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"
+    )]
     SegmentSizeMismatch {
-        /// The peer.
+        /// The first rank whose segment differs.
         rank: Rank,
-        /// This rank's size.
+        /// Rank 0's segment size.
         ours: usize,
-        /// The peer's.
+        /// That rank's.
         theirs: usize,
     },
     /// A peer chose another provider.
@@ -126,6 +135,9 @@ struct Io {
     scratch: VecDeque<Event>,
     peer_timeout: Duration,
     last_liveness: Instant,
+    /// A send that failed as a dead peer's would, with no peer found gone yet, and since
+    /// when.
+    suspect: Option<(Instant, OfiError)>,
 }
 
 /// A rank's endpoint on a libfabric provider. See the [crate docs](crate).
@@ -135,6 +147,8 @@ pub struct Ofi {
     rx: Vec<u8>,
     limits: Limits,
     native_atomics: bool,
+    /// Peers whose goodbye was read and not yet reported.
+    departures: VecDeque<Rank>,
     empty_polls: u32,
     closed: bool,
 }
@@ -150,9 +164,16 @@ impl std::fmt::Debug for Ofi {
 }
 
 fn find_interface(config: &OfiConfig) -> Result<Interface, OfiTransportError> {
-    Interface::find(config.provider.as_deref())?.ok_or_else(|| OfiTransportError::NoProvider {
-        wanted: config.provider.clone(),
-        found: am_ofi::providers(),
+    Interface::find(config.provider.as_deref())?.ok_or_else(|| {
+        let mut found = am_ofi::providers();
+        // libfabric itself lists only what FI_PROVIDER names.
+        if let Some(v) = std::env::var("FI_PROVIDER").ok().filter(|v| !v.is_empty()) {
+            found = format!("{found} (libfabric lists only what FI_PROVIDER={v:?} names: unset it to see them all, or choose with AM_OFI_PROVIDER)");
+        }
+        OfiTransportError::NoProvider {
+            wanted: config.provider.clone(),
+            found,
+        }
     })
 }
 
@@ -310,24 +331,36 @@ impl Ofi {
         let size = entries.len() as u32;
         let ours = segment.byte_area().len();
         let host = host_name();
+        let entries = entries
+            .iter()
+            .enumerate()
+            .map(|(r, e)| {
+                parse_entry(e).ok_or_else(|| {
+                    OfiTransportError::Rendezvous(format!("rank {r}'s entry {e:?} is malformed"))
+                })
+            })
+            .collect::<Result<Vec<Entry>, _>>()?;
+        // Segment sizes against rank 0's, in rank order: every rank reports the same rank.
+        let first = entries.first().map_or(ours as u64, |e| e.region.len);
+        if let Some((r, e)) = entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.region.len != first)
+        {
+            return Err(OfiTransportError::SegmentSizeMismatch {
+                rank: r as Rank,
+                ours: first as usize,
+                theirs: e.region.len as usize,
+            });
+        }
         let mut names = Vec::new();
         let mut peers = Vec::new();
-        for (r, e) in entries.iter().enumerate() {
-            let e = parse_entry(e).ok_or_else(|| {
-                OfiTransportError::Rendezvous(format!("rank {r}'s entry {e:?} is malformed"))
-            })?;
+        for (r, e) in entries.into_iter().enumerate() {
             if e.provider != provider {
                 return Err(OfiTransportError::ProviderMismatch {
                     rank: r as Rank,
                     ours: provider.to_owned(),
                     theirs: e.provider,
-                });
-            }
-            if e.region.len != ours as u64 {
-                return Err(OfiTransportError::SegmentSizeMismatch {
-                    rank: r as Rank,
-                    ours,
-                    theirs: e.region.len as usize,
                 });
             }
             names.push(e.name);
@@ -371,11 +404,13 @@ impl Ofi {
                 scratch: VecDeque::new(),
                 peer_timeout: config.peer_timeout,
                 last_liveness: Instant::now(),
+                suspect: None,
             },
             segment,
             rx: Vec::new(),
             limits,
             native_atomics,
+            departures: VecDeque::new(),
             empty_polls: 0,
             closed: false,
         })
@@ -439,9 +474,18 @@ impl Io {
                         self.news.push_back(device(error));
                     }
                     Issued::Send | Issued::Unknown(_) => {
-                        // A send failed: a peer on this host whose process is gone explains
-                        // it; otherwise it is the provider's failure.
-                        if !self.check_peers() {
+                        // A send failed (an inject's failure does not say to whom): a peer
+                        // found gone now, or lost or departed before (its loss was reported
+                        // then, and sends to it were still queued), explains it; otherwise
+                        // it is the provider's failure.
+                        let explained = self.check_peers()
+                            || self.peers.iter().any(|p| p.state != PeerState::Alive);
+                        if explained {
+                        } else if CONNECTION_LOST.contains(&error.code) {
+                            // A dying process's sockets close before the kernel shows it
+                            // dead: give the liveness check a moment to find it.
+                            self.suspect.get_or_insert((Instant::now(), error));
+                        } else {
                             self.news.push_back(device(error));
                         }
                     }
@@ -449,6 +493,16 @@ impl Io {
             }
         }
         self.scratch = got;
+        if let Some((since, _)) = &self.suspect {
+            let late = since.elapsed() >= SUSPECT_FOR;
+            if self.check_peers() || self.peers.iter().any(|p| p.state != PeerState::Alive) {
+                self.suspect = None;
+            } else if late {
+                if let Some((_, error)) = self.suspect.take() {
+                    self.news.push_back(device(error));
+                }
+            }
+        }
         polled.map(drop).map_err(device)
     }
 
@@ -636,22 +690,27 @@ impl Io {
             return Err(SendError::TooLarge(len));
         }
         let rank = self.rank;
-        let sent = self
-            .ep
-            .send(dest as usize, len, |buf| {
-                buf[..4].copy_from_slice(&[VERSION, kind, 0, 0]);
-                buf[4..8].copy_from_slice(&rank.to_le_bytes());
-                buf[HEADER..HEADER + head.len()].copy_from_slice(head);
-                let rest = &mut buf[HEADER + head.len()..];
-                match payload {
-                    Payload::Private(b) => rest.copy_from_slice(b),
-                    Payload::Shared(s) => {
-                        // In bounds: `rest` is exactly `s.len()` long.
-                        let _ = s.read(0, rest);
-                    }
+        let fill = |buf: &mut [u8]| {
+            buf[..4].copy_from_slice(&[VERSION, kind, 0, 0]);
+            buf[4..8].copy_from_slice(&rank.to_le_bytes());
+            buf[HEADER..HEADER + head.len()].copy_from_slice(head);
+            let rest = &mut buf[HEADER + head.len()..];
+            match payload {
+                Payload::Private(b) => rest.copy_from_slice(b),
+                Payload::Shared(s) => {
+                    // In bounds: `rest` is exactly `s.len()` long.
+                    let _ = s.read(0, rest);
                 }
-            })
-            .map_err(device)?;
+            }
+        };
+        // A goodbye is the last message to its peer: tracked, so that its completion says
+        // everything before it has left.
+        let sent = if kind == KIND_GOODBYE {
+            self.ep.send_tracked(dest as usize, len, fill)
+        } else {
+            self.ep.send(dest as usize, len, fill)
+        }
+        .map_err(device)?;
         if sent {
             Ok(())
         } else {
@@ -761,8 +820,11 @@ impl Transport for Ofi {
                 {
                     self.io.check_peers();
                 }
-                return match self.io.news.pop_front() {
-                    Some(e) => Err(e),
+                if let Some(e) = self.io.news.pop_front() {
+                    return Err(e);
+                }
+                return match self.departures.pop_front() {
+                    Some(r) => Err(NicError::PeerDeparted(r)),
                     None => Ok(None),
                 };
             };
@@ -807,8 +869,12 @@ impl Transport for Ofi {
                 KIND_AM => false,
                 KIND_PLACED => true,
                 KIND_GOODBYE if self.rx.len() == HEADER => {
+                    // Reported once nothing else waits: what other ranks sent before it
+                    // left (an EXIT that made it leave) comes first, though no order holds
+                    // between two senders' messages.
                     self.io.peers[src as usize].state = PeerState::Departed;
-                    return Err(NicError::PeerDeparted(src));
+                    self.departures.push_back(src);
+                    continue;
                 }
                 _ => return Err(misbehaved(Some(src), "a message of an unknown kind")),
             };
@@ -844,7 +910,11 @@ impl Transport for Ofi {
     /// and the sleep is bounded so that peers on this host are checked.
     fn arm(&mut self) -> Result<Armed, TransportError> {
         let io = &mut self.io;
-        if !io.self_queue.is_empty() || !io.events.is_empty() || !io.news.is_empty() {
+        if !io.self_queue.is_empty()
+            || !io.events.is_empty()
+            || !io.news.is_empty()
+            || !self.departures.is_empty()
+        {
             return Ok(Armed::Ready);
         }
         io.pump()?;
@@ -1055,7 +1125,8 @@ impl Transport for Ofi {
                 break;
             }
         }
-        // Injected messages have no completion: give them a moment to leave.
+        // The goodbyes' completions cover what was sent before them to each peer still
+        // here; a moment more for the provider's own acknowledgements to leave.
         let settle = Instant::now() + Duration::from_millis(20);
         while Instant::now() < settle.min(deadline) {
             if io.pump().is_err() {

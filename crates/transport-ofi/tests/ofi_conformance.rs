@@ -45,6 +45,42 @@ fn the_providers_here_apply_atomics_themselves() {
     }
 }
 
+/// `AM_OFI_ATOMICS=am`: the same provider's atomics go through the core's AM path.
+#[test]
+fn atomics_as_ams_when_asked() {
+    let t = Ofi::cluster(
+        1,
+        4096,
+        OfiConfig::default().provider("tcp").provider_atomics(false),
+    )
+    .expect("a tcp cluster");
+    assert!(!t[0].native_atomics());
+    assert!(!am_core::Transport::capabilities(&t[0]).atomics);
+}
+
+mod tcp_atomics_as_ams {
+    fn tcp(ranks: u32, segment_size: usize) -> Vec<transport_ofi::Ofi> {
+        super::Ofi::cluster(
+            ranks,
+            segment_size,
+            super::OfiConfig::default()
+                .provider("tcp")
+                .provider_atomics(false),
+        )
+        .expect("a tcp cluster")
+    }
+
+    #[test]
+    fn atomics_every_op_and_width() {
+        am_core::conformance::atomics_every_op_and_width(&tcp);
+    }
+
+    #[test]
+    fn atomics_from_all_ranks_add_up() {
+        am_core::conformance::atomics_from_all_ranks_add_up(&tcp);
+    }
+}
+
 /// A provider nobody has is a typed error that names the providers found.
 #[test]
 fn an_unknown_provider_names_the_ones_found() {
