@@ -24,7 +24,7 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "Call round trips: blocking and tokio drivers, sleeping and spinning")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Calls per round and driver

@@ -22,7 +22,7 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "A key-value service over async calls, one shard per rank")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Ranks

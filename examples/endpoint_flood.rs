@@ -31,7 +31,7 @@ use clap::{Parser, ValueEnum};
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Endpoints as threads of a process against endpoints as processes")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Pairs of endpoints that flood each other (`--test flood`)

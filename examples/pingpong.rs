@@ -48,7 +48,7 @@ use crossbeam_utils::CachePadded;
 #[derive(Parser, Debug)]
 #[command(about = "AM round-trip latency and message rate between rank 0 and rank 1")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Ranks to start when not under a launcher
@@ -165,6 +165,9 @@ fn floor(
             shm_floor(node, warmup, iters)?
         }
         TransportKind::Udp => udp_floor(node, warmup, iters)?,
+        // libfabric's own ping-pong over the same provider is `fi_pingpong -e rdm` (from
+        // libfabric-bin), a program of its own: BENCHMARKS.md measures it beside this one.
+        TransportKind::Ofi => None,
     })
 }
 

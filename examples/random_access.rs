@@ -52,7 +52,7 @@ use clap::{Parser, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(about = "HPCC RandomAccess (GUPS): random XOR updates to a table spread over the ranks")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Ranks to start when not under a launcher

@@ -19,7 +19,9 @@
 //! RMA / floor (medians). As with the puts and gets, the same bytes are copied each time
 //! and rank 1 does not touch them meanwhile, so sizes that fit a cache measure it. UDP has
 //! no copy floor; without `AM_JOB_ID` (a launcher that does not set it) the shared-memory
-//! NICs have none either, which is said on stderr.
+//! NICs have none either, which is said on stderr. On `ofi` the floor is libfabric's own:
+//! the same pipelined `fi_write`s a put makes, from the registered staging buffers without
+//! the copy into them (`transport_ofi::Ofi::raw_put_bandwidth`).
 
 use amnet::Local;
 use std::time::Instant;
@@ -30,7 +32,7 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "RMA put and get bandwidth from rank 0 to rank 1's segment")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Ranks to start when not under a launcher
@@ -119,6 +121,15 @@ fn floor(
             am_shm::floor::copy_stream_bandwidth(&job, rank, bytes, ops, &mut fence)?
         }
         TransportKind::Udp => return Ok(None),
+        // libfabric's own writes, made as a put makes them without the copy into the
+        // staging buffers; rank 1 polls in the next barrier meanwhile.
+        #[cfg(feature = "ofi")]
+        TransportKind::Ofi => match node.transport_mut() {
+            AnyTransport::Ofi(t) if rank == 0 => t.raw_put_bandwidth(1, bytes, ops)?,
+            _ => return Ok(None),
+        },
+        #[cfg(not(feature = "ofi"))]
+        TransportKind::Ofi => return Ok(None),
     };
     Ok((rank == 0).then_some(bw))
 }

@@ -19,7 +19,7 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "Aggregate AM Short flood: threads sharing one node against one thread per rank")]
 struct Args {
-    /// Transport: loopback, sci, extoll, portals, udp
+    /// Transport: loopback, sci, extoll, portals, udp, ofi
     #[arg(long, default_value = "loopback")]
     transport: TransportKind,
     /// Threads per rank on the shared node

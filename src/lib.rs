@@ -52,6 +52,10 @@ pub use extoll_sim;
 pub use portals_sim;
 #[doc(inline)]
 pub use sci_sim;
+/// The libfabric transport (built with the `ofi` feature).
+#[cfg(feature = "ofi")]
+#[doc(inline)]
+pub use transport_ofi;
 #[doc(inline)]
 pub use transport_udp;
 
@@ -70,16 +74,20 @@ pub enum TransportKind {
     Portals,
     /// Reliable, authenticated UDP across hosts ([`transport_udp::Udp`]).
     Udp,
+    /// libfabric (OFI): InfiniBand, Slingshot, EFA, Omni-Path, or its tcp and shm providers
+    /// (`transport_ofi::Ofi`; built with the `ofi` feature, see [`TransportKind::is_available`]).
+    Ofi,
 }
 
 impl TransportKind {
     /// Every transport, in the order of the README's table.
-    pub const ALL: [TransportKind; 5] = [
+    pub const ALL: [TransportKind; 6] = [
         TransportKind::Loopback,
         TransportKind::Sci,
         TransportKind::Extoll,
         TransportKind::Portals,
         TransportKind::Udp,
+        TransportKind::Ofi,
     ];
 
     /// The transport's name.
@@ -90,19 +98,21 @@ impl TransportKind {
             TransportKind::Extoll => "extoll",
             TransportKind::Portals => "portals",
             TransportKind::Udp => "udp",
+            TransportKind::Ofi => "ofi",
         }
     }
 
-    /// Whether this build can run it.
+    /// Whether this build can run it: every transport but `ofi`, which needs the `ofi`
+    /// feature (it links libfabric).
     pub fn is_available(self) -> bool {
-        matches!(
-            self,
+        match self {
             TransportKind::Loopback
-                | TransportKind::Sci
-                | TransportKind::Extoll
-                | TransportKind::Portals
-                | TransportKind::Udp
-        )
+            | TransportKind::Sci
+            | TransportKind::Extoll
+            | TransportKind::Portals
+            | TransportKind::Udp => true,
+            TransportKind::Ofi => cfg!(feature = "ofi"),
+        }
     }
 
     /// Whether its ranks are threads of one process (rather than processes).
@@ -144,6 +154,9 @@ pub enum AnyTransport {
     Portals(portals_sim::Portals),
     /// Reliable UDP.
     Udp(transport_udp::Udp),
+    /// libfabric.
+    #[cfg(feature = "ofi")]
+    Ofi(transport_ofi::Ofi),
 }
 
 macro_rules! dispatch {
@@ -154,6 +167,8 @@ macro_rules! dispatch {
             AnyTransport::Extoll($t) => $e,
             AnyTransport::Portals($t) => $e,
             AnyTransport::Udp($t) => $e,
+            #[cfg(feature = "ofi")]
+            AnyTransport::Ofi($t) => $e,
         }
     };
 }
@@ -300,10 +315,10 @@ impl JobOptions {
 #[non_exhaustive]
 pub enum JobError {
     /// A transport name that does not exist.
-    #[error("unknown transport {0:?}: expected one of loopback, sci, extoll, portals, udp")]
+    #[error("unknown transport {0:?}: expected one of loopback, sci, extoll, portals, udp, ofi")]
     UnknownTransport(String),
-    /// A transport that exists in name but is not built yet.
-    #[error("the {0} transport is not built yet; use --transport loopback")]
+    /// A transport this build does not have (`ofi` without the `ofi` feature).
+    #[error("the {0} transport is not in this build: build with `--features {0}` (it links libfabric: install libfabric-dev or set LIBFABRIC_DIR)")]
     NotBuilt(TransportKind),
     /// Loopback ranks are threads; they cannot be separate processes.
     #[error("AM_TRANSPORT=loopback runs ranks as threads of one process, which a launcher cannot start: unset AM_TRANSPORT for the launcher's default (sci on one host, udp across hosts), choose sci, extoll, portals or udp, or start the program directly with --ranks N")]
@@ -763,6 +778,22 @@ pub fn connect(
                 .map(AnyTransport::Udp)
                 .map_err(|e| err(&e))
         }
+        #[cfg(feature = "ofi")]
+        TransportKind::Ofi => {
+            let config = transport_ofi::OfiConfig::from_env().map_err(|e| err(&e))?;
+            transport_ofi::Ofi::connect(info, segment_size, config)
+                .map(AnyTransport::Ofi)
+                .map_err(|e| match e {
+                    transport_ofi::OfiTransportError::SegmentSizeMismatch {
+                        rank,
+                        ours,
+                        theirs,
+                    } => segment_mismatch(rank, ours as u64, theirs as u64),
+                    e => err(&e),
+                })
+        }
+        #[cfg(not(feature = "ofi"))]
+        TransportKind::Ofi => Err(JobError::NotBuilt(kind)),
     }
 }
 
@@ -815,6 +846,17 @@ pub fn cluster(
                 .map(AnyTransport::Udp)
                 .collect())
         }
+        #[cfg(feature = "ofi")]
+        TransportKind::Ofi => {
+            let config = transport_ofi::OfiConfig::from_env().map_err(|e| err(&e))?;
+            Ok(transport_ofi::Ofi::cluster(ranks, segment_size, config)
+                .map_err(|e| err(&e))?
+                .into_iter()
+                .map(AnyTransport::Ofi)
+                .collect())
+        }
+        #[cfg(not(feature = "ofi"))]
+        TransportKind::Ofi => Err(JobError::NotBuilt(kind)),
     }
 }
 

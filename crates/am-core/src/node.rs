@@ -246,6 +246,14 @@ impl<T: Transport, H: Threading> Node<T, H> {
         &self.transport
     }
 
+    /// The transport, mutably: for what a transport offers beyond [`Transport`] (a floor
+    /// measured on the same endpoint, a statistic that resets). Messages sent or received
+    /// through it behind the node's back are not counted in the node's credits and replies:
+    /// use the node for those.
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
     /// The protocol state this node drives (see [`crate::endpoint`]).
     pub fn endpoint(&self) -> &Endpoint<H> {
         &self.ep

@@ -34,7 +34,7 @@ use crate::server::{Action, KvsServer};
 use crate::shm::remove_job_shm;
 
 /// Transport names `amrun --transport` accepts (passed to ranks as `AM_TRANSPORT`).
-pub const TRANSPORTS: &[&str] = &["loopback", "sci", "extoll", "portals", "udp"];
+pub const TRANSPORTS: &[&str] = &["loopback", "sci", "extoll", "portals", "udp", "ofi"];
 
 /// Serialises spawning across launchers (see [`Job::spawn`]).
 static SPAWN_LOCK: Mutex<()> = Mutex::new(());
