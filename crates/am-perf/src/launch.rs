@@ -149,11 +149,19 @@ pub fn assert_loss_noticed(dir: &Path, survivors: &[u32], within: Duration) {
 /// Kills the last of 3 ranks of `bin` (on `transport`) at `kills` points spread over a flood
 /// ([`crate::rank::kill_anywhere`], the program's `kill-anywhere DIR DELAY_US` mode) and
 /// checks each time that both survivors then completed their full exchange and that the job
-/// left nothing in `/dev/shm`. The delays come from `seed` and cover `0..max_delay_us`.
+/// left nothing in `/dev/shm`. The delays come from `seed` and cover `0..max_delay_us`; `env`
+/// is set for every rank.
 ///
 /// # Panics
 /// On the first job whose survivors did not finish (with its delay, to reproduce it).
-pub fn kill_anywhere_jobs(bin: &str, transport: &str, kills: u32, max_delay_us: u64, seed: u64) {
+pub fn kill_anywhere_jobs(
+    bin: &str,
+    transport: &str,
+    kills: u32,
+    max_delay_us: u64,
+    seed: u64,
+    env: &[(&str, &str)],
+) {
     // One job at a time, whatever the test threads: 3 ranks on 2 cores is load enough, and the
     // survivors have the launcher's grace period (a second) to finish.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -177,7 +185,7 @@ pub fn kill_anywhere_jobs(bin: &str, transport: &str, kills: u32, max_delay_us: 
             launcher,
             transport,
             &["kill-anywhere", &arg_dir, &arg_delay],
-            &[],
+            env,
         );
         eprintln!(
             "{transport}: kill {k} at {delay} µs: job of {:.2} s",

@@ -32,6 +32,7 @@ fn sci_survives_a_kill_anywhere() {
         kills(),
         MAX_DELAY_US,
         seed(),
+        &[],
     );
 }
 
@@ -43,6 +44,7 @@ fn extoll_survives_a_kill_anywhere() {
         kills(),
         MAX_DELAY_US,
         seed(),
+        &[],
     );
 }
 
@@ -54,5 +56,6 @@ fn portals_survives_a_kill_anywhere() {
         kills(),
         MAX_DELAY_US,
         seed(),
+        &[],
     );
 }

@@ -1,0 +1,97 @@
+//! A small AM program for the ofi transport's multi-process tests, run by
+//! `am_launch::Launcher` or any other launcher; the provider comes from `FI_PROVIDER` (or
+//! `AM_OFI_PROVIDER`), as for every program on this transport. Built with am-perf's `ofi`
+//! feature.
+//!
+//! - `ofi-rank-test alltoall ROUNDS`: every rank sends ROUNDS Medium requests to every rank,
+//!   checks the echoes, puts 64 KiB into the next rank's segment and checks it, then meets
+//!   the others at a barrier.
+//! - `ofi-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
+//!   fail start-up with the typed segment-size mismatch.
+//! - `ofi-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
+//!   within 2 s ([`am_perf::rank::exit_scenario`]).
+//! - `ofi-rank-test kill DIR`: after a barrier, rank 1 kills itself with SIGKILL; the others
+//!   report `PeerLost` at their next barrier ([`am_perf::rank::kill_scenario`]) and exit
+//!   with code 3.
+//! - `ofi-rank-test kill-anywhere DIR DELAY_US` (3 ranks): the last rank is killed DELAY_US
+//!   into a flood of mixed-size echoes; the survivors notice, make a full exchange, write
+//!   `DIR/ok-<rank>` and exit with code 3 ([`am_perf::rank::kill_anywhere`]).
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use am_core::{Config, Node};
+use am_perf::rank;
+use transport_ofi::{Ofi, OfiConfig, OfiTransportError};
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn main() -> Res {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("alltoall");
+    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
+        // Registered before anything else, so the launcher's SIGTERM cannot end us early;
+        // after libfabric's libraries' own handlers are gone, or ours would chain to them.
+        transport_ofi::unhook_signals();
+        rank::ignore_sigterm()?;
+    }
+    let mut job = am_launch::JobInfo::from_env()?;
+    if mode == "mismatch" {
+        let segment = rank::mismatched_segment(job.rank);
+        let got = match Ofi::connect(&mut job, segment, OfiConfig::from_env()?) {
+            Err(OfiTransportError::SegmentSizeMismatch { rank, ours, theirs }) => {
+                Some((rank, ours as u64, theirs as u64))
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => None,
+        };
+        return rank::expect_segment_mismatch(got);
+    }
+    let ofi = Ofi::connect(&mut job, 1 << 20, OfiConfig::from_env()?)?;
+    let echoes = Rc::new(Cell::new(0u64));
+    let mut h = rank::echo_handlers(&echoes)?;
+    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
+    if mode == "kill-anywhere" {
+        rank::add_exchange_handlers(&mut h, &exchanged)?;
+    }
+    let mut node = Node::new(ofi, h, Config::from_env()?)?;
+    let (me, n) = (node.rank(), node.size());
+    match mode {
+        "alltoall" => {
+            let rounds: u32 = args.get(1).map_or(Ok(20), |s| s.parse())?;
+            let max = node.max_medium();
+            rank::echo_rounds(&mut node, &echoes, rounds, |round, peer| {
+                (round as usize * 37 + peer as usize * 101) % (max + 1)
+            })?;
+            rank::put_ring(
+                &mut node,
+                |r| r as usize * 65536,
+                |r| (0..65536).map(|i| (i as u32 * 7 + r) as u8).collect(),
+            )?;
+            println!("rank {me}/{n}: ok on {}", node.transport().provider());
+        }
+        "kill-anywhere" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
+            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
+            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
+            drop(node);
+            drop(job);
+            std::process::exit(3);
+        }
+        "exit" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
+            return rank::exit_scenario(node, &dir);
+        }
+        "kill" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
+            rank::kill_scenario(&mut node, &job.job_id, &dir)?;
+            drop(node);
+            drop(job);
+            std::process::exit(3);
+        }
+        other => return Err(format!("unknown mode {other:?}").into()),
+    }
+    drop(node);
+    drop(job);
+    Ok(())
+}
