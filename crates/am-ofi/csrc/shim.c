@@ -183,34 +183,61 @@ int amofi_providers(char *buf, size_t len)
 	return 0;
 }
 
-void amofi_close(struct amofi *a)
+/* Closes every libfabric object of `a` (the shm provider removes its /dev/shm region
+ * then), leaving `a` itself: the functions below then fail with -FI_EBADF, and reading the
+ * completion queue finds nothing. The endpoint first: once it is closed no operation
+ * touches memory any more. Its result is returned (0 if it was closed before): the caller
+ * must not free what the provider may still touch if it failed. */
+int amofi_shutdown(struct amofi *a)
 {
+	int rc = 0;
 	if (!a)
-		return;
-	/* The endpoint first: once it is closed no operation touches memory any more. */
+		return 0;
 	if (a->ep)
-		fi_close(&a->ep->fid);
-	for (int i = 0; i < AMOFI_MRS; i++)
+		rc = fi_close(&a->ep->fid);
+	a->ep = NULL;
+	for (int i = 0; i < AMOFI_MRS; i++) {
 		if (a->mr[i])
 			fi_close(&a->mr[i]->fid);
+		a->mr[i] = NULL;
+		a->desc[i] = NULL;
+	}
 	if (a->av)
 		fi_close(&a->av->fid);
+	a->av = NULL;
 	if (a->cq)
 		fi_close(&a->cq->fid);
+	a->cq = NULL;
 	if (a->domain)
 		fi_close(&a->domain->fid);
+	a->domain = NULL;
 	if (a->fabric)
 		fi_close(&a->fabric->fid);
+	a->fabric = NULL;
+	a->wait_fd = -1;
+	return rc;
+}
+
+/* amofi_shutdown, then frees `a`. */
+int amofi_close(struct amofi *a)
+{
+	if (!a)
+		return 0;
+	int rc = amofi_shutdown(a);
 	if (a->info)
 		fi_freeinfo(a->info);
 	free(a);
+	return rc;
 }
 
 /* Opens fabric, domain, address vector, completion queue and an enabled endpoint on `info`
  * (copied). `*step` names the call that failed. The completion queue has a file descriptor
- * to sleep on when `want_fd` and the provider gives one (amofi_wait_fd). */
-int amofi_open(const struct fi_info *info, size_t cq_size, int want_fd, struct amofi **out,
-	       const char **step)
+ * to sleep on when `want_fd` and the provider gives one (amofi_wait_fd). `shm_name`, if
+ * not NULL, names the region the shm provider keeps in /dev/shm (fi_setname before
+ * fi_enable), which it otherwise names after the process id: a name of the job's lets the
+ * launcher remove what a killed rank left. */
+int amofi_open(const struct fi_info *info, size_t cq_size, int want_fd, const char *shm_name,
+	       struct amofi **out, const char **step)
 {
 	struct amofi *a = calloc(1, sizeof(*a));
 	int rc;
@@ -272,6 +299,13 @@ int amofi_open(const struct fi_info *info, size_t cq_size, int want_fd, struct a
 	rc = fi_ep_bind(a->ep, &a->cq->fid, FI_TRANSMIT | FI_RECV);
 	if (rc)
 		goto fail;
+	if (shm_name && a->info->fabric_attr && a->info->fabric_attr->prov_name &&
+	    strcmp(a->info->fabric_attr->prov_name, "shm") == 0) {
+		*step = "fi_setname";
+		rc = fi_setname(&a->ep->fid, (void *)shm_name, strlen(shm_name) + 1);
+		if (rc)
+			goto fail;
+	}
 	*step = "fi_enable";
 	rc = fi_enable(a->ep);
 	if (rc)
@@ -279,7 +313,7 @@ int amofi_open(const struct fi_info *info, size_t cq_size, int want_fd, struct a
 	*out = a;
 	return 0;
 fail:
-	amofi_close(a);
+	(void)amofi_close(a);
 	return rc;
 }
 
@@ -290,6 +324,8 @@ int amofi_wait_fd(const struct amofi *a)
 
 int amofi_getname(struct amofi *a, void *buf, size_t *len)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	return fi_getname(&a->ep->fid, buf, len);
 }
 
@@ -299,6 +335,8 @@ int amofi_getname(struct amofi *a, void *buf, size_t *len)
  * 0, or a negative error. */
 int amofi_av_insert(struct amofi *a, const void *addr, size_t len, uint64_t *out)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	(void)len;
 	fi_addr_t fa = FI_ADDR_NOTAVAIL;
 	int n = fi_av_insert(a->av, addr, 1, &fa, 0, NULL);
@@ -317,6 +355,8 @@ int amofi_av_insert(struct amofi *a, const void *addr, size_t len, uint64_t *out
 int amofi_mr_reg(struct amofi *a, int slot, void *buf, size_t len, int remote, uint64_t *key,
 		 uint64_t *base)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	uint64_t mr_mode = (uint64_t)a->info->domain_attr->mr_mode;
 	*key = 0;
 	*base = (mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)buf : 0;
@@ -350,17 +390,23 @@ static void *desc(struct amofi *a, int slot)
 
 ssize_t amofi_recv(struct amofi *a, void *buf, size_t len, int slot, uint64_t ctx)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	return fi_recv(a->ep, buf, len, desc(a, slot), FI_ADDR_UNSPEC, (void *)(uintptr_t)ctx);
 }
 
 ssize_t amofi_send(struct amofi *a, const void *buf, size_t len, int slot, uint64_t dest,
 		   uint64_t ctx)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	return fi_send(a->ep, buf, len, desc(a, slot), (fi_addr_t)dest, (void *)(uintptr_t)ctx);
 }
 
 ssize_t amofi_inject(struct amofi *a, const void *buf, size_t len, uint64_t dest)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	return fi_inject(a->ep, buf, len, (fi_addr_t)dest);
 }
 
@@ -370,6 +416,8 @@ ssize_t amofi_inject(struct amofi *a, const void *buf, size_t len, uint64_t dest
 ssize_t amofi_rma(struct amofi *a, int write, void *buf, size_t len, int slot, uint64_t dest,
 		  uint64_t raddr, uint64_t key, uint64_t ctx, int delivery)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	struct iovec iov = { .iov_base = buf, .iov_len = len };
 	void *d = desc(a, slot);
 	struct fi_rma_iov rma = { .addr = raddr, .len = len, .key = key };
@@ -425,6 +473,8 @@ static int atomic_type(int width, enum fi_datatype *t)
  * plain atomic, 1 fetching, 2 comparing. 1 yes, 0 no, negative on a bad argument. */
 int amofi_atomic_valid(struct amofi *a, int code, int width, int kind)
 {
+	if (!a->ep)
+		return 0;
 	enum fi_op op;
 	enum fi_datatype t;
 	size_t count = 0;
@@ -447,6 +497,8 @@ ssize_t amofi_atomic(struct amofi *a, int code, int width, const void *operand,
 		     const void *compare, void *result, int slot, uint64_t dest, uint64_t raddr,
 		     uint64_t key, uint64_t ctx)
 {
+	if (!a->ep)
+		return -FI_EBADF;
 	enum fi_op op;
 	enum fi_datatype t;
 	if (atomic_op(code, &op) || atomic_type(width, &t))
@@ -466,6 +518,8 @@ ssize_t amofi_atomic(struct amofi *a, int code, int width, const void *operand,
  * error completion is next (amofi_cq_readerr). */
 ssize_t amofi_cq_read(struct amofi *a, struct amofi_cqe *out, size_t n)
 {
+	if (!a->cq)
+		return -FI_EAGAIN;
 	struct fi_cq_msg_entry entries[64];
 	if (n > 64)
 		n = 64;
@@ -480,6 +534,8 @@ ssize_t amofi_cq_read(struct amofi *a, struct amofi_cqe *out, size_t n)
 
 int amofi_cq_readerr(struct amofi *a, struct amofi_cqerr *out)
 {
+	if (!a->cq)
+		return 0;
 	struct fi_cq_err_entry e;
 	memset(&e, 0, sizeof(e));
 	memset(out, 0, sizeof(*out));
@@ -501,6 +557,8 @@ int amofi_cq_readerr(struct amofi *a, struct amofi_cqerr *out)
  * completions are there to read first. */
 int amofi_trywait(struct amofi *a)
 {
+	if (!a->cq)
+		return -FI_EAGAIN;
 	struct fid *fids[1] = { &a->cq->fid };
 	return fi_trywait(a->fabric, fids, 1);
 }

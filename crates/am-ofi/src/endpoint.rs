@@ -34,7 +34,7 @@ const AMO_SLOTS: usize = 256;
 const OP_AMO: u32 = 1 << 31;
 
 /// How many buffers of what size an [`Endpoint`] hands the provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointConfig {
     /// Receive buffers kept posted.
     pub recv_slots: usize,
@@ -51,6 +51,10 @@ pub struct EndpointConfig {
     pub stage_size: usize,
     /// Ask the completion queue for a file descriptor to sleep on.
     pub wait_fd: bool,
+    /// The name of the region the `shm` provider keeps in `/dev/shm` for this endpoint
+    /// (other providers have none): unique on the host; `None` leaves libfabric's, which is
+    /// made of the process id.
+    pub shm_name: Option<String>,
 }
 
 /// A staging buffer in use by an RMA or atomic operation: released with
@@ -108,8 +112,9 @@ pub enum Event {
 /// The kind of operation an error completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Issued {
-    /// A send (of a message larger than the inject size).
-    Send,
+    /// A send: to this peer (a message larger than the inject size, or tracked), or to a
+    /// peer the provider does not say (an injected message: its error carries no context).
+    Send(Option<usize>),
     /// A receive, in this buffer.
     Recv(usize),
     /// An RMA or atomic operation.
@@ -135,6 +140,8 @@ struct Buffers {
     size: usize,
     state: Vec<State>,
     free: Vec<u32>,
+    /// Never freed: the endpoint that lent them could not be closed.
+    leaked: bool,
 }
 
 impl Buffers {
@@ -153,6 +160,7 @@ impl Buffers {
             size,
             state: vec![State::Free; count],
             free: (0..count as u32).rev().collect(),
+            leaked: false,
         })
     }
 
@@ -188,8 +196,12 @@ impl Buffers {
 
 impl Drop for Buffers {
     fn drop(&mut self) {
+        if self.leaked {
+            return;
+        }
         // SAFETY: allocated in `new` with this layout, freed once. The endpoint that lent
-        // them was closed before (`Endpoint`'s drop), so the provider no longer touches them.
+        // them was closed before (`Endpoint`'s drop), so the provider no longer touches them;
+        // where closing failed they are marked leaked and not freed.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
@@ -220,6 +232,8 @@ pub struct Endpoint {
     amo: Buffers,
     scratch: Vec<u8>,
     peers: Vec<u64>,
+    /// By send buffer: the peer its message went to.
+    send_dest: Vec<u32>,
     cqes: Vec<ffi::Cqe>,
 }
 
@@ -242,11 +256,41 @@ impl Drop for Endpoint {
         // SAFETY: `raw` came from amofi_open and is closed once, here, before the buffers and
         // the segment (fields, dropped after this) are freed: closing the endpoint ends every
         // operation that could still touch them.
-        unsafe { ffi::amofi_close(self.raw.as_ptr()) }
+        let rc = unsafe { ffi::amofi_close(self.raw.as_ptr()) };
+        if rc != 0 {
+            self.leak();
+        }
     }
 }
 
 impl Endpoint {
+    /// Closes the endpoint and every libfabric object under it now, rather than at the
+    /// drop (the `shm` provider removes its region in `/dev/shm` then; a process that ends
+    /// with `exit` runs no drop). Every operation after it fails, and polls find nothing.
+    pub fn shutdown(&mut self) {
+        // SAFETY: `raw` is a valid handle; the shim closes each object once and leaves the
+        // handle valid, with every later call refused.
+        let rc = unsafe { ffi::amofi_shutdown(self.raw.as_ptr()) };
+        self.wait_fd = None;
+        if rc != 0 {
+            self.leak();
+        }
+    }
+
+    /// The endpoint could not be closed, so the provider may still touch what it was lent:
+    /// none of it is ever freed.
+    fn leak(&mut self) {
+        for b in [
+            &mut self.recv,
+            &mut self.send,
+            &mut self.stage,
+            &mut self.amo,
+        ] {
+            b.leaked = true;
+        }
+        std::mem::forget(self.segment.share());
+    }
+
     /// Opens an endpoint on `iface`, registers `segment`'s byte area for peers' RMA and
     /// atomics, and posts every receive buffer.
     pub fn open(
@@ -258,15 +302,28 @@ impl Endpoint {
         let cq_size = (config.recv_slots + config.send_slots + config.stage_slots + AMO_SLOTS)
             .max(64)
             .next_power_of_two();
+        // Allocated before the libfabric objects, so that a failure leaves nothing open.
+        let recv = Buffers::new(config.recv_slots, config.recv_size)?;
+        let send = Buffers::new(config.send_slots, config.send_size)?;
+        let stage = Buffers::new(config.stage_slots, config.stage_size)?;
+        let amo = Buffers::new(AMO_SLOTS, 64)?;
+        let shm_name = config
+            .shm_name
+            .as_deref()
+            .map(std::ffi::CString::new)
+            .transpose()
+            .map_err(|_| local_error("fi_setname", "a name with a NUL byte"))?;
         let mut raw: *mut Amofi = std::ptr::null_mut();
         let mut step: *const std::ffi::c_char = std::ptr::null();
-        // SAFETY: `iface.raw()` is a valid fi_info for the call (the shim copies it); `raw`
-        // and `step` are valid locations the shim fills.
+        // SAFETY: `iface.raw()` is a valid fi_info for the call (the shim copies it);
+        // `shm_name` is null or a NUL-terminated string alive for the call; `raw` and `step`
+        // are valid locations the shim fills.
         let rc = unsafe {
             ffi::amofi_open(
                 iface.raw(),
                 cq_size,
                 config.wait_fd as i32,
+                shm_name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
                 &mut raw,
                 &mut step,
             )
@@ -302,10 +359,11 @@ impl Endpoint {
                 len: segment.byte_area().len() as u64,
             },
             segment,
-            recv: Buffers::new(config.recv_slots, config.recv_size)?,
-            send: Buffers::new(config.send_slots, config.send_size)?,
-            stage: Buffers::new(config.stage_slots, config.stage_size)?,
-            amo: Buffers::new(AMO_SLOTS, 64)?,
+            recv,
+            send,
+            stage,
+            amo,
+            send_dest: vec![0; config.send_slots],
             scratch: Vec::new(),
             peers: Vec::new(),
             cqes: vec![ffi::Cqe::default(); 64],
@@ -513,6 +571,9 @@ impl Endpoint {
         };
         fill(self.send.owned(i, len));
         self.send.state[i] = State::Lent;
+        if let Some(d) = self.send_dest.get_mut(i) {
+            *d = rank as u32;
+        }
         // SAFETY: buffer `i` holds `len` bytes and stays untouched by Rust until its
         // completion (state `Lent`), and alive until the endpoint is closed.
         let rc = unsafe {
@@ -756,7 +817,7 @@ impl Endpoint {
                         } else {
                             std::ptr::null_mut()
                         },
-                        MR_STAGE,
+                        MR_AMO,
                         dest,
                         raddr,
                         key,
@@ -881,7 +942,7 @@ impl Endpoint {
             }
             CTX_SEND if self.send.state.get(i) == Some(&State::Lent) => {
                 self.send.give_back(i);
-                Issued::Send
+                Issued::Send(self.send_dest.get(i).map(|&r| r as usize))
             }
             CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
                 self.stage.state[i] = State::Ready;
@@ -892,7 +953,7 @@ impl Endpoint {
                 Issued::Op(Op(i as u32 | OP_AMO))
             }
             // An inject has no context: its error completion carries none.
-            0 => Issued::Send,
+            0 => Issued::Send(None),
             _ => Issued::Unknown(ctx),
         };
         out.push_back(Event::Failed { what, error });

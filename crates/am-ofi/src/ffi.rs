@@ -71,10 +71,12 @@ extern "C" {
         info: *const FiInfo,
         cq_size: usize,
         want_fd: c_int,
+        shm_name: *const c_char,
         out: *mut *mut Amofi,
         step: *mut *const c_char,
     ) -> c_int;
-    pub(crate) fn amofi_close(a: *mut Amofi);
+    pub(crate) fn amofi_close(a: *mut Amofi) -> c_int;
+    pub(crate) fn amofi_shutdown(a: *mut Amofi) -> c_int;
     pub(crate) fn amofi_wait_fd(a: *const Amofi) -> c_int;
     pub(crate) fn amofi_getname(a: *mut Amofi, buf: *mut c_void, len: *mut usize) -> c_int;
     pub(crate) fn amofi_av_insert(

@@ -72,6 +72,7 @@ impl Interface {
             // SAFETY: `p` is null or a NUL-terminated string alive for the call; `out` is a
             // valid location the shim fills with a list we own on success.
             let rc = unsafe { ffi::amofi_getinfo(p, atomics, &mut out) };
+            crate::unhook_signals();
             if rc == -FI_ENODATA {
                 continue;
             }

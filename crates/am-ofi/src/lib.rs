@@ -42,15 +42,19 @@ pub use info::{providers, Interface};
 /// installed before `main` (Debian's libfabric links libinfinipath, whose constructor
 /// catches SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM to print a backtrace and
 /// `exit(1)`), and returns how many it reset; handlers of anyone else are left alone.
-/// [`Interface::find`] calls it, so a transport never runs under them. A program that
+/// [`Interface::find`] calls it before and after it asks libfabric for its providers (where
+/// a provider is a library loaded then, its dependencies' constructors run then), so a
+/// transport never runs under them. A program that
 /// registers its own SIGTERM handler (tokio's, signal-hook's) before it starts the
 /// transport calls this first: those chain to the handler they found.
+///
+/// A disposition that was `SIG_IGN` before libinfinipath replaced it comes back as the
+/// default: libinfinipath keeps the one it replaced to itself.
 #[cfg(feature = "libfabric")]
 pub fn unhook_signals() -> usize {
-    static RESET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: the shim only reads and sets signal dispositions with sigaction, which is
     // thread-safe, and looks up handler addresses with dladdr; it touches no Rust memory.
-    *RESET.get_or_init(|| unsafe { ffi::amofi_unhook_signals() }.max(0) as usize)
+    unsafe { ffi::amofi_unhook_signals() }.max(0) as usize
 }
 
 /// A libfabric call failed: which call, libfabric's error code and text, and the provider.
