@@ -38,6 +38,8 @@ const CONNECTION_LOST: [i32; 5] = [104, 32, 107, 111, 103];
 /// How long such a failure waits for the liveness check to name the peer that died before
 /// it is reported as the provider's.
 const SUSPECT_FOR: Duration = Duration::from_secs(1);
+/// How often, at most, the liveness check runs meanwhile.
+const SUSPECT_CHECK_EVERY: Duration = Duration::from_millis(1);
 /// How long a closing rank waits for its goodbyes to leave.
 const LINGER: Duration = Duration::from_secs(2);
 /// Staging buffers for RMA and atomics, and their size: a put of up to this many times the
@@ -113,6 +115,9 @@ struct Peer {
     /// The peer's process, when it runs on this host (its liveness can be checked).
     pid: Option<Pid>,
     state: PeerState,
+    /// Its goodbye has been read from the completion queue, not yet handed to the core:
+    /// its process may be gone already, and it is not lost for that.
+    leaving: bool,
 }
 
 /// The sending half, also lent to handlers.
@@ -138,6 +143,11 @@ struct Io {
     /// A send that failed as a dead peer's would, with no peer found gone yet, and since
     /// when.
     suspect: Option<(Instant, OfiError)>,
+    /// RMA and atomic operations whose waiter gave up (a lost target, an error before
+    /// them): their buffers are freed when their completions come.
+    orphans: Vec<Op>,
+    /// Peers whose goodbye was read and not yet reported.
+    departures: VecDeque<Rank>,
 }
 
 /// A rank's endpoint on a libfabric provider. See the [crate docs](crate).
@@ -147,8 +157,6 @@ pub struct Ofi {
     rx: Vec<u8>,
     limits: Limits,
     native_atomics: bool,
-    /// Peers whose goodbye was read and not yet reported.
-    departures: VecDeque<Rank>,
     empty_polls: u32,
     closed: bool,
 }
@@ -211,25 +219,55 @@ fn parse_entry(s: &str) -> Option<Entry> {
     let name = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
         .collect::<Option<Vec<u8>>>()?;
+    let region = Region {
+        base: u64::from_str_radix(base, 16).ok()?,
+        key: u64::from_str_radix(key, 16).ok()?,
+        len: len.parse().ok()?,
+    };
+    // Addresses in the segment are `base + offset`, with `offset < len`.
+    region.base.checked_add(region.len)?;
     Some(Entry {
         name,
-        region: Region {
-            base: u64::from_str_radix(base, 16).ok()?,
-            key: u64::from_str_radix(key, 16).ok()?,
-            len: len.parse().ok()?,
-        },
+        region,
         pid: pid.parse().ok()?,
         host: host.to_owned(),
         provider: provider.replace('+', ";"),
     })
 }
 
+/// What makes a peer's process id mean a process this rank can check: the host's name, its
+/// boot id and this process's pid namespace (two containers of one host may share a name
+/// and not their pids). Any part unknown makes the whole unknown, and then no peer's process
+/// is checked.
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
+    let part = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic() && c != '/'))
+    };
+    let pid_ns = std::fs::read_link("/proc/self/ns/pid")
         .ok()
-        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic() && c != '/'))
-        .unwrap_or_else(|| "unknown".into())
+        .and_then(|l| {
+            l.to_str()
+                .map(|s| s.replace(|c: char| !c.is_ascii_digit(), ""))
+        })
+        .filter(|ns| !ns.is_empty());
+    match (
+        part("/proc/sys/kernel/hostname"),
+        part("/proc/sys/kernel/random/boot_id"),
+        pid_ns,
+    ) {
+        (Some(h), Some(b), Some(ns)) => format!("{h}+{b}+{ns}"),
+        _ => "unknown".into(),
+    }
+}
+
+/// The name of rank `rank`'s region under the `shm` provider: the job's prefix, so that a
+/// launcher that removes the job's shared-memory files (`amrun`) also removes what a killed
+/// rank left; `None` where the job id cannot make a file name.
+fn shm_name(job_id: &str, rank: Rank) -> Option<String> {
+    am_bootstrap::is_valid_job_id(job_id).then(|| format!("am-{job_id}-ofi-{rank}"))
 }
 
 fn open(
@@ -237,6 +275,7 @@ fn open(
     segment_size: usize,
     config: &OfiConfig,
     ranks: u32,
+    shm_name: Option<String>,
 ) -> Result<(Endpoint, Segment), OfiTransportError> {
     let segment = Segment::heap(0, segment_size).map_err(OfiTransportError::Segment)?;
     // Every request a peer may have in flight to this rank, and a reply to each request
@@ -260,6 +299,7 @@ fn open(
             stage_slots: STAGE_SLOTS,
             stage_size: STAGE_SIZE,
             wait_fd: true,
+            shm_name,
         },
     )?;
     Ok((ep, segment))
@@ -275,7 +315,8 @@ impl Ofi {
         config: OfiConfig,
     ) -> Result<Ofi, OfiTransportError> {
         let iface = find_interface(&config)?;
-        let (mut ep, segment) = open(&iface, segment_size, &config, info.size)?;
+        let name = shm_name(&info.job_id, info.rank);
+        let (mut ep, segment) = open(&iface, segment_size, &config, info.size, name)?;
         let provider = iface.provider();
         let me = entry(&ep.name()?, ep.region(), &provider);
         let entries = if info.size == 1 {
@@ -306,8 +347,11 @@ impl Ofi {
         let provider = iface.provider();
         let mut opened = Vec::new();
         let mut entries = Vec::new();
-        for _ in 0..ranks {
-            let (mut ep, segment) = open(&iface, segment_size, &config, ranks)?;
+        // Without an id (no randomness to be had), libfabric names the regions by pid.
+        let job_id = am_bootstrap::random_job_id().unwrap_or_default();
+        for r in 0..ranks {
+            let name = shm_name(&job_id, r);
+            let (mut ep, segment) = open(&iface, segment_size, &config, ranks, name)?;
             entries.push(entry(&ep.name()?, ep.region(), &provider));
             opened.push((ep, segment));
         }
@@ -364,11 +408,14 @@ impl Ofi {
                 });
             }
             names.push(e.name);
-            let pid = i32::try_from(e.pid).ok().filter(|_| e.host == host);
+            let pid = i32::try_from(e.pid)
+                .ok()
+                .filter(|_| e.host == host && host != "unknown");
             peers.push(Peer {
                 region: e.region,
                 pid: pid.map(Pid::from_raw),
                 state: PeerState::Alive,
+                leaving: false,
             });
         }
         ep.insert(&names)?;
@@ -405,12 +452,13 @@ impl Ofi {
                 peer_timeout: config.peer_timeout,
                 last_liveness: Instant::now(),
                 suspect: None,
+                orphans: Vec::new(),
+                departures: VecDeque::new(),
             },
             segment,
             rx: Vec::new(),
             limits,
             native_atomics,
-            departures: VecDeque::new(),
             empty_polls: 0,
             closed: false,
         })
@@ -461,7 +509,19 @@ impl Io {
         let polled = self.ep.poll(&mut got);
         for e in got.drain(..) {
             match e {
-                Event::Received { .. } => self.events.push_back(e),
+                Event::Received { slot, len } => {
+                    self.note_goodbye(slot, len);
+                    self.events.push_back(e);
+                }
+                Event::Done(op)
+                | Event::Failed {
+                    what: Issued::Op(op),
+                    ..
+                } if self.orphans.contains(&op) => {
+                    // Its waiter gave up on it: the buffer is free again.
+                    self.orphans.retain(|o| *o != op);
+                    self.ep.release(op);
+                }
                 Event::Done(op) => self.done.push((op, Ok(()))),
                 Event::Failed { what, error } => match what {
                     Issued::Op(op) => self.done.push((op, Err(error))),
@@ -473,13 +533,24 @@ impl Io {
                         }
                         self.news.push_back(device(error));
                     }
-                    Issued::Send | Issued::Unknown(_) => {
-                        // A send failed (an inject's failure does not say to whom): a peer
-                        // found gone now, or lost or departed before (its loss was reported
-                        // then, and sends to it were still queued), explains it; otherwise
-                        // it is the provider's failure.
-                        let explained = self.check_peers()
-                            || self.peers.iter().any(|p| p.state != PeerState::Alive);
+                    Issued::Send(Some(dest)) if dest < self.peers.len() => {
+                        // A send to a peer that left or was lost already: reported then.
+                        // One whose connection went away: that peer is lost.
+                        let p = &self.peers[dest];
+                        if p.state == PeerState::Alive && !p.leaving {
+                            if CONNECTION_LOST.contains(&error.code) {
+                                self.lose(dest as Rank);
+                            } else {
+                                self.news.push_back(device(error));
+                            }
+                        }
+                    }
+                    Issued::Send(_) | Issued::Unknown(_) => {
+                        // A send failed whose peer the provider does not say (an inject): a
+                        // peer found gone now, or lost or departed before (its loss was
+                        // reported then, and sends to it were still queued), explains it;
+                        // otherwise it is the provider's failure.
+                        let explained = self.check_peers() || self.any_gone();
                         if explained {
                         } else if CONNECTION_LOST.contains(&error.code) {
                             // A dying process's sockets close before the kernel shows it
@@ -495,7 +566,9 @@ impl Io {
         self.scratch = got;
         if let Some((since, _)) = &self.suspect {
             let late = since.elapsed() >= SUSPECT_FOR;
-            if self.check_peers() || self.peers.iter().any(|p| p.state != PeerState::Alive) {
+            let checked_lately = self.last_liveness.elapsed() < SUSPECT_CHECK_EVERY;
+            if checked_lately && !late {
+            } else if self.check_peers() || self.any_gone() {
                 self.suspect = None;
             } else if late {
                 if let Some((_, error)) = self.suspect.take() {
@@ -513,6 +586,7 @@ impl Io {
         let mut found = false;
         for (r, p) in self.peers.iter_mut().enumerate() {
             if p.state == PeerState::Alive
+                && !p.leaving
                 && r as Rank != self.rank
                 && p.pid.is_some_and(|pid| !am_bootstrap::process_alive(pid))
             {
@@ -522,6 +596,46 @@ impl Io {
             }
         }
         found
+    }
+
+    /// Marks `peer` lost and reports it, once.
+    fn lose(&mut self, peer: Rank) {
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            if p.state == PeerState::Alive {
+                p.state = PeerState::Lost;
+                self.news.push_back(NicError::PeerLost(peer));
+            }
+        }
+    }
+
+    /// Whether a peer is lost, departed or leaving: what explains a failed send whose peer
+    /// the provider does not say.
+    fn any_gone(&self) -> bool {
+        self.peers
+            .iter()
+            .any(|p| p.state != PeerState::Alive || p.leaving)
+    }
+
+    /// A received message that is a peer's goodbye marks that peer as leaving at once, so
+    /// that a liveness check that finds its process gone does not take it for lost; it
+    /// departs when the goodbye's turn comes, after the messages before it.
+    fn note_goodbye(&mut self, slot: usize, len: usize) {
+        if len != HEADER {
+            return;
+        }
+        let Some(b) = self.ep.received(slot, len) else {
+            return;
+        };
+        if b[0] != VERSION || b[1] != KIND_GOODBYE || b[2..4] != [0, 0] {
+            return;
+        }
+        let src = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        if src == self.rank {
+            return;
+        }
+        if let Some(p) = self.peers.get_mut(src as usize) {
+            p.leaving = true;
+        }
     }
 
     fn usable(&self, dest: Rank) -> Result<&Peer, SendError> {
@@ -546,6 +660,9 @@ impl Io {
 
     fn op_failed(&mut self, dest: Rank, e: OfiError) -> SendError {
         self.check_peers();
+        if CONNECTION_LOST.contains(&e.code) {
+            self.lose(dest);
+        }
         match self.peers[dest as usize].state {
             PeerState::Lost => SendError::PeerLost(dest),
             PeerState::Departed => SendError::PeerDeparted(dest),
@@ -560,6 +677,7 @@ impl Io {
         mut issue: impl FnMut(&mut Endpoint) -> Result<Option<Op>, OfiError>,
         in_flight: &mut VecDeque<Op>,
     ) -> Result<Op, SendError> {
+        let start = Instant::now();
         loop {
             if let Some(op) = issue(&mut self.ep).map_err(device)? {
                 return Ok(op);
@@ -569,6 +687,13 @@ impl Io {
                 None => {
                     self.pump()?;
                     self.usable(dest)?;
+                    // Every buffer held by operations given up on, whose completions do
+                    // not come.
+                    if start.elapsed() >= self.peer_timeout {
+                        return Err(NicError::device(
+                            "no RMA buffer came free within the peer timeout",
+                        ));
+                    }
                 }
             }
         }
@@ -585,12 +710,28 @@ impl Io {
         total: usize,
     ) -> Result<(), SendError> {
         let peer = self.usable(dest)?;
-        let Region { base, key, len } = peer.region;
+        let len = peer.region.len;
         if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
             return Err(SendError::TooLarge(total));
         }
         let chunk = self.ep.max_transfer();
         let mut in_flight = VecDeque::new();
+        let r = self.write_chunks(dest, offset, payload, total, chunk, &mut in_flight);
+        // Those not waited for after an error stay the provider's until their completions.
+        self.orphans.extend(in_flight);
+        r
+    }
+
+    fn write_chunks(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        payload: Option<Payload<'_>>,
+        total: usize,
+        chunk: usize,
+        in_flight: &mut VecDeque<Op>,
+    ) -> Result<(), SendError> {
+        let Region { base, key, .. } = self.usable(dest)?.region;
         let mut at = 0;
         while at < total {
             let n = chunk.min(total - at);
@@ -607,7 +748,7 @@ impl Io {
                         None => {}
                     })
                 },
-                &mut in_flight,
+                in_flight,
             )?;
             in_flight.push_back(op);
             at += n;
@@ -633,10 +774,10 @@ impl Io {
             let mut none = VecDeque::new();
             let op = self.start(src, |ep| ep.read(src as usize, raddr, key, n), &mut none)?;
             self.wait_op_keep(op, src)?;
-            let data = self
-                .ep
-                .staged(op, n)
-                .ok_or_else(|| NicError::device("a completed read's buffer is not ours"))?;
+            let Some(data) = self.ep.staged(op, n) else {
+                self.ep.release(op);
+                return Err(NicError::device("a completed read's buffer is not ours"));
+            };
             dst[at..at + n].copy_from_slice(data);
             self.ep.release(op);
             at += n;
@@ -667,10 +808,9 @@ impl Io {
                 }
                 let lost = self.peers[dest as usize].state == PeerState::Lost;
                 if lost || start.elapsed() >= self.peer_timeout {
-                    if !lost {
-                        self.peers[dest as usize].state = PeerState::Lost;
-                        self.news.push_back(NicError::PeerLost(dest));
-                    }
+                    self.lose(dest);
+                    // Still the provider's: freed when its completion comes, if ever.
+                    self.orphans.push(op);
                     return Err(SendError::PeerLost(dest));
                 }
                 std::thread::yield_now();
@@ -753,9 +893,18 @@ impl Tx for Io {
             Some(off) => {
                 // The payload is in the target's segment before its head leaves.
                 self.write(dest, off, Some(msg.payload), msg.payload.len())?;
+                // The payload is placed: the head goes now, or the Long is lost.
+                let start = Instant::now();
                 loop {
                     match self.send_message(dest, KIND_PLACED, msg.head, Payload::EMPTY) {
-                        Err(SendError::Busy) => self.usable(dest).map(drop)?,
+                        Err(SendError::Busy) if start.elapsed() < self.peer_timeout => {
+                            self.usable(dest).map(drop)?
+                        }
+                        Err(SendError::Busy) => {
+                            return Err(NicError::device(
+                                "a placed Long's head found no room within the peer timeout",
+                            ))
+                        }
                         r => return r,
                     }
                 }
@@ -823,7 +972,7 @@ impl Transport for Ofi {
                 if let Some(e) = self.io.news.pop_front() {
                     return Err(e);
                 }
-                return match self.departures.pop_front() {
+                return match self.io.departures.pop_front() {
                     Some(r) => Err(NicError::PeerDeparted(r)),
                     None => Ok(None),
                 };
@@ -868,12 +1017,12 @@ impl Transport for Ofi {
             let placed = match self.rx[1] {
                 KIND_AM => false,
                 KIND_PLACED => true,
+                // Reported once nothing else waits: what other ranks sent before it left (an
+                // EXIT that made it leave) comes first, though no order holds between two
+                // senders' messages.
                 KIND_GOODBYE if self.rx.len() == HEADER => {
-                    // Reported once nothing else waits: what other ranks sent before it
-                    // left (an EXIT that made it leave) comes first, though no order holds
-                    // between two senders' messages.
                     self.io.peers[src as usize].state = PeerState::Departed;
-                    self.departures.push_back(src);
+                    self.io.departures.push_back(src);
                     continue;
                 }
                 _ => return Err(misbehaved(Some(src), "a message of an unknown kind")),
@@ -913,7 +1062,7 @@ impl Transport for Ofi {
         if !io.self_queue.is_empty()
             || !io.events.is_empty()
             || !io.news.is_empty()
-            || !self.departures.is_empty()
+            || !io.departures.is_empty()
         {
             return Ok(Armed::Ready);
         }
@@ -1054,6 +1203,7 @@ impl Transport for Ofi {
             let code = p.atomic.code() as u8;
             let (operand, current) = p.atomic.operands();
             let dest = p.dest;
+            let start = Instant::now();
             loop {
                 let issued = io.ep.atomic(
                     dest as usize,
@@ -1079,6 +1229,15 @@ impl Transport for Ofi {
                         None => {
                             if let Err(e) = io.pump().and_then(|()| io.usable(dest).map(drop)) {
                                 fail(e, &mut error);
+                                break;
+                            }
+                            if start.elapsed() >= io.peer_timeout {
+                                fail(
+                                    NicError::device(
+                                        "no atomics buffer came free within the peer timeout",
+                                    ),
+                                    &mut error,
+                                );
                                 break;
                             }
                         }
@@ -1134,6 +1293,9 @@ impl Transport for Ofi {
             }
             std::thread::yield_now();
         }
+        // Now, not at the drop: a rank that ends with `exit` runs none, and the shm
+        // provider's region in /dev/shm goes with the endpoint.
+        io.ep.shutdown();
     }
 }
 
@@ -1181,6 +1343,8 @@ mod tests {
             "010/1/2/3/4/h/p",
             "01/1/2/3/4/h",
             "01/x/2/3/4/h/p",
+            // A segment that would end past the top of the address space.
+            "01/ffffffffffffffff/2/3/4/h/p",
         ] {
             assert!(parse_entry(bad).is_none(), "{bad:?}");
         }
