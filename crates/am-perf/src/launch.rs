@@ -46,23 +46,21 @@ exit "$code""#;
 /// each rank's own exit status (recorded by the shell `RECORD_EXIT` around it) and the job's
 /// code are that code, no rank was still polling 2 s after it (`late-<rank>`), and the job
 /// ended well before the launcher would have killed a rank that kept running (its grace
-/// period is 30 s here, so a rank that ignored the EXIT shows as a 30 s job).
+/// period is 30 s here, so a rank that ignored the EXIT shows as a 30 s job). `env` is set
+/// for every rank.
 ///
 /// # Panics
 /// If any of that does not hold.
-pub fn assert_exit_ends_every_rank(bin: &str, transport: &str) {
+pub fn assert_exit_ends_every_rank(bin: &str, transport: &str, env: &[(&str, &str)]) {
     let dir = fresh_dir(&format!("{transport}-exit"));
     let path = dir.to_str().unwrap_or("");
     let t0 = Instant::now();
     let launcher = Launcher::new(4, "/bin/sh")
         .args(["-c", RECORD_EXIT, bin])
         .grace(Duration::from_secs(30));
-    let code = run_job_with(
-        launcher,
-        transport,
-        &["exit", path],
-        &[("AM_EXIT_CODES", path)],
-    );
+    let mut env = env.to_vec();
+    env.push(("AM_EXIT_CODES", path));
+    let code = run_job_with(launcher, transport, &["exit", path], &env);
     let took = t0.elapsed();
     let late: Vec<_> = (0..4)
         .filter(|r| dir.join(format!("late-{r}")).exists())

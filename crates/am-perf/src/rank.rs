@@ -285,6 +285,38 @@ pub fn exit_scenario<T: Transport>(
     std::process::exit(1);
 }
 
+/// Whether `mode` is one of the failure scenarios [`failure_scenario`] runs (their programs
+/// call [`ignore_sigterm`] first thing).
+pub fn is_failure_scenario(mode: &str) -> bool {
+    matches!(mode, "kill" | "kill-anywhere" | "exit")
+}
+
+/// Runs failure scenario `mode` of a rank-test program with its `args` (`kill-anywhere DIR
+/// DELAY_US`: [`kill_anywhere`], whose exchange handlers `exchanged` counts; `exit DIR`:
+/// [`exit_scenario`]; `kill DIR`: [`kill_scenario`]). `kill` and `kill-anywhere` end the
+/// process with code 3 once the node and the job are dropped.
+pub fn failure_scenario<T: Transport>(
+    mode: &str,
+    args: &[String],
+    mut node: Node<T, Local>,
+    job: JobInfo,
+    exchanged: &(Cell<u64>, Cell<u64>),
+) -> Result<(), Box<dyn Error>> {
+    let dir = std::path::PathBuf::from(args.get(1).ok_or(format!("{mode} DIR"))?);
+    match mode {
+        "kill-anywhere" => {
+            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
+            kill_anywhere(&mut node, exchanged, delay, &dir)?;
+        }
+        "exit" => return exit_scenario(node, &dir),
+        "kill" => kill_scenario(&mut node, &job.job_id, &dir)?,
+        other => return Err(format!("not a failure scenario: {other:?}").into()),
+    }
+    drop(node);
+    drop(job);
+    std::process::exit(3);
+}
+
 /// The killed-rank scenario: rank 0 writes the job id into `dir/job` (so the test can look for
 /// this job's leftovers only); after a barrier rank 1 writes `dir/victim` (its time of death,
 /// [`now_us`]) and kills itself with SIGKILL; the others wait at a barrier, and on

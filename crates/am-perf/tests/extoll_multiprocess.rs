@@ -76,7 +76,7 @@ fn perf_program_completes() {
 /// `exit(7)` from rank 2 of 4 ends every rank's process with 7, promptly.
 #[test]
 fn exit_from_one_rank_ends_every_rank_with_its_code() {
-    assert_exit_ends_every_rank(BIN, "extoll");
+    assert_exit_ends_every_rank(BIN, "extoll", &[]);
 }
 
 /// Ranks with different segment sizes: start-up fails on every rank with the typed

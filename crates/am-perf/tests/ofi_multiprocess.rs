@@ -68,7 +68,9 @@ fn tcp_survives_a_kill_anywhere() {
 /// `exit(7)` from rank 2 of 4 ends every rank's process with 7, promptly.
 #[test]
 fn exit_from_one_rank_ends_every_rank_with_its_code() {
-    assert_exit_ends_every_rank(BIN, "ofi");
+    for p in PROVIDERS {
+        assert_exit_ends_every_rank(BIN, "ofi", &[("FI_PROVIDER", p)]);
+    }
 }
 
 /// Ranks with different segment sizes: start-up fails on every rank with the typed mismatch.

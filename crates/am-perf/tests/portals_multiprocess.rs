@@ -59,7 +59,7 @@ fn killed_rank_is_noticed_within_a_second() {
 /// `exit(7)` from rank 2 of 4 ends every rank's process with 7, promptly.
 #[test]
 fn exit_from_one_rank_ends_every_rank_with_its_code() {
-    assert_exit_ends_every_rank(BIN, "portals");
+    assert_exit_ends_every_rank(BIN, "portals", &[]);
 }
 
 /// Ranks with different segment sizes: start-up fails on every rank with the typed

@@ -29,7 +29,7 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
-    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
+    if rank::is_failure_scenario(mode) {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early;
         // after libfabric's libraries' own handlers are gone, or ours would chain to them.
         transport_ofi::unhook_signals();
@@ -55,6 +55,9 @@ fn main() -> Res {
         rank::add_exchange_handlers(&mut h, &exchanged)?;
     }
     let mut node = Node::new(ofi, h, Config::from_env()?)?;
+    if rank::is_failure_scenario(mode) {
+        return rank::failure_scenario(mode, &args, node, job, &exchanged);
+    }
     let (me, n) = (node.rank(), node.size());
     match mode {
         "alltoall" => {
@@ -69,25 +72,6 @@ fn main() -> Res {
                 |r| (0..65536).map(|i| (i as u32 * 7 + r) as u8).collect(),
             )?;
             println!("rank {me}/{n}: ok on {}", node.transport().provider());
-        }
-        "kill-anywhere" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
-            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
-            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
-            drop(node);
-            drop(job);
-            std::process::exit(3);
-        }
-        "exit" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
-            return rank::exit_scenario(node, &dir);
-        }
-        "kill" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
-            rank::kill_scenario(&mut node, &job.job_id, &dir)?;
-            drop(node);
-            drop(job);
-            std::process::exit(3);
         }
         other => return Err(format!("unknown mode {other:?}").into()),
     }

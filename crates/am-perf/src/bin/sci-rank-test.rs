@@ -46,7 +46,7 @@ fn main() -> Res {
         println!("selfrt {what}: {ns:.1} ns per round trip");
         return Ok(());
     }
-    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
+    if rank::is_failure_scenario(mode) {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -80,6 +80,9 @@ fn main() -> Res {
         rank::add_exchange_handlers(&mut h, &exchanged)?;
     }
     let mut node = Node::new(sci, h, Config::from_env()?)?;
+    if rank::is_failure_scenario(mode) {
+        return rank::failure_scenario(mode, &args, node, job, &exchanged);
+    }
     let (me, n) = (node.rank(), node.size());
     match mode {
         "alltoall" => {
@@ -96,25 +99,6 @@ fn main() -> Res {
             println!("rank {me}/{n}: ok");
         }
         "stall" => {}
-        "kill-anywhere" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill-anywhere DIR DELAY_US")?);
-            let delay: u64 = args.get(2).ok_or("kill-anywhere DIR DELAY_US")?.parse()?;
-            rank::kill_anywhere(&mut node, &exchanged, delay, &dir)?;
-            drop(node);
-            drop(job);
-            std::process::exit(3);
-        }
-        "exit" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("exit DIR")?);
-            return rank::exit_scenario(node, &dir);
-        }
-        "kill" => {
-            let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
-            rank::kill_scenario(&mut node, &job.job_id, &dir)?;
-            drop(node);
-            drop(job);
-            std::process::exit(3);
-        }
         other => return Err(format!("unknown mode {other:?}").into()),
     }
     drop(node);
