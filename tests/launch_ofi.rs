@@ -52,7 +52,9 @@ fn random_access_verifies_on_tcp_and_shm_under_amrun() {
             .env_remove("AM_TRANSPORT")
             .env_remove("FI_PROVIDER")
             .env_remove("AM_OFI_PROVIDER")
-            .env(var, provider);
+            .env(var, provider)
+            // 4 ranks, and the other tests' jobs beside them, on 2 cores.
+            .env("AM_WAIT", "block");
         let job = run_bounded(cmd, WATCHDOG);
         check_verified(&job, &format!("amrun {var}={provider} {mode}"));
     }
@@ -73,7 +75,9 @@ fn random_access_verifies_on_tcp_and_shm_under_mpiexec() {
             .env("AM_TRANSPORT", "ofi")
             .env_remove("FI_PROVIDER")
             .env_remove("AM_OFI_PROVIDER")
-            .env(var, provider);
+            .env(var, provider)
+            // 4 ranks, and the other tests' jobs beside them, on 2 cores.
+            .env("AM_WAIT", "block");
         let job = run_bounded(cmd, WATCHDOG);
         check_verified(&job, &format!("mpiexec {var}={provider} {mode}"));
     }
