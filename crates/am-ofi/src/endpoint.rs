@@ -687,37 +687,7 @@ impl Endpoint {
         delivery: bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Option<Op>, OfiError> {
-        let dest = self.peer(rank)?;
-        if len > self.max_transfer() {
-            return Err(local_error(
-                "fi_write",
-                "transfer larger than a staging buffer",
-            ));
-        }
-        let raw = self.raw.as_ptr();
-        self.stage_op(
-            false,
-            "fi_writemsg",
-            |b| fill(&mut b[..len]),
-            |buf, ctx| {
-                // SAFETY: `buf` is a staging buffer of at least `len` bytes, lent to the
-                // provider until its completion (state `Lent`).
-                unsafe {
-                    ffi::amofi_rma(
-                        raw,
-                        1,
-                        buf.cast(),
-                        len,
-                        MR_STAGE,
-                        dest,
-                        raddr,
-                        key,
-                        ctx,
-                        delivery as i32,
-                    )
-                }
-            },
-        )
+        self.rma(true, rank, raddr, key, len, delivery, fill)
     }
 
     /// Reads `len` bytes at `raddr` (under `key`) of peer `rank` into a staging buffer,
@@ -729,22 +699,52 @@ impl Endpoint {
         key: u64,
         len: usize,
     ) -> Result<Option<Op>, OfiError> {
+        self.rma(false, rank, raddr, key, len, false, |_| {})
+    }
+
+    /// [`Endpoint::write`] (`write`, from what `fill` puts into the buffer) or
+    /// [`Endpoint::read`] through one staging buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn rma(
+        &mut self,
+        write: bool,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        len: usize,
+        delivery: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Option<Op>, OfiError> {
+        let (call, msg_call) = if write {
+            ("fi_write", "fi_writemsg")
+        } else {
+            ("fi_read", "fi_readmsg")
+        };
         let dest = self.peer(rank)?;
         if len > self.max_transfer() {
-            return Err(local_error(
-                "fi_read",
-                "transfer larger than a staging buffer",
-            ));
+            return Err(local_error(call, "transfer larger than a staging buffer"));
         }
         let raw = self.raw.as_ptr();
         self.stage_op(
             false,
-            "fi_readmsg",
-            |_| {},
+            msg_call,
+            |b| fill(&mut b[..len]),
             |buf, ctx| {
-                // SAFETY: as in `write`: a lent staging buffer of at least `len` bytes.
+                // SAFETY: `buf` is a staging buffer of at least `len` bytes, lent to the
+                // provider until its completion (state `Lent`).
                 unsafe {
-                    ffi::amofi_rma(raw, 0, buf.cast(), len, MR_STAGE, dest, raddr, key, ctx, 0)
+                    ffi::amofi_rma(
+                        raw,
+                        write as i32,
+                        buf.cast(),
+                        len,
+                        MR_STAGE,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        delivery as i32,
+                    )
                 }
             },
         )

@@ -551,13 +551,14 @@ impl Io {
                         // reported then, and sends to it were still queued), explains it;
                         // otherwise it is the provider's failure.
                         let explained = self.check_peers() || self.any_gone();
-                        if explained {
-                        } else if CONNECTION_LOST.contains(&error.code) {
-                            // A dying process's sockets close before the kernel shows it
-                            // dead: give the liveness check a moment to find it.
-                            self.suspect.get_or_insert((Instant::now(), error));
-                        } else {
-                            self.news.push_back(device(error));
+                        if !explained {
+                            if CONNECTION_LOST.contains(&error.code) {
+                                // A dying process's sockets close before the kernel shows
+                                // it dead: give the liveness check a moment to find it.
+                                self.suspect.get_or_insert((Instant::now(), error));
+                            } else {
+                                self.news.push_back(device(error));
+                            }
                         }
                     }
                 },
@@ -566,13 +567,13 @@ impl Io {
         self.scratch = got;
         if let Some((since, _)) = &self.suspect {
             let late = since.elapsed() >= SUSPECT_FOR;
-            let checked_lately = self.last_liveness.elapsed() < SUSPECT_CHECK_EVERY;
-            if checked_lately && !late {
-            } else if self.check_peers() || self.any_gone() {
-                self.suspect = None;
-            } else if late {
-                if let Some((_, error)) = self.suspect.take() {
-                    self.news.push_back(device(error));
+            if late || self.last_liveness.elapsed() >= SUSPECT_CHECK_EVERY {
+                if self.check_peers() || self.any_gone() {
+                    self.suspect = None;
+                } else if late {
+                    if let Some((_, error)) = self.suspect.take() {
+                        self.news.push_back(device(error));
+                    }
                 }
             }
         }
@@ -709,14 +710,15 @@ impl Io {
         payload: Option<Payload<'_>>,
         total: usize,
     ) -> Result<(), SendError> {
-        let peer = self.usable(dest)?;
-        let len = peer.region.len;
-        if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
+        let region = self.usable(dest)?.region;
+        if offset
+            .checked_add(total)
+            .is_none_or(|end| end as u64 > region.len)
+        {
             return Err(SendError::TooLarge(total));
         }
-        let chunk = self.ep.max_transfer();
         let mut in_flight = VecDeque::new();
-        let r = self.write_chunks(dest, offset, payload, total, chunk, &mut in_flight);
+        let r = self.write_chunks(dest, region, offset, payload, total, &mut in_flight);
         // Those not waited for after an error stay the provider's until their completions.
         self.orphans.extend(in_flight);
         r
@@ -725,13 +727,13 @@ impl Io {
     fn write_chunks(
         &mut self,
         dest: Rank,
+        Region { base, key, .. }: Region,
         offset: usize,
         payload: Option<Payload<'_>>,
         total: usize,
-        chunk: usize,
         in_flight: &mut VecDeque<Op>,
     ) -> Result<(), SendError> {
-        let Region { base, key, .. } = self.usable(dest)?.region;
+        let chunk = self.ep.max_transfer();
         let mut at = 0;
         while at < total {
             let n = chunk.min(total - at);
@@ -859,6 +861,50 @@ impl Io {
             Err(SendError::Busy)
         }
     }
+}
+
+impl Io {
+    /// The region of `dest`'s segment an `atomic` at `offset` goes to, checked: the peer
+    /// usable and the word inside its segment.
+    fn atomic_region(
+        &self,
+        dest: Rank,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<Region, SendError> {
+        let region = self.usable(dest)?.region;
+        if offset
+            .checked_add(atomic.width().bytes())
+            .is_none_or(|e| e as u64 > region.len)
+        {
+            return Err(NicError::device(format!(
+                "an atomic at {offset} of rank {dest}'s segment, past its end"
+            )));
+        }
+        Ok(region)
+    }
+}
+
+/// Issues `atomic` at `offset` of `region` (`dest`'s, checked by [`Io::atomic_region`]) as a
+/// fetching atomic: `Ok(None)` while its buffers are all in use.
+fn issue_atomic(
+    ep: &mut Endpoint,
+    dest: Rank,
+    region: Region,
+    offset: usize,
+    atomic: Atomic,
+) -> Result<Option<Op>, OfiError> {
+    let (operand, current) = atomic.operands();
+    ep.atomic(
+        dest as usize,
+        region.base + offset as u64,
+        region.key,
+        atomic.code() as u8,
+        atomic.width().bytes(),
+        operand,
+        current,
+        true,
+    )
 }
 
 impl Tx for Io {
@@ -1123,34 +1169,15 @@ impl Transport for Ofi {
             return atomic.apply_to(dest, self.segment.byte_area(), offset);
         }
         let io = &mut self.io;
-        let Region { base, key, len } = io.usable(dest)?.region;
-        let width = atomic.width().bytes();
-        if offset.checked_add(width).is_none_or(|e| e as u64 > len) {
-            return Err(NicError::device(format!(
-                "an atomic at {offset} of rank {dest}'s segment, past its end"
-            )));
-        }
-        let (operand, current) = atomic.operands();
-        let code = atomic.code() as u8;
+        let region = io.atomic_region(dest, offset, atomic)?;
         let mut none = VecDeque::new();
         let op = io.start(
             dest,
-            |ep| {
-                ep.atomic(
-                    dest as usize,
-                    base + offset as u64,
-                    key,
-                    code,
-                    width,
-                    operand,
-                    current,
-                    true,
-                )
-            },
+            |ep| issue_atomic(ep, dest, region, offset, atomic),
             &mut none,
         )?;
         io.wait_op_keep(op, dest)?;
-        let old = io.ep.atomic_result(op, width);
+        let old = io.ep.atomic_result(op, atomic.width().bytes());
         io.ep.release(op);
         old.ok_or_else(|| NicError::device("a completed atomic's buffer is not ours"))
     }
@@ -1162,6 +1189,12 @@ impl Transport for Ofi {
     /// applied it, while a fetch completes only with the old value back, so after the batch
     /// every atomic is in the target's memory, as a later get must see.
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
+        if !self.native_atomics {
+            return Batch {
+                done: batch.len(),
+                error: Some(SendError::Unsupported("atomics")),
+            };
+        }
         let mut error = None;
         let mut in_flight: VecDeque<(Op, Rank)> = VecDeque::new();
         let io = &mut self.io;
@@ -1169,53 +1202,23 @@ impl Transport for Ofi {
             error.get_or_insert(e);
         };
         for p in batch {
-            if !self.native_atomics {
-                fail(SendError::Unsupported("atomics"), &mut error);
-                continue;
-            }
             if p.dest == io.rank {
                 if let Err(e) = p.atomic.apply_to(p.dest, io.own.byte_area(), p.offset) {
                     fail(e, &mut error);
                 }
                 continue;
             }
-            let region = match io.usable(p.dest) {
-                Ok(peer) => peer.region,
+            let region = match io.atomic_region(p.dest, p.offset, p.atomic) {
+                Ok(region) => region,
                 Err(e) => {
                     fail(e, &mut error);
                     continue;
                 }
             };
-            let width = p.atomic.width().bytes();
-            if p.offset
-                .checked_add(width)
-                .is_none_or(|e| e as u64 > region.len)
-            {
-                fail(
-                    NicError::device(format!(
-                        "an atomic at {} of rank {}'s segment, past its end",
-                        p.offset, p.dest
-                    )),
-                    &mut error,
-                );
-                continue;
-            }
-            let code = p.atomic.code() as u8;
-            let (operand, current) = p.atomic.operands();
             let dest = p.dest;
             let start = Instant::now();
             loop {
-                let issued = io.ep.atomic(
-                    dest as usize,
-                    region.base + p.offset as u64,
-                    region.key,
-                    code,
-                    width,
-                    operand,
-                    current,
-                    true,
-                );
-                match issued {
+                match issue_atomic(&mut io.ep, dest, region, p.offset, p.atomic) {
                     Ok(Some(op)) => {
                         in_flight.push_back((op, dest));
                         break;
