@@ -17,7 +17,8 @@ const WATCHDOG: Duration = Duration::from_secs(120);
 
 const AMRUN: &str = env!("CARGO_BIN_EXE_amrun");
 
-/// One verified RandomAccess row from a job's stdout, for `provider` and `mode`.
+/// Checks that `job` printed one verified RandomAccess row over ofi on 4 ranks with no
+/// wrong word; `label` names the job in a failure.
 #[cfg(feature = "ofi")]
 fn check_verified(job: &Run, label: &str) {
     assert_eq!(job.code, 0, "{label}:\n{}\n{}", job.stdout, job.stderr);
@@ -41,23 +42,33 @@ const CASES: [(&str, &str, &str); 4] = [
     ("AM_OFI_PROVIDER", "shm", "fine"),
 ];
 
+/// RandomAccess over ofi for every case of [`CASES`], each job started by `launcher` (a
+/// command whose arguments run `random_access` on 4 ranks over ofi), and verified.
 #[cfg(feature = "ofi")]
-#[test]
-fn random_access_verifies_on_tcp_and_shm_under_amrun() {
+fn random_access_verifies_under(label: &str, launcher: impl Fn() -> Command) {
     for (var, provider, mode) in CASES {
-        let mut cmd = Command::new(AMRUN);
-        cmd.args(["-n", "4", "--transport", "ofi", "--"])
-            .arg(example("random_access"))
+        let mut cmd = launcher();
+        cmd.arg(example("random_access"))
             .args(["--log2-table", "14", "--mode", mode, "--json"])
-            .env_remove("AM_TRANSPORT")
             .env_remove("FI_PROVIDER")
             .env_remove("AM_OFI_PROVIDER")
             .env(var, provider)
             // 4 ranks, and the other tests' jobs beside them, on 2 cores.
             .env("AM_WAIT", "block");
         let job = run_bounded(cmd, WATCHDOG);
-        check_verified(&job, &format!("amrun {var}={provider} {mode}"));
+        check_verified(&job, &format!("{label} {var}={provider} {mode}"));
     }
+}
+
+#[cfg(feature = "ofi")]
+#[test]
+fn random_access_verifies_on_tcp_and_shm_under_amrun() {
+    random_access_verifies_under("amrun", || {
+        let mut cmd = Command::new(AMRUN);
+        cmd.args(["-n", "4", "--transport", "ofi", "--"])
+            .env_remove("AM_TRANSPORT");
+        cmd
+    });
 }
 
 #[cfg(feature = "ofi")]
@@ -67,20 +78,11 @@ fn random_access_verifies_on_tcp_and_shm_under_mpiexec() {
     if !have_mpiexec() {
         return;
     }
-    for (var, provider, mode) in CASES {
+    random_access_verifies_under("mpiexec", || {
         let mut cmd = Command::new(mpiexec());
-        cmd.args(["-n", "4"])
-            .arg(example("random_access"))
-            .args(["--log2-table", "14", "--mode", mode, "--json"])
-            .env("AM_TRANSPORT", "ofi")
-            .env_remove("FI_PROVIDER")
-            .env_remove("AM_OFI_PROVIDER")
-            .env(var, provider)
-            // 4 ranks, and the other tests' jobs beside them, on 2 cores.
-            .env("AM_WAIT", "block");
-        let job = run_bounded(cmd, WATCHDOG);
-        check_verified(&job, &format!("mpiexec {var}={provider} {mode}"));
-    }
+        cmd.args(["-n", "4"]).env("AM_TRANSPORT", "ofi");
+        cmd
+    });
 }
 
 /// A provider nobody has: every rank fails start-up with the typed error, which names the
