@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use am_core::Credits;
 
-use crate::ofi::OfiTransportError;
+use crate::error::OfiTransportError;
 
 /// Settings of the ofi transport.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -68,6 +68,8 @@
 #[cfg(feature = "libfabric")]
 mod config;
 #[cfg(feature = "libfabric")]
+mod error;
+#[cfg(feature = "libfabric")]
 mod ofi;
 
 #[cfg(feature = "libfabric")]
@@ -75,4 +77,6 @@ pub use am_ofi::unhook_signals;
 #[cfg(feature = "libfabric")]
 pub use config::OfiConfig;
 #[cfg(feature = "libfabric")]
-pub use ofi::{Ofi, OfiTransportError};
+pub use error::OfiTransportError;
+#[cfg(feature = "libfabric")]
+pub use ofi::Ofi;

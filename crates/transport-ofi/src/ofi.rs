@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use am_bootstrap::{BootstrapError, JobInfo};
+use am_bootstrap::JobInfo;
 use am_core::atomic::{Atomic, Batch, Posted};
 use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
@@ -15,6 +15,7 @@ use am_shm::Segment;
 use nix::unistd::Pid;
 
 use crate::config::OfiConfig;
+use crate::error::OfiTransportError;
 
 /// The header every message carries: version, kind, two reserved bytes, the sender's rank.
 const HEADER: usize = 8;
@@ -48,59 +49,6 @@ const STAGE_SLOTS: usize = 16;
 const STAGE_SIZE: usize = 64 << 10;
 /// Send buffers for messages above the inject size.
 const SEND_SLOTS: usize = 64;
-
-/// Why the transport could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OfiTransportError {
-    /// No libfabric interface offers RDM endpoints with messages and RMA (of the provider
-    /// asked for).
-    #[error("no libfabric provider{} offers RDM endpoints with messages and RMA; providers with RDM endpoints here: {found}", wanted.as_ref().map(|w| format!(" matching {w:?}")).unwrap_or_default())]
-    NoProvider {
-        /// The provider asked for (`AM_OFI_PROVIDER` or `FI_PROVIDER`).
-        wanted: Option<String>,
-        /// The providers libfabric lists with RDM endpoints.
-        found: String,
-    },
-    /// A libfabric call failed.
-    #[error(transparent)]
-    Ofi(#[from] OfiError),
-    /// The exchange of addresses through the launcher failed.
-    #[error("start-up through the launcher's key-value store: {0}")]
-    Bootstrap(#[from] BootstrapError),
-    /// A peer's start-up entry could not be used.
-    #[error("start-up: {0}")]
-    Rendezvous(String),
-    /// The segment could not be made.
-    #[error("making the segment")]
-    Segment(#[source] am_shm::ShmError),
-    /// A setting is wrong.
-    #[error("configuration: {0}")]
-    Config(String),
-    /// A rank's segment differs in size from rank 0's (every rank finds the same one: the
-    /// first that differs).
-    #[error(
-        "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"
-    )]
-    SegmentSizeMismatch {
-        /// The first rank whose segment differs.
-        rank: Rank,
-        /// Rank 0's segment size.
-        ours: usize,
-        /// That rank's.
-        theirs: usize,
-    },
-    /// A peer chose another provider.
-    #[error("rank {rank} uses provider {theirs:?}, this rank {ours:?}: set AM_OFI_PROVIDER (or FI_PROVIDER) the same for every rank")]
-    ProviderMismatch {
-        /// The peer.
-        rank: Rank,
-        /// This rank's provider.
-        ours: String,
-        /// The peer's.
-        theirs: String,
-    },
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PeerState {
