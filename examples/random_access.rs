@@ -593,7 +593,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 "table_bytes": words * 8, "updates": updates, "seconds": seconds, "gups": gups,
                 "errors": errors, "error_fraction": error_fraction, "misrouted": misrouted,
                 "stream_ok": stream_ok, "verified": verified, "verify_seconds": verify_seconds,
-                "credits": node.config().credits.to_string(),
+                "credits": node.config().credits.unwrap_or_default().to_string(),
                 "max_stored_updates": MAX_STORED,
             })
         );

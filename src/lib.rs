@@ -218,6 +218,12 @@ impl Transport for AnyTransport {
     fn capabilities(&self) -> am_core::Capabilities {
         dispatch!(self, t => t.capabilities())
     }
+    fn default_credits(&self) -> am_core::Credits {
+        dispatch!(self, t => t.default_credits())
+    }
+    fn flush(&mut self) {
+        dispatch!(self, t => t.flush())
+    }
     fn close(&mut self) {
         dispatch!(self, t => t.close())
     }

@@ -39,9 +39,11 @@ impl std::str::FromStr for WaitMode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static, 32
-    /// per peer by default (at most 255 and at most the transport's `max_credits`), or dynamic.
-    pub credits: Credits,
+    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static (at
+    /// most 255 and at most the transport's `max_credits`) or dynamic. `None`, the default:
+    /// the transport's own ([`crate::Transport::default_credits`]), 32 static per peer unless
+    /// its round trip asks for more (udp: 128).
+    pub credits: Option<Credits>,
     /// How blocking calls wait (`AM_WAIT`, default `yield`).
     pub wait_mode: WaitMode,
     /// Polls spent spinning before yielding or blocking.
@@ -53,7 +55,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            credits: Credits::default(),
+            credits: None,
             wait_mode: WaitMode::SpinThenYield,
             spin_polls: 64,
             block_timeout: Duration::from_millis(10),
@@ -78,11 +80,11 @@ impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
         if let Ok(v) = std::env::var("AM_CREDITS") {
-            c.credits = v.parse().map_err(|why| ConfigError {
+            c.credits = Some(v.parse().map_err(|why| ConfigError {
                 var: "AM_CREDITS",
                 value: v.clone(),
                 why,
-            })?;
+            })?);
         }
         if let Ok(v) = std::env::var("AM_WAIT") {
             c.wait_mode = v.parse().map_err(|why| ConfigError {
@@ -114,7 +116,7 @@ impl Config {
     /// With this credit policy.
     #[must_use]
     pub fn credits(mut self, credits: Credits) -> Config {
-        self.credits = credits;
+        self.credits = Some(credits);
         self
     }
 

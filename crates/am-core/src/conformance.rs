@@ -32,7 +32,7 @@ pub const SEGMENT: usize = 1 << 20;
 
 fn config(credits: u32) -> Config {
     Config {
-        credits: crate::Credits::Static(credits),
+        credits: Some(crate::Credits::Static(credits)),
         wait_mode: WaitMode::Block,
         ..Config::default()
     }
@@ -948,10 +948,10 @@ pub fn dynamic_credits_flood<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
     run_watched("dynamic_credits_flood", make(RANKS, SEGMENT), |t| {
         let seen = Rc::new(Seen::default());
         let config = Config {
-            credits: crate::Credits::Dynamic {
+            credits: Some(crate::Credits::Dynamic {
                 initial: 1,
                 bank: BANK,
-            },
+            }),
             ..config(1)
         };
         let mut node = Node::new(t, echo_handlers(&seen), config).expect("node start");

@@ -298,6 +298,12 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn default_credits(&self) -> crate::Credits {
+        self.inner.default_credits()
+    }
+    fn flush(&mut self) {
+        self.inner.flush()
+    }
     /// RMA the NIC does itself is not messages: nothing to delay or reorder.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         self.inner.put(dest, offset, data)

@@ -70,17 +70,27 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ///
     /// This is collective: every rank must call it. It checks that every rank registered the
     /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
+    /// [`Node::config`]'s credits are then the ones in force: those `config` chose, or the
+    /// transport's own ([`Transport::default_credits`]).
     pub fn new(transport: T, handlers: Handlers<H>, config: Config) -> Result<Self, StartError> {
-        let policy = Self::policy(&transport, &config)?;
+        let (config, policy) = Self::policy(&transport, config)?;
         Self::start(transport, handlers, config, policy)
     }
 
-    /// The credit policy `config` asks for, on `transport`.
-    fn policy(transport: &T, config: &Config) -> Result<Policy, StartError> {
-        config
+    /// The credit policy `config` asks for, or the transport's own, on `transport`; and
+    /// `config` naming the credits in force.
+    fn policy(transport: &T, config: Config) -> Result<(Config, Policy), StartError> {
+        let credits = config
             .credits
+            .unwrap_or_else(|| transport.default_credits());
+        let policy = credits
             .build(transport.size(), transport.limits().max_credits)
-            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))
+            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))?;
+        let config = Config {
+            credits: Some(credits),
+            ..config
+        };
+        Ok((config, policy))
     }
 
     /// Starts a node with a custom credit policy. Collective, like [`Node::new`].
@@ -104,8 +114,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ) -> Result<Vec<Self>, StartError> {
         let mut nodes = Vec::new();
         for (transport, handlers) in parts {
-            let policy = Self::policy(&transport, &config)?;
-            nodes.push(Self::unstarted(transport, handlers, config.clone(), policy));
+            let (config, policy) = Self::policy(&transport, config.clone())?;
+            nodes.push(Self::unstarted(transport, handlers, config, policy));
         }
         let mut started = vec![false; nodes.len()];
         let mut idle = 0u32;
@@ -796,8 +806,9 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// posted. Where the transport applies atomics itself, posted ones
     /// go to it in batches of 64 ([`Transport::atomics`]) whose words it fetches first, so
     /// that a stream of them to random words keeps several memory misses in flight
-    /// (RandomAccess `--mode atomic`); elsewhere it goes out as a message nobody waits for. Errors (a lost target)
-    /// may come from the call that applies it.
+    /// (RandomAccess `--mode atomic`); elsewhere they go out as messages nobody waits for,
+    /// one per target for the (up to 64) atomics queued for it. Errors (a lost target) may
+    /// come from the call that applies them.
     pub fn atomic_post<W: AtomicWord>(
         &mut self,
         dest: Rank,

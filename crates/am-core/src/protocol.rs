@@ -50,6 +50,8 @@ pub mod opcode {
     pub const ATOMIC: u8 = 10;
     /// [`SystemMsg::AtomicDone`](super::SystemMsg::AtomicDone).
     pub const ATOMIC_DONE: u8 = 11;
+    /// [`SystemMsg::Atomics`](super::SystemMsg::Atomics).
+    pub const ATOMICS: u8 = 12;
 }
 use opcode as op;
 
@@ -58,6 +60,35 @@ pub const MAX_BARRIER_ROUNDS: u8 = 32;
 
 /// The most argument words a system message has.
 pub const MAX_SYSTEM_ARGS: usize = 8;
+
+/// Bytes of one entry of a [`SystemMsg::Atomics`] payload: the word's offset (8 bytes), the
+/// atomic's wire word ([`Atomic::wire_word`], 4) and its two operands ([`Atomic::operands`],
+/// 8 each), all little-endian.
+pub const ATOMIC_ENTRY_LEN: usize = 28;
+
+/// The most atomics one [`SystemMsg::Atomics`] carries.
+pub const MAX_BATCH_ATOMICS: u32 = 64;
+
+/// Appends the [`SystemMsg::Atomics`] entry of `atomic` on the word at `offset`.
+pub fn push_atomic_entry(out: &mut Vec<u8>, offset: u64, atomic: &Atomic) {
+    let (v, cur) = atomic.operands();
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&atomic.wire_word().to_le_bytes());
+    out.extend_from_slice(&v.to_le_bytes());
+    out.extend_from_slice(&cur.to_le_bytes());
+}
+
+/// The offset and atomic of a [`SystemMsg::Atomics`] entry a peer sent; `None` for an atomic
+/// that does not exist (a correct peer never sends one).
+pub fn read_atomic_entry(e: &[u8; ATOMIC_ENTRY_LEN]) -> Option<(u64, Atomic)> {
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&e[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let word = u32::from_le_bytes([e[8], e[9], e[10], e[11]]);
+    Some((u64_at(0), Atomic::from_wire(word, u64_at(12), u64_at(20))?))
+}
 
 /// Bytes of a [`SystemMsg::Hello`]'s payload: the table signature
 /// ([`crate::Handlers::signature`], 256 little-endian 16-bit hashes).
@@ -140,6 +171,17 @@ pub enum SystemMsg {
         offset: u64,
         /// What to do with it.
         atomic: Atomic,
+    },
+    /// Non-fetching atomics posted together ([`crate::Node::atomic_post`]), for a transport
+    /// that cannot apply them itself (Medium request): the payload is `count` entries of
+    /// [`ATOMIC_ENTRY_LEN`] bytes ([`push_atomic_entry`]), applied in order, all of them or,
+    /// if one names a word outside the target's segment or misaligned, none. Answered by one
+    /// [`SystemMsg::AtomicDone`] whose `old` is 0.
+    Atomics {
+        /// The initiator's operation index.
+        op: u32,
+        /// Entries in the payload, 1 to [`MAX_BATCH_ATOMICS`].
+        count: u32,
     },
     /// An atomic's result (Short reply): the word's old value; `ok` false if the word was
     /// outside the target's segment or misaligned (nothing was read or written).
@@ -326,6 +368,7 @@ impl SystemMsg {
                     len: 8,
                 };
             }
+            SystemMsg::Atomics { op, count } => (op::ATOMICS, Medium, Request, &[op, count]),
             SystemMsg::AtomicDone { op, old, ok } => (
                 op::ATOMIC_DONE,
                 Short,
@@ -421,6 +464,11 @@ impl SystemMsg {
                         .ok_or_else(|| bad.clone())?,
                 }
             }
+            (op::ATOMICS, Request, Medium, &[op, count])
+                if (1..=MAX_BATCH_ATOMICS).contains(&count) =>
+            {
+                SystemMsg::Atomics { op, count }
+            }
             (op::ATOMIC_DONE, Reply, Short, &[op, v0, v1, status]) => SystemMsg::AtomicDone {
                 op,
                 old: join(v0, v1),
@@ -487,6 +535,8 @@ mod tests {
                 .prop_map(|(op, offset, atomic)| SystemMsg::Atomic { op, offset, atomic }),
             (any::<u32>(), any::<u64>(), any::<bool>())
                 .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
+            (any::<u32>(), 1..=MAX_BATCH_ATOMICS)
+                .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
         ]
     }
 
@@ -526,6 +576,15 @@ mod tests {
             let w = msg.encode();
             prop_assert!(w.args().len() <= MAX_SYSTEM_ARGS);
             prop_assert_eq!(SystemMsg::decode(w.category, w.kind, w.opcode, w.args()), Ok(msg));
+        }
+
+        /// A batch entry reads back as written.
+        #[test]
+        fn atomic_entries_round_trip(offset in any::<u64>(), atomic in any_atomic()) {
+            let mut e = Vec::new();
+            push_atomic_entry(&mut e, offset, &atomic);
+            let e: [u8; ATOMIC_ENTRY_LEN] = e.try_into().unwrap();
+            prop_assert_eq!(read_atomic_entry(&e), Some((offset, atomic)));
         }
 
         /// Whatever a peer sends either is refused as a bad system message naming its opcode,
@@ -571,5 +630,18 @@ mod tests {
         let w = SystemMsg::Exit { code: -1 }.encode();
         assert_eq!((w.opcode, w.args()), (8, &[u32::MAX][..]));
         assert_eq!(SystemMsg::Ack.encode().args(), &[] as &[u32]);
+        let w = SystemMsg::Atomics { op: 7, count: 64 }.encode();
+        assert_eq!(
+            (w.opcode, w.kind, w.args()),
+            (12, AmKind::Medium, &[7, 64][..])
+        );
+        for count in [0, MAX_BATCH_ATOMICS + 1] {
+            assert!(SystemMsg::decode(Category::Request, AmKind::Medium, 12, &[7, count]).is_err());
+        }
+        // An entry naming an atomic that does not exist (code 9, width 3).
+        let mut e = [0u8; ATOMIC_ENTRY_LEN];
+        e[8] = 9;
+        e[9] = 3;
+        assert_eq!(read_atomic_entry(&e), None);
     }
 }

@@ -36,6 +36,7 @@ use std::time::Duration;
 pub use am_shm::SharedBytes;
 
 use crate::atomic::{each_posted, Atomic, Batch, Posted};
+use crate::credit::Credits;
 pub use crate::error::{NicError, SendError, TransportError};
 use crate::types::Rank;
 pub use crate::types::Route;
@@ -373,6 +374,18 @@ pub trait Transport: Tx {
     /// so that it is readable again only after the next arming finds work. Harmless when not
     /// armed.
     fn disarm(&mut self) {}
+    /// Sends now whatever the transport holds back to pack with later messages (udp's open
+    /// datagram): the core calls it when a poll finds nothing (after the implicit replies it
+    /// sends then) and when a barrier completes, so that nothing the core sent waits for the
+    /// caller's next poll. A transport that holds nothing back needs nothing here.
+    fn flush(&mut self) {}
+    /// The credits a job on this transport gets where its [`crate::Config`] chooses none
+    /// (no `AM_CREDITS`, no [`crate::Config::credits`]): enough requests in flight per peer to
+    /// cover the transport's round trip at its message rate. The default, 32 static per
+    /// peer ([`Credits::default`]), suits a round trip of a microsecond or less.
+    fn default_credits(&self) -> Credits {
+        Credits::default()
+    }
     /// What this NIC does itself beyond moving messages ([`Capabilities`]). The core asks
     /// once per operation and never calls a method the NIC does not claim. The default:
     /// nothing, so the core does puts, gets and atomics by messages.

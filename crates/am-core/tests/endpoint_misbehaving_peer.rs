@@ -33,10 +33,10 @@ const UNKNOWN: u8 = 99;
 
 // System opcodes, to forge raw system messages.
 use am_core::protocol::opcode::{
-    ACK as SYS_ACK, ACKS as SYS_ACKS, ATOMIC as SYS_ATOMIC, ATOMIC_DONE as SYS_ATOMIC_DONE,
-    BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET, GET_DATA as SYS_GET_DATA,
-    HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT, PUT as SYS_PUT,
-    PUT_DONE as SYS_PUT_DONE,
+    ACK as SYS_ACK, ACKS as SYS_ACKS, ATOMIC as SYS_ATOMIC, ATOMICS as SYS_ATOMICS,
+    ATOMIC_DONE as SYS_ATOMIC_DONE, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
+    GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
+    PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -685,6 +685,13 @@ fn long_outside_the_segment_is_refused_and_acked() {
             for offset in [SEG as u64 - 4, 3, u64::MAX - 7] {
                 want.push(Misbehavior::OutOfSegment { offset, len: 8 });
             }
+            // The batch whose second atomic is past the end, and the batch shorter than its
+            // count says.
+            want.push(Misbehavior::OutOfSegment {
+                offset: SEG as u64 - 4,
+                len: 8,
+            });
+            want.push(Misbehavior::BadSystemMessage(SYS_ATOMICS));
             assert_eq!(caught, want);
             assert_eq!(seen.req_long.get(), 1, "only the valid Long ran");
             assert_eq!(seen.requests(), 1);
@@ -760,6 +767,31 @@ fn long_outside_the_segment_is_refused_and_acked() {
                     request(true, AmKind::Short, SYS_ATOMIC),
                     &[op, lo(off), hi(off), xor_u64, u32::MAX, u32::MAX, 0, 0],
                     &[],
+                ));
+                let g = evil.recv();
+                assert_eq!(
+                    (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
+                    (Category::Reply, true, SYS_ATOMIC_DONE, 1),
+                    "{g:?}"
+                );
+                assert_eq!(g.args, [op, 0, 0, 1]);
+            }
+            // A batch of a good atomic and one past the end: none is applied (the segment
+            // check above finds the good one's word untouched), ATOMIC_DONE status 1; and a
+            // batch whose payload is not the entries its count says.
+            let xor = |off: u64| {
+                let mut e = Vec::new();
+                let atomic = am_core::atomic::Atomic::from_wire(7 | 8 << 8, u64::MAX, 0).unwrap();
+                am_core::protocol::push_atomic_entry(&mut e, off, &atomic);
+                e
+            };
+            let mut two = xor(16);
+            two.extend(xor(SEG as u64 - 4));
+            for (op, count, payload) in [(47u32, 2, two), (48, 2, xor(16))] {
+                evil.send(&wire(
+                    request(true, AmKind::Medium, SYS_ATOMICS),
+                    &[op, count],
+                    &payload,
                 ));
                 let g = evil.recv();
                 assert_eq!(
@@ -862,6 +894,19 @@ fn bad_system_requests() -> Vec<(Vec<u8>, u8)> {
             SYS_ATOMIC,
         ),
         (wire(r(AmKind::Short, SYS_ATOMIC), &[0; 7], &[]), SYS_ATOMIC),
+        // Batches of no atomic, of more than a batch holds, or not a Medium.
+        (
+            wire(r(AmKind::Medium, SYS_ATOMICS), &[0, 0], &[]),
+            SYS_ATOMICS,
+        ),
+        (
+            wire(r(AmKind::Medium, SYS_ATOMICS), &[0, 65], &[0; 28]),
+            SYS_ATOMICS,
+        ),
+        (
+            wire(r(AmKind::Short, SYS_ATOMICS), &[0, 1], &[]),
+            SYS_ATOMICS,
+        ),
         (
             wire(r(AmKind::Short, SYS_ATOMIC_DONE), &[0, 0, 0, 0], &[]),
             SYS_ATOMIC_DONE,

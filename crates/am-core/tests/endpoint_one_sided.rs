@@ -166,13 +166,20 @@ fn posted_atomics_by_messages_go_first_and_a_barrier_waits_for_their_answers() {
         let (ep, mut tx) = c.wire(0);
         ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(3u64))).unwrap();
         ready(ep.atomic_post(&mut tx, 2, 8, AtomicOp::Store(9u64))).unwrap();
-        assert_eq!(ep.posted_in_flight(), 2, "sent at once, answers awaited");
-        assert_eq!(c.net.sent, [(0, 1, false), (0, 2, false)]);
-        // Rank 0's barrier sends nothing until both are answered; then every rank leaving it
-        // sees them.
+        assert!(
+            c.net.sent.is_empty(),
+            "queued, to go one message per target"
+        );
+        // Rank 0's barrier sends them first, and nothing else until both are answered; then
+        // every rank leaving it sees them.
         let (ep, mut tx) = c.wire(0);
         assert!(ep.barrier_step(&mut tx).is_pending());
-        assert_eq!(c.net.sent.len(), 2, "seed {seed}: no barrier message yet");
+        assert_eq!(ep.posted_in_flight(), 2, "sent, answers awaited");
+        assert_eq!(
+            c.net.sent,
+            [(0, 1, false), (0, 2, false)],
+            "seed {seed}: no barrier message yet"
+        );
         c.drive_all(|_, ep, tx| ep.barrier_step(tx))
             .into_iter()
             .for_each(|r| r.unwrap());
@@ -198,4 +205,64 @@ fn a_posted_atomic_to_a_lost_rank_fails_the_call_that_applies_it() {
     assert_eq!(word(&c, 2, 0), 1, "the others were applied");
     let (ep, mut tx) = c.wire(0);
     assert_eq!(ready(ep.quiesce_step(&mut tx)), Ok(()));
+}
+
+#[test]
+fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
+    // Mediums that carry a whole batch of 64, and credits for every message.
+    let mut shape = Shape::new(3);
+    shape.limits.max_medium = 2048;
+    shape.credits = 8;
+    let mut c = Cluster::started(shape, 7, |_| handlers());
+    c.net.rma = false;
+    c.net.sent.clear();
+    let (ep, mut tx) = c.wire(0);
+    // Interleaved targets, and on each target's words an order that matters (a store, then
+    // adds): 70 to rank 1 (two messages: 64 and 6), 20 to rank 2, 10 to rank 0 itself.
+    for i in 0..100u64 {
+        let (dest, word) = match i % 10 {
+            0 => (0, 0),
+            1 | 2 => (2, 8 * (i % 4) as usize),
+            _ => (1, 8 * (i % 5) as usize),
+        };
+        let op = if i < 10 {
+            AtomicOp::Store(1000)
+        } else {
+            AtomicOp::FetchAdd(i)
+        };
+        ready(ep.atomic_post(&mut tx, dest, word, op)).unwrap();
+    }
+    let (ep, mut tx) = c.wire(0);
+    ready(ep.apply_posted(&mut tx)).unwrap();
+    let mut to = [0; 3];
+    for &(from, dest, reply) in &c.net.sent {
+        assert_eq!((from, reply), (0, false));
+        to[dest as usize] += 1;
+    }
+    // The 64th post filled the queue and sent it: 44 to rank 1 and 13 to rank 2 in one
+    // message each (rank 0's own applied here); `apply_posted` sent the other 25 and 7.
+    assert_eq!(to, [0, 2, 2], "one message per target and queue");
+    c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+        .into_iter()
+        .for_each(|r| r.unwrap());
+    // Replayed in order, word by word.
+    let mut want = [[0u64; 5]; 3];
+    for i in 0..100u64 {
+        let (dest, w) = match i % 10 {
+            0 => (0, 0),
+            1 | 2 => (2, (i % 4) as usize),
+            _ => (1, (i % 5) as usize),
+        };
+        if i < 10 {
+            want[dest][w] = 1000;
+        } else {
+            want[dest][w] += i;
+        }
+    }
+    for (rank, words) in want.iter().enumerate() {
+        for (w, &v) in words.iter().enumerate() {
+            assert_eq!(word(&c, rank, 8 * w), v, "rank {rank} word {w}");
+        }
+    }
+    assert_eq!(c.nodes[0].ep.posted_in_flight(), 0);
 }

@@ -257,7 +257,8 @@ fn survive() -> Res<()> {
         let dest = (me + 1 + i % (size - 1)) % size;
         // Leave credits toward every peer: the core does not yet fail requests to a lost
         // peer, so a request that must wait for a credit from the dead rank would wait forever.
-        let r = if node.credits_available(dest) > node.config().credits.initial() / 2 {
+        let initial = node.config().credits.unwrap_or_default().initial();
+        let r = if node.credits_available(dest) > initial / 2 {
             node.request_short(dest, PING, &[i])
         } else {
             Ok(())
@@ -405,8 +406,8 @@ fn flood(n: u32) -> Res<(f64, u32)> {
             h.reply(PONG, "pong", AmKind::Short, move |msg| d.set(msg.args()[0]))?;
             let mut config = Config::from_env()?;
             config.wait_mode = WaitMode::Spin;
-            let credits = config.credits.initial();
             let mut node = Node::new(t, h, config)?;
+            let credits = node.config().credits.unwrap_or_default().initial();
             let mut rates = Vec::new();
             if node.rank() == 0 {
                 for run in 0..=5u32 {

@@ -237,7 +237,7 @@ impl PortalsConfig {
     /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
     pub fn from_env() -> Result<PortalsConfig, PortalsError> {
         let mut c = PortalsConfig {
-            credits: am_core::Config::from_env()?.credits,
+            credits: am_core::Config::from_env()?.credits.unwrap_or_default(),
             ..PortalsConfig::default()
         };
         let num = |k: &str| -> Result<Option<usize>, PortalsError> {

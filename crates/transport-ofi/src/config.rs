@@ -46,7 +46,8 @@ impl OfiConfig {
         c.provider = var("AM_OFI_PROVIDER").or_else(|| var("FI_PROVIDER"));
         c.credits = am_core::Config::from_env()
             .map_err(|e| OfiTransportError::Config(e.to_string()))?
-            .credits;
+            .credits
+            .unwrap_or_default();
         let num = |name: &'static str| -> Result<Option<u64>, OfiTransportError> {
             var(name)
                 .map(|v| {

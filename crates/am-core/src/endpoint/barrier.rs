@@ -39,6 +39,9 @@ impl<H: Threading> Endpoint<H> {
         let result = loop {
             let Some(distance) = 1u32.checked_shl(u32::from(at.round)).filter(|&d| d < size) else {
                 self.barrier = None;
+                // The last round's message may be held back to pack: the caller may not poll
+                // again for a while, and the others wait for it.
+                t.flush();
                 return Poll::Ready(Ok(()));
             };
             let key = (at.epoch, at.round);

@@ -1,5 +1,6 @@
 //! Posted (non-fetching) remote atomics: queued in order and applied together, by the NIC in
-//! batches where it applies atomics itself, otherwise as system messages nobody waits for.
+//! batches where it applies atomics itself, otherwise as system messages nobody waits for,
+//! one per target for all that the queue holds for it ([`SystemMsg::Atomics`]).
 //! Every other operation of this rank (a request, a put, a get, an atomic, a barrier, a
 //! quiesce) first waits until the queue is empty, which is what orders posted atomics before
 //! it, whatever drives the endpoint.
@@ -10,6 +11,7 @@ use super::state::{Endpoint, POSTED_ATOMICS};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
 use crate::error::AmError;
 use crate::handler::Threading;
+use crate::protocol::{push_atomic_entry, SystemMsg, ATOMIC_ENTRY_LEN, MAX_BATCH_ATOMICS};
 use crate::transport::Transport;
 use crate::types::Rank;
 
@@ -18,9 +20,9 @@ impl<H: Threading> Endpoint<H> {
     /// behind the atomics posted before it, and applied by the time any later operation of
     /// this rank goes out, or by [`Endpoint::apply_posted`]. A full queue (or one of the other
     /// path: NIC or messages) is applied first: `Pending` if it cannot be yet, and nothing was
-    /// posted (make progress and call again). An atomic to a peer the NIC does not reach goes
-    /// out at once if a credit allows. Errors of atomics applied in this call (a lost target)
-    /// are returned here.
+    /// posted (make progress and call again). Atomics that travel as messages wait in the
+    /// queue too, so that each target gets those of a whole queue in one message. Errors of
+    /// atomics applied in this call (a lost target) are returned here.
     pub fn atomic_post<T: Transport + ?Sized, W: AtomicWord>(
         &mut self,
         t: &mut T,
@@ -49,7 +51,7 @@ impl<H: Threading> Endpoint<H> {
             offset,
             atomic,
         });
-        if self.posted.len() >= POSTED_ATOMICS || !by_nic {
+        if self.posted.len() >= POSTED_ATOMICS {
             if let Poll::Ready(Err(e)) = self.apply_posted(t) {
                 return Poll::Ready(Err(e));
             }
@@ -83,18 +85,8 @@ impl<H: Threading> Endpoint<H> {
             }
             batch.done.min(self.posted.len())
         } else {
-            let mut done = 0;
-            while let Some(&p) = self.posted.get(done) {
-                match self.post_by_message(t, p) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => {
-                        self.posted_refused.get_or_insert(e);
-                    }
-                    Poll::Pending => break,
-                }
-                done += 1;
-            }
-            done
+            self.post_by_messages(t);
+            0
         };
         self.posted.drain(..done);
         if !self.posted.is_empty() {
@@ -103,6 +95,90 @@ impl<H: Threading> Endpoint<H> {
         match self.posted_refused.take() {
             Some(e) => Poll::Ready(Err(e)),
             None => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Sends the queued atomics as messages, each target's (in their order) in one
+    /// [`SystemMsg::Atomics`] as far as one carries them, and applies this rank's own; what
+    /// goes out or is applied leaves the queue. Stops at the first target out of credit or
+    /// behind a busy device (its atomics and those after them stay queued, in order; those to
+    /// other targets may have gone already, which no order between targets forbids).
+    fn post_by_messages<T: Transport + ?Sized>(&mut self, t: &mut T) {
+        let per_message =
+            (self.limits.max_medium / ATOMIC_ENTRY_LEN).min(MAX_BATCH_ATOMICS as usize);
+        while let Some(&first) = self.posted.first() {
+            if first.dest == self.rank || per_message < 2 {
+                match self.post_by_message(t, first) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => {
+                        self.posted_refused.get_or_insert(e);
+                    }
+                    Poll::Pending => return,
+                }
+                self.posted.remove(0);
+                continue;
+            }
+            let dest = first.dest;
+            let mut batch = std::mem::take(&mut self.posted_batch);
+            batch.clear();
+            let mut count = 0u32;
+            for p in self
+                .posted
+                .iter()
+                .filter(|p| p.dest == dest)
+                .take(per_message)
+            {
+                push_atomic_entry(&mut batch, p.offset as u64, &p.atomic);
+                count += 1;
+            }
+            let sent = self.post_batch(t, dest, count, &batch, first.atomic);
+            self.posted_batch = batch;
+            match sent {
+                Poll::Ready(r) => {
+                    if let Err(e) = r {
+                        self.posted_refused.get_or_insert(e);
+                    }
+                    let mut left = count;
+                    self.posted.retain(|p| {
+                        let taken = left > 0 && p.dest == dest;
+                        left -= u32::from(taken);
+                        !taken
+                    });
+                }
+                Poll::Pending => return,
+            }
+        }
+    }
+
+    /// Sends `count` atomics to `dest` as one [`SystemMsg::Atomics`] with `payload`, its reply
+    /// awaited by nobody (as [`Endpoint::post_by_message`]'s). `Pending`: out of credit or
+    /// the device is busy, and nothing was sent.
+    fn post_batch<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        dest: Rank,
+        count: u32,
+        payload: &[u8],
+        first: Atomic,
+    ) -> Poll<Result<(), AmError>> {
+        let (index, gen) = self.alloc_atomic(dest, 0, first);
+        let msg = SystemMsg::Atomics { op: index, count };
+        match self.system_step(t, dest, msg, payload, None) {
+            Poll::Ready(Ok(())) => {
+                let slot = &mut self.ops[index as usize];
+                slot.outstanding += 1;
+                slot.sent = slot.len;
+                self.detach_op(index, gen);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                let _ = self.finish_op(index);
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => {
+                let _ = self.finish_op(index);
+                Poll::Pending
+            }
         }
     }
 

@@ -11,7 +11,10 @@ use crate::credit::CreditPolicy;
 use crate::error::{shm_err, AmError, Misbehavior};
 use crate::handler::Threading;
 use crate::handler::{HandlerFn, Msg};
-use crate::protocol::{opcode, HelloVerdict, SystemMsg, HELLO_SIGNATURE_LEN};
+use crate::protocol::{
+    opcode, read_atomic_entry, HelloVerdict, SystemMsg, ATOMIC_ENTRY_LEN, HELLO_SIGNATURE_LEN,
+    MAX_BATCH_ATOMICS,
+};
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
 use crate::transport::{Delivery, Payload, Received, Route, SharedBytes, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
@@ -218,6 +221,22 @@ fn system_request(
                 Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
             }
         }
+        SystemMsg::Atomics { op, count } => {
+            let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
+            let applied = apply_atomics(ours, payload, count as usize);
+            sink.system(
+                SystemMsg::AtomicDone {
+                    op,
+                    old: 0,
+                    ok: applied.is_ok(),
+                },
+                Payload::EMPTY,
+            );
+            applied.map_err(|why| match why {
+                Some((offset, len)) => misbehaved(src, Misbehavior::OutOfSegment { offset, len }),
+                None => bad(),
+            })
+        }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);
             Ok(())
@@ -228,6 +247,44 @@ fn system_request(
         | SystemMsg::GetData { .. }
         | SystemMsg::AtomicDone { .. } => Err(bad()),
     }
+}
+
+/// Applies the `count` atomics of a [`SystemMsg::Atomics`] payload to `segment`, in order,
+/// after checking them all: none is applied unless every one is well formed (else
+/// `Err(None)`) and names an aligned word inside the segment (else `Err(Some((offset, len)))`
+/// of the first that does not).
+fn apply_atomics(
+    segment: SharedBytes<'_>,
+    payload: Payload<'_>,
+    count: usize,
+) -> Result<(), Option<(u64, u64)>> {
+    const MAX: usize = MAX_BATCH_ATOMICS as usize * ATOMIC_ENTRY_LEN;
+    let n = count * ATOMIC_ENTRY_LEN;
+    if n > MAX || payload.len() != n {
+        return Err(None);
+    }
+    let mut raw = [0u8; MAX];
+    match payload {
+        Payload::Private(b) => raw[..n].copy_from_slice(b),
+        Payload::Shared(s) => s.read(0, &mut raw[..n]).map_err(|_| None)?,
+    }
+    let entries = || {
+        raw[..n].chunks_exact(ATOMIC_ENTRY_LEN).map(|e| {
+            let e: &[u8; ATOMIC_ENTRY_LEN] = e.try_into().expect("chunks of the entry length");
+            read_atomic_entry(e)
+        })
+    };
+    for e in entries() {
+        let (offset, atomic) = e.ok_or(None)?;
+        let outside = Some((offset, atomic.width().bytes() as u64));
+        let at = usize::try_from(offset).map_err(|_| outside)?;
+        atomic.check(at, segment.len()).map_err(|_| outside)?;
+    }
+    for (offset, atomic) in entries().flatten() {
+        // Checked above: in the segment and aligned.
+        let _ = atomic.apply(segment, offset as usize);
+    }
+    Ok(())
 }
 
 /// What one [`Endpoint::poll_one`] did.
@@ -271,6 +328,7 @@ impl<H: Threading> Endpoint<H> {
             if self.acks_owed() {
                 self.flush_acks(t)?;
             }
+            t.flush();
             return Ok(Polled::Idle);
         }
         if let Some(code) = self.exit_requested {

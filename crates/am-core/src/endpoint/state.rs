@@ -118,6 +118,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     /// the NIC applies them itself ([`crate::Transport::atomics`]), or they go as messages.
     pub(super) posted: Vec<Posted>,
     pub(super) posted_by_nic: bool,
+    /// The payload of a [`crate::protocol::SystemMsg::Atomics`] being sent (reused).
+    pub(super) posted_batch: Vec<u8>,
     /// The first error of the posted atomics applied so far, reported once the queue is empty.
     pub(super) posted_refused: Option<AmError>,
     /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
@@ -207,6 +209,7 @@ impl<H: Threading> Endpoint<H> {
             scratch: Vec::new(),
             posted: Vec::with_capacity(POSTED_ATOMICS),
             posted_by_nic: false,
+            posted_batch: Vec::new(),
             posted_refused: None,
             detached_in_flight: 0,
         }
