@@ -28,13 +28,28 @@
 //!   route lookup; peers still send to the rank's own socket, and a datagram's source address
 //!   (an ephemeral port, even with `AM_UDP_PORT_BASE`) means nothing to its receiver. A peer's
 //!   closed port, reported as `ECONNREFUSED` on the socket connected to it, costs a send made
-//!   again and is counted ([`SocketStats::refused`]); it never fails the job. A message that is
-//!   one datagram is sent at once, alone: the core hands over one message per call and nothing
-//!   waits, so a one-way flood of AM Shorts costs one system call per message
-//!   ([`Udp::socket_stats`] counts them).
+//!   again and is counted ([`SocketStats::refused`]); it never fails the job.
+//! - **Packing**: small messages to one peer share an authenticated datagram (as QUIC frames
+//!   share a packet; [`wire`] has the format), so a flood of AM Shorts does not pay a system
+//!   call and an AES-GCM pass per message. A message that finds the link to its peer idle
+//!   (everything sent to it acknowledged, nothing sent since the last progress point) leaves
+//!   at once, alone, as before: a lone round trip waits for nothing. Messages that come
+//!   faster (sent while earlier ones are unacknowledged, or several between two progress
+//!   points, or while the congestion window is full) wait in one open datagram that fills
+//!   up to the MTU and leaves when full, or at the next progress point at the latest: a poll
+//!   that has handled everything that arrived (so the replies its handlers send go
+//!   together), [`am_core::Transport::wait`], `arm` or the goodbye. Fragments of large
+//!   messages, acknowledgements and goodbyes are not held. A program that sends and never
+//!   polls keeps its later messages (as it keeps its retransmissions) until it does.
+//!   [`proto::Stats::packed_messages`] and [`proto::Stats::packed_datagrams`] count them.
 //! - **Flow control** stays in the core (credits). The transport never drops a message it
 //!   accepted: its queues are bounded by what was accepted, and a full send queue is
-//!   [`am_core::SendError::Busy`].
+//!   [`am_core::SendError::Busy`]. Where the job's configuration chooses no credits, a udp
+//!   rank gets [`DEFAULT_CREDITS`] (128) per peer rather than the core's 32: a round trip
+//!   here is ten microseconds or more, and a sender that may have only 32 small messages in
+//!   flight would leave the link idle for most of it. Posted atomics
+//!   ([`am_core::Node::atomic_post`]) travel as one message per target for all that were
+//!   queued for it.
 //! - **Lost peers**: a peer from which nothing authentic arrived, or which acknowledged none of
 //!   the data waiting for it, for `AM_PEER_TIMEOUT_MS` (default 30 s) of this rank's polled
 //!   time is lost, never after a retry count. A quiet peer is pinged after a quarter of the
@@ -99,5 +114,5 @@ pub use config::UdpConfig;
 pub use error::UdpError;
 pub use proto::Stats;
 pub use rendezvous::PeerAddr;
-pub use udp::{SocketStats, Udp};
+pub use udp::{SocketStats, Udp, DEFAULT_CREDITS};
 pub use wire::{JobKey, KeyError};

@@ -20,6 +20,12 @@
 //!   once, was acknowledged first;
 //! - the receiver buffers at most [`WINDOW`] fragments out of order and delivers whole messages
 //!   in order;
+//! - small messages to one peer share a datagram (a *packed* datagram, one fragment as far as
+//!   the above is concerned: see [`crate::wire`]) when they come faster than they leave: the
+//!   first message sent to a peer since the last progress point ([`Engine::release`]) leaves
+//!   at once, alone, in the format of an unpacked message; the ones after it wait in one
+//!   open datagram that fills up to the MTU, and leaves when full or at the next progress
+//!   point. Messages that find the congestion window full gather the same way;
 //! - a peer is declared lost when nothing authenticated arrived from it for
 //!   [`EngineConfig::peer_timeout`] of this engine's own polled time (keepalive pings keep quiet
 //!   links alive, more often once half the timeout has passed unanswered), never by a retry
@@ -36,8 +42,8 @@ use std::time::{Duration, Instant};
 use am_core::{Rank, SendError};
 
 use crate::wire::{
-    Authenticator, DatagramKey, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, HEADER_LEN, MAC_LEN,
-    OVERHEAD,
+    self, Authenticator, DatagramKey, Header, Kind, FLAG_BYE, FLAG_FIRST, FLAG_LAST, FLAG_PACKED,
+    FRAME_HEADER_LEN, FRAME_MESSAGE, HEADER_LEN, MAC_LEN, OVERHEAD,
 };
 
 /// Fragments in flight per peer at most (the largest congestion window), and the receiver's
@@ -260,8 +266,12 @@ pub struct Stats {
     /// [`Stats::undelivered`], and fail requests waiting on this rank as departed.
     pub refused_closing: u64,
     /// Dropped: an authentic peer broke the protocol (sequence beyond the window, acks for
-    /// unsent data, bad fragment chain). Never happens between correct peers.
+    /// unsent data, bad fragment chain, a malformed frame). Never happens between correct peers.
     pub protocol_violations: u64,
+    /// Packed datagrams sent for the first time (several messages in one).
+    pub packed_datagrams: u64,
+    /// Messages that left in a packed datagram.
+    pub packed_messages: u64,
 }
 
 impl Stats {
@@ -383,6 +393,14 @@ struct Peer {
     /// Fragments queued or transmitted and not acknowledged: what the congestion window
     /// limits (fragments acknowledged selectively beyond a hole do not count).
     flight: u64,
+    /// Every fragment below it was queued for sending at least once (the ones from it on are
+    /// waiting for the window, or held for packing).
+    fresh_from: u64,
+    /// A data datagram was queued to it since the last progress point: a small message sent
+    /// now waits, to be packed with the ones after it.
+    busy_since_release: bool,
+    /// It is in the engine's list of peers with messages held for packing.
+    holding: bool,
     backoff: u32,
     rto_deadline: Option<Instant>,
     // Receive side.
@@ -437,6 +455,9 @@ impl Peer {
             recovery_pn: 0,
             burst: 0,
             flight: 0,
+            fresh_from: 0,
+            busy_since_release: false,
+            holding: false,
             backoff: 0,
             rto_deadline: None,
             recv_next: 0,
@@ -541,6 +562,14 @@ pub struct Engine {
     outbox: VecDeque<Out>,
     ready: VecDeque<(Rank, Vec<u8>)>,
     lost: VecDeque<Rank>,
+    /// Peers with messages held for packing, and peers that were sent data since the last
+    /// progress point ([`Engine::release`]).
+    held: Vec<Rank>,
+    recent: Vec<Rank>,
+    /// An empty list kept for [`Engine::release`]'s swap (no allocation per release).
+    spare: Vec<Rank>,
+    /// Authentic peers' malformed frames, for [`Engine::poll_misbehaved`].
+    misbehaved: VecDeque<(Rank, wire::FrameError)>,
     pool: Vec<Vec<u8>>,
     /// Buffers freed by an acknowledgement, on their way to the pool.
     freed: Vec<Vec<u8>>,
@@ -597,6 +626,10 @@ impl Engine {
             outbox: VecDeque::new(),
             ready: VecDeque::new(),
             lost: VecDeque::new(),
+            held: Vec::new(),
+            recent: Vec::new(),
+            spare: Vec::new(),
+            misbehaved: VecDeque::new(),
             pool: Vec::new(),
             freed: Vec::new(),
             scratch: vec![0; OVERHEAD],
@@ -695,16 +728,27 @@ impl Engine {
             return Err(SendError::TooLarge(total));
         }
         let frag = self.cfg.fragment_payload();
+        // Room for it as a frame and for the frame of the message it may join (a goodbye
+        // never shares a datagram: nothing may follow it).
+        let packable = extra == 0 && total + 2 * FRAME_HEADER_LEN <= frag;
+        if packable && self.append(dest, head, payload) {
+            return Ok(());
+        }
         let nfrags = total.div_ceil(frag).max(1);
         let queued = self.peers[dest as usize].sent.len();
         // A goodbye always fits: it must not be lost to back-pressure.
         if extra & FLAG_BYE == 0 && queued > 0 && queued + nfrags > self.cfg.send_queue {
             return Err(SendError::Busy);
         }
+        let mtu = self.cfg.mtu;
         let mut at = 0usize;
         for i in 0..nfrags {
             let len = frag.min(total - at);
             let mut buf = self.buffer(HEADER_LEN + len + MAC_LEN);
+            if packable {
+                // Others may join it: room for them now, not a reallocation each.
+                buf.reserve(mtu.saturating_sub(buf.len()));
+            }
             // Copy [at, at+len) of head ++ payload.
             let body = &mut buf[HEADER_LEN..HEADER_LEN + len];
             let mut done = 0;
@@ -728,14 +772,7 @@ impl Engine {
             if peer.sent.is_empty() {
                 peer.stalled_since = Some((now, self.absence));
             }
-            let seq = peer.next_seq;
             peer.next_seq += 1;
-            let in_window =
-                seq < peer.base + WINDOW && peer.flight < peer.window() && peer.burst < MAX_BURST;
-            if in_window {
-                peer.burst += 1;
-                peer.flight += 1;
-            }
             peer.sent.push_back(Sent {
                 buf,
                 flags,
@@ -744,14 +781,120 @@ impl Engine {
                 sent_at: None,
                 last_pn: 0,
                 acked: false,
-                queued: in_window,
+                queued: false,
             });
-            if in_window {
-                self.outbox.push_back(Out::Data(dest, seq));
-            }
             at += len;
         }
+        let p = &mut self.peers[dest as usize];
+        if packable && (p.busy_since_release || p.flight > 0) {
+            // Held open for the messages after it: what came before it (full) goes now.
+            let upto = p.next_seq - 1;
+            if !p.holding {
+                p.holding = true;
+                self.held.push(dest);
+            }
+            self.queue_window(dest, upto);
+        } else {
+            self.queue_window(dest, u64::MAX);
+        }
         Ok(())
+    }
+
+    /// Adds a small message to the datagram held open for `dest`, if there is one with room:
+    /// the last one queued to it, never handed to the network yet, one message or packed.
+    fn append(&mut self, dest: Rank, head: &[u8], payload: &[u8]) -> bool {
+        let frag = self.cfg.fragment_payload();
+        let p = &mut self.peers[dest as usize];
+        let Some(s) = p.sent.back_mut() else {
+            return false;
+        };
+        let lone = s.flags == FLAG_FIRST | FLAG_LAST;
+        if s.transmissions > 0 || s.queued || !(lone || s.flags == FLAG_PACKED) {
+            return false;
+        }
+        let body = s.buf.len() - OVERHEAD;
+        let grown = body
+            + usize::from(lone) * FRAME_HEADER_LEN
+            + FRAME_HEADER_LEN
+            + head.len()
+            + payload.len();
+        if grown > frag {
+            return false;
+        }
+        s.buf.truncate(HEADER_LEN + body);
+        if lone {
+            // Its message becomes the first frame.
+            let len = (body as u16).to_le_bytes();
+            s.buf
+                .splice(HEADER_LEN..HEADER_LEN, [FRAME_MESSAGE, len[0], len[1]]);
+            s.flags = FLAG_PACKED;
+            s.msg_len = 0;
+            self.stats.packed_messages += 1;
+        }
+        wire::push_frame(&mut s.buf, head, payload);
+        s.buf.resize(s.buf.len() + MAC_LEN, 0);
+        self.stats.packed_messages += 1;
+        true
+    }
+
+    /// Queues for sending, in order, the fragments to `dest` below sequence number `upto`
+    /// never queued before, as far as the window and the burst limit allow.
+    fn queue_window(&mut self, dest: Rank, upto: u64) {
+        let p = &mut self.peers[dest as usize];
+        let from = p.fresh_from.max(p.base);
+        let limit = (p.base + WINDOW).min(p.next_seq).min(upto);
+        let mut seq = from;
+        while seq < limit && p.burst < MAX_BURST && p.flight < p.window() {
+            let s = &mut p.sent[(seq - p.base) as usize];
+            if s.transmissions == 0 && !s.queued {
+                s.queued = true;
+                p.burst += 1;
+                p.flight += 1;
+                self.outbox.push_back(Out::Data(dest, seq));
+            }
+            seq += 1;
+        }
+        p.fresh_from = seq;
+        if seq > from && !p.busy_since_release {
+            p.busy_since_release = true;
+            self.recent.push(dest);
+        }
+    }
+
+    /// A progress point (a poll that handled what had arrived, or a wait): every message
+    /// held for packing is queued, within each peer's window, and the next small message to
+    /// each peer leaves at once again.
+    pub fn release(&mut self) {
+        if self.recent.is_empty() && self.held.is_empty() {
+            return;
+        }
+        // Cleared first: what the held messages' queueing marks belongs to the next period.
+        let mut recent = std::mem::take(&mut self.spare);
+        std::mem::swap(&mut recent, &mut self.recent);
+        for r in recent.drain(..) {
+            self.peers[r as usize].busy_since_release = false;
+        }
+        self.spare = recent;
+        let mut held = std::mem::take(&mut self.held);
+        for &r in &held {
+            self.peers[r as usize].holding = false;
+            if self.peers[r as usize].state == PeerState::Live {
+                self.queue_window(r, u64::MAX);
+            }
+        }
+        held.clear();
+        self.held = held;
+    }
+
+    /// True while messages are held for packing ([`Engine::release`] sends them).
+    pub fn has_held(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// The next malformed frame an authentic peer sent (a misbehaviour: the frames after it
+    /// in its datagram were not delivered).
+    pub fn poll_misbehaved(&mut self) -> Option<(Rank, wire::FrameError)> {
+        self.misbehaved.pop_front()
     }
 
     /// Says goodbye to every live peer: an empty message after everything already queued.
@@ -940,6 +1083,8 @@ impl Engine {
         sink(dest, &s.buf);
         if s.transmissions > 0 {
             self.stats.retransmits += 1;
+        } else if s.flags == FLAG_PACKED {
+            self.stats.packed_datagrams += 1;
         }
         s.transmissions += 1;
         s.sent_at = Some(now);
@@ -1188,8 +1333,8 @@ impl Engine {
             p.cwnd = p.cwnd.min(WINDOW);
         }
         // Retransmit early a fragment whose last transmission is older than one already
-        // acknowledged (it was most likely lost: a congestion signal), and queue what the
-        // window and the burst limit now allow.
+        // acknowledged (it was most likely lost: a congestion signal); what the window and
+        // the burst limit now allow is queued at the end.
         let newest_pn = newest.map_or(0, |(pn, _)| pn);
         let mut fast = 0;
         let base = p.base;
@@ -1205,19 +1350,6 @@ impl Engine {
             fast += 1;
             self.outbox.push_back(Out::Data(src, seq));
         }
-        let limit = (base + WINDOW).min(p.next_seq);
-        for seq in base..limit {
-            if p.burst >= MAX_BURST || p.flight >= p.window() {
-                break;
-            }
-            let s = &mut p.sent[(seq - base) as usize];
-            if s.transmissions == 0 && !s.queued {
-                s.queued = true;
-                p.burst += 1;
-                p.flight += 1;
-                self.outbox.push_back(Out::Data(src, seq));
-            }
-        }
         self.stats.fast_retransmits += fast;
         if progress {
             p.rto_deadline = None;
@@ -1231,6 +1363,7 @@ impl Engine {
             self.recycle(b);
         }
         self.freed = freed;
+        self.queue_window(src, u64::MAX);
     }
 
     fn on_data(&mut self, now: Instant, src: Rank, h: &Header, d: &[u8]) -> Input {
@@ -1323,6 +1456,10 @@ impl Engine {
 
     /// Appends an in-order fragment to the message being reassembled.
     fn accept_fragment(&mut self, src: Rank, flags: u8, msg_len: u32, data: Frag<'_>) {
+        if flags == FLAG_PACKED {
+            self.accept_packed(src, data);
+            return;
+        }
         let max = self.cfg.max_message;
         let p = &mut self.peers[src as usize];
         if flags & FLAG_BYE != 0 {
@@ -1385,6 +1522,35 @@ impl Engine {
             self.ready.push_back((src, buf));
         } else {
             p.reasm = Some((buf, len));
+        }
+    }
+
+    /// Delivers the messages of an in-order packed datagram, up to its first malformed frame
+    /// (a misbehaviour of its authenticated sender: nothing after it is delivered).
+    fn accept_packed(&mut self, src: Rank, data: Frag<'_>) {
+        let p = &mut self.peers[src as usize];
+        if p.reasm.take().is_some() {
+            // A message's fragments are consecutive: one was left unfinished.
+            self.stats.protocol_violations += 1;
+        }
+        for frame in wire::frames(&data) {
+            match frame {
+                Ok(range) => {
+                    let mut m = self.pool.pop().unwrap_or_default();
+                    m.clear();
+                    m.extend_from_slice(&data[range]);
+                    self.peers[src as usize].ready_count += 1;
+                    self.ready.push_back((src, m));
+                }
+                Err(e) => {
+                    self.stats.protocol_violations += 1;
+                    self.misbehaved.push_back((src, e));
+                    break;
+                }
+            }
+        }
+        if let Frag::Owned(v) = data {
+            self.recycle(v);
         }
     }
 

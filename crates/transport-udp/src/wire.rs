@@ -5,10 +5,11 @@
 //! All integers are little-endian.
 //!
 //! ```text
-//! 0       version (0xA3)
+//! 0       version (0xA4)
 //! 1       kind: 1 data, 2 ack, 3 ping (an ack that asks for an ack), 4 fence ("you were
 //!         declared lost here": the answer to a datagram from a peer declared lost)
-//! 2       flags (data only): bit 0 first fragment, bit 1 last fragment, bit 2 goodbye
+//! 2       flags (data only): bit 0 first fragment, bit 1 last fragment, bit 2 goodbye,
+//!         bit 3 packed (alone: the payload is frames, see below)
 //! 3       zero
 //! 4..12   job tag: names the job (not secret; the MAC is what authenticates)
 //! 12..16  source rank          16..20  destination rank
@@ -18,7 +19,7 @@
 //! 44..52  cumulative ack: every sequence number below it was received
 //! 52..60  selective ack: bit i set = sequence number ack+1+i was received
 //! 60..68  sequence number (data only)
-//! 68..72  message length (first fragment only)
+//! 68..72  message length (first fragment only; zero in a packed datagram)
 //! 72..80  newest data packet number: the highest packet number of a data datagram received
 //!         from the destination (0: none yet)
 //! 80..84  ack delay: microseconds between that datagram's arrival and this datagram (RFC
@@ -28,9 +29,25 @@
 //!         with the packet number as nonce (see [`DatagramKey`])
 //! ```
 //!
-//! Versions 0xA1 (a BLAKE3 keyed hash as MAC) and 0xA2 (AES-128-GCM's tag of the whole
-//! datagram as associated data, GMAC: authenticated, not encrypted) had the same layout; they
-//! are refused as malformed.
+//! A data datagram carries either one fragment of a message (a whole small message is one
+//! fragment, first and last) or, with the packed flag, several whole messages to the same
+//! peer as *frames*, as QUIC frames share a packet. The datagram still has one sequence
+//! number: it is acknowledged, retransmitted and delivered in order as one piece. Each frame
+//! is:
+//!
+//! ```text
+//! 0       frame type: 1 message (no other type exists)
+//! 1..3    length of the message in bytes, little-endian
+//! 3..     the message
+//! ```
+//!
+//! Frames fill the payload exactly: a frame of an unknown type, or one whose length runs past
+//! the end of the payload, is a misbehaviour of its (authenticated) sender, and nothing after
+//! it in that datagram is delivered. A frame never continues into another datagram.
+//!
+//! Versions 0xA1 (a BLAKE3 keyed hash as MAC), 0xA2 (AES-128-GCM's tag of the whole datagram
+//! as associated data, GMAC: authenticated, not encrypted) and 0xA3 (no packed datagrams) had
+//! the same header; they are refused as malformed.
 
 use std::fmt;
 use std::io;
@@ -38,7 +55,7 @@ use std::io;
 use ring::aead;
 
 /// First byte of every datagram.
-pub const VERSION: u8 = 0xA3;
+pub const VERSION: u8 = 0xA4;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 84;
 /// Bytes of the MAC trailer.
@@ -54,6 +71,110 @@ pub const FLAG_FIRST: u8 = 0b001;
 pub const FLAG_LAST: u8 = 0b010;
 /// Data flag: the sender is leaving the job (an empty, in-order goodbye).
 pub const FLAG_BYE: u8 = 0b100;
+/// Data flag: the payload is whole messages as frames ([`frames`]); never with another flag.
+pub const FLAG_PACKED: u8 = 0b1000;
+
+/// Frame type of a whole message in a packed datagram.
+pub const FRAME_MESSAGE: u8 = 1;
+/// Bytes of a frame's type and length.
+pub const FRAME_HEADER_LEN: usize = 3;
+/// The largest message a frame can carry (its length is 16 bits).
+pub const FRAME_MAX: usize = u16::MAX as usize;
+
+/// Appends a message frame holding `head` then `payload` to `out`.
+///
+/// # Panics
+/// If the message is longer than [`FRAME_MAX`].
+pub fn push_frame(out: &mut Vec<u8>, head: &[u8], payload: &[u8]) {
+    let len = u16::try_from(head.len() + payload.len()).expect("a frame holds at most 64 KiB");
+    out.push(FRAME_MESSAGE);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(head);
+    out.extend_from_slice(payload);
+}
+
+/// Why the frames of a packed datagram could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// A frame of a type this version does not know.
+    #[error("a frame of unknown type {ty} at byte {at} of a packed datagram")]
+    UnknownType {
+        /// The type byte.
+        ty: u8,
+        /// Where the frame starts in the payload.
+        at: usize,
+    },
+    /// A frame's header or message runs past the end of the payload.
+    #[error(
+        "a frame of {len} bytes at byte {at} runs past the end of a {payload}-byte packed datagram"
+    )]
+    PastEnd {
+        /// Where the frame starts in the payload.
+        at: usize,
+        /// The length it claims (0 where even its header is cut short).
+        len: usize,
+        /// The payload's length.
+        payload: usize,
+    },
+    /// A packed datagram with no frame at all.
+    #[error("a packed datagram with no frame")]
+    Empty,
+}
+
+/// The messages of a packed datagram's `payload`, in order, as ranges of it. Yields an error
+/// (and nothing after it) at the first frame that is not well formed.
+pub fn frames(payload: &[u8]) -> Frames<'_> {
+    Frames {
+        payload,
+        at: 0,
+        failed: false,
+    }
+}
+
+/// The iterator of [`frames`].
+#[derive(Debug, Clone)]
+pub struct Frames<'a> {
+    payload: &'a [u8],
+    at: usize,
+    failed: bool,
+}
+
+impl Iterator for Frames<'_> {
+    type Item = Result<std::ops::Range<usize>, FrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (p, at) = (self.payload, self.at);
+        if self.failed || (at == p.len() && at > 0) {
+            return None;
+        }
+        self.failed = true;
+        if p.is_empty() {
+            return Some(Err(FrameError::Empty));
+        }
+        if p.len() - at < FRAME_HEADER_LEN {
+            return Some(Err(FrameError::PastEnd {
+                at,
+                len: 0,
+                payload: p.len(),
+            }));
+        }
+        if p[at] != FRAME_MESSAGE {
+            return Some(Err(FrameError::UnknownType { ty: p[at], at }));
+        }
+        let len = usize::from(u16::from_le_bytes([p[at + 1], p[at + 2]]));
+        let start = at + FRAME_HEADER_LEN;
+        if len > p.len() - start {
+            return Some(Err(FrameError::PastEnd {
+                at,
+                len,
+                payload: p.len(),
+            }));
+        }
+        self.failed = false;
+        self.at = start + len;
+        Some(Ok(start..start + len))
+    }
+}
 
 /// What a datagram is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +276,10 @@ impl Header {
             _ => return None,
         };
         let flags = b[2];
-        if flags & !(FLAG_FIRST | FLAG_LAST | FLAG_BYE) != 0 || (kind != Kind::Data && flags != 0) {
+        if flags & !(FLAG_FIRST | FLAG_LAST | FLAG_BYE | FLAG_PACKED) != 0
+            || (kind != Kind::Data && flags != 0)
+            || (flags & FLAG_PACKED != 0 && flags != FLAG_PACKED)
+        {
             return None;
         }
         Some(Header {
@@ -460,7 +584,7 @@ mod tests {
                 Just(Kind::Ping),
                 Just(Kind::Fence)
             ],
-            0u8..8,
+            prop_oneof![0u8..8, Just(FLAG_PACKED)],
             any::<(u64, u32, u32, u64, u64)>(),
             any::<(u64, u64, u64, u64, u32)>(),
             any::<(u64, u32)>(),
@@ -492,6 +616,38 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn frames_read_back_what_was_packed(
+            msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..20),
+        ) {
+            let mut payload = Vec::new();
+            for m in &msgs {
+                let (head, rest) = m.split_at(m.len() / 3);
+                push_frame(&mut payload, head, rest);
+            }
+            let got: Vec<Vec<u8>> = frames(&payload)
+                .map(|r| payload[r.unwrap()].to_vec())
+                .collect();
+            prop_assert_eq!(got, msgs);
+        }
+
+        #[test]
+        fn frames_of_any_bytes_end_at_the_first_error(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut end = 0;
+            let mut failed = false;
+            for f in frames(&b) {
+                prop_assert!(!failed, "nothing after an error");
+                match f {
+                    Ok(r) => {
+                        prop_assert!(r.start == end + FRAME_HEADER_LEN && r.end <= b.len());
+                        end = r.end;
+                    }
+                    Err(_) => failed = true,
+                }
+            }
+            prop_assert!(failed || end == b.len(), "every byte read, or an error");
+        }
+
         #[test]
         fn header_round_trips(h in header()) {
             let mut b = [0u8; HEADER_LEN];
@@ -681,7 +837,7 @@ mod tests {
         let mut b = [0u8; HEADER_LEN];
         some_header().write(&mut b);
         assert!(Header::read(&b).is_some());
-        for v in [0xA1, 0xA2] {
+        for v in [0xA1, 0xA2, 0xA3] {
             b[0] = v;
             assert_eq!(Header::read(&b), None);
         }

@@ -1,6 +1,7 @@
 //! Issue 5's fault tests on real sockets (127.0.0.1): 10% loss + 1% duplication + reordering
-//! with 30 000 AMs per pair (thousands of each fault, without a long test), and 4 credits per peer with a receiver paused for half the peer
-//! timeout. Faults come from the transport's own datagram hook, the same one `AM_UDP_FAULTS`
+//! with 100 000 AMs per pair, most of them packed several to a datagram (over a thousand of
+//! each fault, without a long test), and 4 credits per peer with a receiver paused for half
+//! the peer timeout. Faults come from the transport's own datagram hook, the same one `AM_UDP_FAULTS`
 //! sets for whole jobs.
 
 use am_core::Local;
@@ -78,10 +79,10 @@ fn exchange(
 }
 
 #[test]
-fn loss_duplication_reordering_30k_per_pair_exactly_once_in_order() {
-    // Each way: about 7000 datagrams dropped, 7000 retransmissions, 250 timeouts, 600
+fn loss_duplication_reordering_100k_per_pair_exactly_once_in_order() {
+    // Each way: most messages packed, over 1000 datagrams dropped and retransmitted, and
     // duplicates caught as replays; the assertions below need over 1000 of the first two.
-    const N: u32 = 30_000;
+    const N: u32 = 100_000;
     let faults = parse_faults("drop=0.1,dup=0.01,delay=0.05,seed=7").unwrap();
     let config = UdpConfig::default().faults(Some(faults));
     let t0 = Instant::now();
@@ -92,6 +93,11 @@ fn loss_duplication_reordering_30k_per_pair_exactly_once_in_order() {
         // The hook really did drop and the protocol really did recover.
         assert!(
             *dropped > 1000 && stats.retransmits > 1000,
+            "rank {rank}: {stats:?}"
+        );
+        // Packed datagrams, lost and retransmitted like any other.
+        assert!(
+            stats.packed_messages > u64::from(N) / 2,
             "rank {rank}: {stats:?}"
         );
         // Duplicated datagrams are caught as replays (same packet number), retransmissions

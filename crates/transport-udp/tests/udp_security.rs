@@ -2,18 +2,22 @@
 //! truncated, forged, replayed, replayed under a new packet number, another job's, another
 //! key's, an earlier run's, sealed with the job's key for the other direction) to a rank while
 //! it works. The run still verifies, no handler runs for them, the counters account for them,
-//! nobody answers.
+//! nobody answers. Also what a relay sees: nothing readable, and small messages sharing
+//! datagrams under a flood but not in a lone round trip; and an authentic peer's malformed
+//! frame reported as its misbehaviour.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, UdpSocket};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use am_core::{AmKind, Config, HandlerId, Handlers, Node, Transport, WaitMode};
+use am_core::{
+    AmKind, Config, HandlerId, Handlers, Node, Received, Transport, TransportError, WaitMode,
+};
 use transport_udp::proto::{Engine, EngineConfig};
-use transport_udp::wire::Authenticator;
+use transport_udp::wire::{self, Authenticator, Header, Kind};
 use transport_udp::{JobKey, PeerAddr, Udp, UdpConfig};
 
 const SEQ: HandlerId = HandlerId(1);
@@ -346,4 +350,171 @@ fn payloads_are_not_readable_on_the_wire() {
             "a datagram carries the payload in the clear"
         );
     }
+}
+
+/// Rank 0's data datagrams to rank 1 as a relay between them sees them (their header is
+/// readable): round trips one at a time never share a datagram; a flood of one-way AM Shorts
+/// does, and every message arrives.
+#[test]
+fn a_flood_shares_datagrams_and_a_lone_round_trip_does_not() {
+    const PING: HandlerId = HandlerId(3);
+    const PONG: HandlerId = HandlerId(4);
+    const SINK: HandlerId = HandlerId(5);
+    const ROUND_TRIPS: u32 = 300;
+    const FLOOD: u32 = 20_000;
+    /// Phases: start-up (not counted), round trips, flood.
+    const START: u32 = 2;
+    let key = JobKey::generate().unwrap();
+    let (s0, s1, to1, to0) = (bind(), bind(), bind(), bind());
+    let (a0, a1) = (s0.local_addr().unwrap(), s1.local_addr().unwrap());
+    let (r1, r0) = (to1.local_addr().unwrap(), to0.local_addr().unwrap());
+    let (rank0, rank1) = pair(&key, "pack-job", (s0, s1), [a0, a1], (r0, r1));
+    // Per phase: rank 0's data datagrams, and how many of them were packed.
+    let counts: Mutex<[[u64; 2]; 2]> = Mutex::new([[0; 2]; 2]);
+    let phase = AtomicU32::new(START);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let (counts, phase, stop) = (&counts, &phase, &stop);
+        s.spawn(move || {
+            forward(&to1, a1, stop, |d| {
+                let p = phase.load(Ordering::SeqCst);
+                if p != START && d[1] == Kind::Data as u8 {
+                    counts.lock().unwrap()[p as usize][usize::from(d[2] == wire::FLAG_PACKED)] += 1;
+                }
+            })
+        });
+        s.spawn(move || forward(&to0, a0, stop, |_| {}));
+        let results = am_core::run_ranks(vec![rank0, rank1], |t| {
+            let pongs = Rc::new(Cell::new(0u32));
+            let sunk = Rc::new(Cell::new(0u32));
+            let mut h = Handlers::local();
+            h.request(PING, "ping", AmKind::Short, |_, token| {
+                token.reply_short(PONG, &[]).unwrap();
+            })
+            .unwrap();
+            let p = pongs.clone();
+            h.reply(PONG, "pong", AmKind::Short, move |_| p.set(p.get() + 1))
+                .unwrap();
+            let k = sunk.clone();
+            h.request(SINK, "sink", AmKind::Short, move |msg, _| {
+                if msg.args()[0] == k.get() {
+                    k.set(k.get() + 1);
+                }
+            })
+            .unwrap();
+            let config = Config::default().wait_mode(WaitMode::Block);
+            let mut node = Node::new(t, h, config).unwrap();
+            node.barrier().unwrap();
+            if node.rank() == 0 {
+                phase.store(0, Ordering::SeqCst);
+                for i in 0..ROUND_TRIPS {
+                    node.request_short(1, PING, &[i]).unwrap();
+                    node.wait_until(|| pongs.get() > i).unwrap();
+                }
+                phase.store(1, Ordering::SeqCst);
+                for i in 0..FLOOD {
+                    node.request_short(1, SINK, &[i]).unwrap();
+                }
+            } else {
+                node.wait_until(|| sunk.get() == FLOOD).unwrap();
+            }
+            node.barrier().unwrap();
+            (pongs.get(), sunk.get())
+        });
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(results[0].0, ROUND_TRIPS);
+        assert_eq!(results[1].1, FLOOD, "every message, in order");
+    });
+    let [[rt, rt_packed], [flood, flood_packed]] = counts.into_inner().unwrap();
+    println!("round trips: {rt} datagrams, {rt_packed} packed; flood: {flood}, {flood_packed}");
+    assert_eq!(rt_packed, 0, "a lone round trip is never held for packing");
+    assert!(
+        rt >= u64::from(ROUND_TRIPS),
+        "each request its own datagram"
+    );
+    assert!(flood_packed > 0, "the flood was packed");
+    assert!(
+        flood + flood_packed < u64::from(FLOOD) / 4,
+        "{FLOOD} messages in {flood} datagrams"
+    );
+}
+
+/// A datagram that rank 0 could have sent (the job's key, the right ranks and epochs), packed,
+/// with a frame of an unknown type between two good ones: rank 1 delivers the first, reports
+/// rank 0's misbehaviour, drops the rest of the datagram and goes on.
+#[test]
+fn a_malformed_frame_from_an_authentic_peer_is_its_misbehaviour() {
+    let key = JobKey::generate().unwrap();
+    let (s0, s1) = (bind(), bind());
+    let (a0, a1) = (s0.local_addr().unwrap(), s1.local_addr().unwrap());
+    let auth = Authenticator::new(&key, "frame-job");
+    let dkey = auth.datagram_key(0, 1, EPOCHS[0], EPOCHS[1]);
+    let packed = |pn: u64, seq: u64, body: &[u8]| {
+        let h = Header {
+            kind: Kind::Data,
+            flags: wire::FLAG_PACKED,
+            job_tag: auth.job_tag(),
+            src: 0,
+            dst: 1,
+            src_epoch: EPOCHS[0],
+            dst_epoch: EPOCHS[1],
+            pn,
+            ack: 0,
+            sack: 0,
+            seq,
+            msg_len: 0,
+            newest_pn: 0,
+            ack_delay_us: 0,
+        };
+        let mut d = vec![0u8; wire::HEADER_LEN + body.len() + wire::MAC_LEN];
+        h.write(&mut d);
+        d[wire::HEADER_LEN..wire::HEADER_LEN + body.len()].copy_from_slice(body);
+        dkey.seal(&mut d);
+        d
+    };
+    let mut body = Vec::new();
+    wire::push_frame(&mut body, b"good", &[]);
+    body.extend_from_slice(&[0x7f, 5, 0, 1, 2, 3, 4, 5]);
+    wire::push_frame(&mut body, b"never", &[]);
+    let mut after = Vec::new();
+    wire::push_frame(&mut after, b"next", &[]);
+    // Rank 0 is only a socket that never answers: the datagrams are the test's.
+    let mut config = UdpConfig::default();
+    config.linger = Duration::from_millis(50);
+    let peers = [
+        PeerAddr {
+            addr: a0,
+            epoch: EPOCHS[0],
+        },
+        PeerAddr {
+            addr: a1,
+            epoch: EPOCHS[1],
+        },
+    ];
+    let mut rank1 = Udp::with_peers(1, s1, &peers, &key, "frame-job", 1 << 16, config).unwrap();
+    s0.send_to(&packed(1, 0, &body), a1).unwrap();
+    s0.send_to(&packed(2, 1, &after), a1).unwrap();
+    let mut got = Vec::new();
+    let mut misbehaved = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < 2 && Instant::now() < deadline {
+        match rank1.poll_recv(|d, _, _| match d.bytes {
+            Received::Private(m) => m.to_vec(),
+            _ => Vec::new(),
+        }) {
+            Ok(Some(m)) => got.push(m),
+            Ok(None) => {}
+            Err(e) => misbehaved.push(e),
+        }
+    }
+    assert_eq!(got, [b"good".to_vec(), b"next".to_vec()]);
+    assert!(
+        matches!(
+            &misbehaved[..],
+            [TransportError::PeerMisbehaved { peer: Some(0), what }] if what.contains("unknown type 127")
+        ),
+        "{misbehaved:?}"
+    );
+    assert_eq!(rank1.stats().protocol_violations, 1);
 }

@@ -56,6 +56,14 @@ struct Net {
     black_hole_above: Option<usize>,
 }
 
+/// Message `i` padded to a whole fragment, so that it never shares a datagram: for the tests
+/// of what happens to datagrams one by one.
+fn alone(i: u32) -> Vec<u8> {
+    let mut m = vec![0u8; cfg().fragment_payload()];
+    m[..4].copy_from_slice(&i.to_le_bytes());
+    m
+}
+
 fn cfg() -> EngineConfig {
     EngineConfig {
         mtu: 200,
@@ -158,8 +166,11 @@ impl Net {
             }
             self.deliver(d, &bytes);
         }
+        // Every rank has handled what arrived: a progress point, so what was held for
+        // packing goes now.
         for r in 0..n {
             if self.active(r) {
+                self.engines[r].release();
                 self.flush(r);
             }
         }
@@ -227,20 +238,36 @@ fn message(src: Rank, dst: Rank, i: u32, len: usize) -> Vec<u8> {
     m
 }
 
+/// The lengths of the messages of [`drive_all_to_all`] beyond their 12-byte prefix.
+#[derive(Debug, Clone, Copy)]
+enum Lengths {
+    /// Up to this many bytes, uniformly.
+    Upto(usize),
+    /// Seven in eight up to `small` bytes (most of them packed several to a datagram), the
+    /// others up to `large` (fragmented).
+    Mixed { small: usize, large: usize },
+}
+
+impl From<usize> for Lengths {
+    fn from(max: usize) -> Lengths {
+        Lengths::Upto(max)
+    }
+}
+
 /// Every rank sends `per_pair` messages to every other rank; returns the net once all arrived.
 fn run_all_to_all(
     n: u32,
     per_pair: u32,
     seed: u64,
     faults: Faults,
-    max_len: usize,
+    lengths: impl Into<Lengths>,
     limit: Duration,
 ) -> Net {
     drive_all_to_all(
         Net::new(n, seed, faults, cfg()),
         per_pair,
         seed,
-        max_len,
+        lengths,
         limit,
     )
 }
@@ -250,9 +277,10 @@ fn drive_all_to_all(
     mut net: Net,
     per_pair: u32,
     seed: u64,
-    max_len: usize,
+    lengths: impl Into<Lengths>,
     limit: Duration,
 ) -> Net {
+    let lengths = lengths.into();
     let n = net.engines.len() as u32;
     let mut next = vec![vec![0u32; n as usize]; n as usize];
     let mut lens = Rng(seed ^ 0xABCD);
@@ -271,7 +299,13 @@ fn drive_all_to_all(
                 }
                 while next[s as usize][d as usize] < per_pair {
                     let i = next[s as usize][d as usize];
-                    let len = lens.below(max_len as u64 + 1) as usize;
+                    let len = match lengths {
+                        Lengths::Upto(max) => lens.below(max as u64 + 1) as usize,
+                        Lengths::Mixed { small, large } => {
+                            let max = if lens.below(8) == 0 { large } else { small };
+                            lens.below(max as u64 + 1) as usize
+                        }
+                    };
                     let m = message(s, d, i, len);
                     let now = net.now;
                     match net.engines[s as usize].send(now, d, &m[..8], &m[8..]) {
@@ -373,6 +407,27 @@ proptest! {
         let faults = Faults { drop, duplicate, delay, max_delay: Duration::from_millis(5) };
         let net = run_all_to_all(3, 60, seed, faults, max_len, Duration::from_secs(600));
         check_exactly_once_in_order(&net, 3, 60);
+    }
+
+    /// Many small messages per datagram, mixed with fragmented ones, under the same faults.
+    #[test]
+    fn any_faults_packed_and_fragmented_exactly_once_in_order(
+        seed in any::<u64>(),
+        drop in 0.0f64..0.3,
+        duplicate in 0.0f64..0.2,
+        delay in 0.0f64..0.3,
+        small in 0usize..40,
+        large in 100usize..1500,
+    ) {
+        let faults = Faults { drop, duplicate, delay, max_delay: Duration::from_millis(5) };
+        let lengths = Lengths::Mixed { small, large };
+        let net = run_all_to_all(3, 200, seed, faults, lengths, Duration::from_secs(600));
+        check_exactly_once_in_order(&net, 3, 200);
+        for e in &net.engines {
+            let s = e.stats();
+            // Several to a datagram: far fewer datagrams than messages went out packed.
+            prop_assert!(s.packed_messages >= 2 * s.packed_datagrams && s.packed_datagrams > 0, "{s:?}");
+        }
     }
 }
 
@@ -819,8 +874,8 @@ fn ack_of_a_fragment_sent_twice_is_no_evidence_of_later_loss() {
         e.transmit(now, &mut |_, d| v.push(d.to_vec()));
         v
     };
-    for i in 0..3u8 {
-        a.send(t0, 1, &[i], &[]).unwrap();
+    for i in 0..3 {
+        a.send(t0, 1, &alone(i), &[]).unwrap();
     }
     let first = out(&mut a, t0);
     assert_eq!(first.len(), 3);
@@ -883,7 +938,9 @@ fn a_peer_descheduled_now_and_then_is_not_retransmitted_to_after_the_first_time(
     // Rank 1 stops reading for 8 ms out of every 40 (a rank descheduled on a machine with
     // more ranks than cores) while rank 0 streams to it. The first pause may cost a timeout;
     // after that the timeout allows for the largest recent round trip, not only the smoothed
-    // one, which forgets a pause within a few samples.
+    // one, which forgets a pause within a few samples. (Datagrams of their own: the sample
+    // that sees a pause is that of the last datagram sent before the window filled, and
+    // packed ones fill it too slowly for that.)
     let mut net = Net::new(2, 31, CLEAN, cfg());
     let start = net.now;
     let mut sent = 0u32;
@@ -899,10 +956,7 @@ fn a_peer_descheduled_now_and_then_is_not_retransmitted_to_after_the_first_time(
         }
         let now = net.now;
         for _ in 0..8 {
-            if net.engines[0]
-                .send(now, 1, &sent.to_le_bytes(), &[])
-                .is_err()
-            {
+            if net.engines[0].send(now, 1, &alone(sent), &[]).is_err() {
                 break;
             }
             sent += 1;
@@ -925,7 +979,7 @@ fn a_fresh_link_starts_with_the_initial_window_and_grows_by_slow_start() {
     let mut b = Engine::new(cfg(), 1, &epochs, auth);
     let now = Instant::now();
     for i in 0..100u32 {
-        a.send(now, 1, &i.to_le_bytes(), &[]).unwrap();
+        a.send(now, 1, &alone(i), &[]).unwrap();
     }
     let mut flight = Vec::new();
     a.transmit(now, &mut |_, d| flight.push(d.to_vec()));
@@ -1029,7 +1083,7 @@ fn a_wide_open_window_goes_out_one_burst_at_a_time() {
     // Lossless exchanges until slow start has opened the window all the way.
     let mut queued = 0u32;
     for _ in 0..100 {
-        while queued < 300 && a.send(now, 1, &queued.to_le_bytes(), &[]).is_ok() {
+        while queued < 300 && a.send(now, 1, &alone(queued), &[]).is_ok() {
             queued += 1;
         }
         let mut v = Vec::new();
@@ -1050,7 +1104,7 @@ fn a_wide_open_window_goes_out_one_burst_at_a_time() {
     assert!(a.is_flushed());
     assert_eq!(a.peers[1].cwnd, WINDOW, "slow start opened the window");
     for i in 0..WINDOW as u32 {
-        a.send(now, 1, &i.to_le_bytes(), &[]).unwrap();
+        a.send(now, 1, &alone(i), &[]).unwrap();
     }
     let mut n = 0;
     a.transmit(now, &mut |_, _| n += 1);
@@ -1133,4 +1187,250 @@ fn regression_idle_peer_on_a_lossy_path_is_not_condemned() {
         Duration::from_secs(600),
     );
     check_exactly_once_in_order(&net, 3, 60);
+}
+
+/// Rank 0's authentic data datagram to rank 1 with sequence number `seq`, packet number `pn`
+/// and `flags`, carrying `body` as it is (well formed or not): what a peer holding the job's
+/// key could send.
+fn authentic(a: &mut Engine, now: Instant, seq: u64, flags: u8, body: &[u8]) -> Vec<u8> {
+    let mut h = a.header(now, 1, Kind::Data);
+    h.seq = seq;
+    h.flags = flags;
+    let mut d = vec![0u8; HEADER_LEN + body.len() + MAC_LEN];
+    h.write(&mut d);
+    d[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+    a.peers[1].send_key.seal(&mut d);
+    d
+}
+
+fn frame(m: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    wire::push_frame(&mut f, m, &[]);
+    f
+}
+
+/// What `b` delivers and reports after `d`.
+fn take(b: &mut Engine, now: Instant, d: &mut [u8]) -> (Vec<Vec<u8>>, Vec<wire::FrameError>) {
+    let mut got = Vec::new();
+    if let Input::Deliver { range, .. } = b.on_datagram(now, d) {
+        got.push(d[range].to_vec());
+    }
+    while let Some((src, m)) = b.pop_message() {
+        assert_eq!(src, 0);
+        got.push(m);
+    }
+    let mut bad = Vec::new();
+    while let Some((src, e)) = b.poll_misbehaved() {
+        assert_eq!(src, 0, "the misbehaviour names its sender");
+        bad.push(e);
+    }
+    (got, bad)
+}
+
+fn two_engines() -> (Engine, Engine, Instant) {
+    let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+    let epochs = [5, 6];
+    let a = Engine::new(cfg(), 0, &epochs, auth.clone());
+    let b = Engine::new(cfg(), 1, &epochs, auth);
+    (a, b, Instant::now())
+}
+
+#[test]
+fn a_lone_message_leaves_at_once_and_the_ones_after_it_share_a_datagram() {
+    let (mut a, mut b, now) = two_engines();
+    let sent = |a: &mut Engine| {
+        let mut v = Vec::new();
+        a.transmit(now, &mut |_, d| v.push(d.to_vec()));
+        v
+    };
+    a.send(now, 1, b"first", &[]).unwrap();
+    let mut first = sent(&mut a);
+    assert_eq!(first.len(), 1, "the first leaves at once");
+    assert_eq!(first[0][2], FLAG_FIRST | FLAG_LAST, "alone, not packed");
+    for i in 0..5u8 {
+        a.send(now, 1, &[i; 7], &[]).unwrap();
+    }
+    assert!(
+        sent(&mut a).is_empty(),
+        "held until the next progress point"
+    );
+    assert!(a.has_held());
+    a.release();
+    let mut packed = sent(&mut a);
+    assert_eq!(packed.len(), 1, "five messages, one datagram");
+    assert_eq!(packed[0][2], FLAG_PACKED);
+    let (got, bad) = take(&mut b, now, &mut first[0]);
+    assert_eq!((got, bad), (vec![b"first".to_vec()], vec![]));
+    let (got, bad) = take(&mut b, now, &mut packed[0]);
+    assert!(bad.is_empty());
+    assert_eq!(got, (0..5u8).map(|i| vec![i; 7]).collect::<Vec<_>>());
+    assert_eq!(
+        (a.stats().packed_datagrams, a.stats().packed_messages),
+        (1, 5)
+    );
+    // With data still unacknowledged, the link is not idle: the next one waits for the next
+    // progress point even right after one.
+    a.release();
+    a.send(now, 1, b"waits", &[]).unwrap();
+    assert!(sent(&mut a).is_empty());
+    a.release();
+    let mut waited = sent(&mut a);
+    assert_eq!(waited.len(), 1);
+    let (got, _) = take(&mut b, now, &mut waited[0]);
+    assert_eq!(got, vec![b"waits".to_vec()]);
+    // Once everything is acknowledged (and after a progress point) it is idle again: the next
+    // one leaves at once.
+    b.ack_all();
+    let mut acks = Vec::new();
+    b.transmit(now, &mut |_, d| acks.push(d.to_vec()));
+    for d in &mut acks {
+        a.on_datagram(now, d);
+    }
+    a.release();
+    a.send(now, 1, b"again", &[]).unwrap();
+    assert_eq!(sent(&mut a).len(), 1, "idle: at once");
+}
+
+#[test]
+fn a_full_datagram_leaves_without_waiting_and_large_messages_keep_their_fragments() {
+    let (mut a, mut b, now) = two_engines();
+    let frag = cfg().fragment_payload();
+    a.send(now, 1, b"opens the period", &[]).unwrap();
+    let mut out = Vec::new();
+    a.transmit(now, &mut |_, d| out.push(d.to_vec()));
+    // 10-byte messages take 13 bytes as frames: a datagram holds frag / 13 of them.
+    let per = frag / 13;
+    for i in 0..(per + 1) as u8 {
+        a.send(now, 1, &[i; 10], &[]).unwrap();
+    }
+    a.transmit(now, &mut |_, d| out.push(d.to_vec()));
+    assert_eq!(out.len(), 2, "the full one went, the last one waits");
+    assert_eq!(out[1].len(), OVERHEAD + per * 13);
+    // A fragmented message is not held, and what was held goes before it, in order.
+    let big = vec![7u8; 3 * frag];
+    a.send(now, 1, &big, &[]).unwrap();
+    a.transmit(now, &mut |_, d| out.push(d.to_vec()));
+    assert_eq!(out.len(), 2 + 1 + 3);
+    assert_eq!(out[2][2], FLAG_FIRST | FLAG_LAST, "the one held, alone");
+    let mut got = Vec::new();
+    for d in &mut out {
+        let (g, bad) = take(&mut b, now, d);
+        assert!(bad.is_empty());
+        got.extend(g);
+    }
+    assert_eq!(got.len(), 1 + per + 1 + 1);
+    assert_eq!(got[per + 1], vec![per as u8; 10]);
+    assert_eq!(got.last().unwrap(), &big);
+}
+
+#[test]
+fn a_full_window_gathers_what_comes_meanwhile() {
+    let (mut a, _b, now) = two_engines();
+    // The initial window in datagrams of their own, then small messages.
+    for i in 0..INITIAL_WINDOW as u32 {
+        a.send(now, 1, &alone(i), &[]).unwrap();
+        a.release();
+    }
+    let mut n = 0;
+    a.transmit(now, &mut |_, _| n += 1);
+    assert_eq!(n, INITIAL_WINDOW);
+    for i in 0..20u8 {
+        a.send(now, 1, &[i; 4], &[]).unwrap();
+        a.release();
+    }
+    a.transmit(now, &mut |_, _| n += 1);
+    assert_eq!(n, INITIAL_WINDOW, "the window is full");
+    // Released after each send, yet packed: they found the window full.
+    assert_eq!(a.stats().packed_messages, 20);
+    // 7 bytes each as frames: 14 fit a datagram's 100 bytes, so two datagrams wait.
+    assert_eq!(a.peers[1].sent.len(), INITIAL_WINDOW as usize + 2);
+}
+
+#[test]
+fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
+    let (mut a, mut b, now) = two_engines();
+    // An unknown frame type between two good frames: the first is delivered, not the third.
+    let mut body = frame(b"one");
+    body.extend_from_slice(&[9, 3, 0, b'x', b'y', b'z']);
+    body.extend(frame(b"three"));
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 0, FLAG_PACKED, &body),
+    );
+    assert_eq!(got, vec![b"one".to_vec()]);
+    assert_eq!(bad, vec![wire::FrameError::UnknownType { ty: 9, at: 6 }]);
+    // A length past the end of the datagram.
+    let mut body = frame(b"four");
+    body.extend_from_slice(&[wire::FRAME_MESSAGE, 0xf4, 0x01, b'a', b'b', b'c']);
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 1, FLAG_PACKED, &body),
+    );
+    assert_eq!(got, vec![b"four".to_vec()]);
+    assert_eq!(
+        bad,
+        vec![wire::FrameError::PastEnd {
+            at: 7,
+            len: 500,
+            payload: 13
+        }]
+    );
+    // A frame split across two datagrams: each half is malformed in its own.
+    let whole = frame(b"split in two");
+    let mut first = frame(b"five");
+    first.extend_from_slice(&whole[..6]);
+    let mut second = whole[6..].to_vec();
+    second.extend(frame(b"six"));
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 2, FLAG_PACKED, &first),
+    );
+    assert_eq!(got, vec![b"five".to_vec()]);
+    assert!(matches!(bad[..], [wire::FrameError::PastEnd { .. }]));
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 3, FLAG_PACKED, &second),
+    );
+    assert!(got.is_empty(), "nothing after the malformed frame: {got:?}");
+    assert!(matches!(bad[..], [wire::FrameError::UnknownType { .. }]));
+    // A packed datagram without frames, and a frame header cut short.
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 4, FLAG_PACKED, &[]),
+    );
+    assert_eq!((got.len(), bad), (0, vec![wire::FrameError::Empty]));
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 5, FLAG_PACKED, &[1, 0]),
+    );
+    assert!(got.is_empty() && matches!(bad[..], [wire::FrameError::PastEnd { len: 0, .. }]));
+    // Each counted as a violation; the link goes on: the next datagram is delivered.
+    assert_eq!(b.stats().protocol_violations, 6);
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 6, FLAG_PACKED, &frame(b"ok")),
+    );
+    assert_eq!((got, bad), (vec![b"ok".to_vec()], vec![]));
+}
+
+#[test]
+fn packed_with_another_flag_is_malformed() {
+    let (mut a, mut b, now) = two_engines();
+    for flags in [
+        FLAG_PACKED | FLAG_FIRST,
+        FLAG_PACKED | FLAG_LAST,
+        FLAG_PACKED | FLAG_BYE,
+    ] {
+        let d = authentic(&mut a, now, 0, flags, &frame(b"x"));
+        let before = b.stats().dropped_malformed;
+        assert_no_effect(&mut b, now, &d);
+        assert_eq!(b.stats().dropped_malformed, before + 1);
+    }
 }
