@@ -164,3 +164,27 @@ fn udp_under_loss_and_duplication_verifies() {
         assert_eq!(row["verified"], true, "{mode}: {row}");
     }
 }
+
+/// A job whose configuration chooses no credits gets its transport's (udp: 128 per peer, to
+/// cover its round trip; loopback: the core's 32), and `AM_CREDITS` still wins.
+#[test]
+fn credits_are_the_transports_unless_am_credits_chooses() {
+    let credits = |transport: &str, am_credits: Option<&str>| {
+        let mut cmd = Command::new(example("random_access"));
+        cmd.args(["--transport", transport, "--log2-table", "10", "--json"])
+            .env_remove("AM_SEGMENT_SIZE")
+            .env_remove("AM_CREDITS");
+        if let Some(c) = am_credits {
+            cmd.env("AM_CREDITS", c);
+        }
+        let out = cmd.output().expect("run random_access");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let row: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{transport}: one JSON object expected ({e}): {text}"));
+        assert!(out.status.success(), "{transport}: {row}");
+        row["credits"].as_str().expect("credits").to_owned()
+    };
+    assert_eq!(credits("udp", None), "128");
+    assert_eq!(credits("udp", Some("8")), "8");
+    assert_eq!(credits("loopback", None), "32");
+}
