@@ -310,6 +310,10 @@ impl<T: Transport, H: Threading> Node<T, H> {
         while handled < max && self.poll_once()? {
             handled += 1;
         }
+        if handled == max {
+            // Stopped with more to handle: what the handlers sent leaves now all the same.
+            self.transport.flush();
+        }
         Ok(handled)
     }
 
@@ -371,9 +375,14 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.drive(|ep, t| ep.apply_posted(t))?;
         let mut idle = 0;
         let mut checked = 0;
+        let mut polled = false;
         while !done() {
             self.check_gone(&mut checked)?;
             self.progress(&mut idle)?;
+            polled = true;
+        }
+        if polled {
+            self.transport.flush();
         }
         Ok(())
     }
@@ -410,10 +419,18 @@ impl<T: Transport, H: Threading> Node<T, H> {
         let mut handled = 0;
         while !done() {
             self.check_gone(checked)?;
-            if handled == polls || !self.poll_once()? {
+            if handled == polls {
+                // The node goes back with work left: what the handlers sent leaves now.
+                self.transport.flush();
+                return Ok((false, handled));
+            }
+            if !self.poll_once()? {
                 return Ok((false, handled));
             }
             handled += 1;
+        }
+        if handled > 0 {
+            self.transport.flush();
         }
         Ok((true, handled))
     }
@@ -425,11 +442,18 @@ impl<T: Transport, H: Threading> Node<T, H> {
         mut step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
     ) -> Result<R, AmError> {
         let mut idle = 0;
+        let mut polled = false;
         loop {
             if let Poll::Ready(r) = step(&mut self.ep, &mut self.transport) {
+                if polled {
+                    // What the handlers run meanwhile sent must not wait for the caller's
+                    // next poll (a call that did not poll leaves its message to pack).
+                    self.transport.flush();
+                }
                 return r;
             }
             self.progress(&mut idle)?;
+            polled = true;
         }
     }
 

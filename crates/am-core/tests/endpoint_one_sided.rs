@@ -218,7 +218,7 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
     c.net.sent.clear();
     let (ep, mut tx) = c.wire(0);
     // Interleaved targets, and on each target's words an order that matters (a store, then
-    // adds): 70 to rank 1 (two messages: 64 and 6), 20 to rank 2, 10 to rank 0 itself.
+    // adds): 70 to rank 1, 20 to rank 2, 10 to rank 0 itself.
     for i in 0..100u64 {
         let (dest, word) = match i % 10 {
             0 => (0, 0),
@@ -239,8 +239,8 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
         assert_eq!((from, reply), (0, false));
         to[dest as usize] += 1;
     }
-    // The 64th post filled the queue and sent it: 44 to rank 1 and 13 to rank 2 in one
-    // message each (rank 0's own applied here); `apply_posted` sent the other 25 and 7.
+    // The 64th post filled the queue and sent it: 43 to rank 1 and 14 to rank 2 in one
+    // message each (rank 0's own 7 applied here); `apply_posted` sent the other 27 and 6.
     assert_eq!(to, [0, 2, 2], "one message per target and queue");
     c.drive_all(|_, ep, tx| ep.barrier_step(tx))
         .into_iter()

@@ -21,11 +21,12 @@
 //! - the receiver buffers at most [`WINDOW`] fragments out of order and delivers whole messages
 //!   in order;
 //! - small messages to one peer share a datagram (a *packed* datagram, one fragment as far as
-//!   the above is concerned: see [`crate::wire`]) when they come faster than they leave: the
-//!   first message sent to a peer since the last progress point ([`Engine::release`]) leaves
-//!   at once, alone, in the format of an unpacked message; the ones after it wait in one
-//!   open datagram that fills up to the MTU, and leaves when full or at the next progress
-//!   point. Messages that find the congestion window full gather the same way;
+//!   the above is concerned: see [`crate::wire`]) when they come faster than they leave: a
+//!   message that finds the link idle (everything sent to the peer acknowledged, nothing
+//!   queued to it since the last progress point, [`Engine::release`]) leaves at once, alone,
+//!   in the format of an unpacked message; the others wait in one open datagram that fills
+//!   up to the MTU, and leaves when full or at the next progress point. Messages that find
+//!   the congestion window full gather the same way;
 //! - a peer is declared lost when nothing authenticated arrived from it for
 //!   [`EngineConfig::peer_timeout`] of this engine's own polled time (keepalive pings keep quiet
 //!   links alive, more often once half the timeout has passed unanswered), never by a retry
@@ -690,7 +691,9 @@ impl Engine {
             .is_none_or(|p| p.state != PeerState::Live)
     }
 
-    /// Queues a message (`head` then `payload`) to `dest`; [`Engine::transmit`] sends it.
+    /// Queues a message (`head` then `payload`) to `dest`; [`Engine::transmit`] sends it, or,
+    /// if it is small and the link is not idle, after the next [`Engine::release`] (or once
+    /// the datagram it joins is full).
     ///
     /// Fails at once with [`SendError::PeerLost`] if `dest` was lost, [`SendError::PeerDeparted`]
     /// if it said goodbye, with [`SendError::TooLarge`] beyond [`EngineConfig::max_message`], and with
@@ -730,7 +733,8 @@ impl Engine {
         let frag = self.cfg.fragment_payload();
         // Room for it as a frame and for the frame of the message it may join (a goodbye
         // never shares a datagram: nothing may follow it).
-        let packable = extra == 0 && total + 2 * FRAME_HEADER_LEN <= frag;
+        let packable =
+            extra == 0 && total > 0 && total + 2 * FRAME_HEADER_LEN <= frag.min(wire::FRAME_MAX);
         if packable && self.append(dest, head, payload) {
             return Ok(());
         }
@@ -798,6 +802,23 @@ impl Engine {
             self.queue_window(dest, u64::MAX);
         }
         Ok(())
+    }
+
+    /// [`Engine::send`] of a message that joins a datagram held open for `dest`, without the
+    /// time (which only a new datagram needs): whether it did. False changes nothing; the
+    /// message is then for [`Engine::send`].
+    pub fn send_packed(&mut self, dest: Rank, head: &[u8], payload: &[u8]) -> bool {
+        let total = head.len() + payload.len();
+        let frag = self.cfg.fragment_payload();
+        dest != self.me
+            && self
+                .peers
+                .get(dest as usize)
+                .is_some_and(|p| p.state == PeerState::Live)
+            && total > 0
+            && total <= self.cfg.max_message
+            && total + 2 * FRAME_HEADER_LEN <= frag.min(wire::FRAME_MAX)
+            && self.append(dest, head, payload)
     }
 
     /// Adds a small message to the datagram held open for `dest`, if there is one with room:
@@ -878,7 +899,7 @@ impl Engine {
         let mut held = std::mem::take(&mut self.held);
         for &r in &held {
             self.peers[r as usize].holding = false;
-            if self.peers[r as usize].state == PeerState::Live {
+            if self.peers[r as usize].state != PeerState::Lost {
                 self.queue_window(r, u64::MAX);
             }
         }
@@ -1214,7 +1235,8 @@ impl Engine {
         let cfg_max = self.cfg.rto_ceiling();
         let max_ack_delay = self.cfg.ack_delay;
         let p = &mut self.peers[src as usize];
-        if ack > p.next_seq {
+        // Nothing from `fresh_from` on was ever sent (messages held to pack among them).
+        if ack > p.fresh_from.max(p.base) {
             self.stats.protocol_violations += 1;
             return;
         }
@@ -1533,8 +1555,19 @@ impl Engine {
             // A message's fragments are consecutive: one was left unfinished.
             self.stats.protocol_violations += 1;
         }
+        let max = self.cfg.max_message;
         for frame in wire::frames(&data) {
             match frame {
+                Ok(range) if range.len() > max => {
+                    self.stats.protocol_violations += 1;
+                    let e = wire::FrameError::TooLong {
+                        at: range.start - wire::FRAME_HEADER_LEN,
+                        len: range.len(),
+                        max,
+                    };
+                    self.misbehaved.push_back((src, e));
+                    break;
+                }
                 Ok(range) => {
                     let mut m = self.pool.pop().unwrap_or_default();
                     m.clear();

@@ -41,9 +41,10 @@
 //! 3..     the message
 //! ```
 //!
-//! Frames fill the payload exactly: a frame of an unknown type, or one whose length runs past
-//! the end of the payload, is a misbehaviour of its (authenticated) sender, and nothing after
-//! it in that datagram is delivered. A frame never continues into another datagram.
+//! Frames fill the payload exactly: a frame of an unknown type, of length 0, longer than a
+//! message may be, or whose length runs past the end of the payload, is a misbehaviour of its
+//! (authenticated) sender, and nothing after it in that datagram is delivered. A frame never
+//! continues into another datagram.
 //!
 //! Versions 0xA1 (a BLAKE3 keyed hash as MAC), 0xA2 (AES-128-GCM's tag of the whole datagram
 //! as associated data, GMAC: authenticated, not encrypted) and 0xA3 (no packed datagrams) had
@@ -119,6 +120,22 @@ pub enum FrameError {
     /// A packed datagram with no frame at all.
     #[error("a packed datagram with no frame")]
     Empty,
+    /// A frame holding no message (a correct sender never packs one).
+    #[error("an empty frame at byte {at} of a packed datagram")]
+    EmptyFrame {
+        /// Where the frame starts in the payload.
+        at: usize,
+    },
+    /// A message longer than this rank accepts ([`crate::proto::EngineConfig::max_message`]).
+    #[error("a frame of {len} bytes at byte {at} of a packed datagram, more than the {max} a message may have")]
+    TooLong {
+        /// Where the frame starts in the payload.
+        at: usize,
+        /// Its message's length.
+        len: usize,
+        /// The most a message may have.
+        max: usize,
+    },
 }
 
 /// The messages of a packed datagram's `payload`, in order, as ranges of it. Yields an error
@@ -162,6 +179,9 @@ impl Iterator for Frames<'_> {
             return Some(Err(FrameError::UnknownType { ty: p[at], at }));
         }
         let len = usize::from(u16::from_le_bytes([p[at + 1], p[at + 2]]));
+        if len == 0 {
+            return Some(Err(FrameError::EmptyFrame { at }));
+        }
         let start = at + FRAME_HEADER_LEN;
         if len > p.len() - start {
             return Some(Err(FrameError::PastEnd {
@@ -618,7 +638,7 @@ mod tests {
     proptest! {
         #[test]
         fn frames_read_back_what_was_packed(
-            msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..20),
+            msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 1..20),
         ) {
             let mut payload = Vec::new();
             for m in &msgs {

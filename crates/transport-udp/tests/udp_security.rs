@@ -408,8 +408,22 @@ fn a_flood_shares_datagrams_and_a_lone_round_trip_does_not() {
             node.barrier().unwrap();
             if node.rank() == 0 {
                 phase.store(0, Ordering::SeqCst);
+                let sent = || {
+                    let c = counts.lock().unwrap();
+                    c[0][0] + c[0][1]
+                };
                 for i in 0..ROUND_TRIPS {
+                    let before = sent();
                     node.request_short(1, PING, &[i]).unwrap();
+                    // After the first round trip the link is idle when a request goes (the
+                    // last reply acknowledged everything): the request is on the wire before
+                    // this rank polls again. (Before the first, the barrier's message may
+                    // still be unacknowledged, and the request waits for the poll.)
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while i > 0 && sent() == before {
+                        assert!(Instant::now() < deadline, "round trip {i}: request held");
+                        std::thread::yield_now();
+                    }
                     node.wait_until(|| pongs.get() > i).unwrap();
                 }
                 phase.store(1, Ordering::SeqCst);

@@ -425,8 +425,9 @@ proptest! {
         check_exactly_once_in_order(&net, 3, 200);
         for e in &net.engines {
             let s = e.stats();
-            // Several to a datagram: far fewer datagrams than messages went out packed.
-            prop_assert!(s.packed_messages >= 2 * s.packed_datagrams && s.packed_datagrams > 0, "{s:?}");
+            // Of the 400 messages each rank sent, 7 in 8 small and sent in bursts: a good
+            // share went packed (none would without packing).
+            prop_assert!(s.packed_datagrams > 0 && s.packed_messages >= 100, "{s:?}");
         }
     }
 }
@@ -1397,7 +1398,7 @@ fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
     );
     assert!(got.is_empty(), "nothing after the malformed frame: {got:?}");
     assert!(matches!(bad[..], [wire::FrameError::UnknownType { .. }]));
-    // A packed datagram without frames, and a frame header cut short.
+    // A packed datagram without frames, a frame header cut short, an empty frame.
     let (got, bad) = take(
         &mut b,
         now,
@@ -1410,14 +1411,73 @@ fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
         &mut authentic(&mut a, now, 5, FLAG_PACKED, &[1, 0]),
     );
     assert!(got.is_empty() && matches!(bad[..], [wire::FrameError::PastEnd { len: 0, .. }]));
-    // Each counted as a violation; the link goes on: the next datagram is delivered.
-    assert_eq!(b.stats().protocol_violations, 6);
+    let mut body = frame(b"seven");
+    body.extend_from_slice(&[wire::FRAME_MESSAGE, 0, 0]);
     let (got, bad) = take(
         &mut b,
         now,
-        &mut authentic(&mut a, now, 6, FLAG_PACKED, &frame(b"ok")),
+        &mut authentic(&mut a, now, 6, FLAG_PACKED, &body),
+    );
+    assert_eq!(got, vec![b"seven".to_vec()]);
+    assert_eq!(bad, vec![wire::FrameError::EmptyFrame { at: 8 }]);
+    // Each counted as a violation; the link goes on: the next datagram is delivered.
+    assert_eq!(b.stats().protocol_violations, 7);
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 7, FLAG_PACKED, &frame(b"ok")),
     );
     assert_eq!((got, bad), (vec![b"ok".to_vec()], vec![]));
+}
+
+#[test]
+fn a_frame_longer_than_a_message_may_be_is_refused() {
+    let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
+    let small = cfg().max_message(20);
+    let mut a = Engine::new(cfg(), 0, &[5, 6], auth.clone());
+    let mut b = Engine::new(small, 1, &[5, 6], auth);
+    let now = Instant::now();
+    let mut body = frame(&[1; 20]);
+    body.extend(frame(&[2; 21]));
+    body.extend(frame(&[3; 5]));
+    let (got, bad) = take(
+        &mut b,
+        now,
+        &mut authentic(&mut a, now, 0, FLAG_PACKED, &body),
+    );
+    assert_eq!(got, vec![vec![1; 20]]);
+    assert_eq!(
+        bad,
+        vec![wire::FrameError::TooLong {
+            at: 23,
+            len: 21,
+            max: 20
+        }]
+    );
+}
+
+#[test]
+fn an_acknowledgement_of_what_was_never_sent_is_refused() {
+    let (mut a, mut b, now) = two_engines();
+    // One message out, one held for packing (never sent).
+    a.send(now, 1, b"out", &[]).unwrap();
+    a.send(now, 1, b"held", &[]).unwrap();
+    let mut out = Vec::new();
+    a.transmit(now, &mut |_, d| out.push(d.to_vec()));
+    assert_eq!(out.len(), 1);
+    // An authentic peer acknowledging sequence numbers 0 and 1: only 0 was sent.
+    let mut h = b.header(now, 0, Kind::Ack);
+    h.ack = 2;
+    let mut d = vec![0u8; OVERHEAD];
+    h.write(&mut d);
+    b.peers[0].send_key.seal(&mut d);
+    a.on_datagram(now, &mut d);
+    assert_eq!(a.stats().protocol_violations, 1);
+    assert!(!a.is_flushed(), "the held message is still to be sent");
+    a.release();
+    out.clear();
+    a.transmit(now, &mut |_, d| out.push(d.to_vec()));
+    assert_eq!(out.len(), 1, "and it goes at the next progress point");
 }
 
 #[test]
@@ -1433,4 +1493,21 @@ fn packed_with_another_flag_is_malformed() {
         assert_no_effect(&mut b, now, &d);
         assert_eq!(b.stats().dropped_malformed, before + 1);
     }
+}
+
+#[test]
+fn send_packed_only_joins_a_datagram_held_open() {
+    let (mut a, _b, now) = two_engines();
+    assert!(!a.send_packed(1, b"x", &[]), "nothing open");
+    a.send(now, 1, b"first", &[]).unwrap();
+    a.send(now, 1, b"held", &[]).unwrap();
+    assert!(a.send_packed(1, b"joins", &[]));
+    assert!(!a.send_packed(1, &[], &[]), "empty");
+    assert!(!a.send_packed(0, b"x", &[]), "itself");
+    assert!(!a.send_packed(7, b"x", &[]), "no such rank");
+    let frag = cfg().fragment_payload();
+    assert!(!a.send_packed(1, &vec![1; frag], &[]), "too large to pack");
+    assert_eq!(a.stats().packed_messages, 2);
+    a.declare_lost(1);
+    assert!(!a.send_packed(1, b"x", &[]), "lost");
 }
