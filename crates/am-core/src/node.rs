@@ -442,19 +442,25 @@ impl<T: Transport, H: Threading> Node<T, H> {
         mut step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
     ) -> Result<R, AmError> {
         let mut idle = 0;
-        let mut polled = false;
         loop {
             if let Poll::Ready(r) = step(&mut self.ep, &mut self.transport) {
-                if polled {
-                    // What the handlers run meanwhile sent must not wait for the caller's
-                    // next poll (a call that did not poll leaves its message to pack).
-                    self.transport.flush();
-                }
                 return r;
             }
             self.progress(&mut idle)?;
-            polled = true;
         }
+    }
+
+    /// [`Node::drive`] of a wait for completion (an operation's answer, the quiet): once it
+    /// is over, what the handlers run meanwhile sent leaves ([`Transport::flush`]) rather than
+    /// waiting for the caller's next poll. Sends are driven without it, so that a stream of
+    /// them, waiting only for credits, keeps packing.
+    fn drive_to_completion<R>(
+        &mut self,
+        step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
+    ) -> Result<R, AmError> {
+        let r = self.drive(step);
+        self.transport.flush();
+        r
     }
 
     /// One step of a blocking loop: handles at most one message, so the caller re-checks its
@@ -717,7 +723,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     fn wait_op(&mut self, index: u32, gen: u32) -> Result<Vec<u8>, AmError> {
-        self.drive(|ep, _| ep.poll_op(index, gen))
+        self.drive_to_completion(|ep, _| ep.poll_op(index, gen))
     }
 
     /// True once a put has completed remotely (polls once).
@@ -844,7 +850,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
 
     /// Waits for an atomic: the word's old value.
     pub fn wait_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) -> Result<W, AmError> {
-        self.drive(|ep, _| ep.poll_atomic(&handle))
+        self.drive_to_completion(|ep, _| ep.poll_atomic(&handle))
     }
 
     /// Applies a remote atomic ([`Node::atomic_nb`]) and returns the word's old value:
@@ -866,7 +872,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// are applied first, and the puts, gets and atomics that travel as messages are remotely
     /// complete when it returns (those the transport does itself are complete when started).
     pub fn quiesce(&mut self) -> Result<(), AmError> {
-        self.drive(|ep, t| ep.quiesce_step(t))
+        self.drive_to_completion(|ep, t| ep.quiesce_step(t))
     }
 
     /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which

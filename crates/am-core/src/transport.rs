@@ -376,11 +376,12 @@ pub trait Transport: Tx {
     fn disarm(&mut self) {}
     /// Sends now whatever the transport holds back to pack with later messages (udp's open
     /// datagram). The core calls it when a poll finds nothing (after the implicit replies it
-    /// sends then), when a barrier completes, when a blocking call or a wait returns after
-    /// polling, and when a poll stops with messages left: so nothing its handlers or its
-    /// protocol sent waits for the caller's next poll. Only what the caller itself sent
-    /// without polling since (requests, a flood) may wait there, to be packed. A transport
-    /// that holds nothing back needs nothing here.
+    /// sends then), when a barrier, a quiesce, a wait for an operation or
+    /// [`crate::Node::wait_until`] returns, and when a poll stops with messages left: so
+    /// nothing its handlers or its protocol sent waits for the caller's next poll. What a
+    /// blocking send sent, and what handlers sent while it waited for credits, may wait
+    /// for that poll, to be packed with the sends after it. A transport that holds nothing
+    /// back needs nothing here.
     fn flush(&mut self) {}
     /// The credits a job on this transport gets where its [`crate::Config`] chooses none
     /// (no `AM_CREDITS`, no [`crate::Config::credits`]): enough requests in flight per peer to
