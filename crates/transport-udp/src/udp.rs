@@ -997,8 +997,10 @@ impl Transport for Udp {
             }
             return Ok(Some(r));
         }
-        let now = Instant::now();
+        let mut read_at = None;
         if !self.io.engine.has_message() {
+            let now = Instant::now();
+            read_at = Some(now);
             // Datagrams first, timers after: a rank back from a gap in its polling (descheduled,
             // or busy in a handler) finds the acknowledgements that came meanwhile waiting in
             // its socket, and must not retransmit what they acknowledge.
@@ -1045,7 +1047,11 @@ impl Transport for Udp {
         };
         let r = f(d, self.segment.byte_area(), &mut self.io);
         self.io.engine.recycle(m);
-        self.settle(now);
+        // Timers and the held messages wait while messages already here remain to be
+        // delivered (the next poll comes for them): one clock read per batch, not per message.
+        if self.drained() {
+            self.settle(read_at.unwrap_or_else(Instant::now));
+        }
         Ok(Some(r))
     }
 
