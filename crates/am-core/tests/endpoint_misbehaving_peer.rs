@@ -281,6 +281,18 @@ impl Evil {
     }
 
     /// Receives a user Short reply to `REP_SHORT`; returns its arguments.
+    /// The answer to a remote atomic (or batch) that was refused: ATOMIC_DONE status 1,
+    /// returning its credit.
+    fn expect_atomic_refused(&mut self, op: u32) {
+        let g = self.recv();
+        assert_eq!(
+            (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
+            (Category::Reply, true, SYS_ATOMIC_DONE, 1),
+            "{g:?}"
+        );
+        assert_eq!(g.args, [op, 0, 0, 1]);
+    }
+
     fn expect_rep_short(&mut self) -> Vec<u32> {
         let g = self.recv();
         assert_eq!(
@@ -768,13 +780,7 @@ fn long_outside_the_segment_is_refused_and_acked() {
                     &[op, lo(off), hi(off), xor_u64, u32::MAX, u32::MAX, 0, 0],
                     &[],
                 ));
-                let g = evil.recv();
-                assert_eq!(
-                    (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
-                    (Category::Reply, true, SYS_ATOMIC_DONE, 1),
-                    "{g:?}"
-                );
-                assert_eq!(g.args, [op, 0, 0, 1]);
+                evil.expect_atomic_refused(op);
             }
             // A batch of a good atomic and one past the end: none is applied (the segment
             // check above finds the good one's word untouched), ATOMIC_DONE status 1; and a
@@ -793,13 +799,7 @@ fn long_outside_the_segment_is_refused_and_acked() {
                     &[op, count],
                     &payload,
                 ));
-                let g = evil.recv();
-                assert_eq!(
-                    (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
-                    (Category::Reply, true, SYS_ATOMIC_DONE, 1),
-                    "{g:?}"
-                );
-                assert_eq!(g.args, [op, 0, 0, 1]);
+                evil.expect_atomic_refused(op);
             }
             // A valid Long still lands and runs its handler.
             evil.send(&wire(

@@ -163,23 +163,30 @@ impl<H: Threading> Endpoint<H> {
     ) -> Poll<Result<(), AmError>> {
         let (index, gen) = self.alloc_atomic(dest, 0, first);
         let msg = SystemMsg::Atomics { op: index, count };
-        match self.system_step(t, dest, msg, payload, None) {
-            Poll::Ready(Ok(())) => {
-                let slot = &mut self.ops[index as usize];
-                slot.outstanding += 1;
-                slot.sent = slot.len;
-                self.detach_op(index, gen);
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => {
+        let step = self.system_step(t, dest, msg, payload, None);
+        if let Poll::Ready(Ok(())) = step {
+            let slot = &mut self.ops[index as usize];
+            slot.outstanding += 1;
+            slot.sent = slot.len;
+        }
+        self.settle_posted(index, gen, step)
+    }
+
+    /// What sending a posted atomic (or a batch) leaves of its operation slot: sent, it is
+    /// detached (freed when its reply comes); not sent, or refused, the slot is free again.
+    fn settle_posted(
+        &mut self,
+        index: u32,
+        gen: u32,
+        step: Poll<Result<(), AmError>>,
+    ) -> Poll<Result<(), AmError>> {
+        match step {
+            Poll::Ready(Ok(())) => self.detach_op(index, gen),
+            _ => {
                 let _ = self.finish_op(index);
-                Poll::Ready(Err(e))
-            }
-            Poll::Pending => {
-                let _ = self.finish_op(index);
-                Poll::Pending
             }
         }
+        step
     }
 
     /// Sends one posted atomic as a system message whose reply nobody waits for (its slot is
@@ -195,20 +202,8 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(self.apply_here(t.segment(), p.offset, p.atomic).map(drop));
         }
         let (index, gen) = self.alloc_atomic(p.dest, p.offset, p.atomic);
-        match self.op_step(t, index, gen, None) {
-            Poll::Ready(Ok(())) => {
-                self.detach_op(index, gen);
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => {
-                let _ = self.finish_op(index);
-                Poll::Ready(Err(e))
-            }
-            Poll::Pending => {
-                let _ = self.finish_op(index);
-                Poll::Pending
-            }
-        }
+        let step = self.op_step(t, index, gen, None);
+        self.settle_posted(index, gen, step)
     }
 
     /// Posted atomics sent as messages ([`Endpoint::atomic_post`]) still waiting for their

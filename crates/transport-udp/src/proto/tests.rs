@@ -1228,6 +1228,17 @@ fn take(b: &mut Engine, now: Instant, d: &mut [u8]) -> (Vec<Vec<u8>>, Vec<wire::
     (got, bad)
 }
 
+/// What `b` delivers and reports after rank 0's authentic packed datagram `seq` of `body`.
+fn packed(
+    a: &mut Engine,
+    b: &mut Engine,
+    now: Instant,
+    seq: u64,
+    body: &[u8],
+) -> (Vec<Vec<u8>>, Vec<wire::FrameError>) {
+    take(b, now, &mut authentic(a, now, seq, FLAG_PACKED, body))
+}
+
 fn two_engines() -> (Engine, Engine, Instant) {
     let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
     let epochs = [5, 6];
@@ -1354,21 +1365,13 @@ fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
     let mut body = frame(b"one");
     body.extend_from_slice(&[9, 3, 0, b'x', b'y', b'z']);
     body.extend(frame(b"three"));
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 0, FLAG_PACKED, &body),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 0, &body);
     assert_eq!(got, vec![b"one".to_vec()]);
     assert_eq!(bad, vec![wire::FrameError::UnknownType { ty: 9, at: 6 }]);
     // A length past the end of the datagram.
     let mut body = frame(b"four");
     body.extend_from_slice(&[wire::FRAME_MESSAGE, 0xf4, 0x01, b'a', b'b', b'c']);
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 1, FLAG_PACKED, &body),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 1, &body);
     assert_eq!(got, vec![b"four".to_vec()]);
     assert_eq!(
         bad,
@@ -1384,49 +1387,25 @@ fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
     first.extend_from_slice(&whole[..6]);
     let mut second = whole[6..].to_vec();
     second.extend(frame(b"six"));
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 2, FLAG_PACKED, &first),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 2, &first);
     assert_eq!(got, vec![b"five".to_vec()]);
     assert!(matches!(bad[..], [wire::FrameError::PastEnd { .. }]));
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 3, FLAG_PACKED, &second),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 3, &second);
     assert!(got.is_empty(), "nothing after the malformed frame: {got:?}");
     assert!(matches!(bad[..], [wire::FrameError::UnknownType { .. }]));
     // A packed datagram without frames, a frame header cut short, an empty frame.
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 4, FLAG_PACKED, &[]),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 4, &[]);
     assert_eq!((got.len(), bad), (0, vec![wire::FrameError::Empty]));
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 5, FLAG_PACKED, &[1, 0]),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 5, &[1, 0]);
     assert!(got.is_empty() && matches!(bad[..], [wire::FrameError::PastEnd { len: 0, .. }]));
     let mut body = frame(b"seven");
     body.extend_from_slice(&[wire::FRAME_MESSAGE, 0, 0]);
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 6, FLAG_PACKED, &body),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 6, &body);
     assert_eq!(got, vec![b"seven".to_vec()]);
     assert_eq!(bad, vec![wire::FrameError::EmptyFrame { at: 8 }]);
     // Each counted as a violation; the link goes on: the next datagram is delivered.
     assert_eq!(b.stats().protocol_violations, 7);
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 7, FLAG_PACKED, &frame(b"ok")),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 7, &frame(b"ok"));
     assert_eq!((got, bad), (vec![b"ok".to_vec()], vec![]));
 }
 
@@ -1440,11 +1419,7 @@ fn a_frame_longer_than_a_message_may_be_is_refused() {
     let mut body = frame(&[1; 20]);
     body.extend(frame(&[2; 21]));
     body.extend(frame(&[3; 5]));
-    let (got, bad) = take(
-        &mut b,
-        now,
-        &mut authentic(&mut a, now, 0, FLAG_PACKED, &body),
-    );
+    let (got, bad) = packed(&mut a, &mut b, now, 0, &body);
     assert_eq!(got, vec![vec![1; 20]]);
     assert_eq!(
         bad,
