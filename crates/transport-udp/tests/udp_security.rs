@@ -532,3 +532,36 @@ fn a_malformed_frame_from_an_authentic_peer_is_its_misbehaviour() {
     );
     assert_eq!(rank1.stats().protocol_violations, 1);
 }
+
+/// Fetching atomics whose results nobody waits for yet are packed with their neighbours: 64
+/// `atomic_nb` to one word of rank 1, then the waits. Every old value is distinct (each add
+/// applied once), the word ends at the sum, and most requests went packed.
+#[test]
+fn fetching_atomics_not_yet_waited_for_share_datagrams() {
+    const N: u64 = 64;
+    let transports = Udp::cluster(2, 1 << 16, UdpConfig::default()).unwrap();
+    let results = am_core::run_ranks(transports, |t| {
+        let config = Config::default().wait_mode(WaitMode::Block);
+        let mut node = Node::new(t, Handlers::local(), config).unwrap();
+        let mut olds = Vec::new();
+        if node.rank() == 0 {
+            let handles: Vec<_> = (0..N)
+                .map(|_| {
+                    node.atomic_nb(1, 0, am_core::AtomicOp::FetchAdd(1u64))
+                        .unwrap()
+                })
+                .collect();
+            for h in handles {
+                olds.push(node.wait_atomic(h).unwrap());
+            }
+        }
+        node.barrier().unwrap();
+        let word = node.transport().segment().load_u64(0).unwrap();
+        (olds, word, node.transport().stats().packed_messages)
+    });
+    let (mut olds, _, packed) = results[0].clone();
+    olds.sort_unstable();
+    assert_eq!(olds, (0..N).collect::<Vec<_>>(), "each add applied once");
+    assert_eq!(results[1].1, N);
+    assert!(packed >= N / 2, "{packed} of {N} requests packed");
+}
