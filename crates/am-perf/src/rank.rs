@@ -388,13 +388,21 @@ const FLOOD_SIZES: [usize; 5] = [0, 24, 200, 900, 3000];
 /// Round trips each survivor makes with each other survivor after the loss.
 const EXCHANGE_ROUNDS: u64 = 100;
 
-/// Adds the exchange handlers of [`kill_anywhere`] to a table with the echo handlers;
-/// `exchanged.0` counts the exchange replies this rank got, `exchanged.1` the exchange
-/// requests it answered.
-pub fn add_exchange_handlers(
+/// Exchange replies got and exchange requests answered ([`exchange_counters`]).
+pub type Exchanged = (Cell<u64>, Cell<u64>);
+
+/// The counters of [`kill_anywhere`]'s exchange for a rank-test program running `mode`:
+/// `.0` counts the exchange replies this rank got, `.1` the exchange requests it answered.
+/// For `kill-anywhere` the exchange handlers are added to `h` (a table with the echo
+/// handlers); other modes register nothing.
+pub fn exchange_counters(
     h: &mut Handlers<Local>,
-    exchanged: &Rc<(Cell<u64>, Cell<u64>)>,
-) -> Result<(), RegisterError> {
+    mode: &str,
+) -> Result<Rc<Exchanged>, RegisterError> {
+    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
+    if mode != "kill-anywhere" {
+        return Ok(exchanged);
+    }
     let served = exchanged.clone();
     h.request(EXCHANGE, "exchange", AmKind::Short, move |m, tok| {
         served.1.set(served.1.get() + 1);
@@ -404,10 +412,10 @@ pub fn add_exchange_handlers(
     h.reply(EXCHANGE_REPLY, "exchange_reply", AmKind::Short, move |_| {
         e.0.set(e.0.get() + 1)
     })?;
-    Ok(())
+    Ok(exchanged)
 }
 
-/// The kill-anywhere scenario (3 ranks or more, the echo table and [`add_exchange_handlers`]):
+/// The kill-anywhere scenario (3 ranks or more, the echo table and [`exchange_counters`]):
 /// after a barrier every rank floods every other with echo requests of mixed sizes. The last
 /// rank is the victim: a timer thread kills it with SIGKILL `delay_us` µs into the flood, at
 /// whatever point of a send, a claim or a poll its main thread is. The survivors flood on until

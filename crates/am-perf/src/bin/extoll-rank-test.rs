@@ -91,10 +91,7 @@ fn main() -> Res {
         assert!(m.payload().iter().all(|&b| b == m.args()[1] as u8));
         s.borrow_mut().push((m.src(), m.args()[0]));
     })?;
-    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
-    if mode == "kill-anywhere" {
-        rank::add_exchange_handlers(&mut h, &exchanged)?;
-    }
+    let exchanged = rank::exchange_counters(&mut h, mode)?;
     let mut node = Node::new(nic, h, Config::from_env()?)?;
     if rank::is_failure_scenario(mode) {
         return rank::failure_scenario(mode, &args, node, job, &exchanged);

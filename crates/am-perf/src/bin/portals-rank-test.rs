@@ -107,10 +107,7 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
         assert_eq!(m.args()[0], 1, "the Long payload arrived intact");
         l.set(l.get() + 1);
     })?;
-    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
-    if mode == "kill-anywhere" {
-        rank::add_exchange_handlers(&mut h, &exchanged)?;
-    }
+    let exchanged = rank::exchange_counters(&mut h, mode)?;
     let mut node = Node::new(portals, h, Config::from_env()?)?;
     let (me, n) = (node.rank(), node.size());
     match mode {

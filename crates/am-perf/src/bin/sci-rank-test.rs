@@ -75,10 +75,7 @@ fn main() -> Res {
     let sci = Sci::connect(&mut job, 1 << 20, SciConfig::from_env()?)?;
     let echoes = Rc::new(Cell::new(0u64));
     let mut h = rank::echo_handlers(&echoes)?;
-    let exchanged = Rc::new((Cell::new(0u64), Cell::new(0u64)));
-    if mode == "kill-anywhere" {
-        rank::add_exchange_handlers(&mut h, &exchanged)?;
-    }
+    let exchanged = rank::exchange_counters(&mut h, mode)?;
     let mut node = Node::new(sci, h, Config::from_env()?)?;
     if rank::is_failure_scenario(mode) {
         return rank::failure_scenario(mode, &args, node, job, &exchanged);
