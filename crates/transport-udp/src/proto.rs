@@ -567,8 +567,6 @@ pub struct Engine {
     /// progress point ([`Engine::release`]).
     held: Vec<Rank>,
     recent: Vec<Rank>,
-    /// An empty list kept for [`Engine::release`]'s swap (no allocation per release).
-    spare: Vec<Rank>,
     /// Authentic peers' malformed frames, for [`Engine::poll_misbehaved`].
     misbehaved: VecDeque<(Rank, wire::FrameError)>,
     pool: Vec<Vec<u8>>,
@@ -629,7 +627,6 @@ impl Engine {
             lost: VecDeque::new(),
             held: Vec::new(),
             recent: Vec::new(),
-            spare: Vec::new(),
             misbehaved: VecDeque::new(),
             pool: Vec::new(),
             freed: Vec::new(),
@@ -707,9 +704,34 @@ impl Engine {
         head: &[u8],
         payload: &[u8],
     ) -> Result<(), SendError> {
+        if self.send_packed(dest, head, payload) {
+            return Ok(());
+        }
+        self.send_new(now, dest, head, payload)
+    }
+
+    /// [`Engine::send`] of a message that did not join an open datagram
+    /// ([`Engine::send_packed`] said no): in datagrams of its own.
+    pub(crate) fn send_new(
+        &mut self,
+        now: Instant,
+        dest: Rank,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<(), SendError> {
         self.send_flags(now, dest, head, payload, 0)
     }
 
+    /// Whether a message of `total` bytes, with data flags `extra`, may share a datagram:
+    /// room for it as a frame and for the frame of the message it may join, and not a
+    /// goodbye (nothing may follow one).
+    fn packable(&self, total: usize, extra: u8) -> bool {
+        let room = self.cfg.fragment_payload().min(wire::FRAME_MAX);
+        extra == 0 && total > 0 && total + 2 * FRAME_HEADER_LEN <= room
+    }
+
+    /// Queues a message in datagrams of its own (one, held open for the ones after it, if
+    /// it is small and the link is not idle).
     fn send_flags(
         &mut self,
         now: Instant,
@@ -731,13 +753,7 @@ impl Engine {
             return Err(SendError::TooLarge(total));
         }
         let frag = self.cfg.fragment_payload();
-        // Room for it as a frame and for the frame of the message it may join (a goodbye
-        // never shares a datagram: nothing may follow it).
-        let packable =
-            extra == 0 && total > 0 && total + 2 * FRAME_HEADER_LEN <= frag.min(wire::FRAME_MAX);
-        if packable && self.append(dest, head, payload) {
-            return Ok(());
-        }
+        let packable = self.packable(total, extra);
         let nfrags = total.div_ceil(frag).max(1);
         let queued = self.peers[dest as usize].sent.len();
         // A goodbye always fits: it must not be lost to back-pressure.
@@ -809,15 +825,13 @@ impl Engine {
     /// message is then for [`Engine::send`].
     pub fn send_packed(&mut self, dest: Rank, head: &[u8], payload: &[u8]) -> bool {
         let total = head.len() + payload.len();
-        let frag = self.cfg.fragment_payload();
         dest != self.me
             && self
                 .peers
                 .get(dest as usize)
                 .is_some_and(|p| p.state == PeerState::Live)
-            && total > 0
             && total <= self.cfg.max_message
-            && total + 2 * FRAME_HEADER_LEN <= frag.min(wire::FRAME_MAX)
+            && self.packable(total, 0)
             && self.append(dest, head, payload)
     }
 
@@ -890,12 +904,10 @@ impl Engine {
             return;
         }
         // Cleared first: what the held messages' queueing marks belongs to the next period.
-        let mut recent = std::mem::take(&mut self.spare);
-        std::mem::swap(&mut recent, &mut self.recent);
-        for r in recent.drain(..) {
+        for &r in &self.recent {
             self.peers[r as usize].busy_since_release = false;
         }
-        self.spare = recent;
+        self.recent.clear();
         let mut held = std::mem::take(&mut self.held);
         for &r in &held {
             self.peers[r as usize].holding = false;

@@ -537,7 +537,7 @@ impl Tx for Io {
             return Ok(());
         }
         let now = Instant::now();
-        self.engine.send(now, dest, msg.head, payload)?;
+        self.engine.send_new(now, dest, msg.head, payload)?;
         self.flush(now);
         Ok(())
     }
