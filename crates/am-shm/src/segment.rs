@@ -773,6 +773,13 @@ impl Segment {
         Ok(self.view.word64(off)?.load(Ordering::Acquire))
     }
 
+    /// `SeqCst` swap of the word at `off` with 0: takes the bits peers set with
+    /// [`Imported::fetch_or_word`], each exactly once.
+    #[inline]
+    pub fn take_word(&self, off: usize) -> Result<u64, ShmError> {
+        Ok(self.view.word64(off)?.swap(0, Ordering::SeqCst))
+    }
+
     /// See `View::run`.
     pub(crate) fn run(&self, off: usize, len: usize) -> Result<(Arc<Mapping>, usize), ShmError> {
         self.view.run(off, len)
@@ -1005,6 +1012,13 @@ impl Imported {
         Ok(())
     }
 
+    /// `SeqCst` `fetch_or` of `bits` into the word at `off` (an SCI lock transaction, which
+    /// the owner's memory performs); the word's value before it.
+    #[inline]
+    pub fn fetch_or_word(&self, off: usize, bits: u64) -> Result<u64, ShmError> {
+        Ok(self.view.word64(off)?.fetch_or(bits, Ordering::SeqCst))
+    }
+
     /// See `View::run`.
     pub(crate) fn run(&self, off: usize, len: usize) -> Result<(Arc<Mapping>, usize), ShmError> {
         self.view.run(off, len)
@@ -1135,6 +1149,19 @@ mod tests {
         std::thread::spawn(move || moved.words()[0].store(5, Ordering::Release))
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn bits_peers_set_are_taken_once() {
+        let seg = Segment::heap(128, 0).unwrap();
+        let (a, b) = (seg.import(), seg.import());
+        assert_eq!(a.fetch_or_word(64, 1 << 3).unwrap(), 0);
+        assert_eq!(b.fetch_or_word(64, 1 << 60).unwrap(), 1 << 3);
+        assert_eq!(seg.take_word(64).unwrap(), 1 << 3 | 1 << 60);
+        assert_eq!(seg.take_word(64).unwrap(), 0);
+        assert!(a.fetch_or_word(60, 1).is_err(), "unaligned");
+        assert!(a.fetch_or_word(128, 1).is_err(), "past the word area");
+        assert!(seg.take_word(124).is_err());
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //!
 //! ```text
 //! word area (atomics only)
-//!   line 0            message-exist flag (doorbell, u32)
+//!   line 0            message-exist flag (doorbell, u32), then ringer words 0..7
 //!   line 1            abort word: a rank that panicked sets it
 //!   per rank c        departed word, then c's message-exist-flag take count (own line;
 //!                     both written only by rank c)
+//!   then              ringer words 7.. (whole lines)
 //! byte area
 //!   per sender c      command segment: slots request slots, then slots reply slots; each
 //!                     slot starts with its message-ready flag (stamp), in the same cache
@@ -51,6 +52,20 @@ pub fn answers(flags: u32) -> usize {
     ((flags >> ANSWERS_SHIFT) & 0xff) as usize + 1
 }
 
+/// Ringer words in line 0, after the message-exist flag: a ring sets its bit and the flag in
+/// one cache line in jobs of up to `64 * 7` ranks.
+const RINGERS_IN_FLAG_LINE: usize = 7;
+
+/// The ringer word and bit of sender `c`: bit `c % 64` of word `c / 64`. A sender that rings
+/// sets its bit, then rings the message-exist flag with the tag of its word
+/// ([`am_shm::doorbell::tag`]`(c / 64)`), so a receiver walks only the words whose tags are
+/// set and, in them, only the senders that rang: what it looks at grows with the senders
+/// that wrote to it, not with the job.
+#[inline]
+pub fn ringer_bit(c: usize) -> (usize, u64) {
+    (c / 64, 1 << (c % 64))
+}
+
 /// The geometry of every rank's exported segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -76,7 +91,10 @@ impl Layout {
         };
         let channels = ranks.checked_mul(slots.checked_mul(2)?.checked_mul(slot_size)?)?;
         channels.checked_add(segment)?;
-        ranks.checked_mul(CACHE_LINE)?.checked_add(2 * CACHE_LINE)?;
+        ranks
+            .checked_mul(CACHE_LINE)?
+            .checked_add(2 * CACHE_LINE)?
+            .checked_add(ranks.div_ceil(64) * 8 + CACHE_LINE)?;
         Some(l)
     }
 
@@ -90,7 +108,34 @@ impl Layout {
 
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
+        self.ringers_base() + self.ringers_beyond_flag_line() * 8
+    }
+
+    /// Where ringer words [`RINGERS_IN_FLAG_LINE`].. start: after the per-rank lines.
+    fn ringers_base(&self) -> usize {
         2 * CACHE_LINE + self.ranks * self.channel_words()
+    }
+
+    /// Ringer words past line 0, rounded up to whole lines.
+    fn ringers_beyond_flag_line(&self) -> usize {
+        self.ringer_words()
+            .saturating_sub(RINGERS_IN_FLAG_LINE)
+            .next_multiple_of(CACHE_LINE / 8)
+    }
+
+    /// How many ringer words there are: one bit per sender (see [`ringer_bit`]).
+    pub fn ringer_words(&self) -> usize {
+        self.ranks.div_ceil(64)
+    }
+
+    /// Offset of ringer word `w` (`< ringer_words()`) in the word area.
+    #[inline]
+    pub fn ringer_word(&self, w: usize) -> usize {
+        if w < RINGERS_IN_FLAG_LINE {
+            MEF + 8 + 8 * w
+        } else {
+            self.ringers_base() + 8 * (w - RINGERS_IN_FLAG_LINE)
+        }
     }
 
     /// Bytes of the byte area.
@@ -141,5 +186,54 @@ impl Layout {
     /// Offset of the AM segment in the byte area.
     pub fn segment_base(&self) -> usize {
         self.ranks * self.channel_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every sender has its own ringer bit, in a word of the word area that nothing else
+    /// uses: not the message-exist flag, the abort word, a departed word or a take count.
+    #[test]
+    fn ringer_words_are_apart_from_every_other_word() {
+        for ranks in [1, 2, 63, 64, 65, 448, 449, 1024, 4097] {
+            let l = Layout::new(ranks, 2, 1024, 4096).unwrap();
+            assert_eq!(l.ringer_words(), ranks.div_ceil(64));
+            let mut used = std::collections::BTreeSet::new();
+            // The 32-bit flag's word, the abort word, each rank's two words.
+            used.insert(MEF);
+            used.insert(ABORT);
+            for c in 0..ranks {
+                assert!(used.insert(l.departed(c)), "{ranks}: departed {c}");
+                assert!(used.insert(l.taken(c)), "{ranks}: taken {c}");
+            }
+            let mut bits = std::collections::BTreeSet::new();
+            for c in 0..ranks {
+                let (w, bit) = ringer_bit(c);
+                assert_eq!(bit.count_ones(), 1);
+                assert!(
+                    bits.insert((w, bit)),
+                    "{ranks}: sender {c}'s bit is its own"
+                );
+                let at = l.ringer_word(w);
+                assert_eq!(at % 8, 0);
+                assert!(at + 8 <= l.words_len(), "{ranks}: word {w} inside the area");
+            }
+            for w in 0..l.ringer_words() {
+                assert!(used.insert(l.ringer_word(w)), "{ranks}: ringer word {w}");
+            }
+            assert_eq!(l.words_len() % CACHE_LINE, 0, "whole lines");
+        }
+    }
+
+    /// In jobs of up to 448 ranks a ring touches one line: the flag's.
+    #[test]
+    fn small_jobs_ring_in_the_flag_line() {
+        let l = Layout::new(448, 2, 1024, 0).unwrap();
+        let last = l.ringer_word(ringer_bit(447).0);
+        assert!(last < MEF + CACHE_LINE);
+        let l = Layout::new(449, 2, 1024, 0).unwrap();
+        assert!(l.ringer_word(ringer_bit(448).0) >= 2 * CACHE_LINE + 449 * CACHE_LINE);
     }
 }

@@ -20,8 +20,14 @@
 //!   number, at the start of the slot so that it shares one cache line with the slot header
 //!   and the first 48 bytes of the message) and one **message-exist flag** per receiver (a
 //!   futex doorbell), written in that order after the data; the receiver moves ready slots to
-//!   its **work queue** and delivers them in send order (the message-exist flag also carries
-//!   a tag bit per sender, so only the senders that rang are looked at);
+//!   its **work queue** and delivers them in send order. A sender that rings first sets its
+//!   bit in the receiver's **ringer words** (one bit per rank, a remote `fetch_or`: an SCI
+//!   lock transaction) and then rings the flag with its ringer word's tag, so a receiver
+//!   looks only at the senders that rang: what a poll, a take or an idle sweep reads, and
+//!   so which pages of its segment are ever touched, grows with the peers that wrote to it,
+//!   not with the job. The idle sweep that finds a message whose ring a corrupted take count
+//!   suppressed covers the senders this rank has exchanged messages with; a sender's first
+//!   message to a peer always rings;
 //! - both sides take slots in turn (request slots, and the reply slot paired with the request
 //!   answered), so the receiver knows the two slots a sender's next message can be in; an
 //!   idle poll reads the message-exist flag and, beside it, the ready flag where the last
@@ -34,7 +40,7 @@
 //!   whose lines stay warm in both caches, while a stream of requests keeps to the slots in
 //!   turn;
 //! - the receiver clears its message-exist flag only once nothing new came for a while (or
-//!   before it sleeps), and then writes a take count into the segment of each sender whose tag
+//!   before it sleeps), and then writes a take count into the segment of each sender whose ringer bit
 //!   it cleared; a sender rings only if that count (in its *own* memory) moved since it last
 //!   rang, so a small message in a steady exchange moves one cache line, the slot's, and the
 //!   sender still never reads a peer's memory. The sender's ready flag must be ordered before

@@ -31,6 +31,8 @@ const STALE_POLLS: u32 = 16384;
 /// slot it reads is not handed back early).
 struct TxState {
     rank: usize,
+    /// Where we ring every peer.
+    ringer: Ringer,
     layout: Layout,
     config: SciConfig,
     /// Our command segment (at every peer).
@@ -181,7 +183,7 @@ struct Dest {
     /// Next stamp.
     send_seq: u64,
     /// The destination's take count (see [`Layout::taken`]) as read when we last rang it;
-    /// `u64::MAX` before the first ring.
+    /// `u64::MAX` before the first ring (which rings whatever the count is).
     rung: u64,
     /// Where that count is in [`TxState::takes`] (from `Layout::taken`, computed once).
     taken_ix: usize,
@@ -323,12 +325,14 @@ pub struct Sci {
     work: VecDeque<Ready>,
     /// Scratch for one sender's message-ready flags during a scan.
     stamps: Vec<u64>,
+    /// Scratch for the senders whose ringer bits a take cleared.
+    rang: Vec<usize>,
     liveness: Liveness,
     /// Errors found by a liveness check beyond the one it returned, for the next polls.
     faults: VecDeque<TransportError>,
     /// Where a poll looks first (see [`Hint`]).
     hint: Hint,
-    /// Takes of our message-exist flag that cleared tags (see [`Layout::taken`]).
+    /// Takes of our message-exist flag that cleared ringer bits (see [`Layout::taken`]).
     takes: u64,
     /// Polls since the work queue drained with the message-exist flag left set.
     stale_polls: u32,
@@ -380,7 +384,7 @@ fn write_slot(
 #[allow(clippy::too_many_arguments)]
 fn publish_to(
     fence: AsymmetricFence,
-    rank: usize,
+    ringer: &Ringer,
     peers: &[Imported],
     wakers: &Arc<Wakers>,
     takes: Option<&WordRun>,
@@ -395,38 +399,61 @@ fn publish_to(
     if let Some(takes) = takes {
         // Our ready flag before our read of `dest`'s take count, against its take, count
         // write and heavy fence before it scans: either we see the new count and ring, or
-        // its scan sees our flag. An unchanged count means our tag is still set there, so
+        // its scan sees our flag. An unchanged count means our ringer bit is still set there, so
         // the write (a line `dest` polls, pulled away by an atomic) is skipped. The light
         // side: a `SeqCst` fence here would wait, on every message, for the slot's lines to
         // leave our store buffer, while the heavy side runs only when a receiver takes
         // (BENCHMARKS.md, "sci's sender without a fence per message").
         fence.light();
         // Our own memory: the sender never reads a peer's (SCI's remote writes only).
-        // `taken_ix` is in the run by construction; were it not, we would ring.
+        // `taken_ix` is in the run by construction; were it not, we would ring. Our first
+        // message to `dest` rings whatever the count says: until `dest` has heard from us it
+        // does not look at our slots when it has nothing else to do (`Sci::liveness_tick`),
+        // so a forged count must not keep it from hearing of us.
         let taken = takes.load(to.taken_ix);
-        if taken == Some(to.rung) {
+        if taken == Some(to.rung) && stamp != 1 {
             return Ok(());
         }
         to.rung = taken.unwrap_or(u64::MAX);
     }
-    ring(peers, wakers, dest, rank)
+    ring(peers, wakers, dest, ringer)
 }
 
-/// Rings `dest`'s message-exist flag with our tag (off the path of a steady exchange), and
-/// wakes it on its wake socket if it is armed there.
+/// Where this rank rings every peer: its bit in the same ringer word of each peer's segment
+/// (see [`crate::layout::ringer_bit`]), and that word's tag on the message-exist flag.
+struct Ringer {
+    at: usize,
+    bit: u64,
+    tag: u32,
+}
+
+impl Ringer {
+    fn of(layout: &Layout, rank: usize) -> Ringer {
+        let (w, bit) = crate::layout::ringer_bit(rank);
+        Ringer {
+            at: layout.ringer_word(w),
+            bit,
+            tag: am_shm::doorbell::tag(w),
+        }
+    }
+}
+
+/// Rings `dest`'s message-exist flag (off the path of a steady exchange): our ringer bit
+/// first, then the flag with our ringer word's tag, so that a receiver that sees the tag
+/// finds the bit (both are `SeqCst` read-modify-writes); and wakes it on its wake socket if
+/// it is armed there.
 #[inline(never)]
 fn ring(
     peers: &[Imported],
     wakers: &Arc<Wakers>,
     dest: usize,
-    rank: usize,
+    ringer: &Ringer,
 ) -> Result<(), SendError> {
     let Some(peer) = peers.get(dest) else {
         return Err(SendError::PeerLost(dest as Rank));
     };
-    let rung = peer
-        .ring_tagged(MEF, am_shm::doorbell::tag(rank))
-        .map_err(sci_err)?;
+    peer.fetch_or_word(ringer.at, ringer.bit).map_err(sci_err)?;
+    let rung = peer.ring_tagged(MEF, ringer.tag).map_err(sci_err)?;
     if rung == Rung::Armed {
         wakers.wake(dest as Rank);
     }
@@ -487,7 +514,7 @@ fn write_medium(
 
 impl TxState {
     /// Publishes `slot` at `dest` and rings its message-exist flag unless the flag still
-    /// carries our tag. `own` is this rank's segment (`None`: always ring).
+    /// carries our ringer bit. `own` is this rank's segment (`None`: always ring).
     #[inline]
     fn publish(
         &mut self,
@@ -501,7 +528,7 @@ impl TxState {
         let takes = own.map(|_| &self.takes);
         publish_to(
             self.fence,
-            self.rank,
+            &self.ringer,
             &self.peers,
             &self.wakers,
             takes,
@@ -585,7 +612,7 @@ impl TxState {
         let takes = own.map(|_| &self.takes);
         Some(publish_to(
             self.fence,
-            self.rank,
+            &self.ringer,
             &self.peers,
             &self.wakers,
             takes,
@@ -820,6 +847,7 @@ impl Sci {
             inbox,
             tx: TxState {
                 rank,
+                ringer: Ringer::of(&layout, rank),
                 wakers: Arc::new(Wakers::new(&job, n as u32)),
                 takes,
                 layout,
@@ -858,6 +886,7 @@ impl Sci {
             },
             work: VecDeque::with_capacity(n * 2 * config.slots),
             stamps: vec![0; 2 * config.slots],
+            rang: Vec::new(),
             liveness: Liveness::new(pids),
             faults: VecDeque::new(),
             takes: 0,
@@ -1000,29 +1029,43 @@ impl Sci {
         Ok(self.work.is_empty())
     }
 
-    /// Takes the message-exist flag: clears it, tells the senders whose tags it cleared (a new
-    /// take count written into each one's segment, so they ring again), and scans them.
+    /// Takes the message-exist flag: clears it and the ringer bits of the words its tags
+    /// name, tells the senders whose bits it cleared (a new take count written into each
+    /// one's segment, so they ring again), and scans them.
     fn take_exist_flag(&mut self) -> Result<(), TransportError> {
         self.stale_polls = 0;
         let tags = self.seg.doorbell(MEF).map_err(sci_err)?.take_tags();
         if tags == 0 {
             return Ok(());
         }
+        let mut rang = std::mem::take(&mut self.rang);
+        rang.clear();
+        let layout = self.tx.layout;
+        let taken = for_each_ringer_word(&layout, tags, |w| {
+            let bits = self.seg.take_word(layout.ringer_word(w))?;
+            push_ringers(&mut rang, w, bits, layout.ranks);
+            Ok(())
+        });
         let mut fenced = true;
-        if tags & !1 != 0 {
-            self.takes += 1;
-            let at = self.tx.layout.taken(self.tx.rank);
-            for (c, peer) in self.tx.peers.iter().enumerate() {
-                if tags & am_shm::doorbell::tag(c) != 0 {
-                    peer.store_word(at, self.takes).map_err(sci_err)?;
+        let told = taken.and_then(|()| {
+            if !rang.is_empty() {
+                self.takes += 1;
+                let at = layout.taken(self.tx.rank);
+                for &c in &rang {
+                    if let Some(peer) = self.tx.peers.get(c) {
+                        peer.store_word(at, self.takes)?;
+                    }
                 }
+                // The count before the scan, against the sender's ready flag before its read
+                // of the count (see `publish_to`): a barrier on the senders' threads too, as
+                // their side has no fence instruction.
+                fenced = self.tx.fence.heavy();
             }
-            // The count before the scan, against the sender's ready flag before its read of
-            // the count (see `publish_to`): a barrier on the senders' threads too, as their
-            // side has no fence instruction.
-            fenced = self.tx.fence.heavy();
-        }
-        self.scan(tags)?;
+            Ok(())
+        });
+        let scanned = told.map_err(sci_err).and_then(|()| self.scan(&rang));
+        self.rang = rang;
+        scanned?;
         if !fenced {
             return Err(TransportError::device(
                 "sci: membarrier failed: a sender's message may be found late",
@@ -1067,20 +1110,16 @@ impl Sci {
         }
     }
 
-    /// Scans the command segments of the senders in `tags` (all of them for an untagged
-    /// ring): reads every message-ready flag, then moves the ready messages to the work queue
-    /// in stamp order. After a take, so that a message a sender put where the protocol does
-    /// not is still found.
-    fn scan(&mut self, tags: u32) -> Result<(), TransportError> {
+    /// Scans the command segments of the senders in `senders` (those whose ringer bits a take
+    /// cleared): reads every message-ready flag, then moves the ready messages to the work
+    /// queue in stamp order. After a take, so that a message a sender put where the protocol
+    /// does not is still found.
+    fn scan(&mut self, senders: &[usize]) -> Result<(), TransportError> {
         let io = sci_err;
         let p = self.tx.config.slots;
-        let all = tags & !1 == 0;
         // Reused buffer: a fresh array per scan would cost a memset per poll.
         let stamps = &mut self.stamps;
-        for c in 0..self.tx.layout.ranks {
-            if !all && tags & am_shm::doorbell::tag(c) == 0 {
-                continue;
-            }
+        for &c in senders {
             let Some(e) = self.tx.recv.get_mut(c) else {
                 continue;
             };
@@ -1116,7 +1155,7 @@ impl Sci {
         let tags = self.seg.doorbell(MEF).map_err(io)?.peek_tags();
         // Taking a message here keeps per-sender order (the queue is empty and the stamp is
         // the next one) and leaves the flag as it is. A message elsewhere has its sender's
-        // tag on the flag.
+        // ringer bit set.
         let Hint { sender: c, reply } = self.hint;
         let Some(e) = self.tx.recv.get(c) else {
             return Err(TransportError::device("sci: bad hint"));
@@ -1172,31 +1211,21 @@ impl Sci {
             return Err(TransportError::JobAborted);
         }
         debug_assert!(self.work.is_empty());
-        let ranks = self.tx.layout.ranks;
+        let layout = self.tx.layout;
         let mut first = None;
-        let walked = 'walk: {
-            if tags & !1 == 0 {
-                for c in 0..ranks {
-                    if let Err(e) = self.take_ready(c, &mut first) {
-                        break 'walk Err(e);
-                    }
-                }
-            } else {
-                // Tag bit b stands for senders b, b + TAGS, ...
-                let mut bits = am_shm::doorbell::ringers(tags);
-                while bits != 0 {
-                    let mut c = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    while c < ranks {
-                        if let Err(e) = self.take_ready(c, &mut first) {
-                            break 'walk Err(e);
-                        }
-                        c += am_shm::doorbell::TAGS;
-                    }
+        // The senders whose ringer bits are set in the words the tags name; an untagged ring
+        // (a departure, the DMA engine) names none.
+        let walked = for_each_ringer_word(&layout, tags, |w| {
+            let mut bits = self.seg.load_word(layout.ringer_word(w)).map_err(sci_err)?;
+            while bits != 0 {
+                let c = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if c < layout.ranks {
+                    self.take_ready(c, &mut first)?;
                 }
             }
             Ok(())
-        };
+        });
         if let Err(e) = walked {
             // A message already taken is not lost with the look: it is next.
             if let Some(found) = first {
@@ -1216,13 +1245,32 @@ impl Sci {
     }
 
     /// After a while without progress: is every peer that has not departed still alive? And a
-    /// look at every sender's slots: a peer that corrupted its take count (so it never rings)
-    /// or our message-exist flag can delay a message by this much, never strand it.
+    /// look where the next message of every sender we have exchanged messages with can be: a
+    /// peer that corrupted a take count (so its sender never rings) or our ringer words can
+    /// delay such a message by this much, never strand it. Senders never heard from and
+    /// never sent to are left alone, so that their command segments' pages stay untouched.
     fn liveness_tick(&mut self) -> Result<(), TransportError> {
         if !self.liveness.due() {
             return Ok(());
         }
-        self.scan(1)?;
+        let queued = self.work.len();
+        let mut first = None;
+        for c in 0..self.tx.layout.ranks {
+            let known = self.tx.recv.get(c).is_some_and(|e| e.seq > 1)
+                || self.tx.dests.get(c).is_some_and(|to| to.send_seq > 1);
+            if known {
+                if let Err(e) = self.take_ready(c, &mut first) {
+                    if let Some(found) = first {
+                        self.work.insert(queued, found);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // The first one found comes before the others this sweep queued.
+        if let Some(found) = first {
+            self.work.insert(queued, found);
+        }
         let found = self
             .liveness
             .check_now(&self.seg, self.tx.layout.departed_words())?;
@@ -1240,6 +1288,39 @@ impl Sci {
         match first {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// Calls `f` with every ringer word whose tag `tags` carries (word `w` has tag `w % TAGS`;
+/// none for an untagged ring), stopping at its first error.
+#[inline]
+fn for_each_ringer_word<E>(
+    layout: &Layout,
+    tags: u32,
+    mut f: impl FnMut(usize) -> Result<(), E>,
+) -> Result<(), E> {
+    let words = layout.ringer_words();
+    let mut classes = am_shm::doorbell::ringers(tags);
+    while classes != 0 {
+        let mut w = classes.trailing_zeros() as usize;
+        classes &= classes - 1;
+        while w < words {
+            f(w)?;
+            w += am_shm::doorbell::TAGS;
+        }
+    }
+    Ok(())
+}
+
+/// Appends to `rang` the senders whose bits are set in ringer word `w` (a peer can write any
+/// bits: those of no rank are ignored).
+fn push_ringers(rang: &mut Vec<usize>, w: usize, mut bits: u64, ranks: usize) {
+    while bits != 0 {
+        let c = w * 64 + bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        if c < ranks {
+            rang.push(c);
         }
     }
 }
@@ -1506,3 +1587,6 @@ mod tests;
 
 #[cfg(test)]
 mod hostile;
+
+#[cfg(all(test, not(miri)))]
+mod touched;

@@ -22,9 +22,24 @@ fn trio() -> (Sci, Sci, Sci) {
 /// Rank 2 sends a Medium "good" to rank 1; rank 1 must get it (within a few bounded
 /// polls and waits), whatever rank 0 did before.
 fn good_still_arrives(b: &mut Sci, c: &mut Sci) {
+    send_good(c);
+    good_arrives(b);
+}
+
+fn send_good(c: &mut Sci) {
     let mut h = [0u8; MAX_HEAD_LEN];
     let n = head(Category::Request, AmKind::Medium, 4, &mut h);
     c.try_send(1, &out(&h[..n], b"good")).unwrap();
+}
+
+/// Rank 1 gets rank 2's "good" within a few bounded polls and waits.
+fn good_arrives(b: &mut Sci) {
+    let n = head(
+        Category::Request,
+        AmKind::Medium,
+        4,
+        &mut [0u8; MAX_HEAD_LEN],
+    );
     for _ in 0..50 {
         match b.poll_recv(|d, _, _| (d.src, d.bytes.to_vec())) {
             Ok(Some((2, bytes))) => {
@@ -153,15 +168,51 @@ fn more_requests_than_slots_is_an_error() {
 }
 
 /// A take count forged to look unchanged makes rank 2 skip its ring: rank 1 still
-/// finds the message (its idle look at every sender's slots).
+/// finds the message (its idle look at the slots of every sender it has heard from).
 #[test]
 fn a_forged_take_count_delays_but_never_strands() {
-    let (_a, mut b, mut c) = trio();
-    // Rank 2 rang rank 1 once already: its `rung` holds the count it saw.
+    let (mut a, mut b, mut c) = trio();
+    // Rank 1 has heard from rank 2 (its first message rings whatever the count).
     let at = c.tx.layout.taken(1);
-    c.tx.dests[1].rung = 5;
     c.seg.import().store_word(at, 5).unwrap();
+    c.tx.dests[1].rung = 5;
     good_still_arrives(&mut b, &mut c);
+    // Rank 1 takes its flag (and clears rank 2's ringer bit); rank 2's count is forged to
+    // look as it did when it last rang, so it does not ring again.
+    b.take_exist_flag().unwrap();
+    c.seg.import().store_word(at, 5).unwrap();
+    // Rank 1's last message is rank 0's, so its idle poll looks at rank 0's slots first.
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Short, 0, &mut h);
+    a.try_send(1, &out(&h[..n], &[])).unwrap();
+    assert_eq!(b.poll_recv(|d, _, _| d.src).unwrap(), Some(0));
+    b.take_exist_flag().unwrap();
+    send_good(&mut c);
+    assert_eq!(
+        b.seg.doorbell(MEF).unwrap().peek_tags(),
+        0,
+        "it did not ring"
+    );
+    good_arrives(&mut b);
+}
+
+/// A rank whose first message finds a take count forged to look unchanged rings anyway:
+/// its receiver, which never heard from it, does not look at its slots otherwise.
+#[test]
+fn a_first_message_rings_whatever_the_take_count() {
+    let (_a, b, mut c) = trio();
+    let at = c.tx.layout.taken(1);
+    c.seg.import().store_word(at, u64::MAX).unwrap();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Short, 0, &mut h);
+    c.try_send(1, &out(&h[..n], &[])).unwrap();
+    let (w, bit) = crate::layout::ringer_bit(2);
+    assert_eq!(
+        b.seg.load_word(b.tx.layout.ringer_word(w)).unwrap(),
+        bit,
+        "its ringer bit"
+    );
+    assert_ne!(b.seg.doorbell(MEF).unwrap().peek_tags(), 0);
 }
 
 /// A sender that restarts at slot 0 when its last request was not lone (breaking the
