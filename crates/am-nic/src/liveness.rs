@@ -151,6 +151,13 @@ impl Liveness {
             }
             let Some(pid) = *pid else { continue };
             if !am_bootstrap::process_alive(pid) {
+                // A rank that ends cleanly writes its departed word before it exits: one that
+                // departed between the load above and the probe is gone with the word set.
+                if own.load_word(departed.of(r)).unwrap_or(0) == 1 {
+                    self.departed[r] = true;
+                    found.push(TransportError::PeerDeparted(r as Rank));
+                    continue;
+                }
                 self.lost[r] = true;
                 found.push(TransportError::PeerLost(r as Rank));
             }
