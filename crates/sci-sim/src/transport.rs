@@ -1085,11 +1085,14 @@ impl Sci {
         let Some(e) = recv.get_mut(c) else {
             return Ok(());
         };
+        // A reply comes only while a request of ours to `c` waits for one: otherwise its reply
+        // slots are not read (nor their pages allocated, for a peer we never asked anything).
+        let replies = dests.get(c).is_some_and(|to| to.mls.0 != 0);
         loop {
             let restart = restart_slot(e, dests.get(c));
             let slot = if self.inbox.stamp(e.base + e.req).map_err(io)? == e.seq {
                 e.req
-            } else if self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
+            } else if replies && self.inbox.stamp(e.base + e.rep).map_err(io)? == e.seq {
                 e.rep
             } else {
                 match restart {
@@ -1111,27 +1114,51 @@ impl Sci {
     }
 
     /// Scans the command segments of the senders in `senders` (those whose ringer bits a take
-    /// cleared): reads every message-ready flag, then moves the ready messages to the work
-    /// queue in stamp order. After a take, so that a message a sender put where the protocol
-    /// does not is still found.
+    /// cleared): reads the message-ready flags of the slots each one can have written, then
+    /// moves the ready messages to the work queue in stamp order, and then the ones found in
+    /// turn after them. After a take, so that a message a sender put where the protocol does
+    /// not is still found.
+    ///
+    /// Slots are taken in turn from slot 0, so a sender that has sent fewer messages than
+    /// there are slots of a kind has written none past its next one of that kind: those are
+    /// not read, and their pages, which a read would allocate, stay untouched until it writes
+    /// them. Nor are its reply slots while no request of ours to it waits for a reply.
     fn scan(&mut self, senders: &[usize]) -> Result<(), TransportError> {
         let io = sci_err;
         let p = self.tx.config.slots;
-        // Reused buffer: a fresh array per scan would cost a memset per poll.
-        let stamps = &mut self.stamps;
         for &c in senders {
+            let replies = self.tx.dests.get(c).is_some_and(|to| to.mls.0 != 0);
             let Some(e) = self.tx.recv.get_mut(c) else {
                 continue;
             };
-            // One pass over the ready flags, then find the stamps in order locally.
-            for (k, s) in stamps.iter_mut().enumerate() {
-                *s = self.inbox.stamp(e.base + k).map_err(io)?;
+            let (reqs, reps) = if e.seq > p as u64 {
+                (p, p)
+            } else {
+                (e.req + 1, e.rep - p + 1)
+            };
+            let reps = if replies { reps } else { 0 };
+            // One pass over the ready flags, then find the stamps in order locally. Reused
+            // buffer: a fresh array per scan would cost a memset per poll.
+            let stamps = &mut self.stamps;
+            stamps.fill(0);
+            for k in (0..reqs).chain(p..p + reps) {
+                if let Some(s) = stamps.get_mut(k) {
+                    *s = self.inbox.stamp(e.base + k).map_err(io)?;
+                }
             }
             while let Some(slot) = stamps.iter().position(|&s| s == e.seq) {
                 let flags = self.inbox.header(e.base + slot).map_err(io)?.flags;
                 e.advance(slot, p, flags);
                 self.work.push_back(Ready { sender: c, slot });
             }
+            // The ones in turn after them, in slots not read above.
+            let queued = self.work.len();
+            let mut first = None;
+            let taken = self.take_ready(c, &mut first);
+            if let Some(found) = first {
+                self.work.insert(queued, found);
+            }
+            taken?;
         }
         Ok(())
     }

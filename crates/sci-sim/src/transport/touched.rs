@@ -108,3 +108,66 @@ fn a_rank_holds_the_memory_of_the_peers_that_wrote_to_it() {
     // The measure can fail: the sender's command segment is there.
     assert!(allocated(&files[1]) >= page as u64);
 }
+
+/// 64 ranks each send rank 0 one request, which it answers once all have come (found by
+/// looks and takes, since they ring together). Rank 0 then holds, per sender, the page of its
+/// first request slot and little more: not the rest of its request slots, nor its reply
+/// slots, since rank 0 asked it nothing (a take that scanned whole command segments would
+/// hold 64 of 64 KiB).
+#[test]
+fn a_receiver_reads_only_the_slots_a_sender_can_have_written() {
+    let ranks = 65;
+    let (mut nics, files) = cluster_memfd(ranks, SciConfig::default());
+    let layout = *nics[0].layout();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Short, 0, &mut h);
+    let mut r = [0u8; MAX_HEAD_LEN];
+    let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+    for nic in &mut nics[1..] {
+        nic.try_send(0, &out(&h[..n], &[])).unwrap();
+    }
+    let watchdog = std::time::Instant::now() + Duration::from_secs(20);
+    let mut routes = Vec::new();
+    while routes.len() < ranks - 1 {
+        assert!(
+            std::time::Instant::now() < watchdog,
+            "{} arrived",
+            routes.len()
+        );
+        match nics[0].poll_recv(|d, _, _| (d.src, d.route)).unwrap() {
+            Some(got) => routes.push(got),
+            None => nics[0].wait(Duration::from_millis(5)).unwrap(),
+        }
+    }
+    for (src, route) in routes {
+        nics[0].try_send(src, &reply(&r[..rn], &[], route)).unwrap();
+    }
+    for nic in &mut nics[1..] {
+        loop {
+            assert!(
+                std::time::Instant::now() < watchdog,
+                "a reply did not arrive"
+            );
+            if nic.poll_recv(|_, _, _| ()).unwrap().is_some() {
+                break;
+            }
+            nic.wait(Duration::from_millis(1)).unwrap();
+        }
+    }
+    // Idle through a take and a liveness sweep.
+    let idle = std::time::Instant::now();
+    while idle.elapsed() < 2 * LIVENESS_AFTER {
+        assert!(nics[0].poll_recv(|_, _, _| ()).unwrap().is_none());
+        nics[0].wait(Duration::from_millis(10)).unwrap();
+    }
+    let page = 4096;
+    let per_sender = page + page / 4;
+    let bound = (layout.words_len() + (ranks - 1) * per_sender) as u64;
+    let held = allocated(&files[0]);
+    assert!(
+        held <= bound,
+        "rank 0 holds {held} bytes, more than its word area and {per_sender} bytes per sender \
+         ({bound})"
+    );
+    assert!(held >= ((ranks - 1) * page) as u64, "the measure can fail");
+}
