@@ -43,10 +43,11 @@ pub fn depart<'a>(peers: impl IntoIterator<Item = &'a Imported>, me: usize, depa
         if r == me {
             continue;
         }
-        let _ = peer.store_word(departed.of(me), 1);
+        // The abort word first: a peer that sees this rank departed sees the abort too.
         if panicking {
             let _ = peer.store_word(ABORT, 1);
         }
+        let _ = peer.store_word(departed.of(me), 1);
         let _ = peer.ring(DOORBELL);
     }
 }

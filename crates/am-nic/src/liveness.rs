@@ -154,8 +154,14 @@ impl Liveness {
                 // A rank that ends cleanly writes its departed word before it exits: one that
                 // departed between the load above and the probe is gone with the word set.
                 if own.load_word(departed.of(r)).unwrap_or(0) == 1 {
-                    self.departed[r] = true;
-                    found.push(TransportError::PeerDeparted(r as Rank));
+                    // A rank that panicked set the abort word before its departed word
+                    // (`control::depart`).
+                    if own.load_word(ABORT).unwrap_or(0) == 1 {
+                        return Err(TransportError::JobAborted);
+                    }
+                    if !std::mem::replace(&mut self.departed[r], true) {
+                        found.push(TransportError::PeerDeparted(r as Rank));
+                    }
                     continue;
                 }
                 self.lost[r] = true;

@@ -157,9 +157,9 @@ impl Layout {
     }
 
     /// Offset of the word where rank `c` counts the takes of *its* message-exist flag that
-    /// cleared this rank's tag: written by `c` (a remote write into this segment), read here
-    /// before ringing `c`. While it has not moved since this rank last rang `c`, `c`'s flag
-    /// still carries this rank's tag and need not be rung again.
+    /// cleared this rank's ringer bit: written by `c` (a remote write into this segment), read
+    /// here before ringing `c`. While it has not moved since this rank last rang `c`, `c`'s
+    /// ringer words still carry this rank's bit and `c` need not be rung again.
     pub fn taken(&self, c: usize) -> usize {
         self.departed(c) + 8
     }

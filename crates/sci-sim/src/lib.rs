@@ -39,10 +39,10 @@
 //!   answered everything, also looks: a run of round trips reuses one slot and its reply slot,
 //!   whose lines stay warm in both caches, while a stream of requests keeps to the slots in
 //!   turn;
-//! - the receiver clears its message-exist flag only once nothing new came for a while (or
-//!   before it sleeps), and then writes a take count into the segment of each sender whose ringer bit
-//!   it cleared; a sender rings only if that count (in its *own* memory) moved since it last
-//!   rang, so a small message in a steady exchange moves one cache line, the slot's, and the
+//! - the receiver clears its message-exist flag and ringer words only once nothing new came
+//!   for a while (or before it sleeps), and then writes a take count into the segment of
+//!   each sender whose ringer bit it cleared; a sender rings only if that count (in its *own*
+//!   memory) moved since it last rang, so a small message in a steady exchange moves one cache line, the slot's, and the
 //!   sender still never reads a peer's memory. The sender's ready flag must be ordered before
 //!   its read of the count, against the receiver's take, count write and scan: the sender's
 //!   side of that fence is no instruction, and the receiver's take runs

@@ -513,8 +513,8 @@ fn write_medium(
 }
 
 impl TxState {
-    /// Publishes `slot` at `dest` and rings its message-exist flag unless the flag still
-    /// carries our ringer bit. `own` is this rank's segment (`None`: always ring).
+    /// Publishes `slot` at `dest` and rings its message-exist flag unless its ringer words
+    /// still carry our bit. `own` is this rank's segment (`None`: always ring).
     #[inline]
     fn publish(
         &mut self,
@@ -1272,20 +1272,32 @@ impl Sci {
     }
 
     /// After a while without progress: is every peer that has not departed still alive? And a
-    /// look where the next message of every sender we have exchanged messages with can be: a
-    /// peer that corrupted a take count (so its sender never rings) or our ringer words can
-    /// delay such a message by this much, never strand it. Senders never heard from and
-    /// never sent to are left alone, so that their command segments' pages stay untouched.
+    /// look where the next message can be of every sender we have exchanged messages with or
+    /// whose ringer bit is set: a peer that corrupted a take count (so its sender never rings)
+    /// or our message-exist flag can delay such a message by this much, never strand it.
+    /// Other senders are left alone, so that their command segments' pages stay untouched: a
+    /// peer that wipes our ringer words after a sender's first ring, before we heard from it,
+    /// and forges its take count, can strand that sender's messages (as any peer can
+    /// overwrite them).
     fn liveness_tick(&mut self) -> Result<(), TransportError> {
         if !self.liveness.due() {
             return Ok(());
         }
         let queued = self.work.len();
         let mut first = None;
-        for c in 0..self.tx.layout.ranks {
+        let layout = self.tx.layout;
+        for c in 0..layout.ranks {
             let known = self.tx.recv.get(c).is_some_and(|e| e.seq > 1)
                 || self.tx.dests.get(c).is_some_and(|to| to.send_seq > 1);
-            if known {
+            // A sender whose ringer bit is set, whatever the flag's tags say (a peer may have
+            // wiped them): one load per 64 senders.
+            let (w, bit) = crate::layout::ringer_bit(c);
+            let rang = || {
+                self.seg
+                    .load_word(layout.ringer_word(w))
+                    .is_ok_and(|bits| bits & bit != 0)
+            };
+            if known || rang() {
                 if let Err(e) = self.take_ready(c, &mut first) {
                     if let Some(found) = first {
                         self.work.insert(queued, found);

@@ -262,7 +262,8 @@ fn a_restart_the_receiver_does_not_expect_is_found_in_order() {
     assert_eq!(got, [b"rst0".to_vec(), b"rst1".to_vec()], "both, in order");
 }
 
-/// Garbage on the message-exist flag (any tags) costs a scan, nothing else.
+/// Garbage on the message-exist flag (any tags) costs looks at the ringer words, nothing
+/// else.
 #[test]
 fn garbage_on_the_message_exist_flag_is_harmless() {
     let (a, mut b, mut c) = trio();

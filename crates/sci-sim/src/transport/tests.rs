@@ -168,7 +168,7 @@ fn write_slot_matches_the_stamp_format() {
     assert_eq!((flags, body.to_vec()), (7, b"headpayload".to_vec()));
 }
 
-/// A sender rings only while the receiver's flag may lack its tag: after the first
+/// A sender rings only while the receiver's ringer words may lack its bit: after the first
 /// ring, until the receiver takes the flag (and writes its take count back).
 #[test]
 fn message_exist_flag_is_rung_again_only_after_a_take() {
