@@ -768,7 +768,8 @@ pub fn connect(
                 })
         }
         TransportKind::Portals => {
-            let config = portals_sim::PortalsConfig::from_env().map_err(|e| err(&e))?;
+            let config =
+                portals_sim::PortalsConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
             portals_sim::Portals::connect(info, segment_size, config)
                 .map(AnyTransport::Portals)
                 .map_err(|e| match e {
@@ -837,7 +838,8 @@ pub fn cluster(
                 .collect())
         }
         TransportKind::Portals => {
-            let config = portals_sim::PortalsConfig::from_env().map_err(|e| err(&e))?;
+            let config =
+                portals_sim::PortalsConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
             Ok(portals_sim::Portals::cluster(ranks, segment_size, config)
                 .map_err(|e| err(&e))?
                 .into_iter()

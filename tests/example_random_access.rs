@@ -4,7 +4,7 @@
 use std::process::{Command, Output};
 
 mod common;
-use common::example;
+use common::{example, run_bounded};
 
 fn run(args: &[&str]) -> (Output, serde_json::Value) {
     let out = Command::new(example("random_access"))
@@ -166,25 +166,39 @@ fn udp_under_loss_and_duplication_verifies() {
 }
 
 /// A job whose configuration chooses no credits gets its transport's (udp: 128 per peer, to
-/// cover its round trip; loopback: the core's 32), and `AM_CREDITS` still wins.
+/// cover its round trip; loopback: the core's 32; portals: dynamic ones from 256 ranks on,
+/// which its receive buffers are sized for), and `AM_CREDITS` still wins.
 #[test]
 fn credits_are_the_transports_unless_am_credits_chooses() {
-    let credits = |transport: &str, am_credits: Option<&str>| {
-        let mut cmd = Command::new(example("random_access"));
-        cmd.args(["--transport", transport, "--log2-table", "10", "--json"])
-            .env_remove("AM_SEGMENT_SIZE")
-            .env_remove("AM_CREDITS");
-        if let Some(c) = am_credits {
-            cmd.env("AM_CREDITS", c);
-        }
-        let out = cmd.output().expect("run random_access");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let row: serde_json::Value = serde_json::from_str(text.trim())
-            .unwrap_or_else(|e| panic!("{transport}: one JSON object expected ({e}): {text}"));
-        assert!(out.status.success(), "{transport}: {row}");
-        row["credits"].as_str().expect("credits").to_owned()
-    };
+    let credits = |transport: &str, am_credits: Option<&str>| credits_of(transport, 2, am_credits);
     assert_eq!(credits("udp", None), "128");
     assert_eq!(credits("udp", Some("8")), "8");
     assert_eq!(credits("loopback", None), "32");
+    assert_eq!(credits("portals", None), "32");
+    let ranks = amnet::credit::DYNAMIC_FROM_RANKS;
+    assert_eq!(credits_of("portals", ranks - 1, None), "32");
+    assert_eq!(credits_of("portals", ranks, None), "dynamic:2:32");
+    assert_eq!(credits_of("portals", ranks, Some("4")), "4");
+}
+
+/// The credits a `random_access --json` job of `ranks` ranks on `transport` reports.
+fn credits_of(transport: &str, ranks: u32, am_credits: Option<&str>) -> String {
+    let mut cmd = Command::new(example("random_access"));
+    let ranks = ranks.to_string();
+    cmd.args(["--transport", transport, "--log2-table", "10", "--json"])
+        .args(["--ranks", &ranks])
+        .env_remove("AM_SEGMENT_SIZE")
+        .env_remove("AM_CREDITS");
+    if let Some(c) = am_credits {
+        cmd.env("AM_CREDITS", c);
+    }
+    let run = run_bounded(cmd, std::time::Duration::from_secs(120));
+    let row: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{transport}: one JSON object expected ({e}): {}",
+            run.stdout
+        )
+    });
+    assert_eq!(run.code, 0, "{transport}: {row} {}", run.stderr);
+    row["credits"].as_str().expect("credits").to_owned()
 }

@@ -265,6 +265,11 @@ pub const DYNAMIC_INITIAL: u32 = 2;
 /// Default of [`DynamicCredits`]: credits each target keeps banked to lend.
 pub const DYNAMIC_BANK: u32 = 32;
 
+/// Jobs of at least this many ranks get [`Credits::DYNAMIC`] instead of [`Credits::default`]
+/// where nothing chose the credits, on a transport whose receive memory follows the credit
+/// policy ([`Credits::default_for_ranks`]).
+pub const DYNAMIC_FROM_RANKS: u32 = 256;
+
 /// Requests received by a target between two halvings of its usage counters.
 const EPOCH: u32 = 256;
 
@@ -476,6 +481,20 @@ impl Credits {
         match *self {
             Credits::Static(per_peer) => ranks as u64 * per_peer as u64,
             Credits::Dynamic { initial, bank } => ranks as u64 * initial as u64 + bank as u64,
+        }
+    }
+
+    /// The credits of a job of `ranks` ranks where nothing chose them, on a transport whose
+    /// receive memory follows [`receive_budget`](Self::receive_budget): static ones
+    /// ([`Credits::default`]) below [`DYNAMIC_FROM_RANKS`] ranks, where they cost little and
+    /// every peer streams at full speed from its first request; [`Credits::DYNAMIC`] from
+    /// there on, so that a rank's receive memory grows by `initial` requests per peer instead
+    /// of 32.
+    pub fn default_for_ranks(ranks: u32) -> Credits {
+        if ranks >= DYNAMIC_FROM_RANKS {
+            Credits::DYNAMIC
+        } else {
+            Credits::default()
         }
     }
 
@@ -892,5 +911,17 @@ mod tests {
         }
         assert_eq!(Credits::Static(8).receive_budget(1024), 8192);
         assert_eq!(Credits::DYNAMIC.receive_budget(1024), 2048 + 32);
+    }
+
+    #[test]
+    fn large_jobs_default_to_dynamic_credits() {
+        assert_eq!(Credits::default_for_ranks(2), Credits::default());
+        let below = DYNAMIC_FROM_RANKS - 1;
+        assert_eq!(Credits::default_for_ranks(below), Credits::default());
+        assert_eq!(
+            Credits::default_for_ranks(DYNAMIC_FROM_RANKS),
+            Credits::DYNAMIC
+        );
+        assert_eq!(Credits::default_for_ranks(u32::MAX), Credits::DYNAMIC);
     }
 }

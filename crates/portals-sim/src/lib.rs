@@ -236,8 +236,21 @@ impl PortalsConfig {
     /// `PORTALS_REQUEST_BUFFERS`, `PORTALS_MAX_MESSAGE`, `PORTALS_SEND_SLOTS`,
     /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
     pub fn from_env() -> Result<PortalsConfig, PortalsError> {
+        PortalsConfig::from_env_with(am_core::Credits::default())
+    }
+
+    /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
+    /// credits are [`Credits::default_for_ranks`] (dynamic from
+    /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), so that the receive buffers, sized
+    /// for them, grow by 2 requests per peer instead of 32. The transport then gives the core
+    /// the same credits ([`am_core::Transport::default_credits`]).
+    pub fn from_env_for_ranks(ranks: u32) -> Result<PortalsConfig, PortalsError> {
+        PortalsConfig::from_env_with(Credits::default_for_ranks(ranks))
+    }
+
+    fn from_env_with(default: Credits) -> Result<PortalsConfig, PortalsError> {
         let mut c = PortalsConfig {
-            credits: am_core::Config::from_env()?.credits.unwrap_or_default(),
+            credits: am_core::Config::from_env()?.credits.unwrap_or(default),
             ..PortalsConfig::default()
         };
         let num = |k: &str| -> Result<Option<usize>, PortalsError> {

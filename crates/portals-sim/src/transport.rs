@@ -1261,6 +1261,11 @@ impl Transport for Portals {
         }
     }
 
+    /// The credits the receive buffers were sized for ([`PortalsConfig::credits`]).
+    fn default_credits(&self) -> am_core::Credits {
+        self.tx.config.credits
+    }
+
     /// `PtlPut` into the target's segment entry ([`Nic::put`]), with no event there (the
     /// entry disables them): the deposit is done when this returns, which stands for the
     /// `Ack` a real initiator would wait for.
