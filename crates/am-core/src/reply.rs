@@ -106,10 +106,6 @@ pub(crate) struct OwedAcks {
     pub(crate) per_peer: Vec<Owed>,
     /// Peers owed something.
     pub(crate) owed: u32,
-    /// A peer owed this many is answered at once (half the credits a peer starts with), so
-    /// a sender keeps requests in flight while this rank is busy; the rest go when a poll
-    /// finds nothing more to do.
-    pub(crate) batch: u32,
 }
 
 /// What one peer is owed: one [`SystemMsg::Acks`] answers it, routed as its latest request
@@ -119,9 +115,36 @@ pub(crate) struct Owed {
     pub(crate) count: u32,
     pub(crate) granted: u32,
     pub(crate) route: Route,
+    /// A peer owed this many is answered at once (half the credits it holds toward this
+    /// rank), so that it keeps requests in flight while this rank is busy; the rest go when
+    /// a poll finds nothing more to do. Kept when what is owed is taken.
+    pub(crate) batch: u32,
+}
+
+impl Owed {
+    /// What is owed now, leaving nothing owed (and the batch as it is).
+    #[inline(always)]
+    fn take(&mut self) -> Owed {
+        let owed = *self;
+        self.count = 0;
+        self.granted = 0;
+        owed
+    }
 }
 
 impl OwedAcks {
+    /// Nothing owed to any of `size` peers, each answered in batches of `batch`.
+    pub(crate) fn new(size: u32, batch: u32) -> OwedAcks {
+        let none = Owed {
+            batch: batch.max(1),
+            ..Owed::default()
+        };
+        OwedAcks {
+            per_peer: vec![none; size as usize],
+            owed: 0,
+        }
+    }
+
     /// Owes `src` the reply to one more request, which came with `route`, granting `grant`:
     /// what to send now, if its batch is full.
     #[inline(always)]
@@ -133,11 +156,21 @@ impl OwedAcks {
         e.count += 1;
         e.granted += u32::from(grant);
         e.route = route;
-        if e.count < self.batch {
+        if e.count < e.batch {
             return None;
         }
         self.owed -= 1;
-        Some(std::mem::take(e))
+        Some(e.take())
+    }
+
+    /// `peer` holds `lent` credits toward this rank (a lending policy's count): its implicit
+    /// replies go in batches of half that, as a static peer's go in batches of half its
+    /// credits. Batches of half the initial credits would answer a peer that borrowed many
+    /// one request at a time.
+    pub(crate) fn lent(&mut self, peer: Rank, lent: u32) {
+        if let Some(e) = self.per_peer.get_mut(peer as usize) {
+            e.batch = (lent / 2).max(1);
+        }
     }
 
     /// Takes what is owed to `peer`, if anything (it is answered now).
@@ -148,7 +181,7 @@ impl OwedAcks {
             return None;
         }
         self.owed -= 1;
-        Some(std::mem::take(e))
+        Some(e.take())
     }
 
     /// Forgets what is owed to `peer` (it is gone).

@@ -292,6 +292,46 @@ fn coalescing_cluster(ranks: u32, seed: u64) -> (Cluster, Vec<Rc<Seen>>) {
     (c, seen)
 }
 
+/// Under dynamic credits a hot sender borrows beyond the 2 it starts with, and the target
+/// answers its requests in batches of half what it holds, not of half the 2 initial ones
+/// (which would be one reply per request).
+#[test]
+fn implicit_replies_to_a_borrower_coalesce_by_its_loan() {
+    for seed in 0..SEEDS {
+        let shape = Shape::new(3);
+        let seen: Vec<Rc<Seen>> = (0..shape.ranks).map(|_| Rc::default()).collect();
+        let mut c = Cluster::build(
+            shape,
+            seed,
+            |r| handlers(&seen[r as usize]),
+            |_| shape.segment,
+            |_| am_core::Credits::DYNAMIC.policy(shape.ranks, 64).unwrap(),
+        );
+        for r in c.start() {
+            r.expect("start-up");
+        }
+        for n in &mut c.nodes {
+            n.ep.set_acks_coalesce(true);
+        }
+        c.net.sent.clear();
+        requests_to_0(&mut c, &[1], 400, |i| (SINK, i));
+        c.settle();
+        let got: Vec<u32> = seen[0].sunk.borrow().iter().map(|s| s.1).collect();
+        assert_eq!(got, (0..400).collect::<Vec<_>>(), "seed {seed}");
+        let held = c.nodes[1].ep.credits().held(0);
+        assert!(held > 8, "seed {seed}: rank 1 borrowed only up to {held}");
+        let replies = c
+            .net
+            .sent
+            .iter()
+            .filter(|&&(s, _, reply)| s == 0 && reply)
+            .count();
+        assert!(replies < 100, "seed {seed}: {replies} replies for 400 requests");
+        assert!(c.nodes.iter().all(|n| n.ep.is_quiet()), "seed {seed}");
+        assert!(c.nodes.iter().all(|n| n.errors.is_empty()), "seed {seed}");
+    }
+}
+
 /// Where the transport allows it, the requests a handler answers with no reply are answered
 /// together: fewer messages, the same credits home, nothing dropped or reordered, also when
 /// the device refuses some of the coalesced replies.

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::state::{Endpoint, Hello};
 use crate::atomic::Refused;
-use crate::credit::CreditPolicy;
+use crate::credit::{CreditPolicy, Policy};
 use crate::error::{shm_err, AmError, Misbehavior};
 use crate::handler::Threading;
 use crate::handler::{HandlerFn, Msg};
@@ -511,7 +511,16 @@ impl<H: Threading> Endpoint<H> {
                 }
                 Ok(0)
             }
-            Category::Request => Ok(self.credits.reply_grant(src, hdr.credit)),
+            Category::Request => {
+                let grant = self.credits.reply_grant(src, hdr.credit);
+                // Only a custom policy lends: the static one's batches are fixed.
+                if let Policy::Custom(p) = &self.credits {
+                    if let (Some(acks), Some(lent)) = (self.replies.acks.as_mut(), p.lent_to(src)) {
+                        acks.lent(src, lent);
+                    }
+                }
+                Ok(grant)
+            }
         }
     }
 

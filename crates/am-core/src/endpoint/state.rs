@@ -7,7 +7,7 @@ use crate::credit::{CreditPolicy, Policy};
 use crate::error::AmError;
 use crate::handler::{Handlers, Sendable, Threading};
 use crate::protocol::HelloVerdict;
-use crate::reply::{Owed, OwedAcks, Replies};
+use crate::reply::{OwedAcks, Replies};
 use crate::transport::Limits;
 use crate::types::Rank;
 
@@ -221,11 +221,7 @@ impl<H: Threading> Endpoint<H> {
     /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
     /// driver calls when a poll finds nothing.
     pub fn set_acks_coalesce(&mut self, on: bool) {
-        self.replies.acks = on.then(|| OwedAcks {
-            per_peer: vec![Owed::default(); self.size as usize],
-            owed: 0,
-            batch: (self.credits.held(self.rank) / 2).max(1),
-        });
+        self.replies.acks = on.then(|| OwedAcks::new(self.size, self.credits.held(self.rank) / 2));
     }
 
     /// Whether implicit replies are owed and not yet sent (see [`Endpoint::flush_acks`]).
