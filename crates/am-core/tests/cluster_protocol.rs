@@ -277,6 +277,15 @@ fn sink_from_1_and_2(c: &mut Cluster, n: u32) {
     requests_to_0(c, &[1, 2], n, |i| (SINK, i));
 }
 
+/// Replies rank `r` has sent since the network's record was last cleared.
+fn replies_from(c: &Cluster, r: Rank) -> usize {
+    c.net
+        .sent
+        .iter()
+        .filter(|&&(s, _, reply)| s == r && reply)
+        .count()
+}
+
 /// A started cluster of `ranks` ranks with 8 credits per peer whose implicit replies are
 /// coalesced, with nothing counted as sent yet.
 fn coalescing_cluster(ranks: u32, seed: u64) -> (Cluster, Vec<Rc<Seen>>) {
@@ -320,13 +329,11 @@ fn implicit_replies_to_a_borrower_coalesce_by_its_loan() {
         assert_eq!(got, (0..400).collect::<Vec<_>>(), "seed {seed}");
         let held = c.nodes[1].ep.credits().held(0);
         assert!(held > 8, "seed {seed}: rank 1 borrowed only up to {held}");
-        let replies = c
-            .net
-            .sent
-            .iter()
-            .filter(|&&(s, _, reply)| s == 0 && reply)
-            .count();
-        assert!(replies < 100, "seed {seed}: {replies} replies for 400 requests");
+        let replies = replies_from(&c, 0);
+        assert!(
+            replies < 100,
+            "seed {seed}: {replies} replies for 400 requests"
+        );
         assert!(c.nodes.iter().all(|n| n.ep.is_quiet()), "seed {seed}");
         assert!(c.nodes.iter().all(|n| n.errors.is_empty()), "seed {seed}");
     }
@@ -352,12 +359,7 @@ fn implicit_replies_coalesce_and_every_credit_comes_home() {
                 "seed {seed}"
             );
         }
-        let replies = c
-            .net
-            .sent
-            .iter()
-            .filter(|&&(s, _, reply)| s == 0 && reply)
-            .count();
+        let replies = replies_from(&c, 0);
         // At least one per batch of 4 (half of 8 credits), far fewer than one per request.
         assert!(
             (26..100).contains(&replies),
