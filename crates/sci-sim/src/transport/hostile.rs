@@ -19,6 +19,15 @@ fn trio() -> (Sci, Sci, Sci) {
     (v.pop().unwrap(), b, c)
 }
 
+/// Rings rank 1 as rank 0 does after writing into its slots: its ringer bit, then the flag
+/// with its ringer word's tag.
+fn ring_from_0(a: &Sci) {
+    let (w, bit) = crate::layout::ringer_bit(0);
+    let peer = &a.tx.peers[1];
+    peer.fetch_or_word(a.tx.layout.ringer_word(w), bit).unwrap();
+    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(w)).unwrap();
+}
+
 /// Rank 2 sends a Medium "good" to rank 1; rank 1 must get it (within a few bounded
 /// polls and waits), whatever rank 0 did before.
 fn good_still_arrives(b: &mut Sci, c: &mut Sci) {
@@ -61,7 +70,7 @@ fn a_length_past_the_slot_is_an_error_naming_the_sender() {
     peer.write(chan.data + 8, &(chan.capacity() as u32 + 1).to_le_bytes())
         .unwrap();
     chan.publish(peer, 0, 1).unwrap();
-    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    ring_from_0(&a);
     let mut delivered = false;
     let r = b.poll_recv(|_, _, _| delivered = true);
     assert!(
@@ -83,7 +92,7 @@ fn a_forged_stamp_is_never_delivered() {
         chan.write(peer, slot, 0, &[&[0xEE; 12]]).unwrap();
         chan.publish(peer, slot, 7 + slot as u64).unwrap();
     }
-    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    ring_from_0(&a);
     for _ in 0..3 {
         assert!(b.poll_recv(|d, _, _| d.src).unwrap().is_none());
         b.take_exist_flag().unwrap();
@@ -114,7 +123,7 @@ fn a_reply_answering_requests_never_sent_is_an_error() {
         )
         .unwrap();
         chan.publish(peer, 2, 1).unwrap();
-        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        ring_from_0(&a);
         let mut delivered = false;
         let got = b.poll_recv(|_, _, _| delivered = true);
         assert!(
@@ -151,7 +160,7 @@ fn more_requests_than_slots_is_an_error() {
     for (seq, slot) in [(1u64, 0usize), (2, 1), (3, 0)] {
         write_slot(peer, chan.base(slot).unwrap(), 0, &h[..n], Payload::EMPTY).unwrap();
         chan.publish(peer, slot, seq).unwrap();
-        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        ring_from_0(&a);
         match b.poll_recv(|d, _, _| d.src) {
             Ok(_) => {}
             Err(e) => errors.push(e),
@@ -282,7 +291,7 @@ fn garbage_heads_are_lent_within_the_slot() {
     let peer = &a.tx.peers[1];
     chan.write(peer, 0, u32::MAX, &[&[0xFF; 40]]).unwrap();
     chan.publish(peer, 0, 1).unwrap();
-    let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+    ring_from_0(&a);
     let got = b.poll_recv(|d, _, _| (d.src, d.bytes.len())).unwrap();
     assert_eq!(got, Some((0, 40)));
     good_still_arrives(&mut b, &mut c);
@@ -329,7 +338,7 @@ fn lengths_at_and_just_past_the_slot_capacity() {
                 .unwrap();
         }
         chan.publish(peer, 0, 1).unwrap();
-        let _ = peer.ring_tagged(MEF, am_shm::doorbell::tag(0)).unwrap();
+        ring_from_0(&a);
         let mut delivered = None;
         let r = b.poll_recv(|d, _, _| delivered = Some((d.src, d.bytes.to_vec())));
         if over == 0 {
