@@ -1043,7 +1043,7 @@ impl Sci {
         let layout = self.tx.layout;
         let taken = for_each_ringer_word(&layout, tags, |w| {
             let bits = self.seg.take_word(layout.ringer_word(w))?;
-            push_ringers(&mut rang, w, bits, layout.ranks);
+            rang.extend(ringers_in(w, bits, layout.ranks));
             Ok(())
         });
         let mut fenced = true;
@@ -1152,15 +1152,21 @@ impl Sci {
                 self.work.push_back(Ready { sender: c, slot });
             }
             // The ones in turn after them, in slots not read above.
-            let queued = self.work.len();
-            let mut first = None;
-            let taken = self.take_ready(c, &mut first);
-            if let Some(found) = first {
-                self.work.insert(queued, found);
-            }
-            taken?;
+            self.queue_ready(c)?;
         }
         Ok(())
+    }
+
+    /// [`take_ready`](Self::take_ready) of sender `c` onto the end of the work queue, in
+    /// stamp order, also when it fails part way (what it took is not lost).
+    fn queue_ready(&mut self, c: usize) -> Result<(), TransportError> {
+        let queued = self.work.len();
+        let mut first = None;
+        let taken = self.take_ready(c, &mut first);
+        if let Some(found) = first {
+            self.work.insert(queued, found);
+        }
+        taken
     }
 
     /// The next message to deliver: the work queue's head; else the last sender's next
@@ -1243,13 +1249,9 @@ impl Sci {
         // The senders whose ringer bits are set in the words the tags name; an untagged ring
         // (a departure, the DMA engine) names none.
         let walked = for_each_ringer_word(&layout, tags, |w| {
-            let mut bits = self.seg.load_word(layout.ringer_word(w)).map_err(sci_err)?;
-            while bits != 0 {
-                let c = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if c < layout.ranks {
-                    self.take_ready(c, &mut first)?;
-                }
+            let bits = self.seg.load_word(layout.ringer_word(w)).map_err(sci_err)?;
+            for c in ringers_in(w, bits, layout.ranks) {
+                self.take_ready(c, &mut first)?;
             }
             Ok(())
         });
@@ -1283,32 +1285,18 @@ impl Sci {
         if !self.liveness.due() {
             return Ok(());
         }
-        let queued = self.work.len();
-        let mut first = None;
         let layout = self.tx.layout;
-        for c in 0..layout.ranks {
-            let known = self.tx.recv.get(c).is_some_and(|e| e.seq > 1)
-                || self.tx.dests.get(c).is_some_and(|to| to.send_seq > 1);
-            // A sender whose ringer bit is set, whatever the flag's tags say (a peer may have
-            // wiped them): one load per 64 senders.
-            let (w, bit) = crate::layout::ringer_bit(c);
-            let rang = || {
-                self.seg
-                    .load_word(layout.ringer_word(w))
-                    .is_ok_and(|bits| bits & bit != 0)
-            };
-            if known || rang() {
-                if let Err(e) = self.take_ready(c, &mut first) {
-                    if let Some(found) = first {
-                        self.work.insert(queued, found);
-                    }
-                    return Err(e);
+        for w in 0..layout.ringer_words() {
+            // Senders whose ringer bits are set, whatever the flag's tags say (a peer may
+            // have wiped them): one load per 64 senders.
+            let bits = self.seg.load_word(layout.ringer_word(w)).unwrap_or(0);
+            for c in w * 64..layout.ranks.min(w * 64 + 64) {
+                let known = self.tx.recv.get(c).is_some_and(|e| e.seq > 1)
+                    || self.tx.dests.get(c).is_some_and(|to| to.send_seq > 1);
+                if known || bits & crate::layout::ringer_bit(c).1 != 0 {
+                    self.queue_ready(c)?;
                 }
             }
-        }
-        // The first one found comes before the others this sweep queued.
-        if let Some(found) = first {
-            self.work.insert(queued, found);
         }
         let found = self
             .liveness
@@ -1352,16 +1340,19 @@ fn for_each_ringer_word<E>(
     Ok(())
 }
 
-/// Appends to `rang` the senders whose bits are set in ringer word `w` (a peer can write any
-/// bits: those of no rank are ignored).
-fn push_ringers(rang: &mut Vec<usize>, w: usize, mut bits: u64, ranks: usize) {
-    while bits != 0 {
-        let c = w * 64 + bits.trailing_zeros() as usize;
-        bits &= bits - 1;
-        if c < ranks {
-            rang.push(c);
+/// The senders whose bits are set in ringer word `w`, which holds `bits` (a peer can write
+/// any bits: those of no rank are left out).
+fn ringers_in(w: usize, mut bits: u64, ranks: usize) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        while bits != 0 {
+            let c = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if c < ranks {
+                return Some(c);
+            }
         }
-    }
+        None
+    })
 }
 
 impl Transport for Sci {
