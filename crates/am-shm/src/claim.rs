@@ -34,7 +34,7 @@
 //!   have written, is marked `SKIPPED` by the owner with a compare-and-swap ([`take_over`],
 //!   [`repair`]), so the next lap finds it free and a producer that published meanwhile
 //!   keeps its publication; a free slot below later claims (a hole a corrupt tail left) is
-//!   skipped the same way ([`fill_hole`]).
+//!   skipped the same way ([`fill_holes`]).
 //!
 //! Zeroed memory is a valid empty ring. The ring's storage (where each slot's status word
 //! lies) is its user's: a [`Slots`] gives the status word of a ticket, and a [`Claimant`]
@@ -456,23 +456,37 @@ pub fn repair(laps: &Laps, word: &AtomicU64, t: u64) {
 }
 
 /// The owner's look past an `Empty` ticket `head` (when idle): if a later ticket of the
-/// ring is this lap's, `head` is a hole no claimer will fill (a corrupt tail hint sent the
-/// claims past it), so the owner marks it skipped with a compare-and-swap (a claimer that
-/// takes it first keeps it) and returns true; the caller then consumes it. Looks at up to
-/// a ring's worth of slots: call it when idle, not per poll.
-pub fn fill_hole<S: Slots>(ring: &S, head: u64) -> Result<bool, S::Error> {
+/// ring is this lap's, the free tickets from `head` up to it are holes no claimer will fill
+/// (a corrupt tail hint sent the claims past them), so the owner marks each skipped with a
+/// compare-and-swap (a claimer that takes one first keeps it, and the run ends there) and
+/// returns how many it skipped; the caller then consumes them. One pass over up to a ring's
+/// worth of slots, whatever the run's length (a hint a whole ring ahead leaves a ring's
+/// worth of holes): call it when idle, not per poll.
+pub fn fill_holes<S: Slots>(ring: &S, head: u64) -> Result<u64, S::Error> {
     let laps = ring.laps();
-    let word = ring.status(head)?;
-    let prev = word.load(Ordering::Acquire);
-    if !laps.is_free(prev, head) {
-        return Ok(false);
+    if !laps.is_free(ring.status(head)?.load(Ordering::Acquire), head) {
+        return Ok(0);
     }
+    let mut above = None;
     for t in head + 1..head.saturating_add(laps.slots()) {
         if laps.is_taken(ring.status(t)?.load(Ordering::Acquire), t) {
-            return Ok(take_over(&laps, word, head, prev));
+            above = Some(t);
+            break;
         }
     }
-    Ok(false)
+    let Some(above) = above else {
+        return Ok(0);
+    };
+    let mut skipped = 0;
+    for t in head..above {
+        let word = ring.status(t)?;
+        let prev = word.load(Ordering::Acquire);
+        if !laps.is_free(prev, t) || !take_over(&laps, word, t, prev) {
+            break;
+        }
+        skipped += 1;
+    }
+    Ok(skipped)
 }
 
 #[cfg(all(test, not(loom)))]
@@ -636,17 +650,46 @@ mod tests {
     fn a_hole_below_claims_is_filled_once() {
         let r = words(4);
         let laps = r.laps();
-        assert!(!fill_hole(&r, 0).unwrap());
+        assert_eq!(fill_holes(&r, 0).unwrap(), 0);
         r.status(2)
             .unwrap()
             .store(laps.claimed(2, 3), Ordering::Relaxed);
-        assert!(fill_hole(&r, 0).unwrap());
+        // Both holes below the claim in one pass, and nothing past it.
+        assert_eq!(fill_holes(&r, 0).unwrap(), 2);
+        for t in 0..2 {
+            assert_eq!(
+                laps.look(r.status(t).unwrap().load(Ordering::Relaxed), t)
+                    .unwrap(),
+                Seen::Skipped(OWNER)
+            );
+        }
         assert_eq!(
-            laps.look(r.status(0).unwrap().load(Ordering::Relaxed), 0)
+            laps.look(r.status(3).unwrap().load(Ordering::Relaxed), 3)
                 .unwrap(),
-            Seen::Skipped(OWNER)
+            Seen::Empty
         );
-        assert!(!fill_hole(&r, 0).unwrap());
+        assert_eq!(fill_holes(&r, 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_run_of_holes_ends_at_a_slot_a_claimer_took_first() {
+        let r = words(8);
+        let laps = r.laps();
+        r.status(6)
+            .unwrap()
+            .store(laps.claimed(6, 3), Ordering::Relaxed);
+        // A claimer took ticket 2 after the hint went past it: the run is 0 and 1.
+        r.status(2)
+            .unwrap()
+            .store(laps.claimed(2, 4), Ordering::Relaxed);
+        assert_eq!(fill_holes(&r, 0).unwrap(), 2);
+        assert_eq!(
+            laps.look(r.status(2).unwrap().load(Ordering::Relaxed), 2)
+                .unwrap(),
+            Seen::Claimed(4)
+        );
+        // From ticket 3, the next run.
+        assert_eq!(fill_holes(&r, 3).unwrap(), 3);
     }
 
     #[test]

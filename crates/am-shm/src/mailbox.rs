@@ -478,12 +478,13 @@ impl Ring {
         Ok(())
     }
 
-    /// The owner's look past an `Empty` ticket `head` (when idle): if a later ticket of the
-    /// ring is this lap's, `head` is a hole no claimer will fill (a corrupt tail hint sent
-    /// the claims past it), so the owner marks it skipped with a compare-and-swap (a claimer
-    /// that takes it first keeps it) and returns true; the caller then consumes it.
-    pub fn fill_hole(&self, seg: &Segment, head: u64) -> Result<bool, ShmError> {
-        claim::fill_hole(&Slots { ring: self, seg }, head)
+    /// The owner's look past an `Empty` ticket `head` (when idle): the run of holes from
+    /// `head` below a later claim of this lap (a corrupt tail or head sent the claims past
+    /// them), each marked skipped with a compare-and-swap (a claimer that takes one first
+    /// keeps it); how many, which the caller then consumes. One pass
+    /// ([`claim::fill_holes`]).
+    pub fn fill_holes(&self, seg: &Segment, head: u64) -> Result<u64, ShmError> {
+        claim::fill_holes(&Slots { ring: self, seg }, head)
     }
 
     /// A view of the first `len` payload bytes of the published slot of `head` (`len` is
@@ -1806,7 +1807,9 @@ mod tests {
             for t in 2..4 {
                 match r.look(&seg, t).unwrap() {
                     Seen::Claimed(1) => r.skip(&w, t, 1).unwrap(),
-                    Seen::Empty => assert!(r.fill_hole(&seg, t).unwrap(), "tail {tail}: hole {t}"),
+                    Seen::Empty => {
+                        assert!(r.fill_holes(&seg, t).unwrap() > 0, "tail {tail}: hole {t}")
+                    }
                     other => panic!("tail {tail}: {other:?} at {t}"),
                 }
             }

@@ -1450,10 +1450,10 @@ impl Extoll {
                         ));
                     }
                 }
-                Ok(Seen::Empty) => match ring.fill_hole(&self.seg, t) {
-                    Ok(true) => self.tx.fault(misbehaved(
+                Ok(Seen::Empty) => match ring.fill_holes(&self.seg, t) {
+                    Ok(n) if n > 0 => self.tx.fault(misbehaved(
                         None,
-                        format!("a hole at notification ticket {t} (a corrupt tail or head)"),
+                        format!("{n} holes from notification ticket {t} (a corrupt tail or head)"),
                     )),
                     _ => return true,
                 },
@@ -1504,18 +1504,20 @@ impl Extoll {
                         _ => return,
                     }
                 }
-                Ok(Seen::Empty) => match ring.fill_hole(&self.seg, t) {
-                    Ok(true) => {
-                        self.tx.fault(misbehaved(
+                Ok(Seen::Empty) => {
+                    match ring.fill_holes(&self.seg, t) {
+                        Ok(n) if n > 0 => {
+                            self.tx.fault(misbehaved(
                             None,
-                            format!("a hole at VELO mailbox ticket {t} (a corrupt tail or head)"),
+                            format!("{n} holes from VELO mailbox ticket {t} (a corrupt tail or head)"),
                         ));
+                        }
+                        _ => {
+                            self.drop_stranded_rma();
+                            return;
+                        }
                     }
-                    _ => {
-                        self.drop_stranded_rma();
-                        return;
-                    }
-                },
+                }
                 Ok(Seen::Skipped(_)) => self.consume(),
                 Ok(Seen::Published(meta)) => {
                     let m = Meta::decode(meta);

@@ -603,12 +603,11 @@ impl NiOwner {
                 // Claims past a free head: holes, skipped at once (reported once).
                 let geo = self.geo;
                 let parts = Parts::new(seg, &geo);
-                let mut skipped = false;
-                while claim::fill_hole(&parts, self.head)? {
+                let skipped = claim::fill_holes(&parts, self.head)?;
+                for _ in 0..skipped {
                     self.consumed(seg)?;
-                    skipped = true;
                 }
-                if skipped {
+                if skipped > 0 {
                     return Err(corrupt("event queue tail (a hole below claims)", tail));
                 }
                 let now = seg.word(self.geo.eq_slot(t))?.load(Ordering::Acquire);
