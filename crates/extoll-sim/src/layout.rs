@@ -13,13 +13,21 @@
 //!   claims(c)         rank c's claim records in our queues (c writes them, `am_shm::mailbox`):
 //!                     its sends into the VELO mailbox, its main thread's and its engine
 //!                     thread's notification slots
+//!   pool_claim(i)     with a pool: who holds pool buffer i (0: free; a sender's
+//!                     compare-and-swap claims it, we free it once its Medium is read),
+//!                     eight to a line
 //! byte area
 //!   mailbox           slots × packet_size (56 or 120 data bytes + 8-byte status, status last)
 //!   notifications     notify_slots × 16 (8-byte notification + 8-byte status)
-//!   rx(c)             RMA Medium receive buffers from rank c: buffers × BUF bytes, each with
-//!                     the message at its end, just before the 8-byte tail (marker last)
+//!   rx(c)             without a pool: RMA Medium receive buffers from rank c, buffers × BUF
+//!                     bytes, each with the message at its end, just before the 8-byte tail
+//!                     (marker last)
+//!   pool(i)           with a pool: rma_pool buffers of BUF bytes, laid out as rx's
 //!   segment           the AM segment (registered region 0: Long payloads, RMA put/get)
 //! ```
+//!
+//! Without a pool, receive buffers grow with the job (`ranks × rma_buffers × BUF`); with one
+//! ([`ExtollConfig::rma_pool`]), only the word area does (three lines per rank).
 
 use am_shm::mailbox::Ring;
 use am_shm::CACHE_LINE;
@@ -98,8 +106,10 @@ pub struct Layout {
     pub mailbox_slots: usize,
     /// Notification queue slots.
     pub notify_slots: usize,
-    /// RMA Medium buffers per connection.
+    /// RMA Medium buffers per connection (0 with a pool).
     pub rma_buffers: usize,
+    /// RMA Medium buffers in the shared pool (0: buffers per connection).
+    pub rma_pool: usize,
     /// Bytes of the AM segment.
     pub segment: usize,
     /// The VELO mailbox and the notification queue, made once by `new` from the fields above.
@@ -135,7 +145,12 @@ impl Layout {
             packet_size: config.packet_size,
             mailbox_slots: config.mailbox_slots,
             notify_slots: config.notify_slots,
-            rma_buffers: config.rma_buffers,
+            rma_buffers: if config.rma_pool > 0 {
+                0
+            } else {
+                config.rma_buffers
+            },
+            rma_pool: config.rma_pool,
             segment,
             mailbox,
             notifications,
@@ -148,24 +163,67 @@ impl Layout {
         let mailbox = lines(l.mailbox_slots.checked_mul(l.packet_size)?)?;
         let notes = l.notify_slots.checked_mul(NOTIFY_SLOT)?;
         let rx = lines(mailbox.checked_add(notes)?)?;
-        let conns = ranks.checked_mul(l.rma_buffers.checked_mul(RMA_BUF)?)?;
+        let conns = ranks
+            .checked_mul(l.rma_buffers.checked_mul(RMA_BUF)?)?
+            .checked_add(l.rma_pool.checked_mul(RMA_BUF)?)?;
         let bytes = rx.checked_add(conns)?.checked_add(segment)?;
         let words = ranks
             .checked_mul(3 * CACHE_LINE)?
-            .checked_add(PER_RANK_WORDS)?;
+            .checked_add(PER_RANK_WORDS)?
+            .checked_add(lines(l.rma_pool.checked_mul(8)?)?)?;
         // Room for the segment's own rounding (whole words, whole lines).
         bytes.checked_add(words)?.checked_add(2 * CACHE_LINE)?;
         let l = Layout {
             segment_base: rx.checked_add(conns)?,
             ..l
         };
-        debug_assert_eq!(l.segment_base, l.rx_base() + ranks * l.conn_bytes());
+        debug_assert_eq!(
+            l.segment_base,
+            l.rx_base() + ranks * l.conn_bytes() + l.rma_pool * RMA_BUF
+        );
         (bytes <= isize::MAX as usize).then_some(l)
     }
 
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
+        self.pool_claims()
+            .saturating_add(line(self.rma_pool.saturating_mul(8)))
+    }
+
+    fn pool_claims(&self) -> usize {
         PER_RANK_WORDS.saturating_add(self.ranks.saturating_mul(3 * CACHE_LINE))
+    }
+
+    /// Offset of the claim word of pool buffer `i` ([`ExtollConfig::rma_pool`]).
+    #[inline]
+    pub fn pool_claim(&self, i: usize) -> usize {
+        self.pool_claims().saturating_add(i.saturating_mul(8))
+    }
+
+    /// Offset of pool buffer `i` ([`ExtollConfig::rma_pool`]).
+    #[inline]
+    pub fn pool(&self, i: usize) -> usize {
+        self.rx_base()
+            .saturating_add(self.ranks.saturating_mul(self.conn_bytes()))
+            .saturating_add(i.saturating_mul(RMA_BUF))
+    }
+
+    /// The most RMA Mediums one sender may have in flight to one receiver: its buffers per
+    /// connection, or with a pool, the pool's size up to 16 (a VELO message counts the RMA
+    /// Mediums before it modulo [`crate::velo::RMA_BEFORE_MOD`], which must exceed this).
+    #[inline]
+    pub fn rma_flight(&self) -> usize {
+        if self.rma_pool > 0 {
+            self.rma_pool.min(16)
+        } else {
+            self.rma_buffers
+        }
+    }
+
+    /// Bytes of receive memory one rank reserves: its word area and its byte area without
+    /// the AM segment (queues and RMA Medium buffers).
+    pub fn receive_bytes(&self) -> usize {
+        self.words_len().saturating_add(self.segment_base)
     }
 
     fn rank_words(&self, c: usize) -> usize {

@@ -138,6 +138,11 @@ pub use transport::{Extoll, RmaOp};
 /// The largest AM Medium payload (the seed's 8192 bytes).
 pub const MAX_MEDIUM: usize = 8192;
 
+/// The smallest RMA Medium pool dynamic credits choose ([`ExtollConfig::from_env`]).
+pub const MIN_RMA_POOL: usize = 8;
+/// The largest RMA Medium pool ([`ExtollConfig::rma_pool`]).
+pub const MAX_RMA_POOL: usize = 1024;
+
 /// Which engine carries an AM Medium.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MediumPath {
@@ -172,8 +177,14 @@ pub struct ExtollConfig {
     pub mailbox_slots: usize,
     /// How AM Mediums travel.
     pub medium: MediumPath,
-    /// RMA Medium buffers per connection, 1..=16 (pscom's 16).
+    /// RMA Medium buffers per connection, 1..=16 (pscom's 16). Not laid out when
+    /// [`rma_pool`](field@ExtollConfig::rma_pool) is set.
     pub rma_buffers: usize,
+    /// RMA Medium buffers in one pool per rank that every sender claims from, instead of
+    /// `rma_buffers` per connection (0: per connection, 1..=1024: the pool). A rank's receive
+    /// memory then no longer grows with the job; a Medium that finds no free buffer goes over
+    /// VELO. [`ExtollConfig::from_env`] sets it to the bank under dynamic credits.
+    pub rma_pool: usize,
     /// Largest Long payload per message.
     pub max_long: usize,
     /// Notification queue slots per rank.
@@ -189,6 +200,7 @@ impl Default for ExtollConfig {
                 rma_from: DEFAULT_RMA_FROM,
             },
             rma_buffers: 16,
+            rma_pool: 0,
             max_long: 1 << 20,
             notify_slots: 1024,
         }
@@ -229,6 +241,14 @@ impl ExtollConfig {
         self
     }
 
+    /// With a pool of this many RMA Medium buffers per rank instead of buffers per
+    /// connection (0: per connection).
+    #[must_use]
+    pub fn rma_pool(mut self, rma_pool: usize) -> ExtollConfig {
+        self.rma_pool = rma_pool;
+        self
+    }
+
     /// With Long payloads of at most this many bytes per message.
     #[must_use]
     pub fn max_long(mut self, max_long: usize) -> ExtollConfig {
@@ -247,10 +267,24 @@ impl ExtollConfig {
 impl ExtollConfig {
     /// Reads `EXTOLL_PACKET_SIZE` (64|128), `EXTOLL_MAILBOX_SLOTS`, `EXTOLL_MEDIUM`
     /// (`velo`, `rma` or `auto`), `EXTOLL_RMA_FROM` (the `auto` crossover in payload bytes),
-    /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_MAX_LONG` and `EXTOLL_NOTIFY_SLOTS` over the
-    /// defaults.
+    /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_RMA_POOL`, `EXTOLL_MAX_LONG` and `EXTOLL_NOTIFY_SLOTS`
+    /// over the defaults. Without `EXTOLL_RMA_POOL`, dynamic credits (`AM_CREDITS=dynamic`)
+    /// choose a pool of as many buffers as the bank holds credits (at least
+    /// [`MIN_RMA_POOL`]): receive memory that follows the credits.
     pub fn from_env() -> Result<ExtollConfig, ExtollError> {
+        let credits = am_core::Config::from_env()
+            .map_err(|e| ExtollError::Config(e.to_string()))?
+            .credits;
+        ExtollConfig::from_env_with(credits)
+    }
+
+    /// [`from_env`](Self::from_env) with the credits in force given, not read from
+    /// `AM_CREDITS` (`None`: the core's default, static).
+    pub fn from_env_with(credits: Option<am_core::Credits>) -> Result<ExtollConfig, ExtollError> {
         let mut c = ExtollConfig::default();
+        if let Some(am_core::Credits::Dynamic { bank, .. }) = credits {
+            c.rma_pool = (bank as usize).clamp(MIN_RMA_POOL, MAX_RMA_POOL);
+        }
         let num = |k: &str| -> Result<Option<usize>, ExtollError> {
             match std::env::var(k) {
                 Ok(v) => v
@@ -268,6 +302,9 @@ impl ExtollConfig {
         }
         if let Some(v) = num("EXTOLL_RMA_BUFFERS")? {
             c.rma_buffers = v;
+        }
+        if let Some(v) = num("EXTOLL_RMA_POOL")? {
+            c.rma_pool = v;
         }
         if let Some(v) = num("EXTOLL_MAX_LONG")? {
             c.max_long = v;
@@ -304,6 +341,12 @@ impl ExtollConfig {
         }
         if !(1..=16).contains(&self.rma_buffers) {
             return bad(format!("rma_buffers = {} (1..=16)", self.rma_buffers));
+        }
+        if self.rma_pool > MAX_RMA_POOL {
+            return bad(format!(
+                "rma_pool = {} (0, or 1..={MAX_RMA_POOL})",
+                self.rma_pool
+            ));
         }
         if self.max_long > u32::MAX as usize || self.max_long == 0 {
             return bad(format!("max_long = {} (1..2^32)", self.max_long));

@@ -12,6 +12,7 @@
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,11 +58,27 @@ pub struct RmaOp {
     peer: Rank,
 }
 
-/// The marker of the `k`-th RMA Medium of a connection (never 0 in its first lap, so a zeroed
-/// buffer is never taken for a message).
-fn marker(k: u64, buffers: usize) -> u64 {
-    (k / buffers as u64 + 1) & 0xffff
+/// The marker of the `k`-th RMA Medium of a connection (never 0, so a zeroed buffer is never
+/// taken for a message): the lap of its buffer per connection, or with a pool, `k` itself
+/// (a pool buffer has no laps of one sender's).
+fn marker(k: u64, l: &Layout) -> u64 {
+    if l.rma_pool > 0 {
+        k % 0xffff + 1
+    } else {
+        (k / l.rma_buffers as u64 + 1) & 0xffff
+    }
 }
+
+/// The value of a pool buffer's claim word while rank `s` holds it for its `k`-th RMA Medium
+/// to that receiver (never 0, which is free): the receiver checks a notification against it,
+/// and its idle sweep frees a claim whose Medium was delivered already.
+fn pool_claim(s: usize, k: u64) -> u64 {
+    1 << 63 | (s as u64) << 32 | (k & 0xffff_ffff)
+}
+
+/// An RMA Medium's notification value with a pool: `k` below [`POOL_INDEX_SHIFT`], its pool
+/// buffer above.
+const POOL_INDEX_SHIFT: u32 = 48;
 
 fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -141,6 +158,10 @@ struct TxState {
     /// Where our RMA Medium receive buffers start in every peer's segment (`layout.rx(rank,
     /// 0)`, computed once: buffer `i` is `RMA_BUF` bytes further per index).
     rx_ours: usize,
+    /// With a pool: where its buffers start in every segment (`layout.pool(0)`), and per
+    /// destination, the buffer its next claim tries first (after the last one we took).
+    pool_at: usize,
+    pool_hint: Vec<usize>,
     pids: Vec<Option<nix::unistd::Pid>>,
     /// Each destination's mailbox head as last read.
     mailbox_head: Vec<u64>,
@@ -242,6 +263,9 @@ pub struct Extoll {
     rma_delivered: Vec<u64>,
     rma_landed: Vec<u64>,
     rma_pending: u64,
+    /// With a pool: per source, the pool buffers of its notified RMA Mediums not yet
+    /// delivered, in order.
+    pool_bufs: Vec<VecDeque<u32>>,
     long_landed: Vec<u64>,
     long_used: Vec<u64>,
     put_landed: Vec<u64>,
@@ -536,15 +560,54 @@ impl TxState {
             .ok_or_else(|| SendError::Busy)
     }
 
+    /// Claims a free buffer of `d`'s pool for our `k`-th RMA Medium to it (a compare-and-swap
+    /// on its claim word, the RMA unit's atomic), trying them in turn from after the last one
+    /// we took; `None` if every one is held.
+    fn claim_pool(&mut self, d: usize, k: u64) -> Result<Option<usize>, SendError> {
+        let p = self.layout.rma_pool;
+        let seg = &self.peers[d].seg;
+        let v = pool_claim(self.rank, k);
+        let start = self.pool_hint[d];
+        for j in 0..p {
+            let i = (start + j) % p;
+            let w = seg.word(self.layout.pool_claim(i)).map_err(shm)?;
+            // Acquire: the receiver's release of the buffer (after reading it) is before our
+            // writes into it.
+            if w.load(Ordering::Relaxed) == 0
+                && w.compare_exchange(0, v, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.pool_hint[d] = (i + 1) % p;
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives back pool buffer `i` of `d`, claimed for our `k`-th RMA Medium and not used.
+    fn unclaim_pool(&self, d: usize, i: usize, k: u64) {
+        if let Ok(w) = self.peers[d].seg.word(self.layout.pool_claim(i)) {
+            let _ = w.compare_exchange(
+                pool_claim(self.rank, k),
+                0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
-    /// (message at the end, the tail last), by the engine as the doorbell is rung.
+    /// (message at the end, the tail last), by the engine as the doorbell is rung. With a
+    /// pool, into a buffer of `d`'s pool claimed first; with none free, or this sender's share
+    /// of the pool in flight, the Medium goes over VELO instead.
     fn send_rma_medium(
         &mut self,
         d: usize,
         head: &[u8],
         payload: Payload<'_>,
     ) -> Result<(), SendError> {
-        let b = self.config.rma_buffers as u64;
+        let b = self.layout.rma_flight() as u64;
+        let pool = self.layout.rma_pool > 0;
         let at = self.layout.ack(d);
         // One load: checked in this copy.
         let word = self.peers[self.rank].seg.load_word(at).map_err(shm)?;
@@ -560,16 +623,37 @@ impl TxState {
             self.rma_acked[d] = word;
         }
         if sent - self.rma_acked[d] >= b {
+            if pool {
+                return self.send_velo(d, head, payload, 0);
+            }
             return Err(SendError::Busy);
         }
-        let slots = self.reserve(d)?;
         let k = sent;
-        let idx = (k % b) as usize;
+        let (rx, value) = if pool {
+            let Some(i) = self.claim_pool(d, k)? else {
+                return self.send_velo(d, head, payload, 0);
+            };
+            // `i < rma_pool`: `pool(i)` without its saturating arithmetic.
+            (
+                self.pool_at + i * RMA_BUF,
+                k | (i as u64) << POOL_INDEX_SHIFT,
+            )
+        } else {
+            // `idx < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
+            (self.rx_ours + (k % b) as usize * RMA_BUF, k)
+        };
+        let slots = match self.reserve(d) {
+            Ok(slots) => slots,
+            Err(e) => {
+                if pool {
+                    self.unclaim_pool(d, (value >> POOL_INDEX_SHIFT) as usize, k);
+                }
+                return Err(e);
+            }
+        };
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
-        // `idx < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
-        let rx = self.rx_ours + idx * RMA_BUF;
-        let tail = marker(k, self.config.rma_buffers)
+        let tail = marker(k, &self.layout)
             | (total as u64) << 16
             | (self.dests[d].velo_sent & 0xffff) << 32
             | (self.rma_consumed[d] & 0xffff) << 48;
@@ -591,7 +675,7 @@ impl TxState {
             slots,
             Note {
                 kind: kind::MEDIUM_LANDED,
-                value: k,
+                value,
             },
         );
         self.dests[d].rma_sent += 1;
@@ -735,6 +819,8 @@ impl Extoll {
                 dests,
                 cap: config.packet_size - STATUS_LEN,
                 rx_ours: layout.rx(rank, 0),
+                pool_at: layout.pool(0),
+                pool_hint: vec![0; if layout.rma_pool > 0 { n } else { 0 }],
                 pids: pids.clone(),
                 mailbox_head: vec![0; n],
                 last_sent_to: NOT_STREAMING,
@@ -759,6 +845,7 @@ impl Extoll {
             rma_delivered: vec![0; n],
             rma_landed: vec![0; n],
             rma_pending: 0,
+            pool_bufs: vec![VecDeque::new(); if layout.rma_pool > 0 { n } else { 0 }],
             long_landed: vec![0; n],
             long_used: vec![0; n],
             put_landed: vec![0; n],
@@ -849,11 +936,12 @@ impl Extoll {
         config.validate()?;
         let layout = Self::layout_for(job.size, segment_size, &config)?;
         let geometry = format!(
-            "{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{}",
             config.packet_size,
             config.mailbox_slots,
             config.notify_slots,
             config.rma_buffers,
+            config.rma_pool,
             config.max_long,
             segment_size
         );
@@ -1077,7 +1165,7 @@ impl Extoll {
 
     /// One notification (already consumed): `meta` and `value` as read, checked here.
     fn take_note(&mut self, meta: u32, value: u64) -> Result<(), TransportError> {
-        let l = &self.tx.layout;
+        let l = self.tx.layout;
         let src = (meta & 0xffff) as usize;
         let k = meta >> 16;
         if src >= l.ranks {
@@ -1087,13 +1175,7 @@ impl Extoll {
             kind::LONG_LANDED if value <= self.tx.config.max_long as u64 => {
                 self.long_landed[src] += 1
             }
-            kind::MEDIUM_LANDED
-                if value == self.rma_landed[src]
-                    && self.rma_landed[src] - self.rma_delivered[src] < l.rma_buffers as u64 =>
-            {
-                self.rma_landed[src] += 1;
-                self.rma_pending += 1;
-            }
+            kind::MEDIUM_LANDED if self.medium_landed(src, value) => {}
             kind::PUT_LANDED if value <= l.segment as u64 => self.put_landed[src] += 1,
             kind::LONG_LANDED | kind::MEDIUM_LANDED | kind::PUT_LANDED => {
                 return Err(misbehaved(
@@ -1133,6 +1215,106 @@ impl Extoll {
             }
         }
         Ok(())
+    }
+
+    /// An RMA Medium's completer notification from `src` with `value`: counted (true) if it
+    /// is the next one `src` may have in flight, and with a pool, if it names a buffer of
+    /// the pool that `src` holds for it.
+    fn medium_landed(&mut self, src: usize, value: u64) -> bool {
+        let l = &self.tx.layout;
+        let (k, i) = if l.rma_pool > 0 {
+            (
+                value & ((1 << POOL_INDEX_SHIFT) - 1),
+                (value >> POOL_INDEX_SHIFT) as usize,
+            )
+        } else {
+            (value, 0)
+        };
+        if k != self.rma_landed[src]
+            || self.rma_landed[src] - self.rma_delivered[src] >= l.rma_flight() as u64
+        {
+            return false;
+        }
+        if l.rma_pool > 0 {
+            let held = self.seg.load_word(l.pool_claim(i));
+            if i >= l.rma_pool || held.ok() != Some(pool_claim(src, k)) {
+                return false;
+            }
+            self.pool_bufs[src].push_back(i as u32);
+        }
+        self.rma_landed[src] += 1;
+        self.rma_pending += 1;
+        true
+    }
+
+    /// Where the buffer of the next RMA Medium from `s` starts (one that landed).
+    #[inline]
+    fn rma_buf(&self, s: usize) -> usize {
+        let l = &self.tx.layout;
+        if l.rma_pool > 0 {
+            let i = self.pool_bufs[s].front().copied().unwrap_or(0) as usize;
+            // `i < rma_pool` (checked as it landed): `pool(i)` without its saturating
+            // arithmetic.
+            self.tx.pool_at + i * RMA_BUF
+        } else {
+            let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
+            self.rx_from[s] + idx * RMA_BUF
+        }
+    }
+
+    /// With a pool: frees the buffer of `s`'s `k`-th RMA Medium, just delivered or dropped
+    /// (a claim word someone rewrote meanwhile is left to the idle sweep).
+    fn release_pool(&mut self, s: usize, k: u64) {
+        if self.tx.layout.rma_pool == 0 {
+            return;
+        }
+        if let Some(i) = self.pool_bufs[s].pop_front() {
+            if let Ok(w) = self.seg.word(self.tx.layout.pool_claim(i as usize)) {
+                // Release: our reads of the buffer are before the next claimer's writes.
+                let _ =
+                    w.compare_exchange(pool_claim(s, k), 0, Ordering::Release, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// With a pool, at the stalled-queue checks: frees what no Medium will free. A claim of
+    /// a lost rank's not notified; a claim no sender writes, or one naming a Medium of its
+    /// sender's that was delivered already (reported: nobody may hold a buffer for it). A
+    /// claim in a live sender's name for a Medium still to come is left: it is in flight, or
+    /// freed once that sender's Mediums pass it.
+    fn sweep_pool(&mut self) {
+        let l = self.tx.layout;
+        for i in 0..l.rma_pool {
+            let Ok(w) = self.seg.word(l.pool_claim(i)) else {
+                return;
+            };
+            let v = w.load(Ordering::Acquire);
+            if v == 0 {
+                continue;
+            }
+            let s = ((v >> 32) & 0x7fff_ffff) as usize;
+            let known = v >> 63 == 1 && s < l.ranks;
+            if known && self.pool_bufs[s].contains(&(i as u32)) {
+                continue;
+            }
+            let lost = known && self.tx.dests[s].lost;
+            // Delivered already: `k` behind the count (mod 2^32).
+            let behind = known && (self.rma_delivered[s] as u32).wrapping_sub(v as u32) as i32 > 0;
+            if !(lost || !known || behind) {
+                continue;
+            }
+            let freed = w
+                .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+            if freed && !lost {
+                self.tx.fault(misbehaved(
+                    None,
+                    format!(
+                        "RMA Medium pool buffer {i} held by a claim no Medium will free ({v:#x})"
+                    ),
+                ));
+            }
+        }
     }
 
     /// Tells senders how far the mailbox was consumed: in batches of a quarter mailbox while
@@ -1183,7 +1365,7 @@ impl Extoll {
         // Those RMA Mediums sent before it that are not delivered yet: at most as many as
         // `s` may have in flight (the buffers), whatever the delays.
         let ahead = (m.rma_before as u64).wrapping_sub(self.rma_delivered[s]) % RMA_BEFORE_MOD;
-        if ahead > self.tx.layout.rma_buffers as u64 {
+        if ahead > self.tx.layout.rma_flight() as u64 {
             return Order::RmaAhead(ahead);
         }
         let long = m.flags & RMA_WAIT != 0;
@@ -1207,12 +1389,11 @@ impl Extoll {
             return Ok(RmaState::None);
         }
         let l = &self.tx.layout;
-        let idx = (k % l.rma_buffers as u64) as usize;
         let tail = self
             .seg
-            .load_slot_word(self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL)
+            .load_slot_word(self.rma_buf(s) + RMA_BUF - TAIL)
             .map_err(io)?;
-        if tail & 0xffff != marker(k, l.rma_buffers) {
+        if tail & 0xffff != marker(k, l) {
             return Ok(RmaState::BadMarker(tail & 0xffff));
         }
         let len = ((tail >> 16) & 0xffff) as usize;
@@ -1232,6 +1413,15 @@ impl Extoll {
         match self.rma_state(s)? {
             RmaState::Ready(tail) => Ok(Some(tail)),
             RmaState::None | RmaState::WaitsVelo => Ok(None),
+            RmaState::BadMarker(m) if self.tx.layout.rma_pool > 0 => {
+                // Its sender holds the buffer for it, and the Medium is not there: dropped.
+                let k = self.rma_delivered[s];
+                self.drop_rma(s);
+                Err(misbehaved(
+                    Some(s),
+                    format!("RMA Medium {k} notified but its tail marker is {m:#x}"),
+                ))
+            }
             RmaState::BadMarker(m) => {
                 // No Medium behind the notification: drop the notification.
                 self.rma_landed[s] -= 1;
@@ -1257,16 +1447,18 @@ impl Extoll {
 
     /// Drops the next RMA Medium from `s` undelivered, freeing its buffer.
     fn drop_rma(&mut self, s: usize) {
+        let k = self.rma_delivered[s];
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
         self.rma_consumed(s);
+        self.release_pool(s, k);
     }
 
     /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (acknowledging lazily).
     fn rma_consumed(&mut self, s: usize) {
         let tx = &mut self.tx;
         tx.rma_consumed[s] += 1;
-        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (tx.layout.rma_buffers as u64).div_ceil(2) {
+        if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (tx.layout.rma_flight() as u64).div_ceil(2) {
             tx.rma_ack_sent[s] = tx.rma_consumed[s];
             let _ = tx.peers[s]
                 .imp
@@ -1282,10 +1474,8 @@ impl Extoll {
         tail: u64,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<R, TransportError> {
-        let l = &self.tx.layout;
         let len = ((tail >> 16) & 0xffff) as usize;
-        let idx = (self.rma_delivered[s] % l.rma_buffers as u64) as usize;
-        let at = self.rx_from[s] + idx * RMA_BUF + RMA_BUF - TAIL - align8(len);
+        let at = self.rma_buf(s) + RMA_BUF - TAIL - align8(len);
         // Piggybacked ack: how many of our buffers s has consumed (mod 2^16).
         let acked = self.tx.rma_acked[s];
         let delta = (tail >> 48).wrapping_sub(acked) & 0xffff;
@@ -1302,9 +1492,16 @@ impl Extoll {
                 ),
             ));
         }
+        let k = self.rma_delivered[s];
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
-        let bytes = self.seg.view(at, len).map_err(io)?;
+        let bytes = match self.seg.view(at, len) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.release_pool(s, k);
+                return Err(io(e));
+            }
+        };
         let segment = am_segment(&self.seg, &self.tx.layout);
         let r = f(
             Delivery {
@@ -1317,6 +1514,7 @@ impl Extoll {
             &mut self.tx,
         );
         self.rma_consumed(s);
+        self.release_pool(s, k);
         Ok(r)
     }
 
@@ -1363,6 +1561,7 @@ impl Extoll {
         self.check_heads();
         self.unblock_notes();
         self.unblock_mailbox();
+        self.sweep_pool();
         self.tell_head(true);
     }
 
@@ -1869,8 +2068,9 @@ impl Extoll {
         self.refuse(m);
         let why = match refused {
             Order::RmaAhead(n) => format!(
-                "says {n} RMA Mediums sent before it are undelivered, more than its {} buffers",
-                self.tx.layout.rma_buffers
+                "says {n} RMA Mediums sent before it are undelivered, more than the {} it may \
+                 have in flight",
+                self.tx.layout.rma_flight()
             ),
             _ => "waits for an RMA put, but is no placed Long".to_owned(),
         };

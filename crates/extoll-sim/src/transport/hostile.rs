@@ -871,3 +871,139 @@ fn the_engine_gives_up_on_a_dead_target() {
     let op = put_into_a_full_queue(&mut a, &c);
     assert_eq!(rma_result(&mut a, op), Err(TransportError::PeerLost(1)));
 }
+
+// ---- The RMA Medium pool ----
+
+/// [`small`] with a pool of two buffers instead of buffers per connection.
+fn pooled() -> ExtollConfig {
+    ExtollConfig {
+        rma_pool: 2,
+        ..small()
+    }
+}
+
+/// Rank 1's pool claim words.
+fn pool_claims(b: &Extoll) -> Vec<u64> {
+    let l = b.tx.layout;
+    (0..l.rma_pool)
+        .map(|i| b.seg.load_word(l.pool_claim(i)).unwrap())
+        .collect()
+}
+
+/// Forged claims: one no sender writes, and one for a Medium of rank 2's that was delivered
+/// already (its count mod 2^32). Meanwhile Mediums find no buffer and go over VELO; the
+/// stalled-queue check frees both, reporting them, and the pool serves again.
+#[test]
+fn forged_pool_claims_are_freed_and_reported() {
+    let (a, mut b, mut c) = trio_with(pooled());
+    let l = a.tx.layout;
+    a.tx.peers[1]
+        .imp
+        .store_word(l.pool_claim(0), 0xdead)
+        .unwrap();
+    a.tx.peers[1]
+        .imp
+        .store_word(l.pool_claim(1), pool_claim(2, u32::MAX as u64))
+        .unwrap();
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+    assert_eq!(c.tx.dests[1].rma_sent, 0, "no buffer was free");
+    let (got, errors) = poll_for_errors(&mut b, |e| e.len() >= 2, patience(5));
+    assert_eq!(got, None);
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors.iter().all(|e| named(e, None)), "{errors:?}");
+    assert_eq!(pool_claims(&b), vec![0, 0]);
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+    assert_eq!(c.tx.dests[1].rma_sent, 1, "the pool serves again");
+    assert_eq!(pool_claims(&b), vec![0, 0]);
+    segment_untouched(&b);
+}
+
+/// A claim in a live sender's name for a Medium still to come may be one in flight: left
+/// alone, with no report, and the other senders go on (over VELO when the pool is full).
+#[test]
+fn a_claim_for_a_medium_to_come_is_left_alone() {
+    let (a, mut b, mut c) = trio_with(pooled());
+    let l = a.tx.layout;
+    for i in 0..2 {
+        a.tx.peers[1]
+            .imp
+            .store_word(l.pool_claim(i), pool_claim(0, 5 + i as u64))
+            .unwrap();
+    }
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+    let (got, errors) = poll_until(&mut b, Duration::from_millis(300));
+    assert_eq!((got, errors), (None, vec![]));
+    assert_eq!(pool_claims(&b), vec![pool_claim(0, 5), pool_claim(0, 6)]);
+}
+
+/// Notifications that name a buffer past the pool, or one the sender does not hold for
+/// that Medium: dropped, naming the sender; nothing is lent and no counter moves.
+#[test]
+fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
+    let shift = POOL_INDEX_SHIFT;
+    for (held, value) in [
+        (0, 2u64 << shift),              // past the pool
+        (0, 1 << shift),                 // a free buffer
+        (pool_claim(2, 0), 1 << shift),  // another sender's
+        (pool_claim(0, 1), 1 << shift),  // held for another Medium
+        (pool_claim(0, 0), 1 << 63 | 1), // far past the pool
+    ] {
+        let (a, mut b, mut c) = trio_with(pooled());
+        let l = a.tx.layout;
+        a.tx.peers[1].imp.store_word(l.pool_claim(1), held).unwrap();
+        post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, value);
+        let mut delivered = false;
+        let r = b.poll_recv(|_, _, _| delivered = true);
+        assert!(
+            matches!(&r, Err(e) if named(e, Some(0))),
+            "{value:#x}: {r:?}"
+        );
+        assert!(!delivered);
+        assert_eq!((b.rma_landed[0], b.rma_pending), (0, 0), "{value:#x}");
+        a.tx.peers[1].imp.store_word(l.pool_claim(1), 0).unwrap();
+        assert_eq!(good_still_arrives(&mut b, &mut c), vec![], "{value:#x}");
+    }
+}
+
+/// A pool buffer held by a rank that died before notifying its Medium is freed once the
+/// rank is lost, with no report but the loss.
+#[test]
+fn a_dead_claimers_pool_buffer_is_freed() {
+    let (a, mut b, mut c) = trio_with(pooled());
+    let l = a.tx.layout;
+    a.tx.peers[1]
+        .imp
+        .store_word(l.pool_claim(0), pool_claim(0, 0))
+        .unwrap();
+    b.declare_lost(0);
+    b.sweep_pool();
+    assert_eq!(pool_claims(&b), vec![0, 0]);
+    let r = b.poll_recv(|_, _, _| ());
+    assert!(matches!(r, Err(TransportError::PeerLost(0))), "{r:?}");
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+    assert_eq!(c.tx.dests[1].rma_sent, 1);
+}
+
+/// A notified pool Medium whose tail does not match: dropped, naming its sender, and its
+/// buffer freed (it holds no Medium to deliver).
+#[test]
+fn a_pool_medium_with_a_wrong_marker_is_dropped_and_its_buffer_freed() {
+    let (a, mut b, mut c) = trio_with(pooled());
+    let l = a.tx.layout;
+    a.tx.peers[1]
+        .imp
+        .store_word(l.pool_claim(1), pool_claim(0, 0))
+        .unwrap();
+    a.tx.peers[1]
+        .imp
+        .store_slot_word(l.pool(1) + RMA_BUF - TAIL, 7 | 12 << 16)
+        .unwrap();
+    post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, 1 << POOL_INDEX_SHIFT);
+    let mut delivered = false;
+    let r = b.poll_recv(|_, _, _| delivered = true);
+    assert!(matches!(&r, Err(e) if named(e, Some(0))), "{r:?}");
+    assert!(!delivered);
+    assert_eq!((b.rma_delivered[0], b.rma_pending), (1, 0));
+    assert_eq!(pool_claims(&b), vec![0, 0]);
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+}

@@ -527,3 +527,81 @@ mod dead_claimer {
         survivors_flow(&mut a, &mut c, vec![TransportError::PeerLost(1)]);
     }
 }
+
+/// With a pool: the senders share the receiver's buffers, each claimed for one Medium and
+/// free again once it is read; a Medium that finds none free goes over VELO instead of
+/// waiting. Every Medium arrives once, each source's in send order.
+#[test]
+fn a_pool_is_shared_and_a_medium_without_a_buffer_goes_over_velo() {
+    let config = ExtollConfig {
+        rma_pool: 2,
+        medium: crate::MediumPath::Rma,
+        ..ExtollConfig::default()
+    };
+    let mut v = Extoll::cluster(3, 4096, config).unwrap();
+    let mut c = v.pop().unwrap();
+    let mut b = v.pop().unwrap();
+    let mut a = v.pop().unwrap();
+    let l = b.tx.layout;
+    let claims = |b: &Extoll| -> Vec<u64> {
+        (0..2)
+            .map(|i| b.seg.load_word(l.pool_claim(i)).unwrap())
+            .collect()
+    };
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Medium, 600, &mut h);
+    // Nobody polls meanwhile: the first Medium of each sender takes a buffer, the rest find
+    // none and go over VELO (never Busy).
+    for k in 0..3u8 {
+        a.try_send(1, &out(&h[..n], &[k; 600])).unwrap();
+        c.try_send(1, &out(&h[..n], &[100 + k; 600])).unwrap();
+    }
+    assert_eq!(claims(&b), vec![pool_claim(0, 0), pool_claim(2, 0)]);
+    let mut got: HashMap<u32, Vec<(bool, u8)>> = HashMap::new();
+    let deadline = Instant::now() + patience(10);
+    while got.values().map(Vec::len).sum::<usize>() < 6 {
+        assert!(Instant::now() < deadline, "not all delivered: {got:?}");
+        let r = b
+            .poll_recv(|d, _, _| {
+                let shared = matches!(d.bytes, Received::Shared(_));
+                let bytes = d.bytes.to_vec();
+                assert_eq!(bytes.len(), n + 600);
+                (d.src, shared, bytes[n])
+            })
+            .unwrap();
+        match r {
+            Some((src, shared, k)) => got.entry(src).or_default().push((shared, k)),
+            None => b.wait(Duration::from_millis(5)).unwrap(),
+        }
+    }
+    // In order per source; the pooled one lent from its buffer, the others reassembled.
+    assert_eq!(got[&0], vec![(true, 0), (false, 1), (false, 2)]);
+    assert_eq!(got[&2], vec![(true, 100), (false, 101), (false, 102)]);
+    assert_eq!(claims(&b), vec![0, 0], "buffers freed once read");
+    // Freed buffers are claimed again.
+    a.try_send(1, &out(&h[..n], &[7; 600])).unwrap();
+    assert!(claims(&b).contains(&pool_claim(0, 1)), "{:x?}", claims(&b));
+    let (src, bytes) = recv(&mut b).expect("delivered");
+    assert_eq!((src, bytes[n]), (0, 7));
+    assert_eq!(claims(&b), vec![0, 0]);
+}
+
+/// Receive memory per rank at 4,096 and 65,536 peers: with buffers per connection it grows
+/// by 16 RMA buffers per peer; with a pool (what dynamic credits choose) by the three lines
+/// of words per peer alone.
+#[test]
+fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
+    let per_conn = ExtollConfig::default();
+    let pooled = ExtollConfig::from_env_with(Some(am_core::Credits::DYNAMIC)).unwrap();
+    assert_eq!(pooled.rma_pool, am_core::credit::DYNAMIC_BANK as usize);
+    for ranks in [4096usize, 65536] {
+        let a = Layout::new(ranks, &per_conn, 0).unwrap().receive_bytes();
+        let p = Layout::new(ranks, &pooled, 0).unwrap().receive_bytes();
+        assert!(a > ranks * 16 * RMA_BUF, "{ranks}: {a}");
+        // Words (3 lines per peer), mailbox, notification queue and the pool.
+        let want = ranks * 3 * 64 + 1024 * 64 + 1024 * 16 + pooled.rma_pool * RMA_BUF;
+        assert!(p >= want && p < want + 4096, "{ranks}: {p} against {want}");
+    }
+    let p = Layout::new(4096, &pooled, 0).unwrap().receive_bytes();
+    assert!(p <= 4 << 20, "{p} bytes at 4,096 peers");
+}
