@@ -1,6 +1,7 @@
 //! The hot-pair example at 64 ranks on every shared-memory NIC under dynamic credits: rank 0
 //! floods rank 1 while the other 62 ranks trickle to it, and rank 1 counts every sender's
-//! requests (the example fails unless each arrived exactly once). Bounded in time.
+//! requests (the example fails unless each arrived exactly once, and with a payload, intact).
+//! Bounded in time.
 
 use std::process::Command;
 use std::time::Duration;
@@ -10,10 +11,16 @@ use common::{example, run_bounded};
 
 #[test]
 fn a_hot_pair_among_64_ranks_under_dynamic_credits_loses_nothing() {
-    for transport in ["sci", "extoll", "portals"] {
+    // AM Shorts, then Mediums of 900 B (sci's largest is 936): on extoll, RMA Mediums from
+    // every sender share rank 1's pool, and those that find it full go over VELO.
+    for (transport, payload) in ["sci", "extoll", "portals"]
+        .into_iter()
+        .flat_map(|t| [(t, "0"), (t, "900")])
+    {
         let mut cmd = Command::new(example("hot_pair"));
         cmd.args(["--transport", transport, "--ranks", "64"])
             .args(["--flood", "20000", "--trickle", "5", "--rounds", "2"])
+            .args(["--payload", payload])
             .env("AM_CREDITS", "dynamic")
             .env_remove("AM_WAIT")
             .env_remove("AM_SEGMENT_SIZE");
