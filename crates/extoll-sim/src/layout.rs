@@ -117,6 +117,8 @@ pub struct Layout {
     notifications: Ring,
     /// Where the AM segment starts in the byte area (computed once: every delivery needs it).
     segment_base: usize,
+    /// [`Layout::rma_flight`], computed once (every RMA Medium needs it).
+    flight: usize,
 }
 
 impl Layout {
@@ -155,6 +157,11 @@ impl Layout {
             mailbox,
             notifications,
             segment_base: 0,
+            flight: if config.rma_pool > 0 {
+                config.rma_pool.min(16)
+            } else {
+                config.rma_buffers
+            },
         };
         let lines = |n: usize| {
             n.checked_add(CACHE_LINE - 1)
@@ -213,11 +220,7 @@ impl Layout {
     /// Mediums before it modulo [`crate::velo::RMA_BEFORE_MOD`], which must exceed this).
     #[inline]
     pub fn rma_flight(&self) -> usize {
-        if self.rma_pool > 0 {
-            self.rma_pool.min(16)
-        } else {
-            self.rma_buffers
-        }
+        self.flight
     }
 
     /// Bytes of receive memory one rank reserves: its word area and its byte area without

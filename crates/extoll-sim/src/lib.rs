@@ -57,6 +57,13 @@
 //!   message at the end of the buffer and a 64-bit **tail** last (marker, length,
 //!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
 //!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes);
+//! - **or RMA Medium buffers from one pool per rank** ([`ExtollConfig::rma_pool`], chosen by
+//!   dynamic credits): a sender claims a free buffer of the receiver's pool with the RMA
+//!   unit's compare-and-swap on the buffer's claim word, puts the Medium there as above and
+//!   names the buffer in its completer notification; the receiver checks the claim and frees
+//!   it once the Medium is read. A Medium that finds no free buffer (or its sender's share,
+//!   at most 16, in flight) goes over VELO. A rank's receive memory then grows with the job
+//!   by three cache lines of words per peer, not by 16 buffers of 8,320 B;
 //! - messages of one source are delivered in send order across both paths (each VELO message
 //!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
 //! - thread safety as in the seed: one lock around the NIC is how several threads would share
@@ -79,6 +86,8 @@
 //! 128), `EXTOLL_MAILBOX_SLOTS` (mailbox slots, 1024 by default), `EXTOLL_MEDIUM` (`velo`,
 //! `rma` or `auto`), `EXTOLL_RMA_FROM` (the size from which `auto` uses RMA buffers, 512 B by
 //! default), `EXTOLL_RMA_BUFFERS` (RMA Medium buffers per connection, 16 by default),
+//! `EXTOLL_RMA_POOL` (RMA Medium buffers in one pool per rank instead; by default none, or
+//! the bank's size under dynamic credits),
 //! `EXTOLL_MAX_LONG` (the Long limit) and `EXTOLL_NOTIFY_SLOTS` (notification-queue slots).
 //!
 //! ```

@@ -596,20 +596,11 @@ impl TxState {
         }
     }
 
-    /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
-    /// (message at the end, the tail last), by the engine as the doorbell is rung. With a
-    /// pool, into a buffer of `d`'s pool claimed first; with none free, or this sender's share
-    /// of the pool in flight, the Medium goes over VELO instead.
-    fn send_rma_medium(
-        &mut self,
-        d: usize,
-        head: &[u8],
-        payload: Payload<'_>,
-    ) -> Result<(), SendError> {
-        let b = self.layout.rma_flight() as u64;
-        let pool = self.layout.rma_pool > 0;
+    /// How many RMA Mediums to `d` are in flight (sent, not acknowledged), after reading its
+    /// acknowledgement word (one load, checked in the copy).
+    #[inline(always)]
+    fn rma_in_flight(&mut self, d: usize) -> Result<u64, SendError> {
         let at = self.layout.ack(d);
-        // One load: checked in this copy.
         let word = self.peers[self.rank].seg.load_word(at).map_err(shm)?;
         let sent = self.dests[d].rma_sent;
         if word > sent {
@@ -622,35 +613,85 @@ impl TxState {
         } else if word > self.rma_acked[d] {
             self.rma_acked[d] = word;
         }
-        if sent - self.rma_acked[d] >= b {
-            if pool {
-                return self.send_velo(d, head, payload, 0);
-            }
+        Ok(sent - self.rma_acked[d])
+    }
+
+    /// pscom's RMA plugin: one put of the message into `d`'s receive buffer of the next index
+    /// (message at the end, the tail last), by the engine as the doorbell is rung.
+    fn send_rma_medium(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: Payload<'_>,
+    ) -> Result<(), SendError> {
+        if self.layout.rma_pool > 0 {
+            return self.send_pool_medium(d, head, payload);
+        }
+        let b = self.layout.rma_buffers as u64;
+        if self.rma_in_flight(d)? >= b {
             return Err(SendError::Busy);
         }
-        let k = sent;
-        let (rx, value) = if pool {
-            let Some(i) = self.claim_pool(d, k)? else {
-                return self.send_velo(d, head, payload, 0);
-            };
-            // `i < rma_pool`: `pool(i)` without its saturating arithmetic.
-            (
-                self.pool_at + i * RMA_BUF,
-                k | (i as u64) << POOL_INDEX_SHIFT,
-            )
-        } else {
-            // `idx < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
-            (self.rx_ours + (k % b) as usize * RMA_BUF, k)
+        let slots = self.reserve(d)?;
+        let k = self.dests[d].rma_sent;
+        // `k % b < rma_buffers`: `rx(rank, idx)` without its saturating arithmetic.
+        let rx = self.rx_ours + (k % b) as usize * RMA_BUF;
+        self.put_medium(d, rx, k, k, slots, head, payload);
+        Ok(())
+    }
+
+    /// [`send_rma_medium`](Self::send_rma_medium) with a pool: into a buffer of `d`'s pool
+    /// claimed first; with none free, or this sender's share of the pool in flight, the
+    /// Medium goes over VELO instead.
+    #[inline(never)]
+    fn send_pool_medium(
+        &mut self,
+        d: usize,
+        head: &[u8],
+        payload: Payload<'_>,
+    ) -> Result<(), SendError> {
+        if self.rma_in_flight(d)? >= self.layout.rma_flight() as u64 {
+            return self.send_velo(d, head, payload, 0);
+        }
+        let k = self.dests[d].rma_sent;
+        let Some(i) = self.claim_pool(d, k)? else {
+            return self.send_velo(d, head, payload, 0);
         };
         let slots = match self.reserve(d) {
             Ok(slots) => slots,
             Err(e) => {
-                if pool {
-                    self.unclaim_pool(d, (value >> POOL_INDEX_SHIFT) as usize, k);
-                }
+                self.unclaim_pool(d, i, k);
                 return Err(e);
             }
         };
+        // `i < rma_pool`: `pool(i)` without its saturating arithmetic.
+        let rx = self.pool_at + i * RMA_BUF;
+        self.put_medium(
+            d,
+            rx,
+            k,
+            k | (i as u64) << POOL_INDEX_SHIFT,
+            slots,
+            head,
+            payload,
+        );
+        Ok(())
+    }
+
+    /// The put of `d`'s `k`-th RMA Medium into the buffer at `rx` (message at the end, the
+    /// tail last) and its completer notification with `value`, by the engine as the doorbell
+    /// is rung.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn put_medium(
+        &mut self,
+        d: usize,
+        rx: usize,
+        k: u64,
+        value: u64,
+        slots: Reserved,
+        head: &[u8],
+        payload: Payload<'_>,
+    ) {
         let total = head.len() + payload.len();
         let start = RMA_BUF - TAIL - align8(total);
         let tail = marker(k, &self.layout)
@@ -681,7 +722,6 @@ impl TxState {
         self.dests[d].rma_sent += 1;
         // The tail carried our acknowledgement of d's buffers.
         self.rma_ack_sent[d] = self.rma_consumed[d];
-        Ok(())
     }
 
     /// AM Long: the payload put by the engine straight into `d`'s segment as the doorbell is
@@ -940,7 +980,7 @@ impl Extoll {
             config.packet_size,
             config.mailbox_slots,
             config.notify_slots,
-            config.rma_buffers,
+            layout.rma_buffers,
             config.rma_pool,
             config.max_long,
             segment_size
@@ -1220,24 +1260,22 @@ impl Extoll {
     /// An RMA Medium's completer notification from `src` with `value`: counted (true) if it
     /// is the next one `src` may have in flight, and with a pool, if it names a buffer of
     /// the pool that `src` holds for it.
+    #[inline(always)]
     fn medium_landed(&mut self, src: usize, value: u64) -> bool {
         let l = &self.tx.layout;
-        let (k, i) = if l.rma_pool > 0 {
-            (
-                value & ((1 << POOL_INDEX_SHIFT) - 1),
-                (value >> POOL_INDEX_SHIFT) as usize,
-            )
+        let landed = self.rma_landed[src];
+        let room = landed - self.rma_delivered[src] < l.rma_flight() as u64;
+        if l.rma_pool == 0 {
+            if value != landed || !room {
+                return false;
+            }
         } else {
-            (value, 0)
-        };
-        if k != self.rma_landed[src]
-            || self.rma_landed[src] - self.rma_delivered[src] >= l.rma_flight() as u64
-        {
-            return false;
-        }
-        if l.rma_pool > 0 {
-            let held = self.seg.load_word(l.pool_claim(i));
-            if i >= l.rma_pool || held.ok() != Some(pool_claim(src, k)) {
+            let k = value & ((1 << POOL_INDEX_SHIFT) - 1);
+            let i = (value >> POOL_INDEX_SHIFT) as usize;
+            if k != landed || !room || i >= l.rma_pool {
+                return false;
+            }
+            if self.seg.load_word(l.pool_claim(i)).ok() != Some(pool_claim(src, k)) {
                 return false;
             }
             self.pool_bufs[src].push_back(i as u32);
@@ -1264,10 +1302,15 @@ impl Extoll {
 
     /// With a pool: frees the buffer of `s`'s `k`-th RMA Medium, just delivered or dropped
     /// (a claim word someone rewrote meanwhile is left to the idle sweep).
+    #[inline(always)]
     fn release_pool(&mut self, s: usize, k: u64) {
-        if self.tx.layout.rma_pool == 0 {
-            return;
+        if self.tx.layout.rma_pool > 0 {
+            self.release_pool_buf(s, k);
         }
+    }
+
+    #[inline(never)]
+    fn release_pool_buf(&mut self, s: usize, k: u64) {
         if let Some(i) = self.pool_bufs[s].pop_front() {
             if let Ok(w) = self.seg.word(self.tx.layout.pool_claim(i as usize)) {
                 // Release: our reads of the buffer are before the next claimer's writes.
@@ -1277,12 +1320,14 @@ impl Extoll {
         }
     }
 
-    /// With a pool, at the stalled-queue checks: frees what no Medium will free. A claim of
-    /// a lost rank's not notified; a claim no sender writes, or one naming a Medium of its
-    /// sender's that was delivered already (reported: nobody may hold a buffer for it). A
-    /// claim in a live sender's name for a Medium still to come is left: it is in flight, or
-    /// freed once that sender's Mediums pass it.
-    fn sweep_pool(&mut self) {
+    /// With a pool, at the stalled-queue checks: frees what no Medium will free. A lost
+    /// rank's claim not notified, once the notification queue was drained to empty
+    /// (`notes_clear`: a notification it published before dying is then counted); a claim no
+    /// sender writes, or one naming a Medium of its sender's outside the window that sender
+    /// may have in flight (delivered already, or [`Layout::rma_flight`] or more past the
+    /// delivered ones), reported. A claim inside a live sender's window is left: it may be in
+    /// flight.
+    fn sweep_pool(&mut self, notes_clear: bool) {
         let l = self.tx.layout;
         for i in 0..l.rma_pool {
             let Ok(w) = self.seg.word(l.pool_claim(i)) else {
@@ -1298,9 +1343,15 @@ impl Extoll {
                 continue;
             }
             let lost = known && self.tx.dests[s].lost;
-            // Delivered already: `k` behind the count (mod 2^32).
-            let behind = known && (self.rma_delivered[s] as u32).wrapping_sub(v as u32) as i32 > 0;
-            if !(lost || !known || behind) {
+            if lost && !notes_clear {
+                continue;
+            }
+            // An honest sender claims for its `k`-th Medium only while fewer than the window
+            // are unacknowledged, and acknowledged ones were delivered: `k - delivered` (mod
+            // 2^32) is below the window.
+            let window = known
+                && (v as u32).wrapping_sub(self.rma_delivered[s] as u32) < l.rma_flight() as u32;
+            if !lost && window {
                 continue;
             }
             let freed = w
@@ -1498,6 +1549,7 @@ impl Extoll {
         let bytes = match self.seg.view(at, len) {
             Ok(bytes) => bytes,
             Err(e) => {
+                self.rma_consumed(s);
                 self.release_pool(s, k);
                 return Err(io(e));
             }
@@ -1559,9 +1611,9 @@ impl Extoll {
             self.check_peers();
         }
         self.check_heads();
-        self.unblock_notes();
+        let notes_clear = self.unblock_notes();
         self.unblock_mailbox();
-        self.sweep_pool();
+        self.sweep_pool(notes_clear);
         self.tell_head(true);
     }
 

@@ -605,3 +605,99 @@ fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
     let p = Layout::new(4096, &pooled, 0).unwrap().receive_bytes();
     assert!(p <= 4 << 20, "{p} bytes at 4,096 peers");
 }
+
+/// A trio with a pool of `pool` buffers and Mediums of any size by RMA.
+fn pooled_trio(pool: usize) -> (Extoll, Extoll, Extoll) {
+    let config = ExtollConfig {
+        rma_pool: pool,
+        notify_slots: 16,
+        mailbox_slots: 148,
+        medium: crate::MediumPath::Rma,
+        ..ExtollConfig::default()
+    };
+    let mut v = Extoll::cluster(3, 4096, config).unwrap();
+    let c = v.pop().unwrap();
+    let b = v.pop().unwrap();
+    (v.pop().unwrap(), b, c)
+}
+
+/// One sender's pooled Mediums in flight together, in buffers out of index order (the
+/// claims wrap around the pool): delivered in send order, every buffer freed.
+#[test]
+fn pooled_mediums_of_one_sender_keep_their_order() {
+    let (mut a, mut b, _c) = pooled_trio(4);
+    a.tx.pool_hint[1] = 3;
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Medium, 600, &mut h);
+    for k in 0..3u8 {
+        a.try_send(1, &out(&h[..n], &[k; 600])).unwrap();
+    }
+    let l = b.tx.layout;
+    let claims = |b: &Extoll| -> Vec<u64> {
+        (0..4)
+            .map(|i| b.seg.load_word(l.pool_claim(i)).unwrap())
+            .collect()
+    };
+    assert_eq!(
+        claims(&b),
+        vec![pool_claim(0, 1), pool_claim(0, 2), 0, pool_claim(0, 0)]
+    );
+    for k in 0..3u8 {
+        let (src, bytes) = recv(&mut b).expect("delivered");
+        assert_eq!((src, bytes[n], bytes.len()), (0, k, n + 600));
+    }
+    assert_eq!(claims(&b), vec![0; 4]);
+}
+
+/// A pool buffer claimed for a Medium whose notification finds no room is given back: the
+/// send is back-pressure, and the pool holds no claim of it.
+#[test]
+fn a_claim_is_given_back_when_the_notification_queue_is_full() {
+    let (mut a, b, c) = pooled_trio(2);
+    // Rank 2's main thread holds every notification slot of rank 1.
+    let l = c.tx.layout;
+    let ring = l.notifications();
+    let record = l.claims(2, crate::layout::CLAIM_NOTES);
+    let me = crate::layout::notes_claimer(2, false);
+    let mut t = [0u64; 16];
+    assert!(ring
+        .try_claim(&c.tx.peers[1].seg, 16, me, record, &mut 0, &mut t)
+        .unwrap());
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Medium, 600, &mut h);
+    assert_eq!(
+        a.try_send(1, &out(&h[..n], &[1; 600])),
+        Err(SendError::Busy)
+    );
+    for i in 0..2 {
+        assert_eq!(b.seg.load_word(l.pool_claim(i)).unwrap(), 0);
+    }
+    assert_eq!(a.tx.dests[1].rma_sent, 0);
+}
+
+/// A lost rank's Medium that was notified before it died is delivered: the sweep frees only
+/// its claims that no notification counted.
+#[test]
+fn a_lost_ranks_notified_pool_medium_is_delivered() {
+    let (mut a, mut b, _c) = pooled_trio(2);
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Medium, 600, &mut h);
+    a.try_send(1, &out(&h[..n], &[9; 600])).unwrap();
+    b.drain_notes().unwrap();
+    assert_eq!(b.rma_pending, 1);
+    let l = b.tx.layout;
+    // A claim of its that nothing notified (it died between claim and put).
+    b.tx.peers[1]
+        .imp
+        .store_word(l.pool_claim(1), pool_claim(0, 1))
+        .unwrap();
+    b.declare_lost(0);
+    b.sweep_pool(true);
+    assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), pool_claim(0, 0));
+    assert_eq!(b.seg.load_word(l.pool_claim(1)).unwrap(), 0);
+    let (got, errors) = poll_until(&mut b, patience(5));
+    assert_eq!(errors, vec![TransportError::PeerLost(0)]);
+    let (src, bytes) = got.expect("delivered");
+    assert_eq!((src, bytes[n]), (0, 9));
+    assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), 0);
+}
