@@ -757,7 +757,8 @@ pub fn connect(
                 })
         }
         TransportKind::Extoll => {
-            let config = extoll_sim::ExtollConfig::from_env().map_err(|e| err(&e))?;
+            let config =
+                extoll_sim::ExtollConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
             extoll_sim::Extoll::connect(info, segment_size, config)
                 .map(AnyTransport::Extoll)
                 .map_err(|e| match e {
@@ -830,7 +831,8 @@ pub fn cluster(
                 .collect())
         }
         TransportKind::Extoll => {
-            let config = extoll_sim::ExtollConfig::from_env().map_err(|e| err(&e))?;
+            let config =
+                extoll_sim::ExtollConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
             Ok(extoll_sim::Extoll::cluster(ranks, segment_size, config)
                 .map_err(|e| err(&e))?
                 .into_iter()

@@ -87,7 +87,8 @@
 //! `rma` or `auto`), `EXTOLL_RMA_FROM` (the size from which `auto` uses RMA buffers, 512 B by
 //! default), `EXTOLL_RMA_BUFFERS` (RMA Medium buffers per connection, 16 by default),
 //! `EXTOLL_RMA_POOL` (RMA Medium buffers in one pool per rank instead; by default none, or
-//! the bank's size under dynamic credits),
+//! the bank's size under dynamic credits, which [`ExtollConfig::from_env_for_ranks`] chooses
+//! from 256 ranks on where `AM_CREDITS` does not),
 //! `EXTOLL_MAX_LONG` (the Long limit) and `EXTOLL_NOTIFY_SLOTS` (notification-queue slots).
 //!
 //! ```
@@ -192,8 +193,13 @@ pub struct ExtollConfig {
     /// RMA Medium buffers in one pool per rank that every sender claims from, instead of
     /// `rma_buffers` per connection (0: per connection, 1..=1024: the pool). A rank's receive
     /// memory then no longer grows with the job; a Medium that finds no free buffer goes over
-    /// VELO. [`ExtollConfig::from_env`] sets it to the bank under dynamic credits.
+    /// VELO. [`ExtollConfig::from_env`] sets it to the bank under dynamic credits
+    /// ([`ExtollConfig::pool_for`]).
     pub rma_pool: usize,
+    /// The credits the transport gives the core where nothing else chooses
+    /// ([`am_core::Transport::default_credits`]): 32 static by default; what
+    /// [`ExtollConfig::from_env_for_ranks`] chose for the job.
+    pub credits: am_core::Credits,
     /// Largest Long payload per message.
     pub max_long: usize,
     /// Notification queue slots per rank.
@@ -210,6 +216,7 @@ impl Default for ExtollConfig {
             },
             rma_buffers: 16,
             rma_pool: 0,
+            credits: am_core::Credits::default(),
             max_long: 1 << 20,
             notify_slots: 1024,
         }
@@ -258,6 +265,14 @@ impl ExtollConfig {
         self
     }
 
+    /// With these credits given to the core where nothing else chooses (the pool stays as
+    /// set: [`ExtollConfig::pool_for`] gives the one dynamic credits choose).
+    #[must_use]
+    pub fn credits(mut self, credits: am_core::Credits) -> ExtollConfig {
+        self.credits = credits;
+        self
+    }
+
     /// With Long payloads of at most this many bytes per message.
     #[must_use]
     pub fn max_long(mut self, max_long: usize) -> ExtollConfig {
@@ -277,23 +292,44 @@ impl ExtollConfig {
     /// Reads `EXTOLL_PACKET_SIZE` (64|128), `EXTOLL_MAILBOX_SLOTS`, `EXTOLL_MEDIUM`
     /// (`velo`, `rma` or `auto`), `EXTOLL_RMA_FROM` (the `auto` crossover in payload bytes),
     /// `EXTOLL_RMA_BUFFERS`, `EXTOLL_RMA_POOL`, `EXTOLL_MAX_LONG` and `EXTOLL_NOTIFY_SLOTS`
-    /// over the defaults. Without `EXTOLL_RMA_POOL`, dynamic credits (`AM_CREDITS=dynamic`)
-    /// choose a pool of as many buffers as the bank holds credits (at least
-    /// [`MIN_RMA_POOL`]): receive memory that follows the credits.
+    /// over the defaults, with the credits of `AM_CREDITS` (32 static without it). Without
+    /// `EXTOLL_RMA_POOL`, dynamic credits choose a pool ([`ExtollConfig::pool_for`]):
+    /// receive memory that follows the credits.
     pub fn from_env() -> Result<ExtollConfig, ExtollError> {
-        let credits = am_core::Config::from_env()
-            .map_err(|e| ExtollError::Config(e.to_string()))?
-            .credits;
-        ExtollConfig::from_env_with(credits)
+        ExtollConfig::from_env_with(am_core::Credits::default())
     }
 
-    /// [`from_env`](Self::from_env) with the credits in force given, not read from
-    /// `AM_CREDITS` (`None`: the core's default, static).
-    pub fn from_env_with(credits: Option<am_core::Credits>) -> Result<ExtollConfig, ExtollError> {
-        let mut c = ExtollConfig::default();
-        if let Some(am_core::Credits::Dynamic { bank, .. }) = credits {
-            c.rma_pool = (bank as usize).clamp(MIN_RMA_POOL, MAX_RMA_POOL);
+    /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
+    /// credits are [`am_core::Credits::default_for_ranks`] (dynamic from
+    /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), with the pool they choose, so that
+    /// a rank's receive buffers stop growing with the job. The transport then gives the core
+    /// the same credits ([`am_core::Transport::default_credits`]).
+    pub fn from_env_for_ranks(ranks: u32) -> Result<ExtollConfig, ExtollError> {
+        ExtollConfig::from_env_with(am_core::Credits::default_for_ranks(ranks))
+    }
+
+    /// The RMA Medium pool `credits` choose: as many buffers as a dynamic policy's bank
+    /// lends (within [`MIN_RMA_POOL`]..=[`MAX_RMA_POOL`]); none (buffers per connection)
+    /// under static credits.
+    pub fn pool_for(credits: am_core::Credits) -> usize {
+        match credits {
+            am_core::Credits::Dynamic { bank, .. } => {
+                (bank as usize).clamp(MIN_RMA_POOL, MAX_RMA_POOL)
+            }
+            am_core::Credits::Static(_) => 0,
         }
+    }
+
+    fn from_env_with(default: am_core::Credits) -> Result<ExtollConfig, ExtollError> {
+        let credits = am_core::Config::from_env()
+            .map_err(|e| ExtollError::Config(e.to_string()))?
+            .credits
+            .unwrap_or(default);
+        let mut c = ExtollConfig {
+            credits,
+            rma_pool: ExtollConfig::pool_for(credits),
+            ..ExtollConfig::default()
+        };
         let num = |k: &str| -> Result<Option<usize>, ExtollError> {
             match std::env::var(k) {
                 Ok(v) => v

@@ -2297,6 +2297,11 @@ impl Transport for Extoll {
     /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
     /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
     /// that only its own reply frees, so one empty reply may answer several.
+    /// The credits this rank's receive memory was laid out for ([`ExtollConfig::credits`]).
+    fn default_credits(&self) -> am_core::Credits {
+        self.tx.config.credits
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::default();
         caps.put = true;

@@ -592,8 +592,10 @@ fn a_pool_is_shared_and_a_medium_without_a_buffer_goes_over_velo() {
 #[test]
 fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
     let per_conn = ExtollConfig::default();
-    let pooled = ExtollConfig::from_env_with(Some(am_core::Credits::DYNAMIC)).unwrap();
+    let pooled =
+        ExtollConfig::default().rma_pool(ExtollConfig::pool_for(am_core::Credits::DYNAMIC));
     assert_eq!(pooled.rma_pool, am_core::credit::DYNAMIC_BANK as usize);
+    assert_eq!(ExtollConfig::pool_for(am_core::Credits::default()), 0);
     for ranks in [4096usize, 65536] {
         let a = Layout::new(ranks, &per_conn, 0).unwrap().receive_bytes();
         let p = Layout::new(ranks, &pooled, 0).unwrap().receive_bytes();
