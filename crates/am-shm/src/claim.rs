@@ -692,6 +692,63 @@ mod tests {
         assert_eq!(fill_holes(&r, 3).unwrap(), 3);
     }
 
+    /// Slots whose ticket `at` a claimer takes on the `nth` look at its status: between
+    /// `fill_holes`' two passes when `nth` is 2.
+    struct Racy {
+        words: Words,
+        at: u64,
+        nth: std::cell::Cell<u32>,
+        who: u32,
+    }
+
+    impl Slots for Racy {
+        type Error = ShmError;
+        fn laps(&self) -> Laps {
+            self.words.laps()
+        }
+        fn status(&self, t: u64) -> Result<&AtomicU64, ShmError> {
+            if t == self.at {
+                let n = self.nth.get().saturating_sub(1);
+                self.nth.set(n);
+                if n == 0 {
+                    let laps = self.words.laps();
+                    self.words
+                        .status(t)?
+                        .store(laps.claimed(t, self.who), Ordering::Relaxed);
+                }
+            }
+            self.words.status(t)
+        }
+    }
+
+    #[test]
+    fn a_hole_a_claimer_takes_between_the_passes_ends_the_run() {
+        let r = Racy {
+            words: words(8),
+            at: 1,
+            nth: std::cell::Cell::new(2),
+            who: 4,
+        };
+        let laps = r.laps();
+        r.words
+            .status(3)
+            .unwrap()
+            .store(laps.claimed(3, 3), Ordering::Relaxed);
+        // Ticket 1 is a hole in the first pass and the claimer's in the second: only ticket
+        // 0 is skipped, and the claim is kept.
+        assert_eq!(fill_holes(&r, 0).unwrap(), 1);
+        assert_eq!(
+            laps.look(r.words.status(1).unwrap().load(Ordering::Relaxed), 1)
+                .unwrap(),
+            Seen::Claimed(4)
+        );
+        assert_eq!(
+            laps.look(r.words.status(2).unwrap().load(Ordering::Relaxed), 2)
+                .unwrap(),
+            Seen::Empty
+        );
+    }
+
     #[test]
     fn records_vouch_only_from_their_ticket() {
         assert!(vouches(record(5), 5) && vouches(record(5), 9));

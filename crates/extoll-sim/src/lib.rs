@@ -57,13 +57,17 @@
 //!   message at the end of the buffer and a 64-bit **tail** last (marker, length,
 //!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
 //!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes);
-//! - **or RMA Medium buffers from one pool per rank** ([`ExtollConfig::rma_pool`], chosen by
-//!   dynamic credits): a sender claims a free buffer of the receiver's pool with the RMA
+//! - **or RMA Medium buffers from one pool per rank** ([`ExtollConfig::rma_pool`]; the
+//!   environment's dynamic credits choose it, from `AM_CREDITS` or by default from 256 ranks,
+//!   while credits set in code leave the layout as it is): a sender claims a free buffer of the receiver's pool with the RMA
 //!   unit's compare-and-swap on the buffer's claim word, puts the Medium there as above and
 //!   names the buffer in its completer notification; the receiver checks the claim and frees
 //!   it once the Medium is read. A Medium that finds no free buffer (or its sender's share,
 //!   at most 16, in flight) goes over VELO. A rank's receive memory then grows with the job
-//!   by three cache lines of words per peer, not by 16 buffers of 8,320 B;
+//!   by three cache lines of words per peer, not by 16 buffers of 8,320 B. A peer that
+//!   forges claims for Mediums idle senders may still send (each may have up to 16 in
+//!   flight) can hold pool buffers until those senders' Mediums pass them: Mediums then go
+//!   over VELO, nothing is lost;
 //! - messages of one source are delivered in send order across both paths (each VELO message
 //!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
 //! - thread safety as in the seed: one lock around the NIC is how several threads would share
@@ -116,7 +120,7 @@
 //!
 //! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
 //! its own, with its own VELO mailbox and RMA notification queue, and its own RMA Medium
-//! buffers per connection. The seed's pscom plugin opens one VELO port per process; the
+//! buffers (per connection, or its pool). The seed's pscom plugin opens one VELO port per process; the
 //! hardware has many VELO ports and RMA notification queues per node (one per process or
 //! thread that opens the device), so an endpoint per thread is a port and a notification queue
 //! of its own.

@@ -1755,20 +1755,18 @@ impl Extoll {
                         _ => return,
                     }
                 }
-                Ok(Seen::Empty) => {
-                    match ring.fill_holes(&self.seg, t) {
-                        Ok(n) if n > 0 => {
-                            self.tx.fault(misbehaved(
-                            None,
-                            format!("{n} holes from VELO mailbox ticket {t} (a corrupt tail or head)"),
-                        ));
-                        }
-                        _ => {
-                            self.drop_stranded_rma();
-                            return;
-                        }
+                Ok(Seen::Empty) => match ring.fill_holes(&self.seg, t) {
+                    Ok(n) if n > 0 => {
+                        let what = format!(
+                            "{n} holes from VELO mailbox ticket {t} (a corrupt tail or head)"
+                        );
+                        self.tx.fault(misbehaved(None, what));
                     }
-                }
+                    _ => {
+                        self.drop_stranded_rma();
+                        return;
+                    }
+                },
                 Ok(Seen::Skipped(_)) => self.consume(),
                 Ok(Seen::Published(meta)) => {
                     let m = Meta::decode(meta);
@@ -2293,15 +2291,15 @@ impl Transport for Extoll {
         }
     }
 
-    /// Puts, gets and atomics on the peers' registered segments, done by the RMA unit. A
-    /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
-    /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
-    /// that only its own reply frees, so one empty reply may answer several.
     /// The credits this rank's receive memory was laid out for ([`ExtollConfig::credits`]).
     fn default_credits(&self) -> am_core::Credits {
         self.tx.config.credits
     }
 
+    /// Puts, gets and atomics on the peers' registered segments, done by the RMA unit. A
+    /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
+    /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
+    /// that only its own reply frees, so one empty reply may answer several.
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::default();
         caps.put = true;

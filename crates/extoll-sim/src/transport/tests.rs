@@ -596,6 +596,11 @@ fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
         ExtollConfig::default().rma_pool(ExtollConfig::pool_for(am_core::Credits::DYNAMIC));
     assert_eq!(pooled.rma_pool, am_core::credit::DYNAMIC_BANK as usize);
     assert_eq!(ExtollConfig::pool_for(am_core::Credits::default()), 0);
+    // What jobs get without AM_CREDITS: buffers per connection below the threshold, the
+    // pool from it on.
+    let from = am_core::credit::DYNAMIC_FROM_RANKS;
+    let default = |ranks| ExtollConfig::pool_for(am_core::Credits::default_for_ranks(ranks));
+    assert_eq!((default(from - 1), default(from)), (0, 32));
     for ranks in [4096usize, 65536] {
         let a = Layout::new(ranks, &per_conn, 0).unwrap().receive_bytes();
         let p = Layout::new(ranks, &pooled, 0).unwrap().receive_bytes();
@@ -701,5 +706,39 @@ fn a_lost_ranks_notified_pool_medium_is_delivered() {
     assert_eq!(errors, vec![TransportError::PeerLost(0)]);
     let (src, bytes) = got.expect("delivered");
     assert_eq!((src, bytes[n]), (0, 9));
+    assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), 0);
+}
+
+/// A lost rank's Medium whose notification waits behind a live claimer's slot keeps its pool
+/// buffer through the stalled-queue checks (the queue is not drained), and is delivered once
+/// the claimer publishes.
+#[test]
+fn a_lost_ranks_pool_medium_behind_a_live_claim_keeps_its_buffer() {
+    let (mut a, mut b, c) = pooled_trio(2);
+    // Rank 2's main thread claims notification ticket 0 at rank 1 (a genuine claim) and
+    // holds it.
+    let l = c.tx.layout;
+    let ring = l.notifications();
+    let record = l.claims(2, crate::layout::CLAIM_NOTES);
+    let me = crate::layout::notes_claimer(2, false);
+    let mut t = [0u64; 1];
+    assert!(ring
+        .try_claim(&c.tx.peers[1].seg, 1, me, record, &mut 0, &mut t)
+        .unwrap());
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Medium, 600, &mut h);
+    a.try_send(1, &out(&h[..n], &[5; 600])).unwrap();
+    b.declare_lost(0);
+    b.check(true);
+    assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), pool_claim(0, 0));
+    ring.skip(&c.tx.peers[1].imp, t[0], me).unwrap();
+    ring.release(&c.tx.peers[1].imp, record).unwrap();
+    let (got, errors) = poll_until(&mut b, patience(5));
+    assert!(
+        errors.iter().all(|e| *e == TransportError::PeerLost(0)),
+        "{errors:?}"
+    );
+    let (src, bytes) = got.expect("delivered");
+    assert_eq!((src, bytes[n]), (0, 5));
     assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), 0);
 }
