@@ -1762,8 +1762,12 @@ impl Extoll {
                         );
                         self.tx.fault(misbehaved(None, what));
                     }
+                    // No claim above the head: the mailbox is empty, unless a claimer
+                    // took the head meanwhile (a message may then sit above it).
                     _ => {
-                        self.drop_stranded_rma();
+                        if matches!(ring.look(&self.seg, t), Ok(Seen::Empty)) {
+                            self.drop_stranded_rma();
+                        }
                         return;
                     }
                 },

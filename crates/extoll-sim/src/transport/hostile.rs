@@ -4,7 +4,7 @@
 //! delivered from it or written outside its range, and that rank 2's messages (over VELO and
 //! by RMA buffer) still arrive. Heap clusters, bounded waits: Miri runs them.
 
-use super::tests::{head, out, patience, poll_for_errors, poll_until};
+use super::tests::{head, out, patience, poll_for_errors, poll_until, store_pool_claim};
 use super::*;
 use crate::layout::ABORT;
 use crate::layout::{
@@ -896,15 +896,8 @@ fn pool_claims(b: &Extoll) -> Vec<u64> {
 #[test]
 fn forged_pool_claims_are_freed_and_reported() {
     let (a, mut b, mut c) = trio_with(pooled());
-    let l = a.tx.layout;
-    a.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(0), 0xdead)
-        .unwrap();
-    a.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(1), pool_claim(2, u32::MAX as u64))
-        .unwrap();
+    store_pool_claim(&a, 1, 0, 0xdead);
+    store_pool_claim(&a, 1, 1, pool_claim(2, u32::MAX as u64));
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     assert_eq!(c.tx.dests[1].rma_sent, 0, "no buffer was free");
     let (got, errors) = poll_for_errors(&mut b, |e| e.len() >= 2, patience(5));
@@ -925,10 +918,9 @@ fn forged_pool_claims_are_freed_and_reported() {
 #[test]
 fn a_claim_inside_a_senders_window_is_left_alone() {
     let (a, mut b, mut c) = trio_with(pooled());
-    let l = a.tx.layout;
     let held = vec![pool_claim(0, 0), pool_claim(0, 1)];
     for (i, &v) in held.iter().enumerate() {
-        a.tx.peers[1].imp.store_word(l.pool_claim(i), v).unwrap();
+        store_pool_claim(&a, 1, i, v);
     }
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     // Past the stalled-queue check (it runs 0.1 s after the last progress).
@@ -942,10 +934,7 @@ fn a_claim_inside_a_senders_window_is_left_alone() {
         assert_eq!((got, errors), (None, vec![]));
     }
     assert_eq!(pool_claims(&b), held);
-    a.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(1), pool_claim(0, 2))
-        .unwrap();
+    store_pool_claim(&a, 1, 1, pool_claim(0, 2));
     let (got, errors) = poll_for_errors(&mut b, |e| !e.is_empty(), patience(5));
     assert_eq!(got, None);
     one_naming(&errors, None);
@@ -966,11 +955,7 @@ fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
         (1, pool_claim(0, 0), 1 << 63),    // far past the pool
     ] {
         let (a, mut b, mut c) = trio_with(pooled());
-        let l = a.tx.layout;
-        a.tx.peers[1]
-            .imp
-            .store_word(l.pool_claim(at), held)
-            .unwrap();
+        store_pool_claim(&a, 1, at, held);
         post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, value);
         let mut delivered = false;
         let r = b.poll_recv(|_, _, _| delivered = true);
@@ -980,7 +965,7 @@ fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
         );
         assert!(!delivered);
         assert_eq!((b.rma_landed[0], b.rma_pending), (0, 0), "{value:#x}");
-        a.tx.peers[1].imp.store_word(l.pool_claim(at), 0).unwrap();
+        store_pool_claim(&a, 1, at, 0);
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![], "{value:#x}");
     }
 }
@@ -990,11 +975,7 @@ fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
 #[test]
 fn a_dead_claimers_pool_buffer_is_freed() {
     let (a, mut b, mut c) = trio_with(pooled());
-    let l = a.tx.layout;
-    a.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(0), pool_claim(0, 0))
-        .unwrap();
+    store_pool_claim(&a, 1, 0, pool_claim(0, 0));
     b.declare_lost(0);
     // Not while a notification it may have published before dying is still to be read.
     b.sweep_pool(false);
@@ -1013,10 +994,7 @@ fn a_dead_claimers_pool_buffer_is_freed() {
 fn a_pool_medium_with_a_wrong_marker_is_dropped_and_its_buffer_freed() {
     let (a, mut b, mut c) = trio_with(pooled());
     let l = a.tx.layout;
-    a.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(1), pool_claim(0, 0))
-        .unwrap();
+    store_pool_claim(&a, 1, 1, pool_claim(0, 0));
     a.tx.peers[1]
         .imp
         .store_slot_word(l.pool(1) + RMA_BUF - TAIL, 7 | 12 << 16)

@@ -70,6 +70,50 @@ fn recv(x: &mut Extoll) -> Option<(u32, Vec<u8>)> {
     got
 }
 
+/// Notification slots of rank 1 that rank 2's main thread (through `c`'s maps) claims as
+/// its own (genuine claims) and holds until [`HeldNotes::give_up`].
+pub(super) struct HeldNotes {
+    ring: Ring,
+    record: usize,
+    me: u32,
+    tickets: Vec<u64>,
+}
+
+impl HeldNotes {
+    pub(super) fn claim(c: &Extoll, n: usize) -> HeldNotes {
+        let l = c.tx.layout;
+        let ring = l.notifications();
+        let record = l.claims(2, crate::layout::CLAIM_NOTES);
+        let me = crate::layout::notes_claimer(2, false);
+        let mut tickets = vec![0u64; n];
+        assert!(ring
+            .try_claim(&c.tx.peers[1].seg, n, me, record, &mut 0, &mut tickets)
+            .unwrap());
+        HeldNotes {
+            ring,
+            record,
+            me,
+            tickets,
+        }
+    }
+
+    /// Skips the held slots and clears the record, as a claimer that gives them up.
+    pub(super) fn give_up(&self, c: &Extoll) {
+        for &t in &self.tickets {
+            self.ring.skip(&c.tx.peers[1].imp, t, self.me).unwrap();
+        }
+        self.ring.release(&c.tx.peers[1].imp, self.record).unwrap();
+    }
+}
+
+/// Stores `value` into claim word `i` of rank `to`'s RMA Medium pool, through `x`'s maps.
+pub(super) fn store_pool_claim(x: &Extoll, to: usize, i: usize, value: u64) {
+    x.tx.peers[to]
+        .imp
+        .store_word(x.tx.layout.pool_claim(i), value)
+        .unwrap();
+}
+
 /// A full mailbox is back-pressure: nothing is overwritten, and everything arrives once
 /// the receiver drains.
 #[test]
@@ -192,15 +236,8 @@ fn a_message_waits_for_an_rma_medium_behind_a_live_claim() {
     let mut a = v.pop().unwrap();
     // Rank 2's main thread claims notification ticket 0 at rank 1 (a genuine claim), and
     // holds it.
-    let l = c.tx.layout;
-    let ring = l.notifications();
-    let record = l.claims(2, crate::layout::CLAIM_NOTES);
-    let me = crate::layout::notes_claimer(2, false);
-    let mut t = [0u64; 1];
-    assert!(ring
-        .try_claim(&c.tx.peers[1].seg, 1, me, record, &mut 0, &mut t)
-        .unwrap());
-    assert_eq!(t, [0]);
+    let held = HeldNotes::claim(&c, 1);
+    assert_eq!(held.tickets, [0]);
     // Rank 0: an RMA Medium (its notification lands behind the claim), then a Short.
     let mut h = [0u8; MAX_HEAD_LEN];
     let n = head(AmKind::Medium, 600, &mut h);
@@ -212,8 +249,7 @@ fn a_message_waits_for_an_rma_medium_behind_a_live_claim() {
     assert_eq!(got, None, "nothing may pass the claimed notification");
     assert_eq!(errors, vec![], "a live claim is no error");
     // The claimer gives its slot up: everything flows, in rank 0's order.
-    ring.skip(&c.tx.peers[1].imp, t[0], me).unwrap();
-    ring.release(&c.tx.peers[1].imp, record).unwrap();
+    held.give_up(&c);
     let (got, errors) = poll_until(&mut b, patience(5));
     assert_eq!(errors, vec![]);
     assert_eq!(got.map(|(s, m)| (s, m.len())), Some((0, n + 600)));
@@ -662,14 +698,8 @@ fn pooled_mediums_of_one_sender_keep_their_order() {
 fn a_claim_is_given_back_when_the_notification_queue_is_full() {
     let (mut a, b, c) = pooled_trio(2);
     // Rank 2's main thread holds every notification slot of rank 1.
+    let _held = HeldNotes::claim(&c, 16);
     let l = c.tx.layout;
-    let ring = l.notifications();
-    let record = l.claims(2, crate::layout::CLAIM_NOTES);
-    let me = crate::layout::notes_claimer(2, false);
-    let mut t = [0u64; 16];
-    assert!(ring
-        .try_claim(&c.tx.peers[1].seg, 16, me, record, &mut 0, &mut t)
-        .unwrap());
     let mut h = [0u8; MAX_HEAD_LEN];
     let n = head(AmKind::Medium, 600, &mut h);
     assert_eq!(
@@ -694,10 +724,7 @@ fn a_lost_ranks_notified_pool_medium_is_delivered() {
     assert_eq!(b.rma_pending, 1);
     let l = b.tx.layout;
     // A claim of its that nothing notified (it died between claim and put).
-    b.tx.peers[1]
-        .imp
-        .store_word(l.pool_claim(1), pool_claim(0, 1))
-        .unwrap();
+    store_pool_claim(&b, 1, 1, pool_claim(0, 1));
     b.declare_lost(0);
     b.sweep_pool(true);
     assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), pool_claim(0, 0));
@@ -717,22 +744,15 @@ fn a_lost_ranks_pool_medium_behind_a_live_claim_keeps_its_buffer() {
     let (mut a, mut b, c) = pooled_trio(2);
     // Rank 2's main thread claims notification ticket 0 at rank 1 (a genuine claim) and
     // holds it.
+    let held = HeldNotes::claim(&c, 1);
     let l = c.tx.layout;
-    let ring = l.notifications();
-    let record = l.claims(2, crate::layout::CLAIM_NOTES);
-    let me = crate::layout::notes_claimer(2, false);
-    let mut t = [0u64; 1];
-    assert!(ring
-        .try_claim(&c.tx.peers[1].seg, 1, me, record, &mut 0, &mut t)
-        .unwrap());
     let mut h = [0u8; MAX_HEAD_LEN];
     let n = head(AmKind::Medium, 600, &mut h);
     a.try_send(1, &out(&h[..n], &[5; 600])).unwrap();
     b.declare_lost(0);
     b.check(true);
     assert_eq!(b.seg.load_word(l.pool_claim(0)).unwrap(), pool_claim(0, 0));
-    ring.skip(&c.tx.peers[1].imp, t[0], me).unwrap();
-    ring.release(&c.tx.peers[1].imp, record).unwrap();
+    held.give_up(&c);
     let (got, errors) = poll_until(&mut b, patience(5));
     assert!(
         errors.iter().all(|e| *e == TransportError::PeerLost(0)),
