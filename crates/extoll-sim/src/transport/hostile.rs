@@ -72,6 +72,16 @@ fn good_still_arrives(b: &mut Extoll, c: &mut Extoll) -> Vec<TransportError> {
     errors
 }
 
+/// One poll of `b` is refused with `PeerMisbehaved` naming `peer`, and delivers nothing
+/// (`case` names the case in a failure).
+#[track_caller]
+fn one_poll_refused(b: &mut Extoll, peer: Option<Rank>, case: impl std::fmt::Display) {
+    let mut delivered = false;
+    let r = b.poll_recv(|_, _, _| delivered = true);
+    assert!(matches!(&r, Err(e) if named(e, peer)), "{case}: {r:?}");
+    assert!(!delivered, "{case}");
+}
+
 /// Nothing was written into `x`'s AM segment.
 #[track_caller]
 fn segment_untouched(x: &Extoll) {
@@ -152,10 +162,7 @@ fn a_corrupt_mailbox_status_is_skipped_and_reported() {
         let (a, mut b, mut c) = trio();
         let ring = a.tx.layout.mailbox();
         store_status(&a, 1, &ring, 0, value);
-        let mut delivered = false;
-        let r = b.poll_recv(|_, _, _| delivered = true);
-        assert!(matches!(&r, Err(e) if named(e, None)), "{value:#x}: {r:?}");
-        assert!(!delivered);
+        one_poll_refused(&mut b, None, format_args!("{value:#x}"));
         assert_eq!(b.head, 1, "{value:#x}: consumed");
         assert_eq!(ring.look(&b.seg, 0).unwrap(), Seen::Skipped(OWNER));
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
@@ -173,10 +180,7 @@ fn a_packet_from_outside_the_job_is_refused() {
         rma_before: 0,
     };
     publish(&a, 1, 0, &short_head(), m.encode());
-    let mut delivered = false;
-    let r = b.poll_recv(|_, _, _| delivered = true);
-    assert!(matches!(&r, Err(e) if named(e, None)), "{r:?}");
-    assert!(!delivered);
+    one_poll_refused(&mut b, None, "");
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
 }
 
@@ -393,13 +397,7 @@ fn an_rma_before_count_ahead_of_the_buffers_is_refused_at_once() {
         let (a, mut b, mut c) = trio();
         let h = short_head();
         publish(&a, 1, 0, &h, meta(h.len(), FIRST | LAST, rma_before));
-        let mut delivered = false;
-        let r = b.poll_recv(|_, _, _| delivered = true);
-        assert!(
-            matches!(&r, Err(e) if named(e, Some(0))),
-            "{rma_before}: {r:?}"
-        );
-        assert!(!delivered);
+        one_poll_refused(&mut b, Some(0), format_args!("{rma_before}"));
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     }
 }
@@ -518,10 +516,7 @@ fn corrupt_notifications_are_dropped_and_reported() {
     for (src, k, value, peer) in cases {
         let (a, mut b, mut c) = trio();
         post_raw(&a, 1, 0, src | k << 16, value);
-        let mut delivered = false;
-        let r = b.poll_recv(|_, _, _| delivered = true);
-        assert!(matches!(&r, Err(e) if named(e, peer)), "{k}/{value}: {r:?}");
-        assert!(!delivered);
+        one_poll_refused(&mut b, peer, format_args!("{k}/{value}"));
         assert_eq!(b.note_head, 1);
         assert_eq!(
             (
@@ -578,10 +573,7 @@ fn land_tail(a: &Extoll, tail: u64) {
 fn an_rma_medium_with_a_wrong_marker_is_dropped() {
     let (a, mut b, mut c) = trio();
     land_tail(&a, 12 << 16);
-    let mut delivered = false;
-    let r = b.poll_recv(|_, _, _| delivered = true);
-    assert!(matches!(&r, Err(e) if named(e, Some(0))), "{r:?}");
-    assert!(!delivered);
+    one_poll_refused(&mut b, Some(0), "");
     assert_eq!(
         (b.rma_landed[0], b.rma_pending),
         (0, 0),
@@ -612,10 +604,7 @@ fn an_rma_medium_longer_than_a_buffer_is_dropped() {
     for len in (MAX_MSG + 1..=MAX_MSG + 8).chain([0xffff]) {
         let (a, mut b, mut c) = trio();
         land_tail(&a, 1 | (len as u64) << 16);
-        let mut delivered = false;
-        let r = b.poll_recv(|_, _, _| delivered = true);
-        assert!(matches!(&r, Err(e) if named(e, Some(0))), "{len}: {r:?}");
-        assert!(!delivered);
+        one_poll_refused(&mut b, Some(0), format_args!("{len}"));
         assert_eq!((b.rma_delivered[0], b.rma_pending), (1, 0), "buffer freed");
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
     }
@@ -957,13 +946,7 @@ fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
         let (a, mut b, mut c) = trio_with(pooled());
         store_pool_claim(&a, 1, at, held);
         post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, value);
-        let mut delivered = false;
-        let r = b.poll_recv(|_, _, _| delivered = true);
-        assert!(
-            matches!(&r, Err(e) if named(e, Some(0))),
-            "{value:#x}: {r:?}"
-        );
-        assert!(!delivered);
+        one_poll_refused(&mut b, Some(0), format_args!("{value:#x}"));
         assert_eq!((b.rma_landed[0], b.rma_pending), (0, 0), "{value:#x}");
         store_pool_claim(&a, 1, at, 0);
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![], "{value:#x}");
@@ -1000,10 +983,7 @@ fn a_pool_medium_with_a_wrong_marker_is_dropped_and_its_buffer_freed() {
         .store_slot_word(l.pool(1) + RMA_BUF - TAIL, 7 | 12 << 16)
         .unwrap();
     post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, 1 << POOL_INDEX_SHIFT);
-    let mut delivered = false;
-    let r = b.poll_recv(|_, _, _| delivered = true);
-    assert!(matches!(&r, Err(e) if named(e, Some(0))), "{r:?}");
-    assert!(!delivered);
+    one_poll_refused(&mut b, Some(0), "");
     assert_eq!((b.rma_delivered[0], b.rma_pending), (1, 0));
     assert_eq!(pool_claims(&b), vec![0, 0]);
     assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);

@@ -569,15 +569,7 @@ mod dead_claimer {
 /// waiting. Every Medium arrives once, each source's in send order.
 #[test]
 fn a_pool_is_shared_and_a_medium_without_a_buffer_goes_over_velo() {
-    let config = ExtollConfig {
-        rma_pool: 2,
-        medium: crate::MediumPath::Rma,
-        ..ExtollConfig::default()
-    };
-    let mut v = Extoll::cluster(3, 4096, config).unwrap();
-    let mut c = v.pop().unwrap();
-    let mut b = v.pop().unwrap();
-    let mut a = v.pop().unwrap();
+    let (mut a, mut b, mut c) = pooled_trio(2);
     let l = b.tx.layout;
     let claims = |b: &Extoll| -> Vec<u64> {
         (0..2)
