@@ -158,7 +158,7 @@ impl Layout {
             notifications,
             segment_base: 0,
             flight: if config.rma_pool > 0 {
-                config.rma_pool.min(16)
+                config.rma_pool.min(crate::MAX_RMA_FLIGHT)
             } else {
                 config.rma_buffers
             },
@@ -193,31 +193,27 @@ impl Layout {
 
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
-        self.pool_claims()
+        self.pool_claim(0)
             .saturating_add(line(self.rma_pool.saturating_mul(8)))
     }
 
-    fn pool_claims(&self) -> usize {
-        PER_RANK_WORDS.saturating_add(self.ranks.saturating_mul(3 * CACHE_LINE))
-    }
-
-    /// Offset of the claim word of pool buffer `i` ([`ExtollConfig::rma_pool`]).
+    /// Offset of the claim word of pool buffer `i` ([`ExtollConfig::rma_pool`]): after
+    /// every rank's words.
     #[inline]
     pub fn pool_claim(&self, i: usize) -> usize {
-        self.pool_claims().saturating_add(i.saturating_mul(8))
+        self.rank_words(self.ranks)
+            .saturating_add(i.saturating_mul(8))
     }
 
-    /// Offset of pool buffer `i` ([`ExtollConfig::rma_pool`]).
+    /// Offset of pool buffer `i` ([`ExtollConfig::rma_pool`]): after every connection's
+    /// buffers (none, with a pool).
     #[inline]
     pub fn pool(&self, i: usize) -> usize {
-        self.rx_base()
-            .saturating_add(self.ranks.saturating_mul(self.conn_bytes()))
-            .saturating_add(i.saturating_mul(RMA_BUF))
+        self.rx(self.ranks, i)
     }
 
     /// The most RMA Mediums one sender may have in flight to one receiver: its buffers per
-    /// connection, or with a pool, the pool's size up to 16 (a VELO message counts the RMA
-    /// Mediums before it modulo [`crate::velo::RMA_BEFORE_MOD`], which must exceed this).
+    /// connection, or with a pool, the pool's size up to [`crate::MAX_RMA_FLIGHT`].
     #[inline]
     pub fn rma_flight(&self) -> usize {
         self.flight

@@ -58,11 +58,11 @@
 //!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
 //!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes);
 //! - **or RMA Medium buffers from one pool per rank** ([`ExtollConfig::rma_pool`]; the
-//!   environment's dynamic credits choose it, from `AM_CREDITS` or by default from 256 ranks,
-//!   while credits set in code leave the layout as it is): a sender claims a free buffer of the receiver's pool with the RMA
-//!   unit's compare-and-swap on the buffer's claim word, puts the Medium there as above and
-//!   names the buffer in its completer notification; the receiver checks the claim and frees
-//!   it once the Medium is read. A Medium that finds no free buffer (or its sender's share,
+//!   environment's dynamic credits choose it, from `AM_CREDITS` or by default from 256
+//!   ranks, while credits set in code leave the layout as it is): a sender claims a free
+//!   buffer of the receiver's pool with the RMA unit's compare-and-swap on the buffer's
+//!   claim word, puts the Medium there as above and names the buffer in its completer
+//!   notification; the receiver checks the claim and frees it once the Medium is read. A Medium that finds no free buffer (or its sender's share,
 //!   at most 16, in flight) goes over VELO. A rank's receive memory then grows with the job
 //!   by three cache lines of words per peer, not by 16 buffers of 8,320 B. A peer that
 //!   forges claims for Mediums idle senders may still send (each may have up to 16 in
@@ -120,10 +120,10 @@
 //!
 //! **Several endpoints per process** (`amnet::run_job_endpoints`): each endpoint is a rank of
 //! its own, with its own VELO mailbox and RMA notification queue, and its own RMA Medium
-//! buffers (per connection, or its pool). The seed's pscom plugin opens one VELO port per process; the
-//! hardware has many VELO ports and RMA notification queues per node (one per process or
-//! thread that opens the device), so an endpoint per thread is a port and a notification queue
-//! of its own.
+//! buffers (per connection, or its pool). The seed's pscom plugin opens one VELO port per
+//! process; the hardware has many VELO ports and RMA notification queues per node (one per
+//! process or thread that opens the device), so an endpoint per thread is a port and a
+//! notification queue of its own.
 //!
 //! What this crate does **not** do: it does not span hosts (the "network" is shared memory
 //! between the processes of one host); it does not model VELO's own per-connection flow control
@@ -151,6 +151,13 @@ pub use transport::{Extoll, RmaOp};
 
 /// The largest AM Medium payload (the seed's 8192 bytes).
 pub const MAX_MEDIUM: usize = 8192;
+
+/// The most RMA Mediums one sender may have in flight to one receiver: the most RMA Medium
+/// buffers per connection ([`ExtollConfig::rma_buffers`]), and a sender's share of a pool. A
+/// VELO message counts the RMA Mediums sent before it modulo [`velo::RMA_BEFORE_MOD`], which
+/// must exceed it.
+pub const MAX_RMA_FLIGHT: usize = 16;
+const _: () = assert!(MAX_RMA_FLIGHT < velo::RMA_BEFORE_MOD as usize);
 
 /// The smallest RMA Medium pool dynamic credits choose ([`ExtollConfig::from_env`]).
 pub const MIN_RMA_POOL: usize = 8;
@@ -388,8 +395,11 @@ impl ExtollConfig {
                 self.mailbox_slots
             ));
         }
-        if !(1..=16).contains(&self.rma_buffers) {
-            return bad(format!("rma_buffers = {} (1..=16)", self.rma_buffers));
+        if !(1..=MAX_RMA_FLIGHT).contains(&self.rma_buffers) {
+            return bad(format!(
+                "rma_buffers = {} (1..={MAX_RMA_FLIGHT})",
+                self.rma_buffers
+            ));
         }
         if self.rma_pool > MAX_RMA_POOL {
             return bad(format!(
