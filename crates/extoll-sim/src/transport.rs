@@ -1300,17 +1300,19 @@ impl Extoll {
         }
     }
 
-    /// With a pool: frees the buffer of `s`'s `k`-th RMA Medium, just delivered or dropped
-    /// (a claim word someone rewrote meanwhile is left to the idle sweep).
+    /// With a pool: frees the buffer of `s`'s RMA Medium just delivered or dropped (counted in
+    /// `rma_delivered` already; a claim word someone rewrote meanwhile is left to the idle
+    /// sweep). Part of [`rma_consumed`](Self::rma_consumed).
     #[inline(always)]
-    fn release_pool(&mut self, s: usize, k: u64) {
+    fn release_pool(&mut self, s: usize) {
         if self.tx.layout.rma_pool > 0 {
-            self.release_pool_buf(s, k);
+            self.release_pool_buf(s);
         }
     }
 
     #[inline(never)]
-    fn release_pool_buf(&mut self, s: usize, k: u64) {
+    fn release_pool_buf(&mut self, s: usize) {
+        let k = self.rma_delivered[s] - 1;
         if let Some(i) = self.pool_bufs[s].pop_front() {
             if let Ok(w) = self.seg.word(self.tx.layout.pool_claim(i as usize)) {
                 // Release: our reads of the buffer are before the next claimer's writes.
@@ -1498,15 +1500,16 @@ impl Extoll {
 
     /// Drops the next RMA Medium from `s` undelivered, freeing its buffer.
     fn drop_rma(&mut self, s: usize) {
-        let k = self.rma_delivered[s];
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
         self.rma_consumed(s);
-        self.release_pool(s, k);
     }
 
-    /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (acknowledging lazily).
+    /// Frees the buffer of `s`'s RMA Medium just delivered or dropped (counted in
+    /// `rma_delivered` already): a pool buffer at once, one per connection by acknowledging
+    /// it, lazily.
     fn rma_consumed(&mut self, s: usize) {
+        self.release_pool(s);
         let tx = &mut self.tx;
         tx.rma_consumed[s] += 1;
         if tx.rma_consumed[s] - tx.rma_ack_sent[s] >= (tx.layout.rma_flight() as u64).div_ceil(2) {
@@ -1543,14 +1546,12 @@ impl Extoll {
                 ),
             ));
         }
-        let k = self.rma_delivered[s];
         self.rma_delivered[s] += 1;
         self.rma_pending -= 1;
         let bytes = match self.seg.view(at, len) {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.rma_consumed(s);
-                self.release_pool(s, k);
                 return Err(io(e));
             }
         };
@@ -1566,7 +1567,6 @@ impl Extoll {
             &mut self.tx,
         );
         self.rma_consumed(s);
-        self.release_pool(s, k);
         Ok(r)
     }
 
