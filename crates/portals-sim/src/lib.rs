@@ -33,8 +33,12 @@
 //!   travel in the **match bits**; a Short with at most two arguments carries them in the
 //!   **header data** and moves no payload at all (the whole message is the event); other
 //!   messages deposit head and payload into the **request receive buffers**: at least three
-//!   chained locally managed entries (triple buffering), sized from the credit policy's
-//!   receive budget ([`PortalsConfig::receive_buffer_bytes`]);
+//!   chained locally managed entries (triple buffering), sized from the credit policy
+//!   ([`PortalsConfig::request_bytes`]): under static credits for its whole receive budget
+//!   of the largest messages, so no request is ever refused for room; under dynamic credits
+//!   for every peer's initial requests as heads and the bank's as whole messages, so they
+//!   grow by 160 bytes per peer (2.4 MiB of receive memory per rank at 4,096 peers) and the
+//!   rare burst of large Mediums beyond them goes through flow control (below);
 //! - the **reply is written back into the request's send buffer**: every request holds one
 //!   of the initiator's send slots (exposed through the reply portal entry) until its reply
 //!   lands there; a rank with no free slot reports `Busy` (the seed's send tokens). One
@@ -136,8 +140,10 @@ pub use transport::{Portals, Stats};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PortalsConfig {
-    /// The credit policy the receive buffers are sized for (`AM_CREDITS`): they hold
-    /// [`Credits::receive_budget`] requests of [`max_message`](field@Self::max_message) bytes.
+    /// The credit policy the receive buffers are sized for (`AM_CREDITS`): under static
+    /// credits they hold [`Credits::receive_budget`] requests of
+    /// [`max_message`](field@Self::max_message) bytes, under dynamic ones what
+    /// [`request_bytes`](Self::request_bytes) says.
     pub credits: Credits,
     /// Chained request receive buffers (locally managed entries), at least 3.
     pub request_buffers: usize,
@@ -316,19 +322,40 @@ impl PortalsConfig {
     }
 
     /// Bytes of one request receive buffer in a job of `ranks` ranks: with `n` buffers,
-    /// `ceil(budget * max_message / (n - 1)) + max_message`, rounded up to a cache line, so
-    /// that the receive budget fits in `n - 1` of them even when each wastes up to one
-    /// message at its end, while the oldest drains (the seed's triple buffering).
+    /// `ceil(need / (n - 1)) + max_message`, rounded up to a cache line, so that `need`
+    /// ([`request_bytes`](Self::request_bytes)) fits in `n - 1` of them even when each
+    /// wastes up to one message at its end, while the oldest drains (the seed's triple
+    /// buffering).
     pub fn request_buffer_bytes(&self, ranks: u32) -> u64 {
         if let Some(b) = self.request_buffer_bytes {
             return (b as u64).div_ceil(64) * 64;
         }
-        let need = self
-            .credits
-            .receive_budget(ranks)
-            .saturating_mul(self.max_message as u64);
+        let need = self.request_bytes(ranks);
         let per = need.div_ceil(self.request_buffers as u64 - 1) + self.max_message as u64;
         per.div_ceil(64) * 64
+    }
+
+    /// The request bytes the buffers hold at once in a job of `ranks` ranks, besides what
+    /// a buffer wastes at its end.
+    ///
+    /// Static credits: [`Credits::receive_budget`] requests of
+    /// [`max_message`](field@Self::max_message) bytes, so no request is ever refused for
+    /// room. Dynamic credits: every peer's initial requests as heads (a Short with all its
+    /// arguments, [`am_core::wire::MAX_HEAD_LEN`] bytes; one with two or fewer deposits
+    /// nothing), and the bank's loans plus one peer's initial credits as whole messages (a
+    /// peer that streams Mediums has borrowed, and its Mediums fit), so the buffers grow by
+    /// 160 bytes per peer instead of 2 KiB. Peers that send Mediums at once on their initial
+    /// credits can fill them: the portal entry's flow control then refuses the puts that
+    /// find no room and the core sends them again (see the crate docs), slower but never
+    /// lost.
+    pub fn request_bytes(&self, ranks: u32) -> u64 {
+        let max = self.max_message as u64;
+        match self.credits {
+            Credits::Static(_) => self.credits.receive_budget(ranks).saturating_mul(max),
+            Credits::Dynamic { initial, bank } => (ranks as u64 * initial as u64)
+                .saturating_mul(am_core::wire::MAX_HEAD_LEN as u64)
+                .saturating_add((initial as u64 + bank as u64).saturating_mul(max)),
+        }
     }
 
     /// Bytes of all request receive buffers of one rank in a job of `ranks` ranks: computed
@@ -427,14 +454,44 @@ mod tests {
                 s >= st.credits.receive_budget(ranks) * 1024,
                 "static holds its budget"
             );
+            // Every peer's initial requests as heads, and the bank's (and one peer's
+            // initial) as whole messages, in two of the three buffers.
+            let (initial, bank) = (2, 32);
             assert!(
-                d >= dy.credits.receive_budget(ranks) * 1024,
-                "dynamic holds its budget"
+                d >= (ranks as u64 * initial * 80 + (initial + bank) * 1024) * 3 / 2,
+                "dynamic holds its heads and its bank"
             );
             assert!(d < s);
         }
         assert!(dy.receive_buffer_bytes(1024) * 3 < st.receive_buffer_bytes(1024));
         assert!(st.eq_capacity(1024).is_power_of_two());
+    }
+
+    /// What one rank reserves to receive under dynamic credits, from the layout the
+    /// transport makes (AM segment not counted): its word area (portal table, match
+    /// entries, a departed word and a sender record per peer, the event queue), its request
+    /// buffers and its send slots, where replies land.
+    fn receive_bytes(config: &PortalsConfig, ranks: u32) -> u64 {
+        let l = Layout::new(ranks, 0, config).unwrap();
+        (l.ni.words_len() + l.segment_base()) as u64
+    }
+
+    #[test]
+    fn dynamic_credits_keep_receive_memory_small_at_4096_and_65536_peers() {
+        let dy = PortalsConfig::default().credits(Credits::DYNAMIC);
+        let at_4k = receive_bytes(&dy, 4096);
+        assert!(at_4k <= 4 << 20, "{at_4k} bytes at 4,096 peers");
+        let at_64k = receive_bytes(&dy, 65536);
+        // Per peer: 72 bytes of words, two requests' heads in the buffers (with triple
+        // buffering's half more) and event slots for them and the peer's courtesy events.
+        assert!(at_64k <= 40 << 20, "{at_64k} bytes at 65,536 peers");
+        assert!(
+            (at_64k - at_4k) / (65536 - 4096) <= 640,
+            "grows by at most 640 bytes per peer"
+        );
+        // Static credits hold their whole budget of full messages: 1 KiB per credit.
+        let st = PortalsConfig::default();
+        assert!(receive_bytes(&st, 4096) > 32 * 4096 * 1024);
     }
 
     #[test]
