@@ -187,6 +187,13 @@ impl Layout {
     pub fn segment_base(&self) -> usize {
         self.ranks * self.channel_bytes()
     }
+
+    /// Bytes one rank reserves to receive: its word area (doorbell, ringer words, a line per
+    /// peer) and every sender's command segment; the AM segment not counted. Reserved, not
+    /// held: a receiver touches only the slots of the senders that wrote to it.
+    pub fn receive_bytes(&self) -> usize {
+        self.words_len() + self.segment_base()
+    }
 }
 
 #[cfg(test)]
@@ -226,6 +233,28 @@ mod tests {
                 assert!(used.insert(l.ringer_word(w)), "{ranks}: ringer word {w}");
             }
             assert_eq!(l.words_len() % CACHE_LINE, 0, "whole lines");
+        }
+    }
+
+    /// What a rank reserves to receive grows by a command segment and a line of words per
+    /// peer, whatever the credit policy (sci has no bank yet): 2 × 32 slots of 1 KiB with
+    /// the defaults, 256 MiB at 4,096 peers and 4 GiB at 65,536.
+    #[test]
+    fn receive_bytes_grow_by_a_command_segment_per_peer() {
+        for (ranks, mib) in [(4096, 256), (65536, 4096)] {
+            let l = Layout::new(ranks, 32, 1024, 1 << 20).unwrap();
+            let per_peer = 2 * 32 * 1024 + CACHE_LINE;
+            // Ringer words past the flag's line, in whole lines.
+            let ringers = (ranks / 64 - RINGERS_IN_FLAG_LINE).next_multiple_of(8) * 8;
+            assert_eq!(
+                l.receive_bytes(),
+                2 * CACHE_LINE + ranks * per_peer + ringers,
+                "{ranks} peers"
+            );
+            assert_eq!(
+                l.receive_bytes() >> 20,
+                mib + ranks * CACHE_LINE / (1 << 20)
+            );
         }
     }
 
