@@ -36,9 +36,10 @@
 //!   chained locally managed entries (triple buffering), sized from the credit policy
 //!   ([`PortalsConfig::request_bytes`]): under static credits for its whole receive budget
 //!   of the largest messages, so no request is ever refused for room; under dynamic credits
-//!   for every peer's initial requests as heads and the bank's as whole messages, so they
-//!   grow by 160 bytes per peer (2.4 MiB of receive memory per rank at 4,096 peers) and the
-//!   rare burst of large Mediums beyond them goes through flow control (below);
+//!   the same up to [`WHOLE_BUDGET_BYTES`], and in larger jobs for every peer's initial
+//!   requests as heads and the bank's as whole messages, so they grow by 160 bytes per
+//!   peer (2.9 MiB of receive memory per rank at 4,096 peers) and a burst of large Mediums
+//!   from many peers at once beyond them goes through flow control (below);
 //! - the **reply is written back into the request's send buffer**: every request holds one
 //!   of the initiator's send slots (exposed through the reply portal entry) until its reply
 //!   lands there; a rank with no free slot reports `Busy` (the seed's send tokens). One
@@ -225,6 +226,13 @@ impl PortalsConfig {
     }
 }
 
+/// Under dynamic credits, the request bytes up to which the request buffers hold the whole
+/// receive budget of the largest messages ([`PortalsConfig::request_bytes`]): a job that
+/// small never meets flow control for room, whatever its peers send, at a cost that does not
+/// matter (1.5 MiB of buffers with triple buffering); larger ones count the initial
+/// credits' requests as heads.
+pub const WHOLE_BUDGET_BYTES: u64 = 1 << 20;
+
 /// Receive-side and send-side memory of one rank, in bytes (see
 /// [`PortalsConfig::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,21 +348,26 @@ impl PortalsConfig {
     ///
     /// Static credits: [`Credits::receive_budget`] requests of
     /// [`max_message`](field@Self::max_message) bytes, so no request is ever refused for
-    /// room. Dynamic credits: every peer's initial requests as heads (a Short with all its
-    /// arguments, [`am_core::wire::MAX_HEAD_LEN`] bytes; one with two or fewer deposits
-    /// nothing), and the bank's loans plus one peer's initial credits as whole messages (a
-    /// peer that streams Mediums has borrowed, and its Mediums fit), so the buffers grow by
-    /// 160 bytes per peer instead of 2 KiB. Peers that send Mediums at once on their initial
-    /// credits can fill them: the portal entry's flow control then refuses the puts that
-    /// find no room and the core sends them again (see the crate docs), slower but never
-    /// lost.
+    /// room. Dynamic credits: the same while that is at most [`WHOLE_BUDGET_BYTES`]; in
+    /// larger jobs, every peer's initial requests as heads (a Short with all its arguments,
+    /// [`am_core::wire::MAX_HEAD_LEN`] bytes; one with two or fewer deposits nothing) and
+    /// the bank's loans plus one peer's initial credits as whole messages (a peer that
+    /// streams Mediums has borrowed, and its Mediums fit), and never less than
+    /// `WHOLE_BUDGET_BYTES`: the buffers then grow by 160 bytes per peer instead of 2 KiB.
+    /// There, many peers that send large Mediums at once on their initial credits can fill
+    /// them: the portal entry's flow control refuses the puts that find no room and the
+    /// core sends them again (see the crate docs), slower but never lost.
     pub fn request_bytes(&self, ranks: u32) -> u64 {
         let max = self.max_message as u64;
+        let whole = self.credits.receive_budget(ranks).saturating_mul(max);
         match self.credits {
-            Credits::Static(_) => self.credits.receive_budget(ranks).saturating_mul(max),
-            Credits::Dynamic { initial, bank } => (ranks as u64 * initial as u64)
-                .saturating_mul(am_core::wire::MAX_HEAD_LEN as u64)
-                .saturating_add((initial as u64 + bank as u64).saturating_mul(max)),
+            Credits::Static(_) => whole,
+            Credits::Dynamic { initial, bank } => {
+                let heads = (ranks as u64 * initial as u64)
+                    .saturating_mul(am_core::wire::MAX_HEAD_LEN as u64)
+                    .saturating_add((initial as u64 + bank as u64).saturating_mul(max));
+                whole.min(heads.max(WHOLE_BUDGET_BYTES))
+            }
         }
     }
 
@@ -461,9 +474,13 @@ mod tests {
                 d >= (ranks as u64 * initial * 80 + (initial + bank) * 1024) * 3 / 2,
                 "dynamic holds its heads and its bank"
             );
+            assert!(d >= dy.credits.receive_budget(ranks).min(1024) * 1024 * 3 / 2);
             assert!(d < s);
         }
         assert!(dy.receive_buffer_bytes(1024) * 3 < st.receive_buffer_bytes(1024));
+        // A job whose whole budget is at most 1 MiB keeps it.
+        assert_eq!(dy.request_bytes(64), dy.credits.receive_budget(64) * 1024);
+        assert_eq!(dy.request_bytes(1024), WHOLE_BUDGET_BYTES);
         assert!(st.eq_capacity(1024).is_power_of_two());
     }
 

@@ -29,19 +29,26 @@ mod dynamic {
 
     const MEDIUM: HandlerId = HandlerId(1);
 
-    /// Under dynamic credits the request buffers hold every peer's initial credits as
-    /// heads, not as whole messages: 39 peers that send two of the largest Mediums each on
-    /// those credits, while their target does not poll, fill them. The puts that find no
-    /// room are refused (flow control), the core sends them again once the target polls,
-    /// and every message arrives once, in order.
+    /// Under dynamic credits, a job whose whole receive budget is more than
+    /// `WHOLE_BUDGET_BYTES` gets request buffers that hold every peer's initial credits as
+    /// heads, not as whole messages: 39 peers that send two of the largest Mediums (32 KiB
+    /// messages here, so that 40 ranks are such a job) each on those credits, while their
+    /// target does not poll, fill them. The puts that find no room are refused (flow
+    /// control), the core sends them again once the target polls, and every message arrives
+    /// once, in order.
     #[test]
     #[cfg_attr(miri, ignore)]
     fn mediums_beyond_the_heads_are_refused_then_delivered_once() {
         const RANKS: u32 = 40;
         const PER_PEER: u32 = 6;
-        let ranks = cluster(RANKS, 4096);
+        const MAX_MESSAGE: usize = 32 << 10;
+        let config = portals_sim::PortalsConfig::default()
+            .credits(am_core::Credits::DYNAMIC)
+            .max_message(MAX_MESSAGE)
+            .send_slots(16);
+        let ranks = portals_sim::Portals::cluster(RANKS, 4096, config).expect("portals cluster");
         assert!(
-            ranks[0].receive_buffer_bytes() < (RANKS as u64 - 1) * 2 * 1024,
+            ranks[0].receive_buffer_bytes() < (RANKS as u64 - 1) * 2 * MAX_MESSAGE as u64,
             "the buffers hold less than the peers' initial Mediums"
         );
         let (done, finished) = std::sync::mpsc::channel::<()>();
