@@ -7,12 +7,20 @@
 //!   per rank c        departed word, then c's message-exist-flag take count (own line;
 //!                     both written only by rank c)
 //!   then              ringer words 7.. (whole lines)
+//!   with a bank       the bank's tail word and head word (a line each), then a claim
+//!                     record per rank (8 bytes, written only by that rank)
 //! byte area
 //!   per sender c      command segment: slots request slots, then slots reply slots; each
 //!                     slot starts with its message-ready flag (stamp), in the same cache
 //!                     line as the slot header and the first 48 bytes of the message
+//!                     (none with a bank)
+//!   with a bank       the bank: `bank` slots of `slot_size` bytes, a claimed ring
+//!                     (`am_shm::mailbox`), each slot's status word last
 //!   then              the AM segment (GASNet segment; Long payloads land here)
 //! ```
+//!
+//! A layout has command segments per sender ([`Layout::new`], under static credits) or a
+//! bank ([`Layout::with_bank`], under dynamic ones), never both.
 
 use am_nic::control::Departed;
 use am_shm::stamp::Slots;
@@ -33,6 +41,9 @@ pub const PLACED: u32 = 1;
 /// on one slot). The receiver looks at slot 0 only after such a request, so a stream of
 /// requests in turn costs it no second line per poll.
 pub const LONE: u32 = 2;
+/// Slot flags of a bank message that is a reply (see [`answers`] for how many requests it
+/// answers); a request's has it clear.
+pub const BANK_REPLY: u32 = 1 << 16;
 /// Slot flags of a reply: bits 8..16 hold how many requests it answers, minus one (see
 /// [`answers`]).
 const ANSWERS_SHIFT: u32 = 8;
@@ -77,24 +88,55 @@ pub struct Layout {
     pub slot_size: usize,
     /// Bytes of the AM segment.
     pub segment: usize,
+    /// Slots of the bank (0: command segments per sender instead).
+    pub bank: usize,
 }
 
 impl Layout {
     /// The layout of `ranks` ranks, each sender with `slots` request slots of `slot_size` bytes,
     /// and an AM segment of `segment` bytes; `None` if its sizes overflow.
     pub fn new(ranks: usize, slots: usize, slot_size: usize, segment: usize) -> Option<Layout> {
-        let l = Layout {
+        Layout::checked(Layout {
             ranks,
             slots,
             slot_size,
             segment,
-        };
-        let channels = ranks.checked_mul(slots.checked_mul(2)?.checked_mul(slot_size)?)?;
-        channels.checked_add(segment)?;
-        ranks
-            .checked_mul(CACHE_LINE)?
-            .checked_add(2 * CACHE_LINE)?
-            .checked_add(ranks.div_ceil(64) * 8 + CACHE_LINE)?;
+            bank: 0,
+        })
+    }
+
+    /// The layout of `ranks` ranks that send through one **bank** per receiver instead of
+    /// command segments per sender: `bank` slots of `slot_size` bytes (its status word
+    /// included), and an AM segment of `segment` bytes; `None` if its sizes overflow.
+    pub fn with_bank(
+        ranks: usize,
+        bank: usize,
+        slot_size: usize,
+        segment: usize,
+    ) -> Option<Layout> {
+        if bank == 0 {
+            return None;
+        }
+        Layout::checked(Layout {
+            ranks,
+            slots: 0,
+            slot_size,
+            segment,
+            bank,
+        })
+    }
+
+    fn checked(l: Layout) -> Option<Layout> {
+        let channels = l
+            .ranks
+            .checked_mul(l.slots.checked_mul(2)?.checked_mul(l.slot_size)?)?;
+        channels
+            .checked_add(l.bank.checked_mul(l.slot_size)?)?
+            .checked_add(l.segment)?;
+        l.ranks
+            .checked_mul(CACHE_LINE + 8)?
+            .checked_add(4 * CACHE_LINE)?
+            .checked_add(l.ranks.div_ceil(64) * 8 + CACHE_LINE)?;
         Some(l)
     }
 
@@ -108,7 +150,47 @@ impl Layout {
 
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
+        let words = self.ringers_end();
+        if self.bank == 0 {
+            return words;
+        }
+        self.bank_record(0) + (self.ranks * 8).next_multiple_of(CACHE_LINE)
+    }
+
+    /// Where the ringer words end.
+    fn ringers_end(&self) -> usize {
         self.ringers_base() + self.ringers_beyond_flag_line() * 8
+    }
+
+    /// Offset of the bank's tail word (a hint of the next ticket to claim) in the word area.
+    pub fn bank_tail(&self) -> usize {
+        self.ringers_end()
+    }
+
+    /// Offset of the bank's head word (the owner's next ticket, published in batches).
+    pub fn bank_head(&self) -> usize {
+        self.ringers_end() + CACHE_LINE
+    }
+
+    /// Offset of rank `c`'s claim record for the bank: only `c` writes it (see
+    /// [`am_shm::claim`]).
+    pub fn bank_record(&self, c: usize) -> usize {
+        self.ringers_end() + 2 * CACHE_LINE + 8 * c
+    }
+
+    /// The bank as a claimed ring; `None` without one.
+    pub fn bank_ring(&self) -> Option<am_shm::mailbox::Ring> {
+        if self.bank == 0 {
+            return None;
+        }
+        am_shm::mailbox::Ring::new(
+            self.bank_tail(),
+            self.bank_head(),
+            self.ranks * self.channel_bytes(),
+            self.bank,
+            self.slot_size,
+        )
+        .ok()
     }
 
     /// Where ringer words [`RINGERS_IN_FLAG_LINE`].. start: after the per-rank lines.
@@ -140,7 +222,7 @@ impl Layout {
 
     /// Bytes of the byte area.
     pub fn bytes_len(&self) -> usize {
-        self.ranks * self.channel_bytes() + self.segment
+        self.segment_base() + self.segment
     }
 
     /// Where each rank's departed word is.
@@ -183,9 +265,9 @@ impl Layout {
         }
     }
 
-    /// Offset of the AM segment in the byte area.
+    /// Offset of the AM segment in the byte area: after the command segments or the bank.
     pub fn segment_base(&self) -> usize {
-        self.ranks * self.channel_bytes()
+        self.ranks * self.channel_bytes() + self.bank * self.slot_size
     }
 
     /// Bytes one rank reserves to receive: its word area (doorbell, ringer words, a line per
@@ -256,6 +338,33 @@ mod tests {
                 mib + ranks * CACHE_LINE / (1 << 20)
             );
         }
+    }
+
+    /// With a bank, what a rank reserves grows by a line of words and a claim record per
+    /// peer, beside the bank itself: 0.53 MiB at 4,096 peers and 4.8 MiB at 65,536 with the
+    /// default bank (256 slots of 1 KiB). The bank's words lie past every other word, and
+    /// its slots before the AM segment.
+    #[test]
+    fn a_bank_keeps_receive_bytes_small_at_4096_and_65536_peers() {
+        for (ranks, most) in [(4096, 4 << 20), (65536, 5 << 20)] {
+            let l = Layout::with_bank(ranks, 256, 1024, 1 << 20).unwrap();
+            let ring = l.bank_ring().unwrap();
+            assert_eq!(l.command_segments().count, 0);
+            assert_eq!(l.segment_base(), ring.data_bytes());
+            assert!(l.bank_tail() >= l.taken(ranks - 1) + 8);
+            assert!(l.bank_tail() >= l.ringer_word(l.ringer_words() - 1) + 8);
+            assert_eq!(l.bank_head(), l.bank_tail() + CACHE_LINE);
+            assert_eq!(l.bank_record(0), l.bank_head() + CACHE_LINE);
+            assert!(l.bank_record(ranks - 1) + 8 <= l.words_len());
+            let bytes = l.receive_bytes();
+            assert!(bytes <= most, "{bytes} bytes at {ranks} peers");
+            let words = l.words_len() - l.bank_tail();
+            assert_eq!(
+                words,
+                2 * CACHE_LINE + (ranks * 8).next_multiple_of(CACHE_LINE)
+            );
+        }
+        assert!(Layout::with_bank(64, 0, 1024, 0).is_none());
     }
 
     /// In jobs of up to 448 ranks a ring touches one line: the flag's.
