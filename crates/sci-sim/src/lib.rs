@@ -85,11 +85,28 @@
 //!   exchanged at start, is probed with `kill(pid, 0)` and `/proc`); a rank that ends cleanly
 //!   marks itself departed in every peer's segment first.
 //!
+//! **Under dynamic credits: the bank** ([`SciConfig::bank`]). Command segments per sender
+//! cost every rank 2 × `slots` × `slot_size` bytes per peer (256 MiB at 4,096 peers), which
+//! static credits need and dynamic ones are meant to avoid. With dynamic credits (by default
+//! in jobs of [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks or more, or with
+//! `AM_CREDITS=dynamic`) each rank exports instead one **bank**: a ring of [`DEFAULT_BANK`]
+//! slots of `slot_size` bytes that every sender uses, requests and replies alike. A sender
+//! claims its slot with a lock transaction (a compare-and-swap on the slot's status word that
+//! names it, [`am_shm::claim`]), stores the message (length, flags, AM bytes), publishes the
+//! status and rings the message-exist flag if it is not set already; the receiver reads the
+//! ring in ticket order, so a sender's messages arrive in send order, and a reply answers the
+//! oldest of the requests still unanswered (its flags say how many), with no slot pairing to
+//! keep. A full bank is back-pressure (`Busy`), never an overwrite. A rank's receive memory is
+//! then the bank and a line of words and a claim record per peer: 0.53 MiB at 4,096 peers.
+//! The receiver skips a slot claimed by a rank it lost, or in the name of one whose claim
+//! record does not vouch for it, and holes a corrupt tail left. Longs go by PIO (the DMA
+//! engine would hold a claim open).
+//!
 //! Environment ([`SciConfig::from_env`]): `SCI_SLOTS` (request and reply slots per sender),
 //! `SCI_SLOT_SIZE` (slot bytes; a Medium payload takes what the slot and AM headers leave),
 //! `SCI_DMA_THRESHOLD` (the Long size from which the DMA engine is used; `off` by default),
-//! `SCI_MAX_LONG` (the Long limit, 1 MiB by default) and `SCI_MEDIUM` (`two-transfers` or
-//! `one-copy`).
+//! `SCI_MAX_LONG` (the Long limit, 1 MiB by default), `SCI_MEDIUM` (`two-transfers` or
+//! `one-copy`) and `SCI_BANK` (the bank's slots; 0 for command segments per sender).
 //!
 //! ```
 //! use am_core::{AmKind, Config, HandlerId, Handlers, Node, WaitMode};
@@ -178,7 +195,23 @@ pub struct SciConfig {
     /// second transfer that costs no more than the copy it saves (the seed found the same on
     /// SCI; BENCHMARKS.md, "Figures behind the code's defaults").
     pub medium: MediumStrategy,
+    /// Slots of each rank's **bank** (a power of two, 8..=65536), or 0 (the default) for
+    /// command segments per sender. With a bank, every sender claims its messages' slots
+    /// in one ring per receiver with a lock transaction (a remote compare-and-swap), so a
+    /// rank's receive memory is the bank's and not a command segment per peer: what dynamic
+    /// credits are for. [`SciConfig::from_env`] chooses [`DEFAULT_BANK`] under
+    /// `AM_CREDITS=dynamic`; `SCI_BANK` sets it.
+    pub bank: usize,
+    /// The credits the job was set up for (`AM_CREDITS`, or [`SciConfig::from_env_for_ranks`]'s
+    /// choice), which the transport gives the core where its configuration chooses none
+    /// ([`am_core::Transport::default_credits`]). Default: the core's default.
+    pub credits: am_core::Credits,
 }
+
+/// The bank's slots under dynamic credits (see [`SciConfig::bank`]): 256 KiB with 1 KiB
+/// slots, room for the 32 credits a bank lends and for as many messages again from peers on
+/// their initial credits before senders wait.
+pub const DEFAULT_BANK: usize = 256;
 
 impl Default for SciConfig {
     fn default() -> Self {
@@ -188,6 +221,8 @@ impl Default for SciConfig {
             dma_threshold: usize::MAX,
             max_long: 1 << 20,
             medium: MediumStrategy::TwoTransfers,
+            bank: 0,
+            credits: am_core::Credits::default(),
         }
     }
 }
@@ -232,22 +267,48 @@ impl SciConfig {
         self.medium = medium;
         self
     }
+
+    /// With a bank of this many slots per rank (0: command segments per sender).
+    #[must_use]
+    pub fn bank(mut self, bank: usize) -> SciConfig {
+        self.bank = bank;
+        self
+    }
 }
 
 impl SciConfig {
     /// Reads `SCI_SLOTS`, `SCI_SLOT_SIZE`, `SCI_DMA_THRESHOLD` (bytes, or `off`),
-    /// `SCI_MAX_LONG` and `SCI_MEDIUM` (`two-transfers` or `one-copy`) over the defaults.
+    /// `SCI_MAX_LONG`, `SCI_MEDIUM` (`two-transfers` or `one-copy`) and `SCI_BANK` (slots,
+    /// or 0 for command segments per sender) over the defaults. Under dynamic credits
+    /// (`AM_CREDITS=dynamic...`) without `SCI_BANK` the bank has [`DEFAULT_BANK`] slots.
     /// Without `SCI_SLOTS`, there is a slot for each credit the core may give a peer
     /// (`AM_CREDITS`, or the core's default), at most 64, so that any credit setting the
     /// slots allow just works; an `AM_CREDITS` the core would refuse is refused here too.
     /// With `SCI_SLOTS` below static credits, start-up is refused: set `AM_CREDITS` to at
     /// most `SCI_SLOTS` as well (dynamic credits are capped at the slots instead).
     pub fn from_env() -> Result<SciConfig, SciError> {
-        SciConfig::from_vars(|k| std::env::var(k).ok())
+        SciConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
     }
 
-    /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set).
-    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<SciConfig, SciError> {
+    /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
+    /// credits are [`am_core::Credits::default_for_ranks`] (dynamic from
+    /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), and with dynamic ones the bank,
+    /// so that a rank's receive memory stops growing by a command segment per peer. The
+    /// transport then gives the core the same credits
+    /// ([`am_core::Transport::default_credits`]).
+    pub fn from_env_for_ranks(ranks: u32) -> Result<SciConfig, SciError> {
+        SciConfig::from_vars(
+            |k| std::env::var(k).ok(),
+            am_core::Credits::default_for_ranks(ranks),
+        )
+    }
+
+    /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set), with
+    /// `default` credits where `AM_CREDITS` is not set.
+    fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+        default: am_core::Credits,
+    ) -> Result<SciConfig, SciError> {
         let mut c = SciConfig::default();
         let num = |k: &str| -> Result<Option<usize>, SciError> {
             match var(k) {
@@ -259,17 +320,21 @@ impl SciConfig {
                 None => Ok(None),
             }
         };
+        let credits = match var("AM_CREDITS") {
+            Some(v) => v
+                .parse::<am_core::Credits>()
+                .map_err(|e| SciError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
+            None => default,
+        };
+        c.credits = credits;
         match num("SCI_SLOTS")? {
             Some(v) => c.slots = v,
-            None => {
-                let credits = match var("AM_CREDITS") {
-                    Some(v) => v
-                        .parse::<am_core::Credits>()
-                        .map_err(|e| SciError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
-                    None => am_core::Credits::default(),
-                };
-                c.slots = (credits.max_per_peer() as usize).clamp(1, 64);
-            }
+            None => c.slots = (credits.max_per_peer() as usize).clamp(1, 64),
+        }
+        match num("SCI_BANK")? {
+            Some(v) => c.bank = v,
+            None if matches!(credits, am_core::Credits::Dynamic { .. }) => c.bank = DEFAULT_BANK,
+            None => {}
         }
         if let Some(v) = num("SCI_SLOT_SIZE")? {
             c.slot_size = v;
@@ -304,6 +369,12 @@ impl SciConfig {
         if self.max_long > u32::MAX as usize {
             return Err(SciError::Config("max_long must fit 32 bits".into()));
         }
+        if self.bank != 0 && (!(8..=65536).contains(&self.bank) || !self.bank.is_power_of_two()) {
+            return Err(SciError::Config(format!(
+                "bank = {} (0, or a power of two in 8..=65536)",
+                self.bank
+            )));
+        }
         Ok(())
     }
 }
@@ -316,11 +387,45 @@ mod tests {
     use super::*;
 
     fn config(vars: &[(&str, &str)]) -> Result<SciConfig, SciError> {
-        SciConfig::from_vars(|k| {
-            vars.iter()
-                .find(|(name, _)| *name == k)
-                .map(|(_, v)| v.to_string())
-        })
+        config_for(vars, am_core::Credits::default())
+    }
+
+    fn config_for(vars: &[(&str, &str)], default: am_core::Credits) -> Result<SciConfig, SciError> {
+        SciConfig::from_vars(
+            |k| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            },
+            default,
+        )
+    }
+
+    /// Dynamic credits, from `AM_CREDITS` or a large job's default, choose the bank;
+    /// `SCI_BANK` sets it (0: command segments per sender), and a size no bank has is
+    /// refused.
+    #[test]
+    fn dynamic_credits_choose_the_bank() {
+        assert_eq!(config(&[]).unwrap().bank, 0);
+        assert_eq!(
+            config(&[("AM_CREDITS", "dynamic")]).unwrap().bank,
+            DEFAULT_BANK
+        );
+        let large = am_core::Credits::default_for_ranks(1024);
+        let c = config_for(&[], large).unwrap();
+        assert_eq!(
+            (c.bank, c.credits),
+            (DEFAULT_BANK, am_core::Credits::DYNAMIC)
+        );
+        let small = config_for(&[], am_core::Credits::default_for_ranks(64)).unwrap();
+        assert_eq!(small.bank, 0);
+        assert_eq!(config_for(&[("AM_CREDITS", "32")], large).unwrap().bank, 0);
+        let off = config(&[("AM_CREDITS", "dynamic"), ("SCI_BANK", "0")]).unwrap();
+        assert_eq!(off.bank, 0);
+        assert_eq!(config(&[("SCI_BANK", "64")]).unwrap().bank, 64);
+        for bad in ["4", "100", "131072"] {
+            assert!(config(&[("SCI_BANK", bad)]).is_err(), "SCI_BANK={bad}");
+        }
     }
 
     /// Without `SCI_SLOTS` there is a slot per credit, whatever says how many credits: the

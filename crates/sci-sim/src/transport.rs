@@ -11,12 +11,13 @@ use am_core::{
 };
 use am_nic::wake::{Wake, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
+use am_shm::mailbox::{Inbox, Port, Seen};
 use am_shm::stamp::{SlotReader, SlotWriter, Slots, SLOT_HEADER};
 use am_shm::sync::AsymmetricFence;
 use am_shm::{Imported, Rung, Segment, SharedBytes, WordRun};
 
 use crate::dma::{DmaEngine, Job, QUEUE_DEPTH};
-use crate::layout::{answers, answers_flag, Layout, ABORT, LONE, MEF, PLACED};
+use crate::layout::{answers, answers_flag, Layout, ABORT, BANK_REPLY, LONE, MEF, PLACED};
 use crate::{MediumStrategy, SciConfig, SciError};
 
 /// Polls a receiver may make while it leaves its message-exist flag set after the work queue
@@ -61,6 +62,30 @@ struct TxState {
     /// "1 copy, 1 transfer" staging buffer.
     staging: Vec<u8>,
     dma: Dma,
+    /// With a bank ([`crate::SciConfig::bank`]): every message goes through it, and none of
+    /// the per-sender state above is used.
+    bank: Option<BankTx>,
+}
+
+/// Bytes of a bank message's header, before its AM bytes: length (`u32`), then slot flags
+/// (`u32`: [`PLACED`], [`BANK_REPLY`] and, for a reply, how many requests it answers).
+const BANK_HEADER: usize = 8;
+
+/// The sending half of the bank: a port on each peer's bank, and per peer what a reply
+/// answers. A sender's messages to one peer take that peer's bank slots in ticket order, so
+/// they arrive in send order, and a reply answers the oldest requests still unanswered: one
+/// count per direction is all the bookkeeping a reply needs.
+struct BankTx {
+    /// Our port on each rank's bank (ours too, for messages to self).
+    ports: Vec<Port>,
+    /// Each bank's head as we last read it (reloaded when it looks full).
+    heads: Vec<u64>,
+    /// Per peer: our requests it has not answered yet.
+    outstanding: Vec<u64>,
+    /// Per peer: the requests it sent us, counted from 1 (a request's count is its route).
+    received: Vec<u64>,
+    /// Per peer: the count of the last request we answered.
+    answered: Vec<u64>,
 }
 
 /// What a receiver expects of one sender: its next message carries stamp `seq` and is in
@@ -340,6 +365,8 @@ pub struct Sci {
     am_base: usize,
     /// Where an event loop sleeps between `arm` and `disarm`.
     wake: Wake,
+    /// Our bank, read in ticket order; `None` without one.
+    bank: Option<Inbox>,
 }
 
 /// A shared-memory access of this NIC's own layout that failed (its cause kept as the
@@ -800,9 +827,92 @@ impl TxState {
     }
 }
 
+impl TxState {
+    /// Sends `msg` through `dest`'s bank: one slot claimed with a compare-and-swap on its
+    /// status word (SCI's lock transaction), the header and the AM bytes stored, the status
+    /// published; then `dest`'s message-exist flag rung if it is not set already. A Long's
+    /// payload goes first, into `dest`'s AM segment by PIO. `Busy` while the bank is full.
+    #[inline(never)]
+    fn send_bank(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        let d = dest as usize;
+        match self.dests.get(d) {
+            None => return Err(SendError::InvalidRank(dest)),
+            Some(to) if to.lost => return Err(SendError::PeerLost(dest)),
+            Some(_) => {}
+        }
+        let (Some(b), Some(peer)) = (self.bank.as_mut(), self.peers.get(d)) else {
+            return Err(SendError::PeerLost(dest));
+        };
+        // A reply answers the oldest unanswered requests up to the one its route counts.
+        let (mut flags, answers_up_to) = match msg.reply_to {
+            None => (0, None),
+            Some(route) => {
+                let r = route.get();
+                let first = b.answered[d] + 1;
+                if r < first || r > b.received[d] || r - first >= 256 {
+                    return Err(SendError::NoRequestToAnswer(route));
+                }
+                let n = (r - first + 1) as usize;
+                (BANK_REPLY | answers_flag(n), Some(r))
+            }
+        };
+        let mut payload = msg.payload;
+        if let Some(off) = msg.long_offset {
+            if payload.len() > self.config.max_long {
+                return Err(SendError::TooLarge(payload.len()));
+            }
+            // Out of the target's segment: the header goes alone and the target rejects it.
+            let at = off
+                .checked_add(payload.len())
+                .filter(|&end| end <= self.layout.segment)
+                .map(|_| self.layout.segment_base() + off);
+            if let Some(at) = at.filter(|_| !payload.is_empty()) {
+                match payload {
+                    Payload::Private(p) => peer.write(at, p),
+                    Payload::Shared(s) => peer.write_from(at, s),
+                }
+                .map_err(sci_err)?;
+            }
+            flags |= PLACED;
+            payload = Payload::EMPTY;
+        }
+        let port = &b.ports[d];
+        let len = msg.head.len() + payload.len();
+        if len > port.ring().capacity() - BANK_HEADER {
+            return Err(SendError::TooLarge(len));
+        }
+        let mut hdr = [0u8; BANK_HEADER];
+        hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        hdr[4..].copy_from_slice(&flags.to_le_bytes());
+        let head = &mut b.heads[d];
+        let me = self.rank as u32;
+        let sent = match payload {
+            Payload::Private(p) => port.send_parts(head, &[&hdr, msg.head, p], me),
+            Payload::Shared(s) => port.send_then(head, &[&hdr, msg.head], s, me),
+        };
+        if !sent.map_err(sci_err)? {
+            return Err(SendError::Busy);
+        }
+        match answers_up_to {
+            None => b.outstanding[d] += 1,
+            Some(r) => b.answered[d] = r,
+        }
+        // The flag stays set while the receiver polls (it takes it only before it sleeps),
+        // so a stream of messages reads it and writes nothing.
+        let bell = port.segment().doorbell(MEF).map_err(sci_err)?;
+        if bell.ring_tagged_lazy(0) == Rung::Armed {
+            self.wakers.wake(dest);
+        }
+        Ok(())
+    }
+}
+
 impl Tx for TxState {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if self.bank.is_some() {
+            return self.send_bank(dest, msg);
+        }
         if let Some(sent) = self.send_small(None, dest, msg) {
             return sent;
         }
@@ -813,6 +923,9 @@ impl Tx for TxState {
 impl Tx for Sci {
     #[inline]
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        if self.tx.bank.is_some() {
+            return self.tx.send_bank(dest, msg);
+        }
         if let Some(sent) = self.tx.send_small(Some(&self.seg), dest, msg) {
             return sent;
         }
@@ -827,10 +940,29 @@ impl Sci {
         layout: Layout,
         config: SciConfig,
         seg: Segment,
-        peers: Vec<Imported>,
+        peer_segments: &[Segment],
         pids: Vec<Option<nix::unistd::Pid>>,
     ) -> Result<Sci, SciError> {
         let n = layout.ranks;
+        let peers: Vec<Imported> = peer_segments.iter().map(Segment::import).collect();
+        let (bank_tx, bank) = match layout.bank_ring() {
+            Some(ring) => {
+                let record = layout.bank_record(rank);
+                let ports = peer_segments
+                    .iter()
+                    .map(|p| ring.port(p, rank as u32, record))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tx = BankTx {
+                    ports,
+                    heads: vec![0; n],
+                    outstanding: vec![0; n],
+                    received: vec![0; n],
+                    answered: vec![0; n],
+                };
+                (Some(tx), Some(ring.inbox(&seg)?))
+            }
+            None => (None, None),
+        };
         let chan = layout.command_segment(rank);
         // The geometry was checked by `Layout::new` and every segment made with it, so these
         // checks do not fail; made once, they spare every message its offset checks.
@@ -883,8 +1015,9 @@ impl Sci {
                     queue: VecDeque::with_capacity(QUEUE_DEPTH),
                     free: Vec::new(),
                 },
+                bank: bank_tx,
             },
-            work: VecDeque::with_capacity(n * 2 * config.slots),
+            work: VecDeque::with_capacity(n * 2 * layout.slots),
             stamps: vec![0; 2 * config.slots],
             rang: Vec::new(),
             liveness: Liveness::new(pids),
@@ -897,11 +1030,18 @@ impl Sci {
             stale_polls: 0,
             am_base: layout.segment_base(),
             wake: Wake::new("sci", &job, rank as Rank),
+            bank,
         })
     }
 
     fn layout_for(ranks: u32, segment_size: usize, config: &SciConfig) -> Result<Layout, SciError> {
-        Layout::new(ranks as usize, config.slots, config.slot_size, segment_size).ok_or_else(|| {
+        let (r, size) = (ranks as usize, config.slot_size);
+        let layout = if config.bank > 0 {
+            Layout::with_bank(r, config.bank, size, segment_size)
+        } else {
+            Layout::new(r, config.slots, size, segment_size)
+        };
+        layout.ok_or_else(|| {
             SciError::Config(format!(
                 "{ranks} ranks with a segment of {segment_size} bytes overflow a segment's size"
             ))
@@ -924,7 +1064,7 @@ impl Sci {
         let segs = (0..ranks)
             .map(|_| Segment::heap(layout.words_len(), layout.bytes_len()))
             .collect::<Result<Vec<_>, _>>()?;
-        let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
+        let shared: Vec<Segment> = segs.iter().map(Segment::share).collect();
         let job = am_nic::wake::in_process_job("sci");
         segs.into_iter()
             .enumerate()
@@ -935,7 +1075,7 @@ impl Sci {
                     layout,
                     config,
                     seg,
-                    peers.clone(),
+                    &shared,
                     vec![None; ranks as usize],
                 )
             })
@@ -952,7 +1092,10 @@ impl Sci {
     ) -> Result<Sci, SciError> {
         config.validate()?;
         let layout = Self::layout_for(job.size, segment_size, &config)?;
-        let geometry = format!("{},{},{}", config.slots, config.slot_size, segment_size);
+        let geometry = format!(
+            "{},{},{},{}",
+            config.slots, config.slot_size, segment_size, config.bank
+        );
         let joined = am_nic::connect(
             job,
             "sci",
@@ -962,15 +1105,15 @@ impl Sci {
             &geometry,
             |_| Ok(()),
         )?;
-        // An imported segment is written, never read (SCI's remote writes, local reads).
-        let peers = joined.peers.iter().map(Segment::import).collect();
+        // An imported segment is written, never read (SCI's remote writes, local reads);
+        // a bank's claims and head are the exception (lock transactions).
         Sci::new(
             job.job_id.clone(),
             job.rank as usize,
             layout,
             config,
             joined.own,
-            peers,
+            &joined.peers,
             joined.pids,
         )
     }
@@ -1015,6 +1158,9 @@ impl Sci {
     /// Before a sleep: publishes finished DMA, takes the message-exist flag (never sleep on a
     /// flag left set) and checks liveness; whether there is still nothing to do.
     fn nothing_to_do(&mut self) -> Result<bool, TransportError> {
+        if self.bank.is_some() {
+            return self.bank_is_empty();
+        }
         if !self.tx.dma.queue.is_empty() {
             self.tx.progress_dma(&self.seg)?;
         }
@@ -1286,7 +1432,13 @@ impl Sci {
             return Ok(());
         }
         let layout = self.tx.layout;
-        for w in 0..layout.ringer_words() {
+        // With a bank there are no command segments to look at.
+        let words = if self.bank.is_some() {
+            0
+        } else {
+            layout.ringer_words()
+        };
+        for w in 0..words {
             // Senders whose ringer bits are set, whatever the flag's tags say (a peer may
             // have wiped them): one load per 64 senders.
             let bits = self.seg.load_word(layout.ringer_word(w)).unwrap_or(0);
@@ -1308,6 +1460,9 @@ impl Sci {
                 }
             }
         }
+        if self.bank.is_some() {
+            self.unblock_bank();
+        }
         // One error per call; the others wait for the next polls.
         let mut found = found.into_iter();
         let first = found.next();
@@ -1315,6 +1470,197 @@ impl Sci {
         match first {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+impl Sci {
+    /// [`Transport::poll_recv`] with a bank: the message at its head, if published. The
+    /// header (length and flags, one word) is copied out and checked, the body lent as a
+    /// view of the slot, which no sender claims again until the handler has returned and the
+    /// head has moved past it. Out of line: the command segments' poll stays as it was.
+    #[inline(never)]
+    fn poll_bank<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        if let Some(e) = self.faults.pop_front() {
+            return Err(e);
+        }
+        let Some(inbox) = self.bank.as_ref() else {
+            return Ok(None);
+        };
+        let Some(meta) = inbox.head_published() else {
+            self.bank_idle()?;
+            return Ok(None);
+        };
+        let word = u64::from_le(inbox.head_first_word());
+        let (len, flags) = (word as u32 as usize, (word >> 32) as u32);
+        let src = meta as usize;
+        let ranks = self.tx.layout.ranks;
+        let bad = |what: String| TransportError::PeerMisbehaved {
+            peer: (src < ranks).then_some(src as Rank),
+            what: format!("sci: bank ticket {}: {what}", inbox.head()),
+        };
+        let Some(b) = self.tx.bank.as_mut().filter(|_| src < ranks) else {
+            let e = bad(format!(
+                "published in the name of rank {src}, not of the job"
+            ));
+            self.consume_bank();
+            return Err(e);
+        };
+        let bytes = match inbox.head_payload(BANK_HEADER.saturating_add(len)) {
+            Ok(all) => all.slice_or_empty(BANK_HEADER, len),
+            Err(_) => {
+                let e = bad(format!("a message of {len} bytes, past its slot"));
+                self.consume_bank();
+                return Err(e);
+            }
+        };
+        let route = if flags & BANK_REPLY == 0 {
+            b.received[src] += 1;
+            Route::new(b.received[src])
+        } else {
+            // A reply answers our oldest requests to `src`: as many as its flags say, all of
+            // them ours and unanswered.
+            let n = answers(flags) as u64;
+            if n > b.outstanding[src] {
+                let e = bad(format!(
+                    "a reply answers {n} requests, {} outstanding",
+                    b.outstanding[src]
+                ));
+                self.consume_bank();
+                return Err(e);
+            }
+            b.outstanding[src] -= n;
+            Route::NONE
+        };
+        self.liveness.progress();
+        let delivery = Delivery {
+            src: src as Rank,
+            bytes: Received::Shared(bytes),
+            payload_placed: flags & PLACED != 0,
+            route,
+        };
+        let segment = self
+            .seg
+            .byte_area()
+            .slice_or_empty(self.am_base, self.tx.layout.segment);
+        let r = f(delivery, segment, &mut self.tx);
+        self.consume_bank();
+        Ok(Some(r))
+    }
+
+    /// Moves the bank's head past its ticket and tells the senders (a store to our own word,
+    /// which they read only when the bank looks full to them).
+    fn consume_bank(&mut self) {
+        if let Some(inbox) = self.bank.as_mut() {
+            inbox.advance();
+            inbox.consumed(inbox.head());
+        }
+    }
+
+    /// The bank's head is not published: a slot its claimer gave up is consumed; a job
+    /// abort or a stalled head is looked into now and then (the liveness tick).
+    fn bank_idle(&mut self) -> Result<(), TransportError> {
+        let skipped = self
+            .bank
+            .as_ref()
+            .is_some_and(|i| matches!(i.look(i.head()), Ok(Seen::Skipped(_))));
+        if skipped {
+            self.consume_bank();
+            return Ok(());
+        }
+        if self.seg.load_word(ABORT).unwrap_or(0) != 0 {
+            return Err(TransportError::JobAborted);
+        }
+        if self.liveness.idle_poll() {
+            self.liveness_tick()?;
+        }
+        Ok(())
+    }
+
+    /// Before a sleep with a bank: takes the message-exist flag (senders ring it again from
+    /// then on) and looks at the head after the take, so a message published before it is
+    /// found now and one published after it rings; whether there is still nothing to do.
+    fn bank_is_empty(&mut self) -> Result<bool, TransportError> {
+        self.seg.doorbell(MEF).map_err(sci_err)?.take_tags();
+        if self.faults.is_empty() && self.bank_head_is_idle() {
+            self.liveness_tick()?;
+        }
+        Ok(self.faults.is_empty() && self.bank_head_is_idle())
+    }
+
+    /// Whether the bank's head holds nothing to take now: empty, or claimed and not yet
+    /// published.
+    fn bank_head_is_idle(&self) -> bool {
+        self.bank.as_ref().is_none_or(|i| {
+            i.head_published().is_none() && !matches!(i.look(i.head()), Ok(Seen::Skipped(_)))
+        })
+    }
+
+    /// The owner's take-over at the bank's head (from the liveness tick, as extoll's at its
+    /// mailbox): a slot claimed by a rank we lost, or in the name of one whose record does
+    /// not vouch for it, or with a status no lap could have written, is skipped; a run of
+    /// holes below a later claim (a corrupt tail) is skipped too. A claim by a live rank that
+    /// vouches for it is left: it is being written.
+    fn unblock_bank(&mut self) {
+        let l = self.tx.layout;
+        let Some(ring) = l.bank_ring() else {
+            return;
+        };
+        for _ in 0..=l.bank {
+            let Some(t) = self.bank.as_ref().map(Inbox::head) else {
+                return;
+            };
+            match ring.look(&self.seg, t) {
+                Ok(Seen::Claimed(who)) => {
+                    let r = who as usize;
+                    let lost = self.tx.dests.get(r).is_some_and(|d| d.lost);
+                    let vouched =
+                        r < l.ranks && ring.claim_is_genuine(&self.seg, t, l.bank_record(r));
+                    if vouched && !lost {
+                        return;
+                    }
+                    let _ = ring.repair(&self.seg, t);
+                    if !matches!(ring.look(&self.seg, t), Ok(Seen::Skipped(_))) {
+                        // Published meanwhile: the poll path takes it.
+                        return;
+                    }
+                    if !lost {
+                        self.faults.push_back(TransportError::PeerMisbehaved {
+                            peer: None,
+                            what: format!(
+                                "sci: bank ticket {t} claimed in the name of rank {who}, who does not vouch for it"
+                            ),
+                        });
+                    }
+                    self.consume_bank();
+                }
+                Ok(Seen::Empty) => match ring.fill_holes(&self.seg, t) {
+                    Ok(n) if n > 0 => {
+                        self.faults.push_back(TransportError::PeerMisbehaved {
+                            peer: None,
+                            what: format!("sci: {n} holes from bank ticket {t} (a corrupt tail)"),
+                        });
+                    }
+                    _ => return,
+                },
+                Ok(Seen::Skipped(_)) => self.consume_bank(),
+                Ok(Seen::Published(_)) => return,
+                Err(_) => {
+                    // A status no lap could have written: skipped, and reported.
+                    let _ = ring.repair(&self.seg, t);
+                    if !matches!(ring.look(&self.seg, t), Ok(Seen::Skipped(_))) {
+                        return;
+                    }
+                    self.faults.push_back(TransportError::PeerMisbehaved {
+                        peer: None,
+                        what: format!("sci: bank ticket {t} held a corrupt status"),
+                    });
+                    self.consume_bank();
+                }
+            }
         }
     }
 }
@@ -1369,13 +1715,23 @@ impl Transport for Sci {
     }
 
     fn limits(&self) -> Limits {
+        let head = am_core::wire::BASE_HEADER_LEN + 4 * am_core::wire::MAX_ARGS;
+        let c = &self.tx.config;
+        if self.bank.is_some() {
+            // A bank slot: its status word and the bank header besides the message. Credits
+            // reserve no slot: a full bank is back-pressure.
+            return Limits {
+                max_args: am_core::wire::MAX_ARGS,
+                max_medium: c.slot_size - am_shm::mailbox::STATUS_LEN - BANK_HEADER - head,
+                max_long: c.max_long,
+                max_credits: 255,
+            };
+        }
         Limits {
             max_args: am_core::wire::MAX_ARGS,
-            max_medium: self.tx.config.slot_size
-                - am_shm::stamp::SLOT_HEADER
-                - (am_core::wire::BASE_HEADER_LEN + 4 * am_core::wire::MAX_ARGS),
-            max_long: self.tx.config.max_long,
-            max_credits: self.tx.config.slots as u32,
+            max_medium: c.slot_size - am_shm::stamp::SLOT_HEADER - head,
+            max_long: c.max_long,
+            max_credits: c.slots as u32,
         }
     }
 
@@ -1422,6 +1778,9 @@ impl Transport for Sci {
         &mut self,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
     ) -> Result<Option<R>, TransportError> {
+        if self.bank.is_some() {
+            return self.poll_bank(f);
+        }
         if !self.tx.dma.queue.is_empty() {
             self.tx.progress_dma(&self.seg)?;
         }
@@ -1553,12 +1912,23 @@ impl Transport for Sci {
     /// A reply may answer several requests of its peer: it lands in the reply slot paired
     /// with the oldest, and its slot flags say how many it answers, so the requester frees
     /// all their slots (message location status) and looks for the next reply after them.
+    /// The credits this rank's receive memory was laid out for ([`SciConfig::credits`]).
+    fn default_credits(&self) -> am_core::Credits {
+        self.tx.config.credits
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::default();
         caps.put = true;
         caps.get = true;
         caps.atomics = true;
-        caps.long_placed_below = self.tx.config.dma_threshold;
+        // With a bank, every Long's payload goes by PIO (a claim is never held open for the
+        // DMA engine).
+        caps.long_placed_below = if self.bank.is_some() {
+            usize::MAX
+        } else {
+            self.tx.config.dma_threshold
+        };
         caps.acks_coalesce = true;
         caps
     }
@@ -1617,6 +1987,9 @@ mod tests;
 
 #[cfg(test)]
 mod hostile;
+
+#[cfg(test)]
+mod bank;
 
 #[cfg(all(test, not(miri)))]
 mod touched;

@@ -20,3 +20,24 @@ mod dma {
     }
     am_core::conformance_tests!(cluster);
 }
+
+mod bank {
+    //! The same suite through a bank per receiver (dynamic credits' layout): every message
+    //! claims its slot in the receiver's one ring.
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
+        let config = sci_sim::SciConfig::default().bank(sci_sim::DEFAULT_BANK);
+        sci_sim::Sci::cluster(ranks, segment_size, config).expect("sci cluster")
+    }
+    am_core::conformance_tests!(cluster);
+    am_core::nic_rma_tests!(cluster);
+}
+
+mod small_bank {
+    //! A bank of 8 slots for every sender of the job: floods and the all-to-all run into a
+    //! full bank (back-pressure) all the time, and nothing may be lost or reordered.
+    fn cluster(ranks: u32, segment_size: usize) -> Vec<sci_sim::Sci> {
+        let config = sci_sim::SciConfig::default().bank(8);
+        sci_sim::Sci::cluster(ranks, segment_size, config).expect("sci cluster")
+    }
+    am_core::conformance_tests!(cluster);
+}

@@ -26,14 +26,14 @@ fn cluster_memfd(ranks: usize, config: SciConfig) -> (Vec<Sci>, Vec<String>) {
         })
         .collect();
     let files = segs.iter().map(|s| s.handle().unwrap()).collect();
-    let peers: Vec<Imported> = segs.iter().map(|s| s.import()).collect();
+    let peers: Vec<Segment> = segs.iter().map(Segment::share).collect();
     let job = am_nic::wake::in_process_job("sci");
     let nics = segs
         .into_iter()
         .enumerate()
         .map(|(r, seg)| {
             let pids = vec![None; ranks];
-            Sci::new(job.clone(), r, layout, config, seg, peers.clone(), pids).unwrap()
+            Sci::new(job.clone(), r, layout, config, seg, &peers, pids).unwrap()
         })
         .collect();
     (nics, files)
