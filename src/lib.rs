@@ -746,7 +746,7 @@ pub fn connect(
             Ok(cluster(kind, 1, segment_size)?.remove(0))
         }
         TransportKind::Sci => {
-            let config = sci_sim::SciConfig::from_env().map_err(|e| err(&e))?;
+            let config = sci_sim::SciConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
             sci_sim::Sci::connect(info, segment_size, config)
                 .map(AnyTransport::Sci)
                 .map_err(|e| match e {
@@ -823,7 +823,7 @@ pub fn cluster(
         .map(AnyTransport::Loopback)
         .collect()),
         TransportKind::Sci => {
-            let config = sci_sim::SciConfig::from_env().map_err(|e| err(&e))?;
+            let config = sci_sim::SciConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
             Ok(sci_sim::Sci::cluster(ranks, segment_size, config)
                 .map_err(|e| err(&e))?
                 .into_iter()

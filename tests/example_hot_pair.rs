@@ -11,7 +11,8 @@ use common::{example, run_bounded};
 
 #[test]
 fn a_hot_pair_among_64_ranks_under_dynamic_credits_loses_nothing() {
-    // AM Shorts, then Mediums of 900 B (sci's largest is 936): on extoll, RMA Mediums from
+    // AM Shorts, then Mediums of 900 B (sci's largest is 928 with a bank): on sci every
+    // message of every sender claims a slot of rank 1's bank; on extoll, RMA Mediums from
     // every sender share rank 1's pool, and those that find it full go over VELO.
     for (transport, payload) in ["sci", "extoll", "portals"]
         .into_iter()

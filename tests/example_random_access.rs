@@ -166,8 +166,8 @@ fn udp_under_loss_and_duplication_verifies() {
 }
 
 /// A job whose configuration chooses no credits gets its transport's (udp: 128 per peer, to
-/// cover its round trip; loopback: the core's 32; portals and extoll: dynamic ones from 256
-/// ranks on, which their receive buffers are sized for), and `AM_CREDITS` still wins.
+/// cover its round trip; loopback: the core's 32; sci, portals and extoll: dynamic ones from
+/// 256 ranks on, which their receive memory is laid out for), and `AM_CREDITS` still wins.
 #[test]
 fn credits_are_the_transports_unless_am_credits_chooses() {
     let credits = |transport: &str, am_credits: Option<&str>| credits_of(transport, 2, am_credits);
@@ -181,6 +181,8 @@ fn credits_are_the_transports_unless_am_credits_chooses() {
     assert_eq!(credits_of("portals", ranks, Some("4")), "4");
     assert_eq!(credits("extoll", None), "32");
     assert_eq!(credits_of("extoll", ranks, None), "dynamic:2:32");
+    assert_eq!(credits("sci", None), "32");
+    assert_eq!(credits_of("sci", ranks, None), "dynamic:2:32");
 }
 
 /// The credits a `random_access --json` job of `ranks` ranks on `transport` reports.
