@@ -341,13 +341,13 @@ mod tests {
     }
 
     /// With a bank, what a rank reserves grows by a line of words and a claim record per
-    /// peer, beside the bank itself: 0.53 MiB at 4,096 peers and 4.8 MiB at 65,536 with the
-    /// default bank (256 slots of 1 KiB). The bank's words lie past every other word, and
+    /// peer, beside the bank itself: 1.3 MiB at 4,096 peers and 5.5 MiB at 65,536 with the
+    /// default bank (1,024 slots of 1 KiB). The bank's words lie past every other word, and
     /// its slots before the AM segment.
     #[test]
     fn a_bank_keeps_receive_bytes_small_at_4096_and_65536_peers() {
-        for (ranks, most) in [(4096, 4 << 20), (65536, 5 << 20)] {
-            let l = Layout::with_bank(ranks, 256, 1024, 1 << 20).unwrap();
+        for (ranks, most) in [(4096, 4 << 20), (65536, 6 << 20)] {
+            let l = Layout::with_bank(ranks, crate::DEFAULT_BANK, 1024, 1 << 20).unwrap();
             let ring = l.bank_ring().unwrap();
             assert_eq!(l.command_segments().count, 0);
             assert_eq!(l.segment_base(), ring.data_bytes());

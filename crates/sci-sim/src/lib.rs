@@ -97,7 +97,7 @@
 //! ring in ticket order, so a sender's messages arrive in send order, and a reply answers the
 //! oldest of the requests still unanswered (its flags say how many), with no slot pairing to
 //! keep. A full bank is back-pressure (`Busy`), never an overwrite. A rank's receive memory is
-//! then the bank and a line of words and a claim record per peer: 0.53 MiB at 4,096 peers.
+//! then the bank and a line of words and a claim record per peer: 1.3 MiB at 4,096 peers.
 //! The receiver skips a slot claimed by a rank it lost, or in the name of one whose claim
 //! record does not vouch for it, and holes a corrupt tail left. Longs go by PIO (the DMA
 //! engine would hold a claim open).
@@ -208,10 +208,11 @@ pub struct SciConfig {
     pub credits: am_core::Credits,
 }
 
-/// The bank's slots under dynamic credits (see [`SciConfig::bank`]): 256 KiB with 1 KiB
-/// slots, room for the 32 credits a bank lends and for as many messages again from peers on
-/// their initial credits before senders wait.
-pub const DEFAULT_BANK: usize = 256;
+/// The bank's slots under dynamic credits (see [`SciConfig::bank`]): 1 MiB with 1 KiB slots,
+/// room for the initial credits of 512 peers (or the 32 a bank lends and hundreds of peers'
+/// initial ones) before senders wait. A bank of 256 slots made RandomAccess at 1,024 ranks
+/// take 1.19x as long (BENCHMARKS.md, "sci's bank"), its senders waiting for room.
+pub const DEFAULT_BANK: usize = 1024;
 
 impl Default for SciConfig {
     fn default() -> Self {
