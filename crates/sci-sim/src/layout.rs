@@ -271,8 +271,9 @@ impl Layout {
     }
 
     /// Bytes one rank reserves to receive: its word area (doorbell, ringer words, a line per
-    /// peer) and every sender's command segment; the AM segment not counted. Reserved, not
-    /// held: a receiver touches only the slots of the senders that wrote to it.
+    /// peer, and with a bank its words and a claim record per peer) and every sender's
+    /// command segment or the bank; the AM segment not counted. Reserved, not held: a
+    /// receiver touches only the slots of the senders that wrote to it, or of the bank.
     pub fn receive_bytes(&self) -> usize {
         self.words_len() + self.segment_base()
     }
@@ -318,9 +319,9 @@ mod tests {
         }
     }
 
-    /// What a rank reserves to receive grows by a command segment and a line of words per
-    /// peer, whatever the credit policy (sci has no bank yet): 2 × 32 slots of 1 KiB with
-    /// the defaults, 256 MiB at 4,096 peers and 4 GiB at 65,536.
+    /// With command segments (static credits), what a rank reserves to receive grows by a
+    /// command segment and a line of words per peer: 2 × 32 slots of 1 KiB with the
+    /// defaults, 256 MiB at 4,096 peers and 4 GiB at 65,536.
     #[test]
     fn receive_bytes_grow_by_a_command_segment_per_peer() {
         for (ranks, mib) in [(4096, 256), (65536, 4096)] {

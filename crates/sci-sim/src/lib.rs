@@ -286,7 +286,8 @@ impl SciConfig {
     /// (`AM_CREDITS`, or the core's default), at most 64, so that any credit setting the
     /// slots allow just works; an `AM_CREDITS` the core would refuse is refused here too.
     /// With `SCI_SLOTS` below static credits, start-up is refused: set `AM_CREDITS` to at
-    /// most `SCI_SLOTS` as well (dynamic credits are capped at the slots instead).
+    /// most `SCI_SLOTS` as well (dynamic credits with `SCI_BANK=0` are capped at the slots
+    /// instead; with a bank, slots are not used).
     pub fn from_env() -> Result<SciConfig, SciError> {
         SciConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
     }

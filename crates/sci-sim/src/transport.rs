@@ -1907,16 +1907,18 @@ impl Transport for Sci {
         Ok(Some(r))
     }
 
-    /// Puts, gets and atomics on the peers' imported segments. A Long's payload sent by PIO
-    /// stores is in the target's memory when `try_send` returns; one sent by DMA lands later.
-    /// A reply may answer several requests of its peer: it lands in the reply slot paired
-    /// with the oldest, and its slot flags say how many it answers, so the requester frees
-    /// all their slots (message location status) and looks for the next reply after them.
     /// The credits this rank's receive memory was laid out for ([`SciConfig::credits`]).
     fn default_credits(&self) -> am_core::Credits {
         self.tx.config.credits
     }
 
+    /// Puts, gets and atomics on the peers' imported segments. A Long's payload sent by PIO
+    /// stores is in the target's memory when `try_send` returns; one sent by DMA lands later.
+    /// A reply may answer several requests of its peer: it lands in the reply slot paired
+    /// with the oldest, and its slot flags say how many it answers, so the requester frees
+    /// all their slots (message location status) and looks for the next reply after them.
+    /// With a bank, every Long goes by PIO, and a reply answers the oldest unanswered
+    /// requests, its flags saying how many.
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::default();
         caps.put = true;
