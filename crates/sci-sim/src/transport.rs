@@ -404,6 +404,25 @@ fn write_slot(
     Ok(())
 }
 
+/// Where a Long's payload of `len` bytes at `off` of the target's AM segment lands in its
+/// byte area; `None` when there is nothing to place, or it runs past the segment (then the
+/// header goes alone and the target rejects it).
+#[inline]
+fn long_at(layout: &Layout, off: usize, len: usize) -> Option<usize> {
+    off.checked_add(len)
+        .filter(|&end| end <= layout.segment && len != 0)
+        .map(|_| layout.segment_base() + off)
+}
+
+/// A Long's payload written into `to` at `at` by PIO stores.
+fn write_payload(to: &Imported, at: usize, payload: Payload<'_>) -> Result<(), SendError> {
+    match payload {
+        Payload::Private(p) => to.write(at, p),
+        Payload::Shared(s) => to.write_from(at, s),
+    }
+    .map_err(sci_err)
+}
+
 /// [`TxState::publish`] for a caller that holds the destination's state `to` already; the
 /// destination's segment is looked up in `peers` only to ring it. `takes`: the take counts
 /// in our word area, or `None` to ring always.
@@ -737,12 +756,7 @@ impl TxState {
             if msg.payload.len() > self.config.max_long {
                 return Err(SendError::TooLarge(msg.payload.len()));
             }
-            // Out of the target's segment: send the header alone; the target rejects it.
-            let at = off
-                .checked_add(msg.payload.len())
-                .filter(|&end| end <= self.layout.segment)
-                .map(|_| self.layout.segment_base() + off);
-            if let Some(at) = at.filter(|_| !msg.payload.is_empty()) {
+            if let Some(at) = long_at(&self.layout, off, msg.payload.len()) {
                 if use_dma {
                     if self.dma.engine.is_none() {
                         let Some(own) = self.peers.get(self.rank).cloned() else {
@@ -773,11 +787,7 @@ impl TxState {
                     }
                     via_dma = true;
                 } else {
-                    match msg.payload {
-                        Payload::Private(p) => peer.write(at, p),
-                        Payload::Shared(s) => peer.write_from(at, s),
-                    }
-                    .map_err(sci_err)?;
+                    write_payload(peer, at, msg.payload)?;
                 }
             }
             write_slot(peer, base, PLACED | answering, msg.head, Payload::EMPTY)
@@ -861,17 +871,8 @@ impl TxState {
             if payload.len() > self.config.max_long {
                 return Err(SendError::TooLarge(payload.len()));
             }
-            // Out of the target's segment: the header goes alone and the target rejects it.
-            let at = off
-                .checked_add(payload.len())
-                .filter(|&end| end <= self.layout.segment)
-                .map(|_| self.layout.segment_base() + off);
-            if let Some(at) = at.filter(|_| !payload.is_empty()) {
-                match payload {
-                    Payload::Private(p) => peer.write(at, p),
-                    Payload::Shared(s) => peer.write_from(at, s),
-                }
-                .map_err(sci_err)?;
+            if let Some(at) = long_at(&self.layout, off, payload.len()) {
+                write_payload(peer, at, payload)?;
             }
             flags |= PLACED;
             payload = Payload::EMPTY;
@@ -1563,11 +1564,7 @@ impl Sci {
     /// The bank's head is not published: a slot its claimer gave up is consumed; a job
     /// abort or a stalled head is looked into now and then (the liveness tick).
     fn bank_idle(&mut self) -> Result<(), TransportError> {
-        let skipped = self
-            .bank
-            .as_ref()
-            .is_some_and(|i| matches!(i.look(i.head()), Ok(Seen::Skipped(_))));
-        if skipped {
+        if self.bank_head_skipped() {
             self.consume_bank();
             return Ok(());
         }
@@ -1594,9 +1591,17 @@ impl Sci {
     /// Whether the bank's head holds nothing to take now: empty, or claimed and not yet
     /// published.
     fn bank_head_is_idle(&self) -> bool {
-        self.bank.as_ref().is_none_or(|i| {
-            i.head_published().is_none() && !matches!(i.look(i.head()), Ok(Seen::Skipped(_)))
-        })
+        self.bank
+            .as_ref()
+            .is_none_or(|i| i.head_published().is_none())
+            && !self.bank_head_skipped()
+    }
+
+    /// Whether the bank's head is a slot its claimer (or the owner) gave up.
+    fn bank_head_skipped(&self) -> bool {
+        self.bank
+            .as_ref()
+            .is_some_and(|i| matches!(i.look(i.head()), Ok(Seen::Skipped(_))))
     }
 
     /// The owner's take-over at the bank's head (from the liveness tick, as extoll's at its
@@ -1606,8 +1611,14 @@ impl Sci {
     /// vouches for it is left: it is being written.
     fn unblock_bank(&mut self) {
         let l = self.tx.layout;
-        let Some(ring) = l.bank_ring() else {
+        let Some(ring) = self.bank.as_ref().map(|i| *i.ring()) else {
             return;
+        };
+        // The owner marks ticket `t` skipped with a compare-and-swap, so a status that
+        // changed meanwhile (a publication) is kept; whether it is skipped now.
+        let skip = |seg: &Segment, t: u64| {
+            let _ = ring.repair(seg, t);
+            matches!(ring.look(seg, t), Ok(Seen::Skipped(_)))
         };
         for _ in 0..=l.bank {
             let Some(t) = self.bank.as_ref().map(Inbox::head) else {
@@ -1622,8 +1633,7 @@ impl Sci {
                     if vouched && !lost {
                         return;
                     }
-                    let _ = ring.repair(&self.seg, t);
-                    if !matches!(ring.look(&self.seg, t), Ok(Seen::Skipped(_))) {
+                    if !skip(&self.seg, t) {
                         // Published meanwhile: the poll path takes it.
                         return;
                     }
@@ -1650,8 +1660,7 @@ impl Sci {
                 Ok(Seen::Published(_)) => return,
                 Err(_) => {
                     // A status no lap could have written: skipped, and reported.
-                    let _ = ring.repair(&self.seg, t);
-                    if !matches!(ring.look(&self.seg, t), Ok(Seen::Skipped(_))) {
+                    if !skip(&self.seg, t) {
                         return;
                     }
                     self.faults.push_back(TransportError::PeerMisbehaved {
