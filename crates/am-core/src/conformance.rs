@@ -214,10 +214,11 @@ fn watchdog_limit() -> std::time::Duration {
     std::time::Duration::from_secs(secs)
 }
 
-/// [`run_ranks`] under a watchdog: a case whose ranks have not all returned within
-/// [`watchdog_limit`] ends the process with a message naming it, so a bug that makes a rank
-/// wait for ever fails the suite instead of hanging it.
-fn run_watched<T: Send, R: Send>(
+/// [`run_ranks`] under a watchdog: a case whose ranks have not all returned within 120 s
+/// (3,600 under Miri; `AM_TEST_WATCHDOG_SECS` overrides) ends the process with a message
+/// naming it, so a bug that makes a rank wait for ever fails the suite instead of hanging
+/// it. For a transport's own multi-rank tests beside the suite, too.
+pub fn run_watched<T: Send, R: Send>(
     case: &str,
     transports: Vec<T>,
     f: impl Fn(T) -> R + Sync,

@@ -51,16 +51,9 @@ mod dynamic {
             ranks[0].receive_buffer_bytes() < (RANKS as u64 - 1) * 2 * MAX_MESSAGE as u64,
             "the buffers hold less than the peers' initial Mediums"
         );
-        let (done, finished) = std::sync::mpsc::channel::<()>();
-        std::thread::spawn(move || {
-            let waited = finished.recv_timeout(Duration::from_secs(120));
-            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = waited {
-                eprintln!("mediums_beyond_the_heads: a rank waits for ever");
-                std::process::abort();
-            }
-        });
         let sent = Barrier::new(RANKS as usize);
-        let refused = am_core::run_ranks(ranks, |t| {
+        let case = "mediums_beyond_the_heads_are_refused_then_delivered_once";
+        let refused = am_core::conformance::run_watched(case, ranks, |t| {
             let got: Rc<RefCell<Vec<Vec<u32>>>> = Rc::default();
             got.borrow_mut().resize(RANKS as usize, Vec::new());
             let mut h = Handlers::local();
@@ -110,7 +103,6 @@ mod dynamic {
             node.barrier().unwrap();
             node.transport().stats().refused
         });
-        drop(done);
         assert!(
             refused.iter().sum::<u64>() > 0,
             "flow control was exercised"
