@@ -368,12 +368,12 @@ fn measure_atomic<T: Transport>(node: &mut Node<T, Local>, args: &Args) -> anyho
         in_flight.push_back(node.atomic_nb(1, 8, AtomicOp::FetchAdd(1u64))?);
         if in_flight.len() >= 64 {
             if let Some(h) = in_flight.pop_front() {
-                node.wait_atomic(h)?;
+                node.wait(h)?;
             }
         }
     }
     for h in in_flight {
-        node.wait_atomic(h)?;
+        node.wait(h)?;
     }
     let per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
     Ok(Row {

@@ -18,7 +18,7 @@
 //!   from the received payload into the segment.
 //! - `fine`: one AM Short per remote update, the value as two 32-bit arguments; updates to the
 //!   own block are applied at once.
-//! - `atomic`: one non-fetching remote atomic XOR per update (`Node::atomic_post` with
+//! - `atomic`: one non-fetching remote atomic XOR per update (`Node::atomic_nbi` with
 //!   `AtomicOp::Xor`), the way OpenSHMEM's GUPS is written, with no handler: on the
 //!   shared-memory NICs and loopback it is one atomic instruction on the owner's word (in
 //!   batches of 64 whose words are prefetched first), elsewhere a system message applied by the
@@ -404,7 +404,7 @@ fn run_updates(
                     let owner = lay.owner(g);
                     let word = g - lay.start(owner);
                     // The own block too: others update it at the same time.
-                    node.atomic_post(owner, word as usize * 8, AtomicOp::Xor(ran.to_le()))?;
+                    node.atomic_nbi(owner, word as usize * 8, AtomicOp::Xor(ran.to_le()))?;
                 }
                 left -= n;
                 node.poll()?;

@@ -189,7 +189,7 @@ impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
     }
 }
 
-/// A non-fetching atomic waiting to be applied ([`crate::Node::atomic_post`]): where, and
+/// A non-fetching atomic waiting to be applied ([`crate::Node::atomic_nbi`]): where, and
 /// what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posted {

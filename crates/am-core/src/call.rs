@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 
 use crate::error::AmError;
 use crate::reply::Token;
@@ -191,8 +191,8 @@ impl Calls {
     }
 
     /// Call `number`'s answer if it came (the call is then closed), else `Pending`, and
-    /// `cx` is woken when it comes.
-    pub(crate) fn poll(&self, number: u32, cx: &mut Context<'_>) -> Poll<Result<Reply, AmError>> {
+    /// `waker` (if any) is woken when it comes.
+    pub(crate) fn poll(&self, number: u32, waker: Option<&Waker>) -> Poll<Result<Reply, AmError>> {
         let mut s = self.lock();
         match s.pending.get_mut(&number) {
             None => Poll::Ready(Err(AmError::StaleHandle)),
@@ -202,38 +202,33 @@ impl Calls {
                     Poll::Ready(r)
                 }
                 None => {
-                    p.waker = Some(cx.waker().clone());
+                    if let Some(w) = waker {
+                        if !p.waker.as_ref().is_some_and(|o| o.will_wake(w)) {
+                            p.waker = Some(w.clone());
+                        }
+                    }
                     Poll::Pending
                 }
             },
         }
     }
 
-    /// Call `number`'s answer if it came (the call is then closed).
-    pub(crate) fn take(&self, number: u32) -> Option<Result<Reply, AmError>> {
-        let mut s = self.lock();
-        let r = s.pending.get_mut(&number)?.done.take()?;
-        s.pending.remove(&number);
-        Some(r)
+    /// Whether call `number` has its answer (or is no call in flight).
+    pub(crate) fn is_done(&self, number: u32) -> bool {
+        self.lock()
+            .pending
+            .get(&number)
+            .is_none_or(|p| p.done.is_some())
+    }
+
+    /// Calls in flight (answered or not) that nobody has taken or given up yet.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().pending.len()
     }
 
     /// Gives call `number` up (its waiter is gone); a late answer is dropped.
     pub(crate) fn close(&self, number: u32) {
         self.lock().pending.remove(&number);
-    }
-
-    /// The peers calls are waiting on.
-    pub(crate) fn waiting_on(&self) -> Vec<Rank> {
-        let s = self.lock();
-        let mut peers: Vec<Rank> = s
-            .pending
-            .values()
-            .filter(|p| p.done.is_none())
-            .map(|p| p.dest)
-            .collect();
-        peers.sort_unstable();
-        peers.dedup();
-        peers
     }
 }
 
@@ -265,14 +260,13 @@ mod tests {
         let calls = Calls::default();
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(woken.clone());
-        let mut cx = Context::from_waker(&waker);
         let (a, b, c) = (calls.open(1), calls.open(2), calls.open(1));
         assert!(a != b && b != c && a != c);
-        assert!(calls.poll(a, &mut cx).is_pending());
-        assert!(calls.poll(b, &mut cx).is_pending());
+        assert!(calls.poll(a, Some(&waker)).is_pending());
+        assert!(calls.poll(b, Some(&waker)).is_pending());
         calls.complete(2, a, &[9], b"x");
         assert!(
-            calls.poll(a, &mut cx).is_pending(),
+            calls.poll(a, Some(&waker)).is_pending(),
             "an answer from the wrong peer"
         );
         calls.complete(1, a, &[9], b"x");
@@ -282,18 +276,17 @@ mod tests {
             args: vec![9],
             payload: b"x".to_vec(),
         };
-        assert_eq!(calls.poll(a, &mut cx), Poll::Ready(Ok(want)));
+        assert_eq!(calls.poll(a, Some(&waker)), Poll::Ready(Ok(want)));
         assert_eq!(
-            calls.poll(a, &mut cx),
+            calls.poll(a, Some(&waker)),
             Poll::Ready(Err(AmError::StaleHandle))
         );
-        assert_eq!(calls.waiting_on(), [1, 2]);
         calls.fail_to(2, &AmError::PeerLost(2));
         assert_eq!(woken.0.load(Ordering::SeqCst), 2);
-        assert_eq!(calls.take(b), Some(Err(AmError::PeerLost(2))));
-        assert_eq!(calls.waiting_on(), [1]);
+        assert_eq!(calls.poll(b, None), Poll::Ready(Err(AmError::PeerLost(2))));
+        assert!(!calls.is_done(c));
         calls.close(c);
         calls.complete(1, c, &[], &[]);
-        assert!(calls.take(c).is_none() && calls.waiting_on().is_empty());
+        assert!(calls.is_done(c));
     }
 }

@@ -25,12 +25,14 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
-use crate::atomic::{AtomicOp, AtomicWord};
-use crate::call::{Calls, Reply};
+use std::future::Future;
+
+use crate::call::Calls;
 use crate::endpoint::Endpoint;
-use crate::error::AmError;
+use crate::error::{AmError, TryRequestError};
 use crate::handler::{Sendable, Threading};
 use crate::node::Node;
+use crate::op::{Completed, Op, Outcome, Start};
 use crate::transport::{Armed, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
@@ -76,8 +78,6 @@ struct State<T: Transport, H: Threading> {
     node: Node<T, H>,
     /// Futures whose step could not finish: woken after each round of progress.
     waiters: Vec<Waker>,
-    /// Gone peers looked at so far (see [`Endpoint::gone_count`]).
-    gone_seen: u32,
     /// Drivers waiting in their sleep, woken by [`AsyncNode::stop`].
     drivers: Vec<Waker>,
 }
@@ -109,7 +109,6 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 state: Mutex::new(State {
                     node,
                     waiters: Vec::new(),
-                    gone_seen: 0,
                     drivers: Vec::new(),
                 }),
                 calls,
@@ -163,7 +162,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         .await
     }
 
-    async fn request(
+    pub(crate) async fn request(
         &self,
         dest: Rank,
         kind: AmKind,
@@ -185,127 +184,111 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         .await
     }
 
-    /// Sends an AM Short request once a credit and the device allow ([`Node::request_short`]).
-    pub async fn request_short(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-    ) -> Result<(), AmError> {
-        self.request(dest, AmKind::Short, handler, args, &[], None)
-            .await
+    /// Starts an operation ([`Start`]): its start and send steps, each taken once per poll
+    /// until ready. After an error of the send step its handle is dropped, so what was sent
+    /// completes detached.
+    pub(crate) async fn start_op<S: Start>(&self, mut op: S) -> Result<Op<S::Output>, AmError> {
+        let mut started = self.step(|ep, t| op.start(ep, t)).await?;
+        self.step(|ep, t| op.send(ep, t, &mut started)).await?;
+        Ok(started)
     }
 
-    /// Sends an AM Medium request ([`Node::request_medium`]).
-    pub async fn request_medium(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<(), AmError> {
-        self.request(dest, AmKind::Medium, handler, args, payload, None)
-            .await
+    /// Resolves with an operation's outcome (see [`crate::op`]): the operation's completion
+    /// wakes the task, which leaves its waker in the node's table of operations (a call's in
+    /// its table of calls, which the future reads without taking the node). The future owns
+    /// the handle: dropping it detaches the operation.
+    pub fn wait<U: Outcome>(&self, op: Op<U>) -> impl Future<Output = Result<U, AmError>> {
+        let node = self.clone();
+        async move { node.complete(op).await }
     }
 
-    /// Sends an AM Long request ([`Node::request_long`]).
-    pub async fn request_long(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-        offset: usize,
-    ) -> Result<(), AmError> {
-        self.request(dest, AmKind::Long, handler, args, payload, Some(offset))
-            .await
+    pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
+        poll_fn(|cx| {
+            if let Some(answer) = op.poll_call(cx.waker()) {
+                return answer;
+            }
+            let mut st = self.lock();
+            let st = &mut *st;
+            let polled = st
+                .node
+                .ep
+                .poll_op(&mut st.node.transport, &mut op, Some(cx.waker()));
+            if polled.is_pending() && op.is_barrier() {
+                // A barrier goes on by sends of its own: woken after each round of progress.
+                if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.waiters.push(cx.waker().clone());
+                }
+            }
+            polled
+        })
+        .await
     }
 
-    /// Calls `handler` on `dest` and resolves with its answer ([`Node::call`]): the request
-    /// goes out once a credit allows, and the future resolves when the answer arrives, with
-    /// no reply handler of the caller's. Fails with the peer's loss or departure if it goes
-    /// before it answers.
-    pub async fn call(
+    /// Whether an operation is complete, so that [`AsyncNode::wait`] resolves at once (looks
+    /// only: progress is the driver's).
+    pub fn test<U: Outcome>(&self, op: &Op<U>) -> bool {
+        op.is_ready() || self.lock().node.ep.is_complete(op)
+    }
+
+    /// Resolves once every operation of `ops` is complete (a batch completes together): their
+    /// outcomes in order, or the first error once all have completed.
+    pub async fn wait_all<U: Outcome>(
         &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<Reply, AmError> {
-        let (calls, number, words) = self.lock().node.ep.open_call(dest, handler, args)?;
-        // Closes the call if this future is dropped before the answer (or on an error).
-        struct Open<'c>(&'c Calls, Option<u32>);
-        impl Drop for Open<'_> {
-            fn drop(&mut self) {
-                if let Some(n) = self.1 {
-                    self.0.close(n);
+        ops: impl IntoIterator<Item = Op<U>>,
+    ) -> Result<Vec<U>, AmError> {
+        let mut out = Vec::new();
+        let mut first = None;
+        for op in ops {
+            match self.complete(op).await {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first.get_or_insert(e);
                 }
             }
         }
-        let mut open = Open(&calls, Some(number));
-        self.request_medium(dest, handler, &words[..=args.len()], payload)
-            .await?;
-        let r = poll_fn(|cx| calls.poll(number, cx)).await;
-        open.1 = None;
-        r
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
-    /// Writes `data` into `dest`'s segment at `offset` and resolves once it is there
-    /// ([`Node::put`]).
-    pub async fn put(&self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
-        let h = self
-            .step(|ep, t| ep.put_start(t, dest, offset, data))
-            .await?;
-        let sent = self.step(|ep, t| ep.put_step(t, &h, data)).await;
-        // After an error too: the chunks already sent are waited for (no late reply lands
-        // in a reused slot).
-        let done = self.step(|ep, _| ep.poll_op(h.index, h.gen)).await;
-        sent.and(done).map(drop)
+    /// Resolves once at least one operation of `ops` is complete (at once if `ops` holds
+    /// none), with every one that is, taken out of `ops`: their positions and outcomes, in
+    /// order ([`crate::Node::wait_some`]).
+    pub async fn wait_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
+        poll_fn(|cx| {
+            let mut st = self.lock();
+            let st = &mut *st;
+            let mut done = Vec::new();
+            let mut barrier = false;
+            for (i, slot) in ops.iter_mut().enumerate() {
+                let Some(op) = slot else { continue };
+                let polled = st
+                    .node
+                    .ep
+                    .poll_op(&mut st.node.transport, op, Some(cx.waker()));
+                match polled {
+                    Poll::Ready(r) => {
+                        *slot = None;
+                        done.push((i, r));
+                    }
+                    Poll::Pending => barrier |= op.is_barrier(),
+                }
+            }
+            if done.is_empty() && ops.iter().any(Option::is_some) {
+                if barrier && !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.waiters.push(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            Poll::Ready(done)
+        })
+        .await
     }
 
-    /// Reads `len` bytes at `offset` of `src`'s segment ([`Node::get`]).
-    pub async fn get(&self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
-        let h = self.step(|ep, t| ep.get_start(t, src, offset, len)).await?;
-        let sent = self.step(|ep, t| ep.get_step(t, &h)).await;
-        let done = self.step(|ep, _| ep.poll_op(h.index, h.gen)).await;
-        sent.and(done)
-    }
-
-    /// Applies a remote atomic and resolves with the word's old value ([`Node::atomic`]).
-    pub async fn atomic<W: AtomicWord>(
-        &self,
-        dest: Rank,
-        offset: usize,
-        op: AtomicOp<W>,
-    ) -> Result<W, AmError> {
-        let h = self
-            .step(|ep, t| ep.atomic_start(t, dest, offset, op))
-            .await?;
-        let sent = self.step(|ep, t| ep.atomic_step(t, &h)).await;
-        let done = self.step(|ep, _| ep.poll_atomic(&h)).await;
-        sent.and(done)
-    }
-
-    /// Posts a non-fetching remote atomic ([`Node::atomic_post`]).
-    pub async fn atomic_post<W: AtomicWord>(
-        &self,
-        dest: Rank,
-        offset: usize,
-        op: AtomicOp<W>,
-    ) -> Result<(), AmError> {
-        self.step(|ep, t| ep.atomic_post(t, dest, offset, op)).await
-    }
-
-    /// Resolves once every rank has entered the barrier as often as this one
-    /// ([`Node::barrier`]).
-    pub async fn barrier(&self) -> Result<(), AmError> {
-        self.step(|ep, t| ep.barrier_step(t)).await
-    }
-
-    /// Resolves once every request of this rank is answered and its one-sided operations are
-    /// complete ([`Node::quiesce`]).
-    pub async fn quiesce(&self) -> Result<(), AmError> {
-        self.step(|ep, t| ep.quiesce_step(t)).await
+    /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).
+    pub fn ops_in_flight(&self) -> usize {
+        self.lock().node.ops_in_flight()
     }
 
     /// One round of progress, what a driver does when woken: runs the handlers of the
@@ -324,23 +307,14 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     fn progress_waking(&self) -> Result<(usize, bool), AmError> {
         let answered = self.inner.calls.as_ref().map_or(0, |c| c.answered());
         let mut st = self.lock();
+        let woken = st.node.ep.woken();
+        // A peer lost or gone fails what waited on it inside the poll (the endpoint's
+        // operations and calls), waking their tasks.
         let polled = st.node.poll();
-        let gone = st.node.ep.gone_count();
-        if gone != st.gone_seen {
-            st.gone_seen = gone;
-            if let Some(calls) = &self.inner.calls {
-                for peer in calls.waiting_on() {
-                    if st.node.ep.is_lost(peer) {
-                        calls.fail_to(peer, &AmError::PeerLost(peer));
-                    } else if st.node.ep.is_departed(peer) {
-                        calls.fail_to(peer, &AmError::PeerDeparted(peer));
-                    }
-                }
-            }
-        }
+        let mut woke = st.node.ep.woken() != woken;
         let waiters = std::mem::take(&mut st.waiters);
         drop(st);
-        let mut woke = !waiters.is_empty();
+        woke |= !waiters.is_empty();
         for w in waiters {
             w.wake();
         }
@@ -670,3 +644,127 @@ mod driver {
         AmError::Transport(crate::error::NicError::device_from(what, e))
     }
 }
+
+/// One operation of [`AsyncNode`]: one that `owns` its arguments returns `'static` futures
+/// (copies of its small arguments and a share of the node), one that `borrows` them (a put's
+/// bytes, a buffer to read into) futures that borrow them.
+macro_rules! async_op {
+    (owns; $(#[$doc:meta])* $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+        = $start:expr ; nb $nb:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves once it completes; [`AsyncNode::", stringify!($nb),
+            "`] resolves with its handle once it is started. The future owns what it needs \
+            (it can be boxed, stored and spawned).")]
+        pub fn $name<$($g)*>(&self, $($arg: $ty),*)
+            -> impl Future<Output = Result<$out, AmError>> {
+            let op = $crate::op::Owned::owned($start);
+            let node = self.clone();
+            async move {
+                let started = node.start_op(op).await?;
+                node.complete(started).await
+            }
+        }
+
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves with its handle once it is locally complete: \
+            [`AsyncNode::wait`] and its kin complete it; [`AsyncNode::", stringify!($name),
+            "`] waits for it. The future owns what it needs.")]
+        pub fn $nb<$($g)*>(&self, $($arg: $ty),*)
+            -> impl Future<Output = Result<$crate::op::Op<$out>, AmError>> {
+            let op = $crate::op::Owned::owned($start);
+            let node = self.clone();
+            async move { node.start_op(op).await }
+        }
+    };
+    (borrows; $(#[$doc:meta])* $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+        = $start:expr ; nb $nb:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves once it completes; [`AsyncNode::", stringify!($nb),
+            "`] resolves with its handle once it is started. The future borrows the buffer.")]
+        pub async fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$out, AmError> {
+            let started = self.start_op($start).await?;
+            self.complete(started).await
+        }
+
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves with its handle once it is locally complete (the \
+            buffer may be reused, or is held by the handle): [`AsyncNode::wait`] and its kin \
+            complete it; [`AsyncNode::", stringify!($name), "`] waits for it.")]
+        pub async fn $nb<$($g)*>(&self, $($arg: $ty),*)
+            -> Result<$crate::op::Op<$out>, AmError> {
+            self.start_op($start).await
+        }
+    };
+}
+
+/// Writes [`AsyncNode`]'s operations from [`crate::op::operations`] (see [`async_op`]).
+macro_rules! async_operations {
+    (
+        ops { $(
+            $(#[$doc:meta])*
+            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+                = $start:expr ; nb $nb:ident ; $own:ident ;
+        )* }
+        implicit { $(
+            $(#[$idoc:meta])*
+            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
+        )* }
+        posts { $(
+            $(#[$pdoc:meta])*
+            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
+        )* }
+        requests { $(
+            $(#[$rdoc:meta])*
+            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;
+        )* }
+        waits { $(
+            $(#[$wdoc:meta])*
+            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
+        )* }
+    ) => {
+        impl<T: Transport, H: Threading> AsyncNode<T, H> {
+            $(
+                async_op! { $own; $(#[$doc])* $name [$($g)*] ($($arg : $ty),*) -> $out
+                    = $start ; nb $nb ; }
+            )*
+            $(
+                $(#[$idoc])*
+                pub async fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
+                    let op = self.$inb($($iarg),*).await?;
+                    self.lock().node.ep.implicit(op);
+                    Ok(())
+                }
+            )*
+            $(
+                $(#[$pdoc])*
+                pub async fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
+                    self.step(|$pep, $pt| $pstep).await
+                }
+            )*
+            $(
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nResolves once it is sent (a credit and the device \
+                    allowed); [`AsyncNode::", stringify!($rtry), "`] never waits.")]
+                pub async fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
+                    self.request($($send),*).await
+                }
+
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nOnly if a credit and device space are available now; \
+                    otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
+                    poll; [`AsyncNode::", stringify!($rname), "`] waits for room.")]
+                pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+                    self.lock().node.try_request($($send),*)
+                }
+            )*
+            $(
+                $(#[$wdoc])*
+                pub fn $wname(&self) -> impl Future<Output = Result<(), AmError>> {
+                    let node = self.clone();
+                    async move { node.step(|$wep, $wt| $wstep).await }
+                }
+            )*
+        }
+    };
+}
+crate::op::operations!(async_operations);

@@ -70,6 +70,7 @@ pub mod future;
 pub mod handler;
 pub mod loopback;
 mod node;
+pub mod op;
 pub mod protocol;
 pub mod reply;
 pub mod rma;
@@ -83,7 +84,7 @@ pub use atomic::{AtomicOp, AtomicWord};
 pub use call::{Call, Reply};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
-pub use endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
+pub use endpoint::{Endpoint, Polled};
 pub use error::{
     AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
 };
@@ -91,7 +92,8 @@ pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use future::AsyncNode;
 pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Threading};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
-pub use node::{GetIntoHandle, Node};
+pub use node::Node;
+pub use op::{Completed, Op, Outcome};
 pub use reply::Token;
 pub use shared::{ProgressThread, SharedNode};
 pub use transport::{

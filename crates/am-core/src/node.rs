@@ -3,12 +3,12 @@
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::atomic::{AtomicOp, AtomicWord};
 use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
-use crate::endpoint::{AtomicHandle, Endpoint, GetHandle, Polled, PutHandle};
+use crate::endpoint::{Endpoint, Polled};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{Handlers, Sendable, Threading};
+use crate::op::{Completed, Op, Outcome, Start};
 use crate::transport::{Armed, Capabilities, Limits, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
@@ -54,16 +54,6 @@ pub struct Node<T: Transport, H: Threading = Sendable> {
 
 /// How long a dropping node waits for the replies to its last requests.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
-
-/// A get into a buffer of the caller's in flight ([`Node::get_into_nb`]): the buffer is
-/// borrowed until [`Node::wait_get_into`] fills it.
-#[derive(Debug)]
-#[must_use = "the buffer holds the get's bytes only once waited for"]
-pub struct GetIntoHandle<'b> {
-    dst: &'b mut [u8],
-    /// The get by messages still to complete; `None` once the bytes are in `dst`.
-    pending: Option<GetHandle>,
-}
 
 impl<T: Transport, H: Threading> Node<T, H> {
     /// Starts a node with the credit policy of `config` ([`crate::Credits`]).
@@ -297,8 +287,9 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// An error names its cause; the message that caused it is dropped and polling can go on
     /// (for example after [`AmError::PeerMisbehaved`]).
     pub fn poll(&mut self) -> Result<usize, AmError> {
-        // A rank that only polls may wait on what its posted atomics cause.
-        if let Poll::Ready(Err(e)) = self.ep.apply_posted(&mut self.transport) {
+        // A rank that only polls may wait on what its posted atomics cause, or be in a
+        // barrier whose handle it dropped.
+        if let Poll::Ready(Err(e)) = self.ep.background_step(&mut self.transport) {
             return Err(e);
         }
         // Bounded, so a flood from one peer cannot starve the caller.
@@ -502,7 +493,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// Sends a checked request, polling while out of credit or the device is busy. Always
     /// inlined: each request kind then keeps its constants, and the round trip its speed.
     #[inline(always)]
-    fn send_blocking(
+    pub(crate) fn send_blocking(
         &mut self,
         dest: Rank,
         kind: AmKind,
@@ -516,42 +507,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.drive(|ep, t| ep.request_step(t, dest, kind, handler, args, payload, long_offset))
     }
 
-    /// Sends an AM Short request; polls while out of credit or the device is busy.
-    #[inline]
-    pub fn request_short(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-    ) -> Result<(), AmError> {
-        self.send_blocking(dest, AmKind::Short, handler, args, &[], None)
-    }
-
-    /// Sends an AM Medium request (payload up to [`Node::max_medium`]).
-    pub fn request_medium(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<(), AmError> {
-        self.send_blocking(dest, AmKind::Medium, handler, args, payload, None)
-    }
-
-    /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment, then the
-    /// handler runs there.
-    pub fn request_long(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-        offset: usize,
-    ) -> Result<(), AmError> {
-        self.send_blocking(dest, AmKind::Long, handler, args, payload, Some(offset))
-    }
-
-    fn try_request(
+    pub(crate) fn try_request(
         &mut self,
         dest: Rank,
         kind: AmKind,
@@ -578,301 +534,92 @@ impl<T: Transport, H: Threading> Node<T, H> {
         }
     }
 
-    /// Sends an AM Short request if a credit and device space are available now; otherwise
-    /// [`TryRequestError::WouldBlock`] and nothing was sent. Does not poll.
-    pub fn try_request_short(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-    ) -> Result<(), TryRequestError> {
-        self.try_request(dest, AmKind::Short, handler, args, &[], None)
+    /// Starts an operation ([`Start`]): its start and send steps, with progress in between,
+    /// until it is locally complete. After an error of the send step its handle is dropped,
+    /// so what was sent completes detached.
+    #[inline]
+    fn start_op<S: Start>(&mut self, mut op: S) -> Result<Op<S::Output>, AmError> {
+        let mut started = self.drive(|ep, t| op.start(ep, t))?;
+        self.drive(|ep, t| op.send(ep, t, &mut started))?;
+        Ok(started)
     }
 
-    /// Non-blocking AM Medium request, as [`Node::try_request_short`].
-    pub fn try_request_medium(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<(), TryRequestError> {
-        self.try_request(dest, AmKind::Medium, handler, args, payload, None)
-    }
-
-    /// Non-blocking AM Long request, as [`Node::try_request_short`].
-    pub fn try_request_long(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-        offset: usize,
-    ) -> Result<(), TryRequestError> {
-        self.try_request(dest, AmKind::Long, handler, args, payload, Some(offset))
-    }
-
-    /// Calls `handler` on `dest` (registered with [`Handlers::callable`]) with `args` (at
-    /// most 15) and `payload` (at most [`Node::max_medium`]), and waits for its answer: the
-    /// arguments and payload it replied with ([`Reply`](crate::Reply)), with no reply handler
-    /// of the caller's. Fails like a request, and with the peer's loss or departure if it
-    /// goes before it answers.
-    ///
-    /// ```
-    /// use am_core::{Config, HandlerId, Handlers, Loopback, Node};
-    /// const SQUARE: HandlerId = HandlerId(1);
-    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-    ///     let mut handlers = Handlers::new();
-    ///     handlers.callable(SQUARE, "square", |msg, call| {
-    ///         let x = msg.args()[0];
-    ///         let _ = call.reply(&[x * x], &[]);
-    ///     }).unwrap();
-    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
-    ///     let peer = 1 - node.rank();
-    ///     assert_eq!(node.call(peer, SQUARE, &[7], &[]).unwrap().args, [49]);
-    ///     node.barrier().unwrap();
-    /// });
-    /// ```
-    pub fn call(
-        &mut self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<crate::Reply, AmError> {
-        let (calls, number, words) = self.ep.open_call(dest, handler, args)?;
-        let words = &words[..=args.len()];
-        if let Err(e) = self.request_medium(dest, handler, words, payload) {
-            calls.close(number);
-            return Err(e);
+    /// Waits for an operation and returns its outcome (see [`crate::op`]).
+    #[inline]
+    pub fn wait<U: Outcome>(&mut self, mut op: Op<U>) -> Result<U, AmError> {
+        let r = self.drive_to_completion(|ep, t| ep.poll_op(t, &mut op, None));
+        if r.is_err() {
+            self.ep.interrupted(&op);
         }
-        let mut got = None;
-        let waited = self.wait_until(|| {
-            got = calls.take(number);
-            got.is_some()
-        });
-        match (waited, got) {
-            (_, Some(r)) => r,
-            (Err(e), None) => {
-                calls.close(number);
-                Err(e)
-            }
-            (Ok(()), None) => Err(AmError::StaleHandle),
+        r
+    }
+
+    /// Whether an operation is complete, so that [`Node::wait`] returns at once; polls once
+    /// first (unless it was complete when started).
+    pub fn test<U: Outcome>(&mut self, op: &Op<U>) -> Result<bool, AmError> {
+        if op.is_ready() {
+            return Ok(true);
         }
-    }
-
-    /// Waits until every rank has called `barrier` as often as this one (a dissemination
-    /// barrier over AMs: ⌈log2 N⌉ rounds of one request each).
-    ///
-    /// A barrier that returned an error can be called again: it resumes where it stopped
-    /// (the other ranks are still in it), sending nothing twice. After an error that lasts
-    /// (a lost peer, an aborted job) the retry fails the same way.
-    pub fn barrier(&mut self) -> Result<(), AmError> {
-        self.drive(|ep, t| ep.barrier_step(t))
-    }
-
-    /// Starts writing `data` into `dest`'s segment at `offset`. When this returns, `data` may
-    /// be reused (local completion); the handle says when the bytes are in the target's
-    /// segment (remote completion: [`Node::test_put`], [`Node::wait_put`]).
-    ///
-    /// Where the transport reaches the target's memory (the shared-memory NICs and
-    /// [`crate::Loopback`]: [`Transport::put`]) the put is one copy into it, remotely
-    /// complete when this returns, whether or not the target polls. Elsewhere it goes as AM
-    /// Longs (polling for credit if needed) that the target's progress acknowledges. A put
-    /// to this rank is a copy into its own segment. A range outside the segment is an error
-    /// here, and nothing is written.
-    ///
-    /// Puts are not ordered with this rank's AMs or with each other; a later request to the
-    /// target, a barrier or [`Node::quiesce`] after the completion publishes them.
-    pub fn put_nb(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<PutHandle, AmError> {
-        let h = self.drive(|ep, t| ep.put_start(t, dest, offset, data))?;
-        match self.drive(|ep, t| ep.put_step(t, &h, data)) {
-            Ok(()) => Ok(h),
-            Err(e) => {
-                self.abandon(h.index, h.gen);
-                Err(e)
-            }
-        }
-    }
-
-    /// Sends the requests of a get by messages (none if it is complete already).
-    fn get_sent(&mut self, h: GetHandle) -> Result<GetHandle, AmError> {
-        match self.drive(|ep, t| ep.get_step(t, &h)) {
-            Ok(()) => Ok(h),
-            Err(e) => {
-                self.abandon(h.index, h.gen);
-                Err(e)
-            }
-        }
-    }
-
-    /// Starts reading `len` bytes at `offset` of `src`'s segment; [`Node::wait_get`] gives
-    /// them. Where the transport reaches the target's memory ([`Transport::get`]) the bytes
-    /// are read here, with no help from `src`, and the handle is complete; elsewhere `src`'s
-    /// progress answers system messages for them. [`Node::get_into`] reads into a buffer of
-    /// the caller's.
-    pub fn get_nb(&mut self, src: Rank, offset: usize, len: usize) -> Result<GetHandle, AmError> {
-        let h = self.drive(|ep, t| ep.get_start(t, src, offset, len))?;
-        self.get_sent(h)
-    }
-
-    /// Completes an operation that failed part-way: waits for the chunks already sent, so no
-    /// late reply lands in a reused slot.
-    fn abandon(&mut self, index: u32, gen: u32) {
-        let _ = self.wait_op(index, gen);
-    }
-
-    fn wait_op(&mut self, index: u32, gen: u32) -> Result<Vec<u8>, AmError> {
-        self.drive_to_completion(|ep, _| ep.poll_op(index, gen))
-    }
-
-    /// True once a put has completed remotely (polls once).
-    pub fn test_put(&mut self, handle: &PutHandle) -> Result<bool, AmError> {
         self.poll()?;
-        Ok(self.ep.put_done(handle))
+        Ok(self.ep.is_complete(op))
     }
 
-    /// True once a get's data is here, for [`Node::wait_get`] to return at once (polls once).
-    pub fn test_get(&mut self, handle: &GetHandle) -> Result<bool, AmError> {
-        self.poll()?;
-        Ok(self.ep.get_done(handle))
-    }
-
-    /// Waits until a put has landed in the target's segment.
-    pub fn wait_put(&mut self, handle: PutHandle) -> Result<(), AmError> {
-        self.wait_op(handle.index, handle.gen).map(|_| ())
-    }
-
-    /// Waits for a get and returns its data.
-    pub fn wait_get(&mut self, handle: GetHandle) -> Result<Vec<u8>, AmError> {
-        self.wait_op(handle.index, handle.gen)
-    }
-
-    /// Writes `data` into `dest`'s segment at `offset` and waits until it is there
-    /// ([`Node::put_nb`]).
-    pub fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), AmError> {
-        let h = self.put_nb(dest, offset, data)?;
-        self.wait_put(h)
-    }
-
-    /// Reads `dst.len()` bytes at `offset` of `src`'s segment into `dst` and waits for them
-    /// (see [`Node::get_nb`]): on the shared-memory NICs and loopback one copy from the
-    /// target's memory, which the target does not take part in. A range outside the segment
-    /// is an error, and `dst` is left as it was.
-    pub fn get_into(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), AmError> {
-        let handle = self.get_into_nb(src, offset, dst)?;
-        self.wait_get_into(handle)
-    }
-
-    /// Starts reading `dst.len()` bytes at `offset` of `src`'s segment into `dst`
-    /// (OpenSHMEM's `shmem_getmem_nbi`): `dst` stays borrowed by the handle until
-    /// [`Node::wait_get_into`], so several gets can be in flight into buffers of the caller's.
-    /// Where the transport reaches the target's memory the bytes are in `dst` when this
-    /// returns; elsewhere they are copied there by the wait. Errors as [`Node::get_into`].
-    pub fn get_into_nb<'b>(
+    /// Waits for every operation of `ops` (a batch completes together): their outcomes in
+    /// order, or the first error once all have completed.
+    pub fn wait_all<U: Outcome>(
         &mut self,
-        src: Rank,
-        offset: usize,
-        dst: &'b mut [u8],
-    ) -> Result<GetIntoHandle<'b>, AmError> {
-        let pending = match self.drive(|ep, t| ep.get_into_start(t, src, offset, dst))? {
-            None => None,
-            Some(h) => Some(self.get_sent(h)?),
-        };
-        Ok(GetIntoHandle { dst, pending })
-    }
-
-    /// True once a [`Node::get_into_nb`]'s bytes can be had without waiting (polls once).
-    pub fn test_get_into(&mut self, handle: &GetIntoHandle<'_>) -> Result<bool, AmError> {
-        match &handle.pending {
-            None => Ok(true),
-            Some(h) => self.test_get(h),
-        }
-    }
-
-    /// Waits for a [`Node::get_into_nb`]: its buffer then holds the bytes (and is the
-    /// caller's again).
-    pub fn wait_get_into(&mut self, handle: GetIntoHandle<'_>) -> Result<(), AmError> {
-        if let Some(h) = handle.pending {
-            let data = self.wait_get(h)?;
-            handle.dst.copy_from_slice(&data);
-        }
-        Ok(())
-    }
-
-    /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec` ([`Node::get_into`]).
-    pub fn get(&mut self, src: Rank, offset: usize, len: usize) -> Result<Vec<u8>, AmError> {
-        let h = self.get_nb(src, offset, len)?;
-        self.wait_get(h)
-    }
-
-    /// Starts a remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s
-    /// segment ([`AtomicOp`]; see [`crate::atomic`] for the ordering). Where the transport
-    /// reaches the target's memory (the shared-memory NICs and [`crate::Loopback`]) the atomic
-    /// is one atomic instruction on the target's word, done when this returns, whether or not
-    /// the target polls; elsewhere it travels as a system message that the target's progress
-    /// applies. A word outside the segment or misaligned is an error here, and nothing is
-    /// done.
-    pub fn atomic_nb<W: AtomicWord>(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        op: AtomicOp<W>,
-    ) -> Result<AtomicHandle<W>, AmError> {
-        let h = self.drive(|ep, t| ep.atomic_start(t, dest, offset, op))?;
-        match self.drive(|ep, t| ep.atomic_step(t, &h)) {
-            Ok(()) => Ok(h),
-            Err(e) => {
-                let _ = self.wait_atomic(h);
-                Err(e)
+        ops: impl IntoIterator<Item = Op<U>>,
+    ) -> Result<Vec<U>, AmError> {
+        let mut out = Vec::new();
+        let mut first = None;
+        for op in ops {
+            match self.wait(op) {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
             }
         }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
-    /// Posts a non-fetching remote atomic (OpenSHMEM's `shmem_atomic_xor` and kin; see
-    /// [`Node::atomic_nb`] for the rest): it takes effect by the next [`Node::quiesce`] or
-    /// [`Node::barrier`] at the latest (every rank leaving the barrier sees it), and before
-    /// any later request, put, get or atomic of this rank to the same target, in the order
-    /// posted. Where the transport applies atomics itself, posted ones
-    /// go to it in batches of 64 ([`Transport::atomics`]) whose words it fetches first, so
-    /// that a stream of them to random words keeps several memory misses in flight
-    /// (RandomAccess `--mode atomic`); elsewhere they go out as messages nobody waits for,
-    /// one per target for the (up to 64) atomics queued for it. Errors (a lost target) may
-    /// come from the call that applies them.
-    pub fn atomic_post<W: AtomicWord>(
+    /// Waits until at least one operation of `ops` is complete (none if `ops` holds none),
+    /// then completes every one that is and takes it out of `ops`: their positions and
+    /// outcomes, in order (GASNet-EX's `gex_Event_WaitSome`). Each operation is returned
+    /// once. An error of progress itself (not of an operation) leaves `ops` as it is.
+    pub fn wait_some<U: Outcome>(
         &mut self,
-        dest: Rank,
-        offset: usize,
-        op: AtomicOp<W>,
-    ) -> Result<(), AmError> {
-        self.drive(|ep, t| ep.atomic_post(t, dest, offset, op))
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
+        let mut idle = 0;
+        loop {
+            let done = self.ep.take_complete(&mut self.transport, ops);
+            if !done.is_empty() || ops.iter().all(Option::is_none) {
+                self.transport.flush();
+                return Ok(done);
+            }
+            self.progress(&mut idle)?;
+        }
     }
 
-    /// Waits for an atomic: the word's old value.
-    pub fn wait_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) -> Result<W, AmError> {
-        self.drive_to_completion(|ep, _| ep.poll_atomic(&handle))
-    }
-
-    /// Applies a remote atomic ([`Node::atomic_nb`]) and returns the word's old value:
-    /// `node.atomic(1, 64, AtomicOp::FetchAdd(1u64))?`.
-    pub fn atomic<W: AtomicWord>(
+    /// [`Node::wait_some`] without waiting: polls once, then completes and takes out every
+    /// operation of `ops` that is complete (GASNet-EX's `gex_Event_TestSome`).
+    pub fn test_some<U: Outcome>(
         &mut self,
-        dest: Rank,
-        offset: usize,
-        op: AtomicOp<W>,
-    ) -> Result<W, AmError> {
-        let h = self.atomic_nb(dest, offset, op)?;
-        self.wait_atomic(h)
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
+        self.poll()?;
+        Ok(self.ep.take_complete(&mut self.transport, ops))
     }
 
-    /// Waits until every request this rank sent has been answered and every refused reply has
-    /// gone out. Run before dropping a node so that peers are not left without their replies.
-    ///
-    /// It is also the fence of one-sided operations (OpenSHMEM's `shmem_quiet`): posted atomics
-    /// are applied first, and the puts, gets and atomics that travel as messages are remotely
-    /// complete when it returns (those the transport does itself are complete when started).
-    pub fn quiesce(&mut self) -> Result<(), AmError> {
-        self.drive_to_completion(|ep, t| ep.quiesce_step(t))
+    /// Operations in flight in the node's table, whether a handle waits for them or not
+    /// (those whose handle was dropped, the implicit set, posted atomics sent as messages):
+    /// none once they have all completed.
+    pub fn ops_in_flight(&mut self) -> usize {
+        self.ep.ops_in_flight()
     }
 
     /// Ends the whole job with `code` (GASNet's `gasnet_exit`): tells every other rank, which
@@ -949,3 +696,93 @@ impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
             .finish()
     }
 }
+
+/// Writes [`Node`]'s operations from [`crate::op::operations`]: `x` is `x_nb` then
+/// [`Node::wait`], `x_nb` is [`Start`] driven with progress in between.
+macro_rules! node_operations {
+    (
+        ops { $(
+            $(#[$doc:meta])*
+            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+                = $start:expr ; nb $nb:ident ; $own:ident ;
+        )* }
+        implicit { $(
+            $(#[$idoc:meta])*
+            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
+        )* }
+        posts { $(
+            $(#[$pdoc:meta])*
+            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
+        )* }
+        requests { $(
+            $(#[$rdoc:meta])*
+            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*)
+                = ($($send:expr),*) ;
+        )* }
+        waits { $(
+            $(#[$wdoc:meta])*
+            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
+        )* }
+    ) => {
+        impl<T: Transport, H: Threading> Node<T, H> {
+            $(
+                $(#[$doc])*
+                #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
+                    stringify!($nb), "`] starts it and returns its handle.")]
+                #[inline]
+                pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$out, AmError> {
+                    let op = self.$nb($($arg),*)?;
+                    self.wait(op)
+                }
+
+                $(#[$doc])*
+                #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
+                    complete (its buffers may be reused), polling while credits or the device \
+                    make it wait: [`Node::wait`], [`Node::test`] and their kin complete it; \
+                    [`Node::", stringify!($name), "`] waits for it.")]
+                #[inline]
+                pub fn $nb<$($g)*>(&mut self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+                    self.start_op($start)
+                }
+            )*
+            $(
+                $(#[$idoc])*
+                pub fn $iname(&mut self, $($iarg: $ity),*) -> Result<(), AmError> {
+                    let op = self.$inb($($iarg),*)?;
+                    self.ep.implicit(op);
+                    Ok(())
+                }
+            )*
+            $(
+                $(#[$pdoc])*
+                pub fn $pname<$($pg)*>(&mut self, $($parg: $pty),*) -> Result<(), AmError> {
+                    self.drive(|$pep, $pt| $pstep)
+                }
+            )*
+            $(
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nPolls while out of credit or the device is busy; [`Node::",
+                    stringify!($rtry), "`] never waits.")]
+                #[inline]
+                pub fn $rname(&mut self, $($rarg: $rty),*) -> Result<(), AmError> {
+                    self.send_blocking($($send),*)
+                }
+
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nOnly if a credit and device space are available now; \
+                    otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
+                    poll; [`Node::", stringify!($rname), "`] waits for room.")]
+                pub fn $rtry(&mut self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+                    self.try_request($($send),*)
+                }
+            )*
+            $(
+                $(#[$wdoc])*
+                pub fn $wname(&mut self) -> Result<(), AmError> {
+                    self.drive_to_completion(|$wep, $wt| $wstep)
+                }
+            )*
+        }
+    };
+}
+crate::op::operations!(node_operations);

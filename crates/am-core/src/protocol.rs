@@ -172,7 +172,7 @@ pub enum SystemMsg {
         /// What to do with it.
         atomic: Atomic,
     },
-    /// Non-fetching atomics posted together ([`crate::Node::atomic_post`]), for a transport
+    /// Non-fetching atomics posted together ([`crate::Node::atomic_nbi`]), for a transport
     /// that cannot apply them itself (Medium request): the payload is `count` entries of
     /// [`ATOMIC_ENTRY_LEN`] bytes ([`push_atomic_entry`]), applied in order, all of them or,
     /// if one names a word outside the target's segment or misaligned, none. Answered by one

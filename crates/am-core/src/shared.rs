@@ -18,12 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::task::Poll;
+
 use crate::config::WaitMode;
+use crate::endpoint::Endpoint;
 use crate::error::{AmError, TryRequestError};
 use crate::handler::Sendable;
 use crate::node::Node;
+use crate::op::{Completed, Op, Outcome, Start};
 use crate::transport::Transport;
-use crate::types::{HandlerId, Rank};
+use crate::types::Rank;
 
 /// Messages a blocking call handles under the lock before it gives the node to another
 /// thread; also the turns with nothing to do before a shared node's waits slow down.
@@ -161,39 +165,6 @@ impl<T: Transport> SharedNode<T> {
         }
     }
 
-    /// [`Node::request_short`], giving the node to other threads while out of credit.
-    pub fn request_short(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-    ) -> Result<(), AmError> {
-        self.send(|node| node.try_request_short(dest, handler, args))
-    }
-
-    /// [`Node::request_medium`], giving the node to other threads while out of credit.
-    pub fn request_medium(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-    ) -> Result<(), AmError> {
-        self.send(|node| node.try_request_medium(dest, handler, args, payload))
-    }
-
-    /// [`Node::request_long`], giving the node to other threads while out of credit.
-    pub fn request_long(
-        &self,
-        dest: Rank,
-        handler: HandlerId,
-        args: &[u32],
-        payload: &[u8],
-        offset: usize,
-    ) -> Result<(), AmError> {
-        self.send(|node| node.try_request_long(dest, handler, args, payload, offset))
-    }
-
     /// Tries `send` under the lock; while it would block, polls once and gives the node to
     /// the other threads before the next try.
     fn send(
@@ -237,15 +208,107 @@ impl<T: Transport> SharedNode<T> {
         }
     }
 
-    /// [`Node::barrier`]: collective over the ranks, so one thread of each rank calls it; the
-    /// node is held for the barrier's duration.
-    pub fn barrier(&self) -> Result<(), AmError> {
-        self.lock().barrier()
+    /// Takes `step` under the lock until it is ready; while it is not, polls once and gives
+    /// the node to the other threads before the next try. Once it is ready, what the
+    /// handlers run meanwhile sent leaves if `flush` (a wait for completion).
+    fn drive<R>(
+        &self,
+        flush: bool,
+        mut step: impl FnMut(&mut Endpoint<Sendable>, &mut T) -> Poll<Result<R, AmError>>,
+    ) -> Result<R, AmError> {
+        let mut idle = 0;
+        loop {
+            {
+                let mut guard = self.lock();
+                let node = &mut *guard;
+                if let Poll::Ready(r) = step(&mut node.ep, &mut node.transport) {
+                    if flush {
+                        node.transport.flush();
+                    }
+                    return r;
+                }
+                if node.poll()? > 0 {
+                    idle = 0;
+                }
+            }
+            self.between(&mut idle);
+        }
     }
 
-    /// [`Node::quiesce`], holding the node for its duration.
-    pub fn quiesce(&self) -> Result<(), AmError> {
-        self.lock().quiesce()
+    /// Starts an operation ([`Start`]) as [`Node`] does, giving the node to the other
+    /// threads between its steps.
+    fn start_op<S: Start>(&self, mut op: S) -> Result<Op<S::Output>, AmError> {
+        let mut started = self.drive(false, |ep, t| op.start(ep, t))?;
+        self.drive(false, |ep, t| op.send(ep, t, &mut started))?;
+        Ok(started)
+    }
+
+    /// [`Node::wait`], giving the node to the other threads between polls.
+    pub fn wait<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
+        let r = self.drive(true, |ep, t| ep.poll_op(t, &mut op, None));
+        if r.is_err() {
+            self.lock().ep.interrupted(&op);
+        }
+        r
+    }
+
+    /// [`Node::test`].
+    pub fn test<U: Outcome>(&self, op: &Op<U>) -> Result<bool, AmError> {
+        if op.is_ready() {
+            return Ok(true);
+        }
+        self.lock().test(op)
+    }
+
+    /// [`Node::wait_all`], giving the node to the other threads between polls.
+    pub fn wait_all<U: Outcome>(
+        &self,
+        ops: impl IntoIterator<Item = Op<U>>,
+    ) -> Result<Vec<U>, AmError> {
+        let mut out = Vec::new();
+        let mut first = None;
+        for op in ops {
+            match self.wait(op) {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// [`Node::wait_some`], giving the node to the other threads between polls.
+    pub fn wait_some<U: Outcome>(
+        &self,
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
+        let mut done = Vec::new();
+        self.drive(true, |ep, t| {
+            done = ep.take_complete(t, ops);
+            if done.is_empty() && ops.iter().any(Option::is_some) {
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        })?;
+        Ok(done)
+    }
+
+    /// [`Node::test_some`].
+    pub fn test_some<U: Outcome>(
+        &self,
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
+        self.lock().test_some(ops)
+    }
+
+    /// [`Node::ops_in_flight`].
+    pub fn ops_in_flight(&self) -> usize {
+        self.lock().ops_in_flight()
     }
 
     /// Between two turns at the node, never holding it: spins, then yields to the other
@@ -401,3 +464,89 @@ fn sleep_armed<T: Transport>(nodes: &[SharedNode<T>], fds: &[OwnedFd]) {
         node.lock().disarm();
     }
 }
+
+/// Writes [`SharedNode`]'s operations from [`crate::op::operations`]: those of [`Node`], each
+/// step under the lock, the node given to the other threads between steps and polls.
+macro_rules! shared_operations {
+    (
+        ops { $(
+            $(#[$doc:meta])*
+            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+                = $start:expr ; nb $nb:ident ; $own:ident ;
+        )* }
+        implicit { $(
+            $(#[$idoc:meta])*
+            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
+        )* }
+        posts { $(
+            $(#[$pdoc:meta])*
+            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
+        )* }
+        requests { $(
+            $(#[$rdoc:meta])*
+            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;
+        )* }
+        waits { $(
+            $(#[$wdoc:meta])*
+            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
+        )* }
+    ) => {
+        impl<T: Transport> SharedNode<T> {
+            $(
+                $(#[$doc])*
+                #[doc = concat!("\n\nWaits until it completes, giving the node to the other \
+                    threads between polls; [`SharedNode::", stringify!($nb), "`] returns its \
+                    handle.")]
+                pub fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$out, AmError> {
+                    let op = self.$nb($($arg),*)?;
+                    self.wait(op)
+                }
+
+                $(#[$doc])*
+                #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
+                    complete, giving the node to the other threads while credits or the \
+                    device make it wait: [`SharedNode::wait`] and its kin complete it; \
+                    [`SharedNode::", stringify!($name), "`] waits for it.")]
+                pub fn $nb<$($g)*>(&self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+                    self.start_op($start)
+                }
+            )*
+            $(
+                $(#[$idoc])*
+                pub fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
+                    let op = self.$inb($($iarg),*)?;
+                    self.lock().ep.implicit(op);
+                    Ok(())
+                }
+            )*
+            $(
+                $(#[$pdoc])*
+                pub fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
+                    self.drive(false, |$pep, $pt| $pstep)
+                }
+            )*
+            $(
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nGives the node to the other threads while out of credit; \
+                    [`SharedNode::", stringify!($rtry), "`] never waits.")]
+                pub fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
+                    self.send(|node| node.try_request($($send),*))
+                }
+
+                $(#[$rdoc])*
+                #[doc = concat!("\n\nOnly if a credit and device space are available now \
+                    ([`Node::", stringify!($rtry), "`]).")]
+                pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+                    self.lock().try_request($($send),*)
+                }
+            )*
+            $(
+                $(#[$wdoc])*
+                pub fn $wname(&self) -> Result<(), AmError> {
+                    self.drive(true, |$wep, $wt| $wstep)
+                }
+            )*
+        }
+    };
+}
+crate::op::operations!(shared_operations);

@@ -154,7 +154,7 @@ fn futures_complete_under_any_executor() {
             let old =
                 block_on(&node, node.atomic(peer, 1024, AtomicOp::FetchAdd(1u64))).expect("atomic");
             assert!(old < 2);
-            block_on(&node, node.atomic_post(peer, 1032, AtomicOp::Xor(5u64))).expect("post");
+            block_on(&node, node.atomic_nbi(peer, 1032, AtomicOp::Xor(5u64))).expect("post");
             // A plain request to a callable handler: a call with no caller, whose answer
             // (to call number 7, which this rank never opened) is dropped.
             block_on(&node, node.request_medium(peer, SQUARE, &[7, 3], &[])).expect("request");

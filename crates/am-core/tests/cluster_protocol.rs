@@ -559,6 +559,7 @@ fn nobody_leaves_a_barrier_before_the_last_rank_enters() {
     for seed in 0..SEEDS {
         for ranks in [2, 3, 5, 8] {
             let (mut c, _) = cluster(Shape::new(ranks), seed);
+            let mut b = harness::Barriers::default();
             let late = ranks - 1;
             let early: Vec<Rank> = (0..late).collect();
             // The others enter and make every step they can: none may finish.
@@ -566,7 +567,7 @@ fn nobody_leaves_a_barrier_before_the_last_rank_enters() {
                 for &r in &early {
                     let (ep, mut tx) = c.wire(r);
                     assert!(
-                        ep.barrier_step(&mut tx).is_pending(),
+                        b.step(r, ep, &mut tx).is_pending(),
                         "seed {seed}, {ranks} ranks: rank {r} left early"
                     );
                 }
@@ -576,7 +577,7 @@ fn nobody_leaves_a_barrier_before_the_last_rank_enters() {
             }
             // The late rank enters; two barriers in a row complete everywhere.
             for _ in 0..2 {
-                c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+                c.drive_all(|r, ep, tx| b.step(r, ep, tx))
                     .into_iter()
                     .for_each(|r| r.unwrap());
             }
@@ -590,13 +591,14 @@ fn nobody_leaves_a_barrier_before_the_last_rank_enters() {
 fn a_barrier_waiting_on_a_departed_rank_fails_and_so_does_its_retry() {
     for seed in 0..SEEDS {
         let (mut c, _) = cluster(Shape::new(4), seed);
+        let mut b = harness::Barriers::default();
         // All four meet once; then rank 3 leaves and the others call barrier once more.
-        c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+        c.drive_all(|r, ep, tx| b.step(r, ep, tx))
             .into_iter()
             .for_each(|r| r.unwrap());
         c.settle();
         c.depart(3);
-        let results = c.drive(&[0, 1, 2], |_, ep, tx| match ep.barrier_step(tx) {
+        let results = c.drive(&[0, 1, 2], |r, ep, tx| match b.step(r, ep, tx) {
             // A rank that waits on a live rank keeps waiting; only the one waiting on 3 fails.
             Poll::Ready(r) => Poll::Ready(r),
             Poll::Pending if ep.is_departed(3) => Poll::Pending,
@@ -610,7 +612,7 @@ fn a_barrier_waiting_on_a_departed_rank_fails_and_so_does_its_retry() {
         );
         let (ep, mut tx) = c.wire(0);
         assert_eq!(
-            ep.barrier_step(&mut tx),
+            b.step(0, ep, &mut tx),
             Poll::Ready(Err(AmError::PeerDeparted(3))),
             "seed {seed}: the retry fails the same way"
         );
@@ -623,7 +625,8 @@ fn a_barrier_interrupted_by_a_busy_device_resumes_without_sending_twice() {
         let (mut c, _) = cluster(Shape::new(4), seed);
         c.net.sent.clear();
         c.net.busy = vec![1, 2, 3, 1];
-        c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+        let mut b = harness::Barriers::default();
+        c.drive_all(|r, ep, tx| b.step(r, ep, tx))
             .into_iter()
             .for_each(|r| r.unwrap());
         c.settle();
@@ -654,22 +657,22 @@ fn put_then_get_moves_the_bytes_in_chunks() {
         // at most 256, more than the two credits allow at once.
         let data = pattern(3000, seed as u8);
         let (ep, mut tx) = c.wire(0);
-        let put = ready(ep.put_start(&mut tx, 2, 77, &data)).unwrap();
+        let mut put = ready(ep.put_start(&mut tx, 2, 77, &data)).unwrap();
         let res = c.drive(&[0], |_, ep, tx| ep.put_step(tx, &put, &data));
         res[0].clone().unwrap().unwrap();
-        let res = c.drive(&[0], |_, ep, _| ep.poll_put(&put));
+        let res = c.drive(&[0], |_, ep, tx| ep.poll_op(tx, &mut put, None));
         res[0].clone().unwrap().unwrap();
         let mut back = vec![0; data.len()];
         c.nodes[2].segment.byte_area().read(77, &mut back).unwrap();
         assert_eq!(back, data, "seed {seed}: the put landed");
 
         let (ep, mut tx) = c.wire(0);
-        let get = ready(ep.get_start(&mut tx, 2, 77, data.len())).unwrap();
+        let mut get = ready(ep.get_start(&mut tx, 2, 77, data.len())).unwrap();
         c.drive(&[0], |_, ep, tx| ep.get_step(tx, &get))[0]
             .clone()
             .unwrap()
             .unwrap();
-        let got = c.drive(&[0], |_, ep, _| ep.poll_get(&get))[0]
+        let got = c.drive(&[0], |_, ep, tx| ep.poll_op(tx, &mut get, None))[0]
             .clone()
             .unwrap()
             .unwrap();
@@ -709,7 +712,7 @@ fn a_get_from_a_rank_that_dies_fails_with_peer_lost() {
     for seed in 0..SEEDS {
         let (mut c, _) = cluster(Shape::new(3), seed);
         let (ep, mut tx) = c.wire(0);
-        let get = ready(ep.get_start(&mut tx, 1, 0, 2000)).unwrap();
+        let mut get = ready(ep.get_start(&mut tx, 1, 0, 2000)).unwrap();
         // Some of the get's requests go out, then rank 1 dies before answering.
         let (ep, mut tx) = c.wire(0);
         let _ = ep.get_step(&mut tx, &get);
@@ -720,7 +723,7 @@ fn a_get_from_a_rank_that_dies_fails_with_peer_lost() {
             Poll::Ready(Err(AmError::PeerLost(1)))
         );
         assert_eq!(
-            ready(ep.poll_get(&get)),
+            ready(ep.poll_op(&mut tx, &mut get, None)),
             Err(AmError::PeerLost(1)),
             "seed {seed}"
         );
@@ -754,10 +757,11 @@ fn exit_from_one_rank_reaches_every_other_rank() {
 fn an_aborted_job_fails_every_send_and_every_retry() {
     let (mut c, _) = cluster(Shape::new(3), 0);
     c.net.aborted = true;
+    let mut b = harness::Barriers::default();
     for _ in 0..2 {
         let (ep, mut tx) = c.wire(1);
         assert_eq!(
-            ep.barrier_step(&mut tx),
+            b.step(1, ep, &mut tx),
             Poll::Ready(Err(AmError::JobAborted))
         );
     }

@@ -24,6 +24,8 @@ mod tiny_device {
     am_core::conformance_tests!(super::tiny);
 }
 
+mod by_messages;
+
 // Loopback's atomics, puts and gets are copies into the target's memory: the target does
 // not poll while they complete, and a departed one is refused.
 am_core::nic_rma_tests!(roomy);
@@ -32,58 +34,7 @@ am_core::nic_rma_tests!(roomy);
 /// run the core's system-message path (the one UDP takes), against a target that serves
 /// them in its progress.
 mod rma_by_message {
-    use std::time::Duration;
-
-    use am_core::{
-        Capabilities, Delivery, Limits, Loopback, Outgoing, Rank, SendError, SharedBytes,
-        Transport, TransportError, Tx,
-    };
-
-    pub struct NoDirectRma(Loopback);
-
-    impl Tx for NoDirectRma {
-        fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-            self.0.try_send(dest, msg)
-        }
-    }
-
-    impl Transport for NoDirectRma {
-        fn name(&self) -> &'static str {
-            "loopback-no-direct-rma"
-        }
-        fn rank(&self) -> Rank {
-            self.0.rank()
-        }
-        fn size(&self) -> u32 {
-            self.0.size()
-        }
-        fn limits(&self) -> Limits {
-            self.0.limits()
-        }
-        fn segment(&self) -> SharedBytes<'_> {
-            self.0.segment()
-        }
-        fn poll_recv<R>(
-            &mut self,
-            f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
-        ) -> Result<Option<R>, TransportError> {
-            self.0.poll_recv(f)
-        }
-        fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-            self.0.wait(timeout)
-        }
-        /// Loopback's, less puts, gets and atomics.
-        fn capabilities(&self) -> Capabilities {
-            let mut caps = self.0.capabilities();
-            caps.put = false;
-            caps.get = false;
-            caps.atomics = false;
-            caps
-        }
-        fn close(&mut self) {
-            self.0.close()
-        }
-    }
+    use super::by_messages::NoDirectRma;
 
     fn cluster(ranks: u32, segment_size: usize) -> Vec<NoDirectRma> {
         super::tiny(ranks, segment_size)

@@ -43,23 +43,23 @@ fn a_nic_that_reaches_peers_does_puts_gets_and_atomics_itself() {
     let mut c = cluster(3, true);
     let data: Vec<u8> = (0..3000).map(|i| (i % 251) as u8).collect();
     let (ep, mut tx) = c.wire(0);
-    let put = ready(ep.put_start(&mut tx, 2, 64, &data)).unwrap();
+    let mut put = ready(ep.put_start(&mut tx, 2, 64, &data)).unwrap();
     assert!(
-        ep.put_done(&put),
+        ep.is_complete(&put) && put.is_ready(),
         "placed by the NIC: complete when started"
     );
     assert_eq!(ready(ep.put_step(&mut tx, &put, &data)), Ok(()));
-    assert_eq!(ready(ep.poll_put(&put)), Ok(()));
-    let get = ready(ep.get_start(&mut tx, 2, 64, data.len())).unwrap();
-    assert_eq!(ready(ep.poll_get(&get)), Ok(data.clone()));
+    assert_eq!(ready(ep.poll_op(&mut tx, &mut put, None)), Ok(()));
+    let mut get = ready(ep.get_start(&mut tx, 2, 64, data.len())).unwrap();
+    assert_eq!(ready(ep.poll_op(&mut tx, &mut get, None)), Ok(data.clone()));
     let mut into = vec![0; 100];
     assert!(ready(ep.get_into_start(&mut tx, 2, 64, &mut into))
         .unwrap()
-        .is_none());
+        .is_ready());
     assert_eq!(into, data[..100]);
-    let atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
-    assert!(atomic.is_applied());
-    assert_eq!(ready(ep.poll_atomic(&atomic)), Ok(0));
+    let mut atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
+    assert!(atomic.is_ready());
+    assert_eq!(ready(ep.poll_op(&mut tx, &mut atomic, None)), Ok(0));
     assert!(c.net.sent.is_empty(), "no message: {:?}", c.net.sent);
     let ops: Vec<_> = c.net.nic_ops.iter().map(|o| o.3).collect();
     assert_eq!(ops, ["put", "get", "get", "atomic"]);
@@ -74,9 +74,9 @@ fn without_such_a_nic_they_travel_as_messages() {
     let mut c = cluster(3, false);
     let (ep, mut tx) = c.wire(0);
     let put = ready(ep.put_start(&mut tx, 2, 64, &[7; 10])).unwrap();
-    assert!(!ep.put_done(&put));
-    let atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
-    assert!(!atomic.is_applied());
+    assert!(!ep.is_complete(&put));
+    let mut atomic = ready(ep.atomic_start(&mut tx, 1, 8, AtomicOp::FetchAdd(5u64))).unwrap();
+    assert!(!atomic.is_ready());
     assert!(c.net.sent.is_empty(), "nothing goes out before a step");
     c.drive(&[0], |_, ep, tx| ep.put_step(tx, &put, &[7; 10]))[0]
         .clone()
@@ -86,14 +86,14 @@ fn without_such_a_nic_they_travel_as_messages() {
         .clone()
         .unwrap()
         .unwrap();
-    let old = c.drive(&[0], |_, ep, _| ep.poll_atomic(&atomic))[0]
+    let old = c.drive(&[0], |_, ep, tx| ep.poll_op(tx, &mut atomic, None))[0]
         .clone()
         .unwrap();
     assert_eq!(old, Ok(0));
     assert!(c.net.nic_ops.is_empty());
     assert_eq!(word(&c, 1, 8), 5);
     c.settle();
-    assert!(c.nodes[0].ep.put_done(&put));
+    assert!(c.nodes[0].ep.is_complete(&put));
 }
 
 #[test]
@@ -108,7 +108,7 @@ fn a_busy_nic_leaves_the_operation_unstarted_until_it_is_free() {
     assert_eq!(word(&c, 1, 0), 0, "nothing was done while busy");
     let (ep, mut tx) = c.wire(0);
     let put = ready(ep.put_start(&mut tx, 1, 0, &[9; 8])).unwrap();
-    assert!(ep.put_done(&put));
+    assert!(ep.is_complete(&put));
     assert_eq!(word(&c, 1, 0), u64::from_le_bytes([9; 8]));
 }
 
@@ -117,7 +117,7 @@ fn posted_atomics_reach_the_nic_in_one_batch_before_a_later_request() {
     let mut c = cluster(2, true);
     let (ep, mut tx) = c.wire(0);
     for i in 0..3 {
-        ready(ep.atomic_post(&mut tx, 1, 8 * i, AtomicOp::FetchAdd(i as u64 + 1))).unwrap();
+        ready(ep.atomic_nbi(&mut tx, 1, 8 * i, AtomicOp::FetchAdd(i as u64 + 1))).unwrap();
     }
     assert!(
         c.net.nic_ops.is_empty(),
@@ -141,17 +141,17 @@ fn a_full_posted_queue_behind_a_busy_nic_takes_no_more() {
     c.net.rma_busy[0] = 2;
     let (ep, mut tx) = c.wire(0);
     for i in 0..64 {
-        ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap_or_else(|e| {
+        ready(ep.atomic_nbi(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap_or_else(|e| {
             panic!("post {i}: {e}");
         });
     }
     // The 64th filled the batch and met a busy NIC; the 65th finds it busy again.
     assert!(ep
-        .atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))
+        .atomic_nbi(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))
         .is_pending());
     assert_eq!(word(&c, 1, 0), 0);
     let (ep, mut tx) = c.wire(0);
-    ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    ready(ep.atomic_nbi(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
     assert_eq!(word(&c, 1, 0), 64, "the full batch, in one go");
     let (ep, mut tx) = c.wire(0);
     ready(ep.apply_posted(&mut tx)).unwrap();
@@ -162,10 +162,11 @@ fn a_full_posted_queue_behind_a_busy_nic_takes_no_more() {
 fn posted_atomics_by_messages_go_first_and_a_barrier_waits_for_their_answers() {
     for seed in 0..20 {
         let mut c = Cluster::started(Shape::new(3), seed, |_| handlers());
+        let mut b = harness::Barriers::default();
         c.net.sent.clear();
         let (ep, mut tx) = c.wire(0);
-        ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(3u64))).unwrap();
-        ready(ep.atomic_post(&mut tx, 2, 8, AtomicOp::Store(9u64))).unwrap();
+        ready(ep.atomic_nbi(&mut tx, 1, 0, AtomicOp::FetchAdd(3u64))).unwrap();
+        ready(ep.atomic_nbi(&mut tx, 2, 8, AtomicOp::Store(9u64))).unwrap();
         assert!(
             c.net.sent.is_empty(),
             "queued, to go one message per target"
@@ -173,14 +174,14 @@ fn posted_atomics_by_messages_go_first_and_a_barrier_waits_for_their_answers() {
         // Rank 0's barrier sends them first, and nothing else until both are answered; then
         // every rank leaving it sees them.
         let (ep, mut tx) = c.wire(0);
-        assert!(ep.barrier_step(&mut tx).is_pending());
+        assert!(b.step(0, ep, &mut tx).is_pending());
         assert_eq!(ep.posted_in_flight(), 2, "sent, answers awaited");
         assert_eq!(
             c.net.sent,
             [(0, 1, false), (0, 2, false)],
             "seed {seed}: no barrier message yet"
         );
-        c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+        c.drive_all(|r, ep, tx| b.step(r, ep, tx))
             .into_iter()
             .for_each(|r| r.unwrap());
         assert_eq!((word(&c, 1, 0), word(&c, 2, 8)), (3, 9), "seed {seed}");
@@ -192,8 +193,8 @@ fn posted_atomics_by_messages_go_first_and_a_barrier_waits_for_their_answers() {
 fn a_posted_atomic_to_a_lost_rank_fails_the_call_that_applies_it() {
     let mut c = cluster(3, true);
     let (ep, mut tx) = c.wire(0);
-    ready(ep.atomic_post(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
-    ready(ep.atomic_post(&mut tx, 2, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    ready(ep.atomic_nbi(&mut tx, 1, 0, AtomicOp::FetchAdd(1u64))).unwrap();
+    ready(ep.atomic_nbi(&mut tx, 2, 0, AtomicOp::FetchAdd(1u64))).unwrap();
     c.net.lost[1] = true;
     let (ep, mut tx) = c.wire(0);
     assert_eq!(
@@ -216,6 +217,7 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
     let mut c = Cluster::started(shape, 7, |_| handlers());
     c.net.rma = false;
     c.net.sent.clear();
+    let mut b = harness::Barriers::default();
     let (ep, mut tx) = c.wire(0);
     // Interleaved targets, and on each target's words an order that matters (a store, then
     // adds): 70 to rank 1, 20 to rank 2, 10 to rank 0 itself.
@@ -230,7 +232,7 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
         } else {
             AtomicOp::FetchAdd(i)
         };
-        ready(ep.atomic_post(&mut tx, dest, word, op)).unwrap();
+        ready(ep.atomic_nbi(&mut tx, dest, word, op)).unwrap();
     }
     let (ep, mut tx) = c.wire(0);
     ready(ep.apply_posted(&mut tx)).unwrap();
@@ -242,7 +244,7 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
     // The 64th post filled the queue and sent it: 43 to rank 1 and 14 to rank 2 in one
     // message each (rank 0's own 7 applied here); `apply_posted` sent the other 27 and 6.
     assert_eq!(to, [0, 2, 2], "one message per target and queue");
-    c.drive_all(|_, ep, tx| ep.barrier_step(tx))
+    c.drive_all(|r, ep, tx| b.step(r, ep, tx))
         .into_iter()
         .for_each(|r| r.unwrap());
     // Replayed in order, word by word.

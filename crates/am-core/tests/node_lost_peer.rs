@@ -138,7 +138,7 @@ fn a_lost_peer_fails_fast_and_the_rest_goes_on() {
                     node.try_request_short(VICTIM, REQ, &[]),
                     Err(TryRequestError::Failed(AmError::PeerLost(VICTIM)))
                 ));
-                assert_eq!(node.wait_get(get), Err(AmError::PeerLost(VICTIM)));
+                assert_eq!(node.wait(get), Err(AmError::PeerLost(VICTIM)));
                 assert_eq!(node.put(VICTIM, 0, &[1]), Err(AmError::PeerLost(VICTIM)));
                 // The living peer still answers, and quiesce does not wait for the victim.
                 node.request_short(1, REQ, &[]).unwrap();
@@ -389,7 +389,7 @@ fn a_busy_nic_is_waited_out() {
             // (`each_posted_stops_at_busy_only` checks a stop half way through a batch.)
             busy[0].store(3, Ordering::SeqCst);
             for k in 0..16u64 {
-                node.atomic_post(1, 24, AtomicOp::FetchAdd(1u64 << k))
+                node.atomic_nbi(1, 24, AtomicOp::FetchAdd(1u64 << k))
                     .unwrap();
             }
             node.quiesce().unwrap();

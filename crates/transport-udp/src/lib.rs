@@ -48,7 +48,7 @@
 //!   rank gets [`DEFAULT_CREDITS`] (128) per peer rather than the core's 32: a round trip
 //!   here is ten microseconds or more, and a sender that may have only 32 small messages in
 //!   flight would leave the link idle for most of it. Posted atomics
-//!   ([`am_core::Node::atomic_post`]) travel as one message per target for all that were
+//!   ([`am_core::Node::atomic_nbi`]) travel as one message per target for all that were
 //!   queued for it.
 //! - **Lost peers**: a peer from which nothing authentic arrived, or which acknowledged none of
 //!   the data waiting for it, for `AM_PEER_TIMEOUT_MS` (default 30 s) of this rank's polled

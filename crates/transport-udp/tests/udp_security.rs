@@ -552,7 +552,7 @@ fn fetching_atomics_not_yet_waited_for_share_datagrams() {
                 })
                 .collect();
             for h in handles {
-                olds.push(node.wait_atomic(h).unwrap());
+                olds.push(node.wait(h).unwrap());
             }
         }
         node.barrier().unwrap();

@@ -68,25 +68,23 @@ impl<H: Threading> Endpoint<H> {
         true
     }
 
-    /// Ends the puts, gets and atomics in flight with `peer` with `error` (nothing more
-    /// comes); detached ones are freed.
+    /// Ends the puts, gets, atomics and calls in flight with `peer` with `error` (nothing
+    /// more comes): their waiters are woken, detached ones freed.
     pub(super) fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
-        let mut freed = Vec::new();
-        for (i, slot) in self.ops.iter_mut().enumerate() {
+        for i in 0..self.ops.len() {
+            let slot = &mut self.ops[i];
             if !slot.live || slot.peer != peer {
                 continue;
             }
-            if slot.detached {
-                freed.push(i as u32);
-            } else if slot.outstanding > 0 || slot.sent < slot.len {
+            if slot.outstanding > 0 || slot.sent < slot.len {
                 slot.outstanding = 0;
                 slot.len = slot.sent;
                 slot.error.get_or_insert_with(|| error.clone());
             }
+            self.settle(i as u32);
         }
-        for i in freed {
-            self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
-            let _ = self.finish_op(i);
+        if let Some(site) = &self.handlers.calls {
+            site.calls.fail_to(peer, &error);
         }
     }
 
@@ -146,36 +144,6 @@ impl<H: Threading> Endpoint<H> {
     /// The calls in flight of this endpoint's handler table (`None`: no callable handler).
     pub(crate) fn calls(&self) -> Option<std::sync::Arc<crate::call::Calls>> {
         self.handlers.calls.as_ref().map(|s| s.calls.clone())
-    }
-
-    /// Opens a call to `dest` ([`crate::Node::call`]): the calls in flight, the call's number,
-    /// and the request's arguments (the number, then `args`). Fails if the table has no
-    /// callable handler or `args` leaves no room for the number.
-    pub(crate) fn open_call(
-        &self,
-        dest: Rank,
-        handler: crate::types::HandlerId,
-        args: &[u32],
-    ) -> Result<
-        (
-            std::sync::Arc<crate::call::Calls>,
-            u32,
-            [u32; crate::wire::MAX_ARGS],
-        ),
-        AmError,
-    > {
-        let Some(site) = &self.handlers.calls else {
-            return Err(AmError::NotRegistered {
-                handler,
-                category: crate::types::Category::Request,
-                kind: crate::types::AmKind::Medium,
-            });
-        };
-        // Checked before the call is opened: a refused call leaves nothing to close.
-        let mut words = crate::call::numbered(0, args)?;
-        let number = site.calls.open(dest);
-        words[0] = number;
-        Ok((site.calls.clone(), number, words))
     }
 
     /// Sends this endpoint holds back for a later poll: replies the device refused, implicit

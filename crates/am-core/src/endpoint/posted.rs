@@ -7,7 +7,7 @@
 
 use std::task::Poll;
 
-use super::state::{Endpoint, POSTED_ATOMICS};
+use super::state::{Detached, Endpoint, POSTED_ATOMICS};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Posted};
 use crate::error::AmError;
 use crate::handler::Threading;
@@ -16,14 +16,14 @@ use crate::transport::Transport;
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
-    /// Posts a non-fetching remote atomic ([`crate::Node::atomic_post`]): checked now, queued
+    /// Posts a non-fetching remote atomic ([`crate::Node::atomic_nbi`]): checked now, queued
     /// behind the atomics posted before it, and applied by the time any later operation of
     /// this rank goes out, or by [`Endpoint::apply_posted`]. A full queue (or one of the other
     /// path: NIC or messages) is applied first: `Pending` if it cannot be yet, and nothing was
     /// posted (make progress and call again). Atomics that travel as messages wait in the
     /// queue too, so that each target gets those of a whole queue in one message. Errors of
     /// atomics applied in this call (a lost target) are returned here.
-    pub fn atomic_post<T: Transport + ?Sized, W: AtomicWord>(
+    pub fn atomic_nbi<T: Transport + ?Sized, W: AtomicWord>(
         &mut self,
         t: &mut T,
         dest: Rank,
@@ -181,7 +181,7 @@ impl<H: Threading> Endpoint<H> {
         step: Poll<Result<(), AmError>>,
     ) -> Poll<Result<(), AmError>> {
         match step {
-            Poll::Ready(Ok(())) => self.detach_op(index, gen),
+            Poll::Ready(Ok(())) => self.detach_op(index, gen, Detached::Posted),
             _ => {
                 let _ = self.finish_op(index);
             }
@@ -206,7 +206,7 @@ impl<H: Threading> Endpoint<H> {
         self.settle_posted(index, gen, step)
     }
 
-    /// Posted atomics sent as messages ([`Endpoint::atomic_post`]) still waiting for their
+    /// Posted atomics sent as messages ([`Endpoint::atomic_nbi`]) still waiting for their
     /// reply: a barrier waits for none to be left, so that what a rank posted is applied at
     /// its target before anyone leaves the barrier.
     pub fn posted_in_flight(&self) -> u32 {

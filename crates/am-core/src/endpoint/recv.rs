@@ -739,21 +739,17 @@ impl<H: Threading> Endpoint<H> {
                     .filter(|s| s.atomic.is_some())
                     .ok_or_else(bad)?;
                 slot.outstanding -= 1;
-                if slot.detached {
-                    // Its result is nobody's: the slot is free again (an error was checked
-                    // away at the initiator, or is a loss reported anyway).
-                    self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
-                    let _ = self.finish_op(op);
-                    return Ok(());
-                }
                 if ok {
-                    slot.data = old.to_le_bytes().to_vec();
+                    slot.word = old;
                 } else {
                     slot.error.get_or_insert(misbehaved(
                         src,
                         Misbehavior::OutOfSegment { offset: 0, len: 0 },
                     ));
                 }
+                // A detached one's result is nobody's: the slot is free again (an error
+                // was checked away at the initiator, or is a loss reported anyway).
+                self.settle(op);
                 Ok(())
             }
             SystemMsg::PutDone { op, ok } => {
@@ -768,6 +764,7 @@ impl<H: Threading> Endpoint<H> {
                     ));
                 }
                 slot.outstanding = slot.outstanding.saturating_sub(1);
+                self.settle(op);
                 Ok(())
             }
             SystemMsg::GetData { op, at, ok } => {
@@ -776,25 +773,28 @@ impl<H: Threading> Endpoint<H> {
                     .filter(|s| s.atomic.is_none())
                     .ok_or_else(bad)?;
                 slot.outstanding = slot.outstanding.saturating_sub(1);
-                if !ok {
+                let landed = if !ok {
                     if slot.error.is_none() {
                         slot.error = Some(misbehaved(
                             src,
                             Misbehavior::OutOfSegment { offset: 0, len: 0 },
                         ));
                     }
-                    return Ok(());
-                }
-                match segment_range(at, medium.len() as u64, slot.data.len()) {
-                    Some(r) => match medium {
-                        Payload::Private(b) => {
-                            slot.data[r].copy_from_slice(b);
-                            Ok(())
-                        }
-                        Payload::Shared(s) => s.read(0, &mut slot.data[r]).map_err(shm_err),
-                    },
-                    None => Err(bad()),
-                }
+                    Ok(())
+                } else {
+                    match segment_range(at, medium.len() as u64, slot.data.len()) {
+                        Some(r) => match medium {
+                            Payload::Private(b) => {
+                                slot.data[r].copy_from_slice(b);
+                                Ok(())
+                            }
+                            Payload::Shared(s) => s.read(0, &mut slot.data[r]).map_err(shm_err),
+                        },
+                        None => Err(bad()),
+                    }
+                };
+                self.settle(op);
+                landed
             }
             _ => Err(bad()),
         }

@@ -1,32 +1,33 @@
 //! One-sided operations: puts, gets and remote atomics, and the operation slots that track
 //! those sent as messages.
 
-use std::marker::PhantomData;
+use std::sync::Arc;
 use std::task::{ready, Poll};
 
-use super::handles::{AtomicHandle, AtomicState, GetHandle, PutHandle};
-use super::state::{Endpoint, OpSlot};
+use super::state::{Detached, Endpoint, OpSlot};
 use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
 use crate::error::{AmError, SendError};
 use crate::handler::Threading;
+use crate::op::{Op, Outcome, Raw, State};
 use crate::protocol::SystemMsg;
 use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
-    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::Node::put_nb`]),
-    /// after the posted atomics ([`Endpoint::atomic_post`]). Where the NIC writes peers'
-    /// memory itself ([`Transport::put`]) the bytes are placed now and the handle is
-    /// complete; a put to this rank is a copy into `t`'s segment; otherwise the put goes as
-    /// AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet (posted
-    /// atomics or the NIC wait for the device, or for credits): make progress and call again.
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::op::Put`]), after
+    /// the posted atomics ([`Endpoint::atomic_nbi`]). Where the NIC writes peers' memory
+    /// itself ([`Transport::put`]) the bytes are placed now and the handle is complete
+    /// ([`Op::is_ready`]); a put to this rank is a copy into `t`'s segment; otherwise the put
+    /// goes as AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet
+    /// (posted atomics or the NIC wait for the device, or for credits): make progress and
+    /// call again.
     pub fn put_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         dest: Rank,
         offset: usize,
         data: &[u8],
-    ) -> Poll<Result<PutHandle, AmError>> {
+    ) -> Poll<Result<Op<()>, AmError>> {
         if let Err(e) = self.check_rma(dest, offset, data.len()) {
             return Poll::Ready(Err(e));
         }
@@ -38,7 +39,7 @@ impl<H: Threading> Endpoint<H> {
         } else {
             if !t.capabilities().put {
                 let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
-                return Poll::Ready(Ok(PutHandle { index, gen }));
+                return Poll::Ready(Ok(self.slot_op(index, gen)));
             }
             // Posted atomics sent as messages must have been answered: the NIC's write may
             // overtake a message (a transport with RMA but atomics by messages).
@@ -51,7 +52,7 @@ impl<H: Threading> Endpoint<H> {
                 Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
             }
         }
-        Poll::Ready(Ok(self.put_placed(dest, offset, data.len())))
+        Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
@@ -60,13 +61,38 @@ impl<H: Threading> Endpoint<H> {
     pub fn put_step(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
-        handle: &PutHandle,
+        op: &Op<()>,
         data: &[u8],
     ) -> Poll<Result<(), AmError>> {
-        self.op_step(tx, handle.index, handle.gen, Some(data))
+        match self.slot_of(op) {
+            Ok(Some((index, gen))) => self.op_step(tx, index, gen, Some(data)),
+            Ok(None) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
-    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::Node::get_nb`]),
+    /// The handle of an operation in the table.
+    pub(super) fn slot_op<U: Outcome>(&self, index: u32, gen: u32) -> Op<U> {
+        Op::new(State::Slot {
+            index,
+            gen,
+            table: self.orphans.clone(),
+        })
+    }
+
+    /// The table slot a handle names: `None` for one complete when started, an error for
+    /// one of another endpoint or already completed.
+    pub(super) fn slot_of<U: Outcome>(&self, op: &Op<U>) -> Result<Option<(u32, u32)>, AmError> {
+        match &op.state {
+            State::Ready(_) => Ok(None),
+            State::Slot { index, gen, table } if Arc::ptr_eq(table, &self.orphans) => {
+                Ok(Some((*index, *gen)))
+            }
+            _ => Err(AmError::StaleHandle),
+        }
+    }
+
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::op::Get`]),
     /// after the posted atomics. Where the NIC reads peers' memory itself ([`Transport::get`])
     /// or `src` is this rank, the bytes are read now and the handle is complete; otherwise
     /// [`Endpoint::get_step`] sends the requests that `src`'s progress answers. `Pending`
@@ -77,7 +103,7 @@ impl<H: Threading> Endpoint<H> {
         src: Rank,
         offset: usize,
         len: usize,
-    ) -> Poll<Result<GetHandle, AmError>> {
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
         // Checked before the bytes are allocated.
         if let Err(e) = self.check_rma(src, offset, len) {
             return Poll::Ready(Err(e));
@@ -85,35 +111,36 @@ impl<H: Threading> Endpoint<H> {
         ready!(self.apply_posted(t))?;
         let mut data = vec![0; len];
         match self.read_now(t, src, offset, &mut data) {
-            Poll::Ready(Ok(true)) => Poll::Ready(Ok(self.get_fetched(src, offset, data))),
+            Poll::Ready(Ok(true)) => Poll::Ready(Ok(Op::ready(Raw::Bytes(data)))),
             Poll::Ready(Ok(false)) => {
                 let (index, gen) = self.alloc_op(src, offset, len, data);
-                Poll::Ready(Ok(GetHandle { index, gen }))
+                Poll::Ready(Ok(self.slot_op(index, gen)))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
     }
 
-    /// Starts a get into `dst`, a buffer of the caller's ([`crate::Node::get_into_nb`]), as
-    /// [`Endpoint::get_start`]: `None` once the bytes are in `dst`; otherwise the handle of
-    /// the get by messages, whose data ([`Endpoint::poll_get`]) the caller copies into `dst`.
+    /// Starts a get into `dst`, a buffer of the caller's ([`crate::op::GetInto`], which
+    /// gives the handle `dst` to fill), as [`Endpoint::get_start`]: a handle complete when
+    /// started once the bytes are in `dst`; otherwise the get by messages, whose bytes its
+    /// completion copies into `dst`.
     pub fn get_into_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         src: Rank,
         offset: usize,
         dst: &mut [u8],
-    ) -> Poll<Result<Option<GetHandle>, AmError>> {
+    ) -> Poll<Result<Op<()>, AmError>> {
         if let Err(e) = self.check_rma(src, offset, dst.len()) {
             return Poll::Ready(Err(e));
         }
         ready!(self.apply_posted(t))?;
         match ready!(self.read_now(t, src, offset, dst))? {
-            true => Poll::Ready(Ok(None)),
+            true => Poll::Ready(Ok(Op::ready(Raw::Unit))),
             false => {
                 let (index, gen) = self.alloc_op(src, offset, dst.len(), vec![0; dst.len()]);
-                Poll::Ready(Ok(Some(GetHandle { index, gen })))
+                Poll::Ready(Ok(self.slot_op(index, gen)))
             }
         }
     }
@@ -147,13 +174,18 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// A step of sending a get's requests, as [`Endpoint::put_step`].
-    pub fn get_step(
+    /// A step of sending a get's requests, as [`Endpoint::put_step`] (a get into a new
+    /// `Vec` or into a caller's buffer).
+    pub fn get_step<U: Outcome>(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
-        handle: &GetHandle,
+        op: &Op<U>,
     ) -> Poll<Result<(), AmError>> {
-        self.op_step(tx, handle.index, handle.gen, None)
+        match self.slot_of(op) {
+            Ok(Some((index, gen))) => self.op_step(tx, index, gen, None),
+            Ok(None) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
     /// Checks a put or get of `len` bytes at `offset` of `peer`'s segment before anything is
@@ -165,21 +197,6 @@ impl<H: Threading> Endpoint<H> {
             Poll::Ready(e) => Err(e),
             Poll::Pending => Ok(()),
         }
-    }
-
-    /// The handle of a put already placed in `dest`'s segment: complete.
-    fn put_placed(&mut self, dest: Rank, offset: usize, len: usize) -> PutHandle {
-        let (index, gen) = self.alloc_op(dest, offset, len, Vec::new());
-        self.ops[index as usize].sent = len;
-        PutHandle { index, gen }
-    }
-
-    /// The handle of a get whose `data` was already read from `src`'s segment: complete.
-    fn get_fetched(&mut self, src: Rank, offset: usize, data: Vec<u8>) -> GetHandle {
-        let len = data.len();
-        let (index, gen) = self.alloc_op(src, offset, len, data);
-        self.ops[index as usize].sent = len;
-        GetHandle { index, gen }
     }
 
     /// Checks an atomic on the word at `offset` of `dest`'s segment before anything is done:
@@ -206,17 +223,17 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a remote atomic on the word at `offset` of `dest`'s segment
-    /// ([`crate::Node::atomic_nb`]), after the posted atomics. Where the NIC applies atomics
+    /// ([`crate::op::Atomic`]), after the posted atomics. Where the NIC applies atomics
     /// itself ([`Transport::atomic`]) or `dest` is this rank, it is applied now and the handle
     /// holds the old value; otherwise [`Endpoint::atomic_step`] sends it as a system message
     /// that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].
-    pub fn atomic_start<T: Transport + ?Sized, W: AtomicWord>(
+    pub fn atomic_start<T: Transport + ?Sized, W: AtomicWord + Outcome>(
         &mut self,
         t: &mut T,
         dest: Rank,
         offset: usize,
         op: AtomicOp<W>,
-    ) -> Poll<Result<AtomicHandle<W>, AmError>> {
+    ) -> Poll<Result<Op<W>, AmError>> {
         let atomic = Atomic::from(op);
         if let Err(e) = self.check_atomic(dest, offset, &atomic) {
             return Poll::Ready(Err(e));
@@ -225,18 +242,15 @@ impl<H: Threading> Endpoint<H> {
         if dest == self.rank {
             return Poll::Ready(
                 self.apply_here(t.segment(), offset, atomic)
-                    .map(AtomicHandle::applied),
+                    .map(|old| Op::ready(Raw::Word(old))),
             );
         }
         if !t.capabilities().atomics {
             let (index, gen) = self.alloc_atomic(dest, offset, atomic);
-            return Poll::Ready(Ok(AtomicHandle {
-                state: AtomicState::Op { index, gen },
-                width: PhantomData,
-            }));
+            return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
         match t.atomic(dest, offset, atomic) {
-            Ok(old) => Poll::Ready(Ok(AtomicHandle::applied(old))),
+            Ok(old) => Poll::Ready(Ok(Op::ready(Raw::Word(old)))),
             Err(SendError::Busy) => Poll::Pending,
             Err(e) => Poll::Ready(Err(self.nic_failed(e))),
         }
@@ -257,68 +271,67 @@ impl<H: Threading> Endpoint<H> {
 
     /// An operation slot for an atomic sent as a system message.
     pub(super) fn alloc_atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> (u32, u32) {
-        let (index, gen) = self.alloc_op(dest, offset, 1, vec![0; 8]);
+        let (index, gen) = self.alloc_op(dest, offset, 1, Vec::new());
         self.ops[index as usize].atomic = Some(atomic);
         (index, gen)
     }
 
     /// A step of sending an atomic, as [`Endpoint::put_step`]: ready once it is sent (at
     /// once if it was applied when started).
-    pub fn atomic_step<W: AtomicWord>(
+    pub fn atomic_step<W: AtomicWord + Outcome>(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
-        handle: &AtomicHandle<W>,
+        op: &Op<W>,
     ) -> Poll<Result<(), AmError>> {
-        match handle.state {
-            AtomicState::Done(_) => Poll::Ready(Ok(())),
-            AtomicState::Op { index, gen } => self.op_step(tx, index, gen, None),
-        }
+        self.get_step(tx, op)
     }
 
-    /// Lets an atomic complete with nobody waiting for its result (a non-fetching atomic,
-    /// [`crate::Node::atomic_post`]): its operation slot is freed when the reply comes (or
-    /// now, if it came). [`Endpoint::is_quiet`] still waits for it, by its credit.
-    pub fn detach_atomic<W: AtomicWord>(&mut self, handle: AtomicHandle<W>) {
-        if let AtomicState::Op { index, gen } = handle.state {
-            self.detach_op(index, gen);
+    /// Leaves an operation slot to complete with nobody waiting for its result: freed when
+    /// its last answer comes (or now, if nothing is out or all came), after `how` says what
+    /// to count meanwhile.
+    pub(super) fn detach_op(&mut self, index: u32, gen: u32, how: Detached) {
+        let Some(slot) = self.op(index, gen) else {
+            return;
+        };
+        slot.waker = None;
+        // Nobody steps a detached operation: what was not sent never will be.
+        slot.len = slot.sent;
+        slot.detached = how;
+        match how {
+            Detached::Posted => self.detached_in_flight += 1,
+            Detached::Implicit => self.nbi_in_flight += 1,
+            Detached::No | Detached::Dropped => {}
         }
+        self.settle(index);
     }
 
-    /// [`Endpoint::detach_atomic`] of an operation slot.
-    pub(super) fn detach_op(&mut self, index: u32, gen: u32) {
-        let unsent = self.op(index, gen).is_some_and(|s| s.sent < s.len);
-        if unsent || self.op_done(index, gen) {
-            // Nothing out (or its reply in): nothing to wait for.
-            if self.op(index, gen).is_some() {
+    /// What an operation slot whose answers changed does next: once every chunk is sent and
+    /// answered, its waiter is woken, or (detached) it is freed, counted out, and (in the
+    /// implicit set) its error kept for the set.
+    pub(super) fn settle(&mut self, index: u32) {
+        let slot = &mut self.ops[index as usize];
+        if !slot.live || slot.outstanding > 0 || slot.sent < slot.len {
+            return;
+        }
+        match slot.detached {
+            Detached::No => {
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
+                    self.woken += 1;
+                }
+            }
+            Detached::Posted => {
+                self.detached_in_flight = self.detached_in_flight.saturating_sub(1);
                 let _ = self.finish_op(index);
             }
-        } else if let Some(slot) = self.op(index, gen) {
-            slot.detached = true;
-            self.detached_in_flight += 1;
-        }
-    }
-
-    /// Completes an atomic once its result is back: the word's old value.
-    pub fn poll_atomic<W: AtomicWord>(
-        &mut self,
-        handle: &AtomicHandle<W>,
-    ) -> Poll<Result<W, AmError>> {
-        match handle.state {
-            AtomicState::Done(old) => Poll::Ready(Ok(W::narrow(old))),
-            AtomicState::Op { index, gen } => {
-                // Only an atomic's slot (a handle from another endpoint could name a get's).
-                if self.op(index, gen).is_none_or(|s| s.atomic.is_none()) {
-                    return Poll::Ready(Err(AmError::StaleHandle));
+            Detached::Dropped => {
+                let _ = self.finish_op(index);
+            }
+            Detached::Implicit => {
+                self.nbi_in_flight = self.nbi_in_flight.saturating_sub(1);
+                if let Err(e) = self.finish_op(index) {
+                    self.nbi_error.get_or_insert(e);
                 }
-                self.poll_op(index, gen).map(|r| {
-                    r.and_then(|data| {
-                        let old: [u8; 8] = data
-                            .get(..8)
-                            .and_then(|b| b.try_into().ok())
-                            .ok_or(AmError::StaleHandle)?;
-                        Ok(W::narrow(u64::from_le_bytes(old)))
-                    })
-                })
             }
         }
     }
@@ -402,27 +415,6 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// True once a put has completed (or its handle is stale): every chunk was sent and
-    /// has landed.
-    pub fn put_done(&self, handle: &PutHandle) -> bool {
-        self.op_done(handle.index, handle.gen)
-    }
-
-    /// True once every chunk of a get has arrived (or it failed): polling it is then ready.
-    pub fn get_done(&self, handle: &GetHandle) -> bool {
-        self.op_done(handle.index, handle.gen)
-    }
-
-    /// Completes a put once every chunk was sent and has landed in the target's segment.
-    pub fn poll_put(&mut self, handle: &PutHandle) -> Poll<Result<(), AmError>> {
-        self.poll_op(handle.index, handle.gen).map(|r| r.map(drop))
-    }
-
-    /// Completes a get once every chunk was sent and answered: its data.
-    pub fn poll_get(&mut self, handle: &GetHandle) -> Poll<Result<Vec<u8>, AmError>> {
-        self.poll_op(handle.index, handle.gen)
-    }
-
     pub(super) fn op_done(&self, index: u32, gen: u32) -> bool {
         self.ops
             .get(index as usize)
@@ -430,9 +422,9 @@ impl<H: Threading> Endpoint<H> {
             .is_none_or(|s| s.outstanding == 0 && s.sent >= s.len)
     }
 
-    /// Completes an operation: a get's data (empty for a put) or the operation's error. A
-    /// stale handle is [`AmError::StaleHandle`].
-    pub(crate) fn poll_op(&mut self, index: u32, gen: u32) -> Poll<Result<Vec<u8>, AmError>> {
+    /// Completes an operation of the table: a get's data, an atomic's old value, or the
+    /// operation's error. A stale handle is [`AmError::StaleHandle`].
+    pub(super) fn poll_slot(&mut self, index: u32, gen: u32) -> Poll<Result<Raw, AmError>> {
         match self.op(index, gen) {
             None => Poll::Ready(Err(AmError::StaleHandle)),
             Some(s) if s.outstanding == 0 && s.sent >= s.len => Poll::Ready(self.finish_op(index)),
@@ -446,7 +438,8 @@ impl<H: Threading> Endpoint<H> {
             .filter(|s| s.live && s.peer == peer && s.outstanding > 0)
     }
 
-    /// Allocates a put/get slot.
+    /// Allocates a put/get slot (after freeing the slots of handles dropped since the last
+    /// look, so the table holds only what is in flight).
     pub(super) fn alloc_op(
         &mut self,
         peer: Rank,
@@ -454,6 +447,7 @@ impl<H: Threading> Endpoint<H> {
         len: usize,
         data: Vec<u8>,
     ) -> (u32, u32) {
+        self.adopt_orphans();
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -472,7 +466,9 @@ impl<H: Threading> Endpoint<H> {
         slot.error = None;
         slot.data = data;
         slot.atomic = None;
-        slot.detached = false;
+        slot.word = 0;
+        slot.detached = Detached::No;
+        slot.waker = None;
         (index, slot.gen)
     }
 
@@ -484,15 +480,19 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Frees a completed slot and returns its result.
-    pub(super) fn finish_op(&mut self, index: u32) -> Result<Vec<u8>, AmError> {
+    pub(super) fn finish_op(&mut self, index: u32) -> Result<Raw, AmError> {
         let slot = &mut self.ops[index as usize];
         slot.live = false;
-        let data = std::mem::take(&mut slot.data);
+        slot.waker = None;
+        let raw = match slot.atomic {
+            Some(_) => Raw::Word(slot.word),
+            None => Raw::Bytes(std::mem::take(&mut slot.data)),
+        };
         let err = slot.error.take();
         self.free_ops.push(index);
         match err {
             Some(e) => Err(e),
-            None => Ok(data),
+            None => Ok(raw),
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The endpoint's state: what one rank knows of the protocol, and how it is made.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::task::Waker;
 
 use crate::atomic::{Atomic, Posted};
 use crate::credit::{CreditPolicy, Policy};
 use crate::error::AmError;
 use crate::handler::{Handlers, Sendable, Threading};
+use crate::op::Orphans;
 use crate::protocol::HelloVerdict;
 use crate::reply::{OwedAcks, Replies};
 use crate::transport::Limits;
@@ -37,10 +40,28 @@ pub(super) struct OpSlot {
     pub(super) outstanding: u32,
     pub(super) error: Option<AmError>,
     pub(super) data: Vec<u8>,
-    /// A remote atomic (one message; its old value lands in `data`) rather than a put or get.
+    /// A remote atomic (one message; its old value lands in `word`) rather than a put or get.
     pub(super) atomic: Option<Atomic>,
-    /// Nobody waits for it ([`Endpoint::detach_atomic`]): freed when its reply comes.
-    pub(super) detached: bool,
+    pub(super) word: u64,
+    /// Who completes it: its handle, or nobody (freed when its last answer comes).
+    pub(super) detached: Detached,
+    /// The task an async wait left, woken when the operation completes.
+    pub(super) waker: Option<Waker>,
+}
+
+/// Who completes an operation in the table.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Detached {
+    /// Its [`Op`](crate::op::Op), which takes its outcome.
+    #[default]
+    No,
+    /// Nobody: a posted atomic sent as a message, counted in
+    /// [`Endpoint::posted_in_flight`] (a barrier waits for it).
+    Posted,
+    /// Nobody: its handle was dropped.
+    Dropped,
+    /// The implicit set ([`Endpoint::implicit`]): its error, if any, is the set's.
+    Implicit,
 }
 
 /// Start-up handshake: everyone tells rank 0 its table digest and segment size, rank 0
@@ -94,10 +115,24 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) replies: Replies,
     pub(super) ops: Vec<OpSlot>,
     pub(super) free_ops: Vec<u32>,
+    /// Where dropped handles leave their slots ([`crate::op::Op`]'s `Drop`).
+    pub(super) orphans: Arc<Orphans>,
+    /// Operations of the implicit set in flight, and the set's first error.
+    pub(super) nbi_in_flight: u32,
+    pub(super) nbi_error: Option<AmError>,
+    /// Async waits woken by completions so far (a driver that sees it change lets the
+    /// runtime run the woken tasks).
+    pub(super) woken: u64,
     pub(super) startup: Startup,
     pub(super) barrier_epoch: u64,
     /// The barrier in progress (also one that returned an error, to resume).
     pub(super) barrier: Option<BarrierAt>,
+    /// How many barriers this rank has left: the barrier of epoch `e` is complete once it
+    /// exceeds `e`.
+    pub(super) barriers_done: u64,
+    /// The barrier in progress returned an error to its waiter: the next barrier resumes it
+    /// rather than starting another.
+    pub(super) barrier_failed: bool,
     pub(super) barrier_arrivals: HashMap<(u64, u8), u32>,
     pub(super) hello: Hello,
     pub(super) hello_digest: u64,
@@ -114,7 +149,7 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     pub(super) scratch: Vec<u8>,
-    /// Posted atomics not applied yet, in order ([`Endpoint::atomic_post`]), all of one path:
+    /// Posted atomics not applied yet, in order ([`Endpoint::atomic_nbi`]), all of one path:
     /// the NIC applies them itself ([`crate::Transport::atomics`]), or they go as messages.
     pub(super) posted: Vec<Posted>,
     pub(super) posted_by_nic: bool,
@@ -189,6 +224,10 @@ impl<H: Threading> Endpoint<H> {
             },
             ops: Vec::new(),
             free_ops: Vec::new(),
+            orphans: Arc::default(),
+            nbi_in_flight: 0,
+            nbi_error: None,
+            woken: 0,
             startup: if size <= 1 {
                 Startup::Done(HelloVerdict::Ok)
             } else if rank == 0 {
@@ -198,6 +237,8 @@ impl<H: Threading> Endpoint<H> {
             },
             barrier_epoch: 0,
             barrier: None,
+            barriers_done: 0,
+            barrier_failed: false,
             barrier_arrivals: HashMap::new(),
             hello: Hello::default(),
             hello_digest,

@@ -620,3 +620,37 @@ impl Cluster {
         std::mem::take(&mut self.nodes[r as usize].errors)
     }
 }
+
+/// One barrier per rank, driven by steps as a driver's `barrier` is: the first step of a
+/// rank starts its barrier ([`Endpoint::barrier_start`]), the later ones complete it
+/// ([`Endpoint::poll_op`]); a completed one (or one that failed) makes the next step start
+/// the next barrier, which resumes a failed one.
+#[derive(Default)]
+pub struct Barriers(Vec<Option<am_core::Op<()>>>);
+
+impl Barriers {
+    pub fn step(
+        &mut self,
+        rank: Rank,
+        ep: &mut Endpoint<Local>,
+        tx: &mut Wire<'_>,
+    ) -> Poll<Result<(), am_core::AmError>> {
+        let r = rank as usize;
+        if self.0.len() <= r {
+            self.0.resize_with(r + 1, || None);
+        }
+        let op = match &mut self.0[r] {
+            Some(op) => op,
+            slot => match ep.barrier_start(tx) {
+                Poll::Ready(Ok(op)) => slot.insert(op),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        let polled = ep.poll_op(tx, op, None);
+        if polled.is_ready() {
+            self.0[r] = None;
+        }
+        polled
+    }
+}

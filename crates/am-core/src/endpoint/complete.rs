@@ -1,0 +1,263 @@
+//! Completing operations: the one test and the one completion step of every [`Op`], the
+//! implicit set, the slots of dropped handles, and calls.
+
+use std::task::{ready, Poll, Waker};
+
+use super::state::{Detached, Endpoint};
+use crate::call::{numbered, Reply};
+use crate::error::AmError;
+use crate::handler::Threading;
+use crate::op::{Completed, Op, Outcome, Raw, State};
+use crate::transport::Transport;
+use crate::types::{AmKind, Category, HandlerId, Rank};
+
+impl<H: Threading> Endpoint<H> {
+    /// The completion step of any operation: `Ready` with its outcome (the handle is then
+    /// spent: a second poll is [`AmError::StaleHandle`]), or `Pending` while it is in flight,
+    /// `waker` (if given) being woken when it completes. A barrier is carried on here (it may
+    /// send); its waker is the driver's to wake after progress, as for any send that waits.
+    pub fn poll_op<U: Outcome, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        op: &mut Op<U>,
+        waker: Option<&Waker>,
+    ) -> Poll<Result<U, AmError>> {
+        let raw = match &op.state {
+            State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
+            State::Ready(_) => match op.take_state() {
+                State::Ready(r) => r,
+                _ => Err(AmError::StaleHandle),
+            },
+            State::Slot { .. } => {
+                let (index, gen) = match self.slot_of(op) {
+                    Ok(Some(slot)) => slot,
+                    _ => return Poll::Ready(Err(AmError::StaleHandle)),
+                };
+                match self.poll_slot(index, gen) {
+                    Poll::Ready(r) => {
+                        // Completed: nothing is left for the handle's drop to detach.
+                        op.take_state();
+                        r
+                    }
+                    Poll::Pending => {
+                        if let (Some(w), Some(slot)) = (waker, self.op(index, gen)) {
+                            if !slot.waker.as_ref().is_some_and(|o| o.will_wake(w)) {
+                                slot.waker = Some(w.clone());
+                            }
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            State::Call {
+                number,
+                dest,
+                calls,
+            } => match calls.poll(*number, waker) {
+                Poll::Ready(r) => {
+                    op.take_state();
+                    r.map(Raw::Reply)
+                }
+                Poll::Pending => match self.waiting_for(*dest) {
+                    // Gone before it answered: the answer will never come.
+                    Poll::Ready(e) => {
+                        if let State::Call { number, calls, .. } = op.take_state() {
+                            calls.close(number);
+                        }
+                        Err(e)
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+            },
+            &State::Barrier { epoch } => {
+                if self.barriers_done <= epoch {
+                    match self.barrier_step(t) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => {
+                            // The next barrier resumes this one.
+                            self.barrier_failed = true;
+                            op.take_state();
+                            return Poll::Ready(Err(e));
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Ok(Raw::Unit)
+            }
+        };
+        Poll::Ready(op.finish(raw))
+    }
+
+    /// A wait for `op` ended with an error of progress (a poll's, not the operation's): a
+    /// barrier is then resumed by the next barrier, as one whose own step failed, rather than
+    /// finished behind it.
+    pub fn interrupted<U: Outcome>(&mut self, op: &Op<U>) {
+        if let State::Barrier { epoch } = op.state {
+            if self.barrier.is_some_and(|at| at.epoch == epoch) {
+                self.barrier_failed = true;
+            }
+        }
+    }
+
+    /// Whether an operation is complete: its completion step ([`Endpoint::poll_op`]) is then
+    /// ready. Looks only (a barrier is carried on by polls and completion steps).
+    pub fn is_complete<U: Outcome>(&self, op: &Op<U>) -> bool {
+        match &op.state {
+            State::Spent | State::Ready(_) => true,
+            State::Slot { .. } => match self.slot_of(op) {
+                Ok(Some((index, gen))) => self.op_done(index, gen),
+                _ => true,
+            },
+            State::Call {
+                number,
+                dest,
+                calls,
+            } => calls.is_done(*number) || self.waiting_for(*dest).is_ready(),
+            &State::Barrier { epoch } => self.barriers_done > epoch,
+        }
+    }
+
+    /// Completes every operation of `ops` that is complete, taking it out of the set: their
+    /// positions in `ops` and outcomes, in order (GASNet-EX's `gex_Event_TestSome`).
+    pub fn take_complete<U: Outcome, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        ops: &mut [Option<Op<U>>],
+    ) -> Completed<U> {
+        let mut done = Vec::new();
+        for (i, slot) in ops.iter_mut().enumerate() {
+            let Some(op) = slot else { continue };
+            if let Poll::Ready(r) = self.poll_op(t, op, None) {
+                *slot = None;
+                done.push((i, r));
+            }
+        }
+        done
+    }
+
+    /// Leaves `op` to the implicit set: it completes with nobody waiting for it, and
+    /// [`Endpoint::nbi_step`] waits for it with the rest of the set (an error of it is the
+    /// set's).
+    pub fn implicit<U: Outcome>(&mut self, mut op: Op<U>) {
+        let slot = self.slot_of(&op);
+        match op.take_state() {
+            State::Ready(Err(e)) => {
+                self.nbi_error.get_or_insert(e);
+            }
+            State::Slot { .. } => {
+                if let Ok(Some((index, gen))) = slot {
+                    self.detach_op(index, gen, Detached::Implicit);
+                }
+            }
+            // Calls and barriers are not in the set: left, they complete detached.
+            state => op.state = state,
+        }
+    }
+
+    /// A step of waiting for the implicit set (`wait_nbi`): ready once the posted atomics are
+    /// applied and every operation of the set is complete, with the set's first error since
+    /// the last such wait.
+    pub fn nbi_step<T: Transport + ?Sized>(&mut self, t: &mut T) -> Poll<Result<(), AmError>> {
+        ready!(self.apply_posted(t))?;
+        if self.detached_in_flight > 0 || self.nbi_in_flight > 0 {
+            return Poll::Pending;
+        }
+        Poll::Ready(match self.nbi_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        })
+    }
+
+    /// Operations in flight, whether a handle waits for them or not (posted atomics sent as
+    /// messages, the implicit set, operations whose handle was dropped), and calls not yet
+    /// taken or given up: none once everything started has completed and been collected.
+    pub fn ops_in_flight(&mut self) -> usize {
+        self.adopt_orphans();
+        let calls = self.handlers.calls.as_ref().map_or(0, |s| s.calls.len());
+        self.ops.iter().filter(|s| s.live).count() + calls
+    }
+
+    /// Async waits woken by completions so far.
+    pub fn woken(&self) -> u64 {
+        self.woken
+    }
+
+    /// What a poll does besides handling messages: applies the posted atomics and carries on
+    /// a barrier in progress (whose handle may have been dropped: it completes all the same).
+    pub fn background_step<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+    ) -> Poll<Result<(), AmError>> {
+        ready!(self.apply_posted(t))?;
+        if self.barrier.is_some() && !self.barrier_failed {
+            // Its error is its waiter's, who sees it again on its own step.
+            let _ = self.barrier_step(t);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Detaches the slots of the handles dropped since the last look: freed now if complete,
+    /// else when their last answer comes.
+    pub(super) fn adopt_orphans(&mut self) {
+        for (index, gen) in self.orphans.take() {
+            self.detach_op(index, gen, Detached::Dropped);
+        }
+    }
+
+    /// Opens a call ([`crate::op::Call`]) after checking it as the request it will be: its
+    /// handle, whose [`Endpoint::call_step`] sends the request. Fails if the table has no
+    /// callable handler or `args` leaves no room for the call's number.
+    pub fn call_start(
+        &mut self,
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        payload_len: usize,
+    ) -> Result<Op<Reply>, AmError> {
+        let Some(site) = &self.handlers.calls else {
+            return Err(AmError::NotRegistered {
+                handler,
+                category: Category::Request,
+                kind: AmKind::Medium,
+            });
+        };
+        let calls = site.calls.clone();
+        // Checked before the call is opened: a refused call leaves nothing to close.
+        let words = numbered(0, args)?;
+        self.check_request(
+            dest,
+            AmKind::Medium,
+            handler,
+            &words[..=args.len()],
+            payload_len,
+            None,
+        )?;
+        let number = calls.open(dest);
+        Ok(Op::new(State::Call {
+            number,
+            dest,
+            calls,
+        }))
+    }
+
+    /// A step of sending a call's request (as [`Endpoint::request_step`]); `handler`, `args`
+    /// and `payload` must be what [`Endpoint::call_start`] was given.
+    pub fn call_step<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        op: &Op<Reply>,
+        handler: HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        let State::Call { number, dest, .. } = op.state else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let words = match numbered(number, args) {
+            Ok(w) => w,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let args = &words[..=args.len()];
+        self.request_step(t, dest, AmKind::Medium, handler, args, payload, None)
+    }
+}
