@@ -72,6 +72,9 @@ struct Inner<T: Transport, H: Threading> {
     /// How many times [`AsyncNode::stop`] was called: a driver returns once it changes (read
     /// on every round, so outside the lock).
     stops: std::sync::atomic::AtomicU64,
+    /// Drivers running now ([`AsyncNode::driving`]): with none, futures make progress
+    /// themselves.
+    driving: Arc<std::sync::atomic::AtomicU32>,
 }
 
 struct State<T: Transport, H: Threading> {
@@ -80,6 +83,26 @@ struct State<T: Transport, H: Threading> {
     waiters: Vec<Waker>,
     /// Drivers waiting in their sleep, woken by [`AsyncNode::stop`].
     drivers: Vec<Waker>,
+}
+
+/// A driver of an [`AsyncNode`] counted as running, until dropped (its futures then leave
+/// their progress to it).
+#[derive(Debug)]
+pub struct Driving(Arc<std::sync::atomic::AtomicU32>);
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Errors that concern one peer: the operations waiting on that peer fail with them, and a
+/// driver goes on serving the others.
+fn concerns_one_peer(e: &AmError) -> bool {
+    matches!(
+        e,
+        AmError::PeerLost(_) | AmError::PeerDeparted(_) | AmError::PeerMisbehaved { .. }
+    )
 }
 
 impl<T: Transport, H: Threading> Clone for AsyncNode<T, H> {
@@ -115,6 +138,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 rank,
                 size,
                 stops: std::sync::atomic::AtomicU64::new(0),
+                driving: Arc::default(),
             }),
         }
     }
@@ -147,19 +171,50 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         mut step: impl FnMut(&mut Endpoint<H>, &mut T) -> Poll<Result<R, AmError>>,
     ) -> Result<R, AmError> {
         poll_fn(|cx| {
-            let mut st = self.lock();
-            let st = &mut *st;
-            match step(&mut st.node.ep, &mut st.node.transport) {
-                Poll::Ready(r) => Poll::Ready(r),
-                Poll::Pending => {
-                    if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                        st.waiters.push(cx.waker().clone());
-                    }
-                    Poll::Pending
+            {
+                let mut st = self.lock();
+                let st = &mut *st;
+                if let Poll::Ready(r) = step(&mut st.node.ep, &mut st.node.transport) {
+                    return Poll::Ready(r);
+                }
+                if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.waiters.push(cx.waker().clone());
                 }
             }
+            self.undriven(cx)
         })
         .await
+    }
+
+    /// What a future whose step is not ready does next: with a driver running (or a
+    /// [`crate::ProgressThread`]), waits to be woken; with none, makes a round of progress
+    /// itself and asks to be polled again (spinning, as `AM_WAIT=spin`), so that a future
+    /// never waits for progress nobody makes. An error that ends the node ends the future
+    /// then (one that concerns a single peer has failed what waited on that peer).
+    fn undriven<R>(&self, cx: &mut std::task::Context<'_>) -> Poll<Result<R, AmError>> {
+        if self
+            .inner
+            .driving
+            .load(std::sync::atomic::Ordering::Acquire)
+            == 0
+        {
+            if let Err(e) = self.progress() {
+                if !concerns_one_peer(&e) {
+                    return Poll::Ready(Err(e));
+                }
+            }
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
+    /// Counts a driver as running until the guard drops: futures then leave their progress
+    /// to it.
+    pub(crate) fn driving(&self) -> Driving {
+        self.inner
+            .driving
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Driving(self.inner.driving.clone())
     }
 
     pub(crate) async fn request(
@@ -204,22 +259,28 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
 
     pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
         poll_fn(|cx| {
-            if let Some(answer) = op.poll_call(cx.waker()) {
-                return answer;
+            match op.poll_call(cx.waker()) {
+                Some(Poll::Ready(answer)) => return Poll::Ready(answer),
+                Some(Poll::Pending) => return self.undriven(cx),
+                None => {}
             }
-            let mut st = self.lock();
-            let st = &mut *st;
-            let polled = st
-                .node
-                .ep
-                .poll_op(&mut st.node.transport, &mut op, Some(cx.waker()));
-            if polled.is_pending() && op.is_barrier() {
-                // A barrier goes on by sends of its own: woken after each round of progress.
-                if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            {
+                let mut st = self.lock();
+                let st = &mut *st;
+                let polled = st
+                    .node
+                    .ep
+                    .poll_op(&mut st.node.transport, &mut op, Some(cx.waker()));
+                if polled.is_ready() {
+                    return polled;
+                }
+                if op.is_barrier() && !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    // A barrier goes on by sends of its own: woken after each round of
+                    // progress.
                     st.waiters.push(cx.waker().clone());
                 }
             }
-            polled
+            self.undriven(cx)
         })
         .await
     }
@@ -255,35 +316,48 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// Resolves once at least one operation of `ops` is complete (at once if `ops` holds
     /// none), with every one that is, taken out of `ops`: their positions and outcomes, in
     /// order ([`crate::Node::wait_some`]).
-    pub async fn wait_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
+    pub async fn wait_some<U: Outcome>(
+        &self,
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
         poll_fn(|cx| {
-            let mut st = self.lock();
-            let st = &mut *st;
-            let mut done = Vec::new();
-            let mut barrier = false;
-            for (i, slot) in ops.iter_mut().enumerate() {
-                let Some(op) = slot else { continue };
-                let polled = st
-                    .node
-                    .ep
-                    .poll_op(&mut st.node.transport, op, Some(cx.waker()));
-                match polled {
-                    Poll::Ready(r) => {
-                        *slot = None;
-                        done.push((i, r));
+            {
+                let mut st = self.lock();
+                let st = &mut *st;
+                let mut done = Vec::new();
+                let mut barrier = false;
+                for (i, slot) in ops.iter_mut().enumerate() {
+                    let Some(op) = slot else { continue };
+                    let polled = st
+                        .node
+                        .ep
+                        .poll_op(&mut st.node.transport, op, Some(cx.waker()));
+                    match polled {
+                        Poll::Ready(r) => {
+                            *slot = None;
+                            done.push((i, r));
+                        }
+                        Poll::Pending => barrier |= op.is_barrier(),
                     }
-                    Poll::Pending => barrier |= op.is_barrier(),
                 }
-            }
-            if done.is_empty() && ops.iter().any(Option::is_some) {
+                if !done.is_empty() || ops.iter().all(Option::is_none) {
+                    return Poll::Ready(Ok(done));
+                }
                 if barrier && !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                     st.waiters.push(cx.waker().clone());
                 }
-                return Poll::Pending;
             }
-            Poll::Ready(done)
+            self.undriven(cx)
         })
         .await
+    }
+
+    /// Completes every operation of `ops` that is complete now and takes it out of `ops`
+    /// ([`crate::Node::test_some`]; looks only: progress is the driver's).
+    pub fn test_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.node.ep.take_complete(&mut st.node.transport, ops)
     }
 
     /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).
@@ -300,6 +374,15 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// and progress goes on.
     pub fn progress(&self) -> Result<usize, AmError> {
         self.progress_waking().map(|(handled, _)| handled)
+    }
+
+    /// [`AsyncNode::progress`] unless another thread is making progress on the node now
+    /// (`None`: that thread makes it meanwhile).
+    pub fn try_progress(&self) -> Result<Option<usize>, AmError> {
+        if let Err(std::sync::TryLockError::WouldBlock) = self.inner.state.try_lock() {
+            return Ok(None);
+        }
+        self.progress().map(Some)
     }
 
     /// [`AsyncNode::progress`], and whether it woke a future (a driver that woke none need
@@ -434,15 +517,6 @@ mod driver {
     use tokio::io::unix::AsyncFd;
     use tokio::io::Interest;
 
-    /// Errors that concern one peer: the operations waiting on that peer fail with them, and a
-    /// driver goes on serving the others.
-    fn concerns_one_peer(e: &AmError) -> bool {
-        matches!(
-            e,
-            AmError::PeerLost(_) | AmError::PeerDeparted(_) | AmError::PeerMisbehaved { .. }
-        )
-    }
-
     impl<T: Transport, H: Threading> AsyncNode<T, H> {
         /// The driver on tokio: makes progress whenever there may be work and sleeps in
         /// between on the node's wake descriptor (`tokio::io::unix::AsyncFd`), armed
@@ -454,6 +528,7 @@ mod driver {
         /// `LocalSet` for a node of `Handlers::local`), or let `AsyncNode::run` do it.
         /// Needs a runtime with I/O and time enabled.
         pub async fn drive(&self) -> Result<(), AmError> {
+            let _driving = self.driving();
             let fd = self.async_wake_fd()?;
             let started = self.stops();
             let spin_polls = self.with(|n| n.config().spin_polls);
@@ -498,6 +573,7 @@ mod driver {
         /// (the async `AM_WAIT=spin`). For latency when a core is to spare; returns as
         /// `AsyncNode::drive` does.
         pub async fn drive_spinning(&self) -> Result<(), AmError> {
+            let _driving = self.driving();
             let started = self.stops();
             loop {
                 if self.stops() != started {
@@ -546,6 +622,7 @@ mod driver {
         }
 
         async fn run_with<F: Future>(&self, fut: F, sleep: bool) -> Result<F::Output, AmError> {
+            let _driving = self.driving();
             let fd = if sleep { self.async_wake_fd()? } else { None };
             let spin_polls = self.with(|n| n.config().spin_polls);
             let mut fut = std::pin::pin!(fut);

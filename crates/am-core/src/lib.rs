@@ -12,8 +12,15 @@
 //! - **Credits** per peer bound the requests in flight, so receive space always exists and no
 //!   message is ever dropped; the policy is pluggable ([`CreditPolicy`]).
 //! - **Progress** by explicit polling, with a per-job [`WaitMode`] for blocking calls.
-//! - **PGAS minimum**: [`Node::barrier`], blocking and non-blocking put/get into the peers'
-//!   segments, [`Node::exit`] ending the whole job.
+//! - **PGAS minimum**: [`Node::barrier`], put, get and atomics on the peers' segments,
+//!   [`Node::exit`] ending the whole job.
+//! - **Operations** ([`op`]): one name scheme on every driver. `x` waits for the operation,
+//!   `x_nb` returns its [`Op`] handle, `x_nbi` starts it inside the implicit set that
+//!   `wait_nbi` completes, `try_x` sends now or not at all. An [`Op`] completes in one of three
+//!   ways: a blocking caller waits (`wait`, `wait_all`, `wait_some`), a poller tests (`test`,
+//!   `test_some`), an async caller awaits (`node.wait(op).await`); dropping it detaches the
+//!   operation, which still completes. Each operation is defined once ([`op::Start`]) and
+//!   every driver derives its methods from that definition.
 //! - Beside the trait: [`Loopback`] (ranks as threads), [`FaultInjector`], and the
 //!   [`conformance`] suite every transport runs.
 //!
@@ -95,7 +102,7 @@ pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
 pub use node::Node;
 pub use op::{Completed, Op, Outcome};
 pub use reply::Token;
-pub use shared::{ProgressThread, SharedNode};
+pub use shared::{ProgressThread, Shared, SharedNode};
 pub use transport::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,

@@ -350,20 +350,18 @@ impl ProgressThread {
     pub const ARMED_SLEEP: Duration = Duration::from_millis(10);
 
     /// Starts a thread (named `amnet-progress-<rank>`) that polls `node`.
-    pub fn spawn<T: Transport + Send + 'static>(node: SharedNode<T>) -> std::io::Result<Self> {
+    pub fn spawn<N: Shared>(node: N) -> std::io::Result<Self> {
         Self::spawn_all(vec![node])
     }
 
     /// Starts a thread (named `amnet-progress-<rank>` after the first node's rank) that polls
     /// every node of `nodes` in turn, and sleeps armed on all their wake descriptors at once
     /// when none has work: one progress thread for all the endpoints of a process.
-    pub fn spawn_all<T: Transport + Send + 'static>(
-        nodes: Vec<SharedNode<T>>,
-    ) -> std::io::Result<Self> {
+    pub fn spawn_all<N: Shared>(nodes: Vec<N>) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let name = match nodes.first() {
-            Some(node) => format!("amnet-progress-{}", node.rank()),
+            Some(node) => format!("amnet-progress-{}", sealed::Serve::rank(node)),
             None => "amnet-progress".to_owned(),
         };
         let thread = std::thread::Builder::new()
@@ -405,25 +403,18 @@ impl Drop for ProgressThread {
 }
 
 /// The progress thread's loop.
-fn progress<T: Transport>(nodes: &[SharedNode<T>], stop: &AtomicBool) -> Option<AmError> {
+fn progress<N: Shared>(nodes: &[N], stop: &AtomicBool) -> Option<AmError> {
+    // An async node's futures leave their progress to this thread while it runs.
+    let _serving: Vec<_> = nodes.iter().map(sealed::Serve::serving).collect();
     let mut first = None;
     let mut idle = 0u32;
     // The nodes' wake descriptors (duplicates: they outlive the locks), for the idle sleeps;
     // `None` if one has none.
-    let wake: Option<Vec<OwnedFd>> = nodes
-        .iter()
-        .map(|node| {
-            node.lock()
-                .wake_fd()
-                .ok()
-                .flatten()
-                .and_then(|fd| fd.try_clone_to_owned().ok())
-        })
-        .collect();
+    let wake: Option<Vec<OwnedFd>> = nodes.iter().map(sealed::Serve::wake_fd).collect();
     while !stop.load(Ordering::Acquire) {
         let mut handled = false;
         for node in nodes {
-            match node.try_poll() {
+            match node.try_progress() {
                 Ok(Some(n)) if n > 0 => handled = true,
                 Ok(_) => {}
                 Err(e) => {
@@ -449,11 +440,10 @@ fn progress<T: Transport>(nodes: &[SharedNode<T>], stop: &AtomicBool) -> Option<
 /// The idle progress thread's sleep: arms the nodes and sleeps on their descriptors (without
 /// the nodes' locks, which the rank's other threads may take meanwhile) until a message comes
 /// to any, or for at most [`ProgressThread::ARMED_SLEEP`] (so that a stop is seen soon).
-fn sleep_armed<T: Transport>(nodes: &[SharedNode<T>], fds: &[OwnedFd]) {
+fn sleep_armed<N: Shared>(nodes: &[N], fds: &[OwnedFd]) {
     // Each guard is gone when its arming returns: the nodes are locked again below.
-    let (armed, sleep) = crate::wait::arm_each(nodes.len(), ProgressThread::ARMED_SLEEP, |i| {
-        nodes[i].lock().arm()
-    });
+    let (armed, sleep) =
+        crate::wait::arm_each(nodes.len(), ProgressThread::ARMED_SLEEP, |i| nodes[i].arm());
     // Work now, or an error the next poll reports: no sleep.
     if let Ok(Some(sleep)) = sleep {
         let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
@@ -461,7 +451,82 @@ fn sleep_armed<T: Transport>(nodes: &[SharedNode<T>], fds: &[OwnedFd]) {
         let _ = crate::transport::any_readable(&fds, sleep);
     }
     for node in &nodes[..armed] {
-        node.lock().disarm();
+        node.disarm();
+    }
+}
+
+/// A driver that the threads of a rank share, which a [`ProgressThread`] serves:
+/// [`SharedNode`], and an [`AsyncNode`](crate::AsyncNode) of `Send` handlers (whose futures
+/// then leave their progress to the thread, as to a driver). Sealed.
+pub trait Shared: sealed::Serve + Send + 'static {}
+
+impl<T: Transport + Send + 'static> Shared for SharedNode<T> {}
+impl<T: Transport + Send + 'static> Shared for crate::AsyncNode<T, Sendable> {}
+
+pub(crate) mod sealed {
+    use std::os::fd::OwnedFd;
+
+    use crate::error::AmError;
+    use crate::transport::Armed;
+
+    /// What a progress thread does with a shared driver.
+    pub trait Serve {
+        /// The rank, for the thread's name.
+        fn rank(&self) -> crate::types::Rank;
+        /// A round of progress unless another thread holds the node: messages handled.
+        fn try_progress(&self) -> Result<Option<usize>, AmError>;
+        /// Arms the node for a sleep ([`crate::Node::arm`]).
+        fn arm(&self) -> Result<Armed, AmError>;
+        /// Ends the sleep.
+        fn disarm(&self);
+        /// A duplicate of the wake descriptor, if the transport has one.
+        fn wake_fd(&self) -> Option<OwnedFd>;
+        /// Counts the thread as the node's driver while the guard lives.
+        fn serving(&self) -> Option<crate::future::Driving>;
+    }
+}
+
+impl<T: Transport + Send + 'static> sealed::Serve for SharedNode<T> {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+    fn try_progress(&self) -> Result<Option<usize>, AmError> {
+        self.try_poll()
+    }
+    fn arm(&self) -> Result<crate::Armed, AmError> {
+        self.lock().arm()
+    }
+    fn disarm(&self) {
+        self.lock().disarm()
+    }
+    fn wake_fd(&self) -> Option<OwnedFd> {
+        let mut node = self.lock();
+        let fd = node.wake_fd().ok().flatten()?;
+        fd.try_clone_to_owned().ok()
+    }
+    fn serving(&self) -> Option<crate::future::Driving> {
+        None
+    }
+}
+
+impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendable> {
+    fn rank(&self) -> Rank {
+        crate::AsyncNode::rank(self)
+    }
+    fn try_progress(&self) -> Result<Option<usize>, AmError> {
+        crate::AsyncNode::try_progress(self)
+    }
+    fn arm(&self) -> Result<crate::Armed, AmError> {
+        crate::AsyncNode::arm(self)
+    }
+    fn disarm(&self) {
+        crate::AsyncNode::disarm(self)
+    }
+    fn wake_fd(&self) -> Option<OwnedFd> {
+        crate::AsyncNode::wake_fd(self).ok().flatten()
+    }
+    fn serving(&self) -> Option<crate::future::Driving> {
+        Some(self.driving())
     }
 }
 

@@ -143,10 +143,14 @@ fn an_implicit_region_of_1000_puts_completes_with_one_wait() {
             node.put_nbi(peer, i * 4, &(i as u32).to_le_bytes())
                 .unwrap();
         }
+        assert!(node.ops_in_flight() > 0, "credits let puts be in flight");
+        node.wait_nbi().unwrap();
+        // No poll in between: the wait itself left nothing in flight.
+        assert_eq!(node.ops_in_flight(), 0);
+        // Posted atomics are in the set too.
         node.atomic_nbi(peer, 8192, AtomicOp::FetchAdd(5u64))
             .unwrap();
         node.wait_nbi().unwrap();
-        // No poll in between: the wait itself left nothing in flight.
         assert_eq!(node.ops_in_flight(), 0);
         node.barrier().unwrap();
         for i in 0..1000usize {
@@ -310,7 +314,7 @@ fn async_futures_own_their_arguments_and_share_the_handle() {
                     [vec![node.rank() as u8 + 1; 8]]
                 );
                 let mut some = vec![Some(node.call_nb(peer, SQUARE, &[9], &[]).await.unwrap())];
-                let done = node.wait_some(&mut some).await;
+                let done = node.wait_some(&mut some).await.unwrap();
                 assert_eq!(done.len(), 1);
                 match node.try_request_short(peer, HIT, &[]) {
                     Ok(()) => {
@@ -325,6 +329,42 @@ fn async_futures_own_their_arguments_and_share_the_handle() {
                 node.barrier().await.unwrap();
                 assert_eq!(node.ops_in_flight(), 0);
             });
+        });
+    });
+}
+
+/// Catches: an async node whose futures wait silently for ever when no driver runs (a tokio
+/// program that never spawned `drive()`), and a progress thread that serves only a
+/// `SharedNode` (a rank whose tasks compute in `spawn_blocking` had none of its own).
+#[test]
+fn async_nodes_progress_without_a_driver_and_under_a_progress_thread() {
+    within(LIMIT, || {
+        am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let node = AsyncNode::new(Node::new(t, handlers(), Config::default()).unwrap());
+            let peer = 1 - node.rank();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // No driver: the futures make progress themselves while polled.
+            let r = rt.block_on(node.call(peer, SQUARE, &[3], &[])).unwrap();
+            assert_eq!(r.args, [9]);
+            rt.block_on(node.barrier()).unwrap();
+            // A progress thread serves the node: the tasks only await.
+            let thread = am_core::ProgressThread::spawn(node.clone()).unwrap();
+            let squares = rt.block_on(async {
+                let tasks: Vec<_> = (0..8u32)
+                    .map(|x| tokio::spawn(node.call(peer, SQUARE, &[x], &[])))
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.unwrap().unwrap().args[0]);
+                }
+                node.barrier().await.unwrap();
+                out
+            });
+            assert_eq!(squares, [0, 1, 4, 9, 16, 25, 36, 49]);
+            thread.stop().unwrap();
         });
     });
 }

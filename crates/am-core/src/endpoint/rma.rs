@@ -57,7 +57,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
     /// sent. `data` must be what [`Endpoint::put_start`] was given. After an error nothing
-    /// more is sent: wait for the chunks already out with [`Endpoint::poll_put`].
+    /// more is sent: the handle, dropped, lets the chunks already out complete.
     pub fn put_step(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
