@@ -28,6 +28,25 @@
 //!
 //! What this crate does **not** do: it adds no protocol of its own; everything that moves
 //! messages is in `am-core` and the transport crates.
+//!
+//! # The crates
+//!
+//! | crate | what it holds |
+//! |---|---|
+//! | `amnet` (this crate) | the facade: re-exports, `run_job`, transports by name; the `amrun` and `amprobe` binaries, examples and benches |
+//! | [`am-core`](https://docs.rs/am-core) | the AM core: wire codec, handlers, tokens, credits, the sans-I/O `Endpoint` and its driver `Node`, the `Transport` trait, Loopback, FaultInjector, the conformance suite (its `conformance` feature) |
+//! | [`am-bootstrap`](https://docs.rs/am-bootstrap) | the rank side of a job: rank, size, job id and the launcher's key-value store (amrun, PMI-1/PMI-2, PMIx), liveness |
+//! | [`am-launch`](https://docs.rs/am-launch) | the launcher: `amrun`'s code (local ranks, PMI-1 server, signals, clean-up) |
+//! | [`am-pmix`](https://docs.rs/am-pmix) | the PMIx client, with libpmix loaded at run time: the fenced `unsafe` of the libpmix boundary |
+//! | [`am-shm`](https://docs.rs/am-shm) | segments, the `SharedBytes` view, rings (the claimed ring under extoll's mailbox and portals' event queue), stamped slots, doorbells, raw floors: the fenced `unsafe` of shared memory |
+//! | [`am-nic`](https://docs.rs/am-nic) | what the simulated NICs share: control block, start-up over the key-value store, liveness |
+//! | [`sci-sim`](https://docs.rs/sci-sim), [`extoll-sim`](https://docs.rs/extoll-sim), [`portals-sim`](https://docs.rs/portals-sim) | one crate per simulated NIC |
+//! | [`transport-udp`](https://docs.rs/transport-udp) | the UDP transport; its threat model is `SECURITY.md` |
+//! | [`transport-ofi`](https://docs.rs/transport-ofi) | the libfabric transport (built with the `ofi` feature) |
+//! | [`am-ofi`](https://docs.rs/am-ofi) | the libfabric calls behind a safe interface: the fenced `unsafe` of the libfabric boundary |
+//! | [`am-msg`](https://docs.rs/am-msg) | messages of any size: eager, sender- and receiver-initiated rendezvous |
+//! | `am-perf` | tooling, not published: rank-test programs, the NICs' benches, multi-process tests |
+//! | `am-udp-check` | tooling, not published: udp's test and benchmark program |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

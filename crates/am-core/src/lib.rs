@@ -22,7 +22,7 @@
 //!   operation, which still completes. Each operation is defined once ([`op::Start`]) and
 //!   every driver derives its methods from that definition.
 //! - Beside the trait: [`Loopback`] (ranks as threads), [`FaultInjector`], and the
-//!   [`conformance`] suite every transport runs.
+//!   conformance suite every transport runs (`conformance`, with the `conformance` feature).
 //!
 //! # Threads
 //! - **What is `Send`**: every transport of the workspace, the errors, and a [`Node`] (with
@@ -68,6 +68,7 @@
 pub mod atomic;
 pub mod call;
 pub mod config;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod credit;
 pub mod endpoint;

@@ -302,6 +302,7 @@ pub enum Armed {
 
 /// Whether `fd` (a wake descriptor) becomes readable within `timeout` (rounded up to whole
 /// milliseconds; zero looks without waiting).
+#[cfg(feature = "conformance")]
 pub(crate) fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<bool> {
     any_readable(&[fd], timeout)
 }

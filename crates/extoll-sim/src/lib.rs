@@ -138,6 +138,26 @@
 //! [`ExtollConfig::packet_size`]: field@ExtollConfig::packet_size
 //! [`ExtollConfig::rma_buffers`]: field@ExtollConfig::rma_buffers
 
+//!
+//! # Memory as the job grows
+//!
+//! What a rank reserves to receive, with the default settings: one VELO mailbox for all senders
+//! (64 KiB) and 16 RMA Medium buffers of 8,320 B per sender (130 MiB at 1,024 ranks); under
+//! dynamic credits one pool of as many buffers as the bank (32: 260 KiB) that every sender
+//! claims from, so 1.1 MiB per rank at 4,096 ranks. What it holds (the pages written or read)
+//! grows with the peers that talk to it: the mailbox, and the buffers of senders of Mediums
+//! from 512 B (with a pool, the pool's).
+//!
+//! Under dynamic credits, or `AM_CREDITS=dynamic`, extoll lays out one pool of RMA Medium
+//! buffers per rank instead of buffers per sender (`EXTOLL_RMA_POOL` sets its size; the layout
+//! is fixed at start, so credits chosen in code with `Config::credits` leave it as it is); a
+//! Medium that finds the pool full goes over VELO packets.
+//!
+//! Where neither `AM_CREDITS` nor `Config::credits` chooses, a job of 256 ranks or more gets
+//! dynamic credits (`am_core::credit::DYNAMIC_FROM_RANKS`), and its receive memory is laid out
+//! for them. Each process also maps every peer's segment: at 1,024 ranks the processes' own
+//! memory (page tables for 1,024 mappings, heap) came to about 10 MiB per rank. BENCHMARKS.md
+//! has RandomAccess's segments and memory by ranks on every NIC.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

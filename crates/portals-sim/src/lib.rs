@@ -122,6 +122,23 @@
 //! consistent claim in a live rank's name (that rank's record and a claimed slot, together)
 //! holds the rank's event queue until that rank ends.
 
+//!
+//! # Memory as the job grows
+//!
+//! What a rank reserves to receive, with the default settings: request buffers for the credits'
+//! receive budget, 1.5 KiB per request in flight: with 32 static credits 48 MiB at 1,024 ranks;
+//! with dynamic ones (2 per peer and a bank of 32) the same up to 1 MiB of requests
+//! (`portals_sim::WHOLE_BUDGET_BYTES`), beyond it every peer's initial requests as heads (80 B)
+//! and the bank's as whole messages: with the event queue and a record per peer, 2.0 MiB at
+//! 1,024 ranks and 2.9 MiB at 4,096 (large Mediums from many peers at once beyond that are
+//! refused by the portal's flow control and sent again). What it holds (the pages written or
+//! read) grows with the peers that talk to it: what the buffers took in.
+//!
+//! Where neither `AM_CREDITS` nor `Config::credits` chooses, a job of 256 ranks or more gets
+//! dynamic credits (`am_core::credit::DYNAMIC_FROM_RANKS`), and its receive memory is laid out
+//! for them. Each process also maps every peer's segment: at 1,024 ranks the processes' own
+//! memory (page tables for 1,024 mappings, heap) came to about 10 MiB per rank. BENCHMARKS.md
+//! has RandomAccess's segments and memory by ranks on every NIC.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -147,6 +147,27 @@
 //!
 //! [`SciConfig::dma_threshold`]: field@SciConfig::dma_threshold
 
+//!
+//! # Memory as the job grows
+//!
+//! What a rank reserves to receive, with the default settings: a command segment per sender: 2
+//! × `SCI_SLOTS` × `SCI_SLOT_SIZE` (32 request and 32 reply slots of 1 KiB: 64 KiB), so 64 MiB
+//! at 1,024 ranks, 256 MiB at 4,096; under dynamic credits one bank that every sender claims
+//! slots in (`SCI_BANK`, 1,024 slots of 1 KiB) and 72 B of words per peer: 1.3 MiB at 4,096
+//! ranks. What it holds (the pages written or read) grows with the peers that talk to it: the
+//! slots senders wrote: a receiver reads only the slots of the senders that rang it, and of
+//! those only as far as they can have written (with a bank, the bank).
+//!
+//! Under dynamic credits, or `AM_CREDITS=dynamic`, sci lays out a bank per rank instead of
+//! command segments per sender (`SCI_BANK` sets its slots, 0 keeps the command segments):
+//! every message, request or reply, claims a slot of the receiver's bank with a remote
+//! compare-and-swap, and a full bank makes senders wait.
+//!
+//! Where neither `AM_CREDITS` nor `Config::credits` chooses, a job of 256 ranks or more gets
+//! dynamic credits (`am_core::credit::DYNAMIC_FROM_RANKS`), and its receive memory is laid out
+//! for them. Each process also maps every peer's segment: at 1,024 ranks the processes' own
+//! memory (page tables for 1,024 mappings, heap) came to about 10 MiB per rank. BENCHMARKS.md
+//! has RandomAccess's segments and memory by ranks on every NIC.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
