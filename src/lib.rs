@@ -55,6 +55,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use am_bootstrap::EndpointLayout;
+pub use am_bootstrap::{Connect, ConnectError, ConnectErrorKind};
 pub use am_core::*;
 // Inlined, so `cargo doc -p amnet` documents them under this crate (with `--no-deps` too).
 #[doc(inline)]
@@ -156,13 +157,32 @@ impl FromStr for TransportKind {
     }
 }
 
-/// A transport chosen at run time. The core stays generic over [`Transport`]; this enum is the
-/// one place that dispatches by name (crossbeam-channel's flavors).
-#[derive(Debug)]
-#[non_exhaustive]
-// One per rank: boxing the big variants would only add a pointer chase to every send and poll.
-#[allow(clippy::large_enum_variant)]
-pub enum AnyTransport {
+/// The enum of transports and a `From` of each (so the table of constructors can make any).
+macro_rules! any_transport {
+    ($($(#[$meta:meta])* $variant:ident($t:ty),)*) => {
+        /// A transport chosen at run time. The core stays generic over [`Transport`]; this
+        /// enum is the one place that dispatches by name (crossbeam-channel's flavors).
+        #[derive(Debug)]
+        #[non_exhaustive]
+        // One per rank: boxing the big variants would only add a pointer chase to every send
+        // and poll.
+        #[allow(clippy::large_enum_variant)]
+        pub enum AnyTransport {
+            $($(#[$meta])* $variant($t),)*
+        }
+
+        $(
+            $(#[$meta])*
+            impl From<$t> for AnyTransport {
+                fn from(t: $t) -> AnyTransport {
+                    AnyTransport::$variant(t)
+                }
+            }
+        )*
+    };
+}
+
+any_transport! {
     /// Ranks as threads.
     Loopback(Loopback),
     /// SCI shared segments.
@@ -362,14 +382,13 @@ pub enum JobError {
     /// `Node::new`, as the same `StartError`).
     #[error(transparent)]
     Start(#[from] am_core::StartError),
-    /// The transport could not start.
-    #[error("{transport} transport: {message}")]
-    Transport {
-        /// Which transport.
-        transport: TransportKind,
-        /// What went wrong.
-        message: String,
-    },
+    /// The transport could not start: its kind ([`ConnectError::kind`]) and its own error,
+    /// kept as the source. (Segment sizes that differ are [`JobError::Start`].)
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// This process could not start a thread to connect an endpoint on.
+    #[error("starting a thread to connect an endpoint: {0}")]
+    Thread(#[source] std::io::Error),
     /// More endpoints than a job can number (`processes × per_process` must fit a `u32`),
     /// or none.
     #[error("{per_process} endpoints in each of {processes} processes is not a job")]
@@ -710,13 +729,7 @@ pub fn connect_endpoints(
                         continue;
                     }
                 },
-                Err(e) => Err((
-                    0,
-                    JobError::Transport {
-                        transport: kind,
-                        message: format!("starting a thread to connect an endpoint: {e}"),
-                    },
-                )),
+                Err(e) => Err((0, JobError::Thread(e))),
             };
             match result {
                 Ok(t) => transports.push(t),
@@ -737,91 +750,87 @@ pub fn connect_endpoints(
     })
 }
 
-fn transport_error(transport: TransportKind) -> impl Fn(&dyn fmt::Display) -> JobError {
-    move |e| JobError::Transport {
-        transport,
-        message: e.to_string(),
+impl From<ConnectError> for JobError {
+    /// Segment sizes that differ are the core's typed start-up error, as `Node::new` reports
+    /// it on the transports that find it there.
+    fn from(e: ConnectError) -> JobError {
+        match e.kind() {
+            ConnectErrorKind::SegmentSizeMismatch { rank, ours, theirs } => {
+                JobError::Start(am_core::StartError::SegmentSizeMismatch { rank, ours, theirs })
+            }
+            _ => JobError::Connect(e),
+        }
     }
 }
 
-/// A NIC's start-up found ranks with different segment sizes: the core's typed error.
-fn segment_mismatch(rank: u32, ours: u64, theirs: u64) -> JobError {
-    JobError::Start(am_core::StartError::SegmentSizeMismatch { rank, ours, theirs })
+/// How the facade makes a transport of one kind: one rank of a launched job, or every rank of
+/// a job in this process. Every kind but loopback (whose ranks are threads, so a launcher
+/// cannot start them) is its [`Connect`] implementation.
+#[derive(Clone, Copy)]
+struct Constructors {
+    connect: fn(&mut am_launch::JobInfo, usize) -> Result<AnyTransport, JobError>,
+    cluster: fn(u32, usize) -> Result<Vec<AnyTransport>, JobError>,
+}
+
+impl Constructors {
+    /// Those of a transport that connects as every transport does.
+    fn of<T: Connect + Into<AnyTransport>>() -> Constructors {
+        Constructors {
+            connect: |info, segment_size| {
+                let config = T::config_from_env(info.size)?;
+                Ok(T::connect(info, segment_size, config)?.into())
+            },
+            cluster: |ranks, segment_size| {
+                let config = T::config_from_env(ranks)?;
+                let transports = T::cluster(ranks, segment_size, config)?;
+                Ok(transports.into_iter().map(Into::into).collect())
+            },
+        }
+    }
+
+    /// Loopback's: threads only.
+    fn loopback() -> Constructors {
+        Constructors {
+            connect: |info, segment_size| {
+                if info.size > 1 {
+                    return Err(JobError::LoopbackUnderLauncher);
+                }
+                Ok((Self::loopback().cluster)(1, segment_size)?.remove(0))
+            },
+            cluster: |ranks, segment_size| {
+                let config = LoopbackConfig::default().segment_size(segment_size);
+                Ok(Loopback::cluster(ranks, config)
+                    .into_iter()
+                    .map(AnyTransport::Loopback)
+                    .collect())
+            },
+        }
+    }
+
+    /// The table of this build's transports.
+    fn for_kind(kind: TransportKind) -> Result<Constructors, JobError> {
+        Ok(match kind {
+            TransportKind::Loopback => Constructors::loopback(),
+            TransportKind::Sci => Constructors::of::<sci_sim::Sci>(),
+            TransportKind::Extoll => Constructors::of::<extoll_sim::Extoll>(),
+            TransportKind::Portals => Constructors::of::<portals_sim::Portals>(),
+            TransportKind::Udp => Constructors::of::<transport_udp::Udp>(),
+            #[cfg(feature = "ofi")]
+            TransportKind::Ofi => Constructors::of::<transport_ofi::Ofi>(),
+            #[cfg(not(feature = "ofi"))]
+            TransportKind::Ofi => return Err(JobError::NotBuilt(kind)),
+        })
+    }
 }
 
 /// Connects this process's rank of a multi-process job (under `amrun`, `mpiexec`, `srun` or
-/// self-launch) to the transport `kind`, configured from the environment.
+/// self-launch) to the transport `kind`, configured from the environment ([`Connect`]).
 pub fn connect(
     kind: TransportKind,
     info: &mut am_launch::JobInfo,
     segment_size: usize,
 ) -> Result<AnyTransport, JobError> {
-    let err = transport_error(kind);
-    match kind {
-        TransportKind::Loopback => {
-            if info.size > 1 {
-                return Err(JobError::LoopbackUnderLauncher);
-            }
-            Ok(cluster(kind, 1, segment_size)?.remove(0))
-        }
-        TransportKind::Sci => {
-            let config = sci_sim::SciConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
-            sci_sim::Sci::connect(info, segment_size, config)
-                .map(AnyTransport::Sci)
-                .map_err(|e| match e {
-                    sci_sim::SciError::SegmentSizeMismatch { rank, ours, theirs } => {
-                        segment_mismatch(rank, ours, theirs)
-                    }
-                    e => err(&e),
-                })
-        }
-        TransportKind::Extoll => {
-            let config =
-                extoll_sim::ExtollConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
-            extoll_sim::Extoll::connect(info, segment_size, config)
-                .map(AnyTransport::Extoll)
-                .map_err(|e| match e {
-                    extoll_sim::ExtollError::SegmentSizeMismatch { rank, ours, theirs } => {
-                        segment_mismatch(rank, ours, theirs)
-                    }
-                    e => err(&e),
-                })
-        }
-        TransportKind::Portals => {
-            let config =
-                portals_sim::PortalsConfig::from_env_for_ranks(info.size).map_err(|e| err(&e))?;
-            portals_sim::Portals::connect(info, segment_size, config)
-                .map(AnyTransport::Portals)
-                .map_err(|e| match e {
-                    portals_sim::PortalsError::SegmentSizeMismatch { rank, ours, theirs } => {
-                        segment_mismatch(rank, ours, theirs)
-                    }
-                    e => err(&e),
-                })
-        }
-        TransportKind::Udp => {
-            let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
-            transport_udp::Udp::connect(info, segment_size, config)
-                .map(AnyTransport::Udp)
-                .map_err(|e| err(&e))
-        }
-        #[cfg(feature = "ofi")]
-        TransportKind::Ofi => {
-            let config = transport_ofi::OfiConfig::from_env().map_err(|e| err(&e))?;
-            transport_ofi::Ofi::connect(info, segment_size, config)
-                .map(AnyTransport::Ofi)
-                .map_err(|e| match e {
-                    transport_ofi::OfiTransportError::SegmentSizeMismatch {
-                        rank,
-                        ours,
-                        theirs,
-                    } => segment_mismatch(rank, ours as u64, theirs as u64),
-                    e => err(&e),
-                })
-        }
-        #[cfg(not(feature = "ofi"))]
-        TransportKind::Ofi => Err(JobError::NotBuilt(kind)),
-    }
+    (Constructors::for_kind(kind)?.connect)(info, segment_size)
 }
 
 /// The transports of an in-process job of `ranks` ranks on `kind`, one per rank; run each on
@@ -832,61 +841,7 @@ pub fn cluster(
     ranks: u32,
     segment_size: usize,
 ) -> Result<Vec<AnyTransport>, JobError> {
-    let err = transport_error(kind);
-    match kind {
-        TransportKind::Loopback => Ok(Loopback::cluster(
-            ranks,
-            LoopbackConfig::default().segment_size(segment_size),
-        )
-        .into_iter()
-        .map(AnyTransport::Loopback)
-        .collect()),
-        TransportKind::Sci => {
-            let config = sci_sim::SciConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
-            Ok(sci_sim::Sci::cluster(ranks, segment_size, config)
-                .map_err(|e| err(&e))?
-                .into_iter()
-                .map(AnyTransport::Sci)
-                .collect())
-        }
-        TransportKind::Extoll => {
-            let config =
-                extoll_sim::ExtollConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
-            Ok(extoll_sim::Extoll::cluster(ranks, segment_size, config)
-                .map_err(|e| err(&e))?
-                .into_iter()
-                .map(AnyTransport::Extoll)
-                .collect())
-        }
-        TransportKind::Portals => {
-            let config =
-                portals_sim::PortalsConfig::from_env_for_ranks(ranks).map_err(|e| err(&e))?;
-            Ok(portals_sim::Portals::cluster(ranks, segment_size, config)
-                .map_err(|e| err(&e))?
-                .into_iter()
-                .map(AnyTransport::Portals)
-                .collect())
-        }
-        TransportKind::Udp => {
-            let config = transport_udp::UdpConfig::from_env().map_err(|e| err(&e))?;
-            Ok(transport_udp::Udp::cluster(ranks, segment_size, config)
-                .map_err(|e| err(&e))?
-                .into_iter()
-                .map(AnyTransport::Udp)
-                .collect())
-        }
-        #[cfg(feature = "ofi")]
-        TransportKind::Ofi => {
-            let config = transport_ofi::OfiConfig::from_env().map_err(|e| err(&e))?;
-            Ok(transport_ofi::Ofi::cluster(ranks, segment_size, config)
-                .map_err(|e| err(&e))?
-                .into_iter()
-                .map(AnyTransport::Ofi)
-                .collect())
-        }
-        #[cfg(not(feature = "ofi"))]
-        TransportKind::Ofi => Err(JobError::NotBuilt(kind)),
-    }
+    (Constructors::for_kind(kind)?.cluster)(ranks, segment_size)
 }
 
 /// The README's examples, compiled and run as doctests.
@@ -897,6 +852,41 @@ pub struct ReadmeDoctests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches: a transport's start-up error flattened into a string (its type and cause lost),
+    /// a kind that does not say what failed, and a segment-size mismatch reported as anything
+    /// but the core's typed start-up error.
+    #[test]
+    fn start_up_errors_keep_their_source_and_kind() {
+        use std::error::Error as _;
+        let e = <sci_sim::Sci as Connect>::cluster(0, 4096, sci_sim::SciConfig::default())
+            .expect_err("a job of no ranks");
+        assert_eq!((e.transport(), e.kind()), ("sci", ConnectErrorKind::Config));
+        let job = JobError::from(e);
+        assert!(job.to_string().starts_with("sci transport: "), "{job}");
+        let source = job.source().expect("the NIC's own error");
+        assert!(
+            source.downcast_ref::<am_nic::SetupError>().is_some(),
+            "{source:?}"
+        );
+        let mismatch = am_nic::SetupError::SegmentSizeMismatch {
+            rank: 3,
+            ours: 4096,
+            theirs: 8192,
+        };
+        let job = JobError::from(mismatch.into_connect_error("extoll"));
+        assert!(
+            matches!(
+                job,
+                JobError::Start(am_core::StartError::SegmentSizeMismatch {
+                    rank: 3,
+                    ours: 4096,
+                    theirs: 8192
+                })
+            ),
+            "{job:?}"
+        );
+    }
 
     #[test]
     fn transport_names_round_trip() {

@@ -27,6 +27,7 @@
 // of this crate; `error` imports `types`; `store` and `env` import `error`; `client` and
 // `pmix` are built on those; `job` (detection) is on top, and `endpoints` on it.
 mod client;
+mod connect;
 mod endpoints;
 mod env;
 mod error;
@@ -40,6 +41,7 @@ mod types;
 #[doc(hidden)]
 pub mod wire;
 
+pub use connect::{Connect, ConnectError, ConnectErrorKind};
 pub use endpoints::{split as split_endpoints, EndpointLayout};
 pub use error::BootstrapError;
 pub use ids::{is_valid_job_id, random_job_id, random_job_key};

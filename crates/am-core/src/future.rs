@@ -297,20 +297,11 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         &self,
         ops: impl IntoIterator<Item = Op<U>>,
     ) -> Result<Vec<U>, AmError> {
-        let mut out = Vec::new();
-        let mut first = None;
+        let mut all = crate::op::AllOf::new();
         for op in ops {
-            match self.complete(op).await {
-                Ok(v) => out.push(v),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
+            all.push(self.complete(op).await);
         }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        all.finish()
     }
 
     /// Resolves once at least one operation of `ops` is complete (at once if `ops` holds
@@ -776,72 +767,54 @@ macro_rules! async_op {
 
 /// Writes [`AsyncNode`]'s operations from [`crate::op::operations`] (see [`async_op`]).
 macro_rules! async_operations {
-    (
-        ops { $(
-            $(#[$doc:meta])*
-            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
-                = $start:expr ; nb $nb:ident ; $own:ident ;
-        )* }
-        implicit { $(
-            $(#[$idoc:meta])*
-            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
-        )* }
-        posts { $(
-            $(#[$pdoc:meta])*
-            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
-        )* }
-        requests { $(
-            $(#[$rdoc:meta])*
-            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;
-        )* }
-        waits { $(
-            $(#[$wdoc:meta])*
-            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
-        )* }
-    ) => {
-        impl<T: Transport, H: Threading> AsyncNode<T, H> {
-            $(
-                async_op! { $own; $(#[$doc])* $name [$($g)*] ($($arg : $ty),*) -> $out
-                    = $start ; nb $nb ; }
-            )*
-            $(
-                $(#[$idoc])*
-                pub async fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
-                    let op = self.$inb($($iarg),*).await?;
-                    self.lock().node.ep.implicit(op);
-                    Ok(())
-                }
-            )*
-            $(
-                $(#[$pdoc])*
-                pub async fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
-                    self.step(|$pep, $pt| $pstep).await
-                }
-            )*
-            $(
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nResolves once it is sent (a credit and the device \
-                    allowed); [`AsyncNode::", stringify!($rtry), "`] never waits.")]
-                pub async fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
-                    self.request($($send),*).await
-                }
+    (op $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+            = $start:expr ; nb $nb:ident ; $own:ident ;) => {
+        async_op! { $own; $(#[$doc])* $name [$($g)*] ($($arg : $ty),*) -> $out
+            = $start ; nb $nb ; }
+    };
+    (implicit $(#[$idoc:meta])*
+        $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
+        $(#[$idoc])*
+        pub async fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
+            let op = self.$inb($($iarg),*).await?;
+            self.lock().node.ep.implicit(op);
+            Ok(())
+        }
+    };
+    (post $(#[$pdoc:meta])*
+        $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;) => {
+        $(#[$pdoc])*
+        pub async fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
+            self.step(|$pep, $pt| $pstep).await
+        }
+    };
+    (request $(#[$rdoc:meta])*
+        $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;) => {
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nResolves once it is sent (a credit and the device \
+            allowed); [`AsyncNode::", stringify!($rtry), "`] never waits.")]
+        pub async fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
+            self.request($($send),*).await
+        }
 
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nOnly if a credit and device space are available now; \
-                    otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
-                    poll; [`AsyncNode::", stringify!($rname), "`] waits for room.")]
-                pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
-                    self.lock().node.try_request($($send),*)
-                }
-            )*
-            $(
-                $(#[$wdoc])*
-                pub fn $wname(&self) -> impl Future<Output = Result<(), AmError>> {
-                    let node = self.clone();
-                    async move { node.step(|$wep, $wt| $wstep).await }
-                }
-            )*
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nOnly if a credit and device space are available now; \
+            otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
+            poll; [`AsyncNode::", stringify!($rname), "`] waits for room.")]
+        pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+            self.lock().node.try_request($($send),*)
+        }
+    };
+    (wait $(#[$wdoc:meta])*
+        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $(#[$wdoc])*
+        pub fn $wname(&self) -> impl Future<Output = Result<(), AmError>> {
+            let node = self.clone();
+            async move { node.step(|$wep, $wt| $wstep).await }
         }
     };
 }
-crate::op::operations!(async_operations);
+impl<T: Transport, H: Threading> AsyncNode<T, H> {
+    crate::op::operations!(async_operations);
+}

@@ -570,20 +570,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
         &mut self,
         ops: impl IntoIterator<Item = Op<U>>,
     ) -> Result<Vec<U>, AmError> {
-        let mut out = Vec::new();
-        let mut first = None;
-        for op in ops {
-            match self.wait(op) {
-                Ok(v) => out.push(v),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        let all: crate::op::AllOf<U> = ops.into_iter().map(|op| self.wait(op)).collect();
+        all.finish()
     }
 
     /// Waits until at least one operation of `ops` is complete (none if `ops` holds none),
@@ -700,89 +688,70 @@ impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
 /// Writes [`Node`]'s operations from [`crate::op::operations`]: `x` is `x_nb` then
 /// [`Node::wait`], `x_nb` is [`Start`] driven with progress in between.
 macro_rules! node_operations {
-    (
-        ops { $(
-            $(#[$doc:meta])*
-            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
-                = $start:expr ; nb $nb:ident ; $own:ident ;
-        )* }
-        implicit { $(
-            $(#[$idoc:meta])*
-            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
-        )* }
-        posts { $(
-            $(#[$pdoc:meta])*
-            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
-        )* }
-        requests { $(
-            $(#[$rdoc:meta])*
-            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*)
-                = ($($send:expr),*) ;
-        )* }
-        waits { $(
-            $(#[$wdoc:meta])*
-            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
-        )* }
-    ) => {
-        impl<T: Transport, H: Threading> Node<T, H> {
-            $(
-                $(#[$doc])*
-                #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
-                    stringify!($nb), "`] starts it and returns its handle.")]
-                #[inline]
-                pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$out, AmError> {
-                    let op = self.$nb($($arg),*)?;
-                    self.wait(op)
-                }
+    (op $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+            = $start:expr ; nb $nb:ident ; $own:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
+            stringify!($nb), "`] starts it and returns its handle.")]
+        #[inline]
+        pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$out, AmError> {
+            let op = self.$nb($($arg),*)?;
+            self.wait(op)
+        }
 
-                $(#[$doc])*
-                #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
-                    complete (its buffers may be reused), polling while credits or the device \
-                    make it wait: [`Node::wait`], [`Node::test`] and their kin complete it; \
-                    [`Node::", stringify!($name), "`] waits for it.")]
-                #[inline]
-                pub fn $nb<$($g)*>(&mut self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
-                    self.start_op($start)
-                }
-            )*
-            $(
-                $(#[$idoc])*
-                pub fn $iname(&mut self, $($iarg: $ity),*) -> Result<(), AmError> {
-                    let op = self.$inb($($iarg),*)?;
-                    self.ep.implicit(op);
-                    Ok(())
-                }
-            )*
-            $(
-                $(#[$pdoc])*
-                pub fn $pname<$($pg)*>(&mut self, $($parg: $pty),*) -> Result<(), AmError> {
-                    self.drive(|$pep, $pt| $pstep)
-                }
-            )*
-            $(
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nPolls while out of credit or the device is busy; [`Node::",
-                    stringify!($rtry), "`] never waits.")]
-                #[inline]
-                pub fn $rname(&mut self, $($rarg: $rty),*) -> Result<(), AmError> {
-                    self.send_blocking($($send),*)
-                }
+        $(#[$doc])*
+        #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
+            complete (its buffers may be reused), polling while credits or the device \
+            make it wait: [`Node::wait`], [`Node::test`] and their kin complete it; \
+            [`Node::", stringify!($name), "`] waits for it.")]
+        #[inline]
+        pub fn $nb<$($g)*>(&mut self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+            self.start_op($start)
+        }
+    };
+    (implicit $(#[$idoc:meta])*
+        $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
+        $(#[$idoc])*
+        pub fn $iname(&mut self, $($iarg: $ity),*) -> Result<(), AmError> {
+            let op = self.$inb($($iarg),*)?;
+            self.ep.implicit(op);
+            Ok(())
+        }
+    };
+    (post $(#[$pdoc:meta])*
+        $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;) => {
+        $(#[$pdoc])*
+        pub fn $pname<$($pg)*>(&mut self, $($parg: $pty),*) -> Result<(), AmError> {
+            self.drive(|$pep, $pt| $pstep)
+        }
+    };
+    (request $(#[$rdoc:meta])*
+        $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;) => {
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nPolls while out of credit or the device is busy; [`Node::",
+            stringify!($rtry), "`] never waits.")]
+        #[inline]
+        pub fn $rname(&mut self, $($rarg: $rty),*) -> Result<(), AmError> {
+            self.send_blocking($($send),*)
+        }
 
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nOnly if a credit and device space are available now; \
-                    otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
-                    poll; [`Node::", stringify!($rname), "`] waits for room.")]
-                pub fn $rtry(&mut self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
-                    self.try_request($($send),*)
-                }
-            )*
-            $(
-                $(#[$wdoc])*
-                pub fn $wname(&mut self) -> Result<(), AmError> {
-                    self.drive_to_completion(|$wep, $wt| $wstep)
-                }
-            )*
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nOnly if a credit and device space are available now; \
+            otherwise [`TryRequestError::WouldBlock`] and nothing was sent. Does not \
+            poll; [`Node::", stringify!($rname), "`] waits for room.")]
+        pub fn $rtry(&mut self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+            self.try_request($($send),*)
+        }
+    };
+    (wait $(#[$wdoc:meta])*
+        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $(#[$wdoc])*
+        pub fn $wname(&mut self) -> Result<(), AmError> {
+            self.drive_to_completion(|$wep, $wt| $wstep)
         }
     };
 }
-crate::op::operations!(node_operations);
+impl<T: Transport, H: Threading> Node<T, H> {
+    crate::op::operations!(node_operations);
+}

@@ -70,6 +70,48 @@ pub struct Op<T: Outcome> {
 /// taken out, each with its outcome, in order.
 pub type Completed<U> = Vec<(usize, Result<U, AmError>)>;
 
+/// The outcomes of a batch waited for in order (`wait_all`): all of them, or the first error
+/// once every one has completed.
+pub(crate) struct AllOf<U> {
+    out: Vec<U>,
+    first: Option<AmError>,
+}
+
+impl<U> FromIterator<Result<U, AmError>> for AllOf<U> {
+    fn from_iter<I: IntoIterator<Item = Result<U, AmError>>>(outcomes: I) -> AllOf<U> {
+        let mut all = AllOf::new();
+        for outcome in outcomes {
+            all.push(outcome);
+        }
+        all
+    }
+}
+
+impl<U> AllOf<U> {
+    pub(crate) fn new() -> AllOf<U> {
+        AllOf {
+            out: Vec::new(),
+            first: None,
+        }
+    }
+
+    pub(crate) fn push(&mut self, outcome: Result<U, AmError>) {
+        match outcome {
+            Ok(v) => self.out.push(v),
+            Err(e) => {
+                self.first.get_or_insert(e);
+            }
+        }
+    }
+
+    pub(crate) fn finish(self) -> Result<Vec<U>, AmError> {
+        match self.first {
+            Some(e) => Err(e),
+            None => Ok(self.out),
+        }
+    }
+}
+
 /// What an [`Op`] names.
 pub(crate) enum State {
     /// Complete when it was started, with its outcome.
@@ -536,93 +578,108 @@ impl Start for Barrier {
     }
 }
 
-/// The one list of the operations every driver offers, handed to a driver's macro, which
-/// writes that driver's methods from it: the operations with a handle (`name`, `nb` its
-/// non-blocking form, the [`Start`] that defines it, and whether an async future `owns` its
-/// arguments or `borrows` them), the implicit forms (a put started with `nb` then left to the
-/// set; a step that posts), the AM requests with their `try_` forms, and the waits.
+/// The one list of the operations every driver offers: each entry is handed to the driver's
+/// macro, which writes that driver's methods for it. `op`: an operation with a handle
+/// (`name`, `nb` its non-blocking form, the [`Start`] that defines it, and whether an async
+/// future `owns` its arguments or `borrows` them); `implicit`: a put started with `nb`, then
+/// left to the implicit set; `post`: a step that posts; `request`: an AM request with its
+/// `try_` form; `wait`: a wait for a condition of the endpoint's.
 macro_rules! operations {
     ($driver:ident) => {
-        $driver! {
-            ops {
-                /// Writes `data` into `dest`'s segment at `offset` ([`op::Put`](crate::op::Put):
-                /// one copy where the NIC reaches the target's memory, AM Longs elsewhere).
-                put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
-                    = $crate::op::Put { dest, offset, data }; nb put_nb; borrows;
-                /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
-                /// ([`op::Get`](crate::op::Get)).
-                get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
-                    = $crate::op::Get { src, offset, len }; nb get_nb; owns;
-                /// Reads `dst.len()` bytes at `offset` of `src`'s segment into `dst`, and
-                /// gives `dst` back filled ([`op::GetInto`](crate::op::GetInto)).
-                get_into ['b] (src: $crate::Rank, offset: usize, dst: &'b mut [u8]) -> &'b mut [u8]
-                    = $crate::op::GetInto { src, offset, dst: Some(dst) }; nb get_into_nb; borrows;
-                /// Applies `op` to the word at `offset` of `dest`'s segment and completes with
-                /// its old value ([`op::Atomic`](crate::op::Atomic)):
-                /// `atomic(1, 64, AtomicOp::FetchAdd(1u64))`.
-                atomic [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
-                    (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
-                    = $crate::op::Atomic { dest, offset, op }; nb atomic_nb; owns;
-                /// Calls `handler` on `dest` with `args` and `payload` and completes with its
-                /// answer ([`op::Call`](crate::op::Call)).
-                call [] (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> $crate::Reply
-                    = $crate::op::Call {
-                        dest,
-                        handler,
-                        args: std::borrow::Cow::Borrowed(args),
-                        payload: std::borrow::Cow::Borrowed(payload),
-                    }; nb call_nb; owns;
-                /// Enters a barrier and completes once every rank has entered it as often as
-                /// this one ([`op::Barrier`](crate::op::Barrier)). Collective: one thread of
-                /// each rank calls it.
-                barrier [] () -> () = $crate::op::Barrier; nb barrier_nb; owns;
-            }
-            implicit {
-                /// Starts a put inside the implicit set ([`op::Put`](crate::op::Put)):
-                /// `wait_nbi` completes it with the others.
-                put_nbi = put_nb (dest: $crate::Rank, offset: usize, data: &[u8]);
-            }
-            posts {
-                /// Posts a non-fetching remote atomic inside the implicit set (OpenSHMEM's
-                /// `shmem_atomic_xor` and kin; [`op::Atomic`](crate::op::Atomic) for the
-                /// rest): it takes effect by the next `wait_nbi`, `quiesce` or `barrier` at the
-                /// latest (every rank leaving the barrier sees it), and before any later
-                /// request, put, get or atomic of this rank to the same target, in the order
-                /// posted. Where the transport applies atomics itself, posted ones go to it in
-                /// batches of 64 ([`Transport::atomics`](crate::Transport::atomics)) whose words
-                /// it fetches first, so that a stream of them to random words keeps several
-                /// memory misses in flight; elsewhere they go out as messages nobody waits for,
-                /// one per target for the (up to 64) atomics queued for it. Errors (a lost
-                /// target) may come from the call that applies them.
-                atomic_nbi [W: $crate::atomic::AtomicWord]
-                    (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>)
-                    = |ep, t| ep.atomic_nbi(t, dest, offset, op);
-            }
-            requests {
-                /// Sends an AM Short request.
-                request_short, try_request_short (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32])
-                    = (dest, $crate::AmKind::Short, handler, args, &[], None);
-                /// Sends an AM Medium request (payload up to the transport's `max_medium`).
-                request_medium, try_request_medium
-                    (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8])
-                    = (dest, $crate::AmKind::Medium, handler, args, payload, None);
-                /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment,
-                /// then the handler runs there.
-                request_long, try_request_long
-                    (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8], offset: usize)
-                    = (dest, $crate::AmKind::Long, handler, args, payload, Some(offset));
-            }
-            waits {
-                /// Waits until every request this rank sent has been answered, every refused
-                /// reply has gone out and every one-sided operation is remotely complete: the
-                /// fence of one-sided operations (OpenSHMEM's `shmem_quiet`), and what to run
-                /// before dropping a node so that peers are not left without their replies.
-                quiesce = |ep, t| ep.quiesce_step(t);
-                /// Waits until the implicit set is complete: every `x_nbi` operation and
-                /// posted atomic of this rank (GASNet-EX's `gex_NBI_Wait`), without waiting
-                /// for AM replies as `quiesce` does. Fails with the first error of the set.
-                wait_nbi = |ep, t| ep.nbi_step(t);
-            }
+        $driver! { op
+            /// Writes `data` into `dest`'s segment at `offset` ([`op::Put`](crate::op::Put):
+            /// one copy where the NIC reaches the target's memory, AM Longs elsewhere).
+            put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
+                = $crate::op::Put { dest, offset, data }; nb put_nb; borrows;
+        }
+        $driver! { op
+            /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
+            /// ([`op::Get`](crate::op::Get)).
+            get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
+                = $crate::op::Get { src, offset, len }; nb get_nb; owns;
+        }
+        $driver! { op
+            /// Reads `dst.len()` bytes at `offset` of `src`'s segment into `dst`, and
+            /// gives `dst` back filled ([`op::GetInto`](crate::op::GetInto)).
+            get_into ['b] (src: $crate::Rank, offset: usize, dst: &'b mut [u8]) -> &'b mut [u8]
+                = $crate::op::GetInto { src, offset, dst: Some(dst) }; nb get_into_nb; borrows;
+        }
+        $driver! { op
+            /// Applies `op` to the word at `offset` of `dest`'s segment and completes with
+            /// its old value ([`op::Atomic`](crate::op::Atomic)):
+            /// `atomic(1, 64, AtomicOp::FetchAdd(1u64))`.
+            atomic [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
+                (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
+                = $crate::op::Atomic { dest, offset, op }; nb atomic_nb; owns;
+        }
+        $driver! { op
+            /// Calls `handler` on `dest` with `args` and `payload` and completes with its
+            /// answer ([`op::Call`](crate::op::Call)).
+            call [] (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> $crate::Reply
+                = $crate::op::Call {
+                    dest,
+                    handler,
+                    args: std::borrow::Cow::Borrowed(args),
+                    payload: std::borrow::Cow::Borrowed(payload),
+                }; nb call_nb; owns;
+        }
+        $driver! { op
+            /// Enters a barrier and completes once every rank has entered it as often as
+            /// this one ([`op::Barrier`](crate::op::Barrier)). Collective: one thread of
+            /// each rank calls it.
+            barrier [] () -> () = $crate::op::Barrier; nb barrier_nb; owns;
+        }
+        $driver! { implicit
+            /// Starts a put inside the implicit set ([`op::Put`](crate::op::Put)):
+            /// `wait_nbi` completes it with the others.
+            put_nbi = put_nb (dest: $crate::Rank, offset: usize, data: &[u8]);
+        }
+        $driver! { post
+            /// Posts a non-fetching remote atomic inside the implicit set (OpenSHMEM's
+            /// `shmem_atomic_xor` and kin; [`op::Atomic`](crate::op::Atomic) for the
+            /// rest): it takes effect by the next `wait_nbi`, `quiesce` or `barrier` at the
+            /// latest (every rank leaving the barrier sees it), and before any later
+            /// request, put, get or atomic of this rank to the same target, in the order
+            /// posted. Where the transport applies atomics itself, posted ones go to it in
+            /// batches of 64 ([`Transport::atomics`](crate::Transport::atomics)) whose words
+            /// it fetches first, so that a stream of them to random words keeps several
+            /// memory misses in flight; elsewhere they go out as messages nobody waits for,
+            /// one per target for the (up to 64) atomics queued for it. Errors (a lost
+            /// target) may come from the call that applies them.
+            atomic_nbi [W: $crate::atomic::AtomicWord]
+                (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>)
+                = |ep, t| ep.atomic_nbi(t, dest, offset, op);
+        }
+        $driver! { request
+            /// Sends an AM Short request.
+            request_short, try_request_short (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32])
+                = (dest, $crate::AmKind::Short, handler, args, &[], None);
+        }
+        $driver! { request
+            /// Sends an AM Medium request (payload up to the transport's `max_medium`).
+            request_medium, try_request_medium
+                (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8])
+                = (dest, $crate::AmKind::Medium, handler, args, payload, None);
+        }
+        $driver! { request
+            /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment,
+            /// then the handler runs there.
+            request_long, try_request_long
+                (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8], offset: usize)
+                = (dest, $crate::AmKind::Long, handler, args, payload, Some(offset));
+        }
+        $driver! { wait
+            /// Waits until every request this rank sent has been answered, every refused
+            /// reply has gone out and every one-sided operation is remotely complete: the
+            /// fence of one-sided operations (OpenSHMEM's `shmem_quiet`), and what to run
+            /// before dropping a node so that peers are not left without their replies.
+            quiesce = |ep, t| ep.quiesce_step(t);
+        }
+        $driver! { wait
+            /// Waits until the implicit set is complete: every `x_nbi` operation and
+            /// posted atomic of this rank (GASNet-EX's `gex_NBI_Wait`), without waiting
+            /// for AM replies as `quiesce` does. Fails with the first error of the set.
+            wait_nbi = |ep, t| ep.nbi_step(t);
         }
     };
 }

@@ -265,20 +265,8 @@ impl<T: Transport> SharedNode<T> {
         &self,
         ops: impl IntoIterator<Item = Op<U>>,
     ) -> Result<Vec<U>, AmError> {
-        let mut out = Vec::new();
-        let mut first = None;
-        for op in ops {
-            match self.wait(op) {
-                Ok(v) => out.push(v),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        let all: crate::op::AllOf<U> = ops.into_iter().map(|op| self.wait(op)).collect();
+        all.finish()
     }
 
     /// [`Node::wait_some`], giving the node to the other threads between polls.
@@ -533,85 +521,67 @@ impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendab
 /// Writes [`SharedNode`]'s operations from [`crate::op::operations`]: those of [`Node`], each
 /// step under the lock, the node given to the other threads between steps and polls.
 macro_rules! shared_operations {
-    (
-        ops { $(
-            $(#[$doc:meta])*
-            $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
-                = $start:expr ; nb $nb:ident ; $own:ident ;
-        )* }
-        implicit { $(
-            $(#[$idoc:meta])*
-            $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;
-        )* }
-        posts { $(
-            $(#[$pdoc:meta])*
-            $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;
-        )* }
-        requests { $(
-            $(#[$rdoc:meta])*
-            $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;
-        )* }
-        waits { $(
-            $(#[$wdoc:meta])*
-            $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;
-        )* }
-    ) => {
-        impl<T: Transport> SharedNode<T> {
-            $(
-                $(#[$doc])*
-                #[doc = concat!("\n\nWaits until it completes, giving the node to the other \
-                    threads between polls; [`SharedNode::", stringify!($nb), "`] returns its \
-                    handle.")]
-                pub fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$out, AmError> {
-                    let op = self.$nb($($arg),*)?;
-                    self.wait(op)
-                }
+    (op $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
+            = $start:expr ; nb $nb:ident ; $own:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nWaits until it completes, giving the node to the other \
+            threads between polls; [`SharedNode::", stringify!($nb), "`] returns its \
+            handle.")]
+        pub fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$out, AmError> {
+            let op = self.$nb($($arg),*)?;
+            self.wait(op)
+        }
 
-                $(#[$doc])*
-                #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
-                    complete, giving the node to the other threads while credits or the \
-                    device make it wait: [`SharedNode::wait`] and its kin complete it; \
-                    [`SharedNode::", stringify!($name), "`] waits for it.")]
-                pub fn $nb<$($g)*>(&self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
-                    self.start_op($start)
-                }
-            )*
-            $(
-                $(#[$idoc])*
-                pub fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
-                    let op = self.$inb($($iarg),*)?;
-                    self.lock().ep.implicit(op);
-                    Ok(())
-                }
-            )*
-            $(
-                $(#[$pdoc])*
-                pub fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
-                    self.drive(false, |$pep, $pt| $pstep)
-                }
-            )*
-            $(
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nGives the node to the other threads while out of credit; \
-                    [`SharedNode::", stringify!($rtry), "`] never waits.")]
-                pub fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
-                    self.send(|node| node.try_request($($send),*))
-                }
+        $(#[$doc])*
+        #[doc = concat!("\n\nStarts it and returns its handle once it is locally \
+            complete, giving the node to the other threads while credits or the \
+            device make it wait: [`SharedNode::wait`] and its kin complete it; \
+            [`SharedNode::", stringify!($name), "`] waits for it.")]
+        pub fn $nb<$($g)*>(&self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+            self.start_op($start)
+        }
+    };
+    (implicit $(#[$idoc:meta])*
+        $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
+        $(#[$idoc])*
+        pub fn $iname(&self, $($iarg: $ity),*) -> Result<(), AmError> {
+            let op = self.$inb($($iarg),*)?;
+            self.lock().ep.implicit(op);
+            Ok(())
+        }
+    };
+    (post $(#[$pdoc:meta])*
+        $pname:ident [$($pg:tt)*] ($($parg:ident : $pty:ty),*) = |$pep:ident, $pt:ident| $pstep:expr ;) => {
+        $(#[$pdoc])*
+        pub fn $pname<$($pg)*>(&self, $($parg: $pty),*) -> Result<(), AmError> {
+            self.drive(false, |$pep, $pt| $pstep)
+        }
+    };
+    (request $(#[$rdoc:meta])*
+        $rname:ident, $rtry:ident ($($rarg:ident : $rty:ty),*) = ($($send:expr),*) ;) => {
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nGives the node to the other threads while out of credit; \
+            [`SharedNode::", stringify!($rtry), "`] never waits.")]
+        pub fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
+            self.send(|node| node.try_request($($send),*))
+        }
 
-                $(#[$rdoc])*
-                #[doc = concat!("\n\nOnly if a credit and device space are available now \
-                    ([`Node::", stringify!($rtry), "`]).")]
-                pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
-                    self.lock().try_request($($send),*)
-                }
-            )*
-            $(
-                $(#[$wdoc])*
-                pub fn $wname(&self) -> Result<(), AmError> {
-                    self.drive(true, |$wep, $wt| $wstep)
-                }
-            )*
+        $(#[$rdoc])*
+        #[doc = concat!("\n\nOnly if a credit and device space are available now \
+            ([`Node::", stringify!($rtry), "`]).")]
+        pub fn $rtry(&self, $($rarg: $rty),*) -> Result<(), TryRequestError> {
+            self.lock().try_request($($send),*)
+        }
+    };
+    (wait $(#[$wdoc:meta])*
+        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $(#[$wdoc])*
+        pub fn $wname(&self) -> Result<(), AmError> {
+            self.drive(true, |$wep, $wt| $wstep)
         }
     };
 }
-crate::op::operations!(shared_operations);
+impl<T: Transport> SharedNode<T> {
+    crate::op::operations!(shared_operations);
+}

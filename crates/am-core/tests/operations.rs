@@ -35,15 +35,19 @@ fn handlers() -> Handlers {
     h
 }
 
+/// Two Loopback ranks whose one-sided operations travel as messages.
+fn by_messages() -> Vec<NoDirectRma> {
+    Loopback::cluster(2, Default::default())
+        .into_iter()
+        .map(NoDirectRma)
+        .collect()
+}
+
 /// Two ranks over Loopback whose one-sided operations travel as messages, each running `f`
 /// on its started node, under a watchdog.
 fn pair<R: Send + 'static>(f: fn(Node<NoDirectRma>) -> R) -> Vec<R> {
     within(LIMIT, move || {
-        let ranks: Vec<NoDirectRma> = Loopback::cluster(2, Default::default())
-            .into_iter()
-            .map(NoDirectRma)
-            .collect();
-        am_core::run_ranks(ranks, |t| {
+        am_core::run_ranks(by_messages(), |t| {
             f(Node::new(t, handlers(), Config::default()).expect("start"))
         })
     })
@@ -230,11 +234,7 @@ fn a_dropped_barrier_still_completes_and_the_next_is_a_new_one() {
 #[test]
 fn a_shared_node_has_every_operation_and_threads_share_it() {
     within(LIMIT, || {
-        let ranks: Vec<NoDirectRma> = Loopback::cluster(2, Default::default())
-            .into_iter()
-            .map(NoDirectRma)
-            .collect();
-        am_core::run_ranks(ranks, |t| {
+        am_core::run_ranks(by_messages(), |t| {
             let node = SharedNode::new(Node::new(t, handlers(), Config::default()).unwrap());
             let peer = 1 - node.rank();
             std::thread::scope(|s| {
@@ -278,11 +278,7 @@ fn a_shared_node_has_every_operation_and_threads_share_it() {
 #[test]
 fn async_futures_own_their_arguments_and_share_the_handle() {
     within(LIMIT, || {
-        let ranks: Vec<NoDirectRma> = Loopback::cluster(2, Default::default())
-            .into_iter()
-            .map(NoDirectRma)
-            .collect();
-        am_core::run_ranks(ranks, |t| {
+        am_core::run_ranks(by_messages(), |t| {
             let node = AsyncNode::new(Node::new(t, handlers(), Config::default()).unwrap());
             let peer = 1 - node.rank();
             type Boxed = Pin<Box<dyn Future<Output = Result<Reply, AmError>> + Send>>;

@@ -20,6 +20,7 @@
 
 pub mod control;
 mod liveness;
+pub mod rma;
 mod setup;
 pub mod wake;
 

@@ -1,6 +1,7 @@
 //! Start-up of a simulated NIC under a launcher, and why it can fail.
 
 use am_bootstrap::{BootstrapError, JobInfo, LauncherKind};
+use am_bootstrap::{ConnectError, ConnectErrorKind};
 use am_shm::{Segment, ShmError};
 use nix::unistd::Pid;
 
@@ -178,6 +179,31 @@ pub fn connect(
     // Nobody leaves start-up (and perhaps ends) before every rank has mapped every segment.
     kvs.fence()?;
     Ok(Joined { own, peers, pids })
+}
+
+impl SetupError {
+    /// What kind of start-up failure this is ([`am_bootstrap::ConnectErrorKind`]).
+    pub fn kind(&self) -> ConnectErrorKind {
+        match self {
+            SetupError::Shm(_) => ConnectErrorKind::Resource,
+            SetupError::Bootstrap(_) | SetupError::NoKeyValueStore { .. } => {
+                ConnectErrorKind::Bootstrap
+            }
+            SetupError::BadAnnouncement { .. } | SetupError::Mismatch { .. } => {
+                ConnectErrorKind::Mismatch
+            }
+            SetupError::Unshareable(_) => ConnectErrorKind::Unavailable,
+            SetupError::Config(_) => ConnectErrorKind::Config,
+            &SetupError::SegmentSizeMismatch { rank, ours, theirs } => {
+                ConnectErrorKind::SegmentSizeMismatch { rank, ours, theirs }
+            }
+        }
+    }
+
+    /// The start-up error of `transport` that this is, keeping it as the source.
+    pub fn into_connect_error(self, transport: &'static str) -> ConnectError {
+        ConnectError::new(transport, self.kind(), self)
+    }
 }
 
 #[cfg(test)]

@@ -479,3 +479,10 @@ pub enum RmaError {
     #[error("RMA engine: {0}")]
     Engine(#[source] am_core::NicError),
 }
+am_bootstrap::impl_connect!(
+    Extoll,
+    ExtollConfig,
+    "extoll",
+    |ranks| ExtollConfig::from_env_for_ranks(ranks),
+    |e| e.into_connect_error("extoll")
+);

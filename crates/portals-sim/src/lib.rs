@@ -554,3 +554,33 @@ mod tests {
         }
     }
 }
+
+impl PortalsError {
+    /// What kind of start-up failure this is ([`am_bootstrap::ConnectErrorKind`]).
+    pub fn kind(&self) -> am_bootstrap::ConnectErrorKind {
+        use am_bootstrap::ConnectErrorKind as K;
+        match self {
+            PortalsError::Shm(_) | PortalsError::Ni(_) => K::Resource,
+            PortalsError::Bootstrap(_) => K::Bootstrap,
+            PortalsError::Setup(e) => e.kind(),
+            PortalsError::Config(_) | PortalsError::CoreConfig(_) => K::Config,
+            &PortalsError::SegmentSizeMismatch { rank, ours, theirs } => {
+                K::SegmentSizeMismatch { rank, ours, theirs }
+            }
+            PortalsError::Mismatch { .. } => K::Mismatch,
+        }
+    }
+
+    /// The start-up error of `transport` that this is, keeping it as the source.
+    pub fn into_connect_error(self, transport: &'static str) -> am_bootstrap::ConnectError {
+        am_bootstrap::ConnectError::new(transport, self.kind(), self)
+    }
+}
+
+am_bootstrap::impl_connect!(
+    Portals,
+    PortalsConfig,
+    "portals",
+    |ranks| PortalsConfig::from_env_for_ranks(ranks),
+    |e| e.into_connect_error("portals")
+);

@@ -405,6 +405,15 @@ impl SciConfig {
 /// Why an SCI NIC could not start: the set-up errors every simulated NIC shares.
 pub type SciError = am_nic::SetupError;
 
+// Started by the facade, or a program, as every transport is.
+am_bootstrap::impl_connect!(
+    Sci,
+    SciConfig,
+    "sci",
+    |ranks| SciConfig::from_env_for_ranks(ranks),
+    |e| e.into_connect_error("sci")
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

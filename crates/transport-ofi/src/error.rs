@@ -56,3 +56,32 @@ pub enum OfiTransportError {
         theirs: String,
     },
 }
+
+impl OfiTransportError {
+    /// What kind of start-up failure this is ([`am_bootstrap::ConnectErrorKind`]).
+    pub fn kind(&self) -> am_bootstrap::ConnectErrorKind {
+        use am_bootstrap::ConnectErrorKind as K;
+        match self {
+            OfiTransportError::NoProvider { .. } => K::Unavailable,
+            OfiTransportError::Ofi(_) | OfiTransportError::Segment(_) => K::Resource,
+            OfiTransportError::Bootstrap(_) => K::Bootstrap,
+            OfiTransportError::Rendezvous(_) | OfiTransportError::ProviderMismatch { .. } => {
+                K::Mismatch
+            }
+            OfiTransportError::Config(_) => K::Config,
+            &OfiTransportError::SegmentSizeMismatch { rank, ours, theirs } => {
+                K::SegmentSizeMismatch {
+                    rank,
+                    ours: ours as u64,
+                    theirs: theirs as u64,
+                }
+            }
+        }
+    }
+}
+
+impl From<OfiTransportError> for am_bootstrap::ConnectError {
+    fn from(e: OfiTransportError) -> am_bootstrap::ConnectError {
+        am_bootstrap::ConnectError::new("ofi", e.kind(), e)
+    }
+}

@@ -81,3 +81,12 @@ pub use config::OfiConfig;
 pub use error::OfiTransportError;
 #[cfg(feature = "libfabric")]
 pub use ofi::Ofi;
+
+#[cfg(feature = "libfabric")]
+am_bootstrap::impl_connect!(
+    Ofi,
+    OfiConfig,
+    "ofi",
+    |_ranks| OfiConfig::from_env(),
+    am_bootstrap::ConnectError::from
+);

@@ -114,3 +114,28 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> UdpEr
     let what = what.into();
     move |source| UdpError::Io { what, source }
 }
+
+impl UdpError {
+    /// What kind of start-up failure this is ([`am_bootstrap::ConnectErrorKind`]).
+    pub fn kind(&self) -> am_bootstrap::ConnectErrorKind {
+        use am_bootstrap::ConnectErrorKind as K;
+        match self {
+            UdpError::Config { .. } | UdpError::Key(_) | UdpError::KeyRequired => K::Config,
+            UdpError::Io { .. }
+            | UdpError::Segment { .. }
+            | UdpError::CoordinatorPortTaken { .. } => K::Resource,
+            UdpError::Bootstrap(_) | UdpError::NoRendezvous { .. } => K::Bootstrap,
+            UdpError::PeerMtu { .. }
+            | UdpError::KeyMismatch { .. }
+            | UdpError::CoordinatorNotAuthentic { .. }
+            | UdpError::ConflictingRegistration { .. }
+            | UdpError::Rendezvous(_) => K::Mismatch,
+        }
+    }
+}
+
+impl From<UdpError> for am_bootstrap::ConnectError {
+    fn from(e: UdpError) -> am_bootstrap::ConnectError {
+        am_bootstrap::ConnectError::new("udp", e.kind(), e)
+    }
+}

@@ -116,3 +116,11 @@ pub use proto::Stats;
 pub use rendezvous::PeerAddr;
 pub use udp::{SocketStats, Udp, DEFAULT_CREDITS};
 pub use wire::{JobKey, KeyError};
+
+am_bootstrap::impl_connect!(
+    Udp,
+    UdpConfig,
+    "udp",
+    |_ranks| UdpConfig::from_env(),
+    am_bootstrap::ConnectError::from
+);

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::setup::setup_error;
 use super::*;
 use crate::ni::die::{self, Step};
 use am_core::wire::{encode_head, Header, MAX_HEAD_LEN};

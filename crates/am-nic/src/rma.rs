@@ -1,0 +1,52 @@
+//! One-sided operations of a NIC that maps its peers' segments into this process (sci's
+//! imported segments, extoll's registered ones): a put is one copy into the target's memory,
+//! a get one copy out of it, an atomic one atomic instruction on its word, all complete when
+//! they return, with no message and no help from the target. A NIC's `Transport::put`,
+//! `get`, `atomic` and `atomics` are these, over its [`MappedPeers`].
+
+use am_core::atomic::{apply_batch, Atomic, Batch, Posted};
+use am_core::{Rank, SendError, SharedBytes};
+
+/// A NIC that reaches its peers' segments as memory of this process.
+pub trait MappedPeers {
+    /// `rank`'s segment as this rank maps it: an error naming the rank if there is no such
+    /// rank, or it is gone.
+    fn peer_segment(&self, rank: Rank) -> Result<SharedBytes<'_>, SendError>;
+}
+
+/// Writes `data` at `offset` of `dest`'s segment ([`am_core::Transport::put`]).
+pub fn put(
+    nic: &impl MappedPeers,
+    dest: Rank,
+    offset: usize,
+    data: &[u8],
+) -> Result<(), SendError> {
+    am_core::rma::put_into(dest, nic.peer_segment(dest)?, offset, data)
+}
+
+/// Reads `dst.len()` bytes at `offset` of `src`'s segment ([`am_core::Transport::get`]).
+pub fn get(
+    nic: &impl MappedPeers,
+    src: Rank,
+    offset: usize,
+    dst: &mut [u8],
+) -> Result<(), SendError> {
+    am_core::rma::get_from(src, nic.peer_segment(src)?, offset, dst)
+}
+
+/// Applies `atomic` to the word at `offset` of `dest`'s segment: its old value
+/// ([`am_core::Transport::atomic`]).
+pub fn atomic(
+    nic: &impl MappedPeers,
+    dest: Rank,
+    offset: usize,
+    atomic: Atomic,
+) -> Result<u64, SendError> {
+    atomic.apply_to(dest, nic.peer_segment(dest)?, offset)
+}
+
+/// Applies a batch of posted atomics in order ([`am_core::Transport::atomics`]).
+pub fn atomics(nic: &impl MappedPeers, batch: &[Posted]) -> Batch {
+    let applied = apply_batch(batch, |d| nic.peer_segment(d));
+    Batch::all(batch.len(), applied)
+}
