@@ -28,11 +28,12 @@ use std::task::{Poll, Waker};
 use std::future::Future;
 
 use crate::call::Calls;
+use crate::endpoint::start::Start;
 use crate::endpoint::Endpoint;
 use crate::error::{AmError, TryRequestError};
 use crate::handler::{Sendable, Threading};
 use crate::node::Node;
-use crate::op::{Completed, Op, Outcome, Start};
+use crate::op::{Completed, Op, Outcome};
 use crate::transport::{Armed, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
@@ -725,7 +726,7 @@ macro_rules! async_op {
             (it can be boxed, stored and spawned).")]
         pub fn $name<$($g)*>(&self, $($arg: $ty),*)
             -> impl Future<Output = Result<$out, AmError>> {
-            let op = $crate::op::Owned::owned($start);
+            let op = $crate::endpoint::start::Owned::owned($start);
             let node = self.clone();
             async move {
                 let started = node.start_op(op).await?;
@@ -739,7 +740,7 @@ macro_rules! async_op {
             "`] waits for it. The future owns what it needs.")]
         pub fn $nb<$($g)*>(&self, $($arg: $ty),*)
             -> impl Future<Output = Result<$crate::op::Op<$out>, AmError>> {
-            let op = $crate::op::Owned::owned($start);
+            let op = $crate::endpoint::start::Owned::owned($start);
             let node = self.clone();
             async move { node.start_op(op).await }
         }
@@ -765,7 +766,7 @@ macro_rules! async_op {
     };
 }
 
-/// Writes [`AsyncNode`]'s operations from [`crate::op::operations`] (see [`async_op`]).
+/// Writes [`AsyncNode`]'s operations from [`crate::endpoint::start::operations`] (see [`async_op`]).
 macro_rules! async_operations {
     (op $(#[$doc:meta])*
         $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty
@@ -816,5 +817,5 @@ macro_rules! async_operations {
     };
 }
 impl<T: Transport, H: Threading> AsyncNode<T, H> {
-    crate::op::operations!(async_operations);
+    crate::endpoint::start::operations!(async_operations);
 }

@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, WaitMode};
 use crate::credit::{CreditPolicy, Policy};
+use crate::endpoint::start::Start;
 use crate::endpoint::{Endpoint, Polled};
 use crate::error::{AmError, StartError, TryRequestError};
 use crate::handler::{Handlers, Sendable, Threading};
-use crate::op::{Completed, Op, Outcome, Start};
+use crate::op::{Completed, Op, Outcome};
 use crate::transport::{Armed, Capabilities, Limits, Transport};
 use crate::types::{AmKind, HandlerId, Rank};
 
@@ -685,7 +686,7 @@ impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
     }
 }
 
-/// Writes [`Node`]'s operations from [`crate::op::operations`]: `x` is `x_nb` then
+/// Writes [`Node`]'s operations from [`crate::endpoint::start::operations`]: `x` is `x_nb` then
 /// [`Node::wait`], `x_nb` is [`Start`] driven with progress in between.
 macro_rules! node_operations {
     (op $(#[$doc:meta])*
@@ -753,5 +754,5 @@ macro_rules! node_operations {
     };
 }
 impl<T: Transport, H: Threading> Node<T, H> {
-    crate::op::operations!(node_operations);
+    crate::endpoint::start::operations!(node_operations);
 }

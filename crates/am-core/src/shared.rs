@@ -21,11 +21,12 @@ use std::time::Duration;
 use std::task::Poll;
 
 use crate::config::WaitMode;
+use crate::endpoint::start::Start;
 use crate::endpoint::Endpoint;
 use crate::error::{AmError, TryRequestError};
 use crate::handler::Sendable;
 use crate::node::Node;
-use crate::op::{Completed, Op, Outcome, Start};
+use crate::op::{Completed, Op, Outcome};
 use crate::transport::Transport;
 use crate::types::Rank;
 
@@ -518,7 +519,7 @@ impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendab
     }
 }
 
-/// Writes [`SharedNode`]'s operations from [`crate::op::operations`]: those of [`Node`], each
+/// Writes [`SharedNode`]'s operations from [`crate::endpoint::start::operations`]: those of [`Node`], each
 /// step under the lock, the node given to the other threads between steps and polls.
 macro_rules! shared_operations {
     (op $(#[$doc:meta])*
@@ -583,5 +584,5 @@ macro_rules! shared_operations {
     };
 }
 impl<T: Transport> SharedNode<T> {
-    crate::op::operations!(shared_operations);
+    crate::endpoint::start::operations!(shared_operations);
 }

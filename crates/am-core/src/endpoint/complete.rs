@@ -204,7 +204,7 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Opens a call ([`crate::op::Call`]) after checking it as the request it will be: its
+    /// Opens a call ([`crate::endpoint::start::Call`]) after checking it as the request it will be: its
     /// handle, whose [`Endpoint::call_step`] sends the request. Fails if the table has no
     /// callable handler or `args` leaves no room for the call's number.
     pub fn call_start(

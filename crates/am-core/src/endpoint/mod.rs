@@ -14,7 +14,7 @@
 //! - **progress**: [`Endpoint::poll_one`] sends the replies the device refused, hands one
 //!   delivered message to its handler, and says whether one was handled or a peer ended the
 //!   job ([`Polled::Exit`]), which the driver then does;
-//! - **operations**: it takes an operation's [`Start`](crate::op::Start) steps (`start`, then
+//! - **operations**: it takes an operation's [`Start`](crate::endpoint::start::Start) steps (`start`, then
 //!   `send`) until each is ready, making progress in between; that gives the operation's
 //!   [`Op`](crate::op::Op), which [`Endpoint::poll_op`] completes (leaving a waker, for an
 //!   async driver, that the completion wakes).
@@ -57,6 +57,7 @@ mod posted;
 mod recv;
 mod rma;
 mod send;
+pub mod start;
 mod startup;
 mod state;
 

@@ -14,7 +14,7 @@ use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
-    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::op::Put`]), after
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::endpoint::start::Put`]), after
     /// the posted atomics ([`Endpoint::atomic_nbi`]). Where the NIC writes peers' memory
     /// itself ([`Transport::put`]) the bytes are placed now and the handle is complete
     /// ([`Op::is_ready`]); a put to this rank is a copy into `t`'s segment; otherwise the put
@@ -92,7 +92,7 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::op::Get`]),
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::endpoint::start::Get`]),
     /// after the posted atomics. Where the NIC reads peers' memory itself ([`Transport::get`])
     /// or `src` is this rank, the bytes are read now and the handle is complete; otherwise
     /// [`Endpoint::get_step`] sends the requests that `src`'s progress answers. `Pending`
@@ -121,7 +121,7 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Starts a get into `dst`, a buffer of the caller's ([`crate::op::GetInto`], which
+    /// Starts a get into `dst`, a buffer of the caller's ([`crate::endpoint::start::GetInto`], which
     /// gives the handle `dst` to fill), as [`Endpoint::get_start`]: a handle complete when
     /// started once the bytes are in `dst`; otherwise the get by messages, whose bytes its
     /// completion copies into `dst`.
@@ -223,7 +223,7 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a remote atomic on the word at `offset` of `dest`'s segment
-    /// ([`crate::op::Atomic`]), after the posted atomics. Where the NIC applies atomics
+    /// ([`crate::endpoint::start::Atomic`]), after the posted atomics. Where the NIC applies atomics
     /// itself ([`Transport::atomic`]) or `dest` is this rank, it is applied now and the handle
     /// holds the old value; otherwise [`Endpoint::atomic_step`] sends it as a system message
     /// that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].

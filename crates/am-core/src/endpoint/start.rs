@@ -1,0 +1,402 @@
+//! Operations' definitions: how each starts on an [`Endpoint`] and is sent until it is
+//! locally complete ([`Start`]), and the one list from which every driver writes its
+//! methods (see [`crate::op`] for the names and the handle they return).
+
+use std::borrow::Cow;
+use std::task::{ready, Poll};
+
+use super::Endpoint;
+use crate::atomic::{AtomicOp, AtomicWord};
+use crate::call::Reply;
+use crate::error::AmError;
+use crate::handler::Threading;
+use crate::op::{Op, Outcome};
+use crate::transport::Transport;
+use crate::types::{HandlerId, Rank};
+
+/// An operation's definition: how it starts on an [`Endpoint`], and how it is sent until it
+/// is locally complete. Every driver's `x` and `x_nb` are these two steps, taken until ready
+/// with progress in between, then (for `x`) the wait for its [`Op`]; a driver of one's own
+/// does the same (see the [module docs](crate::endpoint)).
+///
+/// Both steps are re-entrant: `Pending` means nothing was lost, make progress and call again.
+pub trait Start {
+    /// What the operation completes with.
+    type Output: Outcome;
+
+    /// Starts the operation: `Pending` while it cannot start yet (posted atomics or the
+    /// device wait), an error if it never can (nothing was done then).
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Self::Output>, AmError>>;
+
+    /// Sends what the operation still has to send (chunks waiting for credits): ready once
+    /// it is locally complete. After an error nothing more is sent; the handle, dropped,
+    /// lets what was sent complete.
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Self::Output>,
+    ) -> Poll<Result<(), AmError>> {
+        let _ = (ep, t, op);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A put: `data` into `dest`'s segment at `offset`. Where the transport reaches the target's
+/// memory ([`Transport::put`]) it is one copy into it, complete when started, whether or not
+/// the target polls; elsewhere it goes as AM Longs that the target's progress acknowledges. A
+/// put to this rank is a copy into its own segment. A range outside the segment is an error
+/// when it starts, and nothing is written.
+///
+/// Puts are not ordered with this rank's AMs or with each other; a later request to the
+/// target, a barrier or a quiesce after the completion publishes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Put<'a> {
+    /// The target.
+    pub dest: Rank,
+    /// Where in its segment.
+    pub offset: usize,
+    /// The bytes.
+    pub data: &'a [u8],
+}
+
+impl Start for Put<'_> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.put_start(t, self.dest, self.offset, self.data)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_step(t, op, self.data)
+    }
+}
+
+/// A get: `len` bytes at `offset` of `src`'s segment, into a new `Vec`. Where the transport
+/// reaches the target's memory ([`Transport::get`]) or `src` is this rank, the bytes are read
+/// when it starts, with no help from `src`; elsewhere `src`'s progress answers system messages
+/// for them. A range outside the segment is an error when it starts.
+#[derive(Debug, Clone, Copy)]
+pub struct Get {
+    /// The rank read from.
+    pub src: Rank,
+    /// Where in its segment.
+    pub offset: usize,
+    /// How many bytes.
+    pub len: usize,
+}
+
+impl Start for Get {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        ep.get_start(t, self.src, self.offset, self.len)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Vec<u8>>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.get_step(t, op)
+    }
+}
+
+/// A get into a buffer of the caller's (OpenSHMEM's `shmem_getmem_nbi`): `dst.len()` bytes at
+/// `offset` of `src`'s segment. The handle holds `dst` until it completes, and gives it back
+/// filled. Where the transport reaches the target's memory the bytes are in `dst` when it
+/// starts; elsewhere they are copied there on completion. A range outside the segment is an
+/// error when it starts, and `dst` is left as it was.
+#[derive(Debug)]
+pub struct GetInto<'b> {
+    /// The rank read from.
+    pub src: Rank,
+    /// Where in its segment.
+    pub offset: usize,
+    /// The buffer, until the handle takes it.
+    pub dst: Option<&'b mut [u8]>,
+}
+
+impl<'b> Start for GetInto<'b> {
+    type Output = &'b mut [u8];
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<&'b mut [u8]>, AmError>> {
+        let Some(dst) = self.dst.as_deref_mut() else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let op = ready!(ep.get_into_start(t, self.src, self.offset, dst))?;
+        let dst = self.dst.take().ok_or(AmError::StaleHandle)?;
+        Poll::Ready(Ok(op.filling(dst)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<&'b mut [u8]>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.get_step(t, op)
+    }
+}
+
+/// A remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s segment
+/// ([`AtomicOp`]; see [`crate::atomic`] for the ordering), completing with the word's old
+/// value. Where the transport reaches the target's memory (the shared-memory NICs and
+/// [`crate::Loopback`]) it is one atomic instruction on the target's word, done when it
+/// starts, whether or not the target polls; elsewhere it travels as a system message that the
+/// target's progress applies. A word outside the segment or misaligned is an error when it
+/// starts, and nothing is done.
+#[derive(Debug, Clone, Copy)]
+pub struct Atomic<W: AtomicWord> {
+    /// The target.
+    pub dest: Rank,
+    /// The word's offset in its segment.
+    pub offset: usize,
+    /// What to do to it.
+    pub op: AtomicOp<W>,
+}
+
+impl<W: AtomicWord + Outcome> Start for Atomic<W> {
+    type Output = W;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<W>, AmError>> {
+        ep.atomic_start(t, self.dest, self.offset, self.op)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<W>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.atomic_step(t, op)
+    }
+}
+
+/// A call: `handler` on `dest` (registered with [`crate::Handlers::callable`]) with `args`
+/// (at most 15) and `payload` (at most the largest AM Medium), completing with the arguments
+/// and payload it answered with ([`Reply`]), with no reply handler of the caller's. It fails
+/// as a request does, and with the peer's loss or departure if it goes before it answers.
+/// Dropping its handle gives the call up: a late answer is dropped.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    /// The rank called.
+    pub dest: Rank,
+    /// The callable handler.
+    pub handler: HandlerId,
+    /// The arguments.
+    pub args: Cow<'a, [u32]>,
+    /// The payload.
+    pub payload: Cow<'a, [u8]>,
+}
+
+impl Call<'_> {
+    /// The same call owning its arguments and payload (for a future that outlives them).
+    pub fn into_owned(self) -> Call<'static> {
+        Call {
+            dest: self.dest,
+            handler: self.handler,
+            args: Cow::Owned(self.args.into_owned()),
+            payload: Cow::Owned(self.payload.into_owned()),
+        }
+    }
+}
+
+impl Start for Call<'_> {
+    type Output = Reply;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        _t: &mut T,
+    ) -> Poll<Result<Op<Reply>, AmError>> {
+        Poll::Ready(ep.call_start(self.dest, self.handler, &self.args, self.payload.len()))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Reply>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.call_step(t, op, self.handler, &self.args, &self.payload)
+    }
+}
+
+/// A barrier: complete once every rank has entered it (a dissemination barrier over AMs:
+/// ⌈log2 N⌉ rounds of one request each). It starts once this rank's posted atomics are
+/// applied, so every rank leaving it sees them. A barrier whose wait returned an error is
+/// resumed by the next barrier, which sends nothing twice (the other ranks are still in it);
+/// after an error that lasts (a lost peer, an aborted job) the retry fails the same way.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Barrier;
+
+impl Start for Barrier {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.barrier_start(t)
+    }
+}
+
+/// The one list of the operations every driver offers: each entry is handed to the driver's
+/// macro, which writes that driver's methods for it. `op`: an operation with a handle
+/// (`name`, `nb` its non-blocking form, the [`Start`] that defines it, and whether an async
+/// future `owns` its arguments or `borrows` them); `implicit`: a put started with `nb`, then
+/// left to the implicit set; `post`: a step that posts; `request`: an AM request with its
+/// `try_` form; `wait`: a wait for a condition of the endpoint's.
+macro_rules! operations {
+    ($driver:ident) => {
+        $driver! { op
+            /// Writes `data` into `dest`'s segment at `offset` ([`Put`](crate::endpoint::start::Put):
+            /// one copy where the NIC reaches the target's memory, AM Longs elsewhere).
+            put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
+                = $crate::endpoint::start::Put { dest, offset, data }; nb put_nb; borrows;
+        }
+        $driver! { op
+            /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
+            /// ([`Get`](crate::endpoint::start::Get)).
+            get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
+                = $crate::endpoint::start::Get { src, offset, len }; nb get_nb; owns;
+        }
+        $driver! { op
+            /// Reads `dst.len()` bytes at `offset` of `src`'s segment into `dst`, and
+            /// gives `dst` back filled ([`GetInto`](crate::endpoint::start::GetInto)).
+            get_into ['b] (src: $crate::Rank, offset: usize, dst: &'b mut [u8]) -> &'b mut [u8]
+                = $crate::endpoint::start::GetInto { src, offset, dst: Some(dst) }; nb get_into_nb; borrows;
+        }
+        $driver! { op
+            /// Applies `op` to the word at `offset` of `dest`'s segment and completes with
+            /// its old value ([`Atomic`](crate::endpoint::start::Atomic)):
+            /// `atomic(1, 64, AtomicOp::FetchAdd(1u64))`.
+            atomic [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
+                (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
+                = $crate::endpoint::start::Atomic { dest, offset, op }; nb atomic_nb; owns;
+        }
+        $driver! { op
+            /// Calls `handler` on `dest` with `args` and `payload` and completes with its
+            /// answer ([`Call`](crate::endpoint::start::Call)).
+            call [] (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> $crate::Reply
+                = $crate::endpoint::start::Call {
+                    dest,
+                    handler,
+                    args: std::borrow::Cow::Borrowed(args),
+                    payload: std::borrow::Cow::Borrowed(payload),
+                }; nb call_nb; owns;
+        }
+        $driver! { op
+            /// Enters a barrier and completes once every rank has entered it as often as
+            /// this one ([`Barrier`](crate::endpoint::start::Barrier)). Collective: one thread of
+            /// each rank calls it.
+            barrier [] () -> () = $crate::endpoint::start::Barrier; nb barrier_nb; owns;
+        }
+        $driver! { implicit
+            /// Starts a put inside the implicit set ([`Put`](crate::endpoint::start::Put)):
+            /// `wait_nbi` completes it with the others.
+            put_nbi = put_nb (dest: $crate::Rank, offset: usize, data: &[u8]);
+        }
+        $driver! { post
+            /// Posts a non-fetching remote atomic inside the implicit set (OpenSHMEM's
+            /// `shmem_atomic_xor` and kin; [`Atomic`](crate::endpoint::start::Atomic) for the
+            /// rest): it takes effect by the next `wait_nbi`, `quiesce` or `barrier` at the
+            /// latest (every rank leaving the barrier sees it), and before any later
+            /// request, put, get or atomic of this rank to the same target, in the order
+            /// posted. Where the transport applies atomics itself, posted ones go to it in
+            /// batches of 64 ([`Transport::atomics`](crate::Transport::atomics)) whose words
+            /// it fetches first, so that a stream of them to random words keeps several
+            /// memory misses in flight; elsewhere they go out as messages nobody waits for,
+            /// one per target for the (up to 64) atomics queued for it. Errors (a lost
+            /// target) may come from the call that applies them.
+            atomic_nbi [W: $crate::atomic::AtomicWord]
+                (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>)
+                = |ep, t| ep.atomic_nbi(t, dest, offset, op);
+        }
+        $driver! { request
+            /// Sends an AM Short request.
+            request_short, try_request_short (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32])
+                = (dest, $crate::AmKind::Short, handler, args, &[], None);
+        }
+        $driver! { request
+            /// Sends an AM Medium request (payload up to the transport's `max_medium`).
+            request_medium, try_request_medium
+                (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8])
+                = (dest, $crate::AmKind::Medium, handler, args, payload, None);
+        }
+        $driver! { request
+            /// Sends an AM Long request: `payload` lands at `offset` in `dest`'s segment,
+            /// then the handler runs there.
+            request_long, try_request_long
+                (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8], offset: usize)
+                = (dest, $crate::AmKind::Long, handler, args, payload, Some(offset));
+        }
+        $driver! { wait
+            /// Waits until every request this rank sent has been answered, every refused
+            /// reply has gone out and every one-sided operation is remotely complete: the
+            /// fence of one-sided operations (OpenSHMEM's `shmem_quiet`), and what to run
+            /// before dropping a node so that peers are not left without their replies.
+            quiesce = |ep, t| ep.quiesce_step(t);
+        }
+        $driver! { wait
+            /// Waits until the implicit set is complete: every `x_nbi` operation and
+            /// posted atomic of this rank (GASNet-EX's `gex_NBI_Wait`), without waiting
+            /// for AM replies as `quiesce` does. Fails with the first error of the set.
+            wait_nbi = |ep, t| ep.nbi_step(t);
+        }
+    };
+}
+pub(crate) use operations;
+
+/// A [`Start`] that a future may own whole: the async driver's `x` and `x_nb` of an operation
+/// that `owns` its arguments take them by copy, so that the future is `'static` (it can be
+/// boxed, stored and spawned).
+pub(crate) trait Owned: Start {
+    type Owned: Start<Output = Self::Output> + 'static;
+    fn owned(self) -> Self::Owned;
+}
+
+impl Owned for Get {
+    type Owned = Get;
+    fn owned(self) -> Get {
+        self
+    }
+}
+
+impl<W: AtomicWord + Outcome + 'static> Owned for Atomic<W> {
+    type Owned = Atomic<W>;
+    fn owned(self) -> Atomic<W> {
+        self
+    }
+}
+
+impl Owned for Barrier {
+    type Owned = Barrier;
+    fn owned(self) -> Barrier {
+        self
+    }
+}
+
+impl Owned for Call<'_> {
+    type Owned = Call<'static>;
+    fn owned(self) -> Call<'static> {
+        self.into_owned()
+    }
+}
