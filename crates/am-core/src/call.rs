@@ -9,6 +9,7 @@
 //! AM Medium reply whose first argument echoes it: nothing a transport sees is new.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
@@ -125,7 +126,30 @@ pub(crate) struct Calls {
 #[derive(Debug, Default)]
 struct CallState {
     next: u32,
-    pending: HashMap<u32, Pending>,
+    pending: HashMap<u32, Pending, BuildHasherDefault<CallNumbers>>,
+}
+
+/// The hash of a call's number (Fibonacci hashing: one multiplication). The numbers are this
+/// node's own, handed out in sequence, so a peer cannot choose keys that collide: an answer
+/// can only look one up, never insert one. A keyed hash would cost more than the rest of a
+/// lookup, on every poll of a call that waits.
+#[derive(Default)]
+pub(crate) struct CallNumbers(u64);
+
+impl Hasher for CallNumbers {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl Calls {

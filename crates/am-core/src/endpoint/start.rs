@@ -198,25 +198,47 @@ impl<W: AtomicWord + Outcome> Start for Atomic<W> {
 /// Dropping its handle gives the call up: a late answer is dropped.
 #[derive(Debug, Clone)]
 pub struct Call<'a> {
-    /// The rank called.
-    pub dest: Rank,
-    /// The callable handler.
-    pub handler: HandlerId,
-    /// The arguments.
-    pub args: Cow<'a, [u32]>,
-    /// The payload.
-    pub payload: Cow<'a, [u8]>,
+    dest: Rank,
+    handler: HandlerId,
+    /// The arguments, kept inline (a call's are few) so that an owned call allocates nothing
+    /// for them; `nargs` is how many were given, checked when the call starts.
+    args: [u32; crate::wire::MAX_ARGS],
+    nargs: usize,
+    payload: Cow<'a, [u8]>,
 }
 
-impl Call<'_> {
-    /// The same call owning its arguments and payload (for a future that outlives them).
+impl<'a> Call<'a> {
+    /// A call of `handler` on `dest` with `args` and `payload` (borrowed until it starts).
+    pub fn new(dest: Rank, handler: HandlerId, args: &[u32], payload: &'a [u8]) -> Call<'a> {
+        let mut words = [0; crate::wire::MAX_ARGS];
+        let n = args.len().min(words.len());
+        words[..n].copy_from_slice(&args[..n]);
+        Call {
+            dest,
+            handler,
+            args: words,
+            nargs: args.len(),
+            payload: Cow::Borrowed(payload),
+        }
+    }
+
+    /// The same call owning its payload (for a future that outlives it).
     pub fn into_owned(self) -> Call<'static> {
         Call {
             dest: self.dest,
             handler: self.handler,
-            args: Cow::Owned(self.args.into_owned()),
+            args: self.args,
+            nargs: self.nargs,
             payload: Cow::Owned(self.payload.into_owned()),
         }
+    }
+
+    /// The arguments, or the error of too many.
+    fn args(&self) -> Result<&[u32], AmError> {
+        // One more than fits leaves no room for the call's number: refused by the start.
+        self.args
+            .get(..self.nargs)
+            .ok_or(AmError::TooManyArgs(self.nargs + 1))
     }
 }
 
@@ -227,7 +249,11 @@ impl Start for Call<'_> {
         ep: &mut Endpoint<H>,
         _t: &mut T,
     ) -> Poll<Result<Op<Reply>, AmError>> {
-        Poll::Ready(ep.call_start(self.dest, self.handler, &self.args, self.payload.len()))
+        let args = match self.args() {
+            Ok(args) => args,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        Poll::Ready(ep.call_start(self.dest, self.handler, args, self.payload.len()))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
         &mut self,
@@ -235,7 +261,11 @@ impl Start for Call<'_> {
         t: &mut T,
         op: &mut Op<Reply>,
     ) -> Poll<Result<(), AmError>> {
-        ep.call_step(t, op, self.handler, &self.args, &self.payload)
+        let args = match self.args() {
+            Ok(args) => args,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        ep.call_step(t, op, self.handler, args, &self.payload)
     }
 }
 
@@ -296,12 +326,7 @@ macro_rules! operations {
             /// Calls `handler` on `dest` with `args` and `payload` and completes with its
             /// answer ([`Call`](crate::endpoint::start::Call)).
             call [] (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> $crate::Reply
-                = $crate::endpoint::start::Call {
-                    dest,
-                    handler,
-                    args: std::borrow::Cow::Borrowed(args),
-                    payload: std::borrow::Cow::Borrowed(payload),
-                }; nb call_nb; owns;
+                = $crate::endpoint::start::Call::new(dest, handler, args, payload); nb call_nb; owns;
         }
         $driver! { op
             /// Enters a barrier and completes once every rank has entered it as often as
