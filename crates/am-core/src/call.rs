@@ -121,6 +121,9 @@ pub(crate) struct Calls {
     /// Calls ended so far (answered or failed) whose waiter was woken: read by a driver on
     /// every round, so outside the lock.
     woken: AtomicU64,
+    /// Calls ended so far (answered or failed), woken or not: a waiter without a waker looks
+    /// into the table only once this has moved since its last look.
+    ended: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -187,6 +190,7 @@ impl Calls {
                     args: args.to_vec(),
                     payload: payload.to_vec(),
                 }));
+                self.ended.fetch_add(1, Ordering::Release);
                 if let Some(w) = p.waker.take() {
                     w.wake();
                     self.woken.fetch_add(1, Ordering::Relaxed);
@@ -201,12 +205,19 @@ impl Calls {
         for p in s.pending.values_mut().filter(|p| p.dest == peer) {
             if p.done.is_none() {
                 p.done = Some(Err(error.clone()));
+                self.ended.fetch_add(1, Ordering::Release);
                 if let Some(w) = p.waker.take() {
                     w.wake();
                     self.woken.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+
+    /// How many calls have ended so far: a call whose waiter saw this count unanswered is
+    /// still unanswered while it stays the same.
+    pub(crate) fn ended(&self) -> u64 {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// How many waiters ended calls have woken so far.

@@ -120,11 +120,13 @@ pub(crate) enum State {
         gen: u32,
         table: Arc<Orphans>,
     },
-    /// A call, by its number among the calls in flight.
+    /// A call, by its number among the calls in flight; `seen`, the table's count of ended
+    /// calls when its waiter last found it unanswered.
     Call {
         number: u32,
         dest: Rank,
         calls: Arc<Calls>,
+        seen: u64,
     },
     /// A barrier, by its epoch.
     Barrier { epoch: u64 },

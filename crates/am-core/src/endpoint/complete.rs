@@ -49,26 +49,34 @@ impl<H: Threading> Endpoint<H> {
                     }
                 }
             }
-            State::Call {
-                number,
-                dest,
-                calls,
-            } => match calls.poll(*number, waker) {
-                Poll::Ready(r) => {
-                    op.take_state();
-                    r.map(Raw::Reply)
-                }
-                Poll::Pending => match self.waiting_for(*dest) {
-                    // Gone before it answered: the answer will never come.
-                    Poll::Ready(e) => {
-                        if let State::Call { number, calls, .. } = op.take_state() {
-                            calls.close(number);
-                        }
-                        Err(e)
+            State::Call { .. } => {
+                let State::Call {
+                    number,
+                    dest,
+                    calls,
+                    seen,
+                } = &mut op.state
+                else {
+                    return Poll::Ready(Err(AmError::StaleHandle));
+                };
+                let dest = *dest;
+                match Self::poll_call_entry(*number, calls, seen, waker) {
+                    Poll::Ready(r) => {
+                        op.take_state();
+                        r.map(Raw::Reply)
                     }
-                    Poll::Pending => return Poll::Pending,
-                },
-            },
+                    Poll::Pending => match self.waiting_for(dest) {
+                        // Gone before it answered: the answer will never come.
+                        Poll::Ready(e) => {
+                            if let State::Call { number, calls, .. } = op.take_state() {
+                                calls.close(number);
+                            }
+                            Err(e)
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    },
+                }
+            }
             &State::Barrier { epoch } => {
                 if self.barriers_done <= epoch {
                     match self.barrier_step(t) {
@@ -99,6 +107,26 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// A call's entry in its table: a waiter without a waker (a blocking driver's, which looks
+    /// again after each poll) skips the table's lock while no call has ended since its last
+    /// look; one with a waker always leaves it there.
+    #[inline]
+    fn poll_call_entry(
+        number: u32,
+        calls: &crate::call::Calls,
+        seen: &mut u64,
+        waker: Option<&Waker>,
+    ) -> Poll<Result<Reply, AmError>> {
+        if waker.is_none() {
+            let ended = calls.ended();
+            if ended == *seen {
+                return Poll::Pending;
+            }
+            *seen = ended;
+        }
+        calls.poll(number, waker)
+    }
+
     /// Whether an operation is complete: its completion step ([`Endpoint::poll_op`]) is then
     /// ready. Looks only (a barrier is carried on by polls and completion steps).
     pub fn is_complete<U: Outcome>(&self, op: &Op<U>) -> bool {
@@ -112,6 +140,7 @@ impl<H: Threading> Endpoint<H> {
                 number,
                 dest,
                 calls,
+                ..
             } => calls.is_done(*number) || self.waiting_for(*dest).is_ready(),
             &State::Barrier { epoch } => self.barriers_done > epoch,
         }
@@ -233,10 +262,13 @@ impl<H: Threading> Endpoint<H> {
             None,
         )?;
         let number = calls.open(dest);
+        // Any count but the table's now: the first look goes into the table.
+        let seen = calls.ended().wrapping_sub(1);
         Ok(Op::new(State::Call {
             number,
             dest,
             calls,
+            seen,
         }))
     }
 
