@@ -538,7 +538,6 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// Starts an operation ([`Start`]): its start and send steps, with progress in between,
     /// until it is locally complete. After an error of the send step its handle is dropped,
     /// so what was sent completes detached.
-    #[inline]
     fn start_op<S: Start>(&mut self, mut op: S) -> Result<Op<S::Output>, AmError> {
         let mut started = self.drive(|ep, t| op.start(ep, t))?;
         self.drive(|ep, t| op.send(ep, t, &mut started))?;
@@ -546,7 +545,6 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     /// Waits for an operation and returns its outcome (see [`crate::op`]).
-    #[inline]
     pub fn wait<U: Outcome>(&mut self, mut op: Op<U>) -> Result<U, AmError> {
         let r = self.drive_to_completion(|ep, t| ep.poll_op(t, &mut op, None));
         if r.is_err() {
@@ -695,7 +693,6 @@ macro_rules! node_operations {
         $(#[$doc])*
         #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
             stringify!($nb), "`] starts it and returns its handle.")]
-        #[inline]
         pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$out, AmError> {
             let op = self.$nb($($arg),*)?;
             self.wait(op)
@@ -706,7 +703,6 @@ macro_rules! node_operations {
             complete (its buffers may be reused), polling while credits or the device \
             make it wait: [`Node::wait`], [`Node::test`] and their kin complete it; \
             [`Node::", stringify!($name), "`] waits for it.")]
-        #[inline]
         pub fn $nb<$($g)*>(&mut self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
             self.start_op($start)
         }

@@ -235,7 +235,8 @@ impl Orphans {
 
     /// The slots left since the last call.
     pub(crate) fn take(&self) -> Vec<(u32, u32)> {
-        if !self.any.swap(false, Ordering::Acquire) {
+        // A load first: the common case, nothing dropped, writes nothing.
+        if !self.any.load(Ordering::Relaxed) || !self.any.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         std::mem::take(&mut *self.list.lock().unwrap_or_else(|p| p.into_inner()))

@@ -211,12 +211,14 @@ impl<H: Threading> Endpoint<H> {
         self.woken
     }
 
-    /// What a poll does besides handling messages: applies the posted atomics and carries on
-    /// a barrier in progress (whose handle may have been dropped: it completes all the same).
+    /// What a poll does besides handling messages: frees the slots of dropped handles whose
+    /// operations completed, applies the posted atomics and carries on a barrier in progress
+    /// (whose handle may have been dropped: it completes all the same).
     pub fn background_step<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
     ) -> Poll<Result<(), AmError>> {
+        self.adopt_orphans();
         ready!(self.apply_posted(t))?;
         if self.barrier.is_some() && !self.barrier_failed {
             // Its error is its waiter's, who sees it again on its own step.
