@@ -689,7 +689,7 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
             })
             .collect();
         for h in handles {
-            node.wait(h).expect("wait_put");
+            node.wait(h).expect("wait for a put");
         }
         node.barrier().expect("barrier");
         for src in 0..n {
@@ -700,7 +700,7 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
             let h = node
                 .get_nb(src, (n + me) as usize * len, len)
                 .expect("get_nb");
-            assert!(node.wait(h).expect("wait_get") == pattern(len, 100 + me as u8));
+            assert!(node.wait(h).expect("wait for a get") == pattern(len, 100 + me as u8));
         }
         assert!(node.get(me, 0, 0).expect("empty get").is_empty());
         // Gets into the caller's buffers, one per rank, all in flight at once.
@@ -714,7 +714,7 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
             })
             .collect();
         for h in handles {
-            node.wait(h).expect("wait_get_into");
+            node.wait(h).expect("wait for a get into a buffer");
         }
         for buf in &bufs {
             assert!(*buf == pattern(len, me as u8), "get_into_nb");
@@ -750,9 +750,9 @@ pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
                     assert!(back == data, "{len} bytes at {offset} of rank {dest}");
                     assert!(node.get(dest, offset, len).expect("get") == data);
                     let h = node.put_nb(dest, offset, &data).expect("put_nb");
-                    node.wait(h).expect("wait_put");
+                    node.wait(h).expect("wait for a put");
                     let h = node.get_nb(dest, offset, len).expect("get_nb");
-                    assert!(node.wait(h).expect("wait_get") == data);
+                    assert!(node.wait(h).expect("wait for a get") == data);
                 }
                 let before = node.get(dest, SEGMENT - 3, 3).expect("get");
                 for (offset, len) in [(SEGMENT - 3, 4), (SEGMENT + 1, 0), (usize::MAX, 1)] {
@@ -823,20 +823,20 @@ pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usiz
                 Ok(true),
                 "the transport did not put by itself"
             );
-            node.wait(h).expect("wait_put");
+            node.wait(h).expect("wait for a put");
             let h = node.get_nb(1, HALF + 5, 1000).expect("get_nb");
             assert_eq!(
                 node.test(&h),
                 Ok(true),
                 "the transport did not get by itself"
             );
-            assert!(node.wait(h).expect("wait_get")[..] == pattern(HALF, 9)[5..1005]);
+            assert!(node.wait(h).expect("wait for a get")[..] == pattern(HALF, 9)[5..1005]);
             let mut buf = [0u8; 100];
             let h = node
                 .get_into_nb(1, HALF + 7, &mut buf)
                 .expect("get_into_nb");
             assert_eq!(node.test(&h), Ok(true), "get_into_nb by itself");
-            node.wait(h).expect("wait_get_into");
+            node.wait(h).expect("wait for a get into a buffer");
             assert!(buf[..] == pattern(HALF, 9)[7..107]);
             node.put(1, 0, &pattern(HALF, 3)).expect("put");
             let mut got = vec![0u8; HALF];
@@ -1161,7 +1161,7 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
                 })
                 .collect();
             for h in hs {
-                node.wait(h).expect("wait_atomic");
+                node.wait(h).expect("wait for an atomic");
             }
             // Non-fetching, applied by the barrier at the latest.
             node.atomic_nbi(0, 16, crate::AtomicOp::FetchAdd(2u64))
