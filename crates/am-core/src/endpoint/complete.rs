@@ -4,7 +4,7 @@
 use std::task::{ready, Poll, Waker};
 
 use super::state::{Detached, Endpoint};
-use crate::call::{numbered, Reply};
+use crate::call::Reply;
 use crate::error::AmError;
 use crate::handler::Threading;
 use crate::op::{Completed, Op, Outcome, Raw, State};
@@ -235,14 +235,16 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Opens a call ([`crate::endpoint::start::Call`]) after checking it as the request it will be: its
-    /// handle, whose [`Endpoint::call_step`] sends the request. Fails if the table has no
-    /// callable handler or `args` leaves no room for the call's number.
+    /// Opens a call ([`crate::endpoint::start::Call`]) after checking it as the request it
+    /// will be: `words` are the request's arguments, the call's number first (its place is
+    /// filled here) and then the caller's. Returns the call's handle; [`Endpoint::call_step`]
+    /// sends the request. Fails if the table has no callable handler, or the request would
+    /// be refused (nothing is opened then).
     pub fn call_start(
         &mut self,
         dest: Rank,
         handler: HandlerId,
-        args: &[u32],
+        words: &mut [u32],
         payload_len: usize,
     ) -> Result<Op<Reply>, AmError> {
         let Some(site) = &self.handlers.calls else {
@@ -253,17 +255,13 @@ impl<H: Threading> Endpoint<H> {
             });
         };
         let calls = site.calls.clone();
-        // Checked before the call is opened: a refused call leaves nothing to close.
-        let words = numbered(0, args)?;
-        self.check_request(
-            dest,
-            AmKind::Medium,
-            handler,
-            &words[..=args.len()],
-            payload_len,
-            None,
-        )?;
+        let Some(number) = words.first_mut() else {
+            return Err(AmError::TooManyArgs(0));
+        };
+        *number = 0;
+        self.check_request(dest, AmKind::Medium, handler, words, payload_len, None)?;
         let number = calls.open(dest);
+        words[0] = number;
         // Any count but the table's now: the first look goes into the table.
         let seen = calls.ended().wrapping_sub(1);
         Ok(Op::new(State::Call {
@@ -274,24 +272,19 @@ impl<H: Threading> Endpoint<H> {
         }))
     }
 
-    /// A step of sending a call's request (as [`Endpoint::request_step`]); `handler`, `args`
-    /// and `payload` must be what [`Endpoint::call_start`] was given.
+    /// A step of sending a call's request (as [`Endpoint::request_step`]); `handler`, `words`
+    /// and `payload` must be what [`Endpoint::call_start`] was given (`words` as it left it).
     pub fn call_step<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         op: &Op<Reply>,
         handler: HandlerId,
-        args: &[u32],
+        words: &[u32],
         payload: &[u8],
     ) -> Poll<Result<(), AmError>> {
-        let State::Call { number, dest, .. } = op.state else {
+        let State::Call { dest, .. } = op.state else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let words = match numbered(number, args) {
-            Ok(w) => w,
-            Err(e) => return Poll::Ready(Err(e)),
-        };
-        let args = &words[..=args.len()];
-        self.request_step(t, dest, AmKind::Medium, handler, args, payload, None)
+        self.request_step(t, dest, AmKind::Medium, handler, words, payload, None)
     }
 }

@@ -200,10 +200,11 @@ impl<W: AtomicWord + Outcome> Start for Atomic<W> {
 pub struct Call<'a> {
     dest: Rank,
     handler: HandlerId,
-    /// The arguments, kept inline (a call's are few) so that an owned call allocates nothing
-    /// for them; `nargs` is how many were given, checked when the call starts.
-    args: [u32; crate::wire::MAX_ARGS],
-    nargs: usize,
+    /// The request's arguments, kept inline (a call's are few) so that an owned call
+    /// allocates nothing: the call's number (filled when it starts), then the caller's.
+    /// `len` counts both; more than fit is refused when the call starts.
+    words: [u32; crate::wire::MAX_ARGS],
+    len: usize,
     payload: Cow<'a, [u8]>,
 }
 
@@ -211,13 +212,14 @@ impl<'a> Call<'a> {
     /// A call of `handler` on `dest` with `args` and `payload` (borrowed until it starts).
     pub fn new(dest: Rank, handler: HandlerId, args: &[u32], payload: &'a [u8]) -> Call<'a> {
         let mut words = [0; crate::wire::MAX_ARGS];
-        let n = args.len().min(words.len());
-        words[..n].copy_from_slice(&args[..n]);
+        if let Some(rest) = words.get_mut(1..=args.len()) {
+            rest.copy_from_slice(args);
+        }
         Call {
             dest,
             handler,
-            args: words,
-            nargs: args.len(),
+            words,
+            len: args.len() + 1,
             payload: Cow::Borrowed(payload),
         }
     }
@@ -227,18 +229,10 @@ impl<'a> Call<'a> {
         Call {
             dest: self.dest,
             handler: self.handler,
-            args: self.args,
-            nargs: self.nargs,
+            words: self.words,
+            len: self.len,
             payload: Cow::Owned(self.payload.into_owned()),
         }
-    }
-
-    /// The arguments, or the error of too many.
-    fn args(&self) -> Result<&[u32], AmError> {
-        // One more than fits leaves no room for the call's number: refused by the start.
-        self.args
-            .get(..self.nargs)
-            .ok_or(AmError::TooManyArgs(self.nargs + 1))
     }
 }
 
@@ -249,11 +243,10 @@ impl Start for Call<'_> {
         ep: &mut Endpoint<H>,
         _t: &mut T,
     ) -> Poll<Result<Op<Reply>, AmError>> {
-        let args = match self.args() {
-            Ok(args) => args,
-            Err(e) => return Poll::Ready(Err(e)),
+        let Some(words) = self.words.get_mut(..self.len) else {
+            return Poll::Ready(Err(AmError::TooManyArgs(self.len)));
         };
-        Poll::Ready(ep.call_start(self.dest, self.handler, args, self.payload.len()))
+        Poll::Ready(ep.call_start(self.dest, self.handler, words, self.payload.len()))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
         &mut self,
@@ -261,11 +254,8 @@ impl Start for Call<'_> {
         t: &mut T,
         op: &mut Op<Reply>,
     ) -> Poll<Result<(), AmError>> {
-        let args = match self.args() {
-            Ok(args) => args,
-            Err(e) => return Poll::Ready(Err(e)),
-        };
-        ep.call_step(t, op, self.handler, args, &self.payload)
+        let words = &self.words[..self.len.min(self.words.len())];
+        ep.call_step(t, op, self.handler, words, &self.payload)
     }
 }
 
