@@ -86,6 +86,15 @@ struct State<T: Transport, H: Threading> {
     drivers: Vec<Waker>,
 }
 
+impl<T: Transport, H: Threading> State<T, H> {
+    /// Leaves `waker` to be woken after the next round of progress (once).
+    fn park(&mut self, waker: &Waker) {
+        if !self.waiters.iter().any(|w| w.will_wake(waker)) {
+            self.waiters.push(waker.clone());
+        }
+    }
+}
+
 /// A driver of an [`AsyncNode`] counted as running, until dropped (its futures then leave
 /// their progress to it).
 #[derive(Debug)]
@@ -178,9 +187,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 if let Poll::Ready(r) = step(&mut st.node.ep, &mut st.node.transport) {
                     return Poll::Ready(r);
                 }
-                if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    st.waiters.push(cx.waker().clone());
-                }
+                st.park(cx.waker());
             }
             self.undriven(cx)
         })
@@ -260,7 +267,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
 
     pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
         poll_fn(|cx| {
-            match op.poll_call(cx.waker()) {
+            match op.poll_call(Some(cx.waker())) {
                 Some(Poll::Ready(answer)) => return Poll::Ready(answer),
                 Some(Poll::Pending) => return self.undriven(cx),
                 None => {}
@@ -275,10 +282,10 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 if polled.is_ready() {
                     return polled;
                 }
-                if op.is_barrier() && !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                if op.is_barrier() {
                     // A barrier goes on by sends of its own: woken after each round of
                     // progress.
-                    st.waiters.push(cx.waker().clone());
+                    st.park(cx.waker());
                 }
             }
             self.undriven(cx)
@@ -316,27 +323,15 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
             {
                 let mut st = self.lock();
                 let st = &mut *st;
-                let mut done = Vec::new();
-                let mut barrier = false;
-                for (i, slot) in ops.iter_mut().enumerate() {
-                    let Some(op) = slot else { continue };
-                    let polled = st
-                        .node
-                        .ep
-                        .poll_op(&mut st.node.transport, op, Some(cx.waker()));
-                    match polled {
-                        Poll::Ready(r) => {
-                            *slot = None;
-                            done.push((i, r));
-                        }
-                        Poll::Pending => barrier |= op.is_barrier(),
-                    }
-                }
+                let done = st
+                    .node
+                    .ep
+                    .take_complete(&mut st.node.transport, ops, Some(cx.waker()));
                 if !done.is_empty() || ops.iter().all(Option::is_none) {
                     return Poll::Ready(Ok(done));
                 }
-                if barrier && !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    st.waiters.push(cx.waker().clone());
+                if ops.iter().flatten().any(Op::is_barrier) {
+                    st.park(cx.waker());
                 }
             }
             self.undriven(cx)
@@ -349,7 +344,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     pub fn test_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
         let mut st = self.lock();
         let st = &mut *st;
-        st.node.ep.take_complete(&mut st.node.transport, ops)
+        st.node.ep.take_complete(&mut st.node.transport, ops, None)
     }
 
     /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).

@@ -583,7 +583,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ) -> Result<Completed<U>, AmError> {
         let mut idle = 0;
         loop {
-            let done = self.ep.take_complete(&mut self.transport, ops);
+            let done = self.ep.take_complete(&mut self.transport, ops, None);
             if !done.is_empty() || ops.iter().all(Option::is_none) {
                 self.transport.flush();
                 return Ok(done);
@@ -599,7 +599,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         ops: &mut [Option<Op<U>>],
     ) -> Result<Completed<U>, AmError> {
         self.poll()?;
-        Ok(self.ep.take_complete(&mut self.transport, ops))
+        Ok(self.ep.take_complete(&mut self.transport, ops, None))
     }
 
     /// Operations in flight in the node's table, whether a handle waits for them or not

@@ -112,7 +112,7 @@ impl<U> AllOf<U> {
 /// What an [`Op`] names.
 pub(crate) enum State {
     /// Complete when it was started, with its outcome.
-    Ready(Result<Raw, AmError>),
+    Ready(Raw),
     /// In the endpoint's operation table (`table`: the endpoint's, which a dropped handle
     /// leaves its slot to).
     Slot {
@@ -141,7 +141,7 @@ impl<T: Outcome> Op<T> {
 
     /// An operation complete when started, with `raw` as its outcome.
     pub(crate) fn ready(raw: Raw) -> Op<T> {
-        Op::new(State::Ready(Ok(raw)))
+        Op::new(State::Ready(raw))
     }
 
     /// Whether the operation was complete when it was started (a put or atomic the NIC did
@@ -174,13 +174,31 @@ impl<T: Outcome> Op<T> {
         }
     }
 
-    /// A call's completion step, from its table of calls alone (no node needed: a peer lost
-    /// or gone fails the calls to it there): `None` for any other operation.
-    pub(crate) fn poll_call(&mut self, waker: &Waker) -> Option<Poll<Result<T, AmError>>> {
-        let State::Call { number, calls, .. } = &self.state else {
+    /// A call's completion step, from its table of calls alone: `None` for any other
+    /// operation. A waiter without a waker (a blocking driver's, which looks again after each
+    /// poll) skips the table's lock while no call has ended since its last look; one with a
+    /// waker always leaves it there. A peer lost or gone fails the calls to it in the table;
+    /// one gone before the call was opened is the endpoint's to see ([`Endpoint::poll_op`]).
+    ///
+    /// [`Endpoint::poll_op`]: crate::endpoint::Endpoint::poll_op
+    pub(crate) fn poll_call(&mut self, waker: Option<&Waker>) -> Option<Poll<Result<T, AmError>>> {
+        let State::Call {
+            number,
+            calls,
+            seen,
+            ..
+        } = &mut self.state
+        else {
             return None;
         };
-        match calls.poll(*number, Some(waker)) {
+        if waker.is_none() {
+            let ended = calls.ended();
+            if ended == *seen {
+                return Some(Poll::Pending);
+            }
+            *seen = ended;
+        }
+        match calls.poll(*number, waker) {
             Poll::Ready(r) => {
                 self.take_state();
                 Some(Poll::Ready(self.finish(r.map(Raw::Reply))))

@@ -166,30 +166,6 @@ impl<T: Transport> SharedNode<T> {
         }
     }
 
-    /// Tries `send` under the lock; while it would block, polls once and gives the node to
-    /// the other threads before the next try.
-    fn send(
-        &self,
-        mut send: impl FnMut(&mut Node<T, Sendable>) -> Result<(), TryRequestError>,
-    ) -> Result<(), AmError> {
-        let mut idle = 0;
-        loop {
-            {
-                let mut node = self.lock();
-                match send(&mut node) {
-                    Ok(()) => return Ok(()),
-                    Err(TryRequestError::WouldBlock) => {
-                        if node.poll()? > 0 {
-                            idle = 0;
-                        }
-                    }
-                    Err(TryRequestError::Failed(e)) => return Err(e),
-                }
-            }
-            self.between(&mut idle);
-        }
-    }
-
     /// [`Node::wait_until`]: polls until `done()` is true, under the lock for at most a slice
     /// of polls at a time and never waiting while it holds it, so other threads send and poll
     /// meanwhile; between slices it waits as the node's wait mode says (with
@@ -217,12 +193,20 @@ impl<T: Transport> SharedNode<T> {
         flush: bool,
         mut step: impl FnMut(&mut Endpoint<Sendable>, &mut T) -> Poll<Result<R, AmError>>,
     ) -> Result<R, AmError> {
+        self.drive_node(flush, |node| step(&mut node.ep, &mut node.transport))
+    }
+
+    /// [`SharedNode::drive`] of a step of the node's own (a request's `try_` form).
+    fn drive_node<R>(
+        &self,
+        flush: bool,
+        mut step: impl FnMut(&mut Node<T, Sendable>) -> Poll<Result<R, AmError>>,
+    ) -> Result<R, AmError> {
         let mut idle = 0;
         loop {
             {
-                let mut guard = self.lock();
-                let node = &mut *guard;
-                if let Poll::Ready(r) = step(&mut node.ep, &mut node.transport) {
+                let mut node = self.lock();
+                if let Poll::Ready(r) = step(&mut node) {
                     if flush {
                         node.transport.flush();
                     }
@@ -277,7 +261,7 @@ impl<T: Transport> SharedNode<T> {
     ) -> Result<Completed<U>, AmError> {
         let mut done = Vec::new();
         self.drive(true, |ep, t| {
-            done = ep.take_complete(t, ops);
+            done = ep.take_complete(t, ops, None);
             if done.is_empty() && ops.iter().any(Option::is_some) {
                 Poll::Pending
             } else {
@@ -565,7 +549,11 @@ macro_rules! shared_operations {
         #[doc = concat!("\n\nGives the node to the other threads while out of credit; \
             [`SharedNode::", stringify!($rtry), "`] never waits.")]
         pub fn $rname(&self, $($rarg: $rty),*) -> Result<(), AmError> {
-            self.send(|node| node.try_request($($send),*))
+            self.drive_node(false, |node| match node.try_request($($send),*) {
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(TryRequestError::WouldBlock) => Poll::Pending,
+                Err(TryRequestError::Failed(e)) => Poll::Ready(Err(e)),
+            })
         }
 
         $(#[$rdoc])*

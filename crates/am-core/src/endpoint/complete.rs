@@ -25,7 +25,7 @@ impl<H: Threading> Endpoint<H> {
         let raw = match &op.state {
             State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
             State::Ready(_) => match op.take_state() {
-                State::Ready(r) => r,
+                State::Ready(r) => Ok(r),
                 _ => Err(AmError::StaleHandle),
             },
             State::Slot { .. } => {
@@ -49,34 +49,20 @@ impl<H: Threading> Endpoint<H> {
                     }
                 }
             }
-            State::Call { .. } => {
-                let State::Call {
-                    number,
-                    dest,
-                    calls,
-                    seen,
-                } = &mut op.state
-                else {
-                    return Poll::Ready(Err(AmError::StaleHandle));
-                };
-                let dest = *dest;
-                match Self::poll_call_entry(*number, calls, seen, waker) {
-                    Poll::Ready(r) => {
-                        op.take_state();
-                        r.map(Raw::Reply)
-                    }
-                    Poll::Pending => match self.waiting_for(dest) {
-                        // Gone before it answered: the answer will never come.
-                        Poll::Ready(e) => {
-                            if let State::Call { number, calls, .. } = op.take_state() {
-                                calls.close(number);
-                            }
-                            Err(e)
+            &State::Call { dest, .. } => match op.poll_call(waker) {
+                Some(Poll::Pending) => match self.waiting_for(dest) {
+                    // Gone before it answered: the answer will never come.
+                    Poll::Ready(e) => {
+                        if let State::Call { number, calls, .. } = op.take_state() {
+                            calls.close(number);
                         }
-                        Poll::Pending => return Poll::Pending,
-                    },
-                }
-            }
+                        Err(e)
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+                Some(Poll::Ready(r)) => return Poll::Ready(r),
+                None => Err(AmError::StaleHandle),
+            },
             &State::Barrier { epoch } => {
                 if self.barriers_done <= epoch {
                     match self.barrier_step(t) {
@@ -107,26 +93,6 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// A call's entry in its table: a waiter without a waker (a blocking driver's, which looks
-    /// again after each poll) skips the table's lock while no call has ended since its last
-    /// look; one with a waker always leaves it there.
-    #[inline]
-    fn poll_call_entry(
-        number: u32,
-        calls: &crate::call::Calls,
-        seen: &mut u64,
-        waker: Option<&Waker>,
-    ) -> Poll<Result<Reply, AmError>> {
-        if waker.is_none() {
-            let ended = calls.ended();
-            if ended == *seen {
-                return Poll::Pending;
-            }
-            *seen = ended;
-        }
-        calls.poll(number, waker)
-    }
-
     /// Whether an operation is complete: its completion step ([`Endpoint::poll_op`]) is then
     /// ready. Looks only (a barrier is carried on by polls and completion steps).
     pub fn is_complete<U: Outcome>(&self, op: &Op<U>) -> bool {
@@ -147,16 +113,18 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Completes every operation of `ops` that is complete, taking it out of the set: their
-    /// positions in `ops` and outcomes, in order (GASNet-EX's `gex_Event_TestSome`).
+    /// positions in `ops` and outcomes, in order (GASNet-EX's `gex_Event_TestSome`). Each
+    /// one still in flight keeps `waker` (if any), as [`Endpoint::poll_op`] does.
     pub fn take_complete<U: Outcome, T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         ops: &mut [Option<Op<U>>],
+        waker: Option<&Waker>,
     ) -> Completed<U> {
         let mut done = Vec::new();
         for (i, slot) in ops.iter_mut().enumerate() {
             let Some(op) = slot else { continue };
-            if let Poll::Ready(r) = self.poll_op(t, op, None) {
+            if let Poll::Ready(r) = self.poll_op(t, op, waker) {
                 *slot = None;
                 done.push((i, r));
             }
@@ -170,9 +138,6 @@ impl<H: Threading> Endpoint<H> {
     pub fn implicit<U: Outcome>(&mut self, mut op: Op<U>) {
         let slot = self.slot_of(&op);
         match op.take_state() {
-            State::Ready(Err(e)) => {
-                self.nbi_error.get_or_insert(e);
-            }
             State::Slot { .. } => {
                 if let Ok(Some((index, gen))) = slot {
                     self.detach_op(index, gen, Detached::Implicit);
