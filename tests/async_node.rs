@@ -123,6 +123,84 @@ fn a_call_to_a_departed_rank_fails() {
     });
 }
 
+/// The job aborts (rank 0 panics) while rank 1 has 50 calls pending under the tokio driver,
+/// some sent and some waiting for a credit: the driver returns the abort, and every one of
+/// the 50 futures, awaited after it returned, resolves with it, as does a fresh call. Catches
+/// futures left parked when the driver returns on an error that ends the node (they were
+/// never woken again, and the program never ended).
+#[test]
+fn an_aborted_job_fails_every_future_under_the_tokio_driver() {
+    const GIVE_UP: &str = "rank 0 gives up on purpose";
+    within(Duration::from_secs(60), || {
+        let ready = std::sync::atomic::AtomicBool::new(false);
+        let outcome = std::sync::Mutex::new(None);
+        let job = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+                let config = Config::default().credits(amnet::Credits::Static(8));
+                let node = Node::new(t, kv_handlers(), config).expect("start");
+                if node.rank() == 0 {
+                    while !ready.load(std::sync::atomic::Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    panic!("{GIVE_UP}");
+                }
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let node = AsyncNode::new(node);
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("runtime");
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async {
+                        let driver = tokio::task::spawn_local({
+                            let node = node.clone();
+                            async move { node.drive().await }
+                        });
+                        let calls: Vec<_> = (0..50u32)
+                            .map(|x| tokio::task::spawn_local(node.call(0, SQUARE, &[x], &[])))
+                            .collect();
+                        // Let every call start: sent, or parked for a credit.
+                        for _ in 0..10 {
+                            tokio::task::yield_now().await;
+                        }
+                        ready.store(true, std::sync::atomic::Ordering::Release);
+                        let limit = Duration::from_secs(10);
+                        let driven = tokio::time::timeout(limit, driver).await;
+                        assert_eq!(
+                            driven.expect("the driver returns").expect("driver task"),
+                            Err(AmError::JobAborted)
+                        );
+                        for c in calls {
+                            let r = tokio::time::timeout(limit, c)
+                                .await
+                                .expect("a call future never resolved")
+                                .expect("call task");
+                            assert_eq!(r.map(|_| ()), Err(AmError::JobAborted));
+                        }
+                        let fresh = tokio::time::timeout(limit, node.call(0, SQUARE, &[1], &[]))
+                            .await
+                            .expect("a fresh call never resolved");
+                        assert_eq!(fresh.map(|_| ()), Err(AmError::JobAborted));
+                    });
+                }));
+                ready.store(true, std::sync::atomic::Ordering::Release);
+                *outcome.lock().unwrap() = Some(r);
+            })
+        }));
+        match outcome.into_inner().unwrap() {
+            Some(Ok(())) => {}
+            Some(Err(p)) => std::panic::resume_unwind(p),
+            None => panic!("rank 1 never finished"),
+        }
+        let p = job.expect_err("rank 0's panic is re-raised");
+        assert_eq!(
+            p.downcast_ref::<String>().map(String::as_str),
+            Some(GIVE_UP)
+        );
+    });
+}
+
 /// An armed node idle under the tokio driver sleeps: over a second, the rank's thread uses a
 /// small fraction of a core (a driver that polled instead would use all of it).
 #[test]

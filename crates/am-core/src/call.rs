@@ -201,8 +201,17 @@ impl Calls {
 
     /// Fails every call to `peer` still unanswered with `error` (the peer left or died).
     pub(crate) fn fail_to(&self, peer: Rank, error: &AmError) {
+        self.fail_where(|dest| dest == peer, error);
+    }
+
+    /// Fails every call still unanswered with `error` (the endpoint ended).
+    pub(crate) fn fail_all(&self, error: &AmError) {
+        self.fail_where(|_| true, error);
+    }
+
+    fn fail_where(&self, to: impl Fn(Rank) -> bool, error: &AmError) {
         let mut s = self.lock();
-        for p in s.pending.values_mut().filter(|p| p.dest == peer) {
+        for p in s.pending.values_mut().filter(|p| to(p.dest)) {
             if p.done.is_none() {
                 p.done = Some(Err(error.clone()));
                 self.ended.fetch_add(1, Ordering::Release);

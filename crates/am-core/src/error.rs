@@ -60,6 +60,9 @@ pub enum AmError {
         /// What the call needed.
         kind: AmKind,
     },
+    /// A call named a handler that was not registered with `Handlers::callable`.
+    #[error("handler {0:?} is not callable: register it with `Handlers::callable` to call it")]
+    NotCallable(HandlerId),
     /// A peer broke the protocol. The offending message was dropped; the job can go on.
     #[error("rank {peer} misbehaved: {what}")]
     PeerMisbehaved {
@@ -121,6 +124,18 @@ pub enum Misbehavior {
     /// datagram), as the transport found.
     #[error("{0}")]
     Nic(String),
+}
+
+impl AmError {
+    /// Whether the error ends the node, not one operation or one peer: the job was aborted,
+    /// or the device failed. Every operation in flight then fails with it, and every later
+    /// one at once ([`crate::Endpoint::end`]).
+    pub fn ends_node(&self) -> bool {
+        matches!(
+            self,
+            AmError::JobAborted | AmError::Transport(NicError::Device(_))
+        )
+    }
 }
 
 impl From<TransportError> for AmError {

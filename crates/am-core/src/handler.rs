@@ -212,6 +212,8 @@ pub struct Handlers<H: Threading = Sendable> {
     /// The reply handler reserved for calls and the calls in flight, once a callable handler
     /// is registered.
     pub(crate) calls: Option<CallSite>,
+    /// The ids registered by `callable`, one bit each: what a call may name.
+    callable: [u64; 4],
 }
 
 /// The name of the reply handler a table reserves for its calls.
@@ -306,14 +308,7 @@ impl Handlers<Sendable> {
     ) -> Result<(), RegisterError> {
         let site = self.call_site()?;
         let f: Box<SendRequestFn> = Box::new(call_request(site.reply, f));
-        let kind = AmKind::Medium;
-        self.insert(
-            id,
-            name,
-            Category::Request,
-            kind,
-            HandlerFn::Request(kind, f),
-        )
+        self.insert_callable(id, name, HandlerFn::Request(AmKind::Medium, f))
     }
 
     fn call_site(&mut self) -> Result<CallSite, RegisterError> {
@@ -341,14 +336,7 @@ impl Handlers<Local> {
     ) -> Result<(), RegisterError> {
         let site = self.call_site()?;
         let f: Box<RequestFn> = Box::new(call_request(site.reply, f));
-        let kind = AmKind::Medium;
-        self.insert(
-            id,
-            name,
-            Category::Request,
-            kind,
-            HandlerFn::Request(kind, f),
-        )
+        self.insert_callable(id, name, HandlerFn::Request(AmKind::Medium, f))
     }
 
     fn call_site(&mut self) -> Result<CallSite, RegisterError> {
@@ -408,7 +396,24 @@ impl<H: Threading> Handlers<H> {
             info: (0..256).map(|_| None).collect(),
             fns: Box::new(std::array::from_fn(|_| None)),
             calls: None,
+            callable: [0; 4],
         }
+    }
+
+    /// Whether `id` is registered by `callable`, so that a call may name it.
+    pub(crate) fn is_callable(&self, id: HandlerId) -> bool {
+        self.callable[usize::from(id.0 / 64)] & (1 << (id.0 % 64)) != 0
+    }
+
+    fn insert_callable(
+        &mut self,
+        id: HandlerId,
+        name: &str,
+        f: HandlerFn<H>,
+    ) -> Result<(), RegisterError> {
+        self.insert(id, name, Category::Request, AmKind::Medium, f)?;
+        self.callable[usize::from(id.0 / 64)] |= 1 << (id.0 % 64);
+        Ok(())
     }
 
     /// The call site, reserving the highest free id for the answers on first use (`reply`

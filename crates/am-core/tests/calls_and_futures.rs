@@ -100,8 +100,23 @@ fn calls_need_a_callable_table() {
         let mut node = Node::new(t, Handlers::new(), Config::default()).expect("start");
         assert!(matches!(
             node.call(0, SQUARE, &[], &[]),
-            Err(AmError::NotRegistered { .. })
+            Err(AmError::NotCallable(SQUARE))
         ));
+    });
+    // A plain Medium request handler beside a callable one: a call to it would reach a
+    // handler that never answers, and wait for ever; it is refused before sending, in the
+    // words of the registration the user has to make.
+    run_ranks(Loopback::cluster(1, LoopbackConfig::default()), |t| {
+        let mut h = Handlers::new();
+        h.callable(SQUARE, "square", |_, _| {}).expect("register");
+        let plain = HandlerId(9);
+        h.request(plain, "plain", am_core::AmKind::Medium, |_, _| {})
+            .expect("register");
+        let mut node = Node::new(t, h, Config::default()).expect("start");
+        let err = node.call(0, plain, &[], &[]).expect_err("not callable");
+        assert!(matches!(err, AmError::NotCallable(id) if id == plain));
+        assert!(err.to_string().contains("Handlers::callable"), "{err}");
+        assert_eq!(node.ops_in_flight(), 0, "nothing was opened");
     });
     let mut h = Handlers::new();
     for i in 0..=255u8 {

@@ -9,7 +9,7 @@ use crate::error::AmError;
 use crate::handler::Threading;
 use crate::op::{Completed, Op, Outcome, Raw, State};
 use crate::transport::Transport;
-use crate::types::{AmKind, Category, HandlerId, Rank};
+use crate::types::{AmKind, HandlerId, Rank};
 
 impl<H: Threading> Endpoint<H> {
     /// The completion step of any operation: `Ready` with its outcome (the handle is then
@@ -213,12 +213,11 @@ impl<H: Threading> Endpoint<H> {
         payload_len: usize,
     ) -> Result<Op<Reply>, AmError> {
         let Some(site) = &self.handlers.calls else {
-            return Err(AmError::NotRegistered {
-                handler,
-                category: Category::Request,
-                kind: AmKind::Medium,
-            });
+            return Err(AmError::NotCallable(handler));
         };
+        if !self.handlers.is_callable(handler) {
+            return Err(AmError::NotCallable(handler));
+        }
         let calls = site.calls.clone();
         let Some(number) = words.first_mut() else {
             return Err(AmError::TooManyArgs(0));

@@ -2,7 +2,7 @@
 
 use std::task::Poll;
 
-use super::state::{Endpoint, DEPARTED, LOST};
+use super::state::{Endpoint, DEPARTED, ENDED, LOST};
 use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::Threading;
@@ -23,8 +23,52 @@ impl<H: Threading> Endpoint<H> {
                 self.mark_lost(peer);
                 Some(e)
             }
+            e if e.ends_node() => {
+                self.end(e.clone());
+                Some(e)
+            }
             e => Some(e),
         }
+    }
+
+    /// Ends the endpoint with `error` (the job aborted, the device failed, the node closed):
+    /// every operation and call in flight completes with it now, its waiters woken, and
+    /// every later one fails with it at once. Once only: a second end keeps the first error.
+    #[cold]
+    pub fn end(&mut self, error: AmError) {
+        if self.ended.is_some() {
+            return;
+        }
+        for g in &mut self.gone_as {
+            *g |= ENDED;
+        }
+        for i in 0..self.ops.len() {
+            let slot = &mut self.ops[i];
+            if !slot.live {
+                continue;
+            }
+            if slot.outstanding > 0 || slot.sent < slot.len {
+                slot.outstanding = 0;
+                slot.len = slot.sent;
+                slot.error.get_or_insert_with(|| error.clone());
+            }
+            self.settle(i as u32);
+        }
+        if let Some(site) = &self.handlers.calls {
+            site.calls.fail_all(&error);
+        }
+        self.replies.pending.clear();
+        self.ended = Some(error);
+    }
+
+    /// The error that ended the endpoint ([`Endpoint::end`]), if it has ended.
+    pub fn ended(&self) -> Option<&AmError> {
+        self.ended.as_ref()
+    }
+
+    #[cold]
+    pub(super) fn ended_error(&self) -> AmError {
+        self.ended.clone().unwrap_or(AmError::JobAborted)
     }
 
     pub(super) fn is_gone(&self, peer: Rank) -> bool {
@@ -36,6 +80,7 @@ impl<H: Threading> Endpoint<H> {
     pub(super) fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
         match self.gone_as.get(peer as usize).copied().unwrap_or(0) {
             0 => Poll::Pending,
+            g if g & ENDED != 0 => Poll::Ready(self.ended_error()),
             g if g & LOST != 0 => Poll::Ready(AmError::PeerLost(peer)),
             _ => Poll::Ready(AmError::PeerDeparted(peer)),
         }

@@ -3,7 +3,7 @@
 
 use std::task::Poll;
 
-use super::state::{Endpoint, LOST};
+use super::state::{Endpoint, ENDED, LOST};
 use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::HandlerFn;
@@ -34,7 +34,13 @@ impl<H: Threading> Endpoint<H> {
                     size: self.size,
                 })
             }
-            Some(g) if g & LOST != 0 => return Err(AmError::PeerLost(dest)),
+            Some(g) if g & (LOST | ENDED) != 0 => {
+                return Err(if g & ENDED != 0 {
+                    self.ended_error()
+                } else {
+                    AmError::PeerLost(dest)
+                })
+            }
             Some(_) => {}
         }
         check_message(&self.limits, kind, args, payload_len)?;
@@ -216,7 +222,8 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// A send-side error of the NIC, a message's or an operation the NIC does itself:
-    /// recorded as a poll's would be (a lost or departed target is marked so), and returned.
+    /// recorded as a poll's would be (a lost or departed target is marked so, an error that
+    /// ends the node ends the endpoint), and returned.
     #[cold]
     pub(super) fn nic_failed(&mut self, e: SendError) -> AmError {
         match e {
@@ -228,7 +235,11 @@ impl<H: Threading> Endpoint<H> {
             }
             _ => {}
         }
-        AmError::from(e)
+        let e = AmError::from(e);
+        if e.ends_node() {
+            self.end(e.clone());
+        }
+        e
     }
 
     /// One attempt to tell `dest` that the job ends with `code` ([`crate::Node::exit`]):

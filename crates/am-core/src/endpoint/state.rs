@@ -24,6 +24,10 @@ pub(super) const LOST: u8 = 1;
 
 pub(super) const DEPARTED: u8 = 2;
 
+/// Set for every peer once the endpoint has ended ([`Endpoint::end`]): nothing to or from
+/// anyone completes any more, and [`Endpoint::ended`] says why.
+pub(super) const ENDED: u8 = 4;
+
 /// A put or get in flight.
 #[derive(Default)]
 pub(super) struct OpSlot {
@@ -145,6 +149,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) gone_as: Vec<u8>,
     /// How many peers were marked lost or departed so far.
     pub(super) gone: u32,
+    /// The error that ended the endpoint ([`Endpoint::end`]), every peer then [`ENDED`].
+    pub(super) ended: Option<AmError>,
     /// Gone peers whose unanswered requests a wait has already been failed for.
     pub(super) unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
@@ -246,6 +252,7 @@ impl<H: Threading> Endpoint<H> {
             exit_requested: None,
             gone_as: vec![0; size as usize],
             gone: 0,
+            ended: None,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
             posted: Vec::with_capacity(POSTED_ATOMICS),
