@@ -47,6 +47,21 @@
 //! | [`am-msg`](https://docs.rs/am-msg) | messages of any size: eager, sender- and receiver-initiated rendezvous |
 //! | `am-perf` | tooling, not published: rank-test programs, the NICs' benches, multi-process tests |
 //! | `am-udp-check` | tooling, not published: udp's test and benchmark program |
+//!
+//! # Environment
+//!
+//! The variables every job reads, whatever launched it:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `AM_TRANSPORT` | the transport's name ([`TransportKind`]); wins over the program's choice, with or without a launcher |
+//! | `AM_CREDITS` | credits per peer: 1..=255 (static), `dynamic`, or `dynamic:INITIAL:BANK`; unset, the transport's default: 32 static, 128 on `udp`, dynamic on `sci`, `portals` and `extoll` from 256 ranks ([`Config::from_env`]) |
+//! | `AM_WAIT` | how blocking calls wait: `spin`, `yield` or `block` ([`WaitMode`]) |
+//! | `AM_SEGMENT_SIZE` | each rank's segment, e.g. `64M` |
+//! | `AM_RANK`, `AM_SIZE`, `AM_JOB_ID`, `AM_PMI_FD` | set by `amrun` (the other launchers' own are read too: [`am_bootstrap`]) |
+//!
+//! Each transport's own (`SCI_*`, `EXTOLL_*`, `PORTALS_*`, `AM_UDP_*`, `AM_COORD`,
+//! `AM_PEER_TIMEOUT_MS`, `AM_OFI_*`) are listed in its crate docs.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -391,7 +406,7 @@ pub enum JobError {
     Thread(#[source] std::io::Error),
     /// More endpoints than a job can number (`processes × per_process` must fit a `u32`),
     /// or none.
-    #[error("{per_process} endpoints in each of {processes} processes is not a job")]
+    #[error("{}", endpoints_message(*processes, *per_process))]
     Endpoints {
         /// Processes in the job.
         processes: u32,
@@ -628,6 +643,22 @@ where
         .transport(kind.name())
         .prefix_output(opts.prefix_output)
         .run()?)
+}
+
+/// [`JobError::Endpoints`] in the words the user chose: ranks (`--ranks`,
+/// `JobOptions::ranks`) unless endpoints were asked for.
+fn endpoints_message(processes: u32, per_process: u32) -> String {
+    match (processes, per_process) {
+        (0, _) => "a job needs at least one rank, and 0 were asked for (--ranks N or \
+                   JobOptions::ranks)"
+            .to_owned(),
+        (_, 0) => "each process needs at least one endpoint, and 0 were asked for".to_owned(),
+        _ => format!(
+            "{processes} processes of {per_process} endpoints each are more ranks than a job \
+             can number (at most {})",
+            u32::MAX
+        ),
+    }
 }
 
 fn layout(processes: u32, per_process: u32) -> Result<EndpointLayout, JobError> {

@@ -70,6 +70,21 @@ fn an_unknown_am_transport_is_an_error() {
     );
 }
 
+/// A job of no ranks is refused in the terms the user asked in (ranks, not endpoints), on a
+/// thread transport and a process one. Catches the message that spoke of "1 endpoints in
+/// each of 0 processes" to a user who never asked for endpoints.
+#[test]
+fn a_job_of_no_ranks_is_refused_in_the_users_terms() {
+    for transport in ["loopback", "sci"] {
+        let mut cmd = pingpong();
+        cmd.args(["--ranks", "0", "--transport", transport]);
+        let r = run(cmd);
+        assert_ne!(r.code, 0, "{}", r.stdout);
+        assert!(r.stderr.contains("at least one rank"), "{}", r.stderr);
+        assert!(!r.stderr.contains("endpoint"), "{}", r.stderr);
+    }
+}
+
 #[test]
 fn a_loopback_program_under_amrun_runs_on_shared_memory() {
     let mut cmd = Command::new(AMRUN);
