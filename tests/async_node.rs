@@ -242,6 +242,112 @@ fn an_idle_armed_node_uses_no_cpu() {
     });
 }
 
+/// A node dropped with a call its peer never answers (the peer does not poll until the drop
+/// is over) waits for it at most `close_timeout`, asleep: even in `AM_WAIT=spin` the
+/// dropping thread uses a small fraction of a core. Catches the drop that spun at 95% of
+/// a core for 30 s, stalling the thread (a tokio worker) that dropped the node.
+#[test]
+fn dropping_a_node_waits_for_an_unanswered_call_asleep_and_bounded() {
+    within(Duration::from_secs(60), || {
+        let dropped = std::sync::atomic::AtomicBool::new(false);
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let config = Config::default()
+                .wait_mode(WaitMode::Spin)
+                .close_timeout(Duration::from_secs(1));
+            let mut node = Node::new(t, kv_handlers(), config).expect("start");
+            node.barrier().expect("barrier");
+            if node.rank() == 1 {
+                while !dropped.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return;
+            }
+            drop(node.call_nb(1, SQUARE, &[3], &[]).expect("sent"));
+            let (cpu, t0) = (thread_cpu(), Instant::now());
+            drop(node);
+            let (used, wall) = (thread_cpu() - cpu, t0.elapsed());
+            dropped.store(true, std::sync::atomic::Ordering::Release);
+            assert!(wall >= Duration::from_millis(900), "left after {wall:?}");
+            assert!(
+                wall < Duration::from_secs(3),
+                "bounded by close_timeout: {wall:?}"
+            );
+            let share = used.as_secs_f64() / wall.as_secs_f64();
+            assert!(
+                share < 0.25,
+                "the drop used {:.0}% of a core",
+                share * 100.0
+            );
+        });
+    });
+}
+
+/// `AsyncNode::close` under the tokio driver, with a call its peer never answers pending:
+/// resolves within `close_timeout` without blocking the runtime's thread (a task ticks
+/// meanwhile), fails the pending call with `NodeClosed`, and returns the driver `Ok`; a
+/// later call fails at once. Catches a close that blocks the runtime's only thread, and
+/// calls left pending for ever by it.
+#[test]
+fn an_async_close_fails_pending_calls_without_blocking_the_runtime() {
+    within(Duration::from_secs(60), || {
+        let closed = std::sync::atomic::AtomicBool::new(false);
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let config = Config::default().close_timeout(Duration::from_secs(1));
+            let mut node = Node::new(t, kv_handlers(), config).expect("start");
+            node.barrier().expect("barrier");
+            if node.rank() == 1 {
+                while !closed.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return;
+            }
+            let node = AsyncNode::new(node);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async {
+                let driver = tokio::task::spawn_local({
+                    let node = node.clone();
+                    async move { node.drive().await }
+                });
+                let call = tokio::task::spawn_local(node.call(1, SQUARE, &[3], &[]));
+                let ticks = Rc::new(Cell::new(0u32));
+                let ticker = tokio::task::spawn_local({
+                    let ticks = ticks.clone();
+                    async move {
+                        loop {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            ticks.set(ticks.get() + 1);
+                        }
+                    }
+                });
+                tokio::task::yield_now().await;
+                let t0 = Instant::now();
+                node.close().await.expect("close");
+                let wall = t0.elapsed();
+                assert!(
+                    wall < Duration::from_secs(3),
+                    "bounded by close_timeout: {wall:?}"
+                );
+                assert!(
+                    ticks.get() >= 20,
+                    "the runtime ran {} ticks meanwhile",
+                    ticks.get()
+                );
+                ticker.abort();
+                let r = call.await.expect("call task");
+                assert_eq!(r.map(|_| ()), Err(AmError::NodeClosed));
+                assert_eq!(driver.await.expect("driver task"), Ok(()));
+                let later = node.call(1, SQUARE, &[4], &[]).await;
+                assert_eq!(later.map(|_| ()), Err(AmError::NodeClosed));
+            });
+            closed.store(true, std::sync::atomic::Ordering::Release);
+        });
+    });
+}
+
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
     use nix::sys::resource::{getrusage, UsageWho};

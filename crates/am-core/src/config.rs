@@ -50,6 +50,9 @@ pub struct Config {
     pub spin_polls: u32,
     /// Longest single block in [`WaitMode::Block`] before polling again.
     pub block_timeout: Duration,
+    /// Longest a closing node ([`crate::Node::close`], or its drop) waits for what it owes
+    /// and is owed (replies, acknowledgements, posted atomics) before it leaves anyway.
+    pub close_timeout: Duration,
 }
 
 impl Default for Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             wait_mode: WaitMode::SpinThenYield,
             spin_polls: 64,
             block_timeout: Duration::from_millis(10),
+            close_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -138,6 +142,13 @@ impl Config {
     #[must_use]
     pub fn block_timeout(mut self, block_timeout: Duration) -> Config {
         self.block_timeout = block_timeout;
+        self
+    }
+
+    /// A closing node waits at most this long for what it owes and is owed.
+    #[must_use]
+    pub fn close_timeout(mut self, close_timeout: Duration) -> Config {
+        self.close_timeout = close_timeout;
         self
     }
 }

@@ -60,6 +60,10 @@ pub enum AmError {
         /// What the call needed.
         kind: AmKind,
     },
+    /// The node was closed ([`crate::Node::close`], [`crate::AsyncNode::close`]): what was
+    /// still in flight, and everything started after, fails with this.
+    #[error("the node was closed")]
+    NodeClosed,
     /// A call named a handler that was not registered with `Handlers::callable`.
     #[error("handler {0:?} is not callable: register it with `Handlers::callable` to call it")]
     NotCallable(HandlerId),
@@ -133,7 +137,7 @@ impl AmError {
     pub fn ends_node(&self) -> bool {
         matches!(
             self,
-            AmError::JobAborted | AmError::Transport(NicError::Device(_))
+            AmError::JobAborted | AmError::NodeClosed | AmError::Transport(NicError::Device(_))
         )
     }
 }

@@ -425,6 +425,39 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         }
     }
 
+    /// Closes the node without blocking the task's thread ([`Node::close`]): resolves once
+    /// what the node owes and is owed has gone, or after [`crate::Config::close_timeout`],
+    /// waiting for the driver's rounds of progress meanwhile (or making them itself without
+    /// a driver). The node is then ended: futures still pending, and every operation
+    /// started after, fail with [`AmError::NodeClosed`]; the drivers return `Ok`. The
+    /// transport is closed when the last clone of the `AsyncNode` drops (that drop then
+    /// waits for nothing).
+    pub async fn close(&self) -> Result<(), AmError> {
+        let deadline = std::time::Instant::now() + self.with(|n| n.config.close_timeout);
+        let settled = self
+            .step(|ep, t| {
+                if ep.close_step(t).is_ready() || std::time::Instant::now() >= deadline {
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending
+            })
+            .await;
+        let waiters = {
+            let mut st = self.lock();
+            st.node.transport.flush();
+            st.node.ep.end(AmError::NodeClosed);
+            std::mem::take(&mut st.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+        self.stop();
+        match settled {
+            Err(AmError::NodeClosed) => Ok(()),
+            other => other,
+        }
+    }
+
     /// Asks the drivers running now to return (`AsyncNode::drive`); a driver started
     /// afterwards runs until the next `stop`.
     pub fn stop(&self) {

@@ -53,9 +53,6 @@ pub struct Node<T: Transport, H: Threading = Sendable> {
     pub(crate) config: Config,
 }
 
-/// How long a dropping node waits for the replies to its last requests.
-const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
-
 impl<T: Transport, H: Threading> Node<T, H> {
     /// Starts a node with the credit policy of `config` ([`crate::Credits`]).
     ///
@@ -650,27 +647,69 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 }
 
+impl<T: Transport, H: Threading> Node<T, H> {
+    /// Closes the node: waits until what it owes and is owed has gone (its posted atomics
+    /// applied, the replies and acknowledgements peers wait for sent, the replies to its
+    /// requests in), for at most [`Config::close_timeout`], then ends it: anything still in
+    /// flight fails with [`AmError::NodeClosed`], and the transport is closed as the node
+    /// drops. The wait spins for [`Config::spin_polls`] empty polls, then sleeps in the
+    /// transport ([`Transport::wait`]) between polls, whatever the wait mode: closing
+    /// never keeps a core busy.
+    ///
+    /// Dropping a node closes it the same way; `close` says whether progress failed
+    /// meanwhile (with an error that ends the node: the job aborted, the device failed).
+    pub fn close(mut self) -> Result<(), AmError> {
+        self.close_in_place()
+    }
+
+    fn close_in_place(&mut self) -> Result<(), AmError> {
+        if self.ep.ended().is_some() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.config.close_timeout;
+        let mut idle = 0u32;
+        let result = loop {
+            if self.ep.close_step(&mut self.transport).is_ready() {
+                break Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Ok(());
+            }
+            match self.poll_once() {
+                Ok(true) => idle = 0,
+                Ok(false) => {
+                    idle = idle.saturating_add(1);
+                    if idle < self.config.spin_polls {
+                        std::hint::spin_loop();
+                    } else if let Err(e) = self.transport.wait(
+                        self.config
+                            .block_timeout
+                            .min(deadline.saturating_duration_since(now)),
+                    ) {
+                        match self.ep.absorb(e.into()) {
+                            Some(e) if e.ends_node() => break Err(e),
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) if e.ends_node() => break Err(e),
+                // A misbehaving or lost peer does not stop the others' replies from mattering.
+                Err(_) => {}
+            }
+        };
+        self.transport.flush();
+        self.ep.end(AmError::NodeClosed);
+        result
+    }
+}
+
 impl<T: Transport, H: Threading> Drop for Node<T, H> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;
         }
-        // Posted atomics take effect before the rank leaves (a lost target is no reason to
-        // stop the others').
-        let _ = self.drive(|ep, t| ep.apply_posted(t));
-        // Let peers get the replies they are owed and ours arrive, but never hang forever.
-        let deadline = Instant::now() + QUIESCE_LIMIT;
-        while Instant::now() < deadline && !self.ep.is_quiet() {
-            match self.poll() {
-                Ok(0) => std::thread::yield_now(),
-                Ok(_) => {}
-                // A misbehaving or lost peer does not stop the others' replies from mattering.
-                Err(AmError::PeerMisbehaved { .. })
-                | Err(AmError::PeerLost(_))
-                | Err(AmError::PeerDeparted(_)) => {}
-                Err(_) => return,
-            }
-        }
+        let _ = self.close_in_place();
     }
 }
 

@@ -6,6 +6,7 @@ use super::state::{Endpoint, DEPARTED, ENDED, LOST};
 use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::Threading;
+use crate::transport::Transport;
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
@@ -197,6 +198,19 @@ impl<H: Threading> Endpoint<H> {
     /// wake this rank when it has room again).
     pub fn sends_held(&self) -> bool {
         !self.replies.pending.is_empty() || self.acks_owed() || !self.posted.is_empty()
+    }
+
+    /// A step of closing: ready once the posted atomics are applied (or can no longer be)
+    /// and the endpoint is quiet ([`Endpoint::is_quiet`]), or once it has ended.
+    pub fn close_step<T: Transport + ?Sized>(&mut self, t: &mut T) -> Poll<()> {
+        if self.ended.is_some() {
+            return Poll::Ready(());
+        }
+        // A lost target is no reason to keep the others' atomics back, nor to stop waiting.
+        if self.apply_posted(t).is_pending() || !self.is_quiet() {
+            return Poll::Pending;
+        }
+        Poll::Ready(())
     }
 
     /// Nothing this rank waits for: no queued replies and no requests in flight to live peers.
