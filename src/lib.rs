@@ -275,6 +275,9 @@ impl Transport for AnyTransport {
     fn default_credits(&self) -> am_core::Credits {
         dispatch!(self, t => t.default_credits())
     }
+    fn stats(&self) -> am_core::NicStats {
+        dispatch!(self, t => Transport::stats(t))
+    }
     fn flush(&mut self) {
         dispatch!(self, t => t.flush())
     }

@@ -124,6 +124,9 @@ pub(crate) struct Calls {
     /// Calls ended so far (answered or failed), woken or not: a waiter without a waker looks
     /// into the table only once this has moved since its last look.
     ended: AtomicU64,
+    /// Answers that came for no call waiting for one (given up, failed, or a peer's
+    /// invention): discarded, and counted here.
+    late: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -180,12 +183,14 @@ impl Calls {
         n
     }
 
-    /// The answer to call `number` came from `src`. One for no call of ours to `src` (a call
-    /// given up, or a peer's invention) is dropped.
+    /// The answer to call `number` came from `src`. One for no call of ours to `src` waiting
+    /// for it (a call given up or failed, or a peer's invention) is dropped and counted.
     pub(crate) fn complete(&self, src: Rank, number: u32, args: &[u32], payload: &[u8]) {
         let mut s = self.lock();
+        let mut taken = false;
         if let Some(p) = s.pending.get_mut(&number).filter(|p| p.dest == src) {
             if p.done.is_none() {
+                taken = true;
                 p.done = Some(Ok(Reply {
                     args: args.to_vec(),
                     payload: payload.to_vec(),
@@ -197,6 +202,14 @@ impl Calls {
                 }
             }
         }
+        if !taken {
+            self.late.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Answers discarded so far: they came for no call waiting for one.
+    pub(crate) fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
     }
 
     /// Fails every call to `peer` still unanswered with `error` (the peer left or died).

@@ -301,6 +301,9 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn default_credits(&self) -> crate::Credits {
         self.inner.default_credits()
     }
+    fn stats(&self) -> crate::NicStats {
+        Transport::stats(&self.inner)
+    }
     fn flush(&mut self) {
         self.inner.flush()
     }

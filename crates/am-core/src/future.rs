@@ -352,6 +352,11 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.lock().node.ops_in_flight()
     }
 
+    /// The node's counters ([`crate::Node::stats`]).
+    pub fn stats(&self) -> crate::Stats {
+        self.lock().node.stats()
+    }
+
     /// One round of progress, what a driver does when woken: runs the handlers of the
     /// messages that arrived (at most 64), fails the calls waiting on peers that left or
     /// died, and wakes every future waiting for progress. How many messages were handled.

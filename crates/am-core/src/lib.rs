@@ -83,6 +83,7 @@ pub mod protocol;
 pub mod reply;
 pub mod rma;
 pub mod shared;
+pub mod stats;
 pub mod transport;
 pub mod types;
 pub mod wait;
@@ -104,6 +105,7 @@ pub use node::Node;
 pub use op::{Completed, Op, Outcome};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
+pub use stats::{NicStats, Stats};
 pub use transport::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,

@@ -648,6 +648,16 @@ impl<T: Transport, H: Threading> Node<T, H> {
 }
 
 impl<T: Transport, H: Threading> Node<T, H> {
+    /// What the node has counted since it started ([`crate::Stats`]): late answers
+    /// discarded, sends that waited for a credit or that the NIC refused, retransmissions.
+    pub fn stats(&self) -> crate::Stats {
+        let mut stats = self.ep.stats();
+        let nic = self.transport.stats();
+        stats.refused += nic.refused;
+        stats.retransmissions += nic.retransmissions;
+        stats
+    }
+
     /// Closes the node: waits until what it owes and is owed has gone (its posted atomics
     /// applied, the replies and acknowledgements peers wait for sent, the replies to its
     /// requests in), for at most [`Config::close_timeout`], then ends it: anything still in

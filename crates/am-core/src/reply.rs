@@ -241,6 +241,9 @@ pub(crate) struct Replies {
     pub(crate) meta: [Option<(Category, AmKind)>; 256],
     pub(crate) limits: Limits,
     pub(crate) seg_len: usize,
+    /// Sends of replies and acknowledgements the device refused for lack of room (each
+    /// queued or kept, and sent again later).
+    pub(crate) refused: u64,
 }
 
 /// The reply path lent to a request handler: at most one reply, to the requester only.
@@ -335,7 +338,7 @@ impl<'a> ReplySink<'a> {
             };
             match self.tx.try_send(self.src, &out) {
                 Ok(()) => return Ok(()),
-                Err(SendError::Busy) => {}
+                Err(SendError::Busy) => self.out.refused += 1,
                 Err(e) => return Err(self.failed(e)),
             }
         }

@@ -284,6 +284,11 @@ impl<T: Transport> SharedNode<T> {
         self.lock().ops_in_flight()
     }
 
+    /// [`Node::stats`].
+    pub fn stats(&self) -> crate::Stats {
+        self.lock().stats()
+    }
+
     /// Between two turns at the node, never holding it: spins, then yields to the other
     /// threads; with [`WaitMode::Block`], after a while with nothing to do, sleeps for
     /// [`ProgressThread::IDLE_SLEEP`] at a time (no thread sleeps in the transport while it

@@ -397,6 +397,12 @@ pub trait Transport: Tx {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
+    /// What the NIC counts of its own ([`crate::NicStats`]: refusals it retried itself,
+    /// retransmissions), which [`crate::Node::stats`] adds to the core's counts. The default
+    /// counts nothing.
+    fn stats(&self) -> crate::NicStats {
+        crate::NicStats::default()
+    }
     /// Copies `data` into `dest`'s segment at `offset` without `dest`'s attention (one-sided
     /// RMA put), for a NIC whose [`Capabilities::put`] is set: once it returns `Ok`, the bytes
     /// are in the target's segment, which is both local completion (`data` may be reused)

@@ -206,3 +206,29 @@ async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
     .await;
     out.into_iter().map(|o| o.expect("ready")).collect()
 }
+
+/// The node's counters: the answer to a call whose handle was dropped is discarded and
+/// counted, and a request that found no credit (one per peer) is counted as a wait. Catches
+/// late answers vanishing unseen, and counters that never move.
+#[test]
+fn late_answers_and_credit_waits_are_counted() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let config = Config::default().credits(am_core::Credits::Static(1));
+            let mut node = Node::new(t, kv_handlers(), config).expect("start");
+            assert_eq!(node.stats(), am_core::Stats::default());
+            if node.rank() == 0 {
+                // Dropped before its answer: the answer comes, and is discarded.
+                drop(node.call_nb(1, SQUARE, &[2], &[]).expect("sent"));
+                // One credit: this call waits for the first one's answer (the credit).
+                let r = node.call(1, SQUARE, &[3], &[]).expect("call");
+                assert_eq!(r.args[0], 9);
+                let stats = node.stats();
+                assert_eq!(stats.late_answers, 1, "{stats:?}");
+                assert!(stats.credit_waits >= 1, "{stats:?}");
+                assert_eq!(stats.retransmissions, 0, "{stats:?}");
+            }
+            node.barrier().expect("barrier");
+        });
+    });
+}

@@ -69,6 +69,7 @@ impl Peer {
 
 /// Flow-control counters of one rank (see [`Portals::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Puts this rank's wire had refused because a target's request portal entry was
     /// disabled, its event queue full or its NI memory corrupt (each was sent again later).
@@ -313,6 +314,10 @@ impl Transport for Portals {
     }
 
     /// The credits the receive buffers were sized for ([`PortalsConfig::credits`]).
+    /// The puts its wire refused and sent again ([`Stats::refused`]).
+    fn stats(&self) -> am_core::NicStats {
+        am_core::NicStats::new(Portals::stats(self).refused, 0)
+    }
     fn default_credits(&self) -> am_core::Credits {
         self.tx.config.credits
     }

@@ -213,6 +213,7 @@ impl EngineConfig {
 
 /// Counters of what the engine did and what it refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Datagrams handed to the network (first transmissions, retransmissions, acks, pings).
     pub datagrams_sent: u64,

@@ -1067,6 +1067,10 @@ impl Transport for Udp {
     /// which a sender packs a hundred small messages, so the core's 32 would leave the link
     /// idle most of each round trip. Nothing here is reserved per credit (the socket buffer
     /// and the reliability window are shared by whatever is in flight).
+    /// Fragments sent again after a loss ([`Stats::retransmits`]).
+    fn stats(&self) -> am_core::NicStats {
+        am_core::NicStats::new(0, Udp::stats(self).retransmits)
+    }
     fn default_credits(&self) -> am_core::Credits {
         am_core::Credits::Static(DEFAULT_CREDITS)
     }

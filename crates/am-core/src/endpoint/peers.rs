@@ -62,6 +62,16 @@ impl<H: Threading> Endpoint<H> {
         self.ended = Some(error);
     }
 
+    /// The endpoint's counters ([`crate::Stats`]), without the NIC's own.
+    pub fn stats(&self) -> crate::Stats {
+        crate::Stats {
+            late_answers: self.handlers.calls.as_ref().map_or(0, |s| s.calls.late()),
+            credit_waits: self.credit_waits,
+            refused: self.replies.refused,
+            ..Default::default()
+        }
+    }
+
     /// The error that ended the endpoint ([`Endpoint::end`]), if it has ended.
     pub fn ended(&self) -> Option<&AmError> {
         self.ended.as_ref()

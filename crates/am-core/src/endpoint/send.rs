@@ -188,6 +188,7 @@ impl<H: Threading> Endpoint<H> {
         long_offset: Option<usize>,
     ) -> Result<bool, AmError> {
         if !self.credits.try_acquire(dest) {
+            self.credit_waits += 1;
             return Ok(false);
         }
         let header = Header {
@@ -212,6 +213,7 @@ impl<H: Threading> Endpoint<H> {
             Ok(()) => Ok(true),
             Err(SendError::Busy) => {
                 self.credits.cancel(dest);
+                self.replies.refused += 1;
                 Ok(false)
             }
             Err(e) => {
@@ -278,7 +280,10 @@ impl<H: Threading> Endpoint<H> {
                 Ok(()) => {
                     self.replies.pending.pop_front();
                 }
-                Err(SendError::Busy) => return Ok(()),
+                Err(SendError::Busy) => {
+                    self.replies.refused += 1;
+                    return Ok(());
+                }
                 Err(SendError::PeerLost(peer)) => {
                     self.mark_lost(peer);
                     return Err(AmError::PeerLost(peer));
@@ -324,7 +329,10 @@ impl<H: Threading> Endpoint<H> {
             };
             match tx.try_send(peer, &out) {
                 Ok(()) => acks.forget(peer),
-                Err(SendError::Busy) => return Ok(()),
+                Err(SendError::Busy) => {
+                    self.replies.refused += 1;
+                    return Ok(());
+                }
                 Err(e) => {
                     acks.forget(peer);
                     return Err(self.nic_failed(e));

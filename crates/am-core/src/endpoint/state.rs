@@ -151,6 +151,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) gone: u32,
     /// The error that ended the endpoint ([`Endpoint::end`]), every peer then [`ENDED`].
     pub(super) ended: Option<AmError>,
+    /// Send attempts that found no credit ([`crate::Stats::credit_waits`]).
+    pub(super) credit_waits: u64,
     /// Gone peers whose unanswered requests a wait has already been failed for.
     pub(super) unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
@@ -227,6 +229,7 @@ impl<H: Threading> Endpoint<H> {
                 meta,
                 limits,
                 seg_len: segment_len,
+                refused: 0,
             },
             ops: Vec::new(),
             free_ops: Vec::new(),
@@ -253,6 +256,7 @@ impl<H: Threading> Endpoint<H> {
             gone_as: vec![0; size as usize],
             gone: 0,
             ended: None,
+            credit_waits: 0,
             unanswered_reported: vec![false; size as usize],
             scratch: Vec::new(),
             posted: Vec::with_capacity(POSTED_ATOMICS),
