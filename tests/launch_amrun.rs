@@ -12,6 +12,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// Safety net only: no test should come close to it.
+mod common;
+
 const WATCHDOG: Duration = Duration::from_secs(60);
 
 const AMRUN: &str = env!("CARGO_BIN_EXE_amrun");
@@ -351,6 +353,29 @@ fn sigterm_to_amrun_whose_stderr_is_gone_ends_every_rank() {
         "ranks {survivors:?} survived the launcher"
     );
     assert_eq!(job.code, 128 + 15);
+}
+
+/// amrun killed by SIGKILL (which it cannot catch) while 4 ranks flood each other on sci:
+/// every rank ends within a second, and no `/dev/shm` file of the job is left. Catches ranks
+/// that outlived their launcher, keeping the cores busy until killed by hand.
+#[test]
+fn ranks_end_when_amrun_is_killed_mid_flood() {
+    let mark = format!("amrun-kill-{}", std::process::id());
+    let program = common::example("pingpong");
+    let launcher = Command::new(AMRUN)
+        .args(["-n", "4", "--transport", "sci", "--"])
+        .arg(&program)
+        .args(["--kind", "short", "--iters", "100000000", "--flood", "10"])
+        .env("AM_TEST_MARK", &mark)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start amrun");
+    match common::kill_launcher_mid_flood(launcher, &program, &mark, 4, Duration::from_secs(10)) {
+        Ok(took) => assert!(took < Duration::from_secs(2), "ranks took {took:?} to end"),
+        Err(left) => panic!("ranks {left:?} outlived their launcher by 10 s"),
+    }
 }
 
 #[test]

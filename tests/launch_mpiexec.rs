@@ -100,6 +100,43 @@ fn assert_good_job(job: &Job, n: u32) {
     assert_eq!(ok, n as usize, "{}\n{}", job.stdout, job.stderr);
 }
 
+/// mpiexec killed by SIGKILL while 4 ranks flood each other on sci, over PMI-1 and PMI-2 on
+/// PMI_FD and PMI-1 on PMI_PORT: every rank ends as its PMI connection closes, within a
+/// second, and no `/dev/shm` file of the job is left. Catches ranks that outlived their
+/// launcher.
+#[test]
+fn ranks_end_when_mpiexec_is_killed_mid_flood() {
+    if !have_mpiexec() {
+        return;
+    }
+    for (version, extra) in [("1", None), ("2", None), ("1", Some("-pmi-port"))] {
+        let mark = format!("mpiexec-kill-{}-{version}-{extra:?}", std::process::id());
+        let program = common::example("pingpong");
+        let mut cmd = Command::new(mpiexec());
+        cmd.args(extra);
+        let launcher = cmd
+            .args(["-n", "4"])
+            .arg(&program)
+            .args(["--kind", "short", "--iters", "100000000", "--flood", "10"])
+            .env("AM_TEST_MARK", &mark)
+            .env("AM_TRANSPORT", "sci")
+            .env("AM_PMI_VERSION", version)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mpiexec");
+        match common::kill_launcher_mid_flood(launcher, &program, &mark, 4, Duration::from_secs(10))
+        {
+            Ok(took) => assert!(
+                took < Duration::from_secs(2),
+                "PMI-{version} {extra:?}: ranks took {took:?} to end"
+            ),
+            Err(left) => panic!("PMI-{version} {extra:?}: ranks {left:?} outlived mpiexec"),
+        }
+    }
+}
+
 #[test]
 fn pmi1_over_pmi_fd() {
     if !have_mpiexec() {

@@ -122,3 +122,111 @@ pub fn within<R: Send + 'static>(
         Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
     }
 }
+
+/// The processes running `program` whose environment holds `AM_TEST_MARK=mark`: a job's
+/// ranks, found without knowing which launcher started them or how (the launchers, which
+/// pass the mark on, run other programs).
+#[allow(dead_code)]
+pub fn marked_processes(program: &std::path::Path, mark: &str) -> Vec<u32> {
+    let needle = format!("AM_TEST_MARK={mark}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// CPU time used so far by `pid`, in clock ticks (0 if it is gone).
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    stat.rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Kills `launcher` (a process group leader or not) with SIGKILL while the job's `ranks`
+/// ranks, marked with `mark` ([`marked_processes`]), flood; returns how long the ranks took
+/// to end after it, or the pids still alive after `limit` (killed then, so that nothing is
+/// left behind). Also checks that no `/dev/shm` file of the job's is left.
+#[allow(dead_code)]
+pub fn kill_launcher_mid_flood(
+    mut launcher: std::process::Child,
+    program: &std::path::Path,
+    mark: &str,
+    ranks: usize,
+    limit: std::time::Duration,
+) -> Result<std::time::Duration, Vec<u32>> {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + limit;
+    let mut pids = marked_processes(program, mark);
+    while pids.len() < ranks {
+        if Instant::now() > deadline {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            for &p in &marked_processes(program, mark) {
+                let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+            }
+            panic!("only {} of {ranks} ranks started", pids.len());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        pids = marked_processes(program, mark);
+    }
+    // Mid-flood: past start-up, the ranks have used half a second of CPU between them.
+    while pids.iter().map(|&p| cpu_ticks(p)).sum::<u64>() < 50 {
+        assert!(Instant::now() < deadline, "the ranks never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let job_ids: Vec<String> = pids
+        .iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
+        .flat_map(|env| {
+            env.split(|&b| b == 0)
+                .filter_map(|v| v.strip_prefix(b"AM_JOB_ID="))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    launcher.kill().expect("kill the launcher");
+    let _ = launcher.wait();
+    let killed = Instant::now();
+    let end = killed + limit;
+    let left = loop {
+        let left = marked_processes(program, mark);
+        if left.is_empty() || Instant::now() > end {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    for &p in &left {
+        let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+    }
+    let files: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|f| job_ids.iter().any(|j| f.starts_with(&format!("am-{j}-"))))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(files.is_empty(), "left in /dev/shm: {files:?}");
+    if left.is_empty() {
+        Ok(killed.elapsed())
+    } else {
+        Err(left)
+    }
+}

@@ -9,6 +9,7 @@ use nix::sys::socket::{recv, send, MsgFlags};
 
 use crate::error::BootstrapError;
 use crate::store::KeyValueStore;
+use crate::watch::Watch;
 use crate::wire::{self, Message};
 
 /// A socket inherited by number (`PMI_FD`, `AM_PMI_FD`).
@@ -52,33 +53,83 @@ impl Drop for FdSocket {
     }
 }
 
-/// A connection to a PMI server: an inherited descriptor or a TCP connection (`PMI_PORT`).
+/// A connection to a PMI server: an inherited descriptor or a TCP connection (`PMI_PORT`),
+/// with the rank's watch on it ([`Watch`]: the rank ends if its launcher goes first).
 #[derive(Debug)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    /// Dropped before `io`, whose descriptor it wakes its thread through.
+    watch: Option<Watch>,
+    io: Io,
+}
+
+#[derive(Debug)]
+enum Io {
     Fd(FdSocket),
     Tcp(TcpStream),
     #[cfg(test)]
     Unix(std::os::unix::net::UnixStream),
 }
 
+impl Conn {
+    /// An inherited socket, watched.
+    pub(crate) fn fd(s: FdSocket) -> Conn {
+        Conn {
+            watch: Watch::fd(s.fd),
+            io: Io::Fd(s),
+        }
+    }
+
+    /// A TCP connection, watched.
+    pub(crate) fn tcp(s: TcpStream) -> Conn {
+        Conn {
+            watch: Watch::tcp(&s),
+            io: Io::Tcp(s),
+        }
+    }
+
+    /// A test's connection, not watched.
+    #[cfg(test)]
+    pub(crate) fn unix(s: std::os::unix::net::UnixStream) -> Conn {
+        Conn {
+            watch: None,
+            io: Io::Unix(s),
+        }
+    }
+}
+
+/// The stream a PMI client speaks over.
+pub(crate) trait Link: Read + Write {
+    /// The rank is about to finalize or abort: the server may close the connection from
+    /// now on without the rank having lost its launcher.
+    fn finishing(&self);
+}
+
+impl Link for Conn {
+    fn finishing(&self) {
+        if let Some(w) = &self.watch {
+            w.finish();
+        }
+    }
+}
+
 impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Conn::Fd(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
+        match &mut self.io {
+            Io::Fd(s) => s.read(buf),
+            Io::Tcp(s) => s.read(buf),
             #[cfg(test)]
-            Conn::Unix(s) => s.read(buf),
+            Io::Unix(s) => s.read(buf),
         }
     }
 }
 
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Conn::Fd(s) => s.write(buf),
-            Conn::Tcp(s) => s.write(buf),
+        match &mut self.io {
+            Io::Fd(s) => s.write(buf),
+            Io::Tcp(s) => s.write(buf),
             #[cfg(test)]
-            Conn::Unix(s) => s.write(buf),
+            Io::Unix(s) => s.write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -153,7 +204,7 @@ fn parse_u32_field(m: &Message, key: &str) -> Result<Option<u32>, BootstrapError
 }
 
 /// Client of the PMI-1 simple protocol (MPICH hydra, amrun).
-pub(crate) struct Pmi1Client<S: Read + Write> {
+pub(crate) struct Pmi1Client<S: Link> {
     io: BufReader<S>,
     kvsname: String,
     key_max: usize,
@@ -161,7 +212,7 @@ pub(crate) struct Pmi1Client<S: Read + Write> {
     state: State,
 }
 
-impl<S: Read + Write> Pmi1Client<S> {
+impl<S: Link> Pmi1Client<S> {
     pub(crate) fn new(stream: S) -> Self {
         Self {
             io: BufReader::new(stream),
@@ -286,7 +337,7 @@ impl<S: Read + Write> Pmi1Client<S> {
     }
 }
 
-impl<S: Read + Write> KeyValueStore for Pmi1Client<S> {
+impl<S: Link> KeyValueStore for Pmi1Client<S> {
     fn put(&mut self, key: &str, value: &str) -> Result<(), BootstrapError> {
         self.check_limits(key, Some(value))?;
         let kvsname = self.kvsname.clone();
@@ -331,17 +382,19 @@ impl<S: Read + Write> KeyValueStore for Pmi1Client<S> {
             eprintln!("aborting job: {message}");
         }
         self.state = State::Aborted;
+        self.io.get_ref().finishing();
         self.send("abort", &[("exitcode", &code.to_string())])
     }
 
     fn finalize(&mut self) -> Result<(), BootstrapError> {
+        self.io.get_ref().finishing();
         self.request_ok("finalize", &[], "finalize_ack")?;
         self.state = State::Finalized;
         Ok(())
     }
 }
 
-impl<S: Read + Write> Drop for Pmi1Client<S> {
+impl<S: Link> Drop for Pmi1Client<S> {
     fn drop(&mut self) {
         // A panicking rank must not finalize: hydra then treats the dropped
         // connection as a failure and ends the job instead of waiting.
@@ -352,13 +405,13 @@ impl<S: Read + Write> Drop for Pmi1Client<S> {
 }
 
 /// Client of the PMI-2 wire protocol (Slurm `--mpi=pmi2`, hydra on request).
-pub(crate) struct Pmi2Client<S: Read + Write> {
+pub(crate) struct Pmi2Client<S: Link> {
     io: S,
     jobid: String,
     state: State,
 }
 
-impl<S: Read + Write> Pmi2Client<S> {
+impl<S: Link> Pmi2Client<S> {
     pub(crate) fn new(stream: S) -> Self {
         Self {
             io: stream,
@@ -479,7 +532,7 @@ impl<S: Read + Write> Pmi2Client<S> {
     }
 }
 
-impl<S: Read + Write> KeyValueStore for Pmi2Client<S> {
+impl<S: Link> KeyValueStore for Pmi2Client<S> {
     fn put(&mut self, key: &str, value: &str) -> Result<(), BootstrapError> {
         check_entry(key, Some(value))?;
         self.request_ok("kvs-put", &[("key", key), ("value", value)])?;
@@ -526,17 +579,19 @@ impl<S: Read + Write> KeyValueStore for Pmi2Client<S> {
             msg
         };
         self.state = State::Aborted;
+        self.io.finishing();
         self.send("abort", &[("isworld", "TRUE"), ("msg", &msg)])
     }
 
     fn finalize(&mut self) -> Result<(), BootstrapError> {
+        self.io.finishing();
         self.request_ok("finalize", &[])?;
         self.state = State::Finalized;
         Ok(())
     }
 }
 
-impl<S: Read + Write> Drop for Pmi2Client<S> {
+impl<S: Link> Drop for Pmi2Client<S> {
     fn drop(&mut self) {
         if self.state == State::Open && !std::thread::panicking() {
             let _ = self.finalize();
@@ -569,7 +624,7 @@ mod tests {
                 }
             }
         });
-        (Conn::Unix(a), h)
+        (Conn::unix(a), h)
     }
 
     const HYDRA_INIT: [(&str, Option<&str>); 3] = [
@@ -732,7 +787,7 @@ mod tests {
                 }
             }
         });
-        (Conn::Unix(a), h)
+        (Conn::unix(a), h)
     }
 
     #[test]

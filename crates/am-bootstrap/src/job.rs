@@ -163,7 +163,7 @@ fn agree_on_random_id(rank: u32, kvs: &mut dyn KeyValueStore) -> Result<String, 
 }
 fn adopt_fd(var: &'static str, fd: i32) -> Result<Conn, BootstrapError> {
     FdSocket::adopt(fd)
-        .map(Conn::Fd)
+        .map(Conn::fd)
         .map_err(|source| BootstrapError::Io {
             what: format!("using {var}={fd} as the launcher's PMI connection"),
             source,
@@ -208,7 +208,7 @@ fn pmi_connect(env: &dyn Env, default_version: u32) -> Result<PmiSession, Bootst
             source,
         })?;
         let _ = stream.set_nodelay(true);
-        (Conn::Tcp(stream), true)
+        (Conn::tcp(stream), true)
     } else {
         return Err(BootstrapError::MissingVar {
             var: "PMI_FD",

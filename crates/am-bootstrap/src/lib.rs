@@ -11,6 +11,12 @@
 //! it: [`process_alive`] for the shared-memory transports' liveness checks, [`read_key_file`]
 //! for the UDP transport's key file, and job ids and keys.
 //!
+//! A rank dies with its launcher: while its PMI connection (`AM_PMI_FD`, `PMI_FD` or
+//! `PMI_PORT`) is open, a thread of the rank watches it, and if it closes before the rank
+//! finalized or aborted (the launcher was killed, even by SIGKILL), the rank sends itself
+//! SIGTERM, then SIGKILL a second later, as the launcher would have. A rank under PMIx
+//! (`mpirun`, `srun --mpi=pmix`) is not watched this way.
+//!
 //! What this crate does **not** do: start processes or serve a key-value store (`am-launch`
 //! and its `amrun` do), move application data (the transports do), or support dynamic
 //! process management (PMI spawn).
@@ -23,7 +29,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-// Modules in one direction: `types`, `ids`, `liveness`, `keyfile` and `wire` import nothing
+// Modules in one direction: `types`, `ids`, `liveness`, `keyfile`, `watch` and `wire` import nothing
 // of this crate; `error` imports `types`; `store` and `env` import `error`; `client` and
 // `pmix` are built on those; `job` (detection) is on top, and `endpoints` on it.
 mod client;
@@ -38,6 +44,7 @@ mod liveness;
 mod pmix;
 mod store;
 mod types;
+mod watch;
 #[doc(hidden)]
 pub mod wire;
 

@@ -16,8 +16,9 @@
 //! for that), forward stdin to ranks, bind processes to cores, serve PMI-2 or PMIx (its ranks
 //! get PMI-1; as clients, ranks speak PMI-1, PMI-2 and PMIx through `am-bootstrap`), or
 //! support dynamic process management (PMI spawn). It moves no application data; transports
-//! do that. Known limits: if the launcher itself is killed with SIGKILL its ranks keep
-//! running (setting a parent-death signal needs `unsafe`); descendants of ranks that ignore
+//! do that. A launcher killed with SIGKILL takes its ranks down all the same: each
+//! rank watches its PMI connection and ends (SIGTERM, then SIGKILL a second later) when it
+//! closes before the rank finalized it (`am-bootstrap`). Known limits: descendants of ranks that ignore
 //! SIGTERM can outlive a job whose ranks all ended on SIGTERM; and the launcher's signal
 //! handlers stay installed (inert) after a job.
 //!
