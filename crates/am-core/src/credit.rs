@@ -20,7 +20,7 @@ pub trait CreditPolicy {
     /// A reply from `peer` arrived carrying credit byte `granted`. Returns `false` if no request
     /// to `peer` was outstanding (the peer misbehaved); the state is then unchanged.
     fn on_reply(&mut self, peer: Rank, granted: u8) -> bool;
-    /// Replies from `peer` to `count` requests at once ([`crate::protocol::SystemMsg::Acks`])
+    /// Replies from `peer` to `count` requests at once (a system message of acknowledgements)
     /// returned `granted` credits together. Returns `false`, the state unchanged, if fewer
     /// than `count` requests to `peer` were outstanding or `granted` is more than `count`
     /// replies can carry (255 each). The default calls [`CreditPolicy::on_reply`] per reply.

@@ -270,7 +270,7 @@ pub struct Capabilities {
     /// landed without a message from the target. 0: none is; `usize::MAX`: every one is.
     pub long_placed_below: usize,
     /// One empty reply may return the credits of several requests from one peer
-    /// ([`crate::protocol::SystemMsg::Acks`]). The core then answers the requests whose
+    /// (a system message of acknowledgements). The core then answers the requests whose
     /// handlers sent no reply with one message per peer and batch. Such a reply carries the
     /// [`Route`] of the latest request it answers, and the core keeps replies to a peer in
     /// the order of its requests, so a transport that pairs replies with requests (sci's

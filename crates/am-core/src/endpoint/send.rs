@@ -303,7 +303,7 @@ impl<H: Threading> Endpoint<H> {
         Ok(())
     }
 
-    /// Sends the implicit replies owed (one [`SystemMsg::Acks`] per peer), after the queued
+    /// Sends the implicit replies owed (one system message of acknowledgements per peer), after the queued
     /// replies and only once none is left; stops at the first the device refuses.
     #[cold]
     #[inline(never)]

@@ -269,7 +269,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Whether one empty reply may answer several requests of a peer
     /// ([`crate::Capabilities::acks_coalesce`]; off by default). On, the requests whose handlers
-    /// sent no reply are answered by one [`SystemMsg::Acks`](crate::protocol::SystemMsg::Acks) per peer when half the credits
+    /// sent no reply are answered by one system message of acknowledgements per peer when half the credits
     /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
     /// driver calls when a poll finds nothing.
     pub fn set_acks_coalesce(&mut self, on: bool) {
@@ -315,7 +315,7 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// The exit code a peer asked the whole job to end with ([`SystemMsg::Exit`](crate::protocol::SystemMsg::Exit)): once set,
+    /// The exit code a peer asked the whole job to end with (a system message): once set,
     /// the driver ends this rank's process with it.
     #[inline]
     pub fn exit_requested(&self) -> Option<i32> {
