@@ -169,10 +169,15 @@ pub fn print_am_figures<T: Transport>(
     Ok(())
 }
 
-/// The echo table: [`ECHO`] and [`ECHO_REPLY`]; every checked echo adds one to `echoes`.
+/// The echo table: [`ECHO`] and [`ECHO_REPLY`] (every checked echo adds one to `echoes`), and
+/// the callable [`PLUS_ONE`].
 /// Programs add their own handlers from id 3 on.
 pub fn echo_handlers(echoes: &Rc<Cell<u64>>) -> Result<Handlers<Local>, RegisterError> {
     let mut h = Handlers::local();
+    h.callable(PLUS_ONE, "plus one", |m, call| {
+        let x = m.args().first().copied().unwrap_or(0);
+        let _ = call.reply(&[x.wrapping_add(1)], &[]);
+    })?;
     h.request(ECHO, "echo", AmKind::Medium, |m, tok| {
         let _ = tok.reply_medium(ECHO_REPLY, m.args(), m.payload_ref());
     })?;
@@ -288,7 +293,105 @@ pub fn exit_scenario<T: Transport>(
 /// Whether `mode` is one of the failure scenarios [`failure_scenario`] runs (their programs
 /// call [`ignore_sigterm`] first thing).
 pub fn is_failure_scenario(mode: &str) -> bool {
-    matches!(mode, "kill" | "kill-anywhere" | "exit")
+    matches!(mode, "kill" | "kill-anywhere" | "exit" | "pending")
+}
+
+/// The callable handler of [`echo_handlers`]: answers `[x + 1]`.
+pub const PLUS_ONE: HandlerId = HandlerId(200);
+
+/// The rank that dies in [`pending_scenario`].
+pub const PENDING_VICTIM: Rank = 1;
+
+/// Calls each survivor of [`pending_scenario`] has in flight when the victim dies (within
+/// every transport's credits, so that all are sent).
+pub const PENDING_CALLS: u32 = 8;
+
+/// Every operation pending on a rank that dies fails, whatever killed it: after a barrier,
+/// [`PENDING_VICTIM`] stops polling, so that the [`PENDING_CALLS`] calls each other rank
+/// then makes to it (and, in a job of 2, the barrier the survivor enters) stay unanswered;
+/// 300 ms later it dies as `how` says: `panic`, `abort`, `exit` (`exit(5)` without
+/// `Node::exit`) or `kill` (SIGKILL). Each survivor waits for every one of its operations,
+/// each of which must fail with a typed error (the peer lost or departed, the job aborted)
+/// within 10 s, and writes `dir/failed-<rank>` (the errors, and the milliseconds the last
+/// took after the victim's death); the caller then ends the process with code 3. Call
+/// [`ignore_sigterm`] first thing in the program.
+pub fn pending_scenario<T: Transport>(
+    node: &mut Node<T, Local>,
+    how: &str,
+    dir: &Path,
+) -> Result<(), Box<dyn Error>> {
+    let me = node.rank();
+    node.barrier()?;
+    if me == PENDING_VICTIM {
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(dir.join("victim"), now_us().to_string())?;
+        match how {
+            "panic" => panic!("rank {me} dies by panic on purpose"),
+            "abort" => std::process::abort(),
+            "exit" => std::process::exit(5),
+            "kill" => {
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL)?;
+                unreachable!("SIGKILL returned");
+            }
+            other => return Err(format!("pending: no such death {other:?}").into()),
+        }
+    }
+    let mut calls = Vec::new();
+    let mut errors = Vec::new();
+    for i in 0..PENDING_CALLS {
+        match node.call_nb(PENDING_VICTIM, PLUS_ONE, &[i], &[]) {
+            Ok(op) => calls.push(op),
+            Err(e) => errors.push(e),
+        }
+    }
+    let barrier = if node.size() == 2 {
+        Some(node.barrier_nb())
+    } else {
+        None
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Every operation, one at a time, with the node's blocking waits: each must end by
+    // itself, since nothing here gives up on it.
+    for op in calls {
+        match node.wait(op) {
+            Ok(r) => {
+                return Err(format!("rank {me}: a call to the dead rank answered {r:?}").into())
+            }
+            Err(e) => errors.push(e),
+        }
+        if Instant::now() > deadline {
+            return Err(format!("rank {me}: calls took more than 10 s to fail").into());
+        }
+    }
+    match barrier {
+        Some(Ok(op)) => match node.wait(op) {
+            Ok(()) => return Err(format!("rank {me}: a barrier with the dead rank passed").into()),
+            Err(e) => errors.push(e),
+        },
+        Some(Err(e)) => errors.push(e),
+        None => {}
+    }
+    let typed = |e: &AmError| {
+        matches!(
+            e,
+            AmError::PeerLost(PENDING_VICTIM)
+                | AmError::PeerDeparted(PENDING_VICTIM)
+                | AmError::JobAborted
+        )
+    };
+    if let Some(e) = errors.iter().find(|e| !typed(e)) {
+        return Err(format!("rank {me}: an operation failed with {e:?}").into());
+    }
+    let died: u128 = std::fs::read_to_string(dir.join("victim"))?
+        .trim()
+        .parse()?;
+    let took_ms = now_us().saturating_sub(died) / 1000;
+    let names: Vec<String> = errors.iter().map(|e| format!("{e:?}")).collect();
+    std::fs::write(
+        dir.join(format!("failed-{me}")),
+        format!("{took_ms} {}", names.join(",")),
+    )?;
+    Ok(())
 }
 
 /// Runs failure scenario `mode` of a rank-test program with its `args` (`kill-anywhere DIR
@@ -309,6 +412,10 @@ pub fn failure_scenario<T: Transport>(
             kill_anywhere(&mut node, exchanged, delay, &dir)?;
         }
         "exit" => return exit_scenario(node, &dir),
+        "pending" => {
+            let how = args.get(2).ok_or("pending DIR panic|abort|exit|kill")?;
+            pending_scenario(&mut node, how, &dir)?;
+        }
         "kill" => kill_scenario(&mut node, &job.job_id, &dir)?,
         other => return Err(format!("not a failure scenario: {other:?}").into()),
     }

@@ -8,6 +8,9 @@
 //!   then checks that every request ran exactly once, in order per sender.
 //! - `extoll-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
 //!   fail start-up with the typed segment-size mismatch.
+//! - `extoll-rank-test pending DIR panic|abort|exit|kill` (2 ranks): rank 1 dies that way
+//!   while the other has calls and a barrier pending on it; each must fail with a typed error
+//!   ([`am_perf::rank::pending_scenario`]).
 //! - `extoll-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `extoll-rank-test kill DIR`: after a barrier, rank 1 writes `DIR/victim` (time of death,

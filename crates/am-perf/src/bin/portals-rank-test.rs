@@ -9,6 +9,9 @@
 //!   saw no refusal and no disabled entry.
 //! - `portals-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
 //!   fail start-up with the typed segment-size mismatch.
+//! - `portals-rank-test pending DIR panic|abort|exit|kill` (2 ranks): rank 1 dies that way
+//!   while the other has calls and a barrier pending on it; each must fail with a typed error
+//!   ([`am_perf::rank::pending_scenario`]).
 //! - `portals-rank-test exit DIR` (4 ranks): rank 2 calls `exit(7)`; the others must end with 7
 //!   within 2 s ([`am_perf::rank::exit_scenario`]).
 //! - `portals-rank-test kill DIR`: rank 1 dies by SIGKILL after a barrier; the others write
@@ -59,7 +62,7 @@ fn main() -> Res {
     if mode == "local" {
         return local(&args);
     }
-    if mode == "kill" || mode == "kill-anywhere" || mode == "exit" {
+    if rank::is_failure_scenario(mode) {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early.
         rank::ignore_sigterm()?;
     }
@@ -165,6 +168,13 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
         "kill" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("kill DIR")?);
             rank::kill_scenario(&mut node, job_id, &dir)?;
+            drop(node);
+            std::process::exit(3);
+        }
+        "pending" => {
+            let dir = std::path::PathBuf::from(args.get(1).ok_or("pending DIR HOW")?);
+            let how = args.get(2).ok_or("pending DIR HOW")?;
+            rank::pending_scenario(&mut node, how, &dir)?;
             drop(node);
             std::process::exit(3);
         }

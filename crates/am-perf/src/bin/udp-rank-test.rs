@@ -1,5 +1,6 @@
 //! One rank of a udp job, for the multi-process tests: `exit DIR`, the
-//! [`am_perf::rank::exit_scenario`] that the shared-memory NICs' rank tests also run.
+//! [`am_perf::rank::exit_scenario`] that the shared-memory NICs' rank tests also run, and
+//! `pending DIR panic|abort|exit|kill` ([`am_perf::rank::pending_scenario`]).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -22,6 +23,20 @@ fn main() -> Res {
             let node = Node::new(udp, Handlers::local(), Config::from_env()?)?;
             rank::exit_scenario(node, &dir)
         }
-        _ => Err("usage: udp-rank-test exit DIR".into()),
+        Some("pending") => {
+            rank::ignore_sigterm()?;
+            let dir = PathBuf::from(args.get(1).ok_or("pending DIR HOW")?);
+            let how = args.get(2).ok_or("pending DIR HOW")?;
+            let mut job = am_launch::JobInfo::from_env()?;
+            let udp = Udp::connect(&mut job, 1 << 20, UdpConfig::from_env()?)?;
+            let echoes = std::rc::Rc::new(std::cell::Cell::new(0u64));
+            let h = rank::echo_handlers(&echoes)?;
+            let mut node = Node::new(udp, h, Config::from_env()?)?;
+            rank::pending_scenario(&mut node, how, &dir)?;
+            drop(node);
+            drop(job);
+            std::process::exit(3);
+        }
+        _ => Err("usage: udp-rank-test exit DIR | pending DIR panic|abort|exit|kill".into()),
     }
 }
