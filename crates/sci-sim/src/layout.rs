@@ -8,7 +8,9 @@
 //!                     both written only by rank c)
 //!   then              ringer words 7.. (whole lines)
 //!   with a bank       the bank's tail word and head word (a line each), then a claim
-//!                     record per rank (8 bytes, written only by that rank)
+//!                     record per rank (8 bytes, written only by that rank), then the
+//!                     room word (a line) and the room waiter words (a bit per rank:
+//!                     senders that found the bank full and wait to be rung)
 //! byte area
 //!   per sender c      command segment: slots request slots, then slots reply slots; each
 //!                     slot starts with its message-ready flag (stamp), in the same cache
@@ -136,7 +138,8 @@ impl Layout {
         l.ranks
             .checked_mul(CACHE_LINE + 8)?
             .checked_add(4 * CACHE_LINE)?
-            .checked_add(l.ranks.div_ceil(64) * 8 + CACHE_LINE)?;
+            .checked_add(l.ranks.div_ceil(64) * 8 + CACHE_LINE)?
+            .checked_add(l.ranks.div_ceil(64) * 8 + 3 * CACHE_LINE)?;
         Some(l)
     }
 
@@ -154,7 +157,7 @@ impl Layout {
         if self.bank == 0 {
             return words;
         }
-        self.bank_record(0) + (self.ranks * 8).next_multiple_of(CACHE_LINE)
+        self.bank_room_waiter(0) + (self.ringer_words() * 8).next_multiple_of(CACHE_LINE)
     }
 
     /// Where the ringer words end.
@@ -176,6 +179,21 @@ impl Layout {
     /// [`am_shm::claim`]).
     pub fn bank_record(&self, c: usize) -> usize {
         self.ringers_end() + 2 * CACHE_LINE + 8 * c
+    }
+
+    /// Offset of the bank's room word: set by a sender that found the bank full (with its
+    /// bit in the room waiter words), looked at by the owner as it consumes; then the owner
+    /// takes both and rings every waiter's message-exist flag, so that a sender asleep on
+    /// a full bank wakes when there is room rather than when its sleep times out. A line of
+    /// its own: senders write it only when the bank is full.
+    pub fn bank_room(&self) -> usize {
+        self.bank_record(0) + (self.ranks * 8).next_multiple_of(CACHE_LINE)
+    }
+
+    /// Offset of room waiter word `w` (`< ringer_words()`): sender `c` waits for room with
+    /// bit [`ringer_bit`]`(c)` set.
+    pub fn bank_room_waiter(&self, w: usize) -> usize {
+        self.bank_room() + CACHE_LINE + 8 * w
     }
 
     /// The bank as a claimed ring; `None` without one.
@@ -341,8 +359,8 @@ mod tests {
         }
     }
 
-    /// With a bank, what a rank reserves grows by a line of words and a claim record per
-    /// peer, beside the bank itself: 1.3 MiB at 4,096 peers and 5.5 MiB at 65,536 with the
+    /// With a bank, what a rank reserves grows by a line of words, a claim record and a room
+    /// waiter bit per peer, beside the bank itself: 1.3 MiB at 4,096 peers and 5.5 MiB at 65,536 with the
     /// default bank (1,024 slots of 1 KiB). The bank's words lie past every other word, and
     /// its slots before the AM segment.
     #[test]
@@ -359,10 +377,18 @@ mod tests {
             assert!(l.bank_record(ranks - 1) + 8 <= l.words_len());
             let bytes = l.receive_bytes();
             assert!(bytes <= most, "{bytes} bytes at {ranks} peers");
+            assert_eq!(
+                l.bank_room(),
+                l.bank_record(0) + (ranks * 8).next_multiple_of(CACHE_LINE)
+            );
+            assert_eq!(l.bank_room_waiter(0), l.bank_room() + CACHE_LINE);
+            assert!(l.bank_room_waiter(l.ringer_words() - 1) + 8 <= l.words_len());
             let words = l.words_len() - l.bank_tail();
             assert_eq!(
                 words,
-                2 * CACHE_LINE + (ranks * 8).next_multiple_of(CACHE_LINE)
+                3 * CACHE_LINE
+                    + (ranks * 8).next_multiple_of(CACHE_LINE)
+                    + (ranks.div_ceil(64) * 8).next_multiple_of(CACHE_LINE)
             );
         }
         assert!(Layout::with_bank(64, 0, 1024, 0).is_none());

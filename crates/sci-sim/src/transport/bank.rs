@@ -53,12 +53,22 @@ impl TxState {
         hdr[4..].copy_from_slice(&flags.to_le_bytes());
         let head = &mut b.heads[d];
         let me = self.rank as u32;
-        let sent = match payload {
+        let mut send = || match payload {
             Payload::Private(p) => port.send_parts(head, &[&hdr, msg.head, p], me),
             Payload::Shared(s) => port.send_then(head, &[&hdr, msg.head], s, me),
         };
-        if !sent.map_err(sci_err)? {
-            return Err(SendError::Busy);
+        if !send().map_err(sci_err)? {
+            // Full: ask to be rung when there is room, then look once more. The request's
+            // read-modify-writes come before that look, so either it sees the room the
+            // owner made meanwhile, or the owner's next consume sees the request.
+            let (w, bit) = crate::layout::ringer_bit(self.rank);
+            peer.fetch_or_word(self.layout.bank_room_waiter(w), bit)
+                .map_err(sci_err)?;
+            peer.fetch_or_word(self.layout.bank_room(), 1)
+                .map_err(sci_err)?;
+            if !send().map_err(sci_err)? {
+                return Err(SendError::Busy);
+            }
         }
         match answers_up_to {
             None => b.outstanding[d] += 1,
@@ -157,6 +167,40 @@ impl Sci {
         if let Some(inbox) = self.bank.as_mut() {
             inbox.advance();
             inbox.consumed(inbox.head());
+            // A relaxed look at a line senders write only when the bank is full. One that
+            // misses a request made just now sees it at the next consume: a sender asks
+            // only when the bank is full, so more consumes follow.
+            if self.seg.load_word(self.tx.layout.bank_room()).unwrap_or(0) != 0 {
+                self.ring_room_waiters();
+            }
+        }
+    }
+
+    /// Rings the message-exist flag of every sender waiting for room in the bank (their
+    /// bits in the room waiter words, taken with the room word): a sender asleep in
+    /// [`Transport::wait`] wakes and sends again; one armed on its wake socket is woken
+    /// through it. The words are a peer's to write: a bit that names no other rank of the
+    /// job is dropped, and a forged one costs its rank a spurious wake-up.
+    #[cold]
+    #[inline(never)]
+    fn ring_room_waiters(&mut self) {
+        let l = self.tx.layout;
+        let _ = self.seg.take_word(l.bank_room());
+        for w in 0..l.ringer_words() {
+            let mut bits = self.seg.take_word(l.bank_room_waiter(w)).unwrap_or(0);
+            while bits != 0 {
+                let c = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if c == self.tx.rank || c >= l.ranks {
+                    continue;
+                }
+                let Some(peer) = self.tx.peers.get(c) else {
+                    continue;
+                };
+                if matches!(peer.ring(MEF), Ok(Rung::Armed)) {
+                    self.tx.wakers.wake(c as Rank);
+                }
+            }
         }
     }
 
@@ -178,9 +222,14 @@ impl Sci {
 
     /// Before a sleep with a bank: takes the message-exist flag (senders ring it again from
     /// then on) and looks at the head after the take, so a message published before it is
-    /// found now and one published after it rings; whether there is still nothing to do.
+    /// found now and one published after it rings; whether there is still nothing to do (not
+    /// if the flag was rung: by a message, or by a bank's owner with room for this rank).
     pub(super) fn bank_is_empty(&mut self) -> Result<bool, TransportError> {
-        self.seg.doorbell(MEF).map_err(sci_err)?.take_tags();
+        if self.seg.doorbell(MEF).map_err(sci_err)?.take_tags() != 0 {
+            // Rung since the last take: a message, or room in a bank this rank waits on
+            // (which only a send finds out). Not a time to sleep.
+            return Ok(false);
+        }
         if self.faults.is_empty() && self.bank_head_is_idle() {
             self.liveness_tick()?;
         }

@@ -137,6 +137,61 @@ fn a_full_bank_is_back_pressure() {
     assert_eq!(got, (0..12).collect::<Vec<u8>>());
 }
 
+/// A sender that found the bank full is rung when the owner consumes: its sleep in
+/// `Transport::wait` ends at once instead of lasting the whole timeout, and its next send
+/// goes through. Catches the sender that slept its full `block_timeout` on a full bank,
+/// with nothing to wake it when room appeared (where sci's time went at 1,024 ranks).
+#[test]
+fn a_sender_waiting_for_room_is_rung_when_there_is_some() {
+    let (mut a, mut b, _c) = bank_trio();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Medium, 1, &mut h);
+    for k in 0..8u8 {
+        a.try_send(1, &out(&h[..n], &[k])).unwrap();
+    }
+    assert_eq!(a.try_send(1, &out(&h[..n], &[8])), Err(SendError::Busy));
+    // Nothing rang `a` yet: a short wait lasts.
+    let t0 = std::time::Instant::now();
+    a.wait(Duration::from_millis(50)).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(40),
+        "woken with no room"
+    );
+    assert_eq!(poll_once(&mut b, |d| d.bytes.to_vec()[n]).unwrap(), Some(0));
+    let t0 = std::time::Instant::now();
+    a.wait(Duration::from_secs(5)).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "the sender slept {:?} with room in the bank",
+        t0.elapsed()
+    );
+    a.try_send(1, &out(&h[..n], &[8])).unwrap();
+    // The request was taken with the ring: the next consume rings nobody.
+    assert_eq!(b.seg.load_word(b.tx.layout.bank_room()).unwrap(), 0);
+}
+
+/// Room words a hostile peer wrote (bits of ranks outside the job, of the owner itself, a
+/// room word with no waiter): the owner's consume takes them, rings only the real waiters,
+/// and delivers on. Catches a ring past the job's ranks (an out-of-bounds peer) or a ring
+/// the owner sends itself.
+#[test]
+fn forged_room_requests_are_taken_and_dropped() {
+    let (mut a, mut b, c) = bank_trio();
+    let l = b.tx.layout;
+    a.tx.peers[1]
+        .fetch_or_word(l.bank_room_waiter(0), 1 << 63 | 1 << 1 | 1 << 2)
+        .unwrap();
+    a.tx.peers[1].fetch_or_word(l.bank_room(), 7).unwrap();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Medium, 1, &mut h);
+    a.try_send(1, &out(&h[..n], &[5])).unwrap();
+    assert_eq!(poll_once(&mut b, |d| d.bytes.to_vec()[n]).unwrap(), Some(5));
+    assert_eq!(b.seg.load_word(l.bank_room()).unwrap(), 0);
+    assert_eq!(b.seg.load_word(l.bank_room_waiter(0)).unwrap(), 0);
+    // Rank 2 was named: it is rung (a spurious wake-up, nothing worse).
+    assert!(c.seg.doorbell(MEF).unwrap().is_rung());
+}
+
 /// A message published in the name of a rank outside the job: an error, nothing delivered,
 /// and the next sender's message still arrives.
 #[test]
