@@ -16,6 +16,8 @@
 //!   pool_claim(i)     with a pool: who holds pool buffer i (0: free; a sender's
 //!                     compare-and-swap claims it, we free it once its Medium is read),
 //!                     eight to a line
+//!   room              a sender found the mailbox full and waits to be rung (a line)
+//!   room_waiter(w)    which senders wait: bit c % 64 of word c / 64
 //! byte area
 //!   mailbox           slots × packet_size (56 or 120 data bytes + 8-byte status, status last)
 //!   notifications     notify_slots × 16 (8-byte notification + 8-byte status)
@@ -177,7 +179,8 @@ impl Layout {
         let words = ranks
             .checked_mul(3 * CACHE_LINE)?
             .checked_add(PER_RANK_WORDS)?
-            .checked_add(lines(l.rma_pool.checked_mul(8)?)?)?;
+            .checked_add(lines(l.rma_pool.checked_mul(8)?)?)?
+            .checked_add(lines(ranks.div_ceil(64) * 8)? + CACHE_LINE)?;
         // Room for the segment's own rounding (whole words, whole lines).
         bytes.checked_add(words)?.checked_add(2 * CACHE_LINE)?;
         let l = Layout {
@@ -193,8 +196,31 @@ impl Layout {
 
     /// Bytes of the word area.
     pub fn words_len(&self) -> usize {
+        self.room_waiter(0)
+            .saturating_add(line(self.room_words().saturating_mul(8)))
+    }
+
+    /// Offset of the room word: set by a sender that found the mailbox full (with its bit
+    /// in the room waiter words); the owner looks at it as it tells senders its head, and
+    /// then takes both and rings every waiter's doorbell, so that a sender asleep on a
+    /// full mailbox wakes when there is room rather than when its sleep times out. A line
+    /// of its own: senders write it only when the mailbox is full.
+    pub fn room(&self) -> usize {
         self.pool_claim(0)
             .saturating_add(line(self.rma_pool.saturating_mul(8)))
+    }
+
+    /// How many room waiter words there are: a bit per sender.
+    pub fn room_words(&self) -> usize {
+        self.ranks.div_ceil(64)
+    }
+
+    /// Offset of room waiter word `w` (`< room_words()`): sender `c` waits for room with bit
+    /// `c % 64` of word `c / 64` set.
+    pub fn room_waiter(&self, w: usize) -> usize {
+        self.room()
+            .saturating_add(CACHE_LINE)
+            .saturating_add(w.saturating_mul(8))
     }
 
     /// Offset of the claim word of pool buffer `i` ([`ExtollConfig::rma_pool`]): after

@@ -174,6 +174,46 @@ impl Extoll {
         if due > 0 && (idle || due >= self.head_batch) {
             self.head_told = self.head;
             self.inbox.consumed(self.head);
+            self.ring_room_waiters_if_asked();
+        }
+    }
+
+    /// After telling senders our head: if a sender asked to be rung when there is room (the
+    /// room word, a line senders write only when the mailbox is full), rings every waiter.
+    /// A relaxed look; a request it misses is seen at the next one (the next head told, or
+    /// the idle look before a sleep).
+    #[inline(always)]
+    pub(super) fn ring_room_waiters_if_asked(&mut self) {
+        let room = self.tx.layout.room();
+        if self.seg.load_word(room).unwrap_or(0) != 0 {
+            self.ring_room_waiters();
+        }
+    }
+
+    /// Takes the room word and the room waiter words and rings each waiter's doorbell (or
+    /// its wake socket, if armed): a sender asleep on our full mailbox wakes and sends
+    /// again. The words are a peer's to write: a bit naming no other rank of the job is
+    /// dropped, and a forged one costs its rank a spurious wake-up.
+    #[cold]
+    #[inline(never)]
+    fn ring_room_waiters(&mut self) {
+        let l = self.tx.layout;
+        let _ = self.seg.take_word(l.room());
+        for w in 0..l.room_words() {
+            let mut bits = self.seg.take_word(l.room_waiter(w)).unwrap_or(0);
+            while bits != 0 {
+                let c = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if c == self.tx.rank || c >= l.ranks {
+                    continue;
+                }
+                let Some(peer) = self.tx.peers.get(c) else {
+                    continue;
+                };
+                if matches!(ring_doorbell(&peer.seg), Ok(Rung::Armed)) {
+                    self.tx.wake(c);
+                }
+            }
         }
     }
 
@@ -418,9 +458,11 @@ impl Extoll {
             return Ok(false);
         }
         self.tell_head(true);
+        self.ring_room_waiters_if_asked();
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
-        bell.take_tags();
-        if self.has_work()? {
+        if bell.take_tags() != 0 || self.has_work()? {
+            // Rung since the last take: a message, or room in a mailbox this rank waits on
+            // (which only a send finds out). Not a time to sleep.
             return Ok(false);
         }
         self.tick(Instant::now());

@@ -146,6 +146,44 @@ fn full_mailbox_is_busy_and_loses_nothing() {
     a.try_send(1, &out(&h[..n], &[1; 100])).unwrap();
 }
 
+/// A sender that found the mailbox full is rung when the owner tells its head: its sleep in
+/// `Transport::wait` ends at once rather than lasting the whole timeout. Catches the sender
+/// that slept its full `block_timeout` on a full mailbox with nothing to wake it.
+#[test]
+fn a_sender_waiting_for_room_is_rung_when_there_is_some() {
+    let config = ExtollConfig {
+        mailbox_slots: 148,
+        medium: crate::MediumPath::Velo,
+        ..ExtollConfig::default()
+    };
+    let (mut a, mut b) = pair(config);
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(AmKind::Short, 0, &mut h);
+    let mut sent = 0;
+    while a.try_send(1, &out(&h[..n], &[])).is_ok() {
+        sent += 1;
+    }
+    assert_eq!(sent, 148, "one packet per slot");
+    let t0 = Instant::now();
+    a.wait(Duration::from_millis(50)).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(40),
+        "woken with no room"
+    );
+    for _ in 0..sent {
+        recv(&mut b).expect("delivered");
+    }
+    let t0 = Instant::now();
+    a.wait(Duration::from_secs(5)).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "the sender slept {:?} with room in the mailbox",
+        t0.elapsed()
+    );
+    a.try_send(1, &out(&h[..n], &[])).unwrap();
+    assert_eq!(b.seg.load_word(b.tx.layout.room()).unwrap(), 0);
+}
+
 /// A one-packet message is lent from the mailbox slot (shared memory), a multi-packet one
 /// from the reassembly buffer (private), an RMA Medium from its receive buffer (shared).
 #[test]
@@ -616,7 +654,7 @@ fn a_pool_is_shared_and_a_medium_without_a_buffer_goes_over_velo() {
 
 /// Receive memory per rank at 4,096 and 65,536 peers: with buffers per connection it grows
 /// by 16 RMA buffers per peer; with a pool (what dynamic credits choose) by the three lines
-/// of words per peer alone.
+/// of words and the room waiter bit per peer alone.
 #[test]
 fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
     let per_conn = ExtollConfig::default();
@@ -633,8 +671,9 @@ fn a_pool_keeps_receive_memory_from_growing_with_the_buffers() {
         let a = Layout::new(ranks, &per_conn, 0).unwrap().receive_bytes();
         let p = Layout::new(ranks, &pooled, 0).unwrap().receive_bytes();
         assert!(a > ranks * 16 * RMA_BUF, "{ranks}: {a}");
-        // Words (3 lines per peer), mailbox, notification queue and the pool.
-        let want = ranks * 3 * 64 + 1024 * 64 + 1024 * 16 + pooled.rma_pool * RMA_BUF;
+        // Words (3 lines and a room waiter bit per peer), mailbox, notification queue and
+        // the pool.
+        let want = ranks * 3 * 64 + ranks / 8 + 1024 * 64 + 1024 * 16 + pooled.rma_pool * RMA_BUF;
         assert!(p >= want && p < want + 4096, "{ranks}: {p} against {want}");
     }
     let p = Layout::new(4096, &pooled, 0).unwrap().receive_bytes();

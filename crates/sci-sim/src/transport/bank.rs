@@ -225,6 +225,10 @@ impl Sci {
     /// found now and one published after it rings; whether there is still nothing to do (not
     /// if the flag was rung: by a message, or by a bank's owner with room for this rank).
     pub(super) fn bank_is_empty(&mut self) -> Result<bool, TransportError> {
+        // A room request a consume's relaxed look missed is seen here, before any sleep.
+        if self.seg.load_word(self.tx.layout.bank_room()).unwrap_or(0) != 0 {
+            self.ring_room_waiters();
+        }
         if self.seg.doorbell(MEF).map_err(sci_err)?.take_tags() != 0 {
             // Rung since the last take: a message, or room in a bank this rank waits on
             // (which only a send finds out). Not a time to sleep.
