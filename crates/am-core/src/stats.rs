@@ -25,8 +25,8 @@ pub struct Stats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NicStats {
-    /// Sends the NIC's own flow control refused and retried (portals' disabled portal
-    /// entries and full event queues), besides the refusals the core sees as `Busy`.
+    /// Sends the NIC refused for lack of room and retried itself, out of the core's sight
+    /// (a refusal it returns as `Busy` the core counts already).
     pub refused: u64,
     /// Messages or fragments sent again after a loss (udp's retransmitted fragments).
     pub retransmissions: u64,

@@ -314,10 +314,6 @@ impl Transport for Portals {
     }
 
     /// The credits the receive buffers were sized for ([`PortalsConfig::credits`]).
-    /// The puts its wire refused and sent again ([`Stats::refused`]).
-    fn stats(&self) -> am_core::NicStats {
-        am_core::NicStats::new(Portals::stats(self).refused, 0)
-    }
     fn default_credits(&self) -> am_core::Credits {
         self.tx.config.credits
     }
