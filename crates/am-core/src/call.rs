@@ -195,7 +195,7 @@ impl Calls {
                     args: args.to_vec(),
                     payload: payload.to_vec(),
                 }));
-                self.ended.fetch_add(1, Ordering::Release);
+                self.end_one();
                 if let Some(w) = p.waker.take() {
                     w.wake();
                     self.woken.fetch_add(1, Ordering::Relaxed);
@@ -205,6 +205,15 @@ impl Calls {
         if !taken {
             self.late.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one more ended call. Its writers hold the table's lock, so a load and a store
+    /// do: no locked read-modify-write between an answer's arrival and the next request.
+    fn end_one(&self) {
+        self.ended.store(
+            self.ended.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Release,
+        );
     }
 
     /// Answers discarded so far: they came for no call waiting for one.
@@ -227,7 +236,7 @@ impl Calls {
         for p in s.pending.values_mut().filter(|p| to(p.dest)) {
             if p.done.is_none() {
                 p.done = Some(Err(error.clone()));
-                self.ended.fetch_add(1, Ordering::Release);
+                self.end_one();
                 if let Some(w) = p.waker.take() {
                     w.wake();
                     self.woken.fetch_add(1, Ordering::Relaxed);

@@ -224,10 +224,12 @@ impl<H: Threading> Endpoint<H> {
         };
         *number = 0;
         self.check_request(dest, AmKind::Medium, handler, words, payload_len, None)?;
+        // The table's count before the call is opened: its answer, or its failure, moves it,
+        // so a blocking waiter's first look need not take the table's lock (nothing can end
+        // a call whose request has not left yet).
+        let seen = calls.ended();
         let number = calls.open(dest);
         words[0] = number;
-        // Any count but the table's now: the first look goes into the table.
-        let seen = calls.ended().wrapping_sub(1);
         Ok(Op::new(State::Call {
             number,
             dest,
