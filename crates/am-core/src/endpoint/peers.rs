@@ -78,6 +78,7 @@ impl<H: Threading> Endpoint<H> {
     }
 
     #[cold]
+    #[inline(never)]
     pub(super) fn ended_error(&self) -> AmError {
         self.ended.clone().unwrap_or(AmError::JobAborted)
     }
@@ -91,9 +92,21 @@ impl<H: Threading> Endpoint<H> {
     pub(super) fn waiting_for(&self, peer: Rank) -> Poll<AmError> {
         match self.gone_as.get(peer as usize).copied().unwrap_or(0) {
             0 => Poll::Pending,
-            g if g & ENDED != 0 => Poll::Ready(self.ended_error()),
-            g if g & LOST != 0 => Poll::Ready(AmError::PeerLost(peer)),
-            _ => Poll::Ready(AmError::PeerDeparted(peer)),
+            gone => Poll::Ready(self.gone_error(peer, gone)),
+        }
+    }
+
+    /// Why `peer`, whose gone flags are `gone` (not 0), will not answer. Out of line: the
+    /// sends that inline [`Endpoint::waiting_for`] keep only its test.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn gone_error(&self, peer: Rank, gone: u8) -> AmError {
+        if gone & ENDED != 0 {
+            self.ended_error()
+        } else if gone & LOST != 0 {
+            AmError::PeerLost(peer)
+        } else {
+            AmError::PeerDeparted(peer)
         }
     }
 

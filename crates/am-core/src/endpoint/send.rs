@@ -34,13 +34,7 @@ impl<H: Threading> Endpoint<H> {
                     size: self.size,
                 })
             }
-            Some(g) if g & (LOST | ENDED) != 0 => {
-                return Err(if g & ENDED != 0 {
-                    self.ended_error()
-                } else {
-                    AmError::PeerLost(dest)
-                })
-            }
+            Some(g) if g & (LOST | ENDED) != 0 => return Err(self.gone_error(dest, *g)),
             Some(_) => {}
         }
         check_message(&self.limits, kind, args, payload_len)?;
