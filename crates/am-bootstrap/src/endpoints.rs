@@ -358,6 +358,69 @@ mod tests {
         });
     }
 
+    /// A launcher's store whose fence fails (a launcher that went away mid-fence).
+    struct FailingFence;
+
+    impl KeyValueStore for FailingFence {
+        fn put(&mut self, _key: &str, _value: &str) -> Result<(), BootstrapError> {
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<(), BootstrapError> {
+            Err(BootstrapError::Closed)
+        }
+        fn get(&mut self, key: &str) -> Result<String, BootstrapError> {
+            Err(BootstrapError::KeyNotFound {
+                key: key.to_owned(),
+            })
+        }
+        fn abort(&mut self, _code: i32, _message: &str) -> Result<(), BootstrapError> {
+            Ok(())
+        }
+    }
+
+    /// Every endpoint of the process sees the launcher's failed fence, not only the last to
+    /// arrive (which made it). Catches the failure no longer recorded in the shared state:
+    /// the endpoints already waiting in the fence then got `Ok` and went on to read a store
+    /// that never committed.
+    #[test]
+    fn a_failed_launcher_fence_fails_every_endpoint() {
+        let info = JobInfo {
+            rank: 0,
+            size: 1,
+            job_id: "t".into(),
+            transport: None,
+            launcher: LauncherKind::Amrun,
+            kvs: Some(Box::new(FailingFence)),
+        };
+        let infos = split(info, 3).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for mut info in infos {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let fenced = info.kvs.as_mut().unwrap().fence();
+                // Sent before the share is dropped, which would fail a waiting fence anyway.
+                let _ = tx.send((info.rank, fenced.map_err(|e| e.to_string())));
+                drop(info);
+            });
+        }
+        drop(tx);
+        let limit = std::time::Duration::from_secs(20);
+        let mut results: Vec<_> = (0..3)
+            .map(|_| {
+                rx.recv_timeout(limit)
+                    .expect("an endpoint still waits in the fence")
+            })
+            .collect();
+        results.sort();
+        for (rank, fenced) in results {
+            let err = fenced.expect_err(&format!("endpoint {rank} fenced"));
+            assert!(
+                !err.contains("left before"),
+                "endpoint {rank} saw a departure, not the fence's failure: {err}"
+            );
+        }
+    }
+
     /// Processes without a launcher's store (udp's coordinator finds them): their endpoints
     /// get none either, rather than a store only this process sees.
     #[test]
