@@ -1409,6 +1409,35 @@ fn a_malformed_frame_is_its_senders_misbehaviour_and_ends_its_datagram() {
     assert_eq!((got, bad), (vec![b"ok".to_vec()], vec![]));
 }
 
+/// A frame whose length runs 1, 2 or 3 bytes (no more than its own header) past the end of
+/// its datagram is malformed: the frame before it is delivered, then the receiver reports it
+/// and reads no further. Catches the length checked against the bytes left from the frame's
+/// header instead of from its message: such a frame was accepted and the receiver sliced
+/// past the end of the datagram and panicked (one authenticated peer could crash a rank).
+#[test]
+fn a_frame_running_up_to_its_header_length_past_the_datagram_is_refused() {
+    let (mut a, mut b, now) = two_engines();
+    for over in 1..=wire::FRAME_HEADER_LEN {
+        let mut body = frame(b"good");
+        let message = b"short";
+        let len = u16::try_from(message.len() + over).unwrap();
+        body.push(wire::FRAME_MESSAGE);
+        body.extend_from_slice(&len.to_le_bytes());
+        body.extend_from_slice(message);
+        let (got, bad) = packed(&mut a, &mut b, now, over as u64 - 1, &body);
+        assert_eq!(got, vec![b"good".to_vec()], "{over} bytes past the end");
+        assert_eq!(
+            bad,
+            vec![wire::FrameError::PastEnd {
+                at: 7,
+                len: usize::from(len),
+                payload: 15
+            }],
+            "{over} bytes past the end"
+        );
+    }
+}
+
 #[test]
 fn a_frame_longer_than_a_message_may_be_is_refused() {
     let auth = Authenticator::new(&JobKey::from_bytes([9; 32]), "sim-job");
