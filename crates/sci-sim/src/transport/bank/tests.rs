@@ -192,6 +192,52 @@ fn forged_room_requests_are_taken_and_dropped() {
     assert!(c.seg.doorbell(MEF).unwrap().is_rung());
 }
 
+/// A request the full bank refused (`Busy`) was never sent, so it is not outstanding: once
+/// the peer has answered the 8 that went, a reply answering one more is its misbehaviour.
+/// Catches the request counted as outstanding before the `Busy` return: every refused send
+/// then let the peer answer a request it never got (and the count never came back down).
+#[test]
+fn a_request_refused_busy_is_not_outstanding() {
+    let (mut a, mut b, _c) = bank_trio();
+    let mut h = [0u8; MAX_HEAD_LEN];
+    let n = head(Category::Request, AmKind::Medium, 1, &mut h);
+    for k in 0..8u8 {
+        a.try_send(1, &out(&h[..n], &[k])).unwrap();
+    }
+    for k in 8..11u8 {
+        assert_eq!(a.try_send(1, &out(&h[..n], &[k])), Err(SendError::Busy));
+    }
+    assert_eq!(a.tx.bank.as_ref().unwrap().outstanding[1], 8);
+    let mut last = Route::NONE;
+    for _ in 0..8 {
+        last = poll_once(&mut b, |d| d.route).unwrap().unwrap();
+    }
+    assert_eq!(last, Route::new(8));
+    // One reply answers all 8.
+    let mut r = [0u8; MAX_HEAD_LEN];
+    let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
+    b.try_send(0, &reply(&r[..rn], &[], last)).unwrap();
+    poll_once(&mut a, |d| assert_eq!(d.route, Route::NONE))
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.tx.bank.as_ref().unwrap().outstanding[1], 0);
+    // Rank 1 forges a reply answering one more.
+    let mut msg = bank_header(rn, BANK_REPLY | answers_flag(1)).to_vec();
+    msg.extend_from_slice(&r[..rn]);
+    let bank = b.tx.bank.as_mut().unwrap();
+    assert!(bank.ports[0]
+        .send_parts(&mut bank.heads[0], &[&msg], 1)
+        .unwrap());
+    let got = a.poll_recv(|_, _, _| panic!("a reply to no request was delivered"));
+    assert!(
+        matches!(
+            got,
+            Err(TransportError::PeerMisbehaved { peer: Some(1), .. })
+        ),
+        "{got:?}"
+    );
+}
+
 /// A message published in the name of a rank outside the job: an error, nothing delivered,
 /// and the next sender's message still arrives.
 #[test]
