@@ -268,3 +268,50 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
     }
     assert_eq!(c.nodes[0].ep.posted_in_flight(), 0);
 }
+
+/// More posted atomics to one target than one message holds (mediums of 256 bytes: 9 of
+/// them): they go in as many messages as they need, each full but the last, and are applied
+/// in their order. Catches the batch no longer capped per message: all of a target's atomics
+/// then went in one message longer than a medium may be.
+#[test]
+fn posted_atomics_by_messages_to_one_target_are_split_at_what_a_message_holds() {
+    let shape = Shape::new(2);
+    let per_message = shape.limits.max_medium / am_core::protocol::ATOMIC_ENTRY_LEN;
+    assert_eq!(per_message, 9, "the shape this test was written for");
+    let mut c = Cluster::started(shape, 7, |_| handlers());
+    c.net.rma = false;
+    c.net.sent.clear();
+    let mut b = harness::Barriers::default();
+    let (ep, mut tx) = c.wire(0);
+    // 30 atomics on 4 words of rank 1, each word's first a store: their order matters.
+    for i in 0..30u64 {
+        let op = if i < 4 {
+            AtomicOp::Store(1000 * (i + 1))
+        } else {
+            AtomicOp::FetchAdd(i)
+        };
+        ready(ep.atomic_nbi(&mut tx, 1, 8 * (i % 4) as usize, op)).unwrap();
+    }
+    assert!(c.net.sent.is_empty(), "queued, not sent yet");
+    c.drive(&[0], |_, ep, tx| ep.apply_posted(tx))[0]
+        .clone()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        c.net.sent,
+        [(0, 1, false); 4],
+        "30 atomics in messages of at most 9"
+    );
+    c.drive_all(|r, ep, tx| b.step(r, ep, tx))
+        .into_iter()
+        .for_each(|r| r.unwrap());
+    for w in 0..4u64 {
+        let adds: u64 = (4..30).filter(|i| i % 4 == w).sum();
+        assert_eq!(
+            word(&c, 1, 8 * w as usize),
+            1000 * (w + 1) + adds,
+            "word {w}"
+        );
+    }
+    assert_eq!(c.nodes[0].ep.posted_in_flight(), 0);
+}
