@@ -183,6 +183,54 @@ fn futures_complete_under_any_executor() {
     });
 }
 
+/// A call's future dropped before its answer (a cancelled task, a lost `select!`) closes
+/// the call at once: nothing of it stays in the node's table, and its answer, when it comes,
+/// is discarded as late. Rank 1 does not poll until rank 0 has dropped the future, so the
+/// answer cannot come first. Catches the call's handle, which lives inside the future, not
+/// dropped with it (the cancelled call then stayed in the table for good).
+#[test]
+fn a_dropped_call_future_closes_its_call() {
+    within(Duration::from_secs(60), || {
+        let handlers = || {
+            let mut h = Handlers::new();
+            h.callable(SQUARE, "square", |msg, call| {
+                let x = msg.args()[0];
+                let _ = call.reply(&[x * x], &[]);
+            })
+            .expect("register");
+            h
+        };
+        let transports = Loopback::cluster(2, LoopbackConfig::default());
+        let mut nodes = Node::start_all(
+            transports.into_iter().map(|t| (t, handlers())),
+            Config::default(),
+        )
+        .expect("start");
+        let mut peer = nodes.pop().expect("rank 1");
+        let node = AsyncNode::new(nodes.pop().expect("rank 0"));
+        let mut call = Box::pin(node.call(1, SQUARE, &[3], &[]));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            std::future::Future::poll(call.as_mut(), &mut cx).is_pending(),
+            "rank 1 has not polled"
+        );
+        assert_eq!(node.ops_in_flight(), 1, "sent, its answer awaited");
+        drop(call);
+        assert_eq!(node.ops_in_flight(), 0, "the call closed with its future");
+        // Rank 1 answers; rank 0 discards the answer.
+        while peer.poll().expect("rank 1 polls") == 0 {}
+        while node.stats().late_answers == 0 {
+            node.progress().expect("rank 0 polls");
+        }
+        assert_eq!(node.ops_in_flight(), 0);
+        let node = node.into_node().expect("the only handle");
+        std::thread::scope(|s| {
+            s.spawn(|| node.close().expect("rank 0 closes"));
+            s.spawn(|| peer.close().expect("rank 1 closes"));
+        });
+    });
+}
+
 /// The futures of `futures` polled together until all are ready, in order.
 async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
