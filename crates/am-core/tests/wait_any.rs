@@ -1,13 +1,14 @@
 //! One thread driving several nodes: `wait_any` sleeps until any of them has work, and a
 //! progress thread over a set serves every node of it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::{
-    wait_any, AmKind, Config, HandlerId, Handlers, Loopback, LoopbackConfig, Node, ProgressThread,
-    SharedNode,
+    wait_any, AmKind, Armed, Config, Delivery, HandlerId, Handlers, Limits, Loopback,
+    LoopbackConfig, Node, Outgoing, ProgressThread, Rank, SendError, SharedBytes, SharedNode,
+    Transport, TransportError, Tx,
 };
 
 mod watchdog;
@@ -157,5 +158,94 @@ fn a_progress_thread_serves_every_node_of_its_set() {
         });
         progress.stop().unwrap();
         assert_eq!(answers.load(Ordering::Relaxed), 50);
+    });
+}
+
+/// A Loopback rank that records whether it is armed: from an arming that succeeded (whether
+/// it answered `Sleep` or `Ready`: either is to be followed by a disarm) until a disarm.
+struct Watched {
+    inner: Loopback,
+    armed: Arc<AtomicBool>,
+}
+
+impl Tx for Watched {
+    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
+        self.inner.try_send(dest, msg)
+    }
+}
+
+impl Transport for Watched {
+    fn name(&self) -> &'static str {
+        "loopback-watched"
+    }
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn segment(&self) -> SharedBytes<'_> {
+        self.inner.segment()
+    }
+    fn poll_recv<R>(
+        &mut self,
+        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
+    ) -> Result<Option<R>, TransportError> {
+        self.inner.poll_recv(f)
+    }
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        self.inner.wait(timeout)
+    }
+    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
+        self.inner.wake_fd()
+    }
+    fn arm(&mut self) -> Result<Armed, TransportError> {
+        let armed = self.inner.arm()?;
+        self.armed.store(true, Ordering::Relaxed);
+        Ok(armed)
+    }
+    fn disarm(&mut self) {
+        self.armed.store(false, Ordering::Relaxed);
+        self.inner.disarm()
+    }
+    fn close(&mut self) {
+        self.inner.close()
+    }
+}
+
+/// Rank 1 has a message waiting, so its arming answers `Ready` (after rank 0's, which
+/// sleeps): the wait returns at once, and leaves neither node armed. Catches the arming loop
+/// that counted the nodes armed without the one that answered `Ready`, which then stayed
+/// armed for good (its peers paying a wake-up for it, its descriptor readable, the next
+/// wait returning at once).
+#[test]
+fn a_node_whose_arming_answers_ready_is_disarmed_too() {
+    within(Duration::from_secs(60), || {
+        let hits = Arc::new(AtomicU32::new(0));
+        let flags: Vec<Arc<AtomicBool>> = (0..2).map(|_| Arc::default()).collect();
+        let parts = Loopback::cluster(2, LoopbackConfig::default())
+            .into_iter()
+            .zip(&flags)
+            .map(|(inner, armed)| {
+                let armed = armed.clone();
+                (Watched { inner, armed }, handlers(&hits))
+            });
+        let mut both = Node::start_all(parts, Config::default()).unwrap();
+        let mut b = both.pop().unwrap();
+        let mut a = both.pop().unwrap();
+        a.request_short(1, HIT, &[]).unwrap();
+        assert!(wait_any(&mut [&mut a, &mut b], Duration::from_secs(3600)).unwrap());
+        let armed: Vec<bool> = flags.iter().map(|f| f.load(Ordering::Relaxed)).collect();
+        assert_eq!(armed, [false, false], "nodes left armed after the wait");
+        while hits.load(Ordering::Relaxed) < 1 {
+            b.poll().unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| a.barrier().unwrap());
+            b.barrier().unwrap();
+        });
     });
 }
