@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::{
-    wait_any, AmKind, Armed, Config, Delivery, HandlerId, Handlers, Limits, Loopback,
-    LoopbackConfig, Node, Outgoing, ProgressThread, Rank, SendError, SharedBytes, SharedNode,
-    Transport, TransportError, Tx,
+    wait_any, AmKind, Armed, Config, Delivery, FaultConfig, FaultInjector, HandlerId, Handlers,
+    Limits, Loopback, LoopbackConfig, Node, Outgoing, ProgressThread, Rank, SendError, SharedBytes,
+    SharedNode, Transport, TransportError, Tx,
 };
 
 mod watchdog;
@@ -246,6 +246,49 @@ fn a_node_whose_arming_answers_ready_is_disarmed_too() {
         std::thread::scope(|s| {
             s.spawn(|| a.barrier().unwrap());
             b.barrier().unwrap();
+        });
+    });
+}
+
+/// Two nodes started together from this thread, rank 1's sends all held back by a fault
+/// injector for up to 1000 of its later sends or polls (a lossy link's retransmission comes
+/// as late): rank 1 starts once it has rank 0's verdict, but rank 0 starts only once rank
+/// 1's answer to it is in, which only rank 1's polls let out. Catches `Node::start_all`
+/// polling only the nodes not yet started: rank 1's answer then stayed held and rank 0
+/// waited for ever (the start-up hang seen over lossy udp).
+#[test]
+fn start_all_polls_the_nodes_already_started() {
+    within(Duration::from_secs(60), || {
+        let hits = Arc::new(AtomicU32::new(0));
+        let held_back = FaultConfig::new().seed(7).delay(1.0).max_delay(1000);
+        let parts = Loopback::cluster(2, LoopbackConfig::default())
+            .into_iter()
+            .map(|t| {
+                let faults = if t.rank() == 1 {
+                    held_back
+                } else {
+                    FaultConfig::new()
+                };
+                (FaultInjector::new(t, faults), handlers(&hits))
+            });
+        let mut both = Node::start_all(parts, Config::default()).unwrap();
+        let mut b = both.pop().unwrap();
+        let mut a = both.pop().unwrap();
+        assert!(
+            b.transport().stats().delayed > 0,
+            "rank 1's sends held back"
+        );
+        // Started: a request goes through, and both close (together: each waits for what
+        // the other owes it).
+        b.request_short(0, HIT, &[]).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                a.wait_until(|| hits.load(Ordering::Relaxed) == 1).unwrap();
+                a.barrier().unwrap();
+                a.close().unwrap();
+            });
+            b.barrier().unwrap();
+            b.close().unwrap();
         });
     });
 }
