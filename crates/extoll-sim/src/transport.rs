@@ -249,6 +249,8 @@ pub struct Extoll {
     notes: Inbox,
     /// Mailbox tickets consumed before the head is told in passing (a quarter mailbox).
     head_batch: u64,
+    /// `layout.room()`, computed once: looked at every time the head is told.
+    room_at: usize,
     /// Where each source's RMA Medium receive buffers start in our segment (`layout.rx(s,
     /// 0)`, computed once).
     rx_from: Vec<usize>,

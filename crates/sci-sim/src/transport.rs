@@ -363,6 +363,8 @@ pub struct Sci {
     stale_polls: u32,
     /// Offset of the AM segment in our byte area (`Layout::segment_base`, computed once).
     am_base: usize,
+    /// `layout.bank_room()` with a bank, computed once: looked at on every consume.
+    bank_room_at: usize,
     /// Where an event loop sleeps between `arm` and `disarm`.
     wake: Wake,
     /// Our bank, read in ticket order; `None` without one.

@@ -184,8 +184,7 @@ impl Extoll {
     /// the idle look before a sleep).
     #[inline(always)]
     pub(super) fn ring_room_waiters_if_asked(&mut self) {
-        let room = self.tx.layout.room();
-        if self.seg.load_word(room).unwrap_or(0) != 0 {
+        if self.seg.load_word(self.room_at).unwrap_or(0) != 0 {
             self.ring_room_waiters();
         }
     }

@@ -56,24 +56,21 @@ impl TxState {
     /// [`finish_claim`](Self::finish_claim) releases it.
     #[inline(always)]
     pub(super) fn claim(&mut self, d: usize, out: &mut [u64]) -> Result<(), SendError> {
-        for retry in [false, true] {
-            match self.dests[d]
-                .port
-                .try_claim(out.len(), &mut self.mailbox_head[d], out)
-            {
-                Ok(true) => return Ok(()),
-                Ok(false) if !retry => self.want_room(d)?,
-                Ok(false) => break,
-                Err(e) => return Err(self.corrupt_mailbox(d, e)),
-            }
+        match self.dests[d]
+            .port
+            .try_claim(out.len(), &mut self.mailbox_head[d], out)
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => self.want_room(d),
+            Err(e) => Err(self.corrupt_mailbox(d, e)),
         }
-        Err(SendError::Busy)
     }
 
     /// `d`'s mailbox is full: asks `d` to ring us when it has room (our bit in its room
-    /// waiter words, then its room word). The caller then looks once more: these
-    /// read-modify-writes come before that look, so either it sees the room `d` made
-    /// meanwhile, or `d`'s next look at its room word sees the request.
+    /// waiter words, then its room word), and returns `Busy`. The core tries the send again
+    /// after it: these read-modify-writes come before that look, so either it sees the room
+    /// `d` made meanwhile, or `d` sees the request when it next tells its head (a full
+    /// mailbox has more for it to consume) or before it sleeps.
     #[cold]
     #[inline(never)]
     pub(super) fn want_room(&mut self, d: usize) -> Result<(), SendError> {
@@ -86,7 +83,7 @@ impl TxState {
         waiter.fetch_or(bit, Ordering::SeqCst);
         let room = peer.seg.word(l.room()).map_err(shm)?;
         room.fetch_or(1, Ordering::SeqCst);
-        Ok(())
+        Err(SendError::Busy)
     }
 
     /// A claim at `d` failed on a corrupt ring: the cached head only grows, so a corrupt head
@@ -259,19 +256,6 @@ impl TxState {
         payload: Payload<'_>,
         flags: u32,
     ) -> Result<(), SendError> {
-        self.send_packet_or::<true>(d, head, payload, flags)
-    }
-
-    /// [`send_packet`](Self::send_packet); with `WANT_ROOM`, a full mailbox asks for room
-    /// ([`want_room`](Self::want_room)) and tries once more.
-    #[inline(always)]
-    fn send_packet_or<const WANT_ROOM: bool>(
-        &mut self,
-        d: usize,
-        head: &[u8],
-        payload: Payload<'_>,
-        flags: u32,
-    ) -> Result<(), SendError> {
         let dst = &mut self.dests[d];
         let meta = Meta {
             src: self.rank as u32,
@@ -301,23 +285,9 @@ impl TxState {
                 }
                 Ok(())
             }
-            Ok(false) if WANT_ROOM => self.full_then_again(d, head, payload, flags),
-            Ok(false) => Err(SendError::Busy),
+            Ok(false) => self.want_room(d),
             Err(e) => Err(self.corrupt_mailbox(d, e)),
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn full_then_again(
-        &mut self,
-        d: usize,
-        head: &[u8],
-        payload: Payload<'_>,
-        flags: u32,
-    ) -> Result<(), SendError> {
-        self.want_room(d)?;
-        self.send_packet_or::<false>(d, head, payload, flags)
     }
 
     /// Reserves the completer's notification slot of an immediate put to `dest`, or reports

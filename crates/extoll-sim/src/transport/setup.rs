@@ -36,6 +36,7 @@ impl Extoll {
             inbox: mailbox.inbox(&seg)?,
             notes: layout.notifications().inbox(&seg)?,
             head_batch: layout.mailbox_slots as u64 / 4,
+            room_at: layout.room(),
             rx_from: (0..n).map(|s| layout.rx(s, 0)).collect(),
             seg,
             own,

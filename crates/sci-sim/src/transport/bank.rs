@@ -170,7 +170,7 @@ impl Sci {
             // A relaxed look at a line senders write only when the bank is full. One that
             // misses a request made just now sees it at the next consume: a sender asks
             // only when the bank is full, so more consumes follow.
-            if self.seg.load_word(self.tx.layout.bank_room()).unwrap_or(0) != 0 {
+            if self.seg.load_word(self.bank_room_at).unwrap_or(0) != 0 {
                 self.ring_room_waiters();
             }
         }
@@ -226,7 +226,7 @@ impl Sci {
     /// if the flag was rung: by a message, or by a bank's owner with room for this rank).
     pub(super) fn bank_is_empty(&mut self) -> Result<bool, TransportError> {
         // A room request a consume's relaxed look missed is seen here, before any sleep.
-        if self.seg.load_word(self.tx.layout.bank_room()).unwrap_or(0) != 0 {
+        if self.seg.load_word(self.bank_room_at).unwrap_or(0) != 0 {
             self.ring_room_waiters();
         }
         if self.seg.doorbell(MEF).map_err(sci_err)?.take_tags() != 0 {

@@ -99,6 +99,7 @@ impl Sci {
             },
             stale_polls: 0,
             am_base: layout.segment_base(),
+            bank_room_at: layout.bank_room(),
             wake: Wake::new("sci", &job, rank as Rank),
             bank,
         })
