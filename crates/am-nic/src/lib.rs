@@ -10,7 +10,8 @@
 //!   launcher's key-value store, and maps every peer's;
 //! - [`Liveness`]: noticing a dead peer within ~0.2 s of waiting without progress;
 //! - [`SetupError`]: why a NIC could not start;
-//! - [`wake`]: waking a rank armed on its wake socket (an event loop's file descriptor).
+//! - [`wake`]: waking a rank armed on its wake socket (an event loop's file descriptor);
+//! - [`room`]: ringing the senders that wait for room in a full queue.
 //!
 //! What this crate does **not** do: it has no message format, no rings, no hand-over protocol
 //! (each NIC's own, in its crate) and no `unsafe` code (that is `am-shm`'s).
@@ -21,6 +22,7 @@
 pub mod control;
 mod liveness;
 pub mod rma;
+pub mod room;
 mod setup;
 pub mod wake;
 

@@ -212,7 +212,7 @@ impl Layout {
 
     /// How many room waiter words there are: a bit per sender.
     pub fn room_words(&self) -> usize {
-        self.ranks.div_ceil(64)
+        am_nic::room::waiter_words(self.ranks)
     }
 
     /// Offset of room waiter word `w` (`< room_words()`): sender `c` waits for room with bit

@@ -43,18 +43,7 @@ impl<H: Threading> Endpoint<H> {
         for g in &mut self.gone_as {
             *g |= ENDED;
         }
-        for i in 0..self.ops.len() {
-            let slot = &mut self.ops[i];
-            if !slot.live {
-                continue;
-            }
-            if slot.outstanding > 0 || slot.sent < slot.len {
-                slot.outstanding = 0;
-                slot.len = slot.sent;
-                slot.error.get_or_insert_with(|| error.clone());
-            }
-            self.settle(i as u32);
-        }
+        self.fail_slots(|_| true, &error);
         if let Some(site) = &self.handlers.calls {
             site.calls.fail_all(&error);
         }
@@ -140,9 +129,18 @@ impl<H: Threading> Endpoint<H> {
     /// Ends the puts, gets, atomics and calls in flight with `peer` with `error` (nothing
     /// more comes): their waiters are woken, detached ones freed.
     pub(super) fn fail_ops_with(&mut self, peer: Rank, error: AmError) {
+        self.fail_slots(|p| p == peer, &error);
+        if let Some(site) = &self.handlers.calls {
+            site.calls.fail_to(peer, &error);
+        }
+    }
+
+    /// Ends every live operation slot whose peer `with` picks with `error` (what it still
+    /// waited for will not come): its waiter is woken, a detached one freed.
+    fn fail_slots(&mut self, with: impl Fn(Rank) -> bool, error: &AmError) {
         for i in 0..self.ops.len() {
             let slot = &mut self.ops[i];
-            if !slot.live || slot.peer != peer {
+            if !slot.live || !with(slot.peer) {
                 continue;
             }
             if slot.outstanding > 0 || slot.sent < slot.len {
@@ -151,9 +149,6 @@ impl<H: Threading> Endpoint<H> {
                 slot.error.get_or_insert_with(|| error.clone());
             }
             self.settle(i as u32);
-        }
-        if let Some(site) = &self.handlers.calls {
-            site.calls.fail_to(peer, &error);
         }
     }
 

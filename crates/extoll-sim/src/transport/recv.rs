@@ -197,23 +197,21 @@ impl Extoll {
     #[inline(never)]
     fn ring_room_waiters(&mut self) {
         let l = self.tx.layout;
-        let _ = self.seg.take_word(l.room());
-        for w in 0..l.room_words() {
-            let mut bits = self.seg.take_word(l.room_waiter(w)).unwrap_or(0);
-            while bits != 0 {
-                let c = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if c == self.tx.rank || c >= l.ranks {
-                    continue;
+        let tx = &self.tx;
+        am_nic::room::ring_waiters(
+            &self.seg,
+            self.room_at,
+            |w| l.room_waiter(w),
+            l.ranks,
+            tx.rank,
+            |c| {
+                if let Some(peer) = tx.peers.get(c) {
+                    if matches!(ring_doorbell(&peer.seg), Ok(Rung::Armed)) {
+                        tx.wake(c);
+                    }
                 }
-                let Some(peer) = self.tx.peers.get(c) else {
-                    continue;
-                };
-                if matches!(ring_doorbell(&peer.seg), Ok(Rung::Armed)) {
-                    self.tx.wake(c);
-                }
-            }
-        }
+            },
+        );
     }
 
     /// Consumes the mailbox ticket at the head (published, or skipped).

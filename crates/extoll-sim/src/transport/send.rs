@@ -75,7 +75,7 @@ impl TxState {
     #[inline(never)]
     pub(super) fn want_room(&mut self, d: usize) -> Result<(), SendError> {
         let l = &self.layout;
-        let (w, bit) = (self.rank / 64, 1u64 << (self.rank % 64));
+        let (w, bit) = am_nic::room::waiter_bit(self.rank);
         let Some(peer) = self.peers.get(d) else {
             return Err(SendError::InvalidRank(d as Rank));
         };

@@ -61,7 +61,7 @@ impl TxState {
             // Full: ask to be rung when there is room, then look once more. The request's
             // read-modify-writes come before that look, so either it sees the room the
             // owner made meanwhile, or the owner's next consume sees the request.
-            let (w, bit) = crate::layout::ringer_bit(self.rank);
+            let (w, bit) = am_nic::room::waiter_bit(self.rank);
             peer.fetch_or_word(self.layout.bank_room_waiter(w), bit)
                 .map_err(sci_err)?;
             peer.fetch_or_word(self.layout.bank_room(), 1)
@@ -185,23 +185,21 @@ impl Sci {
     #[inline(never)]
     fn ring_room_waiters(&mut self) {
         let l = self.tx.layout;
-        let _ = self.seg.take_word(l.bank_room());
-        for w in 0..l.ringer_words() {
-            let mut bits = self.seg.take_word(l.bank_room_waiter(w)).unwrap_or(0);
-            while bits != 0 {
-                let c = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if c == self.tx.rank || c >= l.ranks {
-                    continue;
+        let tx = &self.tx;
+        am_nic::room::ring_waiters(
+            &self.seg,
+            self.bank_room_at,
+            |w| l.bank_room_waiter(w),
+            l.ranks,
+            tx.rank,
+            |c| {
+                if let Some(peer) = tx.peers.get(c) {
+                    if matches!(peer.ring(MEF), Ok(Rung::Armed)) {
+                        tx.wakers.wake(c as Rank);
+                    }
                 }
-                let Some(peer) = self.tx.peers.get(c) else {
-                    continue;
-                };
-                if matches!(peer.ring(MEF), Ok(Rung::Armed)) {
-                    self.tx.wakers.wake(c as Rank);
-                }
-            }
-        }
+            },
+        );
     }
 
     /// The bank's head is not published: a slot its claimer gave up is consumed; a job
