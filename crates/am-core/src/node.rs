@@ -672,7 +672,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.close_in_place()
     }
 
-    fn close_in_place(&mut self) -> Result<(), AmError> {
+    pub(crate) fn close_in_place(&mut self) -> Result<(), AmError> {
         if self.ep.ended().is_some() {
             return Ok(());
         }

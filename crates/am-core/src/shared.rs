@@ -289,6 +289,13 @@ impl<T: Transport> SharedNode<T> {
         self.lock().stats()
     }
 
+    /// Closes the node ([`Node::close`]), holding it meanwhile: the other threads'
+    /// operations, pending or started after, then fail with [`AmError::NodeClosed`]. The
+    /// transport closes when the last share drops (which then waits for nothing).
+    pub fn close(&self) -> Result<(), AmError> {
+        self.lock().close_in_place()
+    }
+
     /// Between two turns at the node, never holding it: spins, then yields to the other
     /// threads; with [`WaitMode::Block`], after a while with nothing to do, sleeps for
     /// [`ProgressThread::IDLE_SLEEP`] at a time (no thread sleeps in the transport while it

@@ -228,5 +228,8 @@ fn an_aborted_job_fails_every_shared_waiter() {
             Err(AmError::JobAborted)
         );
         assert_eq!(node.ops_in_flight(), 0);
+        // Closing an ended node waits for nothing: the abort stands.
+        assert_eq!(node.close(), Ok(()));
+        assert_eq!(node.barrier(), Err(AmError::JobAborted));
     });
 }

@@ -182,3 +182,45 @@ fn a_node_moves_to_another_thread_and_goes_on() {
         });
     });
 }
+
+/// `SharedNode::close` while another thread waits for a call its peer never answers: the
+/// close waits at most `close_timeout`, the waiting thread's call then fails with
+/// `NodeClosed`, and a later operation fails at once. Catches a close that leaves the other
+/// threads' operations pending for ever.
+#[test]
+fn closing_a_shared_node_fails_the_other_threads_operations() {
+    within(Duration::from_secs(60), || {
+        let closed = AtomicBool::new(false);
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let mut handlers = Handlers::new();
+            handlers
+                .callable(ASK, "ask", |_, call| {
+                    let _ = call.reply(&[1], &[]);
+                })
+                .expect("register");
+            let config = Config::default().close_timeout(Duration::from_millis(300));
+            let mut node = Node::new(t, handlers, config).expect("start");
+            node.barrier().expect("barrier");
+            if node.rank() == 1 {
+                while !closed.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return;
+            }
+            let node = SharedNode::new(node);
+            let op = node.call_nb(1, ASK, &[], &[]).expect("sent");
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| node.wait(op).map(|_| ()));
+                std::thread::sleep(Duration::from_millis(50));
+                assert_eq!(node.close(), Ok(()));
+                let got = waiter.join().expect("waiter");
+                assert_eq!(got, Err(am_core::AmError::NodeClosed));
+            });
+            assert_eq!(
+                node.call(1, ASK, &[], &[]).map(|_| ()),
+                Err(am_core::AmError::NodeClosed)
+            );
+            closed.store(true, Ordering::Release);
+        });
+    });
+}
