@@ -251,6 +251,10 @@ pub struct Extoll {
     head_batch: u64,
     /// `layout.room()`, computed once: looked at every time the head is told.
     room_at: usize,
+    /// Mailbox slots told free since room waiters were last rung: how many to ring.
+    freed: u64,
+    /// The room waiter word to look at first (after the last one rung).
+    room_next: usize,
     /// Where each source's RMA Medium receive buffers start in our segment (`layout.rx(s,
     /// 0)`, computed once).
     rx_from: Vec<usize>,

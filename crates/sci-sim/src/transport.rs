@@ -365,6 +365,8 @@ pub struct Sci {
     am_base: usize,
     /// `layout.bank_room()` with a bank, computed once: looked at on every consume.
     bank_room_at: usize,
+    /// The room waiter word to look at first (after the last one rung).
+    room_next: usize,
     /// Where an event loop sleeps between `arm` and `disarm`.
     wake: Wake,
     /// Our bank, read in ticket order; `None` without one.

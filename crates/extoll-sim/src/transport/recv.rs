@@ -174,6 +174,7 @@ impl Extoll {
         if due > 0 && (idle || due >= self.head_batch) {
             self.head_told = self.head;
             self.inbox.consumed(self.head);
+            self.freed += due;
             self.ring_room_waiters_if_asked();
         }
     }
@@ -198,12 +199,18 @@ impl Extoll {
     fn ring_room_waiters(&mut self) {
         let l = self.tx.layout;
         let tx = &self.tx;
+        // As many waiters as slots were freed since the last ring (at least one: a look
+        // before a sleep rings whoever waits).
+        let at_most = self.freed.max(1) as usize;
+        self.freed = 0;
         am_nic::room::ring_waiters(
             &self.seg,
             self.room_at,
             |w| l.room_waiter(w),
             l.ranks,
             tx.rank,
+            at_most,
+            &mut self.room_next,
             |c| {
                 if let Some(peer) = tx.peers.get(c) {
                     if matches!(ring_doorbell(&peer.seg), Ok(Rung::Armed)) {

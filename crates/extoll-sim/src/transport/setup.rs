@@ -37,6 +37,8 @@ impl Extoll {
             notes: layout.notifications().inbox(&seg)?,
             head_batch: layout.mailbox_slots as u64 / 4,
             room_at: layout.room(),
+            freed: 0,
+            room_next: 0,
             rx_from: (0..n).map(|s| layout.rx(s, 0)).collect(),
             seg,
             own,

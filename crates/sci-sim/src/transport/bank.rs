@@ -186,12 +186,15 @@ impl Sci {
     fn ring_room_waiters(&mut self) {
         let l = self.tx.layout;
         let tx = &self.tx;
+        // One slot freed: one waiter.
         am_nic::room::ring_waiters(
             &self.seg,
             self.bank_room_at,
             |w| l.bank_room_waiter(w),
             l.ranks,
             tx.rank,
+            1,
+            &mut self.room_next,
             |c| {
                 if let Some(peer) = tx.peers.get(c) {
                     if matches!(peer.ring(MEF), Ok(Rung::Armed)) {

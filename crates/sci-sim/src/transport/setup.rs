@@ -100,6 +100,7 @@ impl Sci {
             stale_polls: 0,
             am_base: layout.segment_base(),
             bank_room_at: layout.bank_room(),
+            room_next: 0,
             wake: Wake::new("sci", &job, rank as Rank),
             bank,
         })

@@ -171,9 +171,9 @@ fn a_sender_waiting_for_room_is_rung_when_there_is_some() {
 }
 
 /// Room words a hostile peer wrote (bits of ranks outside the job, of the owner itself, a
-/// room word with no waiter): the owner's consume takes them, rings only the real waiters,
-/// and delivers on. Catches a ring past the job's ranks (an out-of-bounds peer) or a ring
-/// the owner sends itself.
+/// room word with no waiter): the owner's consumes take them, one waiter per slot freed,
+/// ring only the real waiters, and deliver on. Catches a ring past the job's ranks (an
+/// out-of-bounds peer) or a ring the owner sends itself.
 #[test]
 fn forged_room_requests_are_taken_and_dropped() {
     let (mut a, mut b, c) = bank_trio();
@@ -186,10 +186,19 @@ fn forged_room_requests_are_taken_and_dropped() {
     let n = head(Category::Request, AmKind::Medium, 1, &mut h);
     a.try_send(1, &out(&h[..n], &[5])).unwrap();
     assert_eq!(poll_once(&mut b, |d| d.bytes.to_vec()[n]).unwrap(), Some(5));
+    // Rank 2 was named: it is rung (a spurious wake-up, nothing worse); the owner's own bit
+    // is dropped, and one slot freed rings one waiter, so the forged rank's bit waits.
+    assert!(c.seg.doorbell(MEF).unwrap().is_rung());
+    assert_eq!(b.seg.load_word(l.bank_room_waiter(0)).unwrap(), 1 << 63);
+    assert_eq!(
+        b.seg.load_word(l.bank_room()).unwrap(),
+        1,
+        "waiters are left"
+    );
+    a.try_send(1, &out(&h[..n], &[6])).unwrap();
+    assert_eq!(poll_once(&mut b, |d| d.bytes.to_vec()[n]).unwrap(), Some(6));
     assert_eq!(b.seg.load_word(l.bank_room()).unwrap(), 0);
     assert_eq!(b.seg.load_word(l.bank_room_waiter(0)).unwrap(), 0);
-    // Rank 2 was named: it is rung (a spurious wake-up, nothing worse).
-    assert!(c.seg.doorbell(MEF).unwrap().is_rung());
 }
 
 /// A request the full bank refused (`Busy`) was never sent, so it is not outstanding: once
