@@ -297,7 +297,7 @@ pub fn is_failure_scenario(mode: &str) -> bool {
 }
 
 /// The callable handler of [`echo_handlers`]: answers `[x + 1]`.
-pub const PLUS_ONE: HandlerId = HandlerId(200);
+pub const PLUS_ONE: HandlerId = HandlerId(150);
 
 /// The rank that dies in [`pending_scenario`].
 pub const PENDING_VICTIM: Rank = 1;
