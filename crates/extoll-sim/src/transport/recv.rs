@@ -180,7 +180,7 @@ impl Extoll {
     }
 
     /// After telling senders our head: if a sender asked to be rung when there is room (the
-    /// room word, a line senders write only when the mailbox is full), rings every waiter.
+    /// room word, a line senders write only when the mailbox is full), rings waiters.
     /// A relaxed look; a request it misses is seen at the next one (the next head told, or
     /// the idle look before a sleep).
     #[inline(always)]
@@ -190,9 +190,9 @@ impl Extoll {
         }
     }
 
-    /// Takes the room word and the room waiter words and rings each waiter's doorbell (or
-    /// its wake socket, if armed): a sender asleep on our full mailbox wakes and sends
-    /// again. The words are a peer's to write: a bit naming no other rank of the job is
+    /// Rings as many waiters for room as slots were told free since the last ring (their
+    /// doorbells, or their wake sockets if armed; [`am_nic::room::ring_waiters`]): a sender
+    /// asleep on our full mailbox wakes and sends again. The words are a peer's to write: a bit naming no other rank of the job is
     /// dropped, and a forged one costs its rank a spurious wake-up.
     #[cold]
     #[inline(never)]

@@ -176,8 +176,8 @@ impl Sci {
         }
     }
 
-    /// Rings the message-exist flag of every sender waiting for room in the bank (their
-    /// bits in the room waiter words, taken with the room word): a sender asleep in
+    /// Rings the message-exist flag of one sender waiting for room in the bank (its bit in
+    /// the room waiter words; [`am_nic::room::ring_waiters`]): a sender asleep in
     /// [`Transport::wait`] wakes and sends again; one armed on its wake socket is woken
     /// through it. The words are a peer's to write: a bit that names no other rank of the
     /// job is dropped, and a forged one costs its rank a spurious wake-up.
