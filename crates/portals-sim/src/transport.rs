@@ -107,6 +107,12 @@ struct TxState {
     /// rank's NI is initialized alike).
     buffer_mes: Vec<MeIndex>,
     reply_me: MeIndex,
+    /// The peer this rank last asked to ring it when it has room (a put to it was refused
+    /// for room), until a wait finds the request rung.
+    room_wanted: Option<usize>,
+    /// A put refused for room found the entry enabled again when it looked once more after
+    /// asking: the next wait returns at once.
+    retry_now: bool,
 }
 
 /// Send slots in the order their requests went or came, taken from the front: a vector and
@@ -249,6 +255,10 @@ pub struct Portals {
     departures: std::collections::VecDeque<Rank>,
     /// Where an event loop sleeps between `arm` and `disarm`.
     wake: Wake,
+    /// The room waiter word to look at first (after the last one rung).
+    room_next: usize,
+    /// Waiters rung for room at a time: the largest messages a re-linked buffer holds.
+    room_per_ring: usize,
 }
 
 /// A failure of this rank's own device (its cause kept as the source).
@@ -566,6 +576,10 @@ impl Transport for Portals {
         }
         // Producers ring only while we are announced (until `disarm`).
         let quiet = self.owner.announce_wait(&self.own).map_err(ni_fault)?;
+        if self.tx.room_rung() {
+            let _ = self.owner.end_wait(&self.own);
+            return Ok(Armed::Ready);
+        }
         let bell = self.owner.doorbell(&self.own).map_err(ni_fault)?;
         let within = if quiet {
             LIVENESS_AFTER
@@ -601,7 +615,9 @@ impl Transport for Portals {
         // (a producer mid-post) is a reason not to sleep long.
         let quiet = self.owner.announce_wait(&self.own).map_err(ni_fault)?;
         let bell = self.owner.doorbell(&self.own).map_err(ni_fault)?;
-        if quiet {
+        if self.tx.room_rung() {
+            // A peer this rank waits on for room has some: send again now.
+        } else if quiet {
             self.in_flight_waits = 0;
             bell.sleep(timeout.min(LIVENESS_AFTER));
         } else if self.owner.eq_ready(&self.own).map_err(ni_fault)? {

@@ -126,6 +126,7 @@ pub struct NiGeometry {
     /// The event queue's lap arithmetic (of `eq_capacity` slots).
     pub(super) eq_laps: Laps,
     pub(super) bytes: usize,
+    pub(super) room: usize,
     pub(super) rec_base: usize,
     pub(super) me_base: usize,
     pub(super) eq_base: usize,
@@ -161,7 +162,9 @@ impl NiGeometry {
             return Err(NiError::Invalid(format!("{ranks} ranks (1..=2^24)")));
         }
         let departed_base = PT_BASE + NPT * CACHE_LINE;
-        let rec_base = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
+        let room = departed_base + (ranks as usize * 8).div_ceil(CACHE_LINE) * CACHE_LINE;
+        let waiters = am_nic::room::waiter_words(ranks as usize) * 8;
+        let rec_base = room + CACHE_LINE + waiters.div_ceil(CACHE_LINE) * CACHE_LINE;
         let me_base = rec_base + ranks as usize * CACHE_LINE;
         let eq_base = me_base + max_me as usize * ME_BYTES;
         let line = |off: usize| (off - PT_BASE) / CACHE_LINE;
@@ -171,6 +174,7 @@ impl NiGeometry {
             eq_capacity,
             eq_laps,
             bytes,
+            room,
             rec_base,
             me_base,
             eq_base,
@@ -218,6 +222,20 @@ impl NiGeometry {
     /// Offset of rank `r`'s departed word.
     pub fn departed(&self, r: usize) -> usize {
         PT_BASE + NPT * CACHE_LINE + 8 * r
+    }
+
+    /// Offset of the room word: set by a rank whose put was refused for room (the request
+    /// portal entry disabled, the event queue full), after its bit in the room waiter words;
+    /// the owner looks at it when it re-enables the entry and when idle, and rings the
+    /// waiters (`am_nic::room`). A line of its own: senders write it only when refused.
+    pub fn room(&self) -> usize {
+        self.room
+    }
+
+    /// Offset of room waiter word `w`: rank `r` waits for room with bit `r % 64` of word
+    /// `r / 64` ([`am_nic::room::waiter_bit`]).
+    pub fn room_waiter(&self, w: usize) -> usize {
+        self.room + CACHE_LINE + 8 * w
     }
 
     /// Offset of rank `r`'s sender record (a cache line only `r` writes).

@@ -13,6 +13,9 @@
 //!   line 1            abort word (a rank that panicked sets it)
 //!   NPT lines         portal table: state (enabled/disabled), list head, options
 //!   departed words    one per rank, set by a rank that ends cleanly
+//!   room line         the room word, then the room waiter words (a bit per rank): set by a
+//!                     rank whose put was refused for room, rung by the owner when there is
+//!                     room again (`am_nic::room`)
 //!   ranks lines       sender records, one line per rank, written only by that rank as an
 //!                     initiator: word 0 its event-queue claim (ACTIVE | the lowest ticket it
 //!                     may claim), word 1 the locally managed entry it may be claiming space

@@ -567,6 +567,36 @@ fn the_waiting_word_and_doorbell_are_harmless() {
     segment_untouched(&b);
 }
 
+/// Room requests a hostile peer wrote (bits of ranks outside the job and of the owner
+/// itself, beside a real waiter's, and a room word of any value): the owner's idle ticks
+/// take them all, ring only the real waiter (rank 2, announced asleep), with no error, and
+/// messages flow on. Catches a ring past the job's ranks (an out-of-bounds peer), a ring the
+/// owner sends itself, and a forged request left set for good.
+#[test]
+fn forged_room_requests_are_taken_and_dropped() {
+    let (a, mut b, mut c) = trio(small());
+    let geo = a.tx.layout.ni;
+    victim(&a)
+        .imp
+        .store_word(geo.room_waiter(0), 1 << 63 | 1 << 1 | 1 << 2)
+        .unwrap();
+    victim(&a).imp.store_word(geo.room(), 7).unwrap();
+    c.owner.announce_wait(&c.own).unwrap();
+    let bell = c.owner.doorbell(&c.own).unwrap();
+    b.owner.announce_wait(&b.own).unwrap();
+    for _ in 0..2 {
+        b.idle_tick().unwrap();
+    }
+    assert!(bell.is_rung(), "the real waiter was rung");
+    assert!(!b.owner.doorbell(&b.own).unwrap().is_rung(), "not itself");
+    assert_eq!(b.own.load_word(geo.room_waiter(0)).unwrap(), 0);
+    assert_eq!(b.own.load_word(geo.room()).unwrap(), 0);
+    b.owner.end_wait(&b.own).unwrap();
+    c.owner.end_wait(&c.own).unwrap();
+    assert_eq!(good_still_arrives(&mut b, &mut c), vec![]);
+    segment_untouched(&b);
+}
+
 // ---- portal table ----
 
 /// State, list head and options of the request portal entry: a value no owner or walker

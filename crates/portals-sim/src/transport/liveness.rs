@@ -46,6 +46,9 @@ impl Portals {
             note(self.retry_buffers());
         }
         note(self.maybe_enable());
+        // Room made by the head published above (a full event queue), or a request the
+        // look after enabling the entry missed.
+        self.ring_room();
         if self.liveness.due() {
             note(self.owner.verify(&self.own).map_err(ni_fault));
             let departed = self.tx.layout.departed();

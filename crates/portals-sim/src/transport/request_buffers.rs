@@ -2,6 +2,7 @@
 //! the puts that find none), relinked once the receiver has read what they took in.
 
 use super::*;
+use am_shm::sync::{fence, Ordering};
 
 impl Portals {
     /// Request buffer `b`'s offset went past its end (an `Unlink` event said so, saying
@@ -127,17 +128,61 @@ impl Portals {
             }
             let claimed = self.owner.lm_claimed(&self.own, rb.me).map_err(ni_fault)?;
             if claimed < rb.len as u64 {
-                return first.and(
-                    self.owner
-                        .pt_enable(&self.own, PT_REQUEST)
-                        .map_err(ni_fault),
-                );
+                let enabled = self
+                    .owner
+                    .pt_enable(&self.own, PT_REQUEST)
+                    .map_err(ni_fault);
+                // After the entry's store: a sender that asked for room before this look is
+                // rung; one that asks after it sees the entry enabled (`want_room`).
+                fence(Ordering::SeqCst);
+                self.ring_room();
+                return first.and(enabled);
             }
             if let Err(e) = self.note_exhausted(b, None) {
                 first = first.and(Err(e));
             }
         }
         first
+    }
+
+    /// Rings up to `room_per_ring` of the ranks that asked for room (their bits in the room
+    /// waiter words; [`am_nic::room::ring_waiters`]) if any asked and the request entry is
+    /// enabled: a sender asleep in [`Transport::wait`] wakes and sends again, one armed on
+    /// its wake socket is woken through it. The words are the peers' to write: a bit that
+    /// names no other rank of the job is dropped, and a forged one costs its rank a spurious
+    /// wake-up.
+    pub(super) fn ring_room(&mut self) {
+        let geo = self.tx.layout.ni;
+        if self.own.load_word(geo.room()).unwrap_or(0) == 0 {
+            return;
+        }
+        self.ring_room_waiters();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ring_room_waiters(&mut self) {
+        if !matches!(
+            self.owner.pt_state(&self.own, PT_REQUEST),
+            Ok(ni::PT_ENABLED)
+        ) {
+            // Rung when the entry is enabled again.
+            return;
+        }
+        let geo = self.tx.layout.ni;
+        let tx = &self.tx;
+        am_nic::room::ring_waiters(
+            &self.own,
+            geo.room(),
+            |w| geo.room_waiter(w),
+            geo.ranks() as usize,
+            tx.rank as usize,
+            self.room_per_ring,
+            &mut self.room_next,
+            |c| {
+                let _ = tx.nic(c).ring();
+            },
+        );
     }
 
     /// A refusal event (`Dropped`, `PtDisabled`): every so often, check the words walkers

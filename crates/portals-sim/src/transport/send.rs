@@ -2,6 +2,7 @@
 //! the slot the request named, Longs into its segment), and what their events say.
 
 use super::*;
+use am_shm::sync::{fence, Ordering};
 
 impl TxState {
     #[inline(always)]
@@ -9,6 +10,59 @@ impl TxState {
         let p = &self.peers[dest];
         let wake = (&self.wakers, dest as Rank);
         Nic::with_runs(&p.seg, &p.imp, &self.layout.ni, &p.runs, wake)
+    }
+
+    /// A put to `d` was refused for room (its request entry disabled if `disabled`, else
+    /// its event queue full): counted, and `d` asked to ring this rank when it has room (this
+    /// rank's bit in its room waiter words, then its room word; `am_nic::room`). Then one
+    /// more look at a disabled entry: either it sees the entry enabled (and the next wait
+    /// returns at once), or the owner's look at the room word after enabling it sees the
+    /// request. A full queue is looked at again by its owner's idle ticks.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn want_room(&mut self, d: usize, disabled: bool) {
+        self.stats.refused += 1;
+        let geo = &self.layout.ni;
+        let (w, bit) = am_nic::room::waiter_bit(self.rank as usize);
+        let Some(p) = self.peers.get(d) else {
+            return;
+        };
+        if let (Ok(waiter), Ok(room)) = (p.seg.word(geo.room_waiter(w)), p.seg.word(geo.room())) {
+            waiter.fetch_or(bit, Ordering::SeqCst);
+            room.fetch_or(1, Ordering::SeqCst);
+        }
+        self.room_wanted = Some(d);
+        if disabled {
+            fence(Ordering::SeqCst);
+            if self.nic(d).pt_enabled(PT_REQUEST).unwrap_or(false) {
+                self.retry_now = true;
+            }
+        }
+    }
+
+    /// Whether the peer this rank asked for room rang it (its bit in that peer's room waiter
+    /// words is clear), or a refused put found room as it asked: the wait that asks
+    /// returns at once, and the core sends again. Called after the wait's announcement
+    /// (the waiting word stored, a `SeqCst` fence): either this load sees the bit the owner
+    /// cleared, or the owner's ring after clearing it sees the waiting word and rings.
+    pub(super) fn room_rung(&mut self) -> bool {
+        if std::mem::take(&mut self.retry_now) {
+            self.room_wanted = None;
+            return true;
+        }
+        let Some(d) = self.room_wanted else {
+            return false;
+        };
+        let (w, bit) = am_nic::room::waiter_bit(self.rank as usize);
+        let waiting = self
+            .peers
+            .get(d)
+            .and_then(|p| p.seg.word(self.layout.ni.room_waiter(w)).ok())
+            .is_some_and(|word| word.load(Ordering::SeqCst) & bit != 0);
+        if !waiting {
+            self.room_wanted = None;
+        }
+        !waiting
     }
 
     /// A put's error: a corrupt word in the target's NI memory (another peer's doing, which
@@ -197,9 +251,10 @@ impl TxState {
                 Err(SendError::Busy)
             }
             Outcome::Done { .. } => Ok(()),
-            // The target's NIC refused it: nothing was deposited; the core sends it again.
-            Outcome::Refused(NiFail::PtDisabled | NiFail::EqFull) => {
-                self.stats.refused += 1;
+            // The target's NIC refused it: nothing was deposited; the core sends it again
+            // when the target rings that it has room.
+            Outcome::Refused(f @ (NiFail::PtDisabled | NiFail::EqFull)) => {
+                self.want_room(dest as usize, f == NiFail::PtDisabled);
                 Err(SendError::Busy)
             }
             Outcome::Refused(f) => {
@@ -228,7 +283,7 @@ impl TxState {
         // Do not move the payload for a header the target would refuse now.
         let enabled = self.nic(d).pt_enabled(PT_REQUEST);
         if !is_reply && !enabled.map_err(|e| self.put_err(e))? {
-            self.stats.refused += 1;
+            self.want_room(d, true);
             return Err(SendError::Busy);
         }
         let len = shared.map_or(payload.len(), |s| s.len());

@@ -130,6 +130,8 @@ impl Portals {
                 stats: Stats::default(),
                 buffer_mes: buffers.iter().map(|b| b.me).collect(),
                 reply_me,
+                room_wanted: None,
+                retry_now: false,
             },
             buffers,
             reply_me,
@@ -140,6 +142,8 @@ impl Portals {
             stuck: false,
             departures: std::collections::VecDeque::new(),
             wake: Wake::new("portals", &job, rank),
+            room_next: 0,
+            room_per_ring: (layout.request_buffer_bytes / layout.slot_bytes).max(1),
         }
     }
 

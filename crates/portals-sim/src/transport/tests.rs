@@ -450,6 +450,58 @@ fn entry_disabled_then_recovered() {
     assert!(b.stats().relinked > 0 && b.stats().disabled > 0);
 }
 
+/// A sender refused because the entry was disabled asks to be rung when there is room, and
+/// is: once the target has read its buffers and re-linked one, it clears the sender's bit,
+/// rings the doorbell of the sender (announced asleep), and the sender's next wait returns at
+/// once. Catches a refusal that asks for nothing (the sender then sleeps its whole wait
+/// after room appears), a re-enable that rings nobody, and a ring a sleeping sender misses.
+#[test]
+fn a_sender_refused_for_room_is_rung_when_there_is_some() {
+    let (mut a, mut b) = pair(small());
+    let geo = b.tx.layout.ni;
+    let payload = [7u8; 100];
+    let mut m = [0u8; MAX_HEAD_LEN];
+    let mn = head(Category::Request, AmKind::Medium, payload.len(), &mut m);
+    let mut sent = 0;
+    while a.try_send(1, &out(&m[..mn], &payload)).is_ok() {
+        sent += 1;
+    }
+    assert_eq!(sent, 6, "three buffers of two messages");
+    assert!(b.owner.pt_disabled(&b.own, PT_REQUEST).unwrap());
+    assert_eq!(b.own.load_word(geo.room()).unwrap(), 1, "asked for room");
+    assert_eq!(
+        b.own.load_word(geo.room_waiter(0)).unwrap(),
+        1,
+        "rank 0's bit"
+    );
+    assert!(!a.tx.room_rung(), "no room yet");
+    // Rank 0 as its wait leaves it just before it sleeps: announced, the doorbell taken.
+    a.owner.announce_wait(&a.own).unwrap();
+    let bell = a.owner.doorbell(&a.own).unwrap();
+    assert!(!bell.is_rung());
+    let mut got = 0;
+    let deadline = Instant::now() + patience(10);
+    while got < sent {
+        assert!(Instant::now() < deadline, "stuck at {got}");
+        match b.poll_recv(|_, _, _| ()) {
+            Ok(Some(())) => got += 1,
+            Ok(None) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        !b.owner.pt_disabled(&b.own, PT_REQUEST).unwrap(),
+        "re-enabled"
+    );
+    assert!(bell.is_rung(), "the sleeping sender's doorbell was rung");
+    assert_eq!(b.own.load_word(geo.room()).unwrap(), 0);
+    assert_eq!(b.own.load_word(geo.room_waiter(0)).unwrap(), 0);
+    a.owner.end_wait(&a.own).unwrap();
+    assert!(a.tx.room_rung(), "the next wait does not sleep");
+    assert!(!a.tx.room_rung(), "once");
+    a.try_send(1, &out(&m[..mn], &payload)).unwrap();
+}
+
 #[test]
 fn long_payload_is_placed_before_the_header() {
     let (mut a, mut b) = pair(small());
