@@ -27,7 +27,11 @@
 //!   for one) and the transport reports `SendError::Busy`, so the core sends the message
 //!   again. The target re-links a buffer once every message claimed in it was read, or was
 //!   claimed by a rank that died, and then re-enables the entry. While the entry is disabled every put to it is refused, so no
-//!   later message overtakes a refused one: nothing is lost and per-pair order holds;
+//!   later message overtakes a refused one: nothing is lost and per-pair order holds. A
+//!   refused sender asks to be rung when there is room (its bit in the target's room
+//!   waiter words; not in the seed, whose initiator learns it from a later event), and the
+//!   target rings the waiters when it re-enables the entry: a sender asleep in a wait wakes
+//!   then, not when its sleep times out;
 //! - **AMs** as the seed's conduit maps them ([`transport`]): the AM header's first four
 //!   bytes (flags, handler, argument count, credit byte) and the request's send-slot index
 //!   travel in the **match bits**; a Short with at most two arguments carries them in the
