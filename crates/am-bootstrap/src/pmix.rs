@@ -4,6 +4,7 @@
 use crate::env::Env;
 use crate::error::BootstrapError;
 use crate::store::KeyValueStore;
+use crate::watch::Watch;
 
 /// Variables a PMIx server sets for its clients, one of which must be present.
 const SERVER_URIS: &[&str] = &[
@@ -47,6 +48,7 @@ pub(crate) fn store_if_served(
         pmix,
         size,
         closed: false,
+        watch: Watch::parent(),
     })))
 }
 
@@ -60,6 +62,8 @@ struct PmixStore {
     pmix: am_pmix::Pmix,
     size: u32,
     closed: bool,
+    /// The rank ends if its launcher goes first ([`Watch::parent`]).
+    watch: Option<Watch>,
 }
 
 /// The rank that put `key`, by the convention above.
@@ -71,6 +75,13 @@ fn owner(key: &str, size: u32) -> u32 {
 }
 
 impl PmixStore {
+    /// The launcher may end from now on.
+    fn finish_watch(&self) {
+        if let Some(w) = &self.watch {
+            w.finish();
+        }
+    }
+
     fn open(&self) -> Result<(), BootstrapError> {
         if self.closed {
             Err(BootstrapError::Closed)
@@ -108,11 +119,13 @@ impl KeyValueStore for PmixStore {
         self.open()?;
         eprintln!("{message}");
         self.closed = true;
+        self.finish_watch();
         Ok(self.pmix.abort(code, message)?)
     }
 
     fn finalize(&mut self) -> Result<(), BootstrapError> {
         self.closed = true;
+        self.finish_watch();
         Ok(self.pmix.finalize()?)
     }
 }

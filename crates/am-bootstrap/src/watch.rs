@@ -1,7 +1,8 @@
 //! A rank's watch on its launcher: a rank whose launcher's PMI connection closes before the
 //! rank finalized it has lost its launcher (killed, even by SIGKILL, which it cannot catch)
 //! and ends as the launcher would have ended it: SIGTERM, then SIGKILL a grace period later.
-//! Without it, ranks outlive a killed `amrun` or `mpiexec` and keep the cores busy.
+//! Without it, ranks outlive a killed `amrun` or `mpiexec` and keep the cores busy. Under
+//! PMIx, whose connection is libpmix's, the rank watches its parent instead.
 
 use std::io::{self, Write};
 use std::os::fd::RawFd;
@@ -19,6 +20,9 @@ const GRACE: Duration = Duration::from_secs(1);
 /// While data waits for the rank's own reader, how often the watch looks again.
 const BUSY_LOOK: Duration = Duration::from_millis(20);
 
+/// How often a watch on the parent process looks at it.
+const PARENT_LOOK: Duration = Duration::from_millis(100);
+
 /// The watch on one connection: a thread blocked peeking at a duplicate of it. Finishing it
 /// (before the rank finalizes or aborts: the launcher may close the connection then) or
 /// dropping it ends the thread without ending the rank.
@@ -35,6 +39,8 @@ enum Wake {
     /// never the duplicate, which the thread closes as it ends.
     Fd(RawFd),
     Tcp(std::net::TcpStream),
+    /// Nothing to shut down: the thread looks at `finished` between its looks.
+    Parent,
 }
 
 impl Watch {
@@ -62,6 +68,36 @@ impl Watch {
         let peek = stream.try_clone().ok()?;
         let wake = stream.try_clone().ok()?;
         Watch::spawn(move |buf| peek.peek(buf), || {}, Wake::Tcp(wake))
+    }
+
+    /// Watches the parent process, under a launcher whose connection the rank cannot see
+    /// (PMIx: libpmix owns the connection to its server). The rank's parent is the launcher
+    /// or its daemon on this host (`mpirun`, `prted`, `slurmstepd`); once it is gone the
+    /// rank is re-parented, and it ends. Looked at every [`PARENT_LOOK`]: a system call a
+    /// tenth of a second on a thread that otherwise sleeps.
+    pub(crate) fn parent() -> Option<Watch> {
+        let parent = nix::unistd::getppid();
+        let finished = Arc::new(AtomicBool::new(false));
+        let done = finished.clone();
+        std::thread::Builder::new()
+            .name("amnet-launcher-watch".to_owned())
+            .spawn(move || loop {
+                std::thread::sleep(PARENT_LOOK);
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                if nix::unistd::getppid() != parent {
+                    if !done.load(Ordering::Acquire) {
+                        end_rank();
+                    }
+                    break;
+                }
+            })
+            .ok()?;
+        Some(Watch {
+            finished,
+            wake: Wake::Parent,
+        })
     }
 
     fn spawn(
@@ -114,6 +150,7 @@ impl Drop for Watch {
             Wake::Tcp(s) => {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
+            Wake::Parent => {}
         }
     }
 }
