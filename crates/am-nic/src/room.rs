@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use am_shm::Segment;
+use am_shm::{Imported, Segment, ShmError};
 
 /// The room waiter word and bit of sender `c`: bit `c % 64` of word `c / 64`.
 #[inline]
@@ -20,6 +20,25 @@ pub fn waiter_bit(c: usize) -> (usize, u64) {
 #[inline]
 pub fn waiter_words(ranks: usize) -> usize {
     ranks.div_ceil(64)
+}
+
+/// Asks the receiver whose segment `peer` imports to ring sender `me` when it has room: its
+/// bit in the room waiter words (word `w` at `waiter(w)`), then the room word at `room`,
+/// each a `SeqCst` read-modify-write, in that order. The receiver clears the room word
+/// before it takes bits ([`ring_waiters`]), so the walk a set room word starts sees the bit;
+/// and a look at the queue after this either sees room the receiver made meanwhile, or the
+/// receiver's look at the room word after making it sees this request.
+#[inline]
+pub fn ask(
+    peer: &Imported,
+    room: usize,
+    waiter: impl Fn(usize) -> usize,
+    me: usize,
+) -> Result<(), ShmError> {
+    let (w, bit) = waiter_bit(me);
+    peer.fetch_or_word(waiter(w), bit)?;
+    peer.fetch_or_word(room, 1)?;
+    Ok(())
 }
 
 /// Takes up to `at_most` waiters from the room waiter words (word `w` at `waiter(w)`) of

@@ -75,14 +75,10 @@ impl TxState {
     #[inline(never)]
     pub(super) fn want_room(&mut self, d: usize) -> Result<(), SendError> {
         let l = &self.layout;
-        let (w, bit) = am_nic::room::waiter_bit(self.rank);
         let Some(peer) = self.peers.get(d) else {
             return Err(SendError::InvalidRank(d as Rank));
         };
-        let waiter = peer.seg.word(l.room_waiter(w)).map_err(shm)?;
-        waiter.fetch_or(bit, Ordering::SeqCst);
-        let room = peer.seg.word(l.room()).map_err(shm)?;
-        room.fetch_or(1, Ordering::SeqCst);
+        am_nic::room::ask(&peer.imp, l.room(), |w| l.room_waiter(w), self.rank).map_err(shm)?;
         Err(SendError::Busy)
     }
 

@@ -23,14 +23,12 @@ impl TxState {
     pub(super) fn want_room(&mut self, d: usize, disabled: bool) {
         self.stats.refused += 1;
         let geo = &self.layout.ni;
-        let (w, bit) = am_nic::room::waiter_bit(self.rank as usize);
         let Some(p) = self.peers.get(d) else {
             return;
         };
-        if let (Ok(waiter), Ok(room)) = (p.seg.word(geo.room_waiter(w)), p.seg.word(geo.room())) {
-            waiter.fetch_or(bit, Ordering::SeqCst);
-            room.fetch_or(1, Ordering::SeqCst);
-        }
+        let me = self.rank as usize;
+        // In range of every NI of the job's geometry: cannot fail.
+        let _ = am_nic::room::ask(&p.imp, geo.room(), |w| geo.room_waiter(w), me);
         self.room_wanted = Some(d);
         if disabled {
             fence(Ordering::SeqCst);

@@ -58,13 +58,11 @@ impl TxState {
             Payload::Shared(s) => port.send_then(head, &[&hdr, msg.head], s, me),
         };
         if !send().map_err(sci_err)? {
-            // Full: ask to be rung when there is room, then look once more. The request's
-            // read-modify-writes come before that look, so either it sees the room the
-            // owner made meanwhile, or the owner's next consume sees the request.
-            let (w, bit) = am_nic::room::waiter_bit(self.rank);
-            peer.fetch_or_word(self.layout.bank_room_waiter(w), bit)
-                .map_err(sci_err)?;
-            peer.fetch_or_word(self.layout.bank_room(), 1)
+            // Full: ask to be rung when there is room, then look once more: either the look
+            // sees the room the owner made meanwhile, or the owner's next consume sees the
+            // request.
+            let l = &self.layout;
+            am_nic::room::ask(peer, l.bank_room(), |w| l.bank_room_waiter(w), self.rank)
                 .map_err(sci_err)?;
             if !send().map_err(sci_err)? {
                 return Err(SendError::Busy);
