@@ -461,8 +461,11 @@ impl Extoll {
         if self.has_work()? {
             return Ok(false);
         }
+        // Telling the head looks at the room word; with nothing to tell, look here.
+        if self.head == self.head_told {
+            self.ring_room_waiters_if_asked();
+        }
         self.tell_head(true);
-        self.ring_room_waiters_if_asked();
         let bell = self.seg.doorbell(DOORBELL).map_err(io)?;
         if bell.take_tags() != 0 || self.has_work()? {
             // Rung since the last take: a message, or room in a mailbox this rank waits on
