@@ -158,6 +158,36 @@ fn cpu_ticks(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Starts `launcher` (its own arguments given, before the program) on 4 ranks of the
+/// `pingpong` example flooding each other with Shorts on sci, kills it with SIGKILL
+/// mid-flood, and checks that every rank ended within two seconds of it and that no
+/// `/dev/shm` file of the job is left ([`kill_launcher_mid_flood`]). `what` names the case
+/// in the mark and in a failure.
+#[allow(dead_code)]
+pub fn ranks_end_when_launcher_is_killed(mut launcher: std::process::Command, what: &str) {
+    use std::process::Stdio;
+    use std::time::Duration;
+    let mark = format!("kill-{}-{}", what.replace(' ', "-"), std::process::id());
+    let program = example("pingpong");
+    let launcher = launcher
+        .arg(&program)
+        .args(["--kind", "short", "--iters", "100000000", "--flood", "10"])
+        .env("AM_TEST_MARK", &mark)
+        .env("AM_TRANSPORT", "sci")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: start the launcher: {e}"));
+    match kill_launcher_mid_flood(launcher, &program, &mark, 4, Duration::from_secs(10)) {
+        Ok(took) => assert!(
+            took < Duration::from_secs(2),
+            "{what}: ranks took {took:?} to end"
+        ),
+        Err(left) => panic!("{what}: ranks {left:?} outlived their launcher by 10 s"),
+    }
+}
+
 /// Kills `launcher` (a process group leader or not) with SIGKILL while the job's `ranks`
 /// ranks, marked with `mark` ([`marked_processes`]), flood; returns how long the ranks took
 /// to end after it, or the pids still alive after `limit` (killed then, so that nothing is

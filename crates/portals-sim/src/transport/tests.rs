@@ -405,14 +405,13 @@ fn send_lengths_at_and_just_past_the_limits() {
 
 /// Tiny request buffers: puts are refused while the portal entry is disabled and accepted
 /// again after the target consumed and re-linked its buffers. Nothing is lost.
-#[test]
-fn entry_disabled_then_recovered() {
-    let (mut a, mut b) = pair(small());
-    let payload = [7u8; 100];
-    let mut m = [0u8; MAX_HEAD_LEN];
-    let mn = head(Category::Request, AmKind::Medium, payload.len(), &mut m);
+/// The small geometry's 100-byte Medium request from rank 0 to rank 1 (its head in `m`, of
+/// the length returned), sent until the target's entry refuses one: the six that fit its
+/// three buffers went, and the entry is disabled.
+fn fill_until_refused(a: &mut Portals, b: &Portals, m: &mut [u8; MAX_HEAD_LEN]) -> usize {
+    let mn = head(Category::Request, AmKind::Medium, FILL.len(), m);
     let mut sent = 0;
-    while a.try_send(1, &out(&m[..mn], &payload)).is_ok() {
+    while a.try_send(1, &out(&m[..mn], &FILL)).is_ok() {
         sent += 1;
     }
     assert_eq!(
@@ -420,6 +419,19 @@ fn entry_disabled_then_recovered() {
         "two 112-byte messages per 256-byte buffer, three buffers"
     );
     assert!(b.owner.pt_disabled(&b.own, PT_REQUEST).unwrap());
+    mn
+}
+
+/// The payload of [`fill_until_refused`]'s messages.
+const FILL: [u8; 100] = [7; 100];
+
+#[test]
+fn entry_disabled_then_recovered() {
+    let (mut a, mut b) = pair(small());
+    let payload = FILL;
+    let mut m = [0u8; MAX_HEAD_LEN];
+    let mn = fill_until_refused(&mut a, &b, &mut m);
+    let mut sent = 6;
     let mut r = [0u8; MAX_HEAD_LEN];
     let rn = head(Category::Reply, AmKind::Short, 0, &mut r);
     let mut got = 0;
@@ -459,15 +471,9 @@ fn entry_disabled_then_recovered() {
 fn a_sender_refused_for_room_is_rung_when_there_is_some() {
     let (mut a, mut b) = pair(small());
     let geo = b.tx.layout.ni;
-    let payload = [7u8; 100];
     let mut m = [0u8; MAX_HEAD_LEN];
-    let mn = head(Category::Request, AmKind::Medium, payload.len(), &mut m);
-    let mut sent = 0;
-    while a.try_send(1, &out(&m[..mn], &payload)).is_ok() {
-        sent += 1;
-    }
-    assert_eq!(sent, 6, "three buffers of two messages");
-    assert!(b.owner.pt_disabled(&b.own, PT_REQUEST).unwrap());
+    let mn = fill_until_refused(&mut a, &b, &mut m);
+    let sent = 6;
     assert_eq!(b.own.load_word(geo.room()).unwrap(), 1, "asked for room");
     assert_eq!(
         b.own.load_word(geo.room_waiter(0)).unwrap(),
@@ -499,7 +505,7 @@ fn a_sender_refused_for_room_is_rung_when_there_is_some() {
     a.owner.end_wait(&a.own).unwrap();
     assert!(a.tx.room_rung(), "the next wait does not sleep");
     assert!(!a.tx.room_rung(), "once");
-    a.try_send(1, &out(&m[..mn], &payload)).unwrap();
+    a.try_send(1, &out(&m[..mn], &FILL)).unwrap();
 }
 
 #[test]
