@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use am_perf::launch::marked_processes;
+
 /// An example binary, built next to the test binaries' directory by `cargo test`.
 #[allow(dead_code)]
 pub fn example(name: &str) -> PathBuf {
@@ -121,24 +123,6 @@ pub fn within<R: Send + 'static>(
         Ok(Err(p)) => std::panic::resume_unwind(p),
         Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
     }
-}
-
-/// The processes running `program` whose environment holds `AM_TEST_MARK=mark`: a job's
-/// ranks, found without knowing which launcher started them or how (the launchers, which
-/// pass the mark on, run other programs).
-#[allow(dead_code)]
-pub fn marked_processes(program: &std::path::Path, mark: &str) -> Vec<u32> {
-    let needle = format!("AM_TEST_MARK={mark}");
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
-        })
-        .collect()
 }
 
 /// CPU time used so far by `pid`, in clock ticks (0 if it is gone).

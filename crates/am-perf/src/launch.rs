@@ -275,6 +275,24 @@ pub fn holds_a_segment(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// The processes running `program` whose environment holds `AM_TEST_MARK=mark`: a job's
+/// ranks, found without knowing which launcher started them or how (the launchers, which
+/// pass the mark on, run other programs). Zombies are not among them: their `exe` link is
+/// gone with the process.
+pub fn marked_processes(program: &Path, mark: &str) -> Vec<u32> {
+    let needle = format!("AM_TEST_MARK={mark}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
