@@ -36,15 +36,29 @@ pub fn pattern(len: usize, key: u32) -> Vec<u8> {
 
 /// Outside a launcher, with `--ranks N` among `args`: starts this program as an `N`-rank job
 /// on `transport` and exits with the job's code. Otherwise returns.
+///
+/// A failure scenario's job ([`is_failure_scenario`] of `args[0]`) gets a grace period of
+/// [`SURVIVOR_GRACE`] instead of the launcher's second: its survivors ignore the SIGTERM that
+/// follows a death on purpose, and must not be killed before they have noticed the death
+/// themselves (udp notices by silence, which takes most of a second).
 pub fn self_launch_if_asked(args: &[String], transport: &str) -> Result<(), Box<dyn Error>> {
     if !JobInfo::is_launched() {
         if let Some(i) = args.iter().position(|a| a == "--ranks") {
             let n: u32 = args.get(i + 1).ok_or("--ranks N")?.parse()?;
-            std::process::exit(am_launch::self_launch(n, Some(transport))?);
+            let mut launcher = am_launch::self_launcher(n)?.transport(transport);
+            if args.first().is_some_and(|m| is_failure_scenario(m)) {
+                launcher = launcher.grace(SURVIVOR_GRACE);
+            }
+            std::process::exit(launcher.run()?);
         }
     }
     Ok(())
 }
+
+/// How long a self-launched failure scenario's survivors get between the launcher's SIGTERM
+/// and its SIGKILL: longer than any scenario's own deadline (10 s), so a survivor that hangs
+/// fails its test by the report it never wrote, not by luck of the timing.
+pub const SURVIVOR_GRACE: Duration = Duration::from_secs(30);
 
 /// Lets SIGTERM do nothing, so the launcher's SIGTERM after a rank's death cannot end this
 /// rank before it notices the loss itself.
@@ -321,14 +335,20 @@ pub const PENDING_CALLS: u32 = 8;
 /// `Node::exit`) or `kill` (SIGKILL). Each survivor waits for every one of its operations,
 /// each of which must fail with a typed error (the peer lost or departed, the job aborted)
 /// within 10 s, and writes `dir/failed-<rank>` (the errors, and the milliseconds the last
-/// took after the victim's death); the caller then ends the process with code 3. Call
-/// [`ignore_sigterm`] first thing in the program.
+/// took after the victim's death); the caller then ends the process with code 3. Rank 0
+/// first writes `job_id` into `dir/job`, so that the test can look for this job's leftovers
+/// only ([`crate::launch::assert_job_left_nothing`]). Call [`ignore_sigterm`] first thing in
+/// the program.
 pub fn pending_scenario<T: Transport>(
     node: &mut Node<T, Local>,
+    job_id: &str,
     how: &str,
     dir: &Path,
 ) -> Result<(), Box<dyn Error>> {
     let me = node.rank();
+    if me == 0 {
+        std::fs::write(dir.join("job"), job_id)?;
+    }
     node.barrier()?;
     if me == PENDING_VICTIM {
         std::thread::sleep(Duration::from_millis(300));
@@ -422,7 +442,7 @@ pub fn failure_scenario<T: Transport>(
         "exit" => return exit_scenario(node, &dir),
         "pending" => {
             let how = args.get(2).ok_or("pending DIR panic|abort|exit|kill")?;
-            pending_scenario(&mut node, how, &dir)?;
+            pending_scenario(&mut node, &job.job_id, how, &dir)?;
         }
         "kill" => kill_scenario(&mut node, &job.job_id, &dir)?,
         other => return Err(format!("not a failure scenario: {other:?}").into()),

@@ -1,7 +1,7 @@
 //! A small AM program for the ofi transport's multi-process tests, run by
-//! `am_launch::Launcher` or any other launcher; the provider comes from `FI_PROVIDER` (or
-//! `AM_OFI_PROVIDER`), as for every program on this transport. Built with am-perf's `ofi`
-//! feature.
+//! `am_launch::Launcher` or any other launcher, or outside one with `--ranks N`, which
+//! self-launches; the provider comes from `FI_PROVIDER` (or `AM_OFI_PROVIDER`), as for every
+//! program on this transport. Built with am-perf's `ofi` feature.
 //!
 //! - `ofi-rank-test alltoall ROUNDS`: every rank sends ROUNDS Medium requests to every rank,
 //!   checks the echoes, puts 64 KiB into the next rank's segment and checks it, then meets
@@ -38,6 +38,7 @@ fn main() -> Res {
         transport_ofi::unhook_signals();
         rank::ignore_sigterm()?;
     }
+    rank::self_launch_if_asked(&args, "ofi")?;
     let mut job = am_launch::JobInfo::from_env()?;
     if mode == "mismatch" {
         let segment = rank::mismatched_segment(job.rank);

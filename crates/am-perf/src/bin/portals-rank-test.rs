@@ -174,7 +174,7 @@ fn echo_job(portals: Portals, job_id: &str, mode: &str, args: &[String]) -> Res 
         "pending" => {
             let dir = std::path::PathBuf::from(args.get(1).ok_or("pending DIR HOW")?);
             let how = args.get(2).ok_or("pending DIR HOW")?;
-            rank::pending_scenario(&mut node, how, &dir)?;
+            rank::pending_scenario(&mut node, job_id, how, &dir)?;
             drop(node);
             std::process::exit(3);
         }
