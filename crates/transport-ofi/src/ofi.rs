@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
@@ -66,6 +67,11 @@ struct Peer {
     /// Its goodbye has been read from the completion queue, not yet handed to the core:
     /// its process may be gone already, and it is not lost for that.
     leaving: bool,
+    /// Its region under the `shm` provider, a file in `/dev/shm`, when it runs on this host:
+    /// removed once its process is found gone. A process that ends cleanly (or by a panic,
+    /// or `exit`) removes its own, one killed by a signal cannot, and a launcher that does
+    /// not clean up after its jobs (`mpiexec`) would leave it behind.
+    shm_file: Option<String>,
 }
 
 /// The sending half, also lent to handlers.
@@ -281,7 +287,15 @@ impl Ofi {
                 .map(|r| kvs.get(&format!("am-ofi-{r}")))
                 .collect::<Result<Vec<_>, _>>()?
         };
-        Ofi::with_entries(info.rank, ep, segment, &entries, &config, &provider)
+        let mut ofi = Ofi::with_entries(info.rank, ep, segment, &entries, &config, &provider)?;
+        if provider == "shm" {
+            for (r, peer) in ofi.io.peers.iter_mut().enumerate() {
+                if peer.pid.is_some() && r as Rank != info.rank {
+                    peer.shm_file = shm_name(&info.job_id, r as Rank);
+                }
+            }
+        }
+        Ok(ofi)
     }
 
     /// The transports of an in-process job of `ranks` ranks, one endpoint each, for tests and
@@ -364,6 +378,7 @@ impl Ofi {
                 pid: pid.map(Pid::from_raw),
                 state: PeerState::Alive,
                 leaving: false,
+                shm_file: None,
             });
         }
         ep.insert(&names)?;
@@ -542,6 +557,10 @@ impl Io {
                 p.state = PeerState::Lost;
                 self.news.push_back(NicError::PeerLost(r as Rank));
                 found = true;
+                if let Some(file) = p.shm_file.take() {
+                    // Gone already if the peer removed it itself, or another peer did.
+                    let _ = std::fs::remove_file(Path::new("/dev/shm").join(file));
+                }
             }
         }
         found
