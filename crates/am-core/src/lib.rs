@@ -105,7 +105,7 @@ pub use error::{
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use future::AsyncNode;
 pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Threading};
-pub use loopback::{AbortHandle, Loopback, LoopbackConfig};
+pub use loopback::{AbortHandle, Loopback, LoopbackConfig, Told};
 pub use node::Node;
 pub use op::{Completed, Op, Outcome};
 pub use reply::Token;

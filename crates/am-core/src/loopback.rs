@@ -86,6 +86,9 @@ struct Shared {
     /// a rank that fails drops its transport before its peers can notice it is gone.
     departures: AtomicU64,
     departed: Box<[Arc<AtomicU64>]>,
+    /// What each rank had been told of the others' ends when its transport was dropped, set
+    /// before its departure is counted.
+    told: Box<[OnceLock<Told>]>,
     /// Each rank's receive rings (its inbox), shared by all ranks.
     inboxes: Box<[Segment]>,
     /// Each rank's wake socket pair (made when the rank first arms): the rank watches the
@@ -239,14 +242,22 @@ struct LoopbackTx {
     /// Against a receiver going to sleep (see [`Transport::wait`]).
     fence: AsymmetricFence,
     shared: Arc<Shared>,
+    /// Destinations a send found departed, and whether one found the job aborted: what
+    /// this rank was told by its sends, for [`Told`].
+    told_gone: Box<[AtomicBool]>,
+    told_abort: AtomicBool,
 }
 
 impl LoopbackTx {
     #[cold]
     fn gone(&self, dest: Rank) -> SendError {
         if self.shared.aborted.load(Ordering::Relaxed) {
+            self.told_abort.store(true, Ordering::Relaxed);
             SendError::JobAborted
         } else {
+            if let Some(told) = self.told_gone.get(dest as usize) {
+                told.store(true, Ordering::Relaxed);
+            }
             SendError::PeerDeparted(dest)
         }
     }
@@ -471,6 +482,20 @@ pub struct Loopback {
     config: LoopbackConfig,
 }
 
+/// What a [`Loopback`] rank had been told, by its polls and its sends, of the other ranks'
+/// ends when its transport was dropped ([`AbortHandle::told`]): a rank told nothing failed
+/// on its own, if it failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Told {
+    /// The ranks whose departure it had been told of ([`TransportError::PeerDeparted`], or a
+    /// send's [`SendError::PeerDeparted`]), in rank order.
+    pub departed: Vec<Rank>,
+    /// Whether it had been told the job was aborted ([`TransportError::JobAborted`], or a
+    /// send's [`SendError::JobAborted`]).
+    pub aborted: bool,
+}
+
 /// Ends a [`Loopback`] job from outside: every rank's next poll fails with
 /// [`TransportError::JobAborted`]. What a launcher does to a job whose rank failed.
 #[derive(Clone)]
@@ -489,6 +514,13 @@ impl AbortHandle {
     pub fn departure(&self, rank: Rank) -> Option<u64> {
         let seq = self.0.departed.get(rank as usize)?.load(Ordering::Acquire);
         (seq != 0).then_some(seq)
+    }
+
+    /// What `rank` had been told of the others' ends when its transport was dropped; `None`
+    /// while it lives. A rank told nothing cannot have failed because another left; one told
+    /// of departures or the abort may have.
+    pub fn told(&self, rank: Rank) -> Option<Told> {
+        self.0.told.get(rank as usize)?.get().cloned()
     }
 }
 
@@ -554,6 +586,7 @@ impl Loopback {
             aborted: AtomicBool::new(false),
             departures: AtomicU64::new(0),
             departed: (0..ranks).map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            told: (0..ranks).map(|_| OnceLock::new()).collect(),
             inboxes,
             wakes: (0..ranks).map(|_| OnceLock::new()).collect(),
         });
@@ -581,6 +614,8 @@ impl Loopback {
                     capacity: config.capacity as u64,
                     fence,
                     shared: shared.clone(),
+                    told_gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                    told_abort: AtomicBool::new(false),
                 },
                 size: ranks,
                 inbox: Inbox {
@@ -733,6 +768,7 @@ impl Transport for Loopback {
         loop {
             let Some(Ready { s, word, pos, rest }) = self.inbox.ready()? else {
                 if self.tx.shared.aborted.load(Ordering::Relaxed) {
+                    self.tx.told_abort.store(true, Ordering::Relaxed);
                     return Err(TransportError::JobAborted);
                 }
                 if departures != self.departures_count {
@@ -898,6 +934,24 @@ impl Drop for Loopback {
         let shared = &self.tx.shared;
         if std::thread::panicking() {
             shared.aborted.store(true, Ordering::Relaxed);
+        }
+        // Before the departure is counted: whoever sees it sees what this rank had been told.
+        if let Some(told) = shared.told.get(self.tx.rank as usize) {
+            let tx = &self.tx;
+            let departed = (0..self.departures_reported.len())
+                .filter(|&r| {
+                    self.departures_reported[r]
+                        || tx
+                            .told_gone
+                            .get(r)
+                            .is_some_and(|t| t.load(Ordering::Relaxed))
+                })
+                .map(|r| r as Rank)
+                .collect();
+            let _ = told.set(Told {
+                departed,
+                aborted: tx.told_abort.load(Ordering::Relaxed),
+            });
         }
         let seq = shared.departures.fetch_add(1, Ordering::AcqRel) + 1;
         if let Some(d) = shared.departed.get(self.tx.rank as usize) {
