@@ -623,19 +623,26 @@ where
             }
         });
         let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
-        // The cause is the process that left first: `main` drops its transports as it
-        // returns the error, before the peers that then fail can tell (a peer's send to it
-        // fails at once); without departure times, the first one recorded.
+        // The cause is a process that failed on its own. One with an endpoint that had been
+        // told, when it left, that an endpoint of another process had left or that the job
+        // was aborted may have failed for that; one told nothing cannot have. So those told
+        // nothing come first, and of them (or of all, if every one had been told) the one
+        // that left first: `main` drops its transports as it returns the error, before the
+        // peers that then fail can tell. Departure times alone would name a process whose
+        // endpoint finished its work and left before the cause failed. Without departure
+        // times, the first one recorded.
         let cause = failures
             .into_iter()
             .enumerate()
             .min_by_key(|(k, (process, _))| {
-                let left = abort.as_ref().and_then(|a| {
-                    (0..layout.per_process())
-                        .filter_map(|e| a.departure(layout.rank(*process, e)))
-                        .min()
+                let endpoints = || (0..layout.per_process()).map(|e| layout.rank(*process, e));
+                let (told, left) = abort.as_ref().map_or((false, None), |a| {
+                    let told = endpoints().filter_map(|r| a.told(r)).any(|t| {
+                        t.aborted || t.departed.iter().any(|&r| layout.process_of(r) != *process)
+                    });
+                    (told, endpoints().filter_map(|r| a.departure(r)).min())
                 });
-                (left.unwrap_or(u64::MAX), *k)
+                (told, left.unwrap_or(u64::MAX), *k)
             });
         if let Some((_, (rank, message))) = cause {
             return Err(JobError::RankFailed { rank, message });

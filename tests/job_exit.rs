@@ -145,3 +145,105 @@ fn the_cause_is_reported_not_the_peers_it_failed() {
         other => panic!("{other:?}"),
     }
 }
+
+/// With several endpoints per process, the process that failed first is the one reported, not
+/// one that failed only because it left, though an endpoint of the latter left first having
+/// finished its work. Process 0's endpoint 0 finishes and drops its transport; then process 1
+/// fails on its own (dropping both of its endpoints, having heard of nothing); process 0's
+/// endpoint 1 then hears that process 1 has gone (or that the job was aborted for it) and
+/// fails for it. Catches a cause chosen by
+/// each process's earliest departure alone, which names process 0 (its endpoint 0 left
+/// first). Runs in this process: a failing job ends no process.
+#[test]
+fn the_cause_is_reported_not_a_process_whose_endpoint_left_first() {
+    use amnet::Transport;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let left = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let result = amnet::run_job_endpoints(&opts(2), 2, |endpoints| {
+        let layout = endpoints.layout();
+        let process = endpoints.process();
+        let mut transports = endpoints.into_transports();
+        let Some(mut second) = transports.pop() else {
+            return Err("no endpoint 1".to_string());
+        };
+        drop(transports);
+        if process == 0 {
+            left.store(true, Ordering::Release);
+            // Endpoint 1 waits for process 1 to go; the departures of its own process's
+            // endpoint (and the job's abort) are not what it waits for.
+            while Instant::now() < deadline {
+                match second.poll_recv(|_, _, _| ()) {
+                    Err(amnet::TransportError::PeerDeparted(r)) if layout.process_of(r) == 1 => {
+                        return Err(format!("process 0: process 1's endpoint {r} left"));
+                    }
+                    Err(amnet::TransportError::PeerDeparted(_)) | Ok(_) => std::thread::yield_now(),
+                    Err(e) => return Err(format!("process 0: {e}")),
+                }
+            }
+            return Err("process 0: process 1 never left".to_string());
+        }
+        while !left.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        drop(second);
+        Err("process 1 fails".to_string())
+    });
+    match result {
+        Err(JobError::RankFailed { rank, message }) => {
+            assert_eq!((rank, message.as_str()), (1, "process 1 fails"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The rank that failed first is reported though it had heard of a peer's clean departure
+/// before failing, when the rank that failed for it learnt of its departure from a send
+/// rather than a poll: rank 0 finishes and leaves; rank 1 hears of it, then fails on its own;
+/// rank 2, which never polls, then fails on a send to rank 1. Catches a cause chosen among
+/// the processes told of no other's end where what a send met is not counted as told (rank 2
+/// would seem to have failed on its own, and be named).
+#[test]
+fn the_cause_is_reported_though_it_heard_of_a_clean_departure() {
+    use amnet::{Outgoing, SendError, Transport, TransportError, Tx};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (left, sent) = (AtomicBool::new(false), AtomicBool::new(false));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let result = amnet::run_job(&opts(3), |mut t| match t.rank() {
+        0 => Ok(()),
+        1 => {
+            while Instant::now() < deadline {
+                match t.poll_recv(|_, _, _| ()) {
+                    Err(TransportError::PeerDeparted(0)) => break,
+                    Ok(_) => std::thread::yield_now(),
+                    Err(e) => return Err(format!("rank 1: {e}")),
+                }
+            }
+            drop(t);
+            left.store(true, Ordering::Release);
+            // Returned once rank 2 has sent: the job's abort, which follows the first error
+            // returned, must not be what rank 2's send meets.
+            while !sent.load(Ordering::Acquire) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            Err("rank 1 fails".to_string())
+        }
+        _ => {
+            while !left.load(Ordering::Acquire) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let to_1 = t.try_send(1, &Outgoing::new(&[0; 8], &[]));
+            sent.store(true, Ordering::Release);
+            match to_1 {
+                Err(SendError::PeerDeparted(1)) => Err("rank 2: rank 1 left".to_string()),
+                other => Err(format!("rank 2: a send to rank 1: {other:?}")),
+            }
+        }
+    });
+    match result {
+        Err(JobError::RankFailed { rank, message }) => {
+            assert_eq!((rank, message.as_str()), (1, "rank 1 fails"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
