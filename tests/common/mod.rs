@@ -164,10 +164,13 @@ pub fn ranks_end_when_launcher_is_killed(mut launcher: std::process::Command, wh
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: start the launcher: {e}"));
     match kill_launcher_mid_flood(launcher, &program, &mark, 4, Duration::from_secs(10)) {
-        Ok(took) => assert!(
-            took < Duration::from_secs(2),
-            "{what}: ranks took {took:?} to end"
-        ),
+        Ok(took) => {
+            eprintln!("{what}: the ranks ended {took:?} after the launcher's SIGKILL");
+            assert!(
+                took < Duration::from_secs(2),
+                "{what}: ranks took {took:?} to end"
+            );
+        }
         Err(left) => panic!("{what}: ranks {left:?} outlived their launcher by 10 s"),
     }
 }
