@@ -442,6 +442,11 @@ impl Endpoint {
         self.send.size.max(self.inject_size).min(self.max_msg)
     }
 
+    /// How many receive buffers the endpoint keeps posted.
+    pub fn recv_slots(&self) -> usize {
+        self.recv.state.len()
+    }
+
     /// The largest transfer of one [`Endpoint::write`] or [`Endpoint::read`].
     pub fn max_transfer(&self) -> usize {
         self.stage.size.min(self.max_msg)

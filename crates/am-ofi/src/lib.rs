@@ -84,5 +84,10 @@ fn provider_suffix(p: &Option<String>) -> String {
 pub const FI_EAGAIN: i32 = 11;
 /// libfabric's `FI_ENODATA`: no interface matched (`fi_getinfo`).
 pub const FI_ENODATA: i32 = 61;
+/// libfabric's `FI_EACCES`: access refused (an RMA or atomic whose key or address the
+/// target's registration does not cover).
+pub const FI_EACCES: i32 = 13;
+/// libfabric's `FI_ETRUNC`: a message longer than the receive buffer it landed in.
+pub const FI_ETRUNC: i32 = 265;
 /// libfabric's `FI_ECANCELED`: an operation was cancelled (its endpoint closed).
 pub const FI_ECANCELED: i32 = 125;
