@@ -489,12 +489,21 @@ impl Io {
                 Event::Failed { what, error } => match what {
                     Issued::Op(op) => self.done.push((op, Err(error))),
                     Issued::Recv(slot) => {
-                        // A receive cancelled or failed: the buffer goes back; the error is
-                        // the provider's, not a peer's.
+                        // A receive cancelled or failed: the buffer goes back. A message
+                        // longer than the buffer is a peer's, which the provider does not
+                        // name (a truncated header is not the sender's word for it); any
+                        // other failure is the provider's.
                         if let Err(e) = self.ep.post_recv(slot) {
                             self.news.push_back(device(e));
                         }
-                        self.news.push_back(device(error));
+                        self.news.push_back(if error.code == am_ofi::FI_ETRUNC {
+                            NicError::PeerMisbehaved {
+                                peer: None,
+                                what: "a message longer than the receive buffers".to_owned(),
+                            }
+                        } else {
+                            device(error)
+                        });
                     }
                     Issued::Send(Some(dest)) if dest < self.peers.len() => {
                         // A send to a peer that left or was lost already: reported then.
@@ -626,9 +635,21 @@ impl Io {
         Ok(())
     }
 
+    /// What an RMA or atomic toward `dest` that completed with error `e` is. Access refused
+    /// means the address or key `dest` published at start-up is not what it registered: its
+    /// misbehaviour. Cancelled means the provider ended the connection under it (`tcp` does
+    /// when the target refuses an access): that peer is lost.
     fn op_failed(&mut self, dest: Rank, e: OfiError) -> SendError {
         self.check_peers();
-        if CONNECTION_LOST.contains(&e.code) {
+        if e.code == am_ofi::FI_EACCES && self.peers[dest as usize].state == PeerState::Alive {
+            return NicError::PeerMisbehaved {
+                peer: Some(dest),
+                what: format!(
+                    "its segment refused an access with the address and key it published ({e})"
+                ),
+            };
+        }
+        if CONNECTION_LOST.contains(&e.code) || e.code == am_ofi::FI_ECANCELED {
             self.lose(dest);
         }
         match self.peers[dest as usize].state {
@@ -1012,15 +1033,16 @@ impl Transport for Ofi {
             }
             let src = u32::from_le_bytes(self.rx[4..8].try_into().expect("4 bytes"));
             if self.rx[0] != VERSION || self.rx[2..4] != [0, 0] {
+                // The sender it names, where that is a peer (never this rank).
                 return Err(misbehaved(
-                    (src < self.io.size).then_some(src),
+                    (src < self.io.size && src != self.io.rank).then_some(src),
                     "a message header of another version",
                 ));
             }
             if src >= self.io.size || src == self.io.rank {
                 return Err(misbehaved(
                     None,
-                    "a message naming a sender outside the job",
+                    "a message naming this rank or a rank outside the job as its sender",
                 ));
             }
             if self.io.peers[src as usize].state != PeerState::Alive {
