@@ -1312,6 +1312,9 @@ fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Result<bool> {
 }
 
 #[cfg(test)]
+mod hostile;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
