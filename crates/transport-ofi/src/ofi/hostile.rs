@@ -417,8 +417,18 @@ fn message_lengths_at_and_just_past_the_receive_buffers() {
             );
         }
     }
-    // Every buffer went back: more messages than there are buffers still arrive.
-    for _ in 0..b.io.ep.recv_slots() + 1 {
+    // Every buffer went back: none is held by this rank (a posted one is the provider's), and
+    // more messages than there are buffers still arrive.
+    let slots = b.io.ep.recv_slots();
+    let held: Vec<usize> = (0..slots)
+        .filter(|&s| b.io.ep.received(s, 0).is_some())
+        .collect();
+    assert_eq!(
+        held,
+        Vec::<usize>::new(),
+        "receive buffers not posted again"
+    );
+    for _ in 0..slots + 1 {
         assert_eq!(good_still_arrive(&mut a, &mut b, &mut c), vec![]);
     }
     close(a, b, c);
