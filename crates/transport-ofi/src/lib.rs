@@ -35,7 +35,9 @@
 //!   (default 30 s) is `PeerLost` too. A rank that closes sends its peers a goodbye after its
 //!   data, and they report `PeerDeparted`. Provider failures are [`am_core::NicError::Device`]
 //!   errors carrying `fi_strerror`'s text and the provider's name. A message whose header is
-//!   not one this transport writes is `PeerMisbehaved` and is dropped.
+//!   not one this transport writes, or that is longer than the receive buffers, is
+//!   `PeerMisbehaved` and is dropped; an RMA or atomic the target refuses (the address or key
+//!   it published is not its registration's) is `PeerMisbehaved` naming it.
 //!
 //! **Environment** (each rank reads it; set it the same for every rank):
 //!
