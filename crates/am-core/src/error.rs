@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::team::TeamId;
 use crate::types::{AmKind, Category, HandlerId, Rank, Route};
 use crate::wire::WireError;
 
@@ -91,6 +92,21 @@ pub enum AmError {
     /// Another failure of the NIC (its error, and what caused it, as the source).
     #[error(transparent)]
     Transport(TransportError),
+    /// A collective named a team this node does not have (a [`crate::team::Team`] of
+    /// another node).
+    #[error("team {0} is not one of this node's")]
+    UnknownTeam(TeamId),
+    /// The members of `team` disagree on a collective: `peer` started another collective
+    /// under the same sequence number (a barrier where this rank started an all-gather), or
+    /// gave a block of another length. Every collective on a team must be started by every
+    /// member, in the same order, with the same sizes.
+    #[error("rank {peer} started another collective than this one on team {team}")]
+    CollectiveMismatch {
+        /// The team.
+        team: TeamId,
+        /// The member whose message disagreed.
+        peer: Rank,
+    },
 }
 
 /// What a misbehaving peer did.
@@ -124,6 +140,22 @@ pub enum Misbehavior {
     /// A core-internal message with an unknown opcode or wrong arguments.
     #[error("bad system message (opcode {0})")]
     BadSystemMessage(u8),
+    /// It sent a step of a collective that no collective of this rank can take: for a team
+    /// this rank does not have (never had, or freed) while no split that could make it is in
+    /// flight here, a sequence number more than [`crate::endpoint::MAX_COLLECTIVES_IN_FLIGHT`]
+    /// ahead of this rank's, a step its place in the team does not send to this rank, or a
+    /// step it already sent.
+    #[error(
+        "collective step {step} of sequence {seq} on team {team} that this rank does not expect"
+    )]
+    StrayCollective {
+        /// The team it named.
+        team: TeamId,
+        /// The sequence number it named.
+        seq: u64,
+        /// The step it named.
+        step: u32,
+    },
     /// It corrupted what its NIC hands over (a length, stamp or count in shared memory, a
     /// datagram), as the transport found.
     #[error("{0}")]

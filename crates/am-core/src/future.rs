@@ -164,6 +164,11 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.inner.rank
     }
 
+    /// The world team ([`Node::world_team`]).
+    pub fn world_team(&self) -> crate::team::Team {
+        self.lock().node.ep.world_team()
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.inner.size

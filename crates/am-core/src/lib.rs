@@ -89,6 +89,7 @@ pub mod reply;
 pub mod rma;
 pub mod shared;
 pub mod stats;
+pub mod team;
 pub mod transport;
 pub mod types;
 pub mod wait;
@@ -111,6 +112,7 @@ pub use op::{Completed, Op, Outcome};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};
+pub use team::{Team, TeamId};
 pub use transport::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,

@@ -189,6 +189,13 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.ep.size()
     }
 
+    /// The world team: every rank of the job, in rank order, on which teams are split
+    /// ([`Node::split`]) and collectives run ([`Node::team_barrier`],
+    /// [`Node::team_all_gather`]; see [`crate::team`]).
+    pub fn world_team(&self) -> crate::team::Team {
+        self.ep.world_team()
+    }
+
     /// The transport's size limits (`max_args`, `max_medium`, `max_long`).
     #[inline]
     pub fn limits(&self) -> Limits {

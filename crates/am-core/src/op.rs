@@ -48,6 +48,7 @@ use std::task::{Poll, Waker};
 use crate::atomic::AtomicWord;
 use crate::call::{Calls, Reply};
 use crate::error::AmError;
+use crate::team::Team;
 use crate::types::Rank;
 
 /// A non-blocking operation in flight, that completes with a `T`: `()` for a put or a
@@ -272,14 +273,16 @@ pub enum Raw {
     Word(u64),
     /// A call's answer.
     Reply(Reply),
+    /// A split's team (`None`: this rank gave no color).
+    Team(Option<Team>),
 }
 
 mod sealed {
     pub trait Sealed {}
 }
 
-/// The values an [`Op`] completes with: `()`, `Vec<u8>`, `&mut [u8]`, `u32`, `u64` and
-/// [`Reply`]. Sealed: the operations of [`crate::op`] are the only ones.
+/// The values an [`Op`] completes with: `()`, `Vec<u8>`, `&mut [u8]`, `u32`, `u64`,
+/// [`Reply`] and `Option<Team>` (a split's). Sealed: the operations of [`crate::op`] are the only ones.
 pub trait Outcome: sealed::Sealed + Sized {
     /// What the handle holds for the outcome until it completes (a get's buffer).
     #[doc(hidden)]
@@ -347,6 +350,17 @@ impl Outcome for Reply {
     fn finish(_: Option<()>, raw: Raw) -> Result<Reply, AmError> {
         match raw {
             Raw::Reply(r) => Ok(r),
+            _ => Err(AmError::StaleHandle),
+        }
+    }
+}
+
+impl sealed::Sealed for Option<Team> {}
+impl Outcome for Option<Team> {
+    type Held = ();
+    fn finish(_: Option<()>, raw: Raw) -> Result<Option<Team>, AmError> {
+        match raw {
+            Raw::Team(t) => Ok(t),
             _ => Err(AmError::StaleHandle),
         }
     }

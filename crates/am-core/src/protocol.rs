@@ -21,6 +21,7 @@
 
 use crate::atomic::Atomic;
 use crate::error::Misbehavior;
+use crate::team::TeamId;
 use crate::types::{AmKind, Category, Rank};
 
 /// Opcodes: the header's handler byte of each [`SystemMsg`] variant (for tests and tools
@@ -52,6 +53,8 @@ pub mod opcode {
     pub const ATOMIC_DONE: u8 = 11;
     /// [`SystemMsg::Atomics`](super::SystemMsg::Atomics).
     pub const ATOMICS: u8 = 12;
+    /// [`SystemMsg::Collective`](super::SystemMsg::Collective).
+    pub const COLLECTIVE: u8 = 13;
 }
 use opcode as op;
 
@@ -193,11 +196,58 @@ pub enum SystemMsg {
         /// Whether the atomic was applied.
         ok: bool,
     },
+    /// One step of a collective on a team (Medium request; the payload is the step's data,
+    /// empty for a barrier): keyed by the team, the collective's sequence number among those
+    /// started on that team, and its step, so that several collectives in flight on one team
+    /// and on several teams never mix.
+    Collective {
+        /// The team.
+        team: TeamId,
+        /// The collective's number among the team's, from 0, in the order members start them.
+        seq: u64,
+        /// The step (a round, a block) of the collective's algorithm.
+        step: u32,
+        /// Which collective the sender started under `seq`.
+        kind: CollectiveKind,
+    },
     /// End the job with `code` (Short request).
     Exit {
         /// The exit code every rank ends with.
         code: i32,
     },
+}
+
+/// Which collective a [`SystemMsg::Collective`] belongs to: the members of a team must
+/// start the same collectives in the same order, and a message of another kind than the one
+/// this member started under that sequence number is [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CollectiveKind {
+    /// A team barrier (dissemination: round `step` goes to the member `2^step` after).
+    Barrier,
+    /// An all-gather (a ring: step `step` carries one block to the next member).
+    AllGather,
+    /// A team split: an all-gather of each member's color, key and next team serial.
+    Split,
+}
+
+impl CollectiveKind {
+    fn code(self) -> u32 {
+        match self {
+            CollectiveKind::Barrier => 1,
+            CollectiveKind::AllGather => 2,
+            CollectiveKind::Split => 3,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<CollectiveKind> {
+        Some(match code {
+            1 => CollectiveKind::Barrier,
+            2 => CollectiveKind::AllGather,
+            3 => CollectiveKind::Split,
+            _ => return None,
+        })
+    }
 }
 
 /// Rank 0's start-up verdict.
@@ -376,6 +426,24 @@ impl SystemMsg {
                 &[op, lo(old), hi(old), u32::from(!ok)],
             ),
             SystemMsg::Exit { code } => (op::EXIT, Short, Request, &[code as u32]),
+            SystemMsg::Collective {
+                team,
+                seq,
+                step,
+                kind,
+            } => (
+                op::COLLECTIVE,
+                Medium,
+                Request,
+                &[
+                    team.leader,
+                    team.serial,
+                    lo(seq),
+                    hi(seq),
+                    step,
+                    kind.code(),
+                ],
+            ),
         };
         words[..args.len()].copy_from_slice(args);
         Encoded {
@@ -390,7 +458,8 @@ impl SystemMsg {
     /// The message a peer sent as system AM `opcode` of `category` and `kind` with `args`;
     /// [`Misbehavior::BadSystemMessage`] for an unknown opcode, a kind, category or argument
     /// count that opcode never has, a status word other than 0 or 1, a verdict naming no
-    /// known status, or a barrier round of [`MAX_BARRIER_ROUNDS`] or more.
+    /// known status, a barrier round of [`MAX_BARRIER_ROUNDS`] or more, or a collective of
+    /// no known [`CollectiveKind`].
     pub fn decode(
         category: Category,
         kind: AmKind,
@@ -475,6 +544,14 @@ impl SystemMsg {
                 ok: flag(status)?,
             },
             (op::EXIT, Request, Short, &[code]) => SystemMsg::Exit { code: code as i32 },
+            (op::COLLECTIVE, Request, Medium, &[leader, serial, s0, s1, step, kind]) => {
+                SystemMsg::Collective {
+                    team: TeamId { leader, serial },
+                    seq: join(s0, s1),
+                    step,
+                    kind: CollectiveKind::from_code(kind).ok_or_else(|| bad.clone())?,
+                }
+            }
             _ => return Err(bad),
         };
         Ok(msg)
@@ -537,6 +614,14 @@ mod tests {
                 .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
             (any::<u32>(), 1..=MAX_BATCH_ATOMICS)
                 .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
+            (any::<(u32, u32)>(), any::<u64>(), any::<u32>(), 1..=3u32).prop_map(
+                |((leader, serial), seq, step, kind)| SystemMsg::Collective {
+                    team: TeamId { leader, serial },
+                    seq,
+                    step,
+                    kind: CollectiveKind::from_code(kind).expect("a known kind"),
+                }
+            ),
         ]
     }
 
@@ -594,7 +679,7 @@ mod tests {
         fn decode_refuses_or_is_canonical(
             category in any_category(),
             kind in any_kind(),
-            opcode in 0u8..14,
+            opcode in 0u8..15,
             args in proptest::collection::vec(
                 prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), Just(0x403), any::<u32>()],
                 0..10,

@@ -129,6 +129,11 @@ impl<T: Transport> SharedNode<T> {
         self.rank
     }
 
+    /// The world team ([`Node::world_team`]).
+    pub fn world_team(&self) -> crate::team::Team {
+        self.lock().ep.world_team()
+    }
+
     /// Ranks in the job.
     pub fn size(&self) -> u32 {
         self.size

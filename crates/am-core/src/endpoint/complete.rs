@@ -29,6 +29,10 @@ impl<H: Threading> Endpoint<H> {
                 _ => Err(AmError::StaleHandle),
             },
             State::Slot { .. } => {
+                if self.teams.in_flight > 0 {
+                    // The collective this may be, and those it shares progress with.
+                    self.advance_collectives(t);
+                }
                 let (index, gen) = match self.slot_of(op) {
                     Ok(Some(slot)) => slot,
                     _ => return Poll::Ready(Err(AmError::StaleHandle)),
@@ -177,13 +181,20 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// What a poll does besides handling messages: frees the slots of dropped handles whose
-    /// operations completed, applies the posted atomics and carries on a barrier in progress
-    /// (whose handle may have been dropped: it completes all the same).
+    /// operations completed and the teams whose last handle was dropped, advances the
+    /// collectives in flight, applies the posted atomics and carries on a barrier in progress
+    /// (whose handle may have been dropped: it completes all the same). A peer's stray
+    /// collective step found outside a delivery is its error.
     pub fn background_step<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
     ) -> Poll<Result<(), AmError>> {
         self.adopt_orphans();
+        self.adopt_team_drops();
+        self.advance_collectives(t);
+        if let Some(e) = self.take_stray() {
+            return Poll::Ready(Err(e));
+        }
         ready!(self.apply_posted(t))?;
         if self.barrier.is_some() && !self.barrier_failed {
             // Its error is its waiter's, who sees it again on its own step.

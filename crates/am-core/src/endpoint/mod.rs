@@ -51,6 +51,7 @@
 //! ```
 
 mod barrier;
+mod coll;
 mod complete;
 mod peers;
 mod posted;
@@ -61,5 +62,6 @@ pub mod start;
 mod startup;
 mod state;
 
+pub use coll::MAX_COLLECTIVES_IN_FLIGHT;
 pub use recv::Polled;
 pub use state::Endpoint;

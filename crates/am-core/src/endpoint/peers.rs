@@ -119,6 +119,7 @@ impl<H: Threading> Endpoint<H> {
         }
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerLost(peer));
+        self.fail_teams_with(peer, &AmError::PeerLost(peer), true);
         self.replies.pending.retain(|p| p.dest != peer);
         if let Some(acks) = self.replies.acks.as_mut() {
             acks.forget(peer);
@@ -168,6 +169,7 @@ impl<H: Threading> Endpoint<H> {
         }
         self.gone += 1;
         self.fail_ops_with(peer, AmError::PeerDeparted(peer));
+        self.fail_teams_with(peer, &AmError::PeerDeparted(peer), false);
         if let Some(acks) = self.replies.acks.as_mut() {
             acks.forget(peer);
         }

@@ -101,6 +101,7 @@ struct SystemState<'a> {
     hello_digest: u64,
     hello_signature: &'a [u16; 256],
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
+    teams: &'a mut super::coll::Teams,
     exit_requested: &'a mut Option<i32>,
 }
 
@@ -241,6 +242,17 @@ fn system_request(
             *st.exit_requested = Some(code);
             Ok(())
         }
+        SystemMsg::Collective {
+            team,
+            seq,
+            step,
+            kind,
+        } => st.teams.arrive(
+            src,
+            (team, seq, step, kind),
+            payload,
+            sink.out.limits.max_medium,
+        ),
         SystemMsg::Ack
         | SystemMsg::Acks { .. }
         | SystemMsg::PutDone { .. }
@@ -707,6 +719,7 @@ impl<H: Threading> Endpoint<H> {
                         hello_digest: self.hello_digest,
                         hello_signature: &self.hello_signature,
                         barrier_arrivals: &mut self.barrier_arrivals,
+                        teams: &mut self.teams,
                         exit_requested: &mut self.exit_requested,
                     },
                     &mut sink,

@@ -484,9 +484,10 @@ impl<H: Threading> Endpoint<H> {
         let slot = &mut self.ops[index as usize];
         slot.live = false;
         slot.waker = None;
-        let raw = match slot.atomic {
-            Some(_) => Raw::Word(slot.word),
-            None => Raw::Bytes(std::mem::take(&mut slot.data)),
+        let raw = match (slot.atomic, slot.team.take()) {
+            (Some(_), _) => Raw::Word(slot.word),
+            (None, Some(team)) => Raw::Team(team),
+            (None, None) => Raw::Bytes(std::mem::take(&mut slot.data)),
         };
         let err = slot.error.take();
         self.free_ops.push(index);

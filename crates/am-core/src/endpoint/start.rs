@@ -11,6 +11,7 @@ use crate::call::Reply;
 use crate::error::AmError;
 use crate::handler::Threading;
 use crate::op::{Op, Outcome};
+use crate::team::Team;
 use crate::transport::Transport;
 use crate::types::{HandlerId, Rank};
 
@@ -278,6 +279,116 @@ impl Start for Barrier {
     }
 }
 
+/// A barrier on a team: complete once every member of `team` has entered it (a
+/// dissemination barrier: ⌈log2 size⌉ rounds of one system message each, keyed by the team
+/// and the barrier's sequence among the team's collectives). Collective over the team: every
+/// member starts the team's collectives in the same order. It starts once this rank's posted
+/// atomics are applied, as the world [`Barrier`]. A member lost or gone fails it
+/// ([`crate::AmError::PeerLost`], [`crate::AmError::PeerDeparted`]), and every later
+/// collective on the team.
+#[derive(Debug, Clone)]
+pub struct TeamBarrier {
+    /// The team.
+    pub team: Team,
+}
+
+impl TeamBarrier {
+    /// A barrier on `team` (the handle cloned).
+    pub fn new(team: &Team) -> TeamBarrier {
+        TeamBarrier { team: team.clone() }
+    }
+}
+
+impl Start for TeamBarrier {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.team_barrier_start(t, &self.team)
+    }
+}
+
+/// An all-gather on a team: every member gives a block of the same length (at most the
+/// transport's `max_medium`), and each completes with all the blocks, in team order (a ring:
+/// size - 1 steps of one system Medium each into the operation's own buffer). Collective
+/// over the team, as [`TeamBarrier`]; members that give blocks of different lengths get
+/// [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone)]
+pub struct TeamAllGather<'a> {
+    /// The team.
+    pub team: Team,
+    /// This member's block (borrowed until it starts).
+    pub block: Cow<'a, [u8]>,
+}
+
+impl<'a> TeamAllGather<'a> {
+    /// An all-gather of `block` on `team`.
+    pub fn new(team: &Team, block: &'a [u8]) -> TeamAllGather<'a> {
+        TeamAllGather {
+            team: team.clone(),
+            block: Cow::Borrowed(block),
+        }
+    }
+
+    /// The same all-gather owning its block (for a future that outlives it).
+    pub fn into_owned(self) -> TeamAllGather<'static> {
+        TeamAllGather {
+            team: self.team,
+            block: Cow::Owned(self.block.into_owned()),
+        }
+    }
+}
+
+impl Start for TeamAllGather<'_> {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        ep.team_all_gather_start(t, &self.team, &self.block)
+    }
+}
+
+/// A split of a team (MPI's `MPI_Comm_split`, GASNet-EX's `gex_TM_Split`): the members of
+/// `parent` that give the same `color` form one new team, ordered by `key`, then by world
+/// rank; a member that gives `None` gets no team. Collective over `parent` (an all-gather of
+/// every member's color and key on it), completing with this rank's new team. The new team's
+/// id is its first member's world rank and a serial that member never offered before.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// The team split.
+    pub parent: Team,
+    /// This member's color (`None`: no team).
+    pub color: Option<u32>,
+    /// Where this member goes among those of its color.
+    pub key: u32,
+}
+
+impl Split {
+    /// A split of `parent` by `color` and `key`.
+    pub fn new(parent: &Team, color: Option<u32>, key: u32) -> Split {
+        Split {
+            parent: parent.clone(),
+            color,
+            key,
+        }
+    }
+}
+
+impl Start for Split {
+    type Output = Option<Team>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Option<Team>>, AmError>> {
+        ep.split_start(t, &self.parent, self.color, self.key)
+    }
+}
+
 /// The one list of the operations every driver offers: each entry is handed to the driver's
 /// macro, which writes that driver's methods for it. `op`: an operation with a handle
 /// (`name`, `nb` its non-blocking form, the [`Start`] that defines it, and whether an async
@@ -323,6 +434,28 @@ macro_rules! operations {
             /// this one ([`Barrier`](crate::endpoint::start::Barrier)). Collective: one thread of
             /// each rank calls it.
             barrier [] () -> () = $crate::endpoint::start::Barrier; nb barrier_nb; owns;
+        }
+        $driver! { op
+            /// Splits `parent` into teams ([`Split`](crate::endpoint::start::Split), MPI's
+            /// `MPI_Comm_split`): members giving the same `color` form one team, ordered by
+            /// `key`, then world rank; `None` gives no team. Collective over `parent`.
+            split [] (parent: &$crate::team::Team, color: Option<u32>, key: u32) -> Option<$crate::team::Team>
+                = $crate::endpoint::start::Split::new(parent, color, key); nb split_nb; owns;
+        }
+        $driver! { op
+            /// Enters a barrier on `team` and completes once every member has entered it
+            /// ([`TeamBarrier`](crate::endpoint::start::TeamBarrier)). Collective over the
+            /// team: every member starts the team's collectives in the same order.
+            team_barrier [] (team: &$crate::team::Team) -> ()
+                = $crate::endpoint::start::TeamBarrier::new(team); nb team_barrier_nb; owns;
+        }
+        $driver! { op
+            /// Gathers every member's `block` (same length everywhere, at most `max_medium`)
+            /// and completes with all of them in team order
+            /// ([`TeamAllGather`](crate::endpoint::start::TeamAllGather)). Collective over the
+            /// team, as `team_barrier`.
+            team_all_gather [] (team: &$crate::team::Team, block: &[u8]) -> Vec<u8>
+                = $crate::endpoint::start::TeamAllGather::new(team, block); nb team_all_gather_nb; owns;
         }
         $driver! { implicit
             /// Starts a put inside the implicit set ([`Put`](crate::endpoint::start::Put)):
@@ -413,5 +546,26 @@ impl Owned for Call<'_> {
     type Owned = Call<'static>;
     fn owned(self) -> Call<'static> {
         self.into_owned()
+    }
+}
+
+impl Owned for TeamBarrier {
+    type Owned = TeamBarrier;
+    fn owned(self) -> TeamBarrier {
+        self
+    }
+}
+
+impl Owned for TeamAllGather<'_> {
+    type Owned = TeamAllGather<'static>;
+    fn owned(self) -> TeamAllGather<'static> {
+        self.into_owned()
+    }
+}
+
+impl Owned for Split {
+    type Owned = Split;
+    fn owned(self) -> Split {
+        self
     }
 }

@@ -51,6 +51,8 @@ pub(super) struct OpSlot {
     pub(super) detached: Detached,
     /// The task an async wait left, woken when the operation completes.
     pub(super) waker: Option<Waker>,
+    /// A split's outcome, once it completed (the slot's outcome is then this team).
+    pub(super) team: Option<Option<crate::team::Team>>,
 }
 
 /// Who completes an operation in the table.
@@ -167,6 +169,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) posted_refused: Option<AmError>,
     /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
     pub(super) detached_in_flight: u32,
+    /// Teams and the collectives in flight on them ([`super::coll`]).
+    pub(super) teams: super::coll::Teams,
 }
 
 impl<H: Threading> std::fmt::Debug for Endpoint<H> {
@@ -264,6 +268,7 @@ impl<H: Threading> Endpoint<H> {
             posted_batch: Vec::new(),
             posted_refused: None,
             detached_in_flight: 0,
+            teams: super::coll::Teams::new(rank, size),
         }
     }
 

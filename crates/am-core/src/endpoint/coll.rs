@@ -1,0 +1,797 @@
+//! Teams and the collective engine: every collective on a team is a sequence of steps, each
+//! one [`SystemMsg::Collective`] keyed by (team, sequence, step), matched on arrival against
+//! what this rank's collective of that sequence waits for.
+//!
+//! - **Issue order**: each member numbers the collectives it starts on a team from 0 (the
+//!   sequence); members start the same collectives in the same order, so a sequence names
+//!   the same collective everywhere, and several in flight on one team never mix.
+//! - **Early arrivals**: a step that arrives before this rank's collective wants it (or
+//!   before this rank started that collective, or before its split made the team) is kept in
+//!   the team's `early` map, as `barrier_arrivals` keeps early barrier epochs.
+//! - **Bounds**: a rank has at most [`MAX_COLLECTIVES_IN_FLIGHT`] collectives in flight per
+//!   team (a further start waits). Every collective here completes only once every member
+//!   has started it, so a correct peer is never more than that many sequences ahead of this
+//!   rank: a step for a sequence beyond, for a step its place in the team does not send to
+//!   this rank, or sent twice, is [`Misbehavior::StrayCollective`]. A team is then bounded
+//!   to `2 * MAX_COLLECTIVES_IN_FLIGHT * (size - 1)` early steps of at most `max_medium`
+//!   bytes each. Steps for a team this rank does not know are kept only while a split is in
+//!   flight here (the peer may have finished the split that makes the team first), for at
+//!   most as many unknown teams as splits in flight (each split makes at most one team that
+//!   holds this rank), each at most `MAX_COLLECTIVES_IN_FLIGHT * world size` steps; with no
+//!   split in flight such a step is refused as stray.
+//! - **Failure**: a member lost fails every collective in flight on every team it belongs
+//!   to, and every later one on those teams ([`Endpoint::mark_lost`]). A member that left
+//!   cleanly ([`Endpoint::mark_departed`]) had sent everything it owed for the collectives
+//!   it started: those that still wait for a step of its fail, the others complete, and
+//!   every later one on its teams fails. A failure is not yet forwarded to the rest of the
+//!   team: each survivor fails when its own transport reports the loss.
+//! - **Progress**: collectives advance in [`Endpoint::poll_op`] of any operation in the
+//!   table and in [`Endpoint::background_step`] (every driver's poll), so one whose handle
+//!   was dropped, or that another collective's waiter does not name, still goes on.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{ready, Poll};
+
+use super::state::Endpoint;
+use crate::error::{AmError, Misbehavior};
+use crate::handler::Threading;
+use crate::protocol::{opcode, CollectiveKind, SystemMsg};
+use crate::team::{split_block, split_result, Drops, Team, TeamId};
+use crate::transport::{Payload, Transport, Tx};
+use crate::types::{AmKind, Rank};
+
+/// The most collectives a rank has in flight on one team: a further one waits to start
+/// until one completes. It bounds what a rank keeps of its peers' early steps.
+pub const MAX_COLLECTIVES_IN_FLIGHT: usize = 64;
+
+/// The peer of a collective's operation slot: no rank, so no reply of a put, get or atomic
+/// ever matches it.
+pub(super) const NO_PEER: Rank = Rank::MAX;
+
+fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
+    AmError::PeerMisbehaved { peer, what }
+}
+
+/// The endpoint's teams.
+pub(super) struct Teams {
+    /// Where dropped [`Team`] handles record their drop.
+    pub(super) drops: Arc<Drops>,
+    pub(super) world: Team,
+    world_size: u32,
+    /// The serial this rank offers in its next split (used if it leads the new team).
+    serial: u32,
+    live: HashMap<TeamId, TeamState>,
+    /// Steps for teams not known yet, while splits are in flight.
+    unknown: HashMap<TeamId, Vec<(Rank, u64, u32, CollectiveKind, Vec<u8>)>>,
+    /// Splits in flight here.
+    splits: u32,
+    /// Collectives in flight here, on every team.
+    pub(super) in_flight: u32,
+    /// A peer's misbehavior found outside a delivery (steps held for a team that no split
+    /// made), for the next poll.
+    stray: Option<AmError>,
+}
+
+struct TeamState {
+    /// World ranks in team order, and this rank's team rank.
+    members: Vec<Rank>,
+    me: u32,
+    /// The sequence of the next collective started here.
+    next_seq: u64,
+    /// Collectives in flight, in issue order.
+    colls: Vec<Coll>,
+    /// Steps arrived before their collective wanted them: (sequence, step) -> arrival.
+    early: HashMap<(u64, u32), Arrival>,
+    /// The last handle was dropped: forgotten once `colls` is empty.
+    freed: bool,
+    /// A member is gone: every collective fails with this.
+    failed: Option<AmError>,
+}
+
+struct Arrival {
+    src: Rank,
+    kind: CollectiveKind,
+    data: Vec<u8>,
+}
+
+struct Coll {
+    seq: u64,
+    /// Its operation slot.
+    index: u32,
+    gen: u32,
+    kind: CollectiveKind,
+    alg: Alg,
+}
+
+enum Alg {
+    /// Dissemination: round `r` goes to the member `2^r` after, and waits for the one
+    /// `2^r` before.
+    Barrier { round: u32, sent: bool },
+    /// A ring all-gather: step `s` sends the block of member `me - s` to the next member and
+    /// takes the block of member `me - 1 - s` from the previous one.
+    Ring {
+        block: usize,
+        buf: Vec<u8>,
+        sent: u32,
+        got: u32,
+    },
+}
+
+impl Alg {
+    /// The first step this collective has not taken yet from its sender.
+    fn next_wanted(&self) -> u32 {
+        match self {
+            Alg::Barrier { round, .. } => *round,
+            Alg::Ring { got, .. } => *got,
+        }
+    }
+}
+
+impl TeamState {
+    fn new(members: Vec<Rank>, me: u32) -> TeamState {
+        TeamState {
+            members,
+            me,
+            next_seq: 0,
+            colls: Vec::new(),
+            early: HashMap::new(),
+            freed: false,
+            failed: None,
+        }
+    }
+
+    /// The member that sends step `step` of a collective of `kind` to this rank, if any.
+    fn sender_of(&self, kind: CollectiveKind, step: u32) -> Option<Rank> {
+        let n = self.members.len() as u64;
+        let me = u64::from(self.me);
+        let back = match kind {
+            CollectiveKind::Barrier => 1u64.checked_shl(step).filter(|&d| d < n)?,
+            _ if u64::from(step) + 1 < n => 1,
+            _ => return None,
+        };
+        self.members.get(((me + n - back) % n) as usize).copied()
+    }
+
+    /// Keeps a step of a peer's for the collective that takes it.
+    fn arrive(
+        &mut self,
+        src: Rank,
+        seq: u64,
+        step: u32,
+        kind: CollectiveKind,
+        data: Vec<u8>,
+    ) -> bool {
+        if self.sender_of(kind, step) != Some(src) {
+            return false;
+        }
+        let in_flight = self.colls.iter().find(|c| c.seq == seq);
+        if self.failed.is_some() && in_flight.is_none() {
+            // A member is gone: a survivor's step of a collective failed here is dropped.
+            return true;
+        }
+        let wanted = match in_flight {
+            Some(c) => step >= c.alg.next_wanted(),
+            None => seq >= self.next_seq && seq - self.next_seq < MAX_COLLECTIVES_IN_FLIGHT as u64,
+        };
+        if !wanted {
+            return false;
+        }
+        match self.early.entry((seq, step)) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(v) => {
+                v.insert(Arrival { src, kind, data });
+                true
+            }
+        }
+    }
+}
+
+impl TeamState {
+    /// Whether collective `c` still needs a step from `peer` that has not arrived.
+    fn still_needs(&self, c: &Coll, peer: Rank) -> bool {
+        let last = match c.alg {
+            Alg::Barrier { .. } => crate::protocol::MAX_BARRIER_ROUNDS.into(),
+            Alg::Ring { .. } => self.members.len() as u32,
+        };
+        (c.alg.next_wanted()..last).any(|step| {
+            self.sender_of(c.kind, step) == Some(peer) && !self.early.contains_key(&(c.seq, step))
+        })
+    }
+}
+
+impl Teams {
+    pub(super) fn new(rank: Rank, size: u32) -> Teams {
+        let drops = Arc::new(Drops::default());
+        let members: Vec<Rank> = (0..size).collect();
+        let world = Team::new(TeamId::WORLD, members.clone(), rank, drops.clone());
+        let mut live = HashMap::new();
+        live.insert(TeamId::WORLD, TeamState::new(members, rank));
+        Teams {
+            drops,
+            world,
+            world_size: size,
+            serial: 1,
+            live,
+            unknown: HashMap::new(),
+            splits: 0,
+            in_flight: 0,
+            stray: None,
+        }
+    }
+
+    /// A delivered [`SystemMsg::Collective`] (see the [module docs](self) for what is kept).
+    pub(super) fn arrive(
+        &mut self,
+        src: Rank,
+        (team, seq, step, kind): (TeamId, u64, u32, CollectiveKind),
+        payload: Payload<'_>,
+        max_medium: usize,
+    ) -> Result<(), AmError> {
+        let stray = || misbehaved(src, Misbehavior::StrayCollective { team, seq, step });
+        if payload.len() > max_medium || (kind == CollectiveKind::Barrier && !payload.is_empty()) {
+            return Err(misbehaved(
+                src,
+                Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+            ));
+        }
+        if let Some(ts) = self.live.get_mut(&team) {
+            let mut data = Vec::new();
+            payload.append_to(&mut data);
+            return match ts.arrive(src, seq, step, kind, data) {
+                true => Ok(()),
+                false => Err(stray()),
+            };
+        }
+        // A team not known here: only while a split that may make it is in flight.
+        let held = self.unknown.len();
+        let limit = MAX_COLLECTIVES_IN_FLIGHT * self.world_size as usize;
+        let steps = match self.unknown.entry(team) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) if held < self.splits as usize => v.insert(Vec::new()),
+            Entry::Vacant(_) => return Err(stray()),
+        };
+        if seq >= MAX_COLLECTIVES_IN_FLIGHT as u64
+            || step >= self.world_size
+            || steps.len() >= limit
+            || src >= self.world_size
+        {
+            return Err(stray());
+        }
+        let mut data = Vec::new();
+        payload.append_to(&mut data);
+        steps.push((src, seq, step, kind, data));
+        Ok(())
+    }
+}
+
+/// What a collective does next.
+enum Next {
+    Send {
+        to: Rank,
+        step: u32,
+        block: Option<usize>,
+    },
+    Take {
+        step: u32,
+        block: Option<usize>,
+    },
+    Done,
+}
+
+impl<H: Threading> Endpoint<H> {
+    /// The world team: every rank of the job, in rank order ([`TeamId::WORLD`]).
+    pub fn world_team(&self) -> Team {
+        self.teams.world.clone()
+    }
+
+    /// Starts a team barrier ([`crate::endpoint::start::TeamBarrier`]): complete once every
+    /// member of `team` has entered it. As the world barrier, it starts once this rank's
+    /// posted atomics are applied, so every member leaving it sees them.
+    pub fn team_barrier_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+    ) -> Poll<Result<crate::op::Op<()>, AmError>> {
+        let (index, gen) = ready!(self.collective_start(t, team, CollectiveKind::Barrier, &[]))?;
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts an all-gather of `block` over `team`
+    /// ([`crate::endpoint::start::TeamAllGather`]): completes with every member's block, in
+    /// team order. Every member gives a block of the same length, at most the transport's
+    /// `max_medium`.
+    pub fn team_all_gather_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        block: &[u8],
+    ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
+        let (index, gen) =
+            ready!(self.collective_start(t, team, CollectiveKind::AllGather, block))?;
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts a split of `parent` ([`crate::endpoint::start::Split`]): completes with this
+    /// rank's new team, `None` if `color` is.
+    pub fn split_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        parent: &Team,
+        color: Option<u32>,
+        key: u32,
+    ) -> Poll<Result<crate::op::Op<Option<Team>>, AmError>> {
+        let block = split_block(color, key, self.teams.serial);
+        let (index, gen) = ready!(self.collective_start(t, parent, CollectiveKind::Split, &block))?;
+        // Used whether or not this rank leads the new team: never offered twice.
+        self.teams.serial = self.teams.serial.wrapping_add(1).max(1);
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts a collective of `kind` on `team` with this rank's `block`: its operation slot,
+    /// whose completion carries the outcome (the gathered blocks, or nothing).
+    fn collective_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        kind: CollectiveKind,
+        block: &[u8],
+    ) -> Poll<Result<(u32, u32), AmError>> {
+        let id = team.id();
+        if !team.is_of(&self.teams.drops) {
+            return Poll::Ready(Err(AmError::UnknownTeam(id)));
+        }
+        if let Some(e) = &self.ended {
+            return Poll::Ready(Err(e.clone()));
+        }
+        self.adopt_team_drops();
+        let Some(ts) = self.teams.live.get(&id) else {
+            return Poll::Ready(Err(AmError::UnknownTeam(id)));
+        };
+        if let Some(e) = &ts.failed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        let full = ts.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT;
+        if kind != CollectiveKind::Barrier && block.len() > self.limits.max_medium {
+            return Poll::Ready(Err(AmError::PayloadTooLarge {
+                kind: AmKind::Medium,
+                len: block.len(),
+                max: self.limits.max_medium,
+            }));
+        }
+        if kind == CollectiveKind::Barrier {
+            // As the world barrier: what this rank posted is applied before it enters.
+            ready!(self.apply_posted(t))?;
+            if self.detached_in_flight > 0 {
+                return Poll::Pending;
+            }
+        }
+        if full {
+            self.advance_team(t, id);
+            if self
+                .teams
+                .live
+                .get(&id)
+                .is_some_and(|ts| ts.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT)
+            {
+                return Poll::Pending;
+            }
+        }
+        let (index, gen) = self.alloc_op(NO_PEER, 0, 0, Vec::new());
+        // In flight until the collective completes (or a failure completes it).
+        self.ops[index as usize].outstanding = 1;
+        let Some(ts) = self.teams.live.get_mut(&id) else {
+            return Poll::Ready(Err(AmError::UnknownTeam(id)));
+        };
+        let alg = match kind {
+            CollectiveKind::Barrier => Alg::Barrier {
+                round: 0,
+                sent: false,
+            },
+            _ => {
+                let n = ts.members.len();
+                let mut buf = vec![0u8; n * block.len()];
+                let at = ts.me as usize * block.len();
+                buf[at..at + block.len()].copy_from_slice(block);
+                Alg::Ring {
+                    block: block.len(),
+                    buf,
+                    sent: 0,
+                    got: 0,
+                }
+            }
+        };
+        let seq = ts.next_seq;
+        ts.next_seq += 1;
+        ts.colls.push(Coll {
+            seq,
+            index,
+            gen,
+            kind,
+            alg,
+        });
+        self.teams.in_flight += 1;
+        if kind == CollectiveKind::Split {
+            self.teams.splits += 1;
+        }
+        // Its first steps go out now if credits allow.
+        self.advance_team(t, id);
+        Poll::Ready(Ok((index, gen)))
+    }
+
+    /// Forgets the teams whose last handle was dropped, once their collectives in flight
+    /// here have completed.
+    pub(super) fn adopt_team_drops(&mut self) {
+        for id in self.teams.drops.take() {
+            if let Some(ts) = self.teams.live.get_mut(&id) {
+                ts.freed = true;
+                if ts.colls.is_empty() {
+                    self.teams.live.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// The error of a step held for a team that no split made, if any (once).
+    pub(super) fn take_stray(&mut self) -> Option<AmError> {
+        self.teams.stray.take()
+    }
+
+    /// Advances every collective in flight here, on every team.
+    pub(super) fn advance_collectives(&mut self, tx: &mut (impl Tx + ?Sized)) {
+        if self.teams.in_flight > 0 {
+            let busy: Vec<TeamId> = self
+                .teams
+                .live
+                .iter()
+                .filter(|(_, ts)| !ts.colls.is_empty())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in busy {
+                self.advance_team(tx, id);
+            }
+        }
+    }
+
+    /// Advances the collectives of team `id` as far as the steps arrived and credits allow;
+    /// completes those that are done.
+    fn advance_team(&mut self, tx: &mut (impl Tx + ?Sized), id: TeamId) {
+        let mut i = 0;
+        loop {
+            let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) else {
+                break;
+            };
+            let alive = self
+                .ops
+                .get(c.index as usize)
+                .is_some_and(|s| s.live && s.gen == c.gen && s.outstanding > 0);
+            let outcome = if alive {
+                self.step_coll(tx, id, i)
+            } else {
+                // Its slot was failed (the endpoint ended): nothing more to do.
+                Poll::Ready(Err(AmError::StaleHandle))
+            };
+            match outcome {
+                Poll::Pending => i += 1,
+                Poll::Ready(r) => self.complete_coll(id, i, r),
+            }
+        }
+        if let Some(ts) = self.teams.live.get(&id) {
+            if ts.freed && ts.colls.is_empty() {
+                self.teams.live.remove(&id);
+            }
+        }
+    }
+
+    /// Takes the steps collective `i` of team `id` can take now: ready with its gathered
+    /// blocks once it is done, or with the error that ends it.
+    fn step_coll(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        id: TeamId,
+        i: usize,
+    ) -> Poll<Result<Vec<u8>, AmError>> {
+        loop {
+            let Some(ts) = self.teams.live.get_mut(&id) else {
+                return Poll::Ready(Err(AmError::UnknownTeam(id)));
+            };
+            let n = ts.members.len() as u32;
+            let me = ts.me;
+            let Some(c) = ts.colls.get_mut(i) else {
+                return Poll::Ready(Err(AmError::StaleHandle));
+            };
+            let (seq, kind) = (c.seq, c.kind);
+            let next = match &c.alg {
+                &Alg::Barrier { round, sent } => match 1u32.checked_shl(round).filter(|&d| d < n) {
+                    None => Next::Done,
+                    Some(d) if !sent => Next::Send {
+                        to: ts.members[((me + d) % n) as usize],
+                        step: round,
+                        block: None,
+                    },
+                    Some(_) => Next::Take {
+                        step: round,
+                        block: None,
+                    },
+                },
+                &Alg::Ring { sent, got, .. } => {
+                    let last = n - 1;
+                    if sent == last && got == last {
+                        Next::Done
+                    } else if sent < last && got >= sent {
+                        Next::Send {
+                            to: ts.members[((me + 1) % n) as usize],
+                            step: sent,
+                            block: Some(((me + n - sent) % n) as usize),
+                        }
+                    } else {
+                        Next::Take {
+                            step: got,
+                            block: Some(((me + n - 1 - got) % n) as usize),
+                        }
+                    }
+                }
+            };
+            match next {
+                Next::Done => {
+                    let buf = match &mut c.alg {
+                        Alg::Ring { buf, .. } => std::mem::take(buf),
+                        Alg::Barrier { .. } => Vec::new(),
+                    };
+                    return Poll::Ready(Ok(buf));
+                }
+                Next::Send { to, step, block } => {
+                    let (buf, len) = match &mut c.alg {
+                        Alg::Ring { buf, block, .. } => (std::mem::take(buf), *block),
+                        Alg::Barrier { .. } => (Vec::new(), 0),
+                    };
+                    let payload = block.map_or(&[][..], |b| &buf[b * len..(b + 1) * len]);
+                    let msg = SystemMsg::Collective {
+                        team: id,
+                        seq,
+                        step,
+                        kind,
+                    };
+                    let sent = self.system_step(tx, to, msg, payload, None);
+                    let Some(c) = self
+                        .teams
+                        .live
+                        .get_mut(&id)
+                        .and_then(|ts| ts.colls.get_mut(i))
+                    else {
+                        return Poll::Ready(Err(AmError::StaleHandle));
+                    };
+                    match &mut c.alg {
+                        Alg::Ring {
+                            buf: b, sent: s, ..
+                        } => {
+                            *b = buf;
+                            if let Poll::Ready(Ok(())) = sent {
+                                *s += 1;
+                            }
+                        }
+                        Alg::Barrier { sent: s, .. } => {
+                            if let Poll::Ready(Ok(())) = sent {
+                                *s = true;
+                            }
+                        }
+                    }
+                    match sent {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Next::Take { step, block } => {
+                    let Some(a) = ts.early.remove(&(seq, step)) else {
+                        // Not arrived: unless its sender is gone, which fails the team.
+                        let from = ts.sender_of(kind, step);
+                        return match from.map(|p| self.waiting_for(p)) {
+                            Some(Poll::Ready(e)) => Poll::Ready(Err(e)),
+                            _ => Poll::Pending,
+                        };
+                    };
+                    let mismatch = AmError::CollectiveMismatch {
+                        team: id,
+                        peer: a.src,
+                    };
+                    if a.kind != kind {
+                        return Poll::Ready(Err(mismatch));
+                    }
+                    match &mut c.alg {
+                        Alg::Barrier { round, sent } => {
+                            *round += 1;
+                            *sent = false;
+                        }
+                        Alg::Ring {
+                            buf,
+                            block: len,
+                            got,
+                            ..
+                        } => {
+                            let b = block.unwrap_or(0);
+                            if a.data.len() != *len {
+                                return Poll::Ready(Err(mismatch));
+                            }
+                            buf[b * *len..(b + 1) * *len].copy_from_slice(&a.data);
+                            *got += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends collective `i` of team `id` with `outcome` (its gathered blocks, or an error):
+    /// a split makes its team first; the operation's waiter is woken, or a detached one
+    /// freed.
+    fn complete_coll(&mut self, id: TeamId, i: usize, outcome: Result<Vec<u8>, AmError>) {
+        let Some(ts) = self.teams.live.get_mut(&id) else {
+            return;
+        };
+        let c = ts.colls.remove(i);
+        let parent = (ts.members.clone(), ts.me);
+        self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
+        let mut made = None;
+        let outcome = match (c.kind, outcome) {
+            (CollectiveKind::Split, outcome) => {
+                self.teams.splits = self.teams.splits.saturating_sub(1);
+                let r = outcome.and_then(|blocks| self.make_team(&parent.0, parent.1, &blocks));
+                if self.teams.splits == 0 {
+                    self.drop_unknown();
+                }
+                r.map(|team| {
+                    made = Some(team);
+                    Vec::new()
+                })
+            }
+            (_, outcome) => outcome,
+        };
+        let Some(slot) = self.op(c.index, c.gen) else {
+            return;
+        };
+        match outcome {
+            Ok(data) => {
+                slot.data = data;
+                slot.team = made;
+            }
+            Err(e) => {
+                slot.error.get_or_insert(e);
+            }
+        }
+        slot.outstanding = 0;
+        self.settle(c.index);
+    }
+
+    /// The team a split of `parent` (this rank team rank `me`) gave, from every member's
+    /// contribution: registered here, with the steps that arrived for it before.
+    fn make_team(
+        &mut self,
+        parent: &[Rank],
+        me: u32,
+        blocks: &[u8],
+    ) -> Result<Option<Team>, AmError> {
+        let bad = |i: usize| {
+            misbehaved(
+                parent.get(i).copied().unwrap_or(NO_PEER),
+                Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+            )
+        };
+        let Some((tid, members, rank)) = split_result(parent, me, blocks).map_err(bad)? else {
+            return Ok(None);
+        };
+        if self.teams.live.contains_key(&tid) {
+            // The leader offered a serial it had used: not our protocol.
+            return Err(misbehaved(
+                tid.leader,
+                Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+            ));
+        }
+        let mut ts = TeamState::new(members.clone(), rank);
+        let mut stray = None;
+        for (src, seq, step, kind, data) in self.teams.unknown.remove(&tid).unwrap_or_default() {
+            if !ts.arrive(src, seq, step, kind, data) {
+                stray.get_or_insert(misbehaved(
+                    src,
+                    Misbehavior::StrayCollective {
+                        team: tid,
+                        seq,
+                        step,
+                    },
+                ));
+            }
+        }
+        if let Some(e) = stray {
+            self.teams.stray.get_or_insert(e);
+        }
+        // A member already gone fails the team at once.
+        if let Some(e) = members.iter().find_map(|&m| match self.waiting_for(m) {
+            Poll::Ready(e) => Some(e),
+            Poll::Pending => None,
+        }) {
+            ts.failed = Some(e);
+        }
+        self.teams.live.insert(tid, ts);
+        Ok(Some(Team::new(
+            tid,
+            members,
+            rank,
+            self.teams.drops.clone(),
+        )))
+    }
+
+    /// No split is in flight any more: steps held for teams no split made are a peer's
+    /// misbehavior, reported at the next poll.
+    fn drop_unknown(&mut self) {
+        if let Some((&team, steps)) = self.teams.unknown.iter().next() {
+            if let Some(&(src, seq, step, _, _)) = steps.first() {
+                self.teams.stray.get_or_insert(misbehaved(
+                    src,
+                    Misbehavior::StrayCollective { team, seq, step },
+                ));
+            }
+        }
+        self.teams.unknown.clear();
+    }
+
+    /// `peer` is gone (`error` says how) from every team it belongs to: every later
+    /// collective on those teams fails with `error` when it starts. Lost (`eager`), it fails
+    /// every collective in flight on them too: it may not have sent its part, and the others
+    /// wait for what it would have sent on. Departed cleanly, it ended what it had started
+    /// and sent what it owed before it left (a transport reports a departure after the
+    /// messages sent before it): only a collective that still waits for a step of its own,
+    /// not arrived, fails.
+    pub(super) fn fail_teams_with(&mut self, peer: Rank, error: &AmError, eager: bool) {
+        let mut failed = Vec::new();
+        let mut splits = 0;
+        for ts in self.teams.live.values_mut() {
+            if !ts.members.contains(&peer) {
+                continue;
+            }
+            ts.failed.get_or_insert_with(|| error.clone());
+            let mut kept = Vec::new();
+            for c in std::mem::take(&mut ts.colls) {
+                if !eager && !ts.still_needs(&c, peer) {
+                    kept.push(c);
+                    continue;
+                }
+                if c.kind == CollectiveKind::Split {
+                    splits += 1;
+                }
+                ts.early.retain(|&(seq, _), _| seq != c.seq);
+                failed.push((c.index, c.gen));
+            }
+            ts.colls = kept;
+        }
+        self.teams
+            .live
+            .retain(|_, ts| !(ts.freed && ts.colls.is_empty()));
+        self.teams.in_flight = self.teams.in_flight.saturating_sub(failed.len() as u32);
+        self.teams.splits = self.teams.splits.saturating_sub(splits);
+        if splits > 0 && self.teams.splits == 0 {
+            self.teams.unknown.clear();
+        }
+        for (index, gen) in failed {
+            if let Some(slot) = self.op(index, gen) {
+                slot.error.get_or_insert_with(|| error.clone());
+                slot.outstanding = 0;
+                self.settle(index);
+            }
+        }
+    }
+
+    /// The collectives in flight here, on every team (for tests and diagnostics).
+    pub fn collectives_in_flight(&self) -> u32 {
+        self.teams.in_flight
+    }
+
+    /// Teams this endpoint knows (the world team included), and steps kept for teams not
+    /// known yet: what freeing teams and completing splits must bring back down.
+    pub fn teams_held(&self) -> (usize, usize) {
+        (
+            self.teams.live.len(),
+            self.teams.unknown.values().map(Vec::len).sum(),
+        )
+    }
+}
