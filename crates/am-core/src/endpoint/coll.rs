@@ -69,6 +69,12 @@ pub(super) struct Teams {
     splits: u32,
     /// Collectives in flight here, on every team.
     pub(super) in_flight: u32,
+    /// Something a collective in flight may wait for changed since they were last advanced
+    /// (a step arrived, a member went): polls advance them only then, or when a peer that a
+    /// step waits to be sent to (`stalled`) has a credit again, so that many in flight cost
+    /// nothing while nothing comes.
+    pub(super) dirty: bool,
+    stalled: Vec<Rank>,
     /// A peer's misbehavior found outside a delivery (steps held for a team that no split
     /// made), for the next poll.
     stray: Option<AmError>,
@@ -217,6 +223,8 @@ impl Teams {
             unknown: HashMap::new(),
             splits: 0,
             in_flight: 0,
+            dirty: false,
+            stalled: Vec::new(),
             stray: None,
         }
     }
@@ -240,7 +248,10 @@ impl Teams {
             let mut data = Vec::new();
             payload.append_to(&mut data);
             return match ts.arrive(src, seq, step, kind, data) {
-                true => Ok(()),
+                true => {
+                    self.dirty = true;
+                    Ok(())
+                }
                 false => Err(stray()),
             };
         }
@@ -440,7 +451,16 @@ impl<H: Threading> Endpoint<H> {
 
     /// Advances every collective in flight here, on every team.
     pub(super) fn advance_collectives(&mut self, tx: &mut (impl Tx + ?Sized)) {
-        if self.teams.in_flight > 0 {
+        if self.teams.in_flight == 0 {
+            return;
+        }
+        let credit_back = || {
+            let credits = self.credits();
+            self.teams.stalled.iter().any(|&p| credits.available(p) > 0)
+        };
+        if self.teams.dirty || credit_back() {
+            self.teams.dirty = false;
+            self.teams.stalled.clear();
             let busy: Vec<TeamId> = self
                 .teams
                 .live
@@ -580,7 +600,13 @@ impl<H: Threading> Endpoint<H> {
                     match sent {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
+                        Poll::Pending => {
+                            // Retried once a credit for `to` is back.
+                            if !self.teams.stalled.contains(&to) {
+                                self.teams.stalled.push(to);
+                            }
+                            return Poll::Pending;
+                        }
                     }
                 }
                 Next::Take { step, block } => {
@@ -745,6 +771,7 @@ impl<H: Threading> Endpoint<H> {
     pub(super) fn fail_teams_with(&mut self, peer: Rank, error: &AmError, eager: bool) {
         let mut failed = Vec::new();
         let mut splits = 0;
+        self.teams.dirty = true;
         for ts in self.teams.live.values_mut() {
             if !ts.members.contains(&peer) {
                 continue;

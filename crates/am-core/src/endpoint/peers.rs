@@ -44,6 +44,8 @@ impl<H: Threading> Endpoint<H> {
             *g |= ENDED;
         }
         self.fail_slots(|_| true, &error);
+        // The collectives, whose slots just failed, are dropped at their next advance.
+        self.teams.dirty = true;
         if let Some(site) = &self.handlers.calls {
             site.calls.fail_all(&error);
         }
