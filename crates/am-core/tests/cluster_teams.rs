@@ -1,0 +1,654 @@
+//! Teams and collectives on the deterministic cluster harness (`harness`): random splits of 1
+//! to 8 ranks checked against a sequential model, barriers and all-gathers on the teams they
+//! make, several collectives in flight on overlapping teams, a member lost mid-collective,
+//! and peers that send collective steps nobody expects; each over seeded interleavings of
+//! the pairs, with no thread and no clock.
+
+mod harness;
+
+use std::collections::HashMap;
+use std::task::Poll;
+
+use am_core::endpoint::start::{Split, Start, TeamAllGather, TeamBarrier};
+use am_core::endpoint::Endpoint;
+use am_core::protocol::{CollectiveKind, SystemMsg};
+use am_core::wire::{Header, MAX_HEAD_LEN};
+use am_core::{AmError, AmKind, Category, Local, Misbehavior, Op, Rank, Team, TeamId};
+use harness::{Cluster, Shape, Wire};
+use proptest::prelude::*;
+
+/// Which team an operation of a plan runs on: the world, or the team an earlier split of the
+/// same plan made (by its index in the plan).
+#[derive(Debug, Clone, Copy)]
+enum On {
+    World,
+    Made(usize),
+}
+
+/// One operation of a rank's plan.
+#[derive(Debug, Clone)]
+enum Want {
+    Split(On, Option<u32>, u32),
+    Barrier(On),
+    Gather(On, Vec<u8>),
+}
+
+enum Running {
+    Split(Op<Option<Team>>),
+    Barrier(Op<()>),
+    Gather(Op<Vec<u8>>),
+}
+
+/// What an operation of a plan gave.
+#[derive(Debug)]
+enum Got {
+    Team(Option<Team>),
+    Unit,
+    Bytes(Vec<u8>),
+    /// It ran on a team that the rank's split did not give it.
+    Skipped,
+}
+
+/// One rank's plan, started in order as soon as each operation can start (an operation on a
+/// made team waits for its split), every started one polled at each step, so several are in
+/// flight at once.
+struct Plan {
+    wants: Vec<Want>,
+    next: usize,
+    running: Vec<Option<Running>>,
+    got: Vec<Option<Result<Got, AmError>>>,
+}
+
+impl Plan {
+    fn new(wants: Vec<Want>) -> Plan {
+        Plan {
+            wants,
+            next: 0,
+            running: Vec::new(),
+            got: Vec::new(),
+        }
+    }
+
+    /// The team `on` names, `Err(())` if the split that makes it has not completed, `Ok(None)`
+    /// if it gave this rank no team.
+    fn team(&self, ep: &Endpoint<Local>, on: On) -> Result<Option<Team>, ()> {
+        match on {
+            On::World => Ok(Some(ep.world_team())),
+            On::Made(i) => match self.got.get(i) {
+                Some(Some(Ok(Got::Team(t)))) => Ok(t.clone()),
+                Some(Some(_)) => Ok(None),
+                _ => Err(()),
+            },
+        }
+    }
+
+    /// Starts and polls until nothing more changes (an operation on a made team may start
+    /// once its split is polled to completion): ready once every operation has completed.
+    fn step(&mut self, ep: &mut Endpoint<Local>, wire: &mut Wire<'_>) -> Poll<()> {
+        loop {
+            let before = (self.next, self.got.iter().filter(|g| g.is_some()).count());
+            if self.step_once(ep, wire).is_ready() {
+                return Poll::Ready(());
+            }
+            if before == (self.next, self.got.iter().filter(|g| g.is_some()).count()) {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    fn step_once(&mut self, ep: &mut Endpoint<Local>, wire: &mut Wire<'_>) -> Poll<()> {
+        while self.next < self.wants.len() {
+            let want = self.wants[self.next].clone();
+            let on = match want {
+                Want::Split(on, ..) | Want::Barrier(on) | Want::Gather(on, _) => on,
+            };
+            let Ok(team) = self.team(ep, on) else {
+                break;
+            };
+            let Some(team) = team else {
+                self.running.push(None);
+                self.got.push(Some(Ok(Got::Skipped)));
+                self.next += 1;
+                continue;
+            };
+            let started = match want {
+                Want::Split(_, color, key) => {
+                    start(Split::new(&team, color, key), ep, wire).map(|r| r.map(Running::Split))
+                }
+                Want::Barrier(_) => {
+                    start(TeamBarrier::new(&team), ep, wire).map(|r| r.map(Running::Barrier))
+                }
+                Want::Gather(_, block) => start(TeamAllGather::new(&team, &block), ep, wire)
+                    .map(|r| r.map(Running::Gather)),
+            };
+            match started {
+                Poll::Pending => break,
+                Poll::Ready(Ok(op)) => {
+                    self.running.push(Some(op));
+                    self.got.push(None);
+                }
+                Poll::Ready(Err(e)) => {
+                    self.running.push(None);
+                    self.got.push(Some(Err(e)));
+                }
+            }
+            self.next += 1;
+        }
+        for (i, slot) in self.running.iter_mut().enumerate() {
+            let polled = match slot {
+                None => continue,
+                Some(Running::Split(op)) => ep.poll_op(wire, op, None).map(|r| r.map(Got::Team)),
+                Some(Running::Barrier(op)) => {
+                    ep.poll_op(wire, op, None).map(|r| r.map(|()| Got::Unit))
+                }
+                Some(Running::Gather(op)) => ep.poll_op(wire, op, None).map(|r| r.map(Got::Bytes)),
+            };
+            if let Poll::Ready(r) = polled {
+                *slot = None;
+                self.got[i] = Some(r);
+            }
+        }
+        if self.next == self.wants.len() && self.got.iter().all(Option::is_some) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn results(&mut self) -> Vec<Result<Got, AmError>> {
+        self.got.drain(..).map(|g| g.expect("complete")).collect()
+    }
+}
+
+/// An operation's start and send steps, as every driver takes them.
+fn start<S: Start>(
+    mut s: S,
+    ep: &mut Endpoint<Local>,
+    wire: &mut Wire<'_>,
+) -> Poll<Result<Op<S::Output>, AmError>> {
+    let mut op = match s.start(ep, wire) {
+        Poll::Ready(Ok(op)) => op,
+        other => return other,
+    };
+    match s.send(ep, wire, &mut op) {
+        Poll::Ready(Ok(())) => Poll::Ready(Ok(op)),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => unreachable!("collectives send from their start"),
+    }
+}
+
+/// Runs one plan per rank to completion on `c`: each rank's outcomes, in plan order.
+fn run(c: &mut Cluster, plans: Vec<Vec<Want>>) -> Vec<Vec<Result<Got, AmError>>> {
+    let mut plans: Vec<Plan> = plans.into_iter().map(Plan::new).collect();
+    c.drive_all(|r, ep, wire| plans[r as usize].step(ep, wire));
+    plans.iter_mut().map(Plan::results).collect()
+}
+
+/// The sequential model of a split: the members (world ranks, in team order) of the team
+/// `me` gets when the members of `parent` (world ranks, in team order) give `colors` and
+/// `keys` (by parent team rank), `None` if `me` gives no color.
+fn model_split(
+    parent: &[Rank],
+    colors: &[Option<u32>],
+    keys: &[u32],
+    me: Rank,
+) -> Option<Vec<Rank>> {
+    let mine = parent.iter().position(|&w| w == me)?;
+    let color = colors[mine]?;
+    let mut members: Vec<(u32, Rank)> = parent
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| colors[i] == Some(color))
+        .map(|(i, &w)| (keys[i], w))
+        .collect();
+    members.sort();
+    Some(members.into_iter().map(|(_, w)| w).collect())
+}
+
+/// A rank's block for the operation at index `op` of a plan: `len` bytes, distinct per rank
+/// and operation.
+fn block(world: Rank, op: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (world as u8).wrapping_mul(31) ^ (op as u8).wrapping_mul(7) ^ i as u8)
+        .collect()
+}
+
+fn gathered(members: &[Rank], op: usize, len: usize) -> Vec<u8> {
+    members.iter().flat_map(|&w| block(w, op, len)).collect()
+}
+
+/// A harness shape whose Medium carries 64 bytes, and few credits, so that steps wait for
+/// credits and the device.
+fn shape(ranks: u32) -> Shape {
+    let mut s = Shape::new(ranks);
+    s.limits.max_medium = 64;
+    s.credits = 2;
+    s
+}
+
+/// Checks that every team id names one member set, and that distinct teams have distinct
+/// ids (none the world's).
+fn check_ids(seen: &mut HashMap<TeamId, Vec<Rank>>, team: &Team) {
+    assert_ne!(team.id(), TeamId::WORLD);
+    let members = seen
+        .entry(team.id())
+        .or_insert_with(|| team.members().to_vec());
+    assert_eq!(members, team.members(), "one id, two member sets");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 96 },
+        ..ProptestConfig::default()
+    })]
+
+    /// Random splits of 1 to 8 ranks, then a nested split of each team, with barriers and
+    /// all-gathers on the world, on each made team and on the nested ones, all started as
+    /// soon as their team exists (several in flight on overlapping teams, and steps arriving
+    /// for a team whose split has not completed at the receiver yet), checked against the
+    /// sequential model: the members and their order (key, then world rank), the team
+    /// ranks, one id per team and distinct ids for distinct teams, and every all-gather's
+    /// blocks. Catches a split that orders ties by anything but the world rank, two teams
+    /// given one id (their traffic would mix), a step taken by the wrong collective when
+    /// several are in flight, an early step for a team not made yet dropped or refused
+    /// (the receiver would hang), and a block placed at the wrong member's place.
+    #[test]
+    fn random_splits_and_collectives_match_the_model(
+        n in 1u32..=8,
+        seed in any::<u64>(),
+        colors in proptest::collection::vec(proptest::option::weighted(0.85, 0u32..3), 8),
+        keys in proptest::collection::vec(0u32..3, 8),
+        colors2 in proptest::collection::vec(proptest::option::weighted(0.85, 0u32..2), 8),
+        keys2 in proptest::collection::vec(0u32..3, 8),
+        len in 1usize..=8,
+    ) {
+        let mut c = Cluster::started(shape(n), seed, |_| am_core::Handlers::local());
+        let plans: Vec<Vec<Want>> = (0..n)
+            .map(|r| {
+                let i = r as usize;
+                vec![
+                    Want::Split(On::World, colors[i], keys[i]),
+                    Want::Gather(On::Made(0), block(r, 1, len)),
+                    Want::Barrier(On::Made(0)),
+                    Want::Gather(On::World, block(r, 3, len)),
+                    // Nested: colors2 and keys2 by world rank.
+                    Want::Split(On::Made(0), colors2[i], keys2[i]),
+                    Want::Barrier(On::World),
+                    Want::Gather(On::Made(4), block(r, 6, len)),
+                    Want::Barrier(On::Made(4)),
+                    Want::Gather(On::Made(0), block(r, 8, len)),
+                ]
+            })
+            .collect();
+        let results = run(&mut c, plans);
+        let world: Vec<Rank> = (0..n).collect();
+        let mut ids = HashMap::new();
+        for (r, got) in results.iter().enumerate() {
+            let r = r as Rank;
+            let ok = |i: usize| got[i].as_ref().unwrap_or_else(|e| panic!("rank {r} op {i}: {e}"));
+            let team = |i: usize| match ok(i) {
+                Got::Team(t) => t.clone(),
+                other => panic!("op {i} gave {other:?}"),
+            };
+            // The split of the world.
+            let first = team(0);
+            let want = model_split(&world, &colors[..n as usize], &keys[..n as usize], r);
+            prop_assert_eq!(first.as_ref().map(|t| t.members().to_vec()), want.clone());
+            // World-wide collectives, in flight with the others.
+            prop_assert!(matches!(ok(3), Got::Bytes(b) if *b == gathered(&world, 3, len)));
+            prop_assert!(matches!(ok(5), Got::Unit));
+            let Some(first) = first else {
+                for i in [1, 2, 4, 6, 7, 8] {
+                    prop_assert!(matches!(ok(i), Got::Skipped));
+                }
+                continue;
+            };
+            check_ids(&mut ids, &first);
+            prop_assert_eq!(first.world_rank(first.rank()), Some(r));
+            prop_assert_eq!(first.team_rank(r), Some(first.rank()));
+            let members = first.members().to_vec();
+            prop_assert!(matches!(ok(1), Got::Bytes(b) if *b == gathered(&members, 1, len)));
+            prop_assert!(matches!(ok(2), Got::Unit));
+            prop_assert!(matches!(ok(8), Got::Bytes(b) if *b == gathered(&members, 8, len)));
+            // The nested split: colors2 and keys2 of the parent's members, in parent order.
+            let c2: Vec<Option<u32>> = members.iter().map(|&w| colors2[w as usize]).collect();
+            let k2: Vec<u32> = members.iter().map(|&w| keys2[w as usize]).collect();
+            let nested = team(4);
+            prop_assert_eq!(
+                nested.as_ref().map(|t| t.members().to_vec()),
+                model_split(&members, &c2, &k2, r)
+            );
+            match nested {
+                Some(nested) => {
+                    check_ids(&mut ids, &nested);
+                    let m = nested.members().to_vec();
+                    prop_assert!(matches!(ok(6), Got::Bytes(b) if *b == gathered(&m, 6, len)));
+                    prop_assert!(matches!(ok(7), Got::Unit));
+                }
+                None => {
+                    prop_assert!(matches!(ok(6), Got::Skipped));
+                    prop_assert!(matches!(ok(7), Got::Skipped));
+                }
+            }
+        }
+        // Every rank's teams dropped: each endpoint is back to the world team alone, with no
+        // step kept anywhere.
+        drop(results);
+        c.drive_all(|_, ep, wire| ep.background_step(wire));
+        for node in &c.nodes {
+            prop_assert_eq!(node.ep.teams_held(), (1, 0));
+            prop_assert_eq!(node.ep.collectives_in_flight(), 0);
+        }
+    }
+}
+
+/// Many collectives in flight on one team and on overlapping ones at once, more than the
+/// window of `MAX_COLLECTIVES_IN_FLIGHT` per team (the later starts wait for earlier ones to
+/// complete), over 40 interleavings of 5 ranks. Catches a window that deadlocks (a start
+/// that waits without advancing the collectives ahead of it), steps of one sequence taken by
+/// another, and early steps kept past their collective.
+#[test]
+fn more_collectives_than_the_window_complete_in_issue_order() {
+    let window = am_core::endpoint::MAX_COLLECTIVES_IN_FLIGHT;
+    for seed in 0..40 {
+        let mut c = Cluster::started(shape(5), seed, |_| am_core::Handlers::local());
+        let plans = (0..5)
+            .map(|r| {
+                let mut plan = vec![Want::Split(On::World, Some(r % 2), 0)];
+                for i in 1..window + 10 {
+                    plan.push(match i % 3 {
+                        0 => Want::Barrier(On::World),
+                        1 => Want::Gather(On::World, block(r, i, 2)),
+                        _ => Want::Gather(On::Made(0), block(r, i, 3)),
+                    });
+                }
+                plan
+            })
+            .collect();
+        let results = run(&mut c, plans);
+        for (r, got) in results.iter().enumerate() {
+            let Ok(Got::Team(Some(half))) = &got[0] else {
+                panic!("rank {r}: {:?}", got[0]);
+            };
+            let half = half.members().to_vec();
+            let world: Vec<Rank> = (0..5).collect();
+            for (i, g) in got.iter().enumerate().skip(1) {
+                match (i % 3, g) {
+                    (0, Ok(Got::Unit)) => {}
+                    (1, Ok(Got::Bytes(b))) => assert_eq!(*b, gathered(&world, i, 2)),
+                    (2, Ok(Got::Bytes(b))) => assert_eq!(*b, gathered(&half, i, 3)),
+                    other => panic!("seed {seed} rank {r} op {i}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// A member lost in the middle of collectives on two teams that hold it (the world, and a
+/// team of 4 of the 6 ranks): every survivor's collectives on those teams fail with
+/// `PeerLost` naming it, never hang, and so does a later collective on them, while a team
+/// without it still works. Catches a loss that fails only the collective waiting directly
+/// on the lost member (the others would wait for forwards that never come), and a loss that
+/// fails the teams that do not hold it.
+#[test]
+fn a_member_lost_mid_collective_fails_its_teams_on_every_survivor() {
+    for seed in 0..40 {
+        let mut c = Cluster::started(shape(6), seed, |_| am_core::Handlers::local());
+        // Ranks 0..4 one team, 4 and 5 another.
+        let split = (0..6)
+            .map(|r| vec![Want::Split(On::World, Some(u32::from(r >= 4)), 0)])
+            .collect();
+        let teams: Vec<Team> = run(&mut c, split)
+            .into_iter()
+            .map(|mut g| match g.remove(0) {
+                Ok(Got::Team(Some(t))) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // Everyone starts an all-gather on the world and a barrier on its team; a few steps
+        // are delivered; then rank 1 dies.
+        let mut ops: Vec<(Op<Vec<u8>>, Op<()>)> = Vec::new();
+        for r in 0..6u32 {
+            let (ep, mut wire) = c.wire(r);
+            let world = ep.world_team();
+            let Poll::Ready(Ok(g)) =
+                start(TeamAllGather::new(&world, &[r as u8; 4]), ep, &mut wire)
+            else {
+                panic!("start");
+            };
+            let Poll::Ready(Ok(b)) = start(TeamBarrier::new(&teams[r as usize]), ep, &mut wire)
+            else {
+                panic!("start");
+            };
+            ops.push((g, b));
+        }
+        for _ in 0..(seed % 7) {
+            c.deliver_one();
+        }
+        c.lose(1);
+        let mut ops: Vec<Option<(Op<Vec<u8>>, Op<()>)>> = ops.into_iter().map(Some).collect();
+        ops[1] = None;
+        let survivors: Vec<Rank> = vec![0, 2, 3, 4, 5];
+        let mut outcomes: HashMap<
+            Rank,
+            (
+                Option<Result<Vec<u8>, AmError>>,
+                Option<Result<(), AmError>>,
+            ),
+        > = HashMap::new();
+        c.drive(&survivors, |r, ep, wire| {
+            let (g, b) = ops[r as usize].as_mut().expect("a survivor's");
+            let out = outcomes.entry(r).or_default();
+            if out.0.is_none() {
+                if let Poll::Ready(x) = ep.poll_op(wire, g, None) {
+                    out.0 = Some(x);
+                }
+            }
+            if out.1.is_none() {
+                if let Poll::Ready(x) = ep.poll_op(wire, b, None) {
+                    out.1 = Some(x);
+                }
+            }
+            if out.0.is_some() && out.1.is_some() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        });
+        for &r in &survivors {
+            let (g, b) = outcomes.remove(&r).unwrap();
+            assert_eq!(
+                g.unwrap(),
+                Err(AmError::PeerLost(1)),
+                "seed {seed} rank {r}"
+            );
+            match r {
+                0 | 2 | 3 => assert_eq!(b.unwrap(), Err(AmError::PeerLost(1))),
+                _ => assert_eq!(b.unwrap(), Ok(()), "a team without the lost rank"),
+            }
+        }
+        // Later collectives: refused at once on the teams that held rank 1, fine on the other.
+        let results = c.drive(&survivors, |r, ep, wire| {
+            let world = ep.world_team();
+            let w = start(TeamBarrier::new(&world), ep, wire);
+            let t = start(TeamBarrier::new(&teams[r as usize]), ep, wire);
+            match (w, t) {
+                (Poll::Ready(w), Poll::Ready(t)) => Poll::Ready((w.err(), t.map(|_| ()))),
+                _ => Poll::Pending,
+            }
+        });
+        for (r, res) in survivors.iter().zip(results) {
+            let (w, t) = res.unwrap();
+            assert_eq!(w, Some(AmError::PeerLost(1)));
+            match r {
+                0 | 2 | 3 => assert_eq!(t, Err(AmError::PeerLost(1))),
+                _ => assert_eq!(t, Ok(())),
+            }
+        }
+        assert_eq!(c.nodes[0].ep.collectives_in_flight(), 0);
+    }
+}
+
+/// The bytes of a collective step as a misbehaving peer sends it.
+fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8]) -> Vec<u8> {
+    let w = SystemMsg::Collective {
+        team,
+        seq,
+        step,
+        kind,
+    }
+    .encode();
+    let h = Header {
+        category: Category::Request,
+        kind: AmKind::Medium,
+        system: true,
+        handler: w.opcode,
+        nargs: w.args().len() as u8,
+        credit: 0,
+        payload_len: payload.len() as u32,
+        long_offset: 0,
+    };
+    let mut head = [0u8; MAX_HEAD_LEN];
+    let n = h.encode(w.args(), &mut head);
+    let mut bytes = head[..n].to_vec();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Steps nobody expects: for a team that does not exist (no split in flight), a sequence
+/// far ahead of the window, a step the sender's place does not send, a step sent twice, a
+/// barrier step with a payload. Each is refused with a typed error naming the sender,
+/// nothing is kept, and a barrier afterwards still completes. Catches a panic on a peer's
+/// bytes, and memory a peer could grow without bound with steps for teams or sequences
+/// that never come.
+#[test]
+fn stray_collective_steps_are_refused_naming_the_peer() {
+    let mut c = Cluster::started(shape(3), 0, |_| am_core::Handlers::local());
+    let stray = |team, seq, step| AmError::PeerMisbehaved {
+        peer: 2,
+        what: Misbehavior::StrayCollective { team, seq, step },
+    };
+    let bogus = TeamId {
+        leader: 2,
+        serial: 9,
+    };
+    let far = am_core::endpoint::MAX_COLLECTIVES_IN_FLIGHT as u64;
+    // Rank 0's ring sender is rank 2, its barrier senders 2 (round 0) and 1 (round 1).
+    let cases: Vec<(Vec<u8>, AmError)> = vec![
+        (
+            forged(bogus, 0, 0, CollectiveKind::Barrier, &[]),
+            stray(bogus, 0, 0),
+        ),
+        (
+            forged(TeamId::WORLD, far, 0, CollectiveKind::Barrier, &[]),
+            stray(TeamId::WORLD, far, 0),
+        ),
+        (
+            forged(TeamId::WORLD, 0, 1, CollectiveKind::Barrier, &[]),
+            stray(TeamId::WORLD, 0, 1),
+        ),
+        (
+            forged(TeamId::WORLD, 0, 2, CollectiveKind::AllGather, &[1]),
+            stray(TeamId::WORLD, 0, 2),
+        ),
+        (
+            forged(TeamId::WORLD, 0, 0, CollectiveKind::Barrier, &[1]),
+            AmError::PeerMisbehaved {
+                peer: 2,
+                what: Misbehavior::BadSystemMessage(am_core::protocol::opcode::COLLECTIVE),
+            },
+        ),
+    ];
+    for (bytes, want) in cases {
+        c.inject(2, 0, bytes);
+        assert!(c.deliver_to(0));
+        assert_eq!(c.errors(0), [want]);
+        assert_eq!(c.nodes[0].ep.teams_held(), (1, 0));
+    }
+    // A step sent twice: the first is kept for the collective it belongs to.
+    c.inject(
+        2,
+        0,
+        forged(TeamId::WORLD, 5, 0, CollectiveKind::Barrier, &[]),
+    );
+    c.inject(
+        2,
+        0,
+        forged(TeamId::WORLD, 5, 0, CollectiveKind::Barrier, &[]),
+    );
+    assert!(c.deliver_to(0) && c.deliver_to(0));
+    assert_eq!(c.errors(0), [stray(TeamId::WORLD, 5, 0)]);
+    // Rank 2 sent none of these: the answers are not its to take.
+    c.take(0, 2);
+    // The world's collectives go on: sequence 0 is a barrier everywhere.
+    let results = run(
+        &mut c,
+        (0..3).map(|_| vec![Want::Barrier(On::World)]).collect(),
+    );
+    for got in results {
+        assert!(matches!(got[..], [Ok(Got::Unit)]));
+    }
+}
+
+/// Members that start different collectives under one sequence (a barrier here, an
+/// all-gather there), or all-gathers of different lengths, get
+/// `AmError::CollectiveMismatch` rather than a wrong answer or a hang. Catches steps matched
+/// by sequence alone, whatever collective sent them.
+#[test]
+fn members_that_disagree_get_a_mismatch_not_a_wrong_answer() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(2), seed, |_| am_core::Handlers::local());
+        let plans = vec![
+            vec![Want::Barrier(On::World)],
+            vec![Want::Gather(On::World, vec![1, 2])],
+        ];
+        let results = run(&mut c, plans);
+        for (r, got) in results.iter().enumerate() {
+            assert!(
+                matches!(
+                    got[0],
+                    Err(AmError::CollectiveMismatch {
+                        team: TeamId::WORLD,
+                        ..
+                    })
+                ),
+                "seed {seed} rank {r}: {:?}",
+                got[0]
+            );
+        }
+        let mut c = Cluster::started(shape(2), seed, |_| am_core::Handlers::local());
+        let plans = vec![
+            vec![Want::Gather(On::World, vec![1, 2])],
+            vec![Want::Gather(On::World, vec![1, 2, 3])],
+        ];
+        for got in run(&mut c, plans) {
+            assert!(
+                matches!(got[0], Err(AmError::CollectiveMismatch { .. })),
+                "{:?}",
+                got[0]
+            );
+        }
+    }
+}
+
+/// A job of one rank: its world team, a split of it, and every collective on them complete
+/// at once, sending nothing. Catches a collective that waits for a step from itself.
+#[test]
+fn a_job_of_one_completes_every_collective_alone() {
+    let mut c = Cluster::started(shape(1), 0, |_| am_core::Handlers::local());
+    let plan = vec![
+        Want::Split(On::World, Some(3), 0),
+        Want::Gather(On::Made(0), vec![7; 3]),
+        Want::Barrier(On::Made(0)),
+        Want::Gather(On::World, vec![8; 2]),
+        Want::Split(On::Made(0), None, 0),
+        Want::Barrier(On::World),
+    ];
+    let got = run(&mut c, vec![plan]);
+    assert!(matches!(&got[0][0], Ok(Got::Team(Some(t))) if t.members() == [0]));
+    assert!(matches!(&got[0][1], Ok(Got::Bytes(b)) if *b == [7; 3]));
+    assert!(matches!(&got[0][3], Ok(Got::Bytes(b)) if *b == [8; 2]));
+    assert!(matches!(&got[0][4], Ok(Got::Team(None))));
+    assert!(matches!(&got[0][5], Ok(Got::Unit)));
+    assert!(c.net.sent.is_empty());
+}
