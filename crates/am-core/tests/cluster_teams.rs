@@ -384,6 +384,13 @@ fn more_collectives_than_the_window_complete_in_issue_order() {
     }
 }
 
+/// A survivor's all-gather and barrier, and their outcomes.
+type Pair = (Op<Vec<u8>>, Op<()>);
+type Outcomes = (
+    Option<Result<Vec<u8>, AmError>>,
+    Option<Result<(), AmError>>,
+);
+
 /// A member lost in the middle of collectives on two teams that hold it (the world, and a
 /// team of 4 of the 6 ranks): every survivor's collectives on those teams fail with
 /// `PeerLost` naming it, never hang, and so does a later collective on them, while a team
@@ -407,7 +414,7 @@ fn a_member_lost_mid_collective_fails_its_teams_on_every_survivor() {
             .collect();
         // Everyone starts an all-gather on the world and a barrier on its team; a few steps
         // are delivered; then rank 1 dies.
-        let mut ops: Vec<(Op<Vec<u8>>, Op<()>)> = Vec::new();
+        let mut ops: Vec<Pair> = Vec::new();
         for r in 0..6u32 {
             let (ep, mut wire) = c.wire(r);
             let world = ep.world_team();
@@ -426,16 +433,10 @@ fn a_member_lost_mid_collective_fails_its_teams_on_every_survivor() {
             c.deliver_one();
         }
         c.lose(1);
-        let mut ops: Vec<Option<(Op<Vec<u8>>, Op<()>)>> = ops.into_iter().map(Some).collect();
+        let mut ops: Vec<Option<Pair>> = ops.into_iter().map(Some).collect();
         ops[1] = None;
         let survivors: Vec<Rank> = vec![0, 2, 3, 4, 5];
-        let mut outcomes: HashMap<
-            Rank,
-            (
-                Option<Result<Vec<u8>, AmError>>,
-                Option<Result<(), AmError>>,
-            ),
-        > = HashMap::new();
+        let mut outcomes: HashMap<Rank, Outcomes> = HashMap::new();
         c.drive(&survivors, |r, ep, wire| {
             let (g, b) = ops[r as usize].as_mut().expect("a survivor's");
             let out = outcomes.entry(r).or_default();

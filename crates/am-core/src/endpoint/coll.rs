@@ -64,7 +64,7 @@ pub(super) struct Teams {
     serial: u32,
     live: HashMap<TeamId, TeamState>,
     /// Steps for teams not known yet, while splits are in flight.
-    unknown: HashMap<TeamId, Vec<(Rank, u64, u32, CollectiveKind, Vec<u8>)>>,
+    unknown: HashMap<TeamId, Vec<Held>>,
     /// Splits in flight here.
     splits: u32,
     /// Collectives in flight here, on every team.
@@ -95,6 +95,9 @@ struct TeamState {
     /// A member is gone: every collective fails with this.
     failed: Option<AmError>,
 }
+
+/// A step for a team not known yet: sender, sequence, step, kind, data.
+type Held = (Rank, u64, u32, CollectiveKind, Vec<u8>);
 
 struct Arrival {
     src: Rank,
@@ -478,10 +481,7 @@ impl<H: Threading> Endpoint<H> {
     /// completes those that are done.
     fn advance_team(&mut self, tx: &mut (impl Tx + ?Sized), id: TeamId) {
         let mut i = 0;
-        loop {
-            let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) else {
-                break;
-            };
+        while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
             let alive = self
                 .ops
                 .get(c.index as usize)
@@ -522,8 +522,8 @@ impl<H: Threading> Endpoint<H> {
                 return Poll::Ready(Err(AmError::StaleHandle));
             };
             let (seq, kind) = (c.seq, c.kind);
-            let next = match &c.alg {
-                &Alg::Barrier { round, sent } => match 1u32.checked_shl(round).filter(|&d| d < n) {
+            let next = match c.alg {
+                Alg::Barrier { round, sent } => match 1u32.checked_shl(round).filter(|&d| d < n) {
                     None => Next::Done,
                     Some(d) if !sent => Next::Send {
                         to: ts.members[((me + d) % n) as usize],
@@ -535,7 +535,7 @@ impl<H: Threading> Endpoint<H> {
                         block: None,
                     },
                 },
-                &Alg::Ring { sent, got, .. } => {
+                Alg::Ring { sent, got, .. } => {
                     let last = n - 1;
                     if sent == last && got == last {
                         Next::Done
