@@ -229,6 +229,13 @@ pub enum CollectiveKind {
     AllGather,
     /// A team split: an all-gather of each member's color, key and next team serial.
     Split,
+    /// Not a collective's step: the sender failed the team's collective `seq` because the
+    /// member of world rank `step` is lost, and so fails every collective on the team from
+    /// that one on; the receiver does the same (a transport may notice a silent peer much
+    /// later than another member's did).
+    MemberLost,
+    /// As [`CollectiveKind::MemberLost`], for a member that left the job.
+    MemberDeparted,
 }
 
 impl CollectiveKind {
@@ -237,6 +244,8 @@ impl CollectiveKind {
             CollectiveKind::Barrier => 1,
             CollectiveKind::AllGather => 2,
             CollectiveKind::Split => 3,
+            CollectiveKind::MemberLost => 4,
+            CollectiveKind::MemberDeparted => 5,
         }
     }
 
@@ -245,6 +254,8 @@ impl CollectiveKind {
             1 => CollectiveKind::Barrier,
             2 => CollectiveKind::AllGather,
             3 => CollectiveKind::Split,
+            4 => CollectiveKind::MemberLost,
+            5 => CollectiveKind::MemberDeparted,
             _ => return None,
         })
     }
@@ -614,7 +625,7 @@ mod tests {
                 .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
             (any::<u32>(), 1..=MAX_BATCH_ATOMICS)
                 .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
-            (any::<(u32, u32)>(), any::<u64>(), any::<u32>(), 1..=3u32).prop_map(
+            (any::<(u32, u32)>(), any::<u64>(), any::<u32>(), 1..=5u32).prop_map(
                 |((leader, serial), seq, step, kind)| SystemMsg::Collective {
                     team: TeamId { leader, serial },
                     seq,

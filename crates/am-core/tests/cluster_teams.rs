@@ -518,7 +518,7 @@ fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8
 
 /// Steps nobody expects: for a team that does not exist (no split in flight), a sequence
 /// far ahead of the window, a step the sender's place does not send, a step sent twice, a
-/// barrier step with a payload. Each is refused with a typed error naming the sender,
+/// barrier step with a payload, a notice that the receiver itself is gone. Each is refused with a typed error naming the sender,
 /// nothing is kept, and a barrier afterwards still completes. Catches a panic on a peer's
 /// bytes, and memory a peer could grow without bound with steps for teams or sequences
 /// that never come.
@@ -560,12 +560,26 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
             },
         ),
     ];
+    // A notice that names the receiver itself as gone.
+    let cases = cases.into_iter().chain([(
+        forged(TeamId::WORLD, 0, 0, CollectiveKind::MemberLost, &[]),
+        stray(TeamId::WORLD, 0, 0),
+    )]);
     for (bytes, want) in cases {
         c.inject(2, 0, bytes);
         assert!(c.deliver_to(0));
         assert_eq!(c.errors(0), [want]);
         assert_eq!(c.nodes[0].ep.teams_held(), (1, 0));
     }
+    // A notice for a team this rank does not have (freed, say) is dropped, kept nowhere.
+    c.inject(
+        2,
+        0,
+        forged(bogus, 0, 1, CollectiveKind::MemberDeparted, &[]),
+    );
+    assert!(c.deliver_to(0));
+    assert_eq!(c.errors(0), []);
+    assert_eq!(c.nodes[0].ep.teams_held(), (1, 0));
     // A step sent twice: the first is kept for the collective it belongs to.
     c.inject(
         2,
@@ -652,4 +666,86 @@ fn a_job_of_one_completes_every_collective_alone() {
     assert!(matches!(&got[0][4], Ok(Got::Team(None))));
     assert!(matches!(&got[0][5], Ok(Got::Unit)));
     assert!(c.net.sent.is_empty());
+}
+
+/// Drives `ranks`' all-gathers (`ops`, by rank) until each completes: their outcomes.
+fn finish(
+    c: &mut Cluster,
+    ranks: &[Rank],
+    ops: &mut [Option<Op<Vec<u8>>>],
+) -> Vec<Result<Vec<u8>, AmError>> {
+    c.drive(ranks, |r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("started");
+        ep.poll_op(wire, op, None)
+    })
+    .into_iter()
+    .map(|r| r.expect("every rank"))
+    .collect()
+}
+
+/// Every rank of `c` but `skip` starts an all-gather on the world.
+fn gather_all_but(c: &mut Cluster, skip: Rank) -> Vec<Option<Op<Vec<u8>>>> {
+    (0..c.size())
+        .map(|r| {
+            if r == skip {
+                return None;
+            }
+            let (ep, mut wire) = c.wire(r);
+            let world = ep.world_team();
+            match start(TeamAllGather::new(&world, &[r as u8; 2]), ep, &mut wire) {
+                Poll::Ready(Ok(op)) => Some(op),
+                _ => panic!("start"),
+            }
+        })
+        .collect()
+}
+
+/// A member that leaves the job without joining an all-gather its team started: the member
+/// that waits for its block fails with `PeerDeparted`, and tells the others, whose ring
+/// waits only for that member's forward; they fail the same way instead of hanging.
+/// Catches a failure kept to the members that wait directly on the gone one.
+#[test]
+fn a_member_that_left_without_joining_fails_the_collective_everywhere() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(4), seed, |_| am_core::Handlers::local());
+        let mut ops = gather_all_but(&mut c, 3);
+        for _ in 0..(seed % 5) {
+            c.deliver_one();
+        }
+        c.depart(3);
+        for (r, got) in finish(&mut c, &[0, 1, 2], &mut ops).into_iter().enumerate() {
+            assert_eq!(got, Err(AmError::PeerDeparted(3)), "seed {seed} rank {r}");
+        }
+        // Later collectives on the world fail at once.
+        let (ep, mut wire) = c.wire(1);
+        let world = ep.world_team();
+        assert!(matches!(
+            start(TeamBarrier::new(&world), ep, &mut wire),
+            Poll::Ready(Err(AmError::PeerDeparted(3)))
+        ));
+    }
+}
+
+/// A member that goes silent in the middle of an all-gather, as a udp peer does: only rank
+/// 0's transport reports it lost (the others would notice only after the peer timeout).
+/// Rank 0 fails its all-gather and tells the team, so every survivor fails with
+/// `PeerLost` naming the silent member at once. Catches a loss that reaches only the
+/// members whose own transport saw it.
+#[test]
+fn a_loss_one_member_sees_reaches_the_whole_team() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(5), seed, |_| am_core::Handlers::local());
+        let mut ops = gather_all_but(&mut c, 5);
+        for _ in 0..(seed % 6) {
+            c.deliver_one();
+        }
+        // Rank 1 stops: its all-gather is never stepped again, and only rank 0 is told.
+        ops[1] = None;
+        c.nodes[0].ep.mark_lost(1);
+        let survivors = [0, 2, 3, 4];
+        let got = finish(&mut c, &survivors, &mut ops);
+        for (r, got) in survivors.iter().zip(got) {
+            assert_eq!(got, Err(AmError::PeerLost(1)), "seed {seed} rank {r}");
+        }
+    }
 }

@@ -23,8 +23,15 @@
 //!   to, and every later one on those teams ([`Endpoint::mark_lost`]). A member that left
 //!   cleanly ([`Endpoint::mark_departed`]) had sent everything it owed for the collectives
 //!   it started: those that still wait for a step of its fail, the others complete, and
-//!   every later one on its teams fails. A failure is not yet forwarded to the rest of the
-//!   team: each survivor fails when its own transport reports the loss.
+//!   every later one on its teams fails. A rank that fails a collective for a gone member
+//!   tells every other member of the team, once per gone member and team (a
+//!   [`SystemMsg::Collective`] of kind [`CollectiveKind::MemberLost`] or
+//!   [`CollectiveKind::MemberDeparted`]): they fail that collective and the later ones on
+//!   the team with the same error, without waiting for their own transport to notice (udp
+//!   and ofi across hosts notice a silent peer only after `AM_PEER_TIMEOUT_MS`). So a
+//!   survivor learns of the loss within one message of the first member that noticed it;
+//!   a member waiting only on another survivor's forward no longer hangs. A notice for a
+//!   team not known here is dropped.
 //! - **Progress**: collectives advance in [`Endpoint::poll_op`] of any operation in the
 //!   table and in [`Endpoint::background_step`] (every driver's poll), so one whose handle
 //!   was dropped, or that another collective's waiter does not name, still goes on.
@@ -75,6 +82,8 @@ pub(super) struct Teams {
     /// nothing while nothing comes.
     pub(super) dirty: bool,
     stalled: Vec<Rank>,
+    /// Notices to send, oldest first: (team, to, first failed sequence, gone member, kind).
+    notices: std::collections::VecDeque<(TeamId, Rank, u64, Rank, CollectiveKind)>,
     /// A peer's misbehavior found outside a delivery (steps held for a team that no split
     /// made), for the next poll.
     stray: Option<AmError>,
@@ -94,6 +103,11 @@ struct TeamState {
     freed: bool,
     /// A member is gone: every collective fails with this.
     failed: Option<AmError>,
+    /// A member told that a member is gone: the collectives from this sequence on fail with
+    /// this error at the next advance.
+    told: Option<(u64, AmError)>,
+    /// The gone members the others were told of (once each).
+    notified: Vec<Rank>,
 }
 
 /// A step for a team not known yet: sender, sequence, step, kind, data.
@@ -148,6 +162,8 @@ impl TeamState {
             early: HashMap::new(),
             freed: false,
             failed: None,
+            told: None,
+            notified: Vec::new(),
         }
     }
 
@@ -228,6 +244,7 @@ impl Teams {
             in_flight: 0,
             dirty: false,
             stalled: Vec::new(),
+            notices: std::collections::VecDeque::new(),
             stray: None,
         }
     }
@@ -246,6 +263,12 @@ impl Teams {
                 src,
                 Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
             ));
+        }
+        if matches!(
+            kind,
+            CollectiveKind::MemberLost | CollectiveKind::MemberDeparted
+        ) {
+            return self.told(src, team, seq, step, kind, payload.len());
         }
         if let Some(ts) = self.live.get_mut(&team) {
             let mut data = Vec::new();
@@ -276,6 +299,53 @@ impl Teams {
         let mut data = Vec::new();
         payload.append_to(&mut data);
         steps.push((src, seq, step, kind, data));
+        Ok(())
+    }
+}
+
+impl Teams {
+    /// A member's notice that member `gone` of `team` is gone, from sequence `seq` on. A
+    /// notice for a team not known here is dropped (this rank may have freed it, or not
+    /// made it yet: its collectives then fail as the gone member's own steps fail to come).
+    fn told(
+        &mut self,
+        src: Rank,
+        team: TeamId,
+        seq: u64,
+        gone: Rank,
+        kind: CollectiveKind,
+        len: usize,
+    ) -> Result<(), AmError> {
+        let Some(ts) = self.live.get_mut(&team) else {
+            return Ok(());
+        };
+        let me = ts.members.get(ts.me as usize).copied();
+        let member = |r: Rank| ts.members.contains(&r);
+        if len != 0 || !member(src) || !member(gone) || Some(gone) == me || gone == src {
+            return Err(misbehaved(
+                src,
+                Misbehavior::StrayCollective {
+                    team,
+                    seq,
+                    step: gone,
+                },
+            ));
+        }
+        let error = match kind {
+            CollectiveKind::MemberLost => AmError::PeerLost(gone),
+            _ => AmError::PeerDeparted(gone),
+        };
+        // Every later collective fails when it starts; those in flight from `seq` on at
+        // the next advance.
+        ts.failed.get_or_insert_with(|| error.clone());
+        if ts.told.as_ref().is_none_or(|&(s, _)| seq < s) {
+            ts.told = Some((seq, error));
+        }
+        // Already told: this rank need not tell the others again.
+        if !ts.notified.contains(&gone) {
+            ts.notified.push(gone);
+        }
+        self.dirty = true;
         Ok(())
     }
 }
@@ -454,6 +524,9 @@ impl<H: Threading> Endpoint<H> {
 
     /// Advances every collective in flight here, on every team.
     pub(super) fn advance_collectives(&mut self, tx: &mut (impl Tx + ?Sized)) {
+        if !self.teams.notices.is_empty() {
+            self.send_notices(tx);
+        }
         if self.teams.in_flight == 0 {
             return;
         }
@@ -474,12 +547,25 @@ impl<H: Threading> Endpoint<H> {
             for id in busy {
                 self.advance_team(tx, id);
             }
+            // What those found gone, the others hear at once.
+            if !self.teams.notices.is_empty() {
+                self.send_notices(tx);
+            }
         }
+    }
+
+    /// Whether collectives are in flight or notices wait to go: polls then advance them.
+    #[inline]
+    pub(super) fn collectives_pending(&self) -> bool {
+        self.teams.in_flight > 0 || !self.teams.notices.is_empty()
     }
 
     /// Advances the collectives of team `id` as far as the steps arrived and credits allow;
     /// completes those that are done.
     fn advance_team(&mut self, tx: &mut (impl Tx + ?Sized), id: TeamId) {
+        if let Some((from, error)) = self.teams.live.get_mut(&id).and_then(|ts| ts.told.take()) {
+            self.fail_team_from(id, from, &error);
+        }
         let mut i = 0;
         while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
             let alive = self
@@ -658,6 +744,12 @@ impl<H: Threading> Endpoint<H> {
         };
         let c = ts.colls.remove(i);
         let parent = (ts.members.clone(), ts.me);
+        if let Err(AmError::PeerLost(p) | AmError::PeerDeparted(p)) = &outcome {
+            if parent.0.contains(p) {
+                let lost = matches!(outcome, Err(AmError::PeerLost(_)));
+                self.notify(id, c.seq, *p, lost);
+            }
+        }
         self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
         let mut made = None;
         let outcome = match (c.kind, outcome) {
@@ -770,13 +862,15 @@ impl<H: Threading> Endpoint<H> {
     /// not arrived, fails.
     pub(super) fn fail_teams_with(&mut self, peer: Rank, error: &AmError, eager: bool) {
         let mut failed = Vec::new();
+        let mut notify = Vec::new();
         let mut splits = 0;
         self.teams.dirty = true;
-        for ts in self.teams.live.values_mut() {
+        for (&id, ts) in self.teams.live.iter_mut() {
             if !ts.members.contains(&peer) {
                 continue;
             }
             ts.failed.get_or_insert_with(|| error.clone());
+            let mut first = None::<u64>;
             let mut kept = Vec::new();
             for c in std::mem::take(&mut ts.colls) {
                 if !eager && !ts.still_needs(&c, peer) {
@@ -787,9 +881,13 @@ impl<H: Threading> Endpoint<H> {
                     splits += 1;
                 }
                 ts.early.retain(|&(seq, _), _| seq != c.seq);
+                first = Some(first.map_or(c.seq, |f| f.min(c.seq)));
                 failed.push((c.index, c.gen));
             }
             ts.colls = kept;
+            if let Some(seq) = first {
+                notify.push((id, seq));
+            }
         }
         self.teams
             .live
@@ -799,11 +897,95 @@ impl<H: Threading> Endpoint<H> {
         if splits > 0 && self.teams.splits == 0 {
             self.teams.unknown.clear();
         }
+        for (id, seq) in notify {
+            self.notify(id, seq, peer, matches!(error, AmError::PeerLost(_)));
+        }
+        self.fail_slots_of(failed, error);
+    }
+
+    fn fail_slots_of(&mut self, failed: Vec<(u32, u32)>, error: &AmError) {
         for (index, gen) in failed {
             if let Some(slot) = self.op(index, gen) {
                 slot.error.get_or_insert_with(|| error.clone());
                 slot.outstanding = 0;
                 self.settle(index);
+            }
+        }
+    }
+
+    /// A member told this rank that a member is gone: the collectives on team `id` from
+    /// sequence `from` on fail with `error`, and every later one.
+    fn fail_team_from(&mut self, id: TeamId, from: u64, error: &AmError) {
+        let Some(ts) = self.teams.live.get_mut(&id) else {
+            return;
+        };
+        ts.failed.get_or_insert_with(|| error.clone());
+        let mut failed = Vec::new();
+        let mut splits = 0;
+        let mut kept = Vec::new();
+        for c in std::mem::take(&mut ts.colls) {
+            if c.seq < from {
+                kept.push(c);
+                continue;
+            }
+            if c.kind == CollectiveKind::Split {
+                splits += 1;
+            }
+            ts.early.retain(|&(seq, _), _| seq != c.seq);
+            failed.push((c.index, c.gen));
+        }
+        ts.colls = kept;
+        self.teams.in_flight = self.teams.in_flight.saturating_sub(failed.len() as u32);
+        self.teams.splits = self.teams.splits.saturating_sub(splits);
+        if splits > 0 && self.teams.splits == 0 {
+            self.teams.unknown.clear();
+        }
+        self.fail_slots_of(failed, error);
+    }
+
+    /// Tells every other member of team `id` (but `gone`) that `gone` is gone and this rank
+    /// failed the team's collectives from `seq` on; once per gone member and team.
+    fn notify(&mut self, id: TeamId, seq: u64, gone: Rank, lost: bool) {
+        let Some(ts) = self.teams.live.get_mut(&id) else {
+            return;
+        };
+        if ts.notified.contains(&gone) {
+            return;
+        }
+        ts.notified.push(gone);
+        let me = ts.members.get(ts.me as usize).copied();
+        let kind = if lost {
+            CollectiveKind::MemberLost
+        } else {
+            CollectiveKind::MemberDeparted
+        };
+        for &m in &ts.members {
+            if m != gone && Some(m) != me {
+                self.teams.notices.push_back((id, m, seq, gone, kind));
+            }
+        }
+    }
+
+    /// Sends the notices queued, in order, until one waits for a credit; those to members
+    /// gone meanwhile are dropped.
+    fn send_notices(&mut self, tx: &mut (impl Tx + ?Sized)) {
+        while let Some(&(team, to, seq, gone, kind)) = self.teams.notices.front() {
+            let msg = SystemMsg::Collective {
+                team,
+                seq,
+                step: gone,
+                kind,
+            };
+            match self.system_step(tx, to, msg, &[], None) {
+                Poll::Pending => {
+                    if !self.teams.stalled.contains(&to) {
+                        self.teams.stalled.push(to);
+                    }
+                    return;
+                }
+                Poll::Ready(_) => {
+                    self.teams.notices.pop_front();
+                }
             }
         }
     }

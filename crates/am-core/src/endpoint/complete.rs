@@ -29,7 +29,7 @@ impl<H: Threading> Endpoint<H> {
                 _ => Err(AmError::StaleHandle),
             },
             State::Slot { .. } => {
-                if self.teams.in_flight > 0 {
+                if self.collectives_pending() {
                     // The collective this may be, and those it shares progress with.
                     self.advance_collectives(t);
                 }
