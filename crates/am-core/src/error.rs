@@ -98,8 +98,11 @@ pub enum AmError {
     UnknownTeam(TeamId),
     /// The members of `team` disagree on a collective: `peer` started another collective
     /// under the same sequence number (a barrier where this rank started an all-gather), or
-    /// gave a block of another length. Every collective on a team must be started by every
-    /// member, in the same order, with the same sizes.
+    /// gave another root, a block or vector of another length, or another reduction. Every
+    /// collective on a team must be started by every member, in the same order, with the
+    /// same root, sizes and reduction. The member that finds the disagreement tells the
+    /// others: the collective fails on every member still in it, and every later one on the
+    /// team fails with this error on every member.
     #[error("rank {peer} started another collective than this one on team {team}")]
     CollectiveMismatch {
         /// The team.
@@ -107,6 +110,11 @@ pub enum AmError {
         /// The member whose message disagreed.
         peer: Rank,
     },
+    /// A collective's arguments no member could match: a root outside the team, a bitwise
+    /// reduction over a floating-point type, data given by a member that is not a
+    /// broadcast's root.
+    #[error("invalid collective: {0}")]
+    InvalidCollective(&'static str),
 }
 
 /// What a misbehaving peer did.

@@ -85,6 +85,7 @@ pub mod op;
 pub mod protocol;
 #[cfg(not(feature = "conformance"))]
 mod protocol;
+pub mod reduce;
 pub mod reply;
 pub mod rma;
 pub mod shared;
@@ -109,6 +110,7 @@ pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Th
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig, Told};
 pub use node::Node;
 pub use op::{Completed, Op, Outcome};
+pub use reduce::{Element, ReduceOp};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};

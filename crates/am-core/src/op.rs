@@ -48,6 +48,7 @@ use std::task::{Poll, Waker};
 use crate::atomic::AtomicWord;
 use crate::call::{Calls, Reply};
 use crate::error::AmError;
+use crate::reduce::Element;
 use crate::team::Team;
 use crate::types::Rank;
 
@@ -281,8 +282,8 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// The values an [`Op`] completes with: `()`, `Vec<u8>`, `&mut [u8]`, `u32`, `u64`,
-/// [`Reply`] and `Option<Team>` (a split's). Sealed: the operations of [`crate::op`] are the only ones.
+/// The values an [`Op`] completes with: `()`, `Vec<u8>` (and `Vec<E>` of a reduction's
+/// [`Element`]s), `&mut [u8]`, `u32`, `u64`, [`Reply`] and `Option<Team>` (a split's). Sealed: the operations of [`crate::op`] are the only ones.
 pub trait Outcome: sealed::Sealed + Sized {
     /// What the handle holds for the outcome until it completes (a get's buffer).
     #[doc(hidden)]
@@ -300,12 +301,13 @@ impl Outcome for () {
     }
 }
 
-impl sealed::Sealed for Vec<u8> {}
-impl Outcome for Vec<u8> {
+// Bytes (`Vec<u8>`, a get's) and a reduction's elements: its bytes, little-endian.
+impl<E: Element> sealed::Sealed for Vec<E> {}
+impl<E: Element> Outcome for Vec<E> {
     type Held = ();
-    fn finish(_: Option<()>, raw: Raw) -> Result<Vec<u8>, AmError> {
+    fn finish(_: Option<()>, raw: Raw) -> Result<Vec<E>, AmError> {
         match raw {
-            Raw::Bytes(b) => Ok(b),
+            Raw::Bytes(b) => Ok(E::from_bytes(b)),
             _ => Err(AmError::StaleHandle),
         }
     }

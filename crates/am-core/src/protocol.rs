@@ -209,6 +209,11 @@ pub enum SystemMsg {
         step: u32,
         /// Which collective the sender started under `seq`.
         kind: CollectiveKind,
+        /// The root's team rank (a broadcast, reduce or gather; 0 for the others).
+        root: u32,
+        /// The reduction's element type and operation (a reduce or all-reduce; 0 for the
+        /// others).
+        desc: u32,
     },
     /// End the job with `code` (Short request).
     Exit {
@@ -229,6 +234,16 @@ pub enum CollectiveKind {
     AllGather,
     /// A team split: an all-gather of each member's color, key and next team serial.
     Split,
+    /// A broadcast from the root (a binomial tree: step `k` comes from the member `2^k`
+    /// before, counted from the root).
+    Broadcast,
+    /// A reduction to the root (a binomial tree towards team rank 0, which forwards the
+    /// result to the root at step [`FORWARD_STEP`]).
+    Reduce,
+    /// A reduction whose result every member gets (recursive doubling).
+    AllReduce,
+    /// A gather to the root: step `s` is the block of team rank `s`.
+    Gather,
     /// Not a collective's step: the sender failed the team's collective `seq` because the
     /// member of world rank `step` is lost, and so fails every collective on the team from
     /// that one on; the receiver does the same (a transport may notice a silent peer much
@@ -236,7 +251,24 @@ pub enum CollectiveKind {
     MemberLost,
     /// As [`CollectiveKind::MemberLost`], for a member that left the job.
     MemberDeparted,
+    /// Not a collective's step: the sender found that the member of world rank `step`
+    /// started another collective than its own under sequence `seq` (or with another root,
+    /// length or reduction), and fails every collective on the team from that one on; the
+    /// receiver does the same, so that every member gets
+    /// [`crate::AmError::CollectiveMismatch`] rather than waiting for a step that never
+    /// comes.
+    Mismatch,
 }
+
+/// The step of a reduction's result forwarded from team rank 0 to a root that is not it.
+pub const FORWARD_STEP: u32 = 64;
+
+/// An all-reduce's first step, from an even member to the odd one after it, when the
+/// team's size is not a power of two (the even member then sits out the doubling).
+pub const FOLD_STEP: u32 = 0;
+
+/// An all-reduce's last step, the result back to the even member that sat out.
+pub const UNFOLD_STEP: u32 = 65;
 
 impl CollectiveKind {
     fn code(self) -> u32 {
@@ -246,6 +278,11 @@ impl CollectiveKind {
             CollectiveKind::Split => 3,
             CollectiveKind::MemberLost => 4,
             CollectiveKind::MemberDeparted => 5,
+            CollectiveKind::Broadcast => 6,
+            CollectiveKind::Reduce => 7,
+            CollectiveKind::AllReduce => 8,
+            CollectiveKind::Gather => 9,
+            CollectiveKind::Mismatch => 10,
         }
     }
 
@@ -256,6 +293,11 @@ impl CollectiveKind {
             3 => CollectiveKind::Split,
             4 => CollectiveKind::MemberLost,
             5 => CollectiveKind::MemberDeparted,
+            6 => CollectiveKind::Broadcast,
+            7 => CollectiveKind::Reduce,
+            8 => CollectiveKind::AllReduce,
+            9 => CollectiveKind::Gather,
+            10 => CollectiveKind::Mismatch,
             _ => return None,
         })
     }
@@ -442,6 +484,8 @@ impl SystemMsg {
                 seq,
                 step,
                 kind,
+                root,
+                desc,
             } => (
                 op::COLLECTIVE,
                 Medium,
@@ -453,6 +497,8 @@ impl SystemMsg {
                     hi(seq),
                     step,
                     kind.code(),
+                    root,
+                    desc,
                 ],
             ),
         };
@@ -555,14 +601,19 @@ impl SystemMsg {
                 ok: flag(status)?,
             },
             (op::EXIT, Request, Short, &[code]) => SystemMsg::Exit { code: code as i32 },
-            (op::COLLECTIVE, Request, Medium, &[leader, serial, s0, s1, step, kind]) => {
-                SystemMsg::Collective {
-                    team: TeamId { leader, serial },
-                    seq: join(s0, s1),
-                    step,
-                    kind: CollectiveKind::from_code(kind).ok_or_else(|| bad.clone())?,
-                }
-            }
+            (
+                op::COLLECTIVE,
+                Request,
+                Medium,
+                &[leader, serial, s0, s1, step, kind, root, desc],
+            ) => SystemMsg::Collective {
+                team: TeamId { leader, serial },
+                seq: join(s0, s1),
+                step,
+                kind: CollectiveKind::from_code(kind).ok_or_else(|| bad.clone())?,
+                root,
+                desc,
+            },
             _ => return Err(bad),
         };
         Ok(msg)
@@ -625,14 +676,23 @@ mod tests {
                 .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
             (any::<u32>(), 1..=MAX_BATCH_ATOMICS)
                 .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
-            (any::<(u32, u32)>(), any::<u64>(), any::<u32>(), 1..=5u32).prop_map(
-                |((leader, serial), seq, step, kind)| SystemMsg::Collective {
-                    team: TeamId { leader, serial },
-                    seq,
-                    step,
-                    kind: CollectiveKind::from_code(kind).expect("a known kind"),
-                }
-            ),
+            (
+                any::<(u32, u32)>(),
+                any::<u64>(),
+                any::<u32>(),
+                1..=10u32,
+                any::<(u32, u32)>()
+            )
+                .prop_map(|((leader, serial), seq, step, kind, (root, desc))| {
+                    SystemMsg::Collective {
+                        team: TeamId { leader, serial },
+                        seq,
+                        step,
+                        kind: CollectiveKind::from_code(kind).expect("a known kind"),
+                        root,
+                        desc,
+                    }
+                }),
         ]
     }
 

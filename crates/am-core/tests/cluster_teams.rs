@@ -9,11 +9,13 @@ mod harness;
 use std::collections::HashMap;
 use std::task::Poll;
 
-use am_core::endpoint::start::{Split, Start, TeamAllGather, TeamBarrier};
+use am_core::endpoint::start::{
+    Split, Start, TeamAllGather, TeamBarrier, TeamBroadcast, TeamGather, TeamReduce,
+};
 use am_core::endpoint::Endpoint;
 use am_core::protocol::{CollectiveKind, SystemMsg};
 use am_core::wire::{Header, MAX_HEAD_LEN};
-use am_core::{AmError, AmKind, Category, Local, Misbehavior, Op, Rank, Team, TeamId};
+use am_core::{AmError, AmKind, Category, Local, Misbehavior, Op, Rank, ReduceOp, Team, TeamId};
 use harness::{Cluster, Shape, Wire};
 use proptest::prelude::*;
 
@@ -31,12 +33,23 @@ enum Want {
     Split(On, Option<u32>, u32),
     Barrier(On),
     Gather(On, Vec<u8>),
+    /// A broadcast from team rank `root % size` of `len` bytes ([`block`] of the root's, by
+    /// the operation's index).
+    Broadcast(On, u32, usize),
+    /// A gather of this block to team rank `root % size`.
+    GatherTo(On, u32, Vec<u8>),
+    /// A reduction of this vector by the op, to team rank `root % size` or (`None`) to all.
+    Reduce(On, Option<u32>, ReduceOp, Vec<i64>),
+    /// An all-reduce of floats by sum.
+    SumF(On, Vec<f64>),
 }
 
 enum Running {
     Split(Op<Option<Team>>),
     Barrier(Op<()>),
     Gather(Op<Vec<u8>>),
+    Ints(Op<Vec<i64>>),
+    Floats(Op<Vec<f64>>),
 }
 
 /// What an operation of a plan gave.
@@ -45,6 +58,8 @@ enum Got {
     Team(Option<Team>),
     Unit,
     Bytes(Vec<u8>),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
     /// It ran on a team that the rank's split did not give it.
     Skipped,
 }
@@ -100,7 +115,13 @@ impl Plan {
         while self.next < self.wants.len() {
             let want = self.wants[self.next].clone();
             let on = match want {
-                Want::Split(on, ..) | Want::Barrier(on) | Want::Gather(on, _) => on,
+                Want::Split(on, ..)
+                | Want::Barrier(on)
+                | Want::Gather(on, _)
+                | Want::Broadcast(on, ..)
+                | Want::GatherTo(on, ..)
+                | Want::Reduce(on, ..)
+                | Want::SumF(on, _) => on,
             };
             let Ok(team) = self.team(ep, on) else {
                 break;
@@ -120,6 +141,28 @@ impl Plan {
                 }
                 Want::Gather(_, block) => start(TeamAllGather::new(&team, &block), ep, wire)
                     .map(|r| r.map(Running::Gather)),
+                Want::Broadcast(_, root, len) => {
+                    let root = root % team.size();
+                    let data = match team.rank() == root {
+                        true => block(ep.rank(), self.next, len),
+                        false => Vec::new(),
+                    };
+                    start(TeamBroadcast::new(&team, root, &data), ep, wire)
+                        .map(|r| r.map(Running::Gather))
+                }
+                Want::GatherTo(_, root, b) => {
+                    start(TeamGather::new(&team, root % team.size(), &b), ep, wire)
+                        .map(|r| r.map(Running::Gather))
+                }
+                Want::Reduce(_, root, op, v) => {
+                    let root = root.map(|r| r % team.size());
+                    start(TeamReduce::new(&team, root, op, &v), ep, wire)
+                        .map(|r| r.map(Running::Ints))
+                }
+                Want::SumF(_, v) => {
+                    start(TeamReduce::new(&team, None, ReduceOp::Sum, &v), ep, wire)
+                        .map(|r| r.map(Running::Floats))
+                }
             };
             match started {
                 Poll::Pending => break,
@@ -142,6 +185,8 @@ impl Plan {
                     ep.poll_op(wire, op, None).map(|r| r.map(|()| Got::Unit))
                 }
                 Some(Running::Gather(op)) => ep.poll_op(wire, op, None).map(|r| r.map(Got::Bytes)),
+                Some(Running::Ints(op)) => ep.poll_op(wire, op, None).map(|r| r.map(Got::Ints)),
+                Some(Running::Floats(op)) => ep.poll_op(wire, op, None).map(|r| r.map(Got::Floats)),
             };
             if let Poll::Ready(r) = polled {
                 *slot = None;
@@ -342,6 +387,146 @@ proptest! {
     }
 }
 
+/// A rank's vector for the reduction at index `op` of a plan.
+fn ints(world: Rank, op: usize, len: usize) -> Vec<i64> {
+    (0..len)
+        .map(|i| (world as i64 * 1_000_003 + op as i64 * 7919) ^ ((i as i64 * 104_729) - 500_000))
+        .collect()
+}
+
+fn floats(world: Rank, len: usize) -> Vec<f64> {
+    (0..len)
+        .map(|i| 0.1 * f64::from(world) + 1e-3 * i as f64 + 1.0 / 3.0)
+        .collect()
+}
+
+/// The sequential model of a reduction: `op` over the members' vectors, in team order.
+fn model_reduce(members: &[Rank], op: ReduceOp, at: usize, len: usize) -> Vec<i64> {
+    let f = |a: i64, b: i64| match op {
+        ReduceOp::Sum => a.wrapping_add(b),
+        ReduceOp::Product => a.wrapping_mul(b),
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+        ReduceOp::And => a & b,
+        ReduceOp::Or => a | b,
+        ReduceOp::Xor => a ^ b,
+        _ => unreachable!(),
+    };
+    let mut acc = ints(members[0], at, len);
+    for &m in &members[1..] {
+        for (a, b) in acc.iter_mut().zip(ints(m, at, len)) {
+            *a = f(*a, b);
+        }
+    }
+    acc
+}
+
+fn any_op() -> impl Strategy<Value = ReduceOp> {
+    prop_oneof![
+        Just(ReduceOp::Sum),
+        Just(ReduceOp::Product),
+        Just(ReduceOp::Min),
+        Just(ReduceOp::Max),
+        Just(ReduceOp::And),
+        Just(ReduceOp::Or),
+        Just(ReduceOp::Xor),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 128 },
+        ..ProptestConfig::default()
+    })]
+
+    /// Broadcasts, gathers, reductions to one and to all, with random roots and operations
+    /// on the world of 1 to 8 ranks and on a random split of it, all in flight at once,
+    /// checked against the sequential model; float all-reduces give every member the same
+    /// bits. Catches a tree that misses a member or sends a subtree twice (sizes that are
+    /// not powers of two, roots other than 0), a pairing of the all-reduce's fold that
+    /// leaves a member out, a block placed at another member's place, a root's result given
+    /// to another member, and a non-root given a result.
+    #[test]
+    fn rooted_collectives_and_reductions_match_the_model(
+        n in 1u32..=8,
+        seed in any::<u64>(),
+        colors in proptest::collection::vec(0u32..2, 8),
+        roots in proptest::collection::vec(0u32..8, 6),
+        ops in proptest::collection::vec(any_op(), 3),
+        len in 1usize..=6,
+    ) {
+        let mut c = Cluster::started(shape(n), seed, |_| am_core::Handlers::local());
+        // Vectors of up to 6 i64 fit a 64-byte Medium: 48 bytes.
+        let plans: Vec<Vec<Want>> = (0..n)
+            .map(|r| {
+                vec![
+                    Want::Split(On::World, Some(colors[r as usize]), 0),
+                    Want::Broadcast(On::World, roots[0], len),
+                    Want::Reduce(On::Made(0), None, ops[0], ints(r, 2, len)),
+                    Want::GatherTo(On::World, roots[1], block(r, 3, len)),
+                    Want::Reduce(On::World, Some(roots[2]), ops[1], ints(r, 4, len)),
+                    Want::Broadcast(On::Made(0), roots[3], len),
+                    Want::Reduce(On::World, None, ops[2], ints(r, 6, len)),
+                    Want::SumF(On::World, floats(r, len)),
+                    Want::Reduce(On::Made(0), Some(roots[4]), ops[0], ints(r, 8, len)),
+                    Want::GatherTo(On::Made(0), roots[5], block(r, 9, len)),
+                ]
+            })
+            .collect();
+        let results = run(&mut c, plans);
+        let world: Vec<Rank> = (0..n).collect();
+        let mut sums: Vec<Vec<u64>> = Vec::new();
+        for (r, got) in results.iter().enumerate() {
+            let r = r as Rank;
+            let ok = |i: usize| got[i].as_ref().unwrap_or_else(|e| panic!("rank {r} op {i}: {e}"));
+            let team = match ok(0) {
+                Got::Team(Some(t)) => t.clone(),
+                other => panic!("split gave {other:?}"),
+            };
+            let members = team.members().to_vec();
+            let bytes = |i: usize| match ok(i) {
+                Got::Bytes(b) => b.clone(),
+                other => panic!("op {i} gave {other:?}"),
+            };
+            let int = |i: usize| match ok(i) {
+                Got::Ints(v) => v.clone(),
+                other => panic!("op {i} gave {other:?}"),
+            };
+            // Broadcasts: the root's bytes everywhere.
+            prop_assert_eq!(bytes(1), block(world[(roots[0] % n) as usize], 1, len));
+            let troot = |k: usize| roots[k] % members.len() as u32;
+            prop_assert_eq!(bytes(5), block(members[troot(3) as usize], 5, len));
+            // Reductions to all.
+            prop_assert_eq!(int(2), model_reduce(&members, ops[0], 2, len));
+            prop_assert_eq!(int(6), model_reduce(&world, ops[2], 6, len));
+            // Gathers and reductions to one: the root has it, the others nothing.
+            let at_root = |root: u32, want: Vec<u8>| if root == r { want } else { Vec::new() };
+            prop_assert_eq!(bytes(3), at_root(roots[1] % n, gathered(&world, 3, len)));
+            let want = model_reduce(&world, ops[1], 4, len);
+            prop_assert_eq!(int(4), if roots[2] % n == r { want } else { Vec::new() });
+            let want = model_reduce(&members, ops[0], 8, len);
+            let root8 = members[troot(4) as usize];
+            prop_assert_eq!(int(8), if root8 == r { want } else { Vec::new() });
+            let root9 = members[troot(5) as usize];
+            prop_assert_eq!(bytes(9), at_root(root9, gathered(&members, 9, len)));
+            // The float sum: close to the model, and the same bits on every member.
+            let Got::Floats(f) = ok(7) else { panic!("op 7") };
+            for (i, x) in f.iter().enumerate() {
+                let want: f64 = world.iter().map(|&w| floats(w, len)[i]).sum();
+                prop_assert!((x - want).abs() < 1e-9, "{} vs {}", x, want);
+            }
+            sums.push(f.iter().map(|x| x.to_bits()).collect());
+        }
+        prop_assert!(sums.windows(2).all(|w| w[0] == w[1]), "members' float sums differ");
+        drop(results);
+        c.drive_all(|_, ep, wire| ep.background_step(wire));
+        for node in &c.nodes {
+            prop_assert_eq!(node.ep.teams_held(), (1, 0));
+            prop_assert_eq!(node.ep.collectives_in_flight(), 0);
+        }
+    }
+}
+
 /// Many collectives in flight on one team and on overlapping ones at once, more than the
 /// window of `MAX_COLLECTIVES_IN_FLIGHT` per team (the later starts wait for earlier ones to
 /// complete), over 40 interleavings of 5 ranks. Catches a window that deadlocks (a start
@@ -497,6 +682,8 @@ fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8
         seq,
         step,
         kind,
+        root: 0,
+        desc: 0,
     }
     .encode();
     let h = Header {
@@ -642,6 +829,67 @@ fn members_that_disagree_get_a_mismatch_not_a_wrong_answer() {
                 "{:?}",
                 got[0]
             );
+        }
+    }
+}
+
+/// Members that disagree on a rooted collective's root, on a reduction's operation or
+/// element type: the member that finds it fails, tells the others, and every member gets
+/// `AmError::CollectiveMismatch` on every collective on the team it has not completed when
+/// told, and on every later one (one whose steps had all come may complete: the root of a
+/// broadcast sends and is done). Catches a mismatch seen by one member that leaves the others waiting
+/// for steps that never come, and a team that goes on after one.
+#[test]
+fn a_disagreement_reaches_every_member_of_the_team() {
+    type Case = fn(Rank) -> Want;
+    let cases: [(&str, Case); 3] = [
+        ("root", |r| Want::Broadcast(On::World, u32::from(r == 2), 4)),
+        ("op", |r| {
+            let op = if r == 1 { ReduceOp::Max } else { ReduceOp::Sum };
+            Want::Reduce(On::World, None, op, vec![1])
+        }),
+        ("type", |r| match r {
+            0 => Want::SumF(On::World, vec![1.0]),
+            _ => Want::Reduce(On::World, None, ReduceOp::Sum, vec![1]),
+        }),
+    ];
+    for (what, case) in cases {
+        for seed in 0..20 {
+            let mut c = Cluster::started(shape(3), seed, |_| am_core::Handlers::local());
+            let plans = (0..3)
+                .map(|r| vec![case(r), Want::Barrier(On::World)])
+                .collect();
+            let results = run(&mut c, plans);
+            let mismatch = |g: &Result<Got, AmError>| {
+                matches!(
+                    g,
+                    Err(AmError::CollectiveMismatch {
+                        team: TeamId::WORLD,
+                        ..
+                    })
+                )
+            };
+            assert!(
+                results.iter().any(|got| mismatch(&got[0])),
+                "{what}, seed {seed}: nobody saw it: {results:?}"
+            );
+            // A collective already in flight when the notice came may complete (its steps
+            // had all come: the barrier did hold); the next one fails everywhere.
+            for (r, got) in results.iter().enumerate() {
+                assert!(
+                    mismatch(&got[1]) || matches!(got[1], Ok(Got::Unit)),
+                    "{what}, seed {seed}, rank {r}: {:?}",
+                    got[1]
+                );
+            }
+            let again = run(&mut c, vec![vec![Want::Barrier(On::World)]; 3]);
+            for (r, got) in again.iter().enumerate() {
+                assert!(
+                    mismatch(&got[0]),
+                    "{what}, seed {seed}, rank {r}: the next collective gave {:?}",
+                    got[0]
+                );
+            }
         }
     }
 }

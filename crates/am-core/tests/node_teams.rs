@@ -131,3 +131,116 @@ fn shared_and_async_nodes_run_the_same_collectives() {
         });
     });
 }
+
+/// Broadcast, gather, reduce and all-reduce through `Node` (blocking and `_nb`, several in
+/// flight), `SharedNode` and `AsyncNode` on 3 and 4 ranks, with roots other than 0 and a
+/// vector as large as a Medium carries. Catches a rooted collective or a reduction left out
+/// of a driver, a typed outcome decoded at the wrong width, and a vector past `max_medium`
+/// sent rather than refused.
+#[test]
+fn rooted_collectives_and_reductions_on_every_driver() {
+    use am_core::ReduceOp;
+    for n in [3u32, 4] {
+        within(Duration::from_secs(60), move || {
+            am_core::run_ranks(Loopback::cluster(n, Default::default()), |t| {
+                let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+                let me = node.rank();
+                let world = node.world_team();
+                let last = n - 1;
+                let data = if me == last {
+                    b"from the last".to_vec()
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(
+                    node.team_broadcast(&world, last, &data).unwrap(),
+                    b"from the last"
+                );
+                let all: Vec<u8> = (0..n).flat_map(|r| [r as u8, 7]).collect();
+                let got = node.team_gather(&world, 1, &[me as u8, 7]).unwrap();
+                assert_eq!(got, if me == 1 { all } else { Vec::new() });
+
+                let sum: u64 = (0..n as u64).map(|r| r * r).sum();
+                let got = node
+                    .team_reduce(&world, 2, ReduceOp::Sum, &[u64::from(me * me), 1])
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    if me == 2 {
+                        vec![sum, n as u64]
+                    } else {
+                        Vec::new()
+                    }
+                );
+                let got = node
+                    .team_all_reduce(&world, ReduceOp::Min, &[-(me as i32), me as i32])
+                    .unwrap();
+                assert_eq!(got, [-(last as i32), 0]);
+
+                // In flight together, waited for in reverse.
+                let a = node
+                    .team_all_reduce_nb(&world, ReduceOp::Sum, &[0.5f64 * f64::from(me)])
+                    .unwrap();
+                let b = node
+                    .team_broadcast_nb(&world, 0, if me == 0 { &[1, 2] } else { &[] })
+                    .unwrap();
+                let c = node
+                    .team_all_reduce_nb(&world, ReduceOp::Xor, &[1u8 << me])
+                    .unwrap();
+                assert_eq!(node.wait(c).unwrap(), [(1u8 << n) - 1]);
+                assert_eq!(node.wait(b).unwrap(), [1, 2]);
+                let half: f64 = (0..n).map(|r| 0.5 * f64::from(r)).sum();
+                assert_eq!(node.wait(a).unwrap(), [half]);
+
+                // A vector as large as a Medium carries; one element more is refused.
+                let max = node.max_medium() / 8;
+                let v: Vec<u64> = (0..max as u64).map(|i| i + u64::from(me)).collect();
+                let got = node.team_all_reduce(&world, ReduceOp::Max, &v).unwrap();
+                assert_eq!(
+                    got,
+                    (0..max as u64)
+                        .map(|i| i + u64::from(last))
+                        .collect::<Vec<_>>()
+                );
+                let too_many = vec![0u64; max + 1];
+                assert!(node
+                    .team_all_reduce(&world, ReduceOp::Max, &too_many)
+                    .is_err());
+                // Misuse refused before anything is sent.
+                assert!(matches!(
+                    node.team_all_reduce(&world, ReduceOp::And, &[1.0f32]),
+                    Err(am_core::AmError::InvalidCollective(_))
+                ));
+                assert!(matches!(
+                    node.team_broadcast(&world, n, &[]),
+                    Err(am_core::AmError::InvalidCollective(_))
+                ));
+
+                let shared = SharedNode::new(node);
+                let got = shared
+                    .team_all_reduce(&world, ReduceOp::Max, &[me])
+                    .unwrap();
+                assert_eq!(got, [last]);
+                let op = shared.team_gather_nb(&world, 0, &[me as u8]).unwrap();
+                let got = shared.wait(op).unwrap();
+                assert_eq!(got.len(), if me == 0 { n as usize } else { 0 });
+                let node = AsyncNode::new(shared.into_inner().unwrap());
+                let (sum, bytes) = am_core::future::block_on(&node, async {
+                    let sum = node
+                        .team_reduce(&world, 0, ReduceOp::Product, &[i64::from(me) + 1])
+                        .await
+                        .unwrap();
+                    let bytes = node
+                        .team_broadcast(&world, 1, if me == 1 { b"async" } else { b"" })
+                        .await
+                        .unwrap();
+                    node.team_barrier(&world).await.unwrap();
+                    (sum, bytes)
+                });
+                let fact: i64 = (1..=i64::from(n)).product();
+                assert_eq!(sum, if me == 0 { vec![fact] } else { Vec::new() });
+                assert_eq!(bytes, b"async");
+            });
+        });
+    }
+}

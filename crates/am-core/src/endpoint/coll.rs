@@ -44,7 +44,8 @@ use std::task::{ready, Poll};
 use super::state::Endpoint;
 use crate::error::{AmError, Misbehavior};
 use crate::handler::Threading;
-use crate::protocol::{opcode, CollectiveKind, SystemMsg};
+use crate::protocol::{opcode, CollectiveKind, SystemMsg, FOLD_STEP, FORWARD_STEP, UNFOLD_STEP};
+use crate::reduce::{Element, ReduceOp, Reduction};
 use crate::team::{split_block, split_result, Drops, Team, TeamId};
 use crate::transport::{Payload, Transport, Tx};
 use crate::types::{AmKind, Rank};
@@ -108,48 +109,247 @@ struct TeamState {
     told: Option<(u64, AmError)>,
     /// The gone members the others were told of (once each).
     notified: Vec<Rank>,
+    /// The others were told of a mismatch (once per team).
+    mismatch_told: bool,
 }
 
-/// A step for a team not known yet: sender, sequence, step, kind, data.
-type Held = (Rank, u64, u32, CollectiveKind, Vec<u8>);
+/// A step for a team not known yet: sender, sequence, step, kind, root, desc, data.
+type Held = (Rank, u64, u32, CollectiveKind, u32, u32, Vec<u8>);
 
 struct Arrival {
     src: Rank,
     kind: CollectiveKind,
+    root: u32,
+    desc: u32,
     data: Vec<u8>,
 }
 
+/// A collective in flight: its plan of sends and takes, taken in order, over one buffer.
 struct Coll {
     seq: u64,
     /// Its operation slot.
     index: u32,
     gen: u32,
     kind: CollectiveKind,
-    alg: Alg,
+    /// The root's team rank (0 where there is none).
+    root: u32,
+    /// The reduction's word (0 where there is none).
+    desc: u32,
+    red: Option<Reduction>,
+    /// The block length of a gather or all-gather.
+    block: usize,
+    /// What it sends from and takes into: the gathered blocks, the broadcast bytes, the
+    /// reduction's partial result.
+    buf: Vec<u8>,
+    plan: Vec<Action>,
+    /// The next action of `plan`.
+    at: usize,
+    /// A member that started another collective under this sequence (or another root,
+    /// reduction or length): the collective fails with [`AmError::CollectiveMismatch`].
+    mismatch: Option<Rank>,
 }
 
-enum Alg {
-    /// Dissemination: round `r` goes to the member `2^r` after, and waits for the one
-    /// `2^r` before.
-    Barrier { round: u32, sent: bool },
-    /// A ring all-gather: step `s` sends the block of member `me - s` to the next member and
-    /// takes the block of member `me - 1 - s` from the previous one.
-    Ring {
-        block: usize,
-        buf: Vec<u8>,
-        sent: u32,
-        got: u32,
-    },
+/// One action of a collective's plan: peers are team ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Send { to: u32, step: u32, part: Part },
+    Take { from: u32, step: u32, part: Part },
 }
 
-impl Alg {
-    /// The first step this collective has not taken yet from its sender.
-    fn next_wanted(&self) -> u32 {
-        match self {
-            Alg::Barrier { round, .. } => *round,
-            Alg::Ring { got, .. } => *got,
+/// Which part of a collective's buffer an action sends, or what a take does with the
+/// bytes that came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// No bytes (a barrier).
+    Nothing,
+    /// Block `b` (of the collective's block length).
+    Block(u32),
+    /// The whole buffer; a take replaces it.
+    Whole,
+    /// A take that combines: the bytes cover lower team ranks than the buffer,
+    /// `buf = op(bytes, buf)`.
+    Lower,
+    /// A take that combines: the bytes cover higher team ranks, `buf = op(buf, bytes)`.
+    Upper,
+}
+
+/// `2^k`, if it is below `n`.
+fn pow_below(k: u32, n: u32) -> Option<u32> {
+    1u32.checked_shl(k).filter(|&d| d < n)
+}
+
+/// The plan of a collective of `kind` for team rank `me` of `n` with root `root` (a team
+/// rank below `n`): the algorithms of the [module docs](self).
+fn plan(kind: CollectiveKind, n: u32, me: u32, root: u32) -> Vec<Action> {
+    use Action::{Send, Take};
+    let mut p = Vec::new();
+    let rel = |vr: u32| (root + vr) % n;
+    match kind {
+        CollectiveKind::Barrier => {
+            let mut k = 0;
+            while let Some(d) = pow_below(k, n) {
+                p.push(Send {
+                    to: (me + d) % n,
+                    step: k,
+                    part: Part::Nothing,
+                });
+                p.push(Take {
+                    from: (me + n - d) % n,
+                    step: k,
+                    part: Part::Nothing,
+                });
+                k += 1;
+            }
         }
+        CollectiveKind::AllGather | CollectiveKind::Split => {
+            for s in 0..n - 1 {
+                p.push(Send {
+                    to: (me + 1) % n,
+                    step: s,
+                    part: Part::Block((me + n - s) % n),
+                });
+                p.push(Take {
+                    from: (me + n - 1) % n,
+                    step: s,
+                    part: Part::Block((me + 2 * n - 1 - s) % n),
+                });
+            }
+        }
+        CollectiveKind::Broadcast => {
+            let vr = (me + n - root) % n;
+            let children_below = if vr == 0 {
+                32 - (n - 1).leading_zeros()
+            } else {
+                let k = vr.trailing_zeros();
+                p.push(Take {
+                    from: rel(vr - (1 << k)),
+                    step: k,
+                    part: Part::Whole,
+                });
+                k
+            };
+            // The largest subtree first: its leaves are the farthest.
+            for j in (0..children_below).rev() {
+                if vr + (1 << j) < n {
+                    p.push(Send {
+                        to: rel(vr + (1 << j)),
+                        step: j,
+                        part: Part::Whole,
+                    });
+                }
+            }
+        }
+        CollectiveKind::Reduce => {
+            let mut k = 0;
+            while let Some(d) = pow_below(k, n) {
+                if me & d != 0 {
+                    p.push(Send {
+                        to: me - d,
+                        step: k,
+                        part: Part::Whole,
+                    });
+                    break;
+                }
+                if me + d < n {
+                    p.push(Take {
+                        from: me + d,
+                        step: k,
+                        part: Part::Upper,
+                    });
+                }
+                k += 1;
+            }
+            if root != 0 && me == 0 {
+                p.push(Send {
+                    to: root,
+                    step: FORWARD_STEP,
+                    part: Part::Whole,
+                });
+            }
+            if root != 0 && me == root {
+                p.push(Take {
+                    from: 0,
+                    step: FORWARD_STEP,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::AllReduce => {
+            // Recursive doubling over the largest power of two `q` not above `n`; the first
+            // `2 * rest` members fold in pairs first (the odd one of each pair takes part).
+            let q = 1u32 << (31 - n.leading_zeros());
+            let rest = n - q;
+            let nr = if me < 2 * rest {
+                if me.is_multiple_of(2) {
+                    p.push(Send {
+                        to: me + 1,
+                        step: FOLD_STEP,
+                        part: Part::Whole,
+                    });
+                    p.push(Take {
+                        from: me + 1,
+                        step: UNFOLD_STEP,
+                        part: Part::Whole,
+                    });
+                    return p;
+                }
+                p.push(Take {
+                    from: me - 1,
+                    step: FOLD_STEP,
+                    part: Part::Lower,
+                });
+                me / 2
+            } else {
+                me - rest
+            };
+            let of = |r: u32| if r < rest { 2 * r + 1 } else { r + rest };
+            let mut k = 0;
+            while let Some(d) = pow_below(k, q) {
+                let partner = nr ^ d;
+                p.push(Send {
+                    to: of(partner),
+                    step: k + 1,
+                    part: Part::Whole,
+                });
+                p.push(Take {
+                    from: of(partner),
+                    step: k + 1,
+                    part: if partner < nr {
+                        Part::Lower
+                    } else {
+                        Part::Upper
+                    },
+                });
+                k += 1;
+            }
+            if me < 2 * rest {
+                p.push(Send {
+                    to: me - 1,
+                    step: UNFOLD_STEP,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::Gather => {
+            if me == root {
+                for s in (0..n).filter(|&s| s != root) {
+                    p.push(Take {
+                        from: s,
+                        step: s,
+                        part: Part::Block(s),
+                    });
+                }
+            } else {
+                p.push(Send {
+                    to: root,
+                    step: me,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch => {}
     }
+    p
 }
 
 impl TeamState {
@@ -164,40 +364,54 @@ impl TeamState {
             failed: None,
             told: None,
             notified: Vec::new(),
+            mismatch_told: false,
         }
     }
 
-    /// The member that sends step `step` of a collective of `kind` to this rank, if any.
-    fn sender_of(&self, kind: CollectiveKind, step: u32) -> Option<Rank> {
-        let n = self.members.len() as u64;
-        let me = u64::from(self.me);
-        let back = match kind {
-            CollectiveKind::Barrier => 1u64.checked_shl(step).filter(|&d| d < n)?,
-            _ if u64::from(step) + 1 < n => 1,
+    /// The member (world rank) that sends step `step` of a collective of `kind` rooted at
+    /// team rank `root` to this rank, if any.
+    fn sender_of(&self, kind: CollectiveKind, step: u32, root: u32) -> Option<Rank> {
+        let n = self.members.len() as u32;
+        let me = self.me;
+        if root >= n {
+            return None;
+        }
+        let from = match kind {
+            CollectiveKind::Barrier => (me + n - pow_below(step, n)?) % n,
+            CollectiveKind::AllGather | CollectiveKind::Split if step + 1 < n => (me + n - 1) % n,
+            CollectiveKind::Gather if me == root && step < n && step != root => step,
+            CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::AllReduce => {
+                plan(kind, n, me, root).into_iter().find_map(|a| match a {
+                    Action::Take { from, step: s, .. } if s == step => Some(from),
+                    _ => None,
+                })?
+            }
             _ => return None,
         };
-        self.members.get(((me + n - back) % n) as usize).copied()
+        self.members.get(from as usize).copied()
     }
 
-    /// Keeps a step of a peer's for the collective that takes it.
-    fn arrive(
-        &mut self,
-        src: Rank,
-        seq: u64,
-        step: u32,
-        kind: CollectiveKind,
-        data: Vec<u8>,
-    ) -> bool {
-        if self.sender_of(kind, step) != Some(src) {
+    /// Keeps a step of a peer's for the collective that takes it; false if no collective
+    /// here can take it.
+    fn arrive(&mut self, src: Rank, seq: u64, step: u32, a: Arrival) -> bool {
+        if self.sender_of(a.kind, step, a.root) != Some(src) {
             return false;
         }
-        let in_flight = self.colls.iter().find(|c| c.seq == seq);
+        let in_flight = self.colls.iter_mut().find(|c| c.seq == seq);
         if self.failed.is_some() && in_flight.is_none() {
             // A member is gone: a survivor's step of a collective failed here is dropped.
             return true;
         }
         let wanted = match in_flight {
-            Some(c) => step >= c.alg.next_wanted(),
+            Some(c) => {
+                if (a.kind, a.root, a.desc) != (c.kind, c.root, c.desc) {
+                    c.mismatch.get_or_insert(src);
+                }
+                // Not a step it has taken already.
+                !c.plan[..c.at]
+                    .iter()
+                    .any(|x| matches!(x, Action::Take { step: s, .. } if *s == step))
+            }
             None => seq >= self.next_seq && seq - self.next_seq < MAX_COLLECTIVES_IN_FLIGHT as u64,
         };
         if !wanted {
@@ -206,22 +420,20 @@ impl TeamState {
         match self.early.entry((seq, step)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
-                v.insert(Arrival { src, kind, data });
+                v.insert(a);
                 true
             }
         }
     }
-}
 
-impl TeamState {
     /// Whether collective `c` still needs a step from `peer` that has not arrived.
     fn still_needs(&self, c: &Coll, peer: Rank) -> bool {
-        let last = match c.alg {
-            Alg::Barrier { .. } => crate::protocol::MAX_BARRIER_ROUNDS.into(),
-            Alg::Ring { .. } => self.members.len() as u32,
-        };
-        (c.alg.next_wanted()..last).any(|step| {
-            self.sender_of(c.kind, step) == Some(peer) && !self.early.contains_key(&(c.seq, step))
+        c.plan[c.at..].iter().any(|a| match *a {
+            Action::Take { from, step, .. } => {
+                self.members.get(from as usize) == Some(&peer)
+                    && !self.early.contains_key(&(c.seq, step))
+            }
+            Action::Send { .. } => false,
         })
     }
 }
@@ -253,7 +465,7 @@ impl Teams {
     pub(super) fn arrive(
         &mut self,
         src: Rank,
-        (team, seq, step, kind): (TeamId, u64, u32, CollectiveKind),
+        (team, seq, step, kind, root, desc): (TeamId, u64, u32, CollectiveKind, u32, u32),
         payload: Payload<'_>,
         max_medium: usize,
     ) -> Result<(), AmError> {
@@ -266,14 +478,21 @@ impl Teams {
         }
         if matches!(
             kind,
-            CollectiveKind::MemberLost | CollectiveKind::MemberDeparted
+            CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch
         ) {
             return self.told(src, team, seq, step, kind, payload.len());
         }
         if let Some(ts) = self.live.get_mut(&team) {
             let mut data = Vec::new();
             payload.append_to(&mut data);
-            return match ts.arrive(src, seq, step, kind, data) {
+            let a = Arrival {
+                src,
+                kind,
+                root,
+                desc,
+                data,
+            };
+            return match ts.arrive(src, seq, step, a) {
                 true => {
                     self.dirty = true;
                     Ok(())
@@ -289,8 +508,9 @@ impl Teams {
             Entry::Vacant(v) if held < self.splits as usize => v.insert(Vec::new()),
             Entry::Vacant(_) => return Err(stray()),
         };
+        let step_bound = self.world_size.max(UNFOLD_STEP + 1);
         if seq >= MAX_COLLECTIVES_IN_FLIGHT as u64
-            || step >= self.world_size
+            || step >= step_bound
             || steps.len() >= limit
             || src >= self.world_size
         {
@@ -298,13 +518,14 @@ impl Teams {
         }
         let mut data = Vec::new();
         payload.append_to(&mut data);
-        steps.push((src, seq, step, kind, data));
+        steps.push((src, seq, step, kind, root, desc, data));
         Ok(())
     }
 }
 
 impl Teams {
-    /// A member's notice that member `gone` of `team` is gone, from sequence `seq` on. A
+    /// A member's notice that member `gone` of `team` is gone (or, for a
+    /// [`CollectiveKind::Mismatch`], started another collective), from sequence `seq` on. A
     /// notice for a team not known here is dropped (this rank may have freed it, or not
     /// made it yet: its collectives then fail as the gone member's own steps fail to come).
     fn told(
@@ -321,7 +542,12 @@ impl Teams {
         };
         let me = ts.members.get(ts.me as usize).copied();
         let member = |r: Rank| ts.members.contains(&r);
-        if len != 0 || !member(src) || !member(gone) || Some(gone) == me || gone == src {
+        let mismatch = kind == CollectiveKind::Mismatch;
+        if len != 0
+            || !member(src)
+            || !member(gone)
+            || (!mismatch && (Some(gone) == me || gone == src))
+        {
             return Err(misbehaved(
                 src,
                 Misbehavior::StrayCollective {
@@ -333,6 +559,7 @@ impl Teams {
         }
         let error = match kind {
             CollectiveKind::MemberLost => AmError::PeerLost(gone),
+            CollectiveKind::Mismatch => AmError::CollectiveMismatch { team, peer: gone },
             _ => AmError::PeerDeparted(gone),
         };
         // Every later collective fails when it starts; those in flight from `seq` on at
@@ -342,7 +569,9 @@ impl Teams {
             ts.told = Some((seq, error));
         }
         // Already told: this rank need not tell the others again.
-        if !ts.notified.contains(&gone) {
+        if mismatch {
+            ts.mismatch_told = true;
+        } else if !ts.notified.contains(&gone) {
             ts.notified.push(gone);
         }
         self.dirty = true;
@@ -350,18 +579,13 @@ impl Teams {
     }
 }
 
-/// What a collective does next.
-enum Next {
-    Send {
-        to: Rank,
-        step: u32,
-        block: Option<usize>,
-    },
-    Take {
-        step: u32,
-        block: Option<usize>,
-    },
-    Done,
+/// What a collective starts with: its kind, root, reduction, this member's bytes and the
+/// block length (a gather's and all-gather's).
+struct Args<'a> {
+    kind: CollectiveKind,
+    root: u32,
+    red: Option<Reduction>,
+    data: &'a [u8],
 }
 
 impl<H: Threading> Endpoint<H> {
@@ -378,7 +602,13 @@ impl<H: Threading> Endpoint<H> {
         t: &mut T,
         team: &Team,
     ) -> Poll<Result<crate::op::Op<()>, AmError>> {
-        let (index, gen) = ready!(self.collective_start(t, team, CollectiveKind::Barrier, &[]))?;
+        let args = Args {
+            kind: CollectiveKind::Barrier,
+            root: 0,
+            red: None,
+            data: &[],
+        };
+        let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
 
@@ -392,8 +622,85 @@ impl<H: Threading> Endpoint<H> {
         team: &Team,
         block: &[u8],
     ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
-        let (index, gen) =
-            ready!(self.collective_start(t, team, CollectiveKind::AllGather, block))?;
+        self.bytes_start(t, team, CollectiveKind::AllGather, 0, None, block)
+    }
+
+    /// Starts a gather of `block` to team rank `root`
+    /// ([`crate::endpoint::start::TeamGather`]): the root completes with every member's
+    /// block in team order, the others with nothing (an empty `Vec`).
+    pub fn team_gather_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: u32,
+        block: &[u8],
+    ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
+        self.bytes_start(t, team, CollectiveKind::Gather, root, None, block)
+    }
+
+    /// Starts a broadcast of `data` from team rank `root`
+    /// ([`crate::endpoint::start::TeamBroadcast`]): every member completes with the root's
+    /// bytes (at most the transport's `max_medium`); the others give `&[]`.
+    pub fn team_broadcast_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: u32,
+        data: &[u8],
+    ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
+        if !data.is_empty() && team.rank() != root {
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "data given to a broadcast by a member that is not its root",
+            )));
+        }
+        self.bytes_start(t, team, CollectiveKind::Broadcast, root, None, data)
+    }
+
+    /// Starts a reduction of `data` (elements of `E`, as little-endian bytes) by `op`
+    /// ([`crate::endpoint::start::TeamReduce`]): the result to team rank `root`, or to every
+    /// member (`root` `None`).
+    pub fn team_reduce_start<E: Element, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: Option<u32>,
+        op: ReduceOp,
+        data: &[u8],
+    ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
+        let red = match Reduction::new::<E>(op) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let (kind, root) = match root {
+            Some(r) => (CollectiveKind::Reduce, r),
+            None => (CollectiveKind::AllReduce, 0),
+        };
+        let args = Args {
+            kind,
+            root,
+            red: Some(red),
+            data,
+        };
+        let (index, gen) = ready!(self.collective_start(t, team, args))?;
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    fn bytes_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        kind: CollectiveKind,
+        root: u32,
+        red: Option<Reduction>,
+        data: &[u8],
+    ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
+        let args = Args {
+            kind,
+            root,
+            red,
+            data,
+        };
+        let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
 
@@ -407,21 +714,32 @@ impl<H: Threading> Endpoint<H> {
         key: u32,
     ) -> Poll<Result<crate::op::Op<Option<Team>>, AmError>> {
         let block = split_block(color, key, self.teams.serial);
-        let (index, gen) = ready!(self.collective_start(t, parent, CollectiveKind::Split, &block))?;
+        let args = Args {
+            kind: CollectiveKind::Split,
+            root: 0,
+            red: None,
+            data: &block,
+        };
+        let (index, gen) = ready!(self.collective_start(t, parent, args))?;
         // Used whether or not this rank leads the new team: never offered twice.
         self.teams.serial = self.teams.serial.wrapping_add(1).max(1);
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
 
-    /// Starts a collective of `kind` on `team` with this rank's `block`: its operation slot,
-    /// whose completion carries the outcome (the gathered blocks, or nothing).
+    /// Starts a collective on `team`: its operation slot, whose completion carries the
+    /// outcome (the gathered blocks, the bytes, or nothing).
     fn collective_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         team: &Team,
-        kind: CollectiveKind,
-        block: &[u8],
+        args: Args<'_>,
     ) -> Poll<Result<(u32, u32), AmError>> {
+        let Args {
+            kind,
+            root,
+            red,
+            data,
+        } = args;
         let id = team.id();
         if !team.is_of(&self.teams.drops) {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
@@ -436,11 +754,21 @@ impl<H: Threading> Endpoint<H> {
         if let Some(e) = &ts.failed {
             return Poll::Ready(Err(e.clone()));
         }
+        if root as usize >= ts.members.len() {
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "a root that is not a team rank",
+            )));
+        }
+        if red.is_some_and(|r| data.len() % r.size() != 0) {
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "a reduction over bytes that are not whole elements",
+            )));
+        }
         let full = ts.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT;
-        if kind != CollectiveKind::Barrier && block.len() > self.limits.max_medium {
+        if data.len() > self.limits.max_medium {
             return Poll::Ready(Err(AmError::PayloadTooLarge {
                 kind: AmKind::Medium,
-                len: block.len(),
+                len: data.len(),
                 max: self.limits.max_medium,
             }));
         }
@@ -468,33 +796,45 @@ impl<H: Threading> Endpoint<H> {
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
         };
-        let alg = match kind {
-            CollectiveKind::Barrier => Alg::Barrier {
-                round: 0,
-                sent: false,
-            },
-            _ => {
-                let n = ts.members.len();
-                let mut buf = vec![0u8; n * block.len()];
-                let at = ts.me as usize * block.len();
-                buf[at..at + block.len()].copy_from_slice(block);
-                Alg::Ring {
-                    block: block.len(),
-                    buf,
-                    sent: 0,
-                    got: 0,
-                }
+        let n = ts.members.len() as u32;
+        let (buf, block) = match kind {
+            CollectiveKind::AllGather | CollectiveKind::Split => {
+                let mut buf = vec![0u8; n as usize * data.len()];
+                let at = ts.me as usize * data.len();
+                buf[at..at + data.len()].copy_from_slice(data);
+                (buf, data.len())
             }
+            CollectiveKind::Gather if ts.me == root => {
+                let mut buf = vec![0u8; n as usize * data.len()];
+                let at = ts.me as usize * data.len();
+                buf[at..at + data.len()].copy_from_slice(data);
+                (buf, data.len())
+            }
+            _ => (data.to_vec(), data.len()),
         };
         let seq = ts.next_seq;
         ts.next_seq += 1;
-        ts.colls.push(Coll {
+        let mut c = Coll {
             seq,
             index,
             gen,
             kind,
-            alg,
-        });
+            root,
+            desc: red.map_or(0, Reduction::word),
+            red,
+            block,
+            buf,
+            plan: plan(kind, n, ts.me, root),
+            at: 0,
+            mismatch: None,
+        };
+        // Steps that came before it started, from members that started something else.
+        c.mismatch = ts
+            .early
+            .iter()
+            .find(|(&(s, _), a)| s == seq && (a.kind, a.root, a.desc) != (kind, root, c.desc))
+            .map(|(_, a)| a.src);
+        ts.colls.push(c);
         self.teams.in_flight += 1;
         if kind == CollectiveKind::Split {
             self.teams.splits += 1;
@@ -590,8 +930,8 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Takes the steps collective `i` of team `id` can take now: ready with its gathered
-    /// blocks once it is done, or with the error that ends it.
+    /// Takes the steps collective `i` of team `id` can take now: ready with its outcome
+    /// once it is done, or with the error that ends it.
     fn step_coll(
         &mut self,
         tx: &mut (impl Tx + ?Sized),
@@ -602,62 +942,43 @@ impl<H: Threading> Endpoint<H> {
             let Some(ts) = self.teams.live.get_mut(&id) else {
                 return Poll::Ready(Err(AmError::UnknownTeam(id)));
             };
-            let n = ts.members.len() as u32;
             let me = ts.me;
             let Some(c) = ts.colls.get_mut(i) else {
                 return Poll::Ready(Err(AmError::StaleHandle));
             };
-            let (seq, kind) = (c.seq, c.kind);
-            let next = match c.alg {
-                Alg::Barrier { round, sent } => match 1u32.checked_shl(round).filter(|&d| d < n) {
-                    None => Next::Done,
-                    Some(d) if !sent => Next::Send {
-                        to: ts.members[((me + d) % n) as usize],
-                        step: round,
-                        block: None,
-                    },
-                    Some(_) => Next::Take {
-                        step: round,
-                        block: None,
-                    },
-                },
-                Alg::Ring { sent, got, .. } => {
-                    let last = n - 1;
-                    if sent == last && got == last {
-                        Next::Done
-                    } else if sent < last && got >= sent {
-                        Next::Send {
-                            to: ts.members[((me + 1) % n) as usize],
-                            step: sent,
-                            block: Some(((me + n - sent) % n) as usize),
-                        }
-                    } else {
-                        Next::Take {
-                            step: got,
-                            block: Some(((me + n - 1 - got) % n) as usize),
-                        }
-                    }
-                }
+            if let Some(peer) = c.mismatch {
+                return Poll::Ready(Err(AmError::CollectiveMismatch { team: id, peer }));
+            }
+            let (seq, kind, root, desc) = (c.seq, c.kind, c.root, c.desc);
+            let Some(&action) = c.plan.get(c.at) else {
+                let keep = match kind {
+                    CollectiveKind::Barrier => false,
+                    CollectiveKind::Reduce | CollectiveKind::Gather => me == root,
+                    _ => true,
+                };
+                return Poll::Ready(Ok(if keep {
+                    std::mem::take(&mut c.buf)
+                } else {
+                    Vec::new()
+                }));
             };
-            match next {
-                Next::Done => {
-                    let buf = match &mut c.alg {
-                        Alg::Ring { buf, .. } => std::mem::take(buf),
-                        Alg::Barrier { .. } => Vec::new(),
+            match action {
+                Action::Send { to, step, part } => {
+                    let to = ts.members[to as usize];
+                    let buf = std::mem::take(&mut c.buf);
+                    let len = c.block;
+                    let payload = match part {
+                        Part::Nothing => &[][..],
+                        Part::Block(b) => &buf[b as usize * len..(b as usize + 1) * len],
+                        Part::Whole | Part::Lower | Part::Upper => &buf[..],
                     };
-                    return Poll::Ready(Ok(buf));
-                }
-                Next::Send { to, step, block } => {
-                    let (buf, len) = match &mut c.alg {
-                        Alg::Ring { buf, block, .. } => (std::mem::take(buf), *block),
-                        Alg::Barrier { .. } => (Vec::new(), 0),
-                    };
-                    let payload = block.map_or(&[][..], |b| &buf[b * len..(b + 1) * len]);
                     let msg = SystemMsg::Collective {
                         team: id,
                         seq,
                         step,
                         kind,
+                        root,
+                        desc,
                     };
                     let sent = self.system_step(tx, to, msg, payload, None);
                     let Some(c) = self
@@ -668,23 +989,9 @@ impl<H: Threading> Endpoint<H> {
                     else {
                         return Poll::Ready(Err(AmError::StaleHandle));
                     };
-                    match &mut c.alg {
-                        Alg::Ring {
-                            buf: b, sent: s, ..
-                        } => {
-                            *b = buf;
-                            if let Poll::Ready(Ok(())) = sent {
-                                *s += 1;
-                            }
-                        }
-                        Alg::Barrier { sent: s, .. } => {
-                            if let Poll::Ready(Ok(())) = sent {
-                                *s = true;
-                            }
-                        }
-                    }
+                    c.buf = buf;
                     match sent {
-                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Ok(())) => c.at += 1,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                         Poll::Pending => {
                             // Retried once a credit for `to` is back.
@@ -695,41 +1002,46 @@ impl<H: Threading> Endpoint<H> {
                         }
                     }
                 }
-                Next::Take { step, block } => {
+                Action::Take { from, step, part } => {
                     let Some(a) = ts.early.remove(&(seq, step)) else {
                         // Not arrived: unless its sender is gone, which fails the team.
-                        let from = ts.sender_of(kind, step);
-                        return match from.map(|p| self.waiting_for(p)) {
-                            Some(Poll::Ready(e)) => Poll::Ready(Err(e)),
-                            _ => Poll::Pending,
+                        let from = ts.members[from as usize];
+                        return match self.waiting_for(from) {
+                            Poll::Ready(e) => Poll::Ready(Err(e)),
+                            Poll::Pending => Poll::Pending,
                         };
                     };
-                    let mismatch = AmError::CollectiveMismatch {
-                        team: id,
-                        peer: a.src,
+                    let len = c.block;
+                    // Its kind, root and reduction were checked against this one's when it
+                    // came (or when this one started): what is left is its length.
+                    let fits = match part {
+                        Part::Nothing => a.data.is_empty(),
+                        Part::Block(_) => a.data.len() == len,
+                        // A broadcast's length is the root's.
+                        Part::Whole => {
+                            kind == CollectiveKind::Broadcast || a.data.len() == c.buf.len()
+                        }
+                        Part::Lower | Part::Upper => a.data.len() == c.buf.len(),
                     };
-                    if a.kind != kind {
-                        return Poll::Ready(Err(mismatch));
+                    if !fits {
+                        return Poll::Ready(Err(AmError::CollectiveMismatch {
+                            team: id,
+                            peer: a.src,
+                        }));
                     }
-                    match &mut c.alg {
-                        Alg::Barrier { round, sent } => {
-                            *round += 1;
-                            *sent = false;
+                    match part {
+                        Part::Nothing => {}
+                        Part::Block(b) => {
+                            c.buf[b as usize * len..(b as usize + 1) * len].copy_from_slice(&a.data)
                         }
-                        Alg::Ring {
-                            buf,
-                            block: len,
-                            got,
-                            ..
-                        } => {
-                            let b = block.unwrap_or(0);
-                            if a.data.len() != *len {
-                                return Poll::Ready(Err(mismatch));
+                        Part::Whole => c.buf = a.data,
+                        Part::Lower | Part::Upper => {
+                            if let Some(red) = c.red {
+                                red.combine(&mut c.buf, &a.data, part == Part::Upper);
                             }
-                            buf[b * *len..(b + 1) * *len].copy_from_slice(&a.data);
-                            *got += 1;
                         }
                     }
+                    c.at += 1;
                 }
             }
         }
@@ -744,13 +1056,24 @@ impl<H: Threading> Endpoint<H> {
         };
         let c = ts.colls.remove(i);
         let parent = (ts.members.clone(), ts.me);
-        if let Err(AmError::PeerLost(p) | AmError::PeerDeparted(p)) = &outcome {
-            if parent.0.contains(p) {
-                let lost = matches!(outcome, Err(AmError::PeerLost(_)));
-                self.notify(id, c.seq, *p, lost);
-            }
-        }
         self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
+        match &outcome {
+            Err(AmError::PeerLost(p) | AmError::PeerDeparted(p)) if parent.0.contains(p) => {
+                let kind = match outcome {
+                    Err(AmError::PeerLost(_)) => CollectiveKind::MemberLost,
+                    _ => CollectiveKind::MemberDeparted,
+                };
+                self.notify(id, c.seq, *p, kind);
+            }
+            Err(e @ AmError::CollectiveMismatch { peer, .. }) => {
+                // The team's sequence is broken: this collective and every later one on
+                // it fail, here and, once told, on every member.
+                let e = e.clone();
+                self.notify(id, c.seq, *peer, CollectiveKind::Mismatch);
+                self.fail_team_from(id, c.seq, &e);
+            }
+            _ => {}
+        }
         let mut made = None;
         let outcome = match (c.kind, outcome) {
             (CollectiveKind::Split, outcome) => {
@@ -808,8 +1131,17 @@ impl<H: Threading> Endpoint<H> {
         }
         let mut ts = TeamState::new(members.clone(), rank);
         let mut stray = None;
-        for (src, seq, step, kind, data) in self.teams.unknown.remove(&tid).unwrap_or_default() {
-            if !ts.arrive(src, seq, step, kind, data) {
+        for (src, seq, step, kind, root, desc, data) in
+            self.teams.unknown.remove(&tid).unwrap_or_default()
+        {
+            let a = Arrival {
+                src,
+                kind,
+                root,
+                desc,
+                data,
+            };
+            if !ts.arrive(src, seq, step, a) {
                 stray.get_or_insert(misbehaved(
                     src,
                     Misbehavior::StrayCollective {
@@ -843,7 +1175,7 @@ impl<H: Threading> Endpoint<H> {
     /// misbehavior, reported at the next poll.
     fn drop_unknown(&mut self) {
         if let Some((&team, steps)) = self.teams.unknown.iter().next() {
-            if let Some(&(src, seq, step, _, _)) = steps.first() {
+            if let Some(&(src, seq, step, ..)) = steps.first() {
                 self.teams.stray.get_or_insert(misbehaved(
                     src,
                     Misbehavior::StrayCollective { team, seq, step },
@@ -898,7 +1230,11 @@ impl<H: Threading> Endpoint<H> {
             self.teams.unknown.clear();
         }
         for (id, seq) in notify {
-            self.notify(id, seq, peer, matches!(error, AmError::PeerLost(_)));
+            let kind = match error {
+                AmError::PeerLost(_) => CollectiveKind::MemberLost,
+                _ => CollectiveKind::MemberDeparted,
+            };
+            self.notify(id, seq, peer, kind);
         }
         self.fail_slots_of(failed, error);
     }
@@ -945,22 +1281,27 @@ impl<H: Threading> Endpoint<H> {
 
     /// Tells every other member of team `id` (but `gone`) that `gone` is gone and this rank
     /// failed the team's collectives from `seq` on; once per gone member and team.
-    fn notify(&mut self, id: TeamId, seq: u64, gone: Rank, lost: bool) {
+    fn notify(&mut self, id: TeamId, seq: u64, gone: Rank, kind: CollectiveKind) {
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return;
         };
-        if ts.notified.contains(&gone) {
-            return;
-        }
-        ts.notified.push(gone);
-        let me = ts.members.get(ts.me as usize).copied();
-        let kind = if lost {
-            CollectiveKind::MemberLost
+        let mismatch = kind == CollectiveKind::Mismatch;
+        if mismatch {
+            if ts.mismatch_told {
+                return;
+            }
+            ts.mismatch_told = true;
         } else {
-            CollectiveKind::MemberDeparted
-        };
+            if ts.notified.contains(&gone) {
+                return;
+            }
+            ts.notified.push(gone);
+        }
+        let me = ts.members.get(ts.me as usize).copied();
         for &m in &ts.members {
-            if m != gone && Some(m) != me {
+            // The member that disagreed hears it too: it may wait for a step that the
+            // others, started on another collective, never send.
+            if (mismatch || m != gone) && Some(m) != me {
                 self.teams.notices.push_back((id, m, seq, gone, kind));
             }
         }
@@ -975,6 +1316,8 @@ impl<H: Threading> Endpoint<H> {
                 seq,
                 step: gone,
                 kind,
+                root: 0,
+                desc: 0,
             };
             match self.system_step(tx, to, msg, &[], None) {
                 Poll::Pending => {

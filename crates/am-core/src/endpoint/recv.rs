@@ -247,9 +247,11 @@ fn system_request(
             seq,
             step,
             kind,
+            root,
+            desc,
         } => st.teams.arrive(
             src,
-            (team, seq, step, kind),
+            (team, seq, step, kind, root, desc),
             payload,
             sink.out.limits.max_medium,
         ),

@@ -11,6 +11,7 @@ use crate::call::Reply;
 use crate::error::AmError;
 use crate::handler::Threading;
 use crate::op::{Op, Outcome};
+use crate::reduce::{Element, ReduceOp};
 use crate::team::Team;
 use crate::transport::Transport;
 use crate::types::{HandlerId, Rank};
@@ -389,6 +390,125 @@ impl Start for Split {
     }
 }
 
+/// A broadcast on a team: every member completes with the bytes team rank `root` gave (at
+/// most the transport's `max_medium`; the other members give `&[]`), along a binomial tree
+/// of system Mediums: ⌈log2 size⌉ steps from the root to the farthest member. Collective
+/// over the team, as [`TeamBarrier`]; members that name different roots get
+/// [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone)]
+pub struct TeamBroadcast<'a> {
+    /// The team.
+    pub team: Team,
+    /// The root's team rank.
+    pub root: u32,
+    /// The root's bytes (empty on the others; borrowed until it starts).
+    pub data: Cow<'a, [u8]>,
+}
+
+impl<'a> TeamBroadcast<'a> {
+    /// A broadcast of `data` from team rank `root` of `team`.
+    pub fn new(team: &Team, root: u32, data: &'a [u8]) -> TeamBroadcast<'a> {
+        TeamBroadcast {
+            team: team.clone(),
+            root,
+            data: Cow::Borrowed(data),
+        }
+    }
+}
+
+impl Start for TeamBroadcast<'_> {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        ep.team_broadcast_start(t, &self.team, self.root, &self.data)
+    }
+}
+
+/// A gather on a team: every member gives a block of the same length (at most the
+/// transport's `max_medium`); team rank `root` completes with all of them in team order,
+/// the others with an empty `Vec` once their block is sent. One system Medium from each
+/// member to the root. Collective over the team, as [`TeamBarrier`].
+#[derive(Debug, Clone)]
+pub struct TeamGather<'a> {
+    /// The team.
+    pub team: Team,
+    /// The root's team rank.
+    pub root: u32,
+    /// This member's block (borrowed until it starts).
+    pub block: Cow<'a, [u8]>,
+}
+
+impl<'a> TeamGather<'a> {
+    /// A gather of every member's `block` to team rank `root` of `team`.
+    pub fn new(team: &Team, root: u32, block: &'a [u8]) -> TeamGather<'a> {
+        TeamGather {
+            team: team.clone(),
+            root,
+            block: Cow::Borrowed(block),
+        }
+    }
+}
+
+impl Start for TeamGather<'_> {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        ep.team_gather_start(t, &self.team, self.root, &self.block)
+    }
+}
+
+/// A reduction on a team: every member gives a vector of the same length (its bytes at
+/// most the transport's `max_medium`), and the result, element by element `op` over the
+/// members' vectors in team order ([`crate::reduce`]), goes to team rank `root`
+/// (reduce-to-one: a binomial tree towards team rank 0, which forwards the result to a
+/// root that is not it; the others complete with an empty `Vec`) or, with `root` `None`,
+/// to every member (reduce-to-all: recursive doubling, ⌈log2 size⌉ exchanges, plus one step
+/// before and after where the size is not a power of two; every member's result is the
+/// same, bit for bit). Collective over the team, as [`TeamBarrier`]; members that differ in
+/// root, element type, operation or length get [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone)]
+pub struct TeamReduce<E: Element> {
+    /// The team.
+    pub team: Team,
+    /// The root's team rank; `None`: every member.
+    pub root: Option<u32>,
+    /// The operation.
+    pub op: ReduceOp,
+    /// This member's vector, as little-endian bytes.
+    data: Vec<u8>,
+    elem: std::marker::PhantomData<E>,
+}
+
+impl<E: Element> TeamReduce<E> {
+    /// A reduction of `data` by `op` over `team`, to team rank `root` or (`None`) to all.
+    pub fn new(team: &Team, root: Option<u32>, op: ReduceOp, data: &[E]) -> TeamReduce<E> {
+        TeamReduce {
+            team: team.clone(),
+            root,
+            op,
+            data: crate::reduce::to_bytes(data),
+            elem: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E: Element> Start for TeamReduce<E> {
+    type Output = Vec<E>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<E>>, AmError>> {
+        ep.team_reduce_start::<E, T>(t, &self.team, self.root, self.op, &self.data)
+    }
+}
+
 /// The one list of the operations every driver offers: each entry is handed to the driver's
 /// macro, which writes that driver's methods for it. `op`: an operation with a handle
 /// (`name`, `nb` its non-blocking form, the [`Start`] that defines it, and whether an async
@@ -456,6 +576,39 @@ macro_rules! operations {
             /// team, as `team_barrier`.
             team_all_gather [] (team: &$crate::team::Team, block: &[u8]) -> Vec<u8>
                 = $crate::endpoint::start::TeamAllGather::new(team, block); nb team_all_gather_nb; owns;
+        }
+        $driver! { op
+            /// Broadcasts the bytes team rank `root` gives (the others give `&[]`) to every
+            /// member of `team`, which completes with them
+            /// ([`TeamBroadcast`](crate::endpoint::start::TeamBroadcast)). Collective over the
+            /// team, as `team_barrier`.
+            team_broadcast [] (team: &$crate::team::Team, root: u32, data: &[u8]) -> Vec<u8>
+                = $crate::endpoint::start::TeamBroadcast::new(team, root, data); nb team_broadcast_nb; owns;
+        }
+        $driver! { op
+            /// Gathers every member's `block` (same length everywhere) to team rank `root`,
+            /// which completes with all of them in team order; the others with an empty `Vec`
+            /// ([`TeamGather`](crate::endpoint::start::TeamGather)). Collective over the team.
+            team_gather [] (team: &$crate::team::Team, root: u32, block: &[u8]) -> Vec<u8>
+                = $crate::endpoint::start::TeamGather::new(team, root, block); nb team_gather_nb; owns;
+        }
+        $driver! { op
+            /// Reduces every member's `data` element by element with `op`, in team order, to
+            /// team rank `root`, which completes with the result; the others with an empty
+            /// `Vec` ([`TeamReduce`](crate::endpoint::start::TeamReduce)): `team_reduce(&team,
+            /// 0, ReduceOp::Sum, &[x])`. Collective over the team.
+            team_reduce [E: $crate::reduce::Element]
+                (team: &$crate::team::Team, root: u32, op: $crate::reduce::ReduceOp, data: &[E]) -> Vec<E>
+                = $crate::endpoint::start::TeamReduce::new(team, Some(root), op, data); nb team_reduce_nb; owns;
+        }
+        $driver! { op
+            /// Reduces every member's `data` element by element with `op`, in team order, and
+            /// completes with the result on every member, the same bit for bit everywhere
+            /// ([`TeamReduce`](crate::endpoint::start::TeamReduce) with no root):
+            /// `team_all_reduce(&team, ReduceOp::Max, &[x])`. Collective over the team.
+            team_all_reduce [E: $crate::reduce::Element]
+                (team: &$crate::team::Team, op: $crate::reduce::ReduceOp, data: &[E]) -> Vec<E>
+                = $crate::endpoint::start::TeamReduce::new(team, None, op, data); nb team_all_reduce_nb; owns;
         }
         $driver! { implicit
             /// Starts a put inside the implicit set ([`Put`](crate::endpoint::start::Put)):
@@ -566,6 +719,35 @@ impl Owned for TeamAllGather<'_> {
 impl Owned for Split {
     type Owned = Split;
     fn owned(self) -> Split {
+        self
+    }
+}
+
+impl Owned for TeamBroadcast<'_> {
+    type Owned = TeamBroadcast<'static>;
+    fn owned(self) -> TeamBroadcast<'static> {
+        TeamBroadcast {
+            team: self.team,
+            root: self.root,
+            data: Cow::Owned(self.data.into_owned()),
+        }
+    }
+}
+
+impl Owned for TeamGather<'_> {
+    type Owned = TeamGather<'static>;
+    fn owned(self) -> TeamGather<'static> {
+        TeamGather {
+            team: self.team,
+            root: self.root,
+            block: Cow::Owned(self.block.into_owned()),
+        }
+    }
+}
+
+impl<E: Element> Owned for TeamReduce<E> {
+    type Owned = TeamReduce<E>;
+    fn owned(self) -> TeamReduce<E> {
         self
     }
 }

@@ -1,0 +1,298 @@
+//! What a reduction combines: the element types ([`Element`]) and the operations
+//! ([`ReduceOp`]) of [`crate::Node::team_reduce`] and [`crate::Node::team_all_reduce`].
+//!
+//! Elements travel as little-endian bytes; a reduction applies its operation element by
+//! element, always as `op(lower, upper)` where `lower` covers members of lower team ranks,
+//! so an associative operation need not be commutative, and every member of an all-reduce
+//! computes the same operations on the same operands (floating-point results agree bit for
+//! bit across members).
+
+use crate::error::AmError;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A reduction's operation, applied element by element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// `a + b` (integers wrap).
+    Sum,
+    /// `a * b` (integers wrap).
+    Product,
+    /// The smaller (for floats, `f64::min`: a NaN loses to a number).
+    Min,
+    /// The larger (for floats, `f64::max`).
+    Max,
+    /// Bitwise and (integers only).
+    And,
+    /// Bitwise or (integers only).
+    Or,
+    /// Bitwise exclusive or (integers only).
+    Xor,
+}
+
+impl ReduceOp {
+    fn code(self) -> u32 {
+        match self {
+            ReduceOp::Sum => 1,
+            ReduceOp::Product => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Max => 4,
+            ReduceOp::And => 5,
+            ReduceOp::Or => 6,
+            ReduceOp::Xor => 7,
+        }
+    }
+
+    #[cfg(test)]
+    fn from_code(code: u32) -> Option<ReduceOp> {
+        Some(match code {
+            1 => ReduceOp::Sum,
+            2 => ReduceOp::Product,
+            3 => ReduceOp::Min,
+            4 => ReduceOp::Max,
+            5 => ReduceOp::And,
+            6 => ReduceOp::Or,
+            7 => ReduceOp::Xor,
+            _ => return None,
+        })
+    }
+
+    fn bitwise(self) -> bool {
+        matches!(self, ReduceOp::And | ReduceOp::Or | ReduceOp::Xor)
+    }
+}
+
+/// The types a reduction combines: `u8` to `u64`, `i8` to `i64`, `f32` and `f64`. Sealed:
+/// each has a code on the wire, so that members reducing different types disagree visibly
+/// ([`AmError::CollectiveMismatch`]).
+pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// The element's code on the wire.
+    #[doc(hidden)]
+    const CODE: u32;
+    /// Whether the bitwise operations apply.
+    #[doc(hidden)]
+    const INTEGER: bool;
+    /// Appends the element's little-endian bytes.
+    #[doc(hidden)]
+    fn put(self, out: &mut Vec<u8>);
+    /// The element of `SIZE` little-endian bytes.
+    #[doc(hidden)]
+    fn take(b: &[u8]) -> Self;
+    /// `op(self, other)`.
+    #[doc(hidden)]
+    fn apply(self, op: ReduceOp, other: Self) -> Self;
+    /// Elements from their bytes (a multiple of `SIZE`; the rest ignored).
+    #[doc(hidden)]
+    fn from_bytes(b: Vec<u8>) -> Vec<Self> {
+        b.chunks_exact(Self::SIZE).map(Self::take).collect()
+    }
+}
+
+/// `elems` as little-endian bytes.
+pub(crate) fn to_bytes<E: Element>(elems: &[E]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(elems.len() * E::SIZE);
+    for &e in elems {
+        e.put(&mut out);
+    }
+    out
+}
+
+macro_rules! integer {
+    ($($t:ty = $code:expr),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            const CODE: u32 = $code;
+            const INTEGER: bool = true;
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn take(b: &[u8]) -> $t {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(&b[..Self::SIZE]);
+                <$t>::from_le_bytes(a)
+            }
+            fn apply(self, op: ReduceOp, o: $t) -> $t {
+                match op {
+                    ReduceOp::Sum => self.wrapping_add(o),
+                    ReduceOp::Product => self.wrapping_mul(o),
+                    ReduceOp::Min => self.min(o),
+                    ReduceOp::Max => self.max(o),
+                    ReduceOp::And => self & o,
+                    ReduceOp::Or => self | o,
+                    ReduceOp::Xor => self ^ o,
+                }
+            }
+        }
+    )*};
+}
+
+integer!(u16 = 2, u32 = 3, u64 = 4, i8 = 5, i16 = 6, i32 = 7, i64 = 8);
+
+// u8 by hand: its bytes are its elements, taken as they are.
+impl sealed::Sealed for u8 {}
+impl Element for u8 {
+    const SIZE: usize = 1;
+    const CODE: u32 = 1;
+    const INTEGER: bool = true;
+    fn put(self, out: &mut Vec<u8>) {
+        out.push(self);
+    }
+    fn take(b: &[u8]) -> u8 {
+        b[0]
+    }
+    fn apply(self, op: ReduceOp, o: u8) -> u8 {
+        match op {
+            ReduceOp::Sum => self.wrapping_add(o),
+            ReduceOp::Product => self.wrapping_mul(o),
+            ReduceOp::Min => self.min(o),
+            ReduceOp::Max => self.max(o),
+            ReduceOp::And => self & o,
+            ReduceOp::Or => self | o,
+            ReduceOp::Xor => self ^ o,
+        }
+    }
+    fn from_bytes(b: Vec<u8>) -> Vec<u8> {
+        b
+    }
+}
+
+macro_rules! float {
+    ($($t:ty = $code:expr),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            const CODE: u32 = $code;
+            const INTEGER: bool = false;
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn take(b: &[u8]) -> $t {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(&b[..Self::SIZE]);
+                <$t>::from_le_bytes(a)
+            }
+            fn apply(self, op: ReduceOp, o: $t) -> $t {
+                match op {
+                    ReduceOp::Sum => self + o,
+                    ReduceOp::Product => self * o,
+                    ReduceOp::Min => self.min(o),
+                    ReduceOp::Max => self.max(o),
+                    // Refused when the reduction starts (`Reduction::new`).
+                    ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => self,
+                }
+            }
+        }
+    )*};
+}
+
+float!(f32 = 9, f64 = 10);
+
+/// A reduction as the engine carries it: the operation and the element type, one word on
+/// the wire (`element code | op code << 8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reduction {
+    op: ReduceOp,
+    elem: u32,
+    size: usize,
+}
+
+impl Reduction {
+    /// `op` over `E`; a bitwise operation over a float type is refused.
+    pub(crate) fn new<E: Element>(op: ReduceOp) -> Result<Reduction, AmError> {
+        if op.bitwise() && !E::INTEGER {
+            return Err(AmError::InvalidCollective(
+                "a bitwise reduction over a floating-point type",
+            ));
+        }
+        Ok(Reduction {
+            op,
+            elem: E::CODE,
+            size: E::SIZE,
+        })
+    }
+
+    /// Its word on the wire.
+    pub(crate) fn word(self) -> u32 {
+        self.elem | self.op.code() << 8
+    }
+
+    /// The element code and operation a word names, if any.
+    #[cfg(test)]
+    fn from_word(word: u32) -> Option<(u32, ReduceOp)> {
+        Some((word & 0xff, ReduceOp::from_code(word >> 8)?))
+    }
+
+    /// Bytes per element.
+    pub(crate) fn size(self) -> usize {
+        self.size
+    }
+
+    /// `acc = op(acc, other)` (`acc_lower`) or `acc = op(other, acc)`, element by element;
+    /// both hold the same whole number of elements.
+    pub(crate) fn combine(self, acc: &mut [u8], other: &[u8], acc_lower: bool) {
+        fn each<E: Element>(op: ReduceOp, acc: &mut [u8], other: &[u8], acc_lower: bool) {
+            let mut out = Vec::with_capacity(E::SIZE);
+            for (a, b) in acc
+                .chunks_exact_mut(E::SIZE)
+                .zip(other.chunks_exact(E::SIZE))
+            {
+                let (x, y) = (E::take(a), E::take(b));
+                let r = if acc_lower {
+                    x.apply(op, y)
+                } else {
+                    y.apply(op, x)
+                };
+                out.clear();
+                r.put(&mut out);
+                a.copy_from_slice(&out);
+            }
+        }
+        let f = match self.elem {
+            1 => each::<u8>,
+            2 => each::<u16>,
+            3 => each::<u32>,
+            4 => each::<u64>,
+            5 => each::<i8>,
+            6 => each::<i16>,
+            7 => each::<i32>,
+            8 => each::<i64>,
+            9 => each::<f32>,
+            _ => each::<f64>,
+        };
+        f(self.op, acc, other, acc_lower);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches an operation applied in the wrong order (a non-commutative use would differ)
+    /// and a type decoded at the wrong width.
+    #[test]
+    fn combine_applies_the_op_elementwise_in_order() {
+        let r = Reduction::new::<i32>(ReduceOp::Sum).unwrap();
+        let mut a = to_bytes(&[1i32, -2, 3]);
+        r.combine(&mut a, &to_bytes(&[10i32, 20, -30]), true);
+        assert_eq!(i32::from_bytes(a), [11, 18, -27]);
+        let r = Reduction::new::<f64>(ReduceOp::Max).unwrap();
+        let mut a = to_bytes(&[1.5f64, -2.0]);
+        r.combine(&mut a, &to_bytes(&[0.5f64, 7.25]), false);
+        assert_eq!(f64::from_bytes(a), [1.5, 7.25]);
+        let r = Reduction::new::<u16>(ReduceOp::Xor).unwrap();
+        let mut a = to_bytes(&[0xff00u16]);
+        r.combine(&mut a, &to_bytes(&[0x0ff0u16]), true);
+        assert_eq!(u16::from_bytes(a), [0xf0f0]);
+        assert!(Reduction::new::<f32>(ReduceOp::And).is_err());
+        assert_eq!(
+            Reduction::from_word(Reduction::new::<u64>(ReduceOp::Min).unwrap().word()),
+            Some((4, ReduceOp::Min))
+        );
+    }
+}
