@@ -36,8 +36,8 @@
 //!   table and in [`Endpoint::background_step`] (every driver's poll), so one whose handle
 //!   was dropped, or that another collective's waiter does not name, still goes on.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{ready, Poll};
 
@@ -359,7 +359,7 @@ impl TeamState {
             me,
             next_seq: 0,
             colls: Vec::new(),
-            early: HashMap::new(),
+            early: HashMap::default(),
             freed: false,
             failed: None,
             told: None,
@@ -443,7 +443,7 @@ impl Teams {
         let drops = Arc::new(Drops::default());
         let members: Vec<Rank> = (0..size).collect();
         let world = Team::new(TeamId::WORLD, members.clone(), rank, drops.clone());
-        let mut live = HashMap::new();
+        let mut live = HashMap::default();
         live.insert(TeamId::WORLD, TeamState::new(members, rank));
         Teams {
             drops,
@@ -451,7 +451,7 @@ impl Teams {
             world_size: size,
             serial: 1,
             live,
-            unknown: HashMap::new(),
+            unknown: HashMap::default(),
             splits: 0,
             in_flight: 0,
             dirty: false,
