@@ -12,8 +12,8 @@
 //! What it covers: per-pair ordering, back-pressure through `try_` requests, size limits and
 //! argument errors, every AM kind at boundary sizes (0, 1, max-1, max), request floods in both
 //! directions with one credit (no deadlock), requests whose handler does not reply, put/get,
-//! remote atomics, barriers, messages to self, many ranks all-to-all, and the start-up table
-//! check. [`atomics_need_no_target_progress`] is for the transports that apply atomics
+//! remote atomics, barriers, teams and collectives, messages to self, many ranks
+//! all-to-all, and the start-up table check. [`atomics_need_no_target_progress`] is for the transports that apply atomics
 //! themselves; they call it beside the macro.
 
 use crate::handler::Local;
@@ -908,6 +908,102 @@ pub fn barriers<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     });
 }
 
+/// Teams and collectives over the transport: 5 ranks split by parity (3 and 2), then on the
+/// world and on each half, with 2 credits so that steps wait for credits: barriers,
+/// broadcasts of `max_medium` bytes from every root, reductions to every root and to all
+/// of a vector of `max_medium / 8` `u64`s, gathers, all-gathers, and several of them in
+/// flight at once on both teams, completed in reverse; every outcome checked. Catches a
+/// transport whose system Mediums at the size limit, or whose ordering between a pair,
+/// the collective engine relies on differently from loopback.
+pub fn team_collectives<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::reduce::ReduceOp;
+    const RANKS: u32 = 5;
+    const ROUNDS: u32 = 4;
+    run_watched("team_collectives", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 2);
+        let me = node.rank();
+        let world = node.world_team();
+        let half = node
+            .split(&world, Some(me % 2), 0)
+            .expect("split")
+            .expect("a team");
+        let max = node.max_medium();
+        let words = max / 8;
+        for team in [&world, &half] {
+            let n = team.size();
+            let members = team.members().to_vec();
+            for round in 0..ROUNDS {
+                node.team_barrier(team).expect("barrier");
+                let root = round % n;
+                let bytes = pattern(max, root as u8 ^ round as u8);
+                let data = if team.rank() == root {
+                    &bytes[..]
+                } else {
+                    &[][..]
+                };
+                assert_eq!(
+                    node.team_broadcast(team, root, data).expect("broadcast"),
+                    bytes
+                );
+                let v: Vec<u64> = (0..words as u64).map(|i| i * u64::from(me + 1)).collect();
+                let sum: u64 = members.iter().map(|&m| u64::from(m + 1)).sum();
+                let want: Vec<u64> = (0..words as u64).map(|i| i * sum).collect();
+                let all = node
+                    .team_all_reduce(team, ReduceOp::Sum, &v)
+                    .expect("all-reduce");
+                assert_eq!(all, want, "all-reduce of {n}");
+                let one = node
+                    .team_reduce(team, root, ReduceOp::Sum, &v)
+                    .expect("reduce");
+                assert_eq!(
+                    one,
+                    if team.rank() == root {
+                        want
+                    } else {
+                        Vec::new()
+                    }
+                );
+                let block = [me as u8, round as u8, 0xa5];
+                let gathered: Vec<u8> = members
+                    .iter()
+                    .flat_map(|&m| [m as u8, round as u8, 0xa5])
+                    .collect();
+                let got = node.team_gather(team, root, &block).expect("gather");
+                let root_gets = if team.rank() == root {
+                    gathered.clone()
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(got, root_gets);
+                assert_eq!(
+                    node.team_all_gather(team, &block).expect("all-gather"),
+                    gathered
+                );
+            }
+        }
+        // In flight at once on both teams, completed in reverse.
+        let a = node
+            .team_all_reduce_nb(&world, ReduceOp::Max, &[me])
+            .expect("start");
+        let b = node.team_barrier_nb(&half).expect("start");
+        let c = node.team_all_gather_nb(&half, &[me as u8]).expect("start");
+        let d = node
+            .team_all_reduce_nb(&half, ReduceOp::Min, &[i64::from(me)])
+            .expect("start");
+        assert_eq!(node.wait(d).expect("min"), [i64::from(me % 2)]);
+        let c = node.wait(c).expect("all-gather");
+        assert_eq!(
+            c,
+            half.members().iter().map(|&m| m as u8).collect::<Vec<_>>()
+        );
+        node.wait(b).expect("barrier");
+        assert_eq!(node.wait(a).expect("max"), [RANKS - 1]);
+        drop(half);
+        node.team_barrier(&world).expect("barrier");
+        assert_eq!(node.endpoint().collectives_in_flight(), 0);
+    });
+}
+
 /// 8 ranks, each sending requests to every rank (itself included) at once.
 pub fn many_ranks_all_to_all<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const RANKS: u32 = 8;
@@ -1310,7 +1406,7 @@ macro_rules! conformance_tests {
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
             barrier_after_the_others_left, segment_races_are_sound,
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, rma_sizes_and_edges,
-            arming_wakes_the_rank);
+            arming_wakes_the_rank, team_collectives);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

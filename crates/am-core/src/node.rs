@@ -469,7 +469,14 @@ impl<T: Transport, H: Threading> Node<T, H> {
                 *idle = 0;
                 Ok(())
             }
-            Ok(false) => self.idle(idle),
+            Ok(false) => {
+                // Collectives in flight go on while the caller waits for something else
+                // (their next steps may be what the awaited message waits for). Here, off
+                // the path of a message that came, so a wait that has none costs one branch
+                // only when idle.
+                self.ep.carry_collectives(&mut self.transport);
+                self.idle(idle)
+            }
             Err(e) => Err(e),
         }
     }

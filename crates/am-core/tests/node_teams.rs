@@ -244,3 +244,43 @@ fn rooted_collectives_and_reductions_on_every_driver() {
         });
     }
 }
+
+/// A rank that waits for something else (`wait_until` on a flag a peer's request sets)
+/// while its all-gather is in flight still forwards the ring: the peer sets the flag only
+/// after its own all-gather completed. Catches blocking waits that advance collectives only
+/// when their handle is polled (rank 0 would never forward, rank 1 never complete, and both
+/// wait for ever).
+#[test]
+fn a_wait_for_something_else_carries_collectives_on() {
+    use am_core::{AmKind, HandlerId};
+    use std::cell::Cell;
+    use std::rc::Rc;
+    const FLAG: HandlerId = HandlerId(1);
+    within(Duration::from_secs(30), || {
+        am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+            let flag = Rc::new(Cell::new(false));
+            let mut h = Handlers::local();
+            let f = flag.clone();
+            h.request(FLAG, "flag", AmKind::Short, move |_, _| f.set(true))
+                .unwrap();
+            let mut node = Node::new(t, h, Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            let op = node.team_all_gather_nb(&world, &[me as u8]).unwrap();
+            match me {
+                0 => {
+                    node.wait_until(|| flag.get()).unwrap();
+                    assert_eq!(node.wait(op).unwrap(), [0, 1, 2]);
+                }
+                // The ring runs 0 -> 1 -> 2 -> 0: rank 1's last block is the one rank 0
+                // forwards.
+                1 => {
+                    assert_eq!(node.wait(op).unwrap(), [0, 1, 2]);
+                    node.request_short(0, FLAG, &[]).unwrap();
+                }
+                _ => assert_eq!(node.wait(op).unwrap(), [0, 1, 2]),
+            }
+            node.barrier().unwrap();
+        });
+    });
+}

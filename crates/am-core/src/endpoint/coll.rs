@@ -894,6 +894,14 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// Advances the collectives in flight, if any (a blocking driver's idle poll).
+    #[inline]
+    pub(crate) fn carry_collectives(&mut self, tx: &mut (impl Tx + ?Sized)) {
+        if self.collectives_pending() {
+            self.advance_collectives(tx);
+        }
+    }
+
     /// Whether collectives are in flight or notices wait to go: polls then advance them.
     #[inline]
     pub(super) fn collectives_pending(&self) -> bool {
