@@ -384,13 +384,27 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     /// A wait's check for peers gone while replies from them are owed: fails once per such
-    /// peer. `checked` is how many gone peers the wait has looked at so far (start at 0:
-    /// with none gone there is nothing to look at), so the scan runs only when one more went.
+    /// peer; and the collectives in flight carried on. `checked` is the endpoint's changes
+    /// the wait has looked at so far (start at 0: with none there is nothing to look at), so
+    /// this runs only when a peer went or a collective's step came.
     #[inline]
     fn check_gone(&mut self, checked: &mut u32) -> Result<(), AmError> {
-        let gone = self.ep.gone_count();
-        if gone != *checked {
-            *checked = gone;
+        let changes = self.ep.changes();
+        if changes != *checked {
+            *checked = changes;
+            return self.changed();
+        }
+        Ok(())
+    }
+
+    /// [`Node::check_gone`] when something changed: out of the waits' loops.
+    #[cold]
+    #[inline(never)]
+    fn changed(&mut self) -> Result<(), AmError> {
+        // Collectives in flight go on while the caller waits for something else (their next
+        // steps may be what the awaited message waits for).
+        self.ep.carry_collectives(&mut self.transport);
+        if self.ep.gone_count() > 0 {
             if let Some(e) = self.ep.take_unanswerable() {
                 return Err(e);
             }
@@ -469,14 +483,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
                 *idle = 0;
                 Ok(())
             }
-            Ok(false) => {
-                // Collectives in flight go on while the caller waits for something else
-                // (their next steps may be what the awaited message waits for). Here, off
-                // the path of a message that came, so a wait that has none costs one branch
-                // only when idle.
-                self.ep.carry_collectives(&mut self.transport);
-                self.idle(idle)
-            }
+            Ok(false) => self.idle(idle),
             Err(e) => Err(e),
         }
     }

@@ -720,7 +720,7 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
         leader: 2,
         serial: 9,
     };
-    let far = am_core::endpoint::MAX_COLLECTIVES_IN_FLIGHT as u64;
+    let far = am_core::endpoint::EARLY_WINDOW;
     // Rank 0's ring sender is rank 2, its barrier senders 2 (round 0) and 1 (round 1).
     let cases: Vec<(Vec<u8>, AmError)> = vec![
         (
@@ -738,6 +738,15 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
         (
             forged(TeamId::WORLD, 0, 2, CollectiveKind::AllGather, &[1]),
             stray(TeamId::WORLD, 0, 2),
+        ),
+        // The largest step: no overflow in the ring's bound, nothing kept.
+        (
+            forged(TeamId::WORLD, 0, u32::MAX, CollectiveKind::AllGather, &[1]),
+            stray(TeamId::WORLD, 0, u32::MAX),
+        ),
+        (
+            forged(TeamId::WORLD, 0, u32::MAX, CollectiveKind::Broadcast, &[1]),
+            stray(TeamId::WORLD, 0, u32::MAX),
         ),
         (
             forged(TeamId::WORLD, 0, 0, CollectiveKind::Barrier, &[1]),
@@ -889,6 +898,59 @@ fn a_disagreement_reaches_every_member_of_the_team() {
                     "{what}, seed {seed}, rank {r}: the next collective gave {:?}",
                     got[0]
                 );
+            }
+        }
+    }
+}
+
+/// A member whose collectives complete as soon as its steps are out (a broadcast's root, a
+/// gather's senders) cannot run ahead of a member that has started none of them by more
+/// than the window: rank 0 runs 150 broadcasts and 150 gathers alone (rank 1 only polls),
+/// then rank 1 starts its own, and every step of rank 0's is taken, none refused. Catches
+/// the sync that bounds the lead missing (rank 1 would refuse rank 0's honest steps past
+/// the window as stray, and both would hang).
+#[test]
+fn a_root_that_runs_ahead_waits_at_the_sync_instead_of_being_refused() {
+    for (n, seed) in [(2, 1), (3, 2), (4, 3)] {
+        let mut c = Cluster::started(shape(n), seed, |_| am_core::Handlers::local());
+        let want = |r: Rank| {
+            let mut w: Vec<Want> = (0..150).map(|_| Want::Broadcast(On::World, 0, 3)).collect();
+            w.extend((0..150).map(|i| Want::GatherTo(On::World, 0, block(r, i, 2))));
+            w
+        };
+        let mut plans: Vec<Plan> = (0..n).map(|r| Plan::new(want(r))).collect();
+        // Rank 0 alone: the others poll (their steps' credits go back) but start nothing.
+        for _ in 0..20_000 {
+            c.flush_all();
+            {
+                let (ep, mut wire) = c.wire(0);
+                let _ = plans[0].step(ep, &mut wire);
+            }
+            for r in 1..n {
+                let (ep, mut wire) = c.wire(r);
+                if let Poll::Ready(Err(e)) = ep.background_step(&mut wire) {
+                    panic!("{n} ranks: rank {r} refused a step of rank 0's: {e}");
+                }
+            }
+            if !c.deliver_one() {
+                break;
+            }
+        }
+        let errors: Vec<_> = (1..n).flat_map(|r| c.errors(r)).collect();
+        assert_eq!(errors, vec![], "{n} ranks: rank 0's steps refused");
+        let done = plans[0].got.iter().filter(|g| g.is_some()).count();
+        // Up to the sync at sequence 31, and a window's worth past it.
+        let bound =
+            am_core::endpoint::SYNC_PERIOD as usize + am_core::endpoint::MAX_COLLECTIVES_IN_FLIGHT;
+        assert!(
+            done < bound,
+            "{n} ranks: rank 0 completed {done} collectives without the others: {:?}",
+            &plans[0].got[..done.min(40)]
+        );
+        c.drive_all(|r, ep, wire| plans[r as usize].step(ep, wire));
+        for (r, plan) in plans.iter_mut().enumerate() {
+            for (i, got) in plan.results().into_iter().enumerate() {
+                assert!(got.is_ok(), "{n} ranks: rank {r} op {i}: {got:?}");
             }
         }
     }

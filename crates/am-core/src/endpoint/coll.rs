@@ -9,16 +9,21 @@
 //!   before this rank started that collective, or before its split made the team) is kept in
 //!   the team's `early` map, as `barrier_arrivals` keeps early barrier epochs.
 //! - **Bounds**: a rank has at most [`MAX_COLLECTIVES_IN_FLIGHT`] collectives in flight per
-//!   team (a further start waits). Every collective here completes only once every member
-//!   has started it, so a correct peer is never more than that many sequences ahead of this
-//!   rank: a step for a sequence beyond, for a step its place in the team does not send to
-//!   this rank, or sent twice, is [`Misbehavior::StrayCollective`]. A team is then bounded
-//!   to `2 * MAX_COLLECTIVES_IN_FLIGHT * (size - 1)` early steps of at most `max_medium`
-//!   bytes each. Steps for a team this rank does not know are kept only while a split is in
-//!   flight here (the peer may have finished the split that makes the team first), for at
-//!   most as many unknown teams as splits in flight (each split makes at most one team that
-//!   holds this rank), each at most `MAX_COLLECTIVES_IN_FLIGHT * world size` steps; with no
-//!   split in flight such a step is refused as stray.
+//!   team, none of them that many sequences older than the next (a further start waits).
+//!   Most collectives complete only once every member has started them; a broadcast's root,
+//!   a gather's senders and a reduce's inner members are done once their steps are out, so
+//!   every [`SYNC_PERIOD`]-th sequence of those kinds ends with a barrier among the members.
+//!   A correct peer is then never more than [`EARLY_WINDOW`] sequences ahead of this rank:
+//!   a step for a sequence beyond, for a step its place in the team does not send to this
+//!   rank, or the same step twice from its sender, is [`Misbehavior::StrayCollective`]; the
+//!   same step from two members that started different collectives is a mismatch. A team
+//!   is then bounded to about `EARLY_WINDOW * (size + 2)` early steps of at most
+//!   `max_medium` bytes each. Steps for a team this rank does not know are kept only while
+//!   a split is in flight here (the peer may have finished the split that makes the team
+//!   first), for at most as many unknown teams as splits in flight (each split makes at
+//!   most one team that holds this rank), each at most `EARLY_WINDOW * (world size + 2)`
+//!   steps; with no split in flight such a step is refused as stray. Members are trusted
+//!   to be honest about failures: any member's notice fails the team.
 //! - **Failure**: a member lost fails every collective in flight on every team it belongs
 //!   to, and every later one on those teams ([`Endpoint::mark_lost`]). A member that left
 //!   cleanly ([`Endpoint::mark_departed`]) had sent everything it owed for the collectives
@@ -28,10 +33,11 @@
 //!   [`SystemMsg::Collective`] of kind [`CollectiveKind::MemberLost`] or
 //!   [`CollectiveKind::MemberDeparted`]): they fail that collective and the later ones on
 //!   the team with the same error, without waiting for their own transport to notice (udp
-//!   and ofi across hosts notice a silent peer only after `AM_PEER_TIMEOUT_MS`). So a
-//!   survivor learns of the loss within one message of the first member that noticed it;
-//!   a member waiting only on another survivor's forward no longer hangs. A notice for a
-//!   team not known here is dropped.
+//!   and ofi across hosts notice a silent peer only after `AM_PEER_TIMEOUT_MS`). A rank
+//!   whose transport noticed the loss while nothing was in flight on a team tells the team
+//!   when it next starts a collective on it (which fails at once). So a survivor learns of
+//!   the loss within one message of the first member that failed a collective for it. A
+//!   notice for a team not known here is dropped.
 //! - **Progress**: collectives advance in [`Endpoint::poll_op`] of any operation in the
 //!   table and in [`Endpoint::background_step`] (every driver's poll), so one whose handle
 //!   was dropped, or that another collective's waiter does not name, still goes on.
@@ -53,6 +59,25 @@ use crate::types::{AmKind, Rank};
 /// The most collectives a rank has in flight on one team: a further one waits to start
 /// until one completes. It bounds what a rank keeps of its peers' early steps.
 pub const MAX_COLLECTIVES_IN_FLIGHT: usize = 64;
+
+/// Every this many sequences on a team, a collective that a member may complete before the
+/// others have started it (a broadcast, reduce or gather: its root or senders are done once
+/// their steps are out) ends with a barrier among the members. So no member completes
+/// sequence `s` with that sync before every member has started it, and no member gets more
+/// than [`EARLY_WINDOW`] sequences ahead of another.
+pub const SYNC_PERIOD: u64 = 32;
+
+/// How far ahead of this rank's next sequence on a team a peer's step may be: at most
+/// [`MAX_COLLECTIVES_IN_FLIGHT`] in flight after the last sync the slowest member has
+/// started, and a sync every [`SYNC_PERIOD`] sequences.
+pub const EARLY_WINDOW: u64 = 2 * MAX_COLLECTIVES_IN_FLIGHT as u64 + SYNC_PERIOD;
+
+/// The first step of the barrier that ends a synchronizing collective (round `k` is step
+/// `SYNC_STEP + k`).
+const SYNC_STEP: u32 = 128;
+
+/// One past the largest step any collective's plan takes.
+const STEP_BOUND: u32 = SYNC_STEP + 32;
 
 /// The peer of a collective's operation slot: no rank, so no reply of a put, get or atomic
 /// ever matches it.
@@ -88,6 +113,11 @@ pub(super) struct Teams {
     /// A peer's misbehavior found outside a delivery (steps held for a team that no split
     /// made), for the next poll.
     stray: Option<AmError>,
+    /// The teams with collectives in flight, listed by each advance (kept to spare an
+    /// allocation per poll).
+    busy: Vec<TeamId>,
+    /// Plans of completed collectives, emptied, for the next ones.
+    spare_plans: Vec<Vec<Action>>,
 }
 
 struct TeamState {
@@ -111,6 +141,9 @@ struct TeamState {
     notified: Vec<Rank>,
     /// The others were told of a mismatch (once per team).
     mismatch_told: bool,
+    /// Sequences not started here whose steps disagreed (from two members), with one of the
+    /// senders: the collective fails with a mismatch when it starts.
+    mismatch_at: Vec<(u64, Rank)>,
 }
 
 /// A step for a team not known yet: sender, sequence, step, kind, root, desc, data.
@@ -180,9 +213,20 @@ fn pow_below(k: u32, n: u32) -> Option<u32> {
 
 /// The plan of a collective of `kind` for team rank `me` of `n` with root `root` (a team
 /// rank below `n`): the algorithms of the [module docs](self).
-fn plan(kind: CollectiveKind, n: u32, me: u32, root: u32) -> Vec<Action> {
+fn plan(
+    kind: CollectiveKind,
+    n: u32,
+    me: u32,
+    root: u32,
+    seq: u64,
+    mut p: Vec<Action>,
+) -> Vec<Action> {
     use Action::{Send, Take};
-    let mut p = Vec::new();
+    p.clear();
+    let sync = matches!(
+        kind,
+        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::Gather
+    ) && seq % SYNC_PERIOD == SYNC_PERIOD - 1;
     let rel = |vr: u32| (root + vr) % n;
     match kind {
         CollectiveKind::Barrier => {
@@ -349,6 +393,22 @@ fn plan(kind: CollectiveKind, n: u32, me: u32, root: u32) -> Vec<Action> {
         }
         CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch => {}
     }
+    if sync {
+        let mut k = 0;
+        while let Some(d) = pow_below(k, n) {
+            p.push(Send {
+                to: (me + d) % n,
+                step: SYNC_STEP + k,
+                part: Part::Nothing,
+            });
+            p.push(Take {
+                from: (me + n - d) % n,
+                step: SYNC_STEP + k,
+                part: Part::Nothing,
+            });
+            k += 1;
+        }
+    }
     p
 }
 
@@ -365,12 +425,13 @@ impl TeamState {
             told: None,
             notified: Vec::new(),
             mismatch_told: false,
+            mismatch_at: Vec::new(),
         }
     }
 
-    /// The member (world rank) that sends step `step` of a collective of `kind` rooted at
-    /// team rank `root` to this rank, if any.
-    fn sender_of(&self, kind: CollectiveKind, step: u32, root: u32) -> Option<Rank> {
+    /// The member (world rank) that sends step `step` of collective `seq` of `kind` rooted
+    /// at team rank `root` to this rank, if any.
+    fn sender_of(&self, kind: CollectiveKind, seq: u64, step: u32, root: u32) -> Option<Rank> {
         let n = self.members.len() as u32;
         let me = self.me;
         if root >= n {
@@ -378,14 +439,17 @@ impl TeamState {
         }
         let from = match kind {
             CollectiveKind::Barrier => (me + n - pow_below(step, n)?) % n,
-            CollectiveKind::AllGather | CollectiveKind::Split if step + 1 < n => (me + n - 1) % n,
+            CollectiveKind::AllGather | CollectiveKind::Split if step < n - 1 => (me + n - 1) % n,
             CollectiveKind::Gather if me == root && step < n && step != root => step,
-            CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::AllReduce => {
-                plan(kind, n, me, root).into_iter().find_map(|a| match a {
+            CollectiveKind::Broadcast
+            | CollectiveKind::Reduce
+            | CollectiveKind::AllReduce
+            | CollectiveKind::Gather => plan(kind, n, me, root, seq, Vec::new())
+                .into_iter()
+                .find_map(|a| match a {
                     Action::Take { from, step: s, .. } if s == step => Some(from),
                     _ => None,
-                })?
-            }
+                })?,
             _ => return None,
         };
         self.members.get(from as usize).copied()
@@ -394,7 +458,7 @@ impl TeamState {
     /// Keeps a step of a peer's for the collective that takes it; false if no collective
     /// here can take it.
     fn arrive(&mut self, src: Rank, seq: u64, step: u32, a: Arrival) -> bool {
-        if self.sender_of(a.kind, step, a.root) != Some(src) {
+        if self.sender_of(a.kind, seq, step, a.root) != Some(src) {
             return false;
         }
         let in_flight = self.colls.iter_mut().find(|c| c.seq == seq);
@@ -412,18 +476,45 @@ impl TeamState {
                     .iter()
                     .any(|x| matches!(x, Action::Take { step: s, .. } if *s == step))
             }
-            None => seq >= self.next_seq && seq - self.next_seq < MAX_COLLECTIVES_IN_FLIGHT as u64,
+            None => seq >= self.next_seq && seq - self.next_seq < EARLY_WINDOW,
         };
         if !wanted {
             return false;
         }
         match self.early.entry((seq, step)) {
-            Entry::Occupied(_) => false,
+            // The same step twice from its sender: not our protocol.
+            Entry::Occupied(o) if (o.get().src, o.get().kind) == (src, a.kind) => false,
+            // Two members that started different collectives under `seq` may both send
+            // this step: a disagreement, not a peer's misbehavior.
+            Entry::Occupied(_) => {
+                match self.colls.iter_mut().find(|c| c.seq == seq) {
+                    Some(c) => {
+                        c.mismatch.get_or_insert(src);
+                    }
+                    None => {
+                        if self.mismatch_at.len() < MAX_COLLECTIVES_IN_FLIGHT {
+                            self.mismatch_at.push((seq, src));
+                        }
+                    }
+                }
+                true
+            }
             Entry::Vacant(v) => {
                 v.insert(a);
                 true
             }
         }
+    }
+
+    /// Whether a start must wait: [`MAX_COLLECTIVES_IN_FLIGHT`] in flight, or the oldest in
+    /// flight that many sequences back (collectives complete out of order: a bound on the
+    /// count alone would not bound how far ahead of the oldest this member runs).
+    fn window_full(&self) -> bool {
+        self.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT
+            || self
+                .colls
+                .first()
+                .is_some_and(|c| self.next_seq - c.seq >= MAX_COLLECTIVES_IN_FLIGHT as u64)
     }
 
     /// Whether collective `c` still needs a step from `peer` that has not arrived.
@@ -458,6 +549,8 @@ impl Teams {
             stalled: Vec::new(),
             notices: std::collections::VecDeque::new(),
             stray: None,
+            busy: Vec::new(),
+            spare_plans: Vec::new(),
         }
     }
 
@@ -502,14 +595,14 @@ impl Teams {
         }
         // A team not known here: only while a split that may make it is in flight.
         let held = self.unknown.len();
-        let limit = MAX_COLLECTIVES_IN_FLIGHT * self.world_size as usize;
+        let limit = EARLY_WINDOW as usize * (self.world_size as usize + 2);
         let steps = match self.unknown.entry(team) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) if held < self.splits as usize => v.insert(Vec::new()),
             Entry::Vacant(_) => return Err(stray()),
         };
-        let step_bound = self.world_size.max(UNFOLD_STEP + 1);
-        if seq >= MAX_COLLECTIVES_IN_FLIGHT as u64
+        let step_bound = self.world_size.max(STEP_BOUND);
+        if seq >= EARLY_WINDOW
             || step >= step_bound
             || steps.len() >= limit
             || src >= self.world_size
@@ -751,8 +844,21 @@ impl<H: Threading> Endpoint<H> {
         let Some(ts) = self.teams.live.get(&id) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
         };
-        if let Some(e) = &ts.failed {
-            return Poll::Ready(Err(e.clone()));
+        if let Some(e) = ts.failed.clone() {
+            // The others may not know yet (this rank's transport noticed a loss while
+            // nothing was in flight, or the team was made with a member gone): they hear
+            // it now, once, rather than wait for this rank's steps.
+            let gone = match e {
+                AmError::PeerLost(p) => Some((p, CollectiveKind::MemberLost)),
+                AmError::PeerDeparted(p) => Some((p, CollectiveKind::MemberDeparted)),
+                _ => None,
+            };
+            if let Some((p, kind)) = gone.filter(|&(p, _)| ts.members.contains(&p)) {
+                let seq = ts.next_seq;
+                self.notify(id, seq, p, kind);
+                self.send_notices(t);
+            }
+            return Poll::Ready(Err(e));
         }
         if root as usize >= ts.members.len() {
             return Poll::Ready(Err(AmError::InvalidCollective(
@@ -764,7 +870,7 @@ impl<H: Threading> Endpoint<H> {
                 "a reduction over bytes that are not whole elements",
             )));
         }
-        let full = ts.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT;
+        let full = ts.window_full();
         if data.len() > self.limits.max_medium {
             return Poll::Ready(Err(AmError::PayloadTooLarge {
                 kind: AmKind::Medium,
@@ -781,12 +887,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if full {
             self.advance_team(t, id);
-            if self
-                .teams
-                .live
-                .get(&id)
-                .is_some_and(|ts| ts.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT)
-            {
+            if self.teams.live.get(&id).is_some_and(TeamState::window_full) {
                 return Poll::Pending;
             }
         }
@@ -824,16 +925,28 @@ impl<H: Threading> Endpoint<H> {
             red,
             block,
             buf,
-            plan: plan(kind, n, ts.me, root),
+            plan: plan(
+                kind,
+                n,
+                ts.me,
+                root,
+                seq,
+                self.teams.spare_plans.pop().unwrap_or_default(),
+            ),
             at: 0,
             mismatch: None,
         };
         // Steps that came before it started, from members that started something else.
-        c.mismatch = ts
-            .early
-            .iter()
-            .find(|(&(s, _), a)| s == seq && (a.kind, a.root, a.desc) != (kind, root, c.desc))
-            .map(|(_, a)| a.src);
+        if !ts.early.is_empty() {
+            c.mismatch = ts
+                .early
+                .iter()
+                .find(|(&(s, _), a)| s == seq && (a.kind, a.root, a.desc) != (kind, root, c.desc))
+                .map(|(_, a)| a.src);
+        }
+        if let Some(at) = ts.mismatch_at.iter().position(|&(s, _)| s == seq) {
+            c.mismatch.get_or_insert(ts.mismatch_at.swap_remove(at).1);
+        }
         ts.colls.push(c);
         self.teams.in_flight += 1;
         if kind == CollectiveKind::Split {
@@ -877,16 +990,20 @@ impl<H: Threading> Endpoint<H> {
         if self.teams.dirty || credit_back() {
             self.teams.dirty = false;
             self.teams.stalled.clear();
-            let busy: Vec<TeamId> = self
-                .teams
-                .live
-                .iter()
-                .filter(|(_, ts)| !ts.colls.is_empty())
-                .map(|(&id, _)| id)
-                .collect();
-            for id in busy {
+            // The busy teams' ids, in a list kept between polls (no allocation per poll).
+            let mut busy = std::mem::take(&mut self.teams.busy);
+            busy.extend(
+                self.teams
+                    .live
+                    .iter()
+                    .filter(|(_, ts)| !ts.colls.is_empty())
+                    .map(|(&id, _)| id),
+            );
+            for &id in &busy {
                 self.advance_team(tx, id);
             }
+            busy.clear();
+            self.teams.busy = busy;
             // What those found gone, the others hear at once.
             if !self.teams.notices.is_empty() {
                 self.send_notices(tx);
@@ -1062,7 +1179,21 @@ impl<H: Threading> Endpoint<H> {
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return;
         };
-        let c = ts.colls.remove(i);
+        let mut c = ts.colls.remove(i);
+        if outcome.is_err() {
+            // What came for it is no collective's any more; what comes later is dropped
+            // (the team is failed below).
+            ts.early.retain(|&(s, _), _| s != c.seq);
+            if let Err(e) = &outcome {
+                ts.failed.get_or_insert_with(|| e.clone());
+            }
+        }
+        if self.teams.spare_plans.len() < MAX_COLLECTIVES_IN_FLIGHT {
+            // Its plan's storage serves the next collective.
+            let mut spare = std::mem::take(&mut c.plan);
+            spare.clear();
+            self.teams.spare_plans.push(spare);
+        }
         let parent = (ts.members.clone(), ts.me);
         self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
         match &outcome {

@@ -62,6 +62,6 @@ pub mod start;
 mod startup;
 mod state;
 
-pub use coll::MAX_COLLECTIVES_IN_FLIGHT;
+pub use coll::{EARLY_WINDOW, MAX_COLLECTIVES_IN_FLIGHT, SYNC_PERIOD};
 pub use recv::Polled;
 pub use state::Endpoint;

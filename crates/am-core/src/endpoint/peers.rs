@@ -120,6 +120,7 @@ impl<H: Threading> Endpoint<H> {
             return false;
         }
         self.gone += 1;
+        self.changes = self.changes.wrapping_add(1);
         self.fail_ops_with(peer, AmError::PeerLost(peer));
         self.fail_teams_with(peer, &AmError::PeerLost(peer), true);
         self.replies.pending.retain(|p| p.dest != peer);
@@ -170,6 +171,7 @@ impl<H: Threading> Endpoint<H> {
             return false;
         }
         self.gone += 1;
+        self.changes = self.changes.wrapping_add(1);
         self.fail_ops_with(peer, AmError::PeerDeparted(peer));
         self.fail_teams_with(peer, &AmError::PeerDeparted(peer), false);
         if let Some(acks) = self.replies.acks.as_mut() {
@@ -191,6 +193,14 @@ impl<H: Threading> Endpoint<H> {
     #[inline]
     pub fn gone_count(&self) -> u32 {
         self.gone
+    }
+
+    /// Bumped when a peer goes and when a collective's step arrives: a blocking wait that
+    /// polls no operation re-checks [`Endpoint::take_unanswerable`] and carries the
+    /// collectives on when it changes, and pays one comparison per poll otherwise.
+    #[inline]
+    pub(crate) fn changes(&self) -> u32 {
+        self.changes
     }
 
     /// The first peer that is lost or has left while requests to it still await their

@@ -102,6 +102,7 @@ struct SystemState<'a> {
     hello_signature: &'a [u16; 256],
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
     teams: &'a mut super::coll::Teams,
+    changes: &'a mut u32,
     exit_requested: &'a mut Option<i32>,
 }
 
@@ -249,12 +250,15 @@ fn system_request(
             kind,
             root,
             desc,
-        } => st.teams.arrive(
-            src,
-            (team, seq, step, kind, root, desc),
-            payload,
-            sink.out.limits.max_medium,
-        ),
+        } => {
+            *st.changes = st.changes.wrapping_add(1);
+            st.teams.arrive(
+                src,
+                (team, seq, step, kind, root, desc),
+                payload,
+                sink.out.limits.max_medium,
+            )
+        }
         SystemMsg::Ack
         | SystemMsg::Acks { .. }
         | SystemMsg::PutDone { .. }
@@ -722,6 +726,7 @@ impl<H: Threading> Endpoint<H> {
                         hello_signature: &self.hello_signature,
                         barrier_arrivals: &mut self.barrier_arrivals,
                         teams: &mut self.teams,
+                        changes: &mut self.changes,
                         exit_requested: &mut self.exit_requested,
                     },
                     &mut sink,

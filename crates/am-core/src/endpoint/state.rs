@@ -151,6 +151,9 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) gone_as: Vec<u8>,
     /// How many peers were marked lost or departed so far.
     pub(super) gone: u32,
+    /// Bumped when a peer goes and when a collective's step arrives: a blocking wait that
+    /// polls no operation looks at what changed only then ([`Endpoint::changes`]).
+    pub(super) changes: u32,
     /// The error that ended the endpoint ([`Endpoint::end`]), every peer then [`ENDED`].
     pub(super) ended: Option<AmError>,
     /// Send attempts that found no credit ([`crate::Stats::credit_waits`]).
@@ -259,6 +262,7 @@ impl<H: Threading> Endpoint<H> {
             exit_requested: None,
             gone_as: vec![0; size as usize],
             gone: 0,
+            changes: 0,
             ended: None,
             credit_waits: 0,
             unanswered_reported: vec![false; size as usize],
