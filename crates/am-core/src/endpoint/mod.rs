@@ -61,7 +61,8 @@ mod send;
 pub mod start;
 mod startup;
 mod state;
+mod teams;
 
-pub use coll::{EARLY_WINDOW, MAX_COLLECTIVES_IN_FLIGHT, SYNC_PERIOD};
 pub use recv::Polled;
 pub use state::Endpoint;
+pub use teams::{EARLY_WINDOW, MAX_COLLECTIVES_IN_FLIGHT, SYNC_PERIOD};

@@ -101,7 +101,7 @@ struct SystemState<'a> {
     hello_digest: u64,
     hello_signature: &'a [u16; 256],
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
-    teams: &'a mut super::coll::Teams,
+    teams: &'a mut super::teams::Teams,
     changes: &'a mut u32,
     exit_requested: &'a mut Option<i32>,
 }

@@ -173,7 +173,7 @@ pub struct Endpoint<H: Threading = Sendable> {
     /// Detached atomics whose reply has not come ([`Endpoint::posted_in_flight`]).
     pub(super) detached_in_flight: u32,
     /// Teams and the collectives in flight on them ([`super::coll`]).
-    pub(super) teams: super::coll::Teams,
+    pub(super) teams: super::teams::Teams,
 }
 
 impl<H: Threading> std::fmt::Debug for Endpoint<H> {
@@ -272,7 +272,7 @@ impl<H: Threading> Endpoint<H> {
             posted_batch: Vec::new(),
             posted_refused: None,
             detached_in_flight: 0,
-            teams: super::coll::Teams::new(rank, size),
+            teams: super::teams::Teams::new(rank, size),
         }
     }
 

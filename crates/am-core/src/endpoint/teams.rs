@@ -1,0 +1,635 @@
+//! The state of teams and of the collectives in flight on them, and each collective's plan
+//! of sends and takes: what [`super::coll`]'s engine advances (see its docs for the rules).
+
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use crate::error::{AmError, Misbehavior};
+use crate::protocol::{opcode, CollectiveKind, FOLD_STEP, FORWARD_STEP, UNFOLD_STEP};
+use crate::reduce::Reduction;
+use crate::team::{Drops, Team, TeamId};
+use crate::transport::Payload;
+use crate::types::Rank;
+
+/// The most collectives a rank has in flight on one team: a further one waits to start
+/// until one completes. It bounds what a rank keeps of its peers' early steps.
+pub const MAX_COLLECTIVES_IN_FLIGHT: usize = 64;
+
+/// Every this many sequences on a team, a collective that a member may complete before the
+/// others have started it (a broadcast, reduce or gather: its root or senders are done once
+/// their steps are out) ends with a barrier among the members. So no member completes
+/// sequence `s` with that sync before every member has started it, and no member gets more
+/// than [`EARLY_WINDOW`] sequences ahead of another.
+pub const SYNC_PERIOD: u64 = 32;
+
+/// How far ahead of this rank's next sequence on a team a peer's step may be: at most
+/// [`MAX_COLLECTIVES_IN_FLIGHT`] in flight after the last sync the slowest member has
+/// started, and a sync every [`SYNC_PERIOD`] sequences.
+pub const EARLY_WINDOW: u64 = 2 * MAX_COLLECTIVES_IN_FLIGHT as u64 + SYNC_PERIOD;
+
+/// The first step of the barrier that ends a synchronizing collective (round `k` is step
+/// `SYNC_STEP + k`).
+pub(super) const SYNC_STEP: u32 = 128;
+
+/// One past the largest step any collective's plan takes.
+pub(super) const STEP_BOUND: u32 = SYNC_STEP + 32;
+
+/// The peer of a collective's operation slot: no rank, so no reply of a put, get or atomic
+/// ever matches it.
+pub(super) const NO_PEER: Rank = Rank::MAX;
+
+pub(super) fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
+    AmError::PeerMisbehaved { peer, what }
+}
+
+/// The endpoint's teams.
+pub(super) struct Teams {
+    /// Where dropped [`Team`] handles record their drop.
+    pub(super) drops: Arc<Drops>,
+    pub(super) world: Team,
+    pub(super) world_size: u32,
+    /// The serial this rank offers in its next split (used if it leads the new team).
+    pub(super) serial: u32,
+    pub(super) live: HashMap<TeamId, TeamState>,
+    /// Steps for teams not known yet, while splits are in flight.
+    pub(super) unknown: HashMap<TeamId, Vec<Held>>,
+    /// Splits in flight here.
+    pub(super) splits: u32,
+    /// Collectives in flight here, on every team.
+    pub(super) in_flight: u32,
+    /// Something a collective in flight may wait for changed since they were last advanced
+    /// (a step arrived, a member went): polls advance them only then, or when a peer that a
+    /// step waits to be sent to (`stalled`) has a credit again, so that many in flight cost
+    /// nothing while nothing comes.
+    pub(super) dirty: bool,
+    pub(super) stalled: Vec<Rank>,
+    /// Notices to send, oldest first: (team, to, first failed sequence, gone member, kind).
+    pub(super) notices: std::collections::VecDeque<(TeamId, Rank, u64, Rank, CollectiveKind)>,
+    /// A peer's misbehavior found outside a delivery (steps held for a team that no split
+    /// made), for the next poll.
+    pub(super) stray: Option<AmError>,
+    /// The teams with collectives in flight, listed by each advance (kept to spare an
+    /// allocation per poll).
+    pub(super) busy: Vec<TeamId>,
+    /// Plans of completed collectives, emptied, for the next ones.
+    pub(super) spare_plans: Vec<Vec<Action>>,
+}
+
+pub(super) struct TeamState {
+    /// World ranks in team order, and this rank's team rank.
+    pub(super) members: Vec<Rank>,
+    pub(super) me: u32,
+    /// The sequence of the next collective started here.
+    pub(super) next_seq: u64,
+    /// Collectives in flight, in issue order.
+    pub(super) colls: Vec<Coll>,
+    /// Steps arrived before their collective wanted them: (sequence, step) -> arrival.
+    pub(super) early: HashMap<(u64, u32), Arrival>,
+    /// The last handle was dropped: forgotten once `colls` is empty.
+    pub(super) freed: bool,
+    /// A member is gone: every collective fails with this.
+    pub(super) failed: Option<AmError>,
+    /// A member told that a member is gone: the collectives from this sequence on fail with
+    /// this error at the next advance.
+    pub(super) told: Option<(u64, AmError)>,
+    /// The gone members the others were told of (once each).
+    pub(super) notified: Vec<Rank>,
+    /// The others were told of a mismatch (once per team).
+    pub(super) mismatch_told: bool,
+    /// Sequences not started here whose steps disagreed (from two members), with one of the
+    /// senders: the collective fails with a mismatch when it starts.
+    pub(super) mismatch_at: Vec<(u64, Rank)>,
+}
+
+/// A step for a team not known yet: sender, sequence, step, kind, root, desc, data.
+pub(super) type Held = (Rank, u64, u32, CollectiveKind, u32, u32, Vec<u8>);
+
+pub(super) struct Arrival {
+    pub(super) src: Rank,
+    pub(super) kind: CollectiveKind,
+    pub(super) root: u32,
+    pub(super) desc: u32,
+    pub(super) data: Vec<u8>,
+}
+
+/// A collective in flight: its plan of sends and takes, taken in order, over one buffer.
+pub(super) struct Coll {
+    pub(super) seq: u64,
+    /// Its operation slot.
+    pub(super) index: u32,
+    pub(super) gen: u32,
+    pub(super) kind: CollectiveKind,
+    /// The root's team rank (0 where there is none).
+    pub(super) root: u32,
+    /// The reduction's word (0 where there is none).
+    pub(super) desc: u32,
+    pub(super) red: Option<Reduction>,
+    /// The block length of a gather or all-gather.
+    pub(super) block: usize,
+    /// What it sends from and takes into: the gathered blocks, the broadcast bytes, the
+    /// reduction's partial result.
+    pub(super) buf: Vec<u8>,
+    pub(super) plan: Vec<Action>,
+    /// The next action of `plan`.
+    pub(super) at: usize,
+    /// A member that started another collective under this sequence (or another root,
+    /// reduction or length): the collective fails with [`AmError::CollectiveMismatch`].
+    pub(super) mismatch: Option<Rank>,
+}
+
+/// One action of a collective's plan: peers are team ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    Send { to: u32, step: u32, part: Part },
+    Take { from: u32, step: u32, part: Part },
+}
+
+/// Which part of a collective's buffer an action sends, or what a take does with the
+/// bytes that came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    /// No bytes (a barrier).
+    Nothing,
+    /// Block `b` (of the collective's block length).
+    Block(u32),
+    /// The whole buffer; a take replaces it.
+    Whole,
+    /// A take that combines: the bytes cover lower team ranks than the buffer,
+    /// `buf = op(bytes, buf)`.
+    Lower,
+    /// A take that combines: the bytes cover higher team ranks, `buf = op(buf, bytes)`.
+    Upper,
+}
+
+/// `2^k`, if it is below `n`.
+pub(super) fn pow_below(k: u32, n: u32) -> Option<u32> {
+    1u32.checked_shl(k).filter(|&d| d < n)
+}
+
+/// The plan of a collective of `kind` for team rank `me` of `n` with root `root` (a team
+/// rank below `n`): the algorithms of the [module docs](self).
+pub(super) fn plan(
+    kind: CollectiveKind,
+    n: u32,
+    me: u32,
+    root: u32,
+    seq: u64,
+    mut p: Vec<Action>,
+) -> Vec<Action> {
+    use Action::{Send, Take};
+    p.clear();
+    let sync = matches!(
+        kind,
+        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::Gather
+    ) && seq % SYNC_PERIOD == SYNC_PERIOD - 1;
+    let rel = |vr: u32| (root + vr) % n;
+    match kind {
+        CollectiveKind::Barrier => {
+            let mut k = 0;
+            while let Some(d) = pow_below(k, n) {
+                p.push(Send {
+                    to: (me + d) % n,
+                    step: k,
+                    part: Part::Nothing,
+                });
+                p.push(Take {
+                    from: (me + n - d) % n,
+                    step: k,
+                    part: Part::Nothing,
+                });
+                k += 1;
+            }
+        }
+        CollectiveKind::AllGather | CollectiveKind::Split => {
+            for s in 0..n - 1 {
+                p.push(Send {
+                    to: (me + 1) % n,
+                    step: s,
+                    part: Part::Block((me + n - s) % n),
+                });
+                p.push(Take {
+                    from: (me + n - 1) % n,
+                    step: s,
+                    part: Part::Block((me + 2 * n - 1 - s) % n),
+                });
+            }
+        }
+        CollectiveKind::Broadcast => {
+            let vr = (me + n - root) % n;
+            let children_below = if vr == 0 {
+                32 - (n - 1).leading_zeros()
+            } else {
+                let k = vr.trailing_zeros();
+                p.push(Take {
+                    from: rel(vr - (1 << k)),
+                    step: k,
+                    part: Part::Whole,
+                });
+                k
+            };
+            // The largest subtree first: its leaves are the farthest.
+            for j in (0..children_below).rev() {
+                if vr + (1 << j) < n {
+                    p.push(Send {
+                        to: rel(vr + (1 << j)),
+                        step: j,
+                        part: Part::Whole,
+                    });
+                }
+            }
+        }
+        CollectiveKind::Reduce => {
+            let mut k = 0;
+            while let Some(d) = pow_below(k, n) {
+                if me & d != 0 {
+                    p.push(Send {
+                        to: me - d,
+                        step: k,
+                        part: Part::Whole,
+                    });
+                    break;
+                }
+                if me + d < n {
+                    p.push(Take {
+                        from: me + d,
+                        step: k,
+                        part: Part::Upper,
+                    });
+                }
+                k += 1;
+            }
+            if root != 0 && me == 0 {
+                p.push(Send {
+                    to: root,
+                    step: FORWARD_STEP,
+                    part: Part::Whole,
+                });
+            }
+            if root != 0 && me == root {
+                p.push(Take {
+                    from: 0,
+                    step: FORWARD_STEP,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::AllReduce => {
+            // Recursive doubling over the largest power of two `q` not above `n`; the first
+            // `2 * rest` members fold in pairs first (the odd one of each pair takes part).
+            let q = 1u32 << (31 - n.leading_zeros());
+            let rest = n - q;
+            let nr = if me < 2 * rest {
+                if me.is_multiple_of(2) {
+                    p.push(Send {
+                        to: me + 1,
+                        step: FOLD_STEP,
+                        part: Part::Whole,
+                    });
+                    p.push(Take {
+                        from: me + 1,
+                        step: UNFOLD_STEP,
+                        part: Part::Whole,
+                    });
+                    return p;
+                }
+                p.push(Take {
+                    from: me - 1,
+                    step: FOLD_STEP,
+                    part: Part::Lower,
+                });
+                me / 2
+            } else {
+                me - rest
+            };
+            let of = |r: u32| if r < rest { 2 * r + 1 } else { r + rest };
+            let mut k = 0;
+            while let Some(d) = pow_below(k, q) {
+                let partner = nr ^ d;
+                p.push(Send {
+                    to: of(partner),
+                    step: k + 1,
+                    part: Part::Whole,
+                });
+                p.push(Take {
+                    from: of(partner),
+                    step: k + 1,
+                    part: if partner < nr {
+                        Part::Lower
+                    } else {
+                        Part::Upper
+                    },
+                });
+                k += 1;
+            }
+            if me < 2 * rest {
+                p.push(Send {
+                    to: me - 1,
+                    step: UNFOLD_STEP,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::Gather => {
+            if me == root {
+                for s in (0..n).filter(|&s| s != root) {
+                    p.push(Take {
+                        from: s,
+                        step: s,
+                        part: Part::Block(s),
+                    });
+                }
+            } else {
+                p.push(Send {
+                    to: root,
+                    step: me,
+                    part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch => {}
+    }
+    if sync {
+        let mut k = 0;
+        while let Some(d) = pow_below(k, n) {
+            p.push(Send {
+                to: (me + d) % n,
+                step: SYNC_STEP + k,
+                part: Part::Nothing,
+            });
+            p.push(Take {
+                from: (me + n - d) % n,
+                step: SYNC_STEP + k,
+                part: Part::Nothing,
+            });
+            k += 1;
+        }
+    }
+    p
+}
+
+impl TeamState {
+    pub(super) fn new(members: Vec<Rank>, me: u32) -> TeamState {
+        TeamState {
+            members,
+            me,
+            next_seq: 0,
+            colls: Vec::new(),
+            early: HashMap::default(),
+            freed: false,
+            failed: None,
+            told: None,
+            notified: Vec::new(),
+            mismatch_told: false,
+            mismatch_at: Vec::new(),
+        }
+    }
+
+    /// The member (world rank) that sends step `step` of collective `seq` of `kind` rooted
+    /// at team rank `root` to this rank, if any.
+    pub(super) fn sender_of(
+        &self,
+        kind: CollectiveKind,
+        seq: u64,
+        step: u32,
+        root: u32,
+    ) -> Option<Rank> {
+        let n = self.members.len() as u32;
+        let me = self.me;
+        if root >= n {
+            return None;
+        }
+        let from = match kind {
+            CollectiveKind::Barrier => (me + n - pow_below(step, n)?) % n,
+            CollectiveKind::AllGather | CollectiveKind::Split if step < n - 1 => (me + n - 1) % n,
+            CollectiveKind::Gather if me == root && step < n && step != root => step,
+            CollectiveKind::Broadcast
+            | CollectiveKind::Reduce
+            | CollectiveKind::AllReduce
+            | CollectiveKind::Gather => plan(kind, n, me, root, seq, Vec::new())
+                .into_iter()
+                .find_map(|a| match a {
+                    Action::Take { from, step: s, .. } if s == step => Some(from),
+                    _ => None,
+                })?,
+            _ => return None,
+        };
+        self.members.get(from as usize).copied()
+    }
+
+    /// Keeps a step of a peer's for the collective that takes it; false if no collective
+    /// here can take it.
+    pub(super) fn arrive(&mut self, src: Rank, seq: u64, step: u32, a: Arrival) -> bool {
+        if self.sender_of(a.kind, seq, step, a.root) != Some(src) {
+            return false;
+        }
+        let in_flight = self.colls.iter_mut().find(|c| c.seq == seq);
+        if self.failed.is_some() && in_flight.is_none() {
+            // A member is gone: a survivor's step of a collective failed here is dropped.
+            return true;
+        }
+        let wanted = match in_flight {
+            Some(c) => {
+                if (a.kind, a.root, a.desc) != (c.kind, c.root, c.desc) {
+                    c.mismatch.get_or_insert(src);
+                }
+                // Not a step it has taken already.
+                !c.plan[..c.at]
+                    .iter()
+                    .any(|x| matches!(x, Action::Take { step: s, .. } if *s == step))
+            }
+            None => seq >= self.next_seq && seq - self.next_seq < EARLY_WINDOW,
+        };
+        if !wanted {
+            return false;
+        }
+        match self.early.entry((seq, step)) {
+            // The same step twice from its sender: not our protocol.
+            Entry::Occupied(o) if (o.get().src, o.get().kind) == (src, a.kind) => false,
+            // Two members that started different collectives under `seq` may both send
+            // this step: a disagreement, not a peer's misbehavior.
+            Entry::Occupied(_) => {
+                match self.colls.iter_mut().find(|c| c.seq == seq) {
+                    Some(c) => {
+                        c.mismatch.get_or_insert(src);
+                    }
+                    None => {
+                        if self.mismatch_at.len() < MAX_COLLECTIVES_IN_FLIGHT {
+                            self.mismatch_at.push((seq, src));
+                        }
+                    }
+                }
+                true
+            }
+            Entry::Vacant(v) => {
+                v.insert(a);
+                true
+            }
+        }
+    }
+
+    /// Whether a start must wait: [`MAX_COLLECTIVES_IN_FLIGHT`] in flight, or the oldest in
+    /// flight that many sequences back (collectives complete out of order: a bound on the
+    /// count alone would not bound how far ahead of the oldest this member runs).
+    pub(super) fn window_full(&self) -> bool {
+        self.colls.len() >= MAX_COLLECTIVES_IN_FLIGHT
+            || self
+                .colls
+                .first()
+                .is_some_and(|c| self.next_seq - c.seq >= MAX_COLLECTIVES_IN_FLIGHT as u64)
+    }
+
+    /// Whether collective `c` still needs a step from `peer` that has not arrived.
+    pub(super) fn still_needs(&self, c: &Coll, peer: Rank) -> bool {
+        c.plan[c.at..].iter().any(|a| match *a {
+            Action::Take { from, step, .. } => {
+                self.members.get(from as usize) == Some(&peer)
+                    && !self.early.contains_key(&(c.seq, step))
+            }
+            Action::Send { .. } => false,
+        })
+    }
+}
+
+impl Teams {
+    pub(super) fn new(rank: Rank, size: u32) -> Teams {
+        let drops = Arc::new(Drops::default());
+        let members: Vec<Rank> = (0..size).collect();
+        let world = Team::new(TeamId::WORLD, members.clone(), rank, drops.clone());
+        let mut live = HashMap::default();
+        live.insert(TeamId::WORLD, TeamState::new(members, rank));
+        Teams {
+            drops,
+            world,
+            world_size: size,
+            serial: 1,
+            live,
+            unknown: HashMap::default(),
+            splits: 0,
+            in_flight: 0,
+            dirty: false,
+            stalled: Vec::new(),
+            notices: std::collections::VecDeque::new(),
+            stray: None,
+            busy: Vec::new(),
+            spare_plans: Vec::new(),
+        }
+    }
+
+    /// A delivered [`SystemMsg::Collective`] (see the [module docs](self) for what is kept).
+    pub(super) fn arrive(
+        &mut self,
+        src: Rank,
+        (team, seq, step, kind, root, desc): (TeamId, u64, u32, CollectiveKind, u32, u32),
+        payload: Payload<'_>,
+        max_medium: usize,
+    ) -> Result<(), AmError> {
+        let stray = || misbehaved(src, Misbehavior::StrayCollective { team, seq, step });
+        if payload.len() > max_medium || (kind == CollectiveKind::Barrier && !payload.is_empty()) {
+            return Err(misbehaved(
+                src,
+                Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+            ));
+        }
+        if matches!(
+            kind,
+            CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch
+        ) {
+            return self.told(src, team, seq, step, kind, payload.len());
+        }
+        if let Some(ts) = self.live.get_mut(&team) {
+            let mut data = Vec::new();
+            payload.append_to(&mut data);
+            let a = Arrival {
+                src,
+                kind,
+                root,
+                desc,
+                data,
+            };
+            return match ts.arrive(src, seq, step, a) {
+                true => {
+                    self.dirty = true;
+                    Ok(())
+                }
+                false => Err(stray()),
+            };
+        }
+        // A team not known here: only while a split that may make it is in flight.
+        let held = self.unknown.len();
+        let limit = EARLY_WINDOW as usize * (self.world_size as usize + 2);
+        let steps = match self.unknown.entry(team) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) if held < self.splits as usize => v.insert(Vec::new()),
+            Entry::Vacant(_) => return Err(stray()),
+        };
+        let step_bound = self.world_size.max(STEP_BOUND);
+        if seq >= EARLY_WINDOW
+            || step >= step_bound
+            || steps.len() >= limit
+            || src >= self.world_size
+        {
+            return Err(stray());
+        }
+        let mut data = Vec::new();
+        payload.append_to(&mut data);
+        steps.push((src, seq, step, kind, root, desc, data));
+        Ok(())
+    }
+}
+
+impl Teams {
+    /// A member's notice that member `gone` of `team` is gone (or, for a
+    /// [`CollectiveKind::Mismatch`], started another collective), from sequence `seq` on. A
+    /// notice for a team not known here is dropped (this rank may have freed it, or not
+    /// made it yet: its collectives then fail as the gone member's own steps fail to come).
+    pub(super) fn told(
+        &mut self,
+        src: Rank,
+        team: TeamId,
+        seq: u64,
+        gone: Rank,
+        kind: CollectiveKind,
+        len: usize,
+    ) -> Result<(), AmError> {
+        let Some(ts) = self.live.get_mut(&team) else {
+            return Ok(());
+        };
+        let me = ts.members.get(ts.me as usize).copied();
+        let member = |r: Rank| ts.members.contains(&r);
+        let mismatch = kind == CollectiveKind::Mismatch;
+        if len != 0
+            || !member(src)
+            || !member(gone)
+            || (!mismatch && (Some(gone) == me || gone == src))
+        {
+            return Err(misbehaved(
+                src,
+                Misbehavior::StrayCollective {
+                    team,
+                    seq,
+                    step: gone,
+                },
+            ));
+        }
+        let error = match kind {
+            CollectiveKind::MemberLost => AmError::PeerLost(gone),
+            CollectiveKind::Mismatch => AmError::CollectiveMismatch { team, peer: gone },
+            _ => AmError::PeerDeparted(gone),
+        };
+        // Every later collective fails when it starts; those in flight from `seq` on at
+        // the next advance.
+        ts.failed.get_or_insert_with(|| error.clone());
+        if ts.told.as_ref().is_none_or(|&(s, _)| seq < s) {
+            ts.told = Some((seq, error));
+        }
+        // Already told: this rank need not tell the others again.
+        if mismatch {
+            ts.mismatch_told = true;
+        } else if !ts.notified.contains(&gone) {
+            ts.notified.push(gone);
+        }
+        self.dirty = true;
+        Ok(())
+    }
+}
