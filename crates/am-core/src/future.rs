@@ -169,6 +169,11 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.lock().node.ep.world_team()
     }
 
+    /// Frees `team` here ([`Node::free_team`]).
+    pub fn free_team(&self, team: crate::team::Team) -> Result<(), AmError> {
+        self.lock().node.ep.free_team(team)
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.inner.size

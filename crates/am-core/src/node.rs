@@ -196,6 +196,14 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.ep.world_team()
     }
 
+    /// Frees `team` here at once, whatever clones of it remain (their later collectives are
+    /// [`AmError::UnknownTeam`]); its collectives in flight complete first. Dropping the last
+    /// clone does the same. Local: the other members free theirs in their own time, and a
+    /// step of theirs for the freed team is then refused. The world team cannot be freed.
+    pub fn free_team(&mut self, team: crate::team::Team) -> Result<(), AmError> {
+        self.ep.free_team(team)
+    }
+
     /// The transport's size limits (`max_args`, `max_medium`, `max_long`).
     #[inline]
     pub fn limits(&self) -> Limits {

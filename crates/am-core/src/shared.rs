@@ -134,6 +134,11 @@ impl<T: Transport> SharedNode<T> {
         self.lock().ep.world_team()
     }
 
+    /// Frees `team` here ([`Node::free_team`]).
+    pub fn free_team(&self, team: crate::team::Team) -> Result<(), crate::AmError> {
+        self.lock().ep.free_team(team)
+    }
+
     /// Ranks in the job.
     pub fn size(&self) -> u32 {
         self.size

@@ -15,11 +15,17 @@
 //! (every member hears every member's next serial in the split's all-gather). No two teams
 //! alive in a job share an id; the world team is `(0, 0)`, and serials start at 1.
 //!
+//! Under `run_job_endpoints` the world is every endpoint of every process; the two splits
+//! that several endpoints per process make natural are one team per process (`color` = the
+//! layout's process of the rank) and one per endpoint index (`color` = its endpoint index),
+//! each keyed by the world rank.
+//!
 //! # Lifetime
 //! A [`Team`] is a cheap handle (clones share it) and does not borrow its node: dropping the
 //! last clone records the drop in state the endpoint shares, as a dropped [`crate::Op`] does,
-//! and the endpoint forgets the team once its collectives in flight here have completed.
-//! Freeing is local: a member that frees a team while another still starts a collective on
+//! and the endpoint forgets the team once its collectives in flight here have completed;
+//! [`crate::Node::free_team`] does the same at once, whatever clones remain. Freeing is
+//! local: a member that frees a team while another still starts a collective on
 //! it gets that peer's messages refused as [`crate::error::Misbehavior::StrayCollective`].
 //!
 //! ```

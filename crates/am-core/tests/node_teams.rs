@@ -284,3 +284,30 @@ fn a_wait_for_something_else_carries_collectives_on() {
         });
     });
 }
+
+/// `free_team` frees a team at once though a clone of its handle remains: the clone's next
+/// collective is `UnknownTeam`, the endpoint holds the world team alone again, and the
+/// world team cannot be freed. Catches a free that waits for the last clone (a runtime's
+/// team table leaking its teams) and a freed team that still starts collectives.
+#[test]
+fn free_team_frees_a_team_whatever_clones_remain() {
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+            let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            let team = node.split(&world, Some(0), me).unwrap().unwrap();
+            let clone = team.clone();
+            node.team_barrier(&team).unwrap();
+            assert_eq!(node.endpoint().teams_held(), (2, 0));
+            node.free_team(team).unwrap();
+            assert_eq!(node.endpoint().teams_held(), (1, 0));
+            assert!(matches!(
+                node.team_barrier(&clone),
+                Err(am_core::AmError::UnknownTeam(id)) if id == clone.id()
+            ));
+            assert!(node.free_team(world.clone()).is_err());
+            node.team_barrier(&world).unwrap();
+        });
+    });
+}

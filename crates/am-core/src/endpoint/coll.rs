@@ -223,7 +223,7 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(Err(e.clone()));
         }
         self.adopt_team_drops();
-        let Some(ts) = self.teams.live.get(&id) else {
+        let Some(ts) = self.teams.live.get(&id).filter(|ts| !ts.freed) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
         };
         if let Some(e) = ts.failed.clone() {
@@ -337,6 +337,23 @@ impl<H: Threading> Endpoint<H> {
         // Its first steps go out now if credits allow.
         self.advance_team(t, id);
         Poll::Ready(Ok((index, gen)))
+    }
+
+    /// Frees `team` here ([`crate::Node::free_team`]): forgotten once its collectives in
+    /// flight here complete, whatever clones of its handle remain.
+    pub fn free_team(&mut self, team: Team) -> Result<(), AmError> {
+        let id = team.id();
+        if !team.is_of(&self.teams.drops) || id == TeamId::WORLD {
+            return Err(AmError::UnknownTeam(id));
+        }
+        self.adopt_team_drops();
+        if let Some(ts) = self.teams.live.get_mut(&id) {
+            ts.freed = true;
+            if ts.colls.is_empty() {
+                self.teams.live.remove(&id);
+            }
+        }
+        Ok(())
     }
 
     /// Forgets the teams whose last handle was dropped, once their collectives in flight
