@@ -230,12 +230,7 @@ impl<H: Threading> Endpoint<H> {
             // The others may not know yet (this rank's transport noticed a loss while
             // nothing was in flight, or the team was made with a member gone): they hear
             // it now, once, rather than wait for this rank's steps.
-            let gone = match e {
-                AmError::PeerLost(p) => Some((p, CollectiveKind::MemberLost)),
-                AmError::PeerDeparted(p) => Some((p, CollectiveKind::MemberDeparted)),
-                _ => None,
-            };
-            if let Some((p, kind)) = gone.filter(|&(p, _)| ts.members.contains(&p)) {
+            if let Some((p, kind)) = gone_notice(&e).filter(|&(p, _)| ts.members.contains(&p)) {
                 let seq = ts.next_seq;
                 self.notify(id, seq, p, kind);
                 self.send_notices(t);
@@ -595,22 +590,15 @@ impl<H: Threading> Endpoint<H> {
         }
         let parent = (ts.members.clone(), ts.me);
         self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
-        match &outcome {
-            Err(AmError::PeerLost(p) | AmError::PeerDeparted(p)) if parent.0.contains(p) => {
-                let kind = match outcome {
-                    Err(AmError::PeerLost(_)) => CollectiveKind::MemberLost,
-                    _ => CollectiveKind::MemberDeparted,
-                };
-                self.notify(id, c.seq, *p, kind);
-            }
-            Err(e @ AmError::CollectiveMismatch { peer, .. }) => {
-                // The team's sequence is broken: this collective and every later one on
-                // it fail, here and, once told, on every member.
-                let e = e.clone();
-                self.notify(id, c.seq, *peer, CollectiveKind::Mismatch);
-                self.fail_team_from(id, c.seq, &e);
-            }
-            _ => {}
+        let gone = outcome.as_ref().err().and_then(gone_notice);
+        if let Some((p, kind)) = gone.filter(|(p, _)| parent.0.contains(p)) {
+            self.notify(id, c.seq, p, kind);
+        } else if let Err(e @ AmError::CollectiveMismatch { peer, .. }) = &outcome {
+            // The team's sequence is broken: this collective and every later one on it
+            // fail, here and, once told, on every member.
+            let e = e.clone();
+            self.notify(id, c.seq, *peer, CollectiveKind::Mismatch);
+            self.fail_team_from(id, c.seq, &e);
         }
         let mut made = None;
         let outcome = match (c.kind, outcome) {
@@ -669,16 +657,8 @@ impl<H: Threading> Endpoint<H> {
         }
         let mut ts = TeamState::new(members.clone(), rank);
         let mut stray = None;
-        for (src, seq, step, kind, root, desc, data) in
-            self.teams.unknown.remove(&tid).unwrap_or_default()
-        {
-            let a = Arrival {
-                src,
-                kind,
-                root,
-                desc,
-                data,
-            };
+        for (seq, step, a) in self.teams.unknown.remove(&tid).unwrap_or_default() {
+            let src = a.src;
             if !ts.arrive(src, seq, step, a) {
                 stray.get_or_insert(misbehaved(
                     src,
@@ -713,9 +693,10 @@ impl<H: Threading> Endpoint<H> {
     /// misbehavior, reported at the next poll.
     fn drop_unknown(&mut self) {
         if let Some((&team, steps)) = self.teams.unknown.iter().next() {
-            if let Some(&(src, seq, step, ..)) = steps.first() {
+            if let Some((seq, step, a)) = steps.first() {
+                let (seq, step) = (*seq, *step);
                 self.teams.stray.get_or_insert(misbehaved(
-                    src,
+                    a.src,
                     Misbehavior::StrayCollective { team, seq, step },
                 ));
             }
@@ -767,11 +748,9 @@ impl<H: Threading> Endpoint<H> {
         if splits > 0 && self.teams.splits == 0 {
             self.teams.unknown.clear();
         }
+        // `error` is `peer`'s loss or departure.
+        let kind = gone_notice(error).map_or(CollectiveKind::MemberDeparted, |(_, k)| k);
         for (id, seq) in notify {
-            let kind = match error {
-                AmError::PeerLost(_) => CollectiveKind::MemberLost,
-                _ => CollectiveKind::MemberDeparted,
-            };
             self.notify(id, seq, peer, kind);
         }
         self.fail_slots_of(failed, error);

@@ -29,10 +29,8 @@ impl<H: Threading> Endpoint<H> {
                 _ => Err(AmError::StaleHandle),
             },
             State::Slot { .. } => {
-                if self.collectives_pending() {
-                    // The collective this may be, and those it shares progress with.
-                    self.advance_collectives(t);
-                }
+                // The collective this may be, and those it shares progress with.
+                self.carry_collectives(t);
                 let (index, gen) = match self.slot_of(op) {
                     Ok(Some(slot)) => slot,
                     _ => return Poll::Ready(Err(AmError::StaleHandle)),

@@ -102,8 +102,18 @@ pub(super) struct TeamState {
     pub(super) mismatch_at: Vec<(u64, Rank)>,
 }
 
-/// A step for a team not known yet: sender, sequence, step, kind, root, desc, data.
-pub(super) type Held = (Rank, u64, u32, CollectiveKind, u32, u32, Vec<u8>);
+/// A step for a team not known yet: its sequence, step and arrival.
+pub(super) type Held = (u64, u32, Arrival);
+
+/// The gone member an error names and the notice that tells the team of it, if it is a
+/// member's loss or departure.
+pub(super) fn gone_notice(e: &AmError) -> Option<(Rank, CollectiveKind)> {
+    match *e {
+        AmError::PeerLost(p) => Some((p, CollectiveKind::MemberLost)),
+        AmError::PeerDeparted(p) => Some((p, CollectiveKind::MemberDeparted)),
+        _ => None,
+    }
+}
 
 pub(super) struct Arrival {
     pub(super) src: Rank,
@@ -537,16 +547,16 @@ impl Teams {
         ) {
             return self.told(src, team, seq, step, kind, payload.len());
         }
+        let mut data = Vec::new();
+        payload.append_to(&mut data);
+        let a = Arrival {
+            src,
+            kind,
+            root,
+            desc,
+            data,
+        };
         if let Some(ts) = self.live.get_mut(&team) {
-            let mut data = Vec::new();
-            payload.append_to(&mut data);
-            let a = Arrival {
-                src,
-                kind,
-                root,
-                desc,
-                data,
-            };
             return match ts.arrive(src, seq, step, a) {
                 true => {
                     self.dirty = true;
@@ -571,9 +581,7 @@ impl Teams {
         {
             return Err(stray());
         }
-        let mut data = Vec::new();
-        payload.append_to(&mut data);
-        steps.push((src, seq, step, kind, root, desc, data));
+        steps.push((seq, step, a));
         Ok(())
     }
 }
