@@ -218,6 +218,29 @@ int amofi_shutdown(struct amofi *a)
 	return rc;
 }
 
+/* Moves every open object of `a` to a new handle, which amofi_close closes, and leaves `a`
+ * with none, as after amofi_shutdown (every later call refused). NULL when out of memory
+ * (then `a` is unchanged). */
+struct amofi *amofi_detach(struct amofi *a)
+{
+	struct amofi *k = malloc(sizeof(*k));
+	if (!k)
+		return NULL;
+	*k = *a;
+	k->info = NULL;
+	a->fabric = NULL;
+	a->domain = NULL;
+	a->av = NULL;
+	a->cq = NULL;
+	a->ep = NULL;
+	for (int i = 0; i < AMOFI_MRS; i++) {
+		a->mr[i] = NULL;
+		a->desc[i] = NULL;
+	}
+	a->wait_fd = -1;
+	return k;
+}
+
 /* amofi_shutdown, then frees `a`. */
 int amofi_close(struct amofi *a)
 {

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use am_shm::{Segment, SharedBytes};
 
@@ -133,15 +134,36 @@ enum State {
     Ready,
 }
 
-/// Buffers of one kind in one allocation, 64-byte aligned.
-struct Buffers {
+/// One allocation the provider may read and write while the endpoint that lent it is open:
+/// shared by the [`Buffers`] that hand it out and, after a deferred close, by the
+/// [`Kept`] objects that still hold it.
+struct Alloc {
     ptr: NonNull<u8>,
     layout: Layout,
+}
+
+// SAFETY: plain heap memory; who reads or writes which part of it is decided by the
+// `Buffers` that owns its states (through `&mut`), not by this handle.
+unsafe impl Send for Alloc {}
+// SAFETY: as above: `Alloc` itself gives no access to the bytes.
+unsafe impl Sync for Alloc {}
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Buffers::new` with this layout, freed once, by the last
+        // handle. Every handle is held by an endpoint or its `Kept` objects, which are
+        // dropped only after the libfabric objects they lent it to are closed; where
+        // closing failed, a handle is leaked and this never runs.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Buffers of one kind in one allocation, 64-byte aligned.
+struct Buffers {
+    mem: Arc<Alloc>,
     size: usize,
     state: Vec<State>,
     free: Vec<u32>,
-    /// Never freed: the endpoint that lent them could not be closed.
-    leaked: bool,
 }
 
 impl Buffers {
@@ -155,18 +177,16 @@ impl Buffers {
         let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
             .ok_or_else(|| local_error("allocating buffers", "out of memory"))?;
         Ok(Buffers {
-            ptr,
-            layout,
+            mem: Arc::new(Alloc { ptr, layout }),
             size,
             state: vec![State::Free; count],
             free: (0..count as u32).rev().collect(),
-            leaked: false,
         })
     }
 
     fn at(&self, i: usize) -> *mut u8 {
         debug_assert!(i < self.state.len());
-        self.ptr.as_ptr().wrapping_add(i * self.size)
+        self.mem.ptr.as_ptr().wrapping_add(i * self.size)
     }
 
     fn take(&mut self) -> Option<usize> {
@@ -194,15 +214,47 @@ impl Buffers {
     }
 }
 
-impl Drop for Buffers {
+/// The `shm` provider's endpoints of this process. The provider reaches an endpoint of the
+/// same process through that endpoint's own mapping of its region (found by name in a list
+/// of the process's), which the endpoint's close unmaps: a peer of the process that still
+/// sends to it, or reads an answer it left, would then touch unmapped memory, or memory
+/// mapped anew for something else. So an `shm` endpoint closed while another of the process
+/// is open is kept whole, still open and no longer used, and closed with the last.
+static SHM_PROCESS: Mutex<ShmProcess> = Mutex::new(ShmProcess {
+    open: 0,
+    kept: Vec::new(),
+});
+
+struct ShmProcess {
+    /// `shm` endpoints of this process not yet shut down.
+    open: usize,
+    kept: Vec<Kept>,
+}
+
+/// The libfabric objects of an endpoint shut down while others of the process were open,
+/// still open, with everything they may touch.
+struct Kept {
+    raw: NonNull<Amofi>,
+    // Dropped after `raw` is closed (see `Drop`).
+    mem: Vec<Arc<Alloc>>,
+    segment: Segment,
+}
+
+// SAFETY: the objects are used by nobody until they are closed, by one thread, under the
+// `SHM_PROCESS` lock or after taking them out of it; the memory is plain memory.
+unsafe impl Send for Kept {}
+
+impl Drop for Kept {
     fn drop(&mut self) {
-        if self.leaked {
-            return;
+        // SAFETY: `raw` came from amofi_detach and is closed once, here, before the memory
+        // and the segment it may touch (fields, dropped after this).
+        let rc = unsafe { ffi::amofi_close(self.raw.as_ptr()) };
+        if rc != 0 {
+            for m in &self.mem {
+                std::mem::forget(Arc::clone(m));
+            }
+            std::mem::forget(self.segment.share());
         }
-        // SAFETY: allocated in `new` with this layout, freed once. The endpoint that lent
-        // them was closed before (`Endpoint`'s drop), so the provider no longer touches them;
-        // where closing failed they are marked leaked and not freed.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
 
@@ -232,6 +284,8 @@ pub struct Endpoint {
     amo: Buffers,
     scratch: Vec<u8>,
     peers: Vec<u64>,
+    /// An `shm` endpoint counted in [`SHM_PROCESS`] and not yet shut down.
+    shm_open: bool,
     /// By send buffer: the peer its message went to.
     send_dest: Vec<u32>,
     cqes: Vec<ffi::Cqe>,
@@ -253,6 +307,8 @@ impl std::fmt::Debug for Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        // An `shm` endpoint's objects may move to the kept ones here (then `raw` holds none).
+        self.shutdown();
         // SAFETY: `raw` came from amofi_open and is closed once, here, before the buffers and
         // the segment (fields, dropped after this) are freed: closing the endpoint ends every
         // operation that could still touch them.
@@ -267,26 +323,61 @@ impl Endpoint {
     /// Closes the endpoint and every libfabric object under it now, rather than at the
     /// drop (the `shm` provider removes its region in `/dev/shm` then; a process that ends
     /// with `exit` runs no drop). Every operation after it fails, and polls find nothing.
+    ///
+    /// An `shm` endpoint shut down while another `shm` endpoint of this process is open stays
+    /// open, unused, until the last of them is shut down (its region in `/dev/shm` too):
+    /// the provider reaches endpoints of one process through their own mappings.
     pub fn shutdown(&mut self) {
+        self.wait_fd = None;
+        let mut kept = Vec::new();
+        if std::mem::take(&mut self.shm_open) {
+            let mut process = SHM_PROCESS.lock().unwrap_or_else(PoisonError::into_inner);
+            process.open -= 1;
+            if process.open > 0 {
+                match self.detach() {
+                    Some(k) => process.kept.push(k),
+                    // No memory for a handle: this endpoint stays open, as it is, until
+                    // its drop.
+                    None => self.shm_open = true,
+                }
+                if self.shm_open {
+                    process.open += 1;
+                }
+                return;
+            }
+            kept = std::mem::take(&mut process.kept);
+        }
         // SAFETY: `raw` is a valid handle; the shim closes each object once and leaves the
         // handle valid, with every later call refused.
         let rc = unsafe { ffi::amofi_shutdown(self.raw.as_ptr()) };
-        self.wait_fd = None;
         if rc != 0 {
             self.leak();
         }
+        // The last `shm` endpoint of the process: nobody uses the kept ones any more.
+        drop(kept);
+    }
+
+    /// This endpoint's open objects as [`Kept`] (with shares of all they may touch),
+    /// leaving `raw` with none, as after a shutdown; `None` when out of memory.
+    fn detach(&mut self) -> Option<Kept> {
+        // SAFETY: `raw` is a valid handle; the shim moves its open objects to a new handle
+        // and leaves this one valid, with every later call refused.
+        let moved = NonNull::new(unsafe { ffi::amofi_detach(self.raw.as_ptr()) })?;
+        Some(Kept {
+            raw: moved,
+            mem: [&self.recv, &self.send, &self.stage, &self.amo]
+                .iter()
+                .map(|b| Arc::clone(&b.mem))
+                .collect(),
+            segment: self.segment.share(),
+        })
     }
 
     /// The endpoint could not be closed, so the provider may still touch what it was lent:
     /// none of it is ever freed.
     fn leak(&mut self) {
-        for b in [
-            &mut self.recv,
-            &mut self.send,
-            &mut self.stage,
-            &mut self.amo,
-        ] {
-            b.leaked = true;
+        for b in [&self.recv, &self.send, &self.stage, &self.amo] {
+            std::mem::forget(Arc::clone(&b.mem));
         }
         std::mem::forget(self.segment.share());
     }
@@ -366,6 +457,7 @@ impl Endpoint {
             send_dest: vec![0; config.send_slots],
             scratch: Vec::new(),
             peers: Vec::new(),
+            shm_open: false,
             cqes: vec![ffi::Cqe::default(); 64],
         };
         let area = ep.segment.byte_area();
@@ -375,7 +467,7 @@ impl Endpoint {
         ep.region.base = base;
         for (slot, kind) in [(MR_RECV, 0), (MR_SEND, 1), (MR_STAGE, 2), (MR_AMO, 3)] {
             let b = [&ep.recv, &ep.send, &ep.stage, &ep.amo][kind];
-            let (ptr, len) = (b.ptr.as_ptr(), b.layout.size());
+            let (ptr, len) = (b.mem.ptr.as_ptr(), b.mem.layout.size());
             ep.register(slot, ptr, len, false)?;
         }
         for _ in 0..config.recv_slots {
@@ -384,6 +476,13 @@ impl Endpoint {
                 .take()
                 .expect("every receive buffer is free at first");
             ep.post_recv(i)?;
+        }
+        if ep.provider == "shm" {
+            SHM_PROCESS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .open += 1;
+            ep.shm_open = true;
         }
         Ok(ep)
     }

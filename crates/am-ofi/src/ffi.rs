@@ -77,6 +77,7 @@ extern "C" {
     ) -> c_int;
     pub(crate) fn amofi_close(a: *mut Amofi) -> c_int;
     pub(crate) fn amofi_shutdown(a: *mut Amofi) -> c_int;
+    pub(crate) fn amofi_detach(a: *mut Amofi) -> *mut Amofi;
     pub(crate) fn amofi_wait_fd(a: *const Amofi) -> c_int;
     pub(crate) fn amofi_getname(a: *mut Amofi, buf: *mut c_void, len: *mut usize) -> c_int;
     pub(crate) fn amofi_av_insert(

@@ -1344,4 +1344,51 @@ mod tests {
             assert!(parse_entry(bad).is_none(), "{bad:?}");
         }
     }
+
+    /// On `shm` the endpoints of one process reach each other's regions through the
+    /// provider's one mapping of each: a rank of this process that sends to, and reads after,
+    /// a rank of the same process that has closed must find that region still there. Would
+    /// catch an endpoint whose close unmaps its region while another of the process still
+    /// knows it (a fault inside libfabric, or a write into memory mapped anew).
+    #[test]
+    fn a_rank_may_send_to_a_rank_of_its_process_that_closed_first() {
+        for provider in ["shm", "tcp", "sockets"] {
+            let mut ranks = Ofi::cluster(2, 4096, OfiConfig::default().provider(provider))
+                .unwrap_or_else(|e| panic!("{provider}: {e}"));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            // A message each way first: `shm` sends to a peer only once it has read this
+            // rank's name, so the goodbye leaves at once.
+            let mut got = [false; 2];
+            let mut sent = [false; 2];
+            while got != [true; 2] && Instant::now() < deadline {
+                for r in 0..2 {
+                    if !sent[r] {
+                        let to = 1 - r as Rank;
+                        sent[r] = ranks[r]
+                            .io
+                            .send_message(to, KIND_AM, &[0; 8], Payload::EMPTY)
+                            .is_ok();
+                    }
+                    if let Ok(Some(())) = ranks[r].poll_recv(|_, _, _| ()) {
+                        got[r] = true;
+                    }
+                }
+            }
+            assert_eq!(got, [true; 2], "{provider}");
+            let mut b = ranks.pop().unwrap();
+            drop(ranks);
+            // Unaware of the goodbye until it reads it: these go to the closed rank.
+            for _ in 0..64 {
+                let _ = b.io.send_message(0, KIND_AM, &[0; 8], Payload::EMPTY);
+            }
+            let mut departed = false;
+            while !departed && Instant::now() < deadline {
+                departed = matches!(b.poll_recv(|_, _, _| ()), Err(NicError::PeerDeparted(0)));
+            }
+            assert!(departed, "{provider}");
+            // What the closed rank left unread stays in its region until the last closes.
+            let _ = b.io.send_message(0, KIND_GOODBYE, &[], Payload::EMPTY);
+            let _ = b.io.pump();
+        }
+    }
 }

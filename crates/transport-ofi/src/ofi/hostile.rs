@@ -70,10 +70,8 @@ fn trio(provider: &str) -> (Ofi, Ofi, Ofi) {
 
 /// Closes the ranks in two steps: first each sends its goodbyes (as [`Ofi::close`] does)
 /// and all of them read until each has seen every other's and has nothing in flight
-/// (bounded); only then are the endpoints closed, with nothing left to send or read. On
-/// `shm` a rank that reads or sends after a rank of this process has closed its endpoint may
-/// fault inside libfabric (the region it reaches is gone), so a rank must close only once
-/// nobody will touch it again.
+/// (bounded); only then are the endpoints closed, with nothing left to send or read, so
+/// that no test's end depends on how long a closed rank's goodbyes take.
 fn close(a: Ofi, b: Ofi, c: Ofi) {
     let mut ranks = [a, b, c];
     let deadline = Instant::now() + PATIENCE;
