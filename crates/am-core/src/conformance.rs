@@ -981,6 +981,46 @@ pub fn team_collectives<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>
                 );
             }
         }
+        // More than one step carries: chunks of whole elements (an odd count of words, a
+        // block and a broadcast that end in a short chunk), several of them in flight.
+        for team in [&world, &half] {
+            let n = team.size();
+            let members = team.members().to_vec();
+            let root = 1 % n;
+            let bytes = pattern(2 * max + 7, 0x5a ^ n as u8);
+            let data = if team.rank() == root {
+                &bytes[..]
+            } else {
+                &[][..]
+            };
+            let b = node.team_broadcast_nb(team, root, data).expect("start");
+            let v: Vec<u64> = (0..2 * words as u64 + 3)
+                .map(|i| i ^ u64::from(me))
+                .collect();
+            let want: Vec<u64> = (0..2 * words as u64 + 3)
+                .map(|i| members.iter().map(|&m| i ^ u64::from(m)).max().unwrap_or(0))
+                .collect();
+            let r = node
+                .team_all_reduce_nb(team, ReduceOp::Max, &v)
+                .expect("start");
+            let block = pattern(max + 5, me as u8);
+            let gathered: Vec<u8> = members
+                .iter()
+                .flat_map(|&m| pattern(max + 5, m as u8))
+                .collect();
+            let g = node.team_all_gather_nb(team, &block).expect("start");
+            let one = node.team_gather_nb(team, root, &block).expect("start");
+            assert_eq!(node.wait(one).expect("gather"), {
+                if team.rank() == root {
+                    gathered.clone()
+                } else {
+                    Vec::new()
+                }
+            });
+            assert_eq!(node.wait(g).expect("all-gather"), gathered);
+            assert_eq!(node.wait(r).expect("all-reduce"), want);
+            assert_eq!(node.wait(b).expect("broadcast"), bytes);
+        }
         // In flight at once on both teams, completed in reverse.
         let a = node
             .team_all_reduce_nb(&world, ReduceOp::Max, &[me])

@@ -103,6 +103,9 @@ impl Plan {
         loop {
             let before = (self.next, self.got.iter().filter(|g| g.is_some()).count());
             if self.step_once(ep, wire).is_ready() {
+                // Done, it still polls, as any driver does whatever it waits for next: what
+                // it owes the others (a notice that waited for a credit) still leaves.
+                let _ = ep.background_step(wire);
                 return Poll::Ready(());
             }
             if before == (self.next, self.got.iter().filter(|g| g.is_some()).count()) {
@@ -200,6 +203,10 @@ impl Plan {
         }
     }
 
+    fn complete(&self) -> bool {
+        self.next == self.wants.len() && self.got.iter().all(Option::is_some)
+    }
+
     fn results(&mut self) -> Vec<Result<Got, AmError>> {
         self.got.drain(..).map(|g| g.expect("complete")).collect()
     }
@@ -225,7 +232,14 @@ fn start<S: Start>(
 /// Runs one plan per rank to completion on `c`: each rank's outcomes, in plan order.
 fn run(c: &mut Cluster, plans: Vec<Vec<Want>>) -> Vec<Vec<Result<Got, AmError>>> {
     let mut plans: Vec<Plan> = plans.into_iter().map(Plan::new).collect();
-    c.drive_all(|r, ep, wire| plans[r as usize].step(ep, wire));
+    // A rank whose plan is done goes on polling until every plan is.
+    c.drive_all(|r, ep, wire| {
+        let _ = plans[r as usize].step(ep, wire);
+        match plans.iter().all(Plan::complete) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    });
     plans.iter_mut().map(Plan::results).collect()
 }
 
@@ -453,23 +467,25 @@ proptest! {
         colors in proptest::collection::vec(0u32..2, 8),
         roots in proptest::collection::vec(0u32..8, 6),
         ops in proptest::collection::vec(any_op(), 3),
-        len in 1usize..=6,
+        len in 1usize..=20,
     ) {
         let mut c = Cluster::started(shape(n), seed, |_| am_core::Handlers::local());
-        // Vectors of up to 6 i64 fit a 64-byte Medium: 48 bytes.
+        // Vectors of up to 20 i64 (160 bytes) and bytes up to 5 * 20: one step of a 64-byte
+        // Medium, or chunks of up to 3 and 2 steps.
+        let blen = 5 * len;
         let plans: Vec<Vec<Want>> = (0..n)
             .map(|r| {
                 vec![
                     Want::Split(On::World, Some(colors[r as usize]), 0),
-                    Want::Broadcast(On::World, roots[0], len),
+                    Want::Broadcast(On::World, roots[0], blen),
                     Want::Reduce(On::Made(0), None, ops[0], ints(r, 2, len)),
-                    Want::GatherTo(On::World, roots[1], block(r, 3, len)),
+                    Want::GatherTo(On::World, roots[1], block(r, 3, blen)),
                     Want::Reduce(On::World, Some(roots[2]), ops[1], ints(r, 4, len)),
-                    Want::Broadcast(On::Made(0), roots[3], len),
+                    Want::Broadcast(On::Made(0), roots[3], blen),
                     Want::Reduce(On::World, None, ops[2], ints(r, 6, len)),
                     Want::SumF(On::World, floats(r, len)),
                     Want::Reduce(On::Made(0), Some(roots[4]), ops[0], ints(r, 8, len)),
-                    Want::GatherTo(On::Made(0), roots[5], block(r, 9, len)),
+                    Want::GatherTo(On::Made(0), roots[5], block(r, 9, blen)),
                 ]
             })
             .collect();
@@ -493,22 +509,22 @@ proptest! {
                 other => panic!("op {i} gave {other:?}"),
             };
             // Broadcasts: the root's bytes everywhere.
-            prop_assert_eq!(bytes(1), block(world[(roots[0] % n) as usize], 1, len));
+            prop_assert_eq!(bytes(1), block(world[(roots[0] % n) as usize], 1, blen));
             let troot = |k: usize| roots[k] % members.len() as u32;
-            prop_assert_eq!(bytes(5), block(members[troot(3) as usize], 5, len));
+            prop_assert_eq!(bytes(5), block(members[troot(3) as usize], 5, blen));
             // Reductions to all.
             prop_assert_eq!(int(2), model_reduce(&members, ops[0], 2, len));
             prop_assert_eq!(int(6), model_reduce(&world, ops[2], 6, len));
             // Gathers and reductions to one: the root has it, the others nothing.
             let at_root = |root: u32, want: Vec<u8>| if root == r { want } else { Vec::new() };
-            prop_assert_eq!(bytes(3), at_root(roots[1] % n, gathered(&world, 3, len)));
+            prop_assert_eq!(bytes(3), at_root(roots[1] % n, gathered(&world, 3, blen)));
             let want = model_reduce(&world, ops[1], 4, len);
             prop_assert_eq!(int(4), if roots[2] % n == r { want } else { Vec::new() });
             let want = model_reduce(&members, ops[0], 8, len);
             let root8 = members[troot(4) as usize];
             prop_assert_eq!(int(8), if root8 == r { want } else { Vec::new() });
             let root9 = members[troot(5) as usize];
-            prop_assert_eq!(bytes(9), at_root(root9, gathered(&members, 9, len)));
+            prop_assert_eq!(bytes(9), at_root(root9, gathered(&members, 9, blen)));
             // The float sum: close to the model, and the same bits on every member.
             let Got::Floats(f) = ok(7) else { panic!("op 7") };
             for (i, x) in f.iter().enumerate() {
@@ -842,8 +858,8 @@ fn members_that_disagree_get_a_mismatch_not_a_wrong_answer() {
     }
 }
 
-/// Members that disagree on a rooted collective's root, on a reduction's operation or
-/// element type: the member that finds it fails, tells the others, and every member gets
+/// Members that disagree on a rooted collective's root, on a reduction's operation, element
+/// type or length (of several chunks), on a chunked broadcast's root: the member that finds it fails, tells the others, and every member gets
 /// `AmError::CollectiveMismatch` on every collective on the team it has not completed when
 /// told, and on every later one (one whose steps had all come may complete: the root of a
 /// broadcast sends and is done). Catches a mismatch seen by one member that leaves the others waiting
@@ -851,8 +867,16 @@ fn members_that_disagree_get_a_mismatch_not_a_wrong_answer() {
 #[test]
 fn a_disagreement_reaches_every_member_of_the_team() {
     type Case = fn(Rank) -> Want;
-    let cases: [(&str, Case); 3] = [
+    let cases: [(&str, Case); 5] = [
         ("root", |r| Want::Broadcast(On::World, u32::from(r == 2), 4)),
+        // Of several chunks (a 64-byte Medium): 3 against 2, a short chunk against a whole.
+        ("length", |r| {
+            let len = if r == 1 { 20 } else { 12 };
+            Want::Reduce(On::World, None, ReduceOp::Sum, vec![1; len])
+        }),
+        ("big root", |r| {
+            Want::Broadcast(On::World, u32::from(r == 2), 150)
+        }),
         ("op", |r| {
             let op = if r == 1 { ReduceOp::Max } else { ReduceOp::Sum };
             Want::Reduce(On::World, None, op, vec![1])
@@ -947,7 +971,14 @@ fn a_root_that_runs_ahead_waits_at_the_sync_instead_of_being_refused() {
             "{n} ranks: rank 0 completed {done} collectives without the others: {:?}",
             &plans[0].got[..done.min(40)]
         );
-        c.drive_all(|r, ep, wire| plans[r as usize].step(ep, wire));
+        // A rank whose plan is done goes on polling until every plan is.
+        c.drive_all(|r, ep, wire| {
+            let _ = plans[r as usize].step(ep, wire);
+            match plans.iter().all(Plan::complete) {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        });
         for (r, plan) in plans.iter_mut().enumerate() {
             for (i, got) in plan.results().into_iter().enumerate() {
                 assert!(got.is_ok(), "{n} ranks: rank {r} op {i}: {got:?}");

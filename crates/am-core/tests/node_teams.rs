@@ -74,12 +74,14 @@ fn node_splits_and_runs_collectives_on_two_to_four_ranks() {
                 node.wait(b1).unwrap();
                 assert_eq!(node.wait(g1).unwrap(), gathered(&world, 2, 8));
 
-                // A block as large as a Medium carries.
+                // A block as large as a Medium carries, and one that takes three chunks.
                 let max = node.max_medium();
                 let big = node.team_all_gather(&world, &block(me, 5, max)).unwrap();
                 assert_eq!(big, gathered(&world, 5, max));
-                // Larger is refused before anything is sent.
-                assert!(node.team_all_gather(&world, &vec![0; max + 1]).is_err());
+                let big = node
+                    .team_all_gather(&world, &block(me, 6, 2 * max + 1))
+                    .unwrap();
+                assert_eq!(big, gathered(&world, 6, 2 * max + 1));
 
                 drop(half);
                 drop(alone);
@@ -192,7 +194,7 @@ fn rooted_collectives_and_reductions_on_every_driver() {
                 let half: f64 = (0..n).map(|r| 0.5 * f64::from(r)).sum();
                 assert_eq!(node.wait(a).unwrap(), [half]);
 
-                // A vector as large as a Medium carries; one element more is refused.
+                // A vector as large as a Medium carries, and larger ones.
                 let max = node.max_medium() / 8;
                 let v: Vec<u64> = (0..max as u64).map(|i| i + u64::from(me)).collect();
                 let got = node.team_all_reduce(&world, ReduceOp::Max, &v).unwrap();
@@ -202,10 +204,27 @@ fn rooted_collectives_and_reductions_on_every_driver() {
                         .map(|i| i + u64::from(last))
                         .collect::<Vec<_>>()
                 );
-                let too_many = vec![0u64; max + 1];
-                assert!(node
-                    .team_all_reduce(&world, ReduceOp::Max, &too_many)
-                    .is_err());
+                // Larger: in chunks of whole elements, each reduced on its own.
+                let v: Vec<u64> = (0..3 * max as u64 + 1)
+                    .map(|i| i * u64::from(me + 1))
+                    .collect();
+                let sum: u64 = (1..=u64::from(n)).sum();
+                assert_eq!(
+                    node.team_all_reduce(&world, ReduceOp::Sum, &v).unwrap(),
+                    (0..3 * max as u64 + 1).map(|i| i * sum).collect::<Vec<_>>()
+                );
+                // A broadcast of several chunks in flight with a later collective: the
+                // members that do not root it learn its length from its first chunk, and
+                // start the next collective only after its chunks.
+                let bytes: Vec<u8> = (0..17 * max + 3).map(|i| (i % 251) as u8).collect();
+                let b = node
+                    .team_broadcast_nb(&world, 1, if me == 1 { &bytes } else { &[] })
+                    .unwrap();
+                let c = node
+                    .team_all_reduce_nb(&world, ReduceOp::Sum, &[1u32])
+                    .unwrap();
+                assert_eq!(node.wait(c).unwrap(), [n]);
+                assert_eq!(node.wait(b).unwrap(), bytes);
                 // Misuse refused before anything is sent.
                 assert!(matches!(
                     node.team_all_reduce(&world, ReduceOp::And, &[1.0f32]),

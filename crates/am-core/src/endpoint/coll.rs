@@ -38,6 +38,16 @@
 //!   when it next starts a collective on it (which fails at once). So a survivor learns of
 //!   the loss within one message of the first member that failed a collective for it. A
 //!   notice for a team not known here is dropped.
+//! - **Chunks**: a collective whose bytes are more than one system Medium carries
+//!   (`max_medium`: a broadcast's bytes, a reduction's vector, a gather's block) runs as
+//!   chunk collectives on consecutive sequences, each over a slice of at most `max_medium`
+//!   bytes (whole elements of a reduction), up to the window's worth in flight at once; its
+//!   operation completes once every chunk has. Every member starts the chunks in the same
+//!   order, and no other collective on the team until it has started them all: a member
+//!   that is not a broadcast's root learns the count from the first chunk's step (the
+//!   root's word in it), so its next start on the team waits until that step has come.
+//!   Members that disagree on a length disagree on a chunk's length or on the collective
+//!   of a sequence: a mismatch, as any other.
 //! - **Progress**: collectives advance in [`Endpoint::poll_op`] of any operation in the
 //!   table and in [`Endpoint::background_step`] (every driver's poll), so one whose handle
 //!   was dropped, or that another collective's waiter does not name, still goes on.
@@ -52,7 +62,7 @@ use crate::protocol::{opcode, CollectiveKind, SystemMsg};
 use crate::reduce::{Element, ReduceOp, Reduction};
 use crate::team::{split_block, split_result, Team, TeamId};
 use crate::transport::{Transport, Tx};
-use crate::types::{AmKind, Rank};
+use crate::types::Rank;
 
 /// What a collective starts with: its kind, root, reduction, this member's bytes and the
 /// block length (a gather's and all-gather's).
@@ -89,8 +99,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts an all-gather of `block` over `team`
     /// ([`crate::endpoint::start::TeamAllGather`]): completes with every member's block, in
-    /// team order. Every member gives a block of the same length, at most the transport's
-    /// `max_medium`.
+    /// team order. Every member gives a block of the same length.
     pub fn team_all_gather_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -115,7 +124,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts a broadcast of `data` from team rank `root`
     /// ([`crate::endpoint::start::TeamBroadcast`]): every member completes with the root's
-    /// bytes (at most the transport's `max_medium`); the others give `&[]`.
+    /// bytes; the others give `&[]`.
     pub fn team_broadcast_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -247,14 +256,12 @@ impl<H: Threading> Endpoint<H> {
                 "a reduction over bytes that are not whole elements",
             )));
         }
-        let full = ts.window_full();
-        if data.len() > self.limits.max_medium {
-            return Poll::Ready(Err(AmError::PayloadTooLarge {
-                kind: AmKind::Medium,
-                len: data.len(),
-                max: self.limits.max_medium,
-            }));
-        }
+        let me = ts.me;
+        let wait = ts.window_full() || ts.gated();
+        let max = self.limits.max_medium;
+        // More than one step carries: chunk collectives (see `Big`). A broadcast's length is
+        // the root's: the others learn it from its first step.
+        let big = data.len() > max && kind != CollectiveKind::Split;
         if kind == CollectiveKind::Barrier {
             // As the world barrier: what this rank posted is applied before it enters.
             ready!(self.apply_posted(t))?;
@@ -262,10 +269,19 @@ impl<H: Threading> Endpoint<H> {
                 return Poll::Pending;
             }
         }
-        if full {
+        if wait {
             self.advance_team(t, id);
-            if self.teams.live.get(&id).is_some_and(TeamState::window_full) {
+            if self
+                .teams
+                .live
+                .get(&id)
+                .is_some_and(|ts| ts.window_full() || ts.gated())
+            {
                 return Poll::Pending;
+            }
+            // What the wait advanced may have failed the team (a mismatch, a gone member).
+            if let Some(e) = self.teams.live.get(&id).and_then(|ts| ts.failed.clone()) {
+                return Poll::Ready(Err(e));
             }
         }
         let (index, gen) = self.alloc_op(NO_PEER, 0, 0, Vec::new());
@@ -273,6 +289,63 @@ impl<H: Threading> Endpoint<H> {
         self.ops[index as usize].outstanding = 1;
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
+        };
+        if big {
+            let chunk = red.map_or(max, |r| max / r.size() * r.size());
+            let chunks = data.len().div_ceil(chunk);
+            let Ok(chunks) = u32::try_from(chunks) else {
+                return Poll::Ready(Err(AmError::InvalidCollective(
+                    "more than 2^32 chunks of max_medium bytes",
+                )));
+            };
+            let n = ts.members.len();
+            let out = match kind {
+                CollectiveKind::AllGather => vec![0u8; n * data.len()],
+                CollectiveKind::Gather if me == root => vec![0u8; n * data.len()],
+                CollectiveKind::Broadcast | CollectiveKind::AllReduce => vec![0u8; data.len()],
+                CollectiveKind::Reduce if me == root => vec![0u8; data.len()],
+                _ => Vec::new(),
+            };
+            ts.bigs.push(Big {
+                index,
+                gen,
+                kind,
+                root,
+                red,
+                data: data.to_vec(),
+                chunk,
+                chunks,
+                issued: 0,
+                done: 0,
+                out,
+            });
+            self.advance_team(t, id);
+            return Poll::Ready(Ok((index, gen)));
+        }
+        self.push_coll(id, kind, root, red, data, (index, gen), None, 0);
+        // Its first steps go out now if credits allow.
+        self.advance_team(t, id);
+        Poll::Ready(Ok((index, gen)))
+    }
+
+    /// Starts the collective of the team's next sequence, on `data`, in operation slot
+    /// `slot`: chunk `chunk` of a [`Big`] or a collective of its own. `desc` is a broadcast
+    /// root's count of chunks (the reduction's word otherwise).
+    #[allow(clippy::too_many_arguments)]
+    fn push_coll(
+        &mut self,
+        id: TeamId,
+        kind: CollectiveKind,
+        root: u32,
+        red: Option<Reduction>,
+        data: &[u8],
+        (index, gen): (u32, u32),
+        chunk: Option<u32>,
+        chunks: u32,
+    ) {
+        let spare = self.teams.spare_plans.pop().unwrap_or_default();
+        let Some(ts) = self.teams.live.get_mut(&id) else {
+            return;
         };
         let n = ts.members.len() as u32;
         let (buf, block) = match kind {
@@ -292,33 +365,31 @@ impl<H: Threading> Endpoint<H> {
         };
         let seq = ts.next_seq;
         ts.next_seq += 1;
+        let desc = match (kind, red) {
+            (CollectiveKind::Broadcast, _) if chunks > 1 => chunks,
+            (_, red) => red.map_or(0, Reduction::word),
+        };
         let mut c = Coll {
             seq,
             index,
             gen,
             kind,
             root,
-            desc: red.map_or(0, Reduction::word),
+            desc,
             red,
             block,
             buf,
-            plan: plan(
-                kind,
-                n,
-                ts.me,
-                root,
-                seq,
-                self.teams.spare_plans.pop().unwrap_or_default(),
-            ),
+            plan: plan(kind, n, ts.me, root, seq, spare),
             at: 0,
             mismatch: None,
+            chunk,
         };
         // Steps that came before it started, from members that started something else.
         if !ts.early.is_empty() {
             c.mismatch = ts
                 .early
                 .iter()
-                .find(|(&(s, _), a)| s == seq && (a.kind, a.root, a.desc) != (kind, root, c.desc))
+                .find(|(&(s, _), a)| s == seq && !agrees(kind, root, c.desc, a))
                 .map(|(_, a)| a.src);
         }
         if let Some(at) = ts.mismatch_at.iter().position(|&(s, _)| s == seq) {
@@ -329,9 +400,47 @@ impl<H: Threading> Endpoint<H> {
         if kind == CollectiveKind::Split {
             self.teams.splits += 1;
         }
-        // Its first steps go out now if credits allow.
-        self.advance_team(t, id);
-        Poll::Ready(Ok((index, gen)))
+    }
+
+    /// Starts the next chunks of the team's oldest [`Big`] still starting them, as far as
+    /// the window allows; drops those whose operation failed, and fails those the team's
+    /// failure ends. Whether it started any.
+    fn issue_chunks(&mut self, id: TeamId) -> bool {
+        let mut started = false;
+        loop {
+            let Some(ts) = self.teams.live.get_mut(&id) else {
+                return started;
+            };
+            let Some(at) = ts.bigs.iter().position(|b| b.issued < b.chunks) else {
+                return started;
+            };
+            let b = &ts.bigs[at];
+            let (index, gen) = (b.index, b.gen);
+            let alive = self
+                .ops
+                .get(index as usize)
+                .is_some_and(|s| s.live && s.gen == gen && s.outstanding > 0);
+            let ts = self.teams.live.get_mut(&id).expect("looked up above");
+            if !alive || ts.failed.is_some() {
+                ts.bigs.remove(at);
+                // Its chunks in flight fail with the team; the operation fails once.
+                let error = ts.failed.clone();
+                if let (true, Some(e)) = (alive, error) {
+                    self.fail_slots_of(vec![(index, gen)], &e);
+                }
+                continue;
+            }
+            if ts.window_full() {
+                return started;
+            }
+            let b = &mut ts.bigs[at];
+            let k = b.issued;
+            b.issued += 1;
+            let (kind, root, red, chunks) = (b.kind, b.root, b.red, b.chunks);
+            let data = b.data[b.range(k)].to_vec();
+            self.push_coll(id, kind, root, red, &data, (index, gen), Some(k), chunks);
+            started = true;
+        }
     }
 
     /// Frees `team` here ([`crate::Node::free_team`]): forgotten once its collectives in
@@ -425,21 +534,28 @@ impl<H: Threading> Endpoint<H> {
         if let Some((from, error)) = self.teams.live.get_mut(&id).and_then(|ts| ts.told.take()) {
             self.fail_team_from(id, from, &error);
         }
-        let mut i = 0;
-        while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
-            let alive = self
-                .ops
-                .get(c.index as usize)
-                .is_some_and(|s| s.live && s.gen == c.gen && s.outstanding > 0);
-            let outcome = if alive {
-                self.step_coll(tx, id, i)
-            } else {
-                // Its slot was failed (the endpoint ended): nothing more to do.
-                Poll::Ready(Err(AmError::StaleHandle))
-            };
-            match outcome {
-                Poll::Pending => i += 1,
-                Poll::Ready(r) => self.complete_coll(id, i, r),
+        loop {
+            let mut i = 0;
+            while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
+                let alive = self
+                    .ops
+                    .get(c.index as usize)
+                    .is_some_and(|s| s.live && s.gen == c.gen && s.outstanding > 0);
+                let outcome = if alive {
+                    self.step_coll(tx, id, i)
+                } else {
+                    // Its slot was failed (the endpoint ended, or another chunk of its
+                    // `Big` failed): nothing more to do.
+                    Poll::Ready(Err(AmError::StaleHandle))
+                };
+                match outcome {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(r) => self.complete_coll(id, i, r),
+                }
+            }
+            // Chunks of a `Big` that the window has room for now: taken round again.
+            if !self.issue_chunks(id) {
+                break;
             }
         }
         if let Some(ts) = self.teams.live.get(&id) {
@@ -553,7 +669,13 @@ impl<H: Threading> Endpoint<H> {
                         Part::Block(b) => {
                             c.buf[b as usize * len..(b as usize + 1) * len].copy_from_slice(&a.data)
                         }
-                        Part::Whole => c.buf = a.data,
+                        Part::Whole => {
+                            if kind == CollectiveKind::Broadcast {
+                                // The root's count of chunks, forwarded with the bytes.
+                                c.desc = a.desc;
+                            }
+                            c.buf = a.data
+                        }
                         Part::Lower | Part::Upper => {
                             if let Some(red) = c.red {
                                 red.combine(&mut c.buf, &a.data, part == Part::Upper);
@@ -615,6 +737,10 @@ impl<H: Threading> Endpoint<H> {
             }
             (_, outcome) => outcome,
         };
+        // A chunk's outcome is its `Big`'s once every chunk is in.
+        let Some(outcome) = self.chunk_done(id, &c, outcome) else {
+            return;
+        };
         let Some(slot) = self.op(c.index, c.gen) else {
             return;
         };
@@ -629,6 +755,99 @@ impl<H: Threading> Endpoint<H> {
         }
         slot.outstanding = 0;
         self.settle(c.index);
+    }
+
+    /// Puts a completed chunk's result into its [`Big`]: the `Big`'s outcome once it is
+    /// whole (or failed), `None` while chunks remain. The first step of a broadcast this
+    /// rank does not root that says it has more chunks makes it a `Big` here. Any other
+    /// collective's outcome is its own.
+    fn chunk_done(
+        &mut self,
+        id: TeamId,
+        c: &Coll,
+        outcome: Result<Vec<u8>, AmError>,
+    ) -> Option<Result<Vec<u8>, AmError>> {
+        let ts = self.teams.live.get_mut(&id)?;
+        let at = ts
+            .bigs
+            .iter()
+            .position(|b| (b.index, b.gen) == (c.index, c.gen));
+        let data = match (outcome, c.chunk, at) {
+            (Err(e), _, at) => {
+                if let Some(at) = at {
+                    ts.bigs.remove(at);
+                }
+                return Some(Err(e));
+            }
+            (Ok(data), None, _) => {
+                if c.kind != CollectiveKind::Broadcast || c.root == ts.me || c.desc < 2 {
+                    return Some(Ok(data));
+                }
+                if data.is_empty() {
+                    // More chunks than bytes: not our protocol.
+                    let root = ts.members[c.root as usize];
+                    return Some(Err(misbehaved(
+                        root,
+                        Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+                    )));
+                }
+                ts.bigs.push(Big {
+                    index: c.index,
+                    gen: c.gen,
+                    kind: c.kind,
+                    root: c.root,
+                    red: None,
+                    data: Vec::new(),
+                    chunk: data.len(),
+                    chunks: c.desc,
+                    issued: 1,
+                    done: 1,
+                    out: data,
+                });
+                return None;
+            }
+            // Its `Big` was dropped (another chunk failed, and so did the operation).
+            (Ok(_), Some(_), None) => return None,
+            (Ok(data), Some(k), Some(at)) => (data, k, at),
+        };
+        let (data, k, at) = data;
+        let n = ts.members.len();
+        let root_world = ts.members[c.root as usize];
+        let b = &mut ts.bigs[at];
+        let r = b.range(k);
+        match b.kind {
+            CollectiveKind::Broadcast => {
+                let from = k as usize * b.chunk;
+                let last = k + 1 == b.chunks;
+                if data.len() > b.chunk || (!last && data.len() != b.chunk) {
+                    ts.bigs.remove(at);
+                    return Some(Err(misbehaved(
+                        root_world,
+                        Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
+                    )));
+                }
+                if b.out.len() < from + data.len() {
+                    b.out.resize(from + data.len(), 0);
+                }
+                b.out[from..from + data.len()].copy_from_slice(&data);
+            }
+            CollectiveKind::AllGather | CollectiveKind::Gather if !data.is_empty() => {
+                let (len, block) = (r.len(), b.data.len());
+                for m in 0..n {
+                    b.out[m * block + r.start..m * block + r.end]
+                        .copy_from_slice(&data[m * len..(m + 1) * len]);
+                }
+            }
+            CollectiveKind::AllReduce | CollectiveKind::Reduce if !data.is_empty() => {
+                b.out[r].copy_from_slice(&data);
+            }
+            _ => {}
+        }
+        b.done += 1;
+        if b.done < b.chunks {
+            return None;
+        }
+        Some(Ok(ts.bigs.remove(at).out))
     }
 
     /// The team a split of `parent` (this rank team rank `me`) gave, from every member's

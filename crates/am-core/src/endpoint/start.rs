@@ -311,9 +311,10 @@ impl Start for TeamBarrier {
     }
 }
 
-/// An all-gather on a team: every member gives a block of the same length (at most the
-/// transport's `max_medium`), and each completes with all the blocks, in team order (a ring:
-/// size - 1 steps of one system Medium each into the operation's own buffer). Collective
+/// An all-gather on a team: every member gives a block of the same length, and each
+/// completes with all the blocks, in team order (a ring: size - 1 steps of one system Medium
+/// each into the operation's own buffer; a block longer than the transport's `max_medium`
+/// goes in chunks, one collective each). Collective
 /// over the team, as [`TeamBarrier`]; members that give blocks of different lengths get
 /// [`crate::AmError::CollectiveMismatch`].
 #[derive(Debug, Clone)]
@@ -390,9 +391,11 @@ impl Start for Split {
     }
 }
 
-/// A broadcast on a team: every member completes with the bytes team rank `root` gave (at
-/// most the transport's `max_medium`; the other members give `&[]`), along a binomial tree
-/// of system Mediums: ⌈log2 size⌉ steps from the root to the farthest member. Collective
+/// A broadcast on a team: every member completes with the bytes team rank `root` gave (the
+/// other members give `&[]`), along a binomial tree of system Mediums: ⌈log2 size⌉ steps
+/// from the root to the farthest member. More than the transport's `max_medium` goes in
+/// chunks, whose count the others learn from the first: until then a member that is not the
+/// root starts no further collective on the team (its start waits). Collective
 /// over the team, as [`TeamBarrier`]; members that name different roots get
 /// [`crate::AmError::CollectiveMismatch`].
 #[derive(Debug, Clone)]
@@ -427,8 +430,8 @@ impl Start for TeamBroadcast<'_> {
     }
 }
 
-/// A gather on a team: every member gives a block of the same length (at most the
-/// transport's `max_medium`); team rank `root` completes with all of them in team order,
+/// A gather on a team: every member gives a block of the same length (longer than the
+/// transport's `max_medium`: in chunks); team rank `root` completes with all of them in team order,
 /// the others with an empty `Vec` once their block is sent. One system Medium from each
 /// member to the root. Collective over the team, as [`TeamBarrier`].
 #[derive(Debug, Clone)]
@@ -463,8 +466,9 @@ impl Start for TeamGather<'_> {
     }
 }
 
-/// A reduction on a team: every member gives a vector of the same length (its bytes at
-/// most the transport's `max_medium`), and the result, element by element `op` over the
+/// A reduction on a team: every member gives a vector of the same length (more bytes than
+/// the transport's `max_medium`: in chunks of whole elements, each reduced on its own), and
+/// the result, element by element `op` over the
 /// members' vectors in team order ([`crate::reduce`]), goes to team rank `root`
 /// (reduce-to-one: a binomial tree towards team rank 0, which forwards the result to a
 /// root that is not it; the others complete with an empty `Vec`) or, with `root` `None`,
@@ -570,7 +574,7 @@ macro_rules! operations {
                 = $crate::endpoint::start::TeamBarrier::new(team); nb team_barrier_nb; owns;
         }
         $driver! { op
-            /// Gathers every member's `block` (same length everywhere, at most `max_medium`)
+            /// Gathers every member's `block` (same length everywhere)
             /// and completes with all of them in team order
             /// ([`TeamAllGather`](crate::endpoint::start::TeamAllGather)). Collective over the
             /// team, as `team_barrier`.

@@ -100,6 +100,40 @@ pub(super) struct TeamState {
     /// Sequences not started here whose steps disagreed (from two members), with one of the
     /// senders: the collective fails with a mismatch when it starts.
     pub(super) mismatch_at: Vec<(u64, Rank)>,
+    /// Collectives larger than one step, in issue order.
+    pub(super) bigs: Vec<Big>,
+}
+
+/// A collective whose bytes are more than one step carries (`max_medium`): run as chunk
+/// collectives on consecutive sequences, each over a slice of them, which every member
+/// starts in the same order (so no other collective starts on the team until all its
+/// chunks have). Its operation completes with the chunks' results put together once
+/// every chunk has completed.
+pub(super) struct Big {
+    /// The operation slot its chunks share.
+    pub(super) index: u32,
+    pub(super) gen: u32,
+    pub(super) kind: CollectiveKind,
+    pub(super) root: u32,
+    pub(super) red: Option<Reduction>,
+    /// This member's bytes: its block, its reduction's input, the root's broadcast bytes.
+    pub(super) data: Vec<u8>,
+    /// Bytes of `data` (or of the broadcast) per chunk; the last may be shorter.
+    pub(super) chunk: usize,
+    pub(super) chunks: u32,
+    /// Chunks started and completed.
+    pub(super) issued: u32,
+    pub(super) done: u32,
+    /// The result so far.
+    pub(super) out: Vec<u8>,
+}
+
+impl Big {
+    /// The slice of `data` chunk `k` covers.
+    pub(super) fn range(&self, k: u32) -> std::ops::Range<usize> {
+        let from = (k as usize * self.chunk).min(self.data.len());
+        from..(from + self.chunk).min(self.data.len())
+    }
 }
 
 /// A step for a team not known yet: its sequence, step and arrival.
@@ -146,6 +180,15 @@ pub(super) struct Coll {
     /// A member that started another collective under this sequence (or another root,
     /// reduction or length): the collective fails with [`AmError::CollectiveMismatch`].
     pub(super) mismatch: Option<Rank>,
+    /// Which chunk of a [`Big`] (sharing its slot) it is.
+    pub(super) chunk: Option<u32>,
+}
+
+/// Whether a step of `a`'s agrees with a collective of `kind` rooted at `root` with
+/// reduction word `desc`. A broadcast's word is the root's count of chunks, which the
+/// others learn from its first step.
+pub(super) fn agrees(kind: CollectiveKind, root: u32, desc: u32, a: &Arrival) -> bool {
+    a.kind == kind && a.root == root && (kind == CollectiveKind::Broadcast || a.desc == desc)
 }
 
 /// One action of a collective's plan: peers are team ranks.
@@ -392,6 +435,7 @@ impl TeamState {
             notified: Vec::new(),
             mismatch_told: false,
             mismatch_at: Vec::new(),
+            bigs: Vec::new(),
         }
     }
 
@@ -440,7 +484,7 @@ impl TeamState {
         }
         let wanted = match in_flight {
             Some(c) => {
-                if (a.kind, a.root, a.desc) != (c.kind, c.root, c.desc) {
+                if !agrees(c.kind, c.root, c.desc, &a) {
                     c.mismatch.get_or_insert(src);
                 }
                 // Not a step it has taken already.
@@ -487,6 +531,19 @@ impl TeamState {
                 .colls
                 .first()
                 .is_some_and(|c| self.next_seq - c.seq >= MAX_COLLECTIVES_IN_FLIGHT as u64)
+    }
+
+    /// Whether a start must wait for the team's earlier collectives to have taken their
+    /// sequences: a [`Big`] still starting chunks, or a broadcast this rank does not root
+    /// whose first step has not come (it may be the first chunk of a big one).
+    pub(super) fn gated(&self) -> bool {
+        self.bigs.iter().any(|b| b.issued < b.chunks)
+            || self.colls.iter().any(|c| {
+                c.kind == CollectiveKind::Broadcast
+                    && c.chunk.is_none()
+                    && c.root != self.me
+                    && (c.at == 0 || c.desc > 1)
+            })
     }
 
     /// Whether collective `c` still needs a step from `peer` that has not arrived.

@@ -532,6 +532,7 @@ impl Cluster {
         for _ in 0..MAX_STEPS {
             let sent_before = self.net.sent.len();
             let busy_before: u32 = self.net.busy.iter().sum();
+            let ready_before = done.iter().filter(|d| d.is_some()).count();
             self.flush_all();
             for (i, &r) in ranks.iter().enumerate() {
                 if done[i].is_none() {
@@ -549,9 +550,11 @@ impl Cluster {
                 return done;
             }
             if !self.deliver_one() {
-                // A refused send this round may succeed the next: only a round in which
-                // nothing was refused, sent or delivered is stuck.
-                if busy_before > 0 || self.net.sent.len() != sent_before {
+                // A refused send this round may succeed the next, and a rank ready this
+                // round may be what the others' steps look at: only a round in which
+                // nothing was refused, sent or delivered and no rank became ready is stuck.
+                let ready = done.iter().filter(|d| d.is_some()).count();
+                if busy_before > 0 || self.net.sent.len() != sent_before || ready != ready_before {
                     continue;
                 }
                 let waiting: Vec<Rank> = ranks
