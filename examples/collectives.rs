@@ -10,14 +10,16 @@
 //! Every rank runs `--iters` collectives back to back after a warm-up; a row's latency is
 //! the time per collective, averaged over the iterations and then over the ranks (as the
 //! OSU micro-benchmarks report theirs), and rank 0's median of single collectives. Sizes
-//! are bytes per member (8 bytes: one `u64`, summed for the reductions); a size above the
-//! transport's `max_medium` is skipped with a note on stderr. The roots of broadcast,
-//! reduce and gather rotate with the iteration.
+//! are bytes per member (8 bytes: one `u64`, summed for the reductions); one above the
+//! transport's `max_medium` runs in chunks. The roots of broadcast, reduce and gather
+//! rotate with the iteration.
 //!
 //! Each job also times the AM Short round trip between ranks 0 and 1 (the others wait in a
 //! barrier), and `Node::barrier`, the world barrier of the endpoint: rows carry
 //! `rounds` = ⌈log2 ranks⌉, `am_rtt_us` and `ratio_to_rounds` = latency / (rounds ×
-//! round trip); the `barrier` row also `ratio_to_node_barrier`.
+//! round trip); the `barrier` row also `ratio_to_node_barrier`. Rows with bytes also carry
+//! `mb_s` (bytes per member over the mean latency) and, beside it, `put_mb_s`: rank 0's
+//! blocking puts of the same size to rank 1 in the same job, and `ratio_to_put`.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -162,6 +164,29 @@ fn timed(
     Ok((sum[0] / f64::from(world.size()), median(each)))
 }
 
+/// Rank 0's bandwidth of blocking puts of `bytes` to rank 1, in MB/s (NaN elsewhere).
+fn put_bandwidth(
+    node: &mut Node<AnyTransport, Local>,
+    bytes: usize,
+    args: &Args,
+) -> anyhow::Result<f64> {
+    node.barrier()?;
+    let mut mb_s = f64::NAN;
+    if node.rank() == 0 {
+        let data = vec![0x5au8; bytes];
+        for _ in 0..args.warmup {
+            node.put(1, 0, &data)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..args.iters {
+            node.put(1, 0, &data)?;
+        }
+        mb_s = (bytes * args.iters) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+    }
+    node.barrier()?;
+    Ok(mb_s)
+}
+
 /// `Node::barrier`'s mean latency over the ranks, in µs.
 fn node_barrier(
     node: &mut Node<AnyTransport, Local>,
@@ -192,7 +217,6 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     )?;
     let me = node.rank();
     let world = node.world_team();
-    let max = node.max_medium();
     let rounds = 32 - (size - 1).leading_zeros();
     let rtt = am_rtt(&mut node, &pongs, args)?;
     let node_barrier_us = node_barrier(&mut node, &world, args)?;
@@ -214,24 +238,17 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             args.sizes.clone()
         };
         for bytes in sizes {
-            let per_member = if matches!(op.as_str(), "allreduce" | "reduce") {
-                bytes.div_ceil(8) * 8
-            } else {
-                bytes
-            };
-            if per_member > max {
-                if me == 0 {
-                    eprintln!(
-                        "collectives: skipping {op} of {bytes} bytes: {name} carries at most \
-                         {max} bytes per collective step (max_medium)"
-                    );
-                }
-                continue;
-            }
             node.barrier()?;
             let (mean, p50) = timed(&mut node, &world, op, bytes, args)?;
             let ratio = mean / (f64::from(rounds) * rtt);
             let to_barrier = (op == "barrier").then_some(mean / node_barrier_us);
+            let (mb_s, put_mb_s) = if bytes > 0 {
+                let put = put_bandwidth(&mut node, bytes, args)?;
+                (Some(bytes as f64 / mean), Some(put))
+            } else {
+                (None, None)
+            };
+            let to_put = mb_s.zip(put_mb_s).map(|(c, p)| c / p);
             if me == 0 {
                 if args.json {
                     println!(
@@ -243,12 +260,16 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                             "ratio_to_rounds": ratio,
                             "node_barrier_us": node_barrier_us,
                             "ratio_to_node_barrier": to_barrier,
+                            "mb_s": mb_s, "put_mb_s": put_mb_s, "ratio_to_put": to_put,
                         })
                     );
                 } else {
                     print!("{name:<10} {op:<10} {bytes:>8} {mean:>12.3} {p50:>12.3} {ratio:>14.2}");
                     if let Some(b) = to_barrier {
                         print!("  (Node::barrier x{b:.3})");
+                    }
+                    if let (Some(c), Some(p)) = (mb_s, put_mb_s) {
+                        print!("  ({c:.1} MB/s, put {p:.1} MB/s: x{:.2})", c / p);
                     }
                     println!();
                 }
@@ -262,9 +283,11 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
+    let largest = args.sizes.iter().copied().max().unwrap_or(0);
     let opts = JobOptions::new()
         .transport(args.transport)
         .ranks(args.ranks)
+        .segment_size(largest.max(JobOptions::default().segment_size))
         .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);

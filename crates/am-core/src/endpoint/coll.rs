@@ -306,6 +306,8 @@ impl<H: Threading> Endpoint<H> {
                 CollectiveKind::Reduce if me == root => vec![0u8; data.len()],
                 _ => Vec::new(),
             };
+            self.teams.chunked = true;
+            let ts = self.teams.live.get_mut(&id).expect("looked up above");
             ts.bigs.push(Big {
                 index,
                 gen,
@@ -554,7 +556,7 @@ impl<H: Threading> Endpoint<H> {
                 }
             }
             // Chunks of a `Big` that the window has room for now: taken round again.
-            if !self.issue_chunks(id) {
+            if !self.teams.chunked || !self.issue_chunks(id) {
                 break;
             }
         }
@@ -791,6 +793,8 @@ impl<H: Threading> Endpoint<H> {
                         Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
                     )));
                 }
+                self.teams.chunked = true;
+                let ts = self.teams.live.get_mut(&id)?;
                 ts.bigs.push(Big {
                     index: c.index,
                     gen: c.gen,

@@ -74,6 +74,8 @@ pub(super) struct Teams {
     pub(super) busy: Vec<TeamId>,
     /// Plans of completed collectives, emptied, for the next ones.
     pub(super) spare_plans: Vec<Vec<Action>>,
+    /// A [`Big`] was made here once: advances look for chunks to start from then on.
+    pub(super) chunked: bool,
 }
 
 pub(super) struct TeamState {
@@ -580,6 +582,7 @@ impl Teams {
             stray: None,
             busy: Vec::new(),
             spare_plans: Vec::new(),
+            chunked: false,
         }
     }
 
