@@ -357,3 +357,124 @@ fn thread_cpu() -> Duration {
     };
     tv(u.user_time()) + tv(u.system_time())
 }
+
+/// Collectives as tokio tasks, with the driver sleeping armed between messages: on each rank
+/// one task runs a chunked broadcast and all-reduces on the world while another runs
+/// all-reduces on its half of a split, concurrently (each team's collectives start in one
+/// order on every member); then, in a job of the same shape with the node shared, a
+/// `ProgressThread` advances collectives that compute threads of the rank start and wait
+/// for, one thread per team. Catches a
+/// collective whose steps only its own waiter advances (the driver or the progress thread
+/// must carry it), and a future that needs polling to take steps another team's task
+/// waits on.
+#[test]
+fn collectives_run_as_tokio_tasks_and_under_a_progress_thread() {
+    use amnet::{ProgressThread, ReduceOp, SharedNode};
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(4, LoopbackConfig::default()), |t| {
+            let node = Node::new(
+                t,
+                Handlers::new(),
+                Config::default().wait_mode(WaitMode::Block),
+            )
+            .expect("start");
+            let me = node.rank();
+            let max = node.max_medium();
+            let node = AsyncNode::new(node);
+            let world = node.world_team();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            let half: amnet::Team = local.block_on(&rt, async {
+                let driver = tokio::task::spawn_local({
+                    let node = node.clone();
+                    async move { node.drive().await }
+                });
+                let half = node
+                    .split(&world, Some(me % 2), 0)
+                    .await
+                    .expect("split")
+                    .expect("a team");
+                let on_world = tokio::task::spawn_local({
+                    let (node, world) = (node.clone(), world.clone());
+                    async move {
+                        let bytes: Vec<u8> = (0..2 * max + 9).map(|i| i as u8).collect();
+                        let data = if me == 3 { bytes.clone() } else { Vec::new() };
+                        let got = node.team_broadcast(&world, 3, &data).await?;
+                        assert_eq!(got, bytes);
+                        for k in 0..20u64 {
+                            let s = node.team_all_reduce(&world, ReduceOp::Sum, &[k]).await?;
+                            assert_eq!(s, [4 * k]);
+                        }
+                        Ok::<_, AmError>(())
+                    }
+                });
+                let on_half = tokio::task::spawn_local({
+                    let (node, half) = (node.clone(), half.clone());
+                    async move {
+                        for k in 0..20u32 {
+                            let m = node
+                                .team_all_reduce(&half, ReduceOp::Max, &[me * 100 + k])
+                                .await?;
+                            assert_eq!(m, [(2 + me % 2) * 100 + k]);
+                        }
+                        Ok::<_, AmError>(())
+                    }
+                });
+                on_world.await.expect("task").expect("world");
+                on_half.await.expect("task").expect("half");
+                node.team_barrier(&world).await.expect("barrier");
+                node.stop();
+                driver.await.expect("driver").expect("driver ends cleanly");
+                half
+            });
+            drop(half);
+        });
+        // The same team shapes, the node shared between compute threads of the rank.
+        run_ranks(Loopback::cluster(4, LoopbackConfig::default()), |t| {
+            let node = Node::new(
+                t,
+                Handlers::new(),
+                Config::default().wait_mode(WaitMode::Block),
+            )
+            .expect("start");
+            let me = node.rank();
+            let shared = SharedNode::new(node);
+            let world = shared.world_team();
+            let half = shared
+                .split(&world, Some(me % 2), 0)
+                .expect("split")
+                .expect("a team");
+            let progress = ProgressThread::spawn(shared.clone()).expect("progress thread");
+            std::thread::scope(|s| {
+                let a = s.spawn(|| {
+                    for k in 0..20u64 {
+                        let v = shared
+                            .team_all_reduce(&world, ReduceOp::Sum, &[k, 1])
+                            .expect("world");
+                        assert_eq!(v, [4 * k, 4]);
+                    }
+                });
+                let b = s.spawn(|| {
+                    for k in 0..20u32 {
+                        let v = shared
+                            .team_all_gather(&half, &[me as u8, k as u8])
+                            .expect("half");
+                        let want: Vec<u8> = half
+                            .members()
+                            .iter()
+                            .flat_map(|&m| [m as u8, k as u8])
+                            .collect();
+                        assert_eq!(v, want);
+                    }
+                });
+                a.join().expect("world thread");
+                b.join().expect("half thread");
+            });
+            shared.team_barrier(&world).expect("barrier");
+            progress.stop().expect("progress thread ends");
+        });
+    });
+}
