@@ -315,7 +315,10 @@ pub fn exit_scenario<T: Transport>(
 /// Whether `mode` is one of the failure scenarios [`failure_scenario`] runs (their programs
 /// call [`ignore_sigterm`] first thing).
 pub fn is_failure_scenario(mode: &str) -> bool {
-    matches!(mode, "kill" | "kill-anywhere" | "exit" | "pending")
+    matches!(
+        mode,
+        "kill" | "kill-allreduce" | "kill-anywhere" | "exit" | "pending"
+    )
 }
 
 /// The callable handler of [`echo_handlers`]: answers `[x + 1]`.
@@ -445,6 +448,7 @@ pub fn failure_scenario<T: Transport>(
             pending_scenario(&mut node, &job.job_id, how, &dir)?;
         }
         "kill" => kill_scenario(&mut node, &job.job_id, &dir)?,
+        "kill-allreduce" => kill_allreduce_scenario(&mut node, &job.job_id, &dir)?,
         other => return Err(format!("not a failure scenario: {other:?}").into()),
     }
     drop(node);
@@ -492,6 +496,67 @@ pub fn kill_scenario<T: Transport>(
         }
         other => Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
     }
+}
+
+/// The killed-in-a-collective scenario: as [`kill_scenario`], but every rank runs
+/// all-reduces on the world team back to back, and rank 1 kills itself with SIGKILL right
+/// after starting its `KILL_AFTER`-th (its first step may or may not have left). Each
+/// survivor checks every result, and on `PeerLost(1)` (from its own transport or from
+/// another member's notice) writes `dir/lost-<rank>` (`<lost rank> <now_us>`); its next
+/// collective on the world team must fail at once with the same error; a survivor whose
+/// checks all passed writes `dir/checked-<rank>`.
+pub fn kill_allreduce_scenario<T: Transport>(
+    node: &mut Node<T, Local>,
+    job_id: &str,
+    dir: &Path,
+) -> Result<(), Box<dyn Error>> {
+    use am_core::ReduceOp;
+    const KILL_AFTER: u64 = 200;
+    let me = node.rank();
+    let n = u64::from(node.size());
+    if me == 0 {
+        std::fs::write(dir.join("job"), job_id)?;
+    }
+    let world = node.world_team();
+    node.barrier()?;
+    let want = |k: u64| k * n + n * (n - 1) / 2;
+    for k in 0.. {
+        if me == 1 && k == KILL_AFTER {
+            let _started = node.team_all_reduce_nb(&world, ReduceOp::Sum, &[k + u64::from(me)]);
+            std::fs::write(dir.join("victim"), now_us().to_string())?;
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL)?;
+        }
+        match node.team_all_reduce(&world, ReduceOp::Sum, &[k + u64::from(me)]) {
+            Ok(v) if v == [want(k)] => {}
+            Ok(v) => return Err(format!("rank {me}: all-reduce {k} gave {v:?}").into()),
+            Err(AmError::PeerLost(r)) => {
+                std::fs::write(dir.join(format!("lost-{me}")), format!("{r} {}", now_us()))?;
+                if k < KILL_AFTER {
+                    return Err(format!("rank {me}: lost rank {r} at all-reduce {k}").into());
+                }
+                break;
+            }
+            Err(e) => return Err(format!("rank {me}: all-reduce {k}: {e}").into()),
+        }
+    }
+    // A later collective fails at once: the team is failed.
+    match node.team_barrier(&world) {
+        Err(AmError::PeerLost(1)) => {}
+        other => return Err(format!("rank {me}: the next collective gave {other:?}").into()),
+    }
+    // Stay until every survivor has reported (see `kill_scenario`).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for r in (0..node.size()).filter(|&r| r != 1) {
+        while !dir.join(format!("lost-{r}")).exists() {
+            if Instant::now() > deadline {
+                return Err(format!("rank {me}: rank {r} never reported").into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    // Every check above passed here (the job fails whatever the survivors find).
+    std::fs::write(dir.join(format!("checked-{me}")), "")?;
+    Ok(())
 }
 
 /// The start of the `stall` mode: writes `dir/pid-<rank>`; rank 0 then waits (at most 30 s)

@@ -64,3 +64,24 @@ fn exit_from_one_rank_ends_every_rank_with_its_code() {
 fn a_segment_size_mismatch_is_typed_on_every_rank() {
     assert_eq!(job(3, &["mismatch"], &[]), 0);
 }
+
+/// Rank 1 of 4 killed right after starting an all-reduce, the others in theirs: every
+/// survivor's all-reduce fails with `PeerLost(1)` within a second (never a hang, never a
+/// wrong sum), and so does its next collective. Catches a collective that waits for a dead
+/// member's step for ever, and a survivor that hears of the loss only from its own transport
+/// much later.
+#[test]
+fn a_rank_killed_during_an_allreduce_fails_it_on_every_survivor() {
+    let dir = fresh_dir("sci-kill-allreduce");
+    let code = job(4, &["kill-allreduce", dir.to_str().unwrap()], &[]);
+    assert_ne!(code, 0, "the job fails");
+    assert_loss_noticed(&dir, &[0, 2, 3], Duration::from_secs(1));
+    for r in [0, 2, 3] {
+        assert!(
+            dir.join(format!("checked-{r}")).exists(),
+            "rank {r}: a wrong sum, a loss before the kill, or a later collective that did not fail"
+        );
+    }
+    assert_job_left_nothing(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
