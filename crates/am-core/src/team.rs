@@ -28,6 +28,24 @@
 //! local: a member that frees a team while another still starts a collective on
 //! it gets that peer's messages refused as [`crate::error::Misbehavior::StrayCollective`].
 //!
+//! # Failure
+//! A member lost fails the collectives in flight on every team it belongs to, on every
+//! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams (a
+//! member that left cleanly: [`crate::AmError::PeerDeparted`] for those still waiting for
+//! it). The first survivor whose transport notices the loss tells the rest of each team, so
+//! every survivor fails within one message of that. When the first notices depends on the
+//! transport:
+//!
+//! | transport | a dead member is noticed |
+//! |---|---|
+//! | loopback | ranks are threads: a panicking rank aborts the job (`JobAborted`) |
+//! | sci, extoll, portals | by the next look at its process (one host): within a second |
+//! | ofi | on one host, as above; across hosts, by an error completion toward it (a closed connection), else after `AM_PEER_TIMEOUT_MS` (default 30 s) of an RMA or atomic unanswered |
+//! | udp | after `AM_PEER_TIMEOUT_MS` (default 30 s) of silence |
+//!
+//! Under a launcher (`amrun`, `mpiexec`, `srun`) a rank that dies usually ends the job
+//! first, and the survivors' operations fail with `JobAborted`.
+//!
 //! ```
 //! use am_core::{Config, Handlers, Loopback, Node};
 //! am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
