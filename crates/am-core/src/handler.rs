@@ -214,6 +214,8 @@ pub struct Handlers<H: Threading = Sendable> {
     pub(crate) calls: Option<CallSite>,
     /// The ids registered by `callable`, one bit each: what a call may name.
     callable: [u64; 4],
+    /// User reductions, by id ([`Handlers::reduction`]).
+    pub(crate) reductions: std::collections::BTreeMap<u16, crate::reduce::UserReduction>,
 }
 
 /// The name of the reply handler a table reserves for its calls.
@@ -249,6 +251,14 @@ pub enum RegisterError {
     /// Every id is taken: none is left for the answers of calls ([`Handlers::callable`]).
     #[error("no handler id is free for the answers of calls")]
     Full,
+    /// The user reduction's id is already taken ([`Handlers::reduction`]).
+    #[error("reduction {id:?} is already registered as {existing:?}")]
+    ReductionTaken {
+        /// The id asked for.
+        id: crate::ReduceId,
+        /// Its current registration's name.
+        existing: String,
+    },
 }
 
 impl Default for Handlers {
@@ -397,7 +407,48 @@ impl<H: Threading> Handlers<H> {
             fns: Box::new(std::array::from_fn(|_| None)),
             calls: None,
             callable: [0; 4],
+            reductions: Default::default(),
         }
+    }
+
+    /// Registers `f` as the user reduction `id` over elements of `E`, for
+    /// [`ReduceOp::User`](crate::ReduceOp::User) in [`crate::Node::team_reduce`] and
+    /// [`crate::Node::team_all_reduce`]. `f` must be associative; it is always applied as
+    /// `f(lower, upper)`, `lower` covering members of lower team ranks, so it need not be
+    /// commutative. Every rank registers the same reductions (their ids, names and element
+    /// types are part of [`Handlers::digest`], which start-up checks), and runs `f` inside
+    /// progress, as a handler.
+    ///
+    /// ```
+    /// use am_core::{Config, Handlers, Loopback, Node, ReduceId, ReduceOp};
+    /// const ABS_MAX: ReduceId = ReduceId(1);
+    /// am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+    ///     let mut handlers = Handlers::new();
+    ///     handlers
+    ///         .reduction(ABS_MAX, "abs max", |a: f64, b: f64| if b.abs() > a.abs() { b } else { a })
+    ///         .unwrap();
+    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
+    ///     let world = node.world_team();
+    ///     let x = [-(node.rank() as f64)];
+    ///     let m = node.team_all_reduce(&world, ReduceOp::User(ABS_MAX), &x).unwrap();
+    ///     assert_eq!(m, [-2.0]);
+    /// });
+    /// ```
+    pub fn reduction<E: crate::Element>(
+        &mut self,
+        id: crate::ReduceId,
+        name: &str,
+        f: impl Fn(E, E) -> E + Send + Sync + 'static,
+    ) -> Result<(), RegisterError> {
+        if let Some(existing) = self.reductions.get(&id.0) {
+            return Err(RegisterError::ReductionTaken {
+                id,
+                existing: existing.name.clone(),
+            });
+        }
+        self.reductions
+            .insert(id.0, crate::reduce::UserReduction::new(name, f));
+        Ok(())
     }
 
     /// Whether `id` is registered by `callable`, so that a call may name it.
@@ -510,6 +561,17 @@ impl<H: Threading> Handlers<H> {
                 for &b in info.name.as_bytes() {
                     eat(b);
                 }
+            }
+        }
+        // User reductions after the handlers, in id order: none registered leaves the
+        // digest as it was.
+        for (&id, r) in &self.reductions {
+            let fields = [u32::from(id), r.elem, r.name.len() as u32];
+            for b in fields.iter().flat_map(|x| x.to_le_bytes()) {
+                eat(b);
+            }
+            for &b in r.name.as_bytes() {
+                eat(b);
             }
         }
         h

@@ -110,7 +110,7 @@ pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Th
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig, Told};
 pub use node::Node;
 pub use op::{Completed, Op, Outcome};
-pub use reduce::{Element, ReduceOp};
+pub use reduce::{Element, ReduceId, ReduceOp};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};

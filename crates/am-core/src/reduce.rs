@@ -7,6 +7,8 @@
 //! computes the same operations on the same operands (floating-point results agree bit for
 //! bit across members).
 
+use std::sync::Arc;
+
 use crate::error::AmError;
 
 mod sealed {
@@ -31,6 +33,57 @@ pub enum ReduceOp {
     Or,
     /// Bitwise exclusive or (integers only).
     Xor,
+    /// The user's operation registered under this id
+    /// ([`crate::Handlers::reduction`], the same on every rank), over the element type it
+    /// was registered for.
+    User(ReduceId),
+}
+
+/// A user reduction's number, the same on every rank: [`crate::Handlers::reduction`]
+/// registers an operation under it, and [`ReduceOp::User`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReduceId(pub u16);
+
+/// A user's operation as a handler table keeps it: over whole elements of its type, as
+/// bytes, `acc = op(acc, other)` (`acc_lower`) or `op(other, acc)`.
+pub(crate) type Combine = Arc<dyn Fn(&mut [u8], &[u8], bool) + Send + Sync>;
+
+/// A registered user reduction.
+#[derive(Clone)]
+pub(crate) struct UserReduction {
+    pub(crate) name: String,
+    /// The element type's code and size.
+    pub(crate) elem: u32,
+    pub(crate) size: usize,
+    pub(crate) f: Combine,
+}
+
+impl UserReduction {
+    /// `f` over `E`, element by element.
+    pub(crate) fn new<E: Element>(
+        name: &str,
+        f: impl Fn(E, E) -> E + Send + Sync + 'static,
+    ) -> UserReduction {
+        let combine = move |acc: &mut [u8], other: &[u8], acc_lower: bool| {
+            let mut out = Vec::with_capacity(E::SIZE);
+            for (a, b) in acc
+                .chunks_exact_mut(E::SIZE)
+                .zip(other.chunks_exact(E::SIZE))
+            {
+                let (x, y) = (E::take(a), E::take(b));
+                let r = if acc_lower { f(x, y) } else { f(y, x) };
+                out.clear();
+                r.put(&mut out);
+                a.copy_from_slice(&out);
+            }
+        };
+        UserReduction {
+            name: name.to_owned(),
+            elem: E::CODE,
+            size: E::SIZE,
+            f: Arc::new(combine),
+        }
+    }
 }
 
 impl ReduceOp {
@@ -43,6 +96,8 @@ impl ReduceOp {
             ReduceOp::And => 5,
             ReduceOp::Or => 6,
             ReduceOp::Xor => 7,
+            // Its word is its own (`Reduction::word`).
+            ReduceOp::User(_) => 0,
         }
     }
 
@@ -126,6 +181,8 @@ macro_rules! integer {
                     ReduceOp::And => self & o,
                     ReduceOp::Or => self | o,
                     ReduceOp::Xor => self ^ o,
+                    // Applied by its registered function (`Reduction::combine`).
+                    ReduceOp::User(_) => self,
                 }
             }
         }
@@ -155,6 +212,7 @@ impl Element for u8 {
             ReduceOp::And => self & o,
             ReduceOp::Or => self | o,
             ReduceOp::Xor => self ^ o,
+            ReduceOp::User(_) => self,
         }
     }
     fn from_bytes(b: Vec<u8>) -> Vec<u8> {
@@ -183,8 +241,9 @@ macro_rules! float {
                     ReduceOp::Product => self * o,
                     ReduceOp::Min => self.min(o),
                     ReduceOp::Max => self.max(o),
-                    // Refused when the reduction starts (`Reduction::new`).
-                    ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => self,
+                    // Refused when the reduction starts (`Reduction::new`), or applied by
+                    // its registered function.
+                    ReduceOp::And | ReduceOp::Or | ReduceOp::Xor | ReduceOp::User(_) => self,
                 }
             }
         }
@@ -194,12 +253,23 @@ macro_rules! float {
 float!(f32 = 9, f64 = 10);
 
 /// A reduction as the engine carries it: the operation and the element type, one word on
-/// the wire (`element code | op code << 8`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the wire (`element code | op code << 8`, or `1 << 16 | id` for a user's operation, whose
+/// registration names its element type and is the same on every rank).
+#[derive(Clone)]
 pub(crate) struct Reduction {
     op: ReduceOp,
     elem: u32,
     size: usize,
+    user: Option<Combine>,
+}
+
+impl std::fmt::Debug for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reduction")
+            .field("op", &self.op)
+            .field("elem", &self.elem)
+            .finish()
+    }
 }
 
 impl Reduction {
@@ -214,12 +284,39 @@ impl Reduction {
             op,
             elem: E::CODE,
             size: E::SIZE,
+            user: None,
+        })
+    }
+
+    /// The user's operation `id`, registered as `user` (or not: `None`), over `E`.
+    pub(crate) fn user<E: Element>(
+        id: ReduceId,
+        user: Option<&UserReduction>,
+    ) -> Result<Reduction, AmError> {
+        let Some(u) = user else {
+            return Err(AmError::InvalidCollective(
+                "a user reduction not registered in this node's handlers",
+            ));
+        };
+        if u.elem != E::CODE {
+            return Err(AmError::InvalidCollective(
+                "a user reduction over another element type than it was registered for",
+            ));
+        }
+        Ok(Reduction {
+            op: ReduceOp::User(id),
+            elem: u.elem,
+            size: u.size,
+            user: Some(u.f.clone()),
         })
     }
 
     /// Its word on the wire.
-    pub(crate) fn word(self) -> u32 {
-        self.elem | self.op.code() << 8
+    pub(crate) fn word(&self) -> u32 {
+        match self.op {
+            ReduceOp::User(id) => 1 << 16 | u32::from(id.0),
+            op => self.elem | op.code() << 8,
+        }
     }
 
     /// The element code and operation a word names, if any.
@@ -229,13 +326,16 @@ impl Reduction {
     }
 
     /// Bytes per element.
-    pub(crate) fn size(self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
     /// `acc = op(acc, other)` (`acc_lower`) or `acc = op(other, acc)`, element by element;
     /// both hold the same whole number of elements.
-    pub(crate) fn combine(self, acc: &mut [u8], other: &[u8], acc_lower: bool) {
+    pub(crate) fn combine(&self, acc: &mut [u8], other: &[u8], acc_lower: bool) {
+        if let Some(f) = &self.user {
+            return f(acc, other, acc_lower);
+        }
         fn each<E: Element>(op: ReduceOp, acc: &mut [u8], other: &[u8], acc_lower: bool) {
             let mut out = Vec::with_capacity(E::SIZE);
             for (a, b) in acc

@@ -330,3 +330,110 @@ fn free_team_frees_a_team_whatever_clones_remain() {
         });
     });
 }
+
+/// User reductions registered in the handlers: `FIRST` (associative, not commutative: the
+/// lowest team rank's element) and an absolute maximum over floats, on the world and on a
+/// split, blocking and `_nb`, one over a vector of several chunks; an unregistered id and
+/// another element type are refused before anything is sent; members that name different
+/// operations get a mismatch; a rank that registers a different reduction fails start-up.
+/// Catches a user operation applied as `op(upper, lower)` (FIRST would give the last
+/// member's element), a user word that collides with a built-in one (the mismatch would
+/// pass as agreement), and reductions left out of the handler digest.
+#[test]
+fn user_reductions_registered_in_the_handlers() {
+    use am_core::{AmError, ReduceId, ReduceOp, StartError};
+    const FIRST: ReduceId = ReduceId(1);
+    const ABS_MAX: ReduceId = ReduceId(7);
+    fn handlers() -> Handlers {
+        let mut h = Handlers::new();
+        h.reduction(FIRST, "first", |a: u64, _b: u64| a).unwrap();
+        h.reduction(
+            ABS_MAX,
+            "abs max",
+            |a: f64, b: f64| {
+                if b.abs() > a.abs() {
+                    b
+                } else {
+                    a
+                }
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            h.reduction(FIRST, "again", |a: u64, _b: u64| a),
+            Err(am_core::RegisterError::ReductionTaken { .. })
+        ));
+        h
+    }
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
+            let mut node = Node::new(t, handlers(), Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            // The higher ranks first: FIRST is the element of world rank 3.
+            let back = node.split(&world, Some(0), 10 - me).unwrap().unwrap();
+            let v = [u64::from(me) * 10, u64::from(me)];
+            assert_eq!(
+                node.team_all_reduce(&world, ReduceOp::User(FIRST), &v)
+                    .unwrap(),
+                [0, 0]
+            );
+            assert_eq!(
+                node.team_all_reduce(&back, ReduceOp::User(FIRST), &v)
+                    .unwrap(),
+                [30, 3]
+            );
+            let got = node
+                .team_reduce(&back, 2, ReduceOp::User(FIRST), &v)
+                .unwrap();
+            assert_eq!(got, if me == 1 { vec![30, 3] } else { Vec::new() });
+            let x = [f64::from(me) * if me % 2 == 1 { -1.0 } else { 1.0 }];
+            let op = node
+                .team_all_reduce_nb(&world, ReduceOp::User(ABS_MAX), &x)
+                .unwrap();
+            assert_eq!(node.wait(op).unwrap(), [-3.0]);
+            // Several chunks, each reduced on its own.
+            let words = 2 * node.max_medium() / 8 + 5;
+            let long: Vec<u64> = (0..words as u64)
+                .map(|i| i + 1000 * u64::from(me))
+                .collect();
+            let got = node
+                .team_all_reduce(&back, ReduceOp::User(FIRST), &long)
+                .unwrap();
+            assert_eq!(got, (0..words as u64).map(|i| i + 3000).collect::<Vec<_>>());
+            // Refused before anything is sent.
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::User(ReduceId(9)), &[1u64]),
+                Err(AmError::InvalidCollective(_))
+            ));
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::User(FIRST), &[1u32]),
+                Err(AmError::InvalidCollective(_))
+            ));
+            // Rank 1 names another operation: a mismatch on every member.
+            let op = if me == 1 {
+                ReduceOp::User(FIRST)
+            } else {
+                ReduceOp::Max
+            };
+            assert!(matches!(
+                node.team_all_reduce(&back, op, &[1u64]),
+                Err(AmError::CollectiveMismatch { .. })
+            ));
+            node.barrier().unwrap();
+        });
+        // One rank's reductions differ: start-up fails on every rank.
+        am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut h = handlers();
+            if am_core::Transport::rank(&t) == 1 {
+                h.reduction(ReduceId(2), "extra", |a: i32, b: i32| a.max(b))
+                    .unwrap();
+            }
+            match Node::new(t, h, Config::default()) {
+                Err(StartError::HandlerTableMismatch { rank: 1, .. }) => {}
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("a different reduction started"),
+            }
+        });
+    });
+}

@@ -151,7 +151,11 @@ impl<H: Threading> Endpoint<H> {
         op: ReduceOp,
         data: &[u8],
     ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
-        let red = match Reduction::new::<E>(op) {
+        let red = match op {
+            ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
+            op => Reduction::new::<E>(op),
+        };
+        let red = match red {
             Ok(r) => r,
             Err(e) => return Poll::Ready(Err(e)),
         };
@@ -251,7 +255,7 @@ impl<H: Threading> Endpoint<H> {
                 "a root that is not a team rank",
             )));
         }
-        if red.is_some_and(|r| data.len() % r.size() != 0) {
+        if red.as_ref().is_some_and(|r| data.len() % r.size() != 0) {
             return Poll::Ready(Err(AmError::InvalidCollective(
                 "a reduction over bytes that are not whole elements",
             )));
@@ -291,7 +295,7 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
         };
         if big {
-            let chunk = red.map_or(max, |r| max / r.size() * r.size());
+            let chunk = red.as_ref().map_or(max, |r| max / r.size() * r.size());
             let chunks = data.len().div_ceil(chunk);
             let Ok(chunks) = u32::try_from(chunks) else {
                 return Poll::Ready(Err(AmError::InvalidCollective(
@@ -367,9 +371,9 @@ impl<H: Threading> Endpoint<H> {
         };
         let seq = ts.next_seq;
         ts.next_seq += 1;
-        let desc = match (kind, red) {
+        let desc = match (kind, &red) {
             (CollectiveKind::Broadcast, _) if chunks > 1 => chunks,
-            (_, red) => red.map_or(0, Reduction::word),
+            (_, red) => red.as_ref().map_or(0, Reduction::word),
         };
         let mut c = Coll {
             seq,
@@ -438,7 +442,7 @@ impl<H: Threading> Endpoint<H> {
             let b = &mut ts.bigs[at];
             let k = b.issued;
             b.issued += 1;
-            let (kind, root, red, chunks) = (b.kind, b.root, b.red, b.chunks);
+            let (kind, root, red, chunks) = (b.kind, b.root, b.red.clone(), b.chunks);
             let data = b.data[b.range(k)].to_vec();
             self.push_coll(id, kind, root, red, &data, (index, gen), Some(k), chunks);
             started = true;
@@ -679,7 +683,7 @@ impl<H: Threading> Endpoint<H> {
                             c.buf = a.data
                         }
                         Part::Lower | Part::Upper => {
-                            if let Some(red) = c.red {
+                            if let Some(red) = &c.red {
                                 red.combine(&mut c.buf, &a.data, part == Part::Upper);
                             }
                         }
