@@ -275,6 +275,12 @@ impl std::fmt::Debug for Reduction {
 impl Reduction {
     /// `op` over `E`; a bitwise operation over a float type is refused.
     pub(crate) fn new<E: Element>(op: ReduceOp) -> Result<Reduction, AmError> {
+        if let ReduceOp::User(_) = op {
+            // Its function is in the handlers: `Reduction::user`.
+            return Err(AmError::InvalidCollective(
+                "a user reduction not registered in this node's handlers",
+            ));
+        }
         if op.bitwise() && !E::INTEGER {
             return Err(AmError::InvalidCollective(
                 "a bitwise reduction over a floating-point type",

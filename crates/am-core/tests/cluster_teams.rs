@@ -1090,3 +1090,61 @@ fn a_loss_one_member_sees_reaches_the_whole_team() {
         }
     }
 }
+
+/// Members that cut different lengths into chunks where every chunk has a full Medium's
+/// length: rank 0 runs two 64-byte gathers (or all-reduces of 8 words), rank 1 one of 128
+/// bytes (2 chunks). Each chunk would match a whole collective of the other member's; the
+/// chunks' count of chunks left in their word makes them disagree: no member gets bytes (a
+/// gather's sender, done once its block is out, gets nothing anyway), and every member that
+/// would gets the mismatch. Catches chunks that travel as collectives of their own (every
+/// member completing `Ok`, the root with another member's bytes in the wrong gathers).
+#[test]
+fn chunk_counts_that_differ_are_a_mismatch_not_a_match() {
+    type Case = fn(Rank) -> Vec<Want>;
+    let cases: [(&str, Case); 2] = [
+        ("gather", |r| match r {
+            0 => vec![
+                Want::GatherTo(On::World, 0, vec![0xaa; 64]),
+                Want::GatherTo(On::World, 0, vec![0xbb; 64]),
+            ],
+            _ => vec![Want::GatherTo(
+                On::World,
+                0,
+                (0..128).map(|i| i as u8).collect(),
+            )],
+        }),
+        ("all-reduce", |r| match r {
+            0 => vec![
+                Want::Reduce(On::World, None, ReduceOp::Sum, vec![1; 8]),
+                Want::Reduce(On::World, None, ReduceOp::Sum, vec![2; 8]),
+            ],
+            _ => vec![Want::Reduce(On::World, None, ReduceOp::Sum, vec![10; 16])],
+        }),
+    ];
+    for (what, case) in cases {
+        for seed in 0..10 {
+            let mut c = Cluster::started(shape(2), seed, |_| am_core::Handlers::local());
+            let results = run(&mut c, (0..2).map(case).collect());
+            for (r, got) in results.iter().enumerate() {
+                // A gather's sender is done once its block is out (it gets nothing); no
+                // member gets bytes, and each that gets one sees the mismatch.
+                let empty = |g: &Result<Got, AmError>| match g {
+                    Ok(Got::Bytes(b)) => b.is_empty(),
+                    Ok(Got::Ints(v)) => v.is_empty(),
+                    _ => false,
+                };
+                assert!(
+                    got.iter().all(|g| g.is_err() || empty(g)),
+                    "{what}, seed {seed}, rank {r}: a collective completed with data: {got:?}"
+                );
+                assert!(
+                    got.iter().all(empty)
+                        || got
+                            .iter()
+                            .any(|g| matches!(g, Err(AmError::CollectiveMismatch { .. }))),
+                    "{what}, seed {seed}, rank {r}: {got:?}"
+                );
+            }
+        }
+    }
+}

@@ -227,7 +227,8 @@ struct amofi *amofi_detach(struct amofi *a)
 	if (!k)
 		return NULL;
 	*k = *a;
-	k->info = NULL;
+	/* The info goes with the objects made from it. */
+	a->info = NULL;
 	a->fabric = NULL;
 	a->domain = NULL;
 	a->av = NULL;

@@ -309,6 +309,16 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         // An `shm` endpoint's objects may move to the kept ones here (then `raw` holds none).
         self.shutdown();
+        if self.shm_open {
+            // Others of the process are open and no handle could be made to keep it: it
+            // stays open, and what it lent is never freed; the others close without it.
+            SHM_PROCESS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .open -= 1;
+            self.leak();
+            return;
+        }
         // SAFETY: `raw` came from amofi_open and is closed once, here, before the buffers and
         // the segment (fields, dropped after this) are freed: closing the endpoint ends every
         // operation that could still touch them.

@@ -371,9 +371,13 @@ impl<H: Threading> Endpoint<H> {
         };
         let seq = ts.next_seq;
         ts.next_seq += 1;
+        // A chunk's word also says how many chunks are left from it (at least 1; capped),
+        // so that members that cut different lengths into chunks disagree at the latest on
+        // the last chunk of the shorter, never matching a chunk with a collective of its own.
+        let left = chunk.map_or(0, |k| (chunks - k).min(CHUNKS_LEFT_MAX));
         let desc = match (kind, &red) {
             (CollectiveKind::Broadcast, _) if chunks > 1 => chunks,
-            (_, red) => red.as_ref().map_or(0, Reduction::word),
+            (_, red) => red.as_ref().map_or(0, Reduction::word) | left << CHUNKS_LEFT_SHIFT,
         };
         let mut c = Coll {
             seq,
@@ -389,6 +393,7 @@ impl<H: Threading> Endpoint<H> {
             at: 0,
             mismatch: None,
             chunk,
+            took_from: NO_PEER,
         };
         // Steps that came before it started, from members that started something else.
         if !ts.early.is_empty() {
@@ -679,6 +684,7 @@ impl<H: Threading> Endpoint<H> {
                             if kind == CollectiveKind::Broadcast {
                                 // The root's count of chunks, forwarded with the bytes.
                                 c.desc = a.desc;
+                                c.took_from = a.src;
                             }
                             c.buf = a.data
                         }
@@ -791,9 +797,9 @@ impl<H: Threading> Endpoint<H> {
                 }
                 if data.is_empty() {
                     // More chunks than bytes: not our protocol.
-                    let root = ts.members[c.root as usize];
+                    // The member that sent it (its parent in the tree), not the root.
                     return Some(Err(misbehaved(
-                        root,
+                        c.took_from,
                         Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
                     )));
                 }
@@ -820,7 +826,8 @@ impl<H: Threading> Endpoint<H> {
         };
         let (data, k, at) = data;
         let n = ts.members.len();
-        let root_world = ts.members[c.root as usize];
+        // A chunk's bytes came from this member's parent in the tree.
+        let sender = c.took_from;
         let b = &mut ts.bigs[at];
         let r = b.range(k);
         match b.kind {
@@ -830,7 +837,7 @@ impl<H: Threading> Endpoint<H> {
                 if data.len() > b.chunk || (!last && data.len() != b.chunk) {
                     ts.bigs.remove(at);
                     return Some(Err(misbehaved(
-                        root_world,
+                        sender,
                         Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
                     )));
                 }
@@ -940,6 +947,7 @@ impl<H: Threading> Endpoint<H> {
     /// not arrived, fails.
     pub(super) fn fail_teams_with(&mut self, peer: Rank, error: &AmError, eager: bool) {
         let mut failed = Vec::new();
+        let mut removed = 0u32;
         let mut notify = Vec::new();
         let mut splits = 0;
         self.teams.dirty = true;
@@ -961,8 +969,10 @@ impl<H: Threading> Endpoint<H> {
                 ts.early.retain(|&(seq, _), _| seq != c.seq);
                 first = Some(first.map_or(c.seq, |f| f.min(c.seq)));
                 failed.push((c.index, c.gen));
+                removed += 1;
             }
             ts.colls = kept;
+            drop_bigs(ts, &mut failed);
             if let Some(seq) = first {
                 notify.push((id, seq));
             }
@@ -970,7 +980,7 @@ impl<H: Threading> Endpoint<H> {
         self.teams
             .live
             .retain(|_, ts| !(ts.freed && ts.colls.is_empty()));
-        self.teams.in_flight = self.teams.in_flight.saturating_sub(failed.len() as u32);
+        self.teams.in_flight = self.teams.in_flight.saturating_sub(removed);
         self.teams.splits = self.teams.splits.saturating_sub(splits);
         if splits > 0 && self.teams.splits == 0 {
             self.teams.unknown.clear();
@@ -984,6 +994,10 @@ impl<H: Threading> Endpoint<H> {
     }
 
     fn fail_slots_of(&mut self, failed: Vec<(u32, u32)>, error: &AmError) {
+        let mut failed = failed;
+        // A `Big`'s chunks share its slot: failed once.
+        failed.sort_unstable();
+        failed.dedup();
         for (index, gen) in failed {
             if let Some(slot) = self.op(index, gen) {
                 slot.error.get_or_insert_with(|| error.clone());
@@ -1015,7 +1029,9 @@ impl<H: Threading> Endpoint<H> {
             failed.push((c.index, c.gen));
         }
         ts.colls = kept;
-        self.teams.in_flight = self.teams.in_flight.saturating_sub(failed.len() as u32);
+        let chunks = failed.len() as u32;
+        drop_bigs(ts, &mut failed);
+        self.teams.in_flight = self.teams.in_flight.saturating_sub(chunks);
         self.teams.splits = self.teams.splits.saturating_sub(splits);
         if splits > 0 && self.teams.splits == 0 {
             self.teams.unknown.clear();
@@ -1090,4 +1106,21 @@ impl<H: Threading> Endpoint<H> {
             self.teams.unknown.values().map(Vec::len).sum(),
         )
     }
+}
+
+/// Drops the [`Big`]s of a team failed just now: those whose chunks in flight failed (their
+/// slots in `failed`), and those with chunks still to start (they would fail at the start),
+/// whose slots join `failed`. A `Big` whose chunks are all started and kept goes on.
+fn drop_bigs(ts: &mut TeamState, failed: &mut Vec<(u32, u32)>) {
+    ts.bigs.retain(|b| {
+        let slot = (b.index, b.gen);
+        if failed.contains(&slot) {
+            return false;
+        }
+        if b.issued < b.chunks {
+            failed.push(slot);
+            return false;
+        }
+        true
+    });
 }

@@ -184,7 +184,14 @@ pub(super) struct Coll {
     pub(super) mismatch: Option<Rank>,
     /// Which chunk of a [`Big`] (sharing its slot) it is.
     pub(super) chunk: Option<u32>,
+    /// The member a broadcast's bytes came from (its parent in the tree).
+    pub(super) took_from: Rank,
 }
+
+/// Where a chunk's count of chunks left from it sits in its word, above the reduction's
+/// (17 bits: a built-in op's, or `1 << 16 | id`), and its cap.
+pub(super) const CHUNKS_LEFT_SHIFT: u32 = 17;
+pub(super) const CHUNKS_LEFT_MAX: u32 = (1 << (32 - CHUNKS_LEFT_SHIFT)) - 1;
 
 /// Whether a step of `a`'s agrees with a collective of `kind` rooted at `root` with
 /// reduction word `desc`. A broadcast's word is the root's count of chunks, which the
