@@ -29,9 +29,9 @@ fn model(layout: EndpointLayout, of: impl Fn(u32) -> u32, which: u32) -> Vec<u32
     (0..layout.ranks()).filter(|&r| of(r) == which).collect()
 }
 
-/// Checks rank `me`'s two split teams against the model, and every collective's outcome on
-/// them and on the world: `results` = (the world, by process, by index) all-reduce sums and
-/// broadcasts from team rank 1.
+/// Checks rank `me`'s two split teams (by process, by index) against the model, and the
+/// all-reduce `sums` and the broadcasts from team rank 1 (`casts`) on the world, by process
+/// and by index.
 fn check(
     layout: EndpointLayout,
     me: u32,

@@ -65,17 +65,7 @@ impl UserReduction {
         f: impl Fn(E, E) -> E + Send + Sync + 'static,
     ) -> UserReduction {
         let combine = move |acc: &mut [u8], other: &[u8], acc_lower: bool| {
-            let mut out = Vec::with_capacity(E::SIZE);
-            for (a, b) in acc
-                .chunks_exact_mut(E::SIZE)
-                .zip(other.chunks_exact(E::SIZE))
-            {
-                let (x, y) = (E::take(a), E::take(b));
-                let r = if acc_lower { f(x, y) } else { f(y, x) };
-                out.clear();
-                r.put(&mut out);
-                a.copy_from_slice(&out);
-            }
+            elementwise(acc, other, acc_lower, &f)
         };
         UserReduction {
             name: name.to_owned(),
@@ -252,6 +242,22 @@ macro_rules! float {
 
 float!(f32 = 9, f64 = 10);
 
+/// `acc = f(acc, other)` (`acc_lower`) or `acc = f(other, acc)`, element by element of `E`
+/// over little-endian bytes; both hold the same whole number of elements.
+fn elementwise<E: Element>(acc: &mut [u8], other: &[u8], acc_lower: bool, f: impl Fn(E, E) -> E) {
+    let mut out = Vec::with_capacity(E::SIZE);
+    for (a, b) in acc
+        .chunks_exact_mut(E::SIZE)
+        .zip(other.chunks_exact(E::SIZE))
+    {
+        let (x, y) = (E::take(a), E::take(b));
+        let r = if acc_lower { f(x, y) } else { f(y, x) };
+        out.clear();
+        r.put(&mut out);
+        a.copy_from_slice(&out);
+    }
+}
+
 /// A reduction as the engine carries it: the operation and the element type, one word on
 /// the wire (`element code | op code << 8`, or `1 << 16 | id` for a user's operation, whose
 /// registration names its element type and is the same on every rank).
@@ -343,21 +349,7 @@ impl Reduction {
             return f(acc, other, acc_lower);
         }
         fn each<E: Element>(op: ReduceOp, acc: &mut [u8], other: &[u8], acc_lower: bool) {
-            let mut out = Vec::with_capacity(E::SIZE);
-            for (a, b) in acc
-                .chunks_exact_mut(E::SIZE)
-                .zip(other.chunks_exact(E::SIZE))
-            {
-                let (x, y) = (E::take(a), E::take(b));
-                let r = if acc_lower {
-                    x.apply(op, y)
-                } else {
-                    y.apply(op, x)
-                };
-                out.clear();
-                r.put(&mut out);
-                a.copy_from_slice(&out);
-            }
+            elementwise(acc, other, acc_lower, |x: E, y| x.apply(op, y))
         }
         let f = match self.elem {
             1 => each::<u8>,

@@ -225,6 +225,12 @@ static SHM_PROCESS: Mutex<ShmProcess> = Mutex::new(ShmProcess {
     kept: Vec::new(),
 });
 
+/// [`SHM_PROCESS`], locked; a poisoned lock is taken as it is (every change under it is one
+/// step, so a panic leaves it consistent).
+fn shm_process() -> std::sync::MutexGuard<'static, ShmProcess> {
+    SHM_PROCESS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 struct ShmProcess {
     /// `shm` endpoints of this process not yet shut down.
     open: usize,
@@ -312,10 +318,7 @@ impl Drop for Endpoint {
         if self.shm_open {
             // Others of the process are open and no handle could be made to keep it: it
             // stays open, and what it lent is never freed; the others close without it.
-            SHM_PROCESS
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .open -= 1;
+            shm_process().open -= 1;
             self.leak();
             return;
         }
@@ -341,7 +344,7 @@ impl Endpoint {
         self.wait_fd = None;
         let mut kept = Vec::new();
         if std::mem::take(&mut self.shm_open) {
-            let mut process = SHM_PROCESS.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut process = shm_process();
             process.open -= 1;
             if process.open > 0 {
                 match self.detach() {
@@ -488,10 +491,7 @@ impl Endpoint {
             ep.post_recv(i)?;
         }
         if ep.provider == "shm" {
-            SHM_PROCESS
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .open += 1;
+            shm_process().open += 1;
             ep.shm_open = true;
         }
         Ok(ep)

@@ -480,22 +480,26 @@ pub fn kill_scenario<T: Transport>(
     match node.barrier() {
         Err(AmError::PeerLost(r)) => {
             std::fs::write(dir.join(format!("lost-{me}")), format!("{r} {}", now_us()))?;
-            // Stay until every survivor has reported: a survivor that ended first would be a
-            // second lost rank, and a slower one could report it instead of the victim.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            let survivors = (0..node.size()).filter(|&r| r != 1);
-            for r in survivors {
-                while !dir.join(format!("lost-{r}")).exists() {
-                    if std::time::Instant::now() > deadline {
-                        return Err(format!("rank {me}: rank {r} never reported").into());
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            }
-            Ok(())
+            await_survivors(me, node.size(), dir)
         }
         other => Err(format!("rank {me}: expected PeerLost, got {other:?}").into()),
     }
+}
+
+/// Waits (at most 10 s) until every rank of `size` but rank 1 has written `dir/lost-<rank>`:
+/// a survivor that ended first would be a second lost rank, and a slower one could report it
+/// instead of the victim.
+fn await_survivors(me: Rank, size: u32, dir: &Path) -> Result<(), Box<dyn Error>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for r in (0..size).filter(|&r| r != 1) {
+        while !dir.join(format!("lost-{r}")).exists() {
+            if Instant::now() > deadline {
+                return Err(format!("rank {me}: rank {r} never reported").into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(())
 }
 
 /// The killed-in-a-collective scenario: as [`kill_scenario`], but every rank runs
@@ -544,16 +548,7 @@ pub fn kill_allreduce_scenario<T: Transport>(
         Err(AmError::PeerLost(1)) => {}
         other => return Err(format!("rank {me}: the next collective gave {other:?}").into()),
     }
-    // Stay until every survivor has reported (see `kill_scenario`).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for r in (0..node.size()).filter(|&r| r != 1) {
-        while !dir.join(format!("lost-{r}")).exists() {
-            if Instant::now() > deadline {
-                return Err(format!("rank {me}: rank {r} never reported").into());
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
+    await_survivors(me, node.size(), dir)?;
     // Every check above passed here (the job fails whatever the survivors find).
     std::fs::write(dir.join(format!("checked-{me}")), "")?;
     Ok(())

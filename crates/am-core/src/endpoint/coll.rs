@@ -261,7 +261,7 @@ impl<H: Threading> Endpoint<H> {
             )));
         }
         let me = ts.me;
-        let wait = ts.window_full() || ts.gated();
+        let wait = ts.must_wait();
         let max = self.limits.max_medium;
         // More than one step carries: chunk collectives (see `Big`). A broadcast's length is
         // the root's: the others learn it from its first step.
@@ -275,12 +275,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if wait {
             self.advance_team(t, id);
-            if self
-                .teams
-                .live
-                .get(&id)
-                .is_some_and(|ts| ts.window_full() || ts.gated())
-            {
+            if self.teams.live.get(&id).is_some_and(TeamState::must_wait) {
                 return Poll::Pending;
             }
             // What the wait advanced may have failed the team (a mismatch, a gone member).
@@ -311,7 +306,6 @@ impl<H: Threading> Endpoint<H> {
                 _ => Vec::new(),
             };
             self.teams.chunked = true;
-            let ts = self.teams.live.get_mut(&id).expect("looked up above");
             ts.bigs.push(Big {
                 index,
                 gen,
@@ -425,12 +419,8 @@ impl<H: Threading> Endpoint<H> {
             let Some(at) = ts.bigs.iter().position(|b| b.issued < b.chunks) else {
                 return started;
             };
-            let b = &ts.bigs[at];
-            let (index, gen) = (b.index, b.gen);
-            let alive = self
-                .ops
-                .get(index as usize)
-                .is_some_and(|s| s.live && s.gen == gen && s.outstanding > 0);
+            let (index, gen) = (ts.bigs[at].index, ts.bigs[at].gen);
+            let alive = self.slot_pending(index, gen);
             let ts = self.teams.live.get_mut(&id).expect("looked up above");
             if !alive || ts.failed.is_some() {
                 ts.bigs.remove(at);
@@ -548,11 +538,7 @@ impl<H: Threading> Endpoint<H> {
         loop {
             let mut i = 0;
             while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
-                let alive = self
-                    .ops
-                    .get(c.index as usize)
-                    .is_some_and(|s| s.live && s.gen == c.gen && s.outstanding > 0);
-                let outcome = if alive {
+                let outcome = if self.slot_pending(c.index, c.gen) {
                     self.step_coll(tx, id, i)
                 } else {
                     // Its slot was failed (the endpoint ended, or another chunk of its
@@ -769,6 +755,14 @@ impl<H: Threading> Endpoint<H> {
         self.settle(c.index);
     }
 
+    /// Whether operation slot `(index, gen)` is live and still waits for its collective (not
+    /// completed, nor failed by the endpoint's end or by another chunk of its `Big`).
+    fn slot_pending(&self, index: u32, gen: u32) -> bool {
+        self.ops
+            .get(index as usize)
+            .is_some_and(|s| s.live && s.gen == gen && s.outstanding > 0)
+    }
+
     /// Puts a completed chunk's result into its [`Big`]: the `Big`'s outcome once it is
     /// whole (or failed), `None` while chunks remain. The first step of a broadcast this
     /// rank does not root that says it has more chunks makes it a `Big` here. Any other
@@ -784,7 +778,7 @@ impl<H: Threading> Endpoint<H> {
             .bigs
             .iter()
             .position(|b| (b.index, b.gen) == (c.index, c.gen));
-        let data = match (outcome, c.chunk, at) {
+        let (data, k, at) = match (outcome, c.chunk, at) {
             (Err(e), _, at) => {
                 if let Some(at) = at {
                     ts.bigs.remove(at);
@@ -804,7 +798,6 @@ impl<H: Threading> Endpoint<H> {
                     )));
                 }
                 self.teams.chunked = true;
-                let ts = self.teams.live.get_mut(&id)?;
                 ts.bigs.push(Big {
                     index: c.index,
                     gen: c.gen,
@@ -824,7 +817,6 @@ impl<H: Threading> Endpoint<H> {
             (Ok(_), Some(_), None) => return None,
             (Ok(data), Some(k), Some(at)) => (data, k, at),
         };
-        let (data, k, at) = data;
         let n = ts.members.len();
         // A chunk's bytes came from this member's parent in the tree.
         let sender = c.took_from;

@@ -542,6 +542,11 @@ impl TeamState {
                 .is_some_and(|c| self.next_seq - c.seq >= MAX_COLLECTIVES_IN_FLIGHT as u64)
     }
 
+    /// Whether a start must wait: the window is full, or the start is gated.
+    pub(super) fn must_wait(&self) -> bool {
+        self.window_full() || self.gated()
+    }
+
     /// Whether a start must wait for the team's earlier collectives to have taken their
     /// sequences: a [`Big`] still starting chunks, or a broadcast this rank does not root
     /// whose first step has not come (it may be the first chunk of a big one).
