@@ -103,36 +103,53 @@ fn am_rtt(
     Ok(median(rtt))
 }
 
-/// One collective of `op` with `bytes` per member, iteration `i`.
+/// One member's inputs of `bytes`, made once per row: the allocation and first touch of a
+/// large buffer would otherwise be timed with the collective.
+struct Inputs {
+    /// `bytes` rounded up to whole `u64`s, for the reductions.
+    words: Vec<u64>,
+    /// `bytes` for broadcast, gather and all-gather.
+    block: Vec<u8>,
+}
+
+impl Inputs {
+    fn new(me: u32, bytes: usize) -> Self {
+        Inputs {
+            words: vec![u64::from(me) + 1; bytes.div_ceil(8)],
+            block: vec![me as u8; bytes],
+        }
+    }
+}
+
+/// One collective of `op` on `inputs`, iteration `i`.
 fn one(
     node: &mut Node<AnyTransport, Local>,
     world: &amnet::Team,
     op: &str,
-    bytes: usize,
+    inputs: &Inputs,
     i: usize,
 ) -> anyhow::Result<()> {
     let me = world.rank();
     let n = world.size();
     let root = (i % n as usize) as u32;
-    let words = vec![u64::from(me) + 1; bytes.div_ceil(8)];
-    let block = vec![me as u8; bytes];
+    let Inputs { words, block } = inputs;
     match op {
         "barrier" => node.team_barrier(world)?,
         "allreduce" => {
-            node.team_all_reduce(world, ReduceOp::Sum, &words)?;
+            node.team_all_reduce(world, ReduceOp::Sum, words)?;
         }
         "reduce" => {
-            node.team_reduce(world, root, ReduceOp::Sum, &words)?;
+            node.team_reduce(world, root, ReduceOp::Sum, words)?;
         }
         "broadcast" => {
             let data = if me == root { &block[..] } else { &[][..] };
             node.team_broadcast(world, root, data)?;
         }
         "gather" => {
-            node.team_gather(world, root, &block)?;
+            node.team_gather(world, root, block)?;
         }
         "allgather" => {
-            node.team_all_gather(world, &block)?;
+            node.team_all_gather(world, block)?;
         }
         other => anyhow::bail!("unknown collective {other}"),
     }
@@ -148,14 +165,15 @@ fn timed(
     args: &Args,
 ) -> anyhow::Result<(f64, f64)> {
     let mut each = Vec::with_capacity(args.iters);
+    let inputs = Inputs::new(world.rank(), bytes);
     for i in 0..args.warmup {
-        one(node, world, op, bytes, i)?;
+        one(node, world, op, &inputs, i)?;
     }
     node.barrier()?;
     let t0 = Instant::now();
     for i in 0..args.iters {
         let t = Instant::now();
-        one(node, world, op, bytes, i)?;
+        one(node, world, op, &inputs, i)?;
         each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let mean = t0.elapsed().as_secs_f64() * 1e6 / args.iters as f64;
