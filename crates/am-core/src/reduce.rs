@@ -122,9 +122,9 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
     /// Whether the bitwise operations apply.
     #[doc(hidden)]
     const INTEGER: bool;
-    /// Appends the element's little-endian bytes.
+    /// Writes the element's little-endian bytes to `out` (`SIZE` bytes).
     #[doc(hidden)]
-    fn put(self, out: &mut Vec<u8>);
+    fn write(self, out: &mut [u8]);
     /// The element of `SIZE` little-endian bytes.
     #[doc(hidden)]
     fn take(b: &[u8]) -> Self;
@@ -140,9 +140,9 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
 
 /// `elems` as little-endian bytes.
 pub(crate) fn to_bytes<E: Element>(elems: &[E]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(elems.len() * E::SIZE);
-    for &e in elems {
-        e.put(&mut out);
+    let mut out = vec![0u8; elems.len() * E::SIZE];
+    for (o, &e) in out.chunks_exact_mut(E::SIZE).zip(elems) {
+        e.write(o);
     }
     out
 }
@@ -154,8 +154,8 @@ macro_rules! integer {
             const SIZE: usize = std::mem::size_of::<$t>();
             const CODE: u32 = $code;
             const INTEGER: bool = true;
-            fn put(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
+            fn write(self, out: &mut [u8]) {
+                out[..Self::SIZE].copy_from_slice(&self.to_le_bytes());
             }
             fn take(b: &[u8]) -> $t {
                 let mut a = [0u8; std::mem::size_of::<$t>()];
@@ -187,8 +187,8 @@ impl Element for u8 {
     const SIZE: usize = 1;
     const CODE: u32 = 1;
     const INTEGER: bool = true;
-    fn put(self, out: &mut Vec<u8>) {
-        out.push(self);
+    fn write(self, out: &mut [u8]) {
+        out[0] = self;
     }
     fn take(b: &[u8]) -> u8 {
         b[0]
@@ -217,8 +217,8 @@ macro_rules! float {
             const SIZE: usize = std::mem::size_of::<$t>();
             const CODE: u32 = $code;
             const INTEGER: bool = false;
-            fn put(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
+            fn write(self, out: &mut [u8]) {
+                out[..Self::SIZE].copy_from_slice(&self.to_le_bytes());
             }
             fn take(b: &[u8]) -> $t {
                 let mut a = [0u8; std::mem::size_of::<$t>()];
@@ -245,16 +245,13 @@ float!(f32 = 9, f64 = 10);
 /// `acc = f(acc, other)` (`acc_lower`) or `acc = f(other, acc)`, element by element of `E`
 /// over little-endian bytes; both hold the same whole number of elements.
 fn elementwise<E: Element>(acc: &mut [u8], other: &[u8], acc_lower: bool, f: impl Fn(E, E) -> E) {
-    let mut out = Vec::with_capacity(E::SIZE);
     for (a, b) in acc
         .chunks_exact_mut(E::SIZE)
         .zip(other.chunks_exact(E::SIZE))
     {
         let (x, y) = (E::take(a), E::take(b));
         let r = if acc_lower { f(x, y) } else { f(y, x) };
-        out.clear();
-        r.put(&mut out);
-        a.copy_from_slice(&out);
+        r.write(a);
     }
 }
 
@@ -349,7 +346,21 @@ impl Reduction {
             return f(acc, other, acc_lower);
         }
         fn each<E: Element>(op: ReduceOp, acc: &mut [u8], other: &[u8], acc_lower: bool) {
-            elementwise(acc, other, acc_lower, |x: E, y| x.apply(op, y))
+            // One loop per operation, so that each is a plain loop the compiler can
+            // vectorize rather than a branch per element.
+            macro_rules! with {
+                ($($op:ident),*) => {
+                    match op {
+                        $(ReduceOp::$op => {
+                            elementwise(acc, other, acc_lower, |x: E, y| x.apply(ReduceOp::$op, y))
+                        })*
+                        other_op => {
+                            elementwise(acc, other, acc_lower, |x: E, y| x.apply(other_op, y))
+                        }
+                    }
+                };
+            }
+            with!(Sum, Product, Min, Max, And, Or, Xor)
         }
         let f = match self.elem {
             1 => each::<u8>,

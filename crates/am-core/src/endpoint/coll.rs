@@ -70,7 +70,30 @@ struct Args<'a> {
     kind: CollectiveKind,
     root: u32,
     red: Option<Reduction>,
-    data: &'a [u8],
+    data: Data<'a>,
+}
+
+/// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,
+/// taken when it starts (a reduction's encoded input: no second copy).
+enum Data<'a> {
+    Borrowed(&'a [u8]),
+    Taken(&'a mut Vec<u8>),
+}
+
+impl Data<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Borrowed(b) => b,
+            Data::Taken(v) => v,
+        }
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Data::Borrowed(b) => b.to_vec(),
+            Data::Taken(v) => std::mem::take(v),
+        }
+    }
 }
 
 impl<H: Threading> Endpoint<H> {
@@ -91,7 +114,7 @@ impl<H: Threading> Endpoint<H> {
             kind: CollectiveKind::Barrier,
             root: 0,
             red: None,
-            data: &[],
+            data: Data::Borrowed(&[]),
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -151,6 +174,30 @@ impl<H: Threading> Endpoint<H> {
         op: ReduceOp,
         data: &[u8],
     ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
+        self.reduce_start::<E, T>(t, team, root, op, Data::Borrowed(data))
+    }
+
+    /// [`Endpoint::team_reduce_start`] on bytes the caller gives up: taken (left empty)
+    /// once the reduction starts, rather than copied.
+    pub(crate) fn team_reduce_start_taking<E: Element, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: Option<u32>,
+        op: ReduceOp,
+        data: &mut Vec<u8>,
+    ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
+        self.reduce_start::<E, T>(t, team, root, op, Data::Taken(data))
+    }
+
+    fn reduce_start<E: Element, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: Option<u32>,
+        op: ReduceOp,
+        data: Data<'_>,
+    ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
         let red = match op {
             ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
             op => Reduction::new::<E>(op),
@@ -186,7 +233,7 @@ impl<H: Threading> Endpoint<H> {
             kind,
             root,
             red,
-            data,
+            data: Data::Borrowed(data),
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -206,7 +253,7 @@ impl<H: Threading> Endpoint<H> {
             kind: CollectiveKind::Split,
             root: 0,
             red: None,
-            data: &block,
+            data: Data::Borrowed(&block),
         };
         let (index, gen) = ready!(self.collective_start(t, parent, args))?;
         // Used whether or not this rank leads the new team: never offered twice.
@@ -255,7 +302,8 @@ impl<H: Threading> Endpoint<H> {
                 "a root that is not a team rank",
             )));
         }
-        if red.as_ref().is_some_and(|r| data.len() % r.size() != 0) {
+        let len = data.bytes().len();
+        if red.as_ref().is_some_and(|r| len % r.size() != 0) {
             return Poll::Ready(Err(AmError::InvalidCollective(
                 "a reduction over bytes that are not whole elements",
             )));
@@ -265,7 +313,7 @@ impl<H: Threading> Endpoint<H> {
         let max = self.limits.max_medium;
         // More than one step carries: chunk collectives (see `Big`). A broadcast's length is
         // the root's: the others learn it from its first step.
-        let big = data.len() > max && kind != CollectiveKind::Split;
+        let big = len > max && kind != CollectiveKind::Split;
         if kind == CollectiveKind::Barrier {
             // As the world barrier: what this rank posted is applied before it enters.
             ready!(self.apply_posted(t))?;
@@ -291,18 +339,17 @@ impl<H: Threading> Endpoint<H> {
         };
         if big {
             let chunk = red.as_ref().map_or(max, |r| max / r.size() * r.size());
-            let chunks = data.len().div_ceil(chunk);
+            let chunks = len.div_ceil(chunk);
             let Ok(chunks) = u32::try_from(chunks) else {
                 return Poll::Ready(Err(AmError::InvalidCollective(
                     "more than 2^32 chunks of max_medium bytes",
                 )));
             };
             let n = ts.members.len();
+            // A reduction's result and a broadcast root's are `data` itself (see `Big`).
             let out = match kind {
-                CollectiveKind::AllGather => vec![0u8; n * data.len()],
-                CollectiveKind::Gather if me == root => vec![0u8; n * data.len()],
-                CollectiveKind::Broadcast | CollectiveKind::AllReduce => vec![0u8; data.len()],
-                CollectiveKind::Reduce if me == root => vec![0u8; data.len()],
+                CollectiveKind::AllGather => vec![0u8; n * len],
+                CollectiveKind::Gather if me == root => vec![0u8; n * len],
                 _ => Vec::new(),
             };
             self.teams.chunked = true;
@@ -312,7 +359,7 @@ impl<H: Threading> Endpoint<H> {
                 kind,
                 root,
                 red,
-                data: data.to_vec(),
+                data: data.into_vec(),
                 chunk,
                 chunks,
                 issued: 0,
@@ -322,7 +369,7 @@ impl<H: Threading> Endpoint<H> {
             self.advance_team(t, id);
             return Poll::Ready(Ok((index, gen)));
         }
-        self.push_coll(id, kind, root, red, data, (index, gen), None, 0);
+        self.push_coll(id, kind, root, red, data.into_vec(), (index, gen), None, 0);
         // Its first steps go out now if credits allow.
         self.advance_team(t, id);
         Poll::Ready(Ok((index, gen)))
@@ -338,7 +385,7 @@ impl<H: Threading> Endpoint<H> {
         kind: CollectiveKind,
         root: u32,
         red: Option<Reduction>,
-        data: &[u8],
+        data: Vec<u8>,
         (index, gen): (u32, u32),
         chunk: Option<u32>,
         chunks: u32,
@@ -352,16 +399,19 @@ impl<H: Threading> Endpoint<H> {
             CollectiveKind::AllGather | CollectiveKind::Split => {
                 let mut buf = vec![0u8; n as usize * data.len()];
                 let at = ts.me as usize * data.len();
-                buf[at..at + data.len()].copy_from_slice(data);
+                buf[at..at + data.len()].copy_from_slice(&data);
                 (buf, data.len())
             }
             CollectiveKind::Gather if ts.me == root => {
                 let mut buf = vec![0u8; n as usize * data.len()];
                 let at = ts.me as usize * data.len();
-                buf[at..at + data.len()].copy_from_slice(data);
+                buf[at..at + data.len()].copy_from_slice(&data);
                 (buf, data.len())
             }
-            _ => (data.to_vec(), data.len()),
+            _ => {
+                let block = data.len();
+                (data, block)
+            }
         };
         let seq = ts.next_seq;
         ts.next_seq += 1;
@@ -439,7 +489,7 @@ impl<H: Threading> Endpoint<H> {
             b.issued += 1;
             let (kind, root, red, chunks) = (b.kind, b.root, b.red.clone(), b.chunks);
             let data = b.data[b.range(k)].to_vec();
-            self.push_coll(id, kind, root, red, &data, (index, gen), Some(k), chunks);
+            self.push_coll(id, kind, root, red, data, (index, gen), Some(k), chunks);
             started = true;
         }
     }
@@ -809,7 +859,8 @@ impl<H: Threading> Endpoint<H> {
                     chunks: c.desc,
                     issued: 1,
                     done: 1,
-                    out: data,
+                    // Room for the chunks the root announced, so that none moves the others.
+                    out: with_room(data, c.desc),
                 });
                 return None;
             }
@@ -833,10 +884,16 @@ impl<H: Threading> Endpoint<H> {
                         Misbehavior::BadSystemMessage(opcode::COLLECTIVE),
                     )));
                 }
-                if b.out.len() < from + data.len() {
-                    b.out.resize(from + data.len(), 0);
+                if b.root == ts.me {
+                    // Its own bytes, sent: the result is `data` itself.
+                } else if b.out.len() == from {
+                    b.out.extend_from_slice(&data);
+                } else {
+                    if b.out.len() < from + data.len() {
+                        b.out.resize(from + data.len(), 0);
+                    }
+                    b.out[from..from + data.len()].copy_from_slice(&data);
                 }
-                b.out[from..from + data.len()].copy_from_slice(&data);
             }
             CollectiveKind::AllGather | CollectiveKind::Gather if !data.is_empty() => {
                 let (len, block) = (r.len(), b.data.len());
@@ -846,7 +903,8 @@ impl<H: Threading> Endpoint<H> {
                 }
             }
             CollectiveKind::AllReduce | CollectiveKind::Reduce if !data.is_empty() => {
-                b.out[r].copy_from_slice(&data);
+                // Chunk `k`'s input was copied out when it started: its result replaces it.
+                b.data[r].copy_from_slice(&data);
             }
             _ => {}
         }
@@ -854,7 +912,12 @@ impl<H: Threading> Endpoint<H> {
         if b.done < b.chunks {
             return None;
         }
-        Some(Ok(ts.bigs.remove(at).out))
+        let b = ts.bigs.remove(at);
+        Some(Ok(match b.kind {
+            CollectiveKind::AllReduce => b.data,
+            CollectiveKind::Reduce | CollectiveKind::Broadcast if b.root == ts.me => b.data,
+            _ => b.out,
+        }))
     }
 
     /// The team a split of `parent` (this rank team rank `me`) gave, from every member's
@@ -1115,4 +1178,21 @@ fn drop_bigs(ts: &mut TeamState, failed: &mut Vec<(u32, u32)>) {
         }
         true
     });
+}
+
+/// Most bytes a non-root member reserves ahead for a chunked broadcast from the root's
+/// count of chunks (a peer's value): beyond it the result grows as chunks arrive.
+const BROADCAST_RESERVE_MAX: usize = 1 << 30;
+
+/// `first` (a broadcast's first chunk) with room for `chunks` chunks of its length, as far
+/// as [`BROADCAST_RESERVE_MAX`] and the allocator allow: the later chunks are appended
+/// without moving what came before.
+fn with_room(mut first: Vec<u8>, chunks: u32) -> Vec<u8> {
+    let want = first
+        .len()
+        .saturating_mul(chunks as usize)
+        .min(BROADCAST_RESERVE_MAX);
+    // Refused, the result grows as chunks arrive instead: never an abort on a peer's count.
+    let _ = first.try_reserve_exact(want.saturating_sub(first.len()));
+    first
 }

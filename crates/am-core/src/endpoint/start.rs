@@ -509,7 +509,8 @@ impl<E: Element> Start for TeamReduce<E> {
         ep: &mut Endpoint<H>,
         t: &mut T,
     ) -> Poll<Result<Op<Vec<E>>, AmError>> {
-        ep.team_reduce_start::<E, T>(t, &self.team, self.root, self.op, &self.data)
+        // Its bytes are taken once it starts: a started operation is not started again.
+        ep.team_reduce_start_taking::<E, T>(t, &self.team, self.root, self.op, &mut self.data)
     }
 }
 

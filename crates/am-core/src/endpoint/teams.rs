@@ -119,6 +119,9 @@ pub(super) struct Big {
     pub(super) root: u32,
     pub(super) red: Option<Reduction>,
     /// This member's bytes: its block, its reduction's input, the root's broadcast bytes.
+    /// A reduction's chunk results replace its input chunk by chunk (each chunk's input
+    /// is copied out when the chunk starts), so for a reduction this ends as the result,
+    /// as it is the broadcast root's.
     pub(super) data: Vec<u8>,
     /// Bytes of `data` (or of the broadcast) per chunk; the last may be shorter.
     pub(super) chunk: usize,
@@ -126,7 +129,8 @@ pub(super) struct Big {
     /// Chunks started and completed.
     pub(super) issued: u32,
     pub(super) done: u32,
-    /// The result so far.
+    /// The result so far where it is not `data`: the gathered blocks, a non-root's
+    /// broadcast bytes.
     pub(super) out: Vec<u8>,
 }
 
