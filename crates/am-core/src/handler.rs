@@ -566,11 +566,18 @@ impl<H: Threading> Handlers<H> {
         // User reductions after the handlers, in id order: none registered leaves the
         // digest as it was.
         for (&id, r) in &self.reductions {
-            let fields = [u32::from(id), r.elem, r.name.len() as u32];
+            // The element's size and type name too: two `Plain` types share a code.
+            let fields = [
+                u32::from(id),
+                r.elem,
+                r.size as u32,
+                r.name.len() as u32,
+                r.type_name.len() as u32,
+            ];
             for b in fields.iter().flat_map(|x| x.to_le_bytes()) {
                 eat(b);
             }
-            for &b in r.name.as_bytes() {
+            for &b in r.name.as_bytes().iter().chain(r.type_name.as_bytes()) {
                 eat(b);
             }
         }

@@ -97,6 +97,9 @@ pub mod wait;
 pub mod wire;
 
 pub use atomic::{AtomicOp, AtomicWord};
+/// The crate of [`Plain`]'s bound (`bytemuck::Pod`), re-exported so that its derives match
+/// this crate's version.
+pub use bytemuck;
 pub use call::{Call, Reply};
 pub use config::{Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
@@ -110,7 +113,7 @@ pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Th
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig, Told};
 pub use node::Node;
 pub use op::{Completed, Op, Outcome};
-pub use reduce::{Element, ReduceId, ReduceOp};
+pub use reduce::{Element, Plain, ReduceId, ReduceOp};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};

@@ -52,9 +52,10 @@ pub(crate) type Combine = Arc<dyn Fn(&mut [u8], &[u8], bool) + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct UserReduction {
     pub(crate) name: String,
-    /// The element type's code and size.
+    /// The element type's code, size and name (which tells two [`Plain`] types apart).
     pub(crate) elem: u32,
     pub(crate) size: usize,
+    pub(crate) type_name: &'static str,
     pub(crate) f: Combine,
 }
 
@@ -71,6 +72,7 @@ impl UserReduction {
             name: name.to_owned(),
             elem: E::CODE,
             size: E::SIZE,
+            type_name: std::any::type_name::<E>(),
             f: Arc::new(combine),
         }
     }
@@ -122,6 +124,9 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
     /// Whether the bitwise operations apply.
     #[doc(hidden)]
     const INTEGER: bool;
+    /// Whether the built-in operations apply (not to a [`Plain`] element).
+    #[doc(hidden)]
+    const NUMBER: bool = true;
     /// Writes the element's little-endian bytes to `out` (`SIZE` bytes).
     #[doc(hidden)]
     fn write(self, out: &mut [u8]);
@@ -242,6 +247,67 @@ macro_rules! float {
 
 float!(f32 = 9, f64 = 10);
 
+/// A plain-old-data element of a user reduction: any type without padding or invalid bit
+/// patterns ([`bytemuck::Pod`], usually derived), reduced by the operation registered for
+/// `Plain<T>` with [`crate::Handlers::reduction`] (the built-in [`ReduceOp`]s are numbers'
+/// and refuse it): a value with its index (MPI's `MINLOC`), a small fixed-size vector, a
+/// histogram bucket.
+///
+/// Its bytes travel in the machine's own byte order, so every rank of the job must share
+/// it (the built-in elements travel little-endian). An element larger than a transport's
+/// `max_medium` cannot be reduced in more than one step there:
+/// [`AmError::InvalidCollective`].
+///
+/// ```
+/// use am_core::bytemuck::{Pod, Zeroable};
+/// use am_core::{Config, Handlers, Loopback, Node, Plain, ReduceId, ReduceOp};
+///
+/// #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+/// #[repr(C)]
+/// struct MinLoc {
+///     value: f64,
+///     rank: u64,
+/// }
+/// const MIN_LOC: ReduceId = ReduceId(1);
+///
+/// am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+///     let mut handlers = Handlers::new();
+///     handlers
+///         .reduction(MIN_LOC, "min loc", |a: Plain<MinLoc>, b: Plain<MinLoc>| {
+///             if b.0.value < a.0.value { b } else { a }
+///         })
+///         .unwrap();
+///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
+///     let world = node.world_team();
+///     let mine = MinLoc { value: 10.0 - node.rank() as f64, rank: node.rank().into() };
+///     let min = node.team_all_reduce(&world, ReduceOp::User(MIN_LOC), &[Plain(mine)]).unwrap();
+///     assert_eq!(min[0].0, MinLoc { value: 8.0, rank: 2 });
+/// });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct Plain<T>(pub T);
+
+impl<T: bytemuck::Pod> sealed::Sealed for Plain<T> {}
+impl<T: bytemuck::Pod + std::fmt::Debug + Send + Sync> Element for Plain<T> {
+    const SIZE: usize = std::mem::size_of::<T>();
+    /// One code for every plain type: a user reduction checks the type by its name.
+    const CODE: u32 = 11;
+    const INTEGER: bool = false;
+    const NUMBER: bool = false;
+    fn write(self, out: &mut [u8]) {
+        out[..Self::SIZE].copy_from_slice(bytemuck::bytes_of(&self.0));
+    }
+    fn take(b: &[u8]) -> Self {
+        Plain(bytemuck::pod_read_unaligned(&b[..Self::SIZE]))
+    }
+    fn apply(self, _: ReduceOp, _: Self) -> Self {
+        // Never called: `Reduction::new` refuses the built-in operations over a plain type,
+        // and a user's operation is applied by its registered function.
+        self
+    }
+}
+
 /// `acc = f(acc, other)` (`acc_lower`) or `acc = f(other, acc)`, element by element of `E`
 /// over little-endian bytes; both hold the same whole number of elements.
 fn elementwise<E: Element>(acc: &mut [u8], other: &[u8], acc_lower: bool, f: impl Fn(E, E) -> E) {
@@ -284,6 +350,11 @@ impl Reduction {
                 "a user reduction not registered in this node's handlers",
             ));
         }
+        if !E::NUMBER {
+            return Err(AmError::InvalidCollective(
+                "a built-in reduction over a Plain element (register a user reduction)",
+            ));
+        }
         if op.bitwise() && !E::INTEGER {
             return Err(AmError::InvalidCollective(
                 "a bitwise reduction over a floating-point type",
@@ -307,7 +378,7 @@ impl Reduction {
                 "a user reduction not registered in this node's handlers",
             ));
         };
-        if u.elem != E::CODE {
+        if u.elem != E::CODE || u.type_name != std::any::type_name::<E>() {
             return Err(AmError::InvalidCollective(
                 "a user reduction over another element type than it was registered for",
             ));

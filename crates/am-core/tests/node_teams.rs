@@ -339,6 +339,139 @@ fn free_team_frees_a_team_whatever_clones_remain() {
 /// Catches a user operation applied as `op(upper, lower)` (FIRST would give the last
 /// member's element), a user word that collides with a built-in one (the mismatch would
 /// pass as agreement), and reductions left out of the handler digest.
+/// Catches: a plain element written or read at the wrong width or offset, a user's
+/// operation applied out of team order to a non-commutative plain type, two plain types of
+/// one size taken for each other (locally or across ranks), a built-in operation applied to
+/// a plain type, and a vector of elements larger than a Medium cut mid-element.
+#[test]
+fn plain_elements_reduce_by_the_users_operation() {
+    use am_core::bytemuck::{Pod, Zeroable};
+    use am_core::{AmError, LoopbackConfig, Plain, ReduceId, ReduceOp, StartError};
+
+    /// `x -> a * x + b`; composing two is associative and not commutative.
+    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+    #[repr(C)]
+    struct Affine {
+        a: i64,
+        b: i64,
+    }
+    /// The same size as `Affine`, another type.
+    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+    #[repr(C)]
+    struct Pair {
+        x: u64,
+        y: u64,
+    }
+    /// Larger than the Medium below.
+    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+    #[repr(C)]
+    struct Wide {
+        w: [u64; 32],
+    }
+    const COMPOSE: ReduceId = ReduceId(3);
+    const WIDEST: ReduceId = ReduceId(4);
+    // `lower` then `upper`: the member of lower team rank applies first.
+    fn compose(lower: Plain<Affine>, upper: Plain<Affine>) -> Plain<Affine> {
+        let (f, g) = (lower.0, upper.0);
+        Plain(Affine {
+            a: g.a.wrapping_mul(f.a),
+            b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
+        })
+    }
+    fn handlers() -> Handlers {
+        let mut h = Handlers::new();
+        h.reduction(COMPOSE, "compose", compose).unwrap();
+        h.reduction(
+            WIDEST,
+            "widest",
+            |a: Plain<Wide>, b: Plain<Wide>| {
+                if b.0.w[0] > a.0.w[0] {
+                    b
+                } else {
+                    a
+                }
+            },
+        )
+        .unwrap();
+        h
+    }
+    fn mine(rank: u32, i: usize) -> Affine {
+        Affine {
+            a: i64::from(rank) + 2,
+            b: i as i64 - i64::from(rank),
+        }
+    }
+    // 160 bytes of Medium: a Wide (256 bytes) fits none.
+    let config = LoopbackConfig::new().max_medium(160);
+    within(Duration::from_secs(60), move || {
+        am_core::run_ranks(Loopback::cluster(3, config), |t| {
+            let mut node = Node::new(t, handlers(), Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            // 23 elements of 16 bytes: chunks of 10, 10 and 3 elements.
+            let v: Vec<Plain<Affine>> = (0..23).map(|i| Plain(mine(me, i))).collect();
+            let fold = |order: &[u32], i: usize| {
+                order[1..].iter().fold(Plain(mine(order[0], i)), |acc, &r| {
+                    compose(acc, Plain(mine(r, i)))
+                })
+            };
+            let want: Vec<_> = (0..23).map(|i| fold(&[0, 1, 2], i)).collect();
+            let got = node.team_all_reduce(&world, ReduceOp::User(COMPOSE), &v);
+            assert_eq!(got.unwrap(), want);
+            // The higher ranks first: the composition in the other order, to team rank 1.
+            let back = node.split(&world, Some(0), 10 - me).unwrap().unwrap();
+            let want_back: Vec<_> = (0..23).map(|i| fold(&[2, 1, 0], i)).collect();
+            assert_ne!(want, want_back);
+            let got = node
+                .team_reduce(&back, 1, ReduceOp::User(COMPOSE), &v)
+                .unwrap();
+            assert_eq!(got, if me == 1 { want_back } else { Vec::new() });
+            // One element, non-blocking.
+            let op = node
+                .team_all_reduce_nb(&back, ReduceOp::User(COMPOSE), &v[..1])
+                .unwrap();
+            assert_eq!(node.wait(op).unwrap(), [fold(&[2, 1, 0], 0)]);
+            // Refused on every member before anything is sent: an element larger than a
+            // Medium, a built-in operation, another plain type of the same size.
+            let wide = [Plain(Wide {
+                w: [u64::from(me); 32],
+            })];
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::User(WIDEST), &wide),
+                Err(AmError::InvalidCollective(_))
+            ));
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::Max, &v),
+                Err(AmError::InvalidCollective(_))
+            ));
+            let pairs = [Plain(Pair { x: 1, y: 2 })];
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::User(COMPOSE), &pairs),
+                Err(AmError::InvalidCollective(_))
+            ));
+            // The team goes on.
+            let got = node.team_all_reduce(&world, ReduceOp::User(COMPOSE), &v[..2]);
+            assert_eq!(got.unwrap(), want[..2]);
+        });
+        // A rank whose operation under the same id and name is over another plain type of
+        // the same size: start-up fails on every rank.
+        am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut h = Handlers::new();
+            if am_core::Transport::rank(&t) == 1 {
+                h.reduction(COMPOSE, "compose", |a: Plain<Pair>, _b: Plain<Pair>| a)
+                    .unwrap();
+            } else {
+                h.reduction(COMPOSE, "compose", compose).unwrap();
+            }
+            match Node::new(t, h, Config::default()) {
+                Err(StartError::HandlerTableMismatch { .. }) => {}
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("reductions over two plain types started"),
+            }
+        });
+    });
+}
+
 #[test]
 fn user_reductions_registered_in_the_handlers() {
     use am_core::{AmError, ReduceId, ReduceOp, StartError};

@@ -311,6 +311,12 @@ impl<H: Threading> Endpoint<H> {
         let me = ts.me;
         let wait = ts.must_wait();
         let max = self.limits.max_medium;
+        if len > max && red.as_ref().is_some_and(|r| r.size() > max) {
+            // Chunks are whole elements of at most one Medium each.
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "an element larger than max_medium bytes",
+            )));
+        }
         // More than one step carries: chunk collectives (see `Big`). A broadcast's length is
         // the root's: the others learn it from its first step.
         let big = len > max && kind != CollectiveKind::Split;
