@@ -57,6 +57,7 @@
 //! | `AM_TRANSPORT` | the transport's name ([`TransportKind`]); wins over the program's choice, with or without a launcher |
 //! | `AM_CREDITS` | credits per peer: 1..=255 (static), `dynamic`, or `dynamic:INITIAL:BANK`; unset, the transport's default: 32 static, 128 on `udp`, dynamic on `sci`, `portals` and `extoll` from 256 ranks ([`Config::from_env`]) |
 //! | `AM_WAIT` | how blocking calls wait: `spin`, `yield` or `block` ([`WaitMode`]) |
+//! | `AM_ALLREDUCE` | how team all-reduces run: `auto`, `doubling` or `ring` ([`AllReduceAlgorithm`]; the same on every rank) |
 //! | `AM_SEGMENT_SIZE` | each rank's segment, e.g. `64M` |
 //! | `AM_RANK`, `AM_SIZE`, `AM_JOB_ID`, `AM_PMI_FD` | set by `amrun` (the other launchers' own are read too: [`am_bootstrap`]) |
 //!

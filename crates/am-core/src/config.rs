@@ -32,6 +32,44 @@ impl std::str::FromStr for WaitMode {
     }
 }
 
+/// How a team all-reduce runs ([`Config::all_reduce`], `AM_ALLREDUCE=auto|doubling|ring`).
+/// Every member of a team must choose the same: members that differ get
+/// [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AllReduceAlgorithm {
+    /// Recursive doubling up to `max_medium` bytes, a ring above: on 3 to
+    /// [`crate::endpoint::RING_MAX_MEMBERS`] members, and on 2 where `max_medium` is below
+    /// [`crate::endpoint::RING_PAIR_MEDIUM`] (at 2 a ring moves the same bytes as doubling
+    /// in two dependent steps per chunk instead of one, and pays only by halving the
+    /// number of chunks where Mediums are small). A user's operation, which need not be
+    /// commutative, always runs by recursive doubling.
+    #[default]
+    Auto,
+    /// Recursive doubling at every size: ⌈log2 n⌉ steps, each carrying the whole vector
+    /// (in chunks of `max_medium`), each member reducing all of it at every step.
+    Doubling,
+    /// A ring at every size where it applies: a reduce-scatter then an all-gather,
+    /// `2 (n - 1)` steps of one n-th of the vector each; every member sends and reduces
+    /// `(n - 1) / n` of it, and each step's Medium carries `max_medium` bytes, so a chunk
+    /// is `n` Mediums long.
+    Ring,
+}
+
+impl std::str::FromStr for AllReduceAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AllReduceAlgorithm::Auto),
+            "doubling" => Ok(AllReduceAlgorithm::Doubling),
+            "ring" => Ok(AllReduceAlgorithm::Ring),
+            other => Err(format!(
+                "unknown all-reduce algorithm {other:?}: expected auto, doubling or ring"
+            )),
+        }
+    }
+}
+
 /// Configuration of a [`crate::Node`].
 ///
 /// Built from the defaults or the environment, then changed by the setters named after the
@@ -53,6 +91,8 @@ pub struct Config {
     /// Longest a closing node ([`crate::Node::close`], or its drop) waits for what it owes
     /// and is owed (replies, acknowledgements, posted atomics) before it leaves anyway.
     pub close_timeout: Duration,
+    /// How team all-reduces run (`AM_ALLREDUCE`, default [`AllReduceAlgorithm::Auto`]).
+    pub all_reduce: AllReduceAlgorithm,
 }
 
 impl Default for Config {
@@ -63,6 +103,7 @@ impl Default for Config {
             spin_polls: 64,
             block_timeout: Duration::from_millis(10),
             close_timeout: Duration::from_secs(30),
+            all_reduce: AllReduceAlgorithm::Auto,
         }
     }
 }
@@ -80,7 +121,7 @@ pub struct ConfigError {
 }
 
 impl Config {
-    /// The defaults, overridden by `AM_CREDITS` and `AM_WAIT` where set.
+    /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT` and `AM_ALLREDUCE` where set.
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
         if let Ok(v) = std::env::var("AM_CREDITS") {
@@ -93,6 +134,13 @@ impl Config {
         if let Ok(v) = std::env::var("AM_WAIT") {
             c.wait_mode = v.parse().map_err(|why| ConfigError {
                 var: "AM_WAIT",
+                value: v.clone(),
+                why,
+            })?;
+        }
+        if let Ok(v) = std::env::var("AM_ALLREDUCE") {
+            c.all_reduce = v.parse().map_err(|why| ConfigError {
+                var: "AM_ALLREDUCE",
                 value: v.clone(),
                 why,
             })?;
@@ -121,6 +169,13 @@ impl Config {
     #[must_use]
     pub fn credits(mut self, credits: Credits) -> Config {
         self.credits = Some(credits);
+        self
+    }
+
+    /// With this all-reduce algorithm.
+    #[must_use]
+    pub fn all_reduce(mut self, all_reduce: AllReduceAlgorithm) -> Config {
+        self.all_reduce = all_reduce;
         self
     }
 

@@ -101,7 +101,7 @@ pub use atomic::{AtomicOp, AtomicWord};
 /// this crate's version.
 pub use bytemuck;
 pub use call::{Call, Reply};
-pub use config::{Config, WaitMode};
+pub use config::{AllReduceAlgorithm, Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{Endpoint, Polled};
 pub use error::{

@@ -147,7 +147,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     fn unstarted(transport: T, handlers: Handlers<H>, config: Config, credits: Policy) -> Self {
-        let ep = Endpoint::with_policy(
+        let mut ep = Endpoint::with_policy(
             transport.rank(),
             transport.size(),
             transport.limits(),
@@ -155,6 +155,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             handlers,
             credits,
         );
+        ep.set_all_reduce(config.all_reduce);
         Node {
             transport,
             ep,

@@ -209,7 +209,8 @@ pub enum SystemMsg {
         step: u32,
         /// Which collective the sender started under `seq`.
         kind: CollectiveKind,
-        /// The root's team rank (a broadcast, reduce or gather; 0 for the others).
+        /// The root's team rank (a broadcast, reduce or gather), an all-reduce's algorithm (0
+        /// recursive doubling, 1 a ring); 0 for the others.
         root: u32,
         /// The reduction's element type and operation (a reduce or all-reduce; 0 for the
         /// others).
@@ -240,7 +241,9 @@ pub enum CollectiveKind {
     /// A reduction to the root (a binomial tree towards team rank 0, which forwards the
     /// result to the root at step [`FORWARD_STEP`]).
     Reduce,
-    /// A reduction whose result every member gets (recursive doubling).
+    /// A reduction whose result every member gets: recursive doubling (root field 0), or a
+    /// ring (root field 1: steps `0..n-1` a reduce-scatter, `n-1..2n-2` an all-gather, one
+    /// n-th of the chunk each).
     AllReduce,
     /// A gather to the root: step `s` is the block of team rank `s`.
     Gather,

@@ -406,6 +406,11 @@ impl Reduction {
     }
 
     /// Bytes per element.
+    /// Whether it is a user's operation (which need not be commutative).
+    pub(crate) fn is_user(&self) -> bool {
+        self.user.is_some()
+    }
+
     pub(crate) fn size(&self) -> usize {
         self.size
     }

@@ -28,6 +28,30 @@
 //! local: a member that frees a team while another still starts a collective on
 //! it gets that peer's messages refused as [`crate::error::Misbehavior::StrayCollective`].
 //!
+//! # Algorithms
+//! Every collective is built on the library's system Mediums, so every transport runs it:
+//!
+//! | collective | algorithm | steps |
+//! |---|---|---|
+//! | barrier | dissemination | ⌈log2 n⌉ |
+//! | broadcast | binomial tree from the root | ⌈log2 n⌉ |
+//! | reduce | binomial tree towards team rank 0, forwarded to the root | ⌈log2 n⌉ (+1) |
+//! | all-reduce | recursive doubling (a fold before and after where `n` is not a power of two), or a ring of reduce-scatter then all-gather | ⌈log2 n⌉ (+2), or `2 (n - 1)` |
+//! | gather | each member to the root | 1 |
+//! | all-gather, split | ring | `n - 1` |
+//!
+//! A payload larger than the transport's `max_medium` runs as chunks of it, each a
+//! collective of its own on the next sequence (several in flight). An all-reduce runs by
+//! recursive doubling up to `max_medium` and as a ring above it (on 3 to
+//! [`crate::endpoint::RING_MAX_MEMBERS`] members, on 2 where Mediums are small, over the
+//! built-in operations, which commute): each member then sends and reduces `(n - 1) / n`
+//! of the vector rather than all of it ⌈log2 n⌉ times. [`crate::Config::all_reduce`]
+//! (`AM_ALLREDUCE=auto|doubling|ring`) forces either; every member of a team must choose
+//! the same ([`crate::AmError::CollectiveMismatch`] otherwise).
+//!
+//! Results land in private buffers (a `Vec` per collective), never in a segment: the
+//! library owns no memory at a peer.
+//!
 //! # Failure
 //! A member lost fails the collectives in flight on every team it belongs to, on every
 //! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams (a

@@ -56,6 +56,7 @@ use std::task::{ready, Poll};
 
 use super::state::Endpoint;
 use super::teams::*;
+use crate::config::AllReduceAlgorithm;
 use crate::error::{AmError, Misbehavior};
 use crate::handler::Threading;
 use crate::protocol::{opcode, CollectiveKind, SystemMsg};
@@ -317,9 +318,27 @@ impl<H: Threading> Endpoint<H> {
                 "an element larger than max_medium bytes",
             )));
         }
+        // A ring all-reduce ([`crate::AllReduceAlgorithm`]) runs as chunks of `n` blocks of up
+        // to a Medium each, its root field saying so. Only over a built-in operation, which
+        // is commutative, as a ring's reduce-scatter needs.
+        let n = ts.members.len() as u32;
+        let ring = kind == CollectiveKind::AllReduce
+            && red
+                .as_ref()
+                .is_some_and(|r| !r.is_user() && r.size() <= max)
+            && (2..=RING_MAX_MEMBERS).contains(&n)
+            && match self.teams.all_reduce {
+                // At 2 members a ring moves as many bytes as doubling, in two dependent
+                // steps per chunk rather than one: it pays only where Mediums are small
+                // (its chunks are twice as long, so half as many).
+                AllReduceAlgorithm::Auto => len > max && (n > 2 || max < RING_PAIR_MEDIUM),
+                AllReduceAlgorithm::Ring => len > 0,
+                _ => false,
+            };
+        let root = if ring { RING_ROOT } else { root };
         // More than one step carries: chunk collectives (see `Big`). A broadcast's length is
         // the root's: the others learn it from its first step.
-        let big = len > max && kind != CollectiveKind::Split;
+        let big = (len > max || ring) && kind != CollectiveKind::Split;
         if kind == CollectiveKind::Barrier {
             // As the world barrier: what this rank posted is applied before it enters.
             ready!(self.apply_posted(t))?;
@@ -345,6 +364,7 @@ impl<H: Threading> Endpoint<H> {
         };
         if big {
             let chunk = red.as_ref().map_or(max, |r| max / r.size() * r.size());
+            let chunk = if ring { chunk * n as usize } else { chunk };
             let chunks = len.div_ceil(chunk);
             let Ok(chunks) = u32::try_from(chunks) else {
                 return Poll::Ready(Err(AmError::InvalidCollective(
@@ -413,6 +433,10 @@ impl<H: Threading> Endpoint<H> {
                 let at = ts.me as usize * data.len();
                 buf[at..at + data.len()].copy_from_slice(&data);
                 (buf, data.len())
+            }
+            CollectiveKind::AllReduce if root == RING_ROOT => {
+                let block = data.len() / n as usize;
+                (data, block)
             }
             _ => {
                 let block = data.len();
@@ -494,7 +518,13 @@ impl<H: Threading> Endpoint<H> {
             let k = b.issued;
             b.issued += 1;
             let (kind, root, red, chunks) = (b.kind, b.root, b.red.clone(), b.chunks);
-            let data = b.data[b.range(k)].to_vec();
+            let mut data = b.data[b.range(k)].to_vec();
+            if let (CollectiveKind::AllReduce, RING_ROOT, Some(r)) = (b.kind, b.root, &b.red) {
+                // A ring's chunk is `n` equal blocks of whole elements: the last one padded
+                // (the padding's results are dropped).
+                let unit = ts.members.len() * r.size();
+                data.resize(data.len().div_ceil(unit) * unit, 0);
+            }
             self.push_coll(id, kind, root, red, data, (index, gen), Some(k), chunks);
             started = true;
         }
@@ -657,7 +687,10 @@ impl<H: Threading> Endpoint<H> {
                     let len = c.block;
                     let payload = match part {
                         Part::Nothing => &[][..],
-                        Part::Block(b) => &buf[b as usize * len..(b as usize + 1) * len],
+                        // Plans send blocks, never folds: the same bytes either way.
+                        Part::Block(b) | Part::Fold(b) => {
+                            &buf[b as usize * len..(b as usize + 1) * len]
+                        }
                         Part::Whole | Part::Lower | Part::Upper => &buf[..],
                     };
                     let msg = SystemMsg::Collective {
@@ -710,6 +743,7 @@ impl<H: Threading> Endpoint<H> {
                             kind == CollectiveKind::Broadcast || a.data.len() == c.buf.len()
                         }
                         Part::Lower | Part::Upper => a.data.len() == c.buf.len(),
+                        Part::Fold(_) => a.data.len() == len,
                     };
                     if !fits {
                         return Poll::Ready(Err(AmError::CollectiveMismatch {
@@ -733,6 +767,12 @@ impl<H: Threading> Endpoint<H> {
                         Part::Lower | Part::Upper => {
                             if let Some(red) = &c.red {
                                 red.combine(&mut c.buf, &a.data, part == Part::Upper);
+                            }
+                        }
+                        Part::Fold(b) => {
+                            if let Some(red) = &c.red {
+                                let block = &mut c.buf[b as usize * len..(b as usize + 1) * len];
+                                red.combine(block, &a.data, false);
                             }
                         }
                     }
@@ -909,8 +949,10 @@ impl<H: Threading> Endpoint<H> {
                 }
             }
             CollectiveKind::AllReduce | CollectiveKind::Reduce if !data.is_empty() => {
-                // Chunk `k`'s input was copied out when it started: its result replaces it.
-                b.data[r].copy_from_slice(&data);
+                // Chunk `k`'s input was copied out when it started: its result replaces it
+                // (a ring's without the padding).
+                let len = r.len();
+                b.data[r].copy_from_slice(&data[..len]);
             }
             _ => {}
         }

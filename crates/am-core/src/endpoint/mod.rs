@@ -65,4 +65,6 @@ mod teams;
 
 pub use recv::Polled;
 pub use state::Endpoint;
-pub use teams::{EARLY_WINDOW, MAX_COLLECTIVES_IN_FLIGHT, SYNC_PERIOD};
+pub use teams::{
+    EARLY_WINDOW, MAX_COLLECTIVES_IN_FLIGHT, RING_MAX_MEMBERS, RING_PAIR_MEDIUM, SYNC_PERIOD,
+};

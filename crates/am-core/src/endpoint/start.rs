@@ -473,8 +473,10 @@ impl Start for TeamGather<'_> {
 /// (reduce-to-one: a binomial tree towards team rank 0, which forwards the result to a
 /// root that is not it; the others complete with an empty `Vec`) or, with `root` `None`,
 /// to every member (reduce-to-all: recursive doubling, ⌈log2 size⌉ exchanges, plus one step
-/// before and after where the size is not a power of two; every member's result is the
-/// same, bit for bit). Collective over the team, as [`TeamBarrier`]; members that differ in
+/// before and after where the size is not a power of two; above `max_medium` bytes, a ring
+/// of reduce-scatter then all-gather, as [`crate::AllReduceAlgorithm`] says and
+/// `AM_ALLREDUCE` overrides; every member's result is the same, bit for bit, though a
+/// floating-point sum's bits depend on the algorithm). Collective over the team, as [`TeamBarrier`]; members that differ in
 /// root, element type, operation or length get [`crate::AmError::CollectiveMismatch`].
 #[derive(Debug, Clone)]
 pub struct TeamReduce<E: Element> {

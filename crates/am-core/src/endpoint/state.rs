@@ -285,6 +285,12 @@ impl<H: Threading> Endpoint<H> {
         self.replies.acks = on.then(|| OwedAcks::new(self.size, self.credits.held(self.rank) / 2));
     }
 
+    /// How team all-reduces run here ([`crate::Config::all_reduce`]; every member of a team
+    /// must choose the same). [`crate::AllReduceAlgorithm::Auto`] unless set.
+    pub fn set_all_reduce(&mut self, algorithm: crate::AllReduceAlgorithm) {
+        self.teams.all_reduce = algorithm;
+    }
+
     /// Whether implicit replies are owed and not yet sent (see [`Endpoint::flush_acks`]).
     #[inline]
     pub fn acks_owed(&self) -> bool {

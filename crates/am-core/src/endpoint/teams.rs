@@ -28,6 +28,18 @@ pub const SYNC_PERIOD: u64 = 32;
 /// started, and a sync every [`SYNC_PERIOD`] sequences.
 pub const EARLY_WINDOW: u64 = 2 * MAX_COLLECTIVES_IN_FLIGHT as u64 + SYNC_PERIOD;
 
+/// The most members of a team whose all-reduces may run as a ring
+/// ([`crate::AllReduceAlgorithm`]): its `2 (n - 1)` steps stay below the steps of a sync.
+pub const RING_MAX_MEMBERS: u32 = 64;
+
+/// Below this `max_medium`, a 2-member all-reduce larger than a Medium runs as a ring under
+/// [`crate::AllReduceAlgorithm::Auto`].
+pub const RING_PAIR_MEDIUM: usize = 16 * 1024;
+
+/// An all-reduce's root field names its algorithm (an all-reduce has no root): this one is
+/// a ring, 0 recursive doubling. Members that chose differently disagree on the root.
+pub(super) const RING_ROOT: u32 = 1;
+
 /// The first step of the barrier that ends a synchronizing collective (round `k` is step
 /// `SYNC_STEP + k`).
 pub(super) const SYNC_STEP: u32 = 128;
@@ -76,6 +88,8 @@ pub(super) struct Teams {
     pub(super) spare_plans: Vec<Vec<Action>>,
     /// A [`Big`] was made here once: advances look for chunks to start from then on.
     pub(super) chunked: bool,
+    /// How all-reduces run here ([`crate::Config::all_reduce`]).
+    pub(super) all_reduce: crate::AllReduceAlgorithm,
 }
 
 pub(super) struct TeamState {
@@ -226,6 +240,9 @@ pub(super) enum Part {
     Lower,
     /// A take that combines: the bytes cover higher team ranks, `buf = op(buf, bytes)`.
     Upper,
+    /// A take that combines into block `b`: `block = op(bytes, block)` (a ring's
+    /// reduce-scatter; its operation is commutative).
+    Fold(u32),
 }
 
 /// `2^k`, if it is below `n`.
@@ -337,6 +354,36 @@ pub(super) fn plan(
                     from: 0,
                     step: FORWARD_STEP,
                     part: Part::Whole,
+                });
+            }
+        }
+        CollectiveKind::AllReduce if root == RING_ROOT => {
+            // A ring of `n` blocks. Reduce-scatter: at step `s` this member passes on the
+            // block it folded last (its own at first) and folds the one before it into its
+            // copy; after `n - 1` steps its block `me + 1` holds every member's share.
+            for s in 0..n - 1 {
+                p.push(Send {
+                    to: (me + 1) % n,
+                    step: s,
+                    part: Part::Block((me + n - s) % n),
+                });
+                p.push(Take {
+                    from: (me + n - 1) % n,
+                    step: s,
+                    part: Part::Fold((me + 2 * n - 1 - s) % n),
+                });
+            }
+            // All-gather: the reduced blocks go round the ring, each replacing the copy.
+            for s in 0..n - 1 {
+                p.push(Send {
+                    to: (me + 1) % n,
+                    step: n - 1 + s,
+                    part: Part::Block((me + 1 + n - s) % n),
+                });
+                p.push(Take {
+                    from: (me + n - 1) % n,
+                    step: n - 1 + s,
+                    part: Part::Block((me + n - s) % n),
                 });
             }
         }
@@ -599,6 +646,7 @@ impl Teams {
             busy: Vec::new(),
             spare_plans: Vec::new(),
             chunked: false,
+            all_reduce: crate::AllReduceAlgorithm::Auto,
         }
     }
 
