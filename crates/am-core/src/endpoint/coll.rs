@@ -511,7 +511,7 @@ impl<H: Threading> Endpoint<H> {
                 }
                 continue;
             }
-            if ts.window_full() {
+            if ts.window_full() || ts.colls.len() >= MAX_CHUNKS_IN_FLIGHT {
                 return started;
             }
             let b = &mut ts.bigs[at];
@@ -621,6 +621,7 @@ impl<H: Threading> Endpoint<H> {
         if let Some((from, error)) = self.teams.live.get_mut(&id).and_then(|ts| ts.told.take()) {
             self.fail_team_from(id, from, &error);
         }
+        self.teams.refused.clear();
         loop {
             let mut i = 0;
             while let Some(c) = self.teams.live.get(&id).and_then(|ts| ts.colls.get(i)) {
@@ -683,6 +684,12 @@ impl<H: Threading> Endpoint<H> {
             match action {
                 Action::Send { to, step, part } => {
                     let to = ts.members[to as usize];
+                    if self.teams.refused.contains(&to) {
+                        // A step to `to` was refused earlier in this advance: this one waits
+                        // with it rather than be encoded to be refused too (with many
+                        // collectives in flight, every advance would try each).
+                        return Poll::Pending;
+                    }
                     let buf = std::mem::take(&mut c.buf);
                     let len = c.block;
                     let payload = match part {
@@ -719,6 +726,7 @@ impl<H: Threading> Endpoint<H> {
                             if !self.teams.stalled.contains(&to) {
                                 self.teams.stalled.push(to);
                             }
+                            self.teams.refused.push(to);
                             return Poll::Pending;
                         }
                     }

@@ -16,6 +16,13 @@ use crate::types::Rank;
 /// until one completes. It bounds what a rank keeps of its peers' early steps.
 pub const MAX_COLLECTIVES_IN_FLIGHT: usize = 64;
 
+/// The most chunks of a collective larger than `max_medium` started on a team and not
+/// completed here: a further chunk starts as one completes. Enough to keep a pair of ranks
+/// busy on every transport (each chunk is a full Medium), and few, because every advance
+/// looks at every collective in flight on the team, and a chunk refused for want of room
+/// waits for the next look.
+pub const MAX_CHUNKS_IN_FLIGHT: usize = 4;
+
 /// Every this many sequences on a team, a collective that a member may complete before the
 /// others have started it (a broadcast, reduce or gather: its root or senders are done once
 /// their steps are out) ends with a barrier among the members. So no member completes
@@ -76,6 +83,8 @@ pub(super) struct Teams {
     /// nothing while nothing comes.
     pub(super) dirty: bool,
     pub(super) stalled: Vec<Rank>,
+    /// Peers the device refused a step to during the current advance of a team.
+    pub(super) refused: Vec<Rank>,
     /// Notices to send, oldest first: (team, to, first failed sequence, gone member, kind).
     pub(super) notices: std::collections::VecDeque<(TeamId, Rank, u64, Rank, CollectiveKind)>,
     /// A peer's misbehavior found outside a delivery (steps held for a team that no split
@@ -641,6 +650,7 @@ impl Teams {
             in_flight: 0,
             dirty: false,
             stalled: Vec::new(),
+            refused: Vec::new(),
             notices: std::collections::VecDeque::new(),
             stray: None,
             busy: Vec::new(),
