@@ -655,6 +655,10 @@ fn every_all_reduce_algorithm_matches_the_model() {
             // The world team goes on (its collectives other than all-reduce agree).
             let data: &[u8] = if node.rank() == 2 { b"on" } else { b"" };
             assert_eq!(node.team_broadcast(&world, 2, data).unwrap(), b"on");
+            // No rank leaves before the others' mismatch notices reached it: one that came
+            // after it left would be a request it never answers, which fails its sender's
+            // next wait with `PeerDeparted`.
+            node.barrier().unwrap();
         });
     });
 }

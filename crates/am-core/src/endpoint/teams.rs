@@ -254,6 +254,24 @@ pub(super) enum Part {
     Fold(u32),
 }
 
+/// `n - 1` steps round a ring from step `first`: at step `first + s` this member sends its
+/// block `me + shift - s` to the next member and takes block `me + shift - 1 - s` from the
+/// one before (all modulo `n`), doing `take` with it.
+fn ring(p: &mut Vec<Action>, n: u32, me: u32, first: u32, shift: u32, take: fn(u32) -> Part) {
+    for s in 0..n - 1 {
+        p.push(Action::Send {
+            to: (me + 1) % n,
+            step: first + s,
+            part: Part::Block((me + shift + n - s) % n),
+        });
+        p.push(Action::Take {
+            from: (me + n - 1) % n,
+            step: first + s,
+            part: take((me + shift + 2 * n - 1 - s) % n),
+        });
+    }
+}
+
 /// `2^k`, if it is below `n`.
 pub(super) fn pow_below(k: u32, n: u32) -> Option<u32> {
     1u32.checked_shl(k).filter(|&d| d < n)
@@ -293,20 +311,7 @@ pub(super) fn plan(
                 k += 1;
             }
         }
-        CollectiveKind::AllGather | CollectiveKind::Split => {
-            for s in 0..n - 1 {
-                p.push(Send {
-                    to: (me + 1) % n,
-                    step: s,
-                    part: Part::Block((me + n - s) % n),
-                });
-                p.push(Take {
-                    from: (me + n - 1) % n,
-                    step: s,
-                    part: Part::Block((me + 2 * n - 1 - s) % n),
-                });
-            }
-        }
+        CollectiveKind::AllGather | CollectiveKind::Split => ring(&mut p, n, me, 0, 0, Part::Block),
         CollectiveKind::Broadcast => {
             let vr = (me + n - root) % n;
             let children_below = if vr == 0 {
@@ -370,31 +375,9 @@ pub(super) fn plan(
             // A ring of `n` blocks. Reduce-scatter: at step `s` this member passes on the
             // block it folded last (its own at first) and folds the one before it into its
             // copy; after `n - 1` steps its block `me + 1` holds every member's share.
-            for s in 0..n - 1 {
-                p.push(Send {
-                    to: (me + 1) % n,
-                    step: s,
-                    part: Part::Block((me + n - s) % n),
-                });
-                p.push(Take {
-                    from: (me + n - 1) % n,
-                    step: s,
-                    part: Part::Fold((me + 2 * n - 1 - s) % n),
-                });
-            }
-            // All-gather: the reduced blocks go round the ring, each replacing the copy.
-            for s in 0..n - 1 {
-                p.push(Send {
-                    to: (me + 1) % n,
-                    step: n - 1 + s,
-                    part: Part::Block((me + 1 + n - s) % n),
-                });
-                p.push(Take {
-                    from: (me + n - 1) % n,
-                    step: n - 1 + s,
-                    part: Part::Block((me + n - s) % n),
-                });
-            }
+            ring(&mut p, n, me, 0, 0, Part::Fold);
+            // All-gather from there: the reduced blocks go round, each replacing the copy.
+            ring(&mut p, n, me, n - 1, 1, Part::Block);
         }
         CollectiveKind::AllReduce => {
             // Recursive doubling over the largest power of two `q` not above `n`; the first
