@@ -120,30 +120,31 @@ pub struct ConfigError {
     pub why: String,
 }
 
+/// Environment variable `var` parsed, if it is set.
+fn from_var<T: std::str::FromStr<Err = String>>(
+    var: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    let Ok(value) = std::env::var(var) else {
+        return Ok(None);
+    };
+    match value.parse() {
+        Ok(v) => Ok(Some(v)),
+        Err(why) => Err(ConfigError { var, value, why }),
+    }
+}
+
 impl Config {
     /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT` and `AM_ALLREDUCE` where set.
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        if let Ok(v) = std::env::var("AM_CREDITS") {
-            c.credits = Some(v.parse().map_err(|why| ConfigError {
-                var: "AM_CREDITS",
-                value: v.clone(),
-                why,
-            })?);
+        if let Some(credits) = from_var("AM_CREDITS")? {
+            c.credits = Some(credits);
         }
-        if let Ok(v) = std::env::var("AM_WAIT") {
-            c.wait_mode = v.parse().map_err(|why| ConfigError {
-                var: "AM_WAIT",
-                value: v.clone(),
-                why,
-            })?;
+        if let Some(mode) = from_var("AM_WAIT")? {
+            c.wait_mode = mode;
         }
-        if let Ok(v) = std::env::var("AM_ALLREDUCE") {
-            c.all_reduce = v.parse().map_err(|why| ConfigError {
-                var: "AM_ALLREDUCE",
-                value: v.clone(),
-                why,
-            })?;
+        if let Some(algorithm) = from_var("AM_ALLREDUCE")? {
+            c.all_reduce = algorithm;
         }
         Ok(c)
     }

@@ -405,12 +405,12 @@ impl Reduction {
         Some((word & 0xff, ReduceOp::from_code(word >> 8)?))
     }
 
-    /// Bytes per element.
     /// Whether it is a user's operation (which need not be commutative).
     pub(crate) fn is_user(&self) -> bool {
         self.user.is_some()
     }
 
+    /// Bytes per element.
     pub(crate) fn size(&self) -> usize {
         self.size
     }

@@ -371,11 +371,10 @@ impl<H: Threading> Endpoint<H> {
                     "more than 2^32 chunks of max_medium bytes",
                 )));
             };
-            let n = ts.members.len();
             // A reduction's result and a broadcast root's are `data` itself (see `Big`).
             let out = match kind {
-                CollectiveKind::AllGather => vec![0u8; n * len],
-                CollectiveKind::Gather if me == root => vec![0u8; n * len],
+                CollectiveKind::AllGather => vec![0u8; n as usize * len],
+                CollectiveKind::Gather if me == root => vec![0u8; n as usize * len],
                 _ => Vec::new(),
             };
             self.teams.chunked = true;
@@ -434,7 +433,7 @@ impl<H: Threading> Endpoint<H> {
                 buf[at..at + data.len()].copy_from_slice(&data);
                 (buf, data.len())
             }
-            CollectiveKind::AllReduce if root == RING_ROOT => {
+            CollectiveKind::AllReduce if is_ring(kind, root) => {
                 let block = data.len() / n as usize;
                 (data, block)
             }
@@ -519,7 +518,7 @@ impl<H: Threading> Endpoint<H> {
             b.issued += 1;
             let (kind, root, red, chunks) = (b.kind, b.root, b.red.clone(), b.chunks);
             let mut data = b.data[b.range(k)].to_vec();
-            if let (CollectiveKind::AllReduce, RING_ROOT, Some(r)) = (b.kind, b.root, &b.red) {
+            if let (true, Some(r)) = (is_ring(b.kind, b.root), &b.red) {
                 // A ring's chunk is `n` equal blocks of whole elements: the last one padded
                 // (the padding's results are dropped).
                 let unit = ts.members.len() * r.size();

@@ -476,8 +476,9 @@ impl Start for TeamGather<'_> {
 /// before and after where the size is not a power of two; above `max_medium` bytes, a ring
 /// of reduce-scatter then all-gather, as [`crate::AllReduceAlgorithm`] says and
 /// `AM_ALLREDUCE` overrides; every member's result is the same, bit for bit, though a
-/// floating-point sum's bits depend on the algorithm). Collective over the team, as [`TeamBarrier`]; members that differ in
-/// root, element type, operation or length get [`crate::AmError::CollectiveMismatch`].
+/// floating-point sum's bits depend on the algorithm). Collective over the team, as
+/// [`TeamBarrier`]; members that differ in root, element type, operation or length get
+/// [`crate::AmError::CollectiveMismatch`].
 #[derive(Debug, Clone)]
 pub struct TeamReduce<E: Element> {
     /// The team.

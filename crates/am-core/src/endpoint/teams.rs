@@ -47,6 +47,12 @@ pub const RING_PAIR_MEDIUM: usize = 16 * 1024;
 /// a ring, 0 recursive doubling. Members that chose differently disagree on the root.
 pub(super) const RING_ROOT: u32 = 1;
 
+/// Whether a collective of `kind` with root field `root` is a ring all-reduce (its chunks
+/// are `n` equal blocks, see [`RING_ROOT`]).
+pub(super) fn is_ring(kind: CollectiveKind, root: u32) -> bool {
+    kind == CollectiveKind::AllReduce && root == RING_ROOT
+}
+
 /// The first step of the barrier that ends a synchronizing collective (round `k` is step
 /// `SYNC_STEP + k`).
 pub(super) const SYNC_STEP: u32 = 128;
@@ -371,7 +377,7 @@ pub(super) fn plan(
                 });
             }
         }
-        CollectiveKind::AllReduce if root == RING_ROOT => {
+        CollectiveKind::AllReduce if is_ring(kind, root) => {
             // A ring of `n` blocks. Reduce-scatter: at step `s` this member passes on the
             // block it folded last (its own at first) and folds the one before it into its
             // copy; after `n - 1` steps its block `me + 1` holds every member's share.
