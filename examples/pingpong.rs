@@ -17,7 +17,9 @@
 //! The `atomic` row (kind `atomic`, 8 bytes) times a remote fetch-and-add on a `u64` of rank
 //! 1's segment instead: the median round trip of blocking ones, and the rate of non-blocking
 //! ones with up to 64 in flight (both rate columns). On the shared-memory NICs and loopback
-//! it is an atomic instruction on rank 1's word, which rank 1 does not handle at all.
+//! it is an atomic instruction on rank 1's word, which rank 1 does not handle at all. The
+//! `atomic-f64` row does the same with an `f64` fetch-and-add (a compare-and-swap loop where
+//! the CPU has no float add).
 //!
 //! AM Short carries no payload, so it is measured once (0 bytes); `--sizes` applies to Medium
 //! and Long. A size above the transport's limit (AM Medium, or AM Long per message) is skipped
@@ -346,26 +348,36 @@ fn send<T: Transport>(
     Ok(())
 }
 
-/// The `atomic` row: the median fetch-and-add round trip on a `u64` of rank 1's segment (rank
-/// 1 sits in a barrier meanwhile, polling), and the rate of `--flood` of them with as many in
-/// flight as the transport keeps (on shared memory each is done when issued).
-fn measure_atomic<T: Transport>(node: &mut Node<T, Local>, args: &Args) -> anyhow::Result<Row> {
+/// An `atomic` row: the median fetch-and-add round trip on a word of type `W` of rank 1's
+/// segment (rank 1 sits in a barrier meanwhile, polling), and the rate of `--flood` of them
+/// with as many in flight as the transport keeps (on shared memory each is done when issued).
+/// `one` is the value added, exactly representable in `W` for every sum made here.
+fn measure_atomic<T: Transport, W>(
+    node: &mut Node<T, Local>,
+    args: &Args,
+    kind: &'static str,
+    one: W,
+    next: impl Fn(W) -> W,
+) -> anyhow::Result<Row>
+where
+    W: amnet::AtomicWord + amnet::op::Outcome + 'static,
+{
     let mut rtt = Vec::with_capacity(args.iters);
-    let mut last = None;
+    let mut last: Option<W> = None;
     for iter in 0..args.warmup + args.iters {
         let t0 = Instant::now();
-        let old = node.atomic(1, 0, AtomicOp::FetchAdd(1u64))?;
+        let old = node.atomic(1, 0, AtomicOp::FetchAdd(one))?;
         if iter >= args.warmup {
             rtt.push(t0.elapsed().as_secs_f64() * 1e6);
         }
-        anyhow::ensure!(last.is_none_or(|l| old == l + 1), "fetch-and-add skipped");
+        anyhow::ensure!(last.is_none_or(|l| old == next(l)), "fetch-and-add skipped");
         last = Some(old);
     }
     rtt.sort_by(f64::total_cmp);
     let t0 = Instant::now();
     let mut in_flight = std::collections::VecDeque::new();
     for _ in 0..args.flood {
-        in_flight.push_back(node.atomic_nb(1, 8, AtomicOp::FetchAdd(1u64))?);
+        in_flight.push_back(node.atomic_nb(1, 8, AtomicOp::FetchAdd(one))?);
         if in_flight.len() >= 64 {
             if let Some(h) = in_flight.pop_front() {
                 node.wait(h)?;
@@ -377,7 +389,7 @@ fn measure_atomic<T: Transport>(node: &mut Node<T, Local>, args: &Args) -> anyho
     }
     let per_s = args.flood as f64 / t0.elapsed().as_secs_f64();
     Ok(Row {
-        kind: "atomic",
+        kind,
         bytes: 8,
         p50: quantile(&rtt, 0.5),
         p99: quantile(&rtt, 0.99),
@@ -527,7 +539,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             args.flood
         );
         print!(
-            "{:<10} {:<7} {:>9} {:>12} {:>12} {:>14} {:>14}",
+            "{:<10} {:<10} {:>9} {:>12} {:>12} {:>14} {:>14}",
             "transport", "kind", "bytes", "rtt_p50_us", "rtt_p99_us", "msgs_per_s", "replied_per_s"
         );
         if base.is_some() {
@@ -539,13 +551,26 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         println!();
     }
     let plan = plan.into_iter().map(Some);
-    let atomics = (args.kind == "all" || args.kind == "atomic").then_some(None);
-    for step in plan.chain(atomics) {
+    let atomics = if args.kind == "all" || args.kind == "atomic" {
+        vec![None, None]
+    } else {
+        Vec::new()
+    };
+    let steps: Vec<_> = plan.chain(atomics).collect();
+    let n_steps = steps.len();
+    for (i, step) in steps.into_iter().enumerate() {
         node.barrier()?;
         if me == 0 {
             let row = match step {
                 Some((kind, bytes)) => measure(&mut node, &pongs, kind, bytes, args)?,
-                None => measure_atomic(&mut node, args)?,
+                // The u64 row, then the f64 one on a word of its own.
+                None if i + 1 < n_steps => {
+                    measure_atomic(&mut node, args, "atomic", 1u64, |l| l + 1)?
+                }
+                None => {
+                    node.put(1, 0, &[0; 16])?;
+                    measure_atomic(&mut node, args, "atomic-f64", 1.0f64, |l| l + 1.0)?
+                }
             };
             let ratio = base.map(|(_, p50, _)| row.p50 / p50);
             if args.json {
@@ -569,7 +594,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 );
             } else {
                 print!(
-                    "{:<10} {:<7} {:>9} {:>12.3} {:>12.3} {:>14.0} {:>14.0}",
+                    "{:<10} {:<10} {:>9} {:>12.3} {:>12.3} {:>14.0} {:>14.0}",
                     name, row.kind, row.bytes, row.p50, row.p99, row.msgs_per_s, row.replied_per_s
                 );
                 if let (Some((_, p50, _)), Some(r)) = (base, ratio) {

@@ -2,16 +2,22 @@
 //! rank's segment (GASNet-EX's `gex_AD_OpNB`, UCX's `ucp_atomic_op_nbx`, OpenSHMEM's
 //! `shmem_atomic_*`).
 //!
-//! A user names an operation as an [`AtomicOp`] on `u32` or `u64` ([`AtomicWord`]); the core,
-//! the transports and the wire see it as an [`Atomic`] (its code, width and operands widened
-//! to 64 bits). [`Atomic::apply`] performs one on a segment view with a real atomic
-//! instruction: shared-memory transports apply it to the target's mapped word at once
-//! ([`crate::Transport::atomic`]), the others send it as a system message that the target's
-//! progress applies to its own segment.
+//! A user names an operation as an [`AtomicOp`] on `u32`, `u64`, `i32`, `i64`, `f32` or `f64`
+//! ([`AtomicWord`]): loads, stores, swaps, compare-and-swap, addition, minimum, maximum and
+//! multiplication on every type, and, or, xor on the integers. The core, the transports and
+//! the wire see it as an [`Atomic`] (its code, width, [`WordType`] and operands as bits in
+//! 64). [`Atomic::apply`] performs one on a segment view with one atomic instruction where
+//! the machine has it and a compare-and-swap loop otherwise: shared-memory transports apply
+//! it to the target's mapped word at once ([`crate::Transport::atomic`]), ofi by the
+//! provider's atomics where it validates every operation on every type (else as messages),
+//! the others send it as a system message that the target's progress applies to its own
+//! segment. One transport applies every atomic of a job the same way, so that atomics on one
+//! word are atomic with each other whatever their operation or type.
 //!
 //! Every byte of a segment is accessed on the grid of aligned 8-byte words (see `am_shm`),
-//! so a 32-bit operation is a compare-and-swap loop on the 64-bit word that holds it: its
-//! neighbour is never written, and no access of another size races with a copy.
+//! so a 32-bit operation is an instruction or a compare-and-swap loop on the 64-bit word that
+//! holds it: its neighbour is never written, and no access of another size races with a
+//! copy.
 //!
 //! Atomics are sequentially consistent with each other, whoever applies them. A put that has
 //! completed ([`crate::Node::put`]) is visible to a later atomic on the same word, and an
@@ -44,6 +50,10 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for u32 {}
     impl Sealed for u64 {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
 }
 
 /// The width of an atomic's word.
@@ -63,41 +73,99 @@ impl Width {
             Width::U64 => 8,
         }
     }
+
+    /// The bits of a word of this width, in the low bits of a `u64`.
+    const fn mask(self) -> u64 {
+        match self {
+            Width::U32 => 0xffff_ffff,
+            Width::U64 => u64::MAX,
+        }
+    }
 }
 
-/// A word type remote atomics operate on: `u32` or `u64`.
-pub trait AtomicWord: sealed::Sealed + Copy + Eq + std::fmt::Debug {
+/// How an atomic reads its word's bits: what addition, multiplication, minimum and maximum
+/// mean. Loads, stores, swaps and compare-and-swap move and compare bits whatever the type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WordType {
+    /// An unsigned integer (`u32`, `u64`).
+    Unsigned,
+    /// A two's-complement signed integer (`i32`, `i64`).
+    Signed,
+    /// An IEEE 754 binary floating-point number (`f32`, `f64`).
+    Float,
+}
+
+impl WordType {
+    const fn code(self) -> u32 {
+        match self {
+            WordType::Unsigned => 0,
+            WordType::Signed => 1,
+            WordType::Float => 2,
+        }
+    }
+
+    const fn from_code(c: u32) -> Option<WordType> {
+        match c {
+            0 => Some(WordType::Unsigned),
+            1 => Some(WordType::Signed),
+            2 => Some(WordType::Float),
+            _ => None,
+        }
+    }
+}
+
+/// A word type remote atomics operate on: `u32`, `u64`, `i32`, `i64`, `f32` or `f64`.
+pub trait AtomicWord: sealed::Sealed + Copy + PartialEq + std::fmt::Debug {
     /// Its width.
     const WIDTH: Width;
-    /// Widened to 64 bits.
+    /// How its bits are read.
+    const TYPE: WordType;
+    /// Its bits, in the low bits of a `u64` (the others zero).
     fn widen(self) -> u64;
-    /// The low bits of `v` (an old value read at this width).
+    /// The word whose bits are the low bits of `v` (an old value read at this width).
     fn narrow(v: u64) -> Self;
 }
 
-impl AtomicWord for u32 {
-    const WIDTH: Width = Width::U32;
-    fn widen(self) -> u64 {
-        u64::from(self)
-    }
-    fn narrow(v: u64) -> u32 {
-        v as u32
-    }
+macro_rules! atomic_word {
+    ($($w:ty, $bits:ty, $width:ident, $ty:ident, |$x:ident| $to:expr, |$v:ident| $from:expr;)*) => {$(
+        impl AtomicWord for $w {
+            const WIDTH: Width = Width::$width;
+            const TYPE: WordType = WordType::$ty;
+            fn widen(self) -> u64 {
+                let $x = self;
+                u64::from($to)
+            }
+            fn narrow(v: u64) -> $w {
+                let $v = v as $bits;
+                $from
+            }
+        }
+    )*};
 }
 
-impl AtomicWord for u64 {
-    const WIDTH: Width = Width::U64;
-    fn widen(self) -> u64 {
-        self
-    }
-    fn narrow(v: u64) -> u64 {
-        v
-    }
+atomic_word! {
+    u32, u32, U32, Unsigned, |x| x, |v| v;
+    u64, u64, U64, Unsigned, |x| x, |v| v;
+    i32, u32, U32, Signed, |x| x as u32, |v| v as i32;
+    i64, u64, U64, Signed, |x| x as u64, |v| v as i64;
+    f32, u32, U32, Float, |x| x.to_bits(), |v| f32::from_bits(v);
+    f64, u64, U64, Float, |x| x.to_bits(), |v| f64::from_bits(v);
 }
 
 /// What a remote atomic does with the word; every operation returns the word's old value
-/// (a caller that does not need it ignores it). Additions wrap.
+/// (a caller that does not need it ignores it, or posts the atomic:
+/// [`crate::Node::atomic_nbi`]).
+///
+/// Integer additions and multiplications wrap. On floating-point words, additions and
+/// multiplications are IEEE 754's (rounded to nearest); the minimum leaves the word if the
+/// word is less than the operand and writes the operand otherwise, the maximum alike with
+/// greater (so a NaN operand is written, a NaN word is replaced, and of `-0.0` and `0.0` the
+/// operand wins: what libfabric's `FI_MIN`/`FI_MAX` do, whichever applies it). The bitwise
+/// operations are for integers only: on a float they are refused
+/// ([`crate::AmError::InvalidAtomic`]). Compare-and-swap compares bits, on every type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AtomicOp<W: AtomicWord> {
     /// Reads the word.
     Load,
@@ -105,26 +173,33 @@ pub enum AtomicOp<W: AtomicWord> {
     Store(W),
     /// Writes `v` (the same as [`AtomicOp::Store`]; named for the fetching form).
     Swap(W),
-    /// Writes `new` if the word holds `current`.
+    /// Writes `new` if the word's bits are those of `current`.
     CompareSwap {
         /// The value expected.
         current: W,
         /// The value written if it was there.
         new: W,
     },
-    /// Adds `v`, wrapping.
+    /// Adds `v`.
     FetchAdd(W),
-    /// Bitwise and with `v`.
+    /// Bitwise and with `v` (integers only).
     And(W),
-    /// Bitwise or with `v`.
+    /// Bitwise or with `v` (integers only).
     Or(W),
-    /// Bitwise exclusive or with `v`.
+    /// Bitwise exclusive or with `v` (integers only).
     Xor(W),
+    /// The lesser of the word and `v`, as the word's type orders them.
+    Min(W),
+    /// The greater of the word and `v`, as the word's type orders them.
+    Max(W),
+    /// Multiplies by `v`.
+    Mul(W),
 }
 
 /// The operation of an [`Atomic`], as its wire code says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum Code {
     /// [`AtomicOp::Load`].
     Load = 0,
@@ -142,9 +217,16 @@ pub enum Code {
     Or = 6,
     /// [`AtomicOp::Xor`].
     Xor = 7,
+    /// [`AtomicOp::Min`].
+    Min = 8,
+    /// [`AtomicOp::Max`].
+    Max = 9,
+    /// [`AtomicOp::Mul`].
+    Mul = 10,
 }
 
-const CODES: [Code; 8] = [
+/// Every code, in wire order.
+pub const CODES: [Code; 11] = [
     Code::Load,
     Code::Store,
     Code::Swap,
@@ -153,15 +235,41 @@ const CODES: [Code; 8] = [
     Code::And,
     Code::Or,
     Code::Xor,
+    Code::Min,
+    Code::Max,
+    Code::Mul,
 ];
 
+/// Every word type: its width and how its bits are read.
+pub const WORD_TYPES: [(Width, WordType); 6] = [
+    (Width::U32, WordType::Unsigned),
+    (Width::U64, WordType::Unsigned),
+    (Width::U32, WordType::Signed),
+    (Width::U64, WordType::Signed),
+    (Width::U32, WordType::Float),
+    (Width::U64, WordType::Float),
+];
+
+impl Code {
+    /// Whether the operation is defined on words of type `ty` (the bitwise ones are not on
+    /// floats).
+    pub const fn applies_to(self, ty: WordType) -> bool {
+        !matches!(
+            (self, ty),
+            (Code::And | Code::Or | Code::Xor, WordType::Float)
+        )
+    }
+}
+
 /// One remote atomic as the core, a transport and the wire see it: the operation, the width
-/// of its word, its operand and (for compare-and-swap) the value expected, widened to 64
-/// bits. Made from an [`AtomicOp`]; a decoded one is checked ([`Atomic::from_wire`]).
+/// and type of its word, its operand and (for compare-and-swap) the value expected, as bits
+/// in the low bits of 64. Made from an [`AtomicOp`]; a decoded one is checked
+/// ([`Atomic::from_wire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Atomic {
     code: Code,
     width: Width,
+    ty: WordType,
     operand: u64,
     current: u64,
 }
@@ -179,10 +287,14 @@ impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
             AtomicOp::And(v) => (Code::And, v.widen(), 0),
             AtomicOp::Or(v) => (Code::Or, v.widen(), 0),
             AtomicOp::Xor(v) => (Code::Xor, v.widen(), 0),
+            AtomicOp::Min(v) => (Code::Min, v.widen(), 0),
+            AtomicOp::Max(v) => (Code::Max, v.widen(), 0),
+            AtomicOp::Mul(v) => (Code::Mul, v.widen(), 0),
         };
         Atomic {
             code,
             width: W::WIDTH,
+            ty: W::TYPE,
             operand,
             current,
         }
@@ -288,11 +400,14 @@ pub fn each_posted(
 
 /// Why an atomic was not applied: nothing was read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Refused {
     /// The word is not wholly inside the segment.
     OutOfBounds,
     /// The offset is not a multiple of the word's width.
     Misaligned,
+    /// The operation is not defined on the word's type (a bitwise one on a float).
+    Undefined,
 }
 
 impl Atomic {
@@ -306,37 +421,49 @@ impl Atomic {
         self.width
     }
 
-    /// The code and width as one wire word: the code in bits 0..8, the width's bytes in
-    /// bits 8..16.
-    pub fn wire_word(&self) -> u32 {
-        self.code as u32 | (self.width.bytes() as u32) << 8
+    /// How the word's bits are read.
+    pub fn word_type(&self) -> WordType {
+        self.ty
     }
 
-    /// The operand and the value expected (0 unless a compare-and-swap).
+    /// The code, width and type as one wire word: the code in bits 0..8, the width's bytes
+    /// in bits 8..16, the type in bits 16..24 (0 unsigned, 1 signed, 2 float).
+    pub fn wire_word(&self) -> u32 {
+        self.code as u32 | (self.width.bytes() as u32) << 8 | self.ty.code() << 16
+    }
+
+    /// The operand and the value expected (0 unless a compare-and-swap), as bits.
     pub fn operands(&self) -> (u64, u64) {
         (self.operand, self.current)
     }
 
-    /// The atomic a peer sent: `None` for a code or width that does not exist, or an operand
-    /// wider than the word (a correct peer never sends one).
+    /// The atomic a peer sent: `None` for a code, width or type that does not exist, an
+    /// operation not defined on the type, or an operand wider than the word (a correct peer
+    /// never sends one).
     pub fn from_wire(word: u32, operand: u64, current: u64) -> Option<Atomic> {
         let code = *CODES.get((word & 0xff) as usize)?;
-        let width = match word >> 8 {
+        let width = match (word >> 8) & 0xff {
             4 => Width::U32,
             8 => Width::U64,
             _ => return None,
         };
-        let fits = |v: u64| width == Width::U64 || v <= u64::from(u32::MAX);
-        (fits(operand) && fits(current)).then_some(Atomic {
+        let ty = WordType::from_code(word >> 16)?;
+        let fits = |v: u64| v & !width.mask() == 0;
+        (fits(operand) && fits(current) && code.applies_to(ty)).then_some(Atomic {
             code,
             width,
+            ty,
             operand,
             current,
         })
     }
 
-    /// Where the word is, checked: `offset` inside `len` bytes and aligned to the width.
+    /// Whether the atomic can be applied at `offset` of `len` bytes: the operation defined on
+    /// its type, the word inside the segment and aligned to its width.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), Refused> {
+        if !self.code.applies_to(self.ty) {
+            return Err(Refused::Undefined);
+        }
         let w = self.width.bytes();
         // The 8-byte word that holds it must be in the segment too (a 32-bit word in the
         // last half word of a segment whose length is not a multiple of 8 is not reachable).
@@ -350,10 +477,12 @@ impl Atomic {
         }
     }
 
-    /// Applies the atomic to the word at `offset` of `segment` with one atomic instruction
-    /// (a compare-and-swap loop on the 8-byte word that holds a 32-bit one); the word's old
+    /// Applies the atomic to the word at `offset` of `segment` with one atomic instruction,
+    /// or a compare-and-swap loop where none does the operation (a 32-bit word's, which
+    /// works on the 8-byte word that holds it; a float's; a signed minimum); the word's old
     /// value. Refused, touching nothing, if the word is outside the segment or misaligned
-    /// (also in memory: the segment view must start 8-aligned, as every segment does).
+    /// (also in memory: the segment view must start 8-aligned, as every segment does), or the
+    /// operation is not defined on its type.
     pub fn apply(&self, segment: SharedBytes<'_>, offset: usize) -> Result<u64, Refused> {
         let (word, shift) = self.resolve(segment, offset)?;
         Ok(self.apply_resolved(word, shift))
@@ -406,20 +535,79 @@ impl Atomic {
             .map_err(|e| refused(dest, offset, e))
     }
 
+    /// The word's new bits after the operation on its old bits `old` (both at the word's
+    /// width), or `None` where it leaves the word as it is (a load, a failed
+    /// compare-and-swap, a minimum that keeps the word).
+    #[inline]
+    pub fn combine(&self, old: u64) -> Option<u64> {
+        use std::cmp::Ordering::{Greater, Less};
+        let v = self.operand;
+        let new = match (self.code, self.ty) {
+            (Code::Load, _) => return None,
+            (Code::Store | Code::Swap, _) => v,
+            (Code::CompareSwap, _) if old == self.current => v,
+            (Code::CompareSwap, _) => return None,
+            (Code::And, _) => old & v,
+            (Code::Or, _) => old | v,
+            (Code::Xor, _) => old ^ v,
+            (Code::FetchAdd | Code::Mul, WordType::Float) => self.float(old, v),
+            (Code::FetchAdd, _) => old.wrapping_add(v),
+            (Code::Mul, _) => old.wrapping_mul(v),
+            (Code::Min, _) if self.order(old, v) == Some(Less) => return None,
+            (Code::Max, _) if self.order(old, v) == Some(Greater) => return None,
+            (Code::Min | Code::Max, _) => v,
+        } & self.width.mask();
+        (new != old).then_some(new)
+    }
+
+    /// The sum or (for [`Code::Mul`]) product of the floats whose bits are `a` and `b`, at
+    /// the word's width (an `f32` one rounded once, in `f32`).
+    #[inline]
+    fn float(&self, a: u64, b: u64) -> u64 {
+        let mul = self.code == Code::Mul;
+        match self.width {
+            Width::U32 => {
+                let (a, b) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
+                u64::from(if mul { a * b } else { a + b }.to_bits())
+            }
+            Width::U64 => {
+                let (a, b) = (f64::from_bits(a), f64::from_bits(b));
+                if mul { a * b } else { a + b }.to_bits()
+            }
+        }
+    }
+
+    /// How `a` compares with `b` as the word's type orders them (`None`: a NaN).
+    #[inline]
+    fn order(&self, a: u64, b: u64) -> Option<std::cmp::Ordering> {
+        match (self.ty, self.width) {
+            (WordType::Signed, Width::U32) => Some((a as u32 as i32).cmp(&(b as u32 as i32))),
+            (WordType::Signed, Width::U64) => Some((a as i64).cmp(&(b as i64))),
+            (WordType::Float, Width::U32) => {
+                f32::from_bits(a as u32).partial_cmp(&f32::from_bits(b as u32))
+            }
+            (WordType::Float, Width::U64) => f64::from_bits(a).partial_cmp(&f64::from_bits(b)),
+            _ => Some(a.cmp(&b)),
+        }
+    }
+
     fn apply_u64(&self, word: &AtomicU64) -> u64 {
         const SC: Ordering = Ordering::SeqCst;
         let v = self.operand;
-        match self.code {
-            Code::Load => word.load(SC),
+        match (self.code, self.ty) {
+            (Code::Load, _) => word.load(SC),
             // A store that reports the old value: the same instruction as a swap.
-            Code::Store | Code::Swap => word.swap(v, SC),
-            Code::CompareSwap => match word.compare_exchange(self.current, v, SC, SC) {
+            (Code::Store | Code::Swap, _) => word.swap(v, SC),
+            (Code::CompareSwap, _) => match word.compare_exchange(self.current, v, SC, SC) {
                 Ok(old) | Err(old) => old,
             },
-            Code::FetchAdd => word.fetch_add(v, SC),
-            Code::And => word.fetch_and(v, SC),
-            Code::Or => word.fetch_or(v, SC),
-            Code::Xor => word.fetch_xor(v, SC),
+            (Code::FetchAdd, WordType::Unsigned | WordType::Signed) => word.fetch_add(v, SC),
+            (Code::And, _) => word.fetch_and(v, SC),
+            (Code::Or, _) => word.fetch_or(v, SC),
+            (Code::Xor, _) => word.fetch_xor(v, SC),
+            (Code::Min, WordType::Unsigned) => word.fetch_min(v, SC),
+            (Code::Max, WordType::Unsigned) => word.fetch_max(v, SC),
+            _ => self.update(word, 0),
         }
     }
 
@@ -434,24 +622,29 @@ impl Atomic {
             Code::And => word.fetch_and(v | !mask, SC),
             Code::Or => word.fetch_or(v, SC),
             Code::Xor => word.fetch_xor(v, SC),
-            Code::Store | Code::Swap | Code::CompareSwap | Code::FetchAdd => {
-                let mut seen = word.load(SC);
-                loop {
-                    let half = (seen & mask) >> shift;
-                    let new_half = match self.code {
-                        Code::CompareSwap if half != self.current => break seen,
-                        Code::FetchAdd => half.wrapping_add(self.operand) & 0xffff_ffff,
-                        _ => self.operand,
-                    };
-                    let new = (seen & !mask) | (new_half << shift);
-                    match word.compare_exchange_weak(seen, new, SC, SC) {
-                        Ok(old) => break old,
-                        Err(now) => seen = now,
-                    }
-                }
-            }
+            _ => return self.update(word, shift),
         };
         (old & mask) >> shift
+    }
+
+    /// The operation as a compare-and-swap loop on the word's bits at `shift` of `word`
+    /// ([`Atomic::combine`]), the other bits of `word` kept; the old value. A step that
+    /// leaves the word writes nothing: it is a load.
+    fn update(&self, word: &AtomicU64, shift: u32) -> u64 {
+        const SC: Ordering = Ordering::SeqCst;
+        let mask = self.width.mask() << shift;
+        let mut seen = word.load(SC);
+        loop {
+            let old = (seen & mask) >> shift;
+            let Some(new) = self.combine(old) else {
+                return old;
+            };
+            let next = (seen & !mask) | (new << shift);
+            match word.compare_exchange_weak(seen, next, SC, SC) {
+                Ok(_) => return old,
+                Err(now) => seen = now,
+            }
+        }
     }
 }
 
@@ -546,43 +739,112 @@ mod tests {
         assert_eq!(view.load_u64(16).unwrap(), high);
     }
 
-    /// The operation on a plain value: the model the instructions must match.
+    /// The operation on a plain value, in the word's own Rust type: the model the
+    /// instructions must match.
     fn model(a: &Atomic, old: u64) -> u64 {
         let (v, cur) = a.operands();
-        let mask = match a.width() {
-            Width::U32 => 0xffff_ffff,
-            Width::U64 => u64::MAX,
-        };
-        (match a.code() {
-            Code::Load => old,
-            Code::Store | Code::Swap => v,
-            Code::CompareSwap if old == cur => v,
-            Code::CompareSwap => old,
-            Code::FetchAdd => old.wrapping_add(v),
-            Code::And => old & v,
-            Code::Or => old | v,
-            Code::Xor => old ^ v,
-        }) & mask
+        macro_rules! typed {
+            ($t:ty, $bits:ty, $to:expr, $from:expr, $add:expr, $mul:expr) => {{
+                let (o, x): ($t, $t) = ($from(old as $bits), $from(v as $bits));
+                let r: $t = match a.code() {
+                    Code::Load => o,
+                    Code::Store | Code::Swap => x,
+                    Code::CompareSwap => return if old == cur { v } else { old },
+                    Code::FetchAdd => $add(o, x),
+                    Code::Mul => $mul(o, x),
+                    Code::Min => {
+                        if o < x {
+                            o
+                        } else {
+                            x
+                        }
+                    }
+                    Code::Max => {
+                        if o > x {
+                            o
+                        } else {
+                            x
+                        }
+                    }
+                    Code::And => return old & v,
+                    Code::Or => return old | v,
+                    Code::Xor => return old ^ v,
+                };
+                u64::from($to(r))
+            }};
+        }
+        match (a.width(), a.word_type()) {
+            (Width::U32, WordType::Unsigned) => {
+                typed!(u32, u32, |r| r, |b| b, u32::wrapping_add, u32::wrapping_mul)
+            }
+            (Width::U64, WordType::Unsigned) => {
+                typed!(u64, u64, |r| r, |b| b, u64::wrapping_add, u64::wrapping_mul)
+            }
+            (Width::U32, WordType::Signed) => typed!(
+                i32,
+                u32,
+                |r: i32| r as u32,
+                |b| b as i32,
+                i32::wrapping_add,
+                i32::wrapping_mul
+            ),
+            (Width::U64, WordType::Signed) => typed!(
+                i64,
+                u64,
+                |r: i64| r as u64,
+                |b| b as i64,
+                i64::wrapping_add,
+                i64::wrapping_mul
+            ),
+            (Width::U32, WordType::Float) => typed!(
+                f32,
+                u32,
+                f32::to_bits,
+                f32::from_bits,
+                |p: f32, q| p + q,
+                |p: f32, q| p * q
+            ),
+            (Width::U64, WordType::Float) => typed!(
+                f64,
+                u64,
+                f64::to_bits,
+                f64::from_bits,
+                |p: f64, q| p + q,
+                |p: f64, q| p * q
+            ),
+        }
+    }
+
+    /// Small integers and ordinary floats half the time (so that minima, maxima and
+    /// compare-and-swap decide both ways), any bits otherwise.
+    fn any_bits() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            any::<u64>(),
+            (-8i64..8).prop_map(|v| v as u64),
+            (-8i32..8).prop_map(|v| u64::from((v as f32 / 2.0).to_bits())),
+            (-8i32..8).prop_map(|v| (f64::from(v) / 2.0).to_bits()),
+        ]
     }
 
     fn any_atomic() -> impl Strategy<Value = Atomic> {
-        (0..8usize, any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(c, wide, v, cur)| {
-            let mut a = Atomic::from(AtomicOp::Load::<u64>);
-            a.code = CODES[c];
-            if !wide {
-                a.width = Width::U32;
-                a.operand = v & 0xffff_ffff;
-                a.current = cur & 0xffff_ffff;
-            } else {
-                a.operand = v;
-                a.current = cur;
-            }
-            // Often the value expected, so that compare-and-swap succeeds too.
-            if cur % 2 == 0 {
-                a.current = a.operand;
-            }
-            a
-        })
+        (0..CODES.len(), 0..WORD_TYPES.len(), any_bits(), any_bits()).prop_filter_map(
+            "defined on its type",
+            |(c, t, v, cur)| {
+                let (width, ty) = WORD_TYPES[t];
+                let code = CODES[c];
+                // Often the value expected, so that compare-and-swap succeeds too.
+                let cur = if cur % 2 == 0 { v } else { cur };
+                let cur = if code == Code::CompareSwap { cur } else { 0 };
+                let m = width.mask();
+                code.applies_to(ty).then_some(Atomic {
+                    code,
+                    width,
+                    ty,
+                    operand: v & m,
+                    current: cur & m,
+                })
+            },
+        )
     }
 
     proptest! {
@@ -622,7 +884,18 @@ mod tests {
     fn a_peers_nonsense_is_refused() {
         let add = Atomic::from(AtomicOp::FetchAdd(1u32));
         let (v, cur) = add.operands();
-        assert_eq!(Atomic::from_wire(8 | 4 << 8, v, cur), None, "no code 8");
+        assert_eq!(Atomic::from_wire(11 | 4 << 8, v, cur), None, "no code 11");
+        assert_eq!(
+            Atomic::from_wire(4 | 4 << 8 | 3 << 16, v, cur),
+            None,
+            "no type 3"
+        );
+        assert_eq!(
+            Atomic::from_wire(7 | 8 << 8 | 2 << 16, v, cur),
+            None,
+            "no xor on floats"
+        );
+        assert!(Atomic::from_wire(9 | 8 << 8 | 2 << 16, v, cur).is_some());
         assert_eq!(
             Atomic::from_wire(4 | 2 << 8, v, cur),
             None,
@@ -650,12 +923,24 @@ mod tests {
         // A view that starts off the word grid cannot be used for atomics.
         let odd = view.slice(4, 8).unwrap();
         assert_eq!(set32.apply(odd, 0), Err(Refused::Misaligned));
+        // No bitwise operation on a float.
+        assert_eq!(
+            Atomic::from(AtomicOp::Xor(1.0f64)).apply(view, 0),
+            Err(Refused::Undefined)
+        );
+        assert_eq!(
+            Atomic::from(AtomicOp::And(1.0f32)).apply(view, 0),
+            Err(Refused::Undefined)
+        );
+        assert!(view.to_vec().iter().all(|&b| b == 0));
     }
 
-    /// Threads adding to both halves of one word and to a 64-bit word: no update is lost.
+    /// Threads adding to both halves of one word, to a 64-bit word, to an `f32` and an
+    /// `f64` (compare-and-swap loops, each a whole number of halves: exact sums), and taking
+    /// a signed maximum: no update is lost.
     #[test]
     fn concurrent_adds_lose_nothing() {
-        let seg = Segment::heap(0, 16).unwrap();
+        let seg = Segment::heap(0, 32).unwrap();
         let (n, per) = (4u64, if cfg!(miri) { 20 } else { 10_000 });
         std::thread::scope(|s| {
             for t in 0..n {
@@ -664,9 +949,15 @@ mod tests {
                     let view = seg.byte_area();
                     let half = Atomic::from(AtomicOp::FetchAdd(1u32));
                     let whole = Atomic::from(AtomicOp::FetchAdd(3u64));
-                    for _ in 0..per {
+                    let f = Atomic::from(AtomicOp::FetchAdd(0.5f32));
+                    let d = Atomic::from(AtomicOp::FetchAdd(1.5f64));
+                    for i in 0..per {
                         half.apply(view, 4 * (t as usize % 2)).unwrap();
                         whole.apply(view, 8).unwrap();
+                        f.apply(view, 16).unwrap();
+                        d.apply(view, 24).unwrap();
+                        let v = (t * per + i) as i32 - 5;
+                        Atomic::from(AtomicOp::Max(v)).apply(view, 20).unwrap();
                     }
                 });
             }
@@ -676,5 +967,13 @@ mod tests {
         assert_eq!(lo.apply(view, 0), Ok(n / 2 * per));
         assert_eq!(lo.apply(view, 4), Ok(n / 2 * per));
         assert_eq!(view.load_u64(8).unwrap(), 3 * n * per);
+        let f = f32::from_bits(lo.apply(view, 16).unwrap() as u32);
+        assert_eq!(f, 0.5 * (n * per) as f32);
+        let top = lo.apply(view, 20).unwrap() as u32 as i32;
+        assert_eq!(top, (n * per) as i32 - 6, "signed: -5 is not the greatest");
+        assert_eq!(
+            f64::from_bits(view.load_u64(24).unwrap()),
+            1.5 * (n * per) as f64
+        );
     }
 }

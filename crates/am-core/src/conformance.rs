@@ -1345,6 +1345,125 @@ pub fn atomics_from_all_ranks_add_up<T: Transport + Send>(make: &dyn Fn(u32, usi
     );
 }
 
+/// Minimum, maximum, multiplication and addition on every word type (signed, unsigned and
+/// float, both widths), on every rank's segment (its own included), from every rank; then
+/// every rank at once adds `f64`s and `f32`s and takes `i64` minima on rank 0's words,
+/// fetching, non-blocking and posted. Each returns the old value and leaves the model's;
+/// the totals are exact (halves); a bitwise operation on a float is refused, typed, and
+/// changes nothing. Catches a signed word compared as unsigned, a float added as bits, a
+/// 32-bit result written to the wrong half, a compare-and-swap loop that loses an update.
+pub fn atomics_on_every_word_type<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::AtomicOp::*;
+    const RANKS: u32 = 3;
+    let per: u32 = if cfg!(miri) { 3 } else { 100 };
+    run_watched("atomics_on_every_word_type", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let (me, n) = (node.rank(), node.size());
+        // Rank `me` works on 32 bytes of every segment, after those of the other cases.
+        let at = me as usize * 64 + 16;
+        for dest in 0..n {
+            node.put(dest, at, &[0; 32]).expect("put");
+            macro_rules! check {
+                ($off:expr, $op:expr, $old:expr) => {
+                    assert_eq!(
+                        node.atomic(dest, at + $off, $op).expect("atomic"),
+                        $old,
+                        "{:?} on rank {dest}",
+                        $op
+                    )
+                };
+            }
+            check!(0, Store(-5i64), 0);
+            check!(0, Min(3i64), -5);
+            check!(0, Min(-7i64), -5);
+            check!(0, Max(-9i64), -7);
+            check!(0, Max(2i64), -7);
+            check!(0, Mul(-3i64), 2);
+            check!(0, FetchAdd(10i64), -6);
+            check!(8, Store(1.5f64), 0.0);
+            check!(8, FetchAdd(0.25f64), 1.5);
+            check!(8, Mul(-2.0f64), 1.75);
+            check!(8, Min(-1.0f64), -3.5);
+            check!(8, Max(8.0f64), -3.5);
+            check!(
+                8,
+                CompareSwap {
+                    current: 8.0f64,
+                    new: 0.5
+                },
+                8.0
+            );
+            check!(16, Store(-1i32), 0);
+            check!(16, Max(-2i32), -1);
+            check!(16, Min(-3i32), -1);
+            check!(16, Mul(5i32), -3);
+            check!(20, FetchAdd(2.5f32), 0.0);
+            check!(20, Min(1.0f32), 2.5);
+            check!(20, Max(0.5f32), 1.0);
+            check!(20, Mul(3.0f32), 1.0);
+            check!(24, Store(u64::MAX - 1), 0);
+            check!(24, Max(3u64), u64::MAX - 1);
+            check!(24, Min(3u64), u64::MAX - 1);
+            check!(24, Mul(1u64 << 62), 3);
+            assert!(matches!(
+                node.atomic(dest, at + 8, Xor(1.0f64)),
+                Err(AmError::InvalidAtomic(_))
+            ));
+            assert!(matches!(
+                node.atomic_nbi(dest, at + 20, Or(1.0f32)),
+                Err(AmError::InvalidAtomic(_))
+            ));
+            let mut want = 4i64.to_ne_bytes().to_vec();
+            want.extend(0.5f64.to_ne_bytes());
+            want.extend((-15i32).to_ne_bytes());
+            want.extend(3.0f32.to_ne_bytes());
+            want.extend((3u64 << 62).to_ne_bytes());
+            assert_eq!(
+                node.get(dest, at, 32).expect("get"),
+                want,
+                "rank {me} on rank {dest}"
+            );
+        }
+        // All at once on rank 0's words past the blocks: 256 f64, 264 i64, 272 f32.
+        node.barrier().expect("barrier");
+        for k in 0..per {
+            let low = -i64::from(me * per + k);
+            match k % 3 {
+                0 => {
+                    node.atomic(0, 256, FetchAdd(0.5f64)).expect("f64 add");
+                    node.atomic(0, 264, Min(low)).expect("i64 min");
+                    node.atomic(0, 272, FetchAdd(1.5f32)).expect("f32 add");
+                }
+                1 => {
+                    let d = node.atomic_nb(0, 256, FetchAdd(0.5f64)).expect("atomic_nb");
+                    let f = node.atomic_nb(0, 272, FetchAdd(1.5f32)).expect("atomic_nb");
+                    node.atomic_nbi(0, 264, Min(low)).expect("atomic_nbi");
+                    node.wait(f).expect("wait for an atomic");
+                    node.wait(d).expect("wait for an atomic");
+                }
+                _ => {
+                    node.atomic_nbi(0, 256, FetchAdd(0.5f64))
+                        .expect("atomic_nbi");
+                    node.atomic_nbi(0, 264, Min(low)).expect("atomic_nbi");
+                    node.atomic_nbi(0, 272, FetchAdd(1.5f32))
+                        .expect("atomic_nbi");
+                }
+            }
+        }
+        node.barrier().expect("barrier");
+        if me == 0 {
+            let all = f64::from(RANKS * per);
+            assert_eq!(node.atomic(0, 256, Load::<f64>), Ok(0.5 * all));
+            assert_eq!(
+                node.atomic(0, 264, Load::<i64>),
+                Ok(-i64::from(RANKS * per - 1))
+            );
+            assert_eq!(node.atomic(0, 272, Load::<f32>), Ok(1.5 * all as f32));
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
 /// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
 /// blocking and non-blocking, and every one is complete when made. Then a posted store from
@@ -1445,7 +1564,8 @@ macro_rules! conformance_tests {
             flood_both_ways_one_credit, no_reply_returns_credit, put_get, barriers,
             many_ranks_all_to_all, dynamic_credits_flood, handler_table_mismatch,
             barrier_after_the_others_left, segment_races_are_sound,
-            atomics_every_op_and_width, atomics_from_all_ranks_add_up, rma_sizes_and_edges,
+            atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
+            rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives);
     };
     (@ $make:expr; $($name:ident),*) => {

@@ -115,6 +115,9 @@ pub enum AmError {
     /// broadcast's root.
     #[error("invalid collective: {0}")]
     InvalidCollective(&'static str),
+    /// An atomic no word could take: a bitwise operation (and, or, xor) on a float.
+    #[error("invalid atomic: {0}")]
+    InvalidAtomic(&'static str),
 }
 
 /// What a misbehaving peer did.

@@ -344,7 +344,7 @@ macro_rules! word_outcome {
         }
     )*};
 }
-word_outcome!(u32, u64);
+word_outcome!(u32, u64, i32, i64, f32, f64);
 
 impl sealed::Sealed for Reply {}
 impl Outcome for Reply {

@@ -700,15 +700,20 @@ mod tests {
     }
 
     fn any_atomic() -> impl Strategy<Value = Atomic> {
-        (0..8u32, any::<bool>(), any::<u64>(), any::<u64>()).prop_map(|(code, wide, v, cur)| {
-            let (width, mask) = if wide {
-                (8, u64::MAX)
-            } else {
-                (4, 0xffff_ffff)
-            };
-            let cur = if code == 3 { cur & mask } else { 0 };
-            Atomic::from_wire(code | width << 8, v & mask, cur).expect("a valid atomic")
-        })
+        (0..11u32, any::<bool>(), 0..3u32, any::<u64>(), any::<u64>()).prop_map(
+            |(code, wide, ty, v, cur)| {
+                let (width, mask) = if wide {
+                    (8, u64::MAX)
+                } else {
+                    (4, 0xffff_ffff)
+                };
+                let cur = if code == 3 { cur & mask } else { 0 };
+                // No bitwise operation (5..=7) on floats (type 2).
+                let ty = if (5..=7).contains(&code) { ty % 2 } else { ty };
+                Atomic::from_wire(code | width << 8 | ty << 16, v & mask, cur)
+                    .expect("a valid atomic")
+            },
+        )
     }
 
     fn any_kind() -> impl Strategy<Value = AmKind> {
@@ -755,7 +760,7 @@ mod tests {
             kind in any_kind(),
             opcode in 0u8..15,
             args in proptest::collection::vec(
-                prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), Just(0x403), any::<u32>()],
+                prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), Just(0x403), Just(0x2_0809), any::<u32>()],
                 0..10,
             ),
         ) {

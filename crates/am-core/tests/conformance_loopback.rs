@@ -54,6 +54,11 @@ mod rma_by_message {
     }
 
     #[test]
+    fn atomics_on_every_word_type() {
+        am_core::conformance::atomics_on_every_word_type(&cluster);
+    }
+
+    #[test]
     fn put_get() {
         am_core::conformance::put_get(&cluster);
     }

@@ -868,11 +868,28 @@ fn bad_system_requests() -> Vec<(Vec<u8>, u8)> {
         (wire(r(AmKind::Long, SYS_PUT), &[1, 2], &[]), SYS_PUT),
         (wire(r(AmKind::Short, SYS_GET), &[0; 5], &[]), SYS_GET),
         (wire(r(AmKind::Short, SYS_EXIT), &[], &[]), SYS_EXIT),
-        // An atomic with an operation code, a width or an operand that does not exist.
+        // An atomic with an operation code, a width, a word type or an operand that does not
+        // exist, or xor on a float.
         (
             wire(
                 r(AmKind::Short, SYS_ATOMIC),
-                &[0, 0, 0, 8 | 8 << 8, 0, 0, 0, 0],
+                &[0, 0, 0, 11 | 8 << 8, 0, 0, 0, 0],
+                &[],
+            ),
+            SYS_ATOMIC,
+        ),
+        (
+            wire(
+                r(AmKind::Short, SYS_ATOMIC),
+                &[0, 0, 0, 4 | 8 << 8 | 3 << 16, 0, 0, 0, 0],
+                &[],
+            ),
+            SYS_ATOMIC,
+        ),
+        (
+            wire(
+                r(AmKind::Short, SYS_ATOMIC),
+                &[0, 0, 0, 7 | 8 << 8 | 2 << 16, 0, 0, 0, 0],
                 &[],
             ),
             SYS_ATOMIC,

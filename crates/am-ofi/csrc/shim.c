@@ -476,33 +476,39 @@ static int atomic_op(int code, enum fi_op *op)
 	case 5: *op = FI_BAND; return 0;
 	case 6: *op = FI_BOR; return 0;
 	case 7: *op = FI_BXOR; return 0;
+	case 8: *op = FI_MIN; return 0;
+	case 9: *op = FI_MAX; return 0;
+	case 10: *op = FI_PROD; return 0;
 	default: return -FI_EINVAL;
 	}
 }
 
-static int atomic_type(int width, enum fi_datatype *t)
+/* A word of `width` bytes read as `type` (am_core::atomic::WordType's wire code: 0 unsigned,
+ * 1 signed, 2 float). */
+static int atomic_type(int width, int type, enum fi_datatype *t)
 {
-	if (width == 4) {
-		*t = FI_UINT32;
-		return 0;
-	}
-	if (width == 8) {
-		*t = FI_UINT64;
-		return 0;
-	}
-	return -FI_EINVAL;
+	static const enum fi_datatype types[3][2] = {
+		{ FI_UINT32, FI_UINT64 },
+		{ FI_INT32, FI_INT64 },
+		{ FI_FLOAT, FI_DOUBLE },
+	};
+	if (type < 0 || type > 2 || (width != 4 && width != 8))
+		return -FI_EINVAL;
+	*t = types[type][width == 8];
+	return 0;
 }
 
-/* Whether the provider applies amnet atomic `code` on words of `width` bytes: `kind` 0 as a
- * plain atomic, 1 fetching, 2 comparing. 1 yes, 0 no, negative on a bad argument. */
-int amofi_atomic_valid(struct amofi *a, int code, int width, int kind)
+/* Whether the provider applies amnet atomic `code` on words of `width` bytes read as `type`:
+ * `kind` 0 as a plain atomic, 1 fetching, 2 comparing. 1 yes, 0 no, negative on a bad
+ * argument. */
+int amofi_atomic_valid(struct amofi *a, int code, int width, int type, int kind)
 {
 	if (!a->ep)
 		return 0;
 	enum fi_op op;
 	enum fi_datatype t;
 	size_t count = 0;
-	if (atomic_op(code, &op) || atomic_type(width, &t))
+	if (atomic_op(code, &op) || atomic_type(width, type, &t))
 		return -FI_EINVAL;
 	int rc;
 	if (kind == 2)
@@ -514,10 +520,10 @@ int amofi_atomic_valid(struct amofi *a, int code, int width, int kind)
 	return rc == 0 && count >= 1;
 }
 
-/* An atomic on the word at `raddr` under `key` at `dest`: with `compare` (a compare-and-swap,
- * old value to `result`), with `result` only (fetching) or neither. `operand`, `compare`
- * and `result` are one word each in region `slot`. */
-ssize_t amofi_atomic(struct amofi *a, int code, int width, const void *operand,
+/* An atomic on the word at `raddr` under `key` at `dest`, read as `type`: with `compare` (a
+ * compare-and-swap, old value to `result`), with `result` only (fetching) or neither.
+ * `operand`, `compare` and `result` are one word each in region `slot`. */
+ssize_t amofi_atomic(struct amofi *a, int code, int width, int type, const void *operand,
 		     const void *compare, void *result, int slot, uint64_t dest, uint64_t raddr,
 		     uint64_t key, uint64_t ctx)
 {
@@ -525,7 +531,7 @@ ssize_t amofi_atomic(struct amofi *a, int code, int width, const void *operand,
 		return -FI_EBADF;
 	enum fi_op op;
 	enum fi_datatype t;
-	if (atomic_op(code, &op) || atomic_type(width, &t))
+	if (atomic_op(code, &op) || atomic_type(width, type, &t))
 		return -FI_EINVAL;
 	void *d = desc(a, slot);
 	void *c = (void *)(uintptr_t)ctx;

@@ -865,21 +865,32 @@ impl Endpoint {
     }
 
     /// Whether the provider applies atomic `code` (amnet's numbering: load, store, swap,
-    /// compare-swap, fetch-add, and, or, xor) on words of `width` bytes, fetching the old
-    /// value (compare-swap: comparing too), or without fetching when `!fetch`.
-    pub fn atomic_valid(&mut self, code: u8, width: usize, fetch: bool) -> bool {
+    /// compare-swap, fetch-add, and, or, xor, min, max, multiply) on words of `width` bytes
+    /// read as `ty` (0 unsigned, 1 signed, 2 float), fetching the old value (compare-swap:
+    /// comparing too), or without fetching when `!fetch`.
+    pub fn atomic_valid(&mut self, code: u8, width: usize, ty: u8, fetch: bool) -> bool {
         let kind = match (code, fetch) {
             (3, _) => 2,
             (_, true) => 1,
             (_, false) => 0,
         };
         // SAFETY: a valid handle; the shim checks the arguments.
-        unsafe { ffi::amofi_atomic_valid(self.raw.as_ptr(), code as i32, width as i32, kind) == 1 }
+        unsafe {
+            ffi::amofi_atomic_valid(
+                self.raw.as_ptr(),
+                code as i32,
+                width as i32,
+                i32::from(ty),
+                kind,
+            ) == 1
+        }
     }
 
     /// Applies atomic `code` with `operand` (and `compare` for a compare-and-swap) to the
-    /// word of `width` bytes at `raddr` (under `key`) of peer `rank`; with `fetch`, its old
-    /// value is [`Endpoint::atomic_result`] after the [`Event::Done`]. `Ok(None)`: no room.
+    /// word of `width` bytes read as `ty` (as [`Endpoint::atomic_valid`]) at `raddr` (under
+    /// `key`) of peer `rank`; with `fetch`, its old value is [`Endpoint::atomic_result`]
+    /// after the [`Event::Done`]. Operands are bits, in the low bits of a `u64`. `Ok(None)`:
+    /// no room.
     #[allow(clippy::too_many_arguments)]
     pub fn atomic(
         &mut self,
@@ -888,6 +899,7 @@ impl Endpoint {
         key: u64,
         code: u8,
         width: usize,
+        ty: u8,
         operand: u64,
         compare: u64,
         fetch: bool,
@@ -924,6 +936,7 @@ impl Endpoint {
                         raw,
                         code as i32,
                         width as i32,
+                        i32::from(ty),
                         operand,
                         if is_cas { compare } else { std::ptr::null() },
                         if fetch || is_cas {

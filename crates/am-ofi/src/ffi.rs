@@ -127,12 +127,14 @@ extern "C" {
         a: *mut Amofi,
         code: c_int,
         width: c_int,
+        ty: c_int,
         kind: c_int,
     ) -> c_int;
     pub(crate) fn amofi_atomic(
         a: *mut Amofi,
         code: c_int,
         width: c_int,
+        ty: c_int,
         operand: *const c_void,
         compare: *const c_void,
         result: *mut c_void,

@@ -23,8 +23,9 @@
 //!   and a Long's head leaves only then. Transfers are staged through registered buffers
 //!   (the data is copied once on each side of the call), several in flight.
 //! - **Atomics** go through `fi_fetch_atomic` and `fi_compare_atomic` where the provider
-//!   validates every operation on 32- and 64-bit words (`tcp;ofi_rxm`, `shm` and `sockets`
-//!   do), else through the core's AM path. [`Ofi::native_atomics`] says which;
+//!   validates every operation on every word type (unsigned, signed and float, 32 and 64
+//!   bits: `tcp;ofi_rxm`, `shm` and `sockets` do), else through the core's AM path: atomics
+//!   on one word are atomic with each other only if one agent applies them all. [`Ofi::native_atomics`] says which;
 //!   `AM_OFI_ATOMICS=am` takes the AM path on any provider. Posted atomics (a batch) are in
 //!   flight together and waited for once.
 //! - **Waiting**: the completion queue's file descriptor (`FI_WAIT_FD`, with `fi_trywait`)

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
-use am_core::atomic::{Atomic, Batch, Posted};
+use am_core::atomic::{Atomic, Batch, Code, Posted, WordType, CODES, WORD_TYPES};
 use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
     SendError, Transport, TransportError, Tx,
@@ -382,11 +382,14 @@ impl Ofi {
             });
         }
         ep.insert(&names)?;
+        // Every operation on every word type by the provider, or none: atomics on one word
+        // are atomic with each other only if one agent applies them all.
         let native_atomics = config.provider_atomics
-            && (0..8u8).all(|code| {
-                [4, 8]
-                    .into_iter()
-                    .all(|width| ep.atomic_valid(code, width, true))
+            && CODES.iter().all(|&code| {
+                WORD_TYPES.iter().all(|&(width, ty)| {
+                    !code.applies_to(ty)
+                        || ep.atomic_valid(code as u8, width.bytes(), fi_type(code, ty), true)
+                })
             });
         let max_medium = ep
             .max_message()
@@ -873,6 +876,19 @@ impl Io {
     }
 }
 
+/// The type (am-ofi's numbering: 0 unsigned, 1 signed, 2 float) the provider applies `code`
+/// on a word of type `ty` as: the word's own where it changes what the operation does
+/// (signed and float minima and maxima, float sums and products), unsigned otherwise. A
+/// float compare-and-swap then compares bits, as [`am_core::AtomicOp::CompareSwap`] says
+/// (`FI_CSWAP` on `FI_DOUBLE` compares values: `-0.0` would match `0.0`).
+fn fi_type(code: Code, ty: WordType) -> u8 {
+    match (code, ty) {
+        (Code::Min | Code::Max, WordType::Signed) => 1,
+        (Code::Min | Code::Max | Code::FetchAdd | Code::Mul, WordType::Float) => 2,
+        _ => 0,
+    }
+}
+
 /// Issues `atomic` at `offset` of `region` (`dest`'s, checked by [`Io::atomic_region`]) as a
 /// fetching atomic: `Ok(None)` while its buffers are all in use.
 fn issue_atomic(
@@ -889,6 +905,7 @@ fn issue_atomic(
         region.key,
         atomic.code() as u8,
         atomic.width().bytes(),
+        fi_type(atomic.code(), atomic.word_type()),
         operand,
         current,
         true,

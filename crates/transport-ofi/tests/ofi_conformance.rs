@@ -79,6 +79,11 @@ mod tcp_atomics_as_ams {
     fn atomics_from_all_ranks_add_up() {
         am_core::conformance::atomics_from_all_ranks_add_up(&tcp);
     }
+
+    #[test]
+    fn atomics_on_every_word_type() {
+        am_core::conformance::atomics_on_every_word_type(&tcp);
+    }
 }
 
 /// A provider nobody has is a typed error that names the providers found.

@@ -200,7 +200,8 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Checks an atomic on the word at `offset` of `dest`'s segment before anything is done:
-    /// the rank, the word inside the segment and aligned to its width, and `dest` not gone.
+    /// the rank, the operation defined on the word's type, the word inside the segment and
+    /// aligned to its width, and `dest` not gone.
     pub fn check_atomic(&self, dest: Rank, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
         self.check_rank(dest)?;
         let width = atomic.width().bytes();
@@ -214,6 +215,11 @@ impl<H: Threading> Endpoint<H> {
                     offset: offset as u64,
                     align: width,
                 })
+            }
+            Err(_) => {
+                return Err(AmError::InvalidAtomic(
+                    "a bitwise operation on a floating-point word",
+                ))
             }
         }
         match self.waiting_for(dest) {

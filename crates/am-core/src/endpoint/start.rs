@@ -157,13 +157,13 @@ impl<'b> Start for GetInto<'b> {
     }
 }
 
-/// A remote atomic on the aligned `u32` or `u64` word at `offset` of `dest`'s segment
-/// ([`AtomicOp`]; see [`crate::atomic`] for the ordering), completing with the word's old
-/// value. Where the transport reaches the target's memory (the shared-memory NICs and
+/// A remote atomic on the aligned word (`u32`, `u64`, `i32`, `i64`, `f32` or `f64`) at
+/// `offset` of `dest`'s segment ([`AtomicOp`]; see [`crate::atomic`] for the ordering),
+/// completing with the word's old value. Where the transport reaches the target's memory (the shared-memory NICs and
 /// [`crate::Loopback`]) it is one atomic instruction on the target's word, done when it
 /// starts, whether or not the target polls; elsewhere it travels as a system message that the
-/// target's progress applies. A word outside the segment or misaligned is an error when it
-/// starts, and nothing is done.
+/// target's progress applies. A word outside the segment or misaligned, or a bitwise
+/// operation on a float, is an error when it starts, and nothing is done.
 #[derive(Debug, Clone, Copy)]
 pub struct Atomic<W: AtomicWord> {
     /// The target.
