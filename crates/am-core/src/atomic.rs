@@ -301,6 +301,61 @@ impl<W: AtomicWord> From<AtomicOp<W>> for Atomic {
     }
 }
 
+/// What a put-with-signal does to its signal word, a `u64` of the target's segment, once the
+/// data is in place ([`crate::Node::put_signal`]; OpenSHMEM's `SHMEM_SIGNAL_SET` and
+/// `SHMEM_SIGNAL_ADD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Signal {
+    /// Writes the value.
+    Set(u64),
+    /// Adds the value, wrapping (several signalers on one word: a counter).
+    Add(u64),
+}
+
+impl Signal {
+    /// The atomic that applies it.
+    pub fn atomic(self) -> Atomic {
+        Atomic::from(match self {
+            Signal::Set(v) => AtomicOp::Store(v),
+            Signal::Add(v) => AtomicOp::FetchAdd(v),
+        })
+    }
+}
+
+/// How [`crate::Node::wait_word`] compares a local `u64` word with its value (OpenSHMEM's
+/// `SHMEM_CMP_*`): it returns once `word cmp value` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cmp {
+    /// `word == value`.
+    Eq,
+    /// `word != value`.
+    Ne,
+    /// `word > value`.
+    Gt,
+    /// `word >= value`.
+    Ge,
+    /// `word < value`.
+    Lt,
+    /// `word <= value`.
+    Le,
+}
+
+impl Cmp {
+    /// Whether `word cmp value` holds.
+    pub fn holds(self, word: u64, value: u64) -> bool {
+        match self {
+            Cmp::Eq => word == value,
+            Cmp::Ne => word != value,
+            Cmp::Gt => word > value,
+            Cmp::Ge => word >= value,
+            Cmp::Lt => word < value,
+            Cmp::Le => word <= value,
+        }
+    }
+}
+
 /// A non-fetching atomic waiting to be applied ([`crate::Node::atomic_nbi`]): where, and
 /// what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1464,6 +1464,115 @@ pub fn atomics_on_every_word_type<T: Transport + Send>(make: &dyn Fn(u32, usize)
     });
 }
 
+/// Put-with-signal hand-offs, blocking mode: the two ranks pass data of several sizes (none,
+/// a word, several Long chunks) back and forth, each waiting in `wait_word` for the other's
+/// signal and then finding the data in place; then each sends a burst of non-blocking
+/// puts-with-signal that add to one counter, and finds all their data once the counter says
+/// so; a put-with-signal to itself; misuse refused, typed, with nothing written. Catches a
+/// signal applied before its data (a chunk still on its way), a waiter not woken by a
+/// signal (the watchdog), a signal lost or applied twice, and a refused put-with-signal
+/// that applied its signal.
+pub fn put_signal_hands_off<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::{Cmp, Signal};
+    // The hand-offs' data at DATA (up to 200 KB), the bursts' past it: a rank that has moved
+    // on to its burst must not write where its peer still checks a hand-off.
+    const DATA: usize = 4096;
+    const BURST_AT: usize = SEGMENT / 2;
+    const SELF_AT: usize = BURST_AT + 8 * DATA;
+    run_watched("put_signal_hands_off", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let (me, peer) = (node.rank(), 1 - node.rank());
+        let sizes = [0, 8, 1000, 3 * node.max_medium().min(64 << 10) + 5];
+        let mut round = 0u64;
+        for &len in &sizes {
+            for _ in 0..3 {
+                round += 1;
+                let mine = pattern(len, round as u8);
+                let theirs = pattern(len, round as u8 ^ 0x5a);
+                let (out, inn) = if me == 0 {
+                    (&mine, &theirs)
+                } else {
+                    (&theirs, &mine)
+                };
+                if me == 1 {
+                    node.wait_word(0, Cmp::Eq, round)
+                        .expect("wait for the signal");
+                    let got = node.segment().to_vec();
+                    let bad = got[DATA..DATA + len]
+                        .iter()
+                        .zip(inn.iter())
+                        .position(|(a, b)| a != b);
+                    assert!(
+                        bad.is_none(),
+                        "round {round}: byte {bad:?} of {len} differs"
+                    );
+                }
+                node.put_signal(peer, DATA, out, 0, Signal::Set(round))
+                    .expect("put_signal");
+                if me == 0 {
+                    node.wait_word(0, Cmp::Eq, round)
+                        .expect("wait for the signal");
+                    let got = node.segment().to_vec();
+                    let bad = got[DATA..DATA + len]
+                        .iter()
+                        .zip(inn.iter())
+                        .position(|(a, b)| a != b);
+                    assert!(
+                        bad.is_none(),
+                        "round {round}: byte {bad:?} of {len} differs"
+                    );
+                }
+            }
+        }
+        // A burst adding to one counter, each with its own block.
+        const BURST: usize = 20;
+        let ops: Vec<_> = (0..BURST)
+            .map(|i| {
+                let block = pattern(100, (i + 7 * me as usize) as u8);
+                node.put_signal_nb(peer, BURST_AT + 128 * i, &block, 8, Signal::Add(1))
+                    .expect("put_signal_nb")
+            })
+            .collect();
+        node.wait_all(ops).expect("wait for the burst");
+        node.wait_word(8, Cmp::Ge, BURST as u64)
+            .expect("wait for the counter");
+        let seg = node.segment().to_vec();
+        for i in 0..BURST {
+            let at = BURST_AT + 128 * i;
+            assert_eq!(
+                seg[at..at + 100],
+                pattern(100, (i + 7 * peer as usize) as u8)[..]
+            );
+        }
+        assert_eq!(node.segment().load_u64(8).expect("load"), BURST as u64);
+        // To itself: done when it returns.
+        node.put_signal(me, SELF_AT, &[9; 16], 16, Signal::Add(5))
+            .expect("put_signal to itself");
+        node.wait_word(16, Cmp::Eq, 5).expect("wait");
+        // Refused, typed, with nothing written.
+        assert!(matches!(
+            node.put_signal(peer, SELF_AT, &[1; 8], 20, Signal::Set(1)),
+            Err(AmError::Misaligned { align: 8, .. })
+        ));
+        assert!(matches!(
+            node.put_signal(peer, SEGMENT - 4, &[1; 8], 24, Signal::Set(1)),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            node.wait_word(12, Cmp::Eq, 0),
+            Err(AmError::Misaligned { align: 8, .. })
+        ));
+        assert!(matches!(
+            node.wait_word(SEGMENT, Cmp::Eq, 0),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        node.barrier().expect("barrier");
+        assert_eq!(node.segment().load_u64(24).expect("load"), 0, "no signal");
+        assert_eq!(node.get(me, SELF_AT, 8).expect("get"), [9; 8]);
+        node.barrier().expect("barrier");
+    });
+}
+
 /// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
 /// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
 /// blocking and non-blocking, and every one is complete when made. Then a posted store from
@@ -1566,7 +1675,7 @@ macro_rules! conformance_tests {
             barrier_after_the_others_left, segment_races_are_sound,
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
             rma_sizes_and_edges,
-            arming_wakes_the_rank, team_collectives);
+            arming_wakes_the_rank, team_collectives, put_signal_hands_off);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -851,9 +851,9 @@ macro_rules! async_operations {
         }
     };
     (wait $(#[$wdoc:meta])*
-        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $wname:ident ($($warg:ident : $wty:ty),*) = |$wep:ident, $wt:ident| $wstep:expr ;) => {
         $(#[$wdoc])*
-        pub fn $wname(&self) -> impl Future<Output = Result<(), AmError>> {
+        pub fn $wname(&self, $($warg: $wty),*) -> impl Future<Output = Result<(), AmError>> {
             let node = self.clone();
             async move { node.step(|$wep, $wt| $wstep).await }
         }

@@ -96,7 +96,7 @@ pub mod types;
 pub mod wait;
 pub mod wire;
 
-pub use atomic::{AtomicOp, AtomicWord};
+pub use atomic::{AtomicOp, AtomicWord, Cmp, Signal};
 /// The crate of [`Plain`]'s bound (`bytemuck::Pod`), re-exported so that its derives match
 /// this crate's version.
 pub use bytemuck;

@@ -821,9 +821,9 @@ macro_rules! node_operations {
         }
     };
     (wait $(#[$wdoc:meta])*
-        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $wname:ident ($($warg:ident : $wty:ty),*) = |$wep:ident, $wt:ident| $wstep:expr ;) => {
         $(#[$wdoc])*
-        pub fn $wname(&mut self) -> Result<(), AmError> {
+        pub fn $wname(&mut self, $($warg: $wty),*) -> Result<(), AmError> {
             self.drive_to_completion(|$wep, $wt| $wstep)
         }
     };

@@ -586,9 +586,9 @@ macro_rules! shared_operations {
         }
     };
     (wait $(#[$wdoc:meta])*
-        $wname:ident = |$wep:ident, $wt:ident| $wstep:expr ;) => {
+        $wname:ident ($($warg:ident : $wty:ty),*) = |$wep:ident, $wt:ident| $wstep:expr ;) => {
         $(#[$wdoc])*
-        pub fn $wname(&self) -> Result<(), AmError> {
+        pub fn $wname(&self, $($warg: $wty),*) -> Result<(), AmError> {
             self.drive(true, |$wep, $wt| $wstep)
         }
     };

@@ -59,6 +59,11 @@ mod rma_by_message {
     }
 
     #[test]
+    fn put_signal_hands_off() {
+        am_core::conformance::put_signal_hands_off(&cluster);
+    }
+
+    #[test]
     fn put_get() {
         am_core::conformance::put_get(&cluster);
     }

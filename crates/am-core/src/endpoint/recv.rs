@@ -754,9 +754,10 @@ impl<H: Threading> Endpoint<H> {
         match msg {
             SystemMsg::Ack | SystemMsg::Acks { .. } => Ok(()),
             SystemMsg::AtomicDone { op, old, ok } => {
+                // An atomic's answer, or a put-with-signal's once its signal went out.
                 let slot = self
                     .live_op(op, src)
-                    .filter(|s| s.atomic.is_some())
+                    .filter(|s| s.atomic.is_some() || s.signal.is_some_and(|_| s.sent >= s.len))
                     .ok_or_else(bad)?;
                 slot.outstanding -= 1;
                 if ok {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{ready, Poll};
 
 use super::state::{Detached, Endpoint, OpSlot};
-use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Cmp, Refused, Signal};
 use crate::error::{AmError, SendError};
 use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw, State};
@@ -53,6 +53,151 @@ impl<H: Threading> Endpoint<H> {
             }
         }
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
+    }
+
+    /// Starts a put-with-signal ([`crate::endpoint::start::PutSignal`]): `data` into
+    /// `dest`'s segment at `offset`, then `signal` applied to the `u64` at `signal_at` there,
+    /// after the data and never before it; complete once the signal was applied. Where the
+    /// NIC writes peers' memory the data is placed now, and the signal too where the NIC
+    /// applies atomics ([`Transport::atomic`]); what is left travels as messages (the data's
+    /// AM Longs, then the signal, or a load of the signal word that wakes a target asleep in
+    /// [`crate::Node::wait_word`]) that [`Endpoint::put_signal_step`] sends. `Pending` as
+    /// [`Endpoint::put_start`].
+    pub fn put_signal_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+        signal_at: usize,
+        signal: Signal,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let atomic = signal.atomic();
+        if let Err(e) = self
+            .check_rma(dest, offset, data.len())
+            .and_then(|()| self.check_atomic(dest, signal_at, &atomic))
+        {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if dest == self.rank {
+            if t.segment().write(offset, data).is_err() {
+                return Poll::Ready(Err(self.out_of_bounds(offset as u64, data.len() as u64)));
+            }
+            return Poll::Ready(
+                self.apply_here(t.segment(), signal_at, atomic)
+                    .map(|_| Op::ready(Raw::Unit)),
+            );
+        }
+        let caps = t.capabilities();
+        if !caps.put {
+            let (index, gen) = self.alloc_op(dest, offset, data.len() + 1, Vec::new());
+            self.ops[index as usize].signal = Some((signal_at, atomic));
+            return Poll::Ready(Ok(self.slot_op(index, gen)));
+        }
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
+        }
+        match t.put(dest, offset, data) {
+            Ok(()) => {}
+            Err(SendError::Busy) => return Poll::Pending,
+            Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
+        }
+        // The data is in place: the signal follows it. Where the NIC applies atomics it
+        // applies this one too (one agent for every atomic on the word), and a load of the
+        // word is the message that wakes the target; a busy NIC makes the caller start
+        // again, writing the same bytes again.
+        let sent = if caps.atomics {
+            match t.atomic(dest, signal_at, atomic) {
+                Ok(_) => Atomic::from(AtomicOp::Load::<u64>),
+                Err(SendError::Busy) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
+            }
+        } else {
+            atomic
+        };
+        let (index, gen) = self.alloc_op(dest, offset, 1, Vec::new());
+        self.ops[index as usize].signal = Some((signal_at, sent));
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// A step of sending a put-with-signal, as [`Endpoint::put_step`]: the data's chunks
+    /// that were not placed when it started, then the signal. `data` must be what
+    /// [`Endpoint::put_signal_start`] was given.
+    pub fn put_signal_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        op: &Op<()>,
+        data: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        match self.slot_of(op) {
+            Ok(Some((index, gen))) => {
+                // A slot of one unit: the data was placed when it started.
+                let placed = self
+                    .op(index, gen)
+                    .is_some_and(|s| s.len == 1 && !data.is_empty());
+                let data = if placed { &[][..] } else { data };
+                self.op_step(tx, index, gen, Some(data))
+            }
+            Ok(None) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// A step of [`crate::Node::wait_word`]: ready once the `u64` at `offset` of this rank's
+    /// segment compares with `value` as `cmp` says (read with a sequentially consistent
+    /// load: what was written before a signal that made it hold is visible after). An
+    /// offset outside the segment or not 8-aligned is an error. A wait nobody can end
+    /// fails: once a peer is lost ([`AmError::PeerLost`]), or every other rank has gone.
+    pub fn word_step<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        offset: usize,
+        cmp: Cmp,
+        value: u64,
+    ) -> Poll<Result<(), AmError>> {
+        let load = Atomic::from(AtomicOp::Load::<u64>);
+        match load.check(offset, self.seg_len) {
+            Ok(()) => {}
+            Err(Refused::Misaligned) => {
+                return Poll::Ready(Err(AmError::Misaligned {
+                    offset: offset as u64,
+                    align: 8,
+                }))
+            }
+            Err(_) => return Poll::Ready(Err(self.out_of_bounds(offset as u64, 8))),
+        }
+        let word = match self.apply_here(t.segment(), offset, load) {
+            Ok(w) => w,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        if cmp.holds(word, value) {
+            return Poll::Ready(Ok(()));
+        }
+        if self.gone_count() > 0 {
+            if let Some(e) = self.nobody_to_signal() {
+                return Poll::Ready(Err(e));
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Why a wait on a word of this rank's may never end: a lost peer, or every other rank
+    /// gone (the first one's error).
+    #[cold]
+    fn nobody_to_signal(&self) -> Option<AmError> {
+        let mut first = None;
+        let mut gone = 0;
+        for p in (0..self.size).filter(|&p| p != self.rank) {
+            if let Poll::Ready(e) = self.waiting_for(p) {
+                if matches!(e, AmError::PeerLost(_)) {
+                    return Some(e);
+                }
+                gone += 1;
+                first.get_or_insert(e);
+            }
+        }
+        (gone + 1 >= self.size).then_some(first).flatten()
     }
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
@@ -361,8 +506,10 @@ impl<H: Threading> Endpoint<H> {
         let Some(slot) = self.op(index, gen) else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let (peer, offset, len) = (slot.peer, slot.offset, slot.len);
-        if data.is_some_and(|d| d.len() != len) {
+        let (peer, offset, len, signal) = (slot.peer, slot.offset, slot.len, slot.signal);
+        // A put-with-signal's signal is its last unit, after the data.
+        let data_len = len - usize::from(signal.is_some());
+        if data.is_some_and(|d| d.len() != data_len) {
             return Poll::Ready(Err(AmError::StaleHandle));
         }
         let chunk = match data {
@@ -382,6 +529,21 @@ impl<H: Threading> Endpoint<H> {
             }
             let n = chunk.min(slot.len - at);
             let step = match (data, slot.atomic) {
+                (Some(_), _) if at == data_len => {
+                    // Sent after every chunk of the data: a transport delivers one pair's
+                    // messages in order, so the target applies it after the data landed.
+                    let Some((signal_at, atomic)) = signal else {
+                        return Poll::Ready(Err(AmError::StaleHandle));
+                    };
+                    let msg = SystemMsg::Atomic {
+                        op: index,
+                        offset: signal_at as u64,
+                        atomic,
+                    };
+                    let step = self.system_step(tx, peer, msg, &[], None);
+                    ready!(self.note_sent(index, at, 1, step))?;
+                    continue;
+                }
                 (None, Some(atomic)) => {
                     let msg = SystemMsg::Atomic {
                         op: index,
@@ -391,8 +553,11 @@ impl<H: Threading> Endpoint<H> {
                     self.system_step(tx, peer, msg, &[], None)
                 }
                 (Some(d), _) => {
+                    let n = n.min(data_len - at);
                     let put = SystemMsg::Put { op: index };
-                    self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at))
+                    let step = self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at));
+                    ready!(self.note_sent(index, at, n, step))?;
+                    continue;
                 }
                 (None, None) => {
                     let get = SystemMsg::Get {
@@ -404,19 +569,31 @@ impl<H: Threading> Endpoint<H> {
                     self.system_step(tx, peer, get, &[], None)
                 }
             };
-            let slot = &mut self.ops[index as usize];
-            match step {
-                Poll::Ready(Ok(())) => {
-                    slot.outstanding += 1;
-                    slot.sent = at + n;
-                }
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => {
-                    // Nothing more goes out; what is out is still waited for.
-                    slot.len = at;
-                    slot.error.get_or_insert_with(|| e.clone());
-                    return Poll::Ready(Err(e));
-                }
+            ready!(self.note_sent(index, at, n, step))?;
+        }
+    }
+
+    /// Counts a unit of `n` sent at `at` of an operation, or stops it: `Pending` to try
+    /// again later, or its error (nothing more goes out; what is out is still waited for).
+    fn note_sent(
+        &mut self,
+        index: u32,
+        at: usize,
+        n: usize,
+        step: Poll<Result<(), AmError>>,
+    ) -> Poll<Result<(), AmError>> {
+        let slot = &mut self.ops[index as usize];
+        match step {
+            Poll::Ready(Ok(())) => {
+                slot.outstanding += 1;
+                slot.sent = at + n;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => {
+                slot.len = at;
+                slot.error.get_or_insert_with(|| e.clone());
+                Poll::Ready(Err(e))
             }
         }
     }
@@ -472,6 +649,7 @@ impl<H: Threading> Endpoint<H> {
         slot.error = None;
         slot.data = data;
         slot.atomic = None;
+        slot.signal = None;
         slot.word = 0;
         slot.detached = Detached::No;
         slot.waker = None;

@@ -85,6 +85,55 @@ impl Start for Put<'_> {
     }
 }
 
+/// A put-with-signal (OpenSHMEM's `shmem_put_signal`): `data` into `dest`'s segment at
+/// `offset`, then `signal` applied to the `u64` word at `signal_at` there, never before the
+/// data is in place, so that a target that sees the signal ([`crate::Node::wait_word`]) reads
+/// the data. Complete once the signal was applied. Where the transport reaches the target's
+/// memory the data (and, where it applies atomics, the signal) is written when it starts and
+/// one message follows that wakes a target asleep in `wait_word` (`AM_WAIT=block`, an async
+/// driver); elsewhere the data's AM Longs are followed by the signal as a message the
+/// target's progress applies. A range outside the segment, or a signal word misaligned or
+/// outside it, is an error when it starts, and nothing is written.
+#[derive(Debug, Clone, Copy)]
+pub struct PutSignal<'a> {
+    /// The target.
+    pub dest: Rank,
+    /// Where the data goes in its segment.
+    pub offset: usize,
+    /// The bytes.
+    pub data: &'a [u8],
+    /// The signal word's offset in its segment (8-aligned).
+    pub signal_at: usize,
+    /// What is done to the signal word.
+    pub signal: crate::atomic::Signal,
+}
+
+impl Start for PutSignal<'_> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.put_signal_start(
+            t,
+            self.dest,
+            self.offset,
+            self.data,
+            self.signal_at,
+            self.signal,
+        )
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_signal_step(t, op, self.data)
+    }
+}
+
 /// A get: `len` bytes at `offset` of `src`'s segment, into a new `Vec`. Where the transport
 /// reaches the target's memory ([`Transport::get`]) or `src` is this rank, the bytes are read
 /// when it starts, with no help from `src`; elsewhere `src`'s progress answers system messages
@@ -532,6 +581,14 @@ macro_rules! operations {
                 = $crate::endpoint::start::Put { dest, offset, data }; nb put_nb; borrows;
         }
         $driver! { op
+            /// Writes `data` into `dest`'s segment at `offset`, then applies `signal` to the
+            /// `u64` at `signal_at` there, after the data
+            /// ([`PutSignal`](crate::endpoint::start::PutSignal)): `put_signal(1, 0, &halo,
+            /// 4096, Signal::Set(step))`, and the target's `wait_word(4096, Cmp::Ge, step)`.
+            put_signal [] (dest: $crate::Rank, offset: usize, data: &[u8], signal_at: usize, signal: $crate::atomic::Signal) -> ()
+                = $crate::endpoint::start::PutSignal { dest, offset, data, signal_at, signal }; nb put_signal_nb; borrows;
+        }
+        $driver! { op
             /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
             /// ([`Get`](crate::endpoint::start::Get)).
             get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
@@ -662,13 +719,24 @@ macro_rules! operations {
             /// reply has gone out and every one-sided operation is remotely complete: the
             /// fence of one-sided operations (OpenSHMEM's `shmem_quiet`), and what to run
             /// before dropping a node so that peers are not left without their replies.
-            quiesce = |ep, t| ep.quiesce_step(t);
+            quiesce () = |ep, t| ep.quiesce_step(t);
+        }
+        $driver! { wait
+            /// Waits until the `u64` at `offset` of this rank's segment compares with
+            /// `value` as `cmp` says (OpenSHMEM's `shmem_wait_until`), making progress
+            /// meanwhile and sleeping as the wait mode says: a put-with-signal
+            /// (`put_signal`) to this rank wakes it, on every transport. A word changed
+            /// otherwise (a plain put or atomic by the NIC) is seen at the next progress. An
+            /// offset misaligned or outside the segment is an error; so is a wait nobody can
+            /// end (a peer lost, or every other rank gone).
+            wait_word (offset: usize, cmp: $crate::atomic::Cmp, value: u64)
+                = |ep, t| ep.word_step(t, offset, cmp, value);
         }
         $driver! { wait
             /// Waits until the implicit set is complete: every `x_nbi` operation and
             /// posted atomic of this rank (GASNet-EX's `gex_NBI_Wait`), without waiting
             /// for AM replies as `quiesce` does. Fails with the first error of the set.
-            wait_nbi = |ep, t| ep.nbi_step(t);
+            wait_nbi () = |ep, t| ep.nbi_step(t);
         }
     };
 }

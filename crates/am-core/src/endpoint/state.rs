@@ -46,6 +46,10 @@ pub(super) struct OpSlot {
     pub(super) data: Vec<u8>,
     /// A remote atomic (one message; its old value lands in `word`) rather than a put or get.
     pub(super) atomic: Option<Atomic>,
+    /// A put-with-signal's signal: the word's offset and the atomic sent after the data
+    /// (the signal itself, or a load of the word where the NIC applied it), as the
+    /// operation's last unit (`len` counts it).
+    pub(super) signal: Option<(usize, Atomic)>,
     pub(super) word: u64,
     /// Who completes it: its handle, or nobody (freed when its last answer comes).
     pub(super) detached: Detached,
