@@ -299,6 +299,15 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.put(dest, offset, data))
     }
 
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: &[(usize, usize)],
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.put_regions(dest, regions, data))
+    }
+
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         dispatch!(self, t => t.get(src, offset, dst))
     }

@@ -1573,6 +1573,95 @@ pub fn put_signal_hands_off<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
     });
 }
 
+/// Strided and indexed puts on every rank's segment (its own included): 1,024 blocks of 64
+/// bytes a row apart, indexed regions of many lengths (none, one byte, one larger than a
+/// Medium, split across messages where they travel as messages), several in flight at once;
+/// every byte lands where its region says and the gaps between regions keep their bytes.
+/// Regions that do not describe the data, or one outside the segment, are refused with
+/// nothing written. Catches a region's bytes taken from the wrong place in the data (a
+/// region split across two messages resumed at the wrong byte), a gap overwritten, and a
+/// refused put that wrote its first regions.
+pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_watched("put_regions_land_in_place", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        // Rank `me` writes in its half of every segment.
+        let base = me as usize * SEGMENT / 2;
+        let big = node.max_medium() + 100;
+        for dest in 0..node.size() {
+            let gap = vec![0xEE; 320 * 1024];
+            node.put(dest, base, &gap).expect("put");
+            // A column: 1,024 blocks of 64 bytes, 128 bytes apart.
+            let column = pattern(1024 * 64, 3 + me as u8);
+            node.put_strided(dest, base, 128, 64, &column)
+                .expect("put_strided");
+            let got = node.get(dest, base, 1024 * 128).expect("get");
+            for (i, row) in got.chunks(128).enumerate() {
+                assert_eq!(
+                    row[..64],
+                    column[i * 64..(i + 1) * 64],
+                    "block {i} on {dest}"
+                );
+                assert!(row[64..].iter().all(|&b| b == 0xEE), "gap {i} on {dest}");
+            }
+            // Indexed regions, several puts in flight.
+            let at = base + 140 * 1024;
+            let regions = [
+                (at, 1),
+                (at + 10, 0),
+                (at + 20, big),
+                (at + 40 + big, 7),
+                (at + 8, 2),
+            ];
+            let total: usize = regions.iter().map(|r| r.1).sum();
+            let data = pattern(total, 9 + me as u8);
+            let second = [(at + 150_000, 5)];
+            let ops = vec![
+                node.put_indexed_nb(dest, &regions, &data)
+                    .expect("put_indexed_nb"),
+                node.put_indexed_nb(dest, &second, &data[..5])
+                    .expect("put_indexed_nb"),
+            ];
+            node.wait_all(ops).expect("wait");
+            let got = node.get(dest, at, 150_005).expect("get");
+            let mut want = vec![0xEE; 150_005];
+            let mut pos = 0;
+            for &(o, n) in regions.iter().chain(&second) {
+                let src = if o == at + 150_000 {
+                    &data[..5]
+                } else {
+                    &data[pos..pos + n]
+                };
+                want[o - at..o - at + n].copy_from_slice(src);
+                if o != at + 150_000 {
+                    pos += n;
+                }
+            }
+            assert!(got == want, "indexed regions on {dest}");
+            // Refused, with nothing written.
+            let untouched = base + 300 * 1024;
+            assert!(matches!(
+                node.put_indexed(dest, &[(untouched, 4), (untouched + 8, 4)], &[1; 7]),
+                Err(AmError::InvalidRegions(_))
+            ));
+            assert!(matches!(
+                node.put_indexed(dest, &[(untouched, 4), (SEGMENT - 2, 4)], &[1; 8]),
+                Err(AmError::SegmentOutOfBounds { .. })
+            ));
+            assert!(matches!(
+                node.put_strided(dest, untouched, 16, 0, &[1; 8]),
+                Err(AmError::InvalidRegions(_))
+            ));
+            assert!(matches!(
+                node.put_strided(dest, untouched, 16, 3, &[1; 8]),
+                Err(AmError::InvalidRegions(_))
+            ));
+            assert_eq!(node.get(dest, untouched, 16).expect("get"), [0xEE; 16]);
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
 /// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
 /// blocking and non-blocking, and every one is complete when made. Then a posted store from
@@ -1675,7 +1764,8 @@ macro_rules! conformance_tests {
             barrier_after_the_others_left, segment_races_are_sound,
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
             rma_sizes_and_edges,
-            arming_wakes_the_rank, team_collectives, put_signal_hands_off);
+            arming_wakes_the_rank, team_collectives, put_signal_hands_off,
+            put_regions_land_in_place);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

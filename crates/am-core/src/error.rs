@@ -118,6 +118,10 @@ pub enum AmError {
     /// An atomic no word could take: a bitwise operation (and, or, xor) on a float.
     #[error("invalid atomic: {0}")]
     InvalidAtomic(&'static str),
+    /// A strided or indexed transfer whose regions do not describe its data: lengths that
+    /// do not add up to the data's, a block of 0 bytes, data not a whole number of blocks.
+    #[error("invalid regions: {0}")]
+    InvalidRegions(&'static str),
 }
 
 /// What a misbehaving peer did.

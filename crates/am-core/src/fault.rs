@@ -311,6 +311,14 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         self.inner.put(dest, offset, data)
     }
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: &[(usize, usize)],
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        self.inner.put_regions(dest, regions, data)
+    }
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         self.inner.get(src, offset, dst)
     }

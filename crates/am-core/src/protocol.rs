@@ -55,6 +55,8 @@ pub mod opcode {
     pub const ATOMICS: u8 = 12;
     /// [`SystemMsg::Collective`](super::SystemMsg::Collective).
     pub const COLLECTIVE: u8 = 13;
+    /// [`SystemMsg::PutRegions`](super::SystemMsg::PutRegions).
+    pub const PUT_REGIONS: u8 = 14;
 }
 use opcode as op;
 
@@ -68,6 +70,25 @@ pub const MAX_SYSTEM_ARGS: usize = 8;
 /// atomic's wire word ([`Atomic::wire_word`], 4) and its two operands ([`Atomic::operands`],
 /// 8 each), all little-endian.
 pub const ATOMIC_ENTRY_LEN: usize = 28;
+
+/// Bytes of one region of a [`SystemMsg::PutRegions`]: its offset in the target's segment
+/// (`u64`) and its length (`u32`), little-endian.
+pub const REGION_ENTRY_LEN: usize = 12;
+
+/// Appends the [`SystemMsg::PutRegions`] entry of `len` bytes at `offset`.
+pub fn push_region_entry(out: &mut Vec<u8>, offset: u64, len: u32) {
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// A [`SystemMsg::PutRegions`] entry: its offset and length.
+pub fn read_region_entry(e: &[u8; REGION_ENTRY_LEN]) -> (u64, u32) {
+    let mut o = [0u8; 8];
+    o.copy_from_slice(&e[..8]);
+    let mut l = [0u8; 4];
+    l.copy_from_slice(&e[8..]);
+    (u64::from_le_bytes(o), u32::from_le_bytes(l))
+}
 
 /// The most atomics one [`SystemMsg::Atomics`] carries.
 pub const MAX_BATCH_ATOMICS: u32 = 64;
@@ -220,6 +241,17 @@ pub enum SystemMsg {
     Exit {
         /// The exit code every rank ends with.
         code: i32,
+    },
+    /// Bytes for several regions of the target's segment (Medium request, a strided or
+    /// indexed put, [`crate::Node::put_indexed`]): the payload is `count` entries of
+    /// [`REGION_ENTRY_LEN`] bytes ([`push_region_entry`]), then every region's bytes in
+    /// order. Written all or, if one region is outside the segment or the lengths do not
+    /// add up to the payload, none. Answered by a [`SystemMsg::PutDone`].
+    PutRegions {
+        /// The initiator's operation index.
+        op: u32,
+        /// Regions in the payload, at least 1.
+        count: u32,
     },
 }
 
@@ -475,6 +507,7 @@ impl SystemMsg {
                 };
             }
             SystemMsg::Atomics { op, count } => (op::ATOMICS, Medium, Request, &[op, count]),
+            SystemMsg::PutRegions { op, count } => (op::PUT_REGIONS, Medium, Request, &[op, count]),
             SystemMsg::AtomicDone { op, old, ok } => (
                 op::ATOMIC_DONE,
                 Short,
@@ -598,6 +631,9 @@ impl SystemMsg {
             {
                 SystemMsg::Atomics { op, count }
             }
+            (op::PUT_REGIONS, Request, Medium, &[op, count]) if count >= 1 => {
+                SystemMsg::PutRegions { op, count }
+            }
             (op::ATOMIC_DONE, Reply, Short, &[op, v0, v1, status]) => SystemMsg::AtomicDone {
                 op,
                 old: join(v0, v1),
@@ -679,6 +715,8 @@ mod tests {
                 .prop_map(|(op, old, ok)| SystemMsg::AtomicDone { op, old, ok }),
             (any::<u32>(), 1..=MAX_BATCH_ATOMICS)
                 .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
+            (any::<u32>(), 1..=u32::MAX)
+                .prop_map(|(op, count)| SystemMsg::PutRegions { op, count }),
             (
                 any::<(u32, u32)>(),
                 any::<u64>(),
@@ -758,7 +796,7 @@ mod tests {
         fn decode_refuses_or_is_canonical(
             category in any_category(),
             kind in any_kind(),
-            opcode in 0u8..15,
+            opcode in 0u8..16,
             args in proptest::collection::vec(
                 prop_oneof![Just(0u32), Just(1), Just(2), Just(31), Just(32), Just(0x403), Just(0x2_0809), any::<u32>()],
                 0..10,

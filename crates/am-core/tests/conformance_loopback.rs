@@ -64,6 +64,11 @@ mod rma_by_message {
     }
 
     #[test]
+    fn put_regions_land_in_place() {
+        am_core::conformance::put_regions_land_in_place(&cluster);
+    }
+
+    #[test]
     fn put_get() {
         am_core::conformance::put_get(&cluster);
     }

@@ -36,7 +36,7 @@ use am_core::protocol::opcode::{
     ACK as SYS_ACK, ACKS as SYS_ACKS, ATOMIC as SYS_ATOMIC, ATOMICS as SYS_ATOMICS,
     ATOMIC_DONE as SYS_ATOMIC_DONE, BARRIER as SYS_BARRIER, EXIT as SYS_EXIT, GET as SYS_GET,
     GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
-    PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE,
+    PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE, PUT_REGIONS as SYS_PUT_REGIONS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -704,6 +704,14 @@ fn long_outside_the_segment_is_refused_and_acked() {
                 len: 8,
             });
             want.push(Misbehavior::BadSystemMessage(SYS_ATOMICS));
+            // The strided put whose second region is past the end; the one whose entries
+            // are cut short; the one whose lengths do not add up to its bytes.
+            want.push(Misbehavior::OutOfSegment {
+                offset: SEG as u64 - 2,
+                len: 4,
+            });
+            want.push(Misbehavior::BadSystemMessage(SYS_PUT_REGIONS));
+            want.push(Misbehavior::BadSystemMessage(SYS_PUT_REGIONS));
             assert_eq!(caught, want);
             assert_eq!(seen.req_long.get(), 1, "only the valid Long ran");
             assert_eq!(seen.requests(), 1);
@@ -800,6 +808,33 @@ fn long_outside_the_segment_is_refused_and_acked() {
                     &payload,
                 ));
                 evil.expect_atomic_refused(op);
+            }
+            // Strided puts: a good region and one past the end (neither is written), entries
+            // cut short, lengths that do not add up: PUT_DONE status 1 each.
+            let entry = |off: u64, len: u32| {
+                let mut e = Vec::new();
+                am_core::protocol::push_region_entry(&mut e, off, len);
+                e
+            };
+            let mut past = entry(16, 4);
+            past.extend(entry(SEG as u64 - 2, 4));
+            past.extend([0xEE; 8]);
+            let short = entry(16, 4)[..10].to_vec();
+            let mut uneven = entry(16, 4);
+            uneven.extend([0xEE; 6]);
+            for (op, count, payload) in [(49u32, 2, past), (50, 1, short), (51, 1, uneven)] {
+                evil.send(&wire(
+                    request(true, AmKind::Medium, SYS_PUT_REGIONS),
+                    &[op, count],
+                    &payload,
+                ));
+                let g = evil.recv();
+                assert_eq!(
+                    (g.hdr.category, g.hdr.system, g.hdr.handler, g.hdr.credit),
+                    (Category::Reply, true, SYS_PUT_DONE, 1),
+                    "{g:?}"
+                );
+                assert_eq!(g.args, [op, 1]);
             }
             // A valid Long still lands and runs its handler.
             evil.send(&wire(

@@ -24,6 +24,27 @@ pub fn put(
     am_core::rma::put_into(dest, nic.peer_segment(dest)?, offset, data)
 }
 
+/// Writes `data` into the regions (offset, length) of `dest`'s segment, in order
+/// ([`am_core::Transport::put_regions`]): the segment looked up once, then one copy per
+/// region.
+pub fn put_regions(
+    nic: &impl MappedPeers,
+    dest: Rank,
+    regions: &[(usize, usize)],
+    data: &[u8],
+) -> Result<(), SendError> {
+    let segment = nic.peer_segment(dest)?;
+    let mut at = 0;
+    for &(offset, len) in regions {
+        let bytes = data
+            .get(at..at + len)
+            .ok_or_else(|| SendError::device("strided put: regions past the end of the data"))?;
+        am_core::rma::put_into(dest, segment, offset, bytes)?;
+        at += len;
+    }
+    Ok(())
+}
+
 /// Reads `dst.len()` bytes at `offset` of `src`'s segment ([`am_core::Transport::get`]).
 pub fn get(
     nic: &impl MappedPeers,

@@ -326,6 +326,16 @@ impl Transport for Extoll {
         am_nic::rma::put(self, dest, offset, data)
     }
 
+    /// One lookup of the target's segment, then one copy per region.
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: &[(usize, usize)],
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        am_nic::rma::put_regions(self, dest, regions, data)
+    }
+
     /// An immediate RMA get: the copy from the target's registered segment into the caller's
     /// buffer, made on this rank's thread, complete when this returns, the target notified
     /// of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this

@@ -418,6 +418,16 @@ impl Transport for Sci {
         am_nic::rma::put(self, dest, offset, data)
     }
 
+    /// One lookup of the target's segment, then one copy per region.
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: &[(usize, usize)],
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        am_nic::rma::put_regions(self, dest, regions, data)
+    }
+
     /// A remote read of the target's imported segment. The AM protocol here keeps to remote
     /// writes and local reads, because an SCI read stalls the CPU for a round trip per
     /// transaction, where a write is posted and the CPU goes on; a get is the exception,

@@ -12,8 +12,8 @@ use crate::error::{shm_err, AmError, Misbehavior};
 use crate::handler::Threading;
 use crate::handler::{HandlerFn, Msg};
 use crate::protocol::{
-    opcode, read_atomic_entry, HelloVerdict, SystemMsg, ATOMIC_ENTRY_LEN, HELLO_SIGNATURE_LEN,
-    MAX_BATCH_ATOMICS,
+    opcode, read_atomic_entry, read_region_entry, HelloVerdict, SystemMsg, ATOMIC_ENTRY_LEN,
+    HELLO_SIGNATURE_LEN, MAX_BATCH_ATOMICS, REGION_ENTRY_LEN,
 };
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
 use crate::transport::{Delivery, Payload, Received, Route, SharedBytes, Transport, Tx};
@@ -239,6 +239,21 @@ fn system_request(
                 None => bad(),
             })
         }
+        SystemMsg::PutRegions { op, count } => {
+            let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
+            let placed = place_regions(ours, payload, count as usize);
+            sink.system(
+                SystemMsg::PutDone {
+                    op,
+                    ok: placed.is_ok(),
+                },
+                Payload::EMPTY,
+            );
+            placed.map_err(|why| match why {
+                Some((offset, len)) => misbehaved(src, Misbehavior::OutOfSegment { offset, len }),
+                None => bad(),
+            })
+        }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);
             Ok(())
@@ -265,6 +280,57 @@ fn system_request(
         | SystemMsg::GetData { .. }
         | SystemMsg::AtomicDone { .. } => Err(bad()),
     }
+}
+
+/// Writes the regions of a [`SystemMsg::PutRegions`] payload into `segment`, after checking
+/// them all: nothing is written unless the `count` entries are there and their lengths add
+/// up to the bytes after them (else `Err(None)`), and every region is inside the segment
+/// (else `Err(Some((offset, len)))` of the first that is not). The entries are read once
+/// into a private copy: a shared payload a peer may still write is never checked in one
+/// read and used in another.
+fn place_regions(
+    segment: SharedBytes<'_>,
+    payload: Payload<'_>,
+    count: usize,
+) -> Result<(), Option<(u64, u64)>> {
+    let head = count.checked_mul(REGION_ENTRY_LEN).ok_or(None)?;
+    if head > payload.len() {
+        return Err(None);
+    }
+    let mut entries = vec![0u8; head];
+    match payload {
+        Payload::Private(b) => entries.copy_from_slice(&b[..head]),
+        Payload::Shared(s) => s.read(0, &mut entries).map_err(|_| None)?,
+    }
+    let regions = || {
+        entries
+            .chunks_exact(REGION_ENTRY_LEN)
+            .map(|e| read_region_entry(e.try_into().expect("chunks of the entry length")))
+    };
+    let mut total = 0u64;
+    for (offset, len) in regions() {
+        total += u64::from(len);
+        if segment_range(offset, u64::from(len), segment.len()).is_none() {
+            return Err(Some((offset, u64::from(len))));
+        }
+    }
+    if total != (payload.len() - head) as u64 {
+        return Err(None);
+    }
+    let mut at = head;
+    for (offset, len) in regions() {
+        let len = len as usize;
+        // Checked above: inside the segment, and inside the payload.
+        let written = match payload {
+            Payload::Private(b) => segment.write(offset as usize, &b[at..at + len]),
+            Payload::Shared(s) => s
+                .slice(at, len)
+                .and_then(|from| segment.copy_from(offset as usize, from)),
+        };
+        written.map_err(|_| Some((offset, len as u64)))?;
+        at += len;
+    }
+    Ok(())
 }
 
 /// Applies the `count` atomics of a [`SystemMsg::Atomics`] payload to `segment`, in order,

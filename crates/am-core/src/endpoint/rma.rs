@@ -9,7 +9,7 @@ use crate::atomic::{Atomic, AtomicOp, AtomicWord, Cmp, Refused, Signal};
 use crate::error::{AmError, SendError};
 use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw, State};
-use crate::protocol::SystemMsg;
+use crate::protocol::{push_region_entry, SystemMsg, REGION_ENTRY_LEN};
 use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
@@ -118,6 +118,16 @@ impl<H: Threading> Endpoint<H> {
         };
         let (index, gen) = self.alloc_op(dest, offset, 1, Vec::new());
         self.ops[index as usize].signal = Some((signal_at, sent));
+        if caps.atomics {
+            // Data and signal are in place: the operation is complete once the wake-up is
+            // sent, and nobody waits for its answer (a load is not ordered with anything,
+            // so later puts need not wait for it either). Without a credit now, the
+            // handle sends it.
+            if let Poll::Ready(Ok(())) = self.op_step(t, index, gen, Some(&[])) {
+                self.detach_op(index, gen, Detached::Dropped);
+                return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+            }
+        }
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
 
@@ -198,6 +208,134 @@ impl<H: Threading> Endpoint<H> {
             }
         }
         (gone + 1 >= self.size).then_some(first).flatten()
+    }
+
+    /// Starts a strided or indexed put ([`crate::endpoint::start::PutRegions`]): `data` into
+    /// `dest`'s segment region by region (`regions`: offset and length pairs, in the order of
+    /// `data`). Where the NIC writes peers' memory it is done now
+    /// ([`Transport::put_regions`]: as few NIC operations as it can); otherwise the regions
+    /// go packed into as few system Mediums as they fit
+    /// (a system message of its own) that [`Endpoint::put_regions_step`]
+    /// sends. Regions whose lengths do not add up to the data's are
+    /// [`AmError::InvalidRegions`]; one outside the segment is an error too, and nothing is
+    /// written. `Pending` as [`Endpoint::put_start`].
+    pub fn put_regions_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        dest: Rank,
+        regions: &[(usize, usize)],
+        data: &[u8],
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if let Err(e) = self.check_regions(dest, regions, data.len()) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if dest == self.rank {
+            let seg = t.segment();
+            let mut at = 0;
+            for &(offset, len) in regions {
+                if seg.write(offset, &data[at..at + len]).is_err() {
+                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
+                }
+                at += len;
+            }
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+        }
+        if !t.capabilities().put {
+            let (index, gen) = self.alloc_op(dest, 0, data.len(), Vec::new());
+            self.ops[index as usize].regions.extend_from_slice(regions);
+            return Poll::Ready(Ok(self.slot_op(index, gen)));
+        }
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
+        }
+        match t.put_regions(dest, regions, data) {
+            Ok(()) => Poll::Ready(Ok(Op::ready(Raw::Unit))),
+            Err(SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
+    }
+
+    /// Checks a strided or indexed transfer before anything is done: the rank, every region
+    /// inside the segment, their lengths adding up to `len`, and `peer` not gone.
+    fn check_regions(
+        &self,
+        peer: Rank,
+        regions: &[(usize, usize)],
+        len: usize,
+    ) -> Result<(), AmError> {
+        self.check_rma(peer, 0, 0)?;
+        let mut total = 0usize;
+        for &(offset, n) in regions {
+            self.check_segment(offset as u64, n as u64)?;
+            total = total.saturating_add(n);
+        }
+        if total != len {
+            return Err(AmError::InvalidRegions(
+                "the regions' lengths do not add up to the data's",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A step of sending a strided or indexed put, as [`Endpoint::put_step`]: the system
+    /// Mediums that credits allow. `data` must be what [`Endpoint::put_regions_start`] was
+    /// given.
+    pub fn put_regions_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        op: &Op<()>,
+        data: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        self.put_step(tx, op, data)
+    }
+
+    /// The next [`SystemMsg::PutRegions`] of slot `index` from byte `at` of its data: as
+    /// many regions (the first and last perhaps in part) as fit in one Medium, as entries
+    /// then bytes in `out`; how many data bytes and regions it holds.
+    fn pack_regions(&self, index: u32, at: usize, data: &[u8], out: &mut Vec<u8>) -> (usize, u32) {
+        let room = self.limits.max_medium.max(REGION_ENTRY_LEN + 1);
+        let regions = &self.ops[index as usize].regions;
+        // The region that holds byte `at`, and how far into it.
+        let (mut r, mut skip, mut pos) = (0, 0, 0);
+        while r < regions.len() {
+            let len = regions[r].1;
+            if at < pos + len {
+                skip = at - pos;
+                break;
+            }
+            pos += len;
+            r += 1;
+        }
+        out.clear();
+        let mut pieces: Vec<(usize, usize)> = Vec::new();
+        let mut used = 0;
+        while r < regions.len() {
+            let (offset, len) = regions[r];
+            let left = len - skip;
+            if left == 0 {
+                r += 1;
+                skip = 0;
+                continue;
+            }
+            let fits = room.saturating_sub(used + REGION_ENTRY_LEN).min(left);
+            if fits == 0 {
+                break;
+            }
+            pieces.push((offset + skip, fits));
+            used += REGION_ENTRY_LEN + fits;
+            if fits < left {
+                break;
+            }
+            r += 1;
+            skip = 0;
+        }
+        let n: usize = pieces.iter().map(|p| p.1).sum();
+        for &(offset, len) in &pieces {
+            push_region_entry(out, offset as u64, len as u32);
+        }
+        out.extend_from_slice(&data[at..at + n]);
+        (n, pieces.len() as u32)
     }
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
@@ -552,6 +690,15 @@ impl<H: Threading> Endpoint<H> {
                     };
                     self.system_step(tx, peer, msg, &[], None)
                 }
+                (Some(d), _) if !self.ops[index as usize].regions.is_empty() => {
+                    let mut payload = std::mem::take(&mut self.scratch_regions);
+                    let (n, count) = self.pack_regions(index, at, d, &mut payload);
+                    let msg = SystemMsg::PutRegions { op: index, count };
+                    let step = self.system_step(tx, peer, msg, &payload, None);
+                    self.scratch_regions = payload;
+                    ready!(self.note_sent(index, at, n, step))?;
+                    continue;
+                }
                 (Some(d), _) => {
                     let n = n.min(data_len - at);
                     let put = SystemMsg::Put { op: index };
@@ -650,6 +797,7 @@ impl<H: Threading> Endpoint<H> {
         slot.data = data;
         slot.atomic = None;
         slot.signal = None;
+        slot.regions.clear();
         slot.word = 0;
         slot.detached = Detached::No;
         slot.waker = None;

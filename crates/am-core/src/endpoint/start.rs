@@ -85,6 +85,81 @@ impl Start for Put<'_> {
     }
 }
 
+/// A strided or indexed put: `data` into `dest`'s segment region by region, in one call
+/// (GASNet-EX's VIS `gex_VIS_IndexedPut`/`StridedPut`, OpenSHMEM's `shmem_iput`, Chapel's
+/// `put_strd`). Where the transport reaches the target's memory it is one copy per region
+/// ([`Transport::put_regions`]), complete when started; elsewhere the regions go packed into
+/// as few system Mediums as they fit, each written whole by the target's progress. Regions
+/// outside the segment, or whose lengths do not describe `data`, are an error when it
+/// starts, and nothing is written. Made by [`PutRegions::indexed`] or
+/// [`PutRegions::strided`].
+#[derive(Debug, Clone)]
+pub struct PutRegions<'a> {
+    dest: Rank,
+    regions: Result<Cow<'a, [(usize, usize)]>, &'static str>,
+    data: &'a [u8],
+}
+
+impl<'a> PutRegions<'a> {
+    /// `data` into the regions (offset, length) of `dest`'s segment, in order: the lengths
+    /// add up to `data.len()`.
+    pub fn indexed(dest: Rank, regions: &'a [(usize, usize)], data: &'a [u8]) -> Self {
+        PutRegions {
+            dest,
+            regions: Ok(Cow::Borrowed(regions)),
+            data,
+        }
+    }
+
+    /// `data`, blocks of `block` bytes, into `dest`'s segment one every `stride` bytes from
+    /// `offset` (a column of a row-major 2-D array: `block` the element, `stride` the row):
+    /// `data.len()` is a whole number of blocks.
+    pub fn strided(dest: Rank, offset: usize, stride: usize, block: usize, data: &'a [u8]) -> Self {
+        let regions = if block == 0 {
+            Err("a block of 0 bytes")
+        } else if !data.len().is_multiple_of(block) {
+            Err("the data is not a whole number of blocks")
+        } else {
+            (0..data.len() / block)
+                .map(|i| {
+                    i.checked_mul(stride)
+                        .and_then(|d| offset.checked_add(d))
+                        .map(|o| (o, block))
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(Cow::Owned)
+                .ok_or("a region past the end of the address space")
+        };
+        PutRegions {
+            dest,
+            regions,
+            data,
+        }
+    }
+}
+
+impl Start for PutRegions<'_> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        match &self.regions {
+            Ok(r) => ep.put_regions_start(t, self.dest, r, self.data),
+            Err(why) => Poll::Ready(Err(AmError::InvalidRegions(why))),
+        }
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_regions_step(t, op, self.data)
+    }
+}
+
 /// A put-with-signal (OpenSHMEM's `shmem_put_signal`): `data` into `dest`'s segment at
 /// `offset`, then `signal` applied to the `u64` word at `signal_at` there, never before the
 /// data is in place, so that a target that sees the signal ([`crate::Node::wait_word`]) reads
@@ -579,6 +654,22 @@ macro_rules! operations {
             /// one copy where the NIC reaches the target's memory, AM Longs elsewhere).
             put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
                 = $crate::endpoint::start::Put { dest, offset, data }; nb put_nb; borrows;
+        }
+        $driver! { op
+            /// Writes `data` into the regions (offset, length) of `dest`'s segment, in
+            /// order, in one call ([`PutRegions`](crate::endpoint::start::PutRegions):
+            /// one copy per region where the NIC reaches the target's memory, as few
+            /// messages as they fit in elsewhere).
+            put_indexed [] (dest: $crate::Rank, regions: &[(usize, usize)], data: &[u8]) -> ()
+                = $crate::endpoint::start::PutRegions::indexed(dest, regions, data); nb put_indexed_nb; borrows;
+        }
+        $driver! { op
+            /// Writes `data`, blocks of `block` bytes, into `dest`'s segment one every
+            /// `stride` bytes from `offset` (a column of a row-major array), in one call
+            /// ([`PutRegions`](crate::endpoint::start::PutRegions)): `put_strided(1, col * 8,
+            /// row_bytes, 8, &column)`.
+            put_strided [] (dest: $crate::Rank, offset: usize, stride: usize, block: usize, data: &[u8]) -> ()
+                = $crate::endpoint::start::PutRegions::strided(dest, offset, stride, block, data); nb put_strided_nb; borrows;
         }
         $driver! { op
             /// Writes `data` into `dest`'s segment at `offset`, then applies `signal` to the

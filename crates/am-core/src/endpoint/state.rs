@@ -50,6 +50,9 @@ pub(super) struct OpSlot {
     /// (the signal itself, or a load of the word where the NIC applied it), as the
     /// operation's last unit (`len` counts it).
     pub(super) signal: Option<(usize, Atomic)>,
+    /// A strided or indexed put's regions (offset, length) in the target's segment, in the
+    /// order of its data; empty for every other operation.
+    pub(super) regions: Vec<(usize, usize)>,
     pub(super) word: u64,
     /// Who completes it: its handle, or nobody (freed when its last answer comes).
     pub(super) detached: Detached,
@@ -125,6 +128,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) replies: Replies,
     pub(super) ops: Vec<OpSlot>,
     pub(super) free_ops: Vec<u32>,
+    /// The payload of the strided or indexed put being sent, reused.
+    pub(super) scratch_regions: Vec<u8>,
     /// Where dropped handles leave their slots ([`crate::op::Op`]'s `Drop`).
     pub(super) orphans: Arc<Orphans>,
     /// Operations of the implicit set in flight, and the set's first error.
@@ -244,6 +249,7 @@ impl<H: Threading> Endpoint<H> {
             },
             ops: Vec::new(),
             free_ops: Vec::new(),
+            scratch_regions: Vec::new(),
             orphans: Arc::default(),
             nbi_in_flight: 0,
             nbi_error: None,
