@@ -207,3 +207,38 @@ fn random_access_runs_on_every_process_transport() {
         }
     });
 }
+
+/// The stencil example's 4 ranks as processes under hydra, sleeping in `wait_word` between
+/// hand-offs (`AM_WAIT=block`): its grid equals the sequential run's.
+#[test]
+fn stencil_runs_under_mpiexec() {
+    if !have_mpiexec() {
+        return;
+    }
+    let program = common::example("stencil");
+    let program = program.to_str().expect("a UTF-8 path");
+    for transport in ["sci", "udp"] {
+        let job = run(
+            &[("AM_WAIT", "block")],
+            &[
+                "-n",
+                "4",
+                program,
+                "--transport",
+                transport,
+                "--rows",
+                "64",
+                "--cols",
+                "64",
+                "--iters",
+                "40",
+                "--json",
+            ],
+        );
+        assert_eq!(job.code, 0, "{transport}: {}\n{}", job.stdout, job.stderr);
+        let row: serde_json::Value = serde_json::from_str(job.stdout.trim())
+            .unwrap_or_else(|e| panic!("{transport}: {e}: {}", job.stdout));
+        assert_eq!(row["checked"], true, "{row}");
+        assert_eq!(row["ranks"], 4, "{row}");
+    }
+}
