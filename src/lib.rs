@@ -302,7 +302,7 @@ impl Transport for AnyTransport {
     fn put_regions(
         &mut self,
         dest: Rank,
-        regions: &[(usize, usize)],
+        regions: am_core::rma::Regions<'_>,
         data: &[u8],
     ) -> Result<(), SendError> {
         dispatch!(self, t => t.put_regions(dest, regions, data))

@@ -314,7 +314,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn put_regions(
         &mut self,
         dest: Rank,
-        regions: &[(usize, usize)],
+        regions: crate::rma::Regions<'_>,
         data: &[u8],
     ) -> Result<(), SendError> {
         self.inner.put_regions(dest, regions, data)

@@ -741,6 +741,25 @@ impl Transport for Loopback {
         put_into(dest, self.tx.peer_segment(dest)?, offset, data)
     }
 
+    /// The target's segment looked up once, then one copy per region.
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: crate::rma::Regions<'_>,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        let segment = self.tx.peer_segment(dest)?;
+        let mut at = 0;
+        for (offset, len) in regions.iter() {
+            let bytes = data.get(at..at + len).ok_or_else(|| {
+                SendError::device("strided put: regions past the end of the data")
+            })?;
+            put_into(dest, segment, offset, bytes)?;
+            at += len;
+        }
+        Ok(())
+    }
+
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         get_from(src, self.tx.peer_segment(src)?, offset, dst)
     }

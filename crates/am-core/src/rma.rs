@@ -14,6 +14,88 @@ use am_shm::SharedBytes;
 use crate::error::SendError;
 use crate::types::Rank;
 
+/// Where a strided or indexed transfer's bytes go in the target's segment, region by region,
+/// in the order of its data ([`crate::Node::put_strided`], [`crate::Node::put_indexed`],
+/// [`crate::Transport::put_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Regions<'a> {
+    /// `count` blocks of `block` bytes, one every `stride` bytes from `offset`.
+    Strided {
+        /// The first block's offset.
+        offset: usize,
+        /// Bytes from one block's start to the next's.
+        stride: usize,
+        /// Bytes per block.
+        block: usize,
+        /// Blocks.
+        count: usize,
+    },
+    /// (offset, length) pairs.
+    Indexed(&'a [(usize, usize)]),
+}
+
+impl Regions<'_> {
+    /// The regions, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (strided, indexed) = match *self {
+            Regions::Strided {
+                offset,
+                stride,
+                block,
+                count,
+            } => (Some((offset, stride, block, count)), &[][..]),
+            Regions::Indexed(r) => (None, r),
+        };
+        let strided = strided
+            .into_iter()
+            .flat_map(|(offset, stride, block, count)| {
+                (0..count).map(move |i| (offset.wrapping_add(i.wrapping_mul(stride)), block))
+            });
+        strided.chain(indexed.iter().copied())
+    }
+
+    /// How many regions.
+    pub fn count(&self) -> usize {
+        match *self {
+            Regions::Strided { count, .. } => count,
+            Regions::Indexed(r) => r.len(),
+        }
+    }
+
+    /// The bytes of all regions, or `None` if they overflow.
+    pub fn total(&self) -> Option<usize> {
+        match *self {
+            Regions::Strided { block, count, .. } => block.checked_mul(count),
+            Regions::Indexed(r) => r.iter().try_fold(0usize, |a, &(_, n)| a.checked_add(n)),
+        }
+    }
+
+    /// The lowest offset and the end of the highest region, or `None` if an end overflows
+    /// (a strided transfer's regions lie between its first and last block; an empty one
+    /// is `Some((0, 0))`).
+    pub fn span(&self) -> Option<(usize, usize)> {
+        match *self {
+            Regions::Strided { count: 0, .. } => Some((0, 0)),
+            Regions::Strided {
+                offset,
+                stride,
+                block,
+                count,
+            } => {
+                let last = (count - 1).checked_mul(stride)?.checked_add(offset)?;
+                Some((offset, last.checked_add(block)?))
+            }
+            Regions::Indexed(r) => r
+                .iter()
+                .try_fold((usize::MAX, 0), |(lo, hi), &(o, n)| {
+                    Some((lo.min(o), hi.max(o.checked_add(n)?)))
+                })
+                .map(|(lo, hi)| if r.is_empty() { (0, 0) } else { (lo, hi) }),
+        }
+    }
+}
+
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).
 /// The range outside the segment is [`SendError::Device`] naming `dest`.
 pub fn put_into(
@@ -87,5 +169,43 @@ mod tests {
             matches!(&e, SendError::Device(d) if d.what().contains("rank 4")),
             "{e:?}"
         );
+    }
+
+    /// A strided description lists the blocks it says, and its span and total agree with the
+    /// list; one whose last block's end overflows has no span (refused before anything is
+    /// written), and an indexed one's span is its lowest start and highest end.
+    #[test]
+    fn regions_describe_their_blocks() {
+        let s = Regions::Strided {
+            offset: 10,
+            stride: 100,
+            block: 8,
+            count: 3,
+        };
+        assert_eq!(s.iter().collect::<Vec<_>>(), [(10, 8), (110, 8), (210, 8)]);
+        assert_eq!(
+            (s.count(), s.total(), s.span()),
+            (3, Some(24), Some((10, 218)))
+        );
+        let huge = Regions::Strided {
+            offset: 1,
+            stride: usize::MAX / 2,
+            block: 8,
+            count: 3,
+        };
+        assert_eq!(huge.span(), None);
+        let none = Regions::Strided {
+            offset: 5,
+            stride: 1,
+            block: 1,
+            count: 0,
+        };
+        assert_eq!(
+            (none.iter().count(), none.total(), none.span()),
+            (0, Some(0), Some((0, 0)))
+        );
+        let i = Regions::Indexed(&[(50, 4), (8, 2), (60, 0)]);
+        assert_eq!((i.total(), i.span()), (Some(6), Some((8, 60))));
+        assert_eq!(Regions::Indexed(&[(usize::MAX, 2)]).span(), None);
     }
 }

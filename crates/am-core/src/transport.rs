@@ -414,9 +414,9 @@ pub trait Transport: Tx {
         let _ = (dest, offset, data);
         Err(SendError::Unsupported("put"))
     }
-    /// Copies `data` into `dest`'s segment, region by region (`regions`: offset and length
-    /// pairs in order, their lengths adding up to `data.len()`: a strided or indexed put),
-    /// for a NIC whose [`Capabilities::put`] is set, in as few NIC operations as it can:
+    /// Copies `data` into `dest`'s segment, region by region (`regions`, in order, their
+    /// lengths adding up to `data.len()`: a strided or indexed put), for a NIC whose
+    /// [`Capabilities::put`] is set, in as few NIC operations as it can:
     /// `Ok` once every region is in place, as [`Transport::put`]. The core has checked the
     /// rank, every region's bounds and the lengths. [`SendError::Busy`] may come after some
     /// regions were written: the core asks again, and they are written again (the same
@@ -424,11 +424,11 @@ pub trait Transport: Tx {
     fn put_regions(
         &mut self,
         dest: Rank,
-        regions: &[(usize, usize)],
+        regions: crate::rma::Regions<'_>,
         data: &[u8],
     ) -> Result<(), SendError> {
         let mut at = 0;
-        for &(offset, len) in regions {
+        for (offset, len) in regions.iter() {
             self.put(dest, offset, &data[at..at + len])?;
             at += len;
         }

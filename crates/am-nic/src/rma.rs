@@ -30,12 +30,12 @@ pub fn put(
 pub fn put_regions(
     nic: &impl MappedPeers,
     dest: Rank,
-    regions: &[(usize, usize)],
+    regions: am_core::rma::Regions<'_>,
     data: &[u8],
 ) -> Result<(), SendError> {
     let segment = nic.peer_segment(dest)?;
     let mut at = 0;
-    for &(offset, len) in regions {
+    for (offset, len) in regions.iter() {
         let bytes = data
             .get(at..at + len)
             .ok_or_else(|| SendError::device("strided put: regions past the end of the data"))?;

@@ -422,7 +422,7 @@ impl Transport for Sci {
     fn put_regions(
         &mut self,
         dest: Rank,
-        regions: &[(usize, usize)],
+        regions: am_core::rma::Regions<'_>,
         data: &[u8],
     ) -> Result<(), SendError> {
         am_nic::rma::put_regions(self, dest, regions, data)

@@ -10,6 +10,7 @@ use crate::error::{AmError, SendError};
 use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw, State};
 use crate::protocol::{push_region_entry, SystemMsg, REGION_ENTRY_LEN};
+use crate::rma::Regions;
 use crate::transport::{SharedBytes, Transport, Tx};
 use crate::types::Rank;
 
@@ -223,7 +224,7 @@ impl<H: Threading> Endpoint<H> {
         &mut self,
         t: &mut T,
         dest: Rank,
-        regions: &[(usize, usize)],
+        regions: Regions<'_>,
         data: &[u8],
     ) -> Poll<Result<Op<()>, AmError>> {
         if let Err(e) = self.check_regions(dest, regions, data.len()) {
@@ -233,7 +234,7 @@ impl<H: Threading> Endpoint<H> {
         if dest == self.rank {
             let seg = t.segment();
             let mut at = 0;
-            for &(offset, len) in regions {
+            for (offset, len) in regions.iter() {
                 if seg.write(offset, &data[at..at + len]).is_err() {
                     return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
                 }
@@ -243,7 +244,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if !t.capabilities().put {
             let (index, gen) = self.alloc_op(dest, 0, data.len(), Vec::new());
-            self.ops[index as usize].regions.extend_from_slice(regions);
+            self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
         if self.detached_in_flight > 0 {
@@ -257,25 +258,19 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Checks a strided or indexed transfer before anything is done: the rank, every region
-    /// inside the segment, their lengths adding up to `len`, and `peer` not gone.
-    fn check_regions(
-        &self,
-        peer: Rank,
-        regions: &[(usize, usize)],
-        len: usize,
-    ) -> Result<(), AmError> {
+    /// inside the segment (the span from the lowest to the end of the highest, so a strided
+    /// one in two comparisons), their lengths adding up to `len`, and `peer` not gone.
+    fn check_regions(&self, peer: Rank, regions: Regions<'_>, len: usize) -> Result<(), AmError> {
         self.check_rma(peer, 0, 0)?;
-        let mut total = 0usize;
-        for &(offset, n) in regions {
-            self.check_segment(offset as u64, n as u64)?;
-            total = total.saturating_add(n);
-        }
-        if total != len {
+        if regions.total() != Some(len) {
             return Err(AmError::InvalidRegions(
                 "the regions' lengths do not add up to the data's",
             ));
         }
-        Ok(())
+        match regions.span() {
+            Some((lo, hi)) => self.check_segment(lo as u64, (hi - lo) as u64),
+            None => Err(self.out_of_bounds(u64::MAX, 0)),
+        }
     }
 
     /// A step of sending a strided or indexed put, as [`Endpoint::put_step`]: the system

@@ -93,10 +93,10 @@ impl Start for Put<'_> {
 /// outside the segment, or whose lengths do not describe `data`, are an error when it
 /// starts, and nothing is written. Made by [`PutRegions::indexed`] or
 /// [`PutRegions::strided`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct PutRegions<'a> {
     dest: Rank,
-    regions: Result<Cow<'a, [(usize, usize)]>, &'static str>,
+    regions: Result<crate::rma::Regions<'a>, &'static str>,
     data: &'a [u8],
 }
 
@@ -106,7 +106,7 @@ impl<'a> PutRegions<'a> {
     pub fn indexed(dest: Rank, regions: &'a [(usize, usize)], data: &'a [u8]) -> Self {
         PutRegions {
             dest,
-            regions: Ok(Cow::Borrowed(regions)),
+            regions: Ok(crate::rma::Regions::Indexed(regions)),
             data,
         }
     }
@@ -120,15 +120,12 @@ impl<'a> PutRegions<'a> {
         } else if !data.len().is_multiple_of(block) {
             Err("the data is not a whole number of blocks")
         } else {
-            (0..data.len() / block)
-                .map(|i| {
-                    i.checked_mul(stride)
-                        .and_then(|d| offset.checked_add(d))
-                        .map(|o| (o, block))
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(Cow::Owned)
-                .ok_or("a region past the end of the address space")
+            Ok(crate::rma::Regions::Strided {
+                offset,
+                stride,
+                block,
+                count: data.len() / block,
+            })
         };
         PutRegions {
             dest,
@@ -145,7 +142,7 @@ impl Start for PutRegions<'_> {
         ep: &mut Endpoint<H>,
         t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
-        match &self.regions {
+        match self.regions {
             Ok(r) => ep.put_regions_start(t, self.dest, r, self.data),
             Err(why) => Poll::Ready(Err(AmError::InvalidRegions(why))),
         }
