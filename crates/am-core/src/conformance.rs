@@ -1483,6 +1483,21 @@ pub fn put_signal_hands_off<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
         let (mut node, _seen) = start(t, 4);
         let (me, peer) = (node.rank(), 1 - node.rank());
         let sizes = [0, 8, 1000, 3 * node.max_medium().min(64 << 10) + 5];
+        // Waits for round `round`'s signal, then finds `want` in place.
+        let receive = |node: &mut Node<T, Local>, round: u64, want: &[u8]| {
+            node.wait_word(0, Cmp::Eq, round)
+                .expect("wait for the signal");
+            let got = node.segment().to_vec();
+            let len = want.len();
+            let bad = got[DATA..DATA + len]
+                .iter()
+                .zip(want)
+                .position(|(a, b)| a != b);
+            assert!(
+                bad.is_none(),
+                "round {round}: byte {bad:?} of {len} differs"
+            );
+        };
         let mut round = 0u64;
         for &len in &sizes {
             for _ in 0..3 {
@@ -1495,32 +1510,12 @@ pub fn put_signal_hands_off<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
                     (&theirs, &mine)
                 };
                 if me == 1 {
-                    node.wait_word(0, Cmp::Eq, round)
-                        .expect("wait for the signal");
-                    let got = node.segment().to_vec();
-                    let bad = got[DATA..DATA + len]
-                        .iter()
-                        .zip(inn.iter())
-                        .position(|(a, b)| a != b);
-                    assert!(
-                        bad.is_none(),
-                        "round {round}: byte {bad:?} of {len} differs"
-                    );
+                    receive(&mut node, round, inn);
                 }
                 node.put_signal(peer, DATA, out, 0, Signal::Set(round))
                     .expect("put_signal");
                 if me == 0 {
-                    node.wait_word(0, Cmp::Eq, round)
-                        .expect("wait for the signal");
-                    let got = node.segment().to_vec();
-                    let bad = got[DATA..DATA + len]
-                        .iter()
-                        .zip(inn.iter())
-                        .position(|(a, b)| a != b);
-                    assert!(
-                        bad.is_none(),
-                        "round {round}: byte {bad:?} of {len} differs"
-                    );
+                    receive(&mut node, round, inn);
                 }
             }
         }

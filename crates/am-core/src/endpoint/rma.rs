@@ -42,16 +42,7 @@ impl<H: Threading> Endpoint<H> {
                 let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
                 return Poll::Ready(Ok(self.slot_op(index, gen)));
             }
-            // Posted atomics sent as messages must have been answered: the NIC's write may
-            // overtake a message (a transport with RMA but atomics by messages).
-            if self.detached_in_flight > 0 {
-                return Poll::Pending;
-            }
-            match t.put(dest, offset, data) {
-                Ok(()) => {}
-                Err(SendError::Busy) => return Poll::Pending,
-                Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
-            }
+            ready!(self.nic_put(t, dest, offset, data))?;
         }
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
@@ -96,14 +87,7 @@ impl<H: Threading> Endpoint<H> {
             self.ops[index as usize].signal = Some((signal_at, atomic));
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        if self.detached_in_flight > 0 {
-            return Poll::Pending;
-        }
-        match t.put(dest, offset, data) {
-            Ok(()) => {}
-            Err(SendError::Busy) => return Poll::Pending,
-            Err(e) => return Poll::Ready(Err(self.nic_failed(e))),
-        }
+        ready!(self.nic_put(t, dest, offset, data))?;
         // The data is in place: the signal follows it. Where the NIC applies atomics it
         // applies this one too (one agent for every atomic on the word), and a load of the
         // word is the message that wakes the target; a busy NIC makes the caller start
@@ -331,6 +315,26 @@ impl<H: Threading> Endpoint<H> {
         }
         out.extend_from_slice(&data[at..at + n]);
         (n, pieces.len() as u32)
+    }
+
+    /// The NIC's put of `data` at `offset` of `dest`'s segment (checked): `Pending` while the
+    /// device is busy or posted atomics sent as messages are unanswered (the NIC's write may
+    /// overtake a message: a transport with RMA but atomics by messages).
+    fn nic_put<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        dest: Rank,
+        offset: usize,
+        data: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
+        }
+        match t.put(dest, offset, data) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
     }
 
     /// A step of sending a put: sends the chunks that credits allow; ready once all are
