@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
 use am_core::atomic::{Atomic, Batch, Code, Posted, WordType, CODES, WORD_TYPES};
+use am_core::rma::Regions;
 use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
     SendError, Transport, TransportError, Tx,
@@ -724,6 +725,32 @@ impl Io {
         total: usize,
         in_flight: &mut VecDeque<Op>,
     ) -> Result<(), SendError> {
+        self.issue_chunks(
+            dest,
+            Region { base, key, len: 0 },
+            offset,
+            payload,
+            total,
+            in_flight,
+        )?;
+        while let Some(op) = in_flight.pop_front() {
+            self.wait_op(op, dest)?;
+        }
+        Ok(())
+    }
+
+    /// Issues the writes of `total` bytes of `payload` at `offset` of `dest`'s region (checked
+    /// by the caller), in chunks of the provider's largest transfer, adding them to
+    /// `in_flight` (waiting for the oldest there while the staging buffers are all lent).
+    fn issue_chunks(
+        &mut self,
+        dest: Rank,
+        Region { base, key, .. }: Region,
+        offset: usize,
+        payload: Option<Payload<'_>>,
+        total: usize,
+        in_flight: &mut VecDeque<Op>,
+    ) -> Result<(), SendError> {
         let chunk = self.ep.max_transfer();
         let mut at = 0;
         while at < total {
@@ -746,10 +773,47 @@ impl Io {
             in_flight.push_back(op);
             at += n;
         }
-        while let Some(op) = in_flight.pop_front() {
-            self.wait_op(op, dest)?;
-        }
         Ok(())
+    }
+
+    /// The regions of a strided or indexed put ([`Transport::put_regions`]): every region's
+    /// writes in flight together (as many as the staging buffers hold), then waited for once,
+    /// rather than one round trip per region.
+    fn write_regions(
+        &mut self,
+        dest: Rank,
+        regions: Regions<'_>,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        let region = self.usable(dest)?.region;
+        match regions.span() {
+            Some((_, end)) if end as u64 <= region.len => {}
+            _ => return Err(SendError::TooLarge(data.len())),
+        }
+        let mut in_flight = VecDeque::new();
+        let mut issue = || {
+            let mut at = 0;
+            for (offset, len) in regions.iter() {
+                let bytes = data.get(at..at + len).ok_or(SendError::TooLarge(len))?;
+                self.issue_chunks(
+                    dest,
+                    region,
+                    offset,
+                    Some(Payload::Private(bytes)),
+                    len,
+                    &mut in_flight,
+                )?;
+                at += len;
+            }
+            while let Some(op) = in_flight.pop_front() {
+                self.wait_op(op, dest)?;
+            }
+            Ok(())
+        };
+        let r = issue();
+        // Those not waited for after an error stay the provider's until their completions.
+        self.orphans.extend(in_flight);
+        r
     }
 
     fn read(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
@@ -1153,6 +1217,26 @@ impl Transport for Ofi {
         }
         self.io
             .write(dest, offset, Some(Payload::Private(data)), data.len())
+    }
+
+    /// Every region's writes in flight together, waited for once.
+    fn put_regions(
+        &mut self,
+        dest: Rank,
+        regions: Regions<'_>,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        if dest == self.io.rank {
+            let own = self.segment.byte_area();
+            let mut at = 0;
+            for (offset, len) in regions.iter() {
+                own.write(offset, &data[at..at + len])
+                    .map_err(|e| NicError::device_from("a put to this rank", e))?;
+                at += len;
+            }
+            return Ok(());
+        }
+        self.io.write_regions(dest, regions, data)
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
