@@ -308,6 +308,15 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.put_regions(dest, regions, data))
     }
 
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: am_core::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.get_regions(src, regions, dst))
+    }
+
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         dispatch!(self, t => t.get(src, offset, dst))
     }

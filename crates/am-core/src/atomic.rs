@@ -158,10 +158,10 @@ atomic_word! {
 /// [`crate::Node::atomic_nbi`]).
 ///
 /// Integer additions and multiplications wrap. On floating-point words, additions and
-/// multiplications are IEEE 754's (rounded to nearest); the minimum leaves the word if the
-/// word is less than the operand and writes the operand otherwise, the maximum alike with
-/// greater (so a NaN operand is written, a NaN word is replaced, and of `-0.0` and `0.0` the
-/// operand wins: what libfabric's `FI_MIN`/`FI_MAX` do, whichever applies it). The bitwise
+/// multiplications are IEEE 754's (rounded to nearest); the minimum writes the operand only
+/// if the word is greater than it, the maximum only if the word is less (so a NaN operand or
+/// word leaves the word, and so does a zero of the other sign: what libfabric's
+/// `FI_MIN`/`FI_MAX` do, so the result is the same whichever agent applies it). The bitwise
 /// operations are for integers only: on a float they are refused
 /// ([`crate::AmError::InvalidAtomic`]). Compare-and-swap compares bits, on every type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -608,9 +608,12 @@ impl Atomic {
             (Code::FetchAdd | Code::Mul, WordType::Float) => self.float(old, v),
             (Code::FetchAdd, _) => old.wrapping_add(v),
             (Code::Mul, _) => old.wrapping_mul(v),
-            (Code::Min, _) if self.order(old, v) == Some(Less) => return None,
-            (Code::Max, _) if self.order(old, v) == Some(Greater) => return None,
-            (Code::Min | Code::Max, _) => v,
+            // libfabric's FI_MIN and FI_MAX: the operand replaces the word only if the word
+            // is strictly greater (less); a NaN on either side, or an equal value of the
+            // other sign of zero, leaves the word.
+            (Code::Min, _) if self.order(old, v) == Some(Greater) => v,
+            (Code::Max, _) if self.order(old, v) == Some(Less) => v,
+            (Code::Min | Code::Max, _) => return None,
         } & self.width.mask();
         (new != old).then_some(new)
     }
@@ -808,17 +811,17 @@ mod tests {
                     Code::FetchAdd => $add(o, x),
                     Code::Mul => $mul(o, x),
                     Code::Min => {
-                        if o < x {
-                            o
-                        } else {
+                        if o > x {
                             x
+                        } else {
+                            o
                         }
                     }
                     Code::Max => {
-                        if o > x {
-                            o
-                        } else {
+                        if o < x {
                             x
+                        } else {
+                            o
                         }
                     }
                     Code::And => return old & v,
@@ -878,6 +881,13 @@ mod tests {
             (-8i64..8).prop_map(|v| v as u64),
             (-8i32..8).prop_map(|v| u64::from((v as f32 / 2.0).to_bits())),
             (-8i32..8).prop_map(|v| (f64::from(v) / 2.0).to_bits()),
+            // NaNs and negative zeros, where minima and maxima are easy to get wrong.
+            prop_oneof![
+                Just(f64::NAN.to_bits()),
+                Just((-0.0f64).to_bits()),
+                Just(u64::from(f32::NAN.to_bits())),
+                Just(u64::from((-0.0f32).to_bits())),
+            ],
         ]
     }
 

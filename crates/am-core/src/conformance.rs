@@ -1401,6 +1401,22 @@ pub fn atomics_on_every_word_type<T: Transport + Send>(make: &dyn Fn(u32, usize)
             check!(20, Min(1.0f32), 2.5);
             check!(20, Max(0.5f32), 1.0);
             check!(20, Mul(3.0f32), 1.0);
+            // NaN and signed zeros: the word stays unless strictly beaten (FI_MIN/FI_MAX).
+            let bits =
+                |node: &mut Node<T, Local>| node.atomic(dest, at + 32, Load::<u32>).expect("load");
+            check!(32, Store(0.0f32), 0.0);
+            check!(32, Min(-0.0f32), 0.0);
+            check!(32, Max(f32::NAN), 0.0);
+            assert_eq!(bits(&mut node), 0, "+0.0 kept on rank {dest}");
+            check!(32, Store(f32::NAN), 0.0);
+            node.atomic(dest, at + 32, Min(1.0f32)).expect("min");
+            node.atomic(dest, at + 32, Max(1.0f32)).expect("max");
+            assert_eq!(
+                bits(&mut node),
+                f32::NAN.to_bits(),
+                "NaN kept on rank {dest}"
+            );
+            node.atomic(dest, at + 32, Store(0.0f32)).expect("store");
             check!(24, Store(u64::MAX - 1), 0);
             check!(24, Max(3u64), u64::MAX - 1);
             check!(24, Min(3u64), u64::MAX - 1);
@@ -1571,7 +1587,8 @@ pub fn put_signal_hands_off<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Ve
 /// Strided and indexed puts on every rank's segment (its own included): 1,024 blocks of 64
 /// bytes a row apart, indexed regions of many lengths (none, one byte, one larger than a
 /// Medium, split across messages where they travel as messages), several in flight at once;
-/// every byte lands where its region says and the gaps between regions keep their bytes.
+/// every byte lands where its region says and the gaps between regions keep their bytes,
+/// and strided and indexed gets read them back in order.
 /// Regions that do not describe the data, or one outside the segment, are refused with
 /// nothing written. Catches a region's bytes taken from the wrong place in the data (a
 /// region split across two messages resumed at the wrong byte), a gap overwritten, and a
@@ -1599,6 +1616,17 @@ pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) 
                 );
                 assert!(row[64..].iter().all(|&b| b == 0xEE), "gap {i} on {dest}");
             }
+            // The same column back in one strided get, and the gaps in another.
+            assert!(
+                node.get_strided(dest, base, 128, 64, 1024)
+                    .expect("get_strided")
+                    == column,
+                "strided get from {dest}"
+            );
+            let gaps = node
+                .get_strided(dest, base + 64, 128, 64, 1024)
+                .expect("get_strided");
+            assert!(gaps.iter().all(|&b| b == 0xEE), "gaps from {dest}");
             // Indexed regions, several puts in flight.
             let at = base + 140 * 1024;
             let regions = [
@@ -1633,6 +1661,11 @@ pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) 
                 }
             }
             assert!(got == want, "indexed regions on {dest}");
+            // Read back region by region: the data in order.
+            assert!(
+                node.get_indexed(dest, &regions).expect("get_indexed") == data,
+                "indexed get from {dest}"
+            );
             // Refused, with nothing written.
             let untouched = base + 300 * 1024;
             assert!(matches!(
@@ -1650,6 +1683,10 @@ pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) 
             assert!(matches!(
                 node.put_strided(dest, untouched, 16, 3, &[1; 8]),
                 Err(AmError::InvalidRegions(_))
+            ));
+            assert!(matches!(
+                node.get_strided(dest, SEGMENT - 60, 64, 8, 2),
+                Err(AmError::SegmentOutOfBounds { .. })
             ));
             assert_eq!(node.get(dest, untouched, 16).expect("get"), [0xEE; 16]);
         }

@@ -322,6 +322,14 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         self.inner.get(src, offset, dst)
     }
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: crate::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        self.inner.get_regions(src, regions, dst)
+    }
     /// Atomics the NIC applies itself are not messages: nothing to delay or reorder.
     fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         self.inner.atomic(dest, offset, atomic)

@@ -760,6 +760,25 @@ impl Transport for Loopback {
         Ok(())
     }
 
+    /// The source's segment looked up once, then one copy per region.
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: crate::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        let segment = self.tx.peer_segment(src)?;
+        let mut at = 0;
+        for (offset, len) in regions.iter() {
+            let into = dst.get_mut(at..at + len).ok_or_else(|| {
+                SendError::device("strided get: regions past the end of the buffer")
+            })?;
+            get_from(src, segment, offset, into)?;
+            at += len;
+        }
+        Ok(())
+    }
+
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         get_from(src, self.tx.peer_segment(src)?, offset, dst)
     }

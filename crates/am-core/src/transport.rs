@@ -434,6 +434,23 @@ pub trait Transport: Tx {
         }
         Ok(())
     }
+    /// Reads `src`'s segment region by region (`regions`, in order, their lengths adding up to
+    /// `dst.len()`: a strided or indexed get) into `dst`, for a NIC whose
+    /// [`Capabilities::get`] is set: `Ok` once `dst` holds them all. Checked and failing as
+    /// [`Transport::put_regions`]. The default gets the regions one by one.
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: crate::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        let mut at = 0;
+        for (offset, len) in regions.iter() {
+            self.get(src, offset, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
     /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
     /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
     /// `dst` holds them. Checked and failing as [`Transport::put`].

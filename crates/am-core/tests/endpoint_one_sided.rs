@@ -8,7 +8,7 @@ mod harness;
 use am_core::Local;
 use std::task::Poll;
 
-use am_core::{AmError, AmKind, AtomicOp, HandlerId, Handlers};
+use am_core::{AmError, AmKind, AtomicOp, HandlerId, Handlers, Signal};
 use harness::{Cluster, Shape};
 
 const SINK: HandlerId = HandlerId(3);
@@ -314,4 +314,23 @@ fn posted_atomics_by_messages_to_one_target_are_split_at_what_a_message_holds() 
         );
     }
     assert_eq!(c.nodes[0].ep.posted_in_flight(), 0);
+}
+
+/// A put-with-signal by messages whose target departs before its first unit went out: its
+/// next step reports the departure. Catches the slot's length arithmetic (data, then the
+/// signal's unit) underflowing once the departure cut the operation to what was sent: a
+/// subtraction overflow in debug builds, a stale-handle error in release.
+#[test]
+fn a_put_signal_cut_short_by_a_departure_fails_with_it() {
+    let mut c = cluster(2, false);
+    let (ep, mut tx) = c.wire(0);
+    let data = [7u8; 10];
+    let op = ready(ep.put_signal_start(&mut tx, 1, 64, &data, 0, Signal::Set(1))).unwrap();
+    assert!(!ep.is_complete(&op));
+    ep.mark_departed(1);
+    assert_eq!(
+        ready(ep.put_signal_step(&mut tx, &op, &data)),
+        Err(AmError::PeerDeparted(1))
+    );
+    assert!(c.net.sent.is_empty(), "nothing went out");
 }

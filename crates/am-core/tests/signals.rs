@@ -93,3 +93,35 @@ fn a_wait_nobody_can_end_fails() {
     );
     assert_eq!(results[0], Some(Err(AmError::PeerDeparted(1))));
 }
+
+/// A put-with-signal whose wake-up waits for a credit when its target leaves: it fails with
+/// `PeerDeparted`, never a panic. With one credit, and rank 1 quiet and no longer polling
+/// after the barrier, the barrier's credit is not home yet: the wake-up waits for it until
+/// rank 1 has gone (or, if rank 1 left first, the NIC's put is refused): the same error
+/// either way. Catches a put-with-signal to a departing target that fails with anything
+/// else, or waits for ever (`endpoint_one_sided` drives the cut-short slot itself).
+#[test]
+fn a_put_signal_waiting_for_a_credit_fails_when_its_target_leaves() {
+    watchdog(Duration::from_secs(60));
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_tx = std::sync::Mutex::new(go_tx);
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let results = run_ranks(
+        Loopback::cluster(2, LoopbackConfig::default().segment_size(1 << 16)),
+        |t| {
+            let config = Config::default().credits(Credits::Static(1));
+            let mut node = Node::new(t, Handlers::new(), config).expect("start");
+            node.barrier().expect("barrier");
+            if node.rank() == 1 {
+                node.quiesce().expect("quiesce");
+                go_rx.lock().unwrap().recv().unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                drop(node);
+                return None;
+            }
+            go_tx.lock().unwrap().send(()).unwrap();
+            Some(node.put_signal(1, 64, &[2; 8], 0, Signal::Add(1)))
+        },
+    );
+    assert_eq!(results[0], Some(Err(AmError::PeerDeparted(1))));
+}

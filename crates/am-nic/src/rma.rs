@@ -45,6 +45,27 @@ pub fn put_regions(
     Ok(())
 }
 
+/// Reads the regions (offset, length) of `src`'s segment into `dst`, in order
+/// ([`am_core::Transport::get_regions`]): the segment looked up once, then one copy per
+/// region.
+pub fn get_regions(
+    nic: &impl MappedPeers,
+    src: Rank,
+    regions: am_core::rma::Regions<'_>,
+    dst: &mut [u8],
+) -> Result<(), SendError> {
+    let segment = nic.peer_segment(src)?;
+    let mut at = 0;
+    for (offset, len) in regions.iter() {
+        let into = dst
+            .get_mut(at..at + len)
+            .ok_or_else(|| SendError::device("strided get: regions past the end of the buffer"))?;
+        am_core::rma::get_from(src, segment, offset, into)?;
+        at += len;
+    }
+    Ok(())
+}
+
 /// Reads `dst.len()` bytes at `offset` of `src`'s segment ([`am_core::Transport::get`]).
 pub fn get(
     nic: &impl MappedPeers,

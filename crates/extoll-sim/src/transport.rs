@@ -336,6 +336,16 @@ impl Transport for Extoll {
         am_nic::rma::put_regions(self, dest, regions, data)
     }
 
+    /// One lookup of the source's segment, then one copy per region.
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: am_core::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        am_nic::rma::get_regions(self, src, regions, dst)
+    }
+
     /// An immediate RMA get: the copy from the target's registered segment into the caller's
     /// buffer, made on this rank's thread, complete when this returns, the target notified
     /// of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this

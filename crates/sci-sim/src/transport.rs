@@ -428,6 +428,16 @@ impl Transport for Sci {
         am_nic::rma::put_regions(self, dest, regions, data)
     }
 
+    /// One lookup of the source's segment, then one copy per region.
+    fn get_regions(
+        &mut self,
+        src: Rank,
+        regions: am_core::rma::Regions<'_>,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        am_nic::rma::get_regions(self, src, regions, dst)
+    }
+
     /// A remote read of the target's imported segment. The AM protocol here keeps to remote
     /// writes and local reads, because an SCI read stalls the CPU for a round trip per
     /// transaction, where a write is posted and the CPU goes on; a get is the exception,

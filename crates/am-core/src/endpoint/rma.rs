@@ -103,6 +103,7 @@ impl<H: Threading> Endpoint<H> {
         };
         let (index, gen) = self.alloc_op(dest, offset, 1, Vec::new());
         self.ops[index as usize].signal = Some((signal_at, sent));
+        self.ops[index as usize].placed = true;
         if caps.atomics {
             // Data and signal are in place: the operation is complete once the wake-up is
             // sent, and nobody waits for its answer (a load is not ordered with anything,
@@ -126,14 +127,7 @@ impl<H: Threading> Endpoint<H> {
         data: &[u8],
     ) -> Poll<Result<(), AmError>> {
         match self.slot_of(op) {
-            Ok(Some((index, gen))) => {
-                // A slot of one unit: the data was placed when it started.
-                let placed = self
-                    .op(index, gen)
-                    .is_some_and(|s| s.len == 1 && !data.is_empty());
-                let data = if placed { &[][..] } else { data };
-                self.op_step(tx, index, gen, Some(data))
-            }
+            Ok(Some((index, gen))) => self.op_step(tx, index, gen, Some(data)),
             Ok(None) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(e)),
         }
@@ -241,6 +235,84 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// Starts a strided or indexed get ([`crate::endpoint::start::GetRegions`]): the regions
+    /// of `src`'s segment, in order, into a new `Vec`. Where the NIC reads peers' memory
+    /// ([`Transport::get_regions`]) or `src` is this rank, they are read now; otherwise
+    /// [`Endpoint::get_step`] sends one request per region (per Medium of a larger one),
+    /// whose answers land at their place in the `Vec`. Checked as
+    /// [`Endpoint::put_regions_start`]; `Pending` as [`Endpoint::put_start`].
+    pub fn get_regions_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        src: Rank,
+        regions: Regions<'_>,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        let Some(len) = regions.total() else {
+            return Poll::Ready(Err(AmError::InvalidRegions(
+                "the regions' lengths overflow",
+            )));
+        };
+        if let Err(e) = self.check_regions(src, regions, len) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        let mut data = vec![0; len];
+        if src == self.rank {
+            let seg = t.segment();
+            let mut at = 0;
+            for (offset, n) in regions.iter() {
+                if seg.read(offset, &mut data[at..at + n]).is_err() {
+                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, n as u64)));
+                }
+                at += n;
+            }
+            return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
+        }
+        if !t.capabilities().get {
+            let (index, gen) = self.alloc_op(src, 0, len, data);
+            self.ops[index as usize].regions.extend(regions.iter());
+            return Poll::Ready(Ok(self.slot_op(index, gen)));
+        }
+        // As for a put: the NIC's read may overtake a posted atomic's message.
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
+        }
+        match t.get_regions(src, regions, &mut data) {
+            Ok(()) => Poll::Ready(Ok(Op::ready(Raw::Bytes(data)))),
+            Err(SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
+    }
+
+    /// The region of slot `index` that holds byte `at` of its data (its index, and how far
+    /// into it `at` is), from the slot's cursor, which it leaves there: sends go forward, so
+    /// a transfer's lookups cost one pass over its regions in all. Past the last region:
+    /// the regions' count and 0.
+    fn seek_region(&mut self, index: u32, at: usize) -> (usize, usize) {
+        let slot = &mut self.ops[index as usize];
+        let (mut r, mut pos) = slot.cursor;
+        if at < pos {
+            (r, pos) = (0, 0);
+        }
+        while let Some(&(_, len)) = slot.regions.get(r) {
+            if at < pos + len {
+                break;
+            }
+            pos += len;
+            r += 1;
+        }
+        slot.cursor = (r, pos);
+        (r, at - pos)
+    }
+
+    /// The region of slot `index` that holds byte `at` of its data: its offset in the peer's
+    /// segment at that byte, and the bytes left in it.
+    fn region_at(&mut self, index: u32, at: usize) -> Option<(usize, usize)> {
+        let (r, skip) = self.seek_region(index, at);
+        let &(offset, len) = self.ops[index as usize].regions.get(r)?;
+        Some((offset + skip, len - skip))
+    }
+
     /// Checks a strided or indexed transfer before anything is done: the rank, every region
     /// inside the segment (the span from the lowest to the end of the highest, so a strided
     /// one in two comparisons), their lengths adding up to `len`, and `peer` not gone.
@@ -272,20 +344,16 @@ impl<H: Threading> Endpoint<H> {
     /// The next [`SystemMsg::PutRegions`] of slot `index` from byte `at` of its data: as
     /// many regions (the first and last perhaps in part) as fit in one Medium, as entries
     /// then bytes in `out`; how many data bytes and regions it holds.
-    fn pack_regions(&self, index: u32, at: usize, data: &[u8], out: &mut Vec<u8>) -> (usize, u32) {
+    fn pack_regions(
+        &mut self,
+        index: u32,
+        at: usize,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> (usize, u32) {
         let room = self.limits.max_medium.max(REGION_ENTRY_LEN + 1);
+        let (mut r, mut skip) = self.seek_region(index, at);
         let regions = &self.ops[index as usize].regions;
-        // The region that holds byte `at`, and how far into it.
-        let (mut r, mut skip, mut pos) = (0, 0, 0);
-        while r < regions.len() {
-            let len = regions[r].1;
-            if at < pos + len {
-                skip = at - pos;
-                break;
-            }
-            pos += len;
-            r += 1;
-        }
         out.clear();
         let mut pieces: Vec<(usize, usize)> = Vec::new();
         let mut used = 0;
@@ -643,9 +711,16 @@ impl<H: Threading> Endpoint<H> {
         let Some(slot) = self.op(index, gen) else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let (peer, offset, len, signal) = (slot.peer, slot.offset, slot.len, slot.signal);
-        // A put-with-signal's signal is its last unit, after the data.
-        let data_len = len - usize::from(signal.is_some());
+        let (peer, offset, signal) = (slot.peer, slot.offset, slot.signal);
+        // A put-with-signal's signal is its last unit, after the data (none left to send
+        // where the NIC placed it). Counted from the units it started with: a failure cuts
+        // `len` short, and the step then reports that failure.
+        let data = if slot.placed {
+            data.map(|_| &[][..])
+        } else {
+            data
+        };
+        let data_len = slot.total.saturating_sub(usize::from(signal.is_some()));
         if data.is_some_and(|d| d.len() != data_len) {
             return Poll::Ready(Err(AmError::StaleHandle));
         }
@@ -706,13 +781,25 @@ impl<H: Threading> Endpoint<H> {
                     continue;
                 }
                 (None, None) => {
+                    // A strided or indexed get asks for one region (or one Medium of it) at a
+                    // time; a plain one for the next chunk of its range.
+                    let (from, n) = if self.ops[index as usize].regions.is_empty() {
+                        (offset + at, n)
+                    } else {
+                        match self.region_at(index, at) {
+                            Some((from, left)) => (from, n.min(left)),
+                            None => return Poll::Ready(Err(AmError::StaleHandle)),
+                        }
+                    };
                     let get = SystemMsg::Get {
                         op: index,
-                        offset: (offset + at) as u64,
+                        offset: from as u64,
                         len: n as u32,
                         at: at as u64,
                     };
-                    self.system_step(tx, peer, get, &[], None)
+                    let step = self.system_step(tx, peer, get, &[], None);
+                    ready!(self.note_sent(index, at, n, step))?;
+                    continue;
                 }
             };
             ready!(self.note_sent(index, at, n, step))?;
@@ -797,6 +884,9 @@ impl<H: Threading> Endpoint<H> {
         slot.atomic = None;
         slot.signal = None;
         slot.regions.clear();
+        slot.cursor = (0, 0);
+        slot.total = len;
+        slot.placed = false;
         slot.word = 0;
         slot.detached = Detached::No;
         slot.waker = None;

@@ -157,6 +157,66 @@ impl Start for PutRegions<'_> {
     }
 }
 
+/// A strided or indexed get: regions of `src`'s segment, in order, into a new `Vec`, in one
+/// call (GASNet-EX's VIS gets, OpenSHMEM's `shmem_iget`). Where the transport reaches the
+/// source's memory it is one copy per region ([`Transport::get_regions`]), complete when
+/// started; elsewhere one request per region (per Medium of a larger one), answered by the
+/// source's progress. Regions outside the segment are an error when it starts. Made by
+/// [`GetRegions::indexed`] or [`GetRegions::strided`].
+#[derive(Debug, Clone, Copy)]
+pub struct GetRegions<'a> {
+    src: Rank,
+    regions: Result<crate::rma::Regions<'a>, &'static str>,
+}
+
+impl<'a> GetRegions<'a> {
+    /// The regions (offset, length) of `src`'s segment, in order.
+    pub fn indexed(src: Rank, regions: &'a [(usize, usize)]) -> Self {
+        GetRegions {
+            src,
+            regions: Ok(crate::rma::Regions::Indexed(regions)),
+        }
+    }
+
+    /// `count` blocks of `block` bytes of `src`'s segment, one every `stride` bytes from
+    /// `offset` (a column of a row-major array).
+    pub fn strided(src: Rank, offset: usize, stride: usize, block: usize, count: usize) -> Self {
+        let regions = if block == 0 {
+            Err("a block of 0 bytes")
+        } else {
+            Ok(crate::rma::Regions::Strided {
+                offset,
+                stride,
+                block,
+                count,
+            })
+        };
+        GetRegions { src, regions }
+    }
+}
+
+impl Start for GetRegions<'_> {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        match self.regions {
+            Ok(r) => ep.get_regions_start(t, self.src, r),
+            Err(why) => Poll::Ready(Err(AmError::InvalidRegions(why))),
+        }
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Vec<u8>>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.get_step(t, op)
+    }
+}
+
 /// A put-with-signal (OpenSHMEM's `shmem_put_signal`): `data` into `dest`'s segment at
 /// `offset`, then `signal` applied to the `u64` word at `signal_at` there, never before the
 /// data is in place, so that a target that sees the signal ([`crate::Node::wait_word`]) reads
@@ -667,6 +727,19 @@ macro_rules! operations {
             /// row_bytes, 8, &column)`.
             put_strided [] (dest: $crate::Rank, offset: usize, stride: usize, block: usize, data: &[u8]) -> ()
                 = $crate::endpoint::start::PutRegions::strided(dest, offset, stride, block, data); nb put_strided_nb; borrows;
+        }
+        $driver! { op
+            /// Reads the regions (offset, length) of `src`'s segment, in order, into a new
+            /// `Vec`, in one call ([`GetRegions`](crate::endpoint::start::GetRegions)).
+            get_indexed [] (src: $crate::Rank, regions: &[(usize, usize)]) -> Vec<u8>
+                = $crate::endpoint::start::GetRegions::indexed(src, regions); nb get_indexed_nb; borrows;
+        }
+        $driver! { op
+            /// Reads `count` blocks of `block` bytes of `src`'s segment, one every `stride`
+            /// bytes from `offset` (a column of a row-major array), into a new `Vec`, in one
+            /// call ([`GetRegions`](crate::endpoint::start::GetRegions)).
+            get_strided [] (src: $crate::Rank, offset: usize, stride: usize, block: usize, count: usize) -> Vec<u8>
+                = $crate::endpoint::start::GetRegions::strided(src, offset, stride, block, count); nb get_strided_nb; borrows;
         }
         $driver! { op
             /// Writes `data` into `dest`'s segment at `offset`, then applies `signal` to the

@@ -50,9 +50,18 @@ pub(super) struct OpSlot {
     /// (the signal itself, or a load of the word where the NIC applied it), as the
     /// operation's last unit (`len` counts it).
     pub(super) signal: Option<(usize, Atomic)>,
-    /// A strided or indexed put's regions (offset, length) in the target's segment, in the
+    /// A strided or indexed transfer's regions (offset, length) in the peer's segment, in the
     /// order of its data; empty for every other operation.
     pub(super) regions: Vec<(usize, usize)>,
+    /// Where the last look into `regions` ended: a region's index and the data's byte at its
+    /// start (sends only go forward, so each message's lookup starts there).
+    pub(super) cursor: (usize, usize),
+    /// The units the operation had when it started (`len` before a failure cut it short):
+    /// its data's bytes, plus the signal's unit.
+    pub(super) total: usize,
+    /// A put-with-signal whose data the NIC placed when it started: only its signal unit
+    /// goes as a message.
+    pub(super) placed: bool,
     pub(super) word: u64,
     /// Who completes it: its handle, or nobody (freed when its last answer comes).
     pub(super) detached: Detached,
