@@ -23,9 +23,10 @@ fn pingpong_json_parses() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
         .collect();
-    // short 0; medium 0, 8, 4096; long 0, 8, 4096; atomic
-    assert_eq!(rows.len(), 8, "{text}");
+    // short 0; medium 0, 8, 4096; long 0, 8, 4096; atomic on a u64, then on an f64
+    assert_eq!(rows.len(), 9, "{text}");
     assert_eq!(rows[7]["kind"], "atomic");
+    assert_eq!(rows[8]["kind"], "atomic-f64");
     for row in &rows {
         for key in [
             "transport",
@@ -201,7 +202,8 @@ fn process_transports_have_a_floor() {
 }
 
 /// `--kind atomic` times remote fetch-and-adds (which check each other's old values) on every
-/// transport here: one row of kind `atomic`, with a latency and a rate.
+/// transport here: a row of kind `atomic` (a `u64`) and one of kind `atomic-f64`, each with a
+/// latency and a rate.
 #[test]
 fn atomic_row_on_every_transport() {
     let available = amnet::TransportKind::ALL
@@ -221,10 +223,11 @@ fn atomic_row_on_every_transport() {
             "atomic",
             "--json",
         ]);
-        assert_eq!(rows.len(), 1, "{transport}: {rows:?} {stderr}");
-        let row = &rows[0];
-        assert_eq!((&row["kind"], &row["bytes"]), (&"atomic".into(), &8.into()));
-        assert!(row["rtt_us_p50"].as_f64().is_some_and(|v| v > 0.0), "{row}");
-        assert!(row["msgs_per_s"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+        assert_eq!(rows.len(), 2, "{transport}: {rows:?} {stderr}");
+        for (row, kind) in rows.iter().zip(["atomic", "atomic-f64"]) {
+            assert_eq!((&row["kind"], &row["bytes"]), (&kind.into(), &8.into()));
+            assert!(row["rtt_us_p50"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+            assert!(row["msgs_per_s"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+        }
     }
 }
