@@ -749,13 +749,8 @@ impl Transport for Loopback {
         data: &[u8],
     ) -> Result<(), SendError> {
         let segment = self.tx.peer_segment(dest)?;
-        let mut at = 0;
-        for (offset, len) in regions.iter() {
-            let bytes = data.get(at..at + len).ok_or_else(|| {
-                SendError::device("strided put: regions past the end of the data")
-            })?;
+        for (offset, bytes) in regions.pieces(data)? {
             put_into(dest, segment, offset, bytes)?;
-            at += len;
         }
         Ok(())
     }
@@ -768,13 +763,8 @@ impl Transport for Loopback {
         dst: &mut [u8],
     ) -> Result<(), SendError> {
         let segment = self.tx.peer_segment(src)?;
-        let mut at = 0;
-        for (offset, len) in regions.iter() {
-            let into = dst.get_mut(at..at + len).ok_or_else(|| {
-                SendError::device("strided get: regions past the end of the buffer")
-            })?;
+        for (offset, into) in regions.pieces_mut(dst)? {
             get_from(src, segment, offset, into)?;
-            at += len;
         }
         Ok(())
     }

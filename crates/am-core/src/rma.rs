@@ -35,9 +35,9 @@ pub enum Regions<'a> {
     Indexed(&'a [(usize, usize)]),
 }
 
-impl Regions<'_> {
+impl<'a> Regions<'a> {
     /// The regions, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + use<'a> {
         let (strided, indexed) = match *self {
             Regions::Strided {
                 offset,
@@ -53,6 +53,46 @@ impl Regions<'_> {
                 (0..count).map(move |i| (offset.wrapping_add(i.wrapping_mul(stride)), block))
             });
         strided.chain(indexed.iter().copied())
+    }
+
+    /// Each region's offset with its bytes of `data`, in order. A `data` that does not hold
+    /// exactly the regions' bytes is [`SendError::Device`] (the core checks it first).
+    pub fn pieces<'d>(
+        &self,
+        data: &'d [u8],
+    ) -> Result<impl Iterator<Item = (usize, &'d [u8])> + use<'a, 'd>, SendError> {
+        self.fits(data.len())?;
+        let mut rest = data;
+        Ok(self.iter().map(move |(offset, len)| {
+            let (bytes, after) = rest.split_at(len);
+            rest = after;
+            (offset, bytes)
+        }))
+    }
+
+    /// [`Regions::pieces`] of a buffer to fill.
+    pub fn pieces_mut<'d>(
+        &self,
+        dst: &'d mut [u8],
+    ) -> Result<impl Iterator<Item = (usize, &'d mut [u8])> + use<'a, 'd>, SendError> {
+        self.fits(dst.len())?;
+        let mut rest = dst;
+        Ok(self.iter().map(move |(offset, len)| {
+            let (bytes, after) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = after;
+            (offset, bytes)
+        }))
+    }
+
+    /// Whether a buffer of `len` bytes holds exactly the regions' bytes.
+    fn fits(&self, len: usize) -> Result<(), SendError> {
+        if self.total() == Some(len) {
+            Ok(())
+        } else {
+            Err(SendError::device(format!(
+                "a transfer of {len} bytes into or out of regions of another total"
+            )))
+        }
     }
 
     /// How many regions.

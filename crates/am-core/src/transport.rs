@@ -427,10 +427,8 @@ pub trait Transport: Tx {
         regions: crate::rma::Regions<'_>,
         data: &[u8],
     ) -> Result<(), SendError> {
-        let mut at = 0;
-        for (offset, len) in regions.iter() {
-            self.put(dest, offset, &data[at..at + len])?;
-            at += len;
+        for (offset, bytes) in regions.pieces(data)? {
+            self.put(dest, offset, bytes)?;
         }
         Ok(())
     }
@@ -444,10 +442,8 @@ pub trait Transport: Tx {
         regions: crate::rma::Regions<'_>,
         dst: &mut [u8],
     ) -> Result<(), SendError> {
-        let mut at = 0;
-        for (offset, len) in regions.iter() {
-            self.get(src, offset, &mut dst[at..at + len])?;
-            at += len;
+        for (offset, into) in regions.pieces_mut(dst)? {
+            self.get(src, offset, into)?;
         }
         Ok(())
     }

@@ -34,13 +34,8 @@ pub fn put_regions(
     data: &[u8],
 ) -> Result<(), SendError> {
     let segment = nic.peer_segment(dest)?;
-    let mut at = 0;
-    for (offset, len) in regions.iter() {
-        let bytes = data
-            .get(at..at + len)
-            .ok_or_else(|| SendError::device("strided put: regions past the end of the data"))?;
+    for (offset, bytes) in regions.pieces(data)? {
         am_core::rma::put_into(dest, segment, offset, bytes)?;
-        at += len;
     }
     Ok(())
 }
@@ -55,13 +50,8 @@ pub fn get_regions(
     dst: &mut [u8],
 ) -> Result<(), SendError> {
     let segment = nic.peer_segment(src)?;
-    let mut at = 0;
-    for (offset, len) in regions.iter() {
-        let into = dst
-            .get_mut(at..at + len)
-            .ok_or_else(|| SendError::device("strided get: regions past the end of the buffer"))?;
+    for (offset, into) in regions.pieces_mut(dst)? {
         am_core::rma::get_from(src, segment, offset, into)?;
-        at += len;
     }
     Ok(())
 }

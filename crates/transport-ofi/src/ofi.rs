@@ -709,34 +709,27 @@ impl Io {
         {
             return Err(SendError::TooLarge(total));
         }
-        let mut in_flight = VecDeque::new();
-        let r = self.write_chunks(dest, region, offset, payload, total, &mut in_flight);
-        // Those not waited for after an error stay the provider's until their completions.
-        self.orphans.extend(in_flight);
-        r
+        self.issue_then_wait(dest, |io, in_flight| {
+            io.issue_chunks(dest, region, offset, payload, total, in_flight)
+        })
     }
 
-    fn write_chunks(
+    /// Runs `issue`, which puts writes to `dest` in flight, then waits for all of them; those
+    /// not waited for after an error stay the provider's until their completions.
+    fn issue_then_wait(
         &mut self,
         dest: Rank,
-        Region { base, key, .. }: Region,
-        offset: usize,
-        payload: Option<Payload<'_>>,
-        total: usize,
-        in_flight: &mut VecDeque<Op>,
+        issue: impl FnOnce(&mut Io, &mut VecDeque<Op>) -> Result<(), SendError>,
     ) -> Result<(), SendError> {
-        self.issue_chunks(
-            dest,
-            Region { base, key, len: 0 },
-            offset,
-            payload,
-            total,
-            in_flight,
-        )?;
-        while let Some(op) = in_flight.pop_front() {
-            self.wait_op(op, dest)?;
-        }
-        Ok(())
+        let mut in_flight = VecDeque::new();
+        let r = issue(self, &mut in_flight).and_then(|()| {
+            while let Some(op) = in_flight.pop_front() {
+                self.wait_op(op, dest)?;
+            }
+            Ok(())
+        });
+        self.orphans.extend(in_flight);
+        r
     }
 
     /// Issues the writes of `total` bytes of `payload` at `offset` of `dest`'s region (checked
@@ -790,30 +783,14 @@ impl Io {
             Some((_, end)) if end as u64 <= region.len => {}
             _ => return Err(SendError::TooLarge(data.len())),
         }
-        let mut in_flight = VecDeque::new();
-        let mut issue = || {
-            let mut at = 0;
-            for (offset, len) in regions.iter() {
-                let bytes = data.get(at..at + len).ok_or(SendError::TooLarge(len))?;
-                self.issue_chunks(
-                    dest,
-                    region,
-                    offset,
-                    Some(Payload::Private(bytes)),
-                    len,
-                    &mut in_flight,
-                )?;
-                at += len;
-            }
-            while let Some(op) = in_flight.pop_front() {
-                self.wait_op(op, dest)?;
+        self.issue_then_wait(dest, |io, in_flight| {
+            for (offset, bytes) in regions.pieces(data)? {
+                let len = bytes.len();
+                let bytes = Some(Payload::Private(bytes));
+                io.issue_chunks(dest, region, offset, bytes, len, in_flight)?;
             }
             Ok(())
-        };
-        let r = issue();
-        // Those not waited for after an error stay the provider's until their completions.
-        self.orphans.extend(in_flight);
-        r
+        })
     }
 
     fn read(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
@@ -1228,11 +1205,9 @@ impl Transport for Ofi {
     ) -> Result<(), SendError> {
         if dest == self.io.rank {
             let own = self.segment.byte_area();
-            let mut at = 0;
-            for (offset, len) in regions.iter() {
-                own.write(offset, &data[at..at + len])
+            for (offset, bytes) in regions.pieces(data)? {
+                own.write(offset, bytes)
                     .map_err(|e| NicError::device_from("a put to this rank", e))?;
-                at += len;
             }
             return Ok(());
         }

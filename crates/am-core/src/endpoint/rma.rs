@@ -42,7 +42,7 @@ impl<H: Threading> Endpoint<H> {
                 let (index, gen) = self.alloc_op(dest, offset, data.len(), Vec::new());
                 return Poll::Ready(Ok(self.slot_op(index, gen)));
             }
-            ready!(self.nic_put(t, dest, offset, data))?;
+            ready!(self.nic_rma(|| t.put(dest, offset, data)))?;
         }
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
@@ -87,7 +87,7 @@ impl<H: Threading> Endpoint<H> {
             self.ops[index as usize].signal = Some((signal_at, atomic));
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        ready!(self.nic_put(t, dest, offset, data))?;
+        ready!(self.nic_rma(|| t.put(dest, offset, data)))?;
         // The data is in place: the signal follows it. Where the NIC applies atomics it
         // applies this one too (one agent for every atomic on the word), and a load of the
         // word is the message that wakes the target; a busy NIC makes the caller start
@@ -146,15 +146,8 @@ impl<H: Threading> Endpoint<H> {
         value: u64,
     ) -> Poll<Result<(), AmError>> {
         let load = Atomic::from(AtomicOp::Load::<u64>);
-        match load.check(offset, self.seg_len) {
-            Ok(()) => {}
-            Err(Refused::Misaligned) => {
-                return Poll::Ready(Err(AmError::Misaligned {
-                    offset: offset as u64,
-                    align: 8,
-                }))
-            }
-            Err(_) => return Poll::Ready(Err(self.out_of_bounds(offset as u64, 8))),
+        if let Err(e) = self.check_word(offset, &load) {
+            return Poll::Ready(Err(e));
         }
         let word = match self.apply_here(t.segment(), offset, load) {
             Ok(w) => w,
@@ -210,13 +203,12 @@ impl<H: Threading> Endpoint<H> {
         }
         ready!(self.apply_posted(t))?;
         if dest == self.rank {
+            // Checked: the data matches the regions, all inside the segment.
             let seg = t.segment();
-            let mut at = 0;
-            for (offset, len) in regions.iter() {
-                if seg.write(offset, &data[at..at + len]).is_err() {
-                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
+            for (offset, bytes) in regions.pieces(data)? {
+                if seg.write(offset, bytes).is_err() {
+                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, bytes.len() as u64)));
                 }
-                at += len;
             }
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
@@ -225,14 +217,8 @@ impl<H: Threading> Endpoint<H> {
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        if self.detached_in_flight > 0 {
-            return Poll::Pending;
-        }
-        match t.put_regions(dest, regions, data) {
-            Ok(()) => Poll::Ready(Ok(Op::ready(Raw::Unit))),
-            Err(SendError::Busy) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
-        }
+        ready!(self.nic_rma(|| t.put_regions(dest, regions, data)))?;
+        Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
     /// Starts a strided or indexed get ([`crate::endpoint::start::GetRegions`]): the regions
@@ -258,13 +244,12 @@ impl<H: Threading> Endpoint<H> {
         ready!(self.apply_posted(t))?;
         let mut data = vec![0; len];
         if src == self.rank {
+            // Checked: the data matches the regions, all inside the segment.
             let seg = t.segment();
-            let mut at = 0;
-            for (offset, n) in regions.iter() {
-                if seg.read(offset, &mut data[at..at + n]).is_err() {
-                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, n as u64)));
+            for (offset, into) in regions.pieces_mut(&mut data)? {
+                if seg.read(offset, into).is_err() {
+                    return Poll::Ready(Err(self.out_of_bounds(offset as u64, into.len() as u64)));
                 }
-                at += n;
             }
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
@@ -273,15 +258,8 @@ impl<H: Threading> Endpoint<H> {
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        // As for a put: the NIC's read may overtake a posted atomic's message.
-        if self.detached_in_flight > 0 {
-            return Poll::Pending;
-        }
-        match t.get_regions(src, regions, &mut data) {
-            Ok(()) => Poll::Ready(Ok(Op::ready(Raw::Bytes(data)))),
-            Err(SendError::Busy) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
-        }
+        ready!(self.nic_rma(|| t.get_regions(src, regions, &mut data)))?;
+        Poll::Ready(Ok(Op::ready(Raw::Bytes(data))))
     }
 
     /// The region of slot `index` that holds byte `at` of its data (its index, and how far
@@ -355,8 +333,8 @@ impl<H: Threading> Endpoint<H> {
         let (mut r, mut skip) = self.seek_region(index, at);
         let regions = &self.ops[index as usize].regions;
         out.clear();
-        let mut pieces: Vec<(usize, usize)> = Vec::new();
-        let mut used = 0;
+        // Entries first, then the bytes they describe: consecutive bytes of `data` from `at`.
+        let (mut n, mut count, mut used) = (0, 0, 0);
         while r < regions.len() {
             let (offset, len) = regions[r];
             let left = len - skip;
@@ -369,36 +347,29 @@ impl<H: Threading> Endpoint<H> {
             if fits == 0 {
                 break;
             }
-            pieces.push((offset + skip, fits));
-            used += REGION_ENTRY_LEN + fits;
+            push_region_entry(out, (offset + skip) as u64, fits as u32);
+            (n, count, used) = (n + fits, count + 1, used + REGION_ENTRY_LEN + fits);
             if fits < left {
                 break;
             }
             r += 1;
             skip = 0;
         }
-        let n: usize = pieces.iter().map(|p| p.1).sum();
-        for &(offset, len) in &pieces {
-            push_region_entry(out, offset as u64, len as u32);
-        }
         out.extend_from_slice(&data[at..at + n]);
-        (n, pieces.len() as u32)
+        (n, count)
     }
 
-    /// The NIC's put of `data` at `offset` of `dest`'s segment (checked): `Pending` while the
-    /// device is busy or posted atomics sent as messages are unanswered (the NIC's write may
+    /// A put or get the NIC does itself (`rma`, checked): `Pending` while the device is busy
+    /// or posted atomics sent as messages are unanswered (the NIC's write or read may
     /// overtake a message: a transport with RMA but atomics by messages).
-    fn nic_put<T: Transport + ?Sized>(
+    fn nic_rma(
         &mut self,
-        t: &mut T,
-        dest: Rank,
-        offset: usize,
-        data: &[u8],
+        rma: impl FnOnce() -> Result<(), SendError>,
     ) -> Poll<Result<(), AmError>> {
         if self.detached_in_flight > 0 {
             return Poll::Pending;
         }
-        match t.put(dest, offset, data) {
+        match rma() {
             Ok(()) => Poll::Ready(Ok(())),
             Err(SendError::Busy) => Poll::Pending,
             Err(e) => Poll::Ready(Err(self.nic_failed(e))),
@@ -513,15 +484,8 @@ impl<H: Threading> Endpoint<H> {
         if !t.capabilities().get {
             return Poll::Ready(Ok(false));
         }
-        // As for a put: the NIC's read may overtake a posted atomic's message.
-        if self.detached_in_flight > 0 {
-            return Poll::Pending;
-        }
-        match t.get(src, offset, dst) {
-            Ok(()) => Poll::Ready(Ok(true)),
-            Err(SendError::Busy) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
-        }
+        ready!(self.nic_rma(|| t.get(src, offset, dst)))?;
+        Poll::Ready(Ok(true))
     }
 
     /// A step of sending a get's requests, as [`Endpoint::put_step`] (a get into a new
@@ -554,27 +518,27 @@ impl<H: Threading> Endpoint<H> {
     /// aligned to its width, and `dest` not gone.
     pub fn check_atomic(&self, dest: Rank, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
         self.check_rank(dest)?;
-        let width = atomic.width().bytes();
-        match atomic.check(offset, self.seg_len) {
-            Ok(()) => {}
-            Err(Refused::OutOfBounds) => {
-                return Err(self.out_of_bounds(offset as u64, width as u64))
-            }
-            Err(Refused::Misaligned) => {
-                return Err(AmError::Misaligned {
-                    offset: offset as u64,
-                    align: width,
-                })
-            }
-            Err(_) => {
-                return Err(AmError::InvalidAtomic(
-                    "a bitwise operation on a floating-point word",
-                ))
-            }
-        }
+        self.check_word(offset, atomic)?;
         match self.waiting_for(dest) {
             Poll::Ready(e) => Err(e),
             Poll::Pending => Ok(()),
+        }
+    }
+
+    /// The word of `atomic` at `offset` of a segment (every rank's is as long as this one's):
+    /// inside it, aligned to its width, and the operation defined on its type.
+    fn check_word(&self, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
+        let width = atomic.width().bytes();
+        match atomic.check(offset, self.seg_len) {
+            Ok(()) => Ok(()),
+            Err(Refused::OutOfBounds) => Err(self.out_of_bounds(offset as u64, width as u64)),
+            Err(Refused::Misaligned) => Err(AmError::Misaligned {
+                offset: offset as u64,
+                align: width,
+            }),
+            Err(_) => Err(AmError::InvalidAtomic(
+                "a bitwise operation on a floating-point word",
+            )),
         }
     }
 
