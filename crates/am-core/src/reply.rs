@@ -349,8 +349,14 @@ impl<'a> ReplySink<'a> {
     #[cold]
     #[inline(never)]
     fn failed(&mut self, e: SendError) -> AmError {
+        let departed = matches!(e, SendError::PeerDeparted(_));
         let e = AmError::from(e);
-        self.out.error.get_or_insert_with(|| e.clone());
+        // A requester that left reads no reply: the handler hears it, the poll does not
+        // (the departure is the transport's poll to report, after what the requester sent
+        // before it left).
+        if !departed {
+            self.out.error.get_or_insert_with(|| e.clone());
+        }
         e
     }
 

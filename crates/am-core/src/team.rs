@@ -54,9 +54,11 @@
 //!
 //! # Failure
 //! A member lost fails the collectives in flight on every team it belongs to, on every
-//! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams (a
-//! member that left cleanly: [`crate::AmError::PeerDeparted`] for those still waiting for
-//! it). The first survivor whose transport notices the loss tells the rest of each team, so
+//! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams. A
+//! member that left cleanly had sent its part of every collective it took part in, so
+//! only a collective that waits for it in vain, or must send to it, fails
+//! ([`crate::AmError::PeerDeparted`]), and every later one on that team: a rank may leave
+//! as soon as its last collective returns, before the others reach it. The first survivor whose transport notices the loss tells the rest of each team, so
 //! every survivor fails within one message of that. When the first notices depends on the
 //! transport:
 //!

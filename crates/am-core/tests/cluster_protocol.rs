@@ -730,6 +730,49 @@ fn a_get_from_a_rank_that_dies_fails_with_peer_lost() {
     }
 }
 
+/// Rank 1 answers rank 0's get and leaves; before rank 0 has received the answer, a put
+/// of rank 0's to rank 1 finds it gone. The put fails with `PeerDeparted`, the get still
+/// completes with the bytes rank 1 sent before it left, and only the transport's report
+/// (after those bytes) makes rank 1 departed. Catches a send that finds a peer gone and
+/// fails the waits its messages still in flight would have ended (the README's teams
+/// example failed its broadcast this way on a loaded machine).
+#[test]
+fn a_send_that_finds_a_peer_gone_fails_alone_until_the_poll_reports_it() {
+    for seed in 0..SEEDS {
+        let (mut c, _) = cluster(Shape::new(2), seed);
+        let data = pattern(64, seed as u8);
+        c.nodes[1].segment.byte_area().write(0, &data).unwrap();
+        let (ep, mut tx) = c.wire(0);
+        let mut get = ready(ep.get_start(&mut tx, 1, 0, data.len())).unwrap();
+        c.drive(&[0], |_, ep, tx| ep.get_step(tx, &get))[0]
+            .clone()
+            .unwrap()
+            .unwrap();
+        // Rank 1 answers, and leaves.
+        while c.deliver_to(1) {}
+        c.leave_unreported(1);
+        let (ep, mut tx) = c.wire(0);
+        let put = match ep.put_start(&mut tx, 1, 0, &[7]) {
+            Poll::Ready(Ok(put)) => c.drive(&[0], |_, ep, tx| ep.put_step(tx, &put, &[7]))[0]
+                .clone()
+                .unwrap(),
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending => unreachable!("a credit is free"),
+        };
+        assert_eq!(put, Err(AmError::PeerDeparted(1)), "seed {seed}");
+        assert!(
+            !c.nodes[0].ep.is_departed(1),
+            "seed {seed}: not reported yet"
+        );
+        let got = c.drive(&[0], |_, ep, tx| ep.poll_op(tx, &mut get, None))[0]
+            .clone()
+            .unwrap();
+        assert_eq!(got, Ok(data), "seed {seed}: the answer sent before it left");
+        c.report_departure(1);
+        assert!(c.nodes[0].ep.is_departed(1));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exit and abort
 

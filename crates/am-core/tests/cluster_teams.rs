@@ -1067,6 +1067,80 @@ fn a_member_that_left_without_joining_fails_the_collective_everywhere() {
     }
 }
 
+/// The root of a broadcast leaves the job as soon as its broadcast returned, before the
+/// others start theirs (their steps from it already arrived): every other member completes
+/// the broadcast, and a later one on the world fails with `PeerDeparted` where it would
+/// wait for the departed member. Catches a departure that fails collectives the departed
+/// member had already done its part of (a rank 1 of the README's teams example saw "rank 0
+/// has left the job").
+#[test]
+fn a_member_that_left_after_its_part_fails_nothing_it_took_part_in() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(4), seed, |_| am_core::Handlers::local());
+        let mut root = {
+            let (ep, mut wire) = c.wire(0);
+            let world = ep.world_team();
+            match start(TeamBroadcast::new(&world, 0, b"hello"), ep, &mut wire) {
+                Poll::Ready(Ok(op)) => Some(op),
+                _ => panic!("start"),
+            }
+        };
+        let root = c
+            .drive(&[0], |_, ep, wire| {
+                ep.poll_op(wire, root.as_mut().expect("started"), None)
+            })
+            .remove(0);
+        assert_eq!(root, Some(Ok(b"hello".to_vec())), "seed {seed}");
+        // Rank 0's steps reach the others before its departure does.
+        c.settle();
+        c.depart(0);
+        let mut ops: Vec<Option<Op<Vec<u8>>>> = (0..4)
+            .map(|r| {
+                if r == 0 {
+                    return None;
+                }
+                let (ep, mut wire) = c.wire(r);
+                let world = ep.world_team();
+                match start(TeamBroadcast::new(&world, 0, b""), ep, &mut wire) {
+                    Poll::Ready(Ok(op)) => Some(op),
+                    other => panic!("seed {seed} rank {r}: start {:?}", other.map(|r| r.err())),
+                }
+            })
+            .collect();
+        for (r, got) in finish(&mut c, &[1, 2, 3], &mut ops).into_iter().enumerate() {
+            assert_eq!(got, Ok(b"hello".to_vec()), "seed {seed} rank {}", r + 1);
+        }
+        // The next broadcast from rank 0 cannot come: its children fail and tell the rest.
+        let mut ops: Vec<Option<Op<Vec<u8>>>> = (0..4)
+            .map(|r| {
+                if r == 0 {
+                    return None;
+                }
+                let (ep, mut wire) = c.wire(r);
+                let world = ep.world_team();
+                match start(TeamBroadcast::new(&world, 0, b""), ep, &mut wire) {
+                    Poll::Ready(Ok(op)) => Some(op),
+                    Poll::Ready(Err(e)) => {
+                        assert_eq!(e, AmError::PeerDeparted(0), "seed {seed} rank {r}");
+                        None
+                    }
+                    Poll::Pending => panic!("start"),
+                }
+            })
+            .collect();
+        let waiting: Vec<Rank> = (1..4).filter(|&r| ops[r as usize].is_some()).collect();
+        for got in c
+            .drive(&waiting, |r, ep, wire| {
+                ep.poll_op(wire, ops[r as usize].as_mut().expect("started"), None)
+            })
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(got, Err(AmError::PeerDeparted(0)), "seed {seed}");
+        }
+    }
+}
+
 /// A member that goes silent in the middle of an all-gather, as a udp peer does: only rank
 /// 0's transport reports it lost (the others would notice only after the peer timeout).
 /// Rank 0 fails its all-gather and tells the team, so every survivor fails with

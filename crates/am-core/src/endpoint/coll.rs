@@ -27,8 +27,9 @@
 //! - **Failure**: a member lost fails every collective in flight on every team it belongs
 //!   to, and every later one on those teams ([`Endpoint::mark_lost`]). A member that left
 //!   cleanly ([`Endpoint::mark_departed`]) had sent everything it owed for the collectives
-//!   it started: those that still wait for a step of its fail, the others complete, and
-//!   every later one on its teams fails. A rank that fails a collective for a gone member
+//!   it started, whether they started here before or after it left: those that wait for a
+//!   step of its not arrived, or send to it, fail, and every later one on the team; the
+//!   others complete. A rank that fails a collective for a gone member
 //!   tells every other member of the team, once per gone member and team (a
 //!   [`SystemMsg::Collective`] of kind [`CollectiveKind::MemberLost`] or
 //!   [`CollectiveKind::MemberDeparted`]): they fail that collective and the later ones on
@@ -1017,10 +1018,12 @@ impl<H: Threading> Endpoint<H> {
         if let Some(e) = stray {
             self.teams.stray.get_or_insert(e);
         }
-        // A member already gone fails the team at once.
+        // A member lost fails the team at once. One departed may have ended collectives on
+        // it before it left (their steps were adopted above): those fail only where they
+        // wait for it.
         if let Some(e) = members.iter().find_map(|&m| match self.waiting_for(m) {
+            Poll::Ready(AmError::PeerDeparted(_)) | Poll::Pending => None,
             Poll::Ready(e) => Some(e),
-            Poll::Pending => None,
         }) {
             ts.failed = Some(e);
         }
@@ -1048,13 +1051,15 @@ impl<H: Threading> Endpoint<H> {
         self.teams.unknown.clear();
     }
 
-    /// `peer` is gone (`error` says how) from every team it belongs to: every later
-    /// collective on those teams fails with `error` when it starts. Lost (`eager`), it fails
-    /// every collective in flight on them too: it may not have sent its part, and the others
-    /// wait for what it would have sent on. Departed cleanly, it ended what it had started
-    /// and sent what it owed before it left (a transport reports a departure after the
-    /// messages sent before it): only a collective that still waits for a step of its own,
-    /// not arrived, fails.
+    /// `peer` is gone (`error` says how) from every team it belongs to. Lost (`eager`), it
+    /// fails every collective in flight on them and every later one: it may not have sent
+    /// its part, and the others wait for what it would have sent on. Departed cleanly, it
+    /// ended what it had started and sent what it owed before it left (a transport reports
+    /// a departure after the messages sent before it): only a collective that still waits
+    /// for a step of its own, not arrived, fails, and then every later one on the team. A
+    /// collective started here after the departure, which the departed member had already
+    /// ended, finds its steps arrived and completes; one it had not started fails where it
+    /// waits for the departed member or sends to it.
     pub(super) fn fail_teams_with(&mut self, peer: Rank, error: &AmError, eager: bool) {
         let mut failed = Vec::new();
         let mut removed = 0u32;
@@ -1065,7 +1070,9 @@ impl<H: Threading> Endpoint<H> {
             if !ts.members.contains(&peer) {
                 continue;
             }
-            ts.failed.get_or_insert_with(|| error.clone());
+            if eager {
+                ts.failed.get_or_insert_with(|| error.clone());
+            }
             let mut first = None::<u64>;
             let mut kept = Vec::new();
             for c in std::mem::take(&mut ts.colls) {
@@ -1084,6 +1091,8 @@ impl<H: Threading> Endpoint<H> {
             ts.colls = kept;
             drop_bigs(ts, &mut failed);
             if let Some(seq) = first {
+                // The team's sequence is broken from here: later collectives fail at start.
+                ts.failed.get_or_insert_with(|| error.clone());
                 notify.push((id, seq));
             }
         }

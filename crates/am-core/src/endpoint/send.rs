@@ -218,18 +218,14 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// A send-side error of the NIC, a message's or an operation the NIC does itself:
-    /// recorded as a poll's would be (a lost or departed target is marked so, an error that
-    /// ends the node ends the endpoint), and returned.
+    /// recorded as a poll's would be (a lost target is marked so, an error that ends the
+    /// node ends the endpoint), and returned. A departed target is not marked here: what it
+    /// sent before it left may still wait to be received, and the waits it answers must see
+    /// it; the transport's poll reports the departure after those messages.
     #[cold]
     pub(super) fn nic_failed(&mut self, e: SendError) -> AmError {
-        match e {
-            SendError::PeerLost(peer) => {
-                self.mark_lost(peer);
-            }
-            SendError::PeerDeparted(peer) => {
-                self.mark_departed(peer);
-            }
-            _ => {}
+        if let SendError::PeerLost(peer) = e {
+            self.mark_lost(peer);
         }
         let e = AmError::from(e);
         if e.ends_node() {
@@ -282,11 +278,10 @@ impl<H: Threading> Endpoint<H> {
                     self.mark_lost(peer);
                     return Err(AmError::PeerLost(peer));
                 }
-                Err(SendError::PeerDeparted(peer)) => {
-                    // Nobody is left to read the reply.
+                Err(SendError::PeerDeparted(_)) => {
+                    // Nobody is left to read the reply: dropped. The departure is the poll's
+                    // to report, after what the peer sent before it left (see `nic_failed`).
                     self.replies.pending.pop_front();
-                    self.mark_departed(peer);
-                    return Err(AmError::PeerDeparted(peer));
                 }
                 Err(e) => {
                     self.replies.pending.pop_front();
@@ -327,6 +322,8 @@ impl<H: Threading> Endpoint<H> {
                     self.replies.refused += 1;
                     return Ok(());
                 }
+                // Nobody is left to read them (see `nic_failed`).
+                Err(SendError::PeerDeparted(_)) => acks.forget(peer),
                 Err(e) => {
                     acks.forget(peer);
                     return Err(self.nic_failed(e));

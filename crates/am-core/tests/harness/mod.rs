@@ -585,6 +585,26 @@ impl Cluster {
         }
     }
 
+    /// `rank` has left, but no rank's transport has reported it yet: sends to it fail with
+    /// `PeerDeparted`, what it sent before it left is still delivered, and
+    /// [`Cluster::report_departure`] is the report a transport's poll makes after that.
+    pub fn leave_unreported(&mut self, rank: Rank) {
+        self.net.departed[rank as usize] = true;
+        for q in &mut self.net.queues[rank as usize] {
+            q.clear();
+        }
+    }
+
+    /// Every other rank's transport reports `rank`'s departure (after
+    /// [`Cluster::leave_unreported`]).
+    pub fn report_departure(&mut self, rank: Rank) {
+        for (r, node) in self.nodes.iter_mut().enumerate() {
+            if r != rank as usize {
+                node.ep.mark_departed(rank);
+            }
+        }
+    }
+
     /// `rank` dies: as [`Cluster::depart`], reported as a loss.
     pub fn lose(&mut self, rank: Rank) {
         self.net.lost[rank as usize] = true;
