@@ -1,6 +1,6 @@
-//! An idle progress thread sleeps: alone in its test binary, because it reads the CPU time of
-//! every thread of the process named `amnet-progress-*`, and the other tests' progress threads
-//! would count.
+//! An idle progress thread sleeps: in a test binary of its own, its tests one at a time,
+//! because it reads the CPU time of every thread of the process named `amnet-progress-*`, and
+//! other tests' progress threads would count.
 
 use std::time::Duration;
 
@@ -11,6 +11,17 @@ use am_core::{
 mod watchdog;
 use watchdog::within;
 
+/// Held by each test of this binary for its whole run: the other test's progress thread
+/// (which polls without sleeping, then exits) must not be counted by, or vanish during,
+/// `idle_progress_threads_sleep`'s measurement.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Idle progress threads sleep armed on their nodes' wake descriptors: over a second in which
 /// no rank sends, two "processes" of two endpoints each, each with one progress thread over
 /// both its endpoints, use a small fraction of a core together. Progress threads that polled,
@@ -18,6 +29,7 @@ use watchdog::within;
 /// node of a set ends a sleep armed on all of them, the arming this thread sleeps through.)
 #[test]
 fn idle_progress_threads_sleep() {
+    let _alone = alone();
     within(Duration::from_secs(60), || {
         let together = std::sync::Barrier::new(2);
         let mut transports = Loopback::cluster(4, LoopbackConfig::default()).into_iter();
@@ -130,6 +142,7 @@ impl am_core::Transport for NeverSleeps {
 /// take the node's lock twice) and stops when asked.
 #[test]
 fn a_progress_thread_whose_arming_finds_work_stops() {
+    let _alone = alone();
     within(Duration::from_secs(60), || {
         run_ranks(Loopback::cluster(1, LoopbackConfig::default()), |t| {
             let node = SharedNode::new(
