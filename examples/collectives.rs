@@ -20,6 +20,10 @@
 //! round trip); the `barrier` row also `ratio_to_node_barrier`. Rows with bytes also carry
 //! `mb_s` (bytes per member over the mean latency) and, beside it, `put_mb_s`: rank 0's
 //! blocking puts of the same size to rank 1 in the same job, and `ratio_to_put`.
+//!
+//! `alloc` times `alloc_symmetric` of the row's bytes on the world (its `ratio_to_barrier`
+//! is against the `barrier` row's collective, timed in the same job): the blocks stay
+//! allocated until the row ends (freed untimed), in a symmetric heap sized for them.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -45,7 +49,7 @@ struct Args {
         long,
         value_delimiter = ',',
         default_value = "barrier,allreduce,broadcast,reduce,gather,allgather",
-        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather"]
+        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather", "alloc"]
     )]
     ops: Vec<String>,
     /// Bytes per member (barrier has none)
@@ -110,6 +114,8 @@ struct Inputs {
     words: Vec<u64>,
     /// `bytes` for broadcast, gather and all-gather.
     block: Vec<u8>,
+    /// The symmetric blocks the row allocated, freed when it ends.
+    blocks: Vec<amnet::Symmetric>,
 }
 
 impl Inputs {
@@ -117,6 +123,7 @@ impl Inputs {
         Inputs {
             words: vec![u64::from(me) + 1; bytes.div_ceil(8)],
             block: vec![me as u8; bytes],
+            blocks: Vec::new(),
         }
     }
 }
@@ -126,15 +133,20 @@ fn one(
     node: &mut Node<AnyTransport, Local>,
     world: &amnet::Team,
     op: &str,
-    inputs: &Inputs,
+    inputs: &mut Inputs,
     i: usize,
 ) -> anyhow::Result<()> {
     let me = world.rank();
     let n = world.size();
     let root = (i % n as usize) as u32;
-    let Inputs { words, block } = inputs;
+    let Inputs {
+        words,
+        block,
+        blocks,
+    } = inputs;
     match op {
         "barrier" => node.team_barrier(world)?,
+        "alloc" => blocks.push(node.alloc_symmetric(world, block.len())?),
         "allreduce" => {
             node.team_all_reduce(world, ReduceOp::Sum, words)?;
         }
@@ -165,18 +177,21 @@ fn timed(
     args: &Args,
 ) -> anyhow::Result<(f64, f64)> {
     let mut each = Vec::with_capacity(args.iters);
-    let inputs = Inputs::new(world.rank(), bytes);
+    let mut inputs = Inputs::new(world.rank(), bytes);
     for i in 0..args.warmup {
-        one(node, world, op, &inputs, i)?;
+        one(node, world, op, &mut inputs, i)?;
     }
     node.barrier()?;
     let t0 = Instant::now();
     for i in 0..args.iters {
         let t = Instant::now();
-        one(node, world, op, &inputs, i)?;
+        one(node, world, op, &mut inputs, i)?;
         each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let mean = t0.elapsed().as_secs_f64() * 1e6 / args.iters as f64;
+    for block in inputs.blocks.drain(..).rev() {
+        node.free_symmetric(world, block)?;
+    }
     // The ranks' means, averaged with the library's own all-reduce.
     let sum = node.team_all_reduce(world, ReduceOp::Sum, &[mean])?;
     Ok((sum[0] / f64::from(world.size()), median(each)))
@@ -231,7 +246,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     let mut node = Node::new(
         transport,
         handlers(&pongs)?,
-        Config::from_env_for_ranks(size)?,
+        Config::from_env_for_ranks(size)?.symmetric_size(heap_size(args)),
     )?;
     let me = node.rank();
     let world = node.world_team();
@@ -249,6 +264,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             "transport", "op", "bytes", "mean_us", "p50_us", "ratio_rounds"
         );
     }
+    let mut team_barrier_us = None;
     for op in &args.ops {
         let sizes: Vec<usize> = if op == "barrier" {
             vec![0]
@@ -260,7 +276,11 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             let (mean, p50) = timed(&mut node, &world, op, bytes, args)?;
             let ratio = mean / (f64::from(rounds) * rtt);
             let to_barrier = (op == "barrier").then_some(mean / node_barrier_us);
-            let (mb_s, put_mb_s) = if bytes > 0 {
+            if op == "barrier" {
+                team_barrier_us = Some(mean);
+            }
+            let alloc_to_barrier = team_barrier_us.filter(|_| op == "alloc").map(|b| mean / b);
+            let (mb_s, put_mb_s) = if bytes > 0 && op != "alloc" {
                 let put = put_bandwidth(&mut node, bytes, args)?;
                 (Some(bytes as f64 / mean), Some(put))
             } else {
@@ -278,6 +298,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                             "ratio_to_rounds": ratio,
                             "node_barrier_us": node_barrier_us,
                             "ratio_to_node_barrier": to_barrier,
+                            "ratio_to_barrier": alloc_to_barrier,
                             "mb_s": mb_s, "put_mb_s": put_mb_s, "ratio_to_put": to_put,
                         })
                     );
@@ -285,6 +306,9 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     print!("{name:<10} {op:<10} {bytes:>8} {mean:>12.3} {p50:>12.3} {ratio:>14.2}");
                     if let Some(b) = to_barrier {
                         print!("  (Node::barrier x{b:.3})");
+                    }
+                    if let Some(b) = alloc_to_barrier {
+                        print!("  (team barrier x{b:.3})");
                     }
                     if let (Some(c), Some(p)) = (mb_s, put_mb_s) {
                         print!("  ({c:.1} MB/s, put {p:.1} MB/s: x{:.2})", c / p);
@@ -298,6 +322,17 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The symmetric heap the `alloc` rows need: every block of the largest size, warm-up
+/// included, at once.
+fn heap_size(args: &Args) -> usize {
+    if !args.ops.iter().any(|op| op == "alloc") {
+        return 0;
+    }
+    let largest = args.sizes.iter().copied().max().unwrap_or(0);
+    let block = largest.max(1).next_multiple_of(amnet::SYMMETRIC_ALIGN);
+    (args.iters + args.warmup) * block
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
@@ -305,7 +340,7 @@ fn main() -> anyhow::Result<()> {
     let opts = JobOptions::new()
         .transport(args.transport)
         .ranks(args.ranks)
-        .segment_size(largest.max(JobOptions::default().segment_size))
+        .segment_size(largest.max(JobOptions::default().segment_size) + heap_size(&args))
         .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);

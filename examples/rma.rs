@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Rank 0 times `--bytes` worth of `Node::put` of one size into rank 1's segment, then as
-//! many `Node::get_into` from it, `--reps` times, and reports the median bytes per second of
-//! each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
+//! many `Node::get_into` from it, then the same from and into its own segment
+//! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), `--reps` times,
+//! and reports the median bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
 //! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
 //! loopback each put and get is one copy that rank 1 takes no part in.
 //!
@@ -78,6 +79,25 @@ fn timed(
         }
     }
     Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+}
+
+/// As [`timed`], segment to segment: `ops` puts of `size` bytes at offset 0 of rank 0's
+/// segment to offset 0 of rank 1's (or gets back into it).
+fn timed_seg(
+    node: &mut Node<AnyTransport, Local>,
+    get: bool,
+    size: usize,
+    ops: usize,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        if get {
+            node.get_into_segment(1, 0, 0, size)?;
+        } else {
+            node.put_from_segment(1, 0, 0, size)?;
+        }
+    }
+    Ok(size as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
 }
 
 /// The copy floor of `bytes`, `ops` times, between ranks 0 and 1 (both call it; the
@@ -166,7 +186,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             args.reps
         );
         print!(
-            "{:<10} {:<4} {:>9} {:>8} {:>10}",
+            "{:<10} {:<7} {:>9} {:>8} {:>10}",
             "transport", "op", "bytes", "ops", "GB/s"
         );
         if with_floor {
@@ -183,7 +203,10 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         }
         let ops = (args.bytes / size.max(1)).max(1);
         let mut buf: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        // The segment-to-segment rows move the same bytes from rank 0's segment.
+        node.segment().write(0, &buf)?;
         let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut seg_puts, mut seg_gets) = (Vec::new(), Vec::new());
         // Warm-up (page faults, caches), then floor, put and get in turn in each repetition,
         // so that all three see the same moments of a noisy machine.
         for rep in 0..=args.reps {
@@ -197,9 +220,13 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             if me == 0 {
                 puts.push(timed(&mut node, false, &mut buf, ops)?);
                 gets.push(timed(&mut node, true, &mut buf, ops)?);
+                seg_puts.push(timed_seg(&mut node, false, size, ops)?);
+                seg_gets.push(timed_seg(&mut node, true, size, ops)?);
                 if rep == 0 {
                     puts.clear();
                     gets.clear();
+                    seg_puts.clear();
+                    seg_gets.clear();
                     floors.clear();
                 }
             }
@@ -211,12 +238,19 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         // What was measured moved the bytes: rank 1's segment holds what the puts wrote,
         // and the gets read it back into `buf` unchanged.
         let want: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut own = vec![0u8; size];
+        node.segment().read(0, &mut own)?;
         anyhow::ensure!(
-            buf == want && node.get(1, 0, size)? == want,
+            buf == want && node.get(1, 0, size)? == want && own == want,
             "{name}: {size}-byte puts and gets did not move the bytes"
         );
         let floor = (!floors.is_empty()).then(|| median(floors));
-        for (op, samples) in [("put", puts), ("get", gets)] {
+        for (op, samples) in [
+            ("put", puts),
+            ("get", gets),
+            ("put_seg", seg_puts),
+            ("get_seg", seg_gets),
+        ] {
             let bw = median(samples);
             let ratio = floor.filter(|&f| f > 0.0).map(|f| bw / f);
             if args.json {
@@ -229,7 +263,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                     })
                 );
             } else {
-                print!("{name:<10} {op:<4} {size:>9} {ops:>8} {:>10.2}", bw / 1e9);
+                print!("{name:<10} {op:<7} {size:>9} {ops:>8} {:>10.2}", bw / 1e9);
                 if let (Some(f), Some(r)) = (floor, ratio) {
                     print!(" {:>10.2} {r:>7.2}", f / 1e9);
                 }

@@ -59,6 +59,7 @@
 //! | `AM_WAIT` | how blocking calls wait: `spin`, `yield` or `block` ([`WaitMode`]) |
 //! | `AM_ALLREDUCE` | how team all-reduces run: `auto`, `doubling` or `ring` ([`AllReduceAlgorithm`]; the same on every rank) |
 //! | `AM_SEGMENT_SIZE` | each rank's segment, e.g. `64M` |
+//! | `AM_SYMMETRIC_SIZE` | the symmetric heap: the last bytes of segment 0, which grows by it ([`am_core::symmetric`]) |
 //! | `AM_RANK`, `AM_SIZE`, `AM_JOB_ID`, `AM_PMI_FD` | set by `amrun` (the other launchers' own are read too: [`am_bootstrap`]) |
 //!
 //! Each transport's own (`SCI_*`, `EXTOLL_*`, `PORTALS_*`, `AM_UDP_*`, `AM_COORD`,
@@ -321,6 +322,26 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.get(src, offset, dst))
     }
 
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.put_from_segment(dest, offset, local, len))
+    }
+
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.get_into_segment(src, offset, local, len))
+    }
+
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         dispatch!(self, t => t.atomics(batch))
     }
@@ -566,7 +587,17 @@ where
     F: Fn(Endpoints) -> Result<(), E> + Sync,
     E: fmt::Display,
 {
-    let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?;
+    // The symmetric heap (`AM_SYMMETRIC_SIZE`, which `Config::from_env` reads) is the last
+    // bytes of segment 0: the segments grow by it, so the size asked for stays the program's.
+    let segment_size = am_core::config::segment_size_from_env(opts.segment_size)?
+        .checked_add(am_core::config::symmetric_size_from_env()?)
+        .ok_or_else(|| {
+            JobError::Config(am_core::config::ConfigError {
+                var: "AM_SYMMETRIC_SIZE",
+                value: std::env::var("AM_SYMMETRIC_SIZE").unwrap_or_default(),
+                why: "the segment and the heap together overflow".into(),
+            })
+        })?;
     if am_launch::JobInfo::is_launched() {
         let info = am_launch::JobInfo::from_env()?;
         let layout = layout(info.size, per_process)?;

@@ -93,6 +93,10 @@ pub struct Config {
     pub close_timeout: Duration,
     /// How team all-reduces run (`AM_ALLREDUCE`, default [`AllReduceAlgorithm::Auto`]).
     pub all_reduce: AllReduceAlgorithm,
+    /// Bytes of the symmetric heap: the last this many bytes of segment 0
+    /// (`AM_SYMMETRIC_SIZE`, default 0; [`crate::symmetric`]). `run_job` makes the segments
+    /// `AM_SYMMETRIC_SIZE` larger than asked; set in code, size the segment to hold it.
+    pub symmetric_size: usize,
 }
 
 impl Default for Config {
@@ -104,6 +108,7 @@ impl Default for Config {
             block_timeout: Duration::from_millis(10),
             close_timeout: Duration::from_secs(30),
             all_reduce: AllReduceAlgorithm::Auto,
+            symmetric_size: 0,
         }
     }
 }
@@ -134,7 +139,8 @@ fn from_var<T: std::str::FromStr<Err = String>>(
 }
 
 impl Config {
-    /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT` and `AM_ALLREDUCE` where set.
+    /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT`, `AM_ALLREDUCE` and
+    /// `AM_SYMMETRIC_SIZE` where set.
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
         if let Some(credits) = from_var("AM_CREDITS")? {
@@ -146,6 +152,7 @@ impl Config {
         if let Some(algorithm) = from_var("AM_ALLREDUCE")? {
             c.all_reduce = algorithm;
         }
+        c.symmetric_size = symmetric_size_from_env()?;
         Ok(c)
     }
 
@@ -177,6 +184,13 @@ impl Config {
     #[must_use]
     pub fn all_reduce(mut self, all_reduce: AllReduceAlgorithm) -> Config {
         self.all_reduce = all_reduce;
+        self
+    }
+
+    /// With a symmetric heap of this many bytes: the last bytes of segment 0.
+    #[must_use]
+    pub fn symmetric_size(mut self, bytes: usize) -> Config {
+        self.symmetric_size = bytes;
         self
     }
 
@@ -231,6 +245,19 @@ pub fn segment_size_from_env(default: usize) -> Result<usize, ConfigError> {
             why: "expected a size such as 1048576, 64K, 16M or 1G".into(),
         }),
         Err(_) => Ok(default),
+    }
+}
+
+/// The symmetric heap's size asked for by `AM_SYMMETRIC_SIZE` (a size as
+/// `AM_SEGMENT_SIZE` takes), or 0.
+pub fn symmetric_size_from_env() -> Result<usize, ConfigError> {
+    match std::env::var("AM_SYMMETRIC_SIZE") {
+        Ok(v) => parse_size(&v).ok_or(ConfigError {
+            var: "AM_SYMMETRIC_SIZE",
+            value: v,
+            why: "expected a size such as 1048576, 64K, 16M or 1G".into(),
+        }),
+        Err(_) => Ok(0),
     }
 }
 

@@ -723,6 +723,87 @@ pub fn put_get<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     });
 }
 
+/// Puts from this rank's segment and gets into it (`put_from_segment`,
+/// `get_into_segment`, blocking and `_nb`), to a peer and to self, from 0 bytes to several
+/// Long chunks, unaligned and at both ends of the segment, overlapping ranges on self;
+/// ranges past either segment's end are errors at the initiator that write nothing.
+/// Catches a transport's segment-to-segment copy that reads or writes the wrong range,
+/// and a bounce path (over messages) that loses or misplaces a chunk.
+pub fn segment_to_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    run_watched("segment_to_segment", make(2, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        if me == 0 {
+            let big = 3 * node.max_medium() + 5;
+            let cases = [
+                (0, 0, 0),
+                (5, 9, 1),
+                (3, 100, 13),
+                (64, 4096, 4099),
+                (SEGMENT - 77, 77, 77),
+                (1000, SEGMENT - big, big),
+                (SEGMENT, SEGMENT, 0),
+            ];
+            for dest in [1, 0] {
+                for (k, &(offset, local, len)) in cases.iter().enumerate() {
+                    let data = pattern(len, 11 * k as u8 + dest as u8);
+                    node.segment().write(local, &data).expect("write");
+                    if k % 2 == 0 {
+                        node.put_from_segment(dest, offset, local, len)
+                            .expect("put");
+                    } else {
+                        let h = node
+                            .put_from_segment_nb(dest, offset, local, len)
+                            .expect("put");
+                        node.wait(h).expect("wait for a put");
+                    }
+                    assert!(
+                        node.get(dest, offset, len).expect("get") == data,
+                        "{len} at {offset}"
+                    );
+                    // Back into a place here that no case's ranges reach.
+                    let back = SEGMENT / 2 - 100_000;
+                    node.segment().fill(back, len, 0x99).expect("fill");
+                    if k % 2 == 0 {
+                        node.get_into_segment(dest, offset, back, len).expect("get");
+                    } else {
+                        let h = node
+                            .get_into_segment_nb(dest, offset, back, len)
+                            .expect("get");
+                        node.wait(h).expect("wait for a get");
+                    }
+                    let mut got = vec![0u8; len];
+                    node.segment().read(back, &mut got).expect("read");
+                    assert!(got == data, "{len} bytes back from {offset} of rank {dest}");
+                }
+                let before = node.get(dest, 0, 16).expect("get");
+                for (offset, local, len) in
+                    [(SEGMENT - 3, 0, 4), (0, SEGMENT - 3, 4), (0, usize::MAX, 1)]
+                {
+                    match node.put_from_segment(dest, offset, local, len) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a put of {len} from {local} to {offset}: {other:?}"),
+                    }
+                    match node.get_into_segment(dest, local, offset, len) {
+                        Err(AmError::SegmentOutOfBounds { .. }) => {}
+                        other => panic!("a get of {len} from {local} to {offset}: {other:?}"),
+                    }
+                }
+                assert_eq!(node.get(dest, 0, 16).expect("get"), before);
+            }
+            // Overlapping ranges of one segment move as by `memmove`.
+            let data = pattern(1000, 0x42);
+            node.segment().write(0, &data).expect("write");
+            node.put_from_segment(0, 100, 0, 1000).expect("put");
+            assert!(
+                node.get(0, 100, 1000).expect("get") == data,
+                "an overlapping copy"
+            );
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// Put and get of 0 and 1 bytes, unaligned, and at both ends of the segment, to a peer and
 /// to self, checked with `get_into`, `get` and `get_nb`; a range past the end is an error at
 /// the initiator and writes nothing (nor fills the caller's buffer).
@@ -1480,6 +1561,127 @@ pub fn atomics_on_every_word_type<T: Transport + Send>(make: &dyn Fn(u32, usize)
     });
 }
 
+/// The symmetric heap over the transport, 5 ranks with 64 KiB heaps: a block on the world
+/// at one offset everywhere, written by puts and a fetch-add from every rank; blocks of
+/// different sizes on the two halves of a split, then a world block that must land above
+/// both on every member (its puts leave the halves' blocks intact); two allocations in
+/// flight at once; a free and the same block again; running out, the same error on every
+/// member, with the heap usable after; and a free of a block not allocated. Catches members
+/// that disagree on a block's offset, an allocation over a live block where teams
+/// allocated differently, and a heap a transport's segment does not reach.
+pub fn symmetric_heap<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::atomic::AtomicOp;
+    const RANKS: u32 = 5;
+    const HEAP: usize = 64 << 10;
+    run_watched("symmetric_heap", make(RANKS, SEGMENT), |t| {
+        let mut node =
+            Node::new(t, Handlers::local(), config(2).symmetric_size(HEAP)).expect("node start");
+        let me = node.rank();
+        let next = (me + 1) % RANKS;
+        let world = node.world_team();
+        assert_eq!(node.endpoint().symmetric_size(), HEAP);
+        let a = node.alloc_symmetric(&world, 4096).expect("alloc");
+        assert_eq!(
+            a.offset(),
+            SEGMENT - HEAP,
+            "the first block starts the heap"
+        );
+        let offsets = node
+            .team_all_gather(&world, &(a.offset() as u64).to_le_bytes())
+            .expect("all-gather");
+        assert!(
+            offsets.chunks(8).all(|o| o == &offsets[..8]),
+            "one offset everywhere"
+        );
+        // The block's first 4032 bytes by the previous rank's put, its last word by every
+        // rank's fetch-add at rank 0.
+        node.put(next, a.offset(), &pattern(4032, me as u8))
+            .expect("put");
+        node.atomic(0, a.at(4088), AtomicOp::FetchAdd(1u64))
+            .expect("fetch-add");
+        node.quiesce().expect("quiesce");
+        node.team_barrier(&world).expect("barrier");
+        let prev = (me + RANKS - 1) % RANKS;
+        let mut mine = vec![0u8; 4032];
+        node.segment().read(a.offset(), &mut mine).expect("read");
+        assert_eq!(mine, pattern(4032, prev as u8), "rank {prev}'s put");
+        if me == 0 {
+            let adds = node.segment().load_u64(a.at(4088)).expect("load");
+            assert_eq!(adds, u64::from(RANKS), "every rank's fetch-add");
+        }
+        node.team_barrier(&world).expect("barrier");
+
+        // The halves allocate differently; the next world block goes above both.
+        let half = node
+            .split(&world, Some(me % 2), 0)
+            .expect("split")
+            .expect("a team");
+        let len = if me % 2 == 0 { 128 } else { 1000 };
+        let b = node.alloc_symmetric(&half, len).expect("alloc on a half");
+        node.segment()
+            .write(b.offset(), &pattern(len, 0xb0))
+            .expect("write");
+        let c = node.alloc_symmetric(&world, 256).expect("alloc above both");
+        assert!(c.offset() >= b.offset() + len, "{c:?} over {b:?}");
+        node.put(next, c.offset(), &[0xcc; 256]).expect("put");
+        node.quiesce().expect("quiesce");
+        node.team_barrier(&world).expect("barrier");
+        let mut back = vec![0u8; len];
+        node.segment().read(b.offset(), &mut back).expect("read");
+        assert_eq!(back, pattern(len, 0xb0), "the half's block is intact");
+
+        // Two in flight; freed and allocated again at the same place.
+        let d = node.alloc_symmetric_nb(&world, 64).expect("start");
+        let e = node.alloc_symmetric_nb(&world, 64).expect("start");
+        let (d, e) = (node.wait(d).expect("alloc"), node.wait(e).expect("alloc"));
+        assert_ne!(d.offset(), e.offset());
+        node.free_symmetric(&world, d).expect("free");
+        // The halves' heaps differ: the block is above every member's highest, the same
+        // on each.
+        let d2 = node.alloc_symmetric(&world, 64).expect("alloc");
+        let offsets = node
+            .team_all_gather(&world, &(d2.offset() as u64).to_le_bytes())
+            .expect("all-gather");
+        assert!(
+            offsets.chunks(8).all(|o| o == &offsets[..8]),
+            "one offset everywhere"
+        );
+
+        // Running out is the same error everywhere, and the heap goes on.
+        assert_eq!(
+            node.alloc_symmetric(&world, HEAP),
+            Err(AmError::OutOfSymmetricHeap {
+                len: HEAP,
+                size: HEAP
+            })
+        );
+        assert_eq!(
+            node.free_symmetric(&world, d2)
+                .and(node.free_symmetric(&world, d2)),
+            Err(AmError::NotSymmetric {
+                offset: d2.offset(),
+                len: 64
+            })
+        );
+        for block in [e, c, a] {
+            node.free_symmetric(&world, block).expect("free");
+        }
+        node.free_symmetric(&half, b).expect("free");
+        // Emptied alike on every member: first fit again, at the heap's start.
+        let again = node.alloc_symmetric(&world, 4096).expect("alloc");
+        assert_eq!(again, a, "an emptied heap starts again at its start");
+        let f = node.alloc_symmetric(&world, 64).expect("alloc");
+        node.free_symmetric(&world, again).expect("free");
+        assert_eq!(
+            node.alloc_symmetric(&world, 64).map(|s| s.offset()),
+            Ok(a.offset()),
+            "the hole, by first fit"
+        );
+        node.free_symmetric(&world, f).expect("free");
+        node.team_barrier(&world).expect("barrier");
+    });
+}
+
 /// Put-with-signal hand-offs, blocking mode: the two ranks pass data of several sizes (none,
 /// a word, several Long chunks) back and forth, each waiting in `wait_word` for the other's
 /// signal and then finding the data in place; then each sends a burst of non-blocking
@@ -1797,7 +1999,7 @@ macro_rules! conformance_tests {
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
             rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives, put_signal_hands_off,
-            put_regions_land_in_place);
+            put_regions_land_in_place, symmetric_heap, segment_to_segment);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -122,6 +122,35 @@ pub enum AmError {
     /// do not add up to the data's, a block of 0 bytes, data not a whole number of blocks.
     #[error("invalid regions: {0}")]
     InvalidRegions(&'static str),
+    /// No range of the symmetric heap fits a block of `len` bytes on every member of the
+    /// team ([`crate::Node::alloc_symmetric`]); the same error on every member. The heap has
+    /// `size` bytes (`AM_SYMMETRIC_SIZE`, [`crate::Config::symmetric_size`]).
+    #[error("no room for {len} bytes in the symmetric heap of {size} bytes on every member (AM_SYMMETRIC_SIZE)")]
+    OutOfSymmetricHeap {
+        /// The bytes asked for.
+        len: usize,
+        /// This member's heap.
+        size: usize,
+    },
+    /// The members of a team have symmetric heaps of different sizes (`AM_SYMMETRIC_SIZE`
+    /// or [`crate::Config::symmetric_size`] differ): no allocation on it succeeds, on any
+    /// member.
+    #[error("the team's symmetric heaps differ: {smallest} to {largest} bytes")]
+    SymmetricHeapMismatch {
+        /// The smallest member heap.
+        smallest: u64,
+        /// The largest.
+        largest: u64,
+    },
+    /// A free of a block that is not allocated here ([`crate::Node::free_symmetric`]):
+    /// freed already, or of another node.
+    #[error("the symmetric block at {offset} ({len} bytes) is not allocated here")]
+    NotSymmetric {
+        /// The block's offset.
+        offset: usize,
+        /// Its length.
+        len: usize,
+    },
 }
 
 /// What a misbehaving peer did.

@@ -322,6 +322,24 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         self.inner.get(src, offset, dst)
     }
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        self.inner.put_from_segment(dest, offset, local, len)
+    }
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        self.inner.get_into_segment(src, offset, local, len)
+    }
     fn get_regions(
         &mut self,
         src: Rank,

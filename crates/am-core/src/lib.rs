@@ -90,6 +90,7 @@ pub mod reply;
 pub mod rma;
 pub mod shared;
 pub mod stats;
+pub mod symmetric;
 pub mod team;
 pub mod transport;
 pub mod types;
@@ -117,6 +118,7 @@ pub use reduce::{Element, Plain, ReduceId, ReduceOp};
 pub use reply::Token;
 pub use shared::{ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};
+pub use symmetric::{Symmetric, SYMMETRIC_ALIGN};
 pub use team::{Team, TeamId};
 pub use transport::{
     Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,

@@ -741,6 +741,30 @@ impl Transport for Loopback {
         put_into(dest, self.tx.peer_segment(dest)?, offset, data)
     }
 
+    /// One copy from this rank's segment to the target's.
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let own = self.segment.byte_area();
+        crate::rma::copy_to(dest, self.tx.peer_segment(dest)?, offset, own, local, len)
+    }
+
+    /// One copy from the source's segment to this rank's.
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let own = self.segment.byte_area();
+        crate::rma::copy_from(src, self.tx.peer_segment(src)?, offset, own, local, len)
+    }
+
     /// The target's segment looked up once, then one copy per region.
     fn put_regions(
         &mut self,

@@ -103,7 +103,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         let mut nodes = Vec::new();
         for (transport, handlers) in parts {
             let (config, policy) = Self::policy(&transport, config.clone())?;
-            nodes.push(Self::unstarted(transport, handlers, config, policy));
+            nodes.push(Self::unstarted(transport, handlers, config, policy)?);
         }
         let mut started = vec![false; nodes.len()];
         let mut idle = 0u32;
@@ -138,7 +138,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         config: Config,
         credits: Policy,
     ) -> Result<Self, StartError> {
-        let mut node = Self::unstarted(transport, handlers, config, credits);
+        let mut node = Self::unstarted(transport, handlers, config, credits)?;
         let mut idle = 0;
         while !node.start_step()? {
             node.progress(&mut idle)?;
@@ -146,7 +146,12 @@ impl<T: Transport, H: Threading> Node<T, H> {
         Ok(node)
     }
 
-    fn unstarted(transport: T, handlers: Handlers<H>, config: Config, credits: Policy) -> Self {
+    fn unstarted(
+        transport: T,
+        handlers: Handlers<H>,
+        config: Config,
+        credits: Policy,
+    ) -> Result<Self, StartError> {
         let mut ep = Endpoint::with_policy(
             transport.rank(),
             transport.size(),
@@ -156,11 +161,13 @@ impl<T: Transport, H: Threading> Node<T, H> {
             credits,
         );
         ep.set_all_reduce(config.all_reduce);
-        Node {
+        ep.set_symmetric_size(config.symmetric_size)
+            .map_err(|e| StartError::Config(e.to_string()))?;
+        Ok(Node {
             transport,
             ep,
             config,
-        }
+        })
     }
 
     /// One step of start-up (no rank sends a user message before it has heard that all

@@ -357,6 +357,19 @@ impl Outcome for Reply {
     }
 }
 
+impl sealed::Sealed for crate::symmetric::Symmetric {}
+impl Outcome for crate::symmetric::Symmetric {
+    type Held = ();
+    fn finish(_: Option<()>, raw: Raw) -> Result<crate::symmetric::Symmetric, AmError> {
+        match raw {
+            Raw::Bytes(b) => {
+                crate::symmetric::Symmetric::from_bytes(&b).ok_or(AmError::StaleHandle)
+            }
+            _ => Err(AmError::StaleHandle),
+        }
+    }
+}
+
 impl sealed::Sealed for Option<Team> {}
 impl Outcome for Option<Team> {
     type Held = ();

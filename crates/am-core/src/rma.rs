@@ -163,6 +163,43 @@ pub fn get_from(
         .map_err(|e| outside(src, offset, len, e))
 }
 
+/// Copies `len` bytes at `local` of this rank's segment (`own`) to `offset` of `dest`'s
+/// (`segment`, as this rank maps it), in one pass ([`crate::Transport::put_from_segment`]).
+/// A range outside either segment is [`SendError::Device`] naming the rank.
+pub fn copy_to(
+    dest: Rank,
+    segment: SharedBytes<'_>,
+    offset: usize,
+    own: SharedBytes<'_>,
+    local: usize,
+    len: usize,
+) -> Result<(), SendError> {
+    let from = own.slice(local, len).map_err(|e| {
+        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
+    })?;
+    segment
+        .copy_from(offset, from)
+        .map_err(|e| outside(dest, offset, len, e))
+}
+
+/// Copies `len` bytes at `offset` of `src`'s segment (`segment`) to `local` of this rank's
+/// (`own`), in one pass ([`crate::Transport::get_into_segment`]). Failing as [`copy_to`].
+pub fn copy_from(
+    src: Rank,
+    segment: SharedBytes<'_>,
+    offset: usize,
+    own: SharedBytes<'_>,
+    local: usize,
+    len: usize,
+) -> Result<(), SendError> {
+    let from = segment
+        .slice(offset, len)
+        .map_err(|e| outside(src, offset, len, e))?;
+    own.copy_from(local, from).map_err(|e| {
+        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
+    })
+}
+
 #[cold]
 fn outside(rank: Rank, offset: usize, len: usize, e: am_shm::ShmError) -> SendError {
     SendError::device_from(

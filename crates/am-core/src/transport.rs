@@ -447,6 +447,38 @@ pub trait Transport: Tx {
         }
         Ok(())
     }
+    /// Copies `len` bytes at `local` of this rank's own segment to `offset` of `dest`'s, as
+    /// [`Transport::put`] does with a slice: for a NIC whose [`Capabilities::put`] is set,
+    /// complete when it returns. The core has checked both ranges. A NIC that reaches both
+    /// segments copies from one to the other in one pass (no buffer in between, and no Rust
+    /// reference over either: peers may write them meanwhile); the default reads the range
+    /// into a buffer and puts that.
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let mut bounce = vec![0u8; len];
+        crate::rma::get_from(self.rank(), self.segment(), local, &mut bounce)?;
+        self.put(dest, offset, &bounce)
+    }
+    /// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's own, as
+    /// [`Transport::get`] does into a slice: for a NIC whose [`Capabilities::get`] is set,
+    /// complete when it returns. Checked, and by default through a buffer, as
+    /// [`Transport::put_from_segment`].
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let mut bounce = vec![0u8; len];
+        self.get(src, offset, &mut bounce)?;
+        crate::rma::put_into(self.rank(), self.segment(), local, &bounce)
+    }
     /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
     /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
     /// `dst` holds them. Checked and failing as [`Transport::put`].

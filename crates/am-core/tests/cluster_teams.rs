@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::task::Poll;
 
 use am_core::endpoint::start::{
-    Split, Start, TeamAllGather, TeamBarrier, TeamBroadcast, TeamGather, TeamReduce,
+    AllocSymmetric, Split, Start, TeamAllGather, TeamBarrier, TeamBroadcast, TeamGather, TeamReduce,
 };
 use am_core::endpoint::Endpoint;
 use am_core::protocol::{CollectiveKind, SystemMsg};
@@ -1137,6 +1137,69 @@ fn a_member_that_left_after_its_part_fails_nothing_it_took_part_in() {
             .flatten()
         {
             assert_eq!(got, Err(AmError::PeerDeparted(0)), "seed {seed}");
+        }
+    }
+}
+
+/// A member lost while the others allocate symmetric memory on the world: each survivor's
+/// allocation fails with `PeerLost`, and the range it had proposed is free again, so the
+/// next allocation on a team of the survivors starts the heap. Catches a reservation kept
+/// by a failed allocation (every later block would move up, and members that saw the
+/// failure differently would disagree).
+#[test]
+fn a_symmetric_allocation_a_loss_fails_gives_its_range_back() {
+    const HEAP: usize = 1024;
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(4), seed, |_| am_core::Handlers::local());
+        let seg = c.with_segment(0).1.len();
+        for r in 0..4 {
+            c.wire(r).0.set_symmetric_size(HEAP).expect("fits");
+        }
+        let split = (0..4)
+            .map(|r| vec![Want::Split(On::World, Some(u32::from(r == 3)), 0)])
+            .collect();
+        let teams: Vec<Team> = run(&mut c, split)
+            .into_iter()
+            .map(|mut g| match g.remove(0) {
+                Ok(Got::Team(Some(t))) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let mut ops: Vec<Option<Op<am_core::Symmetric>>> = (0..3)
+            .map(|r| {
+                let (ep, mut wire) = c.wire(r);
+                let world = ep.world_team();
+                match start(AllocSymmetric::new(&world, 100), ep, &mut wire) {
+                    Poll::Ready(Ok(op)) => Some(op),
+                    _ => panic!("start"),
+                }
+            })
+            .collect();
+        for _ in 0..(seed % 4) {
+            c.deliver_one();
+        }
+        c.lose(3);
+        let got = c.drive(&[0, 1, 2], |r, ep, wire| {
+            ep.poll_op(wire, ops[r as usize].as_mut().expect("started"), None)
+        });
+        for g in got {
+            assert_eq!(g, Some(Err(AmError::PeerLost(3))), "seed {seed}");
+        }
+        let mut ops: Vec<Option<Op<am_core::Symmetric>>> = (0..3)
+            .map(|r| {
+                let (ep, mut wire) = c.wire(r);
+                match start(AllocSymmetric::new(&teams[r as usize], 100), ep, &mut wire) {
+                    Poll::Ready(Ok(op)) => Some(op),
+                    _ => panic!("start"),
+                }
+            })
+            .collect();
+        let got = c.drive(&[0, 1, 2], |r, ep, wire| {
+            ep.poll_op(wire, ops[r as usize].as_mut().expect("started"), None)
+        });
+        for g in got {
+            let block = g.expect("every rank").expect("allocated");
+            assert_eq!(block.offset(), seg - HEAP, "seed {seed}: the heap's start");
         }
     }
 }

@@ -44,6 +44,11 @@ mod rma_by_message {
     }
 
     #[test]
+    fn segment_to_segment() {
+        am_core::conformance::segment_to_segment(&cluster);
+    }
+
+    #[test]
     fn atomics_every_op_and_width() {
         am_core::conformance::atomics_every_op_and_width(&cluster);
     }

@@ -24,6 +24,32 @@ pub fn put(
     am_core::rma::put_into(dest, nic.peer_segment(dest)?, offset, data)
 }
 
+/// Copies `len` bytes at `local` of this rank's segment (`own`) to `offset` of `dest`'s,
+/// one copy between the two mappings ([`am_core::Transport::put_from_segment`]).
+pub fn put_from_segment(
+    nic: &impl MappedPeers,
+    own: SharedBytes<'_>,
+    dest: Rank,
+    offset: usize,
+    local: usize,
+    len: usize,
+) -> Result<(), SendError> {
+    am_core::rma::copy_to(dest, nic.peer_segment(dest)?, offset, own, local, len)
+}
+
+/// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's (`own`), one
+/// copy between the two mappings ([`am_core::Transport::get_into_segment`]).
+pub fn get_into_segment(
+    nic: &impl MappedPeers,
+    own: SharedBytes<'_>,
+    src: Rank,
+    offset: usize,
+    local: usize,
+    len: usize,
+) -> Result<(), SendError> {
+    am_core::rma::copy_from(src, nic.peer_segment(src)?, offset, own, local, len)
+}
+
 /// Writes `data` into the regions (offset, length) of `dest`'s segment, in order
 /// ([`am_core::Transport::put_regions`]): the segment looked up once, then one copy per
 /// region.

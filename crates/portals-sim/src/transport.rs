@@ -354,6 +354,42 @@ impl Transport for Portals {
         }
     }
 
+    /// `PtlPut` to the target's segment entry whose data is this rank's own segment range
+    /// (the memory descriptor over the segment): one copy from mapping to mapping. A get
+    /// into the segment keeps the default (into a buffer, then into the segment): a
+    /// `PtlGet` here lands in private memory.
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let d = self.reachable(dest)?;
+        let own = self.segment();
+        let from = own.slice(local, len).map_err(|e| {
+            SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
+        })?;
+        let args = PutArgs {
+            pt: PT_SEGMENT,
+            match_bits: 0,
+            hdr_data: 0,
+            remote_offset: offset as u64,
+            data: &[],
+            shared: Some(from),
+            ack: false,
+            send_event: false,
+            pad: false,
+        };
+        match self.tx.nic(d).put(self.tx.rank, None, &args) {
+            Ok(Outcome::Done { .. }) => Ok(()),
+            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
+                "portals: rank {dest}'s segment entry refused a put of {len} bytes at {offset}: {f:?}"
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+
     /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
     /// seed's "get into a temporary MD" when the local side is outside the segment): done
     /// when this returns, which stands for the `Reply` event.

@@ -418,6 +418,28 @@ impl Transport for Sci {
         am_nic::rma::put(self, dest, offset, data)
     }
 
+    /// One copy from this rank's segment to the target's mapped one.
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        am_nic::rma::put_from_segment(self, self.segment(), dest, offset, local, len)
+    }
+
+    /// One copy from the source's mapped segment to this rank's.
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        am_nic::rma::get_into_segment(self, self.segment(), src, offset, local, len)
+    }
+
     /// One lookup of the target's segment, then one copy per region.
     fn put_regions(
         &mut self,

@@ -794,9 +794,24 @@ impl Io {
     }
 
     fn read(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+        let total = dst.len();
+        self.read_with(src, offset, total, |at, data| {
+            dst[at..at + data.len()].copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Reads `total` bytes at `offset` of `src`'s segment in staged pieces, handing each to
+    /// `land` (at its position in the whole) as it completes.
+    fn read_with(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        total: usize,
+        mut land: impl FnMut(usize, &[u8]) -> Result<(), SendError>,
+    ) -> Result<(), SendError> {
         let peer = self.usable(src)?;
         let Region { base, key, len } = peer.region;
-        let total = dst.len();
         if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
             return Err(SendError::TooLarge(total));
         }
@@ -812,8 +827,9 @@ impl Io {
                 self.ep.release(op);
                 return Err(NicError::device("a completed read's buffer is not ours"));
             };
-            dst[at..at + n].copy_from_slice(data);
+            let landed = land(at, data);
             self.ep.release(op);
+            landed?;
             at += n;
         }
         Ok(())
@@ -1212,6 +1228,51 @@ impl Transport for Ofi {
             return Ok(());
         }
         self.io.write_regions(dest, regions, data)
+    }
+
+    /// The writes' staging buffers filled straight from the segment (one copy, not two).
+    fn put_from_segment(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let own = self.segment.byte_area();
+        let from = own
+            .slice(local, len)
+            .map_err(|e| NicError::device_from("a put from this rank's segment", e))?;
+        if dest == self.io.rank {
+            return own
+                .copy_from(offset, from)
+                .map_err(|e| NicError::device_from("a put to this rank", e));
+        }
+        self.io
+            .write(dest, offset, Some(Payload::Shared(from)), len)
+    }
+
+    /// The reads' staging buffers copied straight into the segment (one copy, not two).
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let own = self.segment.byte_area();
+        if src == self.io.rank {
+            let from = own
+                .slice(offset, len)
+                .map_err(|e| NicError::device_from("a get from this rank", e))?;
+            return own
+                .copy_from(local, from)
+                .map_err(|e| NicError::device_from("a get into this rank's segment", e));
+        }
+        self.io.usable(src)?;
+        self.io.read_with(src, offset, len, |at, data| {
+            own.write(local + at, data)
+                .map_err(|e| NicError::device_from("a get into this rank's segment", e))
+        })
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {

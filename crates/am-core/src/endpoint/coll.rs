@@ -68,16 +68,18 @@ use crate::types::Rank;
 
 /// What a collective starts with: its kind, root, reduction, this member's bytes and the
 /// block length (a gather's and all-gather's).
-struct Args<'a> {
-    kind: CollectiveKind,
-    root: u32,
-    red: Option<Reduction>,
-    data: Data<'a>,
+pub(super) struct Args<'a> {
+    pub(super) kind: CollectiveKind,
+    pub(super) root: u32,
+    pub(super) red: Option<Reduction>,
+    pub(super) data: Data<'a>,
+    /// The symmetric allocation or free this collective agrees on ([`super::heap`]).
+    pub(super) heap: Option<super::heap::HeapStep>,
 }
 
 /// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,
 /// taken when it starts (a reduction's encoded input: no second copy).
-enum Data<'a> {
+pub(super) enum Data<'a> {
     Borrowed(&'a [u8]),
     Taken(&'a mut Vec<u8>),
 }
@@ -117,6 +119,7 @@ impl<H: Threading> Endpoint<H> {
             root: 0,
             red: None,
             data: Data::Borrowed(&[]),
+            heap: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -217,6 +220,7 @@ impl<H: Threading> Endpoint<H> {
             root,
             red: Some(red),
             data,
+            heap: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -236,6 +240,7 @@ impl<H: Threading> Endpoint<H> {
             root,
             red,
             data: Data::Borrowed(data),
+            heap: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -256,6 +261,7 @@ impl<H: Threading> Endpoint<H> {
             root: 0,
             red: None,
             data: Data::Borrowed(&block),
+            heap: None,
         };
         let (index, gen) = ready!(self.collective_start(t, parent, args))?;
         // Used whether or not this rank leads the new team: never offered twice.
@@ -265,7 +271,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts a collective on `team`: its operation slot, whose completion carries the
     /// outcome (the gathered blocks, the bytes, or nothing).
-    fn collective_start<T: Transport + ?Sized>(
+    pub(super) fn collective_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         team: &Team,
@@ -276,6 +282,7 @@ impl<H: Threading> Endpoint<H> {
             root,
             red,
             data,
+            heap,
         } = args;
         let id = team.id();
         if !team.is_of(&self.teams.drops) {
@@ -360,6 +367,10 @@ impl<H: Threading> Endpoint<H> {
         let (index, gen) = self.alloc_op(NO_PEER, 0, 0, Vec::new());
         // In flight until the collective completes (or a failure completes it).
         self.ops[index as usize].outstanding = 1;
+        if let Some(step) = heap {
+            // Before its first step: a team of one completes it at once.
+            self.heap_begin(index, gen, step);
+        }
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
         };
@@ -843,6 +854,10 @@ impl<H: Threading> Endpoint<H> {
         let Some(outcome) = self.chunk_done(id, &c, outcome) else {
             return;
         };
+        let outcome = match &self.teams.heap_op {
+            Some(h) if h.is(c.index, c.gen) => self.heap_end(outcome),
+            _ => outcome,
+        };
         let Some(slot) = self.op(c.index, c.gen) else {
             return;
         };
@@ -861,7 +876,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Whether operation slot `(index, gen)` is live and still waits for its collective (not
     /// completed, nor failed by the endpoint's end or by another chunk of its `Big`).
-    fn slot_pending(&self, index: u32, gen: u32) -> bool {
+    pub(super) fn slot_pending(&self, index: u32, gen: u32) -> bool {
         self.ops
             .get(index as usize)
             .is_some_and(|s| s.live && s.gen == gen && s.outstanding > 0)

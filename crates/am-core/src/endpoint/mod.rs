@@ -53,6 +53,7 @@
 mod barrier;
 mod coll;
 mod complete;
+mod heap;
 mod peers;
 mod posted;
 mod recv;

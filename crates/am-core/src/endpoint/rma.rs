@@ -47,6 +47,87 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
+    /// Starts a put from this rank's own segment ([`crate::endpoint::start::PutFromSegment`]):
+    /// `len` bytes at `local` here to `offset` of `dest`'s segment, after the posted
+    /// atomics. Where the NIC writes peers' memory ([`Transport::put_from_segment`]) or
+    /// `dest` is this rank, it is one copy between the segments, complete now. Otherwise
+    /// the range is read into `bounce` and goes as a put of it ([`Endpoint::put_step`] with
+    /// `bounce`). Either range outside the segment is an error, and nothing is written.
+    pub fn put_from_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+        bounce: &mut Vec<u8>,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if let Err(e) = self
+            .check_rma(dest, offset, len)
+            .and_then(|()| self.check_segment(local as u64, len as u64))
+        {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if dest == self.rank {
+            let own = t.segment();
+            let copied = own
+                .slice(local, len)
+                .and_then(|from| own.copy_from(offset, from));
+            if copied.is_err() {
+                return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
+            }
+        } else if t.capabilities().put {
+            ready!(self.nic_rma(|| t.put_from_segment(dest, offset, local, len)))?;
+        } else {
+            bounce.resize(len, 0);
+            if t.segment().read(local, bounce).is_err() {
+                return Poll::Ready(Err(self.out_of_bounds(local as u64, len as u64)));
+            }
+            let (index, gen) = self.alloc_op(dest, offset, len, Vec::new());
+            return Poll::Ready(Ok(self.slot_op(index, gen)));
+        }
+        Poll::Ready(Ok(Op::ready(Raw::Unit)))
+    }
+
+    /// Starts a get into this rank's own segment
+    /// ([`crate::endpoint::start::GetIntoSegment`]): `len` bytes at `offset` of `src`'s
+    /// segment to `local` here, after the posted atomics. Where the NIC reads peers' memory
+    /// ([`Transport::get_into_segment`]) or `src` is this rank, it is one copy between the
+    /// segments and `None` comes back: done. Otherwise the get of the bytes, whose outcome
+    /// the caller writes at `local`. Either range outside the segment is an error.
+    pub fn get_into_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Poll<Result<Option<Op<Vec<u8>>>, AmError>> {
+        if let Err(e) = self
+            .check_rma(src, offset, len)
+            .and_then(|()| self.check_segment(local as u64, len as u64))
+        {
+            return Poll::Ready(Err(e));
+        }
+        if src != self.rank && !t.capabilities().get {
+            return self.get_start(t, src, offset, len).map_ok(Some);
+        }
+        ready!(self.apply_posted(t))?;
+        if src == self.rank {
+            let own = t.segment();
+            let copied = own
+                .slice(offset, len)
+                .and_then(|from| own.copy_from(local, from));
+            if copied.is_err() {
+                return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
+            }
+        } else {
+            ready!(self.nic_rma(|| t.get_into_segment(src, offset, local, len)))?;
+        }
+        Poll::Ready(Ok(None))
+    }
+
     /// Starts a put-with-signal ([`crate::endpoint::start::PutSignal`]): `data` into
     /// `dest`'s segment at `offset`, then `signal` applied to the `u64` at `signal_at` there,
     /// after the data and never before it; complete once the signal was applied. Where the

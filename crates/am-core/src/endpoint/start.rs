@@ -299,6 +299,130 @@ impl Start for Get {
     }
 }
 
+/// A put from this rank's own segment: `len` bytes at `local` of it to `offset` of `dest`'s
+/// segment, with no slice of the caller's in between (GASNet-EX's puts from a bound segment,
+/// OpenSHMEM's `shmem_putmem` from symmetric memory). Where the transport writes peers'
+/// memory ([`Transport::put_from_segment`]) it is one copy from mapping to mapping, complete
+/// when it starts; elsewhere the range is read into a buffer of the operation's and goes as
+/// [`Put`] does. Either range outside the segment is an error when it starts, and nothing
+/// is written. The source range is read when the operation starts (at its end over
+/// messages): writes to it meanwhile may or may not be seen.
+#[derive(Debug, Clone)]
+pub struct PutFromSegment {
+    /// The target.
+    pub dest: Rank,
+    /// Where in its segment.
+    pub offset: usize,
+    /// Where in this rank's segment the bytes are.
+    pub local: usize,
+    /// How many.
+    pub len: usize,
+    /// The bytes, where they go as messages.
+    bounce: Vec<u8>,
+}
+
+impl PutFromSegment {
+    /// `len` bytes at `local` of this rank's segment to `offset` of `dest`'s.
+    pub fn new(dest: Rank, offset: usize, local: usize, len: usize) -> PutFromSegment {
+        PutFromSegment {
+            dest,
+            offset,
+            local,
+            len,
+            bounce: Vec::new(),
+        }
+    }
+}
+
+impl Start for PutFromSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.put_from_segment_start(
+            t,
+            self.dest,
+            self.offset,
+            self.local,
+            self.len,
+            &mut self.bounce,
+        )
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_step(t, op, &self.bounce)
+    }
+}
+
+/// A get into this rank's own segment: `len` bytes at `offset` of `src`'s segment to
+/// `local` of this rank's, with no buffer of the caller's in between. Where the transport
+/// reads peers' memory ([`Transport::get_into_segment`]) it is one copy from mapping to
+/// mapping, complete when it starts; elsewhere the bytes come as [`Get`]'s do and are
+/// written at `local` when they have all come, which the operation's sending step waits
+/// for (so over messages its `_nb` form returns once they are in place). Either range
+/// outside the segment is an error when it starts, and nothing is written.
+#[derive(Debug)]
+pub struct GetIntoSegment {
+    /// The source.
+    pub src: Rank,
+    /// Where in its segment.
+    pub offset: usize,
+    /// Where in this rank's segment the bytes go.
+    pub local: usize,
+    /// How many.
+    pub len: usize,
+    /// The get over messages, until its bytes are written.
+    by_messages: Option<Op<Vec<u8>>>,
+}
+
+impl GetIntoSegment {
+    /// `len` bytes at `offset` of `src`'s segment to `local` of this rank's.
+    pub fn new(src: Rank, offset: usize, local: usize, len: usize) -> GetIntoSegment {
+        GetIntoSegment {
+            src,
+            offset,
+            local,
+            len,
+            by_messages: None,
+        }
+    }
+}
+
+impl Start for GetIntoSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        self.by_messages =
+            ready!(ep.get_into_segment_start(t, self.src, self.offset, self.local, self.len))?;
+        Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        let _ = op;
+        let Some(get) = self.by_messages.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        ready!(ep.get_step(t, get))?;
+        let bytes = ready!(ep.poll_op(t, get, None))?;
+        self.by_messages = None;
+        crate::rma::put_into(ep.rank(), t.segment(), self.local, &bytes).map_err(AmError::from)?;
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// A get into a buffer of the caller's (OpenSHMEM's `shmem_getmem_nbi`): `dst.len()` bytes at
 /// `offset` of `src`'s segment. The handle holds `dst` until it completes, and gives it back
 /// filled. Where the transport reaches the target's memory the bytes are in `dst` when it
@@ -489,6 +613,77 @@ impl Start for TeamBarrier {
         t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
         ep.team_barrier_start(t, &self.team)
+    }
+}
+
+/// A symmetric allocation on a team (OpenSHMEM's `shmem_malloc`): every member gets the
+/// same block of its symmetric heap, at the same offset of segment 0
+/// ([`crate::symmetric`]). One all-reduce of the team's proposals: where every member
+/// proposed the same first free range, that one; otherwise above every member's highest
+/// block. The heap is reserved when the job connects (`AM_SYMMETRIC_SIZE`): nothing is
+/// mapped or registered. Collective over the team, as [`TeamBarrier`]; one symmetric
+/// allocation or free runs at a time per endpoint (the next waits to start). No room on some
+/// member is [`crate::AmError::OutOfSymmetricHeap`] on every member; heaps of different
+/// sizes, [`crate::AmError::SymmetricHeapMismatch`].
+#[derive(Debug, Clone)]
+pub struct AllocSymmetric {
+    /// The team.
+    pub team: Team,
+    /// The bytes asked for.
+    pub len: usize,
+}
+
+impl AllocSymmetric {
+    /// An allocation of `len` bytes on `team` (the handle cloned).
+    pub fn new(team: &Team, len: usize) -> AllocSymmetric {
+        AllocSymmetric {
+            team: team.clone(),
+            len,
+        }
+    }
+}
+
+impl Start for AllocSymmetric {
+    type Output = crate::symmetric::Symmetric;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<crate::symmetric::Symmetric>, AmError>> {
+        ep.alloc_symmetric_start(t, &self.team, self.len)
+    }
+}
+
+/// A symmetric free on a team (OpenSHMEM's `shmem_free`): a barrier of the team, after
+/// which the block is free here. A block not allocated here is
+/// [`crate::AmError::NotSymmetric`] when it starts. Collective over the team that allocated
+/// it, as [`AllocSymmetric`].
+#[derive(Debug, Clone)]
+pub struct FreeSymmetric {
+    /// The team.
+    pub team: Team,
+    /// The block.
+    pub block: crate::symmetric::Symmetric,
+}
+
+impl FreeSymmetric {
+    /// A free of `block` on `team` (the handle cloned).
+    pub fn new(team: &Team, block: crate::symmetric::Symmetric) -> FreeSymmetric {
+        FreeSymmetric {
+            team: team.clone(),
+            block,
+        }
+    }
+}
+
+impl Start for FreeSymmetric {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.free_symmetric_start(t, &self.team, self.block)
     }
 }
 
@@ -750,6 +945,20 @@ macro_rules! operations {
                 = $crate::endpoint::start::PutSignal { dest, offset, data, signal_at, signal }; nb put_signal_nb; borrows;
         }
         $driver! { op
+            /// Copies `len` bytes at `local` of this rank's segment to `offset` of `dest`'s,
+            /// with no slice in between ([`PutFromSegment`](crate::endpoint::start::PutFromSegment):
+            /// one copy from mapping to mapping where the NIC writes peers' memory).
+            put_from_segment [] (dest: $crate::Rank, offset: usize, local: usize, len: usize) -> ()
+                = $crate::endpoint::start::PutFromSegment::new(dest, offset, local, len); nb put_from_segment_nb; owns;
+        }
+        $driver! { op
+            /// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's,
+            /// with no buffer in between ([`GetIntoSegment`](crate::endpoint::start::GetIntoSegment):
+            /// one copy from mapping to mapping where the NIC reads peers' memory).
+            get_into_segment [] (src: $crate::Rank, offset: usize, local: usize, len: usize) -> ()
+                = $crate::endpoint::start::GetIntoSegment::new(src, offset, local, len); nb get_into_segment_nb; owns;
+        }
+        $driver! { op
             /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
             /// ([`Get`](crate::endpoint::start::Get)).
             get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
@@ -794,6 +1003,22 @@ macro_rules! operations {
             /// team: every member starts the team's collectives in the same order.
             team_barrier [] (team: &$crate::team::Team) -> ()
                 = $crate::endpoint::start::TeamBarrier::new(team); nb team_barrier_nb; owns;
+        }
+        $driver! { op
+            /// Allocates `len` bytes of the symmetric heap on every member of `team`, at the
+            /// same offset of each member's segment 0
+            /// ([`AllocSymmetric`](crate::endpoint::start::AllocSymmetric); OpenSHMEM's
+            /// `shmem_malloc`): `let a = alloc_symmetric(&world, 4096)?`, then
+            /// `put(peer, a.offset(), ..)`. Collective over the team.
+            alloc_symmetric [] (team: &$crate::team::Team, len: usize) -> $crate::symmetric::Symmetric
+                = $crate::endpoint::start::AllocSymmetric::new(team, len); nb alloc_symmetric_nb; owns;
+        }
+        $driver! { op
+            /// Frees a block of the symmetric heap on every member of `team`, after a
+            /// barrier of the team ([`FreeSymmetric`](crate::endpoint::start::FreeSymmetric);
+            /// OpenSHMEM's `shmem_free`). Collective over the team that allocated it.
+            free_symmetric [] (team: &$crate::team::Team, block: $crate::symmetric::Symmetric) -> ()
+                = $crate::endpoint::start::FreeSymmetric::new(team, block); nb free_symmetric_nb; owns;
         }
         $driver! { op
             /// Gathers every member's `block` (same length everywhere)
@@ -942,6 +1167,34 @@ impl Owned for Call<'_> {
 impl Owned for TeamBarrier {
     type Owned = TeamBarrier;
     fn owned(self) -> TeamBarrier {
+        self
+    }
+}
+
+impl Owned for PutFromSegment {
+    type Owned = PutFromSegment;
+    fn owned(self) -> PutFromSegment {
+        self
+    }
+}
+
+impl Owned for GetIntoSegment {
+    type Owned = GetIntoSegment;
+    fn owned(self) -> GetIntoSegment {
+        self
+    }
+}
+
+impl Owned for AllocSymmetric {
+    type Owned = AllocSymmetric;
+    fn owned(self) -> AllocSymmetric {
+        self
+    }
+}
+
+impl Owned for FreeSymmetric {
+    type Owned = FreeSymmetric;
+    fn owned(self) -> FreeSymmetric {
         self
     }
 }

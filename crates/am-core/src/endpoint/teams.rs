@@ -105,6 +105,10 @@ pub(super) struct Teams {
     pub(super) chunked: bool,
     /// How all-reduces run here ([`crate::Config::all_reduce`]).
     pub(super) all_reduce: crate::AllReduceAlgorithm,
+    /// This rank's symmetric heap ([`crate::symmetric`]).
+    pub(super) heap: crate::symmetric::Heap,
+    /// The symmetric allocation or free in flight (one at a time).
+    pub(super) heap_op: Option<super::heap::HeapOp>,
 }
 
 pub(super) struct TeamState {
@@ -646,6 +650,8 @@ impl Teams {
             spare_plans: Vec::new(),
             chunked: false,
             all_reduce: crate::AllReduceAlgorithm::Auto,
+            heap: crate::symmetric::Heap::default(),
+            heap_op: None,
         }
     }
 
