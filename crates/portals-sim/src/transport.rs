@@ -355,9 +355,7 @@ impl Transport for Portals {
     }
 
     /// `PtlPut` to the target's segment entry whose data is this rank's own segment range
-    /// (the memory descriptor over the segment): one copy from mapping to mapping. A get
-    /// into the segment keeps the default (into a buffer, then into the segment): a
-    /// `PtlGet` here lands in private memory.
+    /// (the memory descriptor over the segment): one copy from mapping to mapping.
     fn put_from_segment(
         &mut self,
         dest: Rank,
@@ -385,6 +383,34 @@ impl Transport for Portals {
             Ok(Outcome::Done { .. }) => Ok(()),
             Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
                 "portals: rank {dest}'s segment entry refused a put of {len} bytes at {offset}: {f:?}"
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+
+    /// `PtlGet` from the target's segment entry into this rank's own segment range (a
+    /// memory descriptor over the segment, [`Nic::get_shared`]): one copy from mapping to
+    /// mapping, done when this returns.
+    fn get_into_segment(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let d = self.reachable(src)?;
+        let own = self.segment();
+        let into = own.slice(local, len).map_err(|e| {
+            SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
+        })?;
+        match self
+            .tx
+            .nic(d)
+            .get_shared(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, into)
+        {
+            Ok(Outcome::Done { .. }) => Ok(()),
+            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
+                "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
             ))),
             Err(e) => Err(self.tx.put_err(e)),
         }

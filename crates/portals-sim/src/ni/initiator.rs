@@ -5,7 +5,7 @@ use super::die;
 use super::eq::{Claimer, Event, EventKind, NiFail};
 use super::layout::{MeIndex, NiError, Nic, PT_ENABLED};
 use super::me::{MeSeen, SeenEntries, Walked};
-use am_shm::SharedBytes;
+use am_shm::{Segment, SharedBytes};
 /// A put, as the initiator describes it (its memory descriptor is `data`, gathered).
 #[derive(Debug, Clone, Copy)]
 pub struct PutArgs<'a> {
@@ -198,8 +198,61 @@ impl<'a> Nic<'a> {
         remote_offset: u64,
         dst: &mut [u8],
     ) -> Result<Outcome, NiError> {
-        if dst.len() > u32::MAX as usize {
-            return Err(NiError::Invalid(format!("a get of {} bytes", dst.len())));
+        let len = dst.len();
+        self.get_with(
+            initiator,
+            own,
+            pt,
+            match_bits,
+            remote_offset,
+            len,
+            |seg, at| {
+                seg.read(at, dst)?;
+                Ok(())
+            },
+        )
+    }
+
+    /// [`Nic::get`] into shared memory, the initiator's own segment (a memory descriptor
+    /// over it): one copy from this NI's memory to `dst`.
+    pub fn get_shared(
+        &self,
+        initiator: u32,
+        own: Option<&Nic<'_>>,
+        pt: u8,
+        match_bits: u64,
+        remote_offset: u64,
+        dst: SharedBytes<'_>,
+    ) -> Result<Outcome, NiError> {
+        let len = dst.len();
+        self.get_with(
+            initiator,
+            own,
+            pt,
+            match_bits,
+            remote_offset,
+            len,
+            |seg, at| {
+                dst.copy_from(0, seg.byte_area().slice(at, len)?)?;
+                Ok(())
+            },
+        )
+    }
+
+    /// [`Nic::get`] of `len` bytes, the read done by `land` (at the matched offset).
+    #[allow(clippy::too_many_arguments)]
+    fn get_with(
+        &self,
+        initiator: u32,
+        own: Option<&Nic<'_>>,
+        pt: u8,
+        match_bits: u64,
+        remote_offset: u64,
+        len: usize,
+        land: impl FnOnce(&Segment, usize) -> Result<(), NiError>,
+    ) -> Result<Outcome, NiError> {
+        if len > u32::MAX as usize {
+            return Err(NiError::Invalid(format!("a get of {len} bytes")));
         }
         let mut cl = Claimer::new(self, initiator)?;
         let found = self.walk(
@@ -207,7 +260,7 @@ impl<'a> Nic<'a> {
             &mut cl,
             pt,
             match_bits,
-            dst.len(),
+            len,
             remote_offset,
             true,
             false,
@@ -216,11 +269,11 @@ impl<'a> Nic<'a> {
             Walked::Found {
                 idx, at, use_once, ..
             } => {
-                self.seg.read(at, dst)?;
+                land(self.seg, at)?;
                 let mut ev = Event::new(EventKind::Get, initiator, pt);
                 ev.match_bits = match_bits;
                 ev.start = at as u64;
-                ev.mlength = dst.len() as u32;
+                ev.mlength = len as u32;
                 ev.me = idx;
                 ev.remote_offset = remote_offset;
                 if let Some(s) = cl.slot.take() {
