@@ -174,9 +174,9 @@ pub fn copy_to(
     local: usize,
     len: usize,
 ) -> Result<(), SendError> {
-    let from = own.slice(local, len).map_err(|e| {
-        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
-    })?;
+    let from = own
+        .slice(local, len)
+        .map_err(|e| outside_own(local, len, e))?;
     segment
         .copy_from(offset, from)
         .map_err(|e| outside(dest, offset, len, e))
@@ -195,9 +195,14 @@ pub fn copy_from(
     let from = segment
         .slice(offset, len)
         .map_err(|e| outside(src, offset, len, e))?;
-    own.copy_from(local, from).map_err(|e| {
-        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
-    })
+    own.copy_from(local, from)
+        .map_err(|e| outside_own(local, len, e))
+}
+
+/// A range outside this rank's own segment (of a copy between segments).
+#[cold]
+fn outside_own(local: usize, len: usize, e: am_shm::ShmError) -> SendError {
+    SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
 }
 
 #[cold]

@@ -1067,6 +1067,24 @@ fn a_member_that_left_without_joining_fails_the_collective_everywhere() {
     }
 }
 
+/// Ranks 1 to 3 start a broadcast from rank 0 on the world (rank 0's entry is `None`): each
+/// one's handle, or the error its start gave.
+fn broadcasts_from_0(c: &mut Cluster) -> Vec<Option<Result<Op<Vec<u8>>, AmError>>> {
+    (0..4)
+        .map(|r| {
+            if r == 0 {
+                return None;
+            }
+            let (ep, mut wire) = c.wire(r);
+            let world = ep.world_team();
+            match start(TeamBroadcast::new(&world, 0, b""), ep, &mut wire) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => panic!("rank {r}: a start waits"),
+            }
+        })
+        .collect()
+}
+
 /// The root of a broadcast leaves the job as soon as its broadcast returned, before the
 /// others start theirs (their steps from it already arrived): every other member completes
 /// the broadcast, and a later one on the world fails with `PeerDeparted` where it would
@@ -1094,37 +1112,21 @@ fn a_member_that_left_after_its_part_fails_nothing_it_took_part_in() {
         // Rank 0's steps reach the others before its departure does.
         c.settle();
         c.depart(0);
-        let mut ops: Vec<Option<Op<Vec<u8>>>> = (0..4)
-            .map(|r| {
-                if r == 0 {
-                    return None;
-                }
-                let (ep, mut wire) = c.wire(r);
-                let world = ep.world_team();
-                match start(TeamBroadcast::new(&world, 0, b""), ep, &mut wire) {
-                    Poll::Ready(Ok(op)) => Some(op),
-                    other => panic!("seed {seed} rank {r}: start {:?}", other.map(|r| r.err())),
-                }
-            })
+        let mut ops: Vec<Option<Op<Vec<u8>>>> = broadcasts_from_0(&mut c)
+            .into_iter()
+            .map(|op| op.map(|op| op.expect("started")))
             .collect();
         for (r, got) in finish(&mut c, &[1, 2, 3], &mut ops).into_iter().enumerate() {
             assert_eq!(got, Ok(b"hello".to_vec()), "seed {seed} rank {}", r + 1);
         }
         // The next broadcast from rank 0 cannot come: its children fail and tell the rest.
-        let mut ops: Vec<Option<Op<Vec<u8>>>> = (0..4)
-            .map(|r| {
-                if r == 0 {
-                    return None;
-                }
-                let (ep, mut wire) = c.wire(r);
-                let world = ep.world_team();
-                match start(TeamBroadcast::new(&world, 0, b""), ep, &mut wire) {
-                    Poll::Ready(Ok(op)) => Some(op),
-                    Poll::Ready(Err(e)) => {
-                        assert_eq!(e, AmError::PeerDeparted(0), "seed {seed} rank {r}");
-                        None
-                    }
-                    Poll::Pending => panic!("start"),
+        let mut ops: Vec<Option<Op<Vec<u8>>>> = broadcasts_from_0(&mut c)
+            .into_iter()
+            .map(|op| match op? {
+                Ok(op) => Some(op),
+                Err(e) => {
+                    assert_eq!(e, AmError::PeerDeparted(0), "seed {seed}");
+                    None
                 }
             })
             .collect();

@@ -301,6 +301,55 @@ fn bad_event(w: &[u64; 7], src: usize, what: &str) -> TransportError {
     }
 }
 
+/// The arguments of a put into a peer's segment entry at `offset`: `data`, then `shared`
+/// (a range of this rank's own segment), with no event asked for.
+fn segment_put<'a>(
+    offset: usize,
+    data: &'a [&'a [u8]],
+    shared: Option<SharedBytes<'a>>,
+) -> PutArgs<'a> {
+    PutArgs {
+        pt: PT_SEGMENT,
+        match_bits: 0,
+        hdr_data: 0,
+        remote_offset: offset as u64,
+        data,
+        shared,
+        ack: false,
+        send_event: false,
+        pad: false,
+    }
+}
+
+/// `len` bytes at `local` of this rank's segment (`own`), the memory descriptor of a put or
+/// get between segments.
+fn own_range(own: SharedBytes<'_>, local: usize, len: usize) -> Result<SharedBytes<'_>, SendError> {
+    own.slice(local, len).map_err(|e| {
+        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
+    })
+}
+
+impl Portals {
+    /// What a put or get (`what`) of `len` bytes at `offset` of `peer`'s segment entry came
+    /// to.
+    fn rma_done(
+        &mut self,
+        done: Result<Outcome, NiError>,
+        what: &str,
+        peer: Rank,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        match done {
+            Ok(Outcome::Done { .. }) => Ok(()),
+            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
+                "portals: rank {peer}'s segment entry refused a {what} of {len} bytes at {offset}: {f:?}"
+            ))),
+            Err(e) => Err(self.tx.put_err(e)),
+        }
+    }
+}
+
 impl Transport for Portals {
     fn name(&self) -> &'static str {
         "portals"
@@ -333,25 +382,10 @@ impl Transport for Portals {
     /// `Ack` a real initiator would wait for.
     fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
-        let args = PutArgs {
-            pt: PT_SEGMENT,
-            match_bits: 0,
-            hdr_data: 0,
-            remote_offset: offset as u64,
-            data: &[data],
-            shared: None,
-            ack: false,
-            send_event: false,
-            pad: false,
-        };
-        match self.tx.nic(d).put(self.tx.rank, None, &args) {
-            Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
-                "portals: rank {dest}'s segment entry refused a put of {} bytes at {offset}: {f:?}",
-                data.len()
-            ))),
-            Err(e) => Err(self.tx.put_err(e)),
-        }
+        let pieces = [data];
+        let args = segment_put(offset, &pieces, None);
+        let done = self.tx.nic(d).put(self.tx.rank, None, &args);
+        self.rma_done(done, "put", dest, offset, data.len())
     }
 
     /// `PtlPut` to the target's segment entry whose data is this rank's own segment range
@@ -364,28 +398,10 @@ impl Transport for Portals {
         len: usize,
     ) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
-        let own = self.segment();
-        let from = own.slice(local, len).map_err(|e| {
-            SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
-        })?;
-        let args = PutArgs {
-            pt: PT_SEGMENT,
-            match_bits: 0,
-            hdr_data: 0,
-            remote_offset: offset as u64,
-            data: &[],
-            shared: Some(from),
-            ack: false,
-            send_event: false,
-            pad: false,
-        };
-        match self.tx.nic(d).put(self.tx.rank, None, &args) {
-            Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
-                "portals: rank {dest}'s segment entry refused a put of {len} bytes at {offset}: {f:?}"
-            ))),
-            Err(e) => Err(self.tx.put_err(e)),
-        }
+        let from = own_range(self.segment(), local, len)?;
+        let args = segment_put(offset, &[], Some(from));
+        let done = self.tx.nic(d).put(self.tx.rank, None, &args);
+        self.rma_done(done, "put", dest, offset, len)
     }
 
     /// `PtlGet` from the target's segment entry into this rank's own segment range (a
@@ -399,21 +415,12 @@ impl Transport for Portals {
         len: usize,
     ) -> Result<(), SendError> {
         let d = self.reachable(src)?;
-        let own = self.segment();
-        let into = own.slice(local, len).map_err(|e| {
-            SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
-        })?;
-        match self
-            .tx
-            .nic(d)
-            .get_shared(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, into)
-        {
-            Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
-                "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
-            ))),
-            Err(e) => Err(self.tx.put_err(e)),
-        }
+        let into = own_range(self.segment(), local, len)?;
+        let done =
+            self.tx
+                .nic(d)
+                .get_shared(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, into);
+        self.rma_done(done, "get", src, offset, len)
     }
 
     /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
@@ -422,17 +429,11 @@ impl Transport for Portals {
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         let d = self.reachable(src)?;
         let len = dst.len();
-        match self
+        let done = self
             .tx
             .nic(d)
-            .get(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst)
-        {
-            Ok(Outcome::Done { .. }) => Ok(()),
-            Ok(Outcome::Refused(f)) => Err(SendError::device(format!(
-                "portals: rank {src}'s segment entry refused a get of {len} bytes at {offset}: {f:?}"
-            ))),
-            Err(e) => Err(self.tx.put_err(e)),
-        }
+            .get(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst);
+        self.rma_done(done, "get", src, offset, len)
     }
 
     /// Through the target's segment entry, as Portals' fetching atomics: the NIC performs
