@@ -4,7 +4,7 @@
 //! The heap is the last [`crate::Config::symmetric_size`] bytes (`AM_SYMMETRIC_SIZE`) of
 //! each rank's segment 0, reserved when the job connects: an allocation maps and registers
 //! nothing, and every operation on segment 0 (puts, gets, atomics, put-with-signal,
-//! strided transfers, Long AMs) reaches it on every transport. [`crate::run_job`] makes the
+//! strided transfers, Long AMs) reaches it on every transport. `amnet::run_job` makes the
 //! segments `AM_SYMMETRIC_SIZE` bytes larger than the segment it is asked for, so those
 //! bytes stay the program's; a program that sets `Config::symmetric_size` itself sizes its
 //! segment to hold it.
