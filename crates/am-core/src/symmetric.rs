@@ -94,6 +94,32 @@ impl Symmetric {
     }
 }
 
+/// What a symmetric collective does at a member when it completes ([`crate::endpoint`]'s
+/// allocations and frees).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HeapStep {
+    /// An allocation of `len` bytes; this rank reserved its proposal at heap offset
+    /// `reserved` until the members agree.
+    Alloc { len: usize, reserved: Option<usize> },
+    /// A free of this block.
+    Free(Symmetric),
+}
+
+/// The symmetric collective in flight, by its operation slot.
+#[derive(Debug)]
+pub(crate) struct HeapOp {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+    pub(crate) step: HeapStep,
+}
+
+impl HeapOp {
+    /// Whether it is the collective of slot `(index, gen)`.
+    pub(crate) fn is(&self, index: u32, gen: u32) -> bool {
+        self.index == index && self.gen == gen
+    }
+}
+
 /// No free range fits: the proposal's word.
 const NONE: u64 = u64::MAX;
 

@@ -74,7 +74,7 @@ pub(super) struct Args<'a> {
     pub(super) red: Option<Reduction>,
     pub(super) data: Data<'a>,
     /// The symmetric allocation or free this collective agrees on ([`super::heap`]).
-    pub(super) heap: Option<super::heap::HeapStep>,
+    pub(super) heap: Option<crate::symmetric::HeapStep>,
 }
 
 /// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,

@@ -13,34 +13,9 @@ use crate::handler::Threading;
 use crate::op::Op;
 use crate::protocol::CollectiveKind;
 use crate::reduce::{ReduceOp, Reduction};
-use crate::symmetric::{Heap, Symmetric, PROPOSAL_WORDS};
+use crate::symmetric::{Heap, HeapOp, HeapStep, Symmetric, PROPOSAL_WORDS};
 use crate::team::Team;
 use crate::transport::Transport;
-
-/// What a symmetric collective does here when it completes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum HeapStep {
-    /// An allocation of `len` bytes; this rank reserved its proposal at heap offset
-    /// `reserved` until the members agree.
-    Alloc { len: usize, reserved: Option<usize> },
-    /// A free of this block.
-    Free(Symmetric),
-}
-
-/// The symmetric collective in flight, by its operation slot.
-#[derive(Debug)]
-pub(crate) struct HeapOp {
-    index: u32,
-    gen: u32,
-    step: HeapStep,
-}
-
-impl HeapOp {
-    /// Whether it is the collective of slot `(index, gen)`.
-    pub(super) fn is(&self, index: u32, gen: u32) -> bool {
-        self.index == index && self.gen == gen
-    }
-}
 
 impl<H: Threading> Endpoint<H> {
     /// Makes this rank's symmetric heap the last `bytes` bytes of its segment

@@ -108,7 +108,7 @@ pub(super) struct Teams {
     /// This rank's symmetric heap ([`crate::symmetric`]).
     pub(super) heap: crate::symmetric::Heap,
     /// The symmetric allocation or free in flight (one at a time).
-    pub(super) heap_op: Option<super::heap::HeapOp>,
+    pub(super) heap_op: Option<crate::symmetric::HeapOp>,
 }
 
 pub(super) struct TeamState {
