@@ -298,6 +298,17 @@ impl Heap {
         }
     }
 
+    /// What a symmetric collective that failed leaves here: an allocation's reservation
+    /// goes back; a block whose free failed stays allocated.
+    pub(crate) fn abandon(&mut self, step: HeapStep) {
+        if let HeapStep::Alloc {
+            reserved: Some(at), ..
+        } = step
+        {
+            self.give_back(at);
+        }
+    }
+
     /// Gives back `block`, if it is one of this heap's: false if not.
     pub(crate) fn free(&mut self, block: Symmetric) -> bool {
         match block.offset.checked_sub(self.base) {

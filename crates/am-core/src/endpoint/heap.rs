@@ -12,8 +12,8 @@ use crate::error::AmError;
 use crate::handler::Threading;
 use crate::op::Op;
 use crate::protocol::CollectiveKind;
-use crate::reduce::{ReduceOp, Reduction};
-use crate::symmetric::{Heap, HeapOp, HeapStep, Symmetric, PROPOSAL_WORDS};
+use crate::reduce::{Element, ReduceOp, Reduction};
+use crate::symmetric::{Heap, HeapOp, HeapStep, Symmetric};
 use crate::team::Team;
 use crate::transport::Transport;
 
@@ -52,15 +52,9 @@ impl<H: Threading> Endpoint<H> {
         if self.slot_pending(h.index, h.gen) {
             return true;
         }
-        // It failed: the reservation of an allocation goes back; a freed block stays.
-        if let Some(HeapOp {
-            step: HeapStep::Alloc {
-                reserved: Some(at), ..
-            },
-            ..
-        }) = self.teams.heap_op.take()
-        {
-            self.teams.heap.give_back(at);
+        // It failed.
+        if let Some(h) = self.teams.heap_op.take() {
+            self.teams.heap.abandon(h.step);
         }
         false
     }
@@ -77,10 +71,7 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Pending;
         }
         let (words, reserved) = self.teams.heap.propose(len);
-        let mut data = Vec::with_capacity(PROPOSAL_WORDS * 8);
-        for w in words {
-            data.extend_from_slice(&w.to_le_bytes());
-        }
+        let data = crate::reduce::to_bytes(&words);
         let red = Reduction::new::<u64>(ReduceOp::Max).expect("a built-in reduction");
         let args = Args {
             kind: CollectiveKind::AllReduce,
@@ -147,27 +138,19 @@ impl<H: Threading> Endpoint<H> {
             return outcome;
         };
         match (h.step, outcome) {
-            (HeapStep::Alloc { len, reserved }, Ok(bytes)) => {
-                let words: Vec<u64> = bytes
-                    .chunks_exact(8)
-                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-                    .collect();
-                self.teams
-                    .heap
-                    .agree(&words, len, reserved)
-                    .map(Symmetric::to_bytes)
-            }
-            (HeapStep::Alloc { reserved, .. }, Err(e)) => {
-                if let Some(at) = reserved {
-                    self.teams.heap.give_back(at);
-                }
-                Err(e)
-            }
+            (HeapStep::Alloc { len, reserved }, Ok(bytes)) => self
+                .teams
+                .heap
+                .agree(&u64::from_bytes(bytes), len, reserved)
+                .map(Symmetric::to_bytes),
             (HeapStep::Free(block), Ok(bytes)) => {
                 self.teams.heap.free(block);
                 Ok(bytes)
             }
-            (HeapStep::Free(_), Err(e)) => Err(e),
+            (step, Err(e)) => {
+                self.teams.heap.abandon(step);
+                Err(e)
+            }
         }
     }
 }

@@ -70,11 +70,7 @@ impl<H: Threading> Endpoint<H> {
         }
         ready!(self.apply_posted(t))?;
         if dest == self.rank {
-            let own = t.segment();
-            let copied = own
-                .slice(local, len)
-                .and_then(|from| own.copy_from(offset, from));
-            if copied.is_err() {
+            if copy_here(t, local, offset, len).is_err() {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
             }
         } else if t.capabilities().put {
@@ -115,11 +111,7 @@ impl<H: Threading> Endpoint<H> {
         }
         ready!(self.apply_posted(t))?;
         if src == self.rank {
-            let own = t.segment();
-            let copied = own
-                .slice(offset, len)
-                .and_then(|from| own.copy_from(local, from));
-            if copied.is_err() {
+            if copy_here(t, offset, local, len).is_err() {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
             }
         } else {
@@ -962,4 +954,16 @@ impl<H: Threading> Endpoint<H> {
             None => Ok(raw),
         }
     }
+}
+
+/// Copies `len` bytes at `from` of this rank's segment to `to` (a put or get between
+/// segments whose peer is this rank), as `memmove` where they overlap.
+fn copy_here<T: Transport + ?Sized>(
+    t: &T,
+    from: usize,
+    to: usize,
+    len: usize,
+) -> Result<(), am_shm::ShmError> {
+    let own = t.segment();
+    own.copy_from(to, own.slice(from, len)?)
 }
