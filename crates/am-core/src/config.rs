@@ -238,26 +238,24 @@ pub fn parse_size(s: &str) -> Option<usize> {
 
 /// The segment size asked for by `AM_SEGMENT_SIZE`, or `default`.
 pub fn segment_size_from_env(default: usize) -> Result<usize, ConfigError> {
-    match std::env::var("AM_SEGMENT_SIZE") {
-        Ok(v) => parse_size(&v).ok_or(ConfigError {
-            var: "AM_SEGMENT_SIZE",
-            value: v,
-            why: "expected a size such as 1048576, 64K, 16M or 1G".into(),
-        }),
-        Err(_) => Ok(default),
-    }
+    size_from_env("AM_SEGMENT_SIZE", default)
 }
 
 /// The symmetric heap's size asked for by `AM_SYMMETRIC_SIZE` (a size as
 /// `AM_SEGMENT_SIZE` takes), or 0.
 pub fn symmetric_size_from_env() -> Result<usize, ConfigError> {
-    match std::env::var("AM_SYMMETRIC_SIZE") {
+    size_from_env("AM_SYMMETRIC_SIZE", 0)
+}
+
+/// The byte size environment variable `var` asks for ([`parse_size`]), or `default`.
+fn size_from_env(var: &'static str, default: usize) -> Result<usize, ConfigError> {
+    match std::env::var(var) {
         Ok(v) => parse_size(&v).ok_or(ConfigError {
-            var: "AM_SYMMETRIC_SIZE",
+            var,
             value: v,
             why: "expected a size such as 1048576, 64K, 16M or 1G".into(),
         }),
-        Err(_) => Ok(0),
+        Err(_) => Ok(default),
     }
 }
 
