@@ -804,6 +804,157 @@ pub fn segment_to_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
     });
 }
 
+/// Segments created and published as the job runs ([`crate::segment`]): three ranks create
+/// segments of different lengths and publish them on the world team; each puts (empty,
+/// unaligned, several Mediums long, blocking and `_nb`) into the next rank's, reads it back,
+/// adds to words of rank 0's, and reaches its own through its [`crate::RemoteSegment`];
+/// segment 0 published gives the same bytes as [`Node::put`]. Ranges past a segment's
+/// published length are errors that write nothing; after the collective free, the freed
+/// segments are unknown to every member and to their owner's [`Node::segment_at`].
+/// Catches a put landing in segment 0 instead of the created segment, a multi-Medium put or
+/// get resumed at the wrong byte, lengths or ids swapped between members by the
+/// publication, and a free that leaves a segment reachable.
+pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::atomic::AtomicOp;
+    use crate::segment::SegmentId;
+    const RANKS: u32 = 3;
+    run_watched("segments_as_values", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        let world = node.world_team();
+        let mm = node.max_medium().min(16 << 10);
+        let len_of = |r: u32| 3 * mm + 1000 * (r as usize + 1) + 5;
+        let mine = node.create_segment(len_of(me)).expect("create");
+        assert_ne!(mine, SegmentId::ZERO);
+        let seg = node.segment_at(mine).expect("its bytes");
+        assert_eq!(seg.len(), len_of(me));
+        assert!(seg.load_u64(0).expect("load") == 0, "a new segment is zero");
+        let peers = node.publish_segment(&world, mine).expect("publish");
+        assert_eq!(peers.len(), RANKS as usize);
+        for (r, p) in peers.iter().enumerate() {
+            assert_eq!((p.rank(), p.len()), (r as u32, len_of(r as u32)), "{p:?}");
+        }
+        assert_eq!(peers[me as usize].id(), mine);
+        let next = peers[((me + 1) % RANKS) as usize];
+        let prev = (me + RANKS - 1) % RANKS;
+        let big = pattern(2 * mm + 7, me as u8 + 1);
+        node.put_to(&next, 3, &big).expect("put");
+        let h = node.put_to_nb(&next, next.len() - 5, &[9; 5]).expect("put");
+        node.wait(h).expect("wait for a put");
+        node.put_to(&next, 0, &[]).expect("an empty put");
+        for (offset, len) in [(next.len() - 4, 5), (next.len() + 1, 0), (usize::MAX, 1)] {
+            match node.put_to(&next, offset, &vec![0xee; len]) {
+                Err(AmError::SegmentOutOfBounds { size, .. }) if size == next.len() => {}
+                other => panic!("a put of {len} at {offset}: {other:?}"),
+            }
+            match node.get_from(&next, offset, len) {
+                Err(AmError::SegmentOutOfBounds { size, .. }) if size == next.len() => {}
+                other => panic!("a get of {len} at {offset}: {other:?}"),
+            }
+        }
+        // Every rank adds to two words of rank 0's segment, past every put's bytes.
+        let word = (3 + big.len() + 7) & !7;
+        let zero = peers[0];
+        node.atomic_at(&zero, word, AtomicOp::FetchAdd(1u64))
+            .expect("fetch-add");
+        let h = node
+            .atomic_at_nb(&zero, word + 8, AtomicOp::FetchAdd(0.5f64))
+            .expect("fetch-add");
+        node.wait(h).expect("wait for a fetch-add");
+        match node.atomic_at(&zero, zero.len() - 4, AtomicOp::FetchAdd(1u64)) {
+            Err(AmError::SegmentOutOfBounds { .. }) => {}
+            other => panic!("an atomic past the end: {other:?}"),
+        }
+        // Its own segment, through the remote key.
+        let own = peers[me as usize];
+        node.put_to(&own, 2 * mm + 100, b"self")
+            .expect("put to self");
+        assert_eq!(node.get_from(&own, 2 * mm + 100, 4).expect("get"), b"self");
+        node.team_barrier(&world).expect("barrier");
+
+        let seg = node.segment_at(mine).expect("its bytes");
+        let mut got = vec![0u8; big.len()];
+        seg.read(3, &mut got).expect("read");
+        assert!(
+            got == pattern(big.len(), prev as u8 + 1),
+            "rank {prev}'s put"
+        );
+        seg.read(len_of(me) - 5, &mut got[..5]).expect("read");
+        assert_eq!(&got[..5], &[9; 5]);
+        assert!(
+            node.segment().load_u64(word).expect("load") == 0,
+            "segment 0 untouched"
+        );
+        assert!(node.get_from(&next, 3, big.len()).expect("get") == big);
+        let h = node.get_from_nb(&next, 0, 3).expect("get");
+        assert_eq!(node.wait(h).expect("wait for a get"), [0, 0, 0]);
+        if me == 0 {
+            let seg = node.segment_at(mine).expect("its bytes");
+            assert_eq!(seg.load_u64(word).expect("load"), u64::from(RANKS));
+            let halves = f64::from_bits(seg.load_u64(word + 8).expect("load"));
+            assert_eq!(halves, 0.5 * f64::from(RANKS));
+        }
+        // Segment 0 published is segment 0.
+        let zeros = node
+            .publish_segment(&world, SegmentId::ZERO)
+            .expect("publish segment 0");
+        let right = zeros[((me + 1) % RANKS) as usize];
+        assert_eq!((right.id(), right.len()), (SegmentId::ZERO, SEGMENT));
+        node.put_to(&right, 40, &[me as u8 + 7; 8]).expect("put");
+        assert_eq!(
+            node.get(right.rank(), 40, 8).expect("get"),
+            [me as u8 + 7; 8]
+        );
+        node.team_barrier(&world).expect("barrier");
+
+        node.free_segment(&world, mine).expect("free");
+        assert!(
+            node.segment_at(mine).is_none(),
+            "a freed segment's bytes are gone"
+        );
+        for p in [next, own] {
+            match node.put_to(&p, 0, b"x") {
+                Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (p.rank(), p.id()) => {}
+                other => panic!("a put to freed {p:?}: {other:?}"),
+            }
+            match node.get_from(&p, 0, 1) {
+                Err(AmError::UnknownSegment { .. }) => {}
+                other => panic!("a get from freed {p:?}: {other:?}"),
+            }
+        }
+        for id in [mine, SegmentId::ZERO] {
+            match node.free_segment(&world, id) {
+                Err(AmError::UnknownSegment { rank, .. }) if rank == me => {}
+                other => panic!("freeing {id} again: {other:?}"),
+            }
+        }
+        // A segment freed on a team without the peer (its owner alone) is refused by its
+        // owner: the peer's operations fail naming it, and write nothing.
+        let again = node.create_segment(64).expect("create");
+        assert!(again != mine, "ids are not reused");
+        let peers = node.publish_segment(&world, again).expect("publish");
+        let alone = node
+            .split(&world, Some(me), 0)
+            .expect("split")
+            .expect("a team of one");
+        node.free_segment(&alone, again).expect("free alone");
+        node.team_barrier(&world).expect("barrier");
+        let next = peers[((me + 1) % RANKS) as usize];
+        let refused = |r: Result<_, AmError>| match r {
+            Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (next.rank(), next.id()) => {
+            }
+            other => panic!("an operation on {next:?} freed by its owner: {other:?}"),
+        };
+        refused(node.put_to(&next, 0, &[1; 8]).map(|_| ()));
+        refused(node.get_from(&next, 0, 8).map(|_| ()));
+        refused(
+            node.atomic_at(&next, 0, AtomicOp::FetchAdd(1u32))
+                .map(|_| ()),
+        );
+        node.barrier().expect("barrier");
+    });
+}
+
 /// Put and get of 0 and 1 bytes, unaligned, and at both ends of the segment, to a peer and
 /// to self, checked with `get_into`, `get` and `get_nb`; a range past the end is an error at
 /// the initiator and writes nothing (nor fills the caller's buffer).
@@ -1999,7 +2150,7 @@ macro_rules! conformance_tests {
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
             rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives, put_signal_hands_off,
-            put_regions_land_in_place, symmetric_heap, segment_to_segment);
+            put_regions_land_in_place, symmetric_heap, segment_to_segment, segments_as_values);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

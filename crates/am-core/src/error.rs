@@ -151,6 +151,25 @@ pub enum AmError {
         /// Its length.
         len: usize,
     },
+    /// `rank` holds no segment `id` that this rank may use ([`crate::segment`]): it was
+    /// never published here, it was freed, or `rank` refused the operation because it freed
+    /// the segment while the operation was on its way (nothing was written).
+    #[error("rank {rank} has no segment {id} published here")]
+    UnknownSegment {
+        /// The segment's owner.
+        rank: Rank,
+        /// Its id there.
+        id: crate::segment::SegmentId,
+    },
+    /// A segment could not be created ([`crate::Node::create_segment`]): no memory, no
+    /// file descriptor, or every id of the endpoint used.
+    #[error("a segment of {len} bytes could not be created: {why}")]
+    SegmentNotCreated {
+        /// The bytes asked for.
+        len: usize,
+        /// What failed.
+        why: String,
+    },
 }
 
 /// What a misbehaving peer did.

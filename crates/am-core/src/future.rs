@@ -174,6 +174,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.lock().node.ep.free_team(team)
     }
 
+    /// Creates a segment bound to this rank ([`Node::create_segment`]); its bytes are
+    /// `with(|n| n.segment_at(id))`'s.
+    pub fn create_segment(&self, len: usize) -> Result<crate::segment::SegmentId, AmError> {
+        self.lock().node.ep.create_segment(len)
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.inner.size

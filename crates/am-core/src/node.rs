@@ -262,6 +262,41 @@ impl<T: Transport, H: Threading> Node<T, H> {
         self.transport.segment()
     }
 
+    /// Creates a segment of `len` bytes bound to this rank, all zero, and gives its id
+    /// ([`crate::segment`]): its bytes are [`Node::segment_at`]'s at once, and peers reach
+    /// it once it is published ([`Node::publish_segment`]). Local, not collective; ids are
+    /// never reused.
+    ///
+    /// ```
+    /// # use am_core::{run_ranks, Config, Handlers, Loopback, LoopbackConfig, Node};
+    /// # run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+    /// # let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+    /// let world = node.world_team();
+    /// let mine = node.create_segment(4096)?;
+    /// let peers = node.publish_segment(&world, mine)?;
+    /// let right = &peers[(node.rank() as usize + 1) % 2];
+    /// node.put_to(right, 64, &node.rank().to_le_bytes())?;
+    /// node.team_barrier(&world)?;
+    /// let mut from = [0u8; 4];
+    /// node.segment_at(mine).unwrap().read(64, &mut from).unwrap();
+    /// assert_eq!(u32::from_le_bytes(from), 1 - node.rank());
+    /// node.free_segment(&world, mine)?;
+    /// # Ok::<(), am_core::AmError>(())
+    /// # }).into_iter().collect::<Result<Vec<()>, _>>().unwrap();
+    /// ```
+    pub fn create_segment(&mut self, len: usize) -> Result<crate::segment::SegmentId, AmError> {
+        self.ep.create_segment(len)
+    }
+
+    /// The bytes of this rank's segment `id` (segment 0 is [`Node::segment`]); `None` for
+    /// one it never created or has freed.
+    pub fn segment_at(
+        &self,
+        id: crate::segment::SegmentId,
+    ) -> Option<crate::transport::SharedBytes<'_>> {
+        self.ep.segment_at(&self.transport, id)
+    }
+
     /// The transport.
     pub fn transport(&self) -> &T {
         &self.transport

@@ -370,6 +370,20 @@ impl Outcome for crate::symmetric::Symmetric {
     }
 }
 
+// A publication's segments, every member's in team order.
+impl sealed::Sealed for Vec<crate::segment::RemoteSegment> {}
+impl Outcome for Vec<crate::segment::RemoteSegment> {
+    type Held = ();
+    fn finish(_: Option<()>, raw: Raw) -> Result<Vec<crate::segment::RemoteSegment>, AmError> {
+        match raw {
+            Raw::Bytes(b) => {
+                crate::segment::RemoteSegment::list_from_bytes(&b).ok_or(AmError::StaleHandle)
+            }
+            _ => Err(AmError::StaleHandle),
+        }
+    }
+}
+
 impl sealed::Sealed for Option<Team> {}
 impl Outcome for Option<Team> {
     type Held = ();

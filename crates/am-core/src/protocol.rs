@@ -57,6 +57,12 @@ pub mod opcode {
     pub const COLLECTIVE: u8 = 13;
     /// [`SystemMsg::PutRegions`](super::SystemMsg::PutRegions).
     pub const PUT_REGIONS: u8 = 14;
+    /// [`SystemMsg::PutAt`](super::SystemMsg::PutAt).
+    pub const PUT_AT: u8 = 15;
+    /// [`SystemMsg::GetAt`](super::SystemMsg::GetAt).
+    pub const GET_AT: u8 = 16;
+    /// [`SystemMsg::AtomicAt`](super::SystemMsg::AtomicAt).
+    pub const ATOMIC_AT: u8 = 17;
 }
 use opcode as op;
 
@@ -252,6 +258,44 @@ pub enum SystemMsg {
         op: u32,
         /// Regions in the payload, at least 1.
         count: u32,
+    },
+    /// Put into a created segment of the target (Medium request, the bytes in its payload;
+    /// [`crate::segment`]): written at `offset` of segment `seg` if the target holds it and
+    /// the range is inside it, else nothing is. Answered by a [`SystemMsg::PutDone`].
+    PutAt {
+        /// The initiator's operation index.
+        op: u32,
+        /// The target's segment (never 0).
+        seg: u32,
+        /// Where in it.
+        offset: u64,
+    },
+    /// Get from a created segment of the target (Short request), as [`SystemMsg::Get`]:
+    /// answered by a [`SystemMsg::GetData`], whose `ok` is false if the target holds no
+    /// segment `seg` or the range is outside it.
+    GetAt {
+        /// The initiator's operation index.
+        op: u32,
+        /// The target's segment (never 0).
+        seg: u32,
+        /// Where to read in it.
+        offset: u64,
+        /// How many bytes (at most the transport's `max_medium`).
+        len: u32,
+        /// Where they go in the operation's buffer.
+        at: u64,
+    },
+    /// A remote atomic on a word of a created segment of the target (Medium request whose
+    /// payload is the segment's id, 4 bytes little-endian), as [`SystemMsg::Atomic`]:
+    /// answered by a [`SystemMsg::AtomicDone`], whose `ok` is false if the target holds no
+    /// such segment or the word is outside it.
+    AtomicAt {
+        /// The initiator's operation index.
+        op: u32,
+        /// Where the word is in the segment.
+        offset: u64,
+        /// What to do with it.
+        atomic: Atomic,
     },
 }
 
@@ -506,6 +550,44 @@ impl SystemMsg {
                     len: 8,
                 };
             }
+            SystemMsg::AtomicAt { op, offset, atomic } => {
+                let (v, cur) = atomic.operands();
+                words = [
+                    op,
+                    lo(offset),
+                    hi(offset),
+                    atomic.wire_word(),
+                    lo(v),
+                    hi(v),
+                    lo(cur),
+                    hi(cur),
+                ];
+                return Encoded {
+                    opcode: op::ATOMIC_AT,
+                    kind: Medium,
+                    category: Request,
+                    words,
+                    len: 8,
+                };
+            }
+            SystemMsg::PutAt { op, seg, offset } => (
+                op::PUT_AT,
+                Medium,
+                Request,
+                &[op, seg, lo(offset), hi(offset)],
+            ),
+            SystemMsg::GetAt {
+                op,
+                seg,
+                offset,
+                len,
+                at,
+            } => (
+                op::GET_AT,
+                Short,
+                Request,
+                &[op, seg, lo(offset), hi(offset), len, lo(at), hi(at)],
+            ),
             SystemMsg::Atomics { op, count } => (op::ATOMICS, Medium, Request, &[op, count]),
             SystemMsg::PutRegions { op, count } => (op::PUT_REGIONS, Medium, Request, &[op, count]),
             SystemMsg::AtomicDone { op, old, ok } => (
@@ -626,6 +708,26 @@ impl SystemMsg {
                         .ok_or_else(|| bad.clone())?,
                 }
             }
+            (op::ATOMIC_AT, Request, Medium, &[op, o0, o1, what, v0, v1, c0, c1]) => {
+                SystemMsg::AtomicAt {
+                    op,
+                    offset: join(o0, o1),
+                    atomic: Atomic::from_wire(what, join(v0, v1), join(c0, c1))
+                        .ok_or_else(|| bad.clone())?,
+                }
+            }
+            (op::PUT_AT, Request, Medium, &[op, seg, o0, o1]) => SystemMsg::PutAt {
+                op,
+                seg,
+                offset: join(o0, o1),
+            },
+            (op::GET_AT, Request, Short, &[op, seg, o0, o1, len, a0, a1]) => SystemMsg::GetAt {
+                op,
+                seg,
+                offset: join(o0, o1),
+                len,
+                at: join(a0, a1),
+            },
             (op::ATOMICS, Request, Medium, &[op, count])
                 if (1..=MAX_BATCH_ATOMICS).contains(&count) =>
             {
@@ -717,6 +819,23 @@ mod tests {
                 .prop_map(|(op, count)| SystemMsg::Atomics { op, count }),
             (any::<u32>(), 1..=u32::MAX)
                 .prop_map(|(op, count)| SystemMsg::PutRegions { op, count }),
+            (any::<u32>(), any::<u32>(), any::<u64>())
+                .prop_map(|(op, seg, offset)| SystemMsg::PutAt { op, seg, offset }),
+            (
+                any::<(u32, u32)>(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>()
+            )
+                .prop_map(|((op, seg), offset, len, at)| SystemMsg::GetAt {
+                    op,
+                    seg,
+                    offset,
+                    len,
+                    at
+                }),
+            (any::<u32>(), any::<u64>(), any_atomic())
+                .prop_map(|(op, offset, atomic)| SystemMsg::AtomicAt { op, offset, atomic }),
             (
                 any::<(u32, u32)>(),
                 any::<u64>(),

@@ -139,6 +139,12 @@ impl<T: Transport> SharedNode<T> {
         self.lock().ep.free_team(team)
     }
 
+    /// Creates a segment bound to this rank ([`Node::create_segment`]); its bytes are
+    /// `lock().segment_at(id)`.
+    pub fn create_segment(&self, len: usize) -> Result<crate::segment::SegmentId, crate::AmError> {
+        self.lock().ep.create_segment(len)
+    }
+
     /// Ranks in the job.
     pub fn size(&self) -> u32 {
         self.size

@@ -38,6 +38,9 @@ use am_core::protocol::opcode::{
     GET_DATA as SYS_GET_DATA, HELLO as SYS_HELLO, HELLO_VERDICT as SYS_HELLO_RESULT,
     PUT as SYS_PUT, PUT_DONE as SYS_PUT_DONE, PUT_REGIONS as SYS_PUT_REGIONS,
 };
+use am_core::protocol::opcode::{
+    ATOMIC_AT as SYS_ATOMIC_AT, GET_AT as SYS_GET_AT, PUT_AT as SYS_PUT_AT,
+};
 
 // ---------------------------------------------------------------------------------------------
 // The node's side.
@@ -1156,6 +1159,129 @@ fn a_failed_barrier_resumes_where_it_stopped() {
                 ));
                 evil.expect_ack("BARRIER");
             }
+            evil.check_node_still_works();
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Operations on created segments.
+
+/// Bytes of the segment the node creates.
+const MADE: usize = 64;
+
+/// A forged operation on a created segment.
+enum Forged {
+    Put(u32, u64, usize),
+    Get(u32, u64, u32),
+    Atomic(u64, Vec<u8>),
+}
+
+/// Operations naming a segment the node never created (or segment 0, which these messages
+/// never reach), ranges past the created one's end, and one good put at 8.
+fn forged_segment_ops() -> Vec<(Forged, bool)> {
+    let made = MADE as u64;
+    vec![
+        (Forged::Put(2, 0, 4), false),
+        (Forged::Put(0, 0, 4), false),
+        (Forged::Put(1, made - 2, 4), false),
+        (Forged::Put(1, u64::MAX - 1, 4), false),
+        (Forged::Put(1, 8, 4), true),
+        (Forged::Get(1, made - 2, 4), false),
+        (Forged::Get(7, 0, 4), false),
+        (Forged::Get(1, u64::MAX, 1), false),
+        (Forged::Atomic(made, 1u32.to_le_bytes().to_vec()), false),
+        (Forged::Atomic(0, 9u32.to_le_bytes().to_vec()), false),
+        (Forged::Atomic(3, 1u32.to_le_bytes().to_vec()), false),
+    ]
+}
+
+#[test]
+fn forged_segment_operations_write_nothing() {
+    // Catches a target that writes or reads a created segment out of its range, treats an
+    // unknown id as segment 0, panics on an id or length a peer chose, or leaves the
+    // initiator without an answer; and one that calls a refusal misbehavior where a free may
+    // have raced it.
+    duel(
+        |t| {
+            let (mut node, seen) = start(t);
+            node.segment().write(0, &segment_pattern()).unwrap();
+            let id = node.create_segment(MADE).expect("create");
+            assert_eq!(id.get(), 1);
+            let pattern: Vec<u8> = (0..MADE as u8).collect();
+            node.segment_at(id).unwrap().write(0, &pattern).unwrap();
+            let caught = poll_until(&mut node, |_| seen.requests() == 1);
+            assert_eq!(
+                caught,
+                [
+                    Misbehavior::BadSystemMessage(SYS_GET_AT),
+                    Misbehavior::BadSystemMessage(SYS_ATOMIC_AT),
+                ],
+                "only the get past max_medium and the atomic without its id are misbehavior"
+            );
+            let mut expected = pattern;
+            expected[8..12].copy_from_slice(&[0xEE; 4]);
+            assert_eq!(
+                node.segment_at(id).unwrap().to_vec(),
+                expected,
+                "only the good put wrote"
+            );
+            assert!(
+                node.segment().to_vec() == segment_pattern(),
+                "segment 0 untouched"
+            );
+        },
+        |evil| {
+            for (op, (forged, ok)) in forged_segment_ops().into_iter().enumerate() {
+                let op = op as u32;
+                let status = u32::from(!ok);
+                match forged {
+                    Forged::Put(seg, offset, len) => {
+                        evil.send(&wire(
+                            request(true, AmKind::Medium, SYS_PUT_AT),
+                            &[op, seg, lo(offset), hi(offset)],
+                            &vec![0xEE; len],
+                        ));
+                        let g = evil.recv();
+                        assert_eq!((g.hdr.handler, g.hdr.credit), (SYS_PUT_DONE, 1), "{g:?}");
+                        assert_eq!(g.args, [op, status], "put #{op}");
+                    }
+                    Forged::Get(seg, offset, len) => {
+                        evil.send(&wire(
+                            request(true, AmKind::Short, SYS_GET_AT),
+                            &[op, seg, lo(offset), hi(offset), len, 5, 0],
+                            &[],
+                        ));
+                        let g = evil.recv();
+                        assert_eq!((g.hdr.handler, g.hdr.credit), (SYS_GET_DATA, 1), "{g:?}");
+                        assert_eq!(g.args, [op, 5, 0, status], "get #{op}");
+                        assert!(g.payload.is_empty());
+                    }
+                    Forged::Atomic(offset, seg) => {
+                        // A fetch-add of 1 on a u64.
+                        evil.send(&wire(
+                            request(true, AmKind::Medium, SYS_ATOMIC_AT),
+                            &[op, lo(offset), hi(offset), 4 | 8 << 8, 1, 0, 0, 0],
+                            &seg,
+                        ));
+                        evil.expect_atomic_refused(op);
+                    }
+                }
+            }
+            // A get longer than one reply carries, and an atomic whose payload is not an id.
+            evil.send(&wire(
+                request(true, AmKind::Short, SYS_GET_AT),
+                &[99, 1, 0, 0, u32::MAX, 0, 0],
+                &[],
+            ));
+            let g = evil.recv();
+            assert_eq!(g.args, [99, 0, 0, 1], "{g:?}");
+            evil.send(&wire(
+                request(true, AmKind::Medium, SYS_ATOMIC_AT),
+                &[98, 0, 0, 4 | 8 << 8, 1, 0, 0, 0],
+                &[1, 0, 0],
+            ));
+            evil.expect_atomic_refused(98);
             evil.check_node_still_works();
         },
     );

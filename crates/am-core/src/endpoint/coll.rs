@@ -75,6 +75,9 @@ pub(super) struct Args<'a> {
     pub(super) data: Data<'a>,
     /// The symmetric allocation or free this collective agrees on ([`super::heap`]).
     pub(super) heap: Option<crate::symmetric::HeapStep>,
+    /// The segment publication or free this collective carries, with the team's members
+    /// ([`super::segments`]).
+    pub(super) seg: Option<(Vec<Rank>, super::segments::SegStep)>,
 }
 
 /// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,
@@ -120,6 +123,7 @@ impl<H: Threading> Endpoint<H> {
             red: None,
             data: Data::Borrowed(&[]),
             heap: None,
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -221,6 +225,7 @@ impl<H: Threading> Endpoint<H> {
             red: Some(red),
             data,
             heap: None,
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -241,6 +246,7 @@ impl<H: Threading> Endpoint<H> {
             red,
             data: Data::Borrowed(data),
             heap: None,
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -262,6 +268,7 @@ impl<H: Threading> Endpoint<H> {
             red: None,
             data: Data::Borrowed(&block),
             heap: None,
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, parent, args))?;
         // Used whether or not this rank leads the new team: never offered twice.
@@ -283,6 +290,7 @@ impl<H: Threading> Endpoint<H> {
             red,
             data,
             heap,
+            seg,
         } = args;
         let id = team.id();
         if !team.is_of(&self.teams.drops) {
@@ -370,6 +378,14 @@ impl<H: Threading> Endpoint<H> {
         if let Some(step) = heap {
             // Before its first step: a team of one completes it at once.
             self.heap_begin(index, gen, step);
+        }
+        if let Some((members, step)) = seg {
+            self.teams.seg_ops.push(super::segments::SegOp {
+                index,
+                gen,
+                members,
+                step,
+            });
         }
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return Poll::Ready(Err(AmError::UnknownTeam(id)));
@@ -857,6 +873,18 @@ impl<H: Threading> Endpoint<H> {
         let outcome = match &self.teams.heap_op {
             Some(h) if h.is(c.index, c.gen) => self.heap_end(outcome),
             _ => outcome,
+        };
+        let outcome = match self
+            .teams
+            .seg_ops
+            .iter()
+            .position(|s| s.index == c.index && s.gen == c.gen)
+        {
+            Some(i) => {
+                let op = self.teams.seg_ops.swap_remove(i);
+                self.segment_end(op, outcome)
+            }
+            None => outcome,
         };
         let Some(slot) = self.op(c.index, c.gen) else {
             return;

@@ -79,6 +79,7 @@ impl<H: Threading> Endpoint<H> {
             red: Some(red),
             data: Data::Borrowed(&data),
             heap: Some(HeapStep::Alloc { len, reserved }),
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -108,6 +109,7 @@ impl<H: Threading> Endpoint<H> {
             red: None,
             data: Data::Borrowed(&[]),
             heap: Some(HeapStep::Free(block)),
+            seg: None,
         };
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))

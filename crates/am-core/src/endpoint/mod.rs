@@ -58,6 +58,7 @@ mod peers;
 mod posted;
 mod recv;
 mod rma;
+mod segments;
 mod send;
 pub mod start;
 mod startup;

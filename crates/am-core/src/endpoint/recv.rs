@@ -24,6 +24,20 @@ fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
     AmError::PeerMisbehaved { peer, what }
 }
 
+/// What a target's refusal of an operation on its segment `seg` means: on segment 0, whose
+/// ranges the initiator checked, a misbehaving target; on a created segment, one the target
+/// no longer holds ([`crate::segment`]).
+#[cold]
+fn refused(src: Rank, seg: u32) -> AmError {
+    match seg {
+        0 => misbehaved(src, Misbehavior::OutOfSegment { offset: 0, len: 0 }),
+        id => AmError::UnknownSegment {
+            rank: src,
+            id: crate::segment::SegmentId::new(id),
+        },
+    }
+}
+
 #[cold]
 fn unknown_handler(src: Rank, hdr: &Header) -> AmError {
     misbehaved(
@@ -104,6 +118,7 @@ struct SystemState<'a> {
     teams: &'a mut super::teams::Teams,
     changes: &'a mut u32,
     exit_requested: &'a mut Option<i32>,
+    segments: &'a crate::segment::Segments,
 }
 
 fn system_request(
@@ -253,6 +268,75 @@ fn system_request(
                 Some((offset, len)) => misbehaved(src, Misbehavior::OutOfSegment { offset, len }),
                 None => bad(),
             })
+        }
+        // A created segment's operations: one the target no longer holds (freed while the
+        // operation was on its way) or a range outside it is refused with nothing done, and
+        // the initiator told; no misbehavior, since a free may race them.
+        SystemMsg::PutAt { op, seg, offset } => {
+            let ok = st.segments.own_bytes(seg).is_some_and(|ours| {
+                segment_range(offset, payload.len() as u64, ours.len()).is_some_and(|r| {
+                    match payload {
+                        Payload::Private(b) => ours.write(r.start, b),
+                        Payload::Shared(s) => ours.copy_from(r.start, s),
+                    }
+                    .is_ok()
+                })
+            });
+            sink.system(SystemMsg::PutDone { op, ok }, Payload::EMPTY);
+            Ok(())
+        }
+        SystemMsg::GetAt {
+            op,
+            seg,
+            offset,
+            len,
+            at,
+        } => {
+            if len as usize > sink.out.limits.max_medium {
+                sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY);
+                return Err(bad());
+            }
+            let ours = st.segments.own_bytes(seg);
+            match ours.and_then(|b| {
+                let r = segment_range(offset, len as u64, b.len())?;
+                b.slice(r.start, r.len()).ok()
+            }) {
+                Some(data) => sink.system(
+                    SystemMsg::GetData { op, at, ok: true },
+                    Payload::Shared(data),
+                ),
+                None => sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY),
+            }
+            Ok(())
+        }
+        SystemMsg::AtomicAt { op, offset, atomic } => {
+            if payload.len() != 4 {
+                sink.system(
+                    SystemMsg::AtomicDone {
+                        op,
+                        old: 0,
+                        ok: false,
+                    },
+                    Payload::EMPTY,
+                );
+                return Err(bad());
+            }
+            let mut id = [0u8; 4];
+            match payload {
+                Payload::Private(b) => id.copy_from_slice(b),
+                Payload::Shared(s) => s.read(0, &mut id).map_err(shm_err)?,
+            }
+            let applied = st
+                .segments
+                .own_bytes(u32::from_le_bytes(id))
+                .ok_or(Refused::OutOfBounds)
+                .and_then(|ours| {
+                    let o = usize::try_from(offset).map_err(|_| Refused::OutOfBounds)?;
+                    atomic.apply(ours, o)
+                });
+            let (old, ok) = applied.map_or((0, false), |old| (old, true));
+            sink.system(SystemMsg::AtomicDone { op, old, ok }, Payload::EMPTY);
+            Ok(())
         }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);
@@ -794,6 +878,7 @@ impl<H: Threading> Endpoint<H> {
                         teams: &mut self.teams,
                         changes: &mut self.changes,
                         exit_requested: &mut self.exit_requested,
+                        segments: &self.segments,
                     },
                     &mut sink,
                     hdr,
@@ -829,10 +914,7 @@ impl<H: Threading> Endpoint<H> {
                 if ok {
                     slot.word = old;
                 } else {
-                    slot.error.get_or_insert(misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment { offset: 0, len: 0 },
-                    ));
+                    slot.error.get_or_insert(refused(src, slot.seg));
                 }
                 // A detached one's result is nobody's: the slot is free again (an error
                 // was checked away at the initiator, or is a loss reported anyway).
@@ -845,10 +927,7 @@ impl<H: Threading> Endpoint<H> {
                     .filter(|s| s.atomic.is_none())
                     .ok_or_else(bad)?;
                 if !ok && slot.error.is_none() {
-                    slot.error = Some(misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment { offset: 0, len: 0 },
-                    ));
+                    slot.error = Some(refused(src, slot.seg));
                 }
                 slot.outstanding = slot.outstanding.saturating_sub(1);
                 self.settle(op);
@@ -862,10 +941,7 @@ impl<H: Threading> Endpoint<H> {
                 slot.outstanding = slot.outstanding.saturating_sub(1);
                 let landed = if !ok {
                     if slot.error.is_none() {
-                        slot.error = Some(misbehaved(
-                            src,
-                            Misbehavior::OutOfSegment { offset: 0, len: 0 },
-                        ));
+                        slot.error = Some(refused(src, slot.seg));
                     }
                     Ok(())
                 } else {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{ready, Poll};
 
 use super::state::{Detached, Endpoint, OpSlot};
-use crate::atomic::{Atomic, AtomicOp, AtomicWord, Cmp, Refused, Signal};
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Cmp, Signal};
 use crate::error::{AmError, SendError};
 use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw, State};
@@ -601,18 +601,7 @@ impl<H: Threading> Endpoint<H> {
     /// The word of `atomic` at `offset` of a segment (every rank's is as long as this one's):
     /// inside it, aligned to its width, and the operation defined on its type.
     fn check_word(&self, offset: usize, atomic: &Atomic) -> Result<(), AmError> {
-        let width = atomic.width().bytes();
-        match atomic.check(offset, self.seg_len) {
-            Ok(()) => Ok(()),
-            Err(Refused::OutOfBounds) => Err(self.out_of_bounds(offset as u64, width as u64)),
-            Err(Refused::Misaligned) => Err(AmError::Misaligned {
-                offset: offset as u64,
-                align: width,
-            }),
-            Err(_) => Err(AmError::InvalidAtomic(
-                "a bitwise operation on a floating-point word",
-            )),
-        }
+        self.check_word_in(offset, atomic, self.seg_len)
     }
 
     /// Starts a remote atomic on the word at `offset` of `dest`'s segment
@@ -748,7 +737,7 @@ impl<H: Threading> Endpoint<H> {
         let Some(slot) = self.op(index, gen) else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let (peer, offset, signal) = (slot.peer, slot.offset, slot.signal);
+        let (peer, offset, signal, seg) = (slot.peer, slot.offset, slot.signal, slot.seg);
         // A put-with-signal's signal is its last unit, after the data (none left to send
         // where the NIC placed it). Counted from the units it started with: a failure cuts
         // `len` short, and the step then reports that failure.
@@ -761,9 +750,10 @@ impl<H: Threading> Endpoint<H> {
         if data.is_some_and(|d| d.len() != data_len) {
             return Poll::Ready(Err(AmError::StaleHandle));
         }
+        // A created segment's bytes go in system Mediums; segment 0's puts in Longs.
         let chunk = match data {
-            Some(_) => self.limits.max_long,
-            None => self.limits.max_medium,
+            Some(_) if seg == 0 => self.limits.max_long,
+            _ => self.limits.max_medium,
         }
         .max(1);
         loop {
@@ -793,6 +783,14 @@ impl<H: Threading> Endpoint<H> {
                     ready!(self.note_sent(index, at, 1, step))?;
                     continue;
                 }
+                (None, Some(atomic)) if seg != 0 => {
+                    let msg = SystemMsg::AtomicAt {
+                        op: index,
+                        offset: offset as u64,
+                        atomic,
+                    };
+                    self.system_step(tx, peer, msg, &seg.to_le_bytes(), None)
+                }
                 (None, Some(atomic)) => {
                     let msg = SystemMsg::Atomic {
                         op: index,
@@ -807,6 +805,17 @@ impl<H: Threading> Endpoint<H> {
                     let msg = SystemMsg::PutRegions { op: index, count };
                     let step = self.system_step(tx, peer, msg, &payload, None);
                     self.scratch_regions = payload;
+                    ready!(self.note_sent(index, at, n, step))?;
+                    continue;
+                }
+                (Some(d), _) if seg != 0 => {
+                    let n = n.min(data_len - at);
+                    let put = SystemMsg::PutAt {
+                        op: index,
+                        seg,
+                        offset: (offset + at) as u64,
+                    };
+                    let step = self.system_step(tx, peer, put, &d[at..at + n], None);
                     ready!(self.note_sent(index, at, n, step))?;
                     continue;
                 }
@@ -828,11 +837,21 @@ impl<H: Threading> Endpoint<H> {
                             None => return Poll::Ready(Err(AmError::StaleHandle)),
                         }
                     };
-                    let get = SystemMsg::Get {
-                        op: index,
-                        offset: from as u64,
-                        len: n as u32,
-                        at: at as u64,
+                    let get = if seg != 0 {
+                        SystemMsg::GetAt {
+                            op: index,
+                            seg,
+                            offset: from as u64,
+                            len: n as u32,
+                            at: at as u64,
+                        }
+                    } else {
+                        SystemMsg::Get {
+                            op: index,
+                            offset: from as u64,
+                            len: n as u32,
+                            at: at as u64,
+                        }
                     };
                     let step = self.system_step(tx, peer, get, &[], None);
                     ready!(self.note_sent(index, at, n, step))?;
@@ -924,6 +943,7 @@ impl<H: Threading> Endpoint<H> {
         slot.cursor = (0, 0);
         slot.total = len;
         slot.placed = false;
+        slot.seg = 0;
         slot.word = 0;
         slot.detached = Detached::No;
         slot.waker = None;

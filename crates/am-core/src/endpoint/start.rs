@@ -687,6 +687,205 @@ impl Start for FreeSymmetric {
     }
 }
 
+/// A publication of one of this rank's segments on a team ([`crate::segment`]; a remote
+/// key exchange, as `gex_EP_PublishBoundSegment`): an all-gather of every member's segment
+/// id and length, completing with every member's [`crate::RemoteSegment`] in team order,
+/// which puts, gets and atomics then name. Collective over the team, as [`TeamBarrier`]:
+/// every member publishes one of its segments (segment 0 included). A segment this rank
+/// does not hold is [`crate::AmError::UnknownSegment`] when it starts.
+#[derive(Debug, Clone)]
+pub struct PublishSegment {
+    /// The team.
+    pub team: Team,
+    /// This member's segment.
+    pub id: crate::segment::SegmentId,
+}
+
+impl PublishSegment {
+    /// A publication of segment `id` on `team` (the handle cloned).
+    pub fn new(team: &Team, id: crate::segment::SegmentId) -> PublishSegment {
+        PublishSegment {
+            team: team.clone(),
+            id,
+        }
+    }
+}
+
+impl Start for PublishSegment {
+    type Output = Vec<crate::segment::RemoteSegment>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<crate::segment::RemoteSegment>>, AmError>> {
+        ep.publish_segment_start(t, &self.team, self.id)
+    }
+}
+
+/// A free of one of this rank's created segments on the team it was published on
+/// ([`crate::segment`]): an all-gather of every member's freed id, after which this rank's
+/// segment is unmapped and every member's freed one is unknown here. Collective over the
+/// team, as [`TeamBarrier`]. Segment 0, or a segment this rank does not hold, is
+/// [`crate::AmError::UnknownSegment`] when it starts. Operations on the segment still in
+/// flight fail with that error and write nothing.
+#[derive(Debug, Clone)]
+pub struct FreeSegment {
+    /// The team.
+    pub team: Team,
+    /// This member's segment.
+    pub id: crate::segment::SegmentId,
+}
+
+impl FreeSegment {
+    /// A free of segment `id` on `team` (the handle cloned).
+    pub fn new(team: &Team, id: crate::segment::SegmentId) -> FreeSegment {
+        FreeSegment {
+            team: team.clone(),
+            id,
+        }
+    }
+}
+
+impl Start for FreeSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.free_segment_start(t, &self.team, self.id)
+    }
+}
+
+/// A put into a published segment ([`crate::segment`]): `data` at `offset` of `remote`. On
+/// segment 0 it is a [`Put`]; on this rank's own segment a copy, complete when started;
+/// elsewhere system Mediums that the owner's progress writes and acknowledges. An unknown
+/// or freed segment is [`crate::AmError::UnknownSegment`], a range past its published
+/// length [`crate::AmError::SegmentOutOfBounds`], both when it starts.
+#[derive(Debug, Clone, Copy)]
+pub struct PutTo<'a> {
+    /// The segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// Where in it.
+    pub offset: usize,
+    /// The bytes.
+    pub data: &'a [u8],
+}
+
+impl<'a> PutTo<'a> {
+    /// A put of `data` at `offset` of `remote`.
+    pub fn new(remote: &crate::segment::RemoteSegment, offset: usize, data: &'a [u8]) -> Self {
+        PutTo {
+            remote: *remote,
+            offset,
+            data,
+        }
+    }
+}
+
+impl Start for PutTo<'_> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.put_to_start(t, &self.remote, self.offset, self.data)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_step(t, op, self.data)
+    }
+}
+
+/// A get from a published segment ([`crate::segment`]): `len` bytes at `offset` of
+/// `remote` into a new `Vec`, as [`PutTo`] (a [`Get`] on segment 0).
+#[derive(Debug, Clone, Copy)]
+pub struct GetFrom {
+    /// The segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// Where in it.
+    pub offset: usize,
+    /// How many bytes.
+    pub len: usize,
+}
+
+impl GetFrom {
+    /// A get of `len` bytes at `offset` of `remote`.
+    pub fn new(remote: &crate::segment::RemoteSegment, offset: usize, len: usize) -> Self {
+        GetFrom {
+            remote: *remote,
+            offset,
+            len,
+        }
+    }
+}
+
+impl Start for GetFrom {
+    type Output = Vec<u8>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        ep.get_from_start(t, &self.remote, self.offset, self.len)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Vec<u8>>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.get_step(t, op)
+    }
+}
+
+/// An atomic on a word of a published segment ([`crate::segment`]), completing with its
+/// old value, as [`PutTo`] (an [`Atomic`] on segment 0).
+#[derive(Debug, Clone, Copy)]
+pub struct AtomicAt<W: AtomicWord> {
+    /// The segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// The word's offset in it.
+    pub offset: usize,
+    /// What to do to it.
+    pub op: AtomicOp<W>,
+}
+
+impl<W: AtomicWord> AtomicAt<W> {
+    /// `op` on the word at `offset` of `remote`.
+    pub fn new(remote: &crate::segment::RemoteSegment, offset: usize, op: AtomicOp<W>) -> Self {
+        AtomicAt {
+            remote: *remote,
+            offset,
+            op,
+        }
+    }
+}
+
+impl<W: AtomicWord + Outcome> Start for AtomicAt<W> {
+    type Output = W;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<W>, AmError>> {
+        ep.atomic_at_start(t, &self.remote, self.offset, self.op)
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<W>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.atomic_step(t, op)
+    }
+}
+
 /// An all-gather on a team: every member gives a block of the same length, and each
 /// completes with all the blocks, in team order (a ring: size - 1 steps of one system Medium
 /// each into the operation's own buffer; a block longer than the transport's `max_medium`
@@ -1021,6 +1220,40 @@ macro_rules! operations {
                 = $crate::endpoint::start::FreeSymmetric::new(team, block); nb free_symmetric_nb; owns;
         }
         $driver! { op
+            /// Publishes this rank's segment `id` on `team` and completes with every
+            /// member's, in team order ([`PublishSegment`](crate::endpoint::start::PublishSegment)):
+            /// `let peers = publish_segment(&world, node.create_segment(1 << 20)?)?`, then
+            /// `put_to(&peers[1], 0, b"hello")`. Collective over the team.
+            publish_segment [] (team: &$crate::team::Team, id: $crate::segment::SegmentId) -> Vec<$crate::segment::RemoteSegment>
+                = $crate::endpoint::start::PublishSegment::new(team, id); nb publish_segment_nb; owns;
+        }
+        $driver! { op
+            /// Frees this rank's segment `id`, published on `team`, and forgets every
+            /// member's freed one ([`FreeSegment`](crate::endpoint::start::FreeSegment)).
+            /// Collective over the team.
+            free_segment [] (team: &$crate::team::Team, id: $crate::segment::SegmentId) -> ()
+                = $crate::endpoint::start::FreeSegment::new(team, id); nb free_segment_nb; owns;
+        }
+        $driver! { op
+            /// Writes `data` at `offset` of a published segment
+            /// ([`PutTo`](crate::endpoint::start::PutTo)).
+            put_to [] (remote: &$crate::segment::RemoteSegment, offset: usize, data: &[u8]) -> ()
+                = $crate::endpoint::start::PutTo::new(remote, offset, data); nb put_to_nb; borrows;
+        }
+        $driver! { op
+            /// Reads `len` bytes at `offset` of a published segment into a new `Vec`
+            /// ([`GetFrom`](crate::endpoint::start::GetFrom)).
+            get_from [] (remote: &$crate::segment::RemoteSegment, offset: usize, len: usize) -> Vec<u8>
+                = $crate::endpoint::start::GetFrom::new(remote, offset, len); nb get_from_nb; owns;
+        }
+        $driver! { op
+            /// Applies `op` to the word at `offset` of a published segment and completes
+            /// with its old value ([`AtomicAt`](crate::endpoint::start::AtomicAt)).
+            atomic_at [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
+                (remote: &$crate::segment::RemoteSegment, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
+                = $crate::endpoint::start::AtomicAt::new(remote, offset, op); nb atomic_at_nb; owns;
+        }
+        $driver! { op
             /// Gathers every member's `block` (same length everywhere)
             /// and completes with all of them in team order
             /// ([`TeamAllGather`](crate::endpoint::start::TeamAllGather)). Collective over the
@@ -1238,6 +1471,34 @@ impl Owned for TeamGather<'_> {
 impl<E: Element> Owned for TeamReduce<E> {
     type Owned = TeamReduce<E>;
     fn owned(self) -> TeamReduce<E> {
+        self
+    }
+}
+
+impl Owned for PublishSegment {
+    type Owned = PublishSegment;
+    fn owned(self) -> PublishSegment {
+        self
+    }
+}
+
+impl Owned for FreeSegment {
+    type Owned = FreeSegment;
+    fn owned(self) -> FreeSegment {
+        self
+    }
+}
+
+impl Owned for GetFrom {
+    type Owned = GetFrom;
+    fn owned(self) -> GetFrom {
+        self
+    }
+}
+
+impl<W: AtomicWord + Outcome + 'static> Owned for AtomicAt<W> {
+    type Owned = AtomicAt<W>;
+    fn owned(self) -> AtomicAt<W> {
         self
     }
 }

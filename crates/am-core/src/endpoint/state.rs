@@ -69,6 +69,9 @@ pub(super) struct OpSlot {
     pub(super) waker: Option<Waker>,
     /// A split's outcome, once it completed (the slot's outcome is then this team).
     pub(super) team: Option<Option<crate::team::Team>>,
+    /// The peer's segment the operation targets: 0, or a created segment reached by
+    /// system Mediums ([`crate::segment`]).
+    pub(super) seg: u32,
 }
 
 /// Who completes an operation in the table.
@@ -192,6 +195,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) detached_in_flight: u32,
     /// Teams and the collectives in flight on them ([`super::coll`]).
     pub(super) teams: super::teams::Teams,
+    /// This rank's created segments and the peers' published here ([`crate::segment`]).
+    pub(super) segments: crate::segment::Segments,
 }
 
 impl<H: Threading> std::fmt::Debug for Endpoint<H> {
@@ -292,6 +297,7 @@ impl<H: Threading> Endpoint<H> {
             posted_refused: None,
             detached_in_flight: 0,
             teams: super::teams::Teams::new(rank, size),
+            segments: crate::segment::Segments::default(),
         }
     }
 

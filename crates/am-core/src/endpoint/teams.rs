@@ -109,6 +109,8 @@ pub(super) struct Teams {
     pub(super) heap: crate::symmetric::Heap,
     /// The symmetric allocation or free in flight (one at a time).
     pub(super) heap_op: Option<crate::symmetric::HeapOp>,
+    /// The segment publications and frees in flight ([`super::segments`]).
+    pub(super) seg_ops: Vec<super::segments::SegOp>,
 }
 
 pub(super) struct TeamState {
@@ -652,6 +654,7 @@ impl Teams {
             all_reduce: crate::AllReduceAlgorithm::Auto,
             heap: crate::symmetric::Heap::default(),
             heap_op: None,
+            seg_ops: Vec::new(),
         }
     }
 

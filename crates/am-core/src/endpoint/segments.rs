@@ -1,0 +1,334 @@
+//! Segments as values ([`crate::segment`]): creating them, publishing and freeing them on a
+//! team (collectives whose completion changes what this rank knows), and the puts, gets and
+//! atomics that name one.
+
+use std::task::{ready, Poll};
+
+use super::coll::{Args, Data};
+use super::Endpoint;
+use crate::atomic::{Atomic, AtomicOp, AtomicWord, Refused};
+use crate::error::AmError;
+use crate::handler::Threading;
+use crate::op::{Op, Outcome, Raw};
+use crate::protocol::CollectiveKind;
+use crate::reply::segment_range;
+use crate::segment::{publish_block, RemoteSegment, SegmentId};
+use crate::team::Team;
+use crate::transport::{SharedBytes, Transport};
+use crate::types::Rank;
+
+/// What a segment collective changes when it completes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SegStep {
+    /// A publication: every member's (id, length) becomes known here.
+    Publish,
+    /// A free of this rank's segment: it is unmapped, and every member's freed id forgotten.
+    Free(SegmentId),
+}
+
+/// A segment collective in flight, by its operation slot, with the team's members (in team
+/// order) that its blocks come from.
+#[derive(Debug)]
+pub(crate) struct SegOp {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+    pub(crate) members: Vec<Rank>,
+    pub(crate) step: SegStep,
+}
+
+impl<H: Threading> Endpoint<H> {
+    /// Creates a segment of `len` bytes bound to this endpoint, all zero
+    /// ([`crate::Node::create_segment`]): its id, never reused.
+    pub fn create_segment(&mut self, len: usize) -> Result<SegmentId, AmError> {
+        self.segments.create(self.rank, len)
+    }
+
+    /// The bytes of this rank's segment `id`: segment 0 is `t`'s; `None` for an id this rank
+    /// never created or freed.
+    pub fn segment_at<'a, T: Transport + ?Sized>(
+        &'a self,
+        t: &'a T,
+        id: SegmentId,
+    ) -> Option<SharedBytes<'a>> {
+        match id {
+            SegmentId::ZERO => Some(t.segment()),
+            id => self.segments.own_bytes(id.get()),
+        }
+    }
+
+    /// The length of this rank's segment `id`, if it holds one.
+    fn own_segment_len(&self, id: SegmentId) -> Option<usize> {
+        match id {
+            SegmentId::ZERO => Some(self.seg_len),
+            id => self.segments.own_len(id),
+        }
+    }
+
+    /// Segment collectives whose slot completed without passing through
+    /// [`Endpoint::segment_end`] (a failure that ends slots wholesale) are forgotten.
+    fn tidy_segment_ops(&mut self) {
+        let ops = std::mem::take(&mut self.teams.seg_ops);
+        self.teams.seg_ops = ops
+            .into_iter()
+            .filter(|s| self.slot_pending(s.index, s.gen))
+            .collect();
+    }
+
+    /// Starts a publication of this rank's segment `id` on `team`
+    /// ([`crate::endpoint::start::PublishSegment`]): an all-gather of every member's id and
+    /// length, which completes with every member's [`RemoteSegment`] in team order.
+    pub fn publish_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        id: SegmentId,
+    ) -> Poll<Result<Op<Vec<RemoteSegment>>, AmError>> {
+        let Some(len) = self.own_segment_len(id) else {
+            return Poll::Ready(Err(AmError::UnknownSegment {
+                rank: self.rank,
+                id,
+            }));
+        };
+        let block = publish_block(id, len);
+        self.segment_collective(t, team, &block, SegStep::Publish)
+    }
+
+    /// Starts a free of this rank's segment `id` on `team`
+    /// ([`crate::endpoint::start::FreeSegment`]): an all-gather of every member's freed id,
+    /// after which this rank's is unmapped and every member's forgotten here. Segment 0 is
+    /// not freed.
+    pub fn free_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        id: SegmentId,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if id == SegmentId::ZERO || self.segments.own_len(id).is_none() {
+            return Poll::Ready(Err(AmError::UnknownSegment {
+                rank: self.rank,
+                id,
+            }));
+        }
+        let block = id.get().to_le_bytes();
+        self.segment_collective(t, team, &block, SegStep::Free(id))
+    }
+
+    fn segment_collective<T: Transport + ?Sized, U: Outcome>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        block: &[u8],
+        step: SegStep,
+    ) -> Poll<Result<Op<U>, AmError>> {
+        self.tidy_segment_ops();
+        let args = Args {
+            kind: CollectiveKind::AllGather,
+            root: 0,
+            red: None,
+            data: Data::Borrowed(block),
+            heap: None,
+            seg: Some((team.members().to_vec(), step)),
+        };
+        let (index, gen) = ready!(self.collective_start(t, team, args))?;
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// The segment collective `op` completed with `outcome` (every member's block): applied
+    /// to what this rank knows, and the operation's outcome.
+    pub(super) fn segment_end(
+        &mut self,
+        op: SegOp,
+        outcome: Result<Vec<u8>, AmError>,
+    ) -> Result<Vec<u8>, AmError> {
+        let blocks = outcome?;
+        let stale =
+            || AmError::InvalidCollective("a segment collective's blocks do not fit its team");
+        match op.step {
+            SegStep::Publish => self
+                .segments
+                .published(&op.members, &blocks)
+                .ok_or_else(stale),
+            SegStep::Free(id) => {
+                if self.segments.freed(&op.members, &blocks, id) {
+                    Ok(Vec::new())
+                } else {
+                    Err(stale())
+                }
+            }
+        }
+    }
+
+    /// Checks an operation on `len` bytes at `offset` of `remote` before anything is done:
+    /// the segment still known here, the range inside it, and its owner not gone.
+    fn check_remote(
+        &self,
+        remote: &RemoteSegment,
+        offset: usize,
+        len: usize,
+    ) -> Result<usize, AmError> {
+        let (rank, id) = (remote.rank(), remote.id());
+        self.check_rank(rank)?;
+        let size = match id {
+            SegmentId::ZERO => Some(self.seg_len),
+            _ if rank == self.rank => self.segments.own_len(id),
+            _ => self.segments.known.get(&(rank, id.get())).copied(),
+        }
+        .ok_or(AmError::UnknownSegment { rank, id })?;
+        if segment_range(offset as u64, len as u64, size).is_none() {
+            return Err(AmError::SegmentOutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size,
+            });
+        }
+        match self.waiting_for(rank) {
+            Poll::Ready(e) => Err(e),
+            Poll::Pending => Ok(size),
+        }
+    }
+
+    /// Starts a put of `data` at `offset` of `remote` ([`crate::endpoint::start::PutTo`]):
+    /// on segment 0 the put of [`Endpoint::put_start`]; on this rank's own segment a copy,
+    /// complete now; otherwise system Mediums that the owner's progress writes
+    /// ([`Endpoint::put_step`] sends them).
+    pub fn put_to_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        data: &[u8],
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if id == SegmentId::ZERO {
+            return self.put_start(t, rank, offset, data);
+        }
+        if let Err(e) = self.check_remote(remote, offset, data.len()) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if rank == self.rank {
+            return Poll::Ready(
+                self.own_write(id, offset, data)
+                    .map(|()| Op::ready(Raw::Unit)),
+            );
+        }
+        let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
+        self.ops[index as usize].seg = id.get();
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts a get of `len` bytes at `offset` of `remote`
+    /// ([`crate::endpoint::start::GetFrom`]), as [`Endpoint::put_to_start`]: the get of
+    /// [`Endpoint::get_start`] on segment 0, a copy from this rank's own segment, system
+    /// messages otherwise ([`Endpoint::get_step`]).
+    pub fn get_from_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        len: usize,
+    ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if id == SegmentId::ZERO {
+            return self.get_start(t, rank, offset, len);
+        }
+        // Checked before the bytes are allocated.
+        if let Err(e) = self.check_remote(remote, offset, len) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        let mut data = vec![0; len];
+        if rank == self.rank {
+            let read = self
+                .segments
+                .own_bytes(id.get())
+                .ok_or(AmError::UnknownSegment { rank, id })
+                .and_then(|b| b.read(offset, &mut data).map_err(crate::error::shm_err));
+            return Poll::Ready(read.map(|()| Op::ready(Raw::Bytes(data))));
+        }
+        let (index, gen) = self.alloc_op(rank, offset, len, data);
+        self.ops[index as usize].seg = id.get();
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts an atomic on the word at `offset` of `remote`
+    /// ([`crate::endpoint::start::AtomicAt`]), as [`Endpoint::put_to_start`]: the atomic of
+    /// [`Endpoint::atomic_start`] on segment 0, applied now on this rank's own segment, a
+    /// system message that the owner's progress applies otherwise.
+    pub fn atomic_at_start<T: Transport + ?Sized, W: AtomicWord + Outcome>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        op: AtomicOp<W>,
+    ) -> Poll<Result<Op<W>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if id == SegmentId::ZERO {
+            return self.atomic_start(t, rank, offset, op);
+        }
+        let atomic = Atomic::from(op);
+        let width = atomic.width().bytes();
+        let size = match self.check_remote(remote, offset, width) {
+            Ok(size) => size,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        if let Err(e) = self.check_word_in(offset, &atomic, size) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if rank == self.rank {
+            let applied = match self.segments.own_bytes(id.get()) {
+                Some(b) => atomic
+                    .apply(b, offset)
+                    .map_err(|_| AmError::SegmentOutOfBounds {
+                        offset: offset as u64,
+                        len: width as u64,
+                        size,
+                    }),
+                None => Err(AmError::UnknownSegment { rank, id }),
+            };
+            return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
+        }
+        let (index, gen) = self.alloc_atomic(rank, offset, atomic);
+        self.ops[index as usize].seg = id.get();
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// An atomic's word at `offset` of a segment of `size` bytes: aligned, inside, and the
+    /// operation defined on its type.
+    pub(super) fn check_word_in(
+        &self,
+        offset: usize,
+        atomic: &Atomic,
+        size: usize,
+    ) -> Result<(), AmError> {
+        let width = atomic.width().bytes();
+        match atomic.check(offset, size) {
+            Ok(()) => Ok(()),
+            Err(Refused::OutOfBounds) => Err(AmError::SegmentOutOfBounds {
+                offset: offset as u64,
+                len: width as u64,
+                size,
+            }),
+            Err(Refused::Misaligned) => Err(AmError::Misaligned {
+                offset: offset as u64,
+                align: width,
+            }),
+            Err(_) => Err(AmError::InvalidAtomic(
+                "a bitwise operation on a floating-point word",
+            )),
+        }
+    }
+
+    /// Writes `data` at `offset` of this rank's own segment `id` (checked).
+    fn own_write(&self, id: SegmentId, offset: usize, data: &[u8]) -> Result<(), AmError> {
+        let bytes = self
+            .segments
+            .own_bytes(id.get())
+            .ok_or(AmError::UnknownSegment {
+                rank: self.rank,
+                id,
+            })?;
+        bytes.write(offset, data).map_err(crate::error::shm_err)
+    }
+}
