@@ -24,6 +24,8 @@
 //! `alloc` times `alloc_symmetric` of the row's bytes on the world (its `ratio_to_barrier`
 //! is against the `barrier` row's collective, timed in the same job): the blocks stay
 //! allocated until the row ends (freed untimed), in a symmetric heap sized for them.
+//! `segment` times `create_segment` of the row's bytes and its `publish_segment` on the
+//! world, as the `alloc` row (the segments are freed, untimed, when the row ends).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -49,7 +51,7 @@ struct Args {
         long,
         value_delimiter = ',',
         default_value = "barrier,allreduce,broadcast,reduce,gather,allgather",
-        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather", "alloc"]
+        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather", "alloc", "segment"]
     )]
     ops: Vec<String>,
     /// Bytes per member (barrier has none)
@@ -116,6 +118,8 @@ struct Inputs {
     block: Vec<u8>,
     /// The symmetric blocks the row allocated, freed when it ends.
     blocks: Vec<amnet::Symmetric>,
+    /// The segments the row created and published, freed when it ends.
+    segments: Vec<amnet::SegmentId>,
 }
 
 impl Inputs {
@@ -124,6 +128,7 @@ impl Inputs {
             words: vec![u64::from(me) + 1; bytes.div_ceil(8)],
             block: vec![me as u8; bytes],
             blocks: Vec::new(),
+            segments: Vec::new(),
         }
     }
 }
@@ -143,10 +148,16 @@ fn one(
         words,
         block,
         blocks,
+        segments,
     } = inputs;
     match op {
         "barrier" => node.team_barrier(world)?,
         "alloc" => blocks.push(node.alloc_symmetric(world, block.len())?),
+        "segment" => {
+            let id = node.create_segment(block.len())?;
+            node.publish_segment(world, id)?;
+            segments.push(id);
+        }
         "allreduce" => {
             node.team_all_reduce(world, ReduceOp::Sum, words)?;
         }
@@ -191,6 +202,9 @@ fn timed(
     let mean = t0.elapsed().as_secs_f64() * 1e6 / args.iters as f64;
     for block in inputs.blocks.drain(..).rev() {
         node.free_symmetric(world, block)?;
+    }
+    for id in inputs.segments.drain(..) {
+        node.free_segment(world, id)?;
     }
     // The ranks' means, averaged with the library's own all-reduce.
     let sum = node.team_all_reduce(world, ReduceOp::Sum, &[mean])?;
@@ -279,8 +293,10 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             if op == "barrier" {
                 team_barrier_us = Some(mean);
             }
-            let alloc_to_barrier = team_barrier_us.filter(|_| op == "alloc").map(|b| mean / b);
-            let (mb_s, put_mb_s) = if bytes > 0 && op != "alloc" {
+            let alloc_to_barrier = team_barrier_us
+                .filter(|_| op == "alloc" || op == "segment")
+                .map(|b| mean / b);
+            let (mb_s, put_mb_s) = if bytes > 0 && op != "alloc" && op != "segment" {
                 let put = put_bandwidth(&mut node, bytes, args)?;
                 (Some(bytes as f64 / mean), Some(put))
             } else {

@@ -8,8 +8,10 @@
 //!
 //! Rank 0 times `--bytes` worth of `Node::put` of one size into rank 1's segment, then as
 //! many `Node::get_into` from it, then the same from and into its own segment
-//! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), `--reps` times,
-//! and reports the median bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
+//! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), then puts into
+//! and gets from a segment rank 1 created and published as the job runs (`put_to`,
+//! `get_from`: rows `put_to` and `get_from`), `--reps` times, and reports the median bytes
+//! per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
 //! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
 //! loopback each put and get is one copy that rank 1 takes no part in.
 //!
@@ -100,6 +102,27 @@ fn timed_seg(
     Ok(size as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
 }
 
+/// As [`timed`], into and from `remote` (rank 1's created segment): `ops` puts of `buf` at
+/// its offset 0, or gets of as many bytes from there.
+fn timed_remote(
+    node: &mut Node<AnyTransport, Local>,
+    remote: &amnet::RemoteSegment,
+    get: bool,
+    buf: &mut [u8],
+    ops: usize,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        if get {
+            let got = node.get_from(remote, 0, buf.len())?;
+            buf.copy_from_slice(&got);
+        } else {
+            node.put_to(remote, 0, buf)?;
+        }
+    }
+    Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+}
+
 /// The copy floor of `bytes`, `ops` times, between ranks 0 and 1 (both call it; the
 /// others do not): bytes per second at rank 0, `None` elsewhere or without a floor.
 fn floor(
@@ -162,6 +185,12 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     let mut node = Node::new(transport, Handlers::local(), config)?;
     let me = node.rank();
     let seg = node.segment().len();
+    // Every rank creates a segment as large as the largest size and publishes it: rank 0
+    // reaches rank 1's as a remote key.
+    let world = node.world_team();
+    let created = node.create_segment(args.sizes.iter().copied().max().unwrap_or(0))?;
+    let remotes = node.publish_segment(&world, created)?;
+    let remote = remotes[1];
     // The floor's fence is the AM barrier, which every rank joins: 2-rank jobs only.
     let shm = matches!(
         kind,
@@ -207,6 +236,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         node.segment().write(0, &buf)?;
         let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seg_puts, mut seg_gets) = (Vec::new(), Vec::new());
+        let (mut to_puts, mut from_gets) = (Vec::new(), Vec::new());
         // Warm-up (page faults, caches), then floor, put and get in turn in each repetition,
         // so that all three see the same moments of a noisy machine.
         for rep in 0..=args.reps {
@@ -222,7 +252,11 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 gets.push(timed(&mut node, true, &mut buf, ops)?);
                 seg_puts.push(timed_seg(&mut node, false, size, ops)?);
                 seg_gets.push(timed_seg(&mut node, true, size, ops)?);
+                to_puts.push(timed_remote(&mut node, &remote, false, &mut buf, ops)?);
+                from_gets.push(timed_remote(&mut node, &remote, true, &mut buf, ops)?);
                 if rep == 0 {
+                    to_puts.clear();
+                    from_gets.clear();
                     puts.clear();
                     gets.clear();
                     seg_puts.clear();
@@ -241,7 +275,10 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let mut own = vec![0u8; size];
         node.segment().read(0, &mut own)?;
         anyhow::ensure!(
-            buf == want && node.get(1, 0, size)? == want && own == want,
+            buf == want
+                && node.get(1, 0, size)? == want
+                && own == want
+                && node.get_from(&remote, 0, size)? == want,
             "{name}: {size}-byte puts and gets did not move the bytes"
         );
         let floor = (!floors.is_empty()).then(|| median(floors));
@@ -250,6 +287,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             ("get", gets),
             ("put_seg", seg_puts),
             ("get_seg", seg_gets),
+            ("put_to", to_puts),
+            ("get_from", from_gets),
         ] {
             let bw = median(samples);
             let ratio = floor.filter(|&f| f > 0.0).map(|f| bw / f);
@@ -271,6 +310,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             }
         }
     }
+    node.free_segment(&world, created)?;
     node.barrier()?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The RMA bandwidth example runs on every transport and its `--json` rows carry what the
 //! README and BENCHMARKS quote: bandwidth per op and size (puts and gets from a buffer and
-//! from the segment), and the copy floor beside it.
+//! from the segment, and into and from a segment created and published as the job runs),
+//! and the copy floor beside it.
 
 use std::process::Command;
 use std::time::Duration;
@@ -34,12 +35,13 @@ fn rows(transport: &str) -> Vec<serde_json::Value> {
 fn put_and_get_rows_on_every_transport() {
     for transport in ["loopback", "sci", "extoll", "portals", "udp"] {
         let rows = rows(transport);
-        assert_eq!(rows.len(), 16, "{transport}: {rows:?}");
-        for (row, (op, bytes)) in rows.iter().zip(
-            [0, 5, 4096, 65536]
-                .into_iter()
-                .flat_map(|b| [("put", b), ("get", b), ("put_seg", b), ("get_seg", b)]),
-        ) {
+        assert_eq!(rows.len(), 24, "{transport}: {rows:?}");
+        for (row, (op, bytes)) in rows
+            .iter()
+            .zip([0, 5, 4096, 65536].into_iter().flat_map(|b| {
+                ["put", "get", "put_seg", "get_seg", "put_to", "get_from"].map(|op| (op, b))
+            }))
+        {
             assert_eq!(row["transport"], transport);
             assert_eq!(row["op"], op, "{row}");
             assert_eq!(row["bytes"], bytes, "{row}");

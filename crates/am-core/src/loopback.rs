@@ -865,6 +865,8 @@ impl Transport for Loopback {
             get: true,
             atomics: true,
             acks_coalesce: true,
+            // Every rank is a thread of this process.
+            map_segments: true,
             ..Capabilities::default()
         }
     }

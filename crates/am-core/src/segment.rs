@@ -18,14 +18,23 @@
 //! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]. The owner
 //! checks again when the operation arrives: a segment freed meanwhile (an operation racing
 //! the free), or a peer naming a segment it never learned of, is refused with nothing
-//! written, and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner.
+//! written, and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner. A
+//! segment a peer maps carries a word its owner sets when freeing it, which the peer reads
+//! before each operation: the same error, for an operation that starts after the free.
 //!
 //! # How bytes move
-//! Operations on segment 0 use the transport's own path ([`crate::Node::put`]). Those on
-//! another segment go as system messages that the owner's progress applies (one Medium per
-//! `max_medium` bytes of a put or get), on every transport; an operation on this rank's own
-//! segment is a copy, complete when started. A created segment is an anonymous shared
-//! memory file (a `memfd`), all zero, unmapped when freed.
+//! Operations on segment 0 use the transport's own path ([`crate::Node::put`]). A created
+//! segment is an anonymous shared memory file (a `memfd`), all zero, its size sealed, and
+//! unmapped when freed. Where the transport's peers are processes of this host
+//! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals) the publication
+//! carries the file's handle and every member maps its peers' segments: a put, get or
+//! atomic on one is a copy or an atomic instruction by the initiator, complete when it
+//! returns, with no message and no help from the owner. Elsewhere (udp, ofi) they go as
+//! system messages that the owner's progress applies, one Medium per `max_medium` bytes. An
+//! operation on this rank's own segment is a copy, complete when started.
+//!
+//! Memory a program allocated itself cannot become a segment on the shared-memory NICs:
+//! their peers reach a segment by mapping its file, so the library allocates it.
 //!
 //! # Freeing
 //! [`crate::Node::free_segment`] is collective over the team the segment was published on:
@@ -74,9 +83,19 @@ pub struct RemoteSegment {
     len: usize,
 }
 
-/// Bytes of one [`RemoteSegment`] in an operation's outcome, and of one member's block in a
-/// publication (id, a word of zero, length).
+/// Bytes of one [`RemoteSegment`] in an operation's outcome (rank, id, length).
 pub(crate) const REMOTE_LEN: usize = 16;
+
+/// Bytes of one member's block in a publication: the segment's id, its key's length, its
+/// length, and its key (where peers map created segments, the memory file's handle).
+pub(crate) const BLOCK_LEN: usize = 64;
+
+/// The longest key a publication block carries.
+const MAX_KEY: usize = BLOCK_LEN - 16;
+
+/// Bytes of control words before a created segment's bytes: word 0 is set when its owner
+/// frees it, so that a peer that mapped it refuses later operations.
+const CONTROL_WORDS: usize = 8;
 
 impl RemoteSegment {
     /// The rank that owns it.
@@ -125,24 +144,36 @@ impl RemoteSegment {
     }
 }
 
-/// One member's block of a publication: the id and length of the segment it publishes.
-pub(crate) fn publish_block(id: SegmentId, len: usize) -> [u8; REMOTE_LEN] {
-    let mut b = [0; REMOTE_LEN];
+/// One member's block of a publication: the id and length of the segment it publishes, and
+/// the key peers map it by (empty: none).
+pub(crate) fn publish_block(id: SegmentId, len: usize, key: Option<&str>) -> [u8; BLOCK_LEN] {
+    let key = key.filter(|k| k.len() <= MAX_KEY).unwrap_or("").as_bytes();
+    let mut b = [0; BLOCK_LEN];
     b[..4].copy_from_slice(&id.0.to_le_bytes());
-    b[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    b[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    b[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    b[16..16 + key.len()].copy_from_slice(key);
     b
 }
 
-/// What a rank knows of segments: its own beyond segment 0, and the length of each peer's
-/// that was published to it.
+/// A peer's segment published here.
+#[derive(Debug)]
+pub(crate) struct Known {
+    /// Its length, as its owner published it.
+    pub(crate) len: usize,
+    /// Its memory, where this rank maps peers' created segments and could map it.
+    mapped: Option<am_shm::Segment>,
+}
+
+/// What a rank knows of segments: its own beyond segment 0, and each peer's published to it.
 #[derive(Debug, Default)]
 pub(crate) struct Segments {
     /// This rank's created segments, by id.
-    pub(crate) own: HashMap<u32, am_shm::Segment>,
+    own: HashMap<u32, am_shm::Segment>,
     /// The next id to hand out (ids are never reused).
     next: u32,
-    /// Peers' segments published here: (owner, id) to length.
-    pub(crate) known: HashMap<(Rank, u32), usize>,
+    /// Peers' segments published here, by (owner, id).
+    pub(crate) known: HashMap<(Rank, u32), Known>,
 }
 
 impl Segments {
@@ -154,8 +185,8 @@ impl Segments {
             .checked_add(1)
             .ok_or_else(|| failed("every segment id of this endpoint was used".into()))?;
         let name = format!("am-seg-{rank}-{id}");
-        let seg =
-            am_shm::Segment::create_anonymous(&name, 0, len).map_err(|e| failed(e.to_string()))?;
+        let seg = am_shm::Segment::create_anonymous(&name, CONTROL_WORDS, len)
+            .map_err(|e| failed(e.to_string()))?;
         self.next = id;
         self.own.insert(id, seg);
         Ok(SegmentId(id))
@@ -166,22 +197,62 @@ impl Segments {
         self.own.get(&id.0).map(|s| s.bytes_len())
     }
 
+    /// The key peers map this rank's segment `id` by (its memory file's handle).
+    pub(crate) fn own_key(&self, id: SegmentId) -> Option<String> {
+        self.own.get(&id.0).and_then(|s| s.handle())
+    }
+
     /// The bytes of this rank's segment `id` (not 0).
     pub(crate) fn own_bytes(&self, id: u32) -> Option<am_shm::SharedBytes<'_>> {
         self.own.get(&id).map(|s| s.byte_area())
     }
 
+    /// The length of `rank`'s segment `id` published here.
+    pub(crate) fn known_len(&self, rank: Rank, id: SegmentId) -> Option<usize> {
+        self.known.get(&(rank, id.0)).map(|k| k.len)
+    }
+
+    /// The bytes of `rank`'s segment `id` as this rank maps it: `None` if it does not map
+    /// it, `Some(Err(()))` if its owner has freed it since.
+    pub(crate) fn mapped(
+        &self,
+        rank: Rank,
+        id: SegmentId,
+    ) -> Option<Result<am_shm::SharedBytes<'_>, ()>> {
+        let seg = self.known.get(&(rank, id.0))?.mapped.as_ref()?;
+        Some(match seg.load_word(0) {
+            Ok(0) => Ok(seg.byte_area()),
+            _ => Err(()),
+        })
+    }
+
     /// Applies a completed publication on a team whose members, in team order, are
-    /// `members`: every member's (id, length), remembered, and the outcome's bytes.
-    pub(crate) fn published(&mut self, members: &[Rank], blocks: &[u8]) -> Option<Vec<u8>> {
-        if blocks.len() != members.len() * REMOTE_LEN {
+    /// `members`: every member's (id, length) remembered (and, where `map`, every peer's
+    /// segment with a key mapped; one that does not open is reached by messages), and the
+    /// outcome's bytes.
+    pub(crate) fn published(
+        &mut self,
+        me: Rank,
+        members: &[Rank],
+        blocks: &[u8],
+        map: bool,
+    ) -> Option<Vec<u8>> {
+        if blocks.len() != members.len() * BLOCK_LEN {
             return None;
         }
-        let mut out = Vec::with_capacity(blocks.len());
-        for (&rank, b) in members.iter().zip(blocks.chunks_exact(REMOTE_LEN)) {
-            let id = u32::from_le_bytes(b[..4].try_into().ok()?);
-            let len = usize::try_from(u64::from_le_bytes(b[8..].try_into().ok()?)).ok()?;
-            self.known.insert((rank, id), len);
+        let mut out = Vec::with_capacity(members.len() * REMOTE_LEN);
+        for (&rank, b) in members.iter().zip(blocks.chunks_exact(BLOCK_LEN)) {
+            let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+            let (id, key_len) = (word(0), word(4) as usize);
+            let len = usize::try_from(u64::from_le_bytes(b[8..16].try_into().ok()?)).ok()?;
+            let key = b
+                .get(16..16 + key_len.min(MAX_KEY))
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .filter(|k| map && rank != me && id != 0 && !k.is_empty());
+            let mapped = key.and_then(|k| am_shm::Segment::open_handle(k, CONTROL_WORDS, len).ok());
+            if rank != me && id != 0 {
+                self.known.insert((rank, id), Known { len, mapped });
+            }
             RemoteSegment {
                 rank,
                 id: SegmentId(id),
@@ -193,9 +264,14 @@ impl Segments {
     }
 
     /// Applies a completed free on a team whose members, in team order, are `members`: each
-    /// member's freed id (4 bytes each) is forgotten, and this rank's own `mine` unmapped.
+    /// member's freed id (4 bytes each) is forgotten (and unmapped), and this rank's own
+    /// `mine` marked freed for the peers that map it, then unmapped here.
     pub(crate) fn freed(&mut self, members: &[Rank], blocks: &[u8], mine: SegmentId) -> bool {
-        self.own.remove(&mine.0);
+        if let Some(seg) = self.own.remove(&mine.0) {
+            if let Ok(w) = seg.word(0) {
+                w.store(1, std::sync::atomic::Ordering::Release);
+            }
+        }
         if blocks.len() != members.len() * 4 {
             return false;
         }
@@ -214,26 +290,65 @@ mod tests {
     #[test]
     fn a_publication_round_trips_through_its_bytes() {
         // Catches an entry's fields swapped or cut between the block, the table and the
-        // outcome.
+        // outcome, and a key longer than a block overrunning it.
         let mut s = Segments::default();
         let mut blocks = Vec::new();
-        blocks.extend_from_slice(&publish_block(SegmentId(3), 4096));
-        blocks.extend_from_slice(&publish_block(SegmentId::ZERO, 1 << 40));
-        let out = s.published(&[7, 2], &blocks).unwrap();
+        blocks.extend_from_slice(&publish_block(SegmentId(3), 4096, None));
+        blocks.extend_from_slice(&publish_block(
+            SegmentId(9),
+            1 << 40,
+            Some(&"x".repeat(200)),
+        ));
+        blocks.extend_from_slice(&publish_block(SegmentId(1), 8, None));
+        let out = s.published(2, &[7, 5, 2], &blocks, false).unwrap();
         let list = RemoteSegment::list_from_bytes(&out).unwrap();
-        assert_eq!(list.len(), 2);
-        assert_eq!(
-            (list[0].rank(), list[0].id(), list[0].len()),
-            (7, SegmentId(3), 4096)
+        let got: Vec<_> = list
+            .iter()
+            .map(|r| (r.rank(), r.id().get(), r.len()))
+            .collect();
+        assert_eq!(got, [(7, 3, 4096), (5, 9, 1 << 40), (2, 1, 8)]);
+        assert_eq!(s.known_len(7, SegmentId(3)), Some(4096));
+        assert!(
+            s.known_len(2, SegmentId(1)).is_none(),
+            "its own is not a peer's"
         );
-        assert_eq!(
-            (list[1].rank(), list[1].id(), list[1].len()),
-            (2, SegmentId(0), 1 << 40)
+        assert!(
+            s.mapped(7, SegmentId(3)).is_none(),
+            "nothing mapped without keys"
         );
-        assert_eq!(s.known.get(&(7, 3)), Some(&4096));
         // A short list is refused, not read past its end.
-        assert!(s.published(&[7, 2, 9], &blocks).is_none());
+        assert!(s.published(2, &[7, 2, 9, 1], &blocks, false).is_none());
         assert!(RemoteSegment::list_from_bytes(&out[..20]).is_none());
+    }
+
+    #[cfg(not(miri))]
+    #[test]
+    fn a_mapped_segment_is_refused_once_its_owner_frees_it() {
+        // Catches a peer's mapping that keeps taking writes after its owner freed the
+        // segment, and a key that does not open as the same memory.
+        let mut owner = Segments::default();
+        let id = owner.create(0, 100).unwrap();
+        let key = owner.own_key(id).unwrap();
+        let mut peer = Segments::default();
+        peer.published(1, &[0], &publish_block(id, 100, Some(&key)), true)
+            .unwrap();
+        let view = peer.mapped(0, id).unwrap().unwrap();
+        view.write(90, b"0123456789").unwrap();
+        let mut back = [0u8; 10];
+        owner
+            .own_bytes(id.get())
+            .unwrap()
+            .read(90, &mut back)
+            .unwrap();
+        assert_eq!(&back, b"0123456789");
+        // A key naming another length does not map.
+        let mut wrong = Segments::default();
+        wrong
+            .published(1, &[0], &publish_block(id, 200, Some(&key)), true)
+            .unwrap();
+        assert!(wrong.mapped(0, id).is_none());
+        owner.freed(&[0], &id.get().to_le_bytes(), id);
+        assert!(peer.mapped(0, id).unwrap().is_err(), "freed by its owner");
     }
 
     #[test]
@@ -245,12 +360,13 @@ mod tests {
         let b = s.create(0, 128).unwrap();
         assert_ne!(a, b);
         assert_eq!(s.own_len(b), Some(128));
-        s.known.insert((1, 5), 64);
+        s.published(0, &[1], &publish_block(SegmentId(5), 64, None), false)
+            .unwrap();
         let mut blocks = Vec::new();
         blocks.extend_from_slice(&a.get().to_le_bytes());
         blocks.extend_from_slice(&5u32.to_le_bytes());
         assert!(s.freed(&[0, 1], &blocks, a));
-        assert!(s.own_len(a).is_none() && !s.known.contains_key(&(1, 5)));
+        assert!(s.own_len(a).is_none() && s.known_len(1, SegmentId(5)).is_none());
         let c = s.create(0, 64).unwrap();
         assert!(c != a && c != b);
     }

@@ -277,6 +277,11 @@ pub struct Capabilities {
     /// reply slots) takes it as the answer to that request and every earlier one still
     /// unanswered.
     pub acks_coalesce: bool,
+    /// Its peers are processes of this host that map each other's memory files: a segment
+    /// a peer creates and publishes ([`crate::Node::create_segment`]) is mapped here, and
+    /// puts, gets and atomics on it are copies and atomic instructions by this rank, with
+    /// no message. Otherwise they go as messages that the owner's progress applies.
+    pub map_segments: bool,
 }
 
 impl Capabilities {

@@ -630,7 +630,9 @@ impl Segment {
     /// Creates an anonymous segment (a `memfd`, named `name` for diagnostics only), all zero:
     /// no file in `/dev/shm` or anywhere, so nothing can outlive the processes that map it,
     /// whatever kills them. Peers map it through [`handle`](Self::handle) while this process
-    /// is alive (as a job's ranks do during start-up).
+    /// is alive (as a job's ranks do during start-up). Its size is sealed: nobody can shrink
+    /// it under a peer's mapping (whose accesses past the new end would fault), and
+    /// [`Segment::open_handle`] maps only files sealed so.
     #[cfg(not(loom))]
     pub fn create_anonymous(name: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
         use std::os::fd::FromRawFd;
@@ -646,13 +648,21 @@ impl Segment {
         let cname = std::ffi::CString::new(name).map_err(|_| ShmError::BadName(name.into()))?;
         // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call;
         // memfd_create reads only it.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if fd < 0 {
             return Err(io("creating")(std::io::Error::last_os_error()));
         }
         // SAFETY: `fd` was just returned by memfd_create, is open, and is owned by nobody else.
         let file = unsafe { std::fs::File::from_raw_fd(fd) };
         file.set_len(file_len(&sizes)).map_err(io("sizing"))?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: `fd` is open (owned by `file`, alive here); F_ADD_SEALS takes an int and
+        // touches no memory of ours.
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(io("sealing")(std::io::Error::last_os_error()));
+        }
         let map = Mapping::map(&file, sizes.len, &format!("memfd {name}"))?;
         Ok(Segment {
             view: View::new(map, sizes),
@@ -912,6 +922,17 @@ impl std::fmt::Debug for Segment {
     }
 }
 
+/// Whether nobody can shrink `file` any more (a peer's memfd sealed by
+/// [`Segment::create_anonymous`]): a mapping of it never faults for want of pages.
+#[cfg(not(loom))]
+fn sealed_against_shrinking(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open (owned by `file`, borrowed for the call); F_GET_SEALS
+    // reads no memory of ours.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
 /// A peer's segment mapped here (the SCI **imported** segment): word stores, doorbell rings
 /// and byte copies, and, through [`Imported::byte_area`], the reads and atomics of one-sided
 /// gets and remote atomics (what a NIC reaches of a peer's memory without its help).
@@ -985,7 +1006,7 @@ impl Imported {
             path: handle.into(),
             source,
         })?;
-        if meta.len() != file_len(&sizes) {
+        if meta.len() != file_len(&sizes) || !sealed_against_shrinking(&file) {
             return Err(ShmError::BadSegment(handle.into()));
         }
         Ok(Imported {
@@ -1521,6 +1542,24 @@ mod tests {
             );
         }
         assert!(Segment::heap(64, 8).unwrap().handle().is_none());
+        // A file of the right size that its owner could still shrink under the mapping
+        // (whose accesses past the new end would fault) is refused.
+        let path = std::env::temp_dir().join(format!("amshmunsealed{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.set_len(std::fs::metadata(&handle).unwrap().len())
+            .unwrap();
+        let unsealed = {
+            use std::os::fd::AsRawFd;
+            format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd())
+        };
+        assert!(
+            matches!(
+                Segment::open_handle(&unsealed, 64, 100),
+                Err(ShmError::BadSegment(_))
+            ),
+            "an unsealed file"
+        );
         let leftover = std::fs::read_dir("/dev/shm")
             .unwrap()
             .filter_map(|e| e.ok())

@@ -444,6 +444,8 @@ impl Transport for Extoll {
         caps.atomics = true;
         caps.long_placed_below = usize::MAX;
         caps.acks_coalesce = true;
+        // Every rank is a process of this host: created segments are memory files peers map.
+        caps.map_segments = true;
         caps
     }
 

@@ -645,6 +645,8 @@ impl Transport for Sci {
             self.tx.config.dma_threshold
         };
         caps.acks_coalesce = true;
+        // Every rank is a process of this host: created segments are memory files peers map.
+        caps.map_segments = true;
         caps
     }
 

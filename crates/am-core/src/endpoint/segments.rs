@@ -20,8 +20,9 @@ use crate::types::Rank;
 /// What a segment collective changes when it completes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SegStep {
-    /// A publication: every member's (id, length) becomes known here.
-    Publish,
+    /// A publication: every member's (id, length) becomes known here, and where `map`
+    /// (the transport's [`crate::Capabilities::map_segments`]) every peer's segment mapped.
+    Publish { map: bool },
     /// A free of this rank's segment: it is unmapped, and every member's freed id forgotten.
     Free(SegmentId),
 }
@@ -89,8 +90,10 @@ impl<H: Threading> Endpoint<H> {
                 id,
             }));
         };
-        let block = publish_block(id, len);
-        self.segment_collective(t, team, &block, SegStep::Publish)
+        let map = t.capabilities().map_segments;
+        let key = if map { self.segments.own_key(id) } else { None };
+        let block = publish_block(id, len, key.as_deref());
+        self.segment_collective(t, team, &block, SegStep::Publish { map })
     }
 
     /// Starts a free of this rank's segment `id` on `team`
@@ -144,9 +147,9 @@ impl<H: Threading> Endpoint<H> {
         let stale =
             || AmError::InvalidCollective("a segment collective's blocks do not fit its team");
         match op.step {
-            SegStep::Publish => self
+            SegStep::Publish { map } => self
                 .segments
-                .published(&op.members, &blocks)
+                .published(self.rank, &op.members, &blocks, map)
                 .ok_or_else(stale),
             SegStep::Free(id) => {
                 if self.segments.freed(&op.members, &blocks, id) {
@@ -171,7 +174,7 @@ impl<H: Threading> Endpoint<H> {
         let size = match id {
             SegmentId::ZERO => Some(self.seg_len),
             _ if rank == self.rank => self.segments.own_len(id),
-            _ => self.segments.known.get(&(rank, id.get())).copied(),
+            _ => self.segments.known_len(rank, id),
         }
         .ok_or(AmError::UnknownSegment { rank, id })?;
         if segment_range(offset as u64, len as u64, size).is_none() {
@@ -212,6 +215,12 @@ impl<H: Threading> Endpoint<H> {
                     .map(|()| Op::ready(Raw::Unit)),
             );
         }
+        if let Some(mapped) = self.segments.mapped(rank, id) {
+            let put = mapped
+                .map_err(|()| AmError::UnknownSegment { rank, id })
+                .and_then(|view| Ok(crate::rma::put_into(rank, view, offset, data)?));
+            return Poll::Ready(put.map(|()| Op::ready(Raw::Unit)));
+        }
         let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
         self.ops[index as usize].seg = id.get();
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -245,6 +254,12 @@ impl<H: Threading> Endpoint<H> {
                 .ok_or(AmError::UnknownSegment { rank, id })
                 .and_then(|b| b.read(offset, &mut data).map_err(crate::error::shm_err));
             return Poll::Ready(read.map(|()| Op::ready(Raw::Bytes(data))));
+        }
+        if let Some(mapped) = self.segments.mapped(rank, id) {
+            let get = mapped
+                .map_err(|()| AmError::UnknownSegment { rank, id })
+                .and_then(|view| Ok(crate::rma::get_from(rank, view, offset, &mut data)?));
+            return Poll::Ready(get.map(|()| Op::ready(Raw::Bytes(data))));
         }
         let (index, gen) = self.alloc_op(rank, offset, len, data);
         self.ops[index as usize].seg = id.get();
@@ -287,6 +302,12 @@ impl<H: Threading> Endpoint<H> {
                     }),
                 None => Err(AmError::UnknownSegment { rank, id }),
             };
+            return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
+        }
+        if let Some(mapped) = self.segments.mapped(rank, id) {
+            let applied = mapped
+                .map_err(|()| AmError::UnknownSegment { rank, id })
+                .and_then(|view| Ok(atomic.apply_to(rank, view, offset)?));
             return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
         }
         let (index, gen) = self.alloc_atomic(rank, offset, atomic);

@@ -1,0 +1,165 @@
+//! Segments created and published as the job runs, driven by the async driver (tokio tasks)
+//! and by a `SharedNode` under a progress thread: on loopback (peers map each other's
+//! segments), two endpoints per process (`run_job_endpoints`), and on udp on 127.0.0.1 (the
+//! owner's progress serves them), ranks as threads of this process. The per-transport cases
+//! are in the conformance suite.
+
+use std::time::Duration;
+
+use amnet::{
+    run_ranks, AmError, AsyncNode, AtomicOp, Config, Handlers, JobOptions, Loopback,
+    LoopbackConfig, Node, ProgressThread, SharedNode, Transport, WaitMode,
+};
+use transport_udp::{Udp, UdpConfig};
+
+mod common;
+use common::within;
+
+const PER_PROCESS: u32 = 2;
+
+/// Ranks of the in-process clusters.
+const RANKS: u32 = 4;
+
+fn udp() -> Vec<Udp> {
+    Udp::cluster(RANKS, 128 << 10, UdpConfig::default()).expect("UDP cluster")
+}
+
+fn loopback() -> Vec<Loopback> {
+    Loopback::cluster(RANKS, LoopbackConfig::default())
+}
+
+fn config() -> Config {
+    Config::default().wait_mode(WaitMode::Block)
+}
+
+/// What rank `r` puts into the next rank's segment: more than one udp Medium.
+fn bytes(r: u32) -> Vec<u8> {
+    (0..70_000u32).map(|i| ((i * 7) ^ r) as u8).collect()
+}
+
+/// One endpoint as tokio tasks: create, publish on the world, put into the next rank's
+/// segment and add to rank 0's from two tasks at once, check, free.
+fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
+    let node = AsyncNode::new(Node::new(t, Handlers::local(), config())?);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let driver = tokio::task::spawn_local({
+            let node = node.clone();
+            async move { node.drive().await }
+        });
+        let me = node.rank();
+        let n = node.size();
+        let world = node.world_team();
+        let mine = node.create_segment(80_000)?;
+        let peers = node.publish_segment(&world, mine).await?;
+        let next = peers[((me + 1) % n) as usize];
+        let put = tokio::task::spawn_local({
+            let node = node.clone();
+            async move { node.put_to(&next, 8, &bytes(me)).await }
+        });
+        let add = tokio::task::spawn_local({
+            let node = node.clone();
+            let zero = peers[0];
+            async move { node.atomic_at(&zero, 0, AtomicOp::FetchAdd(1u64)).await }
+        });
+        put.await.expect("task")?;
+        add.await.expect("task")?;
+        node.team_barrier(&world).await?;
+        let prev = (me + n - 1) % n;
+        let got = node.with(|n| {
+            let seg = n.segment_at(mine).expect("its bytes");
+            let mut got = vec![0u8; 70_000];
+            seg.read(8, &mut got).map(|()| (got, seg.load_u64(0)))
+        });
+        let (got, adds) = got.expect("read");
+        assert!(got == bytes(prev), "rank {me}: rank {prev}'s put");
+        if me == 0 {
+            assert_eq!(adds.expect("load"), u64::from(n), "every rank's add");
+        }
+        assert!(node.get_from(&next, 8, 70_000).await? == bytes(me));
+        node.free_segment(&world, mine).await?;
+        match node.get_from(&next, 0, 1).await {
+            Err(AmError::UnknownSegment { .. }) => {}
+            other => panic!("rank {me}: a get from a freed segment: {other:?}"),
+        }
+        node.team_barrier(&world).await?;
+        node.stop();
+        driver.await.expect("driver")?;
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+/// Catches an operation on a created segment that only the blocking driver completes (an
+/// async wait that is never woken by its answer), a publication that mixes up two endpoints
+/// of one process, and a mapped segment reached at the wrong endpoint's memory.
+#[test]
+fn created_segments_as_tokio_tasks() {
+    within(Duration::from_secs(120), || {
+        let opts = JobOptions::new().ranks(2);
+        let code = amnet::run_job_endpoints(&opts, PER_PROCESS, |endpoints| {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = endpoints
+                    .into_transports()
+                    .into_iter()
+                    .map(|t| s.spawn(move || as_tasks(t)))
+                    .collect();
+                for t in threads {
+                    t.join().expect("an endpoint's thread")?;
+                }
+                Ok::<(), anyhow::Error>(())
+            })
+        })
+        .expect("the job");
+        assert_eq!(code, 0);
+        for r in run_ranks(udp(), as_tasks) {
+            r.expect("udp rank");
+        }
+    });
+}
+
+/// A `SharedNode` under a progress thread: two compute threads put into the next rank's
+/// segment and read it back with `_nb` handles while the progress thread serves the peers.
+/// Catches a handle of an operation on a created segment that only its own waiter advances
+/// (udp's answers come through the progress thread).
+#[test]
+fn created_segments_from_compute_threads_under_a_progress_thread() {
+    within(Duration::from_secs(120), || {
+        for r in run_ranks(loopback(), shared) {
+            r.expect("loopback rank");
+        }
+        for r in run_ranks(udp(), shared) {
+            r.expect("udp rank");
+        }
+    });
+}
+
+fn shared<T: Transport + Send + 'static>(t: T) -> anyhow::Result<()> {
+    let node = SharedNode::new(Node::new(t, Handlers::new(), config())?);
+    let me = node.rank();
+    let world = node.world_team();
+    let mine = node.create_segment(4 << 10)?;
+    let peers = node.publish_segment(&world, mine)?;
+    let next = peers[((me + 1) % node.size()) as usize];
+    let progress = ProgressThread::spawn(node.clone())?;
+    std::thread::scope(|s| {
+        for half in 0..2usize {
+            let node = &node;
+            s.spawn(move || {
+                let at = half * 2048;
+                let data = vec![half as u8 + 1; 2048];
+                let h = node.put_to_nb(&next, at, &data).expect("put");
+                node.wait(h).expect("put done");
+                let h = node.get_from_nb(&next, at, 2048).expect("get");
+                assert_eq!(node.wait(h).expect("get done"), data);
+            });
+        }
+    });
+    node.team_barrier(&world)?;
+    drop(progress);
+    node.free_segment(&world, mine)?;
+    Ok(())
+}
