@@ -10,8 +10,8 @@
 //! many `Node::get_into` from it, then the same from and into its own segment
 //! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), then puts into
 //! and gets from a segment rank 1 created and published as the job runs (`put_to`,
-//! `get_from`: rows `put_to` and `get_from`), `--reps` times, and reports the median bytes
-//! per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
+//! `get_from_into`: rows `put_to` and `get_from`), `--reps` times, and reports the median
+//! bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
 //! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
 //! loopback each put and get is one copy that rank 1 takes no part in.
 //!
@@ -103,7 +103,7 @@ fn timed_seg(
 }
 
 /// As [`timed`], into and from `remote` (rank 1's created segment): `ops` puts of `buf` at
-/// its offset 0, or gets of as many bytes from there.
+/// its offset 0, or gets from there into `buf` (`get_from_into`).
 fn timed_remote(
     node: &mut Node<AnyTransport, Local>,
     remote: &amnet::RemoteSegment,
@@ -114,8 +114,7 @@ fn timed_remote(
     let t0 = Instant::now();
     for _ in 0..ops {
         if get {
-            let got = node.get_from(remote, 0, buf.len())?;
-            buf.copy_from_slice(&got);
+            node.get_from_into(remote, 0, buf)?;
         } else {
             node.put_to(remote, 0, buf)?;
         }

@@ -888,6 +888,21 @@ pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
         assert!(node.get_from(&next, 3, big.len()).expect("get") == big);
         let h = node.get_from_nb(&next, 0, 3).expect("get");
         assert_eq!(node.wait(h).expect("wait for a get"), [0, 0, 0]);
+        let mut into = vec![0x55u8; big.len() + 2];
+        node.get_from_into(&next, 3, &mut into[1..big.len() + 1])
+            .expect("get into");
+        assert!(
+            into[1..big.len() + 1] == big[..] && into[0] == 0x55 && into[big.len() + 1] == 0x55
+        );
+        let mut tail = [0u8; 5];
+        let h = node
+            .get_from_into_nb(&next, next.len() - 5, &mut tail)
+            .expect("get into");
+        assert_eq!(node.wait(h).expect("wait for a get"), &[9; 5]);
+        match node.get_from_into(&next, next.len() - 4, &mut tail) {
+            Err(AmError::SegmentOutOfBounds { .. }) => assert_eq!(tail, [9; 5], "left as it was"),
+            other => panic!("a get into past the end: {other:?}"),
+        }
         if me == 0 {
             let seg = node.segment_at(mine).expect("its bytes");
             assert_eq!(seg.load_u64(word).expect("load"), u64::from(RANKS));

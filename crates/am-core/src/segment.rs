@@ -94,8 +94,38 @@ pub(crate) const BLOCK_LEN: usize = 64;
 const MAX_KEY: usize = BLOCK_LEN - 16;
 
 /// Bytes of control words before a created segment's bytes: word 0 is set when its owner
-/// frees it, so that a peer that mapped it refuses later operations.
-const CONTROL_WORDS: usize = 8;
+/// frees it, so that a peer that mapped it refuses later operations. A whole page, so that
+/// the bytes start on a page boundary as segment 0's do: a copy into a range whose offset
+/// within its pages differs from the source's runs measurably slower.
+const CONTROL_WORDS: usize = 4096;
+
+/// The key of a peer's segment in [`Segments::known`]: its owner and its id.
+fn known_key(rank: Rank, id: u32) -> u64 {
+    u64::from(rank) << 32 | u64::from(id)
+}
+
+/// The hash of a [`known_key`] (Fibonacci hashing: one multiplication). Every operation on a
+/// peer's segment looks one up, where a keyed hash would cost more than the rest of a small
+/// put; a peer chooses only the ids it publishes, one per publication, so it cannot flood
+/// the table with colliding keys.
+#[derive(Default)]
+pub(crate) struct SegmentKeys(u64);
+
+impl std::hash::Hasher for SegmentKeys {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 impl RemoteSegment {
     /// The rank that owns it.
@@ -173,7 +203,7 @@ pub(crate) struct Segments {
     /// The next id to hand out (ids are never reused).
     next: u32,
     /// Peers' segments published here, by (owner, id).
-    pub(crate) known: HashMap<(Rank, u32), Known>,
+    pub(crate) known: HashMap<u64, Known, std::hash::BuildHasherDefault<SegmentKeys>>,
 }
 
 impl Segments {
@@ -209,7 +239,7 @@ impl Segments {
 
     /// The length of `rank`'s segment `id` published here.
     pub(crate) fn known_len(&self, rank: Rank, id: SegmentId) -> Option<usize> {
-        self.known.get(&(rank, id.0)).map(|k| k.len)
+        self.known.get(&known_key(rank, id.0)).map(|k| k.len)
     }
 
     /// The bytes of `rank`'s segment `id` as this rank maps it: `None` if it does not map
@@ -219,7 +249,7 @@ impl Segments {
         rank: Rank,
         id: SegmentId,
     ) -> Option<Result<am_shm::SharedBytes<'_>, ()>> {
-        let seg = self.known.get(&(rank, id.0))?.mapped.as_ref()?;
+        let seg = self.known.get(&known_key(rank, id.0))?.mapped.as_ref()?;
         Some(match seg.load_word(0) {
             Ok(0) => Ok(seg.byte_area()),
             _ => Err(()),
@@ -251,7 +281,8 @@ impl Segments {
                 .filter(|k| map && rank != me && id != 0 && !k.is_empty());
             let mapped = key.and_then(|k| am_shm::Segment::open_handle(k, CONTROL_WORDS, len).ok());
             if rank != me && id != 0 {
-                self.known.insert((rank, id), Known { len, mapped });
+                self.known
+                    .insert(known_key(rank, id), Known { len, mapped });
             }
             RemoteSegment {
                 rank,
@@ -277,7 +308,7 @@ impl Segments {
         }
         for (&rank, b) in members.iter().zip(blocks.chunks_exact(4)) {
             let id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            self.known.remove(&(rank, id));
+            self.known.remove(&known_key(rank, id));
         }
         true
     }

@@ -266,6 +266,46 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
 
+    /// Starts a get into `dst`, a buffer of the caller's, from `offset` of `remote`
+    /// ([`crate::endpoint::start::GetFromInto`]), as [`Endpoint::get_from_start`]: a handle
+    /// complete when started once the bytes are in `dst` (segment 0 through a NIC that reads
+    /// peers' memory, this rank's own segment, a mapped one), otherwise the get by messages,
+    /// whose completion copies its bytes into `dst`.
+    pub fn get_from_into_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if id == SegmentId::ZERO {
+            return self.get_into_start(t, rank, offset, dst);
+        }
+        if let Err(e) = self.check_remote(remote, offset, dst.len()) {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        let view = if rank == self.rank {
+            Some(
+                self.segments
+                    .own_bytes(id.get())
+                    .ok_or(AmError::UnknownSegment { rank, id }),
+            )
+        } else {
+            self.segments
+                .mapped(rank, id)
+                .map(|m| m.map_err(|()| AmError::UnknownSegment { rank, id }))
+        };
+        if let Some(view) = view {
+            let read = view.and_then(|v| Ok(crate::rma::get_from(rank, v, offset, dst)?));
+            return Poll::Ready(read.map(|()| Op::ready(Raw::Unit)));
+        }
+        let (index, gen) = self.alloc_op(rank, offset, dst.len(), vec![0; dst.len()]);
+        self.ops[index as usize].seg = id.get();
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
     /// Starts an atomic on the word at `offset` of `remote`
     /// ([`crate::endpoint::start::AtomicAt`]), as [`Endpoint::put_to_start`]: the atomic of
     /// [`Endpoint::atomic_start`] on segment 0, applied now on this rank's own segment, a

@@ -844,6 +844,54 @@ impl Start for GetFrom {
     }
 }
 
+/// A get from a published segment into a buffer of the caller's ([`crate::segment`]):
+/// `dst.len()` bytes at `offset` of `remote`, as [`GetInto`] (which it is on segment 0).
+/// The handle holds `dst` until it completes, and gives it back filled.
+#[derive(Debug)]
+pub struct GetFromInto<'b> {
+    /// The segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// Where in it.
+    pub offset: usize,
+    /// The buffer, until the handle takes it.
+    pub dst: Option<&'b mut [u8]>,
+}
+
+impl<'b> GetFromInto<'b> {
+    /// A get of `dst.len()` bytes at `offset` of `remote` into `dst`.
+    pub fn new(remote: &crate::segment::RemoteSegment, offset: usize, dst: &'b mut [u8]) -> Self {
+        GetFromInto {
+            remote: *remote,
+            offset,
+            dst: Some(dst),
+        }
+    }
+}
+
+impl<'b> Start for GetFromInto<'b> {
+    type Output = &'b mut [u8];
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<&'b mut [u8]>, AmError>> {
+        let Some(dst) = self.dst.as_deref_mut() else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let op = ready!(ep.get_from_into_start(t, &self.remote, self.offset, dst))?;
+        let dst = self.dst.take().ok_or(AmError::StaleHandle)?;
+        Poll::Ready(Ok(op.filling(dst)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<&'b mut [u8]>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.get_step(t, op)
+    }
+}
+
 /// An atomic on a word of a published segment ([`crate::segment`]), completing with its
 /// old value, as [`PutTo`] (an [`Atomic`] on segment 0).
 #[derive(Debug, Clone, Copy)]
@@ -1245,6 +1293,12 @@ macro_rules! operations {
             /// ([`GetFrom`](crate::endpoint::start::GetFrom)).
             get_from [] (remote: &$crate::segment::RemoteSegment, offset: usize, len: usize) -> Vec<u8>
                 = $crate::endpoint::start::GetFrom::new(remote, offset, len); nb get_from_nb; owns;
+        }
+        $driver! { op
+            /// Reads `dst.len()` bytes at `offset` of a published segment into `dst`, and
+            /// gives `dst` back filled ([`GetFromInto`](crate::endpoint::start::GetFromInto)).
+            get_from_into ['b] (remote: &$crate::segment::RemoteSegment, offset: usize, dst: &'b mut [u8]) -> &'b mut [u8]
+                = $crate::endpoint::start::GetFromInto::new(remote, offset, dst); nb get_from_into_nb; borrows;
         }
         $driver! { op
             /// Applies `op` to the word at `offset` of a published segment and completes
