@@ -561,6 +561,12 @@ impl Endpoint {
         self.stage.size.min(self.max_msg)
     }
 
+    /// The largest transfer of one [`Endpoint::write_from_segment`] or
+    /// [`Endpoint::read_into_segment`]: the provider's largest message.
+    pub fn max_segment_transfer(&self) -> usize {
+        self.max_msg
+    }
+
     /// This endpoint's address, for its peers' [`Endpoint::insert`].
     pub fn name(&mut self) -> Result<Vec<u8>, OfiError> {
         let mut buf = vec![0u8; 256];
@@ -814,6 +820,92 @@ impl Endpoint {
         len: usize,
     ) -> Result<Option<Op>, OfiError> {
         self.rma(false, rank, raddr, key, len, false, |_| {})
+    }
+
+    /// Writes `len` bytes at `local` of this endpoint's own segment to `raddr` (under `key`)
+    /// at peer `rank`, straight from the segment, which is registered: no copy into a
+    /// staging buffer. The operation still takes a staging buffer, untouched, for its
+    /// context and its place among the operations in flight; with `delivery`, as
+    /// [`Endpoint::write`]. `Ok(None)`: no room now.
+    pub fn write_from_segment(
+        &mut self,
+        rank: usize,
+        local: usize,
+        len: usize,
+        raddr: u64,
+        key: u64,
+        delivery: bool,
+    ) -> Result<Option<Op>, OfiError> {
+        self.segment_rma(true, rank, local, len, raddr, key, delivery)
+    }
+
+    /// Reads `len` bytes at `raddr` (under `key`) of peer `rank` straight into `local` of
+    /// this endpoint's own segment, as [`Endpoint::write_from_segment`]: the bytes are there
+    /// after the operation's [`Event::Done`]. `Ok(None)`: no room now.
+    pub fn read_into_segment(
+        &mut self,
+        rank: usize,
+        local: usize,
+        len: usize,
+        raddr: u64,
+        key: u64,
+    ) -> Result<Option<Op>, OfiError> {
+        self.segment_rma(false, rank, local, len, raddr, key, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn segment_rma(
+        &mut self,
+        write: bool,
+        rank: usize,
+        local: usize,
+        len: usize,
+        raddr: u64,
+        key: u64,
+        delivery: bool,
+    ) -> Result<Option<Op>, OfiError> {
+        let call = if write { "fi_writemsg" } else { "fi_readmsg" };
+        let dest = self.peer(rank)?;
+        let area = self.segment.byte_area();
+        if local.checked_add(len).is_none_or(|end| end > area.len()) {
+            return Err(local_error(call, "a range outside the segment"));
+        }
+        if len > self.max_msg {
+            return Err(local_error(
+                call,
+                "a transfer larger than the provider's largest",
+            ));
+        }
+        let at = area.as_ptr().wrapping_add(local);
+        let raw = self.raw.as_ptr();
+        self.stage_op(
+            false,
+            call,
+            |_| {},
+            |_, ctx| {
+                // SAFETY: `at..at + len` is inside the segment's byte area (checked above),
+                // which is registered (slot MR_SEGMENT, with local read and write access) and
+                // lives as long as the endpoint, past every completion (the endpoint's close,
+                // or a leak where closing fails, comes first). The provider reads it (a
+                // write) or writes it (a read) as a NIC would; no Rust reference is made to
+                // it, and peers' own accesses to the segment are through atomics and copies
+                // by raw pointer (`SharedBytes`).
+                unsafe {
+                    ffi::amofi_rma(
+                        raw,
+                        write as i32,
+                        at.cast(),
+                        len,
+                        MR_SEGMENT,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        delivery as i32,
+                    )
+                }
+            },
+        )
     }
 
     /// [`Endpoint::write`] (`write`, from what `fill` puts into the buffer) or

@@ -714,6 +714,47 @@ impl Io {
         })
     }
 
+    /// Writes `total` bytes at `local` of this rank's segment to `offset` of `peer`'s (or,
+    /// `!write`, reads them from there into it), straight between the registered segments,
+    /// in pieces of the provider's largest message, all in flight together, and waits until
+    /// all are done. `local..local + total` is inside this rank's segment (checked by the
+    /// caller).
+    fn segment_transfer(
+        &mut self,
+        write: bool,
+        peer: Rank,
+        offset: usize,
+        local: usize,
+        total: usize,
+    ) -> Result<(), SendError> {
+        let Region { base, key, len } = self.usable(peer)?.region;
+        if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
+            return Err(SendError::TooLarge(total));
+        }
+        self.issue_then_wait(peer, |io, in_flight| {
+            let chunk = io.ep.max_segment_transfer().max(1);
+            let mut at = 0;
+            while at < total {
+                let n = chunk.min(total - at);
+                let raddr = base + (offset + at) as u64;
+                let op = io.start(
+                    peer,
+                    |ep| {
+                        if write {
+                            ep.write_from_segment(peer as usize, local + at, n, raddr, key, true)
+                        } else {
+                            ep.read_into_segment(peer as usize, local + at, n, raddr, key)
+                        }
+                    },
+                    in_flight,
+                )?;
+                in_flight.push_back(op);
+                at += n;
+            }
+            Ok(())
+        })
+    }
+
     /// Runs `issue`, which puts writes to `dest` in flight, then waits for all of them; those
     /// not waited for after an error stay the provider's until their completions.
     fn issue_then_wait(
@@ -1230,7 +1271,7 @@ impl Transport for Ofi {
         self.io.write_regions(dest, regions, data)
     }
 
-    /// The writes' staging buffers filled straight from the segment (one copy, not two).
+    /// Straight from the registered segment: no copy into a staging buffer.
     fn put_from_segment(
         &mut self,
         dest: Rank,
@@ -1242,16 +1283,15 @@ impl Transport for Ofi {
         let from = own
             .slice(local, len)
             .map_err(|e| NicError::device_from("a put from this rank's segment", e))?;
-        if dest == self.io.rank {
-            return own
-                .copy_from(offset, from)
-                .map_err(|e| NicError::device_from("a put to this rank", e));
+        if dest != self.io.rank {
+            // `from` is in bounds: the provider reads those bytes of the segment.
+            return self.io.segment_transfer(true, dest, offset, local, len);
         }
-        self.io
-            .write(dest, offset, Some(Payload::Shared(from)), len)
+        own.copy_from(offset, from)
+            .map_err(|e| NicError::device_from("a put to this rank", e))
     }
 
-    /// The reads' staging buffers copied straight into the segment (one copy, not two).
+    /// Straight into the registered segment: no copy out of a staging buffer.
     fn get_into_segment(
         &mut self,
         src: Rank,
@@ -1268,11 +1308,9 @@ impl Transport for Ofi {
                 .copy_from(local, from)
                 .map_err(|e| NicError::device_from("a get into this rank's segment", e));
         }
-        self.io.usable(src)?;
-        self.io.read_with(src, offset, len, |at, data| {
-            own.write(local + at, data)
-                .map_err(|e| NicError::device_from("a get into this rank's segment", e))
-        })
+        own.slice(local, len)
+            .map_err(|e| NicError::device_from("a get into this rank's segment", e))?;
+        self.io.segment_transfer(false, src, offset, local, len)
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
