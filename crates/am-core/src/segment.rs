@@ -27,9 +27,10 @@
 //! segment is an anonymous shared memory file (a `memfd`), all zero, its size sealed, and
 //! unmapped when freed. Where the transport's peers are processes of this host
 //! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals) the publication
-//! carries the file's handle and every member maps its peers' segments: a put, get or
-//! atomic on one is a copy or an atomic instruction by the initiator, complete when it
-//! returns, with no message and no help from the owner. Elsewhere (udp, ofi) they go as
+//! carries the file's handle, and the first operation on a peer's segment maps it (after
+//! checking that the file is that segment): a put, get or atomic on it is then a copy or
+//! an atomic instruction by the initiator, complete when it returns, with no message and
+//! no help from the owner. A segment that does not map is reached by messages. Elsewhere (udp, ofi) they go as
 //! system messages that the owner's progress applies, one Medium per `max_medium` bytes. An
 //! operation on this rank's own segment is a copy, complete when started.
 //!
@@ -191,8 +192,19 @@ pub(crate) fn publish_block(id: SegmentId, len: usize, key: Option<&str>) -> [u8
 pub(crate) struct Known {
     /// Its length, as its owner published it.
     pub(crate) len: usize,
-    /// Its memory, where this rank maps peers' created segments and could map it.
-    mapped: Option<am_shm::Segment>,
+    /// The key it is mapped by, where this rank maps peers' created segments, until the
+    /// first operation on it maps it.
+    key: Option<String>,
+    /// Its memory, once an operation tried to map it (`None` inside: it did not open, and
+    /// messages reach it).
+    mapped: Option<Option<am_shm::Segment>>,
+}
+
+/// The name a created segment's memory file has: unique on the host while its owner lives
+/// (ids are never reused, and ranks are distinct), so that a peer checks that the file it
+/// opened by handle is that segment.
+fn segment_name(rank: Rank, id: u32) -> String {
+    format!("am-seg-{rank}-{id}")
 }
 
 /// What a rank knows of segments: its own beyond segment 0, and each peer's published to it.
@@ -214,8 +226,7 @@ impl Segments {
             .next
             .checked_add(1)
             .ok_or_else(|| failed("every segment id of this endpoint was used".into()))?;
-        let name = format!("am-seg-{rank}-{id}");
-        let seg = am_shm::Segment::create_anonymous(&name, CONTROL_WORDS, len)
+        let seg = am_shm::Segment::create_anonymous(&segment_name(rank, id), CONTROL_WORDS, len)
             .map_err(|e| failed(e.to_string()))?;
         self.next = id;
         self.own.insert(id, seg);
@@ -242,14 +253,22 @@ impl Segments {
         self.known.get(&known_key(rank, id.0)).map(|k| k.len)
     }
 
-    /// The bytes of `rank`'s segment `id` as this rank maps it: `None` if it does not map
-    /// it, `Some(Err(()))` if its owner has freed it since.
+    /// The bytes of `rank`'s segment `id` as this rank maps it (mapped by the first call):
+    /// `None` if it does not map it, `Some(Err(()))` if its owner has freed it since.
     pub(crate) fn mapped(
-        &self,
+        &mut self,
         rank: Rank,
         id: SegmentId,
     ) -> Option<Result<am_shm::SharedBytes<'_>, ()>> {
-        let seg = self.known.get(&known_key(rank, id.0))?.mapped.as_ref()?;
+        let known = self.known.get_mut(&known_key(rank, id.0))?;
+        if known.mapped.is_none() {
+            let key = known.key.take()?;
+            let name = segment_name(rank, id.0);
+            known.mapped = Some(
+                am_shm::Segment::open_handle_named(&key, &name, CONTROL_WORDS, known.len).ok(),
+            );
+        }
+        let seg = known.mapped.as_ref()?.as_ref()?;
         Some(match seg.load_word(0) {
             Ok(0) => Ok(seg.byte_area()),
             _ => Err(()),
@@ -258,8 +277,8 @@ impl Segments {
 
     /// Applies a completed publication on a team whose members, in team order, are
     /// `members`: every member's (id, length) remembered (and, where `map`, every peer's
-    /// segment with a key mapped; one that does not open is reached by messages), and the
-    /// outcome's bytes.
+    /// key, by which its first operation maps it; one that does not open is reached by
+    /// messages), and the outcome's bytes.
     pub(crate) fn published(
         &mut self,
         me: Rank,
@@ -278,11 +297,15 @@ impl Segments {
             let key = b
                 .get(16..16 + key_len.min(MAX_KEY))
                 .and_then(|k| std::str::from_utf8(k).ok())
-                .filter(|k| map && rank != me && id != 0 && !k.is_empty());
-            let mapped = key.and_then(|k| am_shm::Segment::open_handle(k, CONTROL_WORDS, len).ok());
+                .filter(|k| map && rank != me && id != 0 && !k.is_empty())
+                .map(str::to_owned);
             if rank != me && id != 0 {
-                self.known
-                    .insert(known_key(rank, id), Known { len, mapped });
+                let known = Known {
+                    len,
+                    key,
+                    mapped: None,
+                };
+                self.known.insert(known_key(rank, id), known);
             }
             RemoteSegment {
                 rank,
@@ -356,9 +379,11 @@ mod tests {
     #[test]
     fn a_mapped_segment_is_refused_once_its_owner_frees_it() {
         // Catches a peer's mapping that keeps taking writes after its owner freed the
-        // segment, and a key that does not open as the same memory.
+        // segment, and a key that maps other memory than the segment published: another
+        // length, or another segment's file (a descriptor reused).
         let mut owner = Segments::default();
         let id = owner.create(0, 100).unwrap();
+        let other = owner.create(0, 100).unwrap();
         let key = owner.own_key(id).unwrap();
         let mut peer = Segments::default();
         peer.published(1, &[0], &publish_block(id, 100, Some(&key)), true)
@@ -372,12 +397,18 @@ mod tests {
             .read(90, &mut back)
             .unwrap();
         assert_eq!(&back, b"0123456789");
-        // A key naming another length does not map.
-        let mut wrong = Segments::default();
-        wrong
-            .published(1, &[0], &publish_block(id, 200, Some(&key)), true)
-            .unwrap();
-        assert!(wrong.mapped(0, id).is_none());
+        for (len, key) in [(200, key.clone()), (100, owner.own_key(other).unwrap())] {
+            let mut wrong = Segments::default();
+            wrong
+                .published(1, &[0], &publish_block(id, len, Some(&key)), true)
+                .unwrap();
+            assert!(wrong.mapped(0, id).is_none(), "{len} bytes by {key}");
+            assert_eq!(
+                wrong.known_len(0, id),
+                Some(len),
+                "still reached by messages"
+            );
+        }
         owner.freed(&[0], &id.get().to_le_bytes(), id);
         assert!(peer.mapped(0, id).unwrap().is_err(), "freed by its owner");
     }

@@ -690,6 +690,17 @@ impl Segment {
         Err(ShmError::BadName(handle.into()))
     }
 
+    /// Under loom there are no files: always an error.
+    #[cfg(loom)]
+    pub fn open_handle_named(
+        handle: &str,
+        _name: &str,
+        _words: usize,
+        _bytes: usize,
+    ) -> Result<Segment, ShmError> {
+        Err(ShmError::BadName(handle.into()))
+    }
+
     /// Where peers of this process open an anonymous segment: `/proc/<pid>/fd/<fd>`. `None`
     /// for other segments.
     #[cfg(not(loom))]
@@ -705,7 +716,24 @@ impl Segment {
     #[cfg(not(loom))]
     pub fn open_handle(handle: &str, words: usize, bytes: usize) -> Result<Segment, ShmError> {
         Ok(Segment {
-            view: Imported::open_handle(handle, words, bytes)?.view,
+            view: Imported::open_handle_as(handle, None, words, bytes)?.view,
+            path: None,
+            fd: None,
+        })
+    }
+
+    /// As [`Segment::open_handle`], and only if the handle's file is the anonymous segment
+    /// created as `name` ([`Segment::create_anonymous`]): a handle whose descriptor its
+    /// process closed and reused for another file is refused ([`ShmError::BadSegment`]).
+    #[cfg(not(loom))]
+    pub fn open_handle_named(
+        handle: &str,
+        name: &str,
+        words: usize,
+        bytes: usize,
+    ) -> Result<Segment, ShmError> {
+        Ok(Segment {
+            view: Imported::open_handle_as(handle, Some(name), words, bytes)?.view,
             path: None,
             fd: None,
         })
@@ -980,6 +1008,19 @@ impl Imported {
     /// writing only.
     #[cfg(not(loom))]
     pub fn open_handle(handle: &str, words: usize, bytes: usize) -> Result<Imported, ShmError> {
+        Self::open_handle_as(handle, None, words, bytes)
+    }
+
+    /// [`Imported::open_handle`], checking, where `name` is given, that the file opened is
+    /// the anonymous segment of that name (its `/proc/self/fd` link, read after opening, so
+    /// that no reuse of the peer's descriptor can come in between).
+    #[cfg(not(loom))]
+    fn open_handle_as(
+        handle: &str,
+        name: Option<&str>,
+        words: usize,
+        bytes: usize,
+    ) -> Result<Imported, ShmError> {
         let valid = handle
             .strip_prefix("/proc/")
             .and_then(|r| r.split_once("/fd/"))
@@ -1008,6 +1049,21 @@ impl Imported {
         })?;
         if meta.len() != file_len(&sizes) || !sealed_against_shrinking(&file) {
             return Err(ShmError::BadSegment(handle.into()));
+        }
+        if let Some(name) = name {
+            use std::os::fd::AsRawFd;
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(
+                |source| ShmError::Io {
+                    what: "reading the link of",
+                    path: handle.into(),
+                    source,
+                },
+            )?;
+            let memfd = format!("/memfd:{name}");
+            let link = link.to_string_lossy();
+            if link != memfd && link != format!("{memfd} (deleted)") {
+                return Err(ShmError::BadSegment(handle.into()));
+            }
         }
         Ok(Imported {
             view: View::new(Mapping::map(&file, sizes.len, handle)?, sizes),
@@ -1542,6 +1598,13 @@ mod tests {
             );
         }
         assert!(Segment::heap(64, 8).unwrap().handle().is_none());
+        // By name: the file must be the segment created under that name.
+        let named = Segment::open_handle_named(&handle, "amshmanon", 64, 100).unwrap();
+        named.import().write(0, b"x").unwrap();
+        assert!(matches!(
+            Segment::open_handle_named(&handle, "amshmother", 64, 100),
+            Err(ShmError::BadSegment(_))
+        ));
         // A file of the right size that its owner could still shrink under the mapping
         // (whose accesses past the new end would fault) is refused.
         let path = std::env::temp_dir().join(format!("amshmunsealed{}", std::process::id()));
