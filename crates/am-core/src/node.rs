@@ -486,6 +486,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
                 return Ok((false, handled));
             }
             if !self.poll_once()? {
+                // As in a blocking wait's idle step.
+                self.ep.carry_collectives(&mut self.transport);
                 return Ok((false, handled));
             }
             handled += 1;
@@ -541,6 +543,12 @@ impl<T: Transport, H: Threading> Node<T, H> {
 
     fn idle(&mut self, idle: &mut u32) -> Result<(), AmError> {
         *idle = idle.saturating_add(1);
+        // Collective steps and notices that waited for a credit go once it is back: the
+        // wait may be for something else (a world barrier) that a member stuck without
+        // them holds up. Not at every spin: a spinning wait is a message's critical path.
+        if *idle >= self.config.spin_polls || idle.is_multiple_of(64) {
+            self.ep.carry_collectives(&mut self.transport);
+        }
         if *idle < self.config.spin_polls || self.config.wait_mode == WaitMode::Spin {
             std::hint::spin_loop();
             return Ok(());
