@@ -58,6 +58,15 @@ pub struct EndpointConfig {
     pub shm_name: Option<String>,
 }
 
+/// The local side of an RMA operation.
+#[derive(Clone, Copy)]
+enum Local {
+    /// Its staging buffer.
+    Staged,
+    /// A range of the registered segment, from here.
+    Segment(*mut u8),
+}
+
 /// A staging buffer in use by an RMA or atomic operation: released with
 /// [`Endpoint::release`] once its [`Event::Done`] (or failure) was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -561,8 +570,8 @@ impl Endpoint {
         self.stage.size.min(self.max_msg)
     }
 
-    /// The largest transfer of one [`Endpoint::write_from_segment`] or
-    /// [`Endpoint::read_into_segment`]: the provider's largest message.
+    /// The largest transfer of one [`Endpoint::write_from_segment`]: the provider's largest
+    /// message.
     pub fn max_segment_transfer(&self) -> usize {
         self.max_msg
     }
@@ -826,7 +835,10 @@ impl Endpoint {
     /// at peer `rank`, straight from the segment, which is registered: no copy into a
     /// staging buffer. The operation still takes a staging buffer, untouched, for its
     /// context and its place among the operations in flight; with `delivery`, as
-    /// [`Endpoint::write`]. `Ok(None)`: no room now.
+    /// [`Endpoint::write`]. `Ok(None)`: no room now. There is no read into the segment the
+    /// same way: a read an error left with the provider would land in the segment after
+    /// its operation returned, over bytes its caller had moved on to, where a read's
+    /// staging buffer takes such a late landing harmlessly.
     pub fn write_from_segment(
         &mut self,
         rank: usize,
@@ -836,76 +848,12 @@ impl Endpoint {
         key: u64,
         delivery: bool,
     ) -> Result<Option<Op>, OfiError> {
-        self.segment_rma(true, rank, local, len, raddr, key, delivery)
-    }
-
-    /// Reads `len` bytes at `raddr` (under `key`) of peer `rank` straight into `local` of
-    /// this endpoint's own segment, as [`Endpoint::write_from_segment`]: the bytes are there
-    /// after the operation's [`Event::Done`]. `Ok(None)`: no room now.
-    pub fn read_into_segment(
-        &mut self,
-        rank: usize,
-        local: usize,
-        len: usize,
-        raddr: u64,
-        key: u64,
-    ) -> Result<Option<Op>, OfiError> {
-        self.segment_rma(false, rank, local, len, raddr, key, false)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn segment_rma(
-        &mut self,
-        write: bool,
-        rank: usize,
-        local: usize,
-        len: usize,
-        raddr: u64,
-        key: u64,
-        delivery: bool,
-    ) -> Result<Option<Op>, OfiError> {
-        let call = if write { "fi_writemsg" } else { "fi_readmsg" };
-        let dest = self.peer(rank)?;
         let area = self.segment.byte_area();
         if local.checked_add(len).is_none_or(|end| end > area.len()) {
-            return Err(local_error(call, "a range outside the segment"));
+            return Err(local_error("fi_writemsg", "a range outside the segment"));
         }
-        if len > self.max_msg {
-            return Err(local_error(
-                call,
-                "a transfer larger than the provider's largest",
-            ));
-        }
-        let at = area.as_ptr().wrapping_add(local);
-        let raw = self.raw.as_ptr();
-        self.stage_op(
-            false,
-            call,
-            |_| {},
-            |_, ctx| {
-                // SAFETY: `at..at + len` is inside the segment's byte area (checked above),
-                // which is registered (slot MR_SEGMENT, with local read and write access) and
-                // lives as long as the endpoint, past every completion (the endpoint's close,
-                // or a leak where closing fails, comes first). The provider reads it (a
-                // write) or writes it (a read) as a NIC would; no Rust reference is made to
-                // it, and peers' own accesses to the segment are through atomics and copies
-                // by raw pointer (`SharedBytes`).
-                unsafe {
-                    ffi::amofi_rma(
-                        raw,
-                        write as i32,
-                        at.cast(),
-                        len,
-                        MR_SEGMENT,
-                        dest,
-                        raddr,
-                        key,
-                        ctx,
-                        delivery as i32,
-                    )
-                }
-            },
-        )
+        let at = Local::Segment(area.as_ptr().wrapping_add(local));
+        self.rma_from(at, true, rank, raddr, key, len, delivery, |_| {})
     }
 
     /// [`Endpoint::write`] (`write`, from what `fill` puts into the buffer) or
@@ -921,30 +869,72 @@ impl Endpoint {
         delivery: bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<Option<Op>, OfiError> {
+        self.rma_from(Local::Staged, write, rank, raddr, key, len, delivery, fill)
+    }
+
+    /// One RMA operation of `len` bytes with peer `rank`'s `raddr` (under `key`), its local
+    /// side `local`; it takes a staging buffer either way (its context, and its place among
+    /// the operations in flight), which `fill` fills.
+    #[allow(clippy::too_many_arguments)]
+    fn rma_from(
+        &mut self,
+        local: Local,
+        write: bool,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        len: usize,
+        delivery: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Option<Op>, OfiError> {
         let (call, msg_call) = if write {
             ("fi_write", "fi_writemsg")
         } else {
             ("fi_read", "fi_readmsg")
         };
         let dest = self.peer(rank)?;
-        if len > self.max_transfer() {
-            return Err(local_error(call, "transfer larger than a staging buffer"));
+        let largest = match local {
+            Local::Staged => self.max_transfer(),
+            Local::Segment(_) => self.max_segment_transfer(),
+        };
+        if len > largest {
+            return Err(local_error(
+                call,
+                "a transfer larger than one operation carries",
+            ));
         }
         let raw = self.raw.as_ptr();
         self.stage_op(
             false,
             msg_call,
-            |b| fill(&mut b[..len]),
+            |b| {
+                // A segment's transfer may be longer than the buffer, which it leaves alone.
+                if let Local::Staged = local {
+                    fill(&mut b[..len]);
+                }
+            },
             |buf, ctx| {
-                // SAFETY: `buf` is a staging buffer of at least `len` bytes, lent to the
-                // provider until its completion (state `Lent`).
+                let (at, slot) = match local {
+                    Local::Staged => (buf, MR_STAGE),
+                    Local::Segment(at) => (at, MR_SEGMENT),
+                };
+                // SAFETY: `at..at + len` is either the staging buffer `buf` (at least `len`
+                // bytes, checked against `max_transfer`), lent to the provider until its
+                // completion (state `Lent`); or a range inside the segment's byte area
+                // (checked by `write_from_segment`, the only maker of `Local::Segment`),
+                // registered as slot MR_SEGMENT with local read access, which lives as long
+                // as the endpoint and so past every completion (the endpoint's close, or a
+                // leak where closing fails, comes first). The provider only reads it (a
+                // write's source), as a NIC would: no Rust reference is made to the
+                // segment, whose every other access is an atomic or a copy by raw pointer
+                // (`SharedBytes`).
                 unsafe {
                     ffi::amofi_rma(
                         raw,
                         write as i32,
-                        buf.cast(),
+                        at.cast(),
                         len,
-                        MR_STAGE,
+                        slot,
                         dest,
                         raddr,
                         key,

@@ -714,14 +714,12 @@ impl Io {
         })
     }
 
-    /// Writes `total` bytes at `local` of this rank's segment to `offset` of `peer`'s (or,
-    /// `!write`, reads them from there into it), straight between the registered segments,
-    /// in pieces of the provider's largest message, all in flight together, and waits until
-    /// all are done. `local..local + total` is inside this rank's segment (checked by the
-    /// caller).
-    fn segment_transfer(
+    /// Writes `total` bytes at `local` of this rank's segment to `offset` of `peer`'s,
+    /// straight from the registered segment, in pieces of the provider's largest message,
+    /// all in flight together, and waits until all are done. `local..local + total` is
+    /// inside this rank's segment (checked by the caller).
+    fn write_from_segment(
         &mut self,
-        write: bool,
         peer: Rank,
         offset: usize,
         local: usize,
@@ -739,13 +737,7 @@ impl Io {
                 let raddr = base + (offset + at) as u64;
                 let op = io.start(
                     peer,
-                    |ep| {
-                        if write {
-                            ep.write_from_segment(peer as usize, local + at, n, raddr, key, true)
-                        } else {
-                            ep.read_into_segment(peer as usize, local + at, n, raddr, key)
-                        }
-                    },
+                    |ep| ep.write_from_segment(peer as usize, local + at, n, raddr, key, true),
                     in_flight,
                 )?;
                 in_flight.push_back(op);
@@ -1285,13 +1277,15 @@ impl Transport for Ofi {
             .map_err(|e| NicError::device_from("a put from this rank's segment", e))?;
         if dest != self.io.rank {
             // `from` is in bounds: the provider reads those bytes of the segment.
-            return self.io.segment_transfer(true, dest, offset, local, len);
+            return self.io.write_from_segment(dest, offset, local, len);
         }
         own.copy_from(offset, from)
             .map_err(|e| NicError::device_from("a put to this rank", e))
     }
 
-    /// Straight into the registered segment: no copy out of a staging buffer.
+    /// The reads' staging buffers copied straight into the segment (one copy, not two): a
+    /// read straight into the segment that an error left with the provider would land
+    /// there after the get returned.
     fn get_into_segment(
         &mut self,
         src: Rank,
@@ -1308,9 +1302,11 @@ impl Transport for Ofi {
                 .copy_from(local, from)
                 .map_err(|e| NicError::device_from("a get into this rank's segment", e));
         }
-        own.slice(local, len)
-            .map_err(|e| NicError::device_from("a get into this rank's segment", e))?;
-        self.io.segment_transfer(false, src, offset, local, len)
+        self.io.usable(src)?;
+        self.io.read_with(src, offset, len, |at, data| {
+            own.write(local + at, data)
+                .map_err(|e| NicError::device_from("a get into this rank's segment", e))
+        })
     }
 
     fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
