@@ -937,11 +937,21 @@ pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
                 other => panic!("a get from freed {p:?}: {other:?}"),
             }
         }
-        for id in [mine, SegmentId::ZERO] {
-            match node.free_segment(&world, id) {
-                Err(AmError::UnknownSegment { rank, .. }) if rank == me => {}
-                other => panic!("freeing {id} again: {other:?}"),
-            }
+        // Freeing it again fails on every member, naming the first that does not hold
+        // what it named; segment 0 is freed as nothing.
+        match node.free_segment(&world, mine) {
+            Err(AmError::UnknownSegment { rank: 0, id }) if id == mine || me != 0 => {}
+            other => panic!("freeing {mine} again: {other:?}"),
+        }
+        node.free_segment(&world, SegmentId::ZERO)
+            .expect("segment 0, freed as nothing");
+        assert!(node.get(right.rank(), 40, 8).is_ok(), "segment 0 stays");
+        // One member publishing a segment it no longer holds fails the publication on
+        // every member, rather than leaving them waiting for it.
+        let id = if me == 1 { mine } else { SegmentId::ZERO };
+        match node.publish_segment(&world, id) {
+            Err(AmError::UnknownSegment { rank: 1, .. }) => {}
+            other => panic!("a publication with rank 1's freed segment: {other:?}"),
         }
         // A segment freed on a team without the peer (its owner alone) is refused by its
         // owner: the peer's operations fail naming it, and write nothing.
@@ -966,6 +976,23 @@ pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
             node.atomic_at(&next, 0, AtomicOp::FetchAdd(1u32))
                 .map(|_| ()),
         );
+        // Nothing to move is done on every path alike, even there.
+        node.put_to(&next, 0, &[]).expect("an empty put");
+        // A publication on one member against an all-gather of as many bytes on the others
+        // is a mismatch, not bytes taken for segments.
+        let copy = node
+            .split(&world, Some(0), 0)
+            .expect("split")
+            .expect("a copy of the world");
+        let r = if me == 0 {
+            node.publish_segment(&copy, SegmentId::ZERO).map(drop)
+        } else {
+            node.team_all_gather(&copy, &[0xab; 64]).map(drop)
+        };
+        match r {
+            Err(AmError::CollectiveMismatch { .. }) => {}
+            other => panic!("a publication against an all-gather: {other:?}"),
+        }
         node.barrier().expect("barrier");
     });
 }

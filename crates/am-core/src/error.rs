@@ -153,13 +153,15 @@ pub enum AmError {
     },
     /// `rank` holds no segment `id` that this rank may use ([`crate::segment`]): it was
     /// never published here, it was freed, or `rank` refused the operation because it freed
-    /// the segment while the operation was on its way (nothing was written).
+    /// the segment while the operation was on its way (a put over messages may have written
+    /// its first pieces); or, from a publication or free, member `rank` named a segment it
+    /// does not hold.
     #[error("rank {rank} has no segment {id} published here")]
     UnknownSegment {
         /// The segment's owner.
         rank: Rank,
         /// Its id there.
-        id: crate::segment::SegmentId,
+        id: crate::types::SegmentId,
     },
     /// A segment could not be created ([`crate::Node::create_segment`]): no memory, no
     /// file descriptor, or every id of the endpoint used.

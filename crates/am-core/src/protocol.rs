@@ -330,6 +330,12 @@ pub enum CollectiveKind {
     MemberLost,
     /// As [`CollectiveKind::MemberLost`], for a member that left the job.
     MemberDeparted,
+    /// A segment publication ([`crate::Node::publish_segment`]): an all-gather of each
+    /// member's segment id, length and key, as [`CollectiveKind::AllGather`] runs.
+    PublishSegment,
+    /// A segment free ([`crate::Node::free_segment`]): an all-gather of each member's freed
+    /// id, as [`CollectiveKind::AllGather`] runs.
+    FreeSegment,
     /// Not a collective's step: the sender found that the member of world rank `step`
     /// started another collective than its own under sequence `seq` (or with another root,
     /// length or reduction), and fails every collective on the team from that one on; the
@@ -350,6 +356,17 @@ pub const FOLD_STEP: u32 = 0;
 pub const UNFOLD_STEP: u32 = 65;
 
 impl CollectiveKind {
+    /// Whether it runs as an all-gather: every member ends with every member's block.
+    pub(crate) fn gathers_all(self) -> bool {
+        matches!(
+            self,
+            CollectiveKind::AllGather
+                | CollectiveKind::Split
+                | CollectiveKind::PublishSegment
+                | CollectiveKind::FreeSegment
+        )
+    }
+
     fn code(self) -> u32 {
         match self {
             CollectiveKind::Barrier => 1,
@@ -362,6 +379,8 @@ impl CollectiveKind {
             CollectiveKind::AllReduce => 8,
             CollectiveKind::Gather => 9,
             CollectiveKind::Mismatch => 10,
+            CollectiveKind::PublishSegment => 11,
+            CollectiveKind::FreeSegment => 12,
         }
     }
 
@@ -377,6 +396,8 @@ impl CollectiveKind {
             8 => CollectiveKind::AllReduce,
             9 => CollectiveKind::Gather,
             10 => CollectiveKind::Mismatch,
+            11 => CollectiveKind::PublishSegment,
+            12 => CollectiveKind::FreeSegment,
             _ => return None,
         })
     }
@@ -530,43 +551,28 @@ impl SystemMsg {
                 Reply,
                 &[op, lo(at), hi(at), u32::from(!ok)],
             ),
-            SystemMsg::Atomic { op, offset, atomic } => {
+            // The same words; a created segment's id travels in the Medium's payload.
+            SystemMsg::Atomic { op, offset, atomic }
+            | SystemMsg::AtomicAt { op, offset, atomic } => {
                 let (v, cur) = atomic.operands();
-                words = [
-                    op,
-                    lo(offset),
-                    hi(offset),
-                    atomic.wire_word(),
-                    lo(v),
-                    hi(v),
-                    lo(cur),
-                    hi(cur),
-                ];
-                return Encoded {
-                    opcode: op::ATOMIC,
-                    kind: Short,
-                    category: Request,
-                    words,
-                    len: 8,
+                let (opcode, kind) = match self {
+                    SystemMsg::Atomic { .. } => (op::ATOMIC, Short),
+                    _ => (op::ATOMIC_AT, Medium),
                 };
-            }
-            SystemMsg::AtomicAt { op, offset, atomic } => {
-                let (v, cur) = atomic.operands();
-                words = [
-                    op,
-                    lo(offset),
-                    hi(offset),
-                    atomic.wire_word(),
-                    lo(v),
-                    hi(v),
-                    lo(cur),
-                    hi(cur),
-                ];
                 return Encoded {
-                    opcode: op::ATOMIC_AT,
-                    kind: Medium,
+                    opcode,
+                    kind,
                     category: Request,
-                    words,
+                    words: [
+                        op,
+                        lo(offset),
+                        hi(offset),
+                        atomic.wire_word(),
+                        lo(v),
+                        hi(v),
+                        lo(cur),
+                        hi(cur),
+                    ],
                     len: 8,
                 };
             }
@@ -700,20 +706,15 @@ impl SystemMsg {
                 at: join(a0, a1),
                 ok: flag(status)?,
             },
-            (op::ATOMIC, Request, Short, &[op, o0, o1, what, v0, v1, c0, c1]) => {
-                SystemMsg::Atomic {
-                    op,
-                    offset: join(o0, o1),
-                    atomic: Atomic::from_wire(what, join(v0, v1), join(c0, c1))
-                        .ok_or_else(|| bad.clone())?,
-                }
-            }
-            (op::ATOMIC_AT, Request, Medium, &[op, o0, o1, what, v0, v1, c0, c1]) => {
-                SystemMsg::AtomicAt {
-                    op,
-                    offset: join(o0, o1),
-                    atomic: Atomic::from_wire(what, join(v0, v1), join(c0, c1))
-                        .ok_or_else(|| bad.clone())?,
+            (op::ATOMIC, Request, Short, &[op, o0, o1, what, v0, v1, c0, c1])
+            | (op::ATOMIC_AT, Request, Medium, &[op, o0, o1, what, v0, v1, c0, c1]) => {
+                let offset = join(o0, o1);
+                let atomic = Atomic::from_wire(what, join(v0, v1), join(c0, c1))
+                    .ok_or_else(|| bad.clone())?;
+                if opcode == op::ATOMIC {
+                    SystemMsg::Atomic { op, offset, atomic }
+                } else {
+                    SystemMsg::AtomicAt { op, offset, atomic }
                 }
             }
             (op::PUT_AT, Request, Medium, &[op, seg, o0, o1]) => SystemMsg::PutAt {
@@ -840,7 +841,7 @@ mod tests {
                 any::<(u32, u32)>(),
                 any::<u64>(),
                 any::<u32>(),
-                1..=10u32,
+                1..=12u32,
                 any::<(u32, u32)>()
             )
                 .prop_map(|((leader, serial), seq, step, kind, (root, desc))| {

@@ -7,20 +7,22 @@
 //! [`crate::Node::create_segment`], of any size, and is bound to that rank's endpoint. Its
 //! bytes are this rank's at once ([`crate::Node::segment_at`]); peers reach it once it is
 //! published on a team they belong to ([`crate::Node::publish_segment`], collective: each
-//! member publishes one of its segments and gets every member's as a [`RemoteSegment`]).
-//! Puts, gets and atomics then name it: [`crate::Node::put_to`],
-//! [`crate::Node::get_from`], [`crate::Node::atomic_at`].
+//! member publishes one of its segments, segment 0 included, and gets every member's as a
+//! [`RemoteSegment`]). Puts, gets and atomics then name it: [`crate::Node::put_to`],
+//! [`crate::Node::get_from`], [`crate::Node::get_from_into`], [`crate::Node::atomic_at`].
 //!
 //! # Checks
 //! A [`RemoteSegment`] is made only by a publication, and the endpoint remembers what each
 //! rank published: an operation on a segment that was never published here, or was freed
 //! since, is [`crate::AmError::UnknownSegment`] before anything is sent, and a range past
-//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]. The owner
-//! checks again when the operation arrives: a segment freed meanwhile (an operation racing
-//! the free), or a peer naming a segment it never learned of, is refused with nothing
-//! written, and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner. A
-//! segment a peer maps carries a word its owner sets when freeing it, which the peer reads
-//! before each operation: the same error, for an operation that starts after the free.
+//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]. Over messages
+//! the owner checks again when the operation arrives: a segment it does not hold (freed
+//! while the operation was on its way) is refused with nothing written by that message,
+//! and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner; a range
+//! outside a segment it holds is the initiator's misbehavior. The owner does not check
+//! that the initiator was a member of a team the segment was published on. A segment a
+//! peer maps carries a word its owner sets when freeing it, which the peer reads before
+//! each operation: the same error, for an operation that starts after the free.
 //!
 //! # How bytes move
 //! Operations on segment 0 use the transport's own path ([`crate::Node::put`]). A created
@@ -28,51 +30,31 @@
 //! unmapped when freed. Where the transport's peers are processes of this host
 //! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals) the publication
 //! carries the file's handle, and the first operation on a peer's segment maps it (after
-//! checking that the file is that segment): a put, get or atomic on it is then a copy or
-//! an atomic instruction by the initiator, complete when it returns, with no message and
-//! no help from the owner. A segment that does not map is reached by messages. Elsewhere (udp, ofi) they go as
-//! system messages that the owner's progress applies, one Medium per `max_medium` bytes. An
-//! operation on this rank's own segment is a copy, complete when started.
+//! checking that the file is that segment, by a nonce in its name): a put, get or atomic
+//! on it is then a copy or an atomic instruction by the initiator, complete when it
+//! returns, with no message and no help from the owner. A segment that does not map, and
+//! every created segment elsewhere (udp, ofi), is reached by system messages that the
+//! owner's progress applies, one Medium per `max_medium` bytes. An operation on this
+//! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:
 //! their peers reach a segment by mapping its file, so the library allocates it.
 //!
 //! # Freeing
 //! [`crate::Node::free_segment`] is collective over the team the segment was published on:
-//! every member frees one of its segments, and every member forgets the ones freed. Complete
-//! the operations on a segment before freeing it: one still in flight when its owner frees
-//! it fails with [`crate::AmError::UnknownSegment`], and writes nothing.
+//! every member frees one of its segments (one that published segment 0 frees it as
+//! nothing), and every member forgets the ones freed. A member that names a segment it
+//! does not hold fails the free on every member, and nothing is freed. Complete the
+//! operations on a segment before freeing it: over messages, a put still in flight when its
+//! owner frees the segment may have written its first pieces and fails with
+//! [`crate::AmError::UnknownSegment`]; on a mapping, one that passed its check just before
+//! the free writes into memory nobody reads any more.
 
 use std::collections::HashMap;
 
 use crate::error::AmError;
 use crate::types::Rank;
-
-/// Which of a rank's segments: [`SegmentId::ZERO`] is the segment made when the job
-/// connected; others come from [`crate::Node::create_segment`], numbered from 1 by each rank
-/// and never reused while the endpoint lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SegmentId(u32);
-
-impl SegmentId {
-    /// Segment 0: the one every rank has from the start ([`crate::Node::segment`]).
-    pub const ZERO: SegmentId = SegmentId(0);
-
-    /// The id's number (as the wire carries it).
-    pub fn get(self) -> u32 {
-        self.0
-    }
-
-    pub(crate) fn new(id: u32) -> SegmentId {
-        SegmentId(id)
-    }
-}
-
-impl std::fmt::Display for SegmentId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::types::SegmentId;
 
 /// A peer's segment as this rank may use it: its owner, its id there and its length
 /// (a remote key). Made only by [`crate::Node::publish_segment`]; valid until the owner
@@ -87,12 +69,21 @@ pub struct RemoteSegment {
 /// Bytes of one [`RemoteSegment`] in an operation's outcome (rank, id, length).
 pub(crate) const REMOTE_LEN: usize = 16;
 
-/// Bytes of one member's block in a publication: the segment's id, its key's length, its
-/// length, and its key (where peers map created segments, the memory file's handle).
+/// Bytes of one member's block in a publication: the segment's id (4), its key's length or
+/// [`REFUSED`] (4), its length (8), the nonce of its memory file's name (8), and its key
+/// (where peers map created segments, the memory file's handle).
 pub(crate) const BLOCK_LEN: usize = 64;
 
 /// The longest key a publication block carries.
-const MAX_KEY: usize = BLOCK_LEN - 16;
+const MAX_KEY: usize = BLOCK_LEN - 24;
+
+/// The key-length word of a member that could not publish the segment it named, and the
+/// flag word of one that could not free it: every member then fails the collective with
+/// [`AmError::UnknownSegment`] naming it, and nothing is applied.
+const REFUSED: u32 = u32::MAX;
+
+/// Bytes of one member's block in a free: the id (4), and 0 or [`REFUSED`] (4).
+pub(crate) const FREE_BLOCK_LEN: usize = 8;
 
 /// Bytes of control words before a created segment's bytes: word 0 is set when its owner
 /// frees it, so that a peer that mapped it refuses later operations. A whole page, so that
@@ -105,16 +96,17 @@ fn known_key(rank: Rank, id: u32) -> u64 {
     u64::from(rank) << 32 | u64::from(id)
 }
 
-/// The hash of a [`known_key`] (Fibonacci hashing: one multiplication). Every operation on a
-/// peer's segment looks one up, where a keyed hash would cost more than the rest of a small
-/// put; a peer chooses only the ids it publishes, one per publication, so it cannot flood
-/// the table with colliding keys.
+/// The hash of a [`known_key`] (a multiplication, its high half folded onto its low half,
+/// which the table's buckets are picked by: the product's low half depends on the id alone,
+/// and every rank's first segment has id 1). Every operation on a peer's segment looks one
+/// up, where a keyed hash would cost more than the rest of a small put; a peer chooses only
+/// the ids it publishes, one per publication, so it cannot flood the table with keys.
 #[derive(Default)]
 pub(crate) struct SegmentKeys(u64);
 
 impl std::hash::Hasher for SegmentKeys {
     fn finish(&self) -> u64 {
-        self.0
+        self.0 ^ self.0 >> 32
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -161,7 +153,7 @@ impl RemoteSegment {
                 let len = u64::from_le_bytes(e[8..16].try_into().ok()?);
                 Some(RemoteSegment {
                     rank: word(0),
-                    id: SegmentId(word(4)),
+                    id: SegmentId::new(word(4)),
                     len: usize::try_from(len).ok()?,
                 })
             })
@@ -170,21 +162,55 @@ impl RemoteSegment {
 
     fn push_to(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.rank.to_le_bytes());
-        out.extend_from_slice(&self.id.0.to_le_bytes());
+        out.extend_from_slice(&self.id.get().to_le_bytes());
         out.extend_from_slice(&(self.len as u64).to_le_bytes());
     }
 }
 
+/// How a peer maps a created segment: its memory file's handle, and the nonce its name
+/// carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MapKey {
+    handle: String,
+    nonce: u64,
+}
+
 /// One member's block of a publication: the id and length of the segment it publishes, and
-/// the key peers map it by (empty: none).
-pub(crate) fn publish_block(id: SegmentId, len: usize, key: Option<&str>) -> [u8; BLOCK_LEN] {
-    let key = key.filter(|k| k.len() <= MAX_KEY).unwrap_or("").as_bytes();
+/// the key peers map it by (none: they reach it by messages); `None` for a member that
+/// holds no such segment ([`REFUSED`]).
+pub(crate) fn publish_block(
+    id: SegmentId,
+    published: Option<(usize, Option<&MapKey>)>,
+) -> [u8; BLOCK_LEN] {
     let mut b = [0; BLOCK_LEN];
-    b[..4].copy_from_slice(&id.0.to_le_bytes());
-    b[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    b[..4].copy_from_slice(&id.get().to_le_bytes());
+    let Some((len, key)) = published else {
+        b[4..8].copy_from_slice(&REFUSED.to_le_bytes());
+        return b;
+    };
+    let key = key.filter(|k| k.handle.len() <= MAX_KEY);
+    let handle = key.map_or(&[][..], |k| k.handle.as_bytes());
+    b[4..8].copy_from_slice(&(handle.len() as u32).to_le_bytes());
     b[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    b[16..16 + key.len()].copy_from_slice(key);
+    b[16..24].copy_from_slice(&key.map_or(0, |k| k.nonce).to_le_bytes());
+    b[24..24 + handle.len()].copy_from_slice(handle);
     b
+}
+
+/// One member's block of a free: the id it frees (0: none), or a refusal of an id it does
+/// not hold.
+pub(crate) fn free_block(id: SegmentId, refused: bool) -> [u8; FREE_BLOCK_LEN] {
+    let mut b = [0; FREE_BLOCK_LEN];
+    b[..4].copy_from_slice(&id.get().to_le_bytes());
+    if refused {
+        b[4..].copy_from_slice(&REFUSED.to_le_bytes());
+    }
+    b
+}
+
+/// The 4-byte little-endian word at `i` of `b` (in bounds: blocks have fixed lengths).
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
 /// A peer's segment published here.
@@ -194,24 +220,33 @@ pub(crate) struct Known {
     pub(crate) len: usize,
     /// The key it is mapped by, where this rank maps peers' created segments, until the
     /// first operation on it maps it.
-    key: Option<String>,
+    key: Option<MapKey>,
     /// Its memory, once an operation tried to map it (`None` inside: it did not open, and
     /// messages reach it).
     mapped: Option<Option<am_shm::Segment>>,
 }
 
-/// The name a created segment's memory file has: unique on the host while its owner lives
-/// (ids are never reused, and ranks are distinct), so that a peer checks that the file it
-/// opened by handle is that segment.
-fn segment_name(rank: Rank, id: u32) -> String {
-    format!("am-seg-{rank}-{id}")
+/// The name of a created segment's memory file: made of a nonce drawn when it is created,
+/// so that a peer that opens a handle can check that the file is that segment, even where
+/// its owner closed the descriptor and the number now names another file (of its own, or
+/// of another job's ranks in the same process).
+fn segment_name(nonce: u64) -> String {
+    format!("am-seg-{nonce:016x}")
+}
+
+/// A fresh nonce: a randomly keyed hash of a process-wide counter.
+fn nonce() -> u64 {
+    use std::hash::BuildHasher;
+    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::collections::hash_map::RandomState::new().hash_one(n)
 }
 
 /// What a rank knows of segments: its own beyond segment 0, and each peer's published to it.
 #[derive(Debug, Default)]
 pub(crate) struct Segments {
-    /// This rank's created segments, by id.
-    own: HashMap<u32, am_shm::Segment>,
+    /// This rank's created segments, by id, and their names' nonces.
+    own: HashMap<u32, (am_shm::Segment, u64)>,
     /// The next id to hand out (ids are never reused).
     next: u32,
     /// Peers' segments published here, by (owner, id).
@@ -220,37 +255,42 @@ pub(crate) struct Segments {
 
 impl Segments {
     /// Creates a segment of `len` bytes, all zero: its id.
-    pub(crate) fn create(&mut self, rank: Rank, len: usize) -> Result<SegmentId, AmError> {
+    pub(crate) fn create(&mut self, len: usize) -> Result<SegmentId, AmError> {
         let failed = |why: String| AmError::SegmentNotCreated { len, why };
         let id = self
             .next
             .checked_add(1)
             .ok_or_else(|| failed("every segment id of this endpoint was used".into()))?;
-        let seg = am_shm::Segment::create_anonymous(&segment_name(rank, id), CONTROL_WORDS, len)
+        let nonce = nonce();
+        let seg = am_shm::Segment::create_anonymous(&segment_name(nonce), CONTROL_WORDS, len)
             .map_err(|e| failed(e.to_string()))?;
         self.next = id;
-        self.own.insert(id, seg);
-        Ok(SegmentId(id))
+        self.own.insert(id, (seg, nonce));
+        Ok(SegmentId::new(id))
     }
 
     /// The length of this rank's segment `id` (not 0), if it has one.
     pub(crate) fn own_len(&self, id: SegmentId) -> Option<usize> {
-        self.own.get(&id.0).map(|s| s.bytes_len())
+        self.own.get(&id.get()).map(|(s, _)| s.bytes_len())
     }
 
-    /// The key peers map this rank's segment `id` by (its memory file's handle).
-    pub(crate) fn own_key(&self, id: SegmentId) -> Option<String> {
-        self.own.get(&id.0).and_then(|s| s.handle())
+    /// The key peers map this rank's segment `id` by.
+    pub(crate) fn own_key(&self, id: SegmentId) -> Option<MapKey> {
+        let (seg, nonce) = self.own.get(&id.get())?;
+        Some(MapKey {
+            handle: seg.handle()?,
+            nonce: *nonce,
+        })
     }
 
     /// The bytes of this rank's segment `id` (not 0).
     pub(crate) fn own_bytes(&self, id: u32) -> Option<am_shm::SharedBytes<'_>> {
-        self.own.get(&id).map(|s| s.byte_area())
+        self.own.get(&id).map(|(s, _)| s.byte_area())
     }
 
     /// The length of `rank`'s segment `id` published here.
     pub(crate) fn known_len(&self, rank: Rank, id: SegmentId) -> Option<usize> {
-        self.known.get(&known_key(rank, id.0)).map(|k| k.len)
+        self.known.get(&known_key(rank, id.get())).map(|k| k.len)
     }
 
     /// The bytes of `rank`'s segment `id` as this rank maps it (mapped by the first call):
@@ -260,13 +300,13 @@ impl Segments {
         rank: Rank,
         id: SegmentId,
     ) -> Option<Result<am_shm::SharedBytes<'_>, ()>> {
-        let known = self.known.get_mut(&known_key(rank, id.0))?;
+        let known = self.known.get_mut(&known_key(rank, id.get()))?;
         if known.mapped.is_none() {
             let key = known.key.take()?;
-            let name = segment_name(rank, id.0);
-            known.mapped = Some(
-                am_shm::Segment::open_handle_named(&key, &name, CONTROL_WORDS, known.len).ok(),
-            );
+            let name = segment_name(key.nonce);
+            let seg =
+                am_shm::Segment::open_handle_named(&key.handle, &name, CONTROL_WORDS, known.len);
+            known.mapped = Some(seg.ok());
         }
         let seg = known.mapped.as_ref()?.as_ref()?;
         Some(match seg.load_word(0) {
@@ -278,27 +318,47 @@ impl Segments {
     /// Applies a completed publication on a team whose members, in team order, are
     /// `members`: every member's (id, length) remembered (and, where `map`, every peer's
     /// key, by which its first operation maps it; one that does not open is reached by
-    /// messages), and the outcome's bytes.
+    /// messages), and the outcome's bytes. A member's refusal is every member's error, and
+    /// nothing is remembered.
     pub(crate) fn published(
         &mut self,
         me: Rank,
         members: &[Rank],
         blocks: &[u8],
         map: bool,
-    ) -> Option<Vec<u8>> {
+    ) -> Result<Vec<u8>, AmError> {
         if blocks.len() != members.len() * BLOCK_LEN {
-            return None;
+            return Err(AmError::InvalidCollective(
+                "a publication's blocks do not fit its team",
+            ));
+        }
+        let blocks = blocks.chunks_exact(BLOCK_LEN);
+        if let Some((&rank, b)) = members
+            .iter()
+            .zip(blocks.clone())
+            .find(|(_, b)| word(b, 4) == REFUSED)
+        {
+            return Err(AmError::UnknownSegment {
+                rank,
+                id: SegmentId::new(word(b, 0)),
+            });
         }
         let mut out = Vec::with_capacity(members.len() * REMOTE_LEN);
-        for (&rank, b) in members.iter().zip(blocks.chunks_exact(BLOCK_LEN)) {
-            let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-            let (id, key_len) = (word(0), word(4) as usize);
-            let len = usize::try_from(u64::from_le_bytes(b[8..16].try_into().ok()?)).ok()?;
+        for (&rank, b) in members.iter().zip(blocks) {
+            let (id, key_len) = (word(b, 0), word(b, 4) as usize);
+            let len = u64::from_le_bytes(b[8..16].try_into().unwrap_or_default());
+            let len = usize::try_from(len).map_err(|_| {
+                AmError::InvalidCollective("a segment longer than this rank can address")
+            })?;
+            let nonce = u64::from_le_bytes(b[16..24].try_into().unwrap_or_default());
             let key = b
-                .get(16..16 + key_len.min(MAX_KEY))
+                .get(24..24 + key_len.min(MAX_KEY))
                 .and_then(|k| std::str::from_utf8(k).ok())
                 .filter(|k| map && rank != me && id != 0 && !k.is_empty())
-                .map(str::to_owned);
+                .map(|handle| MapKey {
+                    handle: handle.to_owned(),
+                    nonce,
+                });
             if rank != me && id != 0 {
                 let known = Known {
                     len,
@@ -309,70 +369,145 @@ impl Segments {
             }
             RemoteSegment {
                 rank,
-                id: SegmentId(id),
+                id: SegmentId::new(id),
                 len,
             }
             .push_to(&mut out);
         }
-        Some(out)
+        Ok(out)
     }
 
     /// Applies a completed free on a team whose members, in team order, are `members`: each
-    /// member's freed id (4 bytes each) is forgotten (and unmapped), and this rank's own
-    /// `mine` marked freed for the peers that map it, then unmapped here.
-    pub(crate) fn freed(&mut self, members: &[Rank], blocks: &[u8], mine: SegmentId) -> bool {
-        if let Some(seg) = self.own.remove(&mine.0) {
+    /// member's freed id is forgotten (and unmapped), and this rank's own `mine` marked
+    /// freed for the peers that map it, then unmapped here. A member's refusal is every
+    /// member's error, and nothing is freed.
+    pub(crate) fn freed(
+        &mut self,
+        members: &[Rank],
+        blocks: &[u8],
+        mine: SegmentId,
+    ) -> Result<(), AmError> {
+        if blocks.len() != members.len() * FREE_BLOCK_LEN {
+            return Err(AmError::InvalidCollective(
+                "a free's blocks do not fit its team",
+            ));
+        }
+        let blocks = blocks.chunks_exact(FREE_BLOCK_LEN);
+        if let Some((&rank, b)) = members
+            .iter()
+            .zip(blocks.clone())
+            .find(|(_, b)| word(b, 4) == REFUSED)
+        {
+            return Err(AmError::UnknownSegment {
+                rank,
+                id: SegmentId::new(word(b, 0)),
+            });
+        }
+        if let Some((seg, _)) = self.own.remove(&mine.get()) {
             if let Ok(w) = seg.word(0) {
                 w.store(1, std::sync::atomic::Ordering::Release);
             }
         }
-        if blocks.len() != members.len() * 4 {
-            return false;
+        for (&rank, b) in members.iter().zip(blocks) {
+            self.known.remove(&known_key(rank, word(b, 0)));
         }
-        for (&rank, b) in members.iter().zip(blocks.chunks_exact(4)) {
-            let id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            self.known.remove(&known_key(rank, id));
-        }
-        true
+        Ok(())
     }
+}
+
+/// What a segment collective changes when it completes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SegStep {
+    /// A publication: every member's (id, length) becomes known here, and where `map`
+    /// (the transport's [`crate::Capabilities::map_segments`]) every peer's segment mapped.
+    Publish { map: bool },
+    /// A free of this rank's segment: it is unmapped, and every member's freed id forgotten.
+    Free(SegmentId),
+}
+
+/// A segment collective in flight, by its operation slot, with the team's members (in team
+/// order) that its blocks come from.
+#[derive(Debug)]
+pub(crate) struct SegOp {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+    pub(crate) members: Vec<Rank>,
+    pub(crate) step: SegStep,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn blocks(parts: &[[u8; BLOCK_LEN]]) -> Vec<u8> {
+        parts.concat()
+    }
+
     #[test]
     fn a_publication_round_trips_through_its_bytes() {
         // Catches an entry's fields swapped or cut between the block, the table and the
         // outcome, and a key longer than a block overrunning it.
         let mut s = Segments::default();
-        let mut blocks = Vec::new();
-        blocks.extend_from_slice(&publish_block(SegmentId(3), 4096, None));
-        blocks.extend_from_slice(&publish_block(
-            SegmentId(9),
-            1 << 40,
-            Some(&"x".repeat(200)),
-        ));
-        blocks.extend_from_slice(&publish_block(SegmentId(1), 8, None));
-        let out = s.published(2, &[7, 5, 2], &blocks, false).unwrap();
+        let long = MapKey {
+            handle: "x".repeat(200),
+            nonce: 7,
+        };
+        let all = blocks(&[
+            publish_block(SegmentId::new(3), Some((4096, None))),
+            publish_block(SegmentId::new(9), Some((1 << 40, Some(&long)))),
+            publish_block(SegmentId::new(1), Some((8, None))),
+        ]);
+        let out = s.published(2, &[7, 5, 2], &all, false).unwrap();
         let list = RemoteSegment::list_from_bytes(&out).unwrap();
         let got: Vec<_> = list
             .iter()
             .map(|r| (r.rank(), r.id().get(), r.len()))
             .collect();
         assert_eq!(got, [(7, 3, 4096), (5, 9, 1 << 40), (2, 1, 8)]);
-        assert_eq!(s.known_len(7, SegmentId(3)), Some(4096));
+        assert_eq!(s.known_len(7, SegmentId::new(3)), Some(4096));
         assert!(
-            s.known_len(2, SegmentId(1)).is_none(),
+            s.known_len(2, SegmentId::new(1)).is_none(),
             "its own is not a peer's"
         );
         assert!(
-            s.mapped(7, SegmentId(3)).is_none(),
+            s.mapped(7, SegmentId::new(3)).is_none(),
             "nothing mapped without keys"
         );
         // A short list is refused, not read past its end.
-        assert!(s.published(2, &[7, 2, 9, 1], &blocks, false).is_none());
+        assert!(s.published(2, &[7, 2, 9, 1], &all, false).is_err());
         assert!(RemoteSegment::list_from_bytes(&out[..20]).is_none());
+    }
+
+    #[test]
+    fn a_refusal_fails_the_collective_and_applies_nothing() {
+        // Catches a member without the segment it named leaving the others with a
+        // half-applied publication or free (or waiting: it takes part, refused).
+        let mut s = Segments::default();
+        let mine = s.create(64).unwrap();
+        let all = blocks(&[
+            publish_block(SegmentId::new(4), Some((64, None))),
+            publish_block(SegmentId::new(6), None),
+        ]);
+        match s.published(0, &[3, 8], &all, false) {
+            Err(AmError::UnknownSegment { rank: 8, id }) if id.get() == 6 => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            s.known_len(3, SegmentId::new(4)).is_none(),
+            "nothing remembered"
+        );
+        let mut frees = Vec::new();
+        frees.extend_from_slice(&free_block(mine, false));
+        frees.extend_from_slice(&free_block(SegmentId::new(2), true));
+        match s.freed(&[0, 8], &frees, mine) {
+            Err(AmError::UnknownSegment { rank: 8, id }) if id.get() == 2 => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.own_len(mine), Some(64), "nothing freed");
+        // Segment 0 is freed as nothing.
+        let frees = free_block(SegmentId::ZERO, false);
+        assert!(s.freed(&[0], &frees, SegmentId::ZERO).is_ok());
+        assert_eq!(s.own_len(mine), Some(64));
     }
 
     #[cfg(not(miri))]
@@ -380,14 +515,15 @@ mod tests {
     fn a_mapped_segment_is_refused_once_its_owner_frees_it() {
         // Catches a peer's mapping that keeps taking writes after its owner freed the
         // segment, and a key that maps other memory than the segment published: another
-        // length, or another segment's file (a descriptor reused).
+        // length, another segment's file, or a file whose name carries another nonce (a
+        // descriptor closed and reused).
         let mut owner = Segments::default();
-        let id = owner.create(0, 100).unwrap();
-        let other = owner.create(0, 100).unwrap();
+        let id = owner.create(100).unwrap();
+        let other = owner.create(100).unwrap();
         let key = owner.own_key(id).unwrap();
         let mut peer = Segments::default();
-        peer.published(1, &[0], &publish_block(id, 100, Some(&key)), true)
-            .unwrap();
+        let block = publish_block(id, Some((100, Some(&key))));
+        peer.published(1, &[0], &block, true).unwrap();
         let view = peer.mapped(0, id).unwrap().unwrap();
         view.write(90, b"0123456789").unwrap();
         let mut back = [0u8; 10];
@@ -397,20 +533,38 @@ mod tests {
             .read(90, &mut back)
             .unwrap();
         assert_eq!(&back, b"0123456789");
-        for (len, key) in [(200, key.clone()), (100, owner.own_key(other).unwrap())] {
-            let mut wrong = Segments::default();
-            wrong
-                .published(1, &[0], &publish_block(id, len, Some(&key)), true)
-                .unwrap();
-            assert!(wrong.mapped(0, id).is_none(), "{len} bytes by {key}");
-            assert_eq!(
-                wrong.known_len(0, id),
-                Some(len),
-                "still reached by messages"
-            );
+        // The handle now naming another file of the same length, as a descriptor number
+        // closed and reused would; and the right file under another nonce.
+        let reused = MapKey {
+            handle: owner.own_key(other).unwrap().handle,
+            nonce: key.nonce,
+        };
+        let stale = MapKey {
+            handle: key.handle.clone(),
+            nonce: key.nonce ^ 1,
+        };
+        let wrong = [(200, key.clone()), (100, reused), (100, stale)];
+        for (len, key) in wrong {
+            let mut s = Segments::default();
+            let block = publish_block(id, Some((len, Some(&key))));
+            s.published(1, &[0], &block, true).unwrap();
+            assert!(s.mapped(0, id).is_none(), "{len} bytes by {key:?}");
+            assert_eq!(s.known_len(0, id), Some(len), "still reached by messages");
         }
-        owner.freed(&[0], &id.get().to_le_bytes(), id);
+        owner.freed(&[0], &free_block(id, false), id).unwrap();
         assert!(peer.mapped(0, id).unwrap().is_err(), "freed by its owner");
+    }
+
+    #[test]
+    fn every_ranks_first_segment_hashes_apart() {
+        // Catches a hash whose low bits (the table's bucket) depend on the id alone: every
+        // rank's segment 1 would share one bucket, and each lookup probe them all.
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let h = BuildHasherDefault::<SegmentKeys>::default();
+        let buckets: std::collections::HashSet<u64> = (0..1024u32)
+            .map(|r| h.hash_one(known_key(r, 1)) & 1023)
+            .collect();
+        assert!(buckets.len() > 512, "{} buckets of 1024", buckets.len());
     }
 
     #[test]
@@ -418,18 +572,18 @@ mod tests {
         // Catches a freed id handed out again (an old RemoteSegment would then reach new
         // memory) and a free that leaves a peer's entry behind.
         let mut s = Segments::default();
-        let a = s.create(0, 64).unwrap();
-        let b = s.create(0, 128).unwrap();
+        let a = s.create(64).unwrap();
+        let b = s.create(128).unwrap();
         assert_ne!(a, b);
         assert_eq!(s.own_len(b), Some(128));
-        s.published(0, &[1], &publish_block(SegmentId(5), 64, None), false)
-            .unwrap();
-        let mut blocks = Vec::new();
-        blocks.extend_from_slice(&a.get().to_le_bytes());
-        blocks.extend_from_slice(&5u32.to_le_bytes());
-        assert!(s.freed(&[0, 1], &blocks, a));
-        assert!(s.own_len(a).is_none() && s.known_len(1, SegmentId(5)).is_none());
-        let c = s.create(0, 64).unwrap();
+        let block = publish_block(SegmentId::new(5), Some((64, None)));
+        s.published(0, &[1], &block, false).unwrap();
+        let mut frees = Vec::new();
+        frees.extend_from_slice(&free_block(a, false));
+        frees.extend_from_slice(&free_block(SegmentId::new(5), false));
+        s.freed(&[0, 1], &frees, a).unwrap();
+        assert!(s.own_len(a).is_none() && s.known_len(1, SegmentId::new(5)).is_none());
+        let c = s.create(64).unwrap();
         assert!(c != a && c != b);
     }
 }

@@ -53,3 +53,29 @@ impl Route {
         self.0
     }
 }
+
+/// Which of a rank's segments: [`SegmentId::ZERO`] is the segment made when the job
+/// connected; others come from [`crate::Node::create_segment`], numbered from 1 by each rank
+/// and never reused while the endpoint lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentId(u32);
+
+impl SegmentId {
+    /// Segment 0: the one every rank has from the start ([`crate::Node::segment`]).
+    pub const ZERO: SegmentId = SegmentId(0);
+
+    /// The id's number (as the wire carries it).
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    pub(crate) fn new(id: u32) -> SegmentId {
+        SegmentId(id)
+    }
+}
+
+impl std::fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

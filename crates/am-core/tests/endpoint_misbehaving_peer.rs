@@ -1200,8 +1200,9 @@ fn forged_segment_ops() -> Vec<(Forged, bool)> {
 fn forged_segment_operations_write_nothing() {
     // Catches a target that writes or reads a created segment out of its range, treats an
     // unknown id as segment 0, panics on an id or length a peer chose, or leaves the
-    // initiator without an answer; and one that calls a refusal misbehavior where a free may
-    // have raced it.
+    // initiator without an answer; one that calls a refusal of a segment it does not hold
+    // misbehavior (a free may have raced it), and one that lets a range outside a segment
+    // it holds pass as such a refusal.
     duel(
         |t| {
             let (mut node, seen) = start(t);
@@ -1211,13 +1212,22 @@ fn forged_segment_operations_write_nothing() {
             let pattern: Vec<u8> = (0..MADE as u8).collect();
             node.segment_at(id).unwrap().write(0, &pattern).unwrap();
             let caught = poll_until(&mut node, |_| seen.requests() == 1);
+            let made = MADE as u64;
+            let out = |offset, len| Misbehavior::OutOfSegment { offset, len };
             assert_eq!(
                 caught,
                 [
+                    out(made - 2, 4),
+                    out(u64::MAX - 1, 4),
+                    out(made - 2, 4),
+                    out(u64::MAX, 1),
+                    out(made, 8),
+                    out(3, 8),
                     Misbehavior::BadSystemMessage(SYS_GET_AT),
                     Misbehavior::BadSystemMessage(SYS_ATOMIC_AT),
                 ],
-                "only the get past max_medium and the atomic without its id are misbehavior"
+                "ranges outside a segment it holds, a get past max_medium and an atomic \
+                 without its id are misbehavior; a segment it does not hold is not"
             );
             let mut expected = pattern;
             expected[8..12].copy_from_slice(&[0xEE; 4]);

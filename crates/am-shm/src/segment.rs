@@ -1032,26 +1032,37 @@ impl Imported {
         if !valid {
             return Err(ShmError::BadName(handle.into()));
         }
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
         let sizes = Sizes::new(words, bytes)?;
+        let io = |what| {
+            move |source| ShmError::Io {
+                what,
+                path: handle.into(),
+                source,
+            }
+        };
+        // The handle comes from a peer and may name anything: first a path descriptor,
+        // which opens nothing (no terminal, FIFO or device open, which could block or act),
+        // then, once it is seen to be a regular file, the file itself through it.
+        let path = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(handle)
+            .map_err(io("opening"))?;
+        if !path.metadata().map_err(io("stat"))?.is_file() {
+            return Err(ShmError::BadSegment(handle.into()));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .open(handle)
-            .map_err(|source| ShmError::Io {
-                what: "opening",
-                path: handle.into(),
-                source,
-            })?;
-        let meta = file.metadata().map_err(|source| ShmError::Io {
-            what: "stat",
-            path: handle.into(),
-            source,
-        })?;
-        if meta.len() != file_len(&sizes) || !sealed_against_shrinking(&file) {
+            .open(format!("/proc/self/fd/{}", path.as_raw_fd()))
+            .map_err(io("opening"))?;
+        let meta = file.metadata().map_err(io("stat"))?;
+        if !meta.is_file() || meta.len() != file_len(&sizes) || !sealed_against_shrinking(&file) {
             return Err(ShmError::BadSegment(handle.into()));
         }
         if let Some(name) = name {
-            use std::os::fd::AsRawFd;
             let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(
                 |source| ShmError::Io {
                     what: "reading the link of",

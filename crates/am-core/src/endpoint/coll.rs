@@ -77,7 +77,7 @@ pub(super) struct Args<'a> {
     pub(super) heap: Option<crate::symmetric::HeapStep>,
     /// The segment publication or free this collective carries, with the team's members
     /// ([`super::segments`]).
-    pub(super) seg: Option<(Vec<Rank>, super::segments::SegStep)>,
+    pub(super) seg: Option<(Vec<Rank>, crate::segment::SegStep)>,
 }
 
 /// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,
@@ -380,7 +380,7 @@ impl<H: Threading> Endpoint<H> {
             self.heap_begin(index, gen, step);
         }
         if let Some((members, step)) = seg {
-            self.teams.seg_ops.push(super::segments::SegOp {
+            self.teams.seg_ops.push(crate::segment::SegOp {
                 index,
                 gen,
                 members,
@@ -401,7 +401,7 @@ impl<H: Threading> Endpoint<H> {
             };
             // A reduction's result and a broadcast root's are `data` itself (see `Big`).
             let out = match kind {
-                CollectiveKind::AllGather => vec![0u8; n as usize * len],
+                k if k.gathers_all() => vec![0u8; n as usize * len],
                 CollectiveKind::Gather if me == root => vec![0u8; n as usize * len],
                 _ => Vec::new(),
             };
@@ -449,7 +449,7 @@ impl<H: Threading> Endpoint<H> {
         };
         let n = ts.members.len() as u32;
         let (buf, block) = match kind {
-            CollectiveKind::AllGather | CollectiveKind::Split => {
+            k if k.gathers_all() => {
                 let mut buf = vec![0u8; n as usize * data.len()];
                 let at = ts.me as usize * data.len();
                 buf[at..at + data.len()].copy_from_slice(&data);
@@ -992,7 +992,7 @@ impl<H: Threading> Endpoint<H> {
                     b.out[from..from + data.len()].copy_from_slice(&data);
                 }
             }
-            CollectiveKind::AllGather | CollectiveKind::Gather if !data.is_empty() => {
+            k if (k.gathers_all() || k == CollectiveKind::Gather) && !data.is_empty() => {
                 let (len, block) = (r.len(), b.data.len());
                 for m in 0..n {
                     b.out[m * block + r.start..m * block + r.end]

@@ -269,21 +269,26 @@ fn system_request(
                 None => bad(),
             })
         }
-        // A created segment's operations: one the target no longer holds (freed while the
-        // operation was on its way) or a range outside it is refused with nothing done, and
-        // the initiator told; no misbehavior, since a free may race them.
+        // A created segment's operations: one the target does not hold (freed while the
+        // operation was on its way, or never created) is refused with nothing done, and the
+        // initiator told; no misbehavior, since a free may race them. A range outside a
+        // segment it holds is one: the initiator checked it against the published length.
         SystemMsg::PutAt { op, seg, offset } => {
-            let ok = st.segments.own_bytes(seg).is_some_and(|ours| {
-                segment_range(offset, payload.len() as u64, ours.len()).is_some_and(|r| {
-                    match payload {
-                        Payload::Private(b) => ours.write(r.start, b),
-                        Payload::Shared(s) => ours.copy_from(r.start, s),
-                    }
-                    .is_ok()
-                })
+            let Some(ours) = st.segments.own_bytes(seg) else {
+                sink.system(SystemMsg::PutDone { op, ok: false }, Payload::EMPTY);
+                return Ok(());
+            };
+            let len = payload.len() as u64;
+            let placed = segment_range(offset, len, ours.len()).and_then(|r| {
+                match payload {
+                    Payload::Private(b) => ours.write(r.start, b),
+                    Payload::Shared(s) => ours.copy_from(r.start, s),
+                }
+                .ok()
             });
+            let ok = placed.is_some();
             sink.system(SystemMsg::PutDone { op, ok }, Payload::EMPTY);
-            Ok(())
+            placed.ok_or_else(|| misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
         }
         SystemMsg::GetAt {
             op,
@@ -292,33 +297,45 @@ fn system_request(
             len,
             at,
         } => {
+            let refuse = |sink: &mut ReplySink<'_>| {
+                sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY)
+            };
             if len as usize > sink.out.limits.max_medium {
-                sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY);
+                refuse(sink);
                 return Err(bad());
             }
-            let ours = st.segments.own_bytes(seg);
-            match ours.and_then(|b| {
-                let r = segment_range(offset, len as u64, b.len())?;
-                b.slice(r.start, r.len()).ok()
-            }) {
-                Some(data) => sink.system(
-                    SystemMsg::GetData { op, at, ok: true },
-                    Payload::Shared(data),
-                ),
-                None => sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY),
+            let Some(ours) = st.segments.own_bytes(seg) else {
+                refuse(sink);
+                return Ok(());
+            };
+            match segment_range(offset, len as u64, ours.len())
+                .and_then(|r| ours.slice(r.start, r.len()).ok())
+            {
+                Some(data) => {
+                    sink.system(
+                        SystemMsg::GetData { op, at, ok: true },
+                        Payload::Shared(data),
+                    );
+                    Ok(())
+                }
+                None => {
+                    refuse(sink);
+                    let len = len as u64;
+                    Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
+                }
             }
-            Ok(())
         }
         SystemMsg::AtomicAt { op, offset, atomic } => {
+            let refuse = |sink: &mut ReplySink<'_>| {
+                let done = SystemMsg::AtomicDone {
+                    op,
+                    old: 0,
+                    ok: false,
+                };
+                sink.system(done, Payload::EMPTY)
+            };
             if payload.len() != 4 {
-                sink.system(
-                    SystemMsg::AtomicDone {
-                        op,
-                        old: 0,
-                        ok: false,
-                    },
-                    Payload::EMPTY,
-                );
+                refuse(sink);
                 return Err(bad());
             }
             let mut id = [0u8; 4];
@@ -326,17 +343,24 @@ fn system_request(
                 Payload::Private(b) => id.copy_from_slice(b),
                 Payload::Shared(s) => s.read(0, &mut id).map_err(shm_err)?,
             }
-            let applied = st
-                .segments
-                .own_bytes(u32::from_le_bytes(id))
-                .ok_or(Refused::OutOfBounds)
-                .and_then(|ours| {
-                    let o = usize::try_from(offset).map_err(|_| Refused::OutOfBounds)?;
-                    atomic.apply(ours, o)
-                });
-            let (old, ok) = applied.map_or((0, false), |old| (old, true));
-            sink.system(SystemMsg::AtomicDone { op, old, ok }, Payload::EMPTY);
-            Ok(())
+            let Some(ours) = st.segments.own_bytes(u32::from_le_bytes(id)) else {
+                refuse(sink);
+                return Ok(());
+            };
+            let applied = usize::try_from(offset)
+                .map_err(|_| Refused::OutOfBounds)
+                .and_then(|o| atomic.apply(ours, o));
+            match applied {
+                Ok(old) => {
+                    sink.system(SystemMsg::AtomicDone { op, old, ok: true }, Payload::EMPTY);
+                    Ok(())
+                }
+                Err(_) => {
+                    refuse(sink);
+                    let len = atomic.width().bytes() as u64;
+                    Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
+                }
+            }
         }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);

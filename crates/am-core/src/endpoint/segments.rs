@@ -12,36 +12,15 @@ use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw};
 use crate::protocol::CollectiveKind;
 use crate::reply::segment_range;
-use crate::segment::{publish_block, RemoteSegment, SegmentId};
+use crate::segment::{free_block, publish_block, RemoteSegment, SegOp, SegStep, SegmentId};
 use crate::team::Team;
 use crate::transport::{SharedBytes, Transport};
-use crate::types::Rank;
-
-/// What a segment collective changes when it completes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum SegStep {
-    /// A publication: every member's (id, length) becomes known here, and where `map`
-    /// (the transport's [`crate::Capabilities::map_segments`]) every peer's segment mapped.
-    Publish { map: bool },
-    /// A free of this rank's segment: it is unmapped, and every member's freed id forgotten.
-    Free(SegmentId),
-}
-
-/// A segment collective in flight, by its operation slot, with the team's members (in team
-/// order) that its blocks come from.
-#[derive(Debug)]
-pub(crate) struct SegOp {
-    pub(crate) index: u32,
-    pub(crate) gen: u32,
-    pub(crate) members: Vec<Rank>,
-    pub(crate) step: SegStep,
-}
 
 impl<H: Threading> Endpoint<H> {
     /// Creates a segment of `len` bytes bound to this endpoint, all zero
     /// ([`crate::Node::create_segment`]): its id, never reused.
     pub fn create_segment(&mut self, len: usize) -> Result<SegmentId, AmError> {
-        self.segments.create(self.rank, len)
+        self.segments.create(len)
     }
 
     /// The bytes of this rank's segment `id`: segment 0 is `t`'s; `None` for an id this rank
@@ -76,43 +55,38 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a publication of this rank's segment `id` on `team`
-    /// ([`crate::endpoint::start::PublishSegment`]): an all-gather of every member's id and
-    /// length, which completes with every member's [`RemoteSegment`] in team order.
+    /// ([`crate::endpoint::start::PublishSegment`]): an all-gather of every member's id,
+    /// length and key, which completes with every member's [`RemoteSegment`] in team order.
+    /// A segment this rank does not hold still takes part, refused: the publication then
+    /// fails on every member with [`AmError::UnknownSegment`] naming this rank, rather than
+    /// leaving the others waiting.
     pub fn publish_segment_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         team: &Team,
         id: SegmentId,
     ) -> Poll<Result<Op<Vec<RemoteSegment>>, AmError>> {
-        let Some(len) = self.own_segment_len(id) else {
-            return Poll::Ready(Err(AmError::UnknownSegment {
-                rank: self.rank,
-                id,
-            }));
-        };
         let map = t.capabilities().map_segments;
         let key = if map { self.segments.own_key(id) } else { None };
-        let block = publish_block(id, len, key.as_deref());
+        let published = self.own_segment_len(id).map(|len| (len, key.as_ref()));
+        let block = publish_block(id, published);
         self.segment_collective(t, team, &block, SegStep::Publish { map })
     }
 
     /// Starts a free of this rank's segment `id` on `team`
     /// ([`crate::endpoint::start::FreeSegment`]): an all-gather of every member's freed id,
-    /// after which this rank's is unmapped and every member's forgotten here. Segment 0 is
-    /// not freed.
+    /// after which this rank's is unmapped and every member's forgotten here. A member that
+    /// published segment 0 frees it as nothing (it stays). A segment this rank does not
+    /// hold takes part refused, as in a publication: every member fails, and nothing is
+    /// freed anywhere.
     pub fn free_segment_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         team: &Team,
         id: SegmentId,
     ) -> Poll<Result<Op<()>, AmError>> {
-        if id == SegmentId::ZERO || self.segments.own_len(id).is_none() {
-            return Poll::Ready(Err(AmError::UnknownSegment {
-                rank: self.rank,
-                id,
-            }));
-        }
-        let block = id.get().to_le_bytes();
+        let refused = id != SegmentId::ZERO && self.segments.own_len(id).is_none();
+        let block = free_block(id, refused);
         self.segment_collective(t, team, &block, SegStep::Free(id))
     }
 
@@ -125,7 +99,10 @@ impl<H: Threading> Endpoint<H> {
     ) -> Poll<Result<Op<U>, AmError>> {
         self.tidy_segment_ops();
         let args = Args {
-            kind: CollectiveKind::AllGather,
+            kind: match step {
+                SegStep::Publish { .. } => CollectiveKind::PublishSegment,
+                SegStep::Free(_) => CollectiveKind::FreeSegment,
+            },
             root: 0,
             red: None,
             data: Data::Borrowed(block),
@@ -144,20 +121,15 @@ impl<H: Threading> Endpoint<H> {
         outcome: Result<Vec<u8>, AmError>,
     ) -> Result<Vec<u8>, AmError> {
         let blocks = outcome?;
-        let stale =
-            || AmError::InvalidCollective("a segment collective's blocks do not fit its team");
         match op.step {
-            SegStep::Publish { map } => self
-                .segments
-                .published(self.rank, &op.members, &blocks, map)
-                .ok_or_else(stale),
-            SegStep::Free(id) => {
-                if self.segments.freed(&op.members, &blocks, id) {
-                    Ok(Vec::new())
-                } else {
-                    Err(stale())
-                }
+            SegStep::Publish { map } => {
+                self.segments
+                    .published(self.rank, &op.members, &blocks, map)
             }
+            SegStep::Free(id) => self
+                .segments
+                .freed(&op.members, &blocks, id)
+                .map(|()| Vec::new()),
         }
     }
 
@@ -209,6 +181,10 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(Err(e));
         }
         ready!(self.apply_posted(t))?;
+        // Nothing to move: done, on every path alike (no message, no mapping).
+        if data.is_empty() {
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+        }
         if rank == self.rank {
             return Poll::Ready(
                 self.own_write(id, offset, data)
@@ -247,6 +223,9 @@ impl<H: Threading> Endpoint<H> {
         }
         ready!(self.apply_posted(t))?;
         let mut data = vec![0; len];
+        if len == 0 {
+            return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
+        }
         if rank == self.rank {
             let read = self
                 .segments
@@ -286,6 +265,9 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(Err(e));
         }
         ready!(self.apply_posted(t))?;
+        if dst.is_empty() {
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+        }
         let view = if rank == self.rank {
             Some(
                 self.segments

@@ -692,7 +692,8 @@ impl Start for FreeSymmetric {
 /// id and length, completing with every member's [`crate::RemoteSegment`] in team order,
 /// which puts, gets and atomics then name. Collective over the team, as [`TeamBarrier`]:
 /// every member publishes one of its segments (segment 0 included). A segment this rank
-/// does not hold is [`crate::AmError::UnknownSegment`] when it starts.
+/// does not hold fails the publication on every member with
+/// [`crate::AmError::UnknownSegment`] naming this rank.
 #[derive(Debug, Clone)]
 pub struct PublishSegment {
     /// The team.
@@ -725,9 +726,9 @@ impl Start for PublishSegment {
 /// A free of one of this rank's created segments on the team it was published on
 /// ([`crate::segment`]): an all-gather of every member's freed id, after which this rank's
 /// segment is unmapped and every member's freed one is unknown here. Collective over the
-/// team, as [`TeamBarrier`]. Segment 0, or a segment this rank does not hold, is
-/// [`crate::AmError::UnknownSegment`] when it starts. Operations on the segment still in
-/// flight fail with that error and write nothing.
+/// team, as [`TeamBarrier`]. Segment 0 is freed as nothing (for a member that published
+/// it); a segment this rank does not hold fails the free on every member with
+/// [`crate::AmError::UnknownSegment`] naming this rank, and nothing is freed.
 #[derive(Debug, Clone)]
 pub struct FreeSegment {
     /// The team.

@@ -110,7 +110,7 @@ pub(super) struct Teams {
     /// The symmetric allocation or free in flight (one at a time).
     pub(super) heap_op: Option<crate::symmetric::HeapOp>,
     /// The segment publications and frees in flight ([`super::segments`]).
-    pub(super) seg_ops: Vec<super::segments::SegOp>,
+    pub(super) seg_ops: Vec<crate::segment::SegOp>,
 }
 
 pub(super) struct TeamState {
@@ -323,7 +323,10 @@ pub(super) fn plan(
                 k += 1;
             }
         }
-        CollectiveKind::AllGather | CollectiveKind::Split => ring(&mut p, n, me, 0, 0, Part::Block),
+        CollectiveKind::AllGather
+        | CollectiveKind::Split
+        | CollectiveKind::PublishSegment
+        | CollectiveKind::FreeSegment => ring(&mut p, n, me, 0, 0, Part::Block),
         CollectiveKind::Broadcast => {
             let vr = (me + n - root) % n;
             let children_below = if vr == 0 {
@@ -519,7 +522,7 @@ impl TeamState {
         }
         let from = match kind {
             CollectiveKind::Barrier => (me + n - pow_below(step, n)?) % n,
-            CollectiveKind::AllGather | CollectiveKind::Split if step < n - 1 => (me + n - 1) % n,
+            k if k.gathers_all() && step < n - 1 => (me + n - 1) % n,
             CollectiveKind::Gather if me == root && step < n && step != root => step,
             CollectiveKind::Broadcast
             | CollectiveKind::Reduce
