@@ -213,6 +213,33 @@ fn word(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
+/// The blocks of a publication or free (`len` bytes each, one per member), unless they do
+/// not fit the team or a member refused (word 1 [`REFUSED`]): that member's error, the same
+/// on every member.
+fn agreed<'b>(
+    members: &[Rank],
+    blocks: &'b [u8],
+    len: usize,
+) -> Result<std::slice::ChunksExact<'b, u8>, AmError> {
+    if blocks.len() != members.len() * len {
+        return Err(AmError::InvalidCollective(
+            "a segment collective's blocks do not fit its team",
+        ));
+    }
+    let blocks = blocks.chunks_exact(len);
+    match members
+        .iter()
+        .zip(blocks.clone())
+        .find(|(_, b)| word(b, 4) == REFUSED)
+    {
+        Some((&rank, b)) => Err(AmError::UnknownSegment {
+            rank,
+            id: SegmentId::new(word(b, 0)),
+        }),
+        None => Ok(blocks),
+    }
+}
+
 /// A peer's segment published here.
 #[derive(Debug)]
 pub(crate) struct Known {
@@ -327,22 +354,7 @@ impl Segments {
         blocks: &[u8],
         map: bool,
     ) -> Result<Vec<u8>, AmError> {
-        if blocks.len() != members.len() * BLOCK_LEN {
-            return Err(AmError::InvalidCollective(
-                "a publication's blocks do not fit its team",
-            ));
-        }
-        let blocks = blocks.chunks_exact(BLOCK_LEN);
-        if let Some((&rank, b)) = members
-            .iter()
-            .zip(blocks.clone())
-            .find(|(_, b)| word(b, 4) == REFUSED)
-        {
-            return Err(AmError::UnknownSegment {
-                rank,
-                id: SegmentId::new(word(b, 0)),
-            });
-        }
+        let blocks = agreed(members, blocks, BLOCK_LEN)?;
         let mut out = Vec::with_capacity(members.len() * REMOTE_LEN);
         for (&rank, b) in members.iter().zip(blocks) {
             let (id, key_len) = (word(b, 0), word(b, 4) as usize);
@@ -387,22 +399,7 @@ impl Segments {
         blocks: &[u8],
         mine: SegmentId,
     ) -> Result<(), AmError> {
-        if blocks.len() != members.len() * FREE_BLOCK_LEN {
-            return Err(AmError::InvalidCollective(
-                "a free's blocks do not fit its team",
-            ));
-        }
-        let blocks = blocks.chunks_exact(FREE_BLOCK_LEN);
-        if let Some((&rank, b)) = members
-            .iter()
-            .zip(blocks.clone())
-            .find(|(_, b)| word(b, 4) == REFUSED)
-        {
-            return Err(AmError::UnknownSegment {
-                rank,
-                id: SegmentId::new(word(b, 0)),
-            });
-        }
+        let blocks = agreed(members, blocks, FREE_BLOCK_LEN)?;
         if let Some((seg, _)) = self.own.remove(&mine.get()) {
             if let Ok(w) = seg.word(0) {
                 w.store(1, std::sync::atomic::Ordering::Release);
