@@ -199,44 +199,13 @@ fn system_request(
             offset,
             len,
             at,
-        } => match segment_range(offset, len as u64, st.seg_len.min(segment.len())) {
-            Some(r) if r.len() <= sink.out.limits.max_medium => {
-                // Straight from the segment: the transport copies the view once.
-                let data = segment.slice(r.start, r.len()).map_err(shm_err)?;
-                sink.system(
-                    SystemMsg::GetData { op, at, ok: true },
-                    Payload::Shared(data),
-                );
-                Ok(())
-            }
-            in_segment => {
-                sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY);
-                Err(match in_segment {
-                    // In the segment but more than one reply can carry: not our protocol.
-                    Some(_) => bad(),
-                    None => misbehaved(
-                        src,
-                        Misbehavior::OutOfSegment {
-                            offset,
-                            len: len as u64,
-                        },
-                    ),
-                })
-            }
-        },
+        } => {
+            let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
+            serve_get(sink, ours, (op, offset, len, at), bad)
+        }
         SystemMsg::Atomic { op, offset, atomic } => {
             let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
-            let applied = usize::try_from(offset)
-                .map_err(|_| Refused::OutOfBounds)
-                .and_then(|o| atomic.apply(ours, o));
-            let (old, ok) = applied.map_or((0, false), |old| (old, true));
-            sink.system(SystemMsg::AtomicDone { op, old, ok }, Payload::EMPTY);
-            if ok {
-                Ok(())
-            } else {
-                let len = atomic.width().bytes() as u64;
-                Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
-            }
+            serve_atomic(sink, ours, op, offset, atomic)
         }
         SystemMsg::Atomics { op, count } => {
             let ours = segment.slice_or_empty(0, st.seg_len.min(segment.len()));
@@ -308,22 +277,7 @@ fn system_request(
                 refuse(sink);
                 return Ok(());
             };
-            match segment_range(offset, len as u64, ours.len())
-                .and_then(|r| ours.slice(r.start, r.len()).ok())
-            {
-                Some(data) => {
-                    sink.system(
-                        SystemMsg::GetData { op, at, ok: true },
-                        Payload::Shared(data),
-                    );
-                    Ok(())
-                }
-                None => {
-                    refuse(sink);
-                    let len = len as u64;
-                    Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
-                }
-            }
+            serve_get(sink, ours, (op, offset, len, at), bad)
         }
         SystemMsg::AtomicAt { op, offset, atomic } => {
             let refuse = |sink: &mut ReplySink<'_>| {
@@ -347,20 +301,7 @@ fn system_request(
                 refuse(sink);
                 return Ok(());
             };
-            let applied = usize::try_from(offset)
-                .map_err(|_| Refused::OutOfBounds)
-                .and_then(|o| atomic.apply(ours, o));
-            match applied {
-                Ok(old) => {
-                    sink.system(SystemMsg::AtomicDone { op, old, ok: true }, Payload::EMPTY);
-                    Ok(())
-                }
-                Err(_) => {
-                    refuse(sink);
-                    let len = atomic.width().bytes() as u64;
-                    Err(misbehaved(src, Misbehavior::OutOfSegment { offset, len }))
-                }
-            }
+            serve_atomic(sink, ours, op, offset, atomic)
         }
         SystemMsg::Exit { code } => {
             *st.exit_requested = Some(code);
@@ -387,6 +328,64 @@ fn system_request(
         | SystemMsg::PutDone { .. }
         | SystemMsg::GetData { .. }
         | SystemMsg::AtomicDone { .. } => Err(bad()),
+    }
+}
+
+/// Answers a get (`op`, `offset`, `len`, `at`) from `ours`, a segment this rank holds: the
+/// bytes straight from it (the transport copies the view once), or a refusal and the
+/// peer's misbehavior: a range outside it, or (`bad`) more than one reply can carry.
+fn serve_get(
+    sink: &mut ReplySink<'_>,
+    ours: SharedBytes<'_>,
+    (op, offset, len, at): (u32, u64, u32, u64),
+    bad: impl FnOnce() -> AmError,
+) -> Result<(), AmError> {
+    match segment_range(offset, len as u64, ours.len()) {
+        Some(r) if r.len() <= sink.out.limits.max_medium => {
+            let data = ours.slice(r.start, r.len()).map_err(shm_err)?;
+            let done = SystemMsg::GetData { op, at, ok: true };
+            sink.system(done, Payload::Shared(data));
+            Ok(())
+        }
+        in_segment => {
+            sink.system(SystemMsg::GetData { op, at, ok: false }, Payload::EMPTY);
+            Err(match in_segment {
+                Some(_) => bad(),
+                None => misbehaved(
+                    sink.src,
+                    Misbehavior::OutOfSegment {
+                        offset,
+                        len: len as u64,
+                    },
+                ),
+            })
+        }
+    }
+}
+
+/// Applies a remote atomic (`op`) to the word at `offset` of `ours`, a segment this rank
+/// holds, and answers with its old value; a word outside it or misaligned is refused, and
+/// the peer's misbehavior.
+fn serve_atomic(
+    sink: &mut ReplySink<'_>,
+    ours: SharedBytes<'_>,
+    op: u32,
+    offset: u64,
+    atomic: crate::atomic::Atomic,
+) -> Result<(), AmError> {
+    let applied = usize::try_from(offset)
+        .map_err(|_| Refused::OutOfBounds)
+        .and_then(|o| atomic.apply(ours, o));
+    let (old, ok) = applied.map_or((0, false), |old| (old, true));
+    sink.system(SystemMsg::AtomicDone { op, old, ok }, Payload::EMPTY);
+    if ok {
+        Ok(())
+    } else {
+        let len = atomic.width().bytes() as u64;
+        Err(misbehaved(
+            sink.src,
+            Misbehavior::OutOfSegment { offset, len },
+        ))
     }
 }
 
