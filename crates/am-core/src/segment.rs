@@ -149,11 +149,10 @@ impl RemoteSegment {
         }
         b.chunks_exact(REMOTE_LEN)
             .map(|e| {
-                let word = |i: usize| u32::from_le_bytes([e[i], e[i + 1], e[i + 2], e[i + 3]]);
                 let len = u64::from_le_bytes(e[8..16].try_into().ok()?);
                 Some(RemoteSegment {
-                    rank: word(0),
-                    id: SegmentId::new(word(4)),
+                    rank: word(e, 0),
+                    id: SegmentId::new(word(e, 4)),
                     len: usize::try_from(len).ok()?,
                 })
             })

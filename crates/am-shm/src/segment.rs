@@ -1063,13 +1063,8 @@ impl Imported {
             return Err(ShmError::BadSegment(handle.into()));
         }
         if let Some(name) = name {
-            let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(
-                |source| ShmError::Io {
-                    what: "reading the link of",
-                    path: handle.into(),
-                    source,
-                },
-            )?;
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+                .map_err(io("reading the link of"))?;
             let memfd = format!("/memfd:{name}");
             let link = link.to_string_lossy();
             if link != memfd && link != format!("{memfd} (deleted)") {

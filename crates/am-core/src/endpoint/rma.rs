@@ -783,21 +783,15 @@ impl<H: Threading> Endpoint<H> {
                     ready!(self.note_sent(index, at, 1, step))?;
                     continue;
                 }
-                (None, Some(atomic)) if seg != 0 => {
-                    let msg = SystemMsg::AtomicAt {
-                        op: index,
-                        offset: offset as u64,
-                        atomic,
-                    };
-                    self.system_step(tx, peer, msg, &seg.to_le_bytes(), None)
-                }
                 (None, Some(atomic)) => {
-                    let msg = SystemMsg::Atomic {
-                        op: index,
-                        offset: offset as u64,
-                        atomic,
+                    let (op, offset) = (index, offset as u64);
+                    // A created segment's id travels in the payload.
+                    let id = seg.to_le_bytes();
+                    let (msg, payload) = match seg {
+                        0 => (SystemMsg::Atomic { op, offset, atomic }, &[][..]),
+                        _ => (SystemMsg::AtomicAt { op, offset, atomic }, &id[..]),
                     };
-                    self.system_step(tx, peer, msg, &[], None)
+                    self.system_step(tx, peer, msg, payload, None)
                 }
                 (Some(d), _) if !self.ops[index as usize].regions.is_empty() => {
                     let mut payload = std::mem::take(&mut self.scratch_regions);
@@ -808,21 +802,24 @@ impl<H: Threading> Endpoint<H> {
                     ready!(self.note_sent(index, at, n, step))?;
                     continue;
                 }
-                (Some(d), _) if seg != 0 => {
-                    let n = n.min(data_len - at);
-                    let put = SystemMsg::PutAt {
-                        op: index,
-                        seg,
-                        offset: (offset + at) as u64,
-                    };
-                    let step = self.system_step(tx, peer, put, &d[at..at + n], None);
-                    ready!(self.note_sent(index, at, n, step))?;
-                    continue;
-                }
                 (Some(d), _) => {
                     let n = n.min(data_len - at);
-                    let put = SystemMsg::Put { op: index };
-                    let step = self.system_step(tx, peer, put, &d[at..at + n], Some(offset + at));
+                    // Segment 0's bytes land as a Long's; a created segment's go in a Medium.
+                    let (put, long_offset) = match seg {
+                        0 => (SystemMsg::Put { op: index }, Some(offset + at)),
+                        _ => {
+                            let offset = (offset + at) as u64;
+                            (
+                                SystemMsg::PutAt {
+                                    op: index,
+                                    seg,
+                                    offset,
+                                },
+                                None,
+                            )
+                        }
+                    };
+                    let step = self.system_step(tx, peer, put, &d[at..at + n], long_offset);
                     ready!(self.note_sent(index, at, n, step))?;
                     continue;
                 }

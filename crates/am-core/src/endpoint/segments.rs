@@ -185,16 +185,8 @@ impl<H: Threading> Endpoint<H> {
         if data.is_empty() {
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
-        if rank == self.rank {
-            return Poll::Ready(
-                self.own_write(id, offset, data)
-                    .map(|()| Op::ready(Raw::Unit)),
-            );
-        }
-        if let Some(mapped) = self.segments.mapped(rank, id) {
-            let put = mapped
-                .map_err(|()| AmError::UnknownSegment { rank, id })
-                .and_then(|view| Ok(crate::rma::put_into(rank, view, offset, data)?));
+        if let Some(view) = self.reachable(rank, id) {
+            let put = view.and_then(|v| Ok(crate::rma::put_into(rank, v, offset, data)?));
             return Poll::Ready(put.map(|()| Op::ready(Raw::Unit)));
         }
         let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
@@ -226,18 +218,8 @@ impl<H: Threading> Endpoint<H> {
         if len == 0 {
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
-        if rank == self.rank {
-            let read = self
-                .segments
-                .own_bytes(id.get())
-                .ok_or(AmError::UnknownSegment { rank, id })
-                .and_then(|b| b.read(offset, &mut data).map_err(crate::error::shm_err));
-            return Poll::Ready(read.map(|()| Op::ready(Raw::Bytes(data))));
-        }
-        if let Some(mapped) = self.segments.mapped(rank, id) {
-            let get = mapped
-                .map_err(|()| AmError::UnknownSegment { rank, id })
-                .and_then(|view| Ok(crate::rma::get_from(rank, view, offset, &mut data)?));
+        if let Some(view) = self.reachable(rank, id) {
+            let get = view.and_then(|v| Ok(crate::rma::get_from(rank, v, offset, &mut data)?));
             return Poll::Ready(get.map(|()| Op::ready(Raw::Bytes(data))));
         }
         let (index, gen) = self.alloc_op(rank, offset, len, data);
@@ -268,18 +250,7 @@ impl<H: Threading> Endpoint<H> {
         if dst.is_empty() {
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
-        let view = if rank == self.rank {
-            Some(
-                self.segments
-                    .own_bytes(id.get())
-                    .ok_or(AmError::UnknownSegment { rank, id }),
-            )
-        } else {
-            self.segments
-                .mapped(rank, id)
-                .map(|m| m.map_err(|()| AmError::UnknownSegment { rank, id }))
-        };
-        if let Some(view) = view {
+        if let Some(view) = self.reachable(rank, id) {
             let read = view.and_then(|v| Ok(crate::rma::get_from(rank, v, offset, dst)?));
             return Poll::Ready(read.map(|()| Op::ready(Raw::Unit)));
         }
@@ -313,23 +284,8 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(Err(e));
         }
         ready!(self.apply_posted(t))?;
-        if rank == self.rank {
-            let applied = match self.segments.own_bytes(id.get()) {
-                Some(b) => atomic
-                    .apply(b, offset)
-                    .map_err(|_| AmError::SegmentOutOfBounds {
-                        offset: offset as u64,
-                        len: width as u64,
-                        size,
-                    }),
-                None => Err(AmError::UnknownSegment { rank, id }),
-            };
-            return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
-        }
-        if let Some(mapped) = self.segments.mapped(rank, id) {
-            let applied = mapped
-                .map_err(|()| AmError::UnknownSegment { rank, id })
-                .and_then(|view| Ok(atomic.apply_to(rank, view, offset)?));
+        if let Some(view) = self.reachable(rank, id) {
+            let applied = view.and_then(|v| Ok(atomic.apply_to(rank, v, offset)?));
             return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
         }
         let (index, gen) = self.alloc_atomic(rank, offset, atomic);
@@ -363,15 +319,18 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Writes `data` at `offset` of this rank's own segment `id` (checked).
-    fn own_write(&self, id: SegmentId, offset: usize, data: &[u8]) -> Result<(), AmError> {
-        let bytes = self
-            .segments
-            .own_bytes(id.get())
-            .ok_or(AmError::UnknownSegment {
-                rank: self.rank,
-                id,
-            })?;
-        bytes.write(offset, data).map_err(crate::error::shm_err)
+    /// Where this rank reaches `rank`'s created segment `id` itself, with no message: its
+    /// own segment's bytes, or its mapping of a peer's ([`crate::segment::Segments::mapped`]);
+    /// `None` where messages reach it; [`AmError::UnknownSegment`] where it is gone.
+    fn reachable(
+        &mut self,
+        rank: crate::types::Rank,
+        id: SegmentId,
+    ) -> Option<Result<SharedBytes<'_>, AmError>> {
+        let gone = AmError::UnknownSegment { rank, id };
+        if rank == self.rank {
+            return Some(self.segments.own_bytes(id.get()).ok_or(gone));
+        }
+        self.segments.mapped(rank, id).map(|m| m.map_err(|()| gone))
     }
 }
