@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use amnet::{
-    run_ranks, AmError, AsyncNode, AtomicOp, Config, Handlers, JobOptions, Loopback,
-    LoopbackConfig, Node, ProgressThread, SharedNode, Transport, WaitMode,
+    run_ranks, AmError, AmKind, AsyncNode, AtomicOp, Config, HandlerId, Handlers, JobOptions,
+    Loopback, LoopbackConfig, Node, ProgressThread, SegmentId, SharedNode, Transport, WaitMode,
 };
 use transport_udp::{Udp, UdpConfig};
 
@@ -16,6 +16,10 @@ mod common;
 use common::within;
 
 const PER_PROCESS: u32 = 2;
+
+/// The Long request handler of the async case, and where its payload lands.
+const LONG_TO: HandlerId = HandlerId(1);
+const LONG_AT: usize = 75_000;
 
 /// Ranks of the in-process clusters.
 const RANKS: u32 = 4;
@@ -40,7 +44,18 @@ fn bytes(r: u32) -> Vec<u8> {
 /// One endpoint as tokio tasks: create, publish on the world, put into the next rank's
 /// segment and add to rank 0's from two tasks at once, check, free.
 fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
-    let node = AsyncNode::new(Node::new(t, Handlers::local(), config())?);
+    // A Long into a created segment runs this where the payload landed: it counts the
+    // Longs that found their payload whole there.
+    let whole = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let mut handlers = Handlers::local();
+    let w = whole.clone();
+    handlers.request(LONG_TO, "long_to", AmKind::Long, move |msg, _token| {
+        let src = msg.args()[0];
+        if msg.long_segment() != Some(SegmentId::ZERO) && msg.payload() == bytes(src) {
+            w.set(w.get() + 1);
+        }
+    })?;
+    let node = AsyncNode::new(Node::new(t, handlers, config())?);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -54,7 +69,7 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
         let me = node.rank();
         let n = node.size();
         let world = node.world_team();
-        let mine = node.create_segment(80_000)?;
+        let mine = node.create_segment(LONG_AT + 70_000)?;
         let peers = node.publish_segment(&world, mine).await?;
         let next = peers[((me + 1) % n) as usize];
         let put = tokio::task::spawn_local({
@@ -68,6 +83,11 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
         });
         put.await.expect("task")?;
         add.await.expect("task")?;
+        node.request_long_to(&next, LONG_AT, LONG_TO, &[me], &bytes(me))
+            .await?;
+        while whole.get() == 0 {
+            tokio::task::yield_now().await;
+        }
         node.team_barrier(&world).await?;
         let prev = (me + n - 1) % n;
         let got = node.with(|n| {
@@ -94,7 +114,8 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
 }
 
 /// Catches an operation on a created segment that only the blocking driver completes (an
-/// async wait that is never woken by its answer), a publication that mixes up two endpoints
+/// async wait that is never woken by its answer), a Long into one whose head outruns its
+/// payload, a publication that mixes up two endpoints
 /// of one process, and a mapped segment reached at the wrong endpoint's memory.
 #[test]
 fn created_segments_as_tokio_tasks() {

@@ -997,6 +997,116 @@ pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
     });
 }
 
+/// Long requests into published segments (`request_long_to`): the payload is in the named
+/// segment, whole, when the handler runs there (and only then the handler runs), the handler
+/// is told which segment; to a peer, to itself and to segment 0, blocking and as a handle, with
+/// payloads of several Mediums; checked ranges, handlers and freed segments fail at the
+/// initiator with nothing sent.
+pub fn long_into_created_segments<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::segment::SegmentId;
+    const RANKS: u32 = 3;
+    const LONG_TO: HandlerId = HandlerId(40);
+    const SHORT: HandlerId = HandlerId(41);
+    // (source, segment, offset, whether the payload was whole when the handler ran).
+    type Ran = Rc<RefCell<Vec<(Rank, Option<SegmentId>, Option<usize>, bool)>>>;
+    run_watched("long_into_created_segments", make(RANKS, SEGMENT), |t| {
+        let ran: Ran = Rc::default();
+        let mut h = Handlers::local();
+        let r = ran.clone();
+        h.request(LONG_TO, "long_to", AmKind::Long, move |msg, _token| {
+            // The payload is `pattern(len, seed)`, its length and seed in the arguments.
+            let (len, seed) = (msg.args()[0] as usize, msg.args()[1] as u8);
+            let whole = msg.payload() == pattern(len, seed).as_slice();
+            r.borrow_mut()
+                .push((msg.src(), msg.long_segment(), msg.long_offset(), whole));
+        })
+        .expect("register");
+        h.request(SHORT, "short", AmKind::Short, |_msg, _token| {})
+            .expect("register");
+        let mut node = Node::new(t, h, config(4)).expect("node start");
+        let me = node.rank();
+        let world = node.world_team();
+        let mm = node.max_medium().min(16 << 10);
+        let mine = node.create_segment(4 * mm + 64).expect("create");
+        let peers = node.publish_segment(&world, mine).expect("publish");
+        let zeros = node
+            .publish_segment(&world, SegmentId::ZERO)
+            .expect("publish segment 0");
+        let next = peers[((me + 1) % RANKS) as usize];
+        let own = peers[me as usize];
+        let big = pattern(2 * mm + 7, me as u8 + 1);
+        let args = |data: &[u8], seed: u8| [data.len() as u32, u32::from(seed)];
+        node.request_long_to(&next, 5, LONG_TO, &args(&big, me as u8 + 1), &big)
+            .expect("a Long into the next rank's segment");
+        let small = pattern(100, me as u8 + 50);
+        let h = node
+            .request_long_to_nb(
+                &next,
+                next.len() - 100,
+                LONG_TO,
+                &args(&small, me as u8 + 50),
+                &small,
+            )
+            .expect("a Long as a handle");
+        node.wait(h).expect("wait for it");
+        node.request_long_to(
+            &own,
+            2 * mm + 200,
+            LONG_TO,
+            &args(&small, me as u8 + 50),
+            &small,
+        )
+        .expect("a Long into its own segment");
+        let right = zeros[((me + 1) % RANKS) as usize];
+        node.request_long_to(&right, 64, LONG_TO, &args(&small, me as u8 + 50), &small)
+            .expect("a Long into segment 0");
+        node.request_long_to(&next, 0, LONG_TO, &args(&[], 0), &[])
+            .expect("an empty Long");
+
+        // Checked at the initiator, nothing sent.
+        match node.request_long_to(&next, next.len() - 99, LONG_TO, &args(&small, 1), &small) {
+            Err(AmError::SegmentOutOfBounds { size, .. }) if size == next.len() => {}
+            other => panic!("a Long past the segment's end: {other:?}"),
+        }
+        match node.request_long_to(&next, 0, SHORT, &[], &small) {
+            Err(AmError::NotRegistered { handler, .. }) if handler == SHORT => {}
+            other => panic!("a Long to a Short handler: {other:?}"),
+        }
+        let prev = (me + RANKS - 1) % RANKS;
+        let expected = 5;
+        node.wait_until(|| ran.borrow().len() >= expected)
+            .expect("every Long ran");
+        let mut got = ran.borrow().clone();
+        got.sort_by_key(|&(src, seg, off, _)| (src, seg, off));
+        let mut want = vec![
+            (prev, Some(mine), Some(0), true),
+            (prev, Some(mine), Some(5), true),
+            (prev, Some(mine), Some(own.len() - 100), true),
+            (prev, Some(SegmentId::ZERO), Some(64), true),
+            (me, Some(mine), Some(2 * mm + 200), true),
+        ];
+        want.sort_by_key(|&(src, seg, off, _)| (src, seg, off));
+        assert_eq!(got, want, "the Longs that ran here");
+        let seg = node.segment_at(mine).expect("its bytes");
+        let mut landed = vec![0u8; 2 * mm + 7];
+        seg.read(5, &mut landed).expect("read");
+        assert!(
+            landed == pattern(2 * mm + 7, prev as u8 + 1),
+            "rank {prev}'s payload stays"
+        );
+        node.team_barrier(&world).expect("barrier");
+
+        node.free_segment(&world, mine).expect("free");
+        match node.request_long_to(&next, 0, LONG_TO, &args(&small, 1), &small) {
+            Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (next.rank(), next.id()) => {
+            }
+            other => panic!("a Long into a freed segment: {other:?}"),
+        }
+        node.barrier().expect("barrier");
+        assert_eq!(ran.borrow().len(), expected, "nothing more ran");
+    });
+}
+
 /// Put and get of 0 and 1 bytes, unaligned, and at both ends of the segment, to a peer and
 /// to self, checked with `get_into`, `get` and `get_nb`; a range past the end is an error at
 /// the initiator and writes nothing (nor fills the caller's buffer).
@@ -2192,7 +2302,8 @@ macro_rules! conformance_tests {
             atomics_every_op_and_width, atomics_from_all_ranks_add_up, atomics_on_every_word_type,
             rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives, put_signal_hands_off,
-            put_regions_land_in_place, symmetric_heap, segment_to_segment, segments_as_values);
+            put_regions_land_in_place, symmetric_heap, segment_to_segment, segments_as_values,
+            long_into_created_segments);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

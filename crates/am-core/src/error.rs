@@ -202,6 +202,13 @@ pub enum Misbehavior {
         /// Length it named.
         len: u64,
     },
+    /// It sent a Long into a created segment this rank does not hold (never created, or
+    /// freed: a program that frees a segment while a Long into it is on its way).
+    #[error("a Long into segment {id}, which this rank does not hold")]
+    UnknownSegment {
+        /// The segment it named.
+        id: crate::segment::SegmentId,
+    },
     /// A core-internal message with an unknown opcode or wrong arguments.
     #[error("bad system message (opcode {0})")]
     BadSystemMessage(u8),

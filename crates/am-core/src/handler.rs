@@ -23,6 +23,7 @@ pub struct Msg<'a> {
     pub(crate) args: &'a [u32],
     pub(crate) payload: Payload<'a>,
     pub(crate) long: Option<usize>,
+    pub(crate) long_segment: crate::segment::SegmentId,
     pub(crate) segment: SharedBytes<'a>,
     /// Private memory for the copy of a shared payload, taken by the first `payload()`.
     pub(crate) scratch: Cell<Option<&'a mut Vec<u8>>>,
@@ -93,10 +94,20 @@ impl<'a> Msg<'a> {
         self.payload
     }
 
-    /// Where a Long payload landed in the local segment; `None` for Short and Medium.
+    /// Where a Long payload landed in its segment ([`Msg::long_segment`]); `None` for Short
+    /// and Medium.
     #[inline]
     pub fn long_offset(&self) -> Option<usize> {
         self.long
+    }
+
+    /// The segment a Long payload landed in: [`SegmentId::ZERO`](crate::segment::SegmentId::ZERO)
+    /// (the local segment, [`Msg::segment`]) for a Long sent with `request_long`, the created
+    /// segment named by a `request_long_to` ([`crate::endpoint::start::LongTo`]); `None` for
+    /// Short and Medium. Its bytes are [`Msg::payload`] and [`Msg::payload_view`].
+    #[inline]
+    pub fn long_segment(&self) -> Option<crate::segment::SegmentId> {
+        self.long.map(|_| self.long_segment)
     }
 
     /// The local segment (what put, get and Long target on this rank): a view, since peers may
@@ -115,6 +126,7 @@ impl fmt::Debug for Msg<'_> {
             .field("args", &self.args)
             .field("payload_len", &self.payload_len())
             .field("long_offset", &self.long_offset())
+            .field("long_segment", &self.long_segment())
             .finish()
     }
 }

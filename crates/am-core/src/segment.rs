@@ -11,6 +11,14 @@
 //! [`RemoteSegment`]). Puts, gets and atomics then name it: [`crate::Node::put_to`],
 //! [`crate::Node::get_from`], [`crate::Node::get_from_into`], [`crate::Node::atomic_at`].
 //!
+//! An AM Long request can land its payload in one too ([`crate::Node::request_long_to`]):
+//! the payload goes first, as a `put_to`, and the request's head follows once the put is
+//! complete, naming the segment; the handler finds the payload there
+//! ([`crate::Msg::long_segment`], [`crate::Msg::long_offset`], [`crate::Msg::payload`]).
+//! Such a Long is not bounded by the transport's largest Long, and costs the put's
+//! completion before its head leaves: nothing where the segment is mapped, a round trip
+//! where messages carry the put.
+//!
 //! # Checks
 //! A [`RemoteSegment`] is made only by a publication, and the endpoint remembers what each
 //! rank published: an operation on a segment that was never published here, or was freed
@@ -45,7 +53,8 @@
 //! every member frees one of its segments (one that published segment 0 frees it as
 //! nothing), and every member forgets the ones freed. A member that names a segment it
 //! does not hold fails the free on every member, and nothing is freed. Complete the
-//! operations on a segment before freeing it: over messages, a put still in flight when its
+//! operations on a segment before freeing it: a Long whose head reaches the owner after
+//! the free runs no handler, and the owner reports the initiator's misbehavior; over messages, a put still in flight when its
 //! owner frees the segment may have written its first pieces and fails with
 //! [`crate::AmError::UnknownSegment`]; on a mapping, one that passed its check just before
 //! the free writes into memory nobody reads any more.
@@ -312,6 +321,11 @@ impl Segments {
     /// The bytes of this rank's segment `id` (not 0).
     pub(crate) fn own_bytes(&self, id: u32) -> Option<am_shm::SharedBytes<'_>> {
         self.own.get(&id).map(|(s, _)| s.byte_area())
+    }
+
+    /// Another handle on this rank's segment `id` (not 0), keeping its mapping alive.
+    pub(crate) fn own_share(&self, id: SegmentId) -> Option<am_shm::Segment> {
+        self.own.get(&id.get()).map(|(s, _)| s.share())
     }
 
     /// The length of `rank`'s segment `id` published here.

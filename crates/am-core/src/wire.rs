@@ -4,7 +4,8 @@
 //! the payload inline) the payload. All integers are little-endian.
 //!
 //! ```text
-//! byte 0   flags: bit 0 reply, bit 1 system, bits 2-3 kind (0 Short, 1 Medium, 2 Long), bits 4-7 zero
+//! byte 0   flags: bit 0 reply, bit 1 system, bits 2-3 kind (0 Short, 1 Medium, 2 Long),
+//!          bit 4 a Long into a created segment, bits 5-7 zero
 //! byte 1   handler id (user messages) or system opcode
 //! byte 2   number of 32-bit arguments, 0..=16
 //! byte 3   credit byte: the policy's hint on requests, credits returned on replies
@@ -12,6 +13,11 @@
 //! 8..16    Long only: destination offset in the target's segment (u64)
 //! then     arguments, 4 bytes each, then the payload
 //! ```
+//!
+//! A Long into a created segment ([`crate::segment`], bit 4: user requests only) carries no
+//! payload: its initiator wrote the payload into the target's segment before sending it. In
+//! the payload's place it carries the segment's id ([`SEGMENT_ID_LEN`] bytes), and its
+//! payload length is that of the bytes written.
 //!
 //! This is the seed's 8-byte GASNet header (request/reply, nargs, handler, length) plus the flag
 //! bits the core needs. Bytes from a peer are untrusted: [`Header::decode`] checks every field and
@@ -32,7 +38,10 @@ const FLAG_REPLY: u8 = 0b0001;
 const FLAG_SYSTEM: u8 = 0b0010;
 const KIND_SHIFT: u8 = 2;
 const KIND_MASK: u8 = 0b1100;
-const RESERVED_MASK: u8 = 0xF0;
+const FLAG_SEGMENT: u8 = 0b1_0000;
+const RESERVED_MASK: u8 = 0xE0;
+/// The bytes a Long into a created segment carries in its payload's place: the segment's id.
+pub const SEGMENT_ID_LEN: usize = 4;
 
 /// A decoded AM header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +62,14 @@ pub struct Header {
     pub payload_len: u32,
     /// Destination offset of a Long payload in the target's segment; 0 otherwise.
     pub long_offset: u64,
+}
+
+/// Whether the head of a message [`Header::decode`] accepted is that of a Long into a created
+/// segment ([`Header::encode_in_segment`]): its payload was written before, and the message
+/// carries the segment's id ([`SEGMENT_ID_LEN`] bytes) where the payload would be.
+#[inline]
+pub fn in_segment(head: &[u8]) -> bool {
+    head.first().is_some_and(|f| f & FLAG_SEGMENT != 0)
 }
 
 /// Why bytes could not be decoded as an AM.
@@ -166,6 +183,21 @@ impl Header {
         at
     }
 
+    /// [`encode`](Self::encode) of the head of a Long request into a created segment
+    /// ([`in_segment`]): `payload_len` is that of the bytes its initiator wrote at
+    /// `long_offset` of the segment, and the message carries the segment's id after the head.
+    ///
+    /// # Panics
+    /// As [`encode`](Self::encode).
+    pub fn encode_in_segment(&self, args: &[u32], out: &mut [u8; MAX_HEAD_LEN]) -> usize {
+        debug_assert!(
+            self.kind == AmKind::Long && self.category == Category::Request && !self.system
+        );
+        let n = self.encode(args, out);
+        out[0] |= FLAG_SEGMENT;
+        n
+    }
+
     /// Decodes the header at the start of `bytes` and checks that the rest of `bytes` holds
     /// exactly the arguments and, if `payload_inline`, exactly the announced payload.
     ///
@@ -198,7 +230,11 @@ impl Header {
             2 => AmKind::Long,
             _ => return Err(WireError::BadFlags(flags)),
         };
-        if flags & RESERVED_MASK != 0 {
+        let in_segment = flags & FLAG_SEGMENT != 0;
+        // Only a user request is a Long into a created segment.
+        if flags & RESERVED_MASK != 0
+            || (in_segment && (kind != AmKind::Long || flags & (FLAG_REPLY | FLAG_SYSTEM) != 0))
+        {
             return Err(WireError::BadFlags(flags));
         }
         let nargs = bytes[2];
@@ -232,7 +268,9 @@ impl Header {
             header.long_offset = u64::from_le_bytes(off);
         }
         let present = total - head_len;
-        let expected = if payload_inline || kind == AmKind::Medium {
+        let expected = if in_segment {
+            SEGMENT_ID_LEN
+        } else if payload_inline || kind == AmKind::Medium {
             payload_len as usize
         } else {
             0
@@ -358,8 +396,11 @@ mod tests {
             payload in proptest::collection::vec(any::<u8>(), 0..64),
             long_offset in any::<u64>(),
             inline in any::<bool>(),
+            in_segment in any::<bool>(),
         ) {
             let payload = if kind == AmKind::Short { Vec::new() } else { payload };
+            // Only a user Long request goes into a created segment.
+            let in_seg = in_segment && kind == AmKind::Long && !reply && !system;
             let header = Header {
                 category: if reply { Category::Reply } else { Category::Request },
                 kind,
@@ -371,11 +412,18 @@ mod tests {
                 long_offset: if kind == AmKind::Long { long_offset } else { 0 },
             };
             let mut head = [0u8; MAX_HEAD_LEN];
-            let n = header.encode(&args, &mut head);
+            let n = if in_seg {
+                header.encode_in_segment(&args, &mut head)
+            } else {
+                header.encode(&args, &mut head)
+            };
             prop_assert_eq!(n, header.head_len());
             let mut bytes = head[..n].to_vec();
+            prop_assert_eq!(super::in_segment(&bytes), in_seg);
             let carries_payload = kind == AmKind::Medium || (kind == AmKind::Long && inline);
-            if carries_payload {
+            if in_seg {
+                bytes.extend_from_slice(&[7; SEGMENT_ID_LEN]);
+            } else if carries_payload {
                 bytes.extend_from_slice(&payload);
             }
             let decoded = Header::decode(&bytes, inline).unwrap();
@@ -506,12 +554,23 @@ mod tests {
             Header::decode(&bad, true),
             Err(WireError::BadFlags(_))
         ));
-        let mut bad = ok;
+        let mut bad = ok.clone();
         bad[0] = 0b1100;
         assert!(matches!(
             Header::decode(&bad, true),
             Err(WireError::BadFlags(_))
         ));
+        // A Long into a created segment is a user request: on a Medium, a reply or a system
+        // message the flag is refused (a peer cannot make a reply or system message land in
+        // a created segment).
+        for flags in [0b1_0100, 0b1_1001, 0b1_1010] {
+            let mut bad = ok.clone();
+            bad[0] = flags;
+            assert!(
+                matches!(Header::decode(&bad, true), Err(WireError::BadFlags(_))),
+                "{flags:#b}"
+            );
+        }
         assert!(matches!(
             Header::decode(&[0u8; 3], true),
             Err(WireError::Truncated { .. })

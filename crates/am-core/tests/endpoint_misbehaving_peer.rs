@@ -51,6 +51,8 @@ struct Seen {
     req_short: Cell<u32>,
     req_medium: Cell<u32>,
     req_long: Cell<u32>,
+    /// The segment the last Long landed in.
+    long_segment: Cell<Option<am_core::SegmentId>>,
     replies: Cell<u32>,
     last_reply: RefCell<Vec<u32>>,
 }
@@ -88,6 +90,7 @@ fn handlers(seen: &Rc<Seen>) -> Handlers<Local> {
     let s = seen.clone();
     h.request(REQ_LONG, "req_long", AmKind::Long, move |msg, token| {
         s.req_long.set(s.req_long.get() + 1);
+        s.long_segment.set(msg.long_segment());
         let at = msg.long_offset().expect("a Long has an offset") as u32;
         token.reply_short(REP_SHORT, &[at]).expect("reply");
     })
@@ -466,7 +469,85 @@ fn garbage() -> Vec<Vec<u8>> {
     let mut b = ok_long.clone();
     b.pop();
     g.push(b);
+    // A Long into a created segment whose id is cut short or too long, and the flag of one
+    // on a reply, a system message and a Medium.
+    let in_seg = long_in_segment(1, 0, 4);
+    g.push(in_seg[..in_seg.len() - 1].to_vec());
+    let mut b = in_seg.clone();
+    b.push(0);
+    g.push(b);
+    for (flags, at) in [
+        (0b1_1001, &in_seg),
+        (0b1_1010, &in_seg),
+        (0b1_0100, &ok_medium),
+    ] {
+        let mut b = at.clone();
+        b[0] = flags;
+        g.push(b);
+    }
     g
+}
+
+/// A Long request into created segment `seg`: its `len` bytes at `offset` written before
+/// (as its initiator would), the segment's id in the payload's place; its argument is the
+/// offset.
+fn long_in_segment(seg: u32, offset: u64, len: u32) -> Vec<u8> {
+    let h = Header {
+        long_offset: offset,
+        nargs: 1,
+        payload_len: len,
+        ..request(false, AmKind::Long, REQ_LONG.0)
+    };
+    let mut head = [0u8; MAX_HEAD_LEN];
+    let n = h.encode_in_segment(&[offset as u32], &mut head);
+    let mut bytes = head[..n].to_vec();
+    bytes.extend_from_slice(&seg.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn forged_longs_into_created_segments_run_nothing() {
+    // Catches a target that runs a handler on a segment it does not hold (or takes a forged
+    // id of 0 for segment 0), lends a payload view outside the segment, panics on a range a
+    // peer chose, or keeps the credit of a refused Long.
+    duel(
+        |t| {
+            let (mut node, seen) = start(t);
+            let id = node.create_segment(MADE).expect("create");
+            assert_eq!(id.get(), 1);
+            let caught = poll_until(&mut node, |_| seen.requests() == 2);
+            let made = MADE as u64;
+            let unknown: Vec<u32> = caught
+                .iter()
+                .filter_map(|m| match m {
+                    Misbehavior::UnknownSegment { id } => Some(id.get()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(unknown, [7, 0], "{caught:?}");
+            let out = |offset, len| Misbehavior::OutOfSegment { offset, len };
+            assert_eq!(caught[2..], [out(made - 2, 4), out(u64::MAX - 1, 4)]);
+            assert_eq!(seen.long_segment.get(), Some(id), "the good Long's segment");
+            assert_eq!(node.credits_available(1), CREDITS);
+        },
+        |evil| {
+            for (i, (seg, offset)) in [(7, 0), (0, 0), (1, MADE as u64 - 2), (1, u64::MAX - 1)]
+                .into_iter()
+                .enumerate()
+            {
+                evil.send(&long_in_segment(seg, offset, 4));
+                evil.expect_ack(&format!("forged Long #{i}"));
+            }
+            evil.send(&long_in_segment(1, 8, 4));
+            let g = evil.recv();
+            assert_eq!(
+                (g.hdr.handler, g.args.as_slice()),
+                (REP_SHORT.0, &[8][..]),
+                "{g:?}"
+            );
+            evil.check_node_still_works();
+        },
+    );
 }
 
 fn expected_malformed() -> Vec<Misbehavior> {

@@ -16,9 +16,10 @@ use crate::protocol::{
     HELLO_SIGNATURE_LEN, MAX_BATCH_ATOMICS, REGION_ENTRY_LEN,
 };
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
+use crate::segment::SegmentId;
 use crate::transport::{Delivery, Payload, Received, Route, SharedBytes, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
-use crate::wire::{self, Header, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
+use crate::wire::{self, Header, WireError, BASE_HEADER_LEN, MAX_ARGS, MAX_HEAD_LEN};
 
 fn misbehaved(peer: Rank, what: Misbehavior) -> AmError {
     AmError::PeerMisbehaved { peer, what }
@@ -601,6 +602,7 @@ impl<H: Threading> Endpoint<H> {
                 None,
                 grant,
                 segment,
+                SegmentId::ZERO,
                 tx,
             );
         }
@@ -636,6 +638,9 @@ impl<H: Threading> Endpoint<H> {
         let args = hdr.read_args(head, &mut argbuf);
         let body = body_after(d.bytes, hdr.head_len())?;
         let grant = self.take_credits(src, &hdr, args)?;
+        if hdr.kind == AmKind::Long && wire::in_segment(head) {
+            return self.long_in_segment(src, route, &hdr, args, body, grant, segment, tx);
+        }
         // A Long payload carried inline is copied into the segment only once the message is
         // accepted, so a rejected message leaves the segment as it was.
         let (payload, long, inline_long) = match hdr.kind {
@@ -676,6 +681,7 @@ impl<H: Threading> Endpoint<H> {
             inline_long,
             grant,
             segment,
+            SegmentId::ZERO,
             tx,
         )
     }
@@ -730,6 +736,7 @@ impl<H: Threading> Endpoint<H> {
         inline_long: Option<Payload<'_>>,
         grant: u8,
         segment: SharedBytes<'_>,
+        long_segment: SegmentId,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
         let id = hdr.handler as usize;
@@ -746,6 +753,7 @@ impl<H: Threading> Endpoint<H> {
             args,
             payload,
             long: long_offset,
+            long_segment,
             segment,
             scratch: Cell::new(Some(scratch)),
             copied: OnceCell::new(),
@@ -830,7 +838,79 @@ impl<H: Threading> Endpoint<H> {
         let payload = body_after(bytes, hdr.head_len())?;
         let grant = self.take_credits(src, hdr, args)?;
         self.dispatch_user(
-            src, route, hdr, args, payload, None, None, grant, segment, tx,
+            src,
+            route,
+            hdr,
+            args,
+            payload,
+            None,
+            None,
+            grant,
+            segment,
+            SegmentId::ZERO,
+            tx,
+        )
+    }
+
+    /// A Long into this rank's created segment, whose payload its initiator wrote before
+    /// sending it (the message carries the segment's id): the handler runs with the payload
+    /// where it lies. A segment this rank does not hold is misbehavior, as a range outside
+    /// it is: the initiator wrote the payload into it first, and a free waits for every
+    /// member of the team, so only a program that frees a segment while a Long into it is
+    /// on its way meets this.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn long_in_segment(
+        &mut self,
+        src: Rank,
+        route: Route,
+        hdr: &Header,
+        args: &[u32],
+        body: Payload<'_>,
+        grant: u8,
+        segment: SharedBytes<'_>,
+        tx: &mut dyn Tx,
+    ) -> Result<(), AmError> {
+        let mut id = [0u8; wire::SEGMENT_ID_LEN];
+        match body {
+            Payload::Private(b) if b.len() == id.len() => id.copy_from_slice(b),
+            Payload::Shared(s) if s.len() == id.len() => s.read(0, &mut id).map_err(shm_err)?,
+            _ => {
+                let e = misbehaved(
+                    src,
+                    Misbehavior::Malformed(WireError::LengthMismatch {
+                        announced: wire::SEGMENT_ID_LEN as u32,
+                        present: body.len(),
+                    }),
+                );
+                return refuse_request(&mut self.replies, tx, src, route, grant, e);
+            }
+        }
+        let id = SegmentId::new(u32::from_le_bytes(id));
+        // Its own handle on the mapping: the handler runs with `self` borrowed.
+        let Some(ours) = self.segments.own_share(id) else {
+            let e = misbehaved(src, Misbehavior::UnknownSegment { id });
+            return refuse_request(&mut self.replies, tx, src, route, grant, e);
+        };
+        let bytes = ours.byte_area();
+        let Some(r) = segment_range(hdr.long_offset, u64::from(hdr.payload_len), bytes.len())
+        else {
+            return self.out_of_segment(src, route, hdr, args, grant, tx);
+        };
+        let payload = Payload::Shared(bytes.slice(r.start, r.len()).map_err(shm_err)?);
+        self.dispatch_user(
+            src,
+            route,
+            hdr,
+            args,
+            payload,
+            Some(r),
+            None,
+            grant,
+            segment,
+            id,
+            tx,
         )
     }
 

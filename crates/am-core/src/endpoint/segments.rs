@@ -15,6 +15,7 @@ use crate::reply::segment_range;
 use crate::segment::{free_block, publish_block, RemoteSegment, SegOp, SegStep, SegmentId};
 use crate::team::Team;
 use crate::transport::{SharedBytes, Transport};
+use crate::types::AmKind;
 
 impl<H: Threading> Endpoint<H> {
     /// Creates a segment of `len` bytes bound to this endpoint, all zero
@@ -192,6 +193,39 @@ impl<H: Threading> Endpoint<H> {
         let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
         self.ops[index as usize].seg = id.get();
         Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts a Long request into `remote`, a created segment
+    /// ([`crate::endpoint::start::LongTo`]): checks the request (its target, a handler
+    /// registered as a Long request, the arguments) and the range, then starts the put of
+    /// its payload ([`Endpoint::put_to_start`]). Once that put is complete,
+    /// [`Endpoint::long_in_segment_step`] sends the request's head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn long_to_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        handler: crate::types::HandlerId,
+        args: &[u32],
+        payload: &[u8],
+    ) -> Poll<Result<Op<()>, AmError>> {
+        // The payload goes by put, so the transport's largest Long does not bound it; the
+        // head's length field does.
+        let checked = self
+            .check_request(remote.rank(), AmKind::Long, handler, args, 0, None)
+            .and_then(|()| match u32::try_from(payload.len()) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(AmError::PayloadTooLarge {
+                    kind: AmKind::Long,
+                    len: payload.len(),
+                    max: u32::MAX as usize,
+                }),
+            });
+        if let Err(e) = checked {
+            return Poll::Ready(Err(e));
+        }
+        self.put_to_start(t, remote, offset, payload)
     }
 
     /// Starts a get of `len` bytes at `offset` of `remote`

@@ -195,8 +195,29 @@ impl<H: Threading> Endpoint<H> {
             payload_len: payload.len() as u32,
             long_offset: long_offset.unwrap_or(0) as u64,
         };
+        self.offer(tx, dest, &header, false, args, payload, long_offset)
+    }
+
+    /// Offers a request whose credit is taken to the device (`in_segment`: the head of a Long
+    /// into a created segment); gives the credit back if it is not sent.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn offer(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        header: &Header,
+        in_segment: bool,
+        args: &[u32],
+        payload: &[u8],
+        long_offset: Option<usize>,
+    ) -> Result<bool, AmError> {
         let mut head = [0u8; MAX_HEAD_LEN];
-        let n = header.encode(args, &mut head);
+        let n = if in_segment {
+            header.encode_in_segment(args, &mut head)
+        } else {
+            header.encode(args, &mut head)
+        };
         let out = Outgoing {
             head: &head[..n],
             payload: Payload::Private(payload),
@@ -214,6 +235,45 @@ impl<H: Threading> Endpoint<H> {
                 self.credits.cancel(dest);
                 Err(self.nic_failed(e))
             }
+        }
+    }
+
+    /// A step of sending the head of a Long into `dest`'s created segment `seg`, whose `len`
+    /// bytes at `offset` its initiator has written ([`crate::endpoint::start::LongTo`]): a
+    /// message that carries the segment's id in the payload's place. Checked by
+    /// [`Endpoint::long_to_start`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn long_in_segment_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        handler: HandlerId,
+        args: &[u32],
+        seg: u32,
+        offset: usize,
+        len: usize,
+    ) -> Poll<Result<(), AmError>> {
+        if let Poll::Ready(gone) = self.waiting_for(dest) {
+            return Poll::Ready(Err(gone));
+        }
+        if !self.credits.try_acquire(dest) {
+            self.credit_waits += 1;
+            return Poll::Pending;
+        }
+        let header = Header {
+            category: Category::Request,
+            kind: AmKind::Long,
+            system: false,
+            handler: handler.0,
+            nargs: args.len() as u8,
+            credit: self.credits.request_hint(dest),
+            payload_len: len as u32,
+            long_offset: offset as u64,
+        };
+        match self.offer(tx, dest, &header, true, args, &seg.to_le_bytes(), None) {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
         }
     }
 

@@ -803,6 +803,99 @@ impl Start for PutTo<'_> {
     }
 }
 
+/// An AM Long request into a published segment ([`crate::segment`]): `payload` lands at
+/// `offset` of `remote`, then `handler` runs at its owner, which finds the payload there
+/// ([`crate::Msg::long_segment`], [`crate::Msg::long_offset`]). On segment 0 it is the Long
+/// of `request_long`. On a created segment the payload goes first, as a [`PutTo`] (one
+/// copy where the segment is mapped, system messages that the owner acknowledges
+/// elsewhere), and the request's head follows once the put is complete, carrying the
+/// segment's id: it is locally complete when the head is sent, and its payload is not
+/// bounded by the transport's largest Long. An unknown or freed segment, a range past its
+/// published length or a handler not registered as a Long request is an error when it
+/// starts, and nothing is sent.
+#[derive(Debug)]
+pub struct LongTo<'a> {
+    remote: crate::segment::RemoteSegment,
+    offset: usize,
+    handler: HandlerId,
+    args: &'a [u32],
+    payload: &'a [u8],
+    /// The put of the payload, until it is complete.
+    put: Option<Op<()>>,
+}
+
+impl<'a> LongTo<'a> {
+    /// A Long request of `handler` with `args`, its `payload` at `offset` of `remote`.
+    pub fn new(
+        remote: &crate::segment::RemoteSegment,
+        offset: usize,
+        handler: HandlerId,
+        args: &'a [u32],
+        payload: &'a [u8],
+    ) -> Self {
+        LongTo {
+            remote: *remote,
+            offset,
+            handler,
+            args,
+            payload,
+            put: None,
+        }
+    }
+}
+
+impl Start for LongTo<'_> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let (dest, id) = (self.remote.rank(), self.remote.id());
+        if id == crate::segment::SegmentId::ZERO {
+            let kind = crate::AmKind::Long;
+            let (args, len) = (self.args, self.payload.len());
+            if let Err(e) = ep.check_request(dest, kind, self.handler, args, len, Some(self.offset))
+            {
+                return Poll::Ready(Err(e));
+            }
+        } else {
+            let put = ep.long_to_start(
+                t,
+                &self.remote,
+                self.offset,
+                self.handler,
+                self.args,
+                self.payload,
+            );
+            self.put = Some(ready!(put)?);
+        }
+        Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        let _ = op;
+        let (dest, id) = (self.remote.rank(), self.remote.id());
+        if id == crate::segment::SegmentId::ZERO {
+            let kind = crate::AmKind::Long;
+            let (args, data) = (self.args, self.payload);
+            return ep.request_step(t, dest, kind, self.handler, args, data, Some(self.offset));
+        }
+        // The head goes only once the payload is where the handler will read it.
+        if let Some(put) = self.put.as_mut() {
+            ready!(ep.put_step(t, put, self.payload))?;
+            ready!(ep.poll_op(t, put, None))?;
+            self.put = None;
+        }
+        let (args, len) = (self.args, self.payload.len());
+        ep.long_in_segment_step(t, dest, self.handler, args, id.get(), self.offset, len)
+    }
+}
+
 /// A get from a published segment ([`crate::segment`]): `len` bytes at `offset` of
 /// `remote` into a new `Vec`, as [`PutTo`] (a [`Get`] on segment 0).
 #[derive(Debug, Clone, Copy)]
@@ -1282,6 +1375,13 @@ macro_rules! operations {
             /// Collective over the team.
             free_segment [] (team: &$crate::team::Team, id: $crate::segment::SegmentId) -> ()
                 = $crate::endpoint::start::FreeSegment::new(team, id); nb free_segment_nb; owns;
+        }
+        $driver! { op
+            /// Sends an AM Long request whose payload lands at `offset` of a published
+            /// segment, then runs `handler` at its owner
+            /// ([`LongTo`](crate::endpoint::start::LongTo)).
+            request_long_to [] (remote: &$crate::segment::RemoteSegment, offset: usize, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> ()
+                = $crate::endpoint::start::LongTo::new(remote, offset, handler, args, payload); nb request_long_to_nb; borrows;
         }
         $driver! { op
             /// Writes `data` at `offset` of a published segment
