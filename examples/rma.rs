@@ -10,7 +10,9 @@
 //! many `Node::get_into` from it, then the same from and into its own segment
 //! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), then puts into
 //! and gets from a segment rank 1 created and published as the job runs (`put_to`,
-//! `get_from_into`: rows `put_to` and `get_from`), `--reps` times, and reports the median
+//! `get_from_into`: rows `put_to` and `get_from`) and AM Long requests whose payload lands
+//! there (`request_long_to`, row `long_to`: each a `put_to` and then the request's head,
+//! timed until every handler ran), `--reps` times, and reports the median
 //! bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
 //! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
 //! loopback each put and get is one copy that rank 1 takes no part in.
@@ -122,6 +124,25 @@ fn timed_remote(
     Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
 }
 
+/// The Long request handler of the `long_to` row: the payload is in place when it runs.
+const LONG_TO: amnet::HandlerId = amnet::HandlerId(1);
+
+/// As [`timed_remote`], `ops` AM Long requests whose payload `buf` lands at offset 0 of
+/// `remote`, until every one has been answered (their handlers ran).
+fn timed_long_to(
+    node: &mut Node<AnyTransport, Local>,
+    remote: &amnet::RemoteSegment,
+    buf: &[u8],
+    ops: usize,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        node.request_long_to(remote, 0, LONG_TO, &[], buf)?;
+    }
+    node.quiesce()?;
+    Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+}
+
 /// The copy floor of `bytes`, `ops` times, between ranks 0 and 1 (both call it; the
 /// others do not): bytes per second at rank 0, `None` elsewhere or without a floor.
 fn floor(
@@ -181,7 +202,14 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     let name = transport.name();
     let kind: TransportKind = name.parse()?;
     let config = Config::from_env_for_ranks(transport.size())?;
-    let mut node = Node::new(transport, Handlers::local(), config)?;
+    let mut handlers = Handlers::local();
+    handlers.request(
+        LONG_TO,
+        "rma_long_to",
+        amnet::AmKind::Long,
+        |_msg, _token| {},
+    )?;
+    let mut node = Node::new(transport, handlers, config)?;
     let me = node.rank();
     let seg = node.segment().len();
     // Every rank creates a segment as large as the largest size and publishes it: rank 0
@@ -235,7 +263,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         node.segment().write(0, &buf)?;
         let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seg_puts, mut seg_gets) = (Vec::new(), Vec::new());
-        let (mut to_puts, mut from_gets) = (Vec::new(), Vec::new());
+        let (mut to_puts, mut from_gets, mut longs) = (Vec::new(), Vec::new(), Vec::new());
         // Warm-up (page faults, caches), then floor, put and get in turn in each repetition,
         // so that all three see the same moments of a noisy machine.
         for rep in 0..=args.reps {
@@ -253,7 +281,9 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 seg_gets.push(timed_seg(&mut node, true, size, ops)?);
                 to_puts.push(timed_remote(&mut node, &remote, false, &mut buf, ops)?);
                 from_gets.push(timed_remote(&mut node, &remote, true, &mut buf, ops)?);
+                longs.push(timed_long_to(&mut node, &remote, &buf, ops)?);
                 if rep == 0 {
+                    longs.clear();
                     to_puts.clear();
                     from_gets.clear();
                     puts.clear();
@@ -288,6 +318,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             ("get_seg", seg_gets),
             ("put_to", to_puts),
             ("get_from", from_gets),
+            ("long_to", longs),
         ] {
             let bw = median(samples);
             let ratio = floor.filter(|&f| f > 0.0).map(|f| bw / f);
