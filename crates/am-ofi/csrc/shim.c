@@ -26,8 +26,6 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#define AMOFI_MRS 5
-
 /* What the Rust side reads of an fi_info. */
 struct amofi_attr {
 	uint64_t caps;
@@ -67,8 +65,14 @@ struct amofi {
 	struct fid_av *av;
 	struct fid_cq *cq;
 	struct fid_ep *ep;
-	struct fid_mr *mr[AMOFI_MRS];
-	void *desc[AMOFI_MRS];
+	/* Registrations by slot, `nmr` of them (NULL: a free slot), grown as slots are used. */
+	struct fid_mr **mr;
+	void **desc;
+	int nmr;
+	/* The last key handed out where the provider does not pick keys (no FI_MR_PROV_KEY):
+	 * every registration of the endpoint's life gets another, so that a key a peer kept
+	 * never names a later registration. */
+	uint64_t last_key;
 	int wait_fd;
 };
 
@@ -196,7 +200,7 @@ int amofi_shutdown(struct amofi *a)
 	if (a->ep)
 		rc = fi_close(&a->ep->fid);
 	a->ep = NULL;
-	for (int i = 0; i < AMOFI_MRS; i++) {
+	for (int i = 0; i < a->nmr; i++) {
 		if (a->mr[i])
 			fi_close(&a->mr[i]->fid);
 		a->mr[i] = NULL;
@@ -234,10 +238,10 @@ struct amofi *amofi_detach(struct amofi *a)
 	a->av = NULL;
 	a->cq = NULL;
 	a->ep = NULL;
-	for (int i = 0; i < AMOFI_MRS; i++) {
-		a->mr[i] = NULL;
-		a->desc[i] = NULL;
-	}
+	/* The tables go with the registrations in them. */
+	a->mr = NULL;
+	a->desc = NULL;
+	a->nmr = 0;
 	a->wait_fd = -1;
 	return k;
 }
@@ -250,6 +254,8 @@ int amofi_close(struct amofi *a)
 	int rc = amofi_shutdown(a);
 	if (a->info)
 		fi_freeinfo(a->info);
+	free(a->mr);
+	free(a->desc);
 	free(a);
 	return rc;
 }
@@ -372,10 +378,39 @@ int amofi_av_insert(struct amofi *a, const void *addr, size_t len, uint64_t *out
 	return 0;
 }
 
-/* Registers `len` bytes at `buf` as region `slot`. `remote`: peers read and write it;
- * otherwise it is local memory operations use, registered only where the provider asks for
- * that (FI_MR_LOCAL). The key peers use goes to `*key`, the address they name it by to
- * `*base` (the virtual address, or 0 where offsets are used). */
+/* Makes room for slot `slot` in the registration tables: 0, or -FI_ENOMEM (the tables are
+ * then as they were, or larger with the new entries free). */
+static int mr_room(struct amofi *a, int slot)
+{
+	if (slot < a->nmr)
+		return 0;
+	int n = a->nmr ? a->nmr : 8;
+	while (n <= slot) {
+		if (n > (1 << 20))
+			return -FI_ENOMEM;
+		n *= 2;
+	}
+	struct fid_mr **mr = realloc(a->mr, (size_t)n * sizeof(*mr));
+	if (!mr)
+		return -FI_ENOMEM;
+	a->mr = mr;
+	void **desc = realloc(a->desc, (size_t)n * sizeof(*desc));
+	if (!desc)
+		return -FI_ENOMEM;
+	a->desc = desc;
+	for (int i = a->nmr; i < n; i++) {
+		a->mr[i] = NULL;
+		a->desc[i] = NULL;
+	}
+	a->nmr = n;
+	return 0;
+}
+
+/* Registers `len` bytes at `buf` as region `slot` (any slot not in use; the tables grow to
+ * hold it). `remote`: peers read and write it; otherwise it is local memory operations use,
+ * registered only where the provider asks for that (FI_MR_LOCAL). The key peers use goes to
+ * `*key`, the address they name it by to `*base` (the virtual address, or 0 where offsets
+ * are used). On failure the slot is left free. */
 int amofi_mr_reg(struct amofi *a, int slot, void *buf, size_t len, int remote, uint64_t *key,
 		 uint64_t *base)
 {
@@ -384,32 +419,54 @@ int amofi_mr_reg(struct amofi *a, int slot, void *buf, size_t len, int remote, u
 	uint64_t mr_mode = (uint64_t)a->info->domain_attr->mr_mode;
 	*key = 0;
 	*base = (mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)buf : 0;
-	if (slot < 0 || slot >= AMOFI_MRS || a->mr[slot])
+	if (slot < 0)
+		return -FI_EINVAL;
+	int rc = mr_room(a, slot);
+	if (rc)
+		return rc;
+	if (a->mr[slot])
 		return -FI_EINVAL;
 	if (!remote && !(mr_mode & FI_MR_LOCAL))
 		return 0;
 	uint64_t access = remote ? (FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE)
 				 : (FI_SEND | FI_RECV | FI_READ | FI_WRITE);
-	/* Without FI_MR_PROV_KEY the application picks the keys: the slot is unique. */
-	int rc = fi_mr_reg(a->domain, buf, len, access, 0, (uint64_t)slot + 1, 0, &a->mr[slot],
-			   NULL);
+	/* Without FI_MR_PROV_KEY the application picks the keys: never one handed out before. */
+	struct fid_mr *mr = NULL;
+	rc = fi_mr_reg(a->domain, buf, len, access, 0, ++a->last_key, 0, &mr, NULL);
 	if (rc)
 		return rc;
 	if (mr_mode & FI_MR_ENDPOINT) {
-		rc = fi_mr_bind(a->mr[slot], &a->ep->fid, 0);
+		rc = fi_mr_bind(mr, &a->ep->fid, 0);
 		if (!rc)
-			rc = fi_mr_enable(a->mr[slot]);
-		if (rc)
+			rc = fi_mr_enable(mr);
+		if (rc) {
+			fi_close(&mr->fid);
 			return rc;
+		}
 	}
-	a->desc[slot] = fi_mr_desc(a->mr[slot]);
-	*key = fi_mr_key(a->mr[slot]);
+	a->mr[slot] = mr;
+	a->desc[slot] = fi_mr_desc(mr);
+	*key = fi_mr_key(mr);
+	return 0;
+}
+
+/* Closes the registration in `slot` (nothing there: nothing to do), and frees the slot. Once
+ * it returns 0 the provider no longer touches the memory through it; otherwise it may. */
+int amofi_mr_close(struct amofi *a, int slot)
+{
+	if (slot < 0 || slot >= a->nmr || !a->mr[slot])
+		return 0;
+	int rc = fi_close(&a->mr[slot]->fid);
+	if (rc)
+		return rc;
+	a->mr[slot] = NULL;
+	a->desc[slot] = NULL;
 	return 0;
 }
 
 static void *desc(struct amofi *a, int slot)
 {
-	return (slot >= 0 && slot < AMOFI_MRS) ? a->desc[slot] : NULL;
+	return (slot >= 0 && slot < a->nmr) ? a->desc[slot] : NULL;
 }
 
 ssize_t amofi_recv(struct amofi *a, void *buf, size_t len, int slot, uint64_t ctx)

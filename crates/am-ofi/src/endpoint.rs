@@ -17,12 +17,14 @@ use crate::{OfiError, FI_EAGAIN};
 /// `FI_EAVAIL`: an error completion is next.
 const FI_EAVAIL: i32 = 259;
 
-/// Memory registration slots of the shim (`AMOFI_MRS`).
+/// Memory registration slots of the shim: the endpoint's own, then those of segments
+/// registered with [`Endpoint::register_segment`] from [`MR_FIRST_SEGMENT`] on.
 const MR_SEGMENT: i32 = 0;
 const MR_RECV: i32 = 1;
 const MR_SEND: i32 = 2;
 const MR_STAGE: i32 = 3;
 const MR_AMO: i32 = 4;
+const MR_FIRST_SEGMENT: i32 = 5;
 
 /// Operation contexts: the kind in the high half, the slot in the low.
 const CTX_RECV: u64 = 1 << 32;
@@ -93,6 +95,22 @@ pub struct Region {
     pub key: u64,
     /// Length in bytes.
     pub len: u64,
+}
+
+/// A segment registered with [`Endpoint::register_segment`], until
+/// [`Endpoint::deregister`] takes it: one handle per registration (neither `Clone` nor
+/// `Copy`), so none outlives its registration to end a later one in the same slot.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Registration(i32);
+
+/// A slot of [`Endpoint::register_segment`]'s registrations.
+enum Registered {
+    Free,
+    /// Registered, with a handle that keeps the memory mapped.
+    Held(Segment),
+    /// Its registration could not be closed: its memory was leaked, and the slot is never
+    /// used again.
+    Leaked,
 }
 
 /// What the completion queue reported.
@@ -253,6 +271,7 @@ struct Kept {
     // Dropped after `raw` is closed (see `Drop`).
     mem: Vec<Arc<Alloc>>,
     segment: Segment,
+    registered: Vec<Segment>,
 }
 
 // SAFETY: the objects are used by nobody until they are closed, by one thread, under the
@@ -269,6 +288,9 @@ impl Drop for Kept {
                 std::mem::forget(Arc::clone(m));
             }
             std::mem::forget(self.segment.share());
+            for seg in &self.registered {
+                std::mem::forget(seg.share());
+            }
         }
     }
 }
@@ -293,6 +315,9 @@ pub struct Endpoint {
     // Dropped after `raw` is closed (see `Drop`).
     segment: Segment,
     region: Region,
+    /// Segments registered for peers' access, by slot from [`MR_FIRST_SEGMENT`]: each holds
+    /// a handle of its memory, so the memory stays mapped while the provider may reach it.
+    registered: Vec<Registered>,
     recv: Buffers,
     send: Buffers,
     stage: Buffers,
@@ -392,7 +417,19 @@ impl Endpoint {
                 .map(|b| Arc::clone(&b.mem))
                 .collect(),
             segment: self.segment.share(),
+            registered: self.registered_shares(),
         })
+    }
+
+    /// Another handle of every segment registered now.
+    fn registered_shares(&self) -> Vec<Segment> {
+        self.registered
+            .iter()
+            .filter_map(|r| match r {
+                Registered::Held(seg) => Some(seg.share()),
+                Registered::Free | Registered::Leaked => None,
+            })
+            .collect()
     }
 
     /// The endpoint could not be closed, so the provider may still touch what it was lent:
@@ -402,6 +439,9 @@ impl Endpoint {
             std::mem::forget(Arc::clone(&b.mem));
         }
         std::mem::forget(self.segment.share());
+        for seg in self.registered_shares() {
+            std::mem::forget(seg);
+        }
     }
 
     /// Opens an endpoint on `iface`, registers `segment`'s byte area for peers' RMA and
@@ -472,6 +512,7 @@ impl Endpoint {
                 len: segment.byte_area().len() as u64,
             },
             segment,
+            registered: Vec::new(),
             recv,
             send,
             stage,
@@ -514,9 +555,12 @@ impl Endpoint {
         remote: bool,
     ) -> Result<(u64, u64), OfiError> {
         let (mut key, mut base) = (0u64, 0u64);
-        // SAFETY: `ptr..ptr+len` is memory this endpoint owns for its whole life (the
-        // segment, or a buffer allocation), and is deregistered when the endpoint closes,
-        // before it is freed.
+        // SAFETY: `ptr..ptr+len` is memory this endpoint keeps mapped while it is
+        // registered: its own segment or a buffer allocation, for its whole life, or a
+        // segment of `register_segment`, whose handle `registered` holds until the slot is
+        // closed (`deregister`) or the endpoint is (its drop closes `raw` before the fields
+        // go; a close that fails leaks them). The provider reaches it only through libfabric,
+        // never through a Rust reference.
         let rc = unsafe {
             ffi::amofi_mr_reg(
                 self.raw.as_ptr(),
@@ -622,6 +666,69 @@ impl Endpoint {
     /// Where peers find this endpoint's segment.
     pub fn region(&self) -> Region {
         self.region
+    }
+
+    /// Registers all of `segment` (its word area, then its byte area:
+    /// [`Segment::whole_area`]) for peers' RMA and atomics, holding a handle of it so that
+    /// its memory stays mapped until [`Endpoint::deregister`] (or the endpoint's close):
+    /// where peers find it, and the handle to deregister it by. Each registration gets a key
+    /// of its own where the provider leaves keys to the endpoint.
+    pub fn register_segment(
+        &mut self,
+        segment: &Segment,
+    ) -> Result<(Registration, Region), OfiError> {
+        let index = match self
+            .registered
+            .iter()
+            .position(|r| matches!(r, Registered::Free))
+        {
+            Some(i) => i,
+            None => {
+                self.registered.push(Registered::Free);
+                self.registered.len() - 1
+            }
+        };
+        let slot = i32::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_add(MR_FIRST_SEGMENT))
+            .ok_or_else(|| local_error("fi_mr_reg", "too many registrations"))?;
+        let held = segment.share();
+        let (ptr, len) = {
+            let area = held.whole_area();
+            (area.as_ptr(), area.len())
+        };
+        let (key, base) = self.register(slot, ptr, len.max(1), true)?;
+        self.registered[index] = Registered::Held(held);
+        let region = Region {
+            base,
+            key,
+            len: len as u64,
+        };
+        Ok((Registration(slot), region))
+    }
+
+    /// Ends registration `r` ([`Endpoint::register_segment`]): peers' accesses with its key
+    /// fail from now on, and its handle of the segment's memory is dropped. If the provider
+    /// cannot close it, it may still reach the memory, which then stays mapped for good.
+    pub fn deregister(&mut self, r: Registration) -> Result<(), OfiError> {
+        let Some(index) =
+            r.0.checked_sub(MR_FIRST_SEGMENT)
+                .and_then(|i| usize::try_from(i).ok())
+                .filter(|&i| matches!(self.registered.get(i), Some(Registered::Held(_))))
+        else {
+            return Ok(());
+        };
+        // SAFETY: a valid handle; the shim closes the registration in that slot, after which
+        // the provider no longer reaches its memory (or reports that it could not).
+        let rc = unsafe { ffi::amofi_mr_close(self.raw.as_ptr(), r.0) };
+        let was = std::mem::replace(&mut self.registered[index], Registered::Free);
+        if rc != 0 {
+            // Still the provider's: its memory is never unmapped, and the slot never reused.
+            self.registered[index] = Registered::Leaked;
+            std::mem::forget(was);
+            return Err(self.error("fi_close(mr)", -rc));
+        }
+        Ok(())
     }
 
     /// The registered segment's byte area (peers write it at any time).

@@ -95,6 +95,7 @@ extern "C" {
         key: *mut u64,
         base: *mut u64,
     ) -> c_int;
+    pub(crate) fn amofi_mr_close(a: *mut Amofi, slot: c_int) -> c_int;
     pub(crate) fn amofi_recv(
         a: *mut Amofi,
         buf: *mut c_void,

@@ -36,7 +36,7 @@ mod ffi;
 mod info;
 
 #[cfg(feature = "libfabric")]
-pub use endpoint::{Endpoint, EndpointConfig, Event, Issued, Op, Region};
+pub use endpoint::{Endpoint, EndpointConfig, Event, Issued, Op, Region, Registration};
 #[cfg(feature = "libfabric")]
 pub use info::{providers, Interface};
 

@@ -899,6 +899,14 @@ impl Segment {
         self.view.byte_area()
     }
 
+    /// The word area and the byte area together, as one view from the word area's first
+    /// byte (the memory a NIC registers for peers to reach both: the byte area starts
+    /// [`Segment::words_len`] bytes in). Peers may write it at any time, as the byte area.
+    #[inline]
+    pub fn whole_area(&self) -> SharedBytes<'_> {
+        SharedBytes::new(&self.view.map, 0, self.view.words + self.view.bytes)
+    }
+
     /// Plain copy into the byte area for the raw copy floor, whose byte area is written by one
     /// thread and read by no one.
     #[cfg(not(loom))]
