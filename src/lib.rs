@@ -345,6 +345,44 @@ impl Transport for AnyTransport {
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         dispatch!(self, t => t.atomics(batch))
     }
+
+    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
+        dispatch!(self, t => t.register_segment(id, seg))
+    }
+
+    fn deregister_segment(&mut self, id: u32) {
+        dispatch!(self, t => t.deregister_segment(id))
+    }
+
+    fn put_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.put_at(dest, key, offset, data))
+    }
+
+    fn get_at(
+        &mut self,
+        src: Rank,
+        key: &[u8],
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.get_at(src, key, offset, dst))
+    }
+
+    fn atomic_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        atomic: am_core::atomic::Atomic,
+    ) -> Result<u64, SendError> {
+        dispatch!(self, t => t.atomic_at(dest, key, offset, atomic))
+    }
 }
 
 /// What a job needs to start.

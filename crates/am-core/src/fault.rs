@@ -355,6 +355,40 @@ impl<T: Transport> Transport for FaultInjector<T> {
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
         self.inner.atomics(batch)
     }
+    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
+        self.inner.register_segment(id, seg)
+    }
+    fn deregister_segment(&mut self, id: u32) {
+        self.inner.deregister_segment(id)
+    }
+    /// RMA on registered segments is the NIC's too: nothing to delay or reorder.
+    fn put_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        self.inner.put_at(dest, key, offset, data)
+    }
+    fn get_at(
+        &mut self,
+        src: Rank,
+        key: &[u8],
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        self.inner.get_at(src, key, offset, dst)
+    }
+    fn atomic_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<u64, SendError> {
+        self.inner.atomic_at(dest, key, offset, atomic)
+    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)

@@ -40,9 +40,17 @@
 //! carries the file's handle, and the first operation on a peer's segment maps it (after
 //! checking that the file is that segment, by a nonce in its name): a put, get or atomic
 //! on it is then a copy or an atomic instruction by the initiator, complete when it
-//! returns, with no message and no help from the owner. A segment that does not map, and
-//! every created segment elsewhere (udp, ofi), is reached by system messages that the
-//! owner's progress applies, one Medium per `max_medium` bytes. An operation on this
+//! returns, with no message and no help from the owner. Where the transport registers
+//! segments for its RMA instead ([`crate::Capabilities::rma_segments`]: ofi), the owner
+//! registers a segment (its control words and its bytes) before its first publication,
+//! which carries the key the transport returned; a put, get or atomic on a peer's segment
+//! is then the transport's RMA ([`crate::Transport::put_at`]; atomics where the transport
+//! applies them, [`crate::Capabilities::atomics`]), complete when it returns, after an RMA
+//! read of the segment's freed word (the check a mapping peer makes with a load). A key a
+//! peer published is its word: one the transport cannot have made is
+//! [`crate::AmError::PeerMisbehaved`] naming it. A segment that does not map or did not
+//! register, and every created segment elsewhere (udp), is reached by system messages that
+//! the owner's progress applies, one Medium per `max_medium` bytes. An operation on this
 //! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:
@@ -57,7 +65,12 @@
 //! the free runs no handler, and the owner reports the initiator's misbehavior; over messages, a put still in flight when its
 //! owner frees the segment may have written its first pieces and fails with
 //! [`crate::AmError::UnknownSegment`]; on a mapping, one that passed its check just before
-//! the free writes into memory nobody reads any more.
+//! the free writes into memory nobody reads any more. A registered segment's registration
+//! ends once it is freed on a team of every rank it was published to (each completed its
+//! operations before the free); freed on a smaller team, it stays registered (its memory
+//! with the transport) until the transport closes, so that a rank outside that team finds
+//! it freed by its check rather than an access the transport refuses, which some providers
+//! answer by dropping the connection.
 
 use std::collections::HashMap;
 
@@ -84,7 +97,7 @@ pub(crate) const REMOTE_LEN: usize = 16;
 pub(crate) const BLOCK_LEN: usize = 64;
 
 /// The longest key a publication block carries.
-const MAX_KEY: usize = BLOCK_LEN - 24;
+pub(crate) const MAX_KEY: usize = BLOCK_LEN - 24;
 
 /// The key-length word of a member that could not publish the segment it named, and the
 /// flag word of one that could not free it: every member then fails the collective with
@@ -98,7 +111,7 @@ pub(crate) const FREE_BLOCK_LEN: usize = 8;
 /// frees it, so that a peer that mapped it refuses later operations. A whole page, so that
 /// the bytes start on a page boundary as segment 0's do: a copy into a range whose offset
 /// within its pages differs from the source's runs measurably slower.
-const CONTROL_WORDS: usize = 4096;
+pub(crate) const CONTROL_WORDS: usize = 4096;
 
 /// The key of a peer's segment in [`Segments::known`]: its owner and its id.
 fn known_key(rank: Rank, id: u32) -> u64 {
@@ -183,12 +196,79 @@ pub(crate) struct MapKey {
     nonce: u64,
 }
 
+impl MapKey {
+    /// The key as a publication block carries it: the handle's bytes and the nonce.
+    pub(crate) fn as_published(&self) -> PublishedKey<'_> {
+        (self.handle.as_bytes(), self.nonce)
+    }
+}
+
+/// How a peer reaches a created segment through the transport's RMA
+/// ([`crate::Capabilities::rma_segments`]): the key blob its owner's transport returned
+/// when it registered the segment, as the publication carried it (the peer's word, checked
+/// by the transport on each use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RmaKey {
+    bytes: [u8; MAX_KEY],
+    len: u8,
+}
+
+impl RmaKey {
+    /// The key of at most [`MAX_KEY`] bytes of `b` (a longer one is cut there, and the
+    /// transport refuses it as malformed).
+    fn new(b: &[u8]) -> RmaKey {
+        let n = b.len().min(MAX_KEY);
+        let mut bytes = [0; MAX_KEY];
+        bytes[..n].copy_from_slice(&b[..n]);
+        RmaKey {
+            bytes,
+            len: n as u8,
+        }
+    }
+
+    /// The blob, for [`crate::Transport::put_at`] and its kin.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// What a publication's keys are, and so how peers reach the created segments published:
+/// by the transport's capabilities, the same on every member of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// No keys: system messages that the owner's progress applies.
+    Messages,
+    /// Memory files' handles, which peers map ([`crate::Capabilities::map_segments`]).
+    Map,
+    /// The transport's key blobs, by which peers' RMA reaches the segments
+    /// ([`crate::Capabilities::rma_segments`]).
+    Rma,
+}
+
+impl Reach {
+    /// How a transport with `caps` reaches peers' created segments.
+    pub(crate) fn of(caps: crate::Capabilities) -> Reach {
+        if caps.map_segments {
+            Reach::Map
+        } else if caps.rma_segments {
+            Reach::Rma
+        } else {
+            Reach::Messages
+        }
+    }
+}
+
+/// A key as a publication block carries it: its bytes, and the nonce of the segment's memory
+/// file's name (0 where peers do not map it).
+pub(crate) type PublishedKey<'a> = (&'a [u8], u64);
+
 /// One member's block of a publication: the id and length of the segment it publishes, and
-/// the key peers map it by (none: they reach it by messages); `None` for a member that
-/// holds no such segment ([`REFUSED`]).
+/// the key peers reach it by, with its nonce (none: they reach it by messages; one longer
+/// than a block holds is left out); `None` for a member that holds no such segment
+/// ([`REFUSED`]).
 pub(crate) fn publish_block(
     id: SegmentId,
-    published: Option<(usize, Option<&MapKey>)>,
+    published: Option<(usize, Option<PublishedKey<'_>>)>,
 ) -> [u8; BLOCK_LEN] {
     let mut b = [0; BLOCK_LEN];
     b[..4].copy_from_slice(&id.get().to_le_bytes());
@@ -196,11 +276,11 @@ pub(crate) fn publish_block(
         b[4..8].copy_from_slice(&REFUSED.to_le_bytes());
         return b;
     };
-    let key = key.filter(|k| k.handle.len() <= MAX_KEY);
-    let handle = key.map_or(&[][..], |k| k.handle.as_bytes());
+    let key = key.filter(|(k, _)| k.len() <= MAX_KEY);
+    let handle = key.map_or(&[][..], |(k, _)| k);
     b[4..8].copy_from_slice(&(handle.len() as u32).to_le_bytes());
     b[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&key.map_or(0, |k| k.nonce).to_le_bytes());
+    b[16..24].copy_from_slice(&key.map_or(0, |(_, n)| n).to_le_bytes());
     b[24..24 + handle.len()].copy_from_slice(handle);
     b
 }
@@ -259,6 +339,24 @@ pub(crate) struct Known {
     /// Its memory, once an operation tried to map it (`None` inside: it did not open, and
     /// messages reach it).
     mapped: Option<Option<am_shm::Segment>>,
+    /// The key its owner's transport registered it under, where this rank reaches peers'
+    /// created segments by RMA.
+    rma: Option<RmaKey>,
+}
+
+/// One of this rank's created segments.
+#[derive(Debug)]
+struct Own {
+    seg: am_shm::Segment,
+    /// The nonce its memory file's name carries.
+    nonce: u64,
+    /// Its registration with the transport for peers' RMA: `None` until its first
+    /// publication where the transport registers segments, then the key blob (`None`
+    /// inside: the transport did not register it, and peers reach it by messages).
+    rma: Option<Option<Vec<u8>>>,
+    /// Every rank it was published to, sorted: they may operate on it until a free on a
+    /// team of them all.
+    reached: Vec<Rank>,
 }
 
 /// The name of a created segment's memory file: made of a nonce drawn when it is created,
@@ -280,12 +378,15 @@ fn nonce() -> u64 {
 /// What a rank knows of segments: its own beyond segment 0, and each peer's published to it.
 #[derive(Debug, Default)]
 pub(crate) struct Segments {
-    /// This rank's created segments, by id, and their names' nonces.
-    own: HashMap<u32, (am_shm::Segment, u64)>,
+    /// This rank's created segments, by id.
+    own: HashMap<u32, Own>,
     /// The next id to hand out (ids are never reused).
     next: u32,
     /// Peers' segments published here, by (owner, id).
     pub(crate) known: HashMap<u64, Known, std::hash::BuildHasherDefault<SegmentKeys>>,
+    /// This rank's segments freed on a team of every rank they were published to, whose
+    /// registrations with the transport are to end ([`crate::Transport::deregister_segment`]).
+    pub(crate) retired: Vec<u32>,
 }
 
 impl Segments {
@@ -300,32 +401,62 @@ impl Segments {
         let seg = am_shm::Segment::create_anonymous(&segment_name(nonce), CONTROL_WORDS, len)
             .map_err(|e| failed(e.to_string()))?;
         self.next = id;
-        self.own.insert(id, (seg, nonce));
+        let own = Own {
+            seg,
+            nonce,
+            rma: None,
+            reached: Vec::new(),
+        };
+        self.own.insert(id, own);
         Ok(SegmentId::new(id))
     }
 
     /// The length of this rank's segment `id` (not 0), if it has one.
     pub(crate) fn own_len(&self, id: SegmentId) -> Option<usize> {
-        self.own.get(&id.get()).map(|(s, _)| s.bytes_len())
+        self.own.get(&id.get()).map(|o| o.seg.bytes_len())
     }
 
     /// The key peers map this rank's segment `id` by.
     pub(crate) fn own_key(&self, id: SegmentId) -> Option<MapKey> {
-        let (seg, nonce) = self.own.get(&id.get())?;
+        let own = self.own.get(&id.get())?;
         Some(MapKey {
-            handle: seg.handle()?,
-            nonce: *nonce,
+            handle: own.seg.handle()?,
+            nonce: own.nonce,
         })
+    }
+
+    /// The key blob peers reach this rank's segment `id` by through `t`'s RMA: registered
+    /// with `t` by the first call ([`crate::Transport::register_segment`]); `None` where `t`
+    /// did not register it.
+    pub(crate) fn own_rma_key<T: crate::Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        id: SegmentId,
+    ) -> Option<Vec<u8>> {
+        let own = self.own.get_mut(&id.get())?;
+        own.rma
+            .get_or_insert_with(|| {
+                t.register_segment(id.get(), &own.seg)
+                    .filter(|k| k.len() <= MAX_KEY)
+            })
+            .clone()
+    }
+
+    /// The key `rank`'s segment `id` is reached by through the transport's RMA, if it was
+    /// published with one.
+    #[inline]
+    pub(crate) fn rma_key(&self, rank: Rank, id: SegmentId) -> Option<RmaKey> {
+        self.known.get(&known_key(rank, id.get()))?.rma
     }
 
     /// The bytes of this rank's segment `id` (not 0).
     pub(crate) fn own_bytes(&self, id: u32) -> Option<am_shm::SharedBytes<'_>> {
-        self.own.get(&id).map(|(s, _)| s.byte_area())
+        self.own.get(&id).map(|o| o.seg.byte_area())
     }
 
     /// Another handle on this rank's segment `id` (not 0), keeping its mapping alive.
     pub(crate) fn own_share(&self, id: SegmentId) -> Option<am_shm::Segment> {
-        self.own.get(&id.get()).map(|(s, _)| s.share())
+        self.own.get(&id.get()).map(|o| o.seg.share())
     }
 
     /// The length of `rank`'s segment `id` published here.
@@ -356,16 +487,17 @@ impl Segments {
     }
 
     /// Applies a completed publication on a team whose members, in team order, are
-    /// `members`: every member's (id, length) remembered (and, where `map`, every peer's
-    /// key, by which its first operation maps it; one that does not open is reached by
-    /// messages), and the outcome's bytes. A member's refusal is every member's error, and
-    /// nothing is remembered.
+    /// `members`: every member's (id, length) remembered (and, as `reach` says, every
+    /// peer's key: one to map, by which its first operation maps it, a segment that does
+    /// not open being reached by messages; or one for the transport's RMA), this rank's own
+    /// segment as published to them all, and the outcome's bytes. A member's refusal is
+    /// every member's error, and nothing is remembered.
     pub(crate) fn published(
         &mut self,
         me: Rank,
         members: &[Rank],
         blocks: &[u8],
-        map: bool,
+        reach: Reach,
     ) -> Result<Vec<u8>, AmError> {
         let blocks = agreed(members, blocks, BLOCK_LEN)?;
         let mut out = Vec::with_capacity(members.len() * REMOTE_LEN);
@@ -376,21 +508,34 @@ impl Segments {
                 AmError::InvalidCollective("a segment longer than this rank can address")
             })?;
             let nonce = u64::from_le_bytes(b[16..24].try_into().unwrap_or_default());
-            let key = b
+            let raw = b
                 .get(24..24 + key_len.min(MAX_KEY))
+                .filter(|k| rank != me && id != 0 && !k.is_empty());
+            let key = raw
+                .filter(|_| reach == Reach::Map)
                 .and_then(|k| std::str::from_utf8(k).ok())
-                .filter(|k| map && rank != me && id != 0 && !k.is_empty())
                 .map(|handle| MapKey {
                     handle: handle.to_owned(),
                     nonce,
                 });
+            // A key longer than a block holds is kept cut, for the transport to refuse as
+            // the peer's: the publication is not the place to judge a transport's key.
+            let rma = raw.filter(|_| reach == Reach::Rma).map(RmaKey::new);
             if rank != me && id != 0 {
                 let known = Known {
                     len,
                     key,
                     mapped: None,
+                    rma,
                 };
                 self.known.insert(known_key(rank, id), known);
+            }
+            if rank == me {
+                if let Some(own) = self.own.get_mut(&id) {
+                    own.reached.extend_from_slice(members);
+                    own.reached.sort_unstable();
+                    own.reached.dedup();
+                }
             }
             RemoteSegment {
                 rank,
@@ -404,8 +549,13 @@ impl Segments {
 
     /// Applies a completed free on a team whose members, in team order, are `members`: each
     /// member's freed id is forgotten (and unmapped), and this rank's own `mine` marked
-    /// freed for the peers that map it, then unmapped here. A member's refusal is every
-    /// member's error, and nothing is freed.
+    /// freed for the peers that map it or read it by RMA, then unmapped here. Its
+    /// registration with the transport is retired where `members` are every rank it was
+    /// published to: each freed it after its own operations on it, so none reaches it any
+    /// more. Published beyond them, it stays registered (its memory with the transport)
+    /// while the transport lives, so that those others find it freed rather than an access
+    /// the transport refuses. A member's refusal is every member's error, and nothing is
+    /// freed.
     pub(crate) fn freed(
         &mut self,
         members: &[Rank],
@@ -413,9 +563,13 @@ impl Segments {
         mine: SegmentId,
     ) -> Result<(), AmError> {
         let blocks = agreed(members, blocks, FREE_BLOCK_LEN)?;
-        if let Some((seg, _)) = self.own.remove(&mine.get()) {
-            if let Ok(w) = seg.word(0) {
+        if let Some(own) = self.own.remove(&mine.get()) {
+            if let Ok(w) = own.seg.word(0) {
                 w.store(1, std::sync::atomic::Ordering::Release);
+            }
+            let all = own.reached.iter().all(|r| members.contains(r));
+            if matches!(own.rma, Some(Some(_))) && all {
+                self.retired.push(mine.get());
             }
         }
         for (&rank, b) in members.iter().zip(blocks) {
@@ -428,9 +582,9 @@ impl Segments {
 /// What a segment collective changes when it completes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SegStep {
-    /// A publication: every member's (id, length) becomes known here, and where `map`
-    /// (the transport's [`crate::Capabilities::map_segments`]) every peer's segment mapped.
-    Publish { map: bool },
+    /// A publication: every member's (id, length) becomes known here, and its key as
+    /// `reach` says ([`Reach::of`] the transport's capabilities).
+    Publish { reach: Reach },
     /// A free of this rank's segment: it is unmapped, and every member's freed id forgotten.
     Free(SegmentId),
 }
@@ -464,10 +618,13 @@ mod tests {
         };
         let all = blocks(&[
             publish_block(SegmentId::new(3), Some((4096, None))),
-            publish_block(SegmentId::new(9), Some((1 << 40, Some(&long)))),
+            publish_block(
+                SegmentId::new(9),
+                Some((1 << 40, Some(long.as_published()))),
+            ),
             publish_block(SegmentId::new(1), Some((8, None))),
         ]);
-        let out = s.published(2, &[7, 5, 2], &all, false).unwrap();
+        let out = s.published(2, &[7, 5, 2], &all, Reach::Messages).unwrap();
         let list = RemoteSegment::list_from_bytes(&out).unwrap();
         let got: Vec<_> = list
             .iter()
@@ -484,7 +641,9 @@ mod tests {
             "nothing mapped without keys"
         );
         // A short list is refused, not read past its end.
-        assert!(s.published(2, &[7, 2, 9, 1], &all, false).is_err());
+        assert!(s
+            .published(2, &[7, 2, 9, 1], &all, Reach::Messages)
+            .is_err());
         assert!(RemoteSegment::list_from_bytes(&out[..20]).is_none());
     }
 
@@ -498,7 +657,7 @@ mod tests {
             publish_block(SegmentId::new(4), Some((64, None))),
             publish_block(SegmentId::new(6), None),
         ]);
-        match s.published(0, &[3, 8], &all, false) {
+        match s.published(0, &[3, 8], &all, Reach::Messages) {
             Err(AmError::UnknownSegment { rank: 8, id }) if id.get() == 6 => {}
             other => panic!("{other:?}"),
         }
@@ -532,8 +691,8 @@ mod tests {
         let other = owner.create(100).unwrap();
         let key = owner.own_key(id).unwrap();
         let mut peer = Segments::default();
-        let block = publish_block(id, Some((100, Some(&key))));
-        peer.published(1, &[0], &block, true).unwrap();
+        let block = publish_block(id, Some((100, Some(key.as_published()))));
+        peer.published(1, &[0], &block, Reach::Map).unwrap();
         let view = peer.mapped(0, id).unwrap().unwrap();
         view.write(90, b"0123456789").unwrap();
         let mut back = [0u8; 10];
@@ -556,13 +715,55 @@ mod tests {
         let wrong = [(200, key.clone()), (100, reused), (100, stale)];
         for (len, key) in wrong {
             let mut s = Segments::default();
-            let block = publish_block(id, Some((len, Some(&key))));
-            s.published(1, &[0], &block, true).unwrap();
+            let block = publish_block(id, Some((len, Some(key.as_published()))));
+            s.published(1, &[0], &block, Reach::Map).unwrap();
             assert!(s.mapped(0, id).is_none(), "{len} bytes by {key:?}");
             assert_eq!(s.known_len(0, id), Some(len), "still reached by messages");
         }
         owner.freed(&[0], &free_block(id, false), id).unwrap();
         assert!(peer.mapped(0, id).unwrap().is_err(), "freed by its owner");
+    }
+
+    #[test]
+    fn an_rma_key_is_kept_as_published_and_a_free_retires_it_only_when_all_freed() {
+        // Catches an RMA key lost, cut or taken from another member's block, a forged key
+        // length read past the block, and a registration ended while a rank it was
+        // published to (outside the freeing team) may still reach it, or kept after a
+        // free by every such rank.
+        let mut s = Segments::default();
+        let a = s.create(64).unwrap();
+        let b = s.create(64).unwrap();
+        for id in [a, b] {
+            s.own.get_mut(&id.get()).unwrap().rma = Some(Some(vec![7; 24]));
+        }
+        let blob = [5u8; 24];
+        let mut forged = publish_block(SegmentId::new(9), Some((64, Some((&blob, 0)))));
+        forged[4..8].copy_from_slice(&200u32.to_le_bytes());
+        let publish = |s: &mut Segments, id: SegmentId| {
+            let all = blocks(&[
+                publish_block(id, Some((64, Some((&[7; 24], 0))))),
+                publish_block(SegmentId::new(4), Some((64, Some((&blob, 0))))),
+                forged,
+            ]);
+            s.published(0, &[0, 1, 2], &all, Reach::Rma).unwrap();
+        };
+        publish(&mut s, a);
+        publish(&mut s, b);
+        assert_eq!(s.rma_key(1, SegmentId::new(4)).unwrap().bytes(), &blob);
+        assert_eq!(
+            s.rma_key(2, SegmentId::new(9)).unwrap().bytes().len(),
+            MAX_KEY,
+            "a forged length is cut at the block's end, for the transport to refuse"
+        );
+        assert!(s.mapped(1, SegmentId::new(4)).is_none(), "not mapped");
+        // Freed alone: ranks 1 and 2 may still reach it, so it stays registered.
+        s.freed(&[0], &free_block(a, false), a).unwrap();
+        assert!(s.retired.is_empty());
+        // Freed by all it was published to: retired.
+        let zero = free_block(SegmentId::ZERO, false);
+        let frees = [free_block(b, false), zero, zero].concat();
+        s.freed(&[0, 1, 2], &frees, b).unwrap();
+        assert_eq!(s.retired, [b.get()]);
     }
 
     #[test]
@@ -587,7 +788,7 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(s.own_len(b), Some(128));
         let block = publish_block(SegmentId::new(5), Some((64, None)));
-        s.published(0, &[1], &block, false).unwrap();
+        s.published(0, &[1], &block, Reach::Messages).unwrap();
         let mut frees = Vec::new();
         frees.extend_from_slice(&free_block(a, false));
         frees.extend_from_slice(&free_block(SegmentId::new(5), false));

@@ -282,6 +282,12 @@ pub struct Capabilities {
     /// puts, gets and atomics on it are copies and atomic instructions by this rank, with
     /// no message. Otherwise they go as messages that the owner's progress applies.
     pub map_segments: bool,
+    /// It registers created segments for peers' RMA ([`Transport::register_segment`]):
+    /// a segment's publication carries the key blob it returns, and puts, gets and (where
+    /// [`Capabilities::atomics`] is set) atomics on a peer's segment that published one go
+    /// by [`Transport::put_at`], [`Transport::get_at`] and [`Transport::atomic_at`], with no
+    /// message for the owner's progress. Used where [`Capabilities::map_segments`] is not.
+    pub rma_segments: bool,
 }
 
 impl Capabilities {
@@ -511,6 +517,61 @@ pub trait Transport: Tx {
     /// again ([`crate::atomic::Batch`]).
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
         each_posted(batch, |p| self.atomic(p.dest, p.offset, p.atomic).map(drop))
+    }
+    /// Registers all of `seg`, this rank's created segment `id` (its word area, then its byte
+    /// area), for peers' RMA, for a NIC whose [`Capabilities::rma_segments`] is set: the key
+    /// blob peers reach it by (at most 40 bytes), or `None` where it could not (peers then
+    /// reach it by messages). The NIC keeps the memory mapped while it is registered (a
+    /// [`am_shm::Segment::share`]). The core registers a segment once, before its first
+    /// publication. The default registers nothing.
+    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
+        let _ = (id, seg);
+        None
+    }
+    /// Ends the registration of segment `id` ([`Transport::register_segment`]; none:
+    /// nothing to do). The core calls it once the segment's free completed on a team of
+    /// every rank it was published to, none of which operates on it any more.
+    fn deregister_segment(&mut self, id: u32) {
+        let _ = id;
+    }
+    /// Copies `data` to `offset` of the registration a peer's key blob `key` names at
+    /// `dest` (offsets count from the segment's word area), as [`Transport::put`]: complete
+    /// when it returns `Ok`. `key` came from the peer, untrusted: one this NIC cannot have
+    /// made, or a range past what it names, is [`SendError::PeerMisbehaved`] naming `dest`.
+    /// The core has checked the range against the published length.
+    fn put_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        let _ = (dest, key, offset, data);
+        Err(SendError::Unsupported("put_at"))
+    }
+    /// Copies `dst.len()` bytes at `offset` of the registration `key` names at `src` into
+    /// `dst`, as [`Transport::get`], checked as [`Transport::put_at`].
+    fn get_at(
+        &mut self,
+        src: Rank,
+        key: &[u8],
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        let _ = (src, key, offset, dst);
+        Err(SendError::Unsupported("get_at"))
+    }
+    /// Applies `atomic` to the word at `offset` of the registration `key` names at `dest`,
+    /// as [`Transport::atomic`], checked as [`Transport::put_at`]: the word's old value.
+    fn atomic_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<u64, SendError> {
+        let _ = (dest, key, offset, atomic);
+        Err(SendError::Unsupported("atomic_at"))
     }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.

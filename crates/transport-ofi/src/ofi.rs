@@ -12,7 +12,9 @@ use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
     SendError, Transport, TransportError, Tx,
 };
-use am_ofi::{Endpoint, EndpointConfig, Event, Interface, Issued, OfiError, Op, Region};
+use am_ofi::{
+    Endpoint, EndpointConfig, Event, Interface, Issued, OfiError, Op, Region, Registration,
+};
 use am_shm::Segment;
 use nix::unistd::Pid;
 
@@ -109,6 +111,10 @@ struct Io {
 pub struct Ofi {
     io: Io,
     segment: Segment,
+    /// Created segments registered for peers' RMA ([`Transport::register_segment`]), by id.
+    registered: std::collections::HashMap<u32, (Registration, Vec<u8>)>,
+    /// Operations on peers' registered segments started ([`Ofi::segment_rma_ops`]).
+    segment_rma: u64,
     rx: Vec<u8>,
     limits: Limits,
     native_atomics: bool,
@@ -423,6 +429,8 @@ impl Ofi {
                 departures: VecDeque::new(),
             },
             segment,
+            registered: std::collections::HashMap::new(),
+            segment_rma: 0,
             rx: Vec::new(),
             limits,
             native_atomics,
@@ -450,6 +458,13 @@ impl Ofi {
             self.io.write(dest, 0, None, bytes)?;
         }
         Ok((bytes * ops) as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+    }
+
+    /// How many RMA operations (puts, gets, atomics, and the reads of a segment's freed word
+    /// before them) this rank started on peers' created segments by their registrations
+    /// ([`Transport::put_at`] and its kin), rather than by messages.
+    pub fn segment_rma_ops(&self) -> u64 {
+        self.segment_rma
     }
 
     /// The provider in use (`tcp;ofi_rxm`, `shm`, ...).
@@ -703,6 +718,19 @@ impl Io {
         total: usize,
     ) -> Result<(), SendError> {
         let region = self.usable(dest)?.region;
+        self.write_in(dest, region, offset, payload, total)
+    }
+
+    /// [`Io::write`] into `region` of `dest` (its segment 0, or a registered segment).
+    fn write_in(
+        &mut self,
+        dest: Rank,
+        region: Region,
+        offset: usize,
+        payload: Option<Payload<'_>>,
+        total: usize,
+    ) -> Result<(), SendError> {
+        self.usable(dest)?;
         if offset
             .checked_add(total)
             .is_none_or(|end| end as u64 > region.len)
@@ -827,8 +855,20 @@ impl Io {
     }
 
     fn read(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+        let region = self.usable(src)?.region;
+        self.read_in(src, region, offset, dst)
+    }
+
+    /// [`Io::read`] from `region` of `src` (its segment 0, or a registered segment).
+    fn read_in(
+        &mut self,
+        src: Rank,
+        region: Region,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
         let total = dst.len();
-        self.read_with(src, offset, total, |at, data| {
+        self.read_with_in(src, region, offset, total, |at, data| {
             dst[at..at + data.len()].copy_from_slice(data);
             Ok(())
         })
@@ -841,10 +881,22 @@ impl Io {
         src: Rank,
         offset: usize,
         total: usize,
+        land: impl FnMut(usize, &[u8]) -> Result<(), SendError>,
+    ) -> Result<(), SendError> {
+        let region = self.usable(src)?.region;
+        self.read_with_in(src, region, offset, total, land)
+    }
+
+    /// [`Io::read_with`] from `region` of `src`.
+    fn read_with_in(
+        &mut self,
+        src: Rank,
+        Region { base, key, len }: Region,
+        offset: usize,
+        total: usize,
         mut land: impl FnMut(usize, &[u8]) -> Result<(), SendError>,
     ) -> Result<(), SendError> {
-        let peer = self.usable(src)?;
-        let Region { base, key, len } = peer.region;
+        self.usable(src)?;
         if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
             return Err(SendError::TooLarge(total));
         }
@@ -954,6 +1006,18 @@ impl Io {
         atomic: Atomic,
     ) -> Result<Region, SendError> {
         let region = self.usable(dest)?.region;
+        self.atomic_in(dest, region, offset, atomic)
+    }
+
+    /// [`Io::atomic_region`] in `region` of `dest` (its segment 0, or a registered segment).
+    fn atomic_in(
+        &self,
+        dest: Rank,
+        region: Region,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<Region, SendError> {
+        self.usable(dest)?;
         if offset
             .checked_add(atomic.width().bytes())
             .is_none_or(|e| e as u64 > region.len)
@@ -961,6 +1025,89 @@ impl Io {
             return Err(NicError::device(format!(
                 "an atomic at {offset} of rank {dest}'s segment, past its end"
             )));
+        }
+        Ok(region)
+    }
+}
+
+impl Io {
+    /// Applies `atomic` at `offset` of `region` (`dest`'s, checked by [`Io::atomic_in`]) and
+    /// waits for its old value.
+    fn atomic_at(
+        &mut self,
+        dest: Rank,
+        region: Region,
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<u64, SendError> {
+        let mut none = VecDeque::new();
+        let op = self.start(
+            dest,
+            |ep| issue_atomic(ep, dest, region, offset, atomic),
+            &mut none,
+        )?;
+        self.wait_op_keep(op, dest)?;
+        let old = self.ep.atomic_result(op, atomic.width().bytes());
+        self.ep.release(op);
+        old.ok_or_else(|| NicError::device("a completed atomic's buffer is not ours"))
+    }
+}
+
+/// Bytes of a registered segment's key blob: the address peers name its first byte by, its
+/// key and its length, each a little-endian `u64`.
+const KEY_BLOB: usize = 24;
+
+/// The key blob peers reach a registered segment by.
+fn key_blob(region: Region) -> Vec<u8> {
+    let mut b = Vec::with_capacity(KEY_BLOB);
+    for v in [region.base, region.key, region.len] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// The region a peer's key blob names, if it is one [`key_blob`] could have made.
+fn region_of_blob(b: &[u8]) -> Option<Region> {
+    if b.len() != KEY_BLOB {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    let region = Region {
+        base: word(0),
+        key: word(8),
+        len: word(16),
+    };
+    region.base.checked_add(region.len)?;
+    Some(region)
+}
+
+impl Ofi {
+    /// The region `peer`'s key blob `key` names, with `len` bytes at `offset` inside it: the
+    /// peer's word, so a blob of another form, or a range past its length (which the core
+    /// checked against the length the peer published), is the peer's misbehavior.
+    fn registered_region(
+        &self,
+        peer: Rank,
+        key: &[u8],
+        offset: usize,
+        len: usize,
+    ) -> Result<Region, SendError> {
+        if peer == self.io.rank || peer >= self.io.size {
+            return Err(SendError::InvalidRank(peer));
+        }
+        let misbehaved = |what: &str| NicError::PeerMisbehaved {
+            peer: Some(peer),
+            what: what.to_owned(),
+        };
+        let region = region_of_blob(key)
+            .ok_or_else(|| misbehaved("a segment's key that is not a registration's"))?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end as u64 > region.len)
+        {
+            return Err(misbehaved(
+                "a segment's key that registers less than the length it published",
+            ));
         }
         Ok(region)
     }
@@ -1230,6 +1377,7 @@ impl Transport for Ofi {
         caps.atomics = self.native_atomics;
         caps.long_placed_below = usize::MAX;
         caps.acks_coalesce = true;
+        caps.rma_segments = true;
         caps
     }
 
@@ -1328,18 +1476,69 @@ impl Transport for Ofi {
         if dest == self.io.rank {
             return atomic.apply_to(dest, self.segment.byte_area(), offset);
         }
-        let io = &mut self.io;
-        let region = io.atomic_region(dest, offset, atomic)?;
-        let mut none = VecDeque::new();
-        let op = io.start(
-            dest,
-            |ep| issue_atomic(ep, dest, region, offset, atomic),
-            &mut none,
-        )?;
-        io.wait_op_keep(op, dest)?;
-        let old = io.ep.atomic_result(op, atomic.width().bytes());
-        io.ep.release(op);
-        old.ok_or_else(|| NicError::device("a completed atomic's buffer is not ours"))
+        let region = self.io.atomic_region(dest, offset, atomic)?;
+        self.io.atomic_at(dest, region, offset, atomic)
+    }
+
+    /// Registers all of `seg` (word area, then byte area) with the endpoint; the key blob is
+    /// [`key_blob`]'s. Registered once per id.
+    fn register_segment(&mut self, id: u32, seg: &Segment) -> Option<Vec<u8>> {
+        if let Some((_, blob)) = self.registered.get(&id) {
+            return Some(blob.clone());
+        }
+        let (registration, region) = self.io.ep.register_segment(seg).ok()?;
+        let blob = key_blob(region);
+        self.registered.insert(id, (registration, blob.clone()));
+        Some(blob)
+    }
+
+    /// A deregistration the provider refuses leaves the memory with the endpoint for good
+    /// (am-ofi's `Endpoint::deregister`): nothing more to do here.
+    fn deregister_segment(&mut self, id: u32) {
+        if let Some((registration, _)) = self.registered.remove(&id) {
+            let _ = self.io.ep.deregister(registration);
+        }
+    }
+
+    fn put_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        let region = self.registered_region(dest, key, offset, data.len())?;
+        self.segment_rma += 1;
+        let payload = Some(Payload::Private(data));
+        self.io.write_in(dest, region, offset, payload, data.len())
+    }
+
+    fn get_at(
+        &mut self,
+        src: Rank,
+        key: &[u8],
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), SendError> {
+        let region = self.registered_region(src, key, offset, dst.len())?;
+        self.segment_rma += 1;
+        self.io.read_in(src, region, offset, dst)
+    }
+
+    fn atomic_at(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<u64, SendError> {
+        if !self.native_atomics {
+            return Err(SendError::Unsupported("atomics"));
+        }
+        let region = self.registered_region(dest, key, offset, atomic.width().bytes())?;
+        self.io.usable(dest)?;
+        self.segment_rma += 1;
+        self.io.atomic_at(dest, region, offset, atomic)
     }
 
     /// All of the batch in flight at once (as many as the atomics' buffers hold), then waited

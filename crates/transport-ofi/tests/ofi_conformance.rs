@@ -101,3 +101,160 @@ fn an_unknown_provider_names_the_ones_found() {
         "{text}"
     );
 }
+
+/// Catches created segments still reached by system messages over ofi (the publication
+/// carrying no key, or the core not taking the RMA path for a peer's segment that
+/// published one), and an RMA path that writes, reads or adds at the wrong place: puts,
+/// gets and atomics on the peer's created segment are the transport's RMA (counted by
+/// `segment_rma_ops`, each with its read of the freed word), and land where a put by
+/// messages would.
+#[test]
+fn created_segments_go_by_rma() {
+    use am_core::{conformance::run_watched, AtomicOp, Config, Handlers, Node, WaitMode};
+    for provider in ["tcp", "shm"] {
+        run_watched("created_segments_go_by_rma", on(provider, 2, 4096), |t| {
+            let config = Config::default().wait_mode(WaitMode::Block);
+            let mut node = Node::new(t, Handlers::local(), config).expect("node");
+            let me = node.rank();
+            let world = node.world_team();
+            let len = 300_000 + 8 * me as usize;
+            let mine = node.create_segment(len).expect("create");
+            let peers = node.publish_segment(&world, mine).expect("publish");
+            let next = peers[(1 - me) as usize];
+            let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + me) as u8).collect();
+            let before = node.transport().segment_rma_ops();
+            node.put_to(&next, 5, &data).expect("put");
+            assert!(node.get_from(&next, 5, data.len()).expect("get") == data);
+            let mut back = vec![0u8; 16];
+            node.get_from_into(&next, next.len() - 16, &mut back)
+                .expect("get into");
+            assert_eq!(back, [0; 16]);
+            let word = next.len() & !7usize;
+            let old = node
+                .atomic_at(&next, word - 8, AtomicOp::FetchAdd(3u64))
+                .expect("fetch-add");
+            assert_eq!(old, 0);
+            // Each of the four with its read of the freed word.
+            assert_eq!(
+                node.transport().segment_rma_ops() - before,
+                8,
+                "{provider}: every operation by RMA"
+            );
+            node.team_barrier(&world).expect("barrier");
+            let seg = node.segment_at(mine).expect("its bytes");
+            let mut got = vec![0u8; data.len()];
+            seg.read(5, &mut got).expect("read");
+            let prev = 1 - me;
+            assert!(
+                got.iter()
+                    .enumerate()
+                    .all(|(i, &b)| b == (i as u32 * 13 + prev) as u8),
+                "{provider}: rank {prev}'s put"
+            );
+            assert_eq!(seg.load_u64((len & !7) - 8).expect("load"), 3);
+            node.free_segment(&world, mine).expect("free");
+            node.barrier().expect("barrier");
+        });
+    }
+}
+
+/// Catches a peer's key blob trusted as it came: one of another length, or one that
+/// registers less than the range, is `PeerMisbehaved` naming that peer, with nothing sent,
+/// never a panic or an access to whatever address the blob names.
+#[test]
+fn a_malformed_segment_key_is_the_peers_misbehavior() {
+    use am_core::{SendError, Transport};
+    let mut v = on("tcp", 2, 4096);
+    let t = &mut v[0];
+    let mut region = Vec::new();
+    for w in [0u64, 1, 64] {
+        region.extend_from_slice(&w.to_le_bytes());
+    }
+    let wrapping: Vec<u8> = [u64::MAX, 1, 64]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    let named = |r: Result<(), SendError>| {
+        matches!(r, Err(SendError::PeerMisbehaved { peer: Some(1), .. }))
+    };
+    for key in [&[][..], &[1, 2, 3], &[0; 40], &wrapping[..]] {
+        assert!(named(t.put_at(1, key, 0, b"x")), "{key:?}");
+        assert!(named(t.get_at(1, key, 0, &mut [0; 4])), "{key:?}");
+        let add = am_core::atomic::Atomic::from(am_core::AtomicOp::FetchAdd(1u64));
+        assert!(named(t.atomic_at(1, key, 0, add).map(drop)), "{key:?}");
+    }
+    // A range past the length the blob registers.
+    assert!(named(t.put_at(1, &region, 60, &[0; 8])));
+    assert!(named(t.get_at(1, &region, usize::MAX, &mut [0; 2])));
+}
+
+/// Catches a registration table of fixed size (more than five registrations at once
+/// refused), a slot handed out while still registered, and a blob that names another
+/// segment's memory: twelve segments registered at once are each reached by their own key
+/// (offsets counting from the word area); half are deregistered and as many registered
+/// again in the freed slots, and each new one is reached by its own key too.
+#[test]
+fn registrations_grow_and_each_key_reaches_its_segment() {
+    use am_core::Transport;
+    use am_shm::Segment;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for provider in ["tcp", "shm"] {
+        let mut v = on(provider, 2, 4096);
+        let mut b = v.pop().expect("rank 1");
+        let mut a = v.pop().expect("rank 0");
+        let words = 64;
+        let mut segs: Vec<Segment> = (0..12)
+            .map(|_| Segment::heap(words, 4096).expect("segment"))
+            .collect();
+        let mut keys: Vec<Vec<u8>> = (0..12)
+            .map(|i| {
+                b.register_segment(i, &segs[i as usize])
+                    .expect("registered")
+            })
+            .collect();
+        let puts = |a: &mut Ofi, b: Ofi, keys: &[Vec<u8>], tag: u8| {
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let poller = s.spawn(|| {
+                    let mut b = b;
+                    while !stop.load(Ordering::SeqCst) {
+                        let _ = b.poll_recv(|_, _, _| ());
+                        std::thread::yield_now();
+                    }
+                    b
+                });
+                for (i, key) in keys.iter().enumerate() {
+                    let r = a.put_at(1, key, words + 8 * i, &[tag + i as u8; 8]);
+                    let mut back = [0u8; 8];
+                    let g = a.get_at(1, key, words + 8 * i, &mut back);
+                    if r.is_err() || g.is_err() || back != [tag + i as u8; 8] {
+                        stop.store(true, Ordering::SeqCst);
+                        panic!("{provider}: segment {i}: {r:?} {g:?} {back:?}");
+                    }
+                }
+                stop.store(true, Ordering::SeqCst);
+                poller.join().expect("poller")
+            })
+        };
+        b = puts(&mut a, b, &keys, 10);
+        for (i, seg) in segs.iter().enumerate() {
+            let mut got = [0u8; 8];
+            seg.read(8 * i, &mut got).expect("read");
+            assert_eq!(got, [10 + i as u8; 8], "{provider}: segment {i}");
+        }
+        for i in (0..12).step_by(2) {
+            b.deregister_segment(i as u32);
+            segs[i] = Segment::heap(words, 4096).expect("segment");
+            keys[i] = b
+                .register_segment(100 + i as u32, &segs[i])
+                .expect("registered again");
+        }
+        b = puts(&mut a, b, &keys, 40);
+        for (i, seg) in segs.iter().enumerate() {
+            let mut got = [0u8; 8];
+            seg.read(8 * i, &mut got).expect("read");
+            assert_eq!(got, [40 + i as u8; 8], "{provider}: segment {i} again");
+        }
+        drop((a, b));
+    }
+}

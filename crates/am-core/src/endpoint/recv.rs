@@ -516,6 +516,9 @@ impl<H: Threading> Endpoint<H> {
                 failed = Some(e);
             }
         })?;
+        if !self.segments.retired.is_empty() {
+            self.retire_segments(t);
+        }
         if handled.is_none() {
             if self.acks_owed() {
                 self.flush_acks(t)?;

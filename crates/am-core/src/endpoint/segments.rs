@@ -12,7 +12,10 @@ use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw};
 use crate::protocol::CollectiveKind;
 use crate::reply::segment_range;
-use crate::segment::{free_block, publish_block, RemoteSegment, SegOp, SegStep, SegmentId};
+use crate::segment::{
+    free_block, publish_block, Reach, RemoteSegment, RmaKey, SegOp, SegStep, SegmentId,
+    CONTROL_WORDS,
+};
 use crate::team::Team;
 use crate::transport::{SharedBytes, Transport};
 use crate::types::AmKind;
@@ -67,11 +70,23 @@ impl<H: Threading> Endpoint<H> {
         team: &Team,
         id: SegmentId,
     ) -> Poll<Result<Op<Vec<RemoteSegment>>, AmError>> {
-        let map = t.capabilities().map_segments;
-        let key = if map { self.segments.own_key(id) } else { None };
-        let published = self.own_segment_len(id).map(|len| (len, key.as_ref()));
+        let reach = Reach::of(t.capabilities());
+        let map_key = match reach {
+            Reach::Map => self.segments.own_key(id),
+            Reach::Rma | Reach::Messages => None,
+        };
+        let rma_key = match reach {
+            Reach::Rma => self.segments.own_rma_key(t, id),
+            Reach::Map | Reach::Messages => None,
+        };
+        let key = match (&map_key, &rma_key) {
+            (Some(k), _) => Some(k.as_published()),
+            (None, Some(k)) => Some((&k[..], 0)),
+            (None, None) => None,
+        };
+        let published = self.own_segment_len(id).map(|len| (len, key));
         let block = publish_block(id, published);
-        self.segment_collective(t, team, &block, SegStep::Publish { map })
+        self.segment_collective(t, team, &block, SegStep::Publish { reach })
     }
 
     /// Starts a free of this rank's segment `id` on `team`
@@ -123,14 +138,24 @@ impl<H: Threading> Endpoint<H> {
     ) -> Result<Vec<u8>, AmError> {
         let blocks = outcome?;
         match op.step {
-            SegStep::Publish { map } => {
+            SegStep::Publish { reach } => {
                 self.segments
-                    .published(self.rank, &op.members, &blocks, map)
+                    .published(self.rank, &op.members, &blocks, reach)
             }
             SegStep::Free(id) => self
                 .segments
                 .freed(&op.members, &blocks, id)
                 .map(|()| Vec::new()),
+        }
+    }
+
+    /// Ends the transport's registrations of this rank's segments whose free retired them
+    /// ([`crate::segment::Segments::freed`]). A poll calls it once a message was handled
+    /// (a free completes as one is).
+    #[cold]
+    pub(super) fn retire_segments<T: Transport + ?Sized>(&mut self, t: &mut T) {
+        for id in std::mem::take(&mut self.segments.retired) {
+            t.deregister_segment(id);
         }
     }
 
@@ -189,6 +214,11 @@ impl<H: Threading> Endpoint<H> {
         if let Some(view) = self.reachable(rank, id) {
             let put = view.and_then(|v| Ok(crate::rma::put_into(rank, v, offset, data)?));
             return Poll::Ready(put.map(|()| Op::ready(Raw::Unit)));
+        }
+        if let Some(key) = self.segments.rma_key(rank, id) {
+            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
+            ready!(self.nic_rma(|| t.put_at(rank, key.bytes(), at, data)))?;
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
         let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
         self.ops[index as usize].seg = id.get();
@@ -256,6 +286,11 @@ impl<H: Threading> Endpoint<H> {
             let get = view.and_then(|v| Ok(crate::rma::get_from(rank, v, offset, &mut data)?));
             return Poll::Ready(get.map(|()| Op::ready(Raw::Bytes(data))));
         }
+        if let Some(key) = self.segments.rma_key(rank, id) {
+            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
+            ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), at, &mut data)))?;
+            return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
+        }
         let (index, gen) = self.alloc_op(rank, offset, len, data);
         self.ops[index as usize].seg = id.get();
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -287,6 +322,11 @@ impl<H: Threading> Endpoint<H> {
         if let Some(view) = self.reachable(rank, id) {
             let read = view.and_then(|v| Ok(crate::rma::get_from(rank, v, offset, dst)?));
             return Poll::Ready(read.map(|()| Op::ready(Raw::Unit)));
+        }
+        if let Some(key) = self.segments.rma_key(rank, id) {
+            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
+            ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), at, dst)))?;
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
         let (index, gen) = self.alloc_op(rank, offset, dst.len(), vec![0; dst.len()]);
         self.ops[index as usize].seg = id.get();
@@ -322,6 +362,20 @@ impl<H: Threading> Endpoint<H> {
             let applied = view.and_then(|v| Ok(atomic.apply_to(rank, v, offset)?));
             return Poll::Ready(applied.map(|old| Op::ready(Raw::Word(old))));
         }
+        // Where the transport applies atomics itself; otherwise the owner's progress does,
+        // as on segment 0.
+        let key = match t.capabilities().atomics {
+            true => self.segments.rma_key(rank, id),
+            false => None,
+        };
+        if let Some(key) = key {
+            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
+            return match t.atomic_at(rank, key.bytes(), at, atomic) {
+                Ok(old) => Poll::Ready(Ok(Op::ready(Raw::Word(old)))),
+                Err(crate::error::SendError::Busy) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+            };
+        }
         let (index, gen) = self.alloc_atomic(rank, offset, atomic);
         self.ops[index as usize].seg = id.get();
         Poll::Ready(Ok(self.slot_op(index, gen)))
@@ -351,6 +405,35 @@ impl<H: Threading> Endpoint<H> {
                 "a bitwise operation on a floating-point word",
             )),
         }
+    }
+
+    /// Before an operation at `offset` of `rank`'s segment `id` by the transport's RMA (under
+    /// `key`): the segment's freed word read there, as a peer that maps it loads it, so
+    /// that an operation that starts after its owner freed it (on a team without this
+    /// rank, which still knows it) fails with [`AmError::UnknownSegment`] rather than
+    /// writing memory nobody reads. Its owner keeps such a segment registered. The offset
+    /// in the registration (which starts at the word area) of byte `offset`.
+    fn rma_open<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        rank: crate::types::Rank,
+        id: SegmentId,
+        key: &RmaKey,
+        offset: usize,
+    ) -> Poll<Result<usize, AmError>> {
+        let Some(at) = offset.checked_add(CONTROL_WORDS) else {
+            return Poll::Ready(Err(AmError::SegmentOutOfBounds {
+                offset: offset as u64,
+                len: 0,
+                size: self.segments.known_len(rank, id).unwrap_or(0),
+            }));
+        };
+        let mut word = [0u8; 8];
+        ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), 0, &mut word)))?;
+        if u64::from_ne_bytes(word) != 0 {
+            return Poll::Ready(Err(AmError::UnknownSegment { rank, id }));
+        }
+        Poll::Ready(Ok(at))
     }
 
     /// Where this rank reaches `rank`'s created segment `id` itself, with no message: its
