@@ -280,7 +280,8 @@ pub struct Capabilities {
     /// Its peers are processes of this host that map each other's memory files: a segment
     /// a peer creates and publishes ([`crate::Node::create_segment`]) is mapped here, and
     /// puts, gets and atomics on it are copies and atomic instructions by this rank, with
-    /// no message. Otherwise they go as messages that the owner's progress applies.
+    /// no message. Otherwise they go by the NIC's RMA where it registers segments
+    /// ([`Capabilities::rma_segments`]), else as messages that the owner's progress applies.
     pub map_segments: bool,
     /// It registers created segments for peers' RMA ([`Transport::register_segment`]):
     /// a segment's publication carries the key blob it returns, and puts, gets and (where

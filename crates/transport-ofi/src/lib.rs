@@ -22,6 +22,13 @@
 //!   for delivery completion, so a completed put or Long payload is in the target's segment,
 //!   and a Long's head leaves only then. Transfers are staged through registered buffers
 //!   (the data is copied once on each side of the call), several in flight.
+//! - **Created segments** ([`am_core::segment`]) are registered with `fi_mr_reg` (their
+//!   control words and bytes, one registration each) before their first publication,
+//!   which carries the address, key and length as a key blob
+//!   ([`am_core::Capabilities::rma_segments`]); peers' `put_to`, `get_from` and
+//!   `atomic_at` on them take the path of put, get and atomics above, with no message
+//!   for the owner. A blob that is not one this transport makes, or that registers less
+//!   than the range, is `PeerMisbehaved` naming the peer that published it.
 //! - **Atomics** go through `fi_fetch_atomic` and `fi_compare_atomic` where the provider
 //!   validates every operation on every word type (unsigned, signed and float, 32 and 64
 //!   bits: `tcp;ofi_rxm`, `shm` and `sockets` do), else through the core's AM path: atomics

@@ -1481,7 +1481,7 @@ impl Transport for Ofi {
     }
 
     /// Registers all of `seg` (word area, then byte area) with the endpoint; the key blob is
-    /// [`key_blob`]'s. Registered once per id.
+    /// its address, key and length, each a little-endian `u64`. Registered once per id.
     fn register_segment(&mut self, id: u32, seg: &Segment) -> Option<Vec<u8>> {
         if let Some((_, blob)) = self.registered.get(&id) {
             return Some(blob.clone());
