@@ -407,12 +407,12 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Before an operation at `offset` of `rank`'s segment `id` by the transport's RMA (under
-    /// `key`): the segment's freed word read there, as a peer that maps it loads it, so
-    /// that an operation that starts after its owner freed it (on a team without this
-    /// rank, which still knows it) fails with [`AmError::UnknownSegment`] rather than
-    /// writing memory nobody reads. Its owner keeps such a segment registered. The offset
-    /// in the registration (which starts at the word area) of byte `offset`.
+    /// Before an operation at byte `offset` of `rank`'s segment `id` by the transport's RMA
+    /// (under `key`): reads the segment's freed word there, as a peer that maps it loads
+    /// it, so that an operation that starts after its owner freed it (on a team without
+    /// this rank, which still knows it) fails with [`AmError::UnknownSegment`] rather than
+    /// writing memory nobody reads (its owner keeps such a segment registered). Ready with
+    /// the offset of that byte in the registration, which starts at the word area.
     fn rma_open<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
