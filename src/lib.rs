@@ -360,7 +360,7 @@ impl Transport for AnyTransport {
         key: &[u8],
         offset: usize,
         data: &[u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         dispatch!(self, t => t.put_at(dest, key, offset, data))
     }
 
@@ -370,7 +370,7 @@ impl Transport for AnyTransport {
         key: &[u8],
         offset: usize,
         dst: &mut [u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         dispatch!(self, t => t.get_at(src, key, offset, dst))
     }
 
@@ -380,7 +380,7 @@ impl Transport for AnyTransport {
         key: &[u8],
         offset: usize,
         atomic: am_core::atomic::Atomic,
-    ) -> Result<u64, SendError> {
+    ) -> Result<(u64, u64), SendError> {
         dispatch!(self, t => t.atomic_at(dest, key, offset, atomic))
     }
 }

@@ -368,7 +368,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         key: &[u8],
         offset: usize,
         data: &[u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         self.inner.put_at(dest, key, offset, data)
     }
     fn get_at(
@@ -377,7 +377,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         key: &[u8],
         offset: usize,
         dst: &mut [u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         self.inner.get_at(src, key, offset, dst)
     }
     fn atomic_at(
@@ -386,7 +386,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         key: &[u8],
         offset: usize,
         atomic: Atomic,
-    ) -> Result<u64, SendError> {
+    ) -> Result<(u64, u64), SendError> {
         self.inner.atomic_at(dest, key, offset, atomic)
     }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {

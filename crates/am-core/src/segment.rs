@@ -45,8 +45,10 @@
 //! registers a segment (its control words and its bytes) before its first publication,
 //! which carries the key the transport returned; a put, get or atomic on a peer's segment
 //! is then the transport's RMA ([`crate::Transport::put_at`]; atomics where the transport
-//! applies them, [`crate::Capabilities::atomics`]), complete when it returns, after an RMA
-//! read of the segment's freed word (the check a mapping peer makes with a load). A key a
+//! applies them, [`crate::Capabilities::atomics`]), complete when it returns, with an RMA
+//! read of the segment's freed word in flight beside it (the check a mapping peer makes
+//! with a load before each operation): one that finds it set fails with
+//! [`crate::AmError::UnknownSegment`], what it wrote landing in memory nobody reads. A key a
 //! peer published is its word: one the transport cannot have made is
 //! [`crate::AmError::PeerMisbehaved`] naming it. A segment that does not map or did not
 //! register, and every created segment elsewhere (udp), is reached by system messages that
@@ -69,8 +71,8 @@
 //! ends once it is freed on a team of every rank it was published to (each completed its
 //! operations before the free); freed on a smaller team, it stays registered (its memory
 //! with the transport) until the transport closes, so that a rank outside that team finds
-//! it freed by its check rather than an access the transport refuses, which some providers
-//! answer by dropping the connection.
+//! it freed by its freed word rather than an access the transport refuses, which some
+//! providers answer by dropping the connection.
 
 use std::collections::HashMap;
 

@@ -537,40 +537,44 @@ pub trait Transport: Tx {
     }
     /// Copies `data` to `offset` of the registration a peer's key blob `key` names at
     /// `dest` (offsets count from the segment's word area), as [`Transport::put`]: complete
-    /// when it returns `Ok`. `key` came from the peer, untrusted: one this NIC cannot have
-    /// made, or a range past what it names, is [`SendError::PeerMisbehaved`] naming `dest`.
-    /// The core has checked the range against the published length.
+    /// when it returns `Ok`, with the registration's first `u64` (its freed flag, where the
+    /// core keeps it), read in flight beside the put, in no order with it. `key` came from
+    /// the peer, untrusted: one this NIC cannot have made, or a range past what it names, is
+    /// [`SendError::PeerMisbehaved`] naming `dest`. The core has checked the range against
+    /// the published length.
     fn put_at(
         &mut self,
         dest: Rank,
         key: &[u8],
         offset: usize,
         data: &[u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         let _ = (dest, key, offset, data);
         Err(SendError::Unsupported("put_at"))
     }
     /// Copies `dst.len()` bytes at `offset` of the registration `key` names at `src` into
-    /// `dst`, as [`Transport::get`], checked as [`Transport::put_at`].
+    /// `dst`, as [`Transport::get`], with the registration's first `u64` read beside it and
+    /// checked, as [`Transport::put_at`].
     fn get_at(
         &mut self,
         src: Rank,
         key: &[u8],
         offset: usize,
         dst: &mut [u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         let _ = (src, key, offset, dst);
         Err(SendError::Unsupported("get_at"))
     }
     /// Applies `atomic` to the word at `offset` of the registration `key` names at `dest`,
-    /// as [`Transport::atomic`], checked as [`Transport::put_at`]: the word's old value.
+    /// as [`Transport::atomic`], checked as [`Transport::put_at`]: the word's old value, and
+    /// the registration's first `u64` read beside it.
     fn atomic_at(
         &mut self,
         dest: Rank,
         key: &[u8],
         offset: usize,
         atomic: Atomic,
-    ) -> Result<u64, SendError> {
+    ) -> Result<(u64, u64), SendError> {
         let _ = (dest, key, offset, atomic);
         Err(SendError::Unsupported("atomic_at"))
     }

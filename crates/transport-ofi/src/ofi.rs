@@ -460,9 +460,9 @@ impl Ofi {
         Ok((bytes * ops) as f64 / t0.elapsed().as_secs_f64().max(1e-12))
     }
 
-    /// How many RMA operations (puts, gets, atomics, and the reads of a segment's freed word
-    /// before them) this rank started on peers' created segments by their registrations
-    /// ([`Transport::put_at`] and its kin), rather than by messages.
+    /// How many puts, gets and atomics this rank started on peers' created segments by the
+    /// RMA of their registrations ([`Transport::put_at`] and its kin), rather than by
+    /// messages.
     pub fn segment_rma_ops(&self) -> u64 {
         self.segment_rma
     }
@@ -1031,6 +1031,33 @@ impl Io {
 }
 
 impl Io {
+    /// Runs `op` (operations on `region` of `peer`, which it waits for) with a read of the
+    /// region's first `u64` in flight beside it, issued first: `op`'s outcome and that word.
+    /// The read completes while `op` waits for its own (every wait reads the completion
+    /// queue), so it costs no round trip of its own.
+    fn beside_first_word<R>(
+        &mut self,
+        peer: Rank,
+        region: Region,
+        op: impl FnOnce(&mut Io) -> Result<R, SendError>,
+    ) -> Result<(R, u64), SendError> {
+        self.usable(peer)?;
+        let mut none = VecDeque::new();
+        let read = self.start(
+            peer,
+            |ep| ep.read(peer as usize, region.base, region.key, 8),
+            &mut none,
+        )?;
+        let r = op(self);
+        let word = self.wait_op_keep(read, peer).and_then(|()| {
+            let word = self.ep.staged(read, 8).and_then(|b| b.try_into().ok());
+            self.ep.release(read);
+            word.map(u64::from_ne_bytes)
+                .ok_or_else(|| NicError::device("a completed read's buffer is not ours"))
+        });
+        Ok((r?, word?))
+    }
+
     /// Applies `atomic` at `offset` of `region` (`dest`'s, checked by [`Io::atomic_in`]) and
     /// waits for its old value.
     fn atomic_at(
@@ -1101,9 +1128,11 @@ impl Ofi {
         };
         let region = region_of_blob(key)
             .ok_or_else(|| misbehaved("a segment's key that is not a registration's"))?;
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end as u64 > region.len)
+        // The first word is read beside every operation (the core's freed flag).
+        if region.len < 8
+            || offset
+                .checked_add(len)
+                .is_none_or(|end| end as u64 > region.len)
         {
             return Err(misbehaved(
                 "a segment's key that registers less than the length it published",
@@ -1506,11 +1535,15 @@ impl Transport for Ofi {
         key: &[u8],
         offset: usize,
         data: &[u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         let region = self.registered_region(dest, key, offset, data.len())?;
         self.segment_rma += 1;
         let payload = Some(Payload::Private(data));
-        self.io.write_in(dest, region, offset, payload, data.len())
+        let total = data.len();
+        let (_, word) = self.io.beside_first_word(dest, region, |io| {
+            io.write_in(dest, region, offset, payload, total)
+        })?;
+        Ok(word)
     }
 
     fn get_at(
@@ -1519,10 +1552,13 @@ impl Transport for Ofi {
         key: &[u8],
         offset: usize,
         dst: &mut [u8],
-    ) -> Result<(), SendError> {
+    ) -> Result<u64, SendError> {
         let region = self.registered_region(src, key, offset, dst.len())?;
         self.segment_rma += 1;
-        self.io.read_in(src, region, offset, dst)
+        let (_, word) = self
+            .io
+            .beside_first_word(src, region, |io| io.read_in(src, region, offset, dst))?;
+        Ok(word)
     }
 
     fn atomic_at(
@@ -1531,14 +1567,15 @@ impl Transport for Ofi {
         key: &[u8],
         offset: usize,
         atomic: Atomic,
-    ) -> Result<u64, SendError> {
+    ) -> Result<(u64, u64), SendError> {
         if !self.native_atomics {
             return Err(SendError::Unsupported("atomics"));
         }
         let region = self.registered_region(dest, key, offset, atomic.width().bytes())?;
-        self.io.usable(dest)?;
         self.segment_rma += 1;
-        self.io.atomic_at(dest, region, offset, atomic)
+        self.io.beside_first_word(dest, region, |io| {
+            io.atomic_at(dest, region, offset, atomic)
+        })
     }
 
     /// All of the batch in flight at once (as many as the atomics' buffers hold), then waited

@@ -13,12 +13,24 @@ use crate::op::{Op, Outcome, Raw};
 use crate::protocol::CollectiveKind;
 use crate::reply::segment_range;
 use crate::segment::{
-    free_block, publish_block, Reach, RemoteSegment, RmaKey, SegOp, SegStep, SegmentId,
-    CONTROL_WORDS,
+    free_block, publish_block, Reach, RemoteSegment, SegOp, SegStep, SegmentId, CONTROL_WORDS,
 };
 use crate::team::Team;
 use crate::transport::{SharedBytes, Transport};
 use crate::types::AmKind;
+
+/// The offset in a created segment's registration (which starts at its control words) of
+/// `len` bytes at byte `offset` of a segment of `size` bytes (checked already: an offset
+/// past what the registration can address is out of bounds all the same).
+fn rma_offset(offset: usize, len: usize, size: usize) -> Result<usize, AmError> {
+    offset
+        .checked_add(CONTROL_WORDS)
+        .ok_or(AmError::SegmentOutOfBounds {
+            offset: offset as u64,
+            len: len as u64,
+            size,
+        })
+}
 
 impl<H: Threading> Endpoint<H> {
     /// Creates a segment of `len` bytes bound to this endpoint, all zero
@@ -216,8 +228,9 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(put.map(|()| Op::ready(Raw::Unit)));
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
-            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
-            ready!(self.nic_rma(|| t.put_at(rank, key.bytes(), at, data)))?;
+            let at = rma_offset(offset, data.len(), remote.len())?;
+            let put = || t.put_at(rank, key.bytes(), at, data).map(|w| ((), w));
+            ready!(self.keyed_rma(rank, id, put))?;
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
         let (index, gen) = self.alloc_op(rank, offset, data.len(), Vec::new());
@@ -287,8 +300,9 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(get.map(|()| Op::ready(Raw::Bytes(data))));
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
-            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
-            ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), at, &mut data)))?;
+            let at = rma_offset(offset, len, remote.len())?;
+            let get = || t.get_at(rank, key.bytes(), at, &mut data).map(|w| ((), w));
+            ready!(self.keyed_rma(rank, id, get))?;
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
         let (index, gen) = self.alloc_op(rank, offset, len, data);
@@ -324,8 +338,9 @@ impl<H: Threading> Endpoint<H> {
             return Poll::Ready(read.map(|()| Op::ready(Raw::Unit)));
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
-            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
-            ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), at, dst)))?;
+            let at = rma_offset(offset, dst.len(), remote.len())?;
+            let get = || t.get_at(rank, key.bytes(), at, dst).map(|w| ((), w));
+            ready!(self.keyed_rma(rank, id, get))?;
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
         let (index, gen) = self.alloc_op(rank, offset, dst.len(), vec![0; dst.len()]);
@@ -369,12 +384,10 @@ impl<H: Threading> Endpoint<H> {
             false => None,
         };
         if let Some(key) = key {
-            let at = ready!(self.rma_open(t, rank, id, &key, offset))?;
-            return match t.atomic_at(rank, key.bytes(), at, atomic) {
-                Ok(old) => Poll::Ready(Ok(Op::ready(Raw::Word(old)))),
-                Err(crate::error::SendError::Busy) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(self.nic_failed(e))),
-            };
+            let at = rma_offset(offset, width, size)?;
+            let apply = || t.atomic_at(rank, key.bytes(), at, atomic);
+            let old = ready!(self.keyed_rma(rank, id, apply))?;
+            return Poll::Ready(Ok(Op::ready(Raw::Word(old))));
         }
         let (index, gen) = self.alloc_atomic(rank, offset, atomic);
         self.ops[index as usize].seg = id.get();
@@ -407,33 +420,27 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Before an operation at byte `offset` of `rank`'s segment `id` by the transport's RMA
-    /// (under `key`): reads the segment's freed word there, as a peer that maps it loads
-    /// it, so that an operation that starts after its owner freed it (on a team without
-    /// this rank, which still knows it) fails with [`AmError::UnknownSegment`] rather than
-    /// writing memory nobody reads (its owner keeps such a segment registered). Ready with
-    /// the offset of that byte in the registration, which starts at the word area.
-    fn rma_open<T: Transport + ?Sized>(
+    /// One operation on `rank`'s segment `id` by the transport's RMA (`rma`: its outcome and
+    /// the segment's freed word, which the transport reads beside it, as a peer that maps
+    /// the segment loads it): an operation that runs after the owner freed the segment (on
+    /// a team without this rank, which still knows it) fails with
+    /// [`AmError::UnknownSegment`], what it wrote landing in memory nobody reads (its owner
+    /// keeps such a segment registered). `Pending` as [`Endpoint::put_start`].
+    fn keyed_rma<R>(
         &mut self,
-        t: &mut T,
         rank: crate::types::Rank,
         id: SegmentId,
-        key: &RmaKey,
-        offset: usize,
-    ) -> Poll<Result<usize, AmError>> {
-        let Some(at) = offset.checked_add(CONTROL_WORDS) else {
-            return Poll::Ready(Err(AmError::SegmentOutOfBounds {
-                offset: offset as u64,
-                len: 0,
-                size: self.segments.known_len(rank, id).unwrap_or(0),
-            }));
-        };
-        let mut word = [0u8; 8];
-        ready!(self.nic_rma(|| t.get_at(rank, key.bytes(), 0, &mut word)))?;
-        if u64::from_ne_bytes(word) != 0 {
-            return Poll::Ready(Err(AmError::UnknownSegment { rank, id }));
+        rma: impl FnOnce() -> Result<(R, u64), crate::error::SendError>,
+    ) -> Poll<Result<R, AmError>> {
+        if self.detached_in_flight > 0 {
+            return Poll::Pending;
         }
-        Poll::Ready(Ok(at))
+        match rma() {
+            Ok((r, 0)) => Poll::Ready(Ok(r)),
+            Ok(_) => Poll::Ready(Err(AmError::UnknownSegment { rank, id })),
+            Err(crate::error::SendError::Busy) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.nic_failed(e))),
+        }
     }
 
     /// Where this rank reaches `rank`'s created segment `id` itself, with no message: its
