@@ -201,9 +201,11 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a put of `data` at `offset` of `remote` ([`crate::endpoint::start::PutTo`]):
-    /// on segment 0 the put of [`Endpoint::put_start`]; on this rank's own segment a copy,
-    /// complete now; otherwise system Mediums that the owner's progress writes
-    /// ([`Endpoint::put_step`] sends them).
+    /// on segment 0 the put of [`Endpoint::put_start`]; on this rank's own segment, or a
+    /// peer's that this rank maps, a copy, complete now; on a peer's that its transport
+    /// registered ([`crate::Capabilities::rma_segments`]) the transport's put, complete now;
+    /// otherwise system Mediums that the owner's progress writes ([`Endpoint::put_step`]
+    /// sends them).
     pub fn put_to_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -273,8 +275,9 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts a get of `len` bytes at `offset` of `remote`
     /// ([`crate::endpoint::start::GetFrom`]), as [`Endpoint::put_to_start`]: the get of
-    /// [`Endpoint::get_start`] on segment 0, a copy from this rank's own segment, system
-    /// messages otherwise ([`Endpoint::get_step`]).
+    /// [`Endpoint::get_start`] on segment 0, a copy from this rank's own segment or a mapped
+    /// one, the transport's get from a registered one, system messages otherwise
+    /// ([`Endpoint::get_step`]).
     pub fn get_from_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -313,7 +316,8 @@ impl<H: Threading> Endpoint<H> {
     /// Starts a get into `dst`, a buffer of the caller's, from `offset` of `remote`
     /// ([`crate::endpoint::start::GetFromInto`]), as [`Endpoint::get_from_start`]: a handle
     /// complete when started once the bytes are in `dst` (segment 0 through a NIC that reads
-    /// peers' memory, this rank's own segment, a mapped one), otherwise the get by messages,
+    /// peers' memory, this rank's own segment, a mapped one, a registered one), otherwise
+    /// the get by messages,
     /// whose completion copies its bytes into `dst`.
     pub fn get_from_into_start<T: Transport + ?Sized>(
         &mut self,
@@ -350,8 +354,9 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts an atomic on the word at `offset` of `remote`
     /// ([`crate::endpoint::start::AtomicAt`]), as [`Endpoint::put_to_start`]: the atomic of
-    /// [`Endpoint::atomic_start`] on segment 0, applied now on this rank's own segment, a
-    /// system message that the owner's progress applies otherwise.
+    /// [`Endpoint::atomic_start`] on segment 0, applied now on this rank's own segment or a
+    /// mapped one, by the transport on a registered one where it applies atomics, a system
+    /// message that the owner's progress applies otherwise.
     pub fn atomic_at_start<T: Transport + ?Sized, W: AtomicWord + Outcome>(
         &mut self,
         t: &mut T,
