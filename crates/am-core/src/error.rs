@@ -207,7 +207,7 @@ pub enum Misbehavior {
     #[error("a Long into segment {id}, which this rank does not hold")]
     UnknownSegment {
         /// The segment it named.
-        id: crate::segment::SegmentId,
+        id: crate::types::SegmentId,
     },
     /// A core-internal message with an unknown opcode or wrong arguments.
     #[error("bad system message (opcode {0})")]

@@ -23,7 +23,7 @@ pub struct Msg<'a> {
     pub(crate) args: &'a [u32],
     pub(crate) payload: Payload<'a>,
     pub(crate) long: Option<usize>,
-    pub(crate) long_segment: crate::segment::SegmentId,
+    pub(crate) long_segment: crate::types::SegmentId,
     pub(crate) segment: SharedBytes<'a>,
     /// Private memory for the copy of a shared payload, taken by the first `payload()`.
     pub(crate) scratch: Cell<Option<&'a mut Vec<u8>>>,
@@ -101,12 +101,12 @@ impl<'a> Msg<'a> {
         self.long
     }
 
-    /// The segment a Long payload landed in: [`SegmentId::ZERO`](crate::segment::SegmentId::ZERO)
+    /// The segment a Long payload landed in: [`SegmentId::ZERO`](crate::types::SegmentId::ZERO)
     /// (the local segment, [`Msg::segment`]) for a Long sent with `request_long`, the created
     /// segment named by a `request_long_to` ([`crate::endpoint::start::LongTo`]); `None` for
     /// Short and Medium. Its bytes are [`Msg::payload`] and [`Msg::payload_view`].
     #[inline]
-    pub fn long_segment(&self) -> Option<crate::segment::SegmentId> {
+    pub fn long_segment(&self) -> Option<crate::types::SegmentId> {
         self.long.map(|_| self.long_segment)
     }
 
