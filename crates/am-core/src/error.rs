@@ -202,8 +202,9 @@ pub enum Misbehavior {
         /// Length it named.
         len: u64,
     },
-    /// It sent a Long into a created segment this rank does not hold (never created, or
-    /// freed: a program that frees a segment while a Long into it is on its way).
+    /// It sent a Long into a created segment this rank does not hold: never created, or
+    /// freed while the Long was on its way (the program freed a segment still in use, or
+    /// this rank freed it on a team without the sender, whose Long then passed its check).
     #[error("a Long into segment {id}, which this rank does not hold")]
     UnknownSegment {
         /// The segment it named.

@@ -437,9 +437,15 @@ impl Segments {
     ) -> Option<Vec<u8>> {
         let own = self.own.get_mut(&id.get())?;
         own.rma
-            .get_or_insert_with(|| {
-                t.register_segment(id.get(), &own.seg)
-                    .filter(|k| k.len() <= MAX_KEY)
+            .get_or_insert_with(|| match t.register_segment(id.get(), &own.seg) {
+                Some(k) if k.len() <= MAX_KEY => Some(k),
+                // A key no publication can carry: peers reach the segment by messages, and
+                // the registration ends here rather than with the transport.
+                Some(_) => {
+                    t.deregister_segment(id.get());
+                    None
+                }
+                None => None,
             })
             .clone()
     }

@@ -524,7 +524,8 @@ pub trait Transport: Tx {
     /// blob peers reach it by (at most 40 bytes), or `None` where it could not (peers then
     /// reach it by messages). The NIC keeps the memory mapped while it is registered (a
     /// [`am_shm::Segment::share`]). The core registers a segment once, before its first
-    /// publication. The default registers nothing.
+    /// publication, and deregisters it at once if the key is longer than 40 bytes. The
+    /// default registers nothing.
     fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
         let _ = (id, seg);
         None

@@ -27,8 +27,12 @@
 //!   which carries the address, key and length as a key blob
 //!   ([`am_core::Capabilities::rma_segments`]); peers' `put_to`, `get_from` and
 //!   `atomic_at` on them take the path of put, get and atomics above, with no message
-//!   for the owner. A blob that is not one this transport makes, or that registers less
-//!   than the range, is `PeerMisbehaved` naming the peer that published it.
+//!   for the owner. A blob whose length or region this transport could not have made, or
+//!   that registers less than the range, is `PeerMisbehaved` naming the peer that
+//!   published it; a blob that looks right but whose key the provider refuses fails as
+//!   the provider reports it (`FI_EACCES`: `PeerMisbehaved`; a provider that drops the
+//!   connection instead: the peer is lost). The word area is registered for peers' writes
+//!   with the bytes: a peer holding the key is trusted not to set the freed word.
 //! - **Atomics** go through `fi_fetch_atomic` and `fi_compare_atomic` where the provider
 //!   validates every operation on every word type (unsigned, signed and float, 32 and 64
 //!   bits: `tcp;ofi_rxm`, `shm` and `sockets` do), else through the core's AM path: atomics

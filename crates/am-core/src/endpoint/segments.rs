@@ -162,8 +162,9 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Ends the transport's registrations of this rank's segments whose free retired them
-    /// ([`crate::segment::Segments::freed`]). A poll calls it once a message was handled
-    /// (a free completes as one is).
+    /// ([`crate::segment::Segments::freed`]). Every poll calls it (a free completes as a
+    /// message is handled); until then, or until the transport closes, the registration
+    /// stays.
     #[cold]
     pub(super) fn retire_segments<T: Transport + ?Sized>(&mut self, t: &mut T) {
         for id in std::mem::take(&mut self.segments.retired) {
