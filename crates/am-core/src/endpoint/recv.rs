@@ -39,6 +39,18 @@ fn refused(src: Rank, seg: u32) -> AmError {
     }
 }
 
+/// The created segment's id a message carries as its payload (an `ATOMIC_AT`, a Long into
+/// a created segment): `None` if the payload is not [`wire::SEGMENT_ID_LEN`] bytes.
+fn segment_id_in(payload: Payload<'_>) -> Result<Option<u32>, AmError> {
+    let mut id = [0u8; wire::SEGMENT_ID_LEN];
+    match payload {
+        Payload::Private(b) if b.len() == id.len() => id.copy_from_slice(b),
+        Payload::Shared(s) if s.len() == id.len() => s.read(0, &mut id).map_err(shm_err)?,
+        _ => return Ok(None),
+    }
+    Ok(Some(u32::from_le_bytes(id)))
+}
+
 #[cold]
 fn unknown_handler(src: Rank, hdr: &Header) -> AmError {
     misbehaved(
@@ -289,16 +301,11 @@ fn system_request(
                 };
                 sink.system(done, Payload::EMPTY)
             };
-            if payload.len() != 4 {
+            let Some(id) = segment_id_in(payload)? else {
                 refuse(sink);
                 return Err(bad());
-            }
-            let mut id = [0u8; 4];
-            match payload {
-                Payload::Private(b) => id.copy_from_slice(b),
-                Payload::Shared(s) => s.read(0, &mut id).map_err(shm_err)?,
-            }
-            let Some(ours) = st.segments.own_bytes(u32::from_le_bytes(id)) else {
+            };
+            let Some(ours) = st.segments.own_bytes(id) else {
                 refuse(sink);
                 return Ok(());
             };
@@ -875,22 +882,17 @@ impl<H: Threading> Endpoint<H> {
         segment: SharedBytes<'_>,
         tx: &mut dyn Tx,
     ) -> Result<(), AmError> {
-        let mut id = [0u8; wire::SEGMENT_ID_LEN];
-        match body {
-            Payload::Private(b) if b.len() == id.len() => id.copy_from_slice(b),
-            Payload::Shared(s) if s.len() == id.len() => s.read(0, &mut id).map_err(shm_err)?,
-            _ => {
-                let e = misbehaved(
-                    src,
-                    Misbehavior::Malformed(WireError::LengthMismatch {
-                        announced: wire::SEGMENT_ID_LEN as u32,
-                        present: body.len(),
-                    }),
-                );
-                return refuse_request(&mut self.replies, tx, src, route, grant, e);
-            }
-        }
-        let id = SegmentId::new(u32::from_le_bytes(id));
+        let Some(id) = segment_id_in(body)? else {
+            let e = misbehaved(
+                src,
+                Misbehavior::Malformed(WireError::LengthMismatch {
+                    announced: wire::SEGMENT_ID_LEN as u32,
+                    present: body.len(),
+                }),
+            );
+            return refuse_request(&mut self.replies, tx, src, route, grant, e);
+        };
+        let id = SegmentId::new(id);
         // Its own handle on the mapping: the handler runs with `self` borrowed.
         let Some(ours) = self.segments.own_share(id) else {
             let e = misbehaved(src, Misbehavior::UnknownSegment { id });

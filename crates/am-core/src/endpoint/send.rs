@@ -138,11 +138,7 @@ impl<H: Threading> Endpoint<H> {
         if let Poll::Ready(gone) = self.waiting_for(dest) {
             return Poll::Ready(Err(gone));
         }
-        match self.try_send(tx, dest, system, kind, handler, args, payload, long_offset) {
-            Ok(true) => Poll::Ready(Ok(())),
-            Ok(false) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        as_step(self.try_send(tx, dest, system, kind, handler, args, payload, long_offset))
     }
 
     pub(super) fn system_step(
@@ -270,11 +266,7 @@ impl<H: Threading> Endpoint<H> {
             payload_len: len as u32,
             long_offset: offset as u64,
         };
-        match self.offer(tx, dest, &header, true, args, &seg.to_le_bytes(), None) {
-            Ok(true) => Poll::Ready(Ok(())),
-            Ok(false) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        as_step(self.offer(tx, dest, &header, true, args, &seg.to_le_bytes(), None))
     }
 
     /// A send-side error of the NIC, a message's or an operation the NIC does itself:
@@ -391,5 +383,16 @@ impl<H: Threading> Endpoint<H> {
             }
         }
         Ok(())
+    }
+}
+
+/// One attempt's outcome as a step of a blocking send: sent, `Pending` (out of credit or the
+/// device busy: nothing was sent), or failed.
+#[inline(always)]
+fn as_step(sent: Result<bool, AmError>) -> Poll<Result<(), AmError>> {
+    match sent {
+        Ok(true) => Poll::Ready(Ok(())),
+        Ok(false) => Poll::Pending,
+        Err(e) => Poll::Ready(Err(e)),
     }
 }
