@@ -342,6 +342,24 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.get_into_segment(src, offset, local, len))
     }
 
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.put_from_own(dest, offset, src))
+    }
+
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        dispatch!(self, t => t.get_into_own(src, offset, dst))
+    }
+
     fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
         dispatch!(self, t => t.atomics(batch))
     }

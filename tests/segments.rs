@@ -101,6 +101,21 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
             assert_eq!(adds.expect("load"), u64::from(n), "every rank's add");
         }
         assert!(node.get_from(&next, 8, 70_000).await? == bytes(me));
+        // Between segments by id and offset: the next rank's bytes into segment 0 here,
+        // and this rank's created segment (rank `prev`'s bytes) into the next's.
+        node.get_from_into_segment(&next, 8, SegmentId::ZERO, 0, 70_000)
+            .await?;
+        let got = node.with(|n| {
+            let mut got = vec![0u8; 70_000];
+            n.segment().read(0, &mut got).map(|()| got)
+        });
+        assert!(
+            got.expect("read") == bytes(me),
+            "rank {me}: a get into segment 0"
+        );
+        node.put_to_from_segment(&next, LONG_AT, mine, 8, 70_000)
+            .await?;
+        assert!(node.get_from(&next, LONG_AT, 70_000).await? == bytes(prev));
         node.free_segment(&world, mine).await?;
         match node.get_from(&next, 0, 1).await {
             Err(AmError::UnknownSegment { .. }) => {}
@@ -114,7 +129,8 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
 }
 
 /// Catches an operation on a created segment that only the blocking driver completes (an
-/// async wait that is never woken by its answer), a Long into one whose head outruns its
+/// async wait that is never woken by its answer, a copy between segments that never
+/// writes what its get brought), a Long into one whose head outruns its
 /// payload, a publication that mixes up two endpoints
 /// of one process, and a mapped segment reached at the wrong endpoint's memory.
 #[test]

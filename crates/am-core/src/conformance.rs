@@ -997,6 +997,137 @@ pub fn segments_as_values<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<
     });
 }
 
+/// Puts and gets between segments named by id and offset (`put_to_from_segment`,
+/// `get_from_into_segment`, blocking and `_nb`): from and into a created segment and segment
+/// 0 here, to and from a peer's created segment, its segment 0, and this rank's own, from 0
+/// bytes to several Mediums, unaligned and at the segments' ends; an unknown local segment,
+/// and ranges past either side's length, are errors at the initiator that write nothing.
+/// Catches a copy that reads the wrong local segment (segment 0 for a created one), a
+/// range misplaced on either side, a bounce path that loses a chunk, and a check made
+/// against the wrong segment's length.
+pub fn segments_by_id_and_offset<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::segment::SegmentId;
+    const RANKS: u32 = 3;
+    run_watched("segments_by_id_and_offset", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 4);
+        let me = node.rank();
+        let world = node.world_team();
+        let mm = node.max_medium().min(16 << 10);
+        let len = 12 * mm + 96;
+        let third = len / 3;
+        let mine = node.create_segment(len).expect("create");
+        let peers = node.publish_segment(&world, mine).expect("publish");
+        let zeros = node
+            .publish_segment(&world, SegmentId::ZERO)
+            .expect("publish segment 0");
+        let next = ((me + 1) % RANKS) as usize;
+        let big = 3 * mm + 5;
+        // (offset in the target, offset in the local range, length), each in a third of
+        // `len` bytes: a peer's segments get the first third from this rank (their own
+        // puts write the second), and the local ranges are in the last.
+        let cases = [
+            (0, 0, 0),
+            (5, 9, 1),
+            (3, 100, 13),
+            (64, 1, big),
+            (third - 77, third - 77, 77),
+        ];
+        let targets = [
+            peers[next],
+            zeros[next],
+            peers[me as usize],
+            zeros[me as usize],
+        ];
+        let mut k = 0u8;
+        for target in targets {
+            for local in [mine, SegmentId::ZERO] {
+                for &(offset, at, n) in &cases {
+                    k = k.wrapping_add(1);
+                    let at = 2 * third + at;
+                    let offset = offset + if target.rank() == me { third } else { 0 };
+                    let data = pattern(n, k ^ me as u8);
+                    node.segment_at(local)
+                        .expect("local bytes")
+                        .write(at, &data)
+                        .expect("write");
+                    if k.is_multiple_of(2) {
+                        node.put_to_from_segment(&target, offset, local, at, n)
+                            .expect("put");
+                    } else {
+                        let h = node
+                            .put_to_from_segment_nb(&target, offset, local, at, n)
+                            .expect("put");
+                        node.wait(h).expect("wait for a put");
+                    }
+                    let what = format!("{n} bytes from {local:?}@{at} to {target:?}@{offset}");
+                    assert!(
+                        node.get_from(&target, offset, n).expect("get") == data,
+                        "{what}"
+                    );
+                    node.segment_at(local)
+                        .expect("local bytes")
+                        .fill(at, n, 0x99)
+                        .expect("fill");
+                    if k.is_multiple_of(3) {
+                        let h = node
+                            .get_from_into_segment_nb(&target, offset, local, at, n)
+                            .expect("get");
+                        node.wait(h).expect("wait for a get");
+                    } else {
+                        node.get_from_into_segment(&target, offset, local, at, n)
+                            .expect("get");
+                    }
+                    let mut got = vec![0u8; n];
+                    node.segment_at(local)
+                        .expect("local bytes")
+                        .read(at, &mut got)
+                        .expect("read");
+                    assert!(got == data, "back: {what}");
+                }
+            }
+        }
+        // Every member is done writing (into its own segment too) before the bytes that
+        // the refused operations must leave as they were are read.
+        node.team_barrier(&world).expect("barrier");
+        let target = peers[next];
+        let before = node.get_from(&target, 0, 16).expect("get");
+        let unknown = SegmentId::new(u32::MAX - 1);
+        for (offset, local, at, n, size) in [
+            (0, mine, len - 3, 4, len),
+            (0, mine, usize::MAX, 1, len),
+            (target.len() - 3, mine, 0, 4, target.len()),
+            (0, SegmentId::ZERO, SEGMENT - 3, 4, SEGMENT),
+        ] {
+            match node.put_to_from_segment(&target, offset, local, at, n) {
+                Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
+                other => panic!("a put of {n} from {local:?}@{at} to {offset}: {other:?}"),
+            }
+            match node.get_from_into_segment(&target, offset, local, at, n) {
+                Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
+                other => panic!("a get of {n} from {offset} to {local:?}@{at}: {other:?}"),
+            }
+        }
+        for target in [peers[next], zeros[next]] {
+            match node.put_to_from_segment(&target, 0, unknown, 0, 1) {
+                Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (me, unknown) => {}
+                other => panic!("a put from an unknown segment: {other:?}"),
+            }
+            match node.get_from_into_segment(&target, 0, unknown, 0, 1) {
+                Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (me, unknown) => {}
+                other => panic!("a get into an unknown segment: {other:?}"),
+            }
+        }
+        assert_eq!(node.get_from(&target, 0, 16).expect("get"), before);
+        node.team_barrier(&world).expect("barrier");
+        node.free_segment(&world, mine).expect("free");
+        match node.put_to_from_segment(&zeros[next], 0, mine, 0, 1) {
+            Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (me, mine) => {}
+            other => panic!("a put from a freed segment: {other:?}"),
+        }
+        node.barrier().expect("barrier");
+    });
+}
+
 /// Long requests into published segments (`request_long_to`): the payload is in the named
 /// segment, whole, when the handler runs there (and only then the handler runs), the handler
 /// is told which segment; to a peer, to itself and to segment 0, blocking and as a handle, with
@@ -2303,7 +2434,7 @@ macro_rules! conformance_tests {
             rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives, put_signal_hands_off,
             put_regions_land_in_place, symmetric_heap, segment_to_segment, segments_as_values,
-            long_into_created_segments);
+            segments_by_id_and_offset, long_into_created_segments);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -340,6 +340,22 @@ impl<T: Transport> Transport for FaultInjector<T> {
     ) -> Result<(), SendError> {
         self.inner.get_into_segment(src, offset, local, len)
     }
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: crate::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        self.inner.put_from_own(dest, offset, src)
+    }
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: crate::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        self.inner.get_into_own(src, offset, dst)
+    }
     fn get_regions(
         &mut self,
         src: Rank,

@@ -765,6 +765,28 @@ impl Transport for Loopback {
         crate::rma::copy_from(src, self.tx.peer_segment(src)?, offset, own, local, len)
     }
 
+    /// One copy from the created segment's range to the target's segment.
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: crate::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let len = src.bytes.len();
+        crate::rma::copy_to(dest, self.tx.peer_segment(dest)?, offset, src.bytes, 0, len)
+    }
+
+    /// One copy from the source's segment to the created segment's range.
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: crate::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let len = dst.bytes.len();
+        crate::rma::copy_from(src, self.tx.peer_segment(src)?, offset, dst.bytes, 0, len)
+    }
+
     /// The target's segment looked up once, then one copy per region.
     fn put_regions(
         &mut self,

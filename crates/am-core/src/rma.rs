@@ -199,6 +199,16 @@ pub fn copy_from(
         .map_err(|e| outside_own(local, len, e))
 }
 
+/// `len` bytes at `local` of this rank's own segment (`own`), or [`SendError::Device`].
+pub fn own_slice(
+    own: SharedBytes<'_>,
+    local: usize,
+    len: usize,
+) -> Result<SharedBytes<'_>, SendError> {
+    own.slice(local, len)
+        .map_err(|e| outside_own(local, len, e))
+}
+
 /// A range outside this rank's own segment (of a copy between segments).
 #[cold]
 fn outside_own(local: usize, len: usize, e: am_shm::ShmError) -> SendError {

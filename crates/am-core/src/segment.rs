@@ -10,6 +10,10 @@
 //! member publishes one of its segments, segment 0 included, and gets every member's as a
 //! [`RemoteSegment`]). Puts, gets and atomics then name it: [`crate::Node::put_to`],
 //! [`crate::Node::get_from`], [`crate::Node::get_from_into`], [`crate::Node::atomic_at`].
+//! [`crate::Node::put_to_from_segment`] and [`crate::Node::get_from_into_segment`] name
+//! both sides, a range of one of this rank's segments (by id and offset) and one of a
+//! published segment, so that bytes move between segments with no buffer of the
+//! caller's and no borrow of a segment spanning the call.
 //!
 //! An AM Long request can land its payload in one too ([`crate::Node::request_long_to`]):
 //! the payload goes first, as a `put_to`, and the request's head follows once the put is
@@ -54,6 +58,10 @@
 //! register, and every created segment elsewhere (udp), is reached by system messages that
 //! the owner's progress applies, one Medium per `max_medium` bytes. An operation on this
 //! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
+//! Between segments, the bytes go from mapping to mapping wherever this rank reaches
+//! both (a created segment here and a peer's segment 0 through a NIC that writes peers'
+//! memory: [`crate::Transport::put_from_own`]); elsewhere the local range is read into a
+//! buffer that goes as above, or a get's bytes are written into it once they have come.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:
 //! their peers reach a segment by mapping its file, so the library allocates it.

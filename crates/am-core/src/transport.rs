@@ -491,6 +491,35 @@ pub trait Transport: Tx {
         self.get(src, offset, &mut bounce)?;
         crate::rma::put_into(self.rank(), self.segment(), local, &bounce)
     }
+    /// Copies all of `src`, a range of one of this rank's created segments, to `offset` of
+    /// `dest`'s segment, as [`Transport::put_from_segment`] does from segment 0: for a NIC
+    /// whose [`Capabilities::put`] is set, complete when it returns, checked by the core.
+    /// A NIC that maps its peers' segments copies from one mapping to the other; the
+    /// default reads the range into a buffer and puts that.
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let mut bounce = vec![0u8; src.bytes.len()];
+        crate::rma::get_from(self.rank(), src.bytes, 0, &mut bounce)?;
+        self.put(dest, offset, &bounce)
+    }
+    /// Copies `dst.bytes.len()` bytes at `offset` of `src`'s segment into `dst`, a range of
+    /// one of this rank's created segments, as [`Transport::get_into_segment`] does into
+    /// segment 0: for a NIC whose [`Capabilities::get`] is set, complete when it returns.
+    /// The default gets the bytes into a buffer and writes them.
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let mut bounce = vec![0u8; dst.bytes.len()];
+        self.get(src, offset, &mut bounce)?;
+        crate::rma::put_into(self.rank(), dst.bytes, 0, &bounce)
+    }
     /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
     /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
     /// `dst` holds them. Checked and failing as [`Transport::put`].
@@ -583,6 +612,28 @@ pub trait Transport: Tx {
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
     /// The default does nothing: transports whose sends complete at once need no lingering.
     fn close(&mut self) {}
+}
+
+/// A range of one of this rank's own created segments, as a transport reads or writes it
+/// ([`Transport::put_from_own`], [`Transport::get_into_own`]): the segment's id, where the
+/// range starts in its bytes (for a NIC that registered the segment and names its memory
+/// by registration and offset), and the range itself.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct OwnRange<'a> {
+    /// The segment's id at this rank (never segment 0).
+    pub id: crate::types::SegmentId,
+    /// Where `bytes` starts in the segment's bytes.
+    pub offset: usize,
+    /// The range.
+    pub bytes: SharedBytes<'a>,
+}
+
+impl<'a> OwnRange<'a> {
+    /// `bytes`, which start at `offset` of segment `id`.
+    pub fn new(id: crate::types::SegmentId, offset: usize, bytes: SharedBytes<'a>) -> Self {
+        OwnRange { id, offset, bytes }
+    }
 }
 
 #[cfg(test)]

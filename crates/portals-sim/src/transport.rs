@@ -423,6 +423,38 @@ impl Transport for Portals {
         self.rma_done(done, "get", src, offset, len)
     }
 
+    /// `PtlPut` from a memory descriptor over the created segment's range, as
+    /// [`Transport::put_from_segment`].
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let d = self.reachable(dest)?;
+        let len = src.bytes.len();
+        let args = segment_put(offset, &[], Some(src.bytes));
+        let done = self.tx.nic(d).put(self.tx.rank, None, &args);
+        self.rma_done(done, "put", dest, offset, len)
+    }
+
+    /// `PtlGet` into a memory descriptor over the created segment's range, as
+    /// [`Transport::get_into_segment`].
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        let d = self.reachable(src)?;
+        let len = dst.bytes.len();
+        let done =
+            self.tx
+                .nic(d)
+                .get_shared(self.tx.rank, None, PT_SEGMENT, 0, offset as u64, dst.bytes);
+        self.rma_done(done, "get", src, offset, len)
+    }
+
     /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
     /// seed's "get into a temporary MD" when the local side is outside the segment): done
     /// when this returns, which stands for the `Reply` event.

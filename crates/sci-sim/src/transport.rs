@@ -440,6 +440,26 @@ impl Transport for Sci {
         am_nic::rma::get_into_segment(self, self.segment(), src, offset, local, len)
     }
 
+    /// One copy from the created segment's range to the target's mapped segment.
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        am_nic::rma::put_from_segment(self, src.bytes, dest, offset, 0, src.bytes.len())
+    }
+
+    /// One copy from the source's mapped segment to the created segment's range.
+    fn get_into_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        dst: am_core::transport::OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        am_nic::rma::get_into_segment(self, dst.bytes, src, offset, 0, dst.bytes.len())
+    }
+
     /// One lookup of the target's segment, then one copy per region.
     fn put_regions(
         &mut self,

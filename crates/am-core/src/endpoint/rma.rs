@@ -435,7 +435,7 @@ impl<H: Threading> Endpoint<H> {
     /// A put or get the NIC does itself (`rma`, checked): `Pending` while the device is busy
     /// or posted atomics sent as messages are unanswered (the NIC's write or read may
     /// overtake a message: a transport with RMA but atomics by messages).
-    fn nic_rma(
+    pub(super) fn nic_rma(
         &mut self,
         rma: impl FnOnce() -> Result<(), SendError>,
     ) -> Poll<Result<(), AmError>> {

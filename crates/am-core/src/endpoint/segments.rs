@@ -16,7 +16,7 @@ use crate::segment::{
     free_block, publish_block, Reach, RemoteSegment, SegOp, SegStep, SegmentId, CONTROL_WORDS,
 };
 use crate::team::Team;
-use crate::transport::{SharedBytes, Transport};
+use crate::transport::{OwnRange, SharedBytes, Transport};
 use crate::types::AmKind;
 
 /// The offset in a created segment's registration (which starts at its control words) of
@@ -351,6 +351,182 @@ impl<H: Threading> Endpoint<H> {
         let (index, gen) = self.alloc_op(rank, offset, dst.len(), vec![0; dst.len()]);
         self.ops[index as usize].seg = id.get();
         Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Checks `len` bytes at `offset` of this rank's own segment `id`: held here, and the
+    /// range inside it.
+    fn check_own(&self, id: SegmentId, offset: usize, len: usize) -> Result<(), AmError> {
+        let size = self.own_segment_len(id).ok_or(AmError::UnknownSegment {
+            rank: self.rank,
+            id,
+        })?;
+        match segment_range(offset as u64, len as u64, size) {
+            Some(_) => Ok(()),
+            None => Err(AmError::SegmentOutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size,
+            }),
+        }
+    }
+
+    /// Another handle on this rank's created segment `id`, so that its bytes are read or
+    /// written while the transport is borrowed too; `None` for segment 0 (the transport's).
+    fn own_handle(&self, id: SegmentId) -> Result<Option<am_shm::Segment>, AmError> {
+        match id {
+            SegmentId::ZERO => Ok(None),
+            id => match self.segments.own_share(id) {
+                Some(seg) => Ok(Some(seg)),
+                None => Err(AmError::UnknownSegment {
+                    rank: self.rank,
+                    id,
+                }),
+            },
+        }
+    }
+
+    /// Starts a put from a range of one of this rank's segments to a published one
+    /// ([`crate::endpoint::start::PutToFromSegment`]): `len` bytes at `at` of this rank's
+    /// segment `local` to `offset` of `remote`, with no slice of the caller's in between.
+    /// Both on segment 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy
+    /// from mapping to mapping where this rank reaches the target's memory (its own
+    /// segments, a peer's it maps, a peer's segment 0 through a NIC that writes peers'
+    /// memory: [`Transport::put_from_own`]); elsewhere the range is read into `bounce`,
+    /// which goes by the transport's RMA on a registered segment, or as the messages of
+    /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or
+    /// published here, is an error, and nothing is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_to_from_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        local: SegmentId,
+        at: usize,
+        len: usize,
+        bounce: &mut Vec<u8>,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if local == SegmentId::ZERO && id == SegmentId::ZERO {
+            return self.put_from_segment_start(t, rank, offset, at, len, bounce);
+        }
+        let checked = self
+            .check_remote(remote, offset, len)
+            .and_then(|_| self.check_own(local, at, len));
+        if let Err(e) = checked {
+            return Poll::Ready(Err(e));
+        }
+        ready!(self.apply_posted(t))?;
+        if len == 0 {
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+        }
+        let own = self.own_handle(local)?;
+        match (&own, id) {
+            (Some(seg), SegmentId::ZERO) => {
+                // From a created segment to a segment 0.
+                let from = seg.byte_area();
+                if rank == self.rank {
+                    crate::rma::copy_to(rank, t.segment(), offset, from, at, len)?;
+                    return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+                }
+                if t.capabilities().put {
+                    let src = OwnRange::new(local, at, crate::rma::own_slice(from, at, len)?);
+                    ready!(self.nic_rma(|| t.put_from_own(rank, offset, src)))?;
+                    return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+                }
+                bounce.resize(len, 0);
+                crate::rma::get_from(self.rank, from, at, bounce)?;
+                let (index, gen) = self.alloc_op(rank, offset, len, Vec::new());
+                return Poll::Ready(Ok(self.slot_op(index, gen)));
+            }
+            _ => {
+                // To a created segment, from either kind.
+                let from = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+                if let Some(view) = self.reachable(rank, id) {
+                    crate::rma::copy_to(rank, view?, offset, from, at, len)?;
+                    return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+                }
+                bounce.resize(len, 0);
+                crate::rma::get_from(self.rank, from, at, bounce)?;
+            }
+        }
+        if let Some(key) = self.segments.rma_key(rank, id) {
+            let to = rma_offset(offset, len, remote.len())?;
+            let put = || t.put_at(rank, key.bytes(), to, bounce).map(|w| ((), w));
+            ready!(self.keyed_rma(rank, id, put))?;
+            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+        }
+        let (index, gen) = self.alloc_op(rank, offset, len, Vec::new());
+        self.ops[index as usize].seg = id.get();
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Starts a get from a published segment into a range of one of this rank's
+    /// ([`crate::endpoint::start::GetFromIntoSegment`]): `len` bytes at `offset` of
+    /// `remote` to `at` of this rank's segment `local`, as
+    /// [`Endpoint::put_to_from_segment_start`]: both on segment 0, it is
+    /// [`Endpoint::get_into_segment_start`]; one copy from mapping to mapping where this
+    /// rank reaches the source's memory ([`Transport::get_into_own`]), or the transport's
+    /// RMA into a buffer copied into place; `None` comes back: done. Otherwise the get by
+    /// messages, whose bytes the caller writes at `at` of `local` once they have come.
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_from_into_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        remote: &RemoteSegment,
+        offset: usize,
+        local: SegmentId,
+        at: usize,
+        len: usize,
+    ) -> Poll<Result<Option<Op<Vec<u8>>>, AmError>> {
+        let (rank, id) = (remote.rank(), remote.id());
+        if local == SegmentId::ZERO && id == SegmentId::ZERO {
+            return self.get_into_segment_start(t, rank, offset, at, len);
+        }
+        let checked = self
+            .check_remote(remote, offset, len)
+            .and_then(|_| self.check_own(local, at, len));
+        if let Err(e) = checked {
+            return Poll::Ready(Err(e));
+        }
+        if id == SegmentId::ZERO && rank != self.rank && !t.capabilities().get {
+            return self.get_start(t, rank, offset, len).map_ok(Some);
+        }
+        ready!(self.apply_posted(t))?;
+        if len == 0 {
+            return Poll::Ready(Ok(None));
+        }
+        let own = self.own_handle(local)?;
+        if let (Some(seg), SegmentId::ZERO) = (&own, id) {
+            // From a segment 0 to a created segment.
+            let to = seg.byte_area();
+            if rank == self.rank {
+                crate::rma::copy_from(rank, t.segment(), offset, to, at, len)?;
+            } else {
+                let dst = OwnRange::new(local, at, crate::rma::own_slice(to, at, len)?);
+                ready!(self.nic_rma(|| t.get_into_own(rank, offset, dst)))?;
+            }
+            return Poll::Ready(Ok(None));
+        }
+        // From a created segment, to either kind.
+        if let Some(view) = self.reachable(rank, id) {
+            let to = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+            crate::rma::copy_from(rank, view?, offset, to, at, len)?;
+            return Poll::Ready(Ok(None));
+        }
+        if let Some(key) = self.segments.rma_key(rank, id) {
+            let mut data = vec![0; len];
+            let from = rma_offset(offset, len, remote.len())?;
+            let get = || {
+                t.get_at(rank, key.bytes(), from, &mut data)
+                    .map(|w| ((), w))
+            };
+            ready!(self.keyed_rma(rank, id, get))?;
+            let to = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+            crate::rma::put_into(self.rank, to, at, &data)?;
+            return Poll::Ready(Ok(None));
+        }
+        self.get_from_start(t, remote, offset, len).map_ok(Some)
     }
 
     /// Starts an atomic on the word at `offset` of `remote`

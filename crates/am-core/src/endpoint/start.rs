@@ -423,6 +423,164 @@ impl Start for GetIntoSegment {
     }
 }
 
+/// A put between segments named by id and offset: `len` bytes at `local_offset` of this
+/// rank's segment `local` (0 or one it created) to `offset` of a published segment, with no
+/// slice of the caller's in between, so that no borrow of a segment's bytes spans the call.
+/// Both on segment 0 it is a [`PutFromSegment`]. Where this rank reaches the target's
+/// memory (its own segments, a peer's it maps, a peer's segment 0 through a NIC that
+/// writes peers' memory) it is one copy from mapping to mapping, complete when it starts;
+/// elsewhere the range is read into a buffer of the operation's when it starts and goes as
+/// [`PutTo`] does. An unknown or freed segment on either side is
+/// [`crate::AmError::UnknownSegment`], either range outside its segment
+/// [`crate::AmError::SegmentOutOfBounds`], both when it starts, with nothing written.
+#[derive(Debug, Clone)]
+pub struct PutToFromSegment {
+    /// The target segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// Where in it.
+    pub offset: usize,
+    /// The source: one of this rank's segments.
+    pub local: crate::segment::SegmentId,
+    /// Where in it the bytes are.
+    pub local_offset: usize,
+    /// How many.
+    pub len: usize,
+    /// The bytes, where they go as messages or from a buffer.
+    bounce: Vec<u8>,
+}
+
+impl PutToFromSegment {
+    /// `len` bytes at `local_offset` of this rank's segment `local` to `offset` of `remote`.
+    pub fn new(
+        remote: &crate::segment::RemoteSegment,
+        offset: usize,
+        local: crate::segment::SegmentId,
+        local_offset: usize,
+        len: usize,
+    ) -> Self {
+        PutToFromSegment {
+            remote: *remote,
+            offset,
+            local,
+            local_offset,
+            len,
+            bounce: Vec::new(),
+        }
+    }
+}
+
+impl Start for PutToFromSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.put_to_from_segment_start(
+            t,
+            &self.remote,
+            self.offset,
+            self.local,
+            self.local_offset,
+            self.len,
+            &mut self.bounce,
+        )
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        ep.put_step(t, op, &self.bounce)
+    }
+}
+
+/// A get between segments named by id and offset: `len` bytes at `offset` of a published
+/// segment to `local_offset` of this rank's segment `local` (0 or one it created), with no
+/// buffer of the caller's in between. Both on segment 0 it is a [`GetIntoSegment`]. Where
+/// this rank reaches the source's memory it is one copy from mapping to mapping; through a
+/// registered segment the transport's RMA, then a copy into place; both complete when it
+/// starts. Elsewhere the bytes come as [`GetFrom`]'s do and are written at `local_offset`
+/// when they have all come, which the operation's sending step waits for; a `local` freed
+/// meanwhile is [`crate::AmError::UnknownSegment`] naming this rank. Checked as
+/// [`PutToFromSegment`].
+#[derive(Debug)]
+pub struct GetFromIntoSegment {
+    /// The source segment.
+    pub remote: crate::segment::RemoteSegment,
+    /// Where in it.
+    pub offset: usize,
+    /// The destination: one of this rank's segments.
+    pub local: crate::segment::SegmentId,
+    /// Where in it the bytes go.
+    pub local_offset: usize,
+    /// How many.
+    pub len: usize,
+    /// The get over messages, until its bytes are written.
+    by_messages: Option<Op<Vec<u8>>>,
+}
+
+impl GetFromIntoSegment {
+    /// `len` bytes at `offset` of `remote` to `local_offset` of this rank's segment `local`.
+    pub fn new(
+        remote: &crate::segment::RemoteSegment,
+        offset: usize,
+        local: crate::segment::SegmentId,
+        local_offset: usize,
+        len: usize,
+    ) -> Self {
+        GetFromIntoSegment {
+            remote: *remote,
+            offset,
+            local,
+            local_offset,
+            len,
+            by_messages: None,
+        }
+    }
+}
+
+impl Start for GetFromIntoSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        self.by_messages = ready!(ep.get_from_into_segment_start(
+            t,
+            &self.remote,
+            self.offset,
+            self.local,
+            self.local_offset,
+            self.len
+        ))?;
+        Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        let _ = op;
+        let Some(get) = self.by_messages.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        ready!(ep.get_step(t, get))?;
+        let bytes = ready!(ep.poll_op(t, get, None))?;
+        self.by_messages = None;
+        let gone = AmError::UnknownSegment {
+            rank: ep.rank(),
+            id: self.local,
+        };
+        let to = ep.segment_at(t, self.local).ok_or(gone)?;
+        crate::rma::put_into(ep.rank(), to, self.local_offset, &bytes).map_err(AmError::from)?;
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// A get into a buffer of the caller's (OpenSHMEM's `shmem_getmem_nbi`): `dst.len()` bytes at
 /// `offset` of `src`'s segment. The handle holds `dst` until it completes, and gives it back
 /// filled. Where the transport reaches the target's memory the bytes are in `dst` when it
@@ -1300,6 +1458,21 @@ macro_rules! operations {
                 = $crate::endpoint::start::GetIntoSegment::new(src, offset, local, len); nb get_into_segment_nb; owns;
         }
         $driver! { op
+            /// Copies `len` bytes at `local_offset` of this rank's segment `local` to
+            /// `offset` of a published segment, with no slice in between
+            /// ([`PutToFromSegment`](crate::endpoint::start::PutToFromSegment): one copy
+            /// from mapping to mapping where this rank reaches the target's memory).
+            put_to_from_segment [] (remote: &$crate::segment::RemoteSegment, offset: usize, local: $crate::segment::SegmentId, local_offset: usize, len: usize) -> ()
+                = $crate::endpoint::start::PutToFromSegment::new(remote, offset, local, local_offset, len); nb put_to_from_segment_nb; owns;
+        }
+        $driver! { op
+            /// Copies `len` bytes at `offset` of a published segment to `local_offset` of
+            /// this rank's segment `local`, with no buffer in between
+            /// ([`GetFromIntoSegment`](crate::endpoint::start::GetFromIntoSegment)).
+            get_from_into_segment [] (remote: &$crate::segment::RemoteSegment, offset: usize, local: $crate::segment::SegmentId, local_offset: usize, len: usize) -> ()
+                = $crate::endpoint::start::GetFromIntoSegment::new(remote, offset, local, local_offset, len); nb get_from_into_segment_nb; owns;
+        }
+        $driver! { op
             /// Reads `len` bytes at `offset` of `src`'s segment into a new `Vec`
             /// ([`Get`](crate::endpoint::start::Get)).
             get [] (src: $crate::Rank, offset: usize, len: usize) -> Vec<u8>
@@ -1562,6 +1735,20 @@ impl Owned for TeamBarrier {
 impl Owned for PutFromSegment {
     type Owned = PutFromSegment;
     fn owned(self) -> PutFromSegment {
+        self
+    }
+}
+
+impl Owned for PutToFromSegment {
+    type Owned = PutToFromSegment;
+    fn owned(self) -> PutToFromSegment {
+        self
+    }
+}
+
+impl Owned for GetFromIntoSegment {
+    type Owned = GetFromIntoSegment;
+    fn owned(self) -> GetFromIntoSegment {
         self
     }
 }
