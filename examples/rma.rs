@@ -12,7 +12,9 @@
 //! and gets from a segment rank 1 created and published as the job runs (`put_to`,
 //! `get_from_into`: rows `put_to` and `get_from`) and AM Long requests whose payload lands
 //! there (`request_long_to`, row `long_to`: each a `put_to` and then the request's head,
-//! timed until every handler ran), `--reps` times, and reports the median
+//! timed until every handler ran), then between rank 0's created segment and rank 1's
+//! (`put_to_from_segment`, `get_from_into_segment`: rows `seg_to` and `seg_from`),
+//! `--reps` times, and reports the median
 //! bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
 //! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
 //! loopback each put and get is one copy that rank 1 takes no part in.
@@ -122,6 +124,27 @@ fn timed_remote(
         }
     }
     Ok(buf.len() as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
+}
+
+/// As [`timed_seg`], between created segments: `ops` puts of `size` bytes at offset 0 of
+/// rank 0's segment `local` to offset 0 of `remote` (or gets back into it).
+fn timed_seg_to(
+    node: &mut Node<AnyTransport, Local>,
+    remote: &amnet::RemoteSegment,
+    local: amnet::SegmentId,
+    get: bool,
+    size: usize,
+    ops: usize,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        if get {
+            node.get_from_into_segment(remote, 0, local, 0, size)?;
+        } else {
+            node.put_to_from_segment(remote, 0, local, 0, size)?;
+        }
+    }
+    Ok(size as f64 * ops as f64 / t0.elapsed().as_secs_f64().max(1e-12))
 }
 
 /// The Long request handler of the `long_to` row: the payload is in place when it runs.
@@ -261,9 +284,13 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let mut buf: Vec<u8> = (0..size).map(|i| i as u8).collect();
         // The segment-to-segment rows move the same bytes from rank 0's segment.
         node.segment().write(0, &buf)?;
+        if let Some(own) = node.segment_at(created) {
+            own.write(0, &buf)?;
+        }
         let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seg_puts, mut seg_gets) = (Vec::new(), Vec::new());
         let (mut to_puts, mut from_gets, mut longs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut seg_tos, mut seg_froms) = (Vec::new(), Vec::new());
         // Warm-up (page faults, caches), then floor, put and get in turn in each repetition,
         // so that all three see the same moments of a noisy machine.
         for rep in 0..=args.reps {
@@ -282,7 +309,11 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 to_puts.push(timed_remote(&mut node, &remote, false, &mut buf, ops)?);
                 from_gets.push(timed_remote(&mut node, &remote, true, &mut buf, ops)?);
                 longs.push(timed_long_to(&mut node, &remote, &buf, ops)?);
+                seg_tos.push(timed_seg_to(&mut node, &remote, created, false, size, ops)?);
+                seg_froms.push(timed_seg_to(&mut node, &remote, created, true, size, ops)?);
                 if rep == 0 {
+                    seg_tos.clear();
+                    seg_froms.clear();
                     longs.clear();
                     to_puts.clear();
                     from_gets.clear();
@@ -303,10 +334,15 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let want: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let mut own = vec![0u8; size];
         node.segment().read(0, &mut own)?;
+        let mut created_here = vec![0u8; size];
+        if let Some(seg) = node.segment_at(created) {
+            seg.read(0, &mut created_here)?;
+        }
         anyhow::ensure!(
             buf == want
                 && node.get(1, 0, size)? == want
                 && own == want
+                && created_here == want
                 && node.get_from(&remote, 0, size)? == want,
             "{name}: {size}-byte puts and gets did not move the bytes"
         );
@@ -319,6 +355,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
             ("put_to", to_puts),
             ("get_from", from_gets),
             ("long_to", longs),
+            ("seg_to", seg_tos),
+            ("seg_from", seg_froms),
         ] {
             let bw = median(samples);
             let ratio = floor.filter(|&f| f > 0.0).map(|f| bw / f);

@@ -1,7 +1,7 @@
 //! The RMA bandwidth example runs on every transport and its `--json` rows carry what the
 //! README and BENCHMARKS quote: bandwidth per op and size (puts and gets from a buffer and
-//! from the segment, into and from a segment created and published as the job runs, and AM
-//! Longs into it),
+//! from the segment, into and from a segment created and published as the job runs, AM
+//! Longs into it, and between created segments),
 //! and the copy floor beside it.
 
 use std::process::Command;
@@ -36,12 +36,13 @@ fn rows(transport: &str) -> Vec<serde_json::Value> {
 fn put_and_get_rows_on_every_transport() {
     for transport in ["loopback", "sci", "extoll", "portals", "udp"] {
         let rows = rows(transport);
-        assert_eq!(rows.len(), 28, "{transport}: {rows:?}");
+        assert_eq!(rows.len(), 36, "{transport}: {rows:?}");
         for (row, (op, bytes)) in rows
             .iter()
             .zip([0, 5, 4096, 65536].into_iter().flat_map(|b| {
                 [
-                    "put", "get", "put_seg", "get_seg", "put_to", "get_from", "long_to",
+                    "put", "get", "put_seg", "get_seg", "put_to", "get_from", "long_to", "seg_to",
+                    "seg_from",
                 ]
                 .map(|op| (op, b))
             }))
