@@ -284,9 +284,9 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let mut buf: Vec<u8> = (0..size).map(|i| i as u8).collect();
         // The segment-to-segment rows move the same bytes from rank 0's segment.
         node.segment().write(0, &buf)?;
-        if let Some(own) = node.segment_at(created) {
-            own.write(0, &buf)?;
-        }
+        node.segment_at(created)
+            .ok_or_else(|| anyhow::anyhow!("the created segment is gone"))?
+            .write(0, &buf)?;
         let (mut puts, mut gets, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seg_puts, mut seg_gets) = (Vec::new(), Vec::new());
         let (mut to_puts, mut from_gets, mut longs) = (Vec::new(), Vec::new(), Vec::new());
@@ -334,15 +334,27 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let want: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let mut own = vec![0u8; size];
         node.segment().read(0, &mut own)?;
+        // The rows between created segments move the bytes too: rank 1's cleared, then
+        // written from rank 0's; rank 0's cleared, then read back from rank 1's.
+        let zeros = vec![0u8; size];
+        node.put_to(&remote, 0, &zeros)?;
+        node.put_to_from_segment(&remote, 0, created, 0, size)?;
+        let created_there = node.get_from(&remote, 0, size)?;
         let mut created_here = vec![0u8; size];
-        if let Some(seg) = node.segment_at(created) {
-            seg.read(0, &mut created_here)?;
-        }
+        let gone = || anyhow::anyhow!("the created segment is gone");
+        node.segment_at(created)
+            .ok_or_else(gone)?
+            .write(0, &zeros)?;
+        node.get_from_into_segment(&remote, 0, created, 0, size)?;
+        node.segment_at(created)
+            .ok_or_else(gone)?
+            .read(0, &mut created_here)?;
         anyhow::ensure!(
             buf == want
                 && node.get(1, 0, size)? == want
                 && own == want
                 && created_here == want
+                && created_there == want
                 && node.get_from(&remote, 0, size)? == want,
             "{name}: {size}-byte puts and gets did not move the bytes"
         );

@@ -1045,7 +1045,7 @@ pub fn segments_by_id_and_offset<T: Transport + Send>(make: &dyn Fn(u32, usize) 
                     k = k.wrapping_add(1);
                     let at = 2 * third + at;
                     let offset = offset + if target.rank() == me { third } else { 0 };
-                    let data = pattern(n, k ^ me as u8);
+                    let data = pattern(n, k.wrapping_mul(3) ^ (me as u8) << 6);
                     node.segment_at(local)
                         .expect("local bytes")
                         .write(at, &data)
@@ -1089,25 +1089,38 @@ pub fn segments_by_id_and_offset<T: Transport + Send>(make: &dyn Fn(u32, usize) 
         // Every member is done writing (into its own segment too) before the bytes that
         // the refused operations must leave as they were are read.
         node.team_barrier(&world).expect("barrier");
-        let target = peers[next];
-        let before = node.get_from(&target, 0, 16).expect("get");
+        // Refused before anything is sent, on every kind of target: the bytes at both ends
+        // of each stay as they were.
         let unknown = SegmentId::new(u32::MAX - 1);
-        for (offset, local, at, n, size) in [
-            (0, mine, len - 3, 4, len),
-            (0, mine, usize::MAX, 1, len),
-            (target.len() - 3, mine, 0, 4, target.len()),
-            (0, SegmentId::ZERO, SEGMENT - 3, 4, SEGMENT),
+        let ends = |node: &mut Node<T, Local>, target: &crate::RemoteSegment| {
+            let at = target.len() - 16;
+            [
+                node.get_from(target, 0, 16).expect("get"),
+                node.get_from(target, at, 16).expect("get"),
+            ]
+        };
+        for target in [
+            peers[next],
+            zeros[next],
+            peers[me as usize],
+            zeros[me as usize],
         ] {
-            match node.put_to_from_segment(&target, offset, local, at, n) {
-                Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
-                other => panic!("a put of {n} from {local:?}@{at} to {offset}: {other:?}"),
+            let before = ends(&mut node, &target);
+            for (offset, local, at, n, size) in [
+                (0, mine, len - 3, 4, len),
+                (0, mine, usize::MAX, 1, len),
+                (target.len() - 3, mine, 0, 4, target.len()),
+                (0, SegmentId::ZERO, SEGMENT - 3, 4, SEGMENT),
+            ] {
+                match node.put_to_from_segment(&target, offset, local, at, n) {
+                    Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
+                    other => panic!("a put of {n} from {local:?}@{at} to {offset}: {other:?}"),
+                }
+                match node.get_from_into_segment(&target, offset, local, at, n) {
+                    Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
+                    other => panic!("a get of {n} from {offset} to {local:?}@{at}: {other:?}"),
+                }
             }
-            match node.get_from_into_segment(&target, offset, local, at, n) {
-                Err(AmError::SegmentOutOfBounds { size: s, .. }) if s == size => {}
-                other => panic!("a get of {n} from {offset} to {local:?}@{at}: {other:?}"),
-            }
-        }
-        for target in [peers[next], zeros[next]] {
             match node.put_to_from_segment(&target, 0, unknown, 0, 1) {
                 Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (me, unknown) => {}
                 other => panic!("a put from an unknown segment: {other:?}"),
@@ -1116,8 +1129,8 @@ pub fn segments_by_id_and_offset<T: Transport + Send>(make: &dyn Fn(u32, usize) 
                 Err(AmError::UnknownSegment { rank, id }) if (rank, id) == (me, unknown) => {}
                 other => panic!("a get into an unknown segment: {other:?}"),
             }
+            assert_eq!(ends(&mut node, &target), before, "{target:?}");
         }
-        assert_eq!(node.get_from(&target, 0, 16).expect("get"), before);
         node.team_barrier(&world).expect("barrier");
         node.free_segment(&world, mine).expect("free");
         match node.put_to_from_segment(&zeros[next], 0, mine, 0, 1) {

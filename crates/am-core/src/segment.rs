@@ -59,8 +59,9 @@
 //! the owner's progress applies, one Medium per `max_medium` bytes. An operation on this
 //! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
 //! Between segments, the bytes go from mapping to mapping wherever this rank reaches
-//! both (a created segment here and a peer's segment 0 through a NIC that writes peers'
-//! memory: [`crate::Transport::put_from_own`]); elsewhere the local range is read into a
+//! both (a created segment here and a peer's segment 0 where the transport copies from a
+//! created segment itself: [`crate::Transport::put_from_own`], on loopback, sci, extoll
+//! and portals); elsewhere the local range is read into a
 //! buffer that goes as above, or a get's bytes are written into it once they have come.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:

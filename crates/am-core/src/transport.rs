@@ -623,7 +623,10 @@ pub trait Transport: Tx {
 pub struct OwnRange<'a> {
     /// The segment's id at this rank (never segment 0).
     pub id: crate::types::SegmentId,
-    /// Where `bytes` starts in the segment's bytes.
+    /// Where `bytes` starts in the segment's bytes (its byte area: a registration of the
+    /// segment, [`Transport::register_segment`], starts at its word area, `offset` plus the
+    /// word area's length into it). The core registers a segment only at its first
+    /// publication: a transport may find none for an `id` never published.
     pub offset: usize,
     /// The range.
     pub bytes: SharedBytes<'a>,

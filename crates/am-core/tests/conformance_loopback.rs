@@ -49,6 +49,11 @@ mod rma_by_message {
     }
 
     #[test]
+    fn segments_by_id_and_offset() {
+        am_core::conformance::segments_by_id_and_offset(&cluster);
+    }
+
+    #[test]
     fn atomics_every_op_and_width() {
         am_core::conformance::atomics_every_op_and_width(&cluster);
     }

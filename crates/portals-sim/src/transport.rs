@@ -321,14 +321,6 @@ fn segment_put<'a>(
     }
 }
 
-/// `len` bytes at `local` of this rank's segment (`own`), the memory descriptor of a put or
-/// get between segments.
-fn own_range(own: SharedBytes<'_>, local: usize, len: usize) -> Result<SharedBytes<'_>, SendError> {
-    own.slice(local, len).map_err(|e| {
-        SendError::device_from(format!("{len} bytes at {local} of this rank's segment"), e)
-    })
-}
-
 impl Portals {
     /// What a put or get (`what`) of `len` bytes at `offset` of `peer`'s segment entry came
     /// to.
@@ -398,7 +390,7 @@ impl Transport for Portals {
         len: usize,
     ) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
-        let from = own_range(self.segment(), local, len)?;
+        let from = am_core::rma::own_slice(self.segment(), local, len)?;
         let args = segment_put(offset, &[], Some(from));
         let done = self.tx.nic(d).put(self.tx.rank, None, &args);
         self.rma_done(done, "put", dest, offset, len)
@@ -415,7 +407,7 @@ impl Transport for Portals {
         len: usize,
     ) -> Result<(), SendError> {
         let d = self.reachable(src)?;
-        let into = own_range(self.segment(), local, len)?;
+        let into = am_core::rma::own_slice(self.segment(), local, len)?;
         let done =
             self.tx
                 .nic(d)

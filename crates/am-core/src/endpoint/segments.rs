@@ -390,8 +390,8 @@ impl<H: Threading> Endpoint<H> {
     /// segment `local` to `offset` of `remote`, with no slice of the caller's in between.
     /// Both on segment 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy
     /// from mapping to mapping where this rank reaches the target's memory (its own
-    /// segments, a peer's it maps, a peer's segment 0 through a NIC that writes peers'
-    /// memory: [`Transport::put_from_own`]); elsewhere the range is read into `bounce`,
+    /// segments, a peer's it maps, a peer's segment 0 where the transport copies from a
+    /// created segment itself: [`Transport::put_from_own`]); elsewhere the range is read into `bounce`,
     /// which goes by the transport's RMA on a registered segment, or as the messages of
     /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or
     /// published here, is an error, and nothing is written.

@@ -427,10 +427,12 @@ impl Start for GetIntoSegment {
 /// rank's segment `local` (0 or one it created) to `offset` of a published segment, with no
 /// slice of the caller's in between, so that no borrow of a segment's bytes spans the call.
 /// Both on segment 0 it is a [`PutFromSegment`]. Where this rank reaches the target's
-/// memory (its own segments, a peer's it maps, a peer's segment 0 through a NIC that
-/// writes peers' memory) it is one copy from mapping to mapping, complete when it starts;
+/// memory (its own segments, a peer's it maps, and a peer's segment 0 where the transport
+/// copies from a created segment itself, [`Transport::put_from_own`]: loopback, sci,
+/// extoll, portals) it is one copy from mapping to mapping, complete when it starts;
 /// elsewhere the range is read into a buffer of the operation's when it starts and goes as
-/// [`PutTo`] does. An unknown or freed segment on either side is
+/// [`PutTo`] does. The source range is read when the operation starts: writes to it
+/// afterwards are not seen. An unknown or freed segment on either side is
 /// [`crate::AmError::UnknownSegment`], either range outside its segment
 /// [`crate::AmError::SegmentOutOfBounds`], both when it starts, with nothing written.
 #[derive(Debug, Clone)]
@@ -499,10 +501,12 @@ impl Start for PutToFromSegment {
 /// A get between segments named by id and offset: `len` bytes at `offset` of a published
 /// segment to `local_offset` of this rank's segment `local` (0 or one it created), with no
 /// buffer of the caller's in between. Both on segment 0 it is a [`GetIntoSegment`]. Where
-/// this rank reaches the source's memory it is one copy from mapping to mapping; through a
-/// registered segment the transport's RMA, then a copy into place; both complete when it
-/// starts. Elsewhere the bytes come as [`GetFrom`]'s do and are written at `local_offset`
-/// when they have all come, which the operation's sending step waits for; a `local` freed
+/// this rank reaches the source's memory (as [`PutToFromSegment`];
+/// [`Transport::get_into_own`]) it is one copy from mapping to mapping; through a
+/// registered segment the transport's RMA into a buffer, then a copy into place; both
+/// complete when it starts. Elsewhere the bytes come as [`GetFrom`]'s do and are written at
+/// `local_offset` when they have all come, which the operation's sending step waits for
+/// (so over messages its `_nb` form returns once they are in place); a `local` freed
 /// meanwhile is [`crate::AmError::UnknownSegment`] naming this rank. Checked as
 /// [`PutToFromSegment`].
 #[derive(Debug)]
@@ -1461,7 +1465,8 @@ macro_rules! operations {
             /// Copies `len` bytes at `local_offset` of this rank's segment `local` to
             /// `offset` of a published segment, with no slice in between
             /// ([`PutToFromSegment`](crate::endpoint::start::PutToFromSegment): one copy
-            /// from mapping to mapping where this rank reaches the target's memory).
+            /// from mapping to mapping where this rank reaches the target's memory, through
+            /// a buffer elsewhere).
             put_to_from_segment [] (remote: &$crate::segment::RemoteSegment, offset: usize, local: $crate::segment::SegmentId, local_offset: usize, len: usize) -> ()
                 = $crate::endpoint::start::PutToFromSegment::new(remote, offset, local, local_offset, len); nb put_to_from_segment_nb; owns;
         }
