@@ -67,6 +67,8 @@ enum Local {
     Staged,
     /// A range of the registered segment, from here.
     Segment(*mut u8),
+    /// A range of a segment of [`Endpoint::register_segment`], from here, and its slot.
+    Registered(*mut u8, i32),
 }
 
 /// A staging buffer in use by an RMA or atomic operation: released with
@@ -108,6 +110,10 @@ enum Registered {
     Free,
     /// Registered, with a handle that keeps the memory mapped.
     Held(Segment),
+    /// Ended by [`Endpoint::deregister`] while writes from it were in flight
+    /// ([`Endpoint::write_from_registration`]): still registered, and its memory held, until
+    /// the last of them completes; then closed and freed.
+    Closing(Segment),
     /// Its registration could not be closed: its memory was leaked, and the slot is never
     /// used again.
     Leaked,
@@ -318,6 +324,10 @@ pub struct Endpoint {
     /// Segments registered for peers' access, by slot from [`MR_FIRST_SEGMENT`]: each holds
     /// a handle of its memory, so the memory stays mapped while the provider may reach it.
     registered: Vec<Registered>,
+    /// By staging buffer: the registration (its index in `registered`) whose memory the
+    /// buffer's lent write reads ([`Endpoint::write_from_registration`]); cleared at its
+    /// completion or failure. A registration some buffer names here is not closed.
+    reading: Vec<Option<usize>>,
     recv: Buffers,
     send: Buffers,
     stage: Buffers,
@@ -426,7 +436,7 @@ impl Endpoint {
         self.registered
             .iter()
             .filter_map(|r| match r {
-                Registered::Held(seg) => Some(seg.share()),
+                Registered::Held(seg) | Registered::Closing(seg) => Some(seg.share()),
                 Registered::Free | Registered::Leaked => None,
             })
             .collect()
@@ -513,6 +523,7 @@ impl Endpoint {
             },
             segment,
             registered: Vec::new(),
+            reading: vec![None; stage.state.len()],
             recv,
             send,
             stage,
@@ -710,17 +721,34 @@ impl Endpoint {
     /// Ends registration `r` ([`Endpoint::register_segment`]): peers' accesses with its key
     /// fail from now on, and its handle of the segment's memory is dropped. If the provider
     /// cannot close it, it may still reach the memory, which then stays mapped for good.
+    /// While writes from it ([`Endpoint::write_from_registration`]) are in flight, the
+    /// provider still reads its memory: it is closed when the last of them completes (or
+    /// fails), and a close refused then leaves the memory mapped for good as well.
     pub fn deregister(&mut self, r: Registration) -> Result<(), OfiError> {
-        let Some(index) =
-            r.0.checked_sub(MR_FIRST_SEGMENT)
-                .and_then(|i| usize::try_from(i).ok())
-                .filter(|&i| matches!(self.registered.get(i), Some(Registered::Held(_))))
-        else {
+        let Some((index, _)) = self.held(&r) else {
             return Ok(());
         };
+        if self.reading.contains(&Some(index)) {
+            let was = std::mem::replace(&mut self.registered[index], Registered::Free);
+            if let Registered::Held(seg) = was {
+                self.registered[index] = Registered::Closing(seg);
+            }
+            return Ok(());
+        }
+        self.close_registration(index)
+    }
+
+    /// Closes the registration at `index` of `registered` (held, or closing and read by no
+    /// write in flight) and drops its handle of the memory.
+    fn close_registration(&mut self, index: usize) -> Result<(), OfiError> {
+        let slot = i32::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_add(MR_FIRST_SEGMENT))
+            .ok_or_else(|| local_error("fi_close(mr)", "no such registration"))?;
         // SAFETY: a valid handle; the shim closes the registration in that slot, after which
-        // the provider no longer reaches its memory (or reports that it could not).
-        let rc = unsafe { ffi::amofi_mr_close(self.raw.as_ptr(), r.0) };
+        // the provider no longer reaches its memory (or reports that it could not). No write
+        // in flight reads it (`reading`, checked by the callers).
+        let rc = unsafe { ffi::amofi_mr_close(self.raw.as_ptr(), slot) };
         let was = std::mem::replace(&mut self.registered[index], Registered::Free);
         if rc != 0 {
             // Still the provider's: its memory is never unmapped, and the slot never reused.
@@ -729,6 +757,41 @@ impl Endpoint {
             return Err(self.error("fi_close(mr)", -rc));
         }
         Ok(())
+    }
+
+    /// Staging buffer `i`'s write, if it read a registration's memory, no longer does (its
+    /// completion or failure came): a registration deregistered meanwhile and read by no
+    /// other write is closed now. Its close has no caller to report a refusal to: the
+    /// memory then stays mapped for good, as [`Endpoint::deregister`] says.
+    fn done_reading(&mut self, i: usize) {
+        let Some(index) = self.reading.get_mut(i).and_then(Option::take) else {
+            return;
+        };
+        if matches!(self.registered.get(index), Some(Registered::Closing(_)))
+            && !self.reading.contains(&Some(index))
+        {
+            let _ = self.close_registration(index);
+        }
+    }
+
+    /// Registration `r`, if it is held: its index in `registered` and its segment.
+    fn held(&self, r: &Registration) -> Option<(usize, &Segment)> {
+        let index = usize::try_from(r.0.checked_sub(MR_FIRST_SEGMENT)?).ok()?;
+        match self.registered.get(index)? {
+            Registered::Held(seg) => Some((index, seg)),
+            Registered::Free | Registered::Closing(_) | Registered::Leaked => None,
+        }
+    }
+
+    /// Where `bytes` lies in registration `r`'s memory (its segment's word area, then its
+    /// byte area): the offset of its first byte from the registration's first, for
+    /// [`Endpoint::write_from_registration`]; `None` where `bytes` is not all inside it
+    /// (another mapping's bytes, or `r` not held).
+    pub fn registered_offset(&self, r: &Registration, bytes: SharedBytes<'_>) -> Option<usize> {
+        let (_, seg) = self.held(r)?;
+        let area = seg.whole_area();
+        let start = (bytes.as_ptr() as usize).checked_sub(area.as_ptr() as usize)?;
+        (start.checked_add(bytes.len())? <= area.len()).then_some(start)
     }
 
     /// The registered segment's byte area (peers write it at any time).
@@ -963,6 +1026,45 @@ impl Endpoint {
         self.rma_from(at, true, rank, raddr, key, len, delivery, |_| {})
     }
 
+    /// Writes `len` bytes at `local` of registration `r`'s memory (counted from its first
+    /// byte: [`Endpoint::registered_offset`]) to `raddr` (under `key`) at peer `rank`,
+    /// straight from that memory, with the registration's descriptor, as
+    /// [`Endpoint::write_from_segment`] does from this endpoint's segment: no copy into a
+    /// staging buffer, whose untouched buffer the operation still takes. The registration is
+    /// not closed while the write is in flight ([`Endpoint::deregister`] waits for it).
+    /// `Ok(None)`: no room now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_from_registration(
+        &mut self,
+        r: &Registration,
+        local: usize,
+        len: usize,
+        rank: usize,
+        raddr: u64,
+        key: u64,
+        delivery: bool,
+    ) -> Result<Option<Op>, OfiError> {
+        let (index, at) = {
+            let (index, seg) = self
+                .held(r)
+                .ok_or_else(|| local_error("fi_writemsg", "a registration no longer held"))?;
+            let area = seg.whole_area();
+            if local.checked_add(len).is_none_or(|end| end > area.len()) {
+                return Err(local_error(
+                    "fi_writemsg",
+                    "a range outside the registration",
+                ));
+            }
+            (index, area.as_ptr().wrapping_add(local))
+        };
+        let from = Local::Registered(at, r.0);
+        let op = self.rma_from(from, true, rank, raddr, key, len, delivery, |_| {})?;
+        if let Some(op) = op {
+            self.reading[op.index()] = Some(index);
+        }
+        Ok(op)
+    }
+
     /// [`Endpoint::write`] (`write`, from what `fill` puts into the buffer) or
     /// [`Endpoint::read`] through one staging buffer.
     #[allow(clippy::too_many_arguments)]
@@ -1002,7 +1104,7 @@ impl Endpoint {
         let dest = self.peer(rank)?;
         let largest = match local {
             Local::Staged => self.max_transfer(),
-            Local::Segment(_) => self.max_segment_transfer(),
+            Local::Segment(_) | Local::Registered(..) => self.max_segment_transfer(),
         };
         if len > largest {
             return Err(local_error(
@@ -1024,6 +1126,7 @@ impl Endpoint {
                 let (at, slot) = match local {
                     Local::Staged => (buf, MR_STAGE),
                     Local::Segment(at) => (at, MR_SEGMENT),
+                    Local::Registered(at, slot) => (at, slot),
                 };
                 // SAFETY: `at..at + len` is either the staging buffer `buf` (at least `len`
                 // bytes, checked against `max_transfer`), lent to the provider until its
@@ -1031,10 +1134,16 @@ impl Endpoint {
                 // (checked by `write_from_segment`, the only maker of `Local::Segment`),
                 // registered as slot MR_SEGMENT with local read access, which lives as long
                 // as the endpoint and so past every completion (the endpoint's close, or a
-                // leak where closing fails, comes first). The provider only reads it (a
-                // write's source), as a NIC would: no Rust reference is made to the
-                // segment, whose every other access is an atomic or a copy by raw pointer
-                // (`SharedBytes`).
+                // leak where closing fails, comes first); or a range inside a held
+                // registration's memory (checked by `write_from_registration`, the only
+                // maker of `Local::Registered`), registered in `slot` with local read
+                // access, whose handle of the segment keeps it mapped: the caller marks the
+                // buffer as reading it (`reading`), and neither `deregister` nor a deferred
+                // close ends the registration or drops the handle before the completion
+                // clears that mark (the endpoint's close, or a leak, comes before any drop).
+                // The provider only reads it (a write's source), as a NIC would: no Rust
+                // reference is made to the segment, whose every other access is an atomic
+                // or a copy by raw pointer (`SharedBytes`).
                 unsafe {
                     ffi::amofi_rma(
                         raw,
@@ -1219,6 +1328,7 @@ impl Endpoint {
             CTX_SEND if self.send.state.get(i) == Some(&State::Lent) => self.send.give_back(i),
             CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
                 self.stage.state[i] = State::Ready;
+                self.done_reading(i);
                 out.push_back(Event::Done(Op(i as u32)));
             }
             CTX_AMO if self.amo.state.get(i) == Some(&State::Lent) => {
@@ -1262,6 +1372,7 @@ impl Endpoint {
             }
             CTX_STAGE if self.stage.state.get(i) == Some(&State::Lent) => {
                 self.stage.state[i] = State::Ready;
+                self.done_reading(i);
                 Issued::Op(Op(i as u32))
             }
             CTX_AMO if self.amo.state.get(i) == Some(&State::Lent) => {
