@@ -382,6 +382,16 @@ impl Transport for AnyTransport {
         dispatch!(self, t => t.put_at(dest, key, offset, data))
     }
 
+    fn put_at_from_own(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        src: am_core::transport::OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        dispatch!(self, t => t.put_at_from_own(dest, key, offset, src))
+    }
+
     fn get_at(
         &mut self,
         src: Rank,

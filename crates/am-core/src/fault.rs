@@ -387,6 +387,15 @@ impl<T: Transport> Transport for FaultInjector<T> {
     ) -> Result<u64, SendError> {
         self.inner.put_at(dest, key, offset, data)
     }
+    fn put_at_from_own(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        src: crate::transport::OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        self.inner.put_at_from_own(dest, key, offset, src)
+    }
     fn get_at(
         &mut self,
         src: Rank,

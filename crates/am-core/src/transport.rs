@@ -582,6 +582,22 @@ pub trait Transport: Tx {
         let _ = (dest, key, offset, data);
         Err(SendError::Unsupported("put_at"))
     }
+    /// Copies all of `src`, a range of one of this rank's created segments, to `offset` of
+    /// the registration `key` names at `dest`, as [`Transport::put_at`] does with a slice
+    /// (checked and failing the same way, with the registration's first `u64` read beside
+    /// it): a NIC that registered `src`'s segment ([`Transport::register_segment`]) writes
+    /// straight from its memory. The default reads the range into a buffer and puts that.
+    fn put_at_from_own(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        src: OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        let mut bounce = vec![0u8; src.bytes.len()];
+        crate::rma::get_from(self.rank(), src.bytes, 0, &mut bounce)?;
+        self.put_at(dest, key, offset, &bounce)
+    }
     /// Copies `dst.len()` bytes at `offset` of the registration `key` names at `src` into
     /// `dst`, as [`Transport::get`], with the registration's first `u64` read beside it and
     /// checked, as [`Transport::put_at`].

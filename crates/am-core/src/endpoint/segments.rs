@@ -391,8 +391,10 @@ impl<H: Threading> Endpoint<H> {
     /// Both on segment 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy
     /// from mapping to mapping where this rank reaches the target's memory (its own
     /// segments, a peer's it maps, a peer's segment 0 where the transport copies from a
-    /// created segment itself: [`Transport::put_from_own`]); elsewhere the range is read into `bounce`,
-    /// which goes by the transport's RMA on a registered segment, or as the messages of
+    /// created segment itself: [`Transport::put_from_own`]); a created segment's range to a
+    /// registered segment goes by [`Transport::put_at_from_own`], which may write straight
+    /// from it; elsewhere the range is read into `bounce`, which goes by the transport's RMA
+    /// on a registered segment ([`Transport::put_at`]), or as the messages of
     /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or
     /// published here, is an error, and nothing is written.
     #[allow(clippy::too_many_arguments)]
@@ -444,6 +446,20 @@ impl<H: Threading> Endpoint<H> {
                 let from = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
                 if let Some(view) = self.reachable(rank, id) {
                     crate::rma::copy_to(rank, view?, offset, from, at, len)?;
+                    return Poll::Ready(Ok(Op::ready(Raw::Unit)));
+                }
+                // A created segment's range goes to a registered one as it is, for a NIC
+                // that registered this segment too to write straight from it; segment 0's
+                // bytes borrow the transport, so they go through `bounce`.
+                if let (Some(seg), Some(key)) = (&own, self.segments.rma_key(rank, id)) {
+                    let to = rma_offset(offset, len, remote.len())?;
+                    let src =
+                        OwnRange::new(local, at, crate::rma::own_slice(seg.byte_area(), at, len)?);
+                    let put = || {
+                        t.put_at_from_own(rank, key.bytes(), to, src)
+                            .map(|w| ((), w))
+                    };
+                    ready!(self.keyed_rma(rank, id, put))?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
                 }
                 bounce.resize(len, 0);
