@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use am_bootstrap::JobInfo;
 use am_core::atomic::{Atomic, Batch, Code, Posted, WordType, CODES, WORD_TYPES};
 use am_core::rma::Regions;
+use am_core::transport::OwnRange;
 use am_core::{
     Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
     SendError, Transport, TransportError, Tx,
@@ -115,6 +116,8 @@ pub struct Ofi {
     registered: std::collections::HashMap<u32, (Registration, Vec<u8>)>,
     /// Operations on peers' registered segments started ([`Ofi::segment_rma_ops`]).
     segment_rma: u64,
+    /// Puts made straight from a registration of this rank's ([`Ofi::registration_puts`]).
+    registration_puts: u64,
     rx: Vec<u8>,
     limits: Limits,
     native_atomics: bool,
@@ -431,6 +434,7 @@ impl Ofi {
             segment,
             registered: std::collections::HashMap::new(),
             segment_rma: 0,
+            registration_puts: 0,
             rx: Vec::new(),
             limits,
             native_atomics,
@@ -465,6 +469,14 @@ impl Ofi {
     /// messages.
     pub fn segment_rma_ops(&self) -> u64 {
         self.segment_rma
+    }
+
+    /// How many puts to peers this rank made straight from the registration of one of its
+    /// created segments ([`Transport::put_from_own`], [`Transport::put_at_from_own`] on a
+    /// segment published, so registered), the provider reading the segment itself, rather
+    /// than through a copy into the staging buffers.
+    pub fn registration_puts(&self) -> u64 {
+        self.registration_puts
     }
 
     /// The provider in use (`tcp;ofi_rxm`, `shm`, ...).
@@ -753,7 +765,42 @@ impl Io {
         local: usize,
         total: usize,
     ) -> Result<(), SendError> {
-        let Region { base, key, len } = self.usable(peer)?.region;
+        let region = self.usable(peer)?.region;
+        self.write_straight(peer, region, offset, total, |ep, at, n, raddr, key| {
+            ep.write_from_segment(peer as usize, local + at, n, raddr, key, true)
+        })
+    }
+
+    /// Writes `total` bytes at `local` of registration `from` (counted from its first byte,
+    /// in range: [`Endpoint::registered_offset`]) to `offset` of `region` of `peer`,
+    /// straight from the registration, as [`Io::write_from_segment`].
+    fn write_from_registration(
+        &mut self,
+        peer: Rank,
+        region: Region,
+        offset: usize,
+        from: &Registration,
+        local: usize,
+        total: usize,
+    ) -> Result<(), SendError> {
+        self.write_straight(peer, region, offset, total, |ep, at, n, raddr, key| {
+            ep.write_from_registration(from, local + at, n, peer as usize, raddr, key, true)
+        })
+    }
+
+    /// Writes `total` bytes to `offset` of `region` of `peer` (its segment 0, or a
+    /// registered segment) in pieces of the provider's largest message, which `issue`
+    /// (given the piece's start in the whole, its length, and the remote address and key)
+    /// puts in flight from registered memory; all in flight together, then waited for.
+    fn write_straight(
+        &mut self,
+        peer: Rank,
+        Region { base, key, len }: Region,
+        offset: usize,
+        total: usize,
+        issue: impl Fn(&mut Endpoint, usize, usize, u64, u64) -> Result<Option<Op>, OfiError>,
+    ) -> Result<(), SendError> {
+        self.usable(peer)?;
         if offset.checked_add(total).is_none_or(|end| end as u64 > len) {
             return Err(SendError::TooLarge(total));
         }
@@ -763,11 +810,7 @@ impl Io {
             while at < total {
                 let n = chunk.min(total - at);
                 let raddr = base + (offset + at) as u64;
-                let op = io.start(
-                    peer,
-                    |ep| ep.write_from_segment(peer as usize, local + at, n, raddr, key, true),
-                    in_flight,
-                )?;
+                let op = io.start(peer, |ep| issue(ep, at, n, raddr, key), in_flight)?;
                 in_flight.push_back(op);
                 at += n;
             }
@@ -1091,6 +1134,19 @@ fn key_blob(region: Region) -> Vec<u8> {
         b.extend_from_slice(&v.to_le_bytes());
     }
     b
+}
+
+/// The registration of `src`'s segment among `registered` (this rank's, by id) and where
+/// `src` starts in it, if the segment is registered and `src` lies in that registration's
+/// memory; `None` otherwise (a segment never published, so never registered).
+fn registered_range<'r>(
+    ep: &Endpoint,
+    registered: &'r std::collections::HashMap<u32, (Registration, Vec<u8>)>,
+    src: OwnRange<'_>,
+) -> Option<(&'r Registration, usize)> {
+    let (from, _) = registered.get(&src.id.get())?;
+    let local = ep.registered_offset(from, src.bytes)?;
+    Some((from, local))
 }
 
 /// The region a peer's key blob names, if it is one [`key_blob`] could have made.
@@ -1460,6 +1516,37 @@ impl Transport for Ofi {
             .map_err(|e| NicError::device_from("a put to this rank", e))
     }
 
+    /// Straight from the segment's registration where `src` is a range of a created segment
+    /// registered here (published, so a peer may reach it): no copy. Otherwise the staging
+    /// buffers' one copy from the segment, with no buffer between.
+    fn put_from_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        src: OwnRange<'_>,
+    ) -> Result<(), SendError> {
+        if dest == self.io.rank {
+            return self
+                .segment
+                .byte_area()
+                .copy_from(offset, src.bytes)
+                .map_err(|e| NicError::device_from("a put to this rank", e));
+        }
+        let region = self.io.usable(dest)?.region;
+        let total = src.bytes.len();
+        match registered_range(&self.io.ep, &self.registered, src) {
+            Some((from, local)) => {
+                self.registration_puts += 1;
+                self.io
+                    .write_from_registration(dest, region, offset, from, local, total)
+            }
+            None => {
+                let payload = Some(Payload::Shared(src.bytes));
+                self.io.write_in(dest, region, offset, payload, total)
+            }
+        }
+    }
+
     /// The reads' staging buffers copied straight into the segment (one copy, not two): a
     /// read straight into the segment that an error left with the provider would land
     /// there after the get returned.
@@ -1543,6 +1630,36 @@ impl Transport for Ofi {
         let (_, word) = self.io.beside_first_word(dest, region, |io| {
             io.write_in(dest, region, offset, payload, total)
         })?;
+        Ok(word)
+    }
+
+    /// Straight from the registration, as [`Transport::put_from_own`] (with the staging
+    /// buffers' one copy where `src` is not registered here), the freed word read beside.
+    fn put_at_from_own(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        src: OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        let total = src.bytes.len();
+        let region = self.registered_region(dest, key, offset, total)?;
+        self.segment_rma += 1;
+        let straight = registered_range(&self.io.ep, &self.registered, src);
+        if straight.is_some() {
+            self.registration_puts += 1;
+        }
+        let (_, word) = self
+            .io
+            .beside_first_word(dest, region, |io| match straight {
+                Some((from, local)) => {
+                    io.write_from_registration(dest, region, offset, from, local, total)
+                }
+                None => {
+                    let payload = Some(Payload::Shared(src.bytes));
+                    io.write_in(dest, region, offset, payload, total)
+                }
+            })?;
         Ok(word)
     }
 
@@ -1749,6 +1866,87 @@ mod tests {
             "01/ffffffffffffffff/2/3/4/h/p",
         ] {
             assert!(parse_entry(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    /// Catches a write straight from a registration that reads the wrong bytes (an offset
+    /// not counted from the registration's first byte), a range outside it or another
+    /// mapping's bytes taken as inside, and, where the provider reads a write's source after
+    /// the call that issued it returned, a deregistration that ends the registration (or
+    /// drops its memory) under that write: the write issued, the segment deregistered and
+    /// this test's handle of it dropped before its completion is read, the bytes still land
+    /// whole.
+    #[test]
+    fn a_write_from_a_registration_outlives_its_deregistration() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        for provider in ["tcp", "shm"] {
+            let mut ranks = Ofi::cluster(2, 4096, OfiConfig::default().provider(provider))
+                .unwrap_or_else(|e| panic!("{provider}: {e}"));
+            let b = ranks.pop().expect("rank 1");
+            let mut a = ranks.pop().expect("rank 0");
+            let words = 64;
+            let seg = Segment::heap(words, 8192).expect("segment");
+            let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 5 + 3) as u8).collect();
+            seg.byte_area().write(0, &pattern).expect("write");
+            let (reg, _) = a.io.ep.register_segment(&seg).expect("registered");
+            let other = Segment::heap(words, 8192).expect("segment");
+            assert_eq!(a.io.ep.registered_offset(&reg, other.byte_area()), None);
+            let range = seg.byte_area().slice(10, 100).expect("range");
+            assert_eq!(a.io.ep.registered_offset(&reg, range), Some(words + 10));
+            drop(other);
+            let region = b.io.ep.region();
+            let past = a.io.ep.write_from_registration(
+                &reg,
+                words + 8192 - 10,
+                20,
+                1,
+                region.base,
+                region.key,
+                true,
+            );
+            assert!(past.is_err(), "{provider}: a range past the registration");
+            let stop = AtomicBool::new(false);
+            let b = std::thread::scope(|s| {
+                let poller = s.spawn(|| {
+                    let mut b = b;
+                    while !stop.load(Ordering::SeqCst) {
+                        let _ = b.poll_recv(|_, _, _| ());
+                        std::thread::yield_now();
+                    }
+                    b
+                });
+                // The first write may wait for the connection: issued as the transport
+                // issues its own, reading completions while the provider has no room.
+                let written =
+                    a.io.start(
+                        1,
+                        |ep| {
+                            ep.write_from_registration(
+                                &reg,
+                                words + 10,
+                                100,
+                                1,
+                                region.base,
+                                region.key,
+                                true,
+                            )
+                        },
+                        &mut VecDeque::new(),
+                    )
+                    .and_then(|op| {
+                        a.io.ep.deregister(reg).map_err(device)?;
+                        drop(seg);
+                        a.io.wait_op(op, 1)
+                    });
+                stop.store(true, Ordering::SeqCst);
+                let b = poller.join().expect("poller");
+                written.unwrap_or_else(|e| panic!("{provider}: {e}"));
+                b
+            });
+            let mut got = vec![0u8; 100];
+            b.segment.byte_area().read(0, &mut got).expect("read");
+            assert_eq!(got, pattern[10..110], "{provider}");
+            drop((a, b));
         }
     }
 

@@ -156,6 +156,110 @@ fn created_segments_go_by_rma() {
     }
 }
 
+/// Catches puts from a published created segment copied on their way (counted by
+/// `registration_puts`, which only a write straight from the segment's registration
+/// counts), a write from the wrong place of the registration (its word area, or another
+/// offset), and a segment never published taken for registered: a put from a created
+/// segment to a peer's created segment and to its segment 0 is each one write from the
+/// registration, and lands where the bytes were; from a segment never published (so never
+/// registered) it goes through the staging buffers, landing all the same.
+#[test]
+fn puts_from_a_published_created_segment_go_straight_from_its_registration() {
+    use am_core::{conformance::run_watched, Config, Handlers, Node, SegmentId, WaitMode};
+    for provider in ["tcp", "shm", "sockets"] {
+        let test = "puts_from_a_published_created_segment_go_straight_from_its_registration";
+        run_watched(test, on(provider, 2, 1 << 20), |t| {
+            let config = Config::default().wait_mode(WaitMode::Block);
+            let mut node = Node::new(t, Handlers::local(), config).expect("node");
+            let me = node.rank();
+            let other = 1 - me;
+            let world = node.world_team();
+            let n = 300_001;
+            let mine = node.create_segment(2 * n + 100).expect("create");
+            let unpublished = node.create_segment(4096).expect("create");
+            let peers = node.publish_segment(&world, mine).expect("publish");
+            let zeros = node
+                .publish_segment(&world, SegmentId::ZERO)
+                .expect("publish segment 0");
+            let pattern = |rank: u32, salt: u32, len: usize| -> Vec<u8> {
+                (0..len as u32)
+                    .map(|i| (i.wrapping_mul(7) ^ salt ^ rank) as u8)
+                    .collect()
+            };
+            let data = pattern(me, 1, n);
+            let small = pattern(me, 2, 1000);
+            node.segment_at(mine)
+                .expect("its bytes")
+                .write(7, &data)
+                .expect("write");
+            node.segment_at(unpublished)
+                .expect("its bytes")
+                .write(3, &small)
+                .expect("write");
+            let (puts, rma) = (
+                node.transport().registration_puts(),
+                node.transport().segment_rma_ops(),
+            );
+            let created = peers[other as usize];
+            let zero = zeros[other as usize];
+            // The peer's puts land past this rank's source range, which they must not touch.
+            node.put_to_from_segment(&created, n + 9, mine, 7, n)
+                .expect("put to the peer's created segment");
+            node.put_to_from_segment(&zero, 11, mine, 7, n)
+                .expect("put to the peer's segment 0");
+            assert_eq!(
+                node.transport().registration_puts() - puts,
+                2,
+                "{provider}: both puts straight from the registration"
+            );
+            node.put_to_from_segment(&created, 2 * n + 60, unpublished, 3, 20)
+                .expect("put from a segment never published");
+            node.put_to_from_segment(&zero, n + 40, unpublished, 3, 1000)
+                .expect("put from a segment never published to segment 0");
+            assert_eq!(
+                node.transport().registration_puts() - puts,
+                2,
+                "{provider}: a segment never published is not registered"
+            );
+            assert_eq!(
+                node.transport().segment_rma_ops() - rma,
+                2,
+                "{provider}: the puts to the created segment by RMA"
+            );
+            assert!(node.get_from(&created, n + 9, n).expect("get") == data);
+            assert!(node.get_from(&zero, 11, n).expect("get") == data);
+            node.team_barrier(&world).expect("barrier");
+            let theirs = pattern(other, 1, n);
+            let mut got = vec![0u8; n];
+            let seg = node.segment_at(mine).expect("its bytes");
+            seg.read(n + 9, &mut got).expect("read");
+            assert!(
+                got == theirs,
+                "{provider}: rank {other}'s put to a created segment"
+            );
+            let mut tail = vec![0u8; 20];
+            seg.read(2 * n + 60, &mut tail).expect("read");
+            assert_eq!(
+                tail,
+                pattern(other, 2, 1000)[..20],
+                "{provider}: unregistered"
+            );
+            node.segment().read(11, &mut got).expect("read");
+            assert!(got == theirs, "{provider}: rank {other}'s put to segment 0");
+            let mut tail = vec![0u8; 1000];
+            node.segment().read(n + 40, &mut tail).expect("read");
+            assert_eq!(
+                tail,
+                pattern(other, 2, 1000),
+                "{provider}: unregistered to 0"
+            );
+            node.team_barrier(&world).expect("barrier");
+            node.free_segment(&world, mine).expect("free");
+            node.barrier().expect("barrier");
+        });
+    }
+}
+
 /// Catches a peer's key blob trusted as it came: one of another length, or one that
 /// registers less than the range, is `PeerMisbehaved` naming that peer, with nothing sent,
 /// never a panic or an access to whatever address the blob names.
