@@ -61,7 +61,8 @@
 //! Between segments, the bytes go from mapping to mapping wherever this rank reaches
 //! both (a created segment here and a peer's segment 0 where the transport copies from a
 //! created segment itself: [`crate::Transport::put_from_own`], on loopback, sci, extoll
-//! and portals); elsewhere the local range is read into a
+//! and portals, and ofi's puts from a published created segment, straight from its
+//! registration); elsewhere the local range is read into a
 //! buffer that goes as above, or a get's bytes are written into it once they have come.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:

@@ -429,7 +429,8 @@ impl Start for GetIntoSegment {
 /// Both on segment 0 it is a [`PutFromSegment`]. Where this rank reaches the target's
 /// memory (its own segments, a peer's it maps, and a peer's segment 0 where the transport
 /// copies from a created segment itself, [`Transport::put_from_own`]: loopback, sci,
-/// extoll, portals) it is one copy from mapping to mapping, complete when it starts;
+/// extoll, portals, and ofi from a published created segment, by RMA straight from its
+/// registration) it is one copy from mapping to mapping, complete when it starts;
 /// elsewhere the range is read into a buffer of the operation's when it starts and goes as
 /// [`PutTo`] does. The source range is read when the operation starts: writes to it
 /// afterwards are not seen. An unknown or freed segment on either side is
