@@ -466,15 +466,9 @@ impl<H: Threading> Endpoint<H> {
                 crate::rma::get_from(self.rank, from, at, bounce)?;
             }
         }
-        if let Some(key) = self.segments.rma_key(rank, id) {
-            let to = rma_offset(offset, len, remote.len())?;
-            let put = || t.put_at(rank, key.bytes(), to, bounce).map(|w| ((), w));
-            ready!(self.keyed_rma(rank, id, put))?;
-            return Poll::Ready(Ok(Op::ready(Raw::Unit)));
-        }
-        let (index, gen) = self.alloc_op(rank, offset, len, Vec::new());
-        self.ops[index as usize].seg = id.get();
-        Poll::Ready(Ok(self.slot_op(index, gen)))
+        // The bytes are in `bounce`: the rest is a put of them (by RMA to a registered
+        // segment, or messages that the operation's sending step sends from `bounce`).
+        self.put_to_start(t, remote, offset, bounce)
     }
 
     /// Starts a get from a published segment into a range of one of this rank's

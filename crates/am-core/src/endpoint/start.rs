@@ -412,14 +412,13 @@ impl Start for GetIntoSegment {
         op: &mut Op<()>,
     ) -> Poll<Result<(), AmError>> {
         let _ = op;
-        let Some(get) = self.by_messages.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        ready!(ep.get_step(t, get))?;
-        let bytes = ready!(ep.poll_op(t, get, None))?;
-        self.by_messages = None;
-        crate::rma::put_into(ep.rank(), t.segment(), self.local, &bytes).map_err(AmError::from)?;
-        Poll::Ready(Ok(()))
+        write_got(
+            ep,
+            t,
+            &mut self.by_messages,
+            crate::segment::SegmentId::ZERO,
+            self.local,
+        )
     }
 }
 
@@ -570,20 +569,33 @@ impl Start for GetFromIntoSegment {
         op: &mut Op<()>,
     ) -> Poll<Result<(), AmError>> {
         let _ = op;
-        let Some(get) = self.by_messages.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        ready!(ep.get_step(t, get))?;
-        let bytes = ready!(ep.poll_op(t, get, None))?;
-        self.by_messages = None;
-        let gone = AmError::UnknownSegment {
-            rank: ep.rank(),
-            id: self.local,
-        };
-        let to = ep.segment_at(t, self.local).ok_or(gone)?;
-        crate::rma::put_into(ep.rank(), to, self.local_offset, &bytes).map_err(AmError::from)?;
-        Poll::Ready(Ok(()))
+        write_got(ep, t, &mut self.by_messages, self.local, self.local_offset)
     }
+}
+
+/// The sending step of a get into one of this rank's segments: the get by messages (if
+/// any) sent and completed, then its bytes written at `at` of segment `into` (one freed
+/// meanwhile is [`AmError::UnknownSegment`] naming this rank).
+fn write_got<H: Threading, T: Transport + ?Sized>(
+    ep: &mut Endpoint<H>,
+    t: &mut T,
+    by_messages: &mut Option<Op<Vec<u8>>>,
+    into: crate::segment::SegmentId,
+    at: usize,
+) -> Poll<Result<(), AmError>> {
+    let Some(get) = by_messages.as_mut() else {
+        return Poll::Ready(Ok(()));
+    };
+    ready!(ep.get_step(t, get))?;
+    let bytes = ready!(ep.poll_op(t, get, None))?;
+    *by_messages = None;
+    let gone = AmError::UnknownSegment {
+        rank: ep.rank(),
+        id: into,
+    };
+    let to = ep.segment_at(t, into).ok_or(gone)?;
+    crate::rma::put_into(ep.rank(), to, at, &bytes).map_err(AmError::from)?;
+    Poll::Ready(Ok(()))
 }
 
 /// A get into a buffer of the caller's (OpenSHMEM's `shmem_getmem_nbi`): `dst.len()` bytes at
