@@ -126,7 +126,10 @@ fn one_thread_each(t: AnyTransport, layout: EndpointLayout) -> Result<(), String
 
 /// Waits for one operation per node, all driven by this thread: polls each, and sleeps in
 /// `wait_any` while none completes; bounded.
-fn all<U: Outcome>(nodes: &mut [Node<AnyTransport>], ops: Vec<Op<U>>) -> Result<Vec<U>, String> {
+fn all<U: Outcome<Value = U>>(
+    nodes: &mut [Node<AnyTransport>],
+    ops: Vec<Op<U>>,
+) -> Result<Vec<U>, String> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let mut done = true;

@@ -116,7 +116,9 @@ impl WordType {
 }
 
 /// A word type remote atomics operate on: `u32`, `u64`, `i32`, `i64`, `f32` or `f64`.
-pub trait AtomicWord: sealed::Sealed + Copy + PartialEq + std::fmt::Debug {
+pub trait AtomicWord:
+    sealed::Sealed + Copy + PartialEq + std::fmt::Debug + crate::op::Outcome<Value = Self>
+{
     /// Its width.
     const WIDTH: Width;
     /// How its bits are read.

@@ -276,12 +276,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// wakes the task, which leaves its waker in the node's table of operations (a call's in
     /// its table of calls, which the future reads without taking the node). The future owns
     /// the handle: dropping it detaches the operation.
-    pub fn wait<U: Outcome>(&self, op: Op<U>) -> impl Future<Output = Result<U, AmError>> {
+    pub fn wait<U: Outcome>(&self, op: Op<U>) -> impl Future<Output = Result<U::Value, AmError>> {
         let node = self.clone();
         async move { node.complete(op).await }
     }
 
-    pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
+    pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U::Value, AmError> {
         poll_fn(|cx| {
             match op.poll_call(Some(cx.waker())) {
                 Some(Poll::Ready(answer)) => return Poll::Ready(answer),
@@ -320,7 +320,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     pub async fn wait_all<U: Outcome>(
         &self,
         ops: impl IntoIterator<Item = Op<U>>,
-    ) -> Result<Vec<U>, AmError> {
+    ) -> Result<Vec<U::Value>, AmError> {
         let mut all = crate::op::AllOf::new();
         for op in ops {
             all.push(self.complete(op).await);

@@ -622,7 +622,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     /// Waits for an operation and returns its outcome (see [`crate::op`]).
-    pub fn wait<U: Outcome>(&mut self, mut op: Op<U>) -> Result<U, AmError> {
+    pub fn wait<U: Outcome>(&mut self, mut op: Op<U>) -> Result<U::Value, AmError> {
         let r = self.drive_to_completion(|ep, t| ep.poll_op(t, &mut op, None));
         if r.is_err() {
             self.ep.interrupted(&op);
@@ -645,8 +645,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
     pub fn wait_all<U: Outcome>(
         &mut self,
         ops: impl IntoIterator<Item = Op<U>>,
-    ) -> Result<Vec<U>, AmError> {
-        let all: crate::op::AllOf<U> = ops.into_iter().map(|op| self.wait(op)).collect();
+    ) -> Result<Vec<U::Value>, AmError> {
+        let all: crate::op::AllOf<U::Value> = ops.into_iter().map(|op| self.wait(op)).collect();
         all.finish()
     }
 

@@ -67,7 +67,8 @@ pub struct Op<T: Outcome> {
 
 /// What `wait_some` and `test_some` complete: the positions in the set of the operations
 /// taken out, each with its outcome, in order.
-pub type Completed<U> = Vec<(usize, Result<U, AmError>)>;
+#[allow(type_alias_bounds)]
+pub type Completed<U: Outcome> = Vec<(usize, Result<U::Value, AmError>)>;
 
 /// The outcomes of a batch waited for in order (`wait_all`): all of them, or the first error
 /// once every one has completed.
@@ -159,7 +160,7 @@ impl<T: Outcome> Op<T> {
     }
 
     /// Completes with the operation's raw outcome.
-    pub(crate) fn finish(&mut self, raw: Result<Raw, AmError>) -> Result<T, AmError> {
+    pub(crate) fn finish(&mut self, raw: Result<Raw, AmError>) -> Result<T::Value, AmError> {
         self.state = State::Spent;
         let raw = raw?;
         T::finish(self.held.take(), raw)
@@ -183,7 +184,10 @@ impl<T: Outcome> Op<T> {
     /// one gone before the call was opened is the endpoint's to see ([`Endpoint::poll_op`]).
     ///
     /// [`Endpoint::poll_op`]: crate::endpoint::Endpoint::poll_op
-    pub(crate) fn poll_call(&mut self, waker: Option<&Waker>) -> Option<Poll<Result<T, AmError>>> {
+    pub(crate) fn poll_call(
+        &mut self,
+        waker: Option<&Waker>,
+    ) -> Option<Poll<Result<T::Value, AmError>>> {
         let State::Call {
             number,
             calls,
@@ -288,14 +292,18 @@ pub trait Outcome: sealed::Sealed + Sized {
     /// What the handle holds for the outcome until it completes (a get's buffer).
     #[doc(hidden)]
     type Held;
+    /// What waiting for the operation gives: the type itself, except for a typed call's
+    /// [`Typed`] marker, whose value is the call's decoded answer.
+    type Value;
     /// The outcome, from the raw one.
     #[doc(hidden)]
-    fn finish(held: Option<Self::Held>, raw: Raw) -> Result<Self, AmError>;
+    fn finish(held: Option<Self::Held>, raw: Raw) -> Result<Self::Value, AmError>;
 }
 
 impl sealed::Sealed for () {}
 impl Outcome for () {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, _: Raw) -> Result<(), AmError> {
         Ok(())
     }
@@ -305,6 +313,7 @@ impl Outcome for () {
 impl<E: Element> sealed::Sealed for Vec<E> {}
 impl<E: Element> Outcome for Vec<E> {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, raw: Raw) -> Result<Vec<E>, AmError> {
         match raw {
             Raw::Bytes(b) => Ok(E::from_bytes(b)),
@@ -316,6 +325,7 @@ impl<E: Element> Outcome for Vec<E> {
 impl sealed::Sealed for &mut [u8] {}
 impl<'b> Outcome for &'b mut [u8] {
     type Held = &'b mut [u8];
+    type Value = Self;
     fn finish(held: Option<&'b mut [u8]>, raw: Raw) -> Result<&'b mut [u8], AmError> {
         let dst = held.ok_or(AmError::StaleHandle)?;
         match raw {
@@ -335,6 +345,7 @@ macro_rules! word_outcome {
         impl sealed::Sealed for $w {}
         impl Outcome for $w {
             type Held = ();
+            type Value = Self;
             fn finish(_: Option<()>, raw: Raw) -> Result<$w, AmError> {
                 match raw {
                     Raw::Word(old) => Ok(<$w as AtomicWord>::narrow(old)),
@@ -349,6 +360,7 @@ word_outcome!(u32, u64, i32, i64, f32, f64);
 impl sealed::Sealed for Reply {}
 impl Outcome for Reply {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, raw: Raw) -> Result<Reply, AmError> {
         match raw {
             Raw::Reply(r) => Ok(r),
@@ -360,6 +372,7 @@ impl Outcome for Reply {
 impl sealed::Sealed for crate::symmetric::Symmetric {}
 impl Outcome for crate::symmetric::Symmetric {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, raw: Raw) -> Result<crate::symmetric::Symmetric, AmError> {
         match raw {
             Raw::Bytes(b) => {
@@ -374,6 +387,7 @@ impl Outcome for crate::symmetric::Symmetric {
 impl sealed::Sealed for Vec<crate::segment::RemoteSegment> {}
 impl Outcome for Vec<crate::segment::RemoteSegment> {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, raw: Raw) -> Result<Vec<crate::segment::RemoteSegment>, AmError> {
         match raw {
             Raw::Bytes(b) => {
@@ -387,6 +401,7 @@ impl Outcome for Vec<crate::segment::RemoteSegment> {
 impl sealed::Sealed for Option<Team> {}
 impl Outcome for Option<Team> {
     type Held = ();
+    type Value = Self;
     fn finish(_: Option<()>, raw: Raw) -> Result<Option<Team>, AmError> {
         match raw {
             Raw::Team(t) => Ok(t),

@@ -245,7 +245,7 @@ impl<T: Transport> SharedNode<T> {
     }
 
     /// [`Node::wait`], giving the node to the other threads between polls.
-    pub fn wait<U: Outcome>(&self, mut op: Op<U>) -> Result<U, AmError> {
+    pub fn wait<U: Outcome>(&self, mut op: Op<U>) -> Result<U::Value, AmError> {
         let r = self.drive(true, |ep, t| ep.poll_op(t, &mut op, None));
         if r.is_err() {
             self.lock().ep.interrupted(&op);
@@ -265,8 +265,8 @@ impl<T: Transport> SharedNode<T> {
     pub fn wait_all<U: Outcome>(
         &self,
         ops: impl IntoIterator<Item = Op<U>>,
-    ) -> Result<Vec<U>, AmError> {
-        let all: crate::op::AllOf<U> = ops.into_iter().map(|op| self.wait(op)).collect();
+    ) -> Result<Vec<U::Value>, AmError> {
+        let all: crate::op::AllOf<U::Value> = ops.into_iter().map(|op| self.wait(op)).collect();
         all.finish()
     }
 

@@ -21,7 +21,7 @@ impl<H: Threading> Endpoint<H> {
         t: &mut T,
         op: &mut Op<U>,
         waker: Option<&Waker>,
-    ) -> Poll<Result<U, AmError>> {
+    ) -> Poll<Result<U::Value, AmError>> {
         let raw = match &op.state {
             State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
             State::Ready(_) => match op.take_state() {
