@@ -65,6 +65,27 @@ pub enum AmError {
     /// still in flight, and everything started after, fails with this.
     #[error("the node was closed")]
     NodeClosed,
+    /// A typed message ([`crate::typed`]) was refused by its target, or its answer did not
+    /// decode: nothing ran at the target, except for an answer that did not decode.
+    #[error("rank {peer} refused a typed message: {reason}")]
+    TypedRefused {
+        /// The target.
+        peer: Rank,
+        /// What went wrong.
+        reason: crate::typed::Refusal,
+    },
+    /// A typed message whose type this rank does not register ([`crate::Handlers::typed`]):
+    /// every rank registers the same types, so the target would not know it either.
+    #[error("typed message {0} is not registered here: register it with `Handlers::typed`")]
+    TypedNotRegistered(&'static str),
+    /// A typed message or answer too large for one AM Medium.
+    #[error("typed value of {len} bytes is larger than an AM Medium ({max})")]
+    TypedTooLarge {
+        /// Its encoded length.
+        len: usize,
+        /// The largest Medium.
+        max: usize,
+    },
     /// A call named a handler that was not registered with `Handlers::callable`.
     #[error("handler {0:?} is not callable: register it with `Handlers::callable` to call it")]
     NotCallable(HandlerId),

@@ -823,6 +823,32 @@ macro_rules! async_operations {
         async_op! { $own; $(#[$doc])* $name [$($g)*] ($($arg : $ty),*) -> $out
             = $start ; nb $nb ; }
     };
+    (typed $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $val:ty, $out:ty
+            = $start:expr ; nb $nb:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves with the answer; [`AsyncNode::", stringify!($nb),
+            "`] resolves with its handle once it is sent. The future owns what it needs.")]
+        pub fn $name<$($g)*>(&self, $($arg: $ty),*)
+            -> impl Future<Output = Result<$val, AmError>> {
+            let op = $crate::endpoint::start::Owned::owned($start);
+            let node = self.clone();
+            async move {
+                let started = node.start_op(op).await?;
+                node.complete(started).await
+            }
+        }
+
+        $(#[$doc])*
+        #[doc = concat!("\n\nResolves with its handle once it is sent: [`AsyncNode::wait`] \
+            and its kin complete it with the answer. The future owns what it needs.")]
+        pub fn $nb<$($g)*>(&self, $($arg: $ty),*)
+            -> impl Future<Output = Result<$crate::op::Op<$out>, AmError>> {
+            let op = $crate::endpoint::start::Owned::owned($start);
+            let node = self.clone();
+            async move { node.start_op(op).await }
+        }
+    };
     (implicit $(#[$idoc:meta])*
         $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
         $(#[$idoc])*

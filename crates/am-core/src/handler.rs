@@ -149,6 +149,9 @@ pub trait Threading: sealed::Sealed + 'static {
     type Request: ?Sized + for<'a, 'b> FnMut(Msg<'a>, Token<'b>);
     /// The boxed reply handler.
     type Reply: ?Sized + for<'a> FnMut(Msg<'a>);
+    /// The table of typed messages' code that the reserved handlers share.
+    #[doc(hidden)]
+    type TypedTable: Clone + Default;
 }
 
 /// Handlers that are `Send` ([`Handlers::new`]): the table, the endpoint and the node may
@@ -163,11 +166,24 @@ pub enum Local {}
 impl Threading for Sendable {
     type Request = SendRequestFn;
     type Reply = SendReplyFn;
+    type TypedTable = Arc<std::sync::Mutex<TypedMap<crate::typed::SendTypedFn>>>;
 }
 
 impl Threading for Local {
     type Request = RequestFn;
     type Reply = ReplyFn;
+    type TypedTable = std::rc::Rc<std::cell::RefCell<TypedMap<crate::typed::TypedFn>>>;
+}
+
+/// Typed messages' code by type id.
+#[doc(hidden)]
+pub type TypedMap<F> = std::collections::HashMap<u64, Box<F>>;
+
+/// The two handlers a table reserves for typed messages, and their shared table of code.
+pub(crate) struct TypedSite<H: Threading> {
+    pub(crate) call: HandlerId,
+    pub(crate) post: HandlerId,
+    table: H::TypedTable,
 }
 
 mod sealed {
@@ -228,10 +244,17 @@ pub struct Handlers<H: Threading = Sendable> {
     callable: [u64; 4],
     /// User reductions, by id ([`Handlers::reduction`]).
     pub(crate) reductions: std::collections::BTreeMap<u16, crate::reduce::UserReduction>,
+    /// Typed messages' names by type id ([`Handlers::typed`]).
+    pub(crate) typed: std::collections::BTreeMap<u64, &'static str>,
+    /// The handlers reserved for typed messages, once one is registered.
+    pub(crate) typed_site: Option<TypedSite<H>>,
 }
 
 /// The name of the reply handler a table reserves for its calls.
 const CALL_REPLY_NAME: &str = "amnet: call reply";
+/// The names of the handlers a table reserves for typed messages.
+const TYPED_CALL_NAME: &str = "amnet: typed call";
+const TYPED_POST_NAME: &str = "amnet: typed post";
 
 /// A callable handler's wrapper: takes the call's number off the arguments and hands the
 /// handler a [`Call`] in place of the token. A request without a number (a peer's doing) is
@@ -263,6 +286,14 @@ pub enum RegisterError {
     /// Every id is taken: none is left for the answers of calls ([`Handlers::callable`]).
     #[error("no handler id is free for the answers of calls")]
     Full,
+    /// A typed message's id is already registered ([`Handlers::typed`]).
+    #[error("typed message {name} is already registered (as {existing})")]
+    TypedTaken {
+        /// The type registered again.
+        name: &'static str,
+        /// The registration holding its id.
+        existing: String,
+    },
     /// The user reduction's id is already taken ([`Handlers::reduction`]).
     #[error("reduction {id:?} is already registered as {existing:?}")]
     ReductionTaken {
@@ -339,6 +370,96 @@ impl Handlers<Sendable> {
             HandlerFn::Reply(AmKind::Medium, f)
         })
     }
+}
+
+impl Handlers<Sendable> {
+    /// Registers the typed message `M` ([`crate::typed`]): a call or post of an `M` runs
+    /// [`Am::exec`](crate::typed::Am::exec) here. Every rank registers the same types.
+    pub fn typed<M: crate::typed::Am>(&mut self) -> Result<(), RegisterError> {
+        self.typed_with::<M>(|m, cx| m.exec(cx))
+    }
+
+    /// Registers the typed message `M` with `f` as the code that runs it here (a closure
+    /// that holds state: a shard of a distributed table), in place of
+    /// [`Am::exec`](crate::typed::Am::exec).
+    pub fn typed_with<M: crate::typed::Am>(
+        &mut self,
+        f: impl FnMut(M, &mut crate::typed::AmContext) -> M::Reply + Send + 'static,
+    ) -> Result<(), RegisterError> {
+        let id = self.note_typed::<M>()?;
+        if self.typed_site.is_none() {
+            let table = <Sendable as Threading>::TypedTable::default();
+            let (t1, t2) = (table.clone(), table.clone());
+            let site = self.call_site()?;
+            let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
+                let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
+                answer_typed(&msg, call, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+            }));
+            let post: Box<SendRequestFn> = Box::new(move |msg: Msg<'_>, _token| {
+                let mut t = t2.lock().unwrap_or_else(|p| p.into_inner());
+                crate::typed::dispatch(&msg, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+            });
+            self.reserve_typed(table, call, post)?;
+        }
+        if let Some(site) = &self.typed_site {
+            let run: Box<crate::typed::SendTypedFn> = Box::new(crate::typed::runner::<M>(f));
+            site.table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, run);
+        }
+        Ok(())
+    }
+}
+
+impl Handlers<Local> {
+    /// Registers the typed message `M`, as [`Handlers::typed`] for `Send` tables.
+    pub fn typed<M: crate::typed::Am>(&mut self) -> Result<(), RegisterError> {
+        self.typed_with::<M>(|m, cx| m.exec(cx))
+    }
+
+    /// Registers the typed message `M` with `f` as its code, as [`Handlers::typed_with`] for
+    /// `Send` tables.
+    pub fn typed_with<M: crate::typed::Am>(
+        &mut self,
+        f: impl FnMut(M, &mut crate::typed::AmContext) -> M::Reply + 'static,
+    ) -> Result<(), RegisterError> {
+        let id = self.note_typed::<M>()?;
+        if self.typed_site.is_none() {
+            let table = <Local as Threading>::TypedTable::default();
+            let (t1, t2) = (table.clone(), table.clone());
+            let site = self.call_site()?;
+            let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
+                let mut t = t1.borrow_mut();
+                answer_typed(&msg, call, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+            }));
+            let post: Box<RequestFn> = Box::new(move |msg: Msg<'_>, _token| {
+                let mut t = t2.borrow_mut();
+                crate::typed::dispatch(&msg, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+            });
+            self.reserve_typed(table, call, post)?;
+        }
+        if let Some(site) = &self.typed_site {
+            let run: Box<crate::typed::TypedFn> = Box::new(crate::typed::runner::<M>(f));
+            site.table.borrow_mut().insert(id, run);
+        }
+        Ok(())
+    }
+}
+
+/// A typed call's handler body: runs the message, answers with its status and bytes (an
+/// answer too large for a Medium is answered as refused).
+fn answer_typed(
+    msg: &Msg<'_>,
+    call: Call<'_>,
+    run: impl FnOnce(
+        u64,
+        &[u8],
+        &mut crate::typed::AmContext,
+    ) -> Option<Result<Vec<u8>, crate::typed::Refusal>>,
+) {
+    let (status, bytes) = crate::typed::dispatch(msg, run);
+    let _ = call.reply(&[status], &bytes[..]);
 }
 
 /// The reserved reply handler's body: completes the call the answer names.
@@ -420,6 +541,8 @@ impl<H: Threading> Handlers<H> {
             calls: None,
             callable: [0; 4],
             reductions: Default::default(),
+            typed: Default::default(),
+            typed_site: None,
         }
     }
 
@@ -460,6 +583,55 @@ impl<H: Threading> Handlers<H> {
         }
         self.reductions
             .insert(id.0, crate::reduce::UserReduction::new(name, f));
+        Ok(())
+    }
+
+    /// Records typed message `M` (refused if its id is taken): its id.
+    fn note_typed<M: crate::typed::Am>(&mut self) -> Result<u64, RegisterError> {
+        let id = crate::typed::type_id::<M>();
+        let name = std::any::type_name::<M>();
+        if let Some(existing) = self.typed.get(&id) {
+            return Err(RegisterError::TypedTaken {
+                name,
+                existing: existing.to_string(),
+            });
+        }
+        self.typed.insert(id, name);
+        Ok(id)
+    }
+
+    /// Reserves the two handlers of typed messages (the highest ids still free, after the
+    /// calls' reply handler), with their bodies sharing `table`.
+    fn reserve_typed(
+        &mut self,
+        table: H::TypedTable,
+        call: Box<H::Request>,
+        post: Box<H::Request>,
+    ) -> Result<(), RegisterError> {
+        let mut free = (0..=255u8)
+            .rev()
+            .filter(|&i| self.info[i as usize].is_none());
+        let (Some(c), Some(p)) = (free.next(), free.next()) else {
+            return Err(RegisterError::Full);
+        };
+        let (call_id, post_id) = (HandlerId(c), HandlerId(p));
+        self.insert_callable(
+            call_id,
+            TYPED_CALL_NAME,
+            HandlerFn::Request(AmKind::Medium, call),
+        )?;
+        self.insert(
+            post_id,
+            TYPED_POST_NAME,
+            Category::Request,
+            AmKind::Medium,
+            HandlerFn::Request(AmKind::Medium, post),
+        )?;
+        self.typed_site = Some(TypedSite {
+            call: call_id,
+            post: post_id,
+            table,
+        });
         Ok(())
     }
 
@@ -590,6 +762,20 @@ impl<H: Threading> Handlers<H> {
                 eat(b);
             }
             for &b in r.name.as_bytes().iter().chain(r.type_name.as_bytes()) {
+                eat(b);
+            }
+        }
+        // Typed messages after the reductions, in id order: none leaves the digest as it
+        // was.
+        for (&id, name) in &self.typed {
+            for b in id
+                .to_le_bytes()
+                .into_iter()
+                .chain((name.len() as u32).to_le_bytes())
+            {
+                eat(b);
+            }
+            for &b in name.as_bytes() {
                 eat(b);
             }
         }

@@ -94,6 +94,7 @@ pub mod stats;
 pub mod symmetric;
 pub mod team;
 pub mod transport;
+pub mod typed;
 pub mod types;
 pub mod wait;
 pub mod wire;

@@ -836,6 +836,24 @@ macro_rules! node_operations {
             self.start_op($start)
         }
     };
+    (typed $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $val:ty, $out:ty
+            = $start:expr ; nb $nb:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
+            stringify!($nb), "`] starts it and returns its handle.")]
+        pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$val, AmError> {
+            let op = self.$nb($($arg),*)?;
+            self.wait(op)
+        }
+
+        $(#[$doc])*
+        #[doc = concat!("\n\nStarts it and returns its handle once it is sent; [`Node::wait`] \
+            and its kin complete it with the answer.")]
+        pub fn $nb<$($g)*>(&mut self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+            self.start_op($start)
+        }
+    };
     (implicit $(#[$idoc:meta])*
         $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
         $(#[$idoc])*

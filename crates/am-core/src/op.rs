@@ -409,3 +409,25 @@ impl Outcome for Option<Team> {
         }
     }
 }
+
+impl<R> sealed::Sealed for crate::typed::Typed<R> {}
+/// A typed call's answer: its status, then its value decoded as an `R`; the handle holds the
+/// target, which errors name.
+impl<R: serde::de::DeserializeOwned> Outcome for crate::typed::Typed<R> {
+    type Held = Rank;
+    type Value = R;
+    fn finish(held: Option<Rank>, raw: Raw) -> Result<R, AmError> {
+        use crate::typed::{decode, Refusal, ANSWER_OK, ANSWER_UNDECODABLE, ANSWER_UNKNOWN};
+        let peer = held.ok_or(AmError::StaleHandle)?;
+        let Raw::Reply(reply) = raw else {
+            return Err(AmError::StaleHandle);
+        };
+        let refused = |reason| AmError::TypedRefused { peer, reason };
+        match reply.args.first() {
+            Some(&ANSWER_OK) => decode(&reply.payload).ok_or(refused(Refusal::BadAnswer)),
+            Some(&ANSWER_UNKNOWN) => Err(refused(Refusal::UnknownType)),
+            Some(&ANSWER_UNDECODABLE) => Err(refused(Refusal::Undecodable)),
+            _ => Err(refused(Refusal::BadAnswer)),
+        }
+    }
+}

@@ -555,6 +555,25 @@ macro_rules! shared_operations {
             self.start_op($start)
         }
     };
+    (typed $(#[$doc:meta])*
+        $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $val:ty, $out:ty
+            = $start:expr ; nb $nb:ident ;) => {
+        $(#[$doc])*
+        #[doc = concat!("\n\nWaits until it completes, giving the node to the other \
+            threads between polls; [`SharedNode::", stringify!($nb), "`] returns its \
+            handle.")]
+        pub fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$val, AmError> {
+            let op = self.$nb($($arg),*)?;
+            self.wait(op)
+        }
+
+        $(#[$doc])*
+        #[doc = concat!("\n\nStarts it and returns its handle once it is sent: \
+            [`SharedNode::wait`] and its kin complete it with the answer.")]
+        pub fn $nb<$($g)*>(&self, $($arg: $ty),*) -> Result<Op<$out>, AmError> {
+            self.start_op($start)
+        }
+    };
     (implicit $(#[$idoc:meta])*
         $iname:ident = $inb:ident ($($iarg:ident : $ity:ty),*) ;) => {
         $(#[$idoc])*

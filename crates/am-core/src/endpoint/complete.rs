@@ -249,10 +249,10 @@ impl<H: Threading> Endpoint<H> {
 
     /// A step of sending a call's request (as [`Endpoint::request_step`]); `handler`, `words`
     /// and `payload` must be what [`Endpoint::call_start`] was given (`words` as it left it).
-    pub fn call_step<T: Transport + ?Sized>(
+    pub fn call_step<T: Transport + ?Sized, U: Outcome>(
         &mut self,
         t: &mut T,
-        op: &Op<Reply>,
+        op: &Op<U>,
         handler: HandlerId,
         words: &[u32],
         payload: &[u8],

@@ -14,7 +14,7 @@ use crate::op::{Op, Outcome};
 use crate::reduce::{Element, ReduceOp};
 use crate::team::Team;
 use crate::transport::Transport;
-use crate::types::{HandlerId, Rank};
+use crate::types::{AmKind, HandlerId, Rank};
 
 /// An operation's definition: how it starts on an [`Endpoint`], and how it is sent until it
 /// is locally complete. Every driver's `x` and `x_nb` are these two steps, taken until ready
@@ -715,6 +715,172 @@ impl<'a> Call<'a> {
             len: self.len,
             payload: Cow::Owned(self.payload.into_owned()),
         }
+    }
+}
+
+impl Call<'static> {
+    /// A call owning `payload`, made where the payload was made for it.
+    pub(crate) fn owning(dest: Rank, handler: HandlerId, args: &[u32], payload: Vec<u8>) -> Self {
+        let mut call = Call::new(dest, handler, args, &[]);
+        call.payload = Cow::Owned(payload);
+        call
+    }
+}
+
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made, sent to `dest` as a call
+/// of the table's reserved typed-call handler, completing with the answer decoded as an
+/// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
+/// a value larger than an AM Medium, is an error when it starts, and nothing is sent.
+pub struct TypedCall<M: crate::typed::Am> {
+    dest: Rank,
+    /// The value's bytes, or why it could not be encoded.
+    bytes: Result<Vec<u8>, AmError>,
+    /// The call, once started.
+    call: Option<Call<'static>>,
+    _m: std::marker::PhantomData<fn(M)>,
+}
+
+impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TypedCall")
+            .field("dest", &self.dest)
+            .field("type", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+/// `msg` encoded, or the error an operation on it gives.
+fn encoded<M: crate::typed::Am>(msg: &M) -> Result<Vec<u8>, AmError> {
+    crate::typed::encode(msg).map_err(|_| AmError::TypedTooLarge {
+        len: usize::MAX,
+        max: 0,
+    })
+}
+
+/// The reserved handlers and the id of `M`, if this rank registers it.
+fn typed_site<M: crate::typed::Am, H: Threading>(
+    ep: &Endpoint<H>,
+) -> Result<(HandlerId, HandlerId, [u32; 2]), AmError> {
+    let id = crate::typed::type_id::<M>();
+    match &ep.handlers.typed_site {
+        Some(site) if ep.handlers.typed.contains_key(&id) => {
+            Ok((site.call, site.post, crate::typed::id_words(id)))
+        }
+        _ => Err(AmError::TypedNotRegistered(std::any::type_name::<M>())),
+    }
+}
+
+/// A typed value's bytes, refused if larger than a Medium.
+fn fitting(bytes: &Result<Vec<u8>, AmError>, max: usize) -> Result<Vec<u8>, AmError> {
+    match bytes {
+        Ok(b) if b.len() <= max => Ok(b.clone()),
+        Ok(b) => Err(AmError::TypedTooLarge { len: b.len(), max }),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+impl<M: crate::typed::Am> TypedCall<M> {
+    /// A call of `msg` on `dest`.
+    pub fn new(dest: Rank, msg: M) -> Self {
+        TypedCall {
+            dest,
+            bytes: encoded(&msg),
+            call: None,
+            _m: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<M: crate::typed::Am> Start for TypedCall<M> {
+    type Output = crate::typed::Typed<M::Reply>;
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<Self::Output>, AmError>> {
+        if self.call.is_none() {
+            let (call, _, words) = typed_site::<M, H>(ep)?;
+            let bytes = fitting(&self.bytes, ep.limits.max_medium)?;
+            self.call = Some(Call::owning(self.dest, call, &words, bytes));
+        }
+        let Some(call) = self.call.as_mut() else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let mut op = ready!(call.start(ep, t))?;
+        Poll::Ready(Ok(Op {
+            state: op.take_state(),
+            held: Some(self.dest),
+        }))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        op: &mut Op<Self::Output>,
+    ) -> Poll<Result<(), AmError>> {
+        let Some(call) = self.call.as_ref() else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let words = &call.words[..call.len.min(call.words.len())];
+        ep.call_step(t, op, call.handler, words, &call.payload)
+    }
+}
+
+/// A typed message with no answer ([`crate::typed`]): `msg` encoded when it is made, sent to
+/// `dest` as a request of the table's reserved typed-post handler; locally complete once
+/// sent. Checked as [`TypedCall`].
+pub struct PostTyped<M: crate::typed::Am> {
+    dest: Rank,
+    bytes: Result<Vec<u8>, AmError>,
+    /// The handler and the id's words, once started.
+    site: Option<(HandlerId, [u32; 2])>,
+    _m: std::marker::PhantomData<fn(M)>,
+}
+
+impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostTyped")
+            .field("dest", &self.dest)
+            .field("type", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl<M: crate::typed::Am> PostTyped<M> {
+    /// A post of `msg` to `dest`.
+    pub fn new(dest: Rank, msg: M) -> Self {
+        PostTyped {
+            dest,
+            bytes: encoded(&msg),
+            site: None,
+            _m: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<M: crate::typed::Am> Start for PostTyped<M> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        _t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let (_, post, words) = typed_site::<M, H>(ep)?;
+        let len = fitting(&self.bytes, ep.limits.max_medium)?.len();
+        ep.check_request(self.dest, AmKind::Medium, post, &words, len, None)?;
+        self.site = Some((post, words));
+        Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        _op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        let (Some((post, words)), Ok(bytes)) = (self.site, &self.bytes) else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        ep.request_step(t, self.dest, AmKind::Medium, post, &words, bytes, None)
     }
 }
 
@@ -1516,6 +1682,19 @@ macro_rules! operations {
             call [] (dest: $crate::Rank, handler: $crate::HandlerId, args: &[u32], payload: &[u8]) -> $crate::Reply
                 = $crate::endpoint::start::Call::new(dest, handler, args, payload); nb call_nb; owns;
         }
+        $driver! { typed
+            /// Sends the typed message `msg` to `dest`, where its code runs, and completes
+            /// with its answer ([`TypedCall`](crate::endpoint::start::TypedCall),
+            /// [`crate::typed`]): `let sq: u64 = call_typed(1, Square(12))?`.
+            call_typed [M: $crate::typed::Am] (dest: $crate::Rank, msg: M) -> M::Reply, $crate::typed::Typed<M::Reply>
+                = $crate::endpoint::start::TypedCall::new(dest, msg); nb call_typed_nb;
+        }
+        $driver! { op
+            /// Sends the typed message `msg` to `dest`, where its code runs, with no answer
+            /// ([`PostTyped`](crate::endpoint::start::PostTyped)).
+            post_typed [M: $crate::typed::Am] (dest: $crate::Rank, msg: M) -> ()
+                = $crate::endpoint::start::PostTyped::new(dest, msg); nb post_typed_nb; owns;
+        }
         $driver! { op
             /// Enters a barrier and completes once every rank has entered it as often as
             /// this one ([`Barrier`](crate::endpoint::start::Barrier)). Collective: one thread of
@@ -1753,6 +1932,20 @@ impl Owned for TeamBarrier {
 impl Owned for PutFromSegment {
     type Owned = PutFromSegment;
     fn owned(self) -> PutFromSegment {
+        self
+    }
+}
+
+impl<M: crate::typed::Am> Owned for TypedCall<M> {
+    type Owned = TypedCall<M>;
+    fn owned(self) -> TypedCall<M> {
+        self
+    }
+}
+
+impl<M: crate::typed::Am> Owned for PostTyped<M> {
+    type Owned = PostTyped<M>;
+    fn owned(self) -> PostTyped<M> {
         self
     }
 }
