@@ -316,6 +316,15 @@ pub enum StartError {
         /// the table signatures tell.
         handler: Option<HandlerId>,
     },
+    /// A rank registers typed messages ([`crate::Handlers::typed`]) that differ from rank
+    /// 0's: a type one of them lacks, or the same type with a different shape.
+    #[error("rank {rank} registers typed messages differently from rank 0{}: every rank must register the same types, of the same shape", match name { Some(n) => format!(" (first difference: {n})"), None => String::new() })]
+    TypedMismatch {
+        /// The first rank found to differ.
+        rank: Rank,
+        /// The type, where this rank registers it.
+        name: Option<&'static str>,
+    },
     /// A rank's segment size differs from rank 0's.
     #[error(
         "rank {rank} has a {theirs}-byte segment, rank 0 has {ours}: segment sizes must agree"

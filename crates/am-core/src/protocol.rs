@@ -120,8 +120,10 @@ pub fn read_atomic_entry(e: &[u8; ATOMIC_ENTRY_LEN]) -> Option<(u64, Atomic)> {
     Some((u64_at(0), Atomic::from_wire(word, u64_at(12), u64_at(20))?))
 }
 
-/// Bytes of a [`SystemMsg::Hello`]'s payload: the table signature
-/// ([`crate::Handlers::signature`], 256 little-endian 16-bit hashes).
+/// Bytes of a [`SystemMsg::Hello`]'s table signature at most
+/// ([`crate::Handlers::signature`], 256 little-endian 16-bit hashes). The payload is the
+/// signature's entry count (2 bytes), its entries, the count of the table's typed messages
+/// (4 bytes), and as many of their ids (8 bytes each, ascending) as the Medium carries.
 pub const HELLO_SIGNATURE_LEN: usize = 512;
 
 /// A system message; see the [module docs](self).
@@ -419,6 +421,17 @@ pub enum HelloVerdict {
         /// The lowest handler id whose registration differs, if the signatures tell.
         handler: Option<u8>,
     },
+    /// `rank`'s typed messages differ from rank 0's: `ours`, a type id rank 0 registers and
+    /// `rank` does not, `theirs`, one `rank` registers and rank 0 does not (each rank names
+    /// the one it knows).
+    TypedMismatch {
+        /// The first rank found to differ.
+        rank: Rank,
+        /// A type id of rank 0's that `rank` lacks.
+        ours: Option<u64>,
+        /// A type id of `rank`'s that rank 0 lacks.
+        theirs: Option<u64>,
+    },
     /// `rank`'s segment length (`theirs`) differs from rank 0's (`ours`).
     SegmentMismatch {
         /// The first rank found to differ.
@@ -434,6 +447,7 @@ pub enum HelloVerdict {
 const VERDICT_OK: u32 = 0;
 const VERDICT_TABLE: u32 = 1;
 const VERDICT_SEGMENT: u32 = 2;
+const VERDICT_TYPED: u32 = 3;
 
 /// A system message as it goes on the wire: see [`SystemMsg::encode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,6 +529,15 @@ impl SystemMsg {
                         lo(theirs),
                         hi(theirs),
                         none,
+                    ],
+                    HelloVerdict::TypedMismatch { rank, ours, theirs } => [
+                        VERDICT_TYPED,
+                        rank,
+                        lo(ours.unwrap_or(0)),
+                        hi(ours.unwrap_or(0)),
+                        lo(theirs.unwrap_or(0)),
+                        hi(theirs.unwrap_or(0)),
+                        u32::from(ours.is_some()) | u32::from(theirs.is_some()) << 1,
                     ],
                 };
                 words[..7].copy_from_slice(&w);
@@ -664,6 +687,16 @@ impl SystemMsg {
                 digest: join(d0, d1),
                 segment_len: join(s0, s1),
             },
+            (op::HELLO_VERDICT, Request, Short, &[VERDICT_TYPED, rank, o0, o1, t0, t1, which])
+                if which < 4 =>
+            {
+                let (ours, theirs) = (join(o0, o1), join(t0, t1));
+                SystemMsg::HelloVerdict(HelloVerdict::TypedMismatch {
+                    rank,
+                    ours: (which & 1 != 0).then_some(ours),
+                    theirs: (which & 2 != 0).then_some(theirs),
+                })
+            }
             (op::HELLO_VERDICT, Request, Short, &[status, rank, o0, o1, t0, t1, id]) => {
                 let (ours, theirs) = (join(o0, o1), join(t0, t1));
                 let handler = match id {
@@ -787,6 +820,9 @@ mod tests {
             (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(rank, ours, theirs)| {
                 HelloVerdict::SegmentMismatch { rank, ours, theirs }
             }),
+            (any::<u32>(), any::<Option<u64>>(), any::<Option<u64>>()).prop_map(
+                |(rank, ours, theirs)| HelloVerdict::TypedMismatch { rank, ours, theirs }
+            ),
         ];
         prop_oneof![
             Just(SystemMsg::Ack),

@@ -13,7 +13,7 @@ use crate::handler::Threading;
 use crate::handler::{HandlerFn, Msg};
 use crate::protocol::{
     opcode, read_atomic_entry, read_region_entry, HelloVerdict, SystemMsg, ATOMIC_ENTRY_LEN,
-    HELLO_SIGNATURE_LEN, MAX_BATCH_ATOMICS, REGION_ENTRY_LEN,
+    MAX_BATCH_ATOMICS, REGION_ENTRY_LEN,
 };
 use crate::reply::{refuse_request, segment_range, ReplySink, Token};
 use crate::segment::SegmentId;
@@ -127,6 +127,7 @@ struct SystemState<'a> {
     hello: &'a mut Hello,
     hello_digest: u64,
     hello_signature: &'a [u16; 256],
+    hello_typed: &'a [u64],
     barrier_arrivals: &'a mut HashMap<(u64, u8), u32>,
     teams: &'a mut super::teams::Teams,
     changes: &'a mut u32,
@@ -156,27 +157,41 @@ fn system_request(
             }
             // Their signature up to their highest registered id (0 beyond), or fewer
             // entries if a Medium could not carry them all (then a difference beyond them
-            // goes unnamed).
-            let mut sig = [0u8; HELLO_SIGNATURE_LEN];
-            let n = payload.len();
-            if n > sig.len() || n % 2 != 0 {
+            // goes unnamed), and their typed messages' ids.
+            if payload.len() > sink.out.limits.max_medium {
                 return Err(bad());
             }
+            let mut bytes = vec![0u8; payload.len()];
             match payload {
-                Payload::Private(b) => sig[..n].copy_from_slice(b),
-                Payload::Shared(s) => s.read(0, &mut sig[..n]).map_err(shm_err)?,
+                Payload::Private(b) => bytes.copy_from_slice(b),
+                Payload::Shared(s) => s.read(0, &mut bytes).map_err(shm_err)?,
             }
-            let truncated = n / 2 >= (sink.out.limits.max_medium / 2).min(256);
+            let (sig, typed, typed_whole) = super::startup::parse_hello(&bytes).ok_or_else(bad)?;
+            let n = sig.len();
+            let truncated = n < 256 && n >= sink.out.limits.max_medium.saturating_sub(6) / 2;
             st.hello.received += 1;
             if st.hello.mismatch.is_none() {
-                if digest != st.hello_digest {
-                    // The lowest id whose signature entries differ (the copy is checked).
-                    let entries = if truncated { n / 2 } else { 256 };
+                let ours_missing = st
+                    .hello_typed
+                    .iter()
+                    .find(|id| typed.binary_search(id).is_err());
+                let theirs_missing = typed
+                    .iter()
+                    .find(|id| st.hello_typed.binary_search(id).is_err());
+                if digest != st.hello_digest
+                    && typed_whole
+                    && (ours_missing.is_some() || theirs_missing.is_some())
+                {
+                    st.hello.mismatch = Some(HelloVerdict::TypedMismatch {
+                        rank: src,
+                        ours: ours_missing.copied(),
+                        theirs: theirs_missing.copied(),
+                    });
+                } else if digest != st.hello_digest {
+                    // The lowest id whose signature entries differ.
+                    let entries = if truncated { n } else { 256 };
                     let handler = (0..entries)
-                        .find(|&id| {
-                            let theirs = u16::from_le_bytes([sig[2 * id], sig[2 * id + 1]]);
-                            theirs != st.hello_signature[id]
-                        })
+                        .find(|&id| sig.get(id).copied().unwrap_or(0) != st.hello_signature[id])
                         .map(|id| id as u8);
                     st.hello.mismatch = Some(HelloVerdict::TableMismatch {
                         rank: src,
@@ -982,6 +997,7 @@ impl<H: Threading> Endpoint<H> {
                         hello: &mut self.hello,
                         hello_digest: self.hello_digest,
                         hello_signature: &self.hello_signature,
+                        hello_typed: &self.hello_typed,
                         barrier_arrivals: &mut self.barrier_arrivals,
                         teams: &mut self.teams,
                         changes: &mut self.changes,

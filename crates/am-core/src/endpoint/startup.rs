@@ -23,15 +23,12 @@ impl<H: Threading> Endpoint<H> {
                         digest: self.hello_digest,
                         segment_len: self.seg_len as u64,
                     };
-                    // The entries up to the highest registered id, as many as a Medium
-                    // carries.
-                    let sig = &self.hello_signature;
-                    let used = sig.iter().rposition(|&h| h != 0).map_or(0, |i| i + 1);
-                    let signature: Vec<u8> = sig[..used.min(self.limits.max_medium / 2)]
-                        .iter()
-                        .flat_map(|h| h.to_le_bytes())
-                        .collect();
-                    match self.system_step(tx, 0, hello, &signature, None) {
+                    let payload = hello_payload(
+                        &self.hello_signature,
+                        &self.hello_typed,
+                        self.limits.max_medium,
+                    );
+                    match self.system_step(tx, 0, hello, &payload, None) {
                         Poll::Ready(Ok(())) => self.startup = Startup::AwaitVerdict,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                         Poll::Pending => return Poll::Pending,
@@ -84,6 +81,15 @@ impl<H: Threading> Endpoint<H> {
                         HelloVerdict::SegmentMismatch { rank, ours, theirs } => {
                             Err(StartError::SegmentSizeMismatch { rank, ours, theirs })
                         }
+                        HelloVerdict::TypedMismatch { rank, ours, theirs } => {
+                            let name = |id: Option<u64>| {
+                                id.and_then(|id| self.handlers.typed.get(&id)).copied()
+                            };
+                            Err(StartError::TypedMismatch {
+                                rank,
+                                name: name(ours).or(name(theirs)),
+                            })
+                        }
                         HelloVerdict::TableMismatch {
                             rank,
                             ours,
@@ -100,4 +106,45 @@ impl<H: Threading> Endpoint<H> {
             }
         }
     }
+}
+
+/// A hello's payload: the signature's entries up to the highest registered id, then the
+/// typed messages' count and ids, as many as a Medium of `max` bytes carries (a difference
+/// beyond what it carries goes unnamed).
+fn hello_payload(sig: &[u16; 256], typed: &[u64], max: usize) -> Vec<u8> {
+    let used = sig.iter().rposition(|&h| h != 0).map_or(0, |i| i + 1);
+    let used = used.min(max.saturating_sub(6) / 2);
+    let mut out = Vec::with_capacity(max.min(6 + 2 * used + 8 * typed.len()));
+    out.extend_from_slice(&(used as u16).to_le_bytes());
+    out.extend(sig[..used].iter().flat_map(|h| h.to_le_bytes()));
+    out.extend_from_slice(&(typed.len() as u32).to_le_bytes());
+    let room = max.saturating_sub(out.len()) / 8;
+    out.extend(typed.iter().take(room).flat_map(|id| id.to_le_bytes()));
+    out
+}
+
+/// A hello's payload read back: the signature's entries and the typed ids it carries, with
+/// whether those are all of the sender's; `None` if it is not one.
+pub(super) fn parse_hello(b: &[u8]) -> Option<(Vec<u16>, Vec<u64>, bool)> {
+    let (n, rest) = b.split_first_chunk::<2>()?;
+    let n = usize::from(u16::from_le_bytes(*n));
+    if 2 * n > crate::protocol::HELLO_SIGNATURE_LEN {
+        return None;
+    }
+    let (sig, rest) = rest.split_at_checked(2 * n)?;
+    let (m, ids) = rest.split_first_chunk::<4>()?;
+    let m = u32::from_le_bytes(*m) as usize;
+    if ids.len() % 8 != 0 || ids.len() / 8 > m {
+        return None;
+    }
+    let sig = sig
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let ids: Vec<u64> = ids
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    let whole = ids.len() == m;
+    Some((sig, ids, whole))
 }

@@ -165,6 +165,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) hello_digest: u64,
     /// Our handler table's signature ([`Handlers::signature`]), which rank 0 compares.
     pub(super) hello_signature: [u16; 256],
+    /// The table's typed messages' ids, ascending, for the hello.
+    pub(super) hello_typed: Vec<u64>,
     pub(super) exit_requested: Option<i32>,
     /// Per peer, whether the transport reported it lost ([`LOST`]: requests to it fail at
     /// once, its operations fail, and nobody waits for its replies any more) or gone from
@@ -243,6 +245,7 @@ impl<H: Threading> Endpoint<H> {
     ) -> Endpoint<H> {
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
+        let hello_typed: Vec<u64> = handlers.typed.keys().copied().collect();
         let meta = handlers.registrations();
         Endpoint {
             rank,
@@ -283,6 +286,7 @@ impl<H: Threading> Endpoint<H> {
             hello: Hello::default(),
             hello_digest,
             hello_signature,
+            hello_typed,
             exit_requested: None,
             gone_as: vec![0; size as usize],
             gone: 0,

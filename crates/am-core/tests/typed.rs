@@ -1,0 +1,294 @@
+//! Typed active messages ([`am_core::typed`]): values of several serde shapes round trip on
+//! every driver (blocking, handles, `SharedNode`, `AsyncNode`), posts run at the target,
+//! refusals name the peer, and start-up refuses ranks whose types differ, naming the type.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use am_core::future::block_on;
+use am_core::typed::{Am, AmContext, Refusal};
+use am_core::{
+    run_ranks, AmError, AsyncNode, Config, Handlers, Loopback, Node, SharedNode, StartError,
+    Transport,
+};
+use proptest::prelude::*;
+use serde::{Deserialize, Serialize};
+
+mod watchdog;
+use watchdog::within;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Shape {
+    Unit,
+    Pair(i32, String),
+    Named {
+        depth: u8,
+        inner: Option<Box<Shape>>,
+    },
+}
+
+/// A value of several serde shapes: the target answers with it, reversed where it can be.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Echo {
+    words: Vec<u64>,
+    name: String,
+    map: BTreeMap<String, Vec<u8>>,
+    shape: Shape,
+    flag: bool,
+    ratio: f64,
+}
+
+impl Am for Echo {
+    type Reply = (u32, Echo);
+    fn exec(mut self, cx: &mut AmContext) -> (u32, Echo) {
+        self.words.reverse();
+        (cx.src(), self)
+    }
+}
+
+/// A 32-byte value with a `u64` answer.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+struct Sum([u64; 4]);
+
+impl Am for Sum {
+    type Reply = u64;
+    fn exec(self, _: &mut AmContext) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// Posted: the target adds it to a counter its registration holds.
+#[derive(Serialize, Deserialize, Debug)]
+struct Add(u64);
+
+impl Am for Add {
+    type Reply = ();
+    fn exec(self, _: &mut AmContext) {}
+}
+
+/// Registered only where a test says.
+#[derive(Serialize, Deserialize, Debug)]
+struct Extra;
+
+impl Am for Extra {
+    type Reply = ();
+    fn exec(self, _: &mut AmContext) {}
+}
+
+fn handlers(total: Arc<AtomicU64>) -> Handlers {
+    let mut h = Handlers::new();
+    h.typed::<Echo>().expect("register");
+    h.typed::<Sum>().expect("register");
+    h.typed_with::<Add>(move |a, _| {
+        total.fetch_add(a.0, Ordering::Relaxed);
+    })
+    .expect("register");
+    h
+}
+
+fn echo(i: u64) -> Echo {
+    Echo {
+        words: (0..i).collect(),
+        name: format!("echo {i}"),
+        map: (0..i % 4)
+            .map(|k| (k.to_string(), vec![k as u8; k as usize]))
+            .collect(),
+        shape: Shape::Named {
+            depth: i as u8,
+            inner: Some(Box::new(Shape::Pair(-(i as i32), "x".repeat(i as usize)))),
+        },
+        flag: i.is_multiple_of(2),
+        ratio: i as f64 / 3.0,
+    }
+}
+
+fn reversed(mut e: Echo) -> Echo {
+    e.words.reverse();
+    e
+}
+
+/// Catches a typed call whose answer is decoded as the wrong type or paired with another
+/// call's, a post that never runs, and a handle that the blocking driver never completes.
+#[test]
+fn typed_calls_and_posts_on_the_blocking_driver() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let total = Arc::new(AtomicU64::new(0));
+            let mut node = Node::new(t, handlers(total.clone()), Config::default()).unwrap();
+            let me = node.rank();
+            let peer = 1 - me;
+            for i in 0..20 {
+                let (src, back) = node.call_typed(peer, echo(i)).expect("call");
+                assert_eq!((src, back), (me, reversed(echo(i))));
+            }
+            let ops: Vec<_> = (0..16u64)
+                .map(|i| node.call_typed_nb(peer, Sum([i, i, i, 1])).expect("call"))
+                .collect();
+            let sums = node.wait_all(ops).expect("answers");
+            assert_eq!(sums, (0..16u64).map(|i| 3 * i + 1).collect::<Vec<_>>());
+            for i in 1..=10 {
+                node.post_typed(peer, Add(i)).expect("post");
+            }
+            node.barrier().expect("barrier");
+            // Posts go before the barrier's request on the same pair: run by now.
+            assert_eq!(total.load(Ordering::Relaxed), 55);
+            // An unregistered type is refused here, and nothing is sent.
+            match node.call_typed(peer, Extra) {
+                Err(AmError::TypedNotRegistered(name)) => assert!(name.ends_with("Extra")),
+                other => panic!("an unregistered type: {other:?}"),
+            }
+            // A value larger than a Medium.
+            let big = Echo {
+                words: vec![u64::MAX; node.max_medium()],
+                ..echo(1)
+            };
+            match node.call_typed(peer, big) {
+                Err(AmError::TypedTooLarge { len, max }) => assert!(len > max),
+                other => panic!("a value past a Medium: {other:?}"),
+            }
+            node.barrier().expect("barrier");
+        });
+    });
+}
+
+/// Catches a typed call that only the blocking driver completes (a future never woken by
+/// its answer) and a shared node whose threads get each other's answers.
+#[test]
+fn typed_calls_on_the_shared_and_async_drivers() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let node =
+                SharedNode::new(Node::new(t, handlers(Arc::default()), Config::default()).unwrap());
+            let peer = 1 - node.rank();
+            std::thread::scope(|s| {
+                for th in 0..2u64 {
+                    let node = node.clone();
+                    s.spawn(move || {
+                        for i in 0..50 {
+                            let v = [th, i, 0, 0];
+                            assert_eq!(node.call_typed(peer, Sum(v)).unwrap(), th + i);
+                        }
+                    });
+                }
+            });
+            node.barrier().unwrap();
+        });
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let node =
+                AsyncNode::new(Node::new(t, handlers(Arc::default()), Config::default()).unwrap());
+            let peer = 1 - node.rank();
+            block_on(&node, async {
+                let calls: Vec<_> = (0..8).map(|i| node.call_typed(peer, echo(i))).collect();
+                for (i, c) in calls.into_iter().enumerate() {
+                    assert_eq!(c.await.unwrap().1, reversed(echo(i as u64)));
+                }
+                let h = node.call_typed_nb(peer, Sum([1, 2, 3, 4])).await.unwrap();
+                assert_eq!(node.wait(h).await.unwrap(), 10);
+                node.post_typed(peer, Add(1)).await.unwrap();
+                node.barrier().await.unwrap();
+            });
+        });
+    });
+}
+
+/// Catches start-up that lets two ranks with different typed messages run (their values
+/// would be decoded as the wrong types), and an error that does not say which type.
+#[test]
+fn ranks_with_different_types_do_not_start() {
+    within(LIMIT, || {
+        let errors = run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut h = handlers(Arc::default());
+            if t.rank() == 1 {
+                h.typed::<Extra>().unwrap();
+            }
+            Node::new(t, h, Config::default()).err()
+        });
+        for (rank, e) in errors.into_iter().enumerate() {
+            match e {
+                Some(StartError::TypedMismatch { rank: 1, name }) => {
+                    // Rank 1 registers `Extra`, rank 0 does not know it.
+                    if rank == 1 {
+                        assert!(name.is_some_and(|n| n.ends_with("Extra")), "{name:?}");
+                    }
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    });
+}
+
+/// Catches a target that runs (or panics on) a message whose bytes are not its type, or
+/// whose id it does not register: a raw call of the reserved handler with forged arguments
+/// and payloads is answered with a refusal, and the typed call after it works.
+#[test]
+fn forged_typed_messages_are_refused() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let h = handlers(Arc::default());
+            let reserved = (0..=255u8)
+                .map(am_core::HandlerId)
+                .find(|&id| h.info(id).is_some_and(|i| i.name == "amnet: typed call"))
+                .expect("the reserved handler");
+            let mut node = Node::new(t, h, Config::default()).unwrap();
+            let peer = 1 - node.rank();
+            let id = am_core::typed::type_id::<Sum>();
+            let words = [id as u32, (id >> 32) as u32];
+            let good = postcard_sum();
+            for (args, payload, status) in [
+                (&words[..], &good[..good.len() - 1], 2u32),
+                (&words[..], &[good.clone(), vec![0]].concat()[..], 2),
+                (&words[..1], &good[..], 2),
+                (&[words[0] ^ 1, words[1]][..], &good[..], 1),
+                (&words[..], &[0xff, 0xff, 0xff, 0xff, 0x3f][..], 2),
+            ] {
+                let r = node.call(peer, reserved, args, payload).expect("call");
+                assert_eq!(r.args, [status], "{args:?} {payload:?}");
+            }
+            assert_eq!(node.call_typed(peer, Sum([1, 1, 1, 1])).unwrap(), 4);
+            node.barrier().unwrap();
+        });
+    });
+}
+
+/// `Sum([1, 2, 3, 4])` in postcard's format (each `u64` one varint byte).
+fn postcard_sum() -> Vec<u8> {
+    vec![1, 2, 3, 4]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    /// Catches a shape the encoding does not carry whole (a nested enum, a map, a string
+    /// with any code point, an empty vector).
+    #[test]
+    fn arbitrary_values_round_trip(
+        words in prop::collection::vec(any::<u64>(), 0..64),
+        name in ".{0,40}",
+        depth in any::<u8>(),
+        ratio in any::<f64>().prop_filter("comparable", |r| !r.is_nan()),
+    ) {
+        let v = Echo {
+            words,
+            name: name.clone(),
+            map: [(name, vec![depth; depth as usize % 17])].into_iter().collect(),
+            shape: Shape::Named { depth, inner: Some(Box::new(Shape::Unit)) },
+            flag: depth % 2 == 1,
+            ratio,
+        };
+        let out = run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut node = Node::new(t, handlers(Arc::default()), Config::default()).unwrap();
+            let r = if node.rank() == 0 { Some(node.call_typed(1, v.clone()).unwrap()) } else { None };
+            node.barrier().unwrap();
+            r
+        });
+        prop_assert_eq!(out[0].clone().map(|r| r.1), Some(reversed(v)));
+    }
+}
+
+#[test]
+fn refusal_says_what() {
+    assert!(Refusal::UnknownType.to_string().contains("no such type"));
+}
