@@ -177,7 +177,7 @@ impl Threading for Local {
 
 /// Typed messages' code by type id.
 #[doc(hidden)]
-pub type TypedMap<F> = std::collections::HashMap<u64, Box<F>>;
+pub type TypedMap<F> = rustc_hash::FxHashMap<u64, Box<F>>;
 
 /// The two handlers a table reserves for typed messages, and their shared table of code.
 pub(crate) struct TypedSite<H: Threading> {
@@ -391,13 +391,18 @@ impl Handlers<Sendable> {
             let table = <Sendable as Threading>::TypedTable::default();
             let (t1, t2) = (table.clone(), table.clone());
             let site = self.call_site()?;
+            let (mut out, mut scratch) = (Vec::new(), Vec::new());
             let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
                 let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
-                answer_typed(&msg, call, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+                answer_typed(&msg, call, &mut out, |id, b, cx, o| {
+                    t.get_mut(&id).map(|f| f(b, cx, o))
+                });
             }));
             let post: Box<SendRequestFn> = Box::new(move |msg: Msg<'_>, _token| {
                 let mut t = t2.lock().unwrap_or_else(|p| p.into_inner());
-                crate::typed::dispatch(&msg, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+                crate::typed::dispatch(&msg, &mut scratch, |id, b, cx, o| {
+                    t.get_mut(&id).map(|f| f(b, cx, o))
+                });
             });
             self.reserve_typed(table, call, post)?;
         }
@@ -429,13 +434,18 @@ impl Handlers<Local> {
             let table = <Local as Threading>::TypedTable::default();
             let (t1, t2) = (table.clone(), table.clone());
             let site = self.call_site()?;
+            let (mut out, mut scratch) = (Vec::new(), Vec::new());
             let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
                 let mut t = t1.borrow_mut();
-                answer_typed(&msg, call, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+                answer_typed(&msg, call, &mut out, |id, b, cx, o| {
+                    t.get_mut(&id).map(|f| f(b, cx, o))
+                });
             }));
             let post: Box<RequestFn> = Box::new(move |msg: Msg<'_>, _token| {
                 let mut t = t2.borrow_mut();
-                crate::typed::dispatch(&msg, |id, b, cx| t.get_mut(&id).map(|f| f(b, cx)));
+                crate::typed::dispatch(&msg, &mut scratch, |id, b, cx, o| {
+                    t.get_mut(&id).map(|f| f(b, cx, o))
+                });
             });
             self.reserve_typed(table, call, post)?;
         }
@@ -452,14 +462,20 @@ impl Handlers<Local> {
 fn answer_typed(
     msg: &Msg<'_>,
     call: Call<'_>,
+    out: &mut Vec<u8>,
     run: impl FnOnce(
         u64,
         &[u8],
         &mut crate::typed::AmContext,
-    ) -> Option<Result<Vec<u8>, crate::typed::Refusal>>,
+        &mut Vec<u8>,
+    ) -> Option<Result<(), crate::typed::Refusal>>,
 ) {
-    let (status, bytes) = crate::typed::dispatch(msg, run);
-    let _ = call.reply(&[status], &bytes[..]);
+    let status = crate::typed::dispatch(msg, out, run);
+    let answer: &[u8] = match status {
+        crate::typed::ANSWER_OK => out,
+        _ => &[],
+    };
+    let _ = call.reply(&[status], answer);
 }
 
 /// The reserved reply handler's body: completes the call the answer names.

@@ -293,7 +293,7 @@ pub trait Outcome: sealed::Sealed + Sized {
     #[doc(hidden)]
     type Held;
     /// What waiting for the operation gives: the type itself, except for a typed call's
-    /// [`Typed`] marker, whose value is the call's decoded answer.
+    /// [`Typed`](crate::typed::Typed) marker, whose value is the call's decoded answer.
     type Value;
     /// The outcome, from the raw one.
     #[doc(hidden)]

@@ -125,9 +125,20 @@ pub(crate) const ANSWER_UNKNOWN: u32 = 1;
 pub(crate) const ANSWER_UNDECODABLE: u32 = 2;
 pub(crate) const ANSWER_BAD: u32 = 3;
 
+/// The length of `v` on the wire (postcard's format).
+pub fn encoded_len<T: Serialize>(v: &T) -> Result<usize, crate::AmError> {
+    encode(v)
+        .map(|b| b.len())
+        .map_err(|_| crate::AmError::TypedTooLarge {
+            len: usize::MAX,
+            max: 0,
+        })
+}
+
 /// `v` in postcard's format.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(v)
+    // Room for a small value at once: growing from empty reallocates at each doubling.
+    postcard::to_extend(v, Vec::with_capacity(64))
 }
 
 /// The value `bytes` hold, all of them: a value followed by more bytes is refused.
@@ -149,18 +160,23 @@ impl<R> std::fmt::Debug for Typed<R> {
 }
 
 /// The code of a typed entry, `Send` ones.
-pub type SendTypedFn = dyn FnMut(&[u8], &mut AmContext) -> Result<Vec<u8>, Refusal> + Send;
+pub type SendTypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal> + Send;
 /// The code of a typed entry.
-pub type TypedFn = dyn FnMut(&[u8], &mut AmContext) -> Result<Vec<u8>, Refusal>;
+pub type TypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal>;
 
-/// `M`'s entry: decodes the payload as an `M`, runs `f`, encodes its answer.
+/// `M`'s entry: decodes the payload as an `M`, runs `f`, encodes its answer into `out`
+/// (the dispatcher's buffer, kept from one message to the next so that answering allocates
+/// nothing once it has grown).
 pub(crate) fn runner<M: Am>(
     mut f: impl FnMut(M, &mut AmContext) -> M::Reply,
-) -> impl FnMut(&[u8], &mut AmContext) -> Result<Vec<u8>, Refusal> {
-    move |bytes, cx| {
+) -> impl FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal> {
+    move |bytes, cx, out| {
         let msg: M = decode(bytes).ok_or(Refusal::Undecodable)?;
         let answer = f(msg, cx);
-        encode(&answer).map_err(|_| Refusal::BadAnswer)
+        let mut buf = std::mem::take(out);
+        buf.clear();
+        *out = postcard::to_extend(&answer, buf).map_err(|_| Refusal::BadAnswer)?;
+        Ok(())
     }
 }
 
@@ -181,17 +197,18 @@ pub(crate) fn id_words(id: u64) -> [u32; 2] {
 /// type). The answer's status and bytes.
 pub(crate) fn dispatch(
     msg: &crate::Msg<'_>,
-    run: impl FnOnce(u64, &[u8], &mut AmContext) -> Option<Result<Vec<u8>, Refusal>>,
-) -> (u32, Vec<u8>) {
+    out: &mut Vec<u8>,
+    run: impl FnOnce(u64, &[u8], &mut AmContext, &mut Vec<u8>) -> Option<Result<(), Refusal>>,
+) -> u32 {
     let mut cx = AmContext { src: msg.src() };
     let Some(id) = id_from(msg.args()) else {
-        return (ANSWER_UNDECODABLE, Vec::new());
+        return ANSWER_UNDECODABLE;
     };
-    match run(id, msg.payload(), &mut cx) {
-        None => (ANSWER_UNKNOWN, Vec::new()),
-        Some(Ok(bytes)) => (ANSWER_OK, bytes),
-        Some(Err(Refusal::Undecodable)) => (ANSWER_UNDECODABLE, Vec::new()),
-        Some(Err(_)) => (ANSWER_BAD, Vec::new()),
+    match run(id, msg.payload(), &mut cx, out) {
+        None => ANSWER_UNKNOWN,
+        Some(Ok(())) => ANSWER_OK,
+        Some(Err(Refusal::Undecodable)) => ANSWER_UNDECODABLE,
+        Some(Err(_)) => ANSWER_BAD,
     }
 }
 

@@ -337,11 +337,11 @@ impl Evil {
     fn handshake(&mut self) {
         let table = handlers(&Rc::default());
         let digest = table.digest();
-        let signature: Vec<u8> = table
-            .signature()
-            .iter()
-            .flat_map(|h| h.to_le_bytes())
-            .collect();
+        // The hello's payload: the signature's entry count and entries, then the count of
+        // typed messages (none) and their ids.
+        let mut signature: Vec<u8> = 256u16.to_le_bytes().to_vec();
+        signature.extend(table.signature().iter().flat_map(|h| h.to_le_bytes()));
+        signature.extend(0u32.to_le_bytes());
         let seg = self.t.segment().len() as u64;
         self.send(&wire(
             request(true, AmKind::Medium, SYS_HELLO),

@@ -771,9 +771,9 @@ fn typed_site<M: crate::typed::Am, H: Threading>(
 }
 
 /// A typed value's bytes, refused if larger than a Medium.
-fn fitting(bytes: &Result<Vec<u8>, AmError>, max: usize) -> Result<Vec<u8>, AmError> {
+fn fitting(bytes: &Result<Vec<u8>, AmError>, max: usize) -> Result<&[u8], AmError> {
     match bytes {
-        Ok(b) if b.len() <= max => Ok(b.clone()),
+        Ok(b) if b.len() <= max => Ok(b),
         Ok(b) => Err(AmError::TypedTooLarge { len: b.len(), max }),
         Err(e) => Err(e.clone()),
     }
@@ -800,7 +800,8 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
     ) -> Poll<Result<Op<Self::Output>, AmError>> {
         if self.call.is_none() {
             let (call, _, words) = typed_site::<M, H>(ep)?;
-            let bytes = fitting(&self.bytes, ep.limits.max_medium)?;
+            fitting(&self.bytes, ep.limits.max_medium)?;
+            let bytes = std::mem::replace(&mut self.bytes, Err(AmError::StaleHandle))?;
             self.call = Some(Call::owning(self.dest, call, &words, bytes));
         }
         let Some(call) = self.call.as_mut() else {
