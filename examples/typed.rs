@@ -13,9 +13,20 @@
 //! - `typed_call`: `call_typed(1, Sum([a, b, c, d]))`, answered with a `u64`.
 //!
 //! The `typed_call` row carries `ratio_to_raw` and the struct's encoded length.
+//!
+//! With `--bulk BYTES` (default 1 MiB, 0 for none), two more rows, in turn the same way
+//! (`--bulk-iters` of each):
+//! - `msg_bulk`: am-msg's raw transfer of `BYTES` (rank 1 posts a receive into its segment,
+//!   rank 0 sends, rank 1 answers with an empty message): the transport's own protocol for
+//!   large messages, eager or rendezvous as am-msg chooses.
+//! - `typed_bulk`: `call_typed(1, Bulk(bytes))`, a `serde_bytes::ByteBuf` of `BYTES`
+//!   answered with its length: the value goes in parts of the largest AM Medium.
+//!
+//! The `typed_bulk` row carries `ratio_to_raw`, to `msg_bulk`.
 
 use std::time::Instant;
 
+use amnet::am_msg::{Messenger, MsgConfig};
 use amnet::typed::{Am, AmContext};
 use amnet::{
     AnyTransport, Config, HandlerId, Handlers, JobOptions, Local, Node, Transport, TransportKind,
@@ -38,7 +49,29 @@ struct Args {
     /// One JSON object per line instead of a table
     #[arg(long)]
     json: bool,
+    /// Bytes of the bulk rows (0: none)
+    #[arg(long, default_value_t = 1 << 20)]
+    bulk: usize,
+    /// Timed round trips per bulk row
+    #[arg(long, default_value_t = 200)]
+    bulk_iters: usize,
 }
+
+/// Bytes to count: `serde_bytes` writes them as one byte string, where a plain `Vec<u8>`
+/// would go element by element.
+#[derive(Serialize, Deserialize, Debug)]
+struct Bulk(serde_bytes::ByteBuf);
+
+impl Am for Bulk {
+    type Reply = u64;
+    fn exec(self, _: &mut AmContext) -> u64 {
+        self.0.len() as u64
+    }
+}
+
+/// The am-msg tag of the bulk data and of its empty answer.
+const DATA: u64 = 1;
+const DONE: u64 = 2;
 
 const SUM: HandlerId = HandlerId(1);
 
@@ -72,6 +105,8 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         let _ = call.reply(&[], &sum.to_le_bytes()[..]);
     })?;
     h.typed::<Sum>()?;
+    h.typed::<Bulk>()?;
+    let msg = Messenger::new(&mut h, HandlerId(100), MsgConfig::from_env()?)?;
     let mut node: Node<AnyTransport, Local> =
         Node::new(transport, h, Config::from_env_for_ranks(size)?)?;
     let words = [u64::MAX - 1, u64::MAX - 2, u64::MAX - 3, u64::MAX - 4];
@@ -105,6 +140,12 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         }
     }
     node.barrier()?;
+    let bulk = if args.bulk > 0 {
+        Some(bulk_rows(&mut node, &msg, args)?)
+    } else {
+        None
+    };
+    node.barrier()?;
     if node.rank() == 0 {
         let (r, t) = (median(raw), median(typed));
         let encoded = amnet::typed::encoded_len(&Sum(words))?;
@@ -126,8 +167,76 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
                 t / r
             );
         }
+        if let Some((m, t)) = bulk {
+            let (m, t) = (median(m), median(t));
+            let bytes = args.bulk;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"transport": name, "row": "msg_bulk", "bytes": bytes,
+                        "iters": args.bulk_iters, "rtt_us_p50": m})
+                );
+                println!(
+                    "{}",
+                    serde_json::json!({"transport": name, "row": "typed_bulk", "bytes": bytes,
+                        "iters": args.bulk_iters, "rtt_us_p50": t, "ratio_to_raw": t / m})
+                );
+            } else {
+                println!("{name:<9} msg_bulk   {bytes} B {m:>10.1} µs");
+                println!("{name:<9} typed_bulk {bytes} B {t:>10.1} µs  x{:.2}", t / m);
+            }
+        }
     }
     Ok(())
+}
+
+/// The bulk rows' round trips on rank 0, in turn: am-msg's, then the typed call's.
+type Times = (Vec<f64>, Vec<f64>);
+
+fn bulk_rows(
+    node: &mut Node<AnyTransport, Local>,
+    msg: &Messenger,
+    args: &Args,
+) -> anyhow::Result<Times> {
+    let len = args.bulk;
+    anyhow::ensure!(
+        node.segment().len() >= len,
+        "--bulk {len} needs a segment of as many bytes (AM_SEGMENT_SIZE)"
+    );
+    let data: std::sync::Arc<[u8]> = vec![0x5a; len].into();
+    let (mut raw, mut typed) = (Vec::new(), Vec::new());
+    let warmup = (args.bulk_iters / 10).max(1);
+    for i in 0..warmup + args.bulk_iters {
+        let timed = i >= warmup;
+        if node.rank() == 0 {
+            let t0 = Instant::now();
+            let done = msg.post_recv(node, Some(1), DONE, 0, 0)?;
+            let s = msg.send(node, 1, DATA, data.clone())?;
+            msg.wait_send(node, s)?;
+            msg.wait_recv(node, done)?;
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            if timed {
+                raw.push(us);
+            }
+            let value = Bulk(serde_bytes::ByteBuf::from(data.to_vec()));
+            let t0 = Instant::now();
+            let n = node.call_typed(1, value)?;
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            anyhow::ensure!(n == len as u64, "typed bulk: wrong length {n}");
+            if timed {
+                typed.push(us);
+            }
+        } else if node.rank() == 1 {
+            let r = msg.post_recv(node, Some(0), DATA, 0, len)?;
+            let info = msg.wait_recv(node, r)?;
+            anyhow::ensure!(info.len == len, "msg bulk: wrong length {}", info.len);
+            let s = msg.send(node, 0, DONE, Vec::new())?;
+            msg.wait_send(node, s)?;
+        }
+        // The typed call is served by rank 1's progress: it waits in the barrier.
+        node.barrier()?;
+    }
+    Ok((raw, typed))
 }
 
 fn main() -> anyhow::Result<()> {

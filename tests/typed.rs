@@ -64,6 +64,18 @@ impl Am for Add {
     fn exec(self, _: &mut AmContext) {}
 }
 
+/// Answered with its bytes reversed.
+#[derive(Serialize, Deserialize, Debug)]
+struct Mirror(Vec<u8>);
+
+impl Am for Mirror {
+    type Reply = Vec<u8>;
+    fn exec(mut self, _: &mut AmContext) -> Vec<u8> {
+        self.0.reverse();
+        self.0
+    }
+}
+
 fn batch(r: u32, i: u32) -> Batch {
     Batch(vec![
         Op::Insert {
@@ -87,6 +99,7 @@ fn rank<T: Transport + Send>(t: T) -> anyhow::Result<()> {
     h.typed_with::<Add>(move |a, _| {
         c.fetch_add(a.0, Ordering::Relaxed);
     })?;
+    h.typed::<Mirror>()?;
     let mut node = Node::new(t, h, Config::default())?;
     let (me, n) = (node.rank(), node.size());
     let next = (me + 1) % n;
@@ -101,6 +114,13 @@ fn rank<T: Transport + Send>(t: T) -> anyhow::Result<()> {
         .map(|i| node.call_typed_nb(next, batch(me, i)))
         .collect::<Result<_, _>>()?;
     node.wait_all(ops)?;
+    // Larger than a Medium of either transport both ways, in parts, beside small calls.
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + me) as u8).collect();
+    let far = node.call_typed_nb(next, Mirror(big.clone()))?;
+    let near = node.call_typed_nb(next, batch(me, 50))?;
+    let back = node.wait(far)?;
+    anyhow::ensure!(back.iter().rev().eq(big.iter()), "rank {me}: mirror");
+    node.wait(near)?;
     for i in 1..=10 {
         node.post_typed(next, Add(i))?;
     }
@@ -108,7 +128,7 @@ fn rank<T: Transport + Send>(t: T) -> anyhow::Result<()> {
     let prev = (me + n - 1) % n;
     let s = shard.lock().expect("shard");
     anyhow::ensure!(
-        s.len() == 1 && s.get(&format!("{prev}/49")) == Some(&vec![prev as u8; 49]),
+        s.len() == 1 && s.get(&format!("{prev}/50")) == Some(&vec![prev as u8; 50]),
         "rank {me}: shard {:?}",
         s.keys().collect::<Vec<_>>()
     );
@@ -119,7 +139,7 @@ fn rank<T: Transport + Send>(t: T) -> anyhow::Result<()> {
 }
 
 /// Catches a typed value that a shared-memory NIC's Medium path cuts or misplaces (a
-/// `Vec` up to 300 bytes, strings, an enum), answers paired with the wrong call across two
+/// `Vec` up to 300 bytes, strings, an enum; 100 kB in parts both ways), answers paired with the wrong call across two
 /// endpoints of one process, and posts that are not run before the barrier after them.
 #[test]
 fn typed_messages_on_sci_two_endpoints_per_process_and_udp() {

@@ -53,6 +53,15 @@ impl<'a> Call<'a> {
         self.token.as_ref().map_or(0, Token::src)
     }
 
+    /// Leaves the call unanswered here (the request's credit goes back as for any handler
+    /// that does not reply): its answer will come as a request of the caller's
+    /// ([`crate::typed`]'s answers too large for a reply). The caller and the call's number.
+    pub(crate) fn defer(mut self) -> (Rank, u32) {
+        let src = self.src();
+        self.token = None;
+        (src, self.number)
+    }
+
     /// Answers with `args` (at most 15) and `payload` (at most the largest AM Medium): the
     /// caller's call resolves with them. Errors as [`Token::reply_medium`] does.
     pub fn reply<'p>(
@@ -186,15 +195,20 @@ impl Calls {
     /// The answer to call `number` came from `src`. One for no call of ours to `src` waiting
     /// for it (a call given up or failed, or a peer's invention) is dropped and counted.
     pub(crate) fn complete(&self, src: Rank, number: u32, args: &[u32], payload: &[u8]) {
+        self.complete_with(src, number, || Reply {
+            args: args.to_vec(),
+            payload: payload.to_vec(),
+        });
+    }
+
+    /// As [`Calls::complete`], with the answer made only if a call takes it.
+    pub(crate) fn complete_with(&self, src: Rank, number: u32, reply: impl FnOnce() -> Reply) {
         let mut s = self.lock();
         let mut taken = false;
         if let Some(p) = s.pending.get_mut(&number).filter(|p| p.dest == src) {
             if p.done.is_none() {
                 taken = true;
-                p.done = Some(Ok(Reply {
-                    args: args.to_vec(),
-                    payload: payload.to_vec(),
-                }));
+                p.done = Some(Ok(reply()));
                 self.end_one();
                 if let Some(w) = p.waker.take() {
                     w.wake();

@@ -78,13 +78,22 @@ pub enum AmError {
     /// every rank registers the same types, so the target would not know it either.
     #[error("typed message {0} is not registered here: register it with `Handlers::typed`")]
     TypedNotRegistered(&'static str),
-    /// A typed message or answer too large for one AM Medium.
-    #[error("typed value of {len} bytes is larger than an AM Medium ({max})")]
+    /// A typed message or answer larger than [`crate::typed::MAX_LEN`] encoded.
+    #[error("typed value of {len} bytes is larger than the largest typed value ({max})")]
     TypedTooLarge {
         /// Its encoded length.
         len: usize,
-        /// The largest Medium.
+        /// The largest typed value.
         max: usize,
+    },
+    /// A typed message's value could not be written in postcard's format: a sequence or map
+    /// whose length serde does not know in advance, or its `Serialize` impl's own error.
+    #[error("typed message {name} could not be encoded: {reason}")]
+    TypedUnencodable {
+        /// The value's type.
+        name: &'static str,
+        /// The encoder's error.
+        reason: String,
     },
     /// A call named a handler that was not registered with `Handlers::callable`.
     #[error("handler {0:?} is not callable: register it with `Handlers::callable` to call it")]

@@ -179,11 +179,17 @@ impl Threading for Local {
 #[doc(hidden)]
 pub type TypedMap<F> = rustc_hash::FxHashMap<u64, Box<F>>;
 
-/// The two handlers a table reserves for typed messages, and their shared table of code.
+/// The handlers a table reserves for typed messages, their shared table of code, and the
+/// state of values larger than a Medium.
 pub(crate) struct TypedSite<H: Threading> {
     pub(crate) call: HandlerId,
     pub(crate) post: HandlerId,
+    /// A part of a value larger than a Medium ([`crate::typed::Transit`]).
+    pub(crate) part: HandlerId,
+    /// An answer too large for a reply, sent as a request.
+    pub(crate) answer: HandlerId,
     table: H::TypedTable,
+    pub(crate) transit: Arc<crate::typed::Transit>,
 }
 
 mod sealed {
@@ -247,7 +253,7 @@ pub struct Handlers<H: Threading = Sendable> {
     /// Typed messages' names by type id ([`Handlers::typed`]).
     pub(crate) typed: std::collections::BTreeMap<u64, &'static str>,
     /// The handlers reserved for typed messages, once one is registered.
-    pub(crate) typed_site: Option<TypedSite<H>>,
+    pub(crate) typed_site: Option<Box<TypedSite<H>>>,
 }
 
 /// The name of the reply handler a table reserves for its calls.
@@ -255,6 +261,8 @@ const CALL_REPLY_NAME: &str = "amnet: call reply";
 /// The names of the handlers a table reserves for typed messages.
 const TYPED_CALL_NAME: &str = "amnet: typed call";
 const TYPED_POST_NAME: &str = "amnet: typed post";
+const TYPED_PART_NAME: &str = "amnet: typed part";
+const TYPED_ANSWER_NAME: &str = "amnet: typed answer";
 
 /// A callable handler's wrapper: takes the call's number off the arguments and hands the
 /// handler a [`Call`] in place of the token. A request without a number (a peer's doing) is
@@ -389,22 +397,31 @@ impl Handlers<Sendable> {
         let id = self.note_typed::<M>()?;
         if self.typed_site.is_none() {
             let table = <Sendable as Threading>::TypedTable::default();
-            let (t1, t2) = (table.clone(), table.clone());
+            let transit = Arc::<crate::typed::Transit>::default();
+            let (t1, t2, x1, x2) = (
+                table.clone(),
+                table.clone(),
+                transit.clone(),
+                transit.clone(),
+            );
             let site = self.call_site()?;
             let (mut out, mut scratch) = (Vec::new(), Vec::new());
             let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
                 let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
-                answer_typed(&msg, call, &mut out, |id, b, cx, o| {
+                answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
                     t.get_mut(&id).map(|f| f(b, cx, o))
                 });
             }));
             let post: Box<SendRequestFn> = Box::new(move |msg: Msg<'_>, _token| {
                 let mut t = t2.lock().unwrap_or_else(|p| p.into_inner());
-                crate::typed::dispatch(&msg, &mut scratch, |id, b, cx, o| {
+                crate::typed::dispatch(&msg, &x2, &mut scratch, |id, b, cx, o| {
                     t.get_mut(&id).map(|f| f(b, cx, o))
                 });
             });
-            self.reserve_typed(table, call, post)?;
+            let part: Box<SendRequestFn> = Box::new(part_handler(transit.clone()));
+            let answer: Box<SendRequestFn> =
+                Box::new(answer_handler(site.calls.clone(), transit.clone()));
+            self.reserve_typed(table, transit, [call, post, part, answer])?;
         }
         if let Some(site) = &self.typed_site {
             let run: Box<crate::typed::SendTypedFn> = Box::new(crate::typed::runner::<M>(f));
@@ -432,22 +449,31 @@ impl Handlers<Local> {
         let id = self.note_typed::<M>()?;
         if self.typed_site.is_none() {
             let table = <Local as Threading>::TypedTable::default();
-            let (t1, t2) = (table.clone(), table.clone());
+            let transit = Arc::<crate::typed::Transit>::default();
+            let (t1, t2, x1, x2) = (
+                table.clone(),
+                table.clone(),
+                transit.clone(),
+                transit.clone(),
+            );
             let site = self.call_site()?;
             let (mut out, mut scratch) = (Vec::new(), Vec::new());
             let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
                 let mut t = t1.borrow_mut();
-                answer_typed(&msg, call, &mut out, |id, b, cx, o| {
+                answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
                     t.get_mut(&id).map(|f| f(b, cx, o))
                 });
             }));
             let post: Box<RequestFn> = Box::new(move |msg: Msg<'_>, _token| {
                 let mut t = t2.borrow_mut();
-                crate::typed::dispatch(&msg, &mut scratch, |id, b, cx, o| {
+                crate::typed::dispatch(&msg, &x2, &mut scratch, |id, b, cx, o| {
                     t.get_mut(&id).map(|f| f(b, cx, o))
                 });
             });
-            self.reserve_typed(table, call, post)?;
+            let part: Box<RequestFn> = Box::new(part_handler(transit.clone()));
+            let answer: Box<RequestFn> =
+                Box::new(answer_handler(site.calls.clone(), transit.clone()));
+            self.reserve_typed(table, transit, [call, post, part, answer])?;
         }
         if let Some(site) = &self.typed_site {
             let run: Box<crate::typed::TypedFn> = Box::new(crate::typed::runner::<M>(f));
@@ -457,11 +483,13 @@ impl Handlers<Local> {
     }
 }
 
-/// A typed call's handler body: runs the message, answers with its status and bytes (an
-/// answer too large for a Medium is answered as refused).
+/// A typed call's handler body: runs the message, answers with its status and bytes. An
+/// answer too large for a reply leaves the call unanswered here and is queued, to leave as
+/// requests from the endpoint's next poll ([`crate::typed::Transit`]).
 fn answer_typed(
     msg: &Msg<'_>,
     call: Call<'_>,
+    transit: &crate::typed::Transit,
     out: &mut Vec<u8>,
     run: impl FnOnce(
         u64,
@@ -470,12 +498,51 @@ fn answer_typed(
         &mut Vec<u8>,
     ) -> Option<Result<(), crate::typed::Refusal>>,
 ) {
-    let status = crate::typed::dispatch(msg, out, run);
+    let status = crate::typed::dispatch(msg, transit, out, run);
+    if status == crate::typed::ANSWER_OK && out.len() > transit.max_medium() {
+        let (dest, number) = call.defer();
+        transit.queue(dest, number, status, std::mem::take(out));
+        return;
+    }
     let answer: &[u8] = match status {
         crate::typed::ANSWER_OK => out,
         _ => &[],
     };
     let _ = call.reply(&[status], answer);
+}
+
+/// The typed part handler: keeps a part of a value larger than a Medium.
+fn part_handler(
+    transit: Arc<crate::typed::Transit>,
+) -> impl FnMut(Msg<'_>, Token<'_>) + Send + 'static {
+    move |msg, _token| {
+        if let [stream] = *msg.args() {
+            transit.add_part(msg.src(), stream, msg.payload());
+        }
+    }
+}
+
+/// The typed answer handler: an answer too large for a reply came as a request (its
+/// arguments the call's number, the status and the parts' stream); completes the call.
+fn answer_handler(
+    calls: Arc<Calls>,
+    transit: Arc<crate::typed::Transit>,
+) -> impl FnMut(Msg<'_>, Token<'_>) + Send + 'static {
+    move |msg, _token| {
+        if let [number, status, stream] = *msg.args() {
+            let reply = match transit.take_parts(msg.src(), stream, msg.payload()) {
+                Ok(payload) => crate::Reply {
+                    args: vec![status],
+                    payload,
+                },
+                Err(refusal) => crate::Reply {
+                    args: vec![crate::typed::status_of(refusal)],
+                    payload: Vec::new(),
+                },
+            };
+            calls.complete_with(msg.src(), number, || reply);
+        }
+    }
 }
 
 /// The reserved reply handler's body: completes the call the answer names.
@@ -616,38 +683,50 @@ impl<H: Threading> Handlers<H> {
         Ok(id)
     }
 
-    /// Reserves the two handlers of typed messages (the highest ids still free, after the
-    /// calls' reply handler), with their bodies sharing `table`.
+    /// Reserves the four handlers of typed messages (the highest ids still free, after the
+    /// calls' reply handler: call, post, part, answer), with their bodies sharing `table`
+    /// and `transit`.
     fn reserve_typed(
         &mut self,
         table: H::TypedTable,
-        call: Box<H::Request>,
-        post: Box<H::Request>,
+        transit: Arc<crate::typed::Transit>,
+        [call, post, part, answer]: [Box<H::Request>; 4],
     ) -> Result<(), RegisterError> {
-        let mut free = (0..=255u8)
+        let free: Vec<u8> = (0..=255u8)
             .rev()
-            .filter(|&i| self.info[i as usize].is_none());
-        let (Some(c), Some(p)) = (free.next(), free.next()) else {
+            .filter(|&i| self.info[i as usize].is_none())
+            .take(4)
+            .collect();
+        let &[c, p, q, a] = free.as_slice() else {
             return Err(RegisterError::Full);
         };
-        let (call_id, post_id) = (HandlerId(c), HandlerId(p));
+        let ids = [c, p, q, a].map(HandlerId);
         self.insert_callable(
-            call_id,
+            ids[0],
             TYPED_CALL_NAME,
             HandlerFn::Request(AmKind::Medium, call),
         )?;
-        self.insert(
-            post_id,
-            TYPED_POST_NAME,
-            Category::Request,
-            AmKind::Medium,
-            HandlerFn::Request(AmKind::Medium, post),
-        )?;
-        self.typed_site = Some(TypedSite {
-            call: call_id,
-            post: post_id,
+        for (id, name, f) in [
+            (ids[1], TYPED_POST_NAME, post),
+            (ids[2], TYPED_PART_NAME, part),
+            (ids[3], TYPED_ANSWER_NAME, answer),
+        ] {
+            self.insert(
+                id,
+                name,
+                Category::Request,
+                AmKind::Medium,
+                HandlerFn::Request(AmKind::Medium, f),
+            )?;
+        }
+        self.typed_site = Some(Box::new(TypedSite {
+            call: ids[0],
+            post: ids[1],
+            part: ids[2],
+            answer: ids[3],
             table,
-        });
+            transit,
+        }));
         Ok(())
     }
 

@@ -529,7 +529,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// One step of a blocking loop: handles at most one message, so the caller re-checks its
     /// condition (a reply arrived, a credit came back) as soon as it may hold, without a
     /// further empty poll on the critical path; waits as the wait mode says if nothing came.
-    #[inline]
+    #[inline(always)]
     fn progress(&mut self, idle: &mut u32) -> Result<(), AmError> {
         match self.poll_once() {
             Ok(true) => {

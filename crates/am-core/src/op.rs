@@ -417,17 +417,16 @@ impl<R: serde::de::DeserializeOwned> Outcome for crate::typed::Typed<R> {
     type Held = Rank;
     type Value = R;
     fn finish(held: Option<Rank>, raw: Raw) -> Result<R, AmError> {
-        use crate::typed::{decode, Refusal, ANSWER_OK, ANSWER_UNDECODABLE, ANSWER_UNKNOWN};
+        use crate::typed::{decode, refusal_of, Refusal};
         let peer = held.ok_or(AmError::StaleHandle)?;
         let Raw::Reply(reply) = raw else {
             return Err(AmError::StaleHandle);
         };
         let refused = |reason| AmError::TypedRefused { peer, reason };
-        match reply.args.first() {
-            Some(&ANSWER_OK) => decode(&reply.payload).ok_or(refused(Refusal::BadAnswer)),
-            Some(&ANSWER_UNKNOWN) => Err(refused(Refusal::UnknownType)),
-            Some(&ANSWER_UNDECODABLE) => Err(refused(Refusal::Undecodable)),
-            _ => Err(refused(Refusal::BadAnswer)),
+        match reply.args.first().map(|&s| refusal_of(s)) {
+            Some(None) => decode(&reply.payload).ok_or(refused(Refusal::BadAnswer)),
+            Some(Some(reason)) => Err(refused(reason)),
+            None => Err(refused(Refusal::BadAnswer)),
         }
     }
 }

@@ -33,11 +33,25 @@
 //! ```
 //!
 //! # Wire
-//! A typed message is an AM Medium to one of two handlers the table reserves at the first
+//! A typed message is an AM Medium to one of the handlers the table reserves at the first
 //! typed registration (a call's, answered, and a post's), whose arguments carry the type's
 //! id ([`type_id`]) and whose payload is the value in postcard's format. A call's answer is
 //! a Medium whose first argument says whether the target ran it, and whose payload is the
 //! answer's value.
+//!
+//! # Values of any size
+//! A value (or an answer) of up to [`MAX_LEN`] bytes encoded travels, whatever the
+//! transport's largest AM Medium (`Node::max_medium`): one larger than a Medium leaves as
+//! *parts*, requests of a third reserved handler, each one full Medium, followed by the
+//! message itself with the last piece. A transport delivers one sender's messages in order,
+//! so the target has every part when the message comes; it joins them and runs the whole.
+//! An answer too large for a reply leaves the same way, as requests of a fourth reserved
+//! handler sent from the target's next poll, and the call completes when its last piece
+//! comes. A target holds at most [`MAX_LEN`] bytes of one peer's values still arriving;
+//! past that their messages are refused ([`Refusal::TooLarge`]).
+//!
+//! Byte fields are best written with `serde_bytes` (`#[serde(with = "serde_bytes")]`, or
+//! `serde_bytes::ByteBuf`): serde writes a plain `Vec<u8>` element by element.
 //!
 //! # Bad input
 //! Bytes that do not decode as the named type (cut short, bytes left over, a length past the
@@ -107,6 +121,9 @@ pub enum Refusal {
     Undecodable,
     /// The answer did not decode as the type's [`Am::Reply`], or carried no status.
     BadAnswer,
+    /// The message or its answer was larger than [`MAX_LEN`], or the target already held
+    /// that much of this rank's values arriving in parts.
+    TooLarge,
 }
 
 impl std::fmt::Display for Refusal {
@@ -115,6 +132,7 @@ impl std::fmt::Display for Refusal {
             Refusal::UnknownType => "the target registers no such type",
             Refusal::Undecodable => "the target could not decode the message",
             Refusal::BadAnswer => "the answer did not decode as the reply type",
+            Refusal::TooLarge => "the message or its answer was too large",
         })
     }
 }
@@ -124,15 +142,25 @@ pub(crate) const ANSWER_OK: u32 = 0;
 pub(crate) const ANSWER_UNKNOWN: u32 = 1;
 pub(crate) const ANSWER_UNDECODABLE: u32 = 2;
 pub(crate) const ANSWER_BAD: u32 = 3;
+pub(crate) const ANSWER_TOO_LARGE: u32 = 4;
+
+/// The largest typed value or answer, encoded: 1 GiB. It also bounds the bytes a target
+/// holds for one peer's values still arriving in parts.
+pub const MAX_LEN: usize = 1 << 30;
 
 /// The length of `v` on the wire (postcard's format).
 pub fn encoded_len<T: Serialize>(v: &T) -> Result<usize, crate::AmError> {
-    encode(v)
-        .map(|b| b.len())
-        .map_err(|_| crate::AmError::TypedTooLarge {
-            len: usize::MAX,
-            max: 0,
-        })
+    encoded(v).map(|b| b.len())
+}
+
+/// `v` in postcard's format, or the error an operation on it gives: one of a type serde
+/// cannot write in postcard's format (a sequence of unknown length, a serializer's own
+/// error).
+pub(crate) fn encoded<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::AmError> {
+    encode(v).map_err(|e| crate::AmError::TypedUnencodable {
+        name: std::any::type_name::<T>(),
+        reason: e.to_string(),
+    })
 }
 
 /// `v` in postcard's format.
@@ -194,21 +222,262 @@ pub(crate) fn id_words(id: u64) -> [u32; 2] {
 }
 
 /// Runs a typed message that arrived: `run` finds its entry and runs it (`None`: no such
-/// type). The answer's status and bytes.
+/// type). Its arguments are the type id's two words, then, for a value that came in parts,
+/// the parts' stream, whose bytes `transit` holds and the message's payload ends. The
+/// answer's status (its bytes in `out`).
 pub(crate) fn dispatch(
     msg: &crate::Msg<'_>,
+    transit: &Transit,
     out: &mut Vec<u8>,
     run: impl FnOnce(u64, &[u8], &mut AmContext, &mut Vec<u8>) -> Option<Result<(), Refusal>>,
 ) -> u32 {
     let mut cx = AmContext { src: msg.src() };
-    let Some(id) = id_from(msg.args()) else {
+    let (id, whole) = match msg.args() {
+        [lo, hi] => (id_from(&[*lo, *hi]), None),
+        [lo, hi, stream] => (
+            id_from(&[*lo, *hi]),
+            Some(transit.take_parts(msg.src(), *stream, msg.payload())),
+        ),
+        _ => (None, None),
+    };
+    let Some(id) = id else {
         return ANSWER_UNDECODABLE;
     };
-    match run(id, msg.payload(), &mut cx, out) {
+    let ran = match &whole {
+        None => run(id, msg.payload(), &mut cx, out),
+        Some(Ok(bytes)) => run(id, bytes, &mut cx, out),
+        Some(Err(refusal)) => Some(Err(*refusal)),
+    };
+    match ran {
         None => ANSWER_UNKNOWN,
+        Some(Ok(())) if out.len() > MAX_LEN => ANSWER_TOO_LARGE,
         Some(Ok(())) => ANSWER_OK,
         Some(Err(Refusal::Undecodable)) => ANSWER_UNDECODABLE,
+        Some(Err(Refusal::TooLarge)) => ANSWER_TOO_LARGE,
         Some(Err(_)) => ANSWER_BAD,
+    }
+}
+
+/// The status word an answer refused for `refusal` carries.
+pub(crate) fn status_of(refusal: Refusal) -> u32 {
+    match refusal {
+        Refusal::UnknownType => ANSWER_UNKNOWN,
+        Refusal::Undecodable => ANSWER_UNDECODABLE,
+        Refusal::TooLarge => ANSWER_TOO_LARGE,
+        Refusal::BadAnswer => ANSWER_BAD,
+    }
+}
+
+/// The refusal an answer's status word says (`None`: it ran).
+pub(crate) fn refusal_of(status: u32) -> Option<Refusal> {
+    match status {
+        ANSWER_OK => None,
+        ANSWER_UNKNOWN => Some(Refusal::UnknownType),
+        ANSWER_UNDECODABLE => Some(Refusal::Undecodable),
+        ANSWER_TOO_LARGE => Some(Refusal::TooLarge),
+        _ => Some(Refusal::BadAnswer),
+    }
+}
+
+/// What typed traffic larger than one AM Medium needs beside the handlers, shared by the
+/// reserved handlers and the endpoint.
+///
+/// A value (or an answer) larger than the transport's largest Medium leaves as *parts*:
+/// requests of the reserved part handler, each one full Medium tagged with a stream number
+/// the sender chose, then the message itself (call, post or answer) carrying the last piece
+/// and the stream. A transport delivers one sender's messages in order, so the parts have
+/// all come when the message does; the target joins them and runs the whole.
+///
+/// An answer too large for a reply cannot leave from inside the handler (which may only
+/// reply): the handler lets its call go unanswered and queues the answer here, and the
+/// endpoint sends it as requests from its next poll.
+#[derive(Debug, Default)]
+pub(crate) struct Transit {
+    state: std::sync::Mutex<TransitState>,
+    /// Answers queued: a poll looks here without taking the lock.
+    queued: std::sync::atomic::AtomicUsize,
+    /// This rank's largest AM Medium, set when its endpoint is made.
+    max_medium: std::sync::atomic::AtomicUsize,
+    /// The next stream number this rank sends parts under.
+    next_stream: std::sync::atomic::AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct TransitState {
+    /// Values arriving, by sender and stream.
+    parts: rustc_hash::FxHashMap<(Rank, u32), Parts>,
+    /// Bytes held in `parts` per sender: no peer makes this rank hold more than
+    /// [`MAX_LEN`] of its values at once.
+    held: rustc_hash::FxHashMap<Rank, usize>,
+    /// Answers waiting to leave, oldest first.
+    answers: std::collections::VecDeque<Outgoing>,
+}
+
+#[derive(Debug, Default)]
+struct Parts {
+    bytes: Vec<u8>,
+    /// What the stream is charged against its sender's bound.
+    charged: usize,
+    /// Over the bound: its bytes were dropped, and its message will be refused.
+    refused: bool,
+}
+
+/// What each part costs against its sender's bound beyond its bytes.
+const PART_COST: usize = 64;
+
+/// An answer too large for a reply, leaving as requests.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    /// The caller.
+    pub(crate) dest: Rank,
+    /// The call's number.
+    pub(crate) number: u32,
+    /// Its status word.
+    pub(crate) status: u32,
+    /// The stream its parts go under.
+    pub(crate) stream: u32,
+    /// The answer's bytes.
+    pub(crate) bytes: Vec<u8>,
+    /// How many of them have left as parts.
+    pub(crate) sent: usize,
+}
+
+impl Transit {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TransitState> {
+        // A panic elsewhere while the lock was held left the maps whole: go on with them.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets this rank's largest Medium (the endpoint's limit).
+    pub(crate) fn set_max_medium(&self, max: usize) {
+        self.max_medium
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// This rank's largest Medium.
+    pub(crate) fn max_medium(&self) -> usize {
+        self.max_medium.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A stream number for parts this rank sends.
+    pub(crate) fn next_stream(&self) -> u32 {
+        self.next_stream
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A part of stream `stream` from `src` came. Each part is charged its length and a
+    /// fixed cost (so that empty parts cannot grow the map for nothing) against what `src`
+    /// may make this rank hold ([`MAX_LEN`]); past that, the stream's bytes are dropped (or
+    /// a new stream is not opened) and its message will be refused.
+    pub(crate) fn add_part(&self, src: Rank, stream: u32, bytes: &[u8]) {
+        self.add_part_within(src, stream, bytes, MAX_LEN);
+    }
+
+    /// [`Transit::add_part`] with `bound` in place of [`MAX_LEN`].
+    fn add_part_within(&self, src: Rank, stream: u32, bytes: &[u8], bound: usize) {
+        let s = &mut *self.lock();
+        let held = s.held.entry(src).or_insert(0);
+        let charge = bytes.len() + PART_COST;
+        let fits = *held + charge <= bound;
+        match s.parts.get_mut(&(src, stream)) {
+            Some(p) if p.refused => {}
+            Some(p) if fits => {
+                p.bytes.extend_from_slice(bytes);
+                p.charged += charge;
+                *held += charge;
+            }
+            Some(p) => {
+                *held -= p.charged - PART_COST;
+                p.charged = PART_COST;
+                p.bytes = Vec::new();
+                p.refused = true;
+            }
+            None if fits => {
+                s.parts.insert(
+                    (src, stream),
+                    Parts {
+                        bytes: bytes.to_vec(),
+                        charged: charge,
+                        refused: false,
+                    },
+                );
+                *held += charge;
+            }
+            None => {}
+        }
+    }
+
+    /// Stream `stream` from `src` ends with `last`: its whole value, or why none.
+    pub(crate) fn take_parts(
+        &self,
+        src: Rank,
+        stream: u32,
+        last: &[u8],
+    ) -> Result<Vec<u8>, Refusal> {
+        let s = &mut *self.lock();
+        let Some(parts) = s.parts.remove(&(src, stream)) else {
+            // Parts come before the message that ends them: none means the peer sent none,
+            // or its first was past the bound.
+            return Err(Refusal::Undecodable);
+        };
+        if let Some(h) = s.held.get_mut(&src) {
+            *h -= parts.charged;
+        }
+        if parts.refused || parts.bytes.len().saturating_add(last.len()) > MAX_LEN {
+            return Err(Refusal::TooLarge);
+        }
+        let mut bytes = parts.bytes;
+        bytes.extend_from_slice(last);
+        Ok(bytes)
+    }
+
+    /// Queues an answer too large for a reply.
+    pub(crate) fn queue(&self, dest: Rank, number: u32, status: u32, bytes: Vec<u8>) {
+        let stream = self.next_stream();
+        self.lock().answers.push_back(Outgoing {
+            dest,
+            number,
+            status,
+            stream,
+            bytes,
+            sent: 0,
+        });
+        self.queued
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether answers wait to leave.
+    #[inline]
+    pub(crate) fn has_queued(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Acquire) != 0
+    }
+
+    /// Runs `send` on the queued answers, oldest first, until it says the device or the
+    /// credits refused (`false`); each answer it finished (or failed, `Err`) is dropped.
+    pub(crate) fn send_queued<E>(&self, mut send: impl FnMut(&mut Outgoing) -> Result<bool, E>) {
+        let mut s = self.lock();
+        while let Some(front) = s.answers.front_mut() {
+            match send(front) {
+                Ok(false) => return,
+                Ok(true) | Err(_) => {
+                    s.answers.pop_front();
+                    self.queued
+                        .fetch_sub(1, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Forgets what `peer` sent in parts and the answers waiting for it (it is gone).
+    pub(crate) fn forget(&self, peer: Rank) {
+        let mut s = self.lock();
+        s.parts.retain(|&(src, _), _| src != peer);
+        s.held.remove(&peer);
+        let before = s.answers.len();
+        s.answers.retain(|a| a.dest != peer);
+        let dropped = before - s.answers.len();
+        self.queued
+            .fetch_sub(dropped, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -243,6 +512,46 @@ mod tests {
         let bomb = [0xff, 0xff, 0xff, 0xff, 0x3f];
         assert_eq!(decode::<Vec<u64>>(&bomb), None);
         assert_eq!(decode::<String>(&bomb), None);
+    }
+
+    /// Catches a peer that makes this rank hold more than the bound (with parts of one
+    /// stream, of many streams, or of empty parts), a refused stream whose message then runs
+    /// on what was kept, and a bound never given back once values are taken.
+    #[test]
+    fn parts_are_bounded_per_peer() {
+        let t = Transit::default();
+        let bound = 10 * (100 + PART_COST);
+        for _ in 0..9 {
+            t.add_part_within(1, 7, &[1; 100], bound);
+        }
+        // Another peer has a bound of its own.
+        t.add_part_within(2, 7, &[2; 100], bound);
+        // One more fits; the next refuses stream 7 and frees what it held.
+        t.add_part_within(1, 7, &[1; 100], bound);
+        t.add_part_within(1, 8, &[1; 100], bound);
+        assert_eq!(
+            t.take_parts(1, 8, &[]),
+            Err(Refusal::Undecodable),
+            "never opened"
+        );
+        t.add_part_within(1, 7, &[1; 100], bound);
+        assert_eq!(t.take_parts(1, 7, &[9]), Err(Refusal::TooLarge));
+        // Empty parts are charged too: no unbounded map of empty streams.
+        for stream in 0..100 {
+            t.add_part_within(1, stream, &[], bound);
+        }
+        let open = t.lock().parts.keys().filter(|k| k.0 == 1).count();
+        assert_eq!(open, bound / PART_COST);
+        for stream in 0..100 {
+            let _ = t.take_parts(1, stream, &[]);
+        }
+        // Everything given back: a whole bound fits again.
+        for _ in 0..10 {
+            t.add_part_within(1, 5, &[1; 100], bound);
+        }
+        assert_eq!(t.take_parts(1, 5, &[2]).map(|b| b.len()), Ok(1001));
+        assert_eq!(t.take_parts(2, 7, &[]).map(|b| b.len()), Ok(100));
+        assert!(t.lock().parts.is_empty());
     }
 
     /// Catches an id that ignores the shape (two layouts of one name would pass start-up).

@@ -64,6 +64,7 @@ pub mod start;
 mod startup;
 mod state;
 mod teams;
+mod typed;
 
 pub use recv::Polled;
 pub use state::Endpoint;

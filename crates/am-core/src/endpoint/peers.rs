@@ -137,6 +137,9 @@ impl<H: Threading> Endpoint<H> {
         if let Some(site) = &self.handlers.calls {
             site.calls.fail_to(peer, &error);
         }
+        if let Some(site) = &self.handlers.typed_site {
+            site.transit.forget(peer);
+        }
     }
 
     /// Ends every live operation slot whose peer `with` picks with `error` (what it still

@@ -541,6 +541,11 @@ impl<H: Threading> Endpoint<H> {
         if !self.segments.retired.is_empty() {
             self.retire_segments(t);
         }
+        if let Some(site) = &self.handlers.typed_site {
+            if site.transit.has_queued() {
+                self.send_typed_answers(t);
+            }
+        }
         if handled.is_none() {
             if self.acks_owed() {
                 self.flush_acks(t)?;

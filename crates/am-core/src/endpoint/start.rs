@@ -718,76 +718,124 @@ impl<'a> Call<'a> {
     }
 }
 
-impl Call<'static> {
-    /// A call owning `payload`, made where the payload was made for it.
-    pub(crate) fn owning(dest: Rank, handler: HandlerId, args: &[u32], payload: Vec<u8>) -> Self {
-        let mut call = Call::new(dest, handler, args, &[]);
-        call.payload = Cow::Owned(payload);
-        call
-    }
-}
-
-/// A typed call ([`crate::typed`]): `msg` encoded when it is made, sent to `dest` as a call
-/// of the table's reserved typed-call handler, completing with the answer decoded as an
-/// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
-/// a value larger than an AM Medium, is an error when it starts, and nothing is sent.
-pub struct TypedCall<M: crate::typed::Am> {
+/// A typed value on its way to `dest` ([`crate::typed`]), the part [`TypedCall`] and
+/// [`PostTyped`] share: encoded when made; a value larger than the transport's largest
+/// Medium leaves as parts ahead of the message that carries its last piece
+/// ([`crate::typed::Transit`]).
+struct Outbound<M> {
     dest: Rank,
     /// The value's bytes, or why it could not be encoded.
     bytes: Result<Vec<u8>, AmError>,
-    /// The call, once started.
-    call: Option<Call<'static>>,
+    /// Once started: the handlers, the message's words (the id's, then the parts' stream
+    /// if any; a call's number first) and how many there are.
+    site: Option<(HandlerId, HandlerId, [u32; 4], usize)>,
+    /// Bytes sent ahead as parts.
+    sent: usize,
     _m: std::marker::PhantomData<fn(M)>,
 }
 
-impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
+impl<M: crate::typed::Am> std::fmt::Debug for Outbound<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TypedCall")
+        f.debug_struct("Typed")
             .field("dest", &self.dest)
             .field("type", &std::any::type_name::<M>())
+            .field("len", &self.bytes.as_ref().map(Vec::len))
             .finish()
     }
 }
 
-/// `msg` encoded, or the error an operation on it gives.
-fn encoded<M: crate::typed::Am>(msg: &M) -> Result<Vec<u8>, AmError> {
-    crate::typed::encode(msg).map_err(|_| AmError::TypedTooLarge {
-        len: usize::MAX,
-        max: 0,
-    })
-}
-
-/// The reserved handlers and the id of `M`, if this rank registers it.
-fn typed_site<M: crate::typed::Am, H: Threading>(
-    ep: &Endpoint<H>,
-) -> Result<(HandlerId, HandlerId, [u32; 2]), AmError> {
-    let id = crate::typed::type_id::<M>();
-    match &ep.handlers.typed_site {
-        Some(site) if ep.handlers.typed.contains_key(&id) => {
-            Ok((site.call, site.post, crate::typed::id_words(id)))
+impl<M: crate::typed::Am> Outbound<M> {
+    fn new(dest: Rank, msg: &M) -> Self {
+        Outbound {
+            dest,
+            bytes: crate::typed::encoded(msg),
+            site: None,
+            sent: 0,
+            _m: std::marker::PhantomData,
         }
-        _ => Err(AmError::TypedNotRegistered(std::any::type_name::<M>())),
+    }
+
+    /// Checks the value against this rank's table and bounds, and fixes its words: `lead`
+    /// words first (a call's number), then the id's, then a stream if it goes in parts.
+    /// `which` picks the message's handler from the call's and the post's. The length of
+    /// the last piece, which the message carries.
+    fn prepare<H: Threading>(
+        &mut self,
+        ep: &Endpoint<H>,
+        lead: usize,
+        which: impl FnOnce(HandlerId, HandlerId) -> HandlerId,
+    ) -> Result<usize, AmError> {
+        let id = crate::typed::type_id::<M>();
+        let site = match &ep.handlers.typed_site {
+            Some(site) if ep.handlers.typed.contains_key(&id) => site,
+            _ => return Err(AmError::TypedNotRegistered(std::any::type_name::<M>())),
+        };
+        let len = self.bytes.as_ref().map_err(Clone::clone)?.len();
+        if len > crate::typed::MAX_LEN {
+            return Err(AmError::TypedTooLarge {
+                len,
+                max: crate::typed::MAX_LEN,
+            });
+        }
+        let max = ep.limits.max_medium;
+        let mut words = [0; 4];
+        let [lo, hi] = crate::typed::id_words(id);
+        words[lead] = lo;
+        words[lead + 1] = hi;
+        let mut n = lead + 2;
+        let last = if len <= max {
+            len
+        } else {
+            ep.check_request(self.dest, AmKind::Medium, site.part, &[0], max, None)?;
+            words[n] = site.transit.next_stream();
+            n += 1;
+            (len - 1) % max + 1
+        };
+        self.site = Some((which(site.call, site.post), site.part, words, n));
+        Ok(last)
+    }
+
+    /// A step of sending the parts ahead of the last piece: `Ready(Ok)` with the message's
+    /// handler, words and last piece once all have left.
+    fn send_parts<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<LastPiece<'_>, AmError>> {
+        let (Some((handler, part, words, n)), Ok(bytes)) = (&self.site, &self.bytes) else {
+            return Poll::Ready(Err(AmError::StaleHandle));
+        };
+        let max = ep.limits.max_medium;
+        let ahead = if bytes.len() <= max {
+            0
+        } else {
+            bytes.len() - ((bytes.len() - 1) % max + 1)
+        };
+        while self.sent < ahead {
+            let piece = &bytes[self.sent..self.sent + max];
+            let stream = words[*n - 1];
+            ready!(ep.request_step(t, self.dest, AmKind::Medium, *part, &[stream], piece, None))?;
+            self.sent += max;
+        }
+        Poll::Ready(Ok((*handler, &words[..*n], &bytes[ahead..])))
     }
 }
 
-/// A typed value's bytes, refused if larger than a Medium.
-fn fitting(bytes: &Result<Vec<u8>, AmError>, max: usize) -> Result<&[u8], AmError> {
-    match bytes {
-        Ok(b) if b.len() <= max => Ok(b),
-        Ok(b) => Err(AmError::TypedTooLarge { len: b.len(), max }),
-        Err(e) => Err(e.clone()),
-    }
-}
+/// The message that ends a typed value: its handler, words and last piece.
+type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
+
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made, sent to `dest` as a call
+/// of the table's reserved typed-call handler, completing with the answer decoded as an
+/// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
+/// a value larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing
+/// is sent.
+#[derive(Debug)]
+pub struct TypedCall<M: crate::typed::Am>(Outbound<M>);
 
 impl<M: crate::typed::Am> TypedCall<M> {
     /// A call of `msg` on `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        TypedCall {
-            dest,
-            bytes: encoded(&msg),
-            call: None,
-            _m: std::marker::PhantomData,
-        }
+        TypedCall(Outbound::new(dest, &msg))
     }
 }
 
@@ -796,21 +844,17 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
     fn start<H: Threading, T: Transport + ?Sized>(
         &mut self,
         ep: &mut Endpoint<H>,
-        t: &mut T,
+        _t: &mut T,
     ) -> Poll<Result<Op<Self::Output>, AmError>> {
-        if self.call.is_none() {
-            let (call, _, words) = typed_site::<M, H>(ep)?;
-            fitting(&self.bytes, ep.limits.max_medium)?;
-            let bytes = std::mem::replace(&mut self.bytes, Err(AmError::StaleHandle))?;
-            self.call = Some(Call::owning(self.dest, call, &words, bytes));
-        }
-        let Some(call) = self.call.as_mut() else {
+        let out = &mut self.0;
+        let last = out.prepare(ep, 1, |call, _| call)?;
+        let Some((call, _, words, n)) = out.site.as_mut() else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let mut op = ready!(call.start(ep, t))?;
+        let mut op = ep.call_start(out.dest, *call, &mut words[..*n], last)?;
         Poll::Ready(Ok(Op {
             state: op.take_state(),
-            held: Some(self.dest),
+            held: Some(out.dest),
         }))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
@@ -819,43 +863,21 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
         t: &mut T,
         op: &mut Op<Self::Output>,
     ) -> Poll<Result<(), AmError>> {
-        let Some(call) = self.call.as_ref() else {
-            return Poll::Ready(Err(AmError::StaleHandle));
-        };
-        let words = &call.words[..call.len.min(call.words.len())];
-        ep.call_step(t, op, call.handler, words, &call.payload)
+        let (handler, words, last) = ready!(self.0.send_parts(ep, t))?;
+        ep.call_step(t, op, handler, words, last)
     }
 }
 
 /// A typed message with no answer ([`crate::typed`]): `msg` encoded when it is made, sent to
 /// `dest` as a request of the table's reserved typed-post handler; locally complete once
 /// sent. Checked as [`TypedCall`].
-pub struct PostTyped<M: crate::typed::Am> {
-    dest: Rank,
-    bytes: Result<Vec<u8>, AmError>,
-    /// The handler and the id's words, once started.
-    site: Option<(HandlerId, [u32; 2])>,
-    _m: std::marker::PhantomData<fn(M)>,
-}
-
-impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostTyped")
-            .field("dest", &self.dest)
-            .field("type", &std::any::type_name::<M>())
-            .finish()
-    }
-}
+#[derive(Debug)]
+pub struct PostTyped<M: crate::typed::Am>(Outbound<M>);
 
 impl<M: crate::typed::Am> PostTyped<M> {
     /// A post of `msg` to `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        PostTyped {
-            dest,
-            bytes: encoded(&msg),
-            site: None,
-            _m: std::marker::PhantomData,
-        }
+        PostTyped(Outbound::new(dest, &msg))
     }
 }
 
@@ -866,10 +888,11 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
         ep: &mut Endpoint<H>,
         _t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
-        let (_, post, words) = typed_site::<M, H>(ep)?;
-        let len = fitting(&self.bytes, ep.limits.max_medium)?.len();
-        ep.check_request(self.dest, AmKind::Medium, post, &words, len, None)?;
-        self.site = Some((post, words));
+        let out = &mut self.0;
+        let last = out.prepare(ep, 0, |_, post| post)?;
+        if let Some((post, _, words, n)) = &out.site {
+            ep.check_request(out.dest, AmKind::Medium, *post, &words[..*n], last, None)?;
+        }
         Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
@@ -878,10 +901,9 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
         t: &mut T,
         _op: &mut Op<()>,
     ) -> Poll<Result<(), AmError>> {
-        let (Some((post, words)), Ok(bytes)) = (self.site, &self.bytes) else {
-            return Poll::Ready(Err(AmError::StaleHandle));
-        };
-        ep.request_step(t, self.dest, AmKind::Medium, post, &words, bytes, None)
+        let dest = self.0.dest;
+        let (handler, words, last) = ready!(self.0.send_parts(ep, t))?;
+        ep.request_step(t, dest, AmKind::Medium, handler, words, last, None)
     }
 }
 

@@ -247,6 +247,9 @@ impl<H: Threading> Endpoint<H> {
         let hello_signature = handlers.signature();
         let hello_typed: Vec<u64> = handlers.typed.keys().copied().collect();
         let meta = handlers.registrations();
+        if let Some(site) = &handlers.typed_site {
+            site.transit.set_max_medium(limits.max_medium);
+        }
         Endpoint {
             rank,
             size,
