@@ -53,6 +53,11 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::types::Rank;
 
+pub mod shape;
+/// `#[derive(Shape)]`: implements [`Shape`] for a struct or enum from its definition.
+pub use am_derive::Shape;
+pub use shape::Shape;
+
 /// A typed active message: the value travels to the target, which runs [`Am::exec`] on it
 /// inside progress (as a handler does) and answers with its [`Am::Reply`].
 pub trait Am: Serialize + DeserializeOwned + 'static {
