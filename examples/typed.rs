@@ -27,7 +27,7 @@
 use std::time::Instant;
 
 use amnet::am_msg::{Messenger, MsgConfig};
-use amnet::typed::{Am, AmContext};
+use amnet::typed::{Am, AmContext, Shape};
 use amnet::{
     AnyTransport, Config, HandlerId, Handlers, JobOptions, Local, Node, Transport, TransportKind,
 };
@@ -76,11 +76,12 @@ const DONE: u64 = 2;
 const SUM: HandlerId = HandlerId(1);
 
 /// Four words to add up: 32 bytes, whose values need all their bytes.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
+#[derive(Serialize, Deserialize, Shape, Debug, Clone, Copy)]
 struct Sum([u64; 4]);
 
 impl Am for Sum {
     type Reply = u64;
+    const SHAPE: u64 = <Self as Shape>::SHAPE;
     fn exec(self, _: &mut AmContext) -> u64 {
         self.0.iter().fold(0u64, |a, &w| a.wrapping_add(w))
     }

@@ -35,6 +35,7 @@
 //! |---|---|
 //! | `amnet` (this crate) | the facade: re-exports, `run_job`, transports by name; the `amrun` and `amprobe` binaries, examples and benches |
 //! | [`am-core`](https://docs.rs/am-core) | the AM core: wire codec, handlers, tokens, credits, the sans-I/O `Endpoint` and its driver `Node`, the `Transport` trait, Loopback, FaultInjector, the conformance suite (its `conformance` feature) |
+//! | [`am-derive`](https://docs.rs/am-derive) | `#[derive(Shape)]`: the serde shape fingerprint of typed messages (re-exported as `typed::Shape`) |
 //! | [`am-bootstrap`](https://docs.rs/am-bootstrap) | the rank side of a job: rank, size, job id and the launcher's key-value store (amrun, PMI-1/PMI-2, PMIx), liveness |
 //! | [`am-launch`](https://docs.rs/am-launch) | the launcher: `amrun`'s code (local ranks, PMI-1 server, signals, clean-up) |
 //! | [`am-pmix`](https://docs.rs/am-pmix) | the PMIx client, with libpmix loaded at run time: the fenced `unsafe` of the libpmix boundary |

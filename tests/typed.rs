@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use amnet::typed::{Am, AmContext};
+use amnet::typed::{Am, AmContext, Shape};
 use amnet::{run_ranks, Config, Handlers, JobOptions, Node, Transport, TransportKind};
 use serde::{Deserialize, Serialize};
 use transport_udp::{Udp, UdpConfig};
@@ -18,7 +18,7 @@ use common::within;
 
 const PER_PROCESS: u32 = 2;
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, Shape, Debug, Clone, PartialEq)]
 enum Op {
     Insert { key: String, value: Vec<u8> },
     Remove(String),
@@ -26,11 +26,12 @@ enum Op {
 
 /// A batch of operations on a map: the target applies it to its shard and answers with
 /// the shard's size and the keys it held before.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, Shape, Debug, Clone, PartialEq)]
 struct Batch(Vec<Op>);
 
 impl Am for Batch {
     type Reply = (u64, Vec<String>);
+    const SHAPE: u64 = <Self as Shape>::SHAPE;
     /// Applied to an empty shard (the registration below gives each rank its own).
     fn exec(self, _: &mut AmContext) -> Self::Reply {
         apply(&mut BTreeMap::new(), self)

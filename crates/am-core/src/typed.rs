@@ -8,15 +8,16 @@
 //! its answer, [`crate::Node::post_typed`] sends one with no answer.
 //!
 //! ```
-//! use am_core::typed::{Am, AmContext};
+//! use am_core::typed::{Am, AmContext, Shape};
 //! use am_core::{Config, Handlers, Loopback, Node};
 //! use serde::{Deserialize, Serialize};
 //!
-//! #[derive(Serialize, Deserialize)]
+//! #[derive(Serialize, Deserialize, Shape)]
 //! struct Square(u64);
 //!
 //! impl Am for Square {
 //!     type Reply = u64;
+//!     const SHAPE: u64 = <Self as Shape>::SHAPE;
 //!     fn exec(self, _cx: &mut AmContext) -> u64 {
 //!         self.0 * self.0
 //!     }
@@ -31,6 +32,21 @@
 //!     node.barrier().unwrap();
 //! });
 //! ```
+//!
+//! # Which types agree
+//! Start-up compares the ids ([`type_id`]) of every rank's typed messages and refuses a job
+//! whose ranks differ, naming the type and the rank ([`crate::StartError::TypedMismatch`]).
+//! An id is the type's path and its [`Am::SHAPE`]: the path alone misses a type whose
+//! fields changed in one rank's build and not another's. `#[derive(Shape)]` computes a
+//! fingerprint of the type's serde shape at compile time: its kind and name, its fields'
+//! names and types in order, its variants' names and fields, and (recursively) the same of
+//! every type it holds, std's by their kind in serde's data model ([`shape`]). An `Am` takes
+//! it as its `SHAPE` in one line, shown above; a type without it is compared by path alone.
+//! The derive refuses serde attributes that change the wire in a way the fields do not show
+//! (`flatten`, `with`, `tag`, `untagged`, `into`, ...): such a type implements [`Shape`] by
+//! hand. `Am` does not require `Shape`, so that a message may hold a field type from a
+//! crate with no `Shape` impl (the derive's `#[shape(by_name)]` on the field, or no
+//! fingerprint).
 //!
 //! # Wire
 //! A typed message is an AM Medium to one of the handlers the table reserves at the first
@@ -67,16 +83,27 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::types::Rank;
 
+pub mod shape;
+/// `#[derive(Shape)]`: implements [`Shape`] for a struct or enum from its definition.
+pub use am_derive::Shape;
+pub use shape::Shape;
+
 /// A typed active message: the value travels to the target, which runs [`Am::exec`] on it
 /// inside progress (as a handler does) and answers with its [`Am::Reply`].
 pub trait Am: Serialize + DeserializeOwned + 'static {
     /// The answer's type (`()` for none).
     type Reply: Serialize + DeserializeOwned + 'static;
 
-    /// The shape of the type's serde form (its fields' names and types), part of its id:
-    /// two ranks whose types share a name but not a shape have different ids, and start-up
-    /// refuses the job. By hand, any string that changes when the layout does.
-    const SHAPE: &'static str = "";
+    /// The fingerprint of the type's serde shape (its fields' names and types), part of its
+    /// id: two ranks whose types share a name but not a shape have different ids, and
+    /// start-up refuses the job. 0, the default, is none: the id is the name alone, and a
+    /// changed layout under the same name goes unnoticed (its values fail to decode, or
+    /// decode as other values).
+    ///
+    /// With `#[derive(Shape)]` on the type, its [`Shape::SHAPE`]:
+    /// `const SHAPE: u64 = <Self as Shape>::SHAPE;` (the trait's name is needed: both
+    /// traits have a `SHAPE`). What the fingerprint covers: [`shape`].
+    const SHAPE: u64 = 0;
 
     /// Runs at the target, with the message's context.
     fn exec(self, cx: &mut AmContext) -> Self::Reply;
@@ -102,13 +129,10 @@ pub fn type_id<M: Am>() -> u64 {
     id_of(std::any::type_name::<M>(), M::SHAPE)
 }
 
-fn id_of(name: &str, shape: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in name.as_bytes().iter().chain(&[0]).chain(shape.as_bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// The name's bytes, then the fingerprint's 8: a fixed-length tail, so no two pairs share
+/// their bytes.
+fn id_of(name: &str, fingerprint: u64) -> u64 {
+    shape::fold(shape::fnv(shape::SEED, name.as_bytes()), fingerprint)
 }
 
 /// Why a typed message was refused or its answer not taken.
@@ -557,8 +581,8 @@ mod tests {
     /// Catches an id that ignores the shape (two layouts of one name would pass start-up).
     #[test]
     fn ids_depend_on_name_and_shape() {
-        assert_ne!(id_of("a::B", ""), id_of("a::B", "x:u8"));
-        assert_ne!(id_of("a::B", ""), id_of("a::C", ""));
-        assert_eq!(id_of("a::B", "s"), id_of("a::B", "s"));
+        assert_ne!(id_of("a::B", 0), id_of("a::B", 1));
+        assert_ne!(id_of("a::B", 0), id_of("a::C", 0));
+        assert_eq!(id_of("a::B", 7), id_of("a::B", 7));
     }
 }

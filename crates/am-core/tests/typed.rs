@@ -383,3 +383,85 @@ proptest! {
 fn refusal_says_what() {
     assert!(Refusal::UnknownType.to_string().contains("no such type"));
 }
+
+/// Types of one name (`std::any::type_name`) and different layouts: items of two blocks of
+/// one function share their path, as types of one path do in two builds of a program.
+mod same_name {
+    use super::*;
+    use am_core::typed::Shape;
+
+    /// Each rank's `Move`: rank 0's has a `u32` field, rank 1's a `u64` one; `derived`
+    /// says whether their `Am::SHAPE` is `#[derive(Shape)]`'s or the default (none).
+    fn register(rank: u32, h: &mut Handlers, derived: bool) -> &'static str {
+        macro_rules! moves {
+            ($ty:ty) => {{
+                #[derive(Serialize, Deserialize, Shape)]
+                struct Move {
+                    to: $ty,
+                }
+                impl Am for Move {
+                    type Reply = ();
+                    const SHAPE: u64 = <Self as Shape>::SHAPE;
+                    fn exec(self, _: &mut AmContext) {}
+                }
+                #[derive(Serialize, Deserialize)]
+                struct Plain(Move);
+                impl Am for Plain {
+                    type Reply = ();
+                    fn exec(self, _: &mut AmContext) {}
+                }
+                if derived {
+                    h.typed::<Move>().unwrap();
+                    std::any::type_name::<Move>()
+                } else {
+                    h.typed::<Plain>().unwrap();
+                    std::any::type_name::<Plain>()
+                }
+            }};
+        }
+        if rank == 0 {
+            moves!(u32)
+        } else {
+            moves!(u64)
+        }
+    }
+
+    /// Catches a fingerprint that misses a field's type, or an id that ignores
+    /// `Am::SHAPE`: ranks whose `Move` share a path but not a layout would start, and a
+    /// `Move` one sends would be read as the other's.
+    #[test]
+    fn ranks_whose_same_named_types_differ_in_shape_do_not_start() {
+        within(LIMIT, || {
+            let out = run_ranks(Loopback::cluster(2, Default::default()), |t| {
+                let mut h = Handlers::new();
+                let name = register(t.rank(), &mut h, true);
+                (name, Node::new(t, h, Config::default()).err())
+            });
+            assert_eq!(out[0].0, out[1].0, "the premise: one name");
+            for (rank, (_, e)) in out.into_iter().enumerate() {
+                match e {
+                    Some(StartError::TypedMismatch { rank: 1, name }) => {
+                        assert!(name.is_some_and(|n| n.ends_with("Move")), "{name:?}")
+                    }
+                    other => panic!("rank {rank}: {other:?}"),
+                }
+            }
+        });
+    }
+
+    /// The control: with no fingerprint (`Am::SHAPE` left 0) the same two ranks start, so
+    /// the test above fails by the fingerprint alone (not by a difference of names).
+    #[test]
+    fn without_a_fingerprint_the_name_alone_is_compared() {
+        within(LIMIT, || {
+            let out = run_ranks(Loopback::cluster(2, Default::default()), |t| {
+                let mut h = Handlers::new();
+                let name = register(t.rank(), &mut h, false);
+                let mut node = Node::new(t, h, Config::default()).expect("start");
+                node.barrier().unwrap();
+                name
+            });
+            assert_eq!(out[0], out[1]);
+        });
+    }
+}
