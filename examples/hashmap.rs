@@ -480,11 +480,13 @@ fn check(
 type Times = [f64; 3];
 
 /// One round of `mode`: the three timed phases, each checked against `model` after its
-/// closing barrier, and the untimed final get.
+/// closing barrier, and the untimed final get. `mine` is how many of the model's keys this
+/// rank owns.
 fn round(
     node: &mut N,
     shard: &Shard,
     model: &HashMap<u64, u64>,
+    mine: usize,
     mode: Mode,
     shape: Shape,
     args: &Args,
@@ -496,7 +498,6 @@ fn round(
     insert(node, mode, shape, ops)?;
     node.barrier()?;
     times[0] = t0.elapsed().as_secs_f64();
-    let mine = model.keys().filter(|&&k| owner(k, size) == me).count();
     let held = shard.borrow().len();
     anyhow::ensure!(
         held == mine,
@@ -574,6 +575,10 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         window: args.window,
     };
     let model = model(size, args.ops);
+    let mine = model
+        .keys()
+        .filter(|&&k| owner(k, size) == node.rank())
+        .count();
     let modes: &[Mode] = match (args.raw, args.typed) {
         (true, _) => &[Mode::Raw],
         (_, true) => &[Mode::Typed],
@@ -584,7 +589,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     // paid) and is not counted.
     for r in 0..=args.rounds {
         for (m, &mode) in modes.iter().enumerate() {
-            let t = round(&mut node, &shard, &model, mode, shape, args)?;
+            let t = round(&mut node, &shard, &model, mine, mode, shape, args)?;
             if r > 0 {
                 times[m].push(t);
             }
