@@ -53,6 +53,11 @@ impl<'a> Call<'a> {
         self.token.as_ref().map_or(0, Token::src)
     }
 
+    /// The call's number.
+    pub(crate) fn number(&self) -> u32 {
+        self.number
+    }
+
     /// Leaves the call unanswered here (the request's credit goes back as for any handler
     /// that does not reply): its answer will come as a request of the caller's
     /// ([`crate::typed`]'s answers too large for a reply). The caller and the call's number.

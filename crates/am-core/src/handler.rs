@@ -395,42 +395,105 @@ impl Handlers<Sendable> {
         f: impl FnMut(M, &mut crate::typed::AmContext) -> M::Reply + Send + 'static,
     ) -> Result<(), RegisterError> {
         let id = self.note_typed::<M>()?;
-        if self.typed_site.is_none() {
-            let table = <Sendable as Threading>::TypedTable::default();
-            let transit = Arc::<crate::typed::Transit>::default();
-            let (t1, t2, x1, x2) = (
-                table.clone(),
-                table.clone(),
-                transit.clone(),
-                transit.clone(),
-            );
-            let site = self.call_site()?;
-            let (mut out, mut scratch) = (Vec::new(), Vec::new());
-            let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
-                let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
-                answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
-                    t.get_mut(&id).map(|f| f(b, cx, o))
-                });
-            }));
-            let post: Box<SendRequestFn> = Box::new(move |msg: Msg<'_>, _token| {
-                let mut t = t2.lock().unwrap_or_else(|p| p.into_inner());
-                crate::typed::dispatch(&msg, &x2, &mut scratch, |id, b, cx, o| {
-                    t.get_mut(&id).map(|f| f(b, cx, o))
-                });
-            });
-            let part: Box<SendRequestFn> = Box::new(part_handler(transit.clone()));
-            let answer: Box<SendRequestFn> =
-                Box::new(answer_handler(site.calls.clone(), transit.clone()));
-            self.reserve_typed(table, transit, [call, post, part, answer])?;
-        }
+        self.open_typed()?;
+        self.insert_typed(id, Box::new(crate::typed::runner::<M>(f)));
+        Ok(())
+    }
+
+    /// Registers the typed message `M` with `f` as its code, which answers later: it gets
+    /// the call's [`Answer`](crate::typed::Answer) and gives it, with the value, to
+    /// [`crate::Node::answer_typed`] when it has one, from any thread or task (a handler
+    /// cannot wait: it runs inside progress).
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use am_core::typed::{Am, AmContext, Answer};
+    /// use am_core::{Config, Handlers, Loopback, Node};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Square(u64);
+    ///
+    /// impl Am for Square {
+    ///     type Reply = u64;
+    ///     fn exec(self, _cx: &mut AmContext) -> u64 {
+    ///         self.0 * self.0
+    ///     }
+    /// }
+    ///
+    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+    ///     let (tx, rx) = mpsc::channel::<(Square, Answer<u64>)>();
+    ///     let mut handlers = Handlers::new();
+    ///     handlers.typed_deferred::<Square>(move |m, _cx, answer| {
+    ///         tx.send((m, answer)).unwrap();
+    ///     }).unwrap();
+    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
+    ///     if node.rank() == 0 {
+    ///         assert_eq!(node.call_typed(1, Square(12)).unwrap(), 144);
+    ///     } else {
+    ///         // The work comes out of the handler; the answer leaves from here.
+    ///         let (m, answer) = loop {
+    ///             node.poll().unwrap();
+    ///             if let Ok(work) = rx.try_recv() {
+    ///                 break work;
+    ///             }
+    ///         };
+    ///         node.answer_typed(answer, m.0 * m.0).unwrap();
+    ///     }
+    ///     node.barrier().unwrap();
+    /// });
+    /// ```
+    pub fn typed_deferred<M: crate::typed::Am>(
+        &mut self,
+        f: impl FnMut(M, &mut crate::typed::AmContext, crate::typed::Answer<M::Reply>) + Send + 'static,
+    ) -> Result<(), RegisterError> {
+        let id = self.note_typed::<M>()?;
+        let transit = self.open_typed()?;
+        self.insert_typed(id, Box::new(crate::typed::deferred_runner::<M>(transit, f)));
+        Ok(())
+    }
+
+    /// Reserves the typed handlers at the first typed registration; the shared state.
+    fn open_typed(&mut self) -> Result<Arc<crate::typed::Transit>, RegisterError> {
         if let Some(site) = &self.typed_site {
-            let run: Box<crate::typed::SendTypedFn> = Box::new(crate::typed::runner::<M>(f));
+            return Ok(site.transit.clone());
+        }
+        let table = <Sendable as Threading>::TypedTable::default();
+        let transit = Arc::<crate::typed::Transit>::default();
+        let (t1, t2, x1, x2) = (
+            table.clone(),
+            table.clone(),
+            transit.clone(),
+            transit.clone(),
+        );
+        let site = self.call_site()?;
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
+            let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
+            answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
+                t.get_mut(&id).map(|f| f(b, cx, o))
+            });
+        }));
+        let post: Box<SendRequestFn> = Box::new(move |msg: Msg<'_>, _token| {
+            let mut t = t2.lock().unwrap_or_else(|p| p.into_inner());
+            crate::typed::dispatch(&msg, None, &x2, &mut scratch, |id, b, cx, o| {
+                t.get_mut(&id).map(|f| f(b, cx, o))
+            });
+        });
+        let part: Box<SendRequestFn> = Box::new(part_handler(transit.clone()));
+        let answer: Box<SendRequestFn> =
+            Box::new(answer_handler(site.calls.clone(), transit.clone()));
+        self.reserve_typed(table, transit.clone(), [call, post, part, answer])?;
+        Ok(transit)
+    }
+
+    fn insert_typed(&mut self, id: u64, run: Box<crate::typed::SendTypedFn>) {
+        if let Some(site) = &self.typed_site {
             site.table
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, run);
         }
-        Ok(())
     }
 }
 
@@ -447,39 +510,60 @@ impl Handlers<Local> {
         f: impl FnMut(M, &mut crate::typed::AmContext) -> M::Reply + 'static,
     ) -> Result<(), RegisterError> {
         let id = self.note_typed::<M>()?;
-        if self.typed_site.is_none() {
-            let table = <Local as Threading>::TypedTable::default();
-            let transit = Arc::<crate::typed::Transit>::default();
-            let (t1, t2, x1, x2) = (
-                table.clone(),
-                table.clone(),
-                transit.clone(),
-                transit.clone(),
-            );
-            let site = self.call_site()?;
-            let (mut out, mut scratch) = (Vec::new(), Vec::new());
-            let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
-                let mut t = t1.borrow_mut();
-                answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
-                    t.get_mut(&id).map(|f| f(b, cx, o))
-                });
-            }));
-            let post: Box<RequestFn> = Box::new(move |msg: Msg<'_>, _token| {
-                let mut t = t2.borrow_mut();
-                crate::typed::dispatch(&msg, &x2, &mut scratch, |id, b, cx, o| {
-                    t.get_mut(&id).map(|f| f(b, cx, o))
-                });
-            });
-            let part: Box<RequestFn> = Box::new(part_handler(transit.clone()));
-            let answer: Box<RequestFn> =
-                Box::new(answer_handler(site.calls.clone(), transit.clone()));
-            self.reserve_typed(table, transit, [call, post, part, answer])?;
-        }
+        self.open_typed()?;
+        self.insert_typed(id, Box::new(crate::typed::runner::<M>(f)));
+        Ok(())
+    }
+
+    /// Registers the typed message `M` with `f` as its code, which answers later, as
+    /// [`Handlers::typed_deferred`] for `Send` tables.
+    pub fn typed_deferred<M: crate::typed::Am>(
+        &mut self,
+        f: impl FnMut(M, &mut crate::typed::AmContext, crate::typed::Answer<M::Reply>) + 'static,
+    ) -> Result<(), RegisterError> {
+        let id = self.note_typed::<M>()?;
+        let transit = self.open_typed()?;
+        self.insert_typed(id, Box::new(crate::typed::deferred_runner::<M>(transit, f)));
+        Ok(())
+    }
+
+    /// Reserves the typed handlers at the first typed registration; the shared state.
+    fn open_typed(&mut self) -> Result<Arc<crate::typed::Transit>, RegisterError> {
         if let Some(site) = &self.typed_site {
-            let run: Box<crate::typed::TypedFn> = Box::new(crate::typed::runner::<M>(f));
+            return Ok(site.transit.clone());
+        }
+        let table = <Local as Threading>::TypedTable::default();
+        let transit = Arc::<crate::typed::Transit>::default();
+        let (t1, t2, x1, x2) = (
+            table.clone(),
+            table.clone(),
+            transit.clone(),
+            transit.clone(),
+        );
+        let site = self.call_site()?;
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
+            let mut t = t1.borrow_mut();
+            answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
+                t.get_mut(&id).map(|f| f(b, cx, o))
+            });
+        }));
+        let post: Box<RequestFn> = Box::new(move |msg: Msg<'_>, _token| {
+            let mut t = t2.borrow_mut();
+            crate::typed::dispatch(&msg, None, &x2, &mut scratch, |id, b, cx, o| {
+                t.get_mut(&id).map(|f| f(b, cx, o))
+            });
+        });
+        let part: Box<RequestFn> = Box::new(part_handler(transit.clone()));
+        let answer: Box<RequestFn> = Box::new(answer_handler(site.calls.clone(), transit.clone()));
+        self.reserve_typed(table, transit.clone(), [call, post, part, answer])?;
+        Ok(transit)
+    }
+
+    fn insert_typed(&mut self, id: u64, run: Box<crate::typed::TypedFn>) {
+        if let Some(site) = &self.typed_site {
             site.table.borrow_mut().insert(id, run);
         }
-        Ok(())
     }
 }
 
@@ -496,9 +580,13 @@ fn answer_typed(
         &[u8],
         &mut crate::typed::AmContext,
         &mut Vec<u8>,
-    ) -> Option<Result<(), crate::typed::Refusal>>,
+    ) -> Option<Result<bool, crate::typed::Refusal>>,
 ) {
-    let status = crate::typed::dispatch(msg, transit, out, run);
+    let status = crate::typed::dispatch(msg, Some(call.number()), transit, out, run);
+    if status == crate::typed::DEFERRED {
+        let _ = call.defer();
+        return;
+    }
     if status == crate::typed::ANSWER_OK && out.len() > transit.max_medium() {
         let (dest, number) = call.defer();
         transit.queue(dest, number, status, std::mem::take(out));
@@ -522,15 +610,25 @@ fn part_handler(
     }
 }
 
-/// The typed answer handler: an answer too large for a reply came as a request (its
-/// arguments the call's number, the status and the parts' stream); completes the call.
+/// The typed answer handler: an answer came as a request (too large for a reply, or given
+/// later: [`crate::typed::Answer`]), its arguments the call's number, the status and, if
+/// parts went ahead, their stream; completes the call.
 fn answer_handler(
     calls: Arc<Calls>,
     transit: Arc<crate::typed::Transit>,
 ) -> impl FnMut(Msg<'_>, Token<'_>) + Send + 'static {
     move |msg, _token| {
-        if let [number, status, stream] = *msg.args() {
-            let reply = match transit.take_parts(msg.src(), stream, msg.payload()) {
+        let (number, status, parts) = match *msg.args() {
+            [number, status] => (number, status, None),
+            [number, status, stream] => (number, status, Some(stream)),
+            _ => return,
+        };
+        {
+            let whole = match parts {
+                None => Ok(msg.payload().to_vec()),
+                Some(stream) => transit.take_parts(msg.src(), stream, msg.payload()),
+            };
+            let reply = match whole {
                 Ok(payload) => crate::Reply {
                     args: vec![status],
                     payload,

@@ -48,6 +48,13 @@
 //! crate with no `Shape` impl (the derive's `#[shape(by_name)]` on the field, or no
 //! fingerprint).
 //!
+//! # Answering later
+//! Code that cannot answer at once (it waits for a lock, a disk, another rank's answer)
+//! registers with [`crate::Handlers::typed_deferred`]: it gets the call's [`Answer`] beside
+//! the message, hands both out of the handler (a channel, a queue its runtime reads), and
+//! whoever computes the answer gives it to [`crate::Node::answer_typed`] (blocking, `_nb`
+//! or async, on any driver). The handler itself never waits: it runs inside progress.
+//!
 //! # Wire
 //! A typed message is an AM Medium to one of the handlers the table reserves at the first
 //! typed registration (a call's, answered, and a post's), whose arguments carry the type's
@@ -116,6 +123,8 @@ pub trait Am: Serialize + DeserializeOwned + 'static {
 #[non_exhaustive]
 pub struct AmContext {
     pub(crate) src: Rank,
+    /// The call's number, for a call (`None` for a post).
+    pub(crate) number: Option<u32>,
 }
 
 impl AmContext {
@@ -150,6 +159,8 @@ pub enum Refusal {
     /// The message or its answer was larger than [`MAX_LEN`], or the target already held
     /// that much of this rank's values arriving in parts.
     TooLarge,
+    /// The target's code took the call's [`Answer`] and dropped it unsent.
+    Abandoned,
 }
 
 impl std::fmt::Display for Refusal {
@@ -159,7 +170,58 @@ impl std::fmt::Display for Refusal {
             Refusal::Undecodable => "the target could not decode the message",
             Refusal::BadAnswer => "the answer did not decode as the reply type",
             Refusal::TooLarge => "the message or its answer was too large",
+            Refusal::Abandoned => "the target dropped its answer unsent",
         })
+    }
+}
+
+/// The right to answer one typed call later, from anywhere: a type registered with
+/// [`crate::Handlers::typed_deferred`] gets one in place of returning its answer, and the
+/// answer leaves when it is given to [`crate::Node::answer_typed`] (on any driver: a
+/// thread that received it over a channel, a task that awaited something first), as
+/// GASNet-EX's deferred replies and Lamellar's `async fn exec` do.
+///
+/// An `Answer` dropped unsent answers the call with [`Refusal::Abandoned`] (from the node's
+/// next poll), so the caller never waits for ever. One made for a post
+/// ([`crate::Node::post_typed`]) goes nowhere: giving it an answer does nothing.
+#[must_use = "an Answer dropped unsent answers the caller with Refusal::Abandoned"]
+pub struct Answer<R> {
+    /// The caller.
+    pub(crate) dest: Rank,
+    /// The call's number.
+    pub(crate) number: u32,
+    /// Where an abandoned answer is queued; `None` once given to `answer_typed`, or for a
+    /// post.
+    pub(crate) transit: Option<std::sync::Arc<Transit>>,
+    _r: PhantomData<fn(R)>,
+}
+
+impl<R> Answer<R> {
+    /// The rank waiting for this answer (the message's sender).
+    pub fn src(&self) -> Rank {
+        self.dest
+    }
+
+    /// Whether answering goes anywhere: false for a post's.
+    pub fn is_call(&self) -> bool {
+        self.transit.is_some()
+    }
+}
+
+impl<R> std::fmt::Debug for Answer<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer")
+            .field("src", &self.dest)
+            .field("call", &self.is_call())
+            .finish()
+    }
+}
+
+impl<R> Drop for Answer<R> {
+    fn drop(&mut self) {
+        if let Some(transit) = self.transit.take() {
+            transit.queue(self.dest, self.number, ANSWER_ABANDONED, Vec::new());
+        }
     }
 }
 
@@ -169,6 +231,9 @@ pub(crate) const ANSWER_UNKNOWN: u32 = 1;
 pub(crate) const ANSWER_UNDECODABLE: u32 = 2;
 pub(crate) const ANSWER_BAD: u32 = 3;
 pub(crate) const ANSWER_TOO_LARGE: u32 = 4;
+pub(crate) const ANSWER_ABANDONED: u32 = 5;
+/// Not on the wire: the code took an [`Answer`] and will answer later.
+pub(crate) const DEFERRED: u32 = u32::MAX;
 
 /// The largest typed value or answer, encoded: 1 GiB. It also bounds the bytes a target
 /// holds for one peer's values still arriving in parts.
@@ -242,22 +307,44 @@ impl<R> std::fmt::Debug for Typed<R> {
     }
 }
 
-/// The code of a typed entry, `Send` ones.
-pub type SendTypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal> + Send;
+/// The code of a typed entry, `Send` ones: decodes, runs, and says whether the answer is
+/// in the buffer (`false`: the code took an [`Answer`]).
+pub type SendTypedFn =
+    dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal> + Send;
 /// The code of a typed entry.
-pub type TypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal>;
+pub type TypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal>;
 
 /// `M`'s entry: decodes the payload as an `M`, runs `f`, encodes its answer into `out`
 /// (the dispatcher's buffer, kept from one message to the next so that answering allocates
 /// nothing once it has grown).
 pub(crate) fn runner<M: Am>(
     mut f: impl FnMut(M, &mut AmContext) -> M::Reply,
-) -> impl FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<(), Refusal> {
+) -> impl FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal> {
     move |bytes, cx, out| {
         let msg: M = decode(bytes).ok_or(Refusal::Undecodable)?;
         let answer = f(msg, cx);
         out.clear();
-        encode_into(&answer, out).map_err(|_| Refusal::BadAnswer)
+        encode_into(&answer, out).map_err(|_| Refusal::BadAnswer)?;
+        Ok(true)
+    }
+}
+
+/// `M`'s entry when its code answers later ([`crate::Handlers::typed_deferred`]): decodes
+/// the payload as an `M` and hands `f` the message and its [`Answer`].
+pub(crate) fn deferred_runner<M: Am>(
+    transit: std::sync::Arc<Transit>,
+    mut f: impl FnMut(M, &mut AmContext, Answer<M::Reply>),
+) -> impl FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal> {
+    move |bytes, cx, _out| {
+        let msg: M = decode(bytes).ok_or(Refusal::Undecodable)?;
+        let answer = Answer {
+            dest: cx.src,
+            number: cx.number.unwrap_or(0),
+            transit: cx.number.map(|_| transit.clone()),
+            _r: PhantomData,
+        };
+        f(msg, cx, answer);
+        Ok(false)
     }
 }
 
@@ -276,15 +363,19 @@ pub(crate) fn id_words(id: u64) -> [u32; 2] {
 
 /// Runs a typed message that arrived: `run` finds its entry and runs it (`None`: no such
 /// type). Its arguments are the type id's two words, then, for a value that came in parts,
-/// the parts' stream, whose bytes `transit` holds and the message's payload ends. The
-/// answer's status (its bytes in `out`).
+/// the parts' stream, whose bytes `transit` holds and the message's payload ends. `number`
+/// is a call's. The answer's status (its bytes in `out`), or [`DEFERRED`].
 pub(crate) fn dispatch(
     msg: &crate::Msg<'_>,
+    number: Option<u32>,
     transit: &Transit,
     out: &mut Vec<u8>,
-    run: impl FnOnce(u64, &[u8], &mut AmContext, &mut Vec<u8>) -> Option<Result<(), Refusal>>,
+    run: impl FnOnce(u64, &[u8], &mut AmContext, &mut Vec<u8>) -> Option<Result<bool, Refusal>>,
 ) -> u32 {
-    let mut cx = AmContext { src: msg.src() };
+    let mut cx = AmContext {
+        src: msg.src(),
+        number,
+    };
     let (id, whole) = match msg.args() {
         [lo, hi] => (id_from(&[*lo, *hi]), None),
         [lo, hi, stream] => (
@@ -303,8 +394,9 @@ pub(crate) fn dispatch(
     };
     match ran {
         None => ANSWER_UNKNOWN,
-        Some(Ok(())) if out.len() > MAX_LEN => ANSWER_TOO_LARGE,
-        Some(Ok(())) => ANSWER_OK,
+        Some(Ok(false)) => DEFERRED,
+        Some(Ok(true)) if out.len() > MAX_LEN => ANSWER_TOO_LARGE,
+        Some(Ok(true)) => ANSWER_OK,
         Some(Err(Refusal::Undecodable)) => ANSWER_UNDECODABLE,
         Some(Err(Refusal::TooLarge)) => ANSWER_TOO_LARGE,
         Some(Err(_)) => ANSWER_BAD,
@@ -317,6 +409,7 @@ pub(crate) fn status_of(refusal: Refusal) -> u32 {
         Refusal::UnknownType => ANSWER_UNKNOWN,
         Refusal::Undecodable => ANSWER_UNDECODABLE,
         Refusal::TooLarge => ANSWER_TOO_LARGE,
+        Refusal::Abandoned => ANSWER_ABANDONED,
         Refusal::BadAnswer => ANSWER_BAD,
     }
 }
@@ -328,6 +421,7 @@ pub(crate) fn refusal_of(status: u32) -> Option<Refusal> {
         ANSWER_UNKNOWN => Some(Refusal::UnknownType),
         ANSWER_UNDECODABLE => Some(Refusal::Undecodable),
         ANSWER_TOO_LARGE => Some(Refusal::TooLarge),
+        ANSWER_ABANDONED => Some(Refusal::Abandoned),
         _ => Some(Refusal::BadAnswer),
     }
 }
@@ -484,7 +578,8 @@ impl Transit {
         Ok(bytes)
     }
 
-    /// Queues an answer too large for a reply.
+    /// Queues an answer that leaves as requests: one too large for a reply, or an
+    /// abandoned [`Answer`]'s status.
     pub(crate) fn queue(&self, dest: Rank, number: u32, status: u32, bytes: Vec<u8>) {
         let stream = self.next_stream();
         self.lock().answers.push_back(Outgoing {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::future::block_on;
-use am_core::typed::{Am, AmContext, Refusal};
+use am_core::typed::{Am, AmContext, Answer, Refusal};
 use am_core::{
     run_ranks, AmError, AsyncNode, Config, Handlers, Loopback, LoopbackConfig, Node, SharedNode,
     StartError, Transport,
@@ -341,6 +341,115 @@ fn values_larger_than_a_medium_go_in_parts() {
             node.barrier().unwrap();
             assert_eq!(total.load(Ordering::Relaxed), 15_000);
             node.barrier().unwrap();
+        });
+    });
+}
+
+/// Answered later: the code hands the message and its answer out of the handler.
+#[derive(Serialize, Deserialize, Debug)]
+struct Later(u64);
+
+impl Am for Later {
+    type Reply = Vec<u64>;
+    fn exec(self, _: &mut AmContext) -> Vec<u64> {
+        (0..self.0).collect()
+    }
+}
+
+/// A table whose `Later` messages go out of their handler over a channel, with their
+/// answers.
+fn deferring(tx: std::sync::mpsc::Sender<(Later, Answer<Vec<u64>>)>) -> Handlers {
+    let mut h = handlers(Arc::default());
+    h.typed_deferred::<Later>(move |m, cx, answer| {
+        assert_eq!(answer.src(), cx.src());
+        tx.send((m, answer)).expect("the rank's queue");
+    })
+    .unwrap();
+    h
+}
+
+/// Catches a deferred answer that never reaches its caller (or reaches another call), one
+/// too large for a Medium that is lost, an answer dropped unsent that leaves its caller
+/// waiting for ever (it must fail with `Abandoned`), and a post of a deferred type whose
+/// answer goes somewhere; on the blocking driver, answered from the rank's own loop.
+#[test]
+fn deferred_answers_on_the_blocking_driver() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, small_mediums()), |t| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut node = Node::new(t, deferring(tx), Config::default()).unwrap();
+            let me = node.rank();
+            if me == 0 {
+                // 3 words fit one Medium; 100 do not (the small transport's is 200 bytes).
+                let small = node.call_typed_nb(1, Later(3)).unwrap();
+                let large = node.call_typed_nb(1, Later(100)).unwrap();
+                let dropped = node.call_typed_nb(1, Later(0)).unwrap();
+                assert_eq!(node.wait(small).unwrap(), vec![0, 1, 2]);
+                assert_eq!(node.wait(large).unwrap(), (0..100).collect::<Vec<_>>());
+                match node.wait(dropped) {
+                    Err(AmError::TypedRefused {
+                        peer: 1,
+                        reason: Refusal::Abandoned,
+                    }) => {}
+                    other => panic!("an abandoned answer: {other:?}"),
+                }
+                node.post_typed(1, Later(5)).unwrap();
+            } else {
+                let mut served = 0;
+                while served < 4 {
+                    node.poll().unwrap();
+                    while let Ok((m, answer)) = rx.try_recv() {
+                        served += 1;
+                        match m.0 {
+                            0 => drop(answer),
+                            5 => {
+                                assert!(!answer.is_call(), "a post's answer");
+                                node.answer_typed(answer, vec![]).unwrap();
+                            }
+                            n => node.answer_typed(answer, (0..n).collect()).unwrap(),
+                        }
+                    }
+                }
+            }
+            node.barrier().unwrap();
+        });
+    });
+}
+
+/// Catches a deferred answer that the async driver never sends (a task that answers after
+/// awaiting something else), and an answer given on another driver than the call's.
+#[test]
+fn deferred_answers_from_a_task() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, small_mediums()), |t| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let node = AsyncNode::new(Node::new(t, deferring(tx), Config::default()).unwrap());
+            let me = node.rank();
+            block_on(&node, async {
+                if me == 0 {
+                    let calls: Vec<_> =
+                        (1..=4).map(|n| node.call_typed(1, Later(n * 30))).collect();
+                    for (n, c) in (1..=4u64).zip(calls) {
+                        assert_eq!(c.await.unwrap(), (0..n * 30).collect::<Vec<_>>());
+                    }
+                } else {
+                    let mut served = 0;
+                    while served < 4 {
+                        match rx.try_recv() {
+                            Ok((m, answer)) => {
+                                served += 1;
+                                node.answer_typed(answer, (0..m.0).collect()).await.unwrap();
+                            }
+                            // Run the handlers here: nothing of this task's is in
+                            // flight for the driver to progress.
+                            Err(_) => {
+                                node.progress().unwrap();
+                            }
+                        }
+                    }
+                }
+                node.barrier().await.unwrap();
+            });
         });
     });
 }

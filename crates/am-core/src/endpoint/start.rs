@@ -718,58 +718,83 @@ impl<'a> Call<'a> {
     }
 }
 
-/// A typed value on its way to `dest` ([`crate::typed`]), the part [`TypedCall`] and
-/// [`PostTyped`] share: encoded when made; a value larger than the transport's largest
-/// Medium leaves as parts ahead of the message that carries its last piece
-/// ([`crate::typed::Transit`]).
-struct Outbound<M> {
+/// A typed value on its way to `dest` ([`crate::typed`]), the part [`TypedCall`],
+/// [`PostTyped`] and [`AnswerTyped`] share: encoded when made; a value larger than the
+/// transport's largest Medium leaves as parts ahead of the message that carries its last
+/// piece ([`crate::typed::Transit`]).
+struct Outbound {
     dest: Rank,
+    /// The value's type, for diagnostics.
+    name: &'static str,
     /// The value's bytes, or why it could not be encoded.
     bytes: Result<Vec<u8>, AmError>,
-    /// Once started: the handlers, the message's words (the id's, then the parts' stream
-    /// if any; a call's number first) and how many there are.
+    /// Once started: the message's handler, the part handler, the message's words (the
+    /// caller's, then the parts' stream if any) and how many there are.
     site: Option<(HandlerId, HandlerId, [u32; 4], usize)>,
     /// Bytes sent ahead as parts.
     sent: usize,
-    _m: std::marker::PhantomData<fn(M)>,
 }
 
-impl<M: crate::typed::Am> std::fmt::Debug for Outbound<M> {
+impl std::fmt::Debug for Outbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Typed")
             .field("dest", &self.dest)
-            .field("type", &std::any::type_name::<M>())
+            .field("type", &self.name)
             .field("len", &self.bytes.as_ref().map(Vec::len))
             .finish()
     }
 }
 
-impl<M: crate::typed::Am> Outbound<M> {
-    fn new(dest: Rank, msg: &M) -> Self {
+type TypedHandlers<'a> = (
+    HandlerId,
+    HandlerId,
+    HandlerId,
+    HandlerId,
+    &'a crate::typed::Transit,
+);
+
+/// The typed handlers of `ep`'s table (call, post, part, answer) and its shared state.
+fn typed_handlers<'a, H: Threading>(
+    ep: &'a Endpoint<H>,
+    name: &'static str,
+) -> Result<TypedHandlers<'a>, AmError> {
+    match &ep.handlers.typed_site {
+        Some(s) => Ok((s.call, s.post, s.part, s.answer, &s.transit)),
+        None => Err(AmError::TypedNotRegistered(name)),
+    }
+}
+
+/// The id words of `M`, if this rank registers it.
+fn typed_id<M: crate::typed::Am, H: Threading>(ep: &Endpoint<H>) -> Result<[u32; 2], AmError> {
+    let id = crate::typed::type_id::<M>();
+    if ep.handlers.typed.contains_key(&id) {
+        Ok(crate::typed::id_words(id))
+    } else {
+        Err(AmError::TypedNotRegistered(std::any::type_name::<M>()))
+    }
+}
+
+impl Outbound {
+    fn new<T: serde::Serialize>(dest: Rank, value: &T) -> Self {
         Outbound {
             dest,
-            bytes: crate::typed::encoded(msg),
+            name: std::any::type_name::<T>(),
+            bytes: crate::typed::encoded(value),
             site: None,
             sent: 0,
-            _m: std::marker::PhantomData,
         }
     }
 
-    /// Checks the value against this rank's table and bounds, and fixes its words: `lead`
-    /// words first (a call's number), then the id's, then a stream if it goes in parts.
-    /// `which` picks the message's handler from the call's and the post's. The length of
-    /// the last piece, which the message carries.
+    /// Checks the value against the bounds and fixes its message: `handler` with `words`,
+    /// then the parts' stream if it goes in parts. The length of the last piece, which the
+    /// message carries.
     fn prepare<H: Threading>(
         &mut self,
         ep: &Endpoint<H>,
-        lead: usize,
-        which: impl FnOnce(HandlerId, HandlerId) -> HandlerId,
+        handler: HandlerId,
+        words: &[u32],
     ) -> Result<usize, AmError> {
-        let id = crate::typed::type_id::<M>();
-        let site = match &ep.handlers.typed_site {
-            Some(site) if ep.handlers.typed.contains_key(&id) => site,
-            _ => return Err(AmError::TypedNotRegistered(std::any::type_name::<M>())),
-        };
+        let (_, _, part, _, transit) = typed_handlers(ep, self.name)?;
         let len = self.bytes.as_ref().map_err(Clone::clone)?.len();
         if len > crate::typed::MAX_LEN {
             return Err(AmError::TypedTooLarge {
@@ -778,20 +803,18 @@ impl<M: crate::typed::Am> Outbound<M> {
             });
         }
         let max = ep.limits.max_medium;
-        let mut words = [0; 4];
-        let [lo, hi] = crate::typed::id_words(id);
-        words[lead] = lo;
-        words[lead + 1] = hi;
-        let mut n = lead + 2;
+        let mut all = [0; 4];
+        all[..words.len()].copy_from_slice(words);
+        let mut n = words.len();
         let last = if len <= max {
             len
         } else {
-            ep.check_request(self.dest, AmKind::Medium, site.part, &[0], max, None)?;
-            words[n] = site.transit.next_stream();
+            ep.check_request(self.dest, AmKind::Medium, part, &[0], max, None)?;
+            all[n] = transit.next_stream();
             n += 1;
             (len - 1) % max + 1
         };
-        self.site = Some((which(site.call, site.post), site.part, words, n));
+        self.site = Some((handler, part, all, n));
         Ok(last)
     }
 
@@ -829,13 +852,18 @@ type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
 /// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
 /// a value larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing
 /// is sent.
-#[derive(Debug)]
-pub struct TypedCall<M: crate::typed::Am>(Outbound<M>);
+pub struct TypedCall<M: crate::typed::Am>(Outbound, std::marker::PhantomData<fn(M)>);
+
+impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TypedCall").field(&self.0).finish()
+    }
+}
 
 impl<M: crate::typed::Am> TypedCall<M> {
     /// A call of `msg` on `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        TypedCall(Outbound::new(dest, &msg))
+        TypedCall(Outbound::new(dest, &msg), std::marker::PhantomData)
     }
 }
 
@@ -847,7 +875,10 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
         _t: &mut T,
     ) -> Poll<Result<Op<Self::Output>, AmError>> {
         let out = &mut self.0;
-        let last = out.prepare(ep, 1, |call, _| call)?;
+        let (call, ..) = typed_handlers(ep, out.name)?;
+        let [lo, hi] = typed_id::<M, H>(ep)?;
+        // The call's number goes first: `call_start` fills it in.
+        let last = out.prepare(ep, call, &[0, lo, hi])?;
         let Some((call, _, words, n)) = out.site.as_mut() else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
@@ -871,14 +902,45 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
 /// A typed message with no answer ([`crate::typed`]): `msg` encoded when it is made, sent to
 /// `dest` as a request of the table's reserved typed-post handler; locally complete once
 /// sent. Checked as [`TypedCall`].
-#[derive(Debug)]
-pub struct PostTyped<M: crate::typed::Am>(Outbound<M>);
+pub struct PostTyped<M: crate::typed::Am>(Outbound, std::marker::PhantomData<fn(M)>);
+
+impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PostTyped").field(&self.0).finish()
+    }
+}
 
 impl<M: crate::typed::Am> PostTyped<M> {
     /// A post of `msg` to `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        PostTyped(Outbound::new(dest, &msg))
+        PostTyped(Outbound::new(dest, &msg), std::marker::PhantomData)
     }
+}
+
+/// Starts a typed message sent as a request (a post, an answer): checks it, fixes its
+/// words. Locally complete once sent.
+fn start_request<H: Threading>(
+    out: &mut Outbound,
+    ep: &Endpoint<H>,
+    handler: HandlerId,
+    words: &[u32],
+) -> Result<Op<()>, AmError> {
+    let last = out.prepare(ep, handler, words)?;
+    if let Some((h, _, words, n)) = &out.site {
+        ep.check_request(out.dest, AmKind::Medium, *h, &words[..*n], last, None)?;
+    }
+    Ok(Op::ready(crate::op::Raw::Unit))
+}
+
+/// A step of sending a typed message started by [`start_request`].
+fn send_request<H: Threading, T: Transport + ?Sized>(
+    out: &mut Outbound,
+    ep: &mut Endpoint<H>,
+    t: &mut T,
+) -> Poll<Result<(), AmError>> {
+    let dest = out.dest;
+    let (handler, words, last) = ready!(out.send_parts(ep, t))?;
+    ep.request_step(t, dest, AmKind::Medium, handler, words, last, None)
 }
 
 impl<M: crate::typed::Am> Start for PostTyped<M> {
@@ -888,12 +950,9 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
         ep: &mut Endpoint<H>,
         _t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
-        let out = &mut self.0;
-        let last = out.prepare(ep, 0, |_, post| post)?;
-        if let Some((post, _, words, n)) = &out.site {
-            ep.check_request(out.dest, AmKind::Medium, *post, &words[..*n], last, None)?;
-        }
-        Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)))
+        let (_, post, ..) = typed_handlers(ep, self.0.name)?;
+        let id = typed_id::<M, H>(ep)?;
+        Poll::Ready(start_request(&mut self.0, ep, post, &id))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
         &mut self,
@@ -901,9 +960,60 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
         t: &mut T,
         _op: &mut Op<()>,
     ) -> Poll<Result<(), AmError>> {
-        let dest = self.0.dest;
-        let (handler, words, last) = ready!(self.0.send_parts(ep, t))?;
-        ep.request_step(t, dest, AmKind::Medium, handler, words, last, None)
+        send_request(&mut self.0, ep, t)
+    }
+}
+
+/// A typed call's answer given later ([`crate::typed::Answer`],
+/// [`crate::Handlers::typed_deferred`]): `value` encoded when it is made, sent to the
+/// caller as a request of the table's reserved typed-answer handler; locally complete once
+/// sent. An answer made for a post goes nowhere and completes at once.
+pub struct AnswerTyped<R> {
+    answer: crate::typed::Answer<R>,
+    out: Outbound,
+}
+
+impl<R> std::fmt::Debug for AnswerTyped<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnswerTyped").field(&self.out).finish()
+    }
+}
+
+impl<R: serde::Serialize> AnswerTyped<R> {
+    /// `answer` given `value`.
+    pub fn new(answer: crate::typed::Answer<R>, value: R) -> Self {
+        let out = Outbound::new(answer.dest, &value);
+        AnswerTyped { answer, out }
+    }
+}
+
+impl<R> Start for AnswerTyped<R> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        _t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if !self.answer.is_call() {
+            return Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)));
+        }
+        let (.., answer, _) = typed_handlers(ep, self.out.name)?;
+        let words = [self.answer.number, crate::typed::ANSWER_OK];
+        let op = start_request(&mut self.out, ep, answer, &words)?;
+        // It leaves now: dropping the answer no longer abandons the call.
+        self.answer.transit = None;
+        Poll::Ready(Ok(op))
+    }
+    fn send<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+        _op: &mut Op<()>,
+    ) -> Poll<Result<(), AmError>> {
+        if self.out.site.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        send_request(&mut self.out, ep, t)
     }
 }
 
@@ -1713,6 +1823,14 @@ macro_rules! operations {
                 = $crate::endpoint::start::TypedCall::new(dest, msg); nb call_typed_nb;
         }
         $driver! { op
+            /// Answers a typed call whose code took its [`Answer`](crate::typed::Answer)
+            /// ([`crate::Handlers::typed_deferred`]) with `value`
+            /// ([`AnswerTyped`](crate::endpoint::start::AnswerTyped)): the caller's
+            /// `call_typed` completes with it.
+            answer_typed [R: serde::Serialize + 'static] (answer: $crate::typed::Answer<R>, value: R) -> ()
+                = $crate::endpoint::start::AnswerTyped::new(answer, value); nb answer_typed_nb; owns;
+        }
+        $driver! { op
             /// Sends the typed message `msg` to `dest`, where its code runs, with no answer
             /// ([`PostTyped`](crate::endpoint::start::PostTyped)).
             post_typed [M: $crate::typed::Am] (dest: $crate::Rank, msg: M) -> ()
@@ -1962,6 +2080,13 @@ impl Owned for PutFromSegment {
 impl<M: crate::typed::Am> Owned for TypedCall<M> {
     type Owned = TypedCall<M>;
     fn owned(self) -> TypedCall<M> {
+        self
+    }
+}
+
+impl<R: 'static> Owned for AnswerTyped<R> {
+    type Owned = AnswerTyped<R>;
+    fn owned(self) -> AnswerTyped<R> {
         self
     }
 }

@@ -1,5 +1,6 @@
-//! Typed answers too large for a reply ([`crate::typed::Transit`]): the handler queued them,
-//! and the endpoint sends them as requests (parts, then the answer with the last piece).
+//! Typed answers that leave as requests ([`crate::typed::Transit`]): too large for a reply,
+//! or an abandoned [`crate::typed::Answer`]'s; the handler (or the drop) queued them, and
+//! the endpoint sends them (parts, then the answer with the last piece).
 
 use crate::error::AmError;
 use crate::handler::Threading;
@@ -21,8 +22,12 @@ impl<H: Threading> Endpoint<H> {
         let (transit, part, answer) = (site.transit.clone(), site.part, site.answer);
         let max = self.limits.max_medium;
         transit.send_queued(|a| -> Result<bool, AmError> {
-            // Queued only when larger than a Medium: at least one part goes ahead.
-            let ahead = a.bytes.len() - ((a.bytes.len() - 1) % max + 1);
+            let len = a.bytes.len();
+            let ahead = if len <= max {
+                0
+            } else {
+                len - ((len - 1) % max + 1)
+            };
             while a.sent < ahead {
                 let piece = &a.bytes[a.sent..a.sent + max];
                 let kind = AmKind::Medium;
@@ -31,9 +36,11 @@ impl<H: Threading> Endpoint<H> {
                 }
                 a.sent += max;
             }
+            // The stream's word only where parts went ahead.
             let words = [a.number, a.status, a.stream];
+            let words = &words[..if ahead > 0 { 3 } else { 2 }];
             let last = &a.bytes[ahead..];
-            self.try_request(t, a.dest, AmKind::Medium, answer, &words, last, None)
+            self.try_request(t, a.dest, AmKind::Medium, answer, words, last, None)
         });
     }
 }
