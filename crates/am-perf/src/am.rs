@@ -62,6 +62,18 @@ impl am_core::typed::Am for Sum {
     }
 }
 
+/// Bytes to count (`selfrt typedbulk`, `SELFRT_BYTES` of them, 1 MiB by default): one
+/// byte string on the wire.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Bulk(#[serde(with = "serde_bytes")] Vec<u8>);
+
+impl am_core::typed::Am for Bulk {
+    type Reply = u64;
+    fn exec(self, _: &mut am_core::typed::AmContext) -> u64 {
+        self.0.len() as u64
+    }
+}
+
 /// One round trip: `send` issues a request whose reply adds one to `replies` (a table from
 /// [`handlers`]); returns when that reply has run.
 pub fn round_trip<T: Transport>(
@@ -177,7 +189,7 @@ pub fn self_round_trips<T: Transport>(
                 }
             }
         }
-        "call" | "typed" => {
+        "call" | "typed" | "typedbulk" => {
             // A call with 32 bytes answered with 8 (`call`), and the same as a typed call of
             // four `u64`s answered with a `u64` (`typed`): the typed layer's own cost.
             let mut h = Handlers::local();
@@ -190,11 +202,26 @@ pub fn self_round_trips<T: Transport>(
                 let _ = call.reply(&[], &sum.to_le_bytes()[..]);
             })?;
             h.typed::<Sum>()?;
+            h.typed::<Bulk>()?;
             let config = am_core::Config::default().wait_mode(am_core::WaitMode::Spin);
             let mut node = Node::new(transport, h, config)?;
             let me = node.rank();
             let words = [u64::MAX - 1, u64::MAX - 2, u64::MAX - 3, u64::MAX - 4];
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            if what == "typedbulk" {
+                let len = std::env::var("SELFRT_BYTES")
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or(1 << 20);
+                let data = vec![7u8; len];
+                for _ in 0..iters {
+                    let n = node.call_typed(me, Bulk(data.clone()))?;
+                    if n != len as u64 {
+                        return Err(format!("typedbulk: {n} bytes came, not {len}").into());
+                    }
+                }
+                return Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64);
+            }
             for _ in 0..iters {
                 if what == "call" {
                     std::hint::black_box(node.call(me, CALL_SUM, &[], &bytes)?);
@@ -204,7 +231,7 @@ pub fn self_round_trips<T: Transport>(
             }
         }
         _ => {
-            let known = "nic, am, medium, flood, call or typed";
+            let known = "nic, am, medium, flood, call, typed or typedbulk";
             return Err(format!("selfrt: `{what}` is not {known}").into());
         }
     }
