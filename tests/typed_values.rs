@@ -391,7 +391,7 @@ fn check(me: u32, v: &Value, answer: (u32, bool, Value)) -> anyhow::Result<()> {
 /// Round trips of this rank's values: the first half one blocking call at a time to the
 /// next rank, the rest as handles 8 in flight together to the next rank, itself and the
 /// one before; then [`forge`]; then the async values to the next rank on the async
-/// driver, calls and handles in flight together.
+/// driver, after two large calls given up, calls and handles in flight together.
 fn rank<T: Transport + Send + 'static>(t: T, model: Arc<Model>) -> anyhow::Result<()> {
     let total = Arc::new(AtomicU64::new(0));
     let (h, reserved) = handlers(model.clone(), total.clone())?;
@@ -423,6 +423,11 @@ fn rank<T: Transport + Send + 'static>(t: T, model: Arc<Model>) -> anyhow::Resul
     forge(&mut node, reserved, &total)?;
     let node = AsyncNode::new(node);
     block_on(&node, async {
+        // Calls given up while their values (and answers) in parts are under way: their
+        // late answers are dropped, not paired with the calls after them.
+        for v in later.iter().filter(|v| len(v) > model.max).take(2) {
+            drop(node.call_typed_nb(next, Echo(v.clone())).await?);
+        }
         let (calls, handles) = later.split_at(later.len() / 2);
         let ops = {
             let mut ops = Vec::new();
@@ -593,6 +598,11 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
     ] {
         node.request_medium(next, r.post, &args, &payload)?;
     }
+    // Requests (not calls) of the call handler: with no call number, and with one that
+    // nobody here waits for (the value runs there, and its answer is dropped here).
+    node.request_medium(next, r.call, &[], &good)?;
+    node.request_medium(next, r.call, &[0xdead_beef, sum[0], sum[1]], &good)?;
+    node.request_medium(next, r.call, &[0xdead_beef, sum[0]], &good)?;
     // Answers: to no call of the target's, with the wrong number of arguments, and naming
     // a stream of parts (which they use up, harmlessly).
     node.request_medium(next, r.part, &[s + 10], &good)?;
@@ -632,7 +642,8 @@ fn in_a_job() -> bool {
 /// Mediums long (many parts each), nested enums, strings of any code point and maps that
 /// do not come back whole; parts of several values in flight together (8 handles, two
 /// endpoints of one process) mixed up or paired with the wrong call; an async call whose
-/// answer in parts never wakes it; and a target that runs, keeps or panics on forged
+/// answer in parts never wakes it, or a late answer of a call given up that is taken
+/// for a later call's; and a target that runs, keeps or panics on forged
 /// typed messages (truncated, trailing bytes, an unknown type, a length past the payload,
 /// a last piece of no parts, parts or answers with the wrong arguments, an answer to no
 /// call), so that the job stops or a later call hangs.
