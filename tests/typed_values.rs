@@ -531,6 +531,43 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
             UNDECODABLE,
         ),
     ];
+    // Bytes of the right length that break a rule of the type: an enum's variant past
+    // its last, a string that is not UTF-8, an `Option` tag other than 0 or 1, a varint
+    // longer than a `u32`'s; and the control, the value itself (it runs, not as a case of
+    // the model).
+    let echo = words(type_id::<Echo>());
+    let small = Value {
+        case: 0,
+        tree: Tree::Leaf,
+        name: "ab".into(),
+        map: BTreeMap::new(),
+        maybe: None,
+        ratio: 0.0,
+        words: Vec::new(),
+        bytes: Vec::new(),
+    };
+    let valid = postcard::to_allocvec(&Echo(small)).expect("encode");
+    // `case`, the tree's variant, the name's length and bytes, the map's, the option's.
+    anyhow::ensure!(valid[..7] == [0, 0, 2, b'a', b'b', 0, 0], "{valid:?}");
+    let with_at = |at: usize, bytes: &[u8]| {
+        let mut v = valid.clone();
+        v.splice(at..at + bytes.len(), bytes.iter().copied());
+        v
+    };
+    let long_varint = [[0xff; 5].as_slice(), &[0x7f], &valid[1..]].concat();
+    for (what, payload, status) in [
+        ("a valid value", valid.clone(), OK),
+        (
+            "an enum variant past the last",
+            with_at(1, &[9]),
+            UNDECODABLE,
+        ),
+        ("a string not UTF-8", with_at(3, &[0xff, 0xfe]), UNDECODABLE),
+        ("an option tag of 2", with_at(6, &[2]), UNDECODABLE),
+        ("a varint longer than a u32", long_varint, UNDECODABLE),
+    ] {
+        calls.push((what, echo.to_vec(), payload, status));
+    }
     // Parts with the wrong number of arguments are not kept: the last piece naming their
     // stream finds none.
     node.request_medium(next, r.part, &[], &good[..2])?;
@@ -579,7 +616,7 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
             "rank {me}: {what}: {:?}, not status {status}",
             answer.args
         );
-        if *status == OK {
+        if *status == OK && args[..2] == sum {
             let got: u64 = postcard::from_bytes(&answer.payload)
                 .map_err(|e| anyhow::anyhow!("rank {me}: {what}: {e}"))?;
             anyhow::ensure!(got == sum_of, "rank {me}: {what}: answered {got}");
@@ -645,6 +682,7 @@ fn in_a_job() -> bool {
 /// answer in parts never wakes it, or a late answer of a call given up that is taken
 /// for a later call's; and a target that runs, keeps or panics on forged
 /// typed messages (truncated, trailing bytes, an unknown type, a length past the payload,
+/// an enum variant past the last, a string not UTF-8, an option tag of 2, a long varint,
 /// a last piece of no parts, parts or answers with the wrong arguments, an answer to no
 /// call), so that the job stops or a later call hangs.
 #[test]
