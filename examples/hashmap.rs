@@ -147,12 +147,12 @@ const INSERT: HandlerId = HandlerId(1);
 const GET: HandlerId = HandlerId(2);
 const REMOVE: HandlerId = HandlerId(3);
 
-/// Bytes of a `u64` in postcard's format at most (a varint), and of a sequence's length.
-const VARINT_MAX: usize = 10;
-/// Bytes per operation of the largest message or answer of either mode at most: a typed
-/// insert's pair of varints (a raw insert takes 16, a get's or remove's answer 11 typed and
-/// 8 and a bit raw).
-const PER_OP_MAX: usize = 2 * VARINT_MAX;
+/// Bytes of a `u64` on the typed wire (a fixed word), and of a sequence's length.
+const WORD: usize = 8;
+/// Bytes per operation of the largest message or answer of either mode at most: an
+/// insert's pair of words, typed or raw (a get's or remove's answer takes 9 typed, an
+/// `Option` tag and a word, and 8 and a bit raw).
+const PER_OP_MAX: usize = 2 * WORD;
 /// The default batch's cap, where the transport's Mediums are large.
 const DEFAULT_BATCH_CAP: usize = 1024;
 
@@ -559,7 +559,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     )?;
     // Every message and answer of either mode fits in one Medium: a sequence's length and
     // `PER_OP_MAX` bytes per operation.
-    let fits = node.max_medium().saturating_sub(VARINT_MAX) / PER_OP_MAX;
+    let fits = node.max_medium().saturating_sub(WORD) / PER_OP_MAX;
     let batch = match args.batch {
         Some(b) => {
             anyhow::ensure!(

@@ -7,15 +7,13 @@
 use std::time::Duration;
 
 use amnet::{
-    run_ranks, AmError, AmKind, AsyncNode, AtomicOp, Config, HandlerId, Handlers, JobOptions,
-    Loopback, LoopbackConfig, Node, ProgressThread, SegmentId, SharedNode, Transport, WaitMode,
+    AmError, AmKind, AsyncNode, AtomicOp, Config, HandlerId, Handlers, JobOptions, Loopback,
+    LoopbackConfig, Node, ProgressThread, SegmentId, SharedNode, Transport, WaitMode,
 };
 use transport_udp::{Udp, UdpConfig};
 
 mod common;
-use common::within;
-
-const PER_PROCESS: u32 = 2;
+use common::{on_threads, on_two_endpoints_per_process, within};
 
 /// The Long request handler of the async case, and where its payload lands.
 const LONG_TO: HandlerId = HandlerId(1);
@@ -136,25 +134,8 @@ fn as_tasks<T: Transport + 'static>(t: T) -> anyhow::Result<()> {
 #[test]
 fn created_segments_as_tokio_tasks() {
     within(Duration::from_secs(120), || {
-        let opts = JobOptions::new().ranks(2);
-        let code = amnet::run_job_endpoints(&opts, PER_PROCESS, |endpoints| {
-            std::thread::scope(|s| {
-                let threads: Vec<_> = endpoints
-                    .into_transports()
-                    .into_iter()
-                    .map(|t| s.spawn(move || as_tasks(t)))
-                    .collect();
-                for t in threads {
-                    t.join().expect("an endpoint's thread")?;
-                }
-                Ok::<(), anyhow::Error>(())
-            })
-        })
-        .expect("the job");
-        assert_eq!(code, 0);
-        for r in run_ranks(udp(), as_tasks) {
-            r.expect("udp rank");
-        }
+        on_two_endpoints_per_process(&JobOptions::new().ranks(2), as_tasks);
+        on_threads("udp", udp(), as_tasks);
     });
 }
 
@@ -165,12 +146,8 @@ fn created_segments_as_tokio_tasks() {
 #[test]
 fn created_segments_from_compute_threads_under_a_progress_thread() {
     within(Duration::from_secs(120), || {
-        for r in run_ranks(loopback(), shared) {
-            r.expect("loopback rank");
-        }
-        for r in run_ranks(udp(), shared) {
-            r.expect("udp rank");
-        }
+        on_threads("loopback", loopback(), shared);
+        on_threads("udp", udp(), shared);
     });
 }
 

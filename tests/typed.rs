@@ -9,14 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use amnet::typed::{Am, AmContext, Shape};
-use amnet::{run_ranks, Config, Handlers, JobOptions, Node, Transport, TransportKind};
+use amnet::{Config, Handlers, JobOptions, Node, Transport, TransportKind};
 use serde::{Deserialize, Serialize};
 use transport_udp::{Udp, UdpConfig};
 
 mod common;
-use common::within;
-
-const PER_PROCESS: u32 = 2;
+use common::{on_threads, on_two_endpoints_per_process, within};
 
 #[derive(Serialize, Deserialize, Shape, Debug, Clone, PartialEq)]
 enum Op {
@@ -146,24 +144,8 @@ fn rank<T: Transport + Send>(t: T) -> anyhow::Result<()> {
 fn typed_messages_on_sci_two_endpoints_per_process_and_udp() {
     within(Duration::from_secs(120), || {
         let opts = JobOptions::new().transport(TransportKind::Sci).ranks(2);
-        let code = amnet::run_job_endpoints(&opts, PER_PROCESS, |endpoints| {
-            std::thread::scope(|s| {
-                let threads: Vec<_> = endpoints
-                    .into_transports()
-                    .into_iter()
-                    .map(|t| s.spawn(move || rank(t)))
-                    .collect();
-                for t in threads {
-                    t.join().expect("an endpoint's thread")?;
-                }
-                Ok::<(), anyhow::Error>(())
-            })
-        })
-        .expect("the job");
-        assert_eq!(code, 0);
+        on_two_endpoints_per_process(&opts, rank);
         let udp = Udp::cluster(3, 64 << 10, UdpConfig::default()).expect("UDP cluster");
-        for r in run_ranks(udp, rank) {
-            r.expect("udp rank");
-        }
+        on_threads("udp", udp, rank);
     });
 }

@@ -1,4 +1,4 @@
-//! Helpers shared by the example tests.
+//! Helpers shared by the root crate's integration tests.
 
 use std::path::PathBuf;
 
@@ -122,6 +122,45 @@ pub fn within<R: Send + 'static>(
         Ok(Ok(r)) => r,
         Ok(Err(p)) => std::panic::resume_unwind(p),
         Err(e) => panic!("the job did not finish within {limit:?} ({e}): a rank hangs"),
+    }
+}
+
+/// Runs `rank` on every endpoint of a job of `opts` with two endpoints per process
+/// ([`amnet::run_job_endpoints`]), each endpoint on a thread of its own, and checks that the
+/// job ended with 0: an endpoint's error fails its process, and so the job.
+#[allow(dead_code)]
+pub fn on_two_endpoints_per_process(
+    opts: &amnet::JobOptions,
+    rank: impl Fn(amnet::AnyTransport) -> anyhow::Result<()> + Sync,
+) {
+    let rank = &rank;
+    let code = amnet::run_job_endpoints(opts, 2, |endpoints| {
+        std::thread::scope(|s| {
+            let threads: Vec<_> = endpoints
+                .into_transports()
+                .into_iter()
+                .map(|t| s.spawn(move || rank(t)))
+                .collect();
+            for t in threads {
+                t.join().expect("an endpoint's thread")?;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    })
+    .expect("the job");
+    assert_eq!(code, 0);
+}
+
+/// Runs `rank` on every transport of `cluster`, the ranks as threads of this process
+/// ([`amnet::run_ranks`]), and fails on an error of any, `what` naming the transport.
+#[allow(dead_code)]
+pub fn on_threads<T: Send>(
+    what: &str,
+    cluster: Vec<T>,
+    rank: impl Fn(T) -> anyhow::Result<()> + Sync,
+) {
+    for r in amnet::run_ranks(cluster, rank) {
+        r.unwrap_or_else(|e| panic!("{what} rank: {e:?}"));
     }
 }
 

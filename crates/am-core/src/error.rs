@@ -86,7 +86,7 @@ pub enum AmError {
         /// The largest typed value.
         max: usize,
     },
-    /// A typed message's value could not be written in postcard's format: a sequence or map
+    /// A typed message's value could not be written in the wire format: a sequence or map
     /// whose length serde does not know in advance, or its `Serialize` impl's own error.
     #[error("typed message {name} could not be encoded: {reason}")]
     TypedUnencodable {

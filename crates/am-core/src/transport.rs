@@ -502,9 +502,9 @@ pub trait Transport: Tx {
         offset: usize,
         src: OwnRange<'_>,
     ) -> Result<(), SendError> {
-        let mut bounce = vec![0u8; src.bytes.len()];
-        crate::rma::get_from(self.rank(), src.bytes, 0, &mut bounce)?;
-        self.put(dest, offset, &bounce)
+        through_bounce(self, src, Way::FromOwn, |t, bounce| {
+            t.put(dest, offset, bounce)
+        })
     }
     /// Copies `dst.bytes.len()` bytes at `offset` of `src`'s segment into `dst`, a range of
     /// one of this rank's created segments, as [`Transport::get_into_segment`] does into
@@ -516,9 +516,9 @@ pub trait Transport: Tx {
         offset: usize,
         dst: OwnRange<'_>,
     ) -> Result<(), SendError> {
-        let mut bounce = vec![0u8; dst.bytes.len()];
-        self.get(src, offset, &mut bounce)?;
-        crate::rma::put_into(self.rank(), dst.bytes, 0, &bounce)
+        through_bounce(self, dst, Way::IntoOwn, |t, bounce| {
+            t.get(src, offset, bounce)
+        })
     }
     /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
     /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
@@ -594,9 +594,9 @@ pub trait Transport: Tx {
         offset: usize,
         src: OwnRange<'_>,
     ) -> Result<u64, SendError> {
-        let mut bounce = vec![0u8; src.bytes.len()];
-        crate::rma::get_from(self.rank(), src.bytes, 0, &mut bounce)?;
-        self.put_at(dest, key, offset, &bounce)
+        through_bounce(self, src, Way::FromOwn, |t, bounce| {
+            t.put_at(dest, key, offset, bounce)
+        })
     }
     /// Copies `dst.len()` bytes at `offset` of the registration `key` names at `src` into
     /// `dst`, as [`Transport::get`], with the registration's first `u64` read beside it and
@@ -653,6 +653,42 @@ impl<'a> OwnRange<'a> {
     pub fn new(id: crate::types::SegmentId, offset: usize, bytes: SharedBytes<'a>) -> Self {
         OwnRange { id, offset, bytes }
     }
+}
+
+/// Which way [`through_bounce`] moves the bytes of a created segment's range.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Read out of the range before the transfer: a put from it.
+    FromOwn,
+    /// Written into the range after the transfer: a get into it.
+    IntoOwn,
+}
+
+/// The default of [`Transport::put_from_own`], [`Transport::get_into_own`] and
+/// [`Transport::put_at_from_own`]: the transfer goes by a buffer of `range`'s length instead
+/// of the range itself. `transfer` is the transport's transfer by slice (a put from the
+/// buffer, or a get into it); the range is copied into the buffer before it
+/// ([`Way::FromOwn`]), or the buffer into the range once it succeeded ([`Way::IntoOwn`]),
+/// by [`crate::rma`]'s copies, which hold no Rust reference over the range (peers may write
+/// it meanwhile).
+fn through_bounce<T, R>(
+    t: &mut T,
+    range: OwnRange<'_>,
+    way: Way,
+    transfer: impl FnOnce(&mut T, &mut [u8]) -> Result<R, SendError>,
+) -> Result<R, SendError>
+where
+    T: Transport + ?Sized,
+{
+    let mut bounce = vec![0u8; range.bytes.len()];
+    if way == Way::FromOwn {
+        crate::rma::get_from(t.rank(), range.bytes, 0, &mut bounce)?;
+    }
+    let done = transfer(t, &mut bounce)?;
+    if way == Way::IntoOwn {
+        crate::rma::put_into(t.rank(), range.bytes, 0, &bounce)?;
+    }
+    Ok(done)
 }
 
 #[cfg(test)]

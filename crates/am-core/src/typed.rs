@@ -51,7 +51,8 @@
 //! # Wire
 //! A typed message is an AM Medium to one of the handlers the table reserves at the first
 //! typed registration (a call's, answered, and a post's), whose arguments carry the type's
-//! id ([`type_id`]) and whose payload is the value in postcard's format. A call's answer is
+//! id ([`type_id`]) and whose payload is the value in the wire format (bincode's, with
+//! integers as fixed-width little-endian words, lengths too). A call's answer is
 //! a Medium whose first argument says whether the target ran it, and whose payload is the
 //! answer's value.
 //!
@@ -73,9 +74,10 @@
 //! Bytes that do not decode as the named type (cut short, bytes left over, a length past the
 //! payload), an id the target does not register, or an answer that does not decode, end the
 //! call with [`crate::AmError::TypedRefused`] naming the peer; the target runs nothing.
-//! Decoding never allocates more than the payload's length for a declared length: postcard
-//! reads a sequence's length, and serde's sequence visitors reserve at most what a cautious
-//! bound allows, growing only as elements are read from the bytes present.
+//! A declared length does not make decoding allocate what it says: serde's sequence and
+//! map visitors reserve at most a cautious bound (1 MiB) however long the sequence says it
+//! is, growing only as elements are read from the bytes present, which a declared length
+//! past them soon runs out of.
 
 use std::marker::PhantomData;
 
@@ -172,14 +174,13 @@ pub(crate) const ANSWER_TOO_LARGE: u32 = 4;
 /// holds for one peer's values still arriving in parts.
 pub const MAX_LEN: usize = 1 << 30;
 
-/// The length of `v` on the wire (postcard's format).
+/// The length of `v` on the wire.
 pub fn encoded_len<T: Serialize>(v: &T) -> Result<usize, crate::AmError> {
     encoded(v).map(|b| b.len())
 }
 
-/// `v` in postcard's format, or the error an operation on it gives: one of a type serde
-/// cannot write in postcard's format (a sequence of unknown length, a serializer's own
-/// error).
+/// `v` in the wire format, or the error an operation on it gives: one of a type serde
+/// cannot write in it (a sequence of unknown length, a serializer's own error).
 pub(crate) fn encoded<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::AmError> {
     encode(v).map_err(|e| crate::AmError::TypedUnencodable {
         name: std::any::type_name::<T>(),
@@ -187,16 +188,46 @@ pub(crate) fn encoded<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::AmError> {
     })
 }
 
-/// `v` in postcard's format.
-pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
+/// The wire format: bincode's, integers as fixed-width little-endian words. Fixed words
+/// are what PGAS messages mostly carry (indices, keys, values of any magnitude) and what
+/// decodes fastest: a word is one load, where a varint is a loop over up to 10 bytes.
+const WIRE: bincode::config::Configuration<bincode::config::LittleEndian, bincode::config::Fixint> =
+    bincode::config::standard().with_fixed_int_encoding();
+
+/// `v` in the wire format.
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
     // Room for a small value at once: growing from empty reallocates at each doubling.
-    postcard::to_extend(v, Vec::with_capacity(64))
+    let mut out = Vec::with_capacity(64);
+    encode_into(v, &mut out)?;
+    Ok(out)
+}
+
+/// `v` in the wire format, appended to `out`.
+fn encode_into<T: Serialize>(v: &T, out: &mut Vec<u8>) -> Result<(), bincode::error::EncodeError> {
+    bincode::serde::encode_into_std_write(v, out, WIRE).map(drop)
 }
 
 /// The value `bytes` hold, all of them: a value followed by more bytes is refused.
+///
+/// A string's or a byte buffer's declared length is claimed against a limit before its
+/// buffer is allocated, and refused past it, so that a few bytes declaring a length of
+/// 2^62 allocate nothing: the limit is 16 times the payload's length rounded up to a power
+/// of 16 (64 KiB at least) up to payloads of 16 MiB, and [`MAX_LEN`] above. (The limit is
+/// a type parameter of the decoder: five sizes, five instances per type.) Sequences are
+/// not claimed: serde reserves at most 1 MiB for one, however long it says it is.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-    match postcard::take_from_bytes(bytes) {
-        Ok((v, [])) => Some(v),
+    match bytes.len() {
+        0..=0x1000 => decode_within::<T, 0x1_0000>(bytes),
+        0x1001..=0x1_0000 => decode_within::<T, 0x10_0000>(bytes),
+        0x1_0001..=0x10_0000 => decode_within::<T, 0x100_0000>(bytes),
+        0x10_0001..=0x100_0000 => decode_within::<T, 0x1000_0000>(bytes),
+        _ => decode_within::<T, MAX_LEN>(bytes),
+    }
+}
+
+fn decode_within<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Option<T> {
+    match bincode::serde::decode_from_slice(bytes, WIRE.with_limit::<LIMIT>()) {
+        Ok((v, read)) if read == bytes.len() => Some(v),
         _ => None,
     }
 }
@@ -225,10 +256,8 @@ pub(crate) fn runner<M: Am>(
     move |bytes, cx, out| {
         let msg: M = decode(bytes).ok_or(Refusal::Undecodable)?;
         let answer = f(msg, cx);
-        let mut buf = std::mem::take(out);
-        buf.clear();
-        *out = postcard::to_extend(&answer, buf).map_err(|_| Refusal::BadAnswer)?;
-        Ok(())
+        out.clear();
+        encode_into(&answer, out).map_err(|_| Refusal::BadAnswer)
     }
 }
 
@@ -532,8 +561,8 @@ mod tests {
         for cut in 0..bytes.len() {
             assert_eq!(decode::<Batch>(&bytes[..cut]), None, "cut at {cut}");
         }
-        // A sequence that says it holds 2^62 elements, in five bytes.
-        let bomb = [0xff, 0xff, 0xff, 0xff, 0x3f];
+        // A sequence that says it holds 2^62 elements, in eight bytes.
+        let bomb = 0x3fff_ffff_ffff_ffffu64.to_le_bytes();
         assert_eq!(decode::<Vec<u64>>(&bomb), None);
         assert_eq!(decode::<String>(&bomb), None);
     }

@@ -241,7 +241,7 @@ fn forged_typed_messages_are_refused() {
             let peer = 1 - node.rank();
             let id = am_core::typed::type_id::<Sum>();
             let words = [id as u32, (id >> 32) as u32];
-            let good = postcard_sum();
+            let good = wire_sum();
             for (args, payload, status) in [
                 (&words[..], &good[..good.len() - 1], 2u32),
                 (&words[..], &[good.clone(), vec![0]].concat()[..], 2),
@@ -345,9 +345,12 @@ fn values_larger_than_a_medium_go_in_parts() {
     });
 }
 
-/// `Sum([1, 2, 3, 4])` in postcard's format (each `u64` one varint byte).
-fn postcard_sum() -> Vec<u8> {
-    vec![1, 2, 3, 4]
+/// `Sum([1, 2, 3, 4])` on the wire (each `u64` a little-endian word).
+fn wire_sum() -> Vec<u8> {
+    [1u64, 2, 3, 4]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
 }
 
 proptest! {

@@ -48,6 +48,20 @@ pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers<Local>, RegisterErro
     Ok(h)
 }
 
+/// The callable handler of `selfrt call`.
+const CALL_SUM: HandlerId = HandlerId(1);
+
+/// Four words to add up (`selfrt typed`): 32 bytes whose values need all their bytes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Sum([u64; 4]);
+
+impl am_core::typed::Am for Sum {
+    type Reply = u64;
+    fn exec(self, _: &mut am_core::typed::AmContext) -> u64 {
+        self.0.iter().fold(0u64, |a, &w| a.wrapping_add(w))
+    }
+}
+
 /// One round trip: `send` issues a request whose reply adds one to `replies` (a table from
 /// [`handlers`]); returns when that reply has run.
 pub fn round_trip<T: Transport>(
@@ -163,7 +177,36 @@ pub fn self_round_trips<T: Transport>(
                 }
             }
         }
-        _ => return Err(format!("selfrt: `{what}` is not nic, am, medium or flood").into()),
+        "call" | "typed" => {
+            // A call with 32 bytes answered with 8 (`call`), and the same as a typed call of
+            // four `u64`s answered with a `u64` (`typed`): the typed layer's own cost.
+            let mut h = Handlers::local();
+            h.callable(CALL_SUM, "sum", |msg, call| {
+                let sum = msg
+                    .payload()
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                    .fold(0u64, u64::wrapping_add);
+                let _ = call.reply(&[], &sum.to_le_bytes()[..]);
+            })?;
+            h.typed::<Sum>()?;
+            let config = am_core::Config::default().wait_mode(am_core::WaitMode::Spin);
+            let mut node = Node::new(transport, h, config)?;
+            let me = node.rank();
+            let words = [u64::MAX - 1, u64::MAX - 2, u64::MAX - 3, u64::MAX - 4];
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            for _ in 0..iters {
+                if what == "call" {
+                    std::hint::black_box(node.call(me, CALL_SUM, &[], &bytes)?);
+                } else {
+                    std::hint::black_box(node.call_typed(me, Sum(words))?);
+                }
+            }
+        }
+        _ => {
+            let known = "nic, am, medium, flood, call or typed";
+            return Err(format!("selfrt: `{what}` is not {known}").into());
+        }
     }
     Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64)
 }

@@ -17,7 +17,7 @@ use crate::segment::{
 };
 use crate::team::Team;
 use crate::transport::{OwnRange, SharedBytes, Transport};
-use crate::types::AmKind;
+use crate::types::{AmKind, Rank};
 
 /// The offset in a created segment's registration (which starts at its control words) of
 /// `len` bytes at byte `offset` of a segment of `size` bytes (checked already: an offset
@@ -30,6 +30,35 @@ fn rma_offset(offset: usize, len: usize, size: usize) -> Result<usize, AmError> 
             len: len as u64,
             size,
         })
+}
+
+/// Checks `len` bytes at `offset` of segment `id` of `rank`, whose size is `size` (`None`:
+/// not known here): the size, if the segment is known and the range inside it.
+fn check_in_segment(
+    rank: Rank,
+    id: SegmentId,
+    size: Option<usize>,
+    offset: usize,
+    len: usize,
+) -> Result<usize, AmError> {
+    let size = size.ok_or(AmError::UnknownSegment { rank, id })?;
+    match segment_range(offset as u64, len as u64, size) {
+        Some(_) => Ok(size),
+        None => Err(AmError::SegmentOutOfBounds {
+            offset: offset as u64,
+            len: len as u64,
+            size,
+        }),
+    }
+}
+
+/// The bytes of this rank's segment that `own` stands for ([`Endpoint::own_handle`]): the
+/// created segment's byte area, or `t`'s segment 0 for `None`.
+fn own_byte_area<'a, T: Transport + ?Sized>(
+    own: &'a Option<am_shm::Segment>,
+    t: &'a T,
+) -> SharedBytes<'a> {
+    own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area())
 }
 
 impl<H: Threading> Endpoint<H> {
@@ -182,19 +211,12 @@ impl<H: Threading> Endpoint<H> {
     ) -> Result<usize, AmError> {
         let (rank, id) = (remote.rank(), remote.id());
         self.check_rank(rank)?;
-        let size = match id {
+        let known = match id {
             SegmentId::ZERO => Some(self.seg_len),
             _ if rank == self.rank => self.segments.own_len(id),
             _ => self.segments.known_len(rank, id),
-        }
-        .ok_or(AmError::UnknownSegment { rank, id })?;
-        if segment_range(offset as u64, len as u64, size).is_none() {
-            return Err(AmError::SegmentOutOfBounds {
-                offset: offset as u64,
-                len: len as u64,
-                size,
-            });
-        }
+        };
+        let size = check_in_segment(rank, id, known, offset, len)?;
         match self.waiting_for(rank) {
             Poll::Ready(e) => Err(e),
             Poll::Pending => Ok(size),
@@ -356,18 +378,7 @@ impl<H: Threading> Endpoint<H> {
     /// Checks `len` bytes at `offset` of this rank's own segment `id`: held here, and the
     /// range inside it.
     fn check_own(&self, id: SegmentId, offset: usize, len: usize) -> Result<(), AmError> {
-        let size = self.own_segment_len(id).ok_or(AmError::UnknownSegment {
-            rank: self.rank,
-            id,
-        })?;
-        match segment_range(offset as u64, len as u64, size) {
-            Some(_) => Ok(()),
-            None => Err(AmError::SegmentOutOfBounds {
-                offset: offset as u64,
-                len: len as u64,
-                size,
-            }),
-        }
+        check_in_segment(self.rank, id, self.own_segment_len(id), offset, len).map(|_| ())
     }
 
     /// Another handle on this rank's created segment `id`, so that its bytes are read or
@@ -443,7 +454,7 @@ impl<H: Threading> Endpoint<H> {
             }
             _ => {
                 // To a created segment, from either kind.
-                let from = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+                let from = own_byte_area(&own, t);
                 if let Some(view) = self.reachable(rank, id) {
                     crate::rma::copy_to(rank, view?, offset, from, at, len)?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
@@ -520,7 +531,7 @@ impl<H: Threading> Endpoint<H> {
         }
         // From a created segment, to either kind.
         if let Some(view) = self.reachable(rank, id) {
-            let to = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+            let to = own_byte_area(&own, t);
             crate::rma::copy_from(rank, view?, offset, to, at, len)?;
             return Poll::Ready(Ok(None));
         }
@@ -532,7 +543,7 @@ impl<H: Threading> Endpoint<H> {
                     .map(|w| ((), w))
             };
             ready!(self.keyed_rma(rank, id, get))?;
-            let to = own.as_ref().map_or_else(|| t.segment(), |s| s.byte_area());
+            let to = own_byte_area(&own, t);
             crate::rma::put_into(self.rank, to, at, &data)?;
             return Poll::Ready(Ok(None));
         }
