@@ -84,7 +84,9 @@
 //! A declared length does not make decoding allocate what it says: serde's sequence and
 //! map visitors reserve at most a cautious bound (1 MiB) however long the sequence says it
 //! is, growing only as elements are read from the bytes present, which a declared length
-//! past them soon runs out of.
+//! past them soon runs out of. A value nested more than 128 containers deep (a recursive
+//! type's forged value, a few bytes a level) is refused before decoding it would overflow
+//! the target's stack.
 
 use std::marker::PhantomData;
 
@@ -92,6 +94,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::types::Rank;
 
+mod depth;
 pub mod shape;
 /// `#[derive(Shape)]`: implements [`Shape`] for a struct or enum from its definition.
 pub use am_derive::Shape;
@@ -290,11 +293,17 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     }
 }
 
+/// [`decode`] with a declared length claimed against `LIMIT` bytes. The value decodes
+/// through [`depth::deserialize`]: one nested past [`depth::MAX_DEPTH`] is refused, not
+/// decoded until the thread's stack overflows.
 fn decode_within<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Option<T> {
-    match bincode::serde::decode_from_slice(bytes, WIRE.with_limit::<LIMIT>()) {
-        Ok((v, read)) if read == bytes.len() => Some(v),
-        _ => None,
-    }
+    use bincode::de::read::{Reader, SliceReader};
+    let mut rest = SliceReader::new(bytes);
+    let mut decoder =
+        bincode::serde::OwnedSerdeDecoder::from_reader(&mut rest, WIRE.with_limit::<LIMIT>());
+    let v = depth::deserialize(decoder.as_deserializer()).ok()?;
+    // Every byte read: a value followed by more is refused.
+    rest.peek_read(1).is_none().then_some(v)
 }
 
 /// The outcome of a typed call ([`crate::Node::call_typed_nb`]'s handle is an
@@ -700,6 +709,121 @@ mod tests {
         assert_eq!(t.take_parts(1, 5, &[2]).map(|b| b.len()), Ok(1001));
         assert_eq!(t.take_parts(2, 7, &[]).map(|b| b.len()), Ok(100));
         assert!(t.lock().parts.is_empty());
+    }
+
+    /// A recursive enum, one level (its enum) per link.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    enum Chain {
+        End,
+        Link(Box<Chain>),
+    }
+
+    /// Recursive through a `Vec`: two levels (the struct, the vector) per generation.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Family {
+        kids: Vec<Family>,
+    }
+
+    /// Recursive through an option: two levels (the struct, the option's value) per node.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct List {
+        next: Option<Box<List>>,
+    }
+
+    /// Recursive through a map's values: two levels (the newtype struct, the map) each.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Dir(std::collections::BTreeMap<u8, Dir>);
+
+    fn chain(n: usize) -> Chain {
+        (0..n).fold(Chain::End, |c, _| Chain::Link(Box::new(c)))
+    }
+
+    fn family(n: usize) -> Family {
+        (0..n).fold(Family { kids: Vec::new() }, |f, _| Family { kids: vec![f] })
+    }
+
+    fn list(n: usize) -> List {
+        (0..n).fold(List { next: None }, |l, _| List {
+            next: Some(Box::new(l)),
+        })
+    }
+
+    fn dir(n: usize) -> Dir {
+        (0..n).fold(Dir(Default::default()), |d, _| Dir([(7, d)].into()))
+    }
+
+    /// The bytes of a value `n` nestings deep: `level` for each, then `end`; forged, since
+    /// building (and dropping) a value nested this deep would overflow the stack itself.
+    fn forged(n: usize, level: &[u8], end: &[u8]) -> Vec<u8> {
+        [level.repeat(n), end.to_vec()].concat()
+    }
+
+    /// Runs `f` on a thread with the default stack of a spawned thread (2 MiB), the one the
+    /// depth bound is chosen for; a stack overflow aborts the test binary.
+    fn on_a_default_stack(f: impl FnOnce() + Send) {
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn_scoped(s, f)
+                .expect("a thread")
+                .join()
+                .expect("the decoding thread");
+        });
+    }
+
+    /// The most nestings of `make` that decode, checked to be `expected` and the first
+    /// refused one after (values built and encoded, so they are the real wire format).
+    fn deepest<T, F>(make: F, expected: usize)
+    where
+        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+        F: Fn(usize) -> T + Send,
+    {
+        on_a_default_stack(move || {
+            let at = make(expected);
+            assert_eq!(decode::<T>(&encode(&at).unwrap()).as_ref(), Some(&at));
+            let past = encode(&make(expected + 1)).unwrap();
+            assert_eq!(decode::<T>(&past), None, "{} nested past", expected + 1);
+        });
+    }
+
+    /// Catches a decoder without a bound on how deeply a value nests: a forged value of a
+    /// recursive type (through a `Box`, a `Vec`, an `Option` or a map's values) tens of
+    /// thousands deep overflowed the decoding thread's stack and aborted the process,
+    /// where it must be refused. And one whose bound is off: a value just under it decodes
+    /// (on a 2 MiB stack, in this debug build), one just past it is refused.
+    #[test]
+    fn values_nested_past_the_bound_are_refused() {
+        use depth::MAX_DEPTH;
+        // One level a link, and one for the `End` that closes the chain.
+        deepest(chain, MAX_DEPTH - 1);
+        // Two a generation; the innermost (no kids) is two more.
+        deepest(family, MAX_DEPTH / 2 - 1);
+        // Two a node; the last (no next) is one more.
+        deepest(list, MAX_DEPTH / 2 - 1);
+        deepest(dir, MAX_DEPTH / 2 - 1);
+        on_a_default_stack(|| {
+            let n = 100_000;
+            // Variant 1 (`Link`) as a u32, again and again, then variant 0.
+            let bytes = forged(n, &1u32.to_le_bytes(), &0u32.to_le_bytes());
+            assert_eq!(decode::<Chain>(&bytes), None);
+            // Cut short, as a forged message may be: refused for the depth first.
+            assert_eq!(decode::<Chain>(&bytes[..bytes.len() - 4]), None);
+            // A vector of one, again and again, then an empty one.
+            let bytes = forged(n, &1u64.to_le_bytes(), &0u64.to_le_bytes());
+            assert_eq!(decode::<Family>(&bytes), None);
+            // `Some`, again and again, then `None`.
+            let bytes = forged(n, &[1], &[0]);
+            assert_eq!(decode::<List>(&bytes), None);
+            // A map of one entry (key 7), again and again, then an empty one.
+            let level = [1u64.to_le_bytes().as_slice(), &[7]].concat();
+            let bytes = forged(n, &level, &0u64.to_le_bytes());
+            assert_eq!(decode::<Dir>(&bytes), None);
+        });
+        // A wide value is not a deep one: many elements at one level decode.
+        let wide = Family {
+            kids: (0..10_000).map(|_| family(3)).collect(),
+        };
+        assert_eq!(decode::<Family>(&encode(&wide).unwrap()), Some(wide));
     }
 
     /// Catches an id that ignores the shape (two layouts of one name would pass start-up).

@@ -38,7 +38,7 @@ use syn::{parse_macro_input, Attribute, Data, DeriveInput, Fields, Meta, Token, 
 ///
 /// `#[serde(skip)]` fields are left out; `rename`, `rename_all`, `rename_all_fields` and
 /// `transparent` enter as written; `alias`, `default`, `bound`, `borrow`, `crate`,
-/// `expecting` and `deny_unknown_fields` change nothing in postcard's bytes and are
+/// `expecting` and `deny_unknown_fields` change nothing in the wire format's bytes and are
 /// ignored; any other serde attribute is a compile error.
 #[proc_macro_derive(Shape, attributes(shape))]
 pub fn derive_shape(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
@@ -79,7 +79,7 @@ enum Place {
 /// What the derive does with one serde attribute item.
 #[derive(PartialEq, Eq, Debug)]
 enum Serde {
-    /// It changes nothing in postcard's bytes.
+    /// It changes nothing in the wire format's bytes.
     Ignore,
     /// It renames (or unwraps): it enters the hash as written.
     Fold(String),
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(plain, skipped, "a skipped field (and its type) is left out");
     }
 
-    /// Catches a derive that refuses serde attributes that leave postcard's bytes alone
+    /// Catches a derive that refuses serde attributes that leave the wire format's bytes alone
     /// (or cannot parse their forms: a list, a keyword key).
     #[test]
     fn harmless_serde_attributes_are_taken() {
