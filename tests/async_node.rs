@@ -29,6 +29,70 @@ fn kv_handlers() -> Handlers<Local> {
     h
 }
 
+/// Squared later, by a task: the handler hands it out with its answer.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Later(u32);
+
+impl amnet::typed::Am for Later {
+    type Reply = (u32, u32);
+    fn exec(self, _: &mut amnet::typed::AmContext) -> (u32, u32) {
+        (self.0 * self.0, 0)
+    }
+}
+
+/// Catches a deferred typed answer that the tokio driver never sends or never wakes for: the
+/// handler hands each `Later` to a task over a channel (handlers cannot wait), the task
+/// awaits a call of its own to the caller first (the node used inside an async handler),
+/// then answers; both ranks serve each other's calls while making their own, under `drive`.
+#[test]
+fn a_task_answers_typed_calls_under_the_tokio_driver() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut h = kv_handlers();
+            h.typed_deferred::<Later>(move |m, _cx, answer| {
+                let _ = tx.send((m, answer));
+            })
+            .expect("register");
+            let node = AsyncNode::new(Node::new(t, h, Config::default()).expect("start"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async {
+                let driver = tokio::task::spawn_local({
+                    let node = node.clone();
+                    async move { node.drive().await }
+                });
+                let me = node.rank();
+                let peer = 1 - me;
+                // The "async handler": everything it awaits runs while the driver drives.
+                let server = tokio::task::spawn_local({
+                    let node = node.clone();
+                    async move {
+                        while let Some((m, answer)) = rx.recv().await {
+                            let r = node.call(answer.src(), SQUARE, &[m.0], &[]).await?;
+                            node.answer_typed(answer, (r.args[0], m.0)).await?;
+                        }
+                        Ok::<_, AmError>(())
+                    }
+                });
+                let calls: Vec<_> = (1..=20u32)
+                    .map(|x| tokio::task::spawn_local(node.call_typed(peer, Later(x))))
+                    .collect();
+                for (x, c) in (1..=20u32).zip(calls) {
+                    assert_eq!(c.await.expect("task").expect("answer"), (x * x, x));
+                }
+                node.barrier().await.expect("barrier");
+                node.stop();
+                driver.await.expect("driver").expect("driver ends cleanly");
+                server.abort();
+            });
+        });
+    });
+}
+
 /// The tokio driver on a current-thread runtime: tasks on a `LocalSet` (a node of local
 /// handlers) calling concurrently, the driver sleeping armed between messages; `run` returns
 /// the future's output.
