@@ -55,16 +55,7 @@ fn a_task_answers_typed_calls_under_the_tokio_driver() {
             })
             .expect("register");
             let node = AsyncNode::new(Node::new(t, h, Config::default()).expect("start"));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let local = tokio::task::LocalSet::new();
-            local.block_on(&rt, async {
-                let driver = tokio::task::spawn_local({
-                    let node = node.clone();
-                    async move { node.drive().await }
-                });
+            driven(&node, async {
                 let me = node.rank();
                 let peer = 1 - me;
                 // The "async handler": everything it awaits runs while the driver drives.
@@ -85,11 +76,31 @@ fn a_task_answers_typed_calls_under_the_tokio_driver() {
                     assert_eq!(c.await.expect("task").expect("answer"), (x * x, x));
                 }
                 node.barrier().await.expect("barrier");
-                node.stop();
-                driver.await.expect("driver").expect("driver ends cleanly");
                 server.abort();
             });
         });
+    });
+}
+
+/// Runs `body` on a current-thread runtime's `LocalSet` beside the tokio driver of `node`,
+/// then stops the driver and checks that it ended cleanly.
+fn driven<H: amnet::Threading>(
+    node: &AsyncNode<Loopback, H>,
+    body: impl std::future::Future<Output = ()>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let driver = tokio::task::spawn_local({
+            let node = node.clone();
+            async move { node.drive().await }
+        });
+        body.await;
+        node.stop();
+        driver.await.expect("driver").expect("driver ends cleanly");
     });
 }
 

@@ -640,8 +640,10 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
     .enumerate()
     {
         let stream = s + 3 + k as u32;
-        node.request_medium(next, r.part, &[stream], &good[..1])?;
-        node.request_medium(next, r.part, &[stream], &good[1..2])?;
+        // The first part declares the whole length (the control's), each its index.
+        let total = good.len() as u32;
+        node.request_medium(next, r.part, &[stream, 0, total, 0], &good[..1])?;
+        node.request_medium(next, r.part, &[stream, 1], &good[1..2])?;
         calls.push((what, with(w, stream).to_vec(), last.to_vec(), status));
     }
     for (what, args, payload, status) in &calls {

@@ -470,7 +470,7 @@ impl Handlers<Sendable> {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let call: Box<SendRequestFn> = Box::new(call_request(site.reply, move |msg, call| {
             let mut t = t1.lock().unwrap_or_else(|p| p.into_inner());
-            answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
+            run_typed_call(&msg, call, &x1, &mut out, |id, b, cx, o| {
                 t.get_mut(&id).map(|f| f(b, cx, o))
             });
         }));
@@ -544,7 +544,7 @@ impl Handlers<Local> {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let call: Box<RequestFn> = Box::new(call_request(site.reply, move |msg, call| {
             let mut t = t1.borrow_mut();
-            answer_typed(&msg, call, &x1, &mut out, |id, b, cx, o| {
+            run_typed_call(&msg, call, &x1, &mut out, |id, b, cx, o| {
                 t.get_mut(&id).map(|f| f(b, cx, o))
             });
         }));
@@ -570,7 +570,7 @@ impl Handlers<Local> {
 /// A typed call's handler body: runs the message, answers with its status and bytes. An
 /// answer too large for a reply leaves the call unanswered here and is queued, to leave as
 /// requests from the endpoint's next poll ([`crate::typed::Transit`]).
-fn answer_typed(
+fn run_typed_call(
     msg: &Msg<'_>,
     call: Call<'_>,
     transit: &crate::typed::Transit,
@@ -589,7 +589,7 @@ fn answer_typed(
     }
     if status == crate::typed::ANSWER_OK && out.len() > transit.max_medium() {
         let (dest, number) = call.defer();
-        transit.queue(dest, number, status, std::mem::take(out));
+        transit.queue(dest, number, status, std::mem::take(out), None);
         return;
     }
     let answer: &[u8] = match status {
@@ -603,11 +603,7 @@ fn answer_typed(
 fn part_handler(
     transit: Arc<crate::typed::Transit>,
 ) -> impl FnMut(Msg<'_>, Token<'_>) + Send + 'static {
-    move |msg, _token| {
-        if let [stream] = *msg.args() {
-            transit.add_part(msg.src(), stream, msg.payload());
-        }
-    }
+    move |msg, _token| transit.add_part(msg.src(), msg.args(), msg.payload())
 }
 
 /// The typed answer handler: an answer came as a request (too large for a reply, or given
@@ -623,23 +619,27 @@ fn answer_handler(
             [number, status, stream] => (number, status, Some(stream)),
             _ => return,
         };
-        {
-            let whole = match parts {
-                None => Ok(msg.payload().to_vec()),
-                Some(stream) => transit.take_parts(msg.src(), stream, msg.payload()),
-            };
-            let reply = match whole {
-                Ok(payload) => crate::Reply {
-                    args: vec![status],
-                    payload,
-                },
-                Err(refusal) => crate::Reply {
-                    args: vec![crate::typed::status_of(refusal)],
-                    payload: Vec::new(),
-                },
-            };
-            calls.complete_with(msg.src(), number, || reply);
-        }
+        // The parts are taken whatever the status, so that none stay behind.
+        let whole = match parts {
+            None => Ok(msg.payload().to_vec()),
+            Some(stream) => transit.take_parts(msg.src(), stream, msg.payload()),
+        };
+        let reply = match whole {
+            Ok(payload) if status == crate::typed::ANSWER_OK => crate::Reply {
+                args: vec![status],
+                payload,
+            },
+            Err(refusal) if status == crate::typed::ANSWER_OK => crate::Reply {
+                args: vec![crate::typed::status_of(refusal)],
+                payload: Vec::new(),
+            },
+            // A refusal: its status says why, whatever came with it.
+            _ => crate::Reply {
+                args: vec![status],
+                payload: Vec::new(),
+            },
+        };
+        calls.complete_with(msg.src(), number, || reply);
     }
 }
 

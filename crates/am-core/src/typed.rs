@@ -67,12 +67,16 @@
 //! A value (or an answer) of up to [`MAX_LEN`] bytes encoded travels, whatever the
 //! transport's largest AM Medium (`Node::max_medium`): one larger than a Medium leaves as
 //! *parts*, requests of a third reserved handler, each one full Medium, followed by the
-//! message itself with the last piece. A transport delivers one sender's messages in order,
-//! so the target has every part when the message comes; it joins them and runs the whole.
-//! An answer too large for a reply leaves the same way, as requests of a fourth reserved
-//! handler sent from the target's next poll, and the call completes when its last piece
-//! comes. A target holds at most [`MAX_LEN`] bytes of one peer's values still arriving;
-//! past that their messages are refused ([`Refusal::TooLarge`]).
+//! message itself with the last piece. The first part declares the whole length, each
+//! part its index. A transport delivers one sender's messages in order, so the target has
+//! every part when the message comes; it checks they are all there, in order, and runs the
+//! whole. An answer too large for a reply leaves the same way, as requests of a fourth
+//! reserved handler sent from the target's poll after the handler, and the call completes
+//! when its last piece comes. A target holds at most [`MAX_LEN`] bytes of one peer's values
+//! still arriving, charged when their first part declares them; past that their messages
+//! are refused ([`Refusal::TooLarge`]). A value given up half sent (its future dropped, its
+//! send failed) cancels its parts at the target, and an [`Answer`] given up so fails its
+//! call with [`Refusal::Abandoned`].
 //!
 //! Byte fields are best written with `serde_bytes` (`#[serde(with = "serde_bytes")]`, or
 //! `serde_bytes::ByteBuf`): serde writes a plain `Vec<u8>` element by element.
@@ -193,9 +197,14 @@ pub struct Answer<R> {
     pub(crate) dest: Rank,
     /// The call's number.
     pub(crate) number: u32,
-    /// Where an abandoned answer is queued; `None` once given to `answer_typed`, or for a
-    /// post.
+    /// Where an abandoned answer is queued; `None` once given to `answer_typed` and sent,
+    /// or for a post.
     pub(crate) transit: Option<std::sync::Arc<Transit>>,
+    /// What the caller is told if this answer is given up: abandoned, or why the value
+    /// given could not be sent.
+    pub(crate) status: u32,
+    /// The stream of the parts sent before it was given up, if any.
+    pub(crate) stream: Option<u32>,
     _r: PhantomData<fn(R)>,
 }
 
@@ -223,7 +232,7 @@ impl<R> std::fmt::Debug for Answer<R> {
 impl<R> Drop for Answer<R> {
     fn drop(&mut self) {
         if let Some(transit) = self.transit.take() {
-            transit.queue(self.dest, self.number, ANSWER_ABANDONED, Vec::new());
+            transit.queue(self.dest, self.number, self.status, Vec::new(), self.stream);
         }
     }
 }
@@ -279,23 +288,21 @@ fn encode_into<T: Serialize>(v: &T, out: &mut Vec<u8>) -> Result<(), bincode::er
 ///
 /// A string's or a byte buffer's declared length is claimed against a limit before its
 /// buffer is allocated, and refused past it, so that a few bytes declaring a length of
-/// 2^62 allocate nothing: the limit is 16 times the payload's length rounded up to a power
-/// of 16 (64 KiB at least) up to payloads of 16 MiB, and [`MAX_LEN`] above. (The limit is
-/// a type parameter of the decoder: five sizes, five instances per type.) Sequences are
-/// not claimed: serde reserves at most 1 MiB for one, however long it says it is.
+/// 2^62 allocate nothing: the payload's length rounded up to a power of 16 (4 KiB at
+/// least) up to payloads of 16 MiB, [`MAX_LEN`] above. What is claimed is never more than
+/// the bytes read, so a value that fits its payload fits the limit. (The limit is a type
+/// parameter of the decoder: five sizes, five instances per type.) Sequences are not
+/// claimed: serde reserves at most 1 MiB for one, however long it says it is.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     match bytes.len() {
-        0..=0x1000 => decode_within::<T, 0x1_0000>(bytes),
-        0x1001..=0x1_0000 => decode_within::<T, 0x10_0000>(bytes),
-        0x1_0001..=0x10_0000 => decode_within::<T, 0x100_0000>(bytes),
-        0x10_0001..=0x100_0000 => decode_within::<T, 0x1000_0000>(bytes),
+        0..=0x1000 => decode_within::<T, 0x1000>(bytes),
+        0x1001..=0x1_0000 => decode_within::<T, 0x1_0000>(bytes),
+        0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(bytes),
+        0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(bytes),
         _ => decode_within::<T, MAX_LEN>(bytes),
     }
 }
 
-/// [`decode`] with a declared length claimed against `LIMIT` bytes. The value decodes
-/// through [`depth::deserialize`]: one nested past [`depth::MAX_DEPTH`] is refused, not
-/// decoded until the thread's stack overflows.
 fn decode_within<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Option<T> {
     use bincode::de::read::{Reader, SliceReader};
     let mut rest = SliceReader::new(bytes);
@@ -350,6 +357,8 @@ pub(crate) fn deferred_runner<M: Am>(
             dest: cx.src,
             number: cx.number.unwrap_or(0),
             transit: cx.number.map(|_| transit.clone()),
+            status: ANSWER_ABANDONED,
+            stream: None,
             _r: PhantomData,
         };
         f(msg, cx, answer);
@@ -439,18 +448,20 @@ pub(crate) fn refusal_of(status: u32) -> Option<Refusal> {
 /// reserved handlers and the endpoint.
 ///
 /// A value (or an answer) larger than the transport's largest Medium leaves as *parts*:
-/// requests of the reserved part handler, each one full Medium tagged with a stream number
-/// the sender chose, then the message itself (call, post or answer) carrying the last piece
-/// and the stream. A transport delivers one sender's messages in order, so the parts have
-/// all come when the message does; the target joins them and runs the whole.
+/// requests of the reserved part handler, each one full Medium, then the message itself
+/// (call, post or answer) carrying the last piece and the stream. A part's arguments are
+/// its stream (a number the sender chose) and its index; the first also carries the
+/// value's whole length, which the target charges against the sender's bound before it
+/// holds anything. A transport delivers one sender's messages in order, so the parts have
+/// all come when the message does; the target checks that they are all there, in order,
+/// and runs the whole. A sender that gives up a value half sent cancels its stream.
 ///
-/// An answer too large for a reply cannot leave from inside the handler (which may only
-/// reply): the handler lets its call go unanswered and queues the answer here, and the
-/// endpoint sends it as requests from its next poll.
+/// An answer that cannot leave as the handler's reply (too large for one, or given later
+/// by an [`Answer`]) is queued here, and the endpoint sends it as requests from its polls.
 #[derive(Debug, Default)]
 pub(crate) struct Transit {
     state: std::sync::Mutex<TransitState>,
-    /// Answers queued: a poll looks here without taking the lock.
+    /// Items queued: a poll looks here without taking the lock. Changed under the lock.
     queued: std::sync::atomic::AtomicUsize,
     /// This rank's largest AM Medium, set when its endpoint is made.
     max_medium: std::sync::atomic::AtomicUsize,
@@ -462,40 +473,95 @@ pub(crate) struct Transit {
 struct TransitState {
     /// Values arriving, by sender and stream.
     parts: rustc_hash::FxHashMap<(Rank, u32), Parts>,
-    /// Bytes held in `parts` per sender: no peer makes this rank hold more than
+    /// What `parts` is charged per sender: no peer makes this rank hold more than
     /// [`MAX_LEN`] of its values at once.
     held: rustc_hash::FxHashMap<Rank, usize>,
-    /// Answers waiting to leave, oldest first.
-    answers: std::collections::VecDeque<Outgoing>,
+    /// What waits to leave, oldest first.
+    queue: std::collections::VecDeque<Queued>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Parts {
     bytes: Vec<u8>,
+    /// The whole value's length, as its first part declared it.
+    total: usize,
+    /// The index the next part must have.
+    next: u32,
     /// What the stream is charged against its sender's bound.
     charged: usize,
-    /// Over the bound: its bytes were dropped, and its message will be refused.
-    refused: bool,
+    /// Why its message will be refused, once it is (its bytes then dropped).
+    refused: Option<Refusal>,
 }
 
-/// What each part costs against its sender's bound beyond its bytes.
+/// What each stream costs against its sender's bound beyond its bytes.
 const PART_COST: usize = 64;
 
-/// An answer too large for a reply, leaving as requests.
+/// A part's index that cancels its stream.
+pub(crate) const CANCEL: u32 = u32::MAX;
+
+/// What waits in [`Transit`] to leave as requests.
 #[derive(Debug)]
-pub(crate) struct Outgoing {
+pub(crate) enum Queued {
+    /// An answer that leaves as requests.
+    Answer(QueuedAnswer),
+    /// A stream `dest` holds parts of, given up before its last message.
+    Cancel {
+        /// The target.
+        dest: Rank,
+        /// The stream.
+        stream: u32,
+    },
+}
+
+impl Queued {
+    /// Where it goes.
+    pub(crate) fn dest(&self) -> Rank {
+        match self {
+            Queued::Answer(a) => a.dest,
+            Queued::Cancel { dest, .. } => *dest,
+        }
+    }
+}
+
+/// An answer leaving as requests: parts if it is larger than a Medium, then the answer.
+#[derive(Debug)]
+pub(crate) struct QueuedAnswer {
     /// The caller.
     pub(crate) dest: Rank,
     /// The call's number.
     pub(crate) number: u32,
     /// Its status word.
     pub(crate) status: u32,
-    /// The stream its parts go under.
+    /// The stream its parts go under, and whether parts of it have left already (an
+    /// answer given up half sent ends the stream it started).
     pub(crate) stream: u32,
+    pub(crate) stream_used: bool,
     /// The answer's bytes.
     pub(crate) bytes: Vec<u8>,
     /// How many of them have left as parts.
     pub(crate) sent: usize,
+}
+
+/// The arguments of part `index` of `stream`, for a value of `total` bytes: the first
+/// carries the length.
+pub(crate) fn part_words(stream: u32, index: u32, total: usize) -> ([u32; 4], usize) {
+    if index == 0 {
+        let total = total as u64;
+        ([stream, 0, total as u32, (total >> 32) as u32], 4)
+    } else {
+        ([stream, index, 0, 0], 2)
+    }
+}
+
+/// How a value of `len` bytes leaves over Mediums of `max` bytes: the bytes sent ahead as
+/// parts (whole Mediums), the rest with the message.
+pub(crate) fn ahead_of_last(len: usize, max: usize) -> usize {
+    let max = max.max(1);
+    if len <= max {
+        0
+    } else {
+        len - ((len - 1) % max + 1)
+    }
 }
 
 impl Transit {
@@ -521,45 +587,75 @@ impl Transit {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A part of stream `stream` from `src` came. Each part is charged its length and a
-    /// fixed cost (so that empty parts cannot grow the map for nothing) against what `src`
-    /// may make this rank hold ([`MAX_LEN`]); past that, the stream's bytes are dropped (or
-    /// a new stream is not opened) and its message will be refused.
-    pub(crate) fn add_part(&self, src: Rank, stream: u32, bytes: &[u8]) {
-        self.add_part_within(src, stream, bytes, MAX_LEN);
+    /// A part from `src` came, with arguments `args` ([`part_words`], or a cancel). A stream
+    /// is charged its declared length and a fixed cost when its first part comes, against
+    /// what `src` may make this rank hold ([`MAX_LEN`]); one that does not fit, a part out
+    /// of order, or bytes past the declared length refuse the stream (its bytes dropped,
+    /// the fixed cost kept until its message comes). Arguments of no known form are
+    /// ignored.
+    pub(crate) fn add_part(&self, src: Rank, args: &[u32], bytes: &[u8]) {
+        self.add_part_within(src, args, bytes, MAX_LEN);
     }
 
     /// [`Transit::add_part`] with `bound` in place of [`MAX_LEN`].
-    fn add_part_within(&self, src: Rank, stream: u32, bytes: &[u8], bound: usize) {
+    fn add_part_within(&self, src: Rank, args: &[u32], bytes: &[u8], bound: usize) {
         let s = &mut *self.lock();
         let held = s.held.entry(src).or_insert(0);
-        let charge = bytes.len() + PART_COST;
-        let fits = *held + charge <= bound;
-        match s.parts.get_mut(&(src, stream)) {
-            Some(p) if p.refused => {}
-            Some(p) if fits => {
+        match *args {
+            [stream, CANCEL] => {
+                if let Some(p) = s.parts.remove(&(src, stream)) {
+                    *held -= p.charged;
+                }
+            }
+            [stream, 0, lo, hi] => {
+                let total =
+                    usize::try_from(u64::from(lo) | u64::from(hi) << 32).unwrap_or(usize::MAX);
+                if let Some(p) = s.parts.get_mut(&(src, stream)) {
+                    // A stream opened twice.
+                    refuse(p, held, Refusal::Undecodable);
+                    return;
+                }
+                let charge = total.saturating_add(PART_COST);
+                let mut open = Parts {
+                    bytes: Vec::new(),
+                    total,
+                    next: 1,
+                    charged: PART_COST,
+                    refused: None,
+                };
+                if bytes.len() > total {
+                    open.refused = Some(Refusal::Undecodable);
+                } else if total > MAX_LEN
+                    || held.saturating_add(charge) > bound
+                    || open.bytes.try_reserve_exact(total).is_err()
+                {
+                    open.refused = Some(Refusal::TooLarge);
+                } else {
+                    open.bytes.extend_from_slice(bytes);
+                    open.charged = charge;
+                }
+                // A refused stream is remembered (so that its message is refused as such)
+                // only while its fixed cost fits.
+                if held.saturating_add(open.charged) <= bound {
+                    *held += open.charged;
+                    s.parts.insert((src, stream), open);
+                }
+            }
+            [stream, index] => {
+                let Some(p) = s.parts.get_mut(&(src, stream)) else {
+                    return;
+                };
+                if p.refused.is_some() {
+                    return;
+                }
+                if index != p.next || p.bytes.len() + bytes.len() > p.total {
+                    refuse(p, held, Refusal::Undecodable);
+                    return;
+                }
                 p.bytes.extend_from_slice(bytes);
-                p.charged += charge;
-                *held += charge;
+                p.next += 1;
             }
-            Some(p) => {
-                *held -= p.charged - PART_COST;
-                p.charged = PART_COST;
-                p.bytes = Vec::new();
-                p.refused = true;
-            }
-            None if fits => {
-                s.parts.insert(
-                    (src, stream),
-                    Parts {
-                        bytes: bytes.to_vec(),
-                        charged: charge,
-                        refused: false,
-                    },
-                );
-                *held += charge;
-            }
-            None => {}
+            _ => {}
         }
     }
 
@@ -572,15 +668,17 @@ impl Transit {
     ) -> Result<Vec<u8>, Refusal> {
         let s = &mut *self.lock();
         let Some(parts) = s.parts.remove(&(src, stream)) else {
-            // Parts come before the message that ends them: none means the peer sent none,
-            // or its first was past the bound.
+            // Parts come before the message that ends them: none means the peer sent none.
             return Err(Refusal::Undecodable);
         };
         if let Some(h) = s.held.get_mut(&src) {
             *h -= parts.charged;
         }
-        if parts.refused || parts.bytes.len().saturating_add(last.len()) > MAX_LEN {
-            return Err(Refusal::TooLarge);
+        if let Some(refusal) = parts.refused {
+            return Err(refusal);
+        }
+        if parts.bytes.len() + last.len() != parts.total {
+            return Err(Refusal::Undecodable);
         }
         let mut bytes = parts.bytes;
         bytes.extend_from_slice(last);
@@ -588,54 +686,81 @@ impl Transit {
     }
 
     /// Queues an answer that leaves as requests: one too large for a reply, or an
-    /// abandoned [`Answer`]'s status.
-    pub(crate) fn queue(&self, dest: Rank, number: u32, status: u32, bytes: Vec<u8>) {
-        let stream = self.next_stream();
-        self.lock().answers.push_back(Outgoing {
+    /// [`Answer`]'s that was given up (`stream`: the stream it had sent parts under).
+    pub(crate) fn queue(
+        &self,
+        dest: Rank,
+        number: u32,
+        status: u32,
+        bytes: Vec<u8>,
+        stream: Option<u32>,
+    ) {
+        let answer = QueuedAnswer {
             dest,
             number,
             status,
-            stream,
+            stream: stream.unwrap_or_else(|| self.next_stream()),
+            stream_used: stream.is_some(),
             bytes,
             sent: 0,
-        });
-        self.queued
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        };
+        self.push_back(Queued::Answer(answer));
     }
 
-    /// Whether answers wait to leave.
+    /// Queues the cancel of `stream`, whose parts `dest` holds.
+    pub(crate) fn cancel(&self, dest: Rank, stream: u32) {
+        self.push_back(Queued::Cancel { dest, stream });
+    }
+
+    fn push_back(&self, q: Queued) {
+        let mut s = self.lock();
+        s.queue.push_back(q);
+        self.queued
+            .store(s.queue.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether anything waits to leave.
     #[inline]
     pub(crate) fn has_queued(&self) -> bool {
         self.queued.load(std::sync::atomic::Ordering::Acquire) != 0
     }
 
-    /// Runs `send` on the queued answers, oldest first, until it says the device or the
-    /// credits refused (`false`); each answer it finished (or failed, `Err`) is dropped.
-    pub(crate) fn send_queued<E>(&self, mut send: impl FnMut(&mut Outgoing) -> Result<bool, E>) {
+    /// The oldest item waiting to leave, taken out: the endpoint sends it without holding
+    /// the lock (a send that finds a peer lost forgets it here), and puts it back first
+    /// ([`Transit::put_back`]) if the device or the credits refuse.
+    pub(crate) fn take_queued(&self) -> Option<Queued> {
         let mut s = self.lock();
-        while let Some(front) = s.answers.front_mut() {
-            match send(front) {
-                Ok(false) => return,
-                Ok(true) | Err(_) => {
-                    s.answers.pop_front();
-                    self.queued
-                        .fetch_sub(1, std::sync::atomic::Ordering::Release);
-                }
-            }
-        }
+        let q = s.queue.pop_front();
+        self.queued
+            .store(s.queue.len(), std::sync::atomic::Ordering::Release);
+        q
     }
 
-    /// Forgets what `peer` sent in parts and the answers waiting for it (it is gone).
+    /// Puts `q` back first in line.
+    pub(crate) fn put_back(&self, q: Queued) {
+        let mut s = self.lock();
+        s.queue.push_front(q);
+        self.queued
+            .store(s.queue.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Forgets what `peer` sent in parts and what waits to leave for it (it is gone).
     pub(crate) fn forget(&self, peer: Rank) {
         let mut s = self.lock();
         s.parts.retain(|&(src, _), _| src != peer);
         s.held.remove(&peer);
-        let before = s.answers.len();
-        s.answers.retain(|a| a.dest != peer);
-        let dropped = before - s.answers.len();
+        s.queue.retain(|q| q.dest() != peer);
         self.queued
-            .fetch_sub(dropped, std::sync::atomic::Ordering::Release);
+            .store(s.queue.len(), std::sync::atomic::Ordering::Release);
     }
+}
+
+/// Refuses stream `p` for `why`: its bytes dropped, its charge down to the fixed cost.
+fn refuse(p: &mut Parts, held: &mut usize, why: Refusal) {
+    *held -= p.charged - PART_COST;
+    p.charged = PART_COST;
+    p.bytes = Vec::new();
+    p.refused = Some(why);
 }
 
 #[cfg(test)]
@@ -671,159 +796,83 @@ mod tests {
         assert_eq!(decode::<String>(&bomb), None);
     }
 
-    /// Catches a peer that makes this rank hold more than the bound (with parts of one
-    /// stream, of many streams, or of empty parts), a refused stream whose message then runs
-    /// on what was kept, and a bound never given back once values are taken.
+    /// The arguments of part `index` of `stream` for a value of `total` bytes.
+    fn args(stream: u32, index: u32, total: usize) -> Vec<u32> {
+        let (w, n) = part_words(stream, index, total);
+        w[..n].to_vec()
+    }
+
+    /// Catches parts joined out of order, with one missing or doubled, or past the length
+    /// the first declared (each refused, never run on what was kept), and a cancel that
+    /// leaves a stream or its charge behind.
+    #[test]
+    fn parts_join_only_whole_and_in_order() {
+        let t = Transit::default();
+        t.add_part(1, &args(3, 0, 7), &[1, 2]);
+        t.add_part(1, &args(3, 1, 7), &[3, 4]);
+        assert_eq!(
+            t.take_parts(1, 3, &[5, 6, 7]),
+            Ok(vec![1, 2, 3, 4, 5, 6, 7])
+        );
+        // A part skipped, one doubled, bytes past the length, a short value.
+        t.add_part(1, &args(4, 0, 7), &[1, 2]);
+        t.add_part(1, &args(4, 2, 7), &[3, 4]);
+        assert_eq!(t.take_parts(1, 4, &[5]), Err(Refusal::Undecodable));
+        t.add_part(1, &args(5, 0, 7), &[1, 2]);
+        t.add_part(1, &args(5, 1, 7), &[3, 4]);
+        t.add_part(1, &args(5, 1, 7), &[3, 4]);
+        assert_eq!(t.take_parts(1, 5, &[5]), Err(Refusal::Undecodable));
+        t.add_part(1, &args(6, 0, 3), &[1, 2, 3, 4]);
+        assert_eq!(t.take_parts(1, 6, &[]), Err(Refusal::Undecodable));
+        t.add_part(1, &args(7, 0, 9), &[1, 2]);
+        assert_eq!(t.take_parts(1, 7, &[3]), Err(Refusal::Undecodable));
+        // A later part of a stream never opened opens nothing.
+        t.add_part(1, &args(8, 1, 9), &[1]);
+        assert_eq!(t.take_parts(1, 8, &[]), Err(Refusal::Undecodable));
+        // A cancel frees the stream and its charge.
+        t.add_part(1, &args(9, 0, 1000), &[1; 10]);
+        t.add_part(1, &[9, CANCEL], &[]);
+        assert_eq!(t.take_parts(1, 9, &[]), Err(Refusal::Undecodable));
+        assert!(t.lock().parts.is_empty());
+        assert_eq!(t.lock().held.get(&1), Some(&0));
+    }
+
+    /// Catches a peer that makes this rank hold more than the bound (with one stream, with
+    /// many, with empty ones), a refused stream whose message runs on what was kept, a
+    /// refusal not remembered (so that a later part opens the stream headless), and a
+    /// bound never given back once values are taken.
     #[test]
     fn parts_are_bounded_per_peer() {
         let t = Transit::default();
-        let bound = 10 * (100 + PART_COST);
-        for _ in 0..9 {
-            t.add_part_within(1, 7, &[1; 100], bound);
-        }
-        // Another peer has a bound of its own.
-        t.add_part_within(2, 7, &[2; 100], bound);
-        // One more fits; the next refuses stream 7 and frees what it held.
-        t.add_part_within(1, 7, &[1; 100], bound);
-        t.add_part_within(1, 8, &[1; 100], bound);
-        assert_eq!(
-            t.take_parts(1, 8, &[]),
-            Err(Refusal::Undecodable),
-            "never opened"
-        );
-        t.add_part_within(1, 7, &[1; 100], bound);
-        assert_eq!(t.take_parts(1, 7, &[9]), Err(Refusal::TooLarge));
-        // Empty parts are charged too: no unbounded map of empty streams.
-        for stream in 0..100 {
-            t.add_part_within(1, stream, &[], bound);
+        let bound = 1000 + PART_COST;
+        // A declared length past the bound is refused as such, before anything is held.
+        t.add_part_within(1, &args(1, 0, 2000), &[0; 10], bound);
+        t.add_part_within(1, &args(1, 1, 2000), &[0; 10], bound);
+        assert_eq!(t.take_parts(1, 1, &[]), Err(Refusal::TooLarge));
+        // One that fits holds its whole length; another peer has a bound of its own.
+        t.add_part_within(1, &args(2, 0, 1000), &[1; 500], bound);
+        t.add_part_within(2, &args(2, 0, 1000), &[2; 500], bound);
+        // A second stream does not fit beside it: refused, and remembered while its fixed
+        // cost fits (here it does not: nothing is opened, and the last message is refused).
+        t.add_part_within(1, &args(3, 0, 10), &[3; 5], bound);
+        t.add_part_within(1, &args(3, 1, 10), &[3; 5], bound);
+        assert!(t.take_parts(1, 3, &[]).is_err());
+        assert_eq!(t.take_parts(1, 2, &[1; 500]).map(|b| b.len()), Ok(1000));
+        // Empty streams are charged their fixed cost: no unbounded map of them.
+        for stream in 10..100 {
+            t.add_part_within(1, &args(stream, 0, 0), &[], bound);
         }
         let open = t.lock().parts.keys().filter(|k| k.0 == 1).count();
         assert_eq!(open, bound / PART_COST);
-        for stream in 0..100 {
+        for stream in 10..100 {
             let _ = t.take_parts(1, stream, &[]);
         }
         // Everything given back: a whole bound fits again.
-        for _ in 0..10 {
-            t.add_part_within(1, 5, &[1; 100], bound);
-        }
-        assert_eq!(t.take_parts(1, 5, &[2]).map(|b| b.len()), Ok(1001));
-        assert_eq!(t.take_parts(2, 7, &[]).map(|b| b.len()), Ok(100));
+        t.add_part_within(1, &args(5, 0, 1000), &[1; 999], bound);
+        assert_eq!(t.take_parts(1, 5, &[2]).map(|b| b.len()), Ok(1000));
+        assert_eq!(t.take_parts(2, 2, &[2; 500]).map(|b| b.len()), Ok(1000));
         assert!(t.lock().parts.is_empty());
-    }
-
-    /// A recursive enum, one level (its enum) per link.
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    enum Chain {
-        End,
-        Link(Box<Chain>),
-    }
-
-    /// Recursive through a `Vec`: two levels (the struct, the vector) per generation.
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct Family {
-        kids: Vec<Family>,
-    }
-
-    /// Recursive through an option: two levels (the struct, the option's value) per node.
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct List {
-        next: Option<Box<List>>,
-    }
-
-    /// Recursive through a map's values: two levels (the newtype struct, the map) each.
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct Dir(std::collections::BTreeMap<u8, Dir>);
-
-    fn chain(n: usize) -> Chain {
-        (0..n).fold(Chain::End, |c, _| Chain::Link(Box::new(c)))
-    }
-
-    fn family(n: usize) -> Family {
-        (0..n).fold(Family { kids: Vec::new() }, |f, _| Family { kids: vec![f] })
-    }
-
-    fn list(n: usize) -> List {
-        (0..n).fold(List { next: None }, |l, _| List {
-            next: Some(Box::new(l)),
-        })
-    }
-
-    fn dir(n: usize) -> Dir {
-        (0..n).fold(Dir(Default::default()), |d, _| Dir([(7, d)].into()))
-    }
-
-    /// The bytes of a value `n` nestings deep: `level` for each, then `end`; forged, since
-    /// building (and dropping) a value nested this deep would overflow the stack itself.
-    fn forged(n: usize, level: &[u8], end: &[u8]) -> Vec<u8> {
-        [level.repeat(n), end.to_vec()].concat()
-    }
-
-    /// Runs `f` on a thread with the default stack of a spawned thread (2 MiB), the one the
-    /// depth bound is chosen for; a stack overflow aborts the test binary.
-    fn on_a_default_stack(f: impl FnOnce() + Send) {
-        std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .stack_size(2 << 20)
-                .spawn_scoped(s, f)
-                .expect("a thread")
-                .join()
-                .expect("the decoding thread");
-        });
-    }
-
-    /// The most nestings of `make` that decode, checked to be `expected` and the first
-    /// refused one after (values built and encoded, so they are the real wire format).
-    fn deepest<T, F>(make: F, expected: usize)
-    where
-        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
-        F: Fn(usize) -> T + Send,
-    {
-        on_a_default_stack(move || {
-            let at = make(expected);
-            assert_eq!(decode::<T>(&encode(&at).unwrap()).as_ref(), Some(&at));
-            let past = encode(&make(expected + 1)).unwrap();
-            assert_eq!(decode::<T>(&past), None, "{} nested past", expected + 1);
-        });
-    }
-
-    /// Catches a decoder without a bound on how deeply a value nests: a forged value of a
-    /// recursive type (through a `Box`, a `Vec`, an `Option` or a map's values) tens of
-    /// thousands deep overflowed the decoding thread's stack and aborted the process,
-    /// where it must be refused. And one whose bound is off: a value just under it decodes
-    /// (on a 2 MiB stack, in this debug build), one just past it is refused.
-    #[test]
-    fn values_nested_past_the_bound_are_refused() {
-        use depth::MAX_DEPTH;
-        // One level a link, and one for the `End` that closes the chain.
-        deepest(chain, MAX_DEPTH - 1);
-        // Two a generation; the innermost (no kids) is two more.
-        deepest(family, MAX_DEPTH / 2 - 1);
-        // Two a node; the last (no next) is one more.
-        deepest(list, MAX_DEPTH / 2 - 1);
-        deepest(dir, MAX_DEPTH / 2 - 1);
-        on_a_default_stack(|| {
-            let n = 100_000;
-            // Variant 1 (`Link`) as a u32, again and again, then variant 0.
-            let bytes = forged(n, &1u32.to_le_bytes(), &0u32.to_le_bytes());
-            assert_eq!(decode::<Chain>(&bytes), None);
-            // Cut short, as a forged message may be: refused for the depth first.
-            assert_eq!(decode::<Chain>(&bytes[..bytes.len() - 4]), None);
-            // A vector of one, again and again, then an empty one.
-            let bytes = forged(n, &1u64.to_le_bytes(), &0u64.to_le_bytes());
-            assert_eq!(decode::<Family>(&bytes), None);
-            // `Some`, again and again, then `None`.
-            let bytes = forged(n, &[1], &[0]);
-            assert_eq!(decode::<List>(&bytes), None);
-            // A map of one entry (key 7), again and again, then an empty one.
-            let level = [1u64.to_le_bytes().as_slice(), &[7]].concat();
-            let bytes = forged(n, &level, &0u64.to_le_bytes());
-            assert_eq!(decode::<Dir>(&bytes), None);
-        });
-        // A wide value is not a deep one: many elements at one level decode.
-        let wide = Family {
-            kids: (0..10_000).map(|_| family(3)).collect(),
-        };
-        assert_eq!(decode::<Family>(&encode(&wide).unwrap()), Some(wide));
+        assert!(t.lock().held.values().all(|&h| h == 0));
     }
 
     /// Catches an id that ignores the shape (two layouts of one name would pass start-up).

@@ -3,6 +3,7 @@
 //! refusals name the peer, and start-up refuses ranks whose types differ, naming the type.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -417,7 +418,8 @@ fn deferred_answers_on_the_blocking_driver() {
 }
 
 /// Catches a deferred answer that the async driver never sends (a task that answers after
-/// awaiting something else), and an answer given on another driver than the call's.
+/// awaiting something else), and one given up half sent (its future dropped between
+/// parts) that leaves its caller waiting for ever instead of failing with `Abandoned`.
 #[test]
 fn deferred_answers_from_a_task() {
     within(LIMIT, || {
@@ -432,10 +434,28 @@ fn deferred_answers_from_a_task() {
                     for (n, c) in (1..=4u64).zip(calls) {
                         assert_eq!(c.await.unwrap(), (0..n * 30).collect::<Vec<_>>());
                     }
+                    // Its answer is given up half sent: the call fails, it does not hang.
+                    match node.call_typed(1, Later(10_000)).await {
+                        Err(AmError::TypedRefused {
+                            peer: 1,
+                            reason: Refusal::Abandoned,
+                        }) => {}
+                        other => panic!("an answer given up half sent: {other:?}"),
+                    }
                 } else {
                     let mut served = 0;
-                    while served < 4 {
+                    while served < 5 {
                         match rx.try_recv() {
+                            Ok((m, answer)) if m.0 == 10_000 => {
+                                served += 1;
+                                // 400 parts: the first poll sends what credit allows, then
+                                // the future is dropped.
+                                let value: Vec<u64> = (0..m.0).collect();
+                                let mut f = std::pin::pin!(node.answer_typed(answer, value));
+                                let mut cx =
+                                    std::task::Context::from_waker(std::task::Waker::noop());
+                                assert!(f.as_mut().poll(&mut cx).is_pending());
+                            }
                             Ok((m, answer)) => {
                                 served += 1;
                                 node.answer_typed(answer, (0..m.0).collect()).await.unwrap();

@@ -232,7 +232,18 @@ impl<H: Threading> Endpoint<H> {
     /// alone must not sleep long while any is left (the device that refused them does not
     /// wake this rank when it has room again).
     pub fn sends_held(&self) -> bool {
-        !self.replies.pending.is_empty() || self.acks_owed() || !self.posted.is_empty()
+        !self.replies.pending.is_empty()
+            || self.acks_owed()
+            || !self.posted.is_empty()
+            || self.typed_queued()
+    }
+
+    /// Whether typed messages queued what must still leave (answers, cancels).
+    fn typed_queued(&self) -> bool {
+        self.handlers
+            .typed_site
+            .as_ref()
+            .is_some_and(|s| s.transit.has_queued())
     }
 
     /// A step of closing: ready once the posted atomics are applied (or can no longer be)
@@ -252,6 +263,7 @@ impl<H: Threading> Endpoint<H> {
     pub fn is_quiet(&self) -> bool {
         self.replies.pending.is_empty()
             && !self.acks_owed()
+            && !self.typed_queued()
             && (0..self.size)
                 .all(|p| self.is_lost(p) || self.is_departed(p) || self.credits.outstanding(p) == 0)
     }

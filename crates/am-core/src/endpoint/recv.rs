@@ -543,7 +543,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if let Some(site) = &self.handlers.typed_site {
             if site.transit.has_queued() {
-                self.send_typed_answers(t);
+                self.send_typed_queue(t);
             }
         }
         if handled.is_none() {

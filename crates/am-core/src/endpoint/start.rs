@@ -733,11 +733,22 @@ struct Outbound {
     site: Option<(HandlerId, HandlerId, [u32; 4], usize)>,
     /// Bytes sent ahead as parts.
     sent: usize,
+    /// While parts have left but not the message that ends them: where the stream's cancel
+    /// is queued if this is dropped (the target would hold them for ever).
+    half_sent: Option<std::sync::Arc<crate::typed::Transit>>,
+}
+
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        if let (Some(transit), Some((_, _, words, n))) = (self.half_sent.take(), &self.site) {
+            transit.cancel(self.dest, words[*n - 1]);
+        }
+    }
 }
 
 impl std::fmt::Debug for Outbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Typed")
+        f.debug_struct("Outbound")
             .field("dest", &self.dest)
             .field("type", &self.name)
             .field("len", &self.bytes.as_ref().map(Vec::len))
@@ -782,6 +793,7 @@ impl Outbound {
             bytes: crate::typed::encoded(value),
             site: None,
             sent: 0,
+            half_sent: None,
         }
     }
 
@@ -802,20 +814,19 @@ impl Outbound {
                 max: crate::typed::MAX_LEN,
             });
         }
-        let max = ep.limits.max_medium;
+        let max = ep.limits.max_medium.max(1);
         let mut all = [0; 4];
         all[..words.len()].copy_from_slice(words);
         let mut n = words.len();
-        let last = if len <= max {
-            len
-        } else {
-            ep.check_request(self.dest, AmKind::Medium, part, &[0], max, None)?;
+        let ahead = crate::typed::ahead_of_last(len, max);
+        if ahead > 0 {
+            let (first, k) = crate::typed::part_words(0, 0, len);
+            ep.check_request(self.dest, AmKind::Medium, part, &first[..k], max, None)?;
             all[n] = transit.next_stream();
             n += 1;
-            (len - 1) % max + 1
-        };
+        }
         self.site = Some((handler, part, all, n));
-        Ok(last)
+        Ok(len - ahead)
     }
 
     /// A step of sending the parts ahead of the last piece: `Ready(Ok)` with the message's
@@ -828,19 +839,25 @@ impl Outbound {
         let (Some((handler, part, words, n)), Ok(bytes)) = (&self.site, &self.bytes) else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
-        let max = ep.limits.max_medium;
-        let ahead = if bytes.len() <= max {
-            0
-        } else {
-            bytes.len() - ((bytes.len() - 1) % max + 1)
-        };
+        let max = ep.limits.max_medium.max(1);
+        let len = bytes.len();
+        let ahead = crate::typed::ahead_of_last(len, max);
         while self.sent < ahead {
             let piece = &bytes[self.sent..self.sent + max];
-            let stream = words[*n - 1];
-            ready!(ep.request_step(t, self.dest, AmKind::Medium, *part, &[stream], piece, None))?;
+            let (args, k) = crate::typed::part_words(words[*n - 1], (self.sent / max) as u32, len);
+            let kind = AmKind::Medium;
+            ready!(ep.request_step(t, self.dest, kind, *part, &args[..k], piece, None))?;
+            if self.sent == 0 {
+                self.half_sent = ep.handlers.typed_site.as_ref().map(|s| s.transit.clone());
+            }
             self.sent += max;
         }
         Poll::Ready(Ok((*handler, &words[..*n], &bytes[ahead..])))
+    }
+
+    /// The message that ends the value has left: nothing to cancel.
+    fn sent_all(&mut self) {
+        self.half_sent = None;
     }
 }
 
@@ -895,7 +912,9 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
         op: &mut Op<Self::Output>,
     ) -> Poll<Result<(), AmError>> {
         let (handler, words, last) = ready!(self.0.send_parts(ep, t))?;
-        ep.call_step(t, op, handler, words, last)
+        ready!(ep.call_step(t, op, handler, words, last))?;
+        self.0.sent_all();
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -940,7 +959,9 @@ fn send_request<H: Threading, T: Transport + ?Sized>(
 ) -> Poll<Result<(), AmError>> {
     let dest = out.dest;
     let (handler, words, last) = ready!(out.send_parts(ep, t))?;
-    ep.request_step(t, dest, AmKind::Medium, handler, words, last, None)
+    ready!(ep.request_step(t, dest, AmKind::Medium, handler, words, last, None))?;
+    out.sent_all();
+    Poll::Ready(Ok(()))
 }
 
 impl<M: crate::typed::Am> Start for PostTyped<M> {
@@ -999,10 +1020,16 @@ impl<R> Start for AnswerTyped<R> {
         }
         let (.., answer, _) = typed_handlers(ep, self.out.name)?;
         let words = [self.answer.number, crate::typed::ANSWER_OK];
-        let op = start_request(&mut self.out, ep, answer, &words)?;
-        // It leaves now: dropping the answer no longer abandons the call.
-        self.answer.transit = None;
-        Poll::Ready(Ok(op))
+        let started = start_request(&mut self.out, ep, answer, &words);
+        if let Err(e) = &started {
+            // The caller is told why, when the answer drops.
+            self.answer.status = match e {
+                AmError::TypedTooLarge { .. } => crate::typed::ANSWER_TOO_LARGE,
+                AmError::TypedUnencodable { .. } => crate::typed::ANSWER_BAD,
+                _ => crate::typed::ANSWER_ABANDONED,
+            };
+        }
+        Poll::Ready(started)
     }
     fn send<H: Threading, T: Transport + ?Sized>(
         &mut self,
@@ -1010,10 +1037,18 @@ impl<R> Start for AnswerTyped<R> {
         t: &mut T,
         _op: &mut Op<()>,
     ) -> Poll<Result<(), AmError>> {
-        if self.out.site.is_none() {
+        let Some((_, _, words, n)) = self.out.site else {
             return Poll::Ready(Ok(()));
+        };
+        // Given up from here on (dropped, failed), the answer ends the stream its parts
+        // started, and the caller is told.
+        if n == 3 {
+            self.answer.stream = Some(words[2]);
         }
-        send_request(&mut self.out, ep, t)
+        ready!(send_request(&mut self.out, ep, t))?;
+        // Sent: dropping the answer no longer abandons the call.
+        self.answer.transit = None;
+        Poll::Ready(Ok(()))
     }
 }
 
