@@ -19,6 +19,57 @@
 //! awaits its effect). Dropping an operation's future before it completes gives up waiting,
 //! not the operation: a call's late answer is dropped, and a put, get or atomic whose
 //! messages went out completes (or fails) unobserved.
+//!
+//! # With tokio
+//! A program on the facade needs these `Cargo.toml` lines (`cargo add --path ../amnet
+//! --features tokio`, `cargo add tokio --features rt,macros`):
+//!
+//! ```toml
+//! amnet = { version = "0.1.0", path = "../amnet", features = ["tokio"] }
+//! tokio = { version = "1", features = ["rt", "macros"] }
+//! ```
+//!
+//! The same table of handlers serves blocking and async callers. `run` makes progress for
+//! the future it runs; spawned tasks (a `LocalSet`) may call concurrently while it does.
+//! Under `amnet::run_job`, `rank` takes an `amnet::AnyTransport` and the job's
+//! `Config::from_env()` (`examples/async_service.rs`: a key-value service on calls).
+//!
+//! ```
+//! use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+//!
+//! const SQUARE: HandlerId = HandlerId(1);
+//!
+//! # #[cfg(feature = "tokio")]
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn rank(t: Loopback) -> Result<(), Box<dyn std::error::Error>> {
+//!     let mut handlers = Handlers::new();
+//!     handlers.callable(SQUARE, "square", |msg, call| {
+//!         let x = msg.args()[0];
+//!         let _ = call.reply(&[x * x], &[]);
+//!     })?;
+//!     let node = AsyncNode::new(Node::new(t, handlers, Config::default())?);
+//!     let peer = (node.rank() + 1) % node.size();
+//!     let squares = node
+//!         .run(async {
+//!             let mut squares = Vec::new();
+//!             for x in 0..4 {
+//!                 squares.push(node.call(peer, SQUARE, &[x], &[]).await?.args[0]);
+//!             }
+//!             node.barrier().await?;
+//!             Ok::<_, am_core::AmError>(squares)
+//!         })
+//!         .await??;
+//!     assert_eq!(squares, [0, 1, 4, 9]);
+//!     Ok(())
+//! }
+//!
+//! # #[cfg(feature = "tokio")]
+//! fn main() {
+//!     am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| rank(t).unwrap());
+//! }
+//! # #[cfg(not(feature = "tokio"))]
+//! # fn main() {}
+//! ```
 
 use std::future::poll_fn;
 use std::os::fd::OwnedFd;

@@ -7,7 +7,15 @@
 //! gives no color (`None`) gets no team. Collectives then run on a team
 //! ([`crate::Node::team_barrier`], [`crate::Node::team_all_gather`]), each one a collective
 //! call of every member of that team, blocking, non-blocking (`_nb`, an [`crate::Op`]) or
-//! async, like every operation (see [`crate::op`]).
+//! async, like every operation (see [`crate::op`]), several in flight at once.
+//!
+//! The collectives are [`crate::Node::team_barrier`], [`crate::Node::team_broadcast`],
+//! [`crate::Node::team_gather`], [`crate::Node::team_all_gather`],
+//! [`crate::Node::team_reduce`] and [`crate::Node::team_all_reduce`]. A reduction applies
+//! a built-in [`crate::ReduceOp`] (`Sum`, `Min`, `Max`, ...) over the integer and float
+//! types, or `ReduceOp::User(id)`, an operation registered with
+//! [`crate::Handlers::reduction`], also over a program's own structs as
+//! [`crate::Plain`]`<T>` (see [`crate::reduce`]).
 //!
 //! # Names
 //! A team is known on the wire by its [`TeamId`]: the world rank of its first member (its
@@ -53,6 +61,10 @@
 //! library owns no memory at a peer.
 //!
 //! # Failure
+//! Every collective on a team is started by every member, in the same order, with the
+//! same root, sizes and reduction: members that disagree fail it on every member, and
+//! every later one on the team ([`crate::AmError::CollectiveMismatch`]).
+//!
 //! A member lost fails the collectives in flight on every team it belongs to, on every
 //! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams. A
 //! member that left cleanly had sent its part of every collective it took part in, so
@@ -85,6 +97,30 @@
 //!     let all = node.team_all_gather(&half, &[me as u8]).unwrap();
 //!     assert_eq!(all, [half.world_rank(0).unwrap() as u8, half.world_rank(1).unwrap() as u8]);
 //!     node.team_barrier(&world).unwrap();
+//! });
+//! ```
+//!
+//! A reduction on each half, then a broadcast on the world as a future:
+//!
+//! ```
+//! use am_core::{AsyncNode, Config, Handlers, Loopback, Node, ReduceOp};
+//! am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
+//!     let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+//!     let me = node.rank();
+//!     let world = node.world_team();
+//!     // Even and odd ranks; the sum of the ranks on each.
+//!     let half = node.split(&world, Some(me % 2), me).unwrap();
+//!     let half = half.expect("a color gives a team");
+//!     let sum = node.team_all_reduce(&half, ReduceOp::Sum, &[u64::from(me)]).unwrap();
+//!     let expect: u64 = half.members().iter().map(|&r| u64::from(r)).sum();
+//!     assert_eq!(sum, [expect]);
+//!     // The same operations as futures.
+//!     let node = AsyncNode::new(node);
+//!     let hello = am_core::future::block_on(&node, async {
+//!         let data = if me == 0 { &b"hello"[..] } else { &[][..] };
+//!         node.team_broadcast(&world, 0, data).await
+//!     });
+//!     assert_eq!(hello.unwrap(), b"hello");
 //! });
 //! ```
 
