@@ -1045,7 +1045,10 @@ impl<R> Start for AnswerTyped<R> {
         if n == 3 {
             self.answer.stream = Some(words[2]);
         }
-        ready!(send_request(&mut self.out, ep, t))?;
+        let sent = send_request(&mut self.out, ep, t);
+        // Given up, the abandoned answer ends the stream: no cancel of it besides.
+        self.out.half_sent = None;
+        ready!(sent)?;
         // Sent: dropping the answer no longer abandons the call.
         self.answer.transit = None;
         Poll::Ready(Ok(()))
