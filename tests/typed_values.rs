@@ -466,6 +466,10 @@ fn rank<T: Transport + Send + 'static>(t: T, model: Arc<Model>) -> anyhow::Resul
 const OK: u32 = 0;
 const UNKNOWN: u32 = 1;
 const UNDECODABLE: u32 = 2;
+const TOO_LARGE: u32 = 4;
+const UNREACHABLE: u32 = 6;
+/// The last argument of a value moved by rendezvous (its descriptor).
+const RENDEZVOUS: u32 = u32::MAX;
 
 /// Stream numbers of forged parts: far from the ones this rank's own values use (counted
 /// from 0), so that no forged leftover could join a real value's parts.
@@ -646,6 +650,48 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
         node.request_medium(next, r.part, &[stream, 1], &good[1..2])?;
         calls.push((what, with(w, stream).to_vec(), last.to_vec(), status));
     }
+    // Rendezvous descriptors (where the transport maps peers' memory: sci; elsewhere every
+    // one is undecodable): cut short, a release word out of range, a length past the
+    // largest value, and handles that map nothing (not `/proc/<pid>/fd/<fd>`, or a file of
+    // the sender's that is not a staging segment: its stdin).
+    let maps = node.capabilities().map_segments;
+    let desc = |slot: u32, len: u64, handle: &str| {
+        let mut d = u64s(&[1, 0, len, 1 << 20, 7]);
+        d.extend_from_slice(handle.as_bytes());
+        (vec![sum[0], sum[1], slot, RENDEZVOUS], d)
+    };
+    let stdin = format!("/proc/{}/fd/0", std::process::id());
+    let or_undecodable = |status: u32| if maps { status } else { UNDECODABLE };
+    for (what, (args, payload), status) in [
+        ("a descriptor cut short", desc(1, 64, &stdin), UNDECODABLE),
+        ("release word 0", desc(0, 64, &stdin), UNDECODABLE),
+        (
+            "a release word past the last",
+            desc(1 << 20, 64, &stdin),
+            UNDECODABLE,
+        ),
+        (
+            "a value past the largest",
+            desc(1, 1 << 31, &stdin),
+            or_undecodable(TOO_LARGE),
+        ),
+        (
+            "a handle of no form",
+            desc(1, 64, "/proc/self/fd/0"),
+            or_undecodable(UNREACHABLE),
+        ),
+        (
+            "a handle of another file",
+            desc(1, 64, &stdin),
+            or_undecodable(UNREACHABLE),
+        ),
+    ] {
+        let payload = match what {
+            "a descriptor cut short" => payload[..30].to_vec(),
+            _ => payload,
+        };
+        calls.push((what, args, payload, status));
+    }
     for (what, args, payload, status) in &calls {
         let answer = node.call(next, r.call, args, payload)?;
         anyhow::ensure!(
@@ -687,8 +733,14 @@ fn forge<T: Transport>(node: &mut Node<T>, r: Reserved, total: &AtomicU64) -> an
         vec![0xdead_beef],
         vec![],
         vec![1, 2, 3, 4],
+        vec![0xdead_beef, OK, 1, RENDEZVOUS],
     ] {
         node.request_medium(next, r.answer, &args, &good)?;
+    }
+    // Posts of forged descriptors run nothing either.
+    for slot in [0, 1] {
+        let (args, payload) = desc(slot, 64, &stdin);
+        node.request_medium(next, r.post, &[add[0], add[1], args[2], args[3]], &payload)?;
     }
     // The job goes on: typed calls and posts work, and only the real posts ran.
     anyhow::ensure!(

@@ -97,6 +97,10 @@ pub struct Config {
     /// (`AM_SYMMETRIC_SIZE`, default 0; [`crate::symmetric`]). `run_job` makes the segments
     /// `AM_SYMMETRIC_SIZE` larger than asked; set in code, size the segment to hold it.
     pub symmetric_size: usize,
+    /// Whether typed values larger than a few Mediums move by rendezvous where the
+    /// transport's peers map each other's memory (`AM_TYPED_RENDEZVOUS`, `1` or `0`,
+    /// default on; [`crate::typed`]): off, they go in parts of one Medium each.
+    pub typed_rendezvous: bool,
 }
 
 impl Default for Config {
@@ -109,6 +113,7 @@ impl Default for Config {
             close_timeout: Duration::from_secs(30),
             all_reduce: AllReduceAlgorithm::Auto,
             symmetric_size: 0,
+            typed_rendezvous: true,
         }
     }
 }
@@ -139,8 +144,8 @@ fn from_var<T: std::str::FromStr<Err = String>>(
 }
 
 impl Config {
-    /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT`, `AM_ALLREDUCE` and
-    /// `AM_SYMMETRIC_SIZE` where set.
+    /// The defaults, overridden by `AM_CREDITS`, `AM_WAIT`, `AM_ALLREDUCE`,
+    /// `AM_SYMMETRIC_SIZE` and `AM_TYPED_RENDEZVOUS` where set.
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut c = Config::default();
         if let Some(credits) = from_var("AM_CREDITS")? {
@@ -153,6 +158,17 @@ impl Config {
             c.all_reduce = algorithm;
         }
         c.symmetric_size = symmetric_size_from_env()?;
+        if let Ok(value) = std::env::var("AM_TYPED_RENDEZVOUS") {
+            c.typed_rendezvous = match value.trim() {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    let why = "expected 1 or 0".into();
+                    let var = "AM_TYPED_RENDEZVOUS";
+                    return Err(ConfigError { var, value, why });
+                }
+            };
+        }
         Ok(c)
     }
 
@@ -191,6 +207,14 @@ impl Config {
     #[must_use]
     pub fn symmetric_size(mut self, bytes: usize) -> Config {
         self.symmetric_size = bytes;
+        self
+    }
+
+    /// With typed values moved by rendezvous where the transport allows (`true`, the
+    /// default), or always in parts.
+    #[must_use]
+    pub fn typed_rendezvous(mut self, on: bool) -> Config {
+        self.typed_rendezvous = on;
         self
     }
 

@@ -614,15 +614,20 @@ fn answer_handler(
     transit: Arc<crate::typed::Transit>,
 ) -> impl FnMut(Msg<'_>, Token<'_>) + Send + 'static {
     move |msg, _token| {
-        let (number, status, parts) = match *msg.args() {
-            [number, status] => (number, status, None),
-            [number, status, stream] => (number, status, Some(stream)),
-            _ => return,
-        };
         // The parts are taken whatever the status, so that none stay behind.
-        let whole = match parts {
-            None => Ok(msg.payload().to_vec()),
-            Some(stream) => transit.take_parts(msg.src(), stream, msg.payload()),
+        let (number, status, whole) = match *msg.args() {
+            [number, status] => (number, status, Ok(msg.payload().to_vec())),
+            [number, status, stream] => (
+                number,
+                status,
+                transit.take_parts(msg.src(), stream, msg.payload()),
+            ),
+            [number, status, slot, crate::typed::staging::RENDEZVOUS] => (
+                number,
+                status,
+                transit.fetch(msg.src(), slot, msg.payload()),
+            ),
+            _ => return,
         };
         let reply = match whole {
             Ok(payload) if status == crate::typed::ANSWER_OK => crate::Reply {

@@ -161,6 +161,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
             credits,
         );
         ep.set_all_reduce(config.all_reduce);
+        let maps = transport.capabilities().map_segments;
+        ep.set_typed_rendezvous(maps, config.typed_rendezvous);
         ep.set_symmetric_size(config.symmetric_size)
             .map_err(|e| StartError::Config(e.to_string()))?;
         Ok(Node {

@@ -375,12 +375,12 @@ struct Own {
 /// so that a peer that opens a handle can check that the file is that segment, even where
 /// its owner closed the descriptor and the number now names another file (of its own, or
 /// of another job's ranks in the same process).
-fn segment_name(nonce: u64) -> String {
+pub(crate) fn segment_name(nonce: u64) -> String {
     format!("am-seg-{nonce:016x}")
 }
 
 /// A fresh nonce: a randomly keyed hash of a process-wide counter.
-fn nonce() -> u64 {
+pub(crate) fn nonce() -> u64 {
     use std::hash::BuildHasher;
     static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -78,6 +78,17 @@
 //! send failed) cancels its parts at the target, and an [`Answer`] given up so fails its
 //! call with [`Refusal::Abandoned`].
 //!
+//! Where the transport's peers are processes or threads of this host that map each
+//! other's memory ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals),
+//! a value or a deferred answer of 16 KiB to 64 MiB that is larger than a Medium moves by
+//! *rendezvous* instead: its sender copies it into a staging segment of its own (a created
+//! segment's memory file, published to nobody) and sends one Medium that says where it lies;
+//! the target maps that segment (once, kept for the next values), copies the bytes out,
+//! releases them, and runs the whole. A target that cannot map it refuses the value with
+//! [`Refusal::Unreachable`]; [`crate::Config::typed_rendezvous`] (`AM_TYPED_RENDEZVOUS=0`)
+//! sends every large value in parts. At most 255 values are staged at once per endpoint,
+//! in a segment of at least four times the largest; past that, values go in parts.
+//!
 //! Byte fields are best written with `serde_bytes` (`#[serde(with = "serde_bytes")]`, or
 //! `serde_bytes::ByteBuf`): serde writes a plain `Vec<u8>` element by element.
 //!
@@ -100,6 +111,7 @@ use crate::types::Rank;
 
 mod depth;
 pub mod shape;
+pub(crate) mod staging;
 /// `#[derive(Shape)]`: implements [`Shape`] for a struct or enum from its definition.
 pub use am_derive::Shape;
 pub use shape::Shape;
@@ -168,6 +180,9 @@ pub enum Refusal {
     TooLarge,
     /// The target's code took the call's [`Answer`] and dropped it unsent.
     Abandoned,
+    /// The target could not map the memory a value moved by rendezvous lay in (see
+    /// "Values of any size" in [`crate::typed`]).
+    Unreachable,
 }
 
 impl std::fmt::Display for Refusal {
@@ -178,6 +193,10 @@ impl std::fmt::Display for Refusal {
             Refusal::BadAnswer => "the answer did not decode as the reply type",
             Refusal::TooLarge => "the message or its answer was too large",
             Refusal::Abandoned => "the target dropped its answer unsent",
+            Refusal::Unreachable => {
+                "the target could not map the sender's staging memory (large values go in \
+                 parts with Config::typed_rendezvous(false), or AM_TYPED_RENDEZVOUS=0)"
+            }
         })
     }
 }
@@ -244,6 +263,7 @@ pub(crate) const ANSWER_UNDECODABLE: u32 = 2;
 pub(crate) const ANSWER_BAD: u32 = 3;
 pub(crate) const ANSWER_TOO_LARGE: u32 = 4;
 pub(crate) const ANSWER_ABANDONED: u32 = 5;
+pub(crate) const ANSWER_UNREACHABLE: u32 = 6;
 /// Not on the wire: the code took an [`Answer`] and will answer later.
 pub(crate) const DEFERRED: u32 = u32::MAX;
 
@@ -274,9 +294,80 @@ const WIRE: bincode::config::Configuration<bincode::config::LittleEndian, bincod
 /// `v` in the wire format.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
     // Room for a small value at once: growing from empty reallocates at each doubling.
-    let mut out = Vec::with_capacity(64);
-    encode_into(v, &mut out)?;
-    Ok(out)
+    let mut out = Spilling(Vec::with_capacity(64));
+    bincode::serde::encode_into_std_write(v, &mut out, WIRE)?;
+    Ok(out.0)
+}
+
+/// Values encoded past this many bytes move to this thread's recycled buffer
+/// ([`recycle`]).
+const SPILL: usize = 64 << 10;
+
+thread_local! {
+    /// A buffer a large value was encoded into, given back once its bytes left
+    /// ([`recycle`]), for the next large value this thread encodes.
+    static RECYCLED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Keeps `buf` (the bytes of a large value, sent) for the next large value this thread
+/// encodes, if it is larger than the one kept and no larger than [`INBOX_KEEP`]. Where the
+/// allocator returns freed memory to the system (glibc's main arena trims its heap), a
+/// fresh buffer of a large value's size costs a page fault a page as it is written: more
+/// than the value's copies.
+pub(crate) fn recycle(buf: Vec<u8>) {
+    if buf.capacity() < SPILL || buf.capacity() > INBOX_KEEP {
+        return;
+    }
+    RECYCLED.with(|r| {
+        let kept = r.take();
+        r.set(if kept.capacity() >= buf.capacity() {
+            kept
+        } else {
+            buf
+        });
+    });
+}
+
+/// The encoder's output: a growing `Vec` that moves, past [`SPILL`] bytes, into this
+/// thread's recycled buffer ([`recycle`]).
+struct Spilling(Vec<u8>);
+
+impl Spilling {
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, more: usize) {
+        let want = self.0.len() + more;
+        if want <= SPILL || self.0.capacity() >= SPILL {
+            self.0.reserve(more);
+            return;
+        }
+        let mut big = RECYCLED.with(std::cell::Cell::take);
+        big.clear();
+        big.reserve(want.max(2 * SPILL));
+        big.extend_from_slice(&self.0);
+        self.0 = big;
+    }
+}
+
+impl std::io::Write for Spilling {
+    #[inline]
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.write_all(b)?;
+        Ok(b.len())
+    }
+
+    #[inline]
+    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        if self.0.capacity() - self.0.len() < b.len() {
+            self.spill(b.len());
+        }
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `v` in the wire format, appended to `out`.
@@ -394,22 +485,36 @@ pub(crate) fn dispatch(
         src: msg.src(),
         number,
     };
-    let (id, whole) = match msg.args() {
-        [lo, hi] => (id_from(&[*lo, *hi]), None),
-        [lo, hi, stream] => (
-            id_from(&[*lo, *hi]),
-            Some(transit.take_parts(msg.src(), *stream, msg.payload())),
-        ),
+    let (id, ran) = match msg.args() {
+        [lo, hi] => {
+            let id = id_from(&[*lo, *hi]);
+            (id, id.and_then(|id| run(id, msg.payload(), &mut cx, out)))
+        }
+        [lo, hi, stream] => {
+            let id = id_from(&[*lo, *hi]);
+            // The parts are taken whatever the id, so that none stay behind.
+            let ran = match (id, transit.take_parts(msg.src(), *stream, msg.payload())) {
+                (Some(id), Ok(bytes)) => run(id, &bytes, &mut cx, out),
+                (_, Err(refusal)) => Some(Err(refusal)),
+                (None, Ok(_)) => None,
+            };
+            (id, ran)
+        }
+        [lo, hi, slot, staging::RENDEZVOUS] => {
+            let id = id_from(&[*lo, *hi]);
+            let mut inbox = transit.take_inbox();
+            let ran = match transit.fetch_into(msg.src(), *slot, msg.payload(), &mut inbox) {
+                Ok(n) => id.and_then(|id| run(id, &inbox[..n], &mut cx, out)),
+                Err(refusal) => Some(Err(refusal)),
+            };
+            transit.put_inbox(inbox);
+            (id, ran)
+        }
         _ => (None, None),
     };
-    let Some(id) = id else {
+    if id.is_none() {
         return ANSWER_UNDECODABLE;
-    };
-    let ran = match &whole {
-        None => run(id, msg.payload(), &mut cx, out),
-        Some(Ok(bytes)) => run(id, bytes, &mut cx, out),
-        Some(Err(refusal)) => Some(Err(*refusal)),
-    };
+    }
     match ran {
         None => ANSWER_UNKNOWN,
         Some(Ok(false)) => DEFERRED,
@@ -417,6 +522,7 @@ pub(crate) fn dispatch(
         Some(Ok(true)) => ANSWER_OK,
         Some(Err(Refusal::Undecodable)) => ANSWER_UNDECODABLE,
         Some(Err(Refusal::TooLarge)) => ANSWER_TOO_LARGE,
+        Some(Err(Refusal::Unreachable)) => ANSWER_UNREACHABLE,
         Some(Err(_)) => ANSWER_BAD,
     }
 }
@@ -428,6 +534,7 @@ pub(crate) fn status_of(refusal: Refusal) -> u32 {
         Refusal::Undecodable => ANSWER_UNDECODABLE,
         Refusal::TooLarge => ANSWER_TOO_LARGE,
         Refusal::Abandoned => ANSWER_ABANDONED,
+        Refusal::Unreachable => ANSWER_UNREACHABLE,
         Refusal::BadAnswer => ANSWER_BAD,
     }
 }
@@ -440,6 +547,7 @@ pub(crate) fn refusal_of(status: u32) -> Option<Refusal> {
         ANSWER_UNDECODABLE => Some(Refusal::Undecodable),
         ANSWER_TOO_LARGE => Some(Refusal::TooLarge),
         ANSWER_ABANDONED => Some(Refusal::Abandoned),
+        ANSWER_UNREACHABLE => Some(Refusal::Unreachable),
         _ => Some(Refusal::BadAnswer),
     }
 }
@@ -467,6 +575,16 @@ pub(crate) struct Transit {
     max_medium: std::sync::atomic::AtomicUsize,
     /// The next stream number this rank sends parts under.
     next_stream: std::sync::atomic::AtomicU32,
+    /// Values moved by rendezvous ([`staging`]), both ways.
+    staging: std::sync::Mutex<staging::Staging>,
+    /// The buffer the last value moved by rendezvous was copied into.
+    inbox: std::sync::Mutex<Vec<u8>>,
+    /// Whether this rank's transport maps peers' created segments: it takes values by
+    /// rendezvous only then.
+    maps: std::sync::atomic::AtomicBool,
+    /// Whether this rank sends large values by rendezvous (it maps, and
+    /// [`crate::Config::typed_rendezvous`]).
+    rendezvous: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -492,6 +610,9 @@ struct Parts {
     /// Why its message will be refused, once it is (its bytes then dropped).
     refused: Option<Refusal>,
 }
+
+/// The largest buffer kept for the next value moved by rendezvous.
+const INBOX_KEEP: usize = 64 << 20;
 
 /// What each stream costs against its sender's bound beyond its bytes.
 const PART_COST: usize = 64;
@@ -574,6 +695,83 @@ impl Transit {
     pub(crate) fn set_max_medium(&self, max: usize) {
         self.max_medium
             .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets whether this rank's transport maps peers' created segments
+    /// ([`crate::Capabilities::map_segments`]), so that it takes values by rendezvous, and
+    /// whether it sends them so.
+    pub(crate) fn set_maps(&self, maps: bool, send: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.maps.store(maps, Relaxed);
+        self.rendezvous.store(maps && send, Relaxed);
+    }
+
+    fn staging(&self) -> std::sync::MutexGuard<'_, staging::Staging> {
+        // A panic elsewhere while the lock was held left the maps whole: go on with them.
+        self.staging.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stages `bytes` for `dest` ([`staging`]): copied into this rank's staging segment,
+    /// with the descriptor to send. `None` where values do not move by rendezvous, or
+    /// nothing is free in the staging segment: the value goes in parts.
+    pub(crate) fn stage(&self, dest: Rank, bytes: &[u8]) -> Option<staging::Staged> {
+        if !self.rendezvous.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let (seg, staged) = self.staging().stage(dest, bytes.len())?;
+        // The region is this value's alone until its descriptor leaves: written unlocked.
+        match seg.byte_area().write(staged.offset(), bytes) {
+            Ok(()) => Some(staged),
+            Err(_) => {
+                self.unstage(&staged);
+                None
+            }
+        }
+    }
+
+    /// Frees `staged`: its descriptor never left.
+    pub(crate) fn unstage(&self, staged: &staging::Staged) {
+        self.staging().unstage(staged);
+    }
+
+    /// The bytes a descriptor from `src` names ([`staging`]), copied out of its staging
+    /// segment into the first bytes of `buf` and released there: how many. Refused where
+    /// this rank does not map peers' segments.
+    pub(crate) fn fetch_into(
+        &self,
+        src: Rank,
+        slot: u32,
+        desc: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<usize, Refusal> {
+        if !self.maps.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Refusal::Undecodable);
+        }
+        // Located under the lock, copied outside it.
+        let (seg, at) = self.staging().locate(src, slot, desc)?;
+        staging::fetch_into(&seg, slot, at, buf)
+    }
+
+    /// [`Transit::fetch_into`] a buffer of its own.
+    pub(crate) fn fetch(&self, src: Rank, slot: u32, desc: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let mut buf = Vec::new();
+        self.fetch_into(src, slot, desc, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// The buffer values moved by rendezvous are copied into before they are decoded, kept
+    /// from one to the next (a fresh one of a large value's size costs a page fault a page
+    /// where the allocator returns freed memory to the system).
+    fn take_inbox(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keeps `buf` for the next value moved by rendezvous, unless it is larger than
+    /// [`INBOX_KEEP`].
+    fn put_inbox(&self, buf: Vec<u8>) {
+        if buf.capacity() <= INBOX_KEEP {
+            *self.inbox.lock().unwrap_or_else(|p| p.into_inner()) = buf;
+        }
     }
 
     /// This rank's largest Medium.
@@ -752,6 +950,8 @@ impl Transit {
         s.queue.retain(|q| q.dest() != peer);
         self.queued
             .store(s.queue.len(), std::sync::atomic::Ordering::Release);
+        drop(s);
+        self.staging().forget(peer);
     }
 }
 

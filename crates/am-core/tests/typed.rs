@@ -425,7 +425,9 @@ fn deferred_answers_from_a_task() {
     within(LIMIT, || {
         run_ranks(Loopback::cluster(2, small_mediums()), |t| {
             let (tx, rx) = std::sync::mpsc::channel();
-            let node = AsyncNode::new(Node::new(t, deferring(tx), Config::default()).unwrap());
+            // In parts, not by rendezvous: the answer given up must be half sent.
+            let config = Config::default().typed_rendezvous(false);
+            let node = AsyncNode::new(Node::new(t, deferring(tx), config).unwrap());
             let me = node.rank();
             block_on(&node, async {
                 if me == 0 {

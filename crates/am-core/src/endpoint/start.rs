@@ -729,19 +729,35 @@ struct Outbound {
     /// The value's bytes, or why it could not be encoded.
     bytes: Result<Vec<u8>, AmError>,
     /// Once started: the message's handler, the part handler, the message's words (the
-    /// caller's, then the parts' stream if any) and how many there are.
-    site: Option<(HandlerId, HandlerId, [u32; 4], usize)>,
+    /// caller's, then the parts' stream if any, or the rendezvous' release word and mark)
+    /// and how many there are.
+    site: Option<(HandlerId, HandlerId, [u32; 5], usize)>,
     /// Bytes sent ahead as parts.
     sent: usize,
     /// While parts have left but not the message that ends them: where the stream's cancel
     /// is queued if this is dropped (the target would hold them for ever).
     half_sent: Option<std::sync::Arc<crate::typed::Transit>>,
+    /// A value moved by rendezvous ([`crate::typed::staging`]), until its descriptor
+    /// leaves: freed if this is dropped first.
+    staged: Option<Box<Staging>>,
 }
+
+/// A value staged for a rendezvous, and where to free it.
+type Staging = (
+    std::sync::Arc<crate::typed::Transit>,
+    crate::typed::staging::Staged,
+);
 
 impl Drop for Outbound {
     fn drop(&mut self) {
         if let (Some(transit), Some((_, _, words, n))) = (self.half_sent.take(), &self.site) {
             transit.cancel(self.dest, words[*n - 1]);
+        }
+        self.unstage();
+        if let Ok(bytes) = &mut self.bytes {
+            if bytes.capacity() >= crate::typed::staging::RENDEZVOUS_MIN {
+                crate::typed::recycle(std::mem::take(bytes));
+            }
         }
     }
 }
@@ -794,12 +810,28 @@ impl Outbound {
             site: None,
             sent: 0,
             half_sent: None,
+            staged: None,
+        }
+    }
+
+    #[inline]
+    fn unstage(&mut self) {
+        if self.staged.is_some() {
+            self.unstage_cold();
+        }
+    }
+
+    #[cold]
+    fn unstage_cold(&mut self) {
+        if let Some(s) = self.staged.take() {
+            s.0.unstage(&s.1);
         }
     }
 
     /// Checks the value against the bounds and fixes its message: `handler` with `words`,
-    /// then the parts' stream if it goes in parts. The length of the last piece, which the
-    /// message carries.
+    /// then the parts' stream if it goes in parts, or the release word and the mark of a
+    /// rendezvous if it moves so. The length of the last piece (or of the rendezvous'
+    /// descriptor), which the message carries.
     fn prepare<H: Threading>(
         &mut self,
         ep: &Endpoint<H>,
@@ -815,9 +847,18 @@ impl Outbound {
             });
         }
         let max = ep.limits.max_medium.max(1);
-        let mut all = [0; 4];
+        let mut all = [0; 5];
         all[..words.len()].copy_from_slice(words);
         let mut n = words.len();
+        self.unstage();
+        use crate::typed::staging::{RENDEZVOUS_MAX, RENDEZVOUS_MIN};
+        if len > max && (RENDEZVOUS_MIN..=RENDEZVOUS_MAX).contains(&len) {
+            if let Some((slot, desc)) = self.stage(ep) {
+                all[n..n + 2].copy_from_slice(&[slot, crate::typed::staging::RENDEZVOUS]);
+                self.site = Some((handler, part, all, n + 2));
+                return Ok(desc);
+            }
+        }
         let ahead = crate::typed::ahead_of_last(len, max);
         if ahead > 0 {
             let (first, k) = crate::typed::part_words(0, 0, len);
@@ -827,6 +868,17 @@ impl Outbound {
         }
         self.site = Some((handler, part, all, n));
         Ok(len - ahead)
+    }
+
+    /// Stages the value for a rendezvous ([`crate::typed::staging`]), if the transport
+    /// allows and the staging segment has room: its release word and the length of its
+    /// descriptor.
+    #[cold]
+    fn stage<H: Threading>(&mut self, ep: &Endpoint<H>) -> Option<(u32, usize)> {
+        let transit = &ep.handlers.typed_site.as_ref()?.transit;
+        let staged = transit.stage(self.dest, self.bytes.as_ref().ok()?)?;
+        let s = self.staged.insert(Box::new((transit.clone(), staged)));
+        Some((s.1.slot, s.1.desc.len()))
     }
 
     /// A step of sending the parts ahead of the last piece: `Ready(Ok)` with the message's
@@ -839,6 +891,9 @@ impl Outbound {
         let (Some((handler, part, words, n)), Ok(bytes)) = (&self.site, &self.bytes) else {
             return Poll::Ready(Err(AmError::StaleHandle));
         };
+        if let Some(s) = &self.staged {
+            return Poll::Ready(Ok((*handler, &words[..*n], &s.1.desc)));
+        }
         let max = ep.limits.max_medium.max(1);
         let len = bytes.len();
         let ahead = crate::typed::ahead_of_last(len, max);
@@ -855,9 +910,14 @@ impl Outbound {
         Poll::Ready(Ok((*handler, &words[..*n], &bytes[ahead..])))
     }
 
-    /// The message that ends the value has left: nothing to cancel.
+    /// The message that ends the value has left: nothing to cancel, and a staged value is
+    /// its target's until it releases it.
+    #[inline]
     fn sent_all(&mut self) {
         self.half_sent = None;
+        if self.staged.is_some() {
+            self.staged = None;
+        }
     }
 }
 

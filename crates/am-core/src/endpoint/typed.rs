@@ -13,6 +13,16 @@ use crate::types::AmKind;
 use super::state::Endpoint;
 
 impl<H: Threading> Endpoint<H> {
+    /// Sets whether this rank's transport maps peers' created segments
+    /// ([`crate::Capabilities::map_segments`]), and whether typed values larger than a few
+    /// Mediums then move by rendezvous ([`crate::Config::typed_rendezvous`]): this rank
+    /// takes them so where it maps, and sends them so where it maps and `send` is set.
+    pub fn set_typed_rendezvous(&mut self, maps: bool, send: bool) {
+        if let Some(site) = &self.handlers.typed_site {
+            site.transit.set_maps(maps, send);
+        }
+    }
+
     /// Sends what typed messages queued, oldest first, as far as the device and the
     /// credits allow; the rest goes on a later poll. Each item is taken out of the queue
     /// while it is sent (a send that finds a peer lost forgets that peer's items there);
