@@ -82,6 +82,36 @@ fn a_task_answers_typed_calls_under_the_tokio_driver() {
     });
 }
 
+/// Catches an async handler's task that the tokio driver, asleep, does not wake for: each
+/// task awaits a tokio timer, whose wake must end the driver's sleep (else each call waits
+/// out the driver's armed sleep of a second, and 100 in turn outlast the watchdog).
+#[test]
+fn async_handlers_run_as_tasks_of_the_tokio_driver() {
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let mut h = kv_handlers();
+            h.typed_async::<Later, _>(|m, cx| {
+                let src = cx.src();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    (m.0 * m.0, src)
+                }
+            })
+            .expect("register");
+            let node = AsyncNode::new(Node::new(t, h, Config::default()).expect("start"));
+            driven(&node, async {
+                let me = node.rank();
+                let peer = 1 - me;
+                for x in 0..100u32 {
+                    let answer = node.call_typed(peer, Later(x)).await.expect("answer");
+                    assert_eq!(answer, (x * x, me));
+                }
+                node.barrier().await.expect("barrier");
+            });
+        });
+    });
+}
+
 /// Runs `body` on a current-thread runtime's `LocalSet` beside the tokio driver of `node`,
 /// then stops the driver and checks that it ended cleanly.
 fn driven<H: amnet::Threading>(

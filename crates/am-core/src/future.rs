@@ -127,6 +127,9 @@ struct Inner<T: Transport, H: Threading> {
     /// Drivers running now ([`AsyncNode::driving`]): with none, futures make progress
     /// themselves.
     driving: Arc<std::sync::atomic::AtomicU32>,
+    /// The async typed handlers' tasks, polled after each round of progress, outside the
+    /// lock ([`crate::Handlers::typed_async`]).
+    tasks: Option<H::Tasks>,
 }
 
 struct State<T: Transport, H: Threading> {
@@ -185,8 +188,9 @@ impl<T: Transport, H: Threading> std::fmt::Debug for AsyncNode<T, H> {
 
 impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// Shares `node` with async tasks.
-    pub fn new(node: Node<T, H>) -> AsyncNode<T, H> {
+    pub fn new(mut node: Node<T, H>) -> AsyncNode<T, H> {
         let calls = node.ep.calls();
+        let tasks = node.hand_over_tasks();
         let (rank, size) = (node.rank(), node.size());
         AsyncNode {
             inner: Arc::new(Inner {
@@ -200,6 +204,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 size,
                 stops: std::sync::atomic::AtomicU64::new(0),
                 driving: Arc::default(),
+                tasks,
             }),
         }
     }
@@ -461,6 +466,10 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
             w.wake();
         }
         woke |= self.inner.calls.as_ref().map_or(0, |c| c.answered()) != answered;
+        // Outside the lock: a task may use this node.
+        if let Some(tasks) = &self.inner.tasks {
+            woke |= crate::typed::tasks::TaskQueue::run(tasks);
+        }
         polled.map(|handled| (handled, woke))
     }
 
@@ -566,11 +575,16 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// otherwise).
     pub fn into_node(self) -> Result<Node<T, H>, AsyncNode<T, H>> {
         match Arc::try_unwrap(self.inner) {
-            Ok(inner) => Ok(inner
-                .state
-                .into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .node),
+            Ok(inner) => {
+                let mut node = inner
+                    .state
+                    .into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .node;
+                // Alone again, it polls its tasks itself.
+                node.runs_tasks = true;
+                Ok(node)
+            }
             Err(inner) => Err(AsyncNode { inner }),
         }
     }
@@ -647,6 +661,7 @@ mod driver {
                         tokio::select! {
                             biased;
                             () = poll_fn(|cx| self.poll_stopped(started, cx)) => {}
+                            () = poll_fn(|cx| self.poll_tasks_woken(cx)) => {}
                             ready = fd.readable() => {
                                 if let Ok(mut guard) = ready {
                                     guard.clear_ready();
@@ -729,17 +744,19 @@ mod driver {
                     return Poll::Ready(Ok(out));
                 }
                 if asleep {
-                    let woken = match &fd {
-                        Some(fd) => match fd.poll_read_ready(cx) {
-                            Poll::Ready(Ok(mut guard)) => {
-                                guard.clear_ready();
-                                true
-                            }
-                            Poll::Ready(Err(_)) => true,
-                            Poll::Pending => false,
-                        },
-                        None => true,
-                    };
+                    let tasks = self.poll_tasks_woken(cx).is_ready();
+                    let woken = tasks
+                        || match &fd {
+                            Some(fd) => match fd.poll_read_ready(cx) {
+                                Poll::Ready(Ok(mut guard)) => {
+                                    guard.clear_ready();
+                                    true
+                                }
+                                Poll::Ready(Err(_)) => true,
+                                Poll::Pending => false,
+                            },
+                            None => true,
+                        };
                     if !woken && timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -770,6 +787,15 @@ mod driver {
                 }
             })
             .await
+        }
+
+        /// `Ready` once an async typed handler's task is woken (it waits to be polled);
+        /// otherwise `cx` is woken when one is. Never ready for a node without them.
+        fn poll_tasks_woken(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+            match &self.inner.tasks {
+                Some(tasks) => crate::typed::tasks::TaskQueue::poll_woken(tasks, cx),
+                None => Poll::Pending,
+            }
         }
 
         /// The wake descriptor, registered with the runtime's reactor.

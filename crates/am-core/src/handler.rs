@@ -152,6 +152,9 @@ pub trait Threading: sealed::Sealed + 'static {
     /// The table of typed messages' code that the reserved handlers share.
     #[doc(hidden)]
     type TypedTable: Clone + Default;
+    /// The tasks of async typed handlers ([`Handlers::typed_async`]).
+    #[doc(hidden)]
+    type Tasks: crate::typed::tasks::TaskQueue;
 }
 
 /// Handlers that are `Send` ([`Handlers::new`]): the table, the endpoint and the node may
@@ -167,12 +170,14 @@ impl Threading for Sendable {
     type Request = SendRequestFn;
     type Reply = SendReplyFn;
     type TypedTable = Arc<std::sync::Mutex<TypedMap<crate::typed::SendTypedFn>>>;
+    type Tasks = crate::typed::tasks::SendTasks;
 }
 
 impl Threading for Local {
     type Request = RequestFn;
     type Reply = ReplyFn;
     type TypedTable = std::rc::Rc<std::cell::RefCell<TypedMap<crate::typed::TypedFn>>>;
+    type Tasks = crate::typed::tasks::LocalTasks;
 }
 
 /// Typed messages' code by type id.
@@ -190,6 +195,8 @@ pub(crate) struct TypedSite<H: Threading> {
     pub(crate) answer: HandlerId,
     table: H::TypedTable,
     pub(crate) transit: Arc<crate::typed::Transit>,
+    /// The tasks of async typed handlers.
+    pub(crate) tasks: H::Tasks,
 }
 
 mod sealed {
@@ -453,6 +460,74 @@ impl Handlers<Sendable> {
         Ok(())
     }
 
+    /// Registers the typed message `M` with `f` as its code, async: `f` returns a future of
+    /// the answer, which runs as a task of the node's driver, outside its lock, so it may
+    /// await anything, a call of the node's own included (Lamellar's `async fn exec`). The
+    /// call is answered when the future completes. A task still running when its node
+    /// closes is dropped, and its call fails at the caller (with the node's departure, or
+    /// [`crate::typed::Refusal::Abandoned`] if that still left).
+    ///
+    /// The driver polls the tasks: [`crate::AsyncNode`]'s after each round of progress (its
+    /// tokio driver wakes for a task woken while it sleeps), [`crate::SharedNode`]'s after
+    /// each poll, a blocking [`crate::Node`]'s in its polls and waits (a task woken from
+    /// another thread while the node sleeps in [`crate::WaitMode::Block`] runs within
+    /// [`crate::Config::block_timeout`]). A task reaches its node through what it captured
+    /// (a handle set once the node is made).
+    ///
+    /// ```
+    /// use am_core::typed::{Am, AmContext};
+    /// use am_core::future::block_on;
+    /// use am_core::{AsyncNode, Config, Handlers, Loopback, Node};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Slow(u64);
+    /// impl Am for Slow {
+    ///     type Reply = u64;
+    ///     fn exec(self, _cx: &mut AmContext) -> u64 {
+    ///         unreachable!("registered async")
+    ///     }
+    /// }
+    ///
+    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+    ///     let mut handlers = Handlers::new();
+    ///     handlers
+    ///         .typed_async::<Slow, _>(|m, _cx| async move {
+    ///             // Anything may be awaited here: a timer, a channel, another rank.
+    ///             std::future::ready(()).await;
+    ///             m.0 + 1
+    ///         })
+    ///         .unwrap();
+    ///     let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
+    ///     let peer = 1 - node.rank();
+    ///     block_on(&node, async {
+    ///         assert_eq!(node.call_typed(peer, Slow(41)).await.unwrap(), 42);
+    ///         node.barrier().await.unwrap();
+    ///     });
+    /// });
+    /// ```
+    pub fn typed_async<M: crate::typed::Am, Fut>(
+        &mut self,
+        mut f: impl FnMut(M, &mut crate::typed::AmContext) -> Fut + Send + 'static,
+    ) -> Result<(), RegisterError>
+    where
+        Fut: std::future::Future<Output = M::Reply> + Send + 'static,
+    {
+        let id = self.note_typed::<M>()?;
+        let transit = self.open_typed()?;
+        let Some(tasks) = self.typed_site.as_ref().map(|s| s.tasks.clone()) else {
+            return Err(RegisterError::Full);
+        };
+        let run = crate::typed::deferred_runner::<M>(transit, move |m, cx, answer| {
+            let fut = f(m, cx);
+            tasks.spawn(Box::pin(async move {
+                crate::typed::answer_later(answer, fut.await);
+            }));
+        });
+        self.insert_typed(id, Box::new(run));
+        Ok(())
+    }
+
     /// Reserves the typed handlers at the first typed registration; the shared state.
     fn open_typed(&mut self) -> Result<Arc<crate::typed::Transit>, RegisterError> {
         if let Some(site) = &self.typed_site {
@@ -524,6 +599,30 @@ impl Handlers<Local> {
         let id = self.note_typed::<M>()?;
         let transit = self.open_typed()?;
         self.insert_typed(id, Box::new(crate::typed::deferred_runner::<M>(transit, f)));
+        Ok(())
+    }
+
+    /// Registers the typed message `M` with `f` as its code, async, as
+    /// [`Handlers::typed_async`] for `Send` tables: the future need not be `Send`.
+    pub fn typed_async<M: crate::typed::Am, Fut>(
+        &mut self,
+        mut f: impl FnMut(M, &mut crate::typed::AmContext) -> Fut + 'static,
+    ) -> Result<(), RegisterError>
+    where
+        Fut: std::future::Future<Output = M::Reply> + 'static,
+    {
+        let id = self.note_typed::<M>()?;
+        let transit = self.open_typed()?;
+        let Some(tasks) = self.typed_site.as_ref().map(|s| s.tasks.clone()) else {
+            return Err(RegisterError::Full);
+        };
+        let run = crate::typed::deferred_runner::<M>(transit, move |m, cx, answer| {
+            let fut = f(m, cx);
+            tasks.spawn(Box::pin(async move {
+                crate::typed::answer_later(answer, fut.await);
+            }));
+        });
+        self.insert_typed(id, Box::new(run));
         Ok(())
     }
 
@@ -829,6 +928,7 @@ impl<H: Threading> Handlers<H> {
             answer: ids[3],
             table,
             transit,
+            tasks: H::Tasks::default(),
         }));
         Ok(())
     }

@@ -51,6 +51,10 @@ pub struct Node<T: Transport, H: Threading = Sendable> {
     pub(crate) transport: T,
     pub(crate) ep: Endpoint<H>,
     pub(crate) config: Config,
+    /// Whether this node polls its async typed handlers' tasks itself, in its polls and
+    /// waits ([`Node::run_tasks`]); not while a shared driver ([`crate::SharedNode`],
+    /// [`crate::AsyncNode`]) holds it, which polls them outside its lock.
+    pub(crate) runs_tasks: bool,
 }
 
 impl<T: Transport, H: Threading> Node<T, H> {
@@ -169,6 +173,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             transport,
             ep,
             config,
+            runs_tasks: true,
         })
     }
 
@@ -351,7 +356,28 @@ impl<T: Transport, H: Threading> Node<T, H> {
             return Err(e);
         }
         // Bounded, so a flood from one peer cannot starve the caller.
-        self.poll_up_to(64)
+        let handled = self.poll_up_to(64);
+        self.run_tasks();
+        handled
+    }
+
+    /// Polls the async typed handlers' tasks woken since the last time
+    /// ([`crate::Handlers::typed_async`]), where this node runs them itself.
+    #[inline]
+    fn run_tasks(&self) {
+        use crate::typed::tasks::TaskQueue;
+        if let (true, Some(tasks)) = (self.runs_tasks, self.ep.typed_tasks()) {
+            if tasks.woken() {
+                tasks.run();
+            }
+        }
+    }
+
+    /// The async typed handlers' tasks, for a shared driver that polls them outside its
+    /// lock: from now on this node does not poll them itself.
+    pub(crate) fn hand_over_tasks(&mut self) -> Option<H::Tasks> {
+        self.runs_tasks = false;
+        self.ep.typed_tasks().cloned()
     }
 
     fn poll_up_to(&mut self, max: usize) -> Result<usize, AmError> {
@@ -550,6 +576,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
         // them holds up. Not at every spin: a spinning wait is a message's critical path.
         if *idle >= self.config.spin_polls || idle.is_multiple_of(64) {
             self.ep.carry_collectives(&mut self.transport);
+            // Async handlers' tasks woken meanwhile: not at every spin either.
+            self.run_tasks();
         }
         if *idle < self.config.spin_polls || self.config.wait_mode == WaitMode::Spin {
             std::hint::spin_loop();

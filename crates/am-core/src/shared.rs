@@ -71,6 +71,8 @@ pub struct SharedNode<T: Transport> {
     rank: Rank,
     size: u32,
     wait_mode: WaitMode,
+    /// The async typed handlers' tasks, polled after each poll, outside the lock.
+    tasks: Option<<Sendable as crate::handler::Threading>::Tasks>,
 }
 
 impl<T: Transport> Clone for SharedNode<T> {
@@ -80,6 +82,7 @@ impl<T: Transport> Clone for SharedNode<T> {
             rank: self.rank,
             size: self.size,
             wait_mode: self.wait_mode,
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -95,8 +98,9 @@ impl<T: Transport> std::fmt::Debug for SharedNode<T> {
 
 impl<T: Transport> SharedNode<T> {
     /// Shares `node` between the threads that get a clone of the result.
-    pub fn new(node: Node<T, Sendable>) -> Self {
+    pub fn new(mut node: Node<T, Sendable>) -> Self {
         SharedNode {
+            tasks: node.hand_over_tasks(),
             rank: node.rank(),
             size: node.size(),
             wait_mode: node.config().wait_mode,
@@ -112,14 +116,21 @@ impl<T: Transport> SharedNode<T> {
             rank,
             size,
             wait_mode,
+            tasks,
         } = self;
         match Arc::try_unwrap(node) {
-            Ok(m) => Ok(m.into_inner().unwrap_or_else(PoisonError::into_inner)),
+            Ok(m) => {
+                let mut node = m.into_inner().unwrap_or_else(PoisonError::into_inner);
+                // Alone again, it polls its tasks itself.
+                node.runs_tasks = true;
+                Ok(node)
+            }
             Err(node) => Err(SharedNode {
                 node,
                 rank,
                 size,
                 wait_mode,
+                tasks,
             }),
         }
     }
@@ -168,18 +179,33 @@ impl<T: Transport> SharedNode<T> {
         }
     }
 
-    /// [`Node::poll`], once the node is free.
+    /// [`Node::poll`], once the node is free; then the async typed handlers' tasks woken
+    /// meanwhile run, outside the lock.
     pub fn poll(&self) -> Result<usize, AmError> {
-        self.lock().poll()
+        let polled = self.lock().poll();
+        self.run_tasks();
+        polled
+    }
+
+    /// Polls the async typed handlers' tasks woken since the last time.
+    fn run_tasks(&self) {
+        use crate::typed::tasks::TaskQueue;
+        if let Some(tasks) = &self.tasks {
+            if tasks.woken() {
+                tasks.run();
+            }
+        }
     }
 
     /// [`Node::poll`] if no other thread holds the node now: `None` if one does (that thread
     /// makes the progress meanwhile).
     pub fn try_poll(&self) -> Result<Option<usize>, AmError> {
-        match self.try_lock() {
+        let polled = match self.try_lock() {
             Some(mut node) => node.poll().map(Some),
-            None => Ok(None),
-        }
+            None => return Ok(None),
+        };
+        self.run_tasks();
+        polled
     }
 
     /// [`Node::wait_until`]: polls until `done()` is true, under the lock for at most a slice
@@ -318,6 +344,7 @@ impl<T: Transport> SharedNode<T> {
     /// holds the node, which the others may need to send).
     fn between(&self, idle: &mut u32) {
         *idle = idle.saturating_add(1);
+        self.run_tasks();
         match self.wait_mode {
             WaitMode::Spin if *idle < SLICE => std::hint::spin_loop(),
             WaitMode::Block if *idle >= SLICE => std::thread::sleep(ProgressThread::IDLE_SLEEP),

@@ -55,6 +55,14 @@
 //! whoever computes the answer gives it to [`crate::Node::answer_typed`] (blocking, `_nb`
 //! or async, on any driver). The handler itself never waits: it runs inside progress.
 //!
+//! # Async handlers
+//! Code written as a future registers with [`crate::Handlers::typed_async`]: its future
+//! runs as a task of the node's driver, outside the node's lock, so it may await a timer,
+//! a channel, or a call of its own node, and the call is answered when it completes
+//! (Lamellar's `async fn exec`). Every driver polls these tasks: [`crate::AsyncNode`]'s
+//! (`block_on`, and the tokio driver, which wakes from its sleep for a task woken), a
+//! [`crate::SharedNode`]'s polls, and a blocking [`crate::Node`]'s polls and waits.
+//!
 //! # Wire
 //! A typed message is an AM Medium to one of the handlers the table reserves at the first
 //! typed registration (a call's, answered, and a post's), whose arguments carry the type's
@@ -112,6 +120,7 @@ use crate::types::Rank;
 mod depth;
 pub mod shape;
 pub(crate) mod staging;
+pub(crate) mod tasks;
 /// `#[derive(Shape)]`: implements [`Shape`] for a struct or enum from its definition.
 pub use am_derive::Shape;
 pub use shape::Shape;
@@ -455,6 +464,22 @@ pub(crate) fn deferred_runner<M: Am>(
         f(msg, cx, answer);
         Ok(false)
     }
+}
+
+/// Gives `answer` its value from where no node is at hand (an async handler's task,
+/// [`crate::Handlers::typed_async`]): queued, to leave as requests from the endpoint's next
+/// poll. A value that does not encode, or is larger than [`MAX_LEN`], fails the call with
+/// [`Refusal::BadAnswer`] or [`Refusal::TooLarge`].
+pub(crate) fn answer_later<R: Serialize>(mut answer: Answer<R>, value: R) {
+    let Some(transit) = answer.transit.take() else {
+        return;
+    };
+    let (status, bytes) = match encode(&value) {
+        Ok(b) if b.len() <= MAX_LEN => (ANSWER_OK, b),
+        Ok(_) => (ANSWER_TOO_LARGE, Vec::new()),
+        Err(_) => (ANSWER_BAD, Vec::new()),
+    };
+    transit.queue(answer.dest, answer.number, status, bytes, None);
 }
 
 /// The type id two argument words carry (low word first).

@@ -599,3 +599,126 @@ mod same_name {
         });
     }
 }
+
+/// Answered by an async handler ([`Handlers::typed_async`]).
+#[derive(Serialize, Deserialize, Debug)]
+struct Slow(u64);
+
+impl Am for Slow {
+    type Reply = u64;
+    fn exec(self, _: &mut AmContext) -> u64 {
+        unreachable!("registered async")
+    }
+}
+
+/// A future that is pending until another thread, after `after`, wakes it: what an async
+/// handler awaiting a timer, a channel or a disk sees.
+fn woken_later<T: Send + 'static>(value: T, after: Duration) -> impl Future<Output = T> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let waker: Arc<std::sync::Mutex<Option<std::task::Waker>>> = Arc::default();
+    let w = waker.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let _ = tx.send(());
+        if let Some(w) = w.lock().unwrap().take() {
+            w.wake();
+        }
+    });
+    let mut value = Some(value);
+    std::future::poll_fn(move |cx| {
+        *waker.lock().unwrap() = Some(cx.waker().clone());
+        match rx.try_recv() {
+            Ok(()) => std::task::Poll::Ready(value.take().expect("polled after ready")),
+            Err(_) => std::task::Poll::Pending,
+        }
+    })
+}
+
+/// Catches an async handler's task that no driver polls (the caller waits for ever), one
+/// polled only when a message comes (its wake from another thread lost), and an answer
+/// given by a task that the endpoint never sends. Blocking nodes, each calling the other,
+/// and the tasks' wakes coming from other threads while the nodes wait.
+#[test]
+fn async_handlers_answer_on_the_blocking_driver() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut h = Handlers::new();
+            h.typed_async::<Slow, _>(|m, cx| {
+                let src = u64::from(cx.src());
+                woken_later(m.0 * 10 + src, Duration::from_millis(2))
+            })
+            .unwrap();
+            let mut node = Node::new(t, h, Config::default()).unwrap();
+            let peer = 1 - node.rank();
+            let ops: Vec<_> = (0..8)
+                .map(|i| node.call_typed_nb(peer, Slow(i)).unwrap())
+                .collect();
+            for (i, op) in (0..8u64).zip(ops) {
+                let me = u64::from(node.rank());
+                assert_eq!(node.wait(op).unwrap(), i * 10 + me);
+            }
+            assert_eq!(
+                node.call_typed(peer, Slow(5)).unwrap(),
+                50 + u64::from(node.rank())
+            );
+            node.barrier().unwrap();
+        });
+    });
+}
+
+/// Catches a task polled under the node's lock (a task that calls its own node then
+/// deadlocks), and one whose own call's answer never wakes it: each rank's async handler
+/// calls the caller back before it answers, under `block_on`, with a `Local` table (the
+/// future need not be `Send`).
+#[test]
+fn async_handlers_call_their_own_node_under_block_on() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            type Shared = std::rc::Rc<std::cell::OnceCell<AsyncNode<Loopback, am_core::Local>>>;
+            let slot: Shared = Default::default();
+            let s = slot.clone();
+            let mut h = Handlers::local();
+            h.typed::<Sum>().unwrap();
+            h.typed_async::<Slow, _>(move |m, cx| {
+                let (node, src) = (s.get().expect("set before any call").clone(), cx.src());
+                async move {
+                    let back = node.call_typed(src, Sum([m.0, 1, 2, 3])).await.unwrap();
+                    back * 2
+                }
+            })
+            .unwrap();
+            let node = AsyncNode::new(Node::new(t, h, Config::default()).unwrap());
+            let _ = slot.set(node.clone());
+            let peer = 1 - node.rank();
+            block_on(&node, async {
+                let calls: Vec<_> = (0..4).map(|i| node.call_typed(peer, Slow(i))).collect();
+                for (i, c) in (0..4u64).zip(calls) {
+                    assert_eq!(c.await.unwrap(), (i + 6) * 2);
+                }
+                node.barrier().await.unwrap();
+            });
+        });
+    });
+}
+
+/// Catches a `SharedNode` whose tasks never run (its polls under the lock skip them, and no
+/// one else polls them): a progress thread serves the async handler while the caller's
+/// thread waits.
+#[test]
+fn async_handlers_answer_on_a_shared_node() {
+    within(LIMIT, || {
+        run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut h = Handlers::new();
+            h.typed_async::<Slow, _>(|m, _| woken_later(m.0 + 1, Duration::from_millis(1)))
+                .unwrap();
+            let node = SharedNode::new(Node::new(t, h, Config::default()).unwrap());
+            let progress = am_core::ProgressThread::spawn(node.clone()).unwrap();
+            let peer = 1 - node.rank();
+            for i in 0..4 {
+                assert_eq!(node.call_typed(peer, Slow(i)).unwrap(), i + 1);
+            }
+            node.barrier().unwrap();
+            progress.stop().unwrap();
+        });
+    });
+}

@@ -13,6 +13,13 @@ use crate::types::AmKind;
 use super::state::Endpoint;
 
 impl<H: Threading> Endpoint<H> {
+    /// The async typed handlers' tasks ([`crate::Handlers::typed_async`]), if the table
+    /// registers typed messages.
+    #[inline]
+    pub(crate) fn typed_tasks(&self) -> Option<&H::Tasks> {
+        self.handlers.typed_site.as_ref().map(|s| &s.tasks)
+    }
+
     /// Sets whether this rank's transport maps peers' created segments
     /// ([`crate::Capabilities::map_segments`]), and whether typed values larger than a few
     /// Mediums then move by rendezvous ([`crate::Config::typed_rendezvous`]): this rank
