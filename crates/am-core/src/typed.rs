@@ -519,7 +519,11 @@ pub(crate) fn dispatch(
             let id = id_from(&[*lo, *hi]);
             // The parts are taken whatever the id, so that none stay behind.
             let ran = match (id, transit.take_parts(msg.src(), *stream, msg.payload())) {
-                (Some(id), Ok(bytes)) => run(id, &bytes, &mut cx, out),
+                (Some(id), Ok(bytes)) => {
+                    let ran = run(id, &bytes, &mut cx, out);
+                    transit.put_inbox(bytes);
+                    ran
+                }
                 (_, Err(refusal)) => Some(Err(refusal)),
                 (None, Ok(_)) => None,
             };
@@ -850,7 +854,7 @@ impl Transit {
                     open.refused = Some(Refusal::Undecodable);
                 } else if total > MAX_LEN
                     || held.saturating_add(charge) > bound
-                    || open.bytes.try_reserve_exact(total).is_err()
+                    || !self.reserve_join(&mut open.bytes, total)
                 {
                     open.refused = Some(Refusal::TooLarge);
                 } else {
@@ -880,6 +884,16 @@ impl Transit {
             }
             _ => {}
         }
+    }
+
+    /// Makes room in `buf` for a value of `total` bytes arriving in parts: the kept buffer
+    /// ([`Transit::take_inbox`]) for a large one. Whether there is room.
+    fn reserve_join(&self, buf: &mut Vec<u8>, total: usize) -> bool {
+        if total >= SPILL {
+            *buf = self.take_inbox();
+            buf.clear();
+        }
+        buf.try_reserve_exact(total).is_ok()
     }
 
     /// Stream `stream` from `src` ends with `last`: its whole value, or why none.
