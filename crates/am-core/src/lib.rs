@@ -77,6 +77,7 @@ pub mod fault;
 pub mod future;
 pub mod handler;
 pub mod loopback;
+mod memfile;
 mod node;
 pub mod op;
 // The system messages' encoding: a transport never needs it; test peers that forge system

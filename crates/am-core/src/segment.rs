@@ -87,6 +87,7 @@
 use std::collections::HashMap;
 
 use crate::error::AmError;
+pub(crate) use crate::memfile::{nonce, segment_name, CONTROL_WORDS};
 use crate::types::Rank;
 pub use crate::types::SegmentId;
 
@@ -118,12 +119,6 @@ const REFUSED: u32 = u32::MAX;
 
 /// Bytes of one member's block in a free: the id (4), and 0 or [`REFUSED`] (4).
 pub(crate) const FREE_BLOCK_LEN: usize = 8;
-
-/// Bytes of control words before a created segment's bytes: word 0 is set when its owner
-/// frees it, so that a peer that mapped it refuses later operations. A whole page, so that
-/// the bytes start on a page boundary as segment 0's do: a copy into a range whose offset
-/// within its pages differs from the source's runs measurably slower.
-pub(crate) const CONTROL_WORDS: usize = 4096;
 
 /// The key of a peer's segment in [`Segments::known`]: its owner and its id.
 fn known_key(rank: Rank, id: u32) -> u64 {
@@ -369,22 +364,6 @@ struct Own {
     /// Every rank it was published to, sorted: they may operate on it until a free on a
     /// team of them all.
     reached: Vec<Rank>,
-}
-
-/// The name of a created segment's memory file: made of a nonce drawn when it is created,
-/// so that a peer that opens a handle can check that the file is that segment, even where
-/// its owner closed the descriptor and the number now names another file (of its own, or
-/// of another job's ranks in the same process).
-pub(crate) fn segment_name(nonce: u64) -> String {
-    format!("am-seg-{nonce:016x}")
-}
-
-/// A fresh nonce: a randomly keyed hash of a process-wide counter.
-pub(crate) fn nonce() -> u64 {
-    use std::hash::BuildHasher;
-    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::collections::hash_map::RandomState::new().hash_one(n)
 }
 
 /// What a rank knows of segments: its own beyond segment 0, and each peer's published to it.

@@ -239,9 +239,9 @@ impl Staging {
             .checked_mul(4)?
             .max(STAGING_MIN)
             .checked_next_power_of_two()?;
-        let nonce = crate::segment::nonce();
-        let name = crate::segment::segment_name(nonce);
-        let words = crate::segment::CONTROL_WORDS;
+        let nonce = crate::memfile::nonce();
+        let name = crate::memfile::segment_name(nonce);
+        let words = crate::memfile::CONTROL_WORDS;
         let seg = am_shm::Segment::create_anonymous(&name, words, size).ok()?;
         let handle = seg.handle()?;
         self.slots = Default::default();
@@ -285,8 +285,8 @@ impl Staging {
             // The previous one is unmapped: a sender remakes its staging segment only when
             // nothing lies in it.
             self.mapped.remove(&src);
-            let name = crate::segment::segment_name(nonce);
-            let words = crate::segment::CONTROL_WORDS;
+            let name = crate::memfile::segment_name(nonce);
+            let words = crate::memfile::CONTROL_WORDS;
             let seg = am_shm::Segment::open_handle_named(handle, &name, words, size)
                 .map_err(|_| Refusal::Unreachable)?;
             let m = Mapped {
