@@ -169,6 +169,28 @@ fn concerns_one_peer(e: &AmError) -> bool {
     )
 }
 
+/// An [`AsyncNode`] handle that does not keep it alive ([`AsyncNode::downgrade`]).
+pub struct WeakAsyncNode<T: Transport, H: Threading = Sendable>(std::sync::Weak<Inner<T, H>>);
+
+impl<T: Transport, H: Threading> WeakAsyncNode<T, H> {
+    /// The node, unless every [`AsyncNode`] of it was dropped.
+    pub fn upgrade(&self) -> Option<AsyncNode<T, H>> {
+        self.0.upgrade().map(|inner| AsyncNode { inner })
+    }
+}
+
+impl<T: Transport, H: Threading> Clone for WeakAsyncNode<T, H> {
+    fn clone(&self) -> Self {
+        WeakAsyncNode(self.0.clone())
+    }
+}
+
+impl<T: Transport, H: Threading> std::fmt::Debug for WeakAsyncNode<T, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakAsyncNode")
+    }
+}
+
 impl<T: Transport, H: Threading> Clone for AsyncNode<T, H> {
     fn clone(&self) -> Self {
         AsyncNode {
@@ -532,11 +554,23 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         for w in waiters {
             w.wake();
         }
+        // Its async handlers' tasks end with it (outside the lock: one may hold a handle).
+        if let Some(tasks) = &self.inner.tasks {
+            crate::typed::tasks::TaskQueue::clear(tasks);
+        }
         self.stop();
         match settled {
             Err(AmError::NodeClosed) => Ok(()),
             other => other,
         }
+    }
+
+    /// A handle that does not keep the node alive ([`WeakAsyncNode::upgrade`]): what the
+    /// code of an async typed handler ([`crate::Handlers::typed_async`]) holds to reach its
+    /// node, since the node holds that code (a strong handle there would keep the node
+    /// from ever dropping).
+    pub fn downgrade(&self) -> WeakAsyncNode<T, H> {
+        WeakAsyncNode(Arc::downgrade(&self.inner))
     }
 
     /// Asks the drivers running now to return (`AsyncNode::drive`); a driver started

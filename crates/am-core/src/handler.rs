@@ -471,8 +471,10 @@ impl Handlers<Sendable> {
     /// tokio driver wakes for a task woken while it sleeps), [`crate::SharedNode`]'s after
     /// each poll, a blocking [`crate::Node`]'s in its polls and waits (a task woken from
     /// another thread while the node sleeps in [`crate::WaitMode::Block`] runs within
-    /// [`crate::Config::block_timeout`]). A task reaches its node through what it captured
-    /// (a handle set once the node is made).
+    /// [`crate::Config::block_timeout`]). A task reaches its node through what its code
+    /// captured: a [`crate::WeakAsyncNode`] set once the node is made (a strong handle in
+    /// code the node holds would keep the node from ever dropping). Closing the node drops
+    /// the tasks still running.
     ///
     /// ```
     /// use am_core::typed::{Am, AmContext};

@@ -112,7 +112,7 @@ pub use error::{
     AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
 };
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
-pub use future::AsyncNode;
+pub use future::{AsyncNode, WeakAsyncNode};
 pub use handler::{HandlerInfo, Handlers, Local, Msg, RegisterError, Sendable, Threading};
 pub use loopback::{AbortHandle, Loopback, LoopbackConfig, Told};
 pub use node::Node;

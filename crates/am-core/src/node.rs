@@ -783,6 +783,10 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     pub(crate) fn close_in_place(&mut self) -> Result<(), AmError> {
+        if let Some(tasks) = self.ep.typed_tasks() {
+            // Its async handlers' tasks end with it.
+            crate::typed::tasks::TaskQueue::clear(tasks);
+        }
         if self.ep.ended().is_some() {
             return Ok(());
         }

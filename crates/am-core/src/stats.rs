@@ -19,6 +19,9 @@ pub struct Stats {
     /// Messages or fragments the NIC sent again after a loss ([`NicStats::retransmissions`];
     /// 0 on a NIC that loses nothing).
     pub retransmissions: u64,
+    /// Typed values and answers this rank sent by rendezvous, from its staging segment
+    /// ([`crate::typed`]); the others larger than a Medium went in parts.
+    pub typed_staged: u64,
 }
 
 /// What a NIC counts of its own ([`crate::Transport::stats`]); the default counts nothing.

@@ -282,7 +282,25 @@ pub const MAX_LEN: usize = 1 << 30;
 
 /// The length of `v` on the wire.
 pub fn encoded_len<T: Serialize>(v: &T) -> Result<usize, crate::AmError> {
-    encoded(v).map(|b| b.len())
+    /// Counts what is written, and keeps nothing.
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Counted(0);
+    bincode::serde::encode_into_std_write(v, &mut n, WIRE).map_err(|e| {
+        crate::AmError::TypedUnencodable {
+            name: std::any::type_name::<T>(),
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(n.0)
 }
 
 /// `v` in the wire format, or the error an operation on it gives: one of a type serde
@@ -614,6 +632,8 @@ pub(crate) struct Transit {
     /// Whether this rank sends large values by rendezvous (it maps, and
     /// [`crate::Config::typed_rendezvous`]).
     rendezvous: std::sync::atomic::AtomicBool,
+    /// Values and answers this rank staged for a rendezvous ([`crate::Stats::typed_staged`]).
+    staged: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -750,12 +770,21 @@ impl Transit {
         let (seg, staged) = self.staging().stage(dest, bytes.len())?;
         // The region is this value's alone until its descriptor leaves: written unlocked.
         match seg.byte_area().write(staged.offset(), bytes) {
-            Ok(()) => Some(staged),
+            Ok(()) => {
+                self.staged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Some(staged)
+            }
             Err(_) => {
                 self.unstage(&staged);
                 None
             }
         }
+    }
+
+    /// How many values and answers this rank staged for a rendezvous.
+    pub(crate) fn staged(&self) -> u64 {
+        self.staged.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Frees `staged`: its descriptor never left.
@@ -799,7 +828,10 @@ impl Transit {
     /// [`INBOX_KEEP`].
     fn put_inbox(&self, buf: Vec<u8>) {
         if buf.capacity() <= INBOX_KEEP {
-            *self.inbox.lock().unwrap_or_else(|p| p.into_inner()) = buf;
+            let mut kept = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            if buf.capacity() > kept.capacity() {
+                *kept = buf;
+            }
         }
     }
 

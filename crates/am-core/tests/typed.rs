@@ -667,20 +667,25 @@ fn async_handlers_answer_on_the_blocking_driver() {
 }
 
 /// Catches a task polled under the node's lock (a task that calls its own node then
-/// deadlocks), and one whose own call's answer never wakes it: each rank's async handler
-/// calls the caller back before it answers, under `block_on`, with a `Local` table (the
-/// future need not be `Send`).
+/// deadlocks), one whose own call's answer never wakes it, and a node its tasks keep from
+/// dropping: each rank's async handler calls the caller back before it answers, under
+/// `block_on`, with a `Local` table (the future need not be `Send`).
 #[test]
 fn async_handlers_call_their_own_node_under_block_on() {
     within(LIMIT, || {
         run_ranks(Loopback::cluster(2, Default::default()), |t| {
-            type Shared = std::rc::Rc<std::cell::OnceCell<AsyncNode<Loopback, am_core::Local>>>;
+            type Shared =
+                std::rc::Rc<std::cell::OnceCell<am_core::WeakAsyncNode<Loopback, am_core::Local>>>;
             let slot: Shared = Default::default();
             let s = slot.clone();
             let mut h = Handlers::local();
             h.typed::<Sum>().unwrap();
             h.typed_async::<Slow, _>(move |m, cx| {
-                let (node, src) = (s.get().expect("set before any call").clone(), cx.src());
+                let node = s
+                    .get()
+                    .and_then(|w| w.upgrade())
+                    .expect("set before any call");
+                let src = cx.src();
                 async move {
                     let back = node.call_typed(src, Sum([m.0, 1, 2, 3])).await.unwrap();
                     back * 2
@@ -688,7 +693,9 @@ fn async_handlers_call_their_own_node_under_block_on() {
             })
             .unwrap();
             let node = AsyncNode::new(Node::new(t, h, Config::default()).unwrap());
-            let _ = slot.set(node.clone());
+            // Weak: the node holds this code, and a strong handle in it would keep the
+            // node from ever dropping.
+            let _ = slot.set(node.downgrade());
             let peer = 1 - node.rank();
             block_on(&node, async {
                 let calls: Vec<_> = (0..4).map(|i| node.call_typed(peer, Slow(i))).collect();
@@ -697,6 +704,9 @@ fn async_handlers_call_their_own_node_under_block_on() {
                 }
                 node.barrier().await.unwrap();
             });
+            let weak = node.downgrade();
+            drop(node);
+            assert!(weak.upgrade().is_none(), "the node dropped");
         });
     });
 }
@@ -720,5 +730,72 @@ fn async_handlers_answer_on_a_shared_node() {
             node.barrier().unwrap();
             progress.stop().unwrap();
         });
+    });
+}
+
+/// Catches large values that silently go in parts where peers map each other's memory
+/// (rendezvous never used), a staging segment whose regions are not reused once released
+/// (more values in flight than release words, then more again), values mixed up between
+/// regions, and rendezvous used when the configuration turns it off.
+#[test]
+fn large_values_move_by_rendezvous_where_peers_map() {
+    within(LIMIT, || {
+        for on in [true, false] {
+            run_ranks(Loopback::cluster(2, small_mediums()), |t| {
+                let total = Arc::new(AtomicU64::new(0));
+                let mut h = handlers(total.clone());
+                let sum = total.clone();
+                h.typed_with::<Bulk>(move |b, _| {
+                    let s: u64 = b.0.iter().map(|&x| u64::from(x)).sum();
+                    sum.fetch_add(s, Ordering::Relaxed);
+                })
+                .unwrap();
+                let config = Config::default().typed_rendezvous(on);
+                let mut node = Node::new(t, h, config).unwrap();
+                let (me, peer) = (node.rank(), 1 - node.rank());
+                // Past a Medium and the rendezvous' least size, a few sizes, to the peer and to
+                // itself.
+                for (i, n) in [3_000usize, 70_000, 1 << 17].into_iter().enumerate() {
+                    let v = Echo {
+                        words: (0..n as u64).map(|w| w * 3 + i as u64).collect(),
+                        ..echo(3)
+                    };
+                    for dest in [peer, me] {
+                        assert_eq!(
+                            node.call_typed(dest, v.clone()).unwrap(),
+                            (me, reversed(v.clone()))
+                        );
+                    }
+                }
+                // More in flight than release words: the rest go in parts. Then, all
+                // released (the peer ran them: it passed a barrier after them), as many
+                // again are staged.
+                for _round in 0..2 {
+                    let ops: Vec<_> = (0..300u64)
+                        .map(|i| {
+                            let b = Bulk(vec![(i % 251) as u8; 17_000]);
+                            node.post_typed_nb(peer, b).unwrap()
+                        })
+                        .collect();
+                    for op in ops {
+                        node.wait(op).unwrap();
+                    }
+                    node.barrier().unwrap();
+                    node.barrier().unwrap();
+                }
+                node.barrier().unwrap();
+                let want: u64 = 2 * (0..300u64).map(|i| (i % 251) * 17_000).sum::<u64>();
+                assert_eq!(total.load(Ordering::Relaxed), want);
+                let staged = node.stats().typed_staged;
+                if on {
+                    // The calls' values (their answers, too large for a reply, go as
+                    // queued parts), and each round's posts while release words last.
+                    assert!(staged >= 6 + 2 * 255, "staged {staged}");
+                } else {
+                    assert_eq!(staged, 0, "rendezvous off");
+                }
+                node.barrier().unwrap();
+            });
+        }
     });
 }

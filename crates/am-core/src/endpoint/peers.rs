@@ -59,6 +59,11 @@ impl<H: Threading> Endpoint<H> {
             late_answers: self.handlers.calls.as_ref().map_or(0, |s| s.calls.late()),
             credit_waits: self.credit_waits,
             refused: self.replies.refused,
+            typed_staged: self
+                .handlers
+                .typed_site
+                .as_ref()
+                .map_or(0, |s| s.transit.staged()),
             ..Default::default()
         }
     }

@@ -46,7 +46,12 @@ impl<H: Threading> Endpoint<H> {
                 continue;
             }
             match self.send_queued(t, &mut q, part, answer) {
-                Ok(true) => {}
+                // Sent: a large answer's buffer serves the next value this thread encodes.
+                Ok(true) => {
+                    if let crate::typed::Queued::Answer(a) = q {
+                        crate::typed::recycle(a.bytes);
+                    }
+                }
                 Ok(false) => {
                     transit.put_back(q);
                     return;

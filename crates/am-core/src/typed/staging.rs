@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Refusal, MAX_LEN};
+use super::Refusal;
 use crate::types::Rank;
 
 /// Release words: control words `1..SLOTS` of the staging segment (word 0 is the freed
@@ -122,6 +122,9 @@ impl Staging {
     /// `None` when no region or word is free, or no segment could be made (the value then
     /// goes in parts).
     pub(crate) fn stage(&mut self, dest: Rank, len: usize) -> Option<(am_shm::Segment, Staged)> {
+        if len == 0 {
+            return None;
+        }
         self.reclaim();
         let slot = self.free_slot()?;
         let offset = match self.fit(len) {
@@ -253,7 +256,7 @@ impl Staging {
     /// `src`'s staging segment (made by the first descriptor that names it), where they lie
     /// in it, how many, and the sequence number that releases them. A descriptor that does
     /// not parse or names bytes outside the segment is undecodable; one longer than
-    /// [`MAX_LEN`] too large; a segment that does not map (another host's, a file that is
+    /// [`RENDEZVOUS_MAX`] too large; a segment that does not map (another host's, a file that is
     /// not the one named) unreachable.
     pub(crate) fn locate(
         &mut self,
@@ -271,7 +274,8 @@ impl Staging {
         let handle = std::str::from_utf8(&desc[DESC_LEN..]).map_err(|_| Refusal::Undecodable)?;
         let as_usize = |w: u64| usize::try_from(w).map_err(|_| Refusal::Undecodable);
         let (offset, len, size) = (as_usize(offset)?, as_usize(len)?, as_usize(size)?);
-        if len > MAX_LEN {
+        // No sender stages more: a larger length only makes this rank allocate.
+        if len > RENDEZVOUS_MAX {
             return Err(Refusal::TooLarge);
         }
         if slot == 0 || slot >= SLOTS || offset.checked_add(len).is_none_or(|end| end > size) {
@@ -416,7 +420,7 @@ mod tests {
         let mut past = v.desc.clone();
         past[8..16].copy_from_slice(&(4u64 << 20).to_le_bytes());
         let mut huge = v.desc.clone();
-        huge[16..24].copy_from_slice(&((MAX_LEN as u64) + 1).to_le_bytes());
+        huge[16..24].copy_from_slice(&((RENDEZVOUS_MAX as u64) + 1).to_le_bytes());
         let mut other = v.desc.clone();
         other[32..40].copy_from_slice(&(v.nonce ^ 1).to_le_bytes());
         let mut t = Staging::default();

@@ -25,6 +25,8 @@ pub trait TaskQueue: Clone + Default + 'static {
     fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()>;
     /// How many tasks are not finished.
     fn len(&self) -> usize;
+    /// Drops every task (its node closes): their calls are not answered.
+    fn clear(&self);
 }
 
 /// The tasks of async typed handlers, of futures `F` (`Send` or not, with the table).
@@ -34,12 +36,19 @@ pub struct Tasks<F: ?Sized> {
     slots: Mutex<Slots<F>>,
     /// What the tasks' wakers tell.
     ready: Arc<Ready>,
+    /// Held by the thread polling the tasks: one at a time, so that a task woken while it
+    /// is out of its slot being polled is polled again by the next run, not skipped by a
+    /// concurrent one that finds its slot empty.
+    running: Mutex<()>,
 }
 
 struct Slots<F: ?Sized> {
     tasks: Vec<Option<Pin<Box<F>>>>,
     free: Vec<usize>,
     live: usize,
+    /// How many times the tasks were cleared: a task polled across a clear is dropped,
+    /// not put back in a slot that is no longer its own.
+    cleared: u64,
 }
 
 /// The tasks woken since the last run, shared with their wakers (which may be on any
@@ -48,8 +57,8 @@ struct Slots<F: ?Sized> {
 struct Ready {
     woken: Mutex<Vec<usize>>,
     any: AtomicBool,
-    /// The driver asleep waiting for a task to wake ([`TaskQueue::poll_woken`]).
-    driver: Mutex<Option<Waker>>,
+    /// The drivers asleep waiting for a task to wake ([`TaskQueue::poll_woken`]).
+    drivers: Mutex<Vec<Waker>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,25 +70,29 @@ impl Ready {
     fn wake(&self, index: usize) {
         lock(&self.woken).push(index);
         self.any.store(true, Ordering::Release);
-        if let Some(w) = lock(&self.driver).take() {
+        for w in std::mem::take(&mut *lock(&self.drivers)) {
             w.wake();
         }
     }
 }
 
-/// One task's waker.
+/// One task's waker, made for one poll of it: the task is queued once however often it is
+/// woken until it is polled again.
 struct TaskWaker {
     index: usize,
     ready: Arc<Ready>,
+    queued: AtomicBool,
 }
 
 impl Wake for TaskWaker {
     fn wake(self: Arc<Self>) {
-        self.ready.wake(self.index);
+        self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.ready.wake(self.index);
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            self.ready.wake(self.index);
+        }
     }
 }
 
@@ -90,8 +103,10 @@ impl<F: ?Sized> Default for Tasks<F> {
                 tasks: Vec::new(),
                 free: Vec::new(),
                 live: 0,
+                cleared: 0,
             }),
             ready: Arc::default(),
+            running: Mutex::new(()),
         }
     }
 }
@@ -125,30 +140,41 @@ impl<F: Future<Output = ()> + ?Sized> Tasks<F> {
     }
 
     fn run_woken(&self) -> bool {
+        let _running = match self.running.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another thread runs them now, and will poll what was woken meanwhile.
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         if !self.ready.any.swap(false, Ordering::AcqRel) {
             return false;
         }
         let woken = std::mem::take(&mut *lock(&self.ready.woken));
         for index in woken {
             // Taken out while it is polled: it may spawn, or wake itself, meanwhile.
-            let Some(mut task) = lock(&self.slots)
-                .tasks
-                .get_mut(index)
-                .and_then(Option::take)
-            else {
-                // Finished, or woken twice: polled once already.
+            let (task, cleared) = {
+                let mut s = lock(&self.slots);
+                let task = s.tasks.get_mut(index).and_then(Option::take);
+                (task, s.cleared)
+            };
+            // Finished, or cleared: nothing to poll.
+            let Some(mut task) = task else {
                 continue;
             };
             let waker = Waker::from(Arc::new(TaskWaker {
                 index,
                 ready: self.ready.clone(),
+                queued: AtomicBool::new(false),
             }));
             let done = task
                 .as_mut()
                 .poll(&mut Context::from_waker(&waker))
                 .is_ready();
             let mut s = lock(&self.slots);
-            if done {
+            if s.cleared != cleared {
+                drop(s);
+                drop(task);
+            } else if done {
                 s.free.push(index);
                 s.live -= 1;
             } else {
@@ -162,7 +188,12 @@ impl<F: Future<Output = ()> + ?Sized> Tasks<F> {
         if self.ready.any.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        *lock(&self.ready.driver) = Some(cx.waker().clone());
+        {
+            let mut drivers = lock(&self.ready.drivers);
+            if !drivers.iter().any(|w| w.will_wake(cx.waker())) {
+                drivers.push(cx.waker().clone());
+            }
+        }
         // Woken between the check and the registration: not missed.
         if self.ready.any.load(Ordering::Acquire) {
             return Poll::Ready(());
@@ -191,6 +222,18 @@ macro_rules! task_queue {
             }
             fn len(&self) -> usize {
                 lock(&self.slots).live
+            }
+            fn clear(&self) {
+                let tasks = {
+                    let mut s = lock(&self.slots);
+                    s.free.clear();
+                    s.live = 0;
+                    s.cleared += 1;
+                    std::mem::take(&mut s.tasks)
+                };
+                lock(&self.ready.woken).clear();
+                // Dropped outside the lock: a task's drop may reach its node.
+                drop(tasks);
             }
         }
     };
@@ -232,6 +275,43 @@ mod tests {
         assert!(tasks.run());
         assert_eq!(polls.load(Ordering::Relaxed), 3);
         assert_eq!(tasks.len(), 0, "finished");
+    }
+
+    #[test]
+    fn a_task_woken_while_polled_is_polled_again_whoever_runs_meanwhile() {
+        // Catches a wake lost to a second thread running the tasks while the first polls
+        // the task (it found the slot empty and dropped the wake), and a task cleared while
+        // it is polled put back in a slot no longer its own.
+        let tasks = SendTasks::default();
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (p, t) = (polls.clone(), tasks.clone());
+        tasks.spawn(Box::pin(std::future::poll_fn(move |cx| {
+            if p.fetch_add(1, Ordering::Relaxed) == 1 {
+                return Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            // Another thread runs the tasks while this one is being polled.
+            let t = t.clone();
+            let ran = std::thread::spawn(move || t.run()).join().unwrap();
+            assert!(!ran, "one runner at a time");
+            Poll::Pending
+        })));
+        assert!(tasks.run());
+        assert_eq!(polls.load(Ordering::Relaxed), 1);
+        assert!(tasks.run(), "the wake during the poll is kept");
+        assert_eq!(polls.load(Ordering::Relaxed), 2);
+        assert_eq!(tasks.len(), 0);
+        // Cleared while polled: dropped, not put back.
+        let t = tasks.clone();
+        tasks.spawn(Box::pin(std::future::poll_fn(move |_| {
+            t.clear();
+            Poll::<()>::Pending
+        })));
+        assert!(tasks.run());
+        assert_eq!(tasks.len(), 0);
+        tasks.spawn(Box::pin(async {}));
+        assert!(tasks.run());
+        assert_eq!(tasks.len(), 0, "slots usable after a clear");
     }
 
     #[test]
