@@ -265,6 +265,29 @@ pub struct Handlers<H: Threading = Sendable> {
 
 /// The name of the reply handler a table reserves for its calls.
 const CALL_REPLY_NAME: &str = "amnet: call reply";
+/// The body of `Handlers::typed_async` on both kinds of table, which differ in their
+/// bounds alone: the future, kept as a task of the table's, answers the call
+/// ([`crate::typed::answer_later`]).
+macro_rules! typed_async_body {
+    ($self:ident, $m:ty, $f:ident) => {{
+        let id = $self.note_typed::<$m>()?;
+        let transit = $self.open_typed()?;
+        let tasks = $self
+            .typed_site
+            .as_ref()
+            .map(|s| s.tasks.clone())
+            .unwrap_or_default();
+        let run = crate::typed::deferred_runner::<$m>(transit, move |m, cx, answer| {
+            let fut = $f(m, cx);
+            tasks.spawn(Box::pin(async move {
+                crate::typed::answer_later(answer, fut.await);
+            }));
+        });
+        $self.insert_typed(id, Box::new(run));
+        Ok(())
+    }};
+}
+
 /// The names of the handlers a table reserves for typed messages.
 const TYPED_CALL_NAME: &str = "amnet: typed call";
 const TYPED_POST_NAME: &str = "amnet: typed post";
@@ -515,19 +538,7 @@ impl Handlers<Sendable> {
     where
         Fut: std::future::Future<Output = M::Reply> + Send + 'static,
     {
-        let id = self.note_typed::<M>()?;
-        let transit = self.open_typed()?;
-        let Some(tasks) = self.typed_site.as_ref().map(|s| s.tasks.clone()) else {
-            return Err(RegisterError::Full);
-        };
-        let run = crate::typed::deferred_runner::<M>(transit, move |m, cx, answer| {
-            let fut = f(m, cx);
-            tasks.spawn(Box::pin(async move {
-                crate::typed::answer_later(answer, fut.await);
-            }));
-        });
-        self.insert_typed(id, Box::new(run));
-        Ok(())
+        typed_async_body!(self, M, f)
     }
 
     /// Reserves the typed handlers at the first typed registration; the shared state.
@@ -613,19 +624,7 @@ impl Handlers<Local> {
     where
         Fut: std::future::Future<Output = M::Reply> + 'static,
     {
-        let id = self.note_typed::<M>()?;
-        let transit = self.open_typed()?;
-        let Some(tasks) = self.typed_site.as_ref().map(|s| s.tasks.clone()) else {
-            return Err(RegisterError::Full);
-        };
-        let run = crate::typed::deferred_runner::<M>(transit, move |m, cx, answer| {
-            let fut = f(m, cx);
-            tasks.spawn(Box::pin(async move {
-                crate::typed::answer_later(answer, fut.await);
-            }));
-        });
-        self.insert_typed(id, Box::new(run));
-        Ok(())
+        typed_async_body!(self, M, f)
     }
 
     /// Reserves the typed handlers at the first typed registration; the shared state.

@@ -270,6 +270,17 @@ impl Am for Bulk {
     fn exec(self, _: &mut AmContext) {}
 }
 
+/// [`handlers`], and `Bulk` posts adding their bytes to `total` too.
+fn bulk_handlers(total: Arc<AtomicU64>) -> Handlers {
+    let mut h = handlers(total.clone());
+    h.typed_with::<Bulk>(move |b, _| {
+        let s: u64 = b.0.iter().map(|&x| u64::from(x)).sum();
+        total.fetch_add(s, Ordering::Relaxed);
+    })
+    .unwrap();
+    h
+}
+
 /// A transport whose Mediums are small, so that values of a few KiB go in many parts.
 fn small_mediums() -> LoopbackConfig {
     LoopbackConfig::new().max_medium(200).capacity(16)
@@ -285,13 +296,7 @@ fn values_larger_than_a_medium_go_in_parts() {
     within(LIMIT, || {
         run_ranks(Loopback::cluster(2, small_mediums()), |t| {
             let total = Arc::new(AtomicU64::new(0));
-            let mut h = handlers(total.clone());
-            let sum = total.clone();
-            h.typed_with::<Bulk>(move |b, _| {
-                let s: u64 = b.0.iter().map(|&x| u64::from(x)).sum();
-                sum.fetch_add(s, Ordering::Relaxed);
-            })
-            .unwrap();
+            let h = bulk_handlers(total.clone());
             let mut node = Node::new(t, h, Config::default()).unwrap();
             let me = node.rank();
             let peer = 1 - me;
@@ -743,13 +748,7 @@ fn large_values_move_by_rendezvous_where_peers_map() {
         for on in [true, false] {
             run_ranks(Loopback::cluster(2, small_mediums()), |t| {
                 let total = Arc::new(AtomicU64::new(0));
-                let mut h = handlers(total.clone());
-                let sum = total.clone();
-                h.typed_with::<Bulk>(move |b, _| {
-                    let s: u64 = b.0.iter().map(|&x| u64::from(x)).sum();
-                    sum.fetch_add(s, Ordering::Relaxed);
-                })
-                .unwrap();
+                let h = bulk_handlers(total.clone());
                 let config = Config::default().typed_rendezvous(on);
                 let mut node = Node::new(t, h, config).unwrap();
                 let (me, peer) = (node.rank(), 1 - node.rank());
