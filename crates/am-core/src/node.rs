@@ -367,9 +367,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     fn run_tasks(&self) {
         use crate::typed::tasks::TaskQueue;
         if let (true, Some(tasks)) = (self.runs_tasks, self.ep.typed_tasks()) {
-            if tasks.woken() {
-                tasks.run();
-            }
+            tasks.run();
         }
     }
 

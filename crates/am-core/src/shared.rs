@@ -191,9 +191,7 @@ impl<T: Transport> SharedNode<T> {
     fn run_tasks(&self) {
         use crate::typed::tasks::TaskQueue;
         if let Some(tasks) = &self.tasks {
-            if tasks.woken() {
-                tasks.run();
-            }
+            tasks.run();
         }
     }
 

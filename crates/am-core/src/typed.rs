@@ -294,22 +294,22 @@ pub fn encoded_len<T: Serialize>(v: &T) -> Result<usize, crate::AmError> {
         }
     }
     let mut n = Counted(0);
-    bincode::serde::encode_into_std_write(v, &mut n, WIRE).map_err(|e| {
-        crate::AmError::TypedUnencodable {
-            name: std::any::type_name::<T>(),
-            reason: e.to_string(),
-        }
-    })?;
+    bincode::serde::encode_into_std_write(v, &mut n, WIRE).map_err(unencodable::<T>)?;
     Ok(n.0)
+}
+
+/// The error of an operation on a `T` the wire format cannot hold.
+fn unencodable<T>(e: bincode::error::EncodeError) -> crate::AmError {
+    crate::AmError::TypedUnencodable {
+        name: std::any::type_name::<T>(),
+        reason: e.to_string(),
+    }
 }
 
 /// `v` in the wire format, or the error an operation on it gives: one of a type serde
 /// cannot write in it (a sequence of unknown length, a serializer's own error).
 pub(crate) fn encoded<T: Serialize>(v: &T) -> Result<Vec<u8>, crate::AmError> {
-    encode(v).map_err(|e| crate::AmError::TypedUnencodable {
-        name: std::any::type_name::<T>(),
-        reason: e.to_string(),
-    })
+    encode(v).map_err(unencodable::<T>)
 }
 
 /// The wire format: bincode's, integers as fixed-width little-endian words. Fixed words
@@ -342,17 +342,22 @@ thread_local! {
 /// fresh buffer of a large value's size costs a page fault a page as it is written: more
 /// than the value's copies.
 pub(crate) fn recycle(buf: Vec<u8>) {
-    if buf.capacity() < SPILL || buf.capacity() > INBOX_KEEP {
+    if buf.capacity() < SPILL {
         return;
     }
     RECYCLED.with(|r| {
-        let kept = r.take();
-        r.set(if kept.capacity() >= buf.capacity() {
-            kept
-        } else {
-            buf
-        });
+        let mut kept = r.take();
+        keep_larger(&mut kept, buf);
+        r.set(kept);
     });
+}
+
+/// Keeps in `kept` the larger of it and `buf`, unless `buf` is larger than [`INBOX_KEEP`]:
+/// the rule of the buffers kept for large values ([`recycle`], [`Transit::put_inbox`]).
+fn keep_larger(kept: &mut Vec<u8>, buf: Vec<u8>) {
+    if buf.capacity() > kept.capacity() && buf.capacity() <= INBOX_KEEP {
+        *kept = buf;
+    }
 }
 
 /// The encoder's output: a growing `Vec` that moves, past [`SPILL`] bytes, into this
@@ -624,7 +629,8 @@ pub(crate) struct Transit {
     next_stream: std::sync::atomic::AtomicU32,
     /// Values moved by rendezvous ([`staging`]), both ways.
     staging: std::sync::Mutex<staging::Staging>,
-    /// The buffer the last value moved by rendezvous was copied into.
+    /// The buffer large values arriving are copied (by rendezvous) or joined (from
+    /// parts) into, kept from one to the next.
     inbox: std::sync::Mutex<Vec<u8>>,
     /// Whether this rank's transport maps peers' created segments: it takes values by
     /// rendezvous only then.
@@ -817,22 +823,19 @@ impl Transit {
         Ok(buf)
     }
 
-    /// The buffer values moved by rendezvous are copied into before they are decoded, kept
-    /// from one to the next (a fresh one of a large value's size costs a page fault a page
+    /// The buffer large values arriving are copied or joined into before they are decoded,
+    /// kept from one to the next (a fresh one of a large value's size costs a page fault a page
     /// where the allocator returns freed memory to the system).
     fn take_inbox(&self) -> Vec<u8> {
         std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Keeps `buf` for the next value moved by rendezvous, unless it is larger than
-    /// [`INBOX_KEEP`].
+    /// Keeps `buf` for the next large value arriving ([`keep_larger`]).
     fn put_inbox(&self, buf: Vec<u8>) {
-        if buf.capacity() <= INBOX_KEEP {
-            let mut kept = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            if buf.capacity() > kept.capacity() {
-                *kept = buf;
-            }
-        }
+        keep_larger(
+            &mut self.inbox.lock().unwrap_or_else(|p| p.into_inner()),
+            buf,
+        );
     }
 
     /// This rank's largest Medium.

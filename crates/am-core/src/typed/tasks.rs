@@ -17,7 +17,8 @@ use std::task::{Context, Poll, Wake, Waker};
 /// What a driver does with a table's tasks, whichever its threading.
 #[doc(hidden)]
 pub trait TaskQueue: Clone + Default + 'static {
-    /// Polls the tasks woken since the last run, each once: whether any was.
+    /// Polls the tasks woken since the last run, each once: whether any was. Nothing woken
+    /// costs one atomic load.
     fn run(&self) -> bool;
     /// Whether a task was woken and waits to be polled.
     fn woken(&self) -> bool;
@@ -140,6 +141,10 @@ impl<F: Future<Output = ()> + ?Sized> Tasks<F> {
     }
 
     fn run_woken(&self) -> bool {
+        // Nothing woken, the usual case: one load, no lock.
+        if !self.ready.any.load(Ordering::Acquire) {
+            return false;
+        }
         let _running = match self.running.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
