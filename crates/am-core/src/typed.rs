@@ -321,9 +321,23 @@ const WIRE: bincode::config::Configuration<bincode::config::LittleEndian, bincod
 /// `v` in the wire format.
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
     // Room for a small value at once: growing from empty reallocates at each doubling.
-    let mut out = Spilling(Vec::with_capacity(64));
+    let mut out = Spilling::<{ usize::MAX }>(Vec::with_capacity(64));
     bincode::serde::encode_into_std_write(v, &mut out, WIRE)?;
     Ok(out.0)
+}
+
+/// `v` in the wire format if it is no longer than [`staging::RENDEZVOUS_MIN`]; `None` if it
+/// is longer (its encoding stops there): a value that may move by rendezvous is encoded
+/// when it starts, straight into the staging segment ([`Transit::stage_encoded`]).
+#[inline]
+pub(crate) fn encoded_small<T: Serialize>(v: &T) -> Result<Option<Vec<u8>>, crate::AmError> {
+    let mut out = Spilling::<{ staging::RENDEZVOUS_MIN }>(Vec::with_capacity(64));
+    match bincode::serde::encode_into_std_write(v, &mut out, WIRE) {
+        Ok(_) => Ok(Some(out.0)),
+        // The output's only error.
+        Err(bincode::error::EncodeError::Io { .. }) => Ok(None),
+        Err(e) => Err(unencodable::<T>(e)),
+    }
 }
 
 /// Values encoded past this many bytes move to this thread's recycled buffer
@@ -361,27 +375,32 @@ fn keep_larger(kept: &mut Vec<u8>, buf: Vec<u8>) {
 }
 
 /// The encoder's output: a growing `Vec` that moves, past [`SPILL`] bytes, into this
-/// thread's recycled buffer ([`recycle`]).
-struct Spilling(Vec<u8>);
+/// thread's recycled buffer ([`recycle`]), and refuses to grow past `STOP` bytes (its only
+/// error).
+struct Spilling<const STOP: usize>(Vec<u8>);
 
-impl Spilling {
+impl<const STOP: usize> Spilling<STOP> {
     #[cold]
     #[inline(never)]
-    fn spill(&mut self, more: usize) {
+    fn spill(&mut self, more: usize) -> std::io::Result<()> {
         let want = self.0.len() + more;
+        if want > STOP {
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
         if want <= SPILL || self.0.capacity() >= SPILL {
             self.0.reserve(more);
-            return;
+            return Ok(());
         }
         let mut big = RECYCLED.with(std::cell::Cell::take);
         big.clear();
         big.reserve(want.max(2 * SPILL));
         big.extend_from_slice(&self.0);
         self.0 = big;
+        Ok(())
     }
 }
 
-impl std::io::Write for Spilling {
+impl<const STOP: usize> std::io::Write for Spilling<STOP> {
     #[inline]
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.write_all(b)?;
@@ -391,7 +410,7 @@ impl std::io::Write for Spilling {
     #[inline]
     fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
         if self.0.capacity() - self.0.len() < b.len() {
-            self.spill(b.len());
+            self.spill(b.len())?;
         }
         self.0.extend_from_slice(b);
         Ok(())
@@ -399,6 +418,64 @@ impl std::io::Write for Spilling {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// The encoder's output into a staged region `[start, end)` of the staging segment: small
+/// writes are gathered into whole chunks (a store into shared memory merges a partial word
+/// at either end), large ones go straight in. Past `end`, it refuses.
+struct InSegment<'a> {
+    area: am_shm::SharedBytes<'a>,
+    /// Where the next flushed byte goes.
+    at: usize,
+    start: usize,
+    end: usize,
+    /// Small writes not flushed yet.
+    buf: Vec<u8>,
+}
+
+/// Writes this long or longer go straight into the segment.
+const IN_SEGMENT_CHUNK: usize = 4096;
+
+impl InSegment<'_> {
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+        let full = || std::io::Error::from(std::io::ErrorKind::FileTooLarge);
+        let end = self.at.checked_add(b.len()).ok_or_else(full)?;
+        if end > self.end {
+            return Err(full());
+        }
+        self.area.write(self.at, b).map_err(|_| full())?;
+        self.at = end;
+        Ok(())
+    }
+}
+
+impl std::io::Write for InSegment<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.write_all(b)?;
+        Ok(b.len())
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        if self.buf.len() + b.len() > IN_SEGMENT_CHUNK {
+            self.flush()?;
+        }
+        if b.len() >= IN_SEGMENT_CHUNK {
+            return self.put(b);
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(IN_SEGMENT_CHUNK);
+        }
+        self.buf.extend_from_slice(b);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let buf = std::mem::take(&mut self.buf);
+        let put = self.put(&buf);
+        self.buf = buf;
+        self.buf.clear();
+        put
     }
 }
 
@@ -786,6 +863,44 @@ impl Transit {
                 None
             }
         }
+    }
+
+    /// Encodes `v` for `dest` straight into a region of this rank's staging segment (no
+    /// private copy in between), and stages it if it is longer than `more_than` bytes (the
+    /// largest Medium): the staged value. `None` where values do not move
+    /// by rendezvous, nothing is free in the staging segment, the value is longer than the
+    /// largest free run (it then goes as [`Transit::stage`]'s values do, from a private
+    /// copy), or it is no longer than `more_than`.
+    pub(crate) fn stage_encoded<T: Serialize>(
+        &self,
+        dest: Rank,
+        v: &T,
+        more_than: usize,
+    ) -> Option<staging::Staged> {
+        if !self.rendezvous.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let (seg, mut staged) = self.staging().stage_open(dest)?;
+        let mut out = InSegment {
+            area: seg.byte_area(),
+            at: staged.offset(),
+            start: staged.offset(),
+            end: staged.offset() + staged.len(),
+            buf: Vec::new(),
+        };
+        // The region is this value's alone until its descriptor leaves: written unlocked.
+        let written = bincode::serde::encode_into_std_write(v, &mut out, WIRE)
+            .ok()
+            .and_then(|_| std::io::Write::flush(&mut out).ok());
+        let len = out.at - out.start;
+        if written.is_none() || len <= more_than {
+            self.unstage(&staged);
+            return None;
+        }
+        self.staging().shrink(&mut staged, len);
+        self.staged
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(staged)
     }
 
     /// How many values and answers this rank staged for a rendezvous.

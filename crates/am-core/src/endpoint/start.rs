@@ -719,14 +719,18 @@ impl<'a> Call<'a> {
 }
 
 /// A typed value on its way to `dest` ([`crate::typed`]), the part [`TypedCall`],
-/// [`PostTyped`] and [`AnswerTyped`] share: encoded when made; a value larger than the
-/// transport's largest Medium leaves as parts ahead of the message that carries its last
-/// piece ([`crate::typed::Transit`]).
+/// [`PostTyped`] and [`AnswerTyped`] share: encoded when made, unless it is longer than
+/// [`RENDEZVOUS_MIN`](crate::typed::staging::RENDEZVOUS_MIN) bytes: such a value is encoded
+/// when it starts ([`Outbound::encode_late`]), straight into the staging segment where it
+/// moves by rendezvous. A value larger than the transport's largest Medium and not moved so
+/// leaves as parts ahead of the message that carries its last piece
+/// ([`crate::typed::Transit`]).
 struct Outbound {
     dest: Rank,
     /// The value's type, for diagnostics.
     name: &'static str,
-    /// The value's bytes, or why it could not be encoded.
+    /// The value's bytes (empty while it is to be encoded when it starts, or once encoded
+    /// into the staging segment), or why it could not be encoded.
     bytes: Result<Vec<u8>, AmError>,
     /// Once started: the message's handler, the part handler, the message's words (the
     /// caller's, then the parts' stream if any, or the rendezvous' release word and mark)
@@ -742,10 +746,12 @@ struct Outbound {
     staged: Option<Box<Staging>>,
 }
 
-/// A value staged for a rendezvous, and where to free it.
+/// A value staged for a rendezvous, where to free it, and whether it was encoded straight
+/// into the staging segment (its bytes are only there).
 type Staging = (
     std::sync::Arc<crate::typed::Transit>,
     crate::typed::staging::Staged,
+    bool,
 );
 
 impl Drop for Outbound {
@@ -768,6 +774,7 @@ impl std::fmt::Debug for Outbound {
             .field("dest", &self.dest)
             .field("type", &self.name)
             .field("len", &self.bytes.as_ref().map(Vec::len))
+            .field("staged", &self.staged.as_ref().map(|s| s.1.len()))
             .finish()
     }
 }
@@ -802,16 +809,41 @@ fn typed_id<M: crate::typed::Am, H: Threading>(ep: &Endpoint<H>) -> Result<[u32;
 }
 
 impl Outbound {
-    fn new<T: serde::Serialize>(dest: Rank, value: &T) -> Self {
-        Outbound {
+    /// `value` to `dest`, and whether it is still to be encoded ([`Outbound::encode_late`]).
+    fn new<T: serde::Serialize>(dest: Rank, value: &T) -> (Self, bool) {
+        let (bytes, late) = match crate::typed::encoded_small(value) {
+            Ok(Some(bytes)) => (Ok(bytes), false),
+            Ok(None) => (Ok(Vec::new()), true),
+            Err(e) => (Err(e), false),
+        };
+        let out = Outbound {
             dest,
             name: std::any::type_name::<T>(),
-            bytes: crate::typed::encoded(value),
+            bytes,
             site: None,
             sent: 0,
             half_sent: None,
             staged: None,
+        };
+        (out, late)
+    }
+
+    /// Encodes `value`, longer than a small value, as it starts on `ep`: straight into
+    /// this rank's staging segment where it will move by rendezvous (a value longer than a
+    /// Medium, on a transport that maps segments, with room for it), else (a value that
+    /// fits one Medium after all, too) again into a private buffer.
+    #[cold]
+    #[inline(never)]
+    fn encode_late<T: serde::Serialize, H: Threading>(&mut self, ep: &Endpoint<H>, value: &T) {
+        if let Some(site) = &ep.handlers.typed_site {
+            let transit = &site.transit;
+            let max = ep.limits.max_medium;
+            if let Some(staged) = transit.stage_encoded(self.dest, value, max) {
+                self.staged = Some(Box::new((transit.clone(), staged, true)));
+                return;
+            }
         }
+        self.bytes = crate::typed::encoded(value);
     }
 
     #[inline]
@@ -839,6 +871,14 @@ impl Outbound {
         words: &[u32],
     ) -> Result<usize, AmError> {
         let (_, _, part, _, transit) = typed_handlers(ep, self.name)?;
+        let mut all = [0; 5];
+        all[..words.len()].copy_from_slice(words);
+        let mut n = words.len();
+        if let Some(s) = self.staged.as_ref().filter(|s| s.2) {
+            all[n..n + 2].copy_from_slice(&[s.1.slot, crate::typed::staging::RENDEZVOUS]);
+            self.site = Some((handler, part, all, n + 2));
+            return Ok(s.1.desc.len());
+        }
         let len = self.bytes.as_ref().map_err(Clone::clone)?.len();
         if len > crate::typed::MAX_LEN {
             return Err(AmError::TypedTooLarge {
@@ -847,9 +887,6 @@ impl Outbound {
             });
         }
         let max = ep.limits.max_medium.max(1);
-        let mut all = [0; 5];
-        all[..words.len()].copy_from_slice(words);
-        let mut n = words.len();
         self.unstage();
         use crate::typed::staging::{RENDEZVOUS_MAX, RENDEZVOUS_MIN};
         if len > max && (RENDEZVOUS_MIN..=RENDEZVOUS_MAX).contains(&len) {
@@ -877,7 +914,9 @@ impl Outbound {
     fn stage<H: Threading>(&mut self, ep: &Endpoint<H>) -> Option<(u32, usize)> {
         let transit = &ep.handlers.typed_site.as_ref()?.transit;
         let staged = transit.stage(self.dest, self.bytes.as_ref().ok()?)?;
-        let s = self.staged.insert(Box::new((transit.clone(), staged)));
+        let s = self
+            .staged
+            .insert(Box::new((transit.clone(), staged, false)));
         Some((s.1.slot, s.1.desc.len()))
     }
 
@@ -924,12 +963,13 @@ impl Outbound {
 /// The message that ends a typed value: its handler, words and last piece.
 type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
 
-/// A typed call ([`crate::typed`]): `msg` encoded when it is made, sent to `dest` as a call
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made (a long one when it
+/// starts: [`Outbound`]), sent to `dest` as a call
 /// of the table's reserved typed-call handler, completing with the answer decoded as an
 /// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
 /// a value larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing
 /// is sent.
-pub struct TypedCall<M: crate::typed::Am>(Outbound, std::marker::PhantomData<fn(M)>);
+pub struct TypedCall<M: crate::typed::Am>(Outbound, Option<M>);
 
 impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -940,7 +980,8 @@ impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
 impl<M: crate::typed::Am> TypedCall<M> {
     /// A call of `msg` on `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        TypedCall(Outbound::new(dest, &msg), std::marker::PhantomData)
+        let (out, late) = Outbound::new(dest, &msg);
+        TypedCall(out, late.then_some(msg))
     }
 }
 
@@ -954,6 +995,9 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
         let out = &mut self.0;
         let (call, ..) = typed_handlers(ep, out.name)?;
         let [lo, hi] = typed_id::<M, H>(ep)?;
+        if let Some(msg) = self.1.take() {
+            out.encode_late(ep, &msg);
+        }
         // The call's number goes first: `call_start` fills it in.
         let last = out.prepare(ep, call, &[0, lo, hi])?;
         let Some((call, _, words, n)) = out.site.as_mut() else {
@@ -981,7 +1025,7 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
 /// A typed message with no answer ([`crate::typed`]): `msg` encoded when it is made, sent to
 /// `dest` as a request of the table's reserved typed-post handler; locally complete once
 /// sent. Checked as [`TypedCall`].
-pub struct PostTyped<M: crate::typed::Am>(Outbound, std::marker::PhantomData<fn(M)>);
+pub struct PostTyped<M: crate::typed::Am>(Outbound, Option<M>);
 
 impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -992,7 +1036,8 @@ impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
 impl<M: crate::typed::Am> PostTyped<M> {
     /// A post of `msg` to `dest`.
     pub fn new(dest: Rank, msg: M) -> Self {
-        PostTyped(Outbound::new(dest, &msg), std::marker::PhantomData)
+        let (out, late) = Outbound::new(dest, &msg);
+        PostTyped(out, late.then_some(msg))
     }
 }
 
@@ -1033,6 +1078,9 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
     ) -> Poll<Result<Op<()>, AmError>> {
         let (_, post, ..) = typed_handlers(ep, self.0.name)?;
         let id = typed_id::<M, H>(ep)?;
+        if let Some(msg) = self.1.take() {
+            self.0.encode_late(ep, &msg);
+        }
         Poll::Ready(start_request(&mut self.0, ep, post, &id))
     }
     fn send<H: Threading, T: Transport + ?Sized>(
@@ -1052,6 +1100,8 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
 pub struct AnswerTyped<R> {
     answer: crate::typed::Answer<R>,
     out: Outbound,
+    /// The value, while it is to be encoded when it starts ([`Outbound::encode_late`]).
+    late: Option<R>,
 }
 
 impl<R> std::fmt::Debug for AnswerTyped<R> {
@@ -1063,12 +1113,13 @@ impl<R> std::fmt::Debug for AnswerTyped<R> {
 impl<R: serde::Serialize> AnswerTyped<R> {
     /// `answer` given `value`.
     pub fn new(answer: crate::typed::Answer<R>, value: R) -> Self {
-        let out = Outbound::new(answer.dest, &value);
-        AnswerTyped { answer, out }
+        let (out, late) = Outbound::new(answer.dest, &value);
+        let late = late.then_some(value);
+        AnswerTyped { answer, out, late }
     }
 }
 
-impl<R> Start for AnswerTyped<R> {
+impl<R: serde::Serialize> Start for AnswerTyped<R> {
     type Output = ();
     fn start<H: Threading, T: Transport + ?Sized>(
         &mut self,
@@ -1080,6 +1131,9 @@ impl<R> Start for AnswerTyped<R> {
         }
         let (.., answer, _) = typed_handlers(ep, self.out.name)?;
         let words = [self.answer.number, crate::typed::ANSWER_OK];
+        if let Some(value) = self.late.take() {
+            self.out.encode_late(ep, &value);
+        }
         let started = start_request(&mut self.out, ep, answer, &words);
         if let Err(e) = &started {
             // The caller is told why, when the answer drops.
@@ -2182,7 +2236,7 @@ impl<M: crate::typed::Am> Owned for TypedCall<M> {
     }
 }
 
-impl<R: 'static> Owned for AnswerTyped<R> {
+impl<R: serde::Serialize + 'static> Owned for AnswerTyped<R> {
     type Owned = AnswerTyped<R>;
     fn owned(self) -> AnswerTyped<R> {
         self

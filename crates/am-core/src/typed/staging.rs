@@ -68,6 +68,14 @@ impl Staged {
     pub(crate) fn offset(&self) -> usize {
         self.offset
     }
+
+    /// How many bytes its region holds (its descriptor's length).
+    pub(crate) fn len(&self) -> usize {
+        self.desc
+            .get(16..24)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, |w| u64::from_le_bytes(w) as usize)
+    }
 }
 
 /// A value in the staging segment that its target has not released.
@@ -169,6 +177,48 @@ impl Staging {
             desc,
         };
         Some((own.seg.share(), staged))
+    }
+
+    /// Stages a region for a value to `dest` whose length is not known yet: the largest
+    /// free run of the staging segment (made if there is none yet), at most
+    /// [`RENDEZVOUS_MAX`] bytes and at least [`RENDEZVOUS_MIN`]. The value is written into
+    /// it (outside the lock), then [`Staging::shrink`] fits the region and its descriptor to
+    /// the bytes written, or [`Staging::unstage`] frees it.
+    pub(crate) fn stage_open(&mut self, dest: Rank) -> Option<(am_shm::Segment, Staged)> {
+        if self.own.is_none() {
+            self.remake(0)?;
+        }
+        self.reclaim();
+        let len = self.largest_gap().min(RENDEZVOUS_MAX);
+        if len < RENDEZVOUS_MIN {
+            return None;
+        }
+        self.stage(dest, len)
+    }
+
+    /// Fits `staged`'s region, staged by [`Staging::stage_open`], and its descriptor to the
+    /// `len` bytes written into it (no more than it had).
+    pub(crate) fn shrink(&mut self, staged: &mut Staged, len: usize) {
+        if let Some(r) = self.live.get_mut(&staged.offset) {
+            if r.seq == staged.seq && len <= r.len {
+                r.len = len;
+                staged.desc[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+            }
+        }
+    }
+
+    /// The longest run of the staging segment no live region holds.
+    fn largest_gap(&self) -> usize {
+        let Some(own) = &self.own else {
+            return 0;
+        };
+        let mut at = 0;
+        let mut best = 0;
+        for (&start, r) in &self.live {
+            best = best.max(start.saturating_sub(at));
+            at = (start + r.len).next_multiple_of(ALIGN);
+        }
+        best.max(own.seg.bytes_len().saturating_sub(at))
     }
 
     /// Frees `staged`'s region and word: its descriptor never left.
@@ -383,6 +433,42 @@ mod tests {
         // Empty, it is remade larger.
         let (_, d) = s.stage(4, 8 << 20).unwrap();
         assert_ne!(d.nonce, a.nonce);
+    }
+
+    #[test]
+    fn an_open_region_takes_the_largest_run_and_gives_back_what_it_did_not_use() {
+        // Catches an open region that overlaps a live one, a shrink that leaves the rest
+        // unusable or a descriptor that still says the open length, and an open region
+        // staged where no run is long enough.
+        let mut s = Staging::default();
+        let (_, a) = s.stage(1, 1 << 20).unwrap();
+        let (_, mut b) = s.stage_open(2).unwrap();
+        assert_eq!(b.offset, 1 << 20, "after a");
+        assert_eq!(b.len(), (4 << 20) - (1 << 20), "the rest of the segment");
+        s.shrink(&mut b, 100_000);
+        assert_eq!(b.len(), 100_000);
+        let (m, at) = Staging::default().locate(0, b.slot, &b.desc).unwrap();
+        assert_eq!(at.len, 100_000);
+        drop(m);
+        let (_, c) = s.stage(3, 2 << 20).unwrap();
+        assert_eq!(
+            c.offset,
+            (1 << 20) + 100_032,
+            "after b, shrunk, whole lines"
+        );
+        release(&s, &a);
+        let (_, d) = s.stage_open(4).unwrap();
+        assert_eq!(
+            (d.offset, d.len()),
+            (0, 1 << 20),
+            "a's run, the longest now"
+        );
+        s.unstage(&d);
+        // Runs shorter than the least rendezvous: none.
+        let (_, e) = s.stage(5, (1 << 20) - RENDEZVOUS_MIN + 64).unwrap();
+        let left = (4 << 20) - ((1 << 20) + 100_032 + (2 << 20));
+        let (_, f) = s.stage(6, left - 64).unwrap();
+        assert!(s.stage_open(7).is_none(), "{e:?} {f:?}");
     }
 
     #[test]
