@@ -486,31 +486,25 @@ fn encode_into<T: Serialize>(v: &T, out: &mut Vec<u8>) -> Result<(), bincode::er
 
 /// The value `bytes` hold, all of them: a value followed by more bytes is refused.
 ///
-/// A string's or a byte buffer's declared length is claimed against a limit before its
-/// buffer is allocated, and refused past it, so that a few bytes declaring a length of
-/// 2^62 allocate nothing: the payload's length rounded up to a power of 16 (4 KiB at
-/// least) up to payloads of 16 MiB, [`MAX_LEN`] above. What is claimed is never more than
-/// the bytes read, so a value that fits its payload fits the limit. (The limit is a type
-/// parameter of the decoder: five sizes, five instances per type.) Sequences are not
-/// claimed: serde reserves at most 1 MiB for one, however long it says it is.
+/// It is decoded from the slice, borrowing it: a string's or a byte buffer's declared
+/// length is checked against the bytes left before anything is allocated, so a few bytes
+/// declaring a length of 2^62 allocate nothing, and its bytes are copied out once (see
+/// `depth::Deep::deserialize_byte_buf`). Sequences are not checked so: serde reserves at
+/// most 1 MiB for one, however long it says it is, and each element must then decode.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-    match bytes.len() {
-        0..=0x1000 => decode_within::<T, 0x1000>(bytes),
-        0x1001..=0x1_0000 => decode_within::<T, 0x1_0000>(bytes),
-        0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(bytes),
-        0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(bytes),
-        _ => decode_within::<T, MAX_LEN>(bytes),
+    /// Decodes a `T` through [`depth::deserialize`].
+    struct Bounded<T>(PhantomData<fn() -> T>);
+    impl<'de, T: DeserializeOwned> serde::de::DeserializeSeed<'de> for Bounded<T> {
+        type Value = T;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+            depth::deserialize(d)
+        }
     }
-}
-
-fn decode_within<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Option<T> {
-    use bincode::de::read::{Reader, SliceReader};
-    let mut rest = SliceReader::new(bytes);
-    let mut decoder =
-        bincode::serde::OwnedSerdeDecoder::from_reader(&mut rest, WIRE.with_limit::<LIMIT>());
-    let v = depth::deserialize(decoder.as_deserializer()).ok()?;
+    let seed = Bounded::<T>(PhantomData);
+    let (v, read) =
+        bincode::serde::seed_decode_from_slice(seed, bytes, WIRE.with_limit::<MAX_LEN>()).ok()?;
     // Every byte read: a value followed by more is refused.
-    rest.peek_read(1).is_none().then_some(v)
+    (read == bytes.len()).then_some(v)
 }
 
 /// The outcome of a typed call ([`crate::Node::call_typed_nb`]'s handle is an
@@ -1183,6 +1177,55 @@ mod tests {
         let bomb = 0x3fff_ffff_ffff_ffffu64.to_le_bytes();
         assert_eq!(decode::<Vec<u64>>(&bomb), None);
         assert_eq!(decode::<String>(&bomb), None);
+        assert_eq!(decode::<Blob>(&bomb), None);
+    }
+
+    /// A byte buffer that asks for one (`deserialize_byte_buf`), as `serde_bytes` does.
+    #[derive(Debug, PartialEq)]
+    struct Blob(Vec<u8>);
+
+    impl Serialize for Blob {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(&self.0)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Blob {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl serde::de::Visitor<'_> for V {
+                type Value = Blob;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("bytes")
+                }
+                fn visit_bytes<E>(self, b: &[u8]) -> Result<Blob, E> {
+                    Ok(Blob(b.to_vec()))
+                }
+                fn visit_byte_buf<E>(self, b: Vec<u8>) -> Result<Blob, E> {
+                    Ok(Blob(b))
+                }
+            }
+            d.deserialize_byte_buf(V)
+        }
+    }
+
+    /// Catches byte buffers and strings asked for as owned (and given borrowed, copied out
+    /// once) that decode wrong, or take a declared length past the bytes present.
+    #[test]
+    fn owned_strings_and_byte_buffers_decode_from_borrowed_bytes() {
+        let v = (
+            Blob((0..100_000u32).map(|i| (i * 13) as u8).collect()),
+            "é".repeat(500),
+        );
+        let bytes = encode(&v).unwrap();
+        assert_eq!(decode::<(Blob, String)>(&bytes), Some(v));
+        for cut in [1, 8, 9, 50_000, bytes.len() - 1] {
+            assert_eq!(
+                decode::<(Blob, String)>(&bytes[..cut]),
+                None,
+                "cut at {cut}"
+            );
+        }
     }
 
     /// The arguments of part `index` of `stream` for a value of `total` bytes.

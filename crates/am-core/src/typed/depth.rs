@@ -107,9 +107,25 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64 deserialize_i128
         deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_u128
         deserialize_f32 deserialize_f64 deserialize_char
-        deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
+        deserialize_str deserialize_bytes
         deserialize_option deserialize_unit deserialize_seq deserialize_map
         deserialize_identifier deserialize_ignored_any
+    }
+
+    /// Asked for a `String`, it asks the wire format for a borrowed `str`: its decoder
+    /// zero-fills a new buffer before it copies the bytes in, where the visitor of a
+    /// borrowed one copies them once (`to_owned`). A visitor that takes an owned string also
+    /// takes a borrowed one (serde's contract: `deserialize_string` is a hint).
+    #[inline]
+    fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.deserialize_str(visitor)
+    }
+
+    /// Asked for a byte buffer, it asks for borrowed bytes, for the reason given at
+    /// `deserialize_string`.
+    #[inline]
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.deserialize_bytes(visitor)
     }
 
     #[inline]
