@@ -290,6 +290,20 @@ struct Chunk16(std::arch::x86_64::__m128i);
 #[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
 const REP_MOVSB_FROM: usize = 4096;
 
+/// Whether `rep movsb` from `src` to `dst` would take its slow path: where the destination
+/// lies less than a line ahead of the source modulo a 4 KiB page, the CPU's string copy
+/// sees its stores alias its next loads and falls back to moving a few bytes at a time, an
+/// order of magnitude slower (glibc's `memcpy` makes the same check; BENCHMARKS.md,
+/// "Figures behind the code's defaults"). [`copy_avx`]'s loads and stores are not slowed so.
+/// Where a copy's ends fall is the caller's: a value's bytes after an 8-byte length, a
+/// buffer the allocator placed.
+#[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
+#[inline(always)]
+fn page_aliased(dst: *mut u8, src: *const u8) -> bool {
+    let ahead = (dst as usize).wrapping_sub(src as usize) % 4096;
+    ahead != 0 && ahead < 64
+}
+
 /// `rep movsb`: copies `n` bytes from `src` to `dst`. The assembly is opaque to the compiler,
 /// so, like an atomic, the copy is never merged, split, elided or invented; the hardware
 /// reads and writes each aligned word of it whole.
@@ -391,8 +405,8 @@ unsafe fn copy_avx(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
-/// The copy of `n` bytes (`n % 8 == 0`) by `rep movsb` from [`REP_MOVSB_FROM`] or
-/// [`copy_avx`] from [`AVX_FROM`]; false, with nothing copied, below those (the caller's
+/// The copy of `n` bytes (`n % 8 == 0`) by `rep movsb` from [`REP_MOVSB_FROM`] (unless the
+/// two are [`page_aliased`]) or [`copy_avx`] from [`AVX_FROM`]; false, with nothing copied, below those (the caller's
 /// 16-byte moves). Inlined into each copy site: a call on every Medium's copy costs more
 /// than the code it adds to each site (BENCHMARKS.md, "Figures behind the code's defaults").
 ///
@@ -401,7 +415,7 @@ unsafe fn copy_avx(dst: *mut u8, src: *const u8, n: usize) {
 #[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
 #[inline(always)]
 unsafe fn copy_large(dst: *mut u8, src: *const u8, n: usize) -> bool {
-    if n >= REP_MOVSB_FROM {
+    if n >= REP_MOVSB_FROM && !(page_aliased(dst, src) && has_avx()) {
         // SAFETY: the contract of this function.
         unsafe { rep_movsb(dst, src, n) };
         return true;

@@ -271,6 +271,36 @@ mod tests {
         }
     }
 
+    /// Catches a large copy whose path is chosen by where its ends fall (the string copy,
+    /// or vector moves where its destination is a little ahead of its source modulo a page)
+    /// and that drops, doubles or shifts bytes on one of them: every distance modulo a page,
+    /// both ways.
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "the copies' paths are the hardware's: Miri takes another"
+    )]
+    fn large_copies_at_every_distance_modulo_a_page_are_whole() {
+        let n = 4096 + 136;
+        let seg = Segment::heap(0, n + 64).unwrap();
+        let b = seg.byte_area();
+        let src: Vec<u8> = (0..n + 4096).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut back = vec![0u8; n + 4096];
+        for from in (0..4096).step_by(8) {
+            b.fill(0, n + 64, 0xEE).unwrap();
+            b.write(8, &src[from..from + n]).unwrap();
+            let all = b.to_vec();
+            assert_eq!(&all[8..8 + n], &src[from..from + n], "from {from}");
+            assert!(all[..8].iter().chain(&all[8 + n..]).all(|&x| x == 0xEE));
+            b.read(8, &mut back[from..from + n]).unwrap();
+            assert_eq!(
+                &back[from..from + n],
+                &src[from..from + n],
+                "back to {from}"
+            );
+        }
+    }
+
     #[test]
     fn bounds_overflow_and_alignment_are_errors() {
         let seg = Segment::heap(0, 20).unwrap();
