@@ -963,9 +963,9 @@ impl Outbound {
 /// The message that ends a typed value: its handler, words and last piece.
 type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
 
-/// A typed call ([`crate::typed`]): `msg` encoded when it is made (a long one when it
-/// starts: [`Outbound`]), sent to `dest` as a call
-/// of the table's reserved typed-call handler, completing with the answer decoded as an
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made (one longer than 16 KiB
+/// when it starts, so that it can be encoded straight into the memory it moves from), sent
+/// to `dest` as a call of the table's reserved typed-call handler, completing with the answer decoded as an
 /// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
 /// a value larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing
 /// is sent.
@@ -1022,7 +1022,7 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
     }
 }
 
-/// A typed message with no answer ([`crate::typed`]): `msg` encoded when it is made, sent to
+/// A typed message with no answer ([`crate::typed`]): `msg` encoded as [`TypedCall`]'s, sent to
 /// `dest` as a request of the table's reserved typed-post handler; locally complete once
 /// sent. Checked as [`TypedCall`].
 pub struct PostTyped<M: crate::typed::Am>(Outbound, Option<M>);
@@ -1094,7 +1094,7 @@ impl<M: crate::typed::Am> Start for PostTyped<M> {
 }
 
 /// A typed call's answer given later ([`crate::typed::Answer`],
-/// [`crate::Handlers::typed_deferred`]): `value` encoded when it is made, sent to the
+/// [`crate::Handlers::typed_deferred`]): `value` encoded as [`TypedCall`]'s, sent to the
 /// caller as a request of the table's reserved typed-answer handler; locally complete once
 /// sent. An answer made for a post goes nowhere and completes at once.
 pub struct AnswerTyped<R> {
