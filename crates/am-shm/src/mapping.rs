@@ -405,6 +405,26 @@ unsafe fn copy_avx(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
+/// A large copy whose destination is [`page_aliased`] to its source: [`copy_avx`] where the
+/// CPU has AVX, else `rep movsb` all the same. Out of line: rare, and the copy sites that
+/// inline [`copy_large`] stay as they were.
+///
+/// # Safety
+/// As [`copy_large`].
+#[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
+#[cold]
+#[inline(never)]
+unsafe fn copy_aliased(dst: *mut u8, src: *const u8, n: usize) -> bool {
+    if has_avx() {
+        // SAFETY: the caller's contract; AVX is there.
+        unsafe { copy_avx(dst, src, n) };
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rep_movsb(dst, src, n) };
+    }
+    true
+}
+
 /// The copy of `n` bytes (`n % 8 == 0`) by `rep movsb` from [`REP_MOVSB_FROM`] (unless the
 /// two are [`page_aliased`]) or [`copy_avx`] from [`AVX_FROM`]; false, with nothing copied, below those (the caller's
 /// 16-byte moves). Inlined into each copy site: a call on every Medium's copy costs more
@@ -415,7 +435,11 @@ unsafe fn copy_avx(dst: *mut u8, src: *const u8, n: usize) {
 #[cfg(all(not(loom), not(miri), target_arch = "x86_64"))]
 #[inline(always)]
 unsafe fn copy_large(dst: *mut u8, src: *const u8, n: usize) -> bool {
-    if n >= REP_MOVSB_FROM && !(page_aliased(dst, src) && has_avx()) {
+    if n >= REP_MOVSB_FROM {
+        if page_aliased(dst, src) {
+            // SAFETY: the contract of this function.
+            return unsafe { copy_aliased(dst, src, n) };
+        }
         // SAFETY: the contract of this function.
         unsafe { rep_movsb(dst, src, n) };
         return true;
