@@ -328,7 +328,7 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::error::Enc
 
 /// `v` in the wire format if it is no longer than [`staging::RENDEZVOUS_MIN`]; `None` if it
 /// is longer (its encoding stops there): a value that may move by rendezvous is encoded
-/// when it starts, straight into the staging segment ([`Transit::stage_encoded`]).
+/// when it starts, straight into the staging segment ([`Transit::encode_late`]).
 #[inline]
 pub(crate) fn encoded_small<T: Serialize>(v: &T) -> Result<Option<Vec<u8>>, crate::AmError> {
     let mut out = Spilling::<{ staging::RENDEZVOUS_MIN }>(Vec::with_capacity(64));
@@ -421,36 +421,97 @@ impl<const STOP: usize> std::io::Write for Spilling<STOP> {
     }
 }
 
-/// The encoder's output into a staged region `[start, end)` of the staging segment: small
-/// writes are gathered into whole chunks (a store into shared memory merges a partial word
-/// at either end), large ones go straight in. Past `end`, it refuses.
-struct InSegment<'a> {
-    area: am_shm::SharedBytes<'a>,
+/// A value encoded as it starts ([`Transit::encode_late`]): its bytes, or its region of
+/// the staging segment.
+#[derive(Debug)]
+pub(crate) enum Late {
+    Bytes(Vec<u8>),
+    Staged(staging::Staged),
+}
+
+/// [`Transit::encode_late`]'s output: a private buffer up to `limit` bytes, then a staged
+/// region.
+struct LateOut<'t> {
+    transit: &'t Transit,
+    dest: Rank,
+    private: Spilling<{ usize::MAX }>,
+    limit: usize,
+    staged: Option<(staging::Staged, InSegment)>,
+}
+
+impl std::io::Write for LateOut<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.write_all(b)?;
+        Ok(b.len())
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        if let Some((_, seg)) = &mut self.staged {
+            return seg.write_all(b);
+        }
+        if self.private.0.len() + b.len() > self.limit {
+            // Longer than a Medium: on into the staging segment, if it has room.
+            self.limit = usize::MAX;
+            if let Some((seg, staged)) = self.transit.staging().stage_open(self.dest) {
+                let mut out = InSegment {
+                    at: staged.offset(),
+                    start: staged.offset(),
+                    end: staged.offset() + staged.len(),
+                    seg,
+                    buf: Vec::new(),
+                    full: false,
+                };
+                let written = out.write_all(&self.private.0);
+                self.staged = Some((staged, out));
+                written?;
+                self.private.0 = Vec::new();
+                return self.write_all(b);
+            }
+        }
+        self.private.write_all(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.staged {
+            Some((_, seg)) => seg.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The encoder's output into a staged region `[start, end)` of the staging segment `seg`:
+/// small writes are gathered into whole chunks (a store into shared memory merges a partial
+/// word at either end), large ones go straight in. Past `end`, it refuses, and says so.
+struct InSegment {
+    seg: am_shm::Segment,
     /// Where the next flushed byte goes.
     at: usize,
     start: usize,
     end: usize,
     /// Small writes not flushed yet.
     buf: Vec<u8>,
+    /// A write went past `end`.
+    full: bool,
 }
 
 /// Writes this long or longer go straight into the segment.
 const IN_SEGMENT_CHUNK: usize = 4096;
 
-impl InSegment<'_> {
+impl InSegment {
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         let full = || std::io::Error::from(std::io::ErrorKind::FileTooLarge);
         let end = self.at.checked_add(b.len()).ok_or_else(full)?;
         if end > self.end {
+            self.full = true;
             return Err(full());
         }
-        self.area.write(self.at, b).map_err(|_| full())?;
+        self.seg.byte_area().write(self.at, b).map_err(|_| full())?;
         self.at = end;
         Ok(())
     }
 }
 
-impl std::io::Write for InSegment<'_> {
+impl std::io::Write for InSegment {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.write_all(b)?;
         Ok(b.len())
@@ -859,42 +920,51 @@ impl Transit {
         }
     }
 
-    /// Encodes `v` for `dest` straight into a region of this rank's staging segment (no
-    /// private copy in between), and stages it if it is longer than `more_than` bytes (the
-    /// largest Medium): the staged value. `None` where values do not move
-    /// by rendezvous, nothing is free in the staging segment, the value is longer than the
-    /// largest free run (it then goes as [`Transit::stage`]'s values do, from a private
-    /// copy), or it is no longer than `more_than`.
-    pub(crate) fn stage_encoded<T: Serialize>(
+    /// Encodes `v` for `dest` once, as it starts: into a private buffer while it fits one
+    /// Medium of `max_medium` bytes (or wherever values do not move by rendezvous), then,
+    /// once it is longer, straight into a region of this rank's staging segment (what was
+    /// written so far copied in first): no private copy of a large value in between. A
+    /// value longer than the largest free run, or where nothing is free, is encoded into a
+    /// private buffer (and goes as [`Transit::stage`]'s values do).
+    pub(crate) fn encode_late<T: Serialize>(
         &self,
         dest: Rank,
         v: &T,
-        more_than: usize,
-    ) -> Option<staging::Staged> {
-        if !self.rendezvous.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        let (seg, mut staged) = self.staging().stage_open(dest)?;
-        let mut out = InSegment {
-            area: seg.byte_area(),
-            at: staged.offset(),
-            start: staged.offset(),
-            end: staged.offset() + staged.len(),
-            buf: Vec::new(),
+        max_medium: usize,
+    ) -> Result<Late, crate::AmError> {
+        let rendezvous = self.rendezvous.load(std::sync::atomic::Ordering::Relaxed);
+        let mut out = LateOut {
+            transit: self,
+            dest,
+            private: Spilling::<{ usize::MAX }>(Vec::new()),
+            limit: if rendezvous { max_medium } else { usize::MAX },
+            staged: None,
         };
-        // The region is this value's alone until its descriptor leaves: written unlocked.
-        let written = bincode::serde::encode_into_std_write(v, &mut out, WIRE)
-            .ok()
-            .and_then(|_| std::io::Write::flush(&mut out).ok());
-        let len = out.at - out.start;
-        if written.is_none() || len <= more_than {
-            self.unstage(&staged);
-            return None;
+        let written = bincode::serde::encode_into_std_write(v, &mut out, WIRE).and_then(|_| {
+            std::io::Write::flush(&mut out)
+                .map_err(|inner| bincode::error::EncodeError::Io { inner, index: 0 })
+        });
+        match (written, out.staged.take()) {
+            (Ok(_), None) => Ok(Late::Bytes(out.private.0)),
+            (Ok(_), Some((mut staged, seg))) => {
+                let len = seg.at - seg.start;
+                self.staging().shrink(&mut staged, len);
+                self.staged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(Late::Staged(staged))
+            }
+            (Err(e), staged) => {
+                let overflowed = staged.as_ref().is_some_and(|(_, seg)| seg.full);
+                if let Some((staged, _)) = staged {
+                    self.unstage(&staged);
+                }
+                if overflowed {
+                    // Longer than the run it was given: privately, whole.
+                    return encoded(v).map(Late::Bytes);
+                }
+                Err(unencodable::<T>(e))
+            }
         }
-        self.staging().shrink(&mut staged, len);
-        self.staged
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(staged)
     }
 
     /// How many values and answers this rank staged for a rendezvous.

@@ -828,22 +828,25 @@ impl Outbound {
         (out, late)
     }
 
-    /// Encodes `value`, longer than a small value, as it starts on `ep`: straight into
-    /// this rank's staging segment where it will move by rendezvous (a value longer than a
-    /// Medium, on a transport that maps segments, with room for it), else (a value that
-    /// fits one Medium after all, too) again into a private buffer.
+    /// Encodes `value`, longer than a small value, as it starts on `ep`, once
+    /// ([`crate::typed::Transit::encode_late`]): straight into this rank's staging segment
+    /// where it will move by rendezvous (a value longer than a Medium, on a transport that
+    /// maps segments, with room for it), else into a private buffer.
     #[cold]
     #[inline(never)]
     fn encode_late<T: serde::Serialize, H: Threading>(&mut self, ep: &Endpoint<H>, value: &T) {
-        if let Some(site) = &ep.handlers.typed_site {
-            let transit = &site.transit;
-            let max = ep.limits.max_medium;
-            if let Some(staged) = transit.stage_encoded(self.dest, value, max) {
+        let Some(site) = &ep.handlers.typed_site else {
+            self.bytes = crate::typed::encoded(value);
+            return;
+        };
+        let transit = &site.transit;
+        match transit.encode_late(self.dest, value, ep.limits.max_medium) {
+            Ok(crate::typed::Late::Bytes(bytes)) => self.bytes = Ok(bytes),
+            Ok(crate::typed::Late::Staged(staged)) => {
                 self.staged = Some(Box::new((transit.clone(), staged, true)));
-                return;
             }
+            Err(e) => self.bytes = Err(e),
         }
-        self.bytes = crate::typed::encoded(value);
     }
 
     #[inline]
