@@ -326,12 +326,21 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::error::Enc
     Ok(out.0)
 }
 
-/// `v` in the wire format if it is no longer than [`staging::RENDEZVOUS_MIN`]; `None` if it
-/// is longer (its encoding stops there): a value that may move by rendezvous is encoded
-/// when it starts, straight into the staging segment ([`Transit::encode_late`]).
+/// Values encoded longer than this are encoded again when they start ([`encoded_small`]).
+///
+/// What a value encoded so far is thrown away when it stops, so the bound is where that
+/// waste is small against the copy it saves (a value by rendezvous, encoded straight into
+/// the staging segment): a byte buffer stops at once, a value of many small fields after
+/// this many bytes of them. Below it, a value by rendezvous is copied into the staging
+/// segment from its private encoding, as one of a Medium is sent from it.
+pub(crate) const LATE_FROM: usize = 64 << 10;
+
+/// `v` in the wire format if it is no longer than [`LATE_FROM`]; `None` if it is longer
+/// (its encoding stops there): such a value is encoded when it starts, straight into the
+/// staging segment where it moves by rendezvous ([`Transit::encode_late`]).
 #[inline]
 pub(crate) fn encoded_small<T: Serialize>(v: &T) -> Result<Option<Vec<u8>>, crate::AmError> {
-    let mut out = Spilling::<{ staging::RENDEZVOUS_MIN }>(Vec::with_capacity(64));
+    let mut out = Spilling::<LATE_FROM>(Vec::with_capacity(64));
     match bincode::serde::encode_into_std_write(v, &mut out, WIRE) {
         Ok(_) => Ok(Some(out.0)),
         // The output's only error.

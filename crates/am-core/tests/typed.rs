@@ -390,11 +390,11 @@ fn deferred_answers_on_the_blocking_driver() {
                 // 3 words fit one Medium; 100 do not (the small transport's is 200 bytes).
                 let small = node.call_typed_nb(1, Later(3)).unwrap();
                 let large = node.call_typed_nb(1, Later(100)).unwrap();
-                let staged = node.call_typed_nb(1, Later(5000)).unwrap();
+                let staged = node.call_typed_nb(1, Later(10_000)).unwrap();
                 let dropped = node.call_typed_nb(1, Later(0)).unwrap();
                 assert_eq!(node.wait(small).unwrap(), vec![0, 1, 2]);
                 assert_eq!(node.wait(large).unwrap(), (0..100).collect::<Vec<_>>());
-                assert_eq!(node.wait(staged).unwrap(), (0..5000).collect::<Vec<_>>());
+                assert_eq!(node.wait(staged).unwrap(), (0..10_000).collect::<Vec<_>>());
                 match node.wait(dropped) {
                     Err(AmError::TypedRefused {
                         peer: 1,

@@ -720,7 +720,7 @@ impl<'a> Call<'a> {
 
 /// A typed value on its way to `dest` ([`crate::typed`]), the part [`TypedCall`],
 /// [`PostTyped`] and [`AnswerTyped`] share: encoded when made, unless it is longer than
-/// [`RENDEZVOUS_MIN`](crate::typed::staging::RENDEZVOUS_MIN) bytes: such a value is encoded
+/// [`LATE_FROM`](crate::typed::LATE_FROM) bytes: such a value is encoded
 /// when it starts ([`Outbound::encode_late`]), straight into the staging segment where it
 /// moves by rendezvous. A value larger than the transport's largest Medium and not moved so
 /// leaves as parts ahead of the message that carries its last piece
@@ -966,7 +966,7 @@ impl Outbound {
 /// The message that ends a typed value: its handler, words and last piece.
 type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
 
-/// A typed call ([`crate::typed`]): `msg` encoded when it is made (one longer than 16 KiB
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made (one longer than 64 KiB
 /// when it starts, so that it can be encoded straight into the memory it moves from), sent
 /// to `dest` as a call of the table's reserved typed-call handler, completing with the answer decoded as an
 /// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
