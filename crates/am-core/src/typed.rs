@@ -464,7 +464,6 @@ impl std::io::Write for LateOut<'_> {
             if let Some((seg, staged)) = self.transit.staging().stage_open(self.dest) {
                 let mut out = InSegment {
                     at: staged.offset(),
-                    start: staged.offset(),
                     end: staged.offset() + staged.len(),
                     seg,
                     buf: Vec::new(),
@@ -488,14 +487,13 @@ impl std::io::Write for LateOut<'_> {
     }
 }
 
-/// The encoder's output into a staged region `[start, end)` of the staging segment `seg`:
+/// The encoder's output into a staged region of the staging segment `seg`, up to `end`:
 /// small writes are gathered into whole chunks (a store into shared memory merges a partial
 /// word at either end), large ones go straight in. Past `end`, it refuses, and says so.
 struct InSegment {
     seg: am_shm::Segment,
     /// Where the next flushed byte goes.
     at: usize,
-    start: usize,
     end: usize,
     /// Small writes not flushed yet.
     buf: Vec<u8>,
@@ -956,7 +954,7 @@ impl Transit {
         match (written, out.staged.take()) {
             (Ok(_), None) => Ok(Late::Bytes(out.private.0)),
             (Ok(_), Some((mut staged, seg))) => {
-                let len = seg.at - seg.start;
+                let len = seg.at - staged.offset();
                 self.staging().shrink(&mut staged, len);
                 self.staged
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -40,6 +40,9 @@ pub(crate) const RENDEZVOUS: u32 = u32::MAX;
 /// the staging segment's length and its nonce.
 const DESC_LEN: usize = 40;
 
+/// The bytes of a descriptor's length word (its third): [`Staging::shrink`] rewrites it.
+const LEN_WORD: std::ops::Range<usize> = 16..24;
+
 /// The longest handle a descriptor carries (`/proc/<pid>/fd/<fd>`).
 const MAX_HANDLE: usize = 64;
 
@@ -72,7 +75,7 @@ impl Staged {
     /// How many bytes its region holds (its descriptor's length).
     pub(crate) fn len(&self) -> usize {
         self.desc
-            .get(16..24)
+            .get(LEN_WORD)
             .and_then(|w| w.try_into().ok())
             .map_or(0, |w| u64::from_le_bytes(w) as usize)
     }
@@ -202,7 +205,7 @@ impl Staging {
         if let Some(r) = self.live.get_mut(&staged.offset) {
             if r.seq == staged.seq && len <= r.len {
                 r.len = len;
-                staged.desc[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+                staged.desc[LEN_WORD].copy_from_slice(&(len as u64).to_le_bytes());
             }
         }
     }
