@@ -855,7 +855,8 @@ macro_rules! node_operations {
         #[doc = concat!("\n\nWaits until it completes, polling meanwhile; [`Node::",
             stringify!($nb), "`] starts it and returns its handle.")]
         pub fn $name<$($g)*>(&mut self, $($arg: $ty),*) -> Result<$out, AmError> {
-            let op = self.$nb($($arg),*)?;
+            // Its start, as `$nb`'s (which would leave a type only a return names open).
+            let op = self.start_op($start)?;
             self.wait(op)
         }
 

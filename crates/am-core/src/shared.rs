@@ -567,7 +567,8 @@ macro_rules! shared_operations {
             threads between polls; [`SharedNode::", stringify!($nb), "`] returns its \
             handle.")]
         pub fn $name<$($g)*>(&self, $($arg: $ty),*) -> Result<$out, AmError> {
-            let op = self.$nb($($arg),*)?;
+            // Its start, as `$nb`'s (which would leave a type only a return names open).
+            let op = self.start_op($start)?;
             self.wait(op)
         }
 
