@@ -2432,6 +2432,128 @@ pub fn barrier_after_the_others_left<T: Transport + Send>(make: &dyn Fn(u32, usi
     });
 }
 
+/// Collectives in segment 0 on the world of five and on each half: broadcasts from every
+/// root and all-reduces (`u64` sums, in place and not, `f64` sums), with members naming
+/// different offsets, lengths below one Medium, above it and above the direct
+/// all-reduce's chunk; one started `_nb` with a team collective started behind it; bad
+/// arguments; members that disagree on the count. Catches a member's block reduced or
+/// written at the wrong offset or from the wrong member's source, a chunk boundary off by
+/// one, a collective started behind one in segment 0 that overtakes it on some member
+/// (a hang or a mismatch), and a disagreement taken for an answer.
+pub fn collectives_in_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
+    use crate::reduce::ReduceOp;
+    const RANKS: u32 = 5;
+    run_watched("collectives_in_segment", make(RANKS, SEGMENT), |t| {
+        let (mut node, _seen) = start(t, 2);
+        let me = node.rank();
+        let world = node.world_team();
+        let half = node
+            .split(&world, Some(me % 2), 0)
+            .expect("split")
+            .expect("a team");
+        let max = node.max_medium();
+        // Offsets differ between members: each learns the others'.
+        let src = 4096 + 64 * me as usize;
+        let dest = SEGMENT / 2 + 8 * me as usize;
+        for team in [&world, &half] {
+            let n = team.size();
+            let members = team.members().to_vec();
+            for (round, len) in [100, 2 * max + 7, (200 << 10) + 24].into_iter().enumerate() {
+                let root = round as u32 % n;
+                let bytes = pattern(len, root as u8 ^ round as u8 ^ n as u8);
+                node.segment().fill(dest, len, 0xee).expect("clear");
+                if team.rank() == root {
+                    node.segment().write(src, &bytes).expect("source");
+                }
+                node.team_broadcast_in_segment(team, root, src, dest, len)
+                    .expect("broadcast");
+                let mut got = vec![0u8; len];
+                node.segment().read(dest, &mut got).expect("read");
+                assert!(got == bytes, "broadcast of {len} from {root} on {n}");
+                // All-reduce: word `i` of member `m` is `i * (m + 1)`.
+                let words = len / 8;
+                let v: Vec<u8> = (0..words as u64)
+                    .flat_map(|i| (i * u64::from(me + 1)).to_le_bytes())
+                    .collect();
+                let sum: u64 = members.iter().map(|&m| u64::from(m + 1)).sum();
+                let want: Vec<u8> = (0..words as u64)
+                    .flat_map(|i| (i * sum).to_le_bytes())
+                    .collect();
+                for in_place in [false, true] {
+                    let to = if in_place { src } else { dest };
+                    node.segment().write(src, &v).expect("source");
+                    node.team_all_reduce_in_segment::<u64>(team, ReduceOp::Sum, src, to, words)
+                        .expect("all-reduce");
+                    let mut got = vec![0u8; v.len()];
+                    node.segment().read(to, &mut got).expect("read");
+                    assert!(
+                        got == want,
+                        "all-reduce of {words} words on {n}, in place {in_place}"
+                    );
+                }
+                // Floating-point sums: the same bits on every member.
+                let f: Vec<u8> = (0..words)
+                    .flat_map(|i| (1.0 / (i as f64 + f64::from(me) + 3.0)).to_le_bytes())
+                    .collect();
+                node.segment().write(src, &f).expect("source");
+                node.team_all_reduce_in_segment::<f64>(team, ReduceOp::Sum, src, dest, words)
+                    .expect("f64 all-reduce");
+                let mut got = vec![0u8; f.len()];
+                node.segment().read(dest, &mut got).expect("read");
+                let first = node
+                    .team_broadcast(team, 0, if team.rank() == 0 { &got } else { &[] })
+                    .expect("broadcast");
+                assert!(first == got, "f64 sums differ between members");
+            }
+            // One `_nb`, then a team collective started behind it, completed first.
+            let words = 3 * max / 8 + 5;
+            let v: Vec<u8> = (0..words as u64)
+                .flat_map(|i| (i + u64::from(me)).to_le_bytes())
+                .collect();
+            node.segment().write(src, &v).expect("source");
+            let op = node
+                .team_all_reduce_in_segment_nb::<u64>(team, ReduceOp::Max, src, dest, words)
+                .expect("start");
+            let behind = node
+                .team_all_reduce(team, ReduceOp::Min, &[u64::from(me)])
+                .expect("all-reduce behind");
+            assert_eq!(behind, [u64::from(members[0])]);
+            node.wait(op).expect("all-reduce in segment");
+            let top = u64::from(*members.iter().max().expect("members"));
+            let mut got = vec![0u8; v.len()];
+            node.segment().read(dest, &mut got).expect("read");
+            assert!(got
+                .chunks(8)
+                .enumerate()
+                .all(|(i, w)| w == (i as u64 + top).to_le_bytes()));
+        }
+        // Bad arguments, refused here before anything starts.
+        assert!(matches!(
+            node.team_all_reduce_in_segment::<u64>(&world, ReduceOp::Sum, src, src + 8, 4),
+            Err(AmError::InvalidCollective(_))
+        ));
+        assert!(matches!(
+            node.team_broadcast_in_segment(&world, 0, src, SEGMENT - 4, 8),
+            Err(AmError::SegmentOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            node.team_broadcast_in_segment(&world, RANKS, src, dest, 8),
+            Err(AmError::InvalidCollective(_))
+        ));
+        // Members that disagree on the count: a mismatch on every member.
+        let spare = node
+            .split(&world, Some(0), 0)
+            .expect("split")
+            .expect("a team");
+        let count = if me == 2 { 9 } else { 8 };
+        assert!(matches!(
+            node.team_all_reduce_in_segment::<u64>(&spare, ReduceOp::Sum, src, dest, count),
+            Err(AmError::CollectiveMismatch { .. })
+        ));
+        node.team_barrier(&world).expect("barrier");
+    });
+}
+
 /// Instantiates the whole conformance suite as `#[test]` functions for a transport, given a
 /// factory `fn(ranks: u32, segment_size: usize) -> Vec<T>`.
 #[macro_export]
@@ -2447,7 +2569,7 @@ macro_rules! conformance_tests {
             rma_sizes_and_edges,
             arming_wakes_the_rank, team_collectives, put_signal_hands_off,
             put_regions_land_in_place, symmetric_heap, segment_to_segment, segments_as_values,
-            segments_by_id_and_offset, long_into_created_segments);
+            segments_by_id_and_offset, long_into_created_segments, collectives_in_segment);
     };
     (@ $make:expr; $($name:ident),*) => {
         $(

@@ -345,6 +345,10 @@ pub enum CollectiveKind {
     /// [`crate::AmError::CollectiveMismatch`] rather than waiting for a step that never
     /// comes.
     Mismatch,
+    /// The agreement of a collective in segment 0 ([`crate::Node::team_all_reduce_in_segment`]):
+    /// an all-gather of each member's arguments and offsets, as
+    /// [`CollectiveKind::AllGather`] runs.
+    InSegment,
 }
 
 /// The step of a reduction's result forwarded from team rank 0 to a root that is not it.
@@ -366,6 +370,7 @@ impl CollectiveKind {
                 | CollectiveKind::Split
                 | CollectiveKind::PublishSegment
                 | CollectiveKind::FreeSegment
+                | CollectiveKind::InSegment
         )
     }
 
@@ -383,6 +388,7 @@ impl CollectiveKind {
             CollectiveKind::Mismatch => 10,
             CollectiveKind::PublishSegment => 11,
             CollectiveKind::FreeSegment => 12,
+            CollectiveKind::InSegment => 13,
         }
     }
 
@@ -400,6 +406,7 @@ impl CollectiveKind {
             10 => CollectiveKind::Mismatch,
             11 => CollectiveKind::PublishSegment,
             12 => CollectiveKind::FreeSegment,
+            13 => CollectiveKind::InSegment,
             _ => return None,
         })
     }

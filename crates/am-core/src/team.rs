@@ -57,8 +57,44 @@
 //! (`AM_ALLREDUCE=auto|doubling|ring`) forces either; every member of a team must choose
 //! the same ([`crate::AmError::CollectiveMismatch`] otherwise).
 //!
-//! Results land in private buffers (a `Vec` per collective), never in a segment: the
-//! library owns no memory at a peer.
+//! Results land in private buffers (a `Vec` per collective): the library owns no memory at
+//! a peer.
+//!
+//! # In segment 0
+//! [`crate::Node::team_broadcast_in_segment`] and [`crate::Node::team_all_reduce_in_segment`]
+//! (OpenSHMEM's `shmem_broadcastmem` and `shmem_sum_reduce` on symmetric memory) take
+//! their source and destination as ranges of each member's segment 0, which may be at
+//! different offsets on different members (a [`crate::Symmetric`] block is the same on
+//! all). Where the NIC reads and writes peers' memory ([`crate::Capabilities`] `get` and
+//! `put`: loopback, sci, extoll, portals, ofi) the bytes move straight between the
+//! segments, each member doing its share: a broadcast's members copy the root's bytes,
+//! and in an all-reduce member `r` reduces the `r`-th block of every member's source and
+//! writes it into every member's destination. An all-gather of the members' arguments
+//! comes before (every member has entered: its source is ready and its destination free)
+//! and a barrier after (every write is complete). Elsewhere (udp) the bytes go as
+//! [`crate::Node::team_broadcast`]'s and [`crate::Node::team_all_reduce`]'s do and are
+//! written into the destination. Those two collectives of the team cost some
+//! microseconds, so these pay from some tens of KiB; below, the `Vec` forms are faster.
+//! The team's later collectives wait to start here until the last of them has started.
+//!
+//! ```
+//! use am_core::{Config, Handlers, Loopback, Node, ReduceOp};
+//! am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+//!     let config = Config::default().symmetric_size(64 << 10);
+//!     let mut node = Node::new(t, Handlers::new(), config).unwrap();
+//!     let world = node.world_team();
+//!     let n = 1024;
+//!     let src = node.alloc_symmetric(&world, 8 * n).unwrap();
+//!     let dest = node.alloc_symmetric(&world, 8 * n).unwrap();
+//!     let me = u64::from(node.rank());
+//!     let mine: Vec<u8> = (0..n as u64).flat_map(|i| (i + me).to_le_bytes()).collect();
+//!     node.segment().write(src.offset(), &mine).unwrap();
+//!     let (from, to) = (src.offset(), dest.offset());
+//!     node.team_all_reduce_in_segment::<u64>(&world, ReduceOp::Sum, from, to, n).unwrap();
+//!     // Word `i` is `(i + 0) + (i + 1)` on both ranks.
+//!     assert_eq!(node.segment().load_u64(dest.at(8 * 10)).unwrap(), 21);
+//! });
+//! ```
 //!
 //! # Failure
 //! Every collective on a team is started by every member, in the same order, with the

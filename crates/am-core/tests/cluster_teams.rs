@@ -1287,3 +1287,67 @@ fn chunk_counts_that_differ_are_a_mismatch_not_a_match() {
         }
     }
 }
+
+/// A peer whose arguments to a collective in segment 0 name offsets outside the segment
+/// (words a peer writes), or that disagree on the count: rank 0's collective fails with
+/// the peer's misbehavior naming it, or a mismatch naming it, and nothing is read or
+/// written at those offsets. Catches a peer's offset used for a put or get unchecked (an
+/// out-of-bounds access or a panic on a peer's bytes).
+#[test]
+fn a_peers_offsets_outside_the_segment_fail_a_collective_in_segment() {
+    const LEN: usize = 64;
+    // Rank 1's arguments: rank 0's own (as it sent them) with word `w` replaced.
+    let cases: [(usize, u64, bool); 3] = [
+        (4, u64::MAX - 7, true),
+        (5, 1 << 40, true),
+        (3, LEN as u64 + 8, false),
+    ];
+    for (w, value, misbehaves) in cases {
+        let mut c = Cluster::started(shape(2), 0, |_| am_core::Handlers::local());
+        let world = c.nodes[0].ep.world_team();
+        let mut op = {
+            let (ep, mut wire) = c.wire(0);
+            match ep.team_all_reduce_in_segment_start::<u64, _>(
+                &mut wire,
+                &world,
+                ReduceOp::Sum,
+                0,
+                LEN,
+                LEN / 8,
+            ) {
+                Poll::Ready(r) => r.expect("started"),
+                Poll::Pending => panic!("pending"),
+            }
+        };
+        c.flush_all();
+        let sent = c.take(0, 1);
+        assert_eq!(sent.len(), 1, "one step of the agreement");
+        let bytes = &sent[0].bytes;
+        let mut payload = bytes[bytes.len() - 48..].to_vec();
+        payload[8 * w..8 * w + 8].copy_from_slice(&value.to_le_bytes());
+        c.inject(
+            1,
+            0,
+            forged(TeamId::WORLD, 0, 0, CollectiveKind::InSegment, &payload),
+        );
+        let got = c.drive(&[0], |_, ep, wire| ep.poll_op(wire, &mut op, None));
+        let err = got[0].clone().expect("rank 0").expect_err("refused");
+        if misbehaves {
+            assert!(
+                matches!(
+                    err,
+                    AmError::PeerMisbehaved {
+                        peer: 1,
+                        what: Misbehavior::OutOfSegment { .. }
+                    }
+                ),
+                "word {w}: {err:?}"
+            );
+        } else {
+            assert!(
+                matches!(err, AmError::CollectiveMismatch { peer: 1, .. }),
+                "word {w}: {err:?}"
+            );
+        }
+    }
+}

@@ -662,3 +662,113 @@ fn every_all_reduce_algorithm_matches_the_model() {
         });
     });
 }
+
+/// Collectives in segment 0 through every driver, 3 ranks: a user's non-commutative
+/// operation over plain elements (the direct move on loopback folds each block in team
+/// order, whichever member does it), in both team orders, on `Node`, `SharedNode` and
+/// `AsyncNode`, and a broadcast from a root that is not team rank 0. Catches a block folded
+/// from its owner outwards rather than in team order, a driver without the operations, and
+/// a future that does not carry a collective in segment 0 on while it waits.
+#[test]
+fn collectives_in_segment_on_every_driver() {
+    use am_core::bytemuck::{Pod, Zeroable};
+    use am_core::{Plain, ReduceId, ReduceOp};
+
+    /// `x -> a * x + b`; composing two is associative and not commutative.
+    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+    #[repr(C)]
+    struct Affine {
+        a: i64,
+        b: i64,
+    }
+    const COMPOSE: ReduceId = ReduceId(3);
+    fn compose(lower: Plain<Affine>, upper: Plain<Affine>) -> Plain<Affine> {
+        let (f, g) = (lower.0, upper.0);
+        Plain(Affine {
+            a: g.a.wrapping_mul(f.a),
+            b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
+        })
+    }
+    fn mine(rank: u32, i: usize) -> Affine {
+        Affine {
+            a: i64::from(rank) + 2,
+            b: i as i64 - i64::from(rank),
+        }
+    }
+    fn bytes(v: &[Affine]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| am_core::bytemuck::bytes_of(x).to_vec())
+            .collect()
+    }
+    fn fold(order: &[u32], i: usize) -> Affine {
+        order[1..]
+            .iter()
+            .fold(Plain(mine(order[0], i)), |acc, &r| {
+                compose(acc, Plain(mine(r, i)))
+            })
+            .0
+    }
+    // Elements past a direct chunk (64 KiB), so blocks end mid-chunk.
+    const COUNT: usize = 9_000;
+    const SRC: usize = 0;
+    const DEST: usize = 256 << 10;
+    within(Duration::from_secs(60), move || {
+        am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+            let mut h = Handlers::new();
+            h.reduction(COMPOSE, "compose", compose).unwrap();
+            let mut node = Node::new(t, h, Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            let v: Vec<Affine> = (0..COUNT).map(|i| mine(me, i)).collect();
+            let read = |seg: am_core::SharedBytes<'_>| {
+                let mut got = vec![0u8; COUNT * 16];
+                seg.read(DEST, &mut got).unwrap();
+                got
+            };
+            let want = bytes(&(0..COUNT).map(|i| fold(&[0, 1, 2], i)).collect::<Vec<_>>());
+            node.segment().write(SRC, &bytes(&v)).unwrap();
+            node.team_all_reduce_in_segment::<Plain<Affine>>(
+                &world,
+                ReduceOp::User(COMPOSE),
+                SRC,
+                DEST,
+                COUNT,
+            )
+            .unwrap();
+            assert!(read(node.segment()) == want, "world order");
+
+            // The other order, through a SharedNode.
+            let shared = SharedNode::new(node);
+            let back = shared.split(&world, Some(0), 10 - me).unwrap().unwrap();
+            let want_back = bytes(&(0..COUNT).map(|i| fold(&[2, 1, 0], i)).collect::<Vec<_>>());
+            assert_ne!(want, want_back);
+            let op = shared
+                .team_all_reduce_in_segment_nb::<Plain<Affine>>(
+                    &back,
+                    ReduceOp::User(COMPOSE),
+                    SRC,
+                    DEST,
+                    COUNT,
+                )
+                .unwrap();
+            shared.wait(op).unwrap();
+            let node = shared.into_inner().unwrap();
+            assert!(read(node.segment()) == want_back, "reversed order");
+
+            // A broadcast from world rank 2 as a future.
+            let node = AsyncNode::new(node);
+            let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+            if me == 2 {
+                node.with(|n| n.segment().write(SRC, &payload).unwrap());
+            }
+            am_core::future::block_on(&node, async {
+                node.team_broadcast_in_segment(&world, 2, SRC, DEST, payload.len())
+                    .await
+                    .unwrap();
+            });
+            let mut got = vec![0u8; payload.len()];
+            node.with(|n| n.segment().read(DEST, &mut got).unwrap());
+            assert!(got == payload, "broadcast");
+        });
+    });
+}

@@ -31,6 +31,7 @@ impl<H: Threading> Endpoint<H> {
             State::Slot { .. } => {
                 // The collective this may be, and those it shares progress with.
                 self.carry_collectives(t);
+                self.carry_in_segment(t);
                 let (index, gen) = match self.slot_of(op) {
                     Ok(Some(slot)) => slot,
                     _ => return Poll::Ready(Err(AmError::StaleHandle)),
@@ -190,6 +191,7 @@ impl<H: Threading> Endpoint<H> {
         self.adopt_orphans();
         self.adopt_team_drops();
         self.advance_collectives(t);
+        self.carry_in_segment(t);
         if let Some(e) = self.take_stray() {
             return Poll::Ready(Err(e));
         }

@@ -54,6 +54,7 @@ mod barrier;
 mod coll;
 mod complete;
 mod heap;
+mod in_segment;
 mod peers;
 mod posted;
 mod recv;

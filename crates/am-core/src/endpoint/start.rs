@@ -1863,6 +1863,112 @@ impl<E: Element> Start for TeamReduce<E> {
     }
 }
 
+/// A broadcast in segment 0 (OpenSHMEM's `shmem_broadcastmem`): `len` bytes at `src` of
+/// team rank `root`'s segment 0 into `dest` of every member's (the root's too, unless its
+/// `src` is its `dest`), moved straight between the segments rather than through `Vec`s.
+/// Members may name different offsets (each learns the others'); a non-root's `src` is
+/// not read. Where the NIC reads peers' memory (`Capabilities::get` and `put`: loopback,
+/// sci, extoll, portals, ofi) every member copies the root's bytes into its destination
+/// itself, between two collectives of the team (an all-gather of the members' arguments,
+/// after which every member has entered, and a barrier, after which every copy is
+/// complete); elsewhere the bytes go as [`TeamBroadcast`]'s do and are written into the
+/// destination. For large broadcasts: below some tens of KiB, [`TeamBroadcast`] is faster.
+/// Collective over the team, as [`TeamBarrier`]; members that name different roots or
+/// lengths get [`crate::AmError::CollectiveMismatch`]. Until it completes, the team's later
+/// collectives here wait to start until its last collective has started.
+#[derive(Debug, Clone)]
+pub struct TeamBroadcastInSegment {
+    /// The team.
+    pub team: Team,
+    /// The root's team rank.
+    pub root: u32,
+    /// Where the root's bytes are in its segment 0.
+    pub src: usize,
+    /// Where they go in every member's segment 0.
+    pub dest: usize,
+    /// How many.
+    pub len: usize,
+}
+
+impl TeamBroadcastInSegment {
+    /// A broadcast of `len` bytes at `src` of team rank `root`'s segment 0 into `dest` of
+    /// every member's.
+    pub fn new(team: &Team, root: u32, src: usize, dest: usize, len: usize) -> Self {
+        TeamBroadcastInSegment {
+            team: team.clone(),
+            root,
+            src,
+            dest,
+            len,
+        }
+    }
+}
+
+impl Start for TeamBroadcastInSegment {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.team_broadcast_in_segment_start(t, &self.team, self.root, self.src, self.dest, self.len)
+    }
+}
+
+/// An all-reduce in segment 0 (OpenSHMEM's `shmem_sum_reduce` and kin on symmetric
+/// memory): `count` elements of `E` at `src` of every member's segment 0, reduced element
+/// by element by `op` in team order, into `dest` of every member's, the same bit for bit
+/// everywhere. `src` and `dest` are the same range (in place) or do not overlap; members
+/// may name different offsets. Where the NIC reads peers' memory (`Capabilities::get` and
+/// `put`: loopback, sci, extoll, portals, ofi), member `r` reduces the `r`-th of `size`
+/// blocks itself, reading every member's source and writing every member's destination,
+/// a cache-sized chunk at a time, between an all-gather of the members' arguments and a
+/// barrier, as [`TeamBroadcastInSegment`] does; elsewhere the bytes go as [`TeamReduce`]'s
+/// do and the result is written into the destination. Collective over the team;
+/// members that differ in element type, operation or count get
+/// [`crate::AmError::CollectiveMismatch`].
+#[derive(Debug, Clone)]
+pub struct TeamAllReduceInSegment<E: Element> {
+    /// The team.
+    pub team: Team,
+    /// The operation.
+    pub op: ReduceOp,
+    /// Where this member's elements are in its segment 0.
+    pub src: usize,
+    /// Where the result goes in its segment 0.
+    pub dest: usize,
+    /// How many elements.
+    pub count: usize,
+    elem: std::marker::PhantomData<E>,
+}
+
+impl<E: Element> TeamAllReduceInSegment<E> {
+    /// An all-reduce by `op` of `count` elements at `src` into `dest` on `team`.
+    pub fn new(team: &Team, op: ReduceOp, src: usize, dest: usize, count: usize) -> Self {
+        TeamAllReduceInSegment {
+            team: team.clone(),
+            op,
+            src,
+            dest,
+            count,
+            elem: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E: Element> Start for TeamAllReduceInSegment<E> {
+    type Output = ();
+    fn start<H: Threading, T: Transport + ?Sized>(
+        &mut self,
+        ep: &mut Endpoint<H>,
+        t: &mut T,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        ep.team_all_reduce_in_segment_start::<E, T>(
+            t, &self.team, self.op, self.src, self.dest, self.count,
+        )
+    }
+}
+
 /// The one list of the operations every driver offers: each entry is handed to the driver's
 /// macro, which writes that driver's methods for it. `op`: an operation with a handle
 /// (`name`, `nb` its non-blocking form, the [`Start`] that defines it, and whether an async
@@ -2115,6 +2221,25 @@ macro_rules! operations {
                 (team: &$crate::team::Team, op: $crate::reduce::ReduceOp, data: &[E]) -> Vec<E>
                 = $crate::endpoint::start::TeamReduce::new(team, None, op, data); nb team_all_reduce_nb; owns;
         }
+        $driver! { op
+            /// Broadcasts `len` bytes at `src` of team rank `root`'s segment 0 into `dest` of
+            /// every member's, straight between the segments
+            /// ([`TeamBroadcastInSegment`](crate::endpoint::start::TeamBroadcastInSegment);
+            /// OpenSHMEM's `shmem_broadcastmem`): `team_broadcast_in_segment(&world, 0,
+            /// a.offset(), b.offset(), len)`. Collective over the team.
+            team_broadcast_in_segment [] (team: &$crate::team::Team, root: u32, src: usize, dest: usize, len: usize) -> ()
+                = $crate::endpoint::start::TeamBroadcastInSegment::new(team, root, src, dest, len); nb team_broadcast_in_segment_nb; owns;
+        }
+        $driver! { op
+            /// Reduces `count` elements of `E` at `src` of every member's segment 0 by `op`,
+            /// in team order, into `dest` of every member's, straight between the segments
+            /// ([`TeamAllReduceInSegment`](crate::endpoint::start::TeamAllReduceInSegment);
+            /// OpenSHMEM's `shmem_sum_reduce`): `team_all_reduce_in_segment::<f64>(&world,
+            /// ReduceOp::Sum, a.offset(), b.offset(), n)`. Collective over the team.
+            team_all_reduce_in_segment [E: $crate::reduce::Element]
+                (team: &$crate::team::Team, op: $crate::reduce::ReduceOp, src: usize, dest: usize, count: usize) -> ()
+                = $crate::endpoint::start::TeamAllReduceInSegment::<E>::new(team, op, src, dest, count); nb team_all_reduce_in_segment_nb; owns;
+        }
         $driver! { implicit
             /// Starts a put inside the implicit set ([`Put`](crate::endpoint::start::Put)):
             /// `wait_nbi` completes it with the others.
@@ -2327,6 +2452,20 @@ impl Owned for TeamGather<'_> {
 impl<E: Element> Owned for TeamReduce<E> {
     type Owned = TeamReduce<E>;
     fn owned(self) -> TeamReduce<E> {
+        self
+    }
+}
+
+impl Owned for TeamBroadcastInSegment {
+    type Owned = TeamBroadcastInSegment;
+    fn owned(self) -> TeamBroadcastInSegment {
+        self
+    }
+}
+
+impl<E: Element> Owned for TeamAllReduceInSegment<E> {
+    type Owned = TeamAllReduceInSegment<E>;
+    fn owned(self) -> TeamAllReduceInSegment<E> {
         self
     }
 }

@@ -111,6 +111,11 @@ pub(super) struct Teams {
     pub(super) heap_op: Option<crate::symmetric::HeapOp>,
     /// The segment publications and frees in flight ([`super::segments`]).
     pub(super) seg_ops: Vec<crate::segment::SegOp>,
+    /// The collectives in segment 0 in flight ([`super::in_segment`]).
+    pub(super) in_segment: Vec<super::in_segment::InSegment>,
+    /// A direct all-reduce's sum and the block being added to it, kept between chunks.
+    pub(super) reduce_acc: Vec<u8>,
+    pub(super) reduce_other: Vec<u8>,
 }
 
 pub(super) struct TeamState {
@@ -326,7 +331,8 @@ pub(super) fn plan(
         CollectiveKind::AllGather
         | CollectiveKind::Split
         | CollectiveKind::PublishSegment
-        | CollectiveKind::FreeSegment => ring(&mut p, n, me, 0, 0, Part::Block),
+        | CollectiveKind::FreeSegment
+        | CollectiveKind::InSegment => ring(&mut p, n, me, 0, 0, Part::Block),
         CollectiveKind::Broadcast => {
             let vr = (me + n - root) % n;
             let children_below = if vr == 0 {
@@ -658,6 +664,9 @@ impl Teams {
             heap: crate::symmetric::Heap::default(),
             heap_op: None,
             seg_ops: Vec::new(),
+            in_segment: Vec::new(),
+            reduce_acc: Vec::new(),
+            reduce_other: Vec::new(),
         }
     }
 

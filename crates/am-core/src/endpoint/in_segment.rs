@@ -1,0 +1,548 @@
+//! Collectives whose source and destination are ranges of segment 0 (OpenSHMEM's
+//! `shmem_broadcastmem` and `shmem_sum_reduce` on symmetric memory): the bytes move by the
+//! NIC's puts and gets straight between the members' segments, with no `Vec` in between.
+//!
+//! Each runs as three parts, each a collective of the engine's or a move of its own:
+//!
+//! 1. **Agreement**: an all-gather ([`CollectiveKind::InSegment`]) of every member's
+//!    arguments (which collective, root, reduction, length, source and destination
+//!    offsets). Members that disagree on anything but the offsets fail it with
+//!    [`AmError::CollectiveMismatch`] naming the first that differs. Once it completes
+//!    every member has entered: its source holds its data and its destination is free.
+//! 2. **The move.** Where the NIC reads and writes peers' memory (`Capabilities::get` and
+//!    `put`), each member does its share itself: a broadcast's members copy the root's
+//!    source into their destination; in an all-reduce member `r` reduces block `r` of every
+//!    member's source, in team order, a chunk at a time, and writes the result into
+//!    every member's destination. Only member `r` touches block `r` of any member, so
+//!    a source that is its destination (in place) is safe. Elsewhere the move is the
+//!    engine's own broadcast or all-reduce of the source's bytes, whose result is written
+//!    into the destination.
+//! 3. **A barrier** of the team, after a direct move: every member's writes into this
+//!    member's destination are complete, and nobody reads its source any more.
+//!
+//! The team's later collectives wait to start until this one's last part has started, so
+//! that every member starts the team's collectives in the same order.
+
+use std::task::{ready, Poll};
+
+use super::coll::{Args, Data};
+use super::teams::{misbehaved, NO_PEER};
+use super::Endpoint;
+use crate::error::{AmError, Misbehavior};
+use crate::handler::Threading;
+use crate::op::{Op, Raw};
+use crate::protocol::CollectiveKind;
+use crate::reduce::{Element, ReduceOp, Reduction};
+use crate::team::{Team, TeamId};
+use crate::transport::Transport;
+use crate::types::Rank;
+
+/// Bytes of one member's arguments in the agreement: six words.
+const ARGS_LEN: usize = 48;
+
+/// The bytes a direct all-reduce reduces at a time (a whole number of elements): small
+/// enough that the sum and the block being added stay in the cache.
+const REDUCE_CHUNK: usize = 64 << 10;
+
+/// Which collective.
+#[derive(Debug, Clone)]
+pub(super) enum What {
+    Broadcast { root: u32 },
+    AllReduce { red: Reduction },
+}
+
+impl What {
+    fn code(&self) -> u64 {
+        match self {
+            What::Broadcast { .. } => 1,
+            What::AllReduce { .. } => 2,
+        }
+    }
+    fn root(&self) -> u32 {
+        match self {
+            What::Broadcast { root } => *root,
+            What::AllReduce { .. } => 0,
+        }
+    }
+    fn word(&self) -> u32 {
+        match self {
+            What::Broadcast { .. } => 0,
+            What::AllReduce { red } => red.word(),
+        }
+    }
+}
+
+/// Where a collective in segment 0 is.
+#[derive(Debug)]
+enum Part {
+    /// The agreement, in operation slot `(index, gen)`.
+    Agree(u32, u32),
+    /// Agreed: every member's source and destination offsets, in team order. The direct
+    /// move goes on from `next` (an all-reduce's chunk of this member's block; a
+    /// broadcast's 0 or 1), or the engine's collective is still to start.
+    Move {
+        srcs: Vec<usize>,
+        dests: Vec<usize>,
+        next: usize,
+    },
+    /// The engine's broadcast or all-reduce of the source's bytes, whose result goes into
+    /// the destination.
+    Engine(u32, u32),
+    /// The barrier after a direct move.
+    Barrier(u32, u32),
+}
+
+/// A collective in segment 0 in flight.
+#[derive(Debug)]
+pub(super) struct InSegment {
+    /// The operation's own slot, completed when the last part completes.
+    index: u32,
+    gen: u32,
+    team: Team,
+    what: What,
+    src: usize,
+    dest: usize,
+    len: usize,
+    part: Part,
+    /// What this member's direct move met, reported once the barrier after it completes.
+    failed: Option<AmError>,
+}
+
+impl InSegment {
+    /// Whether the team's later collectives must wait to start: its last collective has
+    /// not started yet.
+    fn gates(&self, id: TeamId) -> bool {
+        self.team.id() == id && !matches!(self.part, Part::Engine(..) | Part::Barrier(..))
+    }
+}
+
+/// Whether `[a, a + len)` and `[b, b + len)` overlap without being the same range.
+fn overlap(a: usize, b: usize, len: usize) -> bool {
+    a != b && a < b.saturating_add(len) && b < a.saturating_add(len)
+}
+
+impl<H: Threading> Endpoint<H> {
+    /// Starts a broadcast in segment 0 ([`crate::endpoint::start::TeamBroadcastInSegment`]):
+    /// `len` bytes at `src` of team rank `root`'s segment into `dest` of every member's.
+    pub fn team_broadcast_in_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        root: u32,
+        src: usize,
+        dest: usize,
+        len: usize,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if root >= team.size() {
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "a root that is not a team rank",
+            )));
+        }
+        self.in_segment_start(t, team, What::Broadcast { root }, src, dest, len)
+    }
+
+    /// Starts an all-reduce in segment 0 ([`crate::endpoint::start::TeamAllReduceInSegment`]):
+    /// `count` elements of `E` at `src` of every member's segment, reduced by `op` in team
+    /// order, into `dest` of every member's.
+    pub fn team_all_reduce_in_segment_start<E: Element, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        op: ReduceOp,
+        src: usize,
+        dest: usize,
+        count: usize,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        let red = match op {
+            ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
+            op => Reduction::new::<E>(op),
+        };
+        let red = match red {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let Some(len) = count.checked_mul(red.size()) else {
+            return Poll::Ready(Err(self.out_of_bounds(src as u64, u64::MAX)));
+        };
+        self.in_segment_start(t, team, What::AllReduce { red }, src, dest, len)
+    }
+
+    fn in_segment_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        what: What,
+        src: usize,
+        dest: usize,
+        len: usize,
+    ) -> Poll<Result<Op<()>, AmError>> {
+        if let Err(e) = self
+            .check_segment(src as u64, len as u64)
+            .and_then(|()| self.check_segment(dest as u64, len as u64))
+        {
+            return Poll::Ready(Err(e));
+        }
+        if overlap(src, dest, len) {
+            return Poll::Ready(Err(AmError::InvalidCollective(
+                "a source and destination that overlap without being the same range",
+            )));
+        }
+        let mut block = Vec::with_capacity(ARGS_LEN);
+        for w in [
+            what.code(),
+            u64::from(what.root()),
+            u64::from(what.word()),
+            len as u64,
+            src as u64,
+            dest as u64,
+        ] {
+            block.extend_from_slice(&w.to_le_bytes());
+        }
+        let args = Args {
+            kind: CollectiveKind::InSegment,
+            root: 0,
+            red: None,
+            data: Data::Borrowed(&block),
+            heap: None,
+            seg: None,
+        };
+        // Gated behind the team's collectives in segment 0 still starting theirs.
+        let (a, b) = ready!(self.collective_start(t, team, args))?;
+        let (index, gen) = self.alloc_op(NO_PEER, 0, 0, Vec::new());
+        self.ops[index as usize].outstanding = 1;
+        self.teams.in_segment.push(InSegment {
+            index,
+            gen,
+            team: team.clone(),
+            what,
+            src,
+            dest,
+            len,
+            part: Part::Agree(a, b),
+            failed: None,
+        });
+        self.advance_in_segment(t);
+        Poll::Ready(Ok(self.slot_op(index, gen)))
+    }
+
+    /// Whether a collective on team `id` must wait to start: one in segment 0 on it has
+    /// not started its last part. Advanced first.
+    pub(super) fn in_segment_gates<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        id: TeamId,
+    ) -> bool {
+        if !self.teams.in_segment.iter().any(|c| c.gates(id)) {
+            return false;
+        }
+        self.advance_in_segment(t);
+        self.teams.in_segment.iter().any(|c| c.gates(id))
+    }
+
+    /// Advances the collectives in segment 0 in flight, if any.
+    #[inline]
+    pub(crate) fn carry_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
+        if !self.teams.in_segment.is_empty() {
+            self.advance_in_segment(t);
+        }
+    }
+
+    /// Takes every collective in segment 0 as far as it goes now; completes those done.
+    pub(super) fn advance_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
+        let mut i = 0;
+        while i < self.teams.in_segment.len() {
+            match self.step_in_segment(t, i) {
+                Poll::Pending => i += 1,
+                Poll::Ready(outcome) => {
+                    let c = self.teams.in_segment.swap_remove(i);
+                    if let Some(slot) = self.op(c.index, c.gen) {
+                        if let Err(e) = outcome {
+                            slot.error.get_or_insert(e);
+                        }
+                        slot.outstanding = 0;
+                        self.settle(c.index);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes collective `i` in segment 0 as far as it goes now: ready once it is done, or
+    /// with the error that ends it.
+    fn step_in_segment<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        i: usize,
+    ) -> Poll<Result<(), AmError>> {
+        loop {
+            let c = &self.teams.in_segment[i];
+            if !self.slot_pending(c.index, c.gen) {
+                // The endpoint ended, which failed its slot.
+                return Poll::Ready(Err(AmError::StaleHandle));
+            }
+            match c.part {
+                Part::Agree(a, b) => {
+                    let blocks = match ready!(self.poll_slot(a, b))? {
+                        Raw::Bytes(v) => v,
+                        _ => return Poll::Ready(Err(AmError::StaleHandle)),
+                    };
+                    let (srcs, dests) = self.agreed(i, &blocks)?;
+                    self.teams.in_segment[i].part = Part::Move {
+                        srcs,
+                        dests,
+                        next: 0,
+                    };
+                }
+                Part::Move { .. } => {
+                    let caps = t.capabilities();
+                    let part = if caps.put && caps.get {
+                        if let Err(e) = ready!(self.move_directly(t, i)) {
+                            // Kept for after the barrier, which every member starts
+                            // whatever its move met, so that the team's collectives stay
+                            // in one order on every member.
+                            self.teams.in_segment[i].failed.get_or_insert(e);
+                        }
+                        let team = self.teams.in_segment[i].team.clone();
+                        let (a, b) = ready!(self.collective_start_now(t, &team, barrier()))?;
+                        Part::Barrier(a, b)
+                    } else {
+                        let (a, b) = ready!(self.engine_start(t, i))?;
+                        Part::Engine(a, b)
+                    };
+                    self.teams.in_segment[i].part = part;
+                }
+                Part::Engine(a, b) => {
+                    let bytes = match ready!(self.poll_slot(a, b))? {
+                        Raw::Bytes(v) => v,
+                        _ => return Poll::Ready(Err(AmError::StaleHandle)),
+                    };
+                    let c = &self.teams.in_segment[i];
+                    if bytes.len() != c.len || t.segment().write(c.dest, &bytes).is_err() {
+                        return Poll::Ready(Err(self.out_of_bounds(c.dest as u64, c.len as u64)));
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Part::Barrier(a, b) => {
+                    let barrier = ready!(self.poll_slot(a, b));
+                    if let Some(e) = self.teams.in_segment[i].failed.take() {
+                        return Poll::Ready(Err(e));
+                    }
+                    barrier?;
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
+    }
+
+    /// The agreement of collective `i` came with every member's arguments (`blocks`, in
+    /// team order): their source and destination offsets, or the mismatch or peer's
+    /// misbehavior that fails it.
+    fn agreed(&self, i: usize, blocks: &[u8]) -> Result<(Vec<usize>, Vec<usize>), AmError> {
+        let c = &self.teams.in_segment[i];
+        let n = c.team.size() as usize;
+        if blocks.len() != n * ARGS_LEN {
+            return Err(AmError::StaleHandle);
+        }
+        let word = |m: usize, w: usize| {
+            let at = m * ARGS_LEN + w * 8;
+            u64::from_le_bytes(blocks[at..at + 8].try_into().expect("eight bytes"))
+        };
+        let me = c.team.rank() as usize;
+        let (mut srcs, mut dests) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for m in 0..n {
+            let peer = c.team.world_rank(m as u32).unwrap_or(NO_PEER);
+            if (0..4).any(|w| word(m, w) != word(me, w)) {
+                return Err(AmError::CollectiveMismatch {
+                    team: c.team.id(),
+                    peer,
+                });
+            }
+            // A peer's offsets are its word: one outside the segment is its misbehavior.
+            for at in [word(m, 4), word(m, 5)] {
+                if self.check_segment(at, c.len as u64).is_err() {
+                    return Err(misbehaved(
+                        peer,
+                        Misbehavior::OutOfSegment {
+                            offset: at,
+                            len: c.len as u64,
+                        },
+                    ));
+                }
+            }
+            srcs.push(word(m, 4) as usize);
+            dests.push(word(m, 5) as usize);
+        }
+        Ok((srcs, dests))
+    }
+
+    /// This member's share of collective `i`'s move, by the NIC's gets and puts, from where
+    /// it stopped: ready once it is done. Pending where the NIC is busy.
+    fn move_directly<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        i: usize,
+    ) -> Poll<Result<(), AmError>> {
+        let c = &self.teams.in_segment[i];
+        let Part::Move {
+            srcs, dests, next, ..
+        } = &c.part
+        else {
+            return Poll::Ready(Ok(()));
+        };
+        let (me, len, dest) = (c.team.rank(), c.len, c.dest);
+        match &c.what {
+            What::Broadcast { root } => {
+                if *next > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                let (root, from) = (*root, srcs[*root as usize]);
+                let owner = c.team.world_rank(root).unwrap_or(NO_PEER);
+                if me != root {
+                    ready!(self.nic_rma(|| t.get_into_segment(owner, from, dest, len)))?;
+                } else if from != dest {
+                    // Its own bytes, unless the source is the destination.
+                    let own = t.segment();
+                    if own
+                        .slice(from, len)
+                        .and_then(|s| own.copy_from(dest, s))
+                        .is_err()
+                    {
+                        return Poll::Ready(Err(self.out_of_bounds(dest as u64, len as u64)));
+                    }
+                }
+                if let Part::Move { next, .. } = &mut self.teams.in_segment[i].part {
+                    *next = 1;
+                }
+                Poll::Ready(Ok(()))
+            }
+            What::AllReduce { red } => {
+                let red = red.clone();
+                let n = c.team.size() as usize;
+                let members: Vec<Rank> = c.team.members().to_vec();
+                let (srcs, dests, mut next) = (srcs.clone(), dests.clone(), *next);
+                // This member's block: elements split as evenly as they go.
+                let elems = len / red.size();
+                let lo = elems * me as usize / n * red.size();
+                let hi = elems * (me as usize + 1) / n * red.size();
+                let step = REDUCE_CHUNK / red.size() * red.size();
+                let mut acc = std::mem::take(&mut self.teams.reduce_acc);
+                let mut other = std::mem::take(&mut self.teams.reduce_other);
+                let mut result = Poll::Ready(Ok(()));
+                while lo + next * step < hi {
+                    let at = lo + next * step;
+                    let take = step.min(hi - at);
+                    acc.resize(take, 0);
+                    other.resize(take, 0);
+                    let r = self
+                        .reduce_chunk(t, &red, &members, &srcs, &dests, at, &mut acc, &mut other);
+                    match r {
+                        Poll::Ready(Ok(())) => next += 1,
+                        r => {
+                            result = r;
+                            break;
+                        }
+                    }
+                }
+                self.teams.reduce_acc = acc;
+                self.teams.reduce_other = other;
+                if let Part::Move { next: n, .. } = &mut self.teams.in_segment[i].part {
+                    *n = next;
+                }
+                result
+            }
+        }
+    }
+
+    /// One chunk of this member's block of a direct all-reduce: the bytes at `at` of every
+    /// member's source, reduced in team order into `acc`, then written at `at` of every
+    /// member's destination. Pending (to be done again whole) where the NIC is busy.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_chunk<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        red: &Reduction,
+        members: &[Rank],
+        srcs: &[usize],
+        dests: &[usize],
+        at: usize,
+        acc: &mut [u8],
+        other: &mut [u8],
+    ) -> Poll<Result<(), AmError>> {
+        for (m, &peer) in members.iter().enumerate() {
+            let into: &mut [u8] = if m == 0 { &mut *acc } else { &mut *other };
+            if peer == self.rank {
+                if t.segment().read(srcs[m] + at, into).is_err() {
+                    return Poll::Ready(Err(
+                        self.out_of_bounds((srcs[m] + at) as u64, into.len() as u64)
+                    ));
+                }
+            } else {
+                ready!(self.nic_rma(|| t.get(peer, srcs[m] + at, into)))?;
+            }
+            if m > 0 {
+                red.combine(acc, other, true);
+            }
+        }
+        for (m, &peer) in members.iter().enumerate() {
+            if peer == self.rank {
+                if t.segment().write(dests[m] + at, acc).is_err() {
+                    return Poll::Ready(Err(
+                        self.out_of_bounds((dests[m] + at) as u64, acc.len() as u64)
+                    ));
+                }
+            } else {
+                ready!(self.nic_rma(|| t.put(peer, dests[m] + at, acc)))?;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Starts the engine's broadcast or all-reduce of collective `i`'s source bytes.
+    fn engine_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        i: usize,
+    ) -> Poll<Result<(u32, u32), AmError>> {
+        let c = &self.teams.in_segment[i];
+        let (team, what) = (c.team.clone(), c.what.clone());
+        let gives = match &what {
+            What::Broadcast { root } => *root == team.rank(),
+            What::AllReduce { .. } => true,
+        };
+        let mut data = vec![0u8; if gives { c.len } else { 0 }];
+        if t.segment().read(c.src, &mut data).is_err() {
+            return Poll::Ready(Err(self.out_of_bounds(c.src as u64, c.len as u64)));
+        }
+        let args = match what {
+            What::Broadcast { root } => Args {
+                kind: CollectiveKind::Broadcast,
+                root,
+                red: None,
+                data: Data::Taken(&mut data),
+                heap: None,
+                seg: None,
+            },
+            What::AllReduce { red } => Args {
+                kind: CollectiveKind::AllReduce,
+                root: 0,
+                red: Some(red),
+                data: Data::Taken(&mut data),
+                heap: None,
+                seg: None,
+            },
+        };
+        self.collective_start_now(t, &team, args)
+    }
+}
+
+/// A barrier's arguments.
+fn barrier() -> Args<'static> {
+    Args {
+        kind: CollectiveKind::Barrier,
+        root: 0,
+        red: None,
+        data: Data::Borrowed(&[]),
+        heap: None,
+        seg: None,
+    }
+}
