@@ -1328,7 +1328,8 @@ mod tests {
     fn one_part_and_word_writes_land_whole_and_padded() {
         let seg = Segment::heap(0, 256).unwrap();
         let imp = seg.import();
-        for total in 0..=80usize {
+        // Under Miri every remainder mod 8 with zero to three whole words before it.
+        for total in 0..=if cfg!(miri) { 31 } else { 80usize } {
             let msg: Vec<u8> = (0..total).map(|i| (i * 13 + 1) as u8).collect();
             let padded = total.div_ceil(8) * 8;
             let words = [0x0102_0304_0506_0708u64, u64::MAX - 5];
@@ -1401,7 +1402,7 @@ mod tests {
         // the bulk copy's threshold natively) reach no path there that 1,000 do not, and
         // filling and reading back the whole segment each time is most of the test's time.
         let (size, totals): (usize, &[usize]) = if cfg!(miri) {
-            (2048, &[0, 1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1000])
+            (512, &[0, 1, 7, 8, 9, 63, 64, 65, 300])
         } else {
             (
                 8192,

@@ -252,7 +252,8 @@ mod tests {
     fn copies_at_every_alignment_keep_the_neighbours() {
         let seg = Segment::heap(0, 64).unwrap();
         let b = seg.byte_area();
-        for start in 0..16 {
+        // Every offset in a word and the next aligned one (every offset of two words natively).
+        for start in 0..if cfg!(miri) { 9 } else { 16 } {
             for len in 0..24 {
                 b.fill(0, 64, 0xEE).unwrap();
                 let src: Vec<u8> = (0..len as u8).map(|i| i + 1).collect();

@@ -36,6 +36,20 @@ fn trio() -> (Extoll, Extoll, Extoll) {
     trio_with(small())
 }
 
+/// The cases a test runs: all of them natively; under Miri, where each case costs a
+/// three-rank cluster (seconds), the first and the last. Every case reaches the same
+/// `am-shm` code (the crate forbids `unsafe`); the values only steer the checks, which
+/// `cargo test` runs in full.
+fn cases<T>(all: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut v: Vec<T> = all.into_iter().collect();
+    if cfg!(miri) && v.len() > 2 {
+        let last = v.pop().unwrap();
+        v.truncate(1);
+        v.push(last);
+    }
+    v
+}
+
 /// `PeerMisbehaved` naming `peer`.
 fn named(e: &TransportError, peer: Option<Rank>) -> bool {
     matches!(e, TransportError::PeerMisbehaved { peer: p, .. } if *p == peer)
@@ -158,7 +172,7 @@ fn post_raw(x: &Extoll, to: usize, claimer_rank: usize, meta: u32, value: u64) {
 /// nobody (any peer can write a status), the slot repaired and skipped.
 #[test]
 fn a_corrupt_mailbox_status_is_skipped_and_reported() {
-    for value in [0xdead_0000_0007u64, 1, u64::MAX] {
+    for value in cases([0xdead_0000_0007u64, 1, u64::MAX]) {
         let (a, mut b, mut c) = trio();
         let ring = a.tx.layout.mailbox();
         store_status(&a, 1, &ring, 0, value);
@@ -316,7 +330,15 @@ fn packet_lengths_at_and_just_past_the_capacity() {
 #[test]
 fn message_lengths_at_and_just_past_the_largest() {
     let cap = small().packet_size - STATUS_LEN;
-    for total in std::iter::once(MAX_MSG).chain(just_past(MAX_MSG)) {
+    // Under Miri one length past (each case fills all 148 slots; the refusal at the last
+    // packet is the same for all eight, and `framing_errors_drop_one_message_each` fills
+    // the mailbox once more).
+    let past = if cfg!(miri) {
+        vec![MAX_MSG + 8]
+    } else {
+        just_past(MAX_MSG)
+    };
+    for total in std::iter::once(MAX_MSG).chain(past) {
         let (a, mut b, mut c) = trio();
         let bytes: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
         let n = bytes.len().div_ceil(cap);
@@ -393,7 +415,7 @@ fn framing_errors_drop_one_message_each() {
 /// may have in flight is refused at once.
 #[test]
 fn an_rma_before_count_ahead_of_the_buffers_is_refused_at_once() {
-    for rma_before in [3u32, 5, 31] {
+    for rma_before in cases([3u32, 5, 31]) {
         let (a, mut b, mut c) = trio();
         let h = short_head();
         publish(&a, 1, 0, &h, meta(h.len(), FIRST | LAST, rma_before));
@@ -449,7 +471,7 @@ fn garbage_in_a_slot_is_lent_within_its_length() {
 /// stalled-mailbox check.
 #[test]
 fn a_corrupt_mailbox_tail_costs_a_walk_and_holes_are_filled() {
-    for tail in [1u64 << 40, u64::MAX / 2, u64::MAX] {
+    for tail in cases([1u64 << 40, u64::MAX / 2, u64::MAX]) {
         let (a, mut b, mut c) = trio();
         a.tx.peers[1].imp.store_word(MAILBOX_TAIL, tail).unwrap();
         assert_eq!(good_still_arrives(&mut b, &mut c), vec![], "tail {tail}");
@@ -504,7 +526,7 @@ fn rewritten_head_words_are_put_back() {
 /// no counter moves.
 #[test]
 fn corrupt_notifications_are_dropped_and_reported() {
-    let cases: [(u32, u32, u64, Option<Rank>); 7] = [
+    let all: [(u32, u32, u64, Option<Rank>); 7] = [
         (0, 0x77, 0, Some(0)),                    // unknown kind
         (9, kind::PUT_LANDED, 0, None),           // source outside the job
         (0, kind::MEDIUM_LANDED, 5, Some(0)),     // not the next RMA Medium
@@ -513,7 +535,7 @@ fn corrupt_notifications_are_dropped_and_reported() {
         (0, kind::USER_DONE, 0, Some(0)),         // a requester notification from another rank
         (1, kind::USER_DONE, 3, None),            // completion of an operation not in flight
     ];
-    for (src, k, value, peer) in cases {
+    for (src, k, value, peer) in cases(all) {
         let (a, mut b, mut c) = trio();
         post_raw(&a, 1, 0, src | k << 16, value);
         one_poll_refused(&mut b, peer, format_args!("{k}/{value}"));
@@ -544,7 +566,7 @@ fn corrupt_notifications_are_dropped_and_reported() {
 /// The notification tail is a hint as the mailbox's is.
 #[test]
 fn a_corrupt_notification_tail_costs_a_walk() {
-    for tail in [5u64, 1 << 40, u64::MAX] {
+    for tail in cases([5u64, 1 << 40, u64::MAX]) {
         let (a, mut b, mut c) = trio();
         a.tx.peers[1].imp.store_word(NOTIFY_TAIL, tail).unwrap();
         let errors = good_still_arrives(&mut b, &mut c);
@@ -601,7 +623,7 @@ fn an_rma_medium_of_the_largest_length_is_delivered_whole() {
 /// tail's 16 bits hold: dropped, naming the sender, and the buffer freed.
 #[test]
 fn an_rma_medium_longer_than_a_buffer_is_dropped() {
-    for len in (MAX_MSG + 1..=MAX_MSG + 8).chain([0xffff]) {
+    for len in just_past(MAX_MSG).into_iter().chain([0xffff]) {
         let (a, mut b, mut c) = trio();
         land_tail(&a, 1 | (len as u64) << 16);
         one_poll_refused(&mut b, Some(0), format_args!("{len}"));
@@ -702,12 +724,12 @@ fn a_corrupt_ack_word_is_ignored_and_reported() {
 /// over at the stalled-mailbox check, reported, and the messages behind it flow.
 #[test]
 fn forged_mailbox_claims_are_skipped_and_reported() {
-    for (who, record) in [
+    for (who, record) in cases([
         (2u32, None),
         (0, Some(1u64 << 63 | 100)),
         (77, None),
         (1, None),
-    ] {
+    ]) {
         let (a, mut b, mut c) = trio();
         let ring = a.tx.layout.mailbox();
         if let Some(r) = record {
@@ -726,7 +748,7 @@ fn forged_mailbox_claims_are_skipped_and_reported() {
 /// notification.
 #[test]
 fn forged_notification_claims_are_skipped_and_reported() {
-    for who in [notes_claimer(2, false), notes_claimer(0, true), 1000] {
+    for who in cases([notes_claimer(2, false), notes_claimer(0, true), 1000]) {
         let (a, mut b, mut c) = trio();
         let ring = a.tx.layout.notifications();
         store_status(&a, 1, &ring, 0, claimed(who));
@@ -935,14 +957,14 @@ fn a_claim_inside_a_senders_window_is_left_alone() {
 #[test]
 fn a_notification_past_the_pool_or_for_a_buffer_not_held_is_refused() {
     let shift = POOL_INDEX_SHIFT;
-    for (at, held, value) in [
+    for (at, held, value) in cases([
         // Past the pool, where the word after the pool's claim words says it is held.
         (2, pool_claim(0, 0), 2u64 << shift),
         (1, 0, 1 << shift),                // a free buffer
         (1, pool_claim(2, 0), 1 << shift), // another sender's
         (1, pool_claim(0, 1), 1 << shift), // held for another Medium
         (1, pool_claim(0, 0), 1 << 63),    // far past the pool
-    ] {
+    ]) {
         let (a, mut b, mut c) = trio_with(pooled());
         store_pool_claim(&a, 1, at, held);
         post_raw(&a, 1, 0, kind::MEDIUM_LANDED << 16, value);

@@ -691,8 +691,9 @@ fn a_lost_claimers_slot_is_skipped() {
     );
     let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
     assert_eq!((ev.kind, ev.initiator), (EventKind::Put, 1));
-    // Laps over the skipped slot: every event once, in order.
-    for lap in 0..3u64 {
+    // Laps over the skipped slot: every event once, in order. Under Miri one lap: from
+    // ticket 2 it reaches ticket 64, the skipped slot's next use, and goes past it.
+    for lap in 0..if cfg!(miri) { 1 } else { 3u64 } {
         events_flow(&mut ni, 64, lap << 32, "lap");
     }
 }
@@ -760,8 +761,10 @@ fn corrupt_status_words_are_repaired() {
         let ev = ni.owner.eq_poll(&ni.seg).unwrap().unwrap();
         assert_eq!(ev.initiator, 1, "{bad:#x}");
         ni.owner.eq_publish_head(&ni.seg).unwrap();
-        // Two laps: the repaired slot is claimed again, every event read once.
-        events_flow(&mut ni, 2 * cap, 0, &format!("{bad:#x}"));
+        // Two laps (one under Miri: from ticket 2, `cap` events reach ticket `cap`, the
+        // repaired slot's next use): the repaired slot is claimed again, every event once.
+        let laps = if cfg!(miri) { 1 } else { 2 };
+        events_flow(&mut ni, laps * cap, 0, &format!("{bad:#x}"));
     }
 }
 
@@ -803,9 +806,15 @@ fn any_tail_costs_a_walk_never_an_overwrite() {
         }
         assert_eq!(seen, [100, 101, 102, 200], "tail {tail}");
         assert!(errors <= cap, "tail {tail}");
-        // And the queue works on.
+        // And the queue works on: a whole lap, over the slots the walk skipped (under Miri
+        // for the hints that leave a hole or lie far ahead; a few events for the others).
         ni.owner.eq_publish_head(&ni.seg).unwrap();
-        events_flow(&mut ni, cap, 0, &format!("tail {tail}"));
+        let flow = if cfg!(miri) && ![5, 40, u64::MAX].contains(&tail) {
+            4
+        } else {
+            cap
+        };
+        events_flow(&mut ni, flow, 0, &format!("tail {tail}"));
     }
 }
 
