@@ -279,27 +279,20 @@ impl<H: Threading> Endpoint<H> {
     /// Starts a collective on `team`: its operation slot, whose completion carries the
     /// outcome (the gathered blocks, the bytes, or nothing). It waits to start while a
     /// collective in segment 0 on the team has not started its last part (see
-    /// [`crate::endpoint`]'s `in_segment`), so that every member starts them in one order.
+    /// `in_segment`), so that every member starts them in one order; that collective's own
+    /// parts start with `Teams::own_start` set.
     pub(super) fn collective_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         team: &Team,
         args: Args<'_>,
     ) -> Poll<Result<(u32, u32), AmError>> {
-        if self.in_segment_gates(t, team.id()) {
+        if self.teams.in_segment_pending()
+            && !self.teams.own_start
+            && self.in_segment_gates(t, team.id())
+        {
             return Poll::Pending;
         }
-        self.collective_start_now(t, team, args)
-    }
-
-    /// [`Endpoint::collective_start`] with no wait for the collectives in segment 0: theirs
-    /// own parts.
-    pub(super) fn collective_start_now<T: Transport + ?Sized>(
-        &mut self,
-        t: &mut T,
-        team: &Team,
-        args: Args<'_>,
-    ) -> Poll<Result<(u32, u32), AmError>> {
         let Args {
             kind,
             root,

@@ -227,6 +227,8 @@ impl<H: Threading> Endpoint<H> {
 
     /// Whether a collective on team `id` must wait to start: one in segment 0 on it has
     /// not started its last part. Advanced first.
+    #[cold]
+    #[inline(never)]
     pub(super) fn in_segment_gates<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -242,12 +244,13 @@ impl<H: Threading> Endpoint<H> {
     /// Advances the collectives in segment 0 in flight, if any.
     #[inline]
     pub(crate) fn carry_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
-        if !self.teams.in_segment.is_empty() {
+        if self.teams.in_segment_pending() {
             self.advance_in_segment(t);
         }
     }
 
     /// Takes every collective in segment 0 as far as it goes now; completes those done.
+    #[inline(never)]
     pub(super) fn advance_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
         let mut i = 0;
         while i < self.teams.in_segment.len() {
@@ -303,7 +306,7 @@ impl<H: Threading> Endpoint<H> {
                             self.teams.in_segment[i].failed.get_or_insert(e);
                         }
                         let team = self.teams.in_segment[i].team.clone();
-                        let (a, b) = ready!(self.collective_start_now(t, &team, barrier()))?;
+                        let (a, b) = ready!(self.own_collective_start(t, &team, barrier()))?;
                         Part::Barrier(a, b)
                     } else {
                         let (a, b) = ready!(self.engine_start(t, i))?;
@@ -497,6 +500,20 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(()))
     }
 
+    /// Starts a part of a collective in segment 0: a collective of the team that the
+    /// collectives in segment 0 still starting theirs do not hold back.
+    fn own_collective_start<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        team: &Team,
+        args: Args<'_>,
+    ) -> Poll<Result<(u32, u32), AmError>> {
+        self.teams.own_start = true;
+        let started = self.collective_start(t, team, args);
+        self.teams.own_start = false;
+        started
+    }
+
     /// Starts the engine's broadcast or all-reduce of collective `i`'s source bytes.
     fn engine_start<T: Transport + ?Sized>(
         &mut self,
@@ -531,7 +548,7 @@ impl<H: Threading> Endpoint<H> {
                 seg: None,
             },
         };
-        self.collective_start_now(t, &team, args)
+        self.own_collective_start(t, &team, args)
     }
 }
 

@@ -116,6 +116,8 @@ pub(super) struct Teams {
     /// A direct all-reduce's sum and the block being added to it, kept between chunks.
     pub(super) reduce_acc: Vec<u8>,
     pub(super) reduce_other: Vec<u8>,
+    /// Set while a collective in segment 0 starts one of its own parts, which no gate holds.
+    pub(super) own_start: bool,
 }
 
 pub(super) struct TeamState {
@@ -637,6 +639,12 @@ impl TeamState {
 }
 
 impl Teams {
+    /// Whether collectives in segment 0 are in flight (which later ones may wait for).
+    #[inline]
+    pub(super) fn in_segment_pending(&self) -> bool {
+        !self.in_segment.is_empty()
+    }
+
     pub(super) fn new(rank: Rank, size: u32) -> Teams {
         let drops = Arc::new(Drops::default());
         let members: Vec<Rank> = (0..size).collect();
@@ -667,6 +675,7 @@ impl Teams {
             in_segment: Vec::new(),
             reduce_acc: Vec::new(),
             reduce_other: Vec::new(),
+            own_start: false,
         }
     }
 
