@@ -26,6 +26,11 @@
 //! allocated until the row ends (freed untimed), in a symmetric heap sized for them.
 //! `segment` times `create_segment` of the row's bytes and its `publish_segment` on the
 //! world, as the `alloc` row (the segments are freed, untimed, when the row ends).
+//!
+//! `broadcast-seg` and `allreduce-seg` are the collectives in segment 0
+//! (`team_broadcast_in_segment`, `team_all_reduce_in_segment` of `u64` sums): the source
+//! at offset 0 of each member's segment and the destination just after it, both filled
+//! once per row.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -51,7 +56,7 @@ struct Args {
         long,
         value_delimiter = ',',
         default_value = "barrier,allreduce,broadcast,reduce,gather,allgather",
-        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather", "alloc", "segment"]
+        value_parser = ["barrier", "allreduce", "broadcast", "reduce", "gather", "allgather", "alloc", "segment", "broadcast-seg", "allreduce-seg"]
     )]
     ops: Vec<String>,
     /// Bytes per member (barrier has none)
@@ -174,6 +179,14 @@ fn one(
         "allgather" => {
             node.team_all_gather(world, block)?;
         }
+        "broadcast-seg" => {
+            let len = block.len();
+            node.team_broadcast_in_segment(world, root, 0, len, len)?;
+        }
+        "allreduce-seg" => {
+            let len = words.len() * 8;
+            node.team_all_reduce_in_segment::<u64>(world, ReduceOp::Sum, 0, len, words.len())?;
+        }
         other => anyhow::bail!("unknown collective {other}"),
     }
     Ok(())
@@ -189,6 +202,12 @@ fn timed(
 ) -> anyhow::Result<(f64, f64)> {
     let mut each = Vec::with_capacity(args.iters);
     let mut inputs = Inputs::new(world.rank(), bytes);
+    if op.ends_with("-seg") {
+        // The source at 0, the destination after it, both first touched here.
+        let len = inputs.words.len() * 8;
+        node.segment().fill(0, len, world.rank() as u8 + 1)?;
+        node.segment().fill(len, len, 0)?;
+    }
     for i in 0..args.warmup {
         one(node, world, op, &mut inputs, i)?;
     }
@@ -356,7 +375,10 @@ fn main() -> anyhow::Result<()> {
     let opts = JobOptions::new()
         .transport(args.transport)
         .ranks(args.ranks)
-        .segment_size(largest.max(JobOptions::default().segment_size) + heap_size(&args))
+        .segment_size(
+            (2 * largest.next_multiple_of(8)).max(JobOptions::default().segment_size)
+                + heap_size(&args),
+        )
         .prefix_output(!args.json);
     let code = amnet::run_job(&opts, |t| rank_main(t, &args))?;
     std::process::exit(code);
