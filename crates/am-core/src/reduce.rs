@@ -139,6 +139,9 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
     /// Elements from their bytes (a multiple of `SIZE`; the rest ignored).
     #[doc(hidden)]
     fn from_bytes(b: Vec<u8>) -> Vec<Self> {
+        if Self::SIZE == 0 {
+            return Vec::new();
+        }
         b.chunks_exact(Self::SIZE).map(Self::take).collect()
     }
 }
@@ -146,6 +149,10 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
 /// `elems` as little-endian bytes.
 pub(crate) fn to_bytes<E: Element>(elems: &[E]) -> Vec<u8> {
     let mut out = vec![0u8; elems.len() * E::SIZE];
+    if E::SIZE == 0 {
+        // A zero-sized plain element: no bytes (its reduction is refused when it starts).
+        return out;
+    }
     for (o, &e) in out.chunks_exact_mut(E::SIZE).zip(elems) {
         e.write(o);
     }
@@ -378,6 +385,12 @@ impl Reduction {
                 "a user reduction not registered in this node's handlers",
             ));
         };
+        if E::SIZE == 0 {
+            // No element has bytes to reduce, and a length divides by none.
+            return Err(AmError::InvalidCollective(
+                "a user reduction over a zero-sized element",
+            ));
+        }
         if u.elem != E::CODE || u.type_name != std::any::type_name::<E>() {
             return Err(AmError::InvalidCollective(
                 "a user reduction over another element type than it was registered for",

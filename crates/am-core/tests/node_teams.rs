@@ -666,9 +666,11 @@ fn every_all_reduce_algorithm_matches_the_model() {
 /// Collectives in segment 0 through every driver, 3 ranks: a user's non-commutative
 /// operation over plain elements (the direct move on loopback folds each block in team
 /// order, whichever member does it), in both team orders, on `Node`, `SharedNode` and
-/// `AsyncNode`, and a broadcast from a root that is not team rank 0. Catches a block folded
-/// from its owner outwards rather than in team order, a driver without the operations, and
-/// a future that does not carry a collective in segment 0 on while it waits.
+/// `AsyncNode`, elements larger than a chunk, zero-sized elements, and a broadcast from a
+/// root that is not team rank 0. Catches a block folded from its owner outwards rather than
+/// in team order, a chunk of no whole element (an endless loop), a zero-sized element
+/// dividing by zero, a driver without the operations, and a future that does not carry a
+/// collective in segment 0 on while it waits.
 #[test]
 fn collectives_in_segment_on_every_driver() {
     use am_core::bytemuck::{Pod, Zeroable};
@@ -689,6 +691,16 @@ fn collectives_in_segment_on_every_driver() {
             b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
         })
     }
+    /// Larger than a direct all-reduce's chunk (64 KiB).
+    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+    #[repr(C)]
+    struct Wide {
+        a: [u64; 4096],
+        b: [u64; 4096],
+        c: [u64; 512],
+    }
+    const WIDE: ReduceId = ReduceId(4);
+    const NOTHING: ReduceId = ReduceId(5);
     fn mine(rank: u32, i: usize) -> Affine {
         Affine {
             a: i64::from(rank) + 2,
@@ -716,6 +728,14 @@ fn collectives_in_segment_on_every_driver() {
         am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
             let mut h = Handlers::new();
             h.reduction(COMPOSE, "compose", compose).unwrap();
+            h.reduction(WIDE, "wide", |x: Plain<Wide>, y: Plain<Wide>| {
+                let mut out = x;
+                out.0.c[0] = x.0.c[0].wrapping_mul(3).wrapping_add(y.0.c[0]);
+                out
+            })
+            .unwrap();
+            h.reduction(NOTHING, "nothing", |x: Plain<()>, _: Plain<()>| x)
+                .unwrap();
             let mut node = Node::new(t, h, Config::default()).unwrap();
             let me = node.rank();
             let world = node.world_team();
@@ -737,7 +757,48 @@ fn collectives_in_segment_on_every_driver() {
             .unwrap();
             assert!(read(node.segment()) == want, "world order");
 
+            // Elements larger than a chunk: whole elements, one at a time.
+            let wide: Vec<u8> = (0..2u64)
+                .flat_map(|i| {
+                    let mut w = Wide::zeroed();
+                    w.c[0] = 10 * i + u64::from(me);
+                    am_core::bytemuck::bytes_of(&w).to_vec()
+                })
+                .collect();
+            node.segment().write(SRC, &wide).unwrap();
+            node.team_all_reduce_in_segment::<Plain<Wide>>(
+                &world,
+                ReduceOp::User(WIDE),
+                SRC,
+                DEST,
+                2,
+            )
+            .unwrap();
+            let size = std::mem::size_of::<Wide>();
+            for i in 0..2u64 {
+                let at = DEST + i as usize * size + 8 * (4096 + 4096);
+                // ((10i * 3 + 10i + 1) * 3 + 10i + 2) in team order 0, 1, 2.
+                let want = ((10 * i * 3 + 10 * i + 1) * 3) + 10 * i + 2;
+                assert_eq!(node.segment().load_u64(at).unwrap(), want, "wide {i}");
+            }
+            // Zero-sized elements: refused, here and in the `Vec` form.
+            assert!(matches!(
+                node.team_all_reduce_in_segment::<Plain<()>>(
+                    &world,
+                    ReduceOp::User(NOTHING),
+                    SRC,
+                    DEST,
+                    4
+                ),
+                Err(am_core::AmError::InvalidCollective(_))
+            ));
+            assert!(matches!(
+                node.team_all_reduce(&world, ReduceOp::User(NOTHING), &[Plain(()); 4]),
+                Err(am_core::AmError::InvalidCollective(_))
+            ));
+
             // The other order, through a SharedNode.
+            node.segment().write(SRC, &bytes(&v)).unwrap();
             let shared = SharedNode::new(node);
             let back = shared.split(&world, Some(0), 10 - me).unwrap().unwrap();
             let want_back = bytes(&(0..COUNT).map(|i| fold(&[2, 1, 0], i)).collect::<Vec<_>>());

@@ -427,7 +427,8 @@ impl<H: Threading> Endpoint<H> {
                 let elems = len / red.size();
                 let lo = elems * me as usize / n * red.size();
                 let hi = elems * (me as usize + 1) / n * red.size();
-                let step = REDUCE_CHUNK / red.size() * red.size();
+                // Whole elements, at least one (a plain element may be larger than a chunk).
+                let step = (REDUCE_CHUNK / red.size()).max(1) * red.size();
                 let mut acc = std::mem::take(&mut self.teams.reduce_acc);
                 let mut other = std::mem::take(&mut self.teams.reduce_other);
                 let mut result = Poll::Ready(Ok(()));
