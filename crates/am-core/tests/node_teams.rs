@@ -13,6 +13,31 @@ fn block(world: u32, tag: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (world as u8) ^ tag ^ (i as u8)).collect()
 }
 
+/// `x -> a * x + b`; composing two is associative and not commutative.
+#[derive(Clone, Copy, Debug, PartialEq, am_core::bytemuck::Pod, am_core::bytemuck::Zeroable)]
+#[repr(C)]
+struct Affine {
+    a: i64,
+    b: i64,
+}
+
+/// `lower` then `upper`: the member of lower team rank applies first.
+fn compose(lower: am_core::Plain<Affine>, upper: am_core::Plain<Affine>) -> am_core::Plain<Affine> {
+    let (f, g) = (lower.0, upper.0);
+    am_core::Plain(Affine {
+        a: g.a.wrapping_mul(f.a),
+        b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
+    })
+}
+
+/// Member `rank`'s element `i`.
+fn mine(rank: u32, i: usize) -> Affine {
+    Affine {
+        a: i64::from(rank) + 2,
+        b: i as i64 - i64::from(rank),
+    }
+}
+
 /// The all-gather's expected outcome on `team`.
 fn gathered(team: &Team, tag: u8, len: usize) -> Vec<u8> {
     team.members()
@@ -348,13 +373,6 @@ fn plain_elements_reduce_by_the_users_operation() {
     use am_core::bytemuck::{Pod, Zeroable};
     use am_core::{AmError, LoopbackConfig, Plain, ReduceId, ReduceOp, StartError};
 
-    /// `x -> a * x + b`; composing two is associative and not commutative.
-    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-    #[repr(C)]
-    struct Affine {
-        a: i64,
-        b: i64,
-    }
     /// The same size as `Affine`, another type.
     #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
     #[repr(C)]
@@ -370,14 +388,6 @@ fn plain_elements_reduce_by_the_users_operation() {
     }
     const COMPOSE: ReduceId = ReduceId(3);
     const WIDEST: ReduceId = ReduceId(4);
-    // `lower` then `upper`: the member of lower team rank applies first.
-    fn compose(lower: Plain<Affine>, upper: Plain<Affine>) -> Plain<Affine> {
-        let (f, g) = (lower.0, upper.0);
-        Plain(Affine {
-            a: g.a.wrapping_mul(f.a),
-            b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
-        })
-    }
     fn handlers() -> Handlers {
         let mut h = Handlers::new();
         h.reduction(COMPOSE, "compose", compose).unwrap();
@@ -394,12 +404,6 @@ fn plain_elements_reduce_by_the_users_operation() {
         )
         .unwrap();
         h
-    }
-    fn mine(rank: u32, i: usize) -> Affine {
-        Affine {
-            a: i64::from(rank) + 2,
-            b: i as i64 - i64::from(rank),
-        }
     }
     // 160 bytes of Medium: a Wide (256 bytes) fits none.
     let config = LoopbackConfig::new().max_medium(160);
@@ -676,21 +680,7 @@ fn collectives_in_segment_on_every_driver() {
     use am_core::bytemuck::{Pod, Zeroable};
     use am_core::{Plain, ReduceId, ReduceOp};
 
-    /// `x -> a * x + b`; composing two is associative and not commutative.
-    #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-    #[repr(C)]
-    struct Affine {
-        a: i64,
-        b: i64,
-    }
     const COMPOSE: ReduceId = ReduceId(3);
-    fn compose(lower: Plain<Affine>, upper: Plain<Affine>) -> Plain<Affine> {
-        let (f, g) = (lower.0, upper.0);
-        Plain(Affine {
-            a: g.a.wrapping_mul(f.a),
-            b: g.a.wrapping_mul(f.b).wrapping_add(g.b),
-        })
-    }
     /// Larger than a direct all-reduce's chunk (64 KiB).
     #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
     #[repr(C)]
@@ -701,12 +691,6 @@ fn collectives_in_segment_on_every_driver() {
     }
     const WIDE: ReduceId = ReduceId(4);
     const NOTHING: ReduceId = ReduceId(5);
-    fn mine(rank: u32, i: usize) -> Affine {
-        Affine {
-            a: i64::from(rank) + 2,
-            b: i as i64 - i64::from(rank),
-        }
-    }
     fn bytes(v: &[Affine]) -> Vec<u8> {
         v.iter()
             .flat_map(|x| am_core::bytemuck::bytes_of(x).to_vec())

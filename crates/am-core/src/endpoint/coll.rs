@@ -80,6 +80,26 @@ pub(super) struct Args<'a> {
     pub(super) seg: Option<(Vec<Rank>, crate::segment::SegStep)>,
 }
 
+impl<'a> Args<'a> {
+    /// A collective that carries no symmetric allocation and no segment publication.
+    #[inline]
+    pub(super) fn new(
+        kind: CollectiveKind,
+        root: u32,
+        red: Option<Reduction>,
+        data: Data<'a>,
+    ) -> Args<'a> {
+        Args {
+            kind,
+            root,
+            red,
+            data,
+            heap: None,
+            seg: None,
+        }
+    }
+}
+
 /// A collective's bytes: borrowed (copied when it starts) or the caller's own vector,
 /// taken when it starts (a reduction's encoded input: no second copy).
 pub(super) enum Data<'a> {
@@ -117,14 +137,7 @@ impl<H: Threading> Endpoint<H> {
         t: &mut T,
         team: &Team,
     ) -> Poll<Result<crate::op::Op<()>, AmError>> {
-        let args = Args {
-            kind: CollectiveKind::Barrier,
-            root: 0,
-            red: None,
-            data: Data::Borrowed(&[]),
-            heap: None,
-            seg: None,
-        };
+        let args = Args::new(CollectiveKind::Barrier, 0, None, Data::Borrowed(&[]));
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
@@ -219,14 +232,7 @@ impl<H: Threading> Endpoint<H> {
             Some(r) => (CollectiveKind::Reduce, r),
             None => (CollectiveKind::AllReduce, 0),
         };
-        let args = Args {
-            kind,
-            root,
-            red: Some(red),
-            data,
-            heap: None,
-            seg: None,
-        };
+        let args = Args::new(kind, root, Some(red), data);
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
@@ -240,14 +246,7 @@ impl<H: Threading> Endpoint<H> {
         red: Option<Reduction>,
         data: &[u8],
     ) -> Poll<Result<crate::op::Op<Vec<u8>>, AmError>> {
-        let args = Args {
-            kind,
-            root,
-            red,
-            data: Data::Borrowed(data),
-            heap: None,
-            seg: None,
-        };
+        let args = Args::new(kind, root, red, Data::Borrowed(data));
         let (index, gen) = ready!(self.collective_start(t, team, args))?;
         Poll::Ready(Ok(self.slot_op(index, gen)))
     }
@@ -262,14 +261,7 @@ impl<H: Threading> Endpoint<H> {
         key: u32,
     ) -> Poll<Result<crate::op::Op<Option<Team>>, AmError>> {
         let block = split_block(color, key, self.teams.serial);
-        let args = Args {
-            kind: CollectiveKind::Split,
-            root: 0,
-            red: None,
-            data: Data::Borrowed(&block),
-            heap: None,
-            seg: None,
-        };
+        let args = Args::new(CollectiveKind::Split, 0, None, Data::Borrowed(&block));
         let (index, gen) = ready!(self.collective_start(t, parent, args))?;
         // Used whether or not this rank leads the new team: never offered twice.
         self.teams.serial = self.teams.serial.wrapping_add(1).max(1);

@@ -198,14 +198,7 @@ impl<H: Threading> Endpoint<H> {
         ] {
             block.extend_from_slice(&w.to_le_bytes());
         }
-        let args = Args {
-            kind: CollectiveKind::InSegment,
-            root: 0,
-            red: None,
-            data: Data::Borrowed(&block),
-            heap: None,
-            seg: None,
-        };
+        let args = Args::new(CollectiveKind::InSegment, 0, None, Data::Borrowed(&block));
         // Gated behind the team's collectives in segment 0 still starting theirs.
         let (a, b) = ready!(self.collective_start(t, team, args))?;
         let (index, gen) = self.alloc_op(NO_PEER, 0, 0, Vec::new());
@@ -306,7 +299,11 @@ impl<H: Threading> Endpoint<H> {
                             self.teams.in_segment[i].failed.get_or_insert(e);
                         }
                         let team = self.teams.in_segment[i].team.clone();
-                        let (a, b) = ready!(self.own_collective_start(t, &team, barrier()))?;
+                        let (a, b) = ready!(self.own_collective_start(
+                            t,
+                            &team,
+                            Args::new(CollectiveKind::Barrier, 0, None, Data::Borrowed(&[]))
+                        ))?;
                         Part::Barrier(a, b)
                     } else {
                         let (a, b) = ready!(self.engine_start(t, i))?;
@@ -531,36 +528,11 @@ impl<H: Threading> Endpoint<H> {
         if t.segment().read(c.src, &mut data).is_err() {
             return Poll::Ready(Err(self.out_of_bounds(c.src as u64, c.len as u64)));
         }
-        let args = match what {
-            What::Broadcast { root } => Args {
-                kind: CollectiveKind::Broadcast,
-                root,
-                red: None,
-                data: Data::Taken(&mut data),
-                heap: None,
-                seg: None,
-            },
-            What::AllReduce { red } => Args {
-                kind: CollectiveKind::AllReduce,
-                root: 0,
-                red: Some(red),
-                data: Data::Taken(&mut data),
-                heap: None,
-                seg: None,
-            },
+        let (kind, root, red) = match what {
+            What::Broadcast { root } => (CollectiveKind::Broadcast, root, None),
+            What::AllReduce { red } => (CollectiveKind::AllReduce, 0, Some(red)),
         };
+        let args = Args::new(kind, root, red, Data::Taken(&mut data));
         self.own_collective_start(t, &team, args)
-    }
-}
-
-/// A barrier's arguments.
-fn barrier() -> Args<'static> {
-    Args {
-        kind: CollectiveKind::Barrier,
-        root: 0,
-        red: None,
-        data: Data::Borrowed(&[]),
-        heap: None,
-        seg: None,
     }
 }
