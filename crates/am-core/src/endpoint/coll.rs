@@ -212,6 +212,15 @@ impl<H: Threading> Endpoint<H> {
         self.reduce_start::<E, T>(t, team, root, op, Data::Taken(data))
     }
 
+    /// `op` over `E`: a built-in operation, or the user's registered in this node's
+    /// handlers.
+    pub(super) fn reduction<E: Element>(&self, op: ReduceOp) -> Result<Reduction, AmError> {
+        match op {
+            ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
+            op => Reduction::new::<E>(op),
+        }
+    }
+
     fn reduce_start<E: Element, T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -220,11 +229,7 @@ impl<H: Threading> Endpoint<H> {
         op: ReduceOp,
         data: Data<'_>,
     ) -> Poll<Result<crate::op::Op<Vec<E>>, AmError>> {
-        let red = match op {
-            ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
-            op => Reduction::new::<E>(op),
-        };
-        let red = match red {
+        let red = match self.reduction::<E>(op) {
             Ok(r) => r,
             Err(e) => return Poll::Ready(Err(e)),
         };

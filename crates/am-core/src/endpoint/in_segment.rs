@@ -153,11 +153,7 @@ impl<H: Threading> Endpoint<H> {
         dest: usize,
         count: usize,
     ) -> Poll<Result<Op<()>, AmError>> {
-        let red = match op {
-            ReduceOp::User(id) => Reduction::user::<E>(id, self.handlers.reductions.get(&id.0)),
-            op => Reduction::new::<E>(op),
-        };
-        let red = match red {
+        let red = match self.reduction::<E>(op) {
             Ok(r) => r,
             Err(e) => return Poll::Ready(Err(e)),
         };
