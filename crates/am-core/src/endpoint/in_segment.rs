@@ -52,22 +52,11 @@ pub(super) enum What {
 }
 
 impl What {
-    fn code(&self) -> u64 {
+    /// The words every member must agree on: which collective, its root, its reduction.
+    fn words(&self) -> [u64; 3] {
         match self {
-            What::Broadcast { .. } => 1,
-            What::AllReduce { .. } => 2,
-        }
-    }
-    fn root(&self) -> u32 {
-        match self {
-            What::Broadcast { root } => *root,
-            What::AllReduce { .. } => 0,
-        }
-    }
-    fn word(&self) -> u32 {
-        match self {
-            What::Broadcast { .. } => 0,
-            What::AllReduce { red } => red.word(),
+            What::Broadcast { root } => [1, u64::from(*root), 0],
+            What::AllReduce { red } => [2, 0, u64::from(red.word())],
         }
     }
 }
@@ -184,14 +173,8 @@ impl<H: Threading> Endpoint<H> {
             )));
         }
         let mut block = Vec::with_capacity(ARGS_LEN);
-        for w in [
-            what.code(),
-            u64::from(what.root()),
-            u64::from(what.word()),
-            len as u64,
-            src as u64,
-            dest as u64,
-        ] {
+        let [code, root, word] = what.words();
+        for w in [code, root, word, len as u64, src as u64, dest as u64] {
             block.extend_from_slice(&w.to_le_bytes());
         }
         let args = Args::new(CollectiveKind::InSegment, 0, None, Data::Borrowed(&block));
@@ -395,16 +378,9 @@ impl<H: Threading> Endpoint<H> {
                 let owner = c.team.world_rank(root).unwrap_or(NO_PEER);
                 if me != root {
                     ready!(self.nic_rma(|| t.get_into_segment(owner, from, dest, len)))?;
-                } else if from != dest {
+                } else if from != dest && super::rma::copy_here(t, from, dest, len).is_err() {
                     // Its own bytes, unless the source is the destination.
-                    let own = t.segment();
-                    if own
-                        .slice(from, len)
-                        .and_then(|s| own.copy_from(dest, s))
-                        .is_err()
-                    {
-                        return Poll::Ready(Err(self.out_of_bounds(dest as u64, len as u64)));
-                    }
+                    return Poll::Ready(Err(self.out_of_bounds(dest as u64, len as u64)));
                 }
                 if let Part::Move { next, .. } = &mut self.teams.in_segment[i].part {
                     *next = 1;
@@ -465,31 +441,18 @@ impl<H: Threading> Endpoint<H> {
         acc: &mut [u8],
         other: &mut [u8],
     ) -> Poll<Result<(), AmError>> {
+        // Only where the NIC reads and writes peers' memory: never `false` here.
         for (m, &peer) in members.iter().enumerate() {
             let into: &mut [u8] = if m == 0 { &mut *acc } else { &mut *other };
-            if peer == self.rank {
-                if t.segment().read(srcs[m] + at, into).is_err() {
-                    return Poll::Ready(Err(
-                        self.out_of_bounds((srcs[m] + at) as u64, into.len() as u64)
-                    ));
-                }
-            } else {
-                ready!(self.nic_rma(|| t.get(peer, srcs[m] + at, into)))?;
-            }
+            let read = ready!(self.read_now(t, peer, srcs[m] + at, into))?;
+            debug_assert!(read, "a direct move where the NIC cannot read");
             if m > 0 {
                 red.combine(acc, other, true);
             }
         }
         for (m, &peer) in members.iter().enumerate() {
-            if peer == self.rank {
-                if t.segment().write(dests[m] + at, acc).is_err() {
-                    return Poll::Ready(Err(
-                        self.out_of_bounds((dests[m] + at) as u64, acc.len() as u64)
-                    ));
-                }
-            } else {
-                ready!(self.nic_rma(|| t.put(peer, dests[m] + at, acc)))?;
-            }
+            let written = ready!(self.write_now(t, peer, dests[m] + at, acc))?;
+            debug_assert!(written, "a direct move where the NIC cannot write");
         }
         Poll::Ready(Ok(()))
     }
