@@ -427,8 +427,9 @@ unsafe fn copy_aliased(dst: *mut u8, src: *const u8, n: usize) -> bool {
 
 /// The copy of `n` bytes (`n % 8 == 0`) by `rep movsb` from [`REP_MOVSB_FROM`] (unless the
 /// two are [`page_aliased`]) or [`copy_avx`] from [`AVX_FROM`]; false, with nothing copied,
-/// below those (the caller's 16-byte moves). Inlined into each copy site: a call on every Medium's copy costs more
-/// than the code it adds to each site (BENCHMARKS.md, "Figures behind the code's defaults").
+/// below those (the caller's 16-byte moves). Inlined into each copy site: a call on every
+/// Medium's copy costs more than the code it adds to each site (BENCHMARKS.md, "Figures
+/// behind the code's defaults").
 ///
 /// # Safety
 /// `src` and `dst` valid for `n` bytes, disjoint.
