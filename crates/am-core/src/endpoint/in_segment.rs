@@ -25,6 +25,9 @@
 
 use std::task::{ready, Poll};
 
+pub(super) mod state;
+
+use self::state::{InSegment, Part, What};
 use super::coll::{Args, Data};
 use super::teams::{misbehaved, NO_PEER};
 use super::Endpoint;
@@ -43,67 +46,6 @@ const ARGS_LEN: usize = 48;
 /// The bytes a direct all-reduce reduces at a time (a whole number of elements): small
 /// enough that the sum and the block being added stay in the cache.
 const REDUCE_CHUNK: usize = 64 << 10;
-
-/// Which collective.
-#[derive(Debug, Clone)]
-pub(super) enum What {
-    Broadcast { root: u32 },
-    AllReduce { red: Reduction },
-}
-
-impl What {
-    /// The words every member must agree on: which collective, its root, its reduction.
-    fn words(&self) -> [u64; 3] {
-        match self {
-            What::Broadcast { root } => [1, u64::from(*root), 0],
-            What::AllReduce { red } => [2, 0, u64::from(red.word())],
-        }
-    }
-}
-
-/// Where a collective in segment 0 is.
-#[derive(Debug)]
-enum Part {
-    /// The agreement, in operation slot `(index, gen)`.
-    Agree(u32, u32),
-    /// Agreed: every member's source and destination offsets, in team order. The direct
-    /// move goes on from `next` (an all-reduce's chunk of this member's block; a
-    /// broadcast's 0 or 1), or the engine's collective is still to start.
-    Move {
-        srcs: Vec<usize>,
-        dests: Vec<usize>,
-        next: usize,
-    },
-    /// The engine's broadcast or all-reduce of the source's bytes, whose result goes into
-    /// the destination.
-    Engine(u32, u32),
-    /// The barrier after a direct move.
-    Barrier(u32, u32),
-}
-
-/// A collective in segment 0 in flight.
-#[derive(Debug)]
-pub(super) struct InSegment {
-    /// The operation's own slot, completed when the last part completes.
-    index: u32,
-    gen: u32,
-    team: Team,
-    what: What,
-    src: usize,
-    dest: usize,
-    len: usize,
-    part: Part,
-    /// What this member's direct move met, reported once the barrier after it completes.
-    failed: Option<AmError>,
-}
-
-impl InSegment {
-    /// Whether the team's later collectives must wait to start: its last collective has
-    /// not started yet.
-    fn gates(&self, id: TeamId) -> bool {
-        self.team.id() == id && !matches!(self.part, Part::Engine(..) | Part::Barrier(..))
-    }
-}
 
 /// Whether `[a, a + len)` and `[b, b + len)` overlap without being the same range.
 fn overlap(a: usize, b: usize, len: usize) -> bool {

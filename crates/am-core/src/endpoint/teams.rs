@@ -112,7 +112,7 @@ pub(super) struct Teams {
     /// The segment publications and frees in flight ([`super::segments`]).
     pub(super) seg_ops: Vec<crate::segment::SegOp>,
     /// The collectives in segment 0 in flight ([`super::in_segment`]).
-    pub(super) in_segment: Vec<super::in_segment::InSegment>,
+    pub(super) in_segment: Vec<super::in_segment::state::InSegment>,
     /// A direct all-reduce's sum and the block being added to it, kept between chunks.
     pub(super) reduce_acc: Vec<u8>,
     pub(super) reduce_other: Vec<u8>,
