@@ -144,8 +144,22 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
 }
 
 /// `elems` as little-endian bytes.
+/// The encodings [`to_bytes`] zeroes itself rather than through calloc, in bytes.
+const SMALL: usize = 4096;
+
 pub(crate) fn to_bytes<E: Element>(elems: &[E]) -> Vec<u8> {
-    let mut out = vec![0u8; elems.len() * E::SIZE];
+    let len = elems.len() * E::SIZE;
+    let mut out = if len <= SMALL {
+        // Below a page, malloc and a zeroing pass cost less than calloc (the lint assumes
+        // the opposite).
+        #[allow(clippy::slow_vector_initialization)]
+        let mut v = Vec::with_capacity(len);
+        v.resize(len, 0);
+        v
+    } else {
+        // Above, the pages calloc maps come zeroed.
+        vec![0u8; len]
+    };
     if E::SIZE == 0 {
         // A zero-sized plain element: no bytes (its reduction is refused when it starts).
         return out;

@@ -845,10 +845,15 @@ impl<H: Threading> Endpoint<H> {
             spare.clear();
             self.teams.spare_plans.push(spare);
         }
-        let parent = (ts.members.clone(), ts.me);
+        // Only a split needs its team's members once the team may have changed below.
+        let parent = (c.kind == CollectiveKind::Split).then(|| (ts.members.clone(), ts.me));
+        let gone = outcome
+            .as_ref()
+            .err()
+            .and_then(gone_notice)
+            .filter(|(p, _)| ts.members.contains(p));
         self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
-        let gone = outcome.as_ref().err().and_then(gone_notice);
-        if let Some((p, kind)) = gone.filter(|(p, _)| parent.0.contains(p)) {
+        if let Some((p, kind)) = gone {
             self.notify(id, c.seq, p, kind);
         } else if let Err(e @ AmError::CollectiveMismatch { peer, .. }) = &outcome {
             // The team's sequence is broken: this collective and every later one on it
@@ -858,10 +863,10 @@ impl<H: Threading> Endpoint<H> {
             self.fail_team_from(id, c.seq, &e);
         }
         let mut made = None;
-        let outcome = match (c.kind, outcome) {
-            (CollectiveKind::Split, outcome) => {
+        let outcome = match (parent, outcome) {
+            (Some((members, me)), outcome) => {
                 self.teams.splits = self.teams.splits.saturating_sub(1);
-                let r = outcome.and_then(|blocks| self.make_team(&parent.0, parent.1, &blocks));
+                let r = outcome.and_then(|blocks| self.make_team(&members, me, &blocks));
                 if self.teams.splits == 0 {
                     self.drop_unknown();
                 }
@@ -870,7 +875,7 @@ impl<H: Threading> Endpoint<H> {
                     Vec::new()
                 })
             }
-            (_, outcome) => outcome,
+            (None, outcome) => outcome,
         };
         // A chunk's outcome is its `Big`'s once every chunk is in.
         let Some(outcome) = self.chunk_done(id, &c, outcome) else {

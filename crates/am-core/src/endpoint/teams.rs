@@ -146,6 +146,8 @@ pub(super) struct TeamState {
     pub(super) mismatch_at: Vec<(u64, Rank)>,
     /// Collectives larger than one step, in issue order.
     pub(super) bigs: Vec<Big>,
+    /// Storage for the plans [`TeamState::sender_of`] works out (no allocation per step).
+    scratch: Vec<Action>,
 }
 
 /// A collective whose bytes are more than one step carries (`max_medium`): run as chunk
@@ -511,13 +513,14 @@ impl TeamState {
             mismatch_told: false,
             mismatch_at: Vec::new(),
             bigs: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
     /// The member (world rank) that sends step `step` of collective `seq` of `kind` rooted
     /// at team rank `root` to this rank, if any.
     pub(super) fn sender_of(
-        &self,
+        &mut self,
         kind: CollectiveKind,
         seq: u64,
         step: u32,
@@ -535,12 +538,15 @@ impl TeamState {
             CollectiveKind::Broadcast
             | CollectiveKind::Reduce
             | CollectiveKind::AllReduce
-            | CollectiveKind::Gather => plan(kind, n, me, root, seq, Vec::new())
-                .into_iter()
-                .find_map(|a| match a {
+            | CollectiveKind::Gather => {
+                let p = plan(kind, n, me, root, seq, std::mem::take(&mut self.scratch));
+                let from = p.iter().find_map(|a| match *a {
                     Action::Take { from, step: s, .. } if s == step => Some(from),
                     _ => None,
-                })?,
+                });
+                self.scratch = p;
+                from?
+            }
             _ => return None,
         };
         self.members.get(from as usize).copied()
