@@ -449,7 +449,6 @@ impl<H: Threading> Endpoint<H> {
         chunk: Option<u32>,
         chunks: u32,
     ) {
-        let spare = self.teams.spare_plans.pop().unwrap_or_default();
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return;
         };
@@ -496,7 +495,7 @@ impl<H: Threading> Endpoint<H> {
             red,
             block,
             buf,
-            plan: plan(kind, n, ts.me, root, seq, spare),
+            plan: ts.plan_of(kind, root, seq),
             at: 0,
             mismatch: None,
             chunk,
@@ -765,7 +764,7 @@ impl<H: Threading> Endpoint<H> {
                     }
                 }
                 Action::Take { from, step, part } => {
-                    let Some(a) = ts.early.remove(&(seq, step)) else {
+                    let Some(mut a) = ts.early.remove(&(seq, step)) else {
                         // Not arrived: unless its sender is gone, which fails the team.
                         let from = ts.members[from as usize];
                         return match self.waiting_for(from) {
@@ -803,7 +802,7 @@ impl<H: Threading> Endpoint<H> {
                                 c.desc = a.desc;
                                 c.took_from = a.src;
                             }
-                            c.buf = a.data
+                            c.buf = std::mem::take(&mut a.data)
                         }
                         Part::Lower | Part::Upper => {
                             if let Some(red) = &c.red {
@@ -818,6 +817,8 @@ impl<H: Threading> Endpoint<H> {
                         }
                     }
                     c.at += 1;
+                    // Copied or folded (or moved, leaving nothing): its buffer serves a later step.
+                    self.teams.spare(a.data);
                 }
             }
         }
@@ -830,7 +831,7 @@ impl<H: Threading> Endpoint<H> {
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return;
         };
-        let mut c = ts.colls.remove(i);
+        let c = ts.colls.remove(i);
         if outcome.is_err() {
             // What came for it is no collective's any more; what comes later is dropped
             // (the team is failed below).
@@ -838,12 +839,6 @@ impl<H: Threading> Endpoint<H> {
             if let Err(e) = &outcome {
                 ts.failed.get_or_insert_with(|| e.clone());
             }
-        }
-        if self.teams.spare_plans.len() < MAX_COLLECTIVES_IN_FLIGHT {
-            // Its plan's storage serves the next collective.
-            let mut spare = std::mem::take(&mut c.plan);
-            spare.clear();
-            self.teams.spare_plans.push(spare);
         }
         // Only a split needs its team's members once the team may have changed below.
         let parent = (c.kind == CollectiveKind::Split).then(|| (ts.members.clone(), ts.me));

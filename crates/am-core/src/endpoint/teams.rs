@@ -99,8 +99,9 @@ pub(super) struct Teams {
     /// The teams with collectives in flight, listed by each advance (kept to spare an
     /// allocation per poll).
     pub(super) busy: Vec<TeamId>,
-    /// Plans of completed collectives, emptied, for the next ones.
-    pub(super) spare_plans: Vec<Vec<Action>>,
+    /// Emptied buffers of steps taken, for the next steps that arrive (at most
+    /// [`SPARE_BUFS`], of at most [`SPARE_BUF_BYTES`] each).
+    pub(super) spare_bufs: Vec<Vec<u8>>,
     /// A [`Big`] was made here once: advances look for chunks to start from then on.
     pub(super) chunked: bool,
     /// How all-reduces run here ([`crate::Config::all_reduce`]).
@@ -146,8 +147,9 @@ pub(super) struct TeamState {
     pub(super) mismatch_at: Vec<(u64, Rank)>,
     /// Collectives larger than one step, in issue order.
     pub(super) bigs: Vec<Big>,
-    /// Storage for the plans [`TeamState::sender_of`] works out (no allocation per step).
-    scratch: Vec<Action>,
+    /// The plans this member's collectives on the team followed lately, by kind, root and
+    /// whether they end with a barrier: most collectives repeat one of a few.
+    plans: Vec<(CollectiveKind, u32, bool, Arc<[Action]>)>,
 }
 
 /// A collective whose bytes are more than one step carries (`max_medium`): run as chunk
@@ -224,7 +226,8 @@ pub(super) struct Coll {
     /// What it sends from and takes into: the gathered blocks, the broadcast bytes, the
     /// reduction's partial result.
     pub(super) buf: Vec<u8>,
-    pub(super) plan: Vec<Action>,
+    /// Shared with the team's other collectives of the same plan ([`TeamState::plan_of`]).
+    pub(super) plan: Arc<[Action]>,
     /// The next action of `plan`.
     pub(super) at: usize,
     /// A member that started another collective under this sequence (or another root,
@@ -294,6 +297,37 @@ fn ring(p: &mut Vec<Action>, n: u32, me: u32, first: u32, shift: u32, take: fn(u
 }
 
 /// `2^k`, if it is below `n`.
+/// Whether collective `seq` of `kind` ends with a barrier among the members (see
+/// [`SYNC_PERIOD`]).
+fn ends_with_barrier(kind: CollectiveKind, seq: u64) -> bool {
+    matches!(
+        kind,
+        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::Gather
+    ) && seq % SYNC_PERIOD == SYNC_PERIOD - 1
+}
+
+/// How many emptied step buffers the teams keep, and the largest kept: a small
+/// collective's steps then allocate nothing.
+const SPARE_BUFS: usize = 16;
+const SPARE_BUF_BYTES: usize = 4096;
+
+impl Teams {
+    /// Keeps the emptied buffer of a step taken for a later step, if it is small.
+    #[inline]
+    pub(super) fn spare(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() != 0
+            && buf.capacity() <= SPARE_BUF_BYTES
+            && self.spare_bufs.len() < SPARE_BUFS
+        {
+            buf.clear();
+            self.spare_bufs.push(buf);
+        }
+    }
+}
+
+/// How many plans a team keeps ([`TeamState::plan_of`]).
+const PLANS_KEPT: usize = 8;
+
 pub(super) fn pow_below(k: u32, n: u32) -> Option<u32> {
     1u32.checked_shl(k).filter(|&d| d < n)
 }
@@ -310,10 +344,7 @@ pub(super) fn plan(
 ) -> Vec<Action> {
     use Action::{Send, Take};
     p.clear();
-    let sync = matches!(
-        kind,
-        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::Gather
-    ) && seq % SYNC_PERIOD == SYNC_PERIOD - 1;
+    let sync = ends_with_barrier(kind, seq);
     let rel = |vr: u32| (root + vr) % n;
     match kind {
         CollectiveKind::Barrier => {
@@ -513,8 +544,28 @@ impl TeamState {
             mismatch_told: false,
             mismatch_at: Vec::new(),
             bigs: Vec::new(),
-            scratch: Vec::new(),
+            plans: Vec::new(),
         }
+    }
+
+    /// The plan of this member's collective `seq` of `kind` rooted at team rank `root`
+    /// (below the team's size), from those kept or made now.
+    pub(super) fn plan_of(&mut self, kind: CollectiveKind, root: u32, seq: u64) -> Arc<[Action]> {
+        let sync = ends_with_barrier(kind, seq);
+        if let Some((.., p)) = self
+            .plans
+            .iter()
+            .find(|&&(k, r, s, _)| (k, r, s) == (kind, root, sync))
+        {
+            return p.clone();
+        }
+        let n = self.members.len() as u32;
+        let p: Arc<[Action]> = plan(kind, n, self.me, root, seq, Vec::new()).into();
+        if self.plans.len() == PLANS_KEPT {
+            self.plans.remove(0);
+        }
+        self.plans.push((kind, root, sync, p.clone()));
+        p
     }
 
     /// The member (world rank) that sends step `step` of collective `seq` of `kind` rooted
@@ -539,13 +590,12 @@ impl TeamState {
             | CollectiveKind::Reduce
             | CollectiveKind::AllReduce
             | CollectiveKind::Gather => {
-                let p = plan(kind, n, me, root, seq, std::mem::take(&mut self.scratch));
-                let from = p.iter().find_map(|a| match *a {
-                    Action::Take { from, step: s, .. } if s == step => Some(from),
-                    _ => None,
-                });
-                self.scratch = p;
-                from?
+                self.plan_of(kind, root, seq)
+                    .iter()
+                    .find_map(|a| match *a {
+                        Action::Take { from, step: s, .. } if s == step => Some(from),
+                        _ => None,
+                    })?
             }
             _ => return None,
         };
@@ -672,7 +722,7 @@ impl Teams {
             notices: std::collections::VecDeque::new(),
             stray: None,
             busy: Vec::new(),
-            spare_plans: Vec::new(),
+            spare_bufs: Vec::new(),
             chunked: false,
             all_reduce: crate::AllReduceAlgorithm::Auto,
             heap: crate::symmetric::Heap::default(),
@@ -706,7 +756,10 @@ impl Teams {
         ) {
             return self.told(src, team, seq, step, kind, payload.len());
         }
-        let mut data = Vec::new();
+        let mut data = match payload.len() {
+            0 => Vec::new(),
+            _ => self.spare_bufs.pop().unwrap_or_default(),
+        };
         payload.append_to(&mut data);
         let a = Arrival {
             src,
