@@ -76,7 +76,7 @@ pub(super) struct Teams {
     pub(super) world_size: u32,
     /// The serial this rank offers in its next split (used if it leads the new team).
     pub(super) serial: u32,
-    pub(super) live: HashMap<TeamId, TeamState>,
+    pub(super) live: TeamTable,
     /// Steps for teams not known yet, while splits are in flight.
     pub(super) unknown: HashMap<TeamId, Vec<Held>>,
     /// Splits in flight here.
@@ -322,6 +322,75 @@ impl Teams {
             buf.clear();
             self.spare_bufs.push(buf);
         }
+    }
+}
+
+/// The teams this rank is a member of, by id. The world team, which most collectives use,
+/// is kept apart: finding it is one comparison, not a hash lookup.
+#[derive(Default)]
+pub(super) struct TeamTable {
+    world: Option<TeamState>,
+    others: HashMap<TeamId, TeamState>,
+}
+
+impl TeamTable {
+    #[inline]
+    pub(super) fn get(&self, id: &TeamId) -> Option<&TeamState> {
+        match *id == TeamId::WORLD {
+            true => self.world.as_ref(),
+            false => self.others.get(id),
+        }
+    }
+
+    #[inline]
+    pub(super) fn get_mut(&mut self, id: &TeamId) -> Option<&mut TeamState> {
+        match *id == TeamId::WORLD {
+            true => self.world.as_mut(),
+            false => self.others.get_mut(id),
+        }
+    }
+
+    pub(super) fn contains_key(&self, id: &TeamId) -> bool {
+        self.get(id).is_some()
+    }
+
+    pub(super) fn insert(&mut self, id: TeamId, ts: TeamState) -> Option<TeamState> {
+        match id == TeamId::WORLD {
+            true => self.world.replace(ts),
+            false => self.others.insert(id, ts),
+        }
+    }
+
+    pub(super) fn remove(&mut self, id: &TeamId) -> Option<TeamState> {
+        match *id == TeamId::WORLD {
+            true => self.world.take(),
+            false => self.others.remove(id),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.world.is_some()) + self.others.len()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&TeamId, &TeamState)> {
+        let world = self.world.iter().map(|ts| (&TeamId::WORLD, ts));
+        world.chain(self.others.iter())
+    }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&TeamId, &mut TeamState)> {
+        let world = self.world.iter_mut().map(|ts| (&TeamId::WORLD, ts));
+        world.chain(self.others.iter_mut())
+    }
+
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&TeamId, &mut TeamState) -> bool) {
+        if self
+            .world
+            .as_mut()
+            .is_some_and(|ts| !keep(&TeamId::WORLD, ts))
+        {
+            self.world = None;
+        }
+        self.others.retain(|id, ts| keep(id, ts));
     }
 }
 
@@ -705,7 +774,7 @@ impl Teams {
         let drops = Arc::new(Drops::default());
         let members: Vec<Rank> = (0..size).collect();
         let world = Team::new(TeamId::WORLD, members.clone(), rank, drops.clone());
-        let mut live = HashMap::default();
+        let mut live = TeamTable::default();
         live.insert(TeamId::WORLD, TeamState::new(members, rank));
         Teams {
             drops,
