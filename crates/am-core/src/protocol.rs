@@ -225,8 +225,8 @@ pub enum SystemMsg {
         /// Whether the atomic was applied.
         ok: bool,
     },
-    /// One step of a collective on a team (Medium request; the payload is the step's data,
-    /// empty for a barrier): keyed by the team, the collective's sequence number among those
+    /// One step of a collective on a team (Medium request, the payload the step's data; or
+    /// a Short request where it has none, as a barrier's steps): keyed by the team, the collective's sequence number among those
     /// started on that team, and its step, so that several collectives in flight on one team
     /// and on several teams never mix.
     Collective {
@@ -670,7 +670,8 @@ impl SystemMsg {
     /// [`Misbehavior::BadSystemMessage`] for an unknown opcode, a kind, category or argument
     /// count that opcode never has, a status word other than 0 or 1, a verdict naming no
     /// known status, a barrier round of [`MAX_BARRIER_ROUNDS`] or more, or a collective of
-    /// no known [`CollectiveKind`].
+    /// no known [`CollectiveKind`]. A [`SystemMsg::Collective`] may come as a Short (a step
+    /// without bytes) though it encodes as a Medium.
     pub fn decode(
         category: Category,
         kind: AmKind,
@@ -786,7 +787,7 @@ impl SystemMsg {
             (
                 op::COLLECTIVE,
                 Request,
-                Medium,
+                Short | Medium,
                 &[leader, serial, s0, s1, step, kind, root, desc],
             ) => SystemMsg::Collective {
                 team: TeamId { leader, serial },
@@ -968,6 +969,11 @@ mod tests {
             match SystemMsg::decode(category, kind, opcode, &args) {
                 Ok(msg) => {
                     let w = msg.encode();
+                    // A collective's step without bytes may come as a Short: the same message.
+                    let kind = match (opcode, kind) {
+                        (op::COLLECTIVE, AmKind::Short) => AmKind::Medium,
+                        _ => kind,
+                    };
                     prop_assert_eq!((w.category, w.kind, w.opcode), (category, kind, opcode));
                     prop_assert_eq!(w.args(), &args[..]);
                 }
@@ -1003,6 +1009,26 @@ mod tests {
         for count in [0, MAX_BATCH_ATOMICS + 1] {
             assert!(SystemMsg::decode(Category::Request, AmKind::Medium, 12, &[7, count]).is_err());
         }
+        // A collective's step is a Medium, or a Short where it carries no bytes; never a Long.
+        let step = SystemMsg::Collective {
+            team: TeamId {
+                leader: 2,
+                serial: 1,
+            },
+            seq: 1 << 32 | 3,
+            step: 1,
+            kind: CollectiveKind::Barrier,
+            root: 0,
+            desc: 0,
+        };
+        let w = step.encode();
+        for kind in [AmKind::Short, AmKind::Medium] {
+            assert_eq!(
+                SystemMsg::decode(w.category, kind, w.opcode, w.args()),
+                Ok(step)
+            );
+        }
+        assert!(SystemMsg::decode(w.category, AmKind::Long, w.opcode, w.args()).is_err());
         // An entry naming an atomic that does not exist (code 9, width 3).
         let mut e = [0u8; ATOMIC_ENTRY_LEN];
         e[8] = 9;

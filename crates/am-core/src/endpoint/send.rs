@@ -8,7 +8,7 @@ use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::HandlerFn;
 use crate::handler::Threading;
-use crate::protocol::SystemMsg;
+use crate::protocol::{opcode, SystemMsg};
 use crate::reply::{check_message, encode_acks, segment_range};
 use crate::transport::{Outgoing, Payload, SendError, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
@@ -151,11 +151,17 @@ impl<H: Threading> Endpoint<H> {
     ) -> Poll<Result<(), AmError>> {
         let w = msg.encode();
         debug_assert_eq!(w.category, Category::Request);
+        // A collective's step without bytes (a barrier's, say) goes as a Short: on the NICs
+        // that move a Medium's payload apart from its head, one transfer fewer.
+        let kind = match payload.is_empty() && w.opcode == opcode::COLLECTIVE {
+            true => AmKind::Short,
+            false => w.kind,
+        };
         self.send_step(
             tx,
             dest,
             true,
-            w.kind,
+            kind,
             w.opcode,
             w.args(),
             payload,
