@@ -772,51 +772,12 @@ impl<H: Threading> Endpoint<H> {
                             Poll::Pending => Poll::Pending,
                         };
                     };
-                    let len = c.block;
-                    // Its kind, root and reduction were checked against this one's when it
-                    // came (or when this one started): what is left is its length.
-                    let fits = match part {
-                        Part::Nothing => a.data.is_empty(),
-                        Part::Block(_) => a.data.len() == len,
-                        // A broadcast's length is the root's.
-                        Part::Whole => {
-                            kind == CollectiveKind::Broadcast || a.data.len() == c.buf.len()
-                        }
-                        Part::Lower | Part::Upper => a.data.len() == c.buf.len(),
-                        Part::Fold(_) => a.data.len() == len,
-                    };
-                    if !fits {
+                    if !c.take(part, &mut a) {
                         return Poll::Ready(Err(AmError::CollectiveMismatch {
                             team: id,
                             peer: a.src,
                         }));
                     }
-                    match part {
-                        Part::Nothing => {}
-                        Part::Block(b) => {
-                            c.buf[b as usize * len..(b as usize + 1) * len].copy_from_slice(&a.data)
-                        }
-                        Part::Whole => {
-                            if kind == CollectiveKind::Broadcast {
-                                // The root's count of chunks, forwarded with the bytes.
-                                c.desc = a.desc;
-                                c.took_from = a.src;
-                            }
-                            c.buf = std::mem::take(&mut a.data)
-                        }
-                        Part::Lower | Part::Upper => {
-                            if let Some(red) = &c.red {
-                                red.combine(&mut c.buf, &a.data, part == Part::Upper);
-                            }
-                        }
-                        Part::Fold(b) => {
-                            if let Some(red) = &c.red {
-                                let block = &mut c.buf[b as usize * len..(b as usize + 1) * len];
-                                red.combine(block, &a.data, false);
-                            }
-                        }
-                    }
-                    c.at += 1;
                     // Copied or folded (or moved, leaving nothing): its buffer serves a later step.
                     self.teams.spare(a.data);
                 }
@@ -1053,7 +1014,7 @@ impl<H: Threading> Endpoint<H> {
         let mut stray = None;
         for (seq, step, a) in self.teams.unknown.remove(&tid).unwrap_or_default() {
             let src = a.src;
-            if !ts.arrive(src, seq, step, a) {
+            if ts.arrive(src, seq, step, a).is_none() {
                 stray.get_or_insert(misbehaved(
                     src,
                     Misbehavior::StrayCollective {

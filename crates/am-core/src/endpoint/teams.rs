@@ -180,6 +180,54 @@ pub(super) struct Big {
     pub(super) out: Vec<u8>,
 }
 
+impl Coll {
+    /// Takes step `a` as `part` of this collective's buffer, the step its plan is at, and
+    /// goes on to the next; false (nothing taken) if its length is not the one `part`
+    /// takes. Its kind, root and reduction were checked against this one's when it came (or
+    /// when this one started).
+    pub(super) fn take(&mut self, part: Part, a: &mut Arrival) -> bool {
+        let len = self.block;
+        let fits = match part {
+            Part::Nothing => a.data.is_empty(),
+            Part::Block(_) => a.data.len() == len,
+            // A broadcast's length is the root's.
+            Part::Whole => self.kind == CollectiveKind::Broadcast || a.data.len() == self.buf.len(),
+            Part::Lower | Part::Upper => a.data.len() == self.buf.len(),
+            Part::Fold(_) => a.data.len() == len,
+        };
+        if !fits {
+            return false;
+        }
+        match part {
+            Part::Nothing => {}
+            Part::Block(b) => {
+                self.buf[b as usize * len..(b as usize + 1) * len].copy_from_slice(&a.data)
+            }
+            Part::Whole => {
+                if self.kind == CollectiveKind::Broadcast {
+                    // The root's count of chunks, forwarded with the bytes.
+                    self.desc = a.desc;
+                    self.took_from = a.src;
+                }
+                self.buf = std::mem::take(&mut a.data)
+            }
+            Part::Lower | Part::Upper => {
+                if let Some(red) = &self.red {
+                    red.combine(&mut self.buf, &a.data, part == Part::Upper);
+                }
+            }
+            Part::Fold(b) => {
+                if let Some(red) = &self.red {
+                    let block = &mut self.buf[b as usize * len..(b as usize + 1) * len];
+                    red.combine(block, &a.data, false);
+                }
+            }
+        }
+        self.at += 1;
+        true
+    }
+}
+
 impl Big {
     /// The slice of `data` chunk `k` covers.
     pub(super) fn range(&self, k: u32) -> std::ops::Range<usize> {
@@ -671,35 +719,60 @@ impl TeamState {
         self.members.get(from as usize).copied()
     }
 
-    /// Keeps a step of a peer's for the collective that takes it; false if no collective
-    /// here can take it.
-    pub(super) fn arrive(&mut self, src: Rank, seq: u64, step: u32, a: Arrival) -> bool {
+    /// Keeps a step of a peer's for the collective that takes it, or takes it at once where
+    /// that collective's plan is at it: the buffer left to spare (empty if none), or `None`
+    /// if no collective here can take it.
+    pub(super) fn arrive(
+        &mut self,
+        src: Rank,
+        seq: u64,
+        step: u32,
+        mut a: Arrival,
+    ) -> Option<Vec<u8>> {
         if self.sender_of(a.kind, seq, step, a.root) != Some(src) {
-            return false;
+            return None;
         }
         let in_flight = self.colls.iter_mut().find(|c| c.seq == seq);
         if self.failed.is_some() && in_flight.is_none() {
             // A member is gone: a survivor's step of a collective failed here is dropped.
-            return true;
+            return Some(Vec::new());
         }
         let wanted = match in_flight {
             Some(c) => {
-                if !agrees(c.kind, c.root, c.desc, &a) {
+                let disagrees = !agrees(c.kind, c.root, c.desc, &a);
+                if disagrees {
                     c.mismatch.get_or_insert(src);
                 }
-                // Not a step it has taken already.
-                !c.plan[..c.at]
+                let taken = c.plan[..c.at]
                     .iter()
-                    .any(|x| matches!(x, Action::Take { step: s, .. } if *s == step))
+                    .any(|x| matches!(x, Action::Take { step: s, .. } if *s == step));
+                if taken {
+                    // A step it has taken already: from a member that started another
+                    // collective under `seq`, a disagreement; else not our protocol.
+                    return disagrees.then(Vec::new);
+                }
+                match c.plan.get(c.at) {
+                    // The step its plan is at: taken now, not kept to be taken at the next
+                    // advance (a collective that disagrees takes nothing more).
+                    Some(&Action::Take { step: s, part, .. })
+                        if s == step && c.mismatch.is_none() =>
+                    {
+                        if !c.take(part, &mut a) {
+                            c.mismatch = Some(src);
+                        }
+                        return Some(a.data);
+                    }
+                    _ => true,
+                }
             }
             None => seq >= self.next_seq && seq - self.next_seq < EARLY_WINDOW,
         };
         if !wanted {
-            return false;
+            return None;
         }
         match self.early.entry((seq, step)) {
             // The same step twice from its sender: not our protocol.
-            Entry::Occupied(o) if (o.get().src, o.get().kind) == (src, a.kind) => false,
+            Entry::Occupied(o) if (o.get().src, o.get().kind) == (src, a.kind) => None,
             // Two members that started different collectives under `seq` may both send
             // this step: a disagreement, not a peer's misbehavior.
             Entry::Occupied(_) => {
@@ -713,11 +786,11 @@ impl TeamState {
                         }
                     }
                 }
-                true
+                Some(a.data)
             }
             Entry::Vacant(v) => {
                 v.insert(a);
-                true
+                Some(Vec::new())
             }
         }
     }
@@ -839,11 +912,12 @@ impl Teams {
         };
         if let Some(ts) = self.live.get_mut(&team) {
             return match ts.arrive(src, seq, step, a) {
-                true => {
+                Some(taken) => {
+                    self.spare(taken);
                     self.dirty = true;
                     Ok(())
                 }
-                false => Err(stray()),
+                None => Err(stray()),
             };
         }
         // A team not known here: only while a split that may make it is in flight.
