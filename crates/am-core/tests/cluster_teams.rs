@@ -817,6 +817,53 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
     }
 }
 
+/// A step its collective took where it arrived, sent again: from its sender, a repeat,
+/// refused as stray naming it; from a member that started another collective under that
+/// sequence (an all-gather, whose first step rank 0 also takes from rank 2), a
+/// disagreement that fails the collective with a mismatch naming it. Catches a step taken
+/// on arrival that the collective forgets it took (a repeat taken twice, and the barrier
+/// done a round early), and a disagreement turned into a peer's misbehavior.
+#[test]
+fn a_step_taken_where_it_arrives_is_not_taken_twice() {
+    let mut c = Cluster::started(shape(3), 0, |_| am_core::Handlers::local());
+    let (ep, mut wire) = c.wire(0);
+    let world = ep.world_team();
+    // Rank 0's barrier sends its round 0 to rank 1, then waits for rank 2's.
+    let Poll::Ready(Ok(mut op)) = start(TeamBarrier::new(&world), ep, &mut wire) else {
+        panic!("start")
+    };
+    let step = || forged(TeamId::WORLD, 0, 0, CollectiveKind::Barrier, &[]);
+    c.inject(2, 0, step());
+    assert!(c.deliver_to(0));
+    assert_eq!(c.errors(0), []);
+    c.inject(2, 0, step());
+    assert!(c.deliver_to(0));
+    let stray = AmError::PeerMisbehaved {
+        peer: 2,
+        what: Misbehavior::StrayCollective {
+            team: TeamId::WORLD,
+            seq: 0,
+            step: 0,
+        },
+    };
+    assert_eq!(c.errors(0), [stray]);
+    c.inject(
+        2,
+        0,
+        forged(TeamId::WORLD, 0, 0, CollectiveKind::AllGather, &[7]),
+    );
+    assert!(c.deliver_to(0));
+    assert_eq!(c.errors(0), []);
+    let (ep, mut wire) = c.wire(0);
+    assert_eq!(
+        ep.poll_op(&mut wire, &mut op, None),
+        Poll::Ready(Err(AmError::CollectiveMismatch {
+            team: TeamId::WORLD,
+            peer: 2
+        }))
+    );
+}
+
 /// Members that start different collectives under one sequence (a barrier here, an
 /// all-gather there), or all-gathers of different lengths, get
 /// `AmError::CollectiveMismatch` rather than a wrong answer or a hang. Catches steps matched
