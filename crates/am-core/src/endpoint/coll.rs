@@ -793,6 +793,28 @@ impl<H: Threading> Endpoint<H> {
             return;
         };
         let c = ts.colls.remove(i);
+        // Most collectives complete with their result, no team or chunks to make, no heap
+        // or segment step to end: their slot takes the result at once.
+        let outcome = match outcome {
+            Ok(data)
+                if c.chunk.is_none()
+                    && c.kind != CollectiveKind::Split
+                    && (c.kind != CollectiveKind::Broadcast || c.root == ts.me || c.desc < 2)
+                    && self.teams.heap_op.is_none()
+                    && self.teams.seg_ops.is_empty() =>
+            {
+                self.teams.in_flight = self.teams.in_flight.saturating_sub(1);
+                if let Some(slot) = self.op(c.index, c.gen) {
+                    // A slot's team is only a split's, taken when the slot is finished.
+                    debug_assert!(slot.team.is_none());
+                    slot.data = data;
+                    slot.outstanding = 0;
+                    self.settle(c.index);
+                }
+                return;
+            }
+            outcome => outcome,
+        };
         if outcome.is_err() {
             // What came for it is no collective's any more; what comes later is dropped
             // (the team is failed below).
