@@ -72,6 +72,29 @@ pub const MAX_BARRIER_ROUNDS: u8 = 32;
 /// The most argument words a system message has.
 pub const MAX_SYSTEM_ARGS: usize = 8;
 
+/// Argument words of a [`SystemMsg::Collective`]: a Short's words after these are the
+/// step's bytes ([`inline_step_bytes`]).
+pub const COLLECTIVE_ARGS: usize = 8;
+
+/// The most bytes a collective's step carries in a Short's arguments.
+pub const MAX_INLINE_STEP_BYTES: usize = 4 * (crate::wire::MAX_ARGS - COLLECTIVE_ARGS);
+
+/// The bytes a collective's step carries in the arguments of its Short after the
+/// [`COLLECTIVE_ARGS`] of its own (four little-endian bytes a word), written into `out`:
+/// none if there are no more, or more than [`MAX_INLINE_STEP_BYTES`] (a Short has no more).
+pub fn inline_step_bytes<'a>(args: &[u32], out: &'a mut [u8; MAX_INLINE_STEP_BYTES]) -> &'a [u8] {
+    let words = args.get(COLLECTIVE_ARGS..).unwrap_or(&[]);
+    let mut n = 0;
+    for (w, o) in words.iter().zip(out.chunks_exact_mut(4)) {
+        o.copy_from_slice(&w.to_le_bytes());
+        n += 4;
+    }
+    if words.len() * 4 > MAX_INLINE_STEP_BYTES {
+        return &[];
+    }
+    &out[..n]
+}
+
 /// Bytes of one entry of a [`SystemMsg::Atomics`] payload: the word's offset (8 bytes), the
 /// atomic's wire word ([`Atomic::wire_word`], 4) and its two operands ([`Atomic::operands`],
 /// 8 each), all little-endian.
@@ -670,8 +693,9 @@ impl SystemMsg {
     /// [`Misbehavior::BadSystemMessage`] for an unknown opcode, a kind, category or argument
     /// count that opcode never has, a status word other than 0 or 1, a verdict naming no
     /// known status, a barrier round of [`MAX_BARRIER_ROUNDS`] or more, or a collective of
-    /// no known [`CollectiveKind`]. A [`SystemMsg::Collective`] may come as a Short (a step
-    /// without bytes) though it encodes as a Medium.
+    /// no known [`CollectiveKind`]. A [`SystemMsg::Collective`] may come as a Short though
+    /// it encodes as a Medium: a step whose bytes are none, or whole words in the Short's
+    /// arguments after its own ([`inline_step_bytes`]).
     pub fn decode(
         category: Category,
         kind: AmKind,
@@ -681,6 +705,7 @@ impl SystemMsg {
         use AmKind::{Long, Medium, Short};
         use Category::{Reply, Request};
         let bad = Misbehavior::BadSystemMessage(opcode);
+        let is_short = kind == Short;
         let flag = |w: u32| match w {
             0 => Ok(true),
             1 => Ok(false),
@@ -784,19 +809,22 @@ impl SystemMsg {
                 ok: flag(status)?,
             },
             (op::EXIT, Request, Short, &[code]) => SystemMsg::Exit { code: code as i32 },
+            // A Short's arguments after these are the step's bytes ([`inline_step_bytes`]).
             (
                 op::COLLECTIVE,
                 Request,
                 Short | Medium,
-                &[leader, serial, s0, s1, step, kind, root, desc],
-            ) => SystemMsg::Collective {
-                team: TeamId { leader, serial },
-                seq: join(s0, s1),
-                step,
-                kind: CollectiveKind::from_code(kind).ok_or_else(|| bad.clone())?,
-                root,
-                desc,
-            },
+                &[leader, serial, s0, s1, step, kind, root, desc, ref bytes @ ..],
+            ) if bytes.is_empty() || (is_short && bytes.len() * 4 <= MAX_INLINE_STEP_BYTES) => {
+                SystemMsg::Collective {
+                    team: TeamId { leader, serial },
+                    seq: join(s0, s1),
+                    step,
+                    kind: CollectiveKind::from_code(kind).ok_or_else(|| bad.clone())?,
+                    root,
+                    desc,
+                }
+            }
             _ => return Err(bad),
         };
         Ok(msg)
@@ -969,13 +997,14 @@ mod tests {
             match SystemMsg::decode(category, kind, opcode, &args) {
                 Ok(msg) => {
                     let w = msg.encode();
-                    // A collective's step without bytes may come as a Short: the same message.
-                    let kind = match (opcode, kind) {
-                        (op::COLLECTIVE, AmKind::Short) => AmKind::Medium,
-                        _ => kind,
+                    // A collective's step may come as a Short, its bytes in the words after
+                    // its own: the same message.
+                    let (kind, args) = match (opcode, kind) {
+                        (op::COLLECTIVE, AmKind::Short) => (AmKind::Medium, &args[..COLLECTIVE_ARGS]),
+                        _ => (kind, &args[..]),
                     };
                     prop_assert_eq!((w.category, w.kind, w.opcode), (category, kind, opcode));
-                    prop_assert_eq!(w.args(), &args[..]);
+                    prop_assert_eq!(w.args(), args);
                 }
                 Err(e) => prop_assert_eq!(e, Misbehavior::BadSystemMessage(opcode)),
             }
@@ -1029,6 +1058,24 @@ mod tests {
             );
         }
         assert!(SystemMsg::decode(w.category, AmKind::Long, w.opcode, w.args()).is_err());
+        // A Short's words after the step's own are its bytes, up to what a Short carries; a
+        // Medium carries its bytes as its payload, never in words.
+        let mut words = w.args().to_vec();
+        words.extend([0x0403_0201, 0x0807_0605]);
+        assert_eq!(
+            SystemMsg::decode(w.category, AmKind::Short, w.opcode, &words),
+            Ok(step)
+        );
+        let mut out = [0u8; MAX_INLINE_STEP_BYTES];
+        assert_eq!(
+            inline_step_bytes(&words, &mut out),
+            [1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        assert_eq!(inline_step_bytes(w.args(), &mut out), [] as [u8; 0]);
+        assert!(SystemMsg::decode(w.category, AmKind::Medium, w.opcode, &words).is_err());
+        words.resize(crate::wire::MAX_ARGS + 1, 0);
+        assert!(SystemMsg::decode(w.category, AmKind::Short, w.opcode, &words).is_err());
+        assert_eq!(inline_step_bytes(&words, &mut out), [] as [u8; 0]);
         // An entry naming an atomic that does not exist (code 9, width 3).
         let mut e = [0u8; ATOMIC_ENTRY_LEN];
         e[8] = 9;

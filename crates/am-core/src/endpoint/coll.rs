@@ -740,7 +740,7 @@ impl<H: Threading> Endpoint<H> {
                         root,
                         desc,
                     };
-                    let sent = self.system_step(tx, to, msg, payload, None);
+                    let sent = self.collective_step(tx, to, msg, payload);
                     let Some(c) = self
                         .teams
                         .live

@@ -339,6 +339,14 @@ fn system_request(
             desc,
         } => {
             *st.changes = st.changes.wrapping_add(1);
+            // A Short's bytes are in its arguments.
+            let mut inline = [0u8; crate::protocol::MAX_INLINE_STEP_BYTES];
+            let payload = match hdr.kind {
+                AmKind::Short => {
+                    Payload::Private(crate::protocol::inline_step_bytes(args, &mut inline))
+                }
+                _ => payload,
+            };
             st.teams.arrive(
                 src,
                 (team, seq, step, kind, root, desc),

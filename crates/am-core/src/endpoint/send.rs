@@ -8,11 +8,11 @@ use crate::credit::CreditPolicy;
 use crate::error::AmError;
 use crate::handler::HandlerFn;
 use crate::handler::Threading;
-use crate::protocol::{opcode, SystemMsg};
+use crate::protocol::SystemMsg;
 use crate::reply::{check_message, encode_acks, segment_range};
 use crate::transport::{Outgoing, Payload, SendError, Transport, Tx};
 use crate::types::{AmKind, Category, HandlerId, Rank};
-use crate::wire::{Header, MAX_HEAD_LEN};
+use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
 
 impl<H: Threading> Endpoint<H> {
     /// Checks a request before it is sent: a valid rank that is not lost, the transport's
@@ -151,21 +151,53 @@ impl<H: Threading> Endpoint<H> {
     ) -> Poll<Result<(), AmError>> {
         let w = msg.encode();
         debug_assert_eq!(w.category, Category::Request);
-        // A collective's step without bytes (a barrier's, say) goes as a Short: on the NICs
-        // that move a Medium's payload apart from its head, one transfer fewer.
-        let kind = match payload.is_empty() && w.opcode == opcode::COLLECTIVE {
-            true => AmKind::Short,
-            false => w.kind,
-        };
         self.send_step(
             tx,
             dest,
             true,
-            kind,
+            w.kind,
             w.opcode,
             w.args(),
             payload,
             long_offset,
+        )
+    }
+
+    /// Sends a collective's step ([`SystemMsg::Collective`]) with its bytes: as a Short
+    /// whose arguments after the step's own carry them where they are whole words and fit
+    /// (none, a barrier's; 8 bytes, a small all-reduce's), else as a Medium. On every NIC a
+    /// Short is the cheaper; on those that move a Medium's payload apart from its head, one
+    /// transfer fewer.
+    pub(super) fn collective_step(
+        &mut self,
+        tx: &mut (impl Tx + ?Sized),
+        dest: Rank,
+        msg: SystemMsg,
+        payload: &[u8],
+    ) -> Poll<Result<(), AmError>> {
+        let w = msg.encode();
+        let head = w.args();
+        if payload.is_empty() {
+            return self.send_step(tx, dest, true, AmKind::Short, w.opcode, head, &[], None);
+        }
+        let n = head.len() + payload.len() / 4;
+        if !payload.len().is_multiple_of(4) || n > MAX_ARGS.min(self.limits.max_args) {
+            return self.send_step(tx, dest, true, w.kind, w.opcode, head, payload, None);
+        }
+        let mut words = [0u32; MAX_ARGS];
+        words[..head.len()].copy_from_slice(head);
+        for (word, b) in words[head.len()..n].iter_mut().zip(payload.chunks_exact(4)) {
+            *word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        self.send_step(
+            tx,
+            dest,
+            true,
+            AmKind::Short,
+            w.opcode,
+            &words[..n],
+            &[],
+            None,
         )
     }
 
