@@ -84,15 +84,13 @@ pub const MAX_INLINE_STEP_BYTES: usize = 4 * (crate::wire::MAX_ARGS - COLLECTIVE
 /// none if there are no more, or more than [`MAX_INLINE_STEP_BYTES`] (a Short has no more).
 pub fn inline_step_bytes<'a>(args: &[u32], out: &'a mut [u8; MAX_INLINE_STEP_BYTES]) -> &'a [u8] {
     let words = args.get(COLLECTIVE_ARGS..).unwrap_or(&[]);
-    let mut n = 0;
-    for (w, o) in words.iter().zip(out.chunks_exact_mut(4)) {
-        o.copy_from_slice(&w.to_le_bytes());
-        n += 4;
-    }
     if words.len() * 4 > MAX_INLINE_STEP_BYTES {
         return &[];
     }
-    &out[..n]
+    for (w, o) in words.iter().zip(out.chunks_exact_mut(4)) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    &out[..words.len() * 4]
 }
 
 /// Bytes of one entry of a [`SystemMsg::Atomics`] payload: the word's offset (8 bytes), the
@@ -248,10 +246,11 @@ pub enum SystemMsg {
         /// Whether the atomic was applied.
         ok: bool,
     },
-    /// One step of a collective on a team (Medium request, the payload the step's data; or
-    /// a Short request where it has none, as a barrier's steps): keyed by the team, the collective's sequence number among those
-    /// started on that team, and its step, so that several collectives in flight on one team
-    /// and on several teams never mix.
+    /// One step of a collective on a team (a Medium request, its payload the step's bytes;
+    /// or a Short request, its arguments after these the step's bytes, where they are none
+    /// or whole words that fit): keyed by the team, the collective's sequence number among
+    /// those started on that team, and its step, so that several collectives in flight on
+    /// one team and on several teams never mix.
     Collective {
         /// The team.
         team: TeamId,
@@ -1038,7 +1037,8 @@ mod tests {
         for count in [0, MAX_BATCH_ATOMICS + 1] {
             assert!(SystemMsg::decode(Category::Request, AmKind::Medium, 12, &[7, count]).is_err());
         }
-        // A collective's step is a Medium, or a Short where it carries no bytes; never a Long.
+        // A collective's step is a Medium, or a Short (its bytes, if any, in its arguments);
+        // never a Long.
         let step = SystemMsg::Collective {
             team: TeamId {
                 leader: 2,

@@ -143,10 +143,10 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
     }
 }
 
-/// `elems` as little-endian bytes.
 /// The encodings [`to_bytes`] zeroes itself rather than through calloc, in bytes.
 const SMALL: usize = 4096;
 
+/// `elems` as little-endian bytes.
 pub(crate) fn to_bytes<E: Element>(elems: &[E]) -> Vec<u8> {
     let len = elems.len() * E::SIZE;
     let mut out = if len <= SMALL {

@@ -344,7 +344,6 @@ fn ring(p: &mut Vec<Action>, n: u32, me: u32, first: u32, shift: u32, take: fn(u
     }
 }
 
-/// `2^k`, if it is below `n`.
 /// Whether collective `seq` of `kind` ends with a barrier among the members (see
 /// [`SYNC_PERIOD`]).
 fn ends_with_barrier(kind: CollectiveKind, seq: u64) -> bool {
@@ -445,6 +444,7 @@ impl TeamTable {
 /// How many plans a team keeps ([`TeamState::plan_of`]).
 const PLANS_KEPT: usize = 8;
 
+/// `2^k`, if it is below `n`.
 pub(super) fn pow_below(k: u32, n: u32) -> Option<u32> {
     1u32.checked_shl(k).filter(|&d| d < n)
 }
