@@ -864,6 +864,51 @@ fn a_step_taken_where_it_arrives_is_not_taken_twice() {
     );
 }
 
+/// A gather's root whose plan takes member 1's block, then member 2's: member 2's block
+/// comes first and is kept; member 1's is taken where it arrives, which moves the plan on
+/// to member 2's; member 2's block sent again is a repeat, refused as stray naming it, and
+/// the gather completes with the block that came first. Catches a take on arrival that
+/// does not see the step already kept (the repeat taken over the original, the original
+/// kept for good).
+#[test]
+fn a_repeat_of_a_kept_step_is_not_taken_on_arrival() {
+    let mut c = Cluster::started(shape(4), 0, |_| am_core::Handlers::local());
+    let (ep, mut wire) = c.wire(0);
+    let world = ep.world_team();
+    let Poll::Ready(Ok(mut op)) = start(TeamGather::new(&world, 0, &[7, 7]), ep, &mut wire) else {
+        panic!("start")
+    };
+    let block = |from: u8, b: u8| {
+        forged(
+            TeamId::WORLD,
+            0,
+            u32::from(from),
+            CollectiveKind::Gather,
+            &[b, b],
+        )
+    };
+    for (from, bytes) in [(2, block(2, 2)), (1, block(1, 1)), (2, block(2, 9))] {
+        c.inject(from, 0, bytes);
+        assert!(c.deliver_to(0));
+    }
+    let stray = AmError::PeerMisbehaved {
+        peer: 2,
+        what: Misbehavior::StrayCollective {
+            team: TeamId::WORLD,
+            seq: 0,
+            step: 2,
+        },
+    };
+    assert_eq!(c.errors(0), [stray]);
+    c.inject(3, 0, block(3, 3));
+    assert!(c.deliver_to(0));
+    let (ep, mut wire) = c.wire(0);
+    assert_eq!(
+        ep.poll_op(&mut wire, &mut op, None),
+        Poll::Ready(Ok(vec![7, 7, 1, 1, 2, 2, 3, 3]))
+    );
+}
+
 /// Members that start different collectives under one sequence (a barrier here, an
 /// all-gather there), or all-gathers of different lengths, get
 /// `AmError::CollectiveMismatch` rather than a wrong answer or a hang. Catches steps matched

@@ -353,9 +353,11 @@ fn ends_with_barrier(kind: CollectiveKind, seq: u64) -> bool {
     ) && seq % SYNC_PERIOD == SYNC_PERIOD - 1
 }
 
-/// How many emptied step buffers the teams keep, and the largest kept: a small
-/// collective's steps then allocate nothing.
+/// How many emptied step buffers the teams keep: a small collective's steps then allocate
+/// nothing.
 const SPARE_BUFS: usize = 16;
+
+/// The largest step buffer the teams keep, in bytes.
 const SPARE_BUF_BYTES: usize = 4096;
 
 impl Teams {
@@ -753,9 +755,13 @@ impl TeamState {
                 }
                 match c.plan.get(c.at) {
                     // The step its plan is at: taken now, not kept to be taken at the next
-                    // advance (a collective that disagrees takes nothing more).
+                    // advance (a collective that disagrees takes nothing more). One kept
+                    // already (it came before the take on arrival of the step before it)
+                    // makes this one its repeat, found below.
                     Some(&Action::Take { step: s, part, .. })
-                        if s == step && c.mismatch.is_none() =>
+                        if s == step
+                            && c.mismatch.is_none()
+                            && !self.early.contains_key(&(seq, step)) =>
                     {
                         if !c.take(part, &mut a) {
                             c.mismatch = Some(src);
