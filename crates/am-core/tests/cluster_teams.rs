@@ -1019,6 +1019,35 @@ fn a_disagreement_reaches_every_member_of_the_team() {
     }
 }
 
+/// Gathers on a team of more than 128 members, through a sequence that ends with the
+/// barrier every `SYNC_PERIOD`-th gather ends with: every one completes, the root with every
+/// member's block in team order. Catches a barrier step numbered as a member's block (the
+/// root would take member 128's block as the barrier's first round, or refuse the round's
+/// sender as stray).
+#[test]
+fn gathers_on_more_than_128_members_pass_their_sync() {
+    let n = 130;
+    let mut c = Cluster::started(shape(n), 7, |_| am_core::Handlers::local());
+    let gathers = am_core::endpoint::SYNC_PERIOD as usize + 1;
+    let plans = (0..n)
+        .map(|r| {
+            (0..gathers)
+                .map(|i| Want::GatherTo(On::World, 0, block(r, i, 1)))
+                .collect()
+        })
+        .collect();
+    let world: Vec<Rank> = (0..n).collect();
+    for (r, got) in run(&mut c, plans).into_iter().enumerate() {
+        for (i, g) in got.into_iter().enumerate() {
+            match g {
+                Ok(Got::Bytes(b)) if r == 0 => assert_eq!(b, gathered(&world, i, 1), "gather {i}"),
+                Ok(Got::Bytes(b)) => assert!(b.is_empty(), "rank {r} gather {i}"),
+                other => panic!("rank {r} gather {i}: {other:?}"),
+            }
+        }
+    }
+}
+
 /// A member whose collectives complete as soon as its steps are out (a broadcast's root, a
 /// gather's senders) cannot run ahead of a member that has started none of them by more
 /// than the window: rank 0 runs 150 broadcasts and 150 gathers alone (rank 1 only polls),

@@ -54,8 +54,9 @@ pub(super) fn is_ring(kind: CollectiveKind, root: u32) -> bool {
 }
 
 /// The first step of the barrier that ends a synchronizing collective (round `k` is step
-/// `SYNC_STEP + k`).
-pub(super) const SYNC_STEP: u32 = 128;
+/// `SYNC_STEP + k`): above every member's index, which a gather's root takes as the step
+/// of that member's block.
+pub(super) const SYNC_STEP: u32 = 1 << 31;
 
 /// One past the largest step any collective's plan takes.
 pub(super) const STEP_BOUND: u32 = SYNC_STEP + 32;
