@@ -691,6 +691,14 @@ fn a_member_lost_mid_collective_fails_its_teams_on_every_survivor() {
     }
 }
 
+/// The error of a step from `peer` that no collective here takes.
+fn stray(peer: Rank, team: TeamId, seq: u64, step: u32) -> AmError {
+    AmError::PeerMisbehaved {
+        peer,
+        what: Misbehavior::StrayCollective { team, seq, step },
+    }
+}
+
 /// The bytes of a collective step as a misbehaving peer sends it.
 fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8]) -> Vec<u8> {
     let w = SystemMsg::Collective {
@@ -728,10 +736,6 @@ fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8
 #[test]
 fn stray_collective_steps_are_refused_naming_the_peer() {
     let mut c = Cluster::started(shape(3), 0, |_| am_core::Handlers::local());
-    let stray = |team, seq, step| AmError::PeerMisbehaved {
-        peer: 2,
-        what: Misbehavior::StrayCollective { team, seq, step },
-    };
     let bogus = TeamId {
         leader: 2,
         serial: 9,
@@ -741,28 +745,28 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
     let cases: Vec<(Vec<u8>, AmError)> = vec![
         (
             forged(bogus, 0, 0, CollectiveKind::Barrier, &[]),
-            stray(bogus, 0, 0),
+            stray(2, bogus, 0, 0),
         ),
         (
             forged(TeamId::WORLD, far, 0, CollectiveKind::Barrier, &[]),
-            stray(TeamId::WORLD, far, 0),
+            stray(2, TeamId::WORLD, far, 0),
         ),
         (
             forged(TeamId::WORLD, 0, 1, CollectiveKind::Barrier, &[]),
-            stray(TeamId::WORLD, 0, 1),
+            stray(2, TeamId::WORLD, 0, 1),
         ),
         (
             forged(TeamId::WORLD, 0, 2, CollectiveKind::AllGather, &[1]),
-            stray(TeamId::WORLD, 0, 2),
+            stray(2, TeamId::WORLD, 0, 2),
         ),
         // The largest step: no overflow in the ring's bound, nothing kept.
         (
             forged(TeamId::WORLD, 0, u32::MAX, CollectiveKind::AllGather, &[1]),
-            stray(TeamId::WORLD, 0, u32::MAX),
+            stray(2, TeamId::WORLD, 0, u32::MAX),
         ),
         (
             forged(TeamId::WORLD, 0, u32::MAX, CollectiveKind::Broadcast, &[1]),
-            stray(TeamId::WORLD, 0, u32::MAX),
+            stray(2, TeamId::WORLD, 0, u32::MAX),
         ),
         (
             forged(TeamId::WORLD, 0, 0, CollectiveKind::Barrier, &[1]),
@@ -775,7 +779,7 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
     // A notice that names the receiver itself as gone.
     let cases = cases.into_iter().chain([(
         forged(TeamId::WORLD, 0, 0, CollectiveKind::MemberLost, &[]),
-        stray(TeamId::WORLD, 0, 0),
+        stray(2, TeamId::WORLD, 0, 0),
     )]);
     for (bytes, want) in cases {
         c.inject(2, 0, bytes);
@@ -804,7 +808,7 @@ fn stray_collective_steps_are_refused_naming_the_peer() {
         forged(TeamId::WORLD, 5, 0, CollectiveKind::Barrier, &[]),
     );
     assert!(c.deliver_to(0) && c.deliver_to(0));
-    assert_eq!(c.errors(0), [stray(TeamId::WORLD, 5, 0)]);
+    assert_eq!(c.errors(0), [stray(2, TeamId::WORLD, 5, 0)]);
     // Rank 2 sent none of these: the answers are not its to take.
     c.take(0, 2);
     // The world's collectives go on: sequence 0 is a barrier everywhere.
@@ -838,15 +842,7 @@ fn a_step_taken_where_it_arrives_is_not_taken_twice() {
     assert_eq!(c.errors(0), []);
     c.inject(2, 0, step());
     assert!(c.deliver_to(0));
-    let stray = AmError::PeerMisbehaved {
-        peer: 2,
-        what: Misbehavior::StrayCollective {
-            team: TeamId::WORLD,
-            seq: 0,
-            step: 0,
-        },
-    };
-    assert_eq!(c.errors(0), [stray]);
+    assert_eq!(c.errors(0), [stray(2, TeamId::WORLD, 0, 0)]);
     c.inject(
         2,
         0,
@@ -891,15 +887,7 @@ fn a_repeat_of_a_kept_step_is_not_taken_on_arrival() {
         c.inject(from, 0, bytes);
         assert!(c.deliver_to(0));
     }
-    let stray = AmError::PeerMisbehaved {
-        peer: 2,
-        what: Misbehavior::StrayCollective {
-            team: TeamId::WORLD,
-            seq: 0,
-            step: 2,
-        },
-    };
-    assert_eq!(c.errors(0), [stray]);
+    assert_eq!(c.errors(0), [stray(2, TeamId::WORLD, 0, 2)]);
     c.inject(3, 0, block(3, 3));
     assert!(c.deliver_to(0));
     let (ep, mut wire) = c.wire(0);
