@@ -799,7 +799,7 @@ impl<H: Threading> Endpoint<H> {
             Ok(data)
                 if c.chunk.is_none()
                     && c.kind != CollectiveKind::Split
-                    && (c.kind != CollectiveKind::Broadcast || c.root == ts.me || c.desc < 2)
+                    && !c.announces_chunks(ts.me)
                     && self.teams.heap_op.is_none()
                     && self.teams.seg_ops.is_empty() =>
             {
@@ -922,7 +922,7 @@ impl<H: Threading> Endpoint<H> {
                 return Some(Err(e));
             }
             (Ok(data), None, _) => {
-                if c.kind != CollectiveKind::Broadcast || c.root == ts.me || c.desc < 2 {
+                if !c.announces_chunks(ts.me) {
                     return Some(Ok(data));
                 }
                 if data.is_empty() {

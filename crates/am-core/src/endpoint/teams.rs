@@ -182,6 +182,12 @@ pub(super) struct Big {
 }
 
 impl Coll {
+    /// Whether it is a broadcast that member `me` does not root, whose first step (taken)
+    /// said more chunks follow: its result is the first chunk of a [`Big`] made here.
+    pub(super) fn announces_chunks(&self, me: u32) -> bool {
+        self.kind == CollectiveKind::Broadcast && self.root != me && self.desc >= 2
+    }
+
     /// Takes step `a` as `part` of this collective's buffer, the step its plan is at, and
     /// goes on to the next; false (nothing taken) if its length is not the one `part`
     /// takes. Its kind, root and reduction were checked against this one's when it came (or
