@@ -107,9 +107,12 @@
 //! A declared length does not make decoding allocate what it says: serde's sequence and
 //! map visitors reserve at most a cautious bound (1 MiB) however long the sequence says it
 //! is, growing only as elements are read from the bytes present, which a declared length
-//! past them soon runs out of. A value nested more than 128 containers deep (a recursive
-//! type's forged value, a few bytes a level) is refused before decoding it would overflow
-//! the target's stack.
+//! past them soon runs out of. Elements that occupy no bytes (`()`, a unit struct, a struct
+//! whose fields are all skipped) would not run out, so the elements of all of a value's
+//! sequences and maps may number at most its length in bytes plus 65,536: a value with more
+//! is refused, and a forged count of them costs the target at most that many turns of a
+//! loop. A value nested more than 128 containers deep (a recursive type's forged value, a
+//! few bytes a level) is refused before decoding it would overflow the target's stack.
 
 use std::marker::PhantomData;
 
@@ -558,17 +561,19 @@ fn encode_into<T: Serialize>(v: &T, out: &mut Vec<u8>) -> Result<(), bincode::er
 /// length is checked against the bytes left before anything is allocated, so a few bytes
 /// declaring a length of 2^62 allocate nothing, and its bytes are copied out once (see
 /// `depth::Deep::deserialize_byte_buf`). Sequences are not checked so: serde reserves at
-/// most 1 MiB for one, however long it says it is, and each element must then decode.
+/// most 1 MiB for one, however long it says it is, and each element must then decode; the
+/// elements of all its sequences and maps may number at most its length in bytes plus
+/// [`depth::ELEMENTS_PAST_BYTES`], so elements that occupy no bytes cannot keep it looping.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-    /// Decodes a `T` through [`depth::deserialize`].
-    struct Bounded<T>(PhantomData<fn() -> T>);
+    /// Decodes a `T` of `.1` bytes through [`depth::deserialize`].
+    struct Bounded<T>(PhantomData<fn() -> T>, usize);
     impl<'de, T: DeserializeOwned> serde::de::DeserializeSeed<'de> for Bounded<T> {
         type Value = T;
         fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
-            depth::deserialize(d)
+            depth::deserialize(d, self.1)
         }
     }
-    let seed = Bounded::<T>(PhantomData);
+    let seed = Bounded::<T>(PhantomData, bytes.len());
     let (v, read) =
         bincode::serde::seed_decode_from_slice(seed, bytes, WIRE.with_limit::<MAX_LEN>()).ok()?;
     // Every byte read: a value followed by more is refused.
@@ -1255,6 +1260,64 @@ mod tests {
         assert_eq!(decode::<Vec<u64>>(&bomb), None);
         assert_eq!(decode::<String>(&bomb), None);
         assert_eq!(decode::<Blob>(&bomb), None);
+    }
+
+    /// A type that occupies bytes in memory and none on the wire.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Skipped {
+        #[serde(skip)]
+        x: u64,
+    }
+
+    /// `n` as a sequence's or map's declared length.
+    fn count(n: u64) -> [u8; 8] {
+        n.to_le_bytes()
+    }
+
+    /// Catches a decoder that believes a sequence's or map's declared length where its
+    /// elements occupy no bytes, and loops over it: eight forged bytes declaring 2^62 of
+    /// them kept it busy for years. Also catches a budget that is not shared between
+    /// sequences, or off by one at its edge.
+    #[test]
+    fn elements_that_occupy_no_bytes_cannot_keep_the_decoder_looping() {
+        use std::collections::BTreeMap;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let bomb = count(0x3fff_ffff_ffff_ffff);
+            let _ = tx.send([
+                decode::<Vec<()>>(&bomb).is_none(),
+                decode::<Vec<Skipped>>(&bomb).is_none(),
+                decode::<Vec<[u64; 0]>>(&bomb).is_none(),
+                decode::<BTreeMap<(), ()>>(&bomb).is_none(),
+                decode::<Vec<Vec<()>>>(&[count(1), bomb].concat()).is_none(),
+            ]);
+        });
+        let refused = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the decoder is still looping after a minute");
+        assert_eq!(refused, [true; 5]);
+
+        // Eight bytes allow 8 + ELEMENTS_PAST_BYTES elements, and not one more.
+        let most = 8 + depth::ELEMENTS_PAST_BYTES;
+        let v = decode::<Vec<()>>(&count(most as u64)).expect("the most allowed");
+        assert_eq!(v.len(), most);
+        assert_eq!(decode::<Vec<()>>(&count(most as u64 + 1)), None);
+        // The budget is the whole value's: two sequences of 40,000 each fit alone, not
+        // together (24 bytes).
+        let half = count(40_000);
+        assert!(decode::<Vec<Vec<()>>>(&[count(1), half].concat()).is_some());
+        assert_eq!(
+            decode::<Vec<Vec<()>>>(&[count(2), half, half].concat()),
+            None
+        );
+        // Elements that occupy bytes never run out: each takes at least one.
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        assert_eq!(decode::<Vec<u8>>(&encode(&bytes).unwrap()), Some(bytes));
+        let map: BTreeMap<u8, ()> = (0..=255).map(|k| (k, ())).collect();
+        assert_eq!(
+            decode::<BTreeMap<u8, ()>>(&encode(&map).unwrap()),
+            Some(map)
+        );
     }
 
     /// A byte buffer that asks for one (`deserialize_byte_buf`), as `serde_bytes` does.

@@ -226,14 +226,27 @@ fn ranks_with_different_types_do_not_start() {
     });
 }
 
+/// A message of elements that occupy no bytes on the wire.
+#[derive(Serialize, Deserialize, Debug)]
+struct Units(Vec<()>);
+
+impl Am for Units {
+    type Reply = u64;
+    fn exec(self, _: &mut AmContext) -> u64 {
+        self.0.len() as u64
+    }
+}
+
 /// Catches a target that runs (or panics on) a message whose bytes are not its type, or
 /// whose id it does not register: a raw call of the reserved handler with forged arguments
-/// and payloads is answered with a refusal, and the typed call after it works.
+/// and payloads is answered with a refusal, and the typed call after it works. Also one
+/// that loops over a forged count of elements that occupy no bytes (the watchdog fails it).
 #[test]
 fn forged_typed_messages_are_refused() {
     within(LIMIT, || {
         run_ranks(Loopback::cluster(2, Default::default()), |t| {
-            let h = handlers(Arc::default());
+            let mut h = handlers(Arc::default());
+            h.typed::<Units>().unwrap();
             let reserved = (0..=255u8)
                 .map(am_core::HandlerId)
                 .find(|&id| h.info(id).is_some_and(|i| i.name == "amnet: typed call"))
@@ -242,6 +255,8 @@ fn forged_typed_messages_are_refused() {
             let peer = 1 - node.rank();
             let id = am_core::typed::type_id::<Sum>();
             let words = [id as u32, (id >> 32) as u32];
+            let units = am_core::typed::type_id::<Units>();
+            let units = [units as u32, (units >> 32) as u32];
             let good = wire_sum();
             for (args, payload, status) in [
                 (&words[..], &good[..good.len() - 1], 2u32),
@@ -251,11 +266,14 @@ fn forged_typed_messages_are_refused() {
                 (&words[..], &[0xff, 0xff, 0xff, 0xff, 0x3f][..], 2),
                 // The last piece of a value whose parts never came.
                 (&[words[0], words[1], 77][..], &good[..], 2),
+                // 2^62 units, in eight bytes.
+                (&units[..], &(1u64 << 62).to_le_bytes()[..], 2),
             ] {
                 let r = node.call(peer, reserved, args, payload).expect("call");
                 assert_eq!(r.args, [status], "{args:?} {payload:?}");
             }
             assert_eq!(node.call_typed(peer, Sum([1, 1, 1, 1])).unwrap(), 4);
+            assert_eq!(node.call_typed(peer, Units(vec![(); 1000])).unwrap(), 1000);
             node.barrier().unwrap();
         });
     });

@@ -1,4 +1,4 @@
-//! A bound on how deeply a decoded value nests.
+//! Bounds on how deeply a decoded value nests, and on how many elements its sequences hold.
 //!
 //! serde's derived `Deserialize` of a recursive type (`enum Tree { Leaf, Node(Box<Tree>) }`)
 //! calls itself once per level, and the wire format's decoder does too: a forged value a
@@ -15,6 +15,17 @@
 //! `VariantAccess` it wraps, and the `DeserializeSeed`s they receive. The budget travels by
 //! value, so nothing is shared and nothing needs undoing on the way out. (`Box<T>` is not
 //! a level of its own: it deserializes `T` in place, with the same deserializer.)
+//!
+//! A sequence or map says on the wire how many elements it holds, and an element of a type
+//! that occupies no bytes (`()`, a unit struct, a struct whose fields are all skipped)
+//! decodes from none: eight forged bytes declaring 2^62 such elements would keep the
+//! decoder looping for years. So the elements of every sequence and map of a value share
+//! one budget, the value's length in bytes plus [`ELEMENTS_PAST_BYTES`]: an element that
+//! occupies bytes takes at least one, so only elements that occupy none can run past it.
+//! The budget is shared by reference (a `Cell`), since siblings draw on it in turn; a tuple's
+//! or struct's fields are not counted, their number being the type's, not the wire's.
+
+use std::cell::Cell;
 
 use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
 
@@ -34,33 +45,50 @@ pub(crate) const MAX_DEPTH: usize = 128;
 /// The error a value nested past [`MAX_DEPTH`] gives.
 const TOO_DEEP: &str = "nested too deep";
 
-/// Deserializes a `T` from `inner`, refusing a value nested more than [`MAX_DEPTH`] deep.
+/// How many elements of sequences and maps a value may hold beyond its length in bytes:
+/// room for elements that occupy no bytes (a `Vec<()>`, a set of unit structs), which real
+/// messages hold few of, while a forged count costs at most this many empty turns of a loop.
+pub(crate) const ELEMENTS_PAST_BYTES: usize = 1 << 16;
+
+/// The error a value whose sequences and maps hold more elements than its budget gives.
+const TOO_MANY: &str = "more elements than the value's bytes allow";
+
+/// Deserializes a `T` from `inner`, the decoder of `len` bytes, refusing a value nested more
+/// than [`MAX_DEPTH`] deep or whose sequences and maps hold more than `len` +
+/// [`ELEMENTS_PAST_BYTES`] elements in all.
 #[inline]
-pub(crate) fn deserialize<'de, T, D>(inner: D) -> Result<T, D::Error>
+pub(crate) fn deserialize<'de, T, D>(inner: D, len: usize) -> Result<T, D::Error>
 where
     T: de::Deserialize<'de>,
     D: Deserializer<'de>,
 {
+    let elements = Cell::new(len.saturating_add(ELEMENTS_PAST_BYTES));
     T::deserialize(Deep {
         inner,
         left: MAX_DEPTH,
+        elements: &elements,
     })
 }
 
-/// A deserializer whose value may nest `left` more levels.
-pub(crate) struct Deep<D> {
+/// A deserializer whose value may nest `left` more levels, its sequences drawing on
+/// `elements`.
+pub(crate) struct Deep<'b, D> {
     inner: D,
     left: usize,
+    elements: &'b Cell<usize>,
 }
 
 /// A visitor of a value that may nest `left` more levels: it takes a level when it
-/// descends.
-struct Visit<V> {
+/// descends. `counted` says whether it visits a sequence or map whose length is the wire's
+/// (its elements draw on `elements`) rather than a tuple's or struct's.
+struct Visit<'b, V> {
     inner: V,
     left: usize,
+    elements: &'b Cell<usize>,
+    counted: bool,
 }
 
-impl<V> Visit<V> {
+impl<'b, V> Visit<'b, V> {
     /// The levels left below this one, or the error past the bound.
     #[inline]
     fn descend<E: de::Error>(&self) -> Result<usize, E> {
@@ -69,15 +97,27 @@ impl<V> Visit<V> {
             None => Err(E::custom(TOO_DEEP)),
         }
     }
+
+    /// `a` wrapped for the level below this one, or the error past the bound.
+    #[inline]
+    fn access<A, E: de::Error>(&self, a: A) -> Result<Access<'b, A>, E> {
+        Ok(Access {
+            inner: a,
+            left: self.descend()?,
+            elements: self.elements,
+            counted: self.counted,
+        })
+    }
 }
 
 /// A seed of a nested value: it deserializes through [`Deep`] with `left` levels.
-struct Seed<S> {
+struct Seed<'b, S> {
     inner: S,
     left: usize,
+    elements: &'b Cell<usize>,
 }
 
-impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<S> {
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
     type Value = S::Value;
 
     #[inline]
@@ -85,6 +125,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<S> {
         self.inner.deserialize(Deep {
             inner: d,
             left: self.left,
+            elements: self.elements,
         })
     }
 }
@@ -94,12 +135,26 @@ macro_rules! forward {
     ($($method:ident)*) => {$(
         #[inline]
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-            self.inner.$method(Visit { inner: visitor, left: self.left })
+            let v = self.visit(visitor, false);
+            self.inner.$method(v)
         }
     )*};
 }
 
-impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
+impl<'b, D> Deep<'b, D> {
+    /// `visitor` wrapped for this deserializer's levels and budget.
+    #[inline]
+    fn visit<V>(&self, visitor: V, counted: bool) -> Visit<'b, V> {
+        Visit {
+            inner: visitor,
+            left: self.left,
+            elements: self.elements,
+            counted,
+        }
+    }
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
     type Error = D::Error;
 
     forward! {
@@ -108,8 +163,22 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_u128
         deserialize_f32 deserialize_f64 deserialize_char
         deserialize_str deserialize_bytes
-        deserialize_option deserialize_unit deserialize_seq deserialize_map
+        deserialize_option deserialize_unit
         deserialize_identifier deserialize_ignored_any
+    }
+
+    /// A sequence's elements, as many as the wire says, draw on the budget.
+    #[inline]
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        let v = self.visit(visitor, true);
+        self.inner.deserialize_seq(v)
+    }
+
+    /// A map's entries, as many as the wire says, draw on the budget.
+    #[inline]
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        let v = self.visit(visitor, true);
+        self.inner.deserialize_map(v)
     }
 
     /// Asked for a `String`, it asks the wire format for a borrowed `str`: its decoder
@@ -134,10 +203,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_unit_struct(name, v)
     }
 
@@ -147,10 +213,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_newtype_struct(name, v)
     }
 
@@ -160,10 +223,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_tuple(len, v)
     }
 
@@ -174,10 +234,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_tuple_struct(name, len, v)
     }
 
@@ -188,10 +245,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_struct(name, fields, v)
     }
 
@@ -202,10 +256,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor, false);
         self.inner.deserialize_enum(name, variants, v)
     }
 
@@ -225,7 +276,7 @@ macro_rules! leaf {
     )*};
 }
 
-impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<V> {
+impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -254,52 +305,88 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<V> {
     #[inline]
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
         let left = self.descend()?;
-        self.inner.visit_some(Deep { inner: d, left })
+        let elements = self.elements;
+        self.inner.visit_some(Deep {
+            inner: d,
+            left,
+            elements,
+        })
     }
 
     #[inline]
     fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
         let left = self.descend()?;
-        self.inner.visit_newtype_struct(Deep { inner: d, left })
+        let elements = self.elements;
+        self.inner.visit_newtype_struct(Deep {
+            inner: d,
+            left,
+            elements,
+        })
     }
 
     #[inline]
     fn visit_seq<A: de::SeqAccess<'de>>(self, a: A) -> Result<V::Value, A::Error> {
-        let left = self.descend()?;
-        self.inner.visit_seq(Access { inner: a, left })
+        let access = self.access(a)?;
+        self.inner.visit_seq(access)
     }
 
     #[inline]
     fn visit_map<A: de::MapAccess<'de>>(self, a: A) -> Result<V::Value, A::Error> {
-        let left = self.descend()?;
-        self.inner.visit_map(Access { inner: a, left })
+        let access = self.access(a)?;
+        self.inner.visit_map(access)
     }
 
     #[inline]
     fn visit_enum<A: de::EnumAccess<'de>>(self, a: A) -> Result<V::Value, A::Error> {
-        let left = self.descend()?;
-        self.inner.visit_enum(Access { inner: a, left })
+        let access = self.access(a)?;
+        self.inner.visit_enum(access)
     }
 }
 
 /// A sequence's, map's, enum's or variant's access whose nested values may nest `left`
-/// more levels.
-struct Access<A> {
+/// more levels; a sequence's elements or a map's entries draw on `elements` if `counted`.
+struct Access<'b, A> {
     inner: A,
     left: usize,
+    elements: &'b Cell<usize>,
+    counted: bool,
 }
 
-impl<A> Access<A> {
+impl<'b, A> Access<'b, A> {
     #[inline]
-    fn seed<S>(&self, inner: S) -> Seed<S> {
+    fn seed<S>(&self, inner: S) -> Seed<'b, S> {
         Seed {
             inner,
             left: self.left,
+            elements: self.elements,
         }
+    }
+
+    /// `visitor` wrapped for the levels of this access's values.
+    #[inline]
+    fn visit<V>(&self, visitor: V) -> Visit<'b, V> {
+        Visit {
+            inner: visitor,
+            left: self.left,
+            elements: self.elements,
+            counted: false,
+        }
+    }
+
+    /// Takes one element from the budget if this access counts, or the error past it.
+    #[inline]
+    fn spend<T, E: de::Error>(&self, got: &Option<T>) -> Result<(), E> {
+        if self.counted && got.is_some() {
+            match self.elements.get().checked_sub(1) {
+                Some(left) => self.elements.set(left),
+                None => return Err(E::custom(TOO_MANY)),
+            }
+        }
+        Ok(())
     }
 }
 
-impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<A> {
+impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     #[inline]
@@ -308,7 +395,9 @@ impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<A> {
         seed: S,
     ) -> Result<Option<S::Value>, A::Error> {
         let seed = self.seed(seed);
-        self.inner.next_element_seed(seed)
+        let got = self.inner.next_element_seed(seed)?;
+        self.spend(&got)?;
+        Ok(got)
     }
 
     #[inline]
@@ -317,7 +406,7 @@ impl<'de, A: de::SeqAccess<'de>> de::SeqAccess<'de> for Access<A> {
     }
 }
 
-impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<A> {
+impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     #[inline]
@@ -326,7 +415,9 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<A> {
         seed: K,
     ) -> Result<Option<K::Value>, A::Error> {
         let seed = self.seed(seed);
-        self.inner.next_key_seed(seed)
+        let got = self.inner.next_key_seed(seed)?;
+        self.spend(&got)?;
+        Ok(got)
     }
 
     #[inline]
@@ -341,28 +432,30 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<A> {
     }
 }
 
-impl<'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<A> {
+impl<'b, 'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<'b, A> {
     type Error = A::Error;
-    type Variant = Access<A::Variant>;
+    type Variant = Access<'b, A::Variant>;
 
     #[inline]
     fn variant_seed<S: DeserializeSeed<'de>>(
         self,
         seed: S,
     ) -> Result<(S::Value, Self::Variant), A::Error> {
-        let (left, seed) = (self.left, self.seed(seed));
+        let (left, elements, seed) = (self.left, self.elements, self.seed(seed));
         let (tag, variant) = self.inner.variant_seed(seed)?;
         Ok((
             tag,
             Access {
                 inner: variant,
                 left,
+                elements,
+                counted: false,
             },
         ))
     }
 }
 
-impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<A> {
+impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<'_, A> {
     type Error = A::Error;
 
     #[inline]
@@ -378,10 +471,7 @@ impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<A> {
 
     #[inline]
     fn tuple_variant<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, A::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor);
         self.inner.tuple_variant(len, v)
     }
 
@@ -391,10 +481,7 @@ impl<'de, A: de::VariantAccess<'de>> de::VariantAccess<'de> for Access<A> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, A::Error> {
-        let v = Visit {
-            inner: visitor,
-            left: self.left,
-        };
+        let v = self.visit(visitor);
         self.inner.struct_variant(fields, v)
     }
 }
