@@ -2434,11 +2434,12 @@ pub fn barrier_after_the_others_left<T: Transport + Send>(make: &dyn Fn(u32, usi
 
 /// Collectives in segment 0 on the world of five and on each half: broadcasts from every
 /// root and all-reduces (`u64` sums, in place and not, `f64` sums), with members naming
-/// different offsets, lengths below one Medium, above it and above the direct
-/// all-reduce's chunk; one started `_nb` with a team collective started behind it; bad
-/// arguments; members that disagree on the count. Catches a member's block reduced or
-/// written at the wrong offset or from the wrong member's source, a chunk boundary off by
-/// one, a collective started behind one in segment 0 that overtakes it on some member
+/// different offsets, lengths below one Medium, above it, above the direct all-reduce's
+/// chunk and above a step of a direct move; one started `_nb` with a team collective started
+/// behind it; bad arguments; members that disagree on the count. Catches a member's block
+/// reduced or written at the wrong offset or from the wrong member's source, a chunk or
+/// step boundary off by one, a collective started behind one in segment 0 that overtakes
+/// it on some member
 /// (a hang or a mismatch), and a disagreement taken for an answer.
 pub fn collectives_in_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     use crate::reduce::ReduceOp;
@@ -2458,7 +2459,9 @@ pub fn collectives_in_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> 
         for team in [&world, &half] {
             let n = team.size();
             let members = team.members().to_vec();
-            for (round, len) in [100, 2 * max + 7, (200 << 10) + 24].into_iter().enumerate() {
+            // The longest is more than a step of a direct move (256 KiB), so a broadcast's
+            // copy goes in pieces.
+            for (round, len) in [100, 2 * max + 7, (300 << 10) + 24].into_iter().enumerate() {
                 let root = round as u32 % n;
                 let bytes = pattern(len, root as u8 ^ round as u8 ^ n as u8);
                 node.segment().fill(dest, len, 0xee).expect("clear");

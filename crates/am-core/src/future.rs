@@ -480,7 +480,9 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         // A peer lost or gone fails what waited on it inside the poll (the endpoint's
         // operations and calls), waking their tasks.
         let polled = st.node.poll();
-        let mut woke = st.node.ep.woken() != woken;
+        // A move in segment 0 part-way through counts as woken: the driver polls again
+        // rather than sleep.
+        let mut woke = st.node.ep.woken() != woken || st.node.ep.has_local_work();
         let waiters = std::mem::take(&mut st.waiters);
         drop(st);
         woke |= !waiters.is_empty();

@@ -418,6 +418,9 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// posted atomics) shorten the sleep to [`Config::block_timeout`]: a peer that makes room
     /// does not wake this rank.
     pub fn arm(&mut self) -> Result<Armed, AmError> {
+        if self.ep.has_local_work() {
+            return Ok(Armed::Ready);
+        }
         match self.transport.arm() {
             Ok(Armed::Sleep(within)) if self.ep.sends_held() => {
                 Ok(Armed::Sleep(within.min(self.config.block_timeout)))
@@ -579,6 +582,12 @@ impl<T: Transport, H: Threading> Node<T, H> {
         }
         if *idle < self.config.spin_polls || self.config.wait_mode == WaitMode::Spin {
             std::hint::spin_loop();
+            return Ok(());
+        }
+        if self.ep.has_local_work() {
+            // A move in segment 0 goes on, whatever this wait is for: no sleep meanwhile.
+            self.ep.carry_in_segment(&mut self.transport);
+            *idle = 0;
             return Ok(());
         }
         match self.config.wait_mode {

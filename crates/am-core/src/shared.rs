@@ -252,7 +252,9 @@ impl<T: Transport> SharedNode<T> {
                     }
                     return r;
                 }
-                if node.poll()? > 0 {
+                // A move in segment 0 that the poll took a step further goes on at the next
+                // turn, not after a sleep.
+                if node.poll()? > 0 || node.ep.has_local_work() {
                     idle = 0;
                 }
             }

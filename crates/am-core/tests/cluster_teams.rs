@@ -1460,3 +1460,130 @@ fn a_peers_offsets_outside_the_segment_fail_a_collective_in_segment() {
         }
     }
 }
+
+/// Catches a direct move in segment 0 done whole inside one advance (one poll, under a
+/// `SharedNode`'s lock, for as long as megabytes take), one that stops part-way and is
+/// never taken up again, and pieces that leave a gap or overlap at their edges.
+///
+/// Two ranks all-reduce, then broadcast, 1 MiB and a few words (a step moves 256 KiB of a
+/// member's share). Once rank 0's move has stopped after its first step, its share of
+/// every member's destination is written up to 256 KiB and not past it; then both complete,
+/// with every byte right.
+#[test]
+fn a_move_in_segment_goes_a_step_per_advance() {
+    const STEP: usize = 256 << 10;
+    const LEN: usize = (1 << 20) + 64;
+    const DEST: usize = LEN;
+    let mut s = shape(2);
+    s.segment = 2 * LEN;
+    let mut c = Cluster::started(s, 0, |_| am_core::Handlers::local());
+    c.net.rma = true;
+    let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
+    let word = |r: Rank, i: usize| (r as u64 + 1) << 32 | i as u64;
+    for r in 0..2 {
+        let (_, seg) = c.with_segment(r);
+        let src: Vec<u8> = (0..LEN / 8)
+            .flat_map(|i| word(r, i).to_le_bytes())
+            .collect();
+        seg.write(0, &src).unwrap();
+    }
+    let dest_of = |c: &mut Cluster, r: Rank| {
+        let (_, seg) = c.with_segment(r);
+        let mut out = vec![0u8; LEN];
+        seg.read(DEST, &mut out).unwrap();
+        out
+    };
+    // Polls both ranks and delivers what they sent until rank 0's move stops part-way.
+    let until_moving = |c: &mut Cluster, ops: &mut [Op<()>]| {
+        for _ in 0..1_000 {
+            for (r, op) in ops.iter_mut().enumerate() {
+                let (ep, mut wire) = c.wire(r as Rank);
+                assert!(
+                    ep.poll_op(&mut wire, op, None).is_pending(),
+                    "done in one advance"
+                );
+            }
+            if c.nodes[0].ep.has_local_work() {
+                return;
+            }
+            c.flush_all();
+            while c.deliver_one() {}
+        }
+        panic!("rank 0's move never stopped part-way");
+    };
+
+    // The all-reduce: rank 0's share is the lower half of the elements.
+    let mut ops: Vec<Op<()>> = (0..2)
+        .map(|r| {
+            let (ep, mut wire) = c.wire(r);
+            match ep.team_all_reduce_in_segment_start::<u64, _>(
+                &mut wire,
+                &worlds[r as usize],
+                ReduceOp::Sum,
+                0,
+                DEST,
+                LEN / 8,
+            ) {
+                Poll::Ready(op) => op.expect("started"),
+                Poll::Pending => panic!("pending"),
+            }
+        })
+        .collect();
+    until_moving(&mut c, &mut ops);
+    let sum: Vec<u8> = (0..LEN / 8)
+        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
+        .collect();
+    let half = LEN / 8 / 2 * 8;
+    for r in 0..2 {
+        let d = dest_of(&mut c, r);
+        assert_eq!(d[..STEP], sum[..STEP], "rank {r}: the first step's bytes");
+        assert!(
+            d[STEP..half].iter().all(|&b| b == 0),
+            "rank {r}: past the first step"
+        );
+    }
+    let mut ops: Vec<Option<Op<()>>> = ops.into_iter().map(Some).collect();
+    let got = c.drive_all(|r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("op");
+        ep.poll_op(wire, op, None)
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        g.expect("all-reduce");
+        assert!(dest_of(&mut c, r as Rank) == sum, "rank {r}: the whole sum");
+    }
+
+    // The broadcast from rank 1: rank 0 copies its source a step at a time.
+    let (_, seg) = c.with_segment(0);
+    seg.fill(DEST, LEN, 0).unwrap();
+    let mut ops: Vec<Op<()>> = (0..2)
+        .map(|r| {
+            let (ep, mut wire) = c.wire(r);
+            match ep.team_broadcast_in_segment_start(
+                &mut wire,
+                &worlds[r as usize],
+                1,
+                0,
+                DEST,
+                LEN,
+            ) {
+                Poll::Ready(op) => op.expect("started"),
+                Poll::Pending => panic!("pending"),
+            }
+        })
+        .collect();
+    until_moving(&mut c, &mut ops);
+    let root: Vec<u8> = (0..LEN / 8)
+        .flat_map(|i| word(1, i).to_le_bytes())
+        .collect();
+    let d = dest_of(&mut c, 0);
+    assert_eq!(d[..STEP], root[..STEP], "the first step's bytes");
+    assert!(d[STEP..].iter().all(|&b| b == 0), "past the first step");
+    let mut ops: Vec<Option<Op<()>>> = ops.into_iter().map(Some).collect();
+    for g in c.drive_all(|r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("op");
+        ep.poll_op(wire, op, None)
+    }) {
+        g.expect("broadcast");
+    }
+    assert!(dest_of(&mut c, 0) == root, "the root's bytes");
+}

@@ -47,6 +47,11 @@ const ARGS_LEN: usize = 48;
 /// enough that the sum and the block being added stay in the cache.
 const REDUCE_CHUNK: usize = 64 << 10;
 
+/// The most bytes of its share a member moves in one advance (at least one chunk): the
+/// advance runs inside a poll, under a [`crate::SharedNode`]'s lock, which the other threads
+/// then get back between these pieces rather than wait out a whole move of many megabytes.
+pub(super) const MOVE_PER_STEP: usize = 256 << 10;
+
 /// Whether `[a, a + len)` and `[b, b + len)` overlap without being the same range.
 fn overlap(a: usize, b: usize, len: usize) -> bool {
     a != b && a < b.saturating_add(len) && b < a.saturating_add(len)
@@ -166,6 +171,8 @@ impl<H: Threading> Endpoint<H> {
     /// Takes every collective in segment 0 as far as it goes now; completes those done.
     #[inline(never)]
     pub(super) fn advance_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
+        // Set again by a move that stops at its step's bytes with more to move.
+        self.teams.moving = false;
         let mut i = 0;
         while i < self.teams.in_segment.len() {
             match self.step_in_segment(t, i) {
@@ -313,19 +320,29 @@ impl<H: Threading> Endpoint<H> {
         let (me, len, dest) = (c.team.rank(), c.len, c.dest);
         match &c.what {
             What::Broadcast { root } => {
-                if *next > 0 {
+                let (root, from, done) = (*root, srcs[*root as usize], *next);
+                if me == root && from == dest {
+                    // Its own bytes, already where they go.
                     return Poll::Ready(Ok(()));
                 }
-                let (root, from) = (*root, srcs[*root as usize]);
                 let owner = c.team.world_rank(root).unwrap_or(NO_PEER);
+                // The bytes from `done` on, a step's worth at a time.
+                let piece = (len - done.min(len)).min(MOVE_PER_STEP);
+                let (from, to) = (from + done, dest + done);
+                if piece == 0 {
+                    return Poll::Ready(Ok(()));
+                }
                 if me != root {
-                    ready!(self.nic_rma(|| t.get_into_segment(owner, from, dest, len)))?;
-                } else if from != dest && super::rma::copy_here(t, from, dest, len).is_err() {
-                    // Its own bytes, unless the source is the destination.
-                    return Poll::Ready(Err(self.out_of_bounds(dest as u64, len as u64)));
+                    ready!(self.nic_rma(|| t.get_into_segment(owner, from, to, piece)))?;
+                } else if super::rma::copy_here(t, from, to, piece).is_err() {
+                    return Poll::Ready(Err(self.out_of_bounds(to as u64, piece as u64)));
                 }
                 if let Part::Move { next, .. } = &mut self.teams.in_segment[i].part {
-                    *next = 1;
+                    *next = done + piece;
+                }
+                if done + piece < len {
+                    self.teams.moving = true;
+                    return Poll::Pending;
                 }
                 Poll::Ready(Ok(()))
             }
@@ -343,7 +360,14 @@ impl<H: Threading> Endpoint<H> {
                 let mut acc = std::mem::take(&mut self.teams.reduce_acc);
                 let mut other = std::mem::take(&mut self.teams.reduce_other);
                 let mut result = Poll::Ready(Ok(()));
+                let mut moved = 0;
                 while lo + next * step < hi {
+                    if moved >= MOVE_PER_STEP {
+                        // The rest at the next advance, after the driver's other work.
+                        self.teams.moving = true;
+                        result = Poll::Pending;
+                        break;
+                    }
                     let at = lo + next * step;
                     let take = step.min(hi - at);
                     acc.resize(take, 0);
@@ -351,7 +375,10 @@ impl<H: Threading> Endpoint<H> {
                     let r = self
                         .reduce_chunk(t, &red, &members, &srcs, &dests, at, &mut acc, &mut other);
                     match r {
-                        Poll::Ready(Ok(())) => next += 1,
+                        Poll::Ready(Ok(())) => {
+                            next += 1;
+                            moved += take;
+                        }
                         r => {
                             result = r;
                             break;

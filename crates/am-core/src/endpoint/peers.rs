@@ -243,6 +243,15 @@ impl<H: Threading> Endpoint<H> {
             || self.typed_queued()
     }
 
+    /// Whether a poll has work to do that no message will announce: a collective in segment 0
+    /// part-way through its direct move, which each advance takes a step further (see
+    /// [`Endpoint::background_step`]). A driver must not sleep while it is: it polls again
+    /// at once ([`crate::Node::arm`] says [`crate::Armed::Ready`]).
+    #[inline]
+    pub fn has_local_work(&self) -> bool {
+        self.teams.moving
+    }
+
     /// Whether typed messages queued what must still leave (answers, cancels).
     fn typed_queued(&self) -> bool {
         self.handlers

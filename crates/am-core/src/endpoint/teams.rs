@@ -120,6 +120,10 @@ pub(super) struct Teams {
     pub(super) reduce_other: Vec<u8>,
     /// Set while a collective in segment 0 starts one of its own parts, which no gate holds.
     pub(super) own_start: bool,
+    /// Set when a direct move in segment 0 stopped at [`super::in_segment::MOVE_PER_STEP`]
+    /// with more to move, until the next advance: a poll then makes progress without a
+    /// message, so drivers must not sleep ([`super::Endpoint::has_local_work`]).
+    pub(super) moving: bool,
 }
 
 pub(super) struct TeamState {
@@ -887,6 +891,7 @@ impl Teams {
             reduce_acc: Vec::new(),
             reduce_other: Vec::new(),
             own_start: false,
+            moving: false,
         }
     }
 

@@ -554,7 +554,12 @@ impl Cluster {
                 // round may be what the others' steps look at: only a round in which
                 // nothing was refused, sent or delivered and no rank became ready is stuck.
                 let ready = done.iter().filter(|d| d.is_some()).count();
-                if busy_before > 0 || self.net.sent.len() != sent_before || ready != ready_before {
+                let moving = self.nodes.iter().any(|n| n.ep.has_local_work());
+                if busy_before > 0
+                    || self.net.sent.len() != sent_before
+                    || ready != ready_before
+                    || moving
+                {
                     continue;
                 }
                 let waiting: Vec<Rank> = ranks

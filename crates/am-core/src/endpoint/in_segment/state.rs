@@ -28,8 +28,8 @@ pub(in crate::endpoint) enum Part {
     /// The agreement, in operation slot `(index, gen)`.
     Agree(u32, u32),
     /// Agreed: every member's source and destination offsets, in team order. The direct
-    /// move goes on from `next` (an all-reduce's chunk of this member's block; a
-    /// broadcast's 0 or 1), or the engine's collective is still to start.
+    /// move goes on from `next` (an all-reduce's chunk of this member's block; the bytes
+    /// of a broadcast copied so far), or the engine's collective is still to start.
     Move {
         srcs: Vec<usize>,
         dests: Vec<usize>,
