@@ -2435,12 +2435,12 @@ pub fn barrier_after_the_others_left<T: Transport + Send>(make: &dyn Fn(u32, usi
 /// Collectives in segment 0 on the world of five and on each half: broadcasts from every
 /// root and all-reduces (`u64` sums, in place and not, `f64` sums), with members naming
 /// different offsets, lengths below one Medium, above it, above the direct all-reduce's
-/// chunk and above a step of a direct move; one started `_nb` with a team collective started
-/// behind it; bad arguments; members that disagree on the count. Catches a member's block
-/// reduced or written at the wrong offset or from the wrong member's source, a chunk or
-/// step boundary off by one, a collective started behind one in segment 0 that overtakes
-/// it on some member
-/// (a hang or a mismatch), and a disagreement taken for an answer.
+/// chunk and, for the broadcast, above a step of a direct move; one started `_nb` with a
+/// team collective started behind it; bad arguments; members that disagree on the count.
+/// Catches a member's block reduced or written at the wrong offset or from the wrong
+/// member's source, a chunk or a broadcast's step boundary off by one, a collective started
+/// behind one in segment 0 that overtakes it on some member (a hang or a mismatch), and a
+/// disagreement taken for an answer.
 pub fn collectives_in_segment<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     use crate::reduce::ReduceOp;
     const RANKS: u32 = 5;

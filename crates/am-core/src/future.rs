@@ -462,6 +462,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.progress_waking().map(|(handled, _)| handled)
     }
 
+    /// Whether the node has work left that no message announces
+    /// ([`crate::endpoint::Endpoint::has_local_work`]).
+    pub(crate) fn has_local_work(&self) -> bool {
+        self.lock().node.ep.has_local_work()
+    }
+
     /// [`AsyncNode::progress`] unless another thread is making progress on the node now
     /// (`None`: that thread makes it meanwhile).
     pub fn try_progress(&self) -> Result<Option<usize>, AmError> {

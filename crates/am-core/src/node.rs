@@ -517,6 +517,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             if !self.poll_once()? {
                 // As in a blocking wait's idle step.
                 self.ep.carry_collectives(&mut self.transport);
+                self.ep.carry_in_segment(&mut self.transport);
                 return Ok((false, handled));
             }
             handled += 1;
@@ -577,6 +578,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
         // them holds up. Not at every spin: a spinning wait is a message's critical path.
         if *idle >= self.config.spin_polls || idle.is_multiple_of(64) {
             self.ep.carry_collectives(&mut self.transport);
+            // A move in segment 0 goes a step further, whatever this wait is for.
+            self.ep.carry_in_segment(&mut self.transport);
             // Async handlers' tasks woken meanwhile: not at every spin either.
             self.run_tasks();
         }
@@ -585,8 +588,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             return Ok(());
         }
         if self.ep.has_local_work() {
-            // A move in segment 0 goes on, whatever this wait is for: no sleep meanwhile.
-            self.ep.carry_in_segment(&mut self.transport);
+            // That move has more to do: no sleep meanwhile.
             *idle = 0;
             return Ok(());
         }

@@ -214,11 +214,15 @@ impl<T: Transport> SharedNode<T> {
     pub fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
         let (mut idle, mut checked) = (0, 0);
         loop {
-            let (finished, handled) = self.lock().poll_until(&mut done, SLICE, &mut checked)?;
+            let (finished, handled, moving) = {
+                let mut node = self.lock();
+                let (finished, handled) = node.poll_until(&mut done, SLICE, &mut checked)?;
+                (finished, handled, node.ep.has_local_work())
+            };
             if finished {
                 return Ok(());
             }
-            if handled > 0 {
+            if handled > 0 || moving {
                 idle = 0;
             }
             self.between(&mut idle);
@@ -501,7 +505,10 @@ pub(crate) mod sealed {
     pub trait Serve {
         /// The rank, for the thread's name.
         fn rank(&self) -> crate::types::Rank;
-        /// A round of progress unless another thread holds the node: messages handled.
+        /// A round of progress unless another thread holds the node: messages handled, and
+        /// one more if the node has work left that no message announces
+        /// ([`crate::endpoint::Endpoint::has_local_work`]), so that the thread goes on
+        /// rather than sleep.
         fn try_progress(&self) -> Result<Option<usize>, AmError>;
         /// Arms the node for a sleep ([`crate::Node::arm`]).
         fn arm(&self) -> Result<Armed, AmError>;
@@ -519,7 +526,14 @@ impl<T: Transport + Send + 'static> sealed::Serve for SharedNode<T> {
         self.rank
     }
     fn try_progress(&self) -> Result<Option<usize>, AmError> {
-        self.try_poll()
+        let polled = match self.try_lock() {
+            Some(mut node) => node
+                .poll()
+                .map(|n| Some(n + usize::from(node.ep.has_local_work()))),
+            None => return Ok(None),
+        };
+        self.run_tasks();
+        polled
     }
     fn arm(&self) -> Result<crate::Armed, AmError> {
         self.lock().arm()
@@ -542,7 +556,8 @@ impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendab
         crate::AsyncNode::rank(self)
     }
     fn try_progress(&self) -> Result<Option<usize>, AmError> {
-        crate::AsyncNode::try_progress(self)
+        let polled = crate::AsyncNode::try_progress(self)?;
+        Ok(polled.map(|n| n + usize::from(self.has_local_work())))
     }
     fn arm(&self) -> Result<crate::Armed, AmError> {
         crate::AsyncNode::arm(self)

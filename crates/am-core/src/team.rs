@@ -76,10 +76,11 @@
 //! written into the destination. Those two collectives of the team cost some
 //! microseconds, so these pay from some tens of KiB; below, the `Vec` forms are faster.
 //! The team's later collectives wait to start here until the last of them has started.
-//! A member's share moves 256 KiB per poll: between those steps a [`crate::SharedNode`]'s
-//! other threads get the node back, and a driver of its own polls again at once rather
-//! than sleep ([`crate::endpoint::Endpoint::has_local_work`], and [`crate::Node::arm`]
-//! says [`crate::Armed::Ready`]).
+//! A member's share moves about 256 KiB at a time, a step per advance of the collective (a
+//! poll or a wait's turn): between those steps a [`crate::SharedNode`]'s other threads get
+//! the node back, and a driver of its own polls again at once rather than sleep
+//! ([`crate::endpoint::Endpoint::has_local_work`], and [`crate::Node::arm`] says
+//! [`crate::Armed::Ready`]).
 //!
 //! ```
 //! use am_core::{Config, Handlers, Loopback, Node, ReduceOp};

@@ -1463,7 +1463,7 @@ fn a_peers_offsets_outside_the_segment_fail_a_collective_in_segment() {
 
 /// Catches a direct move in segment 0 done whole inside one advance (one poll, under a
 /// `SharedNode`'s lock, for as long as megabytes take), one that stops part-way and is
-/// never taken up again, and pieces that leave a gap or overlap at their edges.
+/// never taken up again, and pieces that leave a gap at their edges.
 ///
 /// Two ranks all-reduce, then broadcast, 1 MiB and a few words (a step moves 256 KiB of a
 /// member's share). Once rank 0's move has stopped after its first step, its share of
@@ -1586,4 +1586,59 @@ fn a_move_in_segment_goes_a_step_per_advance() {
         g.expect("broadcast");
     }
     assert!(dest_of(&mut c, 0) == root, "the root's bytes");
+}
+
+/// Catches a direct all-reduce in place that reduces a chunk again after the NIC refused one
+/// of its writes: rank 0 writes its own destination (its source) first, then the NIC
+/// refuses the put into rank 1's; reduced again from its source, which now holds the sum,
+/// rank 0's block comes out with rank 1's words added twice.
+#[test]
+fn a_chunk_written_part_way_is_not_reduced_again() {
+    const LEN: usize = 64;
+    let mut c = Cluster::started(shape(2), 0, |_| am_core::Handlers::local());
+    c.net.rma = true;
+    let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
+    let word = |r: Rank, i: usize| (r as u64 + 1) << 32 | i as u64;
+    for r in 0..2 {
+        let (_, seg) = c.with_segment(r);
+        let src: Vec<u8> = (0..LEN / 8)
+            .flat_map(|i| word(r, i).to_le_bytes())
+            .collect();
+        seg.write(0, &src).unwrap();
+    }
+    let mut ops: Vec<Option<Op<()>>> = (0..2)
+        .map(|r| {
+            let (ep, mut wire) = c.wire(r);
+            match ep.team_all_reduce_in_segment_start::<u64, _>(
+                &mut wire,
+                &worlds[r as usize],
+                ReduceOp::Sum,
+                0,
+                0,
+                LEN / 8,
+            ) {
+                Poll::Ready(op) => Some(op.expect("started")),
+                Poll::Pending => panic!("pending"),
+            }
+        })
+        .collect();
+    // Rank 0's one-sided operations: the get of rank 1's source, then the put into rank
+    // 1's destination, which the NIC refuses.
+    c.net.rma_refuse[0] = 2;
+    for g in c.drive_all(|r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("op");
+        ep.poll_op(wire, op, None)
+    }) {
+        g.expect("all-reduce");
+    }
+    assert_eq!(c.net.rma_refuse[0], 0, "the put was refused");
+    let sum: Vec<u8> = (0..LEN / 8)
+        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
+        .collect();
+    for r in 0..2 {
+        let (_, seg) = c.with_segment(r);
+        let mut got = vec![0u8; LEN];
+        seg.read(0, &mut got).unwrap();
+        assert_eq!(got, sum, "rank {r}");
+    }
 }

@@ -817,3 +817,43 @@ fn collectives_in_segment_on_every_driver() {
         });
     });
 }
+
+/// Catches a collective in segment 0 that goes on only while its own handle is waited for:
+/// rank 0 starts a broadcast of 1 MiB (several steps of a direct move) and goes straight
+/// into the world barrier; rank 1 waits for the broadcast first. Unless rank 0's barrier
+/// carries the move on (it is past its agreement, then part-way through), rank 1 never
+/// leaves its wait and rank 0 never leaves the barrier: the watchdog fails it. In every
+/// wait mode, since spinning, yielding and blocking waits take different paths.
+#[test]
+fn a_collective_in_segment_goes_on_while_its_member_waits_for_something_else() {
+    use am_core::{LoopbackConfig, WaitMode};
+    const LEN: usize = (1 << 20) + 24;
+    for mode in [WaitMode::Spin, WaitMode::SpinThenYield, WaitMode::Block] {
+        within(Duration::from_secs(60), move || {
+            let cfg = LoopbackConfig::new().segment_size(2 * LEN);
+            am_core::run_ranks(Loopback::cluster(2, cfg), |t| {
+                let config = Config::default().wait_mode(mode);
+                let mut node = Node::new(t, Handlers::new(), config).unwrap();
+                let me = node.rank();
+                let world = node.world_team();
+                let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+                if me == 1 {
+                    node.segment().write(0, &bytes).unwrap();
+                }
+                let op = node
+                    .team_broadcast_in_segment_nb(&world, 1, 0, LEN, LEN)
+                    .unwrap();
+                if me == 0 {
+                    node.barrier().unwrap();
+                    node.wait(op).unwrap();
+                } else {
+                    node.wait(op).unwrap();
+                    node.barrier().unwrap();
+                }
+                let mut got = vec![0u8; LEN];
+                node.segment().read(LEN, &mut got).unwrap();
+                assert!(got == bytes, "rank {me}: {mode:?}");
+            });
+        });
+    }
+}

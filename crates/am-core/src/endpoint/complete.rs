@@ -31,11 +31,17 @@ impl<H: Threading> Endpoint<H> {
             State::Slot { .. } => {
                 // The collective this may be, and those it shares progress with.
                 self.carry_collectives(t);
-                self.carry_in_segment(t);
                 let (index, gen) = match self.slot_of(op) {
                     Ok(Some(slot)) => slot,
                     _ => return Poll::Ready(Err(AmError::StaleHandle)),
                 };
+                // A collective in segment 0 moves a step per advance: here only for its own
+                // operation, so that completing many operations at once takes no more
+                // steps under one lock (the polls and the waits' idle steps carry it
+                // otherwise).
+                if self.in_segment_slot(index, gen) {
+                    self.carry_in_segment(t);
+                }
                 match self.poll_slot(index, gen) {
                     Poll::Ready(r) => {
                         // Completed: nothing is left for the handle's drop to detach.

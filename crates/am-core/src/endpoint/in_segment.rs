@@ -27,7 +27,7 @@ use std::task::{ready, Poll};
 
 pub(super) mod state;
 
-use self::state::{InSegment, Part, What};
+use self::state::{Held, InSegment, Part, What};
 use super::coll::{Args, Data};
 use super::teams::{misbehaved, NO_PEER};
 use super::Endpoint;
@@ -47,9 +47,11 @@ const ARGS_LEN: usize = 48;
 /// enough that the sum and the block being added stay in the cache.
 const REDUCE_CHUNK: usize = 64 << 10;
 
-/// The most bytes of its share a member moves in one advance (at least one chunk): the
-/// advance runs inside a poll, under a [`crate::SharedNode`]'s lock, which the other threads
-/// then get back between these pieces rather than wait out a whole move of many megabytes.
+/// The bytes of its share a member moves in one advance, about (an all-reduce goes on to
+/// the end of a chunk, and moves at least one): the advance runs inside a poll, under a
+/// [`crate::SharedNode`]'s lock, which the other threads then get back between these steps
+/// rather than wait out a whole move of many megabytes. (An all-reduce's step reads and
+/// writes each member's range of it: its memory traffic is some times this.)
 pub(super) const MOVE_PER_STEP: usize = 256 << 10;
 
 /// Whether `[a, a + len)` and `[b, b + len)` overlap without being the same range.
@@ -160,6 +162,17 @@ impl<H: Threading> Endpoint<H> {
         self.teams.in_segment.iter().any(|c| c.gates(id))
     }
 
+    /// Whether operation slot `(index, gen)` is a collective in segment 0 in flight.
+    #[inline]
+    pub(super) fn in_segment_slot(&self, index: u32, gen: u32) -> bool {
+        self.teams.in_segment_pending()
+            && self
+                .teams
+                .in_segment
+                .iter()
+                .any(|c| (c.index, c.gen) == (index, gen))
+    }
+
     /// Advances the collectives in segment 0 in flight, if any.
     #[inline]
     pub(crate) fn carry_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
@@ -215,6 +228,7 @@ impl<H: Threading> Endpoint<H> {
                         srcs,
                         dests,
                         next: 0,
+                        held: None,
                     };
                 }
                 Part::Move { .. } => {
@@ -357,7 +371,15 @@ impl<H: Threading> Endpoint<H> {
                 let hi = elems * (me as usize + 1) / n * red.size();
                 // Whole elements, at least one (a plain element may be larger than a chunk).
                 let step = (REDUCE_CHUNK / red.size()).max(1) * red.size();
-                let mut acc = std::mem::take(&mut self.teams.reduce_acc);
+                // A chunk the NIC stopped part-way through its writes goes on with its bytes.
+                let held = match &mut self.teams.in_segment[i].part {
+                    Part::Move { held, .. } => held.take(),
+                    _ => None,
+                };
+                let (mut acc, mut written) = match held {
+                    Some(h) => (h.acc, h.written),
+                    None => (std::mem::take(&mut self.teams.reduce_acc), 0),
+                };
                 let mut other = std::mem::take(&mut self.teams.reduce_other);
                 let mut result = Poll::Ready(Ok(()));
                 let mut moved = 0;
@@ -372,12 +394,20 @@ impl<H: Threading> Endpoint<H> {
                     let take = step.min(hi - at);
                     acc.resize(take, 0);
                     other.resize(take, 0);
-                    let r = self
-                        .reduce_chunk(t, &red, &members, &srcs, &dests, at, &mut acc, &mut other);
+                    let r = self.reduce_chunk(
+                        t,
+                        &red,
+                        &members,
+                        (&srcs, &dests, at),
+                        &mut acc,
+                        &mut other,
+                        &mut written,
+                    );
                     match r {
                         Poll::Ready(Ok(())) => {
                             next += 1;
                             moved += take;
+                            written = 0;
                         }
                         r => {
                             result = r;
@@ -385,11 +415,18 @@ impl<H: Threading> Endpoint<H> {
                         }
                     }
                 }
-                self.teams.reduce_acc = acc;
-                self.teams.reduce_other = other;
-                if let Part::Move { next: n, .. } = &mut self.teams.in_segment[i].part {
+                if let Part::Move { next: n, held, .. } = &mut self.teams.in_segment[i].part {
                     *n = next;
+                    if written > 0 {
+                        // Kept with its collective: another's move may use the shared buffer.
+                        *held = Some(Held { acc, written });
+                        acc = Vec::new();
+                    }
                 }
+                if self.teams.reduce_acc.capacity() < acc.capacity() {
+                    self.teams.reduce_acc = acc;
+                }
+                self.teams.reduce_other = other;
                 result
             }
         }
@@ -397,31 +434,36 @@ impl<H: Threading> Endpoint<H> {
 
     /// One chunk of this member's block of a direct all-reduce: the bytes at `at` of every
     /// member's source, reduced in team order into `acc`, then written at `at` of every
-    /// member's destination. Pending (to be done again whole) where the NIC is busy.
+    /// member's destination. Pending where the NIC is busy, `written` then saying how many
+    /// destinations (in team order) have the result in `acc`: with none, the chunk is
+    /// reduced again whole at the next try; with some, the next try writes the rest from
+    /// `acc` (a destination written may be a source, in place, not to be reduced again).
     #[allow(clippy::too_many_arguments)]
     fn reduce_chunk<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         red: &Reduction,
         members: &[Rank],
-        srcs: &[usize],
-        dests: &[usize],
-        at: usize,
+        (srcs, dests, at): (&[usize], &[usize], usize),
         acc: &mut [u8],
         other: &mut [u8],
+        written: &mut usize,
     ) -> Poll<Result<(), AmError>> {
         // Only where the NIC reads and writes peers' memory: never `false` here.
-        for (m, &peer) in members.iter().enumerate() {
-            let into: &mut [u8] = if m == 0 { &mut *acc } else { &mut *other };
-            let read = ready!(self.read_now(t, peer, srcs[m] + at, into))?;
-            debug_assert!(read, "a direct move where the NIC cannot read");
-            if m > 0 {
-                red.combine(acc, other, true);
+        if *written == 0 {
+            for (m, &peer) in members.iter().enumerate() {
+                let into: &mut [u8] = if m == 0 { &mut *acc } else { &mut *other };
+                let read = ready!(self.read_now(t, peer, srcs[m] + at, into))?;
+                debug_assert!(read, "a direct move where the NIC cannot read");
+                if m > 0 {
+                    red.combine(acc, other, true);
+                }
             }
         }
-        for (m, &peer) in members.iter().enumerate() {
-            let written = ready!(self.write_now(t, peer, dests[m] + at, acc))?;
-            debug_assert!(written, "a direct move where the NIC cannot write");
+        for (m, &peer) in members.iter().enumerate().skip(*written) {
+            let done = ready!(self.write_now(t, peer, dests[m] + at, acc))?;
+            debug_assert!(done, "a direct move where the NIC cannot write");
+            *written = m + 1;
         }
         Poll::Ready(Ok(()))
     }

@@ -65,6 +65,9 @@ pub struct Net {
     pub rma: bool,
     /// Per initiator: how many of its next one-sided operations the NIC refuses with `Busy`.
     pub rma_busy: Vec<u32>,
+    /// Per initiator: the NIC refuses its `n`th next one-sided operation with `Busy`, once
+    /// (0: none), so that a test can let the operations before it through.
+    pub rma_refuse: Vec<u32>,
     /// Every one-sided operation the NIC did: (messages sent before it, initiator, target,
     /// what), so a test can tell its order among the messages.
     pub nic_ops: Vec<(usize, Rank, Rank, &'static str)>,
@@ -90,6 +93,13 @@ impl Wire<'_> {
         assert!(net.rma, "the core asked a NIC without RMA for a {what}");
         if net.lost[peer as usize] {
             return Err(SendError::PeerLost(peer));
+        }
+        let nth = &mut net.rma_refuse[self.from as usize];
+        if *nth > 0 {
+            *nth -= 1;
+            if *nth == 0 {
+                return Err(SendError::Busy);
+            }
         }
         let busy = &mut net.rma_busy[self.from as usize];
         if *busy > 0 {
@@ -327,6 +337,7 @@ impl Cluster {
                 limits: shape.limits,
                 rma: false,
                 rma_busy: vec![0; n],
+                rma_refuse: vec![0; n],
                 nic_ops: Vec::new(),
             },
             nodes,

@@ -34,12 +34,35 @@ pub(in crate::endpoint) enum Part {
         srcs: Vec<usize>,
         dests: Vec<usize>,
         next: usize,
+        /// An all-reduce's chunk `next`, reduced and written into some members'
+        /// destinations when the NIC was busy: the rest get these bytes, since a
+        /// destination written may be a source (in place) that must not be reduced again.
+        held: Option<Held>,
     },
     /// The engine's broadcast or all-reduce of the source's bytes, whose result goes into
     /// the destination.
     Engine(u32, u32),
     /// The barrier after a direct move.
     Barrier(u32, u32),
+}
+
+/// A direct all-reduce's chunk part-way through its writes.
+pub(in crate::endpoint) struct Held {
+    /// The chunk's result.
+    pub(super) acc: Vec<u8>,
+    /// How many members' destinations (in team order) have it.
+    pub(super) written: usize,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Held({} bytes, {} written)",
+            self.acc.len(),
+            self.written
+        )
+    }
 }
 
 /// A collective in segment 0 in flight.
