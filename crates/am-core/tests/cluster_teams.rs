@@ -1461,6 +1461,57 @@ fn a_peers_offsets_outside_the_segment_fail_a_collective_in_segment() {
     }
 }
 
+/// Rank `r`'s `i`th word of its source, in the tests of direct moves.
+fn word(r: Rank, i: usize) -> u64 {
+    (r as u64 + 1) << 32 | i as u64
+}
+
+/// Two started ranks whose NIC reaches both segments of `segment` bytes, each with
+/// [`word`]s in its first `len` bytes; and each rank's handle of the world.
+fn rma_pair(len: usize, segment: usize) -> (Cluster, Vec<Team>) {
+    let mut s = shape(2);
+    s.segment = segment;
+    let mut c = Cluster::started(s, 0, |_| am_core::Handlers::local());
+    c.net.rma = true;
+    let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
+    for r in 0..2 {
+        let (_, seg) = c.with_segment(r);
+        let src: Vec<u8> = (0..len / 8)
+            .flat_map(|i| word(r, i).to_le_bytes())
+            .collect();
+        seg.write(0, &src).unwrap();
+    }
+    (c, worlds)
+}
+
+/// Both ranks' `u64` sum of `len` bytes at 0 into `dest` in segment 0, started.
+fn all_reduces_started(c: &mut Cluster, worlds: &[Team], dest: usize, len: usize) -> Vec<Op<()>> {
+    (0..2)
+        .map(|r| {
+            let (ep, mut wire) = c.wire(r);
+            let team = &worlds[r as usize];
+            match ep.team_all_reduce_in_segment_start::<u64, _>(
+                &mut wire,
+                team,
+                ReduceOp::Sum,
+                0,
+                dest,
+                len / 8,
+            ) {
+                Poll::Ready(op) => op.expect("started"),
+                Poll::Pending => panic!("pending"),
+            }
+        })
+        .collect()
+}
+
+/// The sum of both ranks' [`word`]s in `len` bytes.
+fn summed(len: usize) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
+        .collect()
+}
+
 /// Catches a direct move in segment 0 done whole inside one advance (one poll, under a
 /// `SharedNode`'s lock, for as long as megabytes take), one that stops part-way and is
 /// never taken up again, and pieces that leave a gap at their edges.
@@ -1474,19 +1525,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     const STEP: usize = 256 << 10;
     const LEN: usize = (1 << 20) + 64;
     const DEST: usize = LEN;
-    let mut s = shape(2);
-    s.segment = 2 * LEN;
-    let mut c = Cluster::started(s, 0, |_| am_core::Handlers::local());
-    c.net.rma = true;
-    let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
-    let word = |r: Rank, i: usize| (r as u64 + 1) << 32 | i as u64;
-    for r in 0..2 {
-        let (_, seg) = c.with_segment(r);
-        let src: Vec<u8> = (0..LEN / 8)
-            .flat_map(|i| word(r, i).to_le_bytes())
-            .collect();
-        seg.write(0, &src).unwrap();
-    }
+    let (mut c, worlds) = rma_pair(LEN, 2 * LEN);
     let dest_of = |c: &mut Cluster, r: Rank| {
         let (_, seg) = c.with_segment(r);
         let mut out = vec![0u8; LEN];
@@ -1513,26 +1552,9 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     };
 
     // The all-reduce: rank 0's share is the lower half of the elements.
-    let mut ops: Vec<Op<()>> = (0..2)
-        .map(|r| {
-            let (ep, mut wire) = c.wire(r);
-            match ep.team_all_reduce_in_segment_start::<u64, _>(
-                &mut wire,
-                &worlds[r as usize],
-                ReduceOp::Sum,
-                0,
-                DEST,
-                LEN / 8,
-            ) {
-                Poll::Ready(op) => op.expect("started"),
-                Poll::Pending => panic!("pending"),
-            }
-        })
-        .collect();
+    let mut ops = all_reduces_started(&mut c, &worlds, DEST, LEN);
     until_moving(&mut c, &mut ops);
-    let sum: Vec<u8> = (0..LEN / 8)
-        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
-        .collect();
+    let sum = summed(LEN);
     let half = LEN / 8 / 2 * 8;
     for r in 0..2 {
         let d = dest_of(&mut c, r);
@@ -1595,32 +1617,10 @@ fn a_move_in_segment_goes_a_step_per_advance() {
 #[test]
 fn a_chunk_written_part_way_is_not_reduced_again() {
     const LEN: usize = 64;
-    let mut c = Cluster::started(shape(2), 0, |_| am_core::Handlers::local());
-    c.net.rma = true;
-    let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
-    let word = |r: Rank, i: usize| (r as u64 + 1) << 32 | i as u64;
-    for r in 0..2 {
-        let (_, seg) = c.with_segment(r);
-        let src: Vec<u8> = (0..LEN / 8)
-            .flat_map(|i| word(r, i).to_le_bytes())
-            .collect();
-        seg.write(0, &src).unwrap();
-    }
-    let mut ops: Vec<Option<Op<()>>> = (0..2)
-        .map(|r| {
-            let (ep, mut wire) = c.wire(r);
-            match ep.team_all_reduce_in_segment_start::<u64, _>(
-                &mut wire,
-                &worlds[r as usize],
-                ReduceOp::Sum,
-                0,
-                0,
-                LEN / 8,
-            ) {
-                Poll::Ready(op) => Some(op.expect("started")),
-                Poll::Pending => panic!("pending"),
-            }
-        })
+    let (mut c, worlds) = rma_pair(LEN, shape(2).segment);
+    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 0, LEN)
+        .into_iter()
+        .map(Some)
         .collect();
     // Rank 0's one-sided operations: the get of rank 1's source, then the put into rank
     // 1's destination, which the NIC refuses.
@@ -1632,9 +1632,7 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
         g.expect("all-reduce");
     }
     assert_eq!(c.net.rma_refuse[0], 0, "the put was refused");
-    let sum: Vec<u8> = (0..LEN / 8)
-        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
-        .collect();
+    let sum = summed(LEN);
     for r in 0..2 {
         let (_, seg) = c.with_segment(r);
         let mut got = vec![0u8; LEN];
