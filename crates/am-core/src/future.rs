@@ -459,13 +459,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     /// loss, its departure, its misbehaviour) has already failed what waited on that peer,
     /// and progress goes on.
     pub fn progress(&self) -> Result<usize, AmError> {
-        self.progress_waking().map(|(handled, _)| handled)
-    }
-
-    /// Whether the node has work left that no message announces
-    /// ([`crate::endpoint::Endpoint::has_local_work`]).
-    pub(crate) fn has_local_work(&self) -> bool {
-        self.lock().node.ep.has_local_work()
+        self.progress_waking().map(|(handled, ..)| handled)
     }
 
     /// [`AsyncNode::progress`] unless another thread is making progress on the node now
@@ -477,9 +471,21 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.progress().map(Some)
     }
 
-    /// [`AsyncNode::progress`], and whether it woke a future (a driver that woke none need
-    /// not let the runtime run before its next round).
-    fn progress_waking(&self) -> Result<(usize, bool), AmError> {
+    /// [`AsyncNode::try_progress`] for a progress thread: the messages handled, and one more
+    /// if the node has work left that no message announces
+    /// ([`crate::endpoint::Endpoint::has_local_work`]).
+    pub(crate) fn try_progress_serving(&self) -> Result<Option<usize>, AmError> {
+        if let Err(std::sync::TryLockError::WouldBlock) = self.inner.state.try_lock() {
+            return Ok(None);
+        }
+        let (handled, _, local) = self.progress_waking()?;
+        Ok(Some(handled + usize::from(local)))
+    }
+
+    /// [`AsyncNode::progress`], whether it woke a future (a driver that woke none need not
+    /// let the runtime run before its next round), and whether the node has work left that
+    /// no message announces (counted as woken too).
+    fn progress_waking(&self) -> Result<(usize, bool, bool), AmError> {
         let answered = self.inner.calls.as_ref().map_or(0, |c| c.answered());
         let mut st = self.lock();
         let woken = st.node.ep.woken();
@@ -488,7 +494,8 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         let polled = st.node.poll();
         // A move in segment 0 part-way through counts as woken: the driver polls again
         // rather than sleep.
-        let mut woke = st.node.ep.woken() != woken || st.node.ep.has_local_work();
+        let local = st.node.ep.has_local_work();
+        let mut woke = st.node.ep.woken() != woken || local;
         let waiters = std::mem::take(&mut st.waiters);
         drop(st);
         woke |= !waiters.is_empty();
@@ -500,7 +507,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         if let Some(tasks) = &self.inner.tasks {
             woke |= crate::typed::tasks::TaskQueue::run(tasks);
         }
-        polled.map(|handled| (handled, woke))
+        polled.map(|handled| (handled, woke, local))
     }
 
     /// Prepares the driver's sleep on [`AsyncNode::wake_fd`] ([`Node::arm`]). While futures
@@ -741,12 +748,12 @@ mod driver {
             let mut idle = 0;
             while idle < polls.max(1) {
                 match self.progress_waking() {
-                    Ok((_, true)) => return Ok(true),
-                    Ok((0, false)) => {
+                    Ok((_, true, _)) => return Ok(true),
+                    Ok((0, false, _)) => {
                         idle += 1;
                         std::hint::spin_loop();
                     }
-                    Ok((_, false)) => idle = 0,
+                    Ok((_, false, _)) => idle = 0,
                     Err(e) if concerns_one_peer(&e) => return Ok(true),
                     Err(e) => return Err(e),
                 }

@@ -556,8 +556,7 @@ impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendab
         crate::AsyncNode::rank(self)
     }
     fn try_progress(&self) -> Result<Option<usize>, AmError> {
-        let polled = crate::AsyncNode::try_progress(self)?;
-        Ok(polled.map(|n| n + usize::from(self.has_local_work())))
+        self.try_progress_serving()
     }
     fn arm(&self) -> Result<crate::Armed, AmError> {
         crate::AsyncNode::arm(self)

@@ -111,8 +111,9 @@
 //! whose fields are all skipped) would not run out, so the elements of all of a value's
 //! sequences and maps may number at most its length in bytes plus 65,536: a value with more
 //! is refused, and a forged count of them costs the target at most that many turns of a
-//! loop (and elements of that type in memory). A value nested more than 128 containers deep (a recursive type's forged value, a
-//! few bytes a level) is refused before decoding it would overflow the target's stack.
+//! loop (and elements of that type in memory). A value nested more than 128 containers
+//! deep (a recursive type's forged value, a few bytes a level) is refused before decoding
+//! it would overflow the target's stack.
 
 use std::marker::PhantomData;
 

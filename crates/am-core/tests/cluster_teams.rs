@@ -1632,6 +1632,16 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
         g.expect("all-reduce");
     }
     assert_eq!(c.net.rma_refuse[0], 0, "the put was refused");
+    // Rank 0's NIC did the get, then (after the refusal) the put alone: the chunk was not
+    // read again.
+    let rank0: Vec<&str> = c
+        .net
+        .nic_ops
+        .iter()
+        .filter(|o| o.1 == 0)
+        .map(|o| o.3)
+        .collect();
+    assert_eq!(rank0, ["get", "put"]);
     let sum = summed(LEN);
     for r in 0..2 {
         let (_, seg) = c.with_segment(r);

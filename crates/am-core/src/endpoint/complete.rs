@@ -22,6 +22,20 @@ impl<H: Threading> Endpoint<H> {
         op: &mut Op<U>,
         waker: Option<&Waker>,
     ) -> Poll<Result<U::Value, AmError>> {
+        self.poll_op_carrying(t, op, waker, true)
+    }
+
+    /// [`Endpoint::poll_op`]; `carry` says whether the collectives in segment 0 go a step
+    /// further first. Completing many operations at once carries them once, not once per
+    /// operation: each step is a move of up to [`super::in_segment::MOVE_PER_STEP`] bytes,
+    /// under a shared driver's lock.
+    fn poll_op_carrying<U: Outcome, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        op: &mut Op<U>,
+        waker: Option<&Waker>,
+        carry: bool,
+    ) -> Poll<Result<U::Value, AmError>> {
         let raw = match &op.state {
             State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
             State::Ready(_) => match op.take_state() {
@@ -31,17 +45,15 @@ impl<H: Threading> Endpoint<H> {
             State::Slot { .. } => {
                 // The collective this may be, and those it shares progress with.
                 self.carry_collectives(t);
+                // A collective in segment 0 goes a step further (once per call: see
+                // `take_complete`).
+                if carry {
+                    self.carry_in_segment(t);
+                }
                 let (index, gen) = match self.slot_of(op) {
                     Ok(Some(slot)) => slot,
                     _ => return Poll::Ready(Err(AmError::StaleHandle)),
                 };
-                // A collective in segment 0 moves a step per advance: here only for its own
-                // operation, so that completing many operations at once takes no more
-                // steps under one lock (the polls and the waits' idle steps carry it
-                // otherwise).
-                if self.in_segment_slot(index, gen) {
-                    self.carry_in_segment(t);
-                }
                 match self.poll_slot(index, gen) {
                     Poll::Ready(r) => {
                         // Completed: nothing is left for the handle's drop to detach.
@@ -131,9 +143,10 @@ impl<H: Threading> Endpoint<H> {
         waker: Option<&Waker>,
     ) -> Completed<U> {
         let mut done = Vec::new();
+        self.carry_in_segment(t);
         for (i, slot) in ops.iter_mut().enumerate() {
             let Some(op) = slot else { continue };
-            if let Poll::Ready(r) = self.poll_op(t, op, waker) {
+            if let Poll::Ready(r) = self.poll_op_carrying(t, op, waker, false) {
                 *slot = None;
                 done.push((i, r));
             }

@@ -52,7 +52,7 @@ const REDUCE_CHUNK: usize = 64 << 10;
 /// [`crate::SharedNode`]'s lock, which the other threads then get back between these steps
 /// rather than wait out a whole move of many megabytes. (An all-reduce's step reads and
 /// writes each member's range of it: its memory traffic is some times this.)
-pub(super) const MOVE_PER_STEP: usize = 256 << 10;
+pub(in crate::endpoint) const MOVE_PER_STEP: usize = 256 << 10;
 
 /// Whether `[a, a + len)` and `[b, b + len)` overlap without being the same range.
 fn overlap(a: usize, b: usize, len: usize) -> bool {
@@ -162,17 +162,6 @@ impl<H: Threading> Endpoint<H> {
         self.teams.in_segment.iter().any(|c| c.gates(id))
     }
 
-    /// Whether operation slot `(index, gen)` is a collective in segment 0 in flight.
-    #[inline]
-    pub(super) fn in_segment_slot(&self, index: u32, gen: u32) -> bool {
-        self.teams.in_segment_pending()
-            && self
-                .teams
-                .in_segment
-                .iter()
-                .any(|c| (c.index, c.gen) == (index, gen))
-    }
-
     /// Advances the collectives in segment 0 in flight, if any.
     #[inline]
     pub(crate) fn carry_in_segment<T: Transport + ?Sized>(&mut self, t: &mut T) {
@@ -234,7 +223,14 @@ impl<H: Threading> Endpoint<H> {
                 Part::Move { .. } => {
                     let caps = t.capabilities();
                     let part = if caps.put && caps.get {
-                        if let Err(e) = ready!(self.move_directly(t, i)) {
+                        // A move that failed is over: only the barrier is left to start.
+                        let failed = self.teams.in_segment[i].failed.is_some();
+                        let moved = if failed {
+                            Ok(())
+                        } else {
+                            ready!(self.move_directly(t, i))
+                        };
+                        if let Err(e) = moved {
                             // Kept for after the barrier, which every member starts
                             // whatever its move met, so that the team's collectives stay
                             // in one order on every member.

@@ -68,6 +68,9 @@ pub struct Net {
     /// Per initiator: the NIC refuses its `n`th next one-sided operation with `Busy`, once
     /// (0: none), so that a test can let the operations before it through.
     pub rma_refuse: Vec<u32>,
+    /// One-sided operations the NIC refused so far (a round with a refusal is not stuck:
+    /// the operation goes again).
+    pub rma_refused: u32,
     /// Every one-sided operation the NIC did: (messages sent before it, initiator, target,
     /// what), so a test can tell its order among the messages.
     pub nic_ops: Vec<(usize, Rank, Rank, &'static str)>,
@@ -98,12 +101,14 @@ impl Wire<'_> {
         if *nth > 0 {
             *nth -= 1;
             if *nth == 0 {
+                net.rma_refused += 1;
                 return Err(SendError::Busy);
             }
         }
         let busy = &mut net.rma_busy[self.from as usize];
         if *busy > 0 {
             *busy -= 1;
+            net.rma_refused += 1;
             return Err(SendError::Busy);
         }
         let r = op(net.segments[peer as usize].byte_area())?;
@@ -338,6 +343,7 @@ impl Cluster {
                 rma: false,
                 rma_busy: vec![0; n],
                 rma_refuse: vec![0; n],
+                rma_refused: 0,
                 nic_ops: Vec::new(),
             },
             nodes,
@@ -542,6 +548,7 @@ impl Cluster {
         let mut done: Vec<Option<R>> = ranks.iter().map(|_| None).collect();
         for _ in 0..MAX_STEPS {
             let sent_before = self.net.sent.len();
+            let refused_before = self.net.rma_refused;
             let busy_before: u32 = self.net.busy.iter().sum();
             let ready_before = done.iter().filter(|d| d.is_some()).count();
             self.flush_all();
@@ -568,6 +575,7 @@ impl Cluster {
                 let moving = self.nodes.iter().any(|n| n.ep.has_local_work());
                 if busy_before > 0
                     || self.net.sent.len() != sent_before
+                    || self.net.rma_refused != refused_before
                     || ready != ready_before
                     || moving
                 {
