@@ -198,8 +198,16 @@ impl<T: Transport> SharedNode<T> {
     /// [`Node::poll`] if no other thread holds the node now: `None` if one does (that thread
     /// makes the progress meanwhile).
     pub fn try_poll(&self) -> Result<Option<usize>, AmError> {
+        self.try_poll_counting(false)
+    }
+
+    /// [`SharedNode::try_poll`]; with `local`, one more than the messages handled if the node
+    /// has work left that no message announces (for the progress thread).
+    fn try_poll_counting(&self, local: bool) -> Result<Option<usize>, AmError> {
         let polled = match self.try_lock() {
-            Some(mut node) => node.poll().map(Some),
+            Some(mut node) => node
+                .poll()
+                .map(|n| Some(n + usize::from(local && node.ep.has_local_work()))),
             None => return Ok(None),
         };
         self.run_tasks();
@@ -526,14 +534,7 @@ impl<T: Transport + Send + 'static> sealed::Serve for SharedNode<T> {
         self.rank
     }
     fn try_progress(&self) -> Result<Option<usize>, AmError> {
-        let polled = match self.try_lock() {
-            Some(mut node) => node
-                .poll()
-                .map(|n| Some(n + usize::from(node.ep.has_local_work()))),
-            None => return Ok(None),
-        };
-        self.run_tasks();
-        polled
+        self.try_poll_counting(true)
     }
     fn arm(&self) -> Result<crate::Armed, AmError> {
         self.lock().arm()

@@ -337,7 +337,7 @@ impl<H: Threading> Endpoint<H> {
                 }
                 let owner = c.team.world_rank(root).unwrap_or(NO_PEER);
                 // The bytes from `done` on, a step's worth at a time.
-                let piece = (len - done.min(len)).min(MOVE_PER_STEP);
+                let piece = len.saturating_sub(done).min(MOVE_PER_STEP);
                 let (from, to) = (from + done, dest + done);
                 if piece == 0 {
                     return Poll::Ready(Ok(()));
