@@ -140,6 +140,19 @@ pub enum AmError {
         /// The member whose message disagreed.
         peer: Rank,
     },
+    /// A member of `team` could not do its part of a collective in segment 0
+    /// ([`crate::TeamAllReduceInSegment`], [`crate::TeamBroadcastInSegment`]):
+    /// its NIC refused one of the puts or gets that move its share, so this member's
+    /// destination lacks that share. Every member but `peer` gets this error; `peer` gets
+    /// the error its NIC gave. (Where `peer` was lost or departed, the collective fails with
+    /// [`AmError::PeerLost`] or [`AmError::PeerDeparted`] instead.)
+    #[error("rank {peer} could not do its part of the collective on team {team}")]
+    MemberFailed {
+        /// The team.
+        team: TeamId,
+        /// The member whose part failed (the highest in team order, where several did).
+        peer: Rank,
+    },
     /// A collective's arguments no member could match: a root outside the team, a bitwise
     /// reduction over a floating-point type, data given by a member that is not a
     /// broadcast's root.

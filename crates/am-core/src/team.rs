@@ -71,7 +71,9 @@
 //! and in an all-reduce member `r` reduces the `r`-th block of every member's source and
 //! writes it into every member's destination. An all-gather of the members' arguments
 //! comes before (every member has entered: its source is ready and its destination free)
-//! and a barrier after (every write is complete). Elsewhere (udp) the bytes go as
+//! and an all-reduce of every member's status after (every write is complete, or a
+//! member's NIC refused its share and the collective fails on every member:
+//! [`crate::AmError::MemberFailed`]). Elsewhere (udp) the bytes go as
 //! [`crate::Node::team_broadcast`]'s and [`crate::Node::team_all_reduce`]'s do and are
 //! written into the destination. Those two collectives of the team cost some
 //! microseconds, so these pay from some tens of KiB; below, the `Vec` forms are faster.

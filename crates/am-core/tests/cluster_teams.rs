@@ -1650,3 +1650,52 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
         assert_eq!(got, sum, "rank {r}");
     }
 }
+
+/// Catches a collective in segment 0 that reports success on a member whose destination
+/// lacks another member's share: rank 0's NIC fails the get of rank 1's source (as a
+/// segment it cannot use), so rank 0 neither reduces nor writes its block into either
+/// destination. Rank 0 gets its NIC's error; rank 1 must get `MemberFailed` naming rank 0, not `Ok` over a destination half
+/// unwritten. The team then goes on: the next all-reduce completes on both with the sum.
+#[test]
+fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
+    const LEN: usize = 64;
+    let (mut c, worlds) = rma_pair(LEN, 8192);
+    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 4096, LEN)
+        .into_iter()
+        .map(Some)
+        .collect();
+    c.net.rma_fail[0] = 1;
+    let got = c.drive_all(|r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("op");
+        ep.poll_op(wire, op, None)
+    });
+    assert_eq!(c.net.rma_fail[0], 0, "the get failed");
+    match &got[0] {
+        Err(AmError::PeerMisbehaved { peer: 1, .. }) => {}
+        other => panic!("rank 0: {other:?}"),
+    }
+    match &got[1] {
+        Err(AmError::MemberFailed { team, peer }) => {
+            assert_eq!((*team, *peer), (worlds[1].id(), 0));
+        }
+        other => panic!("rank 1: {other:?}"),
+    }
+
+    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 4096, LEN)
+        .into_iter()
+        .map(Some)
+        .collect();
+    for g in c.drive_all(|r, ep, wire| {
+        let op = ops[r as usize].as_mut().expect("op");
+        ep.poll_op(wire, op, None)
+    }) {
+        g.expect("the next all-reduce");
+    }
+    let sum = summed(LEN);
+    for r in 0..2 {
+        let (_, seg) = c.with_segment(r);
+        let mut got = vec![0u8; LEN];
+        seg.read(4096, &mut got).unwrap();
+        assert_eq!(got, sum, "rank {r}");
+    }
+}

@@ -17,8 +17,11 @@
 //!    a source that is its destination (in place) is safe. Elsewhere the move is the
 //!    engine's own broadcast or all-reduce of the source's bytes, whose result is written
 //!    into the destination.
-//! 3. **A barrier** of the team, after a direct move: every member's writes into this
-//!    member's destination are complete, and nobody reads its source any more.
+//! 3. **A status**, after a direct move: an all-reduce (max) of a word that says whether
+//!    each member's move failed. Once it completes every member's writes into this
+//!    member's destination are complete, and nobody reads its source any more; where some
+//!    member's move failed, the collective fails on every member, since every destination
+//!    lacks that member's share ([`AmError::MemberFailed`]; that member gets its own error).
 //!
 //! The team's later collectives wait to start until this one's last part has started, so
 //! that every member starts the team's collectives in the same order.
@@ -223,7 +226,7 @@ impl<H: Threading> Endpoint<H> {
                 Part::Move { .. } => {
                     let caps = t.capabilities();
                     let part = if caps.put && caps.get {
-                        // A move that failed is over: only the barrier is left to start.
+                        // A move that failed is over: only the status is left to start.
                         let failed = self.teams.in_segment[i].failed.is_some();
                         let moved = if failed {
                             Ok(())
@@ -231,18 +234,31 @@ impl<H: Threading> Endpoint<H> {
                             ready!(self.move_directly(t, i))
                         };
                         if let Err(e) = moved {
-                            // Kept for after the barrier, which every member starts
+                            // Kept for after the status, which every member starts
                             // whatever its move met, so that the team's collectives stay
                             // in one order on every member.
                             self.teams.in_segment[i].failed.get_or_insert(e);
                         }
-                        let team = self.teams.in_segment[i].team.clone();
+                        let c = &self.teams.in_segment[i];
+                        let team = c.team.clone();
+                        // 0, or this member's team rank + 1 where its move failed.
+                        let status = match c.failed {
+                            Some(_) => u64::from(team.rank()) + 1,
+                            None => 0,
+                        };
+                        let red = self.reduction::<u64>(ReduceOp::Max)?;
+                        let word = status.to_le_bytes();
                         let (a, b) = ready!(self.own_collective_start(
                             t,
                             &team,
-                            Args::new(CollectiveKind::Barrier, 0, None, Data::Borrowed(&[]))
+                            Args::new(
+                                CollectiveKind::AllReduce,
+                                0,
+                                Some(red),
+                                Data::Borrowed(&word)
+                            )
                         ))?;
-                        Part::Barrier(a, b)
+                        Part::Status(a, b)
                     } else {
                         let (a, b) = ready!(self.engine_start(t, i))?;
                         Part::Engine(a, b)
@@ -260,13 +276,29 @@ impl<H: Threading> Endpoint<H> {
                     }
                     return Poll::Ready(Ok(()));
                 }
-                Part::Barrier(a, b) => {
-                    let barrier = ready!(self.poll_slot(a, b));
-                    if let Some(e) = self.teams.in_segment[i].failed.take() {
+                Part::Status(a, b) => {
+                    let status = ready!(self.poll_slot(a, b));
+                    let c = &mut self.teams.in_segment[i];
+                    if let Some(e) = c.failed.take() {
                         return Poll::Ready(Err(e));
                     }
-                    barrier?;
-                    return Poll::Ready(Ok(()));
+                    let word = match status? {
+                        Raw::Bytes(v) if v.len() == 8 => {
+                            u64::from_le_bytes(v[..].try_into().expect("eight bytes"))
+                        }
+                        _ => return Poll::Ready(Err(AmError::StaleHandle)),
+                    };
+                    if word == 0 {
+                        return Poll::Ready(Ok(()));
+                    }
+                    // The highest team rank whose move failed: this member's destination
+                    // lacks that member's share.
+                    let team = c.team.id();
+                    let peer = u32::try_from(word - 1)
+                        .ok()
+                        .and_then(|r| c.team.world_rank(r))
+                        .unwrap_or(NO_PEER);
+                    return Poll::Ready(Err(AmError::MemberFailed { team, peer }));
                 }
             }
         }

@@ -1870,8 +1870,9 @@ impl<E: Element> Start for TeamReduce<E> {
 /// not read. Where the NIC reads peers' memory (`Capabilities::get` and `put`: loopback,
 /// sci, extoll, portals, ofi) every member copies the root's bytes into its destination
 /// itself, between two collectives of the team (an all-gather of the members' arguments,
-/// after which every member has entered, and a barrier, after which every copy is
-/// complete); elsewhere the bytes go as [`TeamBroadcast`]'s do and are written into the
+/// after which every member has entered, and an all-reduce of each member's status, after
+/// which every copy is complete, or the broadcast fails on every member with
+/// [`crate::AmError::MemberFailed`] where a member's NIC refused its copy); elsewhere the bytes go as [`TeamBroadcast`]'s do and are written into the
 /// destination. For large broadcasts: below some tens of KiB, [`TeamBroadcast`] is faster.
 /// Collective over the team, as [`TeamBarrier`]; members that name different roots or
 /// lengths get [`crate::AmError::CollectiveMismatch`]. Until it completes, the team's later
@@ -1922,8 +1923,8 @@ impl Start for TeamBroadcastInSegment {
 /// may name different offsets. Where the NIC reads peers' memory (`Capabilities::get` and
 /// `put`: loopback, sci, extoll, portals, ofi), member `r` reduces the `r`-th of `size`
 /// blocks itself, reading every member's source and writing every member's destination,
-/// a cache-sized chunk at a time, between an all-gather of the members' arguments and a
-/// barrier, as [`TeamBroadcastInSegment`] does; elsewhere the bytes go as [`TeamReduce`]'s
+/// a cache-sized chunk at a time, between an all-gather of the members' arguments and an
+/// all-reduce of their status, as [`TeamBroadcastInSegment`] does; elsewhere the bytes go as [`TeamReduce`]'s
 /// do and the result is written into the destination. Collective over the team;
 /// members that differ in element type, operation or count get
 /// [`crate::AmError::CollectiveMismatch`].

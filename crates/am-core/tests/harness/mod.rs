@@ -68,6 +68,10 @@ pub struct Net {
     /// Per initiator: the NIC refuses its `n`th next one-sided operation with `Busy`, once
     /// (0: none), so that a test can let the operations before it through.
     pub rma_refuse: Vec<u32>,
+    /// Per initiator: the NIC fails its `n`th next one-sided operation, once (0: none), as
+    /// one that met a target's segment it cannot use (the target's misbehavior, which ends
+    /// neither the node nor the peer).
+    pub rma_fail: Vec<u32>,
     /// One-sided operations the NIC refused so far (a round with a refusal is not stuck:
     /// the operation goes again).
     pub rma_refused: u32,
@@ -103,6 +107,16 @@ impl Wire<'_> {
             if *nth == 0 {
                 net.rma_refused += 1;
                 return Err(SendError::Busy);
+            }
+        }
+        let nth = &mut net.rma_fail[self.from as usize];
+        if *nth > 0 {
+            *nth -= 1;
+            if *nth == 0 {
+                return Err(SendError::PeerMisbehaved {
+                    peer: Some(peer),
+                    what: format!("a {what} into a segment the test says is unusable"),
+                });
             }
         }
         let busy = &mut net.rma_busy[self.from as usize];
@@ -343,6 +357,7 @@ impl Cluster {
                 rma: false,
                 rma_busy: vec![0; n],
                 rma_refuse: vec![0; n],
+                rma_fail: vec![0; n],
                 rma_refused: 0,
                 nic_ops: Vec::new(),
             },

@@ -42,8 +42,8 @@ pub(in crate::endpoint) enum Part {
     /// The engine's broadcast or all-reduce of the source's bytes, whose result goes into
     /// the destination.
     Engine(u32, u32),
-    /// The barrier after a direct move.
-    Barrier(u32, u32),
+    /// The all-reduce of every member's status after a direct move.
+    Status(u32, u32),
 }
 
 /// A direct all-reduce's chunk part-way through its writes.
@@ -77,7 +77,7 @@ pub(in crate::endpoint) struct InSegment {
     pub(super) dest: usize,
     pub(super) len: usize,
     pub(super) part: Part,
-    /// What this member's direct move met, reported once the barrier after it completes.
+    /// What this member's direct move met, reported once the status after it completes.
     pub(super) failed: Option<AmError>,
 }
 
@@ -85,6 +85,6 @@ impl InSegment {
     /// Whether the team's later collectives must wait to start: its last collective has
     /// not started yet.
     pub(super) fn gates(&self, id: TeamId) -> bool {
-        self.team.id() == id && !matches!(self.part, Part::Engine(..) | Part::Barrier(..))
+        self.team.id() == id && !matches!(self.part, Part::Engine(..) | Part::Status(..))
     }
 }
