@@ -564,7 +564,10 @@ fn encode_into<T: Serialize>(v: &T, out: &mut Vec<u8>) -> Result<(), bincode::er
 /// `depth::Deep::deserialize_byte_buf`). Sequences are not checked so: serde reserves at
 /// most 1 MiB for one, however long it says it is, and each element must then decode; the
 /// elements of all its sequences and maps may number at most its length in bytes plus
-/// [`depth::ELEMENTS_PAST_BYTES`], so elements that occupy no bytes cannot keep it looping.
+/// [`depth::ELEMENTS_PAST_BYTES`], so elements that occupy no bytes cannot keep it looping,
+/// and take at most [`depth::MEMORY_PER_BYTE`] times its length plus
+/// [`depth::MEMORY_PAST_BYTES`] bytes of memory, so elements small on the wire and large in
+/// memory cannot make a few bytes into gigabytes.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     /// Decodes a `T` of `.1` bytes through [`depth::deserialize`].
     struct Bounded<T>(PhantomData<fn() -> T>, usize);
@@ -1318,6 +1321,42 @@ mod tests {
         assert_eq!(
             decode::<BTreeMap<u8, ()>>(&encode(&map).unwrap()),
             Some(map)
+        );
+    }
+
+    /// A type that occupies no bytes on the wire and 4 KiB in memory: a field the wire skips
+    /// that holds an array.
+    #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+    struct Heavy {
+        #[serde(skip)]
+        pad: [[u64; 32]; 16],
+    }
+
+    /// Catches a decoder that allocates for each element what its type takes in memory,
+    /// whatever it occupied on the wire: eight forged bytes declaring 65,536 elements of
+    /// [`Heavy`] made 256 MiB, and a map's values, charged nothing, made 80 MB from 100 KB.
+    /// Also catches a budget off by one at its edge.
+    #[test]
+    fn elements_large_in_memory_cannot_make_a_few_bytes_into_gigabytes() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let size = std::mem::size_of::<Heavy>();
+        assert_eq!(size, 4096);
+        // The most that fit in the memory of eight bytes (before the element count runs
+        // out): n * 4096 <= 64 * 8 + MEMORY_PAST_BYTES.
+        let most = (depth::MEMORY_PER_BYTE * 8 + depth::MEMORY_PAST_BYTES) / size;
+        assert!(most < depth::ELEMENTS_PAST_BYTES);
+        let v = decode::<Vec<Heavy>>(&count(most as u64)).expect("the most allowed");
+        assert_eq!(v.len(), most);
+        drop(v);
+        assert!(decode::<Vec<Heavy>>(&count(most as u64 + 1)).is_none());
+        // 20,000 entries of a 4-byte key and a `Heavy`: 80 KB on the wire, 82 MB in memory.
+        let keys: Vec<u8> = (0..20_000u32).flat_map(|k| k.to_le_bytes()).collect();
+        let entries = [&count(20_000)[..], &keys].concat();
+        assert!(decode::<BTreeMap<u32, Heavy>>(&entries).is_none());
+        // The keys alone fit.
+        assert_eq!(
+            decode::<BTreeSet<u32>>(&entries).map(|s| s.len()),
+            Some(20_000)
         );
     }
 

@@ -24,6 +24,13 @@
 //! occupies bytes takes at least one, so only elements that occupy none can run past it.
 //! The budget is shared by reference (a `Cell`), since siblings draw on it in turn; a tuple's
 //! or struct's fields are not counted, their number being the type's, not the wire's.
+//!
+//! An element also takes its size in memory (`size_of`, a map's key and value both) from a
+//! second budget, [`MEMORY_PER_BYTE`] times the value's length plus [`MEMORY_PAST_BYTES`]:
+//! an element may occupy a byte on the wire and kilobytes in memory (a `None` of an
+//! `Option<[u8; 4096]>`, a field skipped on the wire that holds an array), and a vector of
+//! them would otherwise make a few kilobytes of forged bytes into gigabytes. (What an
+//! element holds behind a pointer, a `Box`'s value, is the type's own cost, not counted.)
 
 use std::cell::Cell;
 
@@ -53,20 +60,65 @@ pub(crate) const ELEMENTS_PAST_BYTES: usize = 1 << 16;
 /// The error a value whose sequences and maps hold more elements than its budget gives.
 const TOO_MANY: &str = "more elements than the value's bytes allow";
 
+/// The bytes of memory the elements of a value's sequences and maps may take, in all, per
+/// byte of the value: a small integer in one byte of varint and 8 in memory, an enum's
+/// one-byte unit variant in an element as large as its largest variant, fit many times over.
+pub(crate) const MEMORY_PER_BYTE: usize = 64;
+
+/// The bytes of memory those elements may take beyond [`MEMORY_PER_BYTE`] times the
+/// value's length: room for short values of large elements.
+pub(crate) const MEMORY_PAST_BYTES: usize = 64 << 20;
+
+/// The error a value whose elements take more memory than its budget gives.
+const TOO_LARGE: &str = "elements larger in memory than the value's bytes allow";
+
+/// What the elements of a value's sequences and maps may still take: how many, and how
+/// many bytes of memory.
+pub(crate) struct Budget {
+    elements: Cell<usize>,
+    memory: Cell<usize>,
+}
+
+impl Budget {
+    /// The budget of a value of `len` bytes.
+    fn of(len: usize) -> Budget {
+        Budget {
+            elements: Cell::new(len.saturating_add(ELEMENTS_PAST_BYTES)),
+            memory: Cell::new(
+                len.saturating_mul(MEMORY_PER_BYTE)
+                    .saturating_add(MEMORY_PAST_BYTES),
+            ),
+        }
+    }
+
+    /// Takes `T`'s size in memory, or the error past the budget.
+    #[inline]
+    fn take_memory<T, E: de::Error>(&self) -> Result<(), E> {
+        match self.memory.get().checked_sub(std::mem::size_of::<T>()) {
+            Some(left) => {
+                self.memory.set(left);
+                Ok(())
+            }
+            None => Err(E::custom(TOO_LARGE)),
+        }
+    }
+}
+
 /// Deserializes a `T` from `inner`, the decoder of `len` bytes, refusing a value nested more
-/// than [`MAX_DEPTH`] deep or whose sequences and maps hold more than `len` +
-/// [`ELEMENTS_PAST_BYTES`] elements in all.
+/// than [`MAX_DEPTH`] deep, or whose sequences and maps hold more than `len` +
+/// [`ELEMENTS_PAST_BYTES`] elements in all, or elements whose sizes in memory add up to
+/// more than `len` times [`MEMORY_PER_BYTE`] plus [`MEMORY_PAST_BYTES`].
 #[inline]
 pub(crate) fn deserialize<'de, T, D>(inner: D, len: usize) -> Result<T, D::Error>
 where
     T: de::Deserialize<'de>,
     D: Deserializer<'de>,
 {
-    let elements = Cell::new(len.saturating_add(ELEMENTS_PAST_BYTES));
+    let budget = Budget::of(len);
     T::deserialize(Deep {
         inner,
         left: MAX_DEPTH,
-        elements: &elements,
+        elements: &budget,
     })
 }
 
@@ -75,7 +127,7 @@ where
 pub(crate) struct Deep<'b, D> {
     inner: D,
     left: usize,
-    elements: &'b Cell<usize>,
+    elements: &'b Budget,
 }
 
 /// A visitor of a value that may nest `left` more levels: it takes a level when it
@@ -84,7 +136,7 @@ pub(crate) struct Deep<'b, D> {
 struct Visit<'b, V> {
     inner: V,
     left: usize,
-    elements: &'b Cell<usize>,
+    elements: &'b Budget,
     counted: bool,
 }
 
@@ -114,7 +166,7 @@ impl<'b, V> Visit<'b, V> {
 struct Seed<'b, S> {
     inner: S,
     left: usize,
-    elements: &'b Cell<usize>,
+    elements: &'b Budget,
 }
 
 impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
@@ -348,7 +400,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
 struct Access<'b, A> {
     inner: A,
     left: usize,
-    elements: &'b Cell<usize>,
+    elements: &'b Budget,
     counted: bool,
 }
 
@@ -373,14 +425,16 @@ impl<'b, A> Access<'b, A> {
         }
     }
 
-    /// Takes one element from the budget if this access counts, or the error past it.
+    /// Takes one element, and its size in memory, from the budget if this access counts,
+    /// or the error past it.
     #[inline]
     fn spend<T, E: de::Error>(&self, got: &Option<T>) -> Result<(), E> {
         if self.counted && got.is_some() {
-            match self.elements.get().checked_sub(1) {
-                Some(left) => self.elements.set(left),
+            match self.elements.elements.get().checked_sub(1) {
+                Some(left) => self.elements.elements.set(left),
                 None => return Err(E::custom(TOO_MANY)),
             }
+            self.elements.take_memory::<T, E>()?;
         }
         Ok(())
     }
@@ -423,7 +477,11 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<'_, A> {
     #[inline]
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
         let seed = self.seed(seed);
-        self.inner.next_value_seed(seed)
+        let value = self.inner.next_value_seed(seed)?;
+        if self.counted {
+            self.elements.take_memory::<S::Value, A::Error>()?;
+        }
+        Ok(value)
     }
 
     #[inline]
