@@ -72,7 +72,7 @@ pub(crate) struct Mapping {
 
 #[cfg(not(loom))]
 enum Backing {
-    /// From `Box::<[u64]>::into_raw`; freed in `Drop`.
+    /// A `Box<[u64]>`'s allocation (zeroed by the global allocator); freed in `Drop`.
     Heap(*mut [u64]),
     /// Held only to unmap on drop.
     #[allow(dead_code)]
@@ -92,8 +92,10 @@ unsafe impl Sync for Mapping {}
 impl Drop for Mapping {
     fn drop(&mut self) {
         if let Backing::Heap(p) = self.backing {
-            // SAFETY: `p` came from `Box::into_raw` in `Mapping::heap` and is freed only here,
-            // once, when the last `Arc` holder (owner or importer) is gone.
+            // SAFETY: `p` came from `alloc_zeroed` in `Mapping::heap` with the layout of a
+            // `[u64]` of its length, all initialized (zero): a valid `Box<[u64]>` allocation.
+            // It is freed only here, once, when the last `Arc` holder (owner or importer) is
+            // gone.
             drop(unsafe { Box::from_raw(p) });
         }
     }
@@ -119,13 +121,16 @@ impl Mapping {
             return Self::anonymous(len);
         }
         let words = (len / WORD).max(1);
-        let mut v: Vec<u64> = Vec::new();
-        if len > isize::MAX as usize || v.try_reserve_exact(words).is_err() {
-            return Err(ShmError::TooLarge { len });
-        }
-        v.resize(words, 0);
-        let raw: *mut [u64] = Box::into_raw(v.into_boxed_slice());
-        let ptr = NonNull::new(raw.cast::<u8>()).ok_or(ShmError::TooLarge { len })?;
+        // Zeroed by the allocator (one call, and pages the kernel gives zeroed are not
+        // written again), where a `Vec` filled with zeros writes every word itself.
+        let layout = std::alloc::Layout::array::<u64>(words)
+            .map_err(|_| ShmError::TooLarge { len })?;
+        // SAFETY: `layout` is not zero-sized (at least one word).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::TooLarge { len })?;
+        // A `Box<[u64]>`'s allocation: the global allocator's, with the layout of `words`
+        // words, every one initialized (zero); `Drop` frees it as that box.
+        let raw: *mut [u64] = std::ptr::slice_from_raw_parts_mut(p, words);
         Ok(Mapping {
             ptr,
             len,
