@@ -123,8 +123,8 @@ impl Mapping {
         let words = (len / WORD).max(1);
         // Zeroed by the allocator (one call, and pages the kernel gives zeroed are not
         // written again), where a `Vec` filled with zeros writes every word itself.
-        let layout = std::alloc::Layout::array::<u64>(words)
-            .map_err(|_| ShmError::TooLarge { len })?;
+        let layout =
+            std::alloc::Layout::array::<u64>(words).map_err(|_| ShmError::TooLarge { len })?;
         // SAFETY: `layout` is not zero-sized (at least one word).
         let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
         let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::TooLarge { len })?;
