@@ -141,7 +141,8 @@ pub enum AmError {
         peer: Rank,
     },
     /// A member of `team` could not do its part of a collective in segment 0
-    /// ([`crate::TeamAllReduceInSegment`], [`crate::TeamBroadcastInSegment`]):
+    /// ([`crate::endpoint::start::TeamAllReduceInSegment`],
+    /// [`crate::endpoint::start::TeamBroadcastInSegment`]):
     /// its NIC refused one of the puts or gets that move its share, so this member's
     /// destination lacks that share. Every member but `peer` gets this error; `peer` gets
     /// the error its NIC gave. (Where `peer` was lost or departed, the collective fails with
