@@ -143,10 +143,13 @@ pub enum AmError {
     /// A member of `team` could not do its part of a collective in segment 0
     /// ([`crate::endpoint::start::TeamAllReduceInSegment`],
     /// [`crate::endpoint::start::TeamBroadcastInSegment`]):
-    /// its NIC refused one of the puts or gets that move its share, so this member's
-    /// destination lacks that share. Every member but `peer` gets this error; `peer` gets
-    /// the error its NIC gave. (Where `peer` was lost or departed, the collective fails with
-    /// [`AmError::PeerLost`] or [`AmError::PeerDeparted`] instead.)
+    /// one of the puts or gets that move its share failed (its NIC refused it). In an
+    /// all-reduce every member's destination then lacks `peer`'s block of the result; in a
+    /// broadcast `peer`'s own destination lacks the root's bytes. The collective fails on
+    /// every member, so that none goes on as if it had succeeded: each member whose own
+    /// part failed gets its own error, every other one this. (Where `peer` was lost or
+    /// departed, the collective fails with [`AmError::PeerLost`] or
+    /// [`AmError::PeerDeparted`] instead.)
     #[error("rank {peer} could not do its part of the collective on team {team}")]
     MemberFailed {
         /// The team.

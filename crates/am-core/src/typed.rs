@@ -1324,39 +1324,42 @@ mod tests {
         );
     }
 
-    /// A type that occupies no bytes on the wire and 4 KiB in memory: a field the wire skips
-    /// that holds an array.
+    /// A type that occupies no bytes on the wire and 1.5 KiB in memory: a field the wire
+    /// skips that holds an array. Its size divides the memory budget of eight bytes, so a
+    /// budget off by one at its edge shows.
     #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
     struct Heavy {
         #[serde(skip)]
-        pad: [[u64; 32]; 16],
+        pad: [[u64; 32]; 6],
     }
 
     /// Catches a decoder that allocates for each element what its type takes in memory,
     /// whatever it occupied on the wire: eight forged bytes declaring 65,536 elements of
-    /// [`Heavy`] made 256 MiB, and a map's values, charged nothing, made 80 MB from 100 KB.
-    /// Also catches a budget off by one at its edge.
+    /// [`Heavy`] made 96 MiB (of a 64 KiB array, 4 GiB), and a map's values, charged
+    /// nothing, made 92 MB from 240 KB. Also catches a budget off by one at its edge.
     #[test]
     fn elements_large_in_memory_cannot_make_a_few_bytes_into_gigabytes() {
         use std::collections::{BTreeMap, BTreeSet};
         let size = std::mem::size_of::<Heavy>();
-        assert_eq!(size, 4096);
         // The most that fit in the memory of eight bytes (before the element count runs
-        // out): n * 4096 <= 64 * 8 + MEMORY_PAST_BYTES.
-        let most = (depth::MEMORY_PER_BYTE * 8 + depth::MEMORY_PAST_BYTES) / size;
+        // out): n * 1536 <= 64 * 8 + MEMORY_PAST_BYTES, exactly.
+        let budget = depth::MEMORY_PER_BYTE * 8 + depth::MEMORY_PAST_BYTES;
+        assert_eq!(budget % size, 0, "the edge is exact");
+        let most = budget / size;
         assert!(most < depth::ELEMENTS_PAST_BYTES);
         let v = decode::<Vec<Heavy>>(&count(most as u64)).expect("the most allowed");
         assert_eq!(v.len(), most);
         drop(v);
         assert!(decode::<Vec<Heavy>>(&count(most as u64 + 1)).is_none());
-        // 20,000 entries of a 4-byte key and a `Heavy`: 80 KB on the wire, 82 MB in memory.
-        let keys: Vec<u8> = (0..20_000u32).flat_map(|k| k.to_le_bytes()).collect();
-        let entries = [&count(20_000)[..], &keys].concat();
+        // 60,000 entries of a 4-byte key and a `Heavy`: 240 KB on the wire, 92 MB in
+        // memory against a budget of 82 MB.
+        let keys: Vec<u8> = (0..60_000u32).flat_map(|k| k.to_le_bytes()).collect();
+        let entries = [&count(60_000)[..], &keys].concat();
         assert!(decode::<BTreeMap<u32, Heavy>>(&entries).is_none());
         // The keys alone fit.
         assert_eq!(
             decode::<BTreeSet<u32>>(&entries).map(|s| s.len()),
-            Some(20_000)
+            Some(60_000)
         );
     }
 

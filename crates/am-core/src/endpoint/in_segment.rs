@@ -19,9 +19,10 @@
 //!    into the destination.
 //! 3. **A status**, after a direct move: an all-reduce (max) of a word that says whether
 //!    each member's move failed. Once it completes every member's writes into this
-//!    member's destination are complete, and nobody reads its source any more; where some
-//!    member's move failed, the collective fails on every member, since every destination
-//!    lacks that member's share ([`AmError::MemberFailed`]; that member gets its own error).
+//!    member's destination are complete, and nobody reads its source any more. Where some
+//!    member's move failed (an all-reduce's destinations then lack its block; a
+//!    broadcast's, its own copy), the collective fails on every member: each one whose own
+//!    move failed with its error, the others with [`AmError::MemberFailed`].
 //!
 //! The team's later collectives wait to start until this one's last part has started, so
 //! that every member starts the team's collectives in the same order.
@@ -291,8 +292,7 @@ impl<H: Threading> Endpoint<H> {
                     if word == 0 {
                         return Poll::Ready(Ok(()));
                     }
-                    // The highest team rank whose move failed: this member's destination
-                    // lacks that member's share.
+                    // The highest team rank whose move failed.
                     let team = c.team.id();
                     let peer = u32::try_from(word - 1)
                         .ok()
