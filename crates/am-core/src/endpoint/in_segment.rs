@@ -37,7 +37,7 @@ use super::teams::{misbehaved, NO_PEER};
 use super::Endpoint;
 use crate::error::{AmError, Misbehavior};
 use crate::handler::Threading;
-use crate::op::{Op, Raw};
+use crate::op::{Op, Outcome, Raw};
 use crate::protocol::CollectiveKind;
 use crate::reduce::{Element, ReduceOp, Reduction};
 use crate::team::{Team, TeamId};
@@ -283,10 +283,9 @@ impl<H: Threading> Endpoint<H> {
                     if let Some(e) = c.failed.take() {
                         return Poll::Ready(Err(e));
                     }
-                    let word = match status? {
-                        Raw::Bytes(v) if v.len() == 8 => {
-                            u64::from_le_bytes(v[..].try_into().expect("eight bytes"))
-                        }
+                    // Read as every all-reduce's result is.
+                    let word = match Vec::<u64>::finish(None, status?)?[..] {
+                        [w] => w,
                         _ => return Poll::Ready(Err(AmError::StaleHandle)),
                     };
                     if word == 0 {

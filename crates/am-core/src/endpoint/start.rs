@@ -1872,8 +1872,9 @@ impl<E: Element> Start for TeamReduce<E> {
 /// itself, between two collectives of the team (an all-gather of the members' arguments,
 /// after which every member has entered, and an all-reduce of each member's status, after
 /// which every copy is complete, or the broadcast fails on every member with
-/// [`crate::AmError::MemberFailed`] where a member's NIC refused its copy); elsewhere the bytes go as [`TeamBroadcast`]'s do and are written into the
-/// destination. For large broadcasts: below some tens of KiB, [`TeamBroadcast`] is faster.
+/// [`crate::AmError::MemberFailed`] where a member's NIC refused its copy); elsewhere the
+/// bytes go as [`TeamBroadcast`]'s do and are written into the destination. For large
+/// broadcasts: below some tens of KiB, [`TeamBroadcast`] is faster.
 /// Collective over the team, as [`TeamBarrier`]; members that name different roots or
 /// lengths get [`crate::AmError::CollectiveMismatch`]. Until it completes, the team's later
 /// collectives here wait to start until its last collective has started.
@@ -1924,9 +1925,9 @@ impl Start for TeamBroadcastInSegment {
 /// `put`: loopback, sci, extoll, portals, ofi), member `r` reduces the `r`-th of `size`
 /// blocks itself, reading every member's source and writing every member's destination,
 /// a cache-sized chunk at a time, between an all-gather of the members' arguments and an
-/// all-reduce of their status, as [`TeamBroadcastInSegment`] does; elsewhere the bytes go as [`TeamReduce`]'s
-/// do and the result is written into the destination. Collective over the team;
-/// members that differ in element type, operation or count get
+/// all-reduce of their status, as [`TeamBroadcastInSegment`] does; elsewhere the bytes go
+/// as [`TeamReduce`]'s do and the result is written into the destination. Collective over
+/// the team; members that differ in element type, operation or count get
 /// [`crate::AmError::CollectiveMismatch`].
 #[derive(Debug, Clone)]
 pub struct TeamAllReduceInSegment<E: Element> {
