@@ -27,9 +27,9 @@
 //!
 //! An element also takes its size in memory (`size_of`, a map's key and value both) from a
 //! second budget, [`MEMORY_PER_BYTE`] times the value's length plus [`MEMORY_PAST_BYTES`]:
-//! an element may occupy a byte on the wire and kilobytes in memory (a `None` of an
-//! `Option<[u8; 4096]>`, a field skipped on the wire that holds an array), and a vector of
-//! them would otherwise make a few kilobytes of forged bytes into gigabytes. (What an
+//! an element may occupy a byte on the wire, or none, and kilobytes in memory (a `None` of
+//! an `Option` of a large array, a field skipped on the wire that holds an array), and a
+//! vector of them would otherwise make a few forged bytes into hundreds of megabytes. (What an
 //! element holds behind a pointer, a `Box`'s value, is the type's own cost, not counted.)
 
 use std::cell::Cell;
@@ -91,6 +91,18 @@ impl Budget {
         }
     }
 
+    /// Takes one element, or the error past the budget.
+    #[inline]
+    fn take_element<E: de::Error>(&self) -> Result<(), E> {
+        match self.elements.get().checked_sub(1) {
+            Some(left) => {
+                self.elements.set(left);
+                Ok(())
+            }
+            None => Err(E::custom(TOO_MANY)),
+        }
+    }
+
     /// Takes `T`'s size in memory, or the error past the budget.
     #[inline]
     fn take_memory<T, E: de::Error>(&self) -> Result<(), E> {
@@ -118,25 +130,25 @@ where
     T::deserialize(Deep {
         inner,
         left: MAX_DEPTH,
-        elements: &budget,
+        budget: &budget,
     })
 }
 
 /// A deserializer whose value may nest `left` more levels, its sequences drawing on
-/// `elements`.
+/// `budget`.
 pub(crate) struct Deep<'b, D> {
     inner: D,
     left: usize,
-    elements: &'b Budget,
+    budget: &'b Budget,
 }
 
 /// A visitor of a value that may nest `left` more levels: it takes a level when it
 /// descends. `counted` says whether it visits a sequence or map whose length is the wire's
-/// (its elements draw on `elements`) rather than a tuple's or struct's.
+/// (its elements draw on `budget`) rather than a tuple's or struct's.
 struct Visit<'b, V> {
     inner: V,
     left: usize,
-    elements: &'b Budget,
+    budget: &'b Budget,
     counted: bool,
 }
 
@@ -156,7 +168,7 @@ impl<'b, V> Visit<'b, V> {
         Ok(Access {
             inner: a,
             left: self.descend()?,
-            elements: self.elements,
+            budget: self.budget,
             counted: self.counted,
         })
     }
@@ -166,7 +178,7 @@ impl<'b, V> Visit<'b, V> {
 struct Seed<'b, S> {
     inner: S,
     left: usize,
-    elements: &'b Budget,
+    budget: &'b Budget,
 }
 
 impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
@@ -177,7 +189,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
         self.inner.deserialize(Deep {
             inner: d,
             left: self.left,
-            elements: self.elements,
+            budget: self.budget,
         })
     }
 }
@@ -200,7 +212,7 @@ impl<'b, D> Deep<'b, D> {
         Visit {
             inner: visitor,
             left: self.left,
-            elements: self.elements,
+            budget: self.budget,
             counted,
         }
     }
@@ -357,22 +369,22 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
     #[inline]
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
         let left = self.descend()?;
-        let elements = self.elements;
+        let budget = self.budget;
         self.inner.visit_some(Deep {
             inner: d,
             left,
-            elements,
+            budget,
         })
     }
 
     #[inline]
     fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
         let left = self.descend()?;
-        let elements = self.elements;
+        let budget = self.budget;
         self.inner.visit_newtype_struct(Deep {
             inner: d,
             left,
-            elements,
+            budget,
         })
     }
 
@@ -396,11 +408,11 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
 }
 
 /// A sequence's, map's, enum's or variant's access whose nested values may nest `left`
-/// more levels; a sequence's elements or a map's entries draw on `elements` if `counted`.
+/// more levels; a sequence's elements or a map's entries draw on `budget` if `counted`.
 struct Access<'b, A> {
     inner: A,
     left: usize,
-    elements: &'b Budget,
+    budget: &'b Budget,
     counted: bool,
 }
 
@@ -410,7 +422,7 @@ impl<'b, A> Access<'b, A> {
         Seed {
             inner,
             left: self.left,
-            elements: self.elements,
+            budget: self.budget,
         }
     }
 
@@ -420,7 +432,7 @@ impl<'b, A> Access<'b, A> {
         Visit {
             inner: visitor,
             left: self.left,
-            elements: self.elements,
+            budget: self.budget,
             counted: false,
         }
     }
@@ -430,11 +442,8 @@ impl<'b, A> Access<'b, A> {
     #[inline]
     fn spend<T, E: de::Error>(&self, got: &Option<T>) -> Result<(), E> {
         if self.counted && got.is_some() {
-            match self.elements.elements.get().checked_sub(1) {
-                Some(left) => self.elements.elements.set(left),
-                None => return Err(E::custom(TOO_MANY)),
-            }
-            self.elements.take_memory::<T, E>()?;
+            self.budget.take_element::<E>()?;
+            self.budget.take_memory::<T, E>()?;
         }
         Ok(())
     }
@@ -479,7 +488,7 @@ impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for Access<'_, A> {
         let seed = self.seed(seed);
         let value = self.inner.next_value_seed(seed)?;
         if self.counted {
-            self.elements.take_memory::<S::Value, A::Error>()?;
+            self.budget.take_memory::<S::Value, A::Error>()?;
         }
         Ok(value)
     }
@@ -499,14 +508,14 @@ impl<'b, 'de, A: de::EnumAccess<'de>> de::EnumAccess<'de> for Access<'b, A> {
         self,
         seed: S,
     ) -> Result<(S::Value, Self::Variant), A::Error> {
-        let (left, elements, seed) = (self.left, self.elements, self.seed(seed));
+        let (left, budget, seed) = (self.left, self.budget, self.seed(seed));
         let (tag, variant) = self.inner.variant_seed(seed)?;
         Ok((
             tag,
             Access {
                 inner: variant,
                 left,
-                elements,
+                budget,
                 counted: false,
             },
         ))
