@@ -933,8 +933,10 @@ mod tests {
         /// Each operation does to its word what the model says, returns the old value, and
         /// leaves every other byte (the other half of a 32-bit word's 8 bytes) alone.
         #[test]
-        fn ops_match_the_model(ops in proptest::collection::vec((any_atomic(), 0..4usize), 1..MODEL_OPS),
-                               fill in any::<u64>()) {
+        fn ops_match_the_model(
+            ops in proptest::collection::vec((any_atomic(), 0..4usize), 1..MODEL_OPS),
+            fill in any::<u64>(),
+        ) {
             let seg = Segment::heap(0, 32).unwrap();
             let view = seg.byte_area();
             let mut mem = [fill, !fill, fill.rotate_left(7), 0];

@@ -1512,6 +1512,20 @@ fn summed(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Drives every rank until its operation in `ops` (one per rank, in rank order) completes:
+/// what each completed with.
+fn completed(c: &mut Cluster, mut ops: Vec<Op<()>>) -> Vec<Result<(), AmError>> {
+    c.drive_all(|r, ep, wire| ep.poll_op(wire, &mut ops[r as usize], None))
+}
+
+/// `len` bytes at `at` of rank `r`'s segment.
+fn segment_bytes(c: &mut Cluster, r: Rank, at: usize, len: usize) -> Vec<u8> {
+    let (_, seg) = c.with_segment(r);
+    let mut out = vec![0u8; len];
+    seg.read(at, &mut out).unwrap();
+    out
+}
+
 /// Catches a direct move in segment 0 done whole inside one advance (one poll, under a
 /// `SharedNode`'s lock, for as long as megabytes take), one that stops part-way and is
 /// never taken up again, and pieces that leave a gap at their edges.
@@ -1526,12 +1540,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     const LEN: usize = (1 << 20) + 64;
     const DEST: usize = LEN;
     let (mut c, worlds) = rma_pair(LEN, 2 * LEN);
-    let dest_of = |c: &mut Cluster, r: Rank| {
-        let (_, seg) = c.with_segment(r);
-        let mut out = vec![0u8; LEN];
-        seg.read(DEST, &mut out).unwrap();
-        out
-    };
+    let dest_of = |c: &mut Cluster, r: Rank| segment_bytes(c, r, DEST, LEN);
     // Polls both ranks and delivers what they sent until rank 0's move stops part-way.
     let until_moving = |c: &mut Cluster, ops: &mut [Op<()>]| {
         for _ in 0..1_000 {
@@ -1564,12 +1573,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
             "rank {r}: past the first step"
         );
     }
-    let mut ops: Vec<Option<Op<()>>> = ops.into_iter().map(Some).collect();
-    let got = c.drive_all(|r, ep, wire| {
-        let op = ops[r as usize].as_mut().expect("op");
-        ep.poll_op(wire, op, None)
-    });
-    for (r, g) in got.into_iter().enumerate() {
+    for (r, g) in completed(&mut c, ops).into_iter().enumerate() {
         g.expect("all-reduce");
         assert!(dest_of(&mut c, r as Rank) == sum, "rank {r}: the whole sum");
     }
@@ -1600,11 +1604,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     let d = dest_of(&mut c, 0);
     assert_eq!(d[..STEP], root[..STEP], "the first step's bytes");
     assert!(d[STEP..].iter().all(|&b| b == 0), "past the first step");
-    let mut ops: Vec<Option<Op<()>>> = ops.into_iter().map(Some).collect();
-    for g in c.drive_all(|r, ep, wire| {
-        let op = ops[r as usize].as_mut().expect("op");
-        ep.poll_op(wire, op, None)
-    }) {
+    for g in completed(&mut c, ops) {
         g.expect("broadcast");
     }
     assert!(dest_of(&mut c, 0) == root, "the root's bytes");
@@ -1618,17 +1618,11 @@ fn a_move_in_segment_goes_a_step_per_advance() {
 fn a_chunk_written_part_way_is_not_reduced_again() {
     const LEN: usize = 64;
     let (mut c, worlds) = rma_pair(LEN, shape(2).segment);
-    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 0, LEN)
-        .into_iter()
-        .map(Some)
-        .collect();
+    let ops = all_reduces_started(&mut c, &worlds, 0, LEN);
     // Rank 0's one-sided operations: the get of rank 1's source, then the put into rank
     // 1's destination, which the NIC refuses.
     c.net.rma_refuse[0] = 2;
-    for g in c.drive_all(|r, ep, wire| {
-        let op = ops[r as usize].as_mut().expect("op");
-        ep.poll_op(wire, op, None)
-    }) {
+    for g in completed(&mut c, ops) {
         g.expect("all-reduce");
     }
     assert_eq!(c.net.rma_refuse[0], 0, "the put was refused");
@@ -1644,31 +1638,23 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
     assert_eq!(rank0, ["get", "put"]);
     let sum = summed(LEN);
     for r in 0..2 {
-        let (_, seg) = c.with_segment(r);
-        let mut got = vec![0u8; LEN];
-        seg.read(0, &mut got).unwrap();
-        assert_eq!(got, sum, "rank {r}");
+        assert_eq!(segment_bytes(&mut c, r, 0, LEN), sum, "rank {r}");
     }
 }
 
 /// Catches a collective in segment 0 that reports success on a member whose destination
 /// lacks another member's share: rank 0's NIC fails the get of rank 1's source (as a
 /// segment it cannot use), so rank 0 neither reduces nor writes its block into either
-/// destination. Rank 0 gets its NIC's error; rank 1 must get `MemberFailed` naming rank 0, not `Ok` over a destination half
-/// unwritten. The team then goes on: the next all-reduce completes on both with the sum.
+/// destination. Rank 0 gets its NIC's error; rank 1 must get `MemberFailed` naming rank 0,
+/// not `Ok` over a destination half unwritten. The team then goes on: the next all-reduce
+/// completes on both with the sum.
 #[test]
 fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
     const LEN: usize = 64;
     let (mut c, worlds) = rma_pair(LEN, 8192);
-    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 4096, LEN)
-        .into_iter()
-        .map(Some)
-        .collect();
+    let ops = all_reduces_started(&mut c, &worlds, 4096, LEN);
     c.net.rma_fail[0] = 1;
-    let got = c.drive_all(|r, ep, wire| {
-        let op = ops[r as usize].as_mut().expect("op");
-        ep.poll_op(wire, op, None)
-    });
+    let got = completed(&mut c, ops);
     assert_eq!(c.net.rma_fail[0], 0, "the get failed");
     match &got[0] {
         Err(AmError::PeerMisbehaved { peer: 1, .. }) => {}
@@ -1681,21 +1667,12 @@ fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
         other => panic!("rank 1: {other:?}"),
     }
 
-    let mut ops: Vec<Option<Op<()>>> = all_reduces_started(&mut c, &worlds, 4096, LEN)
-        .into_iter()
-        .map(Some)
-        .collect();
-    for g in c.drive_all(|r, ep, wire| {
-        let op = ops[r as usize].as_mut().expect("op");
-        ep.poll_op(wire, op, None)
-    }) {
+    let ops = all_reduces_started(&mut c, &worlds, 4096, LEN);
+    for g in completed(&mut c, ops) {
         g.expect("the next all-reduce");
     }
     let sum = summed(LEN);
     for r in 0..2 {
-        let (_, seg) = c.with_segment(r);
-        let mut got = vec![0u8; LEN];
-        seg.read(4096, &mut got).unwrap();
-        assert_eq!(got, sum, "rank {r}");
+        assert_eq!(segment_bytes(&mut c, r, 4096, LEN), sum, "rank {r}");
     }
 }
