@@ -1469,12 +1469,17 @@ fn word(r: Rank, i: usize) -> u64 {
 /// Two started ranks whose NIC reaches both segments of `segment` bytes, each with
 /// [`word`]s in its first `len` bytes; and each rank's handle of the world.
 fn rma_pair(len: usize, segment: usize) -> (Cluster, Vec<Team>) {
-    let mut s = shape(2);
+    rma_ranks(2, len, segment)
+}
+
+/// [`rma_pair`] of `n` ranks.
+fn rma_ranks(n: u32, len: usize, segment: usize) -> (Cluster, Vec<Team>) {
+    let mut s = shape(n);
     s.segment = segment;
     let mut c = Cluster::started(s, 0, |_| am_core::Handlers::local());
     c.net.rma = true;
     let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
-    for r in 0..2 {
+    for r in 0..n {
         let (_, seg) = c.with_segment(r);
         let src: Vec<u8> = (0..len / 8)
             .flat_map(|i| word(r, i).to_le_bytes())
@@ -1484,12 +1489,13 @@ fn rma_pair(len: usize, segment: usize) -> (Cluster, Vec<Team>) {
     (c, worlds)
 }
 
-/// Both ranks' `u64` sum of `len` bytes at 0 into `dest` in segment 0, started.
-fn all_reduces_started(c: &mut Cluster, worlds: &[Team], dest: usize, len: usize) -> Vec<Op<()>> {
-    (0..2)
+/// Every rank's `u64` sum of `len` bytes at 0 into `dest` in segment 0, on its handle in
+/// `teams` (one per rank, in rank order), started.
+fn all_reduces_started(c: &mut Cluster, teams: &[Team], dest: usize, len: usize) -> Vec<Op<()>> {
+    (0..teams.len() as Rank)
         .map(|r| {
             let (ep, mut wire) = c.wire(r);
-            let team = &worlds[r as usize];
+            let team = &teams[r as usize];
             match ep.team_all_reduce_in_segment_start::<u64, _>(
                 &mut wire,
                 team,
@@ -1507,8 +1513,17 @@ fn all_reduces_started(c: &mut Cluster, worlds: &[Team], dest: usize, len: usize
 
 /// The sum of both ranks' [`word`]s in `len` bytes.
 fn summed(len: usize) -> Vec<u8> {
+    summed_over(2, len)
+}
+
+/// The sum of `n` ranks' [`word`]s in `len` bytes.
+fn summed_over(n: Rank, len: usize) -> Vec<u8> {
     (0..len / 8)
-        .flat_map(|i| word(0, i).wrapping_add(word(1, i)).to_le_bytes())
+        .flat_map(|i| {
+            (0..n)
+                .fold(0u64, |a, r| a.wrapping_add(word(r, i)))
+                .to_le_bytes()
+        })
         .collect()
 }
 
@@ -1673,6 +1688,62 @@ fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
     }
     let sum = summed(LEN);
     for r in 0..2 {
+        assert_eq!(segment_bytes(&mut c, r, 4096, LEN), sum, "rank {r}");
+    }
+}
+
+/// Catches `MemberFailed` naming the failed member by its team rank, or the highest by world
+/// rank, rather than the highest in team order by its world rank: on a team of the three
+/// ranks in the reverse of the world's order (team rank 0 is world rank 2), world ranks 0 and
+/// 2 fail their parts, and world rank 1 must be told of world rank 0 (team rank 2).
+#[test]
+fn a_failed_member_is_named_by_world_rank_and_the_highest_in_team_order() {
+    const LEN: usize = 96;
+    let (mut c, _) = rma_ranks(3, LEN, 8192);
+    let split = (0..3)
+        .map(|r| vec![Want::Split(On::World, Some(0), 2 - r)])
+        .collect();
+    let teams: Vec<Team> = run(&mut c, split)
+        .into_iter()
+        .map(|mut g| match g.remove(0) {
+            Ok(Got::Team(Some(t))) => t,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        teams[1].world_rank(0),
+        Some(2),
+        "the team's order is reversed"
+    );
+    let ops = all_reduces_started(&mut c, &teams, 4096, LEN);
+    c.net.rma_fail[0] = 1;
+    c.net.rma_fail[2] = 1;
+    let got = completed(&mut c, ops);
+    assert_eq!(
+        (c.net.rma_fail[0], c.net.rma_fail[2]),
+        (0, 0),
+        "both failed"
+    );
+    for r in [0, 2] {
+        assert!(
+            matches!(&got[r], Err(AmError::PeerMisbehaved { .. })),
+            "rank {r}: {:?}",
+            got[r]
+        );
+    }
+    match &got[1] {
+        Err(AmError::MemberFailed { team, peer }) => {
+            assert_eq!((*team, *peer), (teams[1].id(), 0));
+        }
+        other => panic!("rank 1: {other:?}"),
+    }
+
+    let ops = all_reduces_started(&mut c, &teams, 4096, LEN);
+    for g in completed(&mut c, ops) {
+        g.expect("the next all-reduce");
+    }
+    let sum = summed_over(3, LEN);
+    for r in 0..3 {
         assert_eq!(segment_bytes(&mut c, r, 4096, LEN), sum, "rank {r}");
     }
 }
