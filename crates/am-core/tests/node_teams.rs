@@ -857,3 +857,50 @@ fn a_collective_in_segment_goes_on_while_its_member_waits_for_something_else() {
         });
     }
 }
+
+/// Catches [`Node::arm`] saying `Sleep` while a collective in segment 0 is part-way through
+/// its direct move. No message comes to wake the rank for the rest of it (its peer waits for
+/// its part), so an event loop that sleeps as `arm` says would stall the move until the sleep
+/// ran out. Each rank polls and arms in turn, as such a loop does, until its all-reduce of
+/// 1 MiB completes: whenever its endpoint says the move has work, `arm` must say `Ready`; the
+/// move must have been seen part-way at least once (it takes several steps); and the sums
+/// must be right.
+#[test]
+fn arm_says_ready_while_a_collective_in_segment_is_moving() {
+    use am_core::{Armed, LoopbackConfig, ReduceOp};
+    const WORDS: usize = 1 << 17;
+    const LEN: usize = WORDS * 8;
+    within(Duration::from_secs(60), || {
+        let cfg = LoopbackConfig::new().segment_size(2 * LEN);
+        am_core::run_ranks(Loopback::cluster(2, cfg), |t| {
+            let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+            let me = node.rank();
+            let world = node.world_team();
+            let src: Vec<u8> = (0..WORDS as u64)
+                .flat_map(|i| (i + u64::from(me)).to_le_bytes())
+                .collect();
+            node.segment().write(0, &src).unwrap();
+            let op = node
+                .team_all_reduce_in_segment_nb::<u64>(&world, ReduceOp::Sum, 0, LEN, WORDS)
+                .unwrap();
+            let mut moving = 0;
+            while !node.test(&op).unwrap() {
+                if node.endpoint().has_local_work() {
+                    moving += 1;
+                    let armed = node.arm().unwrap();
+                    node.disarm();
+                    assert_eq!(armed, Armed::Ready, "rank {me}: told to sleep mid-move");
+                }
+            }
+            node.wait(op).unwrap();
+            assert!(moving > 0, "rank {me}: the move was never seen part-way");
+            let mut got = vec![0u8; LEN];
+            node.segment().read(LEN, &mut got).unwrap();
+            let want: Vec<u8> = (0..WORDS as u64)
+                .flat_map(|i| (2 * i + 1).to_le_bytes())
+                .collect();
+            assert!(got == want, "rank {me}: wrong sums");
+            node.barrier().unwrap();
+        });
+    });
+}
