@@ -163,6 +163,20 @@ pub trait Threading: sealed::Sealed + 'static {
 pub enum Sendable {}
 
 /// Handlers of any kind, `Send` or not ([`Handlers::local`]): the node stays on its thread.
+///
+/// A node of `Send` handlers is `Send`,
+///
+/// ```
+/// fn is_send<T: Send>() {}
+/// is_send::<am_core::Node<am_core::Loopback, am_core::Sendable>>();
+/// ```
+///
+/// and one of local handlers (which may hold an `Rc`) is not:
+///
+/// ```compile_fail,E0277
+/// fn is_send<T: Send>() {}
+/// is_send::<am_core::Node<am_core::Loopback, am_core::Local>>();
+/// ```
 #[derive(Debug)]
 pub enum Local {}
 
@@ -349,7 +363,28 @@ impl Default for Handlers {
 }
 
 impl Handlers<Sendable> {
-    /// An empty table of `Send` handlers.
+    /// An empty table of `Send` handlers. A handler that holds an `Rc` needs
+    /// [`Handlers::local`],
+    ///
+    /// ```
+    /// use std::{cell::Cell, rc::Rc};
+    /// use am_core::{AmKind, HandlerId, Handlers};
+    ///
+    /// let seen = Rc::new(Cell::new(0u32));
+    /// let mut handlers = Handlers::local();
+    /// handlers.reply(HandlerId(1), "pong", AmKind::Short, move |_| seen.set(1)).unwrap();
+    /// ```
+    ///
+    /// since this table takes only `Send` closures:
+    ///
+    /// ```compile_fail,E0277
+    /// use std::{cell::Cell, rc::Rc};
+    /// use am_core::{AmKind, HandlerId, Handlers};
+    ///
+    /// let seen = Rc::new(Cell::new(0u32));
+    /// let mut handlers = Handlers::new();
+    /// handlers.reply(HandlerId(1), "pong", AmKind::Short, move |_| seen.set(1)).unwrap();
+    /// ```
     pub fn new() -> Self {
         Self::empty()
     }
@@ -367,7 +402,23 @@ impl Handlers<Sendable> {
         self.insert(id, name, Category::Request, kind, f)
     }
 
-    /// Registers a reply handler of the given kind.
+    /// Registers a reply handler of the given kind. It gets only the message,
+    ///
+    /// ```
+    /// use am_core::{AmKind, HandlerId, Handlers};
+    ///
+    /// let mut handlers = Handlers::new();
+    /// handlers.reply(HandlerId(2), "pong", AmKind::Short, |_msg| {}).unwrap();
+    /// ```
+    ///
+    /// and no token to reply with (a reply is never answered):
+    ///
+    /// ```compile_fail,E0593
+    /// use am_core::{AmKind, HandlerId, Handlers};
+    ///
+    /// let mut handlers = Handlers::new();
+    /// handlers.reply(HandlerId(2), "pong", AmKind::Short, |_msg, token| {}).unwrap();
+    /// ```
     pub fn reply(
         &mut self,
         id: HandlerId,

@@ -15,13 +15,22 @@ use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
 
 /// The right to send one reply to the requester: GASNet's token.
 ///
-/// Each `reply_*` method consumes the token, so a second reply does not compile:
+/// Each `reply_*` method consumes the token: one reply compiles,
 ///
-/// ```compile_fail
+/// ```
 /// # use am_core::{Token, HandlerId};
 /// fn handler(token: Token<'_>) {
 ///     token.reply_short(HandlerId(1), &[]).unwrap();
-///     token.reply_short(HandlerId(1), &[]).unwrap(); // use of moved value
+/// }
+/// ```
+///
+/// and a second does not (use of a moved value):
+///
+/// ```compile_fail,E0382
+/// # use am_core::{Token, HandlerId};
+/// fn handler(token: Token<'_>) {
+///     token.reply_short(HandlerId(1), &[]).unwrap();
+///     token.reply_short(HandlerId(1), &[]).unwrap();
 /// }
 /// ```
 ///

@@ -1,6 +1,6 @@
 //! Compile-time guarantees of the public API: transports move to their rank's thread, a node
 //! of `Send` handlers moves with them, errors cross threads. (A node of `Handlers::local`
-//! is not `Send`: `tests/ui/local_node_is_not_send.rs`.)
+//! is not `Send`: the `compile_fail` example of `am_core::Local`.)
 
 use am_core::*;
 

@@ -861,10 +861,10 @@ fn a_collective_in_segment_goes_on_while_its_member_waits_for_something_else() {
 /// Catches [`Node::arm`] saying `Sleep` while a collective in segment 0 is part-way through
 /// its direct move. No message comes to wake the rank for the rest of it (its peer waits for
 /// its part), so an event loop that sleeps as `arm` says would stall the move until the sleep
-/// ran out. Each rank polls and arms in turn, as such a loop does, until its all-reduce of
-/// 1 MiB completes: whenever its endpoint says the move has work, `arm` must say `Ready`; the
-/// move must have been seen part-way at least once (it takes several steps); and the sums
-/// must be right.
+/// ran out. Each rank polls until its all-reduce of 1 MiB completes, and arms whenever its
+/// endpoint says the move has work: `arm` must then say `Ready`. Each rank's share (half the
+/// vector) is larger than one advance moves (`MOVE_PER_STEP`), so the move is seen part-way
+/// at least once; and the sums must be right.
 #[test]
 fn arm_says_ready_while_a_collective_in_segment_is_moving() {
     use am_core::{Armed, LoopbackConfig, ReduceOp};
