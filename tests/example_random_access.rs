@@ -178,8 +178,8 @@ fn credits_are_the_transports_unless_am_credits_chooses() {
     let ranks = amnet::credit::DYNAMIC_FROM_RANKS;
     assert_eq!(credits_of("portals", ranks - 1, None), "32");
     assert_eq!(credits_of("portals", ranks, None), "dynamic:2:32");
-    // `AM_CREDITS` replaces the default whatever the job's size: a small job shows that it
-    // wins, for a fraction of what starting 256 ranks costs.
+    // `AM_CREDITS` is taken before the default for the job's size (which is only the
+    // fallback), so a job of 2 ranks shows that it wins.
     assert_eq!(credits_of("portals", 2, Some("4")), "4");
     assert_eq!(credits("extoll", None), "32");
     assert_eq!(credits_of("extoll", ranks, None), "dynamic:2:32");
