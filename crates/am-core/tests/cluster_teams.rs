@@ -603,16 +603,7 @@ fn a_member_lost_mid_collective_fails_its_teams_on_every_survivor() {
     for seed in 0..40 {
         let mut c = Cluster::started(shape(6), seed, |_| am_core::Handlers::local());
         // Ranks 0..4 one team, 4 and 5 another.
-        let split = (0..6)
-            .map(|r| vec![Want::Split(On::World, Some(u32::from(r >= 4)), 0)])
-            .collect();
-        let teams: Vec<Team> = run(&mut c, split)
-            .into_iter()
-            .map(|mut g| match g.remove(0) {
-                Ok(Got::Team(Some(t))) => t,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let teams = split_world(&mut c, 6, |r| (Some(u32::from(r >= 4)), 0));
         // Everyone starts an all-gather on the world and a barrier on its team; a few steps
         // are delivered; then rank 1 dies.
         let mut ops: Vec<Pair> = Vec::new();
@@ -1266,16 +1257,7 @@ fn a_symmetric_allocation_a_loss_fails_gives_its_range_back() {
         for r in 0..4 {
             c.wire(r).0.set_symmetric_size(HEAP).expect("fits");
         }
-        let split = (0..4)
-            .map(|r| vec![Want::Split(On::World, Some(u32::from(r == 3)), 0)])
-            .collect();
-        let teams: Vec<Team> = run(&mut c, split)
-            .into_iter()
-            .map(|mut g| match g.remove(0) {
-                Ok(Got::Team(Some(t))) => t,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let teams = split_world(&mut c, 4, |r| (Some(u32::from(r == 3)), 0));
         let mut ops: Vec<Option<Op<am_core::Symmetric>>> = (0..3)
             .map(|r| {
                 let (ep, mut wire) = c.wire(r);
@@ -1459,6 +1441,24 @@ fn a_peers_offsets_outside_the_segment_fail_a_collective_in_segment() {
             );
         }
     }
+}
+
+/// Every rank of `c`'s world (`n` of them) splits it with the color and key `of` gives it:
+/// each rank's team, in rank order (every rank gives a color).
+fn split_world(c: &mut Cluster, n: Rank, of: impl Fn(Rank) -> (Option<u32>, u32)) -> Vec<Team> {
+    let split = (0..n)
+        .map(|r| {
+            let (color, key) = of(r);
+            vec![Want::Split(On::World, color, key)]
+        })
+        .collect();
+    run(c, split)
+        .into_iter()
+        .map(|mut g| match g.remove(0) {
+            Ok(Got::Team(Some(t))) => t,
+            other => panic!("{other:?}"),
+        })
+        .collect()
 }
 
 /// Rank `r`'s `i`th word of its source, in the tests of direct moves.
@@ -1675,20 +1675,33 @@ fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
         Err(AmError::PeerMisbehaved { peer: 1, .. }) => {}
         other => panic!("rank 0: {other:?}"),
     }
-    match &got[1] {
-        Err(AmError::MemberFailed { team, peer }) => {
-            assert_eq!((*team, *peer), (worlds[1].id(), 0));
-        }
-        other => panic!("rank 1: {other:?}"),
-    }
+    told_of(&got[1], &worlds[1], 0);
+    next_all_reduce_sums(&mut c, &worlds, LEN);
+}
 
-    let ops = all_reduces_started(&mut c, &worlds, 4096, LEN);
-    for g in completed(&mut c, ops) {
+/// `got` is the `MemberFailed` that names `team` and world rank `peer`.
+#[track_caller]
+fn told_of(got: &Result<(), AmError>, team: &Team, peer: Rank) {
+    match got {
+        Err(AmError::MemberFailed { team: t, peer: p }) => {
+            assert_eq!((*t, *p), (team.id(), peer));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The team's next all-reduce in segment 0 (every rank's handle in `teams`) completes on
+/// every rank with the right sums.
+#[track_caller]
+fn next_all_reduce_sums(c: &mut Cluster, teams: &[Team], len: usize) {
+    let ops = all_reduces_started(c, teams, 4096, len);
+    for g in completed(c, ops) {
         g.expect("the next all-reduce");
     }
-    let sum = summed(LEN);
-    for r in 0..2 {
-        assert_eq!(segment_bytes(&mut c, r, 4096, LEN), sum, "rank {r}");
+    let n = teams.len() as Rank;
+    let sum = summed_over(n, len);
+    for r in 0..n {
+        assert_eq!(segment_bytes(c, r, 4096, len), sum, "rank {r}");
     }
 }
 
@@ -1700,16 +1713,7 @@ fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
 fn a_failed_member_is_named_by_world_rank_and_the_highest_in_team_order() {
     const LEN: usize = 96;
     let (mut c, _) = rma_ranks(3, LEN, 8192);
-    let split = (0..3)
-        .map(|r| vec![Want::Split(On::World, Some(0), 2 - r)])
-        .collect();
-    let teams: Vec<Team> = run(&mut c, split)
-        .into_iter()
-        .map(|mut g| match g.remove(0) {
-            Ok(Got::Team(Some(t))) => t,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let teams = split_world(&mut c, 3, |r| (Some(0), 2 - r));
     for t in &teams {
         assert_eq!(
             t.members(),
@@ -1733,19 +1737,6 @@ fn a_failed_member_is_named_by_world_rank_and_the_highest_in_team_order() {
             got[r]
         );
     }
-    match &got[1] {
-        Err(AmError::MemberFailed { team, peer }) => {
-            assert_eq!((*team, *peer), (teams[1].id(), 0));
-        }
-        other => panic!("rank 1: {other:?}"),
-    }
-
-    let ops = all_reduces_started(&mut c, &teams, 4096, LEN);
-    for g in completed(&mut c, ops) {
-        g.expect("the next all-reduce");
-    }
-    let sum = summed_over(3, LEN);
-    for r in 0..3 {
-        assert_eq!(segment_bytes(&mut c, r, 4096, LEN), sum, "rank {r}");
-    }
+    told_of(&got[1], &teams[1], 0);
+    next_all_reduce_sums(&mut c, &teams, LEN);
 }
