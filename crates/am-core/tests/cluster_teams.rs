@@ -1466,13 +1466,8 @@ fn word(r: Rank, i: usize) -> u64 {
     (r as u64 + 1) << 32 | i as u64
 }
 
-/// Two started ranks whose NIC reaches both segments of `segment` bytes, each with
+/// `n` started ranks whose NIC reaches every segment of `segment` bytes, each with
 /// [`word`]s in its first `len` bytes; and each rank's handle of the world.
-fn rma_pair(len: usize, segment: usize) -> (Cluster, Vec<Team>) {
-    rma_ranks(2, len, segment)
-}
-
-/// [`rma_pair`] of `n` ranks.
 fn rma_ranks(n: u32, len: usize, segment: usize) -> (Cluster, Vec<Team>) {
     let mut s = shape(n);
     s.segment = segment;
@@ -1511,13 +1506,8 @@ fn all_reduces_started(c: &mut Cluster, teams: &[Team], dest: usize, len: usize)
         .collect()
 }
 
-/// The sum of both ranks' [`word`]s in `len` bytes.
-fn summed(len: usize) -> Vec<u8> {
-    summed_over(2, len)
-}
-
 /// The sum of `n` ranks' [`word`]s in `len` bytes.
-fn summed_over(n: Rank, len: usize) -> Vec<u8> {
+fn summed(n: Rank, len: usize) -> Vec<u8> {
     (0..len / 8)
         .flat_map(|i| {
             (0..n)
@@ -1554,7 +1544,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     const STEP: usize = 256 << 10;
     const LEN: usize = (1 << 20) + 64;
     const DEST: usize = LEN;
-    let (mut c, worlds) = rma_pair(LEN, 2 * LEN);
+    let (mut c, worlds) = rma_ranks(2, LEN, 2 * LEN);
     let dest_of = |c: &mut Cluster, r: Rank| segment_bytes(c, r, DEST, LEN);
     // Polls both ranks and delivers what they sent until rank 0's move stops part-way.
     let until_moving = |c: &mut Cluster, ops: &mut [Op<()>]| {
@@ -1578,7 +1568,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
     // The all-reduce: rank 0's share is the lower half of the elements.
     let mut ops = all_reduces_started(&mut c, &worlds, DEST, LEN);
     until_moving(&mut c, &mut ops);
-    let sum = summed(LEN);
+    let sum = summed(2, LEN);
     let half = LEN / 8 / 2 * 8;
     for r in 0..2 {
         let d = dest_of(&mut c, r);
@@ -1632,7 +1622,7 @@ fn a_move_in_segment_goes_a_step_per_advance() {
 #[test]
 fn a_chunk_written_part_way_is_not_reduced_again() {
     const LEN: usize = 64;
-    let (mut c, worlds) = rma_pair(LEN, shape(2).segment);
+    let (mut c, worlds) = rma_ranks(2, LEN, shape(2).segment);
     let ops = all_reduces_started(&mut c, &worlds, 0, LEN);
     // Rank 0's one-sided operations: the get of rank 1's source, then the put into rank
     // 1's destination, which the NIC refuses.
@@ -1651,7 +1641,7 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
         .map(|o| o.3)
         .collect();
     assert_eq!(rank0, ["get", "put"]);
-    let sum = summed(LEN);
+    let sum = summed(2, LEN);
     for r in 0..2 {
         assert_eq!(segment_bytes(&mut c, r, 0, LEN), sum, "rank {r}");
     }
@@ -1666,7 +1656,7 @@ fn a_chunk_written_part_way_is_not_reduced_again() {
 #[test]
 fn a_member_whose_move_failed_fails_the_collective_on_every_member() {
     const LEN: usize = 64;
-    let (mut c, worlds) = rma_pair(LEN, 8192);
+    let (mut c, worlds) = rma_ranks(2, LEN, 8192);
     let ops = all_reduces_started(&mut c, &worlds, 4096, LEN);
     c.net.rma_fail[0] = 1;
     let got = completed(&mut c, ops);
@@ -1699,7 +1689,7 @@ fn next_all_reduce_sums(c: &mut Cluster, teams: &[Team], len: usize) {
         g.expect("the next all-reduce");
     }
     let n = teams.len() as Rank;
-    let sum = summed_over(n, len);
+    let sum = summed(n, len);
     for r in 0..n {
         assert_eq!(segment_bytes(c, r, 4096, len), sum, "rank {r}");
     }
