@@ -327,7 +327,7 @@ impl ExtollConfig {
     /// `EXTOLL_RMA_POOL`, dynamic credits choose a pool ([`ExtollConfig::pool_for`]):
     /// receive memory that follows the credits.
     pub fn from_env() -> Result<ExtollConfig, ExtollError> {
-        ExtollConfig::from_env_with(am_core::Credits::default())
+        ExtollConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
     }
 
     /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
@@ -336,7 +336,10 @@ impl ExtollConfig {
     /// a rank's receive buffers stop growing with the job. The transport then gives the core
     /// the same credits ([`am_core::Transport::default_credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<ExtollConfig, ExtollError> {
-        ExtollConfig::from_env_with(am_core::Credits::default_for_ranks(ranks))
+        ExtollConfig::from_vars(
+            |k| std::env::var(k).ok(),
+            am_core::Credits::default_for_ranks(ranks),
+        )
     }
 
     /// The RMA Medium pool `credits` choose: as many buffers as a dynamic policy's bank
@@ -351,23 +354,31 @@ impl ExtollConfig {
         }
     }
 
-    fn from_env_with(default: am_core::Credits) -> Result<ExtollConfig, ExtollError> {
-        let credits = am_core::Config::from_env()
-            .map_err(|e| ExtollError::Config(e.to_string()))?
-            .credits
-            .unwrap_or(default);
+    /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set), with
+    /// `default` credits where `AM_CREDITS` is not set. Of the core's variables only
+    /// `AM_CREDITS` counts here: [`am_core::Config::from_env`] checks the others.
+    fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+        default: am_core::Credits,
+    ) -> Result<ExtollConfig, ExtollError> {
+        let credits = match var("AM_CREDITS") {
+            Some(v) => v
+                .parse::<am_core::Credits>()
+                .map_err(|e| ExtollError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
+            None => default,
+        };
         let mut c = ExtollConfig {
             credits,
             rma_pool: ExtollConfig::pool_for(credits),
             ..ExtollConfig::default()
         };
         let num = |k: &str| -> Result<Option<usize>, ExtollError> {
-            match std::env::var(k) {
-                Ok(v) => v
+            match var(k) {
+                Some(v) => v
                     .parse()
                     .map(Some)
                     .map_err(|_| ExtollError::Config(format!("{k}={v:?} is not a number"))),
-                Err(_) => Ok(None),
+                None => Ok(None),
             }
         };
         if let Some(v) = num("EXTOLL_PACKET_SIZE")? {
@@ -389,11 +400,11 @@ impl ExtollConfig {
             c.notify_slots = v;
         }
         let rma_from = num("EXTOLL_RMA_FROM")?.unwrap_or(DEFAULT_RMA_FROM);
-        c.medium = match std::env::var("EXTOLL_MEDIUM").as_deref() {
-            Ok("velo") => MediumPath::Velo,
-            Ok("rma") => MediumPath::Rma,
-            Ok("auto") | Err(_) => MediumPath::Auto { rma_from },
-            Ok(v) => return Err(ExtollError::Config(format!("EXTOLL_MEDIUM={v:?}"))),
+        c.medium = match var("EXTOLL_MEDIUM").as_deref() {
+            Some("velo") => MediumPath::Velo,
+            Some("rma") => MediumPath::Rma,
+            Some("auto") | None => MediumPath::Auto { rma_from },
+            Some(v) => return Err(ExtollError::Config(format!("EXTOLL_MEDIUM={v:?}"))),
         };
         c.validate()?;
         Ok(c)
@@ -486,3 +497,71 @@ am_bootstrap::impl_connect!(
     |ranks| ExtollConfig::from_env_for_ranks(ranks),
     |e| e.into_connect_error("extoll")
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use am_core::Credits;
+
+    fn config_for(vars: &[(&str, &str)], default: Credits) -> Result<ExtollConfig, ExtollError> {
+        ExtollConfig::from_vars(
+            |k| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            },
+            default,
+        )
+    }
+
+    /// The RMA Medium receive bytes of one rank of a 256-rank job laid out by `c`.
+    fn receive_bytes(c: &ExtollConfig) -> usize {
+        layout::Layout::new(256, c, 0).unwrap().receive_bytes()
+    }
+
+    /// Catches a large job's receive memory laid out for its default (dynamic) credits while
+    /// `AM_CREDITS` gives the core static ones, or the reverse: a pool shared by every
+    /// sender where each connection's credits count on buffers of its own.
+    #[test]
+    fn am_credits_lays_out_the_receive_memory_of_a_large_job() {
+        let large = Credits::default_for_ranks(256);
+        assert!(matches!(large, Credits::Dynamic { .. }), "{large:?}");
+        let default = config_for(&[], large).unwrap();
+        assert_eq!(
+            (default.credits, default.rma_pool),
+            (large, ExtollConfig::pool_for(large))
+        );
+        assert!(default.rma_pool > 0);
+        let set = config_for(&[("AM_CREDITS", "32")], large).unwrap();
+        assert_eq!((set.credits, set.rma_pool), (Credits::Static(32), 0));
+        assert!(receive_bytes(&set) > 16 * receive_bytes(&default));
+        let bank = config_for(&[("AM_CREDITS", "dynamic:2:512")], large).unwrap();
+        assert_eq!(bank.rma_pool, 512);
+        assert!(receive_bytes(&bank) > receive_bytes(&default));
+        let small = config_for(&[("AM_CREDITS", "dynamic")], Credits::default_for_ranks(2));
+        assert_eq!(
+            small.unwrap().rma_pool,
+            ExtollConfig::pool_for(Credits::DYNAMIC)
+        );
+        let pool = config_for(&[("AM_CREDITS", "32"), ("EXTOLL_RMA_POOL", "64")], large);
+        assert_eq!(pool.unwrap().rma_pool, 64, "EXTOLL_RMA_POOL wins");
+    }
+
+    /// Only `AM_CREDITS` of the core's variables counts here, and a value the core refuses
+    /// is refused naming it, rather than silently giving the default layout.
+    #[test]
+    fn credits_the_core_refuses_are_refused() {
+        for bad in ["0", "lots", "256", "dynamic:0:1"] {
+            match config_for(&[("AM_CREDITS", bad)], Credits::default()) {
+                Err(ExtollError::Config(m)) => assert!(m.contains("AM_CREDITS"), "{m}"),
+                other => panic!("AM_CREDITS={bad}: {other:?}"),
+            }
+        }
+        let other = config_for(
+            &[("AM_CREDITS", "16"), ("AM_WAIT", "sometimes")],
+            Credits::default(),
+        );
+        assert_eq!(other.unwrap().credits, Credits::Static(16));
+        assert!(config_for(&[("EXTOLL_MEDIUM", "dma")], Credits::default()).is_err());
+    }
+}

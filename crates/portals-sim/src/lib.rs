@@ -267,11 +267,11 @@ pub struct Memory {
 }
 
 impl PortalsConfig {
-    /// The defaults, with `AM_CREDITS` (read through [`am_core::Config::from_env`]) and
-    /// `PORTALS_REQUEST_BUFFERS`, `PORTALS_MAX_MESSAGE`, `PORTALS_SEND_SLOTS`,
+    /// The defaults, with `AM_CREDITS` (parsed as [`am_core::Config::from_env`] parses it)
+    /// and `PORTALS_REQUEST_BUFFERS`, `PORTALS_MAX_MESSAGE`, `PORTALS_SEND_SLOTS`,
     /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
     pub fn from_env() -> Result<PortalsConfig, PortalsError> {
-        PortalsConfig::from_env_with(am_core::Credits::default())
+        PortalsConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
     }
 
     /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
@@ -280,20 +280,34 @@ impl PortalsConfig {
     /// for them, grow by 2 requests per peer instead of 32. The transport then gives the core
     /// the same credits ([`am_core::Transport::default_credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<PortalsConfig, PortalsError> {
-        PortalsConfig::from_env_with(Credits::default_for_ranks(ranks))
+        PortalsConfig::from_vars(|k| std::env::var(k).ok(), Credits::default_for_ranks(ranks))
     }
 
-    fn from_env_with(default: Credits) -> Result<PortalsConfig, PortalsError> {
+    /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set), with
+    /// `default` credits where `AM_CREDITS` is not set. Of the core's variables only
+    /// `AM_CREDITS` counts here: [`am_core::Config::from_env`] checks the others.
+    fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+        default: Credits,
+    ) -> Result<PortalsConfig, PortalsError> {
+        let credits = match var("AM_CREDITS") {
+            Some(value) => value.parse().map_err(|why| am_core::config::ConfigError {
+                var: "AM_CREDITS",
+                value,
+                why,
+            })?,
+            None => default,
+        };
         let mut c = PortalsConfig {
-            credits: am_core::Config::from_env()?.credits.unwrap_or(default),
+            credits,
             ..PortalsConfig::default()
         };
         let num = |k: &str| -> Result<Option<usize>, PortalsError> {
-            match std::env::var(k) {
-                Ok(v) => am_core::config::parse_size(&v)
+            match var(k) {
+                Some(v) => am_core::config::parse_size(&v)
                     .map(Some)
                     .ok_or_else(|| PortalsError::Config(format!("{k}={v:?} is not a size"))),
-                Err(_) => Ok(None),
+                None => Ok(None),
             }
         };
         if let Some(v) = num("PORTALS_REQUEST_BUFFERS")? {
@@ -470,6 +484,65 @@ pub enum PortalsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config_for(vars: &[(&str, &str)], default: Credits) -> Result<PortalsConfig, PortalsError> {
+        PortalsConfig::from_vars(
+            |k| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            },
+            default,
+        )
+    }
+
+    /// Catches a large job's receive buffers sized for its default (dynamic) credits while
+    /// `AM_CREDITS` gives the core others: the core would then lend more than the buffers
+    /// hold, or the buffers hold far more than it lends.
+    #[test]
+    fn am_credits_sizes_the_receive_buffers_of_a_large_job() {
+        let large = Credits::default_for_ranks(256);
+        assert!(matches!(large, Credits::Dynamic { .. }), "{large:?}");
+        let sized = |credits| {
+            PortalsConfig {
+                credits,
+                ..PortalsConfig::default()
+            }
+            .receive_buffer_bytes(256)
+        };
+        let default = config_for(&[], large).unwrap();
+        assert_eq!(default.credits, large);
+        let set = config_for(&[("AM_CREDITS", "32")], large).unwrap();
+        assert_eq!(set.credits, Credits::Static(32));
+        assert_eq!(set.receive_buffer_bytes(256), sized(Credits::Static(32)));
+        assert!(set.receive_buffer_bytes(256) > default.receive_buffer_bytes(256));
+        // A larger bank than the default's takes more room; a small job's static default
+        // gives way to dynamic credits the same way.
+        let bank = config_for(&[("AM_CREDITS", "dynamic:2:4096")], large).unwrap();
+        assert!(bank.receive_buffer_bytes(256) > default.receive_buffer_bytes(256));
+        assert_eq!(bank.receive_buffer_bytes(256), sized(bank.credits));
+        let small = config_for(&[("AM_CREDITS", "dynamic")], Credits::default_for_ranks(2));
+        assert_eq!(small.unwrap().credits, Credits::DYNAMIC);
+    }
+
+    /// Only `AM_CREDITS` of the core's variables counts here, and a value the core refuses
+    /// is refused naming it, rather than silently giving the default buffers.
+    #[test]
+    fn credits_the_core_refuses_are_refused() {
+        for bad in ["0", "lots", "256", "dynamic:0:1"] {
+            match config_for(&[("AM_CREDITS", bad)], Credits::default()) {
+                Err(e) => assert!(e.to_string().contains("AM_CREDITS"), "{e}"),
+                other => panic!("AM_CREDITS={bad}: {other:?}"),
+            }
+        }
+        let other = config_for(
+            &[("AM_CREDITS", "16"), ("AM_WAIT", "sometimes")],
+            Credits::default(),
+        );
+        assert_eq!(other.unwrap().credits, Credits::Static(16));
+        let bad = config_for(&[("PORTALS_MAX_MESSAGE", "x")], Credits::default());
+        assert!(bad.is_err());
+    }
 
     /// Static partitioning grows with the peers; dynamic credits mostly do not.
     #[test]
