@@ -1363,6 +1363,54 @@ mod tests {
         );
     }
 
+    /// Catches a decoder that charges an element behind a pointer (a `Box`; an `Rc` or `Arc`
+    /// decodes as one with serde's `rc` feature) its pointer's size alone: eight forged bytes declaring 65,536 `Box<Heavy>` made 100 MB,
+    /// and each byte of a vector of `Box<Option<Heavy>>` 1.5 KiB. Also catches a
+    /// charge for pointers where there is no pointee (a `Box<u64>` in a `Vec` and an
+    /// `Option<Box<..>>` of `None` cost no more than their own size).
+    #[test]
+    fn what_elements_hold_behind_pointers_is_charged_too() {
+        let size = std::mem::size_of::<Heavy>();
+        let budget = depth::MEMORY_PER_BYTE * 8 + depth::MEMORY_PAST_BYTES;
+        // Each element takes its pointee before it is decoded, then its pointer.
+        let each = size + std::mem::size_of::<Box<Heavy>>();
+        let most = budget / each;
+        assert!(
+            budget % each < size,
+            "the next pointee is refused, not its pointer"
+        );
+        let v = decode::<Vec<Box<Heavy>>>(&count(most as u64)).expect("the most allowed");
+        assert_eq!(v.len(), most);
+        drop(v);
+        assert!(decode::<Vec<Box<Heavy>>>(&count(most as u64 + 1)).is_none());
+        // A pointee in an option, in a variant: 60,000 elements of five bytes (a variant's
+        // index and a `None`) would each allocate a `Heavy`, 92 MB against a budget of 86 MB;
+        // a thousand fit. The same in a vector of one-byte `None`s.
+        #[derive(Debug, Serialize, Deserialize)]
+        enum Shelf {
+            Full(Box<Option<Heavy>>),
+        }
+        let shelves = |n: usize| [&count(n as u64)[..], &vec![0u8; 5 * n]].concat();
+        assert_eq!(
+            decode::<Vec<Shelf>>(&shelves(1000)).map(|v| v.len()),
+            Some(1000)
+        );
+        assert!(decode::<Vec<Shelf>>(&shelves(60_000)).is_none());
+        let nones = |n: usize| [&count(n as u64)[..], &vec![0u8; n]].concat();
+        let fit = decode::<Vec<Box<Option<Heavy>>>>(&nones(1000));
+        assert_eq!(fit.map(|v| v.len()), Some(1000));
+        assert!(decode::<Vec<Box<Option<Heavy>>>>(&nones(60_000)).is_none());
+        // Small pointees decode as many as the elements allow.
+        let boxed: Vec<Box<u64>> = (0..100_000).map(Box::new).collect();
+        assert_eq!(
+            decode::<Vec<Box<u64>>>(&encode(&boxed).unwrap()),
+            Some(boxed)
+        );
+        let none: Vec<Option<Box<Heavy>>> = (0..50_000).map(|_| None).collect();
+        let back = decode::<Vec<Option<Box<Heavy>>>>(&encode(&none).unwrap());
+        assert_eq!(back.map(|v| v.len()), Some(50_000));
+    }
+
     /// A byte buffer that asks for one (`deserialize_byte_buf`), as `serde_bytes` does.
     #[derive(Debug, PartialEq)]
     struct Blob(Vec<u8>);

@@ -29,8 +29,16 @@
 //! second budget, [`MEMORY_PER_BYTE`] times the value's length plus [`MEMORY_PAST_BYTES`]:
 //! an element may occupy a byte on the wire, or none, and kilobytes in memory (a `None` of
 //! an `Option` of a large array, a field skipped on the wire that holds an array), and a
-//! vector of them would otherwise make a few forged bytes into hundreds of megabytes. (What an
-//! element holds behind a pointer, a `Box`'s value, is the type's own cost, not counted.)
+//! vector of them would otherwise make a few forged bytes into hundreds of megabytes.
+//!
+//! What a value holds behind a pointer takes from that budget too. `Box<T>` (and `Rc<T>` and
+//! `Arc<T>`, with serde's `rc` feature) deserialize their `T` with the deserializer they are
+//! given, so a vector of
+//! `Box<Option<[u8; 65536]>>` would be charged a pointer's size an element while each `None`,
+//! one byte on the wire, allocates 64 KiB. Each [`Deep`] knows how much memory was paid for
+//! the value it deserializes (`paid`: an element's or a field's size, or the size of the
+//! option or newtype struct around it); a visitor whose value is larger than that is one
+//! behind a pointer, and its size is taken before it is decoded.
 
 use std::cell::Cell;
 
@@ -131,15 +139,17 @@ where
         inner,
         left: MAX_DEPTH,
         budget: &budget,
+        paid: std::mem::size_of::<T>(),
     })
 }
 
 /// A deserializer whose value may nest `left` more levels, its sequences drawing on
-/// `budget`.
+/// `budget`, and whose memory, up to `paid` bytes, is paid for already.
 pub(crate) struct Deep<'b, D> {
     inner: D,
     left: usize,
     budget: &'b Budget,
+    paid: usize,
 }
 
 /// A visitor of a value that may nest `left` more levels: it takes a level when it
@@ -190,6 +200,7 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
             inner: d,
             left: self.left,
             budget: self.budget,
+            paid: std::mem::size_of::<S::Value>(),
         })
     }
 }
@@ -199,6 +210,7 @@ macro_rules! forward {
     ($($method:ident)*) => {$(
         #[inline]
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+            self.pay::<V::Value, D::Error>()?;
             let v = self.visit(visitor, false);
             self.inner.$method(v)
         }
@@ -206,6 +218,16 @@ macro_rules! forward {
 }
 
 impl<'b, D> Deep<'b, D> {
+    /// Takes a `T`'s size from the budget if it is larger than what was paid for this
+    /// deserializer's value (it lies behind a pointer), or the error past the budget.
+    #[inline]
+    fn pay<T, E: de::Error>(&self) -> Result<(), E> {
+        if std::mem::size_of::<T>() > self.paid {
+            self.budget.take_memory::<T, E>()?;
+        }
+        Ok(())
+    }
+
     /// `visitor` wrapped for this deserializer's levels and budget.
     #[inline]
     fn visit<V>(&self, visitor: V, counted: bool) -> Visit<'b, V> {
@@ -234,6 +256,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
     /// A sequence's elements, as many as the wire says, draw on the budget.
     #[inline]
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, true);
         self.inner.deserialize_seq(v)
     }
@@ -241,6 +264,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
     /// A map's entries, as many as the wire says, draw on the budget.
     #[inline]
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, true);
         self.inner.deserialize_map(v)
     }
@@ -267,6 +291,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_unit_struct(name, v)
     }
@@ -277,6 +302,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_newtype_struct(name, v)
     }
@@ -287,6 +313,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_tuple(len, v)
     }
@@ -298,6 +325,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_tuple_struct(name, len, v)
     }
@@ -309,6 +337,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_struct(name, fields, v)
     }
@@ -320,6 +349,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
+        self.pay::<V::Value, D::Error>()?;
         let v = self.visit(visitor, false);
         self.inner.deserialize_enum(name, variants, v)
     }
@@ -374,6 +404,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
             inner: d,
             left,
             budget,
+            paid: std::mem::size_of::<V::Value>(),
         })
     }
 
@@ -385,6 +416,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Visit<'_, V> {
             inner: d,
             left,
             budget,
+            paid: std::mem::size_of::<V::Value>(),
         })
     }
 
