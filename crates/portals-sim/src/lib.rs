@@ -453,8 +453,8 @@ pub enum PortalsError {
     /// An invalid setting.
     #[error("invalid Portals configuration: {0}")]
     Config(String),
-    /// A malformed variable of the core's (`AM_CREDITS`, `AM_WAIT`), read by
-    /// [`PortalsConfig::from_env`].
+    /// A malformed `AM_CREDITS`, the one variable of the core's that
+    /// [`PortalsConfig::from_env`] reads.
     #[error("invalid Portals configuration: {0}")]
     CoreConfig(#[from] am_core::config::ConfigError),
     /// A rank's AM segment differs in size from rank 0's (every rank finds the same one).
@@ -531,7 +531,9 @@ mod tests {
     fn credits_the_core_refuses_are_refused() {
         for bad in ["0", "lots", "256", "dynamic:0:1"] {
             match config_for(&[("AM_CREDITS", bad)], Credits::default()) {
-                Err(e) => assert!(e.to_string().contains("AM_CREDITS"), "{e}"),
+                Err(PortalsError::CoreConfig(e)) => {
+                    assert_eq!((e.var, e.value.as_str()), ("AM_CREDITS", bad));
+                }
                 other => panic!("AM_CREDITS={bad}: {other:?}"),
             }
         }
