@@ -1365,9 +1365,9 @@ mod tests {
 
     /// Catches a decoder that charges an element behind a pointer (a `Box`; an `Rc` or `Arc`
     /// decodes as one with serde's `rc` feature) its pointer's size alone: eight forged bytes declaring 65,536 `Box<Heavy>` made 100 MB,
-    /// and each byte of a vector of `Box<Option<Heavy>>` 1.5 KiB. Also catches a
-    /// charge for pointers where there is no pointee (a `Box<u64>` in a `Vec` and an
-    /// `Option<Box<..>>` of `None` cost no more than their own size).
+    /// and each byte of a vector of `Box<Option<Heavy>>` 1.5 KiB. Also catches boxed
+    /// values that no longer decode, and an `Option<Box<..>>` of `None` charged the
+    /// pointee it does not have (50,000 of them charged 1.5 KiB each would be refused).
     #[test]
     fn what_elements_hold_behind_pointers_is_charged_too() {
         let size = std::mem::size_of::<Heavy>();
@@ -1400,7 +1400,7 @@ mod tests {
         let fit = decode::<Vec<Box<Option<Heavy>>>>(&nones(1000));
         assert_eq!(fit.map(|v| v.len()), Some(1000));
         assert!(decode::<Vec<Box<Option<Heavy>>>>(&nones(60_000)).is_none());
-        // Small pointees decode as many as the elements allow.
+        // Boxed values decode; a `None` has no pointee to charge.
         let boxed: Vec<Box<u64>> = (0..100_000).map(Box::new).collect();
         assert_eq!(
             decode::<Vec<Box<u64>>>(&encode(&boxed).unwrap()),

@@ -38,7 +38,11 @@
 //! one byte on the wire, allocates 64 KiB. Each [`Deep`] knows how much memory was paid for
 //! the value it deserializes (`paid`: an element's or a field's size, or the size of the
 //! option or newtype struct around it); a visitor whose value is larger than that is one
-//! behind a pointer, and its size is taken before it is decoded.
+//! behind a pointer, and its size is taken before it is decoded. Two limits: a pointee no
+//! larger than its pointer is within the pointer's charge (at most twice the memory
+//! charged); and a pointee is charged as the type its visitor builds, so a type that
+//! decodes through a smaller one (`#[serde(from = "Small")]`, a hand-written
+//! `Deserialize`) behind a `Box` is charged the smaller one's size.
 
 use std::cell::Cell;
 
