@@ -1,6 +1,7 @@
 //! The parts amnet's simulated shared-memory NICs (`sci-sim`, `extoll-sim`, `portals-sim`)
 //! share, none of which is a NIC model:
 //!
+//! - [`config`]: reading a configuration through a variable lookup, and `AM_CREDITS`;
 //! - [`control`]: the control block at the start of every rank's segment (the doorbell line,
 //!   the abort line) and where each rank's departed word is; [`control::depart`], what a rank
 //!   that ends writes into its peers' segments;
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod control;
 mod liveness;
 pub mod rma;

@@ -327,7 +327,7 @@ impl ExtollConfig {
     /// `EXTOLL_RMA_POOL`, dynamic credits choose a pool ([`ExtollConfig::pool_for`]):
     /// receive memory that follows the credits.
     pub fn from_env() -> Result<ExtollConfig, ExtollError> {
-        ExtollConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
+        ExtollConfig::from_vars(am_nic::config::env, am_core::Credits::default())
     }
 
     /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
@@ -337,7 +337,7 @@ impl ExtollConfig {
     /// the same credits ([`am_core::Transport::default_credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<ExtollConfig, ExtollError> {
         ExtollConfig::from_vars(
-            |k| std::env::var(k).ok(),
+            am_nic::config::env,
             am_core::Credits::default_for_ranks(ranks),
         )
     }
@@ -361,12 +361,8 @@ impl ExtollConfig {
         var: impl Fn(&str) -> Option<String>,
         default: am_core::Credits,
     ) -> Result<ExtollConfig, ExtollError> {
-        let credits = match var("AM_CREDITS") {
-            Some(v) => v
-                .parse::<am_core::Credits>()
-                .map_err(|e| ExtollError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
-            None => default,
-        };
+        let credits = am_nic::config::credits(&var, default)
+            .map_err(|e| ExtollError::Config(e.to_string()))?;
         let mut c = ExtollConfig {
             credits,
             rma_pool: ExtollConfig::pool_for(credits),
@@ -504,14 +500,7 @@ mod tests {
     use am_core::Credits;
 
     fn config_for(vars: &[(&str, &str)], default: Credits) -> Result<ExtollConfig, ExtollError> {
-        ExtollConfig::from_vars(
-            |k| {
-                vars.iter()
-                    .find(|(name, _)| *name == k)
-                    .map(|(_, v)| v.to_string())
-            },
-            default,
-        )
+        ExtollConfig::from_vars(am_nic::config::lookup(vars), default)
     }
 
     /// The RMA Medium receive bytes of one rank of a 256-rank job laid out by `c`.

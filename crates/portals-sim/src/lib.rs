@@ -271,7 +271,7 @@ impl PortalsConfig {
     /// and `PORTALS_REQUEST_BUFFERS`, `PORTALS_MAX_MESSAGE`, `PORTALS_SEND_SLOTS`,
     /// `PORTALS_MAX_LONG`, `PORTALS_REQUEST_BUFFER_BYTES` over them.
     pub fn from_env() -> Result<PortalsConfig, PortalsError> {
-        PortalsConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
+        PortalsConfig::from_vars(am_nic::config::env, am_core::Credits::default())
     }
 
     /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
@@ -280,7 +280,7 @@ impl PortalsConfig {
     /// for them, grow by 2 requests per peer instead of 32. The transport then gives the core
     /// the same credits ([`am_core::Transport::default_credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<PortalsConfig, PortalsError> {
-        PortalsConfig::from_vars(|k| std::env::var(k).ok(), Credits::default_for_ranks(ranks))
+        PortalsConfig::from_vars(am_nic::config::env, Credits::default_for_ranks(ranks))
     }
 
     /// [`from_env`](Self::from_env) over the variables `var` gives (`None`: not set), with
@@ -290,14 +290,7 @@ impl PortalsConfig {
         var: impl Fn(&str) -> Option<String>,
         default: Credits,
     ) -> Result<PortalsConfig, PortalsError> {
-        let credits = match var("AM_CREDITS") {
-            Some(value) => value.parse().map_err(|why| am_core::config::ConfigError {
-                var: "AM_CREDITS",
-                value,
-                why,
-            })?,
-            None => default,
-        };
+        let credits = am_nic::config::credits(&var, default)?;
         let mut c = PortalsConfig {
             credits,
             ..PortalsConfig::default()
@@ -486,14 +479,7 @@ mod tests {
     use super::*;
 
     fn config_for(vars: &[(&str, &str)], default: Credits) -> Result<PortalsConfig, PortalsError> {
-        PortalsConfig::from_vars(
-            |k| {
-                vars.iter()
-                    .find(|(name, _)| *name == k)
-                    .map(|(_, v)| v.to_string())
-            },
-            default,
-        )
+        PortalsConfig::from_vars(am_nic::config::lookup(vars), default)
     }
 
     /// Catches a large job's receive buffers sized for its default (dynamic) credits while

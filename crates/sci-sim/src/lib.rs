@@ -310,7 +310,7 @@ impl SciConfig {
     /// most `SCI_SLOTS` as well (dynamic credits with `SCI_BANK=0` are capped at the slots
     /// instead; with a bank, slots are not used).
     pub fn from_env() -> Result<SciConfig, SciError> {
-        SciConfig::from_vars(|k| std::env::var(k).ok(), am_core::Credits::default())
+        SciConfig::from_vars(am_nic::config::env, am_core::Credits::default())
     }
 
     /// [`from_env`](Self::from_env) for a job of `ranks` ranks: without `AM_CREDITS`, the
@@ -321,7 +321,7 @@ impl SciConfig {
     /// ([`am_core::Transport::default_credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<SciConfig, SciError> {
         SciConfig::from_vars(
-            |k| std::env::var(k).ok(),
+            am_nic::config::env,
             am_core::Credits::default_for_ranks(ranks),
         )
     }
@@ -343,12 +343,8 @@ impl SciConfig {
                 None => Ok(None),
             }
         };
-        let credits = match var("AM_CREDITS") {
-            Some(v) => v
-                .parse::<am_core::Credits>()
-                .map_err(|e| SciError::Config(format!("AM_CREDITS={v:?}: {e}")))?,
-            None => default,
-        };
+        let credits =
+            am_nic::config::credits(&var, default).map_err(|e| SciError::Config(e.to_string()))?;
         c.credits = credits;
         match num("SCI_SLOTS")? {
             Some(v) => c.slots = v,
@@ -423,14 +419,7 @@ mod tests {
     }
 
     fn config_for(vars: &[(&str, &str)], default: am_core::Credits) -> Result<SciConfig, SciError> {
-        SciConfig::from_vars(
-            |k| {
-                vars.iter()
-                    .find(|(name, _)| *name == k)
-                    .map(|(_, v)| v.to_string())
-            },
-            default,
-        )
+        SciConfig::from_vars(am_nic::config::lookup(vars), default)
     }
 
     /// Dynamic credits, from `AM_CREDITS` or a large job's default, choose the bank;
