@@ -1364,8 +1364,9 @@ mod tests {
     }
 
     /// Catches a decoder that charges an element behind a pointer (a `Box`; an `Rc` or `Arc`
-    /// decodes as one with serde's `rc` feature) its pointer's size alone: eight forged bytes declaring 65,536 `Box<Heavy>` made 100 MB,
-    /// and each byte of a vector of `Box<Option<Heavy>>` 1.5 KiB. Also catches boxed
+    /// decodes as one with serde's `rc` feature) its pointer's size alone: eight forged bytes
+    /// declaring 65,536 `Box<Heavy>` made 100 MB, and each byte of a vector of
+    /// `Box<Option<Heavy>>` 1.5 KiB. Also catches boxed
     /// values that no longer decode, and an `Option<Box<..>>` of `None` charged the
     /// pointee it does not have (50,000 of them charged 1.5 KiB each would be refused).
     #[test]

@@ -33,9 +33,8 @@
 //!
 //! What a value holds behind a pointer takes from that budget too. `Box<T>` (and `Rc<T>` and
 //! `Arc<T>`, with serde's `rc` feature) deserialize their `T` with the deserializer they are
-//! given, so a vector of
-//! `Box<Option<[u8; 65536]>>` would be charged a pointer's size an element while each `None`,
-//! one byte on the wire, allocates 64 KiB. Each [`Deep`] knows how much memory was paid for
+//! given, so a vector of `Box<Option<T>>` of a large `T` would be charged a pointer's size an
+//! element while each `None`, one byte on the wire, allocates a `T`. Each [`Deep`] knows how much memory was paid for
 //! the value it deserializes (`paid`: an element's or a field's size, or the size of the
 //! option or newtype struct around it); a visitor whose value is larger than that is one
 //! behind a pointer, and its size is taken before it is decoded. Two limits: a pointee no
@@ -214,33 +213,27 @@ macro_rules! forward {
     ($($method:ident)*) => {$(
         #[inline]
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-            self.pay::<V::Value, D::Error>()?;
-            let v = self.visit(visitor, false);
+            let v = self.visit(visitor, false)?;
             self.inner.$method(v)
         }
     )*};
 }
 
-impl<'b, D> Deep<'b, D> {
-    /// Takes a `T`'s size from the budget if it is larger than what was paid for this
+impl<'b, 'de, D: Deserializer<'de>> Deep<'b, D> {
+    /// `visitor` wrapped for this deserializer's levels and budget; first, the size of the
+    /// value it builds taken from the budget if it is larger than what was paid for this
     /// deserializer's value (it lies behind a pointer), or the error past the budget.
     #[inline]
-    fn pay<T, E: de::Error>(&self) -> Result<(), E> {
-        if std::mem::size_of::<T>() > self.paid {
-            self.budget.take_memory::<T, E>()?;
+    fn visit<V: Visitor<'de>>(&self, visitor: V, counted: bool) -> Result<Visit<'b, V>, D::Error> {
+        if std::mem::size_of::<V::Value>() > self.paid {
+            self.budget.take_memory::<V::Value, D::Error>()?;
         }
-        Ok(())
-    }
-
-    /// `visitor` wrapped for this deserializer's levels and budget.
-    #[inline]
-    fn visit<V>(&self, visitor: V, counted: bool) -> Visit<'b, V> {
-        Visit {
+        Ok(Visit {
             inner: visitor,
             left: self.left,
             budget: self.budget,
             counted,
-        }
+        })
     }
 }
 
@@ -260,16 +253,14 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
     /// A sequence's elements, as many as the wire says, draw on the budget.
     #[inline]
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, true);
+        let v = self.visit(visitor, true)?;
         self.inner.deserialize_seq(v)
     }
 
     /// A map's entries, as many as the wire says, draw on the budget.
     #[inline]
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, true);
+        let v = self.visit(visitor, true)?;
         self.inner.deserialize_map(v)
     }
 
@@ -295,8 +286,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_unit_struct(name, v)
     }
 
@@ -306,8 +296,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_newtype_struct(name, v)
     }
 
@@ -317,8 +306,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_tuple(len, v)
     }
 
@@ -329,8 +317,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_tuple_struct(name, len, v)
     }
 
@@ -341,8 +328,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_struct(name, fields, v)
     }
 
@@ -353,8 +339,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Deep<'_, D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
-        self.pay::<V::Value, D::Error>()?;
-        let v = self.visit(visitor, false);
+        let v = self.visit(visitor, false)?;
         self.inner.deserialize_enum(name, variants, v)
     }
 
