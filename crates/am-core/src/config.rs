@@ -134,7 +134,17 @@ pub struct ConfigError {
 fn from_var<T: std::str::FromStr<Err = String>>(
     var: &'static str,
 ) -> Result<Option<T>, ConfigError> {
-    let Ok(value) = std::env::var(var) else {
+    parse_var(&|k| std::env::var(k).ok(), var)
+}
+
+/// Variable `var` as `lookup` gives it (`None`: not set), parsed, if it is set: the parse
+/// [`Config::from_env`] makes of its variables, for a configuration that reads them through
+/// a lookup of its own (a NIC's, or its tests' list of variables), with the same error.
+pub fn parse_var<T: std::str::FromStr<Err = String>>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    let Some(value) = lookup(var) else {
         return Ok(None);
     };
     match value.parse() {

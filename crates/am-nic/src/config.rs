@@ -12,14 +12,7 @@ pub fn credits(
     var: &impl Fn(&str) -> Option<String>,
     default: Credits,
 ) -> Result<Credits, ConfigError> {
-    match var("AM_CREDITS") {
-        Some(value) => value.parse().map_err(|why| ConfigError {
-            var: "AM_CREDITS",
-            value,
-            why,
-        }),
-        None => Ok(default),
-    }
+    Ok(am_core::config::parse_var(var, "AM_CREDITS")?.unwrap_or(default))
 }
 
 /// The environment's variable `k`, if it is set (and valid Unicode): the lookup a job's

@@ -503,7 +503,8 @@ mod tests {
         ExtollConfig::from_vars(am_nic::config::lookup(vars), default)
     }
 
-    /// The RMA Medium receive bytes of one rank of a 256-rank job laid out by `c`.
+    /// The receive memory (word area, queues and RMA Medium buffers) of one rank of a
+    /// 256-rank job laid out by `c`.
     fn receive_bytes(c: &ExtollConfig) -> usize {
         layout::Layout::new(256, c, 0).unwrap().receive_bytes()
     }
