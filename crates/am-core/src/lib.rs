@@ -120,7 +120,7 @@ pub use op::{Completed, Op, Outcome};
 pub use reduce::{Element, Plain, ReduceId, ReduceOp};
 pub use reply::Token;
 pub use segment::{RemoteSegment, SegmentId};
-pub use shared::{ProgressThread, Shared, SharedNode};
+pub use shared::{NodeGuard, ProgressThread, Shared, SharedNode};
 pub use stats::{NicStats, Stats};
 pub use symmetric::{Symmetric, SYMMETRIC_ALIGN};
 pub use team::{Team, TeamId};

@@ -3,7 +3,9 @@
 //! [`SharedNode`] is GASNet-EX's PAR mode on one endpoint: a [`Node`] of `Send` handlers
 //! behind a lock, which any number of threads of the rank hold in turn. Every call takes the
 //! lock for its own duration; a blocking call gives it back between its polls, so threads
-//! that wait never keep the others from sending or polling. Handlers run on whichever thread
+//! that wait never keep the others from sending or polling. The lock is eventually fair: a
+//! thread that takes it again as soon as it gives it back does not keep a waiting thread
+//! from it for more than about a millisecond of holds. Handlers run on whichever thread
 //! polls, under the lock.
 //!
 //! [`ProgressThread`] polls a shared node whenever no other thread holds it, so that a rank
@@ -14,11 +16,13 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use std::task::Poll;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::config::WaitMode;
 use crate::endpoint::start::Start;
@@ -96,6 +100,31 @@ impl<T: Transport> std::fmt::Debug for SharedNode<T> {
     }
 }
 
+/// A [`SharedNode`]'s node, held by this thread until the guard drops
+/// ([`SharedNode::lock`]).
+pub struct NodeGuard<'a, T: Transport>(MutexGuard<'a, Node<T, Sendable>>);
+
+impl<T: Transport> std::ops::Deref for NodeGuard<'_, T> {
+    type Target = Node<T, Sendable>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<T: Transport> std::ops::DerefMut for NodeGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for NodeGuard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeGuard")
+            .field("rank", &self.0.rank())
+            .finish()
+    }
+}
+
 impl<T: Transport> SharedNode<T> {
     /// Shares `node` between the threads that get a clone of the result.
     pub fn new(mut node: Node<T, Sendable>) -> Self {
@@ -120,7 +149,7 @@ impl<T: Transport> SharedNode<T> {
         } = self;
         match Arc::try_unwrap(node) {
             Ok(m) => {
-                let mut node = m.into_inner().unwrap_or_else(PoisonError::into_inner);
+                let mut node = m.into_inner();
                 // Alone again, it polls its tasks itself.
                 node.runs_tasks = true;
                 Ok(node)
@@ -166,17 +195,13 @@ impl<T: Transport> SharedNode<T> {
     ///
     /// A handler that panicked while another thread held the node does not make the node
     /// unusable here: the job's abort follows from the panic itself.
-    pub fn lock(&self) -> MutexGuard<'_, Node<T, Sendable>> {
-        self.node.lock().unwrap_or_else(PoisonError::into_inner)
+    pub fn lock(&self) -> NodeGuard<'_, T> {
+        NodeGuard(self.node.lock())
     }
 
     /// The node if no other thread holds it now.
-    fn try_lock(&self) -> Option<MutexGuard<'_, Node<T, Sendable>>> {
-        match self.node.try_lock() {
-            Ok(node) => Some(node),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+    fn try_lock(&self) -> Option<NodeGuard<'_, T>> {
+        self.node.try_lock().map(NodeGuard)
     }
 
     /// [`Node::poll`], once the node is free; then the async typed handlers' tasks woken

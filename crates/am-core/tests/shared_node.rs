@@ -224,3 +224,42 @@ fn closing_a_shared_node_fails_the_other_threads_operations() {
         });
     });
 }
+
+/// A thread that takes the node again as soon as it gives it back, holding it a while each
+/// time (as a step of a long move in segment 0 does), does not keep another thread from the
+/// node: the other gets it within a few of those holds. Catches a lock that lets the thread
+/// that unlocks take it again before the waiter it woke runs (`std::sync::Mutex`), which left
+/// the waiter without the node for all the holds.
+#[test]
+fn a_thread_that_takes_the_node_again_at_once_does_not_starve_another() {
+    const HOLDS: u32 = 200;
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(1, LoopbackConfig::default()), |t| {
+            let node = SharedNode::new(Node::new(t, Handlers::new(), Config::default()).unwrap());
+            let (holding, served) = (AtomicBool::new(false), AtomicBool::new(false));
+            let holds = std::thread::scope(|s| {
+                let hog = s.spawn(|| {
+                    let mut holds = 0;
+                    while holds < HOLDS && !served.load(Ordering::Acquire) {
+                        let node = node.lock();
+                        holding.store(true, Ordering::Release);
+                        std::thread::sleep(Duration::from_millis(1));
+                        drop(node);
+                        holds += 1;
+                    }
+                    holds
+                });
+                while !holding.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                let _ = node.lock().ops_in_flight();
+                served.store(true, Ordering::Release);
+                hog.join().expect("hog")
+            });
+            assert!(
+                holds < HOLDS,
+                "the other thread took the node again {holds} times in a row"
+            );
+        });
+    });
+}
