@@ -4,9 +4,10 @@
 //! behind a lock, which any number of threads of the rank hold in turn. Every call takes the
 //! lock for its own duration; a blocking call gives it back between its polls, so threads
 //! that wait never keep the others from sending or polling. The lock is eventually fair: a
-//! thread that takes it again as soon as it gives it back does not keep a waiting thread
-//! from it for more than about a millisecond of holds. Handlers run on whichever thread
-//! polls, under the lock.
+//! thread that takes it again as soon as it gives it back does not keep a thread asleep
+//! waiting for it from it for long, which gets it at the first release after at most about
+//! a millisecond (half that on average) beyond the hold under way. Handlers run on
+//! whichever thread polls, under the lock.
 //!
 //! [`ProgressThread`] polls a shared node whenever no other thread holds it, so that a rank
 //! whose threads compute without calling into the library still serves its peers' requests
@@ -101,8 +102,14 @@ impl<T: Transport> std::fmt::Debug for SharedNode<T> {
 }
 
 /// A [`SharedNode`]'s node, held by this thread until the guard drops
-/// ([`SharedNode::lock`]).
-pub struct NodeGuard<'a, T: Transport>(MutexGuard<'a, Node<T, Sendable>>);
+/// ([`SharedNode::lock`]). Like `std`'s lock guards, it stays on the thread that took it.
+#[must_use = "the node is given back at once if the guard is not kept"]
+#[clippy::has_significant_drop]
+pub struct NodeGuard<'a, T: Transport>(
+    MutexGuard<'a, Node<T, Sendable>>,
+    // Not `Send` whatever features the lock's crate is built with.
+    std::marker::PhantomData<std::sync::MutexGuard<'a, ()>>,
+);
 
 impl<T: Transport> std::ops::Deref for NodeGuard<'_, T> {
     type Target = Node<T, Sendable>;
@@ -196,12 +203,14 @@ impl<T: Transport> SharedNode<T> {
     /// A handler that panicked while another thread held the node does not make the node
     /// unusable here: the job's abort follows from the panic itself.
     pub fn lock(&self) -> NodeGuard<'_, T> {
-        NodeGuard(self.node.lock())
+        NodeGuard(self.node.lock(), std::marker::PhantomData)
     }
 
     /// The node if no other thread holds it now.
     fn try_lock(&self) -> Option<NodeGuard<'_, T>> {
-        self.node.try_lock().map(NodeGuard)
+        self.node
+            .try_lock()
+            .map(|node| NodeGuard(node, std::marker::PhantomData))
     }
 
     /// [`Node::poll`], once the node is free; then the async typed handlers' tasks woken
