@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example typed -- [--transport T] [--iters N] [--warmup N] [--json]
+//!     [--bulk BYTES] [--bulk-iters N]
 //! ```
 //!
 //! Rows, each the median of `--iters` round trips after a warm-up, in turn in rounds of
@@ -20,7 +21,9 @@
 //!   rank 0 sends, rank 1 answers with an empty message): the transport's own protocol for
 //!   large messages, eager or rendezvous as am-msg chooses.
 //! - `typed_bulk`: `call_typed(1, Bulk(bytes))`, a `serde_bytes::ByteBuf` of `BYTES`
-//!   answered with its length: the value goes in parts of the largest AM Medium.
+//!   answered with its length: the value moves by rendezvous where the transport's peers
+//!   map each other's memory (loopback, sci, extoll, portals), in parts of the largest AM
+//!   Medium elsewhere or with `AM_TYPED_RENDEZVOUS=0`.
 //!
 //! The `typed_bulk` row carries `ratio_to_raw`, to `msg_bulk`.
 

@@ -53,7 +53,11 @@
 //! registers with [`crate::Handlers::typed_deferred`]: it gets the call's [`Answer`] beside
 //! the message, hands both out of the handler (a channel, a queue its runtime reads), and
 //! whoever computes the answer gives it to [`crate::Node::answer_typed`] (blocking, `_nb`
-//! or async, on any driver). The handler itself never waits: it runs inside progress.
+//! or async, on any driver). A plain [`crate::Node`] is answered through on its own thread
+//! (the `Answer` comes back to it); a [`crate::SharedNode`] or [`crate::AsyncNode`] from any
+//! thread or task. Given to the node of another endpoint of the process, the answer still
+//! leaves from the endpoint its call came to, at that endpoint's next poll. The handler
+//! itself never waits: it runs inside progress.
 //!
 //! # Async handlers
 //! Code written as a future registers with [`crate::Handlers::typed_async`]: its future
@@ -88,8 +92,9 @@
 //!
 //! Where the transport's peers are processes or threads of this host that map each
 //! other's memory ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals),
-//! a value or a deferred answer of 16 KiB to 64 MiB that is larger than a Medium moves by
-//! *rendezvous* instead: its sender copies it into a staging segment of its own (a created
+//! a value, or an answer given to [`crate::Node::answer_typed`], of 16 KiB to 64 MiB that is
+//! larger than a Medium moves by *rendezvous* instead (an answer returned by the code, or by
+//! an async handler's future, goes in parts): its sender copies it into a staging segment of its own (a created
 //! segment's memory file, published to nobody) and sends one Medium that says where it lies;
 //! the target maps that segment (once, kept for the next values), copies the bytes out,
 //! releases them, and runs the whole. A target that cannot map it refuses the value with
@@ -103,17 +108,30 @@
 //! # Bad input
 //! Bytes that do not decode as the named type (cut short, bytes left over, a length past the
 //! payload), an id the target does not register, or an answer that does not decode, end the
-//! call with [`crate::AmError::TypedRefused`] naming the peer; the target runs nothing.
+//! call with [`crate::AmError::TypedRefused`] naming the peer. Whether the target's code ran
+//! depends on the [`Refusal`]: not for [`Refusal::UnknownType`], [`Refusal::Undecodable`],
+//! [`Refusal::Unreachable`] or a message [`Refusal::TooLarge`]; it did for
+//! [`Refusal::Abandoned`], [`Refusal::BadAnswer`] and an answer too large, so a call refused
+//! so is not safe to repeat unless its code is. A post has no answer: a value its target
+//! refuses is dropped, and nobody is told ([`crate::Node::call_typed`] where delivery
+//! matters).
+//!
 //! A declared length does not make decoding allocate what it says: serde's sequence and
 //! map visitors reserve at most a cautious bound (1 MiB) however long the sequence says it
 //! is, growing only as elements are read from the bytes present, which a declared length
-//! past them soon runs out of. Elements that occupy no bytes (`()`, a unit struct, a struct
+//! past them soon runs out of. (A hand-written `Visitor` that reserves serde's `size_hint`
+//! whole is not protected so: the hint is the declared length.) Elements that occupy no bytes (`()`, a unit struct, a struct
 //! whose fields are all skipped) would not run out, so the elements of all of a value's
 //! sequences and maps may number at most its length in bytes plus 65,536: a value with more
 //! is refused, and a forged count of them costs the target at most that many turns of a
 //! loop (and elements of that type in memory). A value nested more than 128 containers
 //! deep (a recursive type's forged value, a few bytes a level) is refused before decoding
-//! it would overflow the target's stack.
+//! it would overflow the target's stack. The elements of a value's sequences and maps (a
+//! map's keys and values, and what a `Box` among them holds) may take at most 64 bytes of
+//! memory per byte of the value plus 64 MiB in all: a legitimate value whose elements are
+//! that much larger in memory than on the wire (many `None`s of a large `Option`) is
+//! refused as [`Refusal::Undecodable`] too. A boxed type decoded through a smaller one
+//! (`#[serde(from = ...)]`, a hand-written `Deserialize`) is charged the smaller one's size.
 
 use std::marker::PhantomData;
 
@@ -131,6 +149,10 @@ pub use shape::Shape;
 
 /// A typed active message: the value travels to the target, which runs [`Am::exec`] on it
 /// inside progress (as a handler does) and answers with its [`Am::Reply`].
+///
+/// `Am` does not require `Send`, but a message is held until its call or post starts: the
+/// call's handle and its future on [`crate::AsyncNode`] are `Send` only where the message
+/// is.
 pub trait Am: Serialize + DeserializeOwned + 'static {
     /// The answer's type (`()` for none).
     type Reply: Serialize + DeserializeOwned + 'static;
@@ -150,7 +172,10 @@ pub trait Am: Serialize + DeserializeOwned + 'static {
     fn exec(self, cx: &mut AmContext) -> Self::Reply;
 }
 
-/// What a typed message's code knows of where it runs.
+/// What a typed message's code knows of where it runs. [`Am::exec`] cannot send: code that
+/// sends or calls while it answers is an async handler ([`crate::Handlers::typed_async`])
+/// holding a [`crate::WeakAsyncNode`], or a deferred one
+/// ([`crate::Handlers::typed_deferred`]) whose answer is given by a thread that can.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct AmContext {
@@ -167,7 +192,8 @@ impl AmContext {
 }
 
 /// A type's id on the wire: an FNV-1a hash of its path (`std::any::type_name`) and its
-/// [`Am::SHAPE`], the same on every rank built from the same source.
+/// [`Am::SHAPE`], the same on every rank built from the same source with the same compiler
+/// (`type_name`'s text is not promised to stay the same across compiler versions).
 pub fn type_id<M: Am>() -> u64 {
     id_of(std::any::type_name::<M>(), M::SHAPE)
 }
@@ -186,7 +212,8 @@ pub enum Refusal {
     UnknownType,
     /// The target could not decode the message as its type.
     Undecodable,
-    /// The answer did not decode as the type's [`Am::Reply`], or carried no status.
+    /// The answer did not decode as the type's [`Am::Reply`], carried no status, or the
+    /// target's answer could not be encoded (its code ran).
     BadAnswer,
     /// The message or its answer was larger than [`MAX_LEN`], or the target already held
     /// that much of this rank's values arriving in parts.
@@ -194,7 +221,8 @@ pub enum Refusal {
     /// The target's code took the call's [`Answer`] and dropped it unsent.
     Abandoned,
     /// The target could not map the memory a value moved by rendezvous lay in (see
-    /// "Values of any size" in [`crate::typed`]).
+    /// "Values of any size" in [`crate::typed`]); for an answer moved so, the caller could
+    /// not map the target's.
     Unreachable,
 }
 
@@ -218,7 +246,9 @@ impl std::fmt::Display for Refusal {
 /// [`crate::Handlers::typed_deferred`] gets one in place of returning its answer, and the
 /// answer leaves when it is given to [`crate::Node::answer_typed`] (on any driver: a
 /// thread that received it over a channel, a task that awaited something first), as
-/// GASNet-EX's deferred replies and Lamellar's `async fn exec` do.
+/// GASNet-EX's deferred replies and Lamellar's `async fn exec` do. Given to the node of
+/// another endpoint of the process, it leaves from the endpoint its call came to, at that
+/// endpoint's next poll.
 ///
 /// An `Answer` dropped unsent answers the call with [`Refusal::Abandoned`] (from the node's
 /// next poll), so the caller never waits for ever. One made for a post
@@ -249,6 +279,29 @@ impl<R> Answer<R> {
     /// Whether answering goes anywhere: false for a post's.
     pub fn is_call(&self) -> bool {
         self.transit.is_some()
+    }
+
+    /// Whether this answer's call came to the endpoint whose typed state is `transit`.
+    pub(crate) fn came_to(&self, transit: &Transit) -> bool {
+        self.transit
+            .as_deref()
+            .is_some_and(|t| std::ptr::eq(t, transit))
+    }
+
+    /// Answers with `bytes` (the value encoded, or why it could not be) from the endpoint
+    /// the call came to, at its next poll: for an answer given where no node is at hand, or
+    /// to another endpoint's node. A value larger than [`MAX_LEN`], or one that did not
+    /// encode, fails the call with [`Refusal::TooLarge`] or [`Refusal::BadAnswer`].
+    pub(crate) fn queue_at_origin(&mut self, bytes: Result<Vec<u8>, crate::AmError>) {
+        let Some(transit) = self.transit.take() else {
+            return;
+        };
+        let (status, bytes) = match bytes {
+            Ok(b) if b.len() <= MAX_LEN => (ANSWER_OK, b),
+            Ok(_) => (ANSWER_TOO_LARGE, Vec::new()),
+            Err(_) => (ANSWER_BAD, Vec::new()),
+        };
+        transit.queue(self.dest, self.number, status, bytes, None);
     }
 }
 
@@ -596,9 +649,11 @@ impl<R> std::fmt::Debug for Typed<R> {
 
 /// The code of a typed entry, `Send` ones: decodes, runs, and says whether the answer is
 /// in the buffer (`false`: the code took an [`Answer`]).
+#[doc(hidden)]
 pub type SendTypedFn =
     dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal> + Send;
 /// The code of a typed entry.
+#[doc(hidden)]
 pub type TypedFn = dyn FnMut(&[u8], &mut AmContext, &mut Vec<u8>) -> Result<bool, Refusal>;
 
 /// `M`'s entry: decodes the payload as an `M`, runs `f`, encodes its answer into `out`
@@ -642,15 +697,9 @@ pub(crate) fn deferred_runner<M: Am>(
 /// poll. A value that does not encode, or is larger than [`MAX_LEN`], fails the call with
 /// [`Refusal::BadAnswer`] or [`Refusal::TooLarge`].
 pub(crate) fn answer_later<R: Serialize>(mut answer: Answer<R>, value: R) {
-    let Some(transit) = answer.transit.take() else {
-        return;
-    };
-    let (status, bytes) = match encode(&value) {
-        Ok(b) if b.len() <= MAX_LEN => (ANSWER_OK, b),
-        Ok(_) => (ANSWER_TOO_LARGE, Vec::new()),
-        Err(_) => (ANSWER_BAD, Vec::new()),
-    };
-    transit.queue(answer.dest, answer.number, status, bytes, None);
+    if answer.is_call() {
+        answer.queue_at_origin(encoded(&value));
+    }
 }
 
 /// The type id two argument words carry (low word first).

@@ -443,6 +443,45 @@ fn deferred_answers_on_the_blocking_driver() {
     });
 }
 
+/// An answer given to the node of another endpoint of the process (here the caller's own
+/// node, the ranks being threads) still reaches its call, small (encoded when made) and
+/// large (encoded when it starts): it leaves from the endpoint the call came to. Catches
+/// an answer sent from the wrong endpoint, which its caller takes for no call of its own
+/// and drops, leaving the call waiting for ever.
+#[test]
+fn an_answer_given_to_another_endpoints_node_reaches_its_call() {
+    within(LIMIT, || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let rx = std::sync::Mutex::new(rx);
+        let answered = std::sync::atomic::AtomicBool::new(false);
+        run_ranks(Loopback::cluster(2, small_mediums()), |t| {
+            let mut node = Node::new(t, deferring(tx.clone()), Config::default()).unwrap();
+            if node.rank() == 0 {
+                let rx = rx.lock().unwrap();
+                for n in [3, 10_000] {
+                    let call = node.call_typed_nb(1, Later(n)).unwrap();
+                    let answer = loop {
+                        node.poll().unwrap();
+                        if let Ok((m, answer)) = rx.try_recv() {
+                            assert_eq!(m.0, n);
+                            break answer;
+                        }
+                    };
+                    assert_eq!(answer.src(), 0);
+                    node.answer_typed(answer, (0..n).rev().collect()).unwrap();
+                    assert_eq!(node.wait(call).unwrap(), (0..n).rev().collect::<Vec<_>>());
+                }
+                answered.store(true, Ordering::Release);
+            } else {
+                while !answered.load(Ordering::Acquire) {
+                    node.poll().unwrap();
+                }
+            }
+            node.barrier().unwrap();
+        });
+    });
+}
+
 /// Catches a deferred answer that the async driver never sends (a task that answers after
 /// awaiting something else), and one given up half sent (its future dropped between
 /// parts) that leaves its caller waiting for ever instead of failing with `Abandoned`.

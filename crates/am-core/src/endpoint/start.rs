@@ -1027,7 +1027,8 @@ impl<M: crate::typed::Am> Start for TypedCall<M> {
 
 /// A typed message with no answer ([`crate::typed`]): `msg` encoded as [`TypedCall`]'s, sent to
 /// `dest` as a request of the table's reserved typed-post handler; locally complete once
-/// sent. Checked as [`TypedCall`].
+/// sent. Checked as [`TypedCall`]. Nobody is told of a value its target refuses (one that
+/// does not decode, or an unknown type): it is dropped there; a [`TypedCall`] says why.
 pub struct PostTyped<M: crate::typed::Am>(Outbound, Option<M>);
 
 impl<M: crate::typed::Am> std::fmt::Debug for PostTyped<M> {
@@ -1130,6 +1131,18 @@ impl<R: serde::Serialize> Start for AnswerTyped<R> {
         _t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
         if !self.answer.is_call() {
+            return Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)));
+        }
+        // Given to the node of another endpoint of this process, the answer leaves from the
+        // endpoint its call came to, which the caller takes answers to that call from.
+        let here =
+            (ep.handlers.typed_site.as_ref()).is_some_and(|s| self.answer.came_to(&s.transit));
+        if !here {
+            let bytes = match self.late.take() {
+                Some(value) => crate::typed::encoded(&value),
+                None => std::mem::replace(&mut self.out.bytes, Ok(Vec::new())),
+            };
+            self.answer.queue_at_origin(bytes);
             return Poll::Ready(Ok(Op::ready(crate::op::Raw::Unit)));
         }
         let (.., answer, _) = typed_handlers(ep, self.out.name)?;
