@@ -16,9 +16,9 @@
 //! - `remove`: its own keys, answered with the value each held.
 //!
 //! Operations are put in one bucket per owner; a full bucket (`--batch` operations, by
-//! default as many as fit in the transport's largest AM Medium in either mode) is sent as one
-//! call, with at most `--window` calls in flight, all waited for together when the window is
-//! full. The two modes:
+//! default as many as fit in the transport's largest AM Medium in either mode, at most 1024)
+//! is sent as one call, with at most `--window` calls in flight, all waited for together
+//! when the window is full. The two modes:
 //! - `typed`: `Insert(Vec<(u64, u64)>)`, `Get(Vec<u64>)` and `Remove(Vec<u64>)`, typed
 //!   messages whose code at the owner is a closure holding its shard (`Handlers::typed_with`),
 //!   answered with `()`, `Vec<Option<u64>>` and `Vec<Option<u64>>`;
@@ -50,7 +50,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
-use amnet::typed::{Am, AmContext};
+use amnet::typed::{Am, AmContext, Shape};
 use amnet::{
     AnyTransport, Config, HandlerId, Handlers, JobOptions, Local, Node, Op, Outcome, Rank, Reply,
     Transport, TransportKind,
@@ -111,26 +111,28 @@ impl Mode {
 const PHASES: [&str; 3] = ["insert", "get", "remove"];
 
 /// Inserts a batch of (key, value) pairs at their owner.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Shape)]
 struct Insert(Vec<(u64, u64)>);
 
 /// Looks up a batch of keys at their owner: the value of each, or `None`.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Shape)]
 struct Get(Vec<u64>);
 
 /// Removes a batch of keys at their owner: the value each held, or `None`.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Shape)]
 struct Remove(Vec<u64>);
 
 // The code that runs these is the closures `typed_with` registers, which hold the shard;
 // `exec` is what a table registered with `typed` alone would run, which has no shard.
 impl Am for Insert {
     type Reply = ();
+    const SHAPE: u64 = <Self as Shape>::SHAPE;
     fn exec(self, _: &mut AmContext) {}
 }
 
 impl Am for Get {
     type Reply = Vec<Option<u64>>;
+    const SHAPE: u64 = <Self as Shape>::SHAPE;
     fn exec(self, _: &mut AmContext) -> Vec<Option<u64>> {
         vec![None; self.0.len()]
     }
@@ -138,6 +140,7 @@ impl Am for Get {
 
 impl Am for Remove {
     type Reply = Vec<Option<u64>>;
+    const SHAPE: u64 = <Self as Shape>::SHAPE;
     fn exec(self, _: &mut AmContext) -> Vec<Option<u64>> {
         vec![None; self.0.len()]
     }
@@ -310,7 +313,7 @@ type N = Node<AnyTransport, Local>;
 
 /// How a phase sends: `batch` operations per message, `window` messages in flight.
 #[derive(Clone, Copy)]
-struct Shape {
+struct Batching {
     batch: usize,
     window: usize,
 }
@@ -323,16 +326,18 @@ type Answers<T> = Vec<(Vec<T>, Vec<Option<u64>>)>;
 /// turns each answer into found values with `finish`.
 fn phase<T, U: Outcome>(
     node: &mut N,
-    shape: Shape,
+    batching: Batching,
     items: impl Iterator<Item = T>,
     owner: impl Fn(&T) -> Rank,
     mut send: impl FnMut(&mut N, Rank, Vec<T>) -> anyhow::Result<(Op<U>, Vec<T>)>,
     mut finish: impl FnMut(&[T], U::Value) -> anyhow::Result<Vec<Option<u64>>>,
 ) -> anyhow::Result<Answers<T>> {
     let size = node.size() as usize;
-    let mut buckets: Vec<Vec<T>> = (0..size).map(|_| Vec::with_capacity(shape.batch)).collect();
-    let mut ops = Vec::with_capacity(shape.window);
-    let mut sent = Vec::with_capacity(shape.window);
+    let mut buckets: Vec<Vec<T>> = (0..size)
+        .map(|_| Vec::with_capacity(batching.batch))
+        .collect();
+    let mut ops = Vec::with_capacity(batching.window);
+    let mut sent = Vec::with_capacity(batching.window);
     let mut done = Vec::new();
     let mut drain = |node: &mut N, ops: &mut Vec<Op<U>>, sent: &mut Vec<Vec<T>>| {
         for (batch, v) in sent.drain(..).zip(node.wait_all(ops.drain(..))?) {
@@ -345,9 +350,9 @@ fn phase<T, U: Outcome>(
         let dest = owner(&item);
         let bucket = &mut buckets[dest as usize];
         bucket.push(item);
-        if bucket.len() == shape.batch {
-            let full = std::mem::replace(bucket, Vec::with_capacity(shape.batch));
-            if ops.len() == shape.window {
+        if bucket.len() == batching.batch {
+            let full = std::mem::replace(bucket, Vec::with_capacity(batching.batch));
+            if ops.len() == batching.window {
                 drain(node, &mut ops, &mut sent)?;
             }
             let (op, batch) = send(node, dest, full)?;
@@ -359,7 +364,7 @@ fn phase<T, U: Outcome>(
         if bucket.is_empty() {
             continue;
         }
-        if ops.len() == shape.window {
+        if ops.len() == batching.window {
             drain(node, &mut ops, &mut sent)?;
         }
         let (op, batch) = send(node, dest as Rank, bucket)?;
@@ -371,16 +376,16 @@ fn phase<T, U: Outcome>(
 }
 
 /// Inserts this rank's keys.
-fn insert(node: &mut N, mode: Mode, shape: Shape, ops: u64) -> anyhow::Result<()> {
+fn insert(node: &mut N, mode: Mode, batching: Batching, ops: u64) -> anyhow::Result<()> {
     let (me, size) = (node.rank(), node.size());
     let items = (0..ops).map(|i| (key(me, i), value(me, i)));
     let by_owner = |&(k, _): &(u64, u64)| owner(k, size);
     match mode {
         Mode::Raw => {
-            let mut bytes = Vec::with_capacity(16 * shape.batch);
+            let mut bytes = Vec::with_capacity(16 * batching.batch);
             phase(
                 node,
-                shape,
+                batching,
                 items,
                 by_owner,
                 |node, dest, pairs| {
@@ -397,7 +402,7 @@ fn insert(node: &mut N, mode: Mode, shape: Shape, ops: u64) -> anyhow::Result<()
         Mode::Typed => {
             phase(
                 node,
-                shape,
+                batching,
                 items,
                 by_owner,
                 |node, dest, pairs| Ok((node.call_typed_nb(dest, Insert(pairs))?, Vec::new())),
@@ -413,7 +418,7 @@ fn insert(node: &mut N, mode: Mode, shape: Shape, ops: u64) -> anyhow::Result<()
 fn lookup<M: Am<Reply = Vec<Option<u64>>>>(
     node: &mut N,
     mode: Mode,
-    shape: Shape,
+    batching: Batching,
     keys: impl Iterator<Item = u64>,
     handler: HandlerId,
     typed: impl Fn(Vec<u64>) -> M,
@@ -422,10 +427,10 @@ fn lookup<M: Am<Reply = Vec<Option<u64>>>>(
     let by_owner = |&k: &u64| owner(k, size);
     match mode {
         Mode::Raw => {
-            let mut bytes = Vec::with_capacity(8 * shape.batch);
+            let mut bytes = Vec::with_capacity(8 * batching.batch);
             phase(
                 node,
-                shape,
+                batching,
                 keys,
                 by_owner,
                 |node, dest, keys| {
@@ -440,7 +445,7 @@ fn lookup<M: Am<Reply = Vec<Option<u64>>>>(
         }
         Mode::Typed => phase(
             node,
-            shape,
+            batching,
             keys,
             by_owner,
             |node, dest, keys| Ok((node.call_typed_nb(dest, typed(keys.clone()))?, keys)),
@@ -488,14 +493,14 @@ fn round(
     model: &HashMap<u64, u64>,
     mine: usize,
     mode: Mode,
-    shape: Shape,
+    batching: Batching,
     args: &Args,
 ) -> anyhow::Result<Times> {
     let (me, size, ops) = (node.rank(), node.size(), args.ops);
     let mut times = [0.0; 3];
     node.barrier()?;
     let t0 = Instant::now();
-    insert(node, mode, shape, ops)?;
+    insert(node, mode, batching, ops)?;
     node.barrier()?;
     times[0] = t0.elapsed().as_secs_f64();
     let held = shard.borrow().len();
@@ -512,7 +517,7 @@ fn round(
     node.barrier()?;
 
     let t0 = Instant::now();
-    let got = lookup(node, mode, shape, get_keys(me, size, ops), GET, Get)?;
+    let got = lookup(node, mode, batching, get_keys(me, size, ops), GET, Get)?;
     node.barrier()?;
     times[1] = t0.elapsed().as_secs_f64();
     check("get", mode, &got, |k| model.get(&k).copied())?;
@@ -520,14 +525,14 @@ fn round(
 
     let t0 = Instant::now();
     let own = (0..ops).map(|i| key(me, i));
-    let removed = lookup(node, mode, shape, own, REMOVE, Remove)?;
+    let removed = lookup(node, mode, batching, own, REMOVE, Remove)?;
     node.barrier()?;
     times[2] = t0.elapsed().as_secs_f64();
     check("remove", mode, &removed, |k| model.get(&k).copied())?;
     drop(removed);
 
     let own = (0..ops).map(|i| key(me, i));
-    let after = lookup(node, mode, shape, own, GET, Get)?;
+    let after = lookup(node, mode, batching, own, GET, Get)?;
     check("get after remove", mode, &after, |_| None)?;
     node.barrier()?;
     let left = shard.borrow().len();
@@ -570,7 +575,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
         }
         None => fits.min(DEFAULT_BATCH_CAP),
     };
-    let shape = Shape {
+    let batching = Batching {
         batch,
         window: args.window,
     };
@@ -589,7 +594,7 @@ fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     // paid) and is not counted.
     for r in 0..=args.rounds {
         for (m, &mode) in modes.iter().enumerate() {
-            let t = round(&mut node, &shard, &model, mine, mode, shape, args)?;
+            let t = round(&mut node, &shard, &model, mine, mode, batching, args)?;
             if r > 0 {
                 times[m].push(t);
             }
