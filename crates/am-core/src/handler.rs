@@ -465,9 +465,10 @@ impl Handlers<Sendable> {
     /// Registers the typed message `M` ([`crate::typed`]): a call or post of an `M` runs
     /// [`Am::exec`](crate::typed::Am::exec) here. Every rank registers the same types.
     ///
-    /// The first typed registration of a table (of any kind) takes the highest handler ids
-    /// still free: the calls' reply handler's, unless a callable handler took it already,
-    /// and four for typed messages. A raw handler at a fixed high id is registered first.
+    /// The first typed registration of a table (this one, [`Handlers::typed_with`],
+    /// [`Handlers::typed_deferred`] or [`Handlers::typed_async`]) takes the highest handler
+    /// ids still free: the calls' reply handler's, unless a callable handler took it
+    /// already, and four for typed messages. Register raw handlers at fixed high ids first.
     pub fn typed<M: crate::typed::Am>(&mut self) -> Result<(), RegisterError> {
         self.typed_with::<M>(|m, cx| m.exec(cx))
     }

@@ -56,8 +56,10 @@
 //! or async, on any driver). A plain [`crate::Node`] is answered through on its own thread
 //! (the `Answer` comes back to it); a [`crate::SharedNode`] or [`crate::AsyncNode`] from any
 //! thread or task. Given to the node of another endpoint of the process, the answer still
-//! leaves from the endpoint its call came to, at that endpoint's next poll. The handler
-//! itself never waits: it runs inside progress.
+//! leaves from the endpoint its call came to, at that endpoint's next poll (a node asleep
+//! in a wait polls when a message wakes it or its sleep ends), and a value too large or
+//! that does not encode fails the call ([`Refusal::TooLarge`], [`Refusal::BadAnswer`])
+//! rather than `answer_typed`. The handler itself never waits: it runs inside progress.
 //!
 //! # Async handlers
 //! Code written as a future registers with [`crate::Handlers::typed_async`]: its future
@@ -92,9 +94,10 @@
 //!
 //! Where the transport's peers are processes or threads of this host that map each
 //! other's memory ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals),
-//! a value, or an answer given to [`crate::Node::answer_typed`], of 16 KiB to 64 MiB that is
-//! larger than a Medium moves by *rendezvous* instead (an answer returned by the code, or by
-//! an async handler's future, goes in parts): its sender copies it into a staging segment of its own (a created
+//! a value, or an answer given to [`crate::Node::answer_typed`] on the endpoint its call came
+//! to, of 16 KiB to 64 MiB that is larger than a Medium moves by *rendezvous* instead (an
+//! answer returned by the code or by an async handler's future, or given to another
+//! endpoint's node, goes in parts): its sender copies it into a staging segment of its own (a created
 //! segment's memory file, published to nobody) and sends one Medium that says where it lies;
 //! the target maps that segment (once, kept for the next values), copies the bytes out,
 //! releases them, and runs the whole. A target that cannot map it refuses the value with
@@ -109,10 +112,11 @@
 //! Bytes that do not decode as the named type (cut short, bytes left over, a length past the
 //! payload), an id the target does not register, or an answer that does not decode, end the
 //! call with [`crate::AmError::TypedRefused`] naming the peer. Whether the target's code ran
-//! depends on the [`Refusal`]: not for [`Refusal::UnknownType`], [`Refusal::Undecodable`],
-//! [`Refusal::Unreachable`] or a message [`Refusal::TooLarge`]; it did for
-//! [`Refusal::Abandoned`], [`Refusal::BadAnswer`] and an answer too large, so a call refused
-//! so is not safe to repeat unless its code is. A post has no answer: a value its target
+//! depends on the [`Refusal`]: not for [`Refusal::UnknownType`]; it did for
+//! [`Refusal::Abandoned`] and [`Refusal::BadAnswer`]; [`Refusal::Undecodable`],
+//! [`Refusal::Unreachable`] and [`Refusal::TooLarge`] say the message was refused on its way
+//! in (the code did not run) or its answer on its way back (it did). A call refused with
+//! any but `UnknownType` is therefore not safe to repeat unless its code is. A post has no answer: a value its target
 //! refuses is dropped, and nobody is told ([`crate::Node::call_typed`] where delivery
 //! matters).
 //!
