@@ -227,10 +227,11 @@ fn closing_a_shared_node_fails_the_other_threads_operations() {
 
 /// A thread that takes the node again as soon as it gives it back, holding it a while each
 /// time (as a step of a long move in segment 0 does), does not keep another thread from the
-/// node: the other gets it within a few of those holds. Catches, on most runs, a lock that
-/// is not eventually fair (`std::sync::Mutex`, which lets the thread that unlocks take it
-/// again before the waiter it woke runs): the waiter then goes without the node for all
-/// the holds, unless it happens to take it while the other thread is between two of them.
+/// node: the other gets it within a few of those holds. Catches a lock that is not
+/// eventually fair (`std::sync::Mutex`, which lets the thread that unlocks take it again
+/// before the waiter it woke runs) on a quiet machine, where the waiter then goes without
+/// the node for all the holds; under load it may take the node between two holds, and such
+/// a lock passes.
 #[test]
 fn a_thread_that_takes_the_node_again_at_once_does_not_starve_another() {
     const HOLDS: u32 = 200;
