@@ -188,7 +188,7 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
         let [b, t, s, ts] = rtt.map(|mut v| median(&mut v));
         println!(
             "{{\"transport\":\"{}\",\"spin_polls\":{},\"iters\":{},\"rounds\":{},\"block_us\":{b:.3},\"tokio_us\":{t:.3},\"spin_us\":{s:.3},\"tokio_spin_us\":{ts:.3},\"tokio_to_block\":{:.3},\"tokio_spin_to_spin\":{:.3}}}",
-            node.transport().name(),
+            node.transport().info().name,
             node.config().spin_polls,
             args.iters,
             args.rounds,

@@ -167,7 +167,7 @@ async fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
             if me == 0 {
                 println!(
                     "{{\"transport\":\"{}\",\"ranks\":{size},\"clients\":{},\"calls\":{calls},\"calls_per_s\":{:.3e},\"shard_keys\":{stored},\"idle_cpu_percent\":{:.3}}}",
-                    node.with(|n| n.transport().name()),
+                    node.with(|n| n.transport().info().name),
                     args.clients,
                     calls as f64 / took.as_secs_f64(),
                     100.0 * idle_cpu

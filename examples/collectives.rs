@@ -273,7 +273,7 @@ fn node_barrier(
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "collectives needs at least 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     let pongs = Rc::new(Cell::new(0u64));
     let mut node = Node::new(

@@ -101,7 +101,7 @@ fn poll_for(node: &mut Node<AnyTransport, Local>, n: u64) -> anyhow::Result<()> 
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "handoff needs at least 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     let pongs = Rc::new(Cell::new(0u64));
     let pings = Rc::new(Cell::new(0u64));

@@ -550,7 +550,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     anyhow::ensure!(
         size < 1 << (64 - INDEX_BITS) && args.ops + args.ops / 4 <= INDEX_MASK,

@@ -135,7 +135,7 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
     if rank == 0 {
         println!(
             "{{\"transport\":\"{}\",\"ranks\":{size},\"credits\":\"{}\",\"flood\":{},\"hot_msgs_per_s\":{:.4e},\"held_toward_1\":{}}}",
-            node.transport().name(),
+            node.transport().info().name,
             node.config().credits.unwrap_or_default(),
             args.flood,
             median(&mut rates),

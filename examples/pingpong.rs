@@ -360,7 +360,7 @@ fn measure_atomic<T: Transport, W>(
     next: impl Fn(W) -> W,
 ) -> anyhow::Result<Row>
 where
-    W: amnet::AtomicWord + amnet::op::Outcome + 'static,
+    W: amnet::AtomicWord + amnet::op::Outcome<Value = W> + 'static,
 {
     let mut rtt = Vec::with_capacity(args.iters);
     let mut last: Option<W> = None;
@@ -446,7 +446,7 @@ fn measure<T: Transport>(
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "pingpong needs at least 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let kind_of_transport: TransportKind = name.parse()?;
     let pongs = Rc::new(Cell::new(0u64));
     let size = transport.size();

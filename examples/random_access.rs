@@ -518,7 +518,7 @@ fn split(v: u64) -> [u32; 2] {
 }
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     let me = transport.rank();
     let lay = Layout::new(args.log2_table, size)?;

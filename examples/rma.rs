@@ -222,7 +222,7 @@ fn floor(
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "rma needs at least 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let kind: TransportKind = name.parse()?;
     let config = Config::from_env_for_ranks(transport.size())?;
     let mut handlers = Handlers::local();

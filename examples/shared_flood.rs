@@ -114,7 +114,7 @@ fn rank_main(t: amnet::AnyTransport, args: &Args) -> anyhow::Result<()> {
         let (one, many) = (median(&mut single), median(&mut shared));
         println!(
             "{{\"transport\":\"{}\",\"threads\":{threads},\"single_msgs_per_s\":{:.3e},\"shared_msgs_per_s\":{:.3e},\"shared_to_single\":{:.3}}}",
-            node.transport().name(),
+            node.transport().info().name,
             one * 1e6,
             many * 1e6,
             many / one

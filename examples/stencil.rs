@@ -82,7 +82,7 @@ fn initial(rows: usize, cols: usize) -> Vec<f64> {
 }
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
-    let name = transport.name();
+    let name = transport.info().name;
     let (rows, cols) = (args.rows, args.cols);
     let size = transport.size() as usize;
     let mut node = Node::new(

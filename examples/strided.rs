@@ -68,7 +68,7 @@ fn timed(
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "strided needs 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     let mut node = Node::new(
         transport,

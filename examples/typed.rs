@@ -97,7 +97,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn rank_main(transport: AnyTransport, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(transport.size() >= 2, "typed needs at least 2 ranks");
-    let name = transport.name();
+    let name = transport.info().name;
     let size = transport.size();
     let mut h = Handlers::local();
     h.callable(SUM, "sum", |msg, call| {

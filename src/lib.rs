@@ -70,7 +70,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
 
 pub use am_bootstrap::EndpointLayout;
 pub use am_bootstrap::{Connect, ConnectError, ConnectErrorKind};
@@ -231,187 +230,12 @@ macro_rules! dispatch {
 }
 
 impl Tx for AnyTransport {
-    #[inline]
-    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        dispatch!(self, t => t.try_send(dest, msg))
-    }
+    am_core::forward_transport!(via dispatch; try_send);
 }
 
 impl Transport for AnyTransport {
-    fn name(&self) -> &'static str {
-        dispatch!(self, t => t.name())
-    }
-    fn rank(&self) -> Rank {
-        dispatch!(self, t => t.rank())
-    }
-    fn size(&self) -> u32 {
-        dispatch!(self, t => t.size())
-    }
-    fn limits(&self) -> Limits {
-        dispatch!(self, t => t.limits())
-    }
-    fn segment(&self) -> am_core::SharedBytes<'_> {
-        dispatch!(self, t => t.segment())
-    }
-    #[inline]
-    fn poll_recv<R>(
-        &mut self,
-        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
-    ) -> Result<Option<R>, TransportError> {
-        dispatch!(self, t => t.poll_recv(f))
-    }
-    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        dispatch!(self, t => t.wait(timeout))
-    }
-    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
-        dispatch!(self, t => t.wake_fd())
-    }
-    fn arm(&mut self) -> Result<am_core::Armed, TransportError> {
-        dispatch!(self, t => t.arm())
-    }
-    fn disarm(&mut self) {
-        dispatch!(self, t => t.disarm())
-    }
-    fn capabilities(&self) -> am_core::Capabilities {
-        dispatch!(self, t => t.capabilities())
-    }
-    fn default_credits(&self) -> am_core::Credits {
-        dispatch!(self, t => t.default_credits())
-    }
-    fn stats(&self) -> am_core::NicStats {
-        dispatch!(self, t => Transport::stats(t))
-    }
-    fn flush(&mut self) {
-        dispatch!(self, t => t.flush())
-    }
-    fn close(&mut self) {
-        dispatch!(self, t => t.close())
-    }
-
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<u64, SendError> {
-        dispatch!(self, t => t.atomic(dest, offset, atomic))
-    }
-
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        dispatch!(self, t => t.put(dest, offset, data))
-    }
-
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: am_core::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.put_regions(dest, regions, data))
-    }
-
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: am_core::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.get_regions(src, regions, dst))
-    }
-
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        dispatch!(self, t => t.get(src, offset, dst))
-    }
-
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.put_from_segment(dest, offset, local, len))
-    }
-
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.get_into_segment(src, offset, local, len))
-    }
-
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.put_from_own(dest, offset, src))
-    }
-
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        dispatch!(self, t => t.get_into_own(src, offset, dst))
-    }
-
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
-        dispatch!(self, t => t.atomics(batch))
-    }
-
-    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
-        dispatch!(self, t => t.register_segment(id, seg))
-    }
-
-    fn deregister_segment(&mut self, id: u32) {
-        dispatch!(self, t => t.deregister_segment(id))
-    }
-
-    fn put_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        data: &[u8],
-    ) -> Result<u64, SendError> {
-        dispatch!(self, t => t.put_at(dest, key, offset, data))
-    }
-
-    fn put_at_from_own(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        src: am_core::transport::OwnRange<'_>,
-    ) -> Result<u64, SendError> {
-        dispatch!(self, t => t.put_at_from_own(dest, key, offset, src))
-    }
-
-    fn get_at(
-        &mut self,
-        src: Rank,
-        key: &[u8],
-        offset: usize,
-        dst: &mut [u8],
-    ) -> Result<u64, SendError> {
-        dispatch!(self, t => t.get_at(src, key, offset, dst))
-    }
-
-    fn atomic_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<(u64, u64), SendError> {
-        dispatch!(self, t => t.atomic_at(dest, key, offset, atomic))
-    }
+    am_core::forward_transport!(via dispatch; rank, size, info, segment, poll_recv, wait,
+        wake_fd, arm, disarm, flush, stats, rma, registration, close);
 }
 
 /// What a job needs to start.

@@ -780,7 +780,7 @@ fn arbitrary_values_round_trip_on_sci_two_endpoints_per_process() {
         let opts = JobOptions::new().transport(TransportKind::Sci).ranks(2);
         let code = amnet::run_job_endpoints(&opts, PER_PROCESS, |endpoints| {
             let transports = endpoints.into_transports();
-            let max = transports[0].limits().max_medium;
+            let max = transports[0].info().limits.max_medium;
             let model = Arc::new(Model::new(transports[0].size(), max, 8 * max));
             std::thread::scope(|s| {
                 let threads: Vec<_> = transports
@@ -811,7 +811,7 @@ fn arbitrary_values_round_trip_on_udp() {
     }
     within(Duration::from_secs(120), || {
         let udp = Udp::cluster(3, 64 << 10, UdpConfig::default()).expect("UDP cluster");
-        let max = udp[0].limits().max_medium;
+        let max = udp[0].info().limits.max_medium;
         let model = Arc::new(Model::new(3, max, 200_000));
         for r in run_ranks(udp, |t| rank(t, model.clone())) {
             r.expect("udp rank");
@@ -881,7 +881,7 @@ fn a_deeply_nested_forged_value_is_refused() {
 /// call.
 fn deeply_nested_job() {
     let udp = Udp::cluster(2, 64 << 10, UdpConfig::default()).expect("UDP cluster");
-    let model = Arc::new(Model::new(2, udp[0].limits().max_medium, 200_000));
+    let model = Arc::new(Model::new(2, udp[0].info().limits.max_medium, 200_000));
     for r in run_ranks(udp, |t| {
         let (h, r) = handlers(model.clone(), Arc::default())?;
         let mut node = Node::new(t, h, Config::default())?;

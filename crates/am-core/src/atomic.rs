@@ -8,7 +8,7 @@
 //! the wire see it as an [`Atomic`] (its code, width, [`WordType`] and operands as bits in
 //! 64). [`Atomic::apply`] performs one on a segment view with one atomic instruction where
 //! the machine has it and a compare-and-swap loop otherwise: shared-memory transports apply
-//! it to the target's mapped word at once ([`crate::Transport::atomic`]), ofi by the
+//! it to the target's mapped word at once ([`crate::transport::Rma::Atomic`]), ofi by the
 //! provider's atomics where it validates every operation on every type (else as messages),
 //! the others send it as a system message that the target's progress applies to its own
 //! segment. One transport applies every atomic of a job the same way, so that atomics on one
@@ -115,10 +115,10 @@ impl WordType {
     }
 }
 
-/// A word type remote atomics operate on: `u32`, `u64`, `i32`, `i64`, `f32` or `f64`.
-pub trait AtomicWord:
-    sealed::Sealed + Copy + PartialEq + std::fmt::Debug + crate::op::Outcome<Value = Self>
-{
+/// A word type remote atomics operate on: `u32`, `u64`, `i32`, `i64`, `f32` or `f64`. Each is
+/// also an [`Outcome`](crate::op::Outcome) of itself, what a fetching atomic's handle
+/// completes with (`W: AtomicWord + Outcome<Value = W>` in code generic over the word).
+pub trait AtomicWord: sealed::Sealed + Copy + PartialEq + std::fmt::Debug {
     /// Its width.
     const WIDTH: Width;
     /// How its bits are read.
@@ -411,8 +411,8 @@ fn refused(dest: Rank, offset: usize, e: Refused) -> SendError {
     SendError::device(format!("atomic at {offset} of rank {dest}: {e:?}"))
 }
 
-/// What became of a batch of posted atomics ([`crate::Transport::atomics`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What became of a batch of posted atomics ([`crate::transport::Rma::Atomics`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[must_use = "atomics past `done` were not applied"]
 pub struct Batch {
     /// How many of the batch, from its start, were dealt with: applied, or refused for

@@ -79,7 +79,7 @@ impl std::str::FromStr for AllReduceAlgorithm {
 pub struct Config {
     /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static (at
     /// most 255 and at most the transport's `max_credits`) or dynamic. `None`, the default:
-    /// the transport's own ([`crate::Transport::default_credits`]), 32 static per peer unless
+    /// the transport's own ([`NicInfo::credits`](crate::transport::NicInfo::credits)), 32 static per peer unless
     /// its round trip asks for more (udp: 128).
     pub credits: Option<Credits>,
     /// How blocking calls wait (`AM_WAIT`, default `yield`).

@@ -618,7 +618,7 @@ pub fn arming_wakes_the_rank<T: Transport + Send>(make: &dyn Fn(u32, usize) -> V
         // Whether a sent message is in the target's memory when the send returns, and the
         // descriptor the NIC's own (rather than a socket or a completion queue's, which
         // messages reach in their time and whether or not its rank armed).
-        let nic_owned = !matches!(node.transport().name(), "udp" | "ofi");
+        let nic_owned = !matches!(node.transport().info().name, "udp" | "ofi");
         // Start-up traffic drained on both sides, so that nothing else wakes rank 1.
         node.quiesce().expect("quiesce");
         quiet[me].open();
@@ -1321,7 +1321,7 @@ pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
     });
 }
 
-/// For transports that put and get themselves ([`Transport::put`], [`Transport::get`]; the
+/// For transports that put and get themselves ([`Rma::Put`](crate::transport::Rma::Put), [`Rma::Get`](crate::transport::Rma::Get); the
 /// shared-memory NICs and loopback): rank 1 never polls while rank 0 puts into its segment
 /// and gets from it, blocking and not, and each put is remotely complete at its first test.
 pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
@@ -1393,6 +1393,7 @@ pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32,
                 return;
             }
             left.wait();
+            use crate::transport::RmaRequests;
             let gone = |r: Result<(), SendError>| matches!(r, Err(SendError::PeerDeparted(1)));
             assert!(gone(t.put(1, 0, &[1])), "put");
             assert!(gone(t.get(1, 0, &mut [0])), "get");
@@ -1407,7 +1408,10 @@ pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32,
                 offset: 0,
                 atomic: add,
             }];
-            let batch = t.atomics(&posted);
+            let batch = t
+                .rma(crate::transport::Rma::Atomics(&posted))
+                .expect("a batch reports its refusals in its outcome")
+                .batch;
             assert!(
                 batch.done == 1 && matches!(batch.error, Some(SendError::PeerDeparted(1))),
                 "atomics: {batch:?}"
@@ -2343,7 +2347,7 @@ pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) 
     });
 }
 
-/// For transports that apply atomics themselves ([`Transport::atomic`]; the shared-memory
+/// For transports that apply atomics themselves ([`Rma::Atomic`](crate::transport::Rma::Atomic); the shared-memory
 /// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
 /// blocking and non-blocking, and every one is complete when made. Then a posted store from
 /// rank 0 reaches rank 1 while rank 0 only waits for what rank 1 does about it.
@@ -2585,8 +2589,8 @@ macro_rules! conformance_tests {
 }
 
 /// Instantiates, as [`conformance_tests!`] does, the cases for transports that put, get and
-/// apply atomics on the target's memory themselves ([`Transport::put`], [`Transport::get`],
-/// [`Transport::atomic`]: the shared-memory NICs and loopback): the target never polls while
+/// apply atomics on the target's memory themselves ([`Rma::Put`](crate::transport::Rma::Put), [`Rma::Get`](crate::transport::Rma::Get),
+/// [`Rma::Atomic`](crate::transport::Rma::Atomic): the shared-memory NICs and loopback): the target never polls while
 /// they complete, and a departed target is refused by the NIC.
 #[macro_export]
 macro_rules! nic_rma_tests {

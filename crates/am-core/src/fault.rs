@@ -8,10 +8,8 @@
 
 use std::time::Duration;
 
-use crate::atomic::{Atomic, Batch, Posted};
 use crate::transport::{
-    Capabilities, Delivery, Limits, Outgoing, Payload, Route, SendError, SharedBytes, Transport,
-    TransportError, Tx,
+    Delivery, Outgoing, Payload, Route, SendError, SharedBytes, Transport, TransportError, Tx,
 };
 use crate::types::Rank;
 
@@ -265,22 +263,13 @@ impl<T: Transport> Tx for FaultInjector<T> {
     }
 }
 
+/// What it changes: receiving (held and reordered messages), sleeping and arming (never
+/// while a message is held). RMA the NIC does itself is not messages: nothing to delay or
+/// reorder, so it is forwarded with the rest.
 impl<T: Transport> Transport for FaultInjector<T> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn segment(&self) -> SharedBytes<'_> {
-        self.inner.segment()
-    }
+    crate::forward_transport!(field inner; rank, size, info, segment, wake_fd, disarm, flush,
+        stats, rma, registration, close);
+
     fn poll_recv<R>(
         &mut self,
         f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
@@ -292,137 +281,12 @@ impl<T: Transport> Transport for FaultInjector<T> {
             f(d, segment, &mut tx)
         })
     }
-    fn close(&mut self) {
-        self.inner.close()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn default_credits(&self) -> crate::Credits {
-        self.inner.default_credits()
-    }
-    fn stats(&self) -> crate::NicStats {
-        Transport::stats(&self.inner)
-    }
-    fn flush(&mut self) {
-        self.inner.flush()
-    }
-    /// RMA the NIC does itself is not messages: nothing to delay or reorder.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        self.inner.put(dest, offset, data)
-    }
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: crate::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        self.inner.put_regions(dest, regions, data)
-    }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        self.inner.get(src, offset, dst)
-    }
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        self.inner.put_from_segment(dest, offset, local, len)
-    }
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        self.inner.get_into_segment(src, offset, local, len)
-    }
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: crate::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        self.inner.put_from_own(dest, offset, src)
-    }
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: crate::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        self.inner.get_into_own(src, offset, dst)
-    }
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: crate::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        self.inner.get_regions(src, regions, dst)
-    }
-    /// Atomics the NIC applies itself are not messages: nothing to delay or reorder.
-    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
-        self.inner.atomic(dest, offset, atomic)
-    }
-    fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        self.inner.atomics(batch)
-    }
-    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
-        self.inner.register_segment(id, seg)
-    }
-    fn deregister_segment(&mut self, id: u32) {
-        self.inner.deregister_segment(id)
-    }
-    /// RMA on registered segments is the NIC's too: nothing to delay or reorder.
-    fn put_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        data: &[u8],
-    ) -> Result<u64, SendError> {
-        self.inner.put_at(dest, key, offset, data)
-    }
-    fn put_at_from_own(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        src: crate::transport::OwnRange<'_>,
-    ) -> Result<u64, SendError> {
-        self.inner.put_at_from_own(dest, key, offset, src)
-    }
-    fn get_at(
-        &mut self,
-        src: Rank,
-        key: &[u8],
-        offset: usize,
-        dst: &mut [u8],
-    ) -> Result<u64, SendError> {
-        self.inner.get_at(src, key, offset, dst)
-    }
-    fn atomic_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<(u64, u64), SendError> {
-        self.inner.atomic_at(dest, key, offset, atomic)
-    }
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if self.faults.held.is_empty() {
             self.inner.wait(timeout)
         } else {
             Ok(())
         }
-    }
-    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
-        self.inner.wake_fd()
     }
     /// Held messages go out on the next poll: never armed while any is held.
     fn arm(&mut self) -> Result<crate::transport::Armed, TransportError> {
@@ -431,9 +295,6 @@ impl<T: Transport> Transport for FaultInjector<T> {
         } else {
             Ok(crate::transport::Armed::Ready)
         }
-    }
-    fn disarm(&mut self) {
-        self.inner.disarm()
     }
 }
 

@@ -125,7 +125,7 @@ pub use stats::{NicStats, Stats};
 pub use symmetric::{Symmetric, SYMMETRIC_ALIGN};
 pub use team::{Team, TeamId};
 pub use transport::{
-    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
+    Armed, Capabilities, Delivery, Limits, NicInfo, Outgoing, Payload, Received, Route, SendError,
     SharedBytes, Transport, TransportError, Tx,
 };
 pub use types::{AmKind, Category, HandlerId, Rank};

@@ -9,11 +9,9 @@ use std::time::Duration;
 use am_shm::sync::{fence, AsymmetricFence, Ordering as ShmOrdering};
 use am_shm::{futex_wait, futex_wake, Imported, Segment, SpscRing, CACHE_LINE};
 
-use crate::atomic::{apply_batch, Atomic, Batch, Posted};
-use crate::rma::{get_from, put_into};
 use crate::transport::{
-    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Received, Route, SendError,
-    SharedBytes, Transport, TransportError, Tx,
+    Armed, Capabilities, Delivery, Limits, NicInfo, Outgoing, Payload, Received, Rma, RmaDone,
+    Route, SendError, SharedBytes, Transport, TransportError, Tx,
 };
 use crate::types::Rank;
 use crate::wire::{MAX_ARGS, MAX_HEAD_LEN};
@@ -710,11 +708,14 @@ fn bad_stamp(s: usize, word: u64, at: u64) -> TransportError {
     )
 }
 
-impl Transport for Loopback {
-    fn name(&self) -> &'static str {
-        "loopback"
+impl crate::rma::MappedPeers for Loopback {
+    #[inline]
+    fn peer_segment(&self, rank: Rank) -> Result<SharedBytes<'_>, SendError> {
+        self.tx.peer_segment(rank)
     }
+}
 
+impl Transport for Loopback {
     fn rank(&self) -> Rank {
         self.tx.rank
     }
@@ -723,111 +724,37 @@ impl Transport for Loopback {
         self.size
     }
 
-    fn limits(&self) -> Limits {
-        Limits {
+    /// Every rank's segment is memory of this process: puts, gets and atomics are copies
+    /// and atomic instructions on it. A ring holds nothing per request: one empty reply can
+    /// answer several.
+    fn info(&self) -> NicInfo {
+        let limits = Limits {
             max_args: MAX_ARGS,
             max_medium: self.config.max_medium,
             max_long: self.config.max_long,
             max_credits: u32::MAX,
-        }
+        };
+        let mut info = NicInfo::new("loopback", limits);
+        info.capabilities = Capabilities {
+            put: true,
+            get: true,
+            atomics: true,
+            acks_coalesce: true,
+            // Every rank is a thread of this process.
+            map_segments: true,
+            ..Capabilities::default()
+        };
+        info
     }
 
     fn segment(&self) -> SharedBytes<'_> {
         self.segment.byte_area()
     }
 
-    /// A copy into the target's segment: every rank's segment is memory of this process.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        put_into(dest, self.tx.peer_segment(dest)?, offset, data)
-    }
-
-    /// One copy from this rank's segment to the target's.
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        let own = self.segment.byte_area();
-        crate::rma::copy_to(dest, self.tx.peer_segment(dest)?, offset, own, local, len)
-    }
-
-    /// One copy from the source's segment to this rank's.
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        let own = self.segment.byte_area();
-        crate::rma::copy_from(src, self.tx.peer_segment(src)?, offset, own, local, len)
-    }
-
-    /// One copy from the created segment's range to the target's segment.
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: crate::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        let len = src.bytes.len();
-        crate::rma::copy_to(dest, self.tx.peer_segment(dest)?, offset, src.bytes, 0, len)
-    }
-
-    /// One copy from the source's segment to the created segment's range.
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: crate::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        let len = dst.bytes.len();
-        crate::rma::copy_from(src, self.tx.peer_segment(src)?, offset, dst.bytes, 0, len)
-    }
-
-    /// The target's segment looked up once, then one copy per region.
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: crate::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        let segment = self.tx.peer_segment(dest)?;
-        for (offset, bytes) in regions.pieces(data)? {
-            put_into(dest, segment, offset, bytes)?;
-        }
-        Ok(())
-    }
-
-    /// The source's segment looked up once, then one copy per region.
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: crate::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        let segment = self.tx.peer_segment(src)?;
-        for (offset, into) in regions.pieces_mut(dst)? {
-            get_from(src, segment, offset, into)?;
-        }
-        Ok(())
-    }
-
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        get_from(src, self.tx.peer_segment(src)?, offset, dst)
-    }
-
-    /// An atomic instruction on the target's word: every rank's segment is memory of this
-    /// process.
-    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
-        atomic.apply_to(dest, self.tx.peer_segment(dest)?, offset)
-    }
-
-    fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        let applied = apply_batch(batch, |d| self.tx.peer_segment(d));
-        Batch::all(batch.len(), applied)
+    /// Copies and atomic instructions on the peers' segments, memory of this process.
+    #[inline]
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        crate::rma::mapped(self, request)
     }
 
     #[inline]
@@ -875,21 +802,6 @@ impl Transport for Loopback {
             self.inbox
                 .consume(s, if end == ring_bytes { 0 } else { end });
             return Ok(Some(r));
-        }
-    }
-
-    /// Every rank's segment is memory of this process: puts, gets and atomics are copies
-    /// and atomic instructions on it. A ring holds nothing per request: one empty reply can
-    /// answer several.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            put: true,
-            get: true,
-            atomics: true,
-            acks_coalesce: true,
-            // Every rank is a thread of this process.
-            map_segments: true,
-            ..Capabilities::default()
         }
     }
 

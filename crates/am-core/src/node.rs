@@ -63,7 +63,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// This is collective: every rank must call it. It checks that every rank registered the
     /// same handler table and segment size, and fails on all ranks with a clear error otherwise.
     /// [`Node::config`]'s credits are then the ones in force: those `config` chose, or the
-    /// transport's own ([`Transport::default_credits`]).
+    /// transport's own ([`crate::transport::NicInfo::credits`]).
     pub fn new(transport: T, handlers: Handlers<H>, config: Config) -> Result<Self, StartError> {
         let (config, policy) = Self::policy(&transport, config)?;
         Self::start(transport, handlers, config, policy)
@@ -72,12 +72,11 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// The credit policy `config` asks for, or the transport's own, on `transport`; and
     /// `config` naming the credits in force.
     fn policy(transport: &T, config: Config) -> Result<(Config, Policy), StartError> {
-        let credits = config
-            .credits
-            .unwrap_or_else(|| transport.default_credits());
+        let info = transport.info();
+        let credits = config.credits.unwrap_or(info.credits);
         let policy = credits
-            .build(transport.size(), transport.limits().max_credits)
-            .map_err(|why| StartError::Config(format!("{} transport: {why}", transport.name())))?;
+            .build(transport.size(), info.limits.max_credits)
+            .map_err(|why| StartError::Config(format!("{} transport: {why}", info.name)))?;
         let config = Config {
             credits: Some(credits),
             ..config
@@ -156,16 +155,17 @@ impl<T: Transport, H: Threading> Node<T, H> {
         config: Config,
         credits: Policy,
     ) -> Result<Self, StartError> {
+        let info = transport.info();
         let mut ep = Endpoint::with_policy(
             transport.rank(),
             transport.size(),
-            transport.limits(),
+            info,
             transport.segment().len(),
             handlers,
             credits,
         );
         ep.set_all_reduce(config.all_reduce);
-        let maps = transport.capabilities().map_segments;
+        let maps = info.capabilities.map_segments;
         ep.set_typed_rendezvous(maps, config.typed_rendezvous);
         ep.set_symmetric_size(config.symmetric_size)
             .map_err(|e| StartError::Config(e.to_string()))?;
@@ -184,7 +184,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             Poll::Ready(r) => {
                 r?;
                 // After start-up, which ends with every credit home.
-                let coalesce = self.transport.capabilities().acks_coalesce;
+                let coalesce = self.ep.capabilities().acks_coalesce;
                 self.ep.set_acks_coalesce(coalesce);
                 Ok(true)
             }
@@ -322,15 +322,15 @@ impl<T: Transport, H: Threading> Node<T, H> {
         &self.ep
     }
 
-    /// What the transport's NIC does itself ([`Transport::capabilities`]).
+    /// What the transport's NIC does itself ([`crate::transport::NicInfo::capabilities`]).
     pub fn capabilities(&self) -> Capabilities {
-        self.transport.capabilities()
+        self.ep.capabilities()
     }
 
     /// Whether a Long of `len` bytes has landed in the target's segment once a request for it
     /// was sent ([`Capabilities::long_placed_on_send`]).
     pub fn long_placed_on_send(&self, len: usize) -> bool {
-        self.transport.capabilities().long_placed_on_send(len)
+        self.ep.capabilities().long_placed_on_send(len)
     }
 
     /// Credits available now for requests to `peer`.
@@ -849,7 +849,7 @@ impl<T: Transport, H: Threading> Drop for Node<T, H> {
 impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("transport", &self.transport.name())
+            .field("transport", &self.transport.info().name)
             .field("rank", &self.ep.rank())
             .field("size", &self.ep.size())
             .finish()

@@ -216,7 +216,7 @@ pub enum SystemMsg {
         ok: bool,
     },
     /// A remote atomic (Short request) on the word at `offset` of the target's segment, for
-    /// a transport that cannot apply it itself ([`crate::Transport::atomic`]).
+    /// a transport that cannot apply it itself ([`Rma::Atomic`](crate::transport::Rma::Atomic)).
     Atomic {
         /// The initiator's operation index.
         op: u32,

@@ -1,6 +1,9 @@
 //! One-sided put and get on a view of the target's segment, for the NICs that reach it
-//! ([`crate::Transport::put`], [`crate::Transport::get`]): the copy is the transfer, so the
-//! operation is complete, locally and remotely, when it returns, and the target does nothing.
+//! ([`crate::Transport::rma`]): the copy is the transfer, so the operation is complete,
+//! locally and remotely, when it returns, and the target does nothing. [`mapped`] carries out
+//! every [`Rma`] request of a NIC that maps its peers' segments, and [`by_pieces`] breaks the
+//! shapes a NIC does not move itself into the ones it does: each copy between memories is
+//! written here, once.
 //!
 //! The copies go through [`SharedBytes`], whose loads and stores are word-wise atomic (or as
 //! opaque to the compiler), so a get racing with the owner's own writes reads some mix of old
@@ -11,129 +14,221 @@
 
 use am_shm::SharedBytes;
 
+use crate::atomic::{apply_batch, Batch};
 use crate::error::SendError;
+pub use crate::transport::Regions;
+use crate::transport::{Remote, Rma, RmaDone, Sink, Source, Transport};
 use crate::types::Rank;
 
-/// Where a strided or indexed transfer's bytes go in the target's segment, region by region,
-/// in the order of its data ([`crate::Node::put_strided`], [`crate::Node::put_indexed`],
-/// [`crate::Transport::put_regions`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Regions<'a> {
-    /// `count` blocks of `block` bytes, one every `stride` bytes from `offset`.
-    Strided {
-        /// The first block's offset.
-        offset: usize,
-        /// Bytes from one block's start to the next's.
-        stride: usize,
-        /// Bytes per block.
-        block: usize,
-        /// Blocks.
-        count: usize,
-    },
-    /// (offset, length) pairs.
-    Indexed(&'a [(usize, usize)]),
+/// A NIC that reaches its peers' segments as memory of this process (loopback's threads,
+/// sci's imported segments, extoll's registered ones): it says how once, and [`mapped`]
+/// does the rest.
+pub trait MappedPeers {
+    /// `rank`'s segment 0 as this rank maps it: an error naming the rank if there is no such
+    /// rank, or it is gone.
+    fn peer_segment(&self, rank: Rank) -> Result<SharedBytes<'_>, SendError>;
 }
 
-impl<'a> Regions<'a> {
-    /// The regions, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + use<'a> {
-        let (strided, indexed) = match *self {
-            Regions::Strided {
-                offset,
-                stride,
-                block,
-                count,
-            } => (Some((offset, stride, block, count)), &[][..]),
-            Regions::Indexed(r) => (None, r),
-        };
-        let strided = strided
-            .into_iter()
-            .flat_map(|(offset, stride, block, count)| {
-                (0..count).map(move |i| (offset.wrapping_add(i.wrapping_mul(stride)), block))
-            });
-        strided.chain(indexed.iter().copied())
-    }
-
-    /// Each region's offset with its bytes of `data`, in order. A `data` that does not hold
-    /// exactly the regions' bytes is [`SendError::Device`] (the core checks it first).
-    pub fn pieces<'d>(
-        &self,
-        data: &'d [u8],
-    ) -> Result<impl Iterator<Item = (usize, &'d [u8])> + use<'a, 'd>, SendError> {
-        self.fits(data.len())?;
-        let mut rest = data;
-        Ok(self.iter().map(move |(offset, len)| {
-            let (bytes, after) = rest.split_at(len);
-            rest = after;
-            (offset, bytes)
-        }))
-    }
-
-    /// [`Regions::pieces`] of a buffer to fill.
-    pub fn pieces_mut<'d>(
-        &self,
-        dst: &'d mut [u8],
-    ) -> Result<impl Iterator<Item = (usize, &'d mut [u8])> + use<'a, 'd>, SendError> {
-        self.fits(dst.len())?;
-        let mut rest = dst;
-        Ok(self.iter().map(move |(offset, len)| {
-            let (bytes, after) = std::mem::take(&mut rest).split_at_mut(len);
-            rest = after;
-            (offset, bytes)
-        }))
-    }
-
-    /// Whether a buffer of `len` bytes holds exactly the regions' bytes.
-    fn fits(&self, len: usize) -> Result<(), SendError> {
-        if self.total() == Some(len) {
-            Ok(())
-        } else {
-            Err(SendError::device(format!(
-                "a transfer of {len} bytes into or out of regions of another total"
-            )))
-        }
-    }
-
-    /// How many regions.
-    pub fn count(&self) -> usize {
-        match *self {
-            Regions::Strided { count, .. } => count,
-            Regions::Indexed(r) => r.len(),
-        }
-    }
-
-    /// The bytes of all regions, or `None` if they overflow.
-    pub fn total(&self) -> Option<usize> {
-        match *self {
-            Regions::Strided { block, count, .. } => block.checked_mul(count),
-            Regions::Indexed(r) => r.iter().try_fold(0usize, |a, &(_, n)| a.checked_add(n)),
-        }
-    }
-
-    /// The lowest offset and the end of the highest region, or `None` if an end overflows
-    /// (a strided transfer's regions lie between its first and last block; an empty one
-    /// is `Some((0, 0))`).
-    pub fn span(&self) -> Option<(usize, usize)> {
-        match *self {
-            Regions::Strided { count: 0, .. } => Some((0, 0)),
-            Regions::Strided {
-                offset,
-                stride,
-                block,
-                count,
-            } => {
-                let last = (count - 1).checked_mul(stride)?.checked_add(offset)?;
-                Some((offset, last.checked_add(block)?))
+/// Carries out `request` on the peers' mapped segments ([`crate::Transport::rma`] for a
+/// [`MappedPeers`] NIC): a put is one copy into the target's memory, a get one copy out of
+/// it, an atomic one atomic instruction on its word, and a copy between a segment of this
+/// rank and a peer's one pass from mapping to mapping; complete when it returns, with no
+/// message and no help from the target. A batch of atomics fetches every word first, so
+/// their misses overlap. [`Remote::Keyed`] is not such a NIC's: [`SendError::Unsupported`].
+#[inline]
+pub fn mapped<N: MappedPeers + Transport + ?Sized>(
+    nic: &N,
+    request: Rma<'_>,
+) -> Result<RmaDone, SendError> {
+    match request {
+        Rma::Put {
+            dest,
+            to: Remote::At(offset),
+            from,
+        } => {
+            let segment = nic.peer_segment(dest)?;
+            match from {
+                Source::Bytes(data) => put_into(dest, segment, offset, data)?,
+                Source::Own { offset: local, len } => {
+                    copy_to(dest, segment, offset, nic.segment(), local, len)?
+                }
+                Source::Segment(r) => copy_to(dest, segment, offset, r.bytes, 0, r.bytes.len())?,
             }
-            Regions::Indexed(r) => r
-                .iter()
-                .try_fold((usize::MAX, 0), |(lo, hi), &(o, n)| {
-                    Some((lo.min(o), hi.max(o.checked_add(n)?)))
-                })
-                .map(|(lo, hi)| if r.is_empty() { (0, 0) } else { (lo, hi) }),
+            Ok(RmaDone::moved())
         }
+        Rma::Get {
+            src,
+            from: Remote::At(offset),
+            into,
+        } => {
+            let segment = nic.peer_segment(src)?;
+            match into {
+                Sink::Bytes(dst) => get_from(src, segment, offset, dst)?,
+                Sink::Own { offset: local, len } => {
+                    copy_from(src, segment, offset, nic.segment(), local, len)?
+                }
+                Sink::Segment(r) => copy_from(src, segment, offset, r.bytes, 0, r.bytes.len())?,
+            }
+            Ok(RmaDone::moved())
+        }
+        Rma::Put {
+            dest,
+            to: Remote::Regions(regions),
+            from: Source::Bytes(data),
+        } => {
+            let segment = nic.peer_segment(dest)?;
+            for (offset, bytes) in regions.pieces(data)? {
+                put_into(dest, segment, offset, bytes)?;
+            }
+            Ok(RmaDone::moved())
+        }
+        Rma::Get {
+            src,
+            from: Remote::Regions(regions),
+            into: Sink::Bytes(dst),
+        } => {
+            let segment = nic.peer_segment(src)?;
+            for (offset, into) in regions.pieces_mut(dst)? {
+                get_from(src, segment, offset, into)?;
+            }
+            Ok(RmaDone::moved())
+        }
+        Rma::Atomic {
+            dest,
+            at: Remote::At(offset),
+            atomic,
+        } => Ok(RmaDone::old(atomic.apply_to(
+            dest,
+            nic.peer_segment(dest)?,
+            offset,
+        )?)),
+        Rma::Atomics(batch) => {
+            let applied = apply_batch(batch, |d| nic.peer_segment(d));
+            Ok(RmaDone::batch(Batch::all(batch.len(), applied)))
+        }
+        _ => Err(SendError::Unsupported(
+            "this shape of RMA on mapped segments",
+        )),
     }
+}
+
+/// Carries out `request` through the shapes a NIC moves itself, for a NIC that moves only
+/// some: a put or get of regions becomes one contiguous request per region
+/// ([`Remote::At`]), a put from or get into a range of a segment goes through a buffer of
+/// its length (copied by this module's copies, which hold no Rust reference over the range:
+/// peers may write it meanwhile), and a batch of atomics becomes one [`Rma::Atomic`] each, in
+/// order (one refused for good does not stop the others; a busy device stops the batch).
+/// Each piece goes to `t`'s own [`Transport::rma`], which must take contiguous requests from
+/// and into [`Source::Bytes`] and [`Sink::Bytes`] itself; handed one of those, this is
+/// [`SendError::Unsupported`] (never a loop back into `t`).
+pub fn by_pieces<T: Transport + ?Sized>(t: &mut T, request: Rma<'_>) -> Result<RmaDone, SendError> {
+    match request {
+        Rma::Put {
+            dest,
+            to: Remote::Regions(regions),
+            from: Source::Bytes(data),
+        } => {
+            for (offset, bytes) in regions.pieces(data)? {
+                t.rma(Rma::Put {
+                    dest,
+                    to: Remote::At(offset),
+                    from: Source::Bytes(bytes),
+                })?;
+            }
+            Ok(RmaDone::moved())
+        }
+        Rma::Get {
+            src,
+            from: Remote::Regions(regions),
+            into: Sink::Bytes(dst),
+        } => {
+            for (offset, into) in regions.pieces_mut(dst)? {
+                t.rma(Rma::Get {
+                    src,
+                    from: Remote::At(offset),
+                    into: Sink::Bytes(into),
+                })?;
+            }
+            Ok(RmaDone::moved())
+        }
+        Rma::Put {
+            dest,
+            to,
+            from: Source::Own { offset, len },
+        } => {
+            let bounce = read_range(t.rank(), own_slice(t.segment(), offset, len)?)?;
+            t.rma(Rma::Put {
+                dest,
+                to,
+                from: Source::Bytes(&bounce),
+            })
+        }
+        Rma::Get {
+            src,
+            from,
+            into: Sink::Own { offset, len },
+        } => {
+            let mut bounce = vec![0u8; len];
+            let done = t.rma(Rma::Get {
+                src,
+                from,
+                into: Sink::Bytes(&mut bounce),
+            })?;
+            let me = t.rank();
+            copy_in(me, own_slice(t.segment(), offset, len)?, &bounce)?;
+            Ok(done)
+        }
+        Rma::Put {
+            dest,
+            to,
+            from: Source::Segment(range),
+        } => {
+            let bounce = read_range(t.rank(), range.bytes)?;
+            t.rma(Rma::Put {
+                dest,
+                to,
+                from: Source::Bytes(&bounce),
+            })
+        }
+        Rma::Get {
+            src,
+            from,
+            into: Sink::Segment(range),
+        } => {
+            let mut bounce = vec![0u8; range.bytes.len()];
+            let done = t.rma(Rma::Get {
+                src,
+                from,
+                into: Sink::Bytes(&mut bounce),
+            })?;
+            copy_in(t.rank(), range.bytes, &bounce)?;
+            Ok(done)
+        }
+        Rma::Atomics(batch) => {
+            let done = crate::atomic::each_posted(batch, |p| {
+                t.rma(Rma::Atomic {
+                    dest: p.dest,
+                    at: Remote::At(p.offset),
+                    atomic: p.atomic,
+                })
+                .map(drop)
+            });
+            Ok(RmaDone::batch(done))
+        }
+        _ => Err(SendError::Unsupported("a contiguous RMA request by pieces")),
+    }
+}
+
+/// A private copy of `range`, this rank's (`me`).
+fn read_range(me: Rank, range: SharedBytes<'_>) -> Result<Vec<u8>, SendError> {
+    let mut bounce = vec![0u8; range.len()];
+    get_from(me, range, 0, &mut bounce)?;
+    Ok(bounce)
+}
+
+/// Writes `bytes` over all of `range`, this rank's (`me`).
+fn copy_in(me: Rank, range: SharedBytes<'_>, bytes: &[u8]) -> Result<(), SendError> {
+    put_into(me, range, 0, bytes)
 }
 
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).
@@ -164,7 +259,7 @@ pub fn get_from(
 }
 
 /// Copies `len` bytes at `local` of this rank's segment (`own`) to `offset` of `dest`'s
-/// (`segment`, as this rank maps it), in one pass ([`crate::Transport::put_from_segment`]).
+/// (`segment`, as this rank maps it), in one pass ([`Source::Segment`]).
 /// A range outside either segment is [`SendError::Device`] naming the rank.
 pub fn copy_to(
     dest: Rank,
@@ -183,7 +278,7 @@ pub fn copy_to(
 }
 
 /// Copies `len` bytes at `offset` of `src`'s segment (`segment`) to `local` of this rank's
-/// (`own`), in one pass ([`crate::Transport::get_into_segment`]). Failing as [`copy_to`].
+/// (`own`), in one pass ([`Sink::Segment`]). Failing as [`copy_to`].
 pub fn copy_from(
     src: Rank,
     segment: SharedBytes<'_>,

@@ -48,7 +48,7 @@
 //! segments for its RMA instead ([`crate::Capabilities::rma_segments`]: ofi), the owner
 //! registers a segment (its control words and its bytes) before its first publication,
 //! which carries the key the transport returned; a put, get or atomic on a peer's segment
-//! is then the transport's RMA ([`crate::Transport::put_at`]; atomics where the transport
+//! is then the transport's RMA ([`Remote::Keyed`](crate::transport::Remote::Keyed); atomics where the transport
 //! applies them, [`crate::Capabilities::atomics`]), complete when it returns, with an RMA
 //! read of the segment's freed word in flight beside it (the check a mapping peer makes
 //! with a load before each operation): one that finds it set fails with
@@ -60,7 +60,7 @@
 //! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
 //! Between segments, the bytes go from mapping to mapping wherever this rank reaches
 //! both (a created segment here and a peer's segment 0 where the transport copies from a
-//! created segment itself: [`crate::Transport::put_from_own`], on loopback, sci, extoll
+//! created segment itself: [`Source::Segment`](crate::transport::Source::Segment), on loopback, sci, extoll
 //! and portals, and ofi's puts from a published created segment, straight from its
 //! registration); elsewhere the local range is read into a
 //! buffer that goes as above, or a get's bytes are written into it once they have come.
@@ -233,7 +233,7 @@ impl RmaKey {
         }
     }
 
-    /// The blob, for [`crate::Transport::put_at`] and its kin.
+    /// The blob, for [`Remote::Keyed`](crate::transport::Remote::Keyed) and its kin.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
@@ -376,7 +376,7 @@ pub(crate) struct Segments {
     /// Peers' segments published here, by (owner, id).
     pub(crate) known: HashMap<u64, Known, std::hash::BuildHasherDefault<SegmentKeys>>,
     /// This rank's segments freed on a team of every rank they were published to, whose
-    /// registrations with the transport are to end ([`crate::Transport::deregister_segment`]).
+    /// registrations with the transport are to end ([`Registration::Deregister`](crate::transport::Registration::Deregister)).
     pub(crate) retired: Vec<u32>,
 }
 
@@ -417,7 +417,7 @@ impl Segments {
     }
 
     /// The key blob peers reach this rank's segment `id` by through `t`'s RMA: registered
-    /// with `t` by the first call ([`crate::Transport::register_segment`]); `None` where `t`
+    /// with `t` by the first call ([`crate::transport::Registration::Register`]); `None` where `t`
     /// did not register it.
     pub(crate) fn own_rma_key<T: crate::Transport + ?Sized>(
         &mut self,
@@ -426,15 +426,20 @@ impl Segments {
     ) -> Option<Vec<u8>> {
         let own = self.own.get_mut(&id.get())?;
         own.rma
-            .get_or_insert_with(|| match t.register_segment(id.get(), &own.seg) {
-                Some(k) if k.len() <= MAX_KEY => Some(k),
-                // A key no publication can carry: peers reach the segment by messages, and
-                // the registration ends here rather than with the transport.
-                Some(_) => {
-                    t.deregister_segment(id.get());
-                    None
+            .get_or_insert_with(|| {
+                match t.registration(crate::transport::Registration::Register {
+                    id: id.get(),
+                    segment: &own.seg,
+                }) {
+                    Some(k) if k.len() <= MAX_KEY => Some(k),
+                    // A key no publication can carry: peers reach the segment by messages, and
+                    // the registration ends here rather than with the transport.
+                    Some(_) => {
+                        t.registration(crate::transport::Registration::Deregister { id: id.get() });
+                        None
+                    }
+                    None => None,
                 }
-                None => None,
             })
             .clone()
     }

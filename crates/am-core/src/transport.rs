@@ -35,7 +35,7 @@ use std::time::Duration;
 
 pub use am_shm::SharedBytes;
 
-use crate::atomic::{each_posted, Atomic, Batch, Posted};
+use crate::atomic::{Atomic, Batch, Posted};
 use crate::credit::Credits;
 pub use crate::error::{NicError, SendError, TransportError};
 use crate::types::Rank;
@@ -241,7 +241,7 @@ impl Received<'_> {
     }
 }
 
-/// What a NIC does itself beyond moving messages ([`Transport::capabilities`]): the core
+/// What a NIC does itself beyond moving messages ([`NicInfo::capabilities`]): the core
 /// uses each of these where the NIC has it and does the rest by messages.
 ///
 /// Grows with the NICs: build it from [`Capabilities::default`] (nothing) and set what the
@@ -257,12 +257,12 @@ impl Received<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Capabilities {
-    /// It writes into peers' segments without their attention ([`Transport::put`]).
+    /// It writes into peers' segments without their attention ([`Rma::Put`]).
     pub put: bool,
-    /// It reads peers' segments without their attention ([`Transport::get`]).
+    /// It reads peers' segments without their attention ([`Rma::Get`]).
     pub get: bool,
     /// It applies remote atomics on peers' words without their attention
-    /// ([`Transport::atomic`], [`Transport::atomics`]).
+    /// ([`Rma::Atomic`], [`Rma::Atomics`]).
     pub atomics: bool,
     /// Long payloads shorter than this many bytes are already in the target's segment when
     /// [`Tx::try_send`] returns `Ok` for them (PIO stores, a put the engine finished at
@@ -283,11 +283,11 @@ pub struct Capabilities {
     /// no message. Otherwise they go by the NIC's RMA where it registers segments
     /// ([`Capabilities::rma_segments`]), else as messages that the owner's progress applies.
     pub map_segments: bool,
-    /// It registers created segments for peers' RMA ([`Transport::register_segment`]):
+    /// It registers created segments for peers' RMA ([`Registration::Register`]):
     /// a segment's publication carries the key blob it returns, and puts, gets and (where
     /// [`Capabilities::atomics`] is set) atomics on a peer's segment that published one go
-    /// by [`Transport::put_at`], [`Transport::get_at`] and [`Transport::atomic_at`], with no
-    /// message for the owner's progress. Used where [`Capabilities::map_segments`] is not.
+    /// as [`Rma`] requests on [`Remote::Keyed`], with no message for the owner's progress.
+    /// Used where [`Capabilities::map_segments`] is not.
     pub rma_segments: bool,
 }
 
@@ -339,16 +339,406 @@ pub trait Tx {
     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError>;
 }
 
-/// A NIC as the core sees it. See the [module docs](self) for how NICs map onto it.
-pub trait Transport: Tx {
+/// What a NIC is, fixed for its life ([`Transport::info`]): its name, its size limits, the
+/// credits it suits and what it does itself. The core reads it once, when a node starts.
+///
+/// Grows with the NICs: build it with [`NicInfo::new`] and set the rest.
+///
+/// ```
+/// # use am_core::transport::{Limits, NicInfo};
+/// let limits = Limits { max_args: 16, max_medium: 1024, max_long: 1 << 20, max_credits: 64 };
+/// let mut info = NicInfo::new("mynic", limits);
+/// info.capabilities.put = true;
+/// assert_eq!(info.credits, am_core::Credits::default());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NicInfo {
     /// The transport's name as used by `--transport` (`loopback`, `sci`, ...).
-    fn name(&self) -> &'static str;
+    pub name: &'static str,
+    /// Size limits.
+    pub limits: Limits,
+    /// The credits a job on this transport gets where its [`crate::Config`] chooses none
+    /// (no `AM_CREDITS`, no [`crate::Config::credits`]): enough requests in flight per peer
+    /// to cover the transport's round trip at its message rate. [`NicInfo::new`] gives 32
+    /// static per peer ([`Credits::default`]), which suits a round trip of a microsecond or
+    /// less.
+    pub credits: Credits,
+    /// What this NIC does itself beyond moving messages ([`Capabilities`]). The core never
+    /// asks [`Transport::rma`] for what the NIC does not claim. [`NicInfo::new`] gives
+    /// nothing, so the core does puts, gets and atomics by messages.
+    pub capabilities: Capabilities,
+}
+
+impl NicInfo {
+    /// A NIC named `name` with `limits`, the default credits and no capabilities.
+    pub fn new(name: &'static str, limits: Limits) -> NicInfo {
+        NicInfo {
+            name,
+            limits,
+            credits: Credits::default(),
+            capabilities: Capabilities::default(),
+        }
+    }
+}
+
+/// One one-sided request for a NIC to carry out ([`Transport::rma`]): a put, a get or an
+/// atomic on a peer's memory, described by where it reaches there ([`Remote`]) and, for puts
+/// and gets, which memory of this rank it moves ([`Source`], [`Sink`]).
+///
+/// The core has checked every rank, range, length and alignment before a request reaches a
+/// NIC, and never sends one the NIC does not claim in its [`Capabilities`]: puts
+/// ([`Capabilities::put`]), gets ([`Capabilities::get`]), atomics
+/// ([`Capabilities::atomics`]); [`Remote::Keyed`] only where
+/// [`Capabilities::rma_segments`] is set.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Rma<'a> {
+    /// Copies `from` to `to` at `dest` without `dest`'s attention. Complete when
+    /// [`Transport::rma`] returns `Ok`: the bytes are in the target's memory, which is both
+    /// local completion (`from` may be reused) and remote completion.
+    Put {
+        /// The target.
+        dest: Rank,
+        /// Where the bytes go there.
+        to: Remote<'a>,
+        /// The bytes.
+        from: Source<'a>,
+    },
+    /// Copies `from` at `src` into `into` without `src`'s attention: `Ok` once `into` holds
+    /// the bytes.
+    Get {
+        /// The rank read.
+        src: Rank,
+        /// Where the bytes are there.
+        from: Remote<'a>,
+        /// Where they go here.
+        into: Sink<'a>,
+    },
+    /// Applies `atomic` to the word `at` names at `dest` without `dest`'s attention: the
+    /// word's old value in [`RmaDone::old`]. Shared-memory NICs do it with one atomic
+    /// instruction on the target's mapped word ([`crate::atomic::Atomic::apply`] on a view
+    /// of it). `at` is [`Remote::At`] or [`Remote::Keyed`].
+    Atomic {
+        /// The target.
+        dest: Rank,
+        /// The word.
+        at: Remote<'a>,
+        /// What to do with it.
+        atomic: Atomic,
+    },
+    /// Applies the non-fetching atomics of a batch in segment 0 of their targets, in order,
+    /// each as [`Rma::Atomic`] would ([`RmaDone::batch`] says how far it got). A NIC that
+    /// reaches the words itself fetches them all first, so that their cache misses overlap
+    /// ([`crate::atomic::apply_batch`]). One refused for good does not stop the others; a
+    /// busy device stops the batch, and the core polls and hands over the rest again. The
+    /// core hands posted atomics on its own rank here with the rest, so such a NIC reaches
+    /// its own segment too.
+    Atomics(&'a [Posted]),
+}
+
+/// Where a strided or indexed transfer's bytes go in the target's segment, region by region,
+/// in the order of its data ([`crate::Node::put_strided`], [`crate::Node::put_indexed`],
+/// [`Remote::Regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Regions<'a> {
+    /// `count` blocks of `block` bytes, one every `stride` bytes from `offset`.
+    Strided {
+        /// The first block's offset.
+        offset: usize,
+        /// Bytes from one block's start to the next's.
+        stride: usize,
+        /// Bytes per block.
+        block: usize,
+        /// Blocks.
+        count: usize,
+    },
+    /// (offset, length) pairs.
+    Indexed(&'a [(usize, usize)]),
+}
+
+impl<'a> Regions<'a> {
+    /// The regions, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + use<'a> {
+        let (strided, indexed) = match *self {
+            Regions::Strided {
+                offset,
+                stride,
+                block,
+                count,
+            } => (Some((offset, stride, block, count)), &[][..]),
+            Regions::Indexed(r) => (None, r),
+        };
+        let strided = strided
+            .into_iter()
+            .flat_map(|(offset, stride, block, count)| {
+                (0..count).map(move |i| (offset.wrapping_add(i.wrapping_mul(stride)), block))
+            });
+        strided.chain(indexed.iter().copied())
+    }
+
+    /// Each region's offset with its bytes of `data`, in order. A `data` that does not hold
+    /// exactly the regions' bytes is [`SendError::Device`] (the core checks it first).
+    pub fn pieces<'d>(
+        &self,
+        data: &'d [u8],
+    ) -> Result<impl Iterator<Item = (usize, &'d [u8])> + use<'a, 'd>, SendError> {
+        self.fits(data.len())?;
+        let mut rest = data;
+        Ok(self.iter().map(move |(offset, len)| {
+            let (bytes, after) = rest.split_at(len);
+            rest = after;
+            (offset, bytes)
+        }))
+    }
+
+    /// [`Regions::pieces`] of a buffer to fill.
+    pub fn pieces_mut<'d>(
+        &self,
+        dst: &'d mut [u8],
+    ) -> Result<impl Iterator<Item = (usize, &'d mut [u8])> + use<'a, 'd>, SendError> {
+        self.fits(dst.len())?;
+        let mut rest = dst;
+        Ok(self.iter().map(move |(offset, len)| {
+            let (bytes, after) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = after;
+            (offset, bytes)
+        }))
+    }
+
+    /// Whether a buffer of `len` bytes holds exactly the regions' bytes.
+    fn fits(&self, len: usize) -> Result<(), SendError> {
+        if self.total() == Some(len) {
+            Ok(())
+        } else {
+            Err(SendError::device(format!(
+                "a transfer of {len} bytes into or out of regions of another total"
+            )))
+        }
+    }
+
+    /// How many regions.
+    pub fn count(&self) -> usize {
+        match *self {
+            Regions::Strided { count, .. } => count,
+            Regions::Indexed(r) => r.len(),
+        }
+    }
+
+    /// The bytes of all regions, or `None` if they overflow.
+    pub fn total(&self) -> Option<usize> {
+        match *self {
+            Regions::Strided { block, count, .. } => block.checked_mul(count),
+            Regions::Indexed(r) => r.iter().try_fold(0usize, |a, &(_, n)| a.checked_add(n)),
+        }
+    }
+
+    /// The lowest offset and the end of the highest region, or `None` if an end overflows
+    /// (a strided transfer's regions lie between its first and last block; an empty one
+    /// is `Some((0, 0))`).
+    pub fn span(&self) -> Option<(usize, usize)> {
+        match *self {
+            Regions::Strided { count: 0, .. } => Some((0, 0)),
+            Regions::Strided {
+                offset,
+                stride,
+                block,
+                count,
+            } => {
+                let last = (count - 1).checked_mul(stride)?.checked_add(offset)?;
+                Some((offset, last.checked_add(block)?))
+            }
+            Regions::Indexed(r) => r
+                .iter()
+                .try_fold((usize::MAX, 0), |(lo, hi), &(o, n)| {
+                    Some((lo.min(o), hi.max(o.checked_add(n)?)))
+                })
+                .map(|(lo, hi)| if r.is_empty() { (0, 0) } else { (lo, hi) }),
+        }
+    }
+}
+
+/// Where an [`Rma`] request reaches a peer's memory.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Remote<'a> {
+    /// Segment 0, from this offset: as many bytes as the local side has (one word for an
+    /// atomic).
+    At(usize),
+    /// Segment 0, region by region in order (a strided or indexed transfer), the regions'
+    /// lengths adding up to the local side's, which is a slice ([`Source::Bytes`],
+    /// [`Sink::Bytes`]). [`SendError::Busy`] may come after some regions were moved: the
+    /// core asks again, and they are moved again (the same bytes).
+    Regions(Regions<'a>),
+    /// The registration a peer's key blob `key` names ([`Transport::registration`]), from
+    /// `offset` (counted from the segment's word area). [`RmaDone::flag`] is the
+    /// registration's first `u64` (its freed flag, where the core keeps it), read in flight
+    /// beside the request, in no order with it. `key` came from the peer, untrusted: one
+    /// this NIC cannot have made, or a range past what it names, is
+    /// [`SendError::PeerMisbehaved`] naming the peer. The core has checked the range against
+    /// the published length.
+    Keyed {
+        /// The peer's key blob.
+        key: &'a [u8],
+        /// Where in the registration.
+        offset: usize,
+    },
+}
+
+/// The local memory a put reads ([`Rma::Put`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Source<'a> {
+    /// The caller's bytes.
+    Bytes(&'a [u8]),
+    /// `len` bytes at `offset` of this rank's segment 0, which the transport holds
+    /// ([`Transport::segment`]): checked by the core. A NIC that reaches both memories
+    /// copies from one to the other in one pass (no buffer in between, and no Rust reference
+    /// over either: peers may write them meanwhile).
+    Own {
+        /// Where the bytes start in segment 0.
+        offset: usize,
+        /// How many.
+        len: usize,
+    },
+    /// All of a range of one of this rank's created segments: copied as [`Source::Own`]; a
+    /// NIC that registered the segment writes straight from its memory.
+    Segment(OwnRange<'a>),
+}
+
+/// The local memory a get writes ([`Rma::Get`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Sink<'a> {
+    /// The caller's buffer, filled whole.
+    Bytes(&'a mut [u8]),
+    /// `len` bytes at `offset` of this rank's segment 0, filled as [`Source::Own`] is read.
+    Own {
+        /// Where the bytes go in segment 0.
+        offset: usize,
+        /// How many.
+        len: usize,
+    },
+    /// All of a range of one of this rank's created segments, filled as
+    /// [`Source::Segment`] is read.
+    Segment(OwnRange<'a>),
+}
+
+impl Source<'_> {
+    /// Bytes moved.
+    pub fn len(&self) -> usize {
+        match self {
+            Source::Bytes(b) => b.len(),
+            Source::Own { len, .. } => *len,
+            Source::Segment(r) => r.bytes.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Sink<'_> {
+    /// Bytes moved.
+    pub fn len(&self) -> usize {
+        match self {
+            Sink::Bytes(b) => b.len(),
+            Sink::Own { len, .. } => *len,
+            Sink::Segment(r) => r.bytes.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a NIC reports of an [`Rma`] request it carried out.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct RmaDone {
+    /// An atomic's: the word's old value.
+    pub old: u64,
+    /// A request on [`Remote::Keyed`]: the registration's first `u64`, read beside it.
+    pub flag: u64,
+    /// A batch's ([`Rma::Atomics`]): how many were dealt with, and the first refusal.
+    pub batch: Batch,
+}
+
+impl RmaDone {
+    /// A put or get done.
+    pub fn moved() -> RmaDone {
+        RmaDone::default()
+    }
+
+    /// An atomic done, its word's old value `old`.
+    pub fn old(old: u64) -> RmaDone {
+        RmaDone {
+            old,
+            ..RmaDone::default()
+        }
+    }
+
+    /// A request on a registration done, with its first `u64` read beside it.
+    pub fn keyed(old: u64, flag: u64) -> RmaDone {
+        RmaDone {
+            old,
+            flag,
+            ..RmaDone::default()
+        }
+    }
+
+    /// A batch of atomics dealt with as `batch` says.
+    pub fn batch(batch: Batch) -> RmaDone {
+        RmaDone {
+            batch,
+            ..RmaDone::default()
+        }
+    }
+}
+
+/// A change to the segments a NIC registers for peers' RMA ([`Transport::registration`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Registration<'a> {
+    /// Register all of `segment`, this rank's created segment `id` (its word area, then its
+    /// byte area), for peers' RMA: the answer is the key blob peers reach it by (at most 40
+    /// bytes), or `None` where it could not be registered (peers then reach it by messages).
+    /// The NIC keeps the memory mapped while it is registered (a
+    /// [`am_shm::Segment::share`]). The core registers a segment once, before its first
+    /// publication, and ends the registration at once if the key is longer than 40 bytes.
+    Register {
+        /// The segment's id at this rank.
+        id: u32,
+        /// The segment.
+        segment: &'a am_shm::Segment,
+    },
+    /// End the registration of segment `id` (none: nothing to do). The core asks once the
+    /// segment's free completed on a team of every rank it was published to, none of which
+    /// operates on it any more. The answer is `None`.
+    Deregister {
+        /// The segment's id at this rank.
+        id: u32,
+    },
+}
+
+/// A NIC as the core sees it. See the [module docs](self) for how NICs map onto it.
+///
+/// Messages go by [`Tx::try_send`] and [`Transport::poll_recv`]; one-sided memory by one
+/// request that describes it ([`Transport::rma`]). A wrapper or an enum of transports
+/// forwards what it does not change with [`forward_transport!`](crate::forward_transport).
+pub trait Transport: Tx {
     /// This rank.
     fn rank(&self) -> Rank;
     /// Number of ranks in the job.
     fn size(&self) -> u32;
-    /// Size limits.
-    fn limits(&self) -> Limits;
+    /// What the NIC is: name, limits, credits, capabilities ([`NicInfo`]), the same on
+    /// every call.
+    fn info(&self) -> NicInfo;
     /// The local registered segment (peers may write it at any time: a view, never a slice).
     fn segment(&self) -> SharedBytes<'_>;
     /// Takes at most one incoming message and calls `f` with it, the local segment and a sender;
@@ -369,8 +759,9 @@ pub trait Transport: Tx {
     /// [`Transport::disarm`] (a socket), made on the first call; the same on every call, so
     /// a duplicate (`try_clone_to_owned`) watches it for as long as the transport lives. On
     /// the shared-memory NICs and loopback it becomes readable only for a transport that
-    /// armed, never per message otherwise; udp's is its socket. `None`: the transport has none, and a driver polls it without
-    /// sleeping (the default, with [`Transport::arm`] always [`Armed::Ready`]).
+    /// armed, never per message otherwise; udp's is its socket. `None`: the transport has
+    /// none, and a driver polls it without sleeping (the default, with [`Transport::arm`]
+    /// always [`Armed::Ready`]).
     fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {
         Ok(None)
     }
@@ -396,233 +787,31 @@ pub trait Transport: Tx {
     /// for that poll, to be packed with the sends after it. A transport that holds nothing
     /// back needs nothing here.
     fn flush(&mut self) {}
-    /// The credits a job on this transport gets where its [`crate::Config`] chooses none
-    /// (no `AM_CREDITS`, no [`crate::Config::credits`]): enough requests in flight per peer to
-    /// cover the transport's round trip at its message rate. The default, 32 static per
-    /// peer ([`Credits::default`]), suits a round trip of a microsecond or less.
-    fn default_credits(&self) -> Credits {
-        Credits::default()
-    }
-    /// What this NIC does itself beyond moving messages ([`Capabilities`]). The core asks
-    /// once per operation and never calls a method the NIC does not claim. The default:
-    /// nothing, so the core does puts, gets and atomics by messages.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-    }
     /// What the NIC counts of its own ([`crate::NicStats`]: refusals it retried itself,
     /// retransmissions), which [`crate::Node::stats`] adds to the core's counts. The default
     /// counts nothing.
     fn stats(&self) -> crate::NicStats {
         crate::NicStats::default()
     }
-    /// Copies `data` into `dest`'s segment at `offset` without `dest`'s attention (one-sided
-    /// RMA put), for a NIC whose [`Capabilities::put`] is set: once it returns `Ok`, the bytes
-    /// are in the target's segment, which is both local completion (`data` may be reused)
-    /// and remote completion. The core has checked the rank and the bounds, and does puts to
-    /// its own rank itself. A lost target is [`SendError::PeerLost`], a departed one
-    /// [`SendError::PeerDeparted`]; [`SendError::Busy`] means nothing was done yet (the core
-    /// polls and asks again), as it does for [`Transport::get`] and [`Transport::atomic`].
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        let _ = (dest, offset, data);
-        Err(SendError::Unsupported("put"))
+    /// Carries out one one-sided request ([`Rma`]) that the NIC claims in its
+    /// [`Capabilities`], complete when it returns `Ok`. A lost target is
+    /// [`SendError::PeerLost`], a departed one [`SendError::PeerDeparted`]; a word or range
+    /// the NIC still cannot reach is [`SendError::Device`]; [`SendError::Busy`] means
+    /// nothing was done yet (the core polls and asks again). The default supports nothing.
+    ///
+    /// A NIC that maps its peers' segments into this process implements it with
+    /// [`crate::rma::mapped`], where every copy between mappings is written once; one that
+    /// moves only some shapes itself hands the rest to [`crate::rma::by_pieces`].
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        let _ = request;
+        Err(SendError::Unsupported("rma"))
     }
-    /// Copies `data` into `dest`'s segment, region by region (`regions`, in order, their
-    /// lengths adding up to `data.len()`: a strided or indexed put), for a NIC whose
-    /// [`Capabilities::put`] is set, in as few NIC operations as it can:
-    /// `Ok` once every region is in place, as [`Transport::put`]. The core has checked the
-    /// rank, every region's bounds and the lengths. [`SendError::Busy`] may come after some
-    /// regions were written: the core asks again, and they are written again (the same
-    /// bytes). The default puts the regions one by one.
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: crate::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        for (offset, bytes) in regions.pieces(data)? {
-            self.put(dest, offset, bytes)?;
-        }
-        Ok(())
-    }
-    /// Reads `src`'s segment region by region (`regions`, in order, their lengths adding up to
-    /// `dst.len()`: a strided or indexed get) into `dst`, for a NIC whose
-    /// [`Capabilities::get`] is set: `Ok` once `dst` holds them all. Checked and failing as
-    /// [`Transport::put_regions`]. The default gets the regions one by one.
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: crate::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        for (offset, into) in regions.pieces_mut(dst)? {
-            self.get(src, offset, into)?;
-        }
-        Ok(())
-    }
-    /// Copies `len` bytes at `local` of this rank's own segment to `offset` of `dest`'s, as
-    /// [`Transport::put`] does with a slice: for a NIC whose [`Capabilities::put`] is set,
-    /// complete when it returns. The core has checked both ranges. A NIC that reaches both
-    /// segments copies from one to the other in one pass (no buffer in between, and no Rust
-    /// reference over either: peers may write them meanwhile); the default reads the range
-    /// into a buffer and puts that.
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        let mut bounce = vec![0u8; len];
-        crate::rma::get_from(self.rank(), self.segment(), local, &mut bounce)?;
-        self.put(dest, offset, &bounce)
-    }
-    /// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's own, as
-    /// [`Transport::get`] does into a slice: for a NIC whose [`Capabilities::get`] is set,
-    /// complete when it returns. Checked, and by default through a buffer, as
-    /// [`Transport::put_from_segment`].
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        let mut bounce = vec![0u8; len];
-        self.get(src, offset, &mut bounce)?;
-        crate::rma::put_into(self.rank(), self.segment(), local, &bounce)
-    }
-    /// Copies all of `src`, a range of one of this rank's created segments, to `offset` of
-    /// `dest`'s segment, as [`Transport::put_from_segment`] does from segment 0: for a NIC
-    /// whose [`Capabilities::put`] is set, complete when it returns, checked by the core.
-    /// A NIC that maps its peers' segments copies from one mapping to the other; the
-    /// default reads the range into a buffer and puts that.
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        through_bounce(self, src, Way::FromOwn, |t, bounce| {
-            t.put(dest, offset, bounce)
-        })
-    }
-    /// Copies `dst.bytes.len()` bytes at `offset` of `src`'s segment into `dst`, a range of
-    /// one of this rank's created segments, as [`Transport::get_into_segment`] does into
-    /// segment 0: for a NIC whose [`Capabilities::get`] is set, complete when it returns.
-    /// The default gets the bytes into a buffer and writes them.
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        through_bounce(self, dst, Way::IntoOwn, |t, bounce| {
-            t.get(src, offset, bounce)
-        })
-    }
-    /// Copies `dst.len()` bytes at `offset` of `src`'s segment into `dst` without `src`'s
-    /// attention (one-sided RMA get), for a NIC whose [`Capabilities::get`] is set: `Ok` once
-    /// `dst` holds them. Checked and failing as [`Transport::put`].
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        let _ = (src, offset, dst);
-        Err(SendError::Unsupported("get"))
-    }
-    /// Applies `atomic` to the word at `offset` of `dest`'s segment without `dest`'s
-    /// attention, for a NIC whose [`Capabilities::atomics`] is set: the word's old value.
-    /// Shared-memory NICs do it with one atomic instruction on the target's mapped word
-    /// ([`crate::atomic::Atomic::apply`] on a view of it). The core has checked the rank,
-    /// the bounds and the alignment. It applies a blocking or non-blocking atomic on its own
-    /// rank itself, but hands posted ones on its own rank to [`Transport::atomics`] with the
-    /// rest, so such a NIC reaches its own segment too. A word the NIC still cannot reach is
-    /// [`SendError::Device`], a lost target [`SendError::PeerLost`].
-    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
-        let _ = (dest, offset, atomic);
-        Err(SendError::Unsupported("atomics"))
-    }
-    /// Applies the non-fetching atomics of `batch` in order, each as [`Transport::atomic`]
-    /// would (the default does just that), for a NIC whose [`Capabilities::atomics`] is set.
-    /// A NIC that reaches the words itself fetches them all first, so that their cache
-    /// misses overlap ([`crate::atomic::apply_batch`]). One refused for good does not stop
-    /// the others; a busy device stops the batch, and the core polls and hands over the rest
-    /// again ([`crate::atomic::Batch`]).
-    fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        each_posted(batch, |p| self.atomic(p.dest, p.offset, p.atomic).map(drop))
-    }
-    /// Registers all of `seg`, this rank's created segment `id` (its word area, then its byte
-    /// area), for peers' RMA, for a NIC whose [`Capabilities::rma_segments`] is set: the key
-    /// blob peers reach it by (at most 40 bytes), or `None` where it could not (peers then
-    /// reach it by messages). The NIC keeps the memory mapped while it is registered (a
-    /// [`am_shm::Segment::share`]). The core registers a segment once, before its first
-    /// publication, and deregisters it at once if the key is longer than 40 bytes. The
+    /// Registers a created segment for peers' RMA, or ends a registration
+    /// ([`Registration`]), for a NIC whose [`Capabilities::rma_segments`] is set. The
     /// default registers nothing.
-    fn register_segment(&mut self, id: u32, seg: &am_shm::Segment) -> Option<Vec<u8>> {
-        let _ = (id, seg);
+    fn registration(&mut self, change: Registration<'_>) -> Option<Vec<u8>> {
+        let _ = change;
         None
-    }
-    /// Ends the registration of segment `id` ([`Transport::register_segment`]; none:
-    /// nothing to do). The core calls it once the segment's free completed on a team of
-    /// every rank it was published to, none of which operates on it any more.
-    fn deregister_segment(&mut self, id: u32) {
-        let _ = id;
-    }
-    /// Copies `data` to `offset` of the registration a peer's key blob `key` names at
-    /// `dest` (offsets count from the segment's word area), as [`Transport::put`]: complete
-    /// when it returns `Ok`, with the registration's first `u64` (its freed flag, where the
-    /// core keeps it), read in flight beside the put, in no order with it. `key` came from
-    /// the peer, untrusted: one this NIC cannot have made, or a range past what it names, is
-    /// [`SendError::PeerMisbehaved`] naming `dest`. The core has checked the range against
-    /// the published length.
-    fn put_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        data: &[u8],
-    ) -> Result<u64, SendError> {
-        let _ = (dest, key, offset, data);
-        Err(SendError::Unsupported("put_at"))
-    }
-    /// Copies all of `src`, a range of one of this rank's created segments, to `offset` of
-    /// the registration `key` names at `dest`, as [`Transport::put_at`] does with a slice
-    /// (checked and failing the same way, with the registration's first `u64` read beside
-    /// it): a NIC that registered `src`'s segment ([`Transport::register_segment`]) writes
-    /// straight from its memory. The default reads the range into a buffer and puts that.
-    fn put_at_from_own(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        src: OwnRange<'_>,
-    ) -> Result<u64, SendError> {
-        through_bounce(self, src, Way::FromOwn, |t, bounce| {
-            t.put_at(dest, key, offset, bounce)
-        })
-    }
-    /// Copies `dst.len()` bytes at `offset` of the registration `key` names at `src` into
-    /// `dst`, as [`Transport::get`], with the registration's first `u64` read beside it and
-    /// checked, as [`Transport::put_at`].
-    fn get_at(
-        &mut self,
-        src: Rank,
-        key: &[u8],
-        offset: usize,
-        dst: &mut [u8],
-    ) -> Result<u64, SendError> {
-        let _ = (src, key, offset, dst);
-        Err(SendError::Unsupported("get_at"))
-    }
-    /// Applies `atomic` to the word at `offset` of the registration `key` names at `dest`,
-    /// as [`Transport::atomic`], checked as [`Transport::put_at`]: the word's old value, and
-    /// the registration's first `u64` read beside it.
-    fn atomic_at(
-        &mut self,
-        dest: Rank,
-        key: &[u8],
-        offset: usize,
-        atomic: Atomic,
-    ) -> Result<(u64, u64), SendError> {
-        let _ = (dest, key, offset, atomic);
-        Err(SendError::Unsupported("atomic_at"))
     }
     /// The process is about to end ([`crate::Node::exit`]): deliver what was already sent
     /// (bounded in time) and tell the peers this rank is leaving. Nothing is sent afterwards.
@@ -630,19 +819,335 @@ pub trait Transport: Tx {
     fn close(&mut self) {}
 }
 
+/// The requests the core makes of [`Transport::rma`], by shape: each builds its descriptor,
+/// so that the core's call sites read as the operation they do.
+pub(crate) trait RmaRequests: Transport {
+    #[inline(always)]
+    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
+        self.rma(Rma::Put {
+            dest,
+            to: Remote::At(offset),
+            from: Source::Bytes(data),
+        })
+        .map(drop)
+    }
+    #[inline(always)]
+    fn get(&mut self, src: Rank, offset: usize, into: &mut [u8]) -> Result<(), SendError> {
+        self.rma(Rma::Get {
+            src,
+            from: Remote::At(offset),
+            into: Sink::Bytes(into),
+        })
+        .map(drop)
+    }
+    #[inline(always)]
+    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
+        self.rma(Rma::Atomic {
+            dest,
+            at: Remote::At(offset),
+            atomic,
+        })
+        .map(|d| d.old)
+    }
+    #[inline(always)]
+    fn put_own(
+        &mut self,
+        dest: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        self.rma(Rma::Put {
+            dest,
+            to: Remote::At(offset),
+            from: Source::Own { offset: local, len },
+        })
+        .map(drop)
+    }
+    #[inline(always)]
+    fn get_own(
+        &mut self,
+        src: Rank,
+        offset: usize,
+        local: usize,
+        len: usize,
+    ) -> Result<(), SendError> {
+        self.rma(Rma::Get {
+            src,
+            from: Remote::At(offset),
+            into: Sink::Own { offset: local, len },
+        })
+        .map(drop)
+    }
+    #[inline(always)]
+    fn put_from(
+        &mut self,
+        dest: Rank,
+        to: Remote<'_>,
+        from: OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        self.rma(Rma::Put {
+            dest,
+            to,
+            from: Source::Segment(from),
+        })
+        .map(|d| d.flag)
+    }
+    #[inline(always)]
+    fn get_into(
+        &mut self,
+        src: Rank,
+        from: Remote<'_>,
+        into: OwnRange<'_>,
+    ) -> Result<u64, SendError> {
+        self.rma(Rma::Get {
+            src,
+            from,
+            into: Sink::Segment(into),
+        })
+        .map(|d| d.flag)
+    }
+}
+
+impl<T: Transport + ?Sized> RmaRequests for T {}
+
+/// Requests on a registration a peer's key names ([`Remote::Keyed`]), each with the
+/// registration's first word read beside it.
+pub(crate) trait KeyedRequests: Transport {
+    #[inline]
+    fn put_keyed(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        data: &[u8],
+    ) -> Result<u64, SendError> {
+        self.rma(Rma::Put {
+            dest,
+            to: Remote::Keyed { key, offset },
+            from: Source::Bytes(data),
+        })
+        .map(|d| d.flag)
+    }
+    #[inline]
+    fn get_keyed(
+        &mut self,
+        src: Rank,
+        key: &[u8],
+        offset: usize,
+        into: &mut [u8],
+    ) -> Result<u64, SendError> {
+        self.rma(Rma::Get {
+            src,
+            from: Remote::Keyed { key, offset },
+            into: Sink::Bytes(into),
+        })
+        .map(|d| d.flag)
+    }
+    #[inline]
+    fn atomic_keyed(
+        &mut self,
+        dest: Rank,
+        key: &[u8],
+        offset: usize,
+        atomic: Atomic,
+    ) -> Result<(u64, u64), SendError> {
+        self.rma(Rma::Atomic {
+            dest,
+            at: Remote::Keyed { key, offset },
+            atomic,
+        })
+        .map(|d| (d.old, d.flag))
+    }
+}
+
+impl<T: Transport + ?Sized> KeyedRequests for T {}
+
+/// Implements [`Transport`] (or [`Tx`]) methods by forwarding them to another transport: the
+/// one forwarding written once, for wrappers (which write what they change and forward the
+/// rest) and enums of transports (which forward everything).
+///
+/// Inside an `impl Transport for W` (or `impl Tx for W`) block, name the methods to forward
+/// after how the inner transport is reached:
+/// - `forward_transport!(field inner; rank, size, info)`: to the field `self.inner` (a
+///   tuple struct's `0` too);
+/// - `forward_transport!(via m; rank, size, info)`: through a macro `m!(self, t => expr)` of
+///   yours that evaluates `expr` with `t` bound to the inner transport (an enum's `match`).
+///
+/// The names are those of [`Transport`]'s methods and [`Tx::try_send`].
+///
+/// ```
+/// use am_core::{forward_transport, Loopback, Transport, Tx};
+///
+/// /// A transport that counts the messages it sends and forwards the rest.
+/// struct Counting {
+///     inner: Loopback,
+///     sent: u64,
+/// }
+///
+/// impl Tx for Counting {
+///     fn try_send(
+///         &mut self,
+///         dest: am_core::Rank,
+///         msg: &am_core::Outgoing<'_>,
+///     ) -> Result<(), am_core::SendError> {
+///         self.sent += 1;
+///         self.inner.try_send(dest, msg)
+///     }
+/// }
+///
+/// impl Transport for Counting {
+///     forward_transport!(field inner; rank, size, info, segment, poll_recv, wait, wake_fd,
+///         arm, disarm, flush, stats, rma, registration, close);
+/// }
+///
+/// let mut c = Counting { inner: Loopback::job(1).pop().unwrap(), sent: 0 };
+/// assert_eq!(c.info().name, "loopback");
+/// ```
+#[macro_export]
+macro_rules! forward_transport {
+    (field $f:tt; $($m:ident),* $(,)?) => {
+        $( $crate::forward_transport!(@one (field $f) $m); )*
+    };
+    (via $via:ident; $($m:ident),* $(,)?) => {
+        $( $crate::forward_transport!(@one (via $via) $m); )*
+    };
+    (@call (field $f:tt) $s:ident, $t:ident => $e:expr) => {{
+        let $t = &mut $s.$f;
+        $e
+    }};
+    (@ref (field $f:tt) $s:ident, $t:ident => $e:expr) => {{
+        let $t = &$s.$f;
+        $e
+    }};
+    (@call (via $via:ident) $s:ident, $t:ident => $e:expr) => {
+        $via!($s, $t => $e)
+    };
+    (@ref (via $via:ident) $s:ident, $t:ident => $e:expr) => {
+        $via!($s, $t => $e)
+    };
+    (@one $how:tt try_send) => {
+        #[inline]
+        fn try_send(
+            &mut self,
+            dest: $crate::Rank,
+            msg: &$crate::transport::Outgoing<'_>,
+        ) -> ::core::result::Result<(), $crate::SendError> {
+            $crate::forward_transport!(@call $how self, t => $crate::Tx::try_send(t, dest, msg))
+        }
+    };
+    (@one $how:tt rank) => {
+        #[inline]
+        fn rank(&self) -> $crate::Rank {
+            $crate::forward_transport!(@ref $how self, t => $crate::Transport::rank(t))
+        }
+    };
+    (@one $how:tt size) => {
+        #[inline]
+        fn size(&self) -> u32 {
+            $crate::forward_transport!(@ref $how self, t => $crate::Transport::size(t))
+        }
+    };
+    (@one $how:tt info) => {
+        #[inline]
+        fn info(&self) -> $crate::transport::NicInfo {
+            $crate::forward_transport!(@ref $how self, t => $crate::Transport::info(t))
+        }
+    };
+    (@one $how:tt segment) => {
+        #[inline]
+        fn segment(&self) -> $crate::SharedBytes<'_> {
+            $crate::forward_transport!(@ref $how self, t => $crate::Transport::segment(t))
+        }
+    };
+    (@one $how:tt poll_recv) => {
+        #[inline]
+        fn poll_recv<R>(
+            &mut self,
+            f: impl FnOnce(
+                $crate::transport::Delivery<'_>,
+                $crate::SharedBytes<'_>,
+                &mut dyn $crate::Tx,
+            ) -> R,
+        ) -> ::core::result::Result<::core::option::Option<R>, $crate::TransportError> {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::poll_recv(t, f))
+        }
+    };
+    (@one $how:tt wait) => {
+        fn wait(
+            &mut self,
+            timeout: ::std::time::Duration,
+        ) -> ::core::result::Result<(), $crate::TransportError> {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::wait(t, timeout))
+        }
+    };
+    (@one $how:tt wake_fd) => {
+        fn wake_fd(
+            &mut self,
+        ) -> ::core::result::Result<
+            ::core::option::Option<::std::os::fd::BorrowedFd<'_>>,
+            $crate::TransportError,
+        > {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::wake_fd(t))
+        }
+    };
+    (@one $how:tt arm) => {
+        fn arm(&mut self) -> ::core::result::Result<$crate::Armed, $crate::TransportError> {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::arm(t))
+        }
+    };
+    (@one $how:tt disarm) => {
+        fn disarm(&mut self) {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::disarm(t))
+        }
+    };
+    (@one $how:tt flush) => {
+        fn flush(&mut self) {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::flush(t))
+        }
+    };
+    (@one $how:tt stats) => {
+        fn stats(&self) -> $crate::NicStats {
+            $crate::forward_transport!(@ref $how self, t => $crate::Transport::stats(t))
+        }
+    };
+    (@one $how:tt rma) => {
+        #[inline]
+        fn rma(
+            &mut self,
+            request: $crate::transport::Rma<'_>,
+        ) -> ::core::result::Result<$crate::transport::RmaDone, $crate::SendError> {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::rma(t, request))
+        }
+    };
+    (@one $how:tt registration) => {
+        fn registration(
+            &mut self,
+            change: $crate::transport::Registration<'_>,
+        ) -> ::core::option::Option<::std::vec::Vec<u8>> {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::registration(t, change))
+        }
+    };
+    (@one $how:tt close) => {
+        fn close(&mut self) {
+            $crate::forward_transport!(@call $how self, t => $crate::Transport::close(t))
+        }
+    };
+}
+
 /// A range of one of this rank's own created segments, as a transport reads or writes it
-/// ([`Transport::put_from_own`], [`Transport::get_into_own`]): the segment's id, where the
-/// range starts in its bytes (for a NIC that registered the segment and names its memory
-/// by registration and offset), and the range itself.
+/// ([`Source::Segment`], [`Sink::Segment`]): the segment's id, where the range starts in its
+/// bytes (for a NIC that registered the segment and names its memory by registration and
+/// offset), and the range itself.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct OwnRange<'a> {
-    /// The segment's id at this rank (never segment 0).
+    /// The segment's id at this rank (never segment 0: that is [`Source::Own`]).
     pub id: crate::types::SegmentId,
-    /// Where `bytes` starts in the segment's bytes (its byte area: a registration of the
-    /// segment, [`Transport::register_segment`], starts at its word area, `offset` plus the
-    /// word area's length into it). The core registers a segment only at its first
-    /// publication: a transport may find none for an `id` never published.
+    /// Where `bytes` starts in the segment's bytes (a created segment's byte area: a
+    /// registration of the segment, [`Registration::Register`], starts at its word area,
+    /// `offset` plus the word area's length into it). The core registers a segment only at
+    /// its first publication: a transport may find none for an `id` never published.
     pub offset: usize,
     /// The range.
     pub bytes: SharedBytes<'a>,
@@ -653,42 +1158,6 @@ impl<'a> OwnRange<'a> {
     pub fn new(id: crate::types::SegmentId, offset: usize, bytes: SharedBytes<'a>) -> Self {
         OwnRange { id, offset, bytes }
     }
-}
-
-/// Which way [`through_bounce`] moves the bytes of a created segment's range.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Way {
-    /// Read out of the range before the transfer: a put from it.
-    FromOwn,
-    /// Written into the range after the transfer: a get into it.
-    IntoOwn,
-}
-
-/// The default of [`Transport::put_from_own`], [`Transport::get_into_own`] and
-/// [`Transport::put_at_from_own`]: the transfer goes by a buffer of `range`'s length instead
-/// of the range itself. `transfer` is the transport's transfer by slice (a put from the
-/// buffer, or a get into it); the range is copied into the buffer before it
-/// ([`Way::FromOwn`]), or the buffer into the range once it succeeded ([`Way::IntoOwn`]),
-/// by [`crate::rma`]'s copies, which hold no Rust reference over the range (peers may write
-/// it meanwhile).
-fn through_bounce<T, R>(
-    t: &mut T,
-    range: OwnRange<'_>,
-    way: Way,
-    transfer: impl FnOnce(&mut T, &mut [u8]) -> Result<R, SendError>,
-) -> Result<R, SendError>
-where
-    T: Transport + ?Sized,
-{
-    let mut bounce = vec![0u8; range.bytes.len()];
-    if way == Way::FromOwn {
-        crate::rma::get_from(t.rank(), range.bytes, 0, &mut bounce)?;
-    }
-    let done = transfer(t, &mut bounce)?;
-    if way == Way::IntoOwn {
-        crate::rma::put_into(t.rank(), range.bytes, 0, &bounce)?;
-    }
-    Ok(done)
 }
 
 #[cfg(test)]

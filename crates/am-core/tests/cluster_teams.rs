@@ -1471,8 +1471,8 @@ fn word(r: Rank, i: usize) -> u64 {
 fn rma_ranks(n: u32, len: usize, segment: usize) -> (Cluster, Vec<Team>) {
     let mut s = shape(n);
     s.segment = segment;
+    s.rma = true;
     let mut c = Cluster::started(s, 0, |_| am_core::Handlers::local());
-    c.net.rma = true;
     let worlds: Vec<Team> = c.nodes.iter().map(|n| n.ep.world_team()).collect();
     for r in 0..n {
         let (_, seg) = c.with_segment(r);

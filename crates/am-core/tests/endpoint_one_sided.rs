@@ -21,8 +21,9 @@ fn handlers() -> Handlers<Local> {
 
 /// A started cluster whose NIC does one-sided operations itself (`rma`), or not.
 fn cluster(ranks: u32, rma: bool) -> Cluster {
-    let mut c = Cluster::started(Shape::new(ranks), 7, |_| handlers());
-    c.net.rma = rma;
+    let mut shape = Shape::new(ranks);
+    shape.rma = rma;
+    let mut c = Cluster::started(shape, 7, |_| handlers());
     c.net.sent.clear();
     c
 }
@@ -215,7 +216,6 @@ fn posted_atomics_by_messages_share_one_message_per_target_in_their_order() {
     shape.limits.max_medium = 2048;
     shape.credits = 8;
     let mut c = Cluster::started(shape, 7, |_| handlers());
-    c.net.rma = false;
     c.net.sent.clear();
     let mut b = harness::Barriers::default();
     let (ep, mut tx) = c.wire(0);
@@ -279,7 +279,6 @@ fn posted_atomics_by_messages_to_one_target_are_split_at_what_a_message_holds() 
     let per_message = shape.limits.max_medium / am_core::protocol::ATOMIC_ENTRY_LEN;
     assert_eq!(per_message, 9, "the shape this test was written for");
     let mut c = Cluster::started(shape, 7, |_| handlers());
-    c.net.rma = false;
     c.net.sent.clear();
     let mut b = harness::Barriers::default();
     let (ep, mut tx) = c.wire(0);

@@ -21,26 +21,14 @@ struct Losing<'a> {
 const VICTIM: Rank = 2;
 
 impl Tx for Losing<'_> {
-    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        self.inner.try_send(dest, msg)
-    }
+    am_core::forward_transport!(field inner; try_send);
 }
 
 impl Transport for Losing<'_> {
-    fn name(&self) -> &'static str {
-        "losing"
-    }
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn segment(&self) -> am_core::SharedBytes<'_> {
-        self.inner.segment()
+    am_core::forward_transport!(field inner; rank, size, segment);
+    /// Loopback's limits, and nothing done by the NIC itself.
+    fn info(&self) -> NicInfo {
+        NicInfo::new("losing", self.inner.info().limits)
     }
     fn poll_recv<R>(
         &mut self,
@@ -263,53 +251,45 @@ impl NicSays<'_> {
 }
 
 impl Tx for NicSays<'_> {
-    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        self.inner.try_send(dest, msg)
-    }
+    am_core::forward_transport!(field inner; try_send);
 }
 
 impl Transport for NicSays<'_> {
-    fn name(&self) -> &'static str {
-        "nic-says"
+    am_core::forward_transport!(field inner; rank, size, segment, poll_recv);
+    /// Loopback's, named for the test.
+    fn info(&self) -> NicInfo {
+        let mut info = self.inner.info();
+        info.name = "nic-says";
+        info
     }
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn segment(&self) -> am_core::SharedBytes<'_> {
-        self.inner.segment()
-    }
-    fn poll_recv<R>(
+    /// Contiguous puts, gets and atomics ask `first` before Loopback does them; every other
+    /// shape goes by pieces of those, posted atomics one `Atomic` each.
+    fn rma(
         &mut self,
-        f: impl FnOnce(Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn Tx) -> R,
-    ) -> Result<Option<R>, TransportError> {
-        self.inner.poll_recv(f)
-    }
-    fn capabilities(&self) -> am_core::Capabilities {
-        self.inner.capabilities()
-    }
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        self.first(dest)?;
-        self.inner.put(dest, offset, data)
-    }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        self.first(src)?;
-        self.inner.get(src, offset, dst)
-    }
-    // Posted atomics go through the default batch, one `atomic` each.
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<u64, SendError> {
-        self.first(dest)?;
-        self.inner.atomic(dest, offset, atomic)
+        request: am_core::transport::Rma<'_>,
+    ) -> Result<am_core::transport::RmaDone, SendError> {
+        use am_core::transport::{Remote, Rma, Sink, Source};
+        match request {
+            Rma::Put {
+                dest,
+                to: Remote::At(_),
+                from: Source::Bytes(_),
+            }
+            | Rma::Get {
+                src: dest,
+                from: Remote::At(_),
+                into: Sink::Bytes(_),
+            }
+            | Rma::Atomic {
+                dest,
+                at: Remote::At(_),
+                ..
+            } => {
+                self.first(dest)?;
+                self.inner.rma(request)
+            }
+            other => am_core::rma::by_pieces(self, other),
+        }
     }
 }
 

@@ -45,22 +45,20 @@ impl Tx for SlotLoop {
 }
 
 impl Transport for SlotLoop {
-    fn name(&self) -> &'static str {
-        "slot-loop"
-    }
     fn rank(&self) -> Rank {
         0
     }
     fn size(&self) -> u32 {
         1
     }
-    fn limits(&self) -> Limits {
-        Limits {
+    fn info(&self) -> am_core::NicInfo {
+        let limits = Limits {
             max_args: 16,
             max_medium: 4096,
             max_long: 4096,
             max_credits: 64,
-        }
+        };
+        am_core::NicInfo::new("slot-loop", limits)
     }
     fn segment(&self) -> SharedBytes<'_> {
         self.segment.byte_area()

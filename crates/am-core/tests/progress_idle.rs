@@ -99,39 +99,15 @@ fn progress_threads_cpu() -> Duration {
 struct NeverSleeps(am_core::Loopback);
 
 impl am_core::Tx for NeverSleeps {
-    fn try_send(
-        &mut self,
-        dest: am_core::Rank,
-        msg: &am_core::Outgoing<'_>,
-    ) -> Result<(), am_core::SendError> {
-        self.0.try_send(dest, msg)
-    }
+    am_core::forward_transport!(field 0; try_send);
 }
 
 impl am_core::Transport for NeverSleeps {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn rank(&self) -> am_core::Rank {
-        self.0.rank()
-    }
-    fn size(&self) -> u32 {
-        self.0.size()
-    }
-    fn limits(&self) -> am_core::Limits {
-        self.0.limits()
-    }
-    fn segment(&self) -> am_core::SharedBytes<'_> {
-        self.0.segment()
-    }
-    fn poll_recv<R>(
-        &mut self,
-        f: impl FnOnce(am_core::Delivery<'_>, am_core::SharedBytes<'_>, &mut dyn am_core::Tx) -> R,
-    ) -> Result<Option<R>, am_core::TransportError> {
-        self.0.poll_recv(f)
-    }
-    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, am_core::TransportError> {
-        self.0.wake_fd()
+    am_core::forward_transport!(field 0; rank, size, segment, poll_recv, wake_fd);
+    /// Loopback's limits and name, and nothing done by the NIC itself.
+    fn info(&self) -> am_core::NicInfo {
+        let inner = self.0.info();
+        am_core::NicInfo::new(inner.name, inner.limits)
     }
     fn arm(&mut self) -> Result<am_core::Armed, am_core::TransportError> {
         Ok(am_core::Armed::Ready)

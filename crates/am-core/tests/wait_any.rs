@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::{
-    wait_any, AmKind, Armed, Config, Delivery, FaultConfig, FaultInjector, HandlerId, Handlers,
-    Limits, Loopback, LoopbackConfig, Node, Outgoing, ProgressThread, Rank, SendError, SharedBytes,
-    SharedNode, Transport, TransportError, Tx,
+    wait_any, AmKind, Armed, Config, FaultConfig, FaultInjector, HandlerId, Handlers, Loopback,
+    LoopbackConfig, Node, ProgressThread, SharedNode, Transport, TransportError, Tx,
 };
 
 mod watchdog;
@@ -169,38 +168,15 @@ struct Watched {
 }
 
 impl Tx for Watched {
-    fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
-        self.inner.try_send(dest, msg)
-    }
+    am_core::forward_transport!(field inner; try_send);
 }
 
 impl Transport for Watched {
-    fn name(&self) -> &'static str {
-        "loopback-watched"
-    }
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn segment(&self) -> SharedBytes<'_> {
-        self.inner.segment()
-    }
-    fn poll_recv<R>(
-        &mut self,
-        f: impl FnOnce(Delivery<'_>, SharedBytes<'_>, &mut dyn Tx) -> R,
-    ) -> Result<Option<R>, TransportError> {
-        self.inner.poll_recv(f)
-    }
-    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        self.inner.wait(timeout)
-    }
-    fn wake_fd(&mut self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, TransportError> {
-        self.inner.wake_fd()
+    am_core::forward_transport!(field inner; rank, size, segment, poll_recv, wait, wake_fd,
+        close);
+    /// Loopback's limits, and nothing done by the NIC itself.
+    fn info(&self) -> am_core::transport::NicInfo {
+        am_core::transport::NicInfo::new("loopback-watched", self.inner.info().limits)
     }
     fn arm(&mut self) -> Result<Armed, TransportError> {
         let armed = self.inner.arm()?;
@@ -210,9 +186,6 @@ impl Transport for Watched {
     fn disarm(&mut self) {
         self.armed.store(false, Ordering::Relaxed);
         self.inner.disarm()
-    }
-    fn close(&mut self) {
-        self.inner.close()
     }
 }
 

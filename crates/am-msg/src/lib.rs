@@ -666,7 +666,9 @@ impl Messenger {
     pub fn eager_threshold<T: Transport>(&self, node: &Node<T, Local>) -> usize {
         self.config
             .eager_threshold
-            .unwrap_or_else(|| threshold::default_for(node.transport().name(), node.max_medium()))
+            .unwrap_or_else(|| {
+                threshold::default_for(node.transport().info().name, node.max_medium())
+            })
             .min(node.max_medium())
     }
 

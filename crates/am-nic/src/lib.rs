@@ -23,7 +23,6 @@
 pub mod config;
 pub mod control;
 mod liveness;
-pub mod rma;
 pub mod room;
 mod setup;
 pub mod wake;

@@ -228,7 +228,7 @@ pub struct ExtollConfig {
     /// ([`ExtollConfig::pool_for`]).
     pub rma_pool: usize,
     /// The credits the transport gives the core where nothing else chooses
-    /// ([`am_core::Transport::default_credits`]): 32 static by default; what
+    /// ([`NicInfo::credits`](am_core::transport::NicInfo::credits)): 32 static by default; what
     /// [`ExtollConfig::from_env_for_ranks`] chose for the job.
     pub credits: am_core::Credits,
     /// Largest Long payload per message.
@@ -334,7 +334,7 @@ impl ExtollConfig {
     /// credits are [`am_core::Credits::default_for_ranks`] (dynamic from
     /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), with the pool they choose, so that
     /// a rank's receive buffers stop growing with the job. The transport then gives the core
-    /// the same credits ([`am_core::Transport::default_credits`]).
+    /// the same credits ([`NicInfo::credits`](am_core::transport::NicInfo::credits)).
     pub fn from_env_for_ranks(ranks: u32) -> Result<ExtollConfig, ExtollError> {
         ExtollConfig::from_vars(
             am_nic::config::env,

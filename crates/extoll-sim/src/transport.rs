@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use am_core::{
-    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
-    SharedBytes, Transport, TransportError, Tx,
+    transport::{NicInfo, Rma, RmaDone},
+    Armed, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes,
+    Transport, TransportError, Tx,
 };
 use am_nic::wake::{Wake, Wakers};
 use am_shm::mailbox::{Inbox, Port, Ring, Seen, STATUS_LEN};
@@ -291,10 +292,6 @@ pub struct Extoll {
 }
 
 impl Transport for Extoll {
-    fn name(&self) -> &'static str {
-        "extoll"
-    }
-
     fn rank(&self) -> Rank {
         self.tx.rank as Rank
     }
@@ -303,113 +300,47 @@ impl Transport for Extoll {
         self.tx.layout.ranks as u32
     }
 
-    fn limits(&self) -> Limits {
-        Limits {
+    /// Puts, gets and atomics on the peers' registered segments, done by the RMA unit. A
+    /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
+    /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
+    /// that only its own reply frees, so one empty reply may answer several. The credits
+    /// are those this rank's receive memory was laid out for ([`ExtollConfig::credits`]).
+    fn info(&self) -> NicInfo {
+        let limits = Limits {
             max_args: am_core::wire::MAX_ARGS,
             max_medium: MAX_MEDIUM,
             max_long: self.tx.config.max_long,
             // The shared mailbox is bounded as a whole; back-pressure covers the rest.
             max_credits: 255,
-        }
+        };
+        let mut info = NicInfo::new("extoll", limits);
+        info.credits = self.tx.config.credits;
+        let caps = &mut info.capabilities;
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        caps.long_placed_below = usize::MAX;
+        caps.acks_coalesce = true;
+        // Every rank is a process of this host: created segments are memory files peers map.
+        caps.map_segments = true;
+        info
     }
 
     fn segment(&self) -> SharedBytes<'_> {
         am_segment(&self.seg, &self.tx.layout)
     }
 
-    /// An immediate RMA put (the doorbell carries the source, as an AM Long's payload goes;
-    /// see the `rma` module): in this model the engine's transfer is the copy into the target's
-    /// registered segment made on this rank's thread, so the put is complete when this
-    /// returns. No notification: the requester's would say only that, and the target was
-    /// not asked to hear of it.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        am_nic::rma::put(self, dest, offset, data)
-    }
-
-    /// One copy from this rank's segment to the target's mapped one.
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_from_segment(self, self.segment(), dest, offset, local, len)
-    }
-
-    /// One copy from the source's mapped segment to this rank's.
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_into_segment(self, self.segment(), src, offset, local, len)
-    }
-
-    /// One copy from the created segment's range to the target's mapped segment.
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_from_segment(self, src.bytes, dest, offset, 0, src.bytes.len())
-    }
-
-    /// One copy from the source's mapped segment to the created segment's range.
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_into_segment(self, dst.bytes, src, offset, 0, dst.bytes.len())
-    }
-
-    /// One lookup of the target's segment, then one copy per region.
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: am_core::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_regions(self, dest, regions, data)
-    }
-
-    /// One lookup of the source's segment, then one copy per region.
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: am_core::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_regions(self, src, regions, dst)
-    }
-
-    /// An immediate RMA get: the copy from the target's registered segment into the caller's
-    /// buffer, made on this rank's thread, complete when this returns, the target notified
-    /// of nothing. (The queued engine's gets, [`Extoll::rma_get`], land in this
-    /// rank's own registered segment instead and report through the notification queue.)
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        am_nic::rma::get(self, src, offset, dst)
-    }
-
-    /// The NIC's read-modify-write on the target's memory, as its RMA unit writes a put
-    /// there: one atomic instruction on the target's mapped word, with no notification and
-    /// no help from the target.
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<u64, SendError> {
-        am_nic::rma::atomic(self, dest, offset, atomic)
-    }
-
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
-        am_nic::rma::atomics(self, batch)
+    /// Immediate RMA on the peers' registered segments, mapped here: in this model the
+    /// engine's transfer is the copy into (or out of) the target's registered segment made
+    /// on this rank's thread, complete when this returns, the target notified of nothing (a
+    /// put's notification would say only that, and the target was not asked to hear of it).
+    /// The queued engine's gets, [`Extoll::rma_get`], land in this rank's own registered
+    /// segment instead and report through the notification queue. An atomic is the NIC's
+    /// read-modify-write on the target's memory, as its RMA unit writes a put there: one
+    /// atomic instruction on the target's mapped word.
+    #[inline]
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        am_core::rma::mapped(self, request)
     }
 
     #[inline]
@@ -446,27 +377,6 @@ impl Transport for Extoll {
                 Ok(None)
             }
         }
-    }
-
-    /// The credits this rank's receive memory was laid out for ([`ExtollConfig::credits`]).
-    fn default_credits(&self) -> am_core::Credits {
-        self.tx.config.credits
-    }
-
-    /// Puts, gets and atomics on the peers' registered segments, done by the RMA unit. A
-    /// Long's payload is an immediate put the engine runs when the doorbell is rung, before
-    /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
-    /// that only its own reply frees, so one empty reply may answer several.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.put = true;
-        caps.get = true;
-        caps.atomics = true;
-        caps.long_placed_below = usize::MAX;
-        caps.acks_coalesce = true;
-        // Every rank is a process of this host: created segments are memory files peers map.
-        caps.map_segments = true;
-        caps
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
@@ -509,7 +419,7 @@ impl Transport for Extoll {
     }
 }
 
-impl am_nic::rma::MappedPeers for Extoll {
+impl am_core::rma::MappedPeers for Extoll {
     #[inline]
     fn peer_segment(&self, rank: Rank) -> Result<SharedBytes<'_>, SendError> {
         Extoll::peer_segment(self, rank)

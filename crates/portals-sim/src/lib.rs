@@ -278,7 +278,7 @@ impl PortalsConfig {
     /// credits are [`Credits::default_for_ranks`] (dynamic from
     /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), so that the receive buffers, sized
     /// for them, grow by 2 requests per peer instead of 32. The transport then gives the core
-    /// the same credits ([`am_core::Transport::default_credits`]).
+    /// the same credits ([`am_core::transport::NicInfo::credits`]).
     pub fn from_env_for_ranks(ranks: u32) -> Result<PortalsConfig, PortalsError> {
         PortalsConfig::from_vars(am_nic::config::env, Credits::default_for_ranks(ranks))
     }

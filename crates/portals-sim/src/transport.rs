@@ -15,9 +15,10 @@
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
+use am_core::transport::{NicInfo, OwnRange, Remote, Rma, RmaDone, Sink, Source};
 use am_core::{
-    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
-    SharedBytes, Transport, TransportError, Tx,
+    Armed, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, SharedBytes,
+    Transport, TransportError, Tx,
 };
 use am_nic::wake::{Wake, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
@@ -342,37 +343,11 @@ impl Portals {
     }
 }
 
-impl Transport for Portals {
-    fn name(&self) -> &'static str {
-        "portals"
-    }
-
-    fn rank(&self) -> Rank {
-        self.tx.rank
-    }
-
-    fn size(&self) -> u32 {
-        self.tx.layout.ranks
-    }
-
-    fn limits(&self) -> Limits {
-        Limits {
-            max_args: am_core::wire::MAX_ARGS,
-            max_medium: self.tx.config.max_message - am_core::wire::MAX_HEAD_LEN,
-            max_long: self.tx.config.max_long,
-            max_credits: self.tx.config.credits.max_per_peer().min(255),
-        }
-    }
-
-    /// The credits the receive buffers were sized for ([`PortalsConfig::credits`]).
-    fn default_credits(&self) -> am_core::Credits {
-        self.tx.config.credits
-    }
-
+impl Portals {
     /// `PtlPut` into the target's segment entry ([`Nic::put`]), with no event there (the
     /// entry disables them): the deposit is done when this returns, which stands for the
     /// `Ack` a real initiator would wait for.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
+    fn put_bytes(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
         let pieces = [data];
         let args = segment_put(offset, &pieces, None);
@@ -382,7 +357,7 @@ impl Transport for Portals {
 
     /// `PtlPut` to the target's segment entry whose data is this rank's own segment range
     /// (the memory descriptor over the segment): one copy from mapping to mapping.
-    fn put_from_segment(
+    fn put_own(
         &mut self,
         dest: Rank,
         offset: usize,
@@ -399,7 +374,7 @@ impl Transport for Portals {
     /// `PtlGet` from the target's segment entry into this rank's own segment range (a
     /// memory descriptor over the segment, [`Nic::get_shared`]): one copy from mapping to
     /// mapping, done when this returns.
-    fn get_into_segment(
+    fn get_own(
         &mut self,
         src: Rank,
         offset: usize,
@@ -416,12 +391,12 @@ impl Transport for Portals {
     }
 
     /// `PtlPut` from a memory descriptor over the created segment's range, as
-    /// [`Transport::put_from_segment`].
-    fn put_from_own(
+    /// [`Portals::put_own`].
+    fn put_segment(
         &mut self,
         dest: Rank,
         offset: usize,
-        src: am_core::transport::OwnRange<'_>,
+        src: OwnRange<'_>,
     ) -> Result<(), SendError> {
         let d = self.reachable(dest)?;
         let len = src.bytes.len();
@@ -431,12 +406,12 @@ impl Transport for Portals {
     }
 
     /// `PtlGet` into a memory descriptor over the created segment's range, as
-    /// [`Transport::get_into_segment`].
-    fn get_into_own(
+    /// [`Portals::get_own`].
+    fn get_segment(
         &mut self,
         src: Rank,
         offset: usize,
-        dst: am_core::transport::OwnRange<'_>,
+        dst: OwnRange<'_>,
     ) -> Result<(), SendError> {
         let d = self.reachable(src)?;
         let len = dst.bytes.len();
@@ -450,7 +425,7 @@ impl Transport for Portals {
     /// `PtlGet` from the target's segment entry ([`Nic::get`]) straight into `dst` (the
     /// seed's "get into a temporary MD" when the local side is outside the segment): done
     /// when this returns, which stands for the `Reply` event.
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+    fn get_bytes(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         let d = self.reachable(src)?;
         let len = dst.len();
         let done = self
@@ -508,6 +483,116 @@ impl Transport for Portals {
             self.atomic(p.dest, p.offset, p.atomic)?;
             Ok(())
         })
+    }
+}
+
+impl Transport for Portals {
+    fn rank(&self) -> Rank {
+        self.tx.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.tx.layout.ranks
+    }
+
+    /// `portals`, its limits, the credits its receive buffers were sized for
+    /// ([`PortalsConfig::credits`]), and what it does itself.
+    ///
+    /// Puts, gets and atomics through the peers' segment entries. The initiator's process
+    /// performs the segment entry's deposit before the header goes: a Long has landed once
+    /// `try_send` returned. A reply may answer several requests of its peer: it lands in the
+    /// send slot of the latest, and the requester frees that slot and those of its earlier
+    /// requests to the replier (replies come in request order).
+    fn info(&self) -> NicInfo {
+        let limits = Limits {
+            max_args: am_core::wire::MAX_ARGS,
+            max_medium: self.tx.config.max_message - am_core::wire::MAX_HEAD_LEN,
+            max_long: self.tx.config.max_long,
+            max_credits: self.tx.config.credits.max_per_peer().min(255),
+        };
+        let mut info = NicInfo::new("portals", limits);
+        info.credits = self.tx.config.credits;
+        let caps = &mut info.capabilities;
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        caps.long_placed_below = usize::MAX;
+        caps.acks_coalesce = true;
+        // Every rank is a process of this host: created segments are memory files peers map.
+        caps.map_segments = true;
+        info
+    }
+
+    /// Puts and gets of segment 0 through the peers' segment entries, each one `PtlPut` or
+    /// `PtlGet` ([`Nic::put`], [`Nic::get`], [`Nic::get_shared`]), and atomics as Portals'
+    /// fetching atomics ([`Nic::atomic`]); the shapes it does not move itself (regions, one
+    /// region at a time) by [`am_core::rma::by_pieces`]. Registered segments
+    /// ([`Remote::Keyed`]) it does not have.
+    #[inline]
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        match request {
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Bytes(data),
+            } => self
+                .put_bytes(dest, offset, data)
+                .map(|()| RmaDone::moved()),
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Own { offset: local, len },
+            } => self
+                .put_own(dest, offset, local, len)
+                .map(|()| RmaDone::moved()),
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Segment(range),
+            } => self
+                .put_segment(dest, offset, range)
+                .map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Bytes(dst),
+            } => self.get_bytes(src, offset, dst).map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Own { offset: local, len },
+            } => self
+                .get_own(src, offset, local, len)
+                .map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Segment(range),
+            } => self
+                .get_segment(src, offset, range)
+                .map(|()| RmaDone::moved()),
+            Rma::Atomic {
+                dest,
+                at: Remote::At(offset),
+                atomic,
+            } => self.atomic(dest, offset, atomic).map(RmaDone::old),
+            Rma::Atomics(batch) => Ok(RmaDone::batch(self.atomics(batch))),
+            Rma::Put {
+                to: Remote::Keyed { .. },
+                ..
+            }
+            | Rma::Get {
+                from: Remote::Keyed { .. },
+                ..
+            }
+            | Rma::Atomic {
+                at: Remote::Keyed { .. },
+                ..
+            } => Err(SendError::Unsupported(
+                "portals: RMA on registered segments",
+            )),
+            request => am_core::rma::by_pieces(self, request),
+        }
     }
 
     fn segment(&self) -> SharedBytes<'_> {
@@ -628,23 +713,6 @@ impl Transport for Portals {
             }
         }
         Ok(Some(r))
-    }
-
-    /// Puts, gets and atomics through the peers' segment entries. The initiator's process
-    /// performs the segment entry's deposit before the header goes: a Long has landed once
-    /// `try_send` returned. A reply may answer several requests of its peer: it lands in the
-    /// send slot of the latest, and the requester frees that slot and those of its earlier
-    /// requests to the replier (replies come in request order).
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.put = true;
-        caps.get = true;
-        caps.atomics = true;
-        caps.long_placed_below = usize::MAX;
-        caps.acks_coalesce = true;
-        // Every rank is a process of this host: created segments are memory files peers map.
-        caps.map_segments = true;
-        caps
     }
 
     fn wake_fd(&mut self) -> Result<Option<BorrowedFd<'_>>, TransportError> {

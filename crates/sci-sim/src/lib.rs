@@ -225,7 +225,7 @@ pub struct SciConfig {
     pub bank: usize,
     /// The credits the job was set up for (`AM_CREDITS`, or [`SciConfig::from_env_for_ranks`]'s
     /// choice), which the transport gives the core where its configuration chooses none
-    /// ([`am_core::Transport::default_credits`]). Default: the core's default.
+    /// ([`NicInfo::credits`](am_core::transport::NicInfo::credits)). Default: the core's default.
     pub credits: am_core::Credits,
 }
 
@@ -318,7 +318,7 @@ impl SciConfig {
     /// [`am_core::credit::DYNAMIC_FROM_RANKS`] ranks on), and with dynamic ones the bank,
     /// so that a rank's receive memory stops growing by a command segment per peer. The
     /// transport then gives the core the same credits
-    /// ([`am_core::Transport::default_credits`]).
+    /// ([`NicInfo::credits`](am_core::transport::NicInfo::credits)).
     pub fn from_env_for_ranks(ranks: u32) -> Result<SciConfig, SciError> {
         SciConfig::from_vars(
             am_nic::config::env,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use am_core::{
-    Armed, Capabilities, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError,
-    Transport, TransportError, Tx,
+    transport::{NicInfo, Rma, RmaDone},
+    Armed, Delivery, Limits, Outgoing, Payload, Rank, Received, Route, SendError, Transport,
+    TransportError, Tx,
 };
 use am_nic::wake::{Wake, Wakers};
 use am_nic::{Liveness, LIVENESS_AFTER};
@@ -374,10 +375,6 @@ pub struct Sci {
 }
 
 impl Transport for Sci {
-    fn name(&self) -> &'static str {
-        "sci"
-    }
-
     fn rank(&self) -> Rank {
         self.tx.rank as Rank
     }
@@ -386,124 +383,51 @@ impl Transport for Sci {
         self.tx.layout.ranks as u32
     }
 
-    fn limits(&self) -> Limits {
-        let head = am_core::wire::BASE_HEADER_LEN + 4 * am_core::wire::MAX_ARGS;
-        let c = &self.tx.config;
-        if self.bank.is_some() {
-            // A bank slot: its status word and the bank header besides the message. Credits
-            // reserve no slot: a full bank is back-pressure.
-            return Limits {
-                max_args: am_core::wire::MAX_ARGS,
-                max_medium: c.slot_size - am_shm::mailbox::STATUS_LEN - BANK_HEADER - head,
-                max_long: c.max_long,
-                max_credits: 255,
-            };
-        }
-        Limits {
-            max_args: am_core::wire::MAX_ARGS,
-            max_medium: c.slot_size - am_shm::stamp::SLOT_HEADER - head,
-            max_long: c.max_long,
-            max_credits: c.slots as u32,
-        }
+    /// Puts, gets and atomics on the peers' imported segments. A Long's payload sent by PIO
+    /// stores is in the target's memory when `try_send` returns; one sent by DMA lands later.
+    /// A reply may answer several requests of its peer: it lands in the reply slot paired
+    /// with the oldest, and its slot flags say how many it answers, so the requester frees
+    /// all their slots (message location status) and looks for the next reply after them.
+    /// With a bank, every Long goes by PIO, and a reply answers the oldest unanswered
+    /// requests, its flags saying how many. The credits are those this rank's receive
+    /// memory was laid out for ([`SciConfig::credits`]).
+    fn info(&self) -> NicInfo {
+        let mut info = NicInfo::new("sci", self.limits());
+        info.credits = self.tx.config.credits;
+        let caps = &mut info.capabilities;
+        caps.put = true;
+        caps.get = true;
+        caps.atomics = true;
+        // With a bank, every Long's payload goes by PIO (a claim is never held open for the
+        // DMA engine).
+        caps.long_placed_below = if self.bank.is_some() {
+            usize::MAX
+        } else {
+            self.tx.config.dma_threshold
+        };
+        caps.acks_coalesce = true;
+        // Every rank is a process of this host: created segments are memory files peers map.
+        caps.map_segments = true;
+        info
     }
 
     fn segment(&self) -> SharedBytes<'_> {
         self.am_segment()
     }
 
-    /// A remote write into the target's imported segment (PIO stores, as an AM Long's
-    /// payload goes): in the target's memory when this returns, with no message and no help
-    /// from the target.
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        am_nic::rma::put(self, dest, offset, data)
-    }
-
-    /// One copy from this rank's segment to the target's mapped one.
-    fn put_from_segment(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_from_segment(self, self.segment(), dest, offset, local, len)
-    }
-
-    /// One copy from the source's mapped segment to this rank's.
-    fn get_into_segment(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        local: usize,
-        len: usize,
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_into_segment(self, self.segment(), src, offset, local, len)
-    }
-
-    /// One copy from the created segment's range to the target's mapped segment.
-    fn put_from_own(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        src: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_from_segment(self, src.bytes, dest, offset, 0, src.bytes.len())
-    }
-
-    /// One copy from the source's mapped segment to the created segment's range.
-    fn get_into_own(
-        &mut self,
-        src: Rank,
-        offset: usize,
-        dst: am_core::transport::OwnRange<'_>,
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_into_segment(self, dst.bytes, src, offset, 0, dst.bytes.len())
-    }
-
-    /// One lookup of the target's segment, then one copy per region.
-    fn put_regions(
-        &mut self,
-        dest: Rank,
-        regions: am_core::rma::Regions<'_>,
-        data: &[u8],
-    ) -> Result<(), SendError> {
-        am_nic::rma::put_regions(self, dest, regions, data)
-    }
-
-    /// One lookup of the source's segment, then one copy per region.
-    fn get_regions(
-        &mut self,
-        src: Rank,
-        regions: am_core::rma::Regions<'_>,
-        dst: &mut [u8],
-    ) -> Result<(), SendError> {
-        am_nic::rma::get_regions(self, src, regions, dst)
-    }
-
-    /// A remote read of the target's imported segment. The AM protocol here keeps to remote
-    /// writes and local reads, because an SCI read stalls the CPU for a round trip per
-    /// transaction, where a write is posted and the CPU goes on; a get is the exception,
-    /// since its only write-based alternative is to ask the target's progress to write the
-    /// bytes back (AM Mediums, one round trip each), which a one-sided get must not need. One
-    /// read stream per get, the cost a real SCI card would pay once per transaction.
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        am_nic::rma::get(self, src, offset, dst)
-    }
-
-    /// SCI's lock transactions (IEEE 1596 fetch-and-add, compare-and-swap, swap), which the
-    /// responder's memory performs: one atomic instruction on the target's mapped word, no
-    /// message and no help from the target.
-    fn atomic(
-        &mut self,
-        dest: Rank,
-        offset: usize,
-        atomic: am_core::atomic::Atomic,
-    ) -> Result<u64, SendError> {
-        am_nic::rma::atomic(self, dest, offset, atomic)
-    }
-
-    fn atomics(&mut self, batch: &[am_core::atomic::Posted]) -> am_core::atomic::Batch {
-        am_nic::rma::atomics(self, batch)
+    /// Remote writes into the target's imported segment (PIO stores, as an AM Long's
+    /// payload goes) and remote reads of it, in the target's memory when this returns, with
+    /// no message and no help from the target; copies between a segment of this rank and
+    /// the target's go from mapping to mapping. The AM protocol here keeps to remote writes
+    /// and local reads, because an SCI read stalls the CPU for a round trip per transaction,
+    /// where a write is posted and the CPU goes on; a get is the exception, since its only
+    /// write-based alternative is to ask the target's progress to write the bytes back (AM
+    /// Mediums, one round trip each), which a one-sided get must not need. Atomics are SCI's
+    /// lock transactions (IEEE 1596 fetch-and-add, compare-and-swap, swap), which the
+    /// responder's memory performs: one atomic instruction on the target's mapped word.
+    #[inline]
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        am_core::rma::mapped(self, request)
     }
 
     #[inline]
@@ -640,36 +564,6 @@ impl Transport for Sci {
         Ok(Some(r))
     }
 
-    /// The credits this rank's receive memory was laid out for ([`SciConfig::credits`]).
-    fn default_credits(&self) -> am_core::Credits {
-        self.tx.config.credits
-    }
-
-    /// Puts, gets and atomics on the peers' imported segments. A Long's payload sent by PIO
-    /// stores is in the target's memory when `try_send` returns; one sent by DMA lands later.
-    /// A reply may answer several requests of its peer: it lands in the reply slot paired
-    /// with the oldest, and its slot flags say how many it answers, so the requester frees
-    /// all their slots (message location status) and looks for the next reply after them.
-    /// With a bank, every Long goes by PIO, and a reply answers the oldest unanswered
-    /// requests, its flags saying how many.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.put = true;
-        caps.get = true;
-        caps.atomics = true;
-        // With a bank, every Long's payload goes by PIO (a claim is never held open for the
-        // DMA engine).
-        caps.long_placed_below = if self.bank.is_some() {
-            usize::MAX
-        } else {
-            self.tx.config.dma_threshold
-        };
-        caps.acks_coalesce = true;
-        // Every rank is a process of this host: created segments are memory files peers map.
-        caps.map_segments = true;
-        caps
-    }
-
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         if !self.nothing_to_do()? {
             return Ok(());
@@ -699,7 +593,31 @@ impl Transport for Sci {
     }
 }
 
-impl am_nic::rma::MappedPeers for Sci {
+impl Sci {
+    /// Size limits: a message fills a slot of the mailbox, or of the bank.
+    fn limits(&self) -> Limits {
+        let head = am_core::wire::BASE_HEADER_LEN + 4 * am_core::wire::MAX_ARGS;
+        let c = &self.tx.config;
+        if self.bank.is_some() {
+            // A bank slot: its status word and the bank header besides the message. Credits
+            // reserve no slot: a full bank is back-pressure.
+            return Limits {
+                max_args: am_core::wire::MAX_ARGS,
+                max_medium: c.slot_size - am_shm::mailbox::STATUS_LEN - BANK_HEADER - head,
+                max_long: c.max_long,
+                max_credits: 255,
+            };
+        }
+        Limits {
+            max_args: am_core::wire::MAX_ARGS,
+            max_medium: c.slot_size - am_shm::stamp::SLOT_HEADER - head,
+            max_long: c.max_long,
+            max_credits: c.slots as u32,
+        }
+    }
+}
+
+impl am_core::rma::MappedPeers for Sci {
     #[inline]
     fn peer_segment(&self, rank: Rank) -> Result<SharedBytes<'_>, SendError> {
         Sci::peer_segment(self, rank)

@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 use am_bootstrap::JobInfo;
 use am_core::atomic::{Atomic, Batch, Code, Posted, WordType, CODES, WORD_TYPES};
 use am_core::rma::Regions;
-use am_core::transport::OwnRange;
+use am_core::transport::{
+    NicInfo, OwnRange, Registration as SegmentChange, Remote, Rma, RmaDone, Sink, Source,
+};
 use am_core::{
-    Armed, Capabilities, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route,
-    SendError, Transport, TransportError, Tx,
+    Armed, Delivery, Limits, NicError, Outgoing, Payload, Rank, Received, Route, SendError,
+    Transport, TransportError, Tx,
 };
 use am_ofi::{
     Endpoint, EndpointConfig, Event, Interface, Issued, OfiError, Op, Region, Registration,
@@ -112,7 +114,7 @@ struct Io {
 pub struct Ofi {
     io: Io,
     segment: Segment,
-    /// Created segments registered for peers' RMA ([`Transport::register_segment`]), by id.
+    /// Created segments registered for peers' RMA ([`Transport::registration`]), by id.
     registered: std::collections::HashMap<u32, (Registration, Vec<u8>)>,
     /// Operations on peers' registered segments started ([`Ofi::segment_rma_ops`]).
     segment_rma: u64,
@@ -443,7 +445,7 @@ impl Ofi {
         })
     }
 
-    /// libfabric's own bandwidth under [`Transport::put`]: `ops` writes of `bytes` each to
+    /// libfabric's own bandwidth under a put ([`Rma::Put`]): `ops` writes of `bytes` each to
     /// the start of `dest`'s segment, in bytes per second, made exactly as a put makes them
     /// (the same staged, pipelined `fi_write`s with delivery completion) but without copying
     /// the data into the staging buffers. The floor a put is measured against; `dest` must
@@ -465,14 +467,13 @@ impl Ofi {
     }
 
     /// How many puts, gets and atomics this rank started on peers' created segments by the
-    /// RMA of their registrations ([`Transport::put_at`] and its kin), rather than by
-    /// messages.
+    /// RMA of their registrations ([`Remote::Keyed`]), rather than by messages.
     pub fn segment_rma_ops(&self) -> u64 {
         self.segment_rma
     }
 
     /// How many puts to peers this rank made straight from the registration of one of its
-    /// created segments ([`Transport::put_from_own`], [`Transport::put_at_from_own`] on a
+    /// created segments ([`Source::Segment`], to segment 0 or to a peer's registration, on a
     /// segment published, so registered), the provider reading the segment itself, rather
     /// than through a copy into the staging buffers.
     pub fn registration_puts(&self) -> u64 {
@@ -873,7 +874,7 @@ impl Io {
         Ok(())
     }
 
-    /// The regions of a strided or indexed put ([`Transport::put_regions`]): every region's
+    /// The regions of a strided or indexed put ([`Remote::Regions`]): every region's
     /// writes in flight together (as many as the staging buffers hold), then waited for once,
     /// rather than one round trip per region.
     fn write_regions(
@@ -1295,20 +1296,12 @@ impl Tx for Ofi {
 }
 
 impl Transport for Ofi {
-    fn name(&self) -> &'static str {
-        "ofi"
-    }
-
     fn rank(&self) -> Rank {
         self.io.rank
     }
 
     fn size(&self) -> u32 {
         self.io.size
-    }
-
-    fn limits(&self) -> Limits {
-        self.limits
     }
 
     fn segment(&self) -> am_core::SharedBytes<'_> {
@@ -1453,20 +1446,166 @@ impl Transport for Ofi {
         Ok(Armed::Sleep(ARMED_FOR))
     }
 
-    /// Puts, gets and Long payloads by RMA, atomics where the provider validates them all;
-    /// a reply needs no pairing, so one empty reply may answer several requests.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
+    /// Named `ofi`. Puts, gets and Long payloads by RMA, atomics where the provider validates
+    /// them all; a reply needs no pairing, so one empty reply may answer several requests.
+    /// Created segments are registered for peers' RMA.
+    fn info(&self) -> NicInfo {
+        let mut info = NicInfo::new("ofi", self.limits);
+        let caps = &mut info.capabilities;
         caps.put = true;
         caps.get = true;
         caps.atomics = self.native_atomics;
         caps.long_placed_below = usize::MAX;
         caps.acks_coalesce = true;
         caps.rma_segments = true;
-        caps
+        info
     }
 
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
+    /// Each shape this transport moves itself takes its own path (staged writes and reads,
+    /// writes straight from a registration, the provider's atomics, a batch in flight at
+    /// once); the rest (gets into regions or into a created segment's range, keyed puts
+    /// from and gets into segment 0, keyed gets into a created segment's range) go by
+    /// [`am_core::rma::by_pieces`], through those.
+    #[inline]
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        match request {
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Bytes(data),
+            } => self
+                .put_bytes(dest, offset, data)
+                .map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Bytes(dst),
+            } => self.get_bytes(src, offset, dst).map(|()| RmaDone::moved()),
+            Rma::Atomic {
+                dest,
+                at: Remote::At(offset),
+                atomic,
+            } => self.atomic(dest, offset, atomic).map(RmaDone::old),
+            Rma::Put {
+                dest,
+                to: Remote::Regions(regions),
+                from: Source::Bytes(data),
+            } => self
+                .put_regions(dest, regions, data)
+                .map(|()| RmaDone::moved()),
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Own { offset: local, len },
+            } => self
+                .put_from_segment(dest, offset, local, len)
+                .map(|()| RmaDone::moved()),
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Segment(src),
+            } => self
+                .put_from_own(dest, offset, src)
+                .map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Own { offset: local, len },
+            } => self
+                .get_into_segment(src, offset, local, len)
+                .map(|()| RmaDone::moved()),
+            Rma::Put {
+                dest,
+                to: Remote::Keyed { key, offset },
+                from: Source::Bytes(data),
+            } => self
+                .put_at(dest, key, offset, data)
+                .map(|flag| RmaDone::keyed(0, flag)),
+            Rma::Put {
+                dest,
+                to: Remote::Keyed { key, offset },
+                from: Source::Segment(src),
+            } => self
+                .put_at_from_own(dest, key, offset, src)
+                .map(|flag| RmaDone::keyed(0, flag)),
+            Rma::Get {
+                src,
+                from: Remote::Keyed { key, offset },
+                into: Sink::Bytes(dst),
+            } => self
+                .get_at(src, key, offset, dst)
+                .map(|flag| RmaDone::keyed(0, flag)),
+            Rma::Atomic {
+                dest,
+                at: Remote::Keyed { key, offset },
+                atomic,
+            } => self
+                .atomic_at(dest, key, offset, atomic)
+                .map(|(old, flag)| RmaDone::keyed(old, flag)),
+            Rma::Atomics(batch) => Ok(RmaDone::batch(self.atomics(batch))),
+            request => am_core::rma::by_pieces(self, request),
+        }
+    }
+
+    /// Registers all of a created segment (word area, then byte area) with the endpoint, once
+    /// per id: the key blob is its address, key and length, each a little-endian `u64`. Or
+    /// ends a registration: one the provider refuses to end leaves the memory with the
+    /// endpoint for good.
+    fn registration(&mut self, change: SegmentChange<'_>) -> Option<Vec<u8>> {
+        match change {
+            SegmentChange::Register { id, segment } => self.register_segment(id, segment),
+            SegmentChange::Deregister { id } => {
+                self.deregister_segment(id);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let io = &mut self.io;
+        let deadline = Instant::now() + LINGER;
+        for r in 0..io.size {
+            if r == io.rank || io.peers[r as usize].state != PeerState::Alive {
+                continue;
+            }
+            while Instant::now() < deadline {
+                match io.send_message(r, KIND_GOODBYE, &[], Payload::EMPTY) {
+                    Err(SendError::Busy) => continue,
+                    _ => break,
+                }
+            }
+        }
+        // Manual progress: what was sent leaves only while completions are read.
+        while io.ep.in_flight() > 0 && Instant::now() < deadline {
+            if io.pump().is_err() {
+                break;
+            }
+        }
+        // The goodbyes' completions cover what was sent before them to each peer still
+        // here; a moment more for the provider's own acknowledgements to leave.
+        let settle = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < settle.min(deadline) {
+            if io.pump().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        // Now, not at the drop: a rank that ends with `exit` runs none, and the shm
+        // provider's region in /dev/shm goes with the endpoint.
+        io.ep.shutdown();
+    }
+}
+
+/// The shapes of [`Rma`] this transport moves itself ([`Transport::rma`]).
+impl Ofi {
+    /// A put of the caller's bytes ([`Remote::At`] from [`Source::Bytes`]): to this rank, a
+    /// copy into its segment; else staged writes into the peer's.
+    fn put_bytes(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
         if dest == self.io.rank {
             return self
                 .segment
@@ -1478,7 +1617,8 @@ impl Transport for Ofi {
             .write(dest, offset, Some(Payload::Private(data)), data.len())
     }
 
-    /// Every region's writes in flight together, waited for once.
+    /// A put into regions of segment 0 ([`Remote::Regions`]): every region's writes in
+    /// flight together, waited for once.
     fn put_regions(
         &mut self,
         dest: Rank,
@@ -1496,7 +1636,8 @@ impl Transport for Ofi {
         self.io.write_regions(dest, regions, data)
     }
 
-    /// Straight from the registered segment: no copy into a staging buffer.
+    /// A put from this rank's segment 0 ([`Source::Own`]) straight from the registered
+    /// segment: no copy into a staging buffer.
     fn put_from_segment(
         &mut self,
         dest: Rank,
@@ -1516,9 +1657,10 @@ impl Transport for Ofi {
             .map_err(|e| NicError::device_from("a put to this rank", e))
     }
 
-    /// Straight from the segment's registration where `src` is a range of a created segment
-    /// registered here (published, so a peer may reach it): no copy. Otherwise the staging
-    /// buffers' one copy from the segment, with no buffer between.
+    /// A put from a range of a created segment ([`Source::Segment`]): straight from the
+    /// segment's registration where `src` is a range of a created segment registered here
+    /// (published, so a peer may reach it): no copy. Otherwise the staging buffers' one copy
+    /// from the segment, with no buffer between.
     fn put_from_own(
         &mut self,
         dest: Rank,
@@ -1547,9 +1689,9 @@ impl Transport for Ofi {
         }
     }
 
-    /// The reads' staging buffers copied straight into the segment (one copy, not two): a
-    /// read straight into the segment that an error left with the provider would land
-    /// there after the get returned.
+    /// A get into this rank's segment 0 ([`Sink::Own`]): the reads' staging buffers copied
+    /// straight into the segment (one copy, not two): a read straight into the segment that
+    /// an error left with the provider would land there after the get returned.
     fn get_into_segment(
         &mut self,
         src: Rank,
@@ -1573,7 +1715,9 @@ impl Transport for Ofi {
         })
     }
 
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
+    /// A get into the caller's buffer ([`Remote::At`] into [`Sink::Bytes`]): from this rank,
+    /// a copy out of its segment; else staged reads of the peer's.
+    fn get_bytes(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
         if src == self.io.rank {
             return self
                 .segment
@@ -1585,6 +1729,8 @@ impl Transport for Ofi {
         self.io.read(src, offset, dst)
     }
 
+    /// An atomic on a word of segment 0 ([`Rma::Atomic`] at [`Remote::At`]): applied here on
+    /// this rank's own, else by the provider, waited for its old value.
     fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
         if !self.native_atomics {
             return Err(SendError::Unsupported("atomics"));
@@ -1616,6 +1762,8 @@ impl Transport for Ofi {
         }
     }
 
+    /// A put of the caller's bytes into a peer's registration ([`Remote::Keyed`] from
+    /// [`Source::Bytes`]), the registration's first word read beside it.
     fn put_at(
         &mut self,
         dest: Rank,
@@ -1633,7 +1781,7 @@ impl Transport for Ofi {
         Ok(word)
     }
 
-    /// Straight from the registration, as [`Transport::put_from_own`] (with the staging
+    /// Straight from the registration, as [`Ofi::put_from_own`] (with the staging
     /// buffers' one copy where `src` is not registered here), the freed word read beside.
     fn put_at_from_own(
         &mut self,
@@ -1663,6 +1811,8 @@ impl Transport for Ofi {
         Ok(word)
     }
 
+    /// A get from a peer's registration into the caller's buffer ([`Remote::Keyed`] into
+    /// [`Sink::Bytes`]), the registration's first word read beside it.
     fn get_at(
         &mut self,
         src: Rank,
@@ -1678,6 +1828,8 @@ impl Transport for Ofi {
         Ok(word)
     }
 
+    /// An atomic on a word of a peer's registration ([`Rma::Atomic`] at [`Remote::Keyed`]):
+    /// its old value, and the registration's first word read beside it.
     fn atomic_at(
         &mut self,
         dest: Rank,
@@ -1695,12 +1847,13 @@ impl Transport for Ofi {
         })
     }
 
-    /// All of the batch in flight at once (as many as the atomics' buffers hold), then waited
-    /// for: one round trip's wait for the batch, not one per atomic. Those on this rank are
-    /// applied here. Each is a fetching atomic whose old value is dropped: a provider may
-    /// complete a non-fetching `fi_atomic` once it has left (`shm` does), before the target
-    /// applied it, while a fetch completes only with the old value back, so after the batch
-    /// every atomic is in the target's memory, as a later get must see.
+    /// A batch of posted atomics ([`Rma::Atomics`]): all of the batch in flight at once (as
+    /// many as the atomics' buffers hold), then waited for: one round trip's wait for the
+    /// batch, not one per atomic. Those on this rank are applied here. Each is a fetching
+    /// atomic whose old value is dropped: a provider may complete a non-fetching `fi_atomic`
+    /// once it has left (`shm` does), before the target applied it, while a fetch completes
+    /// only with the old value back, so after the batch every atomic is in the target's
+    /// memory, as a later get must see.
     fn atomics(&mut self, batch: &[Posted]) -> Batch {
         if !self.native_atomics {
             return Batch {
@@ -1774,44 +1927,6 @@ impl Transport for Ofi {
             done: batch.len(),
             error,
         }
-    }
-
-    fn close(&mut self) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        let io = &mut self.io;
-        let deadline = Instant::now() + LINGER;
-        for r in 0..io.size {
-            if r == io.rank || io.peers[r as usize].state != PeerState::Alive {
-                continue;
-            }
-            while Instant::now() < deadline {
-                match io.send_message(r, KIND_GOODBYE, &[], Payload::EMPTY) {
-                    Err(SendError::Busy) => continue,
-                    _ => break,
-                }
-            }
-        }
-        // Manual progress: what was sent leaves only while completions are read.
-        while io.ep.in_flight() > 0 && Instant::now() < deadline {
-            if io.pump().is_err() {
-                break;
-            }
-        }
-        // The goodbyes' completions cover what was sent before them to each peer still
-        // here; a moment more for the provider's own acknowledgements to leave.
-        let settle = Instant::now() + Duration::from_millis(20);
-        while Instant::now() < settle.min(deadline) {
-            if io.pump().is_err() {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        // Now, not at the drop: a rank that ends with `exit` runs none, and the shm
-        // provider's region in /dev/shm goes with the endpoint.
-        io.ep.shutdown();
     }
 }
 

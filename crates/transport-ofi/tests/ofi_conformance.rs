@@ -55,7 +55,7 @@ fn atomics_as_ams_when_asked() {
     )
     .expect("a tcp cluster");
     assert!(!t[0].native_atomics());
-    assert!(!am_core::Transport::capabilities(&t[0]).atomics);
+    assert!(!am_core::Transport::info(&t[0]).capabilities.atomics);
 }
 
 mod tcp_atomics_as_ams {
@@ -265,6 +265,7 @@ fn puts_from_a_published_created_segment_go_straight_from_its_registration() {
 /// never a panic or an access to whatever address the blob names.
 #[test]
 fn a_malformed_segment_key_is_the_peers_misbehavior() {
+    use am_core::transport::{Remote, Rma, Sink, Source};
     use am_core::{SendError, Transport};
     let mut v = on("tcp", 2, 4096);
     let t = &mut v[0];
@@ -279,20 +280,40 @@ fn a_malformed_segment_key_is_the_peers_misbehavior() {
     let named = |r: Result<(), SendError>| {
         matches!(r, Err(SendError::PeerMisbehaved { peer: Some(1), .. }))
     };
+    let put = |t: &mut transport_ofi::Ofi, key: &[u8], offset: usize, data: &[u8]| {
+        t.rma(Rma::Put {
+            dest: 1,
+            to: Remote::Keyed { key, offset },
+            from: Source::Bytes(data),
+        })
+        .map(drop)
+    };
+    let get = |t: &mut transport_ofi::Ofi, key: &[u8], offset: usize, into: &mut [u8]| {
+        t.rma(Rma::Get {
+            src: 1,
+            from: Remote::Keyed { key, offset },
+            into: Sink::Bytes(into),
+        })
+        .map(drop)
+    };
     for key in [&[][..], &[1, 2, 3], &[0; 40], &wrapping[..]] {
-        assert!(named(t.put_at(1, key, 0, b"x").map(drop)), "{key:?}");
-        assert!(named(t.get_at(1, key, 0, &mut [0; 4]).map(drop)), "{key:?}");
+        assert!(named(put(t, key, 0, b"x")), "{key:?}");
+        assert!(named(get(t, key, 0, &mut [0; 4])), "{key:?}");
         let add = am_core::atomic::Atomic::from(am_core::AtomicOp::FetchAdd(1u64));
-        assert!(named(t.atomic_at(1, key, 0, add).map(drop)), "{key:?}");
+        let at = Remote::Keyed { key, offset: 0 };
+        let atomic = t.rma(Rma::Atomic {
+            dest: 1,
+            at,
+            atomic: add,
+        });
+        assert!(named(atomic.map(drop)), "{key:?}");
     }
     // A range past the length the blob registers, and a blob too short for the freed word
     // read beside every operation.
-    assert!(named(t.put_at(1, &region, 60, &[0; 8]).map(drop)));
-    assert!(named(
-        t.get_at(1, &region, usize::MAX, &mut [0; 2]).map(drop)
-    ));
+    assert!(named(put(t, &region, 60, &[0; 8])));
+    assert!(named(get(t, &region, usize::MAX, &mut [0; 2])));
     let short: Vec<u8> = [0u64, 1, 4].iter().flat_map(|w| w.to_le_bytes()).collect();
-    assert!(named(t.get_at(1, &short, 0, &mut [0; 2]).map(drop)));
+    assert!(named(get(t, &short, 0, &mut [0; 2])));
 }
 
 /// Catches a registration table of fixed size (more than five registrations at once
@@ -303,6 +324,7 @@ fn a_malformed_segment_key_is_the_peers_misbehavior() {
 /// and each new one is reached by its own key too.
 #[test]
 fn registrations_grow_and_each_key_reaches_its_segment() {
+    use am_core::transport::{Registration, Remote, Rma, Sink, Source};
     use am_core::Transport;
     use am_shm::Segment;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -316,8 +338,11 @@ fn registrations_grow_and_each_key_reaches_its_segment() {
             .collect();
         let mut keys: Vec<Vec<u8>> = (0..12)
             .map(|i| {
-                b.register_segment(i, &segs[i as usize])
-                    .expect("registered")
+                b.registration(Registration::Register {
+                    id: i,
+                    segment: &segs[i as usize],
+                })
+                .expect("registered")
             })
             .collect();
         let puts = |a: &mut Ofi, b: Ofi, keys: &[Vec<u8>], tag: u8| {
@@ -332,9 +357,22 @@ fn registrations_grow_and_each_key_reaches_its_segment() {
                     b
                 });
                 for (i, key) in keys.iter().enumerate() {
-                    let r = a.put_at(1, key, words + 8 * i, &[tag + i as u8; 8]);
+                    let offset = words + 8 * i;
+                    let r = a
+                        .rma(Rma::Put {
+                            dest: 1,
+                            to: Remote::Keyed { key, offset },
+                            from: Source::Bytes(&[tag + i as u8; 8]),
+                        })
+                        .map(|d| d.flag);
                     let mut back = [0u8; 8];
-                    let g = a.get_at(1, key, words + 8 * i, &mut back);
+                    let g = a
+                        .rma(Rma::Get {
+                            src: 1,
+                            from: Remote::Keyed { key, offset },
+                            into: Sink::Bytes(&mut back),
+                        })
+                        .map(|d| d.flag);
                     let first = Ok(u64::from(tag) + i as u64);
                     if r != first || g != first || back != [tag + i as u8; 8] {
                         stop.store(true, Ordering::SeqCst);
@@ -360,10 +398,13 @@ fn registrations_grow_and_each_key_reaches_its_segment() {
             assert_eq!(got, [10 + i as u8; 8], "{provider}: segment {i}");
         }
         for i in (0..12).step_by(2) {
-            b.deregister_segment(i as u32);
+            b.registration(Registration::Deregister { id: i as u32 });
             segs[i] = Segment::heap(words, 4096).expect("segment");
             keys[i] = b
-                .register_segment(100 + i as u32, &segs[i])
+                .registration(Registration::Register {
+                    id: 100 + i as u32,
+                    segment: &segs[i],
+                })
                 .expect("registered again");
         }
         first_words(&segs, 40);

@@ -8,9 +8,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use am_bootstrap::JobInfo;
+use am_core::transport::NicInfo;
 use am_core::{
-    Armed, Capabilities, Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError,
-    Transport, TransportError, Tx,
+    Armed, Delivery, FaultConfig, Limits, Outgoing, Rank, Received, Route, SendError, Transport,
+    TransportError, Tx,
 };
 
 use crate::config::UdpConfig;
@@ -950,8 +951,20 @@ impl Tx for Udp {
 }
 
 impl Transport for Udp {
-    fn name(&self) -> &'static str {
-        "udp"
+    /// Named `udp`. 128 static credits per peer ([`DEFAULT_CREDITS`]): a round trip over
+    /// UDP takes ten microseconds or more, in which a sender packs a hundred small messages,
+    /// so the core's 32 would leave the link idle most of each round trip. Nothing here is
+    /// reserved per credit (the socket buffer and the reliability window are shared by
+    /// whatever is in flight).
+    ///
+    /// No RMA of its own: puts, gets and atomics travel as messages. A reply travels on the
+    /// reliable stream like any message: nothing is held per request, so one empty reply may
+    /// answer several (one datagram instead of one per request).
+    fn info(&self) -> NicInfo {
+        let mut info = NicInfo::new("udp", self.limits);
+        info.credits = am_core::Credits::Static(DEFAULT_CREDITS);
+        info.capabilities.acks_coalesce = true;
+        info
     }
 
     fn rank(&self) -> Rank {
@@ -960,10 +973,6 @@ impl Transport for Udp {
 
     fn size(&self) -> u32 {
         self.io.size
-    }
-
-    fn limits(&self) -> Limits {
-        self.limits
     }
 
     fn segment(&self) -> am_core::SharedBytes<'_> {
@@ -1063,25 +1072,9 @@ impl Transport for Udp {
         }
     }
 
-    /// 128 static credits per peer: a round trip over UDP takes ten microseconds or more, in
-    /// which a sender packs a hundred small messages, so the core's 32 would leave the link
-    /// idle most of each round trip. Nothing here is reserved per credit (the socket buffer
-    /// and the reliability window are shared by whatever is in flight).
     /// Fragments sent again after a loss ([`Stats::retransmits`]).
     fn stats(&self) -> am_core::NicStats {
         am_core::NicStats::new(0, Udp::stats(self).retransmits)
-    }
-    fn default_credits(&self) -> am_core::Credits {
-        am_core::Credits::Static(DEFAULT_CREDITS)
-    }
-
-    /// No RMA of its own: puts, gets and atomics travel as messages. A reply travels on the
-    /// reliable stream like any message: nothing is held per request, so one empty reply may
-    /// answer several (one datagram instead of one per request).
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.acks_coalesce = true;
-        caps
     }
 
     fn close(&mut self) {

@@ -41,6 +41,7 @@ use crate::op::{Op, Outcome, Raw};
 use crate::protocol::CollectiveKind;
 use crate::reduce::{Element, ReduceOp, Reduction};
 use crate::team::{Team, TeamId};
+use crate::transport::RmaRequests;
 use crate::transport::Transport;
 use crate::types::Rank;
 
@@ -225,7 +226,7 @@ impl<H: Threading> Endpoint<H> {
                     };
                 }
                 Part::Move { .. } => {
-                    let caps = t.capabilities();
+                    let caps = self.caps;
                     let part = if caps.put && caps.get {
                         // A move that failed is over: only the status is left to start.
                         let failed = self.teams.in_segment[i].failed.is_some();
@@ -374,7 +375,7 @@ impl<H: Threading> Endpoint<H> {
                     return Poll::Ready(Ok(()));
                 }
                 if me != root {
-                    ready!(self.nic_rma(|| t.get_into_segment(owner, from, to, piece)))?;
+                    ready!(self.nic_rma(|| t.get_own(owner, from, to, piece)))?;
                 } else if super::rma::copy_here(t, from, to, piece).is_err() {
                     return Poll::Ready(Err(self.out_of_bounds(to as u64, piece as u64)));
                 }

@@ -34,7 +34,7 @@ impl<H: Threading> Endpoint<H> {
         if let Err(e) = self.check_atomic(dest, offset, &atomic) {
             return Poll::Ready(Err(e));
         }
-        let by_nic = t.capabilities().atomics;
+        let by_nic = self.caps.atomics;
         if !self.posted.is_empty()
             && (self.posted.len() >= POSTED_ATOMICS || by_nic != self.posted_by_nic)
         {
@@ -78,7 +78,13 @@ impl<H: Threading> Endpoint<H> {
         t: &mut T,
     ) -> Poll<Result<(), AmError>> {
         let done = if self.posted_by_nic {
-            let batch = t.atomics(&self.posted);
+            let batch = match t.rma(crate::transport::Rma::Atomics(&self.posted)) {
+                Ok(done) => done.batch,
+                Err(e) => crate::atomic::Batch {
+                    done: 0,
+                    error: (!matches!(e, crate::error::SendError::Busy)).then_some(e),
+                },
+            };
             if let Some(e) = batch.error {
                 let e = self.nic_failed(e);
                 self.posted_refused.get_or_insert(e);

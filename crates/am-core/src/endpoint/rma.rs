@@ -11,13 +11,13 @@ use crate::handler::Threading;
 use crate::op::{Op, Outcome, Raw, State};
 use crate::protocol::{push_region_entry, SystemMsg, REGION_ENTRY_LEN};
 use crate::rma::Regions;
-use crate::transport::{SharedBytes, Transport, Tx};
+use crate::transport::{Remote, Rma, RmaRequests, SharedBytes, Sink, Source, Transport, Tx};
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
     /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::endpoint::start::Put`]), after
     /// the posted atomics ([`Endpoint::atomic_nbi`]). Where the NIC writes peers' memory
-    /// itself ([`Transport::put`]) the bytes are placed now and the handle is complete
+    /// itself ([`Rma::Put`](crate::transport::Rma::Put)) the bytes are placed now and the handle is complete
     /// ([`Op::is_ready`]); a put to this rank is a copy into `t`'s segment; otherwise the put
     /// goes as AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet
     /// (posted atomics or the NIC wait for the device, or for credits): make progress and
@@ -57,7 +57,7 @@ impl<H: Threading> Endpoint<H> {
                 Err(_) => Err(self.out_of_bounds(offset as u64, data.len() as u64)),
             });
         }
-        if !t.capabilities().put {
+        if !self.caps.put {
             return Poll::Ready(Ok(false));
         }
         ready!(self.nic_rma(|| t.put(dest, offset, data)))?;
@@ -66,7 +66,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts a put from this rank's own segment ([`crate::endpoint::start::PutFromSegment`]):
     /// `len` bytes at `local` here to `offset` of `dest`'s segment, after the posted
-    /// atomics. Where the NIC writes peers' memory ([`Transport::put_from_segment`]) or
+    /// atomics. Where the NIC writes peers' memory ([`Source::Own`](crate::transport::Source::Own)) or
     /// `dest` is this rank, it is one copy between the segments, complete now. Otherwise
     /// the range is read into `bounce` and goes as a put of it ([`Endpoint::put_step`] with
     /// `bounce`). Either range outside the segment is an error, and nothing is written.
@@ -90,8 +90,8 @@ impl<H: Threading> Endpoint<H> {
             if copy_here(t, local, offset, len).is_err() {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
             }
-        } else if t.capabilities().put {
-            ready!(self.nic_rma(|| t.put_from_segment(dest, offset, local, len)))?;
+        } else if self.caps.put {
+            ready!(self.nic_rma(|| t.put_own(dest, offset, local, len)))?;
         } else {
             bounce.resize(len, 0);
             if t.segment().read(local, bounce).is_err() {
@@ -106,7 +106,7 @@ impl<H: Threading> Endpoint<H> {
     /// Starts a get into this rank's own segment
     /// ([`crate::endpoint::start::GetIntoSegment`]): `len` bytes at `offset` of `src`'s
     /// segment to `local` here, after the posted atomics. Where the NIC reads peers' memory
-    /// ([`Transport::get_into_segment`]) or `src` is this rank, it is one copy between the
+    /// ([`Sink::Own`](crate::transport::Sink::Own)) or `src` is this rank, it is one copy between the
     /// segments and `None` comes back: done. Otherwise the get of the bytes, whose outcome
     /// the caller writes at `local`. Either range outside the segment is an error.
     pub fn get_into_segment_start<T: Transport + ?Sized>(
@@ -123,7 +123,7 @@ impl<H: Threading> Endpoint<H> {
         {
             return Poll::Ready(Err(e));
         }
-        if src != self.rank && !t.capabilities().get {
+        if src != self.rank && !self.caps.get {
             return self.get_start(t, src, offset, len).map_ok(Some);
         }
         ready!(self.apply_posted(t))?;
@@ -132,7 +132,7 @@ impl<H: Threading> Endpoint<H> {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
             }
         } else {
-            ready!(self.nic_rma(|| t.get_into_segment(src, offset, local, len)))?;
+            ready!(self.nic_rma(|| t.get_own(src, offset, local, len)))?;
         }
         Poll::Ready(Ok(None))
     }
@@ -141,7 +141,7 @@ impl<H: Threading> Endpoint<H> {
     /// `dest`'s segment at `offset`, then `signal` applied to the `u64` at `signal_at` there,
     /// after the data and never before it; complete once the signal was applied. Where the
     /// NIC writes peers' memory the data is placed now, and the signal too where the NIC
-    /// applies atomics ([`Transport::atomic`]); what is left travels as messages (the data's
+    /// applies atomics ([`Rma::Atomic`](crate::transport::Rma::Atomic)); what is left travels as messages (the data's
     /// AM Longs, then the signal, or a load of the signal word that wakes a target asleep in
     /// [`crate::Node::wait_word`]) that [`Endpoint::put_signal_step`] sends. `Pending` as
     /// [`Endpoint::put_start`].
@@ -171,7 +171,7 @@ impl<H: Threading> Endpoint<H> {
                     .map(|_| Op::ready(Raw::Unit)),
             );
         }
-        let caps = t.capabilities();
+        let caps = self.caps;
         if !caps.put {
             let (index, gen) = self.alloc_op(dest, offset, data.len() + 1, Vec::new());
             self.ops[index as usize].signal = Some((signal_at, atomic));
@@ -275,7 +275,7 @@ impl<H: Threading> Endpoint<H> {
     /// Starts a strided or indexed put ([`crate::endpoint::start::PutRegions`]): `data` into
     /// `dest`'s segment region by region (`regions`: offset and length pairs, in the order of
     /// `data`). Where the NIC writes peers' memory it is done now
-    /// ([`Transport::put_regions`]: as few NIC operations as it can); otherwise the regions
+    /// ([`Remote::Regions`](crate::transport::Remote::Regions): as few NIC operations as it can); otherwise the regions
     /// go packed into as few system Mediums as they fit
     /// (a system message of its own) that [`Endpoint::put_regions_step`]
     /// sends. Regions whose lengths do not add up to the data's are
@@ -302,18 +302,24 @@ impl<H: Threading> Endpoint<H> {
             }
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
-        if !t.capabilities().put {
+        if !self.caps.put {
             let (index, gen) = self.alloc_op(dest, 0, data.len(), Vec::new());
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        ready!(self.nic_rma(|| t.put_regions(dest, regions, data)))?;
+        ready!(self.nic_rma(|| t
+            .rma(Rma::Put {
+                dest,
+                to: Remote::Regions(regions),
+                from: Source::Bytes(data),
+            })
+            .map(drop)))?;
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
     /// Starts a strided or indexed get ([`crate::endpoint::start::GetRegions`]): the regions
     /// of `src`'s segment, in order, into a new `Vec`. Where the NIC reads peers' memory
-    /// ([`Transport::get_regions`]) or `src` is this rank, they are read now; otherwise
+    /// ([`Remote::Regions`](crate::transport::Remote::Regions)) or `src` is this rank, they are read now; otherwise
     /// [`Endpoint::get_step`] sends one request per region (per Medium of a larger one),
     /// whose answers land at their place in the `Vec`. Checked as
     /// [`Endpoint::put_regions_start`]; `Pending` as [`Endpoint::put_start`].
@@ -343,12 +349,18 @@ impl<H: Threading> Endpoint<H> {
             }
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
-        if !t.capabilities().get {
+        if !self.caps.get {
             let (index, gen) = self.alloc_op(src, 0, len, data);
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }
-        ready!(self.nic_rma(|| t.get_regions(src, regions, &mut data)))?;
+        ready!(self.nic_rma(|| t
+            .rma(Rma::Get {
+                src,
+                from: Remote::Regions(regions),
+                into: Sink::Bytes(&mut data),
+            })
+            .map(drop)))?;
         Poll::Ready(Ok(Op::ready(Raw::Bytes(data))))
     }
 
@@ -504,7 +516,7 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::endpoint::start::Get`]),
-    /// after the posted atomics. Where the NIC reads peers' memory itself ([`Transport::get`])
+    /// after the posted atomics. Where the NIC reads peers' memory itself ([`Rma::Get`](crate::transport::Rma::Get))
     /// or `src` is this rank, the bytes are read now and the handle is complete; otherwise
     /// [`Endpoint::get_step`] sends the requests that `src`'s progress answers. `Pending`
     /// as [`Endpoint::put_start`].
@@ -571,7 +583,7 @@ impl<H: Threading> Endpoint<H> {
                 Err(_) => Err(self.out_of_bounds(offset as u64, dst.len() as u64)),
             });
         }
-        if !t.capabilities().get {
+        if !self.caps.get {
             return Poll::Ready(Ok(false));
         }
         ready!(self.nic_rma(|| t.get(src, offset, dst)))?;
@@ -623,7 +635,7 @@ impl<H: Threading> Endpoint<H> {
 
     /// Starts a remote atomic on the word at `offset` of `dest`'s segment
     /// ([`crate::endpoint::start::Atomic`]), after the posted atomics. Where the NIC applies atomics
-    /// itself ([`Transport::atomic`]) or `dest` is this rank, it is applied now and the handle
+    /// itself ([`Rma::Atomic`](crate::transport::Rma::Atomic)) or `dest` is this rank, it is applied now and the handle
     /// holds the old value; otherwise [`Endpoint::atomic_step`] sends it as a system message
     /// that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].
     pub fn atomic_start<T: Transport + ?Sized, W: AtomicWord + Outcome>(
@@ -644,7 +656,7 @@ impl<H: Threading> Endpoint<H> {
                     .map(|old| Op::ready(Raw::Word(old))),
             );
         }
-        if !t.capabilities().atomics {
+        if !self.caps.atomics {
             let (index, gen) = self.alloc_atomic(dest, offset, atomic);
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }

@@ -16,7 +16,7 @@ use crate::segment::{
     free_block, publish_block, Reach, RemoteSegment, SegOp, SegStep, SegmentId, CONTROL_WORDS,
 };
 use crate::team::Team;
-use crate::transport::{OwnRange, SharedBytes, Transport};
+use crate::transport::{KeyedRequests, OwnRange, Remote, RmaRequests, SharedBytes, Transport};
 use crate::types::{AmKind, Rank};
 
 /// The offset in a created segment's registration (which starts at its control words) of
@@ -111,7 +111,7 @@ impl<H: Threading> Endpoint<H> {
         team: &Team,
         id: SegmentId,
     ) -> Poll<Result<Op<Vec<RemoteSegment>>, AmError>> {
-        let reach = Reach::of(t.capabilities());
+        let reach = Reach::of(self.caps);
         let map_key = match reach {
             Reach::Map => self.segments.own_key(id),
             Reach::Rma | Reach::Messages => None,
@@ -197,7 +197,7 @@ impl<H: Threading> Endpoint<H> {
     #[cold]
     pub(super) fn retire_segments<T: Transport + ?Sized>(&mut self, t: &mut T) {
         for id in std::mem::take(&mut self.segments.retired) {
-            t.deregister_segment(id);
+            t.registration(crate::transport::Registration::Deregister { id });
         }
     }
 
@@ -254,7 +254,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
             let at = rma_offset(offset, data.len(), remote.len())?;
-            let put = || t.put_at(rank, key.bytes(), at, data).map(|w| ((), w));
+            let put = || t.put_keyed(rank, key.bytes(), at, data).map(|w| ((), w));
             ready!(self.keyed_rma(rank, id, put))?;
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
@@ -327,7 +327,10 @@ impl<H: Threading> Endpoint<H> {
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
             let at = rma_offset(offset, len, remote.len())?;
-            let get = || t.get_at(rank, key.bytes(), at, &mut data).map(|w| ((), w));
+            let get = || {
+                t.get_keyed(rank, key.bytes(), at, &mut data)
+                    .map(|w| ((), w))
+            };
             ready!(self.keyed_rma(rank, id, get))?;
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
@@ -366,7 +369,7 @@ impl<H: Threading> Endpoint<H> {
         }
         if let Some(key) = self.segments.rma_key(rank, id) {
             let at = rma_offset(offset, dst.len(), remote.len())?;
-            let get = || t.get_at(rank, key.bytes(), at, dst).map(|w| ((), w));
+            let get = || t.get_keyed(rank, key.bytes(), at, dst).map(|w| ((), w));
             ready!(self.keyed_rma(rank, id, get))?;
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
@@ -402,10 +405,10 @@ impl<H: Threading> Endpoint<H> {
     /// Both on segment 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy
     /// from mapping to mapping where this rank reaches the target's memory (its own
     /// segments, a peer's it maps, a peer's segment 0 where the transport copies from a
-    /// created segment itself: [`Transport::put_from_own`]); a created segment's range to a
-    /// registered segment goes by [`Transport::put_at_from_own`], which may write straight
+    /// created segment itself: [`Source::Segment`](crate::transport::Source::Segment)); a created segment's range to a
+    /// registered segment goes by [`Remote::Keyed`](crate::transport::Remote::Keyed), which may write straight
     /// from it; elsewhere the range is read into `bounce`, which goes by the transport's RMA
-    /// on a registered segment ([`Transport::put_at`]), or as the messages of
+    /// on a registered segment ([`Remote::Keyed`](crate::transport::Remote::Keyed)), or as the messages of
     /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or
     /// published here, is an error, and nothing is written.
     #[allow(clippy::too_many_arguments)]
@@ -442,9 +445,9 @@ impl<H: Threading> Endpoint<H> {
                     crate::rma::copy_to(rank, t.segment(), offset, from, at, len)?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
                 }
-                if t.capabilities().put {
+                if self.caps.put {
                     let src = OwnRange::new(local, at, crate::rma::own_slice(from, at, len)?);
-                    ready!(self.nic_rma(|| t.put_from_own(rank, offset, src)))?;
+                    ready!(self.nic_rma(|| t.put_from(rank, Remote::At(offset), src).map(drop)))?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
                 }
                 bounce.resize(len, 0);
@@ -467,8 +470,15 @@ impl<H: Threading> Endpoint<H> {
                     let src =
                         OwnRange::new(local, at, crate::rma::own_slice(seg.byte_area(), at, len)?);
                     let put = || {
-                        t.put_at_from_own(rank, key.bytes(), to, src)
-                            .map(|w| ((), w))
+                        t.put_from(
+                            rank,
+                            Remote::Keyed {
+                                key: key.bytes(),
+                                offset: to,
+                            },
+                            src,
+                        )
+                        .map(|w| ((), w))
                     };
                     ready!(self.keyed_rma(rank, id, put))?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
@@ -487,7 +497,7 @@ impl<H: Threading> Endpoint<H> {
     /// `remote` to `at` of this rank's segment `local`, as
     /// [`Endpoint::put_to_from_segment_start`]: both on segment 0, it is
     /// [`Endpoint::get_into_segment_start`]; one copy from mapping to mapping where this
-    /// rank reaches the source's memory ([`Transport::get_into_own`]), or the transport's
+    /// rank reaches the source's memory ([`Sink::Segment`](crate::transport::Sink::Segment)), or the transport's
     /// RMA into a buffer copied into place; `None` comes back: done. Otherwise the get by
     /// messages, whose bytes the caller writes at `at` of `local` once they have come.
     #[allow(clippy::too_many_arguments)]
@@ -510,7 +520,7 @@ impl<H: Threading> Endpoint<H> {
         if let Err(e) = checked {
             return Poll::Ready(Err(e));
         }
-        if id == SegmentId::ZERO && rank != self.rank && !t.capabilities().get {
+        if id == SegmentId::ZERO && rank != self.rank && !self.caps.get {
             return self.get_start(t, rank, offset, len).map_ok(Some);
         }
         ready!(self.apply_posted(t))?;
@@ -525,7 +535,7 @@ impl<H: Threading> Endpoint<H> {
                 crate::rma::copy_from(rank, t.segment(), offset, to, at, len)?;
             } else {
                 let dst = OwnRange::new(local, at, crate::rma::own_slice(to, at, len)?);
-                ready!(self.nic_rma(|| t.get_into_own(rank, offset, dst)))?;
+                ready!(self.nic_rma(|| t.get_into(rank, Remote::At(offset), dst).map(drop)))?;
             }
             return Poll::Ready(Ok(None));
         }
@@ -539,7 +549,7 @@ impl<H: Threading> Endpoint<H> {
             let mut data = vec![0; len];
             let from = rma_offset(offset, len, remote.len())?;
             let get = || {
-                t.get_at(rank, key.bytes(), from, &mut data)
+                t.get_keyed(rank, key.bytes(), from, &mut data)
                     .map(|w| ((), w))
             };
             ready!(self.keyed_rma(rank, id, get))?;
@@ -582,13 +592,13 @@ impl<H: Threading> Endpoint<H> {
         }
         // Where the transport applies atomics itself; otherwise the owner's progress does,
         // as on segment 0.
-        let key = match t.capabilities().atomics {
+        let key = match self.caps.atomics {
             true => self.segments.rma_key(rank, id),
             false => None,
         };
         if let Some(key) = key {
             let at = rma_offset(offset, width, size)?;
-            let apply = || t.atomic_at(rank, key.bytes(), at, atomic);
+            let apply = || t.atomic_keyed(rank, key.bytes(), at, atomic);
             let old = ready!(self.keyed_rma(rank, id, apply))?;
             return Poll::Ready(Ok(Op::ready(Raw::Word(old))));
         }

@@ -49,7 +49,7 @@ pub trait Start {
 }
 
 /// A put: `data` into `dest`'s segment at `offset`. Where the transport reaches the target's
-/// memory ([`Transport::put`]) it is one copy into it, complete when started, whether or not
+/// memory ([`Rma::Put`](crate::transport::Rma::Put)) it is one copy into it, complete when started, whether or not
 /// the target polls; elsewhere it goes as AM Longs that the target's progress acknowledges. A
 /// put to this rank is a copy into its own segment. A range outside the segment is an error
 /// when it starts, and nothing is written.
@@ -88,7 +88,7 @@ impl Start for Put<'_> {
 /// A strided or indexed put: `data` into `dest`'s segment region by region, in one call
 /// (GASNet-EX's VIS `gex_VIS_IndexedPut`/`StridedPut`, OpenSHMEM's `shmem_iput`, Chapel's
 /// `put_strd`). Where the transport reaches the target's memory it is one copy per region
-/// ([`Transport::put_regions`]), complete when started; elsewhere the regions go packed into
+/// ([`Remote::Regions`](crate::transport::Remote::Regions)), complete when started; elsewhere the regions go packed into
 /// as few system Mediums as they fit, each written whole by the target's progress. Regions
 /// outside the segment, or whose lengths do not describe `data`, are an error when it
 /// starts, and nothing is written. Made by [`PutRegions::indexed`] or
@@ -159,7 +159,7 @@ impl Start for PutRegions<'_> {
 
 /// A strided or indexed get: regions of `src`'s segment, in order, into a new `Vec`, in one
 /// call (GASNet-EX's VIS gets, OpenSHMEM's `shmem_iget`). Where the transport reaches the
-/// source's memory it is one copy per region ([`Transport::get_regions`]), complete when
+/// source's memory it is one copy per region ([`Remote::Regions`](crate::transport::Remote::Regions)), complete when
 /// started; elsewhere one request per region (per Medium of a larger one), answered by the
 /// source's progress. Regions outside the segment are an error when it starts. Made by
 /// [`GetRegions::indexed`] or [`GetRegions::strided`].
@@ -267,7 +267,7 @@ impl Start for PutSignal<'_> {
 }
 
 /// A get: `len` bytes at `offset` of `src`'s segment, into a new `Vec`. Where the transport
-/// reaches the target's memory ([`Transport::get`]) or `src` is this rank, the bytes are read
+/// reaches the target's memory ([`Rma::Get`](crate::transport::Rma::Get)) or `src` is this rank, the bytes are read
 /// when it starts, with no help from `src`; elsewhere `src`'s progress answers system messages
 /// for them. A range outside the segment is an error when it starts.
 #[derive(Debug, Clone, Copy)]
@@ -302,7 +302,7 @@ impl Start for Get {
 /// A put from this rank's own segment: `len` bytes at `local` of it to `offset` of `dest`'s
 /// segment, with no slice of the caller's in between (GASNet-EX's puts from a bound segment,
 /// OpenSHMEM's `shmem_putmem` from symmetric memory). Where the transport writes peers'
-/// memory ([`Transport::put_from_segment`]) it is one copy from mapping to mapping, complete
+/// memory ([`Source::Own`](crate::transport::Source::Own)) it is one copy from mapping to mapping, complete
 /// when it starts; elsewhere the range is read into a buffer of the operation's and goes as
 /// [`Put`] does. Either range outside the segment is an error when it starts, and nothing
 /// is written. The source range is read when the operation starts (at its end over
@@ -362,7 +362,7 @@ impl Start for PutFromSegment {
 
 /// A get into this rank's own segment: `len` bytes at `offset` of `src`'s segment to
 /// `local` of this rank's, with no buffer of the caller's in between. Where the transport
-/// reads peers' memory ([`Transport::get_into_segment`]) it is one copy from mapping to
+/// reads peers' memory ([`Sink::Own`](crate::transport::Sink::Own)) it is one copy from mapping to
 /// mapping, complete when it starts; elsewhere the bytes come as [`Get`]'s do and are
 /// written at `local` when they have all come, which the operation's sending step waits
 /// for (so over messages its `_nb` form returns once they are in place). Either range
@@ -427,7 +427,7 @@ impl Start for GetIntoSegment {
 /// slice of the caller's in between, so that no borrow of a segment's bytes spans the call.
 /// Both on segment 0 it is a [`PutFromSegment`]. Where this rank reaches the target's
 /// memory (its own segments, a peer's it maps, and a peer's segment 0 where the transport
-/// copies from a created segment itself, [`Transport::put_from_own`]: loopback, sci,
+/// copies from a created segment itself, [`Source::Segment`](crate::transport::Source::Segment): loopback, sci,
 /// extoll, portals, and ofi from a published created segment, by RMA straight from its
 /// registration) it is one copy from mapping to mapping, complete when it starts;
 /// elsewhere the range is read into a buffer of the operation's when it starts and goes as
@@ -502,7 +502,7 @@ impl Start for PutToFromSegment {
 /// segment to `local_offset` of this rank's segment `local` (0 or one it created), with no
 /// buffer of the caller's in between. Both on segment 0 it is a [`GetIntoSegment`]. Where
 /// this rank reaches the source's memory (as [`PutToFromSegment`];
-/// [`Transport::get_into_own`]) it is one copy from mapping to mapping; through a
+/// [`Sink::Segment`](crate::transport::Sink::Segment)) it is one copy from mapping to mapping; through a
 /// registered segment the transport's RMA into a buffer, then a copy into place; both
 /// complete when it starts. Elsewhere the bytes come as [`GetFrom`]'s do and are written at
 /// `local_offset` when they have all come, which the operation's sending step waits for
@@ -2081,7 +2081,7 @@ macro_rules! operations {
             /// Applies `op` to the word at `offset` of `dest`'s segment and completes with
             /// its old value ([`Atomic`](crate::endpoint::start::Atomic)):
             /// `atomic(1, 64, AtomicOp::FetchAdd(1u64))`.
-            atomic [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
+            atomic [W: $crate::atomic::AtomicWord + $crate::op::Outcome<Value = W> + 'static]
                 (dest: $crate::Rank, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
                 = $crate::endpoint::start::Atomic { dest, offset, op }; nb atomic_nb; owns;
         }
@@ -2191,7 +2191,7 @@ macro_rules! operations {
         $driver! { op
             /// Applies `op` to the word at `offset` of a published segment and completes
             /// with its old value ([`AtomicAt`](crate::endpoint::start::AtomicAt)).
-            atomic_at [W: $crate::atomic::AtomicWord + $crate::op::Outcome + 'static]
+            atomic_at [W: $crate::atomic::AtomicWord + $crate::op::Outcome<Value = W> + 'static]
                 (remote: &$crate::segment::RemoteSegment, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
                 = $crate::endpoint::start::AtomicAt::new(remote, offset, op); nb atomic_at_nb; owns;
         }
@@ -2267,7 +2267,7 @@ macro_rules! operations {
             /// latest (every rank leaving the barrier sees it), and before any later
             /// request, put, get or atomic of this rank to the same target, in the order
             /// posted. Where the transport applies atomics itself, posted ones go to it in
-            /// batches of 64 ([`Transport::atomics`](crate::Transport::atomics)) whose words
+            /// batches of 64 ([`Rma::Atomics`](crate::transport::Rma::Atomics)) whose words
             /// it fetches first, so that a stream of them to random words keeps several
             /// memory misses in flight; elsewhere they go out as messages nobody waits for,
             /// one per target for the (up to 64) atomics queued for it. Errors (a lost

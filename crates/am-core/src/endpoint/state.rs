@@ -132,6 +132,8 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) rank: Rank,
     pub(super) size: u32,
     pub(super) limits: Limits,
+    /// What the NIC does itself, read once from its [`crate::transport::NicInfo`].
+    pub(super) caps: crate::transport::Capabilities,
     pub(super) seg_len: usize,
     pub(super) handlers: Handlers<H>,
     pub(super) credits: Policy,
@@ -186,7 +188,7 @@ pub struct Endpoint<H: Threading = Sendable> {
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     pub(super) scratch: Vec<u8>,
     /// Posted atomics not applied yet, in order ([`Endpoint::atomic_nbi`]), all of one path:
-    /// the NIC applies them itself ([`crate::Transport::atomics`]), or they go as messages.
+    /// the NIC applies them itself ([`Rma::Atomics`](crate::transport::Rma::Atomics)), or they go as messages.
     pub(super) posted: Vec<Posted>,
     pub(super) posted_by_nic: bool,
     /// The payload of a [`crate::protocol::SystemMsg::Atomics`] being sent (reused).
@@ -213,13 +215,13 @@ impl<H: Threading> std::fmt::Debug for Endpoint<H> {
 }
 
 impl<H: Threading> Endpoint<H> {
-    /// The protocol state of rank `rank` of `size`, over a transport with `limits` and a
-    /// segment of `segment_len` bytes. Start it with [`Endpoint::start_step`] before any
-    /// other send.
+    /// The protocol state of rank `rank` of `size`, over a transport that is `info`
+    /// ([`crate::Transport::info`]: its limits and what it does itself) with a segment of
+    /// `segment_len` bytes. Start it with [`Endpoint::start_step`] before any other send.
     pub fn new(
         rank: Rank,
         size: u32,
-        limits: Limits,
+        info: crate::transport::NicInfo,
         segment_len: usize,
         handlers: Handlers<H>,
         credits: Box<dyn CreditPolicy + Send>,
@@ -227,7 +229,7 @@ impl<H: Threading> Endpoint<H> {
         Self::with_policy(
             rank,
             size,
-            limits,
+            info,
             segment_len,
             handlers,
             Policy::Custom(credits),
@@ -238,11 +240,12 @@ impl<H: Threading> Endpoint<H> {
     pub(crate) fn with_policy(
         rank: Rank,
         size: u32,
-        limits: Limits,
+        info: crate::transport::NicInfo,
         segment_len: usize,
         handlers: Handlers<H>,
         credits: Policy,
     ) -> Endpoint<H> {
+        let limits = info.limits;
         let hello_digest = handlers.digest();
         let hello_signature = handlers.signature();
         let hello_typed: Vec<u64> = handlers.typed.keys().copied().collect();
@@ -254,6 +257,7 @@ impl<H: Threading> Endpoint<H> {
             rank,
             size,
             limits,
+            caps: info.capabilities,
             seg_len: segment_len,
             handlers,
             credits,
@@ -345,6 +349,12 @@ impl<H: Threading> Endpoint<H> {
     #[inline]
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// What the NIC does itself, as its [`crate::transport::NicInfo`] said.
+    #[inline]
+    pub fn capabilities(&self) -> crate::transport::Capabilities {
+        self.caps
     }
 
     /// Bytes of this rank's segment (and, once start-up agreed, of every rank's).

@@ -15,11 +15,12 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::Poll;
 
-use am_core::atomic::{Atomic, Batch, Posted};
+use am_core::atomic::Batch;
 use am_core::endpoint::Endpoint;
+use am_core::transport::{NicInfo, Remote, Rma, RmaDone, Sink, Source};
 use am_core::{
-    AmError, Capabilities, CreditPolicy, Delivery, Handlers, Limits, Local, Outgoing, Rank,
-    Received, Route, SendError, SharedBytes, StaticCredits, Transport, TransportError, Tx,
+    AmError, CreditPolicy, Delivery, Handlers, Limits, Local, Outgoing, Rank, Received, Route,
+    SendError, SharedBytes, StaticCredits, Transport, TransportError, Tx,
 };
 use am_shm::Segment;
 
@@ -132,17 +133,20 @@ impl Wire<'_> {
 }
 
 impl Transport for Wire<'_> {
-    fn name(&self) -> &'static str {
-        "cluster"
-    }
     fn rank(&self) -> Rank {
         self.from
     }
     fn size(&self) -> u32 {
         self.net.queues.len() as u32
     }
-    fn limits(&self) -> Limits {
-        self.net.limits
+    /// With `rma`, the NIC reaches every rank's segment: puts, gets and atomics.
+    fn info(&self) -> NicInfo {
+        let mut info = NicInfo::new("cluster", self.net.limits);
+        let caps = &mut info.capabilities;
+        caps.put = self.net.rma;
+        caps.get = self.net.rma;
+        caps.atomics = self.net.rma;
+        info
     }
     fn segment(&self) -> SharedBytes<'_> {
         self.net.segments[self.from as usize].byte_area()
@@ -166,43 +170,53 @@ impl Transport for Wire<'_> {
         };
         Ok(Some(f(delivery, segment.byte_area(), self)))
     }
-    /// With `rma`, the NIC reaches every rank's segment: puts, gets and atomics.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.put = self.net.rma;
-        caps.get = self.net.rma;
-        caps.atomics = self.net.rma;
-        caps
-    }
-    fn put(&mut self, dest: Rank, offset: usize, data: &[u8]) -> Result<(), SendError> {
-        self.nic(dest, "put", |seg| {
-            am_core::rma::put_into(dest, seg, offset, data)
-        })
-    }
-    fn get(&mut self, src: Rank, offset: usize, dst: &mut [u8]) -> Result<(), SendError> {
-        self.nic(src, "get", |seg| {
-            am_core::rma::get_from(src, seg, offset, dst)
-        })
-    }
-    fn atomic(&mut self, dest: Rank, offset: usize, atomic: Atomic) -> Result<u64, SendError> {
-        self.nic(dest, "atomic", |seg| atomic.apply_to(dest, seg, offset))
-    }
-    /// One by one, as the contract says: one refused for good does not stop the others, a
-    /// busy NIC stops the batch.
-    fn atomics(&mut self, batch: &[Posted]) -> Batch {
-        let mut error = None;
-        for (done, p) in batch.iter().enumerate() {
-            match self.nic(p.dest, "posted", |seg| {
-                p.atomic.apply_to(p.dest, seg, p.offset)
-            }) {
-                Ok(_) => {}
-                Err(SendError::Busy) => return Batch { done, error },
-                Err(e) => error = error.or(Some(e)),
+    /// Contiguous puts, gets and atomics on segment 0 one by one; every other shape by
+    /// pieces of those. A batch one by one, as the contract says: one refused for good does
+    /// not stop the others, a busy NIC stops the batch.
+    fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
+        match request {
+            Rma::Put {
+                dest,
+                to: Remote::At(offset),
+                from: Source::Bytes(data),
+            } => self
+                .nic(dest, "put", |seg| {
+                    am_core::rma::put_into(dest, seg, offset, data)
+                })
+                .map(|()| RmaDone::moved()),
+            Rma::Get {
+                src,
+                from: Remote::At(offset),
+                into: Sink::Bytes(dst),
+            } => self
+                .nic(src, "get", |seg| {
+                    am_core::rma::get_from(src, seg, offset, dst)
+                })
+                .map(|()| RmaDone::moved()),
+            Rma::Atomic {
+                dest,
+                at: Remote::At(offset),
+                atomic,
+            } => self
+                .nic(dest, "atomic", |seg| atomic.apply_to(dest, seg, offset))
+                .map(RmaDone::old),
+            Rma::Atomics(batch) => {
+                let mut error = None;
+                for (done, p) in batch.iter().enumerate() {
+                    match self.nic(p.dest, "posted", |seg| {
+                        p.atomic.apply_to(p.dest, seg, p.offset)
+                    }) {
+                        Ok(_) => {}
+                        Err(SendError::Busy) => return Ok(RmaDone::batch(Batch { done, error })),
+                        Err(e) => error = error.or(Some(e)),
+                    }
+                }
+                Ok(RmaDone::batch(Batch {
+                    done: batch.len(),
+                    error,
+                }))
             }
-        }
-        Batch {
-            done: batch.len(),
-            error,
+            other => am_core::rma::by_pieces(self, other),
         }
     }
 }
@@ -290,6 +304,9 @@ pub struct Shape {
     pub segment: usize,
     pub limits: Limits,
     pub capacity: usize,
+    /// The NIC reaches every rank's segment (puts, gets and atomics without messages): fixed
+    /// for the cluster's life, as a NIC's capabilities are.
+    pub rma: bool,
 }
 
 impl Shape {
@@ -305,7 +322,18 @@ impl Shape {
                 max_credits: 64,
             },
             capacity: 64,
+            rma: false,
         }
+    }
+
+    /// What a rank's NIC says it is ([`am_core::Transport::info`]).
+    pub fn info(&self) -> NicInfo {
+        let mut info = NicInfo::new("cluster", self.limits);
+        let caps = &mut info.capabilities;
+        caps.put = self.rma;
+        caps.get = self.rma;
+        caps.atomics = self.rma;
+        info
     }
 }
 
@@ -331,7 +359,7 @@ impl Cluster {
             .map(|r| {
                 let len = segment(r);
                 Node {
-                    ep: Endpoint::new(r, shape.ranks, shape.limits, len, handlers(r), credits(r)),
+                    ep: Endpoint::new(r, shape.ranks, shape.info(), len, handlers(r), credits(r)),
                     segment: Rc::new(Segment::heap(0, len).expect("a heap segment")),
                     errors: Vec::new(),
                 }
@@ -354,7 +382,7 @@ impl Cluster {
                 misrouted: Vec::new(),
                 segments,
                 limits: shape.limits,
-                rma: false,
+                rma: shape.rma,
                 rma_busy: vec![0; n],
                 rma_refuse: vec![0; n],
                 rma_fail: vec![0; n],

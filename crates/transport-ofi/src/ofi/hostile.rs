@@ -564,10 +564,24 @@ fn a_segment_address_or_key_that_lies_fails_each_access_naming_the_liar() {
                 let deadline = Instant::now() + 3 * config.peer_timeout + PATIENCE;
                 let mut buf = [0u8; 64];
                 let results = [
-                    b.put(2, 0, &[7u8; 64]).map(drop),
-                    b.get(2, 0, &mut buf).map(drop),
-                    b.atomic(2, 0, Atomic::from(AtomicOp::FetchAdd(1u64)))
-                        .map(drop),
+                    b.rma(Rma::Put {
+                        dest: 2,
+                        to: Remote::At(0),
+                        from: Source::Bytes(&[7u8; 64]),
+                    })
+                    .map(drop),
+                    b.rma(Rma::Get {
+                        src: 2,
+                        from: Remote::At(0),
+                        into: Sink::Bytes(&mut buf),
+                    })
+                    .map(drop),
+                    b.rma(Rma::Atomic {
+                        dest: 2,
+                        at: Remote::At(0),
+                        atomic: Atomic::from(AtomicOp::FetchAdd(1u64)),
+                    })
+                    .map(drop),
                 ];
                 assert!(Instant::now() < deadline, "{case}: too slow");
                 for r in &results {
@@ -580,11 +594,19 @@ fn a_segment_address_or_key_that_lies_fails_each_access_naming_the_liar() {
                 // accesses that the liar never answers hold up rank 1's later ones to every
                 // rank until they too time out: the provider's, out of this transport's reach.
                 if p != "shm" {
-                    b.put(0, 8, b"still ok")
-                        .unwrap_or_else(|e| panic!("{case}: {e}"));
+                    b.rma(Rma::Put {
+                        dest: 0,
+                        to: Remote::At(8),
+                        from: Source::Bytes(b"still ok"),
+                    })
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
                     let mut back = [0u8; 8];
-                    b.get(0, 8, &mut back)
-                        .unwrap_or_else(|e| panic!("{case}: {e}"));
+                    b.rma(Rma::Get {
+                        src: 0,
+                        from: Remote::At(8),
+                        into: Sink::Bytes(&mut back),
+                    })
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
                     assert_eq!(&back, b"still ok", "{case}");
                 }
                 drop(_stop);
