@@ -119,6 +119,12 @@ pub enum AmError {
     /// The operation handle does not belong to a pending operation.
     #[error("unknown or already completed operation handle")]
     StaleHandle,
+    /// The operation handle was made by another node (another endpoint: another rank's, or
+    /// another of this process's endpoints): only the node that started an operation waits
+    /// for it or tests it ([`crate::op`]). A wait that refuses it drops the handle, so the
+    /// operation completes detached on its own node; a test leaves it to the caller.
+    #[error("the operation was started on another node: wait for it or test it on the node that started it")]
+    ForeignHandle,
     /// Another failure of the NIC (its error, and what caused it, as the source).
     #[error(transparent)]
     Transport(TransportError),

@@ -360,6 +360,12 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     pub(crate) async fn complete<U: Outcome>(&self, mut op: Op<U>) -> Result<U::Value, AmError> {
+        // Another node's call is in another table of calls: refused before that table is read
+        // (its answer would never come here, or be another node's). The rest is checked by
+        // the node (`Endpoint::poll_op`).
+        if op.is_foreign_call(self.inner.calls.as_ref()) {
+            return Err(AmError::ForeignHandle);
+        }
         poll_fn(|cx| {
             match op.poll_call(Some(cx.waker())) {
                 Some(Poll::Ready(answer)) => return Poll::Ready(answer),
@@ -388,7 +394,8 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     /// Whether an operation is complete, so that [`AsyncNode::wait`] resolves at once (looks
-    /// only: progress is the driver's).
+    /// only: progress is the driver's). An operation another node started is said complete:
+    /// its wait resolves at once, with [`AmError::ForeignHandle`].
     pub fn test<U: Outcome>(&self, op: &Op<U>) -> bool {
         op.is_ready() || self.lock().node.ep.is_complete(op)
     }

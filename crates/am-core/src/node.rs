@@ -660,7 +660,8 @@ impl<T: Transport, H: Threading> Node<T, H> {
         Ok(started)
     }
 
-    /// Waits for an operation and returns its outcome (see [`crate::op`]).
+    /// Waits for an operation and returns its outcome (see [`crate::op`]); one another node
+    /// started is [`AmError::ForeignHandle`], and completes detached on its own node.
     pub fn wait<U: Outcome>(&mut self, mut op: Op<U>) -> Result<U::Value, AmError> {
         let r = self.drive_to_completion(|ep, t| ep.poll_op(t, &mut op, None));
         if r.is_err() {
@@ -670,10 +671,14 @@ impl<T: Transport, H: Threading> Node<T, H> {
     }
 
     /// Whether an operation is complete, so that [`Node::wait`] returns at once; polls once
-    /// first (unless it was complete when started).
+    /// first (unless it was complete when started). An operation another node started is
+    /// [`AmError::ForeignHandle`] (see [`crate::op`]).
     pub fn test<U: Outcome>(&mut self, op: &Op<U>) -> Result<bool, AmError> {
         if op.is_ready() {
             return Ok(true);
+        }
+        if !self.ep.owns(op) {
+            return Err(AmError::ForeignHandle);
         }
         self.poll()?;
         Ok(self.ep.is_complete(op))

@@ -19,6 +19,13 @@
 //! `test_some`), and an async caller awaits it (`node.wait(op).await` on an
 //! [`crate::AsyncNode`]). On the async driver `x` and `x_nb` are futures.
 //!
+//! Only the node that started an operation completes it: another node (another rank's, or
+//! another endpoint's of this process) refuses its handle with [`AmError::ForeignHandle`]
+//! in every wait and test (`AsyncNode::test` says it complete, and its `wait` resolves with
+//! that error), rather than waiting for an operation that its own progress never ends or
+//! taking one of its own for it. An operation complete when it was started
+//! ([`Op::is_ready`]) is its outcome alone, which any node gives.
+//!
 //! Dropping an [`Op`] before it completes detaches the operation: it still completes (a put
 //! still lands, a barrier is still entered and left), its result is dropped and its slot
 //! freed, as GASNet-EX's and UCX's requests that nobody waits for. Nothing leaks.
@@ -57,8 +64,10 @@ use crate::types::Rank;
 /// of an atomic, the answer of a call (see the [module docs](self)).
 ///
 /// It is only a name for the operation: the node it came from completes it (`wait`, `test`,
-/// `wait_some`, an async `wait`). Dropping it first detaches the operation, which then
-/// completes unobserved and frees its slot.
+/// `wait_some`, an async `wait`). Another node refuses a handle in flight with
+/// [`AmError::ForeignHandle`] (one complete when started holds its outcome, and any node
+/// gives it). Dropping it first detaches the operation, which then completes unobserved and
+/// frees its slot.
 #[must_use = "an operation's completion is known only once waited for or tested; dropping it detaches the operation"]
 pub struct Op<T: Outcome> {
     pub(crate) state: State,
@@ -131,8 +140,8 @@ pub(crate) enum State {
         calls: Arc<Calls>,
         seen: u64,
     },
-    /// A barrier, by its epoch.
-    Barrier { epoch: u64 },
+    /// A barrier, by its epoch; `table` names its endpoint (as a slot's does).
+    Barrier { epoch: u64, table: Arc<Orphans> },
     /// Completed, its outcome taken.
     Spent,
 }
@@ -215,6 +224,15 @@ impl<T: Outcome> Op<T> {
 
     pub(crate) fn is_barrier(&self) -> bool {
         matches!(self.state, State::Barrier { .. })
+    }
+
+    /// Whether this is a call whose table of calls is not `calls` (the node's: `None` if it
+    /// has no callable handler): a call another node made.
+    pub(crate) fn is_foreign_call(&self, calls: Option<&Arc<Calls>>) -> bool {
+        match &self.state {
+            State::Call { calls: of, .. } => !calls.is_some_and(|c| Arc::ptr_eq(of, c)),
+            _ => false,
+        }
     }
 }
 

@@ -364,3 +364,141 @@ fn async_nodes_progress_without_a_driver_and_under_a_progress_thread() {
         });
     });
 }
+
+/// Rank 0's and rank 1's nodes, both started from this one thread (two endpoints of one
+/// process), and three operations of rank 0's that only its progress with rank 1's
+/// completes: a put (a slot of rank 0's table of operations: it travels as messages), a call
+/// and a barrier (which rank 1 has not entered).
+struct Foreign {
+    a: Node<NoDirectRma>,
+    put: Op<()>,
+    call: Op<Reply>,
+    barrier: Op<()>,
+}
+
+fn foreign() -> (Foreign, Node<NoDirectRma>) {
+    let parts = by_messages().into_iter().map(|t| (t, handlers()));
+    let mut nodes = Node::start_all(parts, Config::default()).expect("start");
+    let b = nodes.pop().unwrap();
+    let mut a = nodes.pop().unwrap();
+    let put = a.put_nb(1, 0, &[7; 64]).unwrap();
+    let call = a.call_nb(1, SQUARE, &[3], &[]).unwrap();
+    let barrier = a.barrier_nb().unwrap();
+    assert!(
+        !put.is_ready() && !barrier.is_ready(),
+        "the premise: in flight"
+    );
+    (
+        Foreign {
+            a,
+            put,
+            call,
+            barrier,
+        },
+        b,
+    )
+}
+
+/// After rank 1 refused them: rank 0's operations, their handles dropped, complete on rank
+/// 0 all the same (its put's slot and its call are freed, its barrier meets the one rank 1
+/// has entered), with rank 1 polled by `b_step`, which says whether that barrier of rank 1's
+/// is complete.
+fn rank_0_goes_on(a: &mut Node<NoDirectRma>, mut b_step: impl FnMut() -> bool) {
+    loop {
+        a.poll().unwrap();
+        if b_step() && a.ops_in_flight() == 0 {
+            return;
+        }
+    }
+}
+
+/// How long a test of another node's handles may take: a node that waits for another's
+/// operation waits for ever, and the watchdog says so.
+const FOREIGN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Catches a node that does not check whose an operation is (`Endpoint::owns`): rank 1's
+/// `test` said rank 0's put complete (a slot not of its table looked complete), its `wait`
+/// took its own barrier of the same epoch for rank 0's and returned at once, `wait_some`
+/// gave `StaleHandle`, and `wait_all` of rank 0's call waited for ever (the answer goes to
+/// rank 0's table, which only rank 0's progress fills). Each is `ForeignHandle` now, and
+/// rank 0's operations, dropped, still complete on rank 0.
+#[test]
+fn a_node_refuses_another_nodes_handles() {
+    within(FOREIGN_LIMIT, || {
+        let (mut f, mut b) = foreign();
+        assert_eq!(b.test(&f.put), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.call), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.barrier), Err(AmError::ForeignHandle));
+        assert_eq!(b.wait(f.barrier), Err(AmError::ForeignHandle));
+        let mut some = [None, Some(f.put)];
+        let done = b.wait_some(&mut some).unwrap();
+        assert!(
+            matches!(done[..], [(1, Err(AmError::ForeignHandle))]),
+            "{done:?}"
+        );
+        assert!(some.iter().all(Option::is_none));
+        assert_eq!(b.wait_all([f.call]), Err(AmError::ForeignHandle));
+        // Rank 1's own operations are its own.
+        let mine = b.barrier_nb().unwrap();
+        rank_0_goes_on(&mut f.a, || b.test(&mine).unwrap());
+        b.wait(mine).unwrap();
+        let mut landed = [0u8; 64];
+        b.segment().read(0, &mut landed).unwrap();
+        assert_eq!(landed, [7; 64], "rank 0's put, refused by rank 1, landed");
+    });
+}
+
+/// [`a_node_refuses_another_nodes_handles`] on a `SharedNode` (its `test` takes the node's
+/// own, its waits drive the endpoint's completion step): catches the same bugs there.
+#[test]
+fn a_shared_node_refuses_another_nodes_handles() {
+    within(FOREIGN_LIMIT, || {
+        let (mut f, b) = foreign();
+        let b = SharedNode::new(b);
+        assert_eq!(b.test(&f.put), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.call), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.barrier), Err(AmError::ForeignHandle));
+        assert_eq!(b.wait(f.barrier), Err(AmError::ForeignHandle));
+        let mut some = [Some(f.put)];
+        let done = b.wait_some(&mut some).unwrap();
+        assert!(
+            matches!(done[..], [(0, Err(AmError::ForeignHandle))]),
+            "{done:?}"
+        );
+        assert_eq!(b.wait_all([f.call]), Err(AmError::ForeignHandle));
+        let mine = b.barrier_nb().unwrap();
+        rank_0_goes_on(&mut f.a, || b.test(&mine).unwrap());
+        b.wait(mine).unwrap();
+    });
+}
+
+/// [`a_node_refuses_another_nodes_handles`] on an `AsyncNode`, whose `test` says another
+/// node's handle complete (its wait resolves at once, with the error): catches the same
+/// bugs there, and a wait for another node's call that reads that node's table of calls
+/// before asking whose the call is (it waited for ever).
+#[test]
+fn an_async_node_refuses_another_nodes_handles() {
+    use am_core::future::block_on;
+    within(FOREIGN_LIMIT, || {
+        let (mut f, b) = foreign();
+        let b = AsyncNode::new(b);
+        assert!(b.test(&f.put) && b.test(&f.call) && b.test(&f.barrier));
+        assert_eq!(block_on(&b, b.wait(f.barrier)), Err(AmError::ForeignHandle));
+        let mut some = [Some(f.put)];
+        let done = block_on(&b, b.wait_some(&mut some)).unwrap();
+        assert!(
+            matches!(done[..], [(0, Err(AmError::ForeignHandle))]),
+            "{done:?}"
+        );
+        assert_eq!(
+            block_on(&b, b.wait_all([f.call])),
+            Err(AmError::ForeignHandle)
+        );
+        let mine = block_on(&b, b.barrier_nb()).unwrap();
+        rank_0_goes_on(&mut f.a, || {
+            b.progress().unwrap();
+            b.test(&mine)
+        });
+        block_on(&b, b.wait(mine)).unwrap();
+    });
+}

@@ -226,6 +226,40 @@ fn ranks_with_different_types_do_not_start() {
     });
 }
 
+/// Catches a start-up check that compares typed messages one way only (the types a rank
+/// registers that rank 0 lacks, not those rank 0 registers that the rank lacks): rank 0
+/// and rank 1 register `Extra`, rank 2 does not, and no rank starts (with that bug they
+/// fail as a handler table mismatch instead). Every rank is told that rank 2 differs; the
+/// ranks that register `Extra` name it, rank 2 (which does not know the type's name) names
+/// none. Also catches a name looked up only among the types the other rank lacks.
+#[test]
+fn a_type_only_rank_0_registers_is_refused_too() {
+    within(LIMIT, || {
+        let errors = run_ranks(Loopback::cluster(3, Default::default()), |t| {
+            let mut h = handlers(Arc::default());
+            if t.rank() != 2 {
+                h.typed::<Extra>().unwrap();
+            }
+            Node::new(t, h, Config::default()).err()
+        });
+        for (rank, e) in errors.into_iter().enumerate() {
+            match e {
+                Some(StartError::TypedMismatch { rank: 2, name }) => {
+                    if rank == 2 {
+                        assert_eq!(name, None, "rank 2 does not know the type");
+                    } else {
+                        assert!(
+                            name.is_some_and(|n| n.ends_with("::Extra")),
+                            "rank {rank}: {name:?}"
+                        );
+                    }
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    });
+}
+
 /// A message of elements that occupy no bytes on the wire.
 #[derive(Serialize, Deserialize, Debug)]
 struct Units(Vec<()>);

@@ -22,7 +22,10 @@ impl<H: Threading> Endpoint<H> {
         if let Some(at) = self.barrier {
             if self.barrier_failed {
                 self.barrier_failed = false;
-                return Poll::Ready(Ok(Op::new(State::Barrier { epoch: at.epoch })));
+                return Poll::Ready(Ok(Op::new(State::Barrier {
+                    epoch: at.epoch,
+                    table: self.orphans.clone(),
+                })));
             }
             ready!(self.barrier_step(t))?;
         }
@@ -47,7 +50,10 @@ impl<H: Threading> Endpoint<H> {
                 self.barrier_failed = true;
                 Err(e)
             }
-            Poll::Pending => Ok(Op::new(State::Barrier { epoch })),
+            Poll::Pending => Ok(Op::new(State::Barrier {
+                epoch,
+                table: self.orphans.clone(),
+            })),
         })
     }
 

@@ -1,6 +1,7 @@
 //! Completing operations: the one test and the one completion step of every [`Op`], the
 //! implicit set, the slots of dropped handles, and calls.
 
+use std::sync::Arc;
 use std::task::{ready, Poll, Waker};
 
 use super::state::{Detached, Endpoint};
@@ -16,6 +17,7 @@ impl<H: Threading> Endpoint<H> {
     /// spent: a second poll is [`AmError::StaleHandle`]), or `Pending` while it is in flight,
     /// `waker` (if given) being woken when it completes. A barrier is carried on here (it may
     /// send); its waker is the driver's to wake after progress, as for any send that waits.
+    /// An operation of another endpoint ([`Endpoint::owns`]) is [`AmError::ForeignHandle`].
     pub fn poll_op<U: Outcome, T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -36,6 +38,9 @@ impl<H: Threading> Endpoint<H> {
         waker: Option<&Waker>,
         carry: bool,
     ) -> Poll<Result<U::Value, AmError>> {
+        if !self.owns(op) {
+            return Poll::Ready(Err(AmError::ForeignHandle));
+        }
         let raw = match &op.state {
             State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
             State::Ready(_) => match op.take_state() {
@@ -84,7 +89,7 @@ impl<H: Threading> Endpoint<H> {
                 Some(Poll::Ready(r)) => return Poll::Ready(r),
                 None => Err(AmError::StaleHandle),
             },
-            &State::Barrier { epoch } => {
+            &State::Barrier { epoch, .. } => {
                 if self.barriers_done <= epoch {
                     match self.barrier_step(t) {
                         Poll::Ready(Ok(())) => {}
@@ -107,16 +112,21 @@ impl<H: Threading> Endpoint<H> {
     /// barrier is then resumed by the next barrier, as one whose own step failed, rather than
     /// finished behind it.
     pub fn interrupted<U: Outcome>(&mut self, op: &Op<U>) {
-        if let State::Barrier { epoch } = op.state {
-            if self.barrier.is_some_and(|at| at.epoch == epoch) {
+        if let State::Barrier { epoch, .. } = op.state {
+            // Another endpoint's barrier of the same epoch is not this one.
+            if self.owns(op) && self.barrier.is_some_and(|at| at.epoch == epoch) {
                 self.barrier_failed = true;
             }
         }
     }
 
     /// Whether an operation is complete: its completion step ([`Endpoint::poll_op`]) is then
-    /// ready. Looks only (a barrier is carried on by polls and completion steps).
+    /// ready (as it is, with [`AmError::ForeignHandle`], for another endpoint's). Looks only
+    /// (a barrier is carried on by polls and completion steps).
     pub fn is_complete<U: Outcome>(&self, op: &Op<U>) -> bool {
+        if !self.owns(op) {
+            return true;
+        }
         match &op.state {
             State::Spent | State::Ready(_) => true,
             State::Slot { .. } => match self.slot_of(op) {
@@ -129,7 +139,26 @@ impl<H: Threading> Endpoint<H> {
                 calls,
                 ..
             } => calls.is_done(*number) || self.waiting_for(*dest).is_ready(),
-            &State::Barrier { epoch } => self.barriers_done > epoch,
+            &State::Barrier { epoch, .. } => self.barriers_done > epoch,
+        }
+    }
+
+    /// Whether `op` was started on this endpoint, or names nothing of any endpoint's (it
+    /// was complete when started, or is spent): an operation in flight (a slot of the
+    /// table, a call, a barrier) is completed only where it was started. Another endpoint's
+    /// is refused with [`AmError::ForeignHandle`] by [`Endpoint::poll_op`], which would
+    /// otherwise wait for what this endpoint's progress never ends (another's call), or
+    /// take this endpoint's operation for it (a barrier of the same epoch). One pointer
+    /// compared.
+    pub fn owns<U: Outcome>(&self, op: &Op<U>) -> bool {
+        match &op.state {
+            State::Ready(_) | State::Spent => true,
+            State::Slot { table, .. } | State::Barrier { table, .. } => {
+                Arc::ptr_eq(table, &self.orphans)
+            }
+            State::Call { .. } => {
+                !op.is_foreign_call(self.handlers.calls.as_ref().map(|s| &s.calls))
+            }
         }
     }
 
@@ -158,6 +187,10 @@ impl<H: Threading> Endpoint<H> {
     /// [`Endpoint::nbi_step`] waits for it with the rest of the set (an error of it is the
     /// set's).
     pub fn implicit<U: Outcome>(&mut self, mut op: Op<U>) {
+        if !self.owns(&op) {
+            // Dropped: it completes detached on its own endpoint.
+            return;
+        }
         let slot = self.slot_of(&op);
         match op.take_state() {
             State::Slot { .. } => {

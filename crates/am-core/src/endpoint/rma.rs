@@ -511,6 +511,7 @@ impl<H: Threading> Endpoint<H> {
             State::Slot { index, gen, table } if Arc::ptr_eq(table, &self.orphans) => {
                 Ok(Some((*index, *gen)))
             }
+            State::Slot { .. } => Err(AmError::ForeignHandle),
             _ => Err(AmError::StaleHandle),
         }
     }
