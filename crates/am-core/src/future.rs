@@ -667,6 +667,7 @@ pub fn block_on<T: Transport, H: Threading, F: std::future::Future>(
 #[cfg(feature = "tokio")]
 mod driver {
     use super::*;
+    use crate::error::RuntimeError;
     use std::future::Future;
     use std::time::Duration;
     use tokio::io::unix::AsyncFd;
@@ -681,7 +682,9 @@ mod driver {
         ///
         /// Spawn it beside the tasks that use the node (`tokio::task::spawn_local` on a
         /// `LocalSet` for a node of `Handlers::local`), or let `AsyncNode::run` do it.
-        /// Needs a runtime with I/O and time enabled.
+        /// Needs a runtime with I/O and timers enabled (`Builder::enable_all()`, what
+        /// `#[tokio::main]` builds): on one without, it fails at once with
+        /// [`AmError::Runtime`], which says what to enable.
         pub async fn drive(&self) -> Result<(), AmError> {
             let _driving = self.driving();
             let fd = self.async_wake_fd()?;
@@ -766,13 +769,16 @@ mod driver {
         /// of `fut` it drives as `AsyncNode::drive` does (spinning a while, then asleep,
         /// armed, on the wake descriptor); a message that wakes `fut` has it polled at once,
         /// in the same poll, with no trip through the runtime. Fails if progress fails with
-        /// an error that does not concern a single peer.
+        /// an error that does not concern a single peer, and at once, without polling `fut`,
+        /// with [`AmError::Runtime`] on a runtime without I/O or timers enabled (see
+        /// `AsyncNode::drive`).
         pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
             self.run_with(fut, true).await
         }
 
         /// [`AsyncNode::run`] that never sleeps (the async `AM_WAIT=spin`): it lets the
-        /// runtime run other tasks every so often, and otherwise polls.
+        /// runtime run other tasks every so often, and otherwise polls. Needs the runtime's
+        /// timers ([`AmError::Runtime`] otherwise), not its I/O.
         pub async fn run_spinning<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
             self.run_with(fut, false).await
         }
@@ -780,6 +786,8 @@ mod driver {
         async fn run_with<F: Future>(&self, fut: F, sleep: bool) -> Result<F::Output, AmError> {
             let _driving = self.driving();
             let fd = if sleep { self.async_wake_fd()? } else { None };
+            // `timer` below, whatever the transport.
+            timers_enabled()?;
             let spin_polls = self.with(|n| n.config().spin_polls);
             let mut fut = std::pin::pin!(fut);
             let mut timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
@@ -847,20 +855,44 @@ mod driver {
             }
         }
 
-        /// The wake descriptor, registered with the runtime's reactor.
+        /// The wake descriptor, registered with the runtime's reactor (`None` if the
+        /// transport has none): where a driver that sleeps starts. Fails, rather than let
+        /// tokio panic, on a runtime without the timers that bound the sleep or the I/O
+        /// driver it sleeps in ([`RuntimeError`]).
         fn async_wake_fd(&self) -> Result<Option<AsyncFd<OwnedFd>>, AmError> {
-            match self.wake_fd()? {
+            let Some(fd) = self.wake_fd()? else {
+                return Ok(None);
+            };
+            timers_enabled()?;
+            // Tokio has no query for its I/O driver, and panics where a runtime has none
+            // (`enable_io` not called): caught here, and said in words. The panic hook still
+            // prints tokio's message first (and a program built with `panic = "abort"`
+            // aborts there, as before).
+            let registered = std::panic::catch_unwind(move || {
                 // The safe constructor, deprecated because an arbitrary `AsRawFd` may close
                 // or change its descriptor under the reactor; an `OwnedFd` (ours, a
                 // duplicate) holds one open descriptor until the `AsyncFd` drops it, which is
                 // what the replacement's safety contract asks.
                 #[allow(deprecated)]
-                Some(fd) => AsyncFd::with_interest(fd, Interest::READABLE)
-                    .map(Some)
-                    .map_err(|e| device("registering the wake descriptor", e)),
-                None => Ok(None),
-            }
+                AsyncFd::with_interest(fd, Interest::READABLE)
+            })
+            .map_err(|_| AmError::Runtime(RuntimeError::IoDisabled))?;
+            registered
+                .map(Some)
+                .map_err(|e| device("registering the wake descriptor", e))
         }
+    }
+
+    /// Whether this thread runs in a tokio runtime with timers enabled, which a sleeping
+    /// driver's bound needs ([`RuntimeError`]). Tokio has no query for its timers either, and
+    /// panics where they are off: a sleep is made under `catch_unwind` (see
+    /// `AsyncNode::async_wake_fd`).
+    fn timers_enabled() -> Result<(), AmError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(AmError::Runtime(RuntimeError::NoRuntime));
+        }
+        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO)))
+            .map_err(|_| AmError::Runtime(RuntimeError::TimeDisabled))
     }
 
     /// Rounds of progress a spinning driver makes between two turns of the runtime.
