@@ -1,11 +1,16 @@
 //! What an [`AsyncNode`] asks of its tokio runtime: its drivers (`drive`, `run`) fail in
 //! words on a runtime they cannot sleep on (I/O or timers not enabled, or no runtime at all)
-//! rather than panic inside tokio.
+//! rather than panic inside tokio; and calls awaited on a runtime where no driver runs make
+//! progress themselves and sleep while they wait, not spin.
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use amnet::{
-    AmError, AsyncNode, Config, HandlerId, Handlers, Loopback, LoopbackConfig, Node, RuntimeError,
+    run_ranks, AmError, AsyncNode, Config, HandlerId, Handlers, Loopback, LoopbackConfig, Node,
+    RuntimeError, Transport,
 };
 
 mod common;
@@ -95,5 +100,74 @@ fn a_driver_outside_a_tokio_runtime_fails_in_words() {
         let e = amnet::future::block_on(&node, node.drive()).expect_err("no runtime");
         assert_eq!(e, AmError::Runtime(RuntimeError::NoRuntime));
         assert!(e.to_string().contains("tokio runtime"), "{e}");
+    });
+}
+
+/// Counts the polls of the future it wraps.
+struct Counted<F> {
+    fut: Pin<Box<F>>,
+    polls: u64,
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = (F::Output, u64);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.polls += 1;
+        let polls = self.polls;
+        self.fut.as_mut().poll(cx).map(|out| (out, polls))
+    }
+}
+
+fn counted<F: Future>(fut: F) -> Counted<F> {
+    Counted {
+        fut: Box::pin(fut),
+        polls: 0,
+    }
+}
+
+/// Catches issue 77's spinning wait: two calls awaited together on a tokio runtime with no
+/// driver task, to a rank that answers half a second later, were polled (and made rounds of
+/// progress) over and over, each round waking the other, at about 65% of a core. Asleep on
+/// the node's wake descriptor, they are polled a bounded number of times: `Config::spin_polls`
+/// rounds, then about twice per sleep of at most 10 ms; the bound allows one poll per
+/// millisecond of waiting, five times that, and counts polls, not CPU time.
+#[test]
+fn calls_awaited_without_a_driver_sleep_under_tokio() {
+    const LATE: Duration = Duration::from_millis(500);
+    const SPIN: u32 = 16;
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let config = Config::default().spin_polls(SPIN);
+            if t.rank() == 1 {
+                let mut node = Node::new(t, handlers(), config).expect("start");
+                std::thread::sleep(LATE);
+                node.barrier().expect("barrier");
+                return;
+            }
+            let node = AsyncNode::new(Node::new(t, handlers(), config).expect("start"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let t0 = Instant::now();
+                let ((three, polls3), (four, polls4)) = tokio::join!(
+                    counted(node.call(1, SQUARE, &[3], &[])),
+                    counted(node.call(1, SQUARE, &[4], &[])),
+                );
+                let waited = t0.elapsed();
+                assert_eq!(three.expect("call").args, [9]);
+                assert_eq!(four.expect("call").args, [16]);
+                let allowed = u64::from(SPIN) + 16 + waited.as_millis() as u64;
+                for polls in [polls3, polls4] {
+                    assert!(
+                        polls <= allowed,
+                        "a call was polled {polls} times in {waited:?} without a driver \
+                         (at most {allowed} if it sleeps)"
+                    );
+                }
+                node.barrier().await.expect("barrier");
+            });
+        });
     });
 }

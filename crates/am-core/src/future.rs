@@ -130,6 +130,99 @@ struct Inner<T: Transport, H: Threading> {
     /// The async typed handlers' tasks, polled after each round of progress, outside the
     /// lock ([`crate::Handlers::typed_async`]).
     tasks: Option<H::Tasks>,
+    /// The sleep of futures that no driver serves ([`AsyncNode::undriven`]).
+    nap: Nap,
+}
+
+/// The longest sleep of futures that no driver serves, whatever the transport allows: how
+/// soon the sleeping thread sees its node dropped ([`crate::ProgressThread::ARMED_SLEEP`]'s).
+pub(crate) const NAP_LONGEST: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Where futures that no driver serves sleep once progress finds nothing to do
+/// ([`AsyncNode::undriven`]): the node armed, a thread of its own (`amnet-nap-<rank>`,
+/// started at the first sleep) waits on a duplicate of the wake descriptor, then wakes them.
+/// No reactor is needed: a future so woken runs under any executor. Dropping it (with the
+/// node) ends the thread within [`NAP_LONGEST`].
+struct Nap(Arc<NapShared>);
+
+struct NapShared {
+    state: Mutex<NapState>,
+    /// Tells the thread a sleep begins, or the node is gone.
+    begun: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct NapState {
+    /// Rounds of progress in a row that found nothing to do.
+    idle: u32,
+    phase: NapPhase,
+    /// How long this sleep lasts at most (`Asleep`).
+    within: std::time::Duration,
+    /// The futures to wake when it ends.
+    wakers: Vec<Waker>,
+    /// The thread runs (`Some(true)`), or cannot (`Some(false)`: the transport has no wake
+    /// descriptor, or no thread could start): futures then spin, as before there was one.
+    thread: Option<bool>,
+    /// The node is gone: the thread returns.
+    closed: bool,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum NapPhase {
+    /// Futures make progress when polled.
+    #[default]
+    Awake,
+    /// The node is armed and the thread sleeps on its descriptor.
+    Asleep,
+    /// The thread woke: the node is still armed, for the next future polled to disarm.
+    Ended,
+}
+
+impl Nap {
+    fn new() -> Nap {
+        Nap(Arc::new(NapShared {
+            state: Mutex::new(NapState::default()),
+            begun: std::sync::Condvar::new(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NapState> {
+        self.0.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The thread: sleeps on `fd` for each sleep begun, then wakes its futures.
+    fn sleep_on(shared: &NapShared, fd: &OwnedFd) {
+        use std::os::fd::AsFd;
+        let lock = || shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock();
+        loop {
+            while st.phase != NapPhase::Asleep && !st.closed {
+                st = shared.begun.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.closed {
+                return;
+            }
+            let within = st.within;
+            drop(st);
+            // An error of `poll` ends the sleep early: the next round finds out what there is.
+            let _ = crate::transport::any_readable(&[fd.as_fd()], within);
+            st = lock();
+            st.phase = NapPhase::Ended;
+            let wakers = std::mem::take(&mut st.wakers);
+            drop(st);
+            for w in wakers {
+                w.wake();
+            }
+            st = lock();
+        }
+    }
+}
+
+impl Drop for Nap {
+    fn drop(&mut self) {
+        self.lock().closed = true;
+        self.0.begun.notify_all();
+    }
 }
 
 struct State<T: Transport, H: Threading> {
@@ -227,6 +320,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 stops: std::sync::atomic::AtomicU64::new(0),
                 driving: Arc::default(),
                 tasks,
+                nap: Nap::new(),
             }),
         }
     }
@@ -290,24 +384,126 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
 
     /// What a future whose step is not ready does next: with a driver running (or a
     /// [`crate::ProgressThread`]), waits to be woken; with none, makes a round of progress
-    /// itself and asks to be polled again (spinning, as `AM_WAIT=spin`), so that a future
-    /// never waits for progress nobody makes. An error that ends the node ends the future
-    /// then (one that concerns a single peer has failed what waited on that peer).
+    /// itself, so that a future never waits for progress nobody makes. While rounds find
+    /// messages, and for [`crate::Config::spin_polls`] rounds in a row after they stop, it
+    /// asks to be polled again at once (spinning); then it sleeps as the drivers do, the node
+    /// armed on its wake descriptor, until a message comes or the transport's timers are due
+    /// (at most [`NAP_LONGEST`] at a time): a thread of the node's waits on the descriptor
+    /// and wakes it, so that no reactor is needed. A node of [`crate::WaitMode::Spin`], or
+    /// over a transport without a wake descriptor, spins throughout. An error that ends the
+    /// node ends the future then (one that concerns a single peer has failed what waited on
+    /// that peer).
     fn undriven<R>(&self, cx: &mut std::task::Context<'_>) -> Poll<Result<R, AmError>> {
         if self
             .inner
             .driving
             .load(std::sync::atomic::Ordering::Acquire)
-            == 0
+            != 0
         {
-            if let Err(e) = self.progress() {
-                if !concerns_one_peer(&e) {
-                    return Poll::Ready(Err(e));
-                }
-            }
-            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if self.napping(cx) {
+            return Poll::Pending;
+        }
+        let idle = match self.progress_waking() {
+            Ok((handled, _, local)) => handled == 0 && !local,
+            Err(e) if concerns_one_peer(&e) => false,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        match self.nap(idle, cx) {
+            Ok(true) => {}
+            Ok(false) => cx.waker().wake_by_ref(),
+            Err(e) => return Poll::Ready(Err(e)),
         }
         Poll::Pending
+    }
+
+    /// Before an undriven round of progress: whether the node sleeps ([`Nap`]), the waker
+    /// then left to be woken when the sleep ends. A sleep that has ended is ended here (the
+    /// node disarmed); one under way goes on, unless an async handler's task was woken
+    /// (which a round of progress runs).
+    fn napping(&self, cx: &mut std::task::Context<'_>) -> bool {
+        let mut nap = self.inner.nap.lock();
+        match nap.phase {
+            NapPhase::Awake => false,
+            NapPhase::Ended => {
+                self.disarm();
+                nap.phase = NapPhase::Awake;
+                false
+            }
+            NapPhase::Asleep => {
+                if self.poll_tasks_woken(cx).is_ready() {
+                    return false;
+                }
+                if !nap.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    nap.wakers.push(cx.waker().clone());
+                }
+                true
+            }
+        }
+    }
+
+    /// After an undriven round of progress that found nothing to do (`idle`) or something:
+    /// whether the future sleeps ([`Nap`]; its waker is then left with the sleep), or asks
+    /// to be polled again at once.
+    fn nap(&self, idle: bool, cx: &mut std::task::Context<'_>) -> Result<bool, AmError> {
+        let mut nap = self.inner.nap.lock();
+        if !idle {
+            nap.idle = 0;
+            return Ok(false);
+        }
+        nap.idle = nap.idle.saturating_add(1);
+        if nap.phase != NapPhase::Awake || nap.thread == Some(false) {
+            return Ok(false);
+        }
+        let (wait_mode, spin_polls) = self.with(|n| (n.config.wait_mode, n.config.spin_polls));
+        if nap.idle <= spin_polls || wait_mode == crate::config::WaitMode::Spin {
+            return Ok(false);
+        }
+        if self.poll_tasks_woken(cx).is_ready() {
+            return Ok(false);
+        }
+        if nap.thread.is_none() {
+            nap.thread = Some(self.start_nap_thread());
+            if nap.thread == Some(false) {
+                return Ok(false);
+            }
+        }
+        match self.arm() {
+            // Work now, or a peer lost (what waited on it has failed): another round.
+            Ok(Armed::Ready) => Ok(false),
+            Err(e) if concerns_one_peer(&e) => Ok(false),
+            Err(e) => Err(e),
+            Ok(Armed::Sleep(within)) => {
+                nap.within = within.min(NAP_LONGEST);
+                nap.phase = NapPhase::Asleep;
+                nap.wakers.push(cx.waker().clone());
+                drop(nap);
+                self.inner.nap.0.begun.notify_all();
+                Ok(true)
+            }
+        }
+    }
+
+    /// `Ready` once an async typed handler's task is woken (it waits to be polled);
+    /// otherwise `cx` is woken when one is. Never ready for a node without them.
+    fn poll_tasks_woken(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match &self.inner.tasks {
+            Some(tasks) => crate::typed::tasks::TaskQueue::poll_woken(tasks, cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Starts the thread that sleeps for undriven futures ([`Nap`]): whether it runs.
+    fn start_nap_thread(&self) -> bool {
+        let Ok(Some(fd)) = self.wake_fd() else {
+            return false;
+        };
+        let shared = self.inner.nap.0.clone();
+        std::thread::Builder::new()
+            .name(format!("amnet-nap-{}", self.rank()))
+            .spawn(move || Nap::sleep_on(&shared, &fd))
+            .is_ok()
     }
 
     /// Counts a driver as running until the guard drops: futures then leave their progress
@@ -844,15 +1040,6 @@ mod driver {
                 }
             })
             .await
-        }
-
-        /// `Ready` once an async typed handler's task is woken (it waits to be polled);
-        /// otherwise `cx` is woken when one is. Never ready for a node without them.
-        fn poll_tasks_woken(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
-            match &self.inner.tasks {
-                Some(tasks) => crate::typed::tasks::TaskQueue::poll_woken(tasks, cx),
-                None => Poll::Pending,
-            }
         }
 
         /// The wake descriptor, registered with the runtime's reactor (`None` if the
