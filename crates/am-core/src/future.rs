@@ -35,7 +35,7 @@
 //! `Config::from_env()` (`examples/async_service.rs`: a key-value service on calls).
 //!
 //! ```
-//! use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+//! use amnet::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
 //!
 //! const SQUARE: HandlerId = HandlerId(1);
 //!
@@ -56,7 +56,7 @@
 //!                 squares.push(node.call(peer, SQUARE, &[x], &[]).await?.args[0]);
 //!             }
 //!             node.barrier().await?;
-//!             Ok::<_, am_core::AmError>(squares)
+//!             Ok::<_, amnet::AmError>(squares)
 //!         })
 //!         .await??;
 //!     assert_eq!(squares, [0, 1, 4, 9]);
@@ -65,7 +65,7 @@
 //!
 //! # #[cfg(feature = "tokio")]
 //! fn main() {
-//!     am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| rank(t).unwrap());
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| rank(t).unwrap());
 //! }
 //! # #[cfg(not(feature = "tokio"))]
 //! # fn main() {}
@@ -95,20 +95,23 @@ use crate::types::{AmKind, HandlerId, Rank};
 /// tokio `LocalSet`, or a current-thread runtime).
 ///
 /// ```
-/// use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+/// use amnet::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
 /// const DOUBLE: HandlerId = HandlerId(1);
-/// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-///     let mut handlers = Handlers::new();
-///     handlers.callable(DOUBLE, "double", |msg, call| {
-///         let _ = call.reply(&[2 * msg.args()[0]], &[]);
-///     }).unwrap();
-///     let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
-///     let peer = 1 - node.rank();
-///     // Any executor will do; here a minimal one, with progress made by hand.
-///     let answer = am_core::future::block_on(&node, node.call(peer, DOUBLE, &[21], &[]));
-///     assert_eq!(answer.unwrap().args, [42]);
-///     am_core::future::block_on(&node, node.barrier()).unwrap();
-/// });
+///
+/// fn main() {
+///     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+///         let mut handlers = Handlers::new();
+///         handlers.callable(DOUBLE, "double", |msg, call| {
+///             let _ = call.reply(&[2 * msg.args()[0]], &[]);
+///         }).unwrap();
+///         let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
+///         let peer = 1 - node.rank();
+///         // Any executor will do; here a minimal one, with progress made by hand.
+///         let answer = amnet::future::block_on(&node, node.call(peer, DOUBLE, &[21], &[]));
+///         assert_eq!(answer.unwrap().args, [42]);
+///         amnet::future::block_on(&node, node.barrier()).unwrap();
+///     });
+/// }
 /// ```
 pub struct AsyncNode<T: Transport, H: Threading = Sendable> {
     inner: Arc<Inner<T, H>>,
