@@ -12,18 +12,21 @@
 //! use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
 //!
 //! const HELLO: HandlerId = HandlerId(1);
-//! let code = amnet::run_job(&JobOptions::default(), |transport| {
-//!     let mut handlers = Handlers::local();
-//!     handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
-//!         println!("rank {} says hello", msg.src());
-//!     })?;
-//!     let mut node = Node::new(transport, handlers, Config::from_env()?)?;
-//!     node.request_short((node.rank() + 1) % node.size(), HELLO, &[])?;
-//!     node.barrier()?;
-//!     Ok::<_, Box<dyn std::error::Error>>(())
-//! })
-//! .expect("job");
-//! std::process::exit(code);
+//!
+//! fn main() {
+//!     let code = amnet::run_job(&JobOptions::default(), |transport| {
+//!         let mut handlers = Handlers::local();
+//!         handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
+//!             println!("rank {} says hello", msg.src());
+//!         })?;
+//!         let mut node = Node::new(transport, handlers, Config::from_env()?)?;
+//!         node.request_short((node.rank() + 1) % node.size(), HELLO, &[])?;
+//!         node.barrier()?;
+//!         Ok::<_, Box<dyn std::error::Error>>(())
+//!     })
+//!     .expect("job");
+//!     std::process::exit(code);
+//! }
 //! ```
 //!
 //! What this crate does **not** do: it adds no protocol of its own; everything that moves
@@ -440,34 +443,37 @@ where
 /// use amnet::{AmKind, Config, HandlerId, Handlers, JobOptions, Node};
 ///
 /// const HELLO: HandlerId = HandlerId(1);
-/// let code = amnet::run_job_endpoints(&JobOptions::default(), 2, |endpoints| {
-///     let layout = endpoints.layout();
-///     let process = endpoints.process();
-///     std::thread::scope(|s| {
-///         let threads: Vec<_> = endpoints
-///             .into_transports()
-///             .into_iter()
-///             .map(|transport| {
-///                 s.spawn(move || {
-///                     let mut handlers = Handlers::new();
-///                     handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
-///                         println!("hello from endpoint {}", msg.src());
-///                     })?;
-///                     let mut node = Node::new(transport, handlers, Config::from_env()?)?;
-///                     // The same endpoint of the next process.
-///                     let ep = layout.endpoint_of(node.rank());
-///                     let next = (process + 1) % layout.processes();
-///                     node.request_short(layout.rank(next, ep), HELLO, &[])?;
-///                     node.barrier()?;
-///                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+///
+/// fn main() {
+///     let code = amnet::run_job_endpoints(&JobOptions::default(), 2, |endpoints| {
+///         let layout = endpoints.layout();
+///         let process = endpoints.process();
+///         std::thread::scope(|s| {
+///             let threads: Vec<_> = endpoints
+///                 .into_transports()
+///                 .into_iter()
+///                 .map(|transport| {
+///                     s.spawn(move || {
+///                         let mut handlers = Handlers::new();
+///                         handlers.request(HELLO, "hello", AmKind::Short, |msg, _token| {
+///                             println!("hello from endpoint {}", msg.src());
+///                         })?;
+///                         let mut node = Node::new(transport, handlers, Config::from_env()?)?;
+///                         // The same endpoint of the next process.
+///                         let ep = layout.endpoint_of(node.rank());
+///                         let next = (process + 1) % layout.processes();
+///                         node.request_short(layout.rank(next, ep), HELLO, &[])?;
+///                         node.barrier()?;
+///                         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+///                     })
 ///                 })
-///             })
-///             .collect();
-///         threads.into_iter().try_for_each(|t| t.join().expect("no panic"))
+///                 .collect();
+///             threads.into_iter().try_for_each(|t| t.join().expect("no panic"))
+///         })
 ///     })
-/// })
-/// .expect("job");
-/// std::process::exit(code);
+///     .expect("job");
+///     std::process::exit(code);
+/// }
 /// ```
 pub fn run_job_endpoints<F, E>(
     opts: &JobOptions,

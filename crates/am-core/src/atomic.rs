@@ -24,19 +24,22 @@
 //! atomic that has returned is visible to a later get.
 //!
 //! ```
-//! use am_core::atomic::{Atomic, AtomicOp};
-//! use am_core::Loopback;
-//! # use am_core::LoopbackConfig;
-//! let rank = Loopback::cluster(1, LoopbackConfig::default()).pop().unwrap();
-//! # use am_core::Transport;
-//! let seg = rank.segment();
-//! let add = Atomic::from(AtomicOp::FetchAdd(5u64));
-//! assert_eq!(add.apply(seg, 8), Ok(0));
-//! assert_eq!(add.apply(seg, 8), Ok(5));
-//! let cas = Atomic::from(AtomicOp::CompareSwap { current: 7u32, new: 1 });
-//! assert_eq!(cas.apply(seg, 8), Ok(10), "fails: the low half holds 10, not 7");
-//! assert_eq!(seg.load_u64(8).unwrap(), 10);
-//! assert_eq!(cas.apply(seg, 3), Err(am_core::atomic::Refused::Misaligned));
+//! use amnet::atomic::{Atomic, AtomicOp};
+//! use amnet::Loopback;
+//! # use amnet::LoopbackConfig;
+//!
+//! fn main() {
+//!     let rank = Loopback::cluster(1, LoopbackConfig::default()).pop().unwrap();
+//! #     use amnet::Transport;
+//!     let seg = rank.segment();
+//!     let add = Atomic::from(AtomicOp::FetchAdd(5u64));
+//!     assert_eq!(add.apply(seg, 8), Ok(0));
+//!     assert_eq!(add.apply(seg, 8), Ok(5));
+//!     let cas = Atomic::from(AtomicOp::CompareSwap { current: 7u32, new: 1 });
+//!     assert_eq!(cas.apply(seg, 8), Ok(10), "fails: the low half holds 10, not 7");
+//!     assert_eq!(seg.load_u64(8).unwrap(), 10);
+//!     assert_eq!(cas.apply(seg, 3), Err(amnet::atomic::Refused::Misaligned));
+//! }
 //! ```
 
 use am_shm::sync::{AtomicU64, Ordering};

@@ -225,6 +225,41 @@ pub enum AmError {
         /// What failed.
         why: String,
     },
+    /// An async driver of [`crate::AsyncNode`] (its tokio `drive` and `run`, and their
+    /// spinning kin) was started where it cannot run: no tokio runtime, or one built without
+    /// what the driver needs ([`RuntimeError`]).
+    #[error(transparent)]
+    Runtime(RuntimeError),
+}
+
+/// What the tokio runtime an [`crate::AsyncNode`] driver was started on lacks
+/// ([`AmError::Runtime`]): the driver sleeps on the node's wake descriptor in the runtime's
+/// I/O driver, with its timers as the sleep's bound. A runtime built by
+/// `tokio::runtime::Builder::new_current_thread().enable_all()` (what `#[tokio::main]`
+/// builds) has both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The driver was polled outside a tokio runtime.
+    #[error(
+        "AsyncNode's tokio driver must run inside a tokio runtime, and none is running here: \
+         await it in a task of one (`#[tokio::main]`, `Runtime::block_on`)"
+    )]
+    NoRuntime,
+    /// The runtime was built without its I/O driver.
+    #[error(
+        "the tokio runtime has I/O disabled, and AsyncNode's driver sleeps on the node's wake \
+         descriptor there: build the runtime with `enable_io()` or `enable_all()` \
+         (`tokio::runtime::Builder::new_current_thread().enable_all().build()`)"
+    )]
+    IoDisabled,
+    /// The runtime was built without its timers.
+    #[error(
+        "the tokio runtime has timers disabled, and AsyncNode's driver bounds its sleeps with \
+         them: build the runtime with `enable_time()` or `enable_all()` \
+         (`tokio::runtime::Builder::new_current_thread().enable_all().build()`)"
+    )]
+    TimeDisabled,
 }
 
 /// What a misbehaving peer did.

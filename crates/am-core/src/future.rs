@@ -35,7 +35,7 @@
 //! `Config::from_env()` (`examples/async_service.rs`: a key-value service on calls).
 //!
 //! ```
-//! use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+//! use amnet::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
 //!
 //! const SQUARE: HandlerId = HandlerId(1);
 //!
@@ -56,7 +56,7 @@
 //!                 squares.push(node.call(peer, SQUARE, &[x], &[]).await?.args[0]);
 //!             }
 //!             node.barrier().await?;
-//!             Ok::<_, am_core::AmError>(squares)
+//!             Ok::<_, amnet::AmError>(squares)
 //!         })
 //!         .await??;
 //!     assert_eq!(squares, [0, 1, 4, 9]);
@@ -65,7 +65,7 @@
 //!
 //! # #[cfg(feature = "tokio")]
 //! fn main() {
-//!     am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| rank(t).unwrap());
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| rank(t).unwrap());
 //! }
 //! # #[cfg(not(feature = "tokio"))]
 //! # fn main() {}
@@ -95,20 +95,23 @@ use crate::types::{AmKind, HandlerId, Rank};
 /// tokio `LocalSet`, or a current-thread runtime).
 ///
 /// ```
-/// use am_core::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
+/// use amnet::{AsyncNode, Config, HandlerId, Handlers, Loopback, Node};
 /// const DOUBLE: HandlerId = HandlerId(1);
-/// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-///     let mut handlers = Handlers::new();
-///     handlers.callable(DOUBLE, "double", |msg, call| {
-///         let _ = call.reply(&[2 * msg.args()[0]], &[]);
-///     }).unwrap();
-///     let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
-///     let peer = 1 - node.rank();
-///     // Any executor will do; here a minimal one, with progress made by hand.
-///     let answer = am_core::future::block_on(&node, node.call(peer, DOUBLE, &[21], &[]));
-///     assert_eq!(answer.unwrap().args, [42]);
-///     am_core::future::block_on(&node, node.barrier()).unwrap();
-/// });
+///
+/// fn main() {
+///     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+///         let mut handlers = Handlers::new();
+///         handlers.callable(DOUBLE, "double", |msg, call| {
+///             let _ = call.reply(&[2 * msg.args()[0]], &[]);
+///         }).unwrap();
+///         let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
+///         let peer = 1 - node.rank();
+///         // Any executor will do; here a minimal one, with progress made by hand.
+///         let answer = amnet::future::block_on(&node, node.call(peer, DOUBLE, &[21], &[]));
+///         assert_eq!(answer.unwrap().args, [42]);
+///         amnet::future::block_on(&node, node.barrier()).unwrap();
+///     });
+/// }
 /// ```
 pub struct AsyncNode<T: Transport, H: Threading = Sendable> {
     inner: Arc<Inner<T, H>>,
@@ -130,6 +133,99 @@ struct Inner<T: Transport, H: Threading> {
     /// The async typed handlers' tasks, polled after each round of progress, outside the
     /// lock ([`crate::Handlers::typed_async`]).
     tasks: Option<H::Tasks>,
+    /// The sleep of futures that no driver serves ([`AsyncNode::undriven`]).
+    nap: Nap,
+}
+
+/// The longest sleep of futures that no driver serves, whatever the transport allows: how
+/// soon the sleeping thread sees its node dropped ([`crate::ProgressThread::ARMED_SLEEP`]'s).
+pub(crate) const NAP_LONGEST: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Where futures that no driver serves sleep once progress finds nothing to do
+/// ([`AsyncNode::undriven`]): the node armed, a thread of its own (`amnet-nap-<rank>`,
+/// started at the first sleep) waits on a duplicate of the wake descriptor, then wakes them.
+/// No reactor is needed: a future so woken runs under any executor. Dropping it (with the
+/// node) ends the thread within [`NAP_LONGEST`].
+struct Nap(Arc<NapShared>);
+
+struct NapShared {
+    state: Mutex<NapState>,
+    /// Tells the thread a sleep begins, or the node is gone.
+    begun: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct NapState {
+    /// Rounds of progress in a row that found nothing to do.
+    idle: u32,
+    phase: NapPhase,
+    /// How long this sleep lasts at most (`Asleep`).
+    within: std::time::Duration,
+    /// The futures to wake when it ends.
+    wakers: Vec<Waker>,
+    /// The thread runs (`Some(true)`), or cannot (`Some(false)`: the transport has no wake
+    /// descriptor, or no thread could start): futures then spin, as before there was one.
+    thread: Option<bool>,
+    /// The node is gone: the thread returns.
+    closed: bool,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum NapPhase {
+    /// Futures make progress when polled.
+    #[default]
+    Awake,
+    /// The node is armed and the thread sleeps on its descriptor.
+    Asleep,
+    /// The thread woke: the node is still armed, for the next future polled to disarm.
+    Ended,
+}
+
+impl Nap {
+    fn new() -> Nap {
+        Nap(Arc::new(NapShared {
+            state: Mutex::new(NapState::default()),
+            begun: std::sync::Condvar::new(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NapState> {
+        self.0.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The thread: sleeps on `fd` for each sleep begun, then wakes its futures.
+    fn sleep_on(shared: &NapShared, fd: &OwnedFd) {
+        use std::os::fd::AsFd;
+        let lock = || shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock();
+        loop {
+            while st.phase != NapPhase::Asleep && !st.closed {
+                st = shared.begun.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.closed {
+                return;
+            }
+            let within = st.within;
+            drop(st);
+            // An error of `poll` ends the sleep early: the next round finds out what there is.
+            let _ = crate::transport::any_readable(&[fd.as_fd()], within);
+            st = lock();
+            st.phase = NapPhase::Ended;
+            let wakers = std::mem::take(&mut st.wakers);
+            drop(st);
+            for w in wakers {
+                w.wake();
+            }
+            st = lock();
+        }
+    }
+}
+
+impl Drop for Nap {
+    fn drop(&mut self) {
+        self.lock().closed = true;
+        self.0.begun.notify_all();
+    }
 }
 
 struct State<T: Transport, H: Threading> {
@@ -227,6 +323,7 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
                 stops: std::sync::atomic::AtomicU64::new(0),
                 driving: Arc::default(),
                 tasks,
+                nap: Nap::new(),
             }),
         }
     }
@@ -290,24 +387,126 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
 
     /// What a future whose step is not ready does next: with a driver running (or a
     /// [`crate::ProgressThread`]), waits to be woken; with none, makes a round of progress
-    /// itself and asks to be polled again (spinning, as `AM_WAIT=spin`), so that a future
-    /// never waits for progress nobody makes. An error that ends the node ends the future
-    /// then (one that concerns a single peer has failed what waited on that peer).
+    /// itself, so that a future never waits for progress nobody makes. While rounds find
+    /// messages, and for [`crate::Config::spin_polls`] rounds in a row after they stop, it
+    /// asks to be polled again at once (spinning); then it sleeps as the drivers do, the node
+    /// armed on its wake descriptor, until a message comes or the transport's timers are due
+    /// (at most [`NAP_LONGEST`] at a time): a thread of the node's waits on the descriptor
+    /// and wakes it, so that no reactor is needed. A node of [`crate::WaitMode::Spin`], or
+    /// over a transport without a wake descriptor, spins throughout. An error that ends the
+    /// node ends the future then (one that concerns a single peer has failed what waited on
+    /// that peer).
     fn undriven<R>(&self, cx: &mut std::task::Context<'_>) -> Poll<Result<R, AmError>> {
         if self
             .inner
             .driving
             .load(std::sync::atomic::Ordering::Acquire)
-            == 0
+            != 0
         {
-            if let Err(e) = self.progress() {
-                if !concerns_one_peer(&e) {
-                    return Poll::Ready(Err(e));
-                }
-            }
-            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if self.napping(cx) {
+            return Poll::Pending;
+        }
+        let idle = match self.progress_waking() {
+            Ok((handled, _, local)) => handled == 0 && !local,
+            Err(e) if concerns_one_peer(&e) => false,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        match self.nap(idle, cx) {
+            Ok(true) => {}
+            Ok(false) => cx.waker().wake_by_ref(),
+            Err(e) => return Poll::Ready(Err(e)),
         }
         Poll::Pending
+    }
+
+    /// Before an undriven round of progress: whether the node sleeps ([`Nap`]), the waker
+    /// then left to be woken when the sleep ends. A sleep that has ended is ended here (the
+    /// node disarmed); one under way goes on, unless an async handler's task was woken
+    /// (which a round of progress runs).
+    fn napping(&self, cx: &mut std::task::Context<'_>) -> bool {
+        let mut nap = self.inner.nap.lock();
+        match nap.phase {
+            NapPhase::Awake => false,
+            NapPhase::Ended => {
+                self.disarm();
+                nap.phase = NapPhase::Awake;
+                false
+            }
+            NapPhase::Asleep => {
+                if self.poll_tasks_woken(cx).is_ready() {
+                    return false;
+                }
+                if !nap.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    nap.wakers.push(cx.waker().clone());
+                }
+                true
+            }
+        }
+    }
+
+    /// After an undriven round of progress that found nothing to do (`idle`) or something:
+    /// whether the future sleeps ([`Nap`]; its waker is then left with the sleep), or asks
+    /// to be polled again at once.
+    fn nap(&self, idle: bool, cx: &mut std::task::Context<'_>) -> Result<bool, AmError> {
+        let mut nap = self.inner.nap.lock();
+        if !idle {
+            nap.idle = 0;
+            return Ok(false);
+        }
+        nap.idle = nap.idle.saturating_add(1);
+        if nap.phase != NapPhase::Awake || nap.thread == Some(false) {
+            return Ok(false);
+        }
+        let (wait_mode, spin_polls) = self.with(|n| (n.config.wait_mode, n.config.spin_polls));
+        if nap.idle <= spin_polls || wait_mode == crate::config::WaitMode::Spin {
+            return Ok(false);
+        }
+        if self.poll_tasks_woken(cx).is_ready() {
+            return Ok(false);
+        }
+        if nap.thread.is_none() {
+            nap.thread = Some(self.start_nap_thread());
+            if nap.thread == Some(false) {
+                return Ok(false);
+            }
+        }
+        match self.arm() {
+            // Work now, or a peer lost (what waited on it has failed): another round.
+            Ok(Armed::Ready) => Ok(false),
+            Err(e) if concerns_one_peer(&e) => Ok(false),
+            Err(e) => Err(e),
+            Ok(Armed::Sleep(within)) => {
+                nap.within = within.min(NAP_LONGEST);
+                nap.phase = NapPhase::Asleep;
+                nap.wakers.push(cx.waker().clone());
+                drop(nap);
+                self.inner.nap.0.begun.notify_all();
+                Ok(true)
+            }
+        }
+    }
+
+    /// `Ready` once an async typed handler's task is woken (it waits to be polled);
+    /// otherwise `cx` is woken when one is. Never ready for a node without them.
+    fn poll_tasks_woken(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match &self.inner.tasks {
+            Some(tasks) => crate::typed::tasks::TaskQueue::poll_woken(tasks, cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Starts the thread that sleeps for undriven futures ([`Nap`]): whether it runs.
+    fn start_nap_thread(&self) -> bool {
+        let Ok(Some(fd)) = self.wake_fd() else {
+            return false;
+        };
+        let shared = self.inner.nap.0.clone();
+        std::thread::Builder::new()
+            .name(format!("amnet-nap-{}", self.rank()))
+            .spawn(move || Nap::sleep_on(&shared, &fd))
+            .is_ok()
     }
 
     /// Counts a driver as running until the guard drops: futures then leave their progress
@@ -674,6 +873,7 @@ pub fn block_on<T: Transport, H: Threading, F: std::future::Future>(
 #[cfg(feature = "tokio")]
 mod driver {
     use super::*;
+    use crate::error::RuntimeError;
     use std::future::Future;
     use std::time::Duration;
     use tokio::io::unix::AsyncFd;
@@ -688,7 +888,9 @@ mod driver {
         ///
         /// Spawn it beside the tasks that use the node (`tokio::task::spawn_local` on a
         /// `LocalSet` for a node of `Handlers::local`), or let `AsyncNode::run` do it.
-        /// Needs a runtime with I/O and time enabled.
+        /// Needs a runtime with I/O and timers enabled (`Builder::enable_all()`, what
+        /// `#[tokio::main]` builds): on one without, it fails at once with
+        /// [`AmError::Runtime`], which says what to enable.
         pub async fn drive(&self) -> Result<(), AmError> {
             let _driving = self.driving();
             let fd = self.async_wake_fd()?;
@@ -773,13 +975,16 @@ mod driver {
         /// of `fut` it drives as `AsyncNode::drive` does (spinning a while, then asleep,
         /// armed, on the wake descriptor); a message that wakes `fut` has it polled at once,
         /// in the same poll, with no trip through the runtime. Fails if progress fails with
-        /// an error that does not concern a single peer.
+        /// an error that does not concern a single peer, and at once, without polling `fut`,
+        /// with [`AmError::Runtime`] on a runtime without I/O or timers enabled (see
+        /// `AsyncNode::drive`).
         pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
             self.run_with(fut, true).await
         }
 
         /// [`AsyncNode::run`] that never sleeps (the async `AM_WAIT=spin`): it lets the
-        /// runtime run other tasks every so often, and otherwise polls.
+        /// runtime run other tasks every so often, and otherwise polls. Needs the runtime's
+        /// timers ([`AmError::Runtime`] otherwise), not its I/O.
         pub async fn run_spinning<F: Future>(&self, fut: F) -> Result<F::Output, AmError> {
             self.run_with(fut, false).await
         }
@@ -787,6 +992,8 @@ mod driver {
         async fn run_with<F: Future>(&self, fut: F, sleep: bool) -> Result<F::Output, AmError> {
             let _driving = self.driving();
             let fd = if sleep { self.async_wake_fd()? } else { None };
+            // `timer` below, whatever the transport.
+            timers_enabled()?;
             let spin_polls = self.with(|n| n.config().spin_polls);
             let mut fut = std::pin::pin!(fut);
             let mut timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
@@ -845,29 +1052,44 @@ mod driver {
             .await
         }
 
-        /// `Ready` once an async typed handler's task is woken (it waits to be polled);
-        /// otherwise `cx` is woken when one is. Never ready for a node without them.
-        fn poll_tasks_woken(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
-            match &self.inner.tasks {
-                Some(tasks) => crate::typed::tasks::TaskQueue::poll_woken(tasks, cx),
-                None => Poll::Pending,
-            }
-        }
-
-        /// The wake descriptor, registered with the runtime's reactor.
+        /// The wake descriptor, registered with the runtime's reactor (`None` if the
+        /// transport has none): where a driver that sleeps starts. Fails, rather than let
+        /// tokio panic, on a runtime without the timers that bound the sleep or the I/O
+        /// driver it sleeps in ([`RuntimeError`]).
         fn async_wake_fd(&self) -> Result<Option<AsyncFd<OwnedFd>>, AmError> {
-            match self.wake_fd()? {
+            let Some(fd) = self.wake_fd()? else {
+                return Ok(None);
+            };
+            timers_enabled()?;
+            // Tokio has no query for its I/O driver, and panics where a runtime has none
+            // (`enable_io` not called): caught here, and said in words. The panic hook still
+            // prints tokio's message first (and a program built with `panic = "abort"`
+            // aborts there, as before).
+            let registered = std::panic::catch_unwind(move || {
                 // The safe constructor, deprecated because an arbitrary `AsRawFd` may close
                 // or change its descriptor under the reactor; an `OwnedFd` (ours, a
                 // duplicate) holds one open descriptor until the `AsyncFd` drops it, which is
                 // what the replacement's safety contract asks.
                 #[allow(deprecated)]
-                Some(fd) => AsyncFd::with_interest(fd, Interest::READABLE)
-                    .map(Some)
-                    .map_err(|e| device("registering the wake descriptor", e)),
-                None => Ok(None),
-            }
+                AsyncFd::with_interest(fd, Interest::READABLE)
+            })
+            .map_err(|_| AmError::Runtime(RuntimeError::IoDisabled))?;
+            registered
+                .map(Some)
+                .map_err(|e| device("registering the wake descriptor", e))
         }
+    }
+
+    /// Whether this thread runs in a tokio runtime with timers enabled, which a sleeping
+    /// driver's bound needs ([`RuntimeError`]). Tokio has no query for its timers either, and
+    /// panics where they are off: a sleep is made under `catch_unwind` (see
+    /// `AsyncNode::async_wake_fd`).
+    fn timers_enabled() -> Result<(), AmError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(AmError::Runtime(RuntimeError::NoRuntime));
+        }
+        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO)))
+            .map_err(|_| AmError::Runtime(RuntimeError::TimeDisabled))
     }
 
     /// Rounds of progress a spinning driver makes between two turns of the runtime.

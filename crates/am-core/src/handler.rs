@@ -168,14 +168,17 @@ pub enum Sendable {}
 ///
 /// ```
 /// fn is_send<T: Send>() {}
-/// is_send::<am_core::Node<am_core::Loopback, am_core::Sendable>>();
+///
+/// fn main() {
+///     is_send::<amnet::Node<amnet::Loopback, amnet::Sendable>>();
+/// }
 /// ```
 ///
 /// and one of local handlers (which may hold an `Rc`) is not:
 ///
 /// ```compile_fail,E0277
 /// fn is_send<T: Send>() {}
-/// is_send::<am_core::Node<am_core::Loopback, am_core::Local>>();
+/// is_send::<amnet::Node<amnet::Loopback, amnet::Local>>();
 /// ```
 #[derive(Debug)]
 pub enum Local {}
@@ -250,15 +253,18 @@ pub struct HandlerInfo {
 /// [`crate::StartError::HandlerTableMismatch`] otherwise.
 ///
 /// ```
-/// use am_core::{AmKind, HandlerId, Handlers};
+/// use amnet::{AmKind, HandlerId, Handlers};
 /// const PING: HandlerId = HandlerId(1);
 /// const PONG: HandlerId = HandlerId(2);
-/// let mut handlers = Handlers::new();
-/// handlers.request(PING, "ping", AmKind::Short, |msg, token| {
-///     let _ = token.reply_short(PONG, msg.args());
-/// }).unwrap();
-/// handlers.reply(PONG, "pong", AmKind::Short, |_msg| {}).unwrap();
-/// assert_eq!(handlers.len(), 2);
+///
+/// fn main() {
+///     let mut handlers = Handlers::new();
+///     handlers.request(PING, "ping", AmKind::Short, |msg, token| {
+///         let _ = token.reply_short(PONG, msg.args());
+///     }).unwrap();
+///     handlers.reply(PONG, "pong", AmKind::Short, |_msg| {}).unwrap();
+///     assert_eq!(handlers.len(), 2);
+/// }
 /// ```
 pub struct Handlers<H: Threading = Sendable> {
     pub(crate) info: Vec<Option<HandlerInfo>>,
@@ -368,18 +374,21 @@ impl Handlers<Sendable> {
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
-    /// use am_core::{AmKind, HandlerId, Handlers};
+    /// use amnet::{AmKind, HandlerId, Handlers};
     ///
-    /// let seen = Rc::new(Cell::new(0u32));
-    /// let mut handlers = Handlers::local();
-    /// handlers.reply(HandlerId(1), "pong", AmKind::Short, move |_| seen.set(1)).unwrap();
+    /// fn main() {
+    ///
+    ///     let seen = Rc::new(Cell::new(0u32));
+    ///     let mut handlers = Handlers::local();
+    ///     handlers.reply(HandlerId(1), "pong", AmKind::Short, move |_| seen.set(1)).unwrap();
+    /// }
     /// ```
     ///
     /// since this table takes only `Send` closures:
     ///
     /// ```compile_fail,E0277
     /// use std::{cell::Cell, rc::Rc};
-    /// use am_core::{AmKind, HandlerId, Handlers};
+    /// use amnet::{AmKind, HandlerId, Handlers};
     ///
     /// let seen = Rc::new(Cell::new(0u32));
     /// let mut handlers = Handlers::new();
@@ -405,16 +414,19 @@ impl Handlers<Sendable> {
     /// Registers a reply handler of the given kind. It gets only the message,
     ///
     /// ```
-    /// use am_core::{AmKind, HandlerId, Handlers};
+    /// use amnet::{AmKind, HandlerId, Handlers};
     ///
-    /// let mut handlers = Handlers::new();
-    /// handlers.reply(HandlerId(2), "pong", AmKind::Short, |_msg| {}).unwrap();
+    /// fn main() {
+    ///
+    ///     let mut handlers = Handlers::new();
+    ///     handlers.reply(HandlerId(2), "pong", AmKind::Short, |_msg| {}).unwrap();
+    /// }
     /// ```
     ///
     /// and no token to reply with (a reply is never answered):
     ///
     /// ```compile_fail,E0593
-    /// use am_core::{AmKind, HandlerId, Handlers};
+    /// use amnet::{AmKind, HandlerId, Handlers};
     ///
     /// let mut handlers = Handlers::new();
     /// handlers.reply(HandlerId(2), "pong", AmKind::Short, |_msg, token| {}).unwrap();
@@ -493,8 +505,8 @@ impl Handlers<Sendable> {
     ///
     /// ```
     /// use std::sync::mpsc;
-    /// use am_core::typed::{Am, AmContext, Answer};
-    /// use am_core::{Config, Handlers, Loopback, Node};
+    /// use amnet::typed::{Am, AmContext, Answer};
+    /// use amnet::{Config, Handlers, Loopback, Node};
     /// use serde::{Deserialize, Serialize};
     ///
     /// #[derive(Serialize, Deserialize)]
@@ -507,27 +519,30 @@ impl Handlers<Sendable> {
     ///     }
     /// }
     ///
-    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-    ///     let (tx, rx) = mpsc::channel::<(Square, Answer<u64>)>();
-    ///     let mut handlers = Handlers::new();
-    ///     handlers.typed_deferred::<Square>(move |m, _cx, answer| {
-    ///         tx.send((m, answer)).unwrap();
-    ///     }).unwrap();
-    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
-    ///     if node.rank() == 0 {
-    ///         assert_eq!(node.call_typed(1, Square(12)).unwrap(), 144);
-    ///     } else {
-    ///         // The work comes out of the handler; the answer leaves from here.
-    ///         let (m, answer) = loop {
-    ///             node.poll().unwrap();
-    ///             if let Ok(work) = rx.try_recv() {
-    ///                 break work;
-    ///             }
-    ///         };
-    ///         node.answer_typed(answer, m.0 * m.0).unwrap();
-    ///     }
-    ///     node.barrier().unwrap();
-    /// });
+    /// fn main() {
+    ///
+    ///     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+    ///         let (tx, rx) = mpsc::channel::<(Square, Answer<u64>)>();
+    ///         let mut handlers = Handlers::new();
+    ///         handlers.typed_deferred::<Square>(move |m, _cx, answer| {
+    ///             tx.send((m, answer)).unwrap();
+    ///         }).unwrap();
+    ///         let mut node = Node::new(t, handlers, Config::default()).unwrap();
+    ///         if node.rank() == 0 {
+    ///             assert_eq!(node.call_typed(1, Square(12)).unwrap(), 144);
+    ///         } else {
+    ///             // The work comes out of the handler; the answer leaves from here.
+    ///             let (m, answer) = loop {
+    ///                 node.poll().unwrap();
+    ///                 if let Ok(work) = rx.try_recv() {
+    ///                     break work;
+    ///                 }
+    ///             };
+    ///             node.answer_typed(answer, m.0 * m.0).unwrap();
+    ///         }
+    ///         node.barrier().unwrap();
+    ///     });
+    /// }
     /// ```
     pub fn typed_deferred<M: crate::typed::Am>(
         &mut self,
@@ -556,9 +571,9 @@ impl Handlers<Sendable> {
     /// the tasks still running.
     ///
     /// ```
-    /// use am_core::typed::{Am, AmContext};
-    /// use am_core::future::block_on;
-    /// use am_core::{AsyncNode, Config, Handlers, Loopback, Node};
+    /// use amnet::typed::{Am, AmContext};
+    /// use amnet::future::block_on;
+    /// use amnet::{AsyncNode, Config, Handlers, Loopback, Node};
     /// use serde::{Deserialize, Serialize};
     ///
     /// #[derive(Serialize, Deserialize)]
@@ -570,22 +585,25 @@ impl Handlers<Sendable> {
     ///     }
     /// }
     ///
-    /// am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-    ///     let mut handlers = Handlers::new();
-    ///     handlers
-    ///         .typed_async::<Slow, _>(|m, _cx| async move {
-    ///             // Anything may be awaited here: a timer, a channel, another rank.
-    ///             std::future::ready(()).await;
-    ///             m.0 + 1
-    ///         })
-    ///         .unwrap();
-    ///     let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
-    ///     let peer = 1 - node.rank();
-    ///     block_on(&node, async {
-    ///         assert_eq!(node.call_typed(peer, Slow(41)).await.unwrap(), 42);
-    ///         node.barrier().await.unwrap();
+    /// fn main() {
+    ///
+    ///     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+    ///         let mut handlers = Handlers::new();
+    ///         handlers
+    ///             .typed_async::<Slow, _>(|m, _cx| async move {
+    ///                 // Anything may be awaited here: a timer, a channel, another rank.
+    ///                 std::future::ready(()).await;
+    ///                 m.0 + 1
+    ///             })
+    ///             .unwrap();
+    ///         let node = AsyncNode::new(Node::new(t, handlers, Config::default()).unwrap());
+    ///         let peer = 1 - node.rank();
+    ///         block_on(&node, async {
+    ///             assert_eq!(node.call_typed(peer, Slow(41)).await.unwrap(), 42);
+    ///             node.barrier().await.unwrap();
+    ///         });
     ///     });
-    /// });
+    /// }
     /// ```
     pub fn typed_async<M: crate::typed::Am, Fut>(
         &mut self,
@@ -838,11 +856,14 @@ impl Handlers<Local> {
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
-    /// use am_core::{AmKind, HandlerId, Handlers};
-    /// let pongs = Rc::new(Cell::new(0));
-    /// let mut handlers = Handlers::local();
-    /// let p = pongs.clone();
-    /// handlers.reply(HandlerId(2), "pong", AmKind::Short, move |_| p.set(p.get() + 1)).unwrap();
+    /// use amnet::{AmKind, HandlerId, Handlers};
+    ///
+    /// fn main() {
+    ///     let pongs = Rc::new(Cell::new(0));
+    ///     let mut handlers = Handlers::local();
+    ///     let p = pongs.clone();
+    ///     handlers.reply(HandlerId(2), "pong", AmKind::Short, move |_| p.set(p.get() + 1)).unwrap();
+    /// }
     /// ```
     pub fn local() -> Self {
         Self::empty()
@@ -897,19 +918,22 @@ impl<H: Threading> Handlers<H> {
     /// progress, as a handler.
     ///
     /// ```
-    /// use am_core::{Config, Handlers, Loopback, Node, ReduceId, ReduceOp};
+    /// use amnet::{Config, Handlers, Loopback, Node, ReduceId, ReduceOp};
     /// const ABS_MAX: ReduceId = ReduceId(1);
-    /// am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
-    ///     let mut handlers = Handlers::new();
-    ///     handlers
-    ///         .reduction(ABS_MAX, "abs max", |a: f64, b: f64| if b.abs() > a.abs() { b } else { a })
-    ///         .unwrap();
-    ///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
-    ///     let world = node.world_team();
-    ///     let x = [-(node.rank() as f64)];
-    ///     let m = node.team_all_reduce(&world, ReduceOp::User(ABS_MAX), &x).unwrap();
-    ///     assert_eq!(m, [-2.0]);
-    /// });
+    ///
+    /// fn main() {
+    ///     amnet::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+    ///         let mut handlers = Handlers::new();
+    ///         handlers
+    ///             .reduction(ABS_MAX, "abs max", |a: f64, b: f64| if b.abs() > a.abs() { b } else { a })
+    ///             .unwrap();
+    ///         let mut node = Node::new(t, handlers, Config::default()).unwrap();
+    ///         let world = node.world_team();
+    ///         let x = [-(node.rank() as f64)];
+    ///         let m = node.team_all_reduce(&world, ReduceOp::User(ABS_MAX), &x).unwrap();
+    ///         assert_eq!(m, [-2.0]);
+    ///     });
+    /// }
     /// ```
     pub fn reduction<E: crate::Element>(
         &mut self,

@@ -109,7 +109,8 @@ pub use config::{AllReduceAlgorithm, Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{Endpoint, Polled};
 pub use error::{
-    AmError, DeviceError, Misbehavior, NicError, NicErrorKind, StartError, TryRequestError,
+    AmError, DeviceError, Misbehavior, NicError, NicErrorKind, RuntimeError, StartError,
+    TryRequestError,
 };
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use future::{AsyncNode, WeakAsyncNode};

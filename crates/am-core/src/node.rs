@@ -26,26 +26,29 @@ use crate::types::{AmKind, HandlerId, Rank};
 ///
 /// ```
 /// use std::{cell::Cell, rc::Rc};
-/// use am_core::{AmKind, Config, HandlerId, Handlers, Loopback, Node};
+/// use amnet::{AmKind, Config, HandlerId, Handlers, Loopback, Node};
 ///
 /// const PING: HandlerId = HandlerId(1);
 /// const PONG: HandlerId = HandlerId(2);
-/// let transports = Loopback::cluster(2, Default::default());
-/// am_core::run_ranks(transports, |transport| {
-///     let pongs = Rc::new(Cell::new(0u32));
-///     let seen = pongs.clone();
-///     let mut handlers = Handlers::local();
-///     handlers.request(PING, "ping", AmKind::Short, |msg, token| {
-///         let _ = token.reply_short(PONG, &[msg.args()[0] + 1]);
-///     }).unwrap();
-///     handlers.reply(PONG, "pong", AmKind::Short, move |msg| seen.set(msg.args()[0])).unwrap();
-///     let mut node = Node::new(transport, handlers, Config::default()).unwrap();
-///     if node.rank() == 0 {
-///         node.request_short(1, PING, &[41]).unwrap();
-///         node.wait_until(|| pongs.get() == 42).unwrap();
-///     }
-///     node.barrier().unwrap();
-/// });
+///
+/// fn main() {
+///     let transports = Loopback::cluster(2, Default::default());
+///     amnet::run_ranks(transports, |transport| {
+///         let pongs = Rc::new(Cell::new(0u32));
+///         let seen = pongs.clone();
+///         let mut handlers = Handlers::local();
+///         handlers.request(PING, "ping", AmKind::Short, |msg, token| {
+///             let _ = token.reply_short(PONG, &[msg.args()[0] + 1]);
+///         }).unwrap();
+///         handlers.reply(PONG, "pong", AmKind::Short, move |msg| seen.set(msg.args()[0])).unwrap();
+///         let mut node = Node::new(transport, handlers, Config::default()).unwrap();
+///         if node.rank() == 0 {
+///             node.request_short(1, PING, &[41]).unwrap();
+///             node.wait_until(|| pongs.get() == 42).unwrap();
+///         }
+///         node.barrier().unwrap();
+///     });
+/// }
 /// ```
 pub struct Node<T: Transport, H: Threading = Sendable> {
     pub(crate) transport: T,
@@ -256,14 +259,18 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// ([`SharedBytes`](crate::transport::SharedBytes)), never a `&[u8]`.
     ///
     /// ```
-    /// # let t = am_core::Loopback::cluster(1, am_core::LoopbackConfig::default()).remove(0);
-    /// # let node = am_core::Node::new(t, am_core::Handlers::new(), am_core::Config::default()).unwrap();
-    /// let seg = node.segment();
-    /// seg.write(0, b"hello").unwrap();
-    /// seg.store_u64(8, 42).unwrap();
-    /// let mut back = [0u8; 5];
-    /// seg.read(0, &mut back).unwrap();
-    /// assert_eq!((&back, seg.load_u64(8).unwrap()), (b"hello", 42));
+    /// use amnet::{Config, Handlers, Loopback, LoopbackConfig, Node};
+    ///
+    /// fn main() {
+    ///     let t = Loopback::cluster(1, LoopbackConfig::default()).remove(0);
+    ///     let node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+    ///     let seg = node.segment();
+    ///     seg.write(0, b"hello").unwrap();
+    ///     seg.store_u64(8, 42).unwrap();
+    ///     let mut back = [0u8; 5];
+    ///     seg.read(0, &mut back).unwrap();
+    ///     assert_eq!((&back, seg.load_u64(8).unwrap()), (b"hello", 42));
+    /// }
     /// ```
     pub fn segment(&self) -> crate::transport::SharedBytes<'_> {
         self.transport.segment()
@@ -275,21 +282,27 @@ impl<T: Transport, H: Threading> Node<T, H> {
     /// never reused.
     ///
     /// ```
-    /// # use am_core::{run_ranks, Config, Handlers, Loopback, LoopbackConfig, Node};
-    /// # run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
-    /// # let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
-    /// let world = node.world_team();
-    /// let mine = node.create_segment(4096)?;
-    /// let peers = node.publish_segment(&world, mine)?;
-    /// let right = &peers[(node.rank() as usize + 1) % 2];
-    /// node.put_to(right, 64, &node.rank().to_le_bytes())?;
-    /// node.team_barrier(&world)?;
-    /// let mut from = [0u8; 4];
-    /// node.segment_at(mine).unwrap().read(64, &mut from).unwrap();
-    /// assert_eq!(u32::from_le_bytes(from), 1 - node.rank());
-    /// node.free_segment(&world, mine)?;
-    /// # Ok::<(), am_core::AmError>(())
-    /// # }).into_iter().collect::<Result<Vec<()>, _>>().unwrap();
+    /// use amnet::{run_ranks, Config, Handlers, Loopback, LoopbackConfig, Node};
+    ///
+    /// fn main() {
+    ///     run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+    ///         let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+    ///         let world = node.world_team();
+    ///         let mine = node.create_segment(4096)?;
+    ///         let peers = node.publish_segment(&world, mine)?;
+    ///         let right = &peers[(node.rank() as usize + 1) % 2];
+    ///         node.put_to(right, 64, &node.rank().to_le_bytes())?;
+    ///         node.team_barrier(&world)?;
+    ///         let mut from = [0u8; 4];
+    ///         node.segment_at(mine).unwrap().read(64, &mut from).unwrap();
+    ///         assert_eq!(u32::from_le_bytes(from), 1 - node.rank());
+    ///         node.free_segment(&world, mine)?;
+    ///         Ok::<(), amnet::AmError>(())
+    ///     })
+    ///     .into_iter()
+    ///     .collect::<Result<Vec<()>, _>>()
+    ///     .unwrap();
+    /// }
     /// ```
     pub fn create_segment(&mut self, len: usize) -> Result<crate::segment::SegmentId, AmError> {
         self.ep.create_segment(len)

@@ -31,21 +31,24 @@
 //! freed, as GASNet-EX's and UCX's requests that nobody waits for. Nothing leaks.
 //!
 //! ```
-//! use am_core::{Config, Handlers, Loopback, Node};
-//! am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-//!     let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
-//!     let peer = 1 - node.rank();
-//!     let me = node.rank() as u8;
-//!     // Eight puts in flight, then wait for all of them at once.
-//!     let puts: Vec<_> = (0..8)
-//!         .map(|i| node.put_nb(peer, i * 8, &[me; 8]).unwrap())
-//!         .collect();
-//!     node.wait_all(puts).unwrap();
-//!     node.barrier().unwrap();
-//!     let got = node.get_nb(node.rank(), 0, 64).unwrap();
-//!     assert!(node.wait(got).unwrap().iter().all(|&b| b == 1 - me));
-//!     node.barrier().unwrap();
-//! });
+//! use amnet::{Config, Handlers, Loopback, Node};
+//!
+//! fn main() {
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+//!         let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+//!         let peer = 1 - node.rank();
+//!         let me = node.rank() as u8;
+//!         // Eight puts in flight, then wait for all of them at once.
+//!         let puts: Vec<_> = (0..8)
+//!             .map(|i| node.put_nb(peer, i * 8, &[me; 8]).unwrap())
+//!             .collect();
+//!         node.wait_all(puts).unwrap();
+//!         node.barrier().unwrap();
+//!         let got = node.get_nb(node.rank(), 0, 64).unwrap();
+//!         assert!(node.wait(got).unwrap().iter().all(|&b| b == 1 - me));
+//!         node.barrier().unwrap();
+//!     });
+//! }
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};

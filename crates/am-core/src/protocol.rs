@@ -9,14 +9,17 @@
 //! driver never interprets raw words.
 //!
 //! ```
-//! use am_core::protocol::SystemMsg;
-//! use am_core::{AmKind, Category};
-//! let msg = SystemMsg::Barrier { epoch: 7, round: 2 };
-//! let wire = msg.encode();
-//! assert_eq!((wire.opcode, wire.kind, wire.category), (3, AmKind::Short, Category::Request));
-//! assert_eq!(wire.args(), &[7, 0, 2]);
-//! assert_eq!(SystemMsg::decode(wire.category, wire.kind, wire.opcode, wire.args()), Ok(msg));
-//! assert!(SystemMsg::decode(Category::Request, AmKind::Short, 3, &[7, 0, 99]).is_err());
+//! use amnet::protocol::SystemMsg;
+//! use amnet::{AmKind, Category};
+//!
+//! fn main() {
+//!     let msg = SystemMsg::Barrier { epoch: 7, round: 2 };
+//!     let wire = msg.encode();
+//!     assert_eq!((wire.opcode, wire.kind, wire.category), (3, AmKind::Short, Category::Request));
+//!     assert_eq!(wire.args(), &[7, 0, 2]);
+//!     assert_eq!(SystemMsg::decode(wire.category, wire.kind, wire.opcode, wire.args()), Ok(msg));
+//!     assert!(SystemMsg::decode(Category::Request, AmKind::Short, 3, &[7, 0, 99]).is_err());
+//! }
 //! ```
 
 use crate::atomic::Atomic;

@@ -277,8 +277,8 @@ float!(f32 = 9, f64 = 10);
 /// [`AmError::InvalidCollective`].
 ///
 /// ```
-/// use am_core::bytemuck::{Pod, Zeroable};
-/// use am_core::{Config, Handlers, Loopback, Node, Plain, ReduceId, ReduceOp};
+/// use amnet::bytemuck::{Pod, Zeroable};
+/// use amnet::{Config, Handlers, Loopback, Node, Plain, ReduceId, ReduceOp};
 ///
 /// #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 /// #[repr(C)]
@@ -288,19 +288,22 @@ float!(f32 = 9, f64 = 10);
 /// }
 /// const MIN_LOC: ReduceId = ReduceId(1);
 ///
-/// am_core::run_ranks(Loopback::cluster(3, Default::default()), |t| {
-///     let mut handlers = Handlers::new();
-///     handlers
-///         .reduction(MIN_LOC, "min loc", |a: Plain<MinLoc>, b: Plain<MinLoc>| {
-///             if b.0.value < a.0.value { b } else { a }
-///         })
-///         .unwrap();
-///     let mut node = Node::new(t, handlers, Config::default()).unwrap();
-///     let world = node.world_team();
-///     let mine = MinLoc { value: 10.0 - node.rank() as f64, rank: node.rank().into() };
-///     let min = node.team_all_reduce(&world, ReduceOp::User(MIN_LOC), &[Plain(mine)]).unwrap();
-///     assert_eq!(min[0].0, MinLoc { value: 8.0, rank: 2 });
-/// });
+/// fn main() {
+///
+///     amnet::run_ranks(Loopback::cluster(3, Default::default()), |t| {
+///         let mut handlers = Handlers::new();
+///         handlers
+///             .reduction(MIN_LOC, "min loc", |a: Plain<MinLoc>, b: Plain<MinLoc>| {
+///                 if b.0.value < a.0.value { b } else { a }
+///             })
+///             .unwrap();
+///         let mut node = Node::new(t, handlers, Config::default()).unwrap();
+///         let world = node.world_team();
+///         let mine = MinLoc { value: 10.0 - node.rank() as f64, rank: node.rank().into() };
+///         let min = node.team_all_reduce(&world, ReduceOp::User(MIN_LOC), &[Plain(mine)]).unwrap();
+///         assert_eq!(min[0].0, MinLoc { value: 8.0, rank: 2 });
+///     });
+/// }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]

@@ -18,16 +18,19 @@ use crate::wire::{Header, MAX_ARGS, MAX_HEAD_LEN};
 /// Each `reply_*` method consumes the token: one reply compiles,
 ///
 /// ```
-/// # use am_core::{Token, HandlerId};
+/// # use amnet::{Token, HandlerId};
 /// fn handler(token: Token<'_>) {
 ///     token.reply_short(HandlerId(1), &[]).unwrap();
+/// }
+///
+/// fn main() {
 /// }
 /// ```
 ///
 /// and a second does not (use of a moved value):
 ///
 /// ```compile_fail,E0382
-/// # use am_core::{Token, HandlerId};
+/// # use amnet::{Token, HandlerId};
 /// fn handler(token: Token<'_>) {
 ///     token.reply_short(HandlerId(1), &[]).unwrap();
 ///     token.reply_short(HandlerId(1), &[]).unwrap();

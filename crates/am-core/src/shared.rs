@@ -45,31 +45,34 @@ const SLICE: u32 = 64;
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::sync::Arc;
-/// use am_core::{AmKind, Config, HandlerId, Handlers, Loopback, Node, SharedNode};
+/// use amnet::{AmKind, Config, HandlerId, Handlers, Loopback, Node, SharedNode};
 ///
 /// const HIT: HandlerId = HandlerId(1);
-/// am_core::run_ranks(Loopback::cluster(2, Default::default()), |transport| {
-///     let hits = Arc::new(AtomicU32::new(0));
-///     let h = hits.clone();
-///     let mut handlers = Handlers::new();
-///     handlers.request(HIT, "hit", AmKind::Short, move |_, _| {
-///         h.fetch_add(1, Ordering::Relaxed);
-///     }).unwrap();
-///     let node = SharedNode::new(Node::new(transport, handlers, Config::default()).unwrap());
-///     let peer = 1 - node.rank();
-///     std::thread::scope(|s| {
-///         for _ in 0..2 {
-///             let node = node.clone();
-///             s.spawn(move || {
-///                 for _ in 0..100 {
-///                     node.request_short(peer, HIT, &[]).unwrap();
-///                 }
-///             });
-///         }
+///
+/// fn main() {
+///     amnet::run_ranks(Loopback::cluster(2, Default::default()), |transport| {
+///         let hits = Arc::new(AtomicU32::new(0));
+///         let h = hits.clone();
+///         let mut handlers = Handlers::new();
+///         handlers.request(HIT, "hit", AmKind::Short, move |_, _| {
+///             h.fetch_add(1, Ordering::Relaxed);
+///         }).unwrap();
+///         let node = SharedNode::new(Node::new(transport, handlers, Config::default()).unwrap());
+///         let peer = 1 - node.rank();
+///         std::thread::scope(|s| {
+///             for _ in 0..2 {
+///                 let node = node.clone();
+///                 s.spawn(move || {
+///                     for _ in 0..100 {
+///                         node.request_short(peer, HIT, &[]).unwrap();
+///                     }
+///                 });
+///             }
+///         });
+///         node.wait_until(|| hits.load(Ordering::Relaxed) == 200).unwrap();
+///         node.barrier().unwrap();
 ///     });
-///     node.wait_until(|| hits.load(Ordering::Relaxed) == 200).unwrap();
-///     node.barrier().unwrap();
-/// });
+/// }
 /// ```
 pub struct SharedNode<T: Transport> {
     node: Arc<Mutex<Node<T, Sendable>>>,

@@ -37,26 +37,29 @@
 //! exchanges its halos this way.
 //!
 //! ```
-//! use am_core::{AtomicOp, Cmp, Config, Handlers, Loopback, Node, Signal};
-//! am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-//!     let config = Config::default().symmetric_size(64 << 10);
-//!     let mut node = Node::new(t, Handlers::new(), config).unwrap();
-//!     let world = node.world_team();
-//!     // The same offset on every rank.
-//!     let grid = node.alloc_symmetric(&world, 16 * 16 * 8).unwrap();
-//!     if node.rank() == 0 {
-//!         // A column of 16 f64s into rank 1's row-major 16 x 16 grid, then the flag at 8.
-//!         let column: Vec<u8> = (0..16).flat_map(|i| f64::from(i).to_le_bytes()).collect();
-//!         node.put_strided(1, grid.offset(), 16 * 8, 8, &column).unwrap();
-//!         node.put_signal(1, 0, &[], 8, Signal::Set(1)).unwrap();
-//!         node.atomic(1, 16, AtomicOp::FetchAdd(0.5f64)).unwrap();
-//!     } else {
-//!         node.wait_word(8, Cmp::Eq, 1).unwrap(); // sleeps in AM_WAIT=block until rank 0 signals
-//!         let last = node.segment().load_u64(grid.at(15 * 16 * 8)).unwrap();
-//!         assert_eq!(last, 15f64.to_bits());
-//!     }
-//!     node.free_symmetric(&world, grid).unwrap();
-//! });
+//! use amnet::{AtomicOp, Cmp, Config, Handlers, Loopback, Node, Signal};
+//!
+//! fn main() {
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+//!         let config = Config::default().symmetric_size(64 << 10);
+//!         let mut node = Node::new(t, Handlers::new(), config).unwrap();
+//!         let world = node.world_team();
+//!         // The same offset on every rank.
+//!         let grid = node.alloc_symmetric(&world, 16 * 16 * 8).unwrap();
+//!         if node.rank() == 0 {
+//!             // A column of 16 f64s into rank 1's row-major 16 x 16 grid, then the flag at 8.
+//!             let column: Vec<u8> = (0..16).flat_map(|i| f64::from(i).to_le_bytes()).collect();
+//!             node.put_strided(1, grid.offset(), 16 * 8, 8, &column).unwrap();
+//!             node.put_signal(1, 0, &[], 8, Signal::Set(1)).unwrap();
+//!             node.atomic(1, 16, AtomicOp::FetchAdd(0.5f64)).unwrap();
+//!         } else {
+//!             node.wait_word(8, Cmp::Eq, 1).unwrap(); // sleeps in AM_WAIT=block until rank 0 signals
+//!             let last = node.segment().load_u64(grid.at(15 * 16 * 8)).unwrap();
+//!             assert_eq!(last, 15f64.to_bits());
+//!         }
+//!         node.free_symmetric(&world, grid).unwrap();
+//!     });
+//! }
 //! ```
 
 use std::collections::BTreeMap;

@@ -85,22 +85,25 @@
 //! [`crate::Armed::Ready`]).
 //!
 //! ```
-//! use am_core::{Config, Handlers, Loopback, Node, ReduceOp};
-//! am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-//!     let config = Config::default().symmetric_size(64 << 10);
-//!     let mut node = Node::new(t, Handlers::new(), config).unwrap();
-//!     let world = node.world_team();
-//!     let n = 1024;
-//!     let src = node.alloc_symmetric(&world, 8 * n).unwrap();
-//!     let dest = node.alloc_symmetric(&world, 8 * n).unwrap();
-//!     let me = u64::from(node.rank());
-//!     let mine: Vec<u8> = (0..n as u64).flat_map(|i| (i + me).to_le_bytes()).collect();
-//!     node.segment().write(src.offset(), &mine).unwrap();
-//!     let (from, to) = (src.offset(), dest.offset());
-//!     node.team_all_reduce_in_segment::<u64>(&world, ReduceOp::Sum, from, to, n).unwrap();
-//!     // Word `i` is `(i + 0) + (i + 1)` on both ranks.
-//!     assert_eq!(node.segment().load_u64(dest.at(8 * 10)).unwrap(), 21);
-//! });
+//! use amnet::{Config, Handlers, Loopback, Node, ReduceOp};
+//!
+//! fn main() {
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+//!         let config = Config::default().symmetric_size(64 << 10);
+//!         let mut node = Node::new(t, Handlers::new(), config).unwrap();
+//!         let world = node.world_team();
+//!         let n = 1024;
+//!         let src = node.alloc_symmetric(&world, 8 * n).unwrap();
+//!         let dest = node.alloc_symmetric(&world, 8 * n).unwrap();
+//!         let me = u64::from(node.rank());
+//!         let mine: Vec<u8> = (0..n as u64).flat_map(|i| (i + me).to_le_bytes()).collect();
+//!         node.segment().write(src.offset(), &mine).unwrap();
+//!         let (from, to) = (src.offset(), dest.offset());
+//!         node.team_all_reduce_in_segment::<u64>(&world, ReduceOp::Sum, from, to, n).unwrap();
+//!         // Word `i` is `(i + 0) + (i + 1)` on both ranks.
+//!         assert_eq!(node.segment().load_u64(dest.at(8 * 10)).unwrap(), 21);
+//!     });
+//! }
 //! ```
 //!
 //! # Failure
@@ -128,43 +131,49 @@
 //! first, and the survivors' operations fail with `JobAborted`.
 //!
 //! ```
-//! use am_core::{Config, Handlers, Loopback, Node};
-//! am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
-//!     let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
-//!     let world = node.world_team();
-//!     // Even and odd ranks, the higher ranks first.
-//!     let me = node.rank();
-//!     let half = node.split(&world, Some(me % 2), 10 - me).unwrap().unwrap();
-//!     assert_eq!(half.size(), 2);
-//!     assert_eq!(half.world_rank(0), Some(if me % 2 == 0 { 2 } else { 3 }));
-//!     let all = node.team_all_gather(&half, &[me as u8]).unwrap();
-//!     assert_eq!(all, [half.world_rank(0).unwrap() as u8, half.world_rank(1).unwrap() as u8]);
-//!     node.team_barrier(&world).unwrap();
-//! });
+//! use amnet::{Config, Handlers, Loopback, Node};
+//!
+//! fn main() {
+//!     amnet::run_ranks(Loopback::cluster(4, Default::default()), |t| {
+//!         let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+//!         let world = node.world_team();
+//!         // Even and odd ranks, the higher ranks first.
+//!         let me = node.rank();
+//!         let half = node.split(&world, Some(me % 2), 10 - me).unwrap().unwrap();
+//!         assert_eq!(half.size(), 2);
+//!         assert_eq!(half.world_rank(0), Some(if me % 2 == 0 { 2 } else { 3 }));
+//!         let all = node.team_all_gather(&half, &[me as u8]).unwrap();
+//!         assert_eq!(all, [half.world_rank(0).unwrap() as u8, half.world_rank(1).unwrap() as u8]);
+//!         node.team_barrier(&world).unwrap();
+//!     });
+//! }
 //! ```
 //!
 //! A reduction on each half, then a broadcast on the world as a future:
 //!
 //! ```
-//! use am_core::{AsyncNode, Config, Handlers, Loopback, Node, ReduceOp};
-//! am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
-//!     let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
-//!     let me = node.rank();
-//!     let world = node.world_team();
-//!     // Even and odd ranks; the sum of the ranks on each.
-//!     let half = node.split(&world, Some(me % 2), me).unwrap();
-//!     let half = half.expect("a color gives a team");
-//!     let sum = node.team_all_reduce(&half, ReduceOp::Sum, &[u64::from(me)]).unwrap();
-//!     let expect: u64 = half.members().iter().map(|&r| u64::from(r)).sum();
-//!     assert_eq!(sum, [expect]);
-//!     // The same operations as futures.
-//!     let node = AsyncNode::new(node);
-//!     let hello = am_core::future::block_on(&node, async {
-//!         let data = if me == 0 { &b"hello"[..] } else { &[][..] };
-//!         node.team_broadcast(&world, 0, data).await
+//! use amnet::{AsyncNode, Config, Handlers, Loopback, Node, ReduceOp};
+//!
+//! fn main() {
+//!     amnet::run_ranks(Loopback::cluster(4, Default::default()), |t| {
+//!         let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+//!         let me = node.rank();
+//!         let world = node.world_team();
+//!         // Even and odd ranks; the sum of the ranks on each.
+//!         let half = node.split(&world, Some(me % 2), me).unwrap();
+//!         let half = half.expect("a color gives a team");
+//!         let sum = node.team_all_reduce(&half, ReduceOp::Sum, &[u64::from(me)]).unwrap();
+//!         let expect: u64 = half.members().iter().map(|&r| u64::from(r)).sum();
+//!         assert_eq!(sum, [expect]);
+//!         // The same operations as futures.
+//!         let node = AsyncNode::new(node);
+//!         let hello = amnet::future::block_on(&node, async {
+//!             let data = if me == 0 { &b"hello"[..] } else { &[][..] };
+//!             node.team_broadcast(&world, 0, data).await
+//!         });
+//!         assert_eq!(hello.unwrap(), b"hello");
 //!     });
-//!     assert_eq!(hello.unwrap(), b"hello");
-//! });
+//! }
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -248,11 +248,14 @@ impl Received<'_> {
 /// NIC has.
 ///
 /// ```
-/// # use am_core::Capabilities;
-/// let mut caps = Capabilities::default();
-/// caps.put = true;
-/// caps.long_placed_below = usize::MAX;
-/// assert!(caps.long_placed_on_send(1 << 20) && !caps.get);
+/// # use amnet::Capabilities;
+///
+/// fn main() {
+///     let mut caps = Capabilities::default();
+///     caps.put = true;
+///     caps.long_placed_below = usize::MAX;
+///     assert!(caps.long_placed_on_send(1 << 20) && !caps.get);
+/// }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

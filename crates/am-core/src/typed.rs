@@ -8,8 +8,8 @@
 //! its answer, [`crate::Node::post_typed`] sends one with no answer.
 //!
 //! ```
-//! use am_core::typed::{Am, AmContext, Shape};
-//! use am_core::{Config, Handlers, Loopback, Node};
+//! use amnet::typed::{Am, AmContext, Shape};
+//! use amnet::{Config, Handlers, Loopback, Node};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Serialize, Deserialize, Shape)]
@@ -23,14 +23,17 @@
 //!     }
 //! }
 //!
-//! am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
-//!     let mut handlers = Handlers::new();
-//!     handlers.typed::<Square>().unwrap();
-//!     let mut node = Node::new(t, handlers, Config::default()).unwrap();
-//!     let peer = 1 - node.rank();
-//!     assert_eq!(node.call_typed(peer, Square(12)).unwrap(), 144);
-//!     node.barrier().unwrap();
-//! });
+//! fn main() {
+//!
+//!     amnet::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+//!         let mut handlers = Handlers::new();
+//!         handlers.typed::<Square>().unwrap();
+//!         let mut node = Node::new(t, handlers, Config::default()).unwrap();
+//!         let peer = 1 - node.rank();
+//!         assert_eq!(node.call_typed(peer, Square(12)).unwrap(), 144);
+//!         node.barrier().unwrap();
+//!     });
+//! }
 //! ```
 //!
 //! # Which types agree

@@ -27,33 +27,36 @@ pub const UNARMED_SLEEP: Duration = Duration::from_micros(50);
 ///
 /// ```
 /// use std::time::Duration;
-/// use am_core::{AmKind, Config, HandlerId, Handlers, Loopback, Node};
+/// use amnet::{AmKind, Config, HandlerId, Handlers, Loopback, Node};
 ///
 /// const HIT: HandlerId = HandlerId(1);
-/// let handlers = || {
-///     let mut handlers = Handlers::new();
-///     handlers.request(HIT, "hit", AmKind::Short, |_, _| {}).unwrap();
-///     handlers
-/// };
-/// let mut transports = Loopback::cluster(3, Default::default());
-/// let sender = transports.pop().unwrap();
-/// std::thread::scope(|s| {
-///     let sender = s.spawn(|| {
-///         let mut sender = Node::new(sender, handlers(), Config::default()).unwrap();
-///         sender.request_short(1, HIT, &[]).unwrap();
-///         // Dropping the node waits until its request is acknowledged.
-///     });
-///     // Ranks 0 and 1 are driven by this thread, which sleeps until either has a message.
-///     let parts = transports.into_iter().map(|t| (t, handlers()));
-///     let mut nodes = Node::start_all(parts, Config::default()).unwrap();
-///     let mut nodes: Vec<&mut Node<Loopback>> = nodes.iter_mut().collect();
-///     while !sender.is_finished() {
-///         am_core::wait_any(&mut nodes, Duration::from_millis(10)).unwrap();
-///         for node in nodes.iter_mut() {
-///             node.poll().unwrap();
+///
+/// fn main() {
+///     let handlers = || {
+///         let mut handlers = Handlers::new();
+///         handlers.request(HIT, "hit", AmKind::Short, |_, _| {}).unwrap();
+///         handlers
+///     };
+///     let mut transports = Loopback::cluster(3, Default::default());
+///     let sender = transports.pop().unwrap();
+///     std::thread::scope(|s| {
+///         let sender = s.spawn(|| {
+///             let mut sender = Node::new(sender, handlers(), Config::default()).unwrap();
+///             sender.request_short(1, HIT, &[]).unwrap();
+///             // Dropping the node waits until its request is acknowledged.
+///         });
+///         // Ranks 0 and 1 are driven by this thread, which sleeps until either has a message.
+///         let parts = transports.into_iter().map(|t| (t, handlers()));
+///         let mut nodes = Node::start_all(parts, Config::default()).unwrap();
+///         let mut nodes: Vec<&mut Node<Loopback>> = nodes.iter_mut().collect();
+///         while !sender.is_finished() {
+///             amnet::wait_any(&mut nodes, Duration::from_millis(10)).unwrap();
+///             for node in nodes.iter_mut() {
+///                 node.poll().unwrap();
+///             }
 ///         }
-///     }
-/// });
+///     });
+/// }
 /// ```
 pub fn wait_any<T: Transport, H: Threading>(
     nodes: &mut [&mut Node<T, H>],

@@ -26,8 +26,8 @@
 //!
 //! ```
 //! use std::task::Poll;
-//! use am_core::endpoint::Endpoint;
-//! use am_core::{Handlers, Limits, StaticCredits, Outgoing, SendError, Tx};
+//! use amnet::endpoint::Endpoint;
+//! use amnet::{Handlers, Limits, StaticCredits, Outgoing, SendError, Tx};
 //!
 //! /// A sender that keeps what it is given (a real driver hands it to a NIC).
 //! struct Outbox(Vec<(u32, Vec<u8>)>);
@@ -40,14 +40,17 @@
 //!     }
 //! }
 //!
-//! let limits = Limits { max_args: 16, max_medium: 1024, max_long: 4096, max_credits: 8 };
-//! let credits = Box::new(StaticCredits::new(2, 8));
-//! let mut ep = Endpoint::new(1, 2, limits, 4096, Handlers::new(), credits);
-//! let mut out = Outbox(Vec::new());
-//! // Rank 1 starts by telling rank 0 its handler table, then waits for the verdict.
-//! assert!(ep.start_step(&mut out).is_pending());
-//! assert_eq!(out.0.len(), 1);
-//! assert_eq!(out.0[0].0, 0);
+//! fn main() {
+//!
+//!     let limits = Limits { max_args: 16, max_medium: 1024, max_long: 4096, max_credits: 8 };
+//!     let credits = Box::new(StaticCredits::new(2, 8));
+//!     let mut ep = Endpoint::new(1, 2, limits, 4096, Handlers::new(), credits);
+//!     let mut out = Outbox(Vec::new());
+//!     // Rank 1 starts by telling rank 0 its handler table, then waits for the verdict.
+//!     assert!(ep.start_step(&mut out).is_pending());
+//!     assert_eq!(out.0.len(), 1);
+//!     assert_eq!(out.0[0].0, 0);
+//! }
 //! ```
 
 mod barrier;

@@ -7,14 +7,17 @@
 //! same way:
 //!
 //! ```
-//! use am_core::typed::shape::{fold, leaf};
-//! use am_core::typed::Shape;
+//! use amnet::typed::shape::{fold, leaf};
+//! use amnet::typed::Shape;
 //!
 //! /// Serialized by a `serialize_with` as its seconds, a `u64`.
 //! struct Stamp(std::time::SystemTime);
 //!
 //! impl Shape for Stamp {
 //!     const SHAPE: u64 = fold(leaf("Stamp as seconds"), <u64 as Shape>::SHAPE);
+//! }
+//!
+//! fn main() {
 //! }
 //! ```
 //!
@@ -25,7 +28,7 @@
 //! the `SHAPE` is used:
 //!
 //! ```compile_fail,E0391
-//! use am_core::typed::Shape;
+//! use amnet::typed::Shape;
 //!
 //! #[derive(Shape)]
 //! struct Dir {
@@ -44,7 +47,7 @@
 //! through this field):
 //!
 //! ```
-//! # use am_core::typed::Shape;
+//! # use amnet::typed::Shape;
 //! # #[derive(Shape)]
 //! # struct Dir {
 //! #     entries: Vec<Entry>,
@@ -55,7 +58,10 @@
 //!     #[shape(by_name)]
 //!     dir: Option<Box<Dir>>,
 //! }
-//! let _ = <Dir as Shape>::SHAPE;
+//!
+//! fn main() {
+//!     let _ = <Dir as Shape>::SHAPE;
+//! }
 //! ```
 //!
 //! # What the std impls hash
