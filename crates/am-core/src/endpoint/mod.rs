@@ -27,7 +27,7 @@
 //! ```
 //! use std::task::Poll;
 //! use amnet::endpoint::Endpoint;
-//! use amnet::{Handlers, Limits, StaticCredits, Outgoing, SendError, Tx};
+//! use amnet::{Handlers, Limits, NicInfo, StaticCredits, Outgoing, SendError, Tx};
 //!
 //! /// A sender that keeps what it is given (a real driver hands it to a NIC).
 //! struct Outbox(Vec<(u32, Vec<u8>)>);
@@ -41,10 +41,11 @@
 //! }
 //!
 //! fn main() {
-//!
+//!     // What the NIC is: its limits, and here nothing it does itself.
 //!     let limits = Limits { max_args: 16, max_medium: 1024, max_long: 4096, max_credits: 8 };
+//!     let info = NicInfo::new("outbox", limits);
 //!     let credits = Box::new(StaticCredits::new(2, 8));
-//!     let mut ep = Endpoint::new(1, 2, limits, 4096, Handlers::new(), credits);
+//!     let mut ep = Endpoint::new(1, 2, info, 4096, Handlers::new(), credits);
 //!     let mut out = Outbox(Vec::new());
 //!     // Rank 1 starts by telling rank 0 its handler table, then waits for the verdict.
 //!     assert!(ep.start_step(&mut out).is_pending());
