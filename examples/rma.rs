@@ -6,18 +6,17 @@
 //!     [--sizes 4096,65536,1048576] [--bytes 16777216] [--reps 5] [--json] [--baseline]
 //! ```
 //!
-//! Rank 0 times `--bytes` worth of `Node::put` of one size into rank 1's segment, then as
-//! many `Node::get_into` from it, then the same from and into its own segment
-//! (`put_from_segment`, `get_into_segment`: rows `put_seg` and `get_seg`), then puts into
-//! and gets from a segment rank 1 created and published as the job runs (`put_to`,
-//! `get_from_into`: rows `put_to` and `get_from`) and AM Long requests whose payload lands
-//! there (`request_long_to`, row `long_to`: each a `put_to` and then the request's head,
-//! timed until every handler ran), then between rank 0's created segment and rank 1's
-//! (`put_to_from_segment`, `get_from_into_segment`: rows `seg_to` and `seg_from`),
-//! `--reps` times, and reports the median
-//! bytes per second of each. Other ranks (rank 1 too) wait in a barrier meanwhile, polling, so transports that
-//! serve RMA with messages (udp) are measured as well; on the shared-memory NICs and
-//! loopback each put and get is one copy that rank 1 takes no part in.
+//! Rank 0 times `--bytes` worth of `Node::put` of one size into rank 1's segment, then as many
+//! `Node::get_into` from it, then the same from and into its own segment (`put_from_segment`,
+//! `get_into_segment`: rows `put_seg` and `get_seg`), then puts into and gets from a segment rank 1
+//! created and published as the job runs (`put_to`, `get_from_into`: rows `put_to` and `get_from`)
+//! and AM Long requests whose payload lands there (`request_long_to`, row `long_to`: each a
+//! `put_to` and then the request's head, timed until every handler ran), then between rank 0's
+//! created segment and rank 1's (`put_to_from_segment`, `get_from_into_segment`: rows `seg_to` and
+//! `seg_from`), `--reps` times, and reports the median bytes per second of each. Other ranks (rank
+//! 1 too) wait in a barrier meanwhile, polling, so transports that serve RMA with messages (udp)
+//! are measured as well; on the shared-memory NICs and loopback each put and get is one copy that
+//! rank 1 takes no part in.
 //!
 //! `--baseline` also measures, in each repetition and between the same two ranks, the raw
 //! floor: `am_shm::floor::copy_stream_bandwidth`, rank 0 copying the same bytes as many

@@ -6,17 +6,16 @@
 //!     [--cols 256] [--iters 200] [--json]
 //! ```
 //!
-//! The grid (`--rows` x `--cols` `f64`s, row-major, the top row held at 1.0, the other
-//! edges at 0.0, an uneven pattern inside) is cut into blocks of columns, one per rank. Each rank keeps two copies of
-//! its block, with a halo column on each side, in its segment (iteration `t` reads copy
-//! `t % 2` and writes the other). After computing an iteration it writes its edge columns
-//! into its neighbours' halo columns of the copy they read next: one `put_strided` each (a
-//! column of a row-major array is one `f64` every row), then an empty `put_signal` that adds
-//! 1 to the neighbour's counter; before the next iteration it waits in `wait_word` until
-//! both neighbours' counters say so. In `AM_WAIT=block` a rank sleeps there until the
-//! signal wakes it. A neighbour writes the copy this rank reads only after this rank's own
-//! signal of the iteration before, sent after this rank read that copy: the halos never
-//! overwrite what is being read.
+//! The grid (`--rows` x `--cols` `f64`s, row-major, the top row held at 1.0, the other edges at
+//! 0.0, an uneven pattern inside) is cut into blocks of columns, one per rank. Each rank keeps two
+//! copies of its block, with a halo column on each side, in its segment (iteration `t` reads copy
+//! `t % 2` and writes the other). After computing an iteration it writes its edge columns into its
+//! neighbours' halo columns of the copy they read next: one `put_strided` each (a column of a
+//! row-major array is one `f64` every row), then an empty `put_signal` that adds 1 to the
+//! neighbour's counter; before the next iteration it waits in `wait_word` until both neighbours'
+//! counters say so. In `AM_WAIT=block` a rank sleeps there until the signal wakes it. A neighbour
+//! writes the copy this rank reads only after this rank's own signal of the iteration before, sent
+//! after this rank read that copy: the halos never overwrite what is being read.
 //!
 //! At the end every rank compares its block with a sequential run of the whole grid (the
 //! same operations in the same order: equal bit for bit) and rank 0 prints the time per

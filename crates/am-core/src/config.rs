@@ -77,10 +77,10 @@ impl std::str::FromStr for AllReduceAlgorithm {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static (at
-    /// most 255 and at most the transport's `max_credits`) or dynamic. `None`, the default:
-    /// the transport's own ([`NicInfo::credits`](crate::transport::NicInfo::credits)), 32 static per peer unless
-    /// its round trip asks for more (udp: 128).
+    /// How many requests a rank may have outstanding to each peer (`AM_CREDITS`): static (at most
+    /// 255 and at most the transport's `max_credits`) or dynamic. `None`, the default: the
+    /// transport's own ([`NicInfo::credits`](crate::transport::NicInfo::credits)), 32 static per
+    /// peer unless its round trip asks for more (udp: 128).
     pub credits: Option<Credits>,
     /// How blocking calls wait (`AM_WAIT`, default `yield`).
     pub wait_mode: WaitMode,

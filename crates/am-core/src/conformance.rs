@@ -11,10 +11,10 @@
 //!
 //! What it covers: per-pair ordering, back-pressure through `try_` requests, size limits and
 //! argument errors, every AM kind at boundary sizes (0, 1, max-1, max), request floods in both
-//! directions with one credit (no deadlock), requests whose handler does not reply, put/get,
-//! remote atomics, barriers, teams and collectives, messages to self, many ranks
-//! all-to-all, and the start-up table check. [`atomics_need_no_target_progress`] is for the transports that apply atomics
-//! themselves; they call it beside the macro.
+//! directions with one credit (no deadlock), requests whose handler does not reply, put/get, remote
+//! atomics, barriers, teams and collectives, messages to self, many ranks all-to-all, and the
+//! start-up table check. [`atomics_need_no_target_progress`] is for the transports that apply
+//! atomics themselves; they call it beside the macro.
 
 use crate::handler::Local;
 use std::cell::{Cell, RefCell};
@@ -1321,9 +1321,10 @@ pub fn rma_sizes_and_edges<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec
     });
 }
 
-/// For transports that put and get themselves ([`Rma::Put`](crate::transport::Rma::Put), [`Rma::Get`](crate::transport::Rma::Get); the
-/// shared-memory NICs and loopback): rank 1 never polls while rank 0 puts into its segment
-/// and gets from it, blocking and not, and each put is remotely complete at its first test.
+/// For transports that put and get themselves ([`Rma::Put`](crate::transport::Rma::Put),
+/// [`Rma::Get`](crate::transport::Rma::Get); the shared-memory NICs and loopback): rank 1 never
+/// polls while rank 0 puts into its segment and gets from it, blocking and not, and each put is
+/// remotely complete at its first test.
 pub fn rma_needs_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     const HALF: usize = SEGMENT / 2;
     let done = DoneFlag::default();
@@ -2347,10 +2348,10 @@ pub fn put_regions_land_in_place<T: Transport + Send>(make: &dyn Fn(u32, usize) 
     });
 }
 
-/// For transports that apply atomics themselves ([`Rma::Atomic`](crate::transport::Rma::Atomic); the shared-memory
-/// NICs and loopback): rank 1 never polls while rank 0 applies atomics to its segment,
-/// blocking and non-blocking, and every one is complete when made. Then a posted store from
-/// rank 0 reaches rank 1 while rank 0 only waits for what rank 1 does about it.
+/// For transports that apply atomics themselves ([`Rma::Atomic`](crate::transport::Rma::Atomic);
+/// the shared-memory NICs and loopback): rank 1 never polls while rank 0 applies atomics to its
+/// segment, blocking and non-blocking, and every one is complete when made. Then a posted store
+/// from rank 0 reaches rank 1 while rank 0 only waits for what rank 1 does about it.
 pub fn atomics_need_no_target_progress<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) {
     let done = DoneFlag::default();
     run_watched("atomics_need_no_target_progress", make(2, SEGMENT), |t| {
@@ -2588,10 +2589,11 @@ macro_rules! conformance_tests {
     };
 }
 
-/// Instantiates, as [`conformance_tests!`] does, the cases for transports that put, get and
-/// apply atomics on the target's memory themselves ([`Rma::Put`](crate::transport::Rma::Put), [`Rma::Get`](crate::transport::Rma::Get),
-/// [`Rma::Atomic`](crate::transport::Rma::Atomic): the shared-memory NICs and loopback): the target never polls while
-/// they complete, and a departed target is refused by the NIC.
+/// Instantiates, as [`conformance_tests!`] does, the cases for transports that put, get and apply
+/// atomics on the target's memory themselves ([`Rma::Put`](crate::transport::Rma::Put),
+/// [`Rma::Get`](crate::transport::Rma::Get), [`Rma::Atomic`](crate::transport::Rma::Atomic): the
+/// shared-memory NICs and loopback): the target never polls while they complete, and a departed
+/// target is refused by the NIC.
 #[macro_export]
 macro_rules! nic_rma_tests {
     ($make:expr) => {

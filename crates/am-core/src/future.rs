@@ -1170,7 +1170,8 @@ macro_rules! async_op {
     };
 }
 
-/// Writes [`AsyncNode`]'s operations from [`crate::endpoint::start::operations`] (see [`async_op`]).
+/// Writes [`AsyncNode`]'s operations from [`crate::endpoint::start::operations`] (see
+/// [`async_op`]).
 macro_rules! async_operations {
     (op $(#[$doc:meta])*
         $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty

@@ -14,13 +14,13 @@
 //! - **Progress** by explicit polling, with a per-job [`WaitMode`] for blocking calls.
 //! - **PGAS minimum**: [`Node::barrier`], put, get and atomics on the peers' segments,
 //!   [`Node::exit`] ending the whole job.
-//! - **Operations** ([`op`]): one name scheme on every driver. `x` waits for the operation,
-//!   `x_nb` returns its [`Op`] handle, `x_nbi` starts it inside the implicit set that
-//!   `wait_nbi` completes, `try_x` sends now or not at all. An [`Op`] completes in one of three
-//!   ways: a blocking caller waits (`wait`, `wait_all`, `wait_some`), a poller tests (`test`,
-//!   `test_some`), an async caller awaits (`node.wait(op).await`); dropping it detaches the
-//!   operation, which still completes. Each operation is defined once ([`endpoint::start::Start`]) and
-//!   every driver derives its methods from that definition.
+//! - **Operations** ([`op`]): one name scheme on every driver. `x` waits for the operation, `x_nb`
+//!   returns its [`Op`] handle, `x_nbi` starts it inside the implicit set that `wait_nbi`
+//!   completes, `try_x` sends now or not at all. An [`Op`] completes in one of three ways: a
+//!   blocking caller waits (`wait`, `wait_all`, `wait_some`), a poller tests (`test`, `test_some`),
+//!   an async caller awaits (`node.wait(op).await`); dropping it detaches the operation, which
+//!   still completes. Each operation is defined once ([`endpoint::start::Start`]) and every driver
+//!   derives its methods from that definition.
 //! - Beside the trait: [`Loopback`] (ranks as threads), [`FaultInjector`], and the
 //!   conformance suite every transport runs (`conformance`, with the `conformance` feature).
 //!

@@ -308,7 +308,8 @@ mod sealed {
 }
 
 /// The values an [`Op`] completes with: `()`, `Vec<u8>` (and `Vec<E>` of a reduction's
-/// [`Element`]s), `&mut [u8]`, `u32`, `u64`, [`Reply`] and `Option<Team>` (a split's). Sealed: the operations of [`crate::op`] are the only ones.
+/// [`Element`]s), `&mut [u8]`, `u32`, `u64`, [`Reply`] and `Option<Team>` (a split's). Sealed: the
+/// operations of [`crate::op`] are the only ones.
 pub trait Outcome: sealed::Sealed + Sized {
     /// What the handle holds for the outcome until it completes (a get's buffer).
     #[doc(hidden)]

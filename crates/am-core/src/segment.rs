@@ -37,52 +37,50 @@
 //! each operation: the same error, for an operation that starts after the free.
 //!
 //! # How bytes move
-//! Operations on segment 0 use the transport's own path ([`crate::Node::put`]). A created
-//! segment is an anonymous shared memory file (a `memfd`), all zero, its size sealed, and
-//! unmapped when freed. Where the transport's peers are processes of this host
-//! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals) the publication
-//! carries the file's handle, and the first operation on a peer's segment maps it (after
-//! checking that the file is that segment, by a nonce in its name): a put, get or atomic
-//! on it is then a copy or an atomic instruction by the initiator, complete when it
-//! returns, with no message and no help from the owner. Where the transport registers
-//! segments for its RMA instead ([`crate::Capabilities::rma_segments`]: ofi), the owner
-//! registers a segment (its control words and its bytes) before its first publication,
-//! which carries the key the transport returned; a put, get or atomic on a peer's segment
-//! is then the transport's RMA ([`Remote::Keyed`](crate::transport::Remote::Keyed); atomics where the transport
-//! applies them, [`crate::Capabilities::atomics`]), complete when it returns, with an RMA
-//! read of the segment's freed word in flight beside it (the check a mapping peer makes
-//! with a load before each operation): one that finds it set fails with
-//! [`crate::AmError::UnknownSegment`], what it wrote landing in memory nobody reads. A key a
-//! peer published is its word: one the transport cannot have made is
-//! [`crate::AmError::PeerMisbehaved`] naming it. A segment that does not map or did not
-//! register, and every created segment elsewhere (udp), is reached by system messages that
-//! the owner's progress applies, one Medium per `max_medium` bytes. An operation on this
-//! rank's own segment is a copy, complete when started; one of 0 bytes does nothing.
-//! Between segments, the bytes go from mapping to mapping wherever this rank reaches
-//! both (a created segment here and a peer's segment 0 where the transport copies from a
-//! created segment itself: [`Source::Segment`](crate::transport::Source::Segment), on loopback, sci, extoll
-//! and portals, and ofi's puts from a published created segment, straight from its
-//! registration); elsewhere the local range is read into a
-//! buffer that goes as above, or a get's bytes are written into it once they have come.
+//! Operations on segment 0 use the transport's own path ([`crate::Node::put`]). A created segment
+//! is an anonymous shared memory file (a `memfd`), all zero, its size sealed, and unmapped when
+//! freed. Where the transport's peers are processes of this host
+//! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals) the publication carries
+//! the file's handle, and the first operation on a peer's segment maps it (after checking that the
+//! file is that segment, by a nonce in its name): a put, get or atomic on it is then a copy or an
+//! atomic instruction by the initiator, complete when it returns, with no message and no help from
+//! the owner. Where the transport registers segments for its RMA instead
+//! ([`crate::Capabilities::rma_segments`]: ofi), the owner registers a segment (its control words
+//! and its bytes) before its first publication, which carries the key the transport returned; a
+//! put, get or atomic on a peer's segment is then the transport's RMA
+//! ([`Remote::Keyed`](crate::transport::Remote::Keyed); atomics where the transport applies them,
+//! [`crate::Capabilities::atomics`]), complete when it returns, with an RMA read of the segment's
+//! freed word in flight beside it (the check a mapping peer makes with a load before each
+//! operation): one that finds it set fails with [`crate::AmError::UnknownSegment`], what it wrote
+//! landing in memory nobody reads. A key a peer published is its word: one the transport cannot
+//! have made is [`crate::AmError::PeerMisbehaved`] naming it. A segment that does not map or did
+//! not register, and every created segment elsewhere (udp), is reached by system messages that the
+//! owner's progress applies, one Medium per `max_medium` bytes. An operation on this rank's own
+//! segment is a copy, complete when started; one of 0 bytes does nothing. Between segments, the
+//! bytes go from mapping to mapping wherever this rank reaches both (a created segment here and a
+//! peer's segment 0 where the transport copies from a created segment itself:
+//! [`Source::Segment`](crate::transport::Source::Segment), on loopback, sci, extoll and portals,
+//! and ofi's puts from a published created segment, straight from its registration); elsewhere the
+//! local range is read into a buffer that goes as above, or a get's bytes are written into it once
+//! they have come.
 //!
 //! Memory a program allocated itself cannot become a segment on the shared-memory NICs:
 //! their peers reach a segment by mapping its file, so the library allocates it.
 //!
 //! # Freeing
-//! [`crate::Node::free_segment`] is collective over the team the segment was published on:
-//! every member frees one of its segments (one that published segment 0 frees it as
-//! nothing), and every member forgets the ones freed. A member that names a segment it
-//! does not hold fails the free on every member, and nothing is freed. Complete the
-//! operations on a segment before freeing it: a Long whose head reaches the owner after
-//! the free runs no handler, and the owner reports the initiator's misbehavior; over messages, a put still in flight when its
-//! owner frees the segment may have written its first pieces and fails with
-//! [`crate::AmError::UnknownSegment`]; on a mapping, one that passed its check just before
-//! the free writes into memory nobody reads any more. A registered segment's registration
-//! ends once it is freed on a team of every rank it was published to (each completed its
-//! operations before the free); freed on a smaller team, it stays registered (its memory
-//! with the transport) until the transport closes, so that a rank outside that team finds
-//! it freed by its freed word rather than an access the transport refuses, which some
-//! providers answer by dropping the connection.
+//! [`crate::Node::free_segment`] is collective over the team the segment was published on: every
+//! member frees one of its segments (one that published segment 0 frees it as nothing), and every
+//! member forgets the ones freed. A member that names a segment it does not hold fails the free on
+//! every member, and nothing is freed. Complete the operations on a segment before freeing it: a
+//! Long whose head reaches the owner after the free runs no handler, and the owner reports the
+//! initiator's misbehavior; over messages, a put still in flight when its owner frees the segment
+//! may have written its first pieces and fails with [`crate::AmError::UnknownSegment`]; on a
+//! mapping, one that passed its check just before the free writes into memory nobody reads any
+//! more. A registered segment's registration ends once it is freed on a team of every rank it was
+//! published to (each completed its operations before the free); freed on a smaller team, it stays
+//! registered (its memory with the transport) until the transport closes, so that a rank outside
+//! that team finds it freed by its freed word rather than an access the transport refuses, which
+//! some providers answer by dropping the connection.
 
 use std::collections::HashMap;
 
@@ -376,7 +374,8 @@ pub(crate) struct Segments {
     /// Peers' segments published here, by (owner, id).
     pub(crate) known: HashMap<u64, Known, std::hash::BuildHasherDefault<SegmentKeys>>,
     /// This rank's segments freed on a team of every rank they were published to, whose
-    /// registrations with the transport are to end ([`Registration::Deregister`](crate::transport::Registration::Deregister)).
+    /// registrations with the transport are to end
+    /// ([`Registration::Deregister`](crate::transport::Registration::Deregister)).
     pub(crate) retired: Vec<u32>,
 }
 

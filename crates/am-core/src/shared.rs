@@ -610,8 +610,8 @@ impl<T: Transport + Send + 'static> sealed::Serve for crate::AsyncNode<T, Sendab
     }
 }
 
-/// Writes [`SharedNode`]'s operations from [`crate::endpoint::start::operations`]: those of [`Node`], each
-/// step under the lock, the node given to the other threads between steps and polls.
+/// Writes [`SharedNode`]'s operations from [`crate::endpoint::start::operations`]: those of
+/// [`Node`], each step under the lock, the node given to the other threads between steps and polls.
 macro_rules! shared_operations {
     (op $(#[$doc:meta])*
         $name:ident [$($g:tt)*] ($($arg:ident : $ty:ty),*) -> $out:ty

@@ -111,12 +111,12 @@
 //! same root, sizes and reduction: members that disagree fail it on every member, and
 //! every later one on the team ([`crate::AmError::CollectiveMismatch`]).
 //!
-//! A member lost fails the collectives in flight on every team it belongs to, on every
-//! survivor, with [`crate::AmError::PeerLost`], and every later one on those teams. A
-//! member that left cleanly had sent its part of every collective it took part in, so
-//! only a collective that waits for it in vain, or must send to it, fails
-//! ([`crate::AmError::PeerDeparted`]), and every later one on that team: a rank may leave
-//! as soon as its last collective returns, before the others reach it. The first survivor whose transport notices the loss tells the rest of each team, so
+//! A member lost fails the collectives in flight on every team it belongs to, on every survivor,
+//! with [`crate::AmError::PeerLost`], and every later one on those teams. A member that left
+//! cleanly had sent its part of every collective it took part in, so only a collective that waits
+//! for it in vain, or must send to it, fails ([`crate::AmError::PeerDeparted`]), and every later
+//! one on that team: a rank may leave as soon as its last collective returns, before the others
+//! reach it. The first survivor whose transport notices the loss tells the rest of each team, so
 //! every survivor fails within one message of that. When the first notices depends on the
 //! transport:
 //!

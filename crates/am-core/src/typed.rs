@@ -95,50 +95,49 @@
 //! send failed) cancels its parts at the target, and an [`Answer`] given up so fails its
 //! call with [`Refusal::Abandoned`].
 //!
-//! Where the transport's peers are processes or threads of this host that map each
-//! other's memory ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals),
-//! a value, or an answer given to [`crate::Node::answer_typed`] on the endpoint its call came
-//! to, of 16 KiB to 64 MiB that is larger than a Medium moves by *rendezvous* instead (an
-//! answer returned by the code or by an async handler's future, or given to another
-//! endpoint's node, goes in parts): its sender copies it into a staging segment of its own (a created
-//! segment's memory file, published to nobody) and sends one Medium that says where it lies;
-//! the target maps that segment (once, kept for the next values), copies the bytes out,
-//! releases them, and runs the whole. A target that cannot map it refuses the value with
-//! [`Refusal::Unreachable`]; [`crate::Config::typed_rendezvous`] (`AM_TYPED_RENDEZVOUS=0`)
-//! sends every large value in parts. At most 255 values are staged at once per endpoint,
-//! in a segment of at least four times the largest; past that, values go in parts.
+//! Where the transport's peers are processes or threads of this host that map each other's memory
+//! ([`crate::Capabilities::map_segments`]: loopback, sci, extoll, portals), a value, or an answer
+//! given to [`crate::Node::answer_typed`] on the endpoint its call came to, of 16 KiB to 64 MiB
+//! that is larger than a Medium moves by *rendezvous* instead (an answer returned by the code or by
+//! an async handler's future, or given to another endpoint's node, goes in parts): its sender
+//! copies it into a staging segment of its own (a created segment's memory file, published to
+//! nobody) and sends one Medium that says where it lies; the target maps that segment (once, kept
+//! for the next values), copies the bytes out, releases them, and runs the whole. A target that
+//! cannot map it refuses the value with [`Refusal::Unreachable`];
+//! [`crate::Config::typed_rendezvous`] (`AM_TYPED_RENDEZVOUS=0`) sends every large value in parts.
+//! At most 255 values are staged at once per endpoint, in a segment of at least four times the
+//! largest; past that, values go in parts.
 //!
 //! Byte fields are best written with `serde_bytes` (`#[serde(with = "serde_bytes")]`, or
 //! `serde_bytes::ByteBuf`): serde writes a plain `Vec<u8>` element by element.
 //!
 //! # Bad input
 //! Bytes that do not decode as the named type (cut short, bytes left over, a length past the
-//! payload), an id the target does not register, or an answer that does not decode, end the
-//! call with [`crate::AmError::TypedRefused`] naming the peer. Whether the target's code ran
-//! depends on the [`Refusal`]: not for [`Refusal::UnknownType`]; it did for
-//! [`Refusal::Abandoned`] and [`Refusal::BadAnswer`]; [`Refusal::Undecodable`],
-//! [`Refusal::Unreachable`] and [`Refusal::TooLarge`] say the message was refused on its way
-//! in (the code did not run) or its answer on its way back (it did). A call refused with
-//! any but `UnknownType` is therefore not safe to repeat unless its code is. A post has no answer: a value its target
-//! refuses is dropped, and nobody is told ([`crate::Node::call_typed`] where delivery
-//! matters).
+//! payload), an id the target does not register, or an answer that does not decode, end the call
+//! with [`crate::AmError::TypedRefused`] naming the peer. Whether the target's code ran depends on
+//! the [`Refusal`]: not for [`Refusal::UnknownType`]; it did for [`Refusal::Abandoned`] and
+//! [`Refusal::BadAnswer`]; [`Refusal::Undecodable`], [`Refusal::Unreachable`] and
+//! [`Refusal::TooLarge`] say the message was refused on its way in (the code did not run) or its
+//! answer on its way back (it did). A call refused with any but `UnknownType` is therefore not safe
+//! to repeat unless its code is. A post has no answer: a value its target refuses is dropped, and
+//! nobody is told ([`crate::Node::call_typed`] where delivery matters).
 //!
-//! A declared length does not make decoding allocate what it says: serde's sequence and
-//! map visitors reserve at most a cautious bound (1 MiB) however long the sequence says it
-//! is, growing only as elements are read from the bytes present, which a declared length
-//! past them soon runs out of. (A hand-written `Visitor` that reserves serde's `size_hint`
-//! whole is not protected so: the hint is the declared length.) Elements that occupy no bytes (`()`, a unit struct, a struct
-//! whose fields are all skipped) would not run out, so the elements of all of a value's
-//! sequences and maps may number at most its length in bytes plus 65,536: a value with more
-//! is refused, and a forged count of them costs the target at most that many turns of a
-//! loop (and elements of that type in memory). A value nested more than 128 containers
-//! deep (a recursive type's forged value, a few bytes a level) is refused before decoding
-//! it would overflow the target's stack. The elements of a value's sequences and maps (a
-//! map's keys and values, and what a `Box` among them holds) may take at most 64 bytes of
-//! memory per byte of the value plus 64 MiB in all: a legitimate value whose elements are
-//! that much larger in memory than on the wire (many `None`s of a large `Option`) is
-//! refused as [`Refusal::Undecodable`] too. A boxed type decoded through a smaller one
-//! (`#[serde(from = ...)]`, a hand-written `Deserialize`) is charged the smaller one's size.
+//! A declared length does not make decoding allocate what it says: serde's sequence and map
+//! visitors reserve at most a cautious bound (1 MiB) however long the sequence says it is, growing
+//! only as elements are read from the bytes present, which a declared length past them soon runs
+//! out of. (A hand-written `Visitor` that reserves serde's `size_hint` whole is not protected so:
+//! the hint is the declared length.) Elements that occupy no bytes (`()`, a unit struct, a struct
+//! whose fields are all skipped) would not run out, so the elements of all of a value's sequences
+//! and maps may number at most its length in bytes plus 65,536: a value with more is refused, and a
+//! forged count of them costs the target at most that many turns of a loop (and elements of that
+//! type in memory). A value nested more than 128 containers deep (a recursive type's forged value,
+//! a few bytes a level) is refused before decoding it would overflow the target's stack. The
+//! elements of a value's sequences and maps (a map's keys and values, and what a `Box` among them
+//! holds) may take at most 64 bytes of memory per byte of the value plus 64 MiB in all: a
+//! legitimate value whose elements are that much larger in memory than on the wire (many `None`s of
+//! a large `Option`) is refused as [`Refusal::Undecodable`] too. A boxed type decoded through a
+//! smaller one (`#[serde(from = ...)]`, a hand-written `Deserialize`) is charged the smaller one's
+//! size.
 
 use std::marker::PhantomData;
 

@@ -718,12 +718,12 @@ fn forged(team: TeamId, seq: u64, step: u32, kind: CollectiveKind, payload: &[u8
     bytes
 }
 
-/// Steps nobody expects: for a team that does not exist (no split in flight), a sequence
-/// far ahead of the window, a step the sender's place does not send, a step sent twice, a
-/// barrier step with a payload, a notice that the receiver itself is gone. Each is refused with a typed error naming the sender,
-/// nothing is kept, and a barrier afterwards still completes. Catches a panic on a peer's
-/// bytes, and memory a peer could grow without bound with steps for teams or sequences
-/// that never come.
+/// Steps nobody expects: for a team that does not exist (no split in flight), a sequence far ahead
+/// of the window, a step the sender's place does not send, a step sent twice, a barrier step with a
+/// payload, a notice that the receiver itself is gone. Each is refused with a typed error naming
+/// the sender, nothing is kept, and a barrier afterwards still completes. Catches a panic on a
+/// peer's bytes, and memory a peer could grow without bound with steps for teams or sequences that
+/// never come.
 #[test]
 fn stray_collective_steps_are_refused_naming_the_peer() {
     let mut c = Cluster::started(shape(3), 0, |_| am_core::Handlers::local());
@@ -929,12 +929,12 @@ fn members_that_disagree_get_a_mismatch_not_a_wrong_answer() {
     }
 }
 
-/// Members that disagree on a rooted collective's root, on a reduction's operation, element
-/// type or length (of several chunks), on a chunked broadcast's root: the member that finds it fails, tells the others, and every member gets
-/// `AmError::CollectiveMismatch` on every collective on the team it has not completed when
-/// told, and on every later one (one whose steps had all come may complete: the root of a
-/// broadcast sends and is done). Catches a mismatch seen by one member that leaves the others waiting
-/// for steps that never come, and a team that goes on after one.
+/// Members that disagree on a rooted collective's root, on a reduction's operation, element type or
+/// length (of several chunks), on a chunked broadcast's root: the member that finds it fails, tells
+/// the others, and every member gets `AmError::CollectiveMismatch` on every collective on the team
+/// it has not completed when told, and on every later one (one whose steps had all come may
+/// complete: the root of a broadcast sends and is done). Catches a mismatch seen by one member that
+/// leaves the others waiting for steps that never come, and a team that goes on after one.
 #[test]
 fn a_disagreement_reaches_every_member_of_the_team() {
     type Case = fn(Rank) -> Want;

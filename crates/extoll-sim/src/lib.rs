@@ -8,21 +8,20 @@
 //!   every peer through the launcher's key-value store (heap memory for the threads of an
 //!   in-process [`Extoll::cluster`], with the same atomics and views, so Miri runs it);
 //! - **VELO mailbox**: one ring per rank, shared by all senders, of packets of
-//!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes
-//!   of packet data, then an 8-byte **status** word written last, which the receiver polls.
-//!   Senders of any process claim slots with a compare-and-swap of the slot's status that names
-//!   the claimer in the same step ([`am_shm::mailbox`], a [claimed ring](am_shm::claim)); a
-//!   message of several packets claims all its slots or none, and a full mailbox is
-//!   back-pressure ([`am_core::SendError::Busy`]), never an overwrite. The published status carries the packet's **source**, and the receiver
-//!   reassembles per source ([`velo`]). Each sender has a claim record in the receiver's
-//!   segment that only it writes and that vouches for its claims until they are published, so a
-//!   receiver tells a dead sender's claim, or one nobody vouches for, from a slow one, and
-//!   skips it (so it does in the notification queue, where a rank's main thread and its engine
-//!   thread are two claimers). A sender that streams (a second one-packet send to the same rank
-//!   since its last poll) takes the line of the slot 8 claims ahead for writing (`prefetchw`, a
-//!   cache hint with no EXTOLL counterpart), so its claim does not wait for the receiver's
-//!   core; a lone round trip takes no line ahead, as that transfer would share the path with
-//!   its message;
+//!   [`ExtollConfig::packet_size`] bytes (64 as on the seed's FPGA, or 128): 56 (or 120) bytes of
+//!   packet data, then an 8-byte **status** word written last, which the receiver polls. Senders of
+//!   any process claim slots with a compare-and-swap of the slot's status that names the claimer in
+//!   the same step ([`am_shm::mailbox`], a [claimed ring](am_shm::claim)); a message of several
+//!   packets claims all its slots or none, and a full mailbox is back-pressure
+//!   ([`am_core::SendError::Busy`]), never an overwrite. The published status carries the packet's
+//!   **source**, and the receiver reassembles per source ([`velo`]). Each sender has a claim record
+//!   in the receiver's segment that only it writes and that vouches for its claims until they are
+//!   published, so a receiver tells a dead sender's claim, or one nobody vouches for, from a slow
+//!   one, and skips it (so it does in the notification queue, where a rank's main thread and its
+//!   engine thread are two claimers). A sender that streams (a second one-packet send to the same
+//!   rank since its last poll) takes the line of the slot 8 claims ahead for writing (`prefetchw`,
+//!   a cache hint with no EXTOLL counterpart), so its claim does not wait for the receiver's core;
+//!   a lone round trip takes no line ahead, as that transfer would share the path with its message;
 //! - **AM framing** as in the seed: the 8-byte AM header (request/reply, number of
 //!   arguments, handler, payload length) and the arguments, then the payload; spare room in
 //!   the last header packet carries the first payload bytes, the rest goes in data-only
@@ -33,17 +32,16 @@
 //!   the completer, which their owners poll. User puts and gets between registered regions
 //!   ([`Extoll::rma_put`], [`Extoll::rma_get`]) are queued to the engine's thread (started on
 //!   first use), which overlaps them with the rank's work;
-//! - **immediate puts**: an AM Long payload or an RMA Medium is a put whose source is the
-//!   caller's own, unregistered buffer, handed over with the doorbell write (as a NIC's PIO
-//!   window takes it). The engine processes such a descriptor as the doorbell is rung, on the
-//!   requester's thread: the same put routine, the completer's notification (its slot
-//!   reserved first, so it never waits; no requester notification is asked for, since the
-//!   requester knows the put is done when the doorbell write returns), and the payload copied
-//!   once, straight into the target's registered region. It is still the engine's work, not handler code: the AM
-//!   layer only builds the descriptor, the handler never copies, and the target learns of the
-//!   data only from the engine's completer notification. The thread would only move the same
-//!   copy to another core, paying its wake-up and a second copy out of a staging area
-//!   (BENCHMARKS.md has what that cost);
+//! - **immediate puts**: an AM Long payload or an RMA Medium is a put whose source is the caller's
+//!   own, unregistered buffer, handed over with the doorbell write (as a NIC's PIO window takes
+//!   it). The engine processes such a descriptor as the doorbell is rung, on the requester's
+//!   thread: the same put routine, the completer's notification (its slot reserved first, so it
+//!   never waits; no requester notification is asked for, since the requester knows the put is done
+//!   when the doorbell write returns), and the payload copied once, straight into the target's
+//!   registered region. It is still the engine's work, not handler code: the AM layer only builds
+//!   the descriptor, the handler never copies, and the target learns of the data only from the
+//!   engine's completer notification. The thread would only move the same copy to another core,
+//!   paying its wake-up and a second copy out of a staging area (BENCHMARKS.md has what that cost);
 //! - **put, get and atomics** (`am_core::Transport::put`/`get`/`atomic`): `Node::put` and
 //!   `Node::get` are immediate operations too, one copy into or out of the target's registered
 //!   segment, complete when the call returns, with no notification; a remote atomic is the
@@ -58,16 +56,16 @@
 //!   piggybacked acks); a connection out of buffers is back-pressure. [`MediumPath`] chooses
 //!   VELO or RMA per size (by default RMA from [`DEFAULT_RMA_FROM`] bytes);
 //! - **or RMA Medium buffers from one pool per rank** ([`ExtollConfig::rma_pool`]; the
-//!   environment's dynamic credits choose it, from `AM_CREDITS` or by default from 256
-//!   ranks, while credits set in code leave the layout as it is): a sender claims a free
-//!   buffer of the receiver's pool with the RMA unit's compare-and-swap on the buffer's
-//!   claim word, puts the Medium there as above and names the buffer in its completer
-//!   notification; the receiver checks the claim and frees it once the Medium is read. A Medium that finds no free buffer (or its sender's share,
-//!   at most 16, in flight) goes over VELO. A rank's receive memory then grows with the job
-//!   by three cache lines of words per peer, not by 16 buffers of 8,320 B. A peer that
-//!   forges claims for Mediums idle senders may still send (each may have up to 16 in
-//!   flight) can hold pool buffers until those senders' Mediums pass them: Mediums then go
-//!   over VELO, nothing is lost;
+//!   environment's dynamic credits choose it, from `AM_CREDITS` or by default from 256 ranks, while
+//!   credits set in code leave the layout as it is): a sender claims a free buffer of the
+//!   receiver's pool with the RMA unit's compare-and-swap on the buffer's claim word, puts the
+//!   Medium there as above and names the buffer in its completer notification; the receiver checks
+//!   the claim and frees it once the Medium is read. A Medium that finds no free buffer (or its
+//!   sender's share, at most 16, in flight) goes over VELO. A rank's receive memory then grows with
+//!   the job by three cache lines of words per peer, not by 16 buffers of 8,320 B. A peer that
+//!   forges claims for Mediums idle senders may still send (each may have up to 16 in flight) can
+//!   hold pool buffers until those senders' Mediums pass them: Mediums then go over VELO, nothing
+//!   is lost;
 //! - messages of one source are delivered in send order across both paths (each VELO message
 //!   says how many RMA Mediums preceded it, each RMA tail how many VELO messages);
 //! - thread safety as in the seed: one lock around the NIC is how several threads would share

@@ -12,26 +12,27 @@
 //!   descriptor** ([`ni::PutArgs::data`]); **event queues** are rings in the rank's shared
 //!   memory with typed events ([`ni::EventKind`]: put, get, send, ack, reply, unlink and
 //!   "portal entry disabled");
-//! - **put** (with 64 bits of header data and an optional ack) and **get** are processed at
-//!   the target by the NIC through matching, never by handler code. The NIC is modelled with
-//!   **the initiator's process as the wire**: it walks the target's match list (in the
-//!   target's exported memory), claims space with atomics (`fetch_add` on a locally managed
-//!   offset, a CAS to take a use-once entry, a CAS of an event slot's status word (am-shm's claimed ring) that
-//!   names the claimer), deposits the data and posts the target's event. No thread per rank, no copy through a staging queue:
-//!   this is what the SeaStar's embedded processor does, run by the only CPU that is awake
-//!   for the message anyway, and it keeps an AM round trip to one cache line per direction;
-//! - **flow control**: the request portal entry has flow control. A put that finds no entry
-//!   with room unlinks the entries it exhausted (`Unlink` event, with the bytes used) and
-//!   disables the portal entry (`PtDisabled` event); the initiator learns it from the put's
-//!   outcome ([`ni::NiFail::PtDisabled`], or an `Ack` event with that failure when it asked
-//!   for one) and the transport reports `SendError::Busy`, so the core sends the message
-//!   again. The target re-links a buffer once every message claimed in it was read, or was
-//!   claimed by a rank that died, and then re-enables the entry. While the entry is disabled every put to it is refused, so no
-//!   later message overtakes a refused one: nothing is lost and per-pair order holds. A
-//!   refused sender asks to be rung when there is room (its bit in the target's room
-//!   waiter words; not in the seed, whose initiator learns it from a later event), and the
-//!   target rings the waiters when it re-enables the entry: a sender asleep in a wait wakes
-//!   then, not when its sleep times out;
+//! - **put** (with 64 bits of header data and an optional ack) and **get** are processed at the
+//!   target by the NIC through matching, never by handler code. The NIC is modelled with **the
+//!   initiator's process as the wire**: it walks the target's match list (in the target's exported
+//!   memory), claims space with atomics (`fetch_add` on a locally managed offset, a CAS to take a
+//!   use-once entry, a CAS of an event slot's status word (am-shm's claimed ring) that names the
+//!   claimer), deposits the data and posts the target's event. No thread per rank, no copy through
+//!   a staging queue: this is what the SeaStar's embedded processor does, run by the only CPU that
+//!   is awake for the message anyway, and it keeps an AM round trip to one cache line per
+//!   direction;
+//! - **flow control**: the request portal entry has flow control. A put that finds no entry with
+//!   room unlinks the entries it exhausted (`Unlink` event, with the bytes used) and disables the
+//!   portal entry (`PtDisabled` event); the initiator learns it from the put's outcome
+//!   ([`ni::NiFail::PtDisabled`], or an `Ack` event with that failure when it asked for one) and
+//!   the transport reports `SendError::Busy`, so the core sends the message again. The target
+//!   re-links a buffer once every message claimed in it was read, or was claimed by a rank that
+//!   died, and then re-enables the entry. While the entry is disabled every put to it is refused,
+//!   so no later message overtakes a refused one: nothing is lost and per-pair order holds. A
+//!   refused sender asks to be rung when there is room (its bit in the target's room waiter words;
+//!   not in the seed, whose initiator learns it from a later event), and the target rings the
+//!   waiters when it re-enables the entry: a sender asleep in a wait wakes then, not when its sleep
+//!   times out;
 //! - **AMs** as the seed's conduit maps them ([`transport`]): the AM header's first four
 //!   bytes (flags, handler, argument count, credit byte) and the request's send-slot index
 //!   travel in the **match bits**; a Short with at most two arguments carries them in the

@@ -39,18 +39,18 @@
 //!   answered everything, also looks: a run of round trips reuses one slot and its reply slot,
 //!   whose lines stay warm in both caches, while a stream of requests keeps to the slots in
 //!   turn;
-//! - the receiver clears its message-exist flag and ringer words only once nothing new came
-//!   for a while (or before it sleeps), and then writes a take count into the segment of
-//!   each sender whose ringer bit it cleared; a sender rings only if that count (in its *own*
-//!   memory) moved since it last rang, so a small message in a steady exchange moves one cache line, the slot's, and the
-//!   sender still never reads a peer's memory. The sender's ready flag must be ordered before
-//!   its read of the count, against the receiver's take, count write and scan: the sender's
+//! - the receiver clears its message-exist flag and ringer words only once nothing new came for a
+//!   while (or before it sleeps), and then writes a take count into the segment of each sender
+//!   whose ringer bit it cleared; a sender rings only if that count (in its *own* memory) moved
+//!   since it last rang, so a small message in a steady exchange moves one cache line, the slot's,
+//!   and the sender still never reads a peer's memory. The sender's ready flag must be ordered
+//!   before its read of the count, against the receiver's take, count write and scan: the sender's
 //!   side of that fence is no instruction, and the receiver's take runs
 //!   `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`, a barrier on every running thread of the
 //!   processes registered for it, as every sci rank is
-//!   ([`am_shm::sync::AsymmetricFence::across_processes`]; a kernel without the call fences on
-//!   both sides). A take costs an interrupt to the CPUs running ranks, so a receiver takes only
-//!   before it sleeps and after 16384 fruitless polls with the flag set;
+//!   ([`am_shm::sync::AsymmetricFence::across_processes`]; a kernel without the call fences on both
+//!   sides). A take costs an interrupt to the CPUs running ranks, so a receiver takes only before
+//!   it sleeps and after 16384 fruitless polls with the flag set;
 //! - **message location status** at the sender: a request slot stays busy until the reply
 //!   (or the core's implicit ACK) arrives in the paired reply slot, so `max_credits` is the
 //!   number of request slots per peer. A reply goes to the reply slot paired with the request
@@ -63,10 +63,10 @@
 //!   oldest, its slot flags say how many it answers ([`layout::answers`]), and the requester
 //!   frees all their request slots and looks for the next reply in the slot after them. A
 //!   one-way flood then pays one reply per batch of requests instead of one per request;
-//! - while requests stream to a peer, the sender asks its CPU for the cache lines of the
-//!   request slots a reply frees, for writing (`prefetchw`, [`am_shm::Imported::prefetch_for_write`]):
-//!   a cache hint of shared memory with no SCI counterpart, which reads and writes nothing a
-//!   peer sees, so the "writes only" model above holds;
+//! - while requests stream to a peer, the sender asks its CPU for the cache lines of the request
+//!   slots a reply frees, for writing (`prefetchw`, [`am_shm::Imported::prefetch_for_write`]): a
+//!   cache hint of shared memory with no SCI counterpart, which reads and writes nothing a peer
+//!   sees, so the "writes only" model above holds;
 //! - **PIO** (CPU stores) for Short and Medium, with both Medium strategies of the seed
 //!   ([`MediumStrategy`]; two transfers by default); a **DMA engine** (a thread per rank,
 //!   started on first use) for Long payloads of at least [`SciConfig::dma_threshold`] bytes (by

@@ -72,7 +72,8 @@ pub struct SocketStats {
     pub datagrams_in: u64,
 }
 
-/// The testing aid ([`UdpConfig::faults`], `AM_UDP_FAULTS`): seeded drop, duplicate and delay of outgoing datagrams.
+/// The testing aid ([`UdpConfig::faults`], `AM_UDP_FAULTS`): seeded drop, duplicate and delay of
+/// outgoing datagrams.
 struct Faults {
     config: FaultConfig,
     rng: am_core::FaultRng,

@@ -10,11 +10,12 @@ use crate::protocol::SystemMsg;
 use crate::transport::Transport;
 
 impl<H: Threading> Endpoint<H> {
-    /// Starts a barrier ([`crate::endpoint::start::Barrier`]): its handle, which [`Endpoint::poll_op`]
-    /// completes. A barrier starts once this rank's posted atomics are applied and those sent
-    /// as messages answered, so every rank leaving it sees them, and once the barrier before
-    /// it is left (a handle dropped does not stop that one: it is carried on here). A barrier
-    /// whose completion returned an error is resumed instead, sending nothing twice.
+    /// Starts a barrier ([`crate::endpoint::start::Barrier`]): its handle, which
+    /// [`Endpoint::poll_op`] completes. A barrier starts once this rank's posted atomics are
+    /// applied and those sent as messages answered, so every rank leaving it sees them, and once
+    /// the barrier before it is left (a handle dropped does not stop that one: it is carried on
+    /// here). A barrier whose completion returned an error is resumed instead, sending nothing
+    /// twice.
     pub fn barrier_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,

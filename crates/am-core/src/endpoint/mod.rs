@@ -14,10 +14,10 @@
 //! - **progress**: [`Endpoint::poll_one`] sends the replies the device refused, hands one
 //!   delivered message to its handler, and says whether one was handled or a peer ended the
 //!   job ([`Polled::Exit`]), which the driver then does;
-//! - **operations**: it takes an operation's [`Start`](crate::endpoint::start::Start) steps (`start`, then
-//!   `send`) until each is ready, making progress in between; that gives the operation's
-//!   [`Op`](crate::op::Op), which [`Endpoint::poll_op`] completes (leaving a waker, for an
-//!   async driver, that the completion wakes).
+//! - **operations**: it takes an operation's [`Start`](crate::endpoint::start::Start) steps
+//!   (`start`, then `send`) until each is ready, making progress in between; that gives the
+//!   operation's [`Op`](crate::op::Op), which [`Endpoint::poll_op`] completes (leaving a waker, for
+//!   an async driver, that the completion wakes).
 //!
 //! [`crate::Node`] is the driver this workspace uses; it waits between polls as its
 //! [`crate::WaitMode`] says. A driver of one's own (an event loop, a test harness that

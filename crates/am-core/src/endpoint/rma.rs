@@ -15,13 +15,13 @@ use crate::transport::{Remote, Rma, RmaRequests, SharedBytes, Sink, Source, Tran
 use crate::types::Rank;
 
 impl<H: Threading> Endpoint<H> {
-    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::endpoint::start::Put`]), after
-    /// the posted atomics ([`Endpoint::atomic_nbi`]). Where the NIC writes peers' memory
-    /// itself ([`Rma::Put`](crate::transport::Rma::Put)) the bytes are placed now and the handle is complete
-    /// ([`Op::is_ready`]); a put to this rank is a copy into `t`'s segment; otherwise the put
-    /// goes as AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet
-    /// (posted atomics or the NIC wait for the device, or for credits): make progress and
-    /// call again.
+    /// Starts a put of `data` into `dest`'s segment at `offset` ([`crate::endpoint::start::Put`]),
+    /// after the posted atomics ([`Endpoint::atomic_nbi`]). Where the NIC writes peers' memory
+    /// itself ([`Rma::Put`](crate::transport::Rma::Put)) the bytes are placed now and the handle is
+    /// complete ([`Op::is_ready`]); a put to this rank is a copy into `t`'s segment; otherwise the
+    /// put goes as AM Longs that [`Endpoint::put_step`] sends. `Pending`: nothing was done yet
+    /// (posted atomics or the NIC wait for the device, or for credits): make progress and call
+    /// again.
     pub fn put_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -65,11 +65,11 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a put from this rank's own segment ([`crate::endpoint::start::PutFromSegment`]):
-    /// `len` bytes at `local` here to `offset` of `dest`'s segment, after the posted
-    /// atomics. Where the NIC writes peers' memory ([`Source::Own`](crate::transport::Source::Own)) or
-    /// `dest` is this rank, it is one copy between the segments, complete now. Otherwise
-    /// the range is read into `bounce` and goes as a put of it ([`Endpoint::put_step`] with
-    /// `bounce`). Either range outside the segment is an error, and nothing is written.
+    /// `len` bytes at `local` here to `offset` of `dest`'s segment, after the posted atomics. Where
+    /// the NIC writes peers' memory ([`Source::Own`](crate::transport::Source::Own)) or `dest` is
+    /// this rank, it is one copy between the segments, complete now. Otherwise the range is read
+    /// into `bounce` and goes as a put of it ([`Endpoint::put_step`] with `bounce`). Either range
+    /// outside the segment is an error, and nothing is written.
     pub fn put_from_segment_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -103,12 +103,12 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
-    /// Starts a get into this rank's own segment
-    /// ([`crate::endpoint::start::GetIntoSegment`]): `len` bytes at `offset` of `src`'s
-    /// segment to `local` here, after the posted atomics. Where the NIC reads peers' memory
-    /// ([`Sink::Own`](crate::transport::Sink::Own)) or `src` is this rank, it is one copy between the
-    /// segments and `None` comes back: done. Otherwise the get of the bytes, whose outcome
-    /// the caller writes at `local`. Either range outside the segment is an error.
+    /// Starts a get into this rank's own segment ([`crate::endpoint::start::GetIntoSegment`]):
+    /// `len` bytes at `offset` of `src`'s segment to `local` here, after the posted atomics. Where
+    /// the NIC reads peers' memory ([`Sink::Own`](crate::transport::Sink::Own)) or `src` is this
+    /// rank, it is one copy between the segments and `None` comes back: done. Otherwise the get of
+    /// the bytes, whose outcome the caller writes at `local`. Either range outside the segment is
+    /// an error.
     pub fn get_into_segment_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -137,12 +137,12 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(None))
     }
 
-    /// Starts a put-with-signal ([`crate::endpoint::start::PutSignal`]): `data` into
-    /// `dest`'s segment at `offset`, then `signal` applied to the `u64` at `signal_at` there,
-    /// after the data and never before it; complete once the signal was applied. Where the
-    /// NIC writes peers' memory the data is placed now, and the signal too where the NIC
-    /// applies atomics ([`Rma::Atomic`](crate::transport::Rma::Atomic)); what is left travels as messages (the data's
-    /// AM Longs, then the signal, or a load of the signal word that wakes a target asleep in
+    /// Starts a put-with-signal ([`crate::endpoint::start::PutSignal`]): `data` into `dest`'s
+    /// segment at `offset`, then `signal` applied to the `u64` at `signal_at` there, after the data
+    /// and never before it; complete once the signal was applied. Where the NIC writes peers'
+    /// memory the data is placed now, and the signal too where the NIC applies atomics
+    /// ([`Rma::Atomic`](crate::transport::Rma::Atomic)); what is left travels as messages (the
+    /// data's AM Longs, then the signal, or a load of the signal word that wakes a target asleep in
     /// [`crate::Node::wait_word`]) that [`Endpoint::put_signal_step`] sends. `Pending` as
     /// [`Endpoint::put_start`].
     pub fn put_signal_start<T: Transport + ?Sized>(
@@ -275,12 +275,11 @@ impl<H: Threading> Endpoint<H> {
     /// Starts a strided or indexed put ([`crate::endpoint::start::PutRegions`]): `data` into
     /// `dest`'s segment region by region (`regions`: offset and length pairs, in the order of
     /// `data`). Where the NIC writes peers' memory it is done now
-    /// ([`Remote::Regions`](crate::transport::Remote::Regions): as few NIC operations as it can); otherwise the regions
-    /// go packed into as few system Mediums as they fit
-    /// (a system message of its own) that [`Endpoint::put_regions_step`]
-    /// sends. Regions whose lengths do not add up to the data's are
-    /// [`AmError::InvalidRegions`]; one outside the segment is an error too, and nothing is
-    /// written. `Pending` as [`Endpoint::put_start`].
+    /// ([`Remote::Regions`](crate::transport::Remote::Regions): as few NIC operations as it can);
+    /// otherwise the regions go packed into as few system Mediums as they fit (a system message of
+    /// its own) that [`Endpoint::put_regions_step`] sends. Regions whose lengths do not add up to
+    /// the data's are [`AmError::InvalidRegions`]; one outside the segment is an error too, and
+    /// nothing is written. `Pending` as [`Endpoint::put_start`].
     pub fn put_regions_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -317,11 +316,11 @@ impl<H: Threading> Endpoint<H> {
         Poll::Ready(Ok(Op::ready(Raw::Unit)))
     }
 
-    /// Starts a strided or indexed get ([`crate::endpoint::start::GetRegions`]): the regions
-    /// of `src`'s segment, in order, into a new `Vec`. Where the NIC reads peers' memory
-    /// ([`Remote::Regions`](crate::transport::Remote::Regions)) or `src` is this rank, they are read now; otherwise
-    /// [`Endpoint::get_step`] sends one request per region (per Medium of a larger one),
-    /// whose answers land at their place in the `Vec`. Checked as
+    /// Starts a strided or indexed get ([`crate::endpoint::start::GetRegions`]): the regions of
+    /// `src`'s segment, in order, into a new `Vec`. Where the NIC reads peers' memory
+    /// ([`Remote::Regions`](crate::transport::Remote::Regions)) or `src` is this rank, they are
+    /// read now; otherwise [`Endpoint::get_step`] sends one request per region (per Medium of a
+    /// larger one), whose answers land at their place in the `Vec`. Checked as
     /// [`Endpoint::put_regions_start`]; `Pending` as [`Endpoint::put_start`].
     pub fn get_regions_start<T: Transport + ?Sized>(
         &mut self,
@@ -516,11 +515,11 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Starts a get of `len` bytes at `offset` of `src`'s segment ([`crate::endpoint::start::Get`]),
-    /// after the posted atomics. Where the NIC reads peers' memory itself ([`Rma::Get`](crate::transport::Rma::Get))
-    /// or `src` is this rank, the bytes are read now and the handle is complete; otherwise
-    /// [`Endpoint::get_step`] sends the requests that `src`'s progress answers. `Pending`
-    /// as [`Endpoint::put_start`].
+    /// Starts a get of `len` bytes at `offset` of `src`'s segment
+    /// ([`crate::endpoint::start::Get`]), after the posted atomics. Where the NIC reads peers'
+    /// memory itself ([`Rma::Get`](crate::transport::Rma::Get)) or `src` is this rank, the bytes
+    /// are read now and the handle is complete; otherwise [`Endpoint::get_step`] sends the requests
+    /// that `src`'s progress answers. `Pending` as [`Endpoint::put_start`].
     pub fn get_start<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
@@ -545,8 +544,8 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
-    /// Starts a get into `dst`, a buffer of the caller's ([`crate::endpoint::start::GetInto`], which
-    /// gives the handle `dst` to fill), as [`Endpoint::get_start`]: a handle complete when
+    /// Starts a get into `dst`, a buffer of the caller's ([`crate::endpoint::start::GetInto`],
+    /// which gives the handle `dst` to fill), as [`Endpoint::get_start`]: a handle complete when
     /// started once the bytes are in `dst`; otherwise the get by messages, whose bytes its
     /// completion copies into `dst`.
     pub fn get_into_start<T: Transport + ?Sized>(
@@ -635,10 +634,10 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a remote atomic on the word at `offset` of `dest`'s segment
-    /// ([`crate::endpoint::start::Atomic`]), after the posted atomics. Where the NIC applies atomics
-    /// itself ([`Rma::Atomic`](crate::transport::Rma::Atomic)) or `dest` is this rank, it is applied now and the handle
-    /// holds the old value; otherwise [`Endpoint::atomic_step`] sends it as a system message
-    /// that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].
+    /// ([`crate::endpoint::start::Atomic`]), after the posted atomics. Where the NIC applies
+    /// atomics itself ([`Rma::Atomic`](crate::transport::Rma::Atomic)) or `dest` is this rank, it
+    /// is applied now and the handle holds the old value; otherwise [`Endpoint::atomic_step`] sends
+    /// it as a system message that `dest`'s progress applies. `Pending` as [`Endpoint::put_start`].
     pub fn atomic_start<T: Transport + ?Sized, W: AtomicWord + Outcome>(
         &mut self,
         t: &mut T,

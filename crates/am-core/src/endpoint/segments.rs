@@ -400,17 +400,18 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a put from a range of one of this rank's segments to a published one
-    /// ([`crate::endpoint::start::PutToFromSegment`]): `len` bytes at `at` of this rank's
-    /// segment `local` to `offset` of `remote`, with no slice of the caller's in between.
-    /// Both on segment 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy
-    /// from mapping to mapping where this rank reaches the target's memory (its own
-    /// segments, a peer's it maps, a peer's segment 0 where the transport copies from a
-    /// created segment itself: [`Source::Segment`](crate::transport::Source::Segment)); a created segment's range to a
-    /// registered segment goes by [`Remote::Keyed`](crate::transport::Remote::Keyed), which may write straight
-    /// from it; elsewhere the range is read into `bounce`, which goes by the transport's RMA
-    /// on a registered segment ([`Remote::Keyed`](crate::transport::Remote::Keyed)), or as the messages of
-    /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or
-    /// published here, is an error, and nothing is written.
+    /// ([`crate::endpoint::start::PutToFromSegment`]): `len` bytes at `at` of this rank's segment
+    /// `local` to `offset` of `remote`, with no slice of the caller's in between. Both on segment
+    /// 0, it is [`Endpoint::put_from_segment_start`]. Otherwise one copy from mapping to mapping
+    /// where this rank reaches the target's memory (its own segments, a peer's it maps, a peer's
+    /// segment 0 where the transport copies from a created segment itself:
+    /// [`Source::Segment`](crate::transport::Source::Segment)); a created segment's range to a
+    /// registered segment goes by [`Remote::Keyed`](crate::transport::Remote::Keyed), which may
+    /// write straight from it; elsewhere the range is read into `bounce`, which goes by the
+    /// transport's RMA on a registered segment
+    /// ([`Remote::Keyed`](crate::transport::Remote::Keyed)), or as the messages of
+    /// [`Endpoint::put_step`]. Either range outside its segment, or a segment not held or published
+    /// here, is an error, and nothing is written.
     #[allow(clippy::too_many_arguments)]
     pub fn put_to_from_segment_start<T: Transport + ?Sized>(
         &mut self,
@@ -493,13 +494,13 @@ impl<H: Threading> Endpoint<H> {
     }
 
     /// Starts a get from a published segment into a range of one of this rank's
-    /// ([`crate::endpoint::start::GetFromIntoSegment`]): `len` bytes at `offset` of
-    /// `remote` to `at` of this rank's segment `local`, as
-    /// [`Endpoint::put_to_from_segment_start`]: both on segment 0, it is
-    /// [`Endpoint::get_into_segment_start`]; one copy from mapping to mapping where this
-    /// rank reaches the source's memory ([`Sink::Segment`](crate::transport::Sink::Segment)), or the transport's
-    /// RMA into a buffer copied into place; `None` comes back: done. Otherwise the get by
-    /// messages, whose bytes the caller writes at `at` of `local` once they have come.
+    /// ([`crate::endpoint::start::GetFromIntoSegment`]): `len` bytes at `offset` of `remote` to
+    /// `at` of this rank's segment `local`, as [`Endpoint::put_to_from_segment_start`]: both on
+    /// segment 0, it is [`Endpoint::get_into_segment_start`]; one copy from mapping to mapping
+    /// where this rank reaches the source's memory
+    /// ([`Sink::Segment`](crate::transport::Sink::Segment)), or the transport's RMA into a buffer
+    /// copied into place; `None` comes back: done. Otherwise the get by messages, whose bytes the
+    /// caller writes at `at` of `local` once they have come.
     #[allow(clippy::too_many_arguments)]
     pub fn get_from_into_segment_start<T: Transport + ?Sized>(
         &mut self,

@@ -48,11 +48,11 @@ pub trait Start {
     }
 }
 
-/// A put: `data` into `dest`'s segment at `offset`. Where the transport reaches the target's
-/// memory ([`Rma::Put`](crate::transport::Rma::Put)) it is one copy into it, complete when started, whether or not
-/// the target polls; elsewhere it goes as AM Longs that the target's progress acknowledges. A
-/// put to this rank is a copy into its own segment. A range outside the segment is an error
-/// when it starts, and nothing is written.
+/// A put: `data` into `dest`'s segment at `offset`. Where the transport reaches the target's memory
+/// ([`Rma::Put`](crate::transport::Rma::Put)) it is one copy into it, complete when started,
+/// whether or not the target polls; elsewhere it goes as AM Longs that the target's progress
+/// acknowledges. A put to this rank is a copy into its own segment. A range outside the segment is
+/// an error when it starts, and nothing is written.
 ///
 /// Puts are not ordered with this rank's AMs or with each other; a later request to the
 /// target, a barrier or a quiesce after the completion publishes them.
@@ -88,10 +88,10 @@ impl Start for Put<'_> {
 /// A strided or indexed put: `data` into `dest`'s segment region by region, in one call
 /// (GASNet-EX's VIS `gex_VIS_IndexedPut`/`StridedPut`, OpenSHMEM's `shmem_iput`, Chapel's
 /// `put_strd`). Where the transport reaches the target's memory it is one copy per region
-/// ([`Remote::Regions`](crate::transport::Remote::Regions)), complete when started; elsewhere the regions go packed into
-/// as few system Mediums as they fit, each written whole by the target's progress. Regions
-/// outside the segment, or whose lengths do not describe `data`, are an error when it
-/// starts, and nothing is written. Made by [`PutRegions::indexed`] or
+/// ([`Remote::Regions`](crate::transport::Remote::Regions)), complete when started; elsewhere the
+/// regions go packed into as few system Mediums as they fit, each written whole by the target's
+/// progress. Regions outside the segment, or whose lengths do not describe `data`, are an error
+/// when it starts, and nothing is written. Made by [`PutRegions::indexed`] or
 /// [`PutRegions::strided`].
 #[derive(Debug, Clone, Copy)]
 pub struct PutRegions<'a> {
@@ -157,11 +157,11 @@ impl Start for PutRegions<'_> {
     }
 }
 
-/// A strided or indexed get: regions of `src`'s segment, in order, into a new `Vec`, in one
-/// call (GASNet-EX's VIS gets, OpenSHMEM's `shmem_iget`). Where the transport reaches the
-/// source's memory it is one copy per region ([`Remote::Regions`](crate::transport::Remote::Regions)), complete when
-/// started; elsewhere one request per region (per Medium of a larger one), answered by the
-/// source's progress. Regions outside the segment are an error when it starts. Made by
+/// A strided or indexed get: regions of `src`'s segment, in order, into a new `Vec`, in one call
+/// (GASNet-EX's VIS gets, OpenSHMEM's `shmem_iget`). Where the transport reaches the source's
+/// memory it is one copy per region ([`Remote::Regions`](crate::transport::Remote::Regions)),
+/// complete when started; elsewhere one request per region (per Medium of a larger one), answered
+/// by the source's progress. Regions outside the segment are an error when it starts. Made by
 /// [`GetRegions::indexed`] or [`GetRegions::strided`].
 #[derive(Debug, Clone, Copy)]
 pub struct GetRegions<'a> {
@@ -266,10 +266,10 @@ impl Start for PutSignal<'_> {
     }
 }
 
-/// A get: `len` bytes at `offset` of `src`'s segment, into a new `Vec`. Where the transport
-/// reaches the target's memory ([`Rma::Get`](crate::transport::Rma::Get)) or `src` is this rank, the bytes are read
-/// when it starts, with no help from `src`; elsewhere `src`'s progress answers system messages
-/// for them. A range outside the segment is an error when it starts.
+/// A get: `len` bytes at `offset` of `src`'s segment, into a new `Vec`. Where the transport reaches
+/// the target's memory ([`Rma::Get`](crate::transport::Rma::Get)) or `src` is this rank, the bytes
+/// are read when it starts, with no help from `src`; elsewhere `src`'s progress answers system
+/// messages for them. A range outside the segment is an error when it starts.
 #[derive(Debug, Clone, Copy)]
 pub struct Get {
     /// The rank read from.
@@ -301,12 +301,12 @@ impl Start for Get {
 
 /// A put from this rank's own segment: `len` bytes at `local` of it to `offset` of `dest`'s
 /// segment, with no slice of the caller's in between (GASNet-EX's puts from a bound segment,
-/// OpenSHMEM's `shmem_putmem` from symmetric memory). Where the transport writes peers'
-/// memory ([`Source::Own`](crate::transport::Source::Own)) it is one copy from mapping to mapping, complete
-/// when it starts; elsewhere the range is read into a buffer of the operation's and goes as
-/// [`Put`] does. Either range outside the segment is an error when it starts, and nothing
-/// is written. The source range is read when the operation starts (at its end over
-/// messages): writes to it meanwhile may or may not be seen.
+/// OpenSHMEM's `shmem_putmem` from symmetric memory). Where the transport writes peers' memory
+/// ([`Source::Own`](crate::transport::Source::Own)) it is one copy from mapping to mapping,
+/// complete when it starts; elsewhere the range is read into a buffer of the operation's and goes
+/// as [`Put`] does. Either range outside the segment is an error when it starts, and nothing is
+/// written. The source range is read when the operation starts (at its end over messages): writes
+/// to it meanwhile may or may not be seen.
 #[derive(Debug, Clone)]
 pub struct PutFromSegment {
     /// The target.
@@ -422,18 +422,17 @@ impl Start for GetIntoSegment {
     }
 }
 
-/// A put between segments named by id and offset: `len` bytes at `local_offset` of this
-/// rank's segment `local` (0 or one it created) to `offset` of a published segment, with no
-/// slice of the caller's in between, so that no borrow of a segment's bytes spans the call.
-/// Both on segment 0 it is a [`PutFromSegment`]. Where this rank reaches the target's
-/// memory (its own segments, a peer's it maps, and a peer's segment 0 where the transport
-/// copies from a created segment itself, [`Source::Segment`](crate::transport::Source::Segment): loopback, sci,
-/// extoll, portals, and ofi from a published created segment, by RMA straight from its
-/// registration) it is one copy from mapping to mapping, complete when it starts;
-/// elsewhere the range is read into a buffer of the operation's when it starts and goes as
-/// [`PutTo`] does. The source range is read when the operation starts: writes to it
-/// afterwards are not seen. An unknown or freed segment on either side is
-/// [`crate::AmError::UnknownSegment`], either range outside its segment
+/// A put between segments named by id and offset: `len` bytes at `local_offset` of this rank's
+/// segment `local` (0 or one it created) to `offset` of a published segment, with no slice of the
+/// caller's in between, so that no borrow of a segment's bytes spans the call. Both on segment 0 it
+/// is a [`PutFromSegment`]. Where this rank reaches the target's memory (its own segments, a peer's
+/// it maps, and a peer's segment 0 where the transport copies from a created segment itself,
+/// [`Source::Segment`](crate::transport::Source::Segment): loopback, sci, extoll, portals, and ofi
+/// from a published created segment, by RMA straight from its registration) it is one copy from
+/// mapping to mapping, complete when it starts; elsewhere the range is read into a buffer of the
+/// operation's when it starts and goes as [`PutTo`] does. The source range is read when the
+/// operation starts: writes to it afterwards are not seen. An unknown or freed segment on either
+/// side is [`crate::AmError::UnknownSegment`], either range outside its segment
 /// [`crate::AmError::SegmentOutOfBounds`], both when it starts, with nothing written.
 #[derive(Debug, Clone)]
 pub struct PutToFromSegment {
@@ -498,17 +497,16 @@ impl Start for PutToFromSegment {
     }
 }
 
-/// A get between segments named by id and offset: `len` bytes at `offset` of a published
-/// segment to `local_offset` of this rank's segment `local` (0 or one it created), with no
-/// buffer of the caller's in between. Both on segment 0 it is a [`GetIntoSegment`]. Where
-/// this rank reaches the source's memory (as [`PutToFromSegment`];
-/// [`Sink::Segment`](crate::transport::Sink::Segment)) it is one copy from mapping to mapping; through a
-/// registered segment the transport's RMA into a buffer, then a copy into place; both
-/// complete when it starts. Elsewhere the bytes come as [`GetFrom`]'s do and are written at
-/// `local_offset` when they have all come, which the operation's sending step waits for
-/// (so over messages its `_nb` form returns once they are in place); a `local` freed
-/// meanwhile is [`crate::AmError::UnknownSegment`] naming this rank. Checked as
-/// [`PutToFromSegment`].
+/// A get between segments named by id and offset: `len` bytes at `offset` of a published segment to
+/// `local_offset` of this rank's segment `local` (0 or one it created), with no buffer of the
+/// caller's in between. Both on segment 0 it is a [`GetIntoSegment`]. Where this rank reaches the
+/// source's memory (as [`PutToFromSegment`]; [`Sink::Segment`](crate::transport::Sink::Segment)) it
+/// is one copy from mapping to mapping; through a registered segment the transport's RMA into a
+/// buffer, then a copy into place; both complete when it starts. Elsewhere the bytes come as
+/// [`GetFrom`]'s do and are written at `local_offset` when they have all come, which the
+/// operation's sending step waits for (so over messages its `_nb` form returns once they are in
+/// place); a `local` freed meanwhile is [`crate::AmError::UnknownSegment`] naming this rank.
+/// Checked as [`PutToFromSegment`].
 #[derive(Debug)]
 pub struct GetFromIntoSegment {
     /// The source segment.
@@ -637,13 +635,13 @@ impl<'b> Start for GetInto<'b> {
     }
 }
 
-/// A remote atomic on the aligned word (`u32`, `u64`, `i32`, `i64`, `f32` or `f64`) at
-/// `offset` of `dest`'s segment ([`AtomicOp`]; see [`crate::atomic`] for the ordering),
-/// completing with the word's old value. Where the transport reaches the target's memory (the shared-memory NICs and
-/// [`crate::Loopback`]) it is one atomic instruction on the target's word, done when it
-/// starts, whether or not the target polls; elsewhere it travels as a system message that the
-/// target's progress applies. A word outside the segment or misaligned, or a bitwise
-/// operation on a float, is an error when it starts, and nothing is done.
+/// A remote atomic on the aligned word (`u32`, `u64`, `i32`, `i64`, `f32` or `f64`) at `offset` of
+/// `dest`'s segment ([`AtomicOp`]; see [`crate::atomic`] for the ordering), completing with the
+/// word's old value. Where the transport reaches the target's memory (the shared-memory NICs and
+/// [`crate::Loopback`]) it is one atomic instruction on the target's word, done when it starts,
+/// whether or not the target polls; elsewhere it travels as a system message that the target's
+/// progress applies. A word outside the segment or misaligned, or a bitwise operation on a float,
+/// is an error when it starts, and nothing is done.
 #[derive(Debug, Clone, Copy)]
 pub struct Atomic<W: AtomicWord> {
     /// The target.
@@ -966,12 +964,11 @@ impl Outbound {
 /// The message that ends a typed value: its handler, words and last piece.
 type LastPiece<'a> = (HandlerId, &'a [u32], &'a [u8]);
 
-/// A typed call ([`crate::typed`]): `msg` encoded when it is made (one longer than 64 KiB
-/// when it starts, so that it can be encoded straight into the memory it moves from), sent
-/// to `dest` as a call of the table's reserved typed-call handler, completing with the answer decoded as an
-/// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or
-/// a value larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing
-/// is sent.
+/// A typed call ([`crate::typed`]): `msg` encoded when it is made (one longer than 64 KiB when it
+/// starts, so that it can be encoded straight into the memory it moves from), sent to `dest` as a
+/// call of the table's reserved typed-call handler, completing with the answer decoded as an
+/// `M::Reply` (its handle an `Op<Typed<M::Reply>>`). A type this rank does not register, or a value
+/// larger than [`crate::typed::MAX_LEN`], is an error when it starts, and nothing is sent.
 pub struct TypedCall<M: crate::typed::Am>(Outbound, Option<M>);
 
 impl<M: crate::typed::Am> std::fmt::Debug for TypedCall<M> {
@@ -1993,8 +1990,9 @@ impl<E: Element> Start for TeamAllReduceInSegment<E> {
 macro_rules! operations {
     ($driver:ident) => {
         $driver! { op
-            /// Writes `data` into `dest`'s segment at `offset` ([`Put`](crate::endpoint::start::Put):
-            /// one copy where the NIC reaches the target's memory, AM Longs elsewhere).
+            /// Writes `data` into `dest`'s segment at `offset`
+            /// ([`Put`](crate::endpoint::start::Put): one copy where the NIC reaches the target's
+            /// memory, AM Longs elsewhere).
             put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
                 = $crate::endpoint::start::Put { dest, offset, data }; nb put_nb; borrows;
         }
@@ -2036,16 +2034,16 @@ macro_rules! operations {
                 = $crate::endpoint::start::PutSignal { dest, offset, data, signal_at, signal }; nb put_signal_nb; borrows;
         }
         $driver! { op
-            /// Copies `len` bytes at `local` of this rank's segment to `offset` of `dest`'s,
-            /// with no slice in between ([`PutFromSegment`](crate::endpoint::start::PutFromSegment):
-            /// one copy from mapping to mapping where the NIC writes peers' memory).
+            /// Copies `len` bytes at `local` of this rank's segment to `offset` of `dest`'s, with
+            /// no slice in between ([`PutFromSegment`](crate::endpoint::start::PutFromSegment): one
+            /// copy from mapping to mapping where the NIC writes peers' memory).
             put_from_segment [] (dest: $crate::Rank, offset: usize, local: usize, len: usize) -> ()
                 = $crate::endpoint::start::PutFromSegment::new(dest, offset, local, len); nb put_from_segment_nb; owns;
         }
         $driver! { op
-            /// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's,
-            /// with no buffer in between ([`GetIntoSegment`](crate::endpoint::start::GetIntoSegment):
-            /// one copy from mapping to mapping where the NIC reads peers' memory).
+            /// Copies `len` bytes at `offset` of `src`'s segment to `local` of this rank's, with no
+            /// buffer in between ([`GetIntoSegment`](crate::endpoint::start::GetIntoSegment): one
+            /// copy from mapping to mapping where the NIC reads peers' memory).
             get_into_segment [] (src: $crate::Rank, offset: usize, local: usize, len: usize) -> ()
                 = $crate::endpoint::start::GetIntoSegment::new(src, offset, local, len); nb get_into_segment_nb; owns;
         }
@@ -2149,10 +2147,10 @@ macro_rules! operations {
                 = $crate::endpoint::start::FreeSymmetric::new(team, block); nb free_symmetric_nb; owns;
         }
         $driver! { op
-            /// Publishes this rank's segment `id` on `team` and completes with every
-            /// member's, in team order ([`PublishSegment`](crate::endpoint::start::PublishSegment)):
-            /// `let peers = publish_segment(&world, node.create_segment(1 << 20)?)?`, then
-            /// `put_to(&peers[1], 0, b"hello")`. Collective over the team.
+            /// Publishes this rank's segment `id` on `team` and completes with every member's, in
+            /// team order ([`PublishSegment`](crate::endpoint::start::PublishSegment)): `let peers
+            /// = publish_segment(&world, node.create_segment(1 << 20)?)?`, then `put_to(&peers[1],
+            /// 0, b"hello")`. Collective over the team.
             publish_segment [] (team: &$crate::team::Team, id: $crate::segment::SegmentId) -> Vec<$crate::segment::RemoteSegment>
                 = $crate::endpoint::start::PublishSegment::new(team, id); nb publish_segment_nb; owns;
         }

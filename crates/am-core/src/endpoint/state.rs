@@ -187,8 +187,9 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) unanswered_reported: Vec<bool>,
     /// Private memory a handler's `Msg::payload` copies a shared payload into (reused).
     pub(super) scratch: Vec<u8>,
-    /// Posted atomics not applied yet, in order ([`Endpoint::atomic_nbi`]), all of one path:
-    /// the NIC applies them itself ([`Rma::Atomics`](crate::transport::Rma::Atomics)), or they go as messages.
+    /// Posted atomics not applied yet, in order ([`Endpoint::atomic_nbi`]), all of one path: the
+    /// NIC applies them itself ([`Rma::Atomics`](crate::transport::Rma::Atomics)), or they go as
+    /// messages.
     pub(super) posted: Vec<Posted>,
     pub(super) posted_by_nic: bool,
     /// The payload of a [`crate::protocol::SystemMsg::Atomics`] being sent (reused).
@@ -314,8 +315,8 @@ impl<H: Threading> Endpoint<H> {
 
     /// Whether one empty reply may answer several requests of a peer
     /// ([`crate::Capabilities::acks_coalesce`]; off by default). On, the requests whose handlers
-    /// sent no reply are answered by one system message of acknowledgements per peer when half the credits
-    /// a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
+    /// sent no reply are answered by one system message of acknowledgements per peer when half the
+    /// credits a peer starts with are owed to it, and the rest by [`Endpoint::flush_acks`], which a
     /// driver calls when a poll finds nothing.
     pub fn set_acks_coalesce(&mut self, on: bool) {
         self.replies.acks = on.then(|| OwedAcks::new(self.size, self.credits.held(self.rank) / 2));
