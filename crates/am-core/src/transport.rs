@@ -348,11 +348,14 @@ pub trait Tx {
 /// Grows with the NICs: build it with [`NicInfo::new`] and set the rest.
 ///
 /// ```
-/// # use am_core::transport::{Limits, NicInfo};
-/// let limits = Limits { max_args: 16, max_medium: 1024, max_long: 1 << 20, max_credits: 64 };
-/// let mut info = NicInfo::new("mynic", limits);
-/// info.capabilities.put = true;
-/// assert_eq!(info.credits, am_core::Credits::default());
+/// use amnet::{Credits, Limits, NicInfo};
+///
+/// fn main() {
+///     let limits = Limits { max_args: 16, max_medium: 1024, max_long: 1 << 20, max_credits: 64 };
+///     let mut info = NicInfo::new("mynic", limits);
+///     info.capabilities.put = true;
+///     assert_eq!(info.credits, Credits::default());
+/// }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -980,7 +983,8 @@ impl<T: Transport + ?Sized> KeyedRequests for T {}
 /// The names are those of [`Transport`]'s methods and [`Tx::try_send`].
 ///
 /// ```
-/// use am_core::{forward_transport, Loopback, Transport, Tx};
+/// use amnet::{forward_transport, Loopback, LoopbackConfig, Outgoing, Rank, SendError};
+/// use amnet::{Transport, Tx};
 ///
 /// /// A transport that counts the messages it sends and forwards the rest.
 /// struct Counting {
@@ -989,11 +993,7 @@ impl<T: Transport + ?Sized> KeyedRequests for T {}
 /// }
 ///
 /// impl Tx for Counting {
-///     fn try_send(
-///         &mut self,
-///         dest: am_core::Rank,
-///         msg: &am_core::Outgoing<'_>,
-///     ) -> Result<(), am_core::SendError> {
+///     fn try_send(&mut self, dest: Rank, msg: &Outgoing<'_>) -> Result<(), SendError> {
 ///         self.sent += 1;
 ///         self.inner.try_send(dest, msg)
 ///     }
@@ -1004,8 +1004,11 @@ impl<T: Transport + ?Sized> KeyedRequests for T {}
 ///         arm, disarm, flush, stats, rma, registration, close);
 /// }
 ///
-/// let mut c = Counting { inner: Loopback::job(1).pop().unwrap(), sent: 0 };
-/// assert_eq!(c.info().name, "loopback");
+/// fn main() {
+///     let inner = Loopback::cluster(1, LoopbackConfig::default()).pop().unwrap();
+///     let c = Counting { inner, sent: 0 };
+///     assert_eq!((c.info().name, c.size(), c.sent), ("loopback", 1, 0));
+/// }
 /// ```
 #[macro_export]
 macro_rules! forward_transport {
