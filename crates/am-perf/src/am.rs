@@ -48,6 +48,16 @@ pub fn handlers(replies: &Rc<Cell<u64>>) -> Result<Handlers<Local>, RegisterErro
     Ok(h)
 }
 
+/// Runs `f` and returns what it returns: [`rma_ops`]'s measured loop runs inside it.
+/// Never inlined, so callgrind finds it by name: under `valgrind --tool=callgrind
+/// --collect-atstart=no --toggle-collect='*am_perf_measure*'` only what runs inside it is
+/// counted, in the thread that runs it (another rank's thread, waiting meanwhile, is not),
+/// and neither the job's start-up nor its teardown.
+#[inline(never)]
+pub fn am_perf_measure<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// The callable handler of `selfrt call`.
 const CALL_SUM: HandlerId = HandlerId(1);
 
@@ -139,7 +149,9 @@ pub fn long_bandwidth<T: Transport>(node: &mut Node<T, Local>) -> Result<f64, Am
 /// the credit return's share). Returns ns per round trip (per message for `flood`).
 ///
 /// Run under `valgrind --tool=callgrind` with two counts and subtract to get instructions
-/// per round trip; `am` minus `nic` is the core's share.
+/// per round trip; `am` minus `nic` is the core's share. Counted over the whole process:
+/// marking this function (or its loops) for callgrind's `--toggle-collect` changes what
+/// LTO inlines here, and the counts with it (loopback's AM Short by about 40 instructions).
 pub fn self_round_trips<T: Transport>(
     transport: T,
     what: &str,
@@ -236,4 +248,120 @@ pub fn self_round_trips<T: Transport>(
         }
     }
     Ok(start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64)
+}
+
+/// What one blocking RMA operation of 8 bytes from rank 0 to rank 1 costs rank 0, with the
+/// operation reaching the transport (an operation on a rank's own segment never does):
+/// `what` is `"put"` ([`Node::put`] of 8 bytes), `"get"` ([`Node::get_into`] an 8-byte
+/// buffer, so no allocation is counted) or `"atomic"` ([`Node::atomic`], a fetching add
+/// on a `u64`). `transports` are the two ranks of an in-process job (`T::cluster(2, ..)`),
+/// each run in its own thread: rank 1 meets rank 0 at a barrier, then waits at the next one
+/// (`peer_wait`: [`WaitMode::Block`](am_core::WaitMode::Block) sleeps there, so it costs
+/// the measuring rank no CPU; a transport whose target must poll for the operations to
+/// complete needs a polling mode), while rank 0, spinning as in [`self_round_trips`], makes
+/// its `iters` operations inside [`am_perf_measure`] and checks what they did. Returns ns
+/// per operation.
+///
+/// Under callgrind, count with `--collect-atstart=no --toggle-collect='*am_perf_measure*'`
+/// (rank 0's thread inside the loop, not rank 1's), two counts subtracted as for
+/// [`self_round_trips`].
+pub fn rma_ops<T: Transport + Send>(
+    transports: Vec<T>,
+    what: &str,
+    iters: usize,
+    peer_wait: am_core::WaitMode,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    if !matches!(what, "put" | "get" | "atomic") {
+        return Err(format!("rma: `{what}` is not put, get or atomic").into());
+    }
+    if transports.len() != 2 {
+        return Err(format!("rma: a job of 2 ranks, not {}", transports.len()).into());
+    }
+    let results: Vec<Result<f64, String>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = transports
+            .into_iter()
+            .map(|t| {
+                s.spawn(move || {
+                    let wait = if t.rank() == 0 {
+                        am_core::WaitMode::Spin
+                    } else {
+                        peer_wait
+                    };
+                    rma_rank(t, what, iters, wait).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    let mut ns = 0.0;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(t) if rank == 0 => ns = t,
+            Ok(_) => {}
+            Err(e) => return Err(format!("rma {what}: rank {rank}: {e}").into()),
+        }
+    }
+    Ok(ns)
+}
+
+/// One rank of [`rma_ops`]: rank 0 measures, rank 1 waits at the second barrier.
+fn rma_rank<T: Transport>(
+    transport: T,
+    what: &str,
+    iters: usize,
+    wait: am_core::WaitMode,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    /// Where in rank 1's segment: the put's word, the get's and the atomic's.
+    const PUT_AT: usize = 0;
+    const GET_AT: usize = 64;
+    const ATOMIC_AT: usize = 128;
+    let replies = Rc::new(Cell::new(0u64));
+    let config = am_core::Config::default().wait_mode(wait);
+    let mut node = Node::new(transport, handlers(&replies)?, config)?;
+    let got = 0x0123_4567_89ab_cdefu64;
+    if node.rank() == PEER {
+        node.segment().write(GET_AT, &got.to_le_bytes())?;
+    }
+    node.barrier()?;
+    let mut ns = 0.0;
+    if node.rank() == 0 {
+        let start = Instant::now();
+        let word = 42u64.to_le_bytes();
+        let mut buf = [0u8; 8];
+        let mut last = 0u64;
+        am_perf_measure(|| -> Result<(), Box<dyn std::error::Error>> {
+            for k in 0..iters as u64 {
+                match what {
+                    "put" => node.put(PEER, PUT_AT, &word)?,
+                    "get" => {
+                        node.get_into(PEER, GET_AT, &mut buf)?;
+                    }
+                    _ => {
+                        last = node.atomic(PEER, ATOMIC_AT, am_core::AtomicOp::FetchAdd(1u64))?;
+                        if last != k {
+                            return Err(format!("atomic {k}: fetched {last}").into());
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        ns = start.elapsed().as_secs_f64() * 1e9 / iters.max(1) as f64;
+        if what == "get" && iters > 0 && u64::from_le_bytes(buf) != got {
+            return Err(format!("get: {:#x} came, not {got:#x}", u64::from_le_bytes(buf)).into());
+        }
+        std::hint::black_box(last);
+    }
+    node.barrier()?;
+    if node.rank() == PEER && what == "put" && iters > 0 {
+        let mut put = [0u8; 8];
+        node.segment().read(PUT_AT, &mut put)?;
+        if put != 42u64.to_le_bytes() {
+            return Err("put: the word did not land".into());
+        }
+    }
+    Ok(ns)
 }
