@@ -6,6 +6,15 @@
 //! - `ofi-rank-test alltoall ROUNDS`: every rank sends ROUNDS Medium requests to every rank,
 //!   checks the echoes, puts 64 KiB into the next rank's segment and checks it, then meets
 //!   the others at a barrier.
+//! - `ofi-rank-test selfrt am|medium|flood|call|typed N`: one rank's round trips to itself
+//!   (`Ofi::cluster(1, ..)`, for callgrind; `am_perf::am::self_round_trips`).
+//! - `ofi-rank-test rma put|get|atomic N`: rank 0's blocking puts, gets or fetching adds of 8
+//!   bytes into rank 1's segment, two ranks of one job as threads (`Ofi::cluster`; for
+//!   callgrind with `--toggle-collect`, `am_perf::am::rma_ops`). Rank 1 waits in a barrier
+//!   meanwhile, blocking by default (`AM_WAIT` chooses): its blocking wait still makes the
+//!   progress a provider with manual progress needs at the target, and a spinning rank 1
+//!   would take turns with rank 0 under valgrind, which counts rank 0's spinning for a
+//!   completion meanwhile (about 370,000 instructions per get over tcp, against 17,000).
 //! - `ofi-rank-test mismatch` (3 ranks): rank 1 asks for a larger segment; every rank must
 //!   fail start-up with the typed segment-size mismatch.
 //! - `ofi-rank-test pending DIR panic|abort|exit|kill` (2 ranks): rank 1 dies that way
@@ -32,6 +41,30 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 fn main() -> Res {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("alltoall");
+    if mode == "selfrt" {
+        // One rank, round trips to itself: see am_perf::am::self_round_trips.
+        let what = args.get(1).map_or("am", String::as_str);
+        let iters: usize = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
+        let nic = Ofi::cluster(1, 1 << 16, OfiConfig::from_env()?)?
+            .pop()
+            .ok_or("no rank")?;
+        let ns = am_perf::am::self_round_trips(nic, what, iters)?;
+        println!("selfrt {what}: {ns:.1} ns per round trip");
+        return Ok(());
+    }
+    if mode == "rma" {
+        // Two ranks as threads, rank 0 measures: see am_perf::am::rma_ops.
+        let what = args.get(1).map_or("put", String::as_str);
+        let iters: usize = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
+        let wait = match std::env::var("AM_WAIT") {
+            Ok(w) => w.parse()?,
+            Err(_) => am_core::WaitMode::Block,
+        };
+        let nics = Ofi::cluster(2, 1 << 16, OfiConfig::from_env()?)?;
+        let ns = am_perf::am::rma_ops(nics, what, iters, wait)?;
+        println!("rma {what}: {ns:.1} ns per operation");
+        return Ok(());
+    }
     if rank::is_failure_scenario(mode) {
         // Registered before anything else, so the launcher's SIGTERM cannot end us early;
         // after libfabric's libraries' own handlers are gone, or ours would chain to them.
