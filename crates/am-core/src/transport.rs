@@ -24,6 +24,12 @@
 //!   its one reply leaves with it ([`Outgoing::reply_to`]), so no transport reads the core's
 //!   header to pair them.
 //!
+//! - one-sided memory is one request that describes it ([`Transport::rma`] with an [`Rma`]:
+//!   the operation, the peer's memory, this rank's), for a NIC that claims it in its
+//!   [`Capabilities`]; the core does the rest by messages. A NIC that maps its peers'
+//!   segments says how once ([`crate::rma::MappedPeers`]) and answers every request with
+//!   [`crate::rma::mapped`], where the copies between mappings are written.
+//!
 //! The segment is [`SharedBytes`] too: peers write it at any time (puts, Long payloads), so
 //! it is reached only by copies and atomics, by the core, by handlers and by users alike.
 //!
