@@ -43,6 +43,29 @@ pub enum AmError {
         /// The segment's size.
         size: usize,
     },
+    /// An access through a block reaches past the block: a symmetric block
+    /// ([`crate::symmetric::Symmetric::on`], [`crate::symmetric::Symmetric::at`],
+    /// [`crate::symmetric::Symmetric::range`]) or a range of a published segment
+    /// ([`crate::segment::RemoteSegment::range`]). Nothing was done. The block is
+    /// `block_len` bytes at `block_offset` of segment `segment` (of `rank`, where the access
+    /// names a rank); `offset` and `len` are the range asked for, from the block's start.
+    /// (A plain offset, as [`crate::Node::put`] takes, names no block: only the segment's
+    /// end bounds it, [`AmError::SegmentOutOfBounds`].)
+    #[error("[{offset}, {offset}+{len}) is outside the {block_len}-byte block at offset {block_offset} of {}segment {segment}", match rank { Some(r) => format!("rank {r}'s "), None => String::new() })]
+    OutOfBlock {
+        /// The block's owner, where the access names one.
+        rank: Option<Rank>,
+        /// The segment the block is in (segment 0 for a symmetric block).
+        segment: crate::types::SegmentId,
+        /// Where the block starts in its segment.
+        block_offset: usize,
+        /// The block's length.
+        block_len: usize,
+        /// The offset asked for, from the block's start.
+        offset: u64,
+        /// The bytes asked for.
+        len: u64,
+    },
     /// A remote atomic's word is not aligned to its width.
     #[error("atomic on offset {offset}: not aligned to its {align}-byte word")]
     Misaligned {

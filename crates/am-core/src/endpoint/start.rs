@@ -1490,6 +1490,9 @@ impl Start for LongTo<'_> {
         ep: &mut Endpoint<H>,
         t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on (a
+        // second call finds it whole).
+        (self.remote, self.offset) = self.remote.resolve(self.offset, self.payload.len())?;
         let (dest, id) = (self.remote.rank(), self.remote.id());
         if id == crate::segment::SegmentId::ZERO {
             let kind = crate::AmKind::Long;
