@@ -1004,7 +1004,7 @@ impl<T: Transport + ?Sized> KeyedRequests for T {}
 ///         arm, disarm, flush, stats, rma, registration, close);
 /// }
 ///
-/// let mut c = Counting { inner: Loopback::job(1).pop().unwrap(), sent: 0 };
+/// let mut c = Counting { inner: Loopback::cluster(1, Default::default()).pop().unwrap(), sent: 0 };
 /// assert_eq!(c.info().name, "loopback");
 /// ```
 #[macro_export]
