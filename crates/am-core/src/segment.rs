@@ -24,10 +24,13 @@
 //! where messages carry the put.
 //!
 //! # Checks
-//! A [`RemoteSegment`] is made only by a publication, and the endpoint remembers what each
-//! rank published: an operation on a segment that was never published here, or was freed
+//! A [`RemoteSegment`] is made by a publication (or cut from one, [`RemoteSegment::range`];
+//! or a symmetric block's, [`crate::symmetric::Symmetric::on`]), and the endpoint remembers
+//! what each rank published: an operation on a segment that was never published here, or was freed
 //! since, is [`crate::AmError::UnknownSegment`] before anything is sent, and a range past
-//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]. Over messages
+//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]; through a block of
+//! one ([`RemoteSegment::range`]), a range past the block's end is
+//! [`crate::AmError::OutOfBlock`] naming the block. Over messages
 //! the owner checks again when the operation arrives: a segment it does not hold (freed
 //! while the operation was on its way) is refused with nothing written by that message,
 //! and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner; a range
@@ -90,8 +93,8 @@ use crate::types::Rank;
 pub use crate::types::SegmentId;
 
 /// A peer's segment as this rank may use it: its owner, its id there and its length
-/// (a remote key). Made only by [`crate::Node::publish_segment`]; valid until the owner
-/// frees it ([`crate::Node::free_segment`]).
+/// (a remote key). Made by [`crate::Node::publish_segment`]; valid until the owner frees it
+/// ([`crate::Node::free_segment`]).
 ///
 /// It may also stand for a range of one, a block: [`RemoteSegment::range`] cuts one out of
 /// a published segment, and [`crate::symmetric::Symmetric::on`] makes one of a symmetric

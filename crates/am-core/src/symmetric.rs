@@ -30,6 +30,17 @@
 //! Blocks start on a multiple of [`SYMMETRIC_ALIGN`] bytes of the segment, so any atomic
 //! word type fits at a block's start.
 //!
+//! # Bounds
+//! A block is a range of segment 0, and an operation at a plain offset (`put(peer,
+//! block.offset() + i, data)`, `put_strided`, `put_signal`, `atomic`) is checked only
+//! against the segment's end: one past the block writes the next block. Through
+//! [`Symmetric::on`] (`put_to(&block.on(peer), i, data)`, `get_from`, `get_from_into`,
+//! `atomic_at`, the segment copies, `request_long_to`) the operation is checked against the
+//! block's end when it starts, one comparison, and one that reaches past it fails with
+//! [`crate::AmError::OutOfBlock`] naming the block, with nothing done.
+//! [`Symmetric::at`] and [`Symmetric::range`] check a plain offset the same way before it
+//! is used.
+//!
 //! # Example
 //! A column into a peer's grid with one strided put ([`crate::Node::put_strided`]), then a
 //! signal ([`crate::Node::put_signal`], OpenSHMEM's `shmem_put_signal`) to a peer asleep in
