@@ -2049,7 +2049,8 @@ pub fn symmetric_heap<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) 
         // rank's fetch-add at rank 0.
         node.put(next, a.offset(), &pattern(4032, me as u8))
             .expect("put");
-        node.atomic(0, a.at(4088), AtomicOp::FetchAdd(1u64))
+        // Through the block, checked against its end.
+        node.atomic_at(&a.on(0), 4088, AtomicOp::FetchAdd(1u64))
             .expect("fetch-add");
         node.quiesce().expect("quiesce");
         node.team_barrier(&world).expect("barrier");
@@ -2058,7 +2059,10 @@ pub fn symmetric_heap<T: Transport + Send>(make: &dyn Fn(u32, usize) -> Vec<T>) 
         node.segment().read(a.offset(), &mut mine).expect("read");
         assert_eq!(mine, pattern(4032, prev as u8), "rank {prev}'s put");
         if me == 0 {
-            let adds = node.segment().load_u64(a.at(4088)).expect("load");
+            let adds = node
+                .segment()
+                .load_u64(a.at(4088).expect("in the block"))
+                .expect("load");
             assert_eq!(adds, u64::from(RANKS), "every rank's fetch-add");
         }
         node.team_barrier(&world).expect("barrier");

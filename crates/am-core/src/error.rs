@@ -43,6 +43,29 @@ pub enum AmError {
         /// The segment's size.
         size: usize,
     },
+    /// An access through a block reaches past the block: a symmetric block
+    /// ([`crate::symmetric::Symmetric::on`], [`crate::symmetric::Symmetric::at`],
+    /// [`crate::symmetric::Symmetric::range`]) or a range of a published segment
+    /// ([`crate::segment::RemoteSegment::range`]). Nothing was done. The block is
+    /// `block_len` bytes at `block_offset` of segment `segment` (of `rank`, where the access
+    /// names a rank); `offset` and `len` are the range asked for, from the block's start.
+    /// (A plain offset, as [`crate::Node::put`] takes, names no block: only the segment's
+    /// end bounds it, [`AmError::SegmentOutOfBounds`].)
+    #[error("[{offset}, {offset}+{len}) is outside the {block_len}-byte block at offset {block_offset} of {}segment {segment}", match rank { Some(r) => format!("rank {r}'s "), None => String::new() })]
+    OutOfBlock {
+        /// The block's owner, where the access names one.
+        rank: Option<Rank>,
+        /// The segment the block is in (segment 0 for a symmetric block).
+        segment: crate::types::SegmentId,
+        /// Where the block starts in its segment.
+        block_offset: usize,
+        /// The block's length.
+        block_len: usize,
+        /// The offset asked for, from the block's start.
+        offset: u64,
+        /// The bytes asked for.
+        len: u64,
+    },
     /// A remote atomic's word is not aligned to its width.
     #[error("atomic on offset {offset}: not aligned to its {align}-byte word")]
     Misaligned {
@@ -132,19 +155,49 @@ pub enum AmError {
     /// another node).
     #[error("team {0} is not one of this node's")]
     UnknownTeam(TeamId),
-    /// The members of `team` disagree on a collective: `peer` started another collective
+    /// The members of `team` disagree on a collective: they started different collectives
     /// under the same sequence number (a barrier where this rank started an all-gather), or
-    /// gave another root, a block or vector of another length, or another reduction. Every
-    /// collective on a team must be started by every member, in the same order, with the
-    /// same root, sizes and reduction. The member that finds the disagreement tells the
-    /// others: the collective fails on every member still in it, and every later one on the
-    /// team fails with this error on every member.
-    #[error("rank {peer} started another collective than this one on team {team}")]
+    /// gave another root, length, element type or reduction. `what` says which, with both
+    /// values: `peer`'s, and `agrees`'s. Every collective on a team must be started by every
+    /// member, in the same order, with the same root, sizes and reduction. The member that
+    /// finds the disagreement tells the others, with both values: the collective fails on
+    /// every member still in it, and every later one on the team fails with this error on
+    /// every member.
+    ///
+    /// # Which rank is named
+    /// Each member names the rank that differs from *its own* values, against the
+    /// lowest-ranked member it knows to agree with it:
+    ///
+    /// - `agrees` is the lowest-ranked member known here to hold this member's value of
+    ///   what differs (this member itself, if it knows of no lower one), and `peer` a member
+    ///   that holds another value.
+    /// - The member that finds the disagreement knows its own value and the one that came
+    ///   from `peer`: it names `peer` and itself. A member told of it (the finder's rank and
+    ///   value, and `peer`'s) compares them with its own collective of that sequence: if it
+    ///   holds `peer`'s value it names the finder as the one that differs, against the lower
+    ///   of `peer` and itself; if it holds the finder's, it names `peer`, against the lower
+    ///   of the finder and itself; if neither, or if it has not started that collective
+    ///   yet (or the lengths are of steps it cannot compare), it repeats the finder's
+    ///   words.
+    /// - In a collective in segment 0 ([`crate::Node::team_all_reduce_in_segment`]) every
+    ///   member sees every member's arguments: `peer` is the lowest-ranked member whose
+    ///   arguments differ from this member's, `agrees` the lowest-ranked that holds them.
+    ///
+    /// So where rank 0 passes 2 elements and ranks 1 to 3 pass 1, ranks 1 to 3 are told
+    /// that rank 0 differs from rank 1 (8 bytes against 4), and rank 0 that rank 1 differs
+    /// from it (4 bytes against 8): every member learns both values, and the members that
+    /// agree with each other name the one that does not.
+    #[error("{}", mismatch_words(*team, *peer, *agrees, what))]
     CollectiveMismatch {
         /// The team.
         team: TeamId,
-        /// The member whose message disagreed.
+        /// The member whose values differ from this member's (see above).
         peer: Rank,
+        /// The lowest-ranked member known here to hold this member's values (this member,
+        /// if none lower is known).
+        agrees: Rank,
+        /// What differs, with `peer`'s value and `agrees`'s.
+        what: Disagreement,
     },
     /// A member of `team` could not do its part of a collective in segment 0
     /// ([`crate::endpoint::start::TeamAllReduceInSegment`],
@@ -230,6 +283,108 @@ pub enum AmError {
     /// what the driver needs ([`RuntimeError`]).
     #[error(transparent)]
     Runtime(RuntimeError),
+}
+
+/// What the members of a team disagree on in a collective
+/// ([`AmError::CollectiveMismatch`]): each variant holds the value of the member that differs
+/// (`peer`) and of the member that agrees with the one reporting (`agrees`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disagreement {
+    /// They started different collectives under the same sequence number.
+    Kind {
+        /// The collective `peer` started ("barrier", "all-gather", "all-reduce", ...).
+        peer: &'static str,
+        /// The one `agrees` started.
+        agrees: &'static str,
+    },
+    /// They gave different roots (team ranks).
+    Root {
+        /// `peer`'s root.
+        peer: u32,
+        /// `agrees`'s root.
+        agrees: u32,
+    },
+    /// They gave different lengths: the bytes of a step of the collective (a block, a
+    /// vector, or the part of one a step carries), or of a collective in segment 0.
+    Length {
+        /// `peer`'s bytes.
+        peer: u64,
+        /// `agrees`'s bytes.
+        agrees: u64,
+    },
+    /// Their lengths cut into different numbers of chunks (`max_medium` bytes each): they
+    /// gave different lengths.
+    Chunks {
+        /// The chunks `peer` had left from the chunk that disagreed.
+        peer: u32,
+        /// The chunks `agrees` had left.
+        agrees: u32,
+    },
+    /// They reduced different element types.
+    ElementType {
+        /// `peer`'s element type ("u32", "f64", ...).
+        peer: &'static str,
+        /// `agrees`'s.
+        agrees: &'static str,
+    },
+    /// They gave different reductions (`None`: no reduction).
+    Operation {
+        /// `peer`'s.
+        peer: Option<crate::reduce::ReduceOp>,
+        /// `agrees`'s.
+        agrees: Option<crate::reduce::ReduceOp>,
+    },
+    /// They chose different all-reduce algorithms (`Config::all_reduce`, or its `Auto`
+    /// choice by length: which differs where the lengths do).
+    Algorithm {
+        /// `peer`'s ("recursive doubling" or "ring").
+        peer: &'static str,
+        /// `agrees`'s.
+        agrees: &'static str,
+    },
+    /// The same step of the collective came from two members, and the steps do not say
+    /// what differs.
+    Steps,
+}
+
+/// The words of [`AmError::CollectiveMismatch`].
+fn mismatch_words(team: TeamId, peer: Rank, agrees: Rank, what: &Disagreement) -> String {
+    let on = format!("collective mismatch on team {team}");
+    match *what {
+        Disagreement::Kind { peer: p, agrees: a } => {
+            format!("{on}: rank {peer} started a {p} where rank {agrees} started a {a}")
+        }
+        Disagreement::Root { peer: p, agrees: a } => {
+            format!("{on}: rank {peer} gave root {p} where rank {agrees} gave root {a}")
+        }
+        Disagreement::Length { peer: p, agrees: a } => format!(
+            "{on}: rank {peer} gave a length of {p} bytes where rank {agrees} gave {a} bytes"
+        ),
+        Disagreement::Chunks { peer: p, agrees: a } => format!(
+            "{on}: rank {peer} gave another length than rank {agrees} ({p} chunks left against {a})"
+        ),
+        Disagreement::ElementType { peer: p, agrees: a } => format!(
+            "{on}: rank {peer} reduced elements of {p} where rank {agrees} reduced {a}"
+        ),
+        Disagreement::Operation { peer: p, agrees: a } => {
+            let name = |o: Option<crate::reduce::ReduceOp>| match o {
+                Some(o) => format!("{o:?}"),
+                None => "no reduction".to_owned(),
+            };
+            format!(
+                "{on}: rank {peer} gave operation {} where rank {agrees} gave {}",
+                name(p),
+                name(a)
+            )
+        }
+        Disagreement::Algorithm { peer: p, agrees: a } => format!(
+            "{on}: rank {peer} ran the {p} all-reduce where rank {agrees} ran the {a} one (`Config::all_reduce`, or lengths that differ)"
+        ),
+        Disagreement::Steps => format!(
+            "{on}: rank {peer} started another collective than rank {agrees} under the same sequence"
+        ),
+    }
 }
 
 /// What the tokio runtime an [`crate::AsyncNode`] driver was started on lacks

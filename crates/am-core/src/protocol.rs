@@ -368,7 +368,8 @@ pub enum CollectiveKind {
     /// length or reduction), and fails every collective on the team from that one on; the
     /// receiver does the same, so that every member gets
     /// [`crate::AmError::CollectiveMismatch`] rather than waiting for a step that never
-    /// comes.
+    /// comes. Its payload (17 bytes) says what differs: the field's tag, then that
+    /// member's value and the sender's, each a little-endian `u64`.
     Mismatch,
     /// The agreement of a collective in segment 0 ([`crate::Node::team_all_reduce_in_segment`]):
     /// an all-gather of each member's arguments and offsets, as
@@ -399,7 +400,7 @@ impl CollectiveKind {
         )
     }
 
-    fn code(self) -> u32 {
+    pub(crate) fn code(self) -> u32 {
         match self {
             CollectiveKind::Barrier => 1,
             CollectiveKind::AllGather => 2,
@@ -417,7 +418,7 @@ impl CollectiveKind {
         }
     }
 
-    fn from_code(code: u32) -> Option<CollectiveKind> {
+    pub(crate) fn from_code(code: u32) -> Option<CollectiveKind> {
         Some(match code {
             1 => CollectiveKind::Barrier,
             2 => CollectiveKind::AllGather,

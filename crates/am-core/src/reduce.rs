@@ -93,8 +93,7 @@ impl ReduceOp {
         }
     }
 
-    #[cfg(test)]
-    fn from_code(code: u32) -> Option<ReduceOp> {
+    pub(crate) fn from_code(code: u32) -> Option<ReduceOp> {
         Some(match code {
             1 => ReduceOp::Sum,
             2 => ReduceOp::Product,

@@ -24,10 +24,13 @@
 //! where messages carry the put.
 //!
 //! # Checks
-//! A [`RemoteSegment`] is made only by a publication, and the endpoint remembers what each
-//! rank published: an operation on a segment that was never published here, or was freed
+//! A [`RemoteSegment`] is made by a publication (or cut from one, [`RemoteSegment::range`];
+//! or a symmetric block's, [`crate::symmetric::Symmetric::on`]), and the endpoint remembers
+//! what each rank published: an operation on a segment that was never published here, or was freed
 //! since, is [`crate::AmError::UnknownSegment`] before anything is sent, and a range past
-//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]. Over messages
+//! the length the owner published is [`crate::AmError::SegmentOutOfBounds`]; through a block of
+//! one ([`RemoteSegment::range`]), a range past the block's end is
+//! [`crate::AmError::OutOfBlock`] naming the block. Over messages
 //! the owner checks again when the operation arrives: a segment it does not hold (freed
 //! while the operation was on its way) is refused with nothing written by that message,
 //! and the initiator gets [`crate::AmError::UnknownSegment`] naming the owner; a range
@@ -90,13 +93,22 @@ use crate::types::Rank;
 pub use crate::types::SegmentId;
 
 /// A peer's segment as this rank may use it: its owner, its id there and its length
-/// (a remote key). Made only by [`crate::Node::publish_segment`]; valid until the owner
-/// frees it ([`crate::Node::free_segment`]).
+/// (a remote key). Made by [`crate::Node::publish_segment`]; valid until the owner frees it
+/// ([`crate::Node::free_segment`]).
+///
+/// It may also stand for a range of one, a block: [`RemoteSegment::range`] cuts one out of
+/// a published segment, and [`crate::symmetric::Symmetric::on`] makes one of a symmetric
+/// block on a member. An operation on a block takes offsets from the block's start and is
+/// checked against the block's end when it starts (one comparison): one that reaches past
+/// it is [`AmError::OutOfBlock`] naming the block, and nothing is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteSegment {
     rank: Rank,
     id: SegmentId,
+    /// The whole segment's length (for a symmetric block, at least the block's end).
     len: usize,
+    /// For a block: where it starts in the segment, and its length.
+    block: Option<(usize, usize)>,
 }
 
 /// Bytes of one [`RemoteSegment`] in an operation's outcome (rank, id, length).
@@ -158,14 +170,98 @@ impl RemoteSegment {
         self.id
     }
 
-    /// Its length in bytes, as its owner published it.
+    /// Its length in bytes, as its owner published it; for a block
+    /// ([`RemoteSegment::range`], [`crate::symmetric::Symmetric::on`]), the block's.
     pub fn len(&self) -> usize {
-        self.len
+        self.block.map_or(self.len, |(_, len)| len)
     }
 
     /// Whether it holds no bytes.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
+    }
+
+    /// Where it starts in its owner's segment: 0 for a whole segment, the block's offset
+    /// for a block.
+    pub fn offset(&self) -> usize {
+        self.block.map_or(0, |(at, _)| at)
+    }
+
+    /// Whether it stands for a block of a segment rather than the whole segment.
+    pub fn is_block(&self) -> bool {
+        self.block.is_some()
+    }
+
+    /// The block of `len` bytes at `offset` of it (of the block, for a block), to which
+    /// operations are then confined: `let row = remote.range(4096, 512)?;
+    /// node.put_to(&row, 0, &bytes)?` writes the row, and a put of more than 512 bytes
+    /// there is [`AmError::OutOfBlock`] naming the row, with nothing written.
+    ///
+    /// # Errors
+    /// [`AmError::OutOfBlock`] (for a block) or [`AmError::SegmentOutOfBounds`] (for a
+    /// whole segment) if the range reaches past it.
+    pub fn range(&self, offset: usize, len: usize) -> Result<RemoteSegment, AmError> {
+        let fits = offset.checked_add(len).is_some_and(|end| end <= self.len());
+        if !fits {
+            return Err(self.outside(offset, len));
+        }
+        Ok(RemoteSegment {
+            block: Some((self.offset() + offset, len)),
+            ..*self
+        })
+    }
+
+    /// The error of an operation on `len` bytes at `offset` of it that reaches past it.
+    fn outside(&self, offset: usize, len: usize) -> AmError {
+        match self.block {
+            Some((at, n)) => AmError::OutOfBlock {
+                rank: Some(self.rank),
+                segment: self.id,
+                block_offset: at,
+                block_len: n,
+                offset: offset as u64,
+                len: len as u64,
+            },
+            None => AmError::SegmentOutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len,
+            },
+        }
+    }
+
+    /// The whole segment and the offset in it of `len` bytes at `offset` of this: for a
+    /// block, checked against the block's end ([`AmError::OutOfBlock`]); a whole segment
+    /// as it is (the operation checks it against the segment).
+    #[inline]
+    pub(crate) fn resolve(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<(RemoteSegment, usize), AmError> {
+        let Some((at, n)) = self.block else {
+            return Ok((*self, offset));
+        };
+        match offset.checked_add(len) {
+            Some(end) if end <= n => Ok((
+                RemoteSegment {
+                    block: None,
+                    ..*self
+                },
+                at + offset,
+            )),
+            _ => Err(self.outside(offset, len)),
+        }
+    }
+
+    /// Block `len` bytes at `offset` of `rank`'s segment 0 (a symmetric block there).
+    pub(crate) fn symmetric(rank: Rank, offset: usize, len: usize) -> RemoteSegment {
+        RemoteSegment {
+            rank,
+            id: SegmentId::ZERO,
+            len: offset.saturating_add(len),
+            block: Some((offset, len)),
+        }
     }
 
     /// Every member's segment from the bytes a publication completed with: `None` unless
@@ -181,6 +277,7 @@ impl RemoteSegment {
                     rank: word(e, 0),
                     id: SegmentId::new(word(e, 4)),
                     len: usize::try_from(len).ok()?,
+                    block: None,
                 })
             })
             .collect()
@@ -542,6 +639,7 @@ impl Segments {
                 rank,
                 id: SegmentId::new(id),
                 len,
+                block: None,
             }
             .push_to(&mut out);
         }

@@ -30,6 +30,17 @@
 //! Blocks start on a multiple of [`SYMMETRIC_ALIGN`] bytes of the segment, so any atomic
 //! word type fits at a block's start.
 //!
+//! # Bounds
+//! A block is a range of segment 0, and an operation at a plain offset (`put(peer,
+//! block.offset() + i, data)`, `put_strided`, `put_signal`, `atomic`) is checked only
+//! against the segment's end: one past the block writes the next block. Through
+//! [`Symmetric::on`] (`put_to(&block.on(peer), i, data)`, `get_from`, `get_from_into`,
+//! `atomic_at`, the segment copies, `request_long_to`) the operation is checked against the
+//! block's end when it starts, one comparison, and one that reaches past it fails with
+//! [`crate::AmError::OutOfBlock`] naming the block, with nothing done.
+//! [`Symmetric::at`] and [`Symmetric::range`] check a plain offset the same way before it
+//! is used.
+//!
 //! # Example
 //! A column into a peer's grid with one strided put ([`crate::Node::put_strided`]), then a
 //! signal ([`crate::Node::put_signal`], OpenSHMEM's `shmem_put_signal`) to a peer asleep in
@@ -51,11 +62,17 @@
 //!             let column: Vec<u8> = (0..16).flat_map(|i| f64::from(i).to_le_bytes()).collect();
 //!             node.put_strided(1, grid.offset(), 16 * 8, 8, &column).unwrap();
 //!             node.put_signal(1, 0, &[], 8, Signal::Set(1)).unwrap();
-//!             node.atomic(1, 16, AtomicOp::FetchAdd(0.5f64)).unwrap();
+//!             // Through the block, checked against its end: a word of it on rank 1.
+//!             node.atomic_at(&grid.on(1), 0, AtomicOp::FetchAdd(0.5f64)).unwrap();
 //!         } else {
 //!             node.wait_word(8, Cmp::Eq, 1).unwrap(); // sleeps in AM_WAIT=block until rank 0 signals
-//!             let last = node.segment().load_u64(grid.at(15 * 16 * 8)).unwrap();
+//!             let last = node.segment().load_u64(grid.at(15 * 16 * 8).unwrap()).unwrap();
 //!             assert_eq!(last, 15f64.to_bits());
+//!             // Past the block's 2048 bytes: an error naming the block, nothing written.
+//!             assert!(matches!(
+//!                 node.put_to(&grid.on(0), 2040, &[0; 16]),
+//!                 Err(amnet::AmError::OutOfBlock { block_len: 2048, offset: 2040, len: 16, .. })
+//!             ));
 //!         }
 //!         node.free_symmetric(&world, grid).unwrap();
 //!     });
@@ -71,8 +88,11 @@ use crate::error::AmError;
 pub const SYMMETRIC_ALIGN: usize = 64;
 
 /// A block of the symmetric heap: the same `offset` of segment 0 on every member of the team
-/// that allocated it ([`crate::Node::alloc_symmetric`]). Puts, gets and atomics to any member
-/// take `offset() + i`.
+/// that allocated it ([`crate::Node::alloc_symmetric`]). Puts, gets and atomics through
+/// [`Symmetric::on`] (`node.put_to(&block.on(peer), i, data)`) are checked against the
+/// block; those that take a plain offset (`node.put(peer, block.offset() + i, data)`) only
+/// against the segment's end, so that one past the block writes the next block: take
+/// their offsets from [`Symmetric::at`] or [`Symmetric::range`], which check them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Symmetric {
     offset: usize,
@@ -95,13 +115,50 @@ impl Symmetric {
         self.len == 0
     }
 
-    /// The segment offset of byte `i` of the block.
+    /// The segment offset of byte `i` of the block, for an operation that takes a plain
+    /// offset (`node.segment().load_u64(grid.at(8)?)`): only this call checks it against the
+    /// block, the operation only against the segment's end. For puts, gets and atomics
+    /// checked against the block, address it through [`Symmetric::on`].
     ///
-    /// # Panics
-    /// If `i` is past the block's end.
-    pub fn at(&self, i: usize) -> usize {
-        assert!(i <= self.len, "byte {i} of a {}-byte block", self.len);
-        self.offset + i
+    /// # Errors
+    /// [`AmError::OutOfBlock`] naming the block if `i` is not a byte of it (`i >= len()`).
+    pub fn at(&self, i: usize) -> Result<usize, AmError> {
+        self.range(i, 1)
+    }
+
+    /// The segment offset of `len` bytes at byte `i` of the block, checked against the
+    /// block's end: for an operation that takes a plain offset and a length, such as
+    /// [`crate::Node::put_strided`] or [`crate::Node::put_signal`]
+    /// (`node.put_signal(1, grid.range(0, halo.len())?, &halo, ..)`).
+    ///
+    /// # Errors
+    /// [`AmError::OutOfBlock`] naming the block if the bytes reach past its end.
+    pub fn range(&self, i: usize, len: usize) -> Result<usize, AmError> {
+        match i.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + i),
+            _ => Err(AmError::OutOfBlock {
+                rank: None,
+                segment: crate::types::SegmentId::ZERO,
+                block_offset: self.offset,
+                block_len: self.len,
+                offset: i as u64,
+                len: len as u64,
+            }),
+        }
+    }
+
+    /// The block on member `rank`, as a [`RemoteSegment`](crate::segment::RemoteSegment)
+    /// block of its segment 0: puts, gets and atomics through it
+    /// ([`crate::Node::put_to`], [`crate::Node::get_from`], [`crate::Node::get_from_into`],
+    /// [`crate::Node::atomic_at`], [`crate::Node::put_to_from_segment`],
+    /// [`crate::Node::get_from_into_segment`], [`crate::Node::request_long_to`]) take
+    /// offsets from the block's start and are checked against its end when they start (one
+    /// comparison): `node.put_to(&grid.on(1), 0, &row)?`. One that reaches past the block
+    /// is [`AmError::OutOfBlock`] naming it, and nothing is written; otherwise it is the
+    /// same operation as [`crate::Node::put`] and its kin at `offset() + i`, on the same
+    /// path at the same cost.
+    pub fn on(&self, rank: crate::types::Rank) -> crate::segment::RemoteSegment {
+        crate::segment::RemoteSegment::symmetric(rank, self.offset, self.len)
     }
 
     /// The block as the 16 bytes an operation slot carries.

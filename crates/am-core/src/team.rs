@@ -101,7 +101,7 @@
 //!         let (from, to) = (src.offset(), dest.offset());
 //!         node.team_all_reduce_in_segment::<u64>(&world, ReduceOp::Sum, from, to, n).unwrap();
 //!         // Word `i` is `(i + 0) + (i + 1)` on both ranks.
-//!         assert_eq!(node.segment().load_u64(dest.at(8 * 10)).unwrap(), 21);
+//!         assert_eq!(node.segment().load_u64(dest.at(8 * 10).unwrap()).unwrap(), 21);
 //!     });
 //! }
 //! ```

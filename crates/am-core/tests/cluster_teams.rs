@@ -846,7 +846,12 @@ fn a_step_taken_where_it_arrives_is_not_taken_twice() {
         ep.poll_op(&mut wire, &mut op, None),
         Poll::Ready(Err(AmError::CollectiveMismatch {
             team: TeamId::WORLD,
-            peer: 2
+            peer: 2,
+            agrees: 0,
+            what: am_core::Disagreement::Kind {
+                peer: "all-gather",
+                agrees: "barrier"
+            }
         }))
     );
 }
@@ -1729,4 +1734,159 @@ fn a_failed_member_is_named_by_world_rank_and_the_highest_in_team_order() {
     }
     told_of(&got[1], &teams[1], 0);
     next_all_reduce_sums(&mut c, &teams, LEN);
+}
+
+/// Issue 78's mismatch: rank 0 all-reduces 2 elements, ranks 1 to 3 one. Every member fails,
+/// and its error says what differs with both values: ranks 1 to 3 name rank 0 as the one
+/// that differs, against rank 1 (the lowest that agrees with them), 16 bytes against 8;
+/// rank 0 names a rank that differs from it, 8 bytes against 16. Under 20 orders of
+/// delivery. Catches the words "rank 1 started another collective than this one", which
+/// said nothing of the lengths and told rank 3 that rank 1 (which agreed with it) differed.
+#[test]
+fn a_length_mismatch_names_the_member_that_differs_and_both_lengths() {
+    for seed in 0..20 {
+        let mut c = Cluster::started(shape(4), seed, |_| am_core::Handlers::local());
+        let plans = (0..4)
+            .map(|r| {
+                let len = if r == 0 { 2 } else { 1 };
+                vec![Want::Reduce(On::World, None, ReduceOp::Sum, vec![1; len])]
+            })
+            .collect();
+        let results = run(&mut c, plans);
+        for (r, got) in results.iter().enumerate() {
+            let Err(AmError::CollectiveMismatch {
+                team,
+                peer,
+                agrees,
+                what,
+            }) = &got[0]
+            else {
+                panic!("seed {seed} rank {r}: {:?}", got[0]);
+            };
+            assert_eq!(*team, TeamId::WORLD);
+            if r == 0 {
+                assert!(*peer != 0 && *agrees == 0, "seed {seed}: {:?}", got[0]);
+                assert_eq!(
+                    *what,
+                    am_core::Disagreement::Length {
+                        peer: 8,
+                        agrees: 16
+                    }
+                );
+            } else {
+                assert_eq!(
+                    (*peer, *agrees),
+                    (0, 1),
+                    "seed {seed} rank {r}: {:?}",
+                    got[0]
+                );
+                assert_eq!(
+                    *what,
+                    am_core::Disagreement::Length {
+                        peer: 16,
+                        agrees: 8
+                    }
+                );
+                let words = got[0].as_ref().unwrap_err().to_string();
+                assert!(
+                    words.contains("rank 0 gave a length of 16 bytes where rank 1 gave 8"),
+                    "{words}"
+                );
+            }
+        }
+    }
+}
+
+/// Members that disagree on the kind, root, operation or element type of a collective
+/// (rank 1 of 3 alone): every member's error names what differs with both values, and the
+/// members that agree (ranks 0 and 2) name rank 1, against a member that agrees with them;
+/// rank 1 names one of them, against itself. Under 20 orders of delivery. Catches a
+/// mismatch that does not say what differs (issue 78), and one that names a member that
+/// agrees with the one reporting.
+#[test]
+fn a_mismatch_says_what_differs_with_both_values() {
+    use am_core::Disagreement as D;
+    type Case = fn(Rank) -> Want;
+    let cases: [(Case, D, D); 4] = [
+        (
+            |r| match r {
+                1 => Want::Barrier(On::World),
+                _ => Want::Gather(On::World, vec![1, 2]),
+            },
+            D::Kind {
+                peer: "barrier",
+                agrees: "all-gather",
+            },
+            D::Kind {
+                peer: "all-gather",
+                agrees: "barrier",
+            },
+        ),
+        (
+            |r| Want::Broadcast(On::World, u32::from(r == 1), 4),
+            D::Root { peer: 1, agrees: 0 },
+            D::Root { peer: 0, agrees: 1 },
+        ),
+        (
+            |r| {
+                let op = if r == 1 { ReduceOp::Max } else { ReduceOp::Sum };
+                Want::Reduce(On::World, None, op, vec![1])
+            },
+            D::Operation {
+                peer: Some(ReduceOp::Max),
+                agrees: Some(ReduceOp::Sum),
+            },
+            D::Operation {
+                peer: Some(ReduceOp::Sum),
+                agrees: Some(ReduceOp::Max),
+            },
+        ),
+        (
+            |r| match r {
+                1 => Want::SumF(On::World, vec![1.0]),
+                _ => Want::Reduce(On::World, None, ReduceOp::Sum, vec![1]),
+            },
+            D::ElementType {
+                peer: "f64",
+                agrees: "i64",
+            },
+            D::ElementType {
+                peer: "i64",
+                agrees: "f64",
+            },
+        ),
+    ];
+    for (case, others_see, odd_sees) in cases {
+        for seed in 0..20 {
+            let mut c = Cluster::started(shape(3), seed, |_| am_core::Handlers::local());
+            let plans = (0..3).map(|r| vec![case(r)]).collect();
+            let results = run(&mut c, plans);
+            for (r, got) in results.iter().enumerate() {
+                let r = r as Rank;
+                let err = match &got[0] {
+                    // A broadcast's root sends and is done.
+                    Ok(_) if matches!(others_see, D::Root { .. }) => continue,
+                    other => other,
+                };
+                let Err(AmError::CollectiveMismatch {
+                    peer, agrees, what, ..
+                }) = err
+                else {
+                    panic!("{others_see:?} seed {seed} rank {r}: {err:?}");
+                };
+                if r == 1 {
+                    assert_eq!(*agrees, 1, "{others_see:?} seed {seed}: {err:?}");
+                    assert!(*peer != 1, "{others_see:?} seed {seed}: {err:?}");
+                    assert_eq!(*what, odd_sees, "seed {seed}");
+                } else {
+                    assert_eq!(*peer, 1, "{others_see:?} seed {seed} rank {r}: {err:?}");
+                    assert!(
+                        *agrees != 1 && *agrees <= r,
+                        "seed {seed} rank {r}: {err:?}"
+                    );
+                    assert_eq!(*what, others_see, "seed {seed} rank {r}");
+                }
+            }
+        }
+    }
 }

@@ -149,3 +149,155 @@ fn endpoints_on_one_thread_allocate_together() {
         });
     });
 }
+
+/// The block error a test expects: `len` bytes at `offset` of block `b` on `rank`.
+fn outside(rank: Option<u32>, b: am_core::Symmetric, offset: u64, len: u64) -> AmError {
+    AmError::OutOfBlock {
+        rank,
+        segment: am_core::SegmentId::ZERO,
+        block_offset: b.offset(),
+        block_len: b.len(),
+        offset,
+        len,
+    }
+}
+
+/// Puts, gets and atomics through a symmetric block (`Symmetric::on`) are checked against
+/// the block, not only the segment: a 128-byte put into a 64-byte block, and every other
+/// operation that reaches past it, fails with `OutOfBlock` naming the block and the range,
+/// and the next block on the peer is left as it was; those inside it land. Catches issue
+/// 78's silent put past a symmetric block, which returned `Ok(())` and overwrote the next
+/// block on the peer.
+#[test]
+fn operations_past_a_symmetric_block_fail_naming_it() {
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut node = Node::new(t, Handlers::new(), config()).unwrap();
+            let world = node.world_team();
+            let a = node.alloc_symmetric(&world, 64).unwrap();
+            let b = node.alloc_symmetric(&world, 64).unwrap();
+            assert_eq!(b.offset(), a.offset() + 64, "the blocks are neighbours");
+            node.segment().write(b.offset(), &[7; 64]).unwrap();
+            node.team_barrier(&world).unwrap();
+            if node.rank() == 0 {
+                let on1 = a.on(1);
+                assert_eq!(
+                    node.put_to(&on1, 0, &[1; 128]),
+                    Err(outside(Some(1), a, 0, 128))
+                );
+                assert_eq!(
+                    node.put_to(&on1, 60, &[1; 8]),
+                    Err(outside(Some(1), a, 60, 8))
+                );
+                assert_eq!(node.get_from(&on1, 0, 65), Err(outside(Some(1), a, 0, 65)));
+                let mut dst = [0u8; 16];
+                assert_eq!(
+                    node.get_from_into(&on1, 56, &mut dst).map(|_| ()),
+                    Err(outside(Some(1), a, 56, 16))
+                );
+                assert_eq!(
+                    node.atomic_at(&on1, 64, am_core::AtomicOp::FetchAdd(1u64)),
+                    Err(outside(Some(1), a, 64, 8))
+                );
+                let zero = am_core::SegmentId::ZERO;
+                assert_eq!(
+                    node.put_to_from_segment(&on1, 32, zero, b.offset(), 64),
+                    Err(outside(Some(1), a, 32, 64))
+                );
+                assert_eq!(
+                    node.get_from_into_segment(&on1, 1, zero, b.offset(), 64),
+                    Err(outside(Some(1), a, 1, 64))
+                );
+                assert_eq!(
+                    node.put_to(&on1, usize::MAX, &[1]),
+                    Err(outside(Some(1), a, u64::MAX, 1))
+                );
+                // Inside the block: it lands, at the block's offset.
+                node.put_to(&on1, 0, &[1; 64]).unwrap();
+                node.atomic_at(&on1, 56, am_core::AtomicOp::FetchAdd(1u64))
+                    .unwrap();
+                assert_eq!(node.get_from(&on1, 0, 8).unwrap(), vec![1; 8]);
+            }
+            node.team_barrier(&world).unwrap();
+            if node.rank() == 1 {
+                let mut next = [0u8; 64];
+                node.segment().read(b.offset(), &mut next).unwrap();
+                assert_eq!(next, [7; 64], "the next block is as it was");
+                let mut mine = [0u8; 56];
+                node.segment().read(a.offset(), &mut mine).unwrap();
+                assert_eq!(mine, [1; 56]);
+            }
+            node.team_barrier(&world).unwrap();
+        });
+    });
+}
+
+/// `Symmetric::at` and `Symmetric::range` past the block are errors naming it, not a
+/// panic. Catches issue 78's `at(100)` on a 64-byte block, which panicked.
+#[test]
+fn symmetric_at_past_the_block_is_an_error() {
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(1, Default::default()), |t| {
+            let mut node = Node::new(t, Handlers::new(), config()).unwrap();
+            let world = node.world_team();
+            let a = node.alloc_symmetric(&world, 64).unwrap();
+            assert_eq!(a.at(100), Err(outside(None, a, 100, 1)));
+            assert_eq!(a.at(64), Err(outside(None, a, 64, 1)));
+            assert_eq!(a.at(63), Ok(a.offset() + 63));
+            assert_eq!(a.range(60, 8), Err(outside(None, a, 60, 8)));
+            assert_eq!(a.range(56, 8), Ok(a.offset() + 56));
+            assert!(a.at(100).unwrap_err().to_string().contains("64-byte block"));
+        });
+    });
+}
+
+/// Operations through a range of a published created segment (`RemoteSegment::range`) are
+/// checked against the range: past it is `OutOfBlock` naming the segment, the range and
+/// the bytes asked for, and the bytes after the range are left as they were; a range past
+/// the segment is refused when it is cut. Catches operations through a segment's range
+/// checked only against the segment's end (issue 78).
+#[test]
+fn operations_past_a_range_of_a_created_segment_fail_naming_it() {
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(2, Default::default()), |t| {
+            let mut node = Node::new(t, Handlers::new(), config()).unwrap();
+            let world = node.world_team();
+            let id = node.create_segment(256).unwrap();
+            let peers = node.publish_segment(&world, id).unwrap();
+            if node.rank() == 0 {
+                let row = peers[1].range(64, 64).unwrap();
+                assert_eq!((row.offset(), row.len(), row.is_block()), (64, 64, true));
+                let want = |offset, len| AmError::OutOfBlock {
+                    rank: Some(1),
+                    segment: id,
+                    block_offset: 64,
+                    block_len: 64,
+                    offset,
+                    len,
+                };
+                assert_eq!(node.put_to(&row, 0, &[1; 128]), Err(want(0, 128)));
+                assert_eq!(node.get_from(&row, 60, 8), Err(want(60, 8)));
+                assert_eq!(
+                    node.atomic_at(&row, 64, am_core::AtomicOp::FetchAdd(1u32)),
+                    Err(want(64, 4))
+                );
+                // A range of the range is confined to it, and numbered from its start.
+                let half = row.range(32, 32).unwrap();
+                assert_eq!(half.offset(), 96);
+                assert!(row.range(32, 33).is_err());
+                assert!(peers[1].range(200, 57).is_err());
+                node.put_to(&row, 0, &[1; 64]).unwrap();
+                assert_eq!(node.get_from(&half, 0, 32).unwrap(), vec![1; 32]);
+            }
+            node.team_barrier(&world).unwrap();
+            if node.rank() == 1 {
+                let mut all = [9u8; 256];
+                node.segment_at(id).unwrap().read(0, &mut all).unwrap();
+                assert_eq!(all[..64], [0; 64]);
+                assert_eq!(all[64..128], [1; 64]);
+                assert_eq!(all[128..], [0; 128], "past the range: as it was");
+            }
+            node.team_barrier(&world).unwrap();
+        });
+    });
+}

@@ -904,3 +904,40 @@ fn arm_says_ready_while_a_collective_in_segment_is_moving() {
         });
     });
 }
+
+/// Issue 78's example through `Node` on loopback threads: rank 0 all-reduces 2 `u32`s,
+/// ranks 1 to 3 one. Every rank fails at once; ranks 1 to 3 are told that rank 0 differs
+/// from rank 1 (8 bytes against 4), rank 0 that a rank differs from it (4 against 8).
+/// Catches the words "rank 1 started another collective than this one on team 0.0", which
+/// named no length and told rank 3 that rank 1, which agreed with it, differed.
+#[test]
+fn a_length_mismatch_says_both_lengths_and_names_the_rank_that_differs() {
+    use am_core::{AmError, Disagreement, ReduceOp};
+    within(Duration::from_secs(60), || {
+        am_core::run_ranks(Loopback::cluster(4, Default::default()), |t| {
+            let mut node = Node::new(t, Handlers::new(), Config::default()).unwrap();
+            let world = node.world_team();
+            let me = node.rank();
+            let mine: &[u32] = if me == 0 { &[1, 2] } else { &[1] };
+            let err = node
+                .team_all_reduce(&world, ReduceOp::Sum, mine)
+                .expect_err("a mismatch");
+            let AmError::CollectiveMismatch {
+                peer, agrees, what, ..
+            } = err.clone()
+            else {
+                panic!("rank {me}: {err}");
+            };
+            if me == 0 {
+                assert!(peer != 0 && agrees == 0, "{err}");
+                assert_eq!(what, Disagreement::Length { peer: 4, agrees: 8 });
+            } else {
+                assert_eq!((peer, agrees), (0, 1), "rank {me}: {err}");
+                assert_eq!(what, Disagreement::Length { peer: 8, agrees: 4 });
+                assert!(err
+                    .to_string()
+                    .contains("rank 0 gave a length of 8 bytes where rank 1 gave 4"));
+            }
+        });
+    });
+}

@@ -55,6 +55,7 @@
 
 use std::task::{ready, Poll};
 
+use super::mismatch::Diff;
 use super::state::Endpoint;
 use super::teams::*;
 use crate::config::AllReduceAlgorithm;
@@ -507,10 +508,11 @@ impl<H: Threading> Endpoint<H> {
                 .early
                 .iter()
                 .find(|(&(s, _), a)| s == seq && !agrees(kind, root, c.desc, a))
-                .map(|(_, a)| a.src);
+                .map(|(_, a)| (a.src, c.sig().diff(&a.sig())));
         }
-        if let Some(at) = ts.mismatch_at.iter().position(|&(s, _)| s == seq) {
-            c.mismatch.get_or_insert(ts.mismatch_at.swap_remove(at).1);
+        if let Some(at) = ts.mismatch_at.iter().position(|&(s, _, _)| s == seq) {
+            let (_, src, sig) = ts.mismatch_at.swap_remove(at);
+            c.mismatch.get_or_insert((src, c.sig().diff(&sig)));
         }
         ts.colls.push(c);
         self.teams.in_flight += 1;
@@ -697,8 +699,9 @@ impl<H: Threading> Endpoint<H> {
             let Some(c) = ts.colls.get_mut(i) else {
                 return Poll::Ready(Err(AmError::StaleHandle));
             };
-            if let Some(peer) = c.mismatch {
-                return Poll::Ready(Err(AmError::CollectiveMismatch { team: id, peer }));
+            if let Some((peer, diff)) = c.mismatch {
+                let agrees = ts.members.get(me as usize).copied().unwrap_or(peer);
+                return Poll::Ready(Err(diff.error(id, peer, agrees)));
             }
             let (seq, kind, root, desc) = (c.seq, c.kind, c.root, c.desc);
             let Some(&action) = c.plan.get(c.at) else {
@@ -773,10 +776,11 @@ impl<H: Threading> Endpoint<H> {
                         };
                     };
                     if !c.take(part, &mut a) {
-                        return Poll::Ready(Err(AmError::CollectiveMismatch {
-                            team: id,
-                            peer: a.src,
-                        }));
+                        // Kept, for the notice that tells the others what differs.
+                        let (peer, diff) = c.length_mismatch(part, a.src, a.data.len());
+                        c.mismatch = Some((peer, diff));
+                        let agrees = ts.members.get(me as usize).copied().unwrap_or(peer);
+                        return Poll::Ready(Err(diff.error(id, peer, agrees)));
                     }
                     // Copied or folded (or moved, leaving nothing): its buffer serves a later step.
                     self.teams.spare(a.data);
@@ -837,7 +841,8 @@ impl<H: Threading> Endpoint<H> {
             // The team's sequence is broken: this collective and every later one on it
             // fail, here and, once told, on every member.
             let e = e.clone();
-            self.notify(id, c.seq, *peer, CollectiveKind::Mismatch);
+            let diff = c.mismatch.map(|(_, d)| d);
+            self.notify_with(id, c.seq, *peer, CollectiveKind::Mismatch, diff);
             self.fail_team_from(id, c.seq, &e);
         }
         let mut made = None;
@@ -1193,6 +1198,19 @@ impl<H: Threading> Endpoint<H> {
     /// Tells every other member of team `id` (but `gone`) that `gone` is gone and this rank
     /// failed the team's collectives from `seq` on; once per gone member and team.
     fn notify(&mut self, id: TeamId, seq: u64, gone: Rank, kind: CollectiveKind) {
+        self.notify_with(id, seq, gone, kind, None)
+    }
+
+    /// As [`Endpoint::notify`], a mismatch's notice carrying what differs (`diff`, as this
+    /// rank found it: `gone`'s value and its own).
+    fn notify_with(
+        &mut self,
+        id: TeamId,
+        seq: u64,
+        gone: Rank,
+        kind: CollectiveKind,
+        diff: Option<Diff>,
+    ) {
         let Some(ts) = self.teams.live.get_mut(&id) else {
             return;
         };
@@ -1213,7 +1231,7 @@ impl<H: Threading> Endpoint<H> {
             // The member that disagreed hears it too: it may wait for a step that the
             // others, started on another collective, never send.
             if (mismatch || m != gone) && Some(m) != me {
-                self.teams.notices.push_back((id, m, seq, gone, kind));
+                self.teams.notices.push_back((id, m, seq, gone, kind, diff));
             }
         }
     }
@@ -1221,7 +1239,7 @@ impl<H: Threading> Endpoint<H> {
     /// Sends the notices queued, in order, until one waits for a credit; those to members
     /// gone meanwhile are dropped.
     fn send_notices(&mut self, tx: &mut (impl Tx + ?Sized)) {
-        while let Some(&(team, to, seq, gone, kind)) = self.teams.notices.front() {
+        while let Some(&(team, to, seq, gone, kind, diff)) = self.teams.notices.front() {
             let msg = SystemMsg::Collective {
                 team,
                 seq,
@@ -1230,7 +1248,14 @@ impl<H: Threading> Endpoint<H> {
                 root: 0,
                 desc: 0,
             };
-            match self.system_step(tx, to, msg, &[], None) {
+            // A mismatch says what differs (the sequence's steps, where nothing else is
+            // known); a gone member's notice carries nothing.
+            let words = diff.unwrap_or(Diff::STEPS).encode();
+            let payload = match kind {
+                CollectiveKind::Mismatch => &words[..],
+                _ => &[],
+            };
+            match self.system_step(tx, to, msg, payload, None) {
                 Poll::Pending => {
                     if !self.teams.stalled.contains(&to) {
                         self.teams.stalled.push(to);

@@ -319,14 +319,17 @@ impl<H: Threading> Endpoint<H> {
         };
         let me = c.team.rank() as usize;
         let (mut srcs, mut dests) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // The lowest member whose arguments differ from this member's, against the lowest
+        // that holds this member's (the rule of `AmError::CollectiveMismatch`).
+        let args = |m: usize| [word(m, 0), word(m, 1), word(m, 2), word(m, 3)];
+        if let Some(m) = (0..n).find(|&m| args(m) != args(me)) {
+            let lowest = (0..n).find(|&a| args(a) == args(me)).unwrap_or(me);
+            let rank = |m: usize| c.team.world_rank(m as u32).unwrap_or(NO_PEER);
+            let diff = super::mismatch::in_segment_diff(args(me), args(m));
+            return Err(diff.error(c.team.id(), rank(m), rank(lowest)));
+        }
         for m in 0..n {
             let peer = c.team.world_rank(m as u32).unwrap_or(NO_PEER);
-            if (0..4).any(|w| word(m, w) != word(me, w)) {
-                return Err(AmError::CollectiveMismatch {
-                    team: c.team.id(),
-                    peer,
-                });
-            }
             // A peer's offsets are its word: one outside the segment is its misbehavior.
             for at in [word(m, 4), word(m, 5)] {
                 if self.check_segment(at, c.len as u64).is_err() {

@@ -59,6 +59,7 @@ mod coll;
 mod complete;
 mod heap;
 mod in_segment;
+mod mismatch;
 mod peers;
 mod posted;
 mod recv;

@@ -236,6 +236,12 @@ impl<H: Threading> Endpoint<H> {
         offset: usize,
         data: &[u8],
     ) -> Poll<Result<Op<()>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let (whole, offset) = match remote.resolve(offset, data.len()) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if id == SegmentId::ZERO {
             return self.put_start(t, rank, offset, data);
@@ -308,6 +314,12 @@ impl<H: Threading> Endpoint<H> {
         offset: usize,
         len: usize,
     ) -> Poll<Result<Op<Vec<u8>>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let (whole, offset) = match remote.resolve(offset, len) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if id == SegmentId::ZERO {
             return self.get_start(t, rank, offset, len);
@@ -352,6 +364,12 @@ impl<H: Threading> Endpoint<H> {
         offset: usize,
         dst: &mut [u8],
     ) -> Poll<Result<Op<()>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let (whole, offset) = match remote.resolve(offset, dst.len()) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if id == SegmentId::ZERO {
             return self.get_into_start(t, rank, offset, dst);
@@ -423,6 +441,12 @@ impl<H: Threading> Endpoint<H> {
         len: usize,
         bounce: &mut Vec<u8>,
     ) -> Poll<Result<Op<()>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let (whole, offset) = match remote.resolve(offset, len) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if local == SegmentId::ZERO && id == SegmentId::ZERO {
             return self.put_from_segment_start(t, rank, offset, at, len, bounce);
@@ -511,6 +535,12 @@ impl<H: Threading> Endpoint<H> {
         at: usize,
         len: usize,
     ) -> Poll<Result<Option<Op<Vec<u8>>>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let (whole, offset) = match remote.resolve(offset, len) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if local == SegmentId::ZERO && id == SegmentId::ZERO {
             return self.get_into_segment_start(t, rank, offset, at, len);
@@ -573,12 +603,18 @@ impl<H: Threading> Endpoint<H> {
         offset: usize,
         op: AtomicOp<W>,
     ) -> Poll<Result<Op<W>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on.
+        let atomic = Atomic::from(op);
+        let width = atomic.width().bytes();
+        let (whole, offset) = match remote.resolve(offset, width) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let remote = &whole;
         let (rank, id) = (remote.rank(), remote.id());
         if id == SegmentId::ZERO {
             return self.atomic_start(t, rank, offset, op);
         }
-        let atomic = Atomic::from(op);
-        let width = atomic.width().bytes();
         let size = match self.check_remote(remote, offset, width) {
             Ok(size) => size,
             Err(e) => return Poll::Ready(Err(e)),

@@ -1401,7 +1401,9 @@ impl Start for FreeSegment {
 /// segment 0 it is a [`Put`]; on this rank's own segment a copy, complete when started;
 /// elsewhere system Mediums that the owner's progress writes and acknowledges. An unknown
 /// or freed segment is [`crate::AmError::UnknownSegment`], a range past its published
-/// length [`crate::AmError::SegmentOutOfBounds`], both when it starts.
+/// length [`crate::AmError::SegmentOutOfBounds`], past a block's end
+/// ([`crate::symmetric::Symmetric::on`], [`crate::segment::RemoteSegment::range`])
+/// [`crate::AmError::OutOfBlock`], all when it starts.
 #[derive(Debug, Clone, Copy)]
 pub struct PutTo<'a> {
     /// The segment.
@@ -1490,6 +1492,9 @@ impl Start for LongTo<'_> {
         ep: &mut Endpoint<H>,
         t: &mut T,
     ) -> Poll<Result<Op<()>, AmError>> {
+        // A block's range, checked against the block: the whole segment's from here on (a
+        // second call finds it whole).
+        (self.remote, self.offset) = self.remote.resolve(self.offset, self.payload.len())?;
         let (dest, id) = (self.remote.rank(), self.remote.id());
         if id == crate::segment::SegmentId::ZERO {
             let kind = crate::AmKind::Long;
@@ -1992,7 +1997,9 @@ macro_rules! operations {
         $driver! { op
             /// Writes `data` into `dest`'s segment at `offset`
             /// ([`Put`](crate::endpoint::start::Put): one copy where the NIC reaches the target's
-            /// memory, AM Longs elsewhere).
+            /// memory, AM Longs elsewhere). The offset names no block, so only the segment's
+            /// end bounds it: into a symmetric block, `put_to(&block.on(dest), i, data)` is
+            /// checked against the block's end too ([`crate::AmError::OutOfBlock`]).
             put [] (dest: $crate::Rank, offset: usize, data: &[u8]) -> ()
                 = $crate::endpoint::start::Put { dest, offset, data }; nb put_nb; borrows;
         }
@@ -2135,7 +2142,8 @@ macro_rules! operations {
             /// same offset of each member's segment 0
             /// ([`AllocSymmetric`](crate::endpoint::start::AllocSymmetric); OpenSHMEM's
             /// `shmem_malloc`): `let a = alloc_symmetric(&world, 4096)?`, then
-            /// `put(peer, a.offset(), ..)`. Collective over the team.
+            /// `put_to(&a.on(peer), 0, ..)`, checked against the block's end
+            /// ([`Symmetric::on`](crate::symmetric::Symmetric::on)). Collective over the team.
             alloc_symmetric [] (team: &$crate::team::Team, len: usize) -> $crate::symmetric::Symmetric
                 = $crate::endpoint::start::AllocSymmetric::new(team, len); nb alloc_symmetric_nb; owns;
         }
@@ -2169,14 +2177,18 @@ macro_rules! operations {
                 = $crate::endpoint::start::LongTo::new(remote, offset, handler, args, payload); nb request_long_to_nb; borrows;
         }
         $driver! { op
-            /// Writes `data` at `offset` of a published segment
-            /// ([`PutTo`](crate::endpoint::start::PutTo)).
+            /// Writes `data` at `offset` of a published segment, or of a block
+            /// ([`PutTo`](crate::endpoint::start::PutTo)): a symmetric block on a member
+            /// ([`Symmetric::on`](crate::symmetric::Symmetric::on)) or a range of a segment
+            /// ([`RemoteSegment::range`](crate::segment::RemoteSegment::range)), whose end
+            /// bounds it ([`crate::AmError::OutOfBlock`], nothing written).
             put_to [] (remote: &$crate::segment::RemoteSegment, offset: usize, data: &[u8]) -> ()
                 = $crate::endpoint::start::PutTo::new(remote, offset, data); nb put_to_nb; borrows;
         }
         $driver! { op
-            /// Reads `len` bytes at `offset` of a published segment into a new `Vec`
-            /// ([`GetFrom`](crate::endpoint::start::GetFrom)).
+            /// Reads `len` bytes at `offset` of a published segment, or of a block, into a
+            /// new `Vec` ([`GetFrom`](crate::endpoint::start::GetFrom); a block's end bounds
+            /// it, as `put_to`'s).
             get_from [] (remote: &$crate::segment::RemoteSegment, offset: usize, len: usize) -> Vec<u8>
                 = $crate::endpoint::start::GetFrom::new(remote, offset, len); nb get_from_nb; owns;
         }
@@ -2187,8 +2199,9 @@ macro_rules! operations {
                 = $crate::endpoint::start::GetFromInto::new(remote, offset, dst); nb get_from_into_nb; borrows;
         }
         $driver! { op
-            /// Applies `op` to the word at `offset` of a published segment and completes
-            /// with its old value ([`AtomicAt`](crate::endpoint::start::AtomicAt)).
+            /// Applies `op` to the word at `offset` of a published segment, or of a block,
+            /// and completes with its old value ([`AtomicAt`](crate::endpoint::start::AtomicAt);
+            /// a block's end bounds it, as `put_to`'s).
             atomic_at [W: $crate::atomic::AtomicWord + $crate::op::Outcome<Value = W> + 'static]
                 (remote: &$crate::segment::RemoteSegment, offset: usize, op: $crate::atomic::AtomicOp<W>) -> W
                 = $crate::endpoint::start::AtomicAt::new(remote, offset, op); nb atomic_at_nb; owns;

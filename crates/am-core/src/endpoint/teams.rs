@@ -12,6 +12,8 @@ use crate::team::{Drops, Team, TeamId};
 use crate::transport::Payload;
 use crate::types::Rank;
 
+use super::mismatch::{self, Diff, Field, Sig};
+
 /// The most collectives a rank has in flight on one team: a further one waits to start
 /// until one completes. It bounds what a rank keeps of its peers' early steps.
 pub const MAX_COLLECTIVES_IN_FLIGHT: usize = 64;
@@ -92,8 +94,9 @@ pub(super) struct Teams {
     pub(super) stalled: Vec<Rank>,
     /// Peers the device refused a step to during the current advance of a team.
     pub(super) refused: Vec<Rank>,
-    /// Notices to send, oldest first: (team, to, first failed sequence, gone member, kind).
-    pub(super) notices: std::collections::VecDeque<(TeamId, Rank, u64, Rank, CollectiveKind)>,
+    /// Notices to send, oldest first: (team, to, first failed sequence, gone member, kind,
+    /// and for a mismatch what differs).
+    pub(super) notices: std::collections::VecDeque<Notice>,
     /// A peer's misbehavior found outside a delivery (steps held for a team that no split
     /// made), for the next poll.
     pub(super) stray: Option<AmError>,
@@ -148,8 +151,8 @@ pub(super) struct TeamState {
     /// The others were told of a mismatch (once per team).
     pub(super) mismatch_told: bool,
     /// Sequences not started here whose steps disagreed (from two members), with one of the
-    /// senders: the collective fails with a mismatch when it starts.
-    pub(super) mismatch_at: Vec<(u64, Rank)>,
+    /// senders and what its step said: the collective fails with a mismatch when it starts.
+    pub(super) mismatch_at: Vec<(u64, Rank, Sig)>,
     /// Collectives larger than one step, in issue order.
     pub(super) bigs: Vec<Big>,
     /// The plans this member's collectives on the team followed lately, by kind, root and
@@ -190,6 +193,36 @@ impl Coll {
     /// said more chunks follow: its result is the first chunk of a [`Big`] made here.
     pub(super) fn announces_chunks(&self, me: u32) -> bool {
         self.kind == CollectiveKind::Broadcast && self.root != me && self.desc >= 2
+    }
+
+    /// What its steps say of it.
+    pub(super) fn sig(&self) -> Sig {
+        Sig {
+            kind: self.kind,
+            root: self.root,
+            desc: self.desc,
+        }
+    }
+
+    /// Whether this collective holds value `v` of `field` (a length: of a block or of its
+    /// buffer, what its steps carry), where it can tell.
+    pub(super) fn holds(&self, field: Field, v: u64) -> Option<bool> {
+        match field {
+            Field::Length => {
+                Some((self.block > 0 && v == self.block as u64) || v == self.buf.len() as u64)
+            }
+            field => self.sig().value(field).map(|own| own == v),
+        }
+    }
+
+    /// The mismatch of a step of `len` bytes from `src` that `part` cannot take.
+    pub(super) fn length_mismatch(&self, part: Part, src: Rank, len: usize) -> (Rank, Diff) {
+        let want = match part {
+            Part::Nothing => 0,
+            Part::Block(_) | Part::Fold(_) => self.block,
+            Part::Whole | Part::Lower | Part::Upper => self.buf.len(),
+        };
+        (src, Diff::length(len, want))
     }
 
     /// Takes step `a` as `part` of this collective's buffer, the step its plan is at, and
@@ -268,6 +301,21 @@ pub(super) struct Arrival {
     pub(super) data: Vec<u8>,
 }
 
+impl Arrival {
+    /// What the step says of its collective.
+    pub(super) fn sig(&self) -> Sig {
+        Sig {
+            kind: self.kind,
+            root: self.root,
+            desc: self.desc,
+        }
+    }
+}
+
+/// A notice to send: (team, to, first failed sequence, gone member, kind, and for a
+/// mismatch what differs, as its finder sees it).
+pub(super) type Notice = (TeamId, Rank, u64, Rank, CollectiveKind, Option<Diff>);
+
 /// A collective in flight: its plan of sends and takes, taken in order, over one buffer.
 pub(super) struct Coll {
     pub(super) seq: u64,
@@ -290,8 +338,9 @@ pub(super) struct Coll {
     /// The next action of `plan`.
     pub(super) at: usize,
     /// A member that started another collective under this sequence (or another root,
-    /// reduction or length): the collective fails with [`AmError::CollectiveMismatch`].
-    pub(super) mismatch: Option<Rank>,
+    /// reduction or length), and what differs: the collective fails with
+    /// [`AmError::CollectiveMismatch`].
+    pub(super) mismatch: Option<(Rank, Diff)>,
     /// Which chunk of a [`Big`] (sharing its slot) it is.
     pub(super) chunk: Option<u32>,
     /// The member a broadcast's bytes came from (its parent in the tree).
@@ -754,7 +803,7 @@ impl TeamState {
             Some(c) => {
                 let disagrees = !agrees(c.kind, c.root, c.desc, &a);
                 if disagrees {
-                    c.mismatch.get_or_insert(src);
+                    c.mismatch.get_or_insert((src, c.sig().diff(&a.sig())));
                 }
                 let taken = c.plan[..c.at]
                     .iter()
@@ -775,7 +824,7 @@ impl TeamState {
                             && !self.early.contains_key(&(seq, step)) =>
                     {
                         if !c.take(part, &mut a) {
-                            c.mismatch = Some(src);
+                            c.mismatch = Some(c.length_mismatch(part, src, a.data.len()));
                         }
                         return Some(a.data);
                     }
@@ -792,14 +841,20 @@ impl TeamState {
             Entry::Occupied(o) if (o.get().src, o.get().kind) == (src, a.kind) => None,
             // Two members that started different collectives under `seq` may both send
             // this step: a disagreement, not a peer's misbehavior.
-            Entry::Occupied(_) => {
+            Entry::Occupied(o) => {
                 match self.colls.iter_mut().find(|c| c.seq == seq) {
                     Some(c) => {
-                        c.mismatch.get_or_insert(src);
+                        // The one of the two that disagrees with this collective.
+                        let kept = o.get();
+                        let named = match agrees(c.kind, c.root, c.desc, &a) {
+                            true => (kept.src, c.sig().diff(&kept.sig())),
+                            false => (src, c.sig().diff(&a.sig())),
+                        };
+                        c.mismatch.get_or_insert(named);
                     }
                     None => {
                         if self.mismatch_at.len() < MAX_COLLECTIVES_IN_FLIGHT {
-                            self.mismatch_at.push((seq, src));
+                            self.mismatch_at.push((seq, src, a.sig()));
                         }
                     }
                 }
@@ -914,7 +969,11 @@ impl Teams {
             kind,
             CollectiveKind::MemberLost | CollectiveKind::MemberDeparted | CollectiveKind::Mismatch
         ) {
-            return self.told(src, team, seq, step, kind, payload.len());
+            let mut words = Vec::new();
+            if payload.len() <= mismatch::NOTICE_LEN {
+                payload.append_to(&mut words);
+            }
+            return self.told(src, team, seq, step, kind, &words, payload.len());
         }
         let mut data = match payload.len() {
             0 => Vec::new(),
@@ -964,6 +1023,7 @@ impl Teams {
     /// [`CollectiveKind::Mismatch`], started another collective), from sequence `seq` on. A
     /// notice for a team not known here is dropped (this rank may have freed it, or not
     /// made it yet: its collectives then fail as the gone member's own steps fail to come).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn told(
         &mut self,
         src: Rank,
@@ -971,6 +1031,7 @@ impl Teams {
         seq: u64,
         gone: Rank,
         kind: CollectiveKind,
+        words: &[u8],
         len: usize,
     ) -> Result<(), AmError> {
         let Some(ts) = self.live.get_mut(&team) else {
@@ -979,7 +1040,13 @@ impl Teams {
         let me = ts.members.get(ts.me as usize).copied();
         let member = |r: Rank| ts.members.contains(&r);
         let mismatch = kind == CollectiveKind::Mismatch;
-        if len != 0
+        // A mismatch carries what differs; a gone member's notice nothing.
+        let diff = Diff::decode(words);
+        let well_formed = match mismatch {
+            true => len == mismatch::NOTICE_LEN && diff.is_some(),
+            false => len == 0,
+        };
+        if !well_formed
             || !member(src)
             || !member(gone)
             || (!mismatch && (Some(gone) == me || gone == src))
@@ -995,7 +1062,21 @@ impl Teams {
         }
         let error = match kind {
             CollectiveKind::MemberLost => AmError::PeerLost(gone),
-            CollectiveKind::Mismatch => AmError::CollectiveMismatch { team, peer: gone },
+            CollectiveKind::Mismatch => {
+                // In this member's words (the rule is in `AmError::CollectiveMismatch`'s
+                // docs): against its own collective of `seq`, if it has started it.
+                let diff = diff.unwrap_or(Diff::STEPS);
+                let me = me.unwrap_or(src);
+                let c = ts.colls.iter().find(|c| c.seq == seq);
+                let holds = |v| c.and_then(|c| c.holds(diff.field, v));
+                if holds(diff.peer) == Some(true) && holds(diff.agrees) != Some(true) {
+                    diff.swapped().error(team, src, me.min(gone))
+                } else if holds(diff.agrees) == Some(true) {
+                    diff.error(team, gone, me.min(src))
+                } else {
+                    diff.error(team, gone, src)
+                }
+            }
             _ => AmError::PeerDeparted(gone),
         };
         // Every later collective fails when it starts; those in flight from `seq` on at
