@@ -593,10 +593,13 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     /// Whether an operation is complete, so that [`AsyncNode::wait`] resolves at once (looks
-    /// only: progress is the driver's). An operation another node started is said complete:
-    /// its wait resolves at once, with [`AmError::ForeignHandle`].
-    pub fn test<U: Outcome>(&self, op: &Op<U>) -> bool {
-        op.is_ready() || self.lock().node.ep.is_complete(op)
+    /// only: progress is the driver's). An operation another node started is
+    /// [`AmError::ForeignHandle`], as with [`Node::test`] (see [`crate::op`]).
+    pub fn test<U: Outcome>(&self, op: &Op<U>) -> Result<bool, AmError> {
+        if op.is_ready() {
+            return Ok(true);
+        }
+        self.lock().node.ep.test_op(op)
     }
 
     /// Resolves once every operation of `ops` is complete (a batch completes together): their
@@ -640,11 +643,16 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     /// Completes every operation of `ops` that is complete now and takes it out of `ops`
-    /// ([`crate::Node::test_some`]; looks only: progress is the driver's).
-    pub fn test_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
+    /// ([`crate::Node::test_some`]; looks only: progress is the driver's). Each operation's
+    /// own error is in its outcome (another node's is [`AmError::ForeignHandle`]); the
+    /// call itself, which makes no progress, does not fail.
+    pub fn test_some<U: Outcome>(
+        &self,
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
         let mut st = self.lock();
         let st = &mut *st;
-        st.node.ep.take_complete(&mut st.node.transport, ops, None)
+        Ok(st.node.ep.take_complete(&mut st.node.transport, ops, None))
     }
 
     /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).

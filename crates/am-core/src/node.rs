@@ -690,11 +690,10 @@ impl<T: Transport, H: Threading> Node<T, H> {
         if op.is_ready() {
             return Ok(true);
         }
-        if !self.ep.owns(op) {
-            return Err(AmError::ForeignHandle);
+        if self.ep.owns(op) {
+            self.poll()?;
         }
-        self.poll()?;
-        Ok(self.ep.is_complete(op))
+        self.ep.test_op(op)
     }
 
     /// Waits for every operation of `ops` (a batch completes together): their outcomes in
