@@ -339,22 +339,6 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.inner.rank
     }
 
-    /// The world team ([`Node::world_team`]).
-    pub fn world_team(&self) -> crate::team::Team {
-        self.lock().node.ep.world_team()
-    }
-
-    /// Frees `team` here ([`Node::free_team`]).
-    pub fn free_team(&self, team: crate::team::Team) -> Result<(), AmError> {
-        self.lock().node.ep.free_team(team)
-    }
-
-    /// Creates a segment bound to this rank ([`Node::create_segment`]); its bytes are
-    /// `with(|n| n.segment_at(id))`'s.
-    pub fn create_segment(&self, len: usize) -> Result<crate::segment::SegmentId, AmError> {
-        self.lock().node.ep.create_segment(len)
-    }
-
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.inner.size
@@ -626,11 +610,8 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
             {
                 let mut st = self.lock();
                 let st = &mut *st;
-                let done = st
-                    .node
-                    .ep
-                    .take_complete(&mut st.node.transport, ops, Some(cx.waker()));
-                if !done.is_empty() || ops.iter().all(Option::is_none) {
+                let t = &mut st.node.transport;
+                if let Poll::Ready(done) = st.node.ep.wait_some_step(t, ops, Some(cx.waker())) {
                     return Poll::Ready(Ok(done));
                 }
                 if ops.iter().flatten().any(Op::is_barrier) {
@@ -653,16 +634,6 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         let mut st = self.lock();
         let st = &mut *st;
         Ok(st.node.ep.take_complete(&mut st.node.transport, ops, None))
-    }
-
-    /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).
-    pub fn ops_in_flight(&self) -> usize {
-        self.lock().node.ops_in_flight()
-    }
-
-    /// The node's counters ([`crate::Node::stats`]).
-    pub fn stats(&self) -> crate::Stats {
-        self.lock().node.stats()
     }
 
     /// One round of progress, what a driver does when woken: runs the handlers of the
@@ -1257,4 +1228,13 @@ macro_rules! async_operations {
 }
 impl<T: Transport, H: Threading> AsyncNode<T, H> {
     crate::endpoint::start::operations!(async_operations);
+
+    crate::node::locked_calls! { |self| self.lock().node;
+        /// Its bytes are `with(|n| n.segment_at(id))`'s.
+        fn create_segment(len: usize) -> Result<crate::segment::SegmentId, AmError>;
+        fn world_team() -> crate::team::Team;
+        fn free_team(team: crate::team::Team) -> Result<(), AmError>;
+        fn ops_in_flight() -> usize;
+        fn stats() -> crate::Stats;
+    }
 }

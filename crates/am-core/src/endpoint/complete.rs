@@ -193,6 +193,21 @@ impl<H: Threading> Endpoint<H> {
         done
     }
 
+    /// A step of waiting for some of `ops` (`wait_some`): ready, with those it completed
+    /// ([`Endpoint::take_complete`]), once it completed one or `ops` holds none.
+    pub fn wait_some_step<U: Outcome, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        ops: &mut [Option<Op<U>>],
+        waker: Option<&Waker>,
+    ) -> Poll<Completed<U>> {
+        let done = self.take_complete(t, ops, waker);
+        if done.is_empty() && ops.iter().any(Option::is_some) {
+            return Poll::Pending;
+        }
+        Poll::Ready(done)
+    }
+
     /// Leaves `op` to the implicit set: it completes with nobody waiting for it, and
     /// [`Endpoint::nbi_step`] waits for it with the rest of the set (an error of it is the
     /// set's).
