@@ -586,6 +586,26 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.lock().node.ep.test_op(op)
     }
 
+    /// Resolves once `done()` is true ([`Node::wait_until`]): `done` is asked again after
+    /// each round of progress (whose handlers are what make it true), with the node locked,
+    /// so it must not use this `AsyncNode`. Fails, as [`Node::wait_until`] does, if a peer
+    /// this rank still awaits replies from has left the job or died.
+    pub async fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
+        self.step(|ep, t| {
+            std::task::ready!(ep.apply_posted(t))?;
+            if done() {
+                return Poll::Ready(Ok(()));
+            }
+            match ep.gone_count() {
+                0 => Poll::Pending,
+                _ => ep
+                    .take_unanswerable()
+                    .map_or(Poll::Pending, |e| Poll::Ready(Err(e))),
+            }
+        })
+        .await
+    }
+
     /// Resolves once every operation of `ops` is complete (a batch completes together): their
     /// outcomes in order, or the first error once all have completed.
     pub async fn wait_all<U: Outcome>(
@@ -1236,5 +1256,9 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         fn free_team(team: crate::team::Team) -> Result<(), AmError>;
         fn ops_in_flight() -> usize;
         fn stats() -> crate::Stats;
+        fn limits() -> crate::transport::Limits;
+        /// It blocks the calling thread (for at most a second) while it tells the other
+        /// ranks: the runtime's tasks end with the process.
+        fn exit(code: i32) -> ! = exit_in_place;
     }
 }

@@ -739,6 +739,11 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ///
     /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
     pub fn exit(mut self, code: i32) -> ! {
+        self.exit_in_place(code)
+    }
+
+    /// [`Node::exit`] of a node a shared driver holds.
+    pub(crate) fn exit_in_place(&mut self, code: i32) -> ! {
         let _ = self.drive(|ep, t| ep.apply_posted(t));
         let deadline = Instant::now() + Duration::from_secs(1);
         for r in 0..self.ep.size() {

@@ -659,6 +659,9 @@ impl<T: Transport> SharedNode<T> {
         fn test_some[U: Outcome](ops: &mut [Option<Op<U>>]) -> Result<Completed<U>, AmError>;
         fn ops_in_flight() -> usize;
         fn stats() -> crate::Stats;
+        fn limits() -> crate::transport::Limits;
+        /// The other threads, blocked on the node meanwhile, end with the process.
+        fn exit(code: i32) -> ! = exit_in_place;
         /// The other threads' operations, pending or started after, then fail with
         /// [`AmError::NodeClosed`]. The transport closes when the last share drops (which
         /// then waits for nothing).
