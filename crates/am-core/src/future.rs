@@ -344,8 +344,8 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.inner.size
     }
 
-    /// Runs `f` on the node (locked meanwhile): for what has no future of its own (its
-    /// segment, limits, credits, `try_` requests). `f` must not use this `AsyncNode`.
+    /// Runs `f` on the node (locked meanwhile): for what has no method of its own here (its
+    /// segment, configuration, credits). `f` must not use this `AsyncNode`.
     pub fn with<R>(&self, f: impl FnOnce(&mut Node<T, H>) -> R) -> R {
         f(&mut self.lock().node)
     }
