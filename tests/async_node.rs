@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use amnet::{
-    run_ranks, AmError, AsyncNode, Config, HandlerId, Handlers, Local, Loopback, LoopbackConfig,
-    Node, WaitMode,
+    run_ranks, AmError, AmKind, AsyncNode, Config, HandlerId, Handlers, Local, Loopback,
+    LoopbackConfig, Node, WaitMode,
 };
 
 mod common;
@@ -131,6 +131,42 @@ fn driven<H: amnet::Threading>(
         body.await;
         node.stop();
         driver.await.expect("driver").expect("driver ends cleanly");
+    });
+}
+
+/// Catches an async `wait_until` that never asks again (a handler's effect comes in a round
+/// of progress, which must wake the future), undriven on a plain runtime and under the tokio
+/// driver; `limits` is the node's.
+#[test]
+fn an_async_wait_until_resolves_once_a_handler_has_run() {
+    const HIT: HandlerId = HandlerId(2);
+    within(Duration::from_secs(60), || {
+        run_ranks(Loopback::cluster(2, LoopbackConfig::default()), |t| {
+            let hits = Rc::new(Cell::new(0u32));
+            let seen = hits.clone();
+            let mut h = kv_handlers();
+            h.request(HIT, "hit", AmKind::Short, move |_, _| {
+                seen.set(seen.get() + 1)
+            })
+            .expect("register");
+            let node = AsyncNode::new(Node::new(t, h, Config::default()).expect("start"));
+            assert_eq!(node.limits(), node.with(|n| n.limits()));
+            let peer = 1 - node.rank();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            // No driver: the future makes the progress itself.
+            rt.block_on(async {
+                node.request_short(peer, HIT, &[]).await.expect("request");
+                node.wait_until(|| hits.get() >= 1).await.expect("wait");
+            });
+            driven(&node, async {
+                node.request_short(peer, HIT, &[]).await.expect("request");
+                node.wait_until(|| hits.get() >= 2).await.expect("wait");
+                node.barrier().await.expect("barrier");
+            });
+        });
     });
 }
 

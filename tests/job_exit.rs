@@ -6,7 +6,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use amnet::{AmKind, Config, HandlerId, Handlers, JobError, JobOptions, Node, WaitMode};
+use amnet::{
+    AmKind, AsyncNode, Config, HandlerId, Handlers, JobError, JobOptions, Node, SharedNode,
+    WaitMode,
+};
 
 const CHILD: &str = "AM_JOB_EXIT_CHILD";
 
@@ -48,13 +51,15 @@ fn child() {
         return;
     };
     let result = amnet::run_job(&opts(4), |t| {
-        let mut h = Handlers::local();
+        let mut h = Handlers::new();
         h.request(HandlerId(1), "noop", AmKind::Short, |_, _| {})
             .unwrap();
         let mut node = Node::new(t, h, config()).map_err(|e| e.to_string())?;
         match (scenario.as_str(), node.rank()) {
             // Others wait in a barrier that rank 1 never joins: only its exit can end them.
             ("exit", 1) => node.exit(7),
+            ("shared_exit", 1) => SharedNode::new(node).exit(8),
+            ("async_exit", 1) => AsyncNode::new(node).exit(9),
             ("panic", 2) => panic!("rank 2 gives up"),
             ("error", 3) => return Err("rank 3 fails".to_string()),
             _ => {}
@@ -72,6 +77,13 @@ fn child() {
 #[test]
 fn exit_from_one_rank_ends_the_job_with_its_code() {
     assert_eq!(run_child("exit"), 7);
+}
+
+/// The same from a shared driver, which holds the node behind a lock.
+#[test]
+fn exit_from_a_shared_or_async_node_ends_the_job_with_its_code() {
+    assert_eq!(run_child("shared_exit"), 8);
+    assert_eq!(run_child("async_exit"), 9);
 }
 
 #[test]

@@ -339,29 +339,13 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
         self.inner.rank
     }
 
-    /// The world team ([`Node::world_team`]).
-    pub fn world_team(&self) -> crate::team::Team {
-        self.lock().node.ep.world_team()
-    }
-
-    /// Frees `team` here ([`Node::free_team`]).
-    pub fn free_team(&self, team: crate::team::Team) -> Result<(), AmError> {
-        self.lock().node.ep.free_team(team)
-    }
-
-    /// Creates a segment bound to this rank ([`Node::create_segment`]); its bytes are
-    /// `with(|n| n.segment_at(id))`'s.
-    pub fn create_segment(&self, len: usize) -> Result<crate::segment::SegmentId, AmError> {
-        self.lock().node.ep.create_segment(len)
-    }
-
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.inner.size
     }
 
-    /// Runs `f` on the node (locked meanwhile): for what has no future of its own (its
-    /// segment, limits, credits, `try_` requests). `f` must not use this `AsyncNode`.
+    /// Runs `f` on the node (locked meanwhile): for what has no method of its own here (its
+    /// segment, configuration, credits). `f` must not use this `AsyncNode`.
     pub fn with<R>(&self, f: impl FnOnce(&mut Node<T, H>) -> R) -> R {
         f(&mut self.lock().node)
     }
@@ -593,10 +577,33 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     /// Whether an operation is complete, so that [`AsyncNode::wait`] resolves at once (looks
-    /// only: progress is the driver's). An operation another node started is said complete:
-    /// its wait resolves at once, with [`AmError::ForeignHandle`].
-    pub fn test<U: Outcome>(&self, op: &Op<U>) -> bool {
-        op.is_ready() || self.lock().node.ep.is_complete(op)
+    /// only: progress is the driver's). An operation another node started is
+    /// [`AmError::ForeignHandle`], as with [`Node::test`] (see [`crate::op`]).
+    pub fn test<U: Outcome>(&self, op: &Op<U>) -> Result<bool, AmError> {
+        if op.is_ready() {
+            return Ok(true);
+        }
+        self.lock().node.ep.test_op(op)
+    }
+
+    /// Resolves once `done()` is true ([`Node::wait_until`]): `done` is asked again after
+    /// each round of progress (whose handlers are what make it true), with the node locked,
+    /// so it must not use this `AsyncNode`. Fails, as [`Node::wait_until`] does, if a peer
+    /// this rank still awaits replies from has left the job or died.
+    pub async fn wait_until(&self, mut done: impl FnMut() -> bool) -> Result<(), AmError> {
+        self.step(|ep, t| {
+            std::task::ready!(ep.apply_posted(t))?;
+            if done() {
+                return Poll::Ready(Ok(()));
+            }
+            match ep.gone_count() {
+                0 => Poll::Pending,
+                _ => ep
+                    .take_unanswerable()
+                    .map_or(Poll::Pending, |e| Poll::Ready(Err(e))),
+            }
+        })
+        .await
     }
 
     /// Resolves once every operation of `ops` is complete (a batch completes together): their
@@ -623,11 +630,8 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
             {
                 let mut st = self.lock();
                 let st = &mut *st;
-                let done = st
-                    .node
-                    .ep
-                    .take_complete(&mut st.node.transport, ops, Some(cx.waker()));
-                if !done.is_empty() || ops.iter().all(Option::is_none) {
+                let t = &mut st.node.transport;
+                if let Poll::Ready(done) = st.node.ep.wait_some_step(t, ops, Some(cx.waker())) {
                     return Poll::Ready(Ok(done));
                 }
                 if ops.iter().flatten().any(Op::is_barrier) {
@@ -640,21 +644,16 @@ impl<T: Transport, H: Threading> AsyncNode<T, H> {
     }
 
     /// Completes every operation of `ops` that is complete now and takes it out of `ops`
-    /// ([`crate::Node::test_some`]; looks only: progress is the driver's).
-    pub fn test_some<U: Outcome>(&self, ops: &mut [Option<Op<U>>]) -> Completed<U> {
+    /// ([`crate::Node::test_some`]; looks only: progress is the driver's). Each operation's
+    /// own error is in its outcome (another node's is [`AmError::ForeignHandle`]); the
+    /// call itself, which makes no progress, does not fail.
+    pub fn test_some<U: Outcome>(
+        &self,
+        ops: &mut [Option<Op<U>>],
+    ) -> Result<Completed<U>, AmError> {
         let mut st = self.lock();
         let st = &mut *st;
-        st.node.ep.take_complete(&mut st.node.transport, ops, None)
-    }
-
-    /// Operations in flight in the node's table ([`crate::Node::ops_in_flight`]).
-    pub fn ops_in_flight(&self) -> usize {
-        self.lock().node.ops_in_flight()
-    }
-
-    /// The node's counters ([`crate::Node::stats`]).
-    pub fn stats(&self) -> crate::Stats {
-        self.lock().node.stats()
+        Ok(st.node.ep.take_complete(&mut st.node.transport, ops, None))
     }
 
     /// One round of progress, what a driver does when woken: runs the handlers of the
@@ -1249,4 +1248,17 @@ macro_rules! async_operations {
 }
 impl<T: Transport, H: Threading> AsyncNode<T, H> {
     crate::endpoint::start::operations!(async_operations);
+
+    crate::node::locked_calls! { |self| self.lock().node;
+        /// Its bytes are `with(|n| n.segment_at(id))`'s.
+        fn create_segment(len: usize) -> Result<crate::segment::SegmentId, AmError>;
+        fn world_team() -> crate::team::Team;
+        fn free_team(team: crate::team::Team) -> Result<(), AmError>;
+        fn ops_in_flight() -> usize;
+        fn stats() -> crate::Stats;
+        fn limits() -> crate::transport::Limits;
+        /// It blocks the calling thread (for at most a second) while it tells the other
+        /// ranks: the runtime's tasks end with the process.
+        fn exit(code: i32) -> ! = exit_in_place;
+    }
 }

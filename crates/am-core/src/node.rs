@@ -690,11 +690,10 @@ impl<T: Transport, H: Threading> Node<T, H> {
         if op.is_ready() {
             return Ok(true);
         }
-        if !self.ep.owns(op) {
-            return Err(AmError::ForeignHandle);
+        if self.ep.owns(op) {
+            self.poll()?;
         }
-        self.poll()?;
-        Ok(self.ep.is_complete(op))
+        self.ep.test_op(op)
     }
 
     /// Waits for every operation of `ops` (a batch completes together): their outcomes in
@@ -715,15 +714,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
         &mut self,
         ops: &mut [Option<Op<U>>],
     ) -> Result<Completed<U>, AmError> {
-        let mut idle = 0;
-        loop {
-            let done = self.ep.take_complete(&mut self.transport, ops, None);
-            if !done.is_empty() || ops.iter().all(Option::is_none) {
-                self.transport.flush();
-                return Ok(done);
-            }
-            self.progress(&mut idle)?;
-        }
+        self.drive_to_completion(|ep, t| ep.wait_some_step(t, ops, None).map(Ok))
     }
 
     /// [`Node::wait_some`] without waiting: polls once, then completes and takes out every
@@ -748,6 +739,11 @@ impl<T: Transport, H: Threading> Node<T, H> {
     ///
     /// With ranks as threads ([`crate::Loopback`]) this ends the whole process at once.
     pub fn exit(mut self, code: i32) -> ! {
+        self.exit_in_place(code)
+    }
+
+    /// [`Node::exit`] of a node a shared driver holds.
+    pub(crate) fn exit_in_place(&mut self, code: i32) -> ! {
         let _ = self.drive(|ep, t| ep.apply_posted(t));
         let deadline = Instant::now() + Duration::from_secs(1);
         for r in 0..self.ep.size() {
@@ -873,6 +869,26 @@ impl<T: Transport, H: Threading> std::fmt::Debug for Node<T, H> {
             .finish()
     }
 }
+
+/// Writes the methods of a shared driver ([`crate::SharedNode`], [`crate::AsyncNode`]) that
+/// are one call of [`Node`]'s with the node locked: the same arguments and result, by
+/// construction. `$node` is the locked node (`$s` names `self` for it); `= $inner` calls
+/// the node's `$inner` instead (one that takes `&mut self` where `Node`'s takes `self`).
+macro_rules! locked_calls {
+    (|$s:ident| $node:expr; $(
+        $(#[$doc:meta])*
+        fn $name:ident $([$($g:tt)*])? ($($arg:ident : $ty:ty),*) -> $ret:ty $(= $inner:ident)?;
+    )*) => {$(
+        #[doc = concat!("[`Node::", stringify!($name), "`], the node locked for the call.")]
+        $(#[$doc])*
+        pub fn $name $(<$($g)*>)? (&$s, $($arg: $ty),*) -> $ret {
+            crate::node::locked_calls!(@call $node, $name $($inner)?, $($arg),*)
+        }
+    )*};
+    (@call $node:expr, $name:ident, $($arg:ident),*) => { $node.$name($($arg),*) };
+    (@call $node:expr, $name:ident $inner:ident, $($arg:ident),*) => { $node.$inner($($arg),*) };
+}
+pub(crate) use locked_calls;
 
 /// Writes [`Node`]'s operations from [`crate::endpoint::start::operations`]: `x` is `x_nb` then
 /// [`Node::wait`], `x_nb` is [`Start`] driven with progress in between.

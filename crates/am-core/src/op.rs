@@ -21,9 +21,8 @@
 //!
 //! Only the node that started an operation completes it: another node (another rank's, or
 //! another endpoint's of this process) refuses its handle with [`AmError::ForeignHandle`]
-//! in every wait and test (`AsyncNode::test` says it complete, and its `wait` resolves with
-//! that error), rather than waiting for an operation that its own progress never ends or
-//! taking one of its own for it. An operation complete when it was started
+//! in every wait and test, rather than waiting for an operation that its own progress never
+//! ends or taking one of its own for it. An operation complete when it was started
 //! ([`Op::is_ready`]) is its outcome alone, which any node gives.
 //!
 //! Dropping an [`Op`] before it completes detaches the operation: it still completes (a put

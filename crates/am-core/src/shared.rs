@@ -179,22 +179,6 @@ impl<T: Transport> SharedNode<T> {
         self.rank
     }
 
-    /// The world team ([`Node::world_team`]).
-    pub fn world_team(&self) -> crate::team::Team {
-        self.lock().ep.world_team()
-    }
-
-    /// Frees `team` here ([`Node::free_team`]).
-    pub fn free_team(&self, team: crate::team::Team) -> Result<(), crate::AmError> {
-        self.lock().ep.free_team(team)
-    }
-
-    /// Creates a segment bound to this rank ([`Node::create_segment`]); its bytes are
-    /// `lock().segment_at(id)`.
-    pub fn create_segment(&self, len: usize) -> Result<crate::segment::SegmentId, crate::AmError> {
-        self.lock().ep.create_segment(len)
-    }
-
     /// Ranks in the job.
     pub fn size(&self) -> u32 {
         self.size
@@ -350,41 +334,7 @@ impl<T: Transport> SharedNode<T> {
         &self,
         ops: &mut [Option<Op<U>>],
     ) -> Result<Completed<U>, AmError> {
-        let mut done = Vec::new();
-        self.drive(true, |ep, t| {
-            done = ep.take_complete(t, ops, None);
-            if done.is_empty() && ops.iter().any(Option::is_some) {
-                Poll::Pending
-            } else {
-                Poll::Ready(Ok(()))
-            }
-        })?;
-        Ok(done)
-    }
-
-    /// [`Node::test_some`].
-    pub fn test_some<U: Outcome>(
-        &self,
-        ops: &mut [Option<Op<U>>],
-    ) -> Result<Completed<U>, AmError> {
-        self.lock().test_some(ops)
-    }
-
-    /// [`Node::ops_in_flight`].
-    pub fn ops_in_flight(&self) -> usize {
-        self.lock().ops_in_flight()
-    }
-
-    /// [`Node::stats`].
-    pub fn stats(&self) -> crate::Stats {
-        self.lock().stats()
-    }
-
-    /// Closes the node ([`Node::close`]), holding it meanwhile: the other threads'
-    /// operations, pending or started after, then fail with [`AmError::NodeClosed`]. The
-    /// transport closes when the last share drops (which then waits for nothing).
-    pub fn close(&self) -> Result<(), AmError> {
-        self.lock().close_in_place()
+        self.drive(true, |ep, t| ep.wait_some_step(t, ops, None).map(Ok))
     }
 
     /// Between two turns at the node, never holding it: spins, then yields to the other
@@ -700,4 +650,21 @@ macro_rules! shared_operations {
 }
 impl<T: Transport> SharedNode<T> {
     crate::endpoint::start::operations!(shared_operations);
+
+    crate::node::locked_calls! { |self| self.lock();
+        /// Its bytes are `lock().segment_at(id)`.
+        fn create_segment(len: usize) -> Result<crate::segment::SegmentId, AmError>;
+        fn world_team() -> crate::team::Team;
+        fn free_team(team: crate::team::Team) -> Result<(), AmError>;
+        fn test_some[U: Outcome](ops: &mut [Option<Op<U>>]) -> Result<Completed<U>, AmError>;
+        fn ops_in_flight() -> usize;
+        fn stats() -> crate::Stats;
+        fn limits() -> crate::transport::Limits;
+        /// The other threads, blocked on the node meanwhile, end with the process.
+        fn exit(code: i32) -> ! = exit_in_place;
+        /// The other threads' operations, pending or started after, then fail with
+        /// [`AmError::NodeClosed`]. The transport closes when the last share drops (which
+        /// then waits for nothing).
+        fn close() -> Result<(), AmError> = close_in_place;
+    }
 }

@@ -472,9 +472,9 @@ fn a_shared_node_refuses_another_nodes_handles() {
     });
 }
 
-/// [`a_node_refuses_another_nodes_handles`] on an `AsyncNode`, whose `test` says another
-/// node's handle complete (its wait resolves at once, with the error): catches the same
-/// bugs there, and a wait for another node's call that reads that node's table of calls
+/// [`a_node_refuses_another_nodes_handles`] on an `AsyncNode` (its `test` and `test_some`
+/// look only): catches the same bugs there, an async `test` that said another node's handle
+/// complete, and a wait for another node's call that reads that node's table of calls
 /// before asking whose the call is (it waited for ever).
 #[test]
 fn an_async_node_refuses_another_nodes_handles() {
@@ -482,7 +482,9 @@ fn an_async_node_refuses_another_nodes_handles() {
     within(FOREIGN_LIMIT, || {
         let (mut f, b) = foreign();
         let b = AsyncNode::new(b);
-        assert!(b.test(&f.put) && b.test(&f.call) && b.test(&f.barrier));
+        assert_eq!(b.test(&f.put), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.call), Err(AmError::ForeignHandle));
+        assert_eq!(b.test(&f.barrier), Err(AmError::ForeignHandle));
         assert_eq!(block_on(&b, b.wait(f.barrier)), Err(AmError::ForeignHandle));
         let mut some = [Some(f.put)];
         let done = block_on(&b, b.wait_some(&mut some)).unwrap();
@@ -490,6 +492,13 @@ fn an_async_node_refuses_another_nodes_handles() {
             matches!(done[..], [(0, Err(AmError::ForeignHandle))]),
             "{done:?}"
         );
+        let mut some = [None, Some(f.a.put_nb(1, 64, &[8; 64]).unwrap())];
+        let done = b.test_some(&mut some).unwrap();
+        assert!(
+            matches!(done[..], [(1, Err(AmError::ForeignHandle))]),
+            "{done:?}"
+        );
+        assert!(some.iter().all(Option::is_none));
         assert_eq!(
             block_on(&b, b.wait_all([f.call])),
             Err(AmError::ForeignHandle)
@@ -497,7 +506,7 @@ fn an_async_node_refuses_another_nodes_handles() {
         let mine = block_on(&b, b.barrier_nb()).unwrap();
         rank_0_goes_on(&mut f.a, || {
             b.progress().unwrap();
-            b.test(&mine)
+            b.test(&mine).unwrap()
         });
         block_on(&b, b.wait(mine)).unwrap();
     });

@@ -104,6 +104,7 @@ fn a_progress_thread_serves_a_rank_that_does_not_poll() {
                 })
                 .unwrap();
             let node = SharedNode::new(Node::new(t, handlers, Config::default()).unwrap());
+            assert_eq!(node.limits(), node.lock().limits());
             if node.rank() == 0 {
                 for i in 0..ASKS {
                     node.request_short(1, ASK, &[i]).unwrap();

@@ -143,6 +143,16 @@ impl<H: Threading> Endpoint<H> {
         }
     }
 
+    /// The test of every driver, without its poll: whether an operation of this endpoint's
+    /// is complete ([`Endpoint::is_complete`]); another endpoint's is
+    /// [`AmError::ForeignHandle`] (see [`Endpoint::owns`]).
+    pub fn test_op<U: Outcome>(&self, op: &Op<U>) -> Result<bool, AmError> {
+        if !self.owns(op) {
+            return Err(AmError::ForeignHandle);
+        }
+        Ok(self.is_complete(op))
+    }
+
     /// Whether `op` was started on this endpoint, or names nothing of any endpoint's (it
     /// was complete when started, or is spent): an operation in flight (a slot of the
     /// table, a call, a barrier) is completed only where it was started. Another endpoint's
@@ -181,6 +191,21 @@ impl<H: Threading> Endpoint<H> {
             }
         }
         done
+    }
+
+    /// A step of waiting for some of `ops` (`wait_some`): ready, with those it completed
+    /// ([`Endpoint::take_complete`]), once it completed one or `ops` holds none.
+    pub fn wait_some_step<U: Outcome, T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        ops: &mut [Option<Op<U>>],
+        waker: Option<&Waker>,
+    ) -> Poll<Completed<U>> {
+        let done = self.take_complete(t, ops, waker);
+        if done.is_empty() && ops.iter().any(Option::is_some) {
+            return Poll::Pending;
+        }
+        Poll::Ready(done)
     }
 
     /// Leaves `op` to the implicit set: it completes with nobody waiting for it, and
