@@ -1409,10 +1409,12 @@ pub fn rma_to_a_departed_rank_is_refused<T: Transport + Send>(make: &dyn Fn(u32,
                 offset: 0,
                 atomic: add,
             }];
-            let batch = t
-                .rma(crate::transport::Rma::Atomics(&posted))
-                .expect("a batch reports its refusals in its outcome")
-                .batch;
+            let mut batch = crate::atomic::Batch::default();
+            t.rma(crate::transport::Rma::Atomics {
+                batch: &posted,
+                outcome: &mut batch,
+            })
+            .expect("a batch reports its refusals in its outcome");
             assert!(
                 batch.done == 1 && matches!(batch.error, Some(SendError::PeerDeparted(1))),
                 "atomics: {batch:?}"

@@ -51,21 +51,10 @@ pub enum AmError {
     /// names a rank); `offset` and `len` are the range asked for, from the block's start.
     /// (A plain offset, as [`crate::Node::put`] takes, names no block: only the segment's
     /// end bounds it, [`AmError::SegmentOutOfBounds`].)
-    #[error("[{offset}, {offset}+{len}) is outside the {block_len}-byte block at offset {block_offset} of {}segment {segment}", match rank { Some(r) => format!("rank {r}'s "), None => String::new() })]
-    OutOfBlock {
-        /// The block's owner, where the access names one.
-        rank: Option<Rank>,
-        /// The segment the block is in (segment 0 for a symmetric block).
-        segment: crate::types::SegmentId,
-        /// Where the block starts in its segment.
-        block_offset: usize,
-        /// The block's length.
-        block_len: usize,
-        /// The offset asked for, from the block's start.
-        offset: u64,
-        /// The bytes asked for.
-        len: u64,
-    },
+    ///
+    /// Boxed, so that every result carrying an `AmError` stays as small as before it.
+    #[error("{0}")]
+    OutOfBlock(Box<BlockBounds>),
     /// A remote atomic's word is not aligned to its width.
     #[error("atomic on offset {offset}: not aligned to its {align}-byte word")]
     Misaligned {
@@ -196,8 +185,9 @@ pub enum AmError {
         /// The lowest-ranked member known here to hold this member's values (this member,
         /// if none lower is known).
         agrees: Rank,
-        /// What differs, with `peer`'s value and `agrees`'s.
-        what: Disagreement,
+        /// What differs, with `peer`'s value and `agrees`'s (boxed, so that every result
+        /// carrying an `AmError` stays as small as before it).
+        what: Box<Disagreement>,
     },
     /// A member of `team` could not do its part of a collective in segment 0
     /// ([`crate::endpoint::start::TeamAllReduceInSegment`],
@@ -283,6 +273,47 @@ pub enum AmError {
     /// what the driver needs ([`RuntimeError`]).
     #[error(transparent)]
     Runtime(RuntimeError),
+}
+
+/// An access through a block that reaches past the block ([`AmError::OutOfBlock`]): the
+/// block is `block_len` bytes at `block_offset` of segment `segment` (of `rank`, where the
+/// access names a rank); `offset` and `len` are the range asked for, from the block's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockBounds {
+    /// The block's owner, where the access names one.
+    pub rank: Option<Rank>,
+    /// The segment the block is in (segment 0 for a symmetric block).
+    pub segment: crate::types::SegmentId,
+    /// Where the block starts in its segment.
+    pub block_offset: usize,
+    /// The block's length.
+    pub block_len: usize,
+    /// The offset asked for, from the block's start.
+    pub offset: u64,
+    /// The bytes asked for.
+    pub len: u64,
+}
+
+impl std::fmt::Display for BlockBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let BlockBounds {
+            rank,
+            segment,
+            block_offset,
+            block_len,
+            offset,
+            len,
+        } = self;
+        write!(
+            f,
+            "[{offset}, {offset}+{len}) is outside the {block_len}-byte block at offset \
+             {block_offset} of "
+        )?;
+        if let Some(r) = rank {
+            write!(f, "rank {r}'s ")?;
+        }
+        write!(f, "segment {segment}")
+    }
 }
 
 /// What the members of a team disagree on in a collective

@@ -109,8 +109,8 @@ pub use config::{AllReduceAlgorithm, Config, WaitMode};
 pub use credit::{CreditPolicy, Credits, DynamicCredits, StaticCredits};
 pub use endpoint::{Endpoint, Polled};
 pub use error::{
-    AmError, DeviceError, Disagreement, Misbehavior, NicError, NicErrorKind, RuntimeError,
-    StartError, TryRequestError,
+    AmError, BlockBounds, DeviceError, Disagreement, Misbehavior, NicError, NicErrorKind,
+    RuntimeError, StartError, TryRequestError,
 };
 pub use fault::{FaultConfig, FaultInjector, FaultRng, FaultStats};
 pub use future::{AsyncNode, WeakAsyncNode};

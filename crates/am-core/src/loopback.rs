@@ -752,7 +752,7 @@ impl Transport for Loopback {
     }
 
     /// Copies and atomic instructions on the peers' segments, memory of this process.
-    #[inline]
+    #[inline(always)]
     fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
         crate::rma::mapped(self, request)
     }

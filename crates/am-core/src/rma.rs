@@ -35,7 +35,9 @@ pub trait MappedPeers {
 /// rank and a peer's one pass from mapping to mapping; complete when it returns, with no
 /// message and no help from the target. A batch of atomics fetches every word first, so
 /// their misses overlap. [`Remote::Keyed`] is not such a NIC's: [`SendError::Unsupported`].
-#[inline]
+// Inlined whole: each caller's request is of one shape, known where it is built, so the
+// match folds to that shape's copy.
+#[inline(always)]
 pub fn mapped<N: MappedPeers + Transport + ?Sized>(
     nic: &N,
     request: Rma<'_>,
@@ -102,9 +104,10 @@ pub fn mapped<N: MappedPeers + Transport + ?Sized>(
             nic.peer_segment(dest)?,
             offset,
         )?)),
-        Rma::Atomics(batch) => {
+        Rma::Atomics { batch, outcome } => {
             let applied = apply_batch(batch, |d| nic.peer_segment(d));
-            Ok(RmaDone::batch(Batch::all(batch.len(), applied)))
+            *outcome = Batch::all(batch.len(), applied);
+            Ok(RmaDone::moved())
         }
         _ => Err(SendError::Unsupported(
             "this shape of RMA on mapped segments",
@@ -204,8 +207,8 @@ pub fn by_pieces<T: Transport + ?Sized>(t: &mut T, request: Rma<'_>) -> Result<R
             copy_in(t.rank(), range.bytes, &bounce)?;
             Ok(done)
         }
-        Rma::Atomics(batch) => {
-            let done = crate::atomic::each_posted(batch, |p| {
+        Rma::Atomics { batch, outcome } => {
+            *outcome = crate::atomic::each_posted(batch, |p| {
                 t.rma(Rma::Atomic {
                     dest: p.dest,
                     at: Remote::At(p.offset),
@@ -213,7 +216,7 @@ pub fn by_pieces<T: Transport + ?Sized>(t: &mut T, request: Rma<'_>) -> Result<R
                 })
                 .map(drop)
             });
-            Ok(RmaDone::batch(done))
+            Ok(RmaDone::moved())
         }
         _ => Err(SendError::Unsupported("a contiguous RMA request by pieces")),
     }

@@ -214,14 +214,14 @@ impl RemoteSegment {
     /// The error of an operation on `len` bytes at `offset` of it that reaches past it.
     fn outside(&self, offset: usize, len: usize) -> AmError {
         match self.block {
-            Some((at, n)) => AmError::OutOfBlock {
+            Some((at, n)) => AmError::OutOfBlock(Box::new(crate::error::BlockBounds {
                 rank: Some(self.rank),
                 segment: self.id,
                 block_offset: at,
                 block_len: n,
                 offset: offset as u64,
                 len: len as u64,
-            },
+            })),
             None => AmError::SegmentOutOfBounds {
                 offset: offset as u64,
                 len: len as u64,

@@ -69,10 +69,12 @@
 //!             let last = node.segment().load_u64(grid.at(15 * 16 * 8).unwrap()).unwrap();
 //!             assert_eq!(last, 15f64.to_bits());
 //!             // Past the block's 2048 bytes: an error naming the block, nothing written.
-//!             assert!(matches!(
-//!                 node.put_to(&grid.on(0), 2040, &[0; 16]),
-//!                 Err(amnet::AmError::OutOfBlock { block_len: 2048, offset: 2040, len: 16, .. })
-//!             ));
+//!             match node.put_to(&grid.on(0), 2040, &[0; 16]) {
+//!                 Err(amnet::AmError::OutOfBlock(b)) => {
+//!                     assert_eq!((b.block_len, b.offset, b.len), (2048, 2040, 16))
+//!                 }
+//!                 other => panic!("{other:?}"),
+//!             }
 //!         }
 //!         node.free_symmetric(&world, grid).unwrap();
 //!     });
@@ -136,14 +138,14 @@ impl Symmetric {
     pub fn range(&self, i: usize, len: usize) -> Result<usize, AmError> {
         match i.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.offset + i),
-            _ => Err(AmError::OutOfBlock {
+            _ => Err(AmError::OutOfBlock(Box::new(crate::error::BlockBounds {
                 rank: None,
                 segment: crate::types::SegmentId::ZERO,
                 block_offset: self.offset,
                 block_len: self.len,
                 offset: i as u64,
                 len: len as u64,
-            }),
+            }))),
         }
     }
 

@@ -440,13 +440,19 @@ pub enum Rma<'a> {
         atomic: Atomic,
     },
     /// Applies the non-fetching atomics of a batch in segment 0 of their targets, in order,
-    /// each as [`Rma::Atomic`] would ([`RmaDone::batch`] says how far it got). A NIC that
+    /// each as [`Rma::Atomic`] would, and writes what became of them to `outcome` (a
+    /// [`Batch`]: how far it got, and the first refusal). A NIC that
     /// reaches the words itself fetches them all first, so that their cache misses overlap
     /// ([`crate::atomic::apply_batch`]). One refused for good does not stop the others; a
     /// busy device stops the batch, and the core polls and hands over the rest again. The
     /// core hands posted atomics on its own rank here with the rest, so such a NIC reaches
-    /// its own segment too.
-    Atomics(&'a [Posted]),
+    /// its own segment too. The request itself returns `Ok` whatever `outcome` says.
+    Atomics {
+        /// The atomics, in order.
+        batch: &'a [Posted],
+        /// What became of them, written by the NIC.
+        outcome: &'a mut Batch,
+    },
 }
 
 /// Where a strided or indexed transfer's bytes go in the target's segment, region by region,
@@ -669,16 +675,15 @@ impl Sink<'_> {
     }
 }
 
-/// What a NIC reports of an [`Rma`] request it carried out.
-#[derive(Debug, Default)]
+/// What a NIC reports of an [`Rma`] request it carried out: two words, returned in
+/// registers (a batch's outcome goes to [`Rma::Atomics`]'s `outcome` instead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RmaDone {
     /// An atomic's: the word's old value.
     pub old: u64,
     /// A request on [`Remote::Keyed`]: the registration's first `u64`, read beside it.
     pub flag: u64,
-    /// A batch's ([`Rma::Atomics`]): how many were dealt with, and the first refusal.
-    pub batch: Batch,
 }
 
 impl RmaDone {
@@ -700,14 +705,6 @@ impl RmaDone {
         RmaDone {
             old,
             flag,
-            ..RmaDone::default()
-        }
-    }
-
-    /// A batch of atomics dealt with as `batch` says.
-    pub fn batch(batch: Batch) -> RmaDone {
-        RmaDone {
-            batch,
             ..RmaDone::default()
         }
     }
@@ -1124,7 +1121,7 @@ macro_rules! forward_transport {
         }
     };
     (@one $how:tt rma) => {
-        #[inline]
+        #[inline(always)]
         fn rma(
             &mut self,
             request: $crate::transport::Rma<'_>,

@@ -848,10 +848,10 @@ fn a_step_taken_where_it_arrives_is_not_taken_twice() {
             team: TeamId::WORLD,
             peer: 2,
             agrees: 0,
-            what: am_core::Disagreement::Kind {
+            what: Box::new(am_core::Disagreement::Kind {
                 peer: "all-gather",
                 agrees: "barrier"
-            }
+            })
         }))
     );
 }
@@ -1767,7 +1767,7 @@ fn a_length_mismatch_names_the_member_that_differs_and_both_lengths() {
             if r == 0 {
                 assert!(*peer != 0 && *agrees == 0, "seed {seed}: {:?}", got[0]);
                 assert_eq!(
-                    *what,
+                    **what,
                     am_core::Disagreement::Length {
                         peer: 8,
                         agrees: 16
@@ -1781,7 +1781,7 @@ fn a_length_mismatch_names_the_member_that_differs_and_both_lengths() {
                     got[0]
                 );
                 assert_eq!(
-                    *what,
+                    **what,
                     am_core::Disagreement::Length {
                         peer: 16,
                         agrees: 8
@@ -1877,14 +1877,14 @@ fn a_mismatch_says_what_differs_with_both_values() {
                 if r == 1 {
                     assert_eq!(*agrees, 1, "{others_see:?} seed {seed}: {err:?}");
                     assert!(*peer != 1, "{others_see:?} seed {seed}: {err:?}");
-                    assert_eq!(*what, odd_sees, "seed {seed}");
+                    assert_eq!(**what, odd_sees, "seed {seed}");
                 } else {
                     assert_eq!(*peer, 1, "{others_see:?} seed {seed} rank {r}: {err:?}");
                     assert!(
                         *agrees != 1 && *agrees <= r,
                         "seed {seed} rank {r}: {err:?}"
                     );
-                    assert_eq!(*what, others_see, "seed {seed} rank {r}");
+                    assert_eq!(**what, others_see, "seed {seed} rank {r}");
                 }
             }
         }

@@ -152,14 +152,14 @@ fn endpoints_on_one_thread_allocate_together() {
 
 /// The block error a test expects: `len` bytes at `offset` of block `b` on `rank`.
 fn outside(rank: Option<u32>, b: am_core::Symmetric, offset: u64, len: u64) -> AmError {
-    AmError::OutOfBlock {
+    AmError::OutOfBlock(Box::new(am_core::BlockBounds {
         rank,
         segment: am_core::SegmentId::ZERO,
         block_offset: b.offset(),
         block_len: b.len(),
         offset,
         len,
-    }
+    }))
 }
 
 /// Puts, gets and atomics through a symmetric block (`Symmetric::on`) are checked against
@@ -267,13 +267,15 @@ fn operations_past_a_range_of_a_created_segment_fail_naming_it() {
             if node.rank() == 0 {
                 let row = peers[1].range(64, 64).unwrap();
                 assert_eq!((row.offset(), row.len(), row.is_block()), (64, 64, true));
-                let want = |offset, len| AmError::OutOfBlock {
-                    rank: Some(1),
-                    segment: id,
-                    block_offset: 64,
-                    block_len: 64,
-                    offset,
-                    len,
+                let want = |offset, len| {
+                    AmError::OutOfBlock(Box::new(am_core::BlockBounds {
+                        rank: Some(1),
+                        segment: id,
+                        block_offset: 64,
+                        block_len: 64,
+                        offset,
+                        len,
+                    }))
                 };
                 assert_eq!(node.put_to(&row, 0, &[1; 128]), Err(want(0, 128)));
                 assert_eq!(node.get_from(&row, 60, 8), Err(want(60, 8)));

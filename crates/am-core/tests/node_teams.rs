@@ -930,10 +930,10 @@ fn a_length_mismatch_says_both_lengths_and_names_the_rank_that_differs() {
             };
             if me == 0 {
                 assert!(peer != 0 && agrees == 0, "{err}");
-                assert_eq!(what, Disagreement::Length { peer: 4, agrees: 8 });
+                assert_eq!(*what, Disagreement::Length { peer: 4, agrees: 8 });
             } else {
                 assert_eq!((peer, agrees), (0, 1), "rank {me}: {err}");
-                assert_eq!(what, Disagreement::Length { peer: 8, agrees: 4 });
+                assert_eq!(*what, Disagreement::Length { peer: 8, agrees: 4 });
                 assert!(err
                     .to_string()
                     .contains("rank 0 gave a length of 8 bytes where rank 1 gave 4"));

@@ -338,7 +338,7 @@ impl Transport for Extoll {
     /// segment instead and report through the notification queue. An atomic is the NIC's
     /// read-modify-write on the target's memory, as its RMA unit writes a put there: one
     /// atomic instruction on the target's mapped word.
-    #[inline]
+    #[inline(always)]
     fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
         am_core::rma::mapped(self, request)
     }

@@ -576,7 +576,10 @@ impl Transport for Portals {
                 at: Remote::At(offset),
                 atomic,
             } => self.atomic(dest, offset, atomic).map(RmaDone::old),
-            Rma::Atomics(batch) => Ok(RmaDone::batch(self.atomics(batch))),
+            Rma::Atomics { batch, outcome } => {
+                *outcome = self.atomics(batch);
+                Ok(RmaDone::moved())
+            }
             Rma::Put {
                 to: Remote::Keyed { .. },
                 ..

@@ -425,7 +425,7 @@ impl Transport for Sci {
     /// Mediums, one round trip each), which a one-sided get must not need. Atomics are SCI's
     /// lock transactions (IEEE 1596 fetch-and-add, compare-and-swap, swap), which the
     /// responder's memory performs: one atomic instruction on the target's mapped word.
-    #[inline]
+    #[inline(always)]
     fn rma(&mut self, request: Rma<'_>) -> Result<RmaDone, SendError> {
         am_core::rma::mapped(self, request)
     }

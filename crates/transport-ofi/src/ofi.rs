@@ -1542,7 +1542,10 @@ impl Transport for Ofi {
             } => self
                 .atomic_at(dest, key, offset, atomic)
                 .map(|(old, flag)| RmaDone::keyed(old, flag)),
-            Rma::Atomics(batch) => Ok(RmaDone::batch(self.atomics(batch))),
+            Rma::Atomics { batch, outcome } => {
+                *outcome = self.atomics(batch);
+                Ok(RmaDone::moved())
+            }
             request => am_core::rma::by_pieces(self, request),
         }
     }

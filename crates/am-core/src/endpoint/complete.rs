@@ -38,15 +38,15 @@ impl<H: Threading> Endpoint<H> {
         waker: Option<&Waker>,
         carry: bool,
     ) -> Poll<Result<U::Value, AmError>> {
-        if !self.owns(op) {
-            return Poll::Ready(Err(AmError::ForeignHandle));
-        }
         let raw = match &op.state {
             State::Spent => return Poll::Ready(Err(AmError::StaleHandle)),
+            // Complete when started: its outcome is its own, whichever node takes it (the
+            // common case of a put or an atomic, so checked before the owner).
             State::Ready(_) => match op.take_state() {
                 State::Ready(r) => Ok(r),
                 _ => Err(AmError::StaleHandle),
             },
+            _ if !self.owns(op) => return Poll::Ready(Err(AmError::ForeignHandle)),
             State::Slot { .. } => {
                 // The collective this may be, and those it shares progress with.
                 self.carry_collectives(t);

@@ -168,7 +168,7 @@ impl Diff {
             team,
             peer,
             agrees,
-            what: self.words(),
+            what: Box::new(self.words()),
         }
     }
 

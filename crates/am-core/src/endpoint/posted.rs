@@ -78,13 +78,18 @@ impl<H: Threading> Endpoint<H> {
         t: &mut T,
     ) -> Poll<Result<(), AmError>> {
         let done = if self.posted_by_nic {
-            let batch = match t.rma(crate::transport::Rma::Atomics(&self.posted)) {
-                Ok(done) => done.batch,
-                Err(e) => crate::atomic::Batch {
+            let mut batch = crate::atomic::Batch::default();
+            let request = crate::transport::Rma::Atomics {
+                batch: &self.posted,
+                outcome: &mut batch,
+            };
+            if let Err(e) = t.rma(request) {
+                // The batch refused whole: nothing of it was done.
+                batch = crate::atomic::Batch {
                     done: 0,
                     error: (!matches!(e, crate::error::SendError::Busy)).then_some(e),
-                },
-            };
+                };
+            }
             if let Some(e) = batch.error {
                 let e = self.nic_failed(e);
                 self.posted_refused.get_or_insert(e);

@@ -463,6 +463,9 @@ impl<H: Threading> Endpoint<H> {
     /// A put or get the NIC does itself (`rma`, checked): `Pending` while the device is busy
     /// or posted atomics sent as messages are unanswered (the NIC's write or read may
     /// overtake a message: a transport with RMA but atomics by messages).
+    // Inlined: out of line, its result goes through memory, which costs a put tens of
+    // instructions.
+    #[inline(always)]
     pub(super) fn nic_rma(
         &mut self,
         rma: impl FnOnce() -> Result<(), SendError>,

@@ -200,21 +200,25 @@ impl Transport for Wire<'_> {
             } => self
                 .nic(dest, "atomic", |seg| atomic.apply_to(dest, seg, offset))
                 .map(RmaDone::old),
-            Rma::Atomics(batch) => {
+            Rma::Atomics { batch, outcome } => {
                 let mut error = None;
                 for (done, p) in batch.iter().enumerate() {
                     match self.nic(p.dest, "posted", |seg| {
                         p.atomic.apply_to(p.dest, seg, p.offset)
                     }) {
                         Ok(_) => {}
-                        Err(SendError::Busy) => return Ok(RmaDone::batch(Batch { done, error })),
+                        Err(SendError::Busy) => {
+                            *outcome = Batch { done, error };
+                            return Ok(RmaDone::moved());
+                        }
                         Err(e) => error = error.or(Some(e)),
                     }
                 }
-                Ok(RmaDone::batch(Batch {
+                *outcome = Batch {
                     done: batch.len(),
                     error,
-                }))
+                };
+                Ok(RmaDone::moved())
             }
             other => am_core::rma::by_pieces(self, other),
         }
