@@ -362,9 +362,9 @@ pub enum Disagreement {
     /// They gave different reductions (`None`: no reduction).
     Operation {
         /// `peer`'s.
-        peer: Option<crate::reduce::ReduceOp>,
+        peer: Option<crate::types::ReduceOp>,
         /// `agrees`'s.
-        agrees: Option<crate::reduce::ReduceOp>,
+        agrees: Option<crate::types::ReduceOp>,
     },
     /// They chose different all-reduce algorithms (`Config::all_reduce`, or its `Auto`
     /// choice by length: which differs where the lengths do).
@@ -399,7 +399,7 @@ fn mismatch_words(team: TeamId, peer: Rank, agrees: Rank, what: &Disagreement) -
             "{on}: rank {peer} reduced elements of {p} where rank {agrees} reduced {a}"
         ),
         Disagreement::Operation { peer: p, agrees: a } => {
-            let name = |o: Option<crate::reduce::ReduceOp>| match o {
+            let name = |o: Option<crate::types::ReduceOp>| match o {
                 Some(o) => format!("{o:?}"),
                 None => "no reduction".to_owned(),
             };

@@ -79,3 +79,32 @@ impl std::fmt::Display for SegmentId {
         write!(f, "{}", self.0)
     }
 }
+
+/// A reduction's operation, applied element by element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// `a + b` (integers wrap).
+    Sum,
+    /// `a * b` (integers wrap).
+    Product,
+    /// The smaller (for floats, `f64::min`: a NaN loses to a number).
+    Min,
+    /// The larger (for floats, `f64::max`).
+    Max,
+    /// Bitwise and (integers only).
+    And,
+    /// Bitwise or (integers only).
+    Or,
+    /// Bitwise exclusive or (integers only).
+    Xor,
+    /// The user's operation registered under this id
+    /// ([`crate::Handlers::reduction`], the same on every rank), over the element type it
+    /// was registered for.
+    User(ReduceId),
+}
+
+/// A user reduction's number, the same on every rank: [`crate::Handlers::reduction`]
+/// registers an operation under it, and [`ReduceOp::User`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReduceId(pub u16);

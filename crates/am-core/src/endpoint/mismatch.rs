@@ -8,8 +8,9 @@ use crate::reduce::{ReduceId, ReduceOp};
 use crate::team::TeamId;
 use crate::types::Rank;
 
-/// Where the chunks left sit in a collective's word ([`super::teams::CHUNKS_LEFT_SHIFT`]).
-use super::teams::CHUNKS_LEFT_SHIFT;
+/// Where a chunk's count of chunks left from it sits in its word, above the reduction's
+/// (17 bits: a built-in op's, or `1 << 16 | id`): the word a mismatch notice compares.
+pub(super) const CHUNKS_LEFT_SHIFT: u32 = 17;
 
 /// Bytes of a mismatch notice's payload: the field's tag, the named member's value and the
 /// finder's.

@@ -347,9 +347,8 @@ pub(super) struct Coll {
     pub(super) took_from: Rank,
 }
 
-/// Where a chunk's count of chunks left from it sits in its word, above the reduction's
-/// (17 bits: a built-in op's, or `1 << 16 | id`), and its cap.
-pub(super) const CHUNKS_LEFT_SHIFT: u32 = 17;
+pub(super) use super::mismatch::CHUNKS_LEFT_SHIFT;
+/// The most chunks left a step's word holds, above [`CHUNKS_LEFT_SHIFT`].
 pub(super) const CHUNKS_LEFT_MAX: u32 = (1 << (32 - CHUNKS_LEFT_SHIFT)) - 1;
 
 /// Whether a step of `a`'s agrees with a collective of `kind` rooted at `root` with
