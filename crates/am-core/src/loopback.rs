@@ -727,6 +727,7 @@ impl Transport for Loopback {
     /// Every rank's segment is memory of this process: puts, gets and atomics are copies
     /// and atomic instructions on it. A ring holds nothing per request: one empty reply can
     /// answer several.
+    #[inline]
     fn info(&self) -> NicInfo {
         let limits = Limits {
             max_args: MAX_ARGS,

@@ -349,7 +349,9 @@ pub trait Tx {
 }
 
 /// What a NIC is, fixed for its life ([`Transport::info`]): its name, its size limits, the
-/// credits it suits and what it does itself. The core reads it once, when a node starts.
+/// credits it suits and what it does itself. The core asks for it where an operation's path
+/// depends on it: a NIC answers the same on every call, and the constant answer of a concrete
+/// NIC folds into each operation's path (no load, no branch left of it).
 ///
 /// Grows with the NICs: build it with [`NicInfo::new`] and set the rest.
 ///

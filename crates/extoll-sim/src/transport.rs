@@ -305,6 +305,7 @@ impl Transport for Extoll {
     /// `try_send` returns. A reply is a VELO packet like any other: a request holds nothing
     /// that only its own reply frees, so one empty reply may answer several. The credits
     /// are those this rank's receive memory was laid out for ([`ExtollConfig::credits`]).
+    #[inline]
     fn info(&self) -> NicInfo {
         let limits = Limits {
             max_args: am_core::wire::MAX_ARGS,

@@ -503,6 +503,7 @@ impl Transport for Portals {
     /// `try_send` returned. A reply may answer several requests of its peer: it lands in the
     /// send slot of the latest, and the requester frees that slot and those of its earlier
     /// requests to the replier (replies come in request order).
+    #[inline]
     fn info(&self) -> NicInfo {
         let limits = Limits {
             max_args: am_core::wire::MAX_ARGS,

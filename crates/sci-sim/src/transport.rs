@@ -391,6 +391,7 @@ impl Transport for Sci {
     /// With a bank, every Long goes by PIO, and a reply answers the oldest unanswered
     /// requests, its flags saying how many. The credits are those this rank's receive
     /// memory was laid out for ([`SciConfig::credits`]).
+    #[inline]
     fn info(&self) -> NicInfo {
         let mut info = NicInfo::new("sci", self.limits());
         info.credits = self.tx.config.credits;

@@ -1449,6 +1449,7 @@ impl Transport for Ofi {
     /// Named `ofi`. Puts, gets and Long payloads by RMA, atomics where the provider validates
     /// them all; a reply needs no pairing, so one empty reply may answer several requests.
     /// Created segments are registered for peers' RMA.
+    #[inline]
     fn info(&self) -> NicInfo {
         let mut info = NicInfo::new("ofi", self.limits);
         let caps = &mut info.capabilities;

@@ -961,6 +961,7 @@ impl Transport for Udp {
     /// No RMA of its own: puts, gets and atomics travel as messages. A reply travels on the
     /// reliable stream like any message: nothing is held per request, so one empty reply may
     /// answer several (one datagram instead of one per request).
+    #[inline]
     fn info(&self) -> NicInfo {
         let mut info = NicInfo::new("udp", self.limits);
         info.credits = am_core::Credits::Static(DEFAULT_CREDITS);

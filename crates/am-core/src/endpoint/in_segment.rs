@@ -226,7 +226,7 @@ impl<H: Threading> Endpoint<H> {
                     };
                 }
                 Part::Move { .. } => {
-                    let caps = self.caps;
+                    let caps = t.info().capabilities;
                     let part = if caps.put && caps.get {
                         // A move that failed is over: only the status is left to start.
                         let failed = self.teams.in_segment[i].failed.is_some();

@@ -34,7 +34,7 @@ impl<H: Threading> Endpoint<H> {
         if let Err(e) = self.check_atomic(dest, offset, &atomic) {
             return Poll::Ready(Err(e));
         }
-        let by_nic = self.caps.atomics;
+        let by_nic = t.info().capabilities.atomics;
         if !self.posted.is_empty()
             && (self.posted.len() >= POSTED_ATOMICS || by_nic != self.posted_by_nic)
         {

@@ -57,7 +57,7 @@ impl<H: Threading> Endpoint<H> {
                 Err(_) => Err(self.out_of_bounds(offset as u64, data.len() as u64)),
             });
         }
-        if !self.caps.put {
+        if !t.info().capabilities.put {
             return Poll::Ready(Ok(false));
         }
         ready!(self.nic_rma(|| t.put(dest, offset, data)))?;
@@ -90,7 +90,7 @@ impl<H: Threading> Endpoint<H> {
             if copy_here(t, local, offset, len).is_err() {
                 return Poll::Ready(Err(self.out_of_bounds(offset as u64, len as u64)));
             }
-        } else if self.caps.put {
+        } else if t.info().capabilities.put {
             ready!(self.nic_rma(|| t.put_own(dest, offset, local, len)))?;
         } else {
             bounce.resize(len, 0);
@@ -123,7 +123,7 @@ impl<H: Threading> Endpoint<H> {
         {
             return Poll::Ready(Err(e));
         }
-        if src != self.rank && !self.caps.get {
+        if src != self.rank && !t.info().capabilities.get {
             return self.get_start(t, src, offset, len).map_ok(Some);
         }
         ready!(self.apply_posted(t))?;
@@ -171,7 +171,7 @@ impl<H: Threading> Endpoint<H> {
                     .map(|_| Op::ready(Raw::Unit)),
             );
         }
-        let caps = self.caps;
+        let caps = t.info().capabilities;
         if !caps.put {
             let (index, gen) = self.alloc_op(dest, offset, data.len() + 1, Vec::new());
             self.ops[index as usize].signal = Some((signal_at, atomic));
@@ -301,7 +301,7 @@ impl<H: Threading> Endpoint<H> {
             }
             return Poll::Ready(Ok(Op::ready(Raw::Unit)));
         }
-        if !self.caps.put {
+        if !t.info().capabilities.put {
             let (index, gen) = self.alloc_op(dest, 0, data.len(), Vec::new());
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
@@ -348,7 +348,7 @@ impl<H: Threading> Endpoint<H> {
             }
             return Poll::Ready(Ok(Op::ready(Raw::Bytes(data))));
         }
-        if !self.caps.get {
+        if !t.info().capabilities.get {
             let (index, gen) = self.alloc_op(src, 0, len, data);
             self.ops[index as usize].regions.extend(regions.iter());
             return Poll::Ready(Ok(self.slot_op(index, gen)));
@@ -586,7 +586,7 @@ impl<H: Threading> Endpoint<H> {
                 Err(_) => Err(self.out_of_bounds(offset as u64, dst.len() as u64)),
             });
         }
-        if !self.caps.get {
+        if !t.info().capabilities.get {
             return Poll::Ready(Ok(false));
         }
         ready!(self.nic_rma(|| t.get(src, offset, dst)))?;
@@ -659,7 +659,7 @@ impl<H: Threading> Endpoint<H> {
                     .map(|old| Op::ready(Raw::Word(old))),
             );
         }
-        if !self.caps.atomics {
+        if !t.info().capabilities.atomics {
             let (index, gen) = self.alloc_atomic(dest, offset, atomic);
             return Poll::Ready(Ok(self.slot_op(index, gen)));
         }

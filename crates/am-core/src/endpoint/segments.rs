@@ -111,7 +111,7 @@ impl<H: Threading> Endpoint<H> {
         team: &Team,
         id: SegmentId,
     ) -> Poll<Result<Op<Vec<RemoteSegment>>, AmError>> {
-        let reach = Reach::of(self.caps);
+        let reach = Reach::of(t.info().capabilities);
         let map_key = match reach {
             Reach::Map => self.segments.own_key(id),
             Reach::Rma | Reach::Messages => None,
@@ -470,7 +470,7 @@ impl<H: Threading> Endpoint<H> {
                     crate::rma::copy_to(rank, t.segment(), offset, from, at, len)?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
                 }
-                if self.caps.put {
+                if t.info().capabilities.put {
                     let src = OwnRange::new(local, at, crate::rma::own_slice(from, at, len)?);
                     ready!(self.nic_rma(|| t.put_from(rank, Remote::At(offset), src).map(drop)))?;
                     return Poll::Ready(Ok(Op::ready(Raw::Unit)));
@@ -551,7 +551,7 @@ impl<H: Threading> Endpoint<H> {
         if let Err(e) = checked {
             return Poll::Ready(Err(e));
         }
-        if id == SegmentId::ZERO && rank != self.rank && !self.caps.get {
+        if id == SegmentId::ZERO && rank != self.rank && !t.info().capabilities.get {
             return self.get_start(t, rank, offset, len).map_ok(Some);
         }
         ready!(self.apply_posted(t))?;
@@ -629,7 +629,7 @@ impl<H: Threading> Endpoint<H> {
         }
         // Where the transport applies atomics itself; otherwise the owner's progress does,
         // as on segment 0.
-        let key = match self.caps.atomics {
+        let key = match t.info().capabilities.atomics {
             true => self.segments.rma_key(rank, id),
             false => None,
         };

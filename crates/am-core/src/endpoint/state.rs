@@ -132,7 +132,9 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) rank: Rank,
     pub(super) size: u32,
     pub(super) limits: Limits,
-    /// What the NIC does itself, read once from its [`crate::transport::NicInfo`].
+    /// What the NIC does itself, as its [`crate::transport::NicInfo`] said when the endpoint
+    /// was made ([`Endpoint::capabilities`]); operations ask the transport itself, whose
+    /// answer folds to a constant on a concrete NIC.
     pub(super) caps: crate::transport::Capabilities,
     pub(super) seg_len: usize,
     pub(super) handlers: Handlers<H>,
