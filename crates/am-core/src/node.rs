@@ -187,7 +187,7 @@ impl<T: Transport, H: Threading> Node<T, H> {
             Poll::Ready(r) => {
                 r?;
                 // After start-up, which ends with every credit home.
-                let coalesce = self.ep.capabilities().acks_coalesce;
+                let coalesce = self.transport.info().capabilities.acks_coalesce;
                 self.ep.set_acks_coalesce(coalesce);
                 Ok(true)
             }
@@ -337,13 +337,13 @@ impl<T: Transport, H: Threading> Node<T, H> {
 
     /// What the transport's NIC does itself ([`crate::transport::NicInfo::capabilities`]).
     pub fn capabilities(&self) -> Capabilities {
-        self.ep.capabilities()
+        self.transport.info().capabilities
     }
 
     /// Whether a Long of `len` bytes has landed in the target's segment once a request for it
     /// was sent ([`Capabilities::long_placed_on_send`]).
     pub fn long_placed_on_send(&self, len: usize) -> bool {
-        self.ep.capabilities().long_placed_on_send(len)
+        self.transport.info().capabilities.long_placed_on_send(len)
     }
 
     /// Credits available now for requests to `peer`.

@@ -178,7 +178,7 @@ pub fn by_pieces<T: Transport + ?Sized>(t: &mut T, request: Rma<'_>) -> Result<R
                 into: Sink::Bytes(&mut bounce),
             })?;
             let me = t.rank();
-            copy_in(me, own_slice(t.segment(), offset, len)?, &bounce)?;
+            put_into(me, own_slice(t.segment(), offset, len)?, 0, &bounce)?;
             Ok(done)
         }
         Rma::Put {
@@ -204,7 +204,7 @@ pub fn by_pieces<T: Transport + ?Sized>(t: &mut T, request: Rma<'_>) -> Result<R
                 from,
                 into: Sink::Bytes(&mut bounce),
             })?;
-            copy_in(t.rank(), range.bytes, &bounce)?;
+            put_into(t.rank(), range.bytes, 0, &bounce)?;
             Ok(done)
         }
         Rma::Atomics { batch, outcome } => {
@@ -227,11 +227,6 @@ fn read_range(me: Rank, range: SharedBytes<'_>) -> Result<Vec<u8>, SendError> {
     let mut bounce = vec![0u8; range.len()];
     get_from(me, range, 0, &mut bounce)?;
     Ok(bounce)
-}
-
-/// Writes `bytes` over all of `range`, this rank's (`me`).
-fn copy_in(me: Rank, range: SharedBytes<'_>, bytes: &[u8]) -> Result<(), SendError> {
-    put_into(me, range, 0, bytes)
 }
 
 /// Copies `data` to `offset` of `dest`'s segment (`segment`, as this rank maps it).

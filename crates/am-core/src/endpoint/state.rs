@@ -132,10 +132,6 @@ pub struct Endpoint<H: Threading = Sendable> {
     pub(super) rank: Rank,
     pub(super) size: u32,
     pub(super) limits: Limits,
-    /// What the NIC does itself, as its [`crate::transport::NicInfo`] said when the endpoint
-    /// was made ([`Endpoint::capabilities`]); operations ask the transport itself, whose
-    /// answer folds to a constant on a concrete NIC.
-    pub(super) caps: crate::transport::Capabilities,
     pub(super) seg_len: usize,
     pub(super) handlers: Handlers<H>,
     pub(super) credits: Policy,
@@ -260,7 +256,6 @@ impl<H: Threading> Endpoint<H> {
             rank,
             size,
             limits,
-            caps: info.capabilities,
             seg_len: segment_len,
             handlers,
             credits,
@@ -352,12 +347,6 @@ impl<H: Threading> Endpoint<H> {
     #[inline]
     pub fn limits(&self) -> Limits {
         self.limits
-    }
-
-    /// What the NIC does itself, as its [`crate::transport::NicInfo`] said.
-    #[inline]
-    pub fn capabilities(&self) -> crate::transport::Capabilities {
-        self.caps
     }
 
     /// Bytes of this rank's segment (and, once start-up agreed, of every rank's).
